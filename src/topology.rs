@@ -1,0 +1,1 @@
+//! Topology (being written).

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what tent needs on a fresh Debian 12 machine, only when missing.
+# Idempotent: a second run does nothing but check.
+set -euo pipefail
+
+# Debian packages: hwloc + udev headers for hwlocality (NUMA/core topology),
+# pkg-config to find them, linux-perf for tools/profile.sh.
+pkgs=(pkg-config libhwloc-dev libudev-dev linux-perf)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "tools/setup.sh: installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "tools/setup.sh: cargo not found; install Rust (https://rustup.rs) first" >&2
+  exit 1
+fi
+for c in rustfmt clippy; do
+  if ! rustup component list --installed 2>/dev/null | grep -q "^$c"; then
+    rustup component add "$c" >/dev/null 2>&1 || true
+  fi
+done
