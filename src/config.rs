@@ -1,1 +1,2259 @@
-//! Configuration (being written).
+//! Engine configuration: TENT's `transfer-engine.json`, key names verbatim.
+//!
+//! One table ([`Config::schema`]) drives everything: which keys exist, their
+//! type and range, their default, whether a feature stands behind them yet,
+//! and which struct field each one fills. Adding a key is one line in the
+//! `schema!` invocation below, plus the struct field it fills (and that
+//! field's placeholder in `blank()`, which the schema then overwrites).
+//!
+//! Every key named in the reference documents is known from the start. A key
+//! whose feature is not built yet is still type- and range-checked, then
+//! accepted and reported once per process at warn level ("not yet in
+//! effect"), so a production `transfer-engine.json` loads unchanged. An
+//! unknown key is an error that names the key, the file, the keys known at
+//! that level and the closest match: a typo must never silently fall back to
+//! a default.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::{Mutex, OnceLock};
+
+use serde_json::{Map, Value};
+
+/// The environment variable naming the configuration: a file path, or the
+/// JSON text itself when it starts with `{`.
+pub const ENV_VAR: &str = "TENT_CONF";
+
+/// The `source` of a configuration read inline from [`ENV_VAR`].
+pub const INLINE_SOURCE: &str = "TENT_CONF (inline)";
+
+/// The `source` of [`Config::default`].
+pub const DEFAULT_SOURCE: &str = "default";
+
+/// The whole engine configuration. Field docs name the JSON key (paths use
+/// `/` between nested objects, as TENT does).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Where this configuration came from: `"default"`, a file path, or
+    /// `"TENT_CONF (inline)"`.
+    pub source: String,
+    /// `block_size`: slice size in bytes; larger requests are split.
+    pub block_size: u64,
+    /// `default_timeout_ms`: per-operation deadline when the SQE has none.
+    pub default_timeout_ms: u64,
+    /// `ring_depth`: entries per submission/completion ring (power of two).
+    pub ring_depth: u32,
+    /// `max_batch_size`: tasks per batch.
+    pub max_batch_size: u32,
+    /// `max_batches`: batches allocated at once.
+    pub max_batches: u32,
+    /// `max_tasks_per_worker`: task-table capacity of one worker.
+    pub max_tasks_per_worker: u32,
+    /// `max_inflight_slices`: credit-pool size per worker per transport.
+    pub max_inflight_slices: u32,
+    /// `max_failover_attempts`: transport switches per task; 0 disables
+    /// failover. Not yet in effect.
+    pub max_failover_attempts: u32,
+    /// `merge_requests`: merge adjacent requests of a batch. Not yet in
+    /// effect.
+    pub merge_requests: bool,
+    /// `log_level`: one of trace, debug, info, warn, error.
+    pub log_level: String,
+    /// `metadata_type`: control-plane backend; only `"p2p"`. Not yet in
+    /// effect.
+    pub metadata_type: String,
+    /// `rpc_server_hostname`: address the p2p handshake listens on. Not yet
+    /// in effect.
+    pub rpc_server_hostname: String,
+    /// `rpc_server_port`: port of the p2p handshake; 0 = ephemeral. Not yet
+    /// in effect.
+    pub rpc_server_port: u16,
+    /// The `workers` object.
+    pub workers: WorkersConfig,
+    /// The `transports` object.
+    pub transports: TransportsConfig,
+}
+
+/// The `workers` object: how many worker threads, where they run, and how
+/// they idle.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkersConfig {
+    /// `workers/count`: number of worker threads.
+    pub count: u32,
+    /// `workers/cores`: worker `i` is pinned to `cores[i % len]`; empty lets
+    /// the topology choose.
+    pub cores: Vec<usize>,
+    /// `workers/pin`: pin workers to cores at all.
+    pub pin: bool,
+    /// `workers/spin_us`: busy-poll time after the last work before
+    /// yielding.
+    pub spin_us: u64,
+    /// `workers/yield_us`: `sched_yield` phase before parking.
+    pub yield_us: u64,
+    /// `workers/park_timeout_ms`: longest sleep while parked, so deadlines
+    /// are still enforced on an idle worker.
+    pub park_timeout_ms: u64,
+}
+
+/// The `transports` object: one sub-object per transport.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransportsConfig {
+    /// `transports/local`: in-process memcpy.
+    pub local: LocalConfig,
+    /// `transports/shm`: cross-process shared memory.
+    pub shm: ShmConfig,
+    /// `transports/tcp`: one-sided READ/WRITE served by the target.
+    pub tcp: TcpConfig,
+    /// `transports/rdma`: verbs, rails, QoS, spraying, SQ flow control.
+    pub rdma: RdmaConfig,
+}
+
+/// `transports/local`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalConfig {
+    /// `transports/local/enable`.
+    pub enable: bool,
+}
+
+/// `transports/shm`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShmConfig {
+    /// `transports/shm/enable`.
+    pub enable: bool,
+    /// `transports/shm/dir`: directory of the shared-memory files (absolute).
+    pub dir: String,
+}
+
+/// `transports/tcp`. Not yet in effect.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TcpConfig {
+    /// `transports/tcp/enable`.
+    pub enable: bool,
+    /// `transports/tcp/connections_per_peer`.
+    pub connections_per_peer: u32,
+    /// `transports/tcp/max_inflight_per_connection`.
+    pub max_inflight_per_connection: u32,
+    /// `transports/tcp/user_timeout_ms`: `TCP_USER_TIMEOUT`; 0 = OS default.
+    pub user_timeout_ms: u64,
+}
+
+/// `transports/rdma`: every RDMA key of the reference documents (failover
+/// rails, QoS, slice spraying, SQ flow control).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RdmaConfig {
+    /// `transports/rdma/enable`. Not yet in effect.
+    pub enable: bool,
+    /// `transports/rdma/rail_error_threshold`: failures inside the window
+    /// that pause a rail. Not yet in effect.
+    pub rail_error_threshold: u32,
+    /// `transports/rdma/rail_error_window_secs`: sliding window for rail
+    /// errors. Not yet in effect.
+    pub rail_error_window_secs: u64,
+    /// `transports/rdma/rail_cooldown_secs`: first cooldown of a paused rail;
+    /// doubles per repeat, capped at 300 s. Not yet in effect.
+    pub rail_cooldown_secs: u64,
+    /// `transports/rdma/enable_priority_filtering`: priority-based device
+    /// filtering. Not yet in effect.
+    pub enable_priority_filtering: bool,
+    /// `transports/rdma/local_rotation_interval_us`. Not yet in effect.
+    pub local_rotation_interval_us: u64,
+    /// `transports/rdma/priority_promotion_timeout_us`: wait after which a
+    /// queued MEDIUM/LOW request is promoted one level.
+    pub priority_promotion_timeout_us: u64,
+    /// `transports/rdma/slot_rotation_interval_ms`: global QoS time-slot
+    /// length. Not yet in effect.
+    pub slot_rotation_interval_ms: u64,
+    /// `transports/rdma/shared_quota_shm_path`: shared-memory name of the
+    /// global slot clock; empty = single-process mode. Not yet in effect.
+    pub shared_quota_shm_path: String,
+    /// `transports/rdma/enable_smart_scheduling`: EWMA device selection
+    /// instead of round-robin. Not yet in effect.
+    pub enable_smart_scheduling: bool,
+    /// `transports/rdma/numa_penalties`: score multiplier per NUMA tier. Not
+    /// yet in effect.
+    pub numa_penalties: Vec<f64>,
+    /// `transports/rdma/bandwidth_learning_rate`: EWMA weight of the old
+    /// estimate. Not yet in effect.
+    pub bandwidth_learning_rate: f64,
+    /// `transports/rdma/ewma_min_bandwidth_multiplier`. Not yet in effect.
+    pub ewma_min_bandwidth_multiplier: f64,
+    /// `transports/rdma/ewma_max_bandwidth_multiplier`. Not yet in effect.
+    pub ewma_max_bandwidth_multiplier: f64,
+    /// `transports/rdma/score_jitter_range`. Not yet in effect.
+    pub score_jitter_range: f64,
+    /// `transports/rdma/score_epsilon`. Not yet in effect.
+    pub score_epsilon: f64,
+    /// `transports/rdma/default_bandwidth_gbps`. Not yet in effect.
+    pub default_bandwidth_gbps: f64,
+    /// `transports/rdma/min_bandwidth_gbps`. Not yet in effect.
+    pub min_bandwidth_gbps: f64,
+    /// `transports/rdma/max_bandwidth_gbps`. Not yet in effect.
+    pub max_bandwidth_gbps: f64,
+    /// `transports/rdma/max_slice_count`: multi-path allocation starts at
+    /// half this many slices. Not yet in effect.
+    pub max_slice_count: u32,
+    /// `transports/rdma/sq_backoff_timeout_us` (`MORI_IO_SQ_BACKOFF_TIMEOUT_US`).
+    /// Not yet in effect.
+    pub sq_backoff_timeout_us: u64,
+    /// `transports/rdma/sq_signal_interval_wr` (`MORI_IO_SQ_SIGNAL_INTERVAL_WR`);
+    /// 0 = off. Not yet in effect.
+    pub sq_signal_interval_wr: u32,
+    /// `transports/rdma/sq_resume_watermark_wr` (`MORI_IO_SQ_RESUME_WATERMARK_WR`);
+    /// 0 = off. Not yet in effect.
+    pub sq_resume_watermark_wr: u32,
+    /// `transports/rdma/sq_executor_admission` (`MORI_IO_SQ_EXECUTOR_ADMISSION`).
+    /// Not yet in effect.
+    pub sq_executor_admission: bool,
+    /// `transports/rdma/sq_admission_timeout_us` (`MORI_IO_SQ_ADMISSION_TIMEOUT_US`).
+    /// Not yet in effect.
+    pub sq_admission_timeout_us: u64,
+    /// `transports/rdma/sq_admission_resume_watermark_wr`
+    /// (`MORI_IO_SQ_ADMISSION_RESUME_WATERMARK_WR`). Not yet in effect.
+    pub sq_admission_resume_watermark_wr: u32,
+    /// `transports/rdma/sq_admission_wait_slice_us`
+    /// (`MORI_IO_SQ_ADMISSION_WAIT_SLICE_US`). Not yet in effect.
+    pub sq_admission_wait_slice_us: u64,
+    /// `transports/rdma/sq_admission_chunk_wr` (`MORI_IO_SQ_ADMISSION_CHUNK_WR`);
+    /// 0 = auto. Not yet in effect.
+    pub sq_admission_chunk_wr: u32,
+    /// `transports/rdma/sq_admission_max_chunks_per_call`
+    /// (`MORI_IO_SQ_ADMISSION_MAX_CHUNKS_PER_CALL`); 0 = one per active QP.
+    /// Not yet in effect.
+    pub sq_admission_max_chunks_per_call: u32,
+    /// `transports/rdma/sq_split_policy` (`MORI_IO_SQ_SPLIT_POLICY`). Not yet
+    /// in effect.
+    pub sq_split_policy: SplitPolicy,
+    /// `transports/rdma/sq_enable_experimental_capacity`
+    /// (`MORI_IO_SQ_ENABLE_EXPERIMENTAL_CAPACITY`): required by the
+    /// `capacity` split policy. Not yet in effect.
+    pub sq_enable_experimental_capacity: bool,
+}
+
+/// How a batch is split across QPs under SQ admission
+/// (`transports/rdma/sq_split_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitPolicy {
+    /// `"static"`: round-robin.
+    Static,
+    /// `"least_loaded"`: the active QP with the lowest depth + queued depth.
+    LeastLoaded,
+    /// `"capacity"`: split by per-QP free slots (experimental).
+    Capacity,
+}
+
+impl SplitPolicy {
+    /// The configuration spelling of this policy.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SplitPolicy::Static => "static",
+            SplitPolicy::LeastLoaded => "least_loaded",
+            SplitPolicy::Capacity => "capacity",
+        }
+    }
+
+    /// Parses the configuration spelling.
+    pub fn from_name(name: &str) -> Option<SplitPolicy> {
+        match name {
+            "static" => Some(SplitPolicy::Static),
+            "least_loaded" => Some(SplitPolicy::LeastLoaded),
+            "capacity" => Some(SplitPolicy::Capacity),
+            _ => None,
+        }
+    }
+}
+
+/// Why a configuration was rejected. Every variant names the file (or
+/// `TENT_CONF (inline)`) and, where one is at fault, the full key path.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Io {
+        /// The file.
+        file: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The text is not JSON.
+    #[error("{file}: not valid JSON: {msg}")]
+    Parse {
+        /// The file.
+        file: String,
+        /// The parser's message, with line and column.
+        msg: String,
+    },
+    /// A key the schema does not know.
+    #[error("{file}: unknown key \"{key}\": expected {expected}")]
+    UnknownKey {
+        /// The file.
+        file: String,
+        /// Full key path, e.g. `transports/rdma/rail_cooldwn_secs`.
+        key: String,
+        /// The keys known at that level and the closest match.
+        expected: String,
+    },
+    /// A known key with a value of the wrong JSON type.
+    #[error("{file}: key \"{key}\": expected {expected}, found {found}")]
+    Type {
+        /// The file.
+        file: String,
+        /// Full key path (array elements as `key[i]`).
+        key: String,
+        /// The type the schema wants.
+        expected: &'static str,
+        /// The JSON type found and the value, truncated.
+        found: String,
+    },
+    /// A known key whose value is outside its range.
+    #[error("{file}: key \"{key}\": value {value} is out of range (allowed: {allowed})")]
+    Range {
+        /// The file.
+        file: String,
+        /// Full key path (array elements as `key[i]`).
+        key: String,
+        /// The value as written.
+        value: String,
+        /// The allowed range.
+        allowed: String,
+    },
+    /// A value the type and range allow but the engine cannot use: a
+    /// non-power-of-two ring depth, an unknown enum name, keys that
+    /// contradict each other.
+    #[error("{file}: key \"{key}\": {reason}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// Full key path.
+        key: String,
+        /// What is wrong and what would be accepted.
+        reason: String,
+    },
+}
+
+/// One key of the schema, as listed by [`Config::schema`].
+#[derive(Debug)]
+pub struct KeySpec {
+    /// Full key path, e.g. `transports/rdma/rail_cooldown_secs`.
+    pub path: &'static str,
+    /// The JSON type expected: `"unsigned integer"`, `"number"`, `"bool"`,
+    /// `"string"`, `"array of numbers"`, `"array of unsigned integers"`.
+    pub ty: &'static str,
+    /// The default, as JSON text.
+    pub default: &'static str,
+    /// Whether a feature acts on this key yet; if not, the key is accepted
+    /// and a warning is logged once per process.
+    pub in_effect: bool,
+    /// What the key does, with its allowed values.
+    pub doc: &'static str,
+}
+
+/// What a key's value must look like.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Bool,
+    Uint {
+        min: u64,
+        max: u64,
+    },
+    /// An unsigned integer in range that must also be a power of two.
+    PowerOfTwo {
+        min: u64,
+        max: u64,
+    },
+    Float(FloatRange),
+    FloatArray {
+        each: FloatRange,
+        min_len: usize,
+        max_len: usize,
+    },
+    UintArray {
+        max: u64,
+        max_len: usize,
+    },
+    Str(StrRule),
+    /// A string that must be one of these names.
+    Choice(&'static [&'static str]),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct FloatRange {
+    min: f64,
+    /// False for ranges like "> 0" where the bound itself is meaningless
+    /// (a zero penalty or bandwidth would divide by zero downstream).
+    min_inclusive: bool,
+    max: f64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum StrRule {
+    NonEmpty,
+    AbsolutePath,
+    /// Empty, or a POSIX shared-memory name (`shm_open` wants a leading `/`).
+    EmptyOrShmName,
+}
+
+impl Kind {
+    const fn type_name(self) -> &'static str {
+        match self {
+            Kind::Bool => "bool",
+            Kind::Uint { .. } | Kind::PowerOfTwo { .. } => "unsigned integer",
+            Kind::Float(_) => "number",
+            Kind::FloatArray { .. } => "array of numbers",
+            Kind::UintArray { .. } => "array of unsigned integers",
+            Kind::Str(_) | Kind::Choice(_) => "string",
+        }
+    }
+}
+
+const fn uint(min: u64, max: u64) -> Kind {
+    Kind::Uint { min, max }
+}
+
+const fn float(min: f64, max: f64) -> Kind {
+    Kind::Float(FloatRange {
+        min,
+        min_inclusive: true,
+        max,
+    })
+}
+
+const fn positive(max: f64) -> Kind {
+    Kind::Float(FloatRange {
+        min: 0.0,
+        min_inclusive: false,
+        max,
+    })
+}
+
+/// A validated value on its way into a struct field.
+#[derive(Debug, Clone, PartialEq)]
+enum Val {
+    Bool(bool),
+    Uint(u64),
+    Float(f64),
+    Str(String),
+    Floats(Vec<f64>),
+    Uints(Vec<u64>),
+}
+
+/// How a validated [`Val`] lands in a struct field and comes back out.
+trait Field {
+    /// False when the schema gave this field a kind of the wrong shape (a
+    /// schema bug, caught by the tests that load every default and maximum).
+    fn assign(&mut self, val: Val) -> bool;
+    fn to_val(&self) -> Val;
+}
+
+impl Field for bool {
+    fn assign(&mut self, val: Val) -> bool {
+        match val {
+            Val::Bool(b) => {
+                *self = b;
+                true
+            }
+            _ => false,
+        }
+    }
+    fn to_val(&self) -> Val {
+        Val::Bool(*self)
+    }
+}
+
+macro_rules! uint_field {
+    ($($t:ty),*) => {$(
+        impl Field for $t {
+            fn assign(&mut self, val: Val) -> bool {
+                match val {
+                    Val::Uint(n) => match <$t>::try_from(n) {
+                        Ok(n) => {
+                            *self = n;
+                            true
+                        }
+                        Err(_) => false,
+                    },
+                    _ => false,
+                }
+            }
+            fn to_val(&self) -> Val {
+                Val::Uint(*self as u64)
+            }
+        }
+    )*};
+}
+uint_field!(u16, u32, u64);
+
+impl Field for f64 {
+    fn assign(&mut self, val: Val) -> bool {
+        match val {
+            Val::Float(x) => {
+                *self = x;
+                true
+            }
+            _ => false,
+        }
+    }
+    fn to_val(&self) -> Val {
+        Val::Float(*self)
+    }
+}
+
+impl Field for String {
+    fn assign(&mut self, val: Val) -> bool {
+        match val {
+            Val::Str(s) => {
+                *self = s;
+                true
+            }
+            _ => false,
+        }
+    }
+    fn to_val(&self) -> Val {
+        Val::Str(self.clone())
+    }
+}
+
+impl Field for Vec<f64> {
+    fn assign(&mut self, val: Val) -> bool {
+        match val {
+            Val::Floats(v) => {
+                *self = v;
+                true
+            }
+            _ => false,
+        }
+    }
+    fn to_val(&self) -> Val {
+        Val::Floats(self.clone())
+    }
+}
+
+impl Field for Vec<usize> {
+    fn assign(&mut self, val: Val) -> bool {
+        match val {
+            Val::Uints(v) => {
+                let converted: Result<Vec<usize>, _> = v.into_iter().map(usize::try_from).collect();
+                match converted {
+                    Ok(v) => {
+                        *self = v;
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+            _ => false,
+        }
+    }
+    fn to_val(&self) -> Val {
+        Val::Uints(self.iter().map(|&n| n as u64).collect())
+    }
+}
+
+impl Field for SplitPolicy {
+    fn assign(&mut self, val: Val) -> bool {
+        match val {
+            Val::Str(s) => match SplitPolicy::from_name(&s) {
+                Some(p) => {
+                    *self = p;
+                    true
+                }
+                None => false,
+            },
+            _ => false,
+        }
+    }
+    fn to_val(&self) -> Val {
+        Val::Str(self.as_str().to_owned())
+    }
+}
+
+/// The machine half of a schema entry; `RULES[i]` belongs to `SPECS[i]`.
+struct Rule {
+    kind: Kind,
+    set: fn(&mut Config, Val) -> bool,
+    get: fn(&Config) -> Val,
+}
+
+const LIVE: bool = true;
+const LATER: bool = false;
+
+/// Expands one line per key into the public `SPECS` table and the private
+/// `RULES` table, in the same order, so they cannot drift apart.
+macro_rules! schema {
+    ($( $path:literal => $($field:ident).+ : $kind:expr, $default:literal, $effect:expr, $doc:literal; )*) => {
+        static SPECS: &[KeySpec] = &[$(
+            KeySpec {
+                path: $path,
+                ty: $kind.type_name(),
+                default: $default,
+                in_effect: $effect,
+                doc: $doc,
+            },
+        )*];
+        static RULES: &[Rule] = &[$(
+            Rule {
+                kind: $kind,
+                set: |c, v| Field::assign(&mut c.$($field).+, v),
+                get: |c| Field::to_val(&c.$($field).+),
+            },
+        )*];
+    };
+}
+
+const LOG_LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error"];
+const SPLIT_POLICIES: &[&str] = &["static", "least_loaded", "capacity"];
+
+schema! {
+    // engine
+    "block_size" => block_size: uint(64, 1 << 30), "65536", LIVE,
+        "Slice size in bytes; requests larger than this are split into slices.";
+    "default_timeout_ms" => default_timeout_ms: uint(1, 86_400_000), "30000", LIVE,
+        "Per-operation deadline in ms when the SQE carries none.";
+    "ring_depth" => ring_depth: Kind::PowerOfTwo { min: 2, max: 1 << 20 }, "1024", LIVE,
+        "Entries per submission/completion ring; a power of two.";
+    "max_batch_size" => max_batch_size: uint(1, 1 << 20), "4096", LIVE,
+        "Tasks per batch.";
+    "max_batches" => max_batches: uint(1, 1 << 20), "1024", LIVE,
+        "Batches that may be allocated at once.";
+    "max_tasks_per_worker" => max_tasks_per_worker: uint(16, 1 << 20), "4096", LIVE,
+        "Task-table capacity of one worker.";
+    "max_inflight_slices" => max_inflight_slices: uint(1, 1 << 20), "256", LIVE,
+        "Credit-pool size per worker per transport: slices posted and not yet completed.";
+    "max_failover_attempts" => max_failover_attempts: uint(0, 64), "3", LATER,
+        "Transport switches allowed per task; 0 disables cross-transport failover.";
+    "merge_requests" => merge_requests: Kind::Bool, "true", LATER,
+        "Merge adjacent requests of a batch into one transfer.";
+    "log_level" => log_level: Kind::Choice(LOG_LEVELS), "\"info\"", LIVE,
+        "One of trace, debug, info, warn, error.";
+    // control plane
+    "metadata_type" => metadata_type: Kind::Choice(&["p2p"]), "\"p2p\"", LATER,
+        "Control-plane backend; only \"p2p\" (embedded peer-to-peer handshake).";
+    "rpc_server_hostname" => rpc_server_hostname: Kind::Str(StrRule::NonEmpty), "\"127.0.0.1\"", LATER,
+        "Address the p2p handshake server listens on.";
+    "rpc_server_port" => rpc_server_port: uint(0, 65535), "0", LATER,
+        "Port of the p2p handshake server; 0 picks an ephemeral port.";
+    // workers
+    "workers/count" => workers.count: uint(1, 256), "1", LIVE,
+        "Number of worker threads.";
+    "workers/cores" => workers.cores: Kind::UintArray { max: 4095, max_len: 4096 }, "[]", LIVE,
+        "CPU ids (< 4096); worker i is pinned to cores[i % len]. Empty: chosen by topology.";
+    "workers/pin" => workers.pin: Kind::Bool, "true", LIVE,
+        "Pin workers to cores (to workers/cores, or cores chosen by topology).";
+    "workers/spin_us" => workers.spin_us: uint(0, 1_000_000), "50", LIVE,
+        "Busy-poll time in us after the last work before yielding.";
+    "workers/yield_us" => workers.yield_us: uint(0, 10_000_000), "200", LIVE,
+        "sched_yield phase in us before parking.";
+    "workers/park_timeout_ms" => workers.park_timeout_ms: uint(1, 60_000), "100", LIVE,
+        "Longest sleep in ms while parked, so deadlines are enforced on idle workers.";
+    // transports/local, shm, tcp
+    "transports/local/enable" => transports.local.enable: Kind::Bool, "true", LIVE,
+        "Enable the in-process memcpy transport.";
+    "transports/shm/enable" => transports.shm.enable: Kind::Bool, "true", LIVE,
+        "Enable the cross-process shared-memory transport.";
+    "transports/shm/dir" => transports.shm.dir: Kind::Str(StrRule::AbsolutePath), "\"/dev/shm\"", LIVE,
+        "Absolute directory holding the shared-memory segment files.";
+    "transports/tcp/enable" => transports.tcp.enable: Kind::Bool, "true", LATER,
+        "Enable the TCP transport.";
+    "transports/tcp/connections_per_peer" => transports.tcp.connections_per_peer: uint(1, 64), "4", LATER,
+        "TCP connections opened to each peer.";
+    "transports/tcp/max_inflight_per_connection" => transports.tcp.max_inflight_per_connection: uint(1, 1024), "8", LATER,
+        "Requests in flight on one TCP connection.";
+    "transports/tcp/user_timeout_ms" => transports.tcp.user_timeout_ms: uint(0, 3_600_000), "10000", LATER,
+        "TCP_USER_TIMEOUT in ms; 0 keeps the OS default.";
+    // transports/rdma: failover rails (seed 000)
+    "transports/rdma/enable" => transports.rdma.enable: Kind::Bool, "true", LATER,
+        "Enable the RDMA transport.";
+    "transports/rdma/rail_error_threshold" => transports.rdma.rail_error_threshold: uint(1, 1_000_000), "3", LATER,
+        "Failures inside rail_error_window_secs that pause a rail.";
+    "transports/rdma/rail_error_window_secs" => transports.rdma.rail_error_window_secs: uint(1, 86_400), "10", LATER,
+        "Sliding window in s for counting rail errors.";
+    "transports/rdma/rail_cooldown_secs" => transports.rdma.rail_cooldown_secs: uint(1, 300), "30", LATER,
+        "Initial cooldown in s of a paused rail; doubles per repeat failure, capped at 300 s.";
+    // transports/rdma: QoS (seed 001)
+    "transports/rdma/enable_priority_filtering" => transports.rdma.enable_priority_filtering: Kind::Bool, "true", LATER,
+        "Priority-based device filtering.";
+    "transports/rdma/local_rotation_interval_us" => transports.rdma.local_rotation_interval_us: uint(1, 10_000_000), "200", LATER,
+        "Local device priority rotation interval in us.";
+    "transports/rdma/priority_promotion_timeout_us" => transports.rdma.priority_promotion_timeout_us: uint(1, 60_000_000), "10000", LIVE,
+        "Wait in us after which a queued MEDIUM/LOW request is promoted one priority level.";
+    "transports/rdma/slot_rotation_interval_ms" => transports.rdma.slot_rotation_interval_ms: uint(1, 60_000), "2", LATER,
+        "Global QoS time-slot length in ms (a full cycle is three slots).";
+    "transports/rdma/shared_quota_shm_path" => transports.rdma.shared_quota_shm_path: Kind::Str(StrRule::EmptyOrShmName), "\"\"", LATER,
+        "Shared-memory name (leading /) of the global slot clock; empty = single-process mode.";
+    // transports/rdma: slice spraying (seed 003)
+    "transports/rdma/enable_smart_scheduling" => transports.rdma.enable_smart_scheduling: Kind::Bool, "true", LATER,
+        "EWMA-based device selection; false = round-robin within the best NUMA tier.";
+    "transports/rdma/numa_penalties" => transports.rdma.numa_penalties: Kind::FloatArray {
+            each: FloatRange { min: 0.0, min_inclusive: false, max: 1e6 }, min_len: 1, max_len: 16,
+        }, "[1.0, 5.0, 10.0]", LATER,
+        "Score multiplier per NUMA tier (1 to 16 entries, each > 0).";
+    "transports/rdma/bandwidth_learning_rate" => transports.rdma.bandwidth_learning_rate: float(0.0, 1.0), "0.01", LATER,
+        "EWMA weight of the old estimate: 0 = always the new sample, 1 = never learn.";
+    "transports/rdma/ewma_min_bandwidth_multiplier" => transports.rdma.ewma_min_bandwidth_multiplier: positive(1000.0), "0.1", LATER,
+        "Lower clamp of the EWMA estimate, as a multiple of theoretical bandwidth; <= the max multiplier.";
+    "transports/rdma/ewma_max_bandwidth_multiplier" => transports.rdma.ewma_max_bandwidth_multiplier: positive(1000.0), "10.0", LATER,
+        "Upper clamp of the EWMA estimate, as a multiple of theoretical bandwidth.";
+    "transports/rdma/score_jitter_range" => transports.rdma.score_jitter_range: float(0.0, 1.0), "1e-9", LATER,
+        "Random jitter added to device scores to avoid deterministic ties.";
+    "transports/rdma/score_epsilon" => transports.rdma.score_epsilon: positive(1.0), "1e-12", LATER,
+        "Small positive value that prevents division by zero in scoring.";
+    "transports/rdma/default_bandwidth_gbps" => transports.rdma.default_bandwidth_gbps: positive(100_000.0), "400.0", LATER,
+        "NIC bandwidth in Gbps assumed when topology does not report one.";
+    "transports/rdma/min_bandwidth_gbps" => transports.rdma.min_bandwidth_gbps: positive(100_000.0), "10.0", LATER,
+        "Smallest plausible NIC bandwidth in Gbps.";
+    "transports/rdma/max_bandwidth_gbps" => transports.rdma.max_bandwidth_gbps: positive(100_000.0), "800.0", LATER,
+        "Largest plausible NIC bandwidth in Gbps.";
+    "transports/rdma/max_slice_count" => transports.rdma.max_slice_count: uint(1, 65_536), "64", LATER,
+        "Slice-count scale of multi-path allocation (used from max_slice_count/2 slices).";
+    // transports/rdma: SQ flow control (seed 004, MORI_IO_SQ_* without the prefix)
+    "transports/rdma/sq_backoff_timeout_us" => transports.rdma.sq_backoff_timeout_us: uint(0, 600_000_000), "10000", LATER,
+        "How long a post waits in us for SQ credits before failing with SqFull.";
+    "transports/rdma/sq_signal_interval_wr" => transports.rdma.sq_signal_interval_wr: uint(0, 65_536), "0", LATER,
+        "Signal every n-th work request within a call; 0 = off.";
+    "transports/rdma/sq_resume_watermark_wr" => transports.rdma.sq_resume_watermark_wr: uint(0, 1 << 20), "0", LATER,
+        "Free SQ slots needed before waiters resume (hysteresis); 0 = off.";
+    "transports/rdma/sq_executor_admission" => transports.rdma.sq_executor_admission: Kind::Bool, "false", LATER,
+        "Admission gate: submitters wait for SQ room instead of failing on worker timeouts.";
+    "transports/rdma/sq_admission_timeout_us" => transports.rdma.sq_admission_timeout_us: uint(1, 600_000_000), "1000000", LATER,
+        "Longest wait in us at the admission gate.";
+    "transports/rdma/sq_admission_resume_watermark_wr" => transports.rdma.sq_admission_resume_watermark_wr: uint(0, 1 << 20), "2048", LATER,
+        "Free slots needed before admission waiters resume.";
+    "transports/rdma/sq_admission_wait_slice_us" => transports.rdma.sq_admission_wait_slice_us: uint(1, 1_000_000), "100", LATER,
+        "Wake-up granularity in us of an admission wait.";
+    "transports/rdma/sq_admission_chunk_wr" => transports.rdma.sq_admission_chunk_wr: uint(0, 1 << 20), "0", LATER,
+        "Work requests admitted per chunk; 0 = auto.";
+    "transports/rdma/sq_admission_max_chunks_per_call" => transports.rdma.sq_admission_max_chunks_per_call: uint(0, 65_536), "0", LATER,
+        "Chunks one call may take; 0 = one per active QP.";
+    "transports/rdma/sq_split_policy" => transports.rdma.sq_split_policy: Kind::Choice(SPLIT_POLICIES), "\"static\"", LATER,
+        "One of static, least_loaded, capacity (capacity needs sq_enable_experimental_capacity).";
+    "transports/rdma/sq_enable_experimental_capacity" => transports.rdma.sq_enable_experimental_capacity: Kind::Bool, "false", LATER,
+        "Allow the experimental capacity split policy.";
+}
+
+/// Keys already reported as "not yet in effect", so each is logged once per
+/// process however often configurations are loaded.
+static WARNED: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+
+impl Default for Config {
+    fn default() -> Config {
+        static DEFAULT: OnceLock<Config> = OnceLock::new();
+        DEFAULT.get_or_init(build_default).clone()
+    }
+}
+
+impl Default for WorkersConfig {
+    fn default() -> WorkersConfig {
+        Config::default().workers
+    }
+}
+
+impl Default for TransportsConfig {
+    fn default() -> TransportsConfig {
+        Config::default().transports
+    }
+}
+
+impl Default for LocalConfig {
+    fn default() -> LocalConfig {
+        Config::default().transports.local
+    }
+}
+
+impl Default for ShmConfig {
+    fn default() -> ShmConfig {
+        Config::default().transports.shm
+    }
+}
+
+impl Default for TcpConfig {
+    fn default() -> TcpConfig {
+        Config::default().transports.tcp
+    }
+}
+
+impl Default for RdmaConfig {
+    fn default() -> RdmaConfig {
+        Config::default().transports.rdma
+    }
+}
+
+/// A config with every field at a placeholder; [`build_default`] overwrites
+/// each one from the schema, so the defaults live only in the schema.
+fn blank() -> Config {
+    Config {
+        source: DEFAULT_SOURCE.to_owned(),
+        block_size: 0,
+        default_timeout_ms: 0,
+        ring_depth: 0,
+        max_batch_size: 0,
+        max_batches: 0,
+        max_tasks_per_worker: 0,
+        max_inflight_slices: 0,
+        max_failover_attempts: 0,
+        merge_requests: false,
+        log_level: String::new(),
+        metadata_type: String::new(),
+        rpc_server_hostname: String::new(),
+        rpc_server_port: 0,
+        workers: WorkersConfig {
+            count: 0,
+            cores: Vec::new(),
+            pin: false,
+            spin_us: 0,
+            yield_us: 0,
+            park_timeout_ms: 0,
+        },
+        transports: TransportsConfig {
+            local: LocalConfig { enable: false },
+            shm: ShmConfig {
+                enable: false,
+                dir: String::new(),
+            },
+            tcp: TcpConfig {
+                enable: false,
+                connections_per_peer: 0,
+                max_inflight_per_connection: 0,
+                user_timeout_ms: 0,
+            },
+            rdma: RdmaConfig {
+                enable: false,
+                rail_error_threshold: 0,
+                rail_error_window_secs: 0,
+                rail_cooldown_secs: 0,
+                enable_priority_filtering: false,
+                local_rotation_interval_us: 0,
+                priority_promotion_timeout_us: 0,
+                slot_rotation_interval_ms: 0,
+                shared_quota_shm_path: String::new(),
+                enable_smart_scheduling: false,
+                numa_penalties: Vec::new(),
+                bandwidth_learning_rate: 0.0,
+                ewma_min_bandwidth_multiplier: 0.0,
+                ewma_max_bandwidth_multiplier: 0.0,
+                score_jitter_range: 0.0,
+                score_epsilon: 0.0,
+                default_bandwidth_gbps: 0.0,
+                min_bandwidth_gbps: 0.0,
+                max_bandwidth_gbps: 0.0,
+                max_slice_count: 0,
+                sq_backoff_timeout_us: 0,
+                sq_signal_interval_wr: 0,
+                sq_resume_watermark_wr: 0,
+                sq_executor_admission: false,
+                sq_admission_timeout_us: 0,
+                sq_admission_resume_watermark_wr: 0,
+                sq_admission_wait_slice_us: 0,
+                sq_admission_chunk_wr: 0,
+                sq_admission_max_chunks_per_call: 0,
+                sq_split_policy: SplitPolicy::Static,
+                sq_enable_experimental_capacity: false,
+            },
+        },
+    }
+}
+
+fn build_default() -> Config {
+    let mut cfg = blank();
+    for (spec, rule) in SPECS.iter().zip(RULES) {
+        // A bad default is a schema bug that the `every_default_is_accepted`
+        // test catches; at run time the placeholder is kept and reported
+        // rather than taking the process down.
+        let applied = serde_json::from_str::<Value>(spec.default)
+            .ok()
+            .and_then(|v| check_value(rule.kind, spec.path, &v, DEFAULT_SOURCE).ok())
+            .is_some_and(|val| (rule.set)(&mut cfg, val));
+        if !applied {
+            tracing::error!(
+                key = spec.path,
+                default = spec.default,
+                "config schema default rejected"
+            );
+        }
+    }
+    cfg
+}
+
+impl Config {
+    /// Parses and validates JSON text; `source` names it in errors and
+    /// becomes [`Config::source`]. Keys left out keep their defaults.
+    pub fn from_json_str(text: &str, source: &str) -> Result<Config, ConfigError> {
+        let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Parse {
+            file: source.to_owned(),
+            msg: e.to_string(),
+        })?;
+        let Value::Object(map) = &value else {
+            return Err(ConfigError::Type {
+                file: source.to_owned(),
+                key: "(top level)".to_owned(),
+                expected: "object",
+                found: describe(&value),
+            });
+        };
+        let mut cfg = Config {
+            source: source.to_owned(),
+            ..Config::default()
+        };
+        let mut later = Vec::new();
+        walk(map, "", source, &mut cfg, &mut later)?;
+        cross_check(&cfg, source)?;
+        warn_not_in_effect(&later, source);
+        tracing::debug!(source, "configuration loaded");
+        Ok(cfg)
+    }
+
+    /// Reads and validates a JSON file; errors name `path`.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            file: file.clone(),
+            source,
+        })?;
+        Config::from_json_str(&text, &file)
+    }
+
+    /// Reads `TENT_CONF`: unset gives `Ok(None)`; a value that starts with
+    /// `{` (after trimming) is inline JSON (source `"TENT_CONF (inline)"`);
+    /// anything else is a file path.
+    pub fn from_env() -> Result<Option<Config>, ConfigError> {
+        Config::from_env_value(std::env::var_os(ENV_VAR).as_deref())
+    }
+
+    /// [`Config::from_env`], falling back to [`Config::default`] when
+    /// `TENT_CONF` is unset.
+    pub fn load() -> Result<Config, ConfigError> {
+        Ok(Config::from_env()?.unwrap_or_default())
+    }
+
+    /// Every known key with its type, default (JSON text), whether it is in
+    /// effect, and what it does.
+    pub fn schema() -> &'static [KeySpec] {
+        SPECS
+    }
+
+    /// This configuration as JSON, every known key present; feeding it back
+    /// to [`Config::from_json_str`] gives an equal configuration (up to
+    /// `source`).
+    pub fn to_json(&self) -> Value {
+        let mut root = Map::new();
+        for (spec, rule) in SPECS.iter().zip(RULES) {
+            insert_path(&mut root, spec.path, val_to_json((rule.get)(self)));
+        }
+        Value::Object(root)
+    }
+
+    /// The environment value, split out so tests need not mutate the
+    /// process environment (which races with C code reading it, e.g. hwloc).
+    fn from_env_value(value: Option<&std::ffi::OsStr>) -> Result<Option<Config>, ConfigError> {
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let text = value.to_string_lossy();
+        let trimmed = text.trim();
+        if trimmed.starts_with('{') {
+            Config::from_json_str(trimmed, INLINE_SOURCE).map(Some)
+        } else {
+            Config::from_file(Path::new(value)).map(Some)
+        }
+    }
+}
+
+fn walk(
+    map: &Map<String, Value>,
+    prefix: &str,
+    file: &str,
+    cfg: &mut Config,
+    later: &mut Vec<&'static str>,
+) -> Result<(), ConfigError> {
+    for (name, value) in map {
+        let path = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        // A '/' inside a name would let a flattened key alias a nested one
+        // and make the result depend on key order.
+        let idx = if name.contains('/') || name.is_empty() {
+            None
+        } else {
+            SPECS.iter().position(|s| s.path == path)
+        };
+        if let Some(i) = idx {
+            let (spec, rule) = (&SPECS[i], &RULES[i]);
+            let val = check_value(rule.kind, spec.path, value, file)?;
+            if !(rule.set)(cfg, val) {
+                return Err(ConfigError::Invalid {
+                    file: file.to_owned(),
+                    key: path,
+                    reason: "internal error: the schema's type does not fit the field".to_owned(),
+                });
+            }
+            if !spec.in_effect {
+                later.push(spec.path);
+            }
+        } else if !name.contains('/') && !name.is_empty() && is_object_path(&path) {
+            match value {
+                Value::Object(inner) => walk(inner, &path, file, cfg, later)?,
+                other => {
+                    return Err(ConfigError::Type {
+                        file: file.to_owned(),
+                        key: path,
+                        expected: "object",
+                        found: describe(other),
+                    });
+                }
+            }
+        } else {
+            return Err(unknown_key(prefix, name, path, file));
+        }
+    }
+    Ok(())
+}
+
+fn warn_not_in_effect(later: &[&'static str], file: &str) {
+    let mut warned = WARNED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    for &key in later {
+        if warned.insert(key) {
+            tracing::warn!(
+                key = %key,
+                file = %file,
+                "config key not yet in effect: accepted, no behaviour attached yet"
+            );
+        }
+    }
+}
+
+fn cross_check(cfg: &Config, file: &str) -> Result<(), ConfigError> {
+    let invalid = |key: &str, reason: String| ConfigError::Invalid {
+        file: file.to_owned(),
+        key: key.to_owned(),
+        reason,
+    };
+    let r = &cfg.transports.rdma;
+    if r.min_bandwidth_gbps > r.max_bandwidth_gbps {
+        return Err(invalid(
+            "transports/rdma/min_bandwidth_gbps",
+            format!(
+                "{} exceeds transports/rdma/max_bandwidth_gbps = {}",
+                r.min_bandwidth_gbps, r.max_bandwidth_gbps
+            ),
+        ));
+    }
+    if !(r.min_bandwidth_gbps..=r.max_bandwidth_gbps).contains(&r.default_bandwidth_gbps) {
+        return Err(invalid(
+            "transports/rdma/default_bandwidth_gbps",
+            format!(
+                "{} lies outside [transports/rdma/min_bandwidth_gbps, transports/rdma/max_bandwidth_gbps] = [{}, {}]",
+                r.default_bandwidth_gbps, r.min_bandwidth_gbps, r.max_bandwidth_gbps
+            ),
+        ));
+    }
+    if r.ewma_min_bandwidth_multiplier > r.ewma_max_bandwidth_multiplier {
+        return Err(invalid(
+            "transports/rdma/ewma_min_bandwidth_multiplier",
+            format!(
+                "{} exceeds transports/rdma/ewma_max_bandwidth_multiplier = {}",
+                r.ewma_min_bandwidth_multiplier, r.ewma_max_bandwidth_multiplier
+            ),
+        ));
+    }
+    if r.sq_split_policy == SplitPolicy::Capacity && !r.sq_enable_experimental_capacity {
+        return Err(invalid(
+            "transports/rdma/sq_split_policy",
+            "\"capacity\" is experimental and requires transports/rdma/sq_enable_experimental_capacity = true"
+                .to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// Type- and range-checks one value against its kind.
+fn check_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, ConfigError> {
+    let type_err = |expected: &'static str, key: &str, v: &Value| ConfigError::Type {
+        file: file.to_owned(),
+        key: key.to_owned(),
+        expected,
+        found: describe(v),
+    };
+    let range_err = |key: &str, v: &Value, allowed: String| ConfigError::Range {
+        file: file.to_owned(),
+        key: key.to_owned(),
+        value: truncate(&v.to_string()),
+        allowed,
+    };
+    match kind {
+        Kind::Bool => v
+            .as_bool()
+            .map(Val::Bool)
+            .ok_or_else(|| type_err(kind.type_name(), key, v)),
+        Kind::Uint { min, max } => {
+            let n = v
+                .as_u64()
+                .ok_or_else(|| type_err(kind.type_name(), key, v))?;
+            if !(min..=max).contains(&n) {
+                return Err(range_err(key, v, format!("{min}..={max}")));
+            }
+            Ok(Val::Uint(n))
+        }
+        Kind::PowerOfTwo { min, max } => {
+            let n = v
+                .as_u64()
+                .ok_or_else(|| type_err(kind.type_name(), key, v))?;
+            if !(min..=max).contains(&n) {
+                return Err(range_err(
+                    key,
+                    v,
+                    format!("a power of two in {min}..={max}"),
+                ));
+            }
+            if !n.is_power_of_two() {
+                let below = 1u64 << (63 - n.leading_zeros());
+                return Err(ConfigError::Invalid {
+                    file: file.to_owned(),
+                    key: key.to_owned(),
+                    reason: format!(
+                        "{n} is not a power of two (nearest: {below} or {})",
+                        below.saturating_mul(2)
+                    ),
+                });
+            }
+            Ok(Val::Uint(n))
+        }
+        Kind::Float(range) => {
+            let x = v
+                .as_f64()
+                .ok_or_else(|| type_err(kind.type_name(), key, v))?;
+            if !range.contains(x) {
+                return Err(range_err(key, v, range.describe()));
+            }
+            Ok(Val::Float(x))
+        }
+        Kind::FloatArray {
+            each,
+            min_len,
+            max_len,
+        } => {
+            let items = v
+                .as_array()
+                .ok_or_else(|| type_err(kind.type_name(), key, v))?;
+            if !(min_len..=max_len).contains(&items.len()) {
+                return Err(range_err(key, v, format!("{min_len} to {max_len} entries")));
+            }
+            let mut out = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let elem_key = format!("{key}[{i}]");
+                let x = item
+                    .as_f64()
+                    .ok_or_else(|| type_err("number", &elem_key, item))?;
+                if !each.contains(x) {
+                    return Err(range_err(&elem_key, item, each.describe()));
+                }
+                out.push(x);
+            }
+            Ok(Val::Floats(out))
+        }
+        Kind::UintArray { max, max_len } => {
+            let items = v
+                .as_array()
+                .ok_or_else(|| type_err(kind.type_name(), key, v))?;
+            if items.len() > max_len {
+                return Err(range_err(key, v, format!("at most {max_len} entries")));
+            }
+            let mut out = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let elem_key = format!("{key}[{i}]");
+                let n = item
+                    .as_u64()
+                    .ok_or_else(|| type_err("unsigned integer", &elem_key, item))?;
+                if n > max {
+                    return Err(range_err(&elem_key, item, format!("0..={max}")));
+                }
+                out.push(n);
+            }
+            Ok(Val::Uints(out))
+        }
+        Kind::Str(rule) => {
+            let s = v
+                .as_str()
+                .ok_or_else(|| type_err(kind.type_name(), key, v))?;
+            let problem = match rule {
+                StrRule::NonEmpty if s.is_empty() => Some("must not be empty"),
+                StrRule::AbsolutePath if !s.starts_with('/') => {
+                    Some("must be an absolute path (starting with /)")
+                }
+                StrRule::EmptyOrShmName
+                    if !s.is_empty() && (!s.starts_with('/') || s.len() < 2) =>
+                {
+                    Some(
+                        "must be empty (single-process mode) or a shared-memory name like /mooncake_rdma_slots",
+                    )
+                }
+                _ => None,
+            };
+            match problem {
+                Some(reason) => Err(ConfigError::Invalid {
+                    file: file.to_owned(),
+                    key: key.to_owned(),
+                    reason: format!("{}: {reason}", truncate(&v.to_string())),
+                }),
+                None => Ok(Val::Str(s.to_owned())),
+            }
+        }
+        Kind::Choice(names) => {
+            let s = v
+                .as_str()
+                .ok_or_else(|| type_err(kind.type_name(), key, v))?;
+            if names.contains(&s) {
+                Ok(Val::Str(s.to_owned()))
+            } else {
+                Err(ConfigError::Invalid {
+                    file: file.to_owned(),
+                    key: key.to_owned(),
+                    reason: format!(
+                        "{} is not one of: {}",
+                        truncate(&v.to_string()),
+                        names.join(", ")
+                    ),
+                })
+            }
+        }
+    }
+}
+
+impl FloatRange {
+    fn contains(self, x: f64) -> bool {
+        let above_min = if self.min_inclusive {
+            x >= self.min
+        } else {
+            x > self.min
+        };
+        above_min && x <= self.max
+    }
+
+    fn describe(self) -> String {
+        if self.min_inclusive {
+            format!("{}..={}", self.min, self.max)
+        } else {
+            format!("> {} and <= {}", self.min, self.max)
+        }
+    }
+}
+
+/// True when `path` is a known object (a proper prefix of some key).
+fn is_object_path(path: &str) -> bool {
+    SPECS.iter().any(|s| {
+        s.path
+            .strip_prefix(path)
+            .is_some_and(|rest| rest.starts_with('/'))
+    })
+}
+
+/// The names known directly under `prefix` ("" = top level); objects end in
+/// `/`.
+fn children(prefix: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for spec in SPECS {
+        let rest = if prefix.is_empty() {
+            Some(spec.path)
+        } else {
+            spec.path
+                .strip_prefix(prefix)
+                .and_then(|r| r.strip_prefix('/'))
+        };
+        let Some(rest) = rest else { continue };
+        let child = match rest.split_once('/') {
+            Some((object, _)) => format!("{object}/"),
+            None => rest.to_owned(),
+        };
+        if !out.contains(&child) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+fn unknown_key(prefix: &str, name: &str, path: String, file: &str) -> ConfigError {
+    let known = children(prefix);
+    let level = if prefix.is_empty() {
+        "one of the known top-level keys".to_owned()
+    } else {
+        format!("one of the known keys under {prefix}")
+    };
+    let mut expected = format!("{level}: {}", known.join(", "));
+    if let Some(hint) = suggest(prefix, name, &known) {
+        expected.push_str("; did you mean ");
+        expected.push_str(&hint);
+        expected.push('?');
+    }
+    ConfigError::UnknownKey {
+        file: file.to_owned(),
+        key: path,
+        expected,
+    }
+}
+
+/// Lower-cases and drops MORI's env-var prefix, so `MORI_IO_SQ_SPLIT_POLICY`
+/// finds `sq_split_policy`.
+fn normalize(name: &str) -> String {
+    let lower = name.trim_end_matches('/').to_ascii_lowercase();
+    lower
+        .strip_prefix("mori_io_")
+        .map(str::to_owned)
+        .unwrap_or(lower)
+}
+
+/// The closest known key: first at the same level, then anywhere (spelled as
+/// a full path, since it lives elsewhere — the QoS document's troubleshooting
+/// snippets put RDMA keys at the top level, for instance).
+fn suggest(prefix: &str, name: &str, known: &[String]) -> Option<String> {
+    if name.contains('/') {
+        let joined = if prefix.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        if SPECS.iter().any(|s| s.path == joined) || is_object_path(&joined) {
+            return Some(format!("{joined}, written as nested objects"));
+        }
+    }
+    let wanted = normalize(name);
+    let close_enough = |candidate: &str| {
+        let d = levenshtein(&wanted, candidate);
+        (d <= (wanted.len().max(candidate.len()) / 3).max(1)).then_some(d)
+    };
+    let local = known
+        .iter()
+        .filter_map(|k| close_enough(&normalize(k)).map(|d| (d, k.trim_end_matches('/'))))
+        .min_by_key(|&(d, _)| d);
+    if let Some((_, k)) = local {
+        return Some(k.to_owned());
+    }
+    SPECS
+        .iter()
+        .filter_map(|s| {
+            let last = s.path.rsplit('/').next().unwrap_or(s.path);
+            close_enough(last).map(|d| (d, s.path))
+        })
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, p)| p.to_owned())
+}
+
+fn levenshtein(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diag + usize::from(ca != cb));
+            diag = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// JSON type name plus the value, short enough for a one-line error.
+fn describe(v: &Value) -> String {
+    let ty = match v {
+        Value::Null => return "null".to_owned(),
+        Value::Bool(_) => "bool",
+        Value::Number(n) if n.is_u64() || n.is_i64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    format!("{ty} {}", truncate(&v.to_string()))
+}
+
+fn truncate(s: &str) -> String {
+    const MAX: usize = 48;
+    if s.len() <= MAX {
+        return s.to_owned();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+fn val_to_json(val: Val) -> Value {
+    match val {
+        Val::Bool(b) => Value::Bool(b),
+        Val::Uint(n) => Value::from(n),
+        Val::Float(x) => Value::from(x),
+        Val::Str(s) => Value::String(s),
+        Val::Floats(v) => Value::from(v),
+        Val::Uints(v) => Value::from(v),
+    }
+}
+
+fn insert_path(root: &mut Map<String, Value>, path: &str, value: Value) {
+    match path.split_once('/') {
+        None => {
+            root.insert(path.to_owned(), value);
+        }
+        Some((head, rest)) => {
+            let slot = root
+                .entry(head.to_owned())
+                .or_insert_with(|| Value::Object(Map::new()));
+            if !slot.is_object() {
+                *slot = Value::Object(Map::new());
+            }
+            if let Value::Object(inner) = slot {
+                insert_path(inner, rest, value);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_json_str(text, "test.json")
+    }
+
+    fn spec_index(path: &str) -> usize {
+        SPECS
+            .iter()
+            .position(|s| s.path == path)
+            .unwrap_or_else(|| panic!("{path} not in schema"))
+    }
+
+    #[test]
+    fn defaults_match_the_documented_values() {
+        let c = Config::default();
+        assert_eq!(c.source, "default");
+        assert_eq!(c.block_size, 65536);
+        assert_eq!(c.default_timeout_ms, 30_000);
+        assert_eq!(c.ring_depth, 1024);
+        assert_eq!(c.max_batch_size, 4096);
+        assert_eq!(c.max_batches, 1024);
+        assert_eq!(c.max_tasks_per_worker, 4096);
+        assert_eq!(c.max_inflight_slices, 256);
+        assert_eq!(c.max_failover_attempts, 3);
+        assert!(c.merge_requests);
+        assert_eq!(c.log_level, "info");
+        assert_eq!(c.metadata_type, "p2p");
+        assert_eq!(c.rpc_server_hostname, "127.0.0.1");
+        assert_eq!(c.rpc_server_port, 0);
+        let w = &c.workers;
+        assert_eq!(
+            (
+                w.count,
+                w.cores.is_empty(),
+                w.pin,
+                w.spin_us,
+                w.yield_us,
+                w.park_timeout_ms
+            ),
+            (1, true, true, 50, 200, 100)
+        );
+        let t = &c.transports;
+        assert!(t.local.enable && t.shm.enable && t.tcp.enable && t.rdma.enable);
+        assert_eq!(t.shm.dir, "/dev/shm");
+        assert_eq!(
+            (
+                t.tcp.connections_per_peer,
+                t.tcp.max_inflight_per_connection,
+                t.tcp.user_timeout_ms
+            ),
+            (4, 8, 10_000)
+        );
+        let r = &t.rdma;
+        assert_eq!(
+            (
+                r.rail_error_threshold,
+                r.rail_error_window_secs,
+                r.rail_cooldown_secs
+            ),
+            (3, 10, 30)
+        );
+        assert!(r.enable_priority_filtering);
+        assert_eq!(r.local_rotation_interval_us, 200);
+        assert_eq!(r.priority_promotion_timeout_us, 10_000);
+        assert_eq!(r.slot_rotation_interval_ms, 2);
+        assert_eq!(r.shared_quota_shm_path, "");
+        assert!(r.enable_smart_scheduling);
+        assert_eq!(r.numa_penalties, vec![1.0, 5.0, 10.0]);
+        assert_eq!(r.bandwidth_learning_rate, 0.01);
+        assert_eq!(r.ewma_min_bandwidth_multiplier, 0.1);
+        assert_eq!(r.ewma_max_bandwidth_multiplier, 10.0);
+        assert_eq!(r.score_jitter_range, 1e-9);
+        assert_eq!(r.score_epsilon, 1e-12);
+        assert_eq!(
+            (
+                r.default_bandwidth_gbps,
+                r.min_bandwidth_gbps,
+                r.max_bandwidth_gbps
+            ),
+            (400.0, 10.0, 800.0)
+        );
+        assert_eq!(r.max_slice_count, 64);
+        assert_eq!(r.sq_backoff_timeout_us, 10_000);
+        assert_eq!(r.sq_signal_interval_wr, 0);
+        assert_eq!(r.sq_resume_watermark_wr, 0);
+        assert!(!r.sq_executor_admission);
+        assert_eq!(r.sq_admission_timeout_us, 1_000_000);
+        assert_eq!(r.sq_admission_resume_watermark_wr, 2048);
+        assert_eq!(r.sq_admission_wait_slice_us, 100);
+        assert_eq!(r.sq_admission_chunk_wr, 0);
+        assert_eq!(r.sq_admission_max_chunks_per_call, 0);
+        assert_eq!(r.sq_split_policy, SplitPolicy::Static);
+        assert!(!r.sq_enable_experimental_capacity);
+        assert_eq!(WorkersConfig::default(), c.workers);
+        assert_eq!(RdmaConfig::default(), c.transports.rdma);
+        assert_eq!(TcpConfig::default(), c.transports.tcp);
+        assert_eq!(ShmConfig::default(), c.transports.shm);
+        assert_eq!(LocalConfig::default(), c.transports.local);
+        assert_eq!(TransportsConfig::default(), c.transports);
+    }
+
+    #[test]
+    fn empty_object_gives_defaults_with_source() {
+        let c = parse("{}").unwrap();
+        assert_eq!(c.source, "test.json");
+        assert_eq!(
+            Config {
+                source: "default".into(),
+                ..c
+            },
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn schema_has_no_duplicates_and_matches_rules() {
+        assert_eq!(SPECS.len(), RULES.len());
+        let mut seen = BTreeSet::new();
+        for s in Config::schema() {
+            assert!(seen.insert(s.path), "duplicate key {}", s.path);
+            assert!(!s.doc.is_empty(), "{} has no doc", s.path);
+        }
+    }
+
+    /// A value of `kind` different from `current`, to see which fields a key
+    /// writes.
+    fn other_value(kind: Kind, current: &Val) -> Val {
+        match (kind, current) {
+            (Kind::Bool, Val::Bool(b)) => Val::Bool(!b),
+            (Kind::Uint { min, max } | Kind::PowerOfTwo { min, max }, Val::Uint(n)) => {
+                Val::Uint(if *n == max { min } else { max })
+            }
+            (Kind::Float(r), Val::Float(x)) => {
+                Val::Float(if *x == r.max { r.max / 2.0 } else { r.max })
+            }
+            (Kind::FloatArray { each, .. }, _) => Val::Floats(vec![each.max; 5]),
+            (Kind::UintArray { max, .. }, _) => Val::Uints(vec![max, 1, 2]),
+            (Kind::Str(_), Val::Str(s)) => Val::Str(format!("/x{s}")),
+            (Kind::Choice(names), Val::Str(s)) => {
+                // A one-name choice has no other valid name; any other string
+                // still shows which field the key writes.
+                let other = names.iter().find(|n| **n != s).map(|n| n.to_string());
+                Val::Str(other.unwrap_or_else(|| format!("{s}-other")))
+            }
+            (kind, v) => panic!("{kind:?} does not produce {v:?}"),
+        }
+    }
+
+    #[test]
+    fn each_key_writes_its_own_field_only() {
+        let base = Config::default();
+        for (i, rule) in RULES.iter().enumerate() {
+            let mut c = base.clone();
+            let changed = other_value(rule.kind, &(rule.get)(&base));
+            assert!((rule.set)(&mut c, changed.clone()), "{}", SPECS[i].path);
+            assert_eq!((rule.get)(&c), changed, "{}", SPECS[i].path);
+            assert_ne!(c, base, "{} writes nothing", SPECS[i].path);
+            for (j, other) in RULES.iter().enumerate() {
+                if j != i {
+                    assert_eq!(
+                        (other.get)(&c),
+                        (other.get)(&base),
+                        "{} also writes {}",
+                        SPECS[i].path,
+                        SPECS[j].path
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_schema_key_is_accepted_with_its_default() {
+        let defaults = Config::default();
+        for (spec, rule) in SPECS.iter().zip(RULES) {
+            let mut root = Map::new();
+            insert_path(
+                &mut root,
+                spec.path,
+                serde_json::from_str(spec.default).unwrap(),
+            );
+            let c = Config::from_json_str(&Value::Object(root).to_string(), "t.json")
+                .unwrap_or_else(|e| panic!("{}: {e}", spec.path));
+            assert_eq!((rule.get)(&c), (rule.get)(&defaults), "{}", spec.path);
+            assert_eq!(spec.ty, rule.kind.type_name());
+        }
+    }
+
+    #[test]
+    fn every_schema_key_accepts_its_maximum_and_fits_its_field() {
+        for (spec, rule) in SPECS.iter().zip(RULES) {
+            let max = match rule.kind {
+                Kind::Uint { max, .. } | Kind::PowerOfTwo { max, .. } => Value::from(max),
+                Kind::Float(r) => Value::from(r.max),
+                Kind::UintArray { max, .. } => Value::from(vec![max]),
+                Kind::FloatArray { each, .. } => Value::from(vec![each.max]),
+                _ => continue,
+            };
+            // Cross-key checks may reject a lone maximum in a file, so the
+            // field fit is checked by assigning directly.
+            let mut c = Config::default();
+            let val = check_value(rule.kind, spec.path, &max, "t").unwrap();
+            assert!(
+                (rule.set)(&mut c, val.clone()),
+                "{} does not fit its field",
+                spec.path
+            );
+            assert_eq!((rule.get)(&c), val, "{}", spec.path);
+        }
+    }
+
+    #[test]
+    fn to_json_round_trips() {
+        let c = Config::default();
+        let again = Config::from_json_str(&c.to_json().to_string(), "default").unwrap();
+        assert_eq!(again, c);
+    }
+
+    fn type_error(text: &str) -> (String, &'static str, String) {
+        match parse(text) {
+            Err(ConfigError::Type {
+                file,
+                key,
+                expected,
+                found,
+            }) => {
+                assert_eq!(file, "test.json");
+                (key, expected, found)
+            }
+            other => panic!("{text}: expected a type error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn type_mismatches_name_key_expected_and_found() {
+        let (k, e, f) = type_error(r#"{"block_size": "64k"}"#);
+        assert_eq!((k.as_str(), e), ("block_size", "unsigned integer"));
+        assert_eq!(f, "string \"64k\"");
+
+        let (k, e, f) = type_error(r#"{"block_size": 1.5}"#);
+        assert_eq!(
+            (k.as_str(), e, f.as_str()),
+            ("block_size", "unsigned integer", "number 1.5")
+        );
+
+        let (k, _, f) = type_error(r#"{"ring_depth": -4}"#);
+        assert_eq!((k.as_str(), f.as_str()), ("ring_depth", "integer -4"));
+
+        let (k, e, f) = type_error(r#"{"merge_requests": 1}"#);
+        assert_eq!(
+            (k.as_str(), e, f.as_str()),
+            ("merge_requests", "bool", "integer 1")
+        );
+
+        let (k, e, f) = type_error(r#"{"log_level": null}"#);
+        assert_eq!((k.as_str(), e, f.as_str()), ("log_level", "string", "null"));
+
+        let (k, e, _) = type_error(r#"{"workers": 4}"#);
+        assert_eq!((k.as_str(), e), ("workers", "object"));
+
+        let (k, e, _) = type_error(r#"{"transports": {"rdma": []}}"#);
+        assert_eq!((k.as_str(), e), ("transports/rdma", "object"));
+
+        let (k, e, _) = type_error(r#"{"transports": {"rdma": {"numa_penalties": 1.0}}}"#);
+        assert_eq!(
+            (k.as_str(), e),
+            ("transports/rdma/numa_penalties", "array of numbers")
+        );
+
+        let (k, e, f) = type_error(r#"{"transports": {"rdma": {"numa_penalties": [1.0, "x"]}}}"#);
+        assert_eq!(
+            (k.as_str(), e, f.as_str()),
+            (
+                "transports/rdma/numa_penalties[1]",
+                "number",
+                "string \"x\""
+            )
+        );
+
+        let (k, e, _) = type_error(r#"{"workers": {"cores": [1, -2]}}"#);
+        assert_eq!((k.as_str(), e), ("workers/cores[1]", "unsigned integer"));
+
+        let (k, e, _) =
+            type_error(r#"{"transports": {"rdma": {"bandwidth_learning_rate": "0.1"}}}"#);
+        assert_eq!(
+            (k.as_str(), e),
+            ("transports/rdma/bandwidth_learning_rate", "number")
+        );
+
+        let (k, e, _) = type_error(r#"{"transports": {"shm": {"dir": 7}}}"#);
+        assert_eq!((k.as_str(), e), ("transports/shm/dir", "string"));
+
+        let (k, e, _) = type_error(r#"{"transports": {"rdma": {"sq_split_policy": 1}}}"#);
+        assert_eq!(
+            (k.as_str(), e),
+            ("transports/rdma/sq_split_policy", "string")
+        );
+
+        let (k, e, _) = type_error("[1, 2]");
+        assert_eq!((k.as_str(), e), ("(top level)", "object"));
+    }
+
+    #[test]
+    fn long_values_are_truncated_in_errors() {
+        let long = "x".repeat(500);
+        let (_, _, found) = type_error(&format!(r#"{{"block_size": "{long}"}}"#));
+        assert!(found.chars().count() < 80, "{found}");
+        assert!(found.ends_with('…'));
+    }
+
+    #[test]
+    fn floats_accept_integers() {
+        let c = parse(
+            r#"{"transports": {"rdma": {"max_bandwidth_gbps": 1600, "numa_penalties": [1, 2]}}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.transports.rdma.max_bandwidth_gbps, 1600.0);
+        assert_eq!(c.transports.rdma.numa_penalties, vec![1.0, 2.0]);
+    }
+
+    #[test]
+    fn unknown_top_level_key_names_key_file_and_close_match() {
+        let err = parse(r#"{"block_sise": 4096}"#).unwrap_err();
+        let ConfigError::UnknownKey {
+            file,
+            key,
+            expected,
+        } = &err
+        else {
+            panic!("{err:?}")
+        };
+        assert_eq!((file.as_str(), key.as_str()), ("test.json", "block_sise"));
+        assert!(expected.contains("known top-level keys"), "{expected}");
+        assert!(expected.contains("workers/"), "{expected}");
+        assert!(expected.ends_with("did you mean block_size?"), "{expected}");
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("test.json: unknown key \"block_sise\""),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn unknown_nested_key_names_full_path_and_close_match() {
+        let err = parse(r#"{"transports": {"rdma": {"rail_cooldwn_secs": 5}}}"#).unwrap_err();
+        let ConfigError::UnknownKey {
+            file,
+            key,
+            expected,
+        } = &err
+        else {
+            panic!("{err:?}")
+        };
+        assert_eq!(file, "test.json");
+        assert_eq!(key, "transports/rdma/rail_cooldwn_secs");
+        assert!(
+            expected.starts_with("one of the known keys under transports/rdma: enable, "),
+            "{expected}"
+        );
+        assert!(
+            expected.ends_with("did you mean rail_cooldown_secs?"),
+            "{expected}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_elsewhere_suggest_the_full_path() {
+        // The QoS document's troubleshooting snippets write RDMA keys at the
+        // top level; point at where they live.
+        let err = parse(r#"{"slot_rotation_interval_ms": 1}"#).unwrap_err();
+        let ConfigError::UnknownKey { expected, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert!(
+            expected.ends_with("did you mean transports/rdma/slot_rotation_interval_ms?"),
+            "{expected}"
+        );
+
+        let err = parse(r#"{"transports": {"rdma": {"MORI_IO_SQ_SPLIT_POLICY": "static"}}}"#)
+            .unwrap_err();
+        let ConfigError::UnknownKey { expected, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert!(
+            expected.ends_with("did you mean sq_split_policy?"),
+            "{expected}"
+        );
+
+        let err = parse(r#"{"transports": {"ucx": {}}}"#).unwrap_err();
+        let ConfigError::UnknownKey { key, expected, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(key, "transports/ucx");
+        assert!(expected.contains("local/, shm/, tcp/, rdma/"), "{expected}");
+    }
+
+    #[test]
+    fn flattened_slash_keys_are_rejected_with_a_hint() {
+        let err = parse(r#"{"transports/rdma/rail_cooldown_secs": 5}"#).unwrap_err();
+        let ConfigError::UnknownKey { key, expected, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(key, "transports/rdma/rail_cooldown_secs");
+        assert!(expected.contains("written as nested objects"), "{expected}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_range_errors() {
+        let cases = [
+            (
+                r#"{"block_size": 32}"#,
+                "block_size",
+                "32",
+                "64..=1073741824",
+            ),
+            (
+                r#"{"max_failover_attempts": 65}"#,
+                "max_failover_attempts",
+                "65",
+                "0..=64",
+            ),
+            (
+                r#"{"rpc_server_port": 65536}"#,
+                "rpc_server_port",
+                "65536",
+                "0..=65535",
+            ),
+            (
+                r#"{"workers": {"count": 0}}"#,
+                "workers/count",
+                "0",
+                "1..=256",
+            ),
+            (
+                r#"{"workers": {"cores": [0, 4096]}}"#,
+                "workers/cores[1]",
+                "4096",
+                "0..=4095",
+            ),
+            (
+                r#"{"transports": {"rdma": {"bandwidth_learning_rate": 1.5}}}"#,
+                "transports/rdma/bandwidth_learning_rate",
+                "1.5",
+                "0..=1",
+            ),
+            (
+                r#"{"transports": {"rdma": {"numa_penalties": [1.0, 0.0]}}}"#,
+                "transports/rdma/numa_penalties[1]",
+                "0.0",
+                "> 0 and <= 1000000",
+            ),
+            (
+                r#"{"transports": {"rdma": {"numa_penalties": []}}}"#,
+                "transports/rdma/numa_penalties",
+                "[]",
+                "1 to 16 entries",
+            ),
+        ];
+        for (text, want_key, want_value, want_allowed) in cases {
+            match parse(text) {
+                Err(ConfigError::Range {
+                    file,
+                    key,
+                    value,
+                    allowed,
+                }) => {
+                    assert_eq!(file, "test.json");
+                    assert_eq!(key, want_key);
+                    assert_eq!(value, want_value);
+                    assert_eq!(allowed, want_allowed);
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn ring_depth_must_be_a_power_of_two() {
+        assert_eq!(parse(r#"{"ring_depth": 4096}"#).unwrap().ring_depth, 4096);
+        match parse(r#"{"ring_depth": 1000}"#) {
+            Err(ConfigError::Invalid { key, reason, .. }) => {
+                assert_eq!(key, "ring_depth");
+                assert!(reason.contains("not a power of two"), "{reason}");
+                assert!(reason.contains("512 or 1024"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            parse(r#"{"ring_depth": 1}"#),
+            Err(ConfigError::Range { .. })
+        ));
+    }
+
+    #[test]
+    fn strings_and_enums_are_checked() {
+        let invalid_key = |text: &str| match parse(text) {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("{text}: {other:?}"),
+        };
+        assert_eq!(invalid_key(r#"{"log_level": "verbose"}"#), "log_level");
+        assert_eq!(invalid_key(r#"{"metadata_type": "etcd"}"#), "metadata_type");
+        assert_eq!(
+            invalid_key(r#"{"rpc_server_hostname": ""}"#),
+            "rpc_server_hostname"
+        );
+        assert_eq!(
+            invalid_key(r#"{"transports": {"shm": {"dir": "shm"}}}"#),
+            "transports/shm/dir"
+        );
+        assert_eq!(
+            invalid_key(r#"{"transports": {"rdma": {"shared_quota_shm_path": "slots"}}}"#),
+            "transports/rdma/shared_quota_shm_path"
+        );
+        assert_eq!(
+            invalid_key(r#"{"transports": {"rdma": {"sq_split_policy": "random"}}}"#),
+            "transports/rdma/sq_split_policy"
+        );
+        let c = parse(r#"{"log_level": "debug", "transports": {"rdma": {"sq_split_policy": "least_loaded"}}}"#)
+            .unwrap();
+        assert_eq!(c.log_level, "debug");
+        assert_eq!(c.transports.rdma.sq_split_policy, SplitPolicy::LeastLoaded);
+    }
+
+    #[test]
+    fn cross_key_checks() {
+        let invalid = |text: &str| match parse(text) {
+            Err(ConfigError::Invalid { key, reason, .. }) => (key, reason),
+            other => panic!("{text}: {other:?}"),
+        };
+        let (key, reason) = invalid(r#"{"transports": {"rdma": {"sq_split_policy": "capacity"}}}"#);
+        assert_eq!(key, "transports/rdma/sq_split_policy");
+        assert!(
+            reason.contains("transports/rdma/sq_enable_experimental_capacity"),
+            "{reason}"
+        );
+        let c = parse(
+            r#"{"transports": {"rdma": {"sq_split_policy": "capacity", "sq_enable_experimental_capacity": true}}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.transports.rdma.sq_split_policy, SplitPolicy::Capacity);
+
+        let (key, _) = invalid(r#"{"transports": {"rdma": {"default_bandwidth_gbps": 900}}}"#);
+        assert_eq!(key, "transports/rdma/default_bandwidth_gbps");
+        let (key, _) = invalid(r#"{"transports": {"rdma": {"min_bandwidth_gbps": 1000}}}"#);
+        assert_eq!(key, "transports/rdma/min_bandwidth_gbps");
+        parse(r#"{"transports": {"rdma": {"ewma_min_bandwidth_multiplier": 2.0, "ewma_max_bandwidth_multiplier": 2.0}}}"#)
+            .unwrap();
+        let (key, reason) = invalid(
+            r#"{"transports": {"rdma": {"ewma_min_bandwidth_multiplier": 2.0, "ewma_max_bandwidth_multiplier": 1.5}}}"#,
+        );
+        assert_eq!(key, "transports/rdma/ewma_min_bandwidth_multiplier");
+        assert!(
+            reason.contains("transports/rdma/ewma_max_bandwidth_multiplier"),
+            "{reason}"
+        );
+        let (key, _) = invalid(
+            r#"{"transports": {"rdma": {"min_bandwidth_gbps": 900, "max_bandwidth_gbps": 800}}}"#,
+        );
+        assert_eq!(key, "transports/rdma/min_bandwidth_gbps");
+    }
+
+    #[test]
+    fn not_valid_json_is_a_parse_error() {
+        match parse("{\"block_size\": }") {
+            Err(ConfigError::Parse { file, msg }) => {
+                assert_eq!(file, "test.json");
+                assert!(msg.contains("line 1"), "{msg}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    const SEED_EXAMPLES: &[&str] = &[
+        // 000 failover
+        r#"{
+          "max_failover_attempts": 3,
+          "transports": {
+            "rdma": {
+              "rail_error_threshold": 3,
+              "rail_error_window_secs": 10,
+              "rail_cooldown_secs": 30
+            }
+          }
+        }"#,
+        // 001 QoS
+        r#"{"transports": {"rdma": {"enable_priority_filtering": true, "local_rotation_interval_us": 200, "priority_promotion_timeout_us": 10000}}}"#,
+        r#"{"transports": {"rdma": {"slot_rotation_interval_ms": 2, "shared_quota_shm_path": "/mooncake_rdma_slots"}}}"#,
+        r#"{"transports": {"rdma": {"enable_priority_filtering": true, "slot_rotation_interval_ms": 1, "shared_quota_shm_path": "/mooncake_rdma_slots"}}}"#,
+        r#"{"transports": {"rdma": {"enable_priority_filtering": true, "shared_quota_shm_path": ""}}}"#,
+        r#"{"transports": {"rdma": {"slot_rotation_interval_ms": 10, "shared_quota_shm_path": "/mooncake_rdma_slots"}}}"#,
+        // 003 slice spraying
+        r#"{"transports": {"rdma": {"enable_smart_scheduling": true}}}"#,
+        r#"{"transports": {"rdma": {"numa_penalties": [1.0, 5.0, 10.0]}}}"#,
+        r#"{"transports": {"rdma": {"bandwidth_learning_rate": 0.01, "ewma_min_bandwidth_multiplier": 0.1, "ewma_max_bandwidth_multiplier": 10.0}}}"#,
+        r#"{"transports": {"rdma": {"score_jitter_range": 1e-9, "score_epsilon": 1e-12}}}"#,
+        r#"{"transports": {"rdma": {"default_bandwidth_gbps": 400.0, "min_bandwidth_gbps": 10.0, "max_bandwidth_gbps": 800.0}}}"#,
+        r#"{"transports": {"rdma": {"enable_smart_scheduling": true, "numa_penalties": [1.0, 100.0, 1000.0], "bandwidth_learning_rate": 0.001}}}"#,
+        r#"{"transports": {"rdma": {"enable_smart_scheduling": true, "numa_penalties": [1.0, 2.0, 3.0], "bandwidth_learning_rate": 0.1}}}"#,
+        r#"{"transports": {"rdma": {"enable_smart_scheduling": false}}}"#,
+        // 004 SQ flow control, the PR's test-plan settings as config keys
+        r#"{"transports": {"rdma": {"sq_backoff_timeout_us": 5000000}}}"#,
+        r#"{"transports": {"rdma": {"sq_executor_admission": true, "sq_admission_timeout_us": 2000000, "sq_backoff_timeout_us": 1000000}}}"#,
+        r#"{"transports": {"rdma": {"sq_split_policy": "least_loaded", "sq_signal_interval_wr": 256}}}"#,
+    ];
+
+    #[test]
+    fn seed_examples_parse() {
+        for text in SEED_EXAMPLES {
+            parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        }
+        let c = parse(SEED_EXAMPLES[0]).unwrap();
+        assert_eq!(c.max_failover_attempts, 3);
+        assert_eq!(c.transports.rdma.rail_cooldown_secs, 30);
+        let c = parse(SEED_EXAMPLES[11]).unwrap();
+        assert_eq!(c.transports.rdma.numa_penalties, vec![1.0, 100.0, 1000.0]);
+        assert_eq!(c.transports.rdma.bandwidth_learning_rate, 0.001);
+    }
+
+    #[test]
+    fn full_example_with_every_section_parses() {
+        let text = r#"{
+          "block_size": 131072,
+          "default_timeout_ms": 5000,
+          "ring_depth": 256,
+          "max_failover_attempts": 1,
+          "merge_requests": false,
+          "log_level": "warn",
+          "metadata_type": "p2p",
+          "rpc_server_hostname": "10.0.0.1",
+          "rpc_server_port": 12345,
+          "workers": {"count": 2, "cores": [1, 0], "pin": false, "spin_us": 0, "yield_us": 0, "park_timeout_ms": 5},
+          "transports": {
+            "local": {"enable": false},
+            "shm": {"enable": true, "dir": "/tmp"},
+            "tcp": {"enable": true, "connections_per_peer": 2, "max_inflight_per_connection": 16, "user_timeout_ms": 0},
+            "rdma": {
+              "rail_error_threshold": 5,
+              "priority_promotion_timeout_us": 500,
+              "numa_penalties": [1.0, 2.0],
+              "sq_split_policy": "capacity",
+              "sq_enable_experimental_capacity": true
+            }
+          }
+        }"#;
+        let c = parse(text).unwrap();
+        assert_eq!(c.block_size, 131_072);
+        assert_eq!(c.rpc_server_port, 12345);
+        assert_eq!(c.workers.cores, vec![1, 0]);
+        assert!(!c.workers.pin);
+        assert!(!c.transports.local.enable);
+        assert_eq!(c.transports.shm.dir, "/tmp");
+        assert_eq!(c.transports.tcp.max_inflight_per_connection, 16);
+        assert_eq!(c.transports.rdma.priority_promotion_timeout_us, 500);
+        assert_eq!(c.transports.rdma.rail_error_threshold, 5);
+        // Untouched keys in a touched object keep their defaults.
+        assert_eq!(c.transports.rdma.rail_cooldown_secs, 30);
+    }
+
+    #[test]
+    fn not_yet_in_effect_keys_are_accepted_and_recorded_once() {
+        let path = "transports/rdma/score_epsilon";
+        assert!(!SPECS[spec_index(path)].in_effect);
+        parse(r#"{"transports": {"rdma": {"score_epsilon": 1e-10}}}"#).unwrap();
+        parse(r#"{"transports": {"rdma": {"score_epsilon": 1e-11}}}"#).unwrap();
+        let warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+        assert!(warned.contains(path));
+        // Live keys are never reported.
+        drop(warned);
+        parse(r#"{"block_size": 4096}"#).unwrap();
+        assert!(
+            !WARNED
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains("block_size")
+        );
+    }
+
+    #[test]
+    fn from_file_reads_and_names_the_file() {
+        let dir = std::env::temp_dir();
+        let path = dir.join(format!("tent-config-test-{}.json", std::process::id()));
+        std::fs::write(&path, r#"{"workers": {"count": 3}}"#).unwrap();
+        let c = Config::from_file(&path).unwrap();
+        assert_eq!(c.workers.count, 3);
+        assert_eq!(c.source, path.display().to_string());
+
+        std::fs::write(&path, r#"{"workers": {"cnt": 3}}"#).unwrap();
+        let err = Config::from_file(&path).unwrap_err();
+        assert!(
+            err.to_string().starts_with(&path.display().to_string()),
+            "{err}"
+        );
+        std::fs::remove_file(&path).unwrap();
+
+        match Config::from_file(&path) {
+            Err(ConfigError::Io { file, .. }) => assert_eq!(file, path.display().to_string()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn tent_conf_inline_vs_path() {
+        use std::ffi::OsStr;
+        assert!(Config::from_env_value(None).unwrap().is_none());
+
+        let inline = Config::from_env_value(Some(OsStr::new("  {\"ring_depth\": 64}  ")))
+            .unwrap()
+            .unwrap();
+        assert_eq!(inline.ring_depth, 64);
+        assert_eq!(inline.source, INLINE_SOURCE);
+        match Config::from_env_value(Some(OsStr::new("{\"ring_depth\": 63}"))) {
+            Err(ConfigError::Invalid { file, .. }) => assert_eq!(file, INLINE_SOURCE),
+            other => panic!("{other:?}"),
+        }
+
+        let path =
+            std::env::temp_dir().join(format!("tent-conf-env-test-{}.json", std::process::id()));
+        std::fs::write(&path, r#"{"ring_depth": 128}"#).unwrap();
+        let from_path = Config::from_env_value(Some(path.as_os_str()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(from_path.ring_depth, 128);
+        assert_eq!(from_path.source, path.display().to_string());
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(
+            Config::from_env_value(Some(path.as_os_str())),
+            Err(ConfigError::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn load_without_tent_conf_gives_defaults() {
+        // Reads the real environment but never writes it: set_var would race
+        // with C code (hwloc) reading the environment in parallel tests.
+        if std::env::var_os(ENV_VAR).is_none() {
+            assert!(Config::from_env().unwrap().is_none());
+            assert_eq!(Config::load().unwrap(), Config::default());
+        }
+    }
+
+    #[test]
+    fn closest_match_helpers() {
+        assert_eq!(levenshtein("kitten", "sitting"), 3);
+        assert_eq!(levenshtein("", "abc"), 3);
+        assert_eq!(levenshtein("same", "same"), 0);
+        assert_eq!(suggest("", "zzzzzzzz", &children("")), None);
+    }
+
+    /// A strategy producing an in-range JSON value for a key's kind.
+    fn value_strategy(kind: Kind) -> BoxedStrategy<Value> {
+        match kind {
+            Kind::Bool => any::<bool>().prop_map(Value::from).boxed(),
+            Kind::Uint { min, max } => (min..=max).prop_map(Value::from).boxed(),
+            Kind::PowerOfTwo { min, max } => {
+                let (lo, hi) = (min.trailing_zeros(), max.trailing_zeros());
+                (lo..=hi).prop_map(|k| Value::from(1u64 << k)).boxed()
+            }
+            Kind::Float(r) => float_strategy(r).prop_map(Value::from).boxed(),
+            Kind::FloatArray {
+                each,
+                min_len,
+                max_len,
+            } => proptest::collection::vec(float_strategy(each), min_len..=max_len)
+                .prop_map(Value::from)
+                .boxed(),
+            Kind::UintArray { max, max_len } => {
+                proptest::collection::vec(0..=max, 0..=max_len.min(8))
+                    .prop_map(Value::from)
+                    .boxed()
+            }
+            Kind::Str(StrRule::NonEmpty) => "[a-z0-9.]{1,12}".prop_map(Value::from).boxed(),
+            Kind::Str(StrRule::AbsolutePath) => "/[a-z_/]{0,12}".prop_map(Value::from).boxed(),
+            Kind::Str(StrRule::EmptyOrShmName) => "(/[a-z_]{1,12})?".prop_map(Value::from).boxed(),
+            Kind::Choice(names) => proptest::sample::select(names)
+                .prop_map(Value::from)
+                .boxed(),
+        }
+    }
+
+    fn float_strategy(r: FloatRange) -> impl Strategy<Value = f64> {
+        let lo = if r.min_inclusive {
+            r.min
+        } else {
+            r.min + f64::EPSILON.max(r.min * 1e-9)
+        };
+        prop_oneof![Just(lo), Just(r.max), lo..=r.max]
+    }
+
+    fn random_config() -> impl Strategy<Value = Vec<(usize, Value)>> {
+        let per_key: Vec<_> = RULES
+            .iter()
+            .enumerate()
+            .map(|(i, rule)| {
+                proptest::option::of(value_strategy(rule.kind).prop_map(move |v| (i, v)))
+            })
+            .collect();
+        per_key.prop_map(|picked| picked.into_iter().flatten().collect())
+    }
+
+    fn near(a: &Val, b: &Val) -> bool {
+        let close = |x: f64, y: f64| x == y || (x - y).abs() <= 1e-12 * x.abs().max(y.abs());
+        match (a, b) {
+            (Val::Float(x), Val::Float(y)) => close(*x, *y),
+            (Val::Floats(x), Val::Floats(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(x, y)| close(*x, *y))
+            }
+            _ => a == b,
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn random_known_keys_round_trip(entries in random_config()) {
+            let mut root = Map::new();
+            for (i, v) in &entries {
+                insert_path(&mut root, SPECS[*i].path, v.clone());
+            }
+            match Config::from_json_str(&Value::Object(root).to_string(), "prop.json") {
+                Ok(cfg) => {
+                    for (i, v) in &entries {
+                        let want = check_value(RULES[*i].kind, SPECS[*i].path, v, "prop.json").unwrap();
+                        let got = (RULES[*i].get)(&cfg);
+                        prop_assert!(near(&got, &want), "{}: got {:?}, want {:?}", SPECS[*i].path, got, want);
+                    }
+                    prop_assert_eq!(cfg.source.as_str(), "prop.json");
+                }
+                Err(ConfigError::Invalid { key, .. }) => {
+                    // Only the cross-key rules may reject in-range values;
+                    // confirm one of them really is violated.
+                    let mut cfg = Config::default();
+                    for (i, v) in &entries {
+                        let val = check_value(RULES[*i].kind, SPECS[*i].path, v, "p").unwrap();
+                        (RULES[*i].set)(&mut cfg, val);
+                    }
+                    prop_assert!(cross_check(&cfg, "p").is_err(), "spurious rejection of {}", key);
+                }
+                Err(other) => prop_assert!(false, "in-range values rejected: {}", other),
+            }
+        }
+    }
+}

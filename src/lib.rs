@@ -1,7 +1,34 @@
 //! tent: a data-transfer engine for RDMA clusters.
+//!
+//! Applications register memory, open remote segments, and post READ/WRITE
+//! requests into lock-free submission rings; pinned workers slice them and
+//! move the bytes through a transport; completions come back on completion
+//! rings (or as TENT-style batch task states).
+//!
+//! The map, following the data:
+//! - [`config`]: `transfer-engine.json`, validated; [`topology`]: NUMA and cores.
+//! - [`memory`]: registered regions; [`segment`]: this and other engines' memory.
+//! - [`engine`]: the [`Engine`], its [`Ring`]s, batches and workers.
+//! - [`qos`]: priority lanes and the `can_send` gate.
+//! - [`transport`]: the `Transport` trait and `local` / `shm`.
+//! - [`error`]: the error taxonomy.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod clock;
 pub mod config;
+pub mod engine;
+pub mod error;
+pub mod memory;
+pub mod qos;
+pub mod segment;
 pub mod topology;
+pub mod transport;
+
+pub use config::Config;
+pub use engine::{BatchId, Buffer, Engine, EngineBuilder, Ring, TaskState, TaskStatus};
+pub use error::{Error, ErrorKind, Result};
+pub use tent_rings::{
+    Cqe, LocalAddr, Opcode, Priority, RegionId, RemoteAddr, SegmentId, Sqe, TransportKind, op,
+};

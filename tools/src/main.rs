@@ -1,1 +1,181 @@
-fn main(){}
+//! tent-bench: throughput and latency of tent on pinned cores.
+//!
+//! With no `--mode`, it spawns its own target process, runs an initiator
+//! against it over shared memory and sweeps block sizes 8 B .. 64 MiB.
+//! Baselines (single-thread memcpy, cross-core cache-line ping-pong) are
+//! measured in the same run so results can be read as ratios.
+
+mod baseline;
+mod hist;
+mod run;
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::process::{Command, Stdio};
+
+use clap::{Parser, ValueEnum};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Export a buffer and serve until killed; prints the segment name first.
+    Target,
+    /// Run against `--target NAME`.
+    Initiator,
+    /// Measure the CPU an idle engine burns over `--duration` seconds.
+    Idle,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    Local,
+    Shm,
+    Tcp,
+    Rdma,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OpArg {
+    Read,
+    Write,
+}
+
+#[derive(Debug, Clone, Parser)]
+#[command(name = "tent-bench", about = "tent throughput/latency benchmark")]
+pub struct Args {
+    /// Role; without it tent-bench spawns its own target and runs an initiator.
+    #[arg(long, value_enum)]
+    pub mode: Option<Mode>,
+    /// Segment name of the target (initiator mode).
+    #[arg(long)]
+    pub target: Option<String>,
+    #[arg(long, value_enum, default_value = "shm")]
+    pub transport: TransportArg,
+    #[arg(long, value_enum, default_value = "write")]
+    pub op: OpArg,
+    /// Block size (bytes, or with K/M/G suffix); without it, a sweep 8 B .. 64 MiB.
+    #[arg(long, value_parser = parse_size)]
+    pub block_size: Option<u64>,
+    /// Requests in flight per thread.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Submitting threads (each with its own ring and worker).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Worker cores, comma separated (default: chosen from the topology).
+    #[arg(long, value_delimiter = ',')]
+    pub cores: Vec<usize>,
+    /// Seconds per measurement point.
+    #[arg(long, default_value_t = 1.0)]
+    pub duration: f64,
+    /// One JSON object per result line.
+    #[arg(long)]
+    pub json: bool,
+    /// Bytes the target exports.
+    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    pub buffer_size: u64,
+    /// Skip the memcpy / ping-pong baselines.
+    #[arg(long)]
+    pub no_baseline: bool,
+    /// Target: exit when stdin closes (used when tent-bench spawns its own target).
+    #[arg(long, hide = true)]
+    pub exit_on_stdin_eof: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .trim_end_matches(['i', 'B', 'b'])
+        .parse()
+        .map_err(|_| format!("bad size {s:?} (use e.g. 4096, 64K, 1M)"))?;
+    n.checked_mul(mul)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("bad size {s:?}"))
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TENT_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if let Err(e) = real_main(args) {
+        eprintln!("tent-bench: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn real_main(args: Args) -> Result<(), String> {
+    match args.transport {
+        TransportArg::Local | TransportArg::Shm => {}
+        TransportArg::Tcp | TransportArg::Rdma => {
+            return Err(format!(
+                "transport {:?} is not built yet in this version of tent (available: local, shm)",
+                args.transport
+            )
+            .to_lowercase());
+        }
+    }
+    if args.batch == 0 || args.threads == 0 || args.duration <= 0.0 {
+        return Err("--batch, --threads and --duration must be positive".into());
+    }
+    match args.mode {
+        Some(Mode::Target) => run::target(&args),
+        Some(Mode::Idle) => run::idle(&args),
+        Some(Mode::Initiator) => {
+            let name = args
+                .target
+                .clone()
+                .ok_or("--mode initiator needs --target NAME (the first line a target prints)")?;
+            run::initiator(&args, Some(&name), None)
+        }
+        None if args.transport == TransportArg::Local => run::initiator(&args, None, None),
+        None => spawn_and_run(&args),
+    }
+}
+
+/// Start a target process, read its segment name, run the initiator, stop it.
+fn spawn_and_run(args: &Args) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let need = args.block_size.unwrap_or(64 << 20) * (args.batch * args.threads) as u64;
+    let buffer = args.buffer_size.max(need);
+    let mut child = Command::new(exe)
+        .args([
+            "--mode",
+            "target",
+            "--transport",
+            "shm",
+            "--exit-on-stdin-eof",
+        ])
+        .args(["--buffer-size", &buffer.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the target process: {e}"))?;
+    let mut out = BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    out.read_line(&mut line).map_err(|e| e.to_string())?;
+    let name = line.trim().to_owned();
+    if name.is_empty() {
+        let _ = child.kill();
+        return Err("the target process exited before printing its segment name".into());
+    }
+    let res = run::initiator(args, Some(&name), Some(child.id()));
+    drop(child.stdin.take());
+    let _ = child.wait();
+    res
+}
+
+/// Flush stdout after a line (results stream while a sweep runs).
+pub fn emit(line: &str) {
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(o, "{line}");
+    let _ = o.flush();
+}

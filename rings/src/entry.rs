@@ -1,0 +1,564 @@
+//! Typed ring entries: the 64-byte submission ([`Sqe`]) and completion
+//! ([`Cqe`]) records.
+//!
+//! Entries may be read straight out of memory shared with another process, so
+//! every field is a plain integer: any bit pattern is a valid `Sqe`/`Cqe`, and
+//! the typed accessors validate (returning `None` or a fallback) instead of
+//! trusting the bytes.
+
+use std::fmt;
+
+use crate::status::ErrorKind;
+
+/// The operation a submission asks for.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Opcode {
+    /// Copy remote memory into local memory.
+    Read = 0,
+    /// Copy local memory into remote memory.
+    Write = 1,
+}
+
+impl Opcode {
+    /// The opcode with this raw value, if any.
+    pub const fn from_u8(v: u8) -> Option<Opcode> {
+        match v {
+            0 => Some(Opcode::Read),
+            1 => Some(Opcode::Write),
+            _ => None,
+        }
+    }
+}
+
+/// Scheduling class of a submission; lower values are served first.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub enum Priority {
+    /// Latency-sensitive traffic.
+    #[default]
+    High = 0,
+    /// Ordinary traffic.
+    Medium = 1,
+    /// Bulk traffic.
+    Low = 2,
+}
+
+impl Priority {
+    /// Every priority, highest first.
+    pub const ALL: [Priority; 3] = [Priority::High, Priority::Medium, Priority::Low];
+
+    /// The priority with this raw value, if any.
+    pub const fn from_u8(v: u8) -> Option<Priority> {
+        match v {
+            0 => Some(Priority::High),
+            1 => Some(Priority::Medium),
+            2 => Some(Priority::Low),
+            _ => None,
+        }
+    }
+
+    /// Index into per-priority arrays (`0..3`).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A transport that can carry a transfer.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum TransportKind {
+    /// No preference; the engine chooses.
+    #[default]
+    Any = 0,
+    /// Same-process memory copy.
+    Local = 1,
+    /// Shared memory between processes on one host.
+    Shm = 2,
+    /// TCP.
+    Tcp = 3,
+    /// RDMA.
+    Rdma = 4,
+}
+
+impl TransportKind {
+    /// The transport with this raw value, if any.
+    pub const fn from_u8(v: u8) -> Option<TransportKind> {
+        match v {
+            0 => Some(TransportKind::Any),
+            1 => Some(TransportKind::Local),
+            2 => Some(TransportKind::Shm),
+            3 => Some(TransportKind::Tcp),
+            4 => Some(TransportKind::Rdma),
+            _ => None,
+        }
+    }
+
+    /// Lower-case name: `"any"`, `"local"`, `"shm"`, `"tcp"` or `"rdma"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            TransportKind::Any => "any",
+            TransportKind::Local => "local",
+            TransportKind::Shm => "shm",
+            TransportKind::Tcp => "tcp",
+            TransportKind::Rdma => "rdma",
+        }
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Identifies a registered local memory region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct RegionId(pub u32);
+
+/// Identifies a remote memory segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct SegmentId(pub u32);
+
+impl SegmentId {
+    /// The segment that names this process's own memory.
+    pub const LOCAL: SegmentId = SegmentId(0);
+}
+
+/// A position inside a registered local region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalAddr {
+    /// The region.
+    pub region: RegionId,
+    /// Byte offset from the start of the region.
+    pub offset: u64,
+}
+
+impl LocalAddr {
+    /// An address `offset` bytes into `region`.
+    pub const fn new(region: RegionId, offset: u64) -> Self {
+        LocalAddr { region, offset }
+    }
+}
+
+/// A position inside a remote segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteAddr {
+    /// The segment.
+    pub segment: SegmentId,
+    /// Byte offset from the start of the segment.
+    pub offset: u64,
+}
+
+impl RemoteAddr {
+    /// An address `offset` bytes into `segment`.
+    pub const fn new(segment: SegmentId, offset: u64) -> Self {
+        RemoteAddr { segment, offset }
+    }
+}
+
+/// [`Sqe`] flag: fail instead of retrying on another transport.
+pub const SQE_NO_FAILOVER: u8 = 1;
+
+/// Submission queue entry. 64 bytes, one cache line.
+///
+/// All fields are plain integers so that any bit pattern is a valid value (it
+/// may come from shared memory); the typed accessors validate. Build one with
+/// [`op::Read`](crate::op::Read) or [`op::Write`](crate::op::Write).
+///
+/// ```
+/// use tent_rings::entry::{LocalAddr, Opcode, RegionId, RemoteAddr, SegmentId};
+/// use tent_rings::op;
+///
+/// let sqe = op::Read::new(LocalAddr::new(RegionId(1), 64), RemoteAddr::new(SegmentId(3), 0), 4096)
+///     .user_data(9)
+///     .build();
+/// assert_eq!(sqe.opcode(), Some(Opcode::Read));
+/// assert_eq!(sqe.len(), 4096);
+/// assert_eq!(sqe.user_data(), 9);
+/// ```
+#[repr(C, align(64))]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Sqe {
+    pub(crate) user_data: u64,
+    pub(crate) local_offset: u64,
+    pub(crate) remote_offset: u64,
+    pub(crate) len: u64,
+    /// Absolute `CLOCK_MONOTONIC` nanoseconds; 0 selects the engine default.
+    pub(crate) deadline_ns: u64,
+    pub(crate) local_region: u32,
+    pub(crate) remote_segment: u32,
+    pub(crate) opcode: u8,
+    pub(crate) priority: u8,
+    pub(crate) flags: u8,
+    pub(crate) transport_hint: u8,
+    pub(crate) _reserved: [u8; 12],
+}
+
+const _: () = assert!(size_of::<Sqe>() == 64 && align_of::<Sqe>() == 64);
+
+impl Sqe {
+    /// An all-zero entry (a zero-length read with default settings).
+    pub const fn zeroed() -> Sqe {
+        Sqe {
+            user_data: 0,
+            local_offset: 0,
+            remote_offset: 0,
+            len: 0,
+            deadline_ns: 0,
+            local_region: 0,
+            remote_segment: 0,
+            opcode: 0,
+            priority: 0,
+            flags: 0,
+            transport_hint: 0,
+            _reserved: [0; 12],
+        }
+    }
+
+    /// The caller's token, echoed in the matching [`Cqe`].
+    pub fn user_data(&self) -> u64 {
+        self.user_data
+    }
+
+    /// Replace the caller's token.
+    pub fn set_user_data(&mut self, v: u64) {
+        self.user_data = v;
+    }
+
+    /// This entry with a different caller token.
+    pub fn with_user_data(mut self, v: u64) -> Sqe {
+        self.user_data = v;
+        self
+    }
+
+    /// The operation, or `None` if the raw byte is not a known opcode.
+    pub fn opcode(&self) -> Option<Opcode> {
+        Opcode::from_u8(self.opcode)
+    }
+
+    /// The raw opcode byte.
+    pub fn raw_opcode(&self) -> u8 {
+        self.opcode
+    }
+
+    /// The scheduling class, or `None` if the raw byte is invalid.
+    pub fn priority(&self) -> Option<Priority> {
+        Priority::from_u8(self.priority)
+    }
+
+    /// The preferred transport, or `None` if the raw byte is invalid.
+    pub fn transport_hint(&self) -> Option<TransportKind> {
+        TransportKind::from_u8(self.transport_hint)
+    }
+
+    /// Whether [`SQE_NO_FAILOVER`] is set.
+    pub fn no_failover(&self) -> bool {
+        self.flags & SQE_NO_FAILOVER != 0
+    }
+
+    /// The raw flag bits.
+    pub fn flags(&self) -> u8 {
+        self.flags
+    }
+
+    /// The local end of the transfer.
+    pub fn local(&self) -> LocalAddr {
+        LocalAddr::new(RegionId(self.local_region), self.local_offset)
+    }
+
+    /// The remote end of the transfer.
+    pub fn remote(&self) -> RemoteAddr {
+        RemoteAddr::new(SegmentId(self.remote_segment), self.remote_offset)
+    }
+
+    /// Bytes to transfer.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the transfer moves no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Absolute `CLOCK_MONOTONIC` deadline in nanoseconds; 0 = engine default.
+    pub fn deadline_ns(&self) -> u64 {
+        self.deadline_ns
+    }
+}
+
+impl Default for Sqe {
+    fn default() -> Self {
+        Sqe::zeroed()
+    }
+}
+
+impl fmt::Debug for Sqe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Show raw bytes next to failed decodes so corrupt entries are diagnosable.
+        let mut d = f.debug_struct("Sqe");
+        d.field("user_data", &self.user_data);
+        match self.opcode() {
+            Some(op) => d.field("opcode", &op),
+            None => d.field("opcode", &format_args!("invalid({})", self.opcode)),
+        };
+        d.field("local", &self.local())
+            .field("remote", &self.remote())
+            .field("len", &self.len);
+        match self.priority() {
+            Some(p) => d.field("priority", &p),
+            None => d.field("priority", &format_args!("invalid({})", self.priority)),
+        };
+        match self.transport_hint() {
+            Some(t) => d.field("transport_hint", &t),
+            None => d.field(
+                "transport_hint",
+                &format_args!("invalid({})", self.transport_hint),
+            ),
+        };
+        d.field("deadline_ns", &self.deadline_ns)
+            .field("flags", &format_args!("{:#04x}", self.flags))
+            .finish()
+    }
+}
+
+/// [`Cqe`] flag: the request was served by a fallback transport (a
+/// "performance error": it succeeded, but not on the preferred path).
+pub const CQE_FALLBACK: u8 = 1;
+
+/// Completion queue entry. 64 bytes, one cache line.
+///
+/// ```
+/// use tent_rings::entry::{Cqe, TransportKind};
+/// use tent_rings::status::ErrorKind;
+///
+/// let ok = Cqe::new(7, Ok(4096)).with_transport(TransportKind::Rdma);
+/// assert_eq!(ok.result(), Ok(4096));
+/// let err = Cqe::new(8, Err(ErrorKind::Timeout));
+/// assert_eq!(err.raw_result(), -8);
+/// assert_eq!(err.result(), Err(ErrorKind::Timeout));
+/// ```
+#[repr(C, align(64))]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Cqe {
+    user_data: u64,
+    /// `>= 0`: bytes transferred; `< 0`: `-(ErrorKind::code)`.
+    result: i64,
+    transport: u8,
+    flags: u8,
+    failover_count: u8,
+    _reserved: [u8; 45],
+}
+
+const _: () = assert!(size_of::<Cqe>() == 64 && align_of::<Cqe>() == 64);
+
+impl Cqe {
+    /// An all-zero entry (a zero-byte success).
+    pub const fn zeroed() -> Cqe {
+        Cqe {
+            user_data: 0,
+            result: 0,
+            transport: 0,
+            flags: 0,
+            failover_count: 0,
+            _reserved: [0; 45],
+        }
+    }
+
+    /// A completion for `user_data`. Byte counts above `i64::MAX` (not
+    /// representable in the wire format) saturate.
+    pub fn new(user_data: u64, result: Result<u64, ErrorKind>) -> Cqe {
+        let result = match result {
+            Ok(bytes) => i64::try_from(bytes).unwrap_or(i64::MAX),
+            Err(kind) => -i64::from(kind.code()),
+        };
+        Cqe {
+            user_data,
+            result,
+            ..Cqe::zeroed()
+        }
+    }
+
+    /// The token of the submission this completes.
+    pub fn user_data(&self) -> u64 {
+        self.user_data
+    }
+
+    /// Bytes transferred, or why the request failed. An unknown negative code
+    /// (a corrupt or newer peer) reads as [`ErrorKind::InvalidArgument`].
+    pub fn result(&self) -> Result<u64, ErrorKind> {
+        if self.result >= 0 {
+            return Ok(self.result as u64);
+        }
+        let kind = u16::try_from(self.result.unsigned_abs())
+            .ok()
+            .and_then(ErrorKind::from_code);
+        Err(kind.unwrap_or(ErrorKind::InvalidArgument))
+    }
+
+    /// The raw result word.
+    pub fn raw_result(&self) -> i64 {
+        self.result
+    }
+
+    /// The transport that served the request; an invalid byte reads as
+    /// [`TransportKind::Any`].
+    pub fn transport(&self) -> TransportKind {
+        TransportKind::from_u8(self.transport).unwrap_or(TransportKind::Any)
+    }
+
+    /// This entry with the serving transport recorded.
+    pub fn with_transport(mut self, t: TransportKind) -> Cqe {
+        self.transport = t as u8;
+        self
+    }
+
+    /// Whether [`CQE_FALLBACK`] is set.
+    pub fn fallback(&self) -> bool {
+        self.flags & CQE_FALLBACK != 0
+    }
+
+    /// This entry with [`CQE_FALLBACK`] set or cleared.
+    pub fn with_fallback(mut self, yes: bool) -> Cqe {
+        if yes {
+            self.flags |= CQE_FALLBACK;
+        } else {
+            self.flags &= !CQE_FALLBACK;
+        }
+        self
+    }
+
+    /// How many times the request moved to another transport.
+    pub fn failover_count(&self) -> u8 {
+        self.failover_count
+    }
+
+    /// This entry with a failover count.
+    pub fn with_failover_count(mut self, n: u8) -> Cqe {
+        self.failover_count = n;
+        self
+    }
+}
+
+impl Default for Cqe {
+    fn default() -> Self {
+        Cqe::zeroed()
+    }
+}
+
+impl fmt::Debug for Cqe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cqe")
+            .field("user_data", &self.user_data)
+            .field("result", &self.result())
+            .field("raw_result", &self.result)
+            .field("transport", &self.transport())
+            .field("fallback", &self.fallback())
+            .field("failover_count", &self.failover_count)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    #[test]
+    fn sizes_and_alignment() {
+        assert_eq!(size_of::<Sqe>(), 64);
+        assert_eq!(align_of::<Sqe>(), 64);
+        assert_eq!(size_of::<Cqe>(), 64);
+        assert_eq!(align_of::<Cqe>(), 64);
+        // The wire layout other processes rely on.
+        assert_eq!(offset_of!(Sqe, deadline_ns), 32);
+        assert_eq!(offset_of!(Sqe, local_region), 40);
+        assert_eq!(offset_of!(Sqe, opcode), 48);
+        assert_eq!(offset_of!(Sqe, _reserved), 52);
+        assert_eq!(offset_of!(Cqe, result), 8);
+        assert_eq!(offset_of!(Cqe, transport), 16);
+        assert_eq!(offset_of!(Cqe, _reserved), 19);
+    }
+
+    #[test]
+    fn cqe_round_trips_every_error_kind() {
+        for k in ErrorKind::ALL {
+            let c = Cqe::new(1, Err(k));
+            assert_eq!(c.raw_result(), -i64::from(k.code()));
+            assert_eq!(c.result(), Err(k));
+        }
+    }
+
+    #[test]
+    fn cqe_round_trips_byte_counts() {
+        for n in [0u64, 1, 4096, u32::MAX as u64, i64::MAX as u64] {
+            assert_eq!(Cqe::new(2, Ok(n)).result(), Ok(n));
+        }
+        assert_eq!(Cqe::new(2, Ok(u64::MAX)).result(), Ok(i64::MAX as u64));
+    }
+
+    #[test]
+    fn cqe_unknown_codes_decode_as_invalid_argument() {
+        for raw in [-1000i64, -10, i64::MIN, -(u16::MAX as i64) - 1] {
+            let mut c = Cqe::zeroed();
+            c.result = raw;
+            assert_eq!(c.result(), Err(ErrorKind::InvalidArgument), "{raw}");
+        }
+    }
+
+    #[test]
+    fn cqe_builders() {
+        let c = Cqe::new(5, Ok(8))
+            .with_transport(TransportKind::Tcp)
+            .with_fallback(true)
+            .with_failover_count(3);
+        assert_eq!(c.user_data(), 5);
+        assert_eq!(c.transport(), TransportKind::Tcp);
+        assert!(c.fallback());
+        assert_eq!(c.failover_count(), 3);
+        assert!(!c.with_fallback(false).fallback());
+        let mut bad = c;
+        bad.transport = 200;
+        assert_eq!(bad.transport(), TransportKind::Any);
+        assert!(format!("{c:?}").contains("Tcp"));
+    }
+
+    #[test]
+    fn sqe_invalid_bytes_decode_as_none() {
+        let mut s = Sqe::zeroed();
+        s.opcode = 9;
+        s.priority = 3;
+        s.transport_hint = 5;
+        assert_eq!(s.opcode(), None);
+        assert_eq!(s.raw_opcode(), 9);
+        assert_eq!(s.priority(), None);
+        assert_eq!(s.transport_hint(), None);
+        assert!(format!("{s:?}").contains("invalid(9)"));
+    }
+
+    #[test]
+    fn enum_raw_values_round_trip() {
+        for p in Priority::ALL {
+            assert_eq!(Priority::from_u8(p as u8), Some(p));
+            assert_eq!(Priority::ALL[p.index()], p);
+        }
+        for t in 0..=4 {
+            let k = TransportKind::from_u8(t).unwrap();
+            assert_eq!(k as u8, t);
+            assert_eq!(k.to_string(), k.name());
+        }
+        assert_eq!(TransportKind::from_u8(5), None);
+        assert_eq!(Opcode::from_u8(1), Some(Opcode::Write));
+        assert_eq!(Opcode::from_u8(2), None);
+    }
+
+    #[test]
+    fn sqe_user_data_setters() {
+        let mut s = Sqe::zeroed().with_user_data(3);
+        assert_eq!(s.user_data(), 3);
+        s.set_user_data(4);
+        assert_eq!(s.user_data(), 4);
+        assert!(s.is_empty());
+    }
+}

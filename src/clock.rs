@@ -1,0 +1,39 @@
+//! The engine's time base: `CLOCK_MONOTONIC` nanoseconds.
+//!
+//! SQE deadlines are absolute monotonic nanoseconds so that a ring in shared
+//! memory means the same instant to every process on the host (an `Instant`
+//! is opaque and per-process).
+
+use std::time::Duration;
+
+/// Now, in `CLOCK_MONOTONIC` nanoseconds (vDSO: no syscall).
+#[inline]
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    debug_assert_eq!(rc, 0);
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// An absolute deadline `timeout` from now, for [`tent_rings::op::Write::deadline_ns`].
+pub fn deadline_after(timeout: Duration) -> u64 {
+    monotonic_ns().saturating_add(timeout.as_nanos().min(u64::MAX as u128) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monotonic_and_deadline() {
+        let a = monotonic_ns();
+        let d = deadline_after(Duration::from_millis(5));
+        let b = monotonic_ns();
+        assert!(b >= a);
+        assert!(d >= a + 5_000_000);
+    }
+}

@@ -1,0 +1,384 @@
+//! The batch API's state: TENT-compatible task states, updated by workers
+//! with atomics and read by any thread.
+//!
+//! A batch's SQEs travel through the same worker rings as ring-API SQEs;
+//! their `user_data` points at the task's [`BatchTask`] slot, and the worker
+//! writes the final state there instead of posting a CQE. A batch cannot be
+//! freed while any of its tasks is `Pending`, so that pointer stays valid.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tent_rings::ErrorKind;
+
+use crate::error::{Error, Result};
+
+/// A task's state (TENT's names).
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TaskState {
+    /// Allocated in a batch, not submitted.
+    Initial = 0,
+    /// Submitted, not finished.
+    Pending = 1,
+    /// Rejected before any byte moved: the request itself was wrong.
+    Invalid = 2,
+    /// Canceled by the application.
+    Canceled = 3,
+    /// All bytes moved.
+    Completed = 4,
+    /// Its deadline passed.
+    Timeout = 5,
+    /// The transfer failed.
+    Failed = 6,
+}
+
+impl TaskState {
+    fn from_u8(v: u8) -> TaskState {
+        match v {
+            0 => TaskState::Initial,
+            1 => TaskState::Pending,
+            2 => TaskState::Invalid,
+            3 => TaskState::Canceled,
+            4 => TaskState::Completed,
+            5 => TaskState::Timeout,
+            _ => TaskState::Failed,
+        }
+    }
+
+    /// Finished, one way or another.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, TaskState::Initial | TaskState::Pending)
+    }
+
+    /// The state a finished transfer lands in; `validation` says the error
+    /// was found before the transfer started.
+    pub(crate) fn for_result(res: Result<u64, ErrorKind>, validation: bool) -> TaskState {
+        match res {
+            Ok(_) => TaskState::Completed,
+            Err(ErrorKind::Timeout) => TaskState::Timeout,
+            Err(ErrorKind::Canceled) => TaskState::Canceled,
+            Err(_) if validation => TaskState::Invalid,
+            Err(_) => TaskState::Failed,
+        }
+    }
+}
+
+/// What `status` reports for a task (or, aggregated, a batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskStatus {
+    /// Its state.
+    pub state: TaskState,
+    /// Bytes moved so far (all of them once `Completed`).
+    pub transferred_bytes: u64,
+    /// Why it did not complete, for Invalid/Failed/Timeout/Canceled.
+    pub error: Option<ErrorKind>,
+}
+
+/// One task slot, written by a worker, read by anyone.
+#[derive(Debug)]
+pub(crate) struct BatchTask {
+    state: AtomicU8,
+    error: AtomicU16,
+    bytes: AtomicU64,
+    cancel: AtomicBool,
+}
+
+impl BatchTask {
+    fn new() -> BatchTask {
+        BatchTask {
+            state: AtomicU8::new(TaskState::Initial as u8),
+            error: AtomicU16::new(0),
+            bytes: AtomicU64::new(0),
+            cancel: AtomicBool::new(false),
+        }
+    }
+
+    /// Worker side: record the final result. The state store is last and
+    /// Release, so a reader that sees a terminal state sees bytes and error.
+    pub(crate) fn finish(&self, state: TaskState, bytes: u64, error: Option<ErrorKind>) {
+        self.bytes.store(bytes, Ordering::Relaxed);
+        self.error
+            .store(error.map_or(0, ErrorKind::code), Ordering::Relaxed);
+        self.state.store(state as u8, Ordering::Release);
+    }
+
+    /// Has the application asked to cancel it? (Relaxed: a hint checked
+    /// between slices; a late read only delays the cancel by a slice.)
+    #[inline]
+    pub(crate) fn cancel_requested(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+
+    fn status(&self) -> TaskStatus {
+        let state = TaskState::from_u8(self.state.load(Ordering::Acquire));
+        TaskStatus {
+            state,
+            transferred_bytes: self.bytes.load(Ordering::Relaxed),
+            error: ErrorKind::from_code(self.error.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// A batch: fixed capacity, filled by one or more `submit` calls.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    tasks: Box<[BatchTask]>,
+    used: Mutex<usize>,
+}
+
+/// A batch handle (index + generation, so a stale id is caught).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BatchId(pub u64);
+
+impl BatchId {
+    fn new(index: usize, generation: u32) -> BatchId {
+        BatchId(((index as u64) << 32) | u64::from(generation))
+    }
+
+    fn index(self) -> usize {
+        (self.0 >> 32) as usize
+    }
+
+    fn generation(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+#[derive(Debug)]
+struct Slot {
+    generation: u32,
+    batch: Option<Arc<Batch>>,
+}
+
+/// Every allocated batch.
+#[derive(Debug)]
+pub(crate) struct BatchTable {
+    slots: Mutex<Vec<Slot>>,
+    max_batches: usize,
+    max_batch_size: usize,
+}
+
+impl BatchTable {
+    pub(crate) fn new(max_batches: usize, max_batch_size: usize) -> BatchTable {
+        BatchTable {
+            slots: Mutex::new(Vec::new()),
+            max_batches,
+            max_batch_size,
+        }
+    }
+
+    pub(crate) fn allocate(&self, capacity: usize) -> Result<BatchId> {
+        if capacity == 0 || capacity > self.max_batch_size {
+            return Err(Error::invalid(format!(
+                "batch capacity {capacity} outside 1..={} (max_batch_size)",
+                self.max_batch_size
+            )));
+        }
+        let batch = Arc::new(Batch {
+            tasks: (0..capacity).map(|_| BatchTask::new()).collect(),
+            used: Mutex::new(0),
+        });
+        let mut slots = self.slots.lock().expect("batch table poisoned");
+        let index = match slots.iter().position(|s| s.batch.is_none()) {
+            Some(i) => i,
+            None if slots.len() < self.max_batches => {
+                slots.push(Slot {
+                    generation: 0,
+                    batch: None,
+                });
+                slots.len() - 1
+            }
+            None => {
+                return Err(Error::new(
+                    ErrorKind::OutOfMemory,
+                    format!(
+                        "all {} batches are allocated (max_batches)",
+                        self.max_batches
+                    ),
+                ));
+            }
+        };
+        let slot = &mut slots[index];
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.batch = Some(batch);
+        Ok(BatchId::new(index, slot.generation))
+    }
+
+    pub(crate) fn get(&self, id: BatchId) -> Result<Arc<Batch>> {
+        let slots = self.slots.lock().expect("batch table poisoned");
+        slots
+            .get(id.index())
+            .filter(|s| s.generation == id.generation())
+            .and_then(|s| s.batch.clone())
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "batch {:#x} is not allocated (freed already?)",
+                    id.0
+                ))
+            })
+    }
+
+    pub(crate) fn free(&self, id: BatchId) -> Result<()> {
+        let mut slots = self.slots.lock().expect("batch table poisoned");
+        let slot = slots
+            .get_mut(id.index())
+            .filter(|s| s.generation == id.generation() && s.batch.is_some())
+            .ok_or_else(|| {
+                Error::invalid(format!("batch {:#x} is not allocated (double free?)", id.0))
+            })?;
+        let batch = slot.batch.as_ref().expect("checked above");
+        let pending = batch
+            .tasks
+            .iter()
+            .filter(|t| t.status().state == TaskState::Pending)
+            .count();
+        if pending > 0 {
+            return Err(Error::invalid(format!(
+                "batch {:#x} still has {pending} pending tasks: wait for them or cancel first",
+                id.0
+            )));
+        }
+        slot.batch = None;
+        Ok(())
+    }
+}
+
+impl Batch {
+    /// Claim `n` task slots for a submit; all or nothing.
+    pub(crate) fn claim(&self, n: usize) -> Result<std::ops::Range<usize>> {
+        let mut used = self.used.lock().expect("batch poisoned");
+        let cap = self.tasks.len();
+        if n == 0 {
+            return Err(Error::invalid("submit of an empty request list"));
+        }
+        if *used + n > cap {
+            return Err(Error::invalid(format!(
+                "batch overflow: {} tasks submitted + {n} new > capacity {cap}",
+                *used
+            )));
+        }
+        let range = *used..*used + n;
+        *used += n;
+        for t in &self.tasks[range.clone()] {
+            t.state.store(TaskState::Pending as u8, Ordering::Release);
+        }
+        Ok(range)
+    }
+
+    /// The slot a worker reports task `i` into.
+    pub(crate) fn task_ptr(&self, i: usize) -> *const BatchTask {
+        &self.tasks[i]
+    }
+
+    #[cfg(test)]
+    pub(crate) fn task(&self, i: usize) -> &BatchTask {
+        &self.tasks[i]
+    }
+
+    pub(crate) fn status(&self, i: usize) -> Result<TaskStatus> {
+        let used = *self.used.lock().expect("batch poisoned");
+        if i >= self.tasks.len() {
+            return Err(Error::invalid(format!(
+                "task {i} out of range (batch capacity {})",
+                self.tasks.len()
+            )));
+        }
+        let _ = used;
+        Ok(self.tasks[i].status())
+    }
+
+    pub(crate) fn status_list(&self) -> Vec<TaskStatus> {
+        let used = *self.used.lock().expect("batch poisoned");
+        self.tasks[..used].iter().map(BatchTask::status).collect()
+    }
+
+    /// One status for the whole batch: Pending while any task is; otherwise
+    /// Completed if all completed, else the most severe failure.
+    pub(crate) fn overall(&self) -> TaskStatus {
+        let list = self.status_list();
+        let bytes = list.iter().map(|s| s.transferred_bytes).sum();
+        let rank = |s: TaskState| match s {
+            TaskState::Pending | TaskState::Initial => 6,
+            TaskState::Failed => 5,
+            TaskState::Timeout => 4,
+            TaskState::Invalid => 3,
+            TaskState::Canceled => 2,
+            TaskState::Completed => 1,
+        };
+        let worst = list.iter().max_by_key(|s| rank(s.state));
+        match worst {
+            None => TaskStatus {
+                state: TaskState::Initial,
+                transferred_bytes: 0,
+                error: None,
+            },
+            Some(w) => TaskStatus {
+                state: w.state,
+                transferred_bytes: bytes,
+                error: w.error,
+            },
+        }
+    }
+
+    pub(crate) fn cancel(&self, only: Option<usize>) -> Result<()> {
+        match only {
+            Some(i) => self
+                .tasks
+                .get(i)
+                .ok_or_else(|| Error::invalid(format!("task {i} out of range")))?
+                .cancel
+                .store(true, Ordering::Relaxed),
+            None => self
+                .tasks
+                .iter()
+                .for_each(|t| t.cancel.store(true, Ordering::Relaxed)),
+        }
+        Ok(())
+    }
+
+    /// Submit path gave up on tasks it could not queue: finish them so
+    /// nothing stays Pending forever.
+    pub(crate) fn abandon(&self, range: std::ops::Range<usize>, why: ErrorKind) {
+        for t in &self.tasks[range] {
+            t.finish(TaskState::Failed, 0, Some(why));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifecycle_overflow_double_free() {
+        let t = BatchTable::new(2, 4);
+        assert!(t.allocate(5).is_err());
+        let id = t.allocate(4).unwrap();
+        let b = t.get(id).unwrap();
+        assert_eq!(b.overall().state, TaskState::Initial);
+        let r = b.claim(3).unwrap();
+        assert_eq!(r, 0..3);
+        let e = b.claim(2).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("overflow"));
+        assert_eq!(b.overall().state, TaskState::Pending);
+        assert!(t.free(id).is_err(), "pending tasks block free");
+        b.task(0).finish(TaskState::Completed, 10, None);
+        b.task(1).finish(TaskState::Completed, 10, None);
+        b.abandon(2..3, ErrorKind::SqFull);
+        let o = b.overall();
+        assert_eq!(
+            (o.state, o.transferred_bytes, o.error),
+            (TaskState::Failed, 20, Some(ErrorKind::SqFull))
+        );
+        t.free(id).unwrap();
+        let e = t.free(id).unwrap_err();
+        assert!(e.to_string().contains("double free"));
+        assert!(t.get(id).is_err());
+        let id2 = t.allocate(1).unwrap();
+        assert_ne!(id, id2, "generation makes reused slots distinct");
+        t.allocate(1).unwrap();
+        assert_eq!(t.allocate(1).unwrap_err().kind(), ErrorKind::OutOfMemory);
+    }
+}

@@ -1,0 +1,83 @@
+//! A futex doorbell: how a submitter wakes a parked worker.
+//!
+//! The worker reads the counter, announces NEED_WAKEUP on its rings,
+//! re-checks them, then sleeps on the counter value it read; a submitter that
+//! sees NEED_WAKEUP bumps the counter and wakes. A bump between the read and
+//! the sleep makes the futex call return at once, so no wakeup is lost.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+/// A counter a worker sleeps on.
+#[derive(Debug, Default)]
+pub struct Doorbell {
+    word: AtomicU32,
+}
+
+impl Doorbell {
+    /// The value to pass to [`Doorbell::wait`]; read it before re-checking
+    /// for work.
+    #[inline]
+    pub fn value(&self) -> u32 {
+        // Acquire: work published before a ring() that we observe is visible.
+        self.word.load(Ordering::Acquire)
+    }
+
+    /// Wake the sleeper (one syscall; only called when it asked).
+    pub fn ring(&self) {
+        // Release: pairs with the Acquire in value().
+        self.word.fetch_add(1, Ordering::Release);
+        // SAFETY: FUTEX_WAKE on a valid, aligned u32 owned by self.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.word.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                1,
+            )
+        };
+    }
+
+    /// Sleep until the counter differs from `seen` or `timeout` passes.
+    pub fn wait(&self, seen: u32, timeout: Duration) {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: FUTEX_WAIT on a valid, aligned u32 with a valid relative
+        // timeout; spurious returns are harmless (the caller re-checks).
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.word.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                seen,
+                &ts as *const libc::timespec,
+            )
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    #[test]
+    fn stale_value_returns_at_once_and_ring_wakes() {
+        let d = Arc::new(Doorbell::default());
+        let seen = d.value();
+        d.ring();
+        let t = Instant::now();
+        d.wait(seen, Duration::from_secs(5));
+        assert!(t.elapsed() < Duration::from_secs(4));
+
+        let d2 = d.clone();
+        let seen = d.value();
+        let h = std::thread::spawn(move || d2.wait(seen, Duration::from_secs(10)));
+        std::thread::sleep(Duration::from_millis(20));
+        d.ring();
+        h.join().unwrap();
+    }
+}

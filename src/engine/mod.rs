@@ -1,0 +1,687 @@
+//! The engine: configuration, registered memory, segments, workers, and the
+//! batch and ring APIs over them.
+
+mod batch;
+mod doorbell;
+mod ring;
+mod task;
+mod worker;
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use tent_rings::credit::CreditPool;
+use tent_rings::spsc;
+use tent_rings::{Cqe, ErrorKind, RegionId, SegmentId, Sqe, TransportKind};
+
+pub use batch::{BatchId, TaskState, TaskStatus};
+pub use ring::{CompletionQueue, Ring, SubmissionQueue};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::memory::{MemRegion, RegionTable};
+use crate::qos::{OpenGate, SendGate};
+use crate::segment::{RemoteRegion, Segment, SegmentKind, SegmentTable, ShmExport, ShmPeer};
+use crate::topology::{Topology, pin_current_thread};
+use crate::transport::local::LocalTransport;
+use crate::transport::shm::ShmTransport;
+use crate::transport::{InstallContext, Transport, TransportSlots};
+use batch::BatchTable;
+use worker::{Worker, WorkerRing, WorkerShared};
+
+/// What the workers share with the API side.
+pub(crate) struct EngineShared {
+    pub config: Config,
+    pub regions: Arc<ArcSwap<RegionTable>>,
+    pub segments: ArcSwap<SegmentTable>,
+    pub transports: TransportSlots,
+    pub gate: Arc<dyn SendGate>,
+}
+
+#[inline]
+pub(crate) fn slot_index(kind: TransportKind) -> usize {
+    kind as usize
+}
+
+/// A transfer engine. `Send + Sync`: share it (e.g. in an `Arc`) across
+/// threads; each submitting thread takes its own [`Ring`] or uses the
+/// batch API.
+pub struct Engine {
+    shared: Arc<EngineShared>,
+    workers: Vec<Arc<WorkerShared>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    batches: BatchTable,
+    export: Option<ShmExport>,
+    registry: Mutex<()>,
+    next_worker: AtomicUsize,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("workers", &self.workers.len())
+            .field("segment", &self.local_segment_name())
+            .field("transports", &self.shared.transports)
+            .finish()
+    }
+}
+
+/// Builds an [`Engine`]; every part has a default.
+#[derive(Default)]
+pub struct EngineBuilder {
+    config: Option<Config>,
+    topology: Option<Topology>,
+    gate: Option<Arc<dyn SendGate>>,
+    extra: Vec<Arc<dyn Transport>>,
+}
+
+impl std::fmt::Debug for EngineBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineBuilder").finish_non_exhaustive()
+    }
+}
+
+impl EngineBuilder {
+    /// Use `config` (default: [`Config::load`], i.e. `TENT_CONF` or defaults).
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = Some(config);
+        self
+    }
+
+    /// Use this topology instead of detecting it.
+    pub fn topology(mut self, topology: Topology) -> Self {
+        self.topology = Some(topology);
+        self
+    }
+
+    /// Gate priorities with `gate` (default: always open).
+    pub fn gate(mut self, gate: Arc<dyn SendGate>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// Install `t` in its slot (replacing the built-in one of that kind).
+    pub fn transport(mut self, t: Arc<dyn Transport>) -> Self {
+        self.extra.push(t);
+        self
+    }
+
+    /// Start the engine: export the local segment, install transports, start
+    /// and place workers.
+    pub fn build(self) -> Result<Engine> {
+        let config = match self.config {
+            Some(c) => c,
+            None => Config::load()?,
+        };
+        let topology = self.topology.unwrap_or_else(Topology::detect);
+        let regions = Arc::new(ArcSwap::from_pointee(RegionTable::default()));
+        let local = Arc::new(Segment::new(
+            SegmentId::LOCAL,
+            "local".into(),
+            SegmentKind::Local,
+        ));
+        let segments = ArcSwap::from_pointee(SegmentTable::default().with(local));
+        let export = if config.transports.shm.enable {
+            Some(ShmExport::create(&config.transports.shm.dir)?)
+        } else {
+            None
+        };
+
+        let transports = TransportSlots::default();
+        let ctx = InstallContext {
+            workers: config.workers.count as usize,
+        };
+        let mut wanted: Vec<Arc<dyn Transport>> = Vec::new();
+        if config.transports.local.enable {
+            wanted.push(Arc::new(LocalTransport::new(regions.clone())));
+        }
+        if config.transports.shm.enable {
+            wanted.push(Arc::new(ShmTransport));
+        }
+        for t in self.extra {
+            wanted.retain(|w| w.kind() != t.kind());
+            wanted.push(t);
+        }
+        for t in wanted {
+            match t.install(&ctx) {
+                Ok(()) => {
+                    tracing::info!(transport = %t.kind(), "transport installed");
+                    transports.swap(Some(t.clone()), t.kind());
+                }
+                Err(e) => {
+                    tracing::warn!(transport = %t.kind(), error = %e, "transport failed to install; running without it")
+                }
+            }
+        }
+
+        let shared = Arc::new(EngineShared {
+            regions,
+            segments,
+            transports,
+            gate: self.gate.unwrap_or_else(|| Arc::new(OpenGate)),
+            config,
+        });
+
+        let count = shared.config.workers.count as usize;
+        let cores: Vec<Option<usize>> = if shared.config.workers.pin {
+            let explicit = &shared.config.workers.cores;
+            topology
+                .place_workers(count, explicit)
+                .map_err(|e| Error::invalid("worker placement").with_source(e))?
+                .into_iter()
+                .map(Some)
+                .collect()
+        } else {
+            vec![None; count]
+        };
+        let depth = shared.config.ring_depth;
+        let inflight = shared.config.max_inflight_slices;
+        let mut workers = Vec::with_capacity(count);
+        let mut threads = Vec::with_capacity(count);
+        for (index, core) in cores.into_iter().enumerate() {
+            let (bp, bc) = spsc::channel::<Sqe>(depth)
+                .map_err(|e| Error::invalid("batch ring").with_source(e))?;
+            let ws = Arc::new(WorkerShared {
+                index,
+                doorbell: Default::default(),
+                new_rings: Mutex::new(Vec::new()),
+                has_new: AtomicBool::new(false),
+                shutdown: AtomicBool::new(false),
+                batch_sq: Mutex::new(bp),
+                core: AtomicI64::new(-1),
+                credits: std::array::from_fn(|_| CreditPool::new(inflight, 0)),
+                completed_ops: AtomicU64::new(0),
+                completed_bytes: AtomicU64::new(0),
+            });
+            let worker = Worker::new(ws.clone(), shared.clone(), bc);
+            let ws2 = ws.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("tent-worker-{index}"))
+                .spawn(move || {
+                    if let Some(core) = core
+                        && pin_current_thread(core)
+                    {
+                        ws2.core.store(core as i64, Ordering::Relaxed);
+                    }
+                    worker.run();
+                })
+                .map_err(|e| Error::new(ErrorKind::OutOfMemory, "spawn worker").with_source(e))?;
+            workers.push(ws);
+            threads.push(handle);
+        }
+        let batches = BatchTable::new(
+            shared.config.max_batches as usize,
+            shared.config.max_batch_size as usize,
+        );
+        Ok(Engine {
+            shared,
+            workers,
+            threads: Mutex::new(threads),
+            batches,
+            export,
+            registry: Mutex::new(()),
+            next_worker: AtomicUsize::new(0),
+        })
+    }
+}
+
+impl Engine {
+    /// An engine from `config`.
+    pub fn new(config: Config) -> Result<Engine> {
+        EngineBuilder::default().config(config).build()
+    }
+
+    /// A builder.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    // ---- memory -------------------------------------------------------
+
+    /// Allocate `len` bytes of registered memory, zeroed. With the shm
+    /// transport on, it is exported so peers on this host can reach it.
+    pub fn allocate_memory(&self, len: u64) -> Result<Buffer> {
+        if len == 0 {
+            return Err(Error::invalid("allocate_memory: zero length"));
+        }
+        let _g = self.registry.lock().expect("registry poisoned");
+        let table = self.shared.regions.load_full();
+        let id = table.next_id();
+        let region = match &self.export {
+            Some(export) => {
+                let mem = export.allocate(len)?;
+                let ptr = mem.data_ptr();
+                let region = Arc::new(MemRegion::new(id, ptr, len, Some(Box::new(mem.clone()))));
+                export.publish(&mem, id, len, region.key())?;
+                region
+            }
+            None => {
+                let heap = HeapMemory::new(len)?;
+                let ptr = heap.ptr;
+                Arc::new(MemRegion::new(id, ptr, len, Some(Box::new(heap))))
+            }
+        };
+        self.shared
+            .regions
+            .store(Arc::new(table.with(region.clone())?));
+        Ok(Buffer { region })
+    }
+
+    /// Register memory the application owns.
+    ///
+    /// # Safety
+    /// `[ptr, ptr+len)` must stay valid (allocated, not freed or unmapped)
+    /// until [`Engine::unregister_memory`] returns and no transfer naming it
+    /// is still pending.
+    pub unsafe fn register_memory(&self, ptr: *mut u8, len: u64) -> Result<Buffer> {
+        if len == 0 || ptr.is_null() {
+            return Err(Error::invalid(
+                "register_memory: null pointer or zero length",
+            ));
+        }
+        let _g = self.registry.lock().expect("registry poisoned");
+        let table = self.shared.regions.load_full();
+        let region = Arc::new(MemRegion::new(table.next_id(), ptr, len, None));
+        self.shared
+            .regions
+            .store(Arc::new(table.with(region.clone())?));
+        Ok(Buffer { region })
+    }
+
+    /// Withdraw a registration: new requests naming it fail with
+    /// `AddressNotRegistered`, peers holding its key get `AccessDenied`.
+    pub fn unregister_memory(&self, id: RegionId) -> Result<()> {
+        let _g = self.registry.lock().expect("registry poisoned");
+        let table = self.shared.regions.load_full();
+        let (next, _removed) = table.without(id).ok_or_else(|| {
+            Error::new(
+                ErrorKind::AddressNotRegistered,
+                format!("region {} is not registered", id.0),
+            )
+        })?;
+        if let Some(export) = &self.export {
+            export.revoke(id);
+        }
+        self.shared.regions.store(Arc::new(next));
+        Ok(())
+    }
+
+    // ---- segments -----------------------------------------------------
+
+    /// The name peers open to reach this engine's memory (`None` when no
+    /// transport exports it).
+    pub fn local_segment_name(&self) -> Option<&str> {
+        self.export.as_ref().map(ShmExport::name)
+    }
+
+    /// Open a segment by name (`"local"` or this engine's own name is
+    /// segment 0). Opening the same name twice returns the same id.
+    pub fn open_segment(&self, name: &str) -> Result<SegmentId> {
+        if name == "local" || Some(name) == self.local_segment_name() {
+            return Ok(SegmentId::LOCAL);
+        }
+        let _g = self.registry.lock().expect("registry poisoned");
+        let table = self.shared.segments.load_full();
+        if let Some(s) = table.find_name(name) {
+            return Ok(s.id());
+        }
+        if !self.shared.config.transports.shm.enable {
+            return Err(Error::new(
+                ErrorKind::SegmentNotFound,
+                format!("segment {name:?}: no transport can open it (shm disabled)"),
+            ));
+        }
+        let peer = ShmPeer::attach(&self.shared.config.transports.shm.dir, name)?;
+        if !peer.owner_alive() {
+            return Err(Error::new(
+                ErrorKind::ProcessFailed,
+                format!("segment {name:?}: owner pid {} is gone", peer.owner_pid()),
+            ));
+        }
+        let id = table.next_id();
+        let seg = Arc::new(Segment::new(
+            id,
+            name.to_owned(),
+            SegmentKind::Shm(Arc::new(peer)),
+        ));
+        self.shared.segments.store(Arc::new(table.with(seg)));
+        tracing::info!(segment = name, id = id.0, "segment opened");
+        Ok(id)
+    }
+
+    /// Close a segment; requests naming it afterwards fail with `SegmentNotFound`.
+    pub fn close_segment(&self, id: SegmentId) -> Result<()> {
+        if id == SegmentId::LOCAL {
+            return Err(Error::invalid("the local segment cannot be closed"));
+        }
+        let _g = self.registry.lock().expect("registry poisoned");
+        let table = self.shared.segments.load_full();
+        let next = table.without(id).ok_or_else(|| {
+            Error::new(
+                ErrorKind::SegmentNotFound,
+                format!("segment {} is not open", id.0),
+            )
+        })?;
+        self.shared.segments.store(Arc::new(next));
+        Ok(())
+    }
+
+    /// The regions a segment offers (addresses are what remote offsets name).
+    pub fn segment_regions(&self, id: SegmentId) -> Result<Vec<RemoteRegion>> {
+        let table = self.shared.segments.load();
+        let seg = table.get(id).ok_or_else(|| {
+            Error::new(
+                ErrorKind::SegmentNotFound,
+                format!("segment {} is not open", id.0),
+            )
+        })?;
+        Ok(match seg.kind() {
+            SegmentKind::Local => self
+                .shared
+                .regions
+                .load()
+                .iter()
+                .map(|r| RemoteRegion {
+                    id: r.id(),
+                    addr: r.addr(),
+                    len: r.len(),
+                })
+                .collect(),
+            SegmentKind::Shm(peer) => peer.regions(),
+        })
+    }
+
+    /// The shm attachment of an open segment (tests present wrong keys through it).
+    pub fn segment_peer(&self, id: SegmentId) -> Option<Arc<ShmPeer>> {
+        match self.shared.segments.load().get(id)?.kind() {
+            SegmentKind::Shm(p) => Some(p.clone()),
+            SegmentKind::Local => None,
+        }
+    }
+
+    // ---- rings --------------------------------------------------------
+
+    /// A new ring of `ring_depth` entries, attached to the next worker.
+    pub fn ring(&self) -> Result<Ring> {
+        self.ring_with_depth(self.shared.config.ring_depth)
+    }
+
+    /// A new ring of `depth` entries (a power of two).
+    pub fn ring_with_depth(&self, depth: u32) -> Result<Ring> {
+        let (sp, sc) =
+            spsc::channel::<Sqe>(depth).map_err(|e| Error::invalid("ring depth").with_source(e))?;
+        let (cp, cc) =
+            spsc::channel::<Cqe>(depth).map_err(|e| Error::invalid("ring depth").with_source(e))?;
+        let w = self.pick_worker();
+        w.adopt(WorkerRing {
+            sq: sc,
+            cq: Some(cp),
+            outstanding: 0,
+            cq_dirty: false,
+        });
+        Ok(Ring::new(sp, cc, w.clone()))
+    }
+
+    fn pick_worker(&self) -> &Arc<WorkerShared> {
+        let i = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
+        &self.workers[i]
+    }
+
+    // ---- batches ------------------------------------------------------
+
+    /// A batch able to hold `capacity` tasks.
+    pub fn allocate_batch(&self, capacity: usize) -> Result<BatchId> {
+        self.batches.allocate(capacity)
+    }
+
+    /// Submit `requests` into `batch` (appending to earlier submits). All or
+    /// nothing: on an error no request of this call was queued. Each SQE's
+    /// `user_data` is replaced by the engine.
+    pub fn submit(&self, batch: BatchId, requests: &[Sqe]) -> Result<()> {
+        let b = self.batches.get(batch)?;
+        let range = b.claim(requests.len())?;
+        let w = self.pick_worker();
+        let deadline =
+            Instant::now() + Duration::from_millis(self.shared.config.default_timeout_ms);
+        let mut sq = w.batch_sq.lock().expect("batch ring poisoned");
+        let mut next = 0;
+        while next < requests.len() {
+            while next < requests.len() {
+                let sqe = requests[next].with_user_data(b.task_ptr(range.start + next) as u64);
+                if sq.push(sqe).is_err() {
+                    break;
+                }
+                next += 1;
+            }
+            sq.sync();
+            if sq.needs_wakeup() {
+                w.doorbell.ring();
+            }
+            if next < requests.len() {
+                if Instant::now() > deadline {
+                    b.abandon(range.start + next..range.end, ErrorKind::SqFull);
+                    return Err(Error::new(
+                        ErrorKind::SqFull,
+                        "batch ring stayed full past the default timeout",
+                    ));
+                }
+                w.doorbell.ring();
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
+
+    /// Status of task `task` of `batch`.
+    pub fn status(&self, batch: BatchId, task: usize) -> Result<TaskStatus> {
+        self.batches.get(batch)?.status(task)
+    }
+
+    /// Status of every submitted task of `batch`.
+    pub fn status_list(&self, batch: BatchId) -> Result<Vec<TaskStatus>> {
+        Ok(self.batches.get(batch)?.status_list())
+    }
+
+    /// One status for the whole batch.
+    pub fn batch_status(&self, batch: BatchId) -> Result<TaskStatus> {
+        Ok(self.batches.get(batch)?.overall())
+    }
+
+    /// Ask every task of `batch` to stop; each ends `Canceled` (or its
+    /// natural state if it finished first).
+    pub fn cancel(&self, batch: BatchId) -> Result<()> {
+        self.batches.get(batch)?.cancel(None)
+    }
+
+    /// Cancel one task.
+    pub fn cancel_task(&self, batch: BatchId, task: usize) -> Result<()> {
+        self.batches.get(batch)?.cancel(Some(task))
+    }
+
+    /// Free a batch; refused while any task is pending, and for an id that
+    /// is not allocated (a double free).
+    pub fn free_batch(&self, batch: BatchId) -> Result<()> {
+        self.batches.free(batch)
+    }
+
+    /// Wait until no task of `batch` is pending (or `timeout`).
+    pub fn wait_batch(&self, batch: BatchId, timeout: Duration) -> Result<TaskStatus> {
+        let b = self.batches.get(batch)?;
+        let start = Instant::now();
+        loop {
+            let s = b.overall();
+            if s.state.is_terminal() {
+                return Ok(s);
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::new(ErrorKind::Timeout, "batch still pending"));
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    // ---- transports and diagnostics -------------------------------------
+
+    /// Replace the transport in `kind`'s slot (tests wrap transports with
+    /// fault injection this way); returns the previous one.
+    pub fn swap_transport(
+        &self,
+        kind: TransportKind,
+        t: Option<Arc<dyn Transport>>,
+    ) -> Option<Arc<dyn Transport>> {
+        self.shared.transports.swap(t, kind)
+    }
+
+    /// Installed transports.
+    pub fn transports(&self) -> Vec<TransportKind> {
+        self.shared.transports.installed()
+    }
+
+    /// Slice credits in flight across workers and transports (0 when idle).
+    pub fn credits_in_flight(&self) -> u32 {
+        self.workers
+            .iter()
+            .flat_map(|w| w.credits.iter())
+            .map(CreditPool::in_flight)
+            .sum()
+    }
+
+    /// The core each worker is pinned to (`None`: not pinned).
+    pub fn worker_cores(&self) -> Vec<Option<usize>> {
+        self.workers
+            .iter()
+            .map(|w| usize::try_from(w.core.load(Ordering::Relaxed)).ok())
+            .collect()
+    }
+
+    /// Operations and bytes completed successfully so far.
+    pub fn completed(&self) -> (u64, u64) {
+        self.workers.iter().fold((0, 0), |(o, b), w| {
+            (
+                o + w.completed_ops.load(Ordering::Relaxed),
+                b + w.completed_bytes.load(Ordering::Relaxed),
+            )
+        })
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        for w in &self.workers {
+            w.shutdown.store(true, Ordering::Release);
+            w.doorbell.ring();
+        }
+        for h in self.threads.lock().expect("threads poisoned").drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Registered memory handed out by the engine.
+#[derive(Debug, Clone)]
+pub struct Buffer {
+    region: Arc<MemRegion>,
+}
+
+impl Buffer {
+    /// Region id (for SQEs' local side).
+    pub fn id(&self) -> RegionId {
+        self.region.id()
+    }
+
+    /// Access key.
+    pub fn key(&self) -> u64 {
+        self.region.key()
+    }
+
+    /// Address in this process (what a peer's remote offset names).
+    pub fn addr(&self) -> u64 {
+        self.region.addr()
+    }
+
+    /// Length.
+    pub fn len(&self) -> u64 {
+        self.region.len()
+    }
+
+    /// Never true (zero-length registrations are refused).
+    pub fn is_empty(&self) -> bool {
+        self.region.is_empty()
+    }
+
+    /// Raw pointer to the start.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.region.addr() as *mut u8
+    }
+
+    /// Copy `data` in at `offset`.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let p = self
+            .region
+            .slice_ptr(offset, data.len() as u64)
+            .map_err(|k| Error::new(k, "buffer write out of bounds"))?;
+        // SAFETY: bounds checked above; the region is alive while `self` is.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        Ok(())
+    }
+
+    /// Copy out `out.len()` bytes from `offset`.
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let p = self
+            .region
+            .slice_ptr(offset, out.len() as u64)
+            .map_err(|k| Error::new(k, "buffer read out of bounds"))?;
+        // SAFETY: bounds checked above; the region is alive while `self` is.
+        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+}
+
+/// Page-aligned, zeroed heap memory (when shm export is off).
+struct HeapMemory {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: HeapMemory exclusively owns its allocation.
+unsafe impl Send for HeapMemory {}
+// SAFETY: no interior mutability through &HeapMemory.
+unsafe impl Sync for HeapMemory {}
+
+impl HeapMemory {
+    fn new(len: u64) -> Result<HeapMemory> {
+        let layout = usize::try_from(len)
+            .ok()
+            .and_then(|l| std::alloc::Layout::from_size_align(l, 4096).ok())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::OutOfMemory,
+                    format!("cannot allocate {len} bytes"),
+                )
+            })?;
+        // SAFETY: layout has non-zero size (len > 0 checked by the caller).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::new(
+                ErrorKind::OutOfMemory,
+                format!("cannot allocate {len} bytes"),
+            ));
+        }
+        Ok(HeapMemory { ptr, layout })
+    }
+}
+
+impl Drop for HeapMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated in new() with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}

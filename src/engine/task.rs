@@ -1,0 +1,182 @@
+//! The worker's task table: one record per accepted request, preallocated so
+//! accepting, posting and finishing allocate nothing.
+
+use std::sync::Arc;
+
+use tent_rings::{ErrorKind, Opcode, Priority, TransportKind};
+
+use super::batch::BatchTask;
+use crate::memory::MemRegion;
+use crate::segment::Segment;
+
+/// Where a task's completion goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// A CQE on the completion ring in worker ring slot `n`.
+    Ring(u16),
+    /// A batch task slot (the SQE's user_data points at it).
+    Batch,
+}
+
+/// The last slice posted: the bandwidth estimator's input.
+// Written on every post; read once the DeviceSelector's EWMA lands (the
+// spraying issue): carried now so that issue adds behaviour, not plumbing.
+#[allow(dead_code)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SliceRecord {
+    pub rail: u16,
+    pub bytes: u64,
+    pub post_ns: u64,
+}
+
+/// One accepted request.
+#[derive(Debug)]
+pub(crate) struct Task {
+    pub generation: u32,
+    pub live: bool,
+    /// Completion already delivered (deadline/cancel while slices were in
+    /// flight); the slot frees when they drain.
+    pub reported: bool,
+    pub origin: Origin,
+    pub user_data: u64,
+    pub opcode: Opcode,
+    pub local: *mut u8,
+    pub local_region: Option<Arc<MemRegion>>,
+    pub segment: Option<Arc<Segment>>,
+    pub remote: u64,
+    pub len: u64,
+    pub posted: u64,
+    pub done: u64,
+    pub inflight: u32,
+    pub error: Option<ErrorKind>,
+    pub deadline_ns: u64,
+    pub priority: Priority,
+    pub transport: TransportKind,
+    /// Index into the segment's ranked transport list.
+    pub xport_priority: u8,
+    pub failover_count: u8,
+    pub no_failover: bool,
+    pub last_slice: SliceRecord,
+}
+
+impl Task {
+    fn empty() -> Task {
+        Task {
+            generation: 0,
+            live: false,
+            reported: false,
+            origin: Origin::Batch,
+            user_data: 0,
+            opcode: Opcode::Write,
+            local: std::ptr::null_mut(),
+            local_region: None,
+            segment: None,
+            remote: 0,
+            len: 0,
+            posted: 0,
+            done: 0,
+            inflight: 0,
+            error: None,
+            deadline_ns: 0,
+            priority: Priority::High,
+            transport: TransportKind::Any,
+            xport_priority: 0,
+            failover_count: 0,
+            no_failover: false,
+            last_slice: SliceRecord::default(),
+        }
+    }
+
+    /// The batch slot this task reports into, if it came from a batch.
+    #[inline]
+    pub fn batch_task(&self) -> Option<&BatchTask> {
+        match self.origin {
+            // SAFETY: a batch SQE's user_data is the address of a BatchTask in
+            // a batch that cannot be freed while this task is Pending.
+            Origin::Batch => Some(unsafe { &*(self.user_data as *const BatchTask) }),
+            Origin::Ring(_) => None,
+        }
+    }
+
+    /// Nothing more will be posted for it.
+    #[inline]
+    pub fn posting_done(&self) -> bool {
+        self.posted >= self.len || self.error.is_some()
+    }
+
+    /// The slice token for this task's current generation.
+    #[inline]
+    pub fn token(&self, index: u32) -> u64 {
+        (u64::from(index) << 32) | u64::from(self.generation)
+    }
+}
+
+/// Fixed-capacity task slots with a free list.
+#[derive(Debug)]
+pub(crate) struct TaskTable {
+    tasks: Vec<Task>,
+    free: Vec<u32>,
+}
+
+// SAFETY: the raw pointers inside tasks refer to registered memory and batch
+// slots kept alive by the Arcs/batch rules documented on each field; the table
+// is owned by exactly one worker thread at a time.
+unsafe impl Send for TaskTable {}
+
+impl TaskTable {
+    pub fn new(capacity: usize) -> TaskTable {
+        TaskTable {
+            tasks: (0..capacity).map(|_| Task::empty()).collect(),
+            free: (0..capacity as u32).rev().collect(),
+        }
+    }
+
+    #[inline]
+    pub fn is_full(&self) -> bool {
+        self.free.is_empty()
+    }
+
+    #[inline]
+    pub fn active(&self) -> usize {
+        self.tasks.len() - self.free.len()
+    }
+
+    /// Take a free slot; the caller fills it in.
+    #[inline]
+    pub fn alloc(&mut self) -> Option<u32> {
+        let i = self.free.pop()?;
+        let t = &mut self.tasks[i as usize];
+        t.generation = t.generation.wrapping_add(1);
+        t.live = true;
+        t.reported = false;
+        Some(i)
+    }
+
+    /// Return a slot, dropping the Arcs it held.
+    #[inline]
+    pub fn release(&mut self, i: u32) {
+        let t = &mut self.tasks[i as usize];
+        t.live = false;
+        t.local_region = None;
+        t.segment = None;
+        // Capacity was reserved up front: this push never reallocates.
+        self.free.push(i);
+    }
+
+    #[inline]
+    pub fn get_mut(&mut self, i: u32) -> &mut Task {
+        &mut self.tasks[i as usize]
+    }
+
+    /// The live task a slice token refers to (None if it is stale).
+    #[inline]
+    pub fn by_token(&mut self, token: u64) -> Option<(u32, &mut Task)> {
+        let i = (token >> 32) as u32;
+        let t = self.tasks.get_mut(i as usize)?;
+        (t.live && t.generation == token as u32).then_some((i, t))
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.tasks.len()
+    }
+}

@@ -1,0 +1,677 @@
+//! The worker: one pinned thread that owns a set of rings.
+//!
+//! Each turn it takes SQEs from its rings into priority lanes, posts slices
+//! of the lane heads through the `can_send` gate and the per-transport
+//! credit pools, reaps transport completions, and posts CQEs (or batch task
+//! states). It busy-polls while there is work, then spins, yields and
+//! finally parks on its doorbell after setting NEED_WAKEUP on every ring.
+//! Nothing here allocates or locks once the worker is running, except when
+//! rings are added or retired.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tent_rings::credit::CreditPool;
+use tent_rings::spsc::{Consumer, Producer};
+use tent_rings::{Cqe, ErrorKind, Priority, Sqe, TransportKind};
+
+use super::batch::TaskState;
+use super::doorbell::Doorbell;
+use super::task::{Origin, SliceRecord, TaskTable};
+use super::{EngineShared, slot_index};
+use crate::clock::monotonic_ns;
+use crate::qos::PriorityLanes;
+use crate::transport::{Slice, SliceCompletion, SubmitOutcome};
+
+/// Bytes posted for one lane head before the worker goes back to its rings,
+/// so a HIGH request arriving behind a large LOW one waits for at most this.
+const TURN_BYTES: u64 = 4 << 20;
+/// SQEs taken from one ring per turn.
+const INTAKE_PER_RING: usize = 64;
+/// Deadline and cancel sweep period.
+const HOUSEKEEPING_NS: u64 = 1_000_000;
+
+/// Worker-side ends of an application ring.
+pub(crate) struct WorkerRing {
+    pub sq: Consumer<Sqe>,
+    pub cq: Option<Producer<Cqe>>,
+    /// Accepted, not yet completed (each will need one CQ slot).
+    pub outstanding: u32,
+    pub cq_dirty: bool,
+}
+
+/// What a worker shares with the engine and with submitters.
+pub(crate) struct WorkerShared {
+    pub index: usize,
+    pub doorbell: Doorbell,
+    pub new_rings: Mutex<Vec<WorkerRing>>,
+    pub has_new: AtomicBool,
+    pub shutdown: AtomicBool,
+    /// The batch API's submission ring into this worker.
+    pub batch_sq: Mutex<Producer<Sqe>>,
+    /// Core this worker is pinned to, or -1.
+    pub core: AtomicI64,
+    /// In-flight slice credits, one pool per transport slot.
+    pub credits: [CreditPool; 5],
+    pub completed_ops: AtomicU64,
+    pub completed_bytes: AtomicU64,
+}
+
+impl WorkerShared {
+    /// Hand a new ring to the worker and wake it.
+    pub fn adopt(&self, ring: WorkerRing) {
+        self.new_rings
+            .lock()
+            .expect("worker ring list poisoned")
+            .push(ring);
+        // Release: the ring's construction is visible to the worker that
+        // sees the flag.
+        self.has_new.store(true, Ordering::Release);
+        self.doorbell.ring();
+    }
+}
+
+pub(crate) struct Worker {
+    shared: Arc<WorkerShared>,
+    engine: Arc<EngineShared>,
+    rings: Vec<Option<WorkerRing>>,
+    tasks: TaskTable,
+    lanes: PriorityLanes,
+    reaped: Vec<SliceCompletion>,
+    async_inflight: u32,
+    next_housekeeping: u64,
+    block_size: u64,
+    default_timeout_ns: u64,
+}
+
+impl Worker {
+    pub fn new(
+        shared: Arc<WorkerShared>,
+        engine: Arc<EngineShared>,
+        batch_cq: Consumer<Sqe>,
+    ) -> Worker {
+        let cfg = &engine.config;
+        let cap = cfg.max_tasks_per_worker as usize;
+        let mut rings = Vec::with_capacity(64);
+        rings.push(Some(WorkerRing {
+            sq: batch_cq,
+            cq: None,
+            outstanding: 0,
+            cq_dirty: false,
+        }));
+        Worker {
+            lanes: PriorityLanes::new(
+                cap,
+                cfg.transports.rdma.priority_promotion_timeout_us * 1_000,
+            ),
+            tasks: TaskTable::new(cap),
+            reaped: vec![
+                SliceCompletion {
+                    token: 0,
+                    result: Ok(0)
+                };
+                256
+            ],
+            rings,
+            async_inflight: 0,
+            next_housekeeping: 0,
+            block_size: cfg.block_size,
+            default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
+            shared,
+            engine,
+        }
+    }
+
+    /// The worker thread's body.
+    pub fn run(mut self) {
+        let cfg = &self.engine.config.workers;
+        let spin_ns = cfg.spin_us * 1_000;
+        let yield_ns = spin_ns + cfg.yield_us * 1_000;
+        let park = Duration::from_millis(cfg.park_timeout_ms);
+        let mut idle_since = 0u64;
+        tracing::debug!(worker = self.shared.index, "worker started");
+        loop {
+            if self.turn() {
+                idle_since = 0;
+                continue;
+            }
+            if self.shared.shutdown.load(Ordering::Acquire) {
+                self.drain_on_shutdown();
+                break;
+            }
+            let now = monotonic_ns();
+            if idle_since == 0 {
+                idle_since = now;
+            }
+            let idle = now - idle_since;
+            if idle < spin_ns {
+                std::hint::spin_loop();
+            } else if idle < yield_ns || !self.lanes.is_empty() || self.async_inflight > 0 {
+                std::thread::yield_now();
+            } else if self.park(park) {
+                // Woken by a submitter: expect work, poll hot again.
+                idle_since = 0;
+            }
+            // A timeout leaves `idle_since` old: one more turn, then straight
+            // back to sleep instead of another spin/yield phase.
+        }
+        tracing::debug!(worker = self.shared.index, "worker stopped");
+    }
+
+    /// One pass over rings, lanes and completions; true if anything moved.
+    fn turn(&mut self) -> bool {
+        let now = monotonic_ns();
+        let mut work = false;
+        // Relaxed fast check; the Acquire swap below synchronises with adopt().
+        if self.shared.has_new.load(Ordering::Relaxed)
+            && self.shared.has_new.swap(false, Ordering::Acquire)
+        {
+            self.adopt_rings();
+            work = true;
+        }
+        work |= self.intake(now);
+        if !self.lanes.is_empty() {
+            self.lanes.promote(now);
+            work |= self.dispatch(now);
+        }
+        if self.async_inflight > 0 {
+            work |= self.reap();
+        }
+        if now >= self.next_housekeeping {
+            self.housekeeping(now);
+            self.next_housekeeping = now + HOUSEKEEPING_NS;
+        }
+        self.flush_cqs();
+        work
+    }
+
+    fn adopt_rings(&mut self) {
+        let new: Vec<WorkerRing> = std::mem::take(
+            &mut *self
+                .shared
+                .new_rings
+                .lock()
+                .expect("worker ring list poisoned"),
+        );
+        for r in new {
+            match self.rings.iter().position(Option::is_none) {
+                Some(i) => self.rings[i] = Some(r),
+                None => self.rings.push(Some(r)),
+            }
+        }
+    }
+
+    /// Move SQEs from the rings into tasks and lanes.
+    fn intake(&mut self, now: u64) -> bool {
+        let mut work = false;
+        for ri in 0..self.rings.len() {
+            let Some(ring) = self.rings[ri].as_mut() else {
+                continue;
+            };
+            // Each accepted SQE will need one CQ slot: never accept more than
+            // the CQ can take, so posting a CQE can never fail.
+            let mut room = match ring.cq.as_mut() {
+                Some(cq) => cq.slots().saturating_sub(ring.outstanding as usize),
+                None => usize::MAX,
+            };
+            let mut taken = 0;
+            while taken < INTAKE_PER_RING && room > 0 && !self.tasks.is_full() {
+                let Some(ring) = self.rings[ri].as_mut() else {
+                    break;
+                };
+                let Some(sqe) = ring.sq.pop() else { break };
+                taken += 1;
+                room -= 1;
+                let origin = if ring.cq.is_some() {
+                    ring.outstanding += 1;
+                    Origin::Ring(ri as u16)
+                } else {
+                    Origin::Batch
+                };
+                self.accept(origin, &sqe, now);
+            }
+            if taken > 0 {
+                if let Some(ring) = self.rings[ri].as_mut() {
+                    ring.sq.sync();
+                }
+                work = true;
+            }
+        }
+        work
+    }
+
+    /// Validate an SQE and queue it, or complete it at once with the reason.
+    fn accept(&mut self, origin: Origin, sqe: &Sqe, now: u64) {
+        let user_data = sqe.user_data();
+        match self.validate(sqe, now) {
+            Err(kind) => self.deliver(origin, user_data, Err(kind), true, TransportKind::Any, 0),
+            Ok(v) => {
+                let Some(i) = self.tasks.alloc() else {
+                    // Unreachable: intake checks is_full() first.
+                    self.deliver(
+                        origin,
+                        user_data,
+                        Err(ErrorKind::SqFull),
+                        false,
+                        TransportKind::Any,
+                        0,
+                    );
+                    return;
+                };
+                let t = self.tasks.get_mut(i);
+                t.origin = origin;
+                t.user_data = user_data;
+                t.opcode = v.opcode;
+                t.local = v.local;
+                t.local_region = Some(v.region);
+                t.segment = Some(v.segment);
+                t.remote = sqe.remote().offset;
+                t.len = sqe.len();
+                t.posted = 0;
+                t.done = 0;
+                t.inflight = 0;
+                t.error = None;
+                t.deadline_ns = v.deadline_ns;
+                t.priority = v.priority;
+                t.transport = v.transport;
+                t.xport_priority = v.xport_priority;
+                t.failover_count = 0;
+                t.no_failover = sqe.no_failover();
+                t.last_slice = SliceRecord::default();
+                // Lanes are as large as the task table: this cannot fail.
+                let queued = self.lanes.push(v.priority, i, now);
+                debug_assert!(queued);
+            }
+        }
+    }
+
+    fn validate(&self, sqe: &Sqe, now: u64) -> Result<Accepted, ErrorKind> {
+        let opcode = sqe.opcode().ok_or(ErrorKind::InvalidArgument)?;
+        let priority = sqe.priority().ok_or(ErrorKind::InvalidArgument)?;
+        let hint = sqe.transport_hint().ok_or(ErrorKind::InvalidArgument)?;
+        if sqe.is_empty() {
+            return Err(ErrorKind::InvalidArgument);
+        }
+        let local = sqe.local();
+        let regions = self.engine.regions.load();
+        let region = regions
+            .get(local.region)
+            .ok_or(ErrorKind::AddressNotRegistered)?;
+        let ptr = region.slice_ptr(local.offset, sqe.len())?;
+        let segments = self.engine.segments.load();
+        let segment = segments
+            .get(sqe.remote().segment)
+            .ok_or(ErrorKind::SegmentNotFound)?;
+        let ranked = segment.transports();
+        let pick = ranked.iter().enumerate().find(|(_, k)| {
+            (hint == TransportKind::Any || hint == **k) && self.engine.transports.get(**k).is_some()
+        });
+        let (xport_priority, &transport) = pick.ok_or(ErrorKind::Unreachable)?;
+        let deadline_ns = match sqe.deadline_ns() {
+            0 => now + self.default_timeout_ns,
+            d if d <= now => return Err(ErrorKind::Timeout),
+            d => d,
+        };
+        Ok(Accepted {
+            opcode,
+            priority,
+            local: ptr,
+            region: region.clone(),
+            segment: segment.clone(),
+            transport,
+            xport_priority: xport_priority as u8,
+            deadline_ns,
+        })
+    }
+
+    /// Post slices of lane heads.
+    fn dispatch(&mut self, now: u64) -> bool {
+        let mut work = false;
+        let mut budget = TURN_BYTES;
+        while let Some((p, entry)) = self.lanes.next(&*self.engine.gate) {
+            let i = entry.task;
+            let t = self.tasks.get_mut(i);
+            if let Some(b) = t.batch_task()
+                && b.cancel_requested()
+            {
+                t.error.get_or_insert(ErrorKind::Canceled);
+            }
+            if now >= t.deadline_ns {
+                t.error.get_or_insert(ErrorKind::Timeout);
+            }
+            if t.posting_done() {
+                self.lanes.pop(p);
+                self.maybe_finish(i);
+                work = true;
+                continue;
+            }
+            let kind = t.transport;
+            let pool = &self.shared.credits[slot_index(kind)];
+            if pool.try_reserve(1).is_err() {
+                // Every credit is in flight: wait for completions.
+                break;
+            }
+            let len = self.block_size.min(t.len - t.posted);
+            let offset = t.posted;
+            let guard = self.engine.transports.get(kind);
+            let Some(transport) = guard.as_ref() else {
+                pool.release(1, now);
+                t.error.get_or_insert(ErrorKind::Unreachable);
+                continue;
+            };
+            let segment = t.segment.as_deref().expect("live task has a segment");
+            let slice = Slice {
+                token: t.token(i),
+                opcode: t.opcode,
+                local: t.local.wrapping_add(offset as usize),
+                segment,
+                remote: t.remote + offset,
+                len,
+                rail: 0,
+            };
+            let mut outcome = [SubmitOutcome::Rejected(ErrorKind::Unreachable)];
+            transport.0.submit(
+                self.shared.index,
+                std::slice::from_ref(&slice),
+                &mut outcome,
+            );
+            drop(guard);
+            t.posted += len;
+            t.last_slice = SliceRecord {
+                rail: 0,
+                bytes: len,
+                post_ns: now,
+            };
+            match outcome[0] {
+                SubmitOutcome::Completed(res) => {
+                    pool.release(1, now);
+                    match res {
+                        Ok(n) => t.done += n,
+                        Err(e) => {
+                            t.error.get_or_insert(e);
+                        }
+                    }
+                }
+                SubmitOutcome::Posted => {
+                    t.inflight += 1;
+                    self.async_inflight += 1;
+                }
+                SubmitOutcome::Rejected(e) => {
+                    pool.release(1, now);
+                    t.posted -= len;
+                    t.error.get_or_insert(e);
+                }
+            }
+            work = true;
+            if t.posting_done() {
+                self.lanes.pop(p);
+                self.maybe_finish(i);
+            } else {
+                budget = budget.saturating_sub(len);
+                if budget == 0 {
+                    self.lanes.rotate(p);
+                    break;
+                }
+            }
+        }
+        work
+    }
+
+    /// Reap completions of posted slices from every transport.
+    fn reap(&mut self) -> bool {
+        let now = monotonic_ns();
+        let mut any = false;
+        for kind in [
+            TransportKind::Local,
+            TransportKind::Shm,
+            TransportKind::Tcp,
+            TransportKind::Rdma,
+        ] {
+            let n = {
+                let guard = self.engine.transports.get(kind);
+                let Some(t) = guard.as_ref() else { continue };
+                t.0.poll(self.shared.index, &mut self.reaped)
+            };
+            for c in 0..n {
+                let SliceCompletion { token, result } = self.reaped[c];
+                self.shared.credits[slot_index(kind)].release(1, now);
+                self.async_inflight = self.async_inflight.saturating_sub(1);
+                let Some((i, t)) = self.tasks.by_token(token) else {
+                    continue;
+                };
+                t.inflight -= 1;
+                match result {
+                    Ok(b) => t.done += b,
+                    Err(e) => {
+                        t.error.get_or_insert(e);
+                    }
+                }
+                if t.posting_done() {
+                    self.maybe_finish(i);
+                }
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Deliver and/or free task `i` if nothing of it is left in flight.
+    fn maybe_finish(&mut self, i: u32) {
+        let t = self.tasks.get_mut(i);
+        if !t.posting_done() {
+            return;
+        }
+        if !t.reported
+            && (t.inflight == 0
+                || matches!(t.error, Some(ErrorKind::Timeout | ErrorKind::Canceled)))
+        {
+            t.reported = true;
+            let res = match t.error {
+                Some(e) => Err(e),
+                None => Ok(t.done),
+            };
+            let (origin, user_data, transport, fo) =
+                (t.origin, t.user_data, t.transport, t.failover_count);
+            let done = t.done;
+            self.deliver_task(origin, user_data, res, done, transport, fo);
+        }
+        let t = self.tasks.get_mut(i);
+        if t.reported && t.inflight == 0 {
+            self.tasks.release(i);
+        }
+    }
+
+    fn deliver_task(
+        &mut self,
+        origin: Origin,
+        user_data: u64,
+        res: Result<u64, ErrorKind>,
+        done: u64,
+        transport: TransportKind,
+        failovers: u8,
+    ) {
+        match origin {
+            Origin::Batch => {
+                // SAFETY: batch user_data is the address of a BatchTask kept
+                // alive until it leaves Pending (which this store does).
+                let slot = unsafe { &*(user_data as *const super::batch::BatchTask) };
+                slot.finish(TaskState::for_result(res, false), done, res.err());
+            }
+            Origin::Ring(_) => self.deliver(origin, user_data, res, false, transport, failovers),
+        }
+        if res.is_ok() {
+            self.shared.completed_ops.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .completed_bytes
+                .fetch_add(done, Ordering::Relaxed);
+        }
+    }
+
+    /// Post a completion for `origin`.
+    fn deliver(
+        &mut self,
+        origin: Origin,
+        user_data: u64,
+        res: Result<u64, ErrorKind>,
+        validation: bool,
+        transport: TransportKind,
+        failovers: u8,
+    ) {
+        match origin {
+            Origin::Batch => {
+                // SAFETY: as in deliver_task.
+                let slot = unsafe { &*(user_data as *const super::batch::BatchTask) };
+                slot.finish(TaskState::for_result(res, validation), 0, res.err());
+            }
+            Origin::Ring(ri) => {
+                let Some(ring) = self.rings[ri as usize].as_mut() else {
+                    return;
+                };
+                let cqe = Cqe::new(user_data, res)
+                    .with_transport(transport)
+                    .with_failover_count(failovers);
+                if let Some(cq) = ring.cq.as_mut() {
+                    // Intake reserved this slot: the push cannot fail.
+                    let pushed = cq.push(cqe).is_ok();
+                    debug_assert!(pushed, "CQ slot was reserved at intake");
+                }
+                ring.outstanding = ring.outstanding.saturating_sub(1);
+                ring.cq_dirty = true;
+            }
+        }
+    }
+
+    /// Publish CQEs posted this turn (one Release store per ring).
+    fn flush_cqs(&mut self) {
+        for ring in self.rings.iter_mut().flatten() {
+            if ring.cq_dirty {
+                ring.cq_dirty = false;
+                if let Some(cq) = ring.cq.as_mut() {
+                    cq.sync();
+                }
+            }
+        }
+    }
+
+    /// Deadlines, cancels, and retiring rings whose application went away.
+    fn housekeeping(&mut self, now: u64) {
+        if self.tasks.active() > 0 {
+            for i in 0..self.tasks.capacity() as u32 {
+                let t = self.tasks.get_mut(i);
+                if !t.live || t.reported {
+                    continue;
+                }
+                let canceled = t.batch_task().is_some_and(|b| b.cancel_requested());
+                if now >= t.deadline_ns || canceled {
+                    t.error.get_or_insert(if canceled {
+                        ErrorKind::Canceled
+                    } else {
+                        ErrorKind::Timeout
+                    });
+                    // Stop posting; report now even if slices are in flight.
+                    t.posted = t.posted.max(t.len);
+                    let in_lane = t.inflight == 0;
+                    if in_lane {
+                        self.lanes.retain(|x| x != i);
+                    }
+                    self.maybe_finish(i);
+                }
+            }
+        }
+        for slot in self.rings.iter_mut().skip(1) {
+            let retire = slot.as_mut().is_some_and(|r| {
+                r.outstanding == 0 && r.sq.is_producer_closed() && r.sq.is_empty()
+            });
+            if retire {
+                *slot = None;
+            }
+        }
+    }
+
+    /// Sleep until a submitter rings, a ring is added, or `timeout`;
+    /// returns true if something (not the timeout) woke it.
+    ///
+    /// Only called with empty lanes and nothing in flight, so no deadline
+    /// needs this worker while it sleeps.
+    fn park(&mut self, timeout: Duration) -> bool {
+        let seen = self.shared.doorbell.value();
+        let mut empty = true;
+        for ring in self.rings.iter_mut().flatten() {
+            if !ring.sq.prepare_park() {
+                empty = false;
+                break;
+            }
+        }
+        let mut woken = true;
+        if empty
+            && !self.shared.has_new.load(Ordering::Acquire)
+            && !self.shared.shutdown.load(Ordering::Acquire)
+        {
+            self.shared.doorbell.wait(seen, timeout);
+            woken = self.shared.doorbell.value() != seen;
+        }
+        for ring in self.rings.iter_mut().flatten() {
+            ring.sq.clear_need_wakeup();
+        }
+        woken
+    }
+
+    /// Finish everything still queued with `Shutdown` so no caller waits forever.
+    fn drain_on_shutdown(&mut self) {
+        let now = monotonic_ns();
+        for ri in 0..self.rings.len() {
+            while let Some(ring) = self.rings[ri].as_mut() {
+                // A CQ the application stopped reading: leave the rest queued.
+                if ring
+                    .cq
+                    .as_mut()
+                    .is_some_and(|cq| cq.slots() <= ring.outstanding as usize)
+                {
+                    break;
+                }
+                let Some(sqe) = ring.sq.pop() else { break };
+                let origin = if ring.cq.is_some() {
+                    ring.outstanding += 1;
+                    Origin::Ring(ri as u16)
+                } else {
+                    Origin::Batch
+                };
+                self.deliver(
+                    origin,
+                    sqe.user_data(),
+                    Err(ErrorKind::Shutdown),
+                    false,
+                    TransportKind::Any,
+                    0,
+                );
+            }
+            if let Some(ring) = self.rings[ri].as_mut() {
+                ring.sq.sync();
+            }
+        }
+        for i in 0..self.tasks.capacity() as u32 {
+            let t = self.tasks.get_mut(i);
+            if t.live && !t.reported {
+                t.error.get_or_insert(ErrorKind::Shutdown);
+                t.posted = t.len;
+                t.inflight = 0;
+                self.maybe_finish(i);
+            }
+        }
+        self.lanes.retain(|_| false);
+        self.flush_cqs();
+        let _ = now;
+    }
+}
+
+struct Accepted {
+    opcode: tent_rings::Opcode,
+    priority: Priority,
+    local: *mut u8,
+    region: Arc<crate::memory::MemRegion>,
+    segment: Arc<crate::segment::Segment>,
+    transport: TransportKind,
+    xport_priority: u8,
+    deadline_ns: u64,
+}

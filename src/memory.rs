@@ -1,0 +1,251 @@
+//! Registered memory: what a transfer may read or write locally, and what a
+//! remote peer may reach, each checked against region, key and bounds.
+//!
+//! The table is an immutable snapshot swapped with `arc-swap` on
+//! (un)registration, so a worker resolves a `(region, offset)` with one
+//! lock-free load and a bounds check.
+
+use std::any::Any;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tent_rings::{ErrorKind, RegionId};
+
+/// One registered memory range.
+pub struct MemRegion {
+    id: RegionId,
+    key: u64,
+    base: *mut u8,
+    len: u64,
+    // Keeps engine-allocated memory (heap or an exported shm mapping) alive
+    // for as long as any handle or in-flight task holds this region.
+    _owner: Option<Box<dyn Any + Send + Sync>>,
+}
+
+// SAFETY: `base` points at memory whose lifetime is tied to `_owner` (or, for
+// user-registered memory, guaranteed by the caller of `Engine::register_memory`);
+// the engine only copies bytes through it, which is what any thread may do.
+unsafe impl Send for MemRegion {}
+// SAFETY: as above; no interior state besides the immutable fields.
+unsafe impl Sync for MemRegion {}
+
+impl std::fmt::Debug for MemRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemRegion")
+            .field("id", &self.id.0)
+            .field("base", &self.base)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemRegion {
+    /// A region over `[base, base+len)`; `owner` keeps the memory alive.
+    pub(crate) fn new(
+        id: RegionId,
+        base: *mut u8,
+        len: u64,
+        owner: Option<Box<dyn Any + Send + Sync>>,
+    ) -> MemRegion {
+        MemRegion {
+            id,
+            key: fresh_key(),
+            base,
+            len,
+            _owner: owner,
+        }
+    }
+
+    /// Region id (what an SQE names).
+    pub fn id(&self) -> RegionId {
+        self.id
+    }
+
+    /// The access key a peer must present.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// Start address in this process.
+    pub fn addr(&self) -> u64 {
+        self.base as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True for a zero-length region (never registered; here for clippy).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Pointer to `offset` if `[offset, offset+len)` lies inside the region.
+    #[inline]
+    pub fn slice_ptr(&self, offset: u64, len: u64) -> Result<*mut u8, ErrorKind> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.base.wrapping_add(offset as usize)),
+            _ => Err(ErrorKind::OutOfBounds),
+        }
+    }
+
+    /// Does `[addr, addr+len)` start inside this region?
+    fn contains_addr(&self, addr: u64) -> bool {
+        addr >= self.addr() && addr - self.addr() < self.len
+    }
+}
+
+/// A random, non-zero key: a stale or guessed key must not match by accident.
+pub(crate) fn fresh_key() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(1);
+    let mut h = std::hash::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u64(crate::clock::monotonic_ns());
+    h.finish() | 1
+}
+
+/// Snapshot of every registered region, by id and by address.
+#[derive(Debug, Default, Clone)]
+pub struct RegionTable {
+    by_id: Vec<Option<Arc<MemRegion>>>,
+    by_addr: Vec<Arc<MemRegion>>,
+}
+
+impl RegionTable {
+    /// The region with `id`.
+    #[inline]
+    pub fn get(&self, id: RegionId) -> Option<&Arc<MemRegion>> {
+        self.by_id.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// Resolve a local `(region, offset, len)` to a pointer.
+    #[inline]
+    pub fn resolve(&self, id: RegionId, offset: u64, len: u64) -> Result<*mut u8, ErrorKind> {
+        self.get(id)
+            .ok_or(ErrorKind::AddressNotRegistered)?
+            .slice_ptr(offset, len)
+    }
+
+    /// The region holding address `addr` (binary search), checking that
+    /// `[addr, addr+len)` stays inside it.
+    #[inline]
+    pub fn find_addr(&self, addr: u64, len: u64) -> Result<(&Arc<MemRegion>, *mut u8), ErrorKind> {
+        let idx = self.by_addr.partition_point(|r| r.addr() <= addr);
+        let region = idx
+            .checked_sub(1)
+            .map(|i| &self.by_addr[i])
+            .filter(|r| r.contains_addr(addr))
+            .ok_or(ErrorKind::AddressNotRegistered)?;
+        let ptr = region.slice_ptr(addr - region.addr(), len)?;
+        Ok((region, ptr))
+    }
+
+    /// The id for the next registration. Ids are never reused, so a stale
+    /// id names nothing rather than someone else's memory.
+    pub fn next_id(&self) -> RegionId {
+        RegionId(self.by_id.len().max(1) as u32)
+    }
+
+    /// A copy with `region` added; overlapping ranges are refused so an
+    /// address names exactly one region.
+    pub fn with(&self, region: Arc<MemRegion>) -> crate::Result<RegionTable> {
+        let (start, end) = (region.addr(), region.addr() + region.len());
+        if let Some(other) = self
+            .by_addr
+            .iter()
+            .find(|r| start < r.addr() + r.len() && r.addr() < end)
+        {
+            return Err(crate::Error::invalid(format!(
+                "memory [{start:#x}, {end:#x}) overlaps registered region {} at [{:#x}, {:#x})",
+                other.id().0,
+                other.addr(),
+                other.addr() + other.len()
+            )));
+        }
+        let mut next = self.clone();
+        let idx = region.id().0 as usize;
+        if next.by_id.len() <= idx {
+            next.by_id.resize(idx + 1, None);
+        }
+        next.by_id[idx] = Some(region.clone());
+        let pos = next.by_addr.partition_point(|r| r.addr() < start);
+        next.by_addr.insert(pos, region);
+        Ok(next)
+    }
+
+    /// A copy without region `id`, and the removed region.
+    pub fn without(&self, id: RegionId) -> Option<(RegionTable, Arc<MemRegion>)> {
+        let removed = self.get(id)?.clone();
+        let mut next = self.clone();
+        next.by_id[id.0 as usize] = None;
+        next.by_addr.retain(|r| r.id() != id);
+        Some((next, removed))
+    }
+
+    /// Every region, by address.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<MemRegion>> {
+        self.by_addr.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(id: u32, buf: &mut [u8]) -> Arc<MemRegion> {
+        Arc::new(MemRegion::new(
+            RegionId(id),
+            buf.as_mut_ptr(),
+            buf.len() as u64,
+            None,
+        ))
+    }
+
+    #[test]
+    fn resolve_and_bounds() {
+        let mut a = vec![0u8; 4096];
+        let mut b = vec![0u8; 100];
+        let t = RegionTable::default();
+        let id = t.next_id();
+        assert_eq!(id, RegionId(1));
+        let t = t.with(region(1, &mut a)).unwrap();
+        let t = t.with(region(2, &mut b)).unwrap();
+        assert!(t.resolve(RegionId(1), 0, 4096).is_ok());
+        assert_eq!(t.resolve(RegionId(1), 1, 4096), Err(ErrorKind::OutOfBounds));
+        assert_eq!(
+            t.resolve(RegionId(1), u64::MAX, 2),
+            Err(ErrorKind::OutOfBounds)
+        );
+        assert_eq!(
+            t.resolve(RegionId(9), 0, 1),
+            Err(ErrorKind::AddressNotRegistered)
+        );
+        let addr = b.as_ptr() as u64;
+        let (r, p) = t.find_addr(addr + 10, 90).unwrap();
+        assert_eq!(r.id(), RegionId(2));
+        assert_eq!(p as u64, addr + 10);
+        assert_eq!(
+            t.find_addr(addr + 10, 91).unwrap_err(),
+            ErrorKind::OutOfBounds
+        );
+        assert_eq!(
+            t.find_addr(1, 1).unwrap_err(),
+            ErrorKind::AddressNotRegistered
+        );
+        let (t, removed) = t.without(RegionId(2)).unwrap();
+        assert_eq!(removed.id(), RegionId(2));
+        assert!(t.find_addr(addr, 1).is_err());
+        assert_eq!(t.next_id(), RegionId(3), "ids are not reused");
+    }
+
+    #[test]
+    fn overlap_refused_and_keys_differ() {
+        let mut a = vec![0u8; 64];
+        let t = RegionTable::default().with(region(1, &mut a)).unwrap();
+        let err = t.with(region(2, &mut a)).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        assert_ne!(fresh_key(), fresh_key());
+    }
+}

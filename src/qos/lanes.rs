@@ -1,0 +1,177 @@
+use std::collections::VecDeque;
+
+use tent_rings::Priority;
+
+use super::SendGate;
+
+/// A task waiting in a lane, stamped with when it entered that lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneEntry {
+    /// Worker-local task index.
+    pub task: u32,
+    /// Monotonic ns when it entered its current lane.
+    pub stamp_ns: u64,
+}
+
+/// Three bounded FIFO lanes (HIGH, MEDIUM, LOW). HIGH drains first; a task
+/// that waited longer than the promotion timeout moves up one lane, so LOW
+/// work is never starved forever. Capacity is fixed at construction: pushes
+/// never allocate.
+#[derive(Debug)]
+pub struct PriorityLanes {
+    lanes: [VecDeque<LaneEntry>; 3],
+    capacity: usize,
+    promotion_ns: u64,
+}
+
+impl PriorityLanes {
+    /// Lanes of `capacity` entries each; promotion after `promotion_ns`.
+    pub fn new(capacity: usize, promotion_ns: u64) -> PriorityLanes {
+        PriorityLanes {
+            lanes: std::array::from_fn(|_| VecDeque::with_capacity(capacity)),
+            capacity,
+            promotion_ns,
+        }
+    }
+
+    /// Queue `task` at priority `p`; `false` if that lane is full.
+    #[inline]
+    pub fn push(&mut self, p: Priority, task: u32, now_ns: u64) -> bool {
+        let lane = &mut self.lanes[p.index()];
+        if lane.len() >= self.capacity {
+            return false;
+        }
+        lane.push_back(LaneEntry {
+            task,
+            stamp_ns: now_ns,
+        });
+        true
+    }
+
+    /// Move tasks that waited too long up one lane; returns how many moved.
+    pub fn promote(&mut self, now_ns: u64) -> u32 {
+        let mut moved = 0;
+        for from in [Priority::Medium, Priority::Low] {
+            let to = from.index() - 1;
+            while let Some(head) = self.lanes[from.index()].front().copied() {
+                if now_ns.saturating_sub(head.stamp_ns) < self.promotion_ns
+                    || self.lanes[to].len() >= self.capacity
+                {
+                    break;
+                }
+                self.lanes[from.index()].pop_front();
+                self.lanes[to].push_back(LaneEntry {
+                    task: head.task,
+                    stamp_ns: now_ns,
+                });
+                moved += 1;
+            }
+        }
+        moved
+    }
+
+    /// The task to serve next: head of the first non-empty lane the gate
+    /// lets through.
+    #[inline]
+    pub fn next(&self, gate: &dyn SendGate) -> Option<(Priority, LaneEntry)> {
+        Priority::ALL.into_iter().find_map(|p| {
+            let head = self.lanes[p.index()].front()?;
+            gate.can_send(p).then_some((p, *head))
+        })
+    }
+
+    /// Remove the head of lane `p` (it is fully posted).
+    #[inline]
+    pub fn pop(&mut self, p: Priority) -> Option<LaneEntry> {
+        self.lanes[p.index()].pop_front()
+    }
+
+    /// Move the head of lane `p` to its back (its turn is over, others in
+    /// the lane go next); keeps its stamp.
+    #[inline]
+    pub fn rotate(&mut self, p: Priority) {
+        let lane = &mut self.lanes[p.index()];
+        if lane.len() > 1 {
+            lane.rotate_left(1);
+        }
+    }
+
+    /// Drop every queued entry for which `keep` is false.
+    pub fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
+        for lane in &mut self.lanes {
+            lane.retain(|e| keep(e.task));
+        }
+    }
+
+    /// Tasks queued in all lanes.
+    pub fn len(&self) -> usize {
+        self.lanes.iter().map(VecDeque::len).sum()
+    }
+
+    /// Nothing queued?
+    pub fn is_empty(&self) -> bool {
+        self.lanes.iter().all(VecDeque::is_empty)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qos::OpenGate;
+
+    #[derive(Debug)]
+    struct OnlyHigh;
+    impl SendGate for OnlyHigh {
+        fn can_send(&self, p: Priority) -> bool {
+            p == Priority::High
+        }
+    }
+
+    #[test]
+    fn high_first_then_fifo() {
+        let mut l = PriorityLanes::new(4, 1_000);
+        assert!(l.push(Priority::Low, 1, 0));
+        assert!(l.push(Priority::High, 2, 0));
+        assert!(l.push(Priority::High, 3, 0));
+        assert_eq!(l.next(&OpenGate).unwrap().1.task, 2);
+        l.pop(Priority::High);
+        assert_eq!(l.next(&OpenGate).unwrap().1.task, 3);
+        l.pop(Priority::High);
+        assert_eq!(
+            l.next(&OpenGate).unwrap(),
+            (
+                Priority::Low,
+                LaneEntry {
+                    task: 1,
+                    stamp_ns: 0
+                }
+            )
+        );
+        assert!(l.next(&OnlyHigh).is_none());
+    }
+
+    #[test]
+    fn bounded_and_promotion() {
+        let mut l = PriorityLanes::new(2, 1_000);
+        assert!(l.push(Priority::Low, 1, 0));
+        assert!(l.push(Priority::Low, 2, 500));
+        assert!(!l.push(Priority::Low, 3, 0));
+        assert_eq!(l.promote(999), 0);
+        assert_eq!(l.promote(1_000), 1);
+        assert_eq!(
+            l.next(&OpenGate).unwrap(),
+            (
+                Priority::Medium,
+                LaneEntry {
+                    task: 1,
+                    stamp_ns: 1_000
+                }
+            )
+        );
+        assert_eq!(l.promote(2_000), 2); // task 1 -> HIGH, task 2 -> MEDIUM
+        assert_eq!(l.next(&OnlyHigh).unwrap().1.task, 1);
+        l.rotate(Priority::High);
+        l.retain(|t| t != 1);
+        assert_eq!(l.len(), 1);
+    }
+}

@@ -1,0 +1,114 @@
+//! Segments: the memory of one engine as others see it.
+//!
+//! Segment 0 is this engine's own memory (TENT's `LOCAL_SEGMENT_ID`); any
+//! other id is a remote segment opened by name. A segment carries what each
+//! transport needs to reach it (its attachments); transports look only at
+//! their own.
+
+pub mod shm;
+
+use std::sync::Arc;
+
+use tent_rings::{SegmentId, TransportKind};
+
+pub use shm::{RemoteRegion, ShmExport, ShmPeer};
+
+/// How a segment is reached.
+#[derive(Debug)]
+pub enum SegmentKind {
+    /// This engine's own memory.
+    Local,
+    /// Another process on this host, through its exported `/dev/shm` segment.
+    Shm(Arc<ShmPeer>),
+}
+
+/// An opened segment.
+#[derive(Debug)]
+pub struct Segment {
+    id: SegmentId,
+    name: String,
+    kind: SegmentKind,
+}
+
+impl Segment {
+    /// A segment record.
+    pub fn new(id: SegmentId, name: String, kind: SegmentKind) -> Segment {
+        Segment { id, name, kind }
+    }
+
+    /// Its id (what an SQE names).
+    pub fn id(&self) -> SegmentId {
+        self.id
+    }
+
+    /// The name it was opened by.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How it is reached.
+    pub fn kind(&self) -> &SegmentKind {
+        &self.kind
+    }
+
+    /// The shared-memory attachment, if the peer exported one.
+    pub fn shm(&self) -> Option<&ShmPeer> {
+        match &self.kind {
+            SegmentKind::Shm(p) => Some(p),
+            SegmentKind::Local => None,
+        }
+    }
+
+    /// Transports that reach this segment, best first (the ranked fallback
+    /// list that a task's `xport_priority` indexes).
+    pub fn transports(&self) -> &'static [TransportKind] {
+        match self.kind {
+            SegmentKind::Local => &[TransportKind::Local],
+            SegmentKind::Shm(_) => &[TransportKind::Shm],
+        }
+    }
+}
+
+/// Snapshot of the opened segments, by id.
+#[derive(Debug, Default, Clone)]
+pub struct SegmentTable {
+    by_id: Vec<Option<Arc<Segment>>>,
+}
+
+impl SegmentTable {
+    /// The segment with `id`.
+    #[inline]
+    pub fn get(&self, id: SegmentId) -> Option<&Arc<Segment>> {
+        self.by_id.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// The open segment called `name`.
+    pub fn find_name(&self, name: &str) -> Option<&Arc<Segment>> {
+        self.by_id.iter().flatten().find(|s| s.name() == name)
+    }
+
+    /// The id for the next open segment (never reused: a stale id names
+    /// nothing rather than another peer).
+    pub fn next_id(&self) -> SegmentId {
+        SegmentId(self.by_id.len().max(1) as u32)
+    }
+
+    /// A copy with `segment` in its slot.
+    pub fn with(&self, segment: Arc<Segment>) -> SegmentTable {
+        let mut next = self.clone();
+        let idx = segment.id().0 as usize;
+        if next.by_id.len() <= idx {
+            next.by_id.resize(idx + 1, None);
+        }
+        next.by_id[idx] = Some(segment);
+        next
+    }
+
+    /// A copy without segment `id`.
+    pub fn without(&self, id: SegmentId) -> Option<SegmentTable> {
+        self.get(id)?;
+        let mut next = self.clone();
+        next.by_id[id.0 as usize] = None;
+        Some(next)
+    }
+}

@@ -1,0 +1,169 @@
+//! Transports: how a slice of a request is moved.
+//!
+//! A transport is installed once (installation may fail: the engine then
+//! runs without it), states its [`Capabilities`], and answers every slice it
+//! is given with its own [`SubmitOutcome`]: a submit never fails "as a
+//! whole", so the engine always knows which slices started. Transports live
+//! in [`TransportSlots`], one slot per [`TransportKind`], and a test may
+//! swap a slot after the engine is built.
+
+pub mod local;
+pub mod shm;
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+use tent_rings::{ErrorKind, Opcode, TransportKind};
+
+use crate::error::Result;
+use crate::segment::Segment;
+
+/// What a transport can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capabilities {
+    /// Submitting a list either starts every slice or none of them.
+    pub atomic_submit: bool,
+    /// Slices complete inside `submit` (no `poll` needed).
+    pub synchronous: bool,
+    /// Reaches memory in another process.
+    pub remote: bool,
+}
+
+/// One slice handed to a transport.
+#[derive(Debug, Clone, Copy)]
+pub struct Slice<'a> {
+    /// Echoed back in the slice's completion.
+    pub token: u64,
+    /// READ (remote → local) or WRITE (local → remote).
+    pub opcode: Opcode,
+    /// Local memory, already checked against the local registration.
+    pub local: *mut u8,
+    /// The segment the remote side belongs to.
+    pub segment: &'a Segment,
+    /// Remote address inside the segment.
+    pub remote: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The rail (local device, remote device) chosen for this slice.
+    pub rail: u16,
+}
+
+/// What became of one submitted slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitOutcome {
+    /// Done already (synchronous transports): bytes moved or why not.
+    Completed(Result<u64, ErrorKind>),
+    /// Started; its completion arrives through [`Transport::poll`].
+    Posted,
+    /// Not started at all (safe to post elsewhere).
+    Rejected(ErrorKind),
+}
+
+/// A slice completion reaped by [`Transport::poll`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SliceCompletion {
+    /// The slice's token.
+    pub token: u64,
+    /// Bytes moved, or why not.
+    pub result: Result<u64, ErrorKind>,
+}
+
+/// What a transport learns at installation.
+#[derive(Debug, Clone, Copy)]
+pub struct InstallContext {
+    /// Number of engine workers (transports keep per-worker state).
+    pub workers: usize,
+}
+
+/// A way of moving bytes.
+pub trait Transport: Send + Sync + 'static {
+    /// Which slot it occupies.
+    fn kind(&self) -> TransportKind;
+
+    /// Bring the transport up; an error leaves its slot empty.
+    fn install(&self, ctx: &InstallContext) -> Result<()>;
+
+    /// What it can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Can it reach `segment` at all?
+    fn reaches(&self, segment: &Segment) -> bool;
+
+    /// Start (or, if synchronous, perform) each slice; `out[i]` answers
+    /// `slices[i]`. `worker` is the calling worker's index.
+    fn submit(&self, worker: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]);
+
+    /// Reap completions of posted slices into `out`; returns how many.
+    fn poll(&self, worker: usize, out: &mut [SliceCompletion]) -> usize;
+}
+
+/// The transport slots, indexed by [`TransportKind`].
+pub struct TransportSlots {
+    slots: [ArcSwapOption<Installed>; 5],
+}
+
+/// An installed transport (a sized wrapper so `arc-swap` can hold it).
+pub struct Installed(pub Arc<dyn Transport>);
+
+impl std::fmt::Debug for TransportSlots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<_> = self
+            .slots
+            .iter()
+            .filter_map(|s| s.load().as_ref().map(|t| t.0.kind().name()))
+            .collect();
+        f.debug_struct("TransportSlots")
+            .field("installed", &names)
+            .finish()
+    }
+}
+
+impl Default for TransportSlots {
+    fn default() -> Self {
+        TransportSlots {
+            slots: std::array::from_fn(|_| ArcSwapOption::empty()),
+        }
+    }
+}
+
+impl TransportSlots {
+    /// Put `t` in its slot, returning what was there.
+    pub fn swap(
+        &self,
+        t: Option<Arc<dyn Transport>>,
+        kind: TransportKind,
+    ) -> Option<Arc<dyn Transport>> {
+        self.slots[kind as usize]
+            .swap(t.map(|t| Arc::new(Installed(t))))
+            .map(|old| old.0.clone())
+    }
+
+    /// The transport in `kind`'s slot (a lock-free load).
+    #[inline]
+    pub fn get(&self, kind: TransportKind) -> arc_swap::Guard<Option<Arc<Installed>>> {
+        self.slots[kind as usize].load()
+    }
+
+    /// Kinds with a transport installed.
+    pub fn installed(&self) -> Vec<TransportKind> {
+        self.slots
+            .iter()
+            .filter_map(|s| s.load().as_ref().map(|t| t.0.kind()))
+            .collect()
+    }
+}
+
+/// Copy `len` bytes for `opcode` between local and remote memory.
+///
+/// # Safety
+/// Both pointers must be valid for `len` bytes; the ranges may overlap.
+#[inline]
+pub(crate) unsafe fn copy_slice(opcode: Opcode, local: *mut u8, remote: *mut u8, len: usize) {
+    let (src, dst) = match opcode {
+        Opcode::Write => (local as *const u8, remote),
+        Opcode::Read => (remote as *const u8, local),
+    };
+    // SAFETY: the caller guarantees both ranges are valid; `copy` allows overlap
+    // (a loopback transfer may name the same memory on both sides).
+    unsafe { std::ptr::copy(src, dst, len) };
+}

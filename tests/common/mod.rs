@@ -1,0 +1,47 @@
+//! Shared helpers for the end-to-end tests.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use tent::{Config, Cqe, Engine, Ring};
+
+/// One unpinned worker that parks quickly (these machines have 2 cores).
+pub fn test_config() -> Config {
+    let mut c = Config::default();
+    c.workers.count = 1;
+    c.workers.pin = false;
+    c.workers.spin_us = 20;
+    c.workers.yield_us = 50;
+    c.workers.park_timeout_ms = 20;
+    c.default_timeout_ms = 10_000;
+    c
+}
+
+pub fn engine() -> Engine {
+    Engine::new(test_config()).expect("engine")
+}
+
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Submit what was pushed and collect `n` CQEs.
+pub fn reap(ring: &mut Ring, n: usize) -> Vec<Cqe> {
+    ring.submit();
+    let mut out = Vec::with_capacity(n);
+    let start = std::time::Instant::now();
+    while out.len() < n {
+        out.extend(ring.completion());
+        if out.len() < n {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "timed out waiting for CQEs ({} of {n})",
+                out.len()
+            );
+            std::thread::yield_now();
+        }
+    }
+    out
+}

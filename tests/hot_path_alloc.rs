@@ -1,0 +1,95 @@
+//! The hot path allocates nothing: 100 k ring ops after warm-up, over the
+//! local and the shm transport, under a counting global allocator.
+//! (One test per binary: the counter is process-wide.)
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use common::engine;
+use tent::{Engine, LocalAddr, RemoteAddr, Ring, SegmentId, op};
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to the system allocator; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn run(ring: &mut Ring, src: tent::RegionId, seg: SegmentId, dst: u64, ops: u64) {
+    let mut sent = 0;
+    let mut done = 0;
+    while done < ops {
+        {
+            let mut sq = ring.submission();
+            while sent < ops && sent - done < 32 {
+                let off = (sent % 64) * 8;
+                if sq
+                    .push(
+                        op::Write::new(
+                            LocalAddr::new(src, off),
+                            RemoteAddr::new(seg, dst + off),
+                            8,
+                        )
+                        .user_data(sent),
+                    )
+                    .is_err()
+                {
+                    break;
+                }
+                sent += 1;
+            }
+        }
+        for c in ring.completion() {
+            assert!(c.result().is_ok());
+            done += 1;
+        }
+    }
+}
+
+fn measure(e: &Engine, seg: SegmentId, dst: u64) -> u64 {
+    let src = e.allocate_memory(4096).unwrap();
+    let mut ring = e.ring_with_depth(64).unwrap();
+    run(&mut ring, src.id(), seg, dst, 20_000); // warm-up
+    let before = ALLOCS.load(Ordering::Relaxed);
+    run(&mut ring, src.id(), seg, dst, 100_000);
+    ALLOCS.load(Ordering::Relaxed) - before
+}
+
+#[test]
+fn zero_allocations_on_the_hot_path() {
+    let e = engine();
+    let local_dst = e.allocate_memory(4096).unwrap();
+    let local = measure(&e, SegmentId::LOCAL, local_dst.addr());
+
+    let target = engine();
+    let remote = target.allocate_memory(4096).unwrap();
+    let seg = e
+        .open_segment(target.local_segment_name().unwrap())
+        .unwrap();
+    let shm = measure(&e, seg, remote.addr());
+    assert_eq!(
+        (local, shm),
+        (0, 0),
+        "allocations during 100k ops (local, shm)"
+    );
+}

@@ -1,0 +1,66 @@
+//! Baselines measured in the same run as the engine: what the hardware does
+//! without tent, so results read as ratios on a noisy machine.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::hist::Histogram;
+
+/// Single-thread memcpy of `size` bytes, GB/s, over about `dur`.
+pub fn memcpy_gbps(size: u64, dur: Duration) -> f64 {
+    let size = size as usize;
+    let src = vec![0x5au8; size];
+    let mut dst = vec![0u8; size];
+    // Warm both buffers (page faults are not memcpy's cost).
+    dst.copy_from_slice(&src);
+    let start = Instant::now();
+    let mut bytes = 0u64;
+    while start.elapsed() < dur {
+        for _ in 0..16 {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            bytes += size as u64;
+        }
+        std::hint::black_box(&mut dst);
+    }
+    bytes as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+/// Cross-core cache-line ping-pong round trip between `a` and `b`.
+pub fn ping_pong(a: Option<usize>, b: Option<usize>, dur: Duration) -> Histogram {
+    let flag = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicU64::new(0));
+    let (f2, s2) = (flag.clone(), stop.clone());
+    let echo = std::thread::spawn(move || {
+        if let Some(c) = b {
+            core_affinity::set_for_current(core_affinity::CoreId { id: c });
+        }
+        let mut expect = 1;
+        while s2.load(Ordering::Relaxed) == 0 {
+            if f2.load(Ordering::Acquire) == expect {
+                f2.store(expect + 1, Ordering::Release);
+                expect += 2;
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    });
+    if let Some(c) = a {
+        core_affinity::set_for_current(core_affinity::CoreId { id: c });
+    }
+    let mut h = Histogram::new();
+    let start = Instant::now();
+    let mut v = 0u64;
+    while start.elapsed() < dur {
+        let t0 = Instant::now();
+        flag.store(v + 1, Ordering::Release);
+        while flag.load(Ordering::Acquire) != v + 2 {
+            std::hint::spin_loop();
+        }
+        h.record(t0.elapsed().as_nanos() as u64);
+        v += 2;
+    }
+    stop.store(1, Ordering::Relaxed);
+    let _ = echo.join();
+    h
+}

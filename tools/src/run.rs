@@ -1,0 +1,436 @@
+//! The three roles: target, initiator, idle check.
+
+use std::io::Read as _;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use tent::{Config, Engine, LocalAddr, RemoteAddr, SegmentId, op};
+
+use crate::hist::Histogram;
+use crate::{Args, OpArg, TransportArg, baseline, emit};
+
+const SWEEP: [u64; 10] = [
+    8,
+    64,
+    512,
+    4 << 10,
+    32 << 10,
+    256 << 10,
+    1 << 20,
+    4 << 20,
+    16 << 20,
+    64 << 20,
+];
+
+fn engine_config(args: &Args, workers: usize, pin: bool) -> Result<Config, String> {
+    let mut cfg = Config::load().map_err(|e| e.to_string())?;
+    cfg.workers.count = workers as u32;
+    cfg.workers.pin = pin;
+    if !args.cores.is_empty() {
+        cfg.workers.cores = args.cores.clone();
+    }
+    cfg.transports.shm.enable = args.transport == TransportArg::Shm;
+    let depth = (args.batch * 2).max(64).next_power_of_two() as u32;
+    cfg.ring_depth = cfg.ring_depth.max(depth);
+    Ok(cfg)
+}
+
+pub fn target(args: &Args) -> Result<(), String> {
+    let mut cfg = engine_config(args, 1, false)?;
+    cfg.transports.shm.enable = true;
+    let engine = Engine::new(cfg).map_err(|e| e.to_string())?;
+    let buf = engine
+        .allocate_memory(args.buffer_size)
+        .map_err(|e| e.to_string())?;
+    let name = engine
+        .local_segment_name()
+        .ok_or("the shm transport is off: nothing to export")?
+        .to_owned();
+    emit(&name);
+    eprintln!(
+        "tent-bench target: segment {name}, pid {}, exporting {} bytes at {:#x}",
+        std::process::id(),
+        buf.len(),
+        buf.addr()
+    );
+    if args.exit_on_stdin_eof {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+    } else {
+        loop {
+            std::thread::park();
+        }
+    }
+    Ok(())
+}
+
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes into a zeroed, valid rusage struct.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+pub fn idle(args: &Args) -> Result<(), String> {
+    let engine =
+        Engine::new(engine_config(args, args.threads, true)?).map_err(|e| e.to_string())?;
+    std::thread::sleep(Duration::from_millis(300));
+    let before = cpu_time();
+    let dur = Duration::from_secs_f64(args.duration);
+    std::thread::sleep(dur);
+    let used = cpu_time() - before;
+    let ms = used.as_secs_f64() * 1e3;
+    if args.json {
+        emit(&serde_json::json!({"idle_seconds": args.duration, "cpu_ms": ms, "workers": args.threads}).to_string());
+    } else {
+        emit(&format!(
+            "idle: utime+stime grew {ms:.2} ms over {:.1} s with {} worker(s) on cores {:?}",
+            args.duration,
+            args.threads,
+            engine.worker_cores()
+        ));
+    }
+    Ok(())
+}
+
+struct Point {
+    ops: u64,
+    bytes: u64,
+    errors: u64,
+    first_error: Option<tent::ErrorKind>,
+    hist: Histogram,
+    secs: f64,
+}
+
+fn human(n: u64) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{}MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{}KiB", n >> 10),
+        n => format!("{n}B"),
+    }
+}
+
+pub fn initiator(args: &Args, target: Option<&str>, target_pid: Option<u32>) -> Result<(), String> {
+    let sizes: Vec<u64> = args.block_size.map_or(SWEEP.to_vec(), |b| vec![b]);
+    let max_block = *sizes.iter().max().expect("non-empty");
+    let engine =
+        Engine::new(engine_config(args, args.threads, true)?).map_err(|e| e.to_string())?;
+    let per_thread = max_block * args.batch as u64;
+    let (segment, remote_base) = match target {
+        Some(name) => {
+            let seg = engine.open_segment(name).map_err(|e| e.to_string())?;
+            let regions = engine.segment_regions(seg).map_err(|e| e.to_string())?;
+            let need = per_thread * args.threads as u64;
+            let r = regions
+                .iter()
+                .find(|r| r.len >= need)
+                .ok_or_else(|| format!("target {name} exports no region of {need} bytes"))?;
+            (seg, r.addr)
+        }
+        None => {
+            let dst = engine
+                .allocate_memory(per_thread * args.threads as u64)
+                .map_err(|e| e.to_string())?;
+            let addr = dst.addr();
+            std::mem::forget(dst);
+            (SegmentId::LOCAL, addr)
+        }
+    };
+    let sources: Vec<tent::Buffer> = (0..args.threads)
+        .map(|_| engine.allocate_memory(per_thread))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    for s in &sources {
+        // Touch the source so page faults are not part of the first point.
+        s.write(0, &vec![0xa5; per_thread as usize])
+            .map_err(|e| e.to_string())?;
+    }
+
+    // Worker cores come from the engine; app threads go on the other cores.
+    std::thread::sleep(Duration::from_millis(50));
+    let worker_cores = engine.worker_cores();
+    let all: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    let free: Vec<usize> = all
+        .iter()
+        .copied()
+        .filter(|c| !worker_cores.contains(&Some(*c)))
+        .collect();
+    let app_cores: Vec<Option<usize>> = (0..args.threads)
+        .map(|i| {
+            if free.is_empty() {
+                None
+            } else {
+                Some(free[i % free.len()])
+            }
+        })
+        .collect();
+
+    let op_name = match args.op {
+        OpArg::Read => "read",
+        OpArg::Write => "write",
+    };
+    let transport = match args.transport {
+        TransportArg::Local => "local",
+        _ => "shm",
+    };
+    if !args.json {
+        emit(&format!(
+            "# tent-bench: transport={transport} op={op_name} threads={} batch={} target={} target_pid={}",
+            args.threads,
+            args.batch,
+            target.unwrap_or("(in-process)"),
+            target_pid.map_or("(none: in-process)".to_owned(), |p| p.to_string())
+        ));
+        emit(&format!(
+            "# workers on cores {worker_cores:?}; submitting threads on cores {app_cores:?}; {:.2} s per point",
+            args.duration
+        ));
+        emit("BlkSize | Batch | Threads |     GB/s |     Mops |   p50 us |   p99 us |  p999 us");
+    }
+    let mut results = Vec::new();
+    for (n, &size) in sizes.iter().enumerate() {
+        if sizes.len() > 1 {
+            eprintln!(
+                "tent-bench: [{}/{}] block size {}",
+                n + 1,
+                sizes.len(),
+                human(size)
+            );
+        }
+        let p = run_point(
+            args,
+            &engine,
+            &sources,
+            segment,
+            remote_base,
+            size,
+            &app_cores,
+        )?;
+        let gbps = p.bytes as f64 / p.secs / 1e9;
+        let mops = p.ops as f64 / p.secs / 1e6;
+        let q = |x: f64| p.hist.quantile(x) as f64 / 1e3;
+        if p.errors > 0 {
+            eprintln!(
+                "tent-bench: {} of {} ops failed at block size {} (first: {:?})",
+                p.errors,
+                p.ops + p.errors,
+                human(size),
+                p.first_error
+            );
+        }
+        if args.json {
+            emit(
+                &serde_json::json!({
+                    "transport": transport, "op": op_name, "block_size": size, "batch": args.batch,
+                    "threads": args.threads, "gbps": gbps, "mops": mops,
+                    "p50_us": q(0.5), "p99_us": q(0.99), "p999_us": q(0.999), "errors": p.errors,
+                })
+                .to_string(),
+            );
+        } else {
+            emit(&format!(
+                "{:>7} | {:>5} | {:>7} | {:>8.3} | {:>8.3} | {:>8.2} | {:>8.2} | {:>8.2}",
+                human(size),
+                args.batch,
+                args.threads,
+                gbps,
+                mops,
+                q(0.5),
+                q(0.99),
+                q(0.999)
+            ));
+        }
+        results.push((size, gbps, q(0.5), q(0.99)));
+    }
+    if !args.no_baseline {
+        baselines(args, &results, app_cores[0], worker_cores[0]);
+    }
+    Ok(())
+}
+
+fn baselines(
+    args: &Args,
+    results: &[(u64, f64, f64, f64)],
+    app: Option<usize>,
+    worker: Option<usize>,
+) {
+    let dur = Duration::from_secs_f64((args.duration / 2.0).clamp(0.1, 2.0));
+    if !args.json {
+        emit("# baselines measured in this run");
+    }
+    for &(size, gbps, _, _) in results.iter().filter(|r| r.0 >= 4096) {
+        let m = baseline::memcpy_gbps(size, dur);
+        if args.json {
+            emit(&serde_json::json!({"baseline": "memcpy_1thread", "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": gbps / m}).to_string());
+        } else {
+            emit(&format!(
+                "# memcpy 1 thread {:>7}: {:>8.3} GB/s   tent/memcpy = {:.2}x",
+                human(size),
+                m,
+                gbps / m
+            ));
+        }
+    }
+    let pp = baseline::ping_pong(app, worker, dur);
+    let (p50, p99) = (
+        pp.quantile(0.5) as f64 / 1e3,
+        pp.quantile(0.99) as f64 / 1e3,
+    );
+    if args.json {
+        emit(&serde_json::json!({"baseline": "ping_pong_round_trip", "cores": [app, worker], "p50_us": p50, "p99_us": p99}).to_string());
+    } else {
+        emit(&format!(
+            "# cross-core ping-pong round trip (cores {app:?} <-> {worker:?}): p50 {p50:.3} us, p99 {p99:.3} us"
+        ));
+    }
+    if let Some(&(size, _, t50, t99)) = results.iter().find(|r| r.0 <= 64) {
+        if args.json {
+            emit(&serde_json::json!({"baseline": "latency_ratio", "block_size": size, "p50_ratio": t50 / p50, "p99_ratio": t99 / p99}).to_string());
+        } else {
+            emit(&format!(
+                "# {} submit->CQE vs ping-pong: p50 {:.2}x, p99 {:.2}x",
+                human(size),
+                t50 / p50,
+                t99 / p99
+            ));
+        }
+    }
+}
+
+fn run_point(
+    args: &Args,
+    engine: &Engine,
+    sources: &[tent::Buffer],
+    segment: SegmentId,
+    remote_base: u64,
+    size: u64,
+    app_cores: &[Option<usize>],
+) -> Result<Point, String> {
+    let total = Duration::from_secs_f64(args.duration);
+    let warmup = Duration::from_secs_f64((args.duration / 5.0).min(0.2));
+    let barrier = Barrier::new(args.threads);
+    let per_thread = size * args.batch as u64;
+    let points: Vec<Result<Point, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..args.threads)
+            .map(|t| {
+                let barrier = &barrier;
+                let src = &sources[t];
+                let core = app_cores[t];
+                s.spawn(move || -> Result<Point, String> {
+                    if let Some(c) = core {
+                        core_affinity::set_for_current(core_affinity::CoreId { id: c });
+                    }
+                    let mut ring = engine.ring().map_err(|e| e.to_string())?;
+                    let remote = remote_base + t as u64 * per_thread;
+                    let mut p = Point {
+                        ops: 0,
+                        bytes: 0,
+                        errors: 0,
+                        first_error: None,
+                        hist: Histogram::new(),
+                        secs: 0.0,
+                    };
+                    barrier.wait();
+                    let start = Instant::now();
+                    let mut measure_from = None;
+                    loop {
+                        let now = Instant::now();
+                        let elapsed = now - start;
+                        if elapsed >= warmup + total {
+                            break;
+                        }
+                        if measure_from.is_none() && elapsed >= warmup {
+                            measure_from = Some(now);
+                            p = Point {
+                                hist: Histogram::new(),
+                                ..p
+                            };
+                            p.ops = 0;
+                            p.bytes = 0;
+                        }
+                        let t0 = Instant::now();
+                        {
+                            let mut sq = ring.submission();
+                            for b in 0..args.batch as u64 {
+                                let local = LocalAddr::new(src.id(), b * size);
+                                let rem = RemoteAddr::new(segment, remote + b * size);
+                                let sqe = match args.op {
+                                    OpArg::Write => {
+                                        op::Write::new(local, rem, size).user_data(b).build()
+                                    }
+                                    OpArg::Read => {
+                                        op::Read::new(local, rem, size).user_data(b).build()
+                                    }
+                                };
+                                sq.push(sqe)
+                                    .map_err(|_| "submission ring full".to_string())?;
+                            }
+                        }
+                        let mut got = 0;
+                        let mut spins = 0u32;
+                        while got < args.batch {
+                            let mut any = false;
+                            for cqe in ring.completion() {
+                                any = true;
+                                got += 1;
+                                let lat = t0.elapsed().as_nanos() as u64;
+                                match cqe.result() {
+                                    Ok(n) => {
+                                        p.ops += 1;
+                                        p.bytes += n;
+                                        p.hist.record(lat);
+                                    }
+                                    Err(e) => {
+                                        p.errors += 1;
+                                        p.first_error.get_or_insert(e);
+                                    }
+                                }
+                            }
+                            if !any {
+                                spins += 1;
+                                if spins > 1 << 16 {
+                                    std::thread::yield_now();
+                                }
+                                if t0.elapsed() > Duration::from_secs(60) {
+                                    return Err("no completion within 60 s".into());
+                                }
+                            }
+                        }
+                    }
+                    p.secs = measure_from.map_or(1e-9, |m| m.elapsed().as_secs_f64());
+                    Ok(p)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread panicked"))
+            .collect()
+    });
+    let mut all = Point {
+        ops: 0,
+        bytes: 0,
+        errors: 0,
+        first_error: None,
+        hist: Histogram::new(),
+        secs: 0.0,
+    };
+    for p in points {
+        let p = p?;
+        all.ops += p.ops;
+        all.bytes += p.bytes;
+        all.errors += p.errors;
+        all.first_error = all.first_error.or(p.first_error);
+        all.hist.merge(&p.hist);
+        all.secs = all.secs.max(p.secs);
+    }
+    Ok(all)
+}
