@@ -159,7 +159,7 @@ fn wrong_key_over_shm() {
     let w =
         |addr| op::Write::new(LocalAddr::new(src.id(), 0), RemoteAddr::new(seg, addr), 64).build();
     // Known to the initiator, then withdrawn by the target: the key it holds no longer opens it.
-    assert_eq!(peer.key_of(revoked.addr()).is_some(), true);
+    assert!(peer.key_of(revoked.addr()).is_some());
     target.unregister_memory(revoked.id()).unwrap();
     assert_eq!(
         beside_valid(&init, w(revoked.addr())),

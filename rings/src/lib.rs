@@ -4,11 +4,10 @@
 //! a worker thread; the worker answers through a completion ring. Rings can
 //! live in `/dev/shm` and be shared between processes.
 //!
-//! * [`entry`] — the 64-byte [`Sqe`](entry::Sqe) and [`Cqe`](entry::Cqe)
-//!   records and the small types they carry.
+//! * [`entry`] — the 64-byte submission and completion records and the
+//!   small types they carry.
 //! * [`op`] — builders for submission entries.
-//! * [`status`] — the [`ErrorKind`](status::ErrorKind) codes carried in
-//!   completions.
+//! * [`status`] — the error codes carried in completions.
 //! * [`spsc`] — the single-producer single-consumer ring.
 //! * [`region`] — heap or shared-memory regions with a self-describing header.
 //! * [`credit`] — a lock-free credit pool for flow control.

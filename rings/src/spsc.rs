@@ -542,6 +542,22 @@ impl<T: Entry> Producer<T> {
         self.refresh_head() as usize
     }
 
+    /// Are at least `n` slots free? Answers from the cached head and loads
+    /// the shared one only when the cache says no (a worker asks this for
+    /// every entry it accepts; the shared load is a cross-core miss).
+    ///
+    /// ```
+    /// let (mut tx, _rx) = tent_rings::spsc::channel::<u64>(4)?;
+    /// assert!(tx.has_slots(4));
+    /// tx.push(1).unwrap();
+    /// assert!(!tx.has_slots(4));
+    /// # Ok::<(), tent_rings::spsc::RingError>(())
+    /// ```
+    #[inline]
+    pub fn has_slots(&mut self, n: usize) -> bool {
+        self.free_cached() as usize >= n || self.refresh_head() as usize >= n
+    }
+
     /// Entries pushed locally but not yet published.
     pub fn pending(&self) -> usize {
         self.tail.wrapping_sub(self.published_tail) as usize

@@ -36,7 +36,7 @@ use worker::{Worker, WorkerRing, WorkerShared};
 pub(crate) struct EngineShared {
     pub config: Config,
     pub regions: Arc<ArcSwap<RegionTable>>,
-    pub segments: ArcSwap<SegmentTable>,
+    pub segments: Arc<ArcSwap<SegmentTable>>,
     pub transports: TransportSlots,
     pub gate: Arc<dyn SendGate>,
 }
@@ -123,7 +123,7 @@ impl EngineBuilder {
             "local".into(),
             SegmentKind::Local,
         ));
-        let segments = ArcSwap::from_pointee(SegmentTable::default().with(local));
+        let segments = Arc::new(ArcSwap::from_pointee(SegmentTable::default().with(local)));
         let export = if config.transports.shm.enable {
             Some(ShmExport::create(&config.transports.shm.dir)?)
         } else {

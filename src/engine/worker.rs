@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::{ArcSwap, Cache};
 use tent_rings::credit::CreditPool;
 use tent_rings::spsc::{Consumer, Producer};
 use tent_rings::{Cqe, ErrorKind, Priority, Sqe, TransportKind};
@@ -21,8 +22,19 @@ use super::doorbell::Doorbell;
 use super::task::{Origin, SliceRecord, TaskTable};
 use super::{EngineShared, slot_index};
 use crate::clock::monotonic_ns;
+use crate::memory::RegionTable;
 use crate::qos::PriorityLanes;
-use crate::transport::{Slice, SliceCompletion, SubmitOutcome};
+use crate::segment::SegmentTable;
+use crate::transport::{Installed, Slice, SliceCompletion, Slot, SubmitOutcome};
+
+/// Every slot kind, indexed like `TransportSlots`.
+const TRANSPORT_KINDS: [TransportKind; 5] = [
+    TransportKind::Any,
+    TransportKind::Local,
+    TransportKind::Shm,
+    TransportKind::Tcp,
+    TransportKind::Rdma,
+];
 
 /// Bytes posted for one lane head before the worker goes back to its rings,
 /// so a HIGH request arriving behind a large LOW one waits for at most this.
@@ -72,9 +84,18 @@ impl WorkerShared {
     }
 }
 
+type RegionCache = Cache<Arc<ArcSwap<RegionTable>>, Arc<RegionTable>>;
+type SegmentCache = Cache<Arc<ArcSwap<SegmentTable>>, Arc<SegmentTable>>;
+type SlotCache = Cache<Slot, Option<Arc<Installed>>>;
+
 pub(crate) struct Worker {
     shared: Arc<WorkerShared>,
     engine: Arc<EngineShared>,
+    // Local snapshots of the shared tables: one atomic load per use to see
+    // whether they changed, instead of a full arc-swap load.
+    regions: RegionCache,
+    segments: SegmentCache,
+    slots: [SlotCache; 5],
     rings: Vec<Option<WorkerRing>>,
     tasks: TaskTable,
     lanes: PriorityLanes,
@@ -118,6 +139,11 @@ impl Worker {
             next_housekeeping: 0,
             block_size: cfg.block_size,
             default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
+            regions: Cache::new(engine.regions.clone()),
+            segments: Cache::new(engine.segments.clone()),
+            slots: std::array::from_fn(|k| {
+                Cache::new(engine.transports.slot(TRANSPORT_KINDS[k]).clone())
+            }),
             shared,
             engine,
         }
@@ -206,23 +232,22 @@ impl Worker {
     fn intake(&mut self, now: u64) -> bool {
         let mut work = false;
         for ri in 0..self.rings.len() {
-            let Some(ring) = self.rings[ri].as_mut() else {
-                continue;
-            };
-            // Each accepted SQE will need one CQ slot: never accept more than
-            // the CQ can take, so posting a CQE can never fail.
-            let mut room = match ring.cq.as_mut() {
-                Some(cq) => cq.slots().saturating_sub(ring.outstanding as usize),
-                None => usize::MAX,
-            };
             let mut taken = 0;
-            while taken < INTAKE_PER_RING && room > 0 && !self.tasks.is_full() {
+            while taken < INTAKE_PER_RING && !self.tasks.is_full() {
                 let Some(ring) = self.rings[ri].as_mut() else {
                     break;
                 };
-                let Some(sqe) = ring.sq.pop() else { break };
+                // Each accepted SQE will need one CQ slot: never accept more
+                // than the CQ can take, so posting a CQE can never fail.
+                if let Some(cq) = ring.cq.as_mut()
+                    && !cq.has_slots(ring.outstanding as usize + 1)
+                {
+                    break;
+                }
+                let Some(sqe) = ring.sq.pop() else {
+                    break;
+                };
                 taken += 1;
-                room -= 1;
                 let origin = if ring.cq.is_some() {
                     ring.outstanding += 1;
                     Origin::Ring(ri as u16)
@@ -286,7 +311,7 @@ impl Worker {
         }
     }
 
-    fn validate(&self, sqe: &Sqe, now: u64) -> Result<Accepted, ErrorKind> {
+    fn validate(&mut self, sqe: &Sqe, now: u64) -> Result<Accepted, ErrorKind> {
         let opcode = sqe.opcode().ok_or(ErrorKind::InvalidArgument)?;
         let priority = sqe.priority().ok_or(ErrorKind::InvalidArgument)?;
         let hint = sqe.transport_hint().ok_or(ErrorKind::InvalidArgument)?;
@@ -294,18 +319,23 @@ impl Worker {
             return Err(ErrorKind::InvalidArgument);
         }
         let local = sqe.local();
-        let regions = self.engine.regions.load();
-        let region = regions
+        let region = self
+            .regions
+            .load()
             .get(local.region)
             .ok_or(ErrorKind::AddressNotRegistered)?;
         let ptr = region.slice_ptr(local.offset, sqe.len())?;
-        let segments = self.engine.segments.load();
-        let segment = segments
+        let region = region.clone();
+        let segment = self
+            .segments
+            .load()
             .get(sqe.remote().segment)
-            .ok_or(ErrorKind::SegmentNotFound)?;
+            .ok_or(ErrorKind::SegmentNotFound)?
+            .clone();
         let ranked = segment.transports();
+        let slots = &mut self.slots;
         let pick = ranked.iter().enumerate().find(|(_, k)| {
-            (hint == TransportKind::Any || hint == **k) && self.engine.transports.get(**k).is_some()
+            (hint == TransportKind::Any || hint == **k) && slots[slot_index(**k)].load().is_some()
         });
         let (xport_priority, &transport) = pick.ok_or(ErrorKind::Unreachable)?;
         let deadline_ns = match sqe.deadline_ns() {
@@ -317,8 +347,8 @@ impl Worker {
             opcode,
             priority,
             local: ptr,
-            region: region.clone(),
-            segment: segment.clone(),
+            region,
+            segment,
             transport,
             xport_priority: xport_priority as u8,
             deadline_ns,
@@ -348,18 +378,19 @@ impl Worker {
             }
             let kind = t.transport;
             let pool = &self.shared.credits[slot_index(kind)];
-            if pool.try_reserve(1).is_err() {
+            let Some(installed) = self.slots[slot_index(kind)].load().as_ref() else {
+                t.error.get_or_insert(ErrorKind::Unreachable);
+                continue;
+            };
+            // Credits bound slices in flight; a synchronous transport has
+            // none in flight once submit returns, so it needs none.
+            let credited = !installed.caps.synchronous;
+            if credited && pool.try_reserve(1).is_err() {
                 // Every credit is in flight: wait for completions.
                 break;
             }
             let len = self.block_size.min(t.len - t.posted);
             let offset = t.posted;
-            let guard = self.engine.transports.get(kind);
-            let Some(transport) = guard.as_ref() else {
-                pool.release(1, now);
-                t.error.get_or_insert(ErrorKind::Unreachable);
-                continue;
-            };
             let segment = t.segment.as_deref().expect("live task has a segment");
             let slice = Slice {
                 token: t.token(i),
@@ -371,12 +402,11 @@ impl Worker {
                 rail: 0,
             };
             let mut outcome = [SubmitOutcome::Rejected(ErrorKind::Unreachable)];
-            transport.0.submit(
+            installed.transport.submit(
                 self.shared.index,
                 std::slice::from_ref(&slice),
                 &mut outcome,
             );
-            drop(guard);
             t.posted += len;
             t.last_slice = SliceRecord {
                 rail: 0,
@@ -385,7 +415,9 @@ impl Worker {
             };
             match outcome[0] {
                 SubmitOutcome::Completed(res) => {
-                    pool.release(1, now);
+                    if credited {
+                        pool.release(1, now);
+                    }
                     match res {
                         Ok(n) => t.done += n,
                         Err(e) => {
@@ -398,7 +430,9 @@ impl Worker {
                     self.async_inflight += 1;
                 }
                 SubmitOutcome::Rejected(e) => {
-                    pool.release(1, now);
+                    if credited {
+                        pool.release(1, now);
+                    }
                     t.posted -= len;
                     t.error.get_or_insert(e);
                 }
@@ -428,10 +462,9 @@ impl Worker {
             TransportKind::Tcp,
             TransportKind::Rdma,
         ] {
-            let n = {
-                let guard = self.engine.transports.get(kind);
-                let Some(t) = guard.as_ref() else { continue };
-                t.0.poll(self.shared.index, &mut self.reaped)
+            let n = match self.slots[slot_index(kind)].load().as_ref() {
+                Some(t) => t.transport.poll(self.shared.index, &mut self.reaped),
+                None => continue,
             };
             for c in 0..n {
                 let SliceCompletion { token, result } = self.reaped[c];
@@ -501,10 +534,12 @@ impl Worker {
             Origin::Ring(_) => self.deliver(origin, user_data, res, false, transport, failovers),
         }
         if res.is_ok() {
-            self.shared.completed_ops.fetch_add(1, Ordering::Relaxed);
-            self.shared
-                .completed_bytes
-                .fetch_add(done, Ordering::Relaxed);
+            // Single writer (this worker): a plain store, no locked RMW.
+            let s = &self.shared;
+            let ops = s.completed_ops.load(Ordering::Relaxed);
+            s.completed_ops.store(ops + 1, Ordering::Relaxed);
+            let bytes = s.completed_bytes.load(Ordering::Relaxed);
+            s.completed_bytes.store(bytes + done, Ordering::Relaxed);
         }
     }
 

@@ -97,23 +97,28 @@ pub trait Transport: Send + Sync + 'static {
     fn poll(&self, worker: usize, out: &mut [SliceCompletion]) -> usize;
 }
 
+/// One transport slot: swappable at run time, and cheap to watch from a
+/// worker (an `Arc` so a worker can keep an `arc_swap::Cache` of it).
+pub type Slot = Arc<ArcSwapOption<Installed>>;
+
 /// The transport slots, indexed by [`TransportKind`].
 pub struct TransportSlots {
-    slots: [ArcSwapOption<Installed>; 5],
+    slots: [Slot; 5],
 }
 
-/// An installed transport (a sized wrapper so `arc-swap` can hold it).
-pub struct Installed(pub Arc<dyn Transport>);
+/// An installed transport with its capabilities read once at install time
+/// (a sized wrapper so `arc-swap` can hold it).
+pub struct Installed {
+    /// The transport.
+    pub transport: Arc<dyn Transport>,
+    /// `transport.capabilities()`, cached.
+    pub caps: Capabilities,
+}
 
 impl std::fmt::Debug for TransportSlots {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<_> = self
-            .slots
-            .iter()
-            .filter_map(|s| s.load().as_ref().map(|t| t.0.kind().name()))
-            .collect();
         f.debug_struct("TransportSlots")
-            .field("installed", &names)
+            .field("installed", &self.installed())
             .finish()
     }
 }
@@ -121,34 +126,42 @@ impl std::fmt::Debug for TransportSlots {
 impl Default for TransportSlots {
     fn default() -> Self {
         TransportSlots {
-            slots: std::array::from_fn(|_| ArcSwapOption::empty()),
+            slots: std::array::from_fn(|_| Arc::new(ArcSwapOption::empty())),
         }
     }
 }
 
 impl TransportSlots {
-    /// Put `t` in its slot, returning what was there.
+    /// Put `t` in `kind`'s slot, returning what was there.
     pub fn swap(
         &self,
         t: Option<Arc<dyn Transport>>,
         kind: TransportKind,
     ) -> Option<Arc<dyn Transport>> {
+        let installed = t.map(|transport| {
+            let caps = transport.capabilities();
+            Arc::new(Installed { transport, caps })
+        });
         self.slots[kind as usize]
-            .swap(t.map(|t| Arc::new(Installed(t))))
-            .map(|old| old.0.clone())
+            .swap(installed)
+            .map(|old| old.transport.clone())
     }
 
-    /// The transport in `kind`'s slot (a lock-free load).
-    #[inline]
-    pub fn get(&self, kind: TransportKind) -> arc_swap::Guard<Option<Arc<Installed>>> {
-        self.slots[kind as usize].load()
+    /// The slot of `kind` (workers cache it).
+    pub fn slot(&self, kind: TransportKind) -> &Slot {
+        &self.slots[kind as usize]
+    }
+
+    /// Is a transport installed in `kind`'s slot?
+    pub fn is_installed(&self, kind: TransportKind) -> bool {
+        self.slots[kind as usize].load().is_some()
     }
 
     /// Kinds with a transport installed.
     pub fn installed(&self) -> Vec<TransportKind> {
         self.slots
             .iter()
-            .filter_map(|s| s.load().as_ref().map(|t| t.0.kind()))
+            .filter_map(|s| s.load().as_ref().map(|t| t.transport.kind()))
             .collect()
     }
 }
