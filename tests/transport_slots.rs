@@ -1,0 +1,154 @@
+//! Transports sit in slots: installation may fail (the engine runs without
+//! that transport), and a test can swap a slot after construction.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use common::{reap, test_config};
+use tent::transport::{
+    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport,
+};
+use tent::{Engine, Error, ErrorKind, LocalAddr, RemoteAddr, SegmentId, TransportKind, op};
+
+/// Wraps a transport, counts slices, optionally fails every one of them.
+struct Counting {
+    inner: Arc<dyn Transport>,
+    slices: AtomicU64,
+    fail_with: Option<ErrorKind>,
+}
+
+impl Transport for Counting {
+    fn kind(&self) -> TransportKind {
+        self.inner.kind()
+    }
+    fn install(&self, ctx: &InstallContext) -> tent::Result<()> {
+        self.inner.install(ctx)
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn reaches(&self, s: &tent::segment::Segment) -> bool {
+        self.inner.reaches(s)
+    }
+    fn submit(&self, worker: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+        self.slices
+            .fetch_add(slices.len() as u64, Ordering::Relaxed);
+        match self.fail_with {
+            Some(e) => out
+                .iter_mut()
+                .for_each(|o| *o = SubmitOutcome::Completed(Err(e))),
+            None => self.inner.submit(worker, slices, out),
+        }
+    }
+    fn poll(&self, worker: usize, out: &mut [SliceCompletion]) -> usize {
+        self.inner.poll(worker, out)
+    }
+}
+
+/// A transport whose bring-up fails.
+struct Broken;
+
+impl Transport for Broken {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Shm
+    }
+    fn install(&self, _: &InstallContext) -> tent::Result<()> {
+        Err(Error::new(
+            ErrorKind::LocalNicFailed,
+            "injected install failure",
+        ))
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+    fn reaches(&self, _: &tent::segment::Segment) -> bool {
+        true
+    }
+    fn submit(&self, _: usize, _: &[Slice<'_>], _: &mut [SubmitOutcome]) {
+        unreachable!("never installed")
+    }
+    fn poll(&self, _: usize, _: &mut [SliceCompletion]) -> usize {
+        0
+    }
+}
+
+#[test]
+fn failed_install_leaves_the_slot_empty() {
+    let e = Engine::builder()
+        .config(test_config())
+        .transport(Arc::new(Broken))
+        .build()
+        .unwrap();
+    assert_eq!(e.transports(), vec![TransportKind::Local]);
+    let m = e.allocate_memory(64).unwrap();
+    let mut ring = e.ring().unwrap();
+    ring.submission()
+        .push(
+            op::Write::new(
+                LocalAddr::new(m.id(), 0),
+                RemoteAddr::new(SegmentId::LOCAL, m.addr() + 8),
+                8,
+            )
+            .user_data(1),
+        )
+        .unwrap();
+    assert_eq!(reap(&mut ring, 1)[0].result(), Ok(8));
+}
+
+#[test]
+fn swapped_slot_takes_effect_and_can_be_swapped_back() {
+    let e = Engine::new(test_config()).unwrap();
+    let src = e.allocate_memory(1 << 20).unwrap();
+    let dst = e.allocate_memory(1 << 20).unwrap();
+    let original = e
+        .swap_transport(TransportKind::Local, None)
+        .expect("local installed");
+    let counting = Arc::new(Counting {
+        inner: original.clone(),
+        slices: AtomicU64::new(0),
+        fail_with: None,
+    });
+    e.swap_transport(TransportKind::Local, Some(counting.clone()));
+    let mut ring = e.ring().unwrap();
+    let w = |ud| {
+        op::Write::new(
+            LocalAddr::new(src.id(), 0),
+            RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+            1 << 20,
+        )
+        .user_data(ud)
+    };
+    ring.submission().push(w(1)).unwrap();
+    assert_eq!(reap(&mut ring, 1)[0].result(), Ok(1 << 20));
+    let block = e.config().block_size;
+    assert_eq!(
+        counting.slices.load(Ordering::Relaxed),
+        (1 << 20) / block,
+        "sliced by block_size"
+    );
+
+    let failing = Arc::new(Counting {
+        inner: original.clone(),
+        slices: AtomicU64::new(0),
+        fail_with: Some(ErrorKind::RouteLost),
+    });
+    e.swap_transport(TransportKind::Local, Some(failing.clone()));
+    ring.submission().push(w(2)).unwrap();
+    assert_eq!(reap(&mut ring, 1)[0].result(), Err(ErrorKind::RouteLost));
+    assert_eq!(
+        failing.slices.load(Ordering::Relaxed),
+        1,
+        "no slice is posted after the first failure"
+    );
+
+    e.swap_transport(TransportKind::Local, None);
+    ring.submission().push(w(3)).unwrap();
+    assert_eq!(reap(&mut ring, 1)[0].result(), Err(ErrorKind::Unreachable));
+
+    e.swap_transport(TransportKind::Local, Some(original));
+    ring.submission().push(w(4)).unwrap();
+    assert_eq!(reap(&mut ring, 1)[0].result(), Ok(1 << 20));
+    assert_eq!(e.credits_in_flight(), 0);
+}
