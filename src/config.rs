@@ -624,7 +624,7 @@ schema! {
     "merge_requests" => merge_requests: Kind::Bool, "true", LATER,
         "Merge adjacent requests of a batch into one transfer.";
     "log_level" => log_level: Kind::Choice(LOG_LEVELS), "\"info\"", LIVE,
-        "One of trace, debug, info, warn, error.";
+        "One of trace, debug, info, warn, error: the tracing filter tent's own binaries (tent-bench) install; an embedding application installs its own subscriber.";
     // control plane
     "metadata_type" => metadata_type: Kind::Choice(&["p2p"]), "\"p2p\"", LATER,
         "Control-plane backend; only \"p2p\" (embedded peer-to-peer handshake).";

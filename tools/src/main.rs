@@ -98,10 +98,16 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn main() {
+    // TENT_LOG wins; else the config's `log_level` when TENT_CONF is given;
+    // else warnings only (the tables on stdout are the output).
+    let level = match tent::Config::from_env() {
+        Ok(Some(cfg)) => cfg.log_level,
+        _ => "warn".to_owned(),
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TENT_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+                .unwrap_or_else(|_| level.into()),
         )
         .with_writer(std::io::stderr)
         .init();
