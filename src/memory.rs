@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tent_rings::{ErrorKind, RegionId};
 
+use crate::error::{Error, Result};
+
 /// One registered memory range.
 pub struct MemRegion {
     id: RegionId,
@@ -150,14 +152,14 @@ impl RegionTable {
 
     /// A copy with `region` added; overlapping ranges are refused so an
     /// address names exactly one region.
-    pub fn with(&self, region: Arc<MemRegion>) -> crate::Result<RegionTable> {
+    pub fn with(&self, region: Arc<MemRegion>) -> Result<RegionTable> {
         let (start, end) = (region.addr(), region.addr() + region.len());
         if let Some(other) = self
             .by_addr
             .iter()
             .find(|r| start < r.addr() + r.len() && r.addr() < end)
         {
-            return Err(crate::Error::invalid(format!(
+            return Err(Error::invalid(format!(
                 "memory [{start:#x}, {end:#x}) overlaps registered region {} at [{:#x}, {:#x})",
                 other.id().0,
                 other.addr(),
