@@ -45,24 +45,22 @@ pub enum TopologyError {
 }
 
 impl Topology {
-    /// Probes the machine with hwloc, restricted to the CPUs this process may
-    /// run on (`core_affinity::get_core_ids()`, so call this before pinning
-    /// anything). On any hwloc error, falls back to one node holding the
-    /// allowed CPUs and logs why at debug level.
+    /// Probes the machine with hwloc, restricted to the CPUs the process's
+    /// cpuset allows (hwloc's allowed cpuset). That is deliberately not the
+    /// calling thread's affinity: an application that pins its own thread
+    /// before building the engine must not confine every worker to that
+    /// core. On any hwloc error, falls back to one node holding the calling
+    /// thread's allowed CPUs and logs why at debug level.
     pub fn detect() -> Topology {
-        let allowed: Option<Vec<usize>> = core_affinity::get_core_ids().map(|ids| {
-            let mut ids: Vec<usize> = ids.into_iter().map(|c| c.id).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            ids
-        });
-        match from_hwloc(allowed.as_deref()) {
+        match from_hwloc(None) {
             Ok(topology) => {
                 tracing::debug!(nodes = ?topology.nodes, "topology detected with hwloc");
                 topology
             }
             Err(why) => {
-                let cpus = allowed.unwrap_or_else(fallback_cpus);
+                let cpus = core_affinity::get_core_ids()
+                    .map(|ids| ids.into_iter().map(|c| c.id).collect())
+                    .unwrap_or_else(fallback_cpus);
                 tracing::debug!(%why, ?cpus, "hwloc topology unavailable; using one NUMA node");
                 Topology::from_nodes(vec![NumaNode { os_index: 0, cpus }])
             }
@@ -339,6 +337,22 @@ mod tests {
         }
         let placed = t.place_workers(3, &[]).unwrap();
         assert!(placed.iter().all(|c| ids.contains(c)));
+    }
+
+    #[test]
+    fn detect_ignores_the_calling_threads_pinning() {
+        let all = Topology::detect().cpus();
+        let first = all[0];
+        let seen = std::thread::spawn(move || {
+            assert!(pin_current_thread(first));
+            Topology::detect().cpus()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            seen, all,
+            "a pinned caller still sees every CPU the process may use"
+        );
     }
 
     #[test]
