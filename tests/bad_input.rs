@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::io::{Seek, SeekFrom, Write};
 use std::time::Duration;
 
 use common::{engine, pattern, reap, test_config};
@@ -158,17 +159,33 @@ fn wrong_key_over_shm() {
     let src = buf(&init, 4096);
     let w =
         |addr| op::Write::new(LocalAddr::new(src.id(), 0), RemoteAddr::new(seg, addr), 64).build();
-    // Known to the initiator, then withdrawn by the target: the key it holds no longer opens it.
-    assert!(peer.key_of(revoked.addr()).is_some());
-    target.unregister_memory(revoked.id()).unwrap();
-    assert_eq!(
-        beside_valid(&init, w(revoked.addr())),
-        Err(ErrorKind::AccessDenied)
-    );
     assert_eq!(beside_valid(&init, w(exported.addr())), Ok(64));
     assert_eq!(
         beside_valid(&init, w(exported.addr() + (1 << 16) - 8)),
         Err(ErrorKind::OutOfBounds)
+    );
+
+    // The key the initiator holds no longer matches the region's live key,
+    // while the descriptor still lists it: AccessDenied. (Region files are
+    // `<segment>-r<N>` in allocation order; `exported` was the first.)
+    let file = format!("/dev/shm/{}-r1", target.local_segment_name().unwrap());
+    let live_key_at = tent_rings::region::HEADER_LEN as u64;
+    let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.seek(SeekFrom::Start(live_key_at)).unwrap();
+    f.write_all(&(key ^ 0xdead_beef).to_le_bytes()).unwrap();
+    drop(f);
+    assert_eq!(
+        beside_valid(&init, w(exported.addr())),
+        Err(ErrorKind::AccessDenied)
+    );
+
+    // Withdrawn by the target: the initiator re-reads the descriptor and the
+    // address names nothing any more.
+    assert!(peer.key_of(revoked.addr()).is_some());
+    target.unregister_memory(revoked.id()).unwrap();
+    assert_eq!(
+        beside_valid(&init, w(revoked.addr())),
+        Err(ErrorKind::AddressNotRegistered)
     );
 }
 

@@ -29,4 +29,31 @@ fn idle_engine_parks() {
         used < Duration::from_millis(20),
         "idle engine used {used:?} of CPU in 5 s"
     );
+
+    // An application that drops its ring with a full completion ring and
+    // more SQEs queued must not keep the worker busy: the ring is retired.
+    let m = e.allocate_memory(64).unwrap();
+    let mut ring = e.ring_with_depth(4).unwrap();
+    for round in 0..2 {
+        let mut sq = ring.submission();
+        for i in 0..4 {
+            let w = tent::op::Write::new(
+                tent::LocalAddr::new(m.id(), 0),
+                tent::RemoteAddr::new(tent::SegmentId::LOCAL, m.addr() + 8),
+                8,
+            );
+            sq.push(w.user_data(round * 4 + i)).unwrap();
+        }
+        drop(sq);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(ring);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = cpu_time();
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu_time() - before;
+    assert!(
+        used < Duration::from_millis(10),
+        "worker busy after its ring was dropped: {used:?} in 1 s"
+    );
 }

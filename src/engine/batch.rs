@@ -57,8 +57,11 @@ impl TaskState {
         match res {
             Ok(_) => TaskState::Completed,
             Err(ErrorKind::Timeout) => TaskState::Timeout,
-            Err(ErrorKind::Canceled) => TaskState::Canceled,
-            Err(_) if validation => TaskState::Invalid,
+            // Terminal, not faults: the error field says which.
+            Err(ErrorKind::Canceled | ErrorKind::Shutdown) => TaskState::Canceled,
+            // The request itself was wrong (a permanent kind found before
+            // any byte moved); transient kinds stay Failed.
+            Err(e) if validation && e.is_permanent() => TaskState::Invalid,
             Err(_) => TaskState::Failed,
         }
     }
@@ -124,7 +127,15 @@ impl BatchTask {
 #[derive(Debug)]
 pub(crate) struct Batch {
     tasks: Box<[BatchTask]>,
-    used: Mutex<usize>,
+    used: Mutex<Usage>,
+}
+
+/// Claimed task count, and whether the batch was freed; one lock so a
+/// `free` and a concurrent `submit` cannot both succeed.
+#[derive(Debug, Default)]
+struct Usage {
+    used: usize,
+    freed: bool,
 }
 
 /// A batch handle (index + generation, so a stale id is caught).
@@ -177,7 +188,7 @@ impl BatchTable {
         }
         let batch = Arc::new(Batch {
             tasks: (0..capacity).map(|_| BatchTask::new()).collect(),
-            used: Mutex::new(0),
+            used: Mutex::new(Usage::default()),
         });
         let mut slots = self.slots.lock().expect("batch table poisoned");
         let index = match slots.iter().position(|s| s.batch.is_none()) {
@@ -228,8 +239,10 @@ impl BatchTable {
                 Error::invalid(format!("batch {:#x} is not allocated (double free?)", id.0))
             })?;
         let batch = slot.batch.as_ref().expect("checked above");
-        let pending = batch
-            .tasks
+        // Under the batch's lock: a submit that claimed tasks before us left
+        // them Pending (we refuse); one that comes after sees `freed`.
+        let mut usage = batch.used.lock().expect("batch poisoned");
+        let pending = batch.tasks[..usage.used]
             .iter()
             .filter(|t| t.status().state == TaskState::Pending)
             .count();
@@ -239,6 +252,8 @@ impl BatchTable {
                 id.0
             )));
         }
+        usage.freed = true;
+        drop(usage);
         slot.batch = None;
         Ok(())
     }
@@ -247,20 +262,25 @@ impl BatchTable {
 impl Batch {
     /// Claim `n` task slots for a submit; all or nothing.
     pub(crate) fn claim(&self, n: usize) -> Result<std::ops::Range<usize>> {
-        let mut used = self.used.lock().expect("batch poisoned");
+        let mut usage = self.used.lock().expect("batch poisoned");
         let cap = self.tasks.len();
+        if usage.freed {
+            return Err(Error::invalid("submit to a batch that was freed"));
+        }
         if n == 0 {
             return Err(Error::invalid("submit of an empty request list"));
         }
-        if *used + n > cap {
+        if usage.used + n > cap {
             return Err(Error::invalid(format!(
                 "batch overflow: {} tasks submitted + {n} new > capacity {cap}",
-                *used
+                usage.used
             )));
         }
-        let range = *used..*used + n;
-        *used += n;
+        let range = usage.used..usage.used + n;
+        usage.used += n;
         for t in &self.tasks[range.clone()] {
+            // A cancel issued before this submit does not reach these tasks.
+            t.cancel.store(false, Ordering::Relaxed);
             t.state.store(TaskState::Pending as u8, Ordering::Release);
         }
         Ok(range)
@@ -277,19 +297,17 @@ impl Batch {
     }
 
     pub(crate) fn status(&self, i: usize) -> Result<TaskStatus> {
-        let used = *self.used.lock().expect("batch poisoned");
         if i >= self.tasks.len() {
             return Err(Error::invalid(format!(
                 "task {i} out of range (batch capacity {})",
                 self.tasks.len()
             )));
         }
-        let _ = used;
         Ok(self.tasks[i].status())
     }
 
     pub(crate) fn status_list(&self) -> Vec<TaskStatus> {
-        let used = *self.used.lock().expect("batch poisoned");
+        let used = self.used.lock().expect("batch poisoned").used;
         self.tasks[..used].iter().map(BatchTask::status).collect()
     }
 
@@ -351,6 +369,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cancel_before_submit_does_not_reach_later_tasks() {
+        let t = BatchTable::new(1, 4);
+        let b = t.get(t.allocate(4).unwrap()).unwrap();
+        b.cancel(None).unwrap();
+        let r = b.claim(2).unwrap();
+        assert!(r.clone().all(|i| !b.task(i).cancel_requested()));
+        b.cancel(Some(0)).unwrap();
+        assert!(b.task(0).cancel_requested() && !b.task(1).cancel_requested());
+    }
+
+    #[test]
+    fn shutdown_and_validation_states() {
+        use ErrorKind as K;
+        assert_eq!(
+            TaskState::for_result(Err(K::Shutdown), false),
+            TaskState::Canceled
+        );
+        assert_eq!(
+            TaskState::for_result(Err(K::OutOfBounds), true),
+            TaskState::Invalid
+        );
+        assert_eq!(
+            TaskState::for_result(Err(K::Unreachable), true),
+            TaskState::Failed
+        );
+        assert_eq!(
+            TaskState::for_result(Err(K::OutOfBounds), false),
+            TaskState::Failed
+        );
+        assert_eq!(
+            TaskState::for_result(Err(K::Timeout), true),
+            TaskState::Timeout
+        );
+    }
+
+    #[test]
     fn lifecycle_overflow_double_free() {
         let t = BatchTable::new(2, 4);
         assert!(t.allocate(5).is_err());
@@ -376,6 +430,7 @@ mod tests {
         let e = t.free(id).unwrap_err();
         assert!(e.to_string().contains("double free"));
         assert!(t.get(id).is_err());
+        assert!(b.claim(1).is_err(), "a freed batch takes no more tasks");
         let id2 = t.allocate(1).unwrap();
         assert_ne!(id, id2, "generation makes reused slots distinct");
         t.allocate(1).unwrap();

@@ -7,7 +7,7 @@ mod ring;
 mod task;
 mod worker;
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -190,6 +190,7 @@ impl EngineBuilder {
                 new_rings: Mutex::new(Vec::new()),
                 has_new: AtomicBool::new(false),
                 shutdown: AtomicBool::new(false),
+                exited: AtomicBool::new(false),
                 batch_sq: Mutex::new(bp),
                 core: AtomicI64::new(-1),
                 credits: std::array::from_fn(|_| CreditPool::new(inflight, 0)),
@@ -622,25 +623,34 @@ impl Buffer {
         self.region.addr() as *mut u8
     }
 
-    /// Copy `data` in at `offset`.
+    /// Copy `data` in at `offset`. Byte-wise relaxed atomic stores, so a
+    /// transfer touching the same bytes at the same time is a race on the
+    /// values (the bytes are undefined, as for any transfer error) but not
+    /// undefined behaviour.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         let p = self
             .region
             .slice_ptr(offset, data.len() as u64)
             .map_err(|k| Error::new(k, "buffer write out of bounds"))?;
-        // SAFETY: bounds checked above; the region is alive while `self` is.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        for (i, b) in data.iter().enumerate() {
+            // SAFETY: in bounds (checked above), the region is alive while
+            // `self` is, and AtomicU8 has the layout of u8.
+            unsafe { (*(p.add(i) as *const AtomicU8)).store(*b, Ordering::Relaxed) };
+        }
         Ok(())
     }
 
-    /// Copy out `out.len()` bytes from `offset`.
+    /// Copy out `out.len()` bytes from `offset` (byte-wise relaxed atomic
+    /// loads, see [`Buffer::write`]).
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let p = self
             .region
             .slice_ptr(offset, out.len() as u64)
             .map_err(|k| Error::new(k, "buffer read out of bounds"))?;
-        // SAFETY: bounds checked above; the region is alive while `self` is.
-        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: as in `write`.
+            *b = unsafe { (*(p.add(i) as *const AtomicU8)).load(Ordering::Relaxed) };
+        }
         Ok(())
     }
 }

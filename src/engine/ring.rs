@@ -18,6 +18,7 @@
 //! ```
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tent_rings::spsc::{Consumer, Producer, PushError};
@@ -62,21 +63,29 @@ impl Ring {
 
     /// Publish pushed SQEs (one Release store) and wake the worker only if
     /// it parked (NEED_WAKEUP); returns how many were published.
+    ///
+    /// `Err(Shutdown)` once the engine has stopped: entries published then
+    /// may or may not get a (`Shutdown`) completion.
     #[inline]
-    pub fn submit(&mut self) -> usize {
+    pub fn submit(&mut self) -> Result<usize> {
         let n = self.sq.pending();
         if n > 0 {
             self.sq.sync();
+            // needs_wakeup() fences (SeqCst) before reading the flag; that
+            // fence also orders the `exited` check below after the publish.
             if self.sq.needs_wakeup() {
                 self.worker.doorbell.ring();
             }
         }
-        n
+        if self.worker.exited.load(Ordering::SeqCst) {
+            return Err(Error::new(ErrorKind::Shutdown, "the engine has stopped"));
+        }
+        Ok(n)
     }
 
     /// Submit, then wait (spin, then yield) for one CQE.
     pub fn wait_one(&mut self, timeout: Duration) -> Result<Cqe> {
-        self.submit();
+        self.submit()?;
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
@@ -139,7 +148,9 @@ impl SubmissionQueue<'_> {
 
 impl Drop for SubmissionQueue<'_> {
     fn drop(&mut self) {
-        self.ring.submit();
+        // A stopped engine is reported by the next explicit `submit` or
+        // `wait_one`; a destructor cannot return it.
+        let _ = self.ring.submit();
     }
 }
 

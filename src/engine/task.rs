@@ -13,7 +13,7 @@ use crate::segment::Segment;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Origin {
     /// A CQE on the completion ring in worker ring slot `n`.
-    Ring(u16),
+    Ring(u32),
     /// A batch task slot (the SQE's user_data points at it).
     Batch,
 }
@@ -156,6 +156,10 @@ impl TaskTable {
     #[inline]
     pub fn release(&mut self, i: u32) {
         let t = &mut self.tasks[i as usize];
+        if !t.live {
+            debug_assert!(false, "task slot {i} released twice");
+            return;
+        }
         t.live = false;
         t.local_region = None;
         t.segment = None;

@@ -43,6 +43,10 @@ const TURN_BYTES: u64 = 4 << 20;
 const INTAKE_PER_RING: usize = 64;
 /// Deadline and cancel sweep period.
 const HOUSEKEEPING_NS: u64 = 1_000_000;
+/// How soon a parked worker looks again at a ring blocked on CQ room.
+const CQ_BLOCKED_RECHECK: Duration = Duration::from_millis(1);
+/// Idle turns between two clock reads.
+const IDLE_CLOCK_TURNS: u32 = 64;
 
 /// Worker-side ends of an application ring.
 pub(crate) struct WorkerRing {
@@ -60,6 +64,8 @@ pub(crate) struct WorkerShared {
     pub new_rings: Mutex<Vec<WorkerRing>>,
     pub has_new: AtomicBool,
     pub shutdown: AtomicBool,
+    /// Set when the worker has stopped taking SQEs.
+    pub exited: AtomicBool,
     /// The batch API's submission ring into this worker.
     pub batch_sq: Mutex<Producer<Sqe>>,
     /// Core this worker is pinned to, or -1.
@@ -156,17 +162,30 @@ impl Worker {
         let yield_ns = spin_ns + cfg.yield_us * 1_000;
         let park = Duration::from_millis(cfg.park_timeout_ms);
         let mut idle_since = 0u64;
+        let mut idle_turns = 0u32;
         tracing::debug!(worker = self.shared.index, "worker started");
         loop {
-            if self.turn() {
-                idle_since = 0;
-                continue;
-            }
-            if self.shared.shutdown.load(Ordering::Acquire) {
+            // Relaxed: a hint; the drain below re-reads everything it needs.
+            if self.shared.shutdown.load(Ordering::Relaxed) {
                 self.drain_on_shutdown();
                 break;
             }
+            if self.turn() {
+                idle_since = 0;
+                idle_turns = 0;
+                continue;
+            }
+            // Reading the clock costs as much as an idle turn: look at it
+            // only every IDLE_CLOCK_TURNS idle turns.
+            idle_turns = idle_turns.wrapping_add(1);
+            if idle_turns % IDLE_CLOCK_TURNS != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
             let now = monotonic_ns();
+            if now >= self.next_housekeeping {
+                self.housekeeping(now);
+            }
             if idle_since == 0 {
                 idle_since = now;
             }
@@ -186,8 +205,8 @@ impl Worker {
     }
 
     /// One pass over rings, lanes and completions; true if anything moved.
+    /// The clock is read only once there is something to time.
     fn turn(&mut self) -> bool {
-        let now = monotonic_ns();
         let mut work = false;
         // Relaxed fast check; the Acquire swap below synchronises with adopt().
         if self.shared.has_new.load(Ordering::Relaxed)
@@ -196,17 +215,20 @@ impl Worker {
             self.adopt_rings();
             work = true;
         }
-        work |= self.intake(now);
+        let mut now = 0;
+        work |= self.intake(&mut now);
         if !self.lanes.is_empty() {
+            if now == 0 {
+                now = monotonic_ns();
+            }
             self.lanes.promote(now);
             work |= self.dispatch(now);
         }
         if self.async_inflight > 0 {
             work |= self.reap();
         }
-        if now >= self.next_housekeeping {
+        if now != 0 && now >= self.next_housekeeping {
             self.housekeeping(now);
-            self.next_housekeeping = now + HOUSEKEEPING_NS;
         }
         self.flush_cqs();
         work
@@ -229,7 +251,7 @@ impl Worker {
     }
 
     /// Move SQEs from the rings into tasks and lanes.
-    fn intake(&mut self, now: u64) -> bool {
+    fn intake(&mut self, now: &mut u64) -> bool {
         let mut work = false;
         for ri in 0..self.rings.len() {
             let mut taken = 0;
@@ -250,11 +272,14 @@ impl Worker {
                 taken += 1;
                 let origin = if ring.cq.is_some() {
                     ring.outstanding += 1;
-                    Origin::Ring(ri as u16)
+                    Origin::Ring(ri as u32)
                 } else {
                     Origin::Batch
                 };
-                self.accept(origin, &sqe, now);
+                if *now == 0 {
+                    *now = monotonic_ns();
+                }
+                self.accept(origin, &sqe, *now);
             }
             if taken > 0 {
                 if let Some(ring) = self.rings[ri].as_mut() {
@@ -362,6 +387,11 @@ impl Worker {
         while let Some((p, entry)) = self.lanes.next(&*self.engine.gate) {
             let i = entry.task;
             let t = self.tasks.get_mut(i);
+            if !t.live || t.reported {
+                // Already reported (deadline or cancel): nothing to post.
+                self.lanes.pop(p);
+                continue;
+            }
             if let Some(b) = t.batch_task()
                 && b.cancel_requested()
             {
@@ -492,7 +522,7 @@ impl Worker {
     /// Deliver and/or free task `i` if nothing of it is left in flight.
     fn maybe_finish(&mut self, i: u32) {
         let t = self.tasks.get_mut(i);
-        if !t.posting_done() {
+        if !t.live || !t.posting_done() {
             return;
         }
         if !t.reported
@@ -591,6 +621,7 @@ impl Worker {
 
     /// Deadlines, cancels, and retiring rings whose application went away.
     fn housekeeping(&mut self, now: u64) {
+        self.next_housekeeping = now + HOUSEKEEPING_NS;
         if self.tasks.active() > 0 {
             for i in 0..self.tasks.capacity() as u32 {
                 let t = self.tasks.get_mut(i);
@@ -605,19 +636,20 @@ impl Worker {
                         ErrorKind::Timeout
                     });
                     // Stop posting; report now even if slices are in flight.
+                    // A multi-slice task may sit in a lane with slices in
+                    // flight: take it out in every case.
                     t.posted = t.posted.max(t.len);
-                    let in_lane = t.inflight == 0;
-                    if in_lane {
-                        self.lanes.retain(|x| x != i);
-                    }
+                    self.lanes.retain(|x| x != i);
                     self.maybe_finish(i);
                 }
             }
         }
+        // A ring whose application dropped it: once nothing is owed to it,
+        // retire it, discarding SQEs nobody can read the completions of.
         for slot in self.rings.iter_mut().skip(1) {
-            let retire = slot.as_mut().is_some_and(|r| {
-                r.outstanding == 0 && r.sq.is_producer_closed() && r.sq.is_empty()
-            });
+            let retire = slot
+                .as_mut()
+                .is_some_and(|r| r.outstanding == 0 && r.sq.is_producer_closed());
             if retire {
                 *slot = None;
             }
@@ -632,7 +664,16 @@ impl Worker {
     fn park(&mut self, timeout: Duration) -> bool {
         let seen = self.shared.doorbell.value();
         let mut empty = true;
+        let mut blocked = false;
         for ring in self.rings.iter_mut().flatten() {
+            if let Some(cq) = ring.cq.as_mut()
+                && !cq.has_slots(ring.outstanding as usize + 1)
+            {
+                // The application is behind on reaping: its SQEs wait for CQ
+                // room, which no doorbell announces. Look again soon.
+                blocked = true;
+                continue;
+            }
             if !ring.sq.prepare_park() {
                 empty = false;
                 break;
@@ -643,7 +684,12 @@ impl Worker {
             && !self.shared.has_new.load(Ordering::Acquire)
             && !self.shared.shutdown.load(Ordering::Acquire)
         {
-            self.shared.doorbell.wait(seen, timeout);
+            let wait = if blocked {
+                timeout.min(CQ_BLOCKED_RECHECK)
+            } else {
+                timeout
+            };
+            self.shared.doorbell.wait(seen, wait);
             woken = self.shared.doorbell.value() != seen;
         }
         for ring in self.rings.iter_mut().flatten() {
@@ -654,6 +700,10 @@ impl Worker {
 
     /// Finish everything still queued with `Shutdown` so no caller waits forever.
     fn drain_on_shutdown(&mut self) {
+        // SeqCst, paired with the fence in `Ring::submit`: a submitter either
+        // sees `exited` or its SQEs are seen by the drain below.
+        self.shared.exited.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
         let now = monotonic_ns();
         for ri in 0..self.rings.len() {
             while let Some(ring) = self.rings[ri].as_mut() {
@@ -668,7 +718,7 @@ impl Worker {
                 let Some(sqe) = ring.sq.pop() else { break };
                 let origin = if ring.cq.is_some() {
                     ring.outstanding += 1;
-                    Origin::Ring(ri as u16)
+                    Origin::Ring(ri as u32)
                 } else {
                     Origin::Batch
                 };

@@ -355,6 +355,12 @@ impl ShmPeer {
             ));
         }
         let desc = Region::attach_shm(&path, RegionType::Segment, Some(DESC_LAYOUT))?;
+        if desc.payload_len() < DESC_BYTES {
+            return Err(Error::invalid(format!(
+                "segment {name:?}: descriptor payload {} bytes, expected {DESC_BYTES}",
+                desc.payload_len()
+            )));
+        }
         let owner_pid = desc.owner_pid();
         let peer = ShmPeer {
             name: name.to_owned(),
@@ -364,7 +370,7 @@ impl ShmPeer {
             table: ArcSwap::from_pointee(PeerTable::default()),
             refresh: Mutex::new(()),
         };
-        peer.refresh()?;
+        peer.refresh(true)?;
         Ok(peer)
     }
 
@@ -398,12 +404,14 @@ impl ShmPeer {
         if seq == self.table.load().seq {
             return Ok(false);
         }
-        self.refresh()?;
+        self.refresh(false)?;
         Ok(true)
     }
 
     /// Re-read the descriptor and map regions that are new; slow path only.
-    fn refresh(&self) -> Result<()> {
+    /// `prefault` maps their pages up front: done when the segment is opened
+    /// (an API thread), not on a refresh a worker triggers.
+    fn refresh(&self, prefault_pages: bool) -> Result<()> {
         let _g = self.refresh.lock().expect("peer refresh poisoned");
         let (seq, entries) = read_descriptor(&self.desc)?;
         let old = self.table.load_full();
@@ -440,8 +448,21 @@ impl ShmPeer {
                 Err(tent_rings::region::RegionError::Io { .. }) => continue,
                 Err(other) => return Err(other.into()),
             };
+            // The mapping must really hold what the descriptor promises: a
+            // peer's file is not trusted to be self-consistent.
+            if (map.payload_len() as u64) < DATA_OFFSET as u64 + e.len {
+                return Err(Error::invalid(format!(
+                    "segment {}: region file {} holds {} bytes, descriptor says {}",
+                    self.name,
+                    e.file,
+                    map.payload_len(),
+                    DATA_OFFSET as u64 + e.len
+                )));
+            }
             let data = map.payload_ptr().wrapping_add(DATA_OFFSET);
-            prefault(data, e.len);
+            if prefault_pages {
+                prefault(data, e.len);
+            }
             regions.push(PeerRegion {
                 id: RegionId(e.id as u32),
                 base: e.base,
@@ -469,12 +490,16 @@ impl ShmPeer {
             let table = self.table.load();
             match lookup(&table, addr, len) {
                 Ok(ptr) => return Ok(f(ptr)),
-                Err(ErrorKind::AddressNotRegistered) if attempt == 0 => {
-                    // Slow path: the target may have registered memory since
-                    // we last looked.
+                Err(
+                    e @ (ErrorKind::AddressNotRegistered
+                    | ErrorKind::AccessDenied
+                    | ErrorKind::OutOfBounds),
+                ) if attempt == 0 => {
+                    // Slow path: the target may have (re)registered memory
+                    // since we last looked, possibly at the same address.
                     match self.refresh_if_changed() {
                         Ok(true) => continue,
-                        _ => return Err(ErrorKind::AddressNotRegistered),
+                        _ => return Err(e),
                     }
                 }
                 Err(e) => return Err(e),
