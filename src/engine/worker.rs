@@ -704,7 +704,9 @@ impl Worker {
         // sees `exited` or its SQEs are seen by the drain below.
         self.shared.exited.store(true, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
-        let now = monotonic_ns();
+        // Rings handed over but not adopted yet hold SQEs too.
+        self.shared.has_new.store(false, Ordering::Relaxed);
+        self.adopt_rings();
         for ri in 0..self.rings.len() {
             while let Some(ring) = self.rings[ri].as_mut() {
                 // A CQ the application stopped reading: leave the rest queued.
@@ -746,7 +748,6 @@ impl Worker {
         }
         self.lanes.retain(|_| false);
         self.flush_cqs();
-        let _ = now;
     }
 }
 
