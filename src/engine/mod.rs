@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use crossbeam_utils::CachePadded;
 use tent_rings::credit::CreditPool;
 use tent_rings::spsc;
 use tent_rings::{Cqe, ErrorKind, RegionId, SegmentId, Sqe, TransportKind};
@@ -188,14 +189,14 @@ impl EngineBuilder {
                 index,
                 doorbell: Default::default(),
                 new_rings: Mutex::new(Vec::new()),
-                has_new: AtomicBool::new(false),
-                shutdown: AtomicBool::new(false),
-                exited: AtomicBool::new(false),
+                has_new: CachePadded::new(AtomicBool::new(false)),
+                shutdown: CachePadded::new(AtomicBool::new(false)),
+                exited: CachePadded::new(AtomicBool::new(false)),
                 batch_sq: Mutex::new(bp),
                 core: AtomicI64::new(-1),
                 credits: std::array::from_fn(|_| CreditPool::new(inflight, 0)),
-                completed_ops: AtomicU64::new(0),
-                completed_bytes: AtomicU64::new(0),
+                completed_ops: CachePadded::new(AtomicU64::new(0)),
+                completed_bytes: CachePadded::new(AtomicU64::new(0)),
             });
             let worker = Worker::new(ws.clone(), shared.clone(), bc);
             let ws2 = ws.clone();

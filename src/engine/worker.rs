@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Cache};
+use crossbeam_utils::CachePadded;
 use tent_rings::credit::CreditPool;
 use tent_rings::spsc::{Consumer, Producer};
 use tent_rings::{Cqe, ErrorKind, Priority, Sqe, TransportKind};
@@ -58,22 +59,28 @@ pub(crate) struct WorkerRing {
 }
 
 /// What a worker shares with the engine and with submitters.
+///
+/// Each field that one side writes and the other reads on its hot path sits
+/// on its own cache line (Rust reorders fields, so only padding guarantees
+/// it): a submitter reads `exited` and may ring `doorbell` on every submit,
+/// the worker reads `shutdown` / `has_new` every loop and writes the
+/// counters on every completion.
 pub(crate) struct WorkerShared {
     pub index: usize,
-    pub doorbell: Doorbell,
+    pub doorbell: CachePadded<Doorbell>,
     pub new_rings: Mutex<Vec<WorkerRing>>,
-    pub has_new: AtomicBool,
-    pub shutdown: AtomicBool,
+    pub has_new: CachePadded<AtomicBool>,
+    pub shutdown: CachePadded<AtomicBool>,
     /// Set when the worker has stopped taking SQEs.
-    pub exited: AtomicBool,
+    pub exited: CachePadded<AtomicBool>,
     /// The batch API's submission ring into this worker.
     pub batch_sq: Mutex<Producer<Sqe>>,
     /// Core this worker is pinned to, or -1.
     pub core: AtomicI64,
     /// In-flight slice credits, one pool per transport slot.
     pub credits: [CreditPool; 5],
-    pub completed_ops: AtomicU64,
-    pub completed_bytes: AtomicU64,
+    pub completed_ops: CachePadded<AtomicU64>,
+    pub completed_bytes: CachePadded<AtomicU64>,
 }
 
 impl WorkerShared {
@@ -179,7 +186,6 @@ impl Worker {
             // only every IDLE_CLOCK_TURNS idle turns.
             idle_turns = idle_turns.wrapping_add(1);
             if idle_turns % IDLE_CLOCK_TURNS != 0 {
-                std::hint::spin_loop();
                 continue;
             }
             let now = monotonic_ns();
