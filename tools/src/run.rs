@@ -358,7 +358,11 @@ fn run_point(
                     let start = Instant::now();
                     let mut measure_from = None;
                     loop {
-                        let now = Instant::now();
+                        // One clock read serves both the loop's end test and
+                        // the op's start: the ping-pong baseline also reads
+                        // the clock twice per round trip.
+                        let t0 = Instant::now();
+                        let now = t0;
                         let elapsed = now - start;
                         if elapsed >= warmup + total {
                             break;
@@ -372,7 +376,6 @@ fn run_point(
                             p.ops = 0;
                             p.bytes = 0;
                         }
-                        let t0 = Instant::now();
                         {
                             let mut sq = ring.submission();
                             for b in 0..args.batch as u64 {
