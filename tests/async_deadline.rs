@@ -151,3 +151,39 @@ fn submit_after_the_engine_stopped_says_so() {
         ErrorKind::Shutdown
     );
 }
+
+#[test]
+fn swapping_a_slot_does_not_orphan_posted_slices() {
+    let mut cfg = test_config();
+    cfg.block_size = 4096;
+    let e = Engine::new(cfg).unwrap();
+    let src = e.allocate_memory(1 << 14).unwrap();
+    let dst = e.allocate_memory(1 << 14).unwrap();
+    let held = Arc::new(Held::default());
+    let local = e
+        .swap_transport(TransportKind::Local, Some(held.clone()))
+        .unwrap();
+    let mut ring = e.ring().unwrap();
+    ring.submission()
+        .push(
+            op::Write::new(
+                LocalAddr::new(src.id(), 0),
+                RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+                1 << 14,
+            )
+            .user_data(7),
+        )
+        .unwrap();
+    ring.submit().unwrap();
+    let until = Instant::now() + Duration::from_secs(5);
+    while held.posted.lock().unwrap().len() < 4 {
+        assert!(Instant::now() < until, "slices were not posted");
+        std::thread::yield_now();
+    }
+    // The slot moves on while four slices are still out on the old instance.
+    e.swap_transport(TransportKind::Local, Some(local));
+    assert_eq!(held.release_all(), 4);
+    let c = reap(&mut ring, 1);
+    assert_eq!((c[0].user_data(), c[0].result()), (7, Ok(1 << 14)));
+    assert_eq!(e.credits_in_flight(), 0);
+}

@@ -46,6 +46,8 @@ const INTAKE_PER_RING: usize = 64;
 const HOUSEKEEPING_NS: u64 = 1_000_000;
 /// How soon a parked worker looks again at a ring blocked on CQ room.
 const CQ_BLOCKED_RECHECK: Duration = Duration::from_millis(1);
+/// How long shutdown waits for posted slices to complete.
+const SHUTDOWN_DRAIN_NS: u64 = 1_000_000_000;
 /// Idle turns between two clock reads.
 const IDLE_CLOCK_TURNS: u32 = 64;
 
@@ -114,6 +116,12 @@ pub(crate) struct Worker {
     lanes: PriorityLanes,
     reaped: Vec<SliceCompletion>,
     async_inflight: u32,
+    /// Per slot: the transport instance this worker has slices posted on,
+    /// and how many. Reaping polls these instances, not the slot, so a swap
+    /// does not orphan slices already posted.
+    posted: [Option<PostedOn>; 5],
+    /// Instances swapped out of their slot with slices still posted.
+    draining: Vec<PostedOn>,
     next_housekeeping: u64,
     block_size: u64,
     default_timeout_ns: u64,
@@ -149,6 +157,8 @@ impl Worker {
             ],
             rings,
             async_inflight: 0,
+            posted: std::array::from_fn(|_| None),
+            draining: Vec::with_capacity(8),
             next_housekeeping: 0,
             block_size: cfg.block_size,
             default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
@@ -464,6 +474,25 @@ impl Worker {
                 SubmitOutcome::Posted => {
                     t.inflight += 1;
                     self.async_inflight += 1;
+                    let k = slot_index(kind);
+                    match &mut self.posted[k] {
+                        Some(p) if Arc::ptr_eq(&p.transport, installed) => p.inflight += 1,
+                        other => {
+                            // First post on this instance (or the slot was
+                            // swapped): keep the previous one polled until
+                            // its slices drain. Rare: the only Arc clone.
+                            let next = PostedOn {
+                                kind,
+                                transport: installed.clone(),
+                                inflight: 1,
+                            };
+                            if let Some(prev) = other.replace(next)
+                                && prev.inflight > 0
+                            {
+                                self.draining.push(prev);
+                            }
+                        }
+                    }
                 }
                 SubmitOutcome::Rejected(e) => {
                     if credited {
@@ -488,41 +517,66 @@ impl Worker {
         work
     }
 
-    /// Reap completions of posted slices from every transport.
+    /// Reap completions of posted slices from every transport instance
+    /// that has some.
     fn reap(&mut self) -> bool {
         let now = monotonic_ns();
         let mut any = false;
-        for kind in [
-            TransportKind::Local,
-            TransportKind::Shm,
-            TransportKind::Tcp,
-            TransportKind::Rdma,
-        ] {
-            let n = match self.slots[slot_index(kind)].load().as_ref() {
-                Some(t) => t.transport.poll(self.shared.index, &mut self.reaped),
-                None => continue,
+        for k in 0..self.posted.len() {
+            let Some(p) = self.posted[k].as_mut() else {
+                continue;
             };
-            for c in 0..n {
-                let SliceCompletion { token, result } = self.reaped[c];
-                self.shared.credits[slot_index(kind)].release(1, now);
-                self.async_inflight = self.async_inflight.saturating_sub(1);
-                let Some((i, t)) = self.tasks.by_token(token) else {
-                    continue;
-                };
-                t.inflight -= 1;
-                match result {
-                    Ok(b) => t.done += b,
-                    Err(e) => {
-                        t.error.get_or_insert(e);
-                    }
-                }
-                if t.posting_done() {
-                    self.maybe_finish(i);
-                }
-                any = true;
+            if p.inflight == 0 {
+                continue;
+            }
+            let n = p
+                .transport
+                .transport
+                .poll(self.shared.index, &mut self.reaped);
+            p.inflight = p.inflight.saturating_sub(n as u32);
+            let kind = p.kind;
+            any |= self.complete_slices(kind, n, now);
+        }
+        let mut d = 0;
+        while d < self.draining.len() {
+            let p = &mut self.draining[d];
+            let n = p
+                .transport
+                .transport
+                .poll(self.shared.index, &mut self.reaped);
+            p.inflight = p.inflight.saturating_sub(n as u32);
+            let (kind, done) = (p.kind, p.inflight == 0);
+            any |= self.complete_slices(kind, n, now);
+            if done {
+                self.draining.swap_remove(d);
+            } else {
+                d += 1;
             }
         }
         any
+    }
+
+    /// Account the first `n` entries of `self.reaped`, posted on `kind`.
+    fn complete_slices(&mut self, kind: TransportKind, n: usize, now: u64) -> bool {
+        for c in 0..n {
+            let SliceCompletion { token, result } = self.reaped[c];
+            self.shared.credits[slot_index(kind)].release(1, now);
+            self.async_inflight = self.async_inflight.saturating_sub(1);
+            let Some((i, t)) = self.tasks.by_token(token) else {
+                continue;
+            };
+            t.inflight = t.inflight.saturating_sub(1);
+            match result {
+                Ok(b) => t.done += b,
+                Err(e) => {
+                    t.error.get_or_insert(e);
+                }
+            }
+            if t.posting_done() {
+                self.maybe_finish(i);
+            }
+        }
+        n > 0
     }
 
     /// Deliver and/or free task `i` if nothing of it is left in flight.
@@ -743,6 +797,21 @@ impl Worker {
                 ring.sq.sync();
             }
         }
+        // Posted slices may still be moving bytes into task memory: give
+        // them a bounded time to complete before the tasks let go of it.
+        let until = monotonic_ns() + SHUTDOWN_DRAIN_NS;
+        while self.async_inflight > 0 && monotonic_ns() < until {
+            if !self.reap() {
+                std::thread::yield_now();
+            }
+        }
+        if self.async_inflight > 0 {
+            tracing::warn!(
+                worker = self.shared.index,
+                slices = self.async_inflight,
+                "shutdown: slices still posted after the drain period; abandoning them"
+            );
+        }
         for i in 0..self.tasks.capacity() as u32 {
             let t = self.tasks.get_mut(i);
             if t.live && !t.reported {
@@ -755,6 +824,13 @@ impl Worker {
         self.lanes.retain(|_| false);
         self.flush_cqs();
     }
+}
+
+/// A transport instance with slices posted on it.
+struct PostedOn {
+    kind: TransportKind,
+    transport: Arc<Installed>,
+    inflight: u32,
 }
 
 struct Accepted {
