@@ -106,7 +106,7 @@ fn sqe_for(i: u64) -> Sqe {
 }
 
 #[test]
-fn two_process_child_produces_u64() {
+fn two_process_parent_consumes_u64() {
     let name = unique_name("u64");
     let region = Region::create_shm(
         &name,
@@ -148,7 +148,7 @@ fn two_process_child_produces_u64() {
     assert!(consumer.is_empty());
 }
 
-/// Child of `two_process_child_produces_u64`.
+/// Child of `two_process_parent_consumes_u64`.
 #[test]
 fn two_process_child_u64_producer() {
     let Ok(name) = std::env::var(ENV_SHM) else {
