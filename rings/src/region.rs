@@ -400,8 +400,7 @@ impl Region {
             });
         }
         let base = NonNull::new(map.as_mut_ptr()).expect("mmap returned null");
-        // SAFETY: the mapping is at least HEADER_LEN bytes, page aligned, and
-        // lives in `map` for the rest of this function (and then in the region).
+        // SAFETY: the mapping is at least HEADER_LEN bytes, page aligned, and lives in `map` for the rest of this function (and then in the region).
         let header = unsafe { Self::header_at(base) };
 
         // Acquire: pairs with the creator's Release store of the magic, so the
@@ -474,14 +473,12 @@ impl Region {
     /// `base` must point to at least `HEADER_LEN` readable, writable bytes,
     /// 8-byte aligned, that outlive `'a`.
     unsafe fn header_at<'a>(base: NonNull<u8>) -> &'a Header {
-        // SAFETY: guaranteed by the caller; Header is all atomics, so shared
-        // references to memory other processes write are fine.
+        // SAFETY: guaranteed by the caller; Header is all atomics, so shared references to memory other processes write are fine.
         unsafe { base.cast::<Header>().as_ref() }
     }
 
     fn header(&self) -> &Header {
-        // SAFETY: every region owns at least HEADER_LEN bytes at `base`,
-        // REGION_ALIGN- or page-aligned, for as long as `self` lives.
+        // SAFETY: every region owns at least HEADER_LEN bytes at `base`, REGION_ALIGN- or page-aligned, for as long as `self` lives.
         unsafe { Self::header_at(self.base) }
     }
 
@@ -497,8 +494,7 @@ impl Region {
 
     /// Start of the payload; aligned to at least 128 bytes.
     pub fn payload_ptr(&self) -> *mut u8 {
-        // SAFETY: the region is HEADER_LEN + payload_len bytes long, so the
-        // payload start is in bounds (or one past the end if it is empty).
+        // SAFETY: the region is HEADER_LEN + payload_len bytes long, so the payload start is in bounds (or one past the end if it is empty).
         unsafe { self.base.as_ptr().add(HEADER_LEN) }
     }
 
@@ -538,8 +534,7 @@ impl Drop for Region {
     fn drop(&mut self) {
         match &self.backing {
             Backing::Heap { layout } => {
-                // SAFETY: `base` came from `alloc_zeroed(*layout)` in `heap`
-                // and is freed only here.
+                // SAFETY: `base` came from `alloc_zeroed(*layout)` in `heap` and is freed only here.
                 unsafe { alloc::dealloc(self.base.as_ptr(), *layout) }
             }
             Backing::Shm {
@@ -622,8 +617,7 @@ mod tests {
         assert_eq!(b.payload_len(), 4096);
         assert_eq!(b.owner_pid(), std::process::id());
         assert_eq!(b.payload_ptr() as usize % 128, 0);
-        // SAFETY: both payloads are 4096 bytes of the same file, and only this
-        // thread touches them.
+        // SAFETY: both payloads are 4096 bytes of the same file, and only this thread touches them.
         unsafe {
             a.payload_ptr().add(4095).write(0xab);
             assert_eq!(b.payload_ptr().add(4095).read(), 0xab);

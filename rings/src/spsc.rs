@@ -344,8 +344,7 @@ impl<T: Entry> RawRing<T> {
             )));
         }
         let control = NonNull::new(base.cast::<Control>()).expect("region payload is null");
-        // SAFETY: the payload holds at least ring_bytes() = ENTRIES_OFFSET +
-        // capacity * size_of::<T>() bytes, so the entries start in bounds.
+        // SAFETY: the payload holds at least ring_bytes() = ENTRIES_OFFSET + capacity * size_of::<T>() bytes, so the entries start in bounds.
         let entries = unsafe { control.cast::<u8>().add(ENTRIES_OFFSET) }.cast::<T>();
         Ok(RawRing {
             control,
@@ -382,16 +381,13 @@ impl<T: Entry> RawRing<T> {
     }
 
     fn control(&self) -> &Control {
-        // SAFETY: `control` points to the start of the region payload, which
-        // `self.region` keeps alive, is 128-byte aligned and at least
-        // ENTRIES_OFFSET bytes long; Control is all atomics.
+        // SAFETY: `control` points to the start of the region payload, which `self.region` keeps alive, is 128-byte aligned and at least ENTRIES_OFFSET bytes long; Control is all atomics.
         unsafe { self.control.as_ref() }
     }
 
     /// The slot that free-running index `index` maps to.
     fn slot(&self, index: u32) -> *mut T {
-        // SAFETY: the mask keeps the offset below `capacity`, and the region
-        // holds `capacity` entries after the control blocks.
+        // SAFETY: the mask keeps the offset below `capacity`, and the region holds `capacity` entries after the control blocks.
         unsafe { self.entries.as_ptr().add((index & self.mask) as usize) }
     }
 
@@ -406,9 +402,7 @@ impl<T: Entry> RawRing<T> {
         let first = count.min(self.capacity as usize - start);
         let wrapped = count - first;
         let (first_ring, wrapped_ring) = (self.slot(index), self.entries.as_ptr());
-        // SAFETY: `buf` covers `count = first + wrapped` entries (caller);
-        // the ring holds `first` slots from `start` to the end of the array and
-        // `wrapped` from its start, which the caller owns.
+        // SAFETY: `buf` covers `count = first + wrapped` entries (caller); the ring holds `first` slots from `start` to the end of the array and `wrapped` from its start, which the caller owns.
         unsafe {
             let wrapped_buf = buf.add(first);
             if to_ring {
@@ -496,8 +490,7 @@ impl<T: Entry> Producer<T> {
         if self.free_cached() == 0 && self.refresh_head() == 0 {
             return Err(PushError(value));
         }
-        // SAFETY: the slot lies between the consumer's published head and
-        // head + capacity, so the consumer has released it and we own it.
+        // SAFETY: the slot lies between the consumer's published head and head + capacity, so the consumer has released it and we own it.
         unsafe { self.ring.slot(self.tail).write(value) };
         self.tail = self.tail.wrapping_add(1);
         Ok(())
@@ -511,8 +504,7 @@ impl<T: Entry> Producer<T> {
             free = self.refresh_head() as usize;
         }
         let n = free.min(values.len());
-        // SAFETY: `values` is valid for n reads and is caller memory, not the
-        // ring; the n slots from `tail` are free (see `push`).
+        // SAFETY: `values` is valid for n reads and is caller memory, not the ring; the n slots from `tail` are free (see `push`).
         unsafe {
             self.ring
                 .copy(self.tail, values.as_ptr().cast_mut(), n, true)
@@ -689,8 +681,7 @@ impl<T: Entry> Consumer<T> {
         if self.available_cached() == 0 && self.refresh_tail() == 0 {
             return None;
         }
-        // SAFETY: the slot is below the published tail, so the producer has
-        // written it and will not touch it until we publish a head past it.
+        // SAFETY: the slot is below the published tail, so the producer has written it and will not touch it until we publish a head past it.
         let value = unsafe { self.ring.slot(self.head).read() };
         self.head = self.head.wrapping_add(1);
         Some(value)
@@ -701,8 +692,7 @@ impl<T: Entry> Consumer<T> {
         if self.available_cached() == 0 && self.refresh_tail() == 0 {
             return None;
         }
-        // SAFETY: as in `pop`; the borrow of `self` prevents a `sync` that
-        // would hand the slot back while the reference lives.
+        // SAFETY: as in `pop`; the borrow of `self` prevents a `sync` that would hand the slot back while the reference lives.
         Some(unsafe { &*self.ring.slot(self.head) })
     }
 
@@ -713,8 +703,7 @@ impl<T: Entry> Consumer<T> {
             available = self.refresh_tail() as usize;
         }
         let n = available.min(out.len());
-        // SAFETY: `out` is valid for n writes and is caller memory; the n
-        // slots from `head` are published and not yet released (see `pop`).
+        // SAFETY: `out` is valid for n writes and is caller memory; the n slots from `head` are published and not yet released (see `pop`).
         unsafe { self.ring.copy(self.head, out.as_mut_ptr(), n, false) };
         self.head = self.head.wrapping_add(n as u32);
         n

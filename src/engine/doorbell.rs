@@ -44,8 +44,7 @@ impl Doorbell {
             tv_sec: timeout.as_secs() as libc::time_t,
             tv_nsec: timeout.subsec_nanos() as libc::c_long,
         };
-        // SAFETY: FUTEX_WAIT on a valid, aligned u32 with a valid relative
-        // timeout; spurious returns are harmless (the caller re-checks).
+        // SAFETY: FUTEX_WAIT on a valid, aligned u32 with a valid relative timeout; spurious returns are harmless (the caller re-checks).
         unsafe {
             libc::syscall(
                 libc::SYS_futex,

@@ -634,8 +634,7 @@ impl Buffer {
             .slice_ptr(offset, data.len() as u64)
             .map_err(|k| Error::new(k, "buffer write out of bounds"))?;
         for (i, b) in data.iter().enumerate() {
-            // SAFETY: in bounds (checked above), the region is alive while
-            // `self` is, and AtomicU8 has the layout of u8.
+            // SAFETY: in bounds (checked above), the region is alive while `self` is, and AtomicU8 has the layout of u8.
             unsafe { (*(p.add(i) as *const AtomicU8)).store(*b, Ordering::Relaxed) };
         }
         Ok(())

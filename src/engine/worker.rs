@@ -616,8 +616,7 @@ impl Worker {
     ) {
         match origin {
             Origin::Batch => {
-                // SAFETY: batch user_data is the address of a BatchTask kept
-                // alive until it leaves Pending (which this store does).
+                // SAFETY: batch user_data is the address of a BatchTask kept alive until it leaves Pending (which this store does).
                 let slot = unsafe { &*(user_data as *const super::batch::BatchTask) };
                 slot.finish(TaskState::for_result(res, false), done, res.err());
             }

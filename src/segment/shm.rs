@@ -55,16 +55,13 @@ struct Entry {
 /// The descriptor's payload viewed as atomic words (seqlock-protected).
 fn words(region: &Region) -> &[AtomicU64] {
     debug_assert!(region.payload_len() >= DESC_BYTES);
-    // SAFETY: the payload is at least DESC_BYTES long, 64-byte aligned, lives
-    // as long as `region`, and is only ever accessed through atomics (by us and
-    // by the peer process), so viewing it as `[AtomicU64]` is sound.
+    // SAFETY: the payload is at least DESC_BYTES long, 64-byte aligned, lives as long as `region`, and is only ever accessed through atomics (by us and by the peer process), so viewing it as `[AtomicU64]` is sound.
     unsafe { std::slice::from_raw_parts(region.payload_ptr() as *const AtomicU64, DESC_BYTES / 8) }
 }
 
 /// The live-key word at the start of a region file's payload.
 fn live_key(region: &Region) -> &AtomicU64 {
-    // SAFETY: region files are created with DATA_OFFSET + len payload bytes;
-    // the first word is aligned and only accessed atomically.
+    // SAFETY: region files are created with DATA_OFFSET + len payload bytes; the first word is aligned and only accessed atomically.
     unsafe { &*(region.payload_ptr() as *const AtomicU64) }
 }
 
@@ -561,8 +558,7 @@ fn prefault(ptr: *mut u8, len: u64) {
     let page = 4096usize;
     let start = (ptr as usize) & !(page - 1);
     let end = ptr as usize + len as usize;
-    // SAFETY: [start, end) lies inside a live shared mapping of the region
-    // file; MADV_POPULATE_WRITE only pre-faults pages, it changes no bytes.
+    // SAFETY: [start, end) lies inside a live shared mapping of the region file; MADV_POPULATE_WRITE only pre-faults pages, it changes no bytes.
     let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, MADV_POPULATE_WRITE) };
     if rc != 0 {
         tracing::trace!("madvise(MADV_POPULATE_WRITE) unsupported; pages fault in lazily");

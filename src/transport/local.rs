@@ -54,8 +54,7 @@ impl Transport for LocalTransport {
             } else {
                 match table.find_addr(s.remote, s.len) {
                     Ok((_, remote)) => {
-                        // SAFETY: `local` was bounds-checked by the engine and
-                        // `remote` by find_addr, both inside live registrations.
+                        // SAFETY: `local` was bounds-checked by the engine and `remote` by find_addr, both inside live registrations.
                         unsafe { copy_slice(s.opcode, s.local, remote, s.len as usize) };
                         SubmitOutcome::Completed(Ok(s.len))
                     }

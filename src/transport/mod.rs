@@ -176,7 +176,6 @@ pub(crate) unsafe fn copy_slice(opcode: Opcode, local: *mut u8, remote: *mut u8,
         Opcode::Write => (local as *const u8, remote),
         Opcode::Read => (remote as *const u8, local),
     };
-    // SAFETY: the caller guarantees both ranges are valid; `copy` allows overlap
-    // (a loopback transfer may name the same memory on both sides).
+    // SAFETY: the caller guarantees both ranges are valid; `copy` allows overlap (a loopback transfer may name the same memory on both sides).
     unsafe { std::ptr::copy(src, dst, len) };
 }

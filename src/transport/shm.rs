@@ -41,9 +41,7 @@ impl Transport for ShmTransport {
                 None => SubmitOutcome::Rejected(ErrorKind::Unreachable),
                 Some(peer) => {
                     let res = peer.with_remote(s.remote, s.len, |remote| {
-                        // SAFETY: `remote` was bounds- and key-checked inside a
-                        // mapping `with_remote` keeps alive; `local` was checked
-                        // by the engine.
+                        // SAFETY: `remote` was bounds- and key-checked inside a mapping `with_remote` keeps alive; `local` was checked by the engine.
                         unsafe { copy_slice(s.opcode, s.local, remote, s.len as usize) }
                     });
                     SubmitOutcome::Completed(res.map(|()| s.len))
