@@ -237,3 +237,51 @@ fn two_process_target_exit_then_new_target_opens() {
     assert!(!e.segment_regions(seg).unwrap().is_empty());
     t2.finish();
 }
+
+#[test]
+fn two_process_target_killed_ops_fail_process_failed() {
+    let mut t = Target::start();
+    let e = engine();
+    let seg = e.open_segment(&t.name).unwrap();
+    let local = e.allocate_memory(4096).unwrap();
+    let mut ring = e.ring().unwrap();
+    let w = |ud| {
+        op::Write::new(
+            LocalAddr::new(local.id(), 0),
+            RemoteAddr::new(seg, t.base),
+            4096,
+        )
+        .user_data(ud)
+    };
+    ring.submission().push(w(1)).unwrap();
+    assert_eq!(reap(&mut ring, 1)[0].result(), Ok(4096));
+    t.child.kill().unwrap(); // SIGKILL: no cleanup in the target
+    t.child.wait().unwrap();
+    // Within the liveness check period (100 ms) ops start failing typed.
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    let mut ud = 2;
+    loop {
+        ring.submission().push(w(ud)).unwrap();
+        let r = reap(&mut ring, 1)[0].result();
+        if r == Err(ErrorKind::ProcessFailed) {
+            break;
+        }
+        assert_eq!(r, Ok(4096), "only success or ProcessFailed");
+        assert!(
+            std::time::Instant::now() < until,
+            "ProcessFailed never reported"
+        );
+        ud += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A new engine removes the dead process's files when it starts, so the
+    // name is gone for it.
+    assert!(e.open_segment(&t.name).is_ok(), "already open: same id");
+    let other = engine();
+    assert_eq!(
+        other.open_segment(&t.name).unwrap_err().kind(),
+        ErrorKind::SegmentNotFound
+    );
+    assert!(!std::path::Path::new(&format!("/dev/shm/{}", t.name)).exists());
+    assert_eq!(e.credits_in_flight(), 0);
+}

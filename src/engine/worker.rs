@@ -46,6 +46,8 @@ const INTAKE_PER_RING: usize = 64;
 const HOUSEKEEPING_NS: u64 = 1_000_000;
 /// How soon a parked worker looks again at a ring blocked on CQ room.
 const CQ_BLOCKED_RECHECK: Duration = Duration::from_millis(1);
+/// How often a worker checks that the processes behind shm segments live.
+const PEER_CHECK_NS: u64 = 100_000_000;
 /// How long shutdown waits for posted slices to complete.
 const SHUTDOWN_DRAIN_NS: u64 = 1_000_000_000;
 /// Idle turns between two clock reads.
@@ -123,6 +125,7 @@ pub(crate) struct Worker {
     /// Instances swapped out of their slot with slices still posted.
     draining: Vec<PostedOn>,
     next_housekeeping: u64,
+    next_peer_check: u64,
     block_size: u64,
     default_timeout_ns: u64,
 }
@@ -160,6 +163,7 @@ impl Worker {
             posted: std::array::from_fn(|_| None),
             draining: Vec::with_capacity(8),
             next_housekeeping: 0,
+            next_peer_check: 0,
             block_size: cfg.block_size,
             default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
             regions: Cache::new(engine.regions.clone()),
@@ -237,14 +241,18 @@ impl Worker {
             if now == 0 {
                 now = monotonic_ns();
             }
+            // Before posting: after a long park, deadlines and peer liveness
+            // are brought up to date before the first slice goes out.
+            if now >= self.next_housekeeping {
+                self.housekeeping(now);
+            }
             self.lanes.promote(now);
             work |= self.dispatch(now);
+        } else if now != 0 && now >= self.next_housekeeping {
+            self.housekeeping(now);
         }
         if self.async_inflight > 0 {
             work |= self.reap();
-        }
-        if now != 0 && now >= self.next_housekeeping {
-            self.housekeeping(now);
         }
         self.flush_cqs();
         work
@@ -681,6 +689,15 @@ impl Worker {
     /// Deadlines, cancels, and retiring rings whose application went away.
     fn housekeeping(&mut self, now: u64) {
         self.next_housekeeping = now + HOUSEKEEPING_NS;
+        if now >= self.next_peer_check {
+            // Peers whose process died answer ProcessFailed from now on.
+            self.next_peer_check = now + PEER_CHECK_NS;
+            for seg in self.segments.load().iter() {
+                if let Some(peer) = seg.shm() {
+                    peer.check_owner();
+                }
+            }
+        }
         if self.tasks.active() > 0 {
             for i in 0..self.tasks.capacity() as u32 {
                 let t = self.tasks.get_mut(i);

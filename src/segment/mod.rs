@@ -104,6 +104,11 @@ impl SegmentTable {
         next
     }
 
+    /// Every open segment.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Segment>> {
+        self.by_id.iter().flatten()
+    }
+
     /// A copy without segment `id`.
     pub fn without(&self, id: SegmentId) -> Option<SegmentTable> {
         self.get(id)?;

@@ -325,6 +325,9 @@ pub struct ShmPeer {
     dir: String,
     desc: Region,
     owner_pid: u32,
+    /// False once the owner process is seen gone; set by a worker's
+    /// housekeeping ([`ShmPeer::check_owner`]), read on every access.
+    owner_gone: std::sync::atomic::AtomicBool,
     table: ArcSwap<PeerTable>,
     refresh: Mutex<()>,
 }
@@ -364,6 +367,7 @@ impl ShmPeer {
             dir: dir.to_owned(),
             desc,
             owner_pid,
+            owner_gone: std::sync::atomic::AtomicBool::new(false),
             table: ArcSwap::from_pointee(PeerTable::default()),
             refresh: Mutex::new(()),
         };
@@ -379,6 +383,22 @@ impl ShmPeer {
     /// Is the exporting process still there?
     pub fn owner_alive(&self) -> bool {
         pid_alive(self.owner_pid)
+    }
+
+    /// Look whether the owner process still exists (one `kill(pid, 0)`);
+    /// once it is gone every access fails with `ProcessFailed` instead of
+    /// landing in a mapping nobody serves. Called from worker housekeeping,
+    /// not per access. Returns whether the owner is alive.
+    pub fn check_owner(&self) -> bool {
+        if self.owner_gone.load(Ordering::Relaxed) {
+            return false;
+        }
+        let alive = pid_alive(self.owner_pid);
+        if !alive {
+            tracing::warn!(segment = %self.name, pid = self.owner_pid, "shm segment owner process is gone: ProcessFailed from now on");
+            self.owner_gone.store(true, Ordering::Relaxed);
+        }
+        alive
     }
 
     /// The regions the peer exports now.
@@ -483,6 +503,11 @@ impl ShmPeer {
         len: u64,
         f: impl FnOnce(*mut u8) -> R,
     ) -> Result<R, ErrorKind> {
+        // Relaxed: a late view only lets one more copy land in the orphan
+        // mapping, which harms nobody (its owner is gone).
+        if self.owner_gone.load(Ordering::Relaxed) {
+            return Err(ErrorKind::ProcessFailed);
+        }
         for attempt in 0..2 {
             let table = self.table.load();
             match lookup(&table, addr, len) {
