@@ -59,15 +59,15 @@ pub struct Config {
     pub merge_requests: bool,
     /// `log_level`: one of trace, debug, info, warn, error.
     pub log_level: String,
-    /// `metadata_type`: control-plane backend; only `"p2p"`. Not yet in
-    /// effect.
+    /// `metadata_type`: control-plane backend; only `"p2p"`.
     pub metadata_type: String,
-    /// `rpc_server_hostname`: address the p2p handshake listens on. Not yet
-    /// in effect.
+    /// `rpc_server_hostname`: address the p2p handshake listens on.
     pub rpc_server_hostname: String,
-    /// `rpc_server_port`: port of the p2p handshake; 0 = ephemeral. Not yet
-    /// in effect.
+    /// `rpc_server_port`: port of the p2p handshake; 0 = ephemeral.
     pub rpc_server_port: u16,
+    /// `rpc_shared_secret`: HMAC key of the control plane's challenge-
+    /// response; empty = no authentication.
+    pub rpc_shared_secret: String,
     /// The `workers` object.
     pub workers: WorkersConfig,
     /// The `transports` object.
@@ -388,6 +388,8 @@ struct FloatRange {
 #[derive(Debug, Clone, Copy)]
 enum StrRule {
     NonEmpty,
+    /// Empty, or at least 16 bytes (a shared secret worth the name).
+    EmptyOrSecret,
     AbsolutePath,
     /// Empty, or a POSIX shared-memory name (`shm_open` wants a leading `/`).
     EmptyOrShmName,
@@ -626,12 +628,14 @@ schema! {
     "log_level" => log_level: Kind::Choice(LOG_LEVELS), "\"info\"", LIVE,
         "One of trace, debug, info, warn, error: the tracing filter tent's own binaries (tent-bench) install; an embedding application installs its own subscriber.";
     // control plane
-    "metadata_type" => metadata_type: Kind::Choice(&["p2p"]), "\"p2p\"", LATER,
+    "metadata_type" => metadata_type: Kind::Choice(&["p2p"]), "\"p2p\"", LIVE,
         "Control-plane backend; only \"p2p\" (embedded peer-to-peer handshake).";
-    "rpc_server_hostname" => rpc_server_hostname: Kind::Str(StrRule::NonEmpty), "\"127.0.0.1\"", LATER,
+    "rpc_server_hostname" => rpc_server_hostname: Kind::Str(StrRule::NonEmpty), "\"127.0.0.1\"", LIVE,
         "Address the p2p handshake server listens on.";
-    "rpc_server_port" => rpc_server_port: uint(0, 65535), "0", LATER,
+    "rpc_server_port" => rpc_server_port: uint(0, 65535), "0", LIVE,
         "Port of the p2p handshake server; 0 picks an ephemeral port.";
+    "rpc_shared_secret" => rpc_shared_secret: Kind::Str(StrRule::EmptyOrSecret), "\"\"", LIVE,
+        "Shared secret for the control plane's HMAC challenge-response (never sent); empty = no authentication. A peer without it is refused.";
     // workers
     "workers/count" => workers.count: uint(1, 256), "1", LIVE,
         "Number of worker threads.";
@@ -795,6 +799,7 @@ fn blank() -> Config {
         metadata_type: String::new(),
         rpc_server_hostname: String::new(),
         rpc_server_port: 0,
+        rpc_shared_secret: String::new(),
         workers: WorkersConfig {
             count: 0,
             cores: Vec::new(),
@@ -1179,6 +1184,9 @@ fn check_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, Conf
                 .ok_or_else(|| type_err(kind.type_name(), key, v))?;
             let problem = match rule {
                 StrRule::NonEmpty if s.is_empty() => Some("must not be empty"),
+                StrRule::EmptyOrSecret if !s.is_empty() && s.len() < 16 => {
+                    Some("must be empty (no authentication) or at least 16 bytes")
+                }
                 StrRule::AbsolutePath if !s.starts_with('/') => {
                     Some("must be an absolute path (starting with /)")
                 }
@@ -2187,6 +2195,7 @@ mod tests {
                     .boxed()
             }
             Kind::Str(StrRule::NonEmpty) => "[a-z0-9.]{1,12}".prop_map(Value::from).boxed(),
+            Kind::Str(StrRule::EmptyOrSecret) => "([a-z0-9]{16,24})?".prop_map(Value::from).boxed(),
             Kind::Str(StrRule::AbsolutePath) => "/[a-z_/]{0,12}".prop_map(Value::from).boxed(),
             Kind::Str(StrRule::EmptyOrShmName) => "(/[a-z_]{1,12})?".prop_map(Value::from).boxed(),
             Kind::Choice(names) => proptest::sample::select(names)

@@ -18,6 +18,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod control;
 pub mod engine;
 pub mod error;
 pub mod memory;

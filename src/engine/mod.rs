@@ -55,7 +55,8 @@ pub struct Engine {
     workers: Vec<Arc<WorkerShared>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     batches: BatchTable,
-    export: Option<ShmExport>,
+    export: Option<Arc<ShmExport>>,
+    control: Option<crate::control::ControlServer>,
     registry: Mutex<()>,
     next_worker: AtomicUsize,
 }
@@ -126,7 +127,7 @@ impl EngineBuilder {
         ));
         let segments = Arc::new(ArcSwap::from_pointee(SegmentTable::default().with(local)));
         let export = if config.transports.shm.enable {
-            Some(ShmExport::create(&config.transports.shm.dir)?)
+            Some(Arc::new(ShmExport::create(&config.transports.shm.dir)?))
         } else {
             None
         };
@@ -214,6 +215,7 @@ impl EngineBuilder {
             workers.push(ws);
             threads.push(handle);
         }
+        let control = Some(start_control(&shared, export.clone())?);
         let batches = BatchTable::new(
             shared.config.max_batches as usize,
             shared.config.max_batch_size as usize,
@@ -224,6 +226,7 @@ impl EngineBuilder {
             threads: Mutex::new(threads),
             batches,
             export,
+            control,
             registry: Mutex::new(()),
             next_worker: AtomicUsize::new(0),
         })
@@ -318,16 +321,26 @@ impl Engine {
 
     // ---- segments -----------------------------------------------------
 
-    /// The name peers open to reach this engine's memory (`None` when no
-    /// transport exports it).
+    /// The name of this engine's shared-memory segment (`None` with shm
+    /// off): a peer on this host may open it directly.
     pub fn local_segment_name(&self) -> Option<&str> {
-        self.export.as_ref().map(ShmExport::name)
+        self.export.as_deref().map(ShmExport::name)
+    }
+
+    /// This engine's p2p segment name, `ip:port` of its control server
+    /// (TENT's segment naming): what peers pass to `open_segment`.
+    pub fn segment_name(&self) -> String {
+        match &self.control {
+            Some(c) => c.local_addr().to_string(),
+            None => self.local_segment_name().unwrap_or("local").to_owned(),
+        }
     }
 
     /// Open a segment by name (`"local"` or this engine's own name is
     /// segment 0). Opening the same name twice returns the same id.
     pub fn open_segment(&self, name: &str) -> Result<SegmentId> {
-        if name == "local" || Some(name) == self.local_segment_name() {
+        if name == "local" || Some(name) == self.local_segment_name() || name == self.segment_name()
+        {
             return Ok(SegmentId::LOCAL);
         }
         let _g = self.registry.lock().expect("registry poisoned");
@@ -335,6 +348,19 @@ impl Engine {
         if let Some(s) = table.find_name(name) {
             return Ok(s.id());
         }
+        let kind = if crate::control::is_p2p_name(name) {
+            self.open_p2p(name)?
+        } else {
+            self.open_shm(name)?
+        };
+        let id = table.next_id();
+        let seg = Arc::new(Segment::new(id, name.to_owned(), kind));
+        self.shared.segments.store(Arc::new(table.with(seg)));
+        tracing::info!(segment = name, id = id.0, "segment opened");
+        Ok(id)
+    }
+
+    fn open_shm(&self, name: &str) -> Result<SegmentKind> {
         if !self.shared.config.transports.shm.enable {
             return Err(Error::new(
                 ErrorKind::SegmentNotFound,
@@ -348,15 +374,29 @@ impl Engine {
                 format!("segment {name:?}: owner pid {} is gone", peer.owner_pid()),
             ));
         }
-        let id = table.next_id();
-        let seg = Arc::new(Segment::new(
-            id,
-            name.to_owned(),
-            SegmentKind::Shm(Arc::new(peer)),
-        ));
-        self.shared.segments.store(Arc::new(table.with(seg)));
-        tracing::info!(segment = name, id = id.0, "segment opened");
-        Ok(id)
+        Ok(SegmentKind::Shm(Arc::new(peer)))
+    }
+
+    /// Fetch the descriptor from the peer's control server; on the same
+    /// host with shm exported, reach it through shared memory.
+    fn open_p2p(&self, name: &str) -> Result<SegmentKind> {
+        let cfg = &self.shared.config;
+        let secret = (!cfg.rpc_shared_secret.is_empty()).then_some(cfg.rpc_shared_secret.as_bytes());
+        let timeout = Duration::from_millis(cfg.default_timeout_ms.min(10_000));
+        let desc = crate::control::fetch_descriptor(name, secret, timeout)?;
+        if cfg.transports.shm.enable
+            && desc.host_id == crate::control::host_id()
+            && let Some(shm) = &desc.shm_name
+        {
+            match self.open_shm(shm) {
+                Ok(kind) => return Ok(kind),
+                // Same kernel, different /dev/shm (another mount namespace).
+                Err(e) => {
+                    tracing::info!(segment = name, error = %e, "peer on this host but its shm segment is not visible here")
+                }
+            }
+        }
+        Ok(SegmentKind::Remote(Arc::new(desc)))
     }
 
     /// Close a segment; requests naming it afterwards fail with `SegmentNotFound`.
@@ -398,6 +438,15 @@ impl Engine {
                 })
                 .collect(),
             SegmentKind::Shm(peer) => peer.regions(),
+            SegmentKind::Remote(d) => d
+                .regions
+                .iter()
+                .map(|r| RemoteRegion {
+                    id: RegionId(r.id),
+                    addr: r.addr,
+                    len: r.len,
+                })
+                .collect(),
         })
     }
 
@@ -405,7 +454,7 @@ impl Engine {
     pub fn segment_peer(&self, id: SegmentId) -> Option<Arc<ShmPeer>> {
         match self.shared.segments.load().get(id)?.kind() {
             SegmentKind::Shm(p) => Some(p.clone()),
-            SegmentKind::Local => None,
+            SegmentKind::Local | SegmentKind::Remote(_) => None,
         }
     }
 
@@ -573,6 +622,52 @@ impl Engine {
             )
         })
     }
+}
+
+/// Start this engine's control server, describing its segment from the
+/// live region table on every request.
+fn start_control(
+    shared: &Arc<EngineShared>,
+    export: Option<Arc<ShmExport>>,
+) -> Result<crate::control::ControlServer> {
+    let cfg = &shared.config;
+    let secret =
+        (!cfg.rpc_shared_secret.is_empty()).then(|| cfg.rpc_shared_secret.as_bytes().to_vec());
+    let host_id = crate::control::host_id();
+    let (regions, transports) = (shared.regions.clone(), shared.clone());
+    let describe = move |addr: std::net::SocketAddr| -> Arc<crate::control::server::DescriptorFn> {
+        let name = addr.to_string();
+        Arc::new(move || crate::control::SegmentDescriptor {
+            name: name.clone(),
+            host_id: host_id.clone(),
+            pid: std::process::id(),
+            shm_name: export.as_ref().map(|e| e.name().to_owned()),
+            regions: regions
+                .load()
+                .iter()
+                .map(|r| crate::control::RegionEntry {
+                    id: r.id().0,
+                    addr: r.addr(),
+                    len: r.len(),
+                    key: r.key(),
+                })
+                .collect(),
+            transports: transports
+                .transports
+                .installed()
+                .into_iter()
+                .map(|k| k as u8)
+                .collect(),
+            rails: Vec::new(),
+        })
+    };
+    let server = crate::control::ControlServer::start(
+        &cfg.rpc_server_hostname,
+        cfg.rpc_server_port,
+        secret,
+        describe,
+    )?;
+    Ok(server)
 }
 
 impl Drop for Engine {

@@ -20,6 +20,9 @@ pub enum SegmentKind {
     Local,
     /// Another process on this host, through its exported `/dev/shm` segment.
     Shm(Arc<ShmPeer>),
+    /// An engine known only by its descriptor (fetched over the control
+    /// plane): no transport reaches it yet, so requests get `Unreachable`.
+    Remote(Arc<crate::control::SegmentDescriptor>),
 }
 
 /// An opened segment.
@@ -55,7 +58,7 @@ impl Segment {
     pub fn shm(&self) -> Option<&ShmPeer> {
         match &self.kind {
             SegmentKind::Shm(p) => Some(p),
-            SegmentKind::Local => None,
+            SegmentKind::Local | SegmentKind::Remote(_) => None,
         }
     }
 
@@ -65,6 +68,7 @@ impl Segment {
         match self.kind {
             SegmentKind::Local => &[TransportKind::Local],
             SegmentKind::Shm(_) => &[TransportKind::Shm],
+            SegmentKind::Remote(_) => &[],
         }
     }
 }

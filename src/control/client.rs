@@ -1,0 +1,126 @@
+//! The client side of the control plane: fetch a peer's descriptor.
+
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use tent_rings::ErrorKind;
+
+use super::auth;
+use super::wire::{self, Message, SegmentDescriptor, WireError};
+use crate::error::{Error, Result};
+
+/// Does `name` look like a p2p segment name (`ip:port`)?
+pub fn is_p2p_name(name: &str) -> bool {
+    name.parse::<SocketAddr>().is_ok()
+}
+
+fn wire_err(peer: &str, e: WireError) -> Error {
+    let kind = match &e {
+        WireError::Io(io)
+            if io.kind() == std::io::ErrorKind::WouldBlock
+                || io.kind() == std::io::ErrorKind::TimedOut =>
+        {
+            ErrorKind::Timeout
+        }
+        WireError::Io(_) | WireError::Truncated { .. } => ErrorKind::Unreachable,
+        _ => ErrorKind::InvalidArgument,
+    };
+    Error::new(kind, format!("control exchange with {peer}")).with_source(e)
+}
+
+/// Connect to `peer` (`ip:port`), authenticate (both ways) when `secret` is
+/// set, and fetch its segment descriptor, all within `timeout` per step.
+pub fn fetch_descriptor(
+    peer: &str,
+    secret: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<SegmentDescriptor> {
+    let addr = peer
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| Error::invalid(format!("bad segment address {peer:?} (want ip:port)")))?;
+    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| {
+        let kind = if e.kind() == std::io::ErrorKind::TimedOut {
+            ErrorKind::Timeout
+        } else {
+            ErrorKind::Unreachable
+        };
+        Error::new(kind, format!("no engine answering at {peer}")).with_source(e)
+    })?;
+    let io = |e: std::io::Error| wire_err(peer, WireError::Io(e));
+    s.set_read_timeout(Some(timeout)).map_err(io)?;
+    s.set_write_timeout(Some(timeout)).map_err(io)?;
+    let _ = s.set_nodelay(true);
+
+    let client_nonce = auth::nonce();
+    wire::write_message(
+        &mut s,
+        &Message::Hello {
+            nonce: client_nonce,
+        },
+    )
+    .map_err(|e| wire_err(peer, e))?;
+    let (server_nonce, auth_required) = match read(&mut s, peer)? {
+        Message::Challenge {
+            nonce,
+            auth_required,
+        } => (nonce, auth_required),
+        other => return Err(unexpected(peer, "Challenge", other)),
+    };
+    match (auth_required, secret) {
+        (true, None) => {
+            return Err(Error::new(
+                ErrorKind::AccessDenied,
+                format!("{peer} requires authentication: set rpc_shared_secret"),
+            ));
+        }
+        (false, Some(_)) => {
+            // We hold a secret: a peer that cannot prove it holds it too is
+            // not the engine we were configured to trust.
+            return Err(Error::new(
+                ErrorKind::AccessDenied,
+                format!("{peer} does not authenticate, but rpc_shared_secret is set here"),
+            ));
+        }
+        (true, Some(secret)) => {
+            let proof = auth::client_proof(secret, &server_nonce, &client_nonce);
+            wire::write_message(&mut s, &Message::Auth { mac: proof })
+                .map_err(|e| wire_err(peer, e))?;
+            match read(&mut s, peer)? {
+                Message::AuthOk { mac }
+                    if auth::verify_server(secret, &server_nonce, &client_nonce, &mac) => {}
+                Message::AuthOk { .. } => {
+                    return Err(Error::new(
+                        ErrorKind::AccessDenied,
+                        format!("{peer} failed to prove the shared secret"),
+                    ));
+                }
+                other => return Err(unexpected(peer, "AuthOk", other)),
+            }
+        }
+        (false, None) => {}
+    }
+    wire::write_message(&mut s, &Message::GetDescriptor).map_err(|e| wire_err(peer, e))?;
+    match read(&mut s, peer)? {
+        Message::Descriptor(d) => Ok(d),
+        other => Err(unexpected(peer, "Descriptor", other)),
+    }
+}
+
+fn read(s: &mut TcpStream, peer: &str) -> Result<Message> {
+    wire::read_message(s).map_err(|e| wire_err(peer, e))
+}
+
+fn unexpected(peer: &str, expected: &str, got: Message) -> Error {
+    match got {
+        Message::Error { code, text } => Error::new(
+            ErrorKind::from_code(code).unwrap_or(ErrorKind::InvalidArgument),
+            format!("{peer} refused: {text}"),
+        ),
+        other => Error::invalid(format!(
+            "{peer} sent {} where {expected} was expected",
+            other.name()
+        )),
+    }
+}

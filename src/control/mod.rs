@@ -1,0 +1,23 @@
+//! The control plane: how engines find each other's segments.
+//!
+//! Every engine listens on `rpc_server_hostname:rpc_server_port` (TENT's
+//! p2p mode, the embedded default); its segment name is `ip:port`. Opening
+//! such a segment connects, authenticates when a shared secret is set, and
+//! fetches the segment descriptor (regions with keys, transports, rails).
+
+mod auth;
+pub mod client;
+pub mod server;
+pub mod wire;
+
+pub use client::{fetch_descriptor, is_p2p_name};
+pub use server::ControlServer;
+pub use wire::{RegionEntry, SegmentDescriptor};
+
+/// This host's identity for "same host?" decisions: the kernel boot id
+/// (shared by every process and namespace booted by the same kernel).
+pub fn host_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-host".to_owned())
+}

@@ -1,0 +1,1557 @@
+//! The control-plane message codec: framing and field encoding, nothing else.
+//!
+//! # Frame
+//!
+//! `magic *b"TENT"` | `version: u16 LE` | `msg_type: u16 LE` |
+//! `body_len: u32 LE` | body (`body_len` bytes, at most [`MAX_BODY`]).
+//!
+//! The body is a sequence of fields, `tag: u16 LE` | `len: u32 LE` | `len`
+//! value bytes. Integers are little-endian and fixed width, strings UTF-8,
+//! bools one byte `0`/`1`, byte arrays exactly their size. A record (a region,
+//! a rail) is a field whose value is itself a field sequence, decoded with the
+//! same rules.
+//!
+//! # Compatibility
+//!
+//! A newer peer extends a message by adding fields with new tags (per-rail RDMA
+//! QP bootstrap data, say), so the decoder skips every tag it does not know, at
+//! the top level and inside records alike. `version` changes only for a break
+//! that field skipping cannot absorb, and then the peers refuse each other.
+//! Tags `0x8000..=0xFFFF` are never assigned; tests use them to play the part
+//! of a newer peer's fields.
+//!
+//! A known tag may appear once (twice is [`WireError::DuplicateField`]),
+//! except the list fields marked "repeated", where each occurrence is one
+//! element. Encoding is canonical: fields go out in tag order, list elements
+//! in list order, an absent optional field is left out.
+//!
+//! # Tags
+//!
+//! | Message (type)      | Tag      | Field           | Value                              |
+//! |---------------------|----------|-----------------|------------------------------------|
+//! | `Hello` (1)         | `0x0001` | `nonce`         | 32 bytes, required                 |
+//! | `Challenge` (2)     | `0x0001` | `nonce`         | 32 bytes, required                 |
+//! |                     | `0x0002` | `auth_required` | bool, required                     |
+//! | `Auth` (3)          | `0x0001` | `mac`           | 32 bytes, required                 |
+//! | `AuthOk` (4)        | `0x0001` | `mac`           | 32 bytes, required                 |
+//! | `GetDescriptor` (5) |          | (none)          |                                    |
+//! | `Descriptor` (6)    | `0x0001` | `name`          | string ≤ [`MAX_NAME`], non-empty, required |
+//! |                     | `0x0002` | `host_id`       | string ≤ [`MAX_NAME`], required    |
+//! |                     | `0x0003` | `pid`           | u32, required                      |
+//! |                     | `0x0004` | `shm_name`      | string ≤ [`MAX_SHM_NAME`], optional |
+//! |                     | `0x0005` | region          | region record, repeated ≤ [`MAX_REGIONS`] |
+//! |                     | `0x0006` | transport       | u8, repeated ≤ [`MAX_TRANSPORTS`]  |
+//! |                     | `0x0007` | rail            | rail record, repeated ≤ [`MAX_RAILS`] |
+//! | `Error` (7)         | `0x0001` | `code`          | u16, required                      |
+//! |                     | `0x0002` | `text`          | string ≤ [`MAX_MESSAGE_TEXT`], required |
+//! | region record       | `0x0001` | `id`            | u32, required                      |
+//! |                     | `0x0002` | `addr`          | u64, required                      |
+//! |                     | `0x0003` | `len`           | u64, required                      |
+//! |                     | `0x0004` | `key`           | u64, required                      |
+//! | rail record         | `0x0001` | `name`          | string ≤ 64 bytes, required        |
+//! |                     | `0x0002` | `addr`          | string ≤ 64 bytes, required        |
+//!
+//! # Hostile input
+//!
+//! Decoding never panics. Every length is checked against the bytes actually
+//! present and against its limit before it is used, so a peer cannot make
+//! this side allocate more than the limits above by claiming large sizes.
+
+use std::io::{self, Read, Write};
+
+/// The first four bytes of every frame.
+pub const MAGIC: [u8; 4] = *b"TENT";
+/// The frame format version this side speaks; a peer with another is refused.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Bytes in a frame header: magic, version, message type, body length.
+pub const HEADER_LEN: usize = 12;
+/// Largest body accepted (checked from the header, before reading or allocating the body).
+pub const MAX_BODY: u32 = 1 << 20;
+/// Longest segment name or host id, in bytes.
+pub const MAX_NAME: usize = 256;
+/// Longest shared-memory object name, in bytes.
+pub const MAX_SHM_NAME: usize = 200;
+/// Longest text of an [`Message::Error`], in bytes.
+pub const MAX_MESSAGE_TEXT: usize = 1024;
+/// Most regions one descriptor may list.
+pub const MAX_REGIONS: usize = 16384;
+/// Most rails one descriptor may list.
+pub const MAX_RAILS: usize = 64;
+/// Most transports one descriptor may list.
+pub const MAX_TRANSPORTS: usize = 8;
+/// Bytes in a handshake nonce.
+pub const NONCE_LEN: usize = 32;
+/// Bytes in a handshake MAC.
+pub const MAC_LEN: usize = 32;
+
+/// Longest rail name or rail address, in bytes.
+const MAX_RAIL_FIELD: usize = 64;
+/// Bytes in a field header: tag and value length.
+const FIELD_HEADER_LEN: usize = 6;
+
+const TYPE_HELLO: u16 = 1;
+const TYPE_CHALLENGE: u16 = 2;
+const TYPE_AUTH: u16 = 3;
+const TYPE_AUTH_OK: u16 = 4;
+const TYPE_GET_DESCRIPTOR: u16 = 5;
+const TYPE_DESCRIPTOR: u16 = 6;
+const TYPE_ERROR: u16 = 7;
+
+const HELLO_NONCE: u16 = 0x0001;
+const CHALLENGE_NONCE: u16 = 0x0001;
+const CHALLENGE_AUTH_REQUIRED: u16 = 0x0002;
+const AUTH_MAC: u16 = 0x0001;
+const AUTH_OK_MAC: u16 = 0x0001;
+const DESC_NAME: u16 = 0x0001;
+const DESC_HOST_ID: u16 = 0x0002;
+const DESC_PID: u16 = 0x0003;
+const DESC_SHM_NAME: u16 = 0x0004;
+const DESC_REGION: u16 = 0x0005;
+const DESC_TRANSPORT: u16 = 0x0006;
+const DESC_RAIL: u16 = 0x0007;
+const REGION_ID: u16 = 0x0001;
+const REGION_ADDR: u16 = 0x0002;
+const REGION_LEN: u16 = 0x0003;
+const REGION_KEY: u16 = 0x0004;
+const RAIL_NAME: u16 = 0x0001;
+const RAIL_ADDR: u16 = 0x0002;
+const ERROR_CODE: u16 = 0x0001;
+const ERROR_TEXT: u16 = 0x0002;
+
+/// One registered memory region a peer may access.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionEntry {
+    /// The region's id within its segment.
+    pub id: u32,
+    /// Start address in the owner's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote access key (an RDMA rkey, or a transport-specific token).
+    pub key: u64,
+}
+
+/// One network rail (NIC) of the owning engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RailEntry {
+    /// Device name, at most 64 bytes.
+    pub name: String,
+    /// Address on that rail, at most 64 bytes.
+    pub addr: String,
+}
+
+/// What a peer needs to reach a segment: its regions, transports and rails.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SegmentDescriptor {
+    /// The segment's name (`ip:port`); non-empty, at most [`MAX_NAME`] bytes.
+    pub name: String,
+    /// The owner's host identity, at most [`MAX_NAME`] bytes; a peer compares
+    /// it with its own to know whether it shares the host.
+    pub host_id: String,
+    /// The owning process.
+    pub pid: u32,
+    /// Shared-memory object backing the segment, at most [`MAX_SHM_NAME`] bytes.
+    pub shm_name: Option<String>,
+    /// Registered regions, at most [`MAX_REGIONS`].
+    pub regions: Vec<RegionEntry>,
+    /// Transports the owner serves (`TransportKind` codes), at most [`MAX_TRANSPORTS`].
+    pub transports: Vec<u8>,
+    /// Network rails, at most [`MAX_RAILS`].
+    pub rails: Vec<RailEntry>,
+}
+
+/// A control-plane message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// Client → server, first message: the client's nonce.
+    Hello {
+        /// Fresh random bytes from the client.
+        nonce: [u8; NONCE_LEN],
+    },
+    /// Server → client: the server's nonce and whether it wants proof.
+    Challenge {
+        /// Fresh random bytes from the server.
+        nonce: [u8; NONCE_LEN],
+        /// Whether the client must send [`Message::Auth`] next.
+        auth_required: bool,
+    },
+    /// Client → server: proof that the client holds the shared secret.
+    Auth {
+        /// The client's MAC over both nonces.
+        mac: [u8; MAC_LEN],
+    },
+    /// Server → client: proof that the server holds the shared secret too.
+    AuthOk {
+        /// The server's MAC over both nonces.
+        mac: [u8; MAC_LEN],
+    },
+    /// Client → server: ask for the segment descriptor.
+    GetDescriptor,
+    /// Server → client: the segment descriptor.
+    Descriptor(SegmentDescriptor),
+    /// Either way: a refusal, after which the sender closes.
+    Error {
+        /// A tent `ErrorKind` code.
+        code: u16,
+        /// Human-readable detail, at most [`MAX_MESSAGE_TEXT`] bytes.
+        text: String,
+    },
+}
+
+impl Message {
+    /// The `msg_type` this message has on the wire.
+    pub fn type_code(&self) -> u16 {
+        match self {
+            Message::Hello { .. } => TYPE_HELLO,
+            Message::Challenge { .. } => TYPE_CHALLENGE,
+            Message::Auth { .. } => TYPE_AUTH,
+            Message::AuthOk { .. } => TYPE_AUTH_OK,
+            Message::GetDescriptor => TYPE_GET_DESCRIPTOR,
+            Message::Descriptor(_) => TYPE_DESCRIPTOR,
+            Message::Error { .. } => TYPE_ERROR,
+        }
+    }
+
+    /// The variant's name, for logs and protocol errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Message::Hello { .. } => "Hello",
+            Message::Challenge { .. } => "Challenge",
+            Message::Auth { .. } => "Auth",
+            Message::AuthOk { .. } => "AuthOk",
+            Message::GetDescriptor => "GetDescriptor",
+            Message::Descriptor(_) => "Descriptor",
+            Message::Error { .. } => "Error",
+        }
+    }
+}
+
+/// Why a frame could not be decoded, read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The input ended before the frame did. `have: 0` from [`read_message`]
+    /// means the peer closed cleanly between messages.
+    #[error("truncated message: need {need} bytes, have {have}")]
+    Truncated {
+        /// Bytes the frame (or its header) needs.
+        need: usize,
+        /// Bytes that were there.
+        have: usize,
+    },
+    /// The frame does not start with [`MAGIC`].
+    #[error("bad magic {0:02x?} (not a tent control message)")]
+    BadMagic([u8; 4]),
+    /// The peer speaks another [`PROTOCOL_VERSION`].
+    #[error("unsupported protocol version {0} (this side speaks {PROTOCOL_VERSION})")]
+    UnsupportedVersion(u16),
+    /// The `msg_type` is not one this side knows.
+    #[error("unknown message type {0}")]
+    UnknownMessage(u16),
+    /// A body, string or list is over its limit.
+    #[error("{what} of {len} exceeds the limit {max}")]
+    TooLarge {
+        /// What was too large.
+        what: &'static str,
+        /// Its size (bytes or elements).
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A required field is absent.
+    #[error("{msg}: missing required field {tag:#06x}")]
+    MissingField {
+        /// The message or record that lacks it.
+        msg: &'static str,
+        /// The field's tag.
+        tag: u16,
+    },
+    /// A non-list field appears more than once.
+    #[error("field {tag:#06x} appears twice")]
+    DuplicateField {
+        /// The field's tag.
+        tag: u16,
+    },
+    /// A field's value is malformed.
+    #[error("field {tag:#06x}: {reason}")]
+    BadField {
+        /// The field's tag.
+        tag: u16,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Reading or writing the stream failed.
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+type Result<T> = std::result::Result<T, WireError>;
+
+// ---------------------------------------------------------------------------
+// Encoding
+// ---------------------------------------------------------------------------
+
+/// Saturating because encoding is infallible by signature: a value past
+/// 4 GiB cannot be framed, and a saturated length makes the peer reject the
+/// frame instead of misreading it.
+fn len_u32(len: usize) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX)
+}
+
+/// A field sequence under construction.
+struct Body(Vec<u8>);
+
+impl Body {
+    fn field(&mut self, tag: u16, value: &[u8]) {
+        self.0.extend_from_slice(&tag.to_le_bytes());
+        self.0
+            .extend_from_slice(&len_u32(value.len()).to_le_bytes());
+        self.0.extend_from_slice(value);
+    }
+
+    fn u8(&mut self, tag: u16, v: u8) {
+        self.field(tag, &[v]);
+    }
+
+    fn u16(&mut self, tag: u16, v: u16) {
+        self.field(tag, &v.to_le_bytes());
+    }
+
+    fn u32(&mut self, tag: u16, v: u32) {
+        self.field(tag, &v.to_le_bytes());
+    }
+
+    fn u64(&mut self, tag: u16, v: u64) {
+        self.field(tag, &v.to_le_bytes());
+    }
+
+    fn bool(&mut self, tag: u16, v: bool) {
+        self.field(tag, &[u8::from(v)]);
+    }
+
+    fn str(&mut self, tag: u16, v: &str) {
+        self.field(tag, v.as_bytes());
+    }
+
+    /// Writes the record in place and patches its length afterwards, so
+    /// nested records cost no intermediate buffer.
+    fn record(&mut self, tag: u16, fill: impl FnOnce(&mut Body)) {
+        self.0.extend_from_slice(&tag.to_le_bytes());
+        let len_at = self.0.len();
+        self.0.extend_from_slice(&[0; 4]);
+        fill(self);
+        self.patch_len(len_at);
+    }
+
+    /// Sets the u32 at `at` to the number of bytes that follow it.
+    fn patch_len(&mut self, at: usize) {
+        let len = len_u32(self.0.len().saturating_sub(at + 4));
+        if let Some(slot) = self.0.get_mut(at..at + 4) {
+            slot.copy_from_slice(&len.to_le_bytes());
+        }
+    }
+}
+
+/// Encodes `msg` as one whole frame.
+///
+/// Limits are not checked here: a message over them encodes, and the peer
+/// refuses it. Encoding is canonical, so equal messages give equal bytes.
+pub fn encode(msg: &Message) -> Vec<u8> {
+    let mut b = Body(Vec::with_capacity(HEADER_LEN + 128));
+    b.0.extend_from_slice(&MAGIC);
+    b.0.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    b.0.extend_from_slice(&msg.type_code().to_le_bytes());
+    b.0.extend_from_slice(&[0; 4]);
+    match msg {
+        Message::Hello { nonce } => b.field(HELLO_NONCE, nonce),
+        Message::Challenge {
+            nonce,
+            auth_required,
+        } => {
+            b.field(CHALLENGE_NONCE, nonce);
+            b.bool(CHALLENGE_AUTH_REQUIRED, *auth_required);
+        }
+        Message::Auth { mac } => b.field(AUTH_MAC, mac),
+        Message::AuthOk { mac } => b.field(AUTH_OK_MAC, mac),
+        Message::GetDescriptor => {}
+        Message::Descriptor(d) => encode_descriptor(&mut b, d),
+        Message::Error { code, text } => {
+            b.u16(ERROR_CODE, *code);
+            b.str(ERROR_TEXT, text);
+        }
+    }
+    b.patch_len(HEADER_LEN - 4);
+    b.0
+}
+
+fn encode_descriptor(b: &mut Body, d: &SegmentDescriptor) {
+    b.str(DESC_NAME, &d.name);
+    b.str(DESC_HOST_ID, &d.host_id);
+    b.u32(DESC_PID, d.pid);
+    if let Some(shm) = &d.shm_name {
+        b.str(DESC_SHM_NAME, shm);
+    }
+    for r in &d.regions {
+        b.record(DESC_REGION, |b| {
+            b.u32(REGION_ID, r.id);
+            b.u64(REGION_ADDR, r.addr);
+            b.u64(REGION_LEN, r.len);
+            b.u64(REGION_KEY, r.key);
+        });
+    }
+    for &t in &d.transports {
+        b.u8(DESC_TRANSPORT, t);
+    }
+    for rail in &d.rails {
+        b.record(DESC_RAIL, |b| {
+            b.str(RAIL_NAME, &rail.name);
+            b.str(RAIL_ADDR, &rail.addr);
+        });
+    }
+}
+
+/// Writes `msg` as one frame and flushes, since the peer waits for it whole
+/// before answering and a buffered writer would otherwise stall the handshake.
+pub fn write_message(w: &mut impl Write, msg: &Message) -> Result<()> {
+    w.write_all(&encode(msg))?;
+    w.flush()?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Decoding
+// ---------------------------------------------------------------------------
+
+/// Checks a header and returns the message type and body length.
+fn parse_header(h: &[u8; HEADER_LEN]) -> Result<(u16, usize)> {
+    let [m0, m1, m2, m3, v0, v1, t0, t1, l0, l1, l2, l3] = *h;
+    let magic = [m0, m1, m2, m3];
+    if magic != MAGIC {
+        return Err(WireError::BadMagic(magic));
+    }
+    let version = u16::from_le_bytes([v0, v1]);
+    if version != PROTOCOL_VERSION {
+        return Err(WireError::UnsupportedVersion(version));
+    }
+    let msg_type = u16::from_le_bytes([t0, t1]);
+    if !(TYPE_HELLO..=TYPE_ERROR).contains(&msg_type) {
+        return Err(WireError::UnknownMessage(msg_type));
+    }
+    let body_len = u32::from_le_bytes([l0, l1, l2, l3]);
+    if body_len > MAX_BODY {
+        return Err(WireError::TooLarge {
+            what: "message body",
+            len: usize::try_from(body_len).unwrap_or(usize::MAX),
+            max: MAX_BODY as usize,
+        });
+    }
+    // MAX_BODY fits every supported usize, so this cannot truncate.
+    Ok((msg_type, body_len as usize))
+}
+
+/// Decodes one frame from the start of `buf` and returns the message and the
+/// bytes it took; bytes after it are left alone. A strict prefix of a frame
+/// is [`WireError::Truncated`].
+pub fn decode(buf: &[u8]) -> Result<(Message, usize)> {
+    let Some((header, rest)) = buf.split_first_chunk::<HEADER_LEN>() else {
+        return Err(WireError::Truncated {
+            need: HEADER_LEN,
+            have: buf.len(),
+        });
+    };
+    let (msg_type, body_len) = parse_header(header)?;
+    let Some(body) = rest.get(..body_len) else {
+        return Err(WireError::Truncated {
+            need: HEADER_LEN + body_len,
+            have: buf.len(),
+        });
+    };
+    Ok((decode_body(msg_type, body)?, HEADER_LEN + body_len))
+}
+
+/// Reads exactly one frame: the header first, checked in full (magic,
+/// version, type, [`MAX_BODY`]) before any body byte is read, then the body.
+///
+/// End of stream inside the frame is [`WireError::Truncated`]; at the very
+/// start it is `Truncated { have: 0, .. }`, a clean close.
+pub fn read_message(r: &mut impl Read) -> Result<Message> {
+    let mut header = [0u8; HEADER_LEN];
+    let got = read_full(r, &mut header)?;
+    if got < HEADER_LEN {
+        return Err(WireError::Truncated {
+            need: HEADER_LEN,
+            have: got,
+        });
+    }
+    let (msg_type, body_len) = parse_header(&header)?;
+    // Grown as bytes arrive rather than sized from the header, so a peer
+    // that claims a large body and sends nothing costs next to no memory.
+    let mut body = Vec::new();
+    Read::take(&mut *r, body_len as u64).read_to_end(&mut body)?;
+    if body.len() < body_len {
+        return Err(WireError::Truncated {
+            need: HEADER_LEN + body_len,
+            have: HEADER_LEN + body.len(),
+        });
+    }
+    decode_body(msg_type, &body)
+}
+
+/// Fills `buf` unless the stream ends first; returns how much was filled.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while let Some(rest) = buf.get_mut(filled..) {
+        if rest.is_empty() {
+            break;
+        }
+        match r.read(rest) {
+            Ok(0) => break,
+            Ok(n) => filled += n.min(rest.len()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+fn decode_body(msg_type: u16, body: &[u8]) -> Result<Message> {
+    match msg_type {
+        TYPE_HELLO => {
+            let mut nonce = None;
+            for field in Fields(body) {
+                let (tag, v) = field?;
+                match tag {
+                    HELLO_NONCE => set_once(&mut nonce, tag, || fixed(tag, v))?,
+                    _ => skip(tag),
+                }
+            }
+            Ok(Message::Hello {
+                nonce: required(nonce, "Hello", HELLO_NONCE)?,
+            })
+        }
+        TYPE_CHALLENGE => {
+            let (mut nonce, mut auth) = (None, None);
+            for field in Fields(body) {
+                let (tag, v) = field?;
+                match tag {
+                    CHALLENGE_NONCE => set_once(&mut nonce, tag, || fixed(tag, v))?,
+                    CHALLENGE_AUTH_REQUIRED => set_once(&mut auth, tag, || boolean(tag, v))?,
+                    _ => skip(tag),
+                }
+            }
+            Ok(Message::Challenge {
+                nonce: required(nonce, "Challenge", CHALLENGE_NONCE)?,
+                auth_required: required(auth, "Challenge", CHALLENGE_AUTH_REQUIRED)?,
+            })
+        }
+        TYPE_AUTH => Ok(Message::Auth {
+            mac: decode_mac(body, "Auth", AUTH_MAC)?,
+        }),
+        TYPE_AUTH_OK => Ok(Message::AuthOk {
+            mac: decode_mac(body, "AuthOk", AUTH_OK_MAC)?,
+        }),
+        TYPE_GET_DESCRIPTOR => {
+            // No fields yet, but a newer peer may add some, and a malformed
+            // body is still refused.
+            for field in Fields(body) {
+                let (tag, _) = field?;
+                skip(tag);
+            }
+            Ok(Message::GetDescriptor)
+        }
+        TYPE_DESCRIPTOR => Ok(Message::Descriptor(decode_descriptor(body)?)),
+        TYPE_ERROR => {
+            let (mut code, mut text) = (None, None);
+            for field in Fields(body) {
+                let (tag, v) = field?;
+                match tag {
+                    ERROR_CODE => {
+                        set_once(&mut code, tag, || Ok(u16::from_le_bytes(fixed(tag, v)?)))?
+                    }
+                    ERROR_TEXT => set_once(&mut text, tag, || {
+                        string(tag, v, "error text", MAX_MESSAGE_TEXT)
+                    })?,
+                    _ => skip(tag),
+                }
+            }
+            Ok(Message::Error {
+                code: required(code, "Error", ERROR_CODE)?,
+                text: required(text, "Error", ERROR_TEXT)?,
+            })
+        }
+        other => Err(WireError::UnknownMessage(other)),
+    }
+}
+
+fn decode_mac(body: &[u8], msg: &'static str, mac_tag: u16) -> Result<[u8; MAC_LEN]> {
+    let mut mac = None;
+    for field in Fields(body) {
+        let (tag, v) = field?;
+        if tag == mac_tag {
+            set_once(&mut mac, tag, || fixed(tag, v))?;
+        } else {
+            skip(tag);
+        }
+    }
+    required(mac, msg, mac_tag)
+}
+
+fn decode_descriptor(body: &[u8]) -> Result<SegmentDescriptor> {
+    let (mut name, mut host_id, mut pid, mut shm_name) = (None, None, None, None);
+    let (mut regions, mut transports, mut rails) = (Vec::new(), Vec::new(), Vec::new());
+    for field in Fields(body) {
+        let (tag, v) = field?;
+        match tag {
+            DESC_NAME => set_once(&mut name, tag, || string(tag, v, "segment name", MAX_NAME))?,
+            DESC_HOST_ID => set_once(&mut host_id, tag, || string(tag, v, "host id", MAX_NAME))?,
+            DESC_PID => set_once(&mut pid, tag, || Ok(u32::from_le_bytes(fixed(tag, v)?)))?,
+            DESC_SHM_NAME => set_once(&mut shm_name, tag, || {
+                string(tag, v, "shm name", MAX_SHM_NAME)
+            })?,
+            DESC_REGION => push_bounded(&mut regions, "region list", MAX_REGIONS, || {
+                decode_region(v)
+            })?,
+            DESC_TRANSPORT => {
+                push_bounded(&mut transports, "transport list", MAX_TRANSPORTS, || {
+                    Ok(u8::from_le_bytes(fixed(tag, v)?))
+                })?
+            }
+            DESC_RAIL => push_bounded(&mut rails, "rail list", MAX_RAILS, || decode_rail(v))?,
+            _ => skip(tag),
+        }
+    }
+    let name = required(name, "Descriptor", DESC_NAME)?;
+    if name.is_empty() {
+        return Err(WireError::BadField {
+            tag: DESC_NAME,
+            reason: "empty segment name".into(),
+        });
+    }
+    Ok(SegmentDescriptor {
+        name,
+        host_id: required(host_id, "Descriptor", DESC_HOST_ID)?,
+        pid: required(pid, "Descriptor", DESC_PID)?,
+        shm_name,
+        regions,
+        transports,
+        rails,
+    })
+}
+
+fn decode_region(record: &[u8]) -> Result<RegionEntry> {
+    let (mut id, mut addr, mut len, mut key) = (None, None, None, None);
+    for field in Fields(record) {
+        let (tag, v) = field?;
+        match tag {
+            REGION_ID => set_once(&mut id, tag, || Ok(u32::from_le_bytes(fixed(tag, v)?)))?,
+            REGION_ADDR => set_once(&mut addr, tag, || Ok(u64::from_le_bytes(fixed(tag, v)?)))?,
+            REGION_LEN => set_once(&mut len, tag, || Ok(u64::from_le_bytes(fixed(tag, v)?)))?,
+            REGION_KEY => set_once(&mut key, tag, || Ok(u64::from_le_bytes(fixed(tag, v)?)))?,
+            _ => skip(tag),
+        }
+    }
+    Ok(RegionEntry {
+        id: required(id, "RegionEntry", REGION_ID)?,
+        addr: required(addr, "RegionEntry", REGION_ADDR)?,
+        len: required(len, "RegionEntry", REGION_LEN)?,
+        key: required(key, "RegionEntry", REGION_KEY)?,
+    })
+}
+
+fn decode_rail(record: &[u8]) -> Result<RailEntry> {
+    let (mut name, mut addr) = (None, None);
+    for field in Fields(record) {
+        let (tag, v) = field?;
+        match tag {
+            RAIL_NAME => set_once(&mut name, tag, || {
+                string(tag, v, "rail name", MAX_RAIL_FIELD)
+            })?,
+            RAIL_ADDR => set_once(&mut addr, tag, || {
+                string(tag, v, "rail address", MAX_RAIL_FIELD)
+            })?,
+            _ => skip(tag),
+        }
+    }
+    Ok(RailEntry {
+        name: required(name, "RailEntry", RAIL_NAME)?,
+        addr: required(addr, "RailEntry", RAIL_ADDR)?,
+    })
+}
+
+/// The fields of a body or record, in order. The enclosing frame is already
+/// complete here, so a field running past its record is malformed, not
+/// truncated: reporting it as `Truncated` could read as a clean close.
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Result<(u16, &'a [u8])>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let Some((head, after)) = self.0.split_first_chunk::<FIELD_HEADER_LEN>() else {
+            let tag = match *self.0 {
+                [a, b, ..] => u16::from_le_bytes([a, b]),
+                _ => 0,
+            };
+            let reason = format!(
+                "record ends inside a field header ({} of {FIELD_HEADER_LEN} bytes)",
+                self.0.len()
+            );
+            self.0 = &[];
+            return Some(Err(WireError::BadField { tag, reason }));
+        };
+        let [t0, t1, l0, l1, l2, l3] = *head;
+        let tag = u16::from_le_bytes([t0, t1]);
+        let len = u32::from_le_bytes([l0, l1, l2, l3]);
+        let Some((value, rest)) = usize::try_from(len)
+            .ok()
+            .and_then(|n| after.split_at_checked(n))
+        else {
+            let reason = format!(
+                "value of {len} bytes runs past the end of its record ({} left)",
+                after.len()
+            );
+            self.0 = &[];
+            return Some(Err(WireError::BadField { tag, reason }));
+        };
+        self.0 = rest;
+        Some(Ok((tag, value)))
+    }
+}
+
+/// Unknown fields are how newer peers extend messages; a trace helps when
+/// two versions disagree about what matters.
+fn skip(tag: u16) {
+    tracing::trace!(tag, "skipping unknown control field");
+}
+
+fn set_once<T>(slot: &mut Option<T>, tag: u16, parse: impl FnOnce() -> Result<T>) -> Result<()> {
+    if slot.is_some() {
+        return Err(WireError::DuplicateField { tag });
+    }
+    *slot = Some(parse()?);
+    Ok(())
+}
+
+/// Checks the count before decoding the element, so an over-long list is
+/// refused at its first excess element.
+fn push_bounded<T>(
+    list: &mut Vec<T>,
+    what: &'static str,
+    max: usize,
+    parse: impl FnOnce() -> Result<T>,
+) -> Result<()> {
+    if list.len() >= max {
+        return Err(WireError::TooLarge {
+            what,
+            len: list.len() + 1,
+            max,
+        });
+    }
+    list.push(parse()?);
+    Ok(())
+}
+
+fn required<T>(slot: Option<T>, msg: &'static str, tag: u16) -> Result<T> {
+    slot.ok_or(WireError::MissingField { msg, tag })
+}
+
+fn fixed<const N: usize>(tag: u16, v: &[u8]) -> Result<[u8; N]> {
+    <[u8; N]>::try_from(v).map_err(|_| WireError::BadField {
+        tag,
+        reason: format!("expected {N} bytes, got {}", v.len()),
+    })
+}
+
+fn boolean(tag: u16, v: &[u8]) -> Result<bool> {
+    match fixed::<1>(tag, v)? {
+        [0] => Ok(false),
+        [1] => Ok(true),
+        [b] => Err(WireError::BadField {
+            tag,
+            reason: format!("bool byte {b}, expected 0 or 1"),
+        }),
+    }
+}
+
+/// The limit is checked before the UTF-8 scan and the copy.
+fn string(tag: u16, v: &[u8], what: &'static str, max: usize) -> Result<String> {
+    if v.len() > max {
+        return Err(WireError::TooLarge {
+            what,
+            len: v.len(),
+            max,
+        });
+    }
+    std::str::from_utf8(v)
+        .map(str::to_owned)
+        .map_err(|e| WireError::BadField {
+            tag,
+            reason: format!("invalid UTF-8: {e}"),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn region(i: u32) -> RegionEntry {
+        RegionEntry {
+            id: i,
+            addr: 0x7f00_0000_0000 + u64::from(i) * 4096,
+            len: 4096,
+            key: u64::from(i) ^ 0xdead_beef,
+        }
+    }
+
+    fn small_descriptor() -> SegmentDescriptor {
+        SegmentDescriptor {
+            name: "10.0.0.1:17777".into(),
+            host_id: "host-a".into(),
+            pid: 4242,
+            shm_name: Some("/tent-4242".into()),
+            regions: vec![region(1), region(2)],
+            transports: vec![0, 1],
+            rails: vec![RailEntry {
+                name: "mlx5_0".into(),
+                addr: "fe80::1".into(),
+            }],
+        }
+    }
+
+    fn full_descriptor() -> SegmentDescriptor {
+        SegmentDescriptor {
+            name: "n".repeat(MAX_NAME),
+            host_id: "h".repeat(MAX_NAME),
+            pid: u32::MAX,
+            shm_name: Some("s".repeat(MAX_SHM_NAME)),
+            regions: (0..MAX_REGIONS as u32).map(region).collect(),
+            transports: (0..MAX_TRANSPORTS as u8).collect(),
+            rails: (0..MAX_RAILS)
+                .map(|i| RailEntry {
+                    name: format!("{i:0>width$}", width = MAX_RAIL_FIELD),
+                    addr: "a".repeat(MAX_RAIL_FIELD),
+                })
+                .collect(),
+        }
+    }
+
+    fn all_messages() -> Vec<Message> {
+        vec![
+            Message::Hello {
+                nonce: [1; NONCE_LEN],
+            },
+            Message::Challenge {
+                nonce: [2; NONCE_LEN],
+                auth_required: true,
+            },
+            Message::Challenge {
+                nonce: [3; NONCE_LEN],
+                auth_required: false,
+            },
+            Message::Auth { mac: [4; MAC_LEN] },
+            Message::AuthOk { mac: [5; MAC_LEN] },
+            Message::GetDescriptor,
+            Message::Descriptor(SegmentDescriptor {
+                name: "x".into(),
+                ..Default::default()
+            }),
+            Message::Descriptor(small_descriptor()),
+            Message::Error {
+                code: 7,
+                text: "access denied".into(),
+            },
+            Message::Error {
+                code: 0,
+                text: String::new(),
+            },
+        ]
+    }
+
+    /// A frame around a hand-built body, for inputs `encode` never makes.
+    fn frame(msg_type: u16, fill: impl FnOnce(&mut Body)) -> Vec<u8> {
+        let mut b = Body(Vec::new());
+        fill(&mut b);
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        out.extend_from_slice(&msg_type.to_le_bytes());
+        out.extend_from_slice(&len_u32(b.0.len()).to_le_bytes());
+        out.extend_from_slice(&b.0);
+        out
+    }
+
+    fn decode_err(bytes: &[u8]) -> WireError {
+        match decode(bytes) {
+            Ok((m, _)) => panic!("decoded {m:?}, expected an error"),
+            Err(e) => e,
+        }
+    }
+
+    fn roundtrip(msg: &Message) {
+        let bytes = encode(msg);
+        let (back, used) = decode(&bytes).unwrap();
+        assert_eq!(&back, msg);
+        assert_eq!(used, bytes.len());
+        assert_eq!(&read_message(&mut bytes.as_slice()).unwrap(), msg);
+        assert_eq!(encode(&back), bytes, "canonical");
+    }
+
+    #[test]
+    fn every_variant_round_trips() {
+        for m in all_messages() {
+            roundtrip(&m);
+        }
+    }
+
+    #[test]
+    fn full_descriptor_round_trips_within_max_body() {
+        let msg = Message::Descriptor(full_descriptor());
+        let bytes = encode(&msg);
+        assert!(
+            bytes.len() - HEADER_LEN <= MAX_BODY as usize,
+            "a full descriptor must fit: {}",
+            bytes.len()
+        );
+        roundtrip(&msg);
+    }
+
+    #[test]
+    fn type_codes_and_names_are_distinct() {
+        let msgs = all_messages();
+        for m in &msgs {
+            let bytes = encode(m);
+            assert_eq!(u16::from_le_bytes([bytes[6], bytes[7]]), m.type_code());
+        }
+        let mut names: Vec<_> = msgs.iter().map(|m| (m.type_code(), m.name())).collect();
+        names.dedup();
+        assert_eq!(names.len(), 7);
+    }
+
+    #[test]
+    fn consecutive_frames_decode_one_at_a_time() {
+        let mut stream = encode(&Message::GetDescriptor);
+        stream.extend(encode(&Message::Auth { mac: [9; MAC_LEN] }));
+        let (first, used) = decode(&stream).unwrap();
+        assert_eq!(first, Message::GetDescriptor);
+        let (second, _) = decode(&stream[used..]).unwrap();
+        assert_eq!(second, Message::Auth { mac: [9; MAC_LEN] });
+        let mut r = stream.as_slice();
+        assert_eq!(read_message(&mut r).unwrap(), Message::GetDescriptor);
+        assert_eq!(
+            read_message(&mut r).unwrap(),
+            Message::Auth { mac: [9; MAC_LEN] }
+        );
+        assert!(matches!(
+            read_message(&mut r),
+            Err(WireError::Truncated {
+                need: HEADER_LEN,
+                have: 0
+            })
+        ));
+    }
+
+    #[test]
+    fn every_strict_prefix_is_truncated() {
+        for m in all_messages() {
+            let bytes = encode(&m);
+            for n in 0..bytes.len() {
+                match decode(&bytes[..n]) {
+                    Err(WireError::Truncated { have, need }) => {
+                        assert_eq!(have, n);
+                        assert!(need > n);
+                    }
+                    other => panic!("{} prefix {n}: {other:?}", m.name()),
+                }
+                match read_message(&mut &bytes[..n]) {
+                    Err(WireError::Truncated { have, .. }) => assert_eq!(have, n),
+                    other => panic!("{} prefix {n} (read): {other:?}", m.name()),
+                }
+            }
+        }
+    }
+
+    /// Fails the test if anything past the header is read.
+    struct HeaderOnly {
+        header: [u8; HEADER_LEN],
+        pos: usize,
+    }
+
+    impl Read for HeaderOnly {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let Some(rest) = self.header.get(self.pos..).filter(|r| !r.is_empty()) else {
+                return Err(io::Error::other("read past the header"));
+            };
+            let n = rest.len().min(buf.len()).min(5); // short reads on purpose
+            buf[..n].copy_from_slice(&rest[..n]);
+            self.pos += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn oversized_body_is_refused_from_the_header_alone() {
+        let mut header = [0u8; HEADER_LEN];
+        header[..4].copy_from_slice(&MAGIC);
+        header[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        header[6..8].copy_from_slice(&TYPE_DESCRIPTOR.to_le_bytes());
+        header[8..].copy_from_slice(&(MAX_BODY + 1).to_le_bytes());
+        let mut r = HeaderOnly { header, pos: 0 };
+        match read_message(&mut r) {
+            Err(WireError::TooLarge {
+                what: "message body",
+                len,
+                max,
+            }) => {
+                assert_eq!(len, MAX_BODY as usize + 1);
+                assert_eq!(max, MAX_BODY as usize);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.pos, HEADER_LEN);
+        assert!(matches!(decode(&header), Err(WireError::TooLarge { .. })));
+        // At exactly MAX_BODY the header is fine and the body is awaited.
+        header[8..].copy_from_slice(&MAX_BODY.to_le_bytes());
+        assert!(matches!(decode(&header), Err(WireError::Truncated { .. })));
+    }
+
+    #[test]
+    fn interrupted_reads_are_retried() {
+        struct Flaky<'a>(&'a [u8], bool);
+        impl Read for Flaky<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                self.1 = !self.1;
+                if self.1 {
+                    return Err(io::ErrorKind::Interrupted.into());
+                }
+                let n = self.0.len().min(buf.len()).min(3);
+                buf[..n].copy_from_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                Ok(n)
+            }
+        }
+        let msg = Message::Descriptor(small_descriptor());
+        let bytes = encode(&msg);
+        assert_eq!(read_message(&mut Flaky(&bytes, false)).unwrap(), msg);
+    }
+
+    #[test]
+    fn write_message_writes_the_encoding() {
+        let msg = Message::Challenge {
+            nonce: [8; NONCE_LEN],
+            auth_required: true,
+        };
+        let mut out = Vec::new();
+        write_message(&mut out, &msg).unwrap();
+        assert_eq!(out, encode(&msg));
+    }
+
+    #[test]
+    fn bad_header_fields() {
+        let good = encode(&Message::GetDescriptor);
+
+        let mut b = good.clone();
+        b[..4].copy_from_slice(b"HTTP");
+        assert!(matches!(decode_err(&b), WireError::BadMagic(m) if &m == b"HTTP"));
+        assert!(matches!(
+            read_message(&mut b.as_slice()),
+            Err(WireError::BadMagic(_))
+        ));
+
+        let mut b = good.clone();
+        b[4..6].copy_from_slice(&2u16.to_le_bytes());
+        assert!(matches!(decode_err(&b), WireError::UnsupportedVersion(2)));
+        assert!(matches!(
+            read_message(&mut b.as_slice()),
+            Err(WireError::UnsupportedVersion(2))
+        ));
+
+        for t in [0u16, 8, 0x8000, u16::MAX] {
+            let mut b = good.clone();
+            b[6..8].copy_from_slice(&t.to_le_bytes());
+            assert!(matches!(decode_err(&b), WireError::UnknownMessage(x) if x == t));
+            assert!(
+                matches!(read_message(&mut b.as_slice()), Err(WireError::UnknownMessage(x)) if x == t)
+            );
+        }
+    }
+
+    #[test]
+    fn newer_peer_fields_are_skipped() {
+        // A newer peer adds per-rail QP bootstrap data at the top level and
+        // inside records, interleaved with the fields this side knows.
+        let expected = small_descriptor();
+        let bytes = frame(TYPE_DESCRIPTOR, |b| {
+            b.field(0x8001, b"future top-level field");
+            b.str(DESC_NAME, &expected.name);
+            b.str(DESC_HOST_ID, &expected.host_id);
+            b.record(0x8002, |b| {
+                b.field(0x0001, &[0xfe; 16]); // GID
+                b.u32(0x0002, 0x1234); // QPN
+                b.u32(0x0003, 0x5678); // PSN
+                b.u32(0x0004, 4096); // MTU
+            });
+            b.u32(DESC_PID, expected.pid);
+            b.str(DESC_SHM_NAME, expected.shm_name.as_deref().unwrap());
+            for r in &expected.regions {
+                b.record(DESC_REGION, |b| {
+                    b.record(0x8000, |b| b.u32(0x0002, 99)); // nested QP info
+                    b.u32(REGION_ID, r.id);
+                    b.u64(REGION_ADDR, r.addr);
+                    b.field(0x8003, &[]);
+                    b.u64(REGION_LEN, r.len);
+                    b.u64(REGION_KEY, r.key);
+                    b.field(0x8003, &[1, 2, 3]); // unknown tags may repeat
+                });
+            }
+            for &t in &expected.transports {
+                b.u8(DESC_TRANSPORT, t);
+            }
+            for rail in &expected.rails {
+                b.record(DESC_RAIL, |b| {
+                    b.str(RAIL_NAME, &rail.name);
+                    b.field(0x8004, &0x1234u32.to_le_bytes()); // QPN
+                    b.str(RAIL_ADDR, &rail.addr);
+                });
+            }
+            b.field(0xffff, &[0; 100]);
+        });
+        let (msg, used) = decode(&bytes).unwrap();
+        assert_eq!(used, bytes.len());
+        assert_eq!(msg, Message::Descriptor(expected.clone()));
+        assert_eq!(
+            read_message(&mut bytes.as_slice()).unwrap(),
+            Message::Descriptor(expected)
+        );
+
+        // Every message type tolerates extra fields, GetDescriptor included.
+        let get = frame(TYPE_GET_DESCRIPTOR, |b| b.u64(0x8000, 1));
+        assert_eq!(decode(&get).unwrap().0, Message::GetDescriptor);
+        let hello = frame(TYPE_HELLO, |b| {
+            b.field(0x9000, b"x");
+            b.field(HELLO_NONCE, &[6; NONCE_LEN]);
+        });
+        assert_eq!(
+            decode(&hello).unwrap().0,
+            Message::Hello {
+                nonce: [6; NONCE_LEN]
+            }
+        );
+    }
+
+    fn descriptor_frame(skip_tag: Option<u16>, extra: impl FnOnce(&mut Body)) -> Vec<u8> {
+        frame(TYPE_DESCRIPTOR, |b| {
+            if skip_tag != Some(DESC_NAME) {
+                b.str(DESC_NAME, "seg");
+            }
+            if skip_tag != Some(DESC_HOST_ID) {
+                b.str(DESC_HOST_ID, "host");
+            }
+            if skip_tag != Some(DESC_PID) {
+                b.u32(DESC_PID, 1);
+            }
+            extra(b);
+        })
+    }
+
+    #[test]
+    fn missing_required_fields() {
+        assert!(decode(&descriptor_frame(None, |_| {})).is_ok());
+        for tag in [DESC_NAME, DESC_HOST_ID, DESC_PID] {
+            let e = decode_err(&descriptor_frame(Some(tag), |_| {}));
+            assert!(
+                matches!(e, WireError::MissingField { msg: "Descriptor", tag: t } if t == tag),
+                "{e:?}"
+            );
+        }
+        let e = decode_err(&frame(TYPE_CHALLENGE, |b| {
+            b.field(CHALLENGE_NONCE, &[0; NONCE_LEN])
+        }));
+        assert!(matches!(
+            e,
+            WireError::MissingField {
+                msg: "Challenge",
+                tag: CHALLENGE_AUTH_REQUIRED
+            }
+        ));
+        let e = decode_err(&frame(TYPE_AUTH, |_| {}));
+        assert!(matches!(
+            e,
+            WireError::MissingField {
+                msg: "Auth",
+                tag: AUTH_MAC
+            }
+        ));
+        let e = decode_err(&frame(TYPE_ERROR, |b| b.u16(ERROR_CODE, 1)));
+        assert!(matches!(
+            e,
+            WireError::MissingField {
+                msg: "Error",
+                tag: ERROR_TEXT
+            }
+        ));
+        let e = decode_err(&descriptor_frame(None, |b| {
+            b.record(DESC_REGION, |b| {
+                b.u32(REGION_ID, 1);
+                b.u64(REGION_ADDR, 2);
+                b.u64(REGION_LEN, 3);
+            })
+        }));
+        assert!(
+            matches!(
+                e,
+                WireError::MissingField {
+                    msg: "RegionEntry",
+                    tag: REGION_KEY
+                }
+            ),
+            "{e:?}"
+        );
+        let e = decode_err(&descriptor_frame(None, |b| {
+            b.record(DESC_RAIL, |b| b.str(RAIL_NAME, "mlx5_0"))
+        }));
+        assert!(
+            matches!(
+                e,
+                WireError::MissingField {
+                    msg: "RailEntry",
+                    tag: RAIL_ADDR
+                }
+            ),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn duplicate_fields() {
+        let e = decode_err(&descriptor_frame(None, |b| b.str(DESC_NAME, "again")));
+        assert!(
+            matches!(e, WireError::DuplicateField { tag: DESC_NAME }),
+            "{e:?}"
+        );
+        let e = decode_err(&descriptor_frame(None, |b| {
+            b.str(DESC_SHM_NAME, "/a");
+            b.str(DESC_SHM_NAME, "/b");
+        }));
+        assert!(
+            matches!(e, WireError::DuplicateField { tag: DESC_SHM_NAME }),
+            "{e:?}"
+        );
+        let e = decode_err(&frame(TYPE_HELLO, |b| {
+            b.field(HELLO_NONCE, &[0; NONCE_LEN]);
+            b.field(HELLO_NONCE, &[0; NONCE_LEN]);
+        }));
+        assert!(matches!(e, WireError::DuplicateField { tag: HELLO_NONCE }));
+        let e = decode_err(&descriptor_frame(None, |b| {
+            b.record(DESC_REGION, |b| {
+                b.u32(REGION_ID, 1);
+                b.u32(REGION_ID, 1);
+            })
+        }));
+        assert!(
+            matches!(e, WireError::DuplicateField { tag: REGION_ID }),
+            "{e:?}"
+        );
+        // List fields repeat by design.
+        let (msg, _) = decode(&descriptor_frame(None, |b| {
+            b.u8(DESC_TRANSPORT, 1);
+            b.u8(DESC_TRANSPORT, 1);
+        }))
+        .unwrap();
+        assert!(matches!(msg, Message::Descriptor(d) if d.transports == [1, 1]));
+    }
+
+    #[test]
+    fn malformed_values() {
+        let bool2 = frame(TYPE_CHALLENGE, |b| {
+            b.field(CHALLENGE_NONCE, &[0; NONCE_LEN]);
+            b.field(CHALLENGE_AUTH_REQUIRED, &[2]);
+        });
+        assert!(matches!(
+            decode_err(&bool2),
+            WireError::BadField {
+                tag: CHALLENGE_AUTH_REQUIRED,
+                ..
+            }
+        ));
+
+        let bad_utf8 =
+            descriptor_frame(Some(DESC_NAME), |b| b.field(DESC_NAME, &[b'a', 0xff, 0xfe]));
+        assert!(matches!(
+            decode_err(&bad_utf8),
+            WireError::BadField { tag: DESC_NAME, .. }
+        ));
+        let bad_utf8 = frame(TYPE_ERROR, |b| {
+            b.u16(ERROR_CODE, 1);
+            b.field(ERROR_TEXT, &[0xc3]);
+        });
+        assert!(matches!(
+            decode_err(&bad_utf8),
+            WireError::BadField {
+                tag: ERROR_TEXT,
+                ..
+            }
+        ));
+
+        let short_nonce = frame(TYPE_HELLO, |b| b.field(HELLO_NONCE, &[0; NONCE_LEN - 1]));
+        assert!(matches!(
+            decode_err(&short_nonce),
+            WireError::BadField {
+                tag: HELLO_NONCE,
+                ..
+            }
+        ));
+        let long_mac = frame(TYPE_AUTH_OK, |b| b.field(AUTH_OK_MAC, &[0; MAC_LEN + 1]));
+        assert!(matches!(
+            decode_err(&long_mac),
+            WireError::BadField {
+                tag: AUTH_OK_MAC,
+                ..
+            }
+        ));
+        let wide_pid = descriptor_frame(Some(DESC_PID), |b| b.u64(DESC_PID, 1));
+        assert!(matches!(
+            decode_err(&wide_pid),
+            WireError::BadField { tag: DESC_PID, .. }
+        ));
+
+        let empty_name = descriptor_frame(Some(DESC_NAME), |b| b.str(DESC_NAME, ""));
+        assert!(matches!(
+            decode_err(&empty_name),
+            WireError::BadField { tag: DESC_NAME, .. }
+        ));
+    }
+
+    #[test]
+    fn field_framing_errors() {
+        // A field header cut short by the end of the body.
+        let cut = frame(TYPE_GET_DESCRIPTOR, |b| {
+            b.0.extend_from_slice(&[0x01, 0x80, 0x00])
+        });
+        assert!(matches!(
+            decode_err(&cut),
+            WireError::BadField { tag: 0x8001, .. }
+        ));
+        let cut = frame(TYPE_GET_DESCRIPTOR, |b| b.0.push(7));
+        assert!(matches!(
+            decode_err(&cut),
+            WireError::BadField { tag: 0, .. }
+        ));
+        // A value claiming more than its record holds, at the top level...
+        let over = frame(TYPE_GET_DESCRIPTOR, |b| {
+            b.0.extend_from_slice(&0x8000u16.to_le_bytes());
+            b.0.extend_from_slice(&u32::MAX.to_le_bytes());
+        });
+        assert!(matches!(
+            decode_err(&over),
+            WireError::BadField { tag: 0x8000, .. }
+        ));
+        // ...and inside a record, even though the frame holds more bytes.
+        let over = descriptor_frame(None, |b| {
+            b.record(DESC_REGION, |b| {
+                b.0.extend_from_slice(&REGION_ID.to_le_bytes());
+                b.0.extend_from_slice(&4u32.to_le_bytes());
+                b.0.extend_from_slice(&[1, 2]);
+            });
+            b.field(0x8000, &[0; 64]);
+        });
+        assert!(matches!(
+            decode_err(&over),
+            WireError::BadField { tag: REGION_ID, .. }
+        ));
+    }
+
+    #[test]
+    fn limits() {
+        let many = descriptor_frame(None, |b| {
+            for i in 0..=MAX_REGIONS as u32 {
+                b.record(DESC_REGION, |b| {
+                    let r = region(i);
+                    b.u32(REGION_ID, r.id);
+                    b.u64(REGION_ADDR, r.addr);
+                    b.u64(REGION_LEN, r.len);
+                    b.u64(REGION_KEY, r.key);
+                });
+            }
+        });
+        assert!(many.len() - HEADER_LEN <= MAX_BODY as usize);
+        let e = decode_err(&many);
+        assert!(
+            matches!(e, WireError::TooLarge { what: "region list", len, max: MAX_REGIONS } if len == MAX_REGIONS + 1)
+        );
+
+        let e = decode_err(&descriptor_frame(None, |b| {
+            for t in 0..=MAX_TRANSPORTS as u8 {
+                b.u8(DESC_TRANSPORT, t);
+            }
+        }));
+        assert!(
+            matches!(
+                e,
+                WireError::TooLarge {
+                    what: "transport list",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+
+        let mut d = small_descriptor();
+        d.rails = vec![d.rails[0].clone(); MAX_RAILS + 1];
+        let e = decode_err(&encode(&Message::Descriptor(d)));
+        assert!(
+            matches!(
+                e,
+                WireError::TooLarge {
+                    what: "rail list",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+
+        let cases: Vec<(SegmentDescriptor, &str)> = vec![
+            (
+                SegmentDescriptor {
+                    name: "n".repeat(MAX_NAME + 1),
+                    ..small_descriptor()
+                },
+                "segment name",
+            ),
+            (
+                SegmentDescriptor {
+                    host_id: "h".repeat(MAX_NAME + 1),
+                    ..small_descriptor()
+                },
+                "host id",
+            ),
+            (
+                SegmentDescriptor {
+                    shm_name: Some("s".repeat(MAX_SHM_NAME + 1)),
+                    ..small_descriptor()
+                },
+                "shm name",
+            ),
+            (
+                SegmentDescriptor {
+                    rails: vec![RailEntry {
+                        name: "r".repeat(MAX_RAIL_FIELD + 1),
+                        addr: String::new(),
+                    }],
+                    ..small_descriptor()
+                },
+                "rail name",
+            ),
+            (
+                SegmentDescriptor {
+                    rails: vec![RailEntry {
+                        name: String::new(),
+                        addr: "a".repeat(MAX_RAIL_FIELD + 1),
+                    }],
+                    ..small_descriptor()
+                },
+                "rail address",
+            ),
+        ];
+        for (d, expect) in cases {
+            let e = decode_err(&encode(&Message::Descriptor(d)));
+            assert!(
+                matches!(e, WireError::TooLarge { what, .. } if what == expect),
+                "{expect}: {e:?}"
+            );
+        }
+        let e = decode_err(&encode(&Message::Error {
+            code: 1,
+            text: "e".repeat(MAX_MESSAGE_TEXT + 1),
+        }));
+        assert!(
+            matches!(e, WireError::TooLarge { what: "error text", len, .. } if len == MAX_MESSAGE_TEXT + 1)
+        );
+    }
+
+    #[test]
+    fn errors_display() {
+        let e = WireError::MissingField {
+            msg: "Descriptor",
+            tag: 3,
+        };
+        assert_eq!(e.to_string(), "Descriptor: missing required field 0x0003");
+        let e = WireError::BadMagic(*b"HTTP");
+        assert!(e.to_string().contains("48"), "{e}");
+    }
+
+    fn arb_rail() -> impl Strategy<Value = RailEntry> {
+        // \PC is any non-control char, up to 4 bytes: 16 chars stay within 64 bytes.
+        ("\\PC{0,16}", "\\PC{0,16}").prop_map(|(name, addr)| RailEntry { name, addr })
+    }
+
+    fn arb_descriptor() -> impl Strategy<Value = SegmentDescriptor> {
+        (
+            "\\PC{1,64}",
+            "\\PC{0,64}",
+            any::<u32>(),
+            proptest::option::of("\\PC{0,50}"),
+            proptest::collection::vec(
+                (any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>())
+                    .prop_map(|(id, addr, len, key)| RegionEntry { id, addr, len, key }),
+                0..40,
+            ),
+            proptest::collection::vec(any::<u8>(), 0..=MAX_TRANSPORTS),
+            proptest::collection::vec(arb_rail(), 0..=8),
+        )
+            .prop_map(
+                |(name, host_id, pid, shm_name, regions, transports, rails)| SegmentDescriptor {
+                    name,
+                    host_id,
+                    pid,
+                    shm_name,
+                    regions,
+                    transports,
+                    rails,
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn descriptors_round_trip(d in arb_descriptor()) {
+            let msg = Message::Descriptor(d);
+            let bytes = encode(&msg);
+            let (back, used) = decode(&bytes).unwrap();
+            prop_assert_eq!(used, bytes.len());
+            prop_assert_eq!(&back, &msg);
+            prop_assert_eq!(encode(&back), bytes);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let _ = decode(&bytes);
+            let _ = read_message(&mut bytes.as_slice());
+        }
+
+        #[test]
+        fn arbitrary_bodies_behind_valid_headers_never_panic(
+            msg_type in 0u16..9,
+            body in proptest::collection::vec(any::<u8>(), 0..2048),
+        ) {
+            let bytes = frame(msg_type, |b| b.0.extend_from_slice(&body));
+            let _ = decode(&bytes);
+            let _ = read_message(&mut bytes.as_slice());
+        }
+
+        #[test]
+        fn mutated_frames_never_panic(
+            d in arb_descriptor(),
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        ) {
+            let mut bytes = encode(&Message::Descriptor(d));
+            for (i, v) in flips {
+                let at = i.index(bytes.len());
+                bytes[at] = v;
+            }
+            let _ = decode(&bytes);
+            let _ = read_message(&mut bytes.as_slice());
+        }
+    }
+}
