@@ -42,13 +42,13 @@ pub fn target(args: &Args) -> Result<(), String> {
     let buf = engine
         .allocate_memory(args.buffer_size)
         .map_err(|e| e.to_string())?;
-    let name = engine
-        .local_segment_name()
-        .ok_or("the shm transport is off: nothing to export")?
-        .to_owned();
+    // TENT's p2p naming: the control server's ip:port. An initiator on
+    // this host fetches the descriptor there and maps the shm segment.
+    let name = engine.segment_name();
     emit(&name);
     eprintln!(
-        "tent-bench target: segment {name}, pid {}, exporting {} bytes at {:#x}",
+        "tent-bench target: segment {name} (shm {}), pid {}, exporting {} bytes at {:#x}",
+        engine.local_segment_name().unwrap_or("-"),
         std::process::id(),
         buf.len(),
         buf.addr()
