@@ -381,7 +381,8 @@ impl Engine {
     /// host with shm exported, reach it through shared memory.
     fn open_p2p(&self, name: &str) -> Result<SegmentKind> {
         let cfg = &self.shared.config;
-        let secret = (!cfg.rpc_shared_secret.is_empty()).then_some(cfg.rpc_shared_secret.as_bytes());
+        let secret =
+            (!cfg.rpc_shared_secret.is_empty()).then_some(cfg.rpc_shared_secret.as_bytes());
         let timeout = Duration::from_millis(cfg.default_timeout_ms.min(10_000));
         let desc = crate::control::fetch_descriptor(name, secret, timeout)?;
         if cfg.transports.shm.enable
