@@ -30,7 +30,8 @@ impl Netns {
                 std::env::var("CI").as_deref() != Ok("true"),
                 "CI=true: netns tests must run: {why}"
             );
-            println!("SKIP: {why}");
+            // Straight to stderr (print! would be captured by the harness).
+            let _ = std::io::stderr().write_all(format!("SKIP: {why}\n").as_bytes());
             return None;
         }
         let name = format!("tn{}", std::process::id() % 100_000);
