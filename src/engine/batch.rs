@@ -106,6 +106,18 @@ impl BatchTask {
         self.state.store(state as u8, Ordering::Release);
     }
 
+    /// The slot a batch SQE's `user_data` names.
+    ///
+    /// # Safety
+    /// `user_data` must come from [`Batch::task_ptr`] of a batch that is
+    /// still allocated; a batch cannot be freed while the task is Pending,
+    /// so this holds until the worker's final `finish`.
+    #[inline]
+    pub(crate) unsafe fn from_user_data<'a>(user_data: u64) -> &'a BatchTask {
+        // SAFETY: the caller guarantees the address is a live BatchTask.
+        unsafe { &*(user_data as *const BatchTask) }
+    }
+
     /// Has the application asked to cancel it? (Relaxed: a hint checked
     /// between slices; a late read only delays the cancel by a slice.)
     #[inline]

@@ -91,8 +91,8 @@ impl Task {
     #[inline]
     pub fn batch_task(&self) -> Option<&BatchTask> {
         match self.origin {
-            // SAFETY: a batch SQE's user_data is the address of a BatchTask in a batch that cannot be freed while this task is Pending.
-            Origin::Batch => Some(unsafe { &*(self.user_data as *const BatchTask) }),
+            // SAFETY: a batch SQE's user_data is a BatchTask address in a batch that cannot be freed while this task is Pending.
+            Origin::Batch => Some(unsafe { BatchTask::from_user_data(self.user_data) }),
             Origin::Ring(_) => None,
         }
     }

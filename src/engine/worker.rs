@@ -18,7 +18,7 @@ use tent_rings::credit::CreditPool;
 use tent_rings::spsc::{Consumer, Producer};
 use tent_rings::{Cqe, ErrorKind, Priority, Sqe, TransportKind};
 
-use super::batch::TaskState;
+use super::batch::{BatchTask, TaskState};
 use super::doorbell::Doorbell;
 use super::task::{Origin, SliceRecord, TaskTable};
 use super::{EngineShared, slot_index};
@@ -60,6 +60,18 @@ pub(crate) struct WorkerRing {
     /// Accepted, not yet completed (each will need one CQ slot).
     pub outstanding: u32,
     pub cq_dirty: bool,
+}
+
+impl WorkerRing {
+    /// Can the CQ take one more CQE than the worker already owes? Every
+    /// accepted SQE needs one, so SQEs are accepted only while this holds
+    /// and posting a CQE never fails. Answers from the cached consumer head
+    /// first. Always true for the batch ring (no CQ).
+    #[inline]
+    pub fn cq_has_room(&mut self) -> bool {
+        let owed = self.outstanding as usize;
+        self.cq.as_mut().is_none_or(|cq| cq.has_slots(owed + 1))
+    }
 }
 
 /// What a worker shares with the engine and with submitters.
@@ -283,11 +295,7 @@ impl Worker {
                 let Some(ring) = self.rings[ri].as_mut() else {
                     break;
                 };
-                // Each accepted SQE will need one CQ slot: never accept more
-                // than the CQ can take, so posting a CQE can never fail.
-                if let Some(cq) = ring.cq.as_mut()
-                    && !cq.has_slots(ring.outstanding as usize + 1)
-                {
+                if !ring.cq_has_room() {
                     break;
                 }
                 let Some(sqe) = ring.sq.pop() else {
@@ -319,7 +327,7 @@ impl Worker {
     fn accept(&mut self, origin: Origin, sqe: &Sqe, now: u64) {
         let user_data = sqe.user_data();
         match self.validate(sqe, now) {
-            Err(kind) => self.deliver(origin, user_data, Err(kind), true, TransportKind::Any, 0),
+            Err(kind) => self.deliver(origin, user_data, Err(kind), true, 0, TransportKind::Any, 0),
             Ok(v) => {
                 let Some(i) = self.tasks.alloc() else {
                     // Unreachable: intake checks is_full() first.
@@ -328,6 +336,7 @@ impl Worker {
                         user_data,
                         Err(ErrorKind::SqFull),
                         false,
+                        0,
                         TransportKind::Any,
                         0,
                     );
@@ -613,6 +622,7 @@ impl Worker {
         }
     }
 
+    /// Deliver a finished task (with the bytes it moved) and count it.
     fn deliver_task(
         &mut self,
         origin: Origin,
@@ -622,14 +632,7 @@ impl Worker {
         transport: TransportKind,
         failovers: u8,
     ) {
-        match origin {
-            Origin::Batch => {
-                // SAFETY: batch user_data is the address of a BatchTask kept alive until it leaves Pending (which this store does).
-                let slot = unsafe { &*(user_data as *const super::batch::BatchTask) };
-                slot.finish(TaskState::for_result(res, false), done, res.err());
-            }
-            Origin::Ring(_) => self.deliver(origin, user_data, res, false, transport, failovers),
-        }
+        self.deliver(origin, user_data, res, false, done, transport, failovers);
         if res.is_ok() {
             // Single writer (this worker): a plain store, no locked RMW.
             let s = &self.shared;
@@ -640,21 +643,24 @@ impl Worker {
         }
     }
 
-    /// Post a completion for `origin`.
+    /// Post a completion for `origin`: a CQE, or the batch task's state.
+    /// `validation`: the request was refused before any byte moved.
+    #[allow(clippy::too_many_arguments)]
     fn deliver(
         &mut self,
         origin: Origin,
         user_data: u64,
         res: Result<u64, ErrorKind>,
         validation: bool,
+        done: u64,
         transport: TransportKind,
         failovers: u8,
     ) {
         match origin {
             Origin::Batch => {
-                // SAFETY: as in deliver_task.
-                let slot = unsafe { &*(user_data as *const super::batch::BatchTask) };
-                slot.finish(TaskState::for_result(res, validation), 0, res.err());
+                // SAFETY: a batch SQE's user_data is a BatchTask address kept alive until it leaves Pending (which this store does).
+                let slot = unsafe { BatchTask::from_user_data(user_data) };
+                slot.finish(TaskState::for_result(res, validation), done, res.err());
             }
             Origin::Ring(ri) => {
                 let Some(ring) = self.rings[ri as usize].as_mut() else {
@@ -742,9 +748,7 @@ impl Worker {
         let mut empty = true;
         let mut blocked = false;
         for ring in self.rings.iter_mut().flatten() {
-            if let Some(cq) = ring.cq.as_mut()
-                && !cq.has_slots(ring.outstanding as usize + 1)
-            {
+            if !ring.cq_has_room() {
                 // The application is behind on reaping: its SQEs wait for CQ
                 // room, which no doorbell announces. Look again soon.
                 blocked = true;
@@ -786,11 +790,7 @@ impl Worker {
         for ri in 0..self.rings.len() {
             while let Some(ring) = self.rings[ri].as_mut() {
                 // A CQ the application stopped reading: leave the rest queued.
-                if ring
-                    .cq
-                    .as_mut()
-                    .is_some_and(|cq| cq.slots() <= ring.outstanding as usize)
-                {
+                if !ring.cq_has_room() {
                     break;
                 }
                 let Some(sqe) = ring.sq.pop() else { break };
@@ -805,6 +805,7 @@ impl Worker {
                     sqe.user_data(),
                     Err(ErrorKind::Shutdown),
                     false,
+                    0,
                     TransportKind::Any,
                     0,
                 );

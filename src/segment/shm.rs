@@ -65,7 +65,7 @@ fn live_key(region: &Region) -> &AtomicU64 {
     unsafe { &*(region.payload_ptr() as *const AtomicU64) }
 }
 
-fn write_descriptor(desc: &Region, entries: &[Entry]) {
+fn write_descriptor<'a>(desc: &Region, entries: impl ExactSizeIterator<Item = &'a Entry>) {
     let w = words(desc);
     // Seqlock writer: odd while writing. The Release fence orders the odd
     // store before the entry stores; the final Release store publishes them.
@@ -73,7 +73,7 @@ fn write_descriptor(desc: &Region, entries: &[Entry]) {
     w[0].store(seq + 1, Ordering::Relaxed);
     fence(Ordering::Release);
     w[1].store(entries.len() as u64, Ordering::Relaxed);
-    for (i, e) in entries.iter().enumerate() {
+    for (i, e) in entries.enumerate() {
         let base = HEADER_WORDS + i * ENTRY_WORDS;
         w[base].store(e.id, Ordering::Relaxed);
         w[base + 1].store(e.base, Ordering::Relaxed);
@@ -280,8 +280,7 @@ impl ShmExport {
             file,
         };
         st.entries.push((entry, mem.region.clone()));
-        let list: Vec<Entry> = st.entries.iter().map(|(e, _)| e.clone()).collect();
-        write_descriptor(&self.desc, &list);
+        write_descriptor(&self.desc, st.entries.iter().map(|(e, _)| e));
         Ok(())
     }
 
@@ -292,8 +291,7 @@ impl ShmExport {
         if let Some(pos) = st.entries.iter().position(|(e, _)| e.id == u64::from(id.0)) {
             let (_, region) = st.entries.remove(pos);
             live_key(&region).store(0, Ordering::Release);
-            let list: Vec<Entry> = st.entries.iter().map(|(e, _)| e.clone()).collect();
-            write_descriptor(&self.desc, &list);
+            write_descriptor(&self.desc, st.entries.iter().map(|(e, _)| e));
         }
     }
 }

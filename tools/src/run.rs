@@ -135,9 +135,8 @@ pub fn initiator(args: &Args, target: Option<&str>, target_pid: Option<u32>) -> 
             let dst = engine
                 .allocate_memory(per_thread * args.threads as u64)
                 .map_err(|e| e.to_string())?;
-            let addr = dst.addr();
-            std::mem::forget(dst);
-            (SegmentId::LOCAL, addr)
+            // The engine's region table keeps the memory registered.
+            (SegmentId::LOCAL, dst.addr())
         }
     };
     let sources: Vec<tent::Buffer> = (0..args.threads)
