@@ -124,7 +124,7 @@ pub struct ShmConfig {
     pub dir: String,
 }
 
-/// `transports/tcp`. Not yet in effect.
+/// `transports/tcp`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TcpConfig {
     /// `transports/tcp/enable`.
@@ -656,13 +656,13 @@ schema! {
         "Enable the cross-process shared-memory transport.";
     "transports/shm/dir" => transports.shm.dir: Kind::Str(StrRule::AbsolutePath), "\"/dev/shm\"", LIVE,
         "Absolute directory holding the shared-memory segment files.";
-    "transports/tcp/enable" => transports.tcp.enable: Kind::Bool, "true", LATER,
+    "transports/tcp/enable" => transports.tcp.enable: Kind::Bool, "true", LIVE,
         "Enable the TCP transport.";
-    "transports/tcp/connections_per_peer" => transports.tcp.connections_per_peer: uint(1, 64), "4", LATER,
+    "transports/tcp/connections_per_peer" => transports.tcp.connections_per_peer: uint(1, 64), "4", LIVE,
         "TCP connections opened to each peer.";
-    "transports/tcp/max_inflight_per_connection" => transports.tcp.max_inflight_per_connection: uint(1, 1024), "8", LATER,
+    "transports/tcp/max_inflight_per_connection" => transports.tcp.max_inflight_per_connection: uint(1, 1024), "8", LIVE,
         "Requests in flight on one TCP connection.";
-    "transports/tcp/user_timeout_ms" => transports.tcp.user_timeout_ms: uint(0, 3_600_000), "10000", LATER,
+    "transports/tcp/user_timeout_ms" => transports.tcp.user_timeout_ms: uint(0, 3_600_000), "10000", LIVE,
         "TCP_USER_TIMEOUT in ms; 0 keeps the OS default.";
     // transports/rdma: failover rails (seed 000)
     "transports/rdma/enable" => transports.rdma.enable: Kind::Bool, "true", LATER,

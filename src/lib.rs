@@ -10,7 +10,8 @@
 //! - [`memory`]: registered regions; [`segment`]: this and other engines' memory.
 //! - [`engine`]: the [`Engine`], its [`Ring`]s, batches and workers.
 //! - [`qos`]: priority lanes and the `can_send` gate.
-//! - [`transport`]: the `Transport` trait and `local` / `shm`.
+//! - [`transport`]: the `Transport` trait and `local` / `shm` / `tcp`;
+//!   [`select`]: which rail a slice takes; [`netlink`]: link state.
 //! - [`error`]: the error taxonomy.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -22,8 +23,10 @@ pub mod control;
 pub mod engine;
 pub mod error;
 pub mod memory;
+pub mod netlink;
 pub mod qos;
 pub mod segment;
+pub mod select;
 pub mod topology;
 pub mod transport;
 

@@ -81,7 +81,10 @@ fn failed_install_leaves_the_slot_empty() {
         .transport(Arc::new(Broken))
         .build()
         .unwrap();
-    assert_eq!(e.transports(), vec![TransportKind::Local]);
+    assert_eq!(
+        e.transports(),
+        vec![TransportKind::Local, TransportKind::Tcp]
+    );
     let m = e.allocate_memory(64).unwrap();
     let mut ring = e.ring().unwrap();
     ring.submission()

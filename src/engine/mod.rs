@@ -2,7 +2,7 @@
 //! batch and ring APIs over them.
 
 mod batch;
-mod doorbell;
+pub(crate) mod doorbell;
 mod ring;
 mod task;
 mod worker;
@@ -29,6 +29,7 @@ use crate::segment::{RemoteRegion, Segment, SegmentKind, SegmentTable, ShmExport
 use crate::topology::{Topology, pin_current_thread};
 use crate::transport::local::LocalTransport;
 use crate::transport::shm::ShmTransport;
+use crate::transport::tcp::{self, DataServer, TcpTransport};
 use crate::transport::{InstallContext, Transport, TransportSlots};
 use batch::BatchTable;
 use worker::{Worker, WorkerRing, WorkerShared};
@@ -40,6 +41,8 @@ pub(crate) struct EngineShared {
     pub segments: Arc<ArcSwap<SegmentTable>>,
     pub transports: TransportSlots,
     pub gate: Arc<dyn SendGate>,
+    /// The TCP transport, when it is the one installed (segments attach to it).
+    pub tcp: Option<Arc<TcpTransport>>,
 }
 
 #[inline]
@@ -57,6 +60,7 @@ pub struct Engine {
     batches: BatchTable,
     export: Option<Arc<ShmExport>>,
     control: Option<crate::control::ControlServer>,
+    data: Option<DataServer>,
     registry: Mutex<()>,
     next_worker: AtomicUsize,
 }
@@ -143,6 +147,14 @@ impl EngineBuilder {
         if config.transports.shm.enable {
             wanted.push(Arc::new(ShmTransport));
         }
+        let tcp = config
+            .transports
+            .tcp
+            .enable
+            .then(|| Arc::new(TcpTransport::new(&config)));
+        if let Some(t) = &tcp {
+            wanted.push(t.clone());
+        }
         for t in self.extra {
             wanted.retain(|w| w.kind() != t.kind());
             wanted.push(t);
@@ -159,7 +171,16 @@ impl EngineBuilder {
             }
         }
 
+        // Ours only if a builder-supplied transport did not take its slot.
+        let tcp = tcp.filter(|t| {
+            transports
+                .slot(TransportKind::Tcp)
+                .load()
+                .as_ref()
+                .is_some_and(|i| std::ptr::addr_eq(Arc::as_ptr(&i.transport), Arc::as_ptr(t)))
+        });
         let shared = Arc::new(EngineShared {
+            tcp,
             regions,
             segments,
             transports,
@@ -215,7 +236,9 @@ impl EngineBuilder {
             workers.push(ws);
             threads.push(handle);
         }
-        let control = Some(start_control(&shared, export.clone())?);
+        let data = start_data_server(&shared)?;
+        let rails = data.as_ref().map(|(_, r)| r.clone()).unwrap_or_default();
+        let control = Some(start_control(&shared, export.clone(), rails)?);
         let batches = BatchTable::new(
             shared.config.max_batches as usize,
             shared.config.max_batch_size as usize,
@@ -227,6 +250,7 @@ impl EngineBuilder {
             batches,
             export,
             control,
+            data: data.map(|(d, _)| d),
             registry: Mutex::new(()),
             next_worker: AtomicUsize::new(0),
         })
@@ -327,6 +351,11 @@ impl Engine {
         self.export.as_deref().map(ShmExport::name)
     }
 
+    /// Where this engine's TCP data server listens (`None` with tcp off).
+    pub fn tcp_data_addr(&self) -> Option<std::net::SocketAddr> {
+        self.data.as_ref().map(DataServer::local_addr)
+    }
+
     /// This engine's p2p segment name, `ip:port` of its control server
     /// (TENT's segment naming): what peers pass to `open_segment`.
     pub fn segment_name(&self) -> String {
@@ -348,13 +377,17 @@ impl Engine {
         if let Some(s) = table.find_name(name) {
             return Ok(s.id());
         }
-        let kind = if crate::control::is_p2p_name(name) {
+        let (kind, tcp) = if crate::control::is_p2p_name(name) {
             self.open_p2p(name)?
         } else {
-            self.open_shm(name)?
+            (self.open_shm(name)?, None)
         };
         let id = table.next_id();
-        let seg = Arc::new(Segment::new(id, name.to_owned(), kind));
+        let mut seg = Segment::new(id, name.to_owned(), kind);
+        if let Some(peer) = tcp {
+            seg = seg.with_tcp(peer);
+        }
+        let seg = Arc::new(seg);
         self.shared.segments.store(Arc::new(table.with(seg)));
         tracing::info!(segment = name, id = id.0, "segment opened");
         Ok(id)
@@ -379,7 +412,7 @@ impl Engine {
 
     /// Fetch the descriptor from the peer's control server; on the same
     /// host with shm exported, reach it through shared memory.
-    fn open_p2p(&self, name: &str) -> Result<SegmentKind> {
+    fn open_p2p(&self, name: &str) -> Result<(SegmentKind, Option<Arc<tcp::TcpPeer>>)> {
         let cfg = &self.shared.config;
         let secret =
             (!cfg.rpc_shared_secret.is_empty()).then_some(cfg.rpc_shared_secret.as_bytes());
@@ -390,14 +423,31 @@ impl Engine {
             && let Some(shm) = &desc.shm_name
         {
             match self.open_shm(shm) {
-                Ok(kind) => return Ok(kind),
+                Ok(kind) => return Ok((kind, None)),
                 // Same kernel, different /dev/shm (another mount namespace).
                 Err(e) => {
                     tracing::info!(segment = name, error = %e, "peer on this host but its shm segment is not visible here")
                 }
             }
         }
-        Ok(SegmentKind::Remote(Arc::new(desc)))
+        let offers_tcp = desc.transports.contains(&(TransportKind::Tcp as u8));
+        let tcp = match &self.shared.tcp {
+            Some(t) if offers_tcp => match t.attach(&desc) {
+                Ok(peer) => Some(peer),
+                Err(e) => {
+                    tracing::warn!(segment = name, error = %e, "peer offers tcp but no rail reaches it");
+                    None
+                }
+            },
+            _ => None,
+        };
+        if tcp.is_none() {
+            tracing::warn!(
+                segment = name,
+                "no transport reaches this peer; its requests will fail Unreachable"
+            );
+        }
+        Ok((SegmentKind::Remote(Arc::new(desc)), tcp))
     }
 
     /// Close a segment; requests naming it afterwards fail with `SegmentNotFound`.
@@ -627,9 +677,41 @@ impl Engine {
 
 /// Start this engine's control server, describing its segment from the
 /// live region table on every request.
+/// The address the control plane listens on, as an IP.
+fn control_ip(host: &str) -> Result<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    if let Ok(ip) = host.parse() {
+        return Ok(ip);
+    }
+    (host, 0)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .map(|a| a.ip())
+        .ok_or_else(|| Error::invalid(format!("rpc_server_hostname {host:?} does not resolve")))
+}
+
+/// Start the TCP data server (when TCP is in use) and say which rails it
+/// offers.
+fn start_data_server(
+    shared: &Arc<EngineShared>,
+) -> Result<Option<(DataServer, Vec<crate::control::wire::RailEntry>)>> {
+    if shared.tcp.is_none() {
+        return Ok(None);
+    }
+    let cfg = &shared.config;
+    let host = control_ip(&cfg.rpc_server_hostname)?;
+    let ut = cfg.transports.tcp.user_timeout_ms.min(u32::MAX as u64) as u32;
+    let server = DataServer::start(tcp::data_bind(host), shared.regions.clone(), ut)?;
+    let rails = tcp::advertised_rails(host, server.local_addr().port());
+    tracing::info!(rails = ?rails.iter().map(|r| &r.addr).collect::<Vec<_>>(), "tcp rails advertised");
+    Ok(Some((server, rails)))
+}
+
 fn start_control(
     shared: &Arc<EngineShared>,
     export: Option<Arc<ShmExport>>,
+    rails: Vec<crate::control::wire::RailEntry>,
 ) -> Result<crate::control::ControlServer> {
     let cfg = &shared.config;
     let secret =
@@ -659,7 +741,7 @@ fn start_control(
                 .into_iter()
                 .map(|k| k as u8)
                 .collect(),
-            rails: Vec::new(),
+            rails: rails.clone(),
         })
     };
     let server = crate::control::ControlServer::start(

@@ -13,6 +13,8 @@ use tent_rings::{SegmentId, TransportKind};
 
 pub use shm::{RemoteRegion, ShmExport, ShmPeer};
 
+use crate::transport::tcp::TcpPeer;
+
 /// How a segment is reached.
 #[derive(Debug)]
 pub enum SegmentKind {
@@ -20,8 +22,8 @@ pub enum SegmentKind {
     Local,
     /// Another process on this host, through its exported `/dev/shm` segment.
     Shm(Arc<ShmPeer>),
-    /// An engine known only by its descriptor (fetched over the control
-    /// plane): no transport reaches it yet, so requests get `Unreachable`.
+    /// An engine known by its descriptor (fetched over the control plane),
+    /// reached over the network transports attached to the segment.
     Remote(Arc<crate::control::SegmentDescriptor>),
 }
 
@@ -31,12 +33,30 @@ pub struct Segment {
     id: SegmentId,
     name: String,
     kind: SegmentKind,
+    tcp: Option<Arc<TcpPeer>>,
 }
 
 impl Segment {
     /// A segment record.
     pub fn new(id: SegmentId, name: String, kind: SegmentKind) -> Segment {
-        Segment { id, name, kind }
+        Segment {
+            id,
+            name,
+            kind,
+            tcp: None,
+        }
+    }
+
+    /// The same segment, reachable over TCP through `peer`.
+    pub fn with_tcp(mut self, peer: Arc<TcpPeer>) -> Segment {
+        self.tcp = Some(peer);
+        self
+    }
+
+    /// The TCP attachment, if the peer offers TCP and a rail reaches it.
+    #[inline]
+    pub fn tcp(&self) -> Option<&Arc<TcpPeer>> {
+        self.tcp.as_ref()
     }
 
     /// Its id (what an SQE names).
@@ -65,10 +85,11 @@ impl Segment {
     /// Transports that reach this segment, best first (the ranked fallback
     /// list that a task's `xport_priority` indexes).
     pub fn transports(&self) -> &'static [TransportKind] {
-        match self.kind {
-            SegmentKind::Local => &[TransportKind::Local],
-            SegmentKind::Shm(_) => &[TransportKind::Shm],
-            SegmentKind::Remote(_) => &[],
+        match (&self.kind, self.tcp.is_some()) {
+            (SegmentKind::Local, _) => &[TransportKind::Local],
+            (SegmentKind::Shm(_), _) => &[TransportKind::Shm],
+            (SegmentKind::Remote(_), true) => &[TransportKind::Tcp],
+            (SegmentKind::Remote(_), false) => &[],
         }
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod local;
 pub mod shm;
+pub mod tcp;
 
 use std::sync::Arc;
 

@@ -64,3 +64,56 @@ pub fn ping_pong(a: Option<usize>, b: Option<usize>, dur: Duration) -> Histogram
     let _ = echo.join();
     h
 }
+
+/// Plain TCP streaming over loopback with `conns` connections and
+/// `size`-byte writes (an iperf3-like floor for the tcp transport), in GB/s.
+pub fn tcp_stream_gbps(size: u64, conns: usize, dur: Duration) -> f64 {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let Ok(listener) = TcpListener::bind("127.0.0.1:0") else {
+        return 0.0;
+    };
+    let Ok(addr) = listener.local_addr() else {
+        return 0.0;
+    };
+    let chunk = size.clamp(4096, 4 << 20) as usize;
+    let writers: Vec<_> = (0..conns)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let Ok(mut s) = TcpStream::connect(addr) else {
+                    return;
+                };
+                let _ = s.set_nodelay(true);
+                let buf = vec![0xa5u8; chunk];
+                let start = Instant::now();
+                while start.elapsed() < dur {
+                    if s.write_all(&buf).is_err() {
+                        return;
+                    }
+                }
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    let readers: Vec<_> = (0..conns)
+        .filter_map(|_| listener.accept().ok())
+        .map(|(mut s, _)| {
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; chunk];
+                let mut total = 0u64;
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    total += n as u64;
+                }
+                total
+            })
+        })
+        .collect();
+    for w in writers {
+        let _ = w.join();
+    }
+    let bytes: u64 = readers.into_iter().map(|r| r.join().unwrap_or(0)).sum();
+    bytes as f64 / start.elapsed().as_secs_f64() / 1e9
+}

@@ -120,13 +120,12 @@ fn main() {
 
 fn real_main(args: Args) -> Result<(), String> {
     match args.transport {
-        TransportArg::Local | TransportArg::Shm => {}
-        TransportArg::Tcp | TransportArg::Rdma => {
-            return Err(format!(
-                "transport {:?} is not built yet in this version of tent (available: local, shm)",
-                args.transport
-            )
-            .to_lowercase());
+        TransportArg::Local | TransportArg::Shm | TransportArg::Tcp => {}
+        TransportArg::Rdma => {
+            return Err(
+                "transport rdma is not built yet in this version of tent (available: local, shm, tcp)"
+                    .into(),
+            );
         }
     }
     if args.batch == 0 || args.threads == 0 || args.duration <= 0.0 {

@@ -178,6 +178,7 @@ pub fn initiator(args: &Args, target: Option<&str>, target_pid: Option<u32>) -> 
     };
     let transport = match args.transport {
         TransportArg::Local => "local",
+        TransportArg::Tcp => "tcp",
         _ => "shm",
     };
     if !args.json {
@@ -269,6 +270,26 @@ fn baselines(
     let dur = Duration::from_secs_f64((args.duration / 2.0).clamp(0.1, 2.0));
     if !args.json {
         emit("# baselines measured in this run");
+    }
+    if args.transport == TransportArg::Tcp {
+        let conns = Config::load()
+            .map(|c| c.transports.tcp.connections_per_peer as usize)
+            .unwrap_or(4)
+            * args.threads;
+        for &(size, gbps, _, _) in results.iter().filter(|r| r.0 >= 4096) {
+            let m = baseline::tcp_stream_gbps(size, conns, dur);
+            if args.json {
+                emit(&serde_json::json!({"baseline": "tcp_stream_loopback", "connections": conns, "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": gbps / m}).to_string());
+            } else {
+                emit(&format!(
+                    "# raw TCP stream, {conns} connections, {:>7} writes: {:>8.3} GB/s   tent/stream = {:.2}x",
+                    human(size),
+                    m,
+                    gbps / m
+                ));
+            }
+        }
+        return;
     }
     for &(size, gbps, _, _) in results.iter().filter(|r| r.0 >= 4096) {
         let m = baseline::memcpy_gbps(size, dur);

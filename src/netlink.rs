@@ -1,0 +1,379 @@
+//! Link state from the kernel (rtnetlink) and the local interfaces.
+//!
+//! [`interfaces`] and [`link_up`] answer "what is the state now" (for
+//! start-up); [`LinkWatch`] reports changes as the kernel announces them, so
+//! a transport can fail over when a rail loses carrier instead of waiting
+//! for its requests to time out.
+//!
+//! A link counts as up when it is administratively up and has carrier:
+//! `IFF_UP && (IFF_LOWER_UP || IFF_RUNNING)`. `IFF_RUNNING` is accepted too
+//! because some sources (the 16-bit `SIOCGIFFLAGS`) never carry `LOWER_UP`.
+
+use std::ffi::CStr;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+/// One local network interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interface {
+    /// Kernel name, e.g. `eth0`.
+    pub name: String,
+    /// Kernel interface index (what [`LinkEvent::index`] refers to).
+    pub index: u32,
+    /// Administratively up and with carrier.
+    pub up: bool,
+    /// Its IPv4 and IPv6 addresses.
+    pub addrs: Vec<IpAddr>,
+}
+
+/// A change of one link's state, as announced by the kernel.
+///
+/// The kernel sends `RTM_NEWLINK` for many attribute changes, so the same
+/// state may be reported more than once: treat events as levels, not edges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkEvent {
+    /// Kernel interface index.
+    pub index: u32,
+    /// The link's state after the change (`false` once it is deleted).
+    pub up: bool,
+}
+
+fn flags_up(flags: u32) -> bool {
+    let carrier = (libc::IFF_LOWER_UP | libc::IFF_RUNNING) as u32;
+    flags & libc::IFF_UP as u32 != 0 && flags & carrier != 0
+}
+
+/// The local interfaces, loopback included, ordered by index.
+pub fn interfaces() -> io::Result<Vec<Interface>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head into a valid out-pointer; freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out: Vec<Interface> = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) };
+        let pos = match out
+            .iter()
+            .position(|i| i.name.as_bytes() == name.to_bytes())
+        {
+            Some(p) => p,
+            None => {
+                // SAFETY: `name` is a valid NUL-terminated C string.
+                let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+                if index == 0 {
+                    continue; // vanished since the dump
+                }
+                let name = name.to_string_lossy().into_owned();
+                let up = flags_up(ifa.ifa_flags);
+                out.push(Interface {
+                    name,
+                    index,
+                    up,
+                    addrs: Vec::new(),
+                });
+                out.len() - 1
+            }
+        };
+        // SAFETY: a non-null ifa_addr points at a sockaddr of its family's size.
+        if let Some(ip) = unsafe { sockaddr_ip(ifa.ifa_addr) } {
+            out[pos].addrs.push(ip);
+        }
+    }
+    // SAFETY: `head` came from getifaddrs and no reference into it outlives this.
+    unsafe { libc::freeifaddrs(head) };
+    out.sort_by_key(|i| i.index);
+    Ok(out)
+}
+
+/// # Safety
+/// `sa` is null or points at a sockaddr whose size matches its `sa_family`.
+unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: non-null and, per the contract, the family decides the real type.
+    match i32::from(unsafe { (*sa).sa_family }) {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET sockaddr is a sockaddr_in.
+            let sin = unsafe { &*sa.cast::<libc::sockaddr_in>() };
+            Some(Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()).into())
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 sockaddr is a sockaddr_in6.
+            let sin6 = unsafe { &*sa.cast::<libc::sockaddr_in6>() };
+            Some(Ipv6Addr::from(sin6.sin6_addr.s6_addr).into())
+        }
+        _ => None,
+    }
+}
+
+/// The interface that holds local address `ip`, if any.
+pub fn interface_of(ip: IpAddr) -> io::Result<Option<Interface>> {
+    Ok(interfaces()?.into_iter().find(|i| i.addrs.contains(&ip)))
+}
+
+/// Whether link `index` is up now. An index with no interface (deleted, or
+/// never existed) is down, matching what [`LinkWatch`] reports on deletion.
+pub fn link_up(index: u32) -> io::Result<bool> {
+    Ok(interfaces()?.iter().any(|i| i.index == index && i.up))
+}
+
+const NLMSG_HDRLEN: usize = 16;
+const IFINFOMSG_LEN: usize = 16;
+
+fn u32_at(b: &[u8], off: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(off..off + 4)?.try_into().ok()?))
+}
+
+/// Parse one `recv()` buffer of netlink messages into events.
+///
+/// Malformed input never panics: a message too short for its `ifinfomsg` is
+/// skipped, and a header whose length cannot be trusted ends the parse (the
+/// next header's position would be a guess).
+pub fn parse_link_messages(buf: &[u8], out: &mut Vec<LinkEvent>) {
+    let mut off = 0;
+    while buf.len() - off >= NLMSG_HDRLEN {
+        let msg = &buf[off..];
+        let len = u32_at(msg, 0).unwrap_or(0) as usize;
+        if len < NLMSG_HDRLEN || len > msg.len() {
+            return;
+        }
+        let ty = u16::from_ne_bytes([msg[4], msg[5]]);
+        if ty == libc::NLMSG_DONE as u16 {
+            return;
+        }
+        if (ty == libc::RTM_NEWLINK || ty == libc::RTM_DELLINK)
+            && len >= NLMSG_HDRLEN + IFINFOMSG_LEN
+        {
+            // ifinfomsg: family u8, pad u8, type u16, index i32, flags u32, change u32.
+            let index = u32_at(msg, NLMSG_HDRLEN + 4).unwrap_or(0);
+            let flags = u32_at(msg, NLMSG_HDRLEN + 8).unwrap_or(0);
+            if index as i32 > 0 {
+                let up = ty == libc::RTM_NEWLINK && flags_up(flags);
+                out.push(LinkEvent { index, up });
+            }
+        }
+        // Messages are 4-byte aligned; the last one's padding may be absent.
+        off = (off + len.next_multiple_of(4)).min(buf.len());
+    }
+}
+
+/// A thread reading `RTMGRP_LINK` notifications and passing them on.
+///
+/// Dropping it stops and joins the thread (within about 100 ms).
+pub struct LinkWatch {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl LinkWatch {
+    /// Subscribe to link notifications and call `on_event` for each
+    /// `RTM_NEWLINK` / `RTM_DELLINK`, on a thread of its own. The subscription
+    /// is live when this returns, so no change after it is missed.
+    pub fn start(on_event: impl Fn(LinkEvent) + Send + 'static) -> io::Result<LinkWatch> {
+        let fd = open_socket().inspect_err(|e| {
+            tracing::warn!(error = %e, "netlink: cannot open a link-notification socket");
+        })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("tent-linkwatch".into())
+            .spawn(move || watch(fd, &flag, on_event))?;
+        Ok(LinkWatch {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for LinkWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn open_socket() -> io::Result<OwnedFd> {
+    let ty = libc::SOCK_RAW | libc::SOCK_CLOEXEC;
+    // SAFETY: plain socket(2) call; the result is checked before use.
+    let raw = unsafe { libc::socket(libc::AF_NETLINK, ty, libc::NETLINK_ROUTE) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: sockaddr_nl is plain data, valid when zeroed.
+    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    sa.nl_groups = libc::RTMGRP_LINK as u32;
+    let sa_len = size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+    // SAFETY: `sa` is a valid sockaddr_nl of the length passed.
+    let rc = unsafe { libc::bind(fd.as_raw_fd(), (&raw const sa).cast(), sa_len) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The timeout bounds how long Drop waits for the thread to see `stop`.
+    let tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 50_000,
+    };
+    let tv_len = size_of::<libc::timeval>() as libc::socklen_t;
+    let opt = libc::SO_RCVTIMEO;
+    // SAFETY: `tv` is a valid timeval of the length passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&raw const tv).cast(),
+            tv_len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+fn watch(fd: OwnedFd, stop: &AtomicBool, on_event: impl Fn(LinkEvent)) {
+    let mut buf = vec![0u8; 32 * 1024];
+    let mut events = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        // SAFETY: sockaddr_nl is plain data, valid when zeroed.
+        let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        let mut from_len = size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+        let (ptr, cap) = (buf.as_mut_ptr().cast(), buf.len());
+        let from_ptr = (&raw mut from).cast();
+        // SAFETY: `buf` and `from` are valid for writes of the lengths passed.
+        let n = unsafe { libc::recvfrom(fd.as_raw_fd(), ptr, cap, 0, from_ptr, &mut from_len) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN | libc::EINTR) => {}
+                // The socket buffer overflowed: some events are lost, but the
+                // socket still works and the next event carries full state.
+                Some(libc::ENOBUFS) => tracing::warn!("netlink: link events dropped (ENOBUFS)"),
+                _ => {
+                    tracing::warn!(error = %e, "netlink: link watch stopped");
+                    return;
+                }
+            }
+            continue;
+        }
+        // Only the kernel (port 0) speaks for the links; ignore other senders.
+        if from.nl_pid != 0 {
+            continue;
+        }
+        events.clear();
+        parse_link_messages(&buf[..n as usize], &mut events);
+        for ev in &events {
+            tracing::debug!(index = ev.index, up = ev.up, "netlink: link event");
+            on_event(*ev);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UP: u32 = (libc::IFF_UP | libc::IFF_LOWER_UP | libc::IFF_RUNNING) as u32;
+
+    fn msg(ty: u16, index: i32, flags: u32) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&32u32.to_ne_bytes());
+        m.extend_from_slice(&ty.to_ne_bytes());
+        m.extend_from_slice(&[0; 10]); // nlmsg flags, seq, pid
+        m.extend_from_slice(&[0, 0, 1, 0]); // family, pad, type (ARPHRD_ETHER)
+        m.extend_from_slice(&index.to_ne_bytes());
+        m.extend_from_slice(&flags.to_ne_bytes());
+        m.extend_from_slice(&u32::MAX.to_ne_bytes()); // change
+        m
+    }
+
+    fn parse(buf: &[u8]) -> Vec<LinkEvent> {
+        let mut out = Vec::new();
+        parse_link_messages(buf, &mut out);
+        out
+    }
+
+    #[test]
+    fn newlink_up_down_and_dellink() {
+        let mut buf = msg(libc::RTM_NEWLINK, 3, UP);
+        buf.extend(msg(libc::RTM_NEWLINK, 4, libc::IFF_UP as u32)); // no carrier
+        buf.extend(msg(libc::RTM_NEWLINK, 5, 0));
+        buf.extend(msg(libc::RTM_DELLINK, 6, UP));
+        let ev = |index, up| LinkEvent { index, up };
+        let want = [ev(3, true), ev(4, false), ev(5, false), ev(6, false)];
+        assert_eq!(parse(&buf), want);
+    }
+
+    #[test]
+    fn done_and_other_types_yield_nothing_more() {
+        let mut buf = msg(libc::RTM_NEWADDR, 3, UP);
+        buf.extend(msg(libc::RTM_NEWLINK, 7, UP));
+        let mut done = msg(libc::NLMSG_DONE as u16, 0, 0);
+        done.truncate(20);
+        done[0..4].copy_from_slice(&20u32.to_ne_bytes());
+        buf.extend(done);
+        buf.extend(msg(libc::RTM_NEWLINK, 8, UP));
+        assert_eq!(parse(&buf), [LinkEvent { index: 7, up: true }]);
+    }
+
+    #[test]
+    fn malformed_input_does_not_panic() {
+        let good = msg(libc::RTM_NEWLINK, 3, UP);
+        for cut in 0..good.len() {
+            assert!(parse(&good[..cut]).is_empty(), "cut at {cut}");
+        }
+        let mut long = good.clone();
+        long[0..4].copy_from_slice(&1000u32.to_ne_bytes());
+        assert!(parse(&long).is_empty());
+        for bad in [0u32, 8, 15] {
+            let mut short = good.clone();
+            short[0..4].copy_from_slice(&bad.to_ne_bytes());
+            assert!(parse(&short).is_empty());
+        }
+        // Header claims only itself: no ifinfomsg, skipped; the next one counts.
+        let mut buf = good.clone();
+        buf[0..4].copy_from_slice(&16u32.to_ne_bytes());
+        buf.truncate(16);
+        buf.extend(msg(libc::RTM_NEWLINK, 9, UP));
+        assert_eq!(parse(&buf), [LinkEvent { index: 9, up: true }]);
+        let mut neg = msg(libc::RTM_NEWLINK, -1, UP);
+        neg.extend(msg(libc::RTM_NEWLINK, 0, UP));
+        assert!(parse(&neg).is_empty());
+        let _ = parse(&[0xff; 7]);
+    }
+
+    #[test]
+    fn loopback_is_listed_up_with_127_0_0_1() {
+        let lo = interface_of(Ipv4Addr::LOCALHOST.into()).unwrap().unwrap();
+        assert_eq!(lo.name, "lo");
+        assert!(lo.up);
+        assert!(interfaces().unwrap().contains(&lo));
+        assert!(link_up(lo.index).unwrap());
+        assert!(!link_up(u32::MAX).unwrap());
+    }
+
+    #[test]
+    fn link_watch_stops_promptly_on_drop() {
+        let watch = LinkWatch::start(|_| {}).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let t = std::time::Instant::now();
+        drop(watch);
+        assert!(t.elapsed() < std::time::Duration::from_millis(150));
+    }
+}

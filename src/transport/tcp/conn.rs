@@ -1,0 +1,554 @@
+//! One initiator-side data connection: a sender thread and a receiver
+//! thread around a socket, fed by a worker through lock-free rings.
+//!
+//! ```text
+//! worker ──submit──▶ sender ──wire──▶ target
+//!                      │ inflight (bounded: the connection's credits)
+//!                      ▼
+//! worker ◀──done──── receiver ◀─wire── target
+//! ```
+//! The worker is the only producer of `submit` and the only consumer of
+//! `done`; neither side ever locks or allocates per slice. `inflight` holds
+//! at most `max_inflight_per_connection` slices, which bounds the bytes on
+//! the wire per connection: a large transfer queues in `submit` instead of
+//! piling up in socket buffers (UCX's unbounded puts collapse that way).
+//!
+//! When the socket fails, the receiver completes every slice in `inflight`
+//! with the failure's kind (`RouteLost` when the rail's link went down) and
+//! hands its ring ends back to the sender through its join handle; the
+//! sender reconnects on the next slice. Slices still in `submit` were never
+//! sent, so they are never reported twice.
+
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tent_rings::spsc::{self, Consumer, Entry, Producer};
+use tent_rings::{ErrorKind, Opcode};
+
+use super::frame::{HELLO_LEN, Hello, RESPONSE_LEN, Request, Response};
+use super::io;
+use super::server::tune;
+use crate::engine::doorbell::Doorbell;
+use crate::error::{Error, Result};
+
+/// How long a parked sender sleeps before looking at its rail again
+/// (link events and new slices wake it sooner).
+const SENDER_PARK: Duration = Duration::from_secs(1);
+
+/// One slice as it travels through a connection's rings.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Op {
+    /// The engine's slice token.
+    pub token: u64,
+    /// Local memory address (checked by the engine before submission).
+    pub local: u64,
+    /// Target address.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The target region's key.
+    pub key: u64,
+    /// Position on its connection (checked against the response).
+    pub seq: u32,
+    /// 0 = done, else the `ErrorKind` code.
+    pub status: u16,
+    /// 1 = WRITE, 2 = READ.
+    pub opcode: u8,
+    /// Times it was re-posted on a sibling rail.
+    pub attempts: u8,
+    /// Rail index within its peer.
+    pub rail: u16,
+    _pad: [u8; 14],
+}
+
+const _: () = assert!(std::mem::size_of::<Op>() == 64);
+
+// SAFETY: Op is repr(C) integers only (the local address is held as an integer and only dereferenced under the transport's contract); every bit pattern is valid and no field constrains another.
+unsafe impl Entry for Op {}
+
+impl Op {
+    /// A fresh op for a slice.
+    pub fn new(token: u64, opcode: Opcode, local: *mut u8, addr: u64, len: u64, key: u64) -> Op {
+        Op {
+            token,
+            local: local as u64,
+            addr,
+            len,
+            key,
+            opcode: match opcode {
+                Opcode::Write => 1,
+                Opcode::Read => 2,
+            },
+            ..Op::default()
+        }
+    }
+
+    fn opcode(&self) -> Opcode {
+        if self.opcode == 2 {
+            Opcode::Read
+        } else {
+            Opcode::Write
+        }
+    }
+
+    /// The slice's outcome.
+    pub fn result(&self) -> std::result::Result<u64, ErrorKind> {
+        match self.status {
+            0 => Ok(self.len),
+            c => Err(ErrorKind::from_code(c).unwrap_or(ErrorKind::Unreachable)),
+        }
+    }
+
+    fn fail(mut self, kind: ErrorKind) -> Op {
+        self.status = kind.code();
+        self
+    }
+}
+
+/// A rail as a connection sees it: where to connect from and to, and
+/// whether its local link is up.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// Local address to bind (pins the connection to the rail's interface).
+    pub local_ip: IpAddr,
+    /// The target's data server on the rail's remote interface.
+    pub remote: SocketAddr,
+    /// Link state, written by the link watch.
+    pub up: AtomicBool,
+}
+
+/// What the worker, the sender, the receiver and the link watch share.
+pub struct Conn {
+    endpoint: Arc<Endpoint>,
+    user_timeout_ms: u32,
+    connect_timeout: Duration,
+    bell: Doorbell,
+    sleeping: AtomicBool,
+    broken: AtomicBool,
+    sender_done: AtomicBool,
+    stop: AtomicBool,
+    /// Why the sender broke the link (an `ErrorKind` code, 0 = none).
+    cause: AtomicU16,
+    /// The live socket, so the link watch can shut it down at once.
+    stream: Mutex<Option<Arc<TcpStream>>>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("remote", &self.endpoint.remote)
+            .field("broken", &self.broken.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Conn {
+    /// Wake the sender if it sleeps (one load when it does not).
+    #[inline]
+    pub fn wake(&self) {
+        // SeqCst, paired with the sender's SeqCst store of `sleeping` before
+        // it re-checks its rings: either it sees our slice or we see it asleep.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) {
+            self.bell.ring();
+        }
+    }
+
+    /// Fail the connection now: its in-flight slices complete with
+    /// `cause` and the next slice reconnects.
+    pub fn break_link(&self, cause: ErrorKind) {
+        let _ = self
+            .cause
+            .compare_exchange(0, cause.code(), Ordering::AcqRel, Ordering::Relaxed);
+        self.broken.store(true, Ordering::Release);
+        if let Some(s) = self.stream.lock().expect("conn stream poisoned").as_ref() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        self.bell.ring();
+    }
+
+    fn link_up(&self) -> bool {
+        // Relaxed: a hint re-read every loop; the link watch also breaks
+        // the connection explicitly.
+        self.endpoint.up.load(Ordering::Relaxed)
+    }
+
+    /// The kind in-flight slices fail with after `own` broke the socket.
+    fn failure_kind(&self, own: ErrorKind) -> ErrorKind {
+        if self.stop.load(Ordering::Acquire) {
+            return ErrorKind::Shutdown;
+        }
+        if !self.link_up() {
+            return ErrorKind::RouteLost;
+        }
+        match self.cause.load(Ordering::Acquire) {
+            0 => own,
+            c => ErrorKind::from_code(c).unwrap_or(own),
+        }
+    }
+}
+
+/// The worker's ends of a connection; dropping them stops its threads.
+#[derive(Debug)]
+pub struct ConnEnds {
+    /// Shared state (the link watch breaks it through this).
+    pub conn: Arc<Conn>,
+    /// Slices to send.
+    pub submit: Producer<Op>,
+    /// Slices done.
+    pub done: Consumer<Op>,
+}
+
+impl Drop for ConnEnds {
+    fn drop(&mut self) {
+        self.conn.stop.store(true, Ordering::Release);
+        self.conn.bell.ring();
+    }
+}
+
+/// Open (lazily: the socket connects on the first slice) a connection to
+/// `endpoint`. `queue` bounds the slices the worker may hand it (its credit
+/// pool size), `inflight` the slices on the wire.
+pub fn open(
+    endpoint: Arc<Endpoint>,
+    queue: u32,
+    inflight: u32,
+    user_timeout_ms: u32,
+    connect_timeout: Duration,
+) -> Result<ConnEnds> {
+    let ring = |cap: u32| {
+        spsc::channel::<Op>(cap.next_power_of_two())
+            .map_err(|e| Error::invalid("tcp connection ring").with_source(e))
+    };
+    let (submit_p, submit_c) = ring(queue)?;
+    let (done_p, done_c) = ring(queue)?;
+    let (infl_p, infl_c) = ring(inflight)?;
+    let conn = Arc::new(Conn {
+        endpoint,
+        user_timeout_ms,
+        connect_timeout,
+        bell: Doorbell::default(),
+        sleeping: AtomicBool::new(false),
+        broken: AtomicBool::new(false),
+        sender_done: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        cause: AtomicU16::new(0),
+        stream: Mutex::new(None),
+    });
+    let sender = Sender {
+        conn: conn.clone(),
+        submit: submit_c,
+        inflight: infl_p,
+        inflight_cap: inflight as usize,
+        parts: Some((infl_c, done_p)),
+        receiver: None,
+        stream: None,
+        seq: 0,
+    };
+    std::thread::Builder::new()
+        .name("tent-tcp-send".into())
+        .spawn(move || sender.run())
+        .map_err(|e| Error::new(ErrorKind::OutOfMemory, "spawn tcp sender").with_source(e))?;
+    Ok(ConnEnds {
+        conn,
+        submit: submit_p,
+        done: done_c,
+    })
+}
+
+type Parts = (Consumer<Op>, Producer<Op>);
+
+struct Sender {
+    conn: Arc<Conn>,
+    submit: Consumer<Op>,
+    inflight: Producer<Op>,
+    inflight_cap: usize,
+    /// The receiver's ring ends while no receiver runs.
+    parts: Option<Parts>,
+    receiver: Option<JoinHandle<Parts>>,
+    stream: Option<Arc<TcpStream>>,
+    seq: u32,
+}
+
+impl Sender {
+    fn run(mut self) {
+        loop {
+            if self.conn.stop.load(Ordering::Acquire) {
+                self.teardown();
+                self.fail_queued(ErrorKind::Shutdown);
+                return;
+            }
+            if self.stream.is_some()
+                && (self.conn.broken.load(Ordering::Acquire) || !self.conn.link_up())
+            {
+                self.teardown();
+            }
+            if self.stream.is_none() && !self.conn.link_up() {
+                // Never sent: safe for the worker to re-post elsewhere.
+                self.fail_queued(ErrorKind::RouteLost);
+            }
+            let seen = self.conn.bell.value();
+            let next = if self.room() { self.submit.pop() } else { None };
+            let Some(op) = next else {
+                self.park(seen);
+                continue;
+            };
+            self.submit.sync();
+            if self.stream.is_none()
+                && let Err(kind) = self.connect()
+            {
+                self.complete(op.fail(kind));
+                continue;
+            }
+            self.send(op);
+        }
+    }
+
+    /// May one more slice go on the wire (the connection's credits)?
+    fn room(&mut self) -> bool {
+        self.inflight.capacity() - self.inflight.slots() < self.inflight_cap
+    }
+
+    /// Sleep until woken, unless work arrived after `seen` was read.
+    fn park(&mut self, seen: u32) {
+        // SeqCst: see Conn::wake.
+        self.conn.sleeping.store(true, Ordering::SeqCst);
+        let busy = (!self.submit.is_empty() && self.room())
+            || self.conn.stop.load(Ordering::SeqCst)
+            || (self.stream.is_some() && self.conn.broken.load(Ordering::SeqCst));
+        if !busy {
+            self.conn.bell.wait(seen, SENDER_PARK);
+        }
+        self.conn.sleeping.store(false, Ordering::Relaxed);
+    }
+
+    fn connect(&mut self) -> std::result::Result<(), ErrorKind> {
+        let ep = &self.conn.endpoint;
+        let domain = socket2::Domain::for_address(ep.remote);
+        let sock =
+            socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
+                .map_err(|e| io::kind_of(&e))?;
+        if !ep.local_ip.is_unspecified() {
+            sock.bind(&SocketAddr::new(ep.local_ip, 0).into())
+                .map_err(|e| io::kind_of(&e))?;
+        }
+        sock.connect_timeout(&ep.remote.into(), self.conn.connect_timeout)
+            .map_err(|e| {
+                tracing::debug!(remote = %ep.remote, error = %e, "tcp connect failed");
+                io::kind_of(&e)
+            })?;
+        let stream: TcpStream = sock.into();
+        tune(&stream, self.conn.user_timeout_ms);
+        let hello = || -> std::io::Result<Hello> {
+            stream.set_read_timeout(Some(self.conn.connect_timeout))?;
+            // SAFETY: no payload (null, length 0).
+            unsafe { io::send_all(&stream, &Hello { status: 0 }.encode(), std::ptr::null(), 0)? };
+            let h = io::recv_header::<HELLO_LEN>(&stream)?.ok_or(std::io::ErrorKind::TimedOut)?;
+            stream.set_read_timeout(None)?;
+            Hello::decode(&h).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+        };
+        match hello() {
+            Ok(h) if h.status == 0 => {}
+            Ok(h) => {
+                return Err(ErrorKind::from_code(h.status).unwrap_or(ErrorKind::Unreachable));
+            }
+            Err(e) => {
+                tracing::warn!(remote = %ep.remote, error = %e, "tcp data handshake failed");
+                return Err(match e.kind() {
+                    std::io::ErrorKind::InvalidData => ErrorKind::Unreachable,
+                    _ => io::kind_of(&e),
+                });
+            }
+        }
+        let stream = Arc::new(stream);
+        let (infl, done) = self
+            .parts
+            .take()
+            .expect("no receiver runs while disconnected");
+        let (conn, s) = (self.conn.clone(), stream.clone());
+        let spawned = std::thread::Builder::new()
+            .name("tent-tcp-recv".into())
+            .spawn(move || receive(conn, s, infl, done));
+        match spawned {
+            Ok(h) => self.receiver = Some(h),
+            Err(e) => {
+                // The closure (and the ring ends in it) is gone with the
+                // failed spawn: nothing can complete this connection's
+                // slices any more, so say so loudly.
+                tracing::error!(error = %e, "cannot spawn a tcp receiver thread; connection unusable");
+                return Err(ErrorKind::OutOfMemory);
+            }
+        }
+        *self.conn.stream.lock().expect("conn stream poisoned") = Some(stream.clone());
+        self.conn.cause.store(0, Ordering::Relaxed);
+        self.conn.broken.store(false, Ordering::Release);
+        self.stream = Some(stream);
+        tracing::debug!(remote = %ep.remote, local = %ep.local_ip, "tcp data connection up");
+        Ok(())
+    }
+
+    fn send(&mut self, mut op: Op) {
+        self.seq = self.seq.wrapping_add(1);
+        op.seq = self.seq;
+        let pushed = self.inflight.push(op).is_ok();
+        debug_assert!(pushed, "inflight room was checked");
+        self.inflight.sync();
+        let req = Request {
+            opcode: op.opcode(),
+            seq: op.seq,
+            addr: op.addr,
+            len: op.len,
+            key: op.key,
+        }
+        .encode();
+        let stream = self.stream.as_ref().expect("connected");
+        let (payload, len) = match op.opcode() {
+            Opcode::Write => (op.local as *const u8, op.len as usize),
+            Opcode::Read => (std::ptr::null(), 0),
+        };
+        // SAFETY: a WRITE's local range was checked against its registration by the engine, which keeps the task (and its region) alive until this slice completes.
+        if let Err(e) = unsafe { io::send_all(&**stream, &req, payload, len) } {
+            // The op is in `inflight`: the receiver completes it.
+            self.conn.break_link(io::kind_of(&e));
+        }
+    }
+
+    /// Complete a slice directly (only while no receiver runs).
+    fn complete(&mut self, op: Op) {
+        let (_, done) = self.parts.as_mut().expect("no receiver runs");
+        push_done(done, op);
+        done.sync();
+    }
+
+    fn fail_queued(&mut self, kind: ErrorKind) {
+        let mut any = false;
+        while let Some(op) = self.submit.pop() {
+            let (_, done) = self.parts.as_mut().expect("no receiver runs");
+            push_done(done, op.fail(kind));
+            any = true;
+        }
+        if any {
+            self.submit.sync();
+            if let Some((_, done)) = self.parts.as_mut() {
+                done.sync();
+            }
+        }
+    }
+
+    /// Close the socket and take the ring ends back from the receiver,
+    /// which has completed everything in flight by then.
+    fn teardown(&mut self) {
+        let Some(stream) = self.stream.take() else {
+            return;
+        };
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+        *self.conn.stream.lock().expect("conn stream poisoned") = None;
+        // Release: every push to `inflight` happens-before the receiver's
+        // final drain, which starts after it sees this flag.
+        self.conn.sender_done.store(true, Ordering::Release);
+        if let Some(h) = self.receiver.take() {
+            let parts = h.join().expect("tcp receiver panicked");
+            self.parts = Some(parts);
+        }
+        self.conn.sender_done.store(false, Ordering::Relaxed);
+        self.conn.broken.store(false, Ordering::Relaxed);
+        self.conn.cause.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Push to `done`, which always has room (it is as large as the worker's
+/// credits for this transport); spins politely if the worker lags anyway.
+fn push_done(done: &mut Producer<Op>, mut op: Op) {
+    loop {
+        match done.push(op) {
+            Ok(()) => return,
+            Err(spsc::PushError(back)) => {
+                op = back;
+                done.sync();
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// The receiver thread: match responses to in-flight slices, land READ
+/// payloads in local memory, complete slices; on failure complete the rest
+/// and give the ring ends back.
+fn receive(
+    conn: Arc<Conn>,
+    s: Arc<TcpStream>,
+    mut inflight: Consumer<Op>,
+    mut done: Producer<Op>,
+) -> Parts {
+    let mut pending = None;
+    let own = loop {
+        let h = match io::recv_header::<RESPONSE_LEN>(&*s) {
+            Ok(Some(h)) => h,
+            Ok(None) => continue,
+            Err(e) => break io::kind_of(&e),
+        };
+        let resp = match Response::decode(&h) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(remote = %conn.endpoint.remote, error = %e, "tcp: malformed response; closing the connection");
+                break ErrorKind::Unreachable;
+            }
+        };
+        let Some(mut op) = inflight.pop() else {
+            tracing::warn!(remote = %conn.endpoint.remote, "tcp: response with nothing outstanding; closing the connection");
+            break ErrorKind::Unreachable;
+        };
+        inflight.sync();
+        if resp.seq != op.seq {
+            tracing::warn!(remote = %conn.endpoint.remote, want = op.seq, got = resp.seq, "tcp: response out of order; closing the connection");
+            pending = Some(op);
+            break ErrorKind::Unreachable;
+        }
+        match resp.status {
+            Ok(()) if op.opcode() == Opcode::Read => {
+                if resp.len != op.len {
+                    pending = Some(op);
+                    break ErrorKind::Unreachable;
+                }
+                // SAFETY: a READ's local range was checked against its registration by the engine, which keeps it alive until this slice completes.
+                if let Err(e) = unsafe { io::recv_exact(&*s, op.local as *mut u8, op.len as usize) }
+                {
+                    pending = Some(op);
+                    break io::kind_of(&e);
+                }
+                op.status = 0;
+            }
+            Ok(()) => op.status = 0,
+            Err(kind) => op.status = kind.code(),
+        }
+        push_done(&mut done, op);
+        done.sync();
+        conn.wake();
+    };
+    conn.broken.store(true, Ordering::Release);
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    let kind = conn.failure_kind(own);
+    tracing::debug!(remote = %conn.endpoint.remote, %kind, "tcp data connection failed");
+    if let Some(op) = pending {
+        push_done(&mut done, op.fail(kind));
+    }
+    loop {
+        // Acquire: pairs with the sender's Release store; after it, no
+        // slice enters `inflight` until a new receiver runs.
+        let last = conn.sender_done.load(Ordering::Acquire);
+        while let Some(op) = inflight.pop() {
+            push_done(&mut done, op.fail(kind));
+        }
+        inflight.sync();
+        done.sync();
+        if last {
+            return (inflight, done);
+        }
+        conn.bell.ring();
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}

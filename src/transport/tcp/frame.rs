@@ -1,0 +1,258 @@
+//! The data-plane frames of `tcp`: fixed-size binary headers, little-endian.
+//!
+//! The control plane's TLV codec is for rare, extensible messages; data
+//! frames go out once per slice, so they are fixed and cheap to check. A
+//! connection opens with a [`Hello`] each way, then carries requests
+//! (initiator → target) and responses (target → initiator) in order: the
+//! target serves one connection's requests one after another, so a response
+//! always answers the oldest outstanding request (`seq` confirms it).
+//!
+//! ```text
+//! hello    : "TENTDATA" | version u16 | status u16 | reserved u32      (16 B)
+//! request  : "TQ" | opcode u8 | 0 u8 | seq u32 | addr u64 | len u64 | key u64   (32 B)
+//!            WRITE: `len` payload bytes follow
+//! response : "TR" | status u16 | seq u32 | len u64                             (16 B)
+//!            READ that succeeded: `len` payload bytes follow
+//! ```
+//! `status` is 0 for success or an [`ErrorKind`] code.
+
+use tent_rings::{ErrorKind, Opcode};
+
+/// Data protocol version.
+pub const DATA_VERSION: u16 = 1;
+/// Hello length.
+pub const HELLO_LEN: usize = 16;
+/// Request header length.
+pub const REQUEST_LEN: usize = 32;
+/// Response header length.
+pub const RESPONSE_LEN: usize = 16;
+/// The largest single op the target serves (slices are `block_size`, far
+/// below): a larger WRITE cannot be drained safely, so it closes the link.
+pub const MAX_OP_LEN: u64 = 1 << 30;
+
+const HELLO_MAGIC: [u8; 8] = *b"TENTDATA";
+const REQUEST_MAGIC: [u8; 2] = *b"TQ";
+const RESPONSE_MAGIC: [u8; 2] = *b"TR";
+const OP_WRITE: u8 = 1;
+const OP_READ: u8 = 2;
+
+/// Why a frame could not be read; the connection cannot continue after any
+/// of these (the byte stream has lost its framing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// The first bytes are not this protocol's magic.
+    #[error("bad magic")]
+    BadMagic,
+    /// The peer speaks another version of the data protocol.
+    #[error("unsupported data protocol version {0}")]
+    Version(u16),
+    /// Unknown opcode: its payload length cannot be known.
+    #[error("unknown opcode {0}")]
+    Opcode(u8),
+    /// Length above [`MAX_OP_LEN`].
+    #[error("op length {0} above the limit")]
+    TooLong(u64),
+}
+
+/// The connection opener, sent by both sides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// 0, or the code of the reason the target refuses the connection.
+    pub status: u16,
+}
+
+impl Hello {
+    /// Encode.
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[..8].copy_from_slice(&HELLO_MAGIC);
+        b[8..10].copy_from_slice(&DATA_VERSION.to_le_bytes());
+        b[10..12].copy_from_slice(&self.status.to_le_bytes());
+        b
+    }
+
+    /// Decode and check magic and version.
+    pub fn decode(b: &[u8; HELLO_LEN]) -> Result<Hello, FrameError> {
+        if b[..8] != HELLO_MAGIC {
+            return Err(FrameError::BadMagic);
+        }
+        let version = u16::from_le_bytes([b[8], b[9]]);
+        if version != DATA_VERSION {
+            return Err(FrameError::Version(version));
+        }
+        Ok(Hello {
+            status: u16::from_le_bytes([b[10], b[11]]),
+        })
+    }
+}
+
+/// One slice's request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// READ or WRITE.
+    pub opcode: Opcode,
+    /// Echoed in the response.
+    pub seq: u32,
+    /// Target address.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The target region's key, from its descriptor.
+    pub key: u64,
+}
+
+impl Request {
+    /// Encode.
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut b = [0u8; REQUEST_LEN];
+        b[..2].copy_from_slice(&REQUEST_MAGIC);
+        b[2] = match self.opcode {
+            Opcode::Write => OP_WRITE,
+            Opcode::Read => OP_READ,
+        };
+        b[4..8].copy_from_slice(&self.seq.to_le_bytes());
+        b[8..16].copy_from_slice(&self.addr.to_le_bytes());
+        b[16..24].copy_from_slice(&self.len.to_le_bytes());
+        b[24..32].copy_from_slice(&self.key.to_le_bytes());
+        b
+    }
+
+    /// Decode; the caller still checks `len` against zero and the regions.
+    pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<Request, FrameError> {
+        if b[..2] != REQUEST_MAGIC {
+            return Err(FrameError::BadMagic);
+        }
+        let opcode = match b[2] {
+            OP_WRITE => Opcode::Write,
+            OP_READ => Opcode::Read,
+            other => return Err(FrameError::Opcode(other)),
+        };
+        let len = u64_at(b, 16);
+        if len > MAX_OP_LEN {
+            return Err(FrameError::TooLong(len));
+        }
+        Ok(Request {
+            opcode,
+            seq: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            addr: u64_at(b, 8),
+            len,
+            key: u64_at(b, 24),
+        })
+    }
+}
+
+/// One slice's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Response {
+    /// Bytes moved, or why not.
+    pub status: Result<(), ErrorKind>,
+    /// The request's `seq`.
+    pub seq: u32,
+    /// Payload bytes that follow (READ) or bytes written (WRITE).
+    pub len: u64,
+}
+
+impl Response {
+    /// Encode.
+    pub fn encode(&self) -> [u8; RESPONSE_LEN] {
+        let mut b = [0u8; RESPONSE_LEN];
+        b[..2].copy_from_slice(&RESPONSE_MAGIC);
+        let code = match self.status {
+            Ok(()) => 0,
+            Err(e) => e.code(),
+        };
+        b[2..4].copy_from_slice(&code.to_le_bytes());
+        b[4..8].copy_from_slice(&self.seq.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Decode; an unknown status code reads as `InvalidArgument`.
+    pub fn decode(b: &[u8; RESPONSE_LEN]) -> Result<Response, FrameError> {
+        if b[..2] != RESPONSE_MAGIC {
+            return Err(FrameError::BadMagic);
+        }
+        let code = u16::from_le_bytes([b[2], b[3]]);
+        let status = match code {
+            0 => Ok(()),
+            c => Err(ErrorKind::from_code(c).unwrap_or(ErrorKind::InvalidArgument)),
+        };
+        let len = u64_at(b, 8);
+        if len > MAX_OP_LEN {
+            return Err(FrameError::TooLong(len));
+        }
+        Ok(Response {
+            status,
+            seq: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            len,
+        })
+    }
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut v = [0u8; 8];
+    v.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn round_trips() {
+        let h = Hello { status: 37 };
+        assert_eq!(Hello::decode(&h.encode()), Ok(h));
+        let r = Request {
+            opcode: Opcode::Read,
+            seq: 7,
+            addr: u64::MAX - 3,
+            len: 4096,
+            key: 0xdead_beef,
+        };
+        assert_eq!(Request::decode(&r.encode()), Ok(r));
+        let p = Response {
+            status: Err(ErrorKind::OutOfBounds),
+            seq: 9,
+            len: 0,
+        };
+        assert_eq!(Response::decode(&p.encode()), Ok(p));
+    }
+
+    #[test]
+    fn refuses_bad_frames() {
+        let mut h = Hello { status: 0 }.encode();
+        h[8] = 9;
+        assert_eq!(Hello::decode(&h), Err(FrameError::Version(9)));
+        h[0] = b'X';
+        assert_eq!(Hello::decode(&h), Err(FrameError::BadMagic));
+        let mut r = Request {
+            opcode: Opcode::Write,
+            seq: 1,
+            addr: 0,
+            len: 1,
+            key: 1,
+        }
+        .encode();
+        r[2] = 77;
+        assert_eq!(Request::decode(&r), Err(FrameError::Opcode(77)));
+        r[2] = OP_WRITE;
+        r[16..24].copy_from_slice(&(MAX_OP_LEN + 1).to_le_bytes());
+        assert_eq!(
+            Request::decode(&r),
+            Err(FrameError::TooLong(MAX_OP_LEN + 1))
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn random_headers_never_panic(b in proptest::array::uniform32(any::<u8>())) {
+            let _ = Request::decode(&b);
+            let mut r = [0u8; RESPONSE_LEN];
+            r.copy_from_slice(&b[..RESPONSE_LEN]);
+            let _ = Response::decode(&r);
+            let _ = Hello::decode(&r);
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! Socket I/O straight into and out of registered memory.
+//!
+//! Payloads go between the socket and the application's (or the target's
+//! registered) memory with no staging buffer: a header and its payload leave
+//! in one `sendmsg` with two iovecs, and a payload is received with `recv`
+//! into its final place. Raw pointers, not slices: the memory is shared with
+//! the application, which Rust references could not describe honestly.
+
+use std::io;
+use std::os::fd::AsRawFd;
+
+use tent_rings::ErrorKind;
+
+/// Send `header` then `len` bytes at `payload` (may be null when `len` is
+/// 0), all of it, in as few syscalls as the kernel allows.
+///
+/// # Safety
+/// `payload` must be valid for reads of `len` bytes for the whole call.
+pub unsafe fn send_all(
+    sock: &impl AsRawFd,
+    header: &[u8],
+    payload: *const u8,
+    len: usize,
+) -> io::Result<()> {
+    let fd = sock.as_raw_fd();
+    let total = header.len() + len;
+    let mut sent = 0usize;
+    while sent < total {
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 2];
+        let mut n = 0;
+        if sent < header.len() {
+            iov[0] = libc::iovec {
+                iov_base: header[sent..].as_ptr() as *mut libc::c_void,
+                iov_len: header.len() - sent,
+            };
+            n = 1;
+        }
+        let done_payload = sent.saturating_sub(header.len());
+        if len > done_payload {
+            iov[n] = libc::iovec {
+                iov_base: payload.wrapping_add(done_payload) as *mut libc::c_void,
+                iov_len: len - done_payload,
+            };
+            n += 1;
+        }
+        // SAFETY: a zeroed msghdr is a valid "no name, no control" message.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = n;
+        // SAFETY: the iovecs point into `header` and into `payload`, valid for the stated lengths by the caller's contract; MSG_NOSIGNAL turns a dead peer into EPIPE instead of SIGPIPE.
+        let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        sent += r as usize;
+    }
+    Ok(())
+}
+
+/// Receive exactly `len` bytes into `dst`.
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` bytes for the whole call.
+pub unsafe fn recv_exact(sock: &impl AsRawFd, dst: *mut u8, len: usize) -> io::Result<()> {
+    let fd = sock.as_raw_fd();
+    let mut got = 0usize;
+    while got < len {
+        // SAFETY: `dst + got .. dst + len` is valid for writes by the caller's contract.
+        let r = unsafe {
+            libc::recv(
+                fd,
+                dst.add(got) as *mut libc::c_void,
+                len - got,
+                libc::MSG_WAITALL,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if r == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        got += r as usize;
+    }
+    Ok(())
+}
+
+/// Receive a fixed-size header. `Ok(None)`: the read timed out before its
+/// first byte (an idle connection, not an error). A timeout after the first
+/// byte is an error: the peer stalled mid-frame.
+pub fn recv_header<const N: usize>(sock: &impl AsRawFd) -> io::Result<Option<[u8; N]>> {
+    let mut b = [0u8; N];
+    let fd = sock.as_raw_fd();
+    let mut got = 0usize;
+    while got < N {
+        // SAFETY: `b[got..]` is a valid writable buffer of `N - got` bytes.
+        let r = unsafe {
+            libc::recv(
+                fd,
+                b.as_mut_ptr().add(got) as *mut libc::c_void,
+                N - got,
+                libc::MSG_WAITALL,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut if got == 0 => {
+                    return Ok(None);
+                }
+                _ => return Err(e),
+            }
+        }
+        if r == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        got += r as usize;
+    }
+    Ok(Some(b))
+}
+
+/// Read and discard `len` bytes (the payload of a refused WRITE), so the
+/// connection keeps its framing.
+pub fn discard(sock: &impl AsRawFd, mut len: u64) -> io::Result<()> {
+    let mut scratch = [0u8; 16 << 10];
+    while len > 0 {
+        let n = len.min(scratch.len() as u64) as usize;
+        // SAFETY: `scratch` is a local buffer of at least `n` bytes.
+        unsafe { recv_exact(sock, scratch.as_mut_ptr(), n)? };
+        len -= n as u64;
+    }
+    Ok(())
+}
+
+/// The error kind a failed socket operation means for the slices on it.
+pub fn kind_of(e: &io::Error) -> ErrorKind {
+    match e.raw_os_error() {
+        Some(libc::ECONNREFUSED) => ErrorKind::Unreachable,
+        Some(
+            libc::ETIMEDOUT
+            | libc::EHOSTUNREACH
+            | libc::ENETUNREACH
+            | libc::ENETDOWN
+            | libc::EADDRNOTAVAIL,
+        ) => ErrorKind::RouteLost,
+        Some(libc::ECONNRESET | libc::EPIPE | libc::ECONNABORTED) => ErrorKind::ProcessFailed,
+        _ => match e.kind() {
+            io::ErrorKind::UnexpectedEof => ErrorKind::ProcessFailed,
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => ErrorKind::RouteLost,
+            _ => ErrorKind::Unreachable,
+        },
+    }
+}

@@ -1,0 +1,518 @@
+//! `tcp`: one-sided READ and WRITE over TCP, served by the target.
+//!
+//! The target runs a [`DataServer`] that moves bytes straight between its
+//! sockets and registered memory, checking region, bounds and key per op.
+//! The initiator reaches a peer over one or more **rails** (local interface,
+//! remote interface), each with `connections_per_peer` connections per
+//! worker ([`conn`]); the [`DeviceSelector`] sprays a request's slices over
+//! the rails whose link is up. A link watch (rtnetlink) marks a rail down
+//! the moment its interface goes down and breaks its connections; their
+//! in-flight slices come back `RouteLost` and are re-posted on a sibling
+//! rail before the worker ever sees them (DESIGN.md's recovery order). Only
+//! when no rail is left does `RouteLost` reach the task.
+
+pub mod conn;
+pub mod frame;
+mod io;
+pub mod server;
+
+use std::cell::UnsafeCell;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+use tent_rings::{ErrorKind, TransportKind};
+
+pub use conn::{Conn, ConnEnds, Endpoint, Op};
+pub use server::DataServer;
+
+use super::{Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport};
+use crate::config::Config;
+use crate::control::wire::RailEntry;
+use crate::control::{RegionEntry, SegmentDescriptor};
+use crate::error::{Error, Result};
+use crate::netlink::{self, LinkEvent, LinkWatch};
+use crate::segment::Segment;
+use crate::select::DeviceSelector;
+
+/// Settings read once from the config.
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    conns_per_rail: usize,
+    inflight_per_conn: u32,
+    /// Slices a worker may have queued on one connection (its credits).
+    queue: u32,
+    user_timeout_ms: u32,
+    connect_timeout: Duration,
+}
+
+/// One rail to one peer.
+#[derive(Debug)]
+pub struct TcpRail {
+    /// Local interface name (or the address when unknown).
+    pub local_name: String,
+    /// Local interface index (0: unknown, link state not watched).
+    pub ifindex: u32,
+    /// The peer's name for its end.
+    pub remote_name: String,
+    /// Addresses and link state.
+    pub endpoint: Arc<Endpoint>,
+    /// Every connection on this rail, for the link watch.
+    conns: Mutex<Vec<Arc<Conn>>>,
+}
+
+impl TcpRail {
+    /// Is the rail's local link up?
+    #[inline]
+    pub fn is_up(&self) -> bool {
+        // Relaxed: a hint; a slice posted on a rail that just went down
+        // comes back RouteLost and is re-posted.
+        self.endpoint.up.load(Ordering::Relaxed)
+    }
+
+    fn set_link(&self, up: bool) {
+        let was = self.endpoint.up.swap(up, Ordering::AcqRel);
+        if was && !up {
+            tracing::warn!(local = %self.local_name, remote = %self.remote_name, "rail down: link lost; in-flight slices move to sibling rails");
+            for c in self.conns.lock().expect("rail conns poisoned").iter() {
+                c.break_link(ErrorKind::RouteLost);
+            }
+        } else if !was && up {
+            tracing::info!(local = %self.local_name, remote = %self.remote_name, "rail up: link restored");
+        }
+    }
+}
+
+/// What a worker has on one peer.
+struct PeerLinks {
+    /// Connections, rail-major: `rail * conns_per_rail + c`.
+    ends: Vec<ConnEnds>,
+    rail_cursor: usize,
+    conn_cursor: Vec<usize>,
+    outstanding: u32,
+    active: bool,
+}
+
+/// A peer reachable over TCP: its regions' keys and its rails.
+pub struct TcpPeer {
+    name: String,
+    regions: Vec<RegionEntry>,
+    rails: Vec<Arc<TcpRail>>,
+    conns_per_rail: usize,
+    per_worker: Box<[CachePadded<UnsafeCell<PeerLinks>>]>,
+}
+
+// SAFETY: `per_worker[w]` is touched only through Transport::submit/poll called with worker index `w`, and the engine makes those calls only from worker `w`'s own thread; everything else in TcpPeer is immutable or Sync.
+unsafe impl Sync for TcpPeer {}
+// SAFETY: as above; the ring ends inside are Send.
+unsafe impl Send for TcpPeer {}
+
+impl std::fmt::Debug for TcpPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpPeer")
+            .field("name", &self.name)
+            .field("rails", &self.rails)
+            .finish()
+    }
+}
+
+impl TcpPeer {
+    /// The rails to this peer.
+    pub fn rails(&self) -> &[Arc<TcpRail>] {
+        &self.rails
+    }
+
+    /// The key for `[addr, addr+len)`, checked against the peer's
+    /// descriptor before anything is sent (the target checks again).
+    #[inline]
+    pub fn key_for(&self, addr: u64, len: u64) -> std::result::Result<u64, ErrorKind> {
+        let end = addr.checked_add(len).ok_or(ErrorKind::OutOfBounds)?;
+        let idx = self.regions.partition_point(|r| r.addr <= addr);
+        let r = idx
+            .checked_sub(1)
+            .map(|i| &self.regions[i])
+            .filter(|r| addr - r.addr < r.len)
+            .ok_or(ErrorKind::AddressNotRegistered)?;
+        if end - r.addr > r.len {
+            return Err(ErrorKind::OutOfBounds);
+        }
+        Ok(r.key)
+    }
+
+    /// # Safety
+    /// Only from worker `w`'s thread (see the `Sync` impl).
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn links(&self, w: usize) -> &mut PeerLinks {
+        // SAFETY: the caller is worker `w`'s thread, the only one that touches this cell.
+        unsafe { &mut *self.per_worker[w].get() }
+    }
+}
+
+struct WorkerState {
+    /// Peers this worker has slices posted on (polled until they drain).
+    active: Vec<Arc<TcpPeer>>,
+}
+
+/// The TCP transport (initiator side).
+pub struct TcpTransport {
+    settings: Settings,
+    workers: Box<[CachePadded<UnsafeCell<WorkerState>>]>,
+    selector: DeviceSelector,
+    rails: Arc<Mutex<Vec<Weak<TcpRail>>>>,
+    watch: Mutex<Option<LinkWatch>>,
+    installed: AtomicBool,
+}
+
+// SAFETY: `workers[w]` is touched only by worker `w`'s thread (see TcpPeer); the rest is Sync.
+unsafe impl Sync for TcpTransport {}
+// SAFETY: as above.
+unsafe impl Send for TcpTransport {}
+
+impl std::fmt::Debug for TcpTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpTransport")
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl TcpTransport {
+    /// A transport for an engine with `config`.
+    pub fn new(config: &Config) -> TcpTransport {
+        let t = &config.transports.tcp;
+        let workers = (0..config.workers.count.max(1))
+            .map(|_| {
+                CachePadded::new(UnsafeCell::new(WorkerState {
+                    active: Vec::with_capacity(16),
+                }))
+            })
+            .collect();
+        TcpTransport {
+            settings: Settings {
+                conns_per_rail: t.connections_per_peer.max(1) as usize,
+                inflight_per_conn: t.max_inflight_per_connection.max(1),
+                queue: config.max_inflight_slices.max(1),
+                user_timeout_ms: t.user_timeout_ms.min(u32::MAX as u64) as u32,
+                connect_timeout: Duration::from_millis(config.default_timeout_ms.clamp(100, 5_000)),
+            },
+            workers,
+            selector: DeviceSelector::default(),
+            rails: Arc::new(Mutex::new(Vec::new())),
+            watch: Mutex::new(None),
+            installed: AtomicBool::new(false),
+        }
+    }
+
+    /// Connect-side view of a peer from its descriptor: one rail per
+    /// advertised interface that a local route reaches, and per worker
+    /// `connections_per_peer` connections on each (they connect lazily).
+    pub fn attach(&self, desc: &SegmentDescriptor) -> Result<Arc<TcpPeer>> {
+        let mut rails = Vec::new();
+        for entry in &desc.rails {
+            match self.rail_to(entry) {
+                Ok(r) => rails.push(Arc::new(r)),
+                Err(e) => {
+                    tracing::info!(peer = %desc.name, rail = %entry.name, error = %e, "tcp rail skipped")
+                }
+            }
+        }
+        if rails.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Unreachable,
+                format!(
+                    "{}: no advertised tcp rail is reachable from here",
+                    desc.name
+                ),
+            ));
+        }
+        let s = self.settings;
+        let mut per_worker = Vec::with_capacity(self.workers.len());
+        for _ in 0..self.workers.len() {
+            let mut ends = Vec::with_capacity(rails.len() * s.conns_per_rail);
+            for rail in &rails {
+                for _ in 0..s.conns_per_rail {
+                    let e = conn::open(
+                        rail.endpoint.clone(),
+                        s.queue,
+                        s.inflight_per_conn,
+                        s.user_timeout_ms,
+                        s.connect_timeout,
+                    )?;
+                    rail.conns
+                        .lock()
+                        .expect("rail conns poisoned")
+                        .push(e.conn.clone());
+                    ends.push(e);
+                }
+            }
+            per_worker.push(CachePadded::new(UnsafeCell::new(PeerLinks {
+                ends,
+                rail_cursor: 0,
+                conn_cursor: vec![0; rails.len()],
+                outstanding: 0,
+                active: false,
+            })));
+        }
+        {
+            let mut all = self.rails.lock().expect("rail registry poisoned");
+            all.retain(|w| w.strong_count() > 0);
+            all.extend(rails.iter().map(Arc::downgrade));
+        }
+        let mut regions = desc.regions.clone();
+        regions.sort_by_key(|r| r.addr);
+        tracing::info!(peer = %desc.name, rails = rails.len(), conns_per_rail = s.conns_per_rail, "tcp peer attached");
+        Ok(Arc::new(TcpPeer {
+            name: desc.name.clone(),
+            regions,
+            rails,
+            conns_per_rail: s.conns_per_rail,
+            per_worker: per_worker.into_boxed_slice(),
+        }))
+    }
+
+    /// Pair an advertised remote interface with the local interface the
+    /// kernel routes to it through.
+    fn rail_to(&self, entry: &RailEntry) -> std::io::Result<TcpRail> {
+        let remote: SocketAddr = entry
+            .addr
+            .parse()
+            .map_err(|_| std::io::Error::other(format!("bad rail address {:?}", entry.addr)))?;
+        // A connected UDP socket sends nothing; it only asks the routing
+        // table which local address reaches `remote`.
+        let probe = UdpSocket::bind(SocketAddr::new(unspecified(remote.ip()), 0))?;
+        probe.connect(remote)?;
+        let local_ip = probe.local_addr()?.ip();
+        let iface = netlink::interface_of(local_ip).ok().flatten();
+        let (local_name, ifindex, up) = match &iface {
+            Some(i) => (i.name.clone(), i.index, i.up),
+            None => (local_ip.to_string(), 0, true),
+        };
+        Ok(TcpRail {
+            local_name,
+            ifindex,
+            remote_name: format!("{}@{}", entry.name, entry.addr),
+            endpoint: Arc::new(Endpoint {
+                local_ip,
+                remote,
+                up: AtomicBool::new(up),
+            }),
+            conns: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// # Safety
+    /// Only from worker `w`'s thread.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn worker(&self, w: usize) -> &mut WorkerState {
+        // SAFETY: the caller is worker `w`'s thread, the only one that touches this cell.
+        unsafe { &mut *self.workers[w].get() }
+    }
+
+    /// Queue `op` on a connection of an available rail (not `avoid`).
+    #[inline]
+    fn post(
+        &self,
+        peer: &TcpPeer,
+        links: &mut PeerLinks,
+        mut op: Op,
+        avoid: Option<usize>,
+    ) -> std::result::Result<(), ErrorKind> {
+        let rail = self
+            .selector
+            .pick(&mut links.rail_cursor, peer.rails.len(), avoid, |r| {
+                peer.rails[r].is_up()
+            })
+            .ok_or(ErrorKind::RouteLost)?;
+        let c = links.conn_cursor[rail];
+        links.conn_cursor[rail] = (c + 1) % peer.conns_per_rail;
+        let ends = &mut links.ends[rail * peer.conns_per_rail + c];
+        op.rail = rail as u16;
+        ends.submit.push(op).map_err(|_| ErrorKind::SqFull)?;
+        ends.submit.sync();
+        ends.conn.wake();
+        Ok(())
+    }
+}
+
+fn unspecified(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+    }
+}
+
+impl Transport for TcpTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Tcp
+    }
+
+    fn install(&self, ctx: &InstallContext) -> Result<()> {
+        if ctx.workers > self.workers.len() {
+            return Err(Error::invalid(format!(
+                "tcp transport built for {} workers, engine has {}",
+                self.workers.len(),
+                ctx.workers
+            )));
+        }
+        let rails = self.rails.clone();
+        let on_event = move |ev: LinkEvent| {
+            let all = rails.lock().expect("rail registry poisoned");
+            for r in all.iter().filter_map(Weak::upgrade) {
+                if r.ifindex == ev.index {
+                    r.set_link(ev.up);
+                }
+            }
+        };
+        match LinkWatch::start(on_event) {
+            Ok(w) => *self.watch.lock().expect("link watch poisoned") = Some(w),
+            // Rails then learn of a dead link from their sockets only.
+            Err(e) => {
+                tracing::warn!(error = %e, "tcp: cannot watch link state (rtnetlink); rails rely on socket errors")
+            }
+        }
+        self.installed.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            atomic_submit: false,
+            synchronous: false,
+            remote: true,
+        }
+    }
+
+    fn reaches(&self, segment: &Segment) -> bool {
+        segment.tcp().is_some()
+    }
+
+    fn submit(&self, worker: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+        // SAFETY: the engine calls submit for worker `worker` from that worker's thread only.
+        let ws = unsafe { self.worker(worker) };
+        for (s, o) in slices.iter().zip(out.iter_mut()) {
+            let Some(peer) = s.segment.tcp() else {
+                *o = SubmitOutcome::Rejected(ErrorKind::Unreachable);
+                continue;
+            };
+            let key = match peer.key_for(s.remote, s.len) {
+                Ok(k) => k,
+                Err(e) => {
+                    *o = SubmitOutcome::Completed(Err(e));
+                    continue;
+                }
+            };
+            // SAFETY: as above, this is worker `worker`'s thread.
+            let links = unsafe { peer.links(worker) };
+            let op = Op::new(s.token, s.opcode, s.local, s.remote, s.len, key);
+            *o = match self.post(peer, links, op, None) {
+                Ok(()) => {
+                    links.outstanding += 1;
+                    if !links.active {
+                        links.active = true;
+                        ws.active.push(peer.clone());
+                    }
+                    SubmitOutcome::Posted
+                }
+                Err(ErrorKind::SqFull) => SubmitOutcome::Rejected(ErrorKind::SqFull),
+                Err(e) => SubmitOutcome::Completed(Err(e)),
+            };
+        }
+    }
+
+    fn poll(&self, worker: usize, out: &mut [SliceCompletion]) -> usize {
+        // SAFETY: the engine calls poll for worker `worker` from that worker's thread only.
+        let ws = unsafe { self.worker(worker) };
+        let mut n = 0;
+        let mut i = 0;
+        while i < ws.active.len() && n < out.len() {
+            let peer = &ws.active[i];
+            // SAFETY: as above, this is worker `worker`'s thread.
+            let links = unsafe { peer.links(worker) };
+            for e in 0..links.ends.len() {
+                while n < out.len() {
+                    let Some(op) = links.ends[e].done.pop() else {
+                        break;
+                    };
+                    let result = op.result();
+                    if result == Err(ErrorKind::RouteLost)
+                        && (op.attempts as usize) < peer.rails.len()
+                    {
+                        let mut again = op;
+                        again.attempts += 1;
+                        again.status = 0;
+                        if self
+                            .post(peer, links, again, Some(op.rail as usize))
+                            .is_ok()
+                        {
+                            tracing::debug!(peer = %peer.name, from_rail = op.rail, "slice re-posted on a sibling rail");
+                            continue;
+                        }
+                    }
+                    out[n] = SliceCompletion {
+                        token: op.token,
+                        result,
+                    };
+                    n += 1;
+                    links.outstanding -= 1;
+                }
+                links.ends[e].done.sync();
+            }
+            if links.outstanding == 0 {
+                links.active = false;
+                ws.active.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        n
+    }
+}
+
+/// The rails this engine advertises for a data server on `port`: the
+/// loopback address alone when the control plane listens on loopback,
+/// else every up IPv4 interface (the control plane's first).
+pub fn advertised_rails(host: IpAddr, port: u16) -> Vec<RailEntry> {
+    let entry = |name: &str, ip: IpAddr| RailEntry {
+        name: name.to_owned(),
+        addr: SocketAddr::new(ip, port).to_string(),
+    };
+    if host.is_loopback() {
+        let name = netlink::interface_of(host)
+            .ok()
+            .flatten()
+            .map_or_else(|| "lo".to_owned(), |i| i.name);
+        return vec![entry(&name, host)];
+    }
+    let mut rails = Vec::new();
+    for i in netlink::interfaces().unwrap_or_default() {
+        if !i.up {
+            continue;
+        }
+        for ip in &i.addrs {
+            if ip.is_ipv4() && !ip.is_loopback() && (host.is_unspecified() || host.is_ipv4()) {
+                let e = entry(&i.name, *ip);
+                if *ip == host {
+                    rails.insert(0, e);
+                } else {
+                    rails.push(e);
+                }
+            }
+        }
+    }
+    if rails.is_empty() && !host.is_unspecified() {
+        rails.push(entry("host", host));
+    }
+    rails.truncate(crate::control::wire::MAX_RAILS);
+    rails
+}
+
+/// Where the data server listens for a control plane on `host`.
+pub fn data_bind(host: IpAddr) -> SocketAddr {
+    if host.is_loopback() {
+        SocketAddr::new(host, 0)
+    } else {
+        SocketAddr::new(unspecified(host), 0)
+    }
+}
