@@ -74,9 +74,6 @@ die() { log "$*"; exit 1; }
 for v in THREADS BATCH DURATION; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "--${v,,} must be a positive integer (got ${!v})"
 done
-for op in $OPS; do
-  [[ $op == read || $op == write ]] || die "--ops: unknown op $op (read, write)"
-done
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${TENT_VENV:-$HOME/.cache/tent/mooncake-venv}
@@ -251,6 +248,10 @@ export TENT_CONF
 read -r -a SIZE_LIST <<<"$SIZES"
 [ "${#SIZE_LIST[@]}" -gt 0 ] || die "--sizes is empty"
 read -r -a OP_LIST <<<"$OPS"
+[ "${#OP_LIST[@]}" -gt 0 ] || die "--ops is empty"
+for op in "${OP_LIST[@]}"; do
+  [[ $op == read || $op == write ]] || die "--ops: unknown op $op (read, write)"
+done
 declare -A BYTES=()
 max_block=0
 for s in "${SIZE_LIST[@]}"; do
