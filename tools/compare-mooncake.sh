@@ -75,6 +75,39 @@ for v in THREADS BATCH DURATION; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "--${v,,} must be a positive integer (got ${!v})"
 done
 
+to_bytes() {
+  local s=$1 n mul=1
+  case "$s" in
+    *[kK]) n=${s%?}; mul=1024 ;;
+    *[mM]) n=${s%?}; mul=$((1 << 20)) ;;
+    *[gG]) n=${s%?}; mul=$((1 << 30)) ;;
+    *) n=$s ;;
+  esac
+  [[ $n =~ ^[0-9]+$ ]] && [ "$n" -gt 0 ] || die "bad size $s (use e.g. 4096, 64K, 1M)"
+  echo $((n * mul))
+}
+
+# ------------------------------------------------------------------ sizes --
+
+read -r -a SIZE_LIST <<<"$SIZES"
+[ "${#SIZE_LIST[@]}" -gt 0 ] || die "--sizes is empty"
+read -r -a OP_LIST <<<"$OPS"
+[ "${#OP_LIST[@]}" -gt 0 ] || die "--ops is empty"
+for op in "${OP_LIST[@]}"; do
+  [[ $op == read || $op == write ]] || die "--ops: unknown op $op (read, write)"
+done
+declare -A BYTES=()
+max_block=0
+for s in "${SIZE_LIST[@]}"; do
+  BYTES[$s]=$(to_bytes "$s")
+  if [ "${BYTES[$s]}" -gt "$max_block" ]; then max_block=${BYTES[$s]}; fi
+done
+# Both benches address block * (i * threads + t) for i < batch, t < threads.
+BUF=$((max_block * BATCH * THREADS))
+if [ "$BUF" -lt $((1 << 30)) ]; then BUF=$((1 << 30)); fi
+STEP_LIMIT=$((DURATION + 60)) # one initiator / iperf3 run
+SWEEP_LIMIT=$(((DURATION + 60) * ${#SIZE_LIST[@]} + 120)) # one target sweep
+
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${TENT_VENV:-$HOME/.cache/tent/mooncake-venv}
 MOONCAKE_PKG=${MOONCAKE_PKG:-mooncake-transfer-engine-non-cuda==0.3.13.post1}
@@ -140,18 +173,6 @@ step() {
 show_tail() { # file what: the end of a failed step's log, to stderr
   log "$2 failed; last lines of its log:"
   tail -n 15 "$1" 2>/dev/null | sed 's/^/    /' >&2 || true
-}
-
-to_bytes() {
-  local s=$1 n mul=1
-  case "$s" in
-    *[kK]) n=${s%?}; mul=1024 ;;
-    *[mM]) n=${s%?}; mul=$((1 << 20)) ;;
-    *[gG]) n=${s%?}; mul=$((1 << 30)) ;;
-    *) n=$s ;;
-  esac
-  [[ $n =~ ^[0-9]+$ ]] && [ "$n" -gt 0 ] || die "bad size $s (use e.g. 4096, 64K, 1M)"
-  echo $((n * mul))
 }
 
 ratio() { # a b: a/b with 2 decimals, or n/a
@@ -242,27 +263,6 @@ if [ -z "${TENT_CONF:-}" ]; then
   TENT_CONF="{\"rpc_server_hostname\":\"127.0.0.1\",\"transports\":{\"tcp\":{\"connections_per_peer\":$TENT_TCP_CONNS}}}"
 fi
 export TENT_CONF
-
-# ------------------------------------------------------------------ sizes --
-
-read -r -a SIZE_LIST <<<"$SIZES"
-[ "${#SIZE_LIST[@]}" -gt 0 ] || die "--sizes is empty"
-read -r -a OP_LIST <<<"$OPS"
-[ "${#OP_LIST[@]}" -gt 0 ] || die "--ops is empty"
-for op in "${OP_LIST[@]}"; do
-  [[ $op == read || $op == write ]] || die "--ops: unknown op $op (read, write)"
-done
-declare -A BYTES=()
-max_block=0
-for s in "${SIZE_LIST[@]}"; do
-  BYTES[$s]=$(to_bytes "$s")
-  if [ "${BYTES[$s]}" -gt "$max_block" ]; then max_block=${BYTES[$s]}; fi
-done
-# Both benches address block * (i * threads + t) for i < batch, t < threads.
-BUF=$((max_block * BATCH * THREADS))
-if [ "$BUF" -lt $((1 << 30)) ]; then BUF=$((1 << 30)); fi
-STEP_LIMIT=$((DURATION + 60))                       # one initiator / iperf3 run
-SWEEP_LIMIT=$(((DURATION + 60) * ${#SIZE_LIST[@]} + 120)) # one target
 
 declare -A TENT=() MC=()
 declare -A IPERF=()
