@@ -135,6 +135,9 @@ pub struct TcpConfig {
     pub max_inflight_per_connection: u32,
     /// `transports/tcp/user_timeout_ms`: `TCP_USER_TIMEOUT`; 0 = OS default.
     pub user_timeout_ms: u64,
+    /// `transports/tcp/slice_size`: bytes per TCP slice (each costs a
+    /// request and a response, so TCP wants them larger than `block_size`).
+    pub slice_size: u64,
 }
 
 /// `transports/rdma`: every RDMA key of the reference documents (failover
@@ -664,6 +667,8 @@ schema! {
         "Requests in flight on one TCP connection.";
     "transports/tcp/user_timeout_ms" => transports.tcp.user_timeout_ms: uint(0, 3_600_000), "10000", LIVE,
         "TCP_USER_TIMEOUT in ms; 0 keeps the OS default.";
+    "transports/tcp/slice_size" => transports.tcp.slice_size: uint(4096, 1 << 30), "262144", LIVE,
+        "Bytes per slice over TCP (each slice costs one request and one response).";
     // transports/rdma: failover rails (seed 000)
     "transports/rdma/enable" => transports.rdma.enable: Kind::Bool, "true", LATER,
         "Enable the RDMA transport.";
@@ -819,6 +824,7 @@ fn blank() -> Config {
                 connections_per_peer: 0,
                 max_inflight_per_connection: 0,
                 user_timeout_ms: 0,
+                slice_size: 0,
             },
             rdma: RdmaConfig {
                 enable: false,

@@ -42,6 +42,7 @@ impl Transport for Held {
             atomic_submit: false,
             synchronous: false,
             remote: false,
+            slice_bytes: 0,
         }
     }
     fn reaches(&self, _: &tent::segment::Segment) -> bool {

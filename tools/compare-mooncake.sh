@@ -218,7 +218,8 @@ command -v python3 >/dev/null 2>&1 || apt_ensure python3
 apt_ensure iperf3 libibverbs1
 
 find_mc_bench() { # the ELF itself, not the venv/bin python wrapper around it
-  find "$VENV" -type f -name transfer_engine_bench -path '*/mooncake/*' 2>/dev/null | head -n1
+  [ -d "$VENV" ] || return 0
+  { find "$VENV" -type f -name transfer_engine_bench -path '*/mooncake/*' 2>/dev/null || true; } | head -n1
 }
 
 MC_BIN=$(find_mc_bench)
@@ -402,6 +403,7 @@ except Exception:
 
 # -------------------------------------------------------------------- run --
 
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
 for op in "${OP_LIST[@]}"; do
   tent_sweep "$op"
   mc_sweep "$op"
@@ -409,9 +411,10 @@ for op in "${OP_LIST[@]}"; do
 done
 
 cpu=$(awk -F': *' '/^model name/ {print $2; exit}' /proc/cpuinfo 2>/dev/null || true)
-rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "?")
+rev=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo "?")
+LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
 echo "tent vs Mooncake Transfer Engine (classic), loopback TCP -- $(date -u '+%Y-%m-%d %H:%M UTC')"
-echo "machine: nproc $(nproc), kernel $(uname -r)${cpu:+, $cpu}"
+echo "machine: nproc $(nproc), kernel $(uname -r)${cpu:+, $cpu}; loadavg $LOAD_START at start, $LOAD_END at end"
 echo "tent: $TENT_BIN (git $rev), TENT_CONF=$TENT_CONF"
 echo "mooncake: ${MOONCAKE_PKG%%[=<>]*} ${MC_VERSION:-?}, transfer_engine_bench --protocol=tcp --backend=classic"
 echo "threads $THREADS, batch $BATCH, duration ${DURATION}s per point, buffer $BUF B; iperf3 -P $IPERF_P -l 1M ($IPERF_P_WHY)"

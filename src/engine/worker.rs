@@ -452,7 +452,11 @@ impl Worker {
                 // Every credit is in flight: wait for completions.
                 break;
             }
-            let len = self.block_size.min(t.len - t.posted);
+            let slice = match installed.caps.slice_bytes {
+                0 => self.block_size,
+                n => n,
+            };
+            let len = slice.min(t.len - t.posted);
             let offset = t.posted;
             let segment = t.segment.as_deref().expect("live task has a segment");
             let slice = Slice {

@@ -39,6 +39,7 @@ impl Transport for LocalTransport {
             atomic_submit: false,
             synchronous: true,
             remote: false,
+            slice_bytes: 0,
         }
     }
 

@@ -28,6 +28,8 @@ pub struct Capabilities {
     pub synchronous: bool,
     /// Reaches memory in another process.
     pub remote: bool,
+    /// Preferred slice length in bytes (0: the engine's `block_size`).
+    pub slice_bytes: u64,
 }
 
 /// One slice handed to a transport.

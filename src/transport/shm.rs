@@ -28,6 +28,7 @@ impl Transport for ShmTransport {
             atomic_submit: false,
             synchronous: true,
             remote: true,
+            slice_bytes: 0,
         }
     }
 

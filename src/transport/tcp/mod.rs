@@ -46,6 +46,7 @@ struct Settings {
     queue: u32,
     user_timeout_ms: u32,
     connect_timeout: Duration,
+    slice_bytes: u64,
 }
 
 /// One rail to one peer.
@@ -196,6 +197,7 @@ impl TcpTransport {
                 queue: config.max_inflight_slices.max(1),
                 user_timeout_ms: t.user_timeout_ms.min(u32::MAX as u64) as u32,
                 connect_timeout: Duration::from_millis(config.default_timeout_ms.clamp(100, 5_000)),
+                slice_bytes: t.slice_size.min(frame::MAX_OP_LEN),
             },
             workers,
             selector: DeviceSelector::default(),
@@ -381,6 +383,7 @@ impl Transport for TcpTransport {
             atomic_submit: false,
             synchronous: false,
             remote: true,
+            slice_bytes: self.settings.slice_bytes,
         }
     }
 
