@@ -1,5 +1,5 @@
 //! The hot path allocates nothing: 100 k ring ops after warm-up, over the
-//! local and the shm transport, under a counting global allocator.
+//! local, shm and tcp transports, under a counting global allocator.
 //! (One test per binary: the counter is process-wide.)
 
 mod common;
@@ -87,9 +87,17 @@ fn zero_allocations_on_the_hot_path() {
         .open_segment(target.local_segment_name().unwrap())
         .unwrap();
     let shm = measure(&e, seg, remote.addr());
+
+    // TCP: worker post and reap, the connection threads, and the target's
+    // data server (all in this process, all counted).
+    let mut c = common::test_config();
+    c.transports.shm.enable = false;
+    let over_tcp = Engine::new(c).unwrap();
+    let seg = over_tcp.open_segment(&target.segment_name()).unwrap();
+    let tcp = measure(&over_tcp, seg, remote.addr());
     assert_eq!(
-        (local, shm),
-        (0, 0),
-        "allocations during 100k ops (local, shm)"
+        (local, shm, tcp),
+        (0, 0, 0),
+        "allocations during 100k ops (local, shm, tcp)"
     );
 }
