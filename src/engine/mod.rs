@@ -2,7 +2,6 @@
 //! batch and ring APIs over them.
 
 mod batch;
-pub(crate) mod doorbell;
 mod ring;
 mod task;
 mod worker;
@@ -385,7 +384,7 @@ impl Engine {
         let id = table.next_id();
         let mut seg = Segment::new(id, name.to_owned(), kind);
         if let Some(peer) = tcp {
-            seg = seg.with_tcp(peer);
+            seg = seg.with_attachment(TransportKind::Tcp, peer);
         }
         let seg = Arc::new(seg);
         self.shared.segments.store(Arc::new(table.with(seg)));

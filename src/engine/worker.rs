@@ -19,10 +19,10 @@ use tent_rings::spsc::{Consumer, Producer};
 use tent_rings::{Cqe, ErrorKind, Priority, Sqe, TransportKind};
 
 use super::batch::{BatchTask, TaskState};
-use super::doorbell::Doorbell;
 use super::task::{Origin, SliceRecord, TaskTable};
 use super::{EngineShared, slot_index};
 use crate::clock::monotonic_ns;
+use crate::doorbell::Doorbell;
 use crate::memory::RegionTable;
 use crate::qos::PriorityLanes;
 use crate::segment::SegmentTable;

@@ -13,7 +13,9 @@ use tent_rings::{SegmentId, TransportKind};
 
 pub use shm::{RemoteRegion, ShmExport, ShmPeer};
 
-use crate::transport::tcp::TcpPeer;
+/// What a network transport keeps for one segment (its peer state: rails,
+/// connections), opaque here so segments need not know transports.
+pub type Attachment = Arc<dyn std::any::Any + Send + Sync>;
 
 /// How a segment is reached.
 #[derive(Debug)]
@@ -33,7 +35,8 @@ pub struct Segment {
     id: SegmentId,
     name: String,
     kind: SegmentKind,
-    tcp: Option<Arc<TcpPeer>>,
+    /// The network transport that reaches a `Remote` segment, and its state.
+    net: Option<(TransportKind, Attachment)>,
 }
 
 impl Segment {
@@ -43,20 +46,23 @@ impl Segment {
             id,
             name,
             kind,
-            tcp: None,
+            net: None,
         }
     }
 
-    /// The same segment, reachable over TCP through `peer`.
-    pub fn with_tcp(mut self, peer: Arc<TcpPeer>) -> Segment {
-        self.tcp = Some(peer);
+    /// The same segment, reached over `kind` with its per-peer state.
+    pub fn with_attachment(mut self, kind: TransportKind, state: Attachment) -> Segment {
+        self.net = Some((kind, state));
         self
     }
 
-    /// The TCP attachment, if the peer offers TCP and a rail reaches it.
+    /// The state `kind` keeps for this segment, if `kind` reaches it.
     #[inline]
-    pub fn tcp(&self) -> Option<&Arc<TcpPeer>> {
-        self.tcp.as_ref()
+    pub fn attachment(&self, kind: TransportKind) -> Option<&Attachment> {
+        match &self.net {
+            Some((k, a)) if *k == kind => Some(a),
+            _ => None,
+        }
     }
 
     /// Its id (what an SQE names).
@@ -85,11 +91,11 @@ impl Segment {
     /// Transports that reach this segment, best first (the ranked fallback
     /// list that a task's `xport_priority` indexes).
     pub fn transports(&self) -> &'static [TransportKind] {
-        match (&self.kind, self.tcp.is_some()) {
+        match (&self.kind, &self.net) {
             (SegmentKind::Local, _) => &[TransportKind::Local],
             (SegmentKind::Shm(_), _) => &[TransportKind::Shm],
-            (SegmentKind::Remote(_), true) => &[TransportKind::Tcp],
-            (SegmentKind::Remote(_), false) => &[],
+            (SegmentKind::Remote(_), Some((TransportKind::Tcp, _))) => &[TransportKind::Tcp],
+            (SegmentKind::Remote(_), _) => &[],
         }
     }
 }

@@ -31,7 +31,7 @@ use tent_rings::{ErrorKind, Opcode};
 use super::frame::{HELLO_LEN, Hello, RESPONSE_LEN, Request, Response};
 use super::io;
 use super::server::tune;
-use crate::engine::doorbell::Doorbell;
+use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
 
 /// How long a parked sender sleeps before looking at its rail again

@@ -338,6 +338,13 @@ impl TcpTransport {
     }
 }
 
+/// The TCP state of `segment`, if TCP reaches it.
+pub fn peer_of(segment: &Segment) -> Option<&TcpPeer> {
+    segment
+        .attachment(TransportKind::Tcp)?
+        .downcast_ref::<TcpPeer>()
+}
+
 fn unspecified(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
@@ -388,14 +395,18 @@ impl Transport for TcpTransport {
     }
 
     fn reaches(&self, segment: &Segment) -> bool {
-        segment.tcp().is_some()
+        peer_of(segment).is_some()
     }
 
     fn submit(&self, worker: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
         // SAFETY: the engine calls submit for worker `worker` from that worker's thread only.
         let ws = unsafe { self.worker(worker) };
         for (s, o) in slices.iter().zip(out.iter_mut()) {
-            let Some(peer) = s.segment.tcp() else {
+            let Some(attached) = s.segment.attachment(TransportKind::Tcp) else {
+                *o = SubmitOutcome::Rejected(ErrorKind::Unreachable);
+                continue;
+            };
+            let Some(peer) = attached.downcast_ref::<TcpPeer>() else {
                 *o = SubmitOutcome::Rejected(ErrorKind::Unreachable);
                 continue;
             };
@@ -414,7 +425,11 @@ impl Transport for TcpTransport {
                     links.outstanding += 1;
                     if !links.active {
                         links.active = true;
-                        ws.active.push(peer.clone());
+                        // Rare (first slice since the peer drained): the
+                        // only reference-count update on this path.
+                        if let Ok(p) = Arc::downcast::<TcpPeer>(attached.clone()) {
+                            ws.active.push(p);
+                        }
                     }
                     SubmitOutcome::Posted
                 }

@@ -1,4 +1,5 @@
-//! A futex doorbell: how a submitter wakes a parked worker.
+//! A futex doorbell: how a thread wakes one that parked (a submitter its
+//! worker, a worker or receiver a TCP sender thread).
 //!
 //! The worker reads the counter, announces NEED_WAKEUP on its rings,
 //! re-checks them, then sleeps on the counter value it read; a submitter that
