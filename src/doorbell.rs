@@ -6,7 +6,9 @@
 //! sees NEED_WAKEUP bumps the counter and wakes. A bump between the read and
 //! the sleep makes the futex call return at once, so no wakeup is lost.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use crossbeam_utils::CachePadded;
 use std::time::Duration;
 
 /// A counter a worker sleeps on.
@@ -55,6 +57,54 @@ impl Doorbell {
                 &ts as *const libc::timespec,
             )
         };
+    }
+}
+
+/// A worker's doorbell, and whether it sleeps waiting for completions of
+/// slices posted on an asynchronous transport.
+#[derive(Debug, Default)]
+pub struct WorkerBell {
+    /// The worker sleeps on it (submitters and transports ring it).
+    pub bell: Doorbell,
+    /// Set (SeqCst) while the worker sleeps with slices in flight.
+    pub awaiting: AtomicBool,
+}
+
+/// Every worker's [`WorkerBell`], so a transport's completion thread can
+/// wake the worker that posted a slice.
+#[derive(Debug)]
+pub struct Wakers {
+    slots: Box<[CachePadded<WorkerBell>]>,
+}
+
+impl Wakers {
+    /// Bells for `workers` workers.
+    pub fn new(workers: usize) -> Wakers {
+        Wakers {
+            slots: (0..workers).map(|_| CachePadded::default()).collect(),
+        }
+    }
+
+    /// Worker `w`'s bell.
+    #[inline]
+    pub fn get(&self, w: usize) -> &WorkerBell {
+        &self.slots[w]
+    }
+
+    /// After publishing a completion for worker `w`: wake it if it sleeps
+    /// waiting for one (one fence and one load when it does not).
+    #[inline]
+    pub fn completion_ready(&self, w: usize) {
+        let Some(slot) = self.slots.get(w) else {
+            return;
+        };
+        // SeqCst, paired with the worker's SeqCst store of `awaiting` and
+        // fence before it polls a last time: either it sees our completion
+        // or we see it asleep.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if slot.awaiting.load(Ordering::Relaxed) {
+            slot.bell.ring();
+        }
     }
 }
 

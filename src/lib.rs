@@ -20,7 +20,7 @@
 pub mod clock;
 pub mod config;
 pub mod control;
-pub(crate) mod doorbell;
+pub mod doorbell;
 pub mod engine;
 pub mod error;
 pub mod memory;

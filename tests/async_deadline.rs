@@ -43,6 +43,7 @@ impl Transport for Held {
             synchronous: false,
             remote: false,
             slice_bytes: 0,
+            wakes_worker: false,
         }
     }
     fn reaches(&self, _: &tent::segment::Segment) -> bool {

@@ -136,8 +136,10 @@ impl EngineBuilder {
         };
 
         let transports = TransportSlots::default();
+        let wakers = Arc::new(crate::doorbell::Wakers::new(config.workers.count as usize));
         let ctx = InstallContext {
             workers: config.workers.count as usize,
+            wakers: wakers.clone(),
         };
         let mut wanted: Vec<Arc<dyn Transport>> = Vec::new();
         if config.transports.local.enable {
@@ -208,7 +210,7 @@ impl EngineBuilder {
                 .map_err(|e| Error::invalid("batch ring").with_source(e))?;
             let ws = Arc::new(WorkerShared {
                 index,
-                doorbell: Default::default(),
+                wakers: wakers.clone(),
                 new_rings: Mutex::new(Vec::new()),
                 has_new: CachePadded::new(AtomicBool::new(false)),
                 shutdown: CachePadded::new(AtomicBool::new(false)),
@@ -564,7 +566,7 @@ impl Engine {
             }
             sq.sync();
             if sq.needs_wakeup() {
-                w.doorbell.ring();
+                w.doorbell().ring();
             }
             if next < requests.len() {
                 if Instant::now() > deadline {
@@ -574,7 +576,7 @@ impl Engine {
                         "batch ring stayed full past the default timeout",
                     ));
                 }
-                w.doorbell.ring();
+                w.doorbell().ring();
                 std::thread::yield_now();
             }
         }
@@ -756,7 +758,7 @@ impl Drop for Engine {
     fn drop(&mut self) {
         for w in &self.workers {
             w.shutdown.store(true, Ordering::Release);
-            w.doorbell.ring();
+            w.doorbell().ring();
         }
         for h in self.threads.lock().expect("threads poisoned").drain(..) {
             let _ = h.join();

@@ -74,7 +74,7 @@ impl Ring {
             // needs_wakeup() fences (SeqCst) before reading the flag; that
             // fence also orders the `exited` check below after the publish.
             if self.sq.needs_wakeup() {
-                self.worker.doorbell.ring();
+                self.worker.doorbell().ring();
             }
         }
         if self.worker.exited.load(Ordering::SeqCst) {

@@ -22,7 +22,7 @@ use super::batch::{BatchTask, TaskState};
 use super::task::{Origin, SliceRecord, TaskTable};
 use super::{EngineShared, slot_index};
 use crate::clock::monotonic_ns;
-use crate::doorbell::Doorbell;
+use crate::doorbell::{Doorbell, Wakers};
 use crate::memory::RegionTable;
 use crate::qos::PriorityLanes;
 use crate::segment::SegmentTable;
@@ -50,6 +50,8 @@ const CQ_BLOCKED_RECHECK: Duration = Duration::from_millis(1);
 const PEER_CHECK_NS: u64 = 100_000_000;
 /// How long shutdown waits for posted slices to complete.
 const SHUTDOWN_DRAIN_NS: u64 = 1_000_000_000;
+/// Longest sleep while slices are in flight on transports that wake us.
+const COMPLETION_PARK: Duration = Duration::from_millis(1);
 /// Idle turns between two clock reads.
 const IDLE_CLOCK_TURNS: u32 = 64;
 
@@ -83,7 +85,8 @@ impl WorkerRing {
 /// counters on every completion.
 pub(crate) struct WorkerShared {
     pub index: usize,
-    pub doorbell: CachePadded<Doorbell>,
+    /// Every worker's bell; this worker's is `wakers.get(index)`.
+    pub wakers: Arc<Wakers>,
     pub new_rings: Mutex<Vec<WorkerRing>>,
     pub has_new: CachePadded<AtomicBool>,
     pub shutdown: CachePadded<AtomicBool>,
@@ -100,6 +103,12 @@ pub(crate) struct WorkerShared {
 }
 
 impl WorkerShared {
+    /// This worker's doorbell.
+    #[inline]
+    pub fn doorbell(&self) -> &Doorbell {
+        &self.wakers.get(self.index).bell
+    }
+
     /// Hand a new ring to the worker and wake it.
     pub fn adopt(&self, ring: WorkerRing) {
         self.new_rings
@@ -109,7 +118,7 @@ impl WorkerShared {
         // Release: the ring's construction is visible to the worker that
         // sees the flag.
         self.has_new.store(true, Ordering::Release);
-        self.doorbell.ring();
+        self.doorbell().ring();
     }
 }
 
@@ -224,9 +233,16 @@ impl Worker {
             let idle = now - idle_since;
             if idle < spin_ns {
                 std::hint::spin_loop();
+            } else if self.async_inflight > 0 && self.completions_wake() {
+                // Everything in flight will ring the bell when it completes:
+                // sleep instead of taking CPU from the transport's threads.
+                // The 1 ms bound keeps deadlines and a closed gate honest.
+                if self.park(park.min(COMPLETION_PARK), true) {
+                    idle_since = 0;
+                }
             } else if idle < yield_ns || !self.lanes.is_empty() || self.async_inflight > 0 {
                 std::thread::yield_now();
-            } else if self.park(park) {
+            } else if self.park(park, false) {
                 // Woken by a submitter: expect work, poll hot again.
                 idle_since = 0;
             }
@@ -742,13 +758,37 @@ impl Worker {
         }
     }
 
+    /// Do all transports with slices in flight wake this worker when one
+    /// completes?
+    fn completions_wake(&self) -> bool {
+        self.posted
+            .iter()
+            .flatten()
+            .chain(self.draining.iter())
+            .all(|p| p.inflight == 0 || p.transport.caps.wakes_worker)
+    }
+
     /// Sleep until a submitter rings, a ring is added, or `timeout`;
-    /// returns true if something (not the timeout) woke it.
+    /// returns true if something (not the timeout) woke it. With
+    /// `completions`, a transport completing a slice also wakes it.
     ///
-    /// Only called with empty lanes and nothing in flight, so no deadline
-    /// needs this worker while it sleeps.
-    fn park(&mut self, timeout: Duration) -> bool {
-        let seen = self.shared.doorbell.value();
+    /// Without `completions` it is only called with empty lanes and nothing
+    /// in flight, so no deadline needs this worker while it sleeps; with
+    /// it, `timeout` is short enough for the deadline sweep.
+    fn park(&mut self, timeout: Duration, completions: bool) -> bool {
+        let seen = self.shared.doorbell().value();
+        let bell = self.shared.wakers.clone();
+        let bell = bell.get(self.shared.index);
+        if completions {
+            // SeqCst store and fence, paired with Wakers::completion_ready:
+            // a completion published after the poll below rings the bell.
+            bell.awaiting.store(true, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if self.reap() {
+                bell.awaiting.store(false, Ordering::Relaxed);
+                return true;
+            }
+        }
         let mut empty = true;
         let mut blocked = false;
         for ring in self.rings.iter_mut().flatten() {
@@ -773,12 +813,13 @@ impl Worker {
             } else {
                 timeout
             };
-            self.shared.doorbell.wait(seen, wait);
-            woken = self.shared.doorbell.value() != seen;
+            self.shared.doorbell().wait(seen, wait);
+            woken = self.shared.doorbell().value() != seen;
         }
         for ring in self.rings.iter_mut().flatten() {
             ring.sq.clear_need_wakeup();
         }
+        bell.awaiting.store(false, Ordering::Relaxed);
         woken
     }
 

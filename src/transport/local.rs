@@ -40,6 +40,7 @@ impl Transport for LocalTransport {
             synchronous: true,
             remote: false,
             slice_bytes: 0,
+            wakes_worker: false,
         }
     }
 

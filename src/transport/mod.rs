@@ -30,6 +30,9 @@ pub struct Capabilities {
     pub remote: bool,
     /// Preferred slice length in bytes (0: the engine's `block_size`).
     pub slice_bytes: u64,
+    /// Calls `InstallContext::wakers.completion_ready` for every
+    /// completion, so a worker waiting only on it may sleep.
+    pub wakes_worker: bool,
 }
 
 /// One slice handed to a transport.
@@ -72,10 +75,14 @@ pub struct SliceCompletion {
 }
 
 /// What a transport learns at installation.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct InstallContext {
     /// Number of engine workers (transports keep per-worker state).
     pub workers: usize,
+    /// The workers' bells: a transport that completes slices on its own
+    /// threads calls `wakers.completion_ready(worker)` after publishing
+    /// one, and says so with [`Capabilities::wakes_worker`].
+    pub wakers: Arc<crate::doorbell::Wakers>,
 }
 
 /// A way of moving bytes.

@@ -29,6 +29,7 @@ impl Transport for ShmTransport {
             synchronous: true,
             remote: true,
             slice_bytes: 0,
+            wakes_worker: false,
         }
     }
 

@@ -31,7 +31,7 @@ use tent_rings::{ErrorKind, Opcode};
 use super::frame::{HELLO_LEN, Hello, RESPONSE_LEN, Request, Response};
 use super::io;
 use super::server::tune;
-use crate::doorbell::Doorbell;
+use crate::doorbell::{Doorbell, Wakers};
 use crate::error::{Error, Result};
 
 /// How long a parked sender sleeps before looking at its rail again
@@ -135,6 +135,8 @@ pub struct Conn {
     cause: AtomicU16,
     /// The live socket, so the link watch can shut it down at once.
     stream: Mutex<Option<Arc<TcpStream>>>,
+    /// The worker that owns this connection, woken on completions.
+    notify: Option<(Arc<Wakers>, usize)>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -147,6 +149,14 @@ impl std::fmt::Debug for Conn {
 }
 
 impl Conn {
+    /// Tell the owning worker that `done` has new completions.
+    #[inline]
+    fn completed(&self) {
+        if let Some((wakers, w)) = &self.notify {
+            wakers.completion_ready(*w);
+        }
+    }
+
     /// Wake the sender if it sleeps (one load when it does not).
     #[inline]
     pub fn wake(&self) {
@@ -219,6 +229,7 @@ pub fn open(
     inflight: u32,
     user_timeout_ms: u32,
     connect_timeout: Duration,
+    notify: Option<(Arc<Wakers>, usize)>,
 ) -> Result<ConnEnds> {
     let ring = |cap: u32| {
         spsc::channel::<Op>(cap.next_power_of_two())
@@ -238,6 +249,7 @@ pub fn open(
         stop: AtomicBool::new(false),
         cause: AtomicU16::new(0),
         stream: Mutex::new(None),
+        notify,
     });
     let sender = Sender {
         conn: conn.clone(),
@@ -422,6 +434,7 @@ impl Sender {
         let (_, done) = self.parts.as_mut().expect("no receiver runs");
         push_done(done, op);
         done.sync();
+        self.conn.completed();
     }
 
     fn fail_queued(&mut self, kind: ErrorKind) {
@@ -436,6 +449,7 @@ impl Sender {
             if let Some((_, done)) = self.parts.as_mut() {
                 done.sync();
             }
+            self.conn.completed();
         }
     }
 
@@ -527,6 +541,7 @@ fn receive(
         }
         push_done(&mut done, op);
         done.sync();
+        conn.completed();
         conn.wake();
     };
     conn.broken.store(true, Ordering::Release);
@@ -545,6 +560,7 @@ fn receive(
         }
         inflight.sync();
         done.sync();
+        conn.completed();
         if last {
             return (inflight, done);
         }

@@ -19,7 +19,7 @@ pub mod server;
 use std::cell::UnsafeCell;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
@@ -32,6 +32,7 @@ use super::{Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome,
 use crate::config::Config;
 use crate::control::wire::RailEntry;
 use crate::control::{RegionEntry, SegmentDescriptor};
+use crate::doorbell::Wakers;
 use crate::error::{Error, Result};
 use crate::netlink::{self, LinkEvent, LinkWatch};
 use crate::segment::Segment;
@@ -164,6 +165,7 @@ pub struct TcpTransport {
     rails: Arc<Mutex<Vec<Weak<TcpRail>>>>,
     watch: Mutex<Option<LinkWatch>>,
     installed: AtomicBool,
+    wakers: OnceLock<Arc<Wakers>>,
 }
 
 // SAFETY: `workers[w]` is touched only by worker `w`'s thread (see TcpPeer); the rest is Sync.
@@ -204,6 +206,7 @@ impl TcpTransport {
             rails: Arc::new(Mutex::new(Vec::new())),
             watch: Mutex::new(None),
             installed: AtomicBool::new(false),
+            wakers: OnceLock::new(),
         }
     }
 
@@ -231,7 +234,8 @@ impl TcpTransport {
         }
         let s = self.settings;
         let mut per_worker = Vec::with_capacity(self.workers.len());
-        for _ in 0..self.workers.len() {
+        for w in 0..self.workers.len() {
+            let notify = self.wakers.get().map(|k| (k.clone(), w));
             let mut ends = Vec::with_capacity(rails.len() * s.conns_per_rail);
             for rail in &rails {
                 for _ in 0..s.conns_per_rail {
@@ -241,6 +245,7 @@ impl TcpTransport {
                         s.inflight_per_conn,
                         s.user_timeout_ms,
                         s.connect_timeout,
+                        notify.clone(),
                     )?;
                     rail.conns
                         .lock()
@@ -381,6 +386,7 @@ impl Transport for TcpTransport {
                 tracing::warn!(error = %e, "tcp: cannot watch link state (rtnetlink); rails rely on socket errors")
             }
         }
+        let _ = self.wakers.set(ctx.wakers.clone());
         self.installed.store(true, Ordering::Release);
         Ok(())
     }
@@ -391,6 +397,9 @@ impl Transport for TcpTransport {
             synchronous: false,
             remote: true,
             slice_bytes: self.settings.slice_bytes,
+            // Every connection notifies its worker once install gave us
+            // the bells (the engine reads capabilities after install).
+            wakes_worker: self.wakers.get().is_some(),
         }
     }
 

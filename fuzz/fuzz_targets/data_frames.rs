@@ -1,0 +1,31 @@
+//! Data-plane frame headers under arbitrary bytes: every `decode` that
+//! succeeds must round-trip through `encode`, and no decoded length may
+//! exceed `MAX_OP_LEN`. Each decoder reads the input's first bytes (padded
+//! with zeros when short), so one input exercises all three.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tent::transport::tcp::frame::{
+    HELLO_LEN, Hello, MAX_OP_LEN, REQUEST_LEN, RESPONSE_LEN, Request, Response,
+};
+
+fn prefix<const N: usize>(data: &[u8]) -> [u8; N] {
+    let mut b = [0u8; N];
+    let n = data.len().min(N);
+    b[..n].copy_from_slice(&data[..n]);
+    b
+}
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(req) = Request::decode(&prefix::<REQUEST_LEN>(data)) {
+        assert!(req.len <= MAX_OP_LEN, "request len {} above MAX_OP_LEN", req.len);
+        assert_eq!(Request::decode(&req.encode()), Ok(req), "request round trip");
+    }
+    if let Ok(resp) = Response::decode(&prefix::<RESPONSE_LEN>(data)) {
+        assert!(resp.len <= MAX_OP_LEN, "response len {} above MAX_OP_LEN", resp.len);
+        assert_eq!(Response::decode(&resp.encode()), Ok(resp), "response round trip");
+    }
+    if let Ok(hello) = Hello::decode(&prefix::<HELLO_LEN>(data)) {
+        assert_eq!(Hello::decode(&hello.encode()), Ok(hello), "hello round trip");
+    }
+});
