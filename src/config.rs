@@ -663,8 +663,8 @@ schema! {
         "Enable the TCP transport.";
     "transports/tcp/connections_per_peer" => transports.tcp.connections_per_peer: uint(1, 64), "4", LIVE,
         "TCP connections opened to each peer.";
-    "transports/tcp/max_inflight_per_connection" => transports.tcp.max_inflight_per_connection: uint(1, 1024), "8", LIVE,
-        "Requests in flight on one TCP connection.";
+    "transports/tcp/max_inflight_per_connection" => transports.tcp.max_inflight_per_connection: uint(1, 1024), "2", LIVE,
+        "Slices on the wire per TCP connection (more only fills socket buffers: 2 x 256 KiB measured 1.6x faster than 8 on loopback).";
     "transports/tcp/user_timeout_ms" => transports.tcp.user_timeout_ms: uint(0, 3_600_000), "10000", LIVE,
         "TCP_USER_TIMEOUT in ms; 0 keeps the OS default.";
     "transports/tcp/slice_size" => transports.tcp.slice_size: uint(4096, 1 << 30), "262144", LIVE,
@@ -1478,9 +1478,10 @@ mod tests {
             (
                 t.tcp.connections_per_peer,
                 t.tcp.max_inflight_per_connection,
-                t.tcp.user_timeout_ms
+                t.tcp.user_timeout_ms,
+                t.tcp.slice_size
             ),
-            (4, 8, 10_000)
+            (4, 2, 10_000, 256 << 10)
         );
         let r = &t.rdma;
         assert_eq!(

@@ -60,6 +60,18 @@ impl Doorbell {
     }
 }
 
+/// A ring's completion bell: the application sleeps on it in
+/// `Ring::wait_ready`; the worker rings it after publishing CQEs, but only
+/// once the application has armed it (a relaxed load per flush until then,
+/// so rings nobody waits on pay no fence).
+#[derive(Debug, Default)]
+pub struct CqBell {
+    /// The application sleeps on it.
+    pub bell: Doorbell,
+    /// Set once by the first blocking wait; never cleared.
+    pub armed: AtomicBool,
+}
+
 /// A worker's doorbell, and whether it sleeps waiting for completions of
 /// slices posted on an asynchronous transport.
 #[derive(Debug, Default)]

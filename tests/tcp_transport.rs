@@ -115,6 +115,34 @@ fn many_requests_in_flight_complete_exactly_once() {
 }
 
 #[test]
+fn one_connection_with_one_slice_in_flight_still_moves_everything() {
+    let target = common::engine();
+    let len = 4 << 20;
+    let remote = target.allocate_memory(len).unwrap();
+    remote.write(0, &pattern(11, len as usize)).unwrap();
+    let mut c = test_config();
+    c.transports.shm.enable = false;
+    c.transports.tcp.connections_per_peer = 1;
+    c.transports.tcp.max_inflight_per_connection = 1;
+    c.transports.tcp.slice_size = 4096;
+    let init = Engine::new(c).unwrap();
+    let seg = init.open_segment(&target.segment_name()).unwrap();
+    let local = init.allocate_memory(len).unwrap();
+    let mut ring = init.ring().unwrap();
+    ring.submission()
+        .push(op::Read::new(
+            LocalAddr::new(local.id(), 0),
+            RemoteAddr::new(seg, remote.addr()),
+            len,
+        ))
+        .unwrap();
+    assert_eq!(reap(&mut ring, 1)[0].result(), Ok(len));
+    let mut got = vec![0u8; len as usize];
+    local.read(0, &mut got).unwrap();
+    assert!(got == pattern(11, len as usize));
+}
+
+#[test]
 fn refused_ops_fail_alone_and_the_connection_goes_on() {
     let target = common::engine();
     let remote = target.allocate_memory(1 << 16).unwrap();

@@ -435,6 +435,8 @@ impl Engine {
         let tcp = match &self.shared.tcp {
             Some(t) if offers_tcp => match t.attach(&desc) {
                 Ok(peer) => Some(peer),
+                // Not the network's fault (rings, threads): say so now.
+                Err(e) if e.kind() != ErrorKind::Unreachable => return Err(e),
                 Err(e) => {
                     tracing::warn!(segment = name, error = %e, "peer offers tcp but no rail reaches it");
                     None
@@ -524,13 +526,15 @@ impl Engine {
         let (cp, cc) =
             spsc::channel::<Cqe>(depth).map_err(|e| Error::invalid("ring depth").with_source(e))?;
         let w = self.pick_worker();
+        let bell = Arc::new(crate::doorbell::CqBell::default());
         w.adopt(WorkerRing {
             sq: sc,
             cq: Some(cp),
             outstanding: 0,
             cq_dirty: false,
+            cq_bell: Some(bell.clone()),
         });
-        Ok(Ring::new(sp, cc, w.clone()))
+        Ok(Ring::new(sp, cc, w.clone(), bell))
     }
 
     fn pick_worker(&self) -> &Arc<WorkerShared> {
@@ -835,42 +839,44 @@ impl Buffer {
 }
 
 /// Page-aligned, zeroed heap memory (when shm export is off).
+/// Anonymous memory for `allocate_memory` without shm: mapped zeroed, and
+/// advised to use transparent huge pages, so large buffers cost few TLB
+/// entries when the kernel copies through them (TCP moves every byte
+/// through a kernel copy).
 struct HeapMemory {
     ptr: *mut u8,
-    layout: std::alloc::Layout,
+    _map: memmap2::MmapMut,
 }
 
-// SAFETY: HeapMemory exclusively owns its allocation.
+// SAFETY: HeapMemory exclusively owns its mapping.
 unsafe impl Send for HeapMemory {}
 // SAFETY: no interior mutability through &HeapMemory.
 unsafe impl Sync for HeapMemory {}
 
 impl HeapMemory {
     fn new(len: u64) -> Result<HeapMemory> {
-        let layout = usize::try_from(len)
-            .ok()
-            .and_then(|l| std::alloc::Layout::from_size_align(l, 4096).ok())
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::OutOfMemory,
-                    format!("cannot allocate {len} bytes"),
-                )
-            })?;
-        // SAFETY: layout has non-zero size (len > 0 checked by the caller).
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(Error::new(
+        let oom = |e: Option<std::io::Error>| {
+            let err = Error::new(
                 ErrorKind::OutOfMemory,
                 format!("cannot allocate {len} bytes"),
-            ));
+            );
+            match e {
+                Some(e) => err.with_source(e),
+                None => err,
+            }
+        };
+        let n = usize::try_from(len).map_err(|_| oom(None))?;
+        let mut map = memmap2::MmapOptions::new()
+            .len(n)
+            .map_anon()
+            .map_err(|e| oom(Some(e)))?;
+        if n >= 2 << 20 {
+            // Best effort: THP may be off system-wide.
+            let _ = map.advise(memmap2::Advice::HugePage);
         }
-        Ok(HeapMemory { ptr, layout })
-    }
-}
-
-impl Drop for HeapMemory {
-    fn drop(&mut self) {
-        // SAFETY: allocated in new() with this layout, freed once.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+        Ok(HeapMemory {
+            ptr: map.as_mut_ptr(),
+            _map: map,
+        })
     }
 }

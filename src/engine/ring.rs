@@ -25,6 +25,14 @@ use tent_rings::spsc::{Consumer, Producer, PushError};
 use tent_rings::{Cqe, ErrorKind, Sqe};
 
 use super::worker::WorkerShared;
+use crate::doorbell::CqBell;
+
+/// How long `wait_ready` spins before it yields the core.
+const WAIT_SPIN: Duration = Duration::from_micros(20);
+/// How long `wait_ready` polls (spinning, then yielding) before it sleeps.
+const WAIT_YIELD: Duration = Duration::from_micros(200);
+/// Longest single sleep in `wait_ready` (a backstop: the worker rings).
+const WAIT_NAP: Duration = Duration::from_millis(10);
 use crate::error::{Error, Result};
 
 /// One application thread's rings. `Send`, not `Sync`: one thread submits,
@@ -33,6 +41,7 @@ pub struct Ring {
     sq: Producer<Sqe>,
     cq: Consumer<Cqe>,
     worker: Arc<WorkerShared>,
+    bell: Arc<CqBell>,
 }
 
 impl std::fmt::Debug for Ring {
@@ -45,8 +54,18 @@ impl std::fmt::Debug for Ring {
 }
 
 impl Ring {
-    pub(crate) fn new(sq: Producer<Sqe>, cq: Consumer<Cqe>, worker: Arc<WorkerShared>) -> Ring {
-        Ring { sq, cq, worker }
+    pub(crate) fn new(
+        sq: Producer<Sqe>,
+        cq: Consumer<Cqe>,
+        worker: Arc<WorkerShared>,
+        bell: Arc<CqBell>,
+    ) -> Ring {
+        Ring {
+            sq,
+            cq,
+            worker,
+            bell,
+        }
     }
 
     /// The submission side: push SQEs (written in place into the ring).
@@ -83,28 +102,65 @@ impl Ring {
         Ok(n)
     }
 
-    /// Submit, then wait (spin, then yield) for one CQE.
+    /// Submit, then wait for one CQE (see [`Ring::wait_ready`]).
     pub fn wait_one(&mut self, timeout: Duration) -> Result<Cqe> {
         self.submit()?;
+        self.wait_ready(timeout)?;
+        let c = self.cq.pop().expect("wait_ready saw a CQE");
+        self.cq.sync();
+        Ok(c)
+    }
+
+    /// Wait until a CQE is ready: spin for 20 µs, poll and yield until
+    /// 200 µs (short transfers complete within these), then sleep on the
+    /// ring's completion bell until the worker posts one. `Err(Timeout)` after `timeout`;
+    /// `Err(Shutdown)` if the engine stopped with nothing left to reap.
+    /// Does not submit.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let start = Instant::now();
-        let mut spins = 0u32;
         loop {
-            if let Some(c) = self.cq.pop() {
-                self.cq.sync();
-                return Ok(c);
-            }
-            spins += 1;
-            if spins < 1 << 12 {
-                std::hint::spin_loop();
-            } else {
-                if start.elapsed() > timeout {
-                    return Err(Error::new(
-                        ErrorKind::Timeout,
-                        "no completion within the wait timeout",
-                    ));
+            for _ in 0..64 {
+                if !self.cq.is_empty() {
+                    return Ok(());
                 }
+                std::hint::spin_loop();
+            }
+            let waited = start.elapsed();
+            if waited >= WAIT_YIELD {
+                break;
+            }
+            if waited >= WAIT_SPIN {
+                // Let the threads that complete the transfer run here.
                 std::thread::yield_now();
             }
+        }
+        // The first sleep after arming is short: the worker may have
+        // flushed its last CQE before it saw the bell armed.
+        let mut nap = if self.bell.armed.swap(true, Ordering::Relaxed) {
+            WAIT_NAP
+        } else {
+            Duration::from_micros(200)
+        };
+        loop {
+            if !self.cq.is_empty() {
+                return Ok(());
+            }
+            let elapsed = start.elapsed();
+            if elapsed >= timeout {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    "no completion within the wait timeout",
+                ));
+            }
+            if self.worker.exited.load(Ordering::SeqCst) && self.cq.is_empty() {
+                return Err(Error::new(ErrorKind::Shutdown, "the engine has stopped"));
+            }
+            let seen = self.bell.bell.value();
+            if self.cq.prepare_park() {
+                self.bell.bell.wait(seen, nap.min(timeout - elapsed));
+            }
+            self.cq.clear_need_wakeup();
+            nap = WAIT_NAP;
         }
     }
 

@@ -22,7 +22,7 @@ use super::batch::{BatchTask, TaskState};
 use super::task::{Origin, SliceRecord, TaskTable};
 use super::{EngineShared, slot_index};
 use crate::clock::monotonic_ns;
-use crate::doorbell::{Doorbell, Wakers};
+use crate::doorbell::{CqBell, Doorbell, Wakers};
 use crate::memory::RegionTable;
 use crate::qos::PriorityLanes;
 use crate::segment::SegmentTable;
@@ -62,6 +62,8 @@ pub(crate) struct WorkerRing {
     /// Accepted, not yet completed (each will need one CQ slot).
     pub outstanding: u32,
     pub cq_dirty: bool,
+    /// The application's completion bell (ring API only).
+    pub cq_bell: Option<Arc<CqBell>>,
 }
 
 impl WorkerRing {
@@ -165,6 +167,7 @@ impl Worker {
             cq: None,
             outstanding: 0,
             cq_dirty: false,
+            cq_bell: None,
         }));
         Worker {
             lanes: PriorityLanes::new(
@@ -707,6 +710,15 @@ impl Worker {
                 ring.cq_dirty = false;
                 if let Some(cq) = ring.cq.as_mut() {
                     cq.sync();
+                    // Relaxed: see CqBell. needs_wakeup() fences (SeqCst)
+                    // before it reads NEED_WAKEUP, pairing with the
+                    // application's prepare_park().
+                    if let Some(b) = &ring.cq_bell
+                        && b.armed.load(Ordering::Relaxed)
+                        && cq.needs_wakeup()
+                    {
+                        b.bell.ring();
+                    }
                 }
             }
         }

@@ -156,7 +156,10 @@ fn spawn_and_run(args: &Args) -> Result<(), String> {
             "--mode",
             "target",
             "--transport",
-            "shm",
+            match args.transport {
+                TransportArg::Tcp => "tcp",
+                _ => "shm",
+            },
             "--exit-on-stdin-eof",
         ])
         .args(["--buffer-size", &buffer.to_string()])

@@ -232,7 +232,9 @@ pub fn open(
     notify: Option<(Arc<Wakers>, usize)>,
 ) -> Result<ConnEnds> {
     let ring = |cap: u32| {
-        spsc::channel::<Op>(cap.next_power_of_two())
+        // Rings hold at least two entries; the in-flight bound is counted
+        // separately (`Sender::room`), so a bound of 1 stays exact.
+        spsc::channel::<Op>(cap.max(2).next_power_of_two())
             .map_err(|e| Error::invalid("tcp connection ring").with_source(e))
     };
     let (submit_p, submit_c) = ring(queue)?;
