@@ -2,6 +2,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{engine, pattern, reap, test_config};
 use tent::{Engine, ErrorKind, LocalAddr, Priority, RemoteAddr, SegmentId, TransportKind, op};
 
@@ -193,4 +195,45 @@ fn dropping_the_engine_completes_pending_work() {
         c.iter()
             .all(|c| c.result() == Ok(1 << 20) || c.result() == Err(ErrorKind::Shutdown))
     );
+}
+
+#[test]
+fn wait_ready_sleeps_until_the_worker_posts_and_reports_shutdown() {
+    let e = common::engine();
+    // A copy long enough that the waiter goes past its spin and yield
+    // phases and sleeps on the completion bell.
+    let len = 64 << 20;
+    let src = e.allocate_memory(len).unwrap();
+    let dst = e.allocate_memory(len).unwrap();
+    let mut ring = e.ring().unwrap();
+    for round in 0..3u64 {
+        ring.submission()
+            .push(
+                op::Write::new(
+                    LocalAddr::new(src.id(), 0),
+                    RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+                    len,
+                )
+                .user_data(round),
+            )
+            .unwrap();
+        let c = ring.wait_one(Duration::from_secs(20)).unwrap();
+        assert_eq!((c.user_data(), c.result()), (round, Ok(len)));
+    }
+    // Nothing in flight and nothing will come: a timeout, then Shutdown.
+    let t = std::time::Instant::now();
+    assert_eq!(
+        ring.wait_ready(Duration::from_millis(30))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Timeout
+    );
+    assert!(t.elapsed() >= Duration::from_millis(30));
+    drop(e);
+    let t = std::time::Instant::now();
+    assert_eq!(
+        ring.wait_ready(Duration::from_secs(10)).unwrap_err().kind(),
+        ErrorKind::Shutdown
+    );
+    assert!(t.elapsed() < Duration::from_secs(5));
 }
