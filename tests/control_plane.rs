@@ -163,3 +163,44 @@ fn malformed_oversized_truncated_close_only_that_connection() {
     let again = common::engine();
     assert!(again.open_segment(&name).is_ok());
 }
+
+/// A TLV frame header: magic, version, type, body length.
+fn header(version: u16, kind: u16, len: u32) -> Vec<u8> {
+    let mut h = Vec::from(*b"TENT");
+    h.extend_from_slice(&version.to_le_bytes());
+    h.extend_from_slice(&kind.to_le_bytes());
+    h.extend_from_slice(&len.to_le_bytes());
+    h
+}
+
+#[test]
+fn wrong_version_unknown_type_and_a_silent_peer_are_closed() {
+    let target = common::engine();
+    let name = target.segment_name();
+    let closed = |s: &mut TcpStream| {
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+        sink.len() < 2048
+    };
+    let open = || {
+        let s = TcpStream::connect(&name).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        s
+    };
+    let mut v = open();
+    v.write_all(&header(99, 1, 0)).unwrap();
+    let mut t = open();
+    t.write_all(&header(1, 0x7777, 0)).unwrap();
+    let mut silent = open();
+    let started = std::time::Instant::now();
+    assert!(closed(&mut v), "wrong version");
+    assert!(closed(&mut t), "unknown type");
+    // Meanwhile others are served.
+    assert!(common::engine().open_segment(&name).is_ok());
+    assert!(closed(&mut silent), "silent peer");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(3) && waited < Duration::from_secs(12),
+        "silent peer dropped after {waited:?}"
+    );
+}
