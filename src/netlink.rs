@@ -14,7 +14,6 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
 /// One local network interface.
@@ -170,9 +169,11 @@ pub fn parse_link_messages(buf: &[u8], out: &mut Vec<LinkEvent>) {
 
 /// A thread reading `RTMGRP_LINK` notifications and passing them on.
 ///
-/// Dropping it stops and joins the thread (within about 100 ms).
+/// The thread sleeps in `poll` until the kernel speaks or the watch is
+/// dropped (an eventfd), so an idle engine pays no periodic wakeup.
+/// Dropping it stops and joins the thread.
 pub struct LinkWatch {
-    stop: Arc<AtomicBool>,
+    stop: Arc<OwnedFd>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -184,7 +185,13 @@ impl LinkWatch {
         let fd = open_socket().inspect_err(|e| {
             tracing::warn!(error = %e, "netlink: cannot open a link-notification socket");
         })?;
-        let stop = Arc::new(AtomicBool::new(false));
+        // SAFETY: plain eventfd(2) call; the result is checked before use.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+        let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("tent-linkwatch".into())
@@ -198,7 +205,9 @@ impl LinkWatch {
 
 impl Drop for LinkWatch {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
+        unsafe { libc::write(self.stop.as_raw_fd(), (&raw const one).cast(), 8) };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -224,40 +233,52 @@ fn open_socket() -> io::Result<OwnedFd> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    // The timeout bounds how long Drop waits for the thread to see `stop`.
-    let tv = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 50_000,
-    };
-    let tv_len = size_of::<libc::timeval>() as libc::socklen_t;
-    let opt = libc::SO_RCVTIMEO;
-    // SAFETY: `tv` is a valid timeval of the length passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            opt,
-            (&raw const tv).cast(),
-            tv_len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
     Ok(fd)
 }
 
-fn watch(fd: OwnedFd, stop: &AtomicBool, on_event: impl Fn(LinkEvent)) {
+fn watch(fd: OwnedFd, stop: &OwnedFd, on_event: impl Fn(LinkEvent)) {
     let mut buf = vec![0u8; 32 * 1024];
     let mut events = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds that outlive the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if rc < 0 || fds[1].revents != 0 {
+            if rc < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        if fds[0].revents == 0 {
+            continue;
+        }
         // SAFETY: sockaddr_nl is plain data, valid when zeroed.
         let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         let mut from_len = size_of::<libc::sockaddr_nl>() as libc::socklen_t;
         let (ptr, cap) = (buf.as_mut_ptr().cast(), buf.len());
         let from_ptr = (&raw mut from).cast();
         // SAFETY: `buf` and `from` are valid for writes of the lengths passed.
-        let n = unsafe { libc::recvfrom(fd.as_raw_fd(), ptr, cap, 0, from_ptr, &mut from_len) };
+        let n = unsafe {
+            libc::recvfrom(
+                fd.as_raw_fd(),
+                ptr,
+                cap,
+                libc::MSG_DONTWAIT,
+                from_ptr,
+                &mut from_len,
+            )
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             match e.raw_os_error() {

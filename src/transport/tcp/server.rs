@@ -11,7 +11,6 @@
 //! closes the connection, with a logged reason.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
@@ -29,14 +28,49 @@ use crate::memory::RegionTable;
 const MAX_CONNECTIONS: usize = 512;
 /// A connection must say hello within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Socket read timeout: how often an idle connection looks at the stop flag.
-const IDLE_POLL: Duration = Duration::from_millis(200);
+/// Socket read timeout of a connection: how often an idle one wakes (to
+/// notice a peer that stalled mid-frame). Stopping does not wait for it:
+/// the server shuts its connections down.
+const IDLE_POLL: Duration = Duration::from_secs(5);
+/// Read timeout while waiting for the hello.
+const HELLO_POLL: Duration = Duration::from_millis(250);
 
 /// A running data server; stops when dropped.
 pub struct DataServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    live: Arc<Live>,
+}
+
+/// The connections being served, so stopping can shut them down at once.
+#[derive(Default)]
+struct Live {
+    next: AtomicUsize,
+    conns: std::sync::Mutex<Vec<(usize, TcpStream)>>,
+}
+
+impl Live {
+    fn add(&self, s: &TcpStream) -> Option<usize> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let dup = s.try_clone().ok()?;
+        self.conns
+            .lock()
+            .expect("live conns poisoned")
+            .push((id, dup));
+        Some(id)
+    }
+
+    fn remove(&self, id: usize) {
+        self.conns
+            .lock()
+            .expect("live conns poisoned")
+            .retain(|(i, _)| *i != id);
+    }
+
+    fn len(&self) -> usize {
+        self.conns.lock().expect("live conns poisoned").len()
+    }
 }
 
 impl std::fmt::Debug for DataServer {
@@ -64,14 +98,12 @@ impl DataServer {
         let addr = listener.local_addr().map_err(|e| {
             Error::new(ErrorKind::Unreachable, "tcp data server address").with_source(e)
         })?;
-        listener.set_nonblocking(true).map_err(|e| {
-            Error::new(ErrorKind::Unreachable, "tcp data server socket").with_source(e)
-        })?;
         let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
+        let live = Arc::new(Live::default());
+        let (stop2, live2) = (stop.clone(), live.clone());
         let thread = std::thread::Builder::new()
             .name(format!("tent-tcp-data-{}", addr.port()))
-            .spawn(move || accept_loop(listener, stop2, regions, user_timeout_ms))
+            .spawn(move || accept_loop(listener, stop2, live2, regions, user_timeout_ms))
             .map_err(|e| {
                 Error::new(ErrorKind::OutOfMemory, "spawn tcp data server").with_source(e)
             })?;
@@ -80,6 +112,7 @@ impl DataServer {
             addr,
             stop,
             thread: Some(thread),
+            live,
         })
     }
 
@@ -92,8 +125,21 @@ impl DataServer {
 impl Drop for DataServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        // Unblock accept() with a connection of our own (to a wildcard
+        // bind, through loopback).
+        let mut wake = self.addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(match wake {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        for (_, s) in self.live.conns.lock().expect("live conns poisoned").iter() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
 }
@@ -101,33 +147,32 @@ impl Drop for DataServer {
 fn accept_loop(
     listener: TcpListener,
     stop: Arc<AtomicBool>,
+    live: Arc<Live>,
     regions: Arc<ArcSwap<RegionTable>>,
     user_timeout_ms: u32,
 ) {
-    let active = Arc::new(AtomicUsize::new(0));
-    while !stop.load(Ordering::Acquire) {
-        let mut pfd = libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the listener, which outlives the call.
-        unsafe { libc::poll(&mut pfd, 1, IDLE_POLL.as_millis() as i32) };
-        let (stream, peer) = match listener.accept() {
+    loop {
+        let accepted = listener.accept();
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let (stream, peer) = match accepted {
             Ok(x) => x,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => {
                 tracing::warn!(error = %e, "tcp data server: accept failed");
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
         };
-        if active.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+        if live.len() >= MAX_CONNECTIONS {
             tracing::warn!(%peer, limit = MAX_CONNECTIONS, "tcp data server: connection limit reached; closing");
             continue;
         }
-        active.fetch_add(1, Ordering::Relaxed);
-        let (active2, stop2, regions2) = (active.clone(), stop.clone(), regions.clone());
+        let Some(id) = live.add(&stream) else {
+            tracing::warn!(%peer, "tcp data server: cannot track the connection; closing");
+            continue;
+        };
+        let (live2, stop2, regions2) = (live.clone(), stop.clone(), regions.clone());
         let spawned = std::thread::Builder::new()
             .name("tent-tcp-serve".into())
             .spawn(move || {
@@ -137,10 +182,10 @@ fn accept_loop(
                         tracing::warn!(%peer, %reason, "tcp data connection closed")
                     }
                 }
-                active2.fetch_sub(1, Ordering::Relaxed);
+                live2.remove(id);
             });
         if let Err(e) = spawned {
-            active.fetch_sub(1, Ordering::Relaxed);
+            live.remove(id);
             tracing::warn!(%peer, error = %e, "tcp data server: cannot spawn a connection thread");
         }
     }
@@ -164,9 +209,8 @@ fn serve(
     regions: &ArcSwap<RegionTable>,
     user_timeout_ms: u32,
 ) -> std::result::Result<(), String> {
-    let _ = s.set_nonblocking(false);
     tune(s, user_timeout_ms);
-    s.set_read_timeout(Some(IDLE_POLL))
+    s.set_read_timeout(Some(HELLO_POLL))
         .map_err(|e| e.to_string())?;
     let started = Instant::now();
     let hello = loop {
@@ -188,6 +232,8 @@ fn serve(
     // SAFETY: no payload (null, length 0).
     unsafe { io::send_all(s, &Hello { status: 0 }.encode(), std::ptr::null(), 0) }
         .map_err(|e| format!("hello reply: {e}"))?;
+    s.set_read_timeout(Some(IDLE_POLL))
+        .map_err(|e| e.to_string())?;
 
     loop {
         let header = match io::recv_header::<REQUEST_LEN>(s) {
