@@ -13,7 +13,8 @@
 #   3. iperf3:   -P (threads x tent's transports/tcp/connections_per_peer)
 #                streams, -l 1M, for the same duration.
 # Then it prints one table per op and a last "no collapse" line: tent's
-# 64M / 8M throughput per op (a large block must not be slower than 8M).
+# 64M / 8M throughput per op (a large block must not be slower than 8M),
+# beside the same ratio for a plain memcpy measured in the same run.
 #
 # Requirements (installed when missing, with apt-get / pip; needs root or sudo
 # for apt-get): python3 with venv (Debian: python3-venv), iperf3, libibverbs1
@@ -450,3 +451,15 @@ for op in "${OP_LIST[@]}"; do
   fi
 done
 echo "${line%;}"
+
+# The same ratio for a plain single-thread memcpy, measured now: when the
+# 64 MiB working set leaves the cache, every byte copy costs more, whatever
+# the transport. A bounded transport degrades no more than this; an
+# unbounded one (UCX's puts: 0.24x) far more.
+if [ -n "$s64" ] && [ -n "$s8" ]; then
+  m8=$(timeout 120 "$TENT_BIN" --transport local --block-size 8M --duration 1 --json 2>/dev/null \
+    | python3 -c 'import json,sys; print(next(d["gbps"] for d in map(json.loads, sys.stdin) if d.get("baseline") == "memcpy_1thread"))' || echo n/a)
+  m64=$(timeout 120 "$TENT_BIN" --transport local --block-size 64M --duration 1 --json 2>/dev/null \
+    | python3 -c 'import json,sys; print(next(d["gbps"] for d in map(json.loads, sys.stdin) if d.get("baseline") == "memcpy_1thread"))' || echo n/a)
+  echo "memcpy 1 thread 64M / 8M in this run: $(ratio "$m64" "$m8") (the memory system's own drop)"
+fi
