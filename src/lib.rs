@@ -28,6 +28,7 @@ pub mod netlink;
 pub mod qos;
 pub mod segment;
 pub mod select;
+pub mod sys;
 pub mod topology;
 pub mod transport;
 

@@ -4,8 +4,10 @@
 set -euo pipefail
 
 # Debian packages: hwloc + udev headers for hwlocality (NUMA/core topology),
-# pkg-config to find them, linux-perf for tools/profile.sh.
-pkgs=(pkg-config libhwloc-dev libudev-dev linux-perf)
+# pkg-config to find them, linux-perf for tools/profile.sh; rdma-core's
+# verbs headers and libclang for build.rs (bindgen; nothing links against
+# libibverbs: it is dlopened at run time), iproute2 for the netns tests.
+pkgs=(pkg-config libhwloc-dev libudev-dev linux-perf libibverbs-dev libclang-dev iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

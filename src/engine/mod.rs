@@ -135,6 +135,16 @@ impl EngineBuilder {
             None
         };
 
+        if config.transports.rdma.enable {
+            // The RDMA transport is not built yet; say what this machine has
+            // (once per engine), so a user knows which path data will take.
+            match crate::sys::devices() {
+                Ok(devs) => {
+                    tracing::info!(devices = ?devs, "RDMA devices found; the rdma transport is not in this version, using TCP/SHM")
+                }
+                Err(why) => tracing::info!("{why}"),
+            }
+        }
         let transports = TransportSlots::default();
         let wakers = Arc::new(crate::doorbell::Wakers::new(config.workers.count as usize));
         let ctx = InstallContext {

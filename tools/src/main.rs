@@ -122,10 +122,13 @@ fn real_main(args: Args) -> Result<(), String> {
     match args.transport {
         TransportArg::Local | TransportArg::Shm | TransportArg::Tcp => {}
         TransportArg::Rdma => {
-            return Err(
-                "transport rdma is not built yet in this version of tent (available: local, shm, tcp)"
-                    .into(),
-            );
+            return Err(match tent::sys::devices() {
+                Err(why) => why.to_string(),
+                Ok(devs) => format!(
+                    "RDMA devices found ({}), but the rdma transport is not in this version of tent (available: local, shm, tcp)",
+                    devs.join(", ")
+                ),
+            });
         }
     }
     if args.batch == 0 || args.threads == 0 || args.duration <= 0.0 {

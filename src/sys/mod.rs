@@ -1,0 +1,109 @@
+//! rdma-core's verbs, loaded at run time.
+//!
+//! The bindings come from `build.rs` (bindgen over Debian's headers). No
+//! binary links against libibverbs: [`verbs`] dlopens `libibverbs.so.1`
+//! once, so a machine without rdma-core (or without RDMA devices) gets an
+//! ordinary [`Unavailable`] answer and the engine goes on with TCP/SHM.
+//! The static-inline hot-path verbs are ported in [`ops`].
+
+pub mod ops;
+
+/// The generated bindings.
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    missing_docs,
+    unsafe_op_in_unsafe_fn,
+    clippy::all,
+    clippy::undocumented_unsafe_blocks
+)]
+pub mod ffi {
+    include!(concat!(env!("OUT_DIR"), "/verbs.rs"));
+}
+
+use std::ffi::CStr;
+use std::sync::OnceLock;
+
+/// The library every binding loads from (`TENT_LIBIBVERBS` overrides it,
+/// e.g. to test a machine without rdma-core).
+pub const LIBIBVERBS: &str = "libibverbs.so.1";
+
+/// Why RDMA cannot be used here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable(pub String);
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RDMA unavailable: {}; using TCP/SHM", self.0)
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+static LIB: OnceLock<Result<ffi::IbvLib, String>> = OnceLock::new();
+
+/// The verbs library, loaded on first use.
+pub fn verbs() -> Result<&'static ffi::IbvLib, Unavailable> {
+    LIB.get_or_init(|| {
+        let name = std::env::var("TENT_LIBIBVERBS").unwrap_or_else(|_| LIBIBVERBS.to_owned());
+        // SAFETY: loading libibverbs runs its constructors, which only read the provider configuration; no other code is affected.
+        unsafe { ffi::IbvLib::new(name.as_str()) }
+            .map_err(|e| format!("cannot load {name} ({e}); install rdma-core"))
+    })
+    .as_ref()
+    .map_err(|e| Unavailable(e.clone()))
+}
+
+/// The names of the RDMA devices on this machine.
+pub fn devices() -> Result<Vec<String>, Unavailable> {
+    let lib = verbs()?;
+    let mut n: i32 = 0;
+    // SAFETY: `n` is a valid out-parameter; a NULL result is handled below.
+    let list = unsafe { lib.ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        // Without kernel support the list is NULL with ENOSYS, not empty.
+        let e = std::io::Error::last_os_error();
+        return Err(Unavailable(format!("no RDMA device ({e})")));
+    }
+    let mut names = Vec::with_capacity(n.max(0) as usize);
+    for i in 0..n.max(0) as usize {
+        // SAFETY: the list holds `n` device pointers, followed by NULL.
+        let dev = unsafe { *list.add(i) };
+        if dev.is_null() {
+            break;
+        }
+        // SAFETY: `dev` is a live device of the list; its name is a NUL-terminated string owned by the library.
+        let name = unsafe { CStr::from_ptr(lib.ibv_get_device_name(dev)) };
+        names.push(name.to_string_lossy().into_owned());
+    }
+    // SAFETY: `list` came from ibv_get_device_list and is freed once.
+    unsafe { lib.ibv_free_device_list(list) };
+    if names.is_empty() {
+        return Err(Unavailable("no RDMA device".into()));
+    }
+    Ok(names)
+}
+
+/// One line for logs and tools: the devices found, or why none can be used.
+pub fn status() -> Result<Vec<String>, Unavailable> {
+    devices()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_with_devices_or_a_reason() {
+        match devices() {
+            Ok(d) => assert!(!d.is_empty()),
+            Err(u) => {
+                let s = u.to_string();
+                assert!(s.starts_with("RDMA unavailable: "), "{s}");
+                assert!(s.ends_with("; using TCP/SHM"), "{s}");
+            }
+        }
+    }
+}
