@@ -22,6 +22,9 @@ fn main() {
         // symbols with the old struct layouts.
         .allowlist_function("_*ibv_.*")
         .allowlist_type("_*ibv_.*")
+        // The extended context a provider allocates around `ibv_context`
+        // (static-inline verbs such as ibv_query_port reach through it).
+        .allowlist_type("verbs_context")
         .allowlist_var("_*IBV_.*")
         // C may hand back values outside a Rust enum (and a Rust enum makes
         // mem::zeroed unsound): newtypes over the integer.

@@ -31,6 +31,7 @@ pub mod select;
 pub mod sys;
 pub mod topology;
 pub mod transport;
+pub mod verbs;
 
 pub use config::Config;
 pub use engine::{BatchId, Buffer, Engine, EngineBuilder, Ring, TaskState, TaskStatus};

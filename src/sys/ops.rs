@@ -4,7 +4,9 @@
 //! and so a test can run the real dispatch against an `ops` table of Rust
 //! functions.
 
-use super::ffi::{ibv_cq, ibv_qp, ibv_send_wr, ibv_wc};
+use super::ffi::{
+    ibv_context, ibv_cq, ibv_port_attr, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_wc, verbs_context,
+};
 
 /// `ibv_post_send`: post a linked list of work requests on `qp`.
 ///
@@ -52,6 +54,67 @@ pub unsafe fn req_notify_cq(cq: *mut ibv_cq, solicited_only: bool) -> i32 {
         Some(f) => unsafe { f(cq, solicited_only as i32) },
         None => libc::EOPNOTSUPP,
     }
+}
+
+/// `ibv_post_recv`: post receive work requests on `qp`.
+///
+/// # Safety
+/// As [`post_send`].
+#[inline]
+pub unsafe fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> i32 {
+    // SAFETY: the caller guarantees `qp` and its context are live.
+    let f = unsafe { (*(*qp).context).ops.post_recv };
+    match f {
+        // SAFETY: the provider's own entry point, with the caller's valid arguments.
+        Some(f) => unsafe { f(qp, wr, bad) },
+        None => libc::EOPNOTSUPP,
+    }
+}
+
+/// `ibv_query_port` (a macro onto the static inline `___ibv_query_port`):
+/// asks the provider's extended context, which fills the full
+/// `ibv_port_attr`; providers without it answer through the exported
+/// compat symbol (smaller struct), which `lib` supplies.
+///
+/// # Safety
+/// `ctx` must be a live device context.
+pub unsafe fn query_port(
+    lib: &super::ffi::IbvLib,
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: &mut ibv_port_attr,
+) -> i32 {
+    // SAFETY: the caller guarantees `ctx` is live; `extended` only reads its header words.
+    if let Some(vctx) = unsafe { extended(ctx) } {
+        // SAFETY: `vctx` is the provider's extended context around `ctx`.
+        if let Some(f) = unsafe { (*vctx).query_port } {
+            // SAFETY: the provider's entry point, with a writable attr of the size we pass.
+            return unsafe { f(ctx, port, attr, std::mem::size_of::<ibv_port_attr>()) };
+        }
+    }
+    *attr = ibv_port_attr::default();
+    // SAFETY: the compat entry point writes a prefix of `ibv_port_attr` (its older, smaller layout), as the C inline does.
+    unsafe { lib.ibv_query_port(ctx, port, (attr as *mut ibv_port_attr).cast()) }
+}
+
+/// `verbs_get_ctx_op(ctx, query_port)`: the extended context around `ctx`
+/// when the provider has one large enough to hold `query_port`.
+///
+/// # Safety
+/// `ctx` must be a live device context.
+unsafe fn extended(ctx: *mut ibv_context) -> Option<*mut verbs_context> {
+    // __VERBS_ABI_IS_EXTENDED is ((void *)UINTPTR_MAX).
+    // SAFETY: the caller guarantees `ctx` is live.
+    if unsafe { (*ctx).abi_compat } as usize != usize::MAX {
+        return None;
+    }
+    let off = std::mem::offset_of!(verbs_context, context);
+    let vctx = (ctx as *mut u8).wrapping_sub(off) as *mut verbs_context;
+    let need =
+        std::mem::size_of::<verbs_context>() - std::mem::offset_of!(verbs_context, query_port);
+    // SAFETY: an extended context is allocated as a verbs_context with `ctx` as its last field; `sz` sits just before it.
+    let sz = unsafe { (*vctx).sz };
+    (sz >= need).then_some(vctx)
 }
 
 #[cfg(test)]

@@ -1,0 +1,50 @@
+//! Protection domains.
+
+use std::sync::Arc;
+
+use tent_rings::ErrorKind;
+
+use super::{Context, verb_error};
+use crate::error::{Error, Result};
+use crate::sys::{self, ffi};
+
+/// A protection domain (`ibv_alloc_pd`), freed on drop.
+pub struct ProtectionDomain {
+    pub(crate) raw: *mut ffi::ibv_pd,
+    pub(crate) ctx: Arc<Context>,
+}
+
+// SAFETY: verbs objects are thread-safe; the pointer is owned.
+unsafe impl Send for ProtectionDomain {}
+// SAFETY: as above.
+unsafe impl Sync for ProtectionDomain {}
+
+impl ProtectionDomain {
+    /// Allocate a PD on `ctx`.
+    pub fn new(ctx: &Arc<Context>) -> Result<Arc<ProtectionDomain>> {
+        let lib = sys::verbs().map_err(|u| Error::new(ErrorKind::LocalNicFailed, u.to_string()))?;
+        // SAFETY: `ctx.raw` is a live context.
+        let raw = unsafe { lib.ibv_alloc_pd(ctx.raw) };
+        if raw.is_null() {
+            return Err(verb_error(ctx.name(), "ibv_alloc_pd", 0));
+        }
+        Ok(Arc::new(ProtectionDomain {
+            raw,
+            ctx: ctx.clone(),
+        }))
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        if let Ok(lib) = sys::verbs() {
+            // SAFETY: allocated in `new`, freed once, after every MR and QP made from it (they hold an Arc of it).
+            unsafe { lib.ibv_dealloc_pd(self.raw) };
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! Reliable-connected queue pairs: creation and the INIT → RTR → RTS walk
+//! with the peer's GID, QPN, PSN and MTU (exchanged over the control plane).
+
+use std::sync::Arc;
+
+use tent_rings::{ErrorKind, Opcode};
+
+use super::{CompletionQueue, ProtectionDomain, verb_error};
+use crate::error::{Error, Result};
+use crate::sys::{self, ffi, ops};
+
+/// What a peer needs to connect its QP to ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpEndpoint {
+    /// Port GID (RoCE address).
+    pub gid: [u8; 16],
+    /// Port LID (0 on RoCE).
+    pub lid: u16,
+    /// QP number.
+    pub qpn: u32,
+    /// First packet sequence number.
+    pub psn: u32,
+    /// Path MTU (an `ibv_mtu` value).
+    pub mtu: u32,
+}
+
+/// One one-sided operation for [`QueuePair::post`].
+#[derive(Debug, Clone, Copy)]
+pub struct RdmaOp {
+    /// Echoed in the work completion.
+    pub wr_id: u64,
+    /// READ or WRITE.
+    pub opcode: Opcode,
+    /// Local memory.
+    pub local: *mut u8,
+    /// Bytes.
+    pub len: u32,
+    /// Local key of the registration holding `local`.
+    pub lkey: u32,
+    /// Remote address.
+    pub remote: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// An RC queue pair, destroyed on drop.
+pub struct QueuePair {
+    raw: *mut ffi::ibv_qp,
+    pd: Arc<ProtectionDomain>,
+    _cq: Arc<CompletionQueue>,
+    port: u8,
+    gid_index: i32,
+    gid: [u8; 16],
+    psn: u32,
+    depth: u32,
+}
+
+// SAFETY: verbs objects are thread-safe; one worker posts on a QP.
+unsafe impl Send for QueuePair {}
+// SAFETY: as above.
+unsafe impl Sync for QueuePair {}
+
+impl QueuePair {
+    /// An RC QP on `pd` completing into `cq`, at most `depth` send WRs
+    /// (clamped to the device's `max_qp_wr`), already in INIT on `port`.
+    pub fn new(
+        pd: &Arc<ProtectionDomain>,
+        cq: &Arc<CompletionQueue>,
+        port: u8,
+        gid_index: Option<i32>,
+        depth: u32,
+    ) -> Result<QueuePair> {
+        let lib = verbs()?;
+        let ctx = pd.context();
+        let (gid_index, gid) = ctx.choose_gid(port, gid_index)?;
+        let depth = depth.clamp(1, ctx.max_qp_wr().max(1));
+        let mut init = ffi::ibv_qp_init_attr {
+            send_cq: cq.raw,
+            recv_cq: cq.raw,
+            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
+            ..Default::default()
+        };
+        init.cap.max_send_wr = depth;
+        init.cap.max_recv_wr = 1;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        // SAFETY: `pd.raw` is live; `init` is a valid attribute block.
+        let raw = unsafe { lib.ibv_create_qp(pd.raw, &mut init) };
+        if raw.is_null() {
+            return Err(verb_error(ctx.name(), "ibv_create_qp", 0));
+        }
+        let qp = QueuePair {
+            raw,
+            pd: pd.clone(),
+            _cq: cq.clone(),
+            port,
+            gid_index,
+            gid,
+            psn: fastrand_psn(),
+            depth,
+        };
+        use ffi::ibv_qp_attr_mask as M;
+        let mut a = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
+            port_num: port,
+            qp_access_flags: (ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+                | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+                | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ)
+                .0,
+            ..Default::default()
+        };
+        qp.modify(
+            &mut a,
+            M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS,
+            "ibv_modify_qp(INIT)",
+        )?;
+        Ok(qp)
+    }
+
+    /// What the peer needs to connect to this QP.
+    pub fn endpoint(&self) -> Result<QpEndpoint> {
+        let info = self.pd.context().port(self.port)?;
+        Ok(QpEndpoint {
+            gid: self.gid,
+            lid: info.lid,
+            // SAFETY: `raw` is live for self's lifetime.
+            qpn: unsafe { (*self.raw).qp_num },
+            psn: self.psn,
+            mtu: info.active_mtu,
+        })
+    }
+
+    /// Connect to `remote`: RTR then RTS.
+    pub fn connect(&self, remote: &QpEndpoint) -> Result<()> {
+        use ffi::ibv_qp_attr_mask as M;
+        let local_mtu = self.pd.context().port(self.port)?.active_mtu;
+        let mut a = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,
+            path_mtu: ffi::ibv_mtu(remote.mtu.min(local_mtu)),
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: 16,
+            min_rnr_timer: 12,
+            ..Default::default()
+        };
+        a.ah_attr.is_global = 1;
+        a.ah_attr.dlid = remote.lid;
+        a.ah_attr.port_num = self.port;
+        a.ah_attr.grh.dgid = ffi::ibv_gid { raw: remote.gid };
+        a.ah_attr.grh.sgid_index = self.gid_index as u8;
+        a.ah_attr.grh.hop_limit = 64;
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE
+                | M::IBV_QP_AV
+                | M::IBV_QP_PATH_MTU
+                | M::IBV_QP_DEST_QPN
+                | M::IBV_QP_RQ_PSN
+                | M::IBV_QP_MAX_DEST_RD_ATOMIC
+                | M::IBV_QP_MIN_RNR_TIMER,
+            "ibv_modify_qp(RTR)",
+        )?;
+        let mut a = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            sq_psn: self.psn,
+            max_rd_atomic: 16,
+            ..Default::default()
+        };
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE
+                | M::IBV_QP_TIMEOUT
+                | M::IBV_QP_RETRY_CNT
+                | M::IBV_QP_RNR_RETRY
+                | M::IBV_QP_SQ_PSN
+                | M::IBV_QP_MAX_QP_RD_ATOMIC,
+            "ibv_modify_qp(RTS)",
+        )
+    }
+
+    /// Most send WRs in flight on this QP.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Post one signalled one-sided READ or WRITE.
+    ///
+    /// # Safety
+    /// `op.local..op.local+op.len` must be inside memory registered with
+    /// `op.lkey` and stay valid until the completion is reaped.
+    pub unsafe fn post(&self, op: &RdmaOp) -> Result<()> {
+        let RdmaOp {
+            wr_id,
+            opcode,
+            local,
+            len,
+            lkey,
+            remote,
+            rkey,
+        } = *op;
+        let mut sge = ffi::ibv_sge {
+            addr: local as u64,
+            length: len,
+            lkey,
+        };
+        let mut wr = ffi::ibv_send_wr {
+            wr_id,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: match opcode {
+                Opcode::Write => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                Opcode::Read => ffi::ibv_wr_opcode::IBV_WR_RDMA_READ,
+            },
+            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        wr.wr.rdma.remote_addr = remote;
+        wr.wr.rdma.rkey = rkey;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: `raw` is live; `wr` and `sge` outlive the call (the provider copies them); the caller vouches for the memory.
+        let rc = unsafe { ops::post_send(self.raw, &mut wr, &mut bad) };
+        if rc != 0 {
+            let kind = if rc == libc::ENOMEM {
+                ErrorKind::SqFull
+            } else {
+                ErrorKind::LocalNicFailed
+            };
+            return Err(Error::new(
+                kind,
+                format!("ibv_post_send on {}", self.pd.context().name()),
+            )
+            .with_source(std::io::Error::from_raw_os_error(rc)));
+        }
+        Ok(())
+    }
+
+    fn modify(
+        &self,
+        a: &mut ffi::ibv_qp_attr,
+        mask: ffi::ibv_qp_attr_mask,
+        verb: &str,
+    ) -> Result<()> {
+        let lib = verbs()?;
+        // SAFETY: `raw` is live; `a` is a valid attribute block for `mask`.
+        let rc = unsafe { lib.ibv_modify_qp(self.raw, a, mask.0 as i32) };
+        if rc != 0 {
+            return Err(verb_error(self.pd.context().name(), verb, rc));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        if let Ok(lib) = sys::verbs() {
+            // SAFETY: created in `new`, destroyed once.
+            unsafe { lib.ibv_destroy_qp(self.raw) };
+        }
+    }
+}
+
+fn verbs() -> Result<&'static ffi::IbvLib> {
+    sys::verbs().map_err(|u| Error::new(ErrorKind::LocalNicFailed, u.to_string()))
+}
+
+/// A random 24-bit starting PSN (a stale packet from an old QP must not
+/// look in sequence).
+fn fastrand_psn() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom writes at most 4 bytes into `b`.
+    unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
+    u32::from_le_bytes(b) & 0x00ff_ffff
+}
