@@ -1,7 +1,9 @@
 //! Real kernel verbs, run inside the Soft-RoCE guest (`tools/rxe-vm.sh`,
 //! which sets `TENT_RXE_GUEST=1`; rails are rxe0 .. rxe{N-1} on dummy
-//! netdevs). Outside the guest these tests return at once: the guest
-//! harness is what runs them, and it passes only on their own result lines.
+//! netdevs). On the host, `rxe_guest` boots the guest once with this very
+//! binary and its `rxe_` tests; it passes only if they pass there, and it
+//! reports their count on stderr for `.ci/run`. The `rxe_` tests return at
+//! once outside the guest and are not counted there.
 
 use std::sync::Arc;
 
@@ -18,6 +20,52 @@ fn rails() -> Vec<String> {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
     (0..n).map(|i| format!("rxe{i}")).collect()
+}
+
+#[test]
+fn rxe_guest() {
+    if in_guest() {
+        return;
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/rxe-vm.sh");
+    let ok = std::process::Command::new(script)
+        .arg("--check")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        let why = "no Soft-RoCE guest here (tools/rxe-vm.sh --check failed: needs qemu and apt access; run tools/setup.sh)";
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true: the real-verbs substrate must run: {why}"
+        );
+        let _ =
+            std::io::Write::write_all(&mut std::io::stderr(), format!("SKIP: {why}\n").as_bytes());
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let run = format!(
+        "{}::rxe_ --skip rxe_guest --test-threads=1 --nocapture",
+        exe.display()
+    );
+    let out = std::process::Command::new(script)
+        .args(["--rails", "2", &run])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let passed: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("rxe-vm: total passed: "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        out.status.success() && passed > 0,
+        "guest run failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("SUBSTRATE rxe-guest: {passed} tests passed\n").as_bytes(),
+    );
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {

@@ -7,7 +7,11 @@ set -euo pipefail
 # pkg-config to find them, linux-perf for tools/profile.sh; rdma-core's
 # verbs headers and libclang for build.rs (bindgen; nothing links against
 # libibverbs: it is dlopened at run time), iproute2 for the netns tests.
-pkgs=(pkg-config libhwloc-dev libudev-dev linux-perf libibverbs-dev libclang-dev iproute2)
+# The Soft-RoCE guest (tools/rxe-vm.sh, run by the real-verbs tests): qemu,
+# busybox, cpio, the rxe provider and verbs utilities; it fetches Debian's
+# kernel package itself on first use.
+pkgs=(pkg-config libhwloc-dev libudev-dev linux-perf libibverbs-dev libclang-dev iproute2
+  qemu-system-x86 busybox-static cpio rdma-core ibverbs-providers ibverbs-utils binutils)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
