@@ -26,6 +26,7 @@ pub mod error;
 pub mod memory;
 pub mod netlink;
 pub mod qos;
+pub mod rdma;
 pub mod segment;
 pub mod select;
 pub mod sys;

@@ -1,0 +1,345 @@
+//! One RDMA endpoint: a queue pair to a peer's NIC, its send-queue credits,
+//! and the slices in flight on it.
+//!
+//! - Slices wait in a backlog and go out in linked work-request lists, as
+//!   many as the send-queue credits allow ([`CreditPool`] sized to the QP's
+//!   depth, so the provider never sees more than `max_qp_wr`). An `ENOMEM`
+//!   from `post_send` (the provider's own SQ full) keeps the unposted rest
+//!   in the backlog; nothing is lost or reported.
+//! - Selective signalling: the last request of each list (and every
+//!   `depth / 2`-th) asks for a completion; an RC QP completes in order, so
+//!   a signalled completion also completes the unsignalled ones before it.
+//!   Credits return exactly once, when a request's completion is known.
+//! - A failed completion fails that slice alone with its mapped kind; the
+//!   QP is then in error and every later request is flushed: those are put
+//!   back at the head of the backlog, the QP is replaced through its
+//!   [`QueueSource`], and they are posted again on the fresh one (DESIGN.md's
+//!   recovery order). A slice flushed too often fails `Unreachable`.
+//!
+//! Nothing here allocates after construction.
+
+use std::collections::VecDeque;
+
+use tent_rings::credit::CreditPool;
+use tent_rings::{ErrorKind, Opcode};
+
+use super::wc::{Outcome, outcome};
+use crate::error::Result;
+use crate::sys::{ffi, ops};
+
+/// Times a slice may be flushed and re-posted before it fails.
+const MAX_REPOSTS: u8 = 4;
+/// Work requests per `post_send` list.
+const MAX_BATCH: usize = 32;
+/// Completions per `poll_cq`.
+const POLL_BATCH: usize = 32;
+
+/// One slice as an endpoint posts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdmaSlice {
+    /// The engine's token, echoed in the completion.
+    pub token: u64,
+    /// READ or WRITE.
+    pub opcode: Opcode,
+    /// Local address (inside memory registered with `lkey`).
+    pub local: u64,
+    /// Bytes (at most the NIC's max message size: the engine slices).
+    pub len: u32,
+    /// Local key.
+    pub lkey: u32,
+    /// Remote address.
+    pub remote: u64,
+    /// Remote key (from the peer's descriptor).
+    pub rkey: u32,
+    /// Times flushed and re-posted so far.
+    pub reposts: u8,
+}
+
+/// A slice's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdmaCompletion {
+    /// The slice's token.
+    pub token: u64,
+    /// Bytes moved, or why not.
+    pub result: std::result::Result<u64, ErrorKind>,
+}
+
+/// A QP and the CQ it completes into, with whatever keeps them alive.
+pub struct Queue {
+    /// The queue pair.
+    pub qp: *mut ffi::ibv_qp,
+    /// Its send completion queue.
+    pub cq: *mut ffi::ibv_cq,
+    /// Owner of the verbs objects (dropped with the queue).
+    pub owner: Box<dyn std::any::Any + Send>,
+}
+
+/// Makes connected queues: the first, and a fresh one after an error.
+pub trait QueueSource: Send {
+    /// A connected QP ready to post on.
+    fn connect(&mut self) -> Result<Queue>;
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Posted {
+    seq: u64,
+    slice: RdmaSlice,
+}
+
+/// An endpoint (see the module docs).
+pub struct Endpoint {
+    queue: Option<Queue>,
+    source: Box<dyn QueueSource>,
+    credits: CreditPool,
+    backlog: VecDeque<RdmaSlice>,
+    posted: VecDeque<Posted>,
+    next_seq: u64,
+    since_signal: u32,
+    signal_every: u32,
+    wrs: Vec<ffi::ibv_send_wr>,
+    sges: Vec<ffi::ibv_sge>,
+    wcs: Vec<ffi::ibv_wc>,
+    replacements: u64,
+}
+
+// SAFETY: the raw QP/CQ pointers are owned by `queue.owner`; an endpoint is used by one worker at a time.
+unsafe impl Send for Endpoint {}
+
+impl Endpoint {
+    /// An endpoint over queues from `source`, `depth` requests deep, able
+    /// to hold `backlog` slices waiting for credits.
+    pub fn new(source: Box<dyn QueueSource>, depth: u32, backlog: usize) -> Result<Endpoint> {
+        let mut e = Endpoint {
+            queue: None,
+            source,
+            credits: CreditPool::new(depth.max(1), 0),
+            backlog: VecDeque::with_capacity(backlog.max(1)),
+            posted: VecDeque::with_capacity(depth.max(1) as usize),
+            next_seq: 1,
+            since_signal: 0,
+            signal_every: (depth / 2).max(1),
+            wrs: vec![ffi::ibv_send_wr::default(); MAX_BATCH],
+            sges: vec![ffi::ibv_sge::default(); MAX_BATCH],
+            wcs: vec![ffi::ibv_wc::default(); POLL_BATCH],
+            replacements: 0,
+        };
+        e.queue = Some(e.source.connect()?);
+        Ok(e)
+    }
+
+    /// Queue `slice`; `false` if the backlog is full (the caller holds
+    /// engine credits, so it sized the backlog to never see this).
+    pub fn submit(&mut self, slice: RdmaSlice) -> bool {
+        if self.backlog.len() == self.backlog.capacity() {
+            return false;
+        }
+        self.backlog.push_back(slice);
+        true
+    }
+
+    /// Slices queued or in flight.
+    pub fn outstanding(&self) -> usize {
+        self.backlog.len() + self.posted.len()
+    }
+
+    /// Send-queue credits in use (requests posted and not yet completed).
+    pub fn credits_in_flight(&self) -> u32 {
+        self.credits.in_flight()
+    }
+
+    /// QPs replaced after errors so far.
+    pub fn replacements(&self) -> u64 {
+        self.replacements
+    }
+
+    /// Post what the credits allow; on a QP in error, replace it first.
+    pub fn flush(&mut self, done: &mut impl FnMut(RdmaCompletion)) {
+        if self.queue.is_none() && !self.backlog.is_empty() {
+            match self.source.connect() {
+                Ok(q) => {
+                    self.queue = Some(q);
+                    self.replacements += 1;
+                    tracing::info!(
+                        replacements = self.replacements,
+                        "rdma: QP replaced; re-posting flushed work"
+                    );
+                }
+                Err(e) => {
+                    // No QP to post on: everything waiting fails.
+                    let kind = e.kind();
+                    while let Some(s) = self.backlog.pop_front() {
+                        done(RdmaCompletion {
+                            token: s.token,
+                            result: Err(kind),
+                        });
+                    }
+                    return;
+                }
+            }
+        }
+        while !self.backlog.is_empty() && self.queue.is_some() {
+            let want = self.backlog.len().min(MAX_BATCH) as u32;
+            let k = want.min(self.credits.available());
+            if k == 0 || self.credits.try_reserve(k).is_err() {
+                return;
+            }
+            let k = k as usize;
+            for i in 0..k {
+                let s = self.backlog[i];
+                self.since_signal += 1;
+                let signal = i + 1 == k || self.since_signal >= self.signal_every;
+                if signal {
+                    self.since_signal = 0;
+                }
+                self.sges[i] = ffi::ibv_sge {
+                    addr: s.local,
+                    length: s.len,
+                    lkey: s.lkey,
+                };
+                let next = if i + 1 < k {
+                    &mut self.wrs[i + 1] as *mut ffi::ibv_send_wr
+                } else {
+                    std::ptr::null_mut()
+                };
+                let wr = &mut self.wrs[i];
+                *wr = ffi::ibv_send_wr {
+                    wr_id: self.next_seq + i as u64,
+                    next,
+                    sg_list: &mut self.sges[i],
+                    num_sge: 1,
+                    opcode: match s.opcode {
+                        Opcode::Write => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                        Opcode::Read => ffi::ibv_wr_opcode::IBV_WR_RDMA_READ,
+                    },
+                    send_flags: if signal {
+                        ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
+                    } else {
+                        0
+                    },
+                    ..Default::default()
+                };
+                wr.wr.rdma.remote_addr = s.remote;
+                wr.wr.rdma.rkey = s.rkey;
+            }
+            let qp = self.queue.as_ref().expect("checked").qp;
+            let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+            // SAFETY: `qp` is live (owned by `queue`); the list is `k` valid WRs whose SGEs point into `sges`, all alive for the call.
+            let rc = unsafe { ops::post_send(qp, self.wrs.as_mut_ptr(), &mut bad) };
+            let posted = if rc == 0 {
+                k
+            } else if bad.is_null() {
+                0
+            } else {
+                // SAFETY: the provider points `bad` at a WR of our list.
+                let off = unsafe { bad.offset_from(self.wrs.as_ptr()) };
+                (off.max(0) as usize).min(k)
+            };
+            for i in 0..posted {
+                let slice = self.backlog.pop_front().expect("k <= backlog");
+                self.posted.push_back(Posted {
+                    seq: self.next_seq + i as u64,
+                    slice,
+                });
+            }
+            self.next_seq += k as u64;
+            if posted < k {
+                self.credits.release((k - posted) as u32, 0);
+                // The unposted tail's signalled request never went out: the
+                // next list must signal again soon.
+                self.since_signal = self.signal_every;
+                if rc != libc::ENOMEM {
+                    tracing::warn!(rc, "rdma: post_send refused work; replacing the QP");
+                    self.break_queue();
+                }
+                return;
+            }
+        }
+    }
+
+    /// Reap completions, reporting each slice's end through `done`;
+    /// returns how many work completions were read.
+    pub fn reap(&mut self, done: &mut impl FnMut(RdmaCompletion)) -> usize {
+        let Some(q) = self.queue.as_ref() else {
+            return 0;
+        };
+        // SAFETY: `q.cq` is live; `wcs` holds POLL_BATCH entries.
+        let n = unsafe { ops::poll_cq(q.cq, POLL_BATCH as i32, self.wcs.as_mut_ptr()) };
+        if n < 0 {
+            tracing::warn!(rc = n, "rdma: poll_cq failed; replacing the QP");
+            self.break_queue();
+            return 0;
+        }
+        for i in 0..n as usize {
+            let (seq, status) = (self.wcs[i].wr_id, self.wcs[i].status);
+            // Completions of work already dealt with (flushed, re-posted).
+            if self.posted.front().is_none_or(|p| seq < p.seq) {
+                continue;
+            }
+            match outcome(status) {
+                Outcome::Done => self.complete_through(seq, done),
+                Outcome::Failed(kind) => {
+                    // In order: everything before it completed.
+                    self.complete_through(seq.saturating_sub(1), done);
+                    if let Some(p) = self.posted.pop_front() {
+                        self.credits.release(1, 0);
+                        done(RdmaCompletion {
+                            token: p.slice.token,
+                            result: Err(kind),
+                        });
+                    }
+                    tracing::warn!(%kind, "rdma: work request failed; QP in error");
+                    self.break_queue();
+                }
+                Outcome::Flushed => self.break_queue(),
+            }
+        }
+        n as usize
+    }
+
+    /// Complete every posted request up to and including `seq`.
+    fn complete_through(&mut self, seq: u64, done: &mut impl FnMut(RdmaCompletion)) {
+        while self.posted.front().is_some_and(|p| p.seq <= seq) {
+            let p = self.posted.pop_front().expect("checked");
+            self.credits.release(1, 0);
+            done(RdmaCompletion {
+                token: p.slice.token,
+                result: Ok(p.slice.len as u64),
+            });
+        }
+    }
+
+    /// The QP is in error: put what was in flight back at the head of the
+    /// backlog (oldest first) and drop the queue; `flush` connects a new
+    /// one. Slices flushed too often fail instead.
+    fn break_queue(&mut self) {
+        if self.queue.is_none() {
+            return;
+        }
+        self.queue = None;
+        while let Some(p) = self.posted.pop_back() {
+            self.credits.release(1, 0);
+            let mut s = p.slice;
+            s.reposts += 1;
+            self.backlog.push_front(s);
+        }
+    }
+
+    /// Fail, through `done`, backlog slices flushed too many times.
+    pub fn fail_exhausted(&mut self, done: &mut impl FnMut(RdmaCompletion)) {
+        let mut i = 0;
+        while i < self.backlog.len() {
+            if self.backlog[i].reposts > MAX_REPOSTS {
+                let s = self.backlog.remove(i).expect("index checked");
+                done(RdmaCompletion {
+                    token: s.token,
+                    result: Err(ErrorKind::Unreachable),
+                });
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

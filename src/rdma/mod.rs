@@ -1,0 +1,11 @@
+//! The RDMA transport's building blocks (the transport itself, with its
+//! endpoint cache and QP bootstrap over the control plane, comes next).
+//!
+//! - [`endpoint`]: one QP to a peer's NIC: SQ credits, linked WR lists with
+//!   selective signalling, completions, QP replacement with re-post.
+//! - [`wc`]: completion status → error kind (flush is a cascade).
+
+pub mod endpoint;
+pub mod wc;
+
+pub use endpoint::{Endpoint, Queue, QueueSource, RdmaCompletion, RdmaSlice};
