@@ -218,3 +218,100 @@ fn rxe_unknown_device_lists_those_found_and_gid_index_is_checked() {
     );
     assert!(ctx.max_qp_wr() > 0);
 }
+
+/// A loopback peer on one PD: each `connect` makes a fresh pair of QPs
+/// (and CQ) wired to each other and hands out one end. Memory registered on
+/// the same PD is reachable through every QP it makes.
+struct Loopback {
+    pd: Arc<ProtectionDomain>,
+}
+
+impl tent::rdma::QueueSource for Loopback {
+    fn connect(&mut self) -> tent::Result<tent::rdma::Queue> {
+        let cq = CompletionQueue::new(self.pd.context(), 256)?;
+        let a = QueuePair::new(&self.pd, &cq, 1, None, 64)?;
+        let b = QueuePair::new(&self.pd, &cq, 1, None, 64)?;
+        a.connect(&b.endpoint()?)?;
+        b.connect(&a.endpoint()?)?;
+        Ok(tent::rdma::Queue {
+            qp: a.as_raw(),
+            cq: cq.as_raw(),
+            // Destroyed in this order: QPs before their CQ.
+            owner: Box::new((a, b, cq)),
+        })
+    }
+}
+
+#[test]
+fn rxe_a_remote_access_error_fails_one_op_and_the_rest_complete_after_reposting() {
+    if !in_guest() {
+        return;
+    }
+    use tent::rdma::{Endpoint, RdmaSlice};
+    let ctx = Context::open(&rails()[0]).unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let n = 200usize;
+    let chunk = 4096usize;
+    let mut src = pattern(9, n * chunk);
+    let mut dst = vec![0u8; n * chunk];
+    // SAFETY: the buffers outlive the regions (dropped before them below).
+    let (s, d) = unsafe {
+        (
+            MemoryRegion::new(&pd, src.as_mut_ptr(), n * chunk).unwrap(),
+            MemoryRegion::new(&pd, dst.as_mut_ptr(), n * chunk).unwrap(),
+        )
+    };
+    let mut ep = Endpoint::new(Box::new(Loopback { pd: pd.clone() }), 32, 512).unwrap();
+    let bad = 57u64;
+    for i in 0..n as u64 {
+        let off = i * chunk as u64;
+        assert!(ep.submit(RdmaSlice {
+            token: i,
+            opcode: Opcode::Write,
+            local: src.as_ptr() as u64 + off,
+            len: chunk as u32,
+            lkey: s.lkey(),
+            remote: dst.as_ptr() as u64 + off,
+            rkey: if i == bad {
+                d.rkey() ^ 0x00ab_cd00
+            } else {
+                d.rkey()
+            },
+            reposts: 0,
+        }));
+    }
+    let mut results = vec![None; n];
+    let start = std::time::Instant::now();
+    while results.iter().any(Option::is_none) {
+        let mut done = |c: tent::rdma::RdmaCompletion| {
+            assert!(
+                results[c.token as usize].replace(c.result).is_none(),
+                "completed twice: {}",
+                c.token
+            );
+        };
+        ep.flush(&mut done);
+        ep.reap(&mut done);
+        ep.fail_exhausted(&mut done);
+        assert!(start.elapsed().as_secs() < 60, "stuck");
+    }
+    for (i, r) in results.iter().enumerate() {
+        let (lo, hi) = (i * chunk, (i + 1) * chunk);
+        if i as u64 == bad {
+            assert_eq!(*r, Some(Err(ErrorKind::AccessDenied)));
+            assert!(dst[lo..hi].iter().all(|&b| b == 0), "forged rkey wrote");
+        } else {
+            assert_eq!(*r, Some(Ok(chunk as u64)), "op {i}");
+            assert!(dst[lo..hi] == src[lo..hi], "op {i} data");
+        }
+    }
+    assert!(ep.replacements() >= 1, "the QP in error was replaced");
+    assert_eq!(ep.credits_in_flight(), 0);
+    println!(
+        "RXE-OK remote access error: 1 failed, {} completed, {} QP replacement(s)",
+        n - 1,
+        ep.replacements()
+    );
+    drop(ep);
+    drop((s, d));
+}

@@ -42,6 +42,11 @@ impl CompletionQueue {
         }))
     }
 
+    /// The raw CQ (for the endpoint's hot path).
+    pub fn as_raw(&self) -> *mut ffi::ibv_cq {
+        self.raw
+    }
+
     /// Reap completions into `out`; how many.
     #[inline]
     pub fn poll(&self, out: &mut [ffi::ibv_wc]) -> Result<usize> {

@@ -181,6 +181,11 @@ impl QueuePair {
         )
     }
 
+    /// The raw QP (for the endpoint's hot path).
+    pub fn as_raw(&self) -> *mut ffi::ibv_qp {
+        self.raw
+    }
+
     /// Most send WRs in flight on this QP.
     pub fn depth(&self) -> u32 {
         self.depth
