@@ -8,74 +8,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::{BufReader, Write};
 
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/netns.sh");
+use common::netns::{Netns, line_with};
+
 const SECRET: &str = "netns-shared-secret-0001";
-
-/// Namespaces that are torn down when the test ends, even by a panic.
-struct Netns(String);
-
-impl Netns {
-    /// Set up, or `None` (after printing why) when this machine cannot.
-    fn up(rails: u32) -> Option<Netns> {
-        let ok = Command::new(SCRIPT)
-            .arg("check")
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            let why = "cannot create network namespaces here (needs root and iproute2)";
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI=true: netns tests must run: {why}"
-            );
-            // Straight to stderr (print! would be captured by the harness).
-            let _ = std::io::stderr().write_all(format!("SKIP: {why}\n").as_bytes());
-            return None;
-        }
-        let name = format!("tn{}", std::process::id() % 100_000);
-        let status = Command::new(SCRIPT)
-            .args(["up", &name, &rails.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "tools/netns.sh up failed");
-        Some(Netns(name))
-    }
-
-    fn exec(&self, side: &str, child: &str, env: &[(&str, String)]) -> std::process::Child {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &format!("{}-{side}", self.0)])
-            .arg(std::env::current_exe().unwrap())
-            .args(["--exact", child, "--nocapture", "--test-threads=1"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        c.spawn().unwrap()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new(SCRIPT).args(["down", &self.0]).status();
-    }
-}
-
-fn line_with(r: &mut impl BufRead, key: &str) -> String {
-    let mut l = String::new();
-    loop {
-        l.clear();
-        assert!(
-            r.read_line(&mut l).unwrap() > 0,
-            "child exited before printing {key}"
-        );
-        if let Some(i) = l.find(key) {
-            return l[i + key.len()..].trim().to_owned();
-        }
-    }
-}
 
 fn config(host: &str, secret: bool) -> tent::Config {
     let mut c = common::test_config();
@@ -125,7 +62,9 @@ fn netns_initiator_child() {
 
 #[test]
 fn netns_descriptor_fetch_across_a_veth_link_with_auth() {
-    let Some(ns) = Netns::up(2) else { return };
+    let Some(ns) = Netns::up("tn", 2, None) else {
+        return;
+    };
     let mut target = ns.exec(
         "a",
         "netns_target_child",

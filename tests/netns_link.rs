@@ -6,52 +6,18 @@
 //! `TENT_NETNS_LINK_IF` set and the filter of its `_child` test, since a
 //! netlink socket only sees the links of the namespace it was opened in.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::netns::Netns;
 use tent::netlink::{LinkWatch, interface_of, link_up};
 
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/netns.sh");
 const ENV_IF: &str = "TENT_NETNS_LINK_IF";
-
-/// Namespaces that are torn down when the test ends, even by a panic.
-struct Netns(String);
-
-impl Netns {
-    /// Set up, or `None` (after printing why) when this machine cannot.
-    fn up(rails: u32) -> Option<Netns> {
-        let ok = Command::new(SCRIPT)
-            .arg("check")
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            let why = "cannot create network namespaces here (needs root and iproute2)";
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI=true: netns tests must run: {why}"
-            );
-            // Straight to stderr (print! would be captured by the harness).
-            let _ = std::io::stderr().write_all(format!("SKIP: {why}\n").as_bytes());
-            return None;
-        }
-        let name = format!("tl{}", std::process::id() % 100_000);
-        let status = Command::new(SCRIPT)
-            .args(["up", &name, &rails.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "tools/netns.sh up failed");
-        Some(Netns(name))
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new(SCRIPT).args(["down", &self.0]).status();
-    }
-}
 
 /// Inside namespace a: watch rail 1 and report when it is seen going down.
 #[test]
@@ -89,7 +55,9 @@ fn netns_link_watch_child() {
 
 #[test]
 fn netns_link_down_is_reported_by_link_watch() {
-    let Some(ns) = Netns::up(1) else { return };
+    let Some(ns) = Netns::up("tl", 1, None) else {
+        return;
+    };
     let mut child = Command::new("ip")
         .args(["netns", "exec", &format!("{}-a", ns.0)])
         .arg(std::env::current_exe().unwrap())
@@ -107,11 +75,7 @@ fn netns_link_down_is_reported_by_link_watch() {
             "child exited before READY: {seen}"
         );
     }
-    let status = Command::new(SCRIPT)
-        .args(["rail-down", &ns.0, "1"])
-        .status()
-        .unwrap();
-    assert!(status.success(), "tools/netns.sh rail-down failed");
+    ns.rail_down(1);
     out.read_to_string(&mut seen).unwrap();
     let exit = child.wait().unwrap();
     assert!(exit.success(), "child failed: {exit}\n{seen}");

@@ -10,65 +10,21 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::{BufReader, Write};
+use std::process::{Child, ChildStdout, Command};
+
+use common::netns::{Netns, line_with};
 use std::time::{Duration, Instant};
 
 use tent::{LocalAddr, RemoteAddr, op};
 
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/netns.sh");
+/// The roles of these tests, on top of the shared namespace harness.
+trait Roles {
+    fn target(&self, size: u64) -> (Target, String);
+    fn initiator(&self, target: &str, mode: &str, size: u64) -> (Child, BufReader<ChildStdout>);
+}
 
-/// Namespaces that are torn down when the test ends, even by a panic.
-struct Netns(String);
-
-impl Netns {
-    fn up(tag: &str, rails: u32, rate: Option<&str>) -> Option<Netns> {
-        let ok = Command::new(SCRIPT)
-            .arg("check")
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            let why = "cannot create network namespaces here (needs root and iproute2)";
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI=true: netns tests must run: {why}"
-            );
-            let _ = std::io::stderr().write_all(format!("SKIP: {why}\n").as_bytes());
-            return None;
-        }
-        let name = format!("{tag}{}", std::process::id() % 100_000);
-        let mut cmd = Command::new(SCRIPT);
-        cmd.args(["up", &name, &rails.to_string()]);
-        if let Some(r) = rate {
-            cmd.arg(r);
-        }
-        assert!(cmd.status().unwrap().success(), "tools/netns.sh up failed");
-        Some(Netns(name))
-    }
-
-    fn exec(&self, side: &str, child: &str, env: &[(&str, String)]) -> Child {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &format!("{}-{side}", self.0)])
-            .arg(std::env::current_exe().unwrap())
-            .args(["--exact", child, "--nocapture", "--test-threads=1"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        c.spawn().unwrap()
-    }
-
-    fn rail_down(&self, i: u32) -> Instant {
-        let t = Instant::now();
-        let s = Command::new(SCRIPT)
-            .args(["rail-down", &self.0, &i.to_string()])
-            .status()
-            .unwrap();
-        assert!(s.success());
-        t
-    }
-
+impl Roles for Netns {
     /// Start a target in namespace b holding `size` bytes of pattern; its
     /// segment name.
     fn target(&self, size: u64) -> (Target, String) {
@@ -117,26 +73,6 @@ impl Target {
     fn stop(mut self) {
         drop(self.0.stdin.take());
         let _ = self.0.wait();
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new(SCRIPT).args(["down", &self.0]).status();
-    }
-}
-
-fn line_with(r: &mut impl BufRead, key: &str) -> String {
-    let mut l = String::new();
-    loop {
-        l.clear();
-        assert!(
-            r.read_line(&mut l).unwrap() > 0,
-            "child exited before printing {key}"
-        );
-        if let Some(i) = l.find(key) {
-            return l[i + key.len()..].trim().to_owned();
-        }
     }
 }
 

@@ -48,3 +48,4 @@ pub fn reap(ring: &mut Ring, n: usize) -> Vec<Cqe> {
     }
     out
 }
+pub mod netns;

@@ -1,0 +1,90 @@
+//! Two network namespaces joined by veth rails (tools/netns.sh), torn down
+//! when dropped, even by a panic. With CI=true they must be creatable;
+//! elsewhere `up` returns `None` after printing why.
+
+use std::io::{BufRead, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+/// The harness script.
+pub const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/netns.sh");
+
+/// A pair of namespaces `NAME-a` / `NAME-b`.
+pub struct Netns(pub String);
+
+impl Netns {
+    /// `rails` veth pairs (optionally shaped to `rate` each), named from
+    /// `tag` and this process id; `None` (after printing why) when this
+    /// machine cannot.
+    pub fn up(tag: &str, rails: u32, rate: Option<&str>) -> Option<Netns> {
+        let ok = Command::new(SCRIPT)
+            .arg("check")
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let why = "cannot create network namespaces here (needs root and iproute2)";
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true: netns tests must run: {why}"
+            );
+            // Straight to stderr (print! would be captured by the harness).
+            let _ = std::io::stderr().write_all(format!("SKIP: {why}\n").as_bytes());
+            return None;
+        }
+        let name = format!("{tag}{}", std::process::id() % 100_000);
+        let mut cmd = Command::new(SCRIPT);
+        cmd.args(["up", &name, &rails.to_string()]);
+        if let Some(r) = rate {
+            cmd.arg(r);
+        }
+        assert!(cmd.status().unwrap().success(), "tools/netns.sh up failed");
+        Some(Netns(name))
+    }
+
+    /// Re-run this test binary's `child` test inside namespace `side`
+    /// ("a" or "b") with `env`, stdin and stdout piped.
+    pub fn exec(&self, side: &str, child: &str, env: &[(&str, String)]) -> Child {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &format!("{}-{side}", self.0)])
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", child, "--nocapture", "--test-threads=1"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.spawn().unwrap()
+    }
+
+    /// Set rail `i`'s link down at both ends; when it was done.
+    pub fn rail_down(&self, i: u32) -> Instant {
+        let t = Instant::now();
+        let s = Command::new(SCRIPT)
+            .args(["rail-down", &self.0, &i.to_string()])
+            .status()
+            .unwrap();
+        assert!(s.success(), "tools/netns.sh rail-down failed");
+        t
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new(SCRIPT).args(["down", &self.0]).status();
+    }
+}
+
+/// The rest of the first line of `r` that contains `key`.
+pub fn line_with(r: &mut impl BufRead, key: &str) -> String {
+    let mut l = String::new();
+    loop {
+        l.clear();
+        assert!(
+            r.read_line(&mut l).unwrap() > 0,
+            "child exited before printing {key}"
+        );
+        if let Some(i) = l.find(key) {
+            return l[i + key.len()..].trim().to_owned();
+        }
+    }
+}
