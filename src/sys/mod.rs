@@ -86,11 +86,6 @@ pub fn devices() -> Result<Vec<String>, Unavailable> {
     Ok(names)
 }
 
-/// One line for logs and tools: the devices found, or why none can be used.
-pub fn status() -> Result<Vec<String>, Unavailable> {
-    devices()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -164,7 +164,6 @@ pub struct TcpTransport {
     selector: DeviceSelector,
     rails: Arc<Mutex<Vec<Weak<TcpRail>>>>,
     watch: Mutex<Option<LinkWatch>>,
-    installed: AtomicBool,
     wakers: OnceLock<Arc<Wakers>>,
 }
 
@@ -205,7 +204,6 @@ impl TcpTransport {
             selector: DeviceSelector::default(),
             rails: Arc::new(Mutex::new(Vec::new())),
             watch: Mutex::new(None),
-            installed: AtomicBool::new(false),
             wakers: OnceLock::new(),
         }
     }
@@ -387,7 +385,6 @@ impl Transport for TcpTransport {
             }
         }
         let _ = self.wakers.set(ctx.wakers.clone());
-        self.installed.store(true, Ordering::Release);
         Ok(())
     }
 
