@@ -84,6 +84,8 @@ pub const NONCE_LEN: usize = 32;
 /// Bytes in a handshake MAC.
 pub const MAC_LEN: usize = 32;
 
+/// Most RDMA NICs one descriptor may list (and rkeys per region).
+pub const MAX_NICS: usize = 32;
 /// Longest rail name or rail address, in bytes.
 const MAX_RAIL_FIELD: usize = 64;
 /// Bytes in a field header: tag and value length.
@@ -96,6 +98,8 @@ const TYPE_AUTH_OK: u16 = 4;
 const TYPE_GET_DESCRIPTOR: u16 = 5;
 const TYPE_DESCRIPTOR: u16 = 6;
 const TYPE_ERROR: u16 = 7;
+const TYPE_QP_CONNECT: u16 = 8;
+const TYPE_QP_ACCEPT: u16 = 9;
 
 const HELLO_NONCE: u16 = 0x0001;
 const CHALLENGE_NONCE: u16 = 0x0001;
@@ -109,10 +113,23 @@ const DESC_SHM_NAME: u16 = 0x0004;
 const DESC_REGION: u16 = 0x0005;
 const DESC_TRANSPORT: u16 = 0x0006;
 const DESC_RAIL: u16 = 0x0007;
+const DESC_NIC: u16 = 0x0008;
 const REGION_ID: u16 = 0x0001;
 const REGION_ADDR: u16 = 0x0002;
 const REGION_LEN: u16 = 0x0003;
 const REGION_KEY: u16 = 0x0004;
+const REGION_RKEYS: u16 = 0x0005;
+const NIC_NAME: u16 = 0x0001;
+const NIC_GID: u16 = 0x0002;
+const NIC_LID: u16 = 0x0003;
+const NIC_MTU: u16 = 0x0004;
+const QP_INITIATOR_NIC: u16 = 0x0001;
+const QP_TARGET_NIC: u16 = 0x0002;
+const QP_GID: u16 = 0x0003;
+const QP_LID: u16 = 0x0004;
+const QP_QPN: u16 = 0x0005;
+const QP_PSN: u16 = 0x0006;
+const QP_MTU: u16 = 0x0007;
 const RAIL_NAME: u16 = 0x0001;
 const RAIL_ADDR: u16 = 0x0002;
 const ERROR_CODE: u16 = 0x0001;
@@ -129,6 +146,37 @@ pub struct RegionEntry {
     pub len: u64,
     /// Remote access key (an RDMA rkey, or a transport-specific token).
     pub key: u64,
+    /// The region's RDMA rkey on each NIC of [`SegmentDescriptor::nics`],
+    /// same order; empty when the owner serves no RDMA. At most [`MAX_NICS`].
+    pub rkeys: Vec<u32>,
+}
+
+/// One RDMA NIC of the owning engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NicEntry {
+    /// Device name (`mlx5_0`, `rxe1`), at most 64 bytes.
+    pub name: String,
+    /// Port GID.
+    pub gid: [u8; 16],
+    /// Port LID (0 on RoCE).
+    pub lid: u16,
+    /// Active MTU (an `ibv_mtu` value).
+    pub mtu: u32,
+}
+
+/// What one side of an RC connection tells the other (QP bootstrap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpBootstrap {
+    /// Port GID.
+    pub gid: [u8; 16],
+    /// Port LID.
+    pub lid: u16,
+    /// QP number.
+    pub qpn: u32,
+    /// First packet sequence number.
+    pub psn: u32,
+    /// Path MTU (an `ibv_mtu` value).
+    pub mtu: u32,
 }
 
 /// One network rail (NIC) of the owning engine.
@@ -158,6 +206,8 @@ pub struct SegmentDescriptor {
     pub transports: Vec<u8>,
     /// Network rails, at most [`MAX_RAILS`].
     pub rails: Vec<RailEntry>,
+    /// RDMA NICs, at most [`MAX_NICS`]; regions' `rkeys` follow this order.
+    pub nics: Vec<NicEntry>,
 }
 
 /// A control-plane message.
@@ -189,6 +239,21 @@ pub enum Message {
     GetDescriptor,
     /// Server → client: the segment descriptor.
     Descriptor(SegmentDescriptor),
+    /// Initiator → target: connect an RC QP from `initiator_nic` to the
+    /// target's `target_nic`; `qp` is the initiator's end.
+    QpConnect {
+        /// The initiator's NIC, at most 64 bytes.
+        initiator_nic: String,
+        /// The target's NIC (one of its descriptor's), at most 64 bytes.
+        target_nic: String,
+        /// The initiator's QP.
+        qp: QpBootstrap,
+    },
+    /// Target → initiator: the target's end, already connected to it.
+    QpAccept {
+        /// The target's QP.
+        qp: QpBootstrap,
+    },
     /// Either way: a refusal, after which the sender closes.
     Error {
         /// A tent `ErrorKind` code.
@@ -208,6 +273,8 @@ impl Message {
             Message::AuthOk { .. } => TYPE_AUTH_OK,
             Message::GetDescriptor => TYPE_GET_DESCRIPTOR,
             Message::Descriptor(_) => TYPE_DESCRIPTOR,
+            Message::QpConnect { .. } => TYPE_QP_CONNECT,
+            Message::QpAccept { .. } => TYPE_QP_ACCEPT,
             Message::Error { .. } => TYPE_ERROR,
         }
     }
@@ -221,6 +288,8 @@ impl Message {
             Message::AuthOk { .. } => "AuthOk",
             Message::GetDescriptor => "GetDescriptor",
             Message::Descriptor(_) => "Descriptor",
+            Message::QpConnect { .. } => "QpConnect",
+            Message::QpAccept { .. } => "QpAccept",
             Message::Error { .. } => "Error",
         }
     }
@@ -374,6 +443,16 @@ pub fn encode(msg: &Message) -> Vec<u8> {
         Message::AuthOk { mac } => b.field(AUTH_OK_MAC, mac),
         Message::GetDescriptor => {}
         Message::Descriptor(d) => encode_descriptor(&mut b, d),
+        Message::QpConnect {
+            initiator_nic,
+            target_nic,
+            qp,
+        } => {
+            b.str(QP_INITIATOR_NIC, initiator_nic);
+            b.str(QP_TARGET_NIC, target_nic);
+            encode_qp(&mut b, qp);
+        }
+        Message::QpAccept { qp } => encode_qp(&mut b, qp),
         Message::Error { code, text } => {
             b.u16(ERROR_CODE, *code);
             b.str(ERROR_TEXT, text);
@@ -381,6 +460,14 @@ pub fn encode(msg: &Message) -> Vec<u8> {
     }
     b.patch_len(HEADER_LEN - 4);
     b.0
+}
+
+fn encode_qp(b: &mut Body, qp: &QpBootstrap) {
+    b.field(QP_GID, &qp.gid);
+    b.u16(QP_LID, qp.lid);
+    b.u32(QP_QPN, qp.qpn);
+    b.u32(QP_PSN, qp.psn);
+    b.u32(QP_MTU, qp.mtu);
 }
 
 fn encode_descriptor(b: &mut Body, d: &SegmentDescriptor) {
@@ -396,6 +483,10 @@ fn encode_descriptor(b: &mut Body, d: &SegmentDescriptor) {
             b.u64(REGION_ADDR, r.addr);
             b.u64(REGION_LEN, r.len);
             b.u64(REGION_KEY, r.key);
+            if !r.rkeys.is_empty() {
+                let packed: Vec<u8> = r.rkeys.iter().flat_map(|k| k.to_le_bytes()).collect();
+                b.field(REGION_RKEYS, &packed);
+            }
         });
     }
     for &t in &d.transports {
@@ -405,6 +496,14 @@ fn encode_descriptor(b: &mut Body, d: &SegmentDescriptor) {
         b.record(DESC_RAIL, |b| {
             b.str(RAIL_NAME, &rail.name);
             b.str(RAIL_ADDR, &rail.addr);
+        });
+    }
+    for nic in &d.nics {
+        b.record(DESC_NIC, |b| {
+            b.str(NIC_NAME, &nic.name);
+            b.field(NIC_GID, &nic.gid);
+            b.u16(NIC_LID, nic.lid);
+            b.u32(NIC_MTU, nic.mtu);
         });
     }
 }
@@ -433,7 +532,7 @@ fn parse_header(h: &[u8; HEADER_LEN]) -> Result<(u16, usize)> {
         return Err(WireError::UnsupportedVersion(version));
     }
     let msg_type = u16::from_le_bytes([t0, t1]);
-    if !(TYPE_HELLO..=TYPE_ERROR).contains(&msg_type) {
+    if !(TYPE_HELLO..=TYPE_QP_ACCEPT).contains(&msg_type) {
         return Err(WireError::UnknownMessage(msg_type));
     }
     let body_len = u32::from_le_bytes([l0, l1, l2, l3]);
@@ -559,6 +658,37 @@ fn decode_body(msg_type: u16, body: &[u8]) -> Result<Message> {
             Ok(Message::GetDescriptor)
         }
         TYPE_DESCRIPTOR => Ok(Message::Descriptor(decode_descriptor(body)?)),
+        TYPE_QP_CONNECT => {
+            let (mut initiator_nic, mut target_nic) = (None, None);
+            let mut qp = QpFields::default();
+            for field in Fields(body) {
+                let (tag, v) = field?;
+                match tag {
+                    QP_INITIATOR_NIC => set_once(&mut initiator_nic, tag, || {
+                        string(tag, v, "NIC name", MAX_RAIL_FIELD)
+                    })?,
+                    QP_TARGET_NIC => set_once(&mut target_nic, tag, || {
+                        string(tag, v, "NIC name", MAX_RAIL_FIELD)
+                    })?,
+                    _ => qp.take(tag, v)?,
+                }
+            }
+            Ok(Message::QpConnect {
+                initiator_nic: required(initiator_nic, "QpConnect", QP_INITIATOR_NIC)?,
+                target_nic: required(target_nic, "QpConnect", QP_TARGET_NIC)?,
+                qp: qp.finish("QpConnect")?,
+            })
+        }
+        TYPE_QP_ACCEPT => {
+            let mut qp = QpFields::default();
+            for field in Fields(body) {
+                let (tag, v) = field?;
+                qp.take(tag, v)?;
+            }
+            Ok(Message::QpAccept {
+                qp: qp.finish("QpAccept")?,
+            })
+        }
         TYPE_ERROR => {
             let (mut code, mut text) = (None, None);
             for field in Fields(body) {
@@ -595,9 +725,55 @@ fn decode_mac(body: &[u8], msg: &'static str, mac_tag: u16) -> Result<[u8; MAC_L
     required(mac, msg, mac_tag)
 }
 
+/// The QP bootstrap fields of a message, as they arrive.
+#[derive(Default)]
+struct QpFields {
+    gid: Option<[u8; 16]>,
+    lid: Option<u16>,
+    qpn: Option<u32>,
+    psn: Option<u32>,
+    mtu: Option<u32>,
+}
+
+impl QpFields {
+    /// Take `tag` if it is a QP field; skip it otherwise.
+    fn take(&mut self, tag: u16, v: &[u8]) -> Result<()> {
+        match tag {
+            QP_GID => set_once(&mut self.gid, tag, || fixed(tag, v)),
+            QP_LID => set_once(&mut self.lid, tag, || {
+                Ok(u16::from_le_bytes(fixed(tag, v)?))
+            }),
+            QP_QPN => set_once(&mut self.qpn, tag, || {
+                Ok(u32::from_le_bytes(fixed(tag, v)?))
+            }),
+            QP_PSN => set_once(&mut self.psn, tag, || {
+                Ok(u32::from_le_bytes(fixed(tag, v)?))
+            }),
+            QP_MTU => set_once(&mut self.mtu, tag, || {
+                Ok(u32::from_le_bytes(fixed(tag, v)?))
+            }),
+            _ => {
+                skip(tag);
+                Ok(())
+            }
+        }
+    }
+
+    fn finish(self, msg: &'static str) -> Result<QpBootstrap> {
+        Ok(QpBootstrap {
+            gid: required(self.gid, msg, QP_GID)?,
+            lid: required(self.lid, msg, QP_LID)?,
+            qpn: required(self.qpn, msg, QP_QPN)?,
+            psn: required(self.psn, msg, QP_PSN)?,
+            mtu: required(self.mtu, msg, QP_MTU)?,
+        })
+    }
+}
+
 fn decode_descriptor(body: &[u8]) -> Result<SegmentDescriptor> {
     let (mut name, mut host_id, mut pid, mut shm_name) = (None, None, None, None);
     let (mut regions, mut transports, mut rails) = (Vec::new(), Vec::new(), Vec::new());
+    let mut nics = Vec::new();
     for field in Fields(body) {
         let (tag, v) = field?;
         match tag {
@@ -616,6 +792,7 @@ fn decode_descriptor(body: &[u8]) -> Result<SegmentDescriptor> {
                 })?
             }
             DESC_RAIL => push_bounded(&mut rails, "rail list", MAX_RAILS, || decode_rail(v))?,
+            DESC_NIC => push_bounded(&mut nics, "NIC list", MAX_NICS, || decode_nic(v))?,
             _ => skip(tag),
         }
     }
@@ -634,11 +811,35 @@ fn decode_descriptor(body: &[u8]) -> Result<SegmentDescriptor> {
         regions,
         transports,
         rails,
+        nics,
+    })
+}
+
+fn decode_nic(record: &[u8]) -> Result<NicEntry> {
+    let (mut name, mut gid, mut lid, mut mtu) = (None, None, None, None);
+    for field in Fields(record) {
+        let (tag, v) = field?;
+        match tag {
+            NIC_NAME => set_once(&mut name, tag, || {
+                string(tag, v, "NIC name", MAX_RAIL_FIELD)
+            })?,
+            NIC_GID => set_once(&mut gid, tag, || fixed(tag, v))?,
+            NIC_LID => set_once(&mut lid, tag, || Ok(u16::from_le_bytes(fixed(tag, v)?)))?,
+            NIC_MTU => set_once(&mut mtu, tag, || Ok(u32::from_le_bytes(fixed(tag, v)?)))?,
+            _ => skip(tag),
+        }
+    }
+    Ok(NicEntry {
+        name: required(name, "NicEntry", NIC_NAME)?,
+        gid: required(gid, "NicEntry", NIC_GID)?,
+        lid: required(lid, "NicEntry", NIC_LID)?,
+        mtu: required(mtu, "NicEntry", NIC_MTU)?,
     })
 }
 
 fn decode_region(record: &[u8]) -> Result<RegionEntry> {
     let (mut id, mut addr, mut len, mut key) = (None, None, None, None);
+    let mut rkeys = None;
     for field in Fields(record) {
         let (tag, v) = field?;
         match tag {
@@ -646,6 +847,20 @@ fn decode_region(record: &[u8]) -> Result<RegionEntry> {
             REGION_ADDR => set_once(&mut addr, tag, || Ok(u64::from_le_bytes(fixed(tag, v)?)))?,
             REGION_LEN => set_once(&mut len, tag, || Ok(u64::from_le_bytes(fixed(tag, v)?)))?,
             REGION_KEY => set_once(&mut key, tag, || Ok(u64::from_le_bytes(fixed(tag, v)?)))?,
+            REGION_RKEYS => set_once(&mut rkeys, tag, || {
+                if v.len() % 4 != 0 || v.len() / 4 > MAX_NICS {
+                    return Err(WireError::BadField {
+                        tag,
+                        reason: format!(
+                            "rkey list of {} bytes (want a multiple of 4, at most {MAX_NICS} keys)",
+                            v.len()
+                        ),
+                    });
+                }
+                Ok(v.chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect())
+            })?,
             _ => skip(tag),
         }
     }
@@ -654,6 +869,7 @@ fn decode_region(record: &[u8]) -> Result<RegionEntry> {
         addr: required(addr, "RegionEntry", REGION_ADDR)?,
         len: required(len, "RegionEntry", REGION_LEN)?,
         key: required(key, "RegionEntry", REGION_KEY)?,
+        rkeys: rkeys.unwrap_or_default(),
     })
 }
 
@@ -803,6 +1019,7 @@ mod tests {
             addr: 0x7f00_0000_0000 + u64::from(i) * 4096,
             len: 4096,
             key: u64::from(i) ^ 0xdead_beef,
+            rkeys: Vec::new(),
         }
     }
 
@@ -818,6 +1035,32 @@ mod tests {
                 name: "mlx5_0".into(),
                 addr: "fe80::1".into(),
             }],
+            nics: vec![
+                NicEntry {
+                    name: "mlx5_0".into(),
+                    gid: [0xfe; 16],
+                    lid: 0,
+                    mtu: 3,
+                },
+                NicEntry {
+                    name: "mlx5_1".into(),
+                    gid: [7; 16],
+                    lid: 12,
+                    mtu: 5,
+                },
+            ],
+        }
+        .with_rkeys()
+    }
+
+    impl SegmentDescriptor {
+        /// Give every region an rkey per NIC.
+        fn with_rkeys(mut self) -> Self {
+            let n = self.nics.len() as u32;
+            for r in &mut self.regions {
+                r.rkeys = (0..n).map(|k| r.id * 100 + k).collect();
+            }
+            self
         }
     }
 
@@ -835,6 +1078,7 @@ mod tests {
                     addr: "a".repeat(MAX_RAIL_FIELD),
                 })
                 .collect(),
+            nics: Vec::new(),
         }
     }
 
@@ -859,6 +1103,26 @@ mod tests {
                 ..Default::default()
             }),
             Message::Descriptor(small_descriptor()),
+            Message::QpConnect {
+                initiator_nic: "rxe0".into(),
+                target_nic: "rxe1".into(),
+                qp: QpBootstrap {
+                    gid: [3; 16],
+                    lid: 0,
+                    qpn: 0x11,
+                    psn: 0xabcdef,
+                    mtu: 3,
+                },
+            },
+            Message::QpAccept {
+                qp: QpBootstrap {
+                    gid: [4; 16],
+                    lid: 9,
+                    qpn: 0x22,
+                    psn: 1,
+                    mtu: 5,
+                },
+            },
             Message::Error {
                 code: 7,
                 text: "access denied".into(),
@@ -926,7 +1190,7 @@ mod tests {
         }
         let mut names: Vec<_> = msgs.iter().map(|m| (m.type_code(), m.name())).collect();
         names.dedup();
-        assert_eq!(names.len(), 7);
+        assert_eq!(names.len(), 9);
     }
 
     #[test]
@@ -1067,7 +1331,7 @@ mod tests {
             Err(WireError::UnsupportedVersion(2))
         ));
 
-        for t in [0u16, 8, 0x8000, u16::MAX] {
+        for t in [0u16, 10, 0x8000, u16::MAX] {
             let mut b = good.clone();
             b[6..8].copy_from_slice(&t.to_le_bytes());
             assert!(matches!(decode_err(&b), WireError::UnknownMessage(x) if x == t));
@@ -1080,8 +1344,13 @@ mod tests {
     #[test]
     fn newer_peer_fields_are_skipped() {
         // A newer peer adds per-rail QP bootstrap data at the top level and
-        // inside records, interleaved with the fields this side knows.
-        let expected = small_descriptor();
+        // inside records, interleaved with the fields this side knows (the
+        // NIC list and rkeys are left out here: this frame is hand-built).
+        let mut expected = small_descriptor();
+        expected.nics.clear();
+        for r in &mut expected.regions {
+            r.rkeys.clear();
+        }
         let bytes = frame(TYPE_DESCRIPTOR, |b| {
             b.field(0x8001, b"future top-level field");
             b.str(DESC_NAME, &expected.name);
@@ -1486,6 +1755,62 @@ mod tests {
         ("\\PC{0,16}", "\\PC{0,16}").prop_map(|(name, addr)| RailEntry { name, addr })
     }
 
+    #[test]
+    fn rkey_lists_and_qp_bootstrap_are_checked() {
+        let region = |rkeys: &[u8]| {
+            frame(TYPE_DESCRIPTOR, |b| {
+                b.str(DESC_NAME, "n");
+                b.str(DESC_HOST_ID, "h");
+                b.u32(DESC_PID, 1);
+                b.record(DESC_REGION, |b| {
+                    b.u32(REGION_ID, 1);
+                    b.u64(REGION_ADDR, 4096);
+                    b.u64(REGION_LEN, 4096);
+                    b.u64(REGION_KEY, 7);
+                    b.field(REGION_RKEYS, rkeys);
+                });
+            })
+        };
+        assert!(matches!(
+            decode_err(&region(&[1, 2, 3])),
+            WireError::BadField {
+                tag: REGION_RKEYS,
+                ..
+            }
+        ));
+        assert!(matches!(
+            decode_err(&region(&[0; (MAX_NICS + 1) * 4])),
+            WireError::BadField {
+                tag: REGION_RKEYS,
+                ..
+            }
+        ));
+        let Message::Descriptor(d) = decode(&region(&[1, 0, 0, 0, 2, 0, 0, 0])).unwrap().0 else {
+            panic!("not a descriptor");
+        };
+        assert_eq!(d.regions[0].rkeys, vec![1, 2]);
+        // A QP bootstrap without its QPN is refused, naming the field.
+        let qp = frame(TYPE_QP_ACCEPT, |b| {
+            b.field(QP_GID, &[1; 16]);
+            b.u16(QP_LID, 0);
+            b.u32(QP_PSN, 5);
+            b.u32(QP_MTU, 3);
+        });
+        let e = decode_err(&qp);
+        assert!(e.to_string().contains("QpAccept"), "{e}");
+    }
+
+    fn arb_nic() -> impl Strategy<Value = NicEntry> {
+        ("\\PC{0,16}", any::<[u8; 16]>(), any::<u16>(), any::<u32>()).prop_map(
+            |(name, gid, lid, mtu)| NicEntry {
+                name,
+                gid,
+                lid,
+                mtu,
+            },
+        )
+    }
+
     fn arb_descriptor() -> impl Strategy<Value = SegmentDescriptor> {
         (
             "\\PC{1,64}",
@@ -1493,22 +1818,38 @@ mod tests {
             any::<u32>(),
             proptest::option::of("\\PC{0,50}"),
             proptest::collection::vec(
-                (any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>())
-                    .prop_map(|(id, addr, len, key)| RegionEntry { id, addr, len, key }),
+                (
+                    any::<u32>(),
+                    any::<u64>(),
+                    any::<u64>(),
+                    any::<u64>(),
+                    proptest::collection::vec(any::<u32>(), 0..=4),
+                )
+                    .prop_map(|(id, addr, len, key, rkeys)| RegionEntry {
+                        id,
+                        addr,
+                        len,
+                        key,
+                        rkeys,
+                    }),
                 0..40,
             ),
             proptest::collection::vec(any::<u8>(), 0..=MAX_TRANSPORTS),
             proptest::collection::vec(arb_rail(), 0..=8),
+            proptest::collection::vec(arb_nic(), 0..=4),
         )
             .prop_map(
-                |(name, host_id, pid, shm_name, regions, transports, rails)| SegmentDescriptor {
-                    name,
-                    host_id,
-                    pid,
-                    shm_name,
-                    regions,
-                    transports,
-                    rails,
+                |(name, host_id, pid, shm_name, regions, transports, rails, nics)| {
+                    SegmentDescriptor {
+                        name,
+                        host_id,
+                        pid,
+                        shm_name,
+                        regions,
+                        transports,
+                        rails,
+                        nics,
+                    }
                 },
             )
     }

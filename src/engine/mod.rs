@@ -748,6 +748,7 @@ fn start_control(
                     addr: r.addr(),
                     len: r.len(),
                     key: r.key(),
+                    rkeys: Vec::new(),
                 })
                 .collect(),
             transports: transports
@@ -757,6 +758,7 @@ fn start_control(
                 .map(|k| k as u8)
                 .collect(),
             rails: rails.clone(),
+            nics: Vec::new(),
         })
     };
     let server = crate::control::ControlServer::start(
