@@ -315,3 +315,26 @@ fn rxe_a_remote_access_error_fails_one_op_and_the_rest_complete_after_reposting(
     drop(ep);
     drop((s, d));
 }
+
+#[test]
+fn rxe_nic_set_opens_every_rail_and_registers_on_all_of_them() {
+    if !in_guest() {
+        return;
+    }
+    use tent::rdma::NicSet;
+    let set = NicSet::open(&[], None).unwrap();
+    let names: Vec<_> = set.entries().into_iter().map(|e| e.name).collect();
+    assert_eq!(names, rails());
+    assert!(set.entries().iter().all(|e| e.gid.iter().any(|&b| b != 0)));
+    let e = NicSet::open(&["mlx5_9".to_owned()], None).unwrap_err();
+    assert!(e.to_string().contains("found: rxe0"), "{e}");
+    let e = NicSet::open(&["rxe0".to_owned()], Some(4096)).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+    let mut buf = vec![0u8; 1 << 20];
+    // SAFETY: `buf` outlives the registration.
+    let reg = unsafe { set.register(buf.as_mut_ptr(), buf.len()) }.unwrap();
+    assert_eq!(reg.rkeys().len(), set.nics().len());
+    assert!(reg.lkey(0).is_some() && reg.lkey(set.nics().len()).is_none());
+    drop(reg);
+    println!("RXE-OK NicSet: {names:?}");
+}

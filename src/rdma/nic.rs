@@ -1,0 +1,172 @@
+//! The RDMA NICs an engine uses: each opened once, with its protection
+//! domain, the port it talks through and that port's GID; and memory
+//! registered on all of them at once (one rkey per NIC for the descriptor).
+
+use std::sync::Arc;
+
+use tent_rings::ErrorKind;
+
+use crate::control::wire::NicEntry;
+use crate::error::{Error, Result};
+use crate::verbs::{Context, MemoryRegion, ProtectionDomain, device_names};
+
+/// The port every NIC is used through (multi-port NICs are one rail per
+/// device here).
+const PORT: u8 = 1;
+
+/// One opened NIC.
+pub struct Nic {
+    /// Its device context.
+    pub ctx: Arc<Context>,
+    /// The protection domain all its QPs and MRs share.
+    pub pd: Arc<ProtectionDomain>,
+    /// Port number.
+    pub port: u8,
+    /// GID table index in use.
+    pub gid_index: i32,
+    /// That GID.
+    pub gid: [u8; 16],
+    /// Port LID (0 on RoCE).
+    pub lid: u16,
+    /// Active MTU (an `ibv_mtu` value).
+    pub mtu: u32,
+}
+
+impl std::fmt::Debug for Nic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nic")
+            .field("name", &self.ctx.name())
+            .field("gid_index", &self.gid_index)
+            .finish()
+    }
+}
+
+/// The NICs in use, in a fixed order (descriptor rkeys follow it).
+#[derive(Debug, Default)]
+pub struct NicSet {
+    nics: Vec<Nic>,
+}
+
+impl NicSet {
+    /// Open `wanted` (every device found when empty) with `gid_index` (the
+    /// first non-zero GID when `None`). A name not found is an error that
+    /// lists the devices found; a device whose port is down is skipped when
+    /// none were named, and an error when it was.
+    pub fn open(wanted: &[String], gid_index: Option<i32>) -> Result<NicSet> {
+        let found = device_names()?;
+        let names: Vec<String> = if wanted.is_empty() {
+            found.clone()
+        } else {
+            for w in wanted {
+                if !found.contains(w) {
+                    return Err(Error::invalid(format!(
+                        "no RDMA device named {w:?} (found: {})",
+                        found.join(", ")
+                    )));
+                }
+            }
+            wanted.to_vec()
+        };
+        let mut nics = Vec::with_capacity(names.len());
+        for name in &names {
+            match Self::open_one(name, gid_index) {
+                Ok(n) => nics.push(n),
+                Err(e) if wanted.is_empty() => {
+                    tracing::warn!(device = %name, error = %e, "RDMA device skipped")
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if nics.is_empty() {
+            return Err(Error::new(
+                ErrorKind::LocalNicFailed,
+                format!("no usable RDMA device (found: {})", found.join(", ")),
+            ));
+        }
+        Ok(NicSet { nics })
+    }
+
+    fn open_one(name: &str, gid_index: Option<i32>) -> Result<Nic> {
+        let ctx = Context::open(name)?;
+        let port = ctx.port(PORT)?;
+        // IBV_PORT_ACTIVE
+        if port.state != 4 {
+            return Err(Error::new(
+                ErrorKind::LocalNicFailed,
+                format!("{name} port {PORT} is not active (state {})", port.state),
+            ));
+        }
+        let (gid_index, gid) = ctx.choose_gid(PORT, gid_index)?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        Ok(Nic {
+            ctx,
+            pd,
+            port: PORT,
+            gid_index,
+            gid,
+            lid: port.lid,
+            mtu: port.active_mtu,
+        })
+    }
+
+    /// The NICs, in descriptor order.
+    pub fn nics(&self) -> &[Nic] {
+        &self.nics
+    }
+
+    /// The index of the NIC called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.nics.iter().position(|n| n.ctx.name() == name)
+    }
+
+    /// What the descriptor says about them.
+    pub fn entries(&self) -> Vec<NicEntry> {
+        self.nics
+            .iter()
+            .map(|n| NicEntry {
+                name: n.ctx.name().to_owned(),
+                gid: n.gid,
+                lid: n.lid,
+                mtu: n.mtu,
+            })
+            .collect()
+    }
+
+    /// Register `[addr, addr+len)` on every NIC.
+    ///
+    /// # Safety
+    /// The memory must stay mapped until the registration is dropped.
+    pub unsafe fn register(&self, addr: *mut u8, len: usize) -> Result<Registration> {
+        let mut mrs = Vec::with_capacity(self.nics.len());
+        for n in &self.nics {
+            // SAFETY: forwarded from the caller.
+            mrs.push(unsafe { MemoryRegion::new(&n.pd, addr, len)? });
+        }
+        Ok(Registration { mrs })
+    }
+}
+
+/// Memory registered on every NIC of a [`NicSet`]; deregistered on drop.
+pub struct Registration {
+    mrs: Vec<MemoryRegion>,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("rkeys", &self.rkeys())
+            .finish()
+    }
+}
+
+impl Registration {
+    /// The rkey on each NIC, in NIC order.
+    pub fn rkeys(&self) -> Vec<u32> {
+        self.mrs.iter().map(MemoryRegion::rkey).collect()
+    }
+
+    /// The lkey on NIC `i`.
+    pub fn lkey(&self, i: usize) -> Option<u32> {
+        self.mrs.get(i).map(MemoryRegion::lkey)
+    }
+}
