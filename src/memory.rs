@@ -20,6 +20,12 @@ pub struct MemRegion {
     key: u64,
     base: *mut u8,
     len: u64,
+    // RDMA: the region's keys on each NIC (NIC order), and what keeps the
+    // registrations alive. Declared before `_owner` so the memory is
+    // deregistered before it is freed (fields drop in declaration order).
+    rkeys: Vec<u32>,
+    lkeys: Vec<u32>,
+    _rdma: Option<Box<dyn Any + Send + Sync>>,
     // Keeps engine-allocated memory (heap or an exported shm mapping) alive
     // for as long as any handle or in-flight task holds this region.
     _owner: Option<Box<dyn Any + Send + Sync>>,
@@ -55,8 +61,36 @@ impl MemRegion {
             key: fresh_key(),
             base,
             len,
+            rkeys: Vec::new(),
+            lkeys: Vec::new(),
+            _rdma: None,
             _owner: owner,
         }
+    }
+
+    /// The same region, registered for RDMA: `rkeys` / `lkeys` per NIC,
+    /// `registration` keeping them valid.
+    pub(crate) fn with_rdma(
+        mut self,
+        rkeys: Vec<u32>,
+        lkeys: Vec<u32>,
+        registration: Box<dyn Any + Send + Sync>,
+    ) -> MemRegion {
+        self.rkeys = rkeys;
+        self.lkeys = lkeys;
+        self._rdma = Some(registration);
+        self
+    }
+
+    /// Remote keys on each RDMA NIC (empty without RDMA).
+    pub fn rkeys(&self) -> &[u32] {
+        &self.rkeys
+    }
+
+    /// Local key on RDMA NIC `nic`.
+    #[inline]
+    pub fn lkey(&self, nic: usize) -> Option<u32> {
+        self.lkeys.get(nic).copied()
     }
 
     /// Region id (what an SQE names).

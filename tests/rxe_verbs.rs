@@ -338,3 +338,42 @@ fn rxe_nic_set_opens_every_rail_and_registers_on_all_of_them() {
     drop(reg);
     println!("RXE-OK NicSet: {names:?}");
 }
+
+#[test]
+fn rxe_an_engine_registers_its_memory_on_every_nic_and_advertises_the_rkeys() {
+    if !in_guest() {
+        return;
+    }
+    let mut c = tent::Config::default();
+    c.workers.count = 1;
+    c.workers.pin = false;
+    let e = tent::Engine::new(c).unwrap();
+    let a = e.allocate_memory(1 << 20).unwrap();
+    let b = e.allocate_memory(4096).unwrap();
+    let d =
+        tent::control::fetch_descriptor(&e.segment_name(), None, std::time::Duration::from_secs(5))
+            .unwrap();
+    let names: Vec<_> = d.nics.iter().map(|n| n.name.clone()).collect();
+    assert_eq!(names, rails());
+    for buf in [&a, &b] {
+        let r = d.regions.iter().find(|r| r.addr == buf.addr()).unwrap();
+        assert_eq!(r.rkeys.len(), names.len(), "an rkey per NIC");
+        assert!(r.rkeys.iter().all(|&k| k != 0));
+    }
+    // The engine still moves data (over its local path) with RDMA opened.
+    let mut ring = e.ring().unwrap();
+    ring.submission()
+        .push(tent::op::Write::new(
+            tent::LocalAddr::new(a.id(), 0),
+            tent::RemoteAddr::new(tent::SegmentId::LOCAL, b.addr()),
+            4096,
+        ))
+        .unwrap();
+    assert_eq!(
+        ring.wait_one(std::time::Duration::from_secs(10))
+            .unwrap()
+            .result(),
+        Ok(4096)
+    );
+    println!("RXE-OK engine descriptor: NICs {names:?}, an rkey per NIC per region");
+}

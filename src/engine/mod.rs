@@ -42,6 +42,8 @@ pub(crate) struct EngineShared {
     pub gate: Arc<dyn SendGate>,
     /// The TCP transport, when it is the one installed (segments attach to it).
     pub tcp: Option<Arc<TcpTransport>>,
+    /// The RDMA NICs in use (memory is registered on each).
+    pub rdma: Option<Arc<crate::rdma::NicSet>>,
 }
 
 #[inline]
@@ -135,16 +137,29 @@ impl EngineBuilder {
             None
         };
 
-        if config.transports.rdma.enable {
-            // The RDMA transport is not built yet; say what this machine has
-            // (once per engine), so a user knows which path data will take.
+        // Say once what RDMA this machine has. With devices, open them and
+        // register memory on them (rkeys go into the descriptor); the RDMA
+        // transport that posts on them is not in this version yet.
+        let rdma = if config.transports.rdma.enable {
             match crate::sys::devices() {
-                Ok(devs) => {
-                    tracing::info!(devices = ?devs, "RDMA devices found; the rdma transport is not in this version, using TCP/SHM")
+                Err(why) => {
+                    tracing::info!("{why}");
+                    None
                 }
-                Err(why) => tracing::info!("{why}"),
+                Ok(_) => match crate::rdma::NicSet::open(&[], None) {
+                    Ok(set) => {
+                        tracing::info!(nics = ?set.entries().iter().map(|n| n.name.clone()).collect::<Vec<_>>(), "RDMA NICs opened; memory is registered on them (the rdma transport is not in this version: data moves over TCP/SHM)");
+                        Some(Arc::new(set))
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "RDMA unavailable; using TCP/SHM");
+                        None
+                    }
+                },
             }
-        }
+        } else {
+            None
+        };
         let transports = TransportSlots::default();
         let wakers = Arc::new(crate::doorbell::Wakers::new(config.workers.count as usize));
         let ctx = InstallContext {
@@ -191,6 +206,7 @@ impl EngineBuilder {
                 .is_some_and(|i| std::ptr::addr_eq(Arc::as_ptr(&i.transport), Arc::as_ptr(t)))
         });
         let shared = Arc::new(EngineShared {
+            rdma,
             tcp,
             regions,
             segments,
@@ -299,14 +315,18 @@ impl Engine {
             Some(export) => {
                 let mem = export.allocate(len)?;
                 let ptr = mem.data_ptr();
-                let region = Arc::new(MemRegion::new(id, ptr, len, Some(Box::new(mem.clone()))));
+                let region = MemRegion::new(id, ptr, len, Some(Box::new(mem.clone())));
+                // SAFETY: the region owns the mapping, which outlives its RDMA registration (dropped first).
+                let region = Arc::new(unsafe { self.register_rdma(region, ptr, len)? });
                 export.publish(&mem, id, len, region.key())?;
                 region
             }
             None => {
                 let heap = HeapMemory::new(len)?;
                 let ptr = heap.ptr;
-                Arc::new(MemRegion::new(id, ptr, len, Some(Box::new(heap))))
+                let region = MemRegion::new(id, ptr, len, Some(Box::new(heap)));
+                // SAFETY: as above, for the anonymous mapping.
+                Arc::new(unsafe { self.register_rdma(region, ptr, len)? })
             }
         };
         self.shared
@@ -329,11 +349,27 @@ impl Engine {
         }
         let _g = self.registry.lock().expect("registry poisoned");
         let table = self.shared.regions.load_full();
-        let region = Arc::new(MemRegion::new(table.next_id(), ptr, len, None));
+        let region = MemRegion::new(table.next_id(), ptr, len, None);
+        // SAFETY: the caller keeps the memory mapped while it is registered.
+        let region = Arc::new(unsafe { self.register_rdma(region, ptr, len)? });
         self.shared
             .regions
             .store(Arc::new(table.with(region.clone())?));
         Ok(Buffer { region })
+    }
+
+    /// Register `region` on every RDMA NIC (a no-op without RDMA).
+    ///
+    /// # Safety
+    /// `[ptr, ptr+len)` must stay mapped while the region lives.
+    unsafe fn register_rdma(&self, region: MemRegion, ptr: *mut u8, len: u64) -> Result<MemRegion> {
+        let Some(nics) = &self.shared.rdma else {
+            return Ok(region);
+        };
+        // SAFETY: forwarded from the caller.
+        let reg = unsafe { nics.register(ptr, len as usize)? };
+        let lkeys = (0..nics.nics().len()).filter_map(|i| reg.lkey(i)).collect();
+        Ok(region.with_rdma(reg.rkeys(), lkeys, Box::new(reg)))
     }
 
     /// Withdraw a registration: new requests naming it fail with
@@ -733,6 +769,11 @@ fn start_control(
         (!cfg.rpc_shared_secret.is_empty()).then(|| cfg.rpc_shared_secret.as_bytes().to_vec());
     let host_id = crate::control::host_id();
     let (regions, transports) = (shared.regions.clone(), shared.clone());
+    let nics = shared
+        .rdma
+        .as_ref()
+        .map(|n| n.entries())
+        .unwrap_or_default();
     let describe = move |addr: std::net::SocketAddr| -> Arc<crate::control::server::DescriptorFn> {
         let name = addr.to_string();
         Arc::new(move || crate::control::SegmentDescriptor {
@@ -748,7 +789,7 @@ fn start_control(
                     addr: r.addr(),
                     len: r.len(),
                     key: r.key(),
-                    rkeys: Vec::new(),
+                    rkeys: r.rkeys().to_vec(),
                 })
                 .collect(),
             transports: transports
@@ -758,7 +799,7 @@ fn start_control(
                 .map(|k| k as u8)
                 .collect(),
             rails: rails.clone(),
-            nics: Vec::new(),
+            nics: nics.clone(),
         })
     };
     let server = crate::control::ControlServer::start(
