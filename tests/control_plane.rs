@@ -204,3 +204,21 @@ fn wrong_version_unknown_type_and_a_silent_peer_are_closed() {
         "silent peer dropped after {waited:?}"
     );
 }
+
+#[test]
+fn qp_connect_to_an_engine_without_rdma_is_unreachable_and_says_why() {
+    let target = common::engine();
+    let e = tent::control::connect_qp(
+        &target.segment_name(),
+        None,
+        Duration::from_secs(5),
+        "rxe0",
+        "rxe0",
+        tent::control::wire::QpBootstrap::default(),
+    )
+    .unwrap_err();
+    if tent::sys::devices().is_err() {
+        assert_eq!(e.kind(), ErrorKind::Unreachable, "{e}");
+        assert!(e.to_string().contains("serves no RDMA"), "{e}");
+    }
+}

@@ -377,3 +377,98 @@ fn rxe_an_engine_registers_its_memory_on_every_nic_and_advertises_the_rkeys() {
     );
     println!("RXE-OK engine descriptor: NICs {names:?}, an rkey per NIC per region");
 }
+
+#[test]
+fn rxe_qp_bootstrap_over_the_control_plane_then_one_sided_write_and_read_into_an_engine() {
+    if !in_guest() {
+        return;
+    }
+    use std::time::Duration;
+    use tent::control::{connect_qp, fetch_descriptor};
+    use tent::rdma::NicSet;
+    use tent::rdma::responder::{bootstrap, endpoint};
+    let mut c = tent::Config::default();
+    c.workers.count = 1;
+    c.workers.pin = false;
+    let target = tent::Engine::new(c).unwrap();
+    let len = 1 << 20;
+    let remote = target.allocate_memory(len).unwrap();
+    let name = target.segment_name();
+    let d = fetch_descriptor(&name, None, Duration::from_secs(5)).unwrap();
+    let nic = d.nics.iter().position(|n| n.name == "rxe0").unwrap();
+    let rkey = d
+        .regions
+        .iter()
+        .find(|r| r.addr == remote.addr())
+        .unwrap()
+        .rkeys[nic];
+
+    // The initiator's side: its own context, PD, CQ and QP on rxe0.
+    let mine = NicSet::open(&["rxe0".to_owned()], None).unwrap();
+    let n0 = &mine.nics()[0];
+    let cq = CompletionQueue::new(&n0.ctx, 64).unwrap();
+    let qp = QueuePair::new(&n0.pd, &cq, n0.port, Some(n0.gid_index), 64).unwrap();
+    // An unknown NIC on the target is refused with the NICs it has.
+    let e = connect_qp(
+        &name,
+        None,
+        Duration::from_secs(5),
+        "rxe0",
+        "mlx5_7",
+        bootstrap(&qp.endpoint().unwrap()),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("have: rxe0"), "{e}");
+    let theirs = connect_qp(
+        &name,
+        None,
+        Duration::from_secs(5),
+        "rxe0",
+        "rxe0",
+        bootstrap(&qp.endpoint().unwrap()),
+    )
+    .unwrap();
+    qp.connect(&endpoint(&theirs)).unwrap();
+
+    let mut src = pattern(21, len as usize);
+    let mut back = vec![0u8; len as usize];
+    // SAFETY: the buffers outlive their registrations (dropped below first).
+    let (s, b) = unsafe {
+        (
+            MemoryRegion::new(&n0.pd, src.as_mut_ptr(), src.len()).unwrap(),
+            MemoryRegion::new(&n0.pd, back.as_mut_ptr(), back.len()).unwrap(),
+        )
+    };
+    let w = RdmaOp {
+        wr_id: 1,
+        opcode: Opcode::Write,
+        local: src.as_mut_ptr(),
+        len: len as u32,
+        lkey: s.lkey(),
+        remote: remote.addr(),
+        rkey,
+    };
+    // SAFETY: src is registered and lives until the completion.
+    unsafe { qp.post(&w) }.unwrap();
+    assert_eq!(wait(&cq, 1), tent::sys::ffi::ibv_wc_status::IBV_WC_SUCCESS);
+    let mut got = vec![0u8; len as usize];
+    remote.read(0, &mut got).unwrap();
+    assert!(got == src, "WRITE landed in the engine's memory");
+    let r = RdmaOp {
+        wr_id: 2,
+        opcode: Opcode::Read,
+        local: back.as_mut_ptr(),
+        len: len as u32,
+        lkey: b.lkey(),
+        remote: remote.addr(),
+        rkey,
+    };
+    // SAFETY: back is registered and lives until the completion.
+    unsafe { qp.post(&r) }.unwrap();
+    assert_eq!(wait(&cq, 2), tent::sys::ffi::ibv_wc_status::IBV_WC_SUCCESS);
+    assert!(back == src, "READ came back");
+    drop((s, b));
+    println!(
+        "RXE-OK QP bootstrap over the control plane: 1 MiB WRITE + READ into an engine's registered memory"
+    );
+}

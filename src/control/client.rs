@@ -6,7 +6,7 @@ use std::time::Duration;
 use tent_rings::ErrorKind;
 
 use super::auth;
-use super::wire::{self, Message, SegmentDescriptor, WireError};
+use super::wire::{self, Message, QpBootstrap, SegmentDescriptor, WireError};
 use crate::error::{Error, Result};
 
 /// Does `name` look like a p2p segment name (`ip:port`)?
@@ -35,6 +35,42 @@ pub fn fetch_descriptor(
     secret: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<SegmentDescriptor> {
+    let mut s = session(peer, secret, timeout)?;
+    wire::write_message(&mut s, &Message::GetDescriptor).map_err(|e| wire_err(peer, e))?;
+    match read(&mut s, peer)? {
+        Message::Descriptor(d) => Ok(d),
+        other => Err(unexpected(peer, "Descriptor", other)),
+    }
+}
+
+/// Ask `peer` to connect an RC QP from our `initiator_nic` (whose end is
+/// `local`) to its `target_nic`; its end comes back, already connected.
+pub fn connect_qp(
+    peer: &str,
+    secret: Option<&[u8]>,
+    timeout: Duration,
+    initiator_nic: &str,
+    target_nic: &str,
+    local: QpBootstrap,
+) -> Result<QpBootstrap> {
+    let mut s = session(peer, secret, timeout)?;
+    wire::write_message(
+        &mut s,
+        &Message::QpConnect {
+            initiator_nic: initiator_nic.to_owned(),
+            target_nic: target_nic.to_owned(),
+            qp: local,
+        },
+    )
+    .map_err(|e| wire_err(peer, e))?;
+    match read(&mut s, peer)? {
+        Message::QpAccept { qp } => Ok(qp),
+        other => Err(unexpected(peer, "QpAccept", other)),
+    }
+}
+
+/// An open, authenticated control connection to `peer`.
+fn session(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> Result<TcpStream> {
     let addr = peer
         .to_socket_addrs()
         .ok()
@@ -101,11 +137,7 @@ pub fn fetch_descriptor(
         }
         (false, None) => {}
     }
-    wire::write_message(&mut s, &Message::GetDescriptor).map_err(|e| wire_err(peer, e))?;
-    match read(&mut s, peer)? {
-        Message::Descriptor(d) => Ok(d),
-        other => Err(unexpected(peer, "Descriptor", other)),
-    }
+    Ok(s)
 }
 
 fn read(s: &mut TcpStream, peer: &str) -> Result<Message> {

@@ -10,7 +10,7 @@ pub mod client;
 pub mod server;
 pub mod wire;
 
-pub use client::{fetch_descriptor, is_p2p_name};
+pub use client::{connect_qp, fetch_descriptor, is_p2p_name};
 pub use server::ControlServer;
 pub use wire::{RegionEntry, SegmentDescriptor};
 

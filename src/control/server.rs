@@ -15,7 +15,7 @@ use std::time::Duration;
 use tent_rings::ErrorKind;
 
 use super::auth;
-use super::wire::{self, Message, SegmentDescriptor, WireError};
+use super::wire::{self, Message, QpBootstrap, SegmentDescriptor, WireError};
 use crate::error::{Error, Result};
 
 /// Connections served at once; more are closed at accept.
@@ -25,6 +25,10 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Produces the current descriptor of the local segment.
 pub type DescriptorFn = dyn Fn() -> SegmentDescriptor + Send + Sync;
+
+/// Connects an RC QP for a peer: (initiator NIC, target NIC, initiator's
+/// end) → this side's end, already connected.
+pub type QpConnectFn = dyn Fn(&str, &str, &QpBootstrap) -> Result<QpBootstrap> + Send + Sync;
 
 /// A running control server; stops when dropped.
 pub struct ControlServer {
@@ -50,6 +54,18 @@ impl ControlServer {
         secret: Option<Vec<u8>>,
         describe: impl FnOnce(SocketAddr) -> Arc<DescriptorFn>,
     ) -> Result<ControlServer> {
+        Self::start_with_qp(host, port, secret, describe, None)
+    }
+
+    /// [`ControlServer::start`], also answering `QpConnect` with `qp`
+    /// (without it, such a request gets an `Unreachable` error).
+    pub fn start_with_qp(
+        host: &str,
+        port: u16,
+        secret: Option<Vec<u8>>,
+        describe: impl FnOnce(SocketAddr) -> Arc<DescriptorFn>,
+        qp: Option<Arc<QpConnectFn>>,
+    ) -> Result<ControlServer> {
         let listener = TcpListener::bind((host, port)).map_err(|e| {
             Error::new(
                 ErrorKind::InvalidArgument,
@@ -66,7 +82,7 @@ impl ControlServer {
         let secret = secret.map(Arc::new);
         let thread = std::thread::Builder::new()
             .name(format!("tent-control-{}", addr.port()))
-            .spawn(move || accept_loop(listener, stop2, secret, describe))
+            .spawn(move || accept_loop(listener, stop2, secret, describe, qp))
             .map_err(|e| {
                 Error::new(ErrorKind::OutOfMemory, "spawn control server").with_source(e)
             })?;
@@ -100,6 +116,7 @@ fn accept_loop(
     stop: Arc<AtomicBool>,
     secret: Option<Arc<Vec<u8>>>,
     describe: Arc<DescriptorFn>,
+    qp: Option<Arc<QpConnectFn>>,
 ) {
     let active = Arc::new(AtomicUsize::new(0));
     for conn in listener.incoming() {
@@ -123,10 +140,12 @@ fn accept_loop(
             continue;
         }
         let (secret, describe, active) = (secret.clone(), describe.clone(), active.clone());
+        let qp = qp.clone();
         let spawned = std::thread::Builder::new()
             .name("tent-control-conn".into())
             .spawn(move || {
-                if let Err(why) = serve(stream, secret.as_deref().map(Vec::as_slice), &*describe) {
+                let secret = secret.as_deref().map(Vec::as_slice);
+                if let Err(why) = serve(stream, secret, &*describe, qp.as_deref()) {
                     tracing::warn!(%peer, reason = %why, "control: closing connection");
                 }
                 active.fetch_sub(1, Ordering::AcqRel);
@@ -155,6 +174,7 @@ fn serve(
     mut s: TcpStream,
     secret: Option<&[u8]>,
     describe: &DescriptorFn,
+    qp: Option<&QpConnectFn>,
 ) -> std::result::Result<(), Close> {
     s.set_read_timeout(Some(IO_TIMEOUT))
         .map_err(WireError::Io)?;
@@ -207,7 +227,27 @@ fn serve(
             Message::GetDescriptor => {
                 wire::write_message(&mut s, &Message::Descriptor(describe()))?
             }
-            other => return Err(unexpected(&mut s, "GetDescriptor", &other)),
+            Message::QpConnect {
+                initiator_nic,
+                target_nic,
+                qp: theirs,
+            } => {
+                // A refused QP is an answer, not a protocol error: the
+                // connection stays open for another request.
+                let reply = match qp.map(|f| f(&initiator_nic, &target_nic, &theirs)) {
+                    Some(Ok(ours)) => Message::QpAccept { qp: ours },
+                    Some(Err(e)) => Message::Error {
+                        code: e.kind().code(),
+                        text: e.to_string(),
+                    },
+                    None => Message::Error {
+                        code: ErrorKind::Unreachable.code(),
+                        text: "this engine serves no RDMA".into(),
+                    },
+                };
+                wire::write_message(&mut s, &reply)?
+            }
+            other => return Err(unexpected(&mut s, "GetDescriptor or QpConnect", &other)),
         }
     }
 }

@@ -802,11 +802,20 @@ fn start_control(
             nics: nics.clone(),
         })
     };
-    let server = crate::control::ControlServer::start(
+    let qp = shared.rdma.as_ref().map(|nics| {
+        let r = crate::rdma::Responder::new(nics.clone());
+        Arc::new(
+            move |ini: &str, tgt: &str, theirs: &crate::control::wire::QpBootstrap| {
+                r.accept(ini, tgt, theirs)
+            },
+        ) as Arc<crate::control::server::QpConnectFn>
+    });
+    let server = crate::control::ControlServer::start_with_qp(
         &cfg.rpc_server_hostname,
         cfg.rpc_server_port,
         secret,
         describe,
+        qp,
     )?;
     Ok(server)
 }
