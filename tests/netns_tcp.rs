@@ -166,6 +166,23 @@ fn field<'a>(result: &'a str, key: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {key} in {result}"))
 }
 
+/// One 64 MiB READ across the namespaces with rail 1 set down 300 ms in:
+/// the initiator's RESULT line, and how long after the link went down it
+/// came.
+fn read_with_rail_1_down(ns: &Netns) -> (String, Duration) {
+    let size = 64 << 20;
+    let (target, name) = ns.target(size);
+    let (mut init, mut out) = ns.initiator(&name, "one", size);
+    line_with(&mut out, "STARTED");
+    std::thread::sleep(Duration::from_millis(300));
+    let down = ns.rail_down(1);
+    let result = line_with(&mut out, "RESULT ");
+    let after = down.elapsed();
+    assert!(init.wait().unwrap().success());
+    target.stop();
+    (result, after)
+}
+
 #[test]
 fn netns_tcp_two_rails_survive_one_going_down_mid_transfer() {
     // 2 × 300 Mbit: a 64 MiB READ takes about a second, so the rail goes
@@ -173,15 +190,7 @@ fn netns_tcp_two_rails_survive_one_going_down_mid_transfer() {
     let Some(ns) = Netns::up("tt", 2, Some("300mbit")) else {
         return;
     };
-    let size = 64 << 20;
-    let (target, name) = ns.target(size);
-    let (mut init, mut out) = ns.initiator(&name, "one", size);
-    line_with(&mut out, "STARTED");
-    std::thread::sleep(Duration::from_millis(300));
-    ns.rail_down(1);
-    let result = line_with(&mut out, "RESULT ");
-    assert!(init.wait().unwrap().success());
-    target.stop();
+    let (result, _) = read_with_rail_1_down(&ns);
     assert_eq!(field(&result, "verified="), "true", "{result}");
     assert_eq!(field(&result, "results="), "Ok", "{result}");
     let _ = std::io::stderr()
@@ -193,16 +202,7 @@ fn netns_tcp_only_rail_down_fails_route_lost_within_the_deadline() {
     let Some(ns) = Netns::up("tr", 1, Some("200mbit")) else {
         return;
     };
-    let size = 64 << 20;
-    let (target, name) = ns.target(size);
-    let (mut init, mut out) = ns.initiator(&name, "one", size);
-    line_with(&mut out, "STARTED");
-    std::thread::sleep(Duration::from_millis(300));
-    let down = ns.rail_down(1);
-    let result = line_with(&mut out, "RESULT ");
-    let after = down.elapsed();
-    assert!(init.wait().unwrap().success());
-    target.stop();
+    let (result, after) = read_with_rail_1_down(&ns);
     assert_eq!(field(&result, "results="), "RouteLost", "{result}");
     // The deadline is 30 s; the link watch makes it much sooner.
     assert!(after < Duration::from_secs(10), "{after:?}");

@@ -87,12 +87,21 @@ fn pair(dev: &str) -> Pair {
     let port = ctx.port(1).unwrap();
     assert_eq!(port.state, 4, "{dev} port 1 not ACTIVE");
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 256).unwrap();
-    let a = QueuePair::new(&pd, &cq, 1, None, 128).unwrap();
-    let b = QueuePair::new(&pd, &cq, 1, None, 128).unwrap();
-    a.connect(&b.endpoint().unwrap()).unwrap();
-    b.connect(&a.endpoint().unwrap()).unwrap();
+    let (cq, a, b) = connected(&pd, 128).unwrap();
     Pair { pd, cq, a, _b: b }
+}
+
+/// A fresh CQ and two QPs on `pd` connected to each other.
+fn connected(
+    pd: &Arc<ProtectionDomain>,
+    depth: u32,
+) -> tent::Result<(Arc<CompletionQueue>, QueuePair, QueuePair)> {
+    let cq = CompletionQueue::new(pd.context(), 256)?;
+    let a = QueuePair::new(pd, &cq, 1, None, depth)?;
+    let b = QueuePair::new(pd, &cq, 1, None, depth)?;
+    a.connect(&b.endpoint()?)?;
+    b.connect(&a.endpoint()?)?;
+    Ok((cq, a, b))
 }
 
 fn wait(cq: &CompletionQueue, wr_id: u64) -> tent::sys::ffi::ibv_wc_status {
@@ -228,11 +237,7 @@ struct Loopback {
 
 impl tent::rdma::QueueSource for Loopback {
     fn connect(&mut self) -> tent::Result<tent::rdma::Queue> {
-        let cq = CompletionQueue::new(self.pd.context(), 256)?;
-        let a = QueuePair::new(&self.pd, &cq, 1, None, 64)?;
-        let b = QueuePair::new(&self.pd, &cq, 1, None, 64)?;
-        a.connect(&b.endpoint()?)?;
-        b.connect(&a.endpoint()?)?;
+        let (cq, a, b) = connected(&self.pd, 64)?;
         Ok(tent::rdma::Queue {
             qp: a.as_raw(),
             cq: cq.as_raw(),

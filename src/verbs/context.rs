@@ -45,7 +45,7 @@ pub struct PortInfo {
 impl Context {
     /// Open the device called `name`; an unknown name lists those found.
     pub fn open(name: &str) -> Result<Arc<Context>> {
-        let lib = sys::verbs().map_err(|u| Error::new(ErrorKind::LocalNicFailed, u.to_string()))?;
+        let lib = super::lib()?;
         let mut n = 0;
         // SAFETY: `n` is a valid out-parameter; NULL is handled.
         let list = unsafe { lib.ibv_get_device_list(&mut n) };
@@ -117,7 +117,7 @@ impl Context {
 
     /// Port 1-based `port`'s state, MTU and GID table size.
     pub fn port(&self, port: u8) -> Result<PortInfo> {
-        let lib = sys::verbs().map_err(|u| Error::new(ErrorKind::LocalNicFailed, u.to_string()))?;
+        let lib = super::lib()?;
         let mut a = ffi::ibv_port_attr::default();
         // SAFETY: `self.raw` is live for self's lifetime.
         let rc = unsafe { ops::query_port(lib, self.raw, port, &mut a) };
@@ -134,7 +134,7 @@ impl Context {
 
     /// GID `index` of `port`.
     pub fn gid(&self, port: u8, index: i32) -> Result<[u8; 16]> {
-        let lib = sys::verbs().map_err(|u| Error::new(ErrorKind::LocalNicFailed, u.to_string()))?;
+        let lib = super::lib()?;
         let mut g = ffi::ibv_gid::default();
         // SAFETY: `self.raw` is live; `g` is writable.
         let rc = unsafe { lib.ibv_query_gid(self.raw, port, index, &mut g) };

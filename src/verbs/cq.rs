@@ -2,10 +2,8 @@
 
 use std::sync::Arc;
 
-use tent_rings::ErrorKind;
-
 use super::{Context, verb_error};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::sys::{self, ffi, ops};
 
 /// A completion queue (`ibv_create_cq`), destroyed on drop.
@@ -22,7 +20,7 @@ unsafe impl Sync for CompletionQueue {}
 impl CompletionQueue {
     /// A CQ of at least `depth` entries on `ctx`.
     pub fn new(ctx: &Arc<Context>, depth: i32) -> Result<Arc<CompletionQueue>> {
-        let lib = sys::verbs().map_err(|u| Error::new(ErrorKind::LocalNicFailed, u.to_string()))?;
+        let lib = super::lib()?;
         // SAFETY: `ctx.raw` is live; no completion channel, vector 0.
         let raw = unsafe {
             lib.ibv_create_cq(

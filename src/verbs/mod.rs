@@ -20,7 +20,13 @@ pub use qp::{QpEndpoint, QueuePair, RdmaOp};
 
 use tent_rings::ErrorKind;
 
-use crate::error::Error;
+use crate::error::{Error, Result};
+use crate::sys::{self, ffi};
+
+/// The loaded verbs library, or why RDMA cannot be used (as an error).
+pub(crate) fn lib() -> Result<&'static ffi::IbvLib> {
+    sys::verbs().map_err(|u| Error::new(ErrorKind::LocalNicFailed, u.to_string()))
+}
 
 /// The error of verb `verb` on `device`, from `errno` (or `rc` when the verb
 /// returns it directly, as `ibv_modify_qp` does).

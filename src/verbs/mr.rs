@@ -2,10 +2,8 @@
 
 use std::sync::Arc;
 
-use tent_rings::ErrorKind;
-
 use super::{ProtectionDomain, verb_error};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::sys::{self, ffi};
 
 /// Registered memory (`ibv_reg_mr`), deregistered on drop.
@@ -29,7 +27,7 @@ impl MemoryRegion {
         addr: *mut u8,
         len: usize,
     ) -> Result<MemoryRegion> {
-        let lib = sys::verbs().map_err(|u| Error::new(ErrorKind::LocalNicFailed, u.to_string()))?;
+        let lib = super::lib()?;
         let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
             | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ;

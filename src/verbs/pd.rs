@@ -2,10 +2,8 @@
 
 use std::sync::Arc;
 
-use tent_rings::ErrorKind;
-
 use super::{Context, verb_error};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::sys::{self, ffi};
 
 /// A protection domain (`ibv_alloc_pd`), freed on drop.
@@ -22,7 +20,7 @@ unsafe impl Sync for ProtectionDomain {}
 impl ProtectionDomain {
     /// Allocate a PD on `ctx`.
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<ProtectionDomain>> {
-        let lib = sys::verbs().map_err(|u| Error::new(ErrorKind::LocalNicFailed, u.to_string()))?;
+        let lib = super::lib()?;
         // SAFETY: `ctx.raw` is a live context.
         let raw = unsafe { lib.ibv_alloc_pd(ctx.raw) };
         if raw.is_null() {

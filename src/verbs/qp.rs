@@ -70,7 +70,7 @@ impl QueuePair {
         gid_index: Option<i32>,
         depth: u32,
     ) -> Result<QueuePair> {
-        let lib = verbs()?;
+        let lib = super::lib()?;
         let ctx = pd.context();
         let (gid_index, gid) = ctx.choose_gid(port, gid_index)?;
         let depth = depth.clamp(1, ctx.max_qp_wr().max(1));
@@ -248,7 +248,7 @@ impl QueuePair {
         mask: ffi::ibv_qp_attr_mask,
         verb: &str,
     ) -> Result<()> {
-        let lib = verbs()?;
+        let lib = super::lib()?;
         // SAFETY: `raw` is live; `a` is a valid attribute block for `mask`.
         let rc = unsafe { lib.ibv_modify_qp(self.raw, a, mask.0 as i32) };
         if rc != 0 {
@@ -265,10 +265,6 @@ impl Drop for QueuePair {
             unsafe { lib.ibv_destroy_qp(self.raw) };
         }
     }
-}
-
-fn verbs() -> Result<&'static ffi::IbvLib> {
-    sys::verbs().map_err(|u| Error::new(ErrorKind::LocalNicFailed, u.to_string()))
 }
 
 /// A random 24-bit starting PSN (a stale packet from an old QP must not

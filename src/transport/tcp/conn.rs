@@ -359,8 +359,7 @@ impl Sender {
         tune(&stream, self.conn.user_timeout_ms);
         let hello = || -> std::io::Result<Hello> {
             stream.set_read_timeout(Some(self.conn.connect_timeout))?;
-            // SAFETY: no payload (null, length 0).
-            unsafe { io::send_all(&stream, &Hello { status: 0 }.encode(), std::ptr::null(), 0)? };
+            io::send_header(&stream, &Hello { status: 0 }.encode())?;
             let h = io::recv_header::<HELLO_LEN>(&stream)?.ok_or(std::io::ErrorKind::TimedOut)?;
             stream.set_read_timeout(None)?;
             Hello::decode(&h).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))

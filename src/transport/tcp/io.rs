@@ -64,6 +64,12 @@ pub unsafe fn send_all(
     Ok(())
 }
 
+/// Send a frame that has no payload.
+pub fn send_header(sock: &impl AsRawFd, header: &[u8]) -> io::Result<()> {
+    // SAFETY: no payload: a null pointer with length 0 is never read.
+    unsafe { send_all(sock, header, std::ptr::null(), 0) }
+}
+
 /// Receive exactly `len` bytes into `dst`.
 ///
 /// # Safety

@@ -225,13 +225,10 @@ fn serve(
         let refuse = Hello {
             status: ErrorKind::InvalidArgument.code(),
         };
-        // SAFETY: no payload (null, length 0).
-        let _ = unsafe { io::send_all(s, &refuse.encode(), std::ptr::null(), 0) };
+        let _ = io::send_header(s, &refuse.encode());
         return Err(format!("bad hello: {e}"));
     }
-    // SAFETY: no payload (null, length 0).
-    unsafe { io::send_all(s, &Hello { status: 0 }.encode(), std::ptr::null(), 0) }
-        .map_err(|e| format!("hello reply: {e}"))?;
+    io::send_header(s, &Hello { status: 0 }.encode()).map_err(|e| format!("hello reply: {e}"))?;
     s.set_read_timeout(Some(IDLE_POLL))
         .map_err(|e| e.to_string())?;
 
@@ -257,16 +254,12 @@ fn serve(
                 unsafe { io::recv_exact(s, ptr, req.len as usize) }
                     .map_err(|e| format!("WRITE payload: {e}"))?;
                 resp.len = req.len;
-                // SAFETY: no payload (null, length 0).
-                unsafe { io::send_all(s, &resp.encode(), std::ptr::null(), 0) }
-                    .map_err(|e| format!("WRITE response: {e}"))?;
+                io::send_header(s, &resp.encode()).map_err(|e| format!("WRITE response: {e}"))?;
             }
             (Opcode::Write, Err(why)) => {
                 io::discard(s, req.len).map_err(|e| format!("refused WRITE payload: {e}"))?;
                 tracing::debug!(addr = req.addr, len = req.len, %why, "tcp WRITE refused");
-                // SAFETY: no payload (null, length 0).
-                unsafe { io::send_all(s, &resp.encode(), std::ptr::null(), 0) }
-                    .map_err(|e| format!("WRITE response: {e}"))?;
+                io::send_header(s, &resp.encode()).map_err(|e| format!("WRITE response: {e}"))?;
             }
             (Opcode::Read, Ok(ptr)) => {
                 resp.len = req.len;
@@ -276,9 +269,7 @@ fn serve(
             }
             (Opcode::Read, Err(why)) => {
                 tracing::debug!(addr = req.addr, len = req.len, %why, "tcp READ refused");
-                // SAFETY: no payload (null, length 0).
-                unsafe { io::send_all(s, &resp.encode(), std::ptr::null(), 0) }
-                    .map_err(|e| format!("READ response: {e}"))?;
+                io::send_header(s, &resp.encode()).map_err(|e| format!("READ response: {e}"))?;
             }
         }
     }
