@@ -144,8 +144,20 @@ pub struct TcpConfig {
 /// rails, QoS, slice spraying, SQ flow control).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RdmaConfig {
-    /// `transports/rdma/enable`. Not yet in effect.
+    /// `transports/rdma/enable`.
     pub enable: bool,
+    /// `transports/rdma/devices`: comma-separated RDMA device names; empty =
+    /// every device found (see [`RdmaConfig::device_list`]).
+    pub devices: String,
+    /// `transports/rdma/gid_index`: `"auto"` (first non-zero GID) or a GID
+    /// table index (see [`RdmaConfig::gid`]).
+    pub gid_index: String,
+    /// `transports/rdma/slice_size`: bytes per RDMA slice (clamped to the
+    /// NICs' max message size).
+    pub slice_size: u64,
+    /// `transports/rdma/qp_depth`: send work requests per QP (clamped to
+    /// the NIC's `max_qp_wr`).
+    pub qp_depth: u32,
     /// `transports/rdma/rail_error_threshold`: failures inside the window
     /// that pause a rail. Not yet in effect.
     pub rail_error_threshold: u32,
@@ -230,6 +242,23 @@ pub struct RdmaConfig {
     /// (`MORI_IO_SQ_ENABLE_EXPERIMENTAL_CAPACITY`): required by the
     /// `capacity` split policy. Not yet in effect.
     pub sq_enable_experimental_capacity: bool,
+}
+
+impl RdmaConfig {
+    /// The devices named by `transports/rdma/devices` (empty: all).
+    pub fn device_list(&self) -> Vec<String> {
+        self.devices
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The GID index asked for (`None`: choose automatically).
+    pub fn gid(&self) -> Option<i32> {
+        self.gid_index.parse().ok()
+    }
 }
 
 /// How a batch is split across QPs under SQ admission
@@ -396,6 +425,10 @@ enum StrRule {
     AbsolutePath,
     /// Empty, or a POSIX shared-memory name (`shm_open` wants a leading `/`).
     EmptyOrShmName,
+    /// Empty, or comma-separated device names (`[A-Za-z0-9_.-]+` each).
+    DeviceList,
+    /// `"auto"` or a GID table index (0..=65535).
+    AutoOrIndex,
 }
 
 impl Kind {
@@ -670,8 +703,16 @@ schema! {
     "transports/tcp/slice_size" => transports.tcp.slice_size: uint(4096, 1 << 30), "262144", LIVE,
         "Bytes per slice over TCP (each slice costs one request and one response).";
     // transports/rdma: failover rails (seed 000)
-    "transports/rdma/enable" => transports.rdma.enable: Kind::Bool, "true", LATER,
-        "Enable the RDMA transport.";
+    "transports/rdma/enable" => transports.rdma.enable: Kind::Bool, "true", LIVE,
+        "Enable the RDMA transport (used when the machine has RDMA devices).";
+    "transports/rdma/devices" => transports.rdma.devices: Kind::Str(StrRule::DeviceList), "\"\"", LIVE,
+        "Comma-separated RDMA device names, e.g. \"mlx5_0,mlx5_1\"; empty = every device found.";
+    "transports/rdma/gid_index" => transports.rdma.gid_index: Kind::Str(StrRule::AutoOrIndex), "\"auto\"", LIVE,
+        "GID table index used on every device, or \"auto\" for the first non-zero GID.";
+    "transports/rdma/slice_size" => transports.rdma.slice_size: uint(4096, 1 << 30), "65536", LIVE,
+        "Bytes per RDMA slice (clamped to the devices' max message size).";
+    "transports/rdma/qp_depth" => transports.rdma.qp_depth: uint(1, 1 << 16), "256", LIVE,
+        "Send work requests per QP (clamped to the device's max_qp_wr).";
     "transports/rdma/rail_error_threshold" => transports.rdma.rail_error_threshold: uint(1, 1_000_000), "3", LATER,
         "Failures inside rail_error_window_secs that pause a rail.";
     "transports/rdma/rail_error_window_secs" => transports.rdma.rail_error_window_secs: uint(1, 86_400), "10", LATER,
@@ -828,6 +869,10 @@ fn blank() -> Config {
             },
             rdma: RdmaConfig {
                 enable: false,
+                devices: String::new(),
+                gid_index: String::new(),
+                slice_size: 0,
+                qp_depth: 0,
                 rail_error_threshold: 0,
                 rail_error_window_secs: 0,
                 rail_cooldown_secs: 0,
@@ -1202,6 +1247,23 @@ fn check_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, Conf
                     Some(
                         "must be empty (single-process mode) or a shared-memory name like /mooncake_rdma_slots",
                     )
+                }
+                StrRule::DeviceList
+                    if s.split(',').any(|d| {
+                        let d = d.trim();
+                        d.is_empty()
+                            || d.len() > 64
+                            || !d
+                                .bytes()
+                                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+                    }) && !s.is_empty() =>
+                {
+                    Some(
+                        "must be empty (every device) or device names separated by commas, like \"mlx5_0,mlx5_1\"",
+                    )
+                }
+                StrRule::AutoOrIndex if s != "auto" && s.parse::<u16>().is_err() => {
+                    Some("must be \"auto\" or a GID index 0..=65535")
                 }
                 _ => None,
             };
@@ -1838,6 +1900,28 @@ mod tests {
     }
 
     #[test]
+    fn rdma_device_list_and_gid_index_are_checked() {
+        let c =
+            parse(r#"{"transports": {"rdma": {"devices": " mlx5_0, mlx5_1 ", "gid_index": "3"}}}"#)
+                .unwrap();
+        assert_eq!(c.transports.rdma.device_list(), ["mlx5_0", "mlx5_1"]);
+        assert_eq!(c.transports.rdma.gid(), Some(3));
+        let d = Config::default();
+        assert!(d.transports.rdma.device_list().is_empty());
+        assert_eq!(d.transports.rdma.gid(), None, "auto");
+        for bad in [
+            r#"{"transports": {"rdma": {"devices": "mlx5_0,,mlx5_1"}}}"#,
+            r#"{"transports": {"rdma": {"devices": "mlx5 0"}}}"#,
+            r#"{"transports": {"rdma": {"gid_index": "-1"}}}"#,
+            r#"{"transports": {"rdma": {"gid_index": "first"}}}"#,
+            r#"{"transports": {"rdma": {"gid_index": 3}}}"#,
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains("transports/rdma/"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn out_of_range_values_are_range_errors() {
         let cases = [
             (
@@ -2205,6 +2289,10 @@ mod tests {
             Kind::Str(StrRule::EmptyOrSecret) => "([a-z0-9]{16,24})?".prop_map(Value::from).boxed(),
             Kind::Str(StrRule::AbsolutePath) => "/[a-z_/]{0,12}".prop_map(Value::from).boxed(),
             Kind::Str(StrRule::EmptyOrShmName) => "(/[a-z_]{1,12})?".prop_map(Value::from).boxed(),
+            Kind::Str(StrRule::DeviceList) => "([a-z0-9_]{1,8}(,[a-z0-9_]{1,8}){0,2})?"
+                .prop_map(Value::from)
+                .boxed(),
+            Kind::Str(StrRule::AutoOrIndex) => "(auto|[0-9]{1,2})".prop_map(Value::from).boxed(),
             Kind::Choice(names) => proptest::sample::select(names)
                 .prop_map(Value::from)
                 .boxed(),

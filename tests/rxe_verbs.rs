@@ -283,6 +283,7 @@ fn rxe_a_remote_access_error_fails_one_op_and_the_rest_complete_after_reposting(
                 d.rkey()
             },
             reposts: 0,
+            ctx: 0,
         }));
     }
     let mut results = vec![None; n];
@@ -475,5 +476,333 @@ fn rxe_qp_bootstrap_over_the_control_plane_then_one_sided_write_and_read_into_an
     drop((s, b));
     println!(
         "RXE-OK QP bootstrap over the control plane: 1 MiB WRITE + READ into an engine's registered memory"
+    );
+}
+
+// ---- the engine over RDMA: two engines in one guest process, the
+// initiator without shm (and, unless said, without tcp), so every byte
+// moves over the rxe rails.
+
+fn rdma_engine(tcp: bool, edit: impl FnOnce(&mut tent::Config)) -> tent::Engine {
+    let mut c = tent::Config::default();
+    c.workers.count = 1;
+    c.workers.pin = false;
+    c.transports.shm.enable = false;
+    c.transports.tcp.enable = tcp;
+    c.default_timeout_ms = 20_000;
+    edit(&mut c);
+    tent::Engine::new(c).unwrap()
+}
+
+/// Run one op through a ring and wait for its CQE.
+fn one_op(ring: &mut tent::Ring, op: impl Into<tent::Sqe>) -> tent::Cqe {
+    ring.submission().push(op.into()).unwrap();
+    ring.submit().unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(c) = ring.completion().next() {
+            return c;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "no CQE"
+        );
+        std::thread::yield_now();
+    }
+}
+
+fn read_op(local: &tent::Buffer, seg: tent::SegmentId, remote: u64, len: u64) -> tent::Sqe {
+    tent::op::Read::new(
+        tent::LocalAddr::new(local.id(), 0),
+        tent::RemoteAddr::new(seg, remote),
+        len,
+    )
+    .into()
+}
+
+fn write_op(local: &tent::Buffer, seg: tent::SegmentId, remote: u64, len: u64) -> tent::Sqe {
+    tent::op::Write::new(
+        tent::LocalAddr::new(local.id(), 0),
+        tent::RemoteAddr::new(seg, remote),
+        len,
+    )
+    .into()
+}
+
+#[test]
+fn rxe_engine_reads_and_writes_over_rdma_on_every_rail_with_data_verified() {
+    if !in_guest() {
+        return;
+    }
+    let target = rdma_engine(true, |_| {});
+    let init = rdma_engine(false, |_| {});
+    assert!(init.transports().contains(&tent::TransportKind::Rdma));
+    let len = 8u64 << 20;
+    let remote = target.allocate_memory(len).unwrap();
+    let local = init.allocate_memory(len).unwrap();
+    let seg = init.open_segment(&target.segment_name()).unwrap();
+    let mut ring = init.ring().unwrap();
+    for (i, size) in [8u64, 4096, 65_537, 1 << 20, 8 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let want = pattern(i as u8 + 1, size as usize);
+        remote.write(0, &want).unwrap();
+        local.write(0, &vec![0u8; size as usize]).unwrap();
+        let c = one_op(&mut ring, read_op(&local, seg, remote.addr(), size));
+        assert_eq!(c.result(), Ok(size), "READ {size}");
+        assert_eq!(c.transport(), tent::TransportKind::Rdma);
+        let mut got = vec![0u8; size as usize];
+        local.read(0, &mut got).unwrap();
+        assert!(got == want, "READ {size}: data");
+
+        let want = pattern(i as u8 + 60, size as usize);
+        local.write(0, &want).unwrap();
+        let c = one_op(&mut ring, write_op(&local, seg, remote.addr(), size));
+        assert_eq!(c.result(), Ok(size), "WRITE {size}");
+        assert_eq!(c.transport(), tent::TransportKind::Rdma);
+        remote.read(0, &mut got).unwrap();
+        assert!(got == want, "WRITE {size}: data");
+    }
+    let rails = init.rails(seg);
+    assert_eq!(rails.len(), rails_count(), "{rails:?}");
+    for r in &rails {
+        assert!(r.bytes > 0, "every rail carried slices: {rails:?}");
+    }
+    println!("RXE-OK engine READ/WRITE 8 B .. 8 MiB over RDMA, data verified; rails {rails:?}");
+}
+
+fn rails_count() -> usize {
+    rails().len()
+}
+
+#[test]
+fn rxe_engine_a_length_above_the_nics_max_message_size_is_sliced_not_rejected() {
+    if !in_guest() {
+        return;
+    }
+    let probe = tent::rdma::NicSet::open(&[], None).unwrap();
+    let max = probe.nics().iter().map(|n| n.max_msg).min().unwrap() as u64;
+    drop(probe);
+    // Ask for slices far above what the NIC takes: they are clamped to
+    // its max message size.
+    let target = rdma_engine(true, |_| {});
+    let init = rdma_engine(false, |c| c.transports.rdma.slice_size = 1 << 30);
+    if max > 32 << 20 {
+        // A NIC whose messages go past what this guest can allocate twice:
+        // the clamp alone is checked.
+        println!("RXE-OK max message size {max} B: beyond this guest's memory; clamp only");
+        return;
+    }
+    let len = 2 * max + 4096;
+    let remote = target.allocate_memory(len).unwrap();
+    let local = init.allocate_memory(len).unwrap();
+    let want = pattern(77, len as usize);
+    local.write(0, &want).unwrap();
+    let seg = init.open_segment(&target.segment_name()).unwrap();
+    let mut ring = init.ring().unwrap();
+    let c = one_op(&mut ring, write_op(&local, seg, remote.addr(), len));
+    assert_eq!(
+        c.result(),
+        Ok(len),
+        "a {len} B WRITE over NICs of {max} B messages"
+    );
+    let mut got = vec![0u8; len as usize];
+    remote.read(0, &mut got).unwrap();
+    assert!(got == want);
+    println!("RXE-OK {len} B op over NICs whose max message is {max} B: sliced, data verified");
+}
+
+fn ip(args: &[&str]) {
+    let s = std::process::Command::new("/usr/bin/ip")
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(s.success(), "ip {args:?}");
+}
+
+fn port_active(dev: &str) -> bool {
+    std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/state"))
+        .is_ok_and(|s| s.contains("ACTIVE"))
+}
+
+#[test]
+fn rxe_engine_a_rail_whose_link_goes_down_moves_its_slices_to_the_other_rail() {
+    if !in_guest() || rails_count() < 2 {
+        return;
+    }
+    use std::time::{Duration, Instant};
+    let target = rdma_engine(true, |_| {});
+    let init = rdma_engine(false, |_| {});
+    let len = 32u64 << 20;
+    let remote = target.allocate_memory(len).unwrap();
+    let want = pattern(9, len as usize);
+    remote.write(0, &want).unwrap();
+    let local = init.allocate_memory(len).unwrap();
+    let seg = init.open_segment(&target.segment_name()).unwrap();
+    let mut ring = init.ring().unwrap();
+    // Warm up both rails (QPs connected) so the transfer below is quick to
+    // start and rail 1 is surely in use when its link drops.
+    let c = one_op(&mut ring, read_op(&local, seg, remote.addr(), 1 << 20));
+    assert_eq!(c.result(), Ok(1 << 20));
+
+    let before = init.rails(seg);
+    local.write(0, &vec![0u8; len as usize]).unwrap();
+    ring.submission()
+        .push(read_op(&local, seg, remote.addr(), len))
+        .unwrap();
+    ring.submit().unwrap();
+    // Wait until rail 1 is carrying this transfer, then pull its link.
+    let start = Instant::now();
+    while init.rails(seg)[1].bytes == before[1].bytes {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "rail 1 never used"
+        );
+        std::hint::spin_loop();
+    }
+    let down_at = Instant::now();
+    ip(&["link", "set", "dummy1", "down"]);
+    let c = loop {
+        if let Some(c) = ring.completion().next() {
+            break c;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "no CQE");
+        std::thread::yield_now();
+    };
+    let took = down_at.elapsed();
+    assert_eq!(
+        c.result(),
+        Ok(len),
+        "the READ completes on the surviving rail"
+    );
+    let mut got = vec![0u8; len as usize];
+    local.read(0, &mut got).unwrap();
+    assert!(got == want, "data verified");
+    let after = init.rails(seg);
+    assert!(!after[1].up, "rail 1 seen down: {after:?}");
+    let moved = after[1].moved - before[1].moved;
+
+    // With the link down, new work uses rail 0 only.
+    let mid = init.rails(seg);
+    let c = one_op(&mut ring, read_op(&local, seg, remote.addr(), 4 << 20));
+    assert_eq!(c.result(), Ok(4 << 20));
+    let end = init.rails(seg);
+    assert_eq!(end[1].bytes, mid[1].bytes, "nothing on the down rail");
+    assert!(end[0].bytes >= mid[0].bytes + (4 << 20));
+
+    // Restore the rail for the tests after this one.
+    ip(&["link", "set", "dummy1", "up"]);
+    let t = Instant::now();
+    while !(port_active("rxe1") && init.rails(seg)[1].up) {
+        assert!(t.elapsed() < Duration::from_secs(20), "rxe1 back up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!(
+        "RXE-OK rail 1 link down mid-READ: {moved} slices moved to rail 0, 32 MiB verified {:.1} ms after `ip link set down`",
+        took.as_secs_f64() * 1e3
+    );
+    assert!(
+        moved > 0 || took < Duration::from_millis(5),
+        "rail 1 held slices when its link dropped, so some must have moved ({after:?})"
+    );
+}
+
+#[test]
+fn rxe_engine_bad_input_gets_typed_errors() {
+    if !in_guest() {
+        return;
+    }
+    // Unknown NIC name in config: the error lists the NICs found.
+    let mut c = tent::Config::default();
+    c.workers.pin = false;
+    c.transports.rdma.devices = "mlx5_9".into();
+    let e = tent::Engine::new(c.clone()).unwrap_err();
+    assert!(
+        e.to_string().contains("mlx5_9") && e.to_string().contains("rxe0"),
+        "{e}"
+    );
+    // GID index out of range, and one inside the table with no address.
+    c.transports.rdma.devices = "rxe0".into();
+    c.transports.rdma.gid_index = "65535".into();
+    let e = tent::Engine::new(c.clone()).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+    c.transports.rdma.gid_index = "200".into();
+    let e = tent::Engine::new(c).unwrap_err();
+    assert!(e.to_string().contains("is empty"), "{e}");
+
+    let target = rdma_engine(true, |_| {});
+    let len = 4u64 << 20;
+    let remote = target.allocate_memory(len).unwrap();
+    let want = pattern(31, len as usize);
+    remote.write(0, &want).unwrap();
+    let name = target.segment_name();
+
+    // A descriptor whose rkeys were forged to zero: refused before any
+    // work request is built (no QP is even connected).
+    let init = rdma_engine(false, |_| {});
+    let local = init.allocate_memory(len).unwrap();
+    let seg = init
+        .open_segment_edited(&name, |d| {
+            for r in &mut d.regions {
+                r.rkeys.iter_mut().for_each(|k| *k = 0);
+            }
+        })
+        .unwrap();
+    let mut ring = init.ring().unwrap();
+    let c = one_op(&mut ring, read_op(&local, seg, remote.addr(), len));
+    assert_eq!(c.result(), Err(ErrorKind::AccessDenied));
+    assert!(init.rails(seg).iter().all(|r| r.bytes == 0));
+    // Outside every region, and past the end of one.
+    let c = one_op(
+        &mut ring,
+        read_op(&local, seg, remote.addr() + len + (1 << 30), 8),
+    );
+    assert_eq!(c.result(), Err(ErrorKind::AddressNotRegistered));
+    let c = one_op(&mut ring, read_op(&local, seg, remote.addr() + len - 4, 8));
+    assert_eq!(c.result(), Err(ErrorKind::OutOfBounds));
+    init.close_segment(seg).unwrap();
+
+    // A descriptor with no rkey for the second NIC: slices avoid that rail.
+    let seg = init
+        .open_segment_edited(&name, |d| {
+            for r in &mut d.regions {
+                r.rkeys.truncate(1);
+            }
+        })
+        .unwrap();
+    let c = one_op(&mut ring, read_op(&local, seg, remote.addr(), len));
+    assert_eq!(c.result(), Ok(len));
+    let mut got = vec![0u8; len as usize];
+    local.read(0, &mut got).unwrap();
+    assert!(got == want);
+    let rails = init.rails(seg);
+    assert!(rails[0].bytes >= len, "{rails:?}");
+    assert!(rails.iter().skip(1).all(|r| r.bytes == 0), "{rails:?}");
+
+    // Deregistering a region with an op in flight: the op holds the region
+    // (and its memory registration) until it completes, so it is drained,
+    // not cut off; new requests naming it are refused.
+    let big = init.allocate_memory(len).unwrap();
+    ring.submission()
+        .push(read_op(&big, seg, remote.addr(), len))
+        .unwrap();
+    ring.submit().unwrap();
+    init.unregister_memory(big.id()).unwrap();
+    let start = std::time::Instant::now();
+    let c = loop {
+        if let Some(c) = ring.completion().next() {
+            break c;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(60));
+        std::thread::yield_now();
+    };
+    assert_eq!(c.result(), Ok(len), "drained, not cut off");
+    big.read(0, &mut got).unwrap();
+    assert!(got == want);
+    let c = one_op(&mut ring, read_op(&big, seg, remote.addr(), 8));
+    assert_eq!(c.result(), Err(ErrorKind::AddressNotRegistered));
+    println!(
+        "RXE-OK bad input: unknown NIC, GID index, forged rkeys, bounds, missing NIC rkey, deregister in flight"
     );
 }

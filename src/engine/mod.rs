@@ -24,7 +24,10 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::memory::{MemRegion, RegionTable};
 use crate::qos::{OpenGate, SendGate};
-use crate::segment::{RemoteRegion, Segment, SegmentKind, SegmentTable, ShmExport, ShmPeer};
+use crate::rdma::RdmaTransport;
+use crate::segment::{
+    Attachment, RemoteRegion, Segment, SegmentKind, SegmentTable, ShmExport, ShmPeer,
+};
 use crate::topology::{Topology, pin_current_thread};
 use crate::transport::local::LocalTransport;
 use crate::transport::shm::ShmTransport;
@@ -44,6 +47,8 @@ pub(crate) struct EngineShared {
     pub tcp: Option<Arc<TcpTransport>>,
     /// The RDMA NICs in use (memory is registered on each).
     pub rdma: Option<Arc<crate::rdma::NicSet>>,
+    /// The RDMA transport, when it is the one installed.
+    pub rdma_transport: Option<Arc<RdmaTransport>>,
 }
 
 #[inline]
@@ -137,25 +142,31 @@ impl EngineBuilder {
             None
         };
 
-        // Say once what RDMA this machine has. With devices, open them and
-        // register memory on them (rkeys go into the descriptor); the RDMA
-        // transport that posts on them is not in this version yet.
+        // Say once what RDMA this machine has; with devices, open them (the
+        // named ones, or all), register memory on them (rkeys go into the
+        // descriptor) and post on them. A device named in the config that
+        // is not there, or a GID index out of range, is a config error.
         let rdma = if config.transports.rdma.enable {
             match crate::sys::devices() {
                 Err(why) => {
                     tracing::info!("{why}");
                     None
                 }
-                Ok(_) => match crate::rdma::NicSet::open(&[], None) {
-                    Ok(set) => {
-                        tracing::info!(nics = ?set.entries().iter().map(|n| n.name.clone()).collect::<Vec<_>>(), "RDMA NICs opened; memory is registered on them (the rdma transport is not in this version: data moves over TCP/SHM)");
-                        Some(Arc::new(set))
+                Ok(_) => {
+                    let r = &config.transports.rdma;
+                    let named = r.device_list();
+                    match crate::rdma::NicSet::open(&named, r.gid()) {
+                        Ok(set) => {
+                            tracing::info!(nics = ?set.entries().iter().map(|n| n.name.clone()).collect::<Vec<_>>(), "RDMA NICs opened");
+                            Some(Arc::new(set))
+                        }
+                        Err(e) if !named.is_empty() || r.gid().is_some() => return Err(e),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "RDMA unavailable; using TCP/SHM");
+                            None
+                        }
                     }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "RDMA unavailable; using TCP/SHM");
-                        None
-                    }
-                },
+                }
             }
         } else {
             None
@@ -167,6 +178,12 @@ impl EngineBuilder {
             wakers: wakers.clone(),
         };
         let mut wanted: Vec<Arc<dyn Transport>> = Vec::new();
+        let rdma_t = rdma
+            .as_ref()
+            .map(|nics| Arc::new(RdmaTransport::new(&config, nics.clone())));
+        if let Some(t) = &rdma_t {
+            wanted.push(t.clone());
+        }
         if config.transports.local.enable {
             wanted.push(Arc::new(LocalTransport::new(regions.clone())));
         }
@@ -198,15 +215,19 @@ impl EngineBuilder {
         }
 
         // Ours only if a builder-supplied transport did not take its slot.
-        let tcp = tcp.filter(|t| {
+        let ours = |kind: TransportKind, p: *const ()| {
             transports
-                .slot(TransportKind::Tcp)
+                .slot(kind)
                 .load()
                 .as_ref()
-                .is_some_and(|i| std::ptr::addr_eq(Arc::as_ptr(&i.transport), Arc::as_ptr(t)))
-        });
+                .is_some_and(|i| std::ptr::addr_eq(Arc::as_ptr(&i.transport), p))
+        };
+        let tcp = tcp.filter(|t| ours(TransportKind::Tcp, Arc::as_ptr(t) as *const ()));
+        let rdma_transport =
+            rdma_t.filter(|t| ours(TransportKind::Rdma, Arc::as_ptr(t) as *const ()));
         let shared = Arc::new(EngineShared {
             rdma,
+            rdma_transport,
             tcp,
             regions,
             segments,
@@ -412,9 +433,32 @@ impl Engine {
         }
     }
 
+    /// The RDMA rails to an open segment, with their counters (empty when
+    /// RDMA does not reach it).
+    pub fn rails(&self, id: SegmentId) -> Vec<crate::transport::RailStat> {
+        self.shared
+            .segments
+            .load()
+            .get(id)
+            .and_then(|s| crate::rdma::transport::peer_of(s).map(|p| p.rail_stats()))
+            .unwrap_or_default()
+    }
+
     /// Open a segment by name (`"local"` or this engine's own name is
     /// segment 0). Opening the same name twice returns the same id.
     pub fn open_segment(&self, name: &str) -> Result<SegmentId> {
+        self.open_segment_edited(name, |_| {})
+    }
+
+    /// [`Engine::open_segment`] with the peer's descriptor passed through
+    /// `edit` first: how tests present a forged or partial descriptor (a
+    /// zeroed rkey, a NIC without keys) to the transports.
+    #[doc(hidden)]
+    pub fn open_segment_edited(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut crate::control::SegmentDescriptor),
+    ) -> Result<SegmentId> {
         if name == "local" || Some(name) == self.local_segment_name() || name == self.segment_name()
         {
             return Ok(SegmentId::LOCAL);
@@ -424,15 +468,15 @@ impl Engine {
         if let Some(s) = table.find_name(name) {
             return Ok(s.id());
         }
-        let (kind, tcp) = if crate::control::is_p2p_name(name) {
-            self.open_p2p(name)?
+        let (kind, attached) = if crate::control::is_p2p_name(name) {
+            self.open_p2p(name, edit)?
         } else {
-            (self.open_shm(name)?, None)
+            (self.open_shm(name)?, Vec::new())
         };
         let id = table.next_id();
         let mut seg = Segment::new(id, name.to_owned(), kind);
-        if let Some(peer) = tcp {
-            seg = seg.with_attachment(TransportKind::Tcp, peer);
+        for (k, peer) in attached {
+            seg = seg.with_attachment(k, peer);
         }
         let seg = Arc::new(seg);
         self.shared.segments.store(Arc::new(table.with(seg)));
@@ -458,22 +502,40 @@ impl Engine {
     }
 
     /// Fetch the descriptor from the peer's control server; on the same
-    /// host with shm exported, reach it through shared memory.
-    fn open_p2p(&self, name: &str) -> Result<(SegmentKind, Option<Arc<tcp::TcpPeer>>)> {
+    /// host with shm exported, reach it through shared memory; else attach
+    /// every network transport both ends have, best first (RDMA, TCP).
+    fn open_p2p(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut crate::control::SegmentDescriptor),
+    ) -> Result<(SegmentKind, Vec<(TransportKind, Attachment)>)> {
         let cfg = &self.shared.config;
         let secret =
             (!cfg.rpc_shared_secret.is_empty()).then_some(cfg.rpc_shared_secret.as_bytes());
         let timeout = Duration::from_millis(cfg.default_timeout_ms.min(10_000));
-        let desc = crate::control::fetch_descriptor(name, secret, timeout)?;
+        let mut desc = crate::control::fetch_descriptor(name, secret, timeout)?;
+        edit(&mut desc);
         if cfg.transports.shm.enable
             && desc.host_id == crate::control::host_id()
             && let Some(shm) = &desc.shm_name
         {
             match self.open_shm(shm) {
-                Ok(kind) => return Ok((kind, None)),
+                Ok(kind) => return Ok((kind, Vec::new())),
                 // Same kernel, different /dev/shm (another mount namespace).
                 Err(e) => {
                     tracing::info!(segment = name, error = %e, "peer on this host but its shm segment is not visible here")
+                }
+            }
+        }
+        let mut attached: Vec<(TransportKind, Attachment)> = Vec::new();
+        let offers_rdma = desc.transports.contains(&(TransportKind::Rdma as u8));
+        if let Some(t) = &self.shared.rdma_transport
+            && offers_rdma
+        {
+            match t.attach(name, &desc) {
+                Ok(peer) => attached.push((TransportKind::Rdma, peer)),
+                Err(e) => {
+                    tracing::warn!(segment = name, error = %e, "peer offers rdma but no rail pairs with it")
                 }
             }
         }
@@ -490,13 +552,16 @@ impl Engine {
             },
             _ => None,
         };
-        if tcp.is_none() {
+        if let Some(peer) = tcp {
+            attached.push((TransportKind::Tcp, peer));
+        }
+        if attached.is_empty() {
             tracing::warn!(
                 segment = name,
                 "no transport reaches this peer; its requests will fail Unreachable"
             );
         }
-        Ok((SegmentKind::Remote(Arc::new(desc)), tcp))
+        Ok((SegmentKind::Remote(Arc::new(desc)), attached))
     }
 
     /// Close a segment; requests naming it afterwards fail with `SegmentNotFound`.

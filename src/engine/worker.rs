@@ -478,10 +478,12 @@ impl Worker {
             let len = slice.min(t.len - t.posted);
             let offset = t.posted;
             let segment = t.segment.as_deref().expect("live task has a segment");
+            let region = t.local_region.as_deref().expect("live task has a region");
             let slice = Slice {
                 token: t.token(i),
                 opcode: t.opcode,
                 local: t.local.wrapping_add(offset as usize),
+                region,
                 segment,
                 remote: t.remote + offset,
                 len,

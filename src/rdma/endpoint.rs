@@ -53,6 +53,10 @@ pub struct RdmaSlice {
     pub rkey: u32,
     /// Times flushed and re-posted so far.
     pub reposts: u8,
+    /// The caller's own context, echoed in the completion (the RDMA
+    /// transport keeps the local region there, to find its lkey on another
+    /// rail).
+    pub ctx: usize,
 }
 
 /// A slice's end.
@@ -62,6 +66,8 @@ pub struct RdmaCompletion {
     pub token: u64,
     /// Bytes moved, or why not.
     pub result: std::result::Result<u64, ErrorKind>,
+    /// The slice itself (so a failed one can be posted on another rail).
+    pub slice: RdmaSlice,
 }
 
 /// A QP and the CQ it completes into, with whatever keeps them alive.
@@ -100,6 +106,8 @@ pub struct Endpoint {
     sges: Vec<ffi::ibv_sge>,
     wcs: Vec<ffi::ibv_wc>,
     replacements: u64,
+    /// A QP was connected before (a new one is then a replacement).
+    connected_once: bool,
 }
 
 // SAFETY: the raw QP/CQ pointers are owned by `queue.owner`; an endpoint is used by one worker at a time.
@@ -122,9 +130,46 @@ impl Endpoint {
             sges: vec![ffi::ibv_sge::default(); MAX_BATCH],
             wcs: vec![ffi::ibv_wc::default(); POLL_BATCH],
             replacements: 0,
+            connected_once: true,
         };
         e.queue = Some(e.source.connect()?);
         Ok(e)
+    }
+
+    /// An endpoint that connects its first QP when it first has work to
+    /// post (in [`Endpoint::flush`], on the posting worker), so peers and
+    /// rails never used cost no QP.
+    pub fn lazy(source: Box<dyn QueueSource>, depth: u32, backlog: usize) -> Endpoint {
+        Endpoint {
+            queue: None,
+            source,
+            credits: CreditPool::new(depth.max(1), 0),
+            backlog: VecDeque::with_capacity(backlog.max(1)),
+            posted: VecDeque::with_capacity(depth.max(1) as usize),
+            next_seq: 1,
+            since_signal: 0,
+            signal_every: (depth / 2).max(1),
+            wrs: vec![ffi::ibv_send_wr::default(); MAX_BATCH],
+            sges: vec![ffi::ibv_sge::default(); MAX_BATCH],
+            wcs: vec![ffi::ibv_wc::default(); POLL_BATCH],
+            replacements: 0,
+            connected_once: false,
+        }
+    }
+
+    /// Is a QP connected now?
+    pub fn is_connected(&self) -> bool {
+        self.queue.is_some()
+    }
+
+    /// Give up this endpoint's QP (its rail is gone) and hand every slice
+    /// queued or in flight to `out`, oldest first, for another rail. The QP
+    /// is destroyed first, so nothing posted on it can still land.
+    pub fn evacuate(&mut self, out: &mut impl FnMut(RdmaSlice)) {
+        self.break_queue();
+        while let Some(s) = self.backlog.pop_front() {
+            out(s);
+        }
     }
 
     /// Queue `slice`; `false` if the backlog is full (the caller holds
@@ -158,11 +203,14 @@ impl Endpoint {
             match self.source.connect() {
                 Ok(q) => {
                     self.queue = Some(q);
-                    self.replacements += 1;
-                    tracing::info!(
-                        replacements = self.replacements,
-                        "rdma: QP replaced; re-posting flushed work"
-                    );
+                    if self.connected_once {
+                        self.replacements += 1;
+                        tracing::info!(
+                            replacements = self.replacements,
+                            "rdma: QP replaced; re-posting flushed work"
+                        );
+                    }
+                    self.connected_once = true;
                 }
                 Err(e) => {
                     // No QP to post on: everything waiting fails.
@@ -171,6 +219,7 @@ impl Endpoint {
                         done(RdmaCompletion {
                             token: s.token,
                             result: Err(kind),
+                            slice: s,
                         });
                     }
                     return;
@@ -285,6 +334,7 @@ impl Endpoint {
                         done(RdmaCompletion {
                             token: p.slice.token,
                             result: Err(kind),
+                            slice: p.slice,
                         });
                     }
                     tracing::warn!(%kind, "rdma: work request failed; QP in error");
@@ -304,6 +354,7 @@ impl Endpoint {
             done(RdmaCompletion {
                 token: p.slice.token,
                 result: Ok(p.slice.len as u64),
+                slice: p.slice,
             });
         }
     }
@@ -333,6 +384,7 @@ impl Endpoint {
                 done(RdmaCompletion {
                     token: s.token,
                     result: Err(ErrorKind::Unreachable),
+                    slice: s,
                 });
             } else {
                 i += 1;

@@ -1,6 +1,7 @@
-//! The RDMA transport's building blocks (the transport itself, with its
-//! endpoint cache and QP bootstrap over the control plane, comes next).
+//! The RDMA transport and its building blocks.
 //!
+//! - [`transport`]: [`RdmaTransport`], rails (local NIC, remote NIC) to each
+//!   peer, per-worker endpoints, rkey checks, moves between rails.
 //! - [`endpoint`]: one QP to a peer's NIC: SQ credits, linked WR lists with
 //!   selective signalling, completions, QP replacement with re-post.
 //! - [`nic`]: the NICs in use (context, PD, port, GID) and memory
@@ -11,8 +12,10 @@
 pub mod endpoint;
 pub mod nic;
 pub mod responder;
+pub mod transport;
 pub mod wc;
 
 pub use endpoint::{Endpoint, Queue, QueueSource, RdmaCompletion, RdmaSlice};
 pub use nic::{Nic, NicSet, Registration};
 pub use responder::Responder;
+pub use transport::{RdmaPeer, RdmaRail, RdmaTransport};

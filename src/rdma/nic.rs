@@ -3,6 +3,7 @@
 //! registered on all of them at once (one rkey per NIC for the descriptor).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tent_rings::ErrorKind;
 
@@ -30,6 +31,24 @@ pub struct Nic {
     pub lid: u16,
     /// Active MTU (an `ibv_mtu` value).
     pub mtu: u32,
+    /// Largest message one work request may carry.
+    pub max_msg: u32,
+    /// The network device under the GID in use (RoCE), whose link state
+    /// is the rail's: `(name, ifindex)`.
+    pub netdev: Option<(String, u32)>,
+    /// Link state, kept by the RDMA transport's link watch; a rail whose
+    /// local NIC is down takes no new slices.
+    pub up: AtomicBool,
+}
+
+impl Nic {
+    /// Is the NIC's link up?
+    #[inline]
+    pub fn is_up(&self) -> bool {
+        // Relaxed: a hint; a slice posted just as the link drops is moved
+        // to another rail when its endpoint is evacuated.
+        self.up.load(Ordering::Relaxed)
+    }
 }
 
 impl std::fmt::Debug for Nic {
@@ -106,6 +125,9 @@ impl NicSet {
             gid,
             lid: port.lid,
             mtu: port.active_mtu,
+            max_msg: port.max_msg_sz.max(4096),
+            netdev: netdev_of(name, PORT, gid_index),
+            up: AtomicBool::new(true),
         })
     }
 
@@ -144,6 +166,20 @@ impl NicSet {
         }
         Ok(Registration { mrs })
     }
+}
+
+/// The network device a RoCE GID belongs to, from sysfs
+/// (`ports/<p>/gid_attrs/ndevs/<i>`); `None` on InfiniBand.
+fn netdev_of(dev: &str, port: u8, gid_index: i32) -> Option<(String, u32)> {
+    let base = std::path::Path::new("/sys/class/infiniband").join(dev);
+    let path = base.join(format!("ports/{port}/gid_attrs/ndevs/{gid_index}"));
+    let name = std::fs::read_to_string(path).ok()?.trim().to_owned();
+    let index = std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some((name, index))
 }
 
 /// Memory registered on every NIC of a [`NicSet`]; deregistered on drop.

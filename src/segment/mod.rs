@@ -35,34 +35,44 @@ pub struct Segment {
     id: SegmentId,
     name: String,
     kind: SegmentKind,
-    /// The network transport that reaches a `Remote` segment, and its state.
-    net: Option<(TransportKind, Attachment)>,
+    /// The network transports that reach a `Remote` segment, best first,
+    /// each with its per-peer state.
+    net: Vec<(TransportKind, Attachment)>,
+    /// The ranked fallback list (`net`'s kinds, or the one local kind).
+    ranked: Vec<TransportKind>,
 }
 
 impl Segment {
     /// A segment record.
     pub fn new(id: SegmentId, name: String, kind: SegmentKind) -> Segment {
+        let ranked = match &kind {
+            SegmentKind::Local => vec![TransportKind::Local],
+            SegmentKind::Shm(_) => vec![TransportKind::Shm],
+            SegmentKind::Remote(_) => Vec::new(),
+        };
         Segment {
             id,
             name,
             kind,
-            net: None,
+            net: Vec::new(),
+            ranked,
         }
     }
 
-    /// The same segment, reached over `kind` with its per-peer state.
+    /// The same segment, also reached over `kind` with its per-peer state;
+    /// attachments rank in the order they are added (best first).
     pub fn with_attachment(mut self, kind: TransportKind, state: Attachment) -> Segment {
-        self.net = Some((kind, state));
+        if matches!(self.kind, SegmentKind::Remote(_)) && !self.ranked.contains(&kind) {
+            self.net.push((kind, state));
+            self.ranked.push(kind);
+        }
         self
     }
 
     /// The state `kind` keeps for this segment, if `kind` reaches it.
     #[inline]
     pub fn attachment(&self, kind: TransportKind) -> Option<&Attachment> {
-        match &self.net {
-            Some((k, a)) if *k == kind => Some(a),
-            _ => None,
-        }
+        self.net.iter().find(|(k, _)| *k == kind).map(|(_, a)| a)
     }
 
     /// Its id (what an SQE names).
@@ -90,13 +100,9 @@ impl Segment {
 
     /// Transports that reach this segment, best first (the ranked fallback
     /// list that a task's `xport_priority` indexes).
-    pub fn transports(&self) -> &'static [TransportKind] {
-        match (&self.kind, &self.net) {
-            (SegmentKind::Local, _) => &[TransportKind::Local],
-            (SegmentKind::Shm(_), _) => &[TransportKind::Shm],
-            (SegmentKind::Remote(_), Some((TransportKind::Tcp, _))) => &[TransportKind::Tcp],
-            (SegmentKind::Remote(_), _) => &[],
-        }
+    #[inline]
+    pub fn transports(&self) -> &[TransportKind] {
+        &self.ranked
     }
 }
 

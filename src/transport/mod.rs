@@ -44,6 +44,9 @@ pub struct Slice<'a> {
     pub opcode: Opcode,
     /// Local memory, already checked against the local registration.
     pub local: *mut u8,
+    /// The registered region `local` lies in (its RDMA lkeys); the task
+    /// holds it until every slice of it has completed.
+    pub region: &'a crate::memory::MemRegion,
     /// The segment the remote side belongs to.
     pub segment: &'a Segment,
     /// Remote address inside the segment.
@@ -52,6 +55,23 @@ pub struct Slice<'a> {
     pub len: u64,
     /// The rail (local device, remote device) chosen for this slice.
     pub rail: u16,
+}
+
+/// One rail to a peer as the application may watch it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RailStat {
+    /// The transport it belongs to.
+    pub transport: TransportKind,
+    /// Local device (NIC or interface).
+    pub local: String,
+    /// Remote device.
+    pub remote: String,
+    /// Is its link up?
+    pub up: bool,
+    /// Bytes it has carried.
+    pub bytes: u64,
+    /// Slices moved off it to a sibling rail.
+    pub moved: u64,
 }
 
 /// What became of one submitted slice.

@@ -40,6 +40,8 @@ pub struct PortInfo {
     pub lid: u16,
     /// GID table length.
     pub gid_table_len: i32,
+    /// Largest message one work request may carry.
+    pub max_msg_sz: u32,
 }
 
 impl Context {
@@ -129,6 +131,7 @@ impl Context {
             active_mtu: a.active_mtu.0,
             lid: a.lid,
             gid_table_len: a.gid_tbl_len,
+            max_msg_sz: a.max_msg_sz,
         })
     }
 
@@ -145,8 +148,8 @@ impl Context {
         Ok(unsafe { g.raw })
     }
 
-    /// The GID index to use on `port`: `wanted` if given (checked against
-    /// the table), else the first non-zero entry.
+    /// The GID index to use on `port`: `wanted` if given (inside the table
+    /// and not empty), else the first non-zero entry.
     pub fn choose_gid(&self, port: u8, wanted: Option<i32>) -> Result<(i32, [u8; 16])> {
         let info = self.port(port)?;
         if let Some(i) = wanted {
@@ -156,7 +159,14 @@ impl Context {
                     self.name, info.gid_table_len
                 )));
             }
-            return Ok((i, self.gid(port, i)?));
+            let g = self.gid(port, i)?;
+            if g.iter().all(|&b| b == 0) {
+                return Err(Error::invalid(format!(
+                    "GID index {i} of {} port {port} is empty (no address behind it)",
+                    self.name
+                )));
+            }
+            return Ok((i, g));
         }
         for i in 0..info.gid_table_len.min(16) {
             if let Ok(g) = self.gid(port, i)

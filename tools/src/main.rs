@@ -122,13 +122,9 @@ fn real_main(args: Args) -> Result<(), String> {
     match args.transport {
         TransportArg::Local | TransportArg::Shm | TransportArg::Tcp => {}
         TransportArg::Rdma => {
-            return Err(match tent::sys::devices() {
-                Err(why) => why.to_string(),
-                Ok(devs) => format!(
-                    "RDMA devices found ({}), but the rdma transport is not in this version of tent (available: local, shm, tcp)",
-                    devs.join(", ")
-                ),
-            });
+            if let Err(why) = tent::sys::devices() {
+                return Err(why.to_string());
+            }
         }
     }
     if args.batch == 0 || args.threads == 0 || args.duration <= 0.0 {
@@ -161,6 +157,7 @@ fn spawn_and_run(args: &Args) -> Result<(), String> {
             "--transport",
             match args.transport {
                 TransportArg::Tcp => "tcp",
+                TransportArg::Rdma => "rdma",
                 _ => "shm",
             },
             "--exit-on-stdin-eof",

@@ -30,6 +30,11 @@ fn engine_config(args: &Args, workers: usize, pin: bool) -> Result<Config, Strin
         cfg.workers.cores = args.cores.clone();
     }
     cfg.transports.shm.enable = args.transport == TransportArg::Shm;
+    // An rdma initiator has no tcp to fall back on: what it measures is
+    // RDMA alone.
+    if args.transport == TransportArg::Rdma {
+        cfg.transports.tcp.enable = false;
+    }
     let depth = (args.batch * 2).max(64).next_power_of_two() as u32;
     cfg.ring_depth = cfg.ring_depth.max(depth);
     Ok(cfg)
@@ -37,9 +42,10 @@ fn engine_config(args: &Args, workers: usize, pin: bool) -> Result<Config, Strin
 
 pub fn target(args: &Args) -> Result<(), String> {
     let mut cfg = engine_config(args, 1, false)?;
-    // A tcp target serves from anonymous memory (huge pages where THP
-    // allows); any other exports its buffer over shm.
-    cfg.transports.shm.enable = args.transport != TransportArg::Tcp;
+    // A tcp or rdma target serves from anonymous memory (huge pages where
+    // THP allows); any other exports its buffer over shm.
+    cfg.transports.shm.enable = !matches!(args.transport, TransportArg::Tcp | TransportArg::Rdma);
+    cfg.transports.tcp.enable = true;
     let engine = Engine::new(cfg).map_err(|e| e.to_string())?;
     let buf = engine
         .allocate_memory(args.buffer_size)
@@ -181,8 +187,15 @@ pub fn initiator(args: &Args, target: Option<&str>, target_pid: Option<u32>) -> 
     let transport = match args.transport {
         TransportArg::Local => "local",
         TransportArg::Tcp => "tcp",
-        _ => "shm",
+        TransportArg::Rdma => "rdma",
+        TransportArg::Shm => "shm",
     };
+    if args.transport == TransportArg::Rdma && engine.rails(segment).is_empty() {
+        return Err(format!(
+            "no RDMA rail reaches {} (does the target have RDMA NICs?)",
+            target.unwrap_or("the target")
+        ));
+    }
     if !args.json {
         emit(&format!(
             "# tent-bench: transport={transport} op={op_name} threads={} batch={} target={} target_pid={}",
@@ -255,6 +268,21 @@ pub fn initiator(args: &Args, target: Option<&str>, target_pid: Option<u32>) -> 
             ));
         }
         results.push((size, gbps, q(0.5), q(0.99)));
+    }
+    for r in engine.rails(segment) {
+        // Which rails carried the bytes (RDMA): the run's functional proof.
+        if args.json {
+            emit(&serde_json::json!({"rail_local": r.local, "rail_remote": r.remote, "bytes": r.bytes, "moved": r.moved, "up": r.up}).to_string());
+            continue;
+        }
+        emit(&format!(
+            "# rail {} -> {}: {} bytes, {} slices moved off, link {}",
+            r.local,
+            r.remote,
+            r.bytes,
+            r.moved,
+            if r.up { "up" } else { "down" }
+        ));
     }
     if !args.no_baseline {
         baselines(args, &results, app_cores[0], worker_cores[0], pp_before);

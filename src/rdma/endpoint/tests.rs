@@ -190,6 +190,7 @@ fn slice(token: u64) -> RdmaSlice {
         remote: 0x9000 + token * 64,
         rkey: 2,
         reposts: 0,
+        ctx: 0,
     }
 }
 
@@ -303,4 +304,33 @@ fn a_peer_that_refuses_a_new_qp_fails_the_waiting_slices_once() {
         "the connect failure reached the waiting slices"
     );
     assert_eq!(ep.credits_in_flight(), 0);
+}
+
+#[test]
+fn a_lazy_endpoint_connects_on_first_work_and_evacuates_everything_it_holds() {
+    plan(3, 0.0, 0.0);
+    let src = FakeSource {
+        next_id: 30_000,
+        connects: 0,
+        fail_after: None,
+    };
+    let mut ep = Endpoint::lazy(Box::new(src), 8, 64);
+    let mut none = |c: RdmaCompletion| panic!("nothing completes yet: {c:?}");
+    ep.flush(&mut none);
+    assert!(!ep.is_connected(), "no work, no QP");
+    for t in 0..20 {
+        assert!(ep.submit(slice(t)));
+    }
+    ep.flush(&mut none);
+    assert!(ep.is_connected(), "connected for the first slices");
+    assert_eq!(ep.replacements(), 0, "a first QP is not a replacement");
+    assert_eq!(ep.credits_in_flight(), 8, "posted up to the SQ depth");
+    // The rail goes away: every slice, posted or waiting, comes back once,
+    // oldest first, and no credit stays taken.
+    let mut back = Vec::new();
+    ep.evacuate(&mut |s: RdmaSlice| back.push(s.token));
+    assert_eq!(back, (0..20).collect::<Vec<_>>());
+    assert_eq!(ep.credits_in_flight(), 0);
+    assert_eq!(ep.outstanding(), 0);
+    assert!(!ep.is_connected());
 }
