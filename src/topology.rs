@@ -121,6 +121,19 @@ impl Topology {
         count: usize,
         explicit: &[usize],
     ) -> Result<Vec<usize>, TopologyError> {
+        self.place_workers_near(count, explicit, &[])
+    }
+
+    /// [`Topology::place_workers`], but with no explicit cores the workers
+    /// go on the CPUs of `near` (NUMA node os indices: where the RDMA NICs
+    /// are), spread over those nodes; nodes not in the topology, or a
+    /// `near` that names none, leave the plain spread.
+    pub fn place_workers_near(
+        &self,
+        count: usize,
+        explicit: &[usize],
+        near: &[u32],
+    ) -> Result<Vec<usize>, TopologyError> {
         if !explicit.is_empty() {
             let allowed = self.cpus();
             if let Some(&core) = explicit.iter().find(|c| allowed.binary_search(c).is_err()) {
@@ -128,7 +141,10 @@ impl Topology {
             }
             return Ok((0..count).map(|i| explicit[i % explicit.len()]).collect());
         }
-        let nodes: Vec<&NumaNode> = self.nodes.iter().filter(|n| !n.cpus.is_empty()).collect();
+        let mut nodes: Vec<&NumaNode> = self.nodes.iter().filter(|n| !n.cpus.is_empty()).collect();
+        if nodes.iter().any(|n| near.contains(&n.os_index)) {
+            nodes.retain(|n| near.contains(&n.os_index));
+        }
         if nodes.is_empty() {
             return if count == 0 {
                 Ok(Vec::new())
@@ -261,6 +277,28 @@ mod tests {
             t.place_workers(8, &[]).unwrap(),
             vec![3, 7, 2, 6, 1, 5, 0, 4]
         );
+    }
+
+    #[test]
+    fn placement_near_the_nics_uses_their_nodes_only() {
+        let t = Topology::from_nodes(vec![
+            NumaNode {
+                os_index: 0,
+                cpus: vec![0, 1, 2, 3],
+            },
+            NumaNode {
+                os_index: 1,
+                cpus: vec![4, 5, 6, 7],
+            },
+        ]);
+        assert_eq!(t.place_workers_near(3, &[], &[1]).unwrap(), vec![7, 6, 5]);
+        // A node the topology does not have: the plain spread.
+        assert_eq!(
+            t.place_workers_near(2, &[], &[9]).unwrap(),
+            t.place_workers(2, &[]).unwrap()
+        );
+        // Explicit cores win.
+        assert_eq!(t.place_workers_near(1, &[2], &[1]).unwrap(), vec![2]);
     }
 
     #[test]

@@ -239,8 +239,15 @@ impl EngineBuilder {
         let count = shared.config.workers.count as usize;
         let cores: Vec<Option<usize>> = if shared.config.workers.pin {
             let explicit = &shared.config.workers.cores;
+            // Workers poll the NICs' CQs and touch their queues: place
+            // them on the NICs' NUMA nodes when the machine says where.
+            let near = shared
+                .rdma
+                .as_ref()
+                .map(|n| n.numa_nodes())
+                .unwrap_or_default();
             topology
-                .place_workers(count, explicit)
+                .place_workers_near(count, explicit, &near)
                 .map_err(|e| Error::invalid("worker placement").with_source(e))?
                 .into_iter()
                 .map(Some)

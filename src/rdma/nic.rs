@@ -36,6 +36,8 @@ pub struct Nic {
     /// The network device under the GID in use (RoCE), whose link state
     /// is the rail's: `(name, ifindex)`.
     pub netdev: Option<(String, u32)>,
+    /// The NUMA node the device hangs off (sysfs; `None` when unknown).
+    pub numa_node: Option<u32>,
     /// Link state, kept by the RDMA transport's link watch; a rail whose
     /// local NIC is down takes no new slices.
     pub up: AtomicBool,
@@ -127,6 +129,12 @@ impl NicSet {
             mtu: port.active_mtu,
             max_msg: port.max_msg_sz.max(4096),
             netdev: netdev_of(name, PORT, gid_index),
+            numa_node: std::fs::read_to_string(format!(
+                "/sys/class/infiniband/{name}/device/numa_node"
+            ))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .and_then(|n| u32::try_from(n).ok()),
             up: AtomicBool::new(true),
         })
     }
@@ -134,6 +142,14 @@ impl NicSet {
     /// The NICs, in descriptor order.
     pub fn nics(&self) -> &[Nic] {
         &self.nics
+    }
+
+    /// The NUMA nodes the NICs hang off (where their workers belong).
+    pub fn numa_nodes(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.nics.iter().filter_map(|n| n.numa_node).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// The index of the NIC called `name`.
