@@ -117,22 +117,9 @@ impl Endpoint {
     /// An endpoint over queues from `source`, `depth` requests deep, able
     /// to hold `backlog` slices waiting for credits.
     pub fn new(source: Box<dyn QueueSource>, depth: u32, backlog: usize) -> Result<Endpoint> {
-        let mut e = Endpoint {
-            queue: None,
-            source,
-            credits: CreditPool::new(depth.max(1), 0),
-            backlog: VecDeque::with_capacity(backlog.max(1)),
-            posted: VecDeque::with_capacity(depth.max(1) as usize),
-            next_seq: 1,
-            since_signal: 0,
-            signal_every: (depth / 2).max(1),
-            wrs: vec![ffi::ibv_send_wr::default(); MAX_BATCH],
-            sges: vec![ffi::ibv_sge::default(); MAX_BATCH],
-            wcs: vec![ffi::ibv_wc::default(); POLL_BATCH],
-            replacements: 0,
-            connected_once: true,
-        };
+        let mut e = Endpoint::lazy(source, depth, backlog);
         e.queue = Some(e.source.connect()?);
+        e.connected_once = true;
         Ok(e)
     }
 

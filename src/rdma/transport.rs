@@ -400,18 +400,18 @@ impl RdmaTransport {
         unsafe { &mut *self.workers[w].get() }
     }
 
-    /// Queue `s` on a usable rail other than `avoid`, with that rail's keys.
+    /// Queue `s` (between `local` and `remote`) on a usable rail other
+    /// than `avoid`, with that rail's keys.
     #[inline]
     fn post(
         &self,
         peer: &RdmaPeer,
         eps: &mut PeerEndpoints,
         mut s: RdmaSlice,
+        local: &MemRegion,
+        remote: &RegionEntry,
         avoid: Option<usize>,
     ) -> std::result::Result<(), ErrorKind> {
-        // SAFETY: `ctx` is the slice's local region, which its task holds (an Arc) until every slice of it has completed; this slice has not.
-        let local = unsafe { &*(s.ctx as *const MemRegion) };
-        let remote = peer.region_of(s.remote, s.len as u64)?;
         let rail = self
             .selector
             .pick(&mut eps.cursor, peer.rails.len(), avoid, |r| {
@@ -426,6 +426,20 @@ impl RdmaTransport {
         } else {
             Err(ErrorKind::SqFull)
         }
+    }
+
+    /// Queue `s` again, on a rail other than `from`.
+    fn repost(
+        &self,
+        peer: &RdmaPeer,
+        eps: &mut PeerEndpoints,
+        s: RdmaSlice,
+        from: usize,
+    ) -> std::result::Result<(), ErrorKind> {
+        // SAFETY: `ctx` is the slice's local region, which its task holds (an Arc) until every slice of it has completed; this slice has not.
+        let local = unsafe { &*(s.ctx as *const MemRegion) };
+        let remote = peer.region_of(s.remote, s.len as u64)?;
+        self.post(peer, eps, s, local, remote, Some(from))
     }
 }
 
@@ -552,7 +566,7 @@ impl Transport for RdmaTransport {
             };
             // SAFETY: as above, this is worker `worker`'s thread.
             let eps = unsafe { peer.endpoints(worker) };
-            *o = match self.post(peer, eps, slice, None) {
+            *o = match self.post(peer, eps, slice, s.region, remote, None) {
                 Ok(()) => {
                     eps.outstanding += 1;
                     if !eps.active {
@@ -605,7 +619,7 @@ impl Transport for RdmaTransport {
             for k in 0..ws.moved.len() {
                 let (from, s) = ws.moved[k];
                 peer.rails[from].moved.fetch_add(1, Ordering::Relaxed);
-                if s.reposts >= MAX_RAIL_MOVES || self.post(peer, eps, s, Some(from)).is_err() {
+                if s.reposts >= MAX_RAIL_MOVES || self.repost(peer, eps, s, from).is_err() {
                     ws.ready.push_back(SliceCompletion {
                         token: s.token,
                         result: Err(ErrorKind::RouteLost),
@@ -624,7 +638,7 @@ impl Transport for RdmaTransport {
                 {
                     let mut again = c.slice;
                     again.reposts += 1;
-                    if self.post(peer, eps, again, Some(from)).is_ok() {
+                    if self.repost(peer, eps, again, from).is_ok() {
                         peer.rails[from].moved.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(peer = %peer.name, from_rail = from, %kind, "failed slice re-posted on a sibling rail");
                         continue;
