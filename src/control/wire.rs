@@ -151,6 +151,31 @@ pub struct RegionEntry {
     pub rkeys: Vec<u32>,
 }
 
+impl RegionEntry {
+    /// The region of `sorted` (by `addr`) that holds `[addr, addr+len)`:
+    /// how an initiator checks a remote range against a descriptor before
+    /// sending anything (`AddressNotRegistered`, `OutOfBounds` otherwise).
+    #[inline]
+    pub fn find(
+        sorted: &[RegionEntry],
+        addr: u64,
+        len: u64,
+    ) -> std::result::Result<&RegionEntry, tent_rings::ErrorKind> {
+        use tent_rings::ErrorKind;
+        let end = addr.checked_add(len).ok_or(ErrorKind::OutOfBounds)?;
+        let idx = sorted.partition_point(|r| r.addr <= addr);
+        let r = idx
+            .checked_sub(1)
+            .map(|i| &sorted[i])
+            .filter(|r| addr - r.addr < r.len)
+            .ok_or(ErrorKind::AddressNotRegistered)?;
+        if end - r.addr > r.len {
+            return Err(ErrorKind::OutOfBounds);
+        }
+        Ok(r)
+    }
+}
+
 /// One RDMA NIC of the owning engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NicEntry {

@@ -153,17 +153,7 @@ impl RdmaPeer {
     /// The descriptor region holding `[addr, addr+len)`.
     #[inline]
     pub fn region_of(&self, addr: u64, len: u64) -> std::result::Result<&RegionEntry, ErrorKind> {
-        let end = addr.checked_add(len).ok_or(ErrorKind::OutOfBounds)?;
-        let idx = self.regions.partition_point(|r| r.addr <= addr);
-        let r = idx
-            .checked_sub(1)
-            .map(|i| &self.regions[i])
-            .filter(|r| addr - r.addr < r.len)
-            .ok_or(ErrorKind::AddressNotRegistered)?;
-        if end - r.addr > r.len {
-            return Err(ErrorKind::OutOfBounds);
-        }
-        Ok(r)
+        RegionEntry::find(&self.regions, addr, len)
     }
 
     /// Can rail `r` carry a slice between `local` and `remote` now?

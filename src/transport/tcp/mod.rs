@@ -130,17 +130,7 @@ impl TcpPeer {
     /// descriptor before anything is sent (the target checks again).
     #[inline]
     pub fn key_for(&self, addr: u64, len: u64) -> std::result::Result<u64, ErrorKind> {
-        let end = addr.checked_add(len).ok_or(ErrorKind::OutOfBounds)?;
-        let idx = self.regions.partition_point(|r| r.addr <= addr);
-        let r = idx
-            .checked_sub(1)
-            .map(|i| &self.regions[i])
-            .filter(|r| addr - r.addr < r.len)
-            .ok_or(ErrorKind::AddressNotRegistered)?;
-        if end - r.addr > r.len {
-            return Err(ErrorKind::OutOfBounds);
-        }
-        Ok(r.key)
+        RegionEntry::find(&self.regions, addr, len).map(|r| r.key)
     }
 
     /// # Safety
