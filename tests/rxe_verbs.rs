@@ -801,12 +801,19 @@ fn rxe_engine_bad_input_gets_typed_errors() {
     // (and its memory registration) until it completes, so it is drained,
     // not cut off; new requests naming it are refused.
     let big = init.allocate_memory(len).unwrap();
+    let moved = init.rails(seg)[0].bytes;
     ring.submission()
         .push(read_op(&big, seg, remote.addr(), len))
         .unwrap();
     ring.submit().unwrap();
-    init.unregister_memory(big.id()).unwrap();
+    // Deregister once the READ is surely in flight (its first slices have
+    // landed), not before the worker has even accepted it.
     let start = std::time::Instant::now();
+    while init.rails(seg)[0].bytes == moved {
+        assert!(start.elapsed() < std::time::Duration::from_secs(30));
+        std::hint::spin_loop();
+    }
+    init.unregister_memory(big.id()).unwrap();
     let c = loop {
         if let Some(c) = ring.completion().next() {
             break c;
