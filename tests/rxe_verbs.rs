@@ -22,24 +22,12 @@ fn rails() -> Vec<String> {
     (0..n).map(|i| format!("rxe{i}")).collect()
 }
 
+#[path = "support/rxe_guest.rs"]
+mod rxe_guest;
+
 #[test]
 fn rxe_guest() {
     if in_guest() {
-        return;
-    }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/rxe-vm.sh");
-    let ok = std::process::Command::new(script)
-        .arg("--check")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        let why = "no Soft-RoCE guest here (tools/rxe-vm.sh --check failed: needs qemu and apt access; run tools/setup.sh)";
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true: the real-verbs substrate must run: {why}"
-        );
-        let _ =
-            std::io::Write::write_all(&mut std::io::stderr(), format!("SKIP: {why}\n").as_bytes());
         return;
     }
     let exe = std::env::current_exe().unwrap();
@@ -47,25 +35,16 @@ fn rxe_guest() {
         "{}::rxe_ --skip rxe_guest --test-threads=1 --nocapture",
         exe.display()
     );
-    let out = std::process::Command::new(script)
-        .args(["--rails", "2", &run])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let Some(text) = rxe_guest::boot(env!("CARGO_MANIFEST_DIR"), 2, &[run]) else {
+        return;
+    };
     let passed: usize = text
         .lines()
         .find_map(|l| l.strip_prefix("rxe-vm: total passed: "))
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(0);
-    assert!(
-        out.status.success() && passed > 0,
-        "guest run failed:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!("SUBSTRATE rxe-guest: {passed} tests passed\n").as_bytes(),
-    );
+    assert!(passed > 0, "no test passed in the guest:\n{text}");
+    rxe_guest::say(&format!("SUBSTRATE rxe-guest: {passed} tests passed"));
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {

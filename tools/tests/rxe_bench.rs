@@ -21,39 +21,19 @@ fn rdma_bench_outside_the_guest_says_rdma_unavailable() {
     assert!(err.contains("RDMA unavailable"), "{err}");
 }
 
+#[path = "../../tests/support/rxe_guest.rs"]
+mod rxe_guest;
+
 #[test]
 fn rxe_bench_runs_over_rdma_in_the_guest() {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let script = format!("{root}/tools/rxe-vm.sh");
-    let ok = std::process::Command::new(&script)
-        .arg("--check")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        let why = "no Soft-RoCE guest here (tools/rxe-vm.sh --check failed; run tools/setup.sh)";
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true: the real-verbs substrate must run: {why}"
-        );
-        // Past libtest's capture: .ci/run counts these lines.
-        let _ =
-            std::io::Write::write_all(&mut std::io::stderr(), format!("SKIP: {why}\n").as_bytes());
-        return;
-    }
     let bench = env!("CARGO_BIN_EXE_tent-bench");
     let run = format!(
         "{bench}::--transport rdma --op read --block-size 1M --batch 4 --duration 0.5 --buffer-size 16M --no-baseline"
     );
-    let out = std::process::Command::new(&script)
-        .args(["--rails", "2", &run])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "guest run failed:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let Some(text) = rxe_guest::boot(root, 2, &[run]) else {
+        return;
+    };
     let row = text
         .lines()
         .find(|l| l.trim_start().starts_with("1MiB |"))
@@ -74,10 +54,6 @@ fn rxe_bench_runs_over_rdma_in_the_guest() {
             .unwrap_or(0);
         assert!(bytes > 0, "every rail carried bytes: {r}");
     }
-    // Past libtest's capture: .ci/run counts the SUBSTRATE line.
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!("tent-bench over RDMA in the guest: {row}\nSUBSTRATE rxe-guest: 1 tests passed\n")
-            .as_bytes(),
-    );
+    rxe_guest::say(&format!("tent-bench over RDMA in the guest: {row}"));
+    rxe_guest::say("SUBSTRATE rxe-guest: 1 tests passed");
 }

@@ -1,0 +1,41 @@
+//! Booting the Soft-RoCE guest from a host test (shared by
+//! `tests/rxe_verbs.rs` and `tools/tests/rxe_bench.rs`, included by path).
+//! Lines meant for `.ci/run` go straight to stderr, past libtest's capture.
+
+/// Print `line` on stderr even while libtest captures output.
+pub fn say(line: &str) {
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{line}\n").as_bytes());
+}
+
+/// Boot the guest once with `rails` rails and `runs` (`BINARY::ARGS`) and
+/// return its console, asserting the run passed. `None` (after printing why)
+/// when this machine cannot run the guest; with `CI=true` that fails.
+pub fn boot(repo_root: &str, rails: u32, runs: &[String]) -> Option<String> {
+    let script = format!("{repo_root}/tools/rxe-vm.sh");
+    let ok = std::process::Command::new(&script)
+        .arg("--check")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        let why = "no Soft-RoCE guest here (tools/rxe-vm.sh --check failed: needs qemu and apt access; run tools/setup.sh)";
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true: the real-verbs substrate must run: {why}"
+        );
+        say(&format!("SKIP: {why}"));
+        return None;
+    }
+    let out = std::process::Command::new(&script)
+        .arg("--rails")
+        .arg(rails.to_string())
+        .args(runs)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "guest run failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(text)
+}
