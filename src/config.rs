@@ -52,7 +52,8 @@ pub struct Config {
     /// `max_inflight_slices`: credit-pool size per worker per transport.
     pub max_inflight_slices: u32,
     /// `max_failover_attempts`: transport switches per task; 0 disables
-    /// failover. Not yet in effect.
+    /// cross-transport failover for every request (an SQE's `no_failover`
+    /// flag disables it for one).
     pub max_failover_attempts: u32,
     /// `merge_requests`: merge adjacent requests of a batch. Not yet in
     /// effect.
@@ -159,14 +160,17 @@ pub struct RdmaConfig {
     /// the NIC's `max_qp_wr`).
     pub qp_depth: u32,
     /// `transports/rdma/rail_error_threshold`: failures inside the window
-    /// that pause a rail. Not yet in effect.
+    /// that pause a rail (every transport's rails: see [`crate::rail`]).
     pub rail_error_threshold: u32,
     /// `transports/rdma/rail_error_window_secs`: sliding window for rail
-    /// errors. Not yet in effect.
+    /// errors.
     pub rail_error_window_secs: u64,
     /// `transports/rdma/rail_cooldown_secs`: first cooldown of a paused rail;
-    /// doubles per repeat, capped at 300 s. Not yet in effect.
+    /// doubles per repeat, capped at 300 s.
     pub rail_cooldown_secs: u64,
+    /// `transports/rdma/rail_backoff_decay_secs`: healthy time that halves
+    /// a rail's remembered cooldown (decay instead of reset).
+    pub rail_backoff_decay_secs: u64,
     /// `transports/rdma/enable_priority_filtering`: priority-based device
     /// filtering. Not yet in effect.
     pub enable_priority_filtering: bool,
@@ -657,7 +661,7 @@ schema! {
         "Task-table capacity of one worker.";
     "max_inflight_slices" => max_inflight_slices: uint(1, 1 << 20), "256", LIVE,
         "Credit-pool size per worker per transport: slices posted and not yet completed.";
-    "max_failover_attempts" => max_failover_attempts: uint(0, 64), "3", LATER,
+    "max_failover_attempts" => max_failover_attempts: uint(0, 64), "3", LIVE,
         "Transport switches allowed per task; 0 disables cross-transport failover.";
     "merge_requests" => merge_requests: Kind::Bool, "true", LATER,
         "Merge adjacent requests of a batch into one transfer.";
@@ -713,12 +717,14 @@ schema! {
         "Bytes per RDMA slice (clamped to the devices' max message size).";
     "transports/rdma/qp_depth" => transports.rdma.qp_depth: uint(1, 1 << 16), "256", LIVE,
         "Send work requests per QP (clamped to the device's max_qp_wr).";
-    "transports/rdma/rail_error_threshold" => transports.rdma.rail_error_threshold: uint(1, 1_000_000), "3", LATER,
+    "transports/rdma/rail_error_threshold" => transports.rdma.rail_error_threshold: uint(1, 1_000_000), "3", LIVE,
         "Failures inside rail_error_window_secs that pause a rail.";
-    "transports/rdma/rail_error_window_secs" => transports.rdma.rail_error_window_secs: uint(1, 86_400), "10", LATER,
+    "transports/rdma/rail_error_window_secs" => transports.rdma.rail_error_window_secs: uint(1, 86_400), "10", LIVE,
         "Sliding window in s for counting rail errors.";
-    "transports/rdma/rail_cooldown_secs" => transports.rdma.rail_cooldown_secs: uint(1, 300), "30", LATER,
+    "transports/rdma/rail_cooldown_secs" => transports.rdma.rail_cooldown_secs: uint(1, 300), "30", LIVE,
         "Initial cooldown in s of a paused rail; doubles per repeat failure, capped at 300 s.";
+    "transports/rdma/rail_backoff_decay_secs" => transports.rdma.rail_backoff_decay_secs: uint(1, 86_400), "60", LIVE,
+        "Healthy time in s that halves a rail's remembered cooldown (so a flapping rail pays a growing cooldown).";
     // transports/rdma: QoS (seed 001)
     "transports/rdma/enable_priority_filtering" => transports.rdma.enable_priority_filtering: Kind::Bool, "true", LATER,
         "Priority-based device filtering.";
@@ -876,6 +882,7 @@ fn blank() -> Config {
                 rail_error_threshold: 0,
                 rail_error_window_secs: 0,
                 rail_cooldown_secs: 0,
+                rail_backoff_decay_secs: 0,
                 enable_priority_filtering: false,
                 local_rotation_interval_us: 0,
                 priority_promotion_timeout_us: 0,

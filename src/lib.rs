@@ -11,7 +11,9 @@
 //! - [`engine`]: the [`Engine`], its [`Ring`]s, batches and workers.
 //! - [`qos`]: priority lanes and the `can_send` gate.
 //! - [`transport`]: the `Transport` trait and `local` / `shm` / `tcp`;
-//!   [`select`]: which rail a slice takes; [`netlink`]: link state.
+//!   [`select`]: which rail a slice takes; [`rail`]: rail health
+//!   (`RailMonitor`); [`netlink`]: link state.
+//! - [`metrics`]: failover and rail counters, Prometheus text.
 //! - [`error`]: the error taxonomy.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -24,8 +26,10 @@ pub mod doorbell;
 pub mod engine;
 pub mod error;
 pub mod memory;
+pub mod metrics;
 pub mod netlink;
 pub mod qos;
+pub mod rail;
 pub mod rdma;
 pub mod segment;
 pub mod select;
@@ -38,5 +42,6 @@ pub use config::Config;
 pub use engine::{BatchId, Buffer, Engine, EngineBuilder, Ring, TaskState, TaskStatus};
 pub use error::{Error, ErrorKind, Result};
 pub use tent_rings::{
-    Cqe, LocalAddr, Opcode, Priority, RegionId, RemoteAddr, SegmentId, Sqe, TransportKind, op,
+    Cqe, FAILOVER_EXHAUSTED, LocalAddr, Opcode, Priority, RegionId, RemoteAddr, SegmentId, Sqe,
+    TransportKind, op,
 };

@@ -130,6 +130,54 @@ pub fn link_up(index: u32) -> io::Result<bool> {
 const NLMSG_HDRLEN: usize = 16;
 const IFINFOMSG_LEN: usize = 16;
 
+/// Set link `index` administratively up or down (`ip link set dev X
+/// up|down` as one rtnetlink request, acknowledged; needs CAP_NET_ADMIN).
+/// For chaos runs that must time a link going down without paying for a
+/// process spawn.
+pub fn set_link(index: u32, up: bool) -> io::Result<()> {
+    let ty = libc::SOCK_RAW | libc::SOCK_CLOEXEC;
+    // SAFETY: plain socket(2) call; the result is checked before use.
+    let raw = unsafe { libc::socket(libc::AF_NETLINK, ty, libc::NETLINK_ROUTE) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let len = NLMSG_HDRLEN + IFINFOMSG_LEN;
+    let mut msg = [0u8; NLMSG_HDRLEN + IFINFOMSG_LEN];
+    msg[0..4].copy_from_slice(&(len as u32).to_ne_bytes());
+    msg[4..6].copy_from_slice(&libc::RTM_NEWLINK.to_ne_bytes());
+    let flags = (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16;
+    msg[6..8].copy_from_slice(&flags.to_ne_bytes());
+    msg[8..12].copy_from_slice(&1u32.to_ne_bytes()); // sequence
+    // ifinfomsg: family (u8), pad, type (u16), index (i32), flags, change.
+    let h = NLMSG_HDRLEN;
+    msg[h + 4..h + 8].copy_from_slice(&(index as i32).to_ne_bytes());
+    let iff_up = libc::IFF_UP as u32;
+    msg[h + 8..h + 12].copy_from_slice(&(if up { iff_up } else { 0 }).to_ne_bytes());
+    msg[h + 12..h + 16].copy_from_slice(&iff_up.to_ne_bytes());
+    // SAFETY: `msg` is a valid buffer of `len` bytes; the kernel is the peer (no address needed on a netlink socket's default destination).
+    let sent = unsafe { libc::send(fd.as_raw_fd(), msg.as_ptr().cast(), len, 0) };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut ack = [0u8; 256];
+    // SAFETY: `ack` is a valid writable buffer of its length.
+    let got = unsafe { libc::recv(fd.as_raw_fd(), ack.as_mut_ptr().cast(), ack.len(), 0) };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // NLMSG_ERROR carries an errno (0 = acknowledged).
+    let ty = u16::from_ne_bytes([ack[4], ack[5]]);
+    if ty == libc::NLMSG_ERROR as u16 && got as usize >= NLMSG_HDRLEN + 4 {
+        let errno = i32::from_ne_bytes(ack[h..h + 4].try_into().expect("4 bytes"));
+        if errno != 0 {
+            return Err(io::Error::from_raw_os_error(-errno));
+        }
+    }
+    Ok(())
+}
+
 fn u32_at(b: &[u8], off: usize) -> Option<u32> {
     Some(u32::from_ne_bytes(b.get(off..off + 4)?.try_into().ok()?))
 }

@@ -159,6 +159,238 @@ fn netns_tcp_initiator_child() {
     ));
 }
 
+/// Chaos: READs stream over two rails while rail 2's link goes down and
+/// up again, `TENT_NETNS_RUNS` times. The link is set down from this
+/// process (one rtnetlink request: no process spawn in the timing), and
+/// each run records how long until the first slice is moved off the dead
+/// rail and until the surviving rail next completes verified bytes, then
+/// how long after the link is back until rail 2 carries bytes again.
+#[test]
+fn netns_tcp_chaos_initiator_child() {
+    if std::env::var("TENT_NETNS_ROLE").as_deref() != Ok("tcp-chaos") {
+        return;
+    }
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    tracing_init();
+    let target = std::env::var("TENT_NETNS_TARGET").unwrap();
+    let size: u64 = std::env::var("TENT_NETNS_SIZE").unwrap().parse().unwrap();
+    let dead_if = std::env::var("TENT_NETNS_IFACE").unwrap();
+    let runs: usize = std::env::var("TENT_NETNS_RUNS").unwrap().parse().unwrap();
+    let e = Arc::new(tent::Engine::new(config("10.77.1.1")).unwrap());
+    let seg = e.open_segment(&target).unwrap();
+    let remote = e.segment_regions(seg).unwrap()[0].addr;
+    let index = tent::netlink::interfaces()
+        .unwrap()
+        .into_iter()
+        .find(|i| i.name == dead_if)
+        .expect("rail interface")
+        .index;
+    let rail = |name: &str| {
+        e.rails(seg)
+            .into_iter()
+            .find(|r| r.local == name)
+            .unwrap_or_else(|| panic!("no rail on {name}"))
+    };
+    let survivor_if = e
+        .rails(seg)
+        .into_iter()
+        .map(|r| r.local)
+        .find(|l| *l != dead_if)
+        .expect("a surviving rail");
+
+    // The reader: 4 READs of 4 MiB in flight, each verified.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, bad) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let reader = {
+        let (e, stop, ok, bad) = (e.clone(), stop.clone(), ok.clone(), bad.clone());
+        std::thread::spawn(move || {
+            let chunk = 4u64 << 20;
+            let slots = 4u64;
+            let local = e.allocate_memory(chunk * slots).unwrap();
+            let expect = common::pattern(7, size as usize);
+            let mut ring = e.ring().unwrap();
+            let mut next = 0u64;
+            let post = |ring: &mut tent::Ring, slot: u64, n: u64| {
+                let off = (n * chunk) % size;
+                ring.submission()
+                    .push(
+                        op::Read::new(
+                            LocalAddr::new(local.id(), slot * chunk),
+                            RemoteAddr::new(seg, remote + off),
+                            chunk,
+                        )
+                        .user_data(slot << 32 | n),
+                    )
+                    .unwrap();
+            };
+            for slot in 0..slots {
+                post(&mut ring, slot, next);
+                next += 1;
+            }
+            ring.submit().unwrap();
+            let mut inflight = slots;
+            let mut buf = vec![0u8; chunk as usize];
+            while inflight > 0 {
+                let Ok(cqe) = ring.wait_one(Duration::from_secs(30)) else {
+                    bad.fetch_add(1, Ordering::Relaxed);
+                    break;
+                };
+                inflight -= 1;
+                let (slot, n) = (cqe.user_data() >> 32, cqe.user_data() & 0xffff_ffff);
+                let off = ((n * chunk) % size) as usize;
+                let good = cqe.result() == Ok(chunk) && {
+                    local.read(slot * chunk, &mut buf).unwrap();
+                    buf == expect[off..off + chunk as usize]
+                };
+                if good {
+                    ok.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    bad.fetch_add(1, Ordering::Relaxed);
+                }
+                if !stop.load(Ordering::Relaxed) {
+                    post(&mut ring, slot, next);
+                    next += 1;
+                    inflight += 1;
+                    ring.submit().unwrap();
+                }
+            }
+        })
+    };
+    // Traffic first (the reader builds its 64 MiB reference pattern).
+    let start = Instant::now();
+    while ok.load(Ordering::Relaxed) < 8 {
+        assert!(start.elapsed() < Duration::from_secs(60), "no traffic");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (mut moved_us, mut survivor_us, mut back_ms) = (Vec::new(), Vec::new(), Vec::new());
+    let poll_until = |mut f: Box<dyn FnMut() -> bool + '_>, limit: Duration| -> Option<Duration> {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if f() {
+                return Some(t.elapsed());
+            }
+            std::thread::yield_now();
+        }
+        None
+    };
+    for _ in 0..runs {
+        std::thread::sleep(Duration::from_millis(300));
+        // Down while the rail carries slices: that is the case to time.
+        let _ = poll_until(
+            Box::new(|| rail(&dead_if).inflight > 0),
+            Duration::from_secs(3),
+        );
+        let moved_before = rail(&dead_if).moved;
+        let t0 = Instant::now();
+        tent::netlink::set_link(index, false).unwrap();
+        let mut survivor_at_move = None;
+        let first = poll_until(
+            Box::new(|| {
+                if survivor_at_move.is_none() {
+                    if rail(&dead_if).moved > moved_before {
+                        moved_us.push(t0.elapsed().as_micros() as u64);
+                        survivor_at_move = Some(rail(&survivor_if).bytes);
+                    }
+                    return false;
+                }
+                rail(&survivor_if).bytes > survivor_at_move.unwrap()
+            }),
+            Duration::from_secs(5),
+        );
+        survivor_us.push(first.map_or(u64::MAX, |_| t0.elapsed().as_micros() as u64));
+        std::thread::sleep(Duration::from_millis(300));
+        let before_up = rail(&dead_if).bytes;
+        tent::netlink::set_link(index, true).unwrap();
+        let back = poll_until(
+            Box::new(|| rail(&dead_if).bytes > before_up),
+            Duration::from_secs(10),
+        );
+        back_ms.push(back.map_or(u64::MAX, |d| d.as_millis() as u64));
+    }
+    stop.store(true, Ordering::Relaxed);
+    reader.join().unwrap();
+    let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let dead = rail(&dead_if);
+    say(&format!(
+        "RESULT ok={} bad={} moved_us={} survivor_us={} back_ms={} dead_rail_moved={} failovers={}",
+        ok.load(Ordering::Relaxed),
+        bad.load(Ordering::Relaxed),
+        join(&moved_us),
+        join(&survivor_us),
+        join(&back_ms),
+        dead.moved,
+        e.metrics().failovers_total(),
+    ));
+    eprint!("{}", e.metrics_text());
+}
+
+/// Log lines to stderr (the parent passes them through), at info.
+fn tracing_init() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn median(v: &mut [u64]) -> u64 {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+#[test]
+fn netns_tcp_chaos_rail_down_and_up_again_during_a_long_transfer() {
+    let Some(ns) = Netns::up("tc", 2, Some("300mbit")) else {
+        return;
+    };
+    let size = 64u64 << 20;
+    let (target, name) = ns.target(size);
+    let mut c = ns.exec(
+        "a",
+        "netns_tcp_chaos_initiator_child",
+        &[
+            ("TENT_NETNS_ROLE", "tcp-chaos".into()),
+            ("TENT_NETNS_TARGET", name),
+            ("TENT_NETNS_SIZE", size.to_string()),
+            ("TENT_NETNS_IFACE", format!("{}a2", ns.0)),
+            ("TENT_NETNS_RUNS", "5".into()),
+        ],
+    );
+    let mut out = BufReader::new(c.stdout.take().unwrap());
+    let result = line_with(&mut out, "RESULT ");
+    assert!(c.wait().unwrap().success());
+    target.stop();
+    let list = |k: &str| -> Vec<u64> {
+        field(&result, k)
+            .split(',')
+            .map(|x| x.parse().unwrap())
+            .collect()
+    };
+    assert_eq!(field(&result, "bad="), "0", "every READ verified: {result}");
+    assert!(
+        field(&result, "ok=").parse::<u64>().unwrap() > 10,
+        "{result}"
+    );
+    let (mut moved, survivor, mut back) =
+        (list("moved_us="), list("survivor_us="), list("back_ms="));
+    assert_eq!(survivor.len(), 5, "{result}");
+    // Loose bounds (speed is the benchmark's business): each run moved the
+    // dead rail's slices, the survivor carried verified bytes, and the
+    // rail came back into service after its link did.
+    assert!(survivor.iter().all(|&us| us < 2_000_000), "{result}");
+    assert!(back.iter().all(|&ms| ms < 10_000), "{result}");
+    let _ = std::io::stderr().write_all(
+        format!(
+            "tcp chaos, 2 rails x 300 Mbit, rail 2 down/up x5: link down -> first slice moved: median {} us; -> first verified bytes on the surviving rail after the move: median {} us (runs {:?} us); link up -> rail 2 carrying again: median {} ms; {result}\n",
+            median(&mut moved),
+            median(&mut survivor.clone()),
+            survivor,
+            median(&mut back),
+        )
+        .as_bytes(),
+    );
+}
+
 fn field<'a>(result: &'a str, key: &str) -> &'a str {
     result
         .split_whitespace()

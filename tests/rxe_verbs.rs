@@ -263,6 +263,8 @@ fn rxe_a_remote_access_error_fails_one_op_and_the_rest_complete_after_reposting(
             },
             reposts: 0,
             ctx: 0,
+            posted_ns: 0,
+            ahead: 0,
         }));
     }
     let mut results = vec![None; n];

@@ -327,6 +327,14 @@ impl fmt::Debug for Sqe {
 /// "performance error": it succeeded, but not on the preferred path).
 pub const CQE_FALLBACK: u8 = 1;
 
+/// [`Cqe`] flag: the request failed after its failover budget ran out
+/// (every transport it was allowed to try failed); see
+/// [`FAILOVER_EXHAUSTED`].
+pub const CQE_FAILOVER_EXHAUSTED: u8 = 2;
+
+/// What a request whose failover budget ran out reports (TENT's words).
+pub const FAILOVER_EXHAUSTED: &str = "Failover limit exceeded, all transports exhausted";
+
 /// Completion queue entry. 64 bytes, one cache line.
 ///
 /// ```
@@ -429,6 +437,22 @@ impl Cqe {
         self
     }
 
+    /// Whether [`CQE_FAILOVER_EXHAUSTED`] is set: the error is the last
+    /// transport's, after every transport allowed was tried.
+    pub fn failover_exhausted(&self) -> bool {
+        self.flags & CQE_FAILOVER_EXHAUSTED != 0
+    }
+
+    /// This entry with [`CQE_FAILOVER_EXHAUSTED`] set or cleared.
+    pub fn with_failover_exhausted(mut self, yes: bool) -> Cqe {
+        if yes {
+            self.flags |= CQE_FAILOVER_EXHAUSTED;
+        } else {
+            self.flags &= !CQE_FAILOVER_EXHAUSTED;
+        }
+        self
+    }
+
     /// How many times the request moved to another transport.
     pub fn failover_count(&self) -> u8 {
         self.failover_count
@@ -455,6 +479,7 @@ impl fmt::Debug for Cqe {
             .field("raw_result", &self.result)
             .field("transport", &self.transport())
             .field("fallback", &self.fallback())
+            .field("failover_exhausted", &self.failover_exhausted())
             .field("failover_count", &self.failover_count)
             .finish()
     }
@@ -518,6 +543,9 @@ mod tests {
         assert!(c.fallback());
         assert_eq!(c.failover_count(), 3);
         assert!(!c.with_fallback(false).fallback());
+        let x = Cqe::new(2, Err(ErrorKind::Unreachable)).with_failover_exhausted(true);
+        assert!(x.failover_exhausted() && !x.fallback());
+        assert!(!x.with_failover_exhausted(false).failover_exhausted());
         let mut bad = c;
         bad.transport = 200;
         assert_eq!(bad.transport(), TransportKind::Any);

@@ -46,7 +46,7 @@ pub mod spsc;
 pub mod status;
 
 pub use entry::{
-    CQE_FALLBACK, Cqe, LocalAddr, Opcode, Priority, RegionId, RemoteAddr, SQE_NO_FAILOVER,
-    SegmentId, Sqe, TransportKind,
+    CQE_FAILOVER_EXHAUSTED, CQE_FALLBACK, Cqe, FAILOVER_EXHAUSTED, LocalAddr, Opcode, Priority,
+    RegionId, RemoteAddr, SQE_NO_FAILOVER, SegmentId, Sqe, TransportKind,
 };
 pub use status::ErrorKind;

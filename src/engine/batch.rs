@@ -6,10 +6,10 @@
 //! writes the final state there instead of posting a CQE. A batch cannot be
 //! freed while any of its tasks is `Pending`, so that pointer stays valid.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tent_rings::ErrorKind;
+use tent_rings::{ErrorKind, FAILOVER_EXHAUSTED, TransportKind};
 
 use crate::error::{Error, Result};
 
@@ -76,6 +76,65 @@ pub struct TaskStatus {
     pub transferred_bytes: u64,
     /// Why it did not complete, for Invalid/Failed/Timeout/Canceled.
     pub error: Option<ErrorKind>,
+    /// The transport that served it last (`Any`: none did).
+    pub transport: TransportKind,
+    /// Times it moved to another transport.
+    pub failover_count: u8,
+    /// It failed after every transport it was allowed to try had failed.
+    pub failover_exhausted: bool,
+}
+
+impl TaskStatus {
+    /// A status with no transport recorded.
+    pub(crate) fn plain(
+        state: TaskState,
+        transferred_bytes: u64,
+        error: Option<ErrorKind>,
+    ) -> Self {
+        TaskStatus {
+            state,
+            transferred_bytes,
+            error,
+            transport: TransportKind::Any,
+            failover_count: 0,
+            failover_exhausted: false,
+        }
+    }
+
+    /// Served by a transport other than its first choice.
+    pub fn fallback(&self) -> bool {
+        self.failover_count > 0 && self.state == TaskState::Completed
+    }
+
+    /// Why it failed, in words, when failover has something to say
+    /// ("Failover limit exceeded, all transports exhausted").
+    pub fn reason(&self) -> Option<&'static str> {
+        self.failover_exhausted.then_some(FAILOVER_EXHAUSTED)
+    }
+}
+
+/// How a task was served, packed in one word: transport, failover count,
+/// exhausted bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Served {
+    pub transport: TransportKind,
+    pub failover_count: u8,
+    pub exhausted: bool,
+}
+
+impl Served {
+    fn pack(self) -> u32 {
+        u32::from(self.transport as u8)
+            | u32::from(self.failover_count) << 8
+            | u32::from(self.exhausted) << 16
+    }
+    fn unpack(w: u32) -> Served {
+        Served {
+            transport: TransportKind::from_u8(w as u8).unwrap_or(TransportKind::Any),
+            failover_count: (w >> 8) as u8,
+            exhausted: w & (1 << 16) != 0,
+        }
+    }
 }
 
 /// One task slot, written by a worker, read by anyone.
@@ -84,6 +143,7 @@ pub(crate) struct BatchTask {
     state: AtomicU8,
     error: AtomicU16,
     bytes: AtomicU64,
+    served: AtomicU32,
     cancel: AtomicBool,
 }
 
@@ -93,13 +153,21 @@ impl BatchTask {
             state: AtomicU8::new(TaskState::Initial as u8),
             error: AtomicU16::new(0),
             bytes: AtomicU64::new(0),
+            served: AtomicU32::new(0),
             cancel: AtomicBool::new(false),
         }
     }
 
     /// Worker side: record the final result. The state store is last and
     /// Release, so a reader that sees a terminal state sees bytes and error.
-    pub(crate) fn finish(&self, state: TaskState, bytes: u64, error: Option<ErrorKind>) {
+    pub(crate) fn finish(
+        &self,
+        state: TaskState,
+        bytes: u64,
+        error: Option<ErrorKind>,
+        served: Served,
+    ) {
+        self.served.store(served.pack(), Ordering::Relaxed);
         self.bytes.store(bytes, Ordering::Relaxed);
         self.error
             .store(error.map_or(0, ErrorKind::code), Ordering::Relaxed);
@@ -127,10 +195,14 @@ impl BatchTask {
 
     fn status(&self) -> TaskStatus {
         let state = TaskState::from_u8(self.state.load(Ordering::Acquire));
+        let served = Served::unpack(self.served.load(Ordering::Relaxed));
         TaskStatus {
             state,
             transferred_bytes: self.bytes.load(Ordering::Relaxed),
             error: ErrorKind::from_code(self.error.load(Ordering::Relaxed)),
+            transport: served.transport,
+            failover_count: served.failover_count,
+            failover_exhausted: served.exhausted,
         }
     }
 }
@@ -338,15 +410,10 @@ impl Batch {
         };
         let worst = list.iter().max_by_key(|s| rank(s.state));
         match worst {
-            None => TaskStatus {
-                state: TaskState::Initial,
-                transferred_bytes: 0,
-                error: None,
-            },
+            None => TaskStatus::plain(TaskState::Initial, 0, None),
             Some(w) => TaskStatus {
-                state: w.state,
                 transferred_bytes: bytes,
-                error: w.error,
+                ..*w
             },
         }
     }
@@ -371,7 +438,7 @@ impl Batch {
     /// nothing stays Pending forever.
     pub(crate) fn abandon(&self, range: std::ops::Range<usize>, why: ErrorKind) {
         for t in &self.tasks[range] {
-            t.finish(TaskState::Failed, 0, Some(why));
+            t.finish(TaskState::Failed, 0, Some(why), Served::default());
         }
     }
 }
@@ -430,8 +497,10 @@ mod tests {
         assert!(e.to_string().contains("overflow"));
         assert_eq!(b.overall().state, TaskState::Pending);
         assert!(t.free(id).is_err(), "pending tasks block free");
-        b.task(0).finish(TaskState::Completed, 10, None);
-        b.task(1).finish(TaskState::Completed, 10, None);
+        b.task(0)
+            .finish(TaskState::Completed, 10, None, Served::default());
+        b.task(1)
+            .finish(TaskState::Completed, 10, None, Served::default());
         b.abandon(2..3, ErrorKind::SqFull);
         let o = b.overall();
         assert_eq!(

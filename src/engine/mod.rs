@@ -49,6 +49,8 @@ pub(crate) struct EngineShared {
     pub rdma: Option<Arc<crate::rdma::NicSet>>,
     /// The RDMA transport, when it is the one installed.
     pub rdma_transport: Option<Arc<RdmaTransport>>,
+    /// Failover counters.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 #[inline]
@@ -233,6 +235,7 @@ impl EngineBuilder {
             segments,
             transports,
             gate: self.gate.unwrap_or_else(|| Arc::new(OpenGate)),
+            metrics: Arc::new(crate::metrics::Metrics::default()),
             config,
         });
 
@@ -440,14 +443,22 @@ impl Engine {
         }
     }
 
-    /// The RDMA rails to an open segment, with their counters (empty when
-    /// RDMA does not reach it).
+    /// The rails to an open segment (RDMA's, then TCP's), with their
+    /// health and counters (empty when neither reaches it).
     pub fn rails(&self, id: SegmentId) -> Vec<crate::transport::RailStat> {
         self.shared
             .segments
             .load()
             .get(id)
-            .and_then(|s| crate::rdma::transport::peer_of(s).map(|p| p.rail_stats()))
+            .map(|s| {
+                let mut v = crate::rdma::transport::peer_of(s)
+                    .map(|p| p.rail_stats())
+                    .unwrap_or_default();
+                if let Some(p) = tcp::peer_of(s) {
+                    v.extend(p.rail_stats());
+                }
+                v
+            })
             .unwrap_or_default()
     }
 
@@ -763,6 +774,31 @@ impl Engine {
         t: Option<Arc<dyn Transport>>,
     ) -> Option<Arc<dyn Transport>> {
         self.shared.transports.swap(t, kind)
+    }
+
+    /// Failover counters.
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.shared.metrics
+    }
+
+    /// Every rail of every open segment (RDMA and TCP), with the segment's
+    /// name.
+    pub fn all_rails(&self) -> Vec<(String, crate::transport::RailStat)> {
+        let segments = self.shared.segments.load();
+        segments
+            .iter()
+            .flat_map(|s| {
+                self.rails(s.id())
+                    .into_iter()
+                    .map(|r| (s.name().to_owned(), r))
+            })
+            .collect()
+    }
+
+    /// Failover counters and per-rail state and bytes, in Prometheus text
+    /// exposition format.
+    pub fn metrics_text(&self) -> String {
+        self.shared.metrics.render(&self.all_rails())
     }
 
     /// Installed transports.

@@ -56,6 +56,15 @@ pub(crate) struct Task {
     pub xport_priority: u8,
     pub failover_count: u8,
     pub no_failover: bool,
+    /// A transient fault this task will fail over from once its slices on
+    /// the failing transport have drained.
+    pub failing: Option<ErrorKind>,
+    /// The transport that `failing` came from: when it is no longer the
+    /// task's (a submit-stage switch happened meanwhile), the task restarts
+    /// on its current transport instead of switching again.
+    pub failing_on: TransportKind,
+    /// Failed with its failover budget spent or no transport left.
+    pub exhausted: bool,
     pub last_slice: SliceRecord,
 }
 
@@ -83,6 +92,9 @@ impl Task {
             xport_priority: 0,
             failover_count: 0,
             no_failover: false,
+            failing: None,
+            failing_on: TransportKind::Any,
+            exhausted: false,
             last_slice: SliceRecord::default(),
         }
     }
@@ -97,10 +109,10 @@ impl Task {
         }
     }
 
-    /// Nothing more will be posted for it.
+    /// Nothing more will be posted for it (on its current transport).
     #[inline]
     pub fn posting_done(&self) -> bool {
-        self.posted >= self.len || self.error.is_some()
+        self.posted >= self.len || self.error.is_some() || self.failing.is_some()
     }
 
     /// The slice token for this task's current generation.

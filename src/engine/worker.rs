@@ -18,14 +18,14 @@ use tent_rings::credit::CreditPool;
 use tent_rings::spsc::{Consumer, Producer};
 use tent_rings::{Cqe, ErrorKind, Priority, Sqe, TransportKind};
 
-use super::batch::{BatchTask, TaskState};
+use super::batch::{BatchTask, Served, TaskState};
 use super::task::{Origin, SliceRecord, TaskTable};
 use super::{EngineShared, slot_index};
 use crate::clock::monotonic_ns;
 use crate::doorbell::{CqBell, Doorbell, Wakers};
 use crate::memory::RegionTable;
 use crate::qos::PriorityLanes;
-use crate::segment::SegmentTable;
+use crate::segment::{Segment, SegmentTable};
 use crate::transport::{Installed, Slice, SliceCompletion, Slot, SubmitOutcome};
 
 /// Every slot kind, indexed like `TransportSlots`.
@@ -35,6 +35,17 @@ const TRANSPORT_KINDS: [TransportKind; 5] = [
     TransportKind::Shm,
     TransportKind::Tcp,
     TransportKind::Rdma,
+];
+
+/// Transports best first. A request's ranked fallback list is this order
+/// filtered by what is installed and reaches its segment (so what both
+/// ends offer: RDMA → TCP for a remote peer, SHM → TCP for one on this
+/// host); its `xport_priority` is the index here of its current transport.
+const RANKED: [TransportKind; 4] = [
+    TransportKind::Local,
+    TransportKind::Shm,
+    TransportKind::Rdma,
+    TransportKind::Tcp,
 ];
 
 /// Bytes posted for one lane head before the worker goes back to its rings,
@@ -151,6 +162,8 @@ pub(crate) struct Worker {
     next_peer_check: u64,
     block_size: u64,
     default_timeout_ns: u64,
+    /// `max_failover_attempts` (0: failover off for every request).
+    max_failover: u8,
 }
 
 impl Worker {
@@ -190,6 +203,7 @@ impl Worker {
             next_peer_check: 0,
             block_size: cfg.block_size,
             default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
+            max_failover: cfg.max_failover_attempts.min(u32::from(u8::MAX)) as u8,
             regions: Cache::new(engine.regions.clone()),
             segments: Cache::new(engine.segments.clone()),
             slots: std::array::from_fn(|k| {
@@ -346,7 +360,7 @@ impl Worker {
     fn accept(&mut self, origin: Origin, sqe: &Sqe, now: u64) {
         let user_data = sqe.user_data();
         match self.validate(sqe, now) {
-            Err(kind) => self.deliver(origin, user_data, Err(kind), true, 0, TransportKind::Any, 0),
+            Err(kind) => self.deliver(origin, user_data, Err(kind), true, 0, Served::default()),
             Ok(v) => {
                 let Some(i) = self.tasks.alloc() else {
                     // Unreachable: intake checks is_full() first.
@@ -356,8 +370,7 @@ impl Worker {
                         Err(ErrorKind::SqFull),
                         false,
                         0,
-                        TransportKind::Any,
-                        0,
+                        Served::default(),
                     );
                     return;
                 };
@@ -380,6 +393,9 @@ impl Worker {
                 t.xport_priority = v.xport_priority;
                 t.failover_count = 0;
                 t.no_failover = sqe.no_failover();
+                t.failing = None;
+                t.failing_on = TransportKind::Any;
+                t.exhausted = false;
                 t.last_slice = SliceRecord::default();
                 // Lanes are as large as the task table: this cannot fail.
                 let queued = self.lanes.push(v.priority, i, now);
@@ -409,12 +425,9 @@ impl Worker {
             .get(sqe.remote().segment)
             .ok_or(ErrorKind::SegmentNotFound)?
             .clone();
-        let ranked = segment.transports();
-        let slots = &mut self.slots;
-        let pick = ranked.iter().enumerate().find(|(_, k)| {
-            (hint == TransportKind::Any || hint == **k) && slots[slot_index(**k)].load().is_some()
-        });
-        let (xport_priority, &transport) = pick.ok_or(ErrorKind::Unreachable)?;
+        let (xport_priority, transport) = self
+            .resolve(&segment, 0, hint)
+            .ok_or(ErrorKind::Unreachable)?;
         let deadline_ns = match sqe.deadline_ns() {
             0 => now + self.default_timeout_ns,
             d if d <= now => return Err(ErrorKind::Timeout),
@@ -427,9 +440,106 @@ impl Worker {
             region,
             segment,
             transport,
-            xport_priority: xport_priority as u8,
+            xport_priority,
             deadline_ns,
         })
+    }
+
+    /// The best transport at rank `from` or below that is installed and
+    /// reaches `segment` (only `only`, unless it is `Any`), with its rank.
+    fn resolve(
+        &mut self,
+        segment: &Segment,
+        from: usize,
+        only: TransportKind,
+    ) -> Option<(u8, TransportKind)> {
+        for (rank, &kind) in RANKED.iter().enumerate().skip(from) {
+            if only != TransportKind::Any && kind != only {
+                continue;
+            }
+            if let Some(installed) = self.slots[slot_index(kind)].load().as_ref()
+                && installed.transport.reaches(segment)
+            {
+                return Some((rank as u8, kind));
+            }
+        }
+        None
+    }
+
+    /// May task `i` fail over from a transient `kind` at all?
+    #[inline]
+    fn may_fail_over(&mut self, i: u32, kind: ErrorKind) -> bool {
+        let max = self.max_failover;
+        let t = self.tasks.get_mut(i);
+        kind.is_transient() && !t.no_failover && max > 0 && kind != ErrorKind::Timeout
+    }
+
+    /// Move task `i`, whose current transport failed with `cause`, to the
+    /// next transport in its ranked list (TENT's `resubmitTransferTask`).
+    /// Posting resumes at the task's cursor: the caller has made sure that
+    /// everything before it is done and nothing after it is in flight on
+    /// the old transport. Returns false, with the task's error set, when
+    /// the budget is spent or no transport is left.
+    fn fail_over(&mut self, i: u32, cause: ErrorKind) -> bool {
+        let max = self.max_failover;
+        let t = self.tasks.get_mut(i);
+        let from = t.transport;
+        t.failing = None;
+        if t.failover_count >= max {
+            tracing::warn!("Task failover limit reached ({max}), last transport={from}");
+            t.error = Some(cause);
+            t.exhausted = true;
+            self.engine.metrics.exhausted();
+            return false;
+        }
+        let from_rank = usize::from(t.xport_priority) + 1;
+        let segment = t.segment.clone().expect("live task has a segment");
+        let Some((rank, to)) = self.resolve(&segment, from_rank, TransportKind::Any) else {
+            tracing::warn!("No more transports available after {from} failed");
+            let t = self.tasks.get_mut(i);
+            t.error = Some(cause);
+            t.exhausted = true;
+            self.engine.metrics.exhausted();
+            return false;
+        };
+        let t = self.tasks.get_mut(i);
+        t.failover_count += 1;
+        t.transport = to;
+        t.xport_priority = rank;
+        tracing::info!(
+            cause = %cause,
+            "Transport failover: {from} -> {to} (attempt {}/{max})",
+            t.failover_count
+        );
+        self.engine.metrics.failover(from, to);
+        true
+    }
+
+    /// Completion-stage failover: task `i`'s slices on the failed transport
+    /// have drained; which of them landed is not known per byte, so the
+    /// whole request runs again on the next transport (as TENT resubmits a
+    /// task). Returns false, with the error set, if it cannot.
+    fn resubmit(&mut self, i: u32, cause: ErrorKind) -> bool {
+        let t = self.tasks.get_mut(i);
+        if t.failing_on == t.transport {
+            if !self.fail_over(i, cause) {
+                return false;
+            }
+        } else {
+            // A straggler of a transport it already left failed: run
+            // again on the current one, no switch spent.
+            t.failing = None;
+        }
+        let t = self.tasks.get_mut(i);
+        t.posted = 0;
+        t.done = 0;
+        let priority = t.priority;
+        // The task may still sit in a lane (a multi-slice task failing
+        // while not at the head): one entry only.
+        self.lanes.retain(|x| x != i);
+        let queued = self.lanes.push(priority, i, monotonic_ns());
+        debug_assert!(queued, "lanes are as large as the task table");
+        true
     }
 
     /// Post slices of lane heads.
@@ -501,6 +611,40 @@ impl Worker {
                 bytes: len,
                 post_ns: now,
             };
+            // A slice the transport did not start, or finished with a
+            // transient fault at once, has moved no byte that matters: its
+            // range (and the rest of the task) moves to the next transport
+            // right away, while slices already posted on this one finish
+            // there. Nothing is posted twice (submit-stage failover).
+            let refused = match outcome[0] {
+                SubmitOutcome::Rejected(e) | SubmitOutcome::Completed(Err(e))
+                    if e.is_transient() =>
+                {
+                    Some(e)
+                }
+                _ => None,
+            };
+            if let Some(e) = refused {
+                if credited {
+                    pool.release(1, now);
+                }
+                t.posted -= len;
+                if e == ErrorKind::SqFull && self.async_inflight > 0 {
+                    // Back-pressure, not a fault: completions will free room.
+                    break;
+                }
+                if self.may_fail_over(i, e) && self.fail_over(i, e) {
+                    work = true;
+                    continue;
+                }
+                let t = self.tasks.get_mut(i);
+                t.error.get_or_insert(e);
+                self.lanes.pop(p);
+                self.maybe_finish(i);
+                work = true;
+                continue;
+            }
+            let t = self.tasks.get_mut(i);
             match outcome[0] {
                 SubmitOutcome::Completed(res) => {
                     if credited {
@@ -611,10 +755,20 @@ impl Worker {
             match result {
                 Ok(b) => t.done += b,
                 Err(e) => {
-                    t.error.get_or_insert(e);
+                    if t.error.is_none() && t.failing.is_none() {
+                        if self.may_fail_over(i, e) {
+                            // Stop posting here; fail over once the rest
+                            // of its slices on this transport drain.
+                            let t = self.tasks.get_mut(i);
+                            t.failing = Some(e);
+                            t.failing_on = kind;
+                        } else {
+                            self.tasks.get_mut(i).error = Some(e);
+                        }
+                    }
                 }
             }
-            if t.posting_done() {
+            if self.tasks.get_mut(i).posting_done() {
                 self.maybe_finish(i);
             }
         }
@@ -628,6 +782,16 @@ impl Worker {
             return;
         }
         if !t.reported
+            && t.inflight == 0
+            && t.error.is_none()
+            && let Some(cause) = t.failing
+            && self.resubmit(i, cause)
+        {
+            // Queued again on the next transport; still PENDING.
+            return;
+        }
+        let t = self.tasks.get_mut(i);
+        if !t.reported
             && (t.inflight == 0
                 || matches!(t.error, Some(ErrorKind::Timeout | ErrorKind::Canceled)))
         {
@@ -636,10 +800,14 @@ impl Worker {
                 Some(e) => Err(e),
                 None => Ok(t.done),
             };
-            let (origin, user_data, transport, fo) =
-                (t.origin, t.user_data, t.transport, t.failover_count);
+            let (origin, user_data) = (t.origin, t.user_data);
+            let served = Served {
+                transport: t.transport,
+                failover_count: t.failover_count,
+                exhausted: t.exhausted,
+            };
             let done = t.done;
-            self.deliver_task(origin, user_data, res, done, transport, fo);
+            self.deliver_task(origin, user_data, res, done, served);
         }
         let t = self.tasks.get_mut(i);
         if t.reported && t.inflight == 0 {
@@ -654,10 +822,9 @@ impl Worker {
         user_data: u64,
         res: Result<u64, ErrorKind>,
         done: u64,
-        transport: TransportKind,
-        failovers: u8,
+        served: Served,
     ) {
-        self.deliver(origin, user_data, res, false, done, transport, failovers);
+        self.deliver(origin, user_data, res, false, done, served);
         if res.is_ok() {
             // Single writer (this worker): a plain store, no locked RMW.
             let s = &self.shared;
@@ -670,7 +837,6 @@ impl Worker {
 
     /// Post a completion for `origin`: a CQE, or the batch task's state.
     /// `validation`: the request was refused before any byte moved.
-    #[allow(clippy::too_many_arguments)]
     fn deliver(
         &mut self,
         origin: Origin,
@@ -678,22 +844,28 @@ impl Worker {
         res: Result<u64, ErrorKind>,
         validation: bool,
         done: u64,
-        transport: TransportKind,
-        failovers: u8,
+        served: Served,
     ) {
         match origin {
             Origin::Batch => {
                 // SAFETY: a batch SQE's user_data is a BatchTask address kept alive until it leaves Pending (which this store does).
                 let slot = unsafe { BatchTask::from_user_data(user_data) };
-                slot.finish(TaskState::for_result(res, validation), done, res.err());
+                slot.finish(
+                    TaskState::for_result(res, validation),
+                    done,
+                    res.err(),
+                    served,
+                );
             }
             Origin::Ring(ri) => {
                 let Some(ring) = self.rings[ri as usize].as_mut() else {
                     return;
                 };
                 let cqe = Cqe::new(user_data, res)
-                    .with_transport(transport)
-                    .with_failover_count(failovers);
+                    .with_transport(served.transport)
+                    .with_failover_count(served.failover_count)
+                    .with_fallback(res.is_ok() && served.failover_count > 0)
+                    .with_failover_exhausted(served.exhausted);
                 if let Some(cq) = ring.cq.as_mut() {
                     // Intake reserved this slot: the push cannot fail.
                     let pushed = cq.push(cqe).is_ok();
@@ -865,8 +1037,7 @@ impl Worker {
                     Err(ErrorKind::Shutdown),
                     false,
                     0,
-                    TransportKind::Any,
-                    0,
+                    Served::default(),
                 );
             }
             if let Some(ring) = self.rings[ri].as_mut() {

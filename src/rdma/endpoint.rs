@@ -57,6 +57,11 @@ pub struct RdmaSlice {
     /// transport keeps the local region there, to find its lkey on another
     /// rail).
     pub ctx: usize,
+    /// When the caller handed it over (monotonic ns; 0 = not timed): the
+    /// rail's bandwidth estimate is fed from it.
+    pub posted_ns: u64,
+    /// Slices ahead of it on its rail when posted (bandwidth estimate).
+    pub ahead: u16,
 }
 
 /// A slice's end.

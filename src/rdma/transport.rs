@@ -41,11 +41,13 @@ use tent_rings::{ErrorKind, TransportKind};
 use super::endpoint::{Endpoint, Queue, QueueSource, RdmaCompletion, RdmaSlice};
 use super::nic::NicSet;
 use super::responder::{bootstrap, endpoint};
+use crate::clock::monotonic_ns;
 use crate::config::Config;
 use crate::control::{RegionEntry, SegmentDescriptor};
 use crate::error::{Error, Result};
 use crate::memory::MemRegion;
 use crate::netlink::{self, LinkEvent, LinkWatch};
+use crate::rail::{RailMonitor, RailPolicy, review_bandwidth};
 use crate::segment::Segment;
 use crate::select::DeviceSelector;
 use crate::transport::{
@@ -56,6 +58,8 @@ use crate::verbs::{CompletionQueue, QueuePair};
 /// Times a slice may move between rails (on top of QP re-posts) before its
 /// failure reaches the task.
 const MAX_RAIL_MOVES: u8 = 8;
+/// How often a peer's rails are compared for bandwidth.
+const REVIEW_NS: u64 = 100_000_000;
 
 /// Settings read once from the config.
 #[derive(Debug, Clone)]
@@ -65,6 +69,7 @@ struct Settings {
     backlog: usize,
     secret: Option<Vec<u8>>,
     connect_timeout: Duration,
+    rail_policy: RailPolicy,
 }
 
 /// One rail to a peer.
@@ -76,8 +81,8 @@ pub struct RdmaRail {
     pub remote: usize,
     /// The remote NIC's name.
     pub remote_name: String,
-    /// Bytes moved (completed slices), every worker together.
-    bytes: CachePadded<AtomicU64>,
+    /// Its health (and bytes carried), every worker together.
+    pub monitor: RailMonitor,
     /// Slices moved off this rail to a sibling.
     moved: AtomicU64,
 }
@@ -85,7 +90,7 @@ pub struct RdmaRail {
 impl RdmaRail {
     /// Bytes this rail has carried.
     pub fn bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
+        self.monitor.bytes()
     }
 
     /// Slices moved off this rail to a sibling rail.
@@ -109,6 +114,7 @@ pub struct RdmaPeer {
     regions: Vec<RegionEntry>,
     rails: Vec<RdmaRail>,
     nics: Arc<NicSet>,
+    next_review: AtomicU64,
     per_worker: Box<[CachePadded<UnsafeCell<PeerEndpoints>>]>,
 }
 
@@ -145,6 +151,11 @@ impl RdmaPeer {
                     up: nic.is_up(),
                     bytes: r.bytes(),
                     moved: r.moved(),
+                    state: r.monitor.state(),
+                    failures: r.monitor.failures(),
+                    trips: r.monitor.trips(),
+                    inflight: r.monitor.inflight(),
+                    bandwidth: r.monitor.bandwidth(),
                 }
             })
             .collect()
@@ -156,13 +167,39 @@ impl RdmaPeer {
         RegionEntry::find(&self.regions, addr, len)
     }
 
-    /// Can rail `r` carry a slice between `local` and `remote` now?
+    /// Can rail `r` carry a slice between `local` and `remote` now (link
+    /// up, both keys, and its `RailMonitor` lets it)? With `preferred`,
+    /// only if it is not demoted for being slow either.
     #[inline]
-    fn usable(&self, r: usize, local: &MemRegion, remote: &RegionEntry) -> bool {
+    fn usable(&self, r: usize, local: &MemRegion, remote: &RegionEntry, preferred: bool) -> bool {
         let rail = &self.rails[r];
         self.nics.nics()[rail.local].is_up()
             && rkey_on(remote, rail.remote).is_some()
             && local.lkey(rail.local).is_some()
+            && if preferred {
+                rail.monitor.preferred()
+            } else {
+                rail.monitor.available()
+            }
+    }
+
+    /// Demote rails that are slow against their siblings (every 100 ms at
+    /// most, by whichever worker comes first).
+    fn review(&self, now: u64) {
+        let due = self.next_review.load(Ordering::Relaxed);
+        if now >= due
+            && self
+                .next_review
+                .compare_exchange(due, now + REVIEW_NS, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            review_bandwidth(
+                self.rails.len(),
+                |i| &self.rails[i].monitor,
+                |i| self.nics.nics()[self.rails[i].local].is_up(),
+                now,
+            );
+        }
     }
 
     /// # Safety
@@ -303,6 +340,7 @@ impl RdmaTransport {
                 secret: (!config.rpc_shared_secret.is_empty())
                     .then(|| config.rpc_shared_secret.as_bytes().to_vec()),
                 connect_timeout: Duration::from_millis(config.default_timeout_ms.clamp(100, 5_000)),
+                rail_policy: RailPolicy::from_config(config),
             },
             nics,
             workers,
@@ -331,7 +369,11 @@ impl RdmaTransport {
                 local: i % local,
                 remote: i % remote,
                 remote_name: desc.nics[i % remote].name.clone(),
-                bytes: CachePadded::new(AtomicU64::new(0)),
+                monitor: RailMonitor::new(
+                    self.settings.rail_policy,
+                    self.nics.nics()[i % local].ctx.name(),
+                    desc.nics[i % remote].name.clone(),
+                ),
                 moved: AtomicU64::new(0),
             })
             .collect();
@@ -378,6 +420,7 @@ impl RdmaTransport {
             regions,
             rails,
             nics: self.nics.clone(),
+            next_review: AtomicU64::new(0),
             per_worker,
         }))
     }
@@ -402,18 +445,26 @@ impl RdmaTransport {
         remote: &RegionEntry,
         avoid: Option<usize>,
     ) -> std::result::Result<(), ErrorKind> {
+        let n = peer.rails.len();
         let rail = self
             .selector
-            .pick(&mut eps.cursor, peer.rails.len(), avoid, |r| {
-                peer.usable(r, local, remote)
+            .pick(&mut eps.cursor, n, avoid, |r| {
+                peer.usable(r, local, remote, true)
+            })
+            .or_else(|| {
+                self.selector.pick(&mut eps.cursor, n, avoid, |r| {
+                    peer.usable(r, local, remote, false)
+                })
             })
             .ok_or(ErrorKind::RouteLost)?;
         let r = &peer.rails[rail];
         s.lkey = local.lkey(r.local).ok_or(ErrorKind::RouteLost)?;
         s.rkey = rkey_on(remote, r.remote).ok_or(ErrorKind::RouteLost)?;
+        s.ahead = r.monitor.on_post();
         if eps.eps[rail].submit(s) {
             Ok(())
         } else {
+            r.monitor.on_leave();
             Err(ErrorKind::SqFull)
         }
     }
@@ -517,6 +568,7 @@ impl Transport for RdmaTransport {
     fn submit(&self, worker: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
         // SAFETY: the engine calls submit for worker `worker` from that worker's thread only.
         let ws = unsafe { self.worker(worker) };
+        let now = monotonic_ns();
         for (s, o) in slices.iter().zip(out.iter_mut()) {
             let Some(attached) = s.segment.attachment(TransportKind::Rdma) else {
                 *o = SubmitOutcome::Rejected(ErrorKind::Unreachable);
@@ -553,6 +605,8 @@ impl Transport for RdmaTransport {
                 rkey: 0,
                 reposts: 0,
                 ctx: s.region as *const MemRegion as usize,
+                posted_ns: now,
+                ahead: 0,
             };
             // SAFETY: as above, this is worker `worker`'s thread.
             let eps = unsafe { peer.endpoints(worker) };
@@ -609,6 +663,7 @@ impl Transport for RdmaTransport {
             for k in 0..ws.moved.len() {
                 let (from, s) = ws.moved[k];
                 peer.rails[from].moved.fetch_add(1, Ordering::Relaxed);
+                peer.rails[from].monitor.on_leave();
                 if s.reposts >= MAX_RAIL_MOVES || self.repost(peer, eps, s, from).is_err() {
                     ws.ready.push_back(SliceCompletion {
                         token: s.token,
@@ -620,8 +675,24 @@ impl Transport for RdmaTransport {
                 }
             }
             ws.moved.clear();
+            let now = if ws.done.is_empty() {
+                0
+            } else {
+                monotonic_ns()
+            };
             for k in 0..ws.done.len() {
                 let (from, c) = ws.done[k];
+                let monitor = &peer.rails[from].monitor;
+                monitor.on_leave();
+                match c.result {
+                    Ok(b) => monitor.mark_recovered(
+                        b,
+                        now.saturating_sub(c.slice.posted_ns),
+                        c.slice.ahead,
+                    ),
+                    Err(kind) if rail_fault(kind) => monitor.mark_failed(),
+                    Err(_) => {}
+                }
                 if let Err(kind) = c.result
                     && rail_fault(kind)
                     && c.slice.reposts < MAX_RAIL_MOVES
@@ -634,9 +705,6 @@ impl Transport for RdmaTransport {
                         continue;
                     }
                 }
-                if let Ok(b) = c.result {
-                    peer.rails[from].bytes.fetch_add(b, Ordering::Relaxed);
-                }
                 ws.ready.push_back(SliceCompletion {
                     token: c.token,
                     result: c.result,
@@ -644,6 +712,9 @@ impl Transport for RdmaTransport {
                 eps.outstanding -= 1;
             }
             ws.done.clear();
+            if now != 0 {
+                peer.review(now);
+            }
             if eps.outstanding == 0 {
                 eps.active = false;
                 ws.active.swap_remove(i);

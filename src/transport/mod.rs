@@ -7,6 +7,7 @@
 //! in [`TransportSlots`], one slot per [`TransportKind`], and a test may
 //! swap a slot after the engine is built.
 
+pub mod fault;
 pub mod local;
 pub mod shm;
 pub mod tcp;
@@ -72,6 +73,16 @@ pub struct RailStat {
     pub bytes: u64,
     /// Slices moved off it to a sibling rail.
     pub moved: u64,
+    /// What its `RailMonitor` says of it.
+    pub state: crate::rail::RailState,
+    /// Slice failures reported on it.
+    pub failures: u64,
+    /// Times its error threshold paused it.
+    pub trips: u64,
+    /// Slices on it now.
+    pub inflight: u32,
+    /// Its bandwidth estimate, bytes per second (0: not measured).
+    pub bandwidth: u64,
 }
 
 /// What became of one submitted slice.

@@ -191,6 +191,8 @@ fn slice(token: u64) -> RdmaSlice {
         rkey: 2,
         reposts: 0,
         ctx: 0,
+        posted_ns: 0,
+        ahead: 0,
     }
 }
 

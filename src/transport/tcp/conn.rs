@@ -52,6 +52,9 @@ pub struct Op {
     pub len: u64,
     /// The target region's key.
     pub key: u64,
+    /// When the worker posted it (monotonic ns): the rail's bandwidth
+    /// estimate is fed from it.
+    pub posted_ns: u64,
     /// Position on its connection (checked against the response).
     pub seq: u32,
     /// 0 = done, else the `ErrorKind` code.
@@ -62,7 +65,9 @@ pub struct Op {
     pub attempts: u8,
     /// Rail index within its peer.
     pub rail: u16,
-    _pad: [u8; 14],
+    /// Slices ahead of it on its rail when posted (bandwidth estimate).
+    pub ahead: u16,
+    _pad: [u8; 4],
 }
 
 const _: () = assert!(std::mem::size_of::<Op>() == 64);

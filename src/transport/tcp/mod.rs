@@ -18,7 +18,7 @@ pub mod server;
 
 use std::cell::UnsafeCell;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -28,15 +28,22 @@ use tent_rings::{ErrorKind, TransportKind};
 pub use conn::{Conn, ConnEnds, Endpoint, Op};
 pub use server::DataServer;
 
-use super::{Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport};
+use super::{
+    Capabilities, InstallContext, RailStat, Slice, SliceCompletion, SubmitOutcome, Transport,
+};
+use crate::clock::monotonic_ns;
 use crate::config::Config;
 use crate::control::wire::RailEntry;
 use crate::control::{RegionEntry, SegmentDescriptor};
 use crate::doorbell::Wakers;
 use crate::error::{Error, Result};
 use crate::netlink::{self, LinkEvent, LinkWatch};
+use crate::rail::{RailMonitor, RailPolicy, review_bandwidth};
 use crate::segment::Segment;
 use crate::select::DeviceSelector;
+
+/// How often a peer's rails are compared for bandwidth.
+const REVIEW_NS: u64 = 100_000_000;
 
 /// Settings read once from the config.
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +55,7 @@ struct Settings {
     user_timeout_ms: u32,
     connect_timeout: Duration,
     slice_bytes: u64,
+    rail_policy: RailPolicy,
 }
 
 /// One rail to one peer.
@@ -63,6 +71,10 @@ pub struct TcpRail {
     pub endpoint: Arc<Endpoint>,
     /// Every connection on this rail, for the link watch.
     conns: Mutex<Vec<Arc<Conn>>>,
+    /// Its health and bytes carried.
+    pub monitor: RailMonitor,
+    /// Slices moved off it to a sibling rail.
+    moved: AtomicU64,
 }
 
 impl TcpRail {
@@ -83,6 +95,7 @@ impl TcpRail {
             }
         } else if !was && up {
             tracing::info!(local = %self.local_name, remote = %self.remote_name, "rail up: link restored");
+            self.monitor.link_restored();
         }
     }
 }
@@ -103,6 +116,7 @@ pub struct TcpPeer {
     regions: Vec<RegionEntry>,
     rails: Vec<Arc<TcpRail>>,
     conns_per_rail: usize,
+    next_review: AtomicU64,
     per_worker: Box<[CachePadded<UnsafeCell<PeerLinks>>]>,
 }
 
@@ -124,6 +138,45 @@ impl TcpPeer {
     /// The rails to this peer.
     pub fn rails(&self) -> &[Arc<TcpRail>] {
         &self.rails
+    }
+
+    /// Each rail's names, link state, health and counters.
+    pub fn rail_stats(&self) -> Vec<RailStat> {
+        self.rails
+            .iter()
+            .map(|r| RailStat {
+                transport: TransportKind::Tcp,
+                local: r.local_name.clone(),
+                remote: r.remote_name.clone(),
+                up: r.is_up(),
+                bytes: r.monitor.bytes(),
+                moved: r.moved.load(Ordering::Relaxed),
+                state: r.monitor.state(),
+                failures: r.monitor.failures(),
+                trips: r.monitor.trips(),
+                inflight: r.monitor.inflight(),
+                bandwidth: r.monitor.bandwidth(),
+            })
+            .collect()
+    }
+
+    /// Demote rails that are slow against their siblings (every 100 ms at
+    /// most, by whichever worker comes first).
+    fn review(&self, now: u64) {
+        let due = self.next_review.load(Ordering::Relaxed);
+        if now >= due
+            && self
+                .next_review
+                .compare_exchange(due, now + REVIEW_NS, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            review_bandwidth(
+                self.rails.len(),
+                |i| &self.rails[i].monitor,
+                |i| self.rails[i].is_up(),
+                now,
+            );
+        }
     }
 
     /// The key for `[addr, addr+len)`, checked against the peer's
@@ -189,6 +242,7 @@ impl TcpTransport {
                 user_timeout_ms: t.user_timeout_ms.min(u32::MAX as u64) as u32,
                 connect_timeout: Duration::from_millis(config.default_timeout_ms.clamp(100, 5_000)),
                 slice_bytes: t.slice_size.min(frame::MAX_OP_LEN),
+                rail_policy: RailPolicy::from_config(config),
             },
             workers,
             selector: DeviceSelector::default(),
@@ -263,6 +317,7 @@ impl TcpTransport {
             regions,
             rails,
             conns_per_rail: s.conns_per_rail,
+            next_review: AtomicU64::new(0),
             per_worker: per_worker.into_boxed_slice(),
         }))
     }
@@ -284,10 +339,17 @@ impl TcpTransport {
             Some(i) => (i.name.clone(), i.index, i.up),
             None => (local_ip.to_string(), 0, true),
         };
+        let remote_name = format!("{}@{}", entry.name, entry.addr);
         Ok(TcpRail {
+            monitor: RailMonitor::new(
+                self.settings.rail_policy,
+                local_name.clone(),
+                remote_name.clone(),
+            ),
+            moved: AtomicU64::new(0),
             local_name,
             ifindex,
-            remote_name: format!("{}@{}", entry.name, entry.addr),
+            remote_name,
             endpoint: Arc::new(Endpoint {
                 local_ip,
                 remote,
@@ -314,17 +376,28 @@ impl TcpTransport {
         mut op: Op,
         avoid: Option<usize>,
     ) -> std::result::Result<(), ErrorKind> {
+        let n = peer.rails.len();
         let rail = self
             .selector
-            .pick(&mut links.rail_cursor, peer.rails.len(), avoid, |r| {
-                peer.rails[r].is_up()
+            .pick(&mut links.rail_cursor, n, avoid, |r| {
+                peer.rails[r].is_up() && peer.rails[r].monitor.preferred()
+            })
+            .or_else(|| {
+                self.selector.pick(&mut links.rail_cursor, n, avoid, |r| {
+                    peer.rails[r].is_up() && peer.rails[r].monitor.available()
+                })
             })
             .ok_or(ErrorKind::RouteLost)?;
         let c = links.conn_cursor[rail];
         links.conn_cursor[rail] = (c + 1) % peer.conns_per_rail;
         let ends = &mut links.ends[rail * peer.conns_per_rail + c];
         op.rail = rail as u16;
-        ends.submit.push(op).map_err(|_| ErrorKind::SqFull)?;
+        let monitor = &peer.rails[rail].monitor;
+        op.ahead = monitor.on_post();
+        if ends.submit.push(op).is_err() {
+            monitor.on_leave();
+            return Err(ErrorKind::SqFull);
+        }
         ends.submit.sync();
         ends.conn.wake();
         Ok(())
@@ -397,6 +470,7 @@ impl Transport for TcpTransport {
     fn submit(&self, worker: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
         // SAFETY: the engine calls submit for worker `worker` from that worker's thread only.
         let ws = unsafe { self.worker(worker) };
+        let now = monotonic_ns();
         for (s, o) in slices.iter().zip(out.iter_mut()) {
             let Some(attached) = s.segment.attachment(TransportKind::Tcp) else {
                 *o = SubmitOutcome::Rejected(ErrorKind::Unreachable);
@@ -415,7 +489,8 @@ impl Transport for TcpTransport {
             };
             // SAFETY: as above, this is worker `worker`'s thread.
             let links = unsafe { peer.links(worker) };
-            let op = Op::new(s.token, s.opcode, s.local, s.remote, s.len, key);
+            let mut op = Op::new(s.token, s.opcode, s.local, s.remote, s.len, key);
+            op.posted_ns = now;
             *o = match self.post(peer, links, op, None) {
                 Ok(()) => {
                     links.outstanding += 1;
@@ -440,16 +515,34 @@ impl Transport for TcpTransport {
         let ws = unsafe { self.worker(worker) };
         let mut n = 0;
         let mut i = 0;
+        let mut now = 0;
         while i < ws.active.len() && n < out.len() {
             let peer = &ws.active[i];
             // SAFETY: as above, this is worker `worker`'s thread.
             let links = unsafe { peer.links(worker) };
+            let before = n;
             for e in 0..links.ends.len() {
                 while n < out.len() {
                     let Some(op) = links.ends[e].done.pop() else {
                         break;
                     };
+                    if now == 0 {
+                        now = monotonic_ns();
+                    }
                     let result = op.result();
+                    let rail = &peer.rails[op.rail as usize];
+                    rail.monitor.on_leave();
+                    match result {
+                        Ok(b) => rail.monitor.mark_recovered(
+                            b,
+                            now.saturating_sub(op.posted_ns),
+                            op.ahead,
+                        ),
+                        // A rail whose link is down is out already; its
+                        // monitor counts faults the link state cannot see.
+                        Err(k) if rail_fault(k) && rail.is_up() => rail.monitor.mark_failed(),
+                        Err(_) => {}
+                    }
                     if result == Err(ErrorKind::RouteLost)
                         && (op.attempts as usize) < peer.rails.len()
                     {
@@ -460,6 +553,7 @@ impl Transport for TcpTransport {
                             .post(peer, links, again, Some(op.rail as usize))
                             .is_ok()
                         {
+                            rail.moved.fetch_add(1, Ordering::Relaxed);
                             tracing::debug!(peer = %peer.name, from_rail = op.rail, "slice re-posted on a sibling rail");
                             continue;
                         }
@@ -473,6 +567,9 @@ impl Transport for TcpTransport {
                 }
                 links.ends[e].done.sync();
             }
+            if n > before {
+                peer.review(now);
+            }
             if links.outstanding == 0 {
                 links.active = false;
                 ws.active.swap_remove(i);
@@ -482,6 +579,13 @@ impl Transport for TcpTransport {
         }
         n
     }
+}
+
+/// Is `kind` the fault of a rail (so a sibling may do better), as the
+/// rail's monitor counts it? Back-pressure is not.
+#[inline]
+fn rail_fault(kind: ErrorKind) -> bool {
+    kind.is_transient() && kind != ErrorKind::SqFull
 }
 
 /// The rails this engine advertises for a data server on `port`: the

@@ -1,0 +1,220 @@
+//! Counters an operator watches, in Prometheus text format.
+//!
+//! - `tent_transport_failover_total{from,to}`: transport switches (seed
+//!   000's metric), one per successful switch of one task.
+//! - `tent_task_failover_exhausted_total`: tasks that failed after their
+//!   budget ran out or no transport was left.
+//! - per rail: `tent_rail_state` (0 healthy, 1 degraded, 2 demoted,
+//!   3 paused), `tent_rail_up`, `tent_rail_bytes_total`,
+//!   `tent_rail_failures_total`, `tent_rail_trips_total`,
+//!   `tent_rail_moved_slices_total`, `tent_rail_inflight_slices`,
+//!   `tent_rail_bandwidth_bytes_per_second`.
+//!
+//! Counters are written by workers on the failure path only (never per
+//! slice), so plain relaxed RMWs on shared atomics cost nothing that
+//! matters.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tent_rings::TransportKind;
+
+use crate::transport::RailStat;
+
+const KINDS: usize = 5;
+
+/// Engine-wide counters.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    failover: [[AtomicU64; KINDS]; KINDS],
+    exhausted: AtomicU64,
+}
+
+impl Metrics {
+    /// One task switched from `from` to `to`.
+    pub fn failover(&self, from: TransportKind, to: TransportKind) {
+        self.failover[from as usize][to as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One task failed with no failover left.
+    pub fn exhausted(&self) {
+        self.exhausted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Switches from `from` to `to` so far.
+    pub fn failovers(&self, from: TransportKind, to: TransportKind) -> u64 {
+        self.failover[from as usize][to as usize].load(Ordering::Relaxed)
+    }
+
+    /// Switches so far, every pair together.
+    pub fn failovers_total(&self) -> u64 {
+        self.failover
+            .iter()
+            .flatten()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Tasks that ran out of failover so far.
+    pub fn exhausted_total(&self) -> u64 {
+        self.exhausted.load(Ordering::Relaxed)
+    }
+
+    /// Everything, in Prometheus text exposition format; `rails` are
+    /// (segment name, rail) pairs.
+    pub fn render(&self, rails: &[(String, RailStat)]) -> String {
+        let mut out = String::new();
+        out.push_str(
+            "# HELP tent_transport_failover_total Tasks moved from one transport to the next after a transient failure.\n\
+             # TYPE tent_transport_failover_total counter\n",
+        );
+        for (f, row) in self.failover.iter().enumerate() {
+            for (t, c) in row.iter().enumerate() {
+                let n = c.load(Ordering::Relaxed);
+                if n == 0 {
+                    continue;
+                }
+                let name =
+                    |k: usize| TransportKind::from_u8(k as u8).map_or("unknown", |k| k.name());
+                let _ = writeln!(
+                    out,
+                    "tent_transport_failover_total{{from=\"{}\",to=\"{}\"}} {n}",
+                    name(f),
+                    name(t)
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP tent_task_failover_exhausted_total Tasks failed after every transport allowed had failed.\n\
+             # TYPE tent_task_failover_exhausted_total counter\n\
+             tent_task_failover_exhausted_total {}",
+            self.exhausted_total()
+        );
+        type Field = fn(&RailStat) -> u64;
+        let families: [(&str, &str, &str, Field); 8] = [
+            (
+                "tent_rail_state",
+                "gauge",
+                "Rail state: 0 healthy, 1 degraded, 2 demoted, 3 paused.",
+                |r| u64::from(r.state.gauge()),
+            ),
+            (
+                "tent_rail_up",
+                "gauge",
+                "Is the rail's local link up (1) or down (0).",
+                |r| u64::from(r.up),
+            ),
+            (
+                "tent_rail_bytes_total",
+                "counter",
+                "Bytes the rail has carried.",
+                |r| r.bytes,
+            ),
+            (
+                "tent_rail_failures_total",
+                "counter",
+                "Slice failures reported on the rail.",
+                |r| r.failures,
+            ),
+            (
+                "tent_rail_trips_total",
+                "counter",
+                "Times the rail was paused by its error threshold.",
+                |r| r.trips,
+            ),
+            (
+                "tent_rail_moved_slices_total",
+                "counter",
+                "Slices moved off the rail to a sibling.",
+                |r| r.moved,
+            ),
+            (
+                "tent_rail_inflight_slices",
+                "gauge",
+                "Slices on the rail now.",
+                |r| u64::from(r.inflight),
+            ),
+            (
+                "tent_rail_bandwidth_bytes_per_second",
+                "gauge",
+                "The rail's bandwidth estimate (queue-normalised EWMA).",
+                |r| r.bandwidth,
+            ),
+        ];
+        for (name, ty, help, get) in families {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {ty}");
+            for (seg, r) in rails {
+                let _ = writeln!(
+                    out,
+                    "{name}{{transport=\"{}\",segment=\"{}\",local=\"{}\",remote=\"{}\"}} {}",
+                    r.transport.name(),
+                    escape(seg),
+                    escape(&r.local),
+                    escape(&r.remote),
+                    get(r)
+                );
+            }
+        }
+        out
+    }
+}
+
+/// A label value as the text format wants it.
+fn escape(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rail::RailState;
+
+    #[test]
+    fn renders_failover_pairs_and_rails() {
+        let m = Metrics::default();
+        m.failover(TransportKind::Rdma, TransportKind::Tcp);
+        m.failover(TransportKind::Rdma, TransportKind::Tcp);
+        m.exhausted();
+        let rail = RailStat {
+            transport: TransportKind::Tcp,
+            local: "veth\"0".into(),
+            remote: "eth0".into(),
+            up: true,
+            bytes: 42,
+            moved: 1,
+            state: RailState::Paused,
+            failures: 3,
+            trips: 1,
+            inflight: 2,
+            bandwidth: 1000,
+        };
+        let text = m.render(&[("10.0.0.2:7000".into(), rail)]);
+        assert!(
+            text.contains("tent_transport_failover_total{from=\"rdma\",to=\"tcp\"} 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("tent_task_failover_exhausted_total 1\n"));
+        assert!(text.contains(
+            "tent_rail_state{transport=\"tcp\",segment=\"10.0.0.2:7000\",local=\"veth\\\"0\",remote=\"eth0\"} 3\n"
+        ));
+        assert!(text.contains("tent_rail_bytes_total{transport=\"tcp\","));
+        assert!(text.contains("# TYPE tent_rail_trips_total counter\n"));
+        assert_eq!(m.failovers(TransportKind::Rdma, TransportKind::Tcp), 2);
+        assert_eq!(m.failovers_total(), 2);
+        // Every non-comment line is `name{labels} value` or `name value`.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let value = line.rsplit(' ').next().unwrap();
+            value.parse::<u64>().unwrap_or_else(|_| panic!("{line}"));
+        }
+    }
+}

@@ -1,0 +1,815 @@
+//! `RailMonitor`: the health of one rail, held in atomics.
+//!
+//! A rail is a (local device, remote device) pair: two RDMA NICs, or two
+//! network interfaces for TCP. Every transport keeps one monitor per rail
+//! per peer and asks [`RailMonitor::available`] before it posts a slice on
+//! that rail; completions report back with [`RailMonitor::mark_failed`] and
+//! [`RailMonitor::mark_recovered`].
+//!
+//! - **Fast path.** A healthy rail costs one relaxed load to gate a post and
+//!   one relaxed load to report a good completion; no lock anywhere.
+//! - **Pausing.** `threshold` failures inside `window` pause the rail for a
+//!   cooldown. A repeat trip doubles the cooldown, up to 300 s.
+//! - **Recovery.** A good completion (a slice that was already in flight)
+//!   or the cooldown's expiry brings the rail back.
+//! - **Decay, not reset** (closing TENT's gap): coming back does not forget
+//!   the backoff. The remembered cooldown halves per `decay` of healthy
+//!   time, so a rail that flaps pays a growing cooldown while one that
+//!   stays healthy is forgiven.
+//! - **Slow rails.** Each good completion feeds a bandwidth estimate: an
+//!   EWMA of `bytes × (slices ahead of it on the rail + 1) / latency`, so
+//!   a rail that holds a queue (because its sibling went down) is not
+//!   mistaken for a slow one. [`review_bandwidth`] demotes a
+//!   rail whose estimate stays below half the median of its siblings for
+//!   1 s: new slices avoid it while others are available, and it gets a
+//!   probe slice every 100 ms so that it can earn its way back.
+//!
+//! Several workers may report on one rail at once. Counters are RMWs; the
+//! slow-path state changes are CASes, so exactly one reporter logs a trip
+//! or a recovery. The bandwidth estimate is a plain load and store: a lost
+//! sample under a race only slows the estimate down.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use crossbeam_utils::CachePadded;
+
+use crate::clock::monotonic_ns;
+use crate::config::Config;
+
+/// Longest cooldown, however often a rail trips.
+pub const MAX_COOLDOWN_NS: u64 = 300 * 1_000_000_000;
+/// How long a rail must stay slow before it is demoted.
+pub const SLOW_FOR_NS: u64 = 1_000_000_000;
+/// A rail is slow below this fraction of its siblings' median bandwidth.
+pub const SLOW_RATIO: f64 = 0.5;
+/// How often a demoted rail still gets a slice, to re-measure it.
+pub const PROBE_EVERY_NS: u64 = 100_000_000;
+/// EWMA weight of a new sample, as a shift (1/8).
+const EWMA_SHIFT: u32 = 3;
+
+/// The thresholds a monitor applies (TENT's `rail_*` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RailPolicy {
+    /// Failures inside `window_ns` that pause the rail.
+    pub threshold: u32,
+    /// The window failures are counted in.
+    pub window_ns: u64,
+    /// First cooldown of a paused rail.
+    pub cooldown_ns: u64,
+    /// Healthy time that halves the remembered cooldown.
+    pub decay_ns: u64,
+}
+
+impl RailPolicy {
+    /// The policy the config asks for (`transports/rdma/rail_*`, which
+    /// apply to every transport's rails).
+    pub fn from_config(c: &Config) -> RailPolicy {
+        let r = &c.transports.rdma;
+        RailPolicy {
+            threshold: r.rail_error_threshold.max(1),
+            window_ns: r.rail_error_window_secs.saturating_mul(1_000_000_000),
+            cooldown_ns: r
+                .rail_cooldown_secs
+                .saturating_mul(1_000_000_000)
+                .min(MAX_COOLDOWN_NS),
+            decay_ns: r
+                .rail_backoff_decay_secs
+                .saturating_mul(1_000_000_000)
+                .max(1),
+        }
+    }
+}
+
+impl Default for RailPolicy {
+    fn default() -> Self {
+        RailPolicy::from_config(&Config::default())
+    }
+}
+
+/// What a rail is doing, as observability reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RailState {
+    /// In service, no failure counted.
+    Healthy,
+    /// In service, failures counted in the current window.
+    Degraded,
+    /// Slow against its siblings: avoided while others are available.
+    Demoted,
+    /// Tripped: no new slices until cooldown expiry or a good completion.
+    Paused,
+}
+
+impl RailState {
+    /// Lower-case name (Prometheus label value).
+    pub fn name(self) -> &'static str {
+        match self {
+            RailState::Healthy => "healthy",
+            RailState::Degraded => "degraded",
+            RailState::Demoted => "demoted",
+            RailState::Paused => "paused",
+        }
+    }
+
+    /// Numeric gauge value: 0 healthy, 1 degraded, 2 demoted, 3 paused.
+    pub fn gauge(self) -> u8 {
+        self as u8
+    }
+}
+
+/// Health of one rail.
+#[derive(Debug)]
+pub struct RailMonitor {
+    policy: RailPolicy,
+    /// Names for the log lines.
+    local: String,
+    remote: String,
+    /// 0: in service; else the monotonic ns the pause ends. Read by every
+    /// post: on its own line.
+    paused_until: CachePadded<AtomicU64>,
+    /// Set while failures are counted or the rail is paused: the one load
+    /// a good completion pays on a healthy rail.
+    dirty: CachePadded<AtomicBool>,
+    errors: AtomicU32,
+    window_start: AtomicU64,
+    /// The backoff memory: the cooldown of the last trip.
+    cooldown_ns: AtomicU64,
+    /// When the rail last came back (the decay clock starts there).
+    resumed_ns: AtomicU64,
+    trips: AtomicU64,
+    failures: AtomicU64,
+    /// Bytes per second, EWMA over good completions (0: no sample yet).
+    bandwidth: AtomicU64,
+    /// When its estimate first fell below the siblings' (0: not slow).
+    slow_since: AtomicU64,
+    demoted: AtomicBool,
+    probe_at: AtomicU64,
+    bytes: CachePadded<AtomicU64>,
+    /// Slices posted on the rail and not yet back.
+    inflight: CachePadded<AtomicU32>,
+}
+
+impl RailMonitor {
+    /// A healthy rail between `local` and `remote` (names for the logs).
+    pub fn new(policy: RailPolicy, local: impl Into<String>, remote: impl Into<String>) -> Self {
+        RailMonitor {
+            policy,
+            local: local.into(),
+            remote: remote.into(),
+            paused_until: CachePadded::new(AtomicU64::new(0)),
+            dirty: CachePadded::new(AtomicBool::new(false)),
+            errors: AtomicU32::new(0),
+            window_start: AtomicU64::new(0),
+            cooldown_ns: AtomicU64::new(0),
+            resumed_ns: AtomicU64::new(0),
+            trips: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            bandwidth: AtomicU64::new(0),
+            slow_since: AtomicU64::new(0),
+            demoted: AtomicBool::new(false),
+            probe_at: AtomicU64::new(0),
+            bytes: CachePadded::new(AtomicU64::new(0)),
+            inflight: CachePadded::new(AtomicU32::new(0)),
+        }
+    }
+
+    /// A slice is posted on this rail; returns how many were ahead of it
+    /// (its completion hands this back to [`mark_recovered`](Self::mark_recovered)).
+    #[inline]
+    pub fn on_post(&self) -> u16 {
+        self.inflight
+            .fetch_add(1, Ordering::Relaxed)
+            .min(u32::from(u16::MAX)) as u16
+    }
+
+    /// A slice posted with [`on_post`](Self::on_post) has left the rail
+    /// (completed, failed, or moved to a sibling).
+    #[inline]
+    pub fn on_leave(&self) {
+        let _ = self
+            .inflight
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+    }
+
+    /// Slices on the rail now.
+    pub fn inflight(&self) -> u32 {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Local device name.
+    pub fn local(&self) -> &str {
+        &self.local
+    }
+
+    /// Remote device name.
+    pub fn remote(&self) -> &str {
+        &self.remote
+    }
+
+    /// May a slice be posted on this rail now? The clock is read only
+    /// while the rail is paused.
+    #[inline]
+    pub fn available(&self) -> bool {
+        // Relaxed: a gate, not a publication; a post that races a trip
+        // fails on the rail and is counted like any other.
+        if self.paused_until.load(Ordering::Relaxed) == 0 {
+            return true;
+        }
+        self.available_at(monotonic_ns())
+    }
+
+    /// [`available`](Self::available) at time `now`.
+    pub fn available_at(&self, now: u64) -> bool {
+        let until = self.paused_until.load(Ordering::Relaxed);
+        if until == 0 {
+            return true;
+        }
+        if now < until {
+            return false;
+        }
+        if self
+            .paused_until
+            .compare_exchange(until, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.resume(now);
+            tracing::info!(
+                "Rail recovered: local_nic={} remote_nic={} (cooldown expired)",
+                self.local,
+                self.remote
+            );
+        }
+        true
+    }
+
+    /// Is it in service and not demoted, or demoted with a probe due? New
+    /// slices prefer such rails; see [`available`](Self::available) for
+    /// the fallback when none is preferred.
+    #[inline]
+    pub fn preferred(&self) -> bool {
+        if !self.available() {
+            return false;
+        }
+        // Relaxed: a scheduling hint.
+        if !self.demoted.load(Ordering::Relaxed) {
+            return true;
+        }
+        let now = monotonic_ns();
+        let at = self.probe_at.load(Ordering::Relaxed);
+        now >= at
+            && self
+                .probe_at
+                .compare_exchange(
+                    at,
+                    now + PROBE_EVERY_NS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    /// A slice failed on this rail (a rail-level, transient fault).
+    pub fn mark_failed(&self) {
+        self.mark_failed_at(monotonic_ns());
+    }
+
+    /// [`mark_failed`](Self::mark_failed) at time `now`.
+    pub fn mark_failed_at(&self, now: u64) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        self.dirty.store(true, Ordering::Relaxed);
+        let start = self.window_start.load(Ordering::Relaxed);
+        let count = if start == 0 || now.saturating_sub(start) > self.policy.window_ns {
+            // A failure older than the window restarts the count at 1.
+            self.window_start.store(now, Ordering::Relaxed);
+            self.errors.store(1, Ordering::Relaxed);
+            1
+        } else {
+            self.errors.fetch_add(1, Ordering::Relaxed) + 1
+        };
+        if count < self.policy.threshold || self.paused_until.load(Ordering::Relaxed) != 0 {
+            return;
+        }
+        let cooldown = self.next_cooldown(now);
+        let until = now.saturating_add(cooldown).max(1);
+        if self
+            .paused_until
+            .compare_exchange(0, until, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.cooldown_ns.store(cooldown, Ordering::Relaxed);
+            self.trips.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                "Rail paused: local_nic={} remote_nic={} ({} failures within {} s, cooldown {} ms)",
+                self.local,
+                self.remote,
+                count,
+                self.policy.window_ns / 1_000_000_000,
+                cooldown / 1_000_000
+            );
+        }
+    }
+
+    /// The cooldown of a trip at `now`: the remembered one, halved per
+    /// `decay` of healthy time since the rail came back, then doubled; the
+    /// base cooldown if the memory has decayed below it.
+    fn next_cooldown(&self, now: u64) -> u64 {
+        let base = self.policy.cooldown_ns;
+        let last = self.cooldown_ns.load(Ordering::Relaxed);
+        if last == 0 {
+            return base;
+        }
+        let healthy = now.saturating_sub(self.resumed_ns.load(Ordering::Relaxed));
+        let halvings = (healthy / self.policy.decay_ns).min(63) as u32;
+        let remembered = last >> halvings;
+        if remembered < base {
+            base
+        } else {
+            remembered.saturating_mul(2).min(MAX_COOLDOWN_NS)
+        }
+    }
+
+    /// A slice of `bytes` completed on this rail after `elapsed_ns`, with
+    /// `ahead` slices in front of it when it was posted.
+    #[inline]
+    pub fn mark_recovered(&self, bytes: u64, elapsed_ns: u64, ahead: u16) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        if elapsed_ns > 0 && bytes > 0 {
+            self.sample(bytes * (u64::from(ahead) + 1), elapsed_ns);
+        }
+        // Relaxed: the fast path of a healthy rail; a missed concurrent
+        // trip is seen at the next completion.
+        if self.dirty.load(Ordering::Relaxed) {
+            self.recover_at(monotonic_ns());
+        }
+    }
+
+    /// A good completion at `now` clears the error count and un-pauses.
+    pub fn recover_at(&self, now: u64) {
+        self.errors.store(0, Ordering::Relaxed);
+        self.window_start.store(0, Ordering::Relaxed);
+        self.dirty.store(false, Ordering::Relaxed);
+        let until = self.paused_until.load(Ordering::Relaxed);
+        if until != 0
+            && self
+                .paused_until
+                .compare_exchange(until, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.resume(now);
+            tracing::info!(
+                "Rail recovered: local_nic={} remote_nic={} (un-paused by successful transfer)",
+                self.local,
+                self.remote
+            );
+        }
+    }
+
+    /// The link under the rail came back: whatever tripped it was the
+    /// link, so it is in service again (the backoff memory stays).
+    pub fn link_restored(&self) {
+        let now = monotonic_ns();
+        // What it measured before the link went is stale: measure afresh.
+        self.bandwidth.store(0, Ordering::Relaxed);
+        self.slow_since.store(0, Ordering::Relaxed);
+        self.errors.store(0, Ordering::Relaxed);
+        self.window_start.store(0, Ordering::Relaxed);
+        self.dirty.store(false, Ordering::Relaxed);
+        let until = self.paused_until.swap(0, Ordering::AcqRel);
+        if until != 0 {
+            self.resume(now);
+            tracing::info!(
+                "Rail recovered: local_nic={} remote_nic={} (link restored)",
+                self.local,
+                self.remote
+            );
+        }
+    }
+
+    fn resume(&self, now: u64) {
+        self.errors.store(0, Ordering::Relaxed);
+        self.window_start.store(0, Ordering::Relaxed);
+        self.resumed_ns.store(now, Ordering::Relaxed);
+    }
+
+    #[inline]
+    fn sample(&self, bytes: u64, elapsed_ns: u64) {
+        let bps = (u128::from(bytes) * 1_000_000_000 / u128::from(elapsed_ns)).min(u64::MAX as u128)
+            as u64;
+        let old = self.bandwidth.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            bps
+        } else {
+            old - (old >> EWMA_SHIFT) + (bps >> EWMA_SHIFT)
+        };
+        self.bandwidth.store(new.max(1), Ordering::Relaxed);
+    }
+
+    /// Feed a bandwidth sample directly (tests, and transports that time
+    /// slices themselves).
+    pub fn record_bandwidth(&self, bytes: u64, elapsed_ns: u64) {
+        if elapsed_ns > 0 && bytes > 0 {
+            self.sample(bytes, elapsed_ns);
+        }
+    }
+
+    /// Bandwidth estimate in bytes per second (0: no sample yet).
+    pub fn bandwidth(&self) -> u64 {
+        self.bandwidth.load(Ordering::Relaxed)
+    }
+
+    /// Bytes completed on this rail.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Times it tripped into a pause.
+    pub fn trips(&self) -> u64 {
+        self.trips.load(Ordering::Relaxed)
+    }
+
+    /// Failures reported on it.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// The cooldown of its last trip (the backoff memory), in ns.
+    pub fn last_cooldown_ns(&self) -> u64 {
+        self.cooldown_ns.load(Ordering::Relaxed)
+    }
+
+    /// Is it demoted for being slow?
+    pub fn is_demoted(&self) -> bool {
+        self.demoted.load(Ordering::Relaxed)
+    }
+
+    /// What it is doing now (at `now`, for a paused rail's expiry).
+    pub fn state_at(&self, now: u64) -> RailState {
+        let until = self.paused_until.load(Ordering::Relaxed);
+        if until != 0 && now < until {
+            RailState::Paused
+        } else if self.demoted.load(Ordering::Relaxed) {
+            RailState::Demoted
+        } else if self.errors.load(Ordering::Relaxed) > 0 {
+            RailState::Degraded
+        } else {
+            RailState::Healthy
+        }
+    }
+
+    /// What it is doing now.
+    pub fn state(&self) -> RailState {
+        self.state_at(monotonic_ns())
+    }
+}
+
+/// Demote the rails among `count` sibling rails (`rail(i)` is the i-th)
+/// whose bandwidth estimate has stayed below [`SLOW_RATIO`] × the median of
+/// their siblings' for [`SLOW_FOR_NS`], and restore those that caught up.
+/// Allocation-free (at most 64 rails are compared; more are left alone).
+/// Transports call it from their completion path, a few times a second.
+///
+/// Only rails `in_service` (link up) are judged or compared: a rail whose
+/// sibling is down carries everything, so its per-slice estimate drops for
+/// reasons that are not its own.
+pub fn review_bandwidth<'a>(
+    count: usize,
+    rail: impl Fn(usize) -> &'a RailMonitor,
+    in_service: impl Fn(usize) -> bool,
+    now: u64,
+) {
+    const MAX: usize = 64;
+    if !(2..=MAX).contains(&count) {
+        return;
+    }
+    let mut est = [0u64; MAX];
+    for (i, e) in est.iter_mut().enumerate().take(count) {
+        let r = rail(i);
+        *e = if in_service(i) && r.paused_until.load(Ordering::Relaxed) == 0 {
+            r.bandwidth()
+        } else {
+            0
+        };
+    }
+    for i in 0..count {
+        let r = rail(i);
+        let mut sib = [0u64; MAX];
+        let mut n = 0;
+        for (j, &e) in est[..count].iter().enumerate() {
+            if j != i && e > 0 {
+                sib[n] = e;
+                n += 1;
+            }
+        }
+        if n == 0 || est[i] == 0 {
+            continue;
+        }
+        let sib = &mut sib[..n];
+        sib.sort_unstable();
+        let median = if n % 2 == 1 {
+            sib[n / 2] as f64
+        } else {
+            (sib[n / 2 - 1] as f64 + sib[n / 2] as f64) / 2.0
+        };
+        let slow = (est[i] as f64) < SLOW_RATIO * median;
+        if slow {
+            let since = r.slow_since.load(Ordering::Relaxed);
+            if since == 0 {
+                r.slow_since.store(now.max(1), Ordering::Relaxed);
+            } else if now.saturating_sub(since) >= SLOW_FOR_NS
+                && !r.demoted.swap(true, Ordering::Relaxed)
+            {
+                r.probe_at.store(now + PROBE_EVERY_NS, Ordering::Relaxed);
+                tracing::warn!(
+                    "Rail demoted: local_nic={} remote_nic={} ({} MB/s < {SLOW_RATIO} x sibling median {} MB/s for 1 s)",
+                    r.local,
+                    r.remote,
+                    est[i] / 1_000_000,
+                    (median / 1e6) as u64
+                );
+            }
+        } else {
+            r.slow_since.store(0, Ordering::Relaxed);
+            if r.demoted.swap(false, Ordering::Relaxed) {
+                tracing::info!(
+                    "Rail restored: local_nic={} remote_nic={} (bandwidth back within {SLOW_RATIO} x sibling median)",
+                    r.local,
+                    r.remote
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn policy() -> RailPolicy {
+        RailPolicy {
+            threshold: 3,
+            window_ns: 10 * S,
+            cooldown_ns: 30 * S,
+            decay_ns: 60 * S,
+        }
+    }
+
+    fn rail() -> RailMonitor {
+        RailMonitor::new(policy(), "mlx5_0", "mlx5_1")
+    }
+
+    #[test]
+    fn healthy_rail_is_available_and_healthy() {
+        let r = rail();
+        assert!(r.available_at(1));
+        assert!(r.available());
+        assert_eq!(r.state_at(1), RailState::Healthy);
+    }
+
+    #[test]
+    fn threshold_failures_inside_window_pause() {
+        let r = rail();
+        r.mark_failed_at(100);
+        r.mark_failed_at(200);
+        assert!(r.available_at(300), "two failures are under the threshold");
+        assert_eq!(r.state_at(300), RailState::Degraded);
+        r.mark_failed_at(300);
+        assert!(!r.available_at(400));
+        assert_eq!(r.state_at(400), RailState::Paused);
+        assert_eq!(r.trips(), 1);
+        assert_eq!(r.last_cooldown_ns(), 30 * S);
+    }
+
+    #[test]
+    fn failures_outside_window_restart_the_count() {
+        let r = rail();
+        r.mark_failed_at(S);
+        r.mark_failed_at(2 * S);
+        // 12 s after the first: the window restarts at 1.
+        r.mark_failed_at(13 * S);
+        r.mark_failed_at(14 * S);
+        assert!(r.available_at(14 * S));
+        r.mark_failed_at(15 * S);
+        assert!(!r.available_at(15 * S));
+    }
+
+    #[test]
+    fn cooldown_expiry_restores() {
+        let r = rail();
+        for t in 1..=3 {
+            r.mark_failed_at(t);
+        }
+        assert!(!r.available_at(30 * S));
+        assert!(r.available_at(30 * S + 3));
+        assert_eq!(r.state_at(30 * S + 4), RailState::Healthy);
+    }
+
+    #[test]
+    fn good_completion_unpauses_early() {
+        let r = rail();
+        for t in 1..=3 {
+            r.mark_failed_at(t);
+        }
+        assert!(!r.available_at(10));
+        r.recover_at(20);
+        assert!(r.available_at(21));
+        assert_eq!(r.state_at(21), RailState::Healthy);
+    }
+
+    #[test]
+    fn repeat_trips_double_up_to_the_cap() {
+        let r = rail();
+        let mut now = S;
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            for _ in 0..3 {
+                r.mark_failed_at(now);
+            }
+            seen.push(r.last_cooldown_ns() / S);
+            // Recovered at once: no healthy time to decay the memory.
+            r.recover_at(now + 1);
+            now += 2;
+        }
+        assert_eq!(seen, [30, 60, 120, 240, 300, 300]);
+    }
+
+    #[test]
+    fn cooldown_decays_with_healthy_time_instead_of_resetting() {
+        let r = rail();
+        let trip = |r: &RailMonitor, t: u64| {
+            for _ in 0..3 {
+                r.mark_failed_at(t);
+            }
+        };
+        trip(&r, S);
+        r.recover_at(2 * S);
+        trip(&r, 3 * S);
+        r.recover_at(4 * S);
+        trip(&r, 5 * S);
+        assert_eq!(r.last_cooldown_ns(), 120 * S);
+        r.recover_at(6 * S);
+        // One decay period healthy: 120 -> 60 remembered, doubled to 120.
+        trip(&r, 6 * S + 60 * S);
+        assert_eq!(r.last_cooldown_ns(), 120 * S);
+        r.recover_at(70 * S);
+        // Two periods: 120 -> 30, doubled: 60.
+        trip(&r, 70 * S + 120 * S);
+        assert_eq!(r.last_cooldown_ns(), 60 * S);
+        r.recover_at(200 * S);
+        // Long healthy: decayed below the base, so the base again.
+        trip(&r, 200 * S + 600 * S);
+        assert_eq!(r.last_cooldown_ns(), 30 * S);
+    }
+
+    #[test]
+    fn flapping_rail_pays_a_growing_cooldown_where_reset_would_not() {
+        // A rail that trips, comes back by expiry, and trips again right
+        // away: each cycle's cooldown grows.
+        let r = rail();
+        let mut now = S;
+        let mut cooldowns = Vec::new();
+        for _ in 0..4 {
+            for _ in 0..3 {
+                r.mark_failed_at(now);
+            }
+            let c = r.last_cooldown_ns();
+            cooldowns.push(c / S);
+            now += c + 1;
+            assert!(r.available_at(now), "expired");
+        }
+        assert_eq!(cooldowns, [30, 60, 120, 240]);
+    }
+
+    #[test]
+    fn failures_while_paused_do_not_extend() {
+        let r = rail();
+        for t in 1..=3 {
+            r.mark_failed_at(t);
+        }
+        for t in 4..10 {
+            r.mark_failed_at(t);
+        }
+        assert_eq!(r.trips(), 1);
+        assert!(r.available_at(30 * S + 3));
+    }
+
+    #[test]
+    fn link_restored_unpauses_keeping_memory() {
+        let r = rail();
+        for t in 1..=3 {
+            r.mark_failed_at(t);
+        }
+        r.link_restored();
+        assert!(r.available());
+        assert_eq!(r.last_cooldown_ns(), 30 * S);
+    }
+
+    #[test]
+    fn concurrent_failures_trip_exactly_once() {
+        let r = std::sync::Arc::new(RailMonitor::new(
+            RailPolicy {
+                threshold: 100,
+                ..policy()
+            },
+            "a",
+            "b",
+        ));
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                let r = r.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        r.mark_failed_at(5 * S);
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().for_each(|h| h.join().unwrap());
+        assert_eq!(r.trips(), 1);
+        assert_eq!(r.failures(), 4000);
+        assert!(!r.available_at(6 * S));
+    }
+
+    #[test]
+    fn bandwidth_estimate_follows_samples() {
+        let r = rail();
+        r.record_bandwidth(1_000_000, 1_000_000); // 1 GB/s
+        assert_eq!(r.bandwidth(), 1_000_000_000);
+        for _ in 0..200 {
+            r.record_bandwidth(500_000, 1_000_000);
+        }
+        let bw = r.bandwidth();
+        assert!((490_000_000..=510_000_000).contains(&bw), "{bw}");
+    }
+
+    #[test]
+    fn slow_rail_is_demoted_after_a_second_and_restored_when_it_catches_up() {
+        let a = RailMonitor::new(policy(), "eth0", "eth0");
+        let b = RailMonitor::new(policy(), "eth1", "eth1");
+        let c = RailMonitor::new(policy(), "eth2", "eth2");
+        a.record_bandwidth(1000, 1000);
+        b.record_bandwidth(1000, 1000);
+        c.record_bandwidth(400, 1000); // 0.4x the median
+        let rails = [&a, &b, &c];
+        review_bandwidth(3, |i| rails[i], |_| true, S);
+        assert!(!c.is_demoted(), "slow for less than 1 s");
+        review_bandwidth(3, |i| rails[i], |_| true, S + S / 2);
+        assert!(!c.is_demoted());
+        review_bandwidth(3, |i| rails[i], |_| true, 2 * S);
+        assert!(c.is_demoted());
+        assert!(!a.is_demoted() && !b.is_demoted());
+        assert_eq!(c.state_at(2 * S), RailState::Demoted);
+        // Still available (a fallback), just not preferred.
+        assert!(c.available_at(2 * S));
+        for _ in 0..100 {
+            c.record_bandwidth(1000, 1000);
+        }
+        review_bandwidth(3, |i| rails[i], |_| true, 3 * S);
+        assert!(!c.is_demoted());
+    }
+
+    #[test]
+    fn a_rail_that_recovers_before_a_second_is_not_demoted() {
+        let a = RailMonitor::new(policy(), "eth0", "eth0");
+        let b = RailMonitor::new(policy(), "eth1", "eth1");
+        a.record_bandwidth(1000, 1000);
+        b.record_bandwidth(100, 1000);
+        review_bandwidth(2, |i| [&a, &b][i], |_| true, S);
+        for _ in 0..100 {
+            b.record_bandwidth(1000, 1000);
+        }
+        review_bandwidth(2, |i| [&a, &b][i], |_| true, S + S / 2);
+        for _ in 0..100 {
+            b.record_bandwidth(100, 1000);
+        }
+        review_bandwidth(2, |i| [&a, &b][i], |_| true, 2 * S + S / 4);
+        assert!(!b.is_demoted(), "the slow spell restarted at 1.5 s");
+        review_bandwidth(2, |i| [&a, &b][i], |_| true, 3 * S + S / 2);
+        assert!(b.is_demoted());
+    }
+
+    #[test]
+    fn rails_out_of_service_are_neither_judged_nor_compared() {
+        let a = RailMonitor::new(policy(), "a", "a");
+        let b = RailMonitor::new(policy(), "b", "b");
+        a.record_bandwidth(100, 1000); // carrying everything: slow per slice
+        b.record_bandwidth(1000, 1000); // stale: its link is down
+        let up = |i: usize| i == 0;
+        review_bandwidth(2, |i| [&a, &b][i], up, S);
+        review_bandwidth(2, |i| [&a, &b][i], up, 3 * S);
+        assert!(!a.is_demoted() && !b.is_demoted());
+        b.link_restored();
+        assert_eq!(b.bandwidth(), 0, "measured afresh after its link is back");
+    }
+
+    #[test]
+    fn at_half_the_median_is_not_slow() {
+        let a = RailMonitor::new(policy(), "a", "a");
+        let b = RailMonitor::new(policy(), "b", "b");
+        a.record_bandwidth(1000, 1000);
+        b.record_bandwidth(500, 1000);
+        review_bandwidth(2, |i| [&a, &b][i], |_| true, S);
+        review_bandwidth(2, |i| [&a, &b][i], |_| true, 5 * S);
+        assert!(!b.is_demoted());
+    }
+}
