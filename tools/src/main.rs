@@ -8,6 +8,7 @@
 mod baseline;
 mod hist;
 mod run;
+mod soak;
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Command, Stdio};
@@ -22,6 +23,9 @@ pub enum Mode {
     Initiator,
     /// Measure the CPU an idle engine burns over `--duration` seconds.
     Idle,
+    /// Seeded failover soak: `--tasks` READs with `--completion-faults` and
+    /// `--submit-faults` on the primary transport; 0 lost, 0 duplicated.
+    Soak,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -75,6 +79,18 @@ pub struct Args {
     /// Skip the memcpy / ping-pong baselines.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Soak: tasks to run.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub tasks: u64,
+    /// Soak: probability that a completion on the primary is corrupted.
+    #[arg(long, default_value_t = 0.3)]
+    pub completion_faults: f64,
+    /// Soak: probability that a submit on the primary is refused.
+    #[arg(long, default_value_t = 0.05)]
+    pub submit_faults: f64,
+    /// Soak: seed of the fault generator.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
     /// Target: exit when stdin closes (used when tent-bench spawns its own target).
     #[arg(long, hide = true)]
     pub exit_on_stdin_eof: bool,
@@ -133,6 +149,7 @@ fn real_main(args: Args) -> Result<(), String> {
     match args.mode {
         Some(Mode::Target) => run::target(&args),
         Some(Mode::Idle) => run::idle(&args),
+        Some(Mode::Soak) => soak::soak(&args),
         Some(Mode::Initiator) => {
             let name = args
                 .target
