@@ -461,6 +461,56 @@ impl RailMonitor {
     }
 }
 
+/// How often a set of sibling rails is reviewed for bandwidth, claimed by
+/// whichever worker completes a slice first once it is due.
+#[derive(Debug, Default)]
+pub struct ReviewClock(AtomicU64);
+
+impl ReviewClock {
+    /// Every 100 ms at most.
+    pub const PERIOD_NS: u64 = 100_000_000;
+
+    /// Is a review due at `now`? True for exactly one caller per period.
+    #[inline]
+    pub fn due(&self, now: u64) -> bool {
+        let at = self.0.load(Ordering::Relaxed);
+        now >= at
+            && self
+                .0
+                .compare_exchange(
+                    at,
+                    now + Self::PERIOD_NS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+}
+
+impl RailMonitor {
+    /// The rail as observability reports it.
+    pub fn stat(
+        &self,
+        transport: tent_rings::TransportKind,
+        up: bool,
+        moved: u64,
+    ) -> crate::transport::RailStat {
+        crate::transport::RailStat {
+            transport,
+            local: self.local.clone(),
+            remote: self.remote.clone(),
+            up,
+            bytes: self.bytes(),
+            moved,
+            state: self.state(),
+            failures: self.failures(),
+            trips: self.trips(),
+            inflight: self.inflight(),
+            bandwidth: self.bandwidth(),
+        }
+    }
+}
+
 /// Demote the rails among `count` sibling rails (`rail(i)` is the i-th)
 /// whose bandwidth estimate has stayed below [`SLOW_RATIO`] × the median of
 /// their siblings' for [`SLOW_FOR_NS`], and restore those that caught up.

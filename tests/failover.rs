@@ -179,6 +179,16 @@ fn buffers(e: &Engine, len: usize) -> (Buffer, Buffer, Vec<u8>) {
     (src, dst, data)
 }
 
+/// One 4 KiB WRITE as a one-task batch: its status, the destination and
+/// the data it should now hold.
+fn one_write(e: &Engine) -> (tent::TaskStatus, Buffer, Vec<u8>) {
+    let (src, dst, data) = buffers(e, 4096);
+    let b = e.allocate_batch(1).unwrap();
+    e.submit(b, &writes(&src, &dst, 1, 4096)).unwrap();
+    let s = e.wait_batch(b, Duration::from_secs(10)).unwrap();
+    (s, dst, data)
+}
+
 fn contents(b: &Buffer, len: usize) -> Vec<u8> {
     let mut v = vec![0; len];
     b.read(0, &mut v).unwrap();
@@ -190,15 +200,11 @@ fn contents(b: &Buffer, len: usize) -> Vec<u8> {
 fn status_corruption_triggers_failover_to_secondary() {
     let r = rig(3, corrupt_all(), None);
     let e = &r.engine;
-    let (src, dst, data) = buffers(e, 4096);
-    let b = e.allocate_batch(1).unwrap();
-    e.submit(b, &writes(&src, &dst, 1, 4096)).unwrap();
-    let s = e.wait_batch(b, Duration::from_secs(10)).unwrap();
+    let (s, dst, data) = one_write(e);
     assert_eq!(s.state, TaskState::Completed, "{s:?}");
-    let t = e.status(b, 0).unwrap();
-    assert_eq!(t.transport, TransportKind::Tcp);
-    assert_eq!(t.failover_count, 1);
-    assert!(t.fallback());
+    assert_eq!(s.transport, TransportKind::Tcp);
+    assert_eq!(s.failover_count, 1);
+    assert!(s.fallback());
     assert_eq!(contents(&dst, 4096), data);
     assert_eq!(r.rdma.posted().len(), 1);
     assert_eq!(r.tcp.posted().len(), 1);
@@ -219,10 +225,7 @@ fn status_corruption_triggers_failover_to_secondary() {
 fn both_transports_fail_exhausts_failover_budget() {
     let r = rig(3, corrupt_all(), Some(corrupt_all()));
     let e = &r.engine;
-    let (src, dst, _) = buffers(e, 4096);
-    let b = e.allocate_batch(1).unwrap();
-    e.submit(b, &writes(&src, &dst, 1, 4096)).unwrap();
-    let s = e.wait_batch(b, Duration::from_secs(10)).unwrap();
+    let (s, _, _) = one_write(e);
     assert_eq!(s.state, TaskState::Failed);
     assert_eq!(s.error, Some(ErrorKind::Unreachable));
     assert!(s.failover_exhausted);
@@ -282,10 +285,7 @@ fn mixed_faults_across_many_submissions() {
 fn max_failover_attempts_zero_disables_failover() {
     let r = rig(0, corrupt_all(), None);
     let e = &r.engine;
-    let (src, dst, _) = buffers(e, 4096);
-    let b = e.allocate_batch(1).unwrap();
-    e.submit(b, &writes(&src, &dst, 1, 4096)).unwrap();
-    let s = e.wait_batch(b, Duration::from_secs(10)).unwrap();
+    let (s, _, _) = one_write(e);
     assert_eq!(s.state, TaskState::Failed);
     assert_eq!(s.error, Some(ErrorKind::Unreachable));
     assert_eq!(s.failover_count, 0);
@@ -298,10 +298,7 @@ fn max_failover_attempts_zero_disables_failover() {
 fn max_failover_attempts_one_allows_single_failover() {
     let r = rig(1, corrupt_all(), None);
     let e = &r.engine;
-    let (src, dst, data) = buffers(e, 4096);
-    let b = e.allocate_batch(1).unwrap();
-    e.submit(b, &writes(&src, &dst, 1, 4096)).unwrap();
-    let s = e.wait_batch(b, Duration::from_secs(10)).unwrap();
+    let (s, dst, data) = one_write(e);
     assert_eq!(s.state, TaskState::Completed);
     assert_eq!(s.failover_count, 1);
     assert_eq!(contents(&dst, 4096), data);
@@ -310,10 +307,7 @@ fn max_failover_attempts_one_allows_single_failover() {
     // limit.
     let r = rig(1, corrupt_all(), Some(corrupt_all()));
     let e = &r.engine;
-    let (src, dst, _) = buffers(e, 4096);
-    let b = e.allocate_batch(1).unwrap();
-    e.submit(b, &writes(&src, &dst, 1, 4096)).unwrap();
-    let s = e.wait_batch(b, Duration::from_secs(10)).unwrap();
+    let (s, _, _) = one_write(e);
     assert_eq!(s.state, TaskState::Failed);
     assert_eq!(s.failover_count, 1);
     assert!(s.failover_exhausted);
@@ -508,10 +502,7 @@ fn permanent_errors_are_not_failed_over() {
             None,
         );
         let e = &r.engine;
-        let (src, dst, _) = buffers(e, 4096);
-        let b = e.allocate_batch(1).unwrap();
-        e.submit(b, &writes(&src, &dst, 1, 4096)).unwrap();
-        let s = e.wait_batch(b, Duration::from_secs(10)).unwrap();
+        let (s, _, _) = one_write(e);
         assert_eq!(s.error, Some(kind));
         assert_eq!(s.state, TaskState::Failed);
         assert!(r.tcp.posted().is_empty(), "{kind}: never retried");
@@ -562,10 +553,7 @@ fn failed_install_leaves_only_the_fallback() {
         .build()
         .unwrap();
     assert_eq!(e.transports(), vec![TransportKind::Tcp]);
-    let (src, dst, data) = buffers(&e, 4096);
-    let b = e.allocate_batch(1).unwrap();
-    e.submit(b, &writes(&src, &dst, 1, 4096)).unwrap();
-    let s = e.wait_batch(b, Duration::from_secs(10)).unwrap();
+    let (s, dst, data) = one_write(&e);
     assert_eq!(s.state, TaskState::Completed);
     assert_eq!(s.failover_count, 0);
     assert!(rdma.posted().is_empty());

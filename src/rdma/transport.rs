@@ -47,7 +47,7 @@ use crate::control::{RegionEntry, SegmentDescriptor};
 use crate::error::{Error, Result};
 use crate::memory::MemRegion;
 use crate::netlink::{self, LinkEvent, LinkWatch};
-use crate::rail::{RailMonitor, RailPolicy, review_bandwidth};
+use crate::rail::{RailMonitor, RailPolicy, ReviewClock, review_bandwidth};
 use crate::segment::Segment;
 use crate::select::DeviceSelector;
 use crate::transport::{
@@ -58,8 +58,6 @@ use crate::verbs::{CompletionQueue, QueuePair};
 /// Times a slice may move between rails (on top of QP re-posts) before its
 /// failure reaches the task.
 const MAX_RAIL_MOVES: u8 = 8;
-/// How often a peer's rails are compared for bandwidth.
-const REVIEW_NS: u64 = 100_000_000;
 
 /// Settings read once from the config.
 #[derive(Debug, Clone)]
@@ -114,7 +112,7 @@ pub struct RdmaPeer {
     regions: Vec<RegionEntry>,
     rails: Vec<RdmaRail>,
     nics: Arc<NicSet>,
-    next_review: AtomicU64,
+    next_review: ReviewClock,
     per_worker: Box<[CachePadded<UnsafeCell<PeerEndpoints>>]>,
 }
 
@@ -143,20 +141,8 @@ impl RdmaPeer {
         self.rails
             .iter()
             .map(|r| {
-                let nic = &self.nics.nics()[r.local];
-                RailStat {
-                    transport: TransportKind::Rdma,
-                    local: nic.ctx.name().to_owned(),
-                    remote: r.remote_name.clone(),
-                    up: nic.is_up(),
-                    bytes: r.bytes(),
-                    moved: r.moved(),
-                    state: r.monitor.state(),
-                    failures: r.monitor.failures(),
-                    trips: r.monitor.trips(),
-                    inflight: r.monitor.inflight(),
-                    bandwidth: r.monitor.bandwidth(),
-                }
+                let up = self.nics.nics()[r.local].is_up();
+                r.monitor.stat(TransportKind::Rdma, up, r.moved())
             })
             .collect()
     }
@@ -186,13 +172,7 @@ impl RdmaPeer {
     /// Demote rails that are slow against their siblings (every 100 ms at
     /// most, by whichever worker comes first).
     fn review(&self, now: u64) {
-        let due = self.next_review.load(Ordering::Relaxed);
-        if now >= due
-            && self
-                .next_review
-                .compare_exchange(due, now + REVIEW_NS, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.next_review.due(now) {
             review_bandwidth(
                 self.rails.len(),
                 |i| &self.rails[i].monitor,
@@ -420,7 +400,7 @@ impl RdmaTransport {
             regions,
             rails,
             nics: self.nics.clone(),
-            next_review: AtomicU64::new(0),
+            next_review: ReviewClock::default(),
             per_worker,
         }))
     }

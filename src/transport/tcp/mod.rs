@@ -38,12 +38,9 @@ use crate::control::{RegionEntry, SegmentDescriptor};
 use crate::doorbell::Wakers;
 use crate::error::{Error, Result};
 use crate::netlink::{self, LinkEvent, LinkWatch};
-use crate::rail::{RailMonitor, RailPolicy, review_bandwidth};
+use crate::rail::{RailMonitor, RailPolicy, ReviewClock, review_bandwidth};
 use crate::segment::Segment;
 use crate::select::DeviceSelector;
-
-/// How often a peer's rails are compared for bandwidth.
-const REVIEW_NS: u64 = 100_000_000;
 
 /// Settings read once from the config.
 #[derive(Debug, Clone, Copy)]
@@ -116,7 +113,7 @@ pub struct TcpPeer {
     regions: Vec<RegionEntry>,
     rails: Vec<Arc<TcpRail>>,
     conns_per_rail: usize,
-    next_review: AtomicU64,
+    next_review: ReviewClock,
     per_worker: Box<[CachePadded<UnsafeCell<PeerLinks>>]>,
 }
 
@@ -144,18 +141,12 @@ impl TcpPeer {
     pub fn rail_stats(&self) -> Vec<RailStat> {
         self.rails
             .iter()
-            .map(|r| RailStat {
-                transport: TransportKind::Tcp,
-                local: r.local_name.clone(),
-                remote: r.remote_name.clone(),
-                up: r.is_up(),
-                bytes: r.monitor.bytes(),
-                moved: r.moved.load(Ordering::Relaxed),
-                state: r.monitor.state(),
-                failures: r.monitor.failures(),
-                trips: r.monitor.trips(),
-                inflight: r.monitor.inflight(),
-                bandwidth: r.monitor.bandwidth(),
+            .map(|r| {
+                r.monitor.stat(
+                    TransportKind::Tcp,
+                    r.is_up(),
+                    r.moved.load(Ordering::Relaxed),
+                )
             })
             .collect()
     }
@@ -163,13 +154,7 @@ impl TcpPeer {
     /// Demote rails that are slow against their siblings (every 100 ms at
     /// most, by whichever worker comes first).
     fn review(&self, now: u64) {
-        let due = self.next_review.load(Ordering::Relaxed);
-        if now >= due
-            && self
-                .next_review
-                .compare_exchange(due, now + REVIEW_NS, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.next_review.due(now) {
             review_bandwidth(
                 self.rails.len(),
                 |i| &self.rails[i].monitor,
@@ -317,7 +302,7 @@ impl TcpTransport {
             regions,
             rails,
             conns_per_rail: s.conns_per_rail,
-            next_review: AtomicU64::new(0),
+            next_review: ReviewClock::default(),
             per_worker: per_worker.into_boxed_slice(),
         }))
     }
