@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tent_rings::TransportKind;
 
-use crate::transport::RailStat;
+use crate::rail::RailStat;
 
 const KINDS: usize = 5;
 

@@ -116,6 +116,33 @@ impl RailState {
     }
 }
 
+/// One rail to a peer as the application may watch it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RailStat {
+    /// The transport it belongs to.
+    pub transport: tent_rings::TransportKind,
+    /// Local device (NIC or interface).
+    pub local: String,
+    /// Remote device.
+    pub remote: String,
+    /// Is its link up?
+    pub up: bool,
+    /// Bytes it has carried.
+    pub bytes: u64,
+    /// Slices moved off it to a sibling rail.
+    pub moved: u64,
+    /// What its `RailMonitor` says of it.
+    pub state: RailState,
+    /// Slice failures reported on it.
+    pub failures: u64,
+    /// Times its error threshold paused it.
+    pub trips: u64,
+    /// Slices on it now.
+    pub inflight: u32,
+    /// Its bandwidth estimate, bytes per second (0: not measured).
+    pub bandwidth: u64,
+}
+
 /// Health of one rail.
 #[derive(Debug)]
 pub struct RailMonitor {
@@ -489,13 +516,8 @@ impl ReviewClock {
 
 impl RailMonitor {
     /// The rail as observability reports it.
-    pub fn stat(
-        &self,
-        transport: tent_rings::TransportKind,
-        up: bool,
-        moved: u64,
-    ) -> crate::transport::RailStat {
-        crate::transport::RailStat {
+    pub fn stat(&self, transport: tent_rings::TransportKind, up: bool, moved: u64) -> RailStat {
+        RailStat {
             transport,
             local: self.local.clone(),
             remote: self.remote.clone(),

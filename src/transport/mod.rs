@@ -58,32 +58,7 @@ pub struct Slice<'a> {
     pub rail: u16,
 }
 
-/// One rail to a peer as the application may watch it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RailStat {
-    /// The transport it belongs to.
-    pub transport: TransportKind,
-    /// Local device (NIC or interface).
-    pub local: String,
-    /// Remote device.
-    pub remote: String,
-    /// Is its link up?
-    pub up: bool,
-    /// Bytes it has carried.
-    pub bytes: u64,
-    /// Slices moved off it to a sibling rail.
-    pub moved: u64,
-    /// What its `RailMonitor` says of it.
-    pub state: crate::rail::RailState,
-    /// Slice failures reported on it.
-    pub failures: u64,
-    /// Times its error threshold paused it.
-    pub trips: u64,
-    /// Slices on it now.
-    pub inflight: u32,
-    /// Its bandwidth estimate, bytes per second (0: not measured).
-    pub bandwidth: u64,
-}
+pub use crate::rail::RailStat;
 
 /// What became of one submitted slice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
