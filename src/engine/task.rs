@@ -52,7 +52,8 @@ pub(crate) struct Task {
     pub deadline_ns: u64,
     pub priority: Priority,
     pub transport: TransportKind,
-    /// Index into the segment's ranked transport list.
+    /// Rank of `transport` in the worker's `RANKED` order (the next
+    /// failover looks below it).
     pub xport_priority: u8,
     pub failover_count: u8,
     pub no_failover: bool,

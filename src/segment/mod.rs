@@ -38,33 +38,24 @@ pub struct Segment {
     /// The network transports that reach a `Remote` segment, best first,
     /// each with its per-peer state.
     net: Vec<(TransportKind, Attachment)>,
-    /// The ranked fallback list (`net`'s kinds, or the one local kind).
-    ranked: Vec<TransportKind>,
 }
 
 impl Segment {
     /// A segment record.
     pub fn new(id: SegmentId, name: String, kind: SegmentKind) -> Segment {
-        let ranked = match &kind {
-            SegmentKind::Local => vec![TransportKind::Local],
-            SegmentKind::Shm(_) => vec![TransportKind::Shm],
-            SegmentKind::Remote(_) => Vec::new(),
-        };
         Segment {
             id,
             name,
             kind,
             net: Vec::new(),
-            ranked,
         }
     }
 
     /// The same segment, also reached over `kind` with its per-peer state;
     /// attachments rank in the order they are added (best first).
     pub fn with_attachment(mut self, kind: TransportKind, state: Attachment) -> Segment {
-        if matches!(self.kind, SegmentKind::Remote(_)) && !self.ranked.contains(&kind) {
+        if matches!(self.kind, SegmentKind::Remote(_)) && self.attachment(kind).is_none() {
             self.net.push((kind, state));
-            self.ranked.push(kind);
         }
         self
     }
@@ -98,11 +89,12 @@ impl Segment {
         }
     }
 
-    /// Transports that reach this segment, best first (the ranked fallback
-    /// list that a task's `xport_priority` indexes).
-    #[inline]
-    pub fn transports(&self) -> &[TransportKind] {
-        &self.ranked
+    /// The network transports attached to this segment, in the order they
+    /// were attached (best first). A request's fallback list is ranked by
+    /// the worker from every installed transport that `reaches` the
+    /// segment; this is what the network side offers.
+    pub fn transports(&self) -> impl Iterator<Item = TransportKind> + '_ {
+        self.net.iter().map(|(k, _)| *k)
     }
 }
 
