@@ -487,20 +487,13 @@ impl Worker {
         t.failing = None;
         if t.failover_count >= max {
             tracing::warn!("Task failover limit reached ({max}), last transport={from}");
-            t.error = Some(cause);
-            t.exhausted = true;
-            self.engine.metrics.exhausted();
-            return false;
+            return self.exhaust(i, cause);
         }
         let from_rank = usize::from(t.xport_priority) + 1;
         let segment = t.segment.clone().expect("live task has a segment");
         let Some((rank, to)) = self.resolve(&segment, from_rank, TransportKind::Any) else {
             tracing::warn!("No more transports available after {from} failed");
-            let t = self.tasks.get_mut(i);
-            t.error = Some(cause);
-            t.exhausted = true;
-            self.engine.metrics.exhausted();
-            return false;
+            return self.exhaust(i, cause);
         };
         let t = self.tasks.get_mut(i);
         t.failover_count += 1;
@@ -513,6 +506,16 @@ impl Worker {
         );
         self.engine.metrics.failover(from, to);
         true
+    }
+
+    /// Task `i` has no failover left: it fails with `cause`. Always false
+    /// (what `fail_over` returns then).
+    fn exhaust(&mut self, i: u32, cause: ErrorKind) -> bool {
+        let t = self.tasks.get_mut(i);
+        t.error = Some(cause);
+        t.exhausted = true;
+        self.engine.metrics.exhausted();
+        false
     }
 
     /// Completion-stage failover: task `i`'s slices on the failed transport
