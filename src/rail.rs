@@ -258,12 +258,7 @@ impl RailMonitor {
             .compare_exchange(until, 0, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
-            self.resume(now);
-            tracing::info!(
-                "Rail recovered: local_nic={} remote_nic={} (cooldown expired)",
-                self.local,
-                self.remote
-            );
+            self.resumed(now, "cooldown expired");
         }
         true
     }
@@ -371,50 +366,44 @@ impl RailMonitor {
 
     /// A good completion at `now` clears the error count and un-pauses.
     pub fn recover_at(&self, now: u64) {
-        self.errors.store(0, Ordering::Relaxed);
-        self.window_start.store(0, Ordering::Relaxed);
-        self.dirty.store(false, Ordering::Relaxed);
-        let until = self.paused_until.load(Ordering::Relaxed);
-        if until != 0
-            && self
-                .paused_until
-                .compare_exchange(until, 0, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.resume(now);
-            tracing::info!(
-                "Rail recovered: local_nic={} remote_nic={} (un-paused by successful transfer)",
-                self.local,
-                self.remote
-            );
-        }
+        self.unpause(now, "un-paused by successful transfer");
     }
 
     /// The link under the rail came back: whatever tripped it was the
     /// link, so it is in service again (the backoff memory stays).
     pub fn link_restored(&self) {
-        let now = monotonic_ns();
         // What it measured before the link went is stale: measure afresh.
         self.bandwidth.store(0, Ordering::Relaxed);
         self.slow_since.store(0, Ordering::Relaxed);
-        self.errors.store(0, Ordering::Relaxed);
-        self.window_start.store(0, Ordering::Relaxed);
-        self.dirty.store(false, Ordering::Relaxed);
-        let until = self.paused_until.swap(0, Ordering::AcqRel);
-        if until != 0 {
-            self.resume(now);
-            tracing::info!(
-                "Rail recovered: local_nic={} remote_nic={} (link restored)",
-                self.local,
-                self.remote
-            );
+        self.unpause(monotonic_ns(), "link restored");
+    }
+
+    /// Count no failures any more and, if paused, come back (`why` goes
+    /// into the log line). Exactly one caller sees the pause end.
+    fn unpause(&self, now: u64, why: &str) {
+        self.clear_errors();
+        if self.paused_until.load(Ordering::Relaxed) != 0
+            && self.paused_until.swap(0, Ordering::AcqRel) != 0
+        {
+            self.resumed(now, why);
         }
     }
 
-    fn resume(&self, now: u64) {
+    fn clear_errors(&self) {
         self.errors.store(0, Ordering::Relaxed);
         self.window_start.store(0, Ordering::Relaxed);
+        self.dirty.store(false, Ordering::Relaxed);
+    }
+
+    /// The pause ended at `now` (the decay clock starts here).
+    fn resumed(&self, now: u64, why: &str) {
+        self.clear_errors();
         self.resumed_ns.store(now, Ordering::Relaxed);
+        tracing::info!(
+            "Rail recovered: local_nic={} remote_nic={} ({why})",
+            self.local,
+            self.remote
+        );
     }
 
     #[inline]
