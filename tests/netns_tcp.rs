@@ -466,17 +466,11 @@ fn netns_tcp_target_kill_fails_outstanding_ops_then_a_restarted_target_opens() {
     let after = killed.elapsed();
     assert!(init.wait().unwrap().success());
     let results = field(&result, "results=");
-    assert!(
-        results
-            .split(',')
-            .any(|r| r == "ProcessFailed" || r == "Unreachable"),
-        "{result}"
-    );
+    // The target's host is alive (it reset the connection, then refused
+    // the reconnect): its process is gone, and every op says so.
+    assert!(results.split(',').any(|r| r == "ProcessFailed"), "{result}");
     for r in results.split(',') {
-        assert!(
-            ["Ok", "ProcessFailed", "Unreachable"].contains(&r),
-            "{result}"
-        );
+        assert!(["Ok", "ProcessFailed"].contains(&r), "{result}");
     }
     assert!(after < Duration::from_secs(10), "{after:?}");
     let _ = std::io::stderr()

@@ -561,6 +561,8 @@ fn tcp_two_process_target_killed_mid_transfer_fails_process_failed() {
         n += 1;
         ring.submit().unwrap();
     }
+    let _ = child.kill();
+    let _ = child.wait();
     assert!(!failures.is_empty(), "no op failed after the kill");
     assert!(
         failures.iter().all(|k| *k == ErrorKind::ProcessFailed),
