@@ -117,13 +117,15 @@ fn start_target(transport: &str) -> (Child, String, u64) {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    loop {
-        let l = lines.next().expect("target exited early").unwrap();
+    for l in lines.by_ref() {
+        let l = l.unwrap();
         if let Some(rest) = l.find("SEGMENT ").map(|i| &l[i + 8..]) {
             let p: Vec<&str> = rest.split_whitespace().collect();
             return (child, p[0].to_owned(), p[1].parse().unwrap());
         }
     }
+    let status = child.wait().unwrap();
+    panic!("target exited early: {status}");
 }
 
 struct Outcome {
