@@ -136,7 +136,7 @@ fn accept_loop(
             .unwrap_or_default();
         if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
             active.fetch_sub(1, Ordering::AcqRel);
-            tracing::warn!(%peer, "control: too many connections; closing this one");
+            crate::warn_limited!(peer.rsplit_once(':').map_or(&*peer, |(ip, _)| ip), %peer, "control: too many connections; closing this one");
             continue;
         }
         let (secret, describe, active) = (secret.clone(), describe.clone(), active.clone());
@@ -146,12 +146,12 @@ fn accept_loop(
             .spawn(move || {
                 let secret = secret.as_deref().map(Vec::as_slice);
                 if let Err(why) = serve(stream, secret, &*describe, qp.as_deref()) {
-                    tracing::warn!(%peer, reason = %why, "control: closing connection");
+                    crate::warn_limited!(peer.rsplit_once(':').map_or(&*peer, |(ip, _)| ip), %peer, reason = %why, "control: closing connection");
                 }
                 active.fetch_sub(1, Ordering::AcqRel);
             });
         if let Err(e) = spawned {
-            tracing::warn!(error = %e, "control: cannot spawn a connection thread");
+            crate::warn_limited!(e.kind(), error = %e, "control: cannot spawn a connection thread");
         }
     }
 }

@@ -2,6 +2,7 @@
 //! batch and ring APIs over them.
 
 mod batch;
+pub mod footprint;
 mod ring;
 mod task;
 mod worker;
@@ -18,6 +19,7 @@ use tent_rings::spsc;
 use tent_rings::{Cqe, ErrorKind, RegionId, SegmentId, Sqe, TransportKind};
 
 pub use batch::{BatchId, TaskState, TaskStatus};
+pub use footprint::{Available, Footprint};
 pub use ring::{CompletionQueue, Ring, SubmissionQueue};
 
 use crate::config::Config;
@@ -130,6 +132,9 @@ impl EngineBuilder {
             Some(c) => c,
             None => Config::load()?,
         };
+        // Values each in range can together need more memory than there
+        // is: refuse before allocating rather than abort halfway.
+        footprint::check(&config)?;
         let topology = self.topology.unwrap_or_else(Topology::detect);
         let regions = Arc::new(ArcSwap::from_pointee(RegionTable::default()));
         let local = Arc::new(Segment::new(

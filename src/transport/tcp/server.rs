@@ -159,17 +159,17 @@ fn accept_loop(
         let (stream, peer) = match accepted {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!(error = %e, "tcp data server: accept failed");
+                crate::warn_limited!(e.kind(), error = %e, "tcp data server: accept failed");
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
         };
         if live.len() >= MAX_CONNECTIONS {
-            tracing::warn!(%peer, limit = MAX_CONNECTIONS, "tcp data server: connection limit reached; closing");
+            crate::warn_limited!(peer.ip(), %peer, limit = MAX_CONNECTIONS, "tcp data server: connection limit reached; closing");
             continue;
         }
         let Some(id) = live.add(&stream) else {
-            tracing::warn!(%peer, "tcp data server: cannot track the connection; closing");
+            crate::warn_limited!(peer.ip(), %peer, "tcp data server: cannot track the connection; closing");
             continue;
         };
         let (live2, stop2, regions2) = (live.clone(), stop.clone(), regions.clone());
@@ -179,14 +179,14 @@ fn accept_loop(
                 match serve(&stream, &stop2, &regions2, user_timeout_ms) {
                     Ok(()) => tracing::debug!(%peer, "tcp data connection closed"),
                     Err(reason) => {
-                        tracing::warn!(%peer, %reason, "tcp data connection closed")
+                        crate::warn_limited!(peer.ip(), %peer, %reason, "tcp data connection closed")
                     }
                 }
                 live2.remove(id);
             });
         if let Err(e) = spawned {
             live.remove(id);
-            tracing::warn!(%peer, error = %e, "tcp data server: cannot spawn a connection thread");
+            crate::warn_limited!(e.kind(), %peer, error = %e, "tcp data server: cannot spawn a connection thread");
         }
     }
 }
