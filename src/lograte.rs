@@ -186,12 +186,31 @@ impl LogRate {
 /// ```
 #[macro_export]
 macro_rules! warn_limited {
-    ($cause:expr, $($arg:tt)+) => {{
+    ($cause:expr, $($arg:tt)+) => {
+        $crate::log_limited!(warn, $cause, $($arg)+)
+    };
+}
+
+/// [`warn_limited!`](crate::warn_limited) at info level (seed 000's
+/// `Transport failover: ...` line is info, and fires once per failed task).
+#[macro_export]
+macro_rules! info_limited {
+    ($cause:expr, $($arg:tt)+) => {
+        $crate::log_limited!(info, $cause, $($arg)+)
+    };
+}
+
+/// The body of [`warn_limited!`](crate::warn_limited) and
+/// [`info_limited!`](crate::info_limited): `$level` names the `tracing` macro.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! log_limited {
+    ($level:ident, $cause:expr, $($arg:tt)+) => {{
         static RATE: $crate::lograte::LogRate = $crate::lograte::LogRate::new();
         match RATE.hit($crate::lograte::cause(&$cause)) {
-            $crate::lograte::Emit::First => ::tracing::warn!($($arg)+),
+            $crate::lograte::Emit::First => ::tracing::$level!($($arg)+),
             $crate::lograte::Emit::Summary { suppressed, total } => {
-                ::tracing::warn!(suppressed, total, $($arg)+)
+                ::tracing::$level!(suppressed, total, $($arg)+)
             }
             $crate::lograte::Emit::Quiet => {}
         }

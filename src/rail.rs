@@ -404,20 +404,11 @@ impl RailMonitor {
         self.clear_errors();
         self.resumed_ns.store(now, Ordering::Relaxed);
         // As many as the trips (see `Rail paused`): limited the same way.
-        static RATE: crate::lograte::LogRate = crate::lograte::LogRate::new();
-        let key = crate::lograte::cause(&(&self.local, &self.remote, why));
         let (local, remote) = (&self.local, &self.remote);
-        match RATE.hit(key) {
-            crate::lograte::Emit::First => {
-                tracing::info!("Rail recovered: local_nic={local} remote_nic={remote} ({why})")
-            }
-            crate::lograte::Emit::Summary { suppressed, total } => tracing::info!(
-                suppressed,
-                total,
-                "Rail recovered: local_nic={local} remote_nic={remote} ({why})"
-            ),
-            crate::lograte::Emit::Quiet => {}
-        }
+        crate::info_limited!(
+            (local, remote, why),
+            "Rail recovered: local_nic={local} remote_nic={remote} ({why})"
+        );
     }
 
     #[inline]

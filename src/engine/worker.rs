@@ -28,22 +28,6 @@ use crate::qos::PriorityLanes;
 use crate::segment::{Segment, SegmentTable};
 use crate::transport::{Installed, Slice, SliceCompletion, Slot, SubmitOutcome};
 
-/// `tracing::info!` limited like [`warn_limited!`](crate::warn_limited):
-/// the first occurrence of a cause at this call site in full, then one
-/// line per second with `suppressed` and `total`.
-macro_rules! info_limited {
-    ($cause:expr, $($arg:tt)+) => {{
-        static RATE: crate::lograte::LogRate = crate::lograte::LogRate::new();
-        match RATE.hit(crate::lograte::cause(&$cause)) {
-            crate::lograte::Emit::First => tracing::info!($($arg)+),
-            crate::lograte::Emit::Summary { suppressed, total } => {
-                tracing::info!(suppressed, total, $($arg)+)
-            }
-            crate::lograte::Emit::Quiet => {}
-        }
-    }};
-}
-
 /// Every slot kind, indexed like `TransportSlots`.
 const TRANSPORT_KINDS: [TransportKind; 5] = [
     TransportKind::Any,
@@ -573,7 +557,7 @@ impl Worker {
         t.failover_count += 1;
         t.transport = to;
         t.xport_priority = rank;
-        info_limited!(
+        crate::info_limited!(
             (segment.id(), from, to, cause),
             %peer,
             cause = %cause,
