@@ -681,3 +681,123 @@ fn two_process_live_owner_in_another_pid_namespace_is_not_collected() {
     assert_eq!(reap(&mut ring, 1)[0].result(), Ok(4096));
     t.kill();
 }
+
+// ---- a hostile owner speaking the real handout protocol --------------------
+
+fn engine_with_secret(secret: &str) -> Engine {
+    let mut c = common::test_config();
+    c.rpc_shared_secret = secret.to_owned();
+    Engine::new(c).unwrap()
+}
+
+#[test]
+fn hostile_owner_descriptors_are_refused_by_the_parser() {
+    use tent::segment::ShmEntry;
+    let target = engine();
+    let buf = target.allocate_memory(4096).unwrap();
+    let export = target.shm_export().unwrap();
+    let name = export.name().to_owned();
+    let handle = export.handle_of(buf.id()).unwrap();
+    let e = |id, base, len| ShmEntry {
+        id,
+        base,
+        len,
+        key: 77,
+        handle,
+    };
+    let cases: Vec<(&str, Vec<ShmEntry>)> = vec![
+        (
+            "len near 2^64",
+            vec![e(1, 0x7000_0000_0000, u64::MAX - 4095)],
+        ),
+        ("base + len wraps", vec![e(1, u64::MAX - 100, 4096)]),
+        (
+            "overlapping",
+            vec![e(1, 0x1000_0000, 8192), e(2, 0x1000_1000, 4096)],
+        ),
+        ("longer than its memfd", vec![e(1, 0x1000_0000, 1 << 20)]),
+        ("zero length", vec![e(1, 0x1000_0000, 0)]),
+        (
+            "zero key",
+            vec![ShmEntry {
+                key: 0,
+                ..e(1, 0x1000_0000, 4096)
+            }],
+        ),
+    ];
+    for (what, entries) in cases {
+        export.forge_descriptor(&entries);
+        let init = engine();
+        let err = init.open_segment(&name).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{what}: {err}");
+    }
+}
+
+#[test]
+fn hostile_owner_forging_after_open_fails_ops_typed_and_keeps_the_old_view() {
+    use tent::segment::ShmEntry;
+    let target = engine();
+    let buf = target.allocate_memory(1 << 16).unwrap();
+    let export = target.shm_export().unwrap();
+    let handle = export.handle_of(buf.id()).unwrap();
+    let init = engine();
+    let seg = init.open_segment(export.name()).unwrap();
+    let key = init.segment_peer(seg).unwrap().key_of(buf.addr()).unwrap();
+    let huge = 0x7000_0000_0000u64;
+    export.forge_descriptor(&[
+        ShmEntry {
+            id: buf.id().0,
+            base: buf.addr(),
+            len: 1 << 16,
+            key,
+            handle,
+        },
+        ShmEntry {
+            id: 99,
+            base: huge,
+            len: u64::MAX - huge,
+            key,
+            handle,
+        },
+    ]);
+    let local = init.allocate_memory(1 << 16).unwrap();
+    local.write(0, &pattern(9, 1 << 16)).unwrap();
+    let mut ring = init.ring().unwrap();
+    ring.submission()
+        .push(write_op(&local, seg, huge + (1 << 30), 4096, 1))
+        .unwrap();
+    ring.submission()
+        .push(write_op(&local, seg, buf.addr(), 1 << 16, 2))
+        .unwrap();
+    let mut c = reap(&mut ring, 2);
+    c.sort_by_key(|c| c.user_data());
+    assert_eq!(c[0].result(), Err(ErrorKind::AddressNotRegistered));
+    assert_eq!(c[1].result(), Ok(1 << 16));
+    let mut out = vec![0u8; 1 << 16];
+    buf.read(0, &mut out).unwrap();
+    assert!(out == pattern(9, 1 << 16));
+}
+
+#[test]
+fn shm_handout_requires_the_shared_secret_when_set() {
+    let secret = "0123456789abcdef-shm";
+    let target = engine_with_secret(secret);
+    let _buf = target.allocate_memory(4096).unwrap();
+    let name = target.local_segment_name().unwrap().to_owned();
+    let err = engine().open_segment(&name).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AccessDenied, "{err}");
+    let err = engine_with_secret("fedcba9876543210-shm")
+        .open_segment(&name)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AccessDenied, "{err}");
+    let right = engine_with_secret(secret);
+    let seg = right.open_segment(&name).unwrap();
+    assert!(!right.segment_regions(seg).unwrap().is_empty());
+    // Holding a secret, we refuse an owner that does not authenticate.
+    let plain = engine();
+    let _b = plain.allocate_memory(4096).unwrap();
+    let err = right
+        .open_segment(plain.local_segment_name().unwrap())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AccessDenied, "{err}");
+}

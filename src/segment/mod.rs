@@ -7,6 +7,7 @@
 
 pub mod shm;
 pub mod shm_desc;
+mod shm_handout;
 
 use std::sync::Arc;
 
