@@ -313,6 +313,10 @@ pub struct ShmPeer {
     owner_gone: AtomicBool,
     table: ArcSwap<PeerTable>,
     refresh: Mutex<()>,
+    /// The descriptor sequence last refused (not re-read until it moves),
+    /// and how many refusals were seen (only the first is a warning).
+    refused_seq: AtomicU64,
+    refusals: AtomicU64,
 }
 
 impl std::fmt::Debug for ShmPeer {
@@ -336,6 +340,8 @@ impl ShmPeer {
             owner_gone: AtomicBool::new(false),
             table: ArcSwap::from_pointee(PeerTable::default()),
             refresh: Mutex::new(()),
+            refused_seq: AtomicU64::new(u64::MAX),
+            refusals: AtomicU64::new(0),
         };
         peer.refresh(true)?;
         Ok(peer)
@@ -386,7 +392,7 @@ impl ShmPeer {
 
     fn refresh_if_changed(&self) -> Result<bool> {
         let seq = words(&self.desc, 1)[0].load(Ordering::Acquire);
-        if seq == self.table.load().seq {
+        if seq == self.table.load().seq || seq == self.refused_seq.load(Ordering::Relaxed) {
             return Ok(false);
         }
         self.refresh(false)?;
@@ -401,8 +407,7 @@ impl ShmPeer {
         let _g = self.refresh.lock().expect("peer refresh poisoned");
         let (seq, words) = read_descriptor(&self.desc)?;
         let entries = shm_desc::parse(&words).map_err(|e| {
-            tracing::warn!(segment = %self.name, error = %e, "shm segment descriptor refused");
-            Error::invalid(format!("segment {}: {e}", self.name))
+            self.refused(seq, Error::invalid(format!("segment {}: {e}", self.name)))
         })?;
         let old = self.table.load_full();
         let mut regions = Vec::with_capacity(entries.len());
@@ -427,10 +432,7 @@ impl ShmPeer {
                 Ok(Some(m)) => Arc::new(m),
                 // Revoked between the descriptor read and the request.
                 Ok(None) => continue,
-                Err(err) => {
-                    tracing::warn!(segment = %self.name, error = %err, "shm region refused");
-                    return Err(err);
-                }
+                Err(err) => return Err(self.refused(seq, err)),
             };
             let data = map.ptr().wrapping_add(DATA_OFFSET);
             if prefault_pages {
@@ -449,6 +451,18 @@ impl ShmPeer {
         // `parse` sorted them by base and proved them disjoint.
         self.table.store(Arc::new(PeerTable { seq, regions }));
         Ok(())
+    }
+
+    /// Remember that descriptor `seq` was refused (so misses do not re-read
+    /// it) and say so: a warning the first time, debug after that.
+    fn refused(&self, seq: u64, err: Error) -> Error {
+        self.refused_seq.store(seq, Ordering::Relaxed);
+        if self.refusals.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(segment = %self.name, error = %err, "shm segment descriptor refused; keeping the previous view");
+        } else {
+            tracing::debug!(segment = %self.name, error = %err, "shm segment descriptor refused again");
+        }
+        err
     }
 
     /// Run `f` on the peer memory at `[addr, addr+len)` after checking
