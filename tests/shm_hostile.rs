@@ -250,8 +250,8 @@ fn segment_of_another_uid_is_refused() {
     let _buf = target.allocate_memory(4096).unwrap();
     let name = target.local_segment_name().unwrap().to_owned();
     let path = format!("/dev/shm/{name}");
-    // SAFETY: chown on a NUL-terminated path we own; 65534 is `nobody`.
     let c = std::ffi::CString::new(path.clone()).unwrap();
+    // SAFETY: lchown on a NUL-terminated path we own; 65534 is `nobody`.
     let rc = unsafe { libc::lchown(c.as_ptr(), 65534, 65534) };
     assert_eq!(
         rc,
