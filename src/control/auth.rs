@@ -9,6 +9,10 @@ use super::wire::{MAC_LEN, NONCE_LEN};
 
 const CLIENT_LABEL: &[u8] = b"tent-control-client-v1";
 const SERVER_LABEL: &[u8] = b"tent-control-server-v1";
+/// The shm handout socket's labels: a proof made for the control plane
+/// does not open the shm door, nor the other way round.
+const SHM_CLIENT_LABEL: &[u8] = b"tent-shm-handout-client-v1";
+const SHM_SERVER_LABEL: &[u8] = b"tent-shm-handout-server-v1";
 
 fn mac(secret: &[u8], label: &[u8], a: &[u8; NONCE_LEN], b: &[u8; NONCE_LEN]) -> Hmac<Sha256> {
     let mut m = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
@@ -66,6 +70,54 @@ pub fn verify_server(
         .is_ok()
 }
 
+/// [`client_proof`] for the shm handout socket (its own label).
+pub fn shm_client_proof(
+    secret: &[u8],
+    server_nonce: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+) -> [u8; MAC_LEN] {
+    mac(secret, SHM_CLIENT_LABEL, server_nonce, client_nonce)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+/// [`server_proof`] for the shm handout socket (its own label).
+pub fn shm_server_proof(
+    secret: &[u8],
+    server_nonce: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+) -> [u8; MAC_LEN] {
+    mac(secret, SHM_SERVER_LABEL, client_nonce, server_nonce)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+/// Constant-time check of a [`shm_client_proof`].
+pub fn verify_shm_client(
+    secret: &[u8],
+    server_nonce: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+    proof: &[u8; MAC_LEN],
+) -> bool {
+    mac(secret, SHM_CLIENT_LABEL, server_nonce, client_nonce)
+        .verify_slice(proof)
+        .is_ok()
+}
+
+/// Constant-time check of a [`shm_server_proof`].
+pub fn verify_shm_server(
+    secret: &[u8],
+    server_nonce: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+    proof: &[u8; MAC_LEN],
+) -> bool {
+    mac(secret, SHM_SERVER_LABEL, client_nonce, server_nonce)
+        .verify_slice(proof)
+        .is_ok()
+}
+
 /// A fresh random nonce from the kernel.
 pub fn nonce() -> [u8; NONCE_LEN] {
     let mut n = [0u8; NONCE_LEN];
@@ -100,5 +152,18 @@ mod tests {
         );
         let q = server_proof(b"0123456789abcdef", &s, &c);
         assert!(verify_server(b"0123456789abcdef", &s, &c, &q));
+    }
+
+    #[test]
+    fn shm_proofs_do_not_open_the_control_door() {
+        let (s, c, k) = (nonce(), nonce(), b"0123456789abcdef");
+        let p = shm_client_proof(k, &s, &c);
+        assert!(verify_shm_client(k, &s, &c, &p));
+        assert!(!verify_client(k, &s, &c, &p), "labels differ");
+        assert!(!verify_shm_client(k, &s, &c, &client_proof(k, &s, &c)));
+        let q = shm_server_proof(k, &s, &c);
+        assert!(verify_shm_server(k, &s, &c, &q));
+        assert!(!verify_server(k, &s, &c, &q));
+        assert!(!verify_shm_server(k, &s, &c, &p), "roles differ");
     }
 }

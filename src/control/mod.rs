@@ -5,7 +5,7 @@
 //! such a segment connects, authenticates when a shared secret is set, and
 //! fetches the segment descriptor (regions with keys, transports, rails).
 
-mod auth;
+pub(crate) mod auth;
 pub mod client;
 pub mod server;
 pub mod wire;
