@@ -14,7 +14,8 @@
 //!   [`select`]: which rail a slice takes; [`rail`]: rail health
 //!   (`RailMonitor`); [`netlink`]: link state.
 //! - [`metrics`]: failover and rail counters, Prometheus text.
-//! - [`error`]: the error taxonomy.
+//! - [`error`]: the error taxonomy; [`lograte`]: failure logs once per cause
+//!   per second ([`warn_limited!`]).
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -25,6 +26,7 @@ pub mod control;
 pub mod doorbell;
 pub mod engine;
 pub mod error;
+pub mod lograte;
 pub mod memory;
 pub mod metrics;
 pub mod netlink;

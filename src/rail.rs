@@ -319,7 +319,11 @@ impl RailMonitor {
         {
             self.cooldown_ns.store(cooldown, Ordering::Relaxed);
             self.trips.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
+            // A rail that flaps (a good completion un-pauses it, the next
+            // failures trip it again) could trip many times a second:
+            // once per rail, then a summary at most once a second.
+            crate::warn_limited!(
+                (&self.local, &self.remote),
                 "Rail paused: local_nic={} remote_nic={} ({} failures within {} s, cooldown {} ms)",
                 self.local,
                 self.remote,
@@ -399,10 +403,11 @@ impl RailMonitor {
     fn resumed(&self, now: u64, why: &str) {
         self.clear_errors();
         self.resumed_ns.store(now, Ordering::Relaxed);
-        tracing::info!(
-            "Rail recovered: local_nic={} remote_nic={} ({why})",
-            self.local,
-            self.remote
+        // As many as the trips (see `Rail paused`): limited the same way.
+        let (local, remote) = (&self.local, &self.remote);
+        crate::info_limited!(
+            (local, remote, why),
+            "Rail recovered: local_nic={local} remote_nic={remote} ({why})"
         );
     }
 

@@ -5,6 +5,9 @@
 #                   never panics, both readers agree, decode∘encode round-trips
 #   data_frames     TCP data-plane headers (transport::tcp::frame): round trips,
 #                   decoded lengths within MAX_OP_LEN
+#   shm_descriptor  shm segment descriptor parser (segment::shm_desc): admitted
+#                   regions bounded, sorted, disjoint, non-wrapping; memfds
+#                   mapped only sealed and large enough; names one component
 # CI does not run this: it runs the proptests (`cargo test`), which cover the
 # same decoders briefly. This script is for longer runs by hand, e.g.
 #   FUZZ_SECONDS=3600 tools/fuzz.sh control_decode

@@ -9,6 +9,10 @@ use super::wire::{MAC_LEN, NONCE_LEN};
 
 const CLIENT_LABEL: &[u8] = b"tent-control-client-v1";
 const SERVER_LABEL: &[u8] = b"tent-control-server-v1";
+/// The shm handout socket's labels: a proof made for the control plane
+/// does not open the shm door, nor the other way round.
+const SHM_CLIENT_LABEL: &[u8] = b"tent-shm-handout-client-v1";
+const SHM_SERVER_LABEL: &[u8] = b"tent-shm-handout-server-v1";
 /// The data plane's labels: a control-plane proof does not verify there
 /// (nor the other way round), whatever the nonces.
 const DATA_CLIENT_LABEL: &[u8] = b"tent-data-client-v1";
@@ -66,6 +70,54 @@ pub fn verify_server(
     proof: &[u8; MAC_LEN],
 ) -> bool {
     mac(secret, SERVER_LABEL, client_nonce, server_nonce)
+        .verify_slice(proof)
+        .is_ok()
+}
+
+/// [`client_proof`] for the shm handout socket (its own label).
+pub fn shm_client_proof(
+    secret: &[u8],
+    server_nonce: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+) -> [u8; MAC_LEN] {
+    mac(secret, SHM_CLIENT_LABEL, server_nonce, client_nonce)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+/// [`server_proof`] for the shm handout socket (its own label).
+pub fn shm_server_proof(
+    secret: &[u8],
+    server_nonce: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+) -> [u8; MAC_LEN] {
+    mac(secret, SHM_SERVER_LABEL, client_nonce, server_nonce)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+/// Constant-time check of a [`shm_client_proof`].
+pub fn verify_shm_client(
+    secret: &[u8],
+    server_nonce: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+    proof: &[u8; MAC_LEN],
+) -> bool {
+    mac(secret, SHM_CLIENT_LABEL, server_nonce, client_nonce)
+        .verify_slice(proof)
+        .is_ok()
+}
+
+/// Constant-time check of a [`shm_server_proof`].
+pub fn verify_shm_server(
+    secret: &[u8],
+    server_nonce: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+    proof: &[u8; MAC_LEN],
+) -> bool {
+    mac(secret, SHM_SERVER_LABEL, client_nonce, server_nonce)
         .verify_slice(proof)
         .is_ok()
 }
@@ -157,6 +209,19 @@ mod tests {
     }
 
     #[test]
+    fn shm_proofs_do_not_open_the_control_door() {
+        let (s, c, k) = (nonce(), nonce(), b"0123456789abcdef");
+        let p = shm_client_proof(k, &s, &c);
+        assert!(verify_shm_client(k, &s, &c, &p));
+        assert!(!verify_client(k, &s, &c, &p), "labels differ");
+        assert!(!verify_shm_client(k, &s, &c, &client_proof(k, &s, &c)));
+        let q = shm_server_proof(k, &s, &c);
+        assert!(verify_shm_server(k, &s, &c, &q));
+        assert!(!verify_server(k, &s, &c, &q));
+        assert!(!verify_shm_server(k, &s, &c, &p), "roles differ");
+    }
+
+    #[test]
     fn control_and_data_proofs_do_not_stand_in_for_each_other() {
         let (s, c) = (nonce(), nonce());
         let k = b"0123456789abcdef";
@@ -165,6 +230,7 @@ mod tests {
         let data = data_client_proof(k, &s, &c);
         assert!(verify_data_client(k, &s, &c, &data));
         assert!(!verify_client(k, &s, &c, &data));
+        assert!(!verify_shm_client(k, &s, &c, &data));
         assert!(!verify_data_server(k, &s, &c, &data), "roles differ");
         assert!(!verify_data_server(k, &s, &c, &server_proof(k, &s, &c)));
         assert!(verify_data_server(k, &s, &c, &data_server_proof(k, &s, &c)));

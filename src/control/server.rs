@@ -285,13 +285,13 @@ fn accept_loop(
                     deadline: Instant::now() + EXCHANGE_DEADLINE,
                 };
                 if let Err(why) = serve(&mut t, secret, &*describe, qp.as_deref()) {
-                    tracing::warn!(%peer, reason = %why, "control: closing connection");
+                    crate::warn_limited!(peer.rsplit_once(':').map_or(&*peer, |(ip, _)| ip), %peer, reason = %why, "control: closing connection");
                 }
                 live2.remove(slot.id);
             });
         if let Err(e) = spawned {
             live.remove(id);
-            tracing::warn!(error = %e, "control: cannot spawn a connection thread");
+            crate::warn_limited!(e.kind(), error = %e, "control: cannot spawn a connection thread");
         }
     }
 }

@@ -2,6 +2,7 @@
 //! batch and ring APIs over them.
 
 mod batch;
+pub mod footprint;
 mod ring;
 mod task;
 mod worker;
@@ -18,6 +19,7 @@ use tent_rings::spsc;
 use tent_rings::{Cqe, ErrorKind, RegionId, SegmentId, Sqe, TransportKind};
 
 pub use batch::{BatchId, TaskState, TaskStatus};
+pub use footprint::{Available, Footprint};
 pub use ring::{CompletionQueue, Ring, SubmissionQueue};
 
 use crate::config::Config;
@@ -130,6 +132,9 @@ impl EngineBuilder {
             Some(c) => c,
             None => Config::load()?,
         };
+        // Values each in range can together need more memory than there
+        // is: refuse before allocating rather than abort halfway.
+        footprint::check(&config)?;
         let topology = self.topology.unwrap_or_else(Topology::detect);
         let regions = Arc::new(ArcSwap::from_pointee(RegionTable::default()));
         let local = Arc::new(Segment::new(
@@ -139,7 +144,12 @@ impl EngineBuilder {
         ));
         let segments = Arc::new(ArcSwap::from_pointee(SegmentTable::default().with(local)));
         let export = if config.transports.shm.enable {
-            Some(Arc::new(ShmExport::create(&config.transports.shm.dir)?))
+            let secret = (!config.rpc_shared_secret.is_empty())
+                .then(|| config.rpc_shared_secret.as_bytes().to_vec());
+            Some(Arc::new(ShmExport::create(
+                &config.transports.shm.dir,
+                secret,
+            )?))
         } else {
             None
         };
@@ -423,6 +433,12 @@ impl Engine {
 
     // ---- segments -----------------------------------------------------
 
+    /// This engine's shm export (tests forge descriptors through it).
+    #[doc(hidden)]
+    pub fn shm_export(&self) -> Option<&ShmExport> {
+        self.export.as_deref()
+    }
+
     /// The name of this engine's shared-memory segment (`None` with shm
     /// off): a peer on this host may open it directly.
     pub fn local_segment_name(&self) -> Option<&str> {
@@ -509,13 +525,11 @@ impl Engine {
                 format!("segment {name:?}: no transport can open it (shm disabled)"),
             ));
         }
-        let peer = ShmPeer::attach(&self.shared.config.transports.shm.dir, name)?;
-        if !peer.owner_alive() {
-            return Err(Error::new(
-                ErrorKind::ProcessFailed,
-                format!("segment {name:?}: owner pid {} is gone", peer.owner_pid()),
-            ));
-        }
+        let cfg = &self.shared.config;
+        let secret =
+            (!cfg.rpc_shared_secret.is_empty()).then_some(cfg.rpc_shared_secret.as_bytes());
+        // Connecting proves the owner lives: it serves the segment's socket.
+        let peer = ShmPeer::attach(&cfg.transports.shm.dir, name, secret)?;
         Ok(SegmentKind::Shm(Arc::new(peer)))
     }
 

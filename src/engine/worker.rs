@@ -166,6 +166,49 @@ pub(crate) struct Worker {
     max_failover: u8,
 }
 
+/// Slice completions one `poll` may hand back (`Worker::reaped`).
+const REAP_BATCH: usize = 256;
+/// Application rings a worker has room for before its list grows.
+const RINGS_AT_START: usize = 64;
+/// Swapped-out transport instances tracked before the list grows.
+const DRAINING_AT_START: usize = 8;
+
+/// What one worker holds from the start, from the config alone: each term
+/// is `size_of` of what `Worker::new` and `Engine::build` allocate for it,
+/// so the figure follows the structs as they change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WorkerBytes {
+    /// Task table (slots and free list) and the three priority lanes:
+    /// `max_tasks_per_worker` each.
+    pub tasks: u64,
+    /// The batch API's submission ring: `ring_depth` SQEs.
+    pub batch_ring: u64,
+    /// What does not depend on a key: reap buffer, ring and draining
+    /// lists, the shared block.
+    pub fixed: u64,
+}
+
+impl WorkerBytes {
+    pub(crate) fn of(cfg: &crate::config::Config) -> WorkerBytes {
+        use std::mem::size_of;
+        let cap = u64::from(cfg.max_tasks_per_worker);
+        let per_task = size_of::<super::task::Task>() + size_of::<u32>()
+            // One lane entry per task in each of the three lanes.
+            + 3 * size_of::<crate::qos::LaneEntry>();
+        WorkerBytes {
+            tasks: cap * per_task as u64,
+            batch_ring: (tent_rings::region::HEADER_LEN
+                + tent_rings::spsc::ring_bytes::<Sqe>(cfg.ring_depth))
+                as u64,
+            fixed: (REAP_BATCH * size_of::<SliceCompletion>()
+                + RINGS_AT_START * size_of::<Option<WorkerRing>>()
+                + DRAINING_AT_START * size_of::<PostedOn>()
+                + size_of::<WorkerShared>()
+                + size_of::<Worker>()) as u64,
+        }
+    }
+}
+
 impl Worker {
     pub fn new(
         shared: Arc<WorkerShared>,
@@ -174,7 +217,7 @@ impl Worker {
     ) -> Worker {
         let cfg = &engine.config;
         let cap = cfg.max_tasks_per_worker as usize;
-        let mut rings = Vec::with_capacity(64);
+        let mut rings = Vec::with_capacity(RINGS_AT_START);
         rings.push(Some(WorkerRing {
             sq: batch_cq,
             cq: None,
@@ -193,12 +236,12 @@ impl Worker {
                     token: 0,
                     result: Ok(0)
                 };
-                256
+                REAP_BATCH
             ],
             rings,
             async_inflight: 0,
             posted: std::array::from_fn(|_| None),
-            draining: Vec::with_capacity(8),
+            draining: Vec::with_capacity(DRAINING_AT_START),
             next_housekeeping: 0,
             next_peer_check: 0,
             block_size: cfg.block_size,
@@ -485,21 +528,38 @@ impl Worker {
         let t = self.tasks.get_mut(i);
         let from = t.transport;
         t.failing = None;
+        let segment = t.segment.clone().expect("live task has a segment");
+        // A dead peer fails every task it had, and every task after it:
+        // each of these lines is logged once per (segment, transport,
+        // cause), then summarised with a count at most once a second.
+        let peer = segment.name();
+        let key = (segment.id(), from, cause);
         if t.failover_count >= max {
-            tracing::warn!("Task failover limit reached ({max}), last transport={from}");
+            crate::warn_limited!(
+                key,
+                %peer,
+                %cause,
+                "Task failover limit reached ({max}), last transport={from}"
+            );
             return self.exhaust(i, cause);
         }
         let from_rank = usize::from(t.xport_priority) + 1;
-        let segment = t.segment.clone().expect("live task has a segment");
         let Some((rank, to)) = self.resolve(&segment, from_rank, TransportKind::Any) else {
-            tracing::warn!("No more transports available after {from} failed");
+            crate::warn_limited!(
+                key,
+                %peer,
+                %cause,
+                "No more transports available after {from} failed"
+            );
             return self.exhaust(i, cause);
         };
         let t = self.tasks.get_mut(i);
         t.failover_count += 1;
         t.transport = to;
         t.xport_priority = rank;
-        tracing::info!(
+        crate::info_limited!(
+            (segment.id(), from, to, cause),
+            %peer,
             cause = %cause,
             "Transport failover: {from} -> {to} (attempt {}/{max})",
             t.failover_count

@@ -89,6 +89,11 @@ pub struct Queue {
 pub trait QueueSource: Send {
     /// A connected QP ready to post on.
     fn connect(&mut self) -> Result<Queue>;
+
+    /// Who the queues lead to (log lines and their rate limit key).
+    fn peer(&self) -> &str {
+        ""
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -207,6 +212,13 @@ impl Endpoint {
                 Err(e) => {
                     // No QP to post on: everything waiting fails.
                     let kind = e.kind();
+                    let peer = self.source.peer();
+                    crate::warn_limited!(
+                        (peer, kind),
+                        peer,
+                        error = %e,
+                        "rdma: cannot connect a QP; queued slices fail"
+                    );
                     while let Some(s) = self.backlog.pop_front() {
                         done(RdmaCompletion {
                             token: s.token,
@@ -289,7 +301,13 @@ impl Endpoint {
                 // next list must signal again soon.
                 self.since_signal = self.signal_every;
                 if rc != libc::ENOMEM {
-                    tracing::warn!(rc, "rdma: post_send refused work; replacing the QP");
+                    let peer = self.source.peer();
+                    crate::warn_limited!(
+                        (peer, rc),
+                        peer,
+                        rc,
+                        "rdma: post_send refused work; replacing the QP"
+                    );
                     self.break_queue();
                 }
                 return;
@@ -306,7 +324,13 @@ impl Endpoint {
         // SAFETY: `q.cq` is live; `wcs` holds POLL_BATCH entries.
         let n = unsafe { ops::poll_cq(q.cq, POLL_BATCH as i32, self.wcs.as_mut_ptr()) };
         if n < 0 {
-            tracing::warn!(rc = n, "rdma: poll_cq failed; replacing the QP");
+            let peer = self.source.peer();
+            crate::warn_limited!(
+                (peer, n),
+                peer,
+                rc = n,
+                "rdma: poll_cq failed; replacing the QP"
+            );
             self.break_queue();
             return 0;
         }
@@ -329,7 +353,13 @@ impl Endpoint {
                             slice: p.slice,
                         });
                     }
-                    tracing::warn!(%kind, "rdma: work request failed; QP in error");
+                    let peer = self.source.peer();
+                    crate::warn_limited!(
+                        (peer, kind),
+                        peer,
+                        %kind,
+                        "rdma: work request failed; QP in error"
+                    );
                     self.break_queue();
                 }
                 Outcome::Flushed => self.break_queue(),

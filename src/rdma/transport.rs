@@ -245,6 +245,10 @@ impl QueueSource for RailSource {
             owner: Box::new((qp, cq)),
         })
     }
+
+    fn peer(&self) -> &str {
+        &self.peer
+    }
 }
 
 /// A worker's scratch space for `poll`.

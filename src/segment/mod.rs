@@ -6,12 +6,15 @@
 //! their own.
 
 pub mod shm;
+pub mod shm_desc;
+mod shm_handout;
 
 use std::sync::Arc;
 
 use tent_rings::{SegmentId, TransportKind};
 
 pub use shm::{RemoteRegion, ShmExport, ShmPeer};
+pub use shm_desc::ShmEntry;
 
 /// What a network transport keeps for one segment (its peer state: rails,
 /// connections), opaque here so segments need not know transports.

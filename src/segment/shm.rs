@@ -1,36 +1,37 @@
 //! The shared-memory face of a segment.
 //!
-//! A target exports its engine-allocated regions as files in `/dev/shm`
-//! (one per region) and lists them in a descriptor file named after the
-//! segment. An initiator in another process maps the descriptor and the
-//! region files, then copies bytes directly.
+//! A target exports its engine-allocated regions as sealed memfds (one per
+//! region) and lists them in a descriptor memfd; both reach peers over the
+//! segment's unix socket in the shm dir ([`shm_handout`](super::shm_handout)).
+//! An initiator in another process maps what the owner hands out, then
+//! copies bytes directly.
+//!
+//! Nothing another process wrote is trusted: the descriptor words are
+//! copied under the seqlock and admitted by one parser
+//! ([`shm_desc::parse`](super::shm_desc::parse)), and each memfd is mapped
+//! only after [`shm_desc::admit_region`](super::shm_desc::admit_region)
+//! checked its seals and size.
 //!
 //! Every access is checked against the region's bounds and its *live key*:
-//! the first word of each region file holds the key while the region is
+//! the first word of each region memfd holds the key while the region is
 //! registered and 0 once the target unregisters it, so a peer with a stale
 //! mapping gets `AccessDenied` instead of writing into memory the target has
 //! given up.
 
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use tent_rings::region::{Region, RegionType};
 use tent_rings::{ErrorKind, RegionId};
 
+use super::shm_desc::{
+    self, DESC_BYTES, DESC_CAPACITY, ENTRY_WORDS, HEADER_WORDS, MAX_REGION_LEN, ShmEntry,
+};
+use super::shm_handout::{self, HandoutClient, HandoutServer, HandoutTable, Mapping};
 use crate::error::{Error, Result};
 
-/// Region entries a descriptor can list.
-pub const DESC_CAPACITY: usize = 1024;
-const HEADER_WORDS: usize = 8;
-const ENTRY_WORDS: usize = 16;
-const NAME_BYTES: usize = (ENTRY_WORDS - 4) * 8;
-/// Where user data starts inside a region file's payload (page aligned; the
-/// first line holds the live key).
-pub const DATA_OFFSET: usize = 4096;
-
-const DESC_LAYOUT: [u64; 4] = [DESC_CAPACITY as u64, (ENTRY_WORDS * 8) as u64, 1, 0];
-const DESC_BYTES: usize = (HEADER_WORDS + DESC_CAPACITY * ENTRY_WORDS) * 8;
+pub use super::shm_desc::DATA_OFFSET;
 
 /// A region as a peer sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,30 +44,24 @@ pub struct RemoteRegion {
     pub len: u64,
 }
 
-#[derive(Debug, Clone)]
-struct Entry {
-    id: u64,
-    base: u64,
-    len: u64,
-    key: u64,
-    file: String,
+/// A mapping's first words viewed as atomics.
+fn words(map: &Mapping, n: usize) -> &[AtomicU64] {
+    assert!(map.len() >= n * 8, "mapping shorter than its words");
+    // SAFETY: the mapping holds at least n words (checked above), is page
+    // aligned, lives as long as `map`, and is only ever accessed through
+    // atomics (by us and by the other process), so `[AtomicU64]` is sound.
+    unsafe { std::slice::from_raw_parts(map.ptr() as *const AtomicU64, n) }
 }
 
-/// The descriptor's payload viewed as atomic words (seqlock-protected).
-fn words(region: &Region) -> &[AtomicU64] {
-    debug_assert!(region.payload_len() >= DESC_BYTES);
-    // SAFETY: the payload is at least DESC_BYTES long, 64-byte aligned, lives as long as `region`, and is only ever accessed through atomics (by us and by the peer process), so viewing it as `[AtomicU64]` is sound.
-    unsafe { std::slice::from_raw_parts(region.payload_ptr() as *const AtomicU64, DESC_BYTES / 8) }
+/// The live-key word at the start of a region memfd.
+fn live_key(map: &Mapping) -> &AtomicU64 {
+    // SAFETY: region mappings are DATA_OFFSET + len bytes (admitted before
+    // mapping); the first word is aligned and only accessed atomically.
+    unsafe { &*(map.ptr() as *const AtomicU64) }
 }
 
-/// The live-key word at the start of a region file's payload.
-fn live_key(region: &Region) -> &AtomicU64 {
-    // SAFETY: region files are created with DATA_OFFSET + len payload bytes; the first word is aligned and only accessed atomically.
-    unsafe { &*(region.payload_ptr() as *const AtomicU64) }
-}
-
-fn write_descriptor<'a>(desc: &Region, entries: impl ExactSizeIterator<Item = &'a Entry>) {
-    let w = words(desc);
+fn write_descriptor<'a>(desc: &Mapping, entries: impl ExactSizeIterator<Item = &'a ShmEntry>) {
+    let w = words(desc, DESC_BYTES / 8);
     // Seqlock writer: odd while writing. The Release fence orders the odd
     // store before the entry stores; the final Release store publishes them.
     let seq = w[0].load(Ordering::Relaxed);
@@ -75,55 +70,41 @@ fn write_descriptor<'a>(desc: &Region, entries: impl ExactSizeIterator<Item = &'
     w[1].store(entries.len() as u64, Ordering::Relaxed);
     for (i, e) in entries.enumerate() {
         let base = HEADER_WORDS + i * ENTRY_WORDS;
-        w[base].store(e.id, Ordering::Relaxed);
+        w[base].store(u64::from(e.id), Ordering::Relaxed);
         w[base + 1].store(e.base, Ordering::Relaxed);
         w[base + 2].store(e.len, Ordering::Relaxed);
         w[base + 3].store(e.key, Ordering::Relaxed);
-        let mut name = [0u8; NAME_BYTES];
-        name[..e.file.len()].copy_from_slice(e.file.as_bytes());
-        for (j, chunk) in name.chunks_exact(8).enumerate() {
-            let v = u64::from_le_bytes(chunk.try_into().expect("8-byte chunk"));
-            w[base + 4 + j].store(v, Ordering::Relaxed);
-        }
+        w[base + 4].store(e.handle, Ordering::Relaxed);
     }
     w[0].store(seq + 2, Ordering::Release);
 }
 
-/// Read a consistent copy of the descriptor (seqlock reader).
-fn read_descriptor(desc: &Region) -> Result<(u64, Vec<Entry>)> {
-    let w = words(desc);
+/// Copy the descriptor's words consistently (seqlock reader); the copy is
+/// then judged by [`shm_desc::parse`], never used raw.
+fn read_descriptor(desc: &Mapping) -> Result<(u64, Vec<u64>)> {
+    let w = words(desc, DESC_BYTES / 8);
+    let mut copy = Vec::with_capacity(HEADER_WORDS);
     for _ in 0..10_000 {
         let s1 = w[0].load(Ordering::Acquire);
         if s1 & 1 == 1 {
             std::hint::spin_loop();
             continue;
         }
-        let count = w[1].load(Ordering::Relaxed) as usize;
-        if count > DESC_CAPACITY {
-            return Err(Error::invalid(format!(
-                "segment descriptor lists {count} regions (max {DESC_CAPACITY})"
-            )));
-        }
-        let mut out = Vec::with_capacity(count);
-        for i in 0..count {
-            let base = HEADER_WORDS + i * ENTRY_WORDS;
-            let mut name = [0u8; NAME_BYTES];
-            for (j, chunk) in name.chunks_exact_mut(8).enumerate() {
-                chunk.copy_from_slice(&w[base + 4 + j].load(Ordering::Relaxed).to_le_bytes());
-            }
-            let end = name.iter().position(|&b| b == 0).unwrap_or(NAME_BYTES);
-            out.push(Entry {
-                id: w[base].load(Ordering::Relaxed),
-                base: w[base + 1].load(Ordering::Relaxed),
-                len: w[base + 2].load(Ordering::Relaxed),
-                key: w[base + 3].load(Ordering::Relaxed),
-                file: String::from_utf8_lossy(&name[..end]).into_owned(),
-            });
-        }
+        // Bounded by the capacity whatever the count word says; `parse`
+        // refuses a count the copy does not hold.
+        let count = usize::try_from(w[1].load(Ordering::Relaxed))
+            .unwrap_or(usize::MAX)
+            .min(DESC_CAPACITY);
+        copy.clear();
+        copy.extend(
+            w[..HEADER_WORDS + count * ENTRY_WORDS]
+                .iter()
+                .map(|a| a.load(Ordering::Relaxed)),
+        );
         // Acquire fence: the entry loads above happen before the re-check.
         fence(Ordering::Acquire);
         if w[0].load(Ordering::Relaxed) == s1 {
-            return Ok((s1, out));
+            return Ok((s1, copy));
         }
     }
     Err(Error::new(
@@ -132,48 +113,24 @@ fn read_descriptor(desc: &Region) -> Result<(u64, Vec<Entry>)> {
     ))
 }
 
-fn join(dir: &str, file: &str) -> String {
-    format!("{}/{file}", dir.trim_end_matches('/'))
-}
-
-/// Remove files left in `dir` by tent processes that no longer exist
-/// (a target killed with -9 cannot clean up after itself).
+/// Remove segment sockets in `dir` that nobody serves any more.
 fn collect_stale(dir: &str) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in rd.flatten() {
-        let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("tent-")) else {
-            continue;
-        };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
-            continue;
-        };
-        if !pid_alive(pid as u32) {
-            tracing::debug!(file = ?entry.path(), pid, "removing stale shm file of a dead process");
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
-
-fn pid_alive(pid: u32) -> bool {
-    // SAFETY: kill with signal 0 only checks that the process exists.
-    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    shm_handout::collect_stale(dir);
 }
 
 struct ExportState {
-    entries: Vec<(Entry, Arc<Region>)>,
-    next_file: u64,
+    entries: Vec<(ShmEntry, Arc<Mapping>)>,
+    next_handle: u64,
 }
 
 /// This engine's segment, published in shared memory.
 pub struct ShmExport {
     name: String,
-    dir: String,
-    desc: Region,
+    desc: Mapping,
+    table: Arc<HandoutTable>,
     state: Mutex<ExportState>,
+    // Dropped last: peers are hung up on once nothing more is served.
+    _server: HandoutServer,
 }
 
 impl std::fmt::Debug for ShmExport {
@@ -184,44 +141,48 @@ impl std::fmt::Debug for ShmExport {
     }
 }
 
-/// Memory backing an exported region; keeps the region file mapped.
+/// Memory backing an exported region; keeps its memfd mapped.
 #[derive(Debug, Clone)]
 pub struct ExportedMemory {
-    region: Arc<Region>,
+    map: Arc<Mapping>,
+    fd: Arc<OwnedFd>,
+    handle: u64,
 }
 
 impl ExportedMemory {
     /// Start of the user-visible bytes.
     pub fn data_ptr(&self) -> *mut u8 {
-        self.region.payload_ptr().wrapping_add(DATA_OFFSET)
+        self.map.ptr().wrapping_add(DATA_OFFSET)
     }
 }
 
+fn mem_err(what: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::new(ErrorKind::OutOfMemory, what).with_source(e)
+}
+
 impl ShmExport {
-    /// Publish a new, empty segment descriptor in `dir`.
-    pub fn create(dir: &str) -> Result<ShmExport> {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
+    /// Publish a new, empty segment: a descriptor memfd served on a fresh
+    /// socket in `dir`; with `secret`, peers must prove it first.
+    pub fn create(dir: &str, secret: Option<Vec<u8>>) -> Result<ShmExport> {
         collect_stale(dir);
-        let pid = std::process::id();
-        let name = format!(
-            "tent-{pid}-{}",
-            SEQ.fetch_add(1, Ordering::Relaxed) + (crate::memory::fresh_key() & 0xffff) * 1000
-        );
-        let desc = Region::create_shm(
-            &join(dir, &name),
-            RegionType::Segment,
-            DESC_LAYOUT,
-            DESC_BYTES,
-        )?;
-        tracing::debug!(segment = %name, "shm segment descriptor published");
+        let name = HandoutServer::fresh_name();
+        let fd = shm_handout::sealed_memfd(&name, DESC_BYTES as u64)
+            .map_err(mem_err("descriptor memfd"))?;
+        let desc = Mapping::map(std::os::fd::AsFd::as_fd(&fd), DESC_BYTES, true)
+            .map_err(mem_err("map the descriptor"))?;
+        words(&desc, HEADER_WORDS)[2].store(shm_desc::DESC_MAGIC, Ordering::Release);
+        let table = Arc::new(HandoutTable::new(fd, secret));
+        let (server, name) = HandoutServer::start(dir, name, table.clone())?;
+        tracing::debug!(segment = %name, "shm segment published");
         Ok(ShmExport {
             name,
-            dir: dir.to_owned(),
             desc,
+            table,
             state: Mutex::new(ExportState {
                 entries: Vec::new(),
-                next_file: 0,
+                next_handle: 0,
             }),
+            _server: server,
         })
     }
 
@@ -230,24 +191,34 @@ impl ShmExport {
         &self.name
     }
 
-    /// Create the shared file for a new region of `len` bytes (not yet
+    /// Create the sealed memfd for a new region of `len` bytes (not yet
     /// reachable: see [`ShmExport::publish`]).
     pub fn allocate(&self, len: u64) -> Result<ExportedMemory> {
-        let file = {
+        if len == 0 || len > MAX_REGION_LEN {
+            return Err(Error::new(
+                ErrorKind::OutOfMemory,
+                format!("region of {len} bytes (shm regions hold 1..={MAX_REGION_LEN})"),
+            ));
+        }
+        let handle = {
             let mut st = self.state.lock().expect("export state poisoned");
-            st.next_file += 1;
-            format!("{}-r{}", self.name, st.next_file)
+            st.next_handle += 1;
+            st.next_handle
         };
-        let payload = DATA_OFFSET as u64 + len;
-        let region = Region::create_shm(
-            &join(&self.dir, &file),
-            RegionType::Data,
-            [len, DATA_OFFSET as u64, 0, 0],
-            usize::try_from(payload)
+        let size = DATA_OFFSET as u64 + len;
+        let fd = shm_handout::sealed_memfd(&format!("{}-r{handle}", self.name), size)
+            .map_err(mem_err("region memfd"))?;
+        let map = Mapping::map(
+            std::os::fd::AsFd::as_fd(&fd),
+            usize::try_from(size)
                 .map_err(|_| Error::new(ErrorKind::OutOfMemory, "region too large"))?,
-        )?;
+            true,
+        )
+        .map_err(mem_err("map a region memfd"))?;
         Ok(ExportedMemory {
-            region: Arc::new(region),
+            map: Arc::new(map),
+            fd: Arc::new(fd),
+            handle,
         })
     }
 
@@ -263,36 +234,49 @@ impl ShmExport {
                 ),
             ));
         }
-        let file = mem
-            .region
-            .path()
-            .and_then(|p| p.file_name())
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_owned();
         // Release: a peer that sees the key also sees the zeroed memory.
-        live_key(&mem.region).store(key, Ordering::Release);
-        let entry = Entry {
-            id: u64::from(id.0),
+        live_key(&mem.map).store(key, Ordering::Release);
+        let entry = ShmEntry {
+            id: id.0,
             base: mem.data_ptr() as u64,
             len,
             key,
-            file,
+            handle: mem.handle,
         };
-        st.entries.push((entry, mem.region.clone()));
+        self.table.insert(mem.handle, mem.fd.clone());
+        st.entries.push((entry, mem.map.clone()));
         write_descriptor(&self.desc, st.entries.iter().map(|(e, _)| e));
         Ok(())
     }
 
     /// Withdraw region `id`: its key stops matching at once, then it leaves
-    /// the descriptor.
+    /// the descriptor and is handed out no more.
     pub fn revoke(&self, id: RegionId) {
         let mut st = self.state.lock().expect("export state poisoned");
-        if let Some(pos) = st.entries.iter().position(|(e, _)| e.id == u64::from(id.0)) {
-            let (_, region) = st.entries.remove(pos);
-            live_key(&region).store(0, Ordering::Release);
+        if let Some(pos) = st.entries.iter().position(|(e, _)| e.id == id.0) {
+            let (e, map) = st.entries.remove(pos);
+            live_key(&map).store(0, Ordering::Release);
+            self.table.remove(e.handle);
             write_descriptor(&self.desc, st.entries.iter().map(|(e, _)| e));
         }
+    }
+
+    /// Publish raw descriptor entries as a hostile owner would (tests of the
+    /// peer's parser); the published regions stay handed out by handle.
+    #[doc(hidden)]
+    pub fn forge_descriptor(&self, entries: &[ShmEntry]) {
+        let _st = self.state.lock().expect("export state poisoned");
+        write_descriptor(&self.desc, entries.iter().take(DESC_CAPACITY));
+    }
+
+    /// The handle of the published region `id` (tests forge entries naming it).
+    #[doc(hidden)]
+    pub fn handle_of(&self, id: RegionId) -> Option<u64> {
+        let st = self.state.lock().expect("export state poisoned");
+        st.entries
+            .iter()
+            .find(|(e, _)| e.id == id.0)
+            .map(|(e, _)| e.handle)
     }
 }
 
@@ -301,8 +285,9 @@ struct PeerRegion {
     base: u64,
     len: u64,
     key: u64,
+    handle: u64,
     data: *mut u8,
-    map: Arc<Region>,
+    map: Arc<Mapping>,
 }
 
 #[derive(Default)]
@@ -320,80 +305,71 @@ unsafe impl Sync for PeerTable {}
 /// Another process's segment, mapped into this one.
 pub struct ShmPeer {
     name: String,
-    dir: String,
-    desc: Region,
-    owner_pid: u32,
-    /// False once the owner process is seen gone; set by a worker's
-    /// housekeeping ([`ShmPeer::check_owner`]), read on every access.
-    owner_gone: std::sync::atomic::AtomicBool,
+    desc: Mapping,
+    /// The connection to the owner: region handout and liveness.
+    owner: HandoutClient,
+    /// True once the owner is seen gone; set by a worker's housekeeping
+    /// ([`ShmPeer::check_owner`]), read on every access.
+    owner_gone: AtomicBool,
     table: ArcSwap<PeerTable>,
     refresh: Mutex<()>,
+    /// The descriptor sequence last refused (not re-read until it moves),
+    /// and how many refusals were seen (only the first is a warning).
+    refused_seq: AtomicU64,
+    refusals: AtomicU64,
 }
 
 impl std::fmt::Debug for ShmPeer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ShmPeer")
             .field("name", &self.name)
-            .field("owner_pid", &self.owner_pid)
+            .field("owner_pid", &self.owner.owner_pid())
             .finish_non_exhaustive()
     }
 }
 
 impl ShmPeer {
-    /// Map the segment called `name` exported in `dir`.
-    pub fn attach(dir: &str, name: &str) -> Result<ShmPeer> {
-        if name.is_empty() || name.contains('/') || name.len() > 200 {
-            return Err(Error::invalid(format!("bad segment name {name:?}")));
-        }
-        let path = join(dir, name);
-        if !std::path::Path::new(&path).exists() {
-            return Err(Error::new(
-                ErrorKind::SegmentNotFound,
-                format!("no segment named {name:?} (no {path})"),
-            ));
-        }
-        let desc = Region::attach_shm(&path, RegionType::Segment, Some(DESC_LAYOUT))?;
-        if desc.payload_len() < DESC_BYTES {
-            return Err(Error::invalid(format!(
-                "segment {name:?}: descriptor payload {} bytes, expected {DESC_BYTES}",
-                desc.payload_len()
-            )));
-        }
-        let owner_pid = desc.owner_pid();
+    /// Connect to the segment called `name` served in `dir` (proving
+    /// `secret` when set) and map what it exports.
+    pub fn attach(dir: &str, name: &str, secret: Option<&[u8]>) -> Result<ShmPeer> {
+        let (owner, desc) = HandoutClient::connect(dir, name, secret)?;
         let peer = ShmPeer {
             name: name.to_owned(),
-            dir: dir.to_owned(),
             desc,
-            owner_pid,
-            owner_gone: std::sync::atomic::AtomicBool::new(false),
+            owner,
+            owner_gone: AtomicBool::new(false),
             table: ArcSwap::from_pointee(PeerTable::default()),
             refresh: Mutex::new(()),
+            refused_seq: AtomicU64::new(u64::MAX),
+            refusals: AtomicU64::new(0),
         };
         peer.refresh(true)?;
         Ok(peer)
     }
 
-    /// Pid of the process that exported the segment.
+    /// Pid of the process that exported the segment, as this process's pid
+    /// namespace sees it (0 when it cannot); informational only.
     pub fn owner_pid(&self) -> u32 {
-        self.owner_pid
+        u32::try_from(self.owner.owner_pid()).unwrap_or(0)
     }
 
-    /// Is the exporting process still there?
+    /// Is the owner still serving the segment?
     pub fn owner_alive(&self) -> bool {
-        pid_alive(self.owner_pid)
+        !self.owner_gone.load(Ordering::Relaxed) && !self.owner.owner_gone()
     }
 
-    /// Look whether the owner process still exists (one `kill(pid, 0)`);
-    /// once it is gone every access fails with `ProcessFailed` instead of
-    /// landing in a mapping nobody serves. Called from worker housekeeping,
-    /// not per access. Returns whether the owner is alive.
+    /// Look whether the owner still holds its end of our connection (one
+    /// non-blocking `poll`); once it hung up (died, or withdrew the
+    /// segment) every access fails with `ProcessFailed` instead of landing
+    /// in a mapping nobody serves. Called from worker housekeeping, not per
+    /// access. Returns whether the owner is alive.
     pub fn check_owner(&self) -> bool {
         if self.owner_gone.load(Ordering::Relaxed) {
             return false;
         }
-        let alive = pid_alive(self.owner_pid);
+        let alive = !self.owner.owner_gone();
         if !alive {
-            tracing::warn!(segment = %self.name, pid = self.owner_pid, "shm segment owner process is gone: ProcessFailed from now on");
+            tracing::warn!(segment = %self.name, "shm segment owner hung up: ProcessFailed from now on");
             self.owner_gone.store(true, Ordering::Relaxed);
         }
         alive
@@ -415,8 +391,8 @@ impl ShmPeer {
     }
 
     fn refresh_if_changed(&self) -> Result<bool> {
-        let seq = words(&self.desc)[0].load(Ordering::Acquire);
-        if seq == self.table.load().seq {
+        let seq = words(&self.desc, 1)[0].load(Ordering::Acquire);
+        if seq == self.table.load().seq || seq == self.refused_seq.load(Ordering::Relaxed) {
             return Ok(false);
         }
         self.refresh(false)?;
@@ -425,71 +401,68 @@ impl ShmPeer {
 
     /// Re-read the descriptor and map regions that are new; slow path only.
     /// `prefault` maps their pages up front: done when the segment is opened
-    /// (an API thread), not on a refresh a worker triggers.
+    /// (an API thread), not on a refresh a worker triggers. A descriptor the
+    /// parser refuses leaves the old table in place.
     fn refresh(&self, prefault_pages: bool) -> Result<()> {
         let _g = self.refresh.lock().expect("peer refresh poisoned");
-        let (seq, entries) = read_descriptor(&self.desc)?;
+        let (seq, words) = read_descriptor(&self.desc)?;
+        let entries = shm_desc::parse(&words).map_err(|e| {
+            self.refused(seq, Error::invalid(format!("segment {}: {e}", self.name)))
+        })?;
         let old = self.table.load_full();
         let mut regions = Vec::with_capacity(entries.len());
         for e in entries {
-            if let Some(r) = old
-                .regions
-                .iter()
-                .find(|r| r.key == e.key && r.base == e.base)
-            {
+            if let Some(r) = old.regions.iter().find(|r| {
+                r.key == e.key && r.base == e.base && r.len == e.len && r.handle == e.handle
+            }) {
                 regions.push(PeerRegion {
                     id: r.id,
                     base: r.base,
                     len: r.len,
                     key: r.key,
+                    handle: r.handle,
                     data: r.data,
                     map: r.map.clone(),
                 });
                 continue;
             }
-            if e.file.is_empty() || e.file.contains('/') {
-                return Err(Error::invalid(format!(
-                    "segment {} lists a bad file name",
-                    self.name
-                )));
-            }
-            let map = match Region::attach_shm(
-                &join(&self.dir, &e.file),
-                RegionType::Data,
-                Some([e.len, DATA_OFFSET as u64, 0, 0]),
-            ) {
-                Ok(m) => Arc::new(m),
-                // Revoked between the descriptor read and the attach.
-                Err(tent_rings::region::RegionError::Io { .. }) => continue,
-                Err(other) => return Err(other.into()),
+            let map = match self.owner.region(e.handle, |size, seals| {
+                shm_desc::admit_region(&e, size, seals)
+            }) {
+                Ok(Some(m)) => Arc::new(m),
+                // Revoked between the descriptor read and the request.
+                Ok(None) => continue,
+                Err(err) => return Err(self.refused(seq, err)),
             };
-            // The mapping must really hold what the descriptor promises: a
-            // peer's file is not trusted to be self-consistent.
-            if (map.payload_len() as u64) < DATA_OFFSET as u64 + e.len {
-                return Err(Error::invalid(format!(
-                    "segment {}: region file {} holds {} bytes, descriptor says {}",
-                    self.name,
-                    e.file,
-                    map.payload_len(),
-                    DATA_OFFSET as u64 + e.len
-                )));
-            }
-            let data = map.payload_ptr().wrapping_add(DATA_OFFSET);
+            let data = map.ptr().wrapping_add(DATA_OFFSET);
             if prefault_pages {
                 prefault(data, e.len);
             }
             regions.push(PeerRegion {
-                id: RegionId(e.id as u32),
+                id: RegionId(e.id),
                 base: e.base,
                 len: e.len,
                 key: e.key,
+                handle: e.handle,
                 data,
                 map,
             });
         }
-        regions.sort_by_key(|r| r.base);
+        // `parse` sorted them by base and proved them disjoint.
         self.table.store(Arc::new(PeerTable { seq, regions }));
         Ok(())
+    }
+
+    /// Remember that descriptor `seq` was refused (so misses do not re-read
+    /// it) and say so: a warning the first time, debug after that.
+    fn refused(&self, seq: u64, err: Error) -> Error {
+        self.refused_seq.store(seq, Ordering::Relaxed);
+        if self.refusals.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(segment = %self.name, error = %err, "shm segment descriptor refused; keeping the previous view");
+        } else {
+            tracing::debug!(segment = %self.name, error = %err, "shm segment descriptor refused again");
+        }
+        err
     }
 
     /// Run `f` on the peer memory at `[addr, addr+len)` after checking
@@ -580,6 +553,7 @@ fn prefault(ptr: *mut u8, len: u64) {
     const MADV_POPULATE_WRITE: libc::c_int = 23;
     let page = 4096usize;
     let start = (ptr as usize) & !(page - 1);
+    // `len` was admitted (at most MAX_REGION_LEN, inside the mapping).
     let end = ptr as usize + len as usize;
     // SAFETY: [start, end) lies inside a live shared mapping of the region file; MADV_POPULATE_WRITE only pre-faults pages, it changes no bytes.
     let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, MADV_POPULATE_WRITE) };

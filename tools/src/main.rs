@@ -128,13 +128,29 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    if let Err(e) = real_main(args) {
-        eprintln!("tent-bench: {e}");
-        std::process::exit(2);
+    // Exit status: 0 every op succeeded; 1 the run finished but ops failed
+    // (the summary line says how many and the first error); 2 the run could
+    // not be made (bad arguments, no target, engine refused its config).
+    match real_main(args) {
+        Ok(t) if t.failed > 0 => {
+            let first = t
+                .first_error
+                .map_or_else(|| "unknown".to_owned(), |f| f.to_string());
+            eprintln!(
+                "tent-bench: FAILED: {} of {} ops failed; first error: {first}",
+                t.failed, t.attempted
+            );
+            std::process::exit(1);
+        }
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("tent-bench: {e}");
+            std::process::exit(2);
+        }
     }
 }
 
-fn real_main(args: Args) -> Result<(), String> {
+fn real_main(args: Args) -> Result<run::Tally, String> {
     match args.transport {
         TransportArg::Local | TransportArg::Shm | TransportArg::Tcp => {}
         TransportArg::Rdma => {
@@ -146,10 +162,11 @@ fn real_main(args: Args) -> Result<(), String> {
     if args.batch == 0 || args.threads == 0 || args.duration <= 0.0 {
         return Err("--batch, --threads and --duration must be positive".into());
     }
+    let none = |r: Result<(), String>| r.map(|()| run::Tally::default());
     match args.mode {
-        Some(Mode::Target) => run::target(&args),
-        Some(Mode::Idle) => run::idle(&args),
-        Some(Mode::Soak) => soak::soak(&args),
+        Some(Mode::Target) => none(run::target(&args)),
+        Some(Mode::Idle) => none(run::idle(&args)),
+        Some(Mode::Soak) => none(soak::soak(&args)),
         Some(Mode::Initiator) => {
             let name = args
                 .target
@@ -163,7 +180,7 @@ fn real_main(args: Args) -> Result<(), String> {
 }
 
 /// Start a target process, read its segment name, run the initiator, stop it.
-fn spawn_and_run(args: &Args) -> Result<(), String> {
+fn spawn_and_run(args: &Args) -> Result<run::Tally, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let need = args.block_size.unwrap_or(64 << 20) * (args.batch * args.threads) as u64;
     let buffer = args.buffer_size.max(need);

@@ -108,10 +108,71 @@ pub fn idle(args: &Args) -> Result<(), String> {
 struct Point {
     ops: u64,
     bytes: u64,
+    /// Failed ops, warm-up included (never reset).
     errors: u64,
-    first_error: Option<tent::ErrorKind>,
+    /// Every op that completed, good or not, warm-up included.
+    attempted: u64,
+    first_error: Option<FirstError>,
     hist: Histogram,
     secs: f64,
+}
+
+/// The first op that failed: its kind, and whether failover gave up.
+#[derive(Debug, Clone, Copy)]
+pub struct FirstError {
+    pub kind: tent::ErrorKind,
+    pub exhausted: bool,
+    pub transport: tent::TransportKind,
+}
+
+impl std::fmt::Display for FirstError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} (on {})",
+            self.kind,
+            describe(self.kind),
+            self.transport
+        )?;
+        if self.exhausted {
+            f.write_str("; Failover limit exceeded, all transports exhausted")?;
+        }
+        Ok(())
+    }
+}
+
+/// What an error kind means, in words (a CQE carries only the kind).
+fn describe(kind: tent::ErrorKind) -> &'static str {
+    use tent::ErrorKind as K;
+    match kind {
+        K::Unreachable => "the peer cannot be reached (connection refused, or no usable path)",
+        K::LocalNicFailed => "a local NIC failed",
+        K::LocalNicReboot => "a local NIC is restarting",
+        K::RemoteNicFailed => "the peer's NIC failed",
+        K::RemoteNicReboot => "the peer's NIC is restarting",
+        K::RouteLost => {
+            "the route to the peer was lost (link down, host or network unreachable, user timeout)"
+        }
+        K::ProcessFailed => "the peer process is gone (crashed, killed, or closed the connection)",
+        K::Timeout => "the request passed its deadline",
+        K::SqFull => "the send queue stayed full",
+        K::InvalidArgument => "the request is malformed",
+        K::OutOfMemory => "out of memory or another resource",
+        K::SegmentNotFound => "the segment is not open",
+        K::AddressNotRegistered => "the address is not in registered memory",
+        K::OutOfBounds => "the range runs past its region",
+        K::AccessDenied => "the peer refused access to the range",
+        K::Canceled => "the request was canceled",
+        K::Shutdown => "the engine shut down",
+    }
+}
+
+/// Every op a run completed, and how many of them failed.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Tally {
+    pub attempted: u64,
+    pub failed: u64,
+    pub first_error: Option<FirstError>,
 }
 
 fn human(n: u64) -> String {
@@ -122,7 +183,13 @@ fn human(n: u64) -> String {
     }
 }
 
-pub fn initiator(args: &Args, target: Option<&str>, target_pid: Option<u32>) -> Result<(), String> {
+/// Run the points; the tally says how many ops failed (the caller turns
+/// any failure into a non-zero exit).
+pub fn initiator(
+    args: &Args,
+    target: Option<&str>,
+    target_pid: Option<u32>,
+) -> Result<Tally, String> {
     let sizes: Vec<u64> = args.block_size.map_or(SWEEP.to_vec(), |b| vec![b]);
     let max_block = *sizes.iter().max().expect("non-empty");
     let engine =
@@ -215,6 +282,7 @@ pub fn initiator(args: &Args, target: Option<&str>, target_pid: Option<u32>) -> 
     let pp_before = (!args.no_baseline)
         .then(|| baseline::ping_pong(app_cores[0], worker_cores[0], Duration::from_millis(500)));
     let mut results = Vec::new();
+    let mut tally = Tally::default();
     for (n, &size) in sizes.iter().enumerate() {
         if sizes.len() > 1 {
             eprintln!(
@@ -236,13 +304,15 @@ pub fn initiator(args: &Args, target: Option<&str>, target_pid: Option<u32>) -> 
         let gbps = p.bytes as f64 / p.secs / 1e9;
         let mops = p.ops as f64 / p.secs / 1e6;
         let q = |x: f64| p.hist.quantile(x) as f64 / 1e3;
-        if p.errors > 0 {
+        tally.attempted += p.attempted;
+        tally.failed += p.errors;
+        tally.first_error = tally.first_error.or(p.first_error);
+        if let Some(first) = p.first_error {
             eprintln!(
-                "tent-bench: {} of {} ops failed at block size {} (first: {:?})",
+                "tent-bench: {} of {} ops failed at block size {} (first error: {first})",
                 p.errors,
-                p.ops + p.errors,
+                p.attempted,
                 human(size),
-                p.first_error
             );
         }
         if args.json {
@@ -287,7 +357,7 @@ pub fn initiator(args: &Args, target: Option<&str>, target_pid: Option<u32>) -> 
     if !args.no_baseline {
         baselines(args, &results, app_cores[0], worker_cores[0], pp_before);
     }
-    Ok(())
+    Ok(tally)
 }
 
 fn baselines(
@@ -400,6 +470,7 @@ fn run_point(
                         ops: 0,
                         bytes: 0,
                         errors: 0,
+                        attempted: 0,
                         first_error: None,
                         hist: Histogram::new(),
                         secs: 0.0,
@@ -453,6 +524,7 @@ fn run_point(
                                 .map_err(|e| format!("waiting for completions: {e}"))?;
                             for cqe in ring.completion() {
                                 got += 1;
+                                p.attempted += 1;
                                 let lat = t0.elapsed().as_nanos() as u64;
                                 match cqe.result() {
                                     Ok(n) => {
@@ -460,9 +532,13 @@ fn run_point(
                                         p.bytes += n;
                                         p.hist.record(lat);
                                     }
-                                    Err(e) => {
+                                    Err(kind) => {
                                         p.errors += 1;
-                                        p.first_error.get_or_insert(e);
+                                        p.first_error.get_or_insert(FirstError {
+                                            kind,
+                                            exhausted: cqe.failover_exhausted(),
+                                            transport: cqe.transport(),
+                                        });
                                     }
                                 }
                             }
@@ -482,6 +558,7 @@ fn run_point(
         ops: 0,
         bytes: 0,
         errors: 0,
+        attempted: 0,
         first_error: None,
         hist: Histogram::new(),
         secs: 0.0,
@@ -491,6 +568,7 @@ fn run_point(
         all.ops += p.ops;
         all.bytes += p.bytes;
         all.errors += p.errors;
+        all.attempted += p.attempted;
         all.first_error = all.first_error.or(p.first_error);
         all.hist.merge(&p.hist);
         all.secs = all.secs.max(p.secs);

@@ -597,17 +597,17 @@ fn receive(
         let resp = match Response::decode(&h) {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(remote = %conn.endpoint.remote, error = %e, "tcp: malformed response; closing the connection");
+                crate::warn_limited!(conn.endpoint.remote, remote = %conn.endpoint.remote, error = %e, "tcp: malformed response; closing the connection");
                 break ErrorKind::Unreachable;
             }
         };
         let Some(mut op) = inflight.pop() else {
-            tracing::warn!(remote = %conn.endpoint.remote, "tcp: response with nothing outstanding; closing the connection");
+            crate::warn_limited!(conn.endpoint.remote, remote = %conn.endpoint.remote, "tcp: response with nothing outstanding; closing the connection");
             break ErrorKind::Unreachable;
         };
         inflight.sync();
         if resp.seq != op.seq {
-            tracing::warn!(remote = %conn.endpoint.remote, want = op.seq, got = resp.seq, "tcp: response out of order; closing the connection");
+            crate::warn_limited!(conn.endpoint.remote, remote = %conn.endpoint.remote, want = op.seq, got = resp.seq, "tcp: response out of order; closing the connection");
             pending = Some(op);
             break ErrorKind::Unreachable;
         }

@@ -277,7 +277,7 @@ fn accept_loop(
         let (stream, peer) = match accepted {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!(error = %e, "tcp data server: accept failed");
+                crate::warn_limited!(e.kind(), error = %e, "tcp data server: accept failed");
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
@@ -316,14 +316,14 @@ fn accept_loop(
                 ) {
                     Ok(()) => tracing::debug!(%peer, "tcp data connection closed"),
                     Err(reason) => {
-                        tracing::warn!(%peer, %reason, "tcp data connection closed")
+                        crate::warn_limited!(peer.ip(), %peer, %reason, "tcp data connection closed")
                     }
                 }
                 live2.remove(slot.id);
             });
         if let Err(e) = spawned {
             live.remove(id);
-            tracing::warn!(%peer, error = %e, "tcp data server: cannot spawn a connection thread");
+            crate::warn_limited!(e.kind(), %peer, error = %e, "tcp data server: cannot spawn a connection thread");
         }
     }
 }
