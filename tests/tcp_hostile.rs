@@ -569,3 +569,107 @@ fn tcp_two_process_target_killed_mid_transfer_fails_process_failed() {
         "a killed target process is ProcessFailed: {failures:?}"
     );
 }
+
+/// A fake target (raw protocol, no secret) that serves one READ per
+/// connection from `mem` at address `base`, then closes it (as a target
+/// closes an idle connection); how many connections it served.
+fn one_request_per_connection(
+    l: std::net::TcpListener,
+    base: u64,
+    mem: Vec<u8>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u32> {
+    std::thread::spawn(move || {
+        l.set_nonblocking(true).unwrap();
+        let mut served = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok((mut s, _)) = l.accept() else {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            };
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut h = [0u8; 48];
+            if s.read_exact(&mut h).is_err() {
+                continue;
+            }
+            let mut reply = hello_header(DATA_VERSION);
+            reply.extend_from_slice(&[0x33; 32]);
+            s.write_all(&reply).unwrap();
+            let mut r = [0u8; 32];
+            if s.read_exact(&mut r).is_err() {
+                continue;
+            }
+            let req = Request::decode(&r).unwrap();
+            let off = (req.addr - base) as usize;
+            let resp = Response {
+                status: Ok(()),
+                seq: req.seq,
+                len: req.len,
+            };
+            s.write_all(&resp.encode()).unwrap();
+            s.write_all(&mem[off..off + req.len as usize]).unwrap();
+            served += 1;
+            // Closed while idle: nothing of the initiator's is in flight.
+        }
+        served
+    })
+}
+
+#[test]
+fn a_connection_the_target_closed_while_idle_reconnects_without_failing_an_op() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let data = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let data_addr = data.local_addr().unwrap();
+    let (base, len) = (0x7000_0000u64, 1u64 << 16);
+    let stop = Arc::new(AtomicBool::new(false));
+    let fake = one_request_per_connection(data, base, pattern(5, len as usize), stop.clone());
+    let control = tent::control::ControlServer::start("127.0.0.1", 0, None, move |addr| {
+        Arc::new(move || tent::control::SegmentDescriptor {
+            name: addr.to_string(),
+            host_id: "a-fake-target-elsewhere".into(),
+            pid: 1,
+            regions: vec![tent::control::RegionEntry {
+                id: 1,
+                addr: base,
+                len,
+                key: 42,
+                rkeys: vec![],
+            }],
+            transports: vec![tent::TransportKind::Tcp as u8],
+            rails: vec![tent::control::wire::RailEntry {
+                name: "lo".into(),
+                addr: data_addr.to_string(),
+            }],
+            ..Default::default()
+        })
+    })
+    .unwrap();
+    let mut c = test_config();
+    c.transports.shm.enable = false;
+    c.transports.tcp.connections_per_peer = 1;
+    let init = Engine::new(c).unwrap();
+    let seg = init
+        .open_segment(&control.local_addr().to_string())
+        .unwrap();
+    let local = init.allocate_memory(len).unwrap();
+    let mut ring = init.ring().unwrap();
+    for i in 0..5u64 {
+        ring.submission()
+            .push(op::Read::new(
+                LocalAddr::new(local.id(), i * 4096),
+                RemoteAddr::new(seg, base + i * 4096),
+                4096,
+            ))
+            .unwrap();
+        assert_eq!(reap(&mut ring, 1)[0].result(), Ok(4096), "READ {i}");
+        // Let the close arrive: the connection is idle and gone.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut got = vec![0u8; 5 * 4096];
+    local.read(0, &mut got).unwrap();
+    assert!(got == pattern(5, len as usize)[..5 * 4096]);
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(fake.join().unwrap(), 5, "one connection per READ");
+}
