@@ -13,6 +13,10 @@ const SERVER_LABEL: &[u8] = b"tent-control-server-v1";
 /// does not open the shm door, nor the other way round.
 const SHM_CLIENT_LABEL: &[u8] = b"tent-shm-handout-client-v1";
 const SHM_SERVER_LABEL: &[u8] = b"tent-shm-handout-server-v1";
+/// The data plane's labels: a control-plane proof does not verify there
+/// (nor the other way round), whatever the nonces.
+const DATA_CLIENT_LABEL: &[u8] = b"tent-data-client-v1";
+const DATA_SERVER_LABEL: &[u8] = b"tent-data-server-v1";
 
 fn mac(secret: &[u8], label: &[u8], a: &[u8; NONCE_LEN], b: &[u8; NONCE_LEN]) -> Hmac<Sha256> {
     let mut m = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
@@ -118,6 +122,56 @@ pub fn verify_shm_server(
         .is_ok()
 }
 
+/// A data-plane initiator's proof: MAC(secret, data client label, target
+/// nonce, initiator nonce), bound to one connection by both nonces.
+pub fn data_client_proof(
+    secret: &[u8],
+    server_nonce: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+) -> [u8; MAC_LEN] {
+    mac(secret, DATA_CLIENT_LABEL, server_nonce, client_nonce)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+/// A data-plane target's proof: MAC(secret, data server label, initiator
+/// nonce, target nonce).
+pub fn data_server_proof(
+    secret: &[u8],
+    server_nonce: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+) -> [u8; MAC_LEN] {
+    mac(secret, DATA_SERVER_LABEL, client_nonce, server_nonce)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+/// Constant-time check of a data-plane initiator's proof.
+pub fn verify_data_client(
+    secret: &[u8],
+    server_nonce: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+    proof: &[u8; MAC_LEN],
+) -> bool {
+    mac(secret, DATA_CLIENT_LABEL, server_nonce, client_nonce)
+        .verify_slice(proof)
+        .is_ok()
+}
+
+/// Constant-time check of a data-plane target's proof.
+pub fn verify_data_server(
+    secret: &[u8],
+    server_nonce: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+    proof: &[u8; MAC_LEN],
+) -> bool {
+    mac(secret, DATA_SERVER_LABEL, client_nonce, server_nonce)
+        .verify_slice(proof)
+        .is_ok()
+}
+
 /// A fresh random nonce from the kernel.
 pub fn nonce() -> [u8; NONCE_LEN] {
     let mut n = [0u8; NONCE_LEN];
@@ -165,5 +219,20 @@ mod tests {
         assert!(verify_shm_server(k, &s, &c, &q));
         assert!(!verify_server(k, &s, &c, &q));
         assert!(!verify_shm_server(k, &s, &c, &p), "roles differ");
+    }
+
+    #[test]
+    fn control_and_data_proofs_do_not_stand_in_for_each_other() {
+        let (s, c) = (nonce(), nonce());
+        let k = b"0123456789abcdef";
+        let control = client_proof(k, &s, &c);
+        assert!(!verify_data_client(k, &s, &c, &control));
+        let data = data_client_proof(k, &s, &c);
+        assert!(verify_data_client(k, &s, &c, &data));
+        assert!(!verify_client(k, &s, &c, &data));
+        assert!(!verify_shm_client(k, &s, &c, &data));
+        assert!(!verify_data_server(k, &s, &c, &data), "roles differ");
+        assert!(!verify_data_server(k, &s, &c, &server_proof(k, &s, &c)));
+        assert!(verify_data_server(k, &s, &c, &data_server_proof(k, &s, &c)));
     }
 }

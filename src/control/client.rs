@@ -69,8 +69,24 @@ pub fn connect_qp(
     }
 }
 
-/// An open, authenticated control connection to `peer`.
+/// An open, authenticated control connection to `peer`; a server that
+/// says it is busy (every slot held by authenticated peers) is tried
+/// again, pausing longer each time, while `timeout` allows.
 fn session(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> Result<TcpStream> {
+    let start = std::time::Instant::now();
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match session_once(peer, secret, timeout) {
+            Err(e) if e.kind() == ErrorKind::SqFull && start.elapsed() + pause < timeout => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            r => return r,
+        }
+    }
+}
+
+fn session_once(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> Result<TcpStream> {
     let addr = peer
         .to_socket_addrs()
         .ok()

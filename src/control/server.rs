@@ -2,15 +2,24 @@
 //!
 //! One accept thread and one short-lived thread per connection (bounded):
 //! control traffic is a handful of messages per segment open, nowhere near
-//! the data path. Every connection has read/write timeouts; a malformed,
-//! oversized or truncated message closes that connection with a logged
-//! reason and disturbs nothing else.
+//! the data path. A malformed, oversized or truncated message closes that
+//! connection with a logged reason and disturbs nothing else.
+//!
+//! Hostile peers: each connection has one deadline for its whole exchange
+//! (a peer dripping a byte per read does not extend it). When every slot
+//! is taken, the longest-idle connection that has not yet authenticated
+//! (or, without a secret, finished its handshake) is evicted for the
+//! newcomer; authenticated ones keep their slots, and a newcomer finding
+//! only those is told it is busy (an `Error` with `SqFull`), which the
+//! client retries within its timeout.
 
+use std::collections::VecDeque;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tent_rings::ErrorKind;
 
@@ -18,10 +27,15 @@ use super::auth;
 use super::wire::{self, Message, QpBootstrap, SegmentDescriptor, WireError};
 use crate::error::{Error, Result};
 
-/// Connections served at once; more are closed at accept.
-const MAX_CONNECTIONS: usize = 64;
-/// A peer that stalls mid-message is dropped after this.
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once (see the module doc for who gets evicted).
+pub const MAX_CONNECTIONS: usize = 64;
+/// Deadline of a connection's whole exchange, from accept to close.
+pub const EXCHANGE_DEADLINE: Duration = Duration::from_secs(5);
+/// A refused connection is kept (write side shut) this long, so that our
+/// busy answer is read before the close resets the connection.
+const REFUSED_LINGER: Duration = Duration::from_secs(1);
+/// Refused connections kept lingering at most.
+const REFUSED_KEPT: usize = 64;
 
 /// Produces the current descriptor of the local segment.
 pub type DescriptorFn = dyn Fn() -> SegmentDescriptor + Send + Sync;
@@ -111,6 +125,102 @@ impl Drop for ControlServer {
     }
 }
 
+/// One connection as the accept thread sees it.
+struct Slot {
+    id: usize,
+    /// A handle to shut it down (eviction).
+    stream: TcpStream,
+    /// Past its authentication (or, without a secret, its handshake).
+    trusted: AtomicBool,
+    /// When it last received a byte (ns since the server started).
+    last_read_ns: AtomicU64,
+}
+
+#[derive(Default)]
+struct Live {
+    next: AtomicUsize,
+    conns: Mutex<Vec<Arc<Slot>>>,
+}
+
+impl Live {
+    /// Track `s`, evicting the longest-idle untrusted connection when
+    /// full; `None`: every slot is held by a trusted one.
+    fn admit(&self, s: &TcpStream, now_ns: u64) -> Option<Arc<Slot>> {
+        let slot = Arc::new(Slot {
+            id: self.next.fetch_add(1, Ordering::Relaxed),
+            stream: s.try_clone().ok()?,
+            trusted: AtomicBool::new(false),
+            last_read_ns: AtomicU64::new(now_ns),
+        });
+        let mut conns = self.conns.lock().expect("control conns poisoned");
+        if conns.len() >= MAX_CONNECTIONS {
+            let (victim, _) = conns
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| !c.trusted.load(Ordering::Acquire))
+                .min_by_key(|(_, c)| (c.last_read_ns.load(Ordering::Relaxed), c.id))?;
+            let v = conns.swap_remove(victim);
+            let _ = v.stream.shutdown(std::net::Shutdown::Both);
+        }
+        conns.push(slot.clone());
+        Some(slot)
+    }
+
+    fn remove(&self, id: usize) {
+        self.conns
+            .lock()
+            .expect("control conns poisoned")
+            .retain(|c| c.id != id);
+    }
+}
+
+/// A connection's stream with its one deadline: each read or write may
+/// wait only for what is left of it (one `setsockopt` per call: control
+/// traffic is a few messages).
+struct Timed<'a> {
+    s: &'a TcpStream,
+    slot: &'a Slot,
+    epoch: Instant,
+    deadline: Instant,
+}
+
+impl Timed<'_> {
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "exchange deadline passed",
+            ));
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Timed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.s.set_read_timeout(Some(self.left()?))?;
+        let n = (&*self.s).read(buf)?;
+        if n > 0 {
+            self.slot
+                .last_read_ns
+                .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        Ok(n)
+    }
+}
+
+impl Write for Timed<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.s.set_write_timeout(Some(self.left()?))?;
+        (&*self.s).write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 fn accept_loop(
     listener: TcpListener,
     stop: Arc<AtomicBool>,
@@ -118,7 +228,10 @@ fn accept_loop(
     describe: Arc<DescriptorFn>,
     qp: Option<Arc<QpConnectFn>>,
 ) {
-    let active = Arc::new(AtomicUsize::new(0));
+    let live = Arc::new(Live::default());
+    let epoch = Instant::now();
+    let mut refused: VecDeque<(Instant, TcpStream)> = VecDeque::new();
+    let mut refusing = false;
     for conn in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             break;
@@ -130,27 +243,54 @@ fn accept_loop(
                 continue;
             }
         };
+        while refused
+            .front()
+            .is_some_and(|(t, _)| t.elapsed() > REFUSED_LINGER || refused.len() >= REFUSED_KEPT)
+        {
+            refused.pop_front();
+        }
         let peer = stream
             .peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-            active.fetch_sub(1, Ordering::AcqRel);
-            crate::warn_limited!(peer.rsplit_once(':').map_or(&*peer, |(ip, _)| ip), %peer, "control: too many connections; closing this one");
+        let Some(slot) = live.admit(&stream, epoch.elapsed().as_nanos() as u64) else {
+            if !std::mem::replace(&mut refusing, true) {
+                tracing::warn!(%peer, limit = MAX_CONNECTIONS, "control: every slot held by authenticated peers; new connections are told to retry");
+            }
+            let mut s = &stream;
+            let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+            let _ = wire::write_message(
+                &mut s,
+                &Message::Error {
+                    code: ErrorKind::SqFull.code(),
+                    text: "busy: retry later".into(),
+                },
+            );
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+            refused.push_back((Instant::now(), stream));
             continue;
-        }
-        let (secret, describe, active) = (secret.clone(), describe.clone(), active.clone());
+        };
+        refusing = false;
+        let (secret, describe, live2) = (secret.clone(), describe.clone(), live.clone());
         let qp = qp.clone();
+        let id = slot.id;
         let spawned = std::thread::Builder::new()
             .name("tent-control-conn".into())
             .spawn(move || {
                 let secret = secret.as_deref().map(Vec::as_slice);
-                if let Err(why) = serve(stream, secret, &*describe, qp.as_deref()) {
+                let mut t = Timed {
+                    s: &stream,
+                    slot: &slot,
+                    epoch,
+                    deadline: Instant::now() + EXCHANGE_DEADLINE,
+                };
+                if let Err(why) = serve(&mut t, secret, &*describe, qp.as_deref()) {
                     crate::warn_limited!(peer.rsplit_once(':').map_or(&*peer, |(ip, _)| ip), %peer, reason = %why, "control: closing connection");
                 }
-                active.fetch_sub(1, Ordering::AcqRel);
+                live2.remove(slot.id);
             });
         if let Err(e) = spawned {
+            live.remove(id);
             crate::warn_limited!(e.kind(), error = %e, "control: cannot spawn a connection thread");
         }
     }
@@ -171,36 +311,35 @@ enum Close {
 }
 
 fn serve(
-    mut s: TcpStream,
+    s: &mut Timed<'_>,
     secret: Option<&[u8]>,
     describe: &DescriptorFn,
     qp: Option<&QpConnectFn>,
 ) -> std::result::Result<(), Close> {
-    s.set_read_timeout(Some(IO_TIMEOUT))
-        .map_err(WireError::Io)?;
-    s.set_write_timeout(Some(IO_TIMEOUT))
-        .map_err(WireError::Io)?;
-    let _ = s.set_nodelay(true);
-    let client_nonce = match wire::read_message(&mut s)? {
+    let _ = s.s.set_nodelay(true);
+    let client_nonce = match wire::read_message(s)? {
         Message::Hello { nonce } => nonce,
-        other => return Err(unexpected(&mut s, "Hello", &other)),
+        other => return Err(unexpected(s, "Hello", &other)),
     };
     let server_nonce = auth::nonce();
     wire::write_message(
-        &mut s,
+        s,
         &Message::Challenge {
             nonce: server_nonce,
             auth_required: secret.is_some(),
         },
     )?;
+    if secret.is_none() {
+        s.slot.trusted.store(true, Ordering::Release);
+    }
     if let Some(secret) = secret {
-        let proof = match wire::read_message(&mut s)? {
+        let proof = match wire::read_message(s)? {
             Message::Auth { mac } => mac,
-            other => return Err(unexpected(&mut s, "Auth", &other)),
+            other => return Err(unexpected(s, "Auth", &other)),
         };
         if !auth::verify_client(secret, &server_nonce, &client_nonce, &proof) {
             let _ = wire::write_message(
-                &mut s,
+                s,
                 &Message::Error {
                     code: ErrorKind::AccessDenied.code(),
                     text: "authentication failed".into(),
@@ -208,15 +347,16 @@ fn serve(
             );
             return Err(Close::AuthFailed);
         }
+        s.slot.trusted.store(true, Ordering::Release);
         wire::write_message(
-            &mut s,
+            s,
             &Message::AuthOk {
                 mac: auth::server_proof(secret, &server_nonce, &client_nonce),
             },
         )?;
     }
     loop {
-        let msg = match wire::read_message(&mut s) {
+        let msg = match wire::read_message(s) {
             Ok(m) => m,
             // The peer is done: a clean close between messages.
             Err(WireError::Truncated { have: 0, .. }) => return Ok(()),
@@ -224,9 +364,7 @@ fn serve(
             Err(e) => return Err(e.into()),
         };
         match msg {
-            Message::GetDescriptor => {
-                wire::write_message(&mut s, &Message::Descriptor(describe()))?
-            }
+            Message::GetDescriptor => wire::write_message(s, &Message::Descriptor(describe()))?,
             Message::QpConnect {
                 initiator_nic,
                 target_nic,
@@ -245,14 +383,14 @@ fn serve(
                         text: "this engine serves no RDMA".into(),
                     },
                 };
-                wire::write_message(&mut s, &reply)?
+                wire::write_message(s, &reply)?
             }
-            other => return Err(unexpected(&mut s, "GetDescriptor or QpConnect", &other)),
+            other => return Err(unexpected(s, "GetDescriptor or QpConnect", &other)),
         }
     }
 }
 
-fn unexpected(s: &mut TcpStream, expected: &'static str, got: &Message) -> Close {
+fn unexpected(s: &mut Timed<'_>, expected: &'static str, got: &Message) -> Close {
     let _ = wire::write_message(
         s,
         &Message::Error {

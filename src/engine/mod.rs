@@ -875,8 +875,16 @@ fn start_data_server(
     let cfg = &shared.config;
     let host = control_ip(&cfg.rpc_server_hostname)?;
     let ut = cfg.transports.tcp.user_timeout_ms.min(u32::MAX as u64) as u32;
-    let server = DataServer::start(tcp::data_bind(host), shared.regions.clone(), ut)?;
+    // Listen where we advertise, nowhere else (not the wildcard).
+    let addrs = tcp::advertised_addrs(host);
+    let ips: Vec<_> = addrs.iter().map(|(_, ip)| *ip).collect();
+    let secret = (!cfg.rpc_shared_secret.is_empty())
+        .then(|| Arc::<[u8]>::from(cfg.rpc_shared_secret.as_bytes()));
+    let server = DataServer::start(&ips, shared.regions.clone(), ut, secret.clone())?;
     let rails = tcp::advertised_rails(host, server.local_addr().port());
+    if secret.is_none() {
+        tracing::warn!(addrs = ?server.local_addrs(), "tcp data port unauthenticated (no rpc_shared_secret): any host that reaches it can read and write registered memory with a key it has seen");
+    }
     tracing::info!(rails = ?rails.iter().map(|r| &r.addr).collect::<Vec<_>>(), "tcp rails advertised");
     Ok(Some((server, rails)))
 }

@@ -18,25 +18,53 @@
 //! hands its ring ends back to the sender through its join handle; the
 //! sender reconnects on the next slice. Slices still in `submit` were never
 //! sent, so they are never reported twice.
+//!
+//! A connection opens with the [`handshake`](super::handshake) (proof of
+//! the shared secret when one is set). A target with no room says
+//! [`BUSY`]: the slice waits and the sender retries with a growing pause
+//! (back-pressure, no fault of the rail) until the slice's patience runs
+//! out (`Timeout`). A connection idle for [`RECONNECT_IDLE`] is replaced
+//! before its next slice, so a target closing idle connections never races
+//! a request.
 
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tent_rings::spsc::{self, Consumer, Entry, Producer};
 use tent_rings::{ErrorKind, Opcode};
 
-use super::frame::{HELLO_LEN, Hello, RESPONSE_LEN, Request, Response};
-use super::io;
+use super::frame::{BUSY, RESPONSE_LEN, Request, Response};
 use super::server::tune;
+use super::{handshake, io};
+use crate::clock::monotonic_ns;
 use crate::doorbell::{Doorbell, Wakers};
 use crate::error::{Error, Result};
 
 /// How long a parked sender sleeps before looking at its rail again
 /// (link events and new slices wake it sooner).
 const SENDER_PARK: Duration = Duration::from_secs(1);
+/// A connection idle this long is replaced before its next slice: shorter
+/// than a target waits before it may evict an idle connection (30 s).
+pub const RECONNECT_IDLE: Duration = Duration::from_secs(15);
+/// Longest pause between tries at a busy target.
+const BUSY_PAUSE_MAX: Duration = Duration::from_millis(200);
+
+/// How a connection connects.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `TCP_USER_TIMEOUT` (0: the kernel's).
+    pub user_timeout_ms: u32,
+    /// Connect plus handshake.
+    pub connect_timeout: Duration,
+    /// How long after it was posted a slice may still wait for a busy
+    /// target to take the connection.
+    pub patience: Duration,
+    /// The shared secret, proven to the target when set.
+    pub secret: Option<Arc<[u8]>>,
+}
 
 /// One slice as it travels through a connection's rings.
 #[repr(C)]
@@ -129,8 +157,7 @@ pub struct Endpoint {
 /// What the worker, the sender, the receiver and the link watch share.
 pub struct Conn {
     endpoint: Arc<Endpoint>,
-    user_timeout_ms: u32,
-    connect_timeout: Duration,
+    opts: Options,
     bell: Doorbell,
     sleeping: AtomicBool,
     broken: AtomicBool,
@@ -232,8 +259,7 @@ pub fn open(
     endpoint: Arc<Endpoint>,
     queue: u32,
     inflight: u32,
-    user_timeout_ms: u32,
-    connect_timeout: Duration,
+    opts: Options,
     notify: Option<(Arc<Wakers>, usize)>,
 ) -> Result<ConnEnds> {
     let ring = |cap: u32| {
@@ -247,8 +273,7 @@ pub fn open(
     let (infl_p, infl_c) = ring(inflight)?;
     let conn = Arc::new(Conn {
         endpoint,
-        user_timeout_ms,
-        connect_timeout,
+        opts,
         bell: Doorbell::default(),
         sleeping: AtomicBool::new(false),
         broken: AtomicBool::new(false),
@@ -267,6 +292,10 @@ pub fn open(
         receiver: None,
         stream: None,
         seq: 0,
+        held: None,
+        last_post_ns: 0,
+        pause: Duration::ZERO,
+        logged: 0,
     };
     std::thread::Builder::new()
         .name("tent-tcp-send".into())
@@ -291,6 +320,15 @@ struct Sender {
     receiver: Option<JoinHandle<Parts>>,
     stream: Option<Arc<TcpStream>>,
     seq: u32,
+    /// A slice popped but not sent: the target was busy.
+    held: Option<Op>,
+    /// When the last slice sent was posted (idle check, no clock read).
+    last_post_ns: u64,
+    /// Current pause between tries at a busy target.
+    pause: Duration,
+    /// The connect failure last logged (an `ErrorKind` code; 0 = none
+    /// since the last success): each cause is logged once.
+    logged: u16,
 }
 
 impl Sender {
@@ -311,18 +349,54 @@ impl Sender {
                 self.fail_queued(ErrorKind::RouteLost);
             }
             let seen = self.conn.bell.value();
-            let next = if self.room() { self.submit.pop() } else { None };
+            let next = match self.held.take() {
+                Some(op) => Some(op),
+                None if self.room() => {
+                    let op = self.submit.pop();
+                    if op.is_some() {
+                        self.submit.sync();
+                    }
+                    op
+                }
+                None => None,
+            };
             let Some(op) = next else {
                 self.park(seen);
                 continue;
             };
-            self.submit.sync();
-            if self.stream.is_none()
-                && let Err(kind) = self.connect()
+            if self.stream.is_some()
+                && op.posted_ns.saturating_sub(self.last_post_ns) > RECONNECT_IDLE.as_nanos() as u64
+                && self.inflight.slots() == self.inflight.capacity()
             {
-                self.complete(op.fail(kind));
-                continue;
+                // Idle long enough that the target may close it any time.
+                self.teardown();
             }
+            if self.stream.is_none() {
+                match self.connect() {
+                    Ok(()) => {}
+                    Err(BUSY)
+                        if monotonic_ns()
+                            < op.posted_ns
+                                .saturating_add(self.conn.opts.patience.as_nanos() as u64) =>
+                    {
+                        // Back-pressure: the slice waits, nothing failed.
+                        self.held = Some(op);
+                        self.pause =
+                            (self.pause * 2).clamp(Duration::from_millis(5), BUSY_PAUSE_MAX);
+                        self.conn.bell.wait(self.conn.bell.value(), self.pause);
+                        continue;
+                    }
+                    Err(BUSY) => {
+                        self.complete(op.fail(ErrorKind::Timeout));
+                        continue;
+                    }
+                    Err(kind) => {
+                        self.complete(op.fail(kind));
+                        continue;
+                    }
+                }
+            }
+            self.last_post_ns = self.last_post_ns.max(op.posted_ns);
             self.send(op);
         }
     }
@@ -345,8 +419,16 @@ impl Sender {
         self.conn.sleeping.store(false, Ordering::Relaxed);
     }
 
+    /// Log a connect failure once per cause (until a connect succeeds).
+    fn note(&mut self, kind: ErrorKind, why: &dyn std::fmt::Display) {
+        if std::mem::replace(&mut self.logged, kind.code()) != kind.code() {
+            tracing::warn!(remote = %self.conn.endpoint.remote, %kind, error = %why, "tcp data connection cannot open");
+        }
+    }
+
     fn connect(&mut self) -> std::result::Result<(), ErrorKind> {
-        let ep = &self.conn.endpoint;
+        let ep = self.conn.endpoint.clone();
+        let started = Instant::now();
         let domain = socket2::Domain::for_address(ep.remote);
         let sock =
             socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
@@ -355,33 +437,29 @@ impl Sender {
             sock.bind(&SocketAddr::new(ep.local_ip, 0).into())
                 .map_err(|e| io::kind_of(&e))?;
         }
-        sock.connect_timeout(&ep.remote.into(), self.conn.connect_timeout)
-            .map_err(|e| {
-                tracing::debug!(remote = %ep.remote, error = %e, "tcp connect failed");
-                io::kind_of(&e)
-            })?;
-        let stream: TcpStream = sock.into();
-        tune(&stream, self.conn.user_timeout_ms);
-        let hello = || -> std::io::Result<Hello> {
-            stream.set_read_timeout(Some(self.conn.connect_timeout))?;
-            io::send_header(&stream, &Hello { status: 0 }.encode())?;
-            let h = io::recv_header::<HELLO_LEN>(&stream)?.ok_or(std::io::ErrorKind::TimedOut)?;
-            stream.set_read_timeout(None)?;
-            Hello::decode(&h).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-        };
-        match hello() {
-            Ok(h) if h.status == 0 => {}
-            Ok(h) => {
-                return Err(ErrorKind::from_code(h.status).unwrap_or(ErrorKind::Unreachable));
-            }
-            Err(e) => {
-                crate::warn_limited!((ep.remote, e.kind()), remote = %ep.remote, error = %e, "tcp data handshake failed");
-                return Err(match e.kind() {
-                    std::io::ErrorKind::InvalidData => ErrorKind::Unreachable,
-                    _ => io::kind_of(&e),
-                });
-            }
+        if let Err(e) = sock.connect_timeout(&ep.remote.into(), self.conn.opts.connect_timeout) {
+            let kind = io::kind_of(&e);
+            self.note(kind, &e);
+            return Err(kind);
         }
+        let stream: TcpStream = sock.into();
+        tune(&stream, self.conn.opts.user_timeout_ms);
+        let deadline = started + self.conn.opts.connect_timeout;
+        let opened =
+            handshake::open(&stream, self.conn.opts.secret.as_deref(), deadline).and_then(|()| {
+                stream
+                    .set_read_timeout(None)
+                    .map_err(|e| handshake::Refused {
+                        kind: io::kind_of(&e),
+                        why: e.to_string(),
+                    })
+            });
+        if let Err(r) = opened {
+            self.note(r.kind, &r.why);
+            return Err(r.kind);
+        }
+        self.logged = 0;
+        self.pause = Duration::ZERO;
         let stream = Arc::new(stream);
         let (infl, done) = self
             .parts
@@ -445,6 +523,11 @@ impl Sender {
 
     fn fail_queued(&mut self, kind: ErrorKind) {
         let mut any = false;
+        if let Some(op) = self.held.take() {
+            let (_, done) = self.parts.as_mut().expect("no receiver runs");
+            push_done(done, op.fail(kind));
+            any = true;
+        }
         while let Some(op) = self.submit.pop() {
             let (_, done) = self.parts.as_mut().expect("no receiver runs");
             push_done(done, op.fail(kind));

@@ -2,26 +2,43 @@
 //!
 //! The control plane's TLV codec is for rare, extensible messages; data
 //! frames go out once per slice, so they are fixed and cheap to check. A
-//! connection opens with a [`Hello`] each way, then carries requests
+//! connection opens with a [`Hello`] each way (each carrying a fresh
+//! nonce); when the target's hello sets [`AUTH_REQUIRED`], a [`Proof`] goes
+//! each way (HMAC of both nonces under the shared secret, data-plane
+//! labels: see `control::auth`). Then the connection carries requests
 //! (initiator → target) and responses (target → initiator) in order: the
 //! target serves one connection's requests one after another, so a response
 //! always answers the oldest outstanding request (`seq` confirms it).
 //!
 //! ```text
-//! hello    : "TENTDATA" | version u16 | status u16 | reserved u32      (16 B)
+//! hello    : "TENTDATA" | version u16 | status u16 | flags u32 | nonce [32]  (48 B)
+//! proof    : "TENTAUTH" | version u16 | status u16 | 0 u32     | mac [32]    (48 B)
 //! request  : "TQ" | opcode u8 | 0 u8 | seq u32 | addr u64 | len u64 | key u64   (32 B)
 //!            WRITE: `len` payload bytes follow
 //! response : "TR" | status u16 | seq u32 | len u64                             (16 B)
 //!            READ that succeeded: `len` payload bytes follow
 //! ```
-//! `status` is 0 for success or an [`ErrorKind`] code.
+//! `status` is 0 for success or an [`ErrorKind`] code; a hello with status
+//! [`BUSY`] says "no room now, come back later" (back-pressure, not a
+//! fault). The first [`HELLO_HEADER_LEN`] bytes of a hello name the
+//! version, so a peer of another version is answered before the rest.
 
 use tent_rings::{ErrorKind, Opcode};
 
-/// Data protocol version.
-pub const DATA_VERSION: u16 = 1;
+/// Data protocol version (2: nonces in the hello, proofs of the secret).
+pub const DATA_VERSION: u16 = 2;
 /// Hello length.
-pub const HELLO_LEN: usize = 16;
+pub const HELLO_LEN: usize = 48;
+/// The part of a hello read first: magic, version, status, flags.
+pub const HELLO_HEADER_LEN: usize = 16;
+/// Proof length.
+pub const PROOF_LEN: usize = 48;
+/// Nonce and MAC length.
+pub const NONCE_LEN: usize = 32;
+/// Hello flag (target → initiator): prove the shared secret before any request.
+pub const AUTH_REQUIRED: u32 = 1;
+/// Hello status of a target with no room for another connection now.
+pub const BUSY: ErrorKind = ErrorKind::SqFull;
 /// Request header length.
 pub const REQUEST_LEN: usize = 32;
 /// Response header length.
@@ -31,6 +48,7 @@ pub const RESPONSE_LEN: usize = 16;
 pub const MAX_OP_LEN: u64 = 1 << 30;
 
 const HELLO_MAGIC: [u8; 8] = *b"TENTDATA";
+const PROOF_MAGIC: [u8; 8] = *b"TENTAUTH";
 const REQUEST_MAGIC: [u8; 2] = *b"TQ";
 const RESPONSE_MAGIC: [u8; 2] = *b"TR";
 const OP_WRITE: u8 = 1;
@@ -57,22 +75,39 @@ pub enum FrameError {
 /// The connection opener, sent by both sides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
-    /// 0, or the code of the reason the target refuses the connection.
+    /// 0, or the code of the reason the target refuses the connection
+    /// ([`BUSY`]: later).
     pub status: u16,
+    /// [`AUTH_REQUIRED`] or 0.
+    pub flags: u32,
+    /// Fresh random bytes of the sender (zero in a refusal).
+    pub nonce: [u8; NONCE_LEN],
 }
 
 impl Hello {
+    /// A refusal with `status` (no nonce, no flags).
+    pub fn refusal(status: ErrorKind) -> Hello {
+        Hello {
+            status: status.code(),
+            flags: 0,
+            nonce: [0; NONCE_LEN],
+        }
+    }
+
     /// Encode.
     pub fn encode(&self) -> [u8; HELLO_LEN] {
         let mut b = [0u8; HELLO_LEN];
         b[..8].copy_from_slice(&HELLO_MAGIC);
         b[8..10].copy_from_slice(&DATA_VERSION.to_le_bytes());
         b[10..12].copy_from_slice(&self.status.to_le_bytes());
+        b[12..16].copy_from_slice(&self.flags.to_le_bytes());
+        b[16..].copy_from_slice(&self.nonce);
         b
     }
 
-    /// Decode and check magic and version.
-    pub fn decode(b: &[u8; HELLO_LEN]) -> Result<Hello, FrameError> {
+    /// Check the first [`HELLO_HEADER_LEN`] bytes (magic, version); the
+    /// status and flags they carry.
+    pub fn decode_header(b: &[u8; HELLO_HEADER_LEN]) -> Result<(u16, u32), FrameError> {
         if b[..8] != HELLO_MAGIC {
             return Err(FrameError::BadMagic);
         }
@@ -80,8 +115,61 @@ impl Hello {
         if version != DATA_VERSION {
             return Err(FrameError::Version(version));
         }
+        Ok((
+            u16::from_le_bytes([b[10], b[11]]),
+            u32::from_le_bytes([b[12], b[13], b[14], b[15]]),
+        ))
+    }
+
+    /// Decode and check magic and version.
+    pub fn decode(b: &[u8; HELLO_LEN]) -> Result<Hello, FrameError> {
+        let mut h = [0u8; HELLO_HEADER_LEN];
+        h.copy_from_slice(&b[..HELLO_HEADER_LEN]);
+        let (status, flags) = Hello::decode_header(&h)?;
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&b[HELLO_HEADER_LEN..]);
         Ok(Hello {
+            status,
+            flags,
+            nonce,
+        })
+    }
+}
+
+/// A proof of the shared secret, each way once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proof {
+    /// 0, or why the target refuses (`AccessDenied`: a wrong proof).
+    pub status: u16,
+    /// The HMAC.
+    pub mac: [u8; NONCE_LEN],
+}
+
+impl Proof {
+    /// Encode.
+    pub fn encode(&self) -> [u8; PROOF_LEN] {
+        let mut b = [0u8; PROOF_LEN];
+        b[..8].copy_from_slice(&PROOF_MAGIC);
+        b[8..10].copy_from_slice(&DATA_VERSION.to_le_bytes());
+        b[10..12].copy_from_slice(&self.status.to_le_bytes());
+        b[16..].copy_from_slice(&self.mac);
+        b
+    }
+
+    /// Decode and check magic and version.
+    pub fn decode(b: &[u8; PROOF_LEN]) -> Result<Proof, FrameError> {
+        if b[..8] != PROOF_MAGIC {
+            return Err(FrameError::BadMagic);
+        }
+        let version = u16::from_le_bytes([b[8], b[9]]);
+        if version != DATA_VERSION {
+            return Err(FrameError::Version(version));
+        }
+        let mut mac = [0u8; NONCE_LEN];
+        mac.copy_from_slice(&b[16..]);
+        Ok(Proof {
             status: u16::from_le_bytes([b[10], b[11]]),
+            mac,
         })
     }
 }
@@ -202,8 +290,21 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        let h = Hello { status: 37 };
+        let h = Hello {
+            status: 37,
+            flags: AUTH_REQUIRED,
+            nonce: [9; NONCE_LEN],
+        };
         assert_eq!(Hello::decode(&h.encode()), Ok(h));
+        let p = Proof {
+            status: 0,
+            mac: [3; NONCE_LEN],
+        };
+        assert_eq!(Proof::decode(&p.encode()), Ok(p));
+        assert_eq!(
+            Hello::decode(&Hello::refusal(BUSY).encode()).map(|h| h.status),
+            Ok(BUSY.code())
+        );
         let r = Request {
             opcode: Opcode::Read,
             seq: 7,
@@ -222,7 +323,7 @@ mod tests {
 
     #[test]
     fn refuses_bad_frames() {
-        let mut h = Hello { status: 0 }.encode();
+        let mut h = Hello::refusal(BUSY).encode();
         h[8] = 9;
         assert_eq!(Hello::decode(&h), Err(FrameError::Version(9)));
         h[0] = b'X';
@@ -252,7 +353,9 @@ mod tests {
             let mut r = [0u8; RESPONSE_LEN];
             r.copy_from_slice(&b[..RESPONSE_LEN]);
             let _ = Response::decode(&r);
-            let _ = Hello::decode(&r);
+            let mut h = [0u8; HELLO_HEADER_LEN];
+            h.copy_from_slice(&b[..HELLO_HEADER_LEN]);
+            let _ = Hello::decode_header(&h);
         }
     }
 }

@@ -6,8 +6,10 @@
 //! into its final place. Raw pointers, not slices: the memory is shared with
 //! the application, which Rust references could not describe honestly.
 
-use std::io;
+use std::io::{self, Read};
+use std::net::TcpStream;
 use std::os::fd::AsRawFd;
+use std::time::Instant;
 
 use tent_rings::ErrorKind;
 
@@ -150,10 +152,40 @@ pub fn discard(sock: &impl AsRawFd, mut len: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Receive exactly `buf.len()` bytes before `deadline` (handshakes only:
+/// one `setsockopt` per read). A peer that drips bytes does not extend the
+/// deadline: each read may wait only for what is left of it.
+pub fn recv_by(sock: &TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        sock.set_read_timeout(Some(left))?;
+        match (&*sock).read(&mut buf[got..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock) => {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// The error kind a failed socket operation means for the slices on it.
+///
+/// `ECONNREFUSED` is `ProcessFailed`: the address and port come from the
+/// peer's own descriptor, and a refused SYN means its host answered (the
+/// route works) while nothing listens where that engine said it does: its
+/// process, or its data server, is gone. EOF and `ECONNRESET` on an open
+/// connection mean the same (a live kernel closed or reset it).
 pub fn kind_of(e: &io::Error) -> ErrorKind {
     match e.raw_os_error() {
-        Some(libc::ECONNREFUSED) => ErrorKind::Unreachable,
+        Some(libc::ECONNREFUSED) => ErrorKind::ProcessFailed,
         Some(
             libc::ETIMEDOUT
             | libc::EHOSTUNREACH

@@ -13,6 +13,7 @@
 
 pub mod conn;
 pub mod frame;
+mod handshake;
 mod io;
 pub mod server;
 
@@ -51,6 +52,8 @@ struct Settings {
     queue: u32,
     user_timeout_ms: u32,
     connect_timeout: Duration,
+    /// How long a slice may wait for a busy target to take a connection.
+    patience: Duration,
     slice_bytes: u64,
     rail_policy: RailPolicy,
 }
@@ -193,6 +196,8 @@ pub struct TcpTransport {
     rails: Arc<Mutex<Vec<Weak<TcpRail>>>>,
     watch: Mutex<Option<LinkWatch>>,
     wakers: OnceLock<Arc<Wakers>>,
+    /// `rpc_shared_secret`: proven on every data connection when set.
+    secret: Option<Arc<[u8]>>,
 }
 
 // SAFETY: `workers[w]` is touched only by worker `w`'s thread (see TcpPeer); the rest is Sync.
@@ -226,6 +231,7 @@ impl TcpTransport {
                 queue: config.max_inflight_slices.max(1),
                 user_timeout_ms: t.user_timeout_ms.min(u32::MAX as u64) as u32,
                 connect_timeout: Duration::from_millis(config.default_timeout_ms.clamp(100, 5_000)),
+                patience: Duration::from_millis(config.default_timeout_ms.max(100)),
                 slice_bytes: t.slice_size.min(frame::MAX_OP_LEN),
                 rail_policy: RailPolicy::from_config(config),
             },
@@ -234,6 +240,8 @@ impl TcpTransport {
             rails: Arc::new(Mutex::new(Vec::new())),
             watch: Mutex::new(None),
             wakers: OnceLock::new(),
+            secret: (!config.rpc_shared_secret.is_empty())
+                .then(|| Arc::from(config.rpc_shared_secret.as_bytes())),
         }
     }
 
@@ -270,8 +278,12 @@ impl TcpTransport {
                         rail.endpoint.clone(),
                         s.queue,
                         s.inflight_per_conn,
-                        s.user_timeout_ms,
-                        s.connect_timeout,
+                        conn::Options {
+                            user_timeout_ms: s.user_timeout_ms,
+                            connect_timeout: s.connect_timeout,
+                            patience: s.patience,
+                            secret: self.secret.clone(),
+                        },
                         notify.clone(),
                     )?;
                     rail.conns
@@ -567,55 +579,68 @@ impl Transport for TcpTransport {
 }
 
 /// Is `kind` the fault of a rail (so a sibling may do better), as the
-/// rail's monitor counts it? Back-pressure is not.
+/// rail's monitor counts it? Back-pressure (a busy target) is not, nor a
+/// dead peer process (every rail reaches the same dead process: pausing
+/// rails would only turn `ProcessFailed` into `RouteLost`), nor a deadline.
 #[inline]
 fn rail_fault(kind: ErrorKind) -> bool {
-    kind.is_transient() && kind != ErrorKind::SqFull
+    kind.is_transient()
+        && !matches!(
+            kind,
+            ErrorKind::SqFull | ErrorKind::ProcessFailed | ErrorKind::Timeout
+        )
 }
 
-/// The rails this engine advertises for a data server on `port`: the
-/// loopback address alone when the control plane listens on loopback,
-/// else every up IPv4 interface (the control plane's first).
-pub fn advertised_rails(host: IpAddr, port: u16) -> Vec<RailEntry> {
-    let entry = |name: &str, ip: IpAddr| RailEntry {
-        name: name.to_owned(),
-        addr: SocketAddr::new(ip, port).to_string(),
-    };
+/// The addresses (with interface names) this engine advertises, and its
+/// data server listens on: the loopback address alone when the control
+/// plane listens on loopback, else every up IPv4 interface (the control
+/// plane's first), else the control address itself (loopback for a
+/// wildcard one).
+pub fn advertised_addrs(host: IpAddr) -> Vec<(String, IpAddr)> {
     if host.is_loopback() {
         let name = netlink::interface_of(host)
             .ok()
             .flatten()
             .map_or_else(|| "lo".to_owned(), |i| i.name);
-        return vec![entry(&name, host)];
+        return vec![(name, host)];
     }
-    let mut rails = Vec::new();
+    let mut addrs = Vec::new();
     for i in netlink::interfaces().unwrap_or_default() {
         if !i.up {
             continue;
         }
         for ip in &i.addrs {
             if ip.is_ipv4() && !ip.is_loopback() && (host.is_unspecified() || host.is_ipv4()) {
-                let e = entry(&i.name, *ip);
+                let e = (i.name.clone(), *ip);
                 if *ip == host {
-                    rails.insert(0, e);
+                    addrs.insert(0, e);
                 } else {
-                    rails.push(e);
+                    addrs.push(e);
                 }
             }
         }
     }
-    if rails.is_empty() && !host.is_unspecified() {
-        rails.push(entry("host", host));
+    if addrs.is_empty() {
+        // No up IPv4 interface: the control address, or loopback for a
+        // wildcard one (never the wildcard itself).
+        addrs.push(if host.is_unspecified() {
+            ("lo".to_owned(), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+        } else {
+            ("host".to_owned(), host)
+        });
     }
-    rails.truncate(crate::control::wire::MAX_RAILS);
-    rails
+    addrs.truncate(crate::control::wire::MAX_RAILS);
+    addrs
 }
 
-/// Where the data server listens for a control plane on `host`.
-pub fn data_bind(host: IpAddr) -> SocketAddr {
-    if host.is_loopback() {
-        SocketAddr::new(host, 0)
-    } else {
-        SocketAddr::new(unspecified(host), 0)
-    }
+/// The rails this engine advertises for a data server on `port` (see
+/// [`advertised_addrs`]).
+pub fn advertised_rails(host: IpAddr, port: u16) -> Vec<RailEntry> {
+    advertised_addrs(host)
+        .into_iter()
+        .map(|(name, ip)| RailEntry {
+            name,
+            addr: SocketAddr::new(ip, port).to_string(),
+        })
+        .collect()
 }

@@ -9,137 +9,252 @@
 //! and dropped) and the connection goes on. Only a frame that breaks the
 //! byte stream's framing (bad magic, unknown opcode, oversized length)
 //! closes the connection, with a logged reason.
+//!
+//! Hostile peers: the server listens only on the addresses the engine
+//! advertises; with a shared secret a connection proves it
+//! ([`handshake`](super::handshake)) before its first request; refusals to
+//! a connection that has not proven it reveal nothing about memory layout
+//! (`check`); the handshake has one deadline, an idle connection is
+//! closed, and a full server evicts an unproven, unused or long-idle
+//! connection for a newcomer, or tells it [`BUSY`].
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use tent_rings::{ErrorKind, Opcode};
 
-use super::frame::{HELLO_LEN, Hello, REQUEST_LEN, Request, Response};
-use super::io;
+use super::frame::{BUSY, Hello, REQUEST_LEN, Request, Response};
+use super::{handshake, io};
 use crate::error::{Error, Result};
 use crate::memory::RegionTable;
 
-/// Connections served at once; more are refused at accept.
-const MAX_CONNECTIONS: usize = 512;
-/// A connection must say hello within this.
+/// Connections served at once; past it an idle or unproven one is evicted
+/// for a newcomer, or the newcomer is told [`BUSY`].
+pub const MAX_CONNECTIONS: usize = 512;
+/// The whole handshake (hellos, proofs) must be done within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Socket read timeout of a connection: how often an idle one wakes (to
-/// notice a peer that stalled mid-frame). Stopping does not wait for it:
-/// the server shuts its connections down.
-const IDLE_POLL: Duration = Duration::from_secs(5);
-/// Read timeout while waiting for the hello.
-const HELLO_POLL: Duration = Duration::from_millis(250);
+/// Socket read timeout of a connection between requests: the unit of its
+/// idle count (it wakes this often when idle; stopping does not wait for
+/// it: the server shuts its connections down).
+const IDLE_POLL: Duration = Duration::from_secs(1);
+/// A connection idle this many polls (60 s) is closed.
+const IDLE_CLOSE_POLLS: u32 = 60;
+/// A connection that has served requests may be evicted for a newcomer
+/// once idle this many polls (30 s): longer than an initiator lets its own
+/// connection idle before it reconnects first (`conn::RECONNECT_IDLE`), so
+/// an eviction never races a request.
+const EVICT_IDLE_POLLS: u32 = 30;
+/// A connection still in its handshake this long may be evicted (a real
+/// initiator's handshake takes a round trip or two).
+const EVICT_HANDSHAKE_AGE: Duration = Duration::from_secs(1);
+/// A refused connection is kept (write side shut) this long, so that our
+/// busy hello is read before the close resets the connection.
+const REFUSED_LINGER: Duration = Duration::from_secs(1);
+/// Refused connections kept lingering at most.
+const REFUSED_KEPT: usize = 256;
+
+/// Where a connection is in its life (eviction order: lowest first).
+const STAGE_HANDSHAKE: u8 = 0;
+const STAGE_READY: u8 = 1;
+const STAGE_SERVING: u8 = 2;
 
 /// A running data server; stops when dropped.
 pub struct DataServer {
-    addr: SocketAddr,
+    addrs: Vec<SocketAddr>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
     live: Arc<Live>,
 }
 
-/// The connections being served, so stopping can shut them down at once.
+/// One connection as the accept threads see it.
+struct Slot {
+    id: usize,
+    /// A handle to shut it down (eviction, stop).
+    stream: TcpStream,
+    stage: AtomicU8,
+    /// When it was accepted.
+    born: Instant,
+    /// Read timeouts in a row with nothing received (see [`IDLE_POLL`]).
+    idle: AtomicU32,
+}
+
+/// The connections being served, so stopping can shut them down at once
+/// and a full server can pick whom to evict.
 #[derive(Default)]
 struct Live {
     next: AtomicUsize,
-    conns: std::sync::Mutex<Vec<(usize, TcpStream)>>,
+    conns: Mutex<Vec<Arc<Slot>>>,
 }
 
 impl Live {
-    fn add(&self, s: &TcpStream) -> Option<usize> {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let dup = s.try_clone().ok()?;
-        self.conns
-            .lock()
-            .expect("live conns poisoned")
-            .push((id, dup));
-        Some(id)
+    /// Track `s`, evicting a victim first when full; `None`: no room.
+    fn admit(&self, s: &TcpStream) -> Option<Arc<Slot>> {
+        let slot = Arc::new(Slot {
+            id: self.next.fetch_add(1, Ordering::Relaxed),
+            stream: s.try_clone().ok()?,
+            stage: AtomicU8::new(STAGE_HANDSHAKE),
+            born: Instant::now(),
+            idle: AtomicU32::new(0),
+        });
+        let mut conns = self.conns.lock().expect("live conns poisoned");
+        if conns.len() >= MAX_CONNECTIONS {
+            let victim = Self::victim(&conns)?;
+            let v = conns.swap_remove(victim);
+            let _ = v.stream.shutdown(std::net::Shutdown::Both);
+            tracing::debug!(
+                stage = v.stage.load(Ordering::Relaxed),
+                idle_s = v.idle.load(Ordering::Relaxed),
+                "tcp data server full: evicted a connection"
+            );
+        }
+        conns.push(slot.clone());
+        Some(slot)
+    }
+
+    /// Unproven (mid-handshake for [`EVICT_HANDSHAKE_AGE`]) first, then
+    /// never used (for a poll), then the longest idle past
+    /// [`EVICT_IDLE_POLLS`]; oldest first among equals. A connection that
+    /// an initiator is using right now is never one of them.
+    fn victim(conns: &[Arc<Slot>]) -> Option<usize> {
+        conns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| {
+                let idle = c.idle.load(Ordering::Relaxed);
+                match c.stage.load(Ordering::Relaxed) {
+                    STAGE_HANDSHAKE => c.born.elapsed() >= EVICT_HANDSHAKE_AGE,
+                    STAGE_READY => idle >= 1,
+                    _ => idle >= EVICT_IDLE_POLLS,
+                }
+            })
+            .min_by_key(|(_, c)| {
+                (
+                    c.stage.load(Ordering::Relaxed),
+                    std::cmp::Reverse(c.idle.load(Ordering::Relaxed)),
+                    c.id,
+                )
+            })
+            .map(|(i, _)| i)
     }
 
     fn remove(&self, id: usize) {
         self.conns
             .lock()
             .expect("live conns poisoned")
-            .retain(|(i, _)| *i != id);
-    }
-
-    fn len(&self) -> usize {
-        self.conns.lock().expect("live conns poisoned").len()
+            .retain(|c| c.id != id);
     }
 }
 
 impl std::fmt::Debug for DataServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DataServer")
-            .field("addr", &self.addr)
+            .field("addrs", &self.addrs)
             .finish()
     }
 }
 
+/// Bind every one of `ips` on one port (ephemeral: the first picks it).
+fn bind_all(ips: &[IpAddr]) -> std::io::Result<Vec<TcpListener>> {
+    let mut last = None;
+    // Another socket may hold the first one's port on a later address:
+    // then try again with a fresh port.
+    for _ in 0..16 {
+        let first = TcpListener::bind(SocketAddr::new(ips[0], 0))?;
+        let port = first.local_addr()?.port();
+        let mut all = vec![first];
+        let rest: std::io::Result<Vec<TcpListener>> = ips[1..]
+            .iter()
+            .map(|ip| TcpListener::bind(SocketAddr::new(*ip, port)))
+            .collect();
+        match rest {
+            Ok(r) => {
+                all.extend(r);
+                return Ok(all);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::ErrorKind::AddrInUse.into()))
+}
+
 impl DataServer {
-    /// Listen on `bind` (port 0 = ephemeral) and serve `regions`.
+    /// Listen on each of `ips` (one port for all, ephemeral) and serve
+    /// `regions`; with `secret`, every connection proves it before its
+    /// first request.
     pub fn start(
-        bind: SocketAddr,
+        ips: &[IpAddr],
         regions: Arc<ArcSwap<RegionTable>>,
         user_timeout_ms: u32,
+        secret: Option<Arc<[u8]>>,
     ) -> Result<DataServer> {
-        let listener = TcpListener::bind(bind).map_err(|e| {
+        if ips.is_empty() {
+            return Err(Error::invalid("tcp data server: no address to listen on"));
+        }
+        let listeners = bind_all(ips).map_err(|e| {
             Error::new(
                 ErrorKind::InvalidArgument,
-                format!("tcp data server cannot listen on {bind}"),
+                format!("tcp data server cannot listen on {ips:?}"),
             )
             .with_source(e)
         })?;
-        let addr = listener.local_addr().map_err(|e| {
-            Error::new(ErrorKind::Unreachable, "tcp data server address").with_source(e)
-        })?;
+        let addrs = listeners
+            .iter()
+            .map(TcpListener::local_addr)
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| {
+                Error::new(ErrorKind::Unreachable, "tcp data server address").with_source(e)
+            })?;
         let stop = Arc::new(AtomicBool::new(false));
         let live = Arc::new(Live::default());
-        let (stop2, live2) = (stop.clone(), live.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("tent-tcp-data-{}", addr.port()))
-            .spawn(move || accept_loop(listener, stop2, live2, regions, user_timeout_ms))
-            .map_err(|e| {
-                Error::new(ErrorKind::OutOfMemory, "spawn tcp data server").with_source(e)
-            })?;
-        tracing::info!(%addr, "tcp data server listening");
-        Ok(DataServer {
-            addr,
-            stop,
-            thread: Some(thread),
-            live,
-        })
+        let mut server = DataServer {
+            addrs: addrs.clone(),
+            stop: stop.clone(),
+            threads: Vec::new(),
+            live: live.clone(),
+        };
+        for (listener, addr) in listeners.into_iter().zip(&addrs) {
+            let (stop, live, regions, secret) =
+                (stop.clone(), live.clone(), regions.clone(), secret.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("tent-tcp-data-{}", addr.port()))
+                .spawn(move || accept_loop(listener, stop, live, regions, user_timeout_ms, secret))
+                .map_err(|e| {
+                    Error::new(ErrorKind::OutOfMemory, "spawn tcp data server").with_source(e)
+                })?;
+            server.threads.push(t);
+        }
+        tracing::info!(addrs = ?addrs, authenticated = secret.is_some(), "tcp data server listening");
+        Ok(server)
     }
 
-    /// The bound address.
+    /// The first bound address.
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.addrs[0]
+    }
+
+    /// Every bound address (one per advertised interface, one port).
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.addrs
     }
 }
 
 impl Drop for DataServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // Unblock accept() with a connection of our own (to a wildcard
-        // bind, through loopback).
-        let mut wake = self.addr;
-        if wake.ip().is_unspecified() {
-            wake.set_ip(match wake {
-                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-            });
+        // Unblock each accept() with a connection of our own.
+        for a in &self.addrs {
+            let _ = TcpStream::connect_timeout(a, Duration::from_millis(200));
         }
-        let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        for (_, s) in self.live.conns.lock().expect("live conns poisoned").iter() {
-            let _ = s.shutdown(std::net::Shutdown::Both);
+        for c in self.live.conns.lock().expect("live conns poisoned").iter() {
+            let _ = c.stream.shutdown(std::net::Shutdown::Both);
         }
     }
 }
@@ -150,7 +265,10 @@ fn accept_loop(
     live: Arc<Live>,
     regions: Arc<ArcSwap<RegionTable>>,
     user_timeout_ms: u32,
+    secret: Option<Arc<[u8]>>,
 ) {
+    let mut refused: VecDeque<(Instant, TcpStream)> = VecDeque::new();
+    let mut refusing = false;
     loop {
         let accepted = listener.accept();
         if stop.load(Ordering::Acquire) {
@@ -164,25 +282,44 @@ fn accept_loop(
                 continue;
             }
         };
-        if live.len() >= MAX_CONNECTIONS {
-            crate::warn_limited!(peer.ip(), %peer, limit = MAX_CONNECTIONS, "tcp data server: connection limit reached; closing");
-            continue;
+        while refused
+            .front()
+            .is_some_and(|(t, _)| t.elapsed() > REFUSED_LINGER || refused.len() >= REFUSED_KEPT)
+        {
+            refused.pop_front();
         }
-        let Some(id) = live.add(&stream) else {
-            crate::warn_limited!(peer.ip(), %peer, "tcp data server: cannot track the connection; closing");
+        let Some(slot) = live.admit(&stream) else {
+            // Full of connections in use: say so (the initiator backs off
+            // and retries; a busy target is no fault of the rail).
+            if !std::mem::replace(&mut refusing, true) {
+                tracing::warn!(%peer, limit = MAX_CONNECTIONS, "tcp data server: every connection in use; new ones are told to come back later");
+            }
+            let _ = io::send_header(&stream, &Hello::refusal(BUSY).encode());
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+            refused.push_back((Instant::now(), stream));
             continue;
         };
-        let (live2, stop2, regions2) = (live.clone(), stop.clone(), regions.clone());
+        refusing = false;
+        let (live2, stop2, regions2, secret2) =
+            (live.clone(), stop.clone(), regions.clone(), secret.clone());
+        let id = slot.id;
         let spawned = std::thread::Builder::new()
             .name("tent-tcp-serve".into())
             .spawn(move || {
-                match serve(&stream, &stop2, &regions2, user_timeout_ms) {
+                match serve(
+                    &stream,
+                    &slot,
+                    &stop2,
+                    &regions2,
+                    user_timeout_ms,
+                    secret2.as_deref(),
+                ) {
                     Ok(()) => tracing::debug!(%peer, "tcp data connection closed"),
                     Err(reason) => {
                         crate::warn_limited!(peer.ip(), %peer, %reason, "tcp data connection closed")
                     }
                 }
-                live2.remove(id);
+                live2.remove(slot.id);
             });
         if let Err(e) = spawned {
             live.remove(id);
@@ -201,48 +338,53 @@ pub(crate) fn tune(s: &TcpStream, user_timeout_ms: u32) {
     let _ = sock.set_keepalive(true);
 }
 
-/// Serve one connection until the peer closes, the server stops, or the
-/// stream's framing is lost (the `Err` carries the reason to log).
+/// Serve one connection until the peer closes, goes idle, the server
+/// stops, or the stream's framing is lost (the `Err` carries the reason to
+/// log).
 fn serve(
     s: &TcpStream,
+    slot: &Slot,
     stop: &AtomicBool,
     regions: &ArcSwap<RegionTable>,
     user_timeout_ms: u32,
+    secret: Option<&[u8]>,
 ) -> std::result::Result<(), String> {
     tune(s, user_timeout_ms);
-    s.set_read_timeout(Some(HELLO_POLL))
-        .map_err(|e| e.to_string())?;
-    let started = Instant::now();
-    let hello = loop {
-        match io::recv_header::<HELLO_LEN>(s) {
-            Ok(Some(h)) => break h,
-            Ok(None) if started.elapsed() < HANDSHAKE_TIMEOUT && !stop.load(Ordering::Acquire) => {}
-            Ok(None) => return Err("no hello within the handshake timeout".into()),
-            Err(e) => return Err(format!("handshake: {e}")),
-        }
-    };
-    if let Err(e) = Hello::decode(&hello) {
-        let refuse = Hello {
-            status: ErrorKind::InvalidArgument.code(),
-        };
-        let _ = io::send_header(s, &refuse.encode());
-        return Err(format!("bad hello: {e}"));
-    }
-    io::send_header(s, &Hello { status: 0 }.encode()).map_err(|e| format!("hello reply: {e}"))?;
+    handshake::serve(s, secret, Instant::now() + HANDSHAKE_TIMEOUT)?;
+    // With a secret, every connection past the handshake has proven it.
+    let proven = secret.is_some();
+    slot.stage.store(STAGE_READY, Ordering::Relaxed);
     s.set_read_timeout(Some(IDLE_POLL))
         .map_err(|e| e.to_string())?;
-
+    let mut idle = 0u32;
+    let mut serving = false;
     loop {
         let header = match io::recv_header::<REQUEST_LEN>(s) {
             Ok(Some(h)) => h,
             Ok(None) if stop.load(Ordering::Acquire) => return Ok(()),
-            Ok(None) => continue,
+            Ok(None) => {
+                idle += 1;
+                slot.idle.store(idle, Ordering::Relaxed);
+                if idle >= IDLE_CLOSE_POLLS {
+                    return Err(format!("idle for {} s", idle));
+                }
+                continue;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(format!("reading a request: {e}")),
         };
+        // Only stores when the connection was idle or new: nothing per op.
+        if idle != 0 {
+            idle = 0;
+            slot.idle.store(0, Ordering::Relaxed);
+        }
+        if !serving {
+            serving = true;
+            slot.stage.store(STAGE_SERVING, Ordering::Relaxed);
+        }
         let req = Request::decode(&header).map_err(|e| format!("malformed request: {e}"))?;
         let table = regions.load();
-        let target = check(&table, &req);
+        let target = check(&table, &req, proven);
         let mut resp = Response {
             status: target.map(|_| ()),
             seq: req.seq,
@@ -276,16 +418,33 @@ fn serve(
 }
 
 /// Where a request may touch memory, or why it may not.
-fn check(table: &RegionTable, req: &Request) -> std::result::Result<*mut u8, ErrorKind> {
+///
+/// A connection that has not proven the shared secret (every one, without
+/// a secret) learns nothing about the layout of memory it holds no key
+/// for: a miss is `AccessDenied` whether the address is registered, out of
+/// bounds or nowhere, unless the key is the one of the region holding
+/// `addr` (then bounds are no news to it). The success path is one lookup.
+fn check(
+    table: &RegionTable,
+    req: &Request,
+    proven: bool,
+) -> std::result::Result<*mut u8, ErrorKind> {
     if req.len == 0 {
         return Err(ErrorKind::InvalidArgument);
     }
+    // Why not, told only to a caller who proved the secret or holds the
+    // key of the region at `addr`.
+    let detail = |why: ErrorKind| match table.find_addr(req.addr, 1) {
+        _ if proven => why,
+        Ok((region, _)) if req.key != 0 && region.key() == req.key => why,
+        _ => ErrorKind::AccessDenied,
+    };
     if req.addr.checked_add(req.len).is_none() {
-        return Err(ErrorKind::OutOfBounds);
+        return Err(detail(ErrorKind::OutOfBounds));
     }
-    let (region, ptr) = table.find_addr(req.addr, req.len)?;
-    if req.key == 0 || region.key() != req.key {
-        return Err(ErrorKind::AccessDenied);
+    match table.find_addr(req.addr, req.len) {
+        Ok((region, ptr)) if req.key != 0 && region.key() == req.key => Ok(ptr),
+        Ok(_) => Err(ErrorKind::AccessDenied),
+        Err(e) => Err(detail(e)),
     }
-    Ok(ptr)
 }

@@ -1,0 +1,167 @@
+//! The data connection's opening: hellos with nonces each way, then, when
+//! the target holds a shared secret, an HMAC proof each way bound to this
+//! connection by both nonces (data-plane labels, so a control-plane proof
+//! does not verify here). Nothing else is read from a connection before it
+//! is done, and the whole exchange has one deadline: a peer that drips a
+//! byte at a time does not extend it.
+
+use std::net::TcpStream;
+use std::time::Instant;
+
+use tent_rings::ErrorKind;
+
+use super::frame::{
+    AUTH_REQUIRED, BUSY, FrameError, HELLO_HEADER_LEN, HELLO_LEN, Hello, NONCE_LEN, PROOF_LEN,
+    Proof,
+};
+use super::io;
+use crate::control::auth;
+
+/// Why a target refused a connection, or why the initiator gave up on it.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}: {why}")]
+pub struct Refused {
+    /// `SqFull` ([`BUSY`]): come back later. `AccessDenied`: the secrets
+    /// differ or one side has none. Else what the socket said.
+    pub kind: ErrorKind,
+    /// For the log.
+    pub why: String,
+}
+
+fn refused(kind: ErrorKind, why: impl Into<String>) -> Refused {
+    Refused {
+        kind,
+        why: why.into(),
+    }
+}
+
+/// A socket failure during the handshake. Reset or closed by a live target
+/// before it said anything: it evicted or refused this connection under
+/// load (`BUSY`), since a dead process refuses the connect itself.
+fn io_refused(e: std::io::Error, during: &str) -> Refused {
+    let kind = match io::kind_of(&e) {
+        ErrorKind::ProcessFailed => BUSY,
+        k => k,
+    };
+    refused(kind, format!("{during}: {e}"))
+}
+
+/// The target's side: `Ok` once the initiator may send requests; `Err`
+/// carries the reason to log (the initiator was told what it needs).
+pub fn serve(
+    s: &TcpStream,
+    secret: Option<&[u8]>,
+    deadline: Instant,
+) -> std::result::Result<(), String> {
+    let mut head = [0u8; HELLO_HEADER_LEN];
+    io::recv_by(s, &mut head, deadline).map_err(|e| format!("hello: {e}"))?;
+    if let Err(e) = Hello::decode_header(&head) {
+        let _ = io::send_header(s, &Hello::refusal(ErrorKind::InvalidArgument).encode());
+        return Err(format!("bad hello: {e}"));
+    }
+    let mut theirs = [0u8; NONCE_LEN];
+    io::recv_by(s, &mut theirs, deadline).map_err(|e| format!("hello nonce: {e}"))?;
+    let ours = auth::nonce();
+    let hello = Hello {
+        status: 0,
+        flags: if secret.is_some() { AUTH_REQUIRED } else { 0 },
+        nonce: ours,
+    };
+    io::send_header(s, &hello.encode()).map_err(|e| format!("hello reply: {e}"))?;
+    let Some(secret) = secret else {
+        return Ok(());
+    };
+    let mut b = [0u8; PROOF_LEN];
+    io::recv_by(s, &mut b, deadline).map_err(|e| format!("proof: {e}"))?;
+    let valid =
+        Proof::decode(&b).is_ok_and(|p| auth::verify_data_client(secret, &ours, &theirs, &p.mac));
+    if !valid {
+        let deny = Proof {
+            status: ErrorKind::AccessDenied.code(),
+            mac: [0; NONCE_LEN],
+        };
+        let _ = io::send_header(s, &deny.encode());
+        return Err("authentication failed".into());
+    }
+    let proof = Proof {
+        status: 0,
+        mac: auth::data_server_proof(secret, &ours, &theirs),
+    };
+    io::send_header(s, &proof.encode()).map_err(|e| format!("proof reply: {e}"))
+}
+
+/// The initiator's side, on a connected socket.
+pub fn open(
+    s: &TcpStream,
+    secret: Option<&[u8]>,
+    deadline: Instant,
+) -> std::result::Result<(), Refused> {
+    let ours = auth::nonce();
+    let hello = Hello {
+        status: 0,
+        flags: 0,
+        nonce: ours,
+    };
+    io::send_header(s, &hello.encode()).map_err(|e| io_refused(e, "hello"))?;
+    let mut b = [0u8; HELLO_LEN];
+    io::recv_by(s, &mut b[..HELLO_HEADER_LEN], deadline).map_err(|e| io_refused(e, "hello"))?;
+    let mut head = [0u8; HELLO_HEADER_LEN];
+    head.copy_from_slice(&b[..HELLO_HEADER_LEN]);
+    let (status, flags) = Hello::decode_header(&head).map_err(|e| match e {
+        FrameError::Version(v) => refused(
+            ErrorKind::Unreachable,
+            format!("target speaks data protocol version {v}"),
+        ),
+        e => refused(ErrorKind::Unreachable, format!("bad hello: {e}")),
+    })?;
+    io::recv_by(s, &mut b[HELLO_HEADER_LEN..], deadline).map_err(|e| io_refused(e, "hello"))?;
+    if status != 0 {
+        let kind = ErrorKind::from_code(status).unwrap_or(ErrorKind::Unreachable);
+        return Err(refused(kind, "target refused the connection"));
+    }
+    let theirs = Hello::decode(&b).map_err(|e| refused(ErrorKind::Unreachable, e.to_string()))?;
+    match (flags & AUTH_REQUIRED != 0, secret) {
+        (false, None) => Ok(()),
+        (true, None) => Err(refused(
+            ErrorKind::AccessDenied,
+            "target requires authentication: set rpc_shared_secret",
+        )),
+        // We hold a secret: a target that does not prove it holds it too
+        // is not the engine we were configured to trust.
+        (false, Some(_)) => Err(refused(
+            ErrorKind::AccessDenied,
+            "target does not authenticate, but rpc_shared_secret is set here",
+        )),
+        (true, Some(secret)) => {
+            let proof = Proof {
+                status: 0,
+                mac: auth::data_client_proof(secret, &theirs.nonce, &ours),
+            };
+            io::send_header(s, &proof.encode()).map_err(|e| io_refused(e, "proof"))?;
+            let mut b = [0u8; PROOF_LEN];
+            io::recv_by(s, &mut b, deadline).map_err(|e| {
+                // A target that closes after our proof rejected it.
+                let mut r = io_refused(e, "proof reply");
+                if r.kind == BUSY {
+                    r.kind = ErrorKind::AccessDenied;
+                }
+                r
+            })?;
+            let p =
+                Proof::decode(&b).map_err(|e| refused(ErrorKind::Unreachable, e.to_string()))?;
+            if p.status != 0 {
+                return Err(refused(
+                    ErrorKind::AccessDenied,
+                    "target refused our proof: the shared secrets differ",
+                ));
+            }
+            if !auth::verify_data_server(secret, &theirs.nonce, &ours, &p.mac) {
+                return Err(refused(
+                    ErrorKind::AccessDenied,
+                    "target failed to prove the shared secret",
+                ));
+            }
+            Ok(())
+        }
+    }
+}
