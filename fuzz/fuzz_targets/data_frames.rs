@@ -1,12 +1,15 @@
 //! Data-plane frame headers under arbitrary bytes: every `decode` that
 //! succeeds must round-trip through `encode`, and no decoded length may
 //! exceed `MAX_OP_LEN`. Each decoder reads the input's first bytes (padded
-//! with zeros when short), so one input exercises all three.
+//! with zeros when short), so one input exercises all of them: request,
+//! response, the v2 hello (header alone and whole) and the proof frame of
+//! the authenticated handshake.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use tent::transport::tcp::frame::{
-    HELLO_LEN, Hello, MAX_OP_LEN, REQUEST_LEN, RESPONSE_LEN, Request, Response,
+    HELLO_HEADER_LEN, HELLO_LEN, Hello, MAX_OP_LEN, PROOF_LEN, Proof, REQUEST_LEN, RESPONSE_LEN,
+    Request, Response,
 };
 
 fn prefix<const N: usize>(data: &[u8]) -> [u8; N] {
@@ -27,5 +30,19 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(hello) = Hello::decode(&prefix::<HELLO_LEN>(data)) {
         assert_eq!(Hello::decode(&hello.encode()), Ok(hello), "hello round trip");
+        let head = prefix::<HELLO_HEADER_LEN>(data);
+        assert_eq!(
+            Hello::decode_header(&head),
+            Ok((hello.status, hello.flags)),
+            "the header alone says what the whole hello says"
+        );
+    } else {
+        assert!(
+            Hello::decode_header(&prefix::<HELLO_HEADER_LEN>(data)).is_err(),
+            "a hello refused whole is refused by its header"
+        );
+    }
+    if let Ok(proof) = Proof::decode(&prefix::<PROOF_LEN>(data)) {
+        assert_eq!(Proof::decode(&proof.encode()), Ok(proof), "proof round trip");
     }
 });
