@@ -172,6 +172,22 @@ pub fn verify_data_server(
         .is_ok()
 }
 
+/// Channel binding for the shm handout socket: the server nonce folded
+/// with what names the socket file the client actually connected through
+/// (its device and inode). Both sides feed the result to the `shm_*_proof`
+/// functions in place of the server nonce, so proofs relayed by a process
+/// listening on another socket under the segment's name verify on neither
+/// side.
+pub fn shm_bound_nonce(server_nonce: &[u8; NONCE_LEN], binding: &[u8]) -> [u8; NONCE_LEN] {
+    use sha2::Digest;
+    let mut h = Sha256::new();
+    h.update(b"tent-shm-channel-binding-v1");
+    h.update(server_nonce);
+    h.update((binding.len() as u64).to_le_bytes());
+    h.update(binding);
+    h.finalize().into()
+}
+
 /// A fresh random nonce from the kernel.
 pub fn nonce() -> [u8; NONCE_LEN] {
     let mut n = [0u8; NONCE_LEN];
@@ -234,5 +250,15 @@ mod tests {
         assert!(!verify_data_server(k, &s, &c, &data), "roles differ");
         assert!(!verify_data_server(k, &s, &c, &server_proof(k, &s, &c)));
         assert!(verify_data_server(k, &s, &c, &data_server_proof(k, &s, &c)));
+    }
+
+    #[test]
+    fn shm_bound_nonce_binds_the_socket_file() {
+        let s = nonce();
+        let a = shm_bound_nonce(&s, &[1, 2]);
+        assert_eq!(a, shm_bound_nonce(&s, &[1, 2]));
+        assert_ne!(a, shm_bound_nonce(&s, &[1, 3]));
+        assert_ne!(a, shm_bound_nonce(&nonce(), &[1, 2]));
+        assert_ne!(a, s);
     }
 }

@@ -18,9 +18,10 @@
 //! mapping gets `AccessDenied` instead of writing into memory the target has
 //! given up.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use tent_rings::{ErrorKind, RegionId};
@@ -28,10 +29,14 @@ use tent_rings::{ErrorKind, RegionId};
 use super::shm_desc::{
     self, DESC_BYTES, DESC_CAPACITY, ENTRY_WORDS, HEADER_WORDS, MAX_REGION_LEN, ShmEntry,
 };
-use super::shm_handout::{self, HandoutClient, HandoutServer, HandoutTable, Mapping};
+use super::shm_handout::{self, HandoutClient, HandoutServer, HandoutTable, IO_TIMEOUT, Mapping};
 use crate::error::{Error, Result};
 
 pub use super::shm_desc::DATA_OFFSET;
+
+/// How long a refresh that a worker's miss triggers may wait, for another
+/// refresher or for the owner's answers, before the op fails typed.
+const WORKER_REFRESH_WAIT: Duration = Duration::from_millis(100);
 
 /// A region as a peer sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,12 +65,21 @@ fn live_key(map: &Mapping) -> &AtomicU64 {
     unsafe { &*(map.ptr() as *const AtomicU64) }
 }
 
-fn write_descriptor<'a>(desc: &Mapping, entries: impl ExactSizeIterator<Item = &'a ShmEntry>) {
+/// Seqlock writer. `seq` is the owner's own copy of the sequence: nothing
+/// is ever read back from the shared words (no peer can write them — the
+/// descriptor is write-sealed — but the owner does not rely on it).
+fn write_descriptor<'a>(
+    desc: &Mapping,
+    seq: &mut u64,
+    entries: impl ExactSizeIterator<Item = &'a ShmEntry>,
+) {
     let w = words(desc, DESC_BYTES / 8);
-    // Seqlock writer: odd while writing. The Release fence orders the odd
-    // store before the entry stores; the final Release store publishes them.
-    let seq = w[0].load(Ordering::Relaxed);
-    w[0].store(seq + 1, Ordering::Relaxed);
+    // Odd while writing. The Release fence orders the odd store before the
+    // entry stores; the final Release store publishes them. Wrapping: 2^63
+    // publishes are far off, and even then the parity holds.
+    let base = *seq;
+    *seq = base.wrapping_add(2);
+    w[0].store(base.wrapping_add(1), Ordering::Relaxed);
     fence(Ordering::Release);
     w[1].store(entries.len() as u64, Ordering::Relaxed);
     for (i, e) in entries.enumerate() {
@@ -76,7 +90,7 @@ fn write_descriptor<'a>(desc: &Mapping, entries: impl ExactSizeIterator<Item = &
         w[base + 3].store(e.key, Ordering::Relaxed);
         w[base + 4].store(e.handle, Ordering::Relaxed);
     }
-    w[0].store(seq + 2, Ordering::Release);
+    w[0].store(*seq, Ordering::Release);
 }
 
 /// Copy the descriptor's words consistently (seqlock reader); the copy is
@@ -121,6 +135,8 @@ fn collect_stale(dir: &str) {
 struct ExportState {
     entries: Vec<(ShmEntry, Arc<Mapping>)>,
     next_handle: u64,
+    /// The descriptor's sequence, kept here (owner-private memory).
+    seq: u64,
 }
 
 /// This engine's segment, published in shared memory.
@@ -166,10 +182,10 @@ impl ShmExport {
     pub fn create(dir: &str, secret: Option<Vec<u8>>) -> Result<ShmExport> {
         collect_stale(dir);
         let name = HandoutServer::fresh_name();
-        let fd = shm_handout::sealed_memfd(&name, DESC_BYTES as u64)
+        // Mapped writable here, then write-sealed: peers get a read-only,
+        // write-sealed file and can never write what other peers read.
+        let (desc, fd) = shm_handout::descriptor_memfd(&name, DESC_BYTES)
             .map_err(mem_err("descriptor memfd"))?;
-        let desc = Mapping::map(std::os::fd::AsFd::as_fd(&fd), DESC_BYTES, true)
-            .map_err(mem_err("map the descriptor"))?;
         words(&desc, HEADER_WORDS)[2].store(shm_desc::DESC_MAGIC, Ordering::Release);
         let table = Arc::new(HandoutTable::new(fd, secret));
         let (server, name) = HandoutServer::start(dir, name, table.clone())?;
@@ -181,6 +197,7 @@ impl ShmExport {
             state: Mutex::new(ExportState {
                 entries: Vec::new(),
                 next_handle: 0,
+                seq: 0,
             }),
             _server: server,
         })
@@ -209,12 +226,16 @@ impl ShmExport {
         let fd = shm_handout::sealed_memfd(&format!("{}-r{handle}", self.name), size)
             .map_err(mem_err("region memfd"))?;
         let map = Mapping::map(
-            std::os::fd::AsFd::as_fd(&fd),
+            fd.as_fd(),
             usize::try_from(size)
                 .map_err(|_| Error::new(ErrorKind::OutOfMemory, "region too large"))?,
             true,
         )
         .map_err(mem_err("map a region memfd"))?;
+        // The owner commits its region's pages now (best effort), so they
+        // are not faulted in one by one inside the first transfers, and so
+        // a peer's prefault, which covers only populated pages, finds them.
+        populate(map.ptr(), map.len());
         Ok(ExportedMemory {
             map: Arc::new(map),
             fd: Arc::new(fd),
@@ -245,7 +266,8 @@ impl ShmExport {
         };
         self.table.insert(mem.handle, mem.fd.clone());
         st.entries.push((entry, mem.map.clone()));
-        write_descriptor(&self.desc, st.entries.iter().map(|(e, _)| e));
+        let st = &mut *st;
+        write_descriptor(&self.desc, &mut st.seq, st.entries.iter().map(|(e, _)| e));
         Ok(())
     }
 
@@ -257,7 +279,8 @@ impl ShmExport {
             let (e, map) = st.entries.remove(pos);
             live_key(&map).store(0, Ordering::Release);
             self.table.remove(e.handle);
-            write_descriptor(&self.desc, st.entries.iter().map(|(e, _)| e));
+            let st = &mut *st;
+            write_descriptor(&self.desc, &mut st.seq, st.entries.iter().map(|(e, _)| e));
         }
     }
 
@@ -265,8 +288,8 @@ impl ShmExport {
     /// peer's parser); the published regions stay handed out by handle.
     #[doc(hidden)]
     pub fn forge_descriptor(&self, entries: &[ShmEntry]) {
-        let _st = self.state.lock().expect("export state poisoned");
-        write_descriptor(&self.desc, entries.iter().take(DESC_CAPACITY));
+        let mut st = self.state.lock().expect("export state poisoned");
+        write_descriptor(&self.desc, &mut st.seq, entries.iter().take(DESC_CAPACITY));
     }
 
     /// The handle of the published region `id` (tests forge entries naming it).
@@ -343,7 +366,7 @@ impl ShmPeer {
             refused_seq: AtomicU64::new(u64::MAX),
             refusals: AtomicU64::new(0),
         };
-        peer.refresh(true)?;
+        peer.refresh(true, Instant::now() + IO_TIMEOUT)?;
         Ok(peer)
     }
 
@@ -377,7 +400,7 @@ impl ShmPeer {
 
     /// The regions the peer exports now.
     pub fn regions(&self) -> Vec<RemoteRegion> {
-        let _ = self.refresh_if_changed();
+        let _ = self.refresh_if_changed(IO_TIMEOUT);
         self.table
             .load()
             .regions
@@ -390,26 +413,55 @@ impl ShmPeer {
             .collect()
     }
 
-    fn refresh_if_changed(&self) -> Result<bool> {
+    /// Re-read the descriptor if its sequence moved (and was not refused),
+    /// waiting at most `wait` for another refresher or the owner.
+    fn refresh_if_changed(&self, wait: Duration) -> Result<bool> {
         let seq = words(&self.desc, 1)[0].load(Ordering::Acquire);
         if seq == self.table.load().seq || seq == self.refused_seq.load(Ordering::Relaxed) {
             return Ok(false);
         }
-        self.refresh(false)?;
+        self.refresh(false, Instant::now() + wait)?;
         Ok(true)
     }
 
-    /// Re-read the descriptor and map regions that are new; slow path only.
-    /// `prefault` maps their pages up front: done when the segment is opened
-    /// (an API thread), not on a refresh a worker triggers. A descriptor the
-    /// parser refuses leaves the old table in place.
-    fn refresh(&self, prefault_pages: bool) -> Result<()> {
-        let _g = self.refresh.lock().expect("peer refresh poisoned");
+    /// The refresh lock, waited for until `deadline` at most (`Timeout`):
+    /// a worker never queues behind a refresher stuck on a slow owner.
+    fn lock_refresh(&self, deadline: Instant) -> Result<MutexGuard<'_, ()>> {
+        loop {
+            match self.refresh.try_lock() {
+                Ok(g) => return Ok(g),
+                Err(TryLockError::Poisoned(_)) => panic!("peer refresh poisoned"),
+                Err(TryLockError::WouldBlock) if Instant::now() >= deadline => {
+                    return Err(Error::new(
+                        ErrorKind::Timeout,
+                        "another refresh of the shm segment is in progress",
+                    ));
+                }
+                Err(TryLockError::WouldBlock) => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+
+    /// Re-read the descriptor and map regions that are new, by `deadline`;
+    /// slow path only. `prefault` maps their populated pages up front: done
+    /// when the segment is opened (an API thread), not on a refresh a
+    /// worker triggers. A descriptor the parser refuses leaves the old
+    /// table in place and is not re-read until it moves; a failure that may
+    /// pass (the owner slow, a memfd that could not travel) is retried on
+    /// the next miss.
+    fn refresh(&self, prefault_pages: bool, deadline: Instant) -> Result<()> {
+        let _g = self.lock_refresh(deadline)?;
         let (seq, words) = read_descriptor(&self.desc)?;
+        let old = self.table.load_full();
+        if seq == old.seq && !prefault_pages {
+            // Another refresher got there while we waited.
+            return Ok(());
+        }
         let entries = shm_desc::parse(&words).map_err(|e| {
             self.refused(seq, Error::invalid(format!("segment {}: {e}", self.name)))
         })?;
-        let old = self.table.load_full();
         let mut regions = Vec::with_capacity(entries.len());
         for e in entries {
             if let Some(r) = old.regions.iter().find(|r| {
@@ -426,18 +478,32 @@ impl ShmPeer {
                 });
                 continue;
             }
-            let map = match self.owner.region(e.handle, |size, seals| {
-                shm_desc::admit_region(&e, size, seals)
-            }) {
-                Ok(Some(m)) => Arc::new(m),
+            let handed = match self.owner.region(
+                e.handle,
+                |size, seals| shm_desc::admit_region(&e, size, seals),
+                deadline,
+            ) {
+                Ok(Some(h)) => h,
                 // Revoked between the descriptor read and the request.
                 Ok(None) => continue,
-                Err(err) => return Err(self.refused(seq, err)),
+                Err(err) if err.kind() == ErrorKind::InvalidArgument => {
+                    return Err(self.refused(seq, err));
+                }
+                Err(err) => {
+                    crate::warn_limited!(
+                        (self.name.as_str(), err.kind().code()),
+                        segment = %self.name,
+                        error = %err,
+                        "shm segment refresh failed; retried on the next miss"
+                    );
+                    return Err(err);
+                }
             };
-            let data = map.ptr().wrapping_add(DATA_OFFSET);
             if prefault_pages {
-                prefault(data, e.len);
+                prefault_populated(handed.fd.as_fd(), &handed.map, e.len);
             }
+            let map = Arc::new(handed.map);
+            let data = map.ptr().wrapping_add(DATA_OFFSET);
             regions.push(PeerRegion {
                 id: RegionId(e.id),
                 base: e.base,
@@ -490,8 +556,18 @@ impl ShmPeer {
                 ) if attempt == 0 => {
                     // Slow path: the target may have (re)registered memory
                     // since we last looked, possibly at the same address.
-                    match self.refresh_if_changed() {
+                    match self.refresh_if_changed(WORKER_REFRESH_WAIT) {
                         Ok(true) => continue,
+                        // The owner (or another refresher) was too slow,
+                        // or a memfd could not travel: may pass.
+                        Err(err)
+                            if matches!(
+                                err.kind(),
+                                ErrorKind::Timeout | ErrorKind::Unreachable
+                            ) =>
+                        {
+                            return Err(err.kind());
+                        }
                         _ => return Err(e),
                     }
                 }
@@ -547,17 +623,52 @@ fn lookup(t: &PeerTable, addr: u64, len: u64) -> Result<*mut u8, ErrorKind> {
     Ok(ptr)
 }
 
-/// Map the peer's pages writable now rather than fault them in one by one
-/// inside the first transfers (best effort; Linux >= 5.14).
-fn prefault(ptr: *mut u8, len: u64) {
+/// Map `len` bytes at `ptr` writable now rather than fault them in one by
+/// one inside the first transfers (best effort; Linux >= 5.14).
+fn populate(ptr: *mut u8, len: usize) {
     const MADV_POPULATE_WRITE: libc::c_int = 23;
     let page = 4096usize;
     let start = (ptr as usize) & !(page - 1);
-    // `len` was admitted (at most MAX_REGION_LEN, inside the mapping).
-    let end = ptr as usize + len as usize;
-    // SAFETY: [start, end) lies inside a live shared mapping of the region file; MADV_POPULATE_WRITE only pre-faults pages, it changes no bytes.
+    let end = ptr as usize + len;
+    if end <= start {
+        return;
+    }
+    // SAFETY: callers pass a range inside a live shared mapping of a memfd;
+    // MADV_POPULATE_WRITE only pre-faults pages, it changes no bytes.
     let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, MADV_POPULATE_WRITE) };
     if rc != 0 {
-        tracing::trace!("madvise(MADV_POPULATE_WRITE) unsupported; pages fault in lazily");
+        tracing::trace!("madvise(MADV_POPULATE_WRITE) failed; pages fault in lazily");
+    }
+}
+
+/// Pre-fault, in the peer, only the pages of a region that its owner has
+/// populated (data extents found with `SEEK_DATA`/`SEEK_HOLE` over the
+/// memfd), never the length it merely declares: a peer commits no memory
+/// on an owner's behalf. At most `MAX_EXTENTS` extents are walked.
+fn prefault_populated(fd: BorrowedFd<'_>, map: &Mapping, len: u64) {
+    const MAX_EXTENTS: usize = 4096;
+    let start = DATA_OFFSET as i64;
+    // `len` was admitted: at most MAX_REGION_LEN and inside the mapping.
+    let end = start + len as i64;
+    let mut off = start;
+    for _ in 0..MAX_EXTENTS {
+        if off >= end {
+            break;
+        }
+        // SAFETY: lseek on a live descriptor; it moves only that file
+        // description's offset, which nothing else uses.
+        let data = unsafe { libc::lseek(fd.as_raw_fd(), off, libc::SEEK_DATA) };
+        if data < 0 || data >= end {
+            break;
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd.as_raw_fd(), data, libc::SEEK_HOLE) };
+        let hole = if hole < 0 { end } else { hole.min(end) };
+        // data < hole <= end <= the mapping's length (admitted).
+        populate(
+            map.ptr().wrapping_add(data as usize),
+            (hole - data) as usize,
+        );
+        off = hole;
     }
 }

@@ -36,6 +36,11 @@ pub const MAX_NAME_LEN: usize = 200;
 /// could shrink the file under the mapping (SIGBUS in the peer).
 pub const REQUIRED_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
 
+/// Seals a peer requires on the descriptor memfd as well: the owner must
+/// have sealed it against writes by anyone but its own (earlier) mapping,
+/// so no peer can write the words other peers read.
+pub const DESC_WRITE_SEALS: i32 = libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE;
+
 /// One region, as admitted from a descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShmEntry {
@@ -111,6 +116,9 @@ pub enum DescError {
     /// The handed-out file is not a sealed regular memfd.
     #[error("handed-out file is not a shrink/grow-sealed memfd (seals {0:#x})")]
     Unsealed(i32),
+    /// The handed-out descriptor is not sealed against writes by peers.
+    #[error("handed-out descriptor is writable by peers (seals {0:#x}, no write seal)")]
+    Writable(i32),
     /// The handed-out file is shorter than what would be mapped.
     #[error("handed-out file holds {size} bytes, {need} would be mapped")]
     FileTooSmall {
@@ -203,6 +211,20 @@ pub fn admit_memfd(size: u64, seals: i32, want: u64) -> Result<usize, DescError>
         Ok(len) if want <= size && len <= isize::MAX as usize => Ok(len),
         _ => Err(DescError::FileTooSmall { size, need: want }),
     }
+}
+
+/// [`admit_memfd`] for the descriptor: it must also carry a write seal
+/// ([`DESC_WRITE_SEALS`]: `F_SEAL_FUTURE_WRITE` from an owner that mapped
+/// it first), and hold [`DESC_BYTES`].
+///
+/// # Errors
+/// As [`admit_memfd`], and `Writable` without a write seal.
+pub fn admit_descriptor(size: u64, seals: i32) -> Result<usize, DescError> {
+    let len = admit_memfd(size, seals, DESC_BYTES as u64)?;
+    if seals & DESC_WRITE_SEALS == 0 {
+        return Err(DescError::Writable(seals));
+    }
+    Ok(len)
 }
 
 /// [`admit_memfd`] for the region `e`: its memfd must hold
@@ -305,6 +327,23 @@ mod tests {
         assert!(admit_region(&e, 8191, REQUIRED_SEALS).is_err());
         assert!(admit_region(&e, 8192, libc::F_SEAL_GROW).is_err());
         assert!(admit_memfd(u64::MAX, REQUIRED_SEALS, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn descriptors_must_be_write_sealed() {
+        let d = DESC_BYTES as u64;
+        let fw = REQUIRED_SEALS | libc::F_SEAL_FUTURE_WRITE;
+        assert_eq!(admit_descriptor(d, fw), Ok(DESC_BYTES));
+        assert_eq!(
+            admit_descriptor(d, REQUIRED_SEALS | libc::F_SEAL_WRITE),
+            Ok(DESC_BYTES)
+        );
+        assert_eq!(
+            admit_descriptor(d, REQUIRED_SEALS | libc::F_SEAL_SEAL),
+            Err(DescError::Writable(REQUIRED_SEALS | libc::F_SEAL_SEAL))
+        );
+        assert!(admit_descriptor(d - 1, fw).is_err());
+        assert!(admit_descriptor(d, libc::F_SEAL_FUTURE_WRITE).is_err());
     }
 
     #[test]

@@ -3,13 +3,28 @@
 //!
 //! The owner listens on a pathname socket `<dir>/<segment name>` (it works
 //! across network namespaces that share the directory; an abstract socket
-//! would not). A peer connects, both sides check the other's uid with
-//! `SO_PEERCRED`, they run the control plane's HMAC challenge-response under
-//! the shm labels when a shared secret is set, and the owner sends the
-//! descriptor memfd with `SCM_RIGHTS`; later the peer asks for region memfds
-//! by handle. Every memfd is sealed against shrinking and growing before
-//! it leaves the owner, and the peer checks the seals and the size before
-//! it maps, so the owner cannot SIGBUS a peer by truncating.
+//! would not). A peer opens the socket file `O_PATH|O_NOFOLLOW`, checks it
+//! is a socket of our uid, and connects *through that descriptor*
+//! (`/proc/self/fd/N`), so what it checked is what it reaches; both sides
+//! check the other's uid with `SO_PEERCRED`. With a shared secret the owner
+//! proves it first and the peer second, both MACs binding the two nonces and
+//! the socket file's (device, inode) (the owner recorded its own at bind):
+//! a process relaying the exchange from a socket of its own under the
+//! segment's name cannot make either proof verify. No memfd leaves the
+//! owner before the peer is authenticated. The owner then sends the
+//! descriptor memfd (`SCM_RIGHTS`, a read-only file description of a memfd
+//! sealed with `F_SEAL_FUTURE_WRITE` after the owner mapped it) and later
+//! region memfds by handle; every request carries an id the reply echoes,
+//! so a reply that arrives after its request timed out is recognised and
+//! dropped. Every memfd is sealed against shrinking and growing before it
+//! leaves the owner, and the peer checks the seals, the size and that it is
+//! a shmem file before it maps, so the owner cannot SIGBUS a peer.
+//!
+//! The owner bounds what a peer that has not authenticated can hold: the
+//! whole handshake has one deadline, at most [`MAX_PENDING`] connections
+//! may be in their handshake (the oldest is closed to admit a new one), and
+//! the [`MAX_CONNECTIONS`] serving slots are counted only once a peer has
+//! authenticated.
 //!
 //! The connection is also the owner's liveness: the owner keeps its end
 //! open for as long as it serves the segment, so a peer sees `POLLHUP` the
@@ -24,10 +39,10 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tent_rings::ErrorKind;
 
@@ -36,20 +51,35 @@ use crate::control::auth;
 use crate::control::wire::{MAC_LEN, NONCE_LEN};
 use crate::error::{Error, Result};
 
-const MAGIC: [u8; 8] = *b"TENTSHM1";
+const MAGIC: [u8; 8] = *b"TENTSHM2";
 const HELLO_LEN: usize = 8 + NONCE_LEN;
-const CHALLENGE_LEN: usize = 8 + NONCE_LEN + 8;
+/// Magic, server nonce, flags (byte 0: a secret is required), the owner's
+/// proof (zeros without a secret).
+const CHALLENGE_LEN: usize = 8 + NONCE_LEN + 8 + MAC_LEN;
 const FD_FRAME: [u8; 8] = *b"MEMFD\0\0\0";
 const GONE_FRAME: [u8; 8] = *b"GONE\0\0\0\0";
+/// The owner could not pass the memfd this time (descriptor limits): ask
+/// again later. The connection stays up.
+const AGAIN_FRAME: [u8; 8] = *b"AGAIN\0\0\0";
 const REQUEST_TAG: [u8; 8] = *b"GETREGN\0";
-/// Peers served at once; more are closed at accept.
-const MAX_CONNECTIONS: usize = 256;
-/// A step of the handshake, or a region request, that takes longer fails.
-const IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Request: tag, handle, request id.
+const REQUEST_LEN: usize = 24;
+/// Reply: frame tag, the request id it answers (0: the descriptor).
+const REPLY_LEN: usize = 16;
+/// Authenticated peers served at once; more are closed after their
+/// handshake.
+pub(crate) const MAX_CONNECTIONS: usize = 256;
+/// Connections in their handshake at once; a new one closes the oldest.
+pub(crate) const MAX_PENDING: usize = 32;
+/// The whole handshake, on either side, or one region request from an API
+/// thread, that takes longer fails.
+pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(2);
 /// A temporary socket older than this, refusing connections, is a leftover.
 const TMP_GRACE: Duration = Duration::from_secs(60);
 /// Prefix of a socket not yet renamed to its segment name.
 const TMP_PREFIX: &str = ".tent-tmp-";
+/// `statfs.f_type` of shmem (tmpfs) files: what memfds are.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 fn last_err() -> io::Error {
     io::Error::last_os_error()
@@ -66,11 +96,106 @@ pub(crate) fn random_u64() -> u64 {
     u64::from_le_bytes(n[..8].try_into().expect("8 bytes"))
 }
 
+/// What the proofs bind: the socket file's device and inode.
+fn binding(dev: u64, ino: u64) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&dev.to_le_bytes());
+    b[8..].copy_from_slice(&ino.to_le_bytes());
+    b
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "deadline passed")
+}
+
+/// Wait until `fd` is ready for `events` or `deadline` passes.
+fn wait_for(fd: BorrowedFd<'_>, events: libc::c_short, deadline: Instant) -> io::Result<()> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events,
+            revents: 0,
+        };
+        // SAFETY: poll on one live descriptor in a local.
+        let rc = unsafe { libc::poll(&mut p, 1, ms) };
+        if rc > 0 {
+            return Ok(());
+        }
+        if rc < 0 && last_err().kind() != io::ErrorKind::Interrupted {
+            return Err(last_err());
+        }
+    }
+}
+
+/// Read exactly `buf.len()` bytes by `deadline` (never blocks past it).
+fn read_exact_by(s: &UnixStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        wait_for(s.as_fd(), libc::POLLIN, deadline)?;
+        // SAFETY: recv into the unfilled tail of a live buffer.
+        let n = unsafe {
+            libc::recv(
+                s.as_raw_fd(),
+                buf[got..].as_mut_ptr().cast(),
+                buf.len() - got,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n > 0 {
+            got += n as usize;
+        } else if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        } else {
+            let e = last_err();
+            if !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ) {
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Write all of `buf` by `deadline` (never blocks past it).
+fn write_all_by(s: &UnixStream, buf: &[u8], deadline: Instant) -> io::Result<()> {
+    let mut sent = 0;
+    while sent < buf.len() {
+        wait_for(s.as_fd(), libc::POLLOUT, deadline)?;
+        // SAFETY: send from a live buffer.
+        let n = unsafe {
+            libc::send(
+                s.as_raw_fd(),
+                buf[sent..].as_ptr().cast(),
+                buf.len() - sent,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            sent += n as usize;
+        } else {
+            let e = last_err();
+            if !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ) {
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
 // ---- memfds and mappings ------------------------------------------------
 
-/// A `memfd_create` file of `size` bytes, zeroed, sealed against shrinking,
-/// growing and further sealing.
-pub(crate) fn sealed_memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
+/// A `memfd_create` file of `size` bytes, zeroed, that may still be sealed.
+fn memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
     let cname = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: a valid C string; the flags are memfd_create's.
     let raw =
@@ -86,15 +211,53 @@ pub(crate) fn sealed_memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
     if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
         return Err(last_err());
     }
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    Ok(fd)
+}
+
+fn add_seals(fd: BorrowedFd<'_>, seals: i32) -> io::Result<()> {
     // SAFETY: fcntl F_ADD_SEALS on our own memfd.
     if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
         return Err(last_err());
     }
+    Ok(())
+}
+
+/// A `memfd_create` file of `size` bytes, zeroed, sealed against shrinking,
+/// growing and further sealing (a region: peers map it writable).
+pub(crate) fn sealed_memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
+    let fd = memfd(name, size)?;
+    add_seals(
+        fd.as_fd(),
+        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+    )?;
     Ok(fd)
 }
 
-/// Size and seals of a handed-out file (seals 0 when it cannot carry any).
+/// The descriptor memfd of `size` bytes: mapped writable here first, then
+/// sealed with `F_SEAL_FUTURE_WRITE` (on top of shrink, grow and seal), so
+/// this mapping is the only way anyone can ever write it (Linux >= 5.1).
+/// Returns the mapping and what peers get: a read-only file description of
+/// it (the sealed descriptor itself where `/proc` cannot reopen it).
+pub(crate) fn descriptor_memfd(name: &str, size: usize) -> io::Result<(Mapping, OwnedFd)> {
+    let fd = memfd(name, size as u64)?;
+    let map = Mapping::map(fd.as_fd(), size, true)?;
+    add_seals(
+        fd.as_fd(),
+        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL,
+    )?;
+    let proc_path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL");
+    // SAFETY: a valid C path; the result, if any, is a fresh descriptor.
+    let ro = unsafe { libc::open(proc_path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if ro < 0 {
+        return Ok((map, fd));
+    }
+    // SAFETY: open returned a fresh descriptor we now own.
+    Ok((map, unsafe { OwnedFd::from_raw_fd(ro) }))
+}
+
+/// Size and seals of a handed-out file (seals 0 when it cannot carry any);
+/// an error for anything but a shmem (tmpfs) file: a hugetlbfs memfd, say,
+/// could SIGBUS on a hole.
 fn size_and_seals(fd: BorrowedFd<'_>) -> io::Result<(u64, i32)> {
     // SAFETY: an all-zero stat is a valid out-buffer for fstat.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -104,6 +267,20 @@ fn size_and_seals(fd: BorrowedFd<'_>) -> io::Result<(u64, i32)> {
     }
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Ok((0, 0));
+    }
+    // SAFETY: an all-zero statfs is a valid out-buffer for fstatfs.
+    let mut sf: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs on a live descriptor into a buffer we own.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut sf) } != 0 {
+        return Err(last_err());
+    }
+    #[allow(clippy::unnecessary_cast)]
+    let fs = sf.f_type as i64;
+    if fs != TMPFS_MAGIC {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("not a shmem memfd (file system type {fs:#x})"),
+        ));
     }
     // SAFETY: F_GET_SEALS reads the seals; EINVAL for files without them.
     let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
@@ -173,7 +350,7 @@ fn map_admitted(
     admit: impl FnOnce(u64, i32) -> std::result::Result<usize, DescError>,
 ) -> Result<Mapping> {
     let (size, seals) = size_and_seals(fd.as_fd()).map_err(|e| {
-        Error::new(ErrorKind::InvalidArgument, "fstat of a handed-out memfd").with_source(e)
+        Error::new(ErrorKind::InvalidArgument, "refusing a handed-out memfd").with_source(e)
     })?;
     let len = admit(size, seals).map_err(|e| Error::invalid(e.to_string()))?;
     Mapping::map(fd.as_fd(), len, writable)
@@ -182,10 +359,9 @@ fn map_admitted(
 
 // ---- SCM_RIGHTS ---------------------------------------------------------
 
-fn send_frame(s: &UnixStream, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
-    let Some(fd) = fd else {
-        return (&*s).write_all(bytes);
-    };
+/// Send `bytes` with one descriptor. Errors are the kernel's: see
+/// [`recoverable_send`].
+fn send_with_fd(s: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: bytes.as_ptr() as *mut libc::c_void,
         iov_len: bytes.len(),
@@ -217,9 +393,70 @@ fn send_frame(s: &UnixStream, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -> io::R
     (&*s).write_all(&bytes[n as usize..])
 }
 
-/// Read exactly `buf.len()` bytes; the first read may carry descriptors:
-/// the first is returned, any others are closed.
-fn recv_frame(s: &UnixStream, buf: &mut [u8]) -> io::Result<Option<OwnedFd>> {
+/// Did a send of a descriptor fail for a reason that leaves the connection
+/// sound (too many descriptors in flight or open, memory)? The owner then
+/// answers [`AGAIN_FRAME`] instead of hanging up, which the peer would read
+/// as the owner's death.
+fn recoverable_send(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ETOOMANYREFS | libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOBUFS)
+    )
+}
+
+/// A reply frame (tag, request id) with one descriptor, or [`AGAIN_FRAME`]
+/// when the descriptor cannot travel now.
+fn send_reply(s: &UnixStream, tag: [u8; 8], id: u64, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    let mut frame = [0u8; REPLY_LEN];
+    frame[..8].copy_from_slice(&tag);
+    frame[8..].copy_from_slice(&id.to_le_bytes());
+    let Some(fd) = fd else {
+        return (&*s).write_all(&frame);
+    };
+    match send_with_fd(s, &frame, fd) {
+        Err(e) if recoverable_send(&e) => {
+            crate::warn_limited!(
+                e.raw_os_error().unwrap_or(0),
+                error = %e,
+                "shm handout: cannot pass a memfd now; the peer is told to ask again"
+            );
+            frame[..8].copy_from_slice(&AGAIN_FRAME);
+            (&*s).write_all(&frame)
+        }
+        r => r,
+    }
+}
+
+/// One received frame.
+#[derive(Debug)]
+struct Received {
+    /// The first descriptor that came with it (any others are closed).
+    fd: Option<OwnedFd>,
+    /// The kernel dropped descriptors (`MSG_CTRUNC`: our descriptor limit,
+    /// or more than fit): whatever did arrive is closed, the frame is
+    /// whole, and the caller treats it as a transient failure.
+    truncated: bool,
+}
+
+/// Why [`recv_frame`] failed: `partial` when some of the frame's bytes were
+/// consumed (the stream is out of step from here).
+#[derive(Debug)]
+struct RecvError {
+    err: io::Error,
+    partial: bool,
+}
+
+/// Read exactly `buf.len()` bytes by `deadline`; the first read may carry
+/// descriptors.
+fn recv_frame(
+    s: &UnixStream,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> std::result::Result<Received, RecvError> {
+    let whole = |err| RecvError {
+        err,
+        partial: false,
+    };
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -232,14 +469,24 @@ fn recv_frame(s: &UnixStream, buf: &mut [u8]) -> io::Result<Option<OwnedFd>> {
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = size_of_val(&cbuf) as _;
     let n = loop {
+        wait_for(s.as_fd(), libc::POLLIN, deadline).map_err(whole)?;
         // SAFETY: msg points at live, writable buffers of the sizes given.
-        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        let n = unsafe {
+            libc::recvmsg(
+                s.as_raw_fd(),
+                &mut msg,
+                libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
+            )
+        };
         if n >= 0 {
             break n as usize;
         }
         let e = last_err();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        if !matches!(
+            e.kind(),
+            io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+        ) {
+            return Err(whole(e));
         }
     };
     let mut first = None;
@@ -263,11 +510,18 @@ fn recv_frame(s: &UnixStream, buf: &mut [u8]) -> io::Result<Option<OwnedFd>> {
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    if n == 0 && !buf.is_empty() {
-        return Err(io::ErrorKind::UnexpectedEof.into());
+    let truncated = msg.msg_flags & libc::MSG_CTRUNC != 0;
+    if truncated {
+        first = None;
     }
-    (&*s).read_exact(&mut buf[n..])?;
-    Ok(first)
+    if n == 0 && !buf.is_empty() {
+        return Err(whole(io::ErrorKind::UnexpectedEof.into()));
+    }
+    read_exact_by(s, &mut buf[n..], deadline).map_err(|err| RecvError { err, partial: true })?;
+    Ok(Received {
+        fd: first,
+        truncated,
+    })
 }
 
 fn peer_uid(s: &UnixStream) -> io::Result<(u32, i32)> {
@@ -295,6 +549,7 @@ fn peer_uid(s: &UnixStream) -> io::Result<(u32, i32)> {
 /// What the owner hands out: the descriptor and the published regions.
 #[derive(Debug)]
 pub(crate) struct HandoutTable {
+    /// What peers get for the descriptor: read-only, write-sealed.
     desc: OwnedFd,
     regions: Mutex<Vec<(u64, Arc<OwnedFd>)>>,
     secret: Option<Vec<u8>>,
@@ -335,6 +590,92 @@ impl HandoutTable {
     }
 }
 
+/// One accepted connection as the owner tracks it.
+#[derive(Debug)]
+struct Conn {
+    stream: Arc<UnixStream>,
+    accepted: Instant,
+    authed: bool,
+    /// Closed to make room; its thread is on its way out.
+    evicted: bool,
+}
+
+/// Every connection the owner holds, and how many have authenticated.
+#[derive(Debug, Default)]
+struct Conns {
+    all: Vec<Conn>,
+    authed: usize,
+}
+
+impl Conns {
+    /// Admit a new connection in its handshake: when [`MAX_PENDING`] are
+    /// already in theirs, the oldest of them is shut down (its thread then
+    /// fails its next read and leaves). Returns whether one was evicted.
+    fn admit(&mut self, stream: Arc<UnixStream>) -> bool {
+        let pending = self.all.iter().filter(|c| !c.authed && !c.evicted);
+        let mut evicted = false;
+        if pending.clone().count() >= MAX_PENDING {
+            if let Some(oldest) = self
+                .all
+                .iter_mut()
+                .filter(|c| !c.authed && !c.evicted)
+                .min_by_key(|c| c.accepted)
+            {
+                oldest.evicted = true;
+                let _ = oldest.stream.shutdown(std::net::Shutdown::Both);
+                evicted = true;
+            }
+        }
+        self.all.push(Conn {
+            stream,
+            accepted: Instant::now(),
+            authed: false,
+            evicted: false,
+        });
+        evicted
+    }
+
+    /// Move `s` from the handshake to a serving slot, if one is free.
+    fn authenticate(&mut self, s: &Arc<UnixStream>) -> bool {
+        if self.authed >= MAX_CONNECTIONS {
+            return false;
+        }
+        match self.all.iter_mut().find(|c| Arc::ptr_eq(&c.stream, s)) {
+            Some(c) if !c.evicted => {
+                c.authed = true;
+                self.authed += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn remove(&mut self, s: &Arc<UnixStream>) {
+        if let Some(pos) = self.all.iter().position(|c| Arc::ptr_eq(&c.stream, s)) {
+            if self.all.swap_remove(pos).authed {
+                self.authed -= 1;
+            }
+        }
+    }
+}
+
+/// A connection's place in [`Conns`]; dropping it (when its thread ends,
+/// or with the thread's closure when the thread could not be spawned)
+/// gives the place back.
+struct Slot {
+    conns: Arc<Mutex<Conns>>,
+    stream: Arc<UnixStream>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.conns
+            .lock()
+            .expect("conns poisoned")
+            .remove(&self.stream);
+    }
+}
+
 /// The listening socket of an exported segment and its threads; dropping
 /// it unlinks the socket and hangs up on every peer.
 #[derive(Debug)]
@@ -343,8 +684,82 @@ pub(crate) struct HandoutServer {
     ino: u64,
     stop: Arc<AtomicBool>,
     wake: OwnedFd,
-    conns: Arc<Mutex<Vec<Arc<UnixStream>>>>,
+    conns: Arc<Mutex<Conns>>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// Open the socket file at `path` without following a symlink and say what
+/// it is: the `O_PATH` descriptor and its `stat`.
+fn open_socket_file(path: &Path) -> io::Result<(OwnedFd, libc::stat)> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: a valid C path; O_PATH opens nothing but a reference.
+    let raw = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if raw < 0 {
+        return Err(last_err());
+    }
+    // SAFETY: open returned a fresh descriptor we now own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: an all-zero stat is a valid out-buffer for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on a live descriptor into a buffer we own.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(last_err());
+    }
+    Ok((fd, st))
+}
+
+/// Connect to the socket file `file` refers to (through `/proc/self/fd`,
+/// so exactly the file that was checked), giving up at `deadline`: the
+/// kernel's wait for room in a full backlog is bounded by `SO_SNDTIMEO`.
+fn connect_file(file: BorrowedFd<'_>, deadline: Instant) -> io::Result<UnixStream> {
+    // SAFETY: a fresh socket that we own below.
+    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(last_err());
+    }
+    // SAFETY: socket returned a descriptor we now own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let stream = UnixStream::from(fd);
+    // SAFETY: an all-zero sockaddr_un is valid; the path is copied below.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    for (d, s) in addr.sun_path.iter_mut().zip(path.as_bytes()) {
+        *d = *s as libc::c_char;
+    }
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        stream.set_write_timeout(Some(left))?;
+        // SAFETY: connect with a sockaddr_un we filled (NUL-terminated: the
+        // path is far shorter than sun_path), of its full size.
+        let rc = unsafe {
+            libc::connect(
+                stream.as_raw_fd(),
+                (&addr as *const libc::sockaddr_un).cast(),
+                size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            stream.set_write_timeout(None)?;
+            return Ok(stream);
+        }
+        let e = last_err();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            // The backlog stayed full until SO_SNDTIMEO ran out.
+            Some(libc::EAGAIN | libc::EINPROGRESS) => return Err(timed_out()),
+            _ => return Err(e),
+        }
+    }
 }
 
 impl HandoutServer {
@@ -358,7 +773,9 @@ impl HandoutServer {
     /// one; the name used is returned): bound and
     /// listening under a temporary name first, then renamed without
     /// replacing anything, so no collectable name ever refuses connections
-    /// while its owner lives.
+    /// while its owner lives. The socket file's (device, inode) is recorded
+    /// and proven to reach this listener (a connection through it arrives
+    /// here) before anything is served: the handshake's proofs bind it.
     pub(crate) fn start(
         dir: &str,
         name: String,
@@ -377,10 +794,31 @@ impl HandoutServer {
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
             .map_err(io_err("chmod the shm segment socket"))
             .map_err(cleanup)?;
-        let ino = std::fs::symlink_metadata(&tmp)
+        let (file, st) = open_socket_file(&tmp)
             .map_err(io_err("stat the shm segment socket"))
-            .map_err(cleanup)?
-            .ino();
+            .map_err(cleanup)?;
+        let (dev, ino) = (st.st_dev, st.st_ino);
+        // The file we stat'ed is ours: a connection through it reaches us.
+        let probe = connect_file(file.as_fd(), Instant::now() + IO_TIMEOUT)
+            .map_err(io_err("probe the shm segment socket"))
+            .map_err(cleanup)?;
+        listener
+            .set_nonblocking(true)
+            .map_err(io_err("probe the shm segment socket"))
+            .map_err(cleanup)?;
+        let ours = listener.accept().is_ok();
+        drop(probe);
+        drop(file);
+        listener
+            .set_nonblocking(false)
+            .map_err(io_err("probe the shm segment socket"))
+            .map_err(cleanup)?;
+        if !ours {
+            return Err(cleanup(Error::new(
+                ErrorKind::AccessDenied,
+                "the shm segment socket was replaced while being created",
+            )));
+        }
         let mut first = Some(name);
         let mut name = String::new();
         for _ in 0..8 {
@@ -424,11 +862,12 @@ impl HandoutServer {
         let (wake_r, wake_w) =
             unsafe { (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1])) };
         let stop = Arc::new(AtomicBool::new(false));
-        let conns = Arc::new(Mutex::new(Vec::new()));
+        let conns = Arc::new(Mutex::new(Conns::default()));
         let (stop2, conns2) = (stop.clone(), conns.clone());
+        let bind = binding(dev, ino);
         let thread = std::thread::Builder::new()
             .name("tent-shm-handout".into())
-            .spawn(move || accept_loop(listener, wake_r, stop2, conns2, table))
+            .spawn(move || accept_loop(listener, wake_r, stop2, conns2, table, bind))
             .map_err(|e| Error::new(ErrorKind::OutOfMemory, "spawn shm handout").with_source(e))?;
         Ok((
             HandoutServer {
@@ -456,8 +895,8 @@ impl Drop for HandoutServer {
         if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
             let _ = std::fs::remove_file(&self.path);
         }
-        for c in self.conns.lock().expect("conns poisoned").drain(..) {
-            let _ = c.shutdown(std::net::Shutdown::Both);
+        for c in &self.conns.lock().expect("conns poisoned").all {
+            let _ = c.stream.shutdown(std::net::Shutdown::Both);
         }
     }
 }
@@ -466,10 +905,10 @@ fn accept_loop(
     listener: UnixListener,
     wake: OwnedFd,
     stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<Arc<UnixStream>>>>,
+    conns: Arc<Mutex<Conns>>,
     table: Arc<HandoutTable>,
+    bind: [u8; 16],
 ) {
-    let active = Arc::new(AtomicUsize::new(0));
     loop {
         let mut fds = [
             libc::pollfd {
@@ -497,71 +936,107 @@ fn accept_loop(
         match peer_uid(&s) {
             Ok((uid, _)) if uid == euid() => {}
             other => {
-                tracing::warn!(?other, "shm handout: refusing a peer of another uid");
+                crate::warn_limited!(
+                    "shm-handout-uid",
+                    ?other,
+                    "shm handout: refusing a peer of another uid"
+                );
                 continue;
             }
         }
-        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-            active.fetch_sub(1, Ordering::AcqRel);
-            tracing::warn!("shm handout: too many peers; closing this one");
-            continue;
-        }
         let s = Arc::new(s);
-        conns.lock().expect("conns poisoned").push(s.clone());
-        let (table, conns, active) = (table.clone(), conns.clone(), active.clone());
+        if conns.lock().expect("conns poisoned").admit(s.clone()) {
+            crate::warn_limited!(
+                "shm-handout-evict",
+                "shm handout: too many handshakes at once; closed the oldest"
+            );
+        }
+        let slot = Slot {
+            conns: conns.clone(),
+            stream: s,
+        };
+        let table = table.clone();
         let spawned = std::thread::Builder::new()
             .name("tent-shm-peer".into())
             .spawn(move || {
-                if let Err(why) = serve(&s, &table) {
+                if let Err(why) = serve(&slot, &table, &bind) {
                     tracing::debug!(reason = %why, "shm handout: closing a peer connection");
                 }
-                conns
-                    .lock()
-                    .expect("conns poisoned")
-                    .retain(|c| !Arc::ptr_eq(c, &s));
-                active.fetch_sub(1, Ordering::AcqRel);
+                drop(slot);
             });
+        // On failure the closure, and the slot in it, is dropped: the
+        // connection leaves `conns` and is closed.
         if let Err(e) = spawned {
-            tracing::warn!(error = %e, "shm handout: cannot spawn a peer thread");
+            crate::warn_limited!(
+                "shm-handout-spawn",
+                error = %e,
+                "shm handout: cannot spawn a peer thread"
+            );
         }
     }
 }
 
-/// One peer: handshake (with proof when a secret is set), the descriptor,
-/// then region requests until the peer hangs up. Keeping this connection
-/// open is what tells the peer the owner lives.
-fn serve(s: &UnixStream, table: &HandoutTable) -> io::Result<()> {
-    s.set_read_timeout(Some(IO_TIMEOUT))?;
-    s.set_write_timeout(Some(IO_TIMEOUT))?;
+/// The owner's half of the handshake, all of it by one deadline: hello,
+/// challenge carrying the owner's proof (bound to its socket file), and
+/// with a secret the peer's proof, checked before anything is handed out.
+fn handshake(s: &UnixStream, table: &HandoutTable, bind: &[u8; 16]) -> io::Result<()> {
+    let deadline = Instant::now() + IO_TIMEOUT;
     let mut hello = [0u8; HELLO_LEN];
-    (&*s).read_exact(&mut hello)?;
+    read_exact_by(s, &mut hello, deadline)?;
     if hello[..8] != MAGIC {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "bad hello"));
     }
     let client_nonce: [u8; NONCE_LEN] = hello[8..].try_into().expect("nonce");
     let server_nonce = auth::nonce();
+    let bound = auth::shm_bound_nonce(&server_nonce, bind);
     let mut ch = [0u8; CHALLENGE_LEN];
     ch[..8].copy_from_slice(&MAGIC);
     ch[8..8 + NONCE_LEN].copy_from_slice(&server_nonce);
     ch[8 + NONCE_LEN] = u8::from(table.secret.is_some());
-    (&*s).write_all(&ch)?;
+    if let Some(secret) = &table.secret {
+        ch[8 + NONCE_LEN + 8..].copy_from_slice(&auth::shm_server_proof(
+            secret,
+            &bound,
+            &client_nonce,
+        ));
+    }
+    write_all_by(s, &ch, deadline)?;
     if let Some(secret) = &table.secret {
         let mut proof = [0u8; MAC_LEN];
-        (&*s).read_exact(&mut proof)?;
-        if !auth::verify_shm_client(secret, &server_nonce, &client_nonce, &proof) {
-            tracing::warn!("shm handout: a peer failed the shared-secret proof");
+        read_exact_by(s, &mut proof, deadline)?;
+        if !auth::verify_shm_client(secret, &bound, &client_nonce, &proof) {
+            crate::warn_limited!(
+                "shm-handout-proof",
+                "shm handout: a peer failed the shared-secret proof"
+            );
             return Err(io::Error::new(io::ErrorKind::PermissionDenied, "bad proof"));
         }
-        (&*s).write_all(&auth::shm_server_proof(
-            secret,
-            &server_nonce,
-            &client_nonce,
-        ))?;
     }
-    send_frame(s, &FD_FRAME, Some(table.desc_fd()))?;
+    Ok(())
+}
+
+/// One peer: handshake, a serving slot, the descriptor, then region
+/// requests until the peer hangs up. Keeping this connection open is what
+/// tells the peer the owner lives.
+fn serve(slot: &Slot, table: &HandoutTable, bind: &[u8; 16]) -> io::Result<()> {
+    let s = &*slot.stream;
+    handshake(s, table, bind)?;
+    if !slot
+        .conns
+        .lock()
+        .expect("conns poisoned")
+        .authenticate(&slot.stream)
+    {
+        crate::warn_limited!(
+            "shm-handout-full",
+            "shm handout: every serving slot is taken; closing an authenticated peer"
+        );
+        return Err(io::Error::other("no serving slot"));
+    }
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    send_reply(s, FD_FRAME, 0, Some(table.desc_fd()))?;
     // From here the peer holds the connection for as long as it maps us.
-    s.set_read_timeout(None)?;
-    let mut req = [0u8; 16];
+    let mut req = [0u8; REQUEST_LEN];
     loop {
         match (&*s).read_exact(&mut req) {
             Ok(()) => {}
@@ -571,10 +1046,11 @@ fn serve(s: &UnixStream, table: &HandoutTable) -> io::Result<()> {
         if req[..8] != REQUEST_TAG {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "bad request"));
         }
-        let handle = u64::from_le_bytes(req[8..].try_into().expect("8 bytes"));
+        let handle = u64::from_le_bytes(req[8..16].try_into().expect("8 bytes"));
+        let id = u64::from_le_bytes(req[16..].try_into().expect("8 bytes"));
         match table.get(handle) {
-            Some(fd) => send_frame(s, &FD_FRAME, Some(fd.as_fd()))?,
-            None => send_frame(s, &GONE_FRAME, None)?,
+            Some(fd) => send_reply(s, FD_FRAME, id, Some(fd.as_fd()))?,
+            None => send_reply(s, GONE_FRAME, id, None)?,
         }
     }
 }
@@ -586,55 +1062,77 @@ fn serve(s: &UnixStream, table: &HandoutTable) -> io::Result<()> {
 pub(crate) struct HandoutClient {
     stream: UnixStream,
     owner_pid: i32,
+    /// Id of the last region request sent (the descriptor was 0).
+    last_id: AtomicU64,
+    /// A reply was cut mid-frame (only a misbehaving owner does that): the
+    /// stream is out of step and no more region requests are made on it.
+    broken: AtomicBool,
 }
 
 fn refused(kind: ErrorKind, name: &str, why: &str) -> Error {
     Error::new(kind, format!("shm segment {name:?}: {why}"))
 }
 
+/// A region the owner handed out: its mapping and its memfd (to see which
+/// pages the owner populated).
+#[derive(Debug)]
+pub(crate) struct HandedRegion {
+    pub(crate) map: Mapping,
+    pub(crate) fd: OwnedFd,
+}
+
 impl HandoutClient {
-    /// Connect to segment `name` in `dir`, check who serves it, prove the
-    /// secret both ways when one is set, and map its descriptor.
+    /// Connect to segment `name` in `dir`, check who serves it, check the
+    /// owner's proof then prove the secret when one is set, and map its
+    /// descriptor; all of it by one deadline.
     pub(crate) fn connect(
         dir: &str,
         name: &str,
         secret: Option<&[u8]>,
     ) -> Result<(HandoutClient, Mapping)> {
         shm_desc::check_segment_name(name).map_err(|e| Error::invalid(e.to_string()))?;
+        let deadline = Instant::now() + IO_TIMEOUT;
         let path = Path::new(dir).join(name);
-        let meta = match std::fs::symlink_metadata(&path) {
-            Ok(m) => m,
+        let (file, st) = match open_socket_file(&path) {
+            Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(refused(ErrorKind::SegmentNotFound, name, "no such segment"));
             }
             Err(e) => {
-                return Err(refused(ErrorKind::AccessDenied, name, "cannot stat").with_source(e));
+                return Err(refused(ErrorKind::AccessDenied, name, "cannot open").with_source(e));
             }
         };
-        if meta.file_type().is_symlink() {
+        let fmt = st.st_mode & libc::S_IFMT;
+        if fmt == libc::S_IFLNK {
             return Err(refused(ErrorKind::AccessDenied, name, "is a symlink"));
         }
-        if meta.uid() != euid() {
+        if st.st_uid != euid() {
             return Err(refused(
                 ErrorKind::AccessDenied,
                 name,
-                &format!("owned by uid {}, not ours", meta.uid()),
+                &format!("owned by uid {}, not ours", st.st_uid),
             ));
         }
-        if !meta.file_type().is_socket() {
+        if fmt != libc::S_IFSOCK {
             return Err(refused(
                 ErrorKind::InvalidArgument,
                 name,
                 "not a tent segment socket",
             ));
         }
-        let stream = UnixStream::connect(&path).map_err(|e| match e.raw_os_error() {
+        let bind = binding(st.st_dev, st.st_ino);
+        let stream = connect_file(file.as_fd(), deadline).map_err(|e| match e.raw_os_error() {
             Some(libc::ECONNREFUSED) => {
                 refused(ErrorKind::ProcessFailed, name, "its owner is gone").with_source(e)
             }
-            Some(libc::ENOENT) => refused(ErrorKind::SegmentNotFound, name, "no such segment"),
+            _ if e.kind() == io::ErrorKind::TimedOut => refused(
+                ErrorKind::Timeout,
+                name,
+                "its socket accepted no connection in time",
+            ),
             _ => refused(ErrorKind::Unreachable, name, "connect failed").with_source(e),
         })?;
+        drop(file);
         let io = |e: io::Error| {
             let kind = match e.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ErrorKind::Timeout,
@@ -653,15 +1151,13 @@ impl HandoutClient {
                 &format!("served by uid {uid}, not ours"),
             ));
         }
-        stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
-        stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
         let client_nonce = auth::nonce();
         let mut hello = [0u8; HELLO_LEN];
         hello[..8].copy_from_slice(&MAGIC);
         hello[8..].copy_from_slice(&client_nonce);
-        (&stream).write_all(&hello).map_err(io)?;
+        write_all_by(&stream, &hello, deadline).map_err(io)?;
         let mut ch = [0u8; CHALLENGE_LEN];
-        (&stream).read_exact(&mut ch).map_err(io)?;
+        read_exact_by(&stream, &mut ch, deadline).map_err(io)?;
         if ch[..8] != MAGIC {
             return Err(refused(
                 ErrorKind::InvalidArgument,
@@ -670,6 +1166,7 @@ impl HandoutClient {
             ));
         }
         let server_nonce: [u8; NONCE_LEN] = ch[8..8 + NONCE_LEN].try_into().expect("nonce");
+        let server_proof: [u8; MAC_LEN] = ch[8 + NONCE_LEN + 8..].try_into().expect("mac");
         match (ch[8 + NONCE_LEN] != 0, secret) {
             (true, None) => {
                 return Err(refused(
@@ -686,29 +1183,36 @@ impl HandoutClient {
                 ));
             }
             (true, Some(secret)) => {
-                (&stream)
-                    .write_all(&auth::shm_client_proof(
-                        secret,
-                        &server_nonce,
-                        &client_nonce,
-                    ))
-                    .map_err(io)?;
-                let mut proof = [0u8; MAC_LEN];
-                (&stream).read_exact(&mut proof).map_err(io)?;
-                if !auth::verify_shm_server(secret, &server_nonce, &client_nonce, &proof) {
+                // The owner proves itself first, bound to the socket file
+                // we connected through; nothing of ours is sent before.
+                let bound = auth::shm_bound_nonce(&server_nonce, &bind);
+                if !auth::verify_shm_server(secret, &bound, &client_nonce, &server_proof) {
                     return Err(refused(
                         ErrorKind::AccessDenied,
                         name,
-                        "its owner failed to prove the shared secret",
+                        "its owner failed to prove the shared secret for this socket",
                     ));
                 }
+                write_all_by(
+                    &stream,
+                    &auth::shm_client_proof(secret, &bound, &client_nonce),
+                    deadline,
+                )
+                .map_err(io)?;
             }
             (false, None) => {}
         }
-        let mut frame = [0u8; 8];
-        let fd = recv_frame(&stream, &mut frame).map_err(io)?;
-        let fd = match fd {
-            Some(fd) if frame == FD_FRAME => fd,
+        let mut frame = [0u8; REPLY_LEN];
+        let got = recv_frame(&stream, &mut frame, deadline).map_err(|e| io(e.err))?;
+        let fd = match got.fd {
+            Some(fd) if frame[..8] == FD_FRAME && frame[8..] == [0; 8] => fd,
+            _ if got.truncated || frame[..8] == AGAIN_FRAME => {
+                return Err(refused(
+                    ErrorKind::Unreachable,
+                    name,
+                    "its descriptor memfd could not be passed (descriptor limits?)",
+                ));
+            }
             _ => {
                 return Err(refused(
                     ErrorKind::InvalidArgument,
@@ -717,10 +1221,18 @@ impl HandoutClient {
                 ));
             }
         };
-        let desc = map_admitted(&fd, false, |size, seals| {
-            shm_desc::admit_memfd(size, seals, shm_desc::DESC_BYTES as u64)
-        })?;
-        Ok((HandoutClient { stream, owner_pid }, desc))
+        // Read-only, and only if the owner sealed it against every other
+        // writer: peers never write the words other peers read.
+        let desc = map_admitted(&fd, false, shm_desc::admit_descriptor)?;
+        Ok((
+            HandoutClient {
+                stream,
+                owner_pid,
+                last_id: AtomicU64::new(0),
+                broken: AtomicBool::new(false),
+            },
+            desc,
+        ))
     }
 
     /// The owner's pid as this process's namespace sees it (0 when it is in
@@ -730,27 +1242,70 @@ impl HandoutClient {
     }
 
     /// Ask for region `handle` and map it if the parser admits it for
-    /// `admit`; `Ok(None)` when the owner no longer hands it out.
+    /// `admit`; `Ok(None)` when the owner no longer hands it out. Gives up
+    /// at `deadline` (`Timeout`); a reply to an earlier request that timed
+    /// out is recognised by its id and dropped (its memfd closed). Failures
+    /// that may pass (`Timeout`, `Unreachable`) are not the owner's fault;
+    /// `InvalidArgument` is. Callers serialise requests.
     pub(crate) fn region(
         &self,
         handle: u64,
         admit: impl FnOnce(u64, i32) -> std::result::Result<usize, DescError>,
-    ) -> Result<Option<Mapping>> {
+        deadline: Instant,
+    ) -> Result<Option<HandedRegion>> {
         let io = |e: io::Error| {
-            Error::new(ErrorKind::Unreachable, "asking the shm owner for a region").with_source(e)
+            let kind = match e.kind() {
+                io::ErrorKind::TimedOut => ErrorKind::Timeout,
+                _ => ErrorKind::Unreachable,
+            };
+            Error::new(kind, "asking the shm owner for a region").with_source(e)
         };
-        let mut req = [0u8; 16];
+        if self.broken.load(Ordering::Relaxed) {
+            return Err(Error::invalid(
+                "the connection to the shm owner is out of step (a reply was cut short)",
+            ));
+        }
+        let id = self.last_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut req = [0u8; REQUEST_LEN];
         req[..8].copy_from_slice(&REQUEST_TAG);
-        req[8..].copy_from_slice(&handle.to_le_bytes());
-        (&self.stream).write_all(&req).map_err(io)?;
-        let mut frame = [0u8; 8];
-        let fd = recv_frame(&self.stream, &mut frame).map_err(io)?;
-        match fd {
-            Some(fd) if frame == FD_FRAME => map_admitted(&fd, true, admit).map(Some),
-            None if frame == GONE_FRAME => Ok(None),
-            _ => Err(Error::invalid(
-                "the shm owner answered a region request oddly",
-            )),
+        req[8..16].copy_from_slice(&handle.to_le_bytes());
+        req[16..].copy_from_slice(&id.to_le_bytes());
+        // 24 bytes into an empty-ish socket buffer go in one send or none.
+        write_all_by(&self.stream, &req, deadline).map_err(io)?;
+        loop {
+            let mut frame = [0u8; REPLY_LEN];
+            let got = recv_frame(&self.stream, &mut frame, deadline).map_err(|e| {
+                if e.partial {
+                    self.broken.store(true, Ordering::Relaxed);
+                }
+                io(e.err)
+            })?;
+            let rid = u64::from_le_bytes(frame[8..].try_into().expect("8 bytes"));
+            if rid < id {
+                // The late answer to a request that timed out: drop it.
+                continue;
+            }
+            if rid > id {
+                self.broken.store(true, Ordering::Relaxed);
+                return Err(Error::invalid(
+                    "the shm owner answered a request not yet made",
+                ));
+            }
+            let tag: [u8; 8] = frame[..8].try_into().expect("8 bytes");
+            return match got.fd {
+                _ if got.truncated || tag == AGAIN_FRAME => Err(Error::new(
+                    ErrorKind::Unreachable,
+                    "the shm owner's region memfd could not be passed (descriptor limits?)",
+                )),
+                Some(fd) if tag == FD_FRAME => {
+                    let map = map_admitted(&fd, true, admit)?;
+                    Ok(Some(HandedRegion { map, fd }))
+                }
+                None if tag == GONE_FRAME => Ok(None),
+                _ => Err(Error::invalid(
+                    "the shm owner answered a region request oddly",
+                )),
+            };
         }
     }
 
@@ -842,5 +1397,192 @@ pub(crate) fn collect_stale(dir: &str) {
             tracing::debug!(file = ?path, "removing a shm segment socket nobody serves");
             let _ = std::fs::remove_file(&path);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (HandoutClient, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let client = HandoutClient {
+            stream: a,
+            owner_pid: 0,
+            last_id: AtomicU64::new(0),
+            broken: AtomicBool::new(false),
+        };
+        (client, b)
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(2)
+    }
+
+    fn reply(id: u64) -> [u8; REPLY_LEN] {
+        let mut f = [0u8; REPLY_LEN];
+        f[..8].copy_from_slice(&FD_FRAME);
+        f[8..].copy_from_slice(&id.to_le_bytes());
+        f
+    }
+
+    /// Send `frame` with `n` copies of `fd` in one SCM_RIGHTS message.
+    fn send_many(s: &UnixStream, frame: &[u8], fd: RawFd, n: usize) {
+        let mut iov = libc::iovec {
+            iov_base: frame.as_ptr() as *mut libc::c_void,
+            iov_len: frame.len(),
+        };
+        let mut cbuf = vec![0u64; 64];
+        // SAFETY: an all-zero msghdr is valid; the fields are set below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        // SAFETY: pure size computations; 64 u64 hold CMSG_SPACE(4 * 64).
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE((4 * n) as u32) } as _;
+        // SAFETY: the control buffer holds one header with n descriptors.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN((4 * n) as u32) as _;
+            for i in 0..n {
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>().add(i), fd);
+            }
+        }
+        // SAFETY: msg points at live buffers.
+        let sent = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        assert_eq!(sent as usize, frame.len());
+    }
+
+    fn region_fd() -> OwnedFd {
+        sealed_memfd("t", 8192).unwrap()
+    }
+
+    /// More descriptors than fit the control buffer (what a descriptor limit
+    /// also does): the frame is consumed whole, what arrived is closed, the
+    /// failure is transient (`Unreachable`, not `InvalidArgument`), and the
+    /// next request on the same connection succeeds.
+    #[test]
+    fn truncated_control_messages_are_transient() {
+        let (client, owner) = pair();
+        let fd = region_fd();
+        send_many(&owner, &reply(1), fd.as_raw_fd(), 60);
+        let err = client
+            .region(1, |s, seals| shm_desc::admit_memfd(s, seals, 4096), soon())
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unreachable, "{err}");
+        assert!(!client.broken.load(Ordering::Relaxed));
+        send_with_fd(&owner, &reply(2), fd.as_fd()).unwrap();
+        let got = client
+            .region(1, |s, seals| shm_desc::admit_memfd(s, seals, 4096), soon())
+            .unwrap();
+        assert!(got.is_some());
+    }
+
+    /// A recoverable send failure is answered with AGAIN (the connection
+    /// stays up), which the peer reads as transient.
+    #[test]
+    fn recoverable_send_failures_answer_again() {
+        for e in [libc::ETOOMANYREFS, libc::EMFILE, libc::ENFILE] {
+            assert!(recoverable_send(&io::Error::from_raw_os_error(e)));
+        }
+        for e in [libc::EPIPE, libc::ECONNRESET, libc::EAGAIN] {
+            assert!(!recoverable_send(&io::Error::from_raw_os_error(e)));
+        }
+        let (client, owner) = pair();
+        let mut again = [0u8; REPLY_LEN];
+        again[..8].copy_from_slice(&AGAIN_FRAME);
+        again[8..].copy_from_slice(&1u64.to_le_bytes());
+        (&owner).write_all(&again).unwrap();
+        let err = client
+            .region(1, |s, seals| shm_desc::admit_memfd(s, seals, 4096), soon())
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unreachable);
+        assert!(!client.broken.load(Ordering::Relaxed));
+    }
+
+    /// A stale reply (to a request that timed out) is dropped; a reply to a
+    /// request not yet made breaks the connection (typed).
+    #[test]
+    fn replies_are_matched_to_requests() {
+        let (client, owner) = pair();
+        let fd = region_fd();
+        let err = client
+            .region(
+                1,
+                |s, seals| shm_desc::admit_memfd(s, seals, 4096),
+                Instant::now(),
+            )
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Timeout);
+        send_with_fd(&owner, &reply(1), fd.as_fd()).unwrap(); // late
+        let mut gone = [0u8; REPLY_LEN];
+        gone[..8].copy_from_slice(&GONE_FRAME);
+        gone[8..].copy_from_slice(&2u64.to_le_bytes());
+        (&owner).write_all(&gone).unwrap();
+        let got = client
+            .region(2, |s, seals| shm_desc::admit_memfd(s, seals, 4096), soon())
+            .unwrap();
+        assert!(got.is_none(), "the answer to request 2, not the stale one");
+        send_with_fd(&owner, &reply(9), fd.as_fd()).unwrap();
+        let err = client
+            .region(3, |s, seals| shm_desc::admit_memfd(s, seals, 4096), soon())
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        assert!(client.broken.load(Ordering::Relaxed));
+    }
+
+    /// A slot whose thread never ran (spawn failed: the closure is dropped)
+    /// leaves `conns`; an authenticated one gives its serving slot back.
+    #[test]
+    fn slots_are_given_back_even_without_a_thread() {
+        let conns = Arc::new(Mutex::new(Conns::default()));
+        let (a, _b) = UnixStream::pair().unwrap();
+        let a = Arc::new(a);
+        conns.lock().unwrap().admit(a.clone());
+        let slot = Slot {
+            conns: conns.clone(),
+            stream: a.clone(),
+        };
+        let never_run = move || drop(slot);
+        drop(never_run);
+        assert!(conns.lock().unwrap().all.is_empty());
+        conns.lock().unwrap().admit(a.clone());
+        let slot = Slot {
+            conns: conns.clone(),
+            stream: a.clone(),
+        };
+        assert!(conns.lock().unwrap().authenticate(&a));
+        assert_eq!(conns.lock().unwrap().authed, 1);
+        drop(slot);
+        let c = conns.lock().unwrap();
+        assert_eq!((c.all.len(), c.authed), (0, 0));
+    }
+
+    /// At most MAX_PENDING handshakes: the oldest is shut down for a new
+    /// one; serving slots are bounded separately.
+    #[test]
+    fn handshakes_are_bounded_and_slots_counted_after_auth() {
+        let mut c = Conns::default();
+        let mut peers = Vec::new();
+        for _ in 0..MAX_PENDING + 5 {
+            let (a, b) = UnixStream::pair().unwrap();
+            let a = Arc::new(a);
+            c.admit(a.clone());
+            peers.push((a, b));
+        }
+        let live = c.all.iter().filter(|x| !x.evicted).count();
+        assert_eq!(live, MAX_PENDING);
+        // The five oldest were shut down: their peers read EOF.
+        let mut byte = [0u8; 1];
+        assert_eq!((&peers[0].1).read(&mut byte).unwrap(), 0);
+        assert!(
+            !c.authenticate(&peers[0].0),
+            "an evicted handshake gets no slot"
+        );
+        assert!(c.authenticate(&peers[MAX_PENDING + 4].0));
+        c.authed = MAX_CONNECTIONS;
+        assert!(!c.authenticate(&peers[MAX_PENDING + 3].0));
     }
 }
