@@ -7,8 +7,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use tent::segment::shm_desc::{
-    DATA_OFFSET, DESC_CAPACITY, MAX_REGION_LEN, REQUIRED_SEALS, admit_region, check_segment_name,
-    encode, parse,
+    DATA_OFFSET, DESC_BYTES, DESC_CAPACITY, DESC_WRITE_SEALS, MAX_REGION_LEN, REQUIRED_SEALS,
+    admit_descriptor, admit_region, check_segment_name, encode, parse,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -18,6 +18,11 @@ fuzz_target!(|data: &[u8]| {
     let size = u64::from_le_bytes(head[..8].try_into().unwrap());
     let seals = i32::from_le_bytes(head[8..].try_into().unwrap());
     let rest = &data[n..];
+    if let Ok(map_len) = admit_descriptor(size, seals) {
+        assert!(seals & REQUIRED_SEALS == REQUIRED_SEALS && seals & DESC_WRITE_SEALS != 0);
+        assert_eq!(map_len, DESC_BYTES);
+        assert!(map_len as u64 <= size);
+    }
     if let Ok(name) = std::str::from_utf8(rest) {
         if check_segment_name(name).is_ok() {
             assert!(!name.contains('/') && !name.starts_with('.'), "{name:?}");
