@@ -23,8 +23,8 @@ use tent::{Engine, ErrorKind, LocalAddr, Opcode, RemoteAddr, op};
 const SECRET: &str = "0123456789abcdef-tent-data";
 /// Hello flag: the server demands a proof of the shared secret.
 const AUTH_REQUIRED: u32 = 1;
-const DATA_CLIENT_LABEL: &[u8] = b"tent-data-client-v1";
-const DATA_SERVER_LABEL: &[u8] = b"tent-data-server-v1";
+const DATA_CLIENT_LABEL: &[u8] = b"tent-data-client-v2";
+const DATA_SERVER_LABEL: &[u8] = b"tent-data-server-v2";
 
 fn engine_with(secret: &str, shm: bool) -> Engine {
     let mut c = test_config();
@@ -33,11 +33,29 @@ fn engine_with(secret: &str, shm: bool) -> Engine {
     Engine::new(c).unwrap()
 }
 
-fn mac(secret: &[u8], label: &[u8], a: &[u8; 32], b: &[u8; 32]) -> [u8; 32] {
+/// The data door's proof, written from the protocol's description:
+/// MAC(secret, label, server nonce, client nonce, binding length (u64 LE),
+/// binding), the binding being the server's address as dialed (IPv4 as
+/// IPv4-mapped IPv6, then the port big-endian).
+fn mac(
+    secret: &[u8],
+    label: &[u8],
+    server_nonce: &[u8; 32],
+    client_nonce: &[u8; 32],
+    server: std::net::SocketAddr,
+) -> [u8; 32] {
+    let ip = match server.ip() {
+        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        std::net::IpAddr::V6(v6) => v6,
+    };
+    let mut binding = ip.octets().to_vec();
+    binding.extend_from_slice(&server.port().to_be_bytes());
     let mut m = Hmac::<Sha256>::new_from_slice(secret).unwrap();
     m.update(label);
-    m.update(a);
-    m.update(b);
+    m.update(server_nonce);
+    m.update(client_nonce);
+    m.update(&(binding.len() as u64).to_le_bytes());
+    m.update(&binding);
     m.finalize().into_bytes().into()
 }
 
@@ -110,13 +128,20 @@ fn handshake(s: &mut TcpStream, secret: &[u8]) -> Option<(u16, bool)> {
         0,
         "server does not ask for a proof"
     );
-    s.write_all(&proof_frame(&mac(secret, DATA_CLIENT_LABEL, &h.nonce, &cn)))
-        .ok()?;
+    let server = s.peer_addr().unwrap();
+    s.write_all(&proof_frame(&mac(
+        secret,
+        DATA_CLIENT_LABEL,
+        &h.nonce,
+        &cn,
+        server,
+    )))
+    .ok()?;
     let mut b = [0u8; 48];
     s.read_exact(&mut b).ok()?;
     assert_eq!(&b[..8], b"TENTAUTH");
     let status = u16::from_le_bytes([b[10], b[11]]);
-    let ok = b[16..48] == mac(secret, DATA_SERVER_LABEL, &cn, &h.nonce);
+    let ok = b[16..48] == mac(secret, DATA_SERVER_LABEL, &h.nonce, &cn, server);
     Some((status, ok))
 }
 

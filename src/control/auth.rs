@@ -1,50 +1,106 @@
-//! HMAC-SHA256 challenge-response. Each side proves it holds the shared
-//! secret by MACing both nonces under a role label; the secret itself never
-//! crosses the wire, and a recorded exchange does not replay (fresh nonces).
+//! HMAC-SHA256 challenge-response, one scheme for the three doors (control
+//! server, TCP data port, shm handout socket). Each side proves it holds
+//! the shared secret by MACing, under a label naming the door and its role,
+//! both nonces and the channel binding: what names the server's end of
+//! this connection as the side computing the proof sees it. The secret
+//! never crosses the wire, a recorded exchange does not replay (fresh
+//! nonces), a proof made for one door or role verifies at no other, and a
+//! proof relayed by a peer listening elsewhere verifies on neither side
+//! (the binding names the relay's address on one side, the server's on the
+//! other).
+//!
+//! Bindings: on TCP doors the server's socket address, as dialed by the
+//! client (its connected socket's `peer_addr`) and as accepted by the
+//! server (its socket's `local_addr`), see [`addr_binding`]; on the shm
+//! socket the socket file's device and inode.
+
+use std::net::SocketAddr;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::wire::{MAC_LEN, NONCE_LEN};
 
-const CLIENT_LABEL: &[u8] = b"tent-control-client-v1";
-const SERVER_LABEL: &[u8] = b"tent-control-server-v1";
-/// The shm handout socket's labels: a proof made for the control plane
-/// does not open the shm door, nor the other way round.
-const SHM_CLIENT_LABEL: &[u8] = b"tent-shm-handout-client-v1";
-const SHM_SERVER_LABEL: &[u8] = b"tent-shm-handout-server-v1";
-/// The data plane's labels: a control-plane proof does not verify there
-/// (nor the other way round), whatever the nonces.
-const DATA_CLIENT_LABEL: &[u8] = b"tent-data-client-v1";
-const DATA_SERVER_LABEL: &[u8] = b"tent-data-server-v1";
-
-fn mac(secret: &[u8], label: &[u8], a: &[u8; NONCE_LEN], b: &[u8; NONCE_LEN]) -> Hmac<Sha256> {
-    let mut m = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
-    m.update(label);
-    m.update(a);
-    m.update(b);
-    m
+/// Which door a proof opens: each has its own labels, so a proof made for
+/// one does not open another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Door {
+    /// The control server (descriptors, QP bootstrap).
+    Control,
+    /// The TCP data port.
+    Data,
+    /// The shm handout socket.
+    Shm,
 }
 
-/// What the client sends: MAC(secret, client label, server nonce, client nonce).
-pub fn client_proof(
+impl Door {
+    /// (client label, server label).
+    fn labels(self) -> (&'static [u8], &'static [u8]) {
+        match self {
+            Door::Control => (b"tent-control-client-v2", b"tent-control-server-v2"),
+            Door::Data => (b"tent-data-client-v2", b"tent-data-server-v2"),
+            Door::Shm => (b"tent-shm-handout-client-v2", b"tent-shm-handout-server-v2"),
+        }
+    }
+}
+
+/// The channel binding of a TCP door: the server's address, IPv4 as
+/// IPv4-mapped IPv6 (a dual-stack listener sees `::ffff:a.b.c.d` where the
+/// client dialed `a.b.c.d`), then the port; scope and flow ids are left
+/// out (they are local to each host).
+pub fn addr_binding(server: SocketAddr) -> [u8; 18] {
+    let ip = match server.ip() {
+        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        std::net::IpAddr::V6(v6) => v6,
+    };
+    let mut b = [0u8; 18];
+    b[..16].copy_from_slice(&ip.octets());
+    b[16..].copy_from_slice(&server.port().to_be_bytes());
+    b
+}
+
+fn mac(
+    door: Door,
+    server_role: bool,
     secret: &[u8],
     server_nonce: &[u8; NONCE_LEN],
     client_nonce: &[u8; NONCE_LEN],
+    binding: &[u8],
+) -> Hmac<Sha256> {
+    let (client, server) = door.labels();
+    let mut m = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
+    m.update(if server_role { server } else { client });
+    m.update(server_nonce);
+    m.update(client_nonce);
+    m.update(&(binding.len() as u64).to_le_bytes());
+    m.update(binding);
+    m
+}
+
+/// What the client sends: MAC(secret, door's client label, server nonce,
+/// client nonce, binding).
+pub fn client_proof(
+    door: Door,
+    secret: &[u8],
+    server_nonce: &[u8; NONCE_LEN],
+    client_nonce: &[u8; NONCE_LEN],
+    binding: &[u8],
 ) -> [u8; MAC_LEN] {
-    mac(secret, CLIENT_LABEL, server_nonce, client_nonce)
+    mac(door, false, secret, server_nonce, client_nonce, binding)
         .finalize()
         .into_bytes()
         .into()
 }
 
-/// What the server answers: MAC(secret, server label, client nonce, server nonce).
+/// What the server answers: the same under the door's server label.
 pub fn server_proof(
+    door: Door,
     secret: &[u8],
     server_nonce: &[u8; NONCE_LEN],
     client_nonce: &[u8; NONCE_LEN],
+    binding: &[u8],
 ) -> [u8; MAC_LEN] {
-    mac(secret, SERVER_LABEL, client_nonce, server_nonce)
+    mac(door, true, secret, server_nonce, client_nonce, binding)
         .finalize()
         .into_bytes()
         .into()
@@ -52,140 +108,30 @@ pub fn server_proof(
 
 /// Constant-time check of a client's proof.
 pub fn verify_client(
+    door: Door,
     secret: &[u8],
     server_nonce: &[u8; NONCE_LEN],
     client_nonce: &[u8; NONCE_LEN],
+    binding: &[u8],
     proof: &[u8; MAC_LEN],
 ) -> bool {
-    mac(secret, CLIENT_LABEL, server_nonce, client_nonce)
+    mac(door, false, secret, server_nonce, client_nonce, binding)
         .verify_slice(proof)
         .is_ok()
 }
 
 /// Constant-time check of a server's proof.
 pub fn verify_server(
+    door: Door,
     secret: &[u8],
     server_nonce: &[u8; NONCE_LEN],
     client_nonce: &[u8; NONCE_LEN],
+    binding: &[u8],
     proof: &[u8; MAC_LEN],
 ) -> bool {
-    mac(secret, SERVER_LABEL, client_nonce, server_nonce)
+    mac(door, true, secret, server_nonce, client_nonce, binding)
         .verify_slice(proof)
         .is_ok()
-}
-
-/// [`client_proof`] for the shm handout socket (its own label).
-pub fn shm_client_proof(
-    secret: &[u8],
-    server_nonce: &[u8; NONCE_LEN],
-    client_nonce: &[u8; NONCE_LEN],
-) -> [u8; MAC_LEN] {
-    mac(secret, SHM_CLIENT_LABEL, server_nonce, client_nonce)
-        .finalize()
-        .into_bytes()
-        .into()
-}
-
-/// [`server_proof`] for the shm handout socket (its own label).
-pub fn shm_server_proof(
-    secret: &[u8],
-    server_nonce: &[u8; NONCE_LEN],
-    client_nonce: &[u8; NONCE_LEN],
-) -> [u8; MAC_LEN] {
-    mac(secret, SHM_SERVER_LABEL, client_nonce, server_nonce)
-        .finalize()
-        .into_bytes()
-        .into()
-}
-
-/// Constant-time check of a [`shm_client_proof`].
-pub fn verify_shm_client(
-    secret: &[u8],
-    server_nonce: &[u8; NONCE_LEN],
-    client_nonce: &[u8; NONCE_LEN],
-    proof: &[u8; MAC_LEN],
-) -> bool {
-    mac(secret, SHM_CLIENT_LABEL, server_nonce, client_nonce)
-        .verify_slice(proof)
-        .is_ok()
-}
-
-/// Constant-time check of a [`shm_server_proof`].
-pub fn verify_shm_server(
-    secret: &[u8],
-    server_nonce: &[u8; NONCE_LEN],
-    client_nonce: &[u8; NONCE_LEN],
-    proof: &[u8; MAC_LEN],
-) -> bool {
-    mac(secret, SHM_SERVER_LABEL, client_nonce, server_nonce)
-        .verify_slice(proof)
-        .is_ok()
-}
-
-/// A data-plane initiator's proof: MAC(secret, data client label, target
-/// nonce, initiator nonce), bound to one connection by both nonces.
-pub fn data_client_proof(
-    secret: &[u8],
-    server_nonce: &[u8; NONCE_LEN],
-    client_nonce: &[u8; NONCE_LEN],
-) -> [u8; MAC_LEN] {
-    mac(secret, DATA_CLIENT_LABEL, server_nonce, client_nonce)
-        .finalize()
-        .into_bytes()
-        .into()
-}
-
-/// A data-plane target's proof: MAC(secret, data server label, initiator
-/// nonce, target nonce).
-pub fn data_server_proof(
-    secret: &[u8],
-    server_nonce: &[u8; NONCE_LEN],
-    client_nonce: &[u8; NONCE_LEN],
-) -> [u8; MAC_LEN] {
-    mac(secret, DATA_SERVER_LABEL, client_nonce, server_nonce)
-        .finalize()
-        .into_bytes()
-        .into()
-}
-
-/// Constant-time check of a data-plane initiator's proof.
-pub fn verify_data_client(
-    secret: &[u8],
-    server_nonce: &[u8; NONCE_LEN],
-    client_nonce: &[u8; NONCE_LEN],
-    proof: &[u8; MAC_LEN],
-) -> bool {
-    mac(secret, DATA_CLIENT_LABEL, server_nonce, client_nonce)
-        .verify_slice(proof)
-        .is_ok()
-}
-
-/// Constant-time check of a data-plane target's proof.
-pub fn verify_data_server(
-    secret: &[u8],
-    server_nonce: &[u8; NONCE_LEN],
-    client_nonce: &[u8; NONCE_LEN],
-    proof: &[u8; MAC_LEN],
-) -> bool {
-    mac(secret, DATA_SERVER_LABEL, client_nonce, server_nonce)
-        .verify_slice(proof)
-        .is_ok()
-}
-
-/// Channel binding for the shm handout socket: the server nonce folded
-/// with what names the socket file the client actually connected through
-/// (its device and inode). Both sides feed the result to the `shm_*_proof`
-/// functions in place of the server nonce, so proofs relayed by a process
-/// listening on another socket under the segment's name verify on neither
-/// side.
-pub fn shm_bound_nonce(server_nonce: &[u8; NONCE_LEN], binding: &[u8]) -> [u8; NONCE_LEN] {
-    use sha2::Digest;
-    let mut h = Sha256::new();
-    h.update(b"tent-shm-channel-binding-v1");
-    h.update(server_nonce);
-    h.update((binding.len() as u64).to_le_bytes());
-    h.update(binding);
-    h.finalize().into()
 }
 
 /// A fresh random nonce from the kernel.
@@ -208,57 +154,75 @@ pub fn nonce() -> [u8; NONCE_LEN] {
 mod tests {
     use super::*;
 
+    const K: &[u8] = b"0123456789abcdef";
+    const DOORS: [Door; 3] = [Door::Control, Door::Data, Door::Shm];
+
     #[test]
-    fn proofs_bind_secret_role_and_nonces() {
+    fn proofs_bind_secret_nonces_and_binding() {
         let (s, c) = (nonce(), nonce());
         assert_ne!(s, c);
-        let p = client_proof(b"0123456789abcdef", &s, &c);
-        assert!(verify_client(b"0123456789abcdef", &s, &c, &p));
-        assert!(!verify_client(b"0123456789abcdeX", &s, &c, &p));
-        assert!(!verify_client(b"0123456789abcdef", &c, &s, &p));
-        assert!(
-            !verify_server(b"0123456789abcdef", &s, &c, &p),
-            "roles differ"
-        );
-        let q = server_proof(b"0123456789abcdef", &s, &c);
-        assert!(verify_server(b"0123456789abcdef", &s, &c, &q));
+        for d in DOORS {
+            let p = client_proof(d, K, &s, &c, b"here");
+            assert!(verify_client(d, K, &s, &c, b"here", &p));
+            assert!(!verify_client(d, b"0123456789abcdeX", &s, &c, b"here", &p));
+            assert!(!verify_client(d, K, &c, &s, b"here", &p), "nonces swapped");
+            assert!(!verify_client(d, K, &nonce(), &c, b"here", &p));
+            assert!(!verify_client(d, K, &s, &c, b"there", &p), "binding");
+            assert!(!verify_client(d, K, &s, &c, b"", &p), "binding");
+            let q = server_proof(d, K, &s, &c, b"here");
+            assert!(verify_server(d, K, &s, &c, b"here", &q));
+            assert!(!verify_server(d, K, &s, &c, b"there", &q), "binding");
+        }
     }
 
     #[test]
-    fn shm_proofs_do_not_open_the_control_door() {
-        let (s, c, k) = (nonce(), nonce(), b"0123456789abcdef");
-        let p = shm_client_proof(k, &s, &c);
-        assert!(verify_shm_client(k, &s, &c, &p));
-        assert!(!verify_client(k, &s, &c, &p), "labels differ");
-        assert!(!verify_shm_client(k, &s, &c, &client_proof(k, &s, &c)));
-        let q = shm_server_proof(k, &s, &c);
-        assert!(verify_shm_server(k, &s, &c, &q));
-        assert!(!verify_server(k, &s, &c, &q));
-        assert!(!verify_shm_server(k, &s, &c, &p), "roles differ");
-    }
-
-    #[test]
-    fn control_and_data_proofs_do_not_stand_in_for_each_other() {
+    fn proofs_of_different_doors_and_roles_are_not_interchangeable() {
         let (s, c) = (nonce(), nonce());
-        let k = b"0123456789abcdef";
-        let control = client_proof(k, &s, &c);
-        assert!(!verify_data_client(k, &s, &c, &control));
-        let data = data_client_proof(k, &s, &c);
-        assert!(verify_data_client(k, &s, &c, &data));
-        assert!(!verify_client(k, &s, &c, &data));
-        assert!(!verify_shm_client(k, &s, &c, &data));
-        assert!(!verify_data_server(k, &s, &c, &data), "roles differ");
-        assert!(!verify_data_server(k, &s, &c, &server_proof(k, &s, &c)));
-        assert!(verify_data_server(k, &s, &c, &data_server_proof(k, &s, &c)));
+        let b = b"binding";
+        let mut all = Vec::new();
+        for d in DOORS {
+            all.push((d, false, client_proof(d, K, &s, &c, b)));
+            all.push((d, true, server_proof(d, K, &s, &c, b)));
+        }
+        for (d, server, p) in &all {
+            for e in DOORS {
+                let as_client = verify_client(e, K, &s, &c, b, p);
+                let as_server = verify_server(e, K, &s, &c, b, p);
+                assert_eq!(
+                    as_client,
+                    e == *d && !server,
+                    "{d:?} server={server} as {e:?} client"
+                );
+                assert_eq!(
+                    as_server,
+                    e == *d && *server,
+                    "{d:?} server={server} as {e:?} server"
+                );
+            }
+        }
+        let distinct: std::collections::HashSet<_> = all.iter().map(|(_, _, p)| *p).collect();
+        assert_eq!(distinct.len(), all.len());
     }
 
     #[test]
-    fn shm_bound_nonce_binds_the_socket_file() {
-        let s = nonce();
-        let a = shm_bound_nonce(&s, &[1, 2]);
-        assert_eq!(a, shm_bound_nonce(&s, &[1, 2]));
-        assert_ne!(a, shm_bound_nonce(&s, &[1, 3]));
-        assert_ne!(a, shm_bound_nonce(&nonce(), &[1, 2]));
-        assert_ne!(a, s);
+    fn addr_binding_names_ip_and_port() {
+        let a: SocketAddr = "10.0.0.1:7000".parse().unwrap();
+        let mapped: SocketAddr = "[::ffff:10.0.0.1]:7000".parse().unwrap();
+        assert_eq!(addr_binding(a), addr_binding(mapped), "dual-stack listener");
+        assert_ne!(
+            addr_binding(a),
+            addr_binding("10.0.0.1:7001".parse().unwrap())
+        );
+        assert_ne!(
+            addr_binding(a),
+            addr_binding("10.0.0.2:7000".parse().unwrap())
+        );
+        let v6: SocketAddr = "[fe80::1%2]:7000".parse().unwrap();
+        let v6b: SocketAddr = "[fe80::1%5]:7000".parse().unwrap();
+        assert_eq!(
+            addr_binding(v6),
+            addr_binding(v6b),
+            "scope ids are host-local"
+        );
     }
 }

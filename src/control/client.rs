@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tent_rings::ErrorKind;
 
-use super::auth;
+use super::auth::{self, Door};
 use super::wire::{self, Message, QpBootstrap, SegmentDescriptor, WireError};
 use crate::error::{Error, Result};
 
@@ -136,16 +136,38 @@ fn session_once(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> Result<
             ));
         }
         (true, Some(secret)) => {
-            let proof = auth::client_proof(secret, &server_nonce, &client_nonce);
+            // The channel binding: the address we dialed, so a proof we
+            // make reaches no server but the one there, and a proof from a
+            // relay (made for its own address) fails here.
+            let binding = auth::addr_binding(s.peer_addr().map_err(io)?);
+            let proof = auth::client_proof(
+                Door::Control,
+                secret,
+                &server_nonce,
+                &client_nonce,
+                &binding,
+            );
             wire::write_message(&mut s, &Message::Auth { mac: proof })
                 .map_err(|e| wire_err(peer, e))?;
+            // Nothing more is sent before the server's proof checks out.
             match read(&mut s, peer)? {
                 Message::AuthOk { mac }
-                    if auth::verify_server(secret, &server_nonce, &client_nonce, &mac) => {}
+                    if auth::verify_server(
+                        Door::Control,
+                        secret,
+                        &server_nonce,
+                        &client_nonce,
+                        &binding,
+                        &mac,
+                    ) => {}
                 Message::AuthOk { .. } => {
                     return Err(Error::new(
                         ErrorKind::AccessDenied,
-                        format!("{peer} failed to prove the shared secret"),
+                        format!(
+                            "{peer} failed to prove the shared secret for this address \
+                             (engines with a secret must reach each other without address \
+                             translation, port forwarding or a relay in between)"
+                        ),
                     ));
                 }
                 other => return Err(unexpected(peer, "AuthOk", other)),

@@ -5,7 +5,8 @@
 //! such a segment connects, authenticates when a shared secret is set, and
 //! fetches the segment descriptor (regions with keys, transports, rails).
 
-pub(crate) mod auth;
+#[doc(hidden)]
+pub mod auth;
 pub mod client;
 pub mod server;
 pub mod wire;

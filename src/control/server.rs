@@ -6,12 +6,16 @@
 //! connection with a logged reason and disturbs nothing else.
 //!
 //! Hostile peers: each connection has one deadline for its whole exchange
-//! (a peer dripping a byte per read does not extend it). When every slot
-//! is taken, the longest-idle connection that has not yet authenticated
-//! (or, without a secret, finished its handshake) is evicted for the
-//! newcomer; authenticated ones keep their slots, and a newcomer finding
-//! only those is told it is busy (an `Error` with `SqFull`), which the
-//! client retries within its timeout.
+//! (a peer dripping a byte per read does not extend it). With a secret,
+//! proofs are bound to this server's address as the client dialed it and
+//! as this server accepted it ([`auth`]): a relay holding no secret cannot
+//! pass an honest client's handshake on. When every slot is taken, the
+//! longest-idle connection that has not yet authenticated (or, without a
+//! secret, finished its handshake) and is older than [`PROTECTED_AGE`] is
+//! evicted for the newcomer; it is told it is busy (an `Error` with
+//! `SqFull`) rather than reset. Authenticated connections and young ones
+//! keep their slots, and a newcomer finding only those is told it is busy
+//! too; the client retries a busy answer within its timeout.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -23,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use tent_rings::ErrorKind;
 
-use super::auth;
+use super::auth::{self, Door};
 use super::wire::{self, Message, QpBootstrap, SegmentDescriptor, WireError};
 use crate::error::{Error, Result};
 
@@ -36,6 +40,17 @@ pub const EXCHANGE_DEADLINE: Duration = Duration::from_secs(5);
 const REFUSED_LINGER: Duration = Duration::from_secs(1);
 /// Refused connections kept lingering at most.
 const REFUSED_KEPT: usize = 64;
+/// A connection younger than this is never evicted: an honest client's
+/// handshake takes a round trip or two, and a flood of fresh connections
+/// must not push it out mid-handshake (the newcomers are told busy).
+pub const PROTECTED_AGE: Duration = Duration::from_secs(1);
+/// The busy answer.
+fn busy(text: &str) -> Message {
+    Message::Error {
+        code: ErrorKind::SqFull.code(),
+        text: text.into(),
+    }
+}
 
 /// Produces the current descriptor of the local segment.
 pub type DescriptorFn = dyn Fn() -> SegmentDescriptor + Send + Sync;
@@ -132,6 +147,10 @@ struct Slot {
     stream: TcpStream,
     /// Past its authentication (or, without a secret, its handshake).
     trusted: AtomicBool,
+    /// Evicted for a newcomer: its thread tells the peer it is busy.
+    evicted: AtomicBool,
+    /// When it was accepted (ns since the server started).
+    born_ns: u64,
     /// When it last received a byte (ns since the server started).
     last_read_ns: AtomicU64,
 }
@@ -143,24 +162,34 @@ struct Live {
 }
 
 impl Live {
-    /// Track `s`, evicting the longest-idle untrusted connection when
-    /// full; `None`: every slot is held by a trusted one.
+    /// Track `s`, evicting the longest-idle untrusted connection older
+    /// than [`PROTECTED_AGE`] when full; `None`: every slot is held by a
+    /// trusted or a young one.
     fn admit(&self, s: &TcpStream, now_ns: u64) -> Option<Arc<Slot>> {
         let slot = Arc::new(Slot {
             id: self.next.fetch_add(1, Ordering::Relaxed),
             stream: s.try_clone().ok()?,
             trusted: AtomicBool::new(false),
+            evicted: AtomicBool::new(false),
+            born_ns: now_ns,
             last_read_ns: AtomicU64::new(now_ns),
         });
+        let protected = PROTECTED_AGE.as_nanos() as u64;
         let mut conns = self.conns.lock().expect("control conns poisoned");
         if conns.len() >= MAX_CONNECTIONS {
             let (victim, _) = conns
                 .iter()
                 .enumerate()
-                .filter(|(_, c)| !c.trusted.load(Ordering::Acquire))
+                .filter(|(_, c)| {
+                    !c.trusted.load(Ordering::Acquire)
+                        && now_ns.saturating_sub(c.born_ns) >= protected
+                })
                 .min_by_key(|(_, c)| (c.last_read_ns.load(Ordering::Relaxed), c.id))?;
             let v = conns.swap_remove(victim);
-            let _ = v.stream.shutdown(std::net::Shutdown::Both);
+            // Wake its thread (a blocked read returns end of stream); it
+            // answers busy, so the client retries instead of seeing a reset.
+            v.evicted.store(true, Ordering::Release);
+            let _ = v.stream.shutdown(std::net::Shutdown::Read);
         }
         conns.push(slot.clone());
         Some(slot)
@@ -231,7 +260,6 @@ fn accept_loop(
     let live = Arc::new(Live::default());
     let epoch = Instant::now();
     let mut refused: VecDeque<(Instant, TcpStream)> = VecDeque::new();
-    let mut refusing = false;
     for conn in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             break;
@@ -254,23 +282,14 @@ fn accept_loop(
             .map(|a| a.to_string())
             .unwrap_or_default();
         let Some(slot) = live.admit(&stream, epoch.elapsed().as_nanos() as u64) else {
-            if !std::mem::replace(&mut refusing, true) {
-                tracing::warn!(%peer, limit = MAX_CONNECTIONS, "control: every slot held by authenticated peers; new connections are told to retry");
-            }
+            crate::warn_limited!("control-full", %peer, limit = MAX_CONNECTIONS, "control: every slot held by authenticated or new peers; new connections are told to retry");
             let mut s = &stream;
             let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
-            let _ = wire::write_message(
-                &mut s,
-                &Message::Error {
-                    code: ErrorKind::SqFull.code(),
-                    text: "busy: retry later".into(),
-                },
-            );
+            let _ = wire::write_message(&mut s, &busy("busy: retry later"));
             let _ = stream.shutdown(std::net::Shutdown::Write);
             refused.push_back((Instant::now(), stream));
             continue;
         };
-        refusing = false;
         let (secret, describe, live2) = (secret.clone(), describe.clone(), live.clone());
         let qp = qp.clone();
         let id = slot.id;
@@ -284,7 +303,18 @@ fn accept_loop(
                     epoch,
                     deadline: Instant::now() + EXCHANGE_DEADLINE,
                 };
-                if let Err(why) = serve(&mut t, secret, &*describe, qp.as_deref()) {
+                let served = serve(&mut t, secret, &*describe, qp.as_deref());
+                if slot.evicted.load(Ordering::Acquire) {
+                    // Evicted (the slot is already someone else's): a
+                    // clean refusal the client retries on.
+                    let mut s = &stream;
+                    let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+                    let _ = wire::write_message(&mut s, &busy("busy: evicted, retry"));
+                    let _ = stream.shutdown(std::net::Shutdown::Write);
+                    tracing::debug!(%peer, "control: evicted a connection for a newcomer");
+                    return;
+                }
+                if let Err(why) = served {
                     crate::warn_limited!(peer.rsplit_once(':').map_or(&*peer, |(ip, _)| ip), %peer, reason = %why, "control: closing connection");
                 }
                 live2.remove(slot.id);
@@ -295,6 +325,10 @@ fn accept_loop(
         }
     }
 }
+
+/// What a client whose proof fails is told: the secrets differ, or the
+/// proof was made for another address (see `auth`).
+pub const AUTH_FAILED: &str = "authentication failed: the shared secrets differ, or the client did not dial this server's own address (address translation, port forwarding or a relay between the engines; engines with a secret must reach each other directly)";
 
 /// Why a connection was closed.
 #[derive(Debug, thiserror::Error)]
@@ -322,6 +356,12 @@ fn serve(
         other => return Err(unexpected(s, "Hello", &other)),
     };
     let server_nonce = auth::nonce();
+    // The channel binding: this server's address as the client reached it.
+    let binding = match (secret, s.s.local_addr()) {
+        (None, _) => [0; 18],
+        (Some(_), Ok(a)) => auth::addr_binding(a),
+        (Some(_), Err(e)) => return Err(Close::Wire(WireError::Io(e))),
+    };
     wire::write_message(
         s,
         &Message::Challenge {
@@ -337,12 +377,19 @@ fn serve(
             Message::Auth { mac } => mac,
             other => return Err(unexpected(s, "Auth", &other)),
         };
-        if !auth::verify_client(secret, &server_nonce, &client_nonce, &proof) {
+        if !auth::verify_client(
+            Door::Control,
+            secret,
+            &server_nonce,
+            &client_nonce,
+            &binding,
+            &proof,
+        ) {
             let _ = wire::write_message(
                 s,
                 &Message::Error {
                     code: ErrorKind::AccessDenied.code(),
-                    text: "authentication failed".into(),
+                    text: AUTH_FAILED.into(),
                 },
             );
             return Err(Close::AuthFailed);
@@ -351,7 +398,13 @@ fn serve(
         wire::write_message(
             s,
             &Message::AuthOk {
-                mac: auth::server_proof(secret, &server_nonce, &client_nonce),
+                mac: auth::server_proof(
+                    Door::Control,
+                    secret,
+                    &server_nonce,
+                    &client_nonce,
+                    &binding,
+                ),
             },
         )?;
     }

@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use tent_rings::ErrorKind;
 
 use super::shm_desc::{self, DescError};
-use crate::control::auth;
+use crate::control::auth::{self, Door};
 use crate::control::wire::{MAC_LEN, NONCE_LEN};
 use crate::error::{Error, Result};
 
@@ -988,23 +988,31 @@ fn handshake(s: &UnixStream, table: &HandoutTable, bind: &[u8; 16]) -> io::Resul
     }
     let client_nonce: [u8; NONCE_LEN] = hello[8..].try_into().expect("nonce");
     let server_nonce = auth::nonce();
-    let bound = auth::shm_bound_nonce(&server_nonce, bind);
     let mut ch = [0u8; CHALLENGE_LEN];
     ch[..8].copy_from_slice(&MAGIC);
     ch[8..8 + NONCE_LEN].copy_from_slice(&server_nonce);
     ch[8 + NONCE_LEN] = u8::from(table.secret.is_some());
     if let Some(secret) = &table.secret {
-        ch[8 + NONCE_LEN + 8..].copy_from_slice(&auth::shm_server_proof(
+        ch[8 + NONCE_LEN + 8..].copy_from_slice(&auth::server_proof(
+            Door::Shm,
             secret,
-            &bound,
+            &server_nonce,
             &client_nonce,
+            bind,
         ));
     }
     write_all_by(s, &ch, deadline)?;
     if let Some(secret) = &table.secret {
         let mut proof = [0u8; MAC_LEN];
         read_exact_by(s, &mut proof, deadline)?;
-        if !auth::verify_shm_client(secret, &bound, &client_nonce, &proof) {
+        if !auth::verify_client(
+            Door::Shm,
+            secret,
+            &server_nonce,
+            &client_nonce,
+            bind,
+            &proof,
+        ) {
             crate::warn_limited!(
                 "shm-handout-proof",
                 "shm handout: a peer failed the shared-secret proof"
@@ -1185,8 +1193,14 @@ impl HandoutClient {
             (true, Some(secret)) => {
                 // The owner proves itself first, bound to the socket file
                 // we connected through; nothing of ours is sent before.
-                let bound = auth::shm_bound_nonce(&server_nonce, &bind);
-                if !auth::verify_shm_server(secret, &bound, &client_nonce, &server_proof) {
+                if !auth::verify_server(
+                    Door::Shm,
+                    secret,
+                    &server_nonce,
+                    &client_nonce,
+                    &bind,
+                    &server_proof,
+                ) {
                     return Err(refused(
                         ErrorKind::AccessDenied,
                         name,
@@ -1195,7 +1209,7 @@ impl HandoutClient {
                 }
                 write_all_by(
                     &stream,
-                    &auth::shm_client_proof(secret, &bound, &client_nonce),
+                    &auth::client_proof(Door::Shm, secret, &server_nonce, &client_nonce, &bind),
                     deadline,
                 )
                 .map_err(io)?;

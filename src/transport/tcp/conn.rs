@@ -589,7 +589,7 @@ fn receive(
 ) -> Parts {
     let mut pending = None;
     let own = loop {
-        let h = match io::recv_header::<RESPONSE_LEN>(&*s) {
+        let h = match io::recv_header::<RESPONSE_LEN>(&*s, io::NO_STALL_LIMIT) {
             Ok(Some(h)) => h,
             Ok(None) => continue,
             Err(e) => break io::kind_of(&e),
@@ -618,8 +618,14 @@ fn receive(
                     break ErrorKind::Unreachable;
                 }
                 // SAFETY: a READ's local range was checked against its registration by the engine, which keeps it alive until this slice completes.
-                if let Err(e) = unsafe { io::recv_exact(&*s, op.local as *mut u8, op.len as usize) }
-                {
+                if let Err(e) = unsafe {
+                    io::recv_exact(
+                        &*s,
+                        op.local as *mut u8,
+                        op.len as usize,
+                        io::NO_STALL_LIMIT,
+                    )
+                } {
                     pending = Some(op);
                     break io::kind_of(&e);
                 }

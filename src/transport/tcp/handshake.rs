@@ -1,7 +1,10 @@
 //! The data connection's opening: hellos with nonces each way, then, when
 //! the target holds a shared secret, an HMAC proof each way bound to this
-//! connection by both nonces (data-plane labels, so a control-plane proof
-//! does not verify here). Nothing else is read from a connection before it
+//! connection by both nonces and to the target's address (as the initiator
+//! dialed it and as the target accepted it: a relay holding no secret
+//! cannot pass an honest initiator's handshake on), under the data door's
+//! labels (a control-plane proof does not verify here). The initiator
+//! checks the target's proof before it sends anything else. Nothing else is read from a connection before it
 //! is done, and the whole exchange has one deadline: a peer that drips a
 //! byte at a time does not extend it.
 
@@ -15,7 +18,7 @@ use super::frame::{
     Proof,
 };
 use super::io;
-use crate::control::auth;
+use crate::control::auth::{self, Door};
 
 /// Why a target refused a connection, or why the initiator gave up on it.
 #[derive(Debug, thiserror::Error)]
@@ -71,24 +74,33 @@ pub fn serve(
     let Some(secret) = secret else {
         return Ok(());
     };
+    let binding = auth::addr_binding(s.local_addr().map_err(|e| format!("local address: {e}"))?);
     let mut b = [0u8; PROOF_LEN];
     io::recv_by(s, &mut b, deadline).map_err(|e| format!("proof: {e}"))?;
-    let valid =
-        Proof::decode(&b).is_ok_and(|p| auth::verify_data_client(secret, &ours, &theirs, &p.mac));
+    let valid = Proof::decode(&b)
+        .is_ok_and(|p| auth::verify_client(Door::Data, secret, &ours, &theirs, &binding, &p.mac));
     if !valid {
         let deny = Proof {
             status: ErrorKind::AccessDenied.code(),
             mac: [0; NONCE_LEN],
         };
         let _ = io::send_header(s, &deny.encode());
-        return Err("authentication failed".into());
+        return Err(
+            "authentication failed (the shared secrets differ, or the initiator did not dial this address)"
+                .into(),
+        );
     }
     let proof = Proof {
         status: 0,
-        mac: auth::data_server_proof(secret, &ours, &theirs),
+        mac: auth::server_proof(Door::Data, secret, &ours, &theirs, &binding),
     };
     io::send_header(s, &proof.encode()).map_err(|e| format!("proof reply: {e}"))
 }
+
+/// Why a target refused our proof.
+pub const PROOF_REFUSED: &str = "target refused our proof: the shared secrets differ, or this \
+     initiator did not dial the target's own address (address translation, port forwarding or \
+     a relay between the engines; engines with a secret must reach each other directly)";
 
 /// The initiator's side, on a connected socket.
 pub fn open(
@@ -133,9 +145,12 @@ pub fn open(
             "target does not authenticate, but rpc_shared_secret is set here",
         )),
         (true, Some(secret)) => {
+            // Bound to the address we dialed (see the module doc).
+            let binding =
+                auth::addr_binding(s.peer_addr().map_err(|e| io_refused(e, "peer address"))?);
             let proof = Proof {
                 status: 0,
-                mac: auth::data_client_proof(secret, &theirs.nonce, &ours),
+                mac: auth::client_proof(Door::Data, secret, &theirs.nonce, &ours, &binding),
             };
             io::send_header(s, &proof.encode()).map_err(|e| io_refused(e, "proof"))?;
             let mut b = [0u8; PROOF_LEN];
@@ -150,15 +165,14 @@ pub fn open(
             let p =
                 Proof::decode(&b).map_err(|e| refused(ErrorKind::Unreachable, e.to_string()))?;
             if p.status != 0 {
-                return Err(refused(
-                    ErrorKind::AccessDenied,
-                    "target refused our proof: the shared secrets differ",
-                ));
+                return Err(refused(ErrorKind::AccessDenied, PROOF_REFUSED));
             }
-            if !auth::verify_data_server(secret, &theirs.nonce, &ours, &p.mac) {
+            if !auth::verify_server(Door::Data, secret, &theirs.nonce, &ours, &binding, &p.mac) {
                 return Err(refused(
                     ErrorKind::AccessDenied,
-                    "target failed to prove the shared secret",
+                    "target failed to prove the shared secret for the address we dialed \
+                     (engines with a secret must reach each other without address \
+                     translation, port forwarding or a relay in between)",
                 ));
             }
             Ok(())

@@ -9,7 +9,7 @@
 use std::io::{self, Read};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tent_rings::ErrorKind;
 
@@ -56,10 +56,16 @@ pub unsafe fn send_all(
         let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
         if r < 0 {
             let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+            return match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                // A send timeout (`SO_SNDTIMEO`, target side) passed with
+                // nothing taken: the peer stopped reading.
+                io::ErrorKind::WouldBlock => Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the peer stopped reading (send timeout)",
+                )),
+                _ => Err(e),
+            };
         }
         sent += r as usize;
     }
@@ -72,13 +78,43 @@ pub fn send_header(sock: &impl AsRawFd, header: &[u8]) -> io::Result<()> {
     unsafe { send_all(sock, header, std::ptr::null(), 0) }
 }
 
-/// Receive exactly `len` bytes into `dst`.
+/// No mid-frame limit: for sockets without a read timeout (the initiator's),
+/// on which a read never times out.
+pub const NO_STALL_LIMIT: Duration = Duration::MAX;
+
+/// A frame in progress that stopped arriving: `Err` once nothing has come
+/// for `stall` since the first read timeout (so about `stall` plus the
+/// socket's read timeout in all). Only called when a read timed out.
+fn stalled(since: &mut Option<Instant>, stall: Duration) -> io::Result<()> {
+    let now = Instant::now();
+    match *since {
+        None => *since = Some(now),
+        Some(t) if now.duration_since(t) >= stall => {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the peer stalled mid-frame for over {stall:?}"),
+            ));
+        }
+        Some(_) => {}
+    }
+    Ok(())
+}
+
+/// Receive exactly `len` bytes into `dst`. A read timeout (the socket's
+/// idle poll) does not end a frame that has started: it ends only when
+/// nothing has arrived for about `stall`.
 ///
 /// # Safety
 /// `dst` must be valid for writes of `len` bytes for the whole call.
-pub unsafe fn recv_exact(sock: &impl AsRawFd, dst: *mut u8, len: usize) -> io::Result<()> {
+pub unsafe fn recv_exact(
+    sock: &impl AsRawFd,
+    dst: *mut u8,
+    len: usize,
+    stall: Duration,
+) -> io::Result<()> {
     let fd = sock.as_raw_fd();
     let mut got = 0usize;
+    let mut since = None;
     while got < len {
         // SAFETY: `dst + got .. dst + len` is valid for writes by the caller's contract.
         let r = unsafe {
@@ -91,26 +127,36 @@ pub unsafe fn recv_exact(sock: &impl AsRawFd, dst: *mut u8, len: usize) -> io::R
         };
         if r < 0 {
             let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    stalled(&mut since, stall)?;
+                    continue;
+                }
+                _ => return Err(e),
             }
-            return Err(e);
         }
         if r == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         got += r as usize;
+        since = None;
     }
     Ok(())
 }
 
 /// Receive a fixed-size header. `Ok(None)`: the read timed out before its
-/// first byte (an idle connection, not an error). A timeout after the first
-/// byte is an error: the peer stalled mid-frame.
-pub fn recv_header<const N: usize>(sock: &impl AsRawFd) -> io::Result<Option<[u8; N]>> {
+/// first byte (an idle connection, not an error). Once its first byte is
+/// in, a header is read to its end unless nothing more arrives for about
+/// `stall` (the peer stalled mid-frame: an error).
+pub fn recv_header<const N: usize>(
+    sock: &impl AsRawFd,
+    stall: Duration,
+) -> io::Result<Option<[u8; N]>> {
     let mut b = [0u8; N];
     let fd = sock.as_raw_fd();
     let mut got = 0usize;
+    let mut since = None;
     while got < N {
         // SAFETY: `b[got..]` is a valid writable buffer of `N - got` bytes.
         let r = unsafe {
@@ -128,6 +174,10 @@ pub fn recv_header<const N: usize>(sock: &impl AsRawFd) -> io::Result<Option<[u8
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut if got == 0 => {
                     return Ok(None);
                 }
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    stalled(&mut since, stall)?;
+                    continue;
+                }
                 _ => return Err(e),
             }
         }
@@ -135,18 +185,19 @@ pub fn recv_header<const N: usize>(sock: &impl AsRawFd) -> io::Result<Option<[u8
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         got += r as usize;
+        since = None;
     }
     Ok(Some(b))
 }
 
 /// Read and discard `len` bytes (the payload of a refused WRITE), so the
-/// connection keeps its framing.
-pub fn discard(sock: &impl AsRawFd, mut len: u64) -> io::Result<()> {
+/// connection keeps its framing (mid-frame: `stall` as in [`recv_exact`]).
+pub fn discard(sock: &impl AsRawFd, mut len: u64, stall: Duration) -> io::Result<()> {
     let mut scratch = [0u8; 16 << 10];
     while len > 0 {
         let n = len.min(scratch.len() as u64) as usize;
         // SAFETY: `scratch` is a local buffer of at least `n` bytes.
-        unsafe { recv_exact(sock, scratch.as_mut_ptr(), n)? };
+        unsafe { recv_exact(sock, scratch.as_mut_ptr(), n, stall)? };
         len -= n as u64;
     }
     Ok(())

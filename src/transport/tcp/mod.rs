@@ -13,7 +13,8 @@
 
 pub mod conn;
 pub mod frame;
-mod handshake;
+#[doc(hidden)]
+pub mod handshake;
 mod io;
 pub mod server;
 

@@ -15,12 +15,14 @@
 //! ([`handshake`](super::handshake)) before its first request; refusals to
 //! a connection that has not proven it reveal nothing about memory layout
 //! (`check`); the handshake has one deadline, an idle connection is
-//! closed, and a full server evicts an unproven, unused or long-idle
-//! connection for a newcomer, or tells it [`BUSY`].
+//! closed, a frame that stalls (or a response the peer stops reading) for
+//! the [`stall_limit`] closes its connection, and a full server evicts an
+//! unproven, unused or long-idle connection for a newcomer, or tells it
+//! [`BUSY`].
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -57,6 +59,38 @@ const EVICT_HANDSHAKE_AGE: Duration = Duration::from_secs(1);
 const REFUSED_LINGER: Duration = Duration::from_secs(1);
 /// Refused connections kept lingering at most.
 const REFUSED_KEPT: usize = 256;
+
+/// How long a frame in progress may stall (no byte in, or none taken by
+/// the peer) before the connection is closed, with `TCP_USER_TIMEOUT` at 0
+/// (the OS default, many minutes).
+const STALL_LIMIT_DEFAULT: Duration = Duration::from_secs(10);
+/// The shortest stall limit, whatever `TCP_USER_TIMEOUT` says.
+const STALL_LIMIT_MIN: Duration = Duration::from_secs(1);
+
+/// Tests: [`STALL_LIMIT_DEFAULT`] in ms, 0 = unchanged.
+static STALL_LIMIT_DEFAULT_OVERRIDE_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Tests only: replace [`STALL_LIMIT_DEFAULT`] (the stall limit of
+/// connections served with `user_timeout_ms` 0) for servers' connections
+/// accepted from now on, process-wide; `None` restores it.
+#[doc(hidden)]
+pub fn set_default_stall_limit_for_tests(limit: Option<Duration>) {
+    let ms = limit.map_or(0, |d| d.as_millis().max(1) as u64);
+    STALL_LIMIT_DEFAULT_OVERRIDE_MS.store(ms, Ordering::Relaxed);
+}
+
+/// The stall limit of a serving connection: `transports/tcp/user_timeout_ms`
+/// (how long the kernel itself lets data go unacknowledged), at least
+/// [`STALL_LIMIT_MIN`], or [`STALL_LIMIT_DEFAULT`] when it is 0.
+pub fn stall_limit(user_timeout_ms: u32) -> Duration {
+    match user_timeout_ms {
+        0 => match STALL_LIMIT_DEFAULT_OVERRIDE_MS.load(Ordering::Relaxed) {
+            0 => STALL_LIMIT_DEFAULT,
+            ms => Duration::from_millis(ms),
+        },
+        ms => Duration::from_millis(ms as u64).max(STALL_LIMIT_MIN),
+    }
+}
 
 /// Where a connection is in its life (eviction order: lowest first).
 const STAGE_HANDSHAKE: u8 = 0;
@@ -268,7 +302,6 @@ fn accept_loop(
     secret: Option<Arc<[u8]>>,
 ) {
     let mut refused: VecDeque<(Instant, TcpStream)> = VecDeque::new();
-    let mut refusing = false;
     loop {
         let accepted = listener.accept();
         if stop.load(Ordering::Acquire) {
@@ -291,15 +324,12 @@ fn accept_loop(
         let Some(slot) = live.admit(&stream) else {
             // Full of connections in use: say so (the initiator backs off
             // and retries; a busy target is no fault of the rail).
-            if !std::mem::replace(&mut refusing, true) {
-                tracing::warn!(%peer, limit = MAX_CONNECTIONS, "tcp data server: every connection in use; new ones are told to come back later");
-            }
+            crate::warn_limited!("tcp-data-full", %peer, limit = MAX_CONNECTIONS, "tcp data server: every connection in use; new ones are told to come back later");
             let _ = io::send_header(&stream, &Hello::refusal(BUSY).encode());
             let _ = stream.shutdown(std::net::Shutdown::Write);
             refused.push_back((Instant::now(), stream));
             continue;
         };
-        refusing = false;
         let (live2, stop2, regions2, secret2) =
             (live.clone(), stop.clone(), regions.clone(), secret.clone());
         let id = slot.id;
@@ -356,10 +386,15 @@ fn serve(
     slot.stage.store(STAGE_READY, Ordering::Relaxed);
     s.set_read_timeout(Some(IDLE_POLL))
         .map_err(|e| e.to_string())?;
+    // A frame that has started is read to its end unless it stalls this
+    // long; a response the peer stops taking fails after as long.
+    let stall = stall_limit(user_timeout_ms);
+    s.set_write_timeout(Some(stall))
+        .map_err(|e| e.to_string())?;
     let mut idle = 0u32;
     let mut serving = false;
     loop {
-        let header = match io::recv_header::<REQUEST_LEN>(s) {
+        let header = match io::recv_header::<REQUEST_LEN>(s, stall) {
             Ok(Some(h)) => h,
             Ok(None) if stop.load(Ordering::Acquire) => return Ok(()),
             Ok(None) => {
@@ -393,13 +428,14 @@ fn serve(
         match (req.opcode, target) {
             (Opcode::Write, Ok(ptr)) => {
                 // SAFETY: `ptr..ptr+len` lies inside a registered region, kept alive by `table` for this whole op.
-                unsafe { io::recv_exact(s, ptr, req.len as usize) }
+                unsafe { io::recv_exact(s, ptr, req.len as usize, stall) }
                     .map_err(|e| format!("WRITE payload: {e}"))?;
                 resp.len = req.len;
                 io::send_header(s, &resp.encode()).map_err(|e| format!("WRITE response: {e}"))?;
             }
             (Opcode::Write, Err(why)) => {
-                io::discard(s, req.len).map_err(|e| format!("refused WRITE payload: {e}"))?;
+                io::discard(s, req.len, stall)
+                    .map_err(|e| format!("refused WRITE payload: {e}"))?;
                 tracing::debug!(addr = req.addr, len = req.len, %why, "tcp WRITE refused");
                 io::send_header(s, &resp.encode()).map_err(|e| format!("WRITE response: {e}"))?;
             }
