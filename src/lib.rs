@@ -15,7 +15,7 @@
 //!   (`RailMonitor`); [`netlink`]: link state.
 //! - [`metrics`]: failover and rail counters, Prometheus text.
 //! - [`error`]: the error taxonomy; [`lograte`]: failure logs once per cause
-//!   per second ([`warn_limited!`]).
+//!   per second (`warn_limited!`).
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]

@@ -5,7 +5,7 @@
 //! until failover or the application gives up: one WARN per op wrote 5.9 M
 //! lines in 15 s. A *cause* is whatever the caller hashes into it, usually
 //! (peer, error kind); each log call site owns its own [`LogRate`] (a
-//! `static` made by [`warn_limited!`](crate::warn_limited)), so two sites
+//! `static` made by `warn_limited!`), so two sites
 //! never share a budget.
 //!
 //! The table is fixed-size atomics: no lock, no allocation, so a worker may
@@ -177,33 +177,29 @@ impl LogRate {
 /// first occurrence in full, then one line per interval carrying
 /// `suppressed` (occurrences since the last line) and `total`.
 ///
-/// ```
-/// # let peer = "10.0.0.2:4000"; let kind = tent::ErrorKind::ProcessFailed;
+/// ```text
+/// // Inside the crate (the macros are crate-local):
 /// for _ in 0..1000 {
-///     tent::warn_limited!((peer, kind.code()), %peer, %kind, "transfer failed");
+///     crate::lograte::warn_limited!((peer, kind.code()), %peer, %kind, "transfer failed");
 /// }
 /// // One line was written, not a thousand.
 /// ```
-#[macro_export]
 macro_rules! warn_limited {
     ($cause:expr, $($arg:tt)+) => {
-        $crate::log_limited!(warn, $cause, $($arg)+)
+        $crate::lograte::log_limited!(warn, $cause, $($arg)+)
     };
 }
 
-/// [`warn_limited!`](crate::warn_limited) at info level (seed 000's
-/// `Transport failover: ...` line is info, and fires once per failed task).
-#[macro_export]
+/// [`warn_limited!`] at info level (seed 000's `Transport failover: ...`
+/// line is info, and fires once per failed task).
 macro_rules! info_limited {
     ($cause:expr, $($arg:tt)+) => {
-        $crate::log_limited!(info, $cause, $($arg)+)
+        $crate::lograte::log_limited!(info, $cause, $($arg)+)
     };
 }
 
-/// The body of [`warn_limited!`](crate::warn_limited) and
-/// [`info_limited!`](crate::info_limited): `$level` names the `tracing` macro.
-#[doc(hidden)]
-#[macro_export]
+/// The body of [`warn_limited!`] and [`info_limited!`]: `$level` names the
+/// `tracing` macro.
 macro_rules! log_limited {
     ($level:ident, $cause:expr, $($arg:tt)+) => {{
         static RATE: $crate::lograte::LogRate = $crate::lograte::LogRate::new();
@@ -216,6 +212,9 @@ macro_rules! log_limited {
         }
     }};
 }
+
+// Crate-local macros, named through this module where the concept lives.
+pub(crate) use {info_limited, log_limited, warn_limited};
 
 #[cfg(test)]
 mod tests {

@@ -322,7 +322,7 @@ impl RailMonitor {
             // A rail that flaps (a good completion un-pauses it, the next
             // failures trip it again) could trip many times a second:
             // once per rail, then a summary at most once a second.
-            crate::warn_limited!(
+            crate::lograte::warn_limited!(
                 (&self.local, &self.remote),
                 "Rail paused: local_nic={} remote_nic={} ({} failures within {} s, cooldown {} ms)",
                 self.local,
@@ -405,7 +405,7 @@ impl RailMonitor {
         self.resumed_ns.store(now, Ordering::Relaxed);
         // As many as the trips (see `Rail paused`): limited the same way.
         let (local, remote) = (&self.local, &self.remote);
-        crate::info_limited!(
+        crate::lograte::info_limited!(
             (local, remote, why),
             "Rail recovered: local_nic={local} remote_nic={remote} ({why})"
         );

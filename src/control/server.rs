@@ -282,7 +282,7 @@ fn accept_loop(
             .map(|a| a.to_string())
             .unwrap_or_default();
         let Some(slot) = live.admit(&stream, epoch.elapsed().as_nanos() as u64) else {
-            crate::warn_limited!("control-full", %peer, limit = MAX_CONNECTIONS, "control: every slot held by authenticated or new peers; new connections are told to retry");
+            crate::lograte::warn_limited!("control-full", %peer, limit = MAX_CONNECTIONS, "control: every slot held by authenticated or new peers; new connections are told to retry");
             let mut s = &stream;
             let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
             let _ = wire::write_message(&mut s, &busy("busy: retry later"));
@@ -315,13 +315,13 @@ fn accept_loop(
                     return;
                 }
                 if let Err(why) = served {
-                    crate::warn_limited!(peer.rsplit_once(':').map_or(&*peer, |(ip, _)| ip), %peer, reason = %why, "control: closing connection");
+                    crate::lograte::warn_limited!(peer.rsplit_once(':').map_or(&*peer, |(ip, _)| ip), %peer, reason = %why, "control: closing connection");
                 }
                 live2.remove(slot.id);
             });
         if let Err(e) = spawned {
             live.remove(id);
-            crate::warn_limited!(e.kind(), error = %e, "control: cannot spawn a connection thread");
+            crate::lograte::warn_limited!(e.kind(), error = %e, "control: cannot spawn a connection thread");
         }
     }
 }

@@ -535,7 +535,7 @@ impl Worker {
         let peer = segment.name();
         let key = (segment.id(), from, cause);
         if t.failover_count >= max {
-            crate::warn_limited!(
+            crate::lograte::warn_limited!(
                 key,
                 %peer,
                 %cause,
@@ -545,7 +545,7 @@ impl Worker {
         }
         let from_rank = usize::from(t.xport_priority) + 1;
         let Some((rank, to)) = self.resolve(&segment, from_rank, TransportKind::Any) else {
-            crate::warn_limited!(
+            crate::lograte::warn_limited!(
                 key,
                 %peer,
                 %cause,
@@ -557,7 +557,7 @@ impl Worker {
         t.failover_count += 1;
         t.transport = to;
         t.xport_priority = rank;
-        crate::info_limited!(
+        crate::lograte::info_limited!(
             (segment.id(), from, to, cause),
             %peer,
             cause = %cause,

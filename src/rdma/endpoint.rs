@@ -213,7 +213,7 @@ impl Endpoint {
                     // No QP to post on: everything waiting fails.
                     let kind = e.kind();
                     let peer = self.source.peer();
-                    crate::warn_limited!(
+                    crate::lograte::warn_limited!(
                         (peer, kind),
                         peer,
                         error = %e,
@@ -302,7 +302,7 @@ impl Endpoint {
                 self.since_signal = self.signal_every;
                 if rc != libc::ENOMEM {
                     let peer = self.source.peer();
-                    crate::warn_limited!(
+                    crate::lograte::warn_limited!(
                         (peer, rc),
                         peer,
                         rc,
@@ -325,7 +325,7 @@ impl Endpoint {
         let n = unsafe { ops::poll_cq(q.cq, POLL_BATCH as i32, self.wcs.as_mut_ptr()) };
         if n < 0 {
             let peer = self.source.peer();
-            crate::warn_limited!(
+            crate::lograte::warn_limited!(
                 (peer, n),
                 peer,
                 rc = n,
@@ -354,7 +354,7 @@ impl Endpoint {
                         });
                     }
                     let peer = self.source.peer();
-                    crate::warn_limited!(
+                    crate::lograte::warn_limited!(
                         (peer, kind),
                         peer,
                         %kind,

@@ -2,14 +2,14 @@
 //!
 //! A target exports its engine-allocated regions as sealed memfds (one per
 //! region) and lists them in a descriptor memfd; both reach peers over the
-//! segment's unix socket in the shm dir ([`shm_handout`](super::shm_handout)).
+//! segment's unix socket in the shm dir (`shm_handout`).
 //! An initiator in another process maps what the owner hands out, then
 //! copies bytes directly.
 //!
 //! Nothing another process wrote is trusted: the descriptor words are
 //! copied under the seqlock and admitted by one parser
-//! ([`shm_desc::parse`](super::shm_desc::parse)), and each memfd is mapped
-//! only after [`shm_desc::admit_region`](super::shm_desc::admit_region)
+//! ([`shm_desc::parse`]), and each memfd is mapped
+//! only after [`shm_desc::admit_region`]
 //! checked its seals and size.
 //!
 //! Every access is checked against the region's bounds and its *live key*:
@@ -490,7 +490,7 @@ impl ShmPeer {
                     return Err(self.refused(seq, err));
                 }
                 Err(err) => {
-                    crate::warn_limited!(
+                    crate::lograte::warn_limited!(
                         (self.name.as_str(), err.kind().code()),
                         segment = %self.name,
                         error = %err,

@@ -415,7 +415,7 @@ fn send_reply(s: &UnixStream, tag: [u8; 8], id: u64, fd: Option<BorrowedFd<'_>>)
     };
     match send_with_fd(s, &frame, fd) {
         Err(e) if recoverable_send(&e) => {
-            crate::warn_limited!(
+            crate::lograte::warn_limited!(
                 e.raw_os_error().unwrap_or(0),
                 error = %e,
                 "shm handout: cannot pass a memfd now; the peer is told to ask again"
@@ -936,7 +936,7 @@ fn accept_loop(
         match peer_uid(&s) {
             Ok((uid, _)) if uid == euid() => {}
             other => {
-                crate::warn_limited!(
+                crate::lograte::warn_limited!(
                     "shm-handout-uid",
                     ?other,
                     "shm handout: refusing a peer of another uid"
@@ -946,7 +946,7 @@ fn accept_loop(
         }
         let s = Arc::new(s);
         if conns.lock().expect("conns poisoned").admit(s.clone()) {
-            crate::warn_limited!(
+            crate::lograte::warn_limited!(
                 "shm-handout-evict",
                 "shm handout: too many handshakes at once; closed the oldest"
             );
@@ -967,7 +967,7 @@ fn accept_loop(
         // On failure the closure, and the slot in it, is dropped: the
         // connection leaves `conns` and is closed.
         if let Err(e) = spawned {
-            crate::warn_limited!(
+            crate::lograte::warn_limited!(
                 "shm-handout-spawn",
                 error = %e,
                 "shm handout: cannot spawn a peer thread"
@@ -1013,7 +1013,7 @@ fn handshake(s: &UnixStream, table: &HandoutTable, bind: &[u8; 16]) -> io::Resul
             bind,
             &proof,
         ) {
-            crate::warn_limited!(
+            crate::lograte::warn_limited!(
                 "shm-handout-proof",
                 "shm handout: a peer failed the shared-secret proof"
             );
@@ -1035,7 +1035,7 @@ fn serve(slot: &Slot, table: &HandoutTable, bind: &[u8; 16]) -> io::Result<()> {
         .expect("conns poisoned")
         .authenticate(&slot.stream)
     {
-        crate::warn_limited!(
+        crate::lograte::warn_limited!(
             "shm-handout-full",
             "shm handout: every serving slot is taken; closing an authenticated peer"
         );

@@ -19,7 +19,7 @@
 //! sender reconnects on the next slice. Slices still in `submit` were never
 //! sent, so they are never reported twice.
 //!
-//! A connection opens with the [`handshake`](super::handshake) (proof of
+//! A connection opens with the [`handshake`] (proof of
 //! the shared secret when one is set). A target with no room says
 //! [`BUSY`]: the slice waits and the sender retries with a growing pause
 //! (back-pressure, no fault of the rail) until the slice's patience runs
@@ -597,17 +597,17 @@ fn receive(
         let resp = match Response::decode(&h) {
             Ok(r) => r,
             Err(e) => {
-                crate::warn_limited!(conn.endpoint.remote, remote = %conn.endpoint.remote, error = %e, "tcp: malformed response; closing the connection");
+                crate::lograte::warn_limited!(conn.endpoint.remote, remote = %conn.endpoint.remote, error = %e, "tcp: malformed response; closing the connection");
                 break ErrorKind::Unreachable;
             }
         };
         let Some(mut op) = inflight.pop() else {
-            crate::warn_limited!(conn.endpoint.remote, remote = %conn.endpoint.remote, "tcp: response with nothing outstanding; closing the connection");
+            crate::lograte::warn_limited!(conn.endpoint.remote, remote = %conn.endpoint.remote, "tcp: response with nothing outstanding; closing the connection");
             break ErrorKind::Unreachable;
         };
         inflight.sync();
         if resp.seq != op.seq {
-            crate::warn_limited!(conn.endpoint.remote, remote = %conn.endpoint.remote, want = op.seq, got = resp.seq, "tcp: response out of order; closing the connection");
+            crate::lograte::warn_limited!(conn.endpoint.remote, remote = %conn.endpoint.remote, want = op.seq, got = resp.seq, "tcp: response out of order; closing the connection");
             pending = Some(op);
             break ErrorKind::Unreachable;
         }

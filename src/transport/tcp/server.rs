@@ -12,7 +12,7 @@
 //!
 //! Hostile peers: the server listens only on the addresses the engine
 //! advertises; with a shared secret a connection proves it
-//! ([`handshake`](super::handshake)) before its first request; refusals to
+//! ([`handshake`]) before its first request; refusals to
 //! a connection that has not proven it reveal nothing about memory layout
 //! (`check`); the handshake has one deadline, an idle connection is
 //! closed, a frame that stalls (or a response the peer stops reading) for
@@ -81,7 +81,7 @@ pub fn set_default_stall_limit_for_tests(limit: Option<Duration>) {
 
 /// The stall limit of a serving connection: `transports/tcp/user_timeout_ms`
 /// (how long the kernel itself lets data go unacknowledged), at least
-/// [`STALL_LIMIT_MIN`], or [`STALL_LIMIT_DEFAULT`] when it is 0.
+/// `STALL_LIMIT_MIN`, or `STALL_LIMIT_DEFAULT` when it is 0.
 pub fn stall_limit(user_timeout_ms: u32) -> Duration {
     match user_timeout_ms {
         0 => match STALL_LIMIT_DEFAULT_OVERRIDE_MS.load(Ordering::Relaxed) {
@@ -310,7 +310,7 @@ fn accept_loop(
         let (stream, peer) = match accepted {
             Ok(x) => x,
             Err(e) => {
-                crate::warn_limited!(e.kind(), error = %e, "tcp data server: accept failed");
+                crate::lograte::warn_limited!(e.kind(), error = %e, "tcp data server: accept failed");
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
@@ -324,7 +324,7 @@ fn accept_loop(
         let Some(slot) = live.admit(&stream) else {
             // Full of connections in use: say so (the initiator backs off
             // and retries; a busy target is no fault of the rail).
-            crate::warn_limited!("tcp-data-full", %peer, limit = MAX_CONNECTIONS, "tcp data server: every connection in use; new ones are told to come back later");
+            crate::lograte::warn_limited!("tcp-data-full", %peer, limit = MAX_CONNECTIONS, "tcp data server: every connection in use; new ones are told to come back later");
             let _ = io::send_header(&stream, &Hello::refusal(BUSY).encode());
             let _ = stream.shutdown(std::net::Shutdown::Write);
             refused.push_back((Instant::now(), stream));
@@ -346,14 +346,14 @@ fn accept_loop(
                 ) {
                     Ok(()) => tracing::debug!(%peer, "tcp data connection closed"),
                     Err(reason) => {
-                        crate::warn_limited!(peer.ip(), %peer, %reason, "tcp data connection closed")
+                        crate::lograte::warn_limited!(peer.ip(), %peer, %reason, "tcp data connection closed")
                     }
                 }
                 live2.remove(slot.id);
             });
         if let Err(e) = spawned {
             live.remove(id);
-            crate::warn_limited!(e.kind(), %peer, error = %e, "tcp data server: cannot spawn a connection thread");
+            crate::lograte::warn_limited!(e.kind(), %peer, error = %e, "tcp data server: cannot spawn a connection thread");
         }
     }
 }
