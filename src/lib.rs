@@ -15,7 +15,8 @@
 //!   (`RailMonitor`); [`netlink`]: link state.
 //! - [`metrics`]: failover and rail counters, Prometheus text.
 //! - [`error`]: the error taxonomy; [`lograte`]: failure logs once per cause
-//!   per second (`warn_limited!`).
+//!   per second (`warn_limited!`); [`deadline`]: socket I/O bounded by one
+//!   deadline for a whole exchange (handshakes, control).
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -23,6 +24,7 @@
 pub mod clock;
 pub mod config;
 pub mod control;
+pub mod deadline;
 pub mod doorbell;
 pub mod engine;
 pub mod error;

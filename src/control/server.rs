@@ -29,6 +29,7 @@ use tent_rings::ErrorKind;
 
 use super::auth::{self, Door};
 use super::wire::{self, Message, QpBootstrap, SegmentDescriptor, WireError};
+use crate::deadline::ByDeadline;
 use crate::error::{Error, Result};
 
 /// Connections served at once (see the module doc for who gets evicted).
@@ -203,33 +204,18 @@ impl Live {
     }
 }
 
-/// A connection's stream with its one deadline: each read or write may
-/// wait only for what is left of it (one `setsockopt` per call: control
-/// traffic is a few messages).
+/// A connection's stream with its one deadline ([`ByDeadline`]), stamping
+/// its slot's `last_read_ns` whenever bytes arrive (eviction picks the
+/// longest idle).
 struct Timed<'a> {
-    s: &'a TcpStream,
+    s: ByDeadline<&'a TcpStream>,
     slot: &'a Slot,
     epoch: Instant,
-    deadline: Instant,
-}
-
-impl Timed<'_> {
-    fn left(&self) -> std::io::Result<Duration> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "exchange deadline passed",
-            ));
-        }
-        Ok(left)
-    }
 }
 
 impl Read for Timed<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.s.set_read_timeout(Some(self.left()?))?;
-        let n = (&*self.s).read(buf)?;
+        let n = self.s.read(buf)?;
         if n > 0 {
             self.slot
                 .last_read_ns
@@ -241,8 +227,7 @@ impl Read for Timed<'_> {
 
 impl Write for Timed<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.s.set_write_timeout(Some(self.left()?))?;
-        (&*self.s).write(buf)
+        self.s.write(buf)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -298,10 +283,9 @@ fn accept_loop(
             .spawn(move || {
                 let secret = secret.as_deref().map(Vec::as_slice);
                 let mut t = Timed {
-                    s: &stream,
+                    s: ByDeadline::new(&stream, Instant::now() + EXCHANGE_DEADLINE),
                     slot: &slot,
                     epoch,
-                    deadline: Instant::now() + EXCHANGE_DEADLINE,
                 };
                 let served = serve(&mut t, secret, &*describe, qp.as_deref());
                 if slot.evicted.load(Ordering::Acquire) {
@@ -350,14 +334,14 @@ fn serve(
     describe: &DescriptorFn,
     qp: Option<&QpConnectFn>,
 ) -> std::result::Result<(), Close> {
-    let _ = s.s.set_nodelay(true);
+    let _ = s.s.get_ref().set_nodelay(true);
     let client_nonce = match wire::read_message(s)? {
         Message::Hello { nonce } => nonce,
         other => return Err(unexpected(s, "Hello", &other)),
     };
     let server_nonce = auth::nonce();
     // The channel binding: this server's address as the client reached it.
-    let binding = match (secret, s.s.local_addr()) {
+    let binding = match (secret, s.s.get_ref().local_addr()) {
         (None, _) => [0; 18],
         (Some(_), Ok(a)) => auth::addr_binding(a),
         (Some(_), Err(e)) => return Err(Close::Wire(WireError::Io(e))),

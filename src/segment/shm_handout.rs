@@ -49,6 +49,7 @@ use tent_rings::ErrorKind;
 use super::shm_desc::{self, DescError};
 use crate::control::auth::{self, Door};
 use crate::control::wire::{MAC_LEN, NONCE_LEN};
+use crate::deadline::{ByDeadline, timed_out, wait_for};
 use crate::error::{Error, Result};
 
 const MAGIC: [u8; 8] = *b"TENTSHM2";
@@ -102,94 +103,6 @@ fn binding(dev: u64, ino: u64) -> [u8; 16] {
     b[..8].copy_from_slice(&dev.to_le_bytes());
     b[8..].copy_from_slice(&ino.to_le_bytes());
     b
-}
-
-fn timed_out() -> io::Error {
-    io::Error::new(io::ErrorKind::TimedOut, "deadline passed")
-}
-
-/// Wait until `fd` is ready for `events` or `deadline` passes.
-fn wait_for(fd: BorrowedFd<'_>, events: libc::c_short, deadline: Instant) -> io::Result<()> {
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(timed_out());
-        }
-        let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
-        let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events,
-            revents: 0,
-        };
-        // SAFETY: poll on one live descriptor in a local.
-        let rc = unsafe { libc::poll(&mut p, 1, ms) };
-        if rc > 0 {
-            return Ok(());
-        }
-        if rc < 0 && last_err().kind() != io::ErrorKind::Interrupted {
-            return Err(last_err());
-        }
-    }
-}
-
-/// Read exactly `buf.len()` bytes by `deadline` (never blocks past it).
-fn read_exact_by(s: &UnixStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
-    let mut got = 0;
-    while got < buf.len() {
-        wait_for(s.as_fd(), libc::POLLIN, deadline)?;
-        // SAFETY: recv into the unfilled tail of a live buffer.
-        let n = unsafe {
-            libc::recv(
-                s.as_raw_fd(),
-                buf[got..].as_mut_ptr().cast(),
-                buf.len() - got,
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n > 0 {
-            got += n as usize;
-        } else if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        } else {
-            let e = last_err();
-            if !matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            ) {
-                return Err(e);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Write all of `buf` by `deadline` (never blocks past it).
-fn write_all_by(s: &UnixStream, buf: &[u8], deadline: Instant) -> io::Result<()> {
-    let mut sent = 0;
-    while sent < buf.len() {
-        wait_for(s.as_fd(), libc::POLLOUT, deadline)?;
-        // SAFETY: send from a live buffer.
-        let n = unsafe {
-            libc::send(
-                s.as_raw_fd(),
-                buf[sent..].as_ptr().cast(),
-                buf.len() - sent,
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if n >= 0 {
-            sent += n as usize;
-        } else {
-            let e = last_err();
-            if !matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            ) {
-                return Err(e);
-            }
-        }
-    }
-    Ok(())
 }
 
 // ---- memfds and mappings ------------------------------------------------
@@ -517,7 +430,9 @@ fn recv_frame(
     if n == 0 && !buf.is_empty() {
         return Err(whole(io::ErrorKind::UnexpectedEof.into()));
     }
-    read_exact_by(s, &mut buf[n..], deadline).map_err(|err| RecvError { err, partial: true })?;
+    ByDeadline::new(s, deadline)
+        .read_exact(&mut buf[n..])
+        .map_err(|err| RecvError { err, partial: true })?;
     Ok(Received {
         fd: first,
         truncated,
@@ -980,9 +895,9 @@ fn accept_loop(
 /// challenge carrying the owner's proof (bound to its socket file), and
 /// with a secret the peer's proof, checked before anything is handed out.
 fn handshake(s: &UnixStream, table: &HandoutTable, bind: &[u8; 16]) -> io::Result<()> {
-    let deadline = Instant::now() + IO_TIMEOUT;
+    let mut by = ByDeadline::new(s, Instant::now() + IO_TIMEOUT);
     let mut hello = [0u8; HELLO_LEN];
-    read_exact_by(s, &mut hello, deadline)?;
+    by.read_exact(&mut hello)?;
     if hello[..8] != MAGIC {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "bad hello"));
     }
@@ -1001,10 +916,10 @@ fn handshake(s: &UnixStream, table: &HandoutTable, bind: &[u8; 16]) -> io::Resul
             bind,
         ));
     }
-    write_all_by(s, &ch, deadline)?;
+    by.write_all(&ch)?;
     if let Some(secret) = &table.secret {
         let mut proof = [0u8; MAC_LEN];
-        read_exact_by(s, &mut proof, deadline)?;
+        by.read_exact(&mut proof)?;
         if !auth::verify_client(
             Door::Shm,
             secret,
@@ -1163,9 +1078,10 @@ impl HandoutClient {
         let mut hello = [0u8; HELLO_LEN];
         hello[..8].copy_from_slice(&MAGIC);
         hello[8..].copy_from_slice(&client_nonce);
-        write_all_by(&stream, &hello, deadline).map_err(io)?;
+        let mut by = ByDeadline::new(&stream, deadline);
+        by.write_all(&hello).map_err(io)?;
         let mut ch = [0u8; CHALLENGE_LEN];
-        read_exact_by(&stream, &mut ch, deadline).map_err(io)?;
+        by.read_exact(&mut ch).map_err(io)?;
         if ch[..8] != MAGIC {
             return Err(refused(
                 ErrorKind::InvalidArgument,
@@ -1207,12 +1123,9 @@ impl HandoutClient {
                         "its owner failed to prove the shared secret for this socket",
                     ));
                 }
-                write_all_by(
-                    &stream,
-                    &auth::client_proof(Door::Shm, secret, &server_nonce, &client_nonce, &bind),
-                    deadline,
-                )
-                .map_err(io)?;
+                let proof =
+                    auth::client_proof(Door::Shm, secret, &server_nonce, &client_nonce, &bind);
+                by.write_all(&proof).map_err(io)?;
             }
             (false, None) => {}
         }
@@ -1285,7 +1198,9 @@ impl HandoutClient {
         req[8..16].copy_from_slice(&handle.to_le_bytes());
         req[16..].copy_from_slice(&id.to_le_bytes());
         // 24 bytes into an empty-ish socket buffer go in one send or none.
-        write_all_by(&self.stream, &req, deadline).map_err(io)?;
+        ByDeadline::new(&self.stream, deadline)
+            .write_all(&req)
+            .map_err(io)?;
         loop {
             let mut frame = [0u8; REPLY_LEN];
             let got = recv_frame(&self.stream, &mut frame, deadline).map_err(|e| {

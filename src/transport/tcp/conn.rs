@@ -445,16 +445,8 @@ impl Sender {
         let stream: TcpStream = sock.into();
         tune(&stream, self.conn.opts.user_timeout_ms);
         let deadline = started + self.conn.opts.connect_timeout;
-        let opened =
-            handshake::open(&stream, self.conn.opts.secret.as_deref(), deadline).and_then(|()| {
-                stream
-                    .set_read_timeout(None)
-                    .map_err(|e| handshake::Refused {
-                        kind: io::kind_of(&e),
-                        why: e.to_string(),
-                    })
-            });
-        if let Err(r) = opened {
+        // The handshake leaves the socket's timeouts alone: reads block.
+        if let Err(r) = handshake::open(&stream, self.conn.opts.secret.as_deref(), deadline) {
             self.note(r.kind, &r.why);
             return Err(r.kind);
         }

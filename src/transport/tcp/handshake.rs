@@ -8,6 +8,7 @@
 //! is done, and the whole exchange has one deadline: a peer that drips a
 //! byte at a time does not extend it.
 
+use std::io::Read;
 use std::net::TcpStream;
 use std::time::Instant;
 
@@ -19,6 +20,7 @@ use super::frame::{
 };
 use super::io;
 use crate::control::auth::{self, Door};
+use crate::deadline::ByDeadline;
 
 /// Why a target refused a connection, or why the initiator gave up on it.
 #[derive(Debug, thiserror::Error)]
@@ -56,14 +58,17 @@ pub fn serve(
     secret: Option<&[u8]>,
     deadline: Instant,
 ) -> std::result::Result<(), String> {
+    let mut rx = ByDeadline::new(s, deadline);
     let mut head = [0u8; HELLO_HEADER_LEN];
-    io::recv_by(s, &mut head, deadline).map_err(|e| format!("hello: {e}"))?;
+    rx.read_exact(&mut head)
+        .map_err(|e| format!("hello: {e}"))?;
     if let Err(e) = Hello::decode_header(&head) {
         let _ = io::send_header(s, &Hello::refusal(ErrorKind::InvalidArgument).encode());
         return Err(format!("bad hello: {e}"));
     }
     let mut theirs = [0u8; NONCE_LEN];
-    io::recv_by(s, &mut theirs, deadline).map_err(|e| format!("hello nonce: {e}"))?;
+    rx.read_exact(&mut theirs)
+        .map_err(|e| format!("hello nonce: {e}"))?;
     let ours = auth::nonce();
     let hello = Hello {
         status: 0,
@@ -76,7 +81,7 @@ pub fn serve(
     };
     let binding = auth::addr_binding(s.local_addr().map_err(|e| format!("local address: {e}"))?);
     let mut b = [0u8; PROOF_LEN];
-    io::recv_by(s, &mut b, deadline).map_err(|e| format!("proof: {e}"))?;
+    rx.read_exact(&mut b).map_err(|e| format!("proof: {e}"))?;
     let valid = Proof::decode(&b)
         .is_ok_and(|p| auth::verify_client(Door::Data, secret, &ours, &theirs, &binding, &p.mac));
     if !valid {
@@ -115,8 +120,10 @@ pub fn open(
         nonce: ours,
     };
     io::send_header(s, &hello.encode()).map_err(|e| io_refused(e, "hello"))?;
+    let mut rx = ByDeadline::new(s, deadline);
     let mut b = [0u8; HELLO_LEN];
-    io::recv_by(s, &mut b[..HELLO_HEADER_LEN], deadline).map_err(|e| io_refused(e, "hello"))?;
+    rx.read_exact(&mut b[..HELLO_HEADER_LEN])
+        .map_err(|e| io_refused(e, "hello"))?;
     let mut head = [0u8; HELLO_HEADER_LEN];
     head.copy_from_slice(&b[..HELLO_HEADER_LEN]);
     let (status, flags) = Hello::decode_header(&head).map_err(|e| match e {
@@ -126,7 +133,8 @@ pub fn open(
         ),
         e => refused(ErrorKind::Unreachable, format!("bad hello: {e}")),
     })?;
-    io::recv_by(s, &mut b[HELLO_HEADER_LEN..], deadline).map_err(|e| io_refused(e, "hello"))?;
+    rx.read_exact(&mut b[HELLO_HEADER_LEN..])
+        .map_err(|e| io_refused(e, "hello"))?;
     if status != 0 {
         let kind = ErrorKind::from_code(status).unwrap_or(ErrorKind::Unreachable);
         return Err(refused(kind, "target refused the connection"));
@@ -154,7 +162,7 @@ pub fn open(
             };
             io::send_header(s, &proof.encode()).map_err(|e| io_refused(e, "proof"))?;
             let mut b = [0u8; PROOF_LEN];
-            io::recv_by(s, &mut b, deadline).map_err(|e| {
+            rx.read_exact(&mut b).map_err(|e| {
                 // A target that closes after our proof rejected it.
                 let mut r = io_refused(e, "proof reply");
                 if r.kind == BUSY {

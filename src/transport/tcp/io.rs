@@ -6,8 +6,7 @@
 //! into its final place. Raw pointers, not slices: the memory is shared with
 //! the application, which Rust references could not describe honestly.
 
-use std::io::{self, Read};
-use std::net::TcpStream;
+use std::io;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -199,30 +198,6 @@ pub fn discard(sock: &impl AsRawFd, mut len: u64, stall: Duration) -> io::Result
         // SAFETY: `scratch` is a local buffer of at least `n` bytes.
         unsafe { recv_exact(sock, scratch.as_mut_ptr(), n, stall)? };
         len -= n as u64;
-    }
-    Ok(())
-}
-
-/// Receive exactly `buf.len()` bytes before `deadline` (handshakes only:
-/// one `setsockopt` per read). A peer that drips bytes does not extend the
-/// deadline: each read may wait only for what is left of it.
-pub fn recv_by(sock: &TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
-    let mut got = 0;
-    while got < buf.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::ErrorKind::TimedOut.into());
-        }
-        sock.set_read_timeout(Some(left))?;
-        match (&*sock).read(&mut buf[got..]) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock) => {
-                return Err(io::ErrorKind::TimedOut.into());
-            }
-            Err(e) => return Err(e),
-        }
     }
     Ok(())
 }

@@ -1,0 +1,237 @@
+//! Socket I/O bounded by one deadline for a whole exchange.
+//!
+//! Handshakes and control exchanges give a connection one deadline for all
+//! of it: a peer that drips a byte per read must not extend it. Every read
+//! or write here waits (`poll`) only for what is left of the deadline, then
+//! moves what is ready without blocking (`MSG_DONTWAIT`): one `poll` and one
+//! `recv`/`send` per call, and the socket's own options (timeouts, blocking
+//! mode) are left as they are. Any stream socket works (`TcpStream`,
+//! `UnixStream`, through [`AsFd`]). Not for per-op data paths.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::time::Instant;
+
+/// The error for a deadline that passed (`TimedOut`).
+pub fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "deadline passed")
+}
+
+/// Wait until `fd` is ready for `events` (`POLLIN`, `POLLOUT`) or
+/// `deadline` passes (`TimedOut`). Readiness includes an error or a hang-up:
+/// the next `recv`/`send` reports it.
+pub fn wait_for(fd: BorrowedFd<'_>, events: libc::c_short, deadline: Instant) -> io::Result<()> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events,
+            revents: 0,
+        };
+        // SAFETY: poll on one live descriptor in a local.
+        let rc = unsafe { libc::poll(&mut p, 1, ms) };
+        if rc > 0 {
+            return Ok(());
+        }
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// A socket whose reads and writes all end by one deadline.
+///
+/// [`Read::read`] returns `Ok(0)` at end of stream (so `read_exact` fails
+/// `UnexpectedEof`); either direction fails `TimedOut` once the deadline has
+/// passed with nothing moved.
+#[derive(Debug)]
+pub struct ByDeadline<S> {
+    sock: S,
+    deadline: Instant,
+}
+
+impl<S: AsFd> ByDeadline<S> {
+    /// `sock` (a reference to a stream socket, usually) with `deadline`.
+    pub fn new(sock: S, deadline: Instant) -> Self {
+        ByDeadline { sock, deadline }
+    }
+
+    /// The socket.
+    pub fn get_ref(&self) -> &S {
+        &self.sock
+    }
+
+    /// One `poll` then one non-blocking `op`, until it moves something or
+    /// fails with something other than `WouldBlock`/`Interrupted`.
+    fn step(&self, events: libc::c_short, mut op: impl FnMut(i32) -> isize) -> io::Result<usize> {
+        loop {
+            wait_for(self.sock.as_fd(), events, self.deadline)?;
+            let n = op(self.sock.as_fd().as_raw_fd());
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ) {
+                return Err(e);
+            }
+        }
+    }
+}
+
+impl<S: AsFd> Read for ByDeadline<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        self.step(libc::POLLIN, |fd| {
+            // SAFETY: recv into a live, writable buffer of its own length.
+            unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) }
+        })
+    }
+}
+
+impl<S: AsFd> Write for ByDeadline<S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        self.step(libc::POLLOUT, |fd| {
+            // SAFETY: send from a live buffer of its own length; MSG_NOSIGNAL
+            // turns a dead peer into EPIPE instead of SIGPIPE.
+            unsafe {
+                libc::send(
+                    fd,
+                    buf.as_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            }
+        })
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::unix::net::UnixStream;
+    use std::time::Duration;
+
+    #[test]
+    fn reads_and_writes_whole_buffers() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        ByDeadline::new(&a, deadline).write_all(b"hello").unwrap();
+        let mut got = [0u8; 5];
+        ByDeadline::new(&b, deadline).read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hello");
+    }
+
+    #[test]
+    fn a_drip_does_not_extend_the_deadline() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let dripper = std::thread::spawn(move || {
+            // One byte per 50 ms: 40 bytes would take 2 s.
+            for _ in 0..40 {
+                if c.write_all(b"x").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let start = Instant::now();
+        let mut buf = [0u8; 40];
+        let e = ByDeadline::new(&s, start + Duration::from_millis(300))
+            .read_exact(&mut buf)
+            .unwrap_err();
+        let took = start.elapsed();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        assert!(took < Duration::from_millis(1000), "{took:?}");
+        drop(s);
+        dripper.join().unwrap();
+    }
+
+    #[test]
+    fn a_closed_peer_is_unexpected_eof() {
+        let (a, b) = UnixStream::pair().unwrap();
+        (&a).write_all(b"ab").unwrap();
+        drop(a);
+        let mut buf = [0u8; 4];
+        let mut r = ByDeadline::new(&b, Instant::now() + Duration::from_secs(5));
+        let e = r.read_exact(&mut buf).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn a_silent_peer_times_out_a_read() {
+        let (_a, b) = UnixStream::pair().unwrap();
+        let start = Instant::now();
+        let mut buf = [0u8; 1];
+        let e = ByDeadline::new(&b, start + Duration::from_millis(100))
+            .read_exact(&mut buf)
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(start.elapsed() >= Duration::from_millis(100));
+    }
+
+    /// Writes to `s` (its send buffer made small) that nobody reads fail
+    /// `TimedOut` at the deadline.
+    fn never_read(s: BorrowedFd<'_>) {
+        let small: libc::c_int = 4096;
+        // SAFETY: setsockopt on a live socket with an int of its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&small as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0);
+        let start = Instant::now();
+        let e = ByDeadline::new(s, start + Duration::from_millis(100))
+            .write_all(&vec![0u8; 16 << 20])
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(start.elapsed() >= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_peer_that_never_reads_times_out_a_write() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        never_read(a.as_fd());
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_s, _) = l.accept().unwrap();
+        never_read(c.as_fd());
+    }
+
+    #[test]
+    fn a_passed_deadline_moves_nothing() {
+        let (a, b) = UnixStream::pair().unwrap();
+        (&a).write_all(b"x").unwrap();
+        let mut buf = [0u8; 1];
+        let e = ByDeadline::new(&b, Instant::now())
+            .read(&mut buf)
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+    }
+}
