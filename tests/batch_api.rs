@@ -284,4 +284,12 @@ fn submit_is_all_or_nothing_when_the_ring_is_short() {
     assert_eq!(s.state, TaskState::Completed, "{s:?}");
     assert_eq!(e.status_list(b).unwrap().len(), 12);
     e.free_batch(b).unwrap();
+    // More than the batch ring holds can never go at once: a typed error,
+    // nothing queued.
+    let big = e.allocate_batch(16).unwrap();
+    let nine: Vec<_> = (0..9).map(req).collect();
+    let err = e.submit(big, &nine).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(e.status_list(big).unwrap().is_empty());
+    e.free_batch(big).unwrap();
 }
