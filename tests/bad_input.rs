@@ -377,3 +377,81 @@ fn from_bytes(b: [u8; 64]) -> Sqe {
     // SAFETY: every bit pattern is a valid Sqe (plain integers); accessors validate.
     unsafe { std::mem::transmute::<[u8; 64], Sqe>(b) }
 }
+
+/// `sqe` with byte `at` of its 64-byte wire form replaced by `v`.
+fn with_byte(sqe: Sqe, at: usize, v: u8) -> Sqe {
+    let mut raw = unsafe_bytes(sqe);
+    raw[at] = v;
+    from_bytes(raw)
+}
+
+/// Wire offsets (see `tent_rings::entry`): flags at 50, reserved 52..64.
+const FLAGS_AT: usize = 50;
+const RESERVED: std::ops::Range<usize> = 52..64;
+
+fn small_write(src: &Buffer, dst: &Buffer) -> Sqe {
+    op::Write::new(
+        LocalAddr::new(src.id(), 0),
+        RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+        64,
+    )
+    .build()
+}
+
+#[test]
+fn unknown_flags_and_reserved_bytes_are_refused() {
+    let e = engine();
+    let (src, dst) = (buf(&e, 64), buf(&e, 64));
+    let good = small_write(&src, &dst);
+    assert_eq!(with_byte(good, FLAGS_AT, good.flags()), good);
+    let mut bad = Vec::new();
+    for bit in 1..8 {
+        bad.push((
+            format!("flag bit {bit}"),
+            with_byte(good, FLAGS_AT, 1 << bit),
+        ));
+    }
+    for at in RESERVED {
+        bad.push((format!("reserved byte {at}"), with_byte(good, at, 0x80)));
+    }
+    for (what, sqe) in &bad {
+        assert_eq!(
+            beside_valid(&e, *sqe),
+            Err(ErrorKind::InvalidArgument),
+            "{what}"
+        );
+    }
+    // The known flag still works, and a normal SQE still completes.
+    assert_eq!(
+        beside_valid(&e, with_byte(good, FLAGS_AT, tent_rings_no_failover())),
+        Ok(64)
+    );
+    assert_eq!(beside_valid(&e, good), Ok(64));
+    // The batch API reports the same requests Invalid.
+    let b = e.allocate_batch(bad.len() + 1).unwrap();
+    let mut reqs: Vec<Sqe> = bad.iter().map(|(_, s)| *s).collect();
+    reqs.push(good);
+    e.submit(b, &reqs).unwrap();
+    e.wait_batch(b, Duration::from_secs(20)).unwrap();
+    for (i, (what, _)) in bad.iter().enumerate() {
+        let s = e.status(b, i).unwrap();
+        assert_eq!(
+            (s.state, s.error),
+            (TaskState::Invalid, Some(ErrorKind::InvalidArgument)),
+            "{what}"
+        );
+    }
+    assert_eq!(e.status(b, bad.len()).unwrap().state, TaskState::Completed);
+    e.free_batch(b).unwrap();
+}
+
+fn tent_rings_no_failover() -> u8 {
+    op::Write::new(
+        LocalAddr::new(Default::default(), 0),
+        RemoteAddr::new(SegmentId::LOCAL, 0),
+        1,
+    )
+    .no_failover(true)
+    .build()
+    .flags()
+}

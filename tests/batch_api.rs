@@ -156,3 +156,140 @@ fn timeout_state_from_deadline() {
         (TaskState::Timeout, Some(ErrorKind::Timeout))
     );
 }
+
+/// A transport that holds its worker inside `submit` until opened (so the
+/// batch ring fills up), then passes every call on.
+struct Gated {
+    inner: Arc<dyn tent::transport::Transport>,
+    open: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+    entered: std::sync::atomic::AtomicUsize,
+}
+
+impl Gated {
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+/// Opens the gate when dropped, so a failing test still lets the worker go.
+struct OpenOnDrop(Arc<Gated>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
+impl tent::transport::Transport for Gated {
+    fn kind(&self) -> tent::TransportKind {
+        self.inner.kind()
+    }
+    fn install(&self, ctx: &tent::transport::InstallContext) -> tent::Result<()> {
+        self.inner.install(ctx)
+    }
+    fn capabilities(&self) -> tent::transport::Capabilities {
+        self.inner.capabilities()
+    }
+    fn reaches(&self, segment: &tent::segment::Segment) -> bool {
+        self.inner.reaches(segment)
+    }
+    fn submit(
+        &self,
+        worker: usize,
+        slices: &[tent::transport::Slice<'_>],
+        out: &mut [tent::transport::SubmitOutcome],
+    ) {
+        self.entered
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+        drop(open);
+        self.inner.submit(worker, slices, out)
+    }
+    fn poll(&self, worker: usize, out: &mut [tent::transport::SliceCompletion]) -> usize {
+        self.inner.poll(worker, out)
+    }
+}
+
+#[test]
+fn submit_is_all_or_nothing_when_the_ring_is_short() {
+    let mut c = common::test_config();
+    c.ring_depth = 8;
+    c.default_timeout_ms = 300;
+    let e = Engine::new(c).unwrap();
+    let inner = e.swap_transport(tent::TransportKind::Local, None).unwrap();
+    let gate = Arc::new(Gated {
+        inner,
+        open: std::sync::Mutex::new(false),
+        cv: std::sync::Condvar::new(),
+        entered: std::sync::atomic::AtomicUsize::new(0),
+    });
+    e.swap_transport(tent::TransportKind::Local, Some(gate.clone()));
+    let _open = OpenOnDrop(gate.clone());
+    let src = e.allocate_memory(4096).unwrap();
+    let dst = e.allocate_memory(4096).unwrap();
+    let far = tent::clock::monotonic_ns() + 60_000_000_000;
+    let req = |i: u64| {
+        op::Write::new(
+            LocalAddr::new(src.id(), i * 64),
+            RemoteAddr::new(SegmentId::LOCAL, dst.addr() + i * 64),
+            64,
+        )
+        .deadline_ns(far)
+        .build()
+    };
+    let b = e.allocate_batch(32).unwrap();
+    // One task holds the worker inside the transport...
+    e.submit(b, &[req(0)]).unwrap();
+    let t0 = std::time::Instant::now();
+    while gate.entered.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "worker never submitted"
+        );
+        std::thread::yield_now();
+    }
+    // ...five more take 5 of the batch ring's 8 entries...
+    let five: Vec<_> = (1..6).map(req).collect();
+    e.submit(b, &five).unwrap();
+    // ...so six do not fit: refused whole, none queued.
+    let six: Vec<_> = (6..12).map(req).collect();
+    let err = e.submit(b, &six).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::SqFull, "{err}");
+    for i in 6..12 {
+        assert_eq!(
+            e.status(b, i).unwrap().state,
+            TaskState::Initial,
+            "task {i} of a refused submit was touched"
+        );
+    }
+    gate.open();
+    let s = e.wait_batch(b, Duration::from_secs(20)).unwrap();
+    assert_eq!(s.state, TaskState::Completed, "{s:?}");
+    assert_eq!(e.status_list(b).unwrap().len(), 6);
+    for i in 6..12 {
+        assert_eq!(
+            e.status(b, i).unwrap().state,
+            TaskState::Initial,
+            "task {i} ran"
+        );
+    }
+    // Once there is room, the same submit goes through whole.
+    e.submit(b, &six).unwrap();
+    let s = e.wait_batch(b, Duration::from_secs(20)).unwrap();
+    assert_eq!(s.state, TaskState::Completed, "{s:?}");
+    assert_eq!(e.status_list(b).unwrap().len(), 12);
+    e.free_batch(b).unwrap();
+    // More than the batch ring holds can never go at once: a typed error,
+    // nothing queued.
+    let big = e.allocate_batch(16).unwrap();
+    let nine: Vec<_> = (0..9).map(req).collect();
+    let err = e.submit(big, &nine).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(e.status_list(big).unwrap().is_empty());
+    e.free_batch(big).unwrap();
+}

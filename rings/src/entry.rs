@@ -160,6 +160,11 @@ impl RemoteAddr {
 /// [`Sqe`] flag: fail instead of retrying on another transport.
 pub const SQE_NO_FAILOVER: u8 = 1;
 
+/// Every [`Sqe`] flag this version knows; an entry with any other bit set
+/// (or a non-zero reserved byte) was written by a newer client and is
+/// refused rather than misread (see [`Sqe::has_unknown_fields`]).
+pub const SQE_KNOWN_FLAGS: u8 = SQE_NO_FAILOVER;
+
 /// Submission queue entry. 64 bytes, one cache line.
 ///
 /// All fields are plain integers so that any bit pattern is a valid value (it
@@ -260,6 +265,18 @@ impl Sqe {
     /// The raw flag bits.
     pub fn flags(&self) -> u8 {
         self.flags
+    }
+
+    /// Whether the entry uses anything this version does not know: a flag
+    /// bit outside [`SQE_KNOWN_FLAGS`] or a non-zero reserved byte. The
+    /// engine refuses such an entry (`InvalidArgument`) so that a newer
+    /// client's request is never silently run with part of it ignored.
+    #[inline]
+    pub fn has_unknown_fields(&self) -> bool {
+        let r = &self._reserved;
+        let lo = u64::from_ne_bytes([r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]]);
+        let hi = u32::from_ne_bytes([r[8], r[9], r[10], r[11]]);
+        (self.flags & !SQE_KNOWN_FLAGS) | ((lo | u64::from(hi) != 0) as u8) != 0
     }
 
     /// The local end of the transfer.
@@ -579,6 +596,29 @@ mod tests {
         assert_eq!(TransportKind::from_u8(5), None);
         assert_eq!(Opcode::from_u8(1), Some(Opcode::Write));
         assert_eq!(Opcode::from_u8(2), None);
+    }
+
+    #[test]
+    fn unknown_flags_and_reserved_bytes_are_flagged() {
+        let good = Sqe::zeroed();
+        assert!(!good.has_unknown_fields());
+        let mut known = good;
+        known.flags = SQE_KNOWN_FLAGS;
+        assert!(!known.has_unknown_fields());
+        for bit in 0..8u8 {
+            let mut s = good;
+            s.flags = 1 << bit;
+            assert_eq!(
+                s.has_unknown_fields(),
+                SQE_KNOWN_FLAGS & (1 << bit) == 0,
+                "bit {bit}"
+            );
+        }
+        for i in 0..12 {
+            let mut s = good;
+            s._reserved[i] = 1;
+            assert!(s.has_unknown_fields(), "reserved byte {i}");
+        }
     }
 
     #[test]

@@ -344,10 +344,13 @@ impl BatchTable {
 }
 
 impl Batch {
-    /// Claim `n` task slots for a submit; all or nothing.
-    pub(crate) fn claim(&self, n: usize) -> Result<std::ops::Range<usize>> {
-        let mut usage = self.used.lock().expect("batch poisoned");
-        let cap = self.tasks.len();
+    /// Would [`Batch::claim`] of `n` succeed now? (Claims nothing.)
+    pub(crate) fn check_claim(&self, n: usize) -> Result<()> {
+        let usage = self.used.lock().expect("batch poisoned");
+        Self::room(&usage, self.tasks.len(), n)
+    }
+
+    fn room(usage: &Usage, cap: usize, n: usize) -> Result<()> {
         if usage.freed {
             return Err(Error::invalid("submit to a batch that was freed"));
         }
@@ -360,6 +363,13 @@ impl Batch {
                 usage.used
             )));
         }
+        Ok(())
+    }
+
+    /// Claim `n` task slots for a submit; all or nothing.
+    pub(crate) fn claim(&self, n: usize) -> Result<std::ops::Range<usize>> {
+        let mut usage = self.used.lock().expect("batch poisoned");
+        Self::room(&usage, self.tasks.len(), n)?;
         let range = usage.used..usage.used + n;
         usage.used += n;
         for t in &self.tasks[range.clone()] {
@@ -433,14 +443,6 @@ impl Batch {
         }
         Ok(())
     }
-
-    /// Submit path gave up on tasks it could not queue: finish them so
-    /// nothing stays Pending forever.
-    pub(crate) fn abandon(&self, range: std::ops::Range<usize>, why: ErrorKind) {
-        for t in &self.tasks[range] {
-            t.finish(TaskState::Failed, 0, Some(why), Served::default());
-        }
-    }
 }
 
 #[cfg(test)]
@@ -495,13 +497,24 @@ mod tests {
         let e = b.claim(2).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);
         assert!(e.to_string().contains("overflow"));
+        assert_eq!(
+            b.check_claim(2).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        b.check_claim(1).unwrap();
+        assert_eq!(b.status_list().len(), 3, "check_claim claims nothing");
         assert_eq!(b.overall().state, TaskState::Pending);
         assert!(t.free(id).is_err(), "pending tasks block free");
         b.task(0)
             .finish(TaskState::Completed, 10, None, Served::default());
         b.task(1)
             .finish(TaskState::Completed, 10, None, Served::default());
-        b.abandon(2..3, ErrorKind::SqFull);
+        b.task(2).finish(
+            TaskState::Failed,
+            0,
+            Some(ErrorKind::SqFull),
+            Served::default(),
+        );
         let o = b.overall();
         assert_eq!(
             (o.state, o.transferred_bytes, o.error),

@@ -268,10 +268,21 @@ impl EngineBuilder {
         } else {
             vec![None; count]
         };
+        // The fallible servers first, then the workers: an error returns
+        // before any worker runs, and whatever was started drops (each
+        // server stops and joins on drop; the transports, link watch
+        // included, go with the last `EngineShared`).
+        let data = start_data_server(&shared)?;
+        let rails = data.as_ref().map(|(_, r)| r.clone()).unwrap_or_default();
+        let control = Some(start_control(&shared, export.clone(), rails)?);
+        let batches = BatchTable::new(
+            shared.config.max_batches as usize,
+            shared.config.max_batch_size as usize,
+        );
         let depth = shared.config.ring_depth;
         let inflight = shared.config.max_inflight_slices;
-        let mut workers = Vec::with_capacity(count);
-        let mut threads = Vec::with_capacity(count);
+        // Workers started so far; stopped and joined if a later one fails.
+        let mut started = Workers::default();
         for (index, core) in cores.into_iter().enumerate() {
             let (bp, bc) = spsc::channel::<Sqe>(depth)
                 .map_err(|e| Error::invalid("batch ring").with_source(e))?;
@@ -301,16 +312,10 @@ impl EngineBuilder {
                     worker.run();
                 })
                 .map_err(|e| Error::new(ErrorKind::OutOfMemory, "spawn worker").with_source(e))?;
-            workers.push(ws);
-            threads.push(handle);
+            started.shared.push(ws);
+            started.threads.push(handle);
         }
-        let data = start_data_server(&shared)?;
-        let rails = data.as_ref().map(|(_, r)| r.clone()).unwrap_or_default();
-        let control = Some(start_control(&shared, export.clone(), rails)?);
-        let batches = BatchTable::new(
-            shared.config.max_batches as usize,
-            shared.config.max_batch_size as usize,
-        );
+        let (workers, threads) = started.into_parts();
         Ok(Engine {
             shared,
             workers,
@@ -693,39 +698,54 @@ impl Engine {
     }
 
     /// Submit `requests` into `batch` (appending to earlier submits). All or
-    /// nothing: on an error no request of this call was queued. Each SQE's
-    /// `user_data` is replaced by the engine.
+    /// nothing: on an error no request of this call was queued and the
+    /// batch's tasks are as they were (an `Initial` task stays `Initial`).
+    /// Each SQE's `user_data` is replaced by the engine.
+    ///
+    /// The requests go to one worker's batch ring together, so a call may
+    /// hold at most `ring_depth` requests (more is `InvalidArgument`: split
+    /// it). When the ring has less room than the call needs, it waits up to
+    /// `default_timeout_ms` for the worker to make room, then fails
+    /// `SqFull` with nothing queued.
     pub fn submit(&self, batch: BatchId, requests: &[Sqe]) -> Result<()> {
         let b = self.batches.get(batch)?;
-        let range = b.claim(requests.len())?;
+        let n = requests.len();
+        // Refuse what can never go before waiting for room.
+        b.check_claim(n)?;
         let w = self.pick_worker();
+        let mut sq = w.batch_sq.lock().expect("batch ring poisoned");
+        if n > sq.capacity() {
+            return Err(Error::invalid(format!(
+                "submit of {n} requests exceeds the batch ring ({} entries, ring_depth): split it",
+                sq.capacity()
+            )));
+        }
         let deadline =
             Instant::now() + Duration::from_millis(self.shared.config.default_timeout_ms);
-        let mut sq = w.batch_sq.lock().expect("batch ring poisoned");
-        let mut next = 0;
-        while next < requests.len() {
-            while next < requests.len() {
-                let sqe = requests[next].with_user_data(b.task_ptr(range.start + next) as u64);
-                if sq.push(sqe).is_err() {
-                    break;
-                }
-                next += 1;
+        // Room for every request first; nothing is published until there is.
+        // We hold the ring's only producer, so room found here stays.
+        while !sq.has_slots(n) {
+            if Instant::now() > deadline {
+                return Err(Error::new(
+                    ErrorKind::SqFull,
+                    format!(
+                        "batch ring had no room for {n} requests within the default timeout; nothing queued"
+                    ),
+                ));
             }
-            sq.sync();
-            if sq.needs_wakeup() {
-                w.doorbell().ring();
-            }
-            if next < requests.len() {
-                if Instant::now() > deadline {
-                    b.abandon(range.start + next..range.end, ErrorKind::SqFull);
-                    return Err(Error::new(
-                        ErrorKind::SqFull,
-                        "batch ring stayed full past the default timeout",
-                    ));
-                }
-                w.doorbell().ring();
-                std::thread::yield_now();
-            }
+            w.doorbell().ring();
+            std::thread::yield_now();
+        }
+        let range = b.claim(n)?;
+        for (i, r) in requests.iter().enumerate() {
+            let sqe = r.with_user_data(b.task_ptr(range.start + i) as u64);
+            // Cannot fail: `has_slots(n)` above, and only we push.
+            let pushed = sq.push(sqe);
+            debug_assert!(pushed.is_ok());
+        }
+        sq.sync();
+        if sq.needs_wakeup() {
+            w.doorbell().ring();
         }
         Ok(())
     }
@@ -952,13 +972,45 @@ fn start_control(
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        for w in &self.workers {
-            w.shutdown.store(true, Ordering::Release);
-            w.doorbell().ring();
-        }
-        for h in self.threads.lock().expect("threads poisoned").drain(..) {
-            let _ = h.join();
-        }
+        stop_workers(
+            &self.workers,
+            &mut self.threads.lock().expect("threads poisoned"),
+        );
+    }
+}
+
+/// Ask every worker to stop, wake it, and join its thread.
+fn stop_workers(workers: &[Arc<WorkerShared>], threads: &mut Vec<JoinHandle<()>>) {
+    for w in workers {
+        w.shutdown.store(true, Ordering::Release);
+        w.doorbell().ring();
+    }
+    for h in threads.drain(..) {
+        let _ = h.join();
+    }
+}
+
+/// Workers started during [`EngineBuilder::build`]: a guard that stops and
+/// joins them if the build fails after some were started.
+#[derive(Default)]
+struct Workers {
+    shared: Vec<Arc<WorkerShared>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Workers {
+    /// The build succeeded: hand the workers to the engine.
+    fn into_parts(mut self) -> (Vec<Arc<WorkerShared>>, Vec<JoinHandle<()>>) {
+        (
+            std::mem::take(&mut self.shared),
+            std::mem::take(&mut self.threads),
+        )
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        stop_workers(&self.shared, &mut self.threads);
     }
 }
 

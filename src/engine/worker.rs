@@ -448,6 +448,11 @@ impl Worker {
     }
 
     fn validate(&mut self, sqe: &Sqe, now: u64) -> Result<Accepted, ErrorKind> {
+        // A flag bit or reserved byte this version does not know: a newer
+        // client's request, refused rather than run with part of it ignored.
+        if sqe.has_unknown_fields() {
+            return Err(ErrorKind::InvalidArgument);
+        }
         let opcode = sqe.opcode().ok_or(ErrorKind::InvalidArgument)?;
         let priority = sqe.priority().ok_or(ErrorKind::InvalidArgument)?;
         let hint = sqe.transport_hint().ok_or(ErrorKind::InvalidArgument)?;
