@@ -937,6 +937,17 @@ fn build_default() -> Config {
 }
 
 impl Config {
+    /// Entries of each worker's batch submission ring: room for the largest
+    /// batch (`max_batch_size`) in one all-or-nothing `Engine::submit`, and
+    /// never less than `ring_depth` (a power of two either way).
+    pub fn batch_ring_depth(&self) -> u32 {
+        self.ring_depth.max(
+            self.max_batch_size
+                .checked_next_power_of_two()
+                .unwrap_or(1 << 31),
+        )
+    }
+
     /// Parses and validates JSON text; `source` names it in errors and
     /// becomes [`Config::source`]. Keys left out keep their defaults.
     pub fn from_json_str(text: &str, source: &str) -> Result<Config, ConfigError> {

@@ -124,8 +124,8 @@ fn check_against(cfg: &Config, avail: &Available) -> Result<(), ConfigError> {
         reason: format!(
             "the engine would preallocate {need} bytes ({:.1} GiB) but {} bytes ({:.1} GiB) are available ({}): \
              workers/count {} x max_tasks_per_worker {} x {} bytes = {} bytes (task slots and priority lanes); \
-             workers/count {} x ring_depth {} = {} bytes (batch rings); {} bytes fixed per worker. \
-             Lower workers/count, max_tasks_per_worker or ring_depth",
+             workers/count {} x batch ring {} (ring_depth, or max_batch_size if larger) = {} bytes (batch rings); {} bytes fixed per worker. \
+             Lower workers/count, max_tasks_per_worker, ring_depth or max_batch_size",
             gib(need),
             avail.bytes,
             gib(avail.bytes),
@@ -135,7 +135,7 @@ fn check_against(cfg: &Config, avail: &Available) -> Result<(), ConfigError> {
             f.per_task,
             f.tasks,
             f.workers,
-            cfg.ring_depth,
+            cfg.batch_ring_depth(),
             f.batch_rings,
             f.fixed / u64::from(f.workers.max(1)),
         ),

@@ -279,7 +279,7 @@ impl EngineBuilder {
             shared.config.max_batches as usize,
             shared.config.max_batch_size as usize,
         );
-        let depth = shared.config.ring_depth;
+        let depth = shared.config.batch_ring_depth();
         let inflight = shared.config.max_inflight_slices;
         // Workers started so far; stopped and joined if a later one fails.
         let mut started = Workers::default();
@@ -702,10 +702,11 @@ impl Engine {
     /// batch's tasks are as they were (an `Initial` task stays `Initial`).
     /// Each SQE's `user_data` is replaced by the engine.
     ///
-    /// The requests go to one worker's batch ring together, so a call may
-    /// hold at most `ring_depth` requests (more is `InvalidArgument`: split
-    /// it). When the ring has less room than the call needs, it waits up to
-    /// `default_timeout_ms` for the worker to make room, then fails
+    /// The requests go to one worker's batch ring together; that ring holds
+    /// a whole batch (`Config::batch_ring_depth`: `max_batch_size`, at
+    /// least `ring_depth`), so any batch the table accepts fits in one
+    /// call. When the ring has less room than the call needs, it waits up
+    /// to `default_timeout_ms` for the worker to make room, then fails
     /// `SqFull` with nothing queued.
     pub fn submit(&self, batch: BatchId, requests: &[Sqe]) -> Result<()> {
         let b = self.batches.get(batch)?;
@@ -716,7 +717,7 @@ impl Engine {
         let mut sq = w.batch_sq.lock().expect("batch ring poisoned");
         if n > sq.capacity() {
             return Err(Error::invalid(format!(
-                "submit of {n} requests exceeds the batch ring ({} entries, ring_depth): split it",
+                "submit of {n} requests exceeds the batch ring ({} entries): split it",
                 sq.capacity()
             )));
         }

@@ -181,7 +181,7 @@ pub(crate) struct WorkerBytes {
     /// Task table (slots and free list) and the three priority lanes:
     /// `max_tasks_per_worker` each.
     pub tasks: u64,
-    /// The batch API's submission ring: `ring_depth` SQEs.
+    /// The batch API's submission ring: `Config::batch_ring_depth` SQEs.
     pub batch_ring: u64,
     /// What does not depend on a key: reap buffer, ring and draining
     /// lists, the shared block.
@@ -198,7 +198,7 @@ impl WorkerBytes {
         WorkerBytes {
             tasks: cap * per_task as u64,
             batch_ring: (tent_rings::region::HEADER_LEN
-                + tent_rings::spsc::ring_bytes::<Sqe>(cfg.ring_depth))
+                + tent_rings::spsc::ring_bytes::<Sqe>(cfg.batch_ring_depth()))
                 as u64,
             fixed: (REAP_BATCH * size_of::<SliceCompletion>()
                 + RINGS_AT_START * size_of::<Option<WorkerRing>>()
