@@ -368,6 +368,13 @@ impl RailMonitor {
         }
     }
 
+    /// A good completion, reported at `now`, of a slice posted at
+    /// `posted_ns`.
+    pub fn completed_at(&self, posted_ns: u64, now: u64) {
+        let _ = posted_ns;
+        self.recover_at(now);
+    }
+
     /// A good completion at `now` clears the error count and un-pauses.
     pub fn recover_at(&self, now: u64) {
         self.unpause(now, "un-paused by successful transfer");
@@ -866,6 +873,71 @@ mod tests {
         assert!(!a.is_demoted() && !b.is_demoted());
         b.link_restored();
         assert_eq!(b.bandwidth(), 0, "measured afresh after its link is back");
+    }
+
+    #[test]
+    fn failures_interleaved_with_successes_trip_inside_the_window() {
+        // 40% of slices fail (F at 2 of every 5), successes between them:
+        // the third failure inside the 10 s window trips the rail.
+        let r = rail();
+        let pattern = [true, false, true, false, false];
+        let mut failed = 0;
+        let mut t = S;
+        'outer: for _ in 0..4 {
+            for &fail in &pattern {
+                t += S / 10;
+                if fail {
+                    r.mark_failed_at(t);
+                    failed += 1;
+                    if failed == 3 {
+                        break 'outer;
+                    }
+                } else {
+                    r.completed_at(t - S / 20, t);
+                }
+            }
+        }
+        assert_eq!(r.trips(), 1, "3 failures in {} ms", (t - S) / 1_000_000);
+        assert!(!r.available_at(t + 1));
+        assert_eq!(r.state_at(t + 1), RailState::Paused);
+    }
+
+    #[test]
+    fn successes_do_not_restart_the_window() {
+        let r = rail();
+        r.mark_failed_at(S);
+        r.completed_at(S, 2 * S);
+        r.mark_failed_at(3 * S);
+        r.completed_at(3 * S, 4 * S);
+        assert_eq!(r.state_at(4 * S), RailState::Degraded);
+        r.mark_failed_at(5 * S);
+        assert!(!r.available_at(5 * S + 1), "3 failures within 10 s");
+    }
+
+    #[test]
+    fn degraded_ends_with_the_window() {
+        let r = rail();
+        r.mark_failed_at(S);
+        r.completed_at(S, 2 * S);
+        assert_eq!(r.state_at(2 * S), RailState::Degraded);
+        assert_eq!(r.state_at(12 * S), RailState::Healthy);
+    }
+
+    #[test]
+    fn completion_posted_before_the_trip_does_not_resume() {
+        let r = rail();
+        for t in [10, 20, 30] {
+            r.mark_failed_at(t);
+        }
+        assert!(!r.available_at(31));
+        // A slice posted at 25 (before the trip at 30) completes well at 40.
+        r.completed_at(25, 40);
+        assert!(!r.available_at(41), "posted before the trip");
+        assert_eq!(r.state_at(41), RailState::Paused);
+        // One posted after the trip (a probe) brings the rail back.
+        r.completed_at(35, 50);
+        assert!(r.available_at(51));
+        assert_eq!(r.state_at(51), RailState::Healthy);
     }
 
     #[test]
