@@ -51,8 +51,10 @@ pub const RD_ATOMIC_WANTED: u32 = 16;
 /// `ibv_query_device` caps are `max_qp_init_rd_atom` (outstanding READs as
 /// initiator) and `max_qp_rd_atom` (as target).
 pub fn rd_atomic_depths(max_qp_init_rd_atom: u32, max_qp_rd_atom: u32) -> (u8, u8) {
-    let _ = (max_qp_init_rd_atom, max_qp_rd_atom);
-    (RD_ATOMIC_WANTED as u8, RD_ATOMIC_WANTED as u8)
+    // At least 1: a device reporting 0 is refused by its provider at
+    // RTR/RTS with a typed error rather than left unable to READ silently.
+    let clamp = |cap: u32| RD_ATOMIC_WANTED.min(cap).clamp(1, u32::from(u8::MAX)) as u8;
+    (clamp(max_qp_init_rd_atom), clamp(max_qp_rd_atom))
 }
 
 /// An RC queue pair, destroyed on drop.
