@@ -1,6 +1,6 @@
 //! The cost of rail health on the healthy completion path: what a TCP or
 //! RDMA slice pays per post and per completion with the `RailMonitor`
-//! (gate, queue-depth stamp, bytes, bandwidth sample, dirty check), next
+//! (gate, queue-depth stamp, bytes, bandwidth sample, pause check), next
 //! to the one bytes counter the transports kept before it.
 
 use std::hint::black_box;
@@ -19,7 +19,12 @@ fn healthy_path(c: &mut Criterion) {
                 if black_box(&m).available() {
                     let ahead = m.on_post();
                     m.on_leave();
-                    m.mark_recovered(black_box(65_536), black_box(20_000), ahead);
+                    m.mark_recovered(
+                        black_box(65_536),
+                        black_box(1_000),
+                        black_box(21_000),
+                        ahead,
+                    );
                 }
             })
         },

@@ -6,12 +6,15 @@
 //! that rail; completions report back with [`RailMonitor::mark_failed`] and
 //! [`RailMonitor::mark_recovered`].
 //!
-//! - **Fast path.** A healthy rail costs one relaxed load to gate a post and
-//!   one relaxed load to report a good completion; no lock anywhere.
-//! - **Pausing.** `threshold` failures inside `window` pause the rail for a
-//!   cooldown. A repeat trip doubles the cooldown, up to 300 s.
-//! - **Recovery.** A good completion (a slice that was already in flight)
-//!   or the cooldown's expiry brings the rail back.
+//! - **Fast path.** A rail in service costs one relaxed load to gate a post
+//!   and one relaxed load to report a good completion; no lock anywhere.
+//! - **Pausing.** `threshold` failures inside `window` (counted from the
+//!   window's first failure; good completions in between do not reset the
+//!   count, so a rail failing 40% of its slices still trips) pause the rail
+//!   for a cooldown. A repeat trip doubles the cooldown, up to 300 s.
+//! - **Recovery.** A good completion of a slice *posted after the trip* (a
+//!   probe), or the cooldown's expiry, brings the rail back. A slice that
+//!   was already in flight when the rail tripped proves nothing about it.
 //! - **Decay, not reset** (closing TENT's gap): coming back does not forget
 //!   the backoff. The remembered cooldown halves per `decay` of healthy
 //!   time, so a rail that flaps pays a growing cooldown while one that
@@ -153,9 +156,9 @@ pub struct RailMonitor {
     /// 0: in service; else the monotonic ns the pause ends. Read by every
     /// post: on its own line.
     paused_until: CachePadded<AtomicU64>,
-    /// Set while failures are counted or the rail is paused: the one load
-    /// a good completion pays on a healthy rail.
-    dirty: CachePadded<AtomicBool>,
+    /// When the current pause began (valid while `paused_until` != 0): a
+    /// good completion un-pauses only if its slice was posted after it.
+    tripped_ns: AtomicU64,
     errors: AtomicU32,
     window_start: AtomicU64,
     /// The backoff memory: the cooldown of the last trip.
@@ -183,7 +186,7 @@ impl RailMonitor {
             local: local.into(),
             remote: remote.into(),
             paused_until: CachePadded::new(AtomicU64::new(0)),
-            dirty: CachePadded::new(AtomicBool::new(false)),
+            tripped_ns: AtomicU64::new(0),
             errors: AtomicU32::new(0),
             window_start: AtomicU64::new(0),
             cooldown_ns: AtomicU64::new(0),
@@ -297,7 +300,6 @@ impl RailMonitor {
     /// [`mark_failed`](Self::mark_failed) at time `now`.
     pub fn mark_failed_at(&self, now: u64) {
         self.failures.fetch_add(1, Ordering::Relaxed);
-        self.dirty.store(true, Ordering::Relaxed);
         let start = self.window_start.load(Ordering::Relaxed);
         let count = if start == 0 || now.saturating_sub(start) > self.policy.window_ns {
             // A failure older than the window restarts the count at 1.
@@ -312,6 +314,10 @@ impl RailMonitor {
         }
         let cooldown = self.next_cooldown(now);
         let until = now.saturating_add(cooldown).max(1);
+        // Stamped before the pause is published (Release in the CAS below,
+        // Acquire in `unpause_posted`): a reporter that sees the pause sees
+        // its trip time. Two racing trippers store near-equal times.
+        self.tripped_ns.store(now, Ordering::Relaxed);
         if self
             .paused_until
             .compare_exchange(0, until, Ordering::AcqRel, Ordering::Relaxed)
@@ -353,24 +359,41 @@ impl RailMonitor {
         }
     }
 
-    /// A slice of `bytes` completed on this rail after `elapsed_ns`, with
-    /// `ahead` slices in front of it when it was posted.
+    /// A slice of `bytes` posted at `posted_ns` (monotonic) completed on
+    /// this rail at `now`, with `ahead` slices in front of it when it was
+    /// posted.
     #[inline]
-    pub fn mark_recovered(&self, bytes: u64, elapsed_ns: u64, ahead: u16) {
+    pub fn mark_recovered(&self, bytes: u64, posted_ns: u64, now: u64, ahead: u16) {
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        let elapsed_ns = now.saturating_sub(posted_ns);
         if elapsed_ns > 0 && bytes > 0 {
             self.sample(bytes * (u64::from(ahead) + 1), elapsed_ns);
         }
-        // Relaxed: the fast path of a healthy rail; a missed concurrent
+        // Relaxed: the fast path of a rail in service; a missed concurrent
         // trip is seen at the next completion.
-        if self.dirty.load(Ordering::Relaxed) {
-            self.recover_at(monotonic_ns());
+        if self.paused_until.load(Ordering::Relaxed) != 0 {
+            self.completed_at(posted_ns, now);
         }
     }
 
-    /// A good completion at `now` clears the error count and un-pauses.
-    pub fn recover_at(&self, now: u64) {
-        self.unpause(now, "un-paused by successful transfer");
+    /// A good completion, reported at `now`, of a slice posted at
+    /// `posted_ns`: un-pauses the rail if the slice was posted after the
+    /// trip. Failures counted in the window stay counted either way.
+    pub fn completed_at(&self, posted_ns: u64, now: u64) {
+        // Acquire: pairs with the trip's CAS, so `tripped_ns` is this
+        // pause's.
+        let until = self.paused_until.load(Ordering::Acquire);
+        if until == 0 || posted_ns <= self.tripped_ns.load(Ordering::Relaxed) {
+            return;
+        }
+        // A CAS on the pause we judged: a newer trip in between stays.
+        if self
+            .paused_until
+            .compare_exchange(until, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.resumed(now, "un-paused by successful transfer");
+        }
     }
 
     /// The link under the rail came back: whatever tripped it was the
@@ -379,24 +402,19 @@ impl RailMonitor {
         // What it measured before the link went is stale: measure afresh.
         self.bandwidth.store(0, Ordering::Relaxed);
         self.slow_since.store(0, Ordering::Relaxed);
-        self.unpause(monotonic_ns(), "link restored");
-    }
-
-    /// Count no failures any more and, if paused, come back (`why` goes
-    /// into the log line). Exactly one caller sees the pause end.
-    fn unpause(&self, now: u64, why: &str) {
+        // Count no failures any more and, if paused, come back. Exactly
+        // one caller sees the pause end.
         self.clear_errors();
         if self.paused_until.load(Ordering::Relaxed) != 0
             && self.paused_until.swap(0, Ordering::AcqRel) != 0
         {
-            self.resumed(now, why);
+            self.resumed(monotonic_ns(), "link restored");
         }
     }
 
     fn clear_errors(&self) {
         self.errors.store(0, Ordering::Relaxed);
         self.window_start.store(0, Ordering::Relaxed);
-        self.dirty.store(false, Ordering::Relaxed);
     }
 
     /// The pause ended at `now` (the decay clock starts here).
@@ -469,7 +487,10 @@ impl RailMonitor {
             RailState::Paused
         } else if self.demoted.load(Ordering::Relaxed) {
             RailState::Demoted
-        } else if self.errors.load(Ordering::Relaxed) > 0 {
+        } else if self.errors.load(Ordering::Relaxed) > 0
+            && now.saturating_sub(self.window_start.load(Ordering::Relaxed))
+                <= self.policy.window_ns
+        {
             RailState::Degraded
         } else {
             RailState::Healthy
@@ -677,7 +698,7 @@ mod tests {
             r.mark_failed_at(t);
         }
         assert!(!r.available_at(10));
-        r.recover_at(20);
+        r.completed_at(20, 20);
         assert!(r.available_at(21));
         assert_eq!(r.state_at(21), RailState::Healthy);
     }
@@ -693,7 +714,7 @@ mod tests {
             }
             seen.push(r.last_cooldown_ns() / S);
             // Recovered at once: no healthy time to decay the memory.
-            r.recover_at(now + 1);
+            r.completed_at(now + 1, now + 1);
             now += 2;
         }
         assert_eq!(seen, [30, 60, 120, 240, 300, 300]);
@@ -708,20 +729,20 @@ mod tests {
             }
         };
         trip(&r, S);
-        r.recover_at(2 * S);
+        r.completed_at(2 * S, 2 * S);
         trip(&r, 3 * S);
-        r.recover_at(4 * S);
+        r.completed_at(4 * S, 4 * S);
         trip(&r, 5 * S);
         assert_eq!(r.last_cooldown_ns(), 120 * S);
-        r.recover_at(6 * S);
+        r.completed_at(6 * S, 6 * S);
         // One decay period healthy: 120 -> 60 remembered, doubled to 120.
         trip(&r, 6 * S + 60 * S);
         assert_eq!(r.last_cooldown_ns(), 120 * S);
-        r.recover_at(70 * S);
+        r.completed_at(70 * S, 70 * S);
         // Two periods: 120 -> 30, doubled: 60.
         trip(&r, 70 * S + 120 * S);
         assert_eq!(r.last_cooldown_ns(), 60 * S);
-        r.recover_at(200 * S);
+        r.completed_at(200 * S, 200 * S);
         // Long healthy: decayed below the base, so the base again.
         trip(&r, 200 * S + 600 * S);
         assert_eq!(r.last_cooldown_ns(), 30 * S);
@@ -866,6 +887,71 @@ mod tests {
         assert!(!a.is_demoted() && !b.is_demoted());
         b.link_restored();
         assert_eq!(b.bandwidth(), 0, "measured afresh after its link is back");
+    }
+
+    #[test]
+    fn failures_interleaved_with_successes_trip_inside_the_window() {
+        // 40% of slices fail (F at 2 of every 5), successes between them:
+        // the third failure inside the 10 s window trips the rail.
+        let r = rail();
+        let pattern = [true, false, true, false, false];
+        let mut failed = 0;
+        let mut t = S;
+        'outer: for _ in 0..4 {
+            for &fail in &pattern {
+                t += S / 10;
+                if fail {
+                    r.mark_failed_at(t);
+                    failed += 1;
+                    if failed == 3 {
+                        break 'outer;
+                    }
+                } else {
+                    r.completed_at(t - S / 20, t);
+                }
+            }
+        }
+        assert_eq!(r.trips(), 1, "3 failures in {} ms", (t - S) / 1_000_000);
+        assert!(!r.available_at(t + 1));
+        assert_eq!(r.state_at(t + 1), RailState::Paused);
+    }
+
+    #[test]
+    fn successes_do_not_restart_the_window() {
+        let r = rail();
+        r.mark_failed_at(S);
+        r.completed_at(S, 2 * S);
+        r.mark_failed_at(3 * S);
+        r.completed_at(3 * S, 4 * S);
+        assert_eq!(r.state_at(4 * S), RailState::Degraded);
+        r.mark_failed_at(5 * S);
+        assert!(!r.available_at(5 * S + 1), "3 failures within 10 s");
+    }
+
+    #[test]
+    fn degraded_ends_with_the_window() {
+        let r = rail();
+        r.mark_failed_at(S);
+        r.completed_at(S, 2 * S);
+        assert_eq!(r.state_at(2 * S), RailState::Degraded);
+        assert_eq!(r.state_at(12 * S), RailState::Healthy);
+    }
+
+    #[test]
+    fn completion_posted_before_the_trip_does_not_resume() {
+        let r = rail();
+        for t in [10, 20, 30] {
+            r.mark_failed_at(t);
+        }
+        assert!(!r.available_at(31));
+        // A slice posted at 25 (before the trip at 30) completes well at 40.
+        r.completed_at(25, 40);
+        assert!(!r.available_at(41), "posted before the trip");
+        assert_eq!(r.state_at(41), RailState::Paused);
+        // One posted after the trip (a probe) brings the rail back.
+        r.completed_at(35, 50);
+        assert!(r.available_at(51));
+        assert_eq!(r.state_at(51), RailState::Healthy);
     }
 
     #[test]

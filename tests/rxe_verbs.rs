@@ -209,6 +209,14 @@ fn rxe_unknown_device_lists_those_found_and_gid_index_is_checked() {
         "{e}"
     );
     assert!(ctx.max_qp_wr() > 0);
+    // The READ depths a QP asks for stay inside the device's caps (the
+    // READ tests below run on QPs connected with them).
+    let (init, dest) =
+        tent::verbs::rd_atomic_depths(ctx.max_qp_init_rd_atom(), ctx.max_qp_rd_atom());
+    assert!(ctx.max_qp_init_rd_atom() > 0 && ctx.max_qp_rd_atom() > 0);
+    assert!(u32::from(init) <= ctx.max_qp_init_rd_atom(), "{init}");
+    assert!(u32::from(dest) <= ctx.max_qp_rd_atom(), "{dest}");
+    assert!(init >= 1 && dest >= 1);
 }
 
 /// A loopback peer on one PD: each `connect` makes a fresh pair of QPs

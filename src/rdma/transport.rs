@@ -669,11 +669,7 @@ impl Transport for RdmaTransport {
                 let monitor = &peer.rails[from].monitor;
                 monitor.on_leave();
                 match c.result {
-                    Ok(b) => monitor.mark_recovered(
-                        b,
-                        now.saturating_sub(c.slice.posted_ns),
-                        c.slice.ahead,
-                    ),
+                    Ok(b) => monitor.mark_recovered(b, c.slice.posted_ns, now, c.slice.ahead),
                     Err(kind) if rail_fault(kind) => monitor.mark_failed(),
                     Err(_) => {}
                 }

@@ -117,6 +117,18 @@ impl Context {
         self.attr.max_qp_wr.max(0) as u32
     }
 
+    /// Most RDMA READs / atomics one QP may have outstanding as their
+    /// target (`max_qp_rd_atom`): the cap on `max_dest_rd_atomic`.
+    pub fn max_qp_rd_atom(&self) -> u32 {
+        self.attr.max_qp_rd_atom.max(0) as u32
+    }
+
+    /// Most RDMA READs / atomics one QP may have outstanding as their
+    /// initiator (`max_qp_init_rd_atom`): the cap on `max_rd_atomic`.
+    pub fn max_qp_init_rd_atom(&self) -> u32 {
+        self.attr.max_qp_init_rd_atom.max(0) as u32
+    }
+
     /// Port 1-based `port`'s state, MTU and GID table size.
     pub fn port(&self, port: u8) -> Result<PortInfo> {
         let lib = super::lib()?;

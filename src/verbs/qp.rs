@@ -43,6 +43,20 @@ pub struct RdmaOp {
     pub rkey: u32,
 }
 
+/// Outstanding RDMA READs a QP asks for, as initiator and as target,
+/// before the device's caps clamp it.
+pub const RD_ATOMIC_WANTED: u32 = 16;
+
+/// `(max_rd_atomic, max_dest_rd_atomic)` for a QP on a device whose
+/// `ibv_query_device` caps are `max_qp_init_rd_atom` (outstanding READs as
+/// initiator) and `max_qp_rd_atom` (as target).
+pub fn rd_atomic_depths(max_qp_init_rd_atom: u32, max_qp_rd_atom: u32) -> (u8, u8) {
+    // At least 1: a device reporting 0 is refused by its provider at
+    // RTR/RTS with a typed error rather than left unable to READ silently.
+    let clamp = |cap: u32| RD_ATOMIC_WANTED.min(cap).clamp(1, u32::from(u8::MAX)) as u8;
+    (clamp(max_qp_init_rd_atom), clamp(max_qp_rd_atom))
+}
+
 /// An RC queue pair, destroyed on drop.
 pub struct QueuePair {
     raw: *mut ffi::ibv_qp,
@@ -133,13 +147,16 @@ impl QueuePair {
     /// Connect to `remote`: RTR then RTS.
     pub fn connect(&self, remote: &QpEndpoint) -> Result<()> {
         use ffi::ibv_qp_attr_mask as M;
-        let local_mtu = self.pd.context().port(self.port)?.active_mtu;
+        let ctx = self.pd.context();
+        let local_mtu = ctx.port(self.port)?.active_mtu;
+        let (rd_atomic, dest_rd_atomic) =
+            rd_atomic_depths(ctx.max_qp_init_rd_atom(), ctx.max_qp_rd_atom());
         let mut a = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,
             path_mtu: ffi::ibv_mtu(remote.mtu.min(local_mtu)),
             dest_qp_num: remote.qpn,
             rq_psn: remote.psn,
-            max_dest_rd_atomic: 16,
+            max_dest_rd_atomic: dest_rd_atomic,
             min_rnr_timer: 12,
             ..Default::default()
         };
@@ -166,7 +183,7 @@ impl QueuePair {
             retry_cnt: 7,
             rnr_retry: 7,
             sq_psn: self.psn,
-            max_rd_atomic: 16,
+            max_rd_atomic: rd_atomic,
             ..Default::default()
         };
         self.modify(
@@ -274,4 +291,23 @@ fn fastrand_psn() -> u32 {
     // SAFETY: getrandom writes at most 4 bytes into `b`.
     unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
     u32::from_le_bytes(b) & 0x00ff_ffff
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rd_atomic_is_clamped_to_the_device_caps() {
+        // A device allowing fewer than we want (4 as initiator, 2 as target).
+        assert_eq!(rd_atomic_depths(4, 2), (4, 2));
+        // Asymmetric caps clamp each side on its own.
+        assert_eq!(rd_atomic_depths(1, 8), (1, 8));
+        // Generous caps (rxe: 128): what we want, and never above u8.
+        assert_eq!(rd_atomic_depths(128, 128), (16, 16));
+        assert_eq!(rd_atomic_depths(u32::MAX, 1000), (16, 16));
+        // A device reporting 0 gets the least legal depth (the provider
+        // refuses it at RTR/RTS with a typed error if it truly has none).
+        assert_eq!(rd_atomic_depths(0, 0), (1, 1));
+    }
 }

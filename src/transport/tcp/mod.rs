@@ -531,11 +531,7 @@ impl Transport for TcpTransport {
                     let rail = &peer.rails[op.rail as usize];
                     rail.monitor.on_leave();
                     match result {
-                        Ok(b) => rail.monitor.mark_recovered(
-                            b,
-                            now.saturating_sub(op.posted_ns),
-                            op.ahead,
-                        ),
+                        Ok(b) => rail.monitor.mark_recovered(b, op.posted_ns, now, op.ahead),
                         // A rail whose link is down is out already; its
                         // monitor counts faults the link state cannot see.
                         Err(k) if rail_fault(k) && rail.is_up() => rail.monitor.mark_failed(),
