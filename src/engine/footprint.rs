@@ -124,7 +124,7 @@ fn check_against(cfg: &Config, avail: &Available) -> Result<(), ConfigError> {
         reason: format!(
             "the engine would preallocate {need} bytes ({:.1} GiB) but {} bytes ({:.1} GiB) are available ({}): \
              workers/count {} x max_tasks_per_worker {} x {} bytes = {} bytes (task slots and priority lanes); \
-             workers/count {} x batch ring {} (ring_depth, or max_batch_size if larger) = {} bytes (batch rings); {} bytes fixed per worker. \
+             workers/count {} x a batch ring of {} SQEs (ring_depth {}, max_batch_size {}: the larger, a power of two) = {} bytes (batch rings); {} bytes fixed per worker. \
              Lower workers/count, max_tasks_per_worker, ring_depth or max_batch_size",
             gib(need),
             avail.bytes,
@@ -136,6 +136,8 @@ fn check_against(cfg: &Config, avail: &Available) -> Result<(), ConfigError> {
             f.tasks,
             f.workers,
             cfg.batch_ring_depth(),
+            cfg.ring_depth,
+            cfg.max_batch_size,
             f.batch_rings,
             f.fixed / u64::from(f.workers.max(1)),
         ),
@@ -244,7 +246,10 @@ mod tests {
         c.max_tasks_per_worker *= 2;
         assert_eq!(Footprint::of(&c).tasks, 2 * base.tasks);
         let mut c = d.clone();
-        c.ring_depth *= 2;
+        c.ring_depth = d.batch_ring_depth() * 2;
+        assert!(Footprint::of(&c).batch_rings > base.batch_rings);
+        let mut c = d.clone();
+        c.max_batch_size = d.batch_ring_depth() * 2;
         assert!(Footprint::of(&c).batch_rings > base.batch_rings);
         // 256 x 1 M tasks x ~200 B + 256 x 1 M x 64 B: tens of GiB.
         assert!(Footprint::of(&huge()).total() > 32 << 30);
