@@ -34,3 +34,13 @@ for c in rustfmt clippy; do
     rustup component add "$c" >/dev/null 2>&1 || true
   fi
 done
+
+# Nightly with Miri for .ci/run's Miri pass over tent-rings.
+if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+  echo "tools/setup.sh: installing the nightly toolchain (for Miri)" >&2
+  rustup toolchain install nightly --profile minimal
+fi
+if ! rustup +nightly component list --installed 2>/dev/null | grep -q '^miri'; then
+  echo "tools/setup.sh: installing miri and rust-src on nightly" >&2
+  rustup +nightly component add miri rust-src
+fi

@@ -607,6 +607,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "/dev/shm file: Miri cannot open or mmap files under isolation"
+    )]
     fn create_then_attach_shares_memory() {
         let name = unique_name("share");
         let a = Region::create_shm(&name, RegionType::Data, [7, 8, 9, 10], 4096).unwrap();
@@ -629,6 +633,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "/dev/shm file: Miri cannot open or mmap files under isolation"
+    )]
     fn create_is_exclusive_and_persist_keeps_file() {
         let name = unique_name("excl");
         let mut a = Region::create_shm(&name, RegionType::Data, [0; 4], 64).unwrap();
@@ -641,6 +649,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "/dev/shm file: Miri cannot open or mmap files under isolation"
+    )]
     fn attach_missing_file_is_io() {
         let err = Region::attach_shm(&unique_name("missing"), RegionType::Data, None).unwrap_err();
         match err {
@@ -650,6 +662,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "/dev/shm file: Miri cannot open or mmap files under isolation"
+    )]
     fn attach_garbage_is_bad_magic() {
         let name = unique_name("garbage");
         let _cleanup = Cleanup(shm_path(&name));
@@ -668,6 +684,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "/dev/shm file: Miri cannot open or mmap files under isolation"
+    )]
     fn attach_wrong_version() {
         let name = unique_name("version");
         let a = Region::create_shm(&name, RegionType::Data, [0; 4], 64).unwrap();
@@ -682,6 +702,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "/dev/shm file: Miri cannot open or mmap files under isolation"
+    )]
     fn attach_wrong_type() {
         let name = unique_name("type");
         let _a = Region::create_shm(&name, RegionType::Ring, [0; 4], 64).unwrap();
@@ -700,6 +724,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "/dev/shm file: Miri cannot open or mmap files under isolation"
+    )]
     fn attach_layout_mismatch_and_wildcards() {
         let name = unique_name("layout");
         let _a = Region::create_shm(&name, RegionType::Ring, [16, 64, 64, 0], 64).unwrap();
@@ -721,6 +749,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "/dev/shm file: Miri cannot open or mmap files under isolation"
+    )]
     fn attach_too_small() {
         let name = unique_name("small");
         let _cleanup = Cleanup(shm_path(&name));
@@ -761,6 +793,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "/dev/shm file: Miri cannot open or mmap files under isolation"
+    )]
     fn attach_before_publish_is_not_ready() {
         let name = unique_name("notready");
         let a = Region::create_shm(&name, RegionType::Data, [0; 4], 64).unwrap();

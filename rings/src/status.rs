@@ -166,7 +166,9 @@ mod tests {
     #[test]
     fn unknown_codes_are_none() {
         let known: Vec<u16> = ErrorKind::ALL.iter().map(|k| k.code()).collect();
-        for c in 0..=u16::MAX {
+        // Under Miri (thousands of times slower) the low codes and the top one.
+        let codes = if cfg!(miri) { 0..=1024 } else { 0..=u16::MAX };
+        for c in codes.chain([u16::MAX]) {
             if !known.contains(&c) {
                 assert_eq!(ErrorKind::from_code(c), None, "code {c}");
             }
