@@ -106,8 +106,7 @@ impl<S: AsFd> Write for ByDeadline<S> {
             return Ok(0);
         }
         self.step(libc::POLLOUT, |fd| {
-            // SAFETY: send from a live buffer of its own length; MSG_NOSIGNAL
-            // turns a dead peer into EPIPE instead of SIGPIPE.
+            // SAFETY: send from a live buffer of its own length; MSG_NOSIGNAL turns a dead peer into EPIPE instead of SIGPIPE.
             unsafe {
                 libc::send(
                     fd,

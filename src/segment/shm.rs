@@ -52,16 +52,13 @@ pub struct RemoteRegion {
 /// A mapping's first words viewed as atomics.
 fn words(map: &Mapping, n: usize) -> &[AtomicU64] {
     assert!(map.len() >= n * 8, "mapping shorter than its words");
-    // SAFETY: the mapping holds at least n words (checked above), is page
-    // aligned, lives as long as `map`, and is only ever accessed through
-    // atomics (by us and by the other process), so `[AtomicU64]` is sound.
+    // SAFETY: the mapping holds at least n words (checked above), is page aligned, lives as long as `map`, and is only ever accessed through atomics (by us and by the other process), so `[AtomicU64]` is sound.
     unsafe { std::slice::from_raw_parts(map.ptr() as *const AtomicU64, n) }
 }
 
 /// The live-key word at the start of a region memfd.
 fn live_key(map: &Mapping) -> &AtomicU64 {
-    // SAFETY: region mappings are DATA_OFFSET + len bytes (admitted before
-    // mapping); the first word is aligned and only accessed atomically.
+    // SAFETY: region mappings are DATA_OFFSET + len bytes (admitted before mapping); the first word is aligned and only accessed atomically.
     unsafe { &*(map.ptr() as *const AtomicU64) }
 }
 
@@ -633,8 +630,7 @@ fn populate(ptr: *mut u8, len: usize) {
     if end <= start {
         return;
     }
-    // SAFETY: callers pass a range inside a live shared mapping of a memfd;
-    // MADV_POPULATE_WRITE only pre-faults pages, it changes no bytes.
+    // SAFETY: callers pass a range inside a live shared mapping of a memfd; MADV_POPULATE_WRITE only pre-faults pages, it changes no bytes.
     let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, MADV_POPULATE_WRITE) };
     if rc != 0 {
         tracing::trace!("madvise(MADV_POPULATE_WRITE) failed; pages fault in lazily");
@@ -655,8 +651,7 @@ fn prefault_populated(fd: BorrowedFd<'_>, map: &Mapping, len: u64) {
         if off >= end {
             break;
         }
-        // SAFETY: lseek on a live descriptor; it moves only that file
-        // description's offset, which nothing else uses.
+        // SAFETY: lseek on a live descriptor; it moves only that file description's offset, which nothing else uses.
         let data = unsafe { libc::lseek(fd.as_raw_fd(), off, libc::SEEK_DATA) };
         if data < 0 || data >= end {
             break;

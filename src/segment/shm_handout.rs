@@ -110,8 +110,8 @@ fn binding(dev: u64, ino: u64) -> [u8; 16] {
 /// A `memfd_create` file of `size` bytes, zeroed, that may still be sealed.
 fn memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
     let cname = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: a valid C string; the flags are memfd_create's.
     let raw =
+        // SAFETY: a valid C string; the flags are memfd_create's.
         unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if raw < 0 {
         return Err(last_err());
@@ -218,8 +218,7 @@ impl Mapping {
     /// Map `len` bytes of `fd` shared (read-only unless `writable`).
     pub(crate) fn map(fd: BorrowedFd<'_>, len: usize, writable: bool) -> io::Result<Mapping> {
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
-        // SAFETY: a fresh mapping at an address of the kernel's choice; the
-        // caller checked that the (sealed) file holds `len` bytes.
+        // SAFETY: a fresh mapping at an address of the kernel's choice; the caller checked that the (sealed) file holds `len` bytes.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -250,8 +249,7 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: unmapping exactly what `map` mapped; nothing borrows it any
-        // more (holders keep an Arc of the mapping while they copy).
+        // SAFETY: unmapping exactly what `map` mapped; nothing borrows it any more (holders keep an Arc of the mapping while they copy).
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
@@ -289,8 +287,7 @@ fn send_with_fd(s: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = space as _;
-    // SAFETY: msg_control points at `space` writable, aligned bytes, so the
-    // first header exists and its data holds one descriptor.
+    // SAFETY: msg_control points at `space` writable, aligned bytes, so the first header exists and its data holds one descriptor.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
         (*c).cmsg_level = libc::SOL_SOCKET;
@@ -403,9 +400,7 @@ fn recv_frame(
         }
     };
     let mut first = None;
-    // SAFETY: walking the control messages the kernel wrote into cbuf, with
-    // the CMSG macros bounded by msg_controllen; each SCM_RIGHTS payload is
-    // an array of descriptors now installed in this process, which we own.
+    // SAFETY: walking the control messages the kernel wrote into cbuf, with the CMSG macros bounded by msg_controllen; each SCM_RIGHTS payload is an array of descriptors now installed in this process, which we own.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
@@ -654,8 +649,7 @@ fn connect_file(file: BorrowedFd<'_>, deadline: Instant) -> io::Result<UnixStrea
             return Err(timed_out());
         }
         stream.set_write_timeout(Some(left))?;
-        // SAFETY: connect with a sockaddr_un we filled (NUL-terminated: the
-        // path is far shorter than sun_path), of its full size.
+        // SAFETY: connect with a sockaddr_un we filled (NUL-terminated: the path is far shorter than sun_path), of its full size.
         let rc = unsafe {
             libc::connect(
                 stream.as_raw_fd(),
@@ -773,8 +767,8 @@ impl HandoutServer {
             let _ = std::fs::remove_file(dir_path.join(&name));
             return Err(io_err("pipe")(last_err()));
         }
-        // SAFETY: pipe2 returned two fresh descriptors we now own.
         let (wake_r, wake_w) =
+            // SAFETY: pipe2 returned two fresh descriptors we now own.
             unsafe { (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1])) };
         let stop = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Mutex::new(Conns::default()));
