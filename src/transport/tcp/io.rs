@@ -99,19 +99,22 @@ fn stalled(since: &mut Option<Instant>, stall: Duration) -> io::Result<()> {
     Ok(())
 }
 
-/// Receive exactly `len` bytes into `dst`. A read timeout (the socket's
-/// idle poll) does not end a frame that has started: it ends only when
-/// nothing has arrived for about `stall`.
+/// The one receive loop behind [`recv_exact`] and [`recv_header`]: read
+/// exactly `len` bytes into `dst`. A read timeout (the socket's idle poll)
+/// does not end a frame that has started: it ends only when nothing has
+/// arrived for about `stall`. `Ok(false)`: `idle_ok` and the read timed out
+/// before the first byte (an idle connection, not an error).
 ///
 /// # Safety
 /// `dst` must be valid for writes of `len` bytes for the whole call.
-pub unsafe fn recv_exact(
-    sock: &impl AsRawFd,
+#[inline]
+unsafe fn recv_into(
+    fd: std::os::fd::RawFd,
     dst: *mut u8,
     len: usize,
     stall: Duration,
-) -> io::Result<()> {
-    let fd = sock.as_raw_fd();
+    idle_ok: bool,
+) -> io::Result<bool> {
     let mut got = 0usize;
     let mut since = None;
     while got < len {
@@ -128,6 +131,9 @@ pub unsafe fn recv_exact(
             let e = io::Error::last_os_error();
             match e.kind() {
                 io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut if idle_ok && got == 0 => {
+                    return Ok(false);
+                }
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
                     stalled(&mut since, stall)?;
                     continue;
@@ -141,7 +147,23 @@ pub unsafe fn recv_exact(
         got += r as usize;
         since = None;
     }
-    Ok(())
+    Ok(true)
+}
+
+/// Receive exactly `len` bytes into `dst`. A read timeout (the socket's
+/// idle poll) does not end a frame that has started: it ends only when
+/// nothing has arrived for about `stall`.
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` bytes for the whole call.
+pub unsafe fn recv_exact(
+    sock: &impl AsRawFd,
+    dst: *mut u8,
+    len: usize,
+    stall: Duration,
+) -> io::Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe { recv_into(sock.as_raw_fd(), dst, len, stall, false) }.map(|_| ())
 }
 
 /// Receive a fixed-size header. `Ok(None)`: the read timed out before its
@@ -153,40 +175,9 @@ pub fn recv_header<const N: usize>(
     stall: Duration,
 ) -> io::Result<Option<[u8; N]>> {
     let mut b = [0u8; N];
-    let fd = sock.as_raw_fd();
-    let mut got = 0usize;
-    let mut since = None;
-    while got < N {
-        // SAFETY: `b[got..]` is a valid writable buffer of `N - got` bytes.
-        let r = unsafe {
-            libc::recv(
-                fd,
-                b.as_mut_ptr().add(got) as *mut libc::c_void,
-                N - got,
-                libc::MSG_WAITALL,
-            )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut if got == 0 => {
-                    return Ok(None);
-                }
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                    stalled(&mut since, stall)?;
-                    continue;
-                }
-                _ => return Err(e),
-            }
-        }
-        if r == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        got += r as usize;
-        since = None;
-    }
-    Ok(Some(b))
+    // SAFETY: `b` is a local buffer of exactly N writable bytes.
+    let full = unsafe { recv_into(sock.as_raw_fd(), b.as_mut_ptr(), N, stall, true) }?;
+    Ok(full.then_some(b))
 }
 
 /// Read and discard `len` bytes (the payload of a refused WRITE), so the
