@@ -13,6 +13,8 @@
 //! - [`transport`]: the `Transport` trait and `local` / `shm` / `tcp`;
 //!   [`select`]: which rail a slice takes; [`rail`]: rail health
 //!   (`RailMonitor`); [`netlink`]: link state.
+//! - [`refusals`]: refused connections held a moment so their busy answer
+//!   is read (control server and TCP data server).
 //! - [`metrics`]: failover and rail counters, Prometheus text.
 //! - [`error`]: the error taxonomy; [`lograte`]: failure logs once per cause
 //!   per second (`warn_limited!`); [`deadline`]: socket I/O bounded by one
@@ -35,6 +37,7 @@ pub mod netlink;
 pub mod qos;
 pub mod rail;
 pub mod rdma;
+pub mod refusals;
 pub mod segment;
 pub mod select;
 pub mod sys;

@@ -17,7 +17,6 @@
 //! keep their slots, and a newcomer finding only those is told it is busy
 //! too; the client retries a busy answer within its timeout.
 
-use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -31,16 +30,14 @@ use super::auth::{self, Door};
 use super::wire::{self, Message, QpBootstrap, SegmentDescriptor, WireError};
 use crate::deadline::ByDeadline;
 use crate::error::{Error, Result};
+use crate::refusals::Refusals;
 
 /// Connections served at once (see the module doc for who gets evicted).
 pub const MAX_CONNECTIONS: usize = 64;
+/// Refused control connections held at once (see `Refusals`).
+const REFUSED_KEPT: usize = 64;
 /// Deadline of a connection's whole exchange, from accept to close.
 pub const EXCHANGE_DEADLINE: Duration = Duration::from_secs(5);
-/// A refused connection is kept (write side shut) this long, so that our
-/// busy answer is read before the close resets the connection.
-const REFUSED_LINGER: Duration = Duration::from_secs(1);
-/// Refused connections kept lingering at most.
-const REFUSED_KEPT: usize = 64;
 /// A connection younger than this is never evicted: an honest client's
 /// handshake takes a round trip or two, and a flood of fresh connections
 /// must not push it out mid-handshake (the newcomers are told busy).
@@ -244,7 +241,7 @@ fn accept_loop(
 ) {
     let live = Arc::new(Live::default());
     let epoch = Instant::now();
-    let mut refused: VecDeque<(Instant, TcpStream)> = VecDeque::new();
+    let mut refused = Refusals::new(REFUSED_KEPT);
     for conn in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             break;
@@ -256,12 +253,7 @@ fn accept_loop(
                 continue;
             }
         };
-        while refused
-            .front()
-            .is_some_and(|(t, _)| t.elapsed() > REFUSED_LINGER || refused.len() >= REFUSED_KEPT)
-        {
-            refused.pop_front();
-        }
+        refused.prune();
         let peer = stream
             .peer_addr()
             .map(|a| a.to_string())
@@ -271,8 +263,7 @@ fn accept_loop(
             let mut s = &stream;
             let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
             let _ = wire::write_message(&mut s, &busy("busy: retry later"));
-            let _ = stream.shutdown(std::net::Shutdown::Write);
-            refused.push_back((Instant::now(), stream));
+            refused.hold(stream);
             continue;
         };
         let (secret, describe, live2) = (secret.clone(), describe.clone(), live.clone());

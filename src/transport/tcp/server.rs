@@ -20,7 +20,6 @@
 //! unproven, unused or long-idle connection for a newcomer, or tells it
 //! [`BUSY`].
 
-use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,10 +33,13 @@ use super::frame::{BUSY, Hello, REQUEST_LEN, Request, Response};
 use super::{handshake, io};
 use crate::error::{Error, Result};
 use crate::memory::RegionTable;
+use crate::refusals::Refusals;
 
 /// Connections served at once; past it an idle or unproven one is evicted
 /// for a newcomer, or the newcomer is told [`BUSY`].
 pub const MAX_CONNECTIONS: usize = 512;
+/// Refused data connections held at once (see `Refusals`).
+const REFUSED_KEPT: usize = 256;
 /// The whole handshake (hellos, proofs) must be done within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Socket read timeout of a connection between requests: the unit of its
@@ -54,11 +56,6 @@ const EVICT_IDLE_POLLS: u32 = 30;
 /// A connection still in its handshake this long may be evicted (a real
 /// initiator's handshake takes a round trip or two).
 const EVICT_HANDSHAKE_AGE: Duration = Duration::from_secs(1);
-/// A refused connection is kept (write side shut) this long, so that our
-/// busy hello is read before the close resets the connection.
-const REFUSED_LINGER: Duration = Duration::from_secs(1);
-/// Refused connections kept lingering at most.
-const REFUSED_KEPT: usize = 256;
 
 /// How long a frame in progress may stall (no byte in, or none taken by
 /// the peer) before the connection is closed, with `TCP_USER_TIMEOUT` at 0
@@ -301,7 +298,7 @@ fn accept_loop(
     user_timeout_ms: u32,
     secret: Option<Arc<[u8]>>,
 ) {
-    let mut refused: VecDeque<(Instant, TcpStream)> = VecDeque::new();
+    let mut refused = Refusals::new(REFUSED_KEPT);
     loop {
         let accepted = listener.accept();
         if stop.load(Ordering::Acquire) {
@@ -315,19 +312,13 @@ fn accept_loop(
                 continue;
             }
         };
-        while refused
-            .front()
-            .is_some_and(|(t, _)| t.elapsed() > REFUSED_LINGER || refused.len() >= REFUSED_KEPT)
-        {
-            refused.pop_front();
-        }
+        refused.prune();
         let Some(slot) = live.admit(&stream) else {
             // Full of connections in use: say so (the initiator backs off
             // and retries; a busy target is no fault of the rail).
             crate::lograte::warn_limited!("tcp-data-full", %peer, limit = MAX_CONNECTIONS, "tcp data server: every connection in use; new ones are told to come back later");
             let _ = io::send_header(&stream, &Hello::refusal(BUSY).encode());
-            let _ = stream.shutdown(std::net::Shutdown::Write);
-            refused.push_back((Instant::now(), stream));
+            refused.hold(stream);
             continue;
         };
         let (live2, stop2, regions2, secret2) =
