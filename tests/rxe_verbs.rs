@@ -920,9 +920,9 @@ fn rxe_engine_bad_input_gets_typed_errors() {
     assert!(rails[0].bytes >= len, "{rails:?}");
     assert!(rails.iter().skip(1).all(|r| r.bytes == 0), "{rails:?}");
 
-    // Deregistering a region with an op in flight: the op holds the region
-    // (and its memory registration) until it completes, so it is drained,
-    // not cut off; new requests naming it are refused.
+    // Deregistering a region with an op in flight: unregister_memory waits
+    // for the op (its memory registration stays until then), so it is
+    // drained, not cut off; new requests naming it are refused.
     let big = init.allocate_memory(len).unwrap();
     let moved = init.rails(seg)[0].bytes;
     ring.submission()
