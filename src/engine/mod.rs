@@ -439,9 +439,10 @@ impl Engine {
     ///
     /// At once: new requests naming the region fail `AddressNotRegistered`
     /// (a worker whose cached table still has it sees it revoked), the TCP
-    /// data server refuses ops on it (`AccessDenied`), and shm peers find
-    /// its live key zeroed (`AccessDenied`; `AddressNotRegistered` once they
-    /// re-read the descriptor). Then the call waits until every worker has
+    /// data server refuses ops on it (`AccessDenied`; `AddressNotRegistered`
+    /// to a peer that proved the shared secret), and shm peers find its live
+    /// key zeroed (`AccessDenied`; `AddressNotRegistered` once they re-read
+    /// the descriptor). Then the call waits until every worker has
     /// refreshed its cached region table and holds no task on the region
     /// (tasks accepted before it finish normally) and no TCP op into or out
     /// of it is being served. Only then is its RDMA registration dropped on
