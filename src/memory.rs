@@ -4,12 +4,19 @@
 //! The table is an immutable snapshot swapped with `arc-swap` on
 //! (un)registration, so a worker resolves a `(region, offset)` with one
 //! lock-free load and a bounds check.
+//!
+//! Unregistering does not wait for the last `Arc` to drop: a region is
+//! *revoked* (`MemRegion::revoke`, which new requests see at validation),
+//! its target-side users are counted (`MemRegion::enter`), and its RDMA
+//! registration is dropped explicitly (`MemRegion::release_rdma`) once the
+//! engine has drained what was in flight on it (`Engine::unregister_memory`).
 
 use std::any::Any;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
+use crossbeam_utils::CachePadded;
 use tent_rings::{ErrorKind, RegionId};
 
 use crate::error::{Error, Result};
@@ -20,15 +27,38 @@ pub struct MemRegion {
     key: u64,
     base: *mut u8,
     len: u64,
+    /// The unregister epoch that revoked it (0: live). Written once; read
+    /// (Relaxed) by workers at validation, beside `base` and `len`.
+    revoked: AtomicU64,
+    /// Target-side users (TCP data server ops in progress) and
+    /// [`USERS_REVOKED`]; on its own line: server threads RMW it per op.
+    users: CachePadded<AtomicU64>,
     // RDMA: the region's keys on each NIC (NIC order), and what keeps the
-    // registrations alive. Declared before `_owner` so the memory is
-    // deregistered before it is freed (fields drop in declaration order).
+    // registrations alive until `release_rdma` (or the last drop). Declared
+    // before `_owner` so the memory is deregistered before it is freed
+    // (fields drop in declaration order).
     rkeys: Vec<u32>,
     lkeys: Vec<u32>,
-    _rdma: Option<Box<dyn Any + Send + Sync>>,
+    rdma: Mutex<Option<Box<dyn Any + Send + Sync>>>,
     // Keeps engine-allocated memory (heap or an exported shm mapping) alive
     // for as long as any handle or in-flight task holds this region.
     _owner: Option<Box<dyn Any + Send + Sync>>,
+}
+
+/// The bit of `MemRegion::users` that refuses new users.
+const USERS_REVOKED: u64 = 1 << 63;
+
+/// A target-side use of a region in progress (see [`MemRegion::enter`]).
+#[must_use = "the use ends when the guard drops"]
+#[derive(Debug)]
+pub struct RegionUse<'a>(&'a MemRegion);
+
+impl Drop for RegionUse<'_> {
+    fn drop(&mut self) {
+        // Release: the use's accesses to the memory happen before a
+        // revoker that sees the count reach 0.
+        self.0.users.fetch_sub(1, Ordering::Release);
+    }
 }
 
 // SAFETY: `base` points at memory whose lifetime is tied to `_owner` (or, for
@@ -61,9 +91,11 @@ impl MemRegion {
             key: fresh_key(),
             base,
             len,
+            revoked: AtomicU64::new(0),
+            users: CachePadded::new(AtomicU64::new(0)),
             rkeys: Vec::new(),
             lkeys: Vec::new(),
-            _rdma: None,
+            rdma: Mutex::new(None),
             _owner: owner,
         }
     }
@@ -78,8 +110,77 @@ impl MemRegion {
     ) -> MemRegion {
         self.rkeys = rkeys;
         self.lkeys = lkeys;
-        self._rdma = Some(registration);
+        self.rdma = Mutex::new(Some(registration));
         self
+    }
+
+    /// Withdraw the region at unregister epoch `epoch` (non-zero): new
+    /// requests naming it are refused from now on (workers check
+    /// [`MemRegion::is_revoked`] at validation, and a TCP op can no longer
+    /// [`MemRegion::enter`] it). Uses already in progress go on; see
+    /// [`MemRegion::in_use`].
+    pub(crate) fn revoke(&self, epoch: u64) {
+        debug_assert!(epoch != 0);
+        // Release: pairs with the Acquire of a worker that reads the
+        // engine's epoch (published after this) and then this flag.
+        self.revoked.store(epoch, Ordering::Release);
+        self.users.fetch_or(USERS_REVOKED, Ordering::AcqRel);
+    }
+
+    /// The unregister epoch that revoked it, 0 while it is live.
+    #[inline]
+    pub fn revoked_epoch(&self) -> u64 {
+        // Relaxed: a worker that misses a fresh revoke accepts one more
+        // task, which the unregister drain then waits for.
+        self.revoked.load(Ordering::Relaxed)
+    }
+
+    /// Has it been unregistered (new requests refused)?
+    #[inline]
+    pub fn is_revoked(&self) -> bool {
+        self.revoked_epoch() != 0
+    }
+
+    /// Start a target-side use (a TCP op into or out of it); `None` once it
+    /// is revoked. The guard keeps `unregister_memory` waiting.
+    #[inline]
+    pub fn enter(&self) -> Option<RegionUse<'_>> {
+        // Acquire: nothing of the use happens before it is counted. One
+        // total order on `users`: a use counted before the revoke's
+        // `fetch_or` is waited for, one after it sees the bit.
+        let prev = self.users.fetch_add(1, Ordering::Acquire);
+        if prev & USERS_REVOKED != 0 {
+            self.users.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(RegionUse(self))
+    }
+
+    /// Target-side uses still in progress.
+    pub fn in_use(&self) -> u64 {
+        // Acquire: pairs with `RegionUse::drop`.
+        self.users.load(Ordering::Acquire) & !USERS_REVOKED
+    }
+
+    /// Drop the RDMA registration now (`ibv_dereg_mr` on every NIC): a peer
+    /// still holding an rkey gets a remote access error from here on.
+    /// Called once nothing of the engine uses the region any more; a no-op
+    /// the second time or without RDMA.
+    pub(crate) fn release_rdma(&self) {
+        let reg = self
+            .rdma
+            .lock()
+            .expect("region registration poisoned")
+            .take();
+        drop(reg);
+    }
+
+    /// Is it still registered for RDMA?
+    pub fn rdma_registered(&self) -> bool {
+        self.rdma
+            .lock()
+            .expect("region registration poisoned")
+            .is_some()
     }
 
     /// Remote keys on each RDMA NIC (empty without RDMA).
@@ -274,6 +375,51 @@ mod tests {
         assert_eq!(removed.id(), RegionId(2));
         assert!(t.find_addr(addr, 1).is_err());
         assert_eq!(t.next_id(), RegionId(3), "ids are not reused");
+    }
+
+    #[test]
+    fn revoke_refuses_new_users_and_counts_those_in_progress() {
+        let mut a = vec![0u8; 64];
+        let r = region(1, &mut a);
+        assert!(!r.is_revoked());
+        let first = r.enter().expect("live region");
+        let second = r.enter().expect("live region");
+        assert_eq!(r.in_use(), 2);
+        r.revoke(7);
+        assert_eq!(r.revoked_epoch(), 7);
+        assert!(r.enter().is_none(), "a revoked region takes no new use");
+        assert_eq!(r.in_use(), 2, "uses in progress go on");
+        drop(first);
+        assert_eq!(r.in_use(), 1);
+        drop(second);
+        assert_eq!(r.in_use(), 0);
+    }
+
+    #[test]
+    fn release_rdma_drops_the_registration_before_the_last_handle() {
+        use std::sync::atomic::AtomicBool;
+        struct Probe(Arc<AtomicBool>);
+        impl Drop for Probe {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let mut a = vec![0u8; 64];
+        let dropped = Arc::new(AtomicBool::new(false));
+        let r = Arc::new(
+            MemRegion::new(RegionId(1), a.as_mut_ptr(), 64, None).with_rdma(
+                vec![5],
+                vec![6],
+                Box::new(Probe(dropped.clone())),
+            ),
+        );
+        let other = r.clone();
+        assert!(r.rdma_registered());
+        r.release_rdma();
+        assert!(dropped.load(Ordering::Relaxed), "deregistered at once");
+        assert!(!other.rdma_registered());
+        r.release_rdma();
+        drop(other);
     }
 
     #[test]

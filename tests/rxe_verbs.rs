@@ -920,9 +920,9 @@ fn rxe_engine_bad_input_gets_typed_errors() {
     assert!(rails[0].bytes >= len, "{rails:?}");
     assert!(rails.iter().skip(1).all(|r| r.bytes == 0), "{rails:?}");
 
-    // Deregistering a region with an op in flight: the op holds the region
-    // (and its memory registration) until it completes, so it is drained,
-    // not cut off; new requests naming it are refused.
+    // Deregistering a region with an op in flight: unregister_memory waits
+    // for the op (its memory registration stays until then), so it is
+    // drained, not cut off; new requests naming it are refused.
     let big = init.allocate_memory(len).unwrap();
     let moved = init.rails(seg)[0].bytes;
     ring.submission()
@@ -952,6 +952,132 @@ fn rxe_engine_bad_input_gets_typed_errors() {
     println!(
         "RXE-OK bad input: unknown NIC, GID index, forged rkeys, bounds, missing NIC rkey, deregister in flight"
     );
+}
+
+/// Unregister means gone: once `unregister_memory` returns, the region's
+/// memory registration is gone on every NIC, so a peer still holding an
+/// old rkey gets a remote access error on the wire, and nothing lands in
+/// the memory (still allocated here: the `Buffer` is held). Both a raw QP
+/// per rail and an engine initiator (its CQE: `AccessDenied`) try.
+#[test]
+fn rxe_unregister_deregisters_on_every_nic_and_the_old_rkey_gets_a_remote_access_error() {
+    if !in_guest() {
+        return;
+    }
+    use std::time::Duration;
+    use tent::control::{connect_qp, fetch_descriptor};
+    use tent::rdma::NicSet;
+    use tent::rdma::responder::{bootstrap, endpoint};
+    let target = rdma_engine(true, |_| {});
+    let len = 1u64 << 16;
+    let region = target.allocate_memory(len).unwrap();
+    let keep = pattern(41, len as usize);
+    region.write(0, &keep).unwrap();
+    let name = target.segment_name();
+    let d = fetch_descriptor(&name, None, Duration::from_secs(5)).unwrap();
+    let rkeys = d
+        .regions
+        .iter()
+        .find(|r| r.addr == region.addr())
+        .unwrap()
+        .rkeys
+        .clone();
+    assert_eq!(rkeys.len(), rails_count());
+
+    // A raw QP on every rail, connected to the target's NIC of that name.
+    let mine = NicSet::open(&[], None).unwrap();
+    let mut src = pattern(42, len as usize);
+    let mut qps = Vec::new();
+    for n in mine.nics() {
+        let nic = n.ctx.name().to_owned();
+        let tnic = d.nics.iter().position(|x| x.name == nic).unwrap();
+        let cq = CompletionQueue::new(&n.ctx, 64).unwrap();
+        let qp = QueuePair::new(&n.pd, &cq, n.port, Some(n.gid_index), 64).unwrap();
+        let theirs = connect_qp(
+            &name,
+            None,
+            Duration::from_secs(5),
+            &nic,
+            &nic,
+            bootstrap(&qp.endpoint().unwrap()),
+        )
+        .unwrap();
+        qp.connect(&endpoint(&theirs)).unwrap();
+        // SAFETY: `src` outlives the registration (dropped with `qps` below).
+        let mr = unsafe { MemoryRegion::new(&n.pd, src.as_mut_ptr(), src.len()) }.unwrap();
+        qps.push((nic, cq, qp, mr, rkeys[tnic]));
+    }
+    // An engine initiator over RDMA only (no TCP to fail over to).
+    let init = rdma_engine(false, |_| {});
+    let seg = init.open_segment(&name).unwrap();
+    let local = init.allocate_memory(len).unwrap();
+    local.write(0, &src).unwrap();
+    let mut ring = init.ring().unwrap();
+    // The keys work before: a READ over the engine, and a READ per raw QP.
+    let c = one_op(&mut ring, read_op(&local, seg, region.addr(), len));
+    assert_eq!(c.result(), Ok(len));
+    assert_eq!(c.transport(), tent::TransportKind::Rdma);
+    local.write(0, &src).unwrap();
+    let mut back = vec![0u8; len as usize];
+    for (i, (nic, cq, qp, _, rkey)) in qps.iter().enumerate() {
+        // SAFETY: `back` outlives the registration, dropped right after the completion.
+        let bmr = unsafe { MemoryRegion::new(&qp_pd(&mine, nic), back.as_mut_ptr(), back.len()) }
+            .unwrap();
+        let r = RdmaOp {
+            wr_id: 100 + i as u64,
+            opcode: Opcode::Read,
+            local: back.as_mut_ptr(),
+            len: len as u32,
+            lkey: bmr.lkey(),
+            remote: region.addr(),
+            rkey: *rkey,
+        };
+        // SAFETY: `back` is registered with `bmr` and lives until the completion.
+        unsafe { qp.post(&r) }.unwrap();
+        assert_eq!(
+            wait(cq, 100 + i as u64),
+            tent::sys::ffi::ibv_wc_status::IBV_WC_SUCCESS,
+            "{nic}: READ with the rkey before unregister"
+        );
+        assert!(back == keep, "{nic}: READ data");
+        drop(bmr);
+    }
+
+    target.unregister_memory(region.id()).unwrap();
+
+    for (i, (nic, cq, qp, mr, rkey)) in qps.iter().enumerate() {
+        let w = RdmaOp {
+            wr_id: 200 + i as u64,
+            opcode: Opcode::Write,
+            local: src.as_mut_ptr(),
+            len: len as u32,
+            lkey: mr.lkey(),
+            remote: region.addr(),
+            rkey: *rkey,
+        };
+        // SAFETY: `src` is registered with `mr` and lives until the completion.
+        unsafe { qp.post(&w) }.unwrap();
+        assert_eq!(
+            wait(cq, 200 + i as u64),
+            tent::sys::ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR,
+            "{nic}: WRITE with the old rkey after unregister_memory returned"
+        );
+    }
+    let c = one_op(&mut ring, write_op(&local, seg, region.addr(), len));
+    assert_eq!(c.result(), Err(ErrorKind::AccessDenied), "{c:?}");
+    let mut got = vec![0u8; len as usize];
+    region.read(0, &mut got).unwrap();
+    assert!(got == keep, "a WRITE with the old rkey landed");
+    drop(qps);
+    println!(
+        "RXE-OK unregister: the old rkey fails with a remote access error on {} rail(s), AccessDenied through the engine, no byte landed",
+        mine.nics().len()
+    );
+}
+
+/// The PD of the NIC called `nic` in `set`.
+fn qp_pd(set: &tent::rdma::NicSet, nic: &str) -> Arc<ProtectionDomain> {
+    set.nics()[set.index_of(nic).unwrap()].pd.clone()
 }
 
 // ---- the hot path over RDMA allocates nothing (a counting allocator for

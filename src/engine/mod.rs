@@ -36,12 +36,23 @@ use crate::transport::shm::ShmTransport;
 use crate::transport::tcp::{self, DataServer, TcpTransport};
 use crate::transport::{InstallContext, Transport, TransportSlots};
 use batch::BatchTable;
-use worker::{Worker, WorkerRing, WorkerShared};
+use worker::{RegionAck, Worker, WorkerRing, WorkerShared};
+
+/// How often `unregister_memory` looks whether the workers and the TCP
+/// data server are done with a region (and rings the workers that are not),
+/// after `DRAIN_YIELDS` quick looks (a woken idle worker acknowledges within
+/// microseconds).
+const DRAIN_POLL: Duration = Duration::from_millis(1);
+const DRAIN_YIELDS: u32 = 64;
 
 /// What the workers share with the API side.
 pub(crate) struct EngineShared {
     pub config: Config,
     pub regions: Arc<ArcSwap<RegionTable>>,
+    /// The last unregister epoch (each `unregister_memory` takes the next),
+    /// published after the region is revoked and out of `regions`; workers
+    /// read it in housekeeping and acknowledge it (`RegionAck`).
+    pub region_epoch: CachePadded<AtomicU64>,
     pub segments: Arc<ArcSwap<SegmentTable>>,
     pub transports: TransportSlots,
     pub gate: Arc<dyn SendGate>,
@@ -72,6 +83,9 @@ pub struct Engine {
     control: Option<crate::control::ControlServer>,
     data: Option<DataServer>,
     registry: Mutex<()>,
+    /// Regions out of the table whose `unregister_memory` has not finished
+    /// (waiting, or timed out): held, and still registered, until it does.
+    retiring: Mutex<Vec<Arc<MemRegion>>>,
     next_worker: AtomicUsize,
 }
 
@@ -242,6 +256,7 @@ impl EngineBuilder {
             rdma_transport,
             tcp,
             regions,
+            region_epoch: CachePadded::new(AtomicU64::new(0)),
             segments,
             transports,
             gate: self.gate.unwrap_or_else(|| Arc::new(OpenGate)),
@@ -298,6 +313,7 @@ impl EngineBuilder {
                 credits: std::array::from_fn(|_| CreditPool::new(inflight, 0)),
                 completed_ops: CachePadded::new(AtomicU64::new(0)),
                 completed_bytes: CachePadded::new(AtomicU64::new(0)),
+                region_ack: CachePadded::new(RegionAck::default()),
             });
             let worker = Worker::new(ws.clone(), shared.clone(), bc);
             let ws2 = ws.clone();
@@ -325,6 +341,7 @@ impl EngineBuilder {
             control,
             data: data.map(|(d, _)| d),
             registry: Mutex::new(()),
+            retiring: Mutex::new(Vec::new()),
             next_worker: AtomicUsize::new(0),
         })
     }
@@ -385,8 +402,8 @@ impl Engine {
     ///
     /// # Safety
     /// `[ptr, ptr+len)` must stay valid (allocated, not freed or unmapped)
-    /// until [`Engine::unregister_memory`] returns and no transfer naming it
-    /// is still pending.
+    /// until [`Engine::unregister_memory`] returns `Ok` for it (the engine
+    /// is then done with it) or the engine is dropped.
     pub unsafe fn register_memory(&self, ptr: *mut u8, len: u64) -> Result<Buffer> {
         if len == 0 || ptr.is_null() {
             return Err(Error::invalid(
@@ -418,22 +435,133 @@ impl Engine {
         Ok(region.with_rdma(reg.rkeys(), lkeys, Box::new(reg)))
     }
 
-    /// Withdraw a registration: new requests naming it fail with
-    /// `AddressNotRegistered`, peers holding its key get `AccessDenied`.
+    /// Withdraw a registration, and return once the engine is done with it.
+    ///
+    /// At once: new requests naming the region fail `AddressNotRegistered`
+    /// (a worker whose cached table still has it sees it revoked), the TCP
+    /// data server refuses ops on it (`AccessDenied`; `AddressNotRegistered`
+    /// to a peer that proved the shared secret), and shm peers find its live
+    /// key zeroed (`AccessDenied`; `AddressNotRegistered` once they re-read
+    /// the descriptor). Then the call waits until every worker has
+    /// refreshed its cached region table and holds no task on the region
+    /// (tasks accepted before it finish normally) and no TCP op into or out
+    /// of it is being served. Only then is its RDMA registration dropped on
+    /// every NIC (a peer's WRITE with the old rkey fails with a remote
+    /// access error) and `Ok` returned: the engine never touches the memory
+    /// again.
+    ///
+    /// Not drained: an shm peer's copy that passed its live-key check just
+    /// before the revoke (one slice per peer worker, a memcpy long) may
+    /// still land; it lands in the region's memfd, never in other memory.
+    ///
+    /// # Errors
+    /// `AddressNotRegistered` if `id` names no region (or one already
+    /// unregistered). `Timeout` if what is in flight on it has not drained
+    /// by the bound: the latest deadline of a task holding it (or the call)
+    /// plus twice the TCP stall limit (a stalled TCP frame is cut after one
+    /// stall limit and one idle poll; slices still posted when their task's
+    /// deadline passed get as long). The region then stays withdrawn (new
+    /// requests refused, shm and TCP keys revoked) but held and registered
+    /// for RDMA, since the engine may still write it: do not free it; call
+    /// again to finish (each call waits anew).
     pub fn unregister_memory(&self, id: RegionId) -> Result<()> {
+        let region = self.withdraw(id)?;
+        self.drain(&region)?;
+        region.release_rdma();
+        self.retiring
+            .lock()
+            .expect("retiring regions poisoned")
+            .retain(|r| r.id() != id);
+        Ok(())
+    }
+
+    /// Take region `id` out of the table and revoke it at the next
+    /// unregister epoch, or find it withdrawn by an earlier call that has
+    /// not finished.
+    fn withdraw(&self, id: RegionId) -> Result<Arc<MemRegion>> {
         let _g = self.registry.lock().expect("registry poisoned");
         let table = self.shared.regions.load_full();
-        let (next, _removed) = table.without(id).ok_or_else(|| {
-            Error::new(
-                ErrorKind::AddressNotRegistered,
-                format!("region {} is not registered", id.0),
-            )
-        })?;
+        let Some((next, removed)) = table.without(id) else {
+            return self
+                .retiring
+                .lock()
+                .expect("retiring regions poisoned")
+                .iter()
+                .find(|r| r.id() == id)
+                .cloned()
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::AddressNotRegistered,
+                        format!("region {} is not registered", id.0),
+                    )
+                });
+        };
+        // Only this function writes the epoch, under the registry lock.
+        let epoch = self.shared.region_epoch.load(Ordering::Relaxed) + 1;
+        removed.revoke(epoch);
         if let Some(export) = &self.export {
             export.revoke(id);
         }
         self.shared.regions.store(Arc::new(next));
-        Ok(())
+        self.retiring
+            .lock()
+            .expect("retiring regions poisoned")
+            .push(removed.clone());
+        // Release: a worker that reads this epoch sees the revoke and the
+        // table without the region.
+        self.shared.region_epoch.store(epoch, Ordering::Release);
+        Ok(removed)
+    }
+
+    /// Wait until no worker and no TCP data server thread uses `region`
+    /// (revoked), ringing workers that have not acknowledged its epoch so a
+    /// parked one wakes; `Timeout` past the bound (see
+    /// [`Engine::unregister_memory`]).
+    fn drain(&self, region: &MemRegion) -> Result<()> {
+        let epoch = region.revoked_epoch();
+        let cfg = &self.shared.config;
+        let stall = tcp::server::stall_limit(
+            cfg.transports.tcp.user_timeout_ms.min(u32::MAX as u64) as u32,
+        );
+        let grace = u64::try_from(stall.as_nanos().saturating_mul(2)).unwrap_or(u64::MAX);
+        let start = crate::clock::monotonic_ns();
+        let mut look = 0u32;
+        loop {
+            // Ring on the first look and on every slow one, not per yield.
+            let ring = look == 0 || look >= DRAIN_YIELDS;
+            let (mut workers, mut latest) = (0, start);
+            for w in &self.workers {
+                // Acquire: pairs with the worker's Release of its ack: what
+                // its tasks did to the memory happens before.
+                if w.region_ack.epoch.load(Ordering::Acquire) >= epoch {
+                    continue;
+                }
+                workers += 1;
+                latest = latest.max(w.region_ack.wait_until.load(Ordering::Relaxed));
+                if ring {
+                    w.doorbell().ring();
+                }
+            }
+            let served = region.in_use();
+            if workers == 0 && served == 0 {
+                return Ok(());
+            }
+            if crate::clock::monotonic_ns() > latest.saturating_add(grace) {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "region {} still in use past the drain bound ({workers} worker(s) with tasks on it, {served} TCP op(s) being served): it stays withdrawn and registered; do not free it, call unregister_memory again",
+                        region.id().0
+                    ),
+                ));
+            }
+            if look < DRAIN_YIELDS {
+                look += 1;
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(DRAIN_POLL);
+            }
+        }
     }
 
     // ---- segments -----------------------------------------------------

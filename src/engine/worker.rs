@@ -113,6 +113,23 @@ pub(crate) struct WorkerShared {
     pub credits: [CreditPool; 5],
     pub completed_ops: CachePadded<AtomicU64>,
     pub completed_bytes: CachePadded<AtomicU64>,
+    /// Its side of the unregister handshake (`Worker::ack_unregister`).
+    pub region_ack: CachePadded<RegionAck>,
+}
+
+/// What a worker tells `Engine::unregister_memory`. Written only in
+/// housekeeping and when idle, and only while an unregister is pending:
+/// nothing per op.
+#[derive(Debug, Default)]
+pub(crate) struct RegionAck {
+    /// Every region revoked at this unregister epoch or before is out of
+    /// this worker: its cached region table is past the removal and no live
+    /// task holds one (Release: what the tasks did to the memory happens
+    /// before an unregister that reads it).
+    pub epoch: AtomicU64,
+    /// While it is behind: the latest deadline (monotonic ns) among its
+    /// tasks that hold a revoked region, the drain's bound.
+    pub wait_until: AtomicU64,
 }
 
 impl WorkerShared {
@@ -160,6 +177,8 @@ pub(crate) struct Worker {
     draining: Vec<PostedOn>,
     next_housekeeping: u64,
     next_peer_check: u64,
+    /// The unregister epoch last acknowledged in `shared.region_ack`.
+    region_ack: u64,
     block_size: u64,
     default_timeout_ns: u64,
     /// `max_failover_attempts` (0: failover off for every request).
@@ -244,6 +263,7 @@ impl Worker {
             draining: Vec::with_capacity(DRAINING_AT_START),
             next_housekeeping: 0,
             next_peer_check: 0,
+            region_ack: 0,
             block_size: cfg.block_size,
             default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
             max_failover: cfg.max_failover_attempts.min(u32::from(u8::MAX)) as u8,
@@ -286,6 +306,11 @@ impl Worker {
             let now = monotonic_ns();
             if now >= self.next_housekeeping {
                 self.housekeeping(now);
+            } else {
+                // Idle (and before every park): an unregister waiting on
+                // this worker, which rang its bell, need not wait for the
+                // next housekeeping. One load when none is pending.
+                self.ack_unregister();
             }
             if idle_since == 0 {
                 idle_since = now;
@@ -464,6 +489,7 @@ impl Worker {
             .regions
             .load()
             .get(local.region)
+            .filter(|r| !r.is_revoked())
             .ok_or(ErrorKind::AddressNotRegistered)?;
         let ptr = region.slice_ptr(local.offset, sqe.len())?;
         let region = region.clone();
@@ -966,9 +992,11 @@ impl Worker {
         }
     }
 
-    /// Deadlines, cancels, and retiring rings whose application went away.
+    /// Deadlines, cancels, retiring rings whose application went away, and
+    /// the unregister handshake.
     fn housekeeping(&mut self, now: u64) {
         self.next_housekeeping = now + HOUSEKEEPING_NS;
+        self.ack_unregister();
         if now >= self.next_peer_check {
             // Peers whose process died answer ProcessFailed from now on.
             self.next_peer_check = now + PEER_CHECK_NS;
@@ -1009,6 +1037,43 @@ impl Worker {
             if retire {
                 *slot = None;
             }
+        }
+    }
+
+    /// The unregister handshake: once the engine publishes a new unregister
+    /// epoch, refresh the cached region table past it (so a parked worker
+    /// does not keep a removed region alive) and acknowledge the epoch as
+    /// far as no live task holds a region revoked at or before it; also say
+    /// until when such tasks may run. One Acquire load when nothing is
+    /// pending; the task scan runs only while an unregister waits.
+    fn ack_unregister(&mut self) {
+        // Acquire: pairs with the engine's Release publish of the epoch,
+        // so the revokes and the table store before it are seen here.
+        let epoch = self.engine.region_epoch.load(Ordering::Acquire);
+        if epoch == self.region_ack {
+            return;
+        }
+        let _ = self.regions.load();
+        let (mut oldest, mut wait_until) = (u64::MAX, 0);
+        if self.tasks.active() > 0 {
+            for i in 0..self.tasks.capacity() as u32 {
+                let t = self.tasks.get_mut(i);
+                let revoked = match &t.local_region {
+                    Some(r) if t.live => r.revoked_epoch(),
+                    _ => 0,
+                };
+                if revoked != 0 {
+                    oldest = oldest.min(revoked);
+                    wait_until = wait_until.max(t.deadline_ns);
+                }
+            }
+        }
+        let acked = epoch.min(oldest.saturating_sub(1));
+        let ack = &self.shared.region_ack;
+        ack.wait_until.store(wait_until, Ordering::Relaxed);
+        if acked != self.region_ack {
+            ack.epoch.store(acked, Ordering::Release);
+            self.region_ack = acked;
         }
     }
 

@@ -198,7 +198,9 @@ fn netdev_of(dev: &str, port: u8, gid_index: i32) -> Option<(String, u32)> {
     Some((name, index))
 }
 
-/// Memory registered on every NIC of a [`NicSet`]; deregistered on drop.
+/// Memory registered on every NIC of a [`NicSet`]; deregistered on drop
+/// (an engine's region drops it when `unregister_memory` has drained the
+/// region: `MemRegion::release_rdma`, not with the region's last holder).
 pub struct Registration {
     mrs: Vec<MemoryRegion>,
 }

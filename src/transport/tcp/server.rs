@@ -32,7 +32,7 @@ use tent_rings::{ErrorKind, Opcode};
 use super::frame::{BUSY, Hello, REQUEST_LEN, Request, Response};
 use super::{handshake, io};
 use crate::error::{Error, Result};
-use crate::memory::RegionTable;
+use crate::memory::{RegionTable, RegionUse};
 use crate::refusals::Refusals;
 
 /// Connections served at once; past it an idle or unproven one is evicted
@@ -412,13 +412,13 @@ fn serve(
         let table = regions.load();
         let target = check(&table, &req, proven);
         let mut resp = Response {
-            status: target.map(|_| ()),
+            status: target.as_ref().map(|_| ()).map_err(|e| *e),
             seq: req.seq,
             len: 0,
         };
         match (req.opcode, target) {
-            (Opcode::Write, Ok(ptr)) => {
-                // SAFETY: `ptr..ptr+len` lies inside a registered region, kept alive by `table` for this whole op.
+            (Opcode::Write, Ok((ptr, _in_use))) => {
+                // SAFETY: `ptr..ptr+len` lies inside a registered region, kept alive by `table` and in use (`_in_use`: unregister_memory waits) for this whole op.
                 unsafe { io::recv_exact(s, ptr, req.len as usize, stall) }
                     .map_err(|e| format!("WRITE payload: {e}"))?;
                 resp.len = req.len;
@@ -430,9 +430,9 @@ fn serve(
                 tracing::debug!(addr = req.addr, len = req.len, %why, "tcp WRITE refused");
                 io::send_header(s, &resp.encode()).map_err(|e| format!("WRITE response: {e}"))?;
             }
-            (Opcode::Read, Ok(ptr)) => {
+            (Opcode::Read, Ok((ptr, _in_use))) => {
                 resp.len = req.len;
-                // SAFETY: `ptr..ptr+len` lies inside a registered region, kept alive by `table` for this whole op.
+                // SAFETY: `ptr..ptr+len` lies inside a registered region, kept alive by `table` and in use (`_in_use`) for this whole op.
                 unsafe { io::send_all(s, &resp.encode(), ptr, req.len as usize) }
                     .map_err(|e| format!("READ response: {e}"))?;
             }
@@ -450,12 +450,14 @@ fn serve(
 /// a secret) learns nothing about the layout of memory it holds no key
 /// for: a miss is `AccessDenied` whether the address is registered, out of
 /// bounds or nowhere, unless the key is the one of the region holding
-/// `addr` (then bounds are no news to it). The success path is one lookup.
-fn check(
-    table: &RegionTable,
+/// `addr` (then bounds are no news to it). The success path is one lookup
+/// and the region's use count (a region being unregistered takes no new
+/// op: `AccessDenied`, as once it is out of the table).
+fn check<'t>(
+    table: &'t RegionTable,
     req: &Request,
     proven: bool,
-) -> std::result::Result<*mut u8, ErrorKind> {
+) -> std::result::Result<(*mut u8, RegionUse<'t>), ErrorKind> {
     if req.len == 0 {
         return Err(ErrorKind::InvalidArgument);
     }
@@ -470,7 +472,10 @@ fn check(
         return Err(detail(ErrorKind::OutOfBounds));
     }
     match table.find_addr(req.addr, req.len) {
-        Ok((region, ptr)) if req.key != 0 && region.key() == req.key => Ok(ptr),
+        Ok((region, ptr)) if req.key != 0 && region.key() == req.key => region
+            .enter()
+            .map(|u| (ptr, u))
+            .ok_or(ErrorKind::AccessDenied),
         Ok(_) => Err(ErrorKind::AccessDenied),
         Err(e) => Err(detail(e)),
     }

@@ -1,0 +1,431 @@
+//! Unregister means gone: once `unregister_memory` returns, no thread of
+//! the engine touches the region again and a peer holding its key is
+//! refused; while ops on it are in flight the call waits for them (bounded
+//! by their deadlines), and new requests naming it fail at once.
+//! (The RDMA half, a remote WRITE with the old rkey, runs in the Soft-RoCE
+//! guest: `rxe_unregister_*` in `tests/rxe_verbs.rs`.)
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{pattern, reap, test_config};
+use tent::transport::tcp::frame::{HELLO_LEN, Hello, REQUEST_LEN, RESPONSE_LEN, Request, Response};
+use tent::transport::{
+    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport,
+};
+use tent::{Engine, ErrorKind, LocalAddr, Opcode, RemoteAddr, SegmentId, TransportKind, op};
+
+fn write(local: &tent::Buffer, seg: SegmentId, remote: u64, len: u64) -> tent::Sqe {
+    op::Write::new(
+        LocalAddr::new(local.id(), 0),
+        RemoteAddr::new(seg, remote),
+        len,
+    )
+    .build()
+}
+
+fn read(local: &tent::Buffer, seg: SegmentId, remote: u64, len: u64) -> tent::Sqe {
+    op::Read::new(
+        LocalAddr::new(local.id(), 0),
+        RemoteAddr::new(seg, remote),
+        len,
+    )
+    .build()
+}
+
+/// Run one op through `ring` and return its result.
+fn one(ring: &mut tent::Ring, sqe: tent::Sqe) -> Result<u64, ErrorKind> {
+    ring.submission().push(sqe).unwrap();
+    reap(ring, 1)[0].result()
+}
+
+fn contents(b: &tent::Buffer) -> Vec<u8> {
+    let mut v = vec![0u8; b.len() as usize];
+    b.read(0, &mut v).unwrap();
+    v
+}
+
+#[test]
+fn a_tcp_peer_holding_the_key_is_refused_after_unregister_and_moves_no_byte() {
+    let target = common::engine();
+    let len = 1u64 << 16;
+    let region = target.allocate_memory(len).unwrap();
+    region.write(0, &pattern(1, len as usize)).unwrap();
+    let mut c = test_config();
+    c.transports.shm.enable = false;
+    let init = Engine::new(c).unwrap();
+    let seg = init.open_segment(&target.segment_name()).unwrap();
+    let local = init.allocate_memory(len).unwrap();
+    local.write(0, &pattern(9, len as usize)).unwrap();
+    let mut ring = init.ring().unwrap();
+    // The key works before.
+    assert_eq!(
+        one(&mut ring, read(&local, seg, region.addr(), len)),
+        Ok(len)
+    );
+    assert_eq!(contents(&local), pattern(1, len as usize));
+    local.write(0, &pattern(9, len as usize)).unwrap();
+
+    target.unregister_memory(region.id()).unwrap();
+    // The initiator's descriptor still lists the region with its key; the
+    // target refuses it, and the memory (still allocated: `region` is held)
+    // is not touched.
+    assert_eq!(
+        one(&mut ring, write(&local, seg, region.addr(), len)),
+        Err(ErrorKind::AccessDenied)
+    );
+    assert_eq!(
+        one(&mut ring, read(&local, seg, region.addr(), len)),
+        Err(ErrorKind::AccessDenied)
+    );
+    assert_eq!(contents(&region), pattern(1, len as usize), "no byte moved");
+    assert_eq!(contents(&local), pattern(9, len as usize), "no byte read");
+}
+
+#[test]
+fn an_shm_peer_holding_the_key_is_refused_after_unregister_and_moves_no_byte() {
+    let target = common::engine();
+    let len = 1u64 << 16;
+    let region = target.allocate_memory(len).unwrap();
+    region.write(0, &pattern(2, len as usize)).unwrap();
+    let init = common::engine();
+    let seg = init
+        .open_segment(target.local_segment_name().unwrap())
+        .unwrap();
+    let peer = init.segment_peer(seg).expect("reached over shm");
+    let key = peer.key_of(region.addr()).expect("region listed");
+    let local = init.allocate_memory(len).unwrap();
+    local.write(0, &pattern(8, len as usize)).unwrap();
+    let mut ring = init.ring().unwrap();
+    assert_eq!(peer.check_key(region.addr(), len, key), Ok(()));
+
+    target.unregister_memory(region.id()).unwrap();
+    // The key the peer holds is revoked (the live key is zeroed) ...
+    assert_eq!(
+        peer.check_key(region.addr(), len, key),
+        Err(ErrorKind::AccessDenied)
+    );
+    // ... and an op re-reads the descriptor on the refusal, where the
+    // region is no more.
+    assert_eq!(
+        one(&mut ring, write(&local, seg, region.addr(), len)),
+        Err(ErrorKind::AddressNotRegistered)
+    );
+    assert_eq!(
+        one(&mut ring, read(&local, seg, region.addr(), len)),
+        Err(ErrorKind::AddressNotRegistered)
+    );
+    assert_eq!(contents(&region), pattern(2, len as usize), "no byte moved");
+    assert_eq!(contents(&local), pattern(8, len as usize), "no byte read");
+}
+
+/// Is `[start, end)` one mapping of this process (`/proc/self/maps`)?
+fn mapped(start: u64, end: u64) -> bool {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.split_once('-'))
+        .filter_map(|(a, b)| {
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .any(|(a, b)| a == start && b == end)
+}
+
+#[test]
+fn a_parked_workers_cached_table_does_not_keep_an_unregistered_region() {
+    // Heap memory (no shm export): the region's mapping is its own, so
+    // whether it is still held shows in /proc/self/maps.
+    let mut c = test_config();
+    c.transports.shm.enable = false;
+    let e = Engine::new(c).unwrap();
+    // An odd size: no other mapping of this test binary starts and ends
+    // exactly where this one does.
+    let len = (64u64 << 20) + 3 * 4096;
+    let region = e.allocate_memory(len).unwrap();
+    let dst = e.allocate_memory(4096).unwrap();
+    let (start, end) = (region.addr(), region.addr() + len);
+    assert!(mapped(start, end));
+    // One op from the region: the worker's cached region table now holds it.
+    let mut ring = e.ring().unwrap();
+    assert_eq!(
+        one(
+            &mut ring,
+            write(&region, SegmentId::LOCAL, dst.addr(), 4096)
+        ),
+        Ok(4096)
+    );
+    // The worker goes idle and parks with that table cached.
+    std::thread::sleep(Duration::from_millis(200));
+    e.unregister_memory(region.id()).unwrap();
+    drop(region);
+    assert!(
+        !mapped(start, end),
+        "the region's memory is still mapped after unregister_memory returned and its last handle dropped"
+    );
+}
+
+/// Accepts every slice (Posted) and completes them only when released
+/// (as in tests/async_deadline.rs): an op that stays in flight.
+#[derive(Default)]
+struct Held {
+    posted: Mutex<Vec<u64>>,
+    released: Mutex<Vec<u64>>,
+}
+
+impl Held {
+    fn release_all(&self) -> usize {
+        let mut p = self.posted.lock().unwrap();
+        let n = p.len();
+        self.released.lock().unwrap().append(&mut p);
+        n
+    }
+
+    fn wait_posted(&self) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while self.posted.lock().unwrap().is_empty() {
+            assert!(Instant::now() < until, "nothing posted");
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Transport for Held {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Local
+    }
+    fn install(&self, _: &InstallContext) -> tent::Result<()> {
+        Ok(())
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            atomic_submit: false,
+            synchronous: false,
+            remote: false,
+            slice_bytes: 0,
+            wakes_worker: false,
+        }
+    }
+    fn reaches(&self, _: &tent::segment::Segment) -> bool {
+        true
+    }
+    fn submit(&self, _: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+        let mut p = self.posted.lock().unwrap();
+        for (s, o) in slices.iter().zip(out) {
+            p.push(s.token);
+            *o = SubmitOutcome::Posted;
+        }
+    }
+    fn poll(&self, _: usize, out: &mut [SliceCompletion]) -> usize {
+        let mut r = self.released.lock().unwrap();
+        let n = r.len().min(out.len());
+        for (o, token) in out.iter_mut().zip(r.drain(..n)) {
+            *o = SliceCompletion {
+                token,
+                result: Ok(4096),
+            };
+        }
+        n
+    }
+}
+
+/// An engine whose local transport holds every slice until released; a
+/// 1 s TCP stall limit, so the drain bound is short.
+fn held_engine() -> (Engine, Arc<Held>) {
+    let mut c = test_config();
+    c.block_size = 4096;
+    c.transports.tcp.user_timeout_ms = 1000;
+    let e = Engine::new(c).unwrap();
+    let held = Arc::new(Held::default());
+    e.swap_transport(TransportKind::Local, Some(held.clone()));
+    (e, held)
+}
+
+#[test]
+fn unregister_waits_for_an_op_in_flight_and_new_requests_fail_at_once() {
+    let (e, held) = held_engine();
+    let src = e.allocate_memory(4096).unwrap();
+    let dst = e.allocate_memory(4096).unwrap();
+    let mut ring = e.ring().unwrap();
+    ring.submission()
+        .push(write(&src, SegmentId::LOCAL, dst.addr(), 4096).with_user_data(1))
+        .unwrap();
+    ring.submit().unwrap();
+    held.wait_posted();
+    std::thread::scope(|s| {
+        let unreg = s.spawn(|| {
+            let r = e.unregister_memory(src.id());
+            (r, Instant::now())
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !unreg.is_finished(),
+            "unregister_memory returned with an op on the region in flight"
+        );
+        // Meanwhile a new request naming the region fails at once.
+        let asked = Instant::now();
+        ring.submission()
+            .push(write(&src, SegmentId::LOCAL, dst.addr(), 8).with_user_data(2))
+            .unwrap();
+        let c = reap(&mut ring, 1);
+        assert_eq!(c[0].user_data(), 2);
+        assert_eq!(c[0].result(), Err(ErrorKind::AddressNotRegistered));
+        assert!(asked.elapsed() < Duration::from_secs(1), "not at once");
+        assert!(!unreg.is_finished());
+        // The op completes: the call returns.
+        assert_eq!(held.release_all(), 1);
+        let released = Instant::now();
+        let (r, at) = unreg.join().unwrap();
+        r.unwrap();
+        assert!(
+            at.duration_since(released) < Duration::from_secs(1),
+            "returned {:?} after the op completed",
+            at.duration_since(released)
+        );
+    });
+    let c = reap(&mut ring, 1);
+    assert_eq!((c[0].user_data(), c[0].result()), (1, Ok(4096)));
+    assert_eq!(
+        e.unregister_memory(src.id()).unwrap_err().kind(),
+        ErrorKind::AddressNotRegistered
+    );
+}
+
+#[test]
+fn unregister_past_the_drain_bound_fails_timeout_and_the_region_stays_withdrawn() {
+    let (e, held) = held_engine();
+    let src = e.allocate_memory(4096).unwrap();
+    let dst = e.allocate_memory(4096).unwrap();
+    let mut ring = e.ring().unwrap();
+    // Its deadline passes at 100 ms; its slice stays posted until released.
+    ring.submission()
+        .push(
+            op::Write::new(
+                LocalAddr::new(src.id(), 0),
+                RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+                4096,
+            )
+            .deadline_ns(tent::clock::deadline_after(Duration::from_millis(100)))
+            .user_data(1),
+        )
+        .unwrap();
+    ring.submit().unwrap();
+    held.wait_posted();
+    let start = Instant::now();
+    let err = e.unregister_memory(src.id()).unwrap_err();
+    let took = start.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    // Bound: the op's deadline plus twice the 1 s stall limit.
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+    let c = reap(&mut ring, 1);
+    assert_eq!(
+        (c[0].user_data(), c[0].result()),
+        (1, Err(ErrorKind::Timeout))
+    );
+    // Still withdrawn: new requests are refused.
+    assert_eq!(
+        one(
+            &mut ring,
+            write(&src, SegmentId::LOCAL, dst.addr(), 8).with_user_data(2)
+        ),
+        Err(ErrorKind::AddressNotRegistered)
+    );
+    // Once the slice comes back, a second call finishes the job.
+    assert_eq!(held.release_all(), 1);
+    let until = Instant::now() + Duration::from_secs(5);
+    while e.credits_in_flight() != 0 {
+        assert!(Instant::now() < until, "the slice never came back");
+        std::thread::yield_now();
+    }
+    let again = Instant::now();
+    e.unregister_memory(src.id()).unwrap();
+    assert!(again.elapsed() < Duration::from_secs(1));
+    assert_eq!(
+        e.unregister_memory(src.id()).unwrap_err().kind(),
+        ErrorKind::AddressNotRegistered
+    );
+}
+
+/// A raw client of a target's TCP data server (no secret).
+fn raw_client(target: &Engine) -> TcpStream {
+    let mut s = TcpStream::connect(target.tcp_data_addr().unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let hello = Hello {
+        status: 0,
+        flags: 0,
+        nonce: [3; 32],
+    };
+    s.write_all(&hello.encode()).unwrap();
+    let mut h = [0u8; HELLO_LEN];
+    s.read_exact(&mut h).unwrap();
+    assert_eq!(Hello::decode(&h).unwrap().status, 0);
+    s
+}
+
+fn response(s: &mut TcpStream) -> Response {
+    let mut h = [0u8; RESPONSE_LEN];
+    s.read_exact(&mut h).unwrap();
+    Response::decode(&h).unwrap()
+}
+
+#[test]
+fn unregister_waits_for_a_tcp_write_being_served_into_the_region() {
+    let target = common::engine();
+    let len = 1u64 << 16;
+    let region = target.allocate_memory(len).unwrap();
+    let mut s = raw_client(&target);
+    let req = |seq| {
+        Request {
+            opcode: Opcode::Write,
+            seq,
+            addr: region.addr(),
+            len,
+            key: region.key(),
+        }
+        .encode()
+    };
+    let payload = pattern(4, len as usize);
+    let half = len as usize / 2;
+    // Header and half the payload: once that half shows in the region, the
+    // server is inside the op, receiving straight into it.
+    let h: [u8; REQUEST_LEN] = req(1);
+    s.write_all(&h).unwrap();
+    s.write_all(&payload[..half]).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while contents(&region)[..half] != payload[..half] {
+        assert!(Instant::now() < until, "the first half never landed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::scope(|sc| {
+        let unreg = sc.spawn(|| target.unregister_memory(region.id()));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !unreg.is_finished(),
+            "unregister_memory returned while the data server was writing into the region"
+        );
+        s.write_all(&payload[half..]).unwrap();
+        let r = response(&mut s);
+        assert_eq!((r.seq, r.status), (1, Ok(())));
+        unreg.join().unwrap().unwrap();
+    });
+    assert_eq!(
+        contents(&region),
+        payload,
+        "the op served before the call returned"
+    );
+    // After: the same key is refused and nothing lands.
+    s.write_all(&req(2)).unwrap();
+    s.write_all(&pattern(5, len as usize)).unwrap();
+    let r = response(&mut s);
+    assert_eq!((r.seq, r.status), (2, Err(ErrorKind::AccessDenied)));
+    assert_eq!(contents(&region), payload, "no byte moved");
+}
