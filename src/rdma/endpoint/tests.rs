@@ -58,7 +58,9 @@ unsafe extern "C" fn fake_post_send(
     let id = unsafe { (*qp).handle };
     QUEUES.with(|qs| {
         let mut qs = qs.borrow_mut();
-        let q = qs.get_mut(&id).expect("known fake QP");
+        // Made on first use by the thread that posts (a source may connect
+        // on another thread).
+        let q = qs.entry(id).or_default();
         while !wr.is_null() {
             let enomem = PLAN.with(|p| {
                 let mut p = p.borrow_mut();
@@ -109,7 +111,7 @@ unsafe extern "C" fn fake_poll_cq(cq: *mut ibv_cq, n: i32, wc: *mut ibv_wc) -> i
     let id = unsafe { (*cq).handle };
     QUEUES.with(|qs| {
         let mut qs = qs.borrow_mut();
-        let q = qs.get_mut(&id).expect("known fake CQ");
+        let q = qs.entry(id).or_default();
         let mut k = 0;
         while k < n as usize {
             let Some(c) = q.cqes.pop_front() else { break };
@@ -159,7 +161,6 @@ impl QueueSource for FakeSource {
             handle: id,
             ..Default::default()
         });
-        QUEUES.with(|q| q.borrow_mut().insert(id, FakeQueue::default()));
         let (qpp, cqp): (*mut ibv_qp, *mut ibv_cq) = (&mut *qp, &mut *cq);
         Ok(Queue {
             qp: qpp,
@@ -335,4 +336,152 @@ fn a_lazy_endpoint_connects_on_first_work_and_evacuates_everything_it_holds() {
     assert_eq!(ep.credits_in_flight(), 0);
     assert_eq!(ep.outstanding(), 0);
     assert!(!ep.is_connected());
+}
+
+/// A source whose every connect waits until the test lets it through (one
+/// message on `gate` per connect): a peer whose control port accepts and
+/// does not answer yet.
+struct GatedSource {
+    gate: std::sync::mpsc::Receiver<()>,
+    inner: FakeSource,
+}
+
+impl QueueSource for GatedSource {
+    fn connect(&mut self) -> Result<Queue> {
+        self.gate
+            .recv()
+            .map_err(|_| Error::new(ErrorKind::Unreachable, "gate closed"))?;
+        self.inner.connect()
+    }
+}
+
+/// How long the test thread waits for one step of the endpoint's thread: a
+/// flush that blocks on the connect fails the test instead of hanging it.
+const STEP: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Drive `ep` until `n` completions were seen (or `limit` passes).
+fn drain(ep: &mut Endpoint, n: usize, limit: std::time::Duration) -> Vec<RdmaCompletion> {
+    let start = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while seen.len() < n && start.elapsed() < limit {
+        let mut done = |c: RdmaCompletion| seen.push(c);
+        ep.flush(&mut done);
+        ep.reap(&mut done);
+        ep.fail_exhausted(&mut done);
+        std::thread::yield_now();
+    }
+    seen
+}
+
+#[test]
+fn a_connect_that_blocks_leaves_submit_and_flush_prompt_and_the_slices_wait() {
+    let (open, gate) = std::sync::mpsc::channel();
+    let (step, steps) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        plan(13, 0.0, 0.0);
+        let src = GatedSource {
+            gate,
+            inner: FakeSource {
+                next_id: 40_000,
+                connects: 0,
+                fail_after: None,
+            },
+        };
+        let mut ep = Endpoint::lazy(Box::new(src), 8, 64);
+        for t in 0..20 {
+            assert!(ep.submit(slice(t)));
+        }
+        let mut early = Vec::new();
+        for _ in 0..100 {
+            let mut done = |c: RdmaCompletion| early.push(c);
+            ep.flush(&mut done);
+            ep.reap(&mut done);
+        }
+        step.send((ep.is_connected(), ep.outstanding(), early.len()))
+            .unwrap();
+        let seen = drain(&mut ep, 20, std::time::Duration::from_secs(10));
+        let ok = seen.iter().filter(|c| c.result == Ok(64)).count();
+        step.send((ep.is_connected(), ep.outstanding(), ok))
+            .unwrap();
+    });
+    let first = steps.recv_timeout(STEP);
+    // Let the connect through in every case, so the thread ends.
+    open.send(()).unwrap();
+    assert_eq!(
+        first,
+        Ok((false, 20, 0)),
+        "flush returned while the connect was pending, with all 20 slices waiting"
+    );
+    assert_eq!(
+        steps.recv_timeout(STEP * 5),
+        Ok((true, 0, 20)),
+        "once connected, every waiting slice completed"
+    );
+    worker.join().unwrap();
+}
+
+#[test]
+fn a_replacement_qp_after_an_error_is_connected_off_the_worker_too() {
+    let (open, gate) = std::sync::mpsc::channel();
+    // The first QP connects at once; the replacement waits for the test.
+    open.send(()).unwrap();
+    let (step, steps) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        plan(17, 0.0, 0.0);
+        let src = GatedSource {
+            gate,
+            inner: FakeSource {
+                next_id: 50_000,
+                connects: 0,
+                fail_after: None,
+            },
+        };
+        let mut ep = Endpoint::lazy(Box::new(src), 8, 64);
+        for t in 0..4 {
+            assert!(ep.submit(slice(t)));
+        }
+        let ok = drain(&mut ep, 4, std::time::Duration::from_secs(10));
+        assert!(ok.iter().all(|c| c.result == Ok(64)), "{ok:?}");
+        // One slice fails on the wire: the QP is in error.
+        plan(17, 0.0, 1.0);
+        assert!(ep.submit(slice(4)));
+        let failed = drain(&mut ep, 1, std::time::Duration::from_secs(10));
+        assert!(matches!(
+            failed[..],
+            [RdmaCompletion {
+                token: 4,
+                result: Err(_),
+                ..
+            }]
+        ));
+        plan(17, 0.0, 0.0);
+        for t in 5..10 {
+            assert!(ep.submit(slice(t)));
+        }
+        let mut early = Vec::new();
+        for _ in 0..100 {
+            let mut done = |c: RdmaCompletion| early.push(c);
+            ep.flush(&mut done);
+            ep.reap(&mut done);
+        }
+        step.send((ep.is_connected(), ep.outstanding(), early.len()))
+            .unwrap();
+        let seen = drain(&mut ep, 5, std::time::Duration::from_secs(10));
+        let ok = seen.iter().filter(|c| c.result == Ok(64)).count();
+        step.send((ep.replacements() == 1, ep.outstanding(), ok))
+            .unwrap();
+    });
+    let first = steps.recv_timeout(STEP);
+    open.send(()).unwrap();
+    assert_eq!(
+        first,
+        Ok((false, 5, 0)),
+        "flush returned while the replacement QP was connecting, the 5 slices waiting"
+    );
+    assert_eq!(
+        steps.recv_timeout(STEP * 5),
+        Ok((true, 0, 5)),
+        "once replaced, every waiting slice completed"
+    );
+    worker.join().unwrap();
 }
