@@ -257,7 +257,13 @@ fn rxe_a_remote_access_error_fails_one_op_and_the_rest_complete_after_reposting(
             MemoryRegion::new(&pd, dst.as_mut_ptr(), n * chunk).unwrap(),
         )
     };
-    let mut ep = Endpoint::new(Box::new(Loopback { pd: pd.clone() }), 32, 512).unwrap();
+    let connector = tent::rdma::Connector::start().unwrap();
+    let mut ep = Endpoint::new(
+        Box::new(Loopback { pd: pd.clone() }),
+        32,
+        512,
+        &connector.handle(),
+    );
     let bad = 57u64;
     for i in 0..n as u64 {
         let off = i * chunk as u64;
@@ -1155,4 +1161,258 @@ fn rxe_engine_hot_path_allocates_nothing_over_rdma() {
         "RXE-OK hot path over RDMA: 0 allocations in 20k 8 B WRITEs ({:.1} us/op in the emulated guest)",
         t.elapsed().as_secs_f64() * 1e6 / 20_000.0
     );
+}
+
+// ---- a peer that stalls the QP bootstrap: the worker never waits on it.
+
+/// A control-port stand-in for a real engine: the first connection (the
+/// initiator's descriptor fetch) is forwarded to the engine; every later
+/// one (the `QpConnect`s) is accepted and held open without a byte read or
+/// written, until [`Stall::forward_all`]. Dropping it closes everything.
+struct Stall {
+    addr: std::net::SocketAddr,
+    /// Connections still to forward (`u32::MAX`: all of them).
+    forwards: Arc<std::sync::atomic::AtomicU32>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    held: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    acceptor: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Stall {
+    fn start(target: &str) -> Stall {
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let forwards = Arc::new(AtomicU32::new(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (f, s, h, target) = (
+            forwards.clone(),
+            stop.clone(),
+            held.clone(),
+            target.to_owned(),
+        );
+        let acceptor = std::thread::spawn(move || {
+            let mut pumps = Vec::new();
+            for c in listener.incoming() {
+                if s.load(Ordering::Acquire) {
+                    break;
+                }
+                let Ok(c) = c else { continue };
+                let forward = f
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| match n {
+                        0 => None,
+                        u32::MAX => Some(n),
+                        n => Some(n - 1),
+                    })
+                    .is_ok();
+                if !forward {
+                    // Accepted, never answered.
+                    h.lock().unwrap().push(c);
+                    continue;
+                }
+                let up = TcpStream::connect(&target).unwrap();
+                for (mut from, mut to) in [
+                    (c.try_clone().unwrap(), up.try_clone().unwrap()),
+                    (up.try_clone().unwrap(), c.try_clone().unwrap()),
+                ] {
+                    pumps.push(std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    }));
+                }
+                h.lock().unwrap().extend([c, up]);
+            }
+            for p in pumps {
+                let _ = p.join();
+            }
+        });
+        Stall {
+            addr,
+            forwards,
+            stop,
+            held,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    fn name(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// From now on, forward every new connection to the engine.
+    fn forward_all(&self) {
+        self.forwards
+            .store(u32::MAX, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Connections held unanswered so far (forwarded ones count two).
+    fn held(&self) -> usize {
+        self.held.lock().unwrap().len()
+    }
+}
+
+impl Drop for Stall {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        self.stop.store(true, Ordering::Release);
+        for c in self.held.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+        // Wake the acceptor (it checks `stop` on each connection).
+        let _ = std::net::TcpStream::connect(self.addr);
+        if let Some(t) = self.acceptor.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Latencies of 8 B local WRITEs, one at a time on `ring`, for `window`.
+fn local_write_latencies(
+    ring: &mut tent::Ring,
+    src: &tent::Buffer,
+    dst: &tent::Buffer,
+    window: std::time::Duration,
+) -> Vec<std::time::Duration> {
+    use std::time::Instant;
+    let mut lat = Vec::with_capacity(1 << 16);
+    let start = Instant::now();
+    while start.elapsed() < window {
+        let op = tent::op::Write::new(
+            tent::LocalAddr::new(src.id(), 0),
+            tent::RemoteAddr::new(tent::SegmentId::LOCAL, dst.addr()),
+            8,
+        );
+        let t = Instant::now();
+        let c = one_op(ring, op);
+        lat.push(t.elapsed());
+        assert_eq!(c.result(), Ok(8));
+        assert_eq!(c.transport(), tent::TransportKind::Local);
+    }
+    lat.sort();
+    lat
+}
+
+fn p99(sorted: &[std::time::Duration]) -> std::time::Duration {
+    sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)]
+}
+
+/// A peer whose control port accepts and never answers the `QpConnect`:
+/// the READs to it wait (their endpoints are connecting, off the worker),
+/// while a local ring on the same, only worker keeps its 8 B WRITE p99
+/// within 2x of its idle p99 (plus 200 us: the guest is QEMU/TCG, whose
+/// scheduling noise alone moves a p99 by tens of microseconds). Then the
+/// connect times out, the READ fails `Timeout`, and once the peer answers
+/// again a READ connects after the backoff and moves verified data.
+#[test]
+fn rxe_engine_a_peer_stalling_the_qp_bootstrap_does_not_stall_a_local_ring_on_the_same_worker() {
+    if !in_guest() {
+        return;
+    }
+    use std::time::{Duration, Instant};
+    let target = rdma_engine(true, |_| {});
+    // One worker, busy polling between ops (no park/wake in the idle
+    // latency); connects time out after 5 s (the transport's cap).
+    let init = rdma_engine(false, |c| c.workers.spin_us = 1_000_000);
+    let len = 256u64 << 10;
+    let remote = target.allocate_memory(len).unwrap();
+    let want = pattern(41, len as usize);
+    remote.write(0, &want).unwrap();
+    let stall = Stall::start(&target.segment_name());
+    let seg = init.open_segment(&stall.name()).unwrap();
+    let local = init.allocate_memory(len).unwrap();
+    let (src, dst) = (
+        init.allocate_memory(4096).unwrap(),
+        init.allocate_memory(4096).unwrap(),
+    );
+    let mut fast = init.ring().unwrap();
+    let mut slow = init.ring().unwrap();
+
+    local_write_latencies(&mut fast, &src, &dst, Duration::from_millis(300));
+    let before = local_write_latencies(&mut fast, &src, &dst, Duration::from_millis(1500));
+
+    slow.submission()
+        .push(read_op(&local, seg, remote.addr(), len))
+        .unwrap();
+    slow.submit().unwrap();
+    // The worker has taken the READ and its QPs are connecting.
+    let t = Instant::now();
+    while stall.held() == 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "no QpConnect came");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let stalled_at = Instant::now();
+    let during = local_write_latencies(&mut fast, &src, &dst, Duration::from_secs(3));
+    let measured = stalled_at.elapsed();
+    let pending = slow.completion().next().is_none();
+
+    // The connect gives up after its timeout: the READ fails, typed.
+    let c = one_op_wait(&mut slow, Duration::from_secs(30));
+    assert_eq!(c.result(), Err(ErrorKind::Timeout), "{c:?}");
+
+    // The peer answers again: after the backoff a fresh QP connects and a
+    // READ moves verified data (earlier tries may fail fast while the
+    // endpoints back off).
+    stall.forward_all();
+    let t = Instant::now();
+    loop {
+        local.write(0, &vec![0u8; len as usize]).unwrap();
+        let c = one_op(&mut slow, read_op(&local, seg, remote.addr(), len));
+        if c.result() == Ok(len) {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "never recovered: {c:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let recovered = t.elapsed();
+    let mut got = vec![0u8; len as usize];
+    local.read(0, &mut got).unwrap();
+    assert!(got == want, "data verified after recovery");
+
+    // Idle again (every QP connected, nothing in flight). The guest's
+    // speed drifts with the host's load: the idle p99 is the larger of
+    // the windows before and after the stall.
+    let after = local_write_latencies(&mut fast, &src, &dst, Duration::from_millis(1500));
+    let idle = p99(&before).max(p99(&after));
+    let pd = p99(&during);
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    println!(
+        "RXE-OK stalled QP bootstrap: local 8 B WRITE p99 idle {:.1} us ({} ops before, p99 {:.1} us; {} after, p99 {:.1} us), during the stall {:.1} us ({} ops, max {:.1} us); READ failed Timeout, recovered {:.1} ms after the peer answered",
+        us(idle),
+        before.len(),
+        us(p99(&before)),
+        after.len(),
+        us(p99(&after)),
+        us(pd),
+        during.len(),
+        us(*during.last().unwrap()),
+        recovered.as_secs_f64() * 1e3
+    );
+    assert!(
+        pd <= 2 * idle + Duration::from_micros(200),
+        "local ring p99 {pd:?} during the stall vs {idle:?} idle ({} ops during, the slowest {:?})",
+        during.len(),
+        during.last()
+    );
+    assert!(
+        pending && measured < Duration::from_millis(4500),
+        "measured inside the stall: the READ still waited ({pending}), {measured:?} after it began"
+    );
+    drop(stall);
+}
+
+/// Wait for the next CQE already submitted on `ring`.
+fn one_op_wait(ring: &mut tent::Ring, limit: std::time::Duration) -> tent::Cqe {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(c) = ring.completion().next() {
+            return c;
+        }
+        assert!(start.elapsed() < limit, "no CQE");
+        std::thread::yield_now();
+    }
 }

@@ -1,6 +1,14 @@
 //! One RDMA endpoint: a queue pair to a peer's NIC, its send-queue credits,
 //! and the slices in flight on it.
 //!
+//! - Its QP is connected off the worker, by the [`Connector`]: the endpoint
+//!   is `Idle` (no QP) → `Connecting` (a job at the connector; slices wait
+//!   in the bounded backlog, `submit` says `false` when it is full) →
+//!   `Ready` (posting) or `Broken` (the connect failed: the waiting slices
+//!   fail with its kind, logged once per cause, and so does new work until
+//!   a backoff, doubling per failure from 250 ms to 8 s, has passed; the
+//!   next work then connects again). A flush only looks at whether the job
+//!   is done (one atomic load): it never waits on the peer.
 //! - Slices wait in a backlog and go out in linked work-request lists, as
 //!   many as the send-queue credits allow ([`CreditPool`] sized to the QP's
 //!   depth, so the provider never sees more than `max_qp_wr`). An `ENOMEM`
@@ -12,19 +20,24 @@
 //!   Credits return exactly once, when a request's completion is known.
 //! - A failed completion fails that slice alone with its mapped kind; the
 //!   QP is then in error and every later request is flushed: those are put
-//!   back at the head of the backlog, the QP is replaced through its
-//!   [`QueueSource`], and they are posted again on the fresh one (DESIGN.md's
+//!   back at the head of the backlog, a fresh QP is asked of the connector
+//!   (its [`QueueSource`]), and they are posted again on it (DESIGN.md's
 //!   recovery order). A slice flushed too often fails `Unreachable`.
 //!
-//! Nothing here allocates after construction.
+//! Nothing here allocates after construction except handing a connect job
+//! to the connector (first work, or after a QP error: never per slice).
+//!
+//! [`Connector`]: super::connector::Connector
 
 use std::collections::VecDeque;
 
 use tent_rings::credit::CreditPool;
 use tent_rings::{ErrorKind, Opcode};
 
+use super::connector::{ConnectorHandle, Link};
 use super::wc::{Outcome, outcome};
-use crate::error::Result;
+use crate::clock::monotonic_ns;
+use crate::error::{Error, Result};
 use crate::sys::{ffi, ops};
 
 /// Times a slice may be flushed and re-posted before it fails.
@@ -33,6 +46,10 @@ const MAX_REPOSTS: u8 = 4;
 const MAX_BATCH: usize = 32;
 /// Completions per `poll_cq`.
 const POLL_BATCH: usize = 32;
+/// Backoff after a failed connect (doubling per consecutive failure).
+pub const BACKOFF_MIN_NS: u64 = 250_000_000;
+/// Longest backoff.
+pub const BACKOFF_MAX_NS: u64 = 8_000_000_000;
 
 /// One slice as an endpoint posts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,7 +102,12 @@ pub struct Queue {
     pub owner: Box<dyn std::any::Any + Send>,
 }
 
+// SAFETY: `qp` and `cq` are owned by `owner` (Send) and live as long as it; verbs objects may be used from any thread, and a queue is used by one thread at a time (made on the connector's, then posted on by one worker).
+unsafe impl Send for Queue {}
+
 /// Makes connected queues: the first, and a fresh one after an error.
+/// Called on the connector's thread, where it may wait (on the peer, up
+/// to its own timeout).
 pub trait QueueSource: Send {
     /// A connected QP ready to post on.
     fn connect(&mut self) -> Result<Queue>;
@@ -102,12 +124,42 @@ struct Posted {
     slice: RdmaSlice,
 }
 
+/// Where an endpoint is in its life (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointState {
+    /// No QP, none asked for (new, or the last one broke).
+    Idle,
+    /// A connect is at the connector; slices wait.
+    Connecting,
+    /// A QP to post on.
+    Ready,
+    /// The last connect failed with `kind`; work fails with it until
+    /// `retry_ns` (monotonic), then the next work connects again.
+    Broken {
+        /// Why the connect failed.
+        kind: ErrorKind,
+        /// When the next connect may start.
+        retry_ns: u64,
+    },
+}
+
+enum State {
+    Idle,
+    Connecting,
+    Ready(Queue),
+    Broken { kind: ErrorKind, retry_ns: u64 },
+}
+
 /// An endpoint (see the module docs).
 pub struct Endpoint {
-    queue: Option<Queue>,
-    source: Box<dyn QueueSource>,
+    state: State,
+    link: Link,
+    /// The source's peer (log lines, their rate-limit key).
+    peer: Box<str>,
     credits: CreditPool,
     backlog: VecDeque<RdmaSlice>,
+    /// Most slices the backlog holds.
+    limit: usize,
     posted: VecDeque<Posted>,
     next_seq: u64,
     since_signal: u32,
@@ -118,30 +170,32 @@ pub struct Endpoint {
     replacements: u64,
     /// A QP was connected before (a new one is then a replacement).
     connected_once: bool,
+    /// Connects failed in a row (the backoff doubles with each).
+    failures: u32,
 }
 
-// SAFETY: the raw QP/CQ pointers are owned by `queue.owner`; an endpoint is used by one worker at a time.
+// SAFETY: the raw pointers (the QP's, and the WR scratch lists' into `sges`/`wrs`) are owned by the endpoint; an endpoint is used by one worker at a time.
 unsafe impl Send for Endpoint {}
 
 impl Endpoint {
     /// An endpoint over queues from `source`, `depth` requests deep, able
-    /// to hold `backlog` slices waiting for credits.
-    pub fn new(source: Box<dyn QueueSource>, depth: u32, backlog: usize) -> Result<Endpoint> {
-        let mut e = Endpoint::lazy(source, depth, backlog);
-        e.queue = Some(e.source.connect()?);
-        e.connected_once = true;
-        Ok(e)
-    }
-
-    /// An endpoint that connects its first QP when it first has work to
-    /// post (in [`Endpoint::flush`], on the posting worker), so peers and
-    /// rails never used cost no QP.
-    pub fn lazy(source: Box<dyn QueueSource>, depth: u32, backlog: usize) -> Endpoint {
+    /// to hold `backlog` slices. It connects its first QP (through
+    /// `connector`) when it first has work, so peers and rails never used
+    /// cost no QP.
+    pub fn new(
+        source: Box<dyn QueueSource>,
+        depth: u32,
+        backlog: usize,
+        connector: &ConnectorHandle,
+    ) -> Endpoint {
+        let limit = backlog.max(1);
         Endpoint {
-            queue: None,
-            source,
+            state: State::Idle,
+            peer: source.peer().into(),
+            link: Link::new(source, connector),
             credits: CreditPool::new(depth.max(1), 0),
-            backlog: VecDeque::with_capacity(backlog.max(1)),
+            backlog: VecDeque::with_capacity(limit),
+            limit,
             posted: VecDeque::with_capacity(depth.max(1) as usize),
             next_seq: 1,
             since_signal: 0,
@@ -151,12 +205,23 @@ impl Endpoint {
             wcs: vec![ffi::ibv_wc::default(); POLL_BATCH],
             replacements: 0,
             connected_once: false,
+            failures: 0,
         }
     }
 
     /// Is a QP connected now?
     pub fn is_connected(&self) -> bool {
-        self.queue.is_some()
+        matches!(self.state, State::Ready(_))
+    }
+
+    /// Where it is in its life.
+    pub fn state(&self) -> EndpointState {
+        match self.state {
+            State::Idle => EndpointState::Idle,
+            State::Connecting => EndpointState::Connecting,
+            State::Ready(_) => EndpointState::Ready,
+            State::Broken { kind, retry_ns } => EndpointState::Broken { kind, retry_ns },
+        }
     }
 
     /// Give up this endpoint's QP (its rail is gone) and hand every slice
@@ -172,7 +237,7 @@ impl Endpoint {
     /// Queue `slice`; `false` if the backlog is full (the caller holds
     /// engine credits, so it sized the backlog to never see this).
     pub fn submit(&mut self, slice: RdmaSlice) -> bool {
-        if self.backlog.len() == self.backlog.capacity() {
+        if self.backlog.len() >= self.limit {
             return false;
         }
         self.backlog.push_back(slice);
@@ -194,43 +259,18 @@ impl Endpoint {
         self.replacements
     }
 
-    /// Post what the credits allow; on a QP in error, replace it first.
+    /// Post what the credits allow. Without a QP, ask the connector for
+    /// one (or see whether it answered): never waits.
     pub fn flush(&mut self, done: &mut impl FnMut(RdmaCompletion)) {
-        if self.queue.is_none() && !self.backlog.is_empty() {
-            match self.source.connect() {
-                Ok(q) => {
-                    self.queue = Some(q);
-                    if self.connected_once {
-                        self.replacements += 1;
-                        tracing::info!(
-                            replacements = self.replacements,
-                            "rdma: QP replaced; re-posting flushed work"
-                        );
-                    }
-                    self.connected_once = true;
-                }
-                Err(e) => {
-                    // No QP to post on: everything waiting fails.
-                    let kind = e.kind();
-                    let peer = self.source.peer();
-                    crate::lograte::warn_limited!(
-                        (peer, kind),
-                        peer,
-                        error = %e,
-                        "rdma: cannot connect a QP; queued slices fail"
-                    );
-                    while let Some(s) = self.backlog.pop_front() {
-                        done(RdmaCompletion {
-                            token: s.token,
-                            result: Err(kind),
-                            slice: s,
-                        });
-                    }
-                    return;
-                }
-            }
+        if !self.advance(done) {
+            return;
         }
-        while !self.backlog.is_empty() && self.queue.is_some() {
+        let State::Ready(q) = &self.state else {
+            return;
+        };
+        // Live until `break_queue`, after which this returns.
+        let qp = q.qp;
+        while !self.backlog.is_empty() {
             let want = self.backlog.len().min(MAX_BATCH) as u32;
             let k = want.min(self.credits.available());
             if k == 0 || self.credits.try_reserve(k).is_err() {
@@ -274,9 +314,8 @@ impl Endpoint {
                 wr.wr.rdma.remote_addr = s.remote;
                 wr.wr.rdma.rkey = s.rkey;
             }
-            let qp = self.queue.as_ref().expect("checked").qp;
             let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-            // SAFETY: `qp` is live (owned by `queue`); the list is `k` valid WRs whose SGEs point into `sges`, all alive for the call.
+            // SAFETY: `qp` is live (owned by the `Ready` queue, not broken yet); the list is `k` valid WRs whose SGEs point into `sges`, all alive for the call.
             let rc = unsafe { ops::post_send(qp, self.wrs.as_mut_ptr(), &mut bad) };
             let posted = if rc == 0 {
                 k
@@ -301,7 +340,7 @@ impl Endpoint {
                 // next list must signal again soon.
                 self.since_signal = self.signal_every;
                 if rc != libc::ENOMEM {
-                    let peer = self.source.peer();
+                    let peer = &*self.peer;
                     crate::lograte::warn_limited!(
                         (peer, rc),
                         peer,
@@ -318,13 +357,13 @@ impl Endpoint {
     /// Reap completions, reporting each slice's end through `done`;
     /// returns how many work completions were read.
     pub fn reap(&mut self, done: &mut impl FnMut(RdmaCompletion)) -> usize {
-        let Some(q) = self.queue.as_ref() else {
+        let State::Ready(q) = &self.state else {
             return 0;
         };
         // SAFETY: `q.cq` is live; `wcs` holds POLL_BATCH entries.
         let n = unsafe { ops::poll_cq(q.cq, POLL_BATCH as i32, self.wcs.as_mut_ptr()) };
         if n < 0 {
-            let peer = self.source.peer();
+            let peer = &*self.peer;
             crate::lograte::warn_limited!(
                 (peer, n),
                 peer,
@@ -353,7 +392,7 @@ impl Endpoint {
                             slice: p.slice,
                         });
                     }
-                    let peer = self.source.peer();
+                    let peer = &*self.peer;
                     crate::lograte::warn_limited!(
                         (peer, kind),
                         peer,
@@ -381,14 +420,93 @@ impl Endpoint {
         }
     }
 
-    /// The QP is in error: put what was in flight back at the head of the
-    /// backlog (oldest first) and drop the queue; `flush` connects a new
-    /// one. Slices flushed too often fail instead.
+    /// Move towards a QP to post on; true once there is one. Idle with
+    /// work: start a connect. Connecting: take the answer if it came.
+    /// Broken: fail the waiting work until the backoff has passed, then
+    /// connect again.
+    fn advance(&mut self, done: &mut impl FnMut(RdmaCompletion)) -> bool {
+        match self.state {
+            State::Ready(_) => return true,
+            State::Idle => {
+                if !self.backlog.is_empty() {
+                    self.link.start();
+                    self.state = State::Connecting;
+                }
+            }
+            State::Connecting => match self.link.try_take() {
+                None => {}
+                Some(Ok(q)) => {
+                    self.state = State::Ready(q);
+                    self.failures = 0;
+                    if self.connected_once {
+                        self.replacements += 1;
+                        tracing::info!(
+                            peer = %self.peer,
+                            replacements = self.replacements,
+                            "rdma: QP replaced; re-posting flushed work"
+                        );
+                    }
+                    self.connected_once = true;
+                    return true;
+                }
+                Some(Err(e)) => self.connect_failed(&e, done),
+            },
+            State::Broken { kind, retry_ns } => {
+                if !self.backlog.is_empty() {
+                    if monotonic_ns() < retry_ns {
+                        self.fail_backlog(kind, done);
+                    } else {
+                        self.link.start();
+                        self.state = State::Connecting;
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// No QP could be connected: everything waiting fails with the
+    /// connect's kind, and so does new work until the backoff has passed.
+    fn connect_failed(&mut self, e: &Error, done: &mut impl FnMut(RdmaCompletion)) {
+        let kind = e.kind();
+        self.failures = self.failures.saturating_add(1);
+        let backoff = BACKOFF_MIN_NS
+            .saturating_mul(1 << (self.failures - 1).min(16))
+            .min(BACKOFF_MAX_NS);
+        self.state = State::Broken {
+            kind,
+            retry_ns: monotonic_ns().saturating_add(backoff),
+        };
+        let peer = &*self.peer;
+        crate::lograte::warn_limited!(
+            (peer, kind),
+            peer,
+            error = %e,
+            waiting = self.backlog.len(),
+            retry_ms = backoff / 1_000_000,
+            "rdma: cannot connect a QP; the slices waiting for it fail, and new ones until the retry"
+        );
+        self.fail_backlog(kind, done);
+    }
+
+    fn fail_backlog(&mut self, kind: ErrorKind, done: &mut impl FnMut(RdmaCompletion)) {
+        while let Some(s) = self.backlog.pop_front() {
+            done(RdmaCompletion {
+                token: s.token,
+                result: Err(kind),
+                slice: s,
+            });
+        }
+    }
+
+    /// The QP is in error: drop it (destroying the QP), then put what was
+    /// in flight on it back at the head of the backlog (oldest first);
+    /// `flush` asks for a new one. Slices flushed too often fail instead.
     fn break_queue(&mut self) {
-        if self.queue.is_none() {
+        if !self.is_connected() {
             return;
         }
-        self.queue = None;
+        self.state = State::Idle;
         while let Some(p) = self.posted.pop_back() {
             self.credits.release(1, 0);
             let mut s = p.slice;

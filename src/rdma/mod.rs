@@ -4,18 +4,22 @@
 //!   peer, per-worker endpoints, rkey checks, moves between rails.
 //! - [`endpoint`]: one QP to a peer's NIC: SQ credits, linked WR lists with
 //!   selective signalling, completions, QP replacement with re-post.
+//! - [`connector`]: the helper thread that connects endpoints' QPs (the
+//!   `QpConnect` exchange can wait on the peer; a worker never does).
 //! - [`nic`]: the NICs in use (context, PD, port, GID) and memory
 //!   registered on all of them (one rkey per NIC).
 //! - [`responder`]: the target side of QP bootstrap (`QpConnect`).
 //! - [`wc`]: completion status → error kind (flush is a cascade).
 
+pub mod connector;
 pub mod endpoint;
 pub mod nic;
 pub mod responder;
 pub mod transport;
 pub mod wc;
 
-pub use endpoint::{Endpoint, Queue, QueueSource, RdmaCompletion, RdmaSlice};
+pub use connector::{Connector, ConnectorHandle};
+pub use endpoint::{Endpoint, EndpointState, Queue, QueueSource, RdmaCompletion, RdmaSlice};
 pub use nic::{Nic, NicSet, Registration};
 pub use responder::Responder;
 pub use transport::{RdmaPeer, RdmaRail, RdmaTransport};

@@ -4,8 +4,9 @@
 //! `max(local, remote)` rails, NIC `i % local` to NIC `i % remote`, so equal
 //! NIC counts pair index to index and neither side leaves a NIC idle. Each
 //! worker has one [`Endpoint`] per rail per peer, made when the segment is
-//! opened and connected (QP, then `QpConnect` over the control plane) the
-//! first time the worker posts on it; it stays cached with the segment.
+//! opened and connected (QP, then `QpConnect` over the control plane, on
+//! the transport's [`Connector`] thread: the worker never waits on a peer)
+//! the first time the worker posts on it; it stays cached with the segment.
 //!
 //! - **Checked before posting.** The remote range must lie inside one region
 //!   of the peer's descriptor (`AddressNotRegistered`, `OutOfBounds`
@@ -17,7 +18,7 @@
 //!   rails whose local link is up and whose NICs hold a key for both ends.
 //! - **Busy polling.** The worker that posts a slice reaps its completion
 //!   (`poll` flushes every active endpoint's backlog as linked WR lists, then
-//!   reaps its CQ), so there are no extra threads and nothing to wake.
+//!   reaps its CQ), so nothing wakes the worker.
 //! - **Rails that fail.** A link watch (rtnetlink, on each RoCE NIC's network
 //!   device) marks a NIC down the moment its link drops; at the next poll the
 //!   worker destroys that rail's QPs and re-posts everything they held on a
@@ -38,6 +39,7 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 use tent_rings::{ErrorKind, TransportKind};
 
+use super::connector::{Connector, ConnectorHandle};
 use super::endpoint::{Endpoint, Queue, QueueSource, RdmaCompletion, RdmaSlice};
 use super::nic::NicSet;
 use super::responder::{bootstrap, endpoint};
@@ -271,6 +273,8 @@ pub struct RdmaTransport {
     workers: Box<[CachePadded<UnsafeCell<WorkerState>>]>,
     selector: DeviceSelector,
     watch: Mutex<Option<LinkWatch>>,
+    /// Started by the first `attach`; dropping the transport joins it.
+    connector: Mutex<Option<Connector>>,
 }
 
 // SAFETY: `workers[w]` is touched only by worker `w`'s thread (see RdmaPeer); the rest is Sync.
@@ -330,7 +334,17 @@ impl RdmaTransport {
             workers,
             selector: DeviceSelector::default(),
             watch: Mutex::new(None),
+            connector: Mutex::new(None),
         }
+    }
+
+    /// The connector thread's handle, starting it on first use.
+    fn connector(&self) -> Result<ConnectorHandle> {
+        let mut c = self.connector.lock().expect("connector poisoned");
+        if c.is_none() {
+            *c = Some(Connector::start()?);
+        }
+        Ok(c.as_ref().expect("just set").handle())
     }
 
     /// The NICs it posts on.
@@ -373,6 +387,7 @@ impl RdmaTransport {
             }
         }
         let s = &self.settings;
+        let connector = self.connector()?;
         let per_worker = (0..self.workers.len())
             .map(|_| {
                 let eps = rails
@@ -387,7 +402,7 @@ impl RdmaTransport {
                             timeout: s.connect_timeout,
                             depth: s.depth,
                         };
-                        Endpoint::lazy(Box::new(source), s.depth, s.backlog)
+                        Endpoint::new(Box::new(source), s.depth, s.backlog, &connector)
                     })
                     .collect();
                 CachePadded::new(UnsafeCell::new(PeerEndpoints {

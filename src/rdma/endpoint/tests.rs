@@ -5,9 +5,12 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::*;
 use crate::error::Error;
+use crate::rdma::connector::Connector;
 use crate::sys::ffi::{ibv_context, ibv_cq, ibv_qp, ibv_send_wr, ibv_wc, ibv_wc_status as S};
 
 /// A fake QP's state: the completions it has produced, and whether it is in
@@ -58,7 +61,9 @@ unsafe extern "C" fn fake_post_send(
     let id = unsafe { (*qp).handle };
     QUEUES.with(|qs| {
         let mut qs = qs.borrow_mut();
-        let q = qs.get_mut(&id).expect("known fake QP");
+        // Made on first use by the thread that posts (a source may connect
+        // on another thread).
+        let q = qs.entry(id).or_default();
         while !wr.is_null() {
             let enomem = PLAN.with(|p| {
                 let mut p = p.borrow_mut();
@@ -109,7 +114,7 @@ unsafe extern "C" fn fake_poll_cq(cq: *mut ibv_cq, n: i32, wc: *mut ibv_wc) -> i
     let id = unsafe { (*cq).handle };
     QUEUES.with(|qs| {
         let mut qs = qs.borrow_mut();
-        let q = qs.get_mut(&id).expect("known fake CQ");
+        let q = qs.entry(id).or_default();
         let mut k = 0;
         while k < n as usize {
             let Some(c) = q.cqes.pop_front() else { break };
@@ -159,7 +164,6 @@ impl QueueSource for FakeSource {
             handle: id,
             ..Default::default()
         });
-        QUEUES.with(|q| q.borrow_mut().insert(id, FakeQueue::default()));
         let (qpp, cqp): (*mut ibv_qp, *mut ibv_cq) = (&mut *qp, &mut *cq);
         Ok(Queue {
             qp: qpp,
@@ -208,21 +212,36 @@ fn plan(seed: u64, p_enomem: f64, p_error: f64) {
     });
 }
 
+/// A connector for one test, and an endpoint over `src` connected by it.
+fn endpoint(src: impl QueueSource + 'static, depth: u32, backlog: usize) -> (Endpoint, Connector) {
+    let c = Connector::start().unwrap();
+    (Endpoint::new(Box::new(src), depth, backlog, &c.handle()), c)
+}
+
 /// Drive `n` slices to completion; every token's results.
 fn run(ep: &mut Endpoint, n: u64) -> HashMap<u64, Vec<std::result::Result<u64, ErrorKind>>> {
     let mut seen: HashMap<u64, Vec<_>> = HashMap::new();
     let mut next = 0;
-    let mut turns = 0;
-    while seen.values().map(Vec::len).sum::<usize>() < n as usize {
+    let start = std::time::Instant::now();
+    let mut total = 0;
+    while total < n as usize {
         while next < n && ep.submit(slice(next)) {
             next += 1;
         }
-        let mut done = |c: RdmaCompletion| seen.entry(c.token).or_default().push(c.result);
+        let mut k = 0;
+        let mut done = |c: RdmaCompletion| {
+            k += 1;
+            seen.entry(c.token).or_default().push(c.result)
+        };
         ep.flush(&mut done);
         ep.reap(&mut done);
         ep.fail_exhausted(&mut done);
-        turns += 1;
-        assert!(turns < 1_000_000, "no progress");
+        if k == 0 {
+            // Waiting for the connector (another thread).
+            std::thread::yield_now();
+        }
+        total += k;
+        assert!(start.elapsed().as_secs() < 60, "no progress");
     }
     seen
 }
@@ -236,7 +255,7 @@ fn every_slice_completes_exactly_once_and_credits_return_under_injected_faults()
             connects: 0,
             fail_after: None,
         };
-        let mut ep = Endpoint::new(Box::new(src), 16, 256).unwrap();
+        let (mut ep, _c) = endpoint(src, 16, 256);
         let n = 5_000;
         let seen = run(&mut ep, n);
         assert_eq!(seen.len(), n as usize, "seed {seed}: every token completed");
@@ -278,7 +297,7 @@ fn sq_full_from_the_provider_loses_nothing() {
         connects: 0,
         fail_after: None,
     };
-    let mut ep = Endpoint::new(Box::new(src), 8, 64).unwrap();
+    let (mut ep, _c) = endpoint(src, 8, 64);
     let seen = run(&mut ep, 2_000);
     assert!(seen.values().all(|v| v == &vec![Ok(64)]));
     assert_eq!(
@@ -297,7 +316,7 @@ fn a_peer_that_refuses_a_new_qp_fails_the_waiting_slices_once() {
         connects: 0,
         fail_after: Some(1),
     };
-    let mut ep = Endpoint::new(Box::new(src), 16, 512).unwrap();
+    let (mut ep, _c) = endpoint(src, 16, 512);
     let seen = run(&mut ep, 500);
     assert!(seen.values().all(|v| v.len() == 1));
     assert!(
@@ -316,15 +335,19 @@ fn a_lazy_endpoint_connects_on_first_work_and_evacuates_everything_it_holds() {
         connects: 0,
         fail_after: None,
     };
-    let mut ep = Endpoint::lazy(Box::new(src), 8, 64);
+    let (mut ep, _c) = endpoint(src, 8, 64);
     let mut none = |c: RdmaCompletion| panic!("nothing completes yet: {c:?}");
     ep.flush(&mut none);
-    assert!(!ep.is_connected(), "no work, no QP");
+    assert_eq!(ep.state(), EndpointState::Idle, "no work, no QP");
     for t in 0..20 {
         assert!(ep.submit(slice(t)));
     }
-    ep.flush(&mut none);
-    assert!(ep.is_connected(), "connected for the first slices");
+    let start = std::time::Instant::now();
+    while !ep.is_connected() {
+        ep.flush(&mut none);
+        assert!(start.elapsed() < STEP, "connected for the first slices");
+        std::thread::yield_now();
+    }
     assert_eq!(ep.replacements(), 0, "a first QP is not a replacement");
     assert_eq!(ep.credits_in_flight(), 8, "posted up to the SQ depth");
     // The rail goes away: every slice, posted or waiting, comes back once,
@@ -335,4 +358,359 @@ fn a_lazy_endpoint_connects_on_first_work_and_evacuates_everything_it_holds() {
     assert_eq!(ep.credits_in_flight(), 0);
     assert_eq!(ep.outstanding(), 0);
     assert!(!ep.is_connected());
+}
+
+/// A source whose every connect waits until the test lets it through (one
+/// message on `gate` per connect): a peer whose control port accepts and
+/// does not answer yet.
+struct GatedSource {
+    gate: std::sync::mpsc::Receiver<()>,
+    inner: FakeSource,
+}
+
+impl QueueSource for GatedSource {
+    fn connect(&mut self) -> Result<Queue> {
+        self.gate
+            .recv()
+            .map_err(|_| Error::new(ErrorKind::Unreachable, "gate closed"))?;
+        self.inner.connect()
+    }
+}
+
+/// How long the test thread waits for one step of the endpoint's thread: a
+/// flush that blocks on the connect fails the test instead of hanging it.
+const STEP: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Drive `ep` until `n` completions were seen (or `limit` passes).
+fn drain(ep: &mut Endpoint, n: usize, limit: std::time::Duration) -> Vec<RdmaCompletion> {
+    let start = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while seen.len() < n && start.elapsed() < limit {
+        let mut done = |c: RdmaCompletion| seen.push(c);
+        ep.flush(&mut done);
+        ep.reap(&mut done);
+        ep.fail_exhausted(&mut done);
+        std::thread::yield_now();
+    }
+    seen
+}
+
+#[test]
+fn a_connect_that_blocks_leaves_submit_and_flush_prompt_and_the_slices_wait() {
+    let (open, gate) = std::sync::mpsc::channel();
+    let (step, steps) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        plan(13, 0.0, 0.0);
+        let src = GatedSource {
+            gate,
+            inner: FakeSource {
+                next_id: 40_000,
+                connects: 0,
+                fail_after: None,
+            },
+        };
+        let (mut ep, _c) = endpoint(src, 8, 64);
+        for t in 0..20 {
+            assert!(ep.submit(slice(t)));
+        }
+        let mut early = Vec::new();
+        for _ in 0..100 {
+            let mut done = |c: RdmaCompletion| early.push(c);
+            ep.flush(&mut done);
+            ep.reap(&mut done);
+        }
+        step.send((
+            ep.state() == EndpointState::Connecting,
+            ep.outstanding(),
+            early.len(),
+        ))
+        .unwrap();
+        let seen = drain(&mut ep, 20, std::time::Duration::from_secs(10));
+        let ok = seen.iter().filter(|c| c.result == Ok(64)).count();
+        step.send((ep.is_connected(), ep.outstanding(), ok))
+            .unwrap();
+    });
+    let first = steps.recv_timeout(STEP);
+    // Let the connect through in every case, so the thread ends.
+    open.send(()).unwrap();
+    assert_eq!(
+        first,
+        Ok((true, 20, 0)),
+        "flush returned while the connect was pending, with all 20 slices waiting"
+    );
+    assert_eq!(
+        steps.recv_timeout(STEP * 5),
+        Ok((true, 0, 20)),
+        "once connected, every waiting slice completed"
+    );
+    worker.join().unwrap();
+}
+
+#[test]
+fn a_replacement_qp_after_an_error_is_connected_off_the_worker_too() {
+    let (open, gate) = std::sync::mpsc::channel();
+    // The first QP connects at once; the replacement waits for the test.
+    open.send(()).unwrap();
+    let (step, steps) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        plan(17, 0.0, 0.0);
+        let src = GatedSource {
+            gate,
+            inner: FakeSource {
+                next_id: 50_000,
+                connects: 0,
+                fail_after: None,
+            },
+        };
+        let (mut ep, _c) = endpoint(src, 8, 64);
+        for t in 0..4 {
+            assert!(ep.submit(slice(t)));
+        }
+        let ok = drain(&mut ep, 4, std::time::Duration::from_secs(10));
+        assert!(ok.iter().all(|c| c.result == Ok(64)), "{ok:?}");
+        // One slice fails on the wire: the QP is in error.
+        plan(17, 0.0, 1.0);
+        assert!(ep.submit(slice(4)));
+        let failed = drain(&mut ep, 1, std::time::Duration::from_secs(10));
+        assert!(matches!(
+            failed[..],
+            [RdmaCompletion {
+                token: 4,
+                result: Err(_),
+                ..
+            }]
+        ));
+        plan(17, 0.0, 0.0);
+        for t in 5..10 {
+            assert!(ep.submit(slice(t)));
+        }
+        let mut early = Vec::new();
+        for _ in 0..100 {
+            let mut done = |c: RdmaCompletion| early.push(c);
+            ep.flush(&mut done);
+            ep.reap(&mut done);
+        }
+        step.send((
+            ep.state() == EndpointState::Connecting,
+            ep.outstanding(),
+            early.len(),
+        ))
+        .unwrap();
+        let seen = drain(&mut ep, 5, std::time::Duration::from_secs(10));
+        let ok = seen.iter().filter(|c| c.result == Ok(64)).count();
+        step.send((ep.replacements() == 1, ep.outstanding(), ok))
+            .unwrap();
+    });
+    let first = steps.recv_timeout(STEP);
+    open.send(()).unwrap();
+    assert_eq!(
+        first,
+        Ok((true, 5, 0)),
+        "flush returned while the replacement QP was connecting, the 5 slices waiting"
+    );
+    assert_eq!(
+        steps.recv_timeout(STEP * 5),
+        Ok((true, 0, 5)),
+        "once replaced, every waiting slice completed"
+    );
+    worker.join().unwrap();
+}
+
+/// Wraps a source: counts its connects and the queues it made that are
+/// still alive (a queue's owner drops a [`Live`] with it).
+struct Probe {
+    inner: Box<dyn QueueSource>,
+    tries: Arc<AtomicU32>,
+    live: Arc<AtomicU32>,
+}
+
+struct Live(Arc<AtomicU32>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Probe {
+    /// The probe, its connect count and its live-queue count.
+    fn new(inner: impl QueueSource + 'static) -> (Probe, Arc<AtomicU32>, Arc<AtomicU32>) {
+        let (tries, live) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let p = Probe {
+            inner: Box::new(inner),
+            tries: tries.clone(),
+            live: live.clone(),
+        };
+        (p, tries, live)
+    }
+}
+
+impl QueueSource for Probe {
+    fn connect(&mut self) -> Result<Queue> {
+        self.tries.fetch_add(1, Ordering::SeqCst);
+        let mut q = self.inner.connect()?;
+        self.live.fetch_add(1, Ordering::SeqCst);
+        q.owner = Box::new((q.owner, Live(self.live.clone())));
+        Ok(q)
+    }
+}
+
+fn refusing(next_id: u32) -> FakeSource {
+    FakeSource {
+        next_id,
+        connects: 0,
+        fail_after: Some(0),
+    }
+}
+
+#[test]
+fn a_failed_connect_fails_the_waiting_slices_once_typed_and_retries_only_after_the_backoff() {
+    plan(19, 0.0, 0.0);
+    let (probe, tries, _) = Probe::new(refusing(60_000));
+    let (mut ep, _c) = endpoint(probe, 8, 64);
+    for t in 0..10 {
+        assert!(ep.submit(slice(t)));
+    }
+    let seen = drain(&mut ep, 10, STEP);
+    let mut tokens: Vec<u64> = seen.iter().map(|c| c.token).collect();
+    tokens.sort();
+    assert_eq!(tokens, (0..10).collect::<Vec<_>>(), "each slice once");
+    assert!(
+        seen.iter()
+            .all(|c| c.result == Err(ErrorKind::RemoteNicFailed))
+    );
+    let EndpointState::Broken { kind, retry_ns } = ep.state() else {
+        panic!("{:?}", ep.state())
+    };
+    assert_eq!(kind, ErrorKind::RemoteNicFailed);
+    assert_eq!(tries.load(Ordering::SeqCst), 1);
+    // Until the backoff has passed, new work fails at once with the same
+    // kind and no connect is tried (a flush that ended before `retry_ns`
+    // read its clock before it too).
+    let mut fast = 0;
+    for t in 100.. {
+        assert!(ep.submit(slice(t)));
+        let mut got = Vec::new();
+        ep.flush(&mut |c| got.push(c.result));
+        if monotonic_ns() >= retry_ns {
+            break;
+        }
+        assert_eq!(got, vec![Err(ErrorKind::RemoteNicFailed)]);
+        assert_eq!(tries.load(Ordering::SeqCst), 1, "no connect in the backoff");
+        fast += 1;
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(fast > 0, "flushes inside the backoff were seen");
+    // After it, work connects again (and fails again, backing off longer).
+    let failed_at = monotonic_ns();
+    assert!(ep.submit(slice(999)));
+    let waiting = ep.outstanding();
+    let seen = drain(&mut ep, waiting, STEP);
+    assert_eq!(seen.len(), waiting);
+    assert_eq!(
+        tries.load(Ordering::SeqCst),
+        2,
+        "one retry after the backoff"
+    );
+    let EndpointState::Broken { retry_ns, .. } = ep.state() else {
+        panic!("{:?}", ep.state())
+    };
+    assert!(
+        retry_ns >= failed_at + 2 * BACKOFF_MIN_NS,
+        "the backoff doubled"
+    );
+}
+
+#[test]
+fn while_connecting_the_backlog_is_bounded_and_then_drains() {
+    plan(23, 0.0, 0.0);
+    let (open, gate) = std::sync::mpsc::channel();
+    let (go, went) = std::sync::mpsc::channel::<()>();
+    // Opens the gate when told, or after STEP: a flush that blocked on the
+    // connect would return then, and the state check below fails.
+    let opener = std::thread::spawn(move || {
+        let _ = went.recv_timeout(STEP);
+        open.send(()).unwrap();
+    });
+    let src = GatedSource {
+        gate,
+        inner: FakeSource {
+            next_id: 70_000,
+            connects: 0,
+            fail_after: None,
+        },
+    };
+    let (mut ep, _c) = endpoint(src, 4, 16);
+    for t in 0..16 {
+        assert!(ep.submit(slice(t)));
+    }
+    assert!(!ep.submit(slice(16)), "a full backlog refuses");
+    let mut none = |c: RdmaCompletion| panic!("nothing completes yet: {c:?}");
+    ep.flush(&mut none);
+    ep.flush(&mut none);
+    assert_eq!(ep.state(), EndpointState::Connecting);
+    assert!(!ep.submit(slice(16)), "still full while connecting");
+    assert_eq!(ep.outstanding(), 16);
+    go.send(()).unwrap();
+    let seen = drain(&mut ep, 16, STEP);
+    assert_eq!(seen.len(), 16);
+    assert!(seen.iter().all(|c| c.result == Ok(64)));
+    assert!(ep.submit(slice(16)), "room again");
+    opener.join().unwrap();
+}
+
+#[test]
+fn a_connect_outliving_its_endpoint_destroys_its_qp_and_a_stopped_connector_fails_new_work() {
+    plan(29, 0.0, 0.0);
+    let c = Connector::start().unwrap();
+    let handle = c.handle();
+    let (open, gate) = std::sync::mpsc::channel();
+    let (probe, tries, live) = Probe::new(GatedSource {
+        gate,
+        inner: FakeSource {
+            next_id: 80_000,
+            connects: 0,
+            fail_after: None,
+        },
+    });
+    let mut ep = Endpoint::new(Box::new(probe), 8, 16, &handle);
+    assert!(ep.submit(slice(0)));
+    ep.flush(&mut |c| panic!("{c:?}"));
+    let start = std::time::Instant::now();
+    while tries.load(Ordering::SeqCst) == 0 {
+        assert!(start.elapsed() < STEP, "the connector took the job");
+        std::thread::yield_now();
+    }
+    // The endpoint goes away while its QP is being connected; dropping
+    // the connector waits for that connect, then stops.
+    drop(ep);
+    let stopper = std::thread::spawn(move || drop(c));
+    open.send(()).unwrap();
+    stopper.join().unwrap();
+    assert_eq!(tries.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        live.load(Ordering::SeqCst),
+        0,
+        "the QP made for nobody was destroyed"
+    );
+    // An endpoint whose connector is gone: its work fails, typed, at once.
+    let (mut ep, _, _) = {
+        let (probe, t, l) = Probe::new(FakeSource {
+            next_id: 81_000,
+            connects: 0,
+            fail_after: None,
+        });
+        (Endpoint::new(Box::new(probe), 8, 16, &handle), t, l)
+    };
+    assert!(ep.submit(slice(1)));
+    let seen = drain(&mut ep, 1, STEP);
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].result, Err(ErrorKind::Unreachable));
+    assert!(matches!(
+        ep.state(),
+        EndpointState::Broken {
+            kind: ErrorKind::Unreachable,
+            ..
+        }
+    ));
 }

@@ -1,0 +1,222 @@
+//! The connector: one helper thread per RDMA transport that runs the part
+//! of an endpoint's life that can wait (CQ and QP creation, the
+//! `QpConnect` exchange over the control plane, up to its timeout, and
+//! RTR/RTS), so the worker that posts never waits on a peer.
+//!
+//! - An endpoint owns a [`Link`]: its [`QueueSource`] (called only here,
+//!   on the connector thread) and a mailbox for the latest connect's
+//!   result. [`Link::start`] queues a job (the first post on a rail, or
+//!   after a QP error: off the hot path, and the only allocation on it is
+//!   the job's slot in the channel); [`Link::try_take`] is one atomic load
+//!   while the job runs, so a flush never blocks on it.
+//! - Every job is answered exactly once: by its connect, or, when the
+//!   connector stops first (or its thread is gone), with `Unreachable` by
+//!   the job's own `Drop`, so no endpoint waits forever.
+//! - A job whose endpoint was dropped is skipped; one whose endpoint dies
+//!   while it connects drops its queue with the mailbox, which destroys the
+//!   QP: nothing leaks.
+//! - Dropping the [`Connector`] stops and joins its thread (waiting at most
+//!   for the connect in progress, bounded by the connect timeout).
+//!
+//! Jobs run one at a time, in order: a peer that stalls delays the next
+//! connects (never a worker) by up to the connect timeout each.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
+use std::thread::JoinHandle;
+
+use tent_rings::ErrorKind;
+
+use super::endpoint::{Queue, QueueSource};
+use crate::error::{Error, Result};
+
+enum Msg {
+    Connect(Job),
+    Stop,
+}
+
+/// The connector thread (see the module docs).
+pub struct Connector {
+    tx: Sender<Msg>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Where endpoints send their connect jobs (cheap to clone; outliving the
+/// [`Connector`] is fine: jobs sent then fail `Unreachable`).
+#[derive(Clone)]
+pub struct ConnectorHandle {
+    tx: Sender<Msg>,
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for ConnectorHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectorHandle").finish_non_exhaustive()
+    }
+}
+
+impl Connector {
+    /// Start the connector thread.
+    pub fn start() -> Result<Connector> {
+        let (tx, rx) = channel();
+        let thread = std::thread::Builder::new()
+            .name("tent-rdma-connect".into())
+            .spawn(move || run(rx))
+            .map_err(|e| {
+                Error::new(ErrorKind::OutOfMemory, "spawn rdma connector").with_source(e)
+            })?;
+        Ok(Connector {
+            tx,
+            thread: Some(thread),
+        })
+    }
+
+    /// A handle for endpoints.
+    pub fn handle(&self) -> ConnectorHandle {
+        ConnectorHandle {
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl Drop for Connector {
+    fn drop(&mut self) {
+        // Jobs queued behind the stop are answered by their Drop when the
+        // thread's receiver goes away.
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(rx: Receiver<Msg>) {
+    while let Ok(Msg::Connect(mut job)) = rx.recv() {
+        job.run();
+    }
+}
+
+/// What an endpoint and the connector share.
+struct Mailbox {
+    /// Called only on the connector thread, one job at a time.
+    source: Mutex<Box<dyn QueueSource>>,
+    /// The latest connect's result (set before `done`).
+    result: Mutex<Option<Result<Queue>>>,
+    /// A result waits in `result`.
+    done: AtomicBool,
+}
+
+/// An endpoint's side of the connector: its source and where the result
+/// of its connect lands.
+pub struct Link {
+    mailbox: Arc<Mailbox>,
+    connector: ConnectorHandle,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("done", &self.mailbox.done.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Link {
+    /// A link for `source`, connected through `connector`.
+    pub fn new(source: Box<dyn QueueSource>, connector: &ConnectorHandle) -> Link {
+        Link {
+            mailbox: Arc::new(Mailbox {
+                source: Mutex::new(source),
+                result: Mutex::new(None),
+                done: AtomicBool::new(false),
+            }),
+            connector: connector.clone(),
+        }
+    }
+
+    /// Ask for a connected queue; the answer comes through
+    /// [`Link::try_take`]. The caller has none pending (one job at a time).
+    pub fn start(&self) {
+        let job = Job {
+            mailbox: self.mailbox.clone(),
+            answered: false,
+        };
+        // A connector that is gone hands the job back: dropping it answers
+        // it (`Unreachable`).
+        let _ = self.connector.tx.send(Msg::Connect(job));
+    }
+
+    /// The result of the job started last, if it is done; never waits.
+    pub fn try_take(&self) -> Option<Result<Queue>> {
+        if !self.mailbox.done.load(Ordering::Acquire) {
+            return None;
+        }
+        // The connector released the lock before raising `done` and does
+        // not take it again until the next job: this never contends.
+        let mut slot = match self.mailbox.result.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        let r = slot.take();
+        self.mailbox.done.store(false, Ordering::Relaxed);
+        r
+    }
+}
+
+/// One connect to run; answered exactly once (see the module docs).
+struct Job {
+    mailbox: Arc<Mailbox>,
+    answered: bool,
+}
+
+impl Job {
+    fn run(&mut self) {
+        if Arc::strong_count(&self.mailbox) == 1 {
+            // Its endpoint is gone: nobody would post on the queue.
+            self.answered = true;
+            return;
+        }
+        let r = self
+            .mailbox
+            .source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .connect();
+        if Arc::strong_count(&self.mailbox) == 1 {
+            // The endpoint died meanwhile: the queue (and its QP) is
+            // destroyed here rather than kept for nobody.
+            tracing::debug!("rdma: endpoint gone while its QP connected; QP destroyed");
+            self.answered = true;
+            return;
+        }
+        self.answer(r);
+    }
+
+    fn answer(&mut self, r: Result<Queue>) {
+        *self
+            .mailbox
+            .result
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(r);
+        self.mailbox.done.store(true, Ordering::Release);
+        self.answered = true;
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.answer(Err(Error::new(
+                ErrorKind::Unreachable,
+                "the RDMA connector stopped before this QP connected",
+            )));
+        }
+    }
+}
