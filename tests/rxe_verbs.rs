@@ -625,6 +625,27 @@ fn port_active(dev: &str) -> bool {
         .is_ok_and(|s| s.contains("ACTIVE"))
 }
 
+/// Brings the rail netdevs it names back up when dropped, so a link test
+/// that fails (panics) with links down does not fail every later test of
+/// the guest run on "port not ACTIVE".
+struct LinksRestored(Vec<String>);
+
+impl Drop for LinksRestored {
+    fn drop(&mut self) {
+        for dev in &self.0 {
+            let _ = std::process::Command::new("/usr/bin/ip")
+                .args(["link", "set", dev, "up"])
+                .status();
+        }
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_secs(30)
+            && !(0..self.0.len()).all(|i| port_active(&format!("rxe{i}")))
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
 #[test]
 fn rxe_engine_a_rail_whose_link_goes_down_moves_its_slices_to_the_other_rail() {
     if !in_guest() || rails_count() < 2 {
@@ -660,6 +681,7 @@ fn rxe_engine_a_rail_whose_link_goes_down_moves_its_slices_to_the_other_rail() {
         );
         std::hint::spin_loop();
     }
+    let _restore = LinksRestored((0..rails_count()).map(|i| format!("dummy{i}")).collect());
     let down_at = Instant::now();
     ip(&["link", "set", "dummy1", "down"]);
     let ip_took = down_at.elapsed();
@@ -770,8 +792,18 @@ fn rxe_engine_every_rdma_rail_down_fails_over_to_tcp() {
             .map(|r| r.bytes)
             .sum()
     };
+    let _restore = LinksRestored(dummies.iter().map(|(n, _)| n.clone()).collect());
     let mut firsts = Vec::new();
-    for run in 0..5 {
+    // A run is conclusive when the links went down while the READ was in
+    // flight; on a loaded host (QEMU/TCG) it may finish on RDMA first. Such
+    // a run is verified and retried, within a bound.
+    let mut inconclusive = 0;
+    let mut run = 0;
+    while run < 5 {
+        assert!(
+            inconclusive < 10,
+            "the READ finished on RDMA before the links went down {inconclusive} times"
+        );
         // Every rail up and its port active, then RDMA warm (QPs connected).
         for (_, idx) in &dummies {
             tent::netlink::set_link(*idx, true).unwrap();
@@ -816,6 +848,16 @@ fn rxe_engine_every_rdma_rail_down_fails_over_to_tcp() {
         };
         let took = down.elapsed();
         assert_eq!(c.result(), Ok(len), "run {run}: {c:?}");
+        if c.transport() == tent::TransportKind::Rdma && c.failover_count() == 0 {
+            let mut got = vec![0u8; len as usize];
+            local.read(0, &mut got).unwrap();
+            assert!(got == want, "run {run}: data verified (finished on RDMA)");
+            inconclusive += 1;
+            println!(
+                "RXE-OK run {run}: the READ finished on RDMA before the links went down; run again"
+            );
+            continue;
+        }
         assert_eq!(c.transport(), tent::TransportKind::Tcp, "run {run}: {c:?}");
         assert!(c.fallback() && c.failover_count() == 1, "run {run}: {c:?}");
         let mut got = vec![0u8; len as usize];
@@ -828,6 +870,7 @@ fn rxe_engine_every_rdma_rail_down_fails_over_to_tcp() {
             first.as_secs_f64() * 1e3,
             took.as_secs_f64() * 1e3
         );
+        run += 1;
     }
     assert!(
         init.metrics()
