@@ -255,10 +255,25 @@ impl QpInitiator {
     /// [`WireError::BadField`] naming the record's field: `engine` zero,
     /// `worker` not below [`MAX_QP_WORKERS`], `rail` not below [`MAX_QP_RAILS`].
     pub fn new(engine: u64, worker: usize, rail: usize) -> Result<QpInitiator> {
+        if engine == 0 {
+            return Err(WireError::BadField {
+                tag: QPI_ENGINE,
+                reason: "engine id 0 is reserved (an initiator draws a random non-zero one)".into(),
+            });
+        }
+        let index = |tag, what, v: usize, max: usize| {
+            u16::try_from(v)
+                .ok()
+                .filter(|&i| usize::from(i) < max)
+                .ok_or_else(|| WireError::BadField {
+                    tag,
+                    reason: format!("{what} {v} out of range (below {max})"),
+                })
+        };
         Ok(QpInitiator {
             engine,
-            worker: worker as u16,
-            rail: rail as u16,
+            worker: index(QPI_WORKER, "worker", worker, MAX_QP_WORKERS)?,
+            rail: index(QPI_RAIL, "rail", rail, MAX_QP_RAILS)?,
         })
     }
 
@@ -552,6 +567,12 @@ pub fn encode(msg: &Message) -> Vec<u8> {
             b.str(QP_INITIATOR_NIC, &r.initiator_nic);
             b.str(QP_TARGET_NIC, &r.target_nic);
             encode_qp(&mut b, &r.qp);
+            let i = &r.initiator;
+            b.record(QP_INITIATOR, |b| {
+                b.u64(QPI_ENGINE, i.engine);
+                b.u16(QPI_WORKER, i.worker);
+                b.u16(QPI_RAIL, i.rail);
+            });
         }
         Message::QpAccept { qp } => encode_qp(&mut b, qp),
         Message::Error { code, text } => {
@@ -760,7 +781,7 @@ fn decode_body(msg_type: u16, body: &[u8]) -> Result<Message> {
         }
         TYPE_DESCRIPTOR => Ok(Message::Descriptor(decode_descriptor(body)?)),
         TYPE_QP_CONNECT => {
-            let (mut initiator_nic, mut target_nic) = (None, None);
+            let (mut initiator, mut initiator_nic, mut target_nic) = (None, None, None);
             let mut qp = QpFields::default();
             for field in Fields(body) {
                 let (tag, v) = field?;
@@ -771,15 +792,12 @@ fn decode_body(msg_type: u16, body: &[u8]) -> Result<Message> {
                     QP_TARGET_NIC => set_once(&mut target_nic, tag, || {
                         string(tag, v, "NIC name", MAX_RAIL_FIELD)
                     })?,
+                    QP_INITIATOR => set_once(&mut initiator, tag, || decode_initiator(v))?,
                     _ => qp.take(tag, v)?,
                 }
             }
             Ok(Message::QpConnect(QpRequest {
-                initiator: QpInitiator {
-                    engine: 0,
-                    worker: 0,
-                    rail: 0,
-                },
+                initiator: required(initiator, "QpConnect", QP_INITIATOR)?,
                 initiator_nic: required(initiator_nic, "QpConnect", QP_INITIATOR_NIC)?,
                 target_nic: required(target_nic, "QpConnect", QP_TARGET_NIC)?,
                 qp: qp.finish("QpConnect")?,
@@ -874,6 +892,25 @@ impl QpFields {
             mtu: required(self.mtu, msg, QP_MTU)?,
         })
     }
+}
+
+/// An initiator record; its bounds are [`QpInitiator::new`]'s.
+fn decode_initiator(record: &[u8]) -> Result<QpInitiator> {
+    let (mut engine, mut worker, mut rail) = (None, None, None);
+    for field in Fields(record) {
+        let (tag, v) = field?;
+        match tag {
+            QPI_ENGINE => set_once(&mut engine, tag, || Ok(u64::from_le_bytes(fixed(tag, v)?)))?,
+            QPI_WORKER => set_once(&mut worker, tag, || Ok(u16::from_le_bytes(fixed(tag, v)?)))?,
+            QPI_RAIL => set_once(&mut rail, tag, || Ok(u16::from_le_bytes(fixed(tag, v)?)))?,
+            _ => skip(tag),
+        }
+    }
+    QpInitiator::new(
+        required(engine, "QpInitiator", QPI_ENGINE)?,
+        usize::from(required(worker, "QpInitiator", QPI_WORKER)?),
+        usize::from(required(rail, "QpInitiator", QPI_RAIL)?),
+    )
 }
 
 fn decode_descriptor(body: &[u8]) -> Result<SegmentDescriptor> {
