@@ -72,7 +72,9 @@ pub struct TableFull;
 #[derive(Debug)]
 pub struct PassiveTable<Q> {
     cap: usize,
-    qps: std::collections::VecDeque<(QpInitiator, Q)>,
+    qps: HashMap<QpInitiator, Q>,
+    /// No sweep before this instant (monotonic ns).
+    next_sweep_ns: u64,
 }
 
 impl<Q: Passive> PassiveTable<Q> {
@@ -80,7 +82,8 @@ impl<Q: Passive> PassiveTable<Q> {
     pub fn new(cap: usize) -> PassiveTable<Q> {
         PassiveTable {
             cap,
-            qps: std::collections::VecDeque::new(),
+            qps: HashMap::new(),
+            next_sweep_ns: 0,
         }
     }
 
@@ -96,29 +99,46 @@ impl<Q: Passive> PassiveTable<Q> {
 
     /// The QP filed under `key`.
     pub fn get(&self, key: &QpInitiator) -> Option<&Q> {
-        self.qps.iter().find(|(k, _)| k == key).map(|(_, q)| q)
+        self.qps.get(key)
     }
 
-    /// Make sure [`PassiveTable::insert`] will take a QP for `key`.
+    /// Make sure [`PassiveTable::insert`] will take a QP for `key`: it has
+    /// a QP to replace, or a free slot, or a full table gives up its dead
+    /// QPs (a sweep, at most once per [`SWEEP_EVERY`] of `now_ns`). Returns
+    /// how many dead QPs were dropped.
+    ///
+    /// # Errors
+    /// [`TableFull`]: every slot holds another key's live QP (or a sweep
+    /// ran less than [`SWEEP_EVERY`] ago).
     pub fn room(
         &mut self,
         key: &QpInitiator,
         now_ns: u64,
     ) -> std::result::Result<usize, TableFull> {
-        let _ = (key, now_ns, HashMap::<u8, u8>::new());
-        if self.cap == 0 {
+        if self.qps.contains_key(key) || self.qps.len() < self.cap {
+            return Ok(0);
+        }
+        if now_ns < self.next_sweep_ns {
             return Err(TableFull);
         }
-        Ok(0)
+        self.next_sweep_ns = now_ns.saturating_add(SWEEP_EVERY.as_nanos() as u64);
+        let before = self.qps.len();
+        self.qps.retain(|_, q| q.is_live());
+        let dropped = before - self.qps.len();
+        if self.qps.len() < self.cap {
+            Ok(dropped)
+        } else {
+            Err(TableFull)
+        }
     }
 
-    /// File `q` under `key` (oldest dropped when full).
+    /// File `q` under `key`; the QP it replaces comes back (to be
+    /// destroyed). A full table without one for `key` hands `q` back.
     pub fn insert(&mut self, key: QpInitiator, q: Q) -> std::result::Result<Option<Q>, Q> {
-        if self.qps.len() >= self.cap {
-            self.qps.pop_front();
+        if !self.qps.contains_key(&key) && self.qps.len() >= self.cap {
+            return Err(q);
         }
-        self.qps.push_back((key, q));
-        Ok(None)
+        Ok(self.qps.insert(key, q))
     }
 }
 
