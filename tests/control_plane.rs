@@ -212,13 +212,65 @@ fn qp_connect_to_an_engine_without_rdma_is_unreachable_and_says_why() {
         &target.segment_name(),
         None,
         Duration::from_secs(5),
-        "rxe0",
-        "rxe0",
-        tent::control::wire::QpBootstrap::default(),
+        tent::control::wire::QpRequest {
+            initiator: tent::control::wire::QpInitiator::new(1, 0, 0).unwrap(),
+            initiator_nic: "rxe0".into(),
+            target_nic: "rxe0".into(),
+            qp: tent::control::wire::QpBootstrap::default(),
+        },
     )
     .unwrap_err();
     if tent::sys::devices().is_err() {
         assert_eq!(e.kind(), ErrorKind::Unreachable, "{e}");
         assert!(e.to_string().contains("serves no RDMA"), "{e}");
+    }
+}
+
+#[test]
+fn qp_connect_without_the_initiator_record_is_refused_naming_it() {
+    use tent::control::wire::{self, Message};
+    let target = common::engine();
+    let mut s = TcpStream::connect(target.segment_name()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    wire::write_message(&mut s, &Message::Hello { nonce: [1; 32] }).unwrap();
+    assert!(matches!(
+        wire::read_message(&mut s).unwrap(),
+        Message::Challenge {
+            auth_required: false,
+            ..
+        }
+    ));
+    // What an initiator from before the record sends: NICs and its QP's
+    // bootstrap (tags 0x0001..=0x0007), no initiator record (0x0008).
+    let mut body = Vec::new();
+    let mut field = |tag: u16, v: &[u8]| {
+        body.extend_from_slice(&tag.to_le_bytes());
+        body.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        body.extend_from_slice(v);
+    };
+    field(1, b"rxe0");
+    field(2, b"rxe0");
+    field(3, &[0; 16]);
+    field(4, &0u16.to_le_bytes());
+    for tag in 5..=7 {
+        field(tag, &1u32.to_le_bytes());
+    }
+    let mut old = b"TENT".to_vec();
+    old.extend_from_slice(&wire::PROTOCOL_VERSION.to_le_bytes());
+    old.extend_from_slice(&8u16.to_le_bytes());
+    old.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    old.extend_from_slice(&body);
+    s.write_all(&old).unwrap();
+    // Refused with a typed answer naming the field, not served unkeyed.
+    match wire::read_message(&mut s).unwrap() {
+        Message::Error { code, text } => {
+            assert_eq!(
+                ErrorKind::from_code(code),
+                Some(ErrorKind::InvalidArgument),
+                "{text}"
+            );
+            assert!(text.contains("0x0008"), "{text}");
+        }
+        m => panic!("got {m:?}"),
     }
 }

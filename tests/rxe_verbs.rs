@@ -389,7 +389,8 @@ fn rxe_qp_bootstrap_over_the_control_plane_then_one_sided_write_and_read_into_an
         return;
     }
     use std::time::Duration;
-    use tent::control::{connect_qp, fetch_descriptor};
+    use tent::control::wire::{QpInitiator, QpRequest};
+    use tent::control::{connect_qp, fetch_descriptor, new_engine_id};
     use tent::rdma::NicSet;
     use tent::rdma::responder::{bootstrap, endpoint};
     let mut c = tent::Config::default();
@@ -414,25 +415,15 @@ fn rxe_qp_bootstrap_over_the_control_plane_then_one_sided_write_and_read_into_an
     let cq = CompletionQueue::new(&n0.ctx, 64).unwrap();
     let qp = QueuePair::new(&n0.pd, &cq, n0.port, Some(n0.gid_index), 64).unwrap();
     // An unknown NIC on the target is refused with the NICs it has.
-    let e = connect_qp(
-        &name,
-        None,
-        Duration::from_secs(5),
-        "rxe0",
-        "mlx5_7",
-        bootstrap(&qp.endpoint().unwrap()),
-    )
-    .unwrap_err();
+    let req = |target_nic: &str| QpRequest {
+        initiator: QpInitiator::new(new_engine_id(), 0, 0).unwrap(),
+        initiator_nic: "rxe0".into(),
+        target_nic: target_nic.into(),
+        qp: bootstrap(&qp.endpoint().unwrap()),
+    };
+    let e = connect_qp(&name, None, Duration::from_secs(5), req("mlx5_7")).unwrap_err();
     assert!(e.to_string().contains("have: rxe0"), "{e}");
-    let theirs = connect_qp(
-        &name,
-        None,
-        Duration::from_secs(5),
-        "rxe0",
-        "rxe0",
-        bootstrap(&qp.endpoint().unwrap()),
-    )
-    .unwrap();
+    let theirs = connect_qp(&name, None, Duration::from_secs(5), req("rxe0")).unwrap();
     qp.connect(&endpoint(&theirs)).unwrap();
 
     let mut src = pattern(21, len as usize);
@@ -481,6 +472,146 @@ fn rxe_qp_bootstrap_over_the_control_plane_then_one_sided_write_and_read_into_an
 // ---- the engine over RDMA: two engines in one guest process, the
 // initiator without shm (and, unless said, without tcp), so every byte
 // moves over the rxe rails.
+
+#[test]
+fn rxe_responder_files_passive_qps_by_initiator_replaces_on_reconnect_and_never_evicts_a_live_one()
+{
+    if !in_guest() {
+        return;
+    }
+    use std::time::Duration;
+    use tent::control::server::DescriptorFn;
+    use tent::control::wire::{QpInitiator, QpRequest, SegmentDescriptor};
+    use tent::control::{ControlServer, connect_qp, new_engine_id};
+    use tent::rdma::responder::{SWEEP_EVERY, bootstrap, endpoint};
+    use tent::rdma::{NicSet, Responder};
+    use tent::sys::ffi::ibv_wc_status;
+
+    // The target: a control server whose responder keeps 2 passive QPs.
+    let nics = Arc::new(NicSet::open(&["rxe0".to_owned()], None).unwrap());
+    let responder = Arc::new(Responder::with_capacity(nics.clone(), 2));
+    let r = responder.clone();
+    let server = ControlServer::start_with_qp(
+        "127.0.0.1",
+        0,
+        None,
+        |addr| {
+            Arc::new(move || SegmentDescriptor {
+                name: addr.to_string(),
+                ..Default::default()
+            }) as Arc<DescriptorFn>
+        },
+        Some(Arc::new(move |req: &QpRequest| r.accept(req))),
+    )
+    .unwrap();
+    let name = server.local_addr().to_string();
+    let mut dst = vec![0u8; 4096];
+    let dst_addr = dst.as_mut_ptr();
+    // SAFETY: `dst` outlives the region (dropped at the end, after it).
+    let d = unsafe { MemoryRegion::new(&nics.nics()[0].pd, dst_addr, 4096) }.unwrap();
+
+    // The initiator: one engine id, endpoints named by (worker, rail).
+    let mine = NicSet::open(&["rxe0".to_owned()], None).unwrap();
+    let n0 = &mine.nics()[0];
+    let cq = CompletionQueue::new(&n0.ctx, 64).unwrap();
+    let mut src = pattern(9, 4096);
+    let src_addr = src.as_mut_ptr();
+    // SAFETY: `src` outlives the region (dropped at the end, after it).
+    let s = unsafe { MemoryRegion::new(&n0.pd, src_addr, 4096) }.unwrap();
+    let engine = new_engine_id();
+    let connect = |worker: usize, rail: usize| -> tent::Result<QueuePair> {
+        let qp = QueuePair::new(&n0.pd, &cq, n0.port, Some(n0.gid_index), 16)?;
+        let theirs = connect_qp(
+            &name,
+            None,
+            Duration::from_secs(5),
+            QpRequest {
+                initiator: QpInitiator::new(engine, worker, rail).unwrap(),
+                initiator_nic: "rxe0".into(),
+                target_nic: "rxe0".into(),
+                qp: bootstrap(&qp.endpoint()?),
+            },
+        )?;
+        qp.connect(&endpoint(&theirs))?;
+        Ok(qp)
+    };
+    let write = |qp: &QueuePair, wr_id: u64, rkey: u32| {
+        let w = RdmaOp {
+            wr_id,
+            opcode: Opcode::Write,
+            local: src_addr,
+            len: 4096,
+            lkey: s.lkey(),
+            remote: dst_addr as u64,
+            rkey,
+        };
+        // SAFETY: `src` is registered and lives until the completion is reaped.
+        unsafe { qp.post(&w) }.unwrap();
+        wait(&cq, wr_id)
+    };
+    let ok = ibv_wc_status::IBV_WC_SUCCESS;
+
+    // Worker 0 rail 0 connects, then reconnects (as after a QP error).
+    let first = connect(0, 0).unwrap();
+    assert_eq!(write(&first, 1, d.rkey()), ok);
+    assert_eq!(responder.passive_qps(), 1);
+    let second = connect(0, 0).unwrap();
+    assert_eq!(responder.passive_qps(), 1, "a reconnect replaces its QP");
+    let t = std::time::Instant::now();
+    assert_eq!(write(&second, 2, d.rkey()), ok);
+    let live_write = t.elapsed();
+    // The replaced passive QP is destroyed: a WRITE on the first initiator
+    // QP gets no successful completion, where a live QP's came back in
+    // `live_write`. (rxe retries a vanished peer without end, so the WRITE
+    // does not fail either; a hardware NIC reports RETRY_EXC_ERR.)
+    let w = RdmaOp {
+        wr_id: 3,
+        opcode: Opcode::Write,
+        local: src_addr,
+        len: 4096,
+        lkey: s.lkey(),
+        remote: dst_addr as u64,
+        rkey: d.rkey(),
+    };
+    // SAFETY: `src` is registered and outlives `first` (dropped below).
+    unsafe { first.post(&w) }.unwrap();
+    let mut wc = [tent::sys::ffi::ibv_wc::default(); 8];
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(2) {
+        let n = cq.poll(&mut wc).unwrap();
+        if let Some(c) = wc[..n].iter().find(|c| c.wr_id == 3) {
+            assert_ne!(c.status, ok, "a WRITE reached the replaced passive QP");
+            break;
+        }
+    }
+    // Rail 1 fills the table.
+    let rail1 = connect(0, 1).unwrap();
+    assert_eq!(responder.passive_qps(), 2);
+    // Full of live QPs: a newcomer is refused, and the filed ones work on.
+    let e = connect(1, 0).map(drop).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::SqFull, "{e}");
+    assert_eq!(write(&second, 4, d.rkey()), ok);
+    assert_eq!(write(&rail1, 5, d.rkey()), ok);
+    // A forged rkey is an access error on the target: rail 1's passive QP
+    // goes to ERROR, so the next newcomer (after the sweep interval) takes
+    // its slot, and the live one stays.
+    assert_eq!(
+        write(&rail1, 6, d.rkey() ^ 0x5a5a00),
+        ibv_wc_status::IBV_WC_REM_ACCESS_ERR
+    );
+    std::thread::sleep(SWEEP_EVERY);
+    let newcomer = connect(1, 0).unwrap();
+    assert_eq!(responder.passive_qps(), 2);
+    assert_eq!(write(&newcomer, 7, d.rkey()), ok);
+    assert_eq!(write(&second, 8, d.rkey()), ok, "the live QP was kept");
+    drop((first, second, rail1, newcomer, s, d));
+    assert!(dst == src, "the WRITEs landed");
+    println!(
+        "RXE-OK responder: a reconnect replaces (a live QP's WRITE took {live_write:?}, \
+         the replaced one's got no success in 2 s), a full table of live QPs refuses a \
+         newcomer, a dead QP gives up its slot"
+    );
+}
 
 fn rdma_engine(tcp: bool, edit: impl FnOnce(&mut tent::Config)) -> tent::Engine {
     let mut c = tent::Config::default();
@@ -1014,7 +1145,8 @@ fn rxe_unregister_deregisters_on_every_nic_and_the_old_rkey_gets_a_remote_access
         return;
     }
     use std::time::Duration;
-    use tent::control::{connect_qp, fetch_descriptor};
+    use tent::control::wire::{QpInitiator, QpRequest};
+    use tent::control::{connect_qp, fetch_descriptor, new_engine_id};
     use tent::rdma::NicSet;
     use tent::rdma::responder::{bootstrap, endpoint};
     let target = rdma_engine(true, |_| {});
@@ -1046,9 +1178,12 @@ fn rxe_unregister_deregisters_on_every_nic_and_the_old_rkey_gets_a_remote_access
             &name,
             None,
             Duration::from_secs(5),
-            &nic,
-            &nic,
-            bootstrap(&qp.endpoint().unwrap()),
+            QpRequest {
+                initiator: QpInitiator::new(new_engine_id(), 0, tnic).unwrap(),
+                initiator_nic: nic.clone(),
+                target_nic: nic.clone(),
+                qp: bootstrap(&qp.endpoint().unwrap()),
+            },
         )
         .unwrap();
         qp.connect(&endpoint(&theirs)).unwrap();

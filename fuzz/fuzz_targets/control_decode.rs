@@ -1,12 +1,14 @@
 //! Control-plane codec under arbitrary bytes: `decode` and `read_message`
-//! must never panic, must agree with each other, and whatever decodes must
-//! survive an encode/decode round trip unchanged (encoding is canonical).
+//! must never panic, must agree with each other, whatever decodes must
+//! survive an encode/decode round trip unchanged (encoding is canonical),
+//! and a decoded `QpConnect` names an initiator within the responder's key
+//! bounds (`QpInitiator::new` takes it).
 #![no_main]
 
 use std::io::Cursor;
 
 use libfuzzer_sys::fuzz_target;
-use tent::control::wire::{decode, encode, read_message};
+use tent::control::wire::{Message, QpInitiator, decode, encode, read_message};
 
 fuzz_target!(|data: &[u8]| {
     let decoded = decode(data);
@@ -22,6 +24,14 @@ fuzz_target!(|data: &[u8]| {
         }
         (Err(_), Err(_)) => {}
         _ => panic!("decode and read_message disagree: {decoded:?} vs {read:?}"),
+    }
+
+    if let Ok((Message::QpConnect(r), _)) = &decoded {
+        let i = r.initiator;
+        assert!(
+            QpInitiator::new(i.engine(), i.worker(), i.rail()).is_ok(),
+            "decoded an initiator out of bounds: {i:?}"
+        );
     }
 
     if let Ok((msg, _)) = decoded {

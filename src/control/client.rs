@@ -6,7 +6,7 @@ use std::time::Duration;
 use tent_rings::ErrorKind;
 
 use super::auth::{self, Door};
-use super::wire::{self, Message, QpBootstrap, SegmentDescriptor, WireError};
+use super::wire::{self, Message, QpBootstrap, QpRequest, SegmentDescriptor, WireError};
 use crate::error::{Error, Result};
 
 /// Does `name` look like a p2p segment name (`ip:port`)?
@@ -28,6 +28,18 @@ fn wire_err(peer: &str, e: WireError) -> Error {
     Error::new(kind, format!("control exchange with {peer}")).with_source(e)
 }
 
+/// A fresh initiator engine id: random and non-zero, drawn once per engine,
+/// so its peers' responders file its QPs apart from every other engine's.
+pub fn new_engine_id() -> u64 {
+    loop {
+        let [a, b, c, d, e, f, g, h, ..] = auth::nonce();
+        let id = u64::from_le_bytes([a, b, c, d, e, f, g, h]);
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
 /// Connect to `peer` (`ip:port`), authenticate (both ways) when `secret` is
 /// set, and fetch its segment descriptor, all within `timeout` per step.
 pub fn fetch_descriptor(
@@ -43,26 +55,18 @@ pub fn fetch_descriptor(
     }
 }
 
-/// Ask `peer` to connect an RC QP from our `initiator_nic` (whose end is
-/// `local`) to its `target_nic`; its end comes back, already connected.
+/// Ask `peer` to connect an RC QP for `req` (from our `initiator_nic`,
+/// whose end is `req.qp`, to its `target_nic`; filed there under
+/// `req.initiator`, replacing the QP that key held); its end comes back,
+/// already connected.
 pub fn connect_qp(
     peer: &str,
     secret: Option<&[u8]>,
     timeout: Duration,
-    initiator_nic: &str,
-    target_nic: &str,
-    local: QpBootstrap,
+    req: QpRequest,
 ) -> Result<QpBootstrap> {
     let mut s = session(peer, secret, timeout)?;
-    wire::write_message(
-        &mut s,
-        &Message::QpConnect {
-            initiator_nic: initiator_nic.to_owned(),
-            target_nic: target_nic.to_owned(),
-            qp: local,
-        },
-    )
-    .map_err(|e| wire_err(peer, e))?;
+    wire::write_message(&mut s, &Message::QpConnect(req)).map_err(|e| wire_err(peer, e))?;
     match read(&mut s, peer)? {
         Message::QpAccept { qp } => Ok(qp),
         other => Err(unexpected(peer, "QpAccept", other)),

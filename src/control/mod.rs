@@ -11,7 +11,7 @@ pub mod client;
 pub mod server;
 pub mod wire;
 
-pub use client::{connect_qp, fetch_descriptor, is_p2p_name};
+pub use client::{connect_qp, fetch_descriptor, is_p2p_name, new_engine_id};
 pub use server::ControlServer;
 pub use wire::{RegionEntry, SegmentDescriptor};
 

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use tent_rings::ErrorKind;
 
 use super::auth::{self, Door};
-use super::wire::{self, Message, QpBootstrap, SegmentDescriptor, WireError};
+use super::wire::{self, Message, QpBootstrap, QpRequest, SegmentDescriptor, WireError};
 use crate::deadline::ByDeadline;
 use crate::error::{Error, Result};
 use crate::refusals::Refusals;
@@ -53,9 +53,9 @@ fn busy(text: &str) -> Message {
 /// Produces the current descriptor of the local segment.
 pub type DescriptorFn = dyn Fn() -> SegmentDescriptor + Send + Sync;
 
-/// Connects an RC QP for a peer: (initiator NIC, target NIC, initiator's
-/// end) → this side's end, already connected.
-pub type QpConnectFn = dyn Fn(&str, &str, &QpBootstrap) -> Result<QpBootstrap> + Send + Sync;
+/// Connects an RC QP for a peer's request (who asks, initiator NIC, target
+/// NIC, initiator's end) → this side's end, already connected.
+pub type QpConnectFn = dyn Fn(&QpRequest) -> Result<QpBootstrap> + Send + Sync;
 
 /// A running control server; stops when dropped.
 pub struct ControlServer {
@@ -389,18 +389,27 @@ fn serve(
             // The peer is done: a clean close between messages.
             Err(WireError::Truncated { have: 0, .. }) => return Ok(()),
             Err(WireError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e.into()),
+            Err(e @ (WireError::Io(_) | WireError::Truncated { .. })) => return Err(e.into()),
+            Err(e) => {
+                // A whole frame that does not decode: say why before closing,
+                // so an older initiator learns which field it lacks (a
+                // `QpConnect` without its initiator record, say).
+                let _ = wire::write_message(
+                    s,
+                    &Message::Error {
+                        code: ErrorKind::InvalidArgument.code(),
+                        text: format!("malformed request: {e}"),
+                    },
+                );
+                return Err(e.into());
+            }
         };
         match msg {
             Message::GetDescriptor => wire::write_message(s, &Message::Descriptor(describe()))?,
-            Message::QpConnect {
-                initiator_nic,
-                target_nic,
-                qp: theirs,
-            } => {
+            Message::QpConnect(req) => {
                 // A refused QP is an answer, not a protocol error: the
                 // connection stays open for another request.
-                let reply = match qp.map(|f| f(&initiator_nic, &target_nic, &theirs)) {
+                let reply = match qp.map(|f| f(&req)) {
                     Some(Ok(ours)) => Message::QpAccept { qp: ours },
                     Some(Err(e)) => Message::Error {
                         code: e.kind().code(),

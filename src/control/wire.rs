@@ -20,6 +20,15 @@
 //! Tags `0x8000..=0xFFFF` are never assigned; tests use them to play the part
 //! of a newer peer's fields.
 //!
+//! `QpConnect`'s `initiator` record came after the first `QpConnect`: a
+//! responder files the QP it connects under that identity (a reconnect
+//! replaces the QP filed under the same one), so it cannot serve a request
+//! without it. Such a request from an older initiator is refused
+//! ([`WireError::MissingField`], which the control server answers with an
+//! `Error { InvalidArgument }` naming the field) rather than filed under a
+//! made-up key. An older responder skips the record and serves the request
+//! as it always did.
+//!
 //! A known tag may appear once (twice is [`WireError::DuplicateField`]),
 //! except the list fields marked "repeated", where each occurrence is one
 //! element. Encoding is canonical: fields go out in tag order, list elements
@@ -50,6 +59,18 @@
 //! |                     | `0x0004` | `key`           | u64, required                      |
 //! | rail record         | `0x0001` | `name`          | string ≤ 64 bytes, required        |
 //! |                     | `0x0002` | `addr`          | string ≤ 64 bytes, required        |
+//! | `QpConnect` (8)     | `0x0001` | `initiator_nic` | string ≤ 64 bytes, required        |
+//! |                     | `0x0002` | `target_nic`    | string ≤ 64 bytes, required        |
+//! |                     | `0x0003`..`0x0007` | QP bootstrap | as in `QpAccept`, required   |
+//! |                     | `0x0008` | `initiator`     | initiator record, required         |
+//! | `QpAccept` (9)      | `0x0003` | `gid`           | 16 bytes, required                 |
+//! |                     | `0x0004` | `lid`           | u16, required                      |
+//! |                     | `0x0005` | `qpn`           | u32, required                      |
+//! |                     | `0x0006` | `psn`           | u32, required                      |
+//! |                     | `0x0007` | `mtu`           | u32 (an `ibv_mtu`), required       |
+//! | initiator record    | `0x0001` | `engine`        | u64, non-zero, required            |
+//! |                     | `0x0002` | `worker`        | u16 < [`MAX_QP_WORKERS`], required |
+//! |                     | `0x0003` | `rail`          | u16 < [`MAX_QP_RAILS`], required   |
 //!
 //! # Hostile input
 //!
@@ -86,6 +107,12 @@ pub const MAC_LEN: usize = 32;
 
 /// Most RDMA NICs one descriptor may list (and rkeys per region).
 pub const MAX_NICS: usize = 32;
+/// Most workers a [`QpInitiator`] may name: `workers/count`'s upper bound.
+pub const MAX_QP_WORKERS: usize = 256;
+/// Most rails a [`QpInitiator`] may name. Rails to a peer are
+/// `max(local, remote)` NICs, and an engine lists at most [`MAX_NICS`] in
+/// its descriptor (one with more cannot be opened by any peer).
+pub const MAX_QP_RAILS: usize = MAX_NICS;
 /// Longest rail name or rail address, in bytes.
 const MAX_RAIL_FIELD: usize = 64;
 /// Bytes in a field header: tag and value length.
@@ -130,6 +157,10 @@ const QP_LID: u16 = 0x0004;
 const QP_QPN: u16 = 0x0005;
 const QP_PSN: u16 = 0x0006;
 const QP_MTU: u16 = 0x0007;
+const QP_INITIATOR: u16 = 0x0008;
+const QPI_ENGINE: u16 = 0x0001;
+const QPI_WORKER: u16 = 0x0002;
+const QPI_RAIL: u16 = 0x0003;
 const RAIL_NAME: u16 = 0x0001;
 const RAIL_ADDR: u16 = 0x0002;
 const ERROR_CODE: u16 = 0x0001;
@@ -204,6 +235,78 @@ pub struct QpBootstrap {
     pub mtu: u32,
 }
 
+/// Who asks for a passive QP: one endpoint (worker, rail) of one initiator
+/// engine. A responder files the QP it connects under this key, so a
+/// reconnect of the same endpoint replaces its old QP.
+///
+/// Only [`QpInitiator::new`] makes one, so every key is within bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QpInitiator {
+    engine: u64,
+    worker: u16,
+    rail: u16,
+}
+
+impl QpInitiator {
+    /// The key of rail `rail` of worker `worker` of the initiator engine
+    /// `engine` (random, non-zero, one per engine).
+    ///
+    /// # Errors
+    /// [`WireError::BadField`] naming the record's field: `engine` zero,
+    /// `worker` not below [`MAX_QP_WORKERS`], `rail` not below [`MAX_QP_RAILS`].
+    pub fn new(engine: u64, worker: usize, rail: usize) -> Result<QpInitiator> {
+        if engine == 0 {
+            return Err(WireError::BadField {
+                tag: QPI_ENGINE,
+                reason: "engine id 0 is reserved (an initiator draws a random non-zero one)".into(),
+            });
+        }
+        let index = |tag, what, v: usize, max: usize| {
+            u16::try_from(v)
+                .ok()
+                .filter(|&i| usize::from(i) < max)
+                .ok_or_else(|| WireError::BadField {
+                    tag,
+                    reason: format!("{what} {v} out of range (below {max})"),
+                })
+        };
+        Ok(QpInitiator {
+            engine,
+            worker: index(QPI_WORKER, "worker", worker, MAX_QP_WORKERS)?,
+            rail: index(QPI_RAIL, "rail", rail, MAX_QP_RAILS)?,
+        })
+    }
+
+    /// The initiator engine's id.
+    pub fn engine(&self) -> u64 {
+        self.engine
+    }
+
+    /// The worker's index in its engine.
+    pub fn worker(&self) -> usize {
+        usize::from(self.worker)
+    }
+
+    /// The rail's index among the initiator's rails to this peer.
+    pub fn rail(&self) -> usize {
+        usize::from(self.rail)
+    }
+}
+
+/// An initiator's request for an RC QP: connect one from its
+/// `initiator_nic` to the target's `target_nic`; `qp` is the initiator's end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpRequest {
+    /// Which endpoint of which engine asks (the responder's key).
+    pub initiator: QpInitiator,
+    /// The initiator's NIC, at most 64 bytes.
+    pub initiator_nic: String,
+    /// The target's NIC (one of its descriptor's), at most 64 bytes.
+    pub target_nic: String,
+    /// The initiator's QP.
+    pub qp: QpBootstrap,
+}
+
 /// One network rail (NIC) of the owning engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RailEntry {
@@ -264,16 +367,8 @@ pub enum Message {
     GetDescriptor,
     /// Server → client: the segment descriptor.
     Descriptor(SegmentDescriptor),
-    /// Initiator → target: connect an RC QP from `initiator_nic` to the
-    /// target's `target_nic`; `qp` is the initiator's end.
-    QpConnect {
-        /// The initiator's NIC, at most 64 bytes.
-        initiator_nic: String,
-        /// The target's NIC (one of its descriptor's), at most 64 bytes.
-        target_nic: String,
-        /// The initiator's QP.
-        qp: QpBootstrap,
-    },
+    /// Initiator → target: connect an RC QP (see [`QpRequest`]).
+    QpConnect(QpRequest),
     /// Target → initiator: the target's end, already connected to it.
     QpAccept {
         /// The target's QP.
@@ -298,7 +393,7 @@ impl Message {
             Message::AuthOk { .. } => TYPE_AUTH_OK,
             Message::GetDescriptor => TYPE_GET_DESCRIPTOR,
             Message::Descriptor(_) => TYPE_DESCRIPTOR,
-            Message::QpConnect { .. } => TYPE_QP_CONNECT,
+            Message::QpConnect(_) => TYPE_QP_CONNECT,
             Message::QpAccept { .. } => TYPE_QP_ACCEPT,
             Message::Error { .. } => TYPE_ERROR,
         }
@@ -313,7 +408,7 @@ impl Message {
             Message::AuthOk { .. } => "AuthOk",
             Message::GetDescriptor => "GetDescriptor",
             Message::Descriptor(_) => "Descriptor",
-            Message::QpConnect { .. } => "QpConnect",
+            Message::QpConnect(_) => "QpConnect",
             Message::QpAccept { .. } => "QpAccept",
             Message::Error { .. } => "Error",
         }
@@ -468,14 +563,16 @@ pub fn encode(msg: &Message) -> Vec<u8> {
         Message::AuthOk { mac } => b.field(AUTH_OK_MAC, mac),
         Message::GetDescriptor => {}
         Message::Descriptor(d) => encode_descriptor(&mut b, d),
-        Message::QpConnect {
-            initiator_nic,
-            target_nic,
-            qp,
-        } => {
-            b.str(QP_INITIATOR_NIC, initiator_nic);
-            b.str(QP_TARGET_NIC, target_nic);
-            encode_qp(&mut b, qp);
+        Message::QpConnect(r) => {
+            b.str(QP_INITIATOR_NIC, &r.initiator_nic);
+            b.str(QP_TARGET_NIC, &r.target_nic);
+            encode_qp(&mut b, &r.qp);
+            let i = &r.initiator;
+            b.record(QP_INITIATOR, |b| {
+                b.u64(QPI_ENGINE, i.engine);
+                b.u16(QPI_WORKER, i.worker);
+                b.u16(QPI_RAIL, i.rail);
+            });
         }
         Message::QpAccept { qp } => encode_qp(&mut b, qp),
         Message::Error { code, text } => {
@@ -684,7 +781,7 @@ fn decode_body(msg_type: u16, body: &[u8]) -> Result<Message> {
         }
         TYPE_DESCRIPTOR => Ok(Message::Descriptor(decode_descriptor(body)?)),
         TYPE_QP_CONNECT => {
-            let (mut initiator_nic, mut target_nic) = (None, None);
+            let (mut initiator, mut initiator_nic, mut target_nic) = (None, None, None);
             let mut qp = QpFields::default();
             for field in Fields(body) {
                 let (tag, v) = field?;
@@ -695,14 +792,16 @@ fn decode_body(msg_type: u16, body: &[u8]) -> Result<Message> {
                     QP_TARGET_NIC => set_once(&mut target_nic, tag, || {
                         string(tag, v, "NIC name", MAX_RAIL_FIELD)
                     })?,
+                    QP_INITIATOR => set_once(&mut initiator, tag, || decode_initiator(v))?,
                     _ => qp.take(tag, v)?,
                 }
             }
-            Ok(Message::QpConnect {
+            Ok(Message::QpConnect(QpRequest {
+                initiator: required(initiator, "QpConnect", QP_INITIATOR)?,
                 initiator_nic: required(initiator_nic, "QpConnect", QP_INITIATOR_NIC)?,
                 target_nic: required(target_nic, "QpConnect", QP_TARGET_NIC)?,
                 qp: qp.finish("QpConnect")?,
-            })
+            }))
         }
         TYPE_QP_ACCEPT => {
             let mut qp = QpFields::default();
@@ -793,6 +892,25 @@ impl QpFields {
             mtu: required(self.mtu, msg, QP_MTU)?,
         })
     }
+}
+
+/// An initiator record; its bounds are [`QpInitiator::new`]'s.
+fn decode_initiator(record: &[u8]) -> Result<QpInitiator> {
+    let (mut engine, mut worker, mut rail) = (None, None, None);
+    for field in Fields(record) {
+        let (tag, v) = field?;
+        match tag {
+            QPI_ENGINE => set_once(&mut engine, tag, || Ok(u64::from_le_bytes(fixed(tag, v)?)))?,
+            QPI_WORKER => set_once(&mut worker, tag, || Ok(u16::from_le_bytes(fixed(tag, v)?)))?,
+            QPI_RAIL => set_once(&mut rail, tag, || Ok(u16::from_le_bytes(fixed(tag, v)?)))?,
+            _ => skip(tag),
+        }
+    }
+    QpInitiator::new(
+        required(engine, "QpInitiator", QPI_ENGINE)?,
+        usize::from(required(worker, "QpInitiator", QPI_WORKER)?),
+        usize::from(required(rail, "QpInitiator", QPI_RAIL)?),
+    )
 }
 
 fn decode_descriptor(body: &[u8]) -> Result<SegmentDescriptor> {
@@ -1128,17 +1246,12 @@ mod tests {
                 ..Default::default()
             }),
             Message::Descriptor(small_descriptor()),
-            Message::QpConnect {
-                initiator_nic: "rxe0".into(),
-                target_nic: "rxe1".into(),
-                qp: QpBootstrap {
-                    gid: [3; 16],
-                    lid: 0,
-                    qpn: 0x11,
-                    psn: 0xabcdef,
-                    mtu: 3,
-                },
-            },
+            Message::QpConnect(qp_request()),
+            Message::QpConnect(QpRequest {
+                initiator: QpInitiator::new(u64::MAX, MAX_QP_WORKERS - 1, MAX_QP_RAILS - 1)
+                    .unwrap(),
+                ..qp_request()
+            }),
             Message::QpAccept {
                 qp: QpBootstrap {
                     gid: [4; 16],
@@ -1825,6 +1938,222 @@ mod tests {
         assert!(e.to_string().contains("QpAccept"), "{e}");
     }
 
+    fn qp_request() -> QpRequest {
+        QpRequest {
+            initiator: QpInitiator::new(0x1234_5678_9abc_def0, 3, 1).unwrap(),
+            initiator_nic: "rxe0".into(),
+            target_nic: "rxe1".into(),
+            qp: QpBootstrap {
+                gid: [3; 16],
+                lid: 0,
+                qpn: 0x11,
+                psn: 0xabcdef,
+                mtu: 3,
+            },
+        }
+    }
+
+    /// A hand-built `QpConnect`: NICs and bootstrap, then `extra`.
+    fn qp_connect_frame(extra: impl FnOnce(&mut Body)) -> Vec<u8> {
+        frame(TYPE_QP_CONNECT, |b| {
+            b.str(QP_INITIATOR_NIC, "rxe0");
+            b.str(QP_TARGET_NIC, "rxe1");
+            encode_qp(b, &qp_request().qp);
+            extra(b);
+        })
+    }
+
+    /// An initiator record of the given raw values (`None`: left out).
+    fn initiator_record(
+        engine: Option<&[u8]>,
+        worker: Option<&[u8]>,
+        rail: Option<&[u8]>,
+    ) -> impl FnOnce(&mut Body) {
+        move |b| {
+            b.record(QP_INITIATOR, |b| {
+                for (tag, v) in [(QPI_ENGINE, engine), (QPI_WORKER, worker), (QPI_RAIL, rail)] {
+                    if let Some(v) = v {
+                        b.field(tag, v);
+                    }
+                }
+            })
+        }
+    }
+
+    fn initiator_of(bytes: &[u8]) -> (u64, usize, usize) {
+        match decode(bytes).unwrap().0 {
+            Message::QpConnect(r) => (
+                r.initiator.engine(),
+                r.initiator.worker(),
+                r.initiator.rail(),
+            ),
+            m => panic!("decoded {m:?}"),
+        }
+    }
+
+    #[test]
+    fn qp_initiator_round_trips_and_is_required() {
+        for (e, w, r) in [(1, 0, 0), (u64::MAX, MAX_QP_WORKERS - 1, MAX_QP_RAILS - 1)] {
+            roundtrip(&Message::QpConnect(QpRequest {
+                initiator: QpInitiator::new(e, w, r).unwrap(),
+                ..qp_request()
+            }));
+        }
+        // As a peer writes it, with a newer peer's field inside the record.
+        let bytes = qp_connect_frame(|b| {
+            b.record(QP_INITIATOR, |b| {
+                b.u64(QPI_ENGINE, 7);
+                b.u16(QPI_WORKER, 2);
+                b.field(0x8000, b"newer");
+                b.u16(QPI_RAIL, 5);
+            })
+        });
+        assert_eq!(initiator_of(&bytes), (7, 2, 5));
+        // An older initiator's request, without the record, is refused
+        // naming it (never filed under a made-up key).
+        let e = decode_err(&qp_connect_frame(|_| {}));
+        assert!(
+            matches!(
+                e,
+                WireError::MissingField {
+                    msg: "QpConnect",
+                    tag: QP_INITIATOR
+                }
+            ),
+            "{e:?}"
+        );
+        let (e8, w2, r2) = (7u64.to_le_bytes(), 2u16.to_le_bytes(), 5u16.to_le_bytes());
+        for (rec, tag) in [
+            (initiator_record(None, Some(&w2), Some(&r2)), QPI_ENGINE),
+            (initiator_record(Some(&e8), None, Some(&r2)), QPI_WORKER),
+            (initiator_record(Some(&e8), Some(&w2), None), QPI_RAIL),
+        ] {
+            let e = decode_err(&qp_connect_frame(rec));
+            assert!(
+                matches!(e, WireError::MissingField { msg: "QpInitiator", tag: t } if t == tag),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn qp_initiator_is_checked() {
+        let (e8, w2, r2) = (7u64.to_le_bytes(), 2u16.to_le_bytes(), 5u16.to_le_bytes());
+        let good = || initiator_record(Some(&e8), Some(&w2), Some(&r2));
+        assert_eq!(initiator_of(&qp_connect_frame(good())), (7, 2, 5));
+        // Twice: the record, and a field inside it.
+        let e = decode_err(&qp_connect_frame(|b| {
+            good()(b);
+            good()(b);
+        }));
+        assert!(
+            matches!(e, WireError::DuplicateField { tag: QP_INITIATOR }),
+            "{e:?}"
+        );
+        let e = decode_err(&qp_connect_frame(|b| {
+            b.record(QP_INITIATOR, |b| {
+                b.u64(QPI_ENGINE, 7);
+                b.u16(QPI_WORKER, 2);
+                b.u16(QPI_RAIL, 5);
+                b.u64(QPI_ENGINE, 8);
+            })
+        }));
+        assert!(
+            matches!(e, WireError::DuplicateField { tag: QPI_ENGINE }),
+            "{e:?}"
+        );
+        // Wrong widths and out-of-bounds values, each naming its field.
+        let (e0, e4) = (0u64.to_le_bytes(), 7u32.to_le_bytes());
+        let (w_max, w_wide) = ((MAX_QP_WORKERS as u16).to_le_bytes(), 2u32.to_le_bytes());
+        let (r_max, r_all, r_short) = (
+            (MAX_QP_RAILS as u16).to_le_bytes(),
+            u16::MAX.to_le_bytes(),
+            [5u8],
+        );
+        let cases: [(_, u16); 7] = [
+            (
+                initiator_record(Some(&e4), Some(&w2), Some(&r2)),
+                QPI_ENGINE,
+            ),
+            (
+                initiator_record(Some(&e0), Some(&w2), Some(&r2)),
+                QPI_ENGINE,
+            ),
+            (
+                initiator_record(Some(&e8), Some(&w_wide), Some(&r2)),
+                QPI_WORKER,
+            ),
+            (
+                initiator_record(Some(&e8), Some(&w_max), Some(&r2)),
+                QPI_WORKER,
+            ),
+            (
+                initiator_record(Some(&e8), Some(&w2), Some(&r_short)),
+                QPI_RAIL,
+            ),
+            (
+                initiator_record(Some(&e8), Some(&w2), Some(&r_max)),
+                QPI_RAIL,
+            ),
+            (
+                initiator_record(Some(&e8), Some(&w2), Some(&r_all)),
+                QPI_RAIL,
+            ),
+        ];
+        for (rec, tag) in cases {
+            let e = decode_err(&qp_connect_frame(rec));
+            assert!(
+                matches!(e, WireError::BadField { tag: t, .. } if t == tag),
+                "want BadField {tag:#x}: {e:?}"
+            );
+        }
+        // A record whose field claims more bytes than the record holds.
+        let e = decode_err(&qp_connect_frame(|b| {
+            b.record(QP_INITIATOR, |b| {
+                b.0.extend_from_slice(&QPI_ENGINE.to_le_bytes());
+                b.0.extend_from_slice(&64u32.to_le_bytes());
+                b.0.extend_from_slice(&[1; 8]);
+            });
+            b.field(0x8000, &[0; 64]);
+        }));
+        assert!(
+            matches!(
+                e,
+                WireError::BadField {
+                    tag: QPI_ENGINE,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        // In-process keys obey the same bounds.
+        assert!(QpInitiator::new(0, 0, 0).is_err());
+        assert!(QpInitiator::new(1, MAX_QP_WORKERS, 0).is_err());
+        assert!(QpInitiator::new(1, 0, MAX_QP_RAILS).is_err());
+        assert!(QpInitiator::new(1, usize::MAX, 0).is_err());
+        assert!(
+            QpInitiator::new(1, 1 << 16, 0).is_err(),
+            "no wrap to worker 0"
+        );
+        let k = QpInitiator::new(1, MAX_QP_WORKERS - 1, MAX_QP_RAILS - 1).unwrap();
+        assert_eq!(
+            (k.engine(), k.worker(), k.rail()),
+            (1, MAX_QP_WORKERS - 1, MAX_QP_RAILS - 1)
+        );
+    }
+
+    #[test]
+    fn qp_worker_bound_is_the_configs() {
+        let cfg = |n: usize| {
+            crate::config::Config::from_json_str(
+                &format!(r#"{{"workers": {{"count": {n}}}}}"#),
+                "t.json",
+            )
+        };
+        assert!(cfg(MAX_QP_WORKERS).is_ok());
+        assert!(cfg(MAX_QP_WORKERS + 1).is_err());
+    }
+
     fn arb_nic() -> impl Strategy<Value = NicEntry> {
         ("\\PC{0,16}", any::<[u8; 16]>(), any::<u16>(), any::<u32>()).prop_map(
             |(name, gid, lid, mtu)| NicEntry {
@@ -1898,7 +2227,7 @@ mod tests {
 
         #[test]
         fn arbitrary_bodies_behind_valid_headers_never_panic(
-            msg_type in 0u16..9,
+            msg_type in 0u16..11,
             body in proptest::collection::vec(any::<u8>(), 0..2048),
         ) {
             let bytes = frame(msg_type, |b| b.0.extend_from_slice(&body));

@@ -1083,11 +1083,8 @@ fn start_control(
     };
     let qp = shared.rdma.as_ref().map(|nics| {
         let r = crate::rdma::Responder::new(nics.clone());
-        Arc::new(
-            move |ini: &str, tgt: &str, theirs: &crate::control::wire::QpBootstrap| {
-                r.accept(ini, tgt, theirs)
-            },
-        ) as Arc<crate::control::server::QpConnectFn>
+        Arc::new(move |req: &crate::control::wire::QpRequest| r.accept(req))
+            as Arc<crate::control::server::QpConnectFn>
     });
     let server = crate::control::ControlServer::start_with_qp(
         &cfg.rpc_server_hostname,

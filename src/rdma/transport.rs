@@ -45,6 +45,7 @@ use super::nic::NicSet;
 use super::responder::{bootstrap, endpoint};
 use crate::clock::monotonic_ns;
 use crate::config::Config;
+use crate::control::wire::{QpInitiator, QpRequest};
 use crate::control::{RegionEntry, SegmentDescriptor};
 use crate::error::{Error, Result};
 use crate::memory::MemRegion;
@@ -70,6 +71,8 @@ struct Settings {
     secret: Option<Vec<u8>>,
     connect_timeout: Duration,
     rail_policy: RailPolicy,
+    /// This engine's initiator id (`QpInitiator`), drawn once.
+    engine: u64,
 }
 
 /// One rail to a peer.
@@ -217,6 +220,8 @@ fn rail_fault(kind: ErrorKind) -> bool {
 /// NIC, the peer's end over the control plane (`QpConnect`), then RTR/RTS.
 struct RailSource {
     nics: Arc<NicSet>,
+    /// The responder's key for this endpoint: (engine, worker, rail).
+    initiator: QpInitiator,
     local: usize,
     peer: String,
     remote_nic: String,
@@ -234,9 +239,12 @@ impl QueueSource for RailSource {
             &self.peer,
             self.secret.as_deref(),
             self.timeout,
-            nic.ctx.name(),
-            &self.remote_nic,
-            bootstrap(&qp.endpoint()?),
+            QpRequest {
+                initiator: self.initiator,
+                initiator_nic: nic.ctx.name().to_owned(),
+                target_nic: self.remote_nic.clone(),
+                qp: bootstrap(&qp.endpoint()?),
+            },
         )?;
         qp.connect(&endpoint(&theirs))?;
         tracing::debug!(peer = %self.peer, local = nic.ctx.name(), remote = %self.remote_nic, "rdma: QP connected");
@@ -329,6 +337,7 @@ impl RdmaTransport {
                     .then(|| config.rpc_shared_secret.as_bytes().to_vec()),
                 connect_timeout: Duration::from_millis(config.default_timeout_ms.clamp(100, 5_000)),
                 rail_policy: RailPolicy::from_config(config),
+                engine: crate::control::new_engine_id(),
             },
             nics,
             workers,
@@ -389,12 +398,17 @@ impl RdmaTransport {
         let s = &self.settings;
         let connector = self.connector()?;
         let per_worker = (0..self.workers.len())
-            .map(|_| {
+            .map(|w| {
                 let eps = rails
                     .iter()
-                    .map(|rail| {
+                    .enumerate()
+                    .map(|(r, rail)| {
+                        let initiator = QpInitiator::new(s.engine, w, r).map_err(|e| {
+                            Error::invalid(format!("{name}: rail {r} of worker {w}: {e}"))
+                        })?;
                         let source = RailSource {
                             nics: self.nics.clone(),
+                            initiator,
                             local: rail.local,
                             peer: name.to_owned(),
                             remote_nic: rail.remote_name.clone(),
@@ -402,17 +416,22 @@ impl RdmaTransport {
                             timeout: s.connect_timeout,
                             depth: s.depth,
                         };
-                        Endpoint::new(Box::new(source), s.depth, s.backlog, &connector)
+                        Ok(Endpoint::new(
+                            Box::new(source),
+                            s.depth,
+                            s.backlog,
+                            &connector,
+                        ))
                     })
-                    .collect();
-                CachePadded::new(UnsafeCell::new(PeerEndpoints {
+                    .collect::<Result<_>>()?;
+                Ok(CachePadded::new(UnsafeCell::new(PeerEndpoints {
                     eps,
                     cursor: 0,
                     outstanding: 0,
                     active: false,
-                }))
+                })))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         tracing::info!(peer = name, rails = ?rails.iter().map(|r| format!("{}->{}", self.nics.nics()[r.local].ctx.name(), r.remote_name)).collect::<Vec<_>>(), "rdma peer attached");
         Ok(Arc::new(RdmaPeer {
             name: name.to_owned(),

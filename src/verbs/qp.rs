@@ -198,6 +198,21 @@ impl QueuePair {
         )
     }
 
+    /// Its state as the device sees it now (`ibv_query_qp`): a QP the
+    /// device moved to ERROR reads so, unlike the state cached at modify.
+    pub fn state(&self) -> Result<ffi::ibv_qp_state> {
+        let lib = super::lib()?;
+        let mut a = ffi::ibv_qp_attr::default();
+        let mut init = ffi::ibv_qp_init_attr::default();
+        let mask = ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
+        // SAFETY: `raw` is live; `a` and `init` are valid out-parameters.
+        let rc = unsafe { lib.ibv_query_qp(self.raw, &mut a, mask, &mut init) };
+        if rc != 0 {
+            return Err(verb_error(self.pd.context().name(), "ibv_query_qp", rc));
+        }
+        Ok(a.qp_state)
+    }
+
     /// The raw QP (for the endpoint's hot path).
     pub fn as_raw(&self) -> *mut ffi::ibv_qp {
         self.raw
