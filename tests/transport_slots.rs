@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use common::{reap, test_config};
 use tent::transport::fault::{FaultPolicy, FaultProxyTransport};
 use tent::transport::{
-    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport,
+    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
 };
 use tent::{Engine, Error, ErrorKind, LocalAddr, RemoteAddr, SegmentId, TransportKind, op};
 
@@ -33,18 +33,18 @@ impl Transport for Counting {
     fn reaches(&self, s: &tent::segment::Segment) -> bool {
         self.inner.reaches(s)
     }
-    fn submit(&self, worker: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+    fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
         self.slices
             .fetch_add(slices.len() as u64, Ordering::Relaxed);
         match self.fail_with {
             Some(e) => out
                 .iter_mut()
                 .for_each(|o| *o = SubmitOutcome::Completed(Err(e))),
-            None => self.inner.submit(worker, slices, out),
+            None => self.inner.submit(ctx, slices, out),
         }
     }
-    fn poll(&self, worker: usize, out: &mut [SliceCompletion]) -> usize {
-        self.inner.poll(worker, out)
+    fn poll(&self, ctx: &WorkerCtx, out: &mut [SliceCompletion]) -> usize {
+        self.inner.poll(ctx, out)
     }
 }
 
@@ -67,10 +67,10 @@ impl Transport for Broken {
     fn reaches(&self, _: &tent::segment::Segment) -> bool {
         true
     }
-    fn submit(&self, _: usize, _: &[Slice<'_>], _: &mut [SubmitOutcome]) {
+    fn submit(&self, _: &WorkerCtx, _: &[Slice<'_>], _: &mut [SubmitOutcome]) {
         unreachable!("never installed")
     }
-    fn poll(&self, _: usize, _: &mut [SliceCompletion]) -> usize {
+    fn poll(&self, _: &WorkerCtx, _: &mut [SliceCompletion]) -> usize {
         0
     }
 }
@@ -95,7 +95,7 @@ impl Transport for Memcpy {
     fn reaches(&self, _: &tent::segment::Segment) -> bool {
         true
     }
-    fn submit(&self, _: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+    fn submit(&self, _: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
         for (s, o) in slices.iter().zip(out.iter_mut()) {
             let (src, dst) = match s.opcode {
                 tent::Opcode::Write => (s.local as *const u8, s.remote as *mut u8),
@@ -106,7 +106,7 @@ impl Transport for Memcpy {
             *o = SubmitOutcome::Completed(Ok(s.len));
         }
     }
-    fn poll(&self, _: usize, _: &mut [SliceCompletion]) -> usize {
+    fn poll(&self, _: &WorkerCtx, _: &mut [SliceCompletion]) -> usize {
         0
     }
 }
