@@ -11,6 +11,7 @@
 //! - [`engine`]: the [`Engine`], its [`Ring`]s, batches and workers.
 //! - [`qos`]: priority lanes and the `can_send` gate.
 //! - [`transport`]: the `Transport` trait and `local` / `shm` / `tcp`;
+//!   `WorkerCtx` / `PerWorker`: per-worker state only that worker opens;
 //!   [`select`]: which rail a slice takes; [`rail`]: rail health
 //!   (`RailMonitor`); [`netlink`]: link state.
 //! - [`refusals`]: refused connections held a moment so their busy answer

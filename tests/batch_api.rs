@@ -197,7 +197,7 @@ impl tent::transport::Transport for Gated {
     }
     fn submit(
         &self,
-        worker: usize,
+        ctx: &tent::transport::WorkerCtx,
         slices: &[tent::transport::Slice<'_>],
         out: &mut [tent::transport::SubmitOutcome],
     ) {
@@ -208,10 +208,14 @@ impl tent::transport::Transport for Gated {
             open = self.cv.wait(open).unwrap();
         }
         drop(open);
-        self.inner.submit(worker, slices, out)
+        self.inner.submit(ctx, slices, out)
     }
-    fn poll(&self, worker: usize, out: &mut [tent::transport::SliceCompletion]) -> usize {
-        self.inner.poll(worker, out)
+    fn poll(
+        &self,
+        ctx: &tent::transport::WorkerCtx,
+        out: &mut [tent::transport::SliceCompletion],
+    ) -> usize {
+        self.inner.poll(ctx, out)
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::{pattern, reap, test_config};
 use tent::transport::fault::{FaultPolicy, FaultProxyTransport};
 use tent::transport::{
-    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport,
+    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
 };
 use tent::{
     Buffer, Config, Engine, ErrorKind, FAILOVER_EXHAUSTED, LocalAddr, RemoteAddr, SegmentId,
@@ -63,7 +63,7 @@ impl Transport for Fake {
     fn reaches(&self, _: &tent::segment::Segment) -> bool {
         true
     }
-    fn submit(&self, _: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+    fn submit(&self, _: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
         for (s, o) in slices.iter().zip(out.iter_mut()) {
             let (src, dst) = match s.opcode {
                 tent::Opcode::Write => (s.local as *const u8, s.remote as *mut u8),
@@ -79,7 +79,7 @@ impl Transport for Fake {
             *o = SubmitOutcome::Posted;
         }
     }
-    fn poll(&self, _: usize, out: &mut [SliceCompletion]) -> usize {
+    fn poll(&self, _: &WorkerCtx, out: &mut [SliceCompletion]) -> usize {
         if self.hold.load(Ordering::Relaxed) {
             return 0;
         }

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::{reap, test_config};
+use tent::transport::fault::{FaultPolicy, FaultProxyTransport};
 use tent::transport::{
-    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport,
+    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
 };
 use tent::{Engine, Error, ErrorKind, LocalAddr, RemoteAddr, SegmentId, TransportKind, op};
 
@@ -32,18 +33,18 @@ impl Transport for Counting {
     fn reaches(&self, s: &tent::segment::Segment) -> bool {
         self.inner.reaches(s)
     }
-    fn submit(&self, worker: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+    fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
         self.slices
             .fetch_add(slices.len() as u64, Ordering::Relaxed);
         match self.fail_with {
             Some(e) => out
                 .iter_mut()
                 .for_each(|o| *o = SubmitOutcome::Completed(Err(e))),
-            None => self.inner.submit(worker, slices, out),
+            None => self.inner.submit(ctx, slices, out),
         }
     }
-    fn poll(&self, worker: usize, out: &mut [SliceCompletion]) -> usize {
-        self.inner.poll(worker, out)
+    fn poll(&self, ctx: &WorkerCtx, out: &mut [SliceCompletion]) -> usize {
+        self.inner.poll(ctx, out)
     }
 }
 
@@ -66,12 +67,137 @@ impl Transport for Broken {
     fn reaches(&self, _: &tent::segment::Segment) -> bool {
         true
     }
-    fn submit(&self, _: usize, _: &[Slice<'_>], _: &mut [SubmitOutcome]) {
+    fn submit(&self, _: &WorkerCtx, _: &[Slice<'_>], _: &mut [SubmitOutcome]) {
         unreachable!("never installed")
     }
-    fn poll(&self, _: usize, _: &mut [SliceCompletion]) -> usize {
+    fn poll(&self, _: &WorkerCtx, _: &mut [SliceCompletion]) -> usize {
         0
     }
+}
+
+/// A synchronous memcpy in the local slot that trusts its caller: the tests
+/// name memory inside buffers of the engine that posts.
+struct Memcpy;
+
+impl Transport for Memcpy {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Local
+    }
+    fn install(&self, _: &InstallContext) -> tent::Result<()> {
+        Ok(())
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            synchronous: true,
+            ..Capabilities::default()
+        }
+    }
+    fn reaches(&self, _: &tent::segment::Segment) -> bool {
+        true
+    }
+    fn submit(&self, _: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+        for (s, o) in slices.iter().zip(out.iter_mut()) {
+            let (src, dst) = match s.opcode {
+                tent::Opcode::Write => (s.local as *const u8, s.remote as *mut u8),
+                tent::Opcode::Read => (s.remote as *const u8, s.local),
+            };
+            // SAFETY: the engine checked `local`; every test names remote memory inside a buffer of the posting engine.
+            unsafe { std::ptr::copy(src, dst, s.len as usize) };
+            *o = SubmitOutcome::Completed(Ok(s.len));
+        }
+    }
+    fn poll(&self, _: &WorkerCtx, _: &mut [SliceCompletion]) -> usize {
+        0
+    }
+}
+
+/// An 8-byte local WRITE through `e`, and its result.
+fn write_8(e: &Engine) -> Result<u64, ErrorKind> {
+    let m = e.allocate_memory(64).unwrap();
+    let mut ring = e.ring().unwrap();
+    ring.submission()
+        .push(
+            op::Write::new(
+                LocalAddr::new(m.id(), 0),
+                RemoteAddr::new(SegmentId::LOCAL, m.addr() + 8),
+                8,
+            )
+            .user_data(1),
+        )
+        .unwrap();
+    reap(&mut ring, 1)[0].result()
+}
+
+/// A transport keeps state per worker, and every engine has a worker 0: a
+/// transport installed in one engine is refused by a second, so the two
+/// workers 0 never share a cell.
+#[test]
+fn a_transport_serves_one_engine_only() {
+    let proxy = Arc::new(FaultProxyTransport::new(
+        Arc::new(Memcpy),
+        FaultPolicy::default(),
+    ));
+    let first = Engine::builder()
+        .config(test_config())
+        .transport(proxy.clone())
+        .build()
+        .unwrap();
+    assert!(first.transports().contains(&TransportKind::Local));
+    let second = Engine::builder()
+        .config(test_config())
+        .transport(proxy.clone())
+        .build()
+        .unwrap();
+    assert!(
+        !second.transports().contains(&TransportKind::Local),
+        "installed in a second engine: {:?}",
+        second.transports()
+    );
+    assert_eq!(write_8(&first), Ok(8));
+    assert_eq!(proxy.counts().forwarded, 1);
+}
+
+/// The same for the TCP transport (per-worker active peers, per-worker
+/// connections of each peer).
+#[test]
+fn the_tcp_transport_serves_one_engine_only() {
+    let first = Engine::new(test_config()).unwrap();
+    let tcp = first
+        .swap_transport(TransportKind::Tcp, None)
+        .expect("tcp installed");
+    first.swap_transport(TransportKind::Tcp, Some(tcp.clone()));
+    let second = Engine::builder()
+        .config(test_config())
+        .transport(tcp)
+        .build()
+        .unwrap();
+    assert!(first.transports().contains(&TransportKind::Tcp));
+    assert!(
+        !second.transports().contains(&TransportKind::Tcp),
+        "installed in a second engine: {:?}",
+        second.transports()
+    );
+}
+
+/// Swapped in rather than installed, a transport belongs to the first
+/// engine whose worker uses it: another engine's worker is refused with a
+/// typed error, never let into the first one's state.
+#[test]
+fn a_transport_swapped_into_two_engines_serves_the_first_user_only() {
+    let proxy = Arc::new(FaultProxyTransport::new(
+        Arc::new(Memcpy),
+        FaultPolicy::default(),
+    ));
+    let first = Engine::new(test_config()).unwrap();
+    let second = Engine::new(test_config()).unwrap();
+    first.swap_transport(TransportKind::Local, Some(proxy.clone()));
+    second.swap_transport(TransportKind::Local, Some(proxy.clone()));
+    assert_eq!(write_8(&first), Ok(8));
+    assert_eq!(write_8(&second), Err(ErrorKind::InvalidArgument));
+    assert_eq!(write_8(&first), Ok(8));
+    assert_eq!(proxy.counts().forwarded, 2);
+    assert_eq!(first.credits_in_flight(), 0);
+    assert_eq!(second.credits_in_flight(), 0);
 }
 
 #[test]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::{pattern, reap, test_config};
 use tent::transport::tcp::frame::{HELLO_LEN, Hello, REQUEST_LEN, RESPONSE_LEN, Request, Response};
 use tent::transport::{
-    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport,
+    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
 };
 use tent::{Engine, ErrorKind, LocalAddr, Opcode, RemoteAddr, SegmentId, TransportKind, op};
 
@@ -215,14 +215,14 @@ impl Transport for Held {
     fn reaches(&self, _: &tent::segment::Segment) -> bool {
         true
     }
-    fn submit(&self, _: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+    fn submit(&self, _: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
         let mut p = self.posted.lock().unwrap();
         for (s, o) in slices.iter().zip(out) {
             p.push(s.token);
             *o = SubmitOutcome::Posted;
         }
     }
-    fn poll(&self, _: usize, out: &mut [SliceCompletion]) -> usize {
+    fn poll(&self, _: &WorkerCtx, out: &mut [SliceCompletion]) -> usize {
         let mut r = self.released.lock().unwrap();
         let n = r.len().min(out.len());
         for (o, token) in out.iter_mut().zip(r.drain(..n)) {

@@ -34,7 +34,7 @@ use crate::topology::{Topology, pin_current_thread};
 use crate::transport::local::LocalTransport;
 use crate::transport::shm::ShmTransport;
 use crate::transport::tcp::{self, DataServer, TcpTransport};
-use crate::transport::{InstallContext, Transport, TransportSlots};
+use crate::transport::{EngineId, InstallContext, Transport, TransportSlots, WorkerCtx};
 use batch::BatchTable;
 use worker::{RegionAck, Worker, WorkerRing, WorkerShared};
 
@@ -199,7 +199,9 @@ impl EngineBuilder {
         };
         let transports = TransportSlots::default();
         let wakers = Arc::new(crate::doorbell::Wakers::new(config.workers.count as usize));
+        let id = EngineId::next();
         let ctx = InstallContext {
+            engine: id,
             workers: config.workers.count as usize,
             wakers: wakers.clone(),
         };
@@ -315,8 +317,7 @@ impl EngineBuilder {
                 completed_bytes: CachePadded::new(AtomicU64::new(0)),
                 region_ack: CachePadded::new(RegionAck::default()),
             });
-            let worker = Worker::new(ws.clone(), shared.clone(), bc);
-            let ws2 = ws.clone();
+            let (ws2, engine) = (ws.clone(), shared.clone());
             let handle = std::thread::Builder::new()
                 .name(format!("tent-worker-{index}"))
                 .spawn(move || {
@@ -325,7 +326,9 @@ impl EngineBuilder {
                     {
                         ws2.core.store(core as i64, Ordering::Relaxed);
                     }
-                    worker.run();
+                    // SAFETY: `id` is this engine's alone (EngineId::next) and it starts one thread per worker index: this is worker `index`'s, and the context (`!Send`) never leaves it.
+                    let ctx = unsafe { WorkerCtx::new(id, index) };
+                    Worker::new(ws2, engine, bc, ctx).run();
                 })
                 .map_err(|e| Error::new(ErrorKind::OutOfMemory, "spawn worker").with_source(e))?;
             started.shared.push(ws);
@@ -930,7 +933,10 @@ impl Engine {
     // ---- transports and diagnostics -------------------------------------
 
     /// Replace the transport in `kind`'s slot (tests wrap transports with
-    /// fault injection this way); returns the previous one.
+    /// fault injection this way); returns the previous one. `t` is not
+    /// installed again; one with per-worker state serves the engine that
+    /// installed it or else whose worker first uses it, and refuses the
+    /// others' slices with `InvalidArgument`.
     pub fn swap_transport(
         &self,
         kind: TransportKind,

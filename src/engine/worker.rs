@@ -26,7 +26,7 @@ use crate::doorbell::{CqBell, Doorbell, Wakers};
 use crate::memory::RegionTable;
 use crate::qos::PriorityLanes;
 use crate::segment::{Segment, SegmentTable};
-use crate::transport::{Installed, Slice, SliceCompletion, Slot, SubmitOutcome};
+use crate::transport::{Installed, Slice, SliceCompletion, Slot, SubmitOutcome, WorkerCtx};
 
 /// Every slot kind, indexed like `TransportSlots`.
 const TRANSPORT_KINDS: [TransportKind; 5] = [
@@ -157,6 +157,9 @@ type SegmentCache = Cache<Arc<ArcSwap<SegmentTable>>, Arc<SegmentTable>>;
 type SlotCache = Cache<Slot, Option<Arc<Installed>>>;
 
 pub(crate) struct Worker {
+    /// This worker's proof for the transports (so `Worker` is `!Send`: it
+    /// is built on its own thread).
+    ctx: WorkerCtx,
     shared: Arc<WorkerShared>,
     engine: Arc<EngineShared>,
     // Local snapshots of the shared tables: one atomic load per use to see
@@ -233,6 +236,7 @@ impl Worker {
         shared: Arc<WorkerShared>,
         engine: Arc<EngineShared>,
         batch_cq: Consumer<Sqe>,
+        ctx: WorkerCtx,
     ) -> Worker {
         let cfg = &engine.config;
         let cap = cfg.max_tasks_per_worker as usize;
@@ -274,6 +278,7 @@ impl Worker {
             }),
             shared,
             engine,
+            ctx,
         }
     }
 
@@ -694,11 +699,9 @@ impl Worker {
                 rail: 0,
             };
             let mut outcome = [SubmitOutcome::Rejected(ErrorKind::Unreachable)];
-            installed.transport.submit(
-                self.shared.index,
-                std::slice::from_ref(&slice),
-                &mut outcome,
-            );
+            installed
+                .transport
+                .submit(&self.ctx, std::slice::from_ref(&slice), &mut outcome);
             t.posted += len;
             t.last_slice = SliceRecord {
                 rail: 0,
@@ -809,10 +812,7 @@ impl Worker {
             if p.inflight == 0 {
                 continue;
             }
-            let n = p
-                .transport
-                .transport
-                .poll(self.shared.index, &mut self.reaped);
+            let n = p.transport.transport.poll(&self.ctx, &mut self.reaped);
             p.inflight = p.inflight.saturating_sub(n as u32);
             let kind = p.kind;
             any |= self.complete_slices(kind, n, now);
@@ -820,10 +820,7 @@ impl Worker {
         let mut d = 0;
         while d < self.draining.len() {
             let p = &mut self.draining[d];
-            let n = p
-                .transport
-                .transport
-                .poll(self.shared.index, &mut self.reaped);
+            let n = p.transport.transport.poll(&self.ctx, &mut self.reaped);
             p.inflight = p.inflight.saturating_sub(n as u32);
             let (kind, done) = (p.kind, p.inflight == 0);
             any |= self.complete_slices(kind, n, now);

@@ -30,13 +30,11 @@
 //! Nothing in `submit` or `poll` allocates once the scratch queues have
 //! grown to the worker's credit bound.
 
-use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crossbeam_utils::CachePadded;
 use tent_rings::{ErrorKind, TransportKind};
 
 use super::connector::{Connector, ConnectorHandle};
@@ -54,7 +52,8 @@ use crate::rail::{RailMonitor, RailPolicy, ReviewClock, review_bandwidth};
 use crate::segment::Segment;
 use crate::select::DeviceSelector;
 use crate::transport::{
-    Capabilities, InstallContext, RailStat, Slice, SliceCompletion, SubmitOutcome, Transport,
+    Capabilities, InstallContext, PerWorker, RailStat, Slice, SliceCompletion, SubmitOutcome,
+    Transport, WorkerCtx,
 };
 use crate::verbs::{CompletionQueue, QueuePair};
 
@@ -118,13 +117,8 @@ pub struct RdmaPeer {
     rails: Vec<RdmaRail>,
     nics: Arc<NicSet>,
     next_review: ReviewClock,
-    per_worker: Box<[CachePadded<UnsafeCell<PeerEndpoints>>]>,
+    per_worker: PerWorker<PeerEndpoints>,
 }
-
-// SAFETY: `per_worker[w]` is touched only through Transport::submit/poll called with worker index `w`, and the engine makes those calls only from worker `w`'s own thread; everything else is immutable or Sync.
-unsafe impl Sync for RdmaPeer {}
-// SAFETY: as above; the endpoints inside are Send.
-unsafe impl Send for RdmaPeer {}
 
 impl std::fmt::Debug for RdmaPeer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -185,14 +179,6 @@ impl RdmaPeer {
                 now,
             );
         }
-    }
-
-    /// # Safety
-    /// Only from worker `w`'s thread (see the `Sync` impl).
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn endpoints(&self, w: usize) -> &mut PeerEndpoints {
-        // SAFETY: the caller is worker `w`'s thread, the only one that touches this cell.
-        unsafe { &mut *self.per_worker[w].get() }
     }
 }
 
@@ -278,17 +264,12 @@ struct WorkerState {
 pub struct RdmaTransport {
     nics: Arc<NicSet>,
     settings: Settings,
-    workers: Box<[CachePadded<UnsafeCell<WorkerState>>]>,
+    workers: PerWorker<WorkerState>,
     selector: DeviceSelector,
     watch: Mutex<Option<LinkWatch>>,
     /// Started by the first `attach`; dropping the transport joins it.
     connector: Mutex<Option<Connector>>,
 }
-
-// SAFETY: `workers[w]` is touched only by worker `w`'s thread (see RdmaPeer); the rest is Sync.
-unsafe impl Sync for RdmaTransport {}
-// SAFETY: as above.
-unsafe impl Send for RdmaTransport {}
 
 impl std::fmt::Debug for RdmaTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -318,16 +299,12 @@ impl RdmaTransport {
             .unwrap_or(1)
             .max(1);
         let backlog = config.max_inflight_slices.max(1) as usize;
-        let workers = (0..config.workers.count.max(1))
-            .map(|_| {
-                CachePadded::new(UnsafeCell::new(WorkerState {
-                    active: Vec::with_capacity(16),
-                    ready: VecDeque::with_capacity(backlog),
-                    done: Vec::with_capacity(backlog),
-                    moved: Vec::with_capacity(backlog),
-                }))
-            })
-            .collect();
+        let workers = PerWorker::new(config.workers.count.max(1) as usize, |_| WorkerState {
+            active: Vec::with_capacity(16),
+            ready: VecDeque::with_capacity(backlog),
+            done: Vec::with_capacity(backlog),
+            moved: Vec::with_capacity(backlog),
+        });
         RdmaTransport {
             settings: Settings {
                 slice_bytes: r.slice_size.min(max_msg as u64).max(1),
@@ -397,7 +374,7 @@ impl RdmaTransport {
         }
         let s = &self.settings;
         let connector = self.connector()?;
-        let per_worker = (0..self.workers.len())
+        let per_worker = (0..self.workers.workers())
             .map(|w| {
                 let eps = rails
                     .iter()
@@ -424,14 +401,14 @@ impl RdmaTransport {
                         ))
                     })
                     .collect::<Result<_>>()?;
-                Ok(CachePadded::new(UnsafeCell::new(PeerEndpoints {
+                Ok(PeerEndpoints {
                     eps,
                     cursor: 0,
                     outstanding: 0,
                     active: false,
-                })))
+                })
             })
-            .collect::<Result<_>>()?;
+            .collect::<Result<PerWorker<_>>>()?;
         tracing::info!(peer = name, rails = ?rails.iter().map(|r| format!("{}->{}", self.nics.nics()[r.local].ctx.name(), r.remote_name)).collect::<Vec<_>>(), "rdma peer attached");
         Ok(Arc::new(RdmaPeer {
             name: name.to_owned(),
@@ -441,14 +418,6 @@ impl RdmaTransport {
             next_review: ReviewClock::default(),
             per_worker,
         }))
-    }
-
-    /// # Safety
-    /// Only from worker `w`'s thread.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn worker(&self, w: usize) -> &mut WorkerState {
-        // SAFETY: the caller is worker `w`'s thread, the only one that touches this cell.
-        unsafe { &mut *self.workers[w].get() }
     }
 
     /// Queue `s` (between `local` and `remote`) on a usable rail other
@@ -515,13 +484,14 @@ impl Transport for RdmaTransport {
     }
 
     fn install(&self, ctx: &InstallContext) -> Result<()> {
-        if ctx.workers > self.workers.len() {
+        if ctx.workers > self.workers.workers() {
             return Err(Error::invalid(format!(
                 "rdma transport built for {} workers, engine has {}",
-                self.workers.len(),
+                self.workers.workers(),
                 ctx.workers
             )));
         }
+        self.workers.bind(ctx.engine)?;
         let watched: Vec<(usize, u32)> = self
             .nics
             .nics()
@@ -583,9 +553,11 @@ impl Transport for RdmaTransport {
         peer_of(segment).is_some()
     }
 
-    fn submit(&self, worker: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
-        // SAFETY: the engine calls submit for worker `worker` from that worker's thread only.
-        let ws = unsafe { self.worker(worker) };
+    fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+        let mut ws = match self.workers.get(ctx) {
+            Ok(ws) => ws,
+            Err(e) => return out.fill(SubmitOutcome::Rejected(e)),
+        };
         let now = monotonic_ns();
         for (s, o) in slices.iter().zip(out.iter_mut()) {
             let Some(attached) = s.segment.attachment(TransportKind::Rdma) else {
@@ -626,9 +598,14 @@ impl Transport for RdmaTransport {
                 posted_ns: now,
                 ahead: 0,
             };
-            // SAFETY: as above, this is worker `worker`'s thread.
-            let eps = unsafe { peer.endpoints(worker) };
-            *o = match self.post(peer, eps, slice, s.region, remote, None) {
+            let mut eps = match peer.per_worker.get(ctx) {
+                Ok(e) => e,
+                Err(e) => {
+                    *o = SubmitOutcome::Rejected(e);
+                    continue;
+                }
+            };
+            *o = match self.post(peer, &mut eps, slice, s.region, remote, None) {
                 Ok(()) => {
                     eps.outstanding += 1;
                     if !eps.active {
@@ -647,14 +624,21 @@ impl Transport for RdmaTransport {
         }
     }
 
-    fn poll(&self, worker: usize, out: &mut [SliceCompletion]) -> usize {
-        // SAFETY: the engine calls poll for worker `worker` from that worker's thread only.
-        let ws = unsafe { self.worker(worker) };
+    fn poll(&self, ctx: &WorkerCtx, out: &mut [SliceCompletion]) -> usize {
+        // Refused at submit too: nothing of this worker's is in flight here.
+        let Ok(mut ws) = self.workers.get(ctx) else {
+            return 0;
+        };
+        let ws = &mut *ws;
         let mut i = 0;
         while i < ws.active.len() {
             let peer = &ws.active[i];
-            // SAFETY: as above, this is worker `worker`'s thread.
-            let eps = unsafe { peer.endpoints(worker) };
+            // Opened with this context when the peer joined `active`.
+            let Ok(mut guard) = peer.per_worker.get(ctx) else {
+                i += 1;
+                continue;
+            };
+            let eps = &mut *guard;
             for r in 0..eps.eps.len() {
                 let ep = &mut eps.eps[r];
                 if ep.outstanding() == 0 {
@@ -729,8 +713,12 @@ impl Transport for RdmaTransport {
             if now != 0 {
                 peer.review(now);
             }
-            if eps.outstanding == 0 {
+            let drained = eps.outstanding == 0;
+            if drained {
                 eps.active = false;
+            }
+            drop(guard);
+            if drained {
                 ws.active.swap_remove(i);
             } else {
                 i += 1;

@@ -17,17 +17,20 @@
 //! A wrapped synchronous transport is made asynchronous (its results are
 //! handed back through `poll`), so completion faults apply to it too.
 //! [`Engine::swap_transport`](crate::Engine::swap_transport) is the
-//! test-only hook that puts a proxy into a slot after construction.
+//! test-only hook that puts a proxy into a slot after construction. Its
+//! per-worker state is a [`PerWorker`]: a proxy serves one engine, the one
+//! that installs it or else whose worker first uses it.
 
-use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crossbeam_utils::CachePadded;
 use tent_rings::{ErrorKind, TransportKind};
 
-use super::{Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport};
+use super::{
+    Capabilities, InstallContext, PerWorker, Slice, SliceCompletion, SubmitOutcome, Transport,
+    WorkerCtx,
+};
 use crate::error::{Error, Result};
 use crate::segment::Segment;
 
@@ -99,18 +102,13 @@ pub struct FaultProxyTransport {
     kind: TransportKind,
     policy: FaultPolicy,
     poison: Option<RequestPredicate>,
-    workers: Box<[CachePadded<UnsafeCell<ProxyWorker>>]>,
+    workers: PerWorker<ProxyWorker>,
     submitted: AtomicU64,
     forwarded: AtomicU64,
     rejected: AtomicU64,
     corrupted: AtomicU64,
     completed: AtomicU64,
 }
-
-// SAFETY: `workers[w]` is touched only through submit/poll with worker index `w`, which the engine calls only from worker `w`'s thread; everything else is atomics or immutable.
-unsafe impl Sync for FaultProxyTransport {}
-// SAFETY: as above; the per-worker state is plain data.
-unsafe impl Send for FaultProxyTransport {}
 
 impl std::fmt::Debug for FaultProxyTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -140,15 +138,11 @@ fn chance(state: &mut u64, p: f64) -> bool {
 impl FaultProxyTransport {
     /// `inner`, in its own slot, with `policy`'s faults.
     pub fn new(inner: Arc<dyn Transport>, policy: FaultPolicy) -> FaultProxyTransport {
-        let workers = (0..MAX_WORKERS)
-            .map(|w| {
-                CachePadded::new(UnsafeCell::new(ProxyWorker {
-                    rng: policy.seed ^ (w as u64).wrapping_mul(0xa076_1d64_78bd_642f),
-                    poisoned: Vec::new(),
-                    ready: VecDeque::new(),
-                }))
-            })
-            .collect();
+        let workers = PerWorker::new(MAX_WORKERS, |w| ProxyWorker {
+            rng: policy.seed ^ (w as u64).wrapping_mul(0xa076_1d64_78bd_642f),
+            poisoned: Vec::new(),
+            ready: VecDeque::new(),
+        });
         FaultProxyTransport {
             kind: inner.kind(),
             inner,
@@ -193,14 +187,6 @@ impl FaultProxyTransport {
         }
     }
 
-    /// # Safety
-    /// Only from worker `w`'s thread.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn worker(&self, w: usize) -> &mut ProxyWorker {
-        // SAFETY: the caller is worker `w`'s thread, the only one that touches this cell.
-        unsafe { &mut *self.workers[w].get() }
-    }
-
     /// Apply completion faults to `c`.
     #[inline]
     fn finish(&self, ws: &mut ProxyWorker, mut c: SliceCompletion) -> SliceCompletion {
@@ -230,6 +216,7 @@ impl Transport for FaultProxyTransport {
                 ),
             ));
         }
+        self.workers.bind(ctx.engine)?;
         self.inner.install(ctx)
     }
 
@@ -250,9 +237,12 @@ impl Transport for FaultProxyTransport {
         self.inner.reaches(segment)
     }
 
-    fn submit(&self, worker: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
-        // SAFETY: the engine calls submit for worker `worker` from that worker's thread only.
-        let ws = unsafe { self.worker(worker) };
+    fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+        let mut ws = match self.workers.get(ctx) {
+            Ok(ws) => ws,
+            Err(e) => return out.fill(SubmitOutcome::Rejected(e)),
+        };
+        let ws = &mut *ws;
         for (s, o) in slices.iter().zip(out.iter_mut()) {
             let n = self.submitted.fetch_add(1, Ordering::Relaxed);
             let after = self.policy.fail_after_n_submits.is_some_and(|k| n >= k);
@@ -265,7 +255,7 @@ impl Transport for FaultProxyTransport {
             let poison = self.poison.as_ref().is_some_and(|p| p(s))
                 || chance(&mut ws.rng, self.policy.status_corrupt_rate);
             let mut one = [SubmitOutcome::Rejected(ErrorKind::Unreachable)];
-            self.inner.submit(worker, std::slice::from_ref(s), &mut one);
+            self.inner.submit(ctx, std::slice::from_ref(s), &mut one);
             *o = match one[0] {
                 SubmitOutcome::Posted => {
                     if poison {
@@ -290,16 +280,19 @@ impl Transport for FaultProxyTransport {
         }
     }
 
-    fn poll(&self, worker: usize, out: &mut [SliceCompletion]) -> usize {
-        // SAFETY: the engine calls poll for worker `worker` from that worker's thread only.
-        let ws = unsafe { self.worker(worker) };
+    fn poll(&self, ctx: &WorkerCtx, out: &mut [SliceCompletion]) -> usize {
+        // Refused at submit too: nothing of this worker's is in flight here.
+        let Ok(mut ws) = self.workers.get(ctx) else {
+            return 0;
+        };
+        let ws = &mut *ws;
         let mut n = 0;
         while n < out.len() {
             let Some(c) = ws.ready.pop_front() else { break };
             out[n] = c;
             n += 1;
         }
-        let m = self.inner.poll(worker, &mut out[n..]);
+        let m = self.inner.poll(ctx, &mut out[n..]);
         for c in &mut out[n..n + m] {
             *c = self.finish(ws, *c);
         }

@@ -6,7 +6,8 @@ use arc_swap::ArcSwap;
 use tent_rings::{ErrorKind, TransportKind};
 
 use super::{
-    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, copy_slice,
+    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
+    copy_slice,
 };
 use crate::error::Result;
 use crate::memory::RegionTable;
@@ -48,7 +49,7 @@ impl Transport for LocalTransport {
         matches!(segment.kind(), SegmentKind::Local)
     }
 
-    fn submit(&self, _worker: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+    fn submit(&self, _ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
         let table = self.regions.load();
         for (s, o) in slices.iter().zip(out.iter_mut()) {
             *o = if !self.reaches(s.segment) {
@@ -66,7 +67,7 @@ impl Transport for LocalTransport {
         }
     }
 
-    fn poll(&self, _worker: usize, _out: &mut [SliceCompletion]) -> usize {
+    fn poll(&self, _ctx: &WorkerCtx, _out: &mut [SliceCompletion]) -> usize {
         0
     }
 }

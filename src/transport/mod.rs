@@ -5,12 +5,17 @@
 //! is given with its own [`SubmitOutcome`]: a submit never fails "as a
 //! whole", so the engine always knows which slices started. Transports live
 //! in [`TransportSlots`], one slot per [`TransportKind`], and a test may
-//! swap a slot after the engine is built.
+//! swap a slot after the engine is built. `submit` and `poll` take the
+//! calling worker's [`WorkerCtx`], which opens the transport's
+//! [`PerWorker`] state; one transport serves one engine.
 
 pub mod fault;
 pub mod local;
 pub mod shm;
 pub mod tcp;
+mod worker_ctx;
+
+pub use worker_ctx::{EngineId, PerWorker, WorkerCtx};
 
 use std::sync::Arc;
 
@@ -83,6 +88,9 @@ pub struct SliceCompletion {
 /// What a transport learns at installation.
 #[derive(Debug, Clone)]
 pub struct InstallContext {
+    /// The engine installing it: a transport with [`PerWorker`] state binds
+    /// it to this engine ([`PerWorker::bind`]) and so refuses a second one.
+    pub engine: EngineId,
     /// Number of engine workers (transports keep per-worker state).
     pub workers: usize,
     /// The workers' bells: a transport that completes slices on its own
@@ -92,11 +100,20 @@ pub struct InstallContext {
 }
 
 /// A way of moving bytes.
+///
+/// `submit` and `poll` run on a worker's thread and get its [`WorkerCtx`]:
+/// state a transport keeps per worker lives in a [`PerWorker`], which the
+/// context opens with no lock. A transport with such state serves one
+/// engine; `install` into a second fails.
 pub trait Transport: Send + Sync + 'static {
     /// Which slot it occupies.
     fn kind(&self) -> TransportKind;
 
     /// Bring the transport up; an error leaves its slot empty.
+    ///
+    /// # Errors
+    /// Whatever stops it coming up; `InvalidArgument` when its per-worker
+    /// state already belongs to another engine.
     fn install(&self, ctx: &InstallContext) -> Result<()>;
 
     /// What it can do.
@@ -106,11 +123,11 @@ pub trait Transport: Send + Sync + 'static {
     fn reaches(&self, segment: &Segment) -> bool;
 
     /// Start (or, if synchronous, perform) each slice; `out[i]` answers
-    /// `slices[i]`. `worker` is the calling worker's index.
-    fn submit(&self, worker: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]);
+    /// `slices[i]`. `ctx` is the calling worker's (`ctx.index()`).
+    fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]);
 
     /// Reap completions of posted slices into `out`; returns how many.
-    fn poll(&self, worker: usize, out: &mut [SliceCompletion]) -> usize;
+    fn poll(&self, ctx: &WorkerCtx, out: &mut [SliceCompletion]) -> usize;
 }
 
 /// One transport slot: swappable at run time, and cheap to watch from a

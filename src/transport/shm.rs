@@ -5,7 +5,8 @@
 use tent_rings::{ErrorKind, TransportKind};
 
 use super::{
-    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, copy_slice,
+    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
+    copy_slice,
 };
 use crate::error::Result;
 use crate::segment::Segment;
@@ -37,7 +38,7 @@ impl Transport for ShmTransport {
         segment.shm().is_some()
     }
 
-    fn submit(&self, _worker: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+    fn submit(&self, _ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
         for (s, o) in slices.iter().zip(out.iter_mut()) {
             *o = match s.segment.shm() {
                 None => SubmitOutcome::Rejected(ErrorKind::Unreachable),
@@ -52,7 +53,7 @@ impl Transport for ShmTransport {
         }
     }
 
-    fn poll(&self, _worker: usize, _out: &mut [SliceCompletion]) -> usize {
+    fn poll(&self, _ctx: &WorkerCtx, _out: &mut [SliceCompletion]) -> usize {
         0
     }
 }

@@ -18,20 +18,19 @@ pub mod handshake;
 mod io;
 pub mod server;
 
-use std::cell::UnsafeCell;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use crossbeam_utils::CachePadded;
 use tent_rings::{ErrorKind, TransportKind};
 
 pub use conn::{Conn, ConnEnds, Endpoint, Op};
 pub use server::DataServer;
 
 use super::{
-    Capabilities, InstallContext, RailStat, Slice, SliceCompletion, SubmitOutcome, Transport,
+    Capabilities, InstallContext, PerWorker, RailStat, Slice, SliceCompletion, SubmitOutcome,
+    Transport, WorkerCtx,
 };
 use crate::clock::monotonic_ns;
 use crate::config::Config;
@@ -118,13 +117,8 @@ pub struct TcpPeer {
     rails: Vec<Arc<TcpRail>>,
     conns_per_rail: usize,
     next_review: ReviewClock,
-    per_worker: Box<[CachePadded<UnsafeCell<PeerLinks>>]>,
+    per_worker: PerWorker<PeerLinks>,
 }
-
-// SAFETY: `per_worker[w]` is touched only through Transport::submit/poll called with worker index `w`, and the engine makes those calls only from worker `w`'s own thread; everything else in TcpPeer is immutable or Sync.
-unsafe impl Sync for TcpPeer {}
-// SAFETY: as above; the ring ends inside are Send.
-unsafe impl Send for TcpPeer {}
 
 impl std::fmt::Debug for TcpPeer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -174,14 +168,6 @@ impl TcpPeer {
     pub fn key_for(&self, addr: u64, len: u64) -> std::result::Result<u64, ErrorKind> {
         RegionEntry::find(&self.regions, addr, len).map(|r| r.key)
     }
-
-    /// # Safety
-    /// Only from worker `w`'s thread (see the `Sync` impl).
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn links(&self, w: usize) -> &mut PeerLinks {
-        // SAFETY: the caller is worker `w`'s thread, the only one that touches this cell.
-        unsafe { &mut *self.per_worker[w].get() }
-    }
 }
 
 struct WorkerState {
@@ -192,7 +178,7 @@ struct WorkerState {
 /// The TCP transport (initiator side).
 pub struct TcpTransport {
     settings: Settings,
-    workers: Box<[CachePadded<UnsafeCell<WorkerState>>]>,
+    workers: PerWorker<WorkerState>,
     selector: DeviceSelector,
     rails: Arc<Mutex<Vec<Weak<TcpRail>>>>,
     watch: Mutex<Option<LinkWatch>>,
@@ -200,11 +186,6 @@ pub struct TcpTransport {
     /// `rpc_shared_secret`: proven on every data connection when set.
     secret: Option<Arc<[u8]>>,
 }
-
-// SAFETY: `workers[w]` is touched only by worker `w`'s thread (see TcpPeer); the rest is Sync.
-unsafe impl Sync for TcpTransport {}
-// SAFETY: as above.
-unsafe impl Send for TcpTransport {}
 
 impl std::fmt::Debug for TcpTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -218,13 +199,9 @@ impl TcpTransport {
     /// A transport for an engine with `config`.
     pub fn new(config: &Config) -> TcpTransport {
         let t = &config.transports.tcp;
-        let workers = (0..config.workers.count.max(1))
-            .map(|_| {
-                CachePadded::new(UnsafeCell::new(WorkerState {
-                    active: Vec::with_capacity(16),
-                }))
-            })
-            .collect();
+        let workers = PerWorker::new(config.workers.count.max(1) as usize, |_| WorkerState {
+            active: Vec::with_capacity(16),
+        });
         TcpTransport {
             settings: Settings {
                 conns_per_rail: t.connections_per_peer.max(1) as usize,
@@ -269,8 +246,8 @@ impl TcpTransport {
             ));
         }
         let s = self.settings;
-        let mut per_worker = Vec::with_capacity(self.workers.len());
-        for w in 0..self.workers.len() {
+        let mut per_worker = Vec::with_capacity(self.workers.workers());
+        for w in 0..self.workers.workers() {
             let notify = self.wakers.get().map(|k| (k.clone(), w));
             let mut ends = Vec::with_capacity(rails.len() * s.conns_per_rail);
             for rail in &rails {
@@ -294,13 +271,13 @@ impl TcpTransport {
                     ends.push(e);
                 }
             }
-            per_worker.push(CachePadded::new(UnsafeCell::new(PeerLinks {
+            per_worker.push(PeerLinks {
                 ends,
                 rail_cursor: 0,
                 conn_cursor: vec![0; rails.len()],
                 outstanding: 0,
                 active: false,
-            })));
+            });
         }
         {
             let mut all = self.rails.lock().expect("rail registry poisoned");
@@ -316,7 +293,7 @@ impl TcpTransport {
             rails,
             conns_per_rail: s.conns_per_rail,
             next_review: ReviewClock::default(),
-            per_worker: per_worker.into_boxed_slice(),
+            per_worker: per_worker.into_iter().collect(),
         }))
     }
 
@@ -355,14 +332,6 @@ impl TcpTransport {
             }),
             conns: Mutex::new(Vec::new()),
         })
-    }
-
-    /// # Safety
-    /// Only from worker `w`'s thread.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn worker(&self, w: usize) -> &mut WorkerState {
-        // SAFETY: the caller is worker `w`'s thread, the only one that touches this cell.
-        unsafe { &mut *self.workers[w].get() }
     }
 
     /// Queue `op` on a connection of an available rail (not `avoid`).
@@ -422,13 +391,14 @@ impl Transport for TcpTransport {
     }
 
     fn install(&self, ctx: &InstallContext) -> Result<()> {
-        if ctx.workers > self.workers.len() {
+        if ctx.workers > self.workers.workers() {
             return Err(Error::invalid(format!(
                 "tcp transport built for {} workers, engine has {}",
-                self.workers.len(),
+                self.workers.workers(),
                 ctx.workers
             )));
         }
+        self.workers.bind(ctx.engine)?;
         let rails = self.rails.clone();
         let on_event = move |ev: LinkEvent| {
             let all = rails.lock().expect("rail registry poisoned");
@@ -465,9 +435,11 @@ impl Transport for TcpTransport {
         peer_of(segment).is_some()
     }
 
-    fn submit(&self, worker: usize, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
-        // SAFETY: the engine calls submit for worker `worker` from that worker's thread only.
-        let ws = unsafe { self.worker(worker) };
+    fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+        let mut ws = match self.workers.get(ctx) {
+            Ok(ws) => ws,
+            Err(e) => return out.fill(SubmitOutcome::Rejected(e)),
+        };
         let now = monotonic_ns();
         for (s, o) in slices.iter().zip(out.iter_mut()) {
             let Some(attached) = s.segment.attachment(TransportKind::Tcp) else {
@@ -485,11 +457,16 @@ impl Transport for TcpTransport {
                     continue;
                 }
             };
-            // SAFETY: as above, this is worker `worker`'s thread.
-            let links = unsafe { peer.links(worker) };
+            let mut links = match peer.per_worker.get(ctx) {
+                Ok(l) => l,
+                Err(e) => {
+                    *o = SubmitOutcome::Rejected(e);
+                    continue;
+                }
+            };
             let mut op = Op::new(s.token, s.opcode, s.local, s.remote, s.len, key);
             op.posted_ns = now;
-            *o = match self.post(peer, links, op, None) {
+            *o = match self.post(peer, &mut links, op, None) {
                 Ok(()) => {
                     links.outstanding += 1;
                     if !links.active {
@@ -508,16 +485,23 @@ impl Transport for TcpTransport {
         }
     }
 
-    fn poll(&self, worker: usize, out: &mut [SliceCompletion]) -> usize {
-        // SAFETY: the engine calls poll for worker `worker` from that worker's thread only.
-        let ws = unsafe { self.worker(worker) };
+    fn poll(&self, ctx: &WorkerCtx, out: &mut [SliceCompletion]) -> usize {
+        // Refused at submit too: nothing of this worker's is in flight here.
+        let Ok(mut ws) = self.workers.get(ctx) else {
+            return 0;
+        };
+        let ws = &mut *ws;
         let mut n = 0;
         let mut i = 0;
         let mut now = 0;
         while i < ws.active.len() && n < out.len() {
             let peer = &ws.active[i];
-            // SAFETY: as above, this is worker `worker`'s thread.
-            let links = unsafe { peer.links(worker) };
+            // Opened with this context when the peer joined `active`.
+            let Ok(mut guard) = peer.per_worker.get(ctx) else {
+                i += 1;
+                continue;
+            };
+            let links = &mut *guard;
             let before = n;
             for e in 0..links.ends.len() {
                 while n < out.len() {
@@ -564,8 +548,12 @@ impl Transport for TcpTransport {
             if n > before {
                 peer.review(now);
             }
-            if links.outstanding == 0 {
+            let drained = links.outstanding == 0;
+            if drained {
                 links.active = false;
+            }
+            drop(guard);
+            if drained {
                 ws.active.swap_remove(i);
             } else {
                 i += 1;
