@@ -13,11 +13,13 @@
 //! the wire per connection: a large transfer queues in `submit` instead of
 //! piling up in socket buffers (UCX's unbounded puts collapse that way).
 //!
-//! When the socket fails, the receiver completes every slice in `inflight`
-//! with the failure's kind (`RouteLost` when the rail's link went down) and
-//! hands its ring ends back to the sender through its join handle; the
-//! sender reconnects on the next slice. Slices still in `submit` were never
-//! sent, so they are never reported twice.
+//! When the socket fails, the connection is aborted ([`Conn::abort`]): the
+//! receiver stops and hands its ring ends back to the sender through its
+//! join handle; the sender resets the socket (RST: the kernel drops what it
+//! still had queued) and only then completes every slice that was in
+//! flight with the failure's kind (`RouteLost` when the rail's link went
+//! down); it reconnects on the next slice. Slices still in `submit` were
+//! never sent, so they are never reported twice.
 //!
 //! A connection opens with the [`handshake`] (proof of
 //! the shared secret when one is set). A target with no room says
@@ -161,7 +163,6 @@ pub struct Conn {
     bell: Doorbell,
     sleeping: AtomicBool,
     broken: AtomicBool,
-    sender_done: AtomicBool,
     stop: AtomicBool,
     /// Why the sender broke the link (an `ErrorKind` code, 0 = none).
     cause: AtomicU16,
@@ -200,15 +201,31 @@ impl Conn {
         }
     }
 
-    /// Fail the connection now: its in-flight slices complete with
-    /// `cause` and the next slice reconnects.
-    pub fn break_link(&self, cause: ErrorKind) {
+    /// Abort the connection now, from any thread, without blocking: its
+    /// in-flight slices complete with `cause` (`RouteLost` whenever the
+    /// rail's link is down, `Shutdown` when the connection is stopping) and
+    /// the next slice reconnects. The link watch calls it when a rail's
+    /// link goes down; the sender and the receiver when the socket fails.
+    ///
+    /// The socket is reset, never closed gracefully: `SO_LINGER {on, 0}`,
+    /// then `shutdown` wakes the sender out of `sendmsg` and the receiver
+    /// out of `recv`, and the sender closes it, which sends RST and makes
+    /// the kernel discard its send queue. A graceful close would leave the
+    /// kernel retransmitting queued WRITE payload for up to
+    /// `TCP_USER_TIMEOUT`, to land, once the link is back, over what a
+    /// re-posted slice and later WRITEs put there since.
+    ///
+    /// Guarantee: each completion this produces is pushed to `done` only
+    /// after the socket is closed and the receiver thread has returned, so
+    /// once the worker pops it, neither thread of this connection (nor the
+    /// kernel on its behalf) touches that slice's buffer again.
+    pub fn abort(&self, cause: ErrorKind) {
         let _ = self
             .cause
             .compare_exchange(0, cause.code(), Ordering::AcqRel, Ordering::Relaxed);
         self.broken.store(true, Ordering::Release);
         if let Some(s) = self.stream.lock().expect("conn stream poisoned").as_ref() {
-            let _ = s.shutdown(std::net::Shutdown::Both);
+            reset(s);
         }
         self.bell.ring();
     }
@@ -232,6 +249,13 @@ impl Conn {
             c => ErrorKind::from_code(c).unwrap_or(own),
         }
     }
+}
+
+/// Make closing `s` reset the connection (`SO_LINGER {on, 0}`: RST, send
+/// queue discarded) and wake whoever blocks on it now.
+fn reset(s: &TcpStream) {
+    let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
+    let _ = s.shutdown(std::net::Shutdown::Both);
 }
 
 /// The worker's ends of a connection; dropping them stops its threads.
@@ -277,7 +301,6 @@ pub fn open(
         bell: Doorbell::default(),
         sleeping: AtomicBool::new(false),
         broken: AtomicBool::new(false),
-        sender_done: AtomicBool::new(false),
         stop: AtomicBool::new(false),
         cause: AtomicU16::new(0),
         stream: Mutex::new(None),
@@ -310,6 +333,15 @@ pub fn open(
 
 type Parts = (Consumer<Op>, Producer<Op>);
 
+/// What a receiver hands back when it stops.
+struct Stopped {
+    parts: Parts,
+    /// A slice it had taken from `inflight` but not completed.
+    pending: Option<Op>,
+    /// What its socket said.
+    own: ErrorKind,
+}
+
 struct Sender {
     conn: Arc<Conn>,
     submit: Consumer<Op>,
@@ -317,7 +349,7 @@ struct Sender {
     inflight_cap: usize,
     /// The receiver's ring ends while no receiver runs.
     parts: Option<Parts>,
-    receiver: Option<JoinHandle<Parts>>,
+    receiver: Option<JoinHandle<Stopped>>,
     stream: Option<Arc<TcpStream>>,
     seq: u32,
     /// A slice popped but not sent: the target was busy.
@@ -500,8 +532,8 @@ impl Sender {
         };
         // SAFETY: a WRITE's local range was checked against its registration by the engine, which keeps the task (and its region) alive until this slice completes.
         if let Err(e) = unsafe { io::send_all(&**stream, &req, payload, len) } {
-            // The op is in `inflight`: the receiver completes it.
-            self.conn.break_link(io::kind_of(&e));
+            // The op is in `inflight`: teardown completes it.
+            self.conn.abort(io::kind_of(&e));
         }
     }
 
@@ -534,22 +566,47 @@ impl Sender {
         }
     }
 
-    /// Close the socket and take the ring ends back from the receiver,
-    /// which has completed everything in flight by then.
+    /// Close the socket, take the ring ends back from the receiver, then
+    /// complete what was in flight with the failure's kind. A connection
+    /// that failed or still has slices in flight is reset (see
+    /// [`Conn::abort`]); an idle one (replaced, or stopping) closes
+    /// gracefully.
     fn teardown(&mut self) {
         let Some(stream) = self.stream.take() else {
             return;
         };
-        let _ = stream.shutdown(std::net::Shutdown::Both);
         *self.conn.stream.lock().expect("conn stream poisoned") = None;
-        // Release: every push to `inflight` happens-before the receiver's
-        // final drain, which starts after it sees this flag.
-        self.conn.sender_done.store(true, Ordering::Release);
-        if let Some(h) = self.receiver.take() {
-            let parts = h.join().expect("tcp receiver panicked");
-            self.parts = Some(parts);
+        let failed = self.conn.broken.load(Ordering::Acquire);
+        // Wakes the receiver (and is all a graceful close needs).
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+        let Stopped {
+            parts: (mut infl, mut done),
+            pending,
+            own,
+        } = self
+            .receiver
+            .take()
+            .expect("a receiver runs while connected")
+            .join()
+            .expect("tcp receiver panicked");
+        if failed || pending.is_some() || !infl.is_empty() {
+            reset(&stream);
         }
-        self.conn.sender_done.store(false, Ordering::Relaxed);
+        // The last reference (the receiver dropped its own): the socket
+        // closes here, before any slice that was on it completes.
+        drop(stream);
+        let kind = self.conn.failure_kind(own);
+        let mut any = false;
+        for op in pending.into_iter().chain(std::iter::from_fn(|| infl.pop())) {
+            push_done(&mut done, op.fail(kind));
+            any = true;
+        }
+        if any {
+            infl.sync();
+            done.sync();
+            self.conn.completed();
+        }
+        self.parts = Some((infl, done));
         self.conn.broken.store(false, Ordering::Relaxed);
         self.conn.cause.store(0, Ordering::Relaxed);
     }
@@ -571,14 +628,15 @@ fn push_done(done: &mut Producer<Op>, mut op: Op) {
 }
 
 /// The receiver thread: match responses to in-flight slices, land READ
-/// payloads in local memory, complete slices; on failure complete the rest
-/// and give the ring ends back.
+/// payloads in local memory, complete slices; on failure abort the
+/// connection and hand the ring ends back (the sender completes the rest
+/// once the socket is closed).
 fn receive(
     conn: Arc<Conn>,
     s: Arc<TcpStream>,
     mut inflight: Consumer<Op>,
     mut done: Producer<Op>,
-) -> Parts {
+) -> Stopped {
     let mut pending = None;
     let own = loop {
         let h = match io::recv_header::<RESPONSE_LEN>(&*s, io::NO_STALL_LIMIT) {
@@ -631,27 +689,14 @@ fn receive(
         conn.completed();
         conn.wake();
     };
-    conn.broken.store(true, Ordering::Release);
-    let _ = s.shutdown(std::net::Shutdown::Both);
-    let kind = conn.failure_kind(own);
-    tracing::debug!(remote = %conn.endpoint.remote, %kind, "tcp data connection failed");
-    if let Some(op) = pending {
-        push_done(&mut done, op.fail(kind));
-    }
-    loop {
-        // Acquire: pairs with the sender's Release store; after it, no
-        // slice enters `inflight` until a new receiver runs.
-        let last = conn.sender_done.load(Ordering::Acquire);
-        while let Some(op) = inflight.pop() {
-            push_done(&mut done, op.fail(kind));
-        }
-        inflight.sync();
-        done.sync();
-        conn.completed();
-        if last {
-            return (inflight, done);
-        }
-        conn.bell.ring();
-        std::thread::sleep(Duration::from_micros(200));
+    tracing::debug!(remote = %conn.endpoint.remote, kind = %own, "tcp data connection failed");
+    // Wakes the sender (out of `sendmsg` too), which closes the socket,
+    // then completes what was in flight. (After the sender's own teardown
+    // began, the socket is no longer the connection's: nothing to reset.)
+    conn.abort(own);
+    Stopped {
+        parts: (inflight, done),
+        pending,
+        own,
     }
 }
