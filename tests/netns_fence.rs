@@ -134,6 +134,7 @@ fn netns_fence_initiator_child() {
     tent::netlink::set_link(index, false).unwrap();
     let down = Instant::now();
     let v1_result = ring.wait_one(Duration::from_secs(30)).unwrap().result();
+    let v1_ms = down.elapsed().as_millis();
     let moved = rail(&dead_if).moved;
 
     // Version 2 over the surviving rail.
@@ -153,7 +154,7 @@ fn netns_fence_initiator_child() {
         .count();
     let first = (0..got.len()).find(|&i| got[i] != v2[i]);
     say(&format!(
-        "RESULT v1={v1_result:?} v2={v2_result:?} read={read_result:?} moved={moved} down_ms={down_ms} stale_bytes={stale} stale_v1_bytes={stale_v1} first_stale={first:?}"
+        "RESULT v1={v1_result:?} v2={v2_result:?} read={read_result:?} moved={moved} v1_after_down_ms={v1_ms} down_ms={down_ms} stale_bytes={stale} stale_v1_bytes={stale_v1} first_stale={first:?}"
     ));
 }
 
