@@ -21,24 +21,33 @@
 //! down); it reconnects on the next slice. Slices still in `submit` were
 //! never sent, so they are never reported twice.
 //!
+//! A WRITE that was sent on a connection that then failed remembers it
+//! ([`Op::fence`]); wherever the slice is re-posted, a [`Fence`] for that
+//! connection goes ahead of it, so the target lets the superseded
+//! connection write nothing more before it serves the slice (bytes of it
+//! still on their way, or queued in the target's socket, cannot land over
+//! the slice or anything written after it).
+//!
 //! A connection opens with the [`handshake`] (proof of
-//! the shared secret when one is set). A target with no room says
+//! the shared secret when one is set), naming itself: this process's
+//! session and a fresh connection id ([`Ident`]). A target with no room says
 //! [`BUSY`]: the slice waits and the sender retries with a growing pause
 //! (back-pressure, no fault of the rail) until the slice's patience runs
 //! out (`Timeout`). A connection idle for [`RECONNECT_IDLE`] is replaced
 //! before its next slice, so a target closing idle connections never races
 //! a request.
 
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tent_rings::spsc::{self, Consumer, Entry, Producer};
 use tent_rings::{ErrorKind, Opcode};
 
-use super::frame::{BUSY, RESPONSE_LEN, Request, Response};
+use super::frame::{BUSY, Fence, Ident, RESPONSE_LEN, Request, Response, SESSION_LEN};
 use super::server::tune;
 use super::{handshake, io};
 use crate::clock::monotonic_ns;
@@ -97,7 +106,10 @@ pub struct Op {
     pub rail: u16,
     /// Slices ahead of it on its rail when posted (bandwidth estimate).
     pub ahead: u16,
-    _pad: [u8; 4],
+    /// A WRITE only: the connection it last left after it was sent there
+    /// (0: none). Set when the connection fails; wherever the slice is
+    /// re-posted, a fence for that connection goes ahead of it.
+    pub fence: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<Op>() == 64);
@@ -142,6 +154,87 @@ impl Op {
         self.status = kind.code();
         self
     }
+}
+
+/// This process's session, named in every connection's hello: a target
+/// lets a connection fence only connections of its own session.
+fn session() -> [u8; SESSION_LEN] {
+    static SESSION: OnceLock<[u8; SESSION_LEN]> = OnceLock::new();
+    *SESSION.get_or_init(|| {
+        let mut s = [0u8; SESSION_LEN];
+        s.copy_from_slice(&crate::control::auth::nonce()[..SESSION_LEN]);
+        s
+    })
+}
+
+/// A fresh connection id in this process's session (never 0; unique
+/// until 2^32 connections have opened).
+fn next_conn_id() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    loop {
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+/// Fences owed beyond the connection a slice left: `(b, a)` says a WRITE
+/// failed on connection `b` after it was sent there behind a fence for
+/// `a`. That fence may never have reached the target, so wherever the
+/// slice goes next, `a` is fenced too (and what `a` owed). Touched only
+/// when a moved slice is sent, or fails again.
+static OWED: Mutex<VecDeque<(u32, u32)>> = Mutex::new(VecDeque::new());
+/// Pairs kept in [`OWED`] (oldest forgotten first: it takes that many
+/// slices failing twice before the first is served).
+const OWED_MAX: usize = 256;
+/// Fences sent ahead of one slice, at most.
+const FENCES_MAX: usize = 8;
+
+/// Remember that connection `b` owes the fence of `a`.
+fn owe(b: u32, a: u32) {
+    let mut owed = OWED.lock().expect("owed fences poisoned");
+    if owed.contains(&(b, a)) {
+        return;
+    }
+    if owed.len() >= OWED_MAX {
+        owed.pop_front();
+        crate::lograte::warn_limited!(
+            "tcp-owed-fences",
+            limit = OWED_MAX,
+            "tcp: too many slices moved twice; the oldest owed fence is forgotten"
+        );
+    }
+    owed.push_back((b, a));
+}
+
+/// The connections to fence ahead of a slice that left `conn`: `conn`,
+/// then what it owes, transitively (at most [`FENCES_MAX`]).
+fn fences_for(conn: u32, out: &mut [u32; FENCES_MAX]) -> usize {
+    out[0] = conn;
+    let mut n = 1;
+    let owed = OWED.lock().expect("owed fences poisoned");
+    let mut i = 0;
+    while i < n {
+        let c = out[i];
+        i += 1;
+        for &(b, a) in owed.iter() {
+            if b != c || out[..n].contains(&a) {
+                continue;
+            }
+            if n == FENCES_MAX {
+                crate::lograte::warn_limited!(
+                    "tcp-fence-chain",
+                    limit = FENCES_MAX,
+                    "tcp: a slice moved more often than fences are sent ahead of it; the oldest are left out"
+                );
+                return n;
+            }
+            out[n] = a;
+            n += 1;
+        }
+    }
+    n
 }
 
 /// A rail as a connection sees it: where to connect from and to, and
@@ -314,6 +407,7 @@ pub fn open(
         parts: Some((infl_c, done_p)),
         receiver: None,
         stream: None,
+        conn_id: 0,
         seq: 0,
         held: None,
         last_post_ns: 0,
@@ -351,6 +445,8 @@ struct Sender {
     parts: Option<Parts>,
     receiver: Option<JoinHandle<Stopped>>,
     stream: Option<Arc<TcpStream>>,
+    /// The connected socket's id in this process's session (0: none).
+    conn_id: u32,
     seq: u32,
     /// A slice popped but not sent: the target was busy.
     held: Option<Op>,
@@ -477,8 +573,13 @@ impl Sender {
         let stream: TcpStream = sock.into();
         tune(&stream, self.conn.opts.user_timeout_ms);
         let deadline = started + self.conn.opts.connect_timeout;
+        let ident = Ident {
+            session: session(),
+            conn: next_conn_id(),
+        };
         // The handshake leaves the socket's timeouts alone: reads block.
-        if let Err(r) = handshake::open(&stream, self.conn.opts.secret.as_deref(), deadline) {
+        if let Err(r) = handshake::open(&stream, self.conn.opts.secret.as_deref(), deadline, ident)
+        {
             self.note(r.kind, &r.why);
             return Err(r.kind);
         }
@@ -507,7 +608,8 @@ impl Sender {
         self.conn.cause.store(0, Ordering::Relaxed);
         self.conn.broken.store(false, Ordering::Release);
         self.stream = Some(stream);
-        tracing::debug!(remote = %ep.remote, local = %ep.local_ip, "tcp data connection up");
+        self.conn_id = ident.conn;
+        tracing::debug!(remote = %ep.remote, local = %ep.local_ip, conn = ident.conn, "tcp data connection up");
         Ok(())
     }
 
@@ -526,6 +628,17 @@ impl Sender {
         }
         .encode();
         let stream = self.stream.as_ref().expect("connected");
+        if op.fence != 0 {
+            // A moved WRITE: its old connections write no more first.
+            let mut fences = [0u32; FENCES_MAX];
+            let n = fences_for(op.fence, &mut fences);
+            for &conn in &fences[..n] {
+                if let Err(e) = io::send_header(&**stream, &Fence { conn }.encode()) {
+                    self.conn.abort(io::kind_of(&e));
+                    return;
+                }
+            }
+        }
         let (payload, len) = match op.opcode() {
             Opcode::Write => (op.local as *const u8, op.len as usize),
             Opcode::Read => (std::ptr::null(), 0),
@@ -566,6 +679,19 @@ impl Sender {
         }
     }
 
+    /// `op`, sent on this connection, leaves it unfinished: a WRITE
+    /// remembers the connection (and what a fence it carried here owed),
+    /// so that wherever it is re-posted the target fences them first.
+    fn left(&self, mut op: Op) -> Op {
+        if op.opcode() == Opcode::Write {
+            if op.fence != 0 && op.fence != self.conn_id {
+                owe(self.conn_id, op.fence);
+            }
+            op.fence = self.conn_id;
+        }
+        op
+    }
+
     /// Close the socket, take the ring ends back from the receiver, then
     /// complete what was in flight with the failure's kind. A connection
     /// that failed or still has slices in flight is reset (see
@@ -598,7 +724,7 @@ impl Sender {
         let kind = self.conn.failure_kind(own);
         let mut any = false;
         for op in pending.into_iter().chain(std::iter::from_fn(|| infl.pop())) {
-            push_done(&mut done, op.fail(kind));
+            push_done(&mut done, self.left(op).fail(kind));
             any = true;
         }
         if any {
@@ -607,6 +733,7 @@ impl Sender {
             self.conn.completed();
         }
         self.parts = Some((infl, done));
+        self.conn_id = 0;
         self.conn.broken.store(false, Ordering::Relaxed);
         self.conn.cause.store(0, Ordering::Relaxed);
     }
@@ -698,5 +825,43 @@ fn receive(
         parts: (inflight, done),
         pending,
         own,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slice_moved_twice_fences_every_connection_it_left() {
+        let fences = |conn| {
+            let mut out = [0u32; FENCES_MAX];
+            let n = fences_for(conn, &mut out);
+            out[..n].to_vec()
+        };
+        let (a, b, c) = (next_conn_id(), next_conn_id(), next_conn_id());
+        assert_eq!(fences(a), [a]);
+        // Failed on b behind a fence for a, then on c behind one for b.
+        owe(b, a);
+        owe(c, b);
+        owe(c, b);
+        assert_eq!(fences(c), [c, b, a]);
+        // The walk ends even on a cycle.
+        owe(a, c);
+        assert_eq!(fences(c), [c, b, a]);
+    }
+
+    #[test]
+    fn fences_ahead_of_one_slice_are_bounded() {
+        let first = next_conn_id();
+        let mut last = first;
+        for _ in 0..2 * FENCES_MAX {
+            let next = next_conn_id();
+            owe(next, last);
+            last = next;
+        }
+        let mut out = [0u32; FENCES_MAX];
+        assert_eq!(fences_for(last, &mut out), FENCES_MAX);
+        assert_eq!(out[0], last);
     }
 }
