@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use common::{pattern, reap, test_config};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use tent::transport::tcp::frame::{DATA_VERSION, RESPONSE_LEN, Request, Response};
+use tent::transport::tcp::frame::{DATA_VERSION, HELLO_LEN, RESPONSE_LEN, Request, Response};
 use tent::{Engine, ErrorKind, LocalAddr, Opcode, RemoteAddr, op};
 
 const SECRET: &str = "0123456789abcdef-tent-data";
@@ -36,7 +36,8 @@ fn engine_with(secret: &str, shm: bool) -> Engine {
 /// The data door's proof, written from the protocol's description:
 /// MAC(secret, label, server nonce, client nonce, binding length (u64 LE),
 /// binding), the binding being the server's address as dialed (IPv4 as
-/// IPv4-mapped IPv6, then the port big-endian).
+/// IPv4-mapped IPv6, then the port big-endian), then the initiator's
+/// ident from its hello (session, connection id u32 LE: [`IDENT`]).
 fn mac(
     secret: &[u8],
     label: &[u8],
@@ -50,6 +51,7 @@ fn mac(
     };
     let mut binding = ip.octets().to_vec();
     binding.extend_from_slice(&server.port().to_be_bytes());
+    binding.extend_from_slice(&IDENT);
     let mut m = Hmac::<Sha256>::new_from_slice(secret).unwrap();
     m.update(label);
     m.update(server_nonce);
@@ -58,6 +60,13 @@ fn mac(
     m.update(&binding);
     m.finalize().into_bytes().into()
 }
+
+/// What these clients' hellos name them (from version 3 on): session
+/// (16 bytes), connection id (u32 LE, not 0).
+const IDENT: [u8; 20] = [
+    0x1d, 0x1d, 0x1d, 0x1d, 0x1d, 0x1d, 0x1d, 0x1d, 0x1d, 0x1d, 0x1d, 0x1d, 0x1d, 0x1d, 0x1d, 0x1d,
+    1, 0, 0, 0,
+];
 
 /// A 16-byte hello header: magic, version, status, flags.
 fn hello_header(version: u16) -> Vec<u8> {
@@ -84,13 +93,25 @@ fn connect(addr: SocketAddr) -> TcpStream {
     s
 }
 
-/// Say hello in the library's data protocol version (with a client nonce
-/// from version 2 on); the server's hello, if it sent one.
-fn hello(s: &mut TcpStream, nonce: &[u8; 32]) -> Option<ServerHello> {
-    let mut h = hello_header(DATA_VERSION);
-    if DATA_VERSION >= 2 {
+/// The rest of a hello after its header in `version`: the nonce from
+/// version 2 on, the ident and 4 reserved bytes from version 3 on.
+fn hello_rest(version: u16, nonce: &[u8; 32], ident: &[u8; 20]) -> Vec<u8> {
+    let mut h = Vec::new();
+    if version >= 2 {
         h.extend_from_slice(nonce);
     }
+    if version >= 3 {
+        h.extend_from_slice(ident);
+        h.extend_from_slice(&[0; 4]);
+    }
+    h
+}
+
+/// Say hello in the library's data protocol version; the server's hello,
+/// if it sent one.
+fn hello(s: &mut TcpStream, nonce: &[u8; 32]) -> Option<ServerHello> {
+    let mut h = hello_header(DATA_VERSION);
+    h.extend_from_slice(&hello_rest(DATA_VERSION, nonce, &IDENT));
     let _ = s.write_all(&h);
     let mut b = [0u8; 16];
     s.read_exact(&mut b).ok()?;
@@ -103,6 +124,10 @@ fn hello(s: &mut TcpStream, nonce: &[u8; 32]) -> Option<ServerHello> {
     };
     if version >= 2 {
         s.read_exact(&mut reply.nonce).ok()?;
+    }
+    if version >= 3 {
+        let mut ident = [0u8; 24];
+        s.read_exact(&mut ident).ok()?;
     }
     Some(reply)
 }
@@ -614,12 +639,12 @@ fn one_request_per_connection(
             };
             s.set_nonblocking(false).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            let mut h = [0u8; 48];
+            let mut h = [0u8; HELLO_LEN];
             if s.read_exact(&mut h).is_err() {
                 continue;
             }
             let mut reply = hello_header(DATA_VERSION);
-            reply.extend_from_slice(&[0x33; 32]);
+            reply.extend_from_slice(&hello_rest(DATA_VERSION, &[0x33; 32], &[0; 20]));
             s.write_all(&reply).unwrap();
             let mut r = [0u8; 32];
             if s.read_exact(&mut r).is_err() {

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use common::{pattern, test_config};
 use tent::control::wire::{self, Message, RailEntry};
-use tent::transport::tcp::frame::{DATA_VERSION, RESPONSE_LEN, Request, Response};
+use tent::transport::tcp::frame::{
+    DATA_VERSION, HELLO_LEN, Ident, PROOF_LEN, RESPONSE_LEN, Request, Response,
+};
 use tent::{Engine, LocalAddr, Opcode, RemoteAddr, op};
 
 const SECRET: &str = "0123456789abcdef-tent-review";
@@ -37,19 +39,23 @@ fn req(opcode: Opcode, seq: u32, addr: u64, len: u64, key: u64) -> [u8; 32] {
     .encode()
 }
 
+/// A hello: header, nonce, ident (session, connection 1), reserved.
 fn hello_frame(nonce: &[u8; 32]) -> Vec<u8> {
     let mut b = Vec::from(*b"TENTDATA");
     b.extend_from_slice(&DATA_VERSION.to_le_bytes());
     b.extend_from_slice(&0u16.to_le_bytes());
     b.extend_from_slice(&0u32.to_le_bytes());
     b.extend_from_slice(nonce);
+    b.extend_from_slice(&[0x42; 16]);
+    b.extend_from_slice(&1u32.to_le_bytes());
+    b.extend_from_slice(&[0; 4]);
     b
 }
 
 /// Hello without a secret; the server's hello status.
 fn raw_hello(s: &mut TcpStream) -> u16 {
     s.write_all(&hello_frame(&[0x42; 32])).unwrap();
-    let mut b = [0u8; 48];
+    let mut b = [0u8; HELLO_LEN];
     s.read_exact(&mut b).unwrap();
     u16::from_le_bytes([b[10], b[11]])
 }
@@ -103,12 +109,12 @@ fn relay_control(
 /// to the real data server; the upstream connection, proven for us.
 fn relay_data_handshake(victim: &mut TcpStream, real: SocketAddr) -> TcpStream {
     let mut up = TcpStream::connect(real).unwrap();
-    copy_exact(victim, &mut up, 48).unwrap();
-    let theirs = copy_exact(&mut up, victim, 48).unwrap();
+    copy_exact(victim, &mut up, HELLO_LEN).unwrap();
+    let theirs = copy_exact(&mut up, victim, HELLO_LEN).unwrap();
     let flags = u32::from_le_bytes([theirs[12], theirs[13], theirs[14], theirs[15]]);
     if flags & 1 != 0 {
-        copy_exact(victim, &mut up, 48).unwrap();
-        copy_exact(&mut up, victim, 48).unwrap();
+        copy_exact(victim, &mut up, PROOF_LEN).unwrap();
+        copy_exact(&mut up, victim, PROOF_LEN).unwrap();
     }
     up
 }
@@ -206,6 +212,10 @@ fn relay_without_the_secret_cannot_write_target_memory() {
         &s,
         Some(SECRET.as_bytes()),
         std::time::Instant::now() + Duration::from_secs(5),
+        Ident {
+            session: [0x42; 16],
+            conn: 1,
+        },
     );
     let got = attacker.join().unwrap();
     let mut now = vec![0u8; 64];

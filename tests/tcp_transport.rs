@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{pattern, reap, test_config};
 use tent::transport::tcp::frame::{
-    HELLO_LEN, Hello, MAX_OP_LEN, REQUEST_LEN, RESPONSE_LEN, Request, Response,
+    HELLO_LEN, Hello, Ident, MAX_OP_LEN, REQUEST_LEN, RESPONSE_LEN, Request, Response,
 };
 use tent::{Engine, ErrorKind, LocalAddr, Opcode, RemoteAddr, TransportKind, op};
 
@@ -197,6 +197,10 @@ fn hello() -> Hello {
         status: 0,
         flags: 0,
         nonce: [7; 32],
+        ident: Ident {
+            session: [7; 16],
+            conn: 1,
+        },
     }
 }
 

@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{pattern, reap, test_config};
-use tent::transport::tcp::frame::{HELLO_LEN, Hello, REQUEST_LEN, RESPONSE_LEN, Request, Response};
+use tent::transport::tcp::frame::{
+    HELLO_LEN, Hello, Ident, REQUEST_LEN, RESPONSE_LEN, Request, Response,
+};
 use tent::transport::{
     Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
 };
@@ -363,6 +365,10 @@ fn raw_client(target: &Engine) -> TcpStream {
         status: 0,
         flags: 0,
         nonce: [3; 32],
+        ident: Ident {
+            session: [3; 16],
+            conn: 1,
+        },
     };
     s.write_all(&hello.encode()).unwrap();
     let mut h = [0u8; HELLO_LEN];

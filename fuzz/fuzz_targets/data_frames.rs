@@ -2,14 +2,16 @@
 //! succeeds must round-trip through `encode`, and no decoded length may
 //! exceed `MAX_OP_LEN`. Each decoder reads the input's first bytes (padded
 //! with zeros when short), so one input exercises all of them: request,
-//! response, the v2 hello (header alone and whole) and the proof frame of
-//! the authenticated handshake.
+//! fence and what the target reads after the handshake (`Inbound`: one or
+//! the other, by magic), response, the v3 hello (header alone and whole,
+//! with the initiator's ident) and the proof frame of the authenticated
+//! handshake.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use tent::transport::tcp::frame::{
-    HELLO_HEADER_LEN, HELLO_LEN, Hello, MAX_OP_LEN, PROOF_LEN, Proof, REQUEST_LEN, RESPONSE_LEN,
-    Request, Response,
+    Fence, HELLO_HEADER_LEN, HELLO_LEN, Hello, Inbound, MAX_OP_LEN, PROOF_LEN, Proof,
+    REQUEST_LEN, RESPONSE_LEN, Request, Response,
 };
 
 fn prefix<const N: usize>(data: &[u8]) -> [u8; N] {
@@ -23,6 +25,23 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(req) = Request::decode(&prefix::<REQUEST_LEN>(data)) {
         assert!(req.len <= MAX_OP_LEN, "request len {} above MAX_OP_LEN", req.len);
         assert_eq!(Request::decode(&req.encode()), Ok(req), "request round trip");
+    }
+    let head = prefix::<REQUEST_LEN>(data);
+    if let Ok(fence) = Fence::decode(&head) {
+        assert_eq!(Fence::decode(&fence.encode()), Ok(fence), "fence round trip");
+        assert_eq!(fence.encode(), head, "a fence has one encoding");
+    }
+    match Inbound::decode(&head) {
+        Ok(Inbound::Request(req)) => {
+            assert_eq!(Request::decode(&head), Ok(req), "inbound request = request");
+        }
+        Ok(Inbound::Fence(fence)) => {
+            assert_eq!(Fence::decode(&head), Ok(fence), "inbound fence = fence");
+        }
+        Err(_) => assert!(
+            Request::decode(&head).is_err() && Fence::decode(&head).is_err(),
+            "inbound refuses only what both refuse"
+        ),
     }
     if let Ok(resp) = Response::decode(&prefix::<RESPONSE_LEN>(data)) {
         assert!(resp.len <= MAX_OP_LEN, "response len {} above MAX_OP_LEN", resp.len);

@@ -13,30 +13,41 @@
 //! the wire per connection: a large transfer queues in `submit` instead of
 //! piling up in socket buffers (UCX's unbounded puts collapse that way).
 //!
-//! When the socket fails, the receiver completes every slice in `inflight`
-//! with the failure's kind (`RouteLost` when the rail's link went down) and
-//! hands its ring ends back to the sender through its join handle; the
-//! sender reconnects on the next slice. Slices still in `submit` were never
-//! sent, so they are never reported twice.
+//! When the socket fails, the connection is aborted ([`Conn::abort`]): the
+//! receiver stops and hands its ring ends back to the sender through its
+//! join handle; the sender resets the socket (RST: the kernel drops what it
+//! still had queued) and only then completes every slice that was in
+//! flight with the failure's kind (`RouteLost` when the rail's link went
+//! down); it reconnects on the next slice. Slices still in `submit` were
+//! never sent, so they are never reported twice.
+//!
+//! A WRITE that was sent on a connection that then failed remembers it
+//! ([`Op::fence`]); wherever the slice is re-posted, a [`Fence`] for that
+//! connection goes ahead of it, so the target lets the superseded
+//! connection write nothing more before it serves the slice (bytes of it
+//! still on their way, or queued in the target's socket, cannot land over
+//! the slice or anything written after it).
 //!
 //! A connection opens with the [`handshake`] (proof of
-//! the shared secret when one is set). A target with no room says
+//! the shared secret when one is set), naming itself: this process's
+//! session and a fresh connection id ([`Ident`]). A target with no room says
 //! [`BUSY`]: the slice waits and the sender retries with a growing pause
 //! (back-pressure, no fault of the rail) until the slice's patience runs
 //! out (`Timeout`). A connection idle for [`RECONNECT_IDLE`] is replaced
 //! before its next slice, so a target closing idle connections never races
 //! a request.
 
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tent_rings::spsc::{self, Consumer, Entry, Producer};
 use tent_rings::{ErrorKind, Opcode};
 
-use super::frame::{BUSY, RESPONSE_LEN, Request, Response};
+use super::frame::{BUSY, Fence, Ident, RESPONSE_LEN, Request, Response, SESSION_LEN};
 use super::server::tune;
 use super::{handshake, io};
 use crate::clock::monotonic_ns;
@@ -95,7 +106,10 @@ pub struct Op {
     pub rail: u16,
     /// Slices ahead of it on its rail when posted (bandwidth estimate).
     pub ahead: u16,
-    _pad: [u8; 4],
+    /// A WRITE only: the connection it last left after it was sent there
+    /// (0: none). Set when the connection fails; wherever the slice is
+    /// re-posted, a fence for that connection goes ahead of it.
+    pub fence: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<Op>() == 64);
@@ -142,6 +156,87 @@ impl Op {
     }
 }
 
+/// This process's session, named in every connection's hello: a target
+/// lets a connection fence only connections of its own session.
+fn session() -> [u8; SESSION_LEN] {
+    static SESSION: OnceLock<[u8; SESSION_LEN]> = OnceLock::new();
+    *SESSION.get_or_init(|| {
+        let mut s = [0u8; SESSION_LEN];
+        s.copy_from_slice(&crate::control::auth::nonce()[..SESSION_LEN]);
+        s
+    })
+}
+
+/// A fresh connection id in this process's session (never 0; unique
+/// until 2^32 connections have opened).
+fn next_conn_id() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    loop {
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+/// Fences owed beyond the connection a slice left: `(b, a)` says a WRITE
+/// failed on connection `b` after it was sent there behind a fence for
+/// `a`. That fence may never have reached the target, so wherever the
+/// slice goes next, `a` is fenced too (and what `a` owed). Touched only
+/// when a moved slice is sent, or fails again.
+static OWED: Mutex<VecDeque<(u32, u32)>> = Mutex::new(VecDeque::new());
+/// Pairs kept in [`OWED`] (oldest forgotten first: it takes that many
+/// slices failing twice before the first is served).
+const OWED_MAX: usize = 256;
+/// Fences sent ahead of one slice, at most.
+const FENCES_MAX: usize = 8;
+
+/// Remember that connection `b` owes the fence of `a`.
+fn owe(b: u32, a: u32) {
+    let mut owed = OWED.lock().expect("owed fences poisoned");
+    if owed.contains(&(b, a)) {
+        return;
+    }
+    if owed.len() >= OWED_MAX {
+        owed.pop_front();
+        crate::lograte::warn_limited!(
+            "tcp-owed-fences",
+            limit = OWED_MAX,
+            "tcp: too many slices moved twice; the oldest owed fence is forgotten"
+        );
+    }
+    owed.push_back((b, a));
+}
+
+/// The connections to fence ahead of a slice that left `conn`: `conn`,
+/// then what it owes, transitively (at most [`FENCES_MAX`]).
+fn fences_for(conn: u32, out: &mut [u32; FENCES_MAX]) -> usize {
+    out[0] = conn;
+    let mut n = 1;
+    let owed = OWED.lock().expect("owed fences poisoned");
+    let mut i = 0;
+    while i < n {
+        let c = out[i];
+        i += 1;
+        for &(b, a) in owed.iter() {
+            if b != c || out[..n].contains(&a) {
+                continue;
+            }
+            if n == FENCES_MAX {
+                crate::lograte::warn_limited!(
+                    "tcp-fence-chain",
+                    limit = FENCES_MAX,
+                    "tcp: a slice moved more often than fences are sent ahead of it; the oldest are left out"
+                );
+                return n;
+            }
+            out[n] = a;
+            n += 1;
+        }
+    }
+    n
+}
+
 /// A rail as a connection sees it: where to connect from and to, and
 /// whether its local link is up.
 #[derive(Debug)]
@@ -161,7 +256,6 @@ pub struct Conn {
     bell: Doorbell,
     sleeping: AtomicBool,
     broken: AtomicBool,
-    sender_done: AtomicBool,
     stop: AtomicBool,
     /// Why the sender broke the link (an `ErrorKind` code, 0 = none).
     cause: AtomicU16,
@@ -200,15 +294,31 @@ impl Conn {
         }
     }
 
-    /// Fail the connection now: its in-flight slices complete with
-    /// `cause` and the next slice reconnects.
-    pub fn break_link(&self, cause: ErrorKind) {
+    /// Abort the connection now, from any thread, without blocking: its
+    /// in-flight slices complete with `cause` (`RouteLost` whenever the
+    /// rail's link is down, `Shutdown` when the connection is stopping) and
+    /// the next slice reconnects. The link watch calls it when a rail's
+    /// link goes down; the sender and the receiver when the socket fails.
+    ///
+    /// The socket is reset, never closed gracefully: `SO_LINGER {on, 0}`,
+    /// then `shutdown` wakes the sender out of `sendmsg` and the receiver
+    /// out of `recv`, and the sender closes it, which sends RST and makes
+    /// the kernel discard its send queue. A graceful close would leave the
+    /// kernel retransmitting queued WRITE payload for up to
+    /// `TCP_USER_TIMEOUT`, to land, once the link is back, over what a
+    /// re-posted slice and later WRITEs put there since.
+    ///
+    /// Guarantee: each completion this produces is pushed to `done` only
+    /// after the socket is closed and the receiver thread has returned, so
+    /// once the worker pops it, neither thread of this connection (nor the
+    /// kernel on its behalf) touches that slice's buffer again.
+    pub fn abort(&self, cause: ErrorKind) {
         let _ = self
             .cause
             .compare_exchange(0, cause.code(), Ordering::AcqRel, Ordering::Relaxed);
         self.broken.store(true, Ordering::Release);
         if let Some(s) = self.stream.lock().expect("conn stream poisoned").as_ref() {
-            let _ = s.shutdown(std::net::Shutdown::Both);
+            reset(s);
         }
         self.bell.ring();
     }
@@ -232,6 +342,13 @@ impl Conn {
             c => ErrorKind::from_code(c).unwrap_or(own),
         }
     }
+}
+
+/// Make closing `s` reset the connection (`SO_LINGER {on, 0}`: RST, send
+/// queue discarded) and wake whoever blocks on it now.
+fn reset(s: &TcpStream) {
+    let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
+    let _ = s.shutdown(std::net::Shutdown::Both);
 }
 
 /// The worker's ends of a connection; dropping them stops its threads.
@@ -277,7 +394,6 @@ pub fn open(
         bell: Doorbell::default(),
         sleeping: AtomicBool::new(false),
         broken: AtomicBool::new(false),
-        sender_done: AtomicBool::new(false),
         stop: AtomicBool::new(false),
         cause: AtomicU16::new(0),
         stream: Mutex::new(None),
@@ -291,6 +407,7 @@ pub fn open(
         parts: Some((infl_c, done_p)),
         receiver: None,
         stream: None,
+        conn_id: 0,
         seq: 0,
         held: None,
         last_post_ns: 0,
@@ -310,6 +427,15 @@ pub fn open(
 
 type Parts = (Consumer<Op>, Producer<Op>);
 
+/// What a receiver hands back when it stops.
+struct Stopped {
+    parts: Parts,
+    /// A slice it had taken from `inflight` but not completed.
+    pending: Option<Op>,
+    /// What its socket said.
+    own: ErrorKind,
+}
+
 struct Sender {
     conn: Arc<Conn>,
     submit: Consumer<Op>,
@@ -317,8 +443,10 @@ struct Sender {
     inflight_cap: usize,
     /// The receiver's ring ends while no receiver runs.
     parts: Option<Parts>,
-    receiver: Option<JoinHandle<Parts>>,
+    receiver: Option<JoinHandle<Stopped>>,
     stream: Option<Arc<TcpStream>>,
+    /// The connected socket's id in this process's session (0: none).
+    conn_id: u32,
     seq: u32,
     /// A slice popped but not sent: the target was busy.
     held: Option<Op>,
@@ -445,8 +573,13 @@ impl Sender {
         let stream: TcpStream = sock.into();
         tune(&stream, self.conn.opts.user_timeout_ms);
         let deadline = started + self.conn.opts.connect_timeout;
+        let ident = Ident {
+            session: session(),
+            conn: next_conn_id(),
+        };
         // The handshake leaves the socket's timeouts alone: reads block.
-        if let Err(r) = handshake::open(&stream, self.conn.opts.secret.as_deref(), deadline) {
+        if let Err(r) = handshake::open(&stream, self.conn.opts.secret.as_deref(), deadline, ident)
+        {
             self.note(r.kind, &r.why);
             return Err(r.kind);
         }
@@ -475,7 +608,8 @@ impl Sender {
         self.conn.cause.store(0, Ordering::Relaxed);
         self.conn.broken.store(false, Ordering::Release);
         self.stream = Some(stream);
-        tracing::debug!(remote = %ep.remote, local = %ep.local_ip, "tcp data connection up");
+        self.conn_id = ident.conn;
+        tracing::debug!(remote = %ep.remote, local = %ep.local_ip, conn = ident.conn, "tcp data connection up");
         Ok(())
     }
 
@@ -494,14 +628,25 @@ impl Sender {
         }
         .encode();
         let stream = self.stream.as_ref().expect("connected");
+        if op.fence != 0 {
+            // A moved WRITE: its old connections write no more first.
+            let mut fences = [0u32; FENCES_MAX];
+            let n = fences_for(op.fence, &mut fences);
+            for &conn in &fences[..n] {
+                if let Err(e) = io::send_header(&**stream, &Fence { conn }.encode()) {
+                    self.conn.abort(io::kind_of(&e));
+                    return;
+                }
+            }
+        }
         let (payload, len) = match op.opcode() {
             Opcode::Write => (op.local as *const u8, op.len as usize),
             Opcode::Read => (std::ptr::null(), 0),
         };
         // SAFETY: a WRITE's local range was checked against its registration by the engine, which keeps the task (and its region) alive until this slice completes.
         if let Err(e) = unsafe { io::send_all(&**stream, &req, payload, len) } {
-            // The op is in `inflight`: the receiver completes it.
-            self.conn.break_link(io::kind_of(&e));
+            // The op is in `inflight`: teardown completes it.
+            self.conn.abort(io::kind_of(&e));
         }
     }
 
@@ -534,22 +679,61 @@ impl Sender {
         }
     }
 
-    /// Close the socket and take the ring ends back from the receiver,
-    /// which has completed everything in flight by then.
+    /// `op`, sent on this connection, leaves it unfinished: a WRITE
+    /// remembers the connection (and what a fence it carried here owed),
+    /// so that wherever it is re-posted the target fences them first.
+    fn left(&self, mut op: Op) -> Op {
+        if op.opcode() == Opcode::Write {
+            if op.fence != 0 && op.fence != self.conn_id {
+                owe(self.conn_id, op.fence);
+            }
+            op.fence = self.conn_id;
+        }
+        op
+    }
+
+    /// Close the socket, take the ring ends back from the receiver, then
+    /// complete what was in flight with the failure's kind. A connection
+    /// that failed or still has slices in flight is reset (see
+    /// [`Conn::abort`]); an idle one (replaced, or stopping) closes
+    /// gracefully.
     fn teardown(&mut self) {
         let Some(stream) = self.stream.take() else {
             return;
         };
-        let _ = stream.shutdown(std::net::Shutdown::Both);
         *self.conn.stream.lock().expect("conn stream poisoned") = None;
-        // Release: every push to `inflight` happens-before the receiver's
-        // final drain, which starts after it sees this flag.
-        self.conn.sender_done.store(true, Ordering::Release);
-        if let Some(h) = self.receiver.take() {
-            let parts = h.join().expect("tcp receiver panicked");
-            self.parts = Some(parts);
+        let failed = self.conn.broken.load(Ordering::Acquire);
+        // Wakes the receiver (and is all a graceful close needs).
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+        let Stopped {
+            parts: (mut infl, mut done),
+            pending,
+            own,
+        } = self
+            .receiver
+            .take()
+            .expect("a receiver runs while connected")
+            .join()
+            .expect("tcp receiver panicked");
+        if failed || pending.is_some() || !infl.is_empty() {
+            reset(&stream);
         }
-        self.conn.sender_done.store(false, Ordering::Relaxed);
+        // The last reference (the receiver dropped its own): the socket
+        // closes here, before any slice that was on it completes.
+        drop(stream);
+        let kind = self.conn.failure_kind(own);
+        let mut any = false;
+        for op in pending.into_iter().chain(std::iter::from_fn(|| infl.pop())) {
+            push_done(&mut done, self.left(op).fail(kind));
+            any = true;
+        }
+        if any {
+            infl.sync();
+            done.sync();
+            self.conn.completed();
+        }
+        self.parts = Some((infl, done));
+        self.conn_id = 0;
         self.conn.broken.store(false, Ordering::Relaxed);
         self.conn.cause.store(0, Ordering::Relaxed);
     }
@@ -571,14 +755,15 @@ fn push_done(done: &mut Producer<Op>, mut op: Op) {
 }
 
 /// The receiver thread: match responses to in-flight slices, land READ
-/// payloads in local memory, complete slices; on failure complete the rest
-/// and give the ring ends back.
+/// payloads in local memory, complete slices; on failure abort the
+/// connection and hand the ring ends back (the sender completes the rest
+/// once the socket is closed).
 fn receive(
     conn: Arc<Conn>,
     s: Arc<TcpStream>,
     mut inflight: Consumer<Op>,
     mut done: Producer<Op>,
-) -> Parts {
+) -> Stopped {
     let mut pending = None;
     let own = loop {
         let h = match io::recv_header::<RESPONSE_LEN>(&*s, io::NO_STALL_LIMIT) {
@@ -631,27 +816,52 @@ fn receive(
         conn.completed();
         conn.wake();
     };
-    conn.broken.store(true, Ordering::Release);
-    let _ = s.shutdown(std::net::Shutdown::Both);
-    let kind = conn.failure_kind(own);
-    tracing::debug!(remote = %conn.endpoint.remote, %kind, "tcp data connection failed");
-    if let Some(op) = pending {
-        push_done(&mut done, op.fail(kind));
+    tracing::debug!(remote = %conn.endpoint.remote, kind = %own, "tcp data connection failed");
+    // Wakes the sender (out of `sendmsg` too), which closes the socket,
+    // then completes what was in flight. (After the sender's own teardown
+    // began, the socket is no longer the connection's: nothing to reset.)
+    conn.abort(own);
+    Stopped {
+        parts: (inflight, done),
+        pending,
+        own,
     }
-    loop {
-        // Acquire: pairs with the sender's Release store; after it, no
-        // slice enters `inflight` until a new receiver runs.
-        let last = conn.sender_done.load(Ordering::Acquire);
-        while let Some(op) = inflight.pop() {
-            push_done(&mut done, op.fail(kind));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slice_moved_twice_fences_every_connection_it_left() {
+        let fences = |conn| {
+            let mut out = [0u32; FENCES_MAX];
+            let n = fences_for(conn, &mut out);
+            out[..n].to_vec()
+        };
+        let (a, b, c) = (next_conn_id(), next_conn_id(), next_conn_id());
+        assert_eq!(fences(a), [a]);
+        // Failed on b behind a fence for a, then on c behind one for b.
+        owe(b, a);
+        owe(c, b);
+        owe(c, b);
+        assert_eq!(fences(c), [c, b, a]);
+        // The walk ends even on a cycle.
+        owe(a, c);
+        assert_eq!(fences(c), [c, b, a]);
+    }
+
+    #[test]
+    fn fences_ahead_of_one_slice_are_bounded() {
+        let first = next_conn_id();
+        let mut last = first;
+        for _ in 0..2 * FENCES_MAX {
+            let next = next_conn_id();
+            owe(next, last);
+            last = next;
         }
-        inflight.sync();
-        done.sync();
-        conn.completed();
-        if last {
-            return (inflight, done);
-        }
-        conn.bell.ring();
-        std::thread::sleep(Duration::from_micros(200));
+        let mut out = [0u32; FENCES_MAX];
+        assert_eq!(fences_for(last, &mut out), FENCES_MAX);
+        assert_eq!(out[0], last);
     }
 }

@@ -3,18 +3,23 @@
 //! The control plane's TLV codec is for rare, extensible messages; data
 //! frames go out once per slice, so they are fixed and cheap to check. A
 //! connection opens with a [`Hello`] each way (each carrying a fresh
-//! nonce); when the target's hello sets [`AUTH_REQUIRED`], a [`Proof`] goes
-//! each way (HMAC of both nonces under the shared secret, data-plane
-//! labels: see `control::auth`). Then the connection carries requests
-//! (initiator → target) and responses (target → initiator) in order: the
-//! target serves one connection's requests one after another, so a response
-//! always answers the oldest outstanding request (`seq` confirms it).
+//! nonce; the initiator's also names it: its session and this connection,
+//! an [`Ident`]); when the target's hello sets [`AUTH_REQUIRED`], a
+//! [`Proof`] goes each way (HMAC of both nonces and the initiator's
+//! ident under the shared secret, data-plane labels: see `control::auth`).
+//! Then the connection carries requests and fences (initiator → target)
+//! and responses (target → initiator) in order: the target serves one
+//! connection's requests one after another, so a response always answers
+//! the oldest outstanding request (`seq` confirms it). A fence gets no
+//! response.
 //!
 //! ```text
-//! hello    : "TENTDATA" | version u16 | status u16 | flags u32 | nonce [32]  (48 B)
+//! hello    : "TENTDATA" | version u16 | status u16 | flags u32 | nonce [32]
+//!            | session [16] | conn u32 | 0 u32                           (72 B)
 //! proof    : "TENTAUTH" | version u16 | status u16 | 0 u32     | mac [32]    (48 B)
 //! request  : "TQ" | opcode u8 | 0 u8 | seq u32 | addr u64 | len u64 | key u64   (32 B)
 //!            WRITE: `len` payload bytes follow
+//! fence    : "TF" | 0 u16 | conn u32 | 0 [24]                                 (32 B)
 //! response : "TR" | status u16 | seq u32 | len u64                             (16 B)
 //!            READ that succeeded: `len` payload bytes follow
 //! ```
@@ -22,24 +27,35 @@
 //! [`BUSY`] says "no room now, come back later" (back-pressure, not a
 //! fault). The first [`HELLO_HEADER_LEN`] bytes of a hello name the
 //! version, so a peer of another version is answered before the rest.
+//! Bytes shown as 0 are reserved: a frame with any of them set is refused.
+//!
+//! A [`Fence`] goes ahead of a slice moved off a connection that failed
+//! (`conn`, of the same session): the target then lets that connection
+//! write no more byte into memory before it serves the slice, so bytes of
+//! the superseded connection still on their way cannot land over it, or
+//! over anything written after it.
 
 use tent_rings::{ErrorKind, Opcode};
 
-/// Data protocol version (2: nonces in the hello, proofs of the secret).
-pub const DATA_VERSION: u16 = 2;
+/// Data protocol version (2: nonces in the hello, proofs of the secret;
+/// 3: the initiator's [`Ident`] in the hello, fences).
+pub const DATA_VERSION: u16 = 3;
 /// Hello length.
-pub const HELLO_LEN: usize = 48;
+pub const HELLO_LEN: usize = 72;
 /// The part of a hello read first: magic, version, status, flags.
 pub const HELLO_HEADER_LEN: usize = 16;
 /// Proof length.
 pub const PROOF_LEN: usize = 48;
 /// Nonce and MAC length.
 pub const NONCE_LEN: usize = 32;
+/// Session id length.
+pub const SESSION_LEN: usize = 16;
 /// Hello flag (target → initiator): prove the shared secret before any request.
 pub const AUTH_REQUIRED: u32 = 1;
 /// Hello status of a target with no room for another connection now.
 pub const BUSY: ErrorKind = ErrorKind::SqFull;
-/// Request header length.
+/// Request header length (a fence has the same length, so the target
+/// reads one header size: see [`Inbound`]).
 pub const REQUEST_LEN: usize = 32;
 /// Response header length.
 pub const RESPONSE_LEN: usize = 16;
@@ -50,6 +66,7 @@ pub const MAX_OP_LEN: u64 = 1 << 30;
 const HELLO_MAGIC: [u8; 8] = *b"TENTDATA";
 const PROOF_MAGIC: [u8; 8] = *b"TENTAUTH";
 const REQUEST_MAGIC: [u8; 2] = *b"TQ";
+const FENCE_MAGIC: [u8; 2] = *b"TF";
 const RESPONSE_MAGIC: [u8; 2] = *b"TR";
 const OP_WRITE: u8 = 1;
 const OP_READ: u8 = 2;
@@ -70,6 +87,37 @@ pub enum FrameError {
     /// Length above [`MAX_OP_LEN`].
     #[error("op length {0} above the limit")]
     TooLong(u64),
+    /// A reserved byte is not zero.
+    #[error("reserved bytes set")]
+    Reserved,
+}
+
+/// Who an initiator's connection is: its session (random, one per
+/// initiator process) and this connection's id in it (never 0, never
+/// reused by the session). A target's hello carries [`Ident::NONE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Ident {
+    /// The initiator's session.
+    pub session: [u8; SESSION_LEN],
+    /// The connection.
+    pub conn: u32,
+}
+
+impl Ident {
+    /// No ident (a target's hello, a refusal).
+    pub const NONE: Ident = Ident {
+        session: [0; SESSION_LEN],
+        conn: 0,
+    };
+
+    /// The bytes the proofs of the secret cover: session, then `conn`
+    /// (little-endian).
+    pub fn to_bytes(&self) -> [u8; SESSION_LEN + 4] {
+        let mut b = [0u8; SESSION_LEN + 4];
+        b[..SESSION_LEN].copy_from_slice(&self.session);
+        b[SESSION_LEN..].copy_from_slice(&self.conn.to_le_bytes());
+        b
+    }
 }
 
 /// The connection opener, sent by both sides.
@@ -82,7 +130,16 @@ pub struct Hello {
     pub flags: u32,
     /// Fresh random bytes of the sender (zero in a refusal).
     pub nonce: [u8; NONCE_LEN],
+    /// The initiator's connection ([`Ident::NONE`] from a target).
+    pub ident: Ident,
 }
+
+/// Where a hello's fields lie.
+const HELLO_NONCE: usize = HELLO_HEADER_LEN;
+const HELLO_SESSION: usize = HELLO_NONCE + NONCE_LEN;
+const HELLO_CONN: usize = HELLO_SESSION + SESSION_LEN;
+const HELLO_RESERVED: usize = HELLO_CONN + 4;
+const _: () = assert!(HELLO_RESERVED + 4 == HELLO_LEN);
 
 impl Hello {
     /// A refusal with `status` (no nonce, no flags).
@@ -91,6 +148,7 @@ impl Hello {
             status: status.code(),
             flags: 0,
             nonce: [0; NONCE_LEN],
+            ident: Ident::NONE,
         }
     }
 
@@ -101,7 +159,9 @@ impl Hello {
         b[8..10].copy_from_slice(&DATA_VERSION.to_le_bytes());
         b[10..12].copy_from_slice(&self.status.to_le_bytes());
         b[12..16].copy_from_slice(&self.flags.to_le_bytes());
-        b[16..].copy_from_slice(&self.nonce);
+        b[HELLO_NONCE..HELLO_SESSION].copy_from_slice(&self.nonce);
+        b[HELLO_SESSION..HELLO_CONN].copy_from_slice(&self.ident.session);
+        b[HELLO_CONN..HELLO_RESERVED].copy_from_slice(&self.ident.conn.to_le_bytes());
         b
     }
 
@@ -121,17 +181,26 @@ impl Hello {
         ))
     }
 
-    /// Decode and check magic and version.
+    /// Decode and check magic, version and reserved bytes.
     pub fn decode(b: &[u8; HELLO_LEN]) -> Result<Hello, FrameError> {
         let mut h = [0u8; HELLO_HEADER_LEN];
         h.copy_from_slice(&b[..HELLO_HEADER_LEN]);
         let (status, flags) = Hello::decode_header(&h)?;
+        if b[HELLO_RESERVED..] != [0; 4] {
+            return Err(FrameError::Reserved);
+        }
         let mut nonce = [0u8; NONCE_LEN];
-        nonce.copy_from_slice(&b[HELLO_HEADER_LEN..]);
+        nonce.copy_from_slice(&b[HELLO_NONCE..HELLO_SESSION]);
+        let mut session = [0u8; SESSION_LEN];
+        session.copy_from_slice(&b[HELLO_SESSION..HELLO_CONN]);
         Ok(Hello {
             status,
             flags,
             nonce,
+            ident: Ident {
+                session,
+                conn: u32_at(b, HELLO_CONN),
+            },
         })
     }
 }
@@ -229,6 +298,55 @@ impl Request {
     }
 }
 
+/// Let connection `conn` (of the sender's session) write no more: sent
+/// ahead of a slice moved off it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    /// The superseded connection's id.
+    pub conn: u32,
+}
+
+impl Fence {
+    /// Encode.
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut b = [0u8; REQUEST_LEN];
+        b[..2].copy_from_slice(&FENCE_MAGIC);
+        b[4..8].copy_from_slice(&self.conn.to_le_bytes());
+        b
+    }
+
+    /// Decode and check magic and reserved bytes.
+    pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<Fence, FrameError> {
+        if b[..2] != FENCE_MAGIC {
+            return Err(FrameError::BadMagic);
+        }
+        if b[2..4] != [0; 2] || b[8..].iter().any(|&x| x != 0) {
+            return Err(FrameError::Reserved);
+        }
+        Ok(Fence { conn: u32_at(b, 4) })
+    }
+}
+
+/// What an initiator may send once its connection is open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inbound {
+    /// A slice's READ or WRITE.
+    Request(Request),
+    /// A fence ahead of a moved slice.
+    Fence(Fence),
+}
+
+impl Inbound {
+    /// Decode a request or a fence, by its magic.
+    pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<Inbound, FrameError> {
+        if b[..2] == FENCE_MAGIC {
+            Fence::decode(b).map(Inbound::Fence)
+        } else {
+            Request::decode(b).map(Inbound::Request)
+        }
+    }
+}
+
 /// One slice's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Response {
@@ -277,6 +395,12 @@ impl Response {
     }
 }
 
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut v = [0u8; 4];
+    v.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(v)
+}
+
 fn u64_at(b: &[u8], at: usize) -> u64 {
     let mut v = [0u8; 8];
     v.copy_from_slice(&b[at..at + 8]);
@@ -294,8 +418,14 @@ mod tests {
             status: 37,
             flags: AUTH_REQUIRED,
             nonce: [9; NONCE_LEN],
+            ident: Ident {
+                session: [4; SESSION_LEN],
+                conn: 0x0102_0304,
+            },
         };
         assert_eq!(Hello::decode(&h.encode()), Ok(h));
+        let f = Fence { conn: u32::MAX };
+        assert_eq!(Inbound::decode(&f.encode()), Ok(Inbound::Fence(f)));
         let p = Proof {
             status: 0,
             mac: [3; NONCE_LEN],
@@ -313,6 +443,7 @@ mod tests {
             key: 0xdead_beef,
         };
         assert_eq!(Request::decode(&r.encode()), Ok(r));
+        assert_eq!(Inbound::decode(&r.encode()), Ok(Inbound::Request(r)));
         let p = Response {
             status: Err(ErrorKind::OutOfBounds),
             seq: 9,
@@ -328,6 +459,15 @@ mod tests {
         assert_eq!(Hello::decode(&h), Err(FrameError::Version(9)));
         h[0] = b'X';
         assert_eq!(Hello::decode(&h), Err(FrameError::BadMagic));
+        let mut h = Hello::refusal(BUSY).encode();
+        h[HELLO_LEN - 1] = 1;
+        assert_eq!(Hello::decode(&h), Err(FrameError::Reserved));
+        let good = Fence { conn: 9 }.encode();
+        for at in (2..4).chain(8..REQUEST_LEN) {
+            let mut f = good;
+            f[at] = 1;
+            assert_eq!(Inbound::decode(&f), Err(FrameError::Reserved), "byte {at}");
+        }
         let mut r = Request {
             opcode: Opcode::Write,
             seq: 1,
@@ -350,6 +490,13 @@ mod tests {
         #[test]
         fn random_headers_never_panic(b in proptest::array::uniform32(any::<u8>())) {
             let _ = Request::decode(&b);
+            if let Ok(i) = Inbound::decode(&b) {
+                let again = match i {
+                    Inbound::Request(r) => r.encode(),
+                    Inbound::Fence(f) => f.encode(),
+                };
+                prop_assert_eq!(Inbound::decode(&again), Ok(i));
+            }
             let mut r = [0u8; RESPONSE_LEN];
             r.copy_from_slice(&b[..RESPONSE_LEN]);
             let _ = Response::decode(&r);

@@ -1,12 +1,14 @@
-//! The data connection's opening: hellos with nonces each way, then, when
-//! the target holds a shared secret, an HMAC proof each way bound to this
-//! connection by both nonces and to the target's address (as the initiator
-//! dialed it and as the target accepted it: a relay holding no secret
-//! cannot pass an honest initiator's handshake on), under the data door's
-//! labels (a control-plane proof does not verify here). The initiator
-//! checks the target's proof before it sends anything else. Nothing else is read from a connection before it
-//! is done, and the whole exchange has one deadline: a peer that drips a
-//! byte at a time does not extend it.
+//! The data connection's opening: hellos with nonces each way (the
+//! initiator's also carries its [`Ident`]: session and connection id, what
+//! a later fence names), then, when the target holds a shared secret, an
+//! HMAC proof each way bound to this connection by both nonces, to the
+//! initiator's ident and to the target's address (as the initiator dialed
+//! it and as the target accepted it: a relay holding no secret cannot pass
+//! an honest initiator's handshake on), under the data door's labels (a
+//! control-plane proof does not verify here). The initiator checks the
+//! target's proof before it sends anything else. Nothing else is read from
+//! a connection before it is done, and the whole exchange has one
+//! deadline: a peer that drips a byte at a time does not extend it.
 
 use std::io::Read;
 use std::net::TcpStream;
@@ -15,8 +17,8 @@ use std::time::Instant;
 use tent_rings::ErrorKind;
 
 use super::frame::{
-    AUTH_REQUIRED, BUSY, FrameError, HELLO_HEADER_LEN, HELLO_LEN, Hello, NONCE_LEN, PROOF_LEN,
-    Proof,
+    AUTH_REQUIRED, BUSY, FrameError, HELLO_HEADER_LEN, HELLO_LEN, Hello, Ident, NONCE_LEN,
+    PROOF_LEN, Proof, SESSION_LEN,
 };
 use super::io;
 use crate::control::auth::{self, Door};
@@ -51,35 +53,65 @@ fn io_refused(e: std::io::Error, during: &str) -> Refused {
     refused(kind, format!("{during}: {e}"))
 }
 
+/// What the proofs are bound to besides the nonces: the target's address
+/// (`auth::addr_binding`), then the initiator's ident, so a proven
+/// connection's ident is the one its initiator sent.
+fn binding(server: std::net::SocketAddr, ident: &Ident) -> [u8; 18 + SESSION_LEN + 4] {
+    let mut b = [0u8; 18 + SESSION_LEN + 4];
+    b[..18].copy_from_slice(&auth::addr_binding(server));
+    b[18..].copy_from_slice(&ident.to_bytes());
+    b
+}
+
+/// Tell the initiator its hello is refused, and why for the log.
+fn refuse_hello(s: &TcpStream, why: String) -> String {
+    let _ = io::send_header(s, &Hello::refusal(ErrorKind::InvalidArgument).encode());
+    why
+}
+
 /// The target's side: `Ok` once the initiator may send requests; `Err`
 /// carries the reason to log (the initiator was told what it needs).
+/// `register` learns the initiator's ident before anything is sent back,
+/// so the connection can be fenced from the moment its initiator could
+/// use it.
 pub fn serve(
     s: &TcpStream,
     secret: Option<&[u8]>,
     deadline: Instant,
+    register: impl FnOnce(Ident),
 ) -> std::result::Result<(), String> {
     let mut rx = ByDeadline::new(s, deadline);
-    let mut head = [0u8; HELLO_HEADER_LEN];
-    rx.read_exact(&mut head)
+    let mut b = [0u8; HELLO_LEN];
+    rx.read_exact(&mut b[..HELLO_HEADER_LEN])
         .map_err(|e| format!("hello: {e}"))?;
+    let mut head = [0u8; HELLO_HEADER_LEN];
+    head.copy_from_slice(&b[..HELLO_HEADER_LEN]);
     if let Err(e) = Hello::decode_header(&head) {
-        let _ = io::send_header(s, &Hello::refusal(ErrorKind::InvalidArgument).encode());
-        return Err(format!("bad hello: {e}"));
+        return Err(refuse_hello(s, format!("bad hello: {e}")));
     }
-    let mut theirs = [0u8; NONCE_LEN];
-    rx.read_exact(&mut theirs)
-        .map_err(|e| format!("hello nonce: {e}"))?;
+    rx.read_exact(&mut b[HELLO_HEADER_LEN..])
+        .map_err(|e| format!("hello: {e}"))?;
+    let theirs = Hello::decode(&b).map_err(|e| refuse_hello(s, format!("bad hello: {e}")))?;
+    if theirs.ident.conn == 0 {
+        return Err(refuse_hello(s, "bad hello: no connection id".into()));
+    }
+    register(theirs.ident);
     let ours = auth::nonce();
     let hello = Hello {
         status: 0,
         flags: if secret.is_some() { AUTH_REQUIRED } else { 0 },
         nonce: ours,
+        ident: Ident::NONE,
     };
     io::send_header(s, &hello.encode()).map_err(|e| format!("hello reply: {e}"))?;
     let Some(secret) = secret else {
         return Ok(());
     };
-    let binding = auth::addr_binding(s.local_addr().map_err(|e| format!("local address: {e}"))?);
+    let binding = binding(
+        s.local_addr().map_err(|e| format!("local address: {e}"))?,
+        &theirs.ident,
+    );
+    let theirs = theirs.nonce;
     let mut b = [0u8; PROOF_LEN];
     rx.read_exact(&mut b).map_err(|e| format!("proof: {e}"))?;
     let valid = Proof::decode(&b)
@@ -107,17 +139,20 @@ pub const PROOF_REFUSED: &str = "target refused our proof: the shared secrets di
      initiator did not dial the target's own address (address translation, port forwarding or \
      a relay between the engines; engines with a secret must reach each other directly)";
 
-/// The initiator's side, on a connected socket.
+/// The initiator's side, on a connected socket, for the connection
+/// `ident`.
 pub fn open(
     s: &TcpStream,
     secret: Option<&[u8]>,
     deadline: Instant,
+    ident: Ident,
 ) -> std::result::Result<(), Refused> {
     let ours = auth::nonce();
     let hello = Hello {
         status: 0,
         flags: 0,
         nonce: ours,
+        ident,
     };
     io::send_header(s, &hello.encode()).map_err(|e| io_refused(e, "hello"))?;
     let mut rx = ByDeadline::new(s, deadline);
@@ -154,8 +189,10 @@ pub fn open(
         )),
         (true, Some(secret)) => {
             // Bound to the address we dialed (see the module doc).
-            let binding =
-                auth::addr_binding(s.peer_addr().map_err(|e| io_refused(e, "peer address"))?);
+            let binding = binding(
+                s.peer_addr().map_err(|e| io_refused(e, "peer address"))?,
+                &ident,
+            );
             let proof = Proof {
                 status: 0,
                 mac: auth::client_proof(Door::Data, secret, &theirs.nonce, &ours, &binding),

@@ -91,7 +91,7 @@ impl TcpRail {
         if was && !up {
             tracing::warn!(local = %self.local_name, remote = %self.remote_name, "rail down: link lost; in-flight slices move to sibling rails");
             for c in self.conns.lock().expect("rail conns poisoned").iter() {
-                c.break_link(ErrorKind::RouteLost);
+                c.abort(ErrorKind::RouteLost);
             }
         } else if !was && up {
             tracing::info!(local = %self.local_name, remote = %self.remote_name, "rail up: link restored");

@@ -19,17 +19,26 @@
 //! the [`stall_limit`] closes its connection, and a full server evicts an
 //! unproven, unused or long-idle connection for a newcomer, or tells it
 //! [`BUSY`].
+//!
+//! Fences: each connection is registered under the ident its initiator's
+//! hello gave (session, connection id). A [`Fence`] naming a connection of
+//! the sender's own session marks it fenced, shuts its socket down and
+//! waits (bounded by the stall limit) until its thread is out of any
+//! payload `recv` into region memory; a fenced connection writes no more
+//! (its thread checks the mark after announcing a write, Dekker-style:
+//! one store and one load per WRITE) and is closed. So no byte of a
+//! superseded connection lands after the slice moved off it is served.
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use tent_rings::{ErrorKind, Opcode};
 
-use super::frame::{BUSY, Hello, REQUEST_LEN, Request, Response};
+use super::frame::{BUSY, Fence, Hello, Ident, Inbound, REQUEST_LEN, Request, Response};
 use super::{handshake, io};
 use crate::error::{Error, Result};
 use crate::memory::{RegionTable, RegionUse};
@@ -112,7 +121,16 @@ struct Slot {
     born: Instant,
     /// Read timeouts in a row with nothing received (see [`IDLE_POLL`]).
     idle: AtomicU32,
+    /// Who its initiator's hello said it is (set before the hello reply).
+    ident: OnceLock<Ident>,
+    /// Its thread is inside a WRITE payload's `recv` into region memory.
+    writing: AtomicBool,
+    /// Superseded: it may write no more into region memory.
+    fenced: AtomicBool,
 }
+
+/// Why a fenced connection was closed.
+const FENCED: &str = "fenced: a later connection of its initiator superseded it";
 
 /// The connections being served, so stopping can shut them down at once
 /// and a full server can pick whom to evict.
@@ -131,6 +149,9 @@ impl Live {
             stage: AtomicU8::new(STAGE_HANDSHAKE),
             born: Instant::now(),
             idle: AtomicU32::new(0),
+            ident: OnceLock::new(),
+            writing: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
         });
         let mut conns = self.conns.lock().expect("live conns poisoned");
         if conns.len() >= MAX_CONNECTIONS {
@@ -171,6 +192,58 @@ impl Live {
                 )
             })
             .map(|(i, _)| i)
+    }
+
+    /// Serve `fence` from connection `me`: every other connection
+    /// registered under `me`'s session and the fence's connection id is
+    /// marked fenced and shut down, and this returns once none of them is
+    /// inside a write into region memory (any later byte of theirs is
+    /// refused), or `Err` after `bound`. A peer can fence only its own
+    /// session's connections; a connection already gone needs nothing.
+    fn fence(&self, me: &Slot, fence: Fence, bound: Duration) -> std::result::Result<(), String> {
+        let Some(&mine) = me.ident.get() else {
+            return Err("fence before a hello".into());
+        };
+        let who = Ident {
+            session: mine.session,
+            conn: fence.conn,
+        };
+        // Collected, not waited on under the lock (admissions go on).
+        let victims: Vec<Arc<Slot>> = self
+            .conns
+            .lock()
+            .expect("live conns poisoned")
+            .iter()
+            .filter(|c| c.id != me.id && c.ident.get() == Some(&who))
+            .cloned()
+            .collect();
+        let start = Instant::now();
+        for v in &victims {
+            // SeqCst, paired with the writer's SeqCst store of `writing`
+            // then load of `fenced` (serve): either it sees the mark and
+            // writes nothing, or we see it writing and wait.
+            v.fenced.store(true, Ordering::SeqCst);
+            // Ends a payload `recv` at once (what was already received
+            // still lands, before `writing` clears).
+            let _ = v.stream.shutdown(std::net::Shutdown::Both);
+        }
+        for v in &victims {
+            while v.writing.load(Ordering::SeqCst) {
+                if start.elapsed() >= bound {
+                    return Err(format!(
+                        "fence of connection {}: still writing after {bound:?}",
+                        fence.conn
+                    ));
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        tracing::debug!(
+            conn = fence.conn,
+            fenced = victims.len(),
+            "tcp data connection fenced"
+        );
+        Ok(())
     }
 
     fn remove(&self, id: usize) {
@@ -330,6 +403,7 @@ fn accept_loop(
                 match serve(
                     &stream,
                     &slot,
+                    &live2,
                     &stop2,
                     &regions2,
                     user_timeout_ms,
@@ -365,13 +439,16 @@ pub(crate) fn tune(s: &TcpStream, user_timeout_ms: u32) {
 fn serve(
     s: &TcpStream,
     slot: &Slot,
+    live: &Live,
     stop: &AtomicBool,
     regions: &ArcSwap<RegionTable>,
     user_timeout_ms: u32,
     secret: Option<&[u8]>,
 ) -> std::result::Result<(), String> {
     tune(s, user_timeout_ms);
-    handshake::serve(s, secret, Instant::now() + HANDSHAKE_TIMEOUT)?;
+    handshake::serve(s, secret, Instant::now() + HANDSHAKE_TIMEOUT, |ident| {
+        let _ = slot.ident.set(ident);
+    })?;
     // With a secret, every connection past the handshake has proven it.
     let proven = secret.is_some();
     slot.stage.store(STAGE_READY, Ordering::Relaxed);
@@ -408,7 +485,13 @@ fn serve(
             serving = true;
             slot.stage.store(STAGE_SERVING, Ordering::Relaxed);
         }
-        let req = Request::decode(&header).map_err(|e| format!("malformed request: {e}"))?;
+        let req = match Inbound::decode(&header).map_err(|e| format!("malformed request: {e}"))? {
+            Inbound::Request(req) => req,
+            Inbound::Fence(f) => {
+                live.fence(slot, f, stall)?;
+                continue;
+            }
+        };
         let table = regions.load();
         let target = check(&table, &req, proven);
         let mut resp = Response {
@@ -418,9 +501,24 @@ fn serve(
         };
         match (req.opcode, target) {
             (Opcode::Write, Ok((ptr, _in_use))) => {
+                // Announce the write, then look for a fence (see Live::fence).
+                slot.writing.store(true, Ordering::SeqCst);
+                if slot.fenced.load(Ordering::SeqCst) {
+                    slot.writing.store(false, Ordering::Release);
+                    return Err(FENCED.into());
+                }
                 // SAFETY: `ptr..ptr+len` lies inside a registered region, kept alive by `table` and in use (`_in_use`: unregister_memory waits) for this whole op.
-                unsafe { io::recv_exact(s, ptr, req.len as usize, stall) }
-                    .map_err(|e| format!("WRITE payload: {e}"))?;
+                let landed = unsafe { io::recv_exact(s, ptr, req.len as usize, stall) };
+                // Release: the payload's bytes are in memory before a
+                // fencing thread sees the write over.
+                slot.writing.store(false, Ordering::Release);
+                landed.map_err(|e| {
+                    if slot.fenced.load(Ordering::Relaxed) {
+                        FENCED.to_owned()
+                    } else {
+                        format!("WRITE payload: {e}")
+                    }
+                })?;
                 resp.len = req.len;
                 io::send_header(s, &resp.encode()).map_err(|e| format!("WRITE response: {e}"))?;
             }
@@ -478,5 +576,131 @@ fn check<'t>(
             .ok_or(ErrorKind::AccessDenied),
         Ok(_) => Err(ErrorKind::AccessDenied),
         Err(e) => Err(detail(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use tent_rings::RegionId;
+
+    use super::super::frame::{RESPONSE_LEN, SESSION_LEN};
+    use super::*;
+    use crate::memory::MemRegion;
+
+    const LEN: usize = 256 << 10;
+    const S1: [u8; SESSION_LEN] = [0x51; SESSION_LEN];
+    const S2: [u8; SESSION_LEN] = [0x52; SESSION_LEN];
+
+    /// A data server on loopback serving one region of `LEN` zero bytes.
+    fn served() -> (DataServer, Arc<MemRegion>) {
+        let mut mem = vec![0u8; LEN];
+        let base = mem.as_mut_ptr();
+        // The Vec's heap buffer stays where it is when the Vec moves in.
+        let region = Arc::new(MemRegion::new(
+            RegionId(1),
+            base,
+            LEN as u64,
+            Some(Box::new(mem)),
+        ));
+        let table = RegionTable::default().with(region.clone()).unwrap();
+        let server = DataServer::start(
+            &[IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
+            Arc::new(ArcSwap::from_pointee(table)),
+            0,
+            None,
+        )
+        .unwrap();
+        (server, region)
+    }
+
+    /// The region's bytes (read once no connection writes to it).
+    fn contents(region: &MemRegion) -> Vec<u8> {
+        // SAFETY: the region is `LEN` bytes alive while `region` is; the callers read it after every write to it was answered or refused.
+        unsafe { std::slice::from_raw_parts(region.addr() as *const u8, LEN) }.to_vec()
+    }
+
+    fn client(server: &DataServer, session: [u8; SESSION_LEN], conn: u32) -> TcpStream {
+        let s = TcpStream::connect(server.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        handshake::open(&s, None, deadline, Ident { session, conn }).unwrap();
+        s
+    }
+
+    fn write_req(region: &MemRegion, off: usize, len: usize) -> [u8; REQUEST_LEN] {
+        Request {
+            opcode: Opcode::Write,
+            seq: 1,
+            addr: region.addr() + off as u64,
+            len: len as u64,
+            key: region.key(),
+        }
+        .encode()
+    }
+
+    fn response(s: &mut TcpStream) -> Response {
+        let mut h = [0u8; RESPONSE_LEN];
+        s.read_exact(&mut h).unwrap();
+        Response::decode(&h).unwrap()
+    }
+
+    fn closed(s: &mut TcpStream) -> bool {
+        matches!(s.read(&mut [0u8; 1]), Ok(0) | Err(_))
+    }
+
+    #[test]
+    fn a_fenced_connection_lands_no_byte_after_the_fence() {
+        let (server, region) = served();
+        let (v1, v2) = (vec![0x11u8; LEN], vec![0x22u8; LEN]);
+        // Connection 1 is mid-payload: half of version 1 is in.
+        let mut old = client(&server, S1, 1);
+        old.write_all(&write_req(&region, 0, LEN)).unwrap();
+        old.write_all(&v1[..LEN / 2]).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        // Connection 2 of the same session fences it, then writes version 2.
+        let mut new = client(&server, S1, 2);
+        new.write_all(&Fence { conn: 1 }.encode()).unwrap();
+        new.write_all(&write_req(&region, 0, LEN)).unwrap();
+        new.write_all(&v2).unwrap();
+        assert_eq!(response(&mut new).status, Ok(()));
+        // The rest of version 1 arrives late: it must not land.
+        let _ = old.write_all(&v1[LEN / 2..]);
+        std::thread::sleep(Duration::from_millis(200));
+        let got = contents(&region);
+        let stale = got.iter().filter(|&&b| b != 0x22).count();
+        assert_eq!(
+            stale, 0,
+            "bytes of the fenced connection landed after the fence"
+        );
+        assert!(closed(&mut old), "a fenced connection is closed");
+        // The fencing connection goes on.
+        new.write_all(&write_req(&region, 0, 8)).unwrap();
+        new.write_all(&[0x22; 8]).unwrap();
+        assert_eq!(response(&mut new).status, Ok(()));
+    }
+
+    #[test]
+    fn a_fence_reaches_only_connections_of_the_senders_session() {
+        let (server, region) = served();
+        let mut victim = client(&server, S1, 7);
+        // Another session names connection 7, and an unknown one.
+        let mut other = client(&server, S2, 1);
+        other.write_all(&Fence { conn: 7 }.encode()).unwrap();
+        other.write_all(&Fence { conn: 99 }.encode()).unwrap();
+        other.write_all(&write_req(&region, 0, 8)).unwrap();
+        other.write_all(&[1; 8]).unwrap();
+        assert_eq!(response(&mut other).status, Ok(()));
+        // Connection 7 of session 1 still writes.
+        victim.write_all(&write_req(&region, 8, 8)).unwrap();
+        victim.write_all(&[2; 8]).unwrap();
+        assert_eq!(response(&mut victim).status, Ok(()));
+        assert_eq!(&contents(&region)[..16], &[[1u8; 8], [2u8; 8]].concat()[..]);
+        // A fence with a reserved byte set breaks framing: closed.
+        let mut f = Fence { conn: 7 }.encode();
+        f[20] = 1;
+        other.write_all(&f).unwrap();
+        assert!(closed(&mut other));
     }
 }
