@@ -673,7 +673,7 @@ fn two_process_live_owner_in_another_pid_namespace_is_not_collected() {
         .unwrap();
     assert_eq!(reap(&mut ring, 1)[0].result(), Ok(4096));
     assert_eq!(t.ask("CHECK", "CHECK"), "CHECK true");
-    // The worker's liveness check keeps seeing it alive.
+    // The peer's refresher, watching the connection, keeps it alive.
     std::thread::sleep(Duration::from_millis(300));
     ring.submission()
         .push(write_op(&local, seg, t.base, 4096, 2))

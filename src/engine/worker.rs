@@ -57,11 +57,10 @@ const INTAKE_PER_RING: usize = 64;
 const HOUSEKEEPING_NS: u64 = 1_000_000;
 /// How soon a parked worker looks again at a ring blocked on CQ room.
 const CQ_BLOCKED_RECHECK: Duration = Duration::from_millis(1);
-/// How often a worker checks that the processes behind shm segments live.
-const PEER_CHECK_NS: u64 = 100_000_000;
 /// How long shutdown waits for posted slices to complete.
 const SHUTDOWN_DRAIN_NS: u64 = 1_000_000_000;
-/// Longest sleep while slices are in flight on transports that wake us.
+/// Longest sleep while slices are in flight on transports that wake us,
+/// or while every task waits on a transport that answered `Later`.
 const COMPLETION_PARK: Duration = Duration::from_millis(1);
 /// Idle turns between two clock reads.
 const IDLE_CLOCK_TURNS: u32 = 64;
@@ -179,7 +178,10 @@ pub(crate) struct Worker {
     /// Instances swapped out of their slot with slices still posted.
     draining: Vec<PostedOn>,
     next_housekeeping: u64,
-    next_peer_check: u64,
+    /// The last dispatch stopped because every lane head it could reach was
+    /// answered `SubmitOutcome::Later`: the worker parks (briefly) rather
+    /// than spin while the transport gets ready.
+    later: bool,
     /// The unregister epoch last acknowledged in `shared.region_ack`.
     region_ack: u64,
     block_size: u64,
@@ -266,7 +268,7 @@ impl Worker {
             posted: std::array::from_fn(|_| None),
             draining: Vec::with_capacity(DRAINING_AT_START),
             next_housekeeping: 0,
-            next_peer_check: 0,
+            later: false,
             region_ack: 0,
             block_size: cfg.block_size,
             default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
@@ -321,18 +323,23 @@ impl Worker {
                 idle_since = now;
             }
             let idle = now - idle_since;
+            // `later`: every queued task waits on a transport getting
+            // ready; the worker naps rather than spin.
+            let queued = !self.lanes.is_empty();
+            let later = queued && self.later;
+            let nap = park.min(COMPLETION_PARK);
             if idle < spin_ns {
                 std::hint::spin_loop();
             } else if self.async_inflight > 0 && self.completions_wake() {
                 // Everything in flight will ring the bell when it completes:
                 // sleep instead of taking CPU from the transport's threads.
                 // The 1 ms bound keeps deadlines and a closed gate honest.
-                if self.park(park.min(COMPLETION_PARK), true) {
+                if self.park(nap, true) {
                     idle_since = 0;
                 }
-            } else if idle < yield_ns || !self.lanes.is_empty() || self.async_inflight > 0 {
+            } else if idle < yield_ns || (queued && !later) || self.async_inflight > 0 {
                 std::thread::yield_now();
-            } else if self.park(park, false) {
+            } else if self.park(if later { nap } else { park }, false) {
                 // Woken by a submitter: expect work, poll hot again.
                 idle_since = 0;
             }
@@ -359,8 +366,8 @@ impl Worker {
             if now == 0 {
                 now = monotonic_ns();
             }
-            // Before posting: after a long park, deadlines and peer liveness
-            // are brought up to date before the first slice goes out.
+            // Before posting: after a long park, deadlines are brought up
+            // to date before the first slice goes out.
             if now >= self.next_housekeeping {
                 self.housekeeping(now);
             }
@@ -645,8 +652,16 @@ impl Worker {
     fn dispatch(&mut self, now: u64) -> bool {
         let mut work = false;
         let mut budget = TURN_BYTES;
+        // The first task its transport answered `Later` this turn: when it
+        // is the head again, every head reachable is waiting.
+        let mut first_later = None;
+        self.later = false;
         while let Some((p, entry)) = self.lanes.next(&*self.engine.gate) {
             let i = entry.task;
+            if first_later == Some(i) {
+                self.later = true;
+                break;
+            }
             let t = self.tasks.get_mut(i);
             if !t.live || t.reported {
                 // Already reported (deadline or cancel): nothing to post.
@@ -783,6 +798,19 @@ impl Worker {
                     }
                     t.posted -= len;
                     t.error.get_or_insert(e);
+                }
+                SubmitOutcome::Later => {
+                    // Not started, not a fault: the transport is getting
+                    // ready for it. The task keeps its place (and its
+                    // deadline) behind the others of its lane, which go
+                    // on this turn.
+                    if credited {
+                        pool.release(1, now);
+                    }
+                    t.posted -= len;
+                    self.lanes.rotate(p);
+                    first_later.get_or_insert(i);
+                    continue;
                 }
             }
             work = true;
@@ -994,15 +1022,6 @@ impl Worker {
     fn housekeeping(&mut self, now: u64) {
         self.next_housekeeping = now + HOUSEKEEPING_NS;
         self.ack_unregister();
-        if now >= self.next_peer_check {
-            // Peers whose process died answer ProcessFailed from now on.
-            self.next_peer_check = now + PEER_CHECK_NS;
-            for seg in self.segments.load().iter() {
-                if let Some(peer) = seg.shm() {
-                    peer.check_owner();
-                }
-            }
-        }
         if self.tasks.active() > 0 {
             for i in 0..self.tasks.capacity() as u32 {
                 let t = self.tasks.get_mut(i);
@@ -1088,9 +1107,10 @@ impl Worker {
     /// returns true if something (not the timeout) woke it. With
     /// `completions`, a transport completing a slice also wakes it.
     ///
-    /// Without `completions` it is only called with empty lanes and nothing
-    /// in flight, so no deadline needs this worker while it sleeps; with
-    /// it, `timeout` is short enough for the deadline sweep.
+    /// Without `completions` it is only called with nothing in flight and
+    /// either empty lanes, so no deadline needs this worker while it
+    /// sleeps, or every lane head waiting on `Later`; with `completions` or
+    /// `Later`, `timeout` is short enough for the deadline sweep.
     fn park(&mut self, timeout: Duration, completions: bool) -> bool {
         let seen = self.shared.doorbell().value();
         let bell = self.shared.wakers.clone();

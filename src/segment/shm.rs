@@ -17,26 +17,39 @@
 //! registered and 0 once the target unregisters it, so a peer with a stale
 //! mapping gets `AccessDenied` instead of writing into memory the target has
 //! given up.
+//!
+//! A worker never waits on the owner: a region the owner published after
+//! the peer last mapped its descriptor is fetched (handout round trip,
+//! `mmap`, pre-fault) by the peer's refresher thread, which also watches
+//! the connection for the owner's death (`shm/refresher.rs`); meanwhile an
+//! access to it answers [`Access::Later`].
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use tent_rings::{ErrorKind, RegionId};
 
 use super::shm_desc::{
     self, DESC_BYTES, DESC_CAPACITY, ENTRY_WORDS, HEADER_WORDS, MAX_REGION_LEN, ShmEntry,
 };
 use super::shm_handout::{self, HandoutClient, HandoutServer, HandoutTable, IO_TIMEOUT, Mapping};
+use crate::clock::monotonic_ns;
 use crate::error::{Error, Result};
+
+mod refresher;
+
+use refresher::{Refresher, Wake};
 
 pub use super::shm_desc::DATA_OFFSET;
 
-/// How long a refresh that a worker's miss triggers may wait, for another
-/// refresher or for the owner's answers, before the op fails typed.
-const WORKER_REFRESH_WAIT: Duration = Duration::from_millis(100);
+/// How long a failed refresh that may pass (the owner slow) answers misses:
+/// long enough for every op that waited on it to see it on its next turn
+/// and fail typed; after that the next miss asks again (and waits), so a
+/// failure long past does not fail a new op without a try.
+const FAILED_HOLD_NS: u64 = 100_000_000;
 
 /// A region as a peer sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -322,83 +335,119 @@ unsafe impl Send for PeerTable {}
 // SAFETY: as above.
 unsafe impl Sync for PeerTable {}
 
-/// Another process's segment, mapped into this one.
-pub struct ShmPeer {
+/// The latest refresh that failed, against the descriptor sequence it read.
+struct Failed {
+    seq: u64,
+    /// What an access that misses in the old view answers: the refresh's
+    /// own kind when it may pass (`Timeout`, `Unreachable`), else (`None`)
+    /// the miss's lookup error.
+    answer: Option<ErrorKind>,
+    /// May pass: once [`FAILED_HOLD_NS`] past `at_ns`, the next miss asks
+    /// for another refresh. Refused (the descriptor, or a region memfd,
+    /// failed admission): not re-read until the sequence moves.
+    retry: bool,
+    /// When it failed (monotonic ns).
+    at_ns: u64,
+}
+
+/// What an access that missed in the current view does next.
+enum Miss {
+    /// The view changed since the lookup: look again.
+    Retry,
+    /// A refresh is on its way: not yet.
+    Later,
+    /// Nothing newer to see, or the refresh of what is newer failed.
+    Fail(ErrorKind),
+}
+
+/// What [`ShmPeer::with_remote`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Access<R> {
+    /// The closure ran on the checked memory: its result.
+    Done(R),
+    /// Not yet, and not a fault: the owner published regions this peer has
+    /// not mapped yet, and its refresher is fetching them (nobody waits).
+    /// Ask again later.
+    Later,
+}
+
+/// A peer's state, shared with its refresher thread.
+struct PeerState {
     name: String,
     desc: Mapping,
     /// The connection to the owner: region handout and liveness.
     owner: HandoutClient,
-    /// True once the owner is seen gone; set by a worker's housekeeping
-    /// ([`ShmPeer::check_owner`]), read on every access.
+    /// True once the owner is seen gone (by the refresher, which watches
+    /// the connection); read on every access.
     owner_gone: AtomicBool,
     table: ArcSwap<PeerTable>,
     refresh: Mutex<()>,
-    /// The descriptor sequence last refused (not re-read until it moves),
-    /// and how many refusals were seen (only the first is a warning).
-    refused_seq: AtomicU64,
+    failed: ArcSwapOption<Failed>,
+    /// Refused descriptors seen (only the first is a warning).
     refusals: AtomicU64,
+    wake: Wake,
+}
+
+/// Another process's segment, mapped into this one. Its refresher thread
+/// (see `shm/refresher.rs`) maps what the owner publishes later and
+/// watches the owner; dropping the peer stops and joins it.
+pub struct ShmPeer {
+    state: Arc<PeerState>,
+    _refresher: Refresher,
 }
 
 impl std::fmt::Debug for ShmPeer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ShmPeer")
-            .field("name", &self.name)
-            .field("owner_pid", &self.owner.owner_pid())
+            .field("name", &self.state.name)
+            .field("owner_pid", &self.state.owner.owner_pid())
             .finish_non_exhaustive()
     }
 }
 
 impl ShmPeer {
     /// Connect to the segment called `name` served in `dir` (proving
-    /// `secret` when set) and map what it exports.
+    /// `secret` when set), map what it exports, and start its refresher.
     pub fn attach(dir: &str, name: &str, secret: Option<&[u8]>) -> Result<ShmPeer> {
         let (owner, desc) = HandoutClient::connect(dir, name, secret)?;
-        let peer = ShmPeer {
+        let wake = Wake::new().map_err(mem_err("shm refresher eventfd"))?;
+        let state = Arc::new(PeerState {
             name: name.to_owned(),
             desc,
             owner,
             owner_gone: AtomicBool::new(false),
             table: ArcSwap::from_pointee(PeerTable::default()),
             refresh: Mutex::new(()),
-            refused_seq: AtomicU64::new(u64::MAX),
+            failed: ArcSwapOption::empty(),
             refusals: AtomicU64::new(0),
-        };
-        peer.refresh(true, Instant::now() + IO_TIMEOUT)?;
-        Ok(peer)
+            wake,
+        });
+        state.refresh(true, Instant::now() + IO_TIMEOUT)?;
+        let refresher = Refresher::start(state.clone())?;
+        Ok(ShmPeer {
+            state,
+            _refresher: refresher,
+        })
     }
 
     /// Pid of the process that exported the segment, as this process's pid
     /// namespace sees it (0 when it cannot); informational only.
     pub fn owner_pid(&self) -> u32 {
-        u32::try_from(self.owner.owner_pid()).unwrap_or(0)
+        u32::try_from(self.state.owner.owner_pid()).unwrap_or(0)
     }
 
     /// Is the owner still serving the segment?
     pub fn owner_alive(&self) -> bool {
-        !self.owner_gone.load(Ordering::Relaxed) && !self.owner.owner_gone()
+        !self.state.owner_gone() && !self.state.owner.owner_gone()
     }
 
-    /// Look whether the owner still holds its end of our connection (one
-    /// non-blocking `poll`); once it hung up (died, or withdrew the
-    /// segment) every access fails with `ProcessFailed` instead of landing
-    /// in a mapping nobody serves. Called from worker housekeeping, not per
-    /// access. Returns whether the owner is alive.
-    pub fn check_owner(&self) -> bool {
-        if self.owner_gone.load(Ordering::Relaxed) {
-            return false;
-        }
-        let alive = !self.owner.owner_gone();
-        if !alive {
-            tracing::warn!(segment = %self.name, "shm segment owner hung up: ProcessFailed from now on");
-            self.owner_gone.store(true, Ordering::Relaxed);
-        }
-        alive
-    }
-
-    /// The regions the peer exports now.
+    /// The regions the peer exports now (re-read here, on the calling
+    /// thread, if the owner published since).
     pub fn regions(&self) -> Vec<RemoteRegion> {
-        let _ = self.refresh_if_changed(IO_TIMEOUT);
-        self.table
+        let _ = self.state.refresh_if_changed(IO_TIMEOUT);
+        self.state
+            .table
             .load()
             .regions
             .iter()
@@ -410,11 +459,122 @@ impl ShmPeer {
             .collect()
     }
 
+    /// Run `f` on the peer memory at `[addr, addr+len)` after checking
+    /// bounds and the live key. The mapping stays valid while `f` runs.
+    ///
+    /// Never waits: when the address is in none of the regions mapped but
+    /// the owner published since, the refresher is asked to map them and
+    /// the answer is [`Access::Later`]; once that refresh has run, the
+    /// access succeeds or fails with what it found.
+    ///
+    /// # Errors
+    /// `ProcessFailed` once the owner hung up; `AddressNotRegistered`,
+    /// `OutOfBounds`, `AccessDenied` (the key no longer matches) when the
+    /// newest view says so; `Timeout` or `Unreachable` when the refresh
+    /// that would have shown it could not reach the owner.
+    #[inline]
+    pub fn with_remote<R>(
+        &self,
+        addr: u64,
+        len: u64,
+        f: impl FnOnce(*mut u8) -> R,
+    ) -> Result<Access<R>, ErrorKind> {
+        let s = &*self.state;
+        // Relaxed: a late view only lets one more copy land in the orphan
+        // mapping, which harms nobody (its owner is gone).
+        if s.owner_gone() {
+            return Err(ErrorKind::ProcessFailed);
+        }
+        let table = s.table.load();
+        let (looked, e) = match lookup(&table, addr, len) {
+            Ok(ptr) => return Ok(Access::Done(f(ptr))),
+            Err(e) => (table.seq, e),
+        };
+        drop(table);
+        match s.on_miss(looked, e) {
+            Miss::Retry => lookup(&s.table.load(), addr, len).map(|ptr| Access::Done(f(ptr))),
+            Miss::Later => Ok(Access::Later),
+            Miss::Fail(kind) => Err(kind),
+        }
+    }
+
+    /// The key this initiator holds for the region containing `addr` (tests
+    /// use it to present a wrong one).
+    pub fn key_of(&self, addr: u64) -> Option<u64> {
+        let t = self.state.table.load();
+        find(&t, addr).map(|r| r.key)
+    }
+
+    /// Check an explicit key against the region holding `addr`: the target's
+    /// live key must equal `key`.
+    pub fn check_key(&self, addr: u64, len: u64, key: u64) -> Result<(), ErrorKind> {
+        let t = self.state.table.load();
+        let r = find(&t, addr).ok_or(ErrorKind::AddressNotRegistered)?;
+        bounds(r, addr, len)?;
+        if key == 0 || live_key(&r.map).load(Ordering::Acquire) != key {
+            return Err(ErrorKind::AccessDenied);
+        }
+        Ok(())
+    }
+}
+
+impl PeerState {
+    fn owner_gone(&self) -> bool {
+        self.owner_gone.load(Ordering::Relaxed)
+    }
+
+    /// The refresher saw the owner hang up (it died, or withdrew the
+    /// segment): every access fails `ProcessFailed` from now on instead of
+    /// landing in a mapping nobody serves.
+    fn owner_hung_up(&self) {
+        tracing::warn!(segment = %self.name, "shm segment owner hung up: ProcessFailed from now on");
+        self.owner_gone.store(true, Ordering::Relaxed);
+    }
+
+    /// The descriptor's sequence as the owner last published it.
+    fn published_seq(&self) -> u64 {
+        // Acquire: pairs with the owner's Release publish (the seqlock);
+        // the value is only compared here, the words are read under the
+        // seqlock by `refresh`.
+        words(&self.desc, 1)[0].load(Ordering::Acquire)
+    }
+
+    /// An access missed in the view of sequence `looked` with `e`: the
+    /// worker's slow path. Nothing here waits: at most one eventfd write.
+    #[cold]
+    fn on_miss(&self, looked: u64, e: ErrorKind) -> Miss {
+        let seq = self.published_seq();
+        if seq == looked {
+            return Miss::Fail(e);
+        }
+        if self.table.load().seq == seq {
+            // Refreshed since the lookup.
+            return Miss::Retry;
+        }
+        if let Some(f) = self.failed.load().as_deref()
+            && f.seq == seq
+            && (!f.retry || monotonic_ns().saturating_sub(f.at_ns) < FAILED_HOLD_NS)
+        {
+            return Miss::Fail(f.answer.unwrap_or(e));
+        }
+        self.wake.request();
+        Miss::Later
+    }
+
+    /// Was descriptor `seq` refused (not to be re-read until it moves)?
+    fn refused(&self, seq: u64) -> bool {
+        self.failed
+            .load()
+            .as_deref()
+            .is_some_and(|f| f.seq == seq && !f.retry)
+    }
+
     /// Re-read the descriptor if its sequence moved (and was not refused),
-    /// waiting at most `wait` for another refresher or the owner.
+    /// waiting at most `wait` for another refresher or the owner (an API
+    /// thread).
     fn refresh_if_changed(&self, wait: Duration) -> Result<bool> {
-        let seq = words(&self.desc, 1)[0].load(Ordering::Acquire);
-        if seq == self.table.load().seq || seq == self.refused_seq.load(Ordering::Relaxed) {
+        let seq = self.published_seq();
+        if seq == self.table.load().seq || self.refused(seq) {
             return Ok(false);
         }
         self.refresh(false, Instant::now() + wait)?;
@@ -422,7 +582,8 @@ impl ShmPeer {
     }
 
     /// The refresh lock, waited for until `deadline` at most (`Timeout`):
-    /// a worker never queues behind a refresher stuck on a slow owner.
+    /// an API thread does not queue behind a refresher stuck on a slow
+    /// owner for longer than it said it would wait.
     fn lock_refresh(&self, deadline: Instant) -> Result<MutexGuard<'_, ()>> {
         loop {
             match self.refresh.try_lock() {
@@ -442,24 +603,30 @@ impl ShmPeer {
     }
 
     /// Re-read the descriptor and map regions that are new, by `deadline`;
-    /// slow path only. `prefault` maps their populated pages up front: done
-    /// when the segment is opened (an API thread), not on a refresh a
-    /// worker triggers. A descriptor the parser refuses leaves the old
-    /// table in place and is not re-read until it moves; a failure that may
-    /// pass (the owner slow, a memfd that could not travel) is retried on
-    /// the next miss.
-    fn refresh(&self, prefault_pages: bool, deadline: Instant) -> Result<()> {
-        let _g = self.lock_refresh(deadline)?;
-        let (seq, words) = read_descriptor(&self.desc)?;
+    /// then pre-fault the pages of the new ones that the owner populated.
+    /// Runs on an API thread (attach, `regions`) or on the refresher, never
+    /// on a worker. `force` reads the descriptor even if its sequence did
+    /// not move (attach: the parser must see it once). A refused descriptor
+    /// (or region) leaves the old view in place and is not re-read until
+    /// the sequence moves; a failure that may pass (the owner slow, a memfd
+    /// that could not travel) is retried on the next miss. Either is
+    /// recorded against the sequence read, for the misses that wait on it.
+    fn refresh(&self, force: bool, deadline: Instant) -> Result<()> {
+        let g = self.lock_refresh(deadline)?;
+        let (seq, words) = match read_descriptor(&self.desc) {
+            Ok(r) => r,
+            // Kept changing (or odd): recorded against what a miss sees.
+            Err(e) => return Err(self.failed(self.published_seq(), e)),
+        };
         let old = self.table.load_full();
-        if seq == old.seq && !prefault_pages {
-            // Another refresher got there while we waited.
+        if !force && (seq == old.seq || self.refused(seq)) {
+            // Another refresher got there while we waited, or nothing new.
             return Ok(());
         }
-        let entries = shm_desc::parse(&words).map_err(|e| {
-            self.refused(seq, Error::invalid(format!("segment {}: {e}", self.name)))
-        })?;
+        let entries = shm_desc::parse(&words)
+            .map_err(|e| self.failed(seq, Error::invalid(format!("segment {}: {e}", self.name))))?;
         let mut regions = Vec::with_capacity(entries.len());
+        let mut fresh = Vec::new();
         for e in entries {
             if let Some(r) = old.regions.iter().find(|r| {
                 r.key == e.key && r.base == e.base && r.len == e.len && r.handle == e.handle
@@ -483,23 +650,10 @@ impl ShmPeer {
                 Ok(Some(h)) => h,
                 // Revoked between the descriptor read and the request.
                 Ok(None) => continue,
-                Err(err) if err.kind() == ErrorKind::InvalidArgument => {
-                    return Err(self.refused(seq, err));
-                }
-                Err(err) => {
-                    crate::lograte::warn_limited!(
-                        (self.name.as_str(), err.kind().code()),
-                        segment = %self.name,
-                        error = %err,
-                        "shm segment refresh failed; retried on the next miss"
-                    );
-                    return Err(err);
-                }
+                Err(err) => return Err(self.failed(seq, err)),
             };
-            if prefault_pages {
-                prefault_populated(handed.fd.as_fd(), &handed.map, e.len);
-            }
             let map = Arc::new(handed.map);
+            fresh.push((handed.fd, map.clone(), e.len));
             let data = map.ptr().wrapping_add(DATA_OFFSET);
             regions.push(PeerRegion {
                 id: RegionId(e.id),
@@ -513,84 +667,42 @@ impl ShmPeer {
         }
         // `parse` sorted them by base and proved them disjoint.
         self.table.store(Arc::new(PeerTable { seq, regions }));
+        drop(g);
+        // After publishing: an op on a large new region does not wait for
+        // its pre-fault (pages it touches first fault in as they would).
+        for (fd, map, len) in fresh {
+            prefault_populated(fd.as_fd(), &map, len, || self.wake.stopped());
+        }
         Ok(())
     }
 
-    /// Remember that descriptor `seq` was refused (so misses do not re-read
-    /// it) and say so: a warning the first time, debug after that.
-    fn refused(&self, seq: u64, err: Error) -> Error {
-        self.refused_seq.store(seq, Ordering::Relaxed);
-        if self.refusals.fetch_add(1, Ordering::Relaxed) == 0 {
+    /// Record that the refresh of descriptor `seq` failed with `err` (for
+    /// the misses waiting on it) and log it: a refusal (the owner's fault,
+    /// `InvalidArgument`) as a warning the first time, debug after that;
+    /// anything else rate-limited. Returns `err`.
+    fn failed(&self, seq: u64, err: Error) -> Error {
+        let kind = err.kind();
+        let retry = kind != ErrorKind::InvalidArgument;
+        if retry {
+            crate::lograte::warn_limited!(
+                (self.name.as_str(), kind.code()),
+                segment = %self.name,
+                error = %err,
+                "shm segment refresh failed; retried on the next miss"
+            );
+        } else if self.refusals.fetch_add(1, Ordering::Relaxed) == 0 {
             tracing::warn!(segment = %self.name, error = %err, "shm segment descriptor refused; keeping the previous view");
         } else {
             tracing::debug!(segment = %self.name, error = %err, "shm segment descriptor refused again");
         }
+        let answer = matches!(kind, ErrorKind::Timeout | ErrorKind::Unreachable).then_some(kind);
+        self.failed.store(Some(Arc::new(Failed {
+            seq,
+            answer,
+            retry,
+            at_ns: monotonic_ns(),
+        })));
         err
-    }
-
-    /// Run `f` on the peer memory at `[addr, addr+len)` after checking
-    /// bounds and the live key. The mapping stays valid while `f` runs.
-    #[inline]
-    pub fn with_remote<R>(
-        &self,
-        addr: u64,
-        len: u64,
-        f: impl FnOnce(*mut u8) -> R,
-    ) -> Result<R, ErrorKind> {
-        // Relaxed: a late view only lets one more copy land in the orphan
-        // mapping, which harms nobody (its owner is gone).
-        if self.owner_gone.load(Ordering::Relaxed) {
-            return Err(ErrorKind::ProcessFailed);
-        }
-        for attempt in 0..2 {
-            let table = self.table.load();
-            match lookup(&table, addr, len) {
-                Ok(ptr) => return Ok(f(ptr)),
-                Err(
-                    e @ (ErrorKind::AddressNotRegistered
-                    | ErrorKind::AccessDenied
-                    | ErrorKind::OutOfBounds),
-                ) if attempt == 0 => {
-                    // Slow path: the target may have (re)registered memory
-                    // since we last looked, possibly at the same address.
-                    match self.refresh_if_changed(WORKER_REFRESH_WAIT) {
-                        Ok(true) => continue,
-                        // The owner (or another refresher) was too slow,
-                        // or a memfd could not travel: may pass.
-                        Err(err)
-                            if matches!(
-                                err.kind(),
-                                ErrorKind::Timeout | ErrorKind::Unreachable
-                            ) =>
-                        {
-                            return Err(err.kind());
-                        }
-                        _ => return Err(e),
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(ErrorKind::AddressNotRegistered)
-    }
-
-    /// The key this initiator holds for the region containing `addr` (tests
-    /// use it to present a wrong one).
-    pub fn key_of(&self, addr: u64) -> Option<u64> {
-        let t = self.table.load();
-        find(&t, addr).map(|r| r.key)
-    }
-
-    /// Check an explicit key against the region holding `addr`: the target's
-    /// live key must equal `key`.
-    pub fn check_key(&self, addr: u64, len: u64, key: u64) -> Result<(), ErrorKind> {
-        let t = self.table.load();
-        let r = find(&t, addr).ok_or(ErrorKind::AddressNotRegistered)?;
-        bounds(r, addr, len)?;
-        if key == 0 || live_key(&r.map).load(Ordering::Acquire) != key {
-            return Err(ErrorKind::AccessDenied);
-        }
-        Ok(())
     }
 }
 
@@ -640,9 +752,12 @@ fn populate(ptr: *mut u8, len: usize) {
 /// Pre-fault, in the peer, only the pages of a region that its owner has
 /// populated (data extents found with `SEEK_DATA`/`SEEK_HOLE` over the
 /// memfd), never the length it merely declares: a peer commits no memory
-/// on an owner's behalf. At most `MAX_EXTENTS` extents are walked.
-fn prefault_populated(fd: BorrowedFd<'_>, map: &Mapping, len: u64) {
+/// on an owner's behalf. At most `MAX_EXTENTS` extents are walked, in
+/// chunks of `CHUNK` bytes; it gives up as soon as `stop` says so (the
+/// peer is being dropped and waits for this).
+fn prefault_populated(fd: BorrowedFd<'_>, map: &Mapping, len: u64, stop: impl Fn() -> bool) {
     const MAX_EXTENTS: usize = 4096;
+    const CHUNK: i64 = 16 << 20;
     let start = DATA_OFFSET as i64;
     // `len` was admitted: at most MAX_REGION_LEN and inside the mapping.
     let end = start + len as i64;
@@ -660,10 +775,15 @@ fn prefault_populated(fd: BorrowedFd<'_>, map: &Mapping, len: u64) {
         let hole = unsafe { libc::lseek(fd.as_raw_fd(), data, libc::SEEK_HOLE) };
         let hole = if hole < 0 { end } else { hole.min(end) };
         // data < hole <= end <= the mapping's length (admitted).
-        populate(
-            map.ptr().wrapping_add(data as usize),
-            (hole - data) as usize,
-        );
+        let mut at = data;
+        while at < hole {
+            if stop() {
+                return;
+            }
+            let n = (hole - at).min(CHUNK);
+            populate(map.ptr().wrapping_add(at as usize), n as usize);
+            at += n;
+        }
         off = hole;
     }
 }

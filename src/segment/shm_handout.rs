@@ -1235,14 +1235,33 @@ impl HandoutClient {
     /// Has the owner hung up (died, or withdrawn the segment)? One
     /// non-blocking `poll`.
     pub(crate) fn owner_gone(&self) -> bool {
-        let mut p = libc::pollfd {
+        let mut p = self.liveness_pollfd();
+        // SAFETY: poll on one live descriptor, zero timeout.
+        let rc = unsafe { libc::poll(&mut p, 1, 0) };
+        rc > 0 && Self::hung_up(p.revents)
+    }
+
+    /// What to `poll` for to learn that the owner hung up: readable data
+    /// (a late reply) does not wake it, only the end of the connection.
+    pub(crate) fn liveness_pollfd(&self) -> libc::pollfd {
+        libc::pollfd {
             fd: self.stream.as_raw_fd(),
             events: libc::POLLRDHUP,
             revents: 0,
-        };
-        // SAFETY: poll on one live descriptor, zero timeout.
-        let rc = unsafe { libc::poll(&mut p, 1, 0) };
-        rc > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
+        }
+    }
+
+    /// Do the `revents` of a [`HandoutClient::liveness_pollfd`] say the
+    /// owner hung up?
+    pub(crate) fn hung_up(revents: libc::c_short) -> bool {
+        revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
+    }
+
+    /// End the connection from our side (the peer is closing): a request
+    /// waiting for the owner's reply returns at once, and the owner sees
+    /// this peer go.
+    pub(crate) fn hang_up(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 }
 

@@ -275,7 +275,7 @@ impl Transport for FaultProxyTransport {
                     ws.ready.push_back(c);
                     SubmitOutcome::Posted
                 }
-                rejected @ SubmitOutcome::Rejected(_) => rejected,
+                not_started @ (SubmitOutcome::Rejected(_) | SubmitOutcome::Later) => not_started,
             };
         }
     }

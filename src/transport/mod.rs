@@ -74,6 +74,11 @@ pub enum SubmitOutcome {
     Posted,
     /// Not started at all (safe to post elsewhere).
     Rejected(ErrorKind),
+    /// Not started, and not a fault: the transport is getting ready for
+    /// it (an shm peer mapping a region its owner just published) without
+    /// waiting. Try again on a later turn; no failover, and the task's
+    /// deadline still bounds it.
+    Later,
 }
 
 /// A slice completion reaped by [`Transport::poll`].

@@ -1,6 +1,9 @@
 //! `shm`: one-sided READ/WRITE into another process's exported segment,
 //! mapped from `/dev/shm`. Every slice is checked against the peer's region
-//! bounds and live key before a byte moves.
+//! bounds and live key before a byte moves. A slice on a region the owner
+//! published after the peer last mapped its segment is answered
+//! [`SubmitOutcome::Later`] while the peer's refresher maps it: the worker
+//! never waits on the owner.
 
 use tent_rings::{ErrorKind, TransportKind};
 
@@ -10,6 +13,7 @@ use super::{
 };
 use crate::error::Result;
 use crate::segment::Segment;
+use crate::segment::shm::Access;
 
 /// Cross-process copies through shared mappings.
 #[derive(Debug, Default)]
@@ -47,7 +51,13 @@ impl Transport for ShmTransport {
                         // SAFETY: `remote` was bounds- and key-checked inside a mapping `with_remote` keeps alive; `local` was checked by the engine.
                         unsafe { copy_slice(s.opcode, s.local, remote, s.len as usize) }
                     });
-                    SubmitOutcome::Completed(res.map(|()| s.len))
+                    match res {
+                        Ok(Access::Done(())) => SubmitOutcome::Completed(Ok(s.len)),
+                        // The peer's refresher is mapping what the owner
+                        // just published: the slice waits its next turn.
+                        Ok(Access::Later) => SubmitOutcome::Later,
+                        Err(e) => SubmitOutcome::Completed(Err(e)),
+                    }
                 }
             };
         }
