@@ -371,6 +371,9 @@ fn shutdown_with_ops_in_flight_child() {
     let dropped = Instant::now();
     drop(init);
     println!("engine dropped in {:?}", dropped.elapsed());
+    // Its connection threads are gone too (the target has none: it only
+    // serves).
+    let left = threads_named(&["tent-tcp-send", "tent-tcp-recv"]);
     // SAFETY: the engine is gone: nothing of it may touch the mapping.
     assert_eq!(unsafe { libc::munmap(mem.cast(), total) }, 0);
     // Someone else gets the same addresses.
@@ -393,11 +396,21 @@ fn shutdown_with_ops_in_flight_child() {
     relay.go();
     std::thread::sleep(Duration::from_millis(100));
     let bad = differing(now, &theirs);
-    println!("RESULT differing={bad}");
+    println!("RESULT differing={bad} threads_left={left}");
     assert_eq!(
         bad, 0,
         "bytes of a READ in flight at shutdown landed after the engine's drop returned"
     );
+    assert_eq!(left, 0, "tcp connection threads outlived the engine's drop");
+}
+
+/// Threads of this process whose name is one of `names`.
+fn threads_named(names: &[&str]) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| names.contains(&comm.trim_end()))
+        .count()
 }
 
 #[test]
