@@ -27,9 +27,10 @@ const LEN: usize = 256 << 10;
 
 /// A relay of data connections to `real`. The first connection forwards
 /// `hold_after` bytes target → initiator, then holds the rest until
-/// [`Relay::go`]; with `up_limit`, it forwards only that many bytes
-/// initiator → target and then stops reading (so a large WRITE blocks its
-/// sender in `sendmsg`). Later connections are forwarded whole.
+/// [`Relay::go`]; with `up_limit`, it also forwards only that many bytes
+/// initiator → target until `go` and stops reading meanwhile (so a large
+/// WRITE blocks its sender in `sendmsg`). Later connections are forwarded
+/// whole.
 struct Relay {
     addr: SocketAddr,
     go: Arc<AtomicBool>,
@@ -81,10 +82,13 @@ impl Relay {
                     let (mut from, mut to) = (down, up);
                     match up_limit {
                         Some(n) if first => {
-                            let _ = pump(&mut from, &mut to, n);
-                            // Reads no more: the initiator's socket fills.
-                            while !go3.load(Ordering::SeqCst) {
-                                std::thread::sleep(Duration::from_millis(2));
+                            if pump(&mut from, &mut to, n).is_ok() {
+                                // Reads no more: the initiator's socket fills.
+                                while !go3.load(Ordering::SeqCst) {
+                                    std::thread::sleep(Duration::from_millis(2));
+                                }
+                                // What it had sent by then goes on.
+                                let _ = pump(&mut from, &mut to, usize::MAX);
                             }
                         }
                         _ => {
@@ -207,6 +211,65 @@ fn a_read_timed_out_mid_stream_lands_nothing_after_its_cqe() {
         differing(&now, &mine),
         0,
         "bytes of the timed-out READ landed in the buffer after its Timeout CQE"
+    );
+}
+
+#[test]
+fn a_write_timed_out_mid_stream_lands_nothing_after_its_cqe() {
+    let target = target();
+    let dst = target.allocate_memory(LEN as u64).unwrap();
+    // The WRITE's request and half its payload reach the target, whose
+    // connection thread then waits inside the payload for the rest.
+    let relay = Relay::start(
+        target.tcp_data_addr().unwrap(),
+        usize::MAX,
+        Some(HELLO_LEN + REQUEST_LEN + LEN / 2),
+    );
+    let mut c = test_config();
+    c.transports.shm.enable = false;
+    c.transports.tcp.connections_per_peer = 2;
+    c.transports.tcp.slice_size = 64 << 20;
+    let init = Engine::new(c).unwrap();
+    let seg = open_through(&init, &target, &relay);
+    let local = init.allocate_memory(2 * LEN as u64).unwrap();
+    local.write(0, &pattern(1, LEN)).unwrap();
+    let mine = pattern(2, LEN);
+    local.write(LEN as u64, &mine).unwrap();
+    let mut ring = init.ring().unwrap();
+    ring.submission()
+        .push(
+            op::Write::new(
+                LocalAddr::new(local.id(), 0),
+                RemoteAddr::new(seg, dst.addr()),
+                LEN as u64,
+            )
+            .deadline_ns(deadline_after(Duration::from_millis(300)))
+            .user_data(1),
+        )
+        .unwrap();
+    assert_eq!(reap(&mut ring, 1)[0].result(), Err(ErrorKind::Timeout));
+    // The application writes the same range again: it lands (on the other
+    // connection).
+    ring.submission()
+        .push(
+            op::Write::new(
+                LocalAddr::new(local.id(), LEN as u64),
+                RemoteAddr::new(seg, dst.addr()),
+                LEN as u64,
+            )
+            .user_data(2),
+        )
+        .unwrap();
+    assert_eq!(reap(&mut ring, 1)[0].result(), Ok(LEN as u64));
+    // The rest of the timed-out WRITE reaches the target now.
+    relay.go();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut now = vec![0u8; LEN];
+    dst.read(0, &mut now).unwrap();
+    assert_eq!(
+        differing(&now, &mine),
+        0,
+        "bytes of the timed-out WRITE landed over the one written after its Timeout CQE"
     );
 }
 
