@@ -186,6 +186,7 @@ fn a_read_timed_out_mid_stream_lands_nothing_after_its_cqe() {
     let seg = open_through(&init, &target, &relay);
     let local = init.allocate_memory(LEN as u64).unwrap();
     let mut ring = init.ring().unwrap();
+    let start = Instant::now();
     ring.submission()
         .push(
             op::Read::new(
@@ -198,6 +199,10 @@ fn a_read_timed_out_mid_stream_lands_nothing_after_its_cqe() {
         )
         .unwrap();
     let c = reap(&mut ring, 1);
+    println!(
+        "Timeout CQE {:?} after the submit (deadline 300 ms)",
+        start.elapsed()
+    );
     relay.wait_stalled();
     assert_eq!(c[0].result(), Err(ErrorKind::Timeout));
     // The application owns the buffer again: it writes its own bytes.
