@@ -1,6 +1,8 @@
-//! Nothing can hang: a transport that posts slices and never completes
-//! them still yields a `Timeout` at the deadline; its late completions are
-//! reaped without harm and every credit comes back.
+//! A deadline stops a task: at the deadline the engine tells the
+//! transport to abort the task's slices in flight, and delivers `Timeout`
+//! once the transport has handed every one of them back, never before (a
+//! completion means no transport touches the memory any more). Every
+//! credit comes back, and the engine goes on.
 
 mod common;
 
@@ -14,19 +16,36 @@ use tent::transport::{
 };
 use tent::{Engine, ErrorKind, LocalAddr, RemoteAddr, SegmentId, TransportKind, op};
 
-/// Accepts every slice (Posted) and completes them only when released.
+/// Accepts every slice (Posted) and completes them only when released;
+/// an abort is recorded, and an aborted slice released completes with
+/// the abort's kind (a transport whose hardware lets go of the buffer
+/// only when the test says so).
 #[derive(Default)]
 struct Held {
     posted: Mutex<Vec<u64>>,
-    released: Mutex<Vec<u64>>,
+    aborted: Mutex<Vec<(u64, ErrorKind)>>,
+    released: Mutex<Vec<SliceCompletion>>,
 }
 
 impl Held {
     fn release_all(&self) -> usize {
         let mut p = self.posted.lock().unwrap();
+        let aborted = self.aborted.lock().unwrap();
         let n = p.len();
-        self.released.lock().unwrap().append(&mut p);
+        let mut r = self.released.lock().unwrap();
+        for token in p.drain(..) {
+            let result = match aborted.iter().find(|(t, _)| *t == token) {
+                Some(&(_, kind)) => Err(kind),
+                None => Ok(4096),
+            };
+            r.push(SliceCompletion { token, result });
+        }
         n
+    }
+
+    /// Distinct tokens aborted so far, with their kinds.
+    fn aborts(&self) -> Vec<(u64, ErrorKind)> {
+        self.aborted.lock().unwrap().clone()
     }
 }
 
@@ -59,18 +78,22 @@ impl Transport for Held {
     fn poll(&self, _: &WorkerCtx, out: &mut [SliceCompletion]) -> usize {
         let mut r = self.released.lock().unwrap();
         let n = r.len().min(out.len());
-        for (o, token) in out.iter_mut().zip(r.drain(..n)) {
-            *o = SliceCompletion {
-                token,
-                result: Ok(4096),
-            };
+        for (o, c) in out.iter_mut().zip(r.drain(..n)) {
+            *o = c;
         }
         n
+    }
+    fn abort(&self, _: &WorkerCtx, token: u64, kind: ErrorKind) {
+        let posted = self.posted.lock().unwrap();
+        let mut a = self.aborted.lock().unwrap();
+        if posted.contains(&token) && !a.iter().any(|(t, _)| *t == token) {
+            a.push((token, kind));
+        }
     }
 }
 
 #[test]
-fn hung_transport_times_out_then_drains() {
+fn a_timed_out_task_completes_once_its_transport_hands_its_slices_back() {
     let mut cfg = test_config();
     cfg.block_size = 4096;
     cfg.max_inflight_slices = 4; // 16 slices: the task waits in its lane for credits
@@ -94,12 +117,27 @@ fn hung_transport_times_out_then_drains() {
             .user_data(1),
         )
         .unwrap();
-    let c = reap(&mut ring, 1);
-    assert_eq!(c[0].result(), Err(ErrorKind::Timeout));
+    ring.submit().unwrap();
+    // At the deadline the task's four slices in flight are aborted, once.
+    let until = Instant::now() + Duration::from_secs(5);
+    while held.aborts().is_empty() {
+        assert!(Instant::now() < until, "no abort at the deadline");
+        std::thread::yield_now();
+    }
     let took = start.elapsed();
     assert!(
         took >= Duration::from_millis(95),
-        "reported before its deadline: {took:?}"
+        "aborted before its deadline: {took:?}"
+    );
+    let aborts = held.aborts();
+    assert_eq!(aborts.len(), 1, "one token, aborted once: {aborts:?}");
+    assert_eq!(aborts[0].1, ErrorKind::Timeout);
+    // The transport still holds the buffer: no completion yet.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        ring.completion().count(),
+        0,
+        "Timeout delivered while the transport still held the task's slices"
     );
     assert_eq!(
         e.credits_in_flight(),
@@ -107,15 +145,16 @@ fn hung_transport_times_out_then_drains() {
         "the four posted slices are still out"
     );
 
-    // The late completions arrive: reaped, ignored, credits returned; no
-    // second CQE for the task.
+    // The transport lets go: the Timeout comes, credits come back.
     assert_eq!(held.release_all(), 4);
+    let c = reap(&mut ring, 1);
+    assert_eq!(c[0].result(), Err(ErrorKind::Timeout));
     let until = Instant::now() + Duration::from_secs(5);
     while e.credits_in_flight() != 0 {
         assert!(Instant::now() < until, "credits never came back");
         std::thread::yield_now();
     }
-    assert_eq!(ring.completion().count(), 0, "no CQE for a reported task");
+    assert_eq!(ring.completion().count(), 0, "one CQE per task");
 
     // The engine goes on: a normal op over the real transport.
     e.swap_transport(TransportKind::Local, Some(local));
@@ -130,6 +169,59 @@ fn hung_transport_times_out_then_drains() {
         )
         .unwrap();
     assert_eq!(reap(&mut ring, 1)[0].result(), Ok(1 << 16));
+}
+
+#[test]
+fn shutdown_waits_for_slices_in_flight_and_aborts_them() {
+    let mut cfg = test_config();
+    cfg.block_size = 4096;
+    let e = Engine::new(cfg).unwrap();
+    let src = e.allocate_memory(1 << 14).unwrap();
+    let dst = e.allocate_memory(1 << 14).unwrap();
+    let held = Arc::new(Held::default());
+    e.swap_transport(TransportKind::Local, Some(held.clone()));
+    let mut ring = e.ring().unwrap();
+    ring.submission()
+        .push(
+            op::Write::new(
+                LocalAddr::new(src.id(), 0),
+                RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+                1 << 14,
+            )
+            .user_data(3),
+        )
+        .unwrap();
+    ring.submit().unwrap();
+    let until = Instant::now() + Duration::from_secs(5);
+    while held.posted.lock().unwrap().len() < 4 {
+        assert!(Instant::now() < until, "slices were not posted");
+        std::thread::yield_now();
+    }
+    let dropper = std::thread::spawn(move || {
+        drop(e);
+        Instant::now()
+    });
+    let until = Instant::now() + Duration::from_secs(5);
+    while held.aborts().is_empty() {
+        assert!(Instant::now() < until, "shutdown did not abort the slices");
+        std::thread::yield_now();
+    }
+    assert_eq!(held.aborts()[0].1, ErrorKind::Shutdown);
+    // Longer than the drain used to wait before abandoning slices.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        !dropper.is_finished(),
+        "the engine's drop returned while a transport held a task's slices"
+    );
+    let released = Instant::now();
+    assert_eq!(held.release_all(), 4);
+    let returned = dropper.join().unwrap();
+    assert!(returned >= released);
+    let c = reap(&mut ring, 1);
+    assert_eq!(
+        (c[0].user_data(), c[0].result()),
+        (3, Err(ErrorKind::Shutdown))
+    );
 }
 
 #[test]

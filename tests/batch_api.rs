@@ -217,6 +217,9 @@ impl tent::transport::Transport for Gated {
     ) -> usize {
         self.inner.poll(ctx, out)
     }
+    fn abort(&self, ctx: &tent::transport::WorkerCtx, token: u64, kind: ErrorKind) {
+        self.inner.abort(ctx, token, kind)
+    }
 }
 
 #[test]

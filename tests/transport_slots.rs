@@ -46,6 +46,9 @@ impl Transport for Counting {
     fn poll(&self, ctx: &WorkerCtx, out: &mut [SliceCompletion]) -> usize {
         self.inner.poll(ctx, out)
     }
+    fn abort(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind) {
+        self.inner.abort(ctx, token, kind)
+    }
 }
 
 /// A transport whose bring-up fails.
@@ -72,6 +75,9 @@ impl Transport for Broken {
     }
     fn poll(&self, _: &WorkerCtx, _: &mut [SliceCompletion]) -> usize {
         0
+    }
+    fn abort(&self, _: &WorkerCtx, _: u64, _: ErrorKind) {
+        unreachable!("never installed")
     }
 }
 
@@ -108,6 +114,9 @@ impl Transport for Memcpy {
     }
     fn poll(&self, _: &WorkerCtx, _: &mut [SliceCompletion]) -> usize {
         0
+    }
+    fn abort(&self, _: &WorkerCtx, _: u64, _: ErrorKind) {
+        // Synchronous: nothing is ever in flight.
     }
 }
 

@@ -1103,11 +1103,20 @@ fn start_control(
 }
 
 impl Drop for Engine {
+    /// When this returns, nothing of the engine touches memory it was
+    /// given: each worker has stopped every task and waited for all its
+    /// slices to come back (a transport hands one back only once nothing
+    /// touches its buffer), then the TCP transport's connection threads
+    /// and link watch are joined here; the data and control servers join
+    /// theirs as they drop with the engine's fields.
     fn drop(&mut self) {
         stop_workers(
             &self.workers,
             &mut self.threads.lock().expect("threads poisoned"),
         );
+        if let Some(tcp) = &self.shared.tcp {
+            tcp.stop();
+        }
     }
 }
 

@@ -34,9 +34,10 @@ pub(crate) struct SliceRecord {
 pub(crate) struct Task {
     pub generation: u32,
     pub live: bool,
-    /// Completion already delivered (deadline/cancel while slices were in
-    /// flight); the slot frees when they drain.
-    pub reported: bool,
+    /// Stopped by its deadline, a cancel or shutdown: nothing more is
+    /// posted, its slices in flight were aborted, and its completion goes
+    /// out once they are all back.
+    pub stopped: bool,
     pub origin: Origin,
     pub user_data: u64,
     pub opcode: Opcode,
@@ -74,7 +75,7 @@ impl Task {
         Task {
             generation: 0,
             live: false,
-            reported: false,
+            stopped: false,
             origin: Origin::Batch,
             user_data: 0,
             opcode: Opcode::Write,
@@ -160,7 +161,7 @@ impl TaskTable {
         let t = &mut self.tasks[i as usize];
         t.generation = t.generation.wrapping_add(1);
         t.live = true;
-        t.reported = false;
+        t.stopped = false;
         Some(i)
     }
 

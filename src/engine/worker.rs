@@ -57,8 +57,12 @@ const INTAKE_PER_RING: usize = 64;
 const HOUSEKEEPING_NS: u64 = 1_000_000;
 /// How soon a parked worker looks again at a ring blocked on CQ room.
 const CQ_BLOCKED_RECHECK: Duration = Duration::from_millis(1);
-/// How long shutdown waits for posted slices to complete.
-const SHUTDOWN_DRAIN_NS: u64 = 1_000_000_000;
+/// How often shutdown says which transports still hold slices.
+const SHUTDOWN_LOG_NS: u64 = 1_000_000_000;
+/// Idle turns of the shutdown drain spent yielding before it sleeps.
+const SHUTDOWN_YIELDS: u32 = 1_000;
+/// The shutdown drain's sleep between two polls once yielding is over.
+const SHUTDOWN_NAP: Duration = Duration::from_micros(200);
 /// Longest sleep while slices are in flight on transports that wake us,
 /// or while every task waits on a transport that answered `Later`.
 const COMPLETION_PARK: Duration = Duration::from_millis(1);
@@ -663,18 +667,21 @@ impl Worker {
                 break;
             }
             let t = self.tasks.get_mut(i);
-            if !t.live || t.reported {
-                // Already reported (deadline or cancel): nothing to post.
+            if !t.live || t.stopped {
+                // Stopped (deadline, cancel): nothing to post.
                 self.lanes.pop(p);
                 continue;
             }
-            if let Some(b) = t.batch_task()
-                && b.cancel_requested()
-            {
-                t.error.get_or_insert(ErrorKind::Canceled);
-            }
-            if now >= t.deadline_ns {
-                t.error.get_or_insert(ErrorKind::Timeout);
+            let stop = if t.batch_task().is_some_and(|b| b.cancel_requested()) {
+                Some(ErrorKind::Canceled)
+            } else {
+                (now >= t.deadline_ns).then_some(ErrorKind::Timeout)
+            };
+            if let Some(kind) = stop {
+                self.lanes.pop(p);
+                self.stop_task(i, kind);
+                work = true;
+                continue;
             }
             if t.posting_done() {
                 self.lanes.pop(p);
@@ -894,15 +901,17 @@ impl Worker {
         n > 0
     }
 
-    /// Deliver and/or free task `i` if nothing of it is left in flight.
+    /// Deliver and free task `i` once nothing more will be posted for it
+    /// and nothing of it is in flight: its completion (CQE or batch state)
+    /// says no transport touches its memory any more, even for a task that
+    /// failed, timed out or was canceled while slices were out (those are
+    /// aborted first: `stop_task`).
     fn maybe_finish(&mut self, i: u32) {
         let t = self.tasks.get_mut(i);
-        if !t.live || !t.posting_done() {
+        if !t.live || !t.posting_done() || t.inflight > 0 {
             return;
         }
-        if !t.reported
-            && t.inflight == 0
-            && t.error.is_none()
+        if t.error.is_none()
             && let Some(cause) = t.failing
             && self.resubmit(i, cause)
         {
@@ -910,28 +919,45 @@ impl Worker {
             return;
         }
         let t = self.tasks.get_mut(i);
-        if !t.reported
-            && (t.inflight == 0
-                || matches!(t.error, Some(ErrorKind::Timeout | ErrorKind::Canceled)))
-        {
-            t.reported = true;
-            let res = match t.error {
-                Some(e) => Err(e),
-                None => Ok(t.done),
-            };
-            let (origin, user_data) = (t.origin, t.user_data);
-            let served = Served {
-                transport: t.transport,
-                failover_count: t.failover_count,
-                exhausted: t.exhausted,
-            };
-            let done = t.done;
-            self.deliver_task(origin, user_data, res, done, served);
-        }
+        let res = match t.error {
+            Some(e) => Err(e),
+            None => Ok(t.done),
+        };
+        let (origin, user_data) = (t.origin, t.user_data);
+        let served = Served {
+            transport: t.transport,
+            failover_count: t.failover_count,
+            exhausted: t.exhausted,
+        };
+        let done = t.done;
+        self.deliver_task(origin, user_data, res, done, served);
+        self.tasks.release(i);
+    }
+
+    /// Stop task `i` (its deadline passed, it was canceled, or the engine
+    /// is shutting down): it fails with `kind` unless it failed already,
+    /// nothing more of it is posted, and every transport instance with
+    /// slices in flight is told to abort its slices. Its completion goes
+    /// out once the last of them is back (`maybe_finish`).
+    fn stop_task(&mut self, i: u32, kind: ErrorKind) {
         let t = self.tasks.get_mut(i);
-        if t.reported && t.inflight == 0 {
-            self.tasks.release(i);
+        t.error.get_or_insert(kind);
+        t.stopped = true;
+        // A multi-slice task may sit in a lane with slices in flight: take
+        // it out in every case.
+        t.posted = t.posted.max(t.len);
+        let (inflight, token) = (t.inflight, t.token(i));
+        self.lanes.retain(|x| x != i);
+        if inflight > 0 {
+            // Which instances hold its slices is not tracked per task; a
+            // transport with none of them does nothing.
+            for p in self.posted.iter().flatten().chain(self.draining.iter()) {
+                if p.inflight > 0 {
+                    p.transport.transport.abort(&self.ctx, token, kind);
+                }
+            }
         }
+        self.maybe_finish(i);
     }
 
     /// Deliver a finished task (with the bytes it moved) and count it.
@@ -1025,22 +1051,14 @@ impl Worker {
         if self.tasks.active() > 0 {
             for i in 0..self.tasks.capacity() as u32 {
                 let t = self.tasks.get_mut(i);
-                if !t.live || t.reported {
+                if !t.live || t.stopped {
                     continue;
                 }
                 let canceled = t.batch_task().is_some_and(|b| b.cancel_requested());
-                if now >= t.deadline_ns || canceled {
-                    t.error.get_or_insert(if canceled {
-                        ErrorKind::Canceled
-                    } else {
-                        ErrorKind::Timeout
-                    });
-                    // Stop posting; report now even if slices are in flight.
-                    // A multi-slice task may sit in a lane with slices in
-                    // flight: take it out in every case.
-                    t.posted = t.posted.max(t.len);
-                    self.lanes.retain(|x| x != i);
-                    self.maybe_finish(i);
+                if canceled {
+                    self.stop_task(i, ErrorKind::Canceled);
+                } else if now >= t.deadline_ns {
+                    self.stop_task(i, ErrorKind::Timeout);
                 }
             }
         }
@@ -1194,32 +1212,58 @@ impl Worker {
                 ring.sq.sync();
             }
         }
-        // Posted slices may still be moving bytes into task memory: give
-        // them a bounded time to complete before the tasks let go of it.
-        let until = monotonic_ns() + SHUTDOWN_DRAIN_NS;
-        while self.async_inflight > 0 && monotonic_ns() < until {
-            if !self.reap() {
-                std::thread::yield_now();
-            }
-        }
-        if self.async_inflight > 0 {
-            tracing::warn!(
-                worker = self.shared.index,
-                slices = self.async_inflight,
-                "shutdown: slices still posted after the drain period; abandoning them"
-            );
-        }
+        // Every live task stops: those with slices in flight have them
+        // aborted and complete once they are back, the others at once.
         for i in 0..self.tasks.capacity() as u32 {
             let t = self.tasks.get_mut(i);
-            if t.live && !t.reported {
-                t.error.get_or_insert(ErrorKind::Shutdown);
-                t.posted = t.len;
-                t.inflight = 0;
-                self.maybe_finish(i);
+            if t.live && !t.stopped {
+                self.stop_task(i, ErrorKind::Shutdown);
+            }
+        }
+        self.flush_cqs();
+        // Task memory (the application's, registered until the engine is
+        // dropped) is let go only once no transport will touch it: no
+        // slice is ever abandoned, however long its transport takes.
+        let started = monotonic_ns();
+        let mut next_log = started + SHUTDOWN_LOG_NS;
+        let mut idle = 0u32;
+        while self.async_inflight > 0 {
+            if self.reap() {
+                self.flush_cqs();
+                idle = 0;
+                continue;
+            }
+            let now = monotonic_ns();
+            if now >= next_log {
+                next_log = now + SHUTDOWN_LOG_NS;
+                self.log_held_slices(now - started);
+            }
+            if idle < SHUTDOWN_YIELDS {
+                idle += 1;
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(SHUTDOWN_NAP);
             }
         }
         self.lanes.retain(|_| false);
         self.flush_cqs();
+    }
+
+    /// Shutdown is waiting on transports that still hold slices: say
+    /// which (once per transport, then a summary a second).
+    fn log_held_slices(&self, waited_ns: u64) {
+        for p in self.posted.iter().flatten().chain(self.draining.iter()) {
+            if p.inflight > 0 {
+                crate::lograte::warn_limited!(
+                    (self.shared.index, p.kind),
+                    worker = self.shared.index,
+                    transport = %p.kind,
+                    slices = p.inflight,
+                    waited_ms = waited_ns / 1_000_000,
+                    "shutdown: waiting for a transport to hand back slices still in flight; their tasks' memory is kept until it does"
+                );
+            }
+        }
     }
 }
 

@@ -730,4 +730,9 @@ impl Transport for RdmaTransport {
         }
         n
     }
+
+    fn abort(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind) {
+        // WIRED AT MERGE: RdmaTransport::abort_token
+        let _ = (ctx, token, kind);
+    }
 }

@@ -300,6 +300,16 @@ impl Transport for FaultProxyTransport {
         self.completed.fetch_add(total as u64, Ordering::Relaxed);
         total
     }
+
+    fn abort(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind) {
+        // A slice that comes back after the abort keeps its own result
+        // (`kind`, or what it finished with first): no poison flips it.
+        // Results already in `ready` are complete: nothing to stop.
+        if let Ok(mut ws) = self.workers.get(ctx) {
+            ws.poisoned.retain(|&t| t != token);
+        }
+        self.inner.abort(ctx, token, kind);
+    }
 }
 
 #[cfg(test)]

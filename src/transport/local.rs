@@ -70,4 +70,9 @@ impl Transport for LocalTransport {
     fn poll(&self, _ctx: &WorkerCtx, _out: &mut [SliceCompletion]) -> usize {
         0
     }
+
+    fn abort(&self, _ctx: &WorkerCtx, _token: u64, _kind: ErrorKind) {
+        // Synchronous: every slice is done when `submit` returns, so
+        // nothing is ever in flight here to stop.
+    }
 }

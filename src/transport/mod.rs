@@ -133,6 +133,21 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Reap completions of posted slices into `out`; returns how many.
     fn poll(&self, ctx: &WorkerCtx, out: &mut [SliceCompletion]) -> usize;
+
+    /// Stop every slice of `token` that worker `ctx` posted here and that
+    /// has not completed. Each such slice still completes through `poll`
+    /// (with `kind`, or its own result if it finished first), and only
+    /// once nothing — no thread of the transport, no NIC, no kernel send
+    /// queue — will touch its local buffer again. Must not block (no lock
+    /// that a connecting or I/O thread may hold, no waiting syscall): the
+    /// quiescence arrives later, through `poll`.
+    ///
+    /// The worker calls it when a task with slices in flight passes its
+    /// deadline, is canceled, or the engine shuts down, and delivers the
+    /// task's completion only once every slice is back: a completion
+    /// means the engine is done with the memory. Calling it again, or for
+    /// a token with nothing in flight here, does nothing.
+    fn abort(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind);
 }
 
 /// One transport slot: swappable at run time, and cheap to watch from a

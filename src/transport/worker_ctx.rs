@@ -177,6 +177,9 @@ impl WorkerCtx {
 ///     fn poll(&self, _: &WorkerCtx, _: &mut [SliceCompletion]) -> usize {
 ///         0
 ///     }
+///     fn abort(&self, _: &WorkerCtx, _: u64, _: tent::ErrorKind) {
+///         // It posts nothing: nothing to stop.
+///     }
 /// }
 ///
 /// let t = Refusing { seen: PerWorker::new(4, |_| 0) };

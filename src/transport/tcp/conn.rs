@@ -21,12 +21,23 @@
 //! down); it reconnects on the next slice. Slices still in `submit` were
 //! never sent, so they are never reported twice.
 //!
+//! A worker stops one task's slices ([`Conn::claim`], [`Conn::on_wire`],
+//! [`Conn::stop_slices`]): the sender sends no queued slice of an aborted
+//! token (it completes them at once, on `unsent`); a slice of it already
+//! on the wire is stopped by resetting the connection, as above, so it
+//! completes only once nothing touches its buffer. Slices of other tasks
+//! caught on that connection come back as [`BYSTANDER`] and are re-posted
+//! as if nothing happened.
+//!
 //! A WRITE that was sent on a connection that then failed remembers it
 //! ([`Op::fence`]); wherever the slice is re-posted, a [`Fence`] for that
 //! connection goes ahead of it, so the target lets the superseded
 //! connection write nothing more before it serves the slice (bytes of it
 //! still on their way, or queued in the target's socket, cannot land over
-//! the slice or anything written after it).
+//! the slice or anything written after it). A connection reset with a
+//! WRITE on it is also fenced by every connection to the peer before its
+//! next slice ([`PeerFences`]): that WRITE's failure may have reached the
+//! application, whose next WRITE must not be overwritten by its bytes.
 //!
 //! A connection opens with the [`handshake`] (proof of
 //! the shared secret when one is set), naming itself: this process's
@@ -39,14 +50,17 @@
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
 use tent_rings::spsc::{self, Consumer, Entry, Producer};
 use tent_rings::{ErrorKind, Opcode};
 
+use super::abort::AbortBoard;
+use super::fence::{FENCES_MAX, PEER_FENCES_MAX, PeerFences, fences_for, owe};
 use super::frame::{BUSY, Fence, Ident, RESPONSE_LEN, Request, Response, SESSION_LEN};
 use super::server::tune;
 use super::{handshake, io};
@@ -96,7 +110,7 @@ pub struct Op {
     pub posted_ns: u64,
     /// Position on its connection (checked against the response).
     pub seq: u32,
-    /// 0 = done, else the `ErrorKind` code.
+    /// 0 = done, [`BYSTANDER`], else the `ErrorKind` code.
     pub status: u16,
     /// 1 = WRITE, 2 = READ.
     pub opcode: u8,
@@ -113,6 +127,12 @@ pub struct Op {
 }
 
 const _: () = assert!(std::mem::size_of::<Op>() == 64);
+
+/// [`Op::status`] of a slice caught on a connection that was reset to stop
+/// another task's slice: it did not fail (re-post it, as if the connection
+/// had not been there). Not an `ErrorKind` code.
+pub const BYSTANDER: u16 = u16::MAX;
+const _: () = assert!(ErrorKind::from_code(BYSTANDER).is_none());
 
 // SAFETY: Op is repr(C) integers only (the local address is held as an integer and only dereferenced under the transport's contract); every bit pattern is valid and no field constrains another.
 unsafe impl Entry for Op {}
@@ -169,7 +189,7 @@ fn session() -> [u8; SESSION_LEN] {
 
 /// A fresh connection id in this process's session (never 0; unique
 /// until 2^32 connections have opened).
-fn next_conn_id() -> u32 {
+pub(super) fn next_conn_id() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(1);
     loop {
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -177,64 +197,6 @@ fn next_conn_id() -> u32 {
             return id;
         }
     }
-}
-
-/// Fences owed beyond the connection a slice left: `(b, a)` says a WRITE
-/// failed on connection `b` after it was sent there behind a fence for
-/// `a`. That fence may never have reached the target, so wherever the
-/// slice goes next, `a` is fenced too (and what `a` owed). Touched only
-/// when a moved slice is sent, or fails again.
-static OWED: Mutex<VecDeque<(u32, u32)>> = Mutex::new(VecDeque::new());
-/// Pairs kept in [`OWED`] (oldest forgotten first: it takes that many
-/// slices failing twice before the first is served).
-const OWED_MAX: usize = 256;
-/// Fences sent ahead of one slice, at most.
-const FENCES_MAX: usize = 8;
-
-/// Remember that connection `b` owes the fence of `a`.
-fn owe(b: u32, a: u32) {
-    let mut owed = OWED.lock().expect("owed fences poisoned");
-    if owed.contains(&(b, a)) {
-        return;
-    }
-    if owed.len() >= OWED_MAX {
-        owed.pop_front();
-        crate::lograte::warn_limited!(
-            "tcp-owed-fences",
-            limit = OWED_MAX,
-            "tcp: too many slices moved twice; the oldest owed fence is forgotten"
-        );
-    }
-    owed.push_back((b, a));
-}
-
-/// The connections to fence ahead of a slice that left `conn`: `conn`,
-/// then what it owes, transitively (at most [`FENCES_MAX`]).
-fn fences_for(conn: u32, out: &mut [u32; FENCES_MAX]) -> usize {
-    out[0] = conn;
-    let mut n = 1;
-    let owed = OWED.lock().expect("owed fences poisoned");
-    let mut i = 0;
-    while i < n {
-        let c = out[i];
-        i += 1;
-        for &(b, a) in owed.iter() {
-            if b != c || out[..n].contains(&a) {
-                continue;
-            }
-            if n == FENCES_MAX {
-                crate::lograte::warn_limited!(
-                    "tcp-fence-chain",
-                    limit = FENCES_MAX,
-                    "tcp: a slice moved more often than fences are sent ahead of it; the oldest are left out"
-                );
-                return n;
-            }
-            out[n] = a;
-            n += 1;
-        }
-    }
-    n
 }
 
 /// A rail as a connection sees it: where to connect from and to, and
@@ -259,8 +221,24 @@ pub struct Conn {
     stop: AtomicBool,
     /// Why the sender broke the link (an `ErrorKind` code, 0 = none).
     cause: AtomicU16,
-    /// The live socket, so the link watch can shut it down at once.
-    stream: Mutex<Option<Arc<TcpStream>>>,
+    /// The socket was reset to stop an aborted token's slice: the other
+    /// slices on it come back [`BYSTANDER`].
+    bystanders: AtomicBool,
+    /// The live socket, so the link watch and the worker can reset it at
+    /// once (lock-free: the worker never waits on the sender).
+    stream: ArcSwapOption<TcpStream>,
+    /// The tokens the owning worker aborted.
+    board: Arc<AbortBoard>,
+    /// Connections every connection to this peer fences.
+    fences: Arc<PeerFences>,
+    /// The token of each slice sent and not finished, by `seq` modulo its
+    /// length (`max_inflight_per_connection` + 1: one more than the ring
+    /// holds, for the slice the receiver is landing).
+    wire: Box<[AtomicU64]>,
+    /// The last `seq` claimed for the wire (by the sender).
+    sent: AtomicU32,
+    /// The last `seq` finished (by the receiver, or the sender's teardown).
+    finished: AtomicU32,
     /// The worker that owns this connection, woken on completions.
     notify: Option<(Arc<Wakers>, usize)>,
 }
@@ -316,11 +294,67 @@ impl Conn {
         let _ = self
             .cause
             .compare_exchange(0, cause.code(), Ordering::AcqRel, Ordering::Relaxed);
-        self.broken.store(true, Ordering::Release);
-        if let Some(s) = self.stream.lock().expect("conn stream poisoned").as_ref() {
+        self.break_now();
+    }
+
+    /// Mark the connection broken and reset its socket, if one is up. No
+    /// lock: the worker calls it too.
+    fn break_now(&self) {
+        self.broken.store(true, Ordering::SeqCst);
+        if let Some(s) = self.stream.load().as_deref() {
             reset(s);
         }
         self.bell.ring();
+    }
+
+    /// Is a slice of `token` on the wire here (sent, or being sent, and
+    /// not finished)? Worker only, after posting the token on its
+    /// [`AbortBoard`]; SeqCst, paired with [`Conn::claim`].
+    pub(super) fn on_wire(&self, token: u64) -> bool {
+        let finished = self.finished.load(Ordering::SeqCst);
+        let sent = self.sent.load(Ordering::SeqCst);
+        let n = self.wire.len() as u32;
+        // At most `n` slices are past `finished`; a racing read may see
+        // more: the newest `n` are the ones that can still be out.
+        let live = sent.wrapping_sub(finished).min(n);
+        (0..live).any(|k| {
+            let seq = sent.wrapping_sub(k);
+            self.wire[(seq % n) as usize].load(Ordering::SeqCst) == token
+        })
+    }
+
+    /// Stop the slices of an aborted token that are on the wire here:
+    /// reset the connection; what else was on it comes back
+    /// [`BYSTANDER`]. Non-blocking (worker).
+    pub(super) fn stop_slices(&self) {
+        self.bystanders.store(true, Ordering::SeqCst);
+        self.break_now();
+    }
+
+    /// The owning worker aborted a token: a sender looks through its
+    /// queued slices for it. Non-blocking.
+    pub(super) fn aborted(&self) {
+        self.bell.ring();
+    }
+
+    /// Stop the connection for good (the transport is stopping): the
+    /// sender completes what it has with `Shutdown` and returns.
+    pub(super) fn shut_down(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.break_now();
+    }
+
+    /// Claim the wire for `op`, sent as `seq`, unless its token is aborted
+    /// (then the kind). SeqCst, paired with the worker's post on the board
+    /// then [`Conn::on_wire`]: either this sees the token aborted, or the
+    /// worker sees the slice on the wire and resets the connection.
+    fn claim(&self, op: &Op, seq: u32) -> Option<ErrorKind> {
+        let n = self.wire.len() as u32;
+        self.wire[(seq % n) as usize].store(op.token, Ordering::SeqCst);
+        self.sent.store(seq, Ordering::SeqCst);
+        let kind = self.board.kind_of(op.token)?;
+        self.sent.store(seq.wrapping_sub(1), Ordering::SeqCst);
+        Some(kind)
     }
 
     fn link_up(&self) -> bool {
@@ -329,17 +363,26 @@ impl Conn {
         self.endpoint.up.load(Ordering::Relaxed)
     }
 
-    /// The kind in-flight slices fail with after `own` broke the socket.
-    fn failure_kind(&self, own: ErrorKind) -> ErrorKind {
+    /// The status a slice on the wire gets after `own` broke the socket:
+    /// its token's abort kind; else `Shutdown` when stopping, `RouteLost`
+    /// when the link is down, [`BYSTANDER`] when the socket was reset for
+    /// another token's slice, else the cause.
+    fn failure_status(&self, op: &Op, own: ErrorKind) -> u16 {
+        if let Some(k) = self.board.kind_of(op.token) {
+            return k.code();
+        }
         if self.stop.load(Ordering::Acquire) {
-            return ErrorKind::Shutdown;
+            return ErrorKind::Shutdown.code();
         }
         if !self.link_up() {
-            return ErrorKind::RouteLost;
+            return ErrorKind::RouteLost.code();
+        }
+        if self.bystanders.load(Ordering::Acquire) {
+            return BYSTANDER;
         }
         match self.cause.load(Ordering::Acquire) {
-            0 => own,
-            c => ErrorKind::from_code(c).unwrap_or(own),
+            0 => own.code(),
+            c => ErrorKind::from_code(c).unwrap_or(own).code(),
         }
     }
 }
@@ -358,8 +401,11 @@ pub struct ConnEnds {
     pub conn: Arc<Conn>,
     /// Slices to send.
     pub submit: Producer<Op>,
-    /// Slices done.
+    /// Slices done that were on the wire (the receiver's, or the sender's
+    /// once it has taken them back).
     pub done: Consumer<Op>,
+    /// Slices done that never went on the wire (the sender's).
+    pub unsent: Consumer<Op>,
 }
 
 impl Drop for ConnEnds {
@@ -369,16 +415,30 @@ impl Drop for ConnEnds {
     }
 }
 
+/// What a connection shares with others: the owning worker's abort board
+/// and bell, the peer's fences.
+#[derive(Debug, Clone)]
+pub(super) struct Shared {
+    /// The tokens the owning worker aborted.
+    pub(super) board: Arc<AbortBoard>,
+    /// Connections every connection to the peer fences.
+    pub(super) fences: Arc<PeerFences>,
+    /// The owning worker's bell, rung on completions.
+    pub(super) notify: Option<(Arc<Wakers>, usize)>,
+}
+
 /// Open (lazily: the socket connects on the first slice) a connection to
 /// `endpoint`. `queue` bounds the slices the worker may hand it (its credit
-/// pool size), `inflight` the slices on the wire.
-pub fn open(
+/// pool size), `inflight` the slices on the wire. The sender thread's
+/// handle comes back with the ends: whoever stops the transport joins it
+/// (it joins the receiver).
+pub(super) fn open(
     endpoint: Arc<Endpoint>,
     queue: u32,
     inflight: u32,
     opts: Options,
-    notify: Option<(Arc<Wakers>, usize)>,
-) -> Result<ConnEnds> {
+    shared: Shared,
+) -> Result<(ConnEnds, JoinHandle<()>)> {
     let ring = |cap: u32| {
         // Rings hold at least two entries; the in-flight bound is counted
         // separately (`Sender::room`), so a bound of 1 stays exact.
@@ -387,6 +447,7 @@ pub fn open(
     };
     let (submit_p, submit_c) = ring(queue)?;
     let (done_p, done_c) = ring(queue)?;
+    let (unsent_p, unsent_c) = ring(queue)?;
     let (infl_p, infl_c) = ring(inflight)?;
     let conn = Arc::new(Conn {
         endpoint,
@@ -396,12 +457,20 @@ pub fn open(
         broken: AtomicBool::new(false),
         stop: AtomicBool::new(false),
         cause: AtomicU16::new(0),
-        stream: Mutex::new(None),
-        notify,
+        bystanders: AtomicBool::new(false),
+        stream: ArcSwapOption::empty(),
+        board: shared.board,
+        fences: shared.fences,
+        wire: (0..=inflight.max(1)).map(|_| AtomicU64::new(0)).collect(),
+        sent: AtomicU32::new(0),
+        finished: AtomicU32::new(0),
+        notify: shared.notify,
     });
     let sender = Sender {
         conn: conn.clone(),
         submit: submit_c,
+        backlog: VecDeque::with_capacity(submit_p.capacity()),
+        unsent: unsent_p,
         inflight: infl_p,
         inflight_cap: inflight as usize,
         parts: Some((infl_c, done_p)),
@@ -410,19 +479,26 @@ pub fn open(
         conn_id: 0,
         seq: 0,
         held: None,
+        board_seen: 0,
+        fences_seen: 0,
+        fences_from: 0,
         last_post_ns: 0,
         pause: Duration::ZERO,
         logged: 0,
     };
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("tent-tcp-send".into())
         .spawn(move || sender.run())
         .map_err(|e| Error::new(ErrorKind::OutOfMemory, "spawn tcp sender").with_source(e))?;
-    Ok(ConnEnds {
-        conn,
-        submit: submit_p,
-        done: done_c,
-    })
+    Ok((
+        ConnEnds {
+            conn,
+            submit: submit_p,
+            done: done_c,
+            unsent: unsent_c,
+        },
+        thread,
+    ))
 }
 
 type Parts = (Consumer<Op>, Producer<Op>);
@@ -439,6 +515,11 @@ struct Stopped {
 struct Sender {
     conn: Arc<Conn>,
     submit: Consumer<Op>,
+    /// Slices taken from `submit` early (to fail those of an aborted
+    /// token at once), sent before anything still in `submit`.
+    backlog: VecDeque<Op>,
+    /// Completions of slices that never went on the wire.
+    unsent: Producer<Op>,
     inflight: Producer<Op>,
     inflight_cap: usize,
     /// The receiver's ring ends while no receiver runs.
@@ -450,6 +531,14 @@ struct Sender {
     seq: u32,
     /// A slice popped but not sent: the target was busy.
     held: Option<Op>,
+    /// The abort board's generation last looked through.
+    board_seen: u64,
+    /// The peer's fences sent so far (a [`PeerFences`] generation)...
+    fences_seen: u64,
+    /// ...and where they stood when this socket connected: a socket torn
+    /// down with slices on it may not have had its fences served, so the
+    /// next one sends them again.
+    fences_from: u64,
     /// When the last slice sent was posted (idle check, no clock read).
     last_post_ns: u64,
     /// Current pause between tries at a busy target.
@@ -476,22 +565,31 @@ impl Sender {
                 // Never sent: safe for the worker to re-post elsewhere.
                 self.fail_queued(ErrorKind::RouteLost);
             }
+            let board = self.conn.board.generation();
+            if board != self.board_seen {
+                self.board_seen = board;
+                self.sweep();
+            }
             let seen = self.conn.bell.value();
             let next = match self.held.take() {
                 Some(op) => Some(op),
-                None if self.room() => {
+                None if self.room() => self.backlog.pop_front().or_else(|| {
                     let op = self.submit.pop();
                     if op.is_some() {
                         self.submit.sync();
                     }
                     op
-                }
+                }),
                 None => None,
             };
             let Some(op) = next else {
                 self.park(seen);
                 continue;
             };
+            if let Some(kind) = self.conn.board.kind_of(op.token) {
+                self.complete(op.fail(kind));
+                continue;
+            }
             if self.stream.is_some()
                 && op.posted_ns.saturating_sub(self.last_post_ns) > RECONNECT_IDLE.as_nanos() as u64
                 && self.inflight.slots() == self.inflight.capacity()
@@ -534,13 +632,53 @@ impl Sender {
         self.inflight.capacity() - self.inflight.slots() < self.inflight_cap
     }
 
+    /// The worker aborted a token: complete its queued slices now (held,
+    /// backlog, and everything still in `submit`, which moves to the
+    /// backlog in order), without waiting for room on the wire.
+    fn sweep(&mut self) {
+        let board = &self.conn.board;
+        let mut any = false;
+        if let Some(op) = self.held
+            && let Some(kind) = board.kind_of(op.token)
+        {
+            self.held = None;
+            push_done(&mut self.unsent, op.fail(kind));
+            any = true;
+        }
+        let mut taken = false;
+        while let Some(op) = self.submit.pop() {
+            // Room: the backlog is as large as `submit`, and together they
+            // hold at most the worker's credits.
+            self.backlog.push_back(op);
+            taken = true;
+        }
+        if taken {
+            self.submit.sync();
+        }
+        let before = self.backlog.len();
+        let unsent = &mut self.unsent;
+        self.backlog.retain(|op| match board.kind_of(op.token) {
+            Some(kind) => {
+                push_done(unsent, op.fail(kind));
+                false
+            }
+            None => true,
+        });
+        any |= self.backlog.len() != before;
+        if any {
+            self.unsent.sync();
+            self.conn.completed();
+        }
+    }
+
     /// Sleep until woken, unless work arrived after `seen` was read.
     fn park(&mut self, seen: u32) {
         // SeqCst: see Conn::wake.
         self.conn.sleeping.store(true, Ordering::SeqCst);
-        let busy = (!self.submit.is_empty() && self.room())
+        let busy = ((!self.submit.is_empty() || !self.backlog.is_empty()) && self.room())
             || self.conn.stop.load(Ordering::SeqCst)
-            || (self.stream.is_some() && self.conn.broken.load(Ordering::SeqCst));
+            || (self.stream.is_some() && self.conn.broken.load(Ordering::SeqCst))
+            || self.conn.board.generation() != self.board_seen;
         if !busy {
             self.conn.bell.wait(seen, SENDER_PARK);
         }
@@ -604,18 +742,28 @@ impl Sender {
                 return Err(ErrorKind::OutOfMemory);
             }
         }
-        *self.conn.stream.lock().expect("conn stream poisoned") = Some(stream.clone());
+        // Cleared before the socket is published: an abort from now on
+        // either finds the socket or leaves `broken` set for the next turn.
         self.conn.cause.store(0, Ordering::Relaxed);
-        self.conn.broken.store(false, Ordering::Release);
+        self.conn.bystanders.store(false, Ordering::Relaxed);
+        self.conn.broken.store(false, Ordering::SeqCst);
+        self.conn.stream.store(Some(stream.clone()));
         self.stream = Some(stream);
         self.conn_id = ident.conn;
+        self.fences_from = self.fences_seen;
         tracing::debug!(remote = %ep.remote, local = %ep.local_ip, conn = ident.conn, "tcp data connection up");
         Ok(())
     }
 
     fn send(&mut self, mut op: Op) {
-        self.seq = self.seq.wrapping_add(1);
-        op.seq = self.seq;
+        let seq = self.seq.wrapping_add(1);
+        if let Some(kind) = self.conn.claim(&op, seq) {
+            // Aborted since it was taken: it never goes out.
+            self.complete(op.fail(kind));
+            return;
+        }
+        self.seq = seq;
+        op.seq = seq;
         let pushed = self.inflight.push(op).is_ok();
         debug_assert!(pushed, "inflight room was checked");
         self.inflight.sync();
@@ -628,16 +776,10 @@ impl Sender {
         }
         .encode();
         let stream = self.stream.as_ref().expect("connected");
-        if op.fence != 0 {
-            // A moved WRITE: its old connections write no more first.
-            let mut fences = [0u32; FENCES_MAX];
-            let n = fences_for(op.fence, &mut fences);
-            for &conn in &fences[..n] {
-                if let Err(e) = io::send_header(&**stream, &Fence { conn }.encode()) {
-                    self.conn.abort(io::kind_of(&e));
-                    return;
-                }
-            }
+        if let Err(e) = send_fences(&self.conn, &mut self.fences_seen, stream, op.fence) {
+            // The op is in `inflight`: teardown completes it.
+            self.conn.abort(io::kind_of(&e));
+            return;
         }
         let (payload, len) = match op.opcode() {
             Opcode::Write => (op.local as *const u8, op.len as usize),
@@ -645,36 +787,38 @@ impl Sender {
         };
         // SAFETY: a WRITE's local range was checked against its registration by the engine, which keeps the task (and its region) alive until this slice completes.
         if let Err(e) = unsafe { io::send_all(&**stream, &req, payload, len) } {
-            // The op is in `inflight`: teardown completes it.
             self.conn.abort(io::kind_of(&e));
         }
     }
 
-    /// Complete a slice directly (only while no receiver runs).
+    /// Complete a slice that never went on the wire.
     fn complete(&mut self, op: Op) {
-        let (_, done) = self.parts.as_mut().expect("no receiver runs");
-        push_done(done, op);
-        done.sync();
+        push_done(&mut self.unsent, op);
+        self.unsent.sync();
         self.conn.completed();
     }
 
+    /// Complete every slice not on the wire with `kind`.
     fn fail_queued(&mut self, kind: ErrorKind) {
         let mut any = false;
         if let Some(op) = self.held.take() {
-            let (_, done) = self.parts.as_mut().expect("no receiver runs");
-            push_done(done, op.fail(kind));
+            push_done(&mut self.unsent, op.fail(kind));
             any = true;
         }
+        while let Some(op) = self.backlog.pop_front() {
+            push_done(&mut self.unsent, op.fail(kind));
+            any = true;
+        }
+        let mut taken = false;
         while let Some(op) = self.submit.pop() {
-            let (_, done) = self.parts.as_mut().expect("no receiver runs");
-            push_done(done, op.fail(kind));
-            any = true;
+            push_done(&mut self.unsent, op.fail(kind));
+            taken = true;
         }
-        if any {
+        if taken {
             self.submit.sync();
-            if let Some((_, done)) = self.parts.as_mut() {
-                done.sync();
-            }
+        }
+        if any || taken {
+            self.unsent.sync();
             self.conn.completed();
         }
     }
@@ -701,7 +845,7 @@ impl Sender {
         let Some(stream) = self.stream.take() else {
             return;
         };
-        *self.conn.stream.lock().expect("conn stream poisoned") = None;
+        self.conn.stream.store(None);
         let failed = self.conn.broken.load(Ordering::Acquire);
         // Wakes the receiver (and is all a graceful close needs).
         let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -718,25 +862,71 @@ impl Sender {
         if failed || pending.is_some() || !infl.is_empty() {
             reset(&stream);
         }
-        // The last reference (the receiver dropped its own): the socket
-        // closes here, before any slice that was on it completes.
+        // The socket closes here, before any slice that was on it
+        // completes: the receiver dropped its reference; a thread resetting
+        // it (the worker, the link watch) holds one for a few instructions
+        // (the store above made every such holder a counted one).
+        while Arc::strong_count(&stream) > 1 {
+            std::thread::yield_now();
+        }
         drop(stream);
-        let kind = self.conn.failure_kind(own);
         let mut any = false;
+        let mut wrote = false;
         for op in pending.into_iter().chain(std::iter::from_fn(|| infl.pop())) {
-            push_done(&mut done, self.left(op).fail(kind));
+            wrote |= op.opcode() == Opcode::Write;
+            let status = self.conn.failure_status(&op, own);
+            let mut op = self.left(op);
+            op.status = status;
+            push_done(&mut done, op);
             any = true;
+        }
+        if wrote {
+            // Bytes of those WRITEs may sit in the target's socket: every
+            // connection to the peer fences this one before its next slice.
+            self.conn.fences.add(self.conn_id);
         }
         if any {
             infl.sync();
             done.sync();
             self.conn.completed();
+            // Fences sent on it may not have been served: send them again.
+            self.fences_seen = self.fences_from;
         }
         self.parts = Some((infl, done));
+        self.conn.finished.store(self.seq, Ordering::SeqCst);
         self.conn_id = 0;
+        self.conn.bystanders.store(false, Ordering::Relaxed);
         self.conn.broken.store(false, Ordering::Relaxed);
         self.conn.cause.store(0, Ordering::Relaxed);
     }
+}
+
+/// Send the fences that must precede the next slice on `s`: those the
+/// peer's connections owe ([`PeerFences`], new since `seen`), then for a
+/// WRITE moved off connection `left` (0: none), that one; each with what
+/// it owed in turn ([`fences_for`]).
+fn send_fences(conn: &Conn, seen: &mut u64, s: &TcpStream, left: u32) -> std::io::Result<()> {
+    let fence = |c: u32| -> std::io::Result<()> {
+        let mut chain = [0u32; FENCES_MAX];
+        let n = fences_for(c, &mut chain);
+        for &conn in &chain[..n] {
+            io::send_header(s, &Fence { conn }.encode())?;
+        }
+        Ok(())
+    };
+    if conn.fences.generation() != *seen {
+        let mut owed = [0u32; PEER_FENCES_MAX];
+        let (n, g) = conn.fences.since(*seen, &mut owed);
+        *seen = g;
+        for &c in &owed[..n] {
+            fence(c)?;
+        }
+    }
+    if left != 0 {
+        // A moved WRITE: its old connections write no more first.
+        fence(left)?;
+    }
+    Ok(())
 }
 
 /// Push to `done`, which always has room (it is as large as the worker's
@@ -813,6 +1003,9 @@ fn receive(
         }
         push_done(&mut done, op);
         done.sync();
+        // After the push: a slice whose token the worker finds on the wire
+        // until now has not been handed back yet.
+        conn.finished.store(op.seq, Ordering::SeqCst);
         conn.completed();
         conn.wake();
     };
@@ -825,43 +1018,5 @@ fn receive(
         parts: (inflight, done),
         pending,
         own,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_slice_moved_twice_fences_every_connection_it_left() {
-        let fences = |conn| {
-            let mut out = [0u32; FENCES_MAX];
-            let n = fences_for(conn, &mut out);
-            out[..n].to_vec()
-        };
-        let (a, b, c) = (next_conn_id(), next_conn_id(), next_conn_id());
-        assert_eq!(fences(a), [a]);
-        // Failed on b behind a fence for a, then on c behind one for b.
-        owe(b, a);
-        owe(c, b);
-        owe(c, b);
-        assert_eq!(fences(c), [c, b, a]);
-        // The walk ends even on a cycle.
-        owe(a, c);
-        assert_eq!(fences(c), [c, b, a]);
-    }
-
-    #[test]
-    fn fences_ahead_of_one_slice_are_bounded() {
-        let first = next_conn_id();
-        let mut last = first;
-        for _ in 0..2 * FENCES_MAX {
-            let next = next_conn_id();
-            owe(next, last);
-            last = next;
-        }
-        let mut out = [0u32; FENCES_MAX];
-        assert_eq!(fences_for(last, &mut out), FENCES_MAX);
-        assert_eq!(out[0], last);
     }
 }

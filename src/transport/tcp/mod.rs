@@ -10,8 +10,17 @@
 //! in-flight slices come back `RouteLost` and are re-posted on a sibling
 //! rail before the worker ever sees them (DESIGN.md's recovery order). Only
 //! when no rail is left does `RouteLost` reach the task.
+//!
+//! [`Transport::abort`] stops a task's slices: its queued slices complete
+//! at once without being sent, and a connection with one of them on the
+//! wire is reset, so each completes only once no thread of the connection
+//! (nor the kernel) touches its buffer; the other tasks' slices caught on
+//! that connection are re-posted, with no rail fault counted.
+//! [`TcpTransport::stop`] joins every thread of the transport.
 
+mod abort;
 pub mod conn;
+mod fence;
 pub mod frame;
 #[doc(hidden)]
 pub mod handshake;
@@ -21,11 +30,14 @@ pub mod server;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tent_rings::{ErrorKind, TransportKind};
 
-pub use conn::{Conn, ConnEnds, Endpoint, Op};
+use abort::{AbortBoard, Tokens};
+pub use conn::{BYSTANDER, Conn, ConnEnds, Endpoint, Op};
+use fence::PeerFences;
 pub use server::DataServer;
 
 use super::{
@@ -173,12 +185,18 @@ impl TcpPeer {
 struct WorkerState {
     /// Peers this worker has slices posted on (polled until they drain).
     active: Vec<Arc<TcpPeer>>,
+    /// Its slices out here, per token, and the tokens it aborted.
+    tokens: Tokens,
 }
 
 /// The TCP transport (initiator side).
 pub struct TcpTransport {
     settings: Settings,
     workers: PerWorker<WorkerState>,
+    /// Per worker: the tokens it aborted, for its connections' threads.
+    boards: Vec<Arc<AbortBoard>>,
+    /// Every connection's sender thread (which joins its receiver).
+    threads: Mutex<Vec<(Arc<Conn>, JoinHandle<()>)>>,
     selector: DeviceSelector,
     rails: Arc<Mutex<Vec<Weak<TcpRail>>>>,
     watch: Mutex<Option<LinkWatch>>,
@@ -199,8 +217,16 @@ impl TcpTransport {
     /// A transport for an engine with `config`.
     pub fn new(config: &Config) -> TcpTransport {
         let t = &config.transports.tcp;
-        let workers = PerWorker::new(config.workers.count.max(1) as usize, |_| WorkerState {
+        let count = config.workers.count.max(1) as usize;
+        // A worker's tokens out here: one per slice (its credits) and one
+        // per task at most.
+        let tokens = config
+            .max_inflight_slices
+            .min(config.max_tasks_per_worker)
+            .max(1) as usize;
+        let workers = PerWorker::new(count, |_| WorkerState {
             active: Vec::with_capacity(16),
+            tokens: Tokens::new(tokens),
         });
         TcpTransport {
             settings: Settings {
@@ -214,6 +240,10 @@ impl TcpTransport {
                 rail_policy: RailPolicy::from_config(config),
             },
             workers,
+            boards: (0..count)
+                .map(|_| Arc::new(AbortBoard::new(tokens)))
+                .collect(),
+            threads: Mutex::new(Vec::new()),
             selector: DeviceSelector::default(),
             rails: Arc::new(Mutex::new(Vec::new())),
             watch: Mutex::new(None),
@@ -246,13 +276,18 @@ impl TcpTransport {
             ));
         }
         let s = self.settings;
+        let fences = Arc::new(PeerFences::default());
         let mut per_worker = Vec::with_capacity(self.workers.workers());
         for w in 0..self.workers.workers() {
-            let notify = self.wakers.get().map(|k| (k.clone(), w));
+            let shared = conn::Shared {
+                board: self.boards[w].clone(),
+                fences: fences.clone(),
+                notify: self.wakers.get().map(|k| (k.clone(), w)),
+            };
             let mut ends = Vec::with_capacity(rails.len() * s.conns_per_rail);
             for rail in &rails {
                 for _ in 0..s.conns_per_rail {
-                    let e = conn::open(
+                    let (e, thread) = conn::open(
                         rail.endpoint.clone(),
                         s.queue,
                         s.inflight_per_conn,
@@ -262,8 +297,14 @@ impl TcpTransport {
                             patience: s.patience,
                             secret: self.secret.clone(),
                         },
-                        notify.clone(),
+                        shared.clone(),
                     )?;
+                    {
+                        let mut threads = self.threads.lock().expect("tcp threads poisoned");
+                        // Those of peers dropped since (their ends stop them).
+                        threads.retain(|(_, h)| !h.is_finished());
+                        threads.push((e.conn.clone(), thread));
+                    }
                     rail.conns
                         .lock()
                         .expect("rail conns poisoned")
@@ -464,9 +505,18 @@ impl Transport for TcpTransport {
                     continue;
                 }
             };
+            if !ws.tokens.add(s.token) {
+                // Cannot happen: the table has room for every credit.
+                *o = SubmitOutcome::Rejected(ErrorKind::SqFull);
+                continue;
+            }
             let mut op = Op::new(s.token, s.opcode, s.local, s.remote, s.len, key);
             op.posted_ns = now;
-            *o = match self.post(peer, &mut links, op, None) {
+            let posted = self.post(peer, &mut links, op, None);
+            if posted.is_err() {
+                ws.tokens.finish(s.token);
+            }
+            *o = match posted {
                 Ok(()) => {
                     links.outstanding += 1;
                     if !links.active {
@@ -491,6 +541,7 @@ impl Transport for TcpTransport {
             return 0;
         };
         let ws = &mut *ws;
+        let board = &self.boards[ctx.index()];
         let mut n = 0;
         let mut i = 0;
         let mut now = 0;
@@ -504,46 +555,32 @@ impl Transport for TcpTransport {
             let links = &mut *guard;
             let before = n;
             for e in 0..links.ends.len() {
-                while n < out.len() {
-                    let Some(op) = links.ends[e].done.pop() else {
-                        break;
-                    };
-                    if now == 0 {
-                        now = monotonic_ns();
-                    }
-                    let result = op.result();
-                    let rail = &peer.rails[op.rail as usize];
-                    rail.monitor.on_leave();
-                    match result {
-                        Ok(b) => rail.monitor.mark_recovered(b, op.posted_ns, now, op.ahead),
-                        // A rail whose link is down is out already; its
-                        // monitor counts faults the link state cannot see.
-                        Err(k) if rail_fault(k) && rail.is_up() => rail.monitor.mark_failed(),
-                        Err(_) => {}
-                    }
-                    if result == Err(ErrorKind::RouteLost)
-                        && (op.attempts as usize) < peer.rails.len()
-                    {
-                        let mut again = op;
-                        again.attempts += 1;
-                        again.status = 0;
-                        if self
-                            .post(peer, links, again, Some(op.rail as usize))
-                            .is_ok()
-                        {
-                            rail.moved.fetch_add(1, Ordering::Relaxed);
-                            tracing::debug!(peer = %peer.name, from_rail = op.rail, "slice re-posted on a sibling rail");
-                            continue;
+                for unsent in [false, true] {
+                    while n < out.len() {
+                        let ends = &mut links.ends[e];
+                        let ring = if unsent {
+                            &mut ends.unsent
+                        } else {
+                            &mut ends.done
+                        };
+                        let Some(op) = ring.pop() else {
+                            break;
+                        };
+                        if now == 0 {
+                            now = monotonic_ns();
+                        }
+                        if let Some(c) = self.settle(peer, links, &mut ws.tokens, board, op, now) {
+                            out[n] = c;
+                            n += 1;
                         }
                     }
-                    out[n] = SliceCompletion {
-                        token: op.token,
-                        result,
-                    };
-                    n += 1;
-                    links.outstanding -= 1;
+                    let ends = &mut links.ends[e];
+                    if unsent {
+                        ends.unsent.sync();
+                    } else {
+                        ends.done.sync();
+                    }
                 }
-                links.ends[e].done.sync();
             }
             if n > before {
                 peer.review(now);
@@ -560,6 +597,125 @@ impl Transport for TcpTransport {
             }
         }
         n
+    }
+
+    fn abort(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind) {
+        let Ok(mut ws) = self.workers.get(ctx) else {
+            return;
+        };
+        let ws = &mut *ws;
+        // Nothing of it out here, or aborted already.
+        if !ws.tokens.abort(token, kind) {
+            return;
+        }
+        let board = &self.boards[ctx.index()];
+        // Posted first (SeqCst), then the wires looked at: see Conn::claim.
+        board.post(token, kind);
+        for peer in &ws.active {
+            let Ok(links) = peer.per_worker.get(ctx) else {
+                continue;
+            };
+            for e in &links.ends {
+                if e.conn.on_wire(token) {
+                    e.conn.stop_slices();
+                } else {
+                    e.conn.aborted();
+                }
+            }
+        }
+    }
+}
+
+impl TcpTransport {
+    /// One slice back from a connection: its completion, or `None` when
+    /// it was posted again (moved to a sibling rail off a lost one, or
+    /// caught on a connection reset for another task's slice: neither is
+    /// a fault of the slice, nor the second one of the rail).
+    #[inline]
+    fn settle(
+        &self,
+        peer: &TcpPeer,
+        links: &mut PeerLinks,
+        tokens: &mut Tokens,
+        board: &AbortBoard,
+        op: Op,
+        now: u64,
+    ) -> Option<SliceCompletion> {
+        let rail = &peer.rails[op.rail as usize];
+        rail.monitor.on_leave();
+        let aborted = tokens.aborted(op.token);
+        let result = match aborted {
+            // Stopped: its own result if it finished first, else `kind`.
+            Some(kind) if op.status != 0 => Err(kind),
+            _ if op.status == BYSTANDER => {
+                let mut again = op;
+                again.status = 0;
+                match self.post(peer, links, again, None) {
+                    Ok(()) => return None,
+                    Err(e) => Err(e),
+                }
+            }
+            _ => op.result(),
+        };
+        match result {
+            Ok(b) => rail.monitor.mark_recovered(b, op.posted_ns, now, op.ahead),
+            // A rail whose link is down is out already; its monitor
+            // counts faults the link state cannot see. An aborted slice
+            // or a bystander is no fault of it.
+            Err(k)
+                if aborted.is_none() && op.status != BYSTANDER && rail_fault(k) && rail.is_up() =>
+            {
+                rail.monitor.mark_failed()
+            }
+            Err(_) => {}
+        }
+        if aborted.is_none()
+            && result == Err(ErrorKind::RouteLost)
+            && (op.attempts as usize) < peer.rails.len()
+        {
+            let mut again = op;
+            again.attempts += 1;
+            again.status = 0;
+            if self
+                .post(peer, links, again, Some(op.rail as usize))
+                .is_ok()
+            {
+                rail.moved.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(peer = %peer.name, from_rail = op.rail, "slice re-posted on a sibling rail");
+                return None;
+            }
+        }
+        if tokens.finish(op.token) {
+            board.remove(op.token);
+        }
+        links.outstanding -= 1;
+        Some(SliceCompletion {
+            token: op.token,
+            result,
+        })
+    }
+
+    /// Stop every connection's threads and the link watch, and join them:
+    /// once this returns, no thread of this transport runs. The engine
+    /// calls it when dropped, once its workers are done (nothing is in
+    /// flight then); a slice still queued completes `Shutdown`.
+    pub fn stop(&self) {
+        drop(self.watch.lock().expect("link watch poisoned").take());
+        let threads = std::mem::take(&mut *self.threads.lock().expect("tcp threads poisoned"));
+        for (conn, _) in &threads {
+            conn.shut_down();
+        }
+        for (_, thread) in threads {
+            if thread.join().is_err() {
+                tracing::error!("a tcp connection thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
