@@ -797,83 +797,98 @@ fn rxe_engine_a_rail_whose_link_goes_down_moves_its_slices_to_the_other_rail() {
     let c = one_op(&mut ring, read_op(&local, seg, remote.addr(), 1 << 20));
     assert_eq!(c.result(), Ok(1 << 20));
 
-    let before = init.rails(seg);
-    local.write(0, &vec![0u8; len as usize]).unwrap();
-    ring.submission()
-        .push(read_op(&local, seg, remote.addr(), len))
-        .unwrap();
-    ring.submit().unwrap();
-    // Wait until rail 1 is carrying this transfer, then pull its link.
-    let start = Instant::now();
-    while init.rails(seg)[1].bytes == before[1].bytes {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "rail 1 never used"
-        );
-        std::hint::spin_loop();
-    }
     let _restore = LinksRestored((0..rails_count()).map(|i| format!("dummy{i}")).collect());
-    let down_at = Instant::now();
-    ip(&["link", "set", "dummy1", "down"]);
-    let ip_took = down_at.elapsed();
-    // From `ip link set down`: the first slice moved off rail 1, and the
-    // first bytes rail 0 completes after that (moved or not, they are
-    // verified below with the rest).
-    let (mut moved_at, mut surviving_at) = (None, None);
-    let mut rail0_at_move = 0;
-    let c = loop {
-        if let Some(c) = ring.completion().next() {
-            break c;
+    // A run is conclusive when rail 1 still held slices as its link went
+    // down. On a loaded host (QEMU/TCG, `ip` itself taking 100+ ms) the
+    // slower rail may have been demoted for its bandwidth, or drained,
+    // by then: that run is verified like the others and run again.
+    let mut conclusive = false;
+    for attempt in 0..5 {
+        let before = init.rails(seg);
+        local.write(0, &vec![0u8; len as usize]).unwrap();
+        ring.submission()
+            .push(read_op(&local, seg, remote.addr(), len))
+            .unwrap();
+        ring.submit().unwrap();
+        // Wait until rail 1 is carrying this transfer, then pull its link.
+        let start = Instant::now();
+        while init.rails(seg)[1].bytes == before[1].bytes {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "rail 1 never used"
+            );
+            std::hint::spin_loop();
         }
-        let now = init.rails(seg);
-        if moved_at.is_none() && now[1].moved > before[1].moved {
-            moved_at = Some(down_at.elapsed());
-            rail0_at_move = now[0].bytes;
-        } else if moved_at.is_some() && surviving_at.is_none() && now[0].bytes > rail0_at_move {
-            surviving_at = Some(down_at.elapsed());
+        let inflight_before = init.rails(seg)[1].inflight;
+        let down_at = Instant::now();
+        ip(&["link", "set", "dummy1", "down"]);
+        let ip_took = down_at.elapsed();
+        // From `ip link set down`: the first slice moved off rail 1, and the
+        // first bytes rail 0 completes after that (moved or not, they are
+        // verified below with the rest).
+        let (mut moved_at, mut surviving_at) = (None, None);
+        let mut rail0_at_move = 0;
+        let c = loop {
+            if let Some(c) = ring.completion().next() {
+                break c;
+            }
+            let now = init.rails(seg);
+            if moved_at.is_none() && now[1].moved > before[1].moved {
+                moved_at = Some(down_at.elapsed());
+                rail0_at_move = now[0].bytes;
+            } else if moved_at.is_some() && surviving_at.is_none() && now[0].bytes > rail0_at_move {
+                surviving_at = Some(down_at.elapsed());
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "no CQE");
+            std::thread::yield_now();
+        };
+        let took = down_at.elapsed();
+        assert_eq!(
+            c.result(),
+            Ok(len),
+            "the READ completes on the surviving rail"
+        );
+        let mut got = vec![0u8; len as usize];
+        local.read(0, &mut got).unwrap();
+        assert!(got == want, "data verified");
+        let after = init.rails(seg);
+        assert!(!after[1].up, "rail 1 seen down: {after:?}");
+        let moved = after[1].moved - before[1].moved;
+
+        // With the link down, new work uses rail 0 only.
+        let mid = init.rails(seg);
+        let c = one_op(&mut ring, read_op(&local, seg, remote.addr(), 4 << 20));
+        assert_eq!(c.result(), Ok(4 << 20));
+        let end = init.rails(seg);
+        assert_eq!(end[1].bytes, mid[1].bytes, "nothing on the down rail");
+        assert!(end[0].bytes >= mid[0].bytes + (4 << 20));
+
+        // Restore the rail for the tests after this one.
+        ip(&["link", "set", "dummy1", "up"]);
+        let t = Instant::now();
+        while !(port_active("rxe1") && init.rails(seg)[1].up) {
+            assert!(t.elapsed() < Duration::from_secs(20), "rxe1 back up");
+            std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "no CQE");
-        std::thread::yield_now();
-    };
-    let took = down_at.elapsed();
-    assert_eq!(
-        c.result(),
-        Ok(len),
-        "the READ completes on the surviving rail"
-    );
-    let mut got = vec![0u8; len as usize];
-    local.read(0, &mut got).unwrap();
-    assert!(got == want, "data verified");
-    let after = init.rails(seg);
-    assert!(!after[1].up, "rail 1 seen down: {after:?}");
-    let moved = after[1].moved - before[1].moved;
-
-    // With the link down, new work uses rail 0 only.
-    let mid = init.rails(seg);
-    let c = one_op(&mut ring, read_op(&local, seg, remote.addr(), 4 << 20));
-    assert_eq!(c.result(), Ok(4 << 20));
-    let end = init.rails(seg);
-    assert_eq!(end[1].bytes, mid[1].bytes, "nothing on the down rail");
-    assert!(end[0].bytes >= mid[0].bytes + (4 << 20));
-
-    // Restore the rail for the tests after this one.
-    ip(&["link", "set", "dummy1", "up"]);
-    let t = Instant::now();
-    while !(port_active("rxe1") && init.rails(seg)[1].up) {
-        assert!(t.elapsed() < Duration::from_secs(20), "rxe1 back up");
-        std::thread::sleep(Duration::from_millis(20));
+        let ms = |d: Option<Duration>| d.map_or(-1.0, |d| d.as_secs_f64() * 1e3);
+        println!(
+            "RXE-OK rail 1 link down mid-READ: {moved} slices moved to rail 0 (`ip` itself took {:.1} ms; first moved {:.1} ms, next bytes on rail 0 {:.1} ms after `ip link set down` began), 32 MiB verified at {:.1} ms",
+            ip_took.as_secs_f64() * 1e3,
+            ms(moved_at),
+            ms(surviving_at),
+            took.as_secs_f64() * 1e3
+        );
+        if moved > 0 {
+            conclusive = true;
+            break;
+        }
+        println!(
+            "RXE-OK attempt {attempt}: rail 1 held no slice when its link went down ({inflight_before} in flight before `ip`; {after:?}); run again"
+        );
     }
-    let ms = |d: Option<Duration>| d.map_or(-1.0, |d| d.as_secs_f64() * 1e3);
-    println!(
-        "RXE-OK rail 1 link down mid-READ: {moved} slices moved to rail 0 (`ip` itself took {:.1} ms; first moved {:.1} ms, next bytes on rail 0 {:.1} ms after `ip link set down` began), 32 MiB verified at {:.1} ms",
-        ip_took.as_secs_f64() * 1e3,
-        ms(moved_at),
-        ms(surviving_at),
-        took.as_secs_f64() * 1e3
-    );
     assert!(
-        moved > 0 || took < Duration::from_millis(5),
-        "rail 1 held slices when its link dropped, so some must have moved ({after:?})"
+        conclusive,
+        "rail 1 never held a slice when its link dropped in 5 attempts, or its slices did not move"
     );
 }
 

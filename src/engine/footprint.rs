@@ -9,7 +9,8 @@
 //! (task slots and their free list, three priority lanes of
 //! `max_tasks_per_worker` entries, the batch submission ring of
 //! `ring_depth` SQEs, the reap buffer and lists), each from `size_of` of
-//! the real structs. Not counted, because they are allocated later and
+//! the real structs, and what the TCP transport keeps per worker from the
+//! start (its token table and abort board). Not counted, because they are allocated later and
 //! on demand: application rings (`Engine::ring`, 2 × `ring_depth` entries
 //! each), batches (`allocate_batch`, at most `max_batch_size` slots each),
 //! registered memory, TCP connection rings (per opened peer) and RDMA queue
@@ -38,6 +39,11 @@ pub struct Footprint {
     pub batch_rings: u64,
     /// `workers/count` × what every worker holds whatever the keys.
     pub fixed: u64,
+    /// `workers/count` × what the transports keep per worker from the
+    /// start (TCP, when enabled: its table of tokens out and its abort
+    /// board, `max_inflight_slices` or `max_tasks_per_worker` entries,
+    /// the smaller).
+    pub transports: u64,
     /// Task bytes per `max_tasks_per_worker` unit (slot, free-list entry,
     /// three lane entries).
     pub per_task: u64,
@@ -53,6 +59,11 @@ impl Footprint {
             tasks: n.saturating_mul(w.tasks),
             batch_rings: n.saturating_mul(w.batch_ring),
             fixed: n.saturating_mul(w.fixed),
+            transports: if cfg.transports.tcp.enable {
+                n.saturating_mul(crate::transport::tcp::worker_bytes(cfg))
+            } else {
+                0
+            },
             per_task: w.tasks / u64::from(cfg.max_tasks_per_worker.max(1)),
         }
     }
@@ -62,6 +73,7 @@ impl Footprint {
         self.tasks
             .saturating_add(self.batch_rings)
             .saturating_add(self.fixed)
+            .saturating_add(self.transports)
     }
 }
 
@@ -124,7 +136,7 @@ fn check_against(cfg: &Config, avail: &Available) -> Result<(), ConfigError> {
         reason: format!(
             "the engine would preallocate {need} bytes ({:.1} GiB) but {} bytes ({:.1} GiB) are available ({}): \
              workers/count {} x max_tasks_per_worker {} x {} bytes = {} bytes (task slots and priority lanes); \
-             workers/count {} x a batch ring of {} SQEs (ring_depth {}, max_batch_size {}: the larger, a power of two) = {} bytes (batch rings); {} bytes fixed per worker. \
+             workers/count {} x a batch ring of {} SQEs (ring_depth {}, max_batch_size {}: the larger, a power of two) = {} bytes (batch rings); {} bytes fixed per worker; {} bytes of transport state (tcp). \
              Lower workers/count, max_tasks_per_worker, ring_depth or max_batch_size",
             gib(need),
             avail.bytes,
@@ -140,6 +152,7 @@ fn check_against(cfg: &Config, avail: &Available) -> Result<(), ConfigError> {
             cfg.max_batch_size,
             f.batch_rings,
             f.fixed / u64::from(f.workers.max(1)),
+            f.transports,
         ),
     })
 }
@@ -253,6 +266,26 @@ mod tests {
         assert!(Footprint::of(&c).batch_rings > base.batch_rings);
         // 256 x 1 M tasks x ~200 B + 256 x 1 M x 64 B: tens of GiB.
         assert!(Footprint::of(&huge()).total() > 32 << 30);
+    }
+
+    #[test]
+    fn the_tcp_transports_per_worker_state_is_counted_when_tcp_is_on() {
+        let mut c = Config::default();
+        c.workers.count = 4;
+        c.max_inflight_slices = 1 << 20;
+        c.max_tasks_per_worker = 1 << 20;
+        let on = Footprint::of(&c);
+        c.transports.tcp.enable = false;
+        let off = Footprint::of(&c);
+        assert_eq!(off.transports, 0);
+        assert_eq!(
+            on.transports,
+            4 * crate::transport::tcp::worker_bytes(&c),
+            "{on:?}"
+        );
+        // 2^20 tokens: a 2^21-slot table and a 2^20-slot board per worker.
+        assert!(on.transports > 4 * (40 << 20), "{on:?}");
+        assert_eq!(on.total() - off.total(), on.transports);
     }
 
     #[test]

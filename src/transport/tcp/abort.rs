@@ -36,11 +36,22 @@ pub(crate) struct Tokens {
 impl Tokens {
     /// Room for `most` tokens out at once (the worker's credits bound it).
     pub fn new(most: usize) -> Tokens {
-        let cap = (most.max(8) * 2).next_power_of_two();
+        let cap = Tokens::capacity(most);
         Tokens {
             slots: vec![Entry::default(); cap].into_boxed_slice(),
             len: 0,
         }
+    }
+
+    /// Slots for `most` tokens: twice as many, a power of two (one always
+    /// stays free, so a probe ends).
+    fn capacity(most: usize) -> usize {
+        (most.max(8) * 2).next_power_of_two()
+    }
+
+    /// Bytes `Tokens::new(most)` allocates (the engine's footprint check).
+    pub fn bytes(most: usize) -> u64 {
+        (Tokens::capacity(most) * std::mem::size_of::<Entry>()) as u64
     }
 
     #[inline]
@@ -177,6 +188,12 @@ pub(crate) struct AbortBoard {
 }
 
 impl AbortBoard {
+    /// Bytes `AbortBoard::new(most)` allocates for its slots (the
+    /// engine's footprint check).
+    pub fn bytes(most: usize) -> u64 {
+        (most.max(1) * (std::mem::size_of::<AtomicU64>() + std::mem::size_of::<AtomicU16>())) as u64
+    }
+
     /// Room for `most` aborted tokens at once.
     pub fn new(most: usize) -> AbortBoard {
         let n = most.max(1);
@@ -323,5 +340,21 @@ mod tests {
         b.remove(11);
         assert_eq!(b.top.load(Ordering::Relaxed), 0);
         assert_eq!(b.kind_of(11), None);
+    }
+
+    #[test]
+    fn bytes_is_what_new_allocates() {
+        for most in [1, 7, 8, 100, 4096] {
+            let t = Tokens::new(most);
+            assert_eq!(
+                Tokens::bytes(most),
+                (t.slots.len() * std::mem::size_of::<Entry>()) as u64
+            );
+            let b = AbortBoard::new(most);
+            assert_eq!(
+                AbortBoard::bytes(most),
+                (b.tokens.len() * 8 + b.kinds.len() * 2) as u64
+            );
+        }
     }
 }

@@ -213,17 +213,28 @@ impl std::fmt::Debug for TcpTransport {
     }
 }
 
+/// A worker's tokens out on TCP at once: one per slice (its credits) and
+/// one per task at most.
+fn tokens_per_worker(config: &Config) -> usize {
+    config
+        .max_inflight_slices
+        .min(config.max_tasks_per_worker)
+        .max(1) as usize
+}
+
+/// Bytes the transport preallocates per worker at construction (its token
+/// table and abort board), for the engine's footprint check.
+pub(crate) fn worker_bytes(config: &Config) -> u64 {
+    let tokens = tokens_per_worker(config);
+    Tokens::bytes(tokens).saturating_add(AbortBoard::bytes(tokens))
+}
+
 impl TcpTransport {
     /// A transport for an engine with `config`.
     pub fn new(config: &Config) -> TcpTransport {
         let t = &config.transports.tcp;
         let count = config.workers.count.max(1) as usize;
-        // A worker's tokens out here: one per slice (its credits) and one
-        // per task at most.
-        let tokens = config
-            .max_inflight_slices
-            .min(config.max_tasks_per_worker)
-            .max(1) as usize;
+        let tokens = tokens_per_worker(config);
         let workers = PerWorker::new(count, |_| WorkerState {
             active: Vec::with_capacity(16),
             tokens: Tokens::new(tokens),
