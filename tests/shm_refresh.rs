@@ -558,3 +558,77 @@ fn an_idle_peer_sleeps() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A high-priority op waiting on a silent owner (its transport answers
+/// `Later` turn after turn) does not hold back the lanes below it: a
+/// low-priority local WRITE on the same, only, worker completes long
+/// before the waiting op's deadline, which still fails it `Timeout`.
+#[test]
+fn a_high_priority_op_waiting_on_a_silent_owner_does_not_hold_back_lower_lanes() {
+    let _serial = serial();
+    let dir = tmpdir("lanes");
+    let name = "tent-s-lanes";
+    let desc = FakeDesc::new();
+    let (ka, kb) = (0xa3u64, 0xb4u64);
+    let regions = [region(4096, ka), region(4096, kb)];
+    let (a, b) = (0x10000u64, 0x20000u64);
+    desc.write(2, &[(1, a, 4096, ka, 1)]);
+    let owner = Owner::start(
+        &dir,
+        name,
+        desc.fd.as_raw_fd(),
+        regions.iter().map(|r| r.as_raw_fd()).collect(),
+    );
+    // Promotion (10 ms by default) would lift the low op past the
+    // waiting one in time; put it out of reach to see the lanes alone.
+    let mut c = common::test_config();
+    c.transports.shm.dir = dir.clone();
+    c.transports.rdma.priority_promotion_timeout_us = 30_000_000;
+    let e = Engine::new(c).unwrap();
+    let seg = e.open_segment(name).unwrap();
+    let src = e.allocate_memory(4096).unwrap();
+    let dst = e.allocate_memory(4096).unwrap();
+    let mut ring = e.ring().unwrap();
+    owner.stall(true);
+    desc.write(4, &[(1, a, 4096, ka, 1), (2, b, 4096, kb, 2)]);
+    let deadline = Duration::from_millis(2_000);
+    let t0 = Instant::now();
+    ring.submission()
+        .push(
+            write8(&src, seg, b, 1)
+                .priority(tent::Priority::High)
+                .deadline_ns(tent::clock::deadline_after(deadline)),
+        )
+        .unwrap();
+    ring.submit().unwrap();
+    // Let the high op reach the worker and be answered `Later`.
+    std::thread::sleep(Duration::from_millis(50));
+    ring.submission()
+        .push(write8(&src, SegmentId::LOCAL, dst.addr(), 2).priority(tent::Priority::Low))
+        .unwrap();
+    ring.submit().unwrap();
+    let mut low = None;
+    let mut high = None;
+    while low.is_none() || high.is_none() {
+        if let Some(c) = try_reap(&mut ring) {
+            match c.user_data() {
+                1 => high = Some((c.result(), t0.elapsed())),
+                _ => low = Some((c.result(), t0.elapsed())),
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "stuck");
+        std::thread::yield_now();
+    }
+    let (low, high) = (low.unwrap(), high.unwrap());
+    eprintln!("low-priority local op: {low:?}; high-priority op on B: {high:?}");
+    assert_eq!(low.0, Ok(8));
+    assert!(
+        low.1 < Duration::from_millis(1_000),
+        "the low lane waited behind the high op: {low:?}"
+    );
+    assert_eq!(high.0, Err(ErrorKind::Timeout));
+    drop(ring);
+    drop(e);
+    drop(owner);
+    let _ = std::fs::remove_dir_all(&dir);
+}
