@@ -656,15 +656,23 @@ impl Worker {
     fn dispatch(&mut self, now: u64) -> bool {
         let mut work = false;
         let mut budget = TURN_BYTES;
-        // The first task its transport answered `Later` this turn: when it
-        // is the head again, every head reachable is waiting.
-        let mut first_later = None;
+        // Per lane, the first task its transport answered `Later` this
+        // turn: when it is that lane's head again, every head of the lane
+        // is waiting, and the lane is passed over for the rest of the turn
+        // (`waiting`), so the lanes below it still post. `Later` answers
+        // are also counted: past one per queued task (the gate moved while
+        // we went round), the turn ends.
+        let mut first_later: [Option<u32>; 3] = [None; 3];
+        let mut waiting: u8 = 0;
+        let mut laters = 0usize;
+        let most_laters = self.lanes.len();
         self.later = false;
-        while let Some((p, entry)) = self.lanes.next(&*self.engine.gate) {
+        while let Some((p, entry)) = self.lanes.next_except(&*self.engine.gate, waiting) {
             let i = entry.task;
-            if first_later == Some(i) {
+            if first_later[p.index()] == Some(i) {
+                waiting |= 1 << p.index();
                 self.later = true;
-                break;
+                continue;
             }
             let t = self.tasks.get_mut(i);
             if !t.live || t.stopped {
@@ -816,7 +824,12 @@ impl Worker {
                     }
                     t.posted -= len;
                     self.lanes.rotate(p);
-                    first_later.get_or_insert(i);
+                    first_later[p.index()].get_or_insert(i);
+                    laters += 1;
+                    if laters > most_laters {
+                        self.later = true;
+                        break;
+                    }
                     continue;
                 }
             }

@@ -74,7 +74,18 @@ impl PriorityLanes {
     /// lets through.
     #[inline]
     pub fn next(&self, gate: &dyn SendGate) -> Option<(Priority, LaneEntry)> {
+        self.next_except(gate, 0)
+    }
+
+    /// As [`next`](Self::next), passing over the lanes whose bit
+    /// (`1 << priority index`) is set in `skip`: lanes whose every head is
+    /// waiting this turn, so the lanes below them still post.
+    #[inline]
+    pub fn next_except(&self, gate: &dyn SendGate, skip: u8) -> Option<(Priority, LaneEntry)> {
         Priority::ALL.into_iter().find_map(|p| {
+            if skip & (1 << p.index()) != 0 {
+                return None;
+            }
             let head = self.lanes[p.index()].front()?;
             gate.can_send(p).then_some((p, *head))
         })
@@ -173,5 +184,24 @@ mod tests {
         l.rotate(Priority::High);
         l.retain(|t| t != 1);
         assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn next_except_passes_over_the_skipped_lanes() {
+        let mut l = PriorityLanes::new(4, 1_000);
+        l.push(Priority::High, 1, 0);
+        l.push(Priority::Low, 3, 0);
+        let gate = crate::qos::OpenGate;
+        assert_eq!(
+            l.next_except(&gate, 0).map(|(p, e)| (p, e.task)),
+            Some((Priority::High, 1))
+        );
+        let skip_high = 1 << Priority::High.index();
+        assert_eq!(
+            l.next_except(&gate, skip_high).map(|(p, e)| (p, e.task)),
+            Some((Priority::Low, 3))
+        );
+        let skip_all = skip_high | 1 << Priority::Low.index();
+        assert!(l.next_except(&gate, skip_all).is_none());
     }
 }
