@@ -98,6 +98,9 @@ pub struct Queue {
     pub qp: *mut ffi::ibv_qp,
     /// Its send completion queue.
     pub cq: *mut ffi::ibv_cq,
+    /// Moves `qp` to the error state without waiting for its flushes
+    /// ([`crate::verbs::modify_to_error`] for a real QP): 0, or an errno.
+    pub to_error: unsafe fn(*mut ffi::ibv_qp) -> i32,
     /// Owner of the verbs objects (dropped with the queue).
     pub owner: Box<dyn std::any::Any + Send>,
 }
@@ -227,11 +230,19 @@ impl Endpoint {
     /// Give up this endpoint's QP (its rail is gone) and hand every slice
     /// queued or in flight to `out`, oldest first, for another rail. The QP
     /// is destroyed first, so nothing posted on it can still land.
-    pub fn evacuate(&mut self, out: &mut impl FnMut(RdmaSlice)) {
+    pub fn evacuate(
+        &mut self,
+        out: &mut impl FnMut(RdmaSlice),
+        _done: &mut impl FnMut(RdmaCompletion),
+    ) {
         self.break_queue();
         while let Some(s) = self.backlog.pop_front() {
             out(s);
         }
+    }
+
+    /// Stop every slice of `token` here (not implemented yet).
+    pub fn abort(&mut self, _token: u64, _kind: ErrorKind, _done: &mut impl FnMut(RdmaCompletion)) {
     }
 
     /// Queue `slice`; `false` if the backlog is full (the caller holds

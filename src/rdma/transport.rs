@@ -237,6 +237,7 @@ impl QueueSource for RailSource {
         Ok(Queue {
             qp: qp.as_raw(),
             cq: cq.as_raw(),
+            to_error: crate::verbs::modify_to_error,
             // The QP first, then its CQ (tuple fields drop in order).
             owner: Box::new((qp, cq)),
         })
@@ -646,7 +647,9 @@ impl Transport for RdmaTransport {
                 }
                 let nic_up = peer.nics.nics()[peer.rails[r].local].is_up();
                 if !nic_up {
-                    ep.evacuate(&mut |s| ws.moved.push((r, s)));
+                    ep.evacuate(&mut |s| ws.moved.push((r, s)), &mut |c| {
+                        ws.done.push((r, c))
+                    });
                     continue;
                 }
                 let before = ws.done.len();
@@ -659,7 +662,9 @@ impl Transport for RdmaTransport {
                 if rail_failed && peer.rails.len() > 1 {
                     // What was flushed behind the failure would only meet
                     // the same fault on a fresh QP here: move it too.
-                    ep.evacuate(&mut |s| ws.moved.push((r, s)));
+                    ep.evacuate(&mut |s| ws.moved.push((r, s)), &mut |c| {
+                        ws.done.push((r, c))
+                    });
                 }
             }
             for k in 0..ws.moved.len() {
