@@ -26,6 +26,10 @@
 //!   (`Unreachable`, `RouteLost`, a NIC failure) moves that slice, and the
 //!   work flushed behind it, to a sibling the same way. Only when no rail is
 //!   left does the failure reach the task (DESIGN.md's recovery order).
+//! - **Aborts.** [`RdmaTransport::abort_token`] stops a task's slices on
+//!   every endpoint of the worker: waiting ones end at the next `poll`,
+//!   posted ones once their QP, moved to the error state, has flushed them
+//!   (see [`Endpoint::abort`]); nothing waits.
 //!
 //! Nothing in `submit` or `poll` allocates once the scratch queues have
 //! grown to the worker's credit bound.
@@ -454,6 +458,50 @@ impl RdmaTransport {
         } else {
             r.monitor.on_leave();
             Err(ErrorKind::SqFull)
+        }
+    }
+
+    /// Stop every slice of `token` that worker `ctx` posted here and that
+    /// has not completed. Each still completes through `poll`, with `kind`
+    /// (or its own result if it finished first), and only once the NIC
+    /// will not touch its local buffer again: a slice waiting in a backlog
+    /// at the next `poll`; a posted one once its QP, moved to the error
+    /// state, has flushed it (the other tasks' slices flushed with it are
+    /// posted again on a fresh QP, not counted as faults of the rail).
+    /// Never waits; a token with nothing here, or aborted before, is left
+    /// as it is. `kind` is the task's (`Timeout`, `Canceled`, `Shutdown`),
+    /// never a rail fault: nothing aborted moves to a sibling rail.
+    pub fn abort_token(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind) {
+        debug_assert!(!rail_fault(kind), "abort with a rail fault: {kind}");
+        // Refused at submit too: nothing of this worker's is here.
+        let Ok(mut ws) = self.workers.get(ctx) else {
+            return;
+        };
+        let WorkerState { active, ready, .. } = &mut *ws;
+        for peer in active.iter() {
+            // Opened with this context when the peer joined `active`.
+            let Ok(mut guard) = peer.per_worker.get(ctx) else {
+                continue;
+            };
+            let PeerEndpoints {
+                eps, outstanding, ..
+            } = &mut *guard;
+            for (r, ep) in eps.iter_mut().enumerate() {
+                if ep.outstanding() == 0 {
+                    continue;
+                }
+                let monitor = &peer.rails[r].monitor;
+                ep.abort(token, kind, &mut |c| {
+                    // Ended now (never posted, or its QP destroyed): it
+                    // leaves the rail, through no fault of the rail's.
+                    monitor.on_leave();
+                    *outstanding -= 1;
+                    ready.push_back(SliceCompletion {
+                        token: c.token,
+                        result: c.result,
+                    });
+                });
+            }
         }
     }
 
