@@ -1342,3 +1342,46 @@ fn random_aborts_among_faults_end_every_piece_once_and_never_while_the_nic_holds
         "aborts stopped posted work: {halted} QPs halted, {stopped} pieces stopped"
     );
 }
+
+#[test]
+fn a_slice_failing_exhausted_while_a_drain_puts_others_back_leaves_the_backlog_consistent() {
+    stalled(61);
+    let (mut ep, _c) = endpoint(
+        FakeSource {
+            next_id: 97_000,
+            connects: 0,
+            fail_after: None,
+        },
+        8,
+        16,
+    );
+    let (a, b, c) = (15, 16, 17);
+    // b was moved between rails more often than a QP may flush it: it is
+    // posted (it came in with this poll) and fails once it is back.
+    let tired = RdmaSlice {
+        reposts: MAX_REPOSTS + 1,
+        ..piece(b, 0)
+    };
+    for s in [tired, piece(c, 0), piece(a, 0)] {
+        assert!(ep.submit(s));
+    }
+    let mut seen = Vec::new();
+    connect(&mut ep, &mut seen);
+    assert_eq!(ep.credits_in_flight(), 3);
+    ep.abort(a, ErrorKind::Timeout, &mut |c| seen.push(c));
+    // b's flush puts it back, and it fails exhausted there; then c's.
+    seen.extend(reap_one(&mut ep));
+    ep.fail_exhausted(&mut |c| seen.push(c));
+    seen.extend(reap_one(&mut ep));
+    seen.extend(reap_one(&mut ep));
+    assert_eq!(
+        ends(&seen),
+        [
+            end(tired, Err(ErrorKind::Unreachable)),
+            end(piece(a, 0), Err(ErrorKind::Timeout))
+        ]
+    );
+    let rest = finish(&mut ep, 1);
+    assert_eq!(ends(&rest), [end(piece(c, 0), Ok(64))]);
+    assert_eq!((ep.outstanding(), ep.credits_in_flight()), (0, 0));
+}
