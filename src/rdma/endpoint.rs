@@ -700,6 +700,8 @@ impl Endpoint {
         while i < self.backlog.len() {
             if self.backlog[i].reposts > MAX_REPOSTS {
                 let s = self.backlog.remove(i).expect("index checked");
+                // One fewer put back by a drain ahead of the rest.
+                self.requeued -= usize::from(i < self.requeued);
                 done(RdmaCompletion {
                     token: s.token,
                     result: Err(ErrorKind::Unreachable),
