@@ -23,6 +23,16 @@
 //!   back at the head of the backlog, a fresh QP is asked of the connector
 //!   (its [`QueueSource`]), and they are posted again on it (DESIGN.md's
 //!   recovery order). A slice flushed too often fails `Unreachable`.
+//! - [`Endpoint::abort`] stops a task's slices (its deadline passed, it was
+//!   cancelled, the engine stops) and ends each only once nothing will
+//!   touch its buffer: a waiting one at once; for posted ones the QP is
+//!   moved to the error state (one non-blocking verb), nothing more is
+//!   posted on it, and the device flushes every request on it, in order,
+//!   signalled or not. An aborted slice ends with the abort's kind when its
+//!   flush is reaped (or with its own result if it finished first). Once no
+//!   aborted request is left on it the QP is dropped; the other tasks'
+//!   flushed slices go back to the backlog head, oldest first, for a fresh
+//!   QP, and such a flush is not counted against them.
 //!
 //! Nothing here allocates after construction except handing a connect job
 //! to the connector (first work, or after a QP error: never per slice).
@@ -98,6 +108,9 @@ pub struct Queue {
     pub qp: *mut ffi::ibv_qp,
     /// Its send completion queue.
     pub cq: *mut ffi::ibv_cq,
+    /// Moves `qp` to the error state without waiting for its flushes
+    /// ([`crate::verbs::modify_to_error`] for a real QP): 0, or an errno.
+    pub to_error: unsafe fn(*mut ffi::ibv_qp) -> i32,
     /// Owner of the verbs objects (dropped with the queue).
     pub owner: Box<dyn std::any::Any + Send>,
 }
@@ -122,6 +135,9 @@ pub trait QueueSource: Send {
 struct Posted {
     seq: u64,
     slice: RdmaSlice,
+    /// Its task was aborted with this kind: unless it finished first, it
+    /// ends so once its completion is reaped.
+    abort: Option<ErrorKind>,
 }
 
 /// Where an endpoint is in its life (see the module docs).
@@ -172,6 +188,18 @@ pub struct Endpoint {
     connected_once: bool,
     /// Connects failed in a row (the backoff doubles with each).
     failures: u32,
+    /// The QP was moved to the error state by `abort`: nothing more is
+    /// posted on it, its completions are reaped until no aborted request
+    /// is left on it, then it is dropped.
+    draining: bool,
+    /// Posted requests of aborted slices whose completion is not reaped.
+    aborted_posted: usize,
+    /// Backlog head entries that this drain put back (the QP's remaining
+    /// requests go in after them: oldest first).
+    requeued: usize,
+    /// The last QP was dropped for an abort, not a fault (its replacement
+    /// is routine: logged at debug).
+    dropped_for_abort: bool,
 }
 
 // SAFETY: the raw pointers (the QP's, and the WR scratch lists' into `sges`/`wrs`) are owned by the endpoint; an endpoint is used by one worker at a time.
@@ -206,6 +234,10 @@ impl Endpoint {
             replacements: 0,
             connected_once: false,
             failures: 0,
+            draining: false,
+            aborted_posted: 0,
+            requeued: 0,
+            dropped_for_abort: false,
         }
     }
 
@@ -225,13 +257,75 @@ impl Endpoint {
     }
 
     /// Give up this endpoint's QP (its rail is gone) and hand every slice
-    /// queued or in flight to `out`, oldest first, for another rail. The QP
-    /// is destroyed first, so nothing posted on it can still land.
-    pub fn evacuate(&mut self, out: &mut impl FnMut(RdmaSlice)) {
-        self.break_queue();
+    /// queued or in flight to `out`, oldest first, for another rail; an
+    /// aborted one in flight ends through `done` instead. The QP is
+    /// destroyed first, so nothing posted on it can still land.
+    pub fn evacuate(
+        &mut self,
+        out: &mut impl FnMut(RdmaSlice),
+        done: &mut impl FnMut(RdmaCompletion),
+    ) {
+        self.break_queue(true, done);
         while let Some(s) = self.backlog.pop_front() {
             out(s);
         }
+    }
+
+    /// Stop every slice of `token` here (see the module docs). Waiting
+    /// ones end through `done` now with `kind`; posted ones end through
+    /// the later `reap`s, once their completion says the device is done
+    /// with their buffers. Never waits; aborting again, or a token with
+    /// nothing here, changes nothing.
+    pub fn abort(&mut self, token: u64, kind: ErrorKind, done: &mut impl FnMut(RdmaCompletion)) {
+        let (mut at, mut before, requeued) = (0, 0, self.requeued);
+        self.backlog.retain(|s| {
+            let keep = s.token != token;
+            if !keep {
+                before += usize::from(at < requeued);
+                done(RdmaCompletion {
+                    token,
+                    result: Err(kind),
+                    slice: *s,
+                });
+            }
+            at += 1;
+            keep
+        });
+        self.requeued -= before;
+        let State::Ready(q) = &self.state else {
+            return;
+        };
+        let (qp, to_error) = (q.qp, q.to_error);
+        let mut marked = 0;
+        for p in self.posted.iter_mut() {
+            if p.slice.token == token && p.abort.is_none() {
+                p.abort = Some(kind);
+                marked += 1;
+            }
+        }
+        if marked == 0 {
+            return;
+        }
+        self.aborted_posted += marked;
+        if self.draining {
+            return;
+        }
+        // SAFETY: `qp` is live: owned by the `Ready` queue.
+        let rc = unsafe { to_error(qp) };
+        if rc == 0 {
+            self.draining = true;
+            return;
+        }
+        let peer = &*self.peer;
+        crate::lograte::warn_limited!(
+            (peer, rc),
+            peer,
+            rc,
+            "rdma: cannot move a QP to the error state to stop an aborted slice; destroying it instead"
+        );
+        // Destroying the QP stops the device as surely: the aborted slices
+        // end now.
+        self.break_queue(false, done);
     }
 
     /// Queue `slice`; `false` if the backlog is full (the caller holds
@@ -254,7 +348,7 @@ impl Endpoint {
         self.credits.in_flight()
     }
 
-    /// QPs replaced after errors so far.
+    /// QPs replaced after errors or aborts so far.
     pub fn replacements(&self) -> u64 {
         self.replacements
     }
@@ -262,7 +356,8 @@ impl Endpoint {
     /// Post what the credits allow. Without a QP, ask the connector for
     /// one (or see whether it answered): never waits.
     pub fn flush(&mut self, done: &mut impl FnMut(RdmaCompletion)) {
-        if !self.advance(done) {
+        // A QP draining an abort takes nothing new: it is in error.
+        if !self.advance(done) || self.draining {
             return;
         }
         let State::Ready(q) = &self.state else {
@@ -331,6 +426,7 @@ impl Endpoint {
                 self.posted.push_back(Posted {
                     seq: self.next_seq + i as u64,
                     slice,
+                    abort: None,
                 });
             }
             self.next_seq += k as u64;
@@ -347,7 +443,7 @@ impl Endpoint {
                         rc,
                         "rdma: post_send refused work; replacing the QP"
                     );
-                    self.break_queue();
+                    self.break_queue(true, done);
                 }
                 return;
             }
@@ -370,7 +466,7 @@ impl Endpoint {
                 rc = n,
                 "rdma: poll_cq failed; replacing the QP"
             );
-            self.break_queue();
+            self.break_queue(true, done);
             return 0;
         }
         for i in 0..n as usize {
@@ -379,39 +475,98 @@ impl Endpoint {
             if self.posted.front().is_none_or(|p| seq < p.seq) {
                 continue;
             }
-            match outcome(status) {
+            let o = outcome(status);
+            if self.draining {
+                self.drained(seq, o, done);
+                continue;
+            }
+            match o {
                 Outcome::Done => self.complete_through(seq, done),
                 Outcome::Failed(kind) => {
                     // In order: everything before it completed.
                     self.complete_through(seq.saturating_sub(1), done);
-                    if let Some(p) = self.posted.pop_front() {
-                        self.credits.release(1, 0);
+                    if let Some(p) = self.take_front(seq) {
+                        self.failed(p, kind, done);
+                    }
+                    self.break_queue(true, done);
+                }
+                Outcome::Flushed => self.break_queue(true, done),
+            }
+        }
+        n as usize
+    }
+
+    /// One completion from a QP draining an abort. Requests end in order: a
+    /// success completes those up to it; a flush or a failure completes
+    /// those before it (an error is never silent, so they finished), then
+    /// settles its own request: an aborted slice ends with the abort's kind
+    /// (the device is done with its buffer now), a failed one with its
+    /// failure, a flushed one goes back to the backlog, not counted as a
+    /// re-post (the abort was not its fault). Once no aborted request is
+    /// left on it, the QP is dropped.
+    fn drained(&mut self, seq: u64, o: Outcome, done: &mut impl FnMut(RdmaCompletion)) {
+        if o == Outcome::Done {
+            self.complete_through(seq, done);
+        } else {
+            self.complete_through(seq.saturating_sub(1), done);
+            if let Some(p) = self.take_front(seq) {
+                match (p.abort, o) {
+                    (Some(kind), _) => {
+                        self.aborted_posted -= 1;
                         done(RdmaCompletion {
                             token: p.slice.token,
                             result: Err(kind),
                             slice: p.slice,
                         });
                     }
-                    let peer = &*self.peer;
-                    crate::lograte::warn_limited!(
-                        (peer, kind),
-                        peer,
-                        %kind,
-                        "rdma: work request failed; QP in error"
-                    );
-                    self.break_queue();
+                    (None, Outcome::Failed(kind)) => self.failed(p, kind, done),
+                    (None, _) => {
+                        self.backlog.insert(self.requeued, p.slice);
+                        self.requeued += 1;
+                    }
                 }
-                Outcome::Flushed => self.break_queue(),
             }
         }
-        n as usize
+        if self.aborted_posted == 0 {
+            self.break_queue(false, done);
+        }
     }
 
-    /// Complete every posted request up to and including `seq`.
+    /// The oldest posted request if it is `seq`, its credit returned.
+    fn take_front(&mut self, seq: u64) -> Option<Posted> {
+        if self.posted.front().is_none_or(|p| p.seq != seq) {
+            return None;
+        }
+        self.credits.release(1, 0);
+        self.posted.pop_front()
+    }
+
+    /// `p` failed with `kind`, a root cause: it ends so, logged once per
+    /// cause.
+    fn failed(&mut self, p: Posted, kind: ErrorKind, done: &mut impl FnMut(RdmaCompletion)) {
+        done(RdmaCompletion {
+            token: p.slice.token,
+            result: Err(kind),
+            slice: p.slice,
+        });
+        let peer = &*self.peer;
+        crate::lograte::warn_limited!(
+            (peer, kind),
+            peer,
+            %kind,
+            "rdma: work request failed; QP in error"
+        );
+    }
+
+    /// Complete every posted request up to and including `seq` (an aborted
+    /// one too: it finished first).
     fn complete_through(&mut self, seq: u64, done: &mut impl FnMut(RdmaCompletion)) {
         while self.posted.front().is_some_and(|p| p.seq <= seq) {
             let p = self.posted.pop_front().expect("checked");
             self.credits.release(1, 0);
+            if p.abort.is_some() {
+                self.aborted_posted -= 1;
+            }
             done(RdmaCompletion {
                 token: p.slice.token,
                 result: Ok(p.slice.len as u64),
@@ -440,11 +595,19 @@ impl Endpoint {
                     self.failures = 0;
                     if self.connected_once {
                         self.replacements += 1;
-                        tracing::info!(
-                            peer = %self.peer,
-                            replacements = self.replacements,
-                            "rdma: QP replaced; re-posting flushed work"
-                        );
+                        if self.dropped_for_abort {
+                            tracing::debug!(
+                                peer = %self.peer,
+                                replacements = self.replacements,
+                                "rdma: QP replaced after an abort; re-posting flushed work"
+                            );
+                        } else {
+                            tracing::info!(
+                                peer = %self.peer,
+                                replacements = self.replacements,
+                                "rdma: QP replaced; re-posting flushed work"
+                            );
+                        }
                     }
                     self.connected_once = true;
                     return true;
@@ -499,20 +662,36 @@ impl Endpoint {
         }
     }
 
-    /// The QP is in error: drop it (destroying the QP), then put what was
-    /// in flight on it back at the head of the backlog (oldest first);
-    /// `flush` asks for a new one. Slices flushed too often fail instead.
-    fn break_queue(&mut self) {
+    /// Drop the QP (destroying it: nothing posted on it can land after
+    /// this), then settle what was in flight on it: an aborted slice ends
+    /// with its abort's kind through `done`, the others go back to the
+    /// backlog head (after those a drain put back), oldest first; `flush`
+    /// asks for a new QP. With `fault` (the QP broke, not an abort) each
+    /// counts a re-post, and slices re-posted too often fail instead.
+    fn break_queue(&mut self, fault: bool, done: &mut impl FnMut(RdmaCompletion)) {
         if !self.is_connected() {
             return;
         }
         self.state = State::Idle;
+        self.dropped_for_abort = !fault;
+        let at = self.requeued;
         while let Some(p) = self.posted.pop_back() {
             self.credits.release(1, 0);
             let mut s = p.slice;
-            s.reposts += 1;
-            self.backlog.push_front(s);
+            if let Some(kind) = p.abort {
+                done(RdmaCompletion {
+                    token: s.token,
+                    result: Err(kind),
+                    slice: s,
+                });
+                continue;
+            }
+            s.reposts += u8::from(fault);
+            self.backlog.insert(at, s);
         }
+        self.draining = false;
+        self.aborted_posted = 0;
+        self.requeued = 0;
     }
 
     /// Fail, through `done`, backlog slices flushed too many times.
@@ -521,6 +700,8 @@ impl Endpoint {
         while i < self.backlog.len() {
             if self.backlog[i].reposts > MAX_REPOSTS {
                 let s = self.backlog.remove(i).expect("index checked");
+                // One fewer put back by a drain ahead of the rest.
+                self.requeued -= usize::from(i < self.requeued);
                 done(RdmaCompletion {
                     token: s.token,
                     result: Err(ErrorKind::Unreachable),

@@ -26,6 +26,10 @@
 //!   (`Unreachable`, `RouteLost`, a NIC failure) moves that slice, and the
 //!   work flushed behind it, to a sibling the same way. Only when no rail is
 //!   left does the failure reach the task (DESIGN.md's recovery order).
+//! - **Aborts.** [`RdmaTransport::abort_token`] stops a task's slices on
+//!   every endpoint of the worker: waiting ones end at the next `poll`,
+//!   posted ones once their QP, moved to the error state, has flushed them
+//!   (see [`Endpoint::abort`]); nothing waits.
 //!
 //! Nothing in `submit` or `poll` allocates once the scratch queues have
 //! grown to the worker's credit bound.
@@ -237,6 +241,7 @@ impl QueueSource for RailSource {
         Ok(Queue {
             qp: qp.as_raw(),
             cq: cq.as_raw(),
+            to_error: crate::verbs::modify_to_error,
             // The QP first, then its CQ (tuple fields drop in order).
             owner: Box::new((qp, cq)),
         })
@@ -456,6 +461,50 @@ impl RdmaTransport {
         }
     }
 
+    /// Stop every slice of `token` that worker `ctx` posted here and that
+    /// has not completed. Each still completes through `poll`, with `kind`
+    /// (or its own result if it finished first), and only once the NIC
+    /// will not touch its local buffer again: a slice waiting in a backlog
+    /// at the next `poll`; a posted one once its QP, moved to the error
+    /// state, has flushed it (the other tasks' slices flushed with it are
+    /// posted again on a fresh QP, not counted as faults of the rail).
+    /// Never waits; a token with nothing here, or aborted before, is left
+    /// as it is. `kind` is the task's (`Timeout`, `Canceled`, `Shutdown`),
+    /// never a rail fault: nothing aborted moves to a sibling rail.
+    pub fn abort_token(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind) {
+        debug_assert!(!rail_fault(kind), "abort with a rail fault: {kind}");
+        // Refused at submit too: nothing of this worker's is here.
+        let Ok(mut ws) = self.workers.get(ctx) else {
+            return;
+        };
+        let WorkerState { active, ready, .. } = &mut *ws;
+        for peer in active.iter() {
+            // Opened with this context when the peer joined `active`.
+            let Ok(mut guard) = peer.per_worker.get(ctx) else {
+                continue;
+            };
+            let PeerEndpoints {
+                eps, outstanding, ..
+            } = &mut *guard;
+            for (r, ep) in eps.iter_mut().enumerate() {
+                if ep.outstanding() == 0 {
+                    continue;
+                }
+                let monitor = &peer.rails[r].monitor;
+                ep.abort(token, kind, &mut |c| {
+                    // Ended now (never posted, or its QP destroyed): it
+                    // leaves the rail, through no fault of the rail's.
+                    monitor.on_leave();
+                    *outstanding -= 1;
+                    ready.push_back(SliceCompletion {
+                        token: c.token,
+                        result: c.result,
+                    });
+                });
+            }
+        }
+    }
+
     /// Queue `s` again, on a rail other than `from`.
     fn repost(
         &self,
@@ -646,7 +695,9 @@ impl Transport for RdmaTransport {
                 }
                 let nic_up = peer.nics.nics()[peer.rails[r].local].is_up();
                 if !nic_up {
-                    ep.evacuate(&mut |s| ws.moved.push((r, s)));
+                    ep.evacuate(&mut |s| ws.moved.push((r, s)), &mut |c| {
+                        ws.done.push((r, c))
+                    });
                     continue;
                 }
                 let before = ws.done.len();
@@ -659,7 +710,9 @@ impl Transport for RdmaTransport {
                 if rail_failed && peer.rails.len() > 1 {
                     // What was flushed behind the failure would only meet
                     // the same fault on a fresh QP here: move it too.
-                    ep.evacuate(&mut |s| ws.moved.push((r, s)));
+                    ep.evacuate(&mut |s| ws.moved.push((r, s)), &mut |c| {
+                        ws.done.push((r, c))
+                    });
                 }
             }
             for k in 0..ws.moved.len() {

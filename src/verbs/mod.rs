@@ -16,7 +16,7 @@ pub use cq::CompletionQueue;
 pub use device::device_names;
 pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
-pub use qp::{QpEndpoint, QueuePair, RD_ATOMIC_WANTED, RdmaOp, rd_atomic_depths};
+pub use qp::{QpEndpoint, QueuePair, RD_ATOMIC_WANTED, RdmaOp, modify_to_error, rd_atomic_depths};
 
 use tent_rings::ErrorKind;
 

@@ -299,6 +299,28 @@ impl Drop for QueuePair {
     }
 }
 
+/// Move the QP `raw` to the error state (`ibv_modify_qp` to
+/// `IBV_QPS_ERR`). The device then completes every send request still on
+/// it with `IBV_WC_WR_FLUSH_ERR`, in order and signalled or not; once a
+/// request's completion is reaped the device no longer touches its memory.
+/// The call does not wait for those completions (one command to the
+/// kernel driver): it returns 0, or the verb's errno.
+///
+/// # Safety
+/// `raw` must be a live QP.
+pub unsafe fn modify_to_error(raw: *mut ffi::ibv_qp) -> i32 {
+    let Ok(lib) = sys::verbs() else {
+        return libc::ENOSYS;
+    };
+    let mut a = ffi::ibv_qp_attr {
+        qp_state: ffi::ibv_qp_state::IBV_QPS_ERR,
+        ..Default::default()
+    };
+    let mask = ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
+    // SAFETY: the caller guarantees `raw` is live; `a` is a valid attribute block for `mask`.
+    unsafe { lib.ibv_modify_qp(raw, &mut a, mask) }
+}
+
 /// A random 24-bit starting PSN (a stale packet from an old QP must not
 /// look in sequence).
 fn fastrand_psn() -> u32 {

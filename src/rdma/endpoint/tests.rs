@@ -19,6 +19,11 @@ use crate::sys::ffi::{ibv_context, ibv_cq, ibv_qp, ibv_send_wr, ibv_wc, ibv_wc_s
 struct FakeQueue {
     error: bool,
     cqes: VecDeque<ibv_wc>,
+    /// With [`Plan::stall`]: requests the NIC has not finished, in order
+    /// (wr_id, signalled, the status they will end with).
+    pending: VecDeque<(u64, bool, S)>,
+    /// Times it was moved to the error state by `to_error`.
+    halts: u32,
 }
 
 /// What the provider injects.
@@ -29,6 +34,14 @@ struct Plan {
     /// Root-cause errors actually produced.
     roots: u64,
     enomems: u64,
+    /// Successful requests stay on the NIC until [`progress`] finishes them.
+    stall: bool,
+    /// Most completions one `poll_cq` hands out (0: as many as asked).
+    poll_max: i32,
+    /// What `to_error` answers (0: it works).
+    halt_rc: i32,
+    /// QPs moved to the error state by `to_error`.
+    halted: u64,
 }
 
 impl Plan {
@@ -43,7 +56,13 @@ impl Plan {
 
 thread_local! {
     static QUEUES: RefCell<HashMap<u32, FakeQueue>> = RefCell::new(HashMap::new());
-    static PLAN: RefCell<Plan> = const { RefCell::new(Plan { rng: 1, p_enomem: 0.0, p_error: 0.0, roots: 0, enomems: 0 }) };
+    static PLAN: RefCell<Plan> = const { RefCell::new(Plan { rng: 1, p_enomem: 0.0, p_error: 0.0, roots: 0, enomems: 0, stall: false, poll_max: 0, halt_rc: 0, halted: 0 }) };
+    /// Local address of every request posted, by wr_id.
+    static ADDRS: RefCell<HashMap<u64, u64>> = RefCell::new(HashMap::new());
+    /// Local addresses in the order their requests were posted.
+    static POSTED: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    /// (local address, status) of every completion `poll_cq` handed out.
+    static REAPED: RefCell<Vec<(u64, S)>> = const { RefCell::new(Vec::new()) };
 }
 
 const ROOT_STATUSES: [S; 3] = [
@@ -76,8 +95,17 @@ unsafe extern "C" fn fake_post_send(
                 unsafe { *bad = wr };
                 return libc::ENOMEM;
             }
-            // SAFETY: `wr` is a valid element of the caller's list.
-            let (wr_id, flags, next) = unsafe { ((*wr).wr_id, (*wr).send_flags, (*wr).next) };
+            // SAFETY: `wr` is a valid element of the caller's list, with one SGE.
+            let (wr_id, flags, next, addr) = unsafe {
+                (
+                    (*wr).wr_id,
+                    (*wr).send_flags,
+                    (*wr).next,
+                    (*(*wr).sg_list).addr,
+                )
+            };
+            ADDRS.with(|a| a.borrow_mut().insert(wr_id, addr));
+            POSTED.with(|p| p.borrow_mut().push(addr));
             let signaled = flags & crate::sys::ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
             let status = if q.error {
                 S::IBV_WC_WR_FLUSH_ERR
@@ -92,8 +120,15 @@ unsafe extern "C" fn fake_post_send(
                     }
                 })
             };
-            // Errors and flushes always complete; successes only when asked.
+            if !q.error && PLAN.with(|p| p.borrow().stall) {
+                // Its end (and a failure's effect on the QP) comes with
+                // `progress`, in order.
+                q.pending.push_back((wr_id, signaled, status));
+                wr = next;
+                continue;
+            }
             if status != S::IBV_WC_SUCCESS || signaled {
+                // Errors and flushes always complete; successes only when asked.
                 q.cqes.push_back(ibv_wc {
                     wr_id,
                     status,
@@ -115,14 +150,105 @@ unsafe extern "C" fn fake_poll_cq(cq: *mut ibv_cq, n: i32, wc: *mut ibv_wc) -> i
     QUEUES.with(|qs| {
         let mut qs = qs.borrow_mut();
         let q = qs.entry(id).or_default();
+        let max = match PLAN.with(|p| p.borrow().poll_max) {
+            0 => n,
+            m => m.min(n),
+        };
         let mut k = 0;
-        while k < n as usize {
+        while k < max as usize {
             let Some(c) = q.cqes.pop_front() else { break };
+            let addr = ADDRS.with(|a| a.borrow().get(&c.wr_id).copied().unwrap_or(0));
+            REAPED.with(|r| r.borrow_mut().push((addr, c.status)));
             // SAFETY: the caller's `wc` holds `n` entries.
             unsafe { *wc.add(k) = c };
             k += 1;
         }
         k as i32
+    })
+}
+
+/// `to_error` for a fake QP: every request the NIC still holds is flushed,
+/// in order, signalled or not (as a real device does).
+unsafe fn fake_to_error(qp: *mut ibv_qp) -> i32 {
+    let rc = PLAN.with(|p| p.borrow().halt_rc);
+    if rc != 0 {
+        return rc;
+    }
+    PLAN.with(|p| p.borrow_mut().halted += 1);
+    // SAFETY: the endpoint passes its live fake QP.
+    let id = unsafe { (*qp).handle };
+    QUEUES.with(|qs| {
+        let mut qs = qs.borrow_mut();
+        let q = qs.entry(id).or_default();
+        q.error = true;
+        q.halts += 1;
+        q.flush_pending();
+    });
+    0
+}
+
+impl FakeQueue {
+    /// The QP is in error: every request it holds is flushed, in order.
+    fn flush_pending(&mut self) {
+        while let Some((wr_id, _, _)) = self.pending.pop_front() {
+            self.cqes.push_back(ibv_wc {
+                wr_id,
+                status: S::IBV_WC_WR_FLUSH_ERR,
+                ..Default::default()
+            });
+        }
+    }
+}
+
+/// The fake NIC finishes up to `n` of the requests it holds on each QP
+/// (a failure puts the QP in error, flushing the rest).
+fn progress(n: usize) {
+    QUEUES.with(|qs| {
+        for q in qs.borrow_mut().values_mut() {
+            for _ in 0..n {
+                let Some((wr_id, signaled, status)) = q.pending.pop_front() else {
+                    break;
+                };
+                if status != S::IBV_WC_SUCCESS || signaled {
+                    q.cqes.push_back(ibv_wc {
+                        wr_id,
+                        status,
+                        ..Default::default()
+                    });
+                }
+                if status != S::IBV_WC_SUCCESS {
+                    q.error = true;
+                    q.flush_pending();
+                }
+            }
+        }
+    });
+}
+
+/// Does a live fake QP still hold the request for `addr` (so the NIC may
+/// still touch that buffer)?
+fn on_nic(addr: u64) -> bool {
+    QUEUES.with(|qs| {
+        ADDRS.with(|a| {
+            let a = a.borrow();
+            qs.borrow()
+                .values()
+                .any(|q| q.pending.iter().any(|(w, _, _)| a.get(w) == Some(&addr)))
+        })
+    })
+}
+
+/// Times fake QP `id` was moved to the error state.
+fn halts(id: u32) -> u32 {
+    QUEUES.with(|qs| qs.borrow().get(&id).map_or(0, |q| q.halts))
+}
+
+/// Was the flush completion of the request at `addr` reaped?
+fn flush_reaped(addr: u64) -> bool {
+    REAPED.with(|r| {
+        r.borrow()
+            .iter()
+            .any(|&(a, st)| a == addr && st == S::IBV_WC_WR_FLUSH_ERR)
     })
 }
 
@@ -168,6 +294,7 @@ impl QueueSource for FakeSource {
         Ok(Queue {
             qp: qpp,
             cq: cqp,
+            to_error: fake_to_error,
             owner: Box::new(FakeObjects {
                 _ctx: ctx,
                 _qp: qp,
@@ -179,6 +306,15 @@ impl QueueSource for FakeSource {
 
 // SAFETY: the fake objects are only touched by the test's thread.
 unsafe impl Send for FakeObjects {}
+
+impl Drop for FakeObjects {
+    fn drop(&mut self) {
+        // A destroyed QP's NIC work stops. `try_with`: a queue may drop on
+        // the connector's thread, even as it exits.
+        let id = self._qp.handle;
+        let _ = QUEUES.try_with(|qs| qs.borrow_mut().remove(&id));
+    }
+}
 
 fn slice(token: u64) -> RdmaSlice {
     RdmaSlice {
@@ -208,8 +344,18 @@ fn plan(seed: u64, p_enomem: f64, p_error: f64) {
             p_error,
             roots: 0,
             enomems: 0,
+            stall: false,
+            poll_max: 0,
+            halt_rc: 0,
+            halted: 0,
         }
     });
+}
+
+/// No faults, and the NIC finishes nothing until [`progress`] says so.
+fn stalled(seed: u64) {
+    plan(seed, 0.0, 0.0);
+    PLAN.with(|p| p.borrow_mut().stall = true);
 }
 
 /// A connector for one test, and an endpoint over `src` connected by it.
@@ -353,7 +499,9 @@ fn a_lazy_endpoint_connects_on_first_work_and_evacuates_everything_it_holds() {
     // The rail goes away: every slice, posted or waiting, comes back once,
     // oldest first, and no credit stays taken.
     let mut back = Vec::new();
-    ep.evacuate(&mut |s: RdmaSlice| back.push(s.token));
+    ep.evacuate(&mut |s: RdmaSlice| back.push(s.token), &mut |c| {
+        panic!("nothing was aborted: {c:?}")
+    });
     assert_eq!(back, (0..20).collect::<Vec<_>>());
     assert_eq!(ep.credits_in_flight(), 0);
     assert_eq!(ep.outstanding(), 0);
@@ -713,4 +861,527 @@ fn a_connect_outliving_its_endpoint_destroys_its_qp_and_a_stopped_connector_fail
             ..
         }
     ));
+}
+
+/// Piece `i` of task `token`, with a local address of its own.
+fn piece(token: u64, i: u64) -> RdmaSlice {
+    RdmaSlice {
+        local: 0x10_0000 + (token * 64 + i) * 64,
+        ..slice(token)
+    }
+}
+
+type End = (u64, u64, std::result::Result<u64, ErrorKind>);
+
+/// (token, local address, result) of each completion, in order.
+fn ends(seen: &[RdmaCompletion]) -> Vec<End> {
+    seen.iter()
+        .map(|c| (c.token, c.slice.local, c.result))
+        .collect()
+}
+
+fn end(s: RdmaSlice, result: std::result::Result<u64, ErrorKind>) -> End {
+    (s.token, s.local, result)
+}
+
+/// Flush until a QP is connected (the flush that takes it posts at once).
+fn connect(ep: &mut Endpoint, seen: &mut Vec<RdmaCompletion>) {
+    let start = std::time::Instant::now();
+    while !ep.is_connected() {
+        ep.flush(&mut |c| seen.push(c));
+        assert!(start.elapsed() < STEP, "a QP connected");
+        std::thread::yield_now();
+    }
+}
+
+/// Let the fake NIC finish everything, and drive `ep` until `n` more
+/// slices completed.
+fn finish(ep: &mut Endpoint, n: usize) -> Vec<RdmaCompletion> {
+    let start = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while seen.len() < n {
+        let mut done = |c: RdmaCompletion| seen.push(c);
+        ep.flush(&mut done);
+        progress(usize::MAX);
+        ep.reap(&mut done);
+        ep.fail_exhausted(&mut done);
+        assert!(start.elapsed() < STEP, "{} of {n} completed", seen.len());
+        std::thread::yield_now();
+    }
+    seen
+}
+
+/// Completions reaped, the fake CQ one completion per `poll_cq`.
+fn reap_one(ep: &mut Endpoint) -> Vec<RdmaCompletion> {
+    PLAN.with(|p| p.borrow_mut().poll_max = 1);
+    let mut seen = Vec::new();
+    ep.reap(&mut |c| seen.push(c));
+    PLAN.with(|p| p.borrow_mut().poll_max = 0);
+    seen
+}
+
+#[test]
+fn an_abort_fails_waiting_slices_at_once_and_posted_ones_only_once_their_flush_is_reaped() {
+    stalled(31);
+    let (probe, tries, live) = Probe::new(FakeSource {
+        next_id: 90_000,
+        connects: 0,
+        fail_after: None,
+    });
+    let (mut ep, _c) = endpoint(probe, 2, 16);
+    let (a, b) = (1, 2);
+    let order = [
+        piece(a, 0),
+        piece(b, 0),
+        piece(a, 1),
+        piece(b, 1),
+        piece(a, 2),
+    ];
+    for s in order {
+        assert!(ep.submit(s));
+    }
+    let mut seen = Vec::new();
+    connect(&mut ep, &mut seen);
+    assert_eq!(ep.credits_in_flight(), 2, "a0 and b0 on the NIC");
+    ep.abort(a, ErrorKind::Timeout, &mut |c| seen.push(c));
+    // The waiting pieces end at once; a0 not yet: the NIC may still be
+    // writing into its buffer.
+    assert_eq!(
+        ends(&seen),
+        [
+            end(piece(a, 1), Err(ErrorKind::Timeout)),
+            end(piece(a, 2), Err(ErrorKind::Timeout))
+        ]
+    );
+    assert_eq!(halts(90_001), 1, "the QP was moved to the error state");
+    assert_eq!(
+        live.load(Ordering::SeqCst),
+        1,
+        "and kept to reap its flushes"
+    );
+    assert_eq!(ep.outstanding(), 3);
+    // Nothing is posted on a QP in error.
+    assert!(ep.submit(piece(b, 2)));
+    ep.flush(&mut |c| panic!("{c:?}"));
+    assert!(!POSTED.with(|p| p.borrow().contains(&piece(b, 2).local)));
+    // a0's flush is the first completion: reaping it ends a0, and with no
+    // aborted piece left on it, the QP goes; b0 waits for a fresh one.
+    let got = reap_one(&mut ep);
+    assert_eq!(ends(&got), [end(piece(a, 0), Err(ErrorKind::Timeout))]);
+    assert!(flush_reaped(piece(a, 0).local));
+    assert_eq!(
+        live.load(Ordering::SeqCst),
+        0,
+        "the QP in error is destroyed"
+    );
+    assert_eq!(ep.state(), EndpointState::Idle);
+    assert_eq!(ep.credits_in_flight(), 0);
+    // b0 (flushed with it), b1 and b2 end well on a fresh QP, and b0's
+    // flush does not count against it.
+    let mut rest = finish(&mut ep, 3);
+    rest.sort_by_key(|c| c.slice.local);
+    assert_eq!(
+        ends(&rest),
+        [
+            end(piece(b, 0), Ok(64)),
+            end(piece(b, 1), Ok(64)),
+            end(piece(b, 2), Ok(64))
+        ]
+    );
+    assert!(rest.iter().all(|c| c.slice.reposts == 0), "{rest:?}");
+    assert_eq!(tries.load(Ordering::SeqCst), 2);
+    assert_eq!(ep.replacements(), 1);
+    assert_eq!((ep.outstanding(), ep.credits_in_flight()), (0, 0));
+}
+
+#[test]
+fn with_selective_signalling_each_aborted_request_ends_at_its_own_flush_and_the_rest_repost_in_order()
+ {
+    stalled(37);
+    let (probe, _tries, live) = Probe::new(FakeSource {
+        next_id: 91_000,
+        connects: 0,
+        fail_after: None,
+    });
+    // Depth 8: one list of 8, signalled at the 4th and the 8th.
+    let (mut ep, _c) = endpoint(probe, 8, 16);
+    let (a, b) = (3, 4);
+    for i in 0..4 {
+        assert!(ep.submit(piece(a, i)));
+        assert!(ep.submit(piece(b, i)));
+    }
+    let mut seen = Vec::new();
+    connect(&mut ep, &mut seen);
+    assert_eq!(ep.credits_in_flight(), 8);
+    // The NIC finishes a0 and b0 (unsignalled: no completion yet).
+    progress(2);
+    ep.abort(a, ErrorKind::Canceled, &mut |c| seen.push(c));
+    assert!(seen.is_empty(), "every piece of a was posted: {seen:?}");
+    assert_eq!(halts(91_001), 1);
+    let canceled = Err(ErrorKind::Canceled);
+    // Flushes come for a1 b1 a2 b2 a3 b3, in order.
+    let steps: Vec<Vec<End>> = (0..5).map(|_| ends(&reap_one(&mut ep))).collect();
+    assert_eq!(
+        steps,
+        [
+            // a1's flush: a0 and b0 before it had finished.
+            vec![
+                end(piece(a, 0), Ok(64)),
+                end(piece(b, 0), Ok(64)),
+                end(piece(a, 1), canceled)
+            ],
+            vec![],
+            vec![end(piece(a, 2), canceled)],
+            vec![],
+            vec![end(piece(a, 3), canceled)],
+        ]
+    );
+    for i in 1..4 {
+        assert!(flush_reaped(piece(a, i).local), "a{i} ended at its flush");
+    }
+    assert_eq!(live.load(Ordering::SeqCst), 0);
+    assert_eq!(ep.outstanding(), 3);
+    POSTED.with(|p| p.borrow_mut().clear());
+    let rest = finish(&mut ep, 3);
+    assert_eq!(
+        ends(&rest),
+        [
+            end(piece(b, 1), Ok(64)),
+            end(piece(b, 2), Ok(64)),
+            end(piece(b, 3), Ok(64))
+        ]
+    );
+    assert_eq!(
+        POSTED.with(|p| p.borrow().clone()),
+        [piece(b, 1).local, piece(b, 2).local, piece(b, 3).local],
+        "the flushed pieces went out again oldest first"
+    );
+    assert_eq!((ep.outstanding(), ep.credits_in_flight()), (0, 0));
+}
+
+#[test]
+fn aborting_twice_or_a_token_with_nothing_here_changes_nothing() {
+    stalled(41);
+    let (mut ep, _c) = endpoint(
+        FakeSource {
+            next_id: 92_000,
+            connects: 0,
+            fail_after: None,
+        },
+        8,
+        16,
+    );
+    let (a, b, stranger) = (5, 6, 99);
+    assert!(ep.submit(piece(a, 0)));
+    assert!(ep.submit(piece(b, 0)));
+    let mut seen = Vec::new();
+    connect(&mut ep, &mut seen);
+    ep.abort(stranger, ErrorKind::Timeout, &mut |c| seen.push(c));
+    assert!(seen.is_empty());
+    assert_eq!(
+        halts(92_001),
+        0,
+        "no QP halted for a token it does not hold"
+    );
+    let first = finish(&mut ep, 2);
+    assert!(first.iter().all(|c| c.result == Ok(64)), "{first:?}");
+    // Twice: one halt, one end per piece.
+    assert!(ep.submit(piece(a, 1)));
+    assert!(ep.submit(piece(b, 1)));
+    assert!(ep.submit(piece(a, 2)));
+    ep.flush(&mut |c| seen.push(c));
+    assert_eq!(ep.credits_in_flight(), 3);
+    for _ in 0..2 {
+        ep.abort(a, ErrorKind::Timeout, &mut |c| seen.push(c));
+    }
+    assert_eq!(halts(92_001), 1);
+    let rest = finish(&mut ep, 3);
+    seen.extend(rest);
+    seen.sort_by_key(|c| c.slice.local);
+    assert_eq!(
+        ends(&seen),
+        [
+            end(piece(a, 1), Err(ErrorKind::Timeout)),
+            end(piece(a, 2), Err(ErrorKind::Timeout)),
+            end(piece(b, 1), Ok(64))
+        ]
+    );
+    // Once it is all over, another abort finds nothing.
+    ep.abort(a, ErrorKind::Timeout, &mut |c| panic!("{c:?}"));
+    assert_eq!((ep.outstanding(), ep.credits_in_flight()), (0, 0));
+}
+
+#[test]
+fn pieces_flushed_by_other_tasks_aborts_are_reposted_without_limit_and_without_blame() {
+    stalled(43);
+    let (mut ep, _c) = endpoint(
+        FakeSource {
+            next_id: 93_000,
+            connects: 0,
+            fail_after: None,
+        },
+        4,
+        16,
+    );
+    let victim = piece(7, 0);
+    assert!(ep.submit(victim));
+    // Far more rounds than a slice may be flushed by QP errors.
+    let rounds = 3 * MAX_REPOSTS as u64;
+    for r in 0..rounds {
+        let aborted = piece(8, r);
+        assert!(ep.submit(aborted));
+        let mut seen = Vec::new();
+        connect(&mut ep, &mut seen);
+        assert_eq!(ep.credits_in_flight(), 2, "round {r}: both on the NIC");
+        ep.abort(8, ErrorKind::Timeout, &mut |c| seen.push(c));
+        let start = std::time::Instant::now();
+        while seen.is_empty() {
+            ep.reap(&mut |c| seen.push(c));
+            assert!(start.elapsed() < STEP);
+        }
+        assert_eq!(ends(&seen), [end(aborted, Err(ErrorKind::Timeout))]);
+        assert_eq!(ep.state(), EndpointState::Idle);
+    }
+    let got = finish(&mut ep, 1);
+    assert_eq!(ends(&got), [end(victim, Ok(64))]);
+    assert_eq!(got[0].slice.reposts, 0);
+    assert_eq!(ep.replacements(), rounds);
+}
+
+#[test]
+fn an_abort_while_connecting_ends_the_waiting_pieces_and_the_rest_go_out_once_connected() {
+    plan(47, 0.0, 0.0);
+    let (open, gate) = std::sync::mpsc::channel();
+    let src = GatedSource {
+        gate,
+        inner: FakeSource {
+            next_id: 94_000,
+            connects: 0,
+            fail_after: None,
+        },
+    };
+    let (mut ep, _c) = endpoint(src, 8, 16);
+    // Dropped before the connector, which joins its thread: a failed
+    // assert does not leave it waiting on the gate.
+    let open = open;
+    let (a, b) = (9, 10);
+    for s in [piece(a, 0), piece(b, 0), piece(a, 1)] {
+        assert!(ep.submit(s));
+    }
+    ep.flush(&mut |c| panic!("{c:?}"));
+    assert_eq!(ep.state(), EndpointState::Connecting);
+    let mut seen = Vec::new();
+    ep.abort(a, ErrorKind::Shutdown, &mut |c| seen.push(c));
+    assert_eq!(
+        ends(&seen),
+        [
+            end(piece(a, 0), Err(ErrorKind::Shutdown)),
+            end(piece(a, 1), Err(ErrorKind::Shutdown))
+        ]
+    );
+    assert_eq!(ep.outstanding(), 1);
+    open.send(()).unwrap();
+    let rest = drain(&mut ep, 1, STEP);
+    assert_eq!(ends(&rest), [end(piece(b, 0), Ok(64))]);
+}
+
+#[test]
+fn a_rail_lost_while_draining_an_abort_ends_the_aborted_pieces_once_the_qp_is_destroyed() {
+    stalled(53);
+    let (probe, _tries, live) = Probe::new(FakeSource {
+        next_id: 95_000,
+        connects: 0,
+        fail_after: None,
+    });
+    let (mut ep, _c) = endpoint(probe, 8, 16);
+    let (a, b) = (11, 12);
+    assert!(ep.submit(piece(a, 0)));
+    assert!(ep.submit(piece(b, 0)));
+    let mut seen = Vec::new();
+    connect(&mut ep, &mut seen);
+    ep.abort(a, ErrorKind::Timeout, &mut |c| seen.push(c));
+    assert!(seen.is_empty());
+    let mut out = Vec::new();
+    ep.evacuate(&mut |s| out.push(s), &mut |c| {
+        assert_eq!(live.load(Ordering::SeqCst), 0, "ended after the QP went");
+        seen.push(c)
+    });
+    assert_eq!(ends(&seen), [end(piece(a, 0), Err(ErrorKind::Timeout))]);
+    // b0 leaves for another rail (counted as a move, as any evacuation).
+    let moved: Vec<(u64, u64)> = out.iter().map(|s| (s.token, s.local)).collect();
+    assert_eq!(moved, [(b, piece(b, 0).local)]);
+    assert_eq!((ep.outstanding(), ep.credits_in_flight()), (0, 0));
+}
+
+#[test]
+fn when_the_qp_cannot_be_moved_to_error_it_is_destroyed_and_the_aborted_pieces_end_then() {
+    stalled(59);
+    PLAN.with(|p| p.borrow_mut().halt_rc = libc::EIO);
+    let (probe, _tries, live) = Probe::new(FakeSource {
+        next_id: 96_000,
+        connects: 0,
+        fail_after: None,
+    });
+    let (mut ep, _c) = endpoint(probe, 8, 16);
+    let (a, b) = (13, 14);
+    assert!(ep.submit(piece(a, 0)));
+    assert!(ep.submit(piece(b, 0)));
+    let mut seen = Vec::new();
+    connect(&mut ep, &mut seen);
+    ep.abort(a, ErrorKind::Timeout, &mut |c| {
+        assert_eq!(live.load(Ordering::SeqCst), 0, "ended after the QP went");
+        seen.push(c)
+    });
+    assert_eq!(ends(&seen), [end(piece(a, 0), Err(ErrorKind::Timeout))]);
+    let rest = finish(&mut ep, 1);
+    assert_eq!(ends(&rest), [end(piece(b, 0), Ok(64))]);
+    assert_eq!(rest[0].slice.reposts, 0);
+}
+
+#[test]
+fn random_aborts_among_faults_end_every_piece_once_and_never_while_the_nic_holds_it() {
+    const KINDS: [ErrorKind; 3] = [ErrorKind::Timeout, ErrorKind::Canceled, ErrorKind::Shutdown];
+    let (mut halted, mut stopped) = (0, 0);
+    for (k, seed) in [3u64, 17, 256, 9_001, 123_457].into_iter().enumerate() {
+        stalled(seed);
+        PLAN.with(|p| p.borrow_mut().p_error = 0.01);
+        let rand = || PLAN.with(|p| p.borrow_mut().next());
+        let (mut ep, _c) = endpoint(
+            FakeSource {
+                next_id: 300_000 + k as u32 * 10_000,
+                connects: 0,
+                fail_after: None,
+            },
+            16,
+            256,
+        );
+        let tasks = 400u64;
+        // Per task: its pieces not ended yet, and its abort if any.
+        let mut open: HashMap<u64, Vec<u64>> = HashMap::new();
+        let mut aborted: HashMap<u64, ErrorKind> = HashMap::new();
+        let mut ended: HashMap<u64, std::result::Result<u64, ErrorKind>> = HashMap::new();
+        let mut pieces = 0;
+        let (mut next, mut steps) = (0u64, 0u64);
+        let mut done = |c: RdmaCompletion,
+                        open: &mut HashMap<u64, Vec<u64>>,
+                        aborted: &HashMap<u64, ErrorKind>| {
+            let a = c.slice.local;
+            assert!(
+                !on_nic(a),
+                "seed {seed}: {c:?} ended while the NIC holds it"
+            );
+            assert!(
+                ended.insert(a, c.result).is_none(),
+                "seed {seed}: {c:?} twice"
+            );
+            let left = open.get_mut(&c.token).expect("a known task");
+            left.retain(|&x| x != a);
+            if let Some(&kind) = aborted.get(&c.token) {
+                assert!(
+                    c.result == Ok(64) || c.result == Err(kind),
+                    "seed {seed}: aborted {kind:?}, ended {c:?}"
+                );
+            }
+        };
+        while next < tasks || open.values().any(|v| !v.is_empty()) {
+            steps += 1;
+            assert!(steps < 1_000_000, "seed {seed}: no progress");
+            // A short backlog: aborts often find their pieces posted.
+            if next < tasks && ep.outstanding() < 40 {
+                let n = 1 + (rand() * 4.0) as u64;
+                let v: Vec<u64> = (0..n).map(|i| piece(next, i).local).collect();
+                for i in 0..n {
+                    assert!(ep.submit(piece(next, i)));
+                }
+                pieces += n;
+                open.insert(next, v);
+                next += 1;
+            }
+            let mut got = Vec::new();
+            ep.flush(&mut |c| got.push(c));
+            progress((rand() * 6.0) as usize);
+            ep.reap(&mut |c| got.push(c));
+            ep.fail_exhausted(&mut |c| got.push(c));
+            if next > 0 && rand() < 0.2 {
+                // One of the latest tasks: likely still on the NIC.
+                let t = next - 1 - (rand() * next.min(16) as f64) as u64;
+                if open.get(&t).is_some_and(|v| !v.is_empty()) && !aborted.contains_key(&t) {
+                    let kind = KINDS[(rand() * 3.0) as usize % 3];
+                    // Ends already made belong to before the abort.
+                    for c in got.drain(..) {
+                        done(c, &mut open, &aborted);
+                    }
+                    aborted.insert(t, kind);
+                    ep.abort(t, kind, &mut |c| got.push(c));
+                }
+            }
+            for c in got {
+                done(c, &mut open, &aborted);
+            }
+            if ep.state() != EndpointState::Ready {
+                // A connect is under way on the connector's thread.
+                std::thread::yield_now();
+            }
+        }
+        assert_eq!(ended.len() as u64, pieces, "seed {seed}: every piece ended");
+        assert_eq!(
+            (ep.outstanding(), ep.credits_in_flight()),
+            (0, 0),
+            "seed {seed}"
+        );
+        let roots = PLAN.with(|p| p.borrow().roots);
+        assert!(roots > 0, "seed {seed}: faults were injected");
+        halted += PLAN.with(|p| p.borrow().halted);
+        stopped += ended
+            .values()
+            .filter(|r| matches!(r, Err(k) if KINDS.contains(k)))
+            .count();
+    }
+    assert!(
+        halted >= 10 && stopped > 0,
+        "aborts stopped posted work: {halted} QPs halted, {stopped} pieces stopped"
+    );
+}
+
+#[test]
+fn a_slice_failing_exhausted_while_a_drain_puts_others_back_leaves_the_backlog_consistent() {
+    stalled(61);
+    let (mut ep, _c) = endpoint(
+        FakeSource {
+            next_id: 97_000,
+            connects: 0,
+            fail_after: None,
+        },
+        8,
+        16,
+    );
+    let (a, b, c) = (15, 16, 17);
+    // b was moved between rails more often than a QP may flush it: it is
+    // posted (it came in with this poll) and fails once it is back.
+    let tired = RdmaSlice {
+        reposts: MAX_REPOSTS + 1,
+        ..piece(b, 0)
+    };
+    for s in [tired, piece(c, 0), piece(a, 0)] {
+        assert!(ep.submit(s));
+    }
+    let mut seen = Vec::new();
+    connect(&mut ep, &mut seen);
+    assert_eq!(ep.credits_in_flight(), 3);
+    ep.abort(a, ErrorKind::Timeout, &mut |c| seen.push(c));
+    // b's flush puts it back, and it fails exhausted there; then c's.
+    seen.extend(reap_one(&mut ep));
+    ep.fail_exhausted(&mut |c| seen.push(c));
+    seen.extend(reap_one(&mut ep));
+    seen.extend(reap_one(&mut ep));
+    assert_eq!(
+        ends(&seen),
+        [
+            end(tired, Err(ErrorKind::Unreachable)),
+            end(piece(a, 0), Err(ErrorKind::Timeout))
+        ]
+    );
+    let rest = finish(&mut ep, 1);
+    assert_eq!(ends(&rest), [end(piece(c, 0), Ok(64))]);
+    assert_eq!((ep.outstanding(), ep.credits_in_flight()), (0, 0));
 }
