@@ -785,7 +785,6 @@ impl Transport for RdmaTransport {
     }
 
     fn abort(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind) {
-        // WIRED AT MERGE: RdmaTransport::abort_token
-        let _ = (ctx, token, kind);
+        self.abort_token(ctx, token, kind);
     }
 }
