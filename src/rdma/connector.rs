@@ -28,8 +28,37 @@ use std::thread::JoinHandle;
 
 use tent_rings::ErrorKind;
 
-use super::endpoint::{Queue, QueueSource};
 use crate::error::{Error, Result};
+use crate::sys::ffi;
+
+/// A QP and the CQ it completes into, with whatever keeps them alive.
+pub struct Queue {
+    /// The queue pair.
+    pub qp: *mut ffi::ibv_qp,
+    /// Its send completion queue.
+    pub cq: *mut ffi::ibv_cq,
+    /// Moves `qp` to the error state without waiting for its flushes
+    /// ([`crate::verbs::modify_to_error`] for a real QP): 0, or an errno.
+    pub to_error: unsafe fn(*mut ffi::ibv_qp) -> i32,
+    /// Owner of the verbs objects (dropped with the queue).
+    pub owner: Box<dyn std::any::Any + Send>,
+}
+
+// SAFETY: `qp` and `cq` are owned by `owner` (Send) and live as long as it; verbs objects may be used from any thread, and a queue is used by one thread at a time (made on the connector's, then posted on by one worker).
+unsafe impl Send for Queue {}
+
+/// Makes connected queues: the first, and a fresh one after an error.
+/// Called on the connector's thread, where it may wait (on the peer, up
+/// to its own timeout).
+pub trait QueueSource: Send {
+    /// A connected QP ready to post on.
+    fn connect(&mut self) -> Result<Queue>;
+
+    /// Who the queues lead to (log lines and their rate limit key).
+    fn peer(&self) -> &str {
+        ""
+    }
+}
 
 enum Msg {
     Connect(Job),

@@ -44,10 +44,10 @@ use std::collections::VecDeque;
 use tent_rings::credit::CreditPool;
 use tent_rings::{ErrorKind, Opcode};
 
-use super::connector::{ConnectorHandle, Link};
+use super::connector::{ConnectorHandle, Link, Queue, QueueSource};
 use super::wc::{Outcome, outcome};
 use crate::clock::monotonic_ns;
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::sys::{ffi, ops};
 
 /// Times a slice may be flushed and re-posted before it fails.
@@ -100,35 +100,6 @@ pub struct RdmaCompletion {
     pub result: std::result::Result<u64, ErrorKind>,
     /// The slice itself (so a failed one can be posted on another rail).
     pub slice: RdmaSlice,
-}
-
-/// A QP and the CQ it completes into, with whatever keeps them alive.
-pub struct Queue {
-    /// The queue pair.
-    pub qp: *mut ffi::ibv_qp,
-    /// Its send completion queue.
-    pub cq: *mut ffi::ibv_cq,
-    /// Moves `qp` to the error state without waiting for its flushes
-    /// ([`crate::verbs::modify_to_error`] for a real QP): 0, or an errno.
-    pub to_error: unsafe fn(*mut ffi::ibv_qp) -> i32,
-    /// Owner of the verbs objects (dropped with the queue).
-    pub owner: Box<dyn std::any::Any + Send>,
-}
-
-// SAFETY: `qp` and `cq` are owned by `owner` (Send) and live as long as it; verbs objects may be used from any thread, and a queue is used by one thread at a time (made on the connector's, then posted on by one worker).
-unsafe impl Send for Queue {}
-
-/// Makes connected queues: the first, and a fresh one after an error.
-/// Called on the connector's thread, where it may wait (on the peer, up
-/// to its own timeout).
-pub trait QueueSource: Send {
-    /// A connected QP ready to post on.
-    fn connect(&mut self) -> Result<Queue>;
-
-    /// Who the queues lead to (log lines and their rate limit key).
-    fn peer(&self) -> &str {
-        ""
-    }
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -19,7 +19,8 @@ pub mod transport;
 pub mod wc;
 
 pub use connector::{Connector, ConnectorHandle};
-pub use endpoint::{Endpoint, EndpointState, Queue, QueueSource, RdmaCompletion, RdmaSlice};
+pub use connector::{Queue, QueueSource};
+pub use endpoint::{Endpoint, EndpointState, RdmaCompletion, RdmaSlice};
 pub use nic::{Nic, NicSet, Registration};
 pub use responder::Responder;
 pub use transport::{RdmaPeer, RdmaRail, RdmaTransport};

@@ -42,7 +42,8 @@ use std::time::Duration;
 use tent_rings::{ErrorKind, TransportKind};
 
 use super::connector::{Connector, ConnectorHandle};
-use super::endpoint::{Endpoint, Queue, QueueSource, RdmaCompletion, RdmaSlice};
+use super::connector::{Queue, QueueSource};
+use super::endpoint::{Endpoint, RdmaCompletion, RdmaSlice};
 use super::nic::NicSet;
 use super::responder::{bootstrap, endpoint};
 use crate::clock::monotonic_ns;

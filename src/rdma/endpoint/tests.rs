@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::*;
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::rdma::connector::Connector;
 use crate::sys::ffi::{ibv_context, ibv_cq, ibv_qp, ibv_send_wr, ibv_wc, ibv_wc_status as S};
 
