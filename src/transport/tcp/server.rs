@@ -143,6 +143,11 @@ struct Live {
 impl Live {
     /// Track `s`, evicting a victim first when full; `None`: no room.
     fn admit(&self, s: &TcpStream) -> Option<Arc<Slot>> {
+        self.admit_up_to(s, MAX_CONNECTIONS)
+    }
+
+    /// [`Live::admit`] with room for `max` connections (tests use a small one).
+    fn admit_up_to(&self, s: &TcpStream, max: usize) -> Option<Arc<Slot>> {
         let slot = Arc::new(Slot {
             id: self.next.fetch_add(1, Ordering::Relaxed),
             stream: s.try_clone().ok()?,
@@ -154,7 +159,7 @@ impl Live {
             fenced: AtomicBool::new(false),
         });
         let mut conns = self.conns.lock().expect("live conns poisoned");
-        if conns.len() >= MAX_CONNECTIONS {
+        if conns.len() >= max {
             let victim = Self::victim(&conns)?;
             let v = conns.swap_remove(victim);
             let _ = v.stream.shutdown(std::net::Shutdown::Both);
@@ -702,5 +707,48 @@ mod tests {
         f[20] = 1;
         other.write_all(&f).unwrap();
         assert!(closed(&mut other));
+    }
+
+    #[test]
+    fn an_evicted_connection_is_fenced_and_a_fence_waits_for_its_write() {
+        let live = Live::default();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let dial = || TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (a, b, c) = (dial(), dial(), dial());
+        let old = live.admit_up_to(&a, 1).unwrap();
+        old.ident
+            .set(Ident {
+                session: S1,
+                conn: 1,
+            })
+            .unwrap();
+        old.stage.store(STAGE_READY, Ordering::Relaxed);
+        old.idle.store(1, Ordering::Relaxed);
+        // Its thread took a request queued before the eviction and is
+        // inside the payload's `recv` into region memory.
+        old.writing.store(true, Ordering::SeqCst);
+        let _newcomer = live.admit_up_to(&b, 1).unwrap();
+        assert!(
+            old.fenced.load(Ordering::SeqCst),
+            "an evicted connection may still write into region memory"
+        );
+        // A later connection of its initiator fences it: that must wait
+        // until the evicted one's thread is out of its write.
+        let me = live.admit_up_to(&c, 8).unwrap();
+        me.ident
+            .set(Ident {
+                session: S1,
+                conn: 2,
+            })
+            .unwrap();
+        let bound = Duration::from_millis(100);
+        assert!(
+            live.fence(&me, Fence { conn: 1 }, bound).is_err(),
+            "a fence passed an evicted connection still writing"
+        );
+        old.writing.store(false, Ordering::Release);
+        assert!(live.fence(&me, Fence { conn: 1 }, bound).is_ok());
+        live.remove(old.id);
+        assert!(live.fence(&me, Fence { conn: 1 }, bound).is_ok());
     }
 }
