@@ -107,7 +107,8 @@ const STAGE_SERVING: u8 = 2;
 pub struct DataServer {
     addrs: Vec<SocketAddr>,
     stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
+    /// Accept threads; each hands back its connections' threads.
+    threads: Vec<JoinHandle<Vec<JoinHandle<()>>>>,
     live: Arc<Live>,
 }
 
@@ -125,7 +126,9 @@ struct Slot {
     ident: OnceLock<Ident>,
     /// Its thread is inside a WRITE payload's `recv` into region memory.
     writing: AtomicBool,
-    /// Superseded: it may write no more into region memory.
+    /// Superseded (fenced or evicted): it may write no more into region
+    /// memory. Its slot stays in [`Live`] until its thread is gone, so a
+    /// fence still finds (and waits for) it.
     fenced: AtomicBool,
 }
 
@@ -159,9 +162,20 @@ impl Live {
             fenced: AtomicBool::new(false),
         });
         let mut conns = self.conns.lock().expect("live conns poisoned");
-        if conns.len() >= max {
+        // Superseded connections are closing: they hold no room (their
+        // threads exit within the stall limit, then leave the list).
+        let open = conns
+            .iter()
+            .filter(|c| !c.fenced.load(Ordering::Relaxed))
+            .count();
+        if open >= max {
             let victim = Self::victim(&conns)?;
-            let v = conns.swap_remove(victim);
+            let v = &conns[victim];
+            // Marked before the shutdown, and left in the list until its
+            // thread calls `remove`: a request already queued in its
+            // socket writes nothing (see `serve`), and a fence of it still
+            // waits for a write it is inside.
+            v.fenced.store(true, Ordering::SeqCst);
             let _ = v.stream.shutdown(std::net::Shutdown::Both);
             tracing::debug!(
                 stage = v.stage.load(Ordering::Relaxed),
@@ -181,6 +195,7 @@ impl Live {
         conns
             .iter()
             .enumerate()
+            .filter(|(_, c)| !c.fenced.load(Ordering::Relaxed))
             .filter(|(_, c)| {
                 let idle = c.idle.load(Ordering::Relaxed);
                 match c.stage.load(Ordering::Relaxed) {
@@ -359,11 +374,23 @@ impl Drop for DataServer {
         for a in &self.addrs {
             let _ = TcpStream::connect_timeout(a, Duration::from_millis(200));
         }
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
+        // No connection is accepted past this (the accept threads are
+        // gone): every connection thread is in `serving`.
+        let serving: Vec<JoinHandle<()>> = self
+            .threads
+            .drain(..)
+            .flat_map(|t| t.join().unwrap_or_default())
+            .collect();
         for c in self.live.conns.lock().expect("live conns poisoned").iter() {
             let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        }
+        // Joined, not just shut down: a thread inside a WRITE payload's
+        // `recv` still copies bytes already queued in its socket into
+        // region memory, which the application may free once the engine's
+        // drop returns. Each exits promptly on the shutdown (a fence it
+        // serves waits at most the stall limit).
+        for t in serving {
+            let _ = t.join();
         }
     }
 }
@@ -375,12 +402,16 @@ fn accept_loop(
     regions: Arc<ArcSwap<RegionTable>>,
     user_timeout_ms: u32,
     secret: Option<Arc<[u8]>>,
-) {
+) -> Vec<JoinHandle<()>> {
     let mut refused = Refusals::new(REFUSED_KEPT);
+    // This listener's connection threads, for the server's drop to join:
+    // the finished ones are joined at each accept, so it holds at most as
+    // many as connections are live (about `MAX_CONNECTIONS`).
+    let mut serving: Vec<JoinHandle<()>> = Vec::new();
     loop {
         let accepted = listener.accept();
         if stop.load(Ordering::Acquire) {
-            return;
+            return serving;
         }
         let (stream, peer) = match accepted {
             Ok(x) => x,
@@ -391,6 +422,7 @@ fn accept_loop(
             }
         };
         refused.prune();
+        serving.retain(|t| !t.is_finished());
         let Some(slot) = live.admit(&stream) else {
             // Full of connections in use: say so (the initiator backs off
             // and retries; a busy target is no fault of the rail).
@@ -421,9 +453,12 @@ fn accept_loop(
                 }
                 live2.remove(slot.id);
             });
-        if let Err(e) = spawned {
-            live.remove(id);
-            crate::lograte::warn_limited!(e.kind(), %peer, error = %e, "tcp data server: cannot spawn a connection thread");
+        match spawned {
+            Ok(t) => serving.push(t),
+            Err(e) => {
+                live.remove(id);
+                crate::lograte::warn_limited!(e.kind(), %peer, error = %e, "tcp data server: cannot spawn a connection thread");
+            }
         }
     }
 }
