@@ -239,6 +239,10 @@ pub struct Conn {
     sent: AtomicU32,
     /// The last `seq` finished (by the receiver, or the sender's teardown).
     finished: AtomicU32,
+    /// The last `seq` whose request (and a WRITE's payload) fully left
+    /// `send_all` (by the sender, Release): a response to a later one
+    /// came before the sender was done reading its buffer.
+    payload_sent: AtomicU32,
     /// The worker that owns this connection, woken on completions.
     notify: Option<(Arc<Wakers>, usize)>,
 }
@@ -464,6 +468,7 @@ pub(super) fn open(
         wire: (0..=inflight.max(1)).map(|_| AtomicU64::new(0)).collect(),
         sent: AtomicU32::new(0),
         finished: AtomicU32::new(0),
+        payload_sent: AtomicU32::new(0),
         notify: shared.notify,
     });
     let sender = Sender {
@@ -786,8 +791,10 @@ impl Sender {
             Opcode::Read => (std::ptr::null(), 0),
         };
         // SAFETY: a WRITE's local range was checked against its registration by the engine, which keeps the task (and its region) alive until this slice completes.
-        if let Err(e) = unsafe { io::send_all(&**stream, &req, payload, len) } {
-            self.conn.abort(io::kind_of(&e));
+        match unsafe { io::send_all(&**stream, &req, payload, len) } {
+            // Release: the receiver that sees it may complete the slice.
+            Ok(()) => self.conn.payload_sent.store(seq, Ordering::Release),
+            Err(e) => self.conn.abort(io::kind_of(&e)),
         }
     }
 
@@ -929,6 +936,34 @@ fn send_fences(conn: &Conn, seen: &mut u64, s: &TcpStream, left: u32) -> std::io
     Ok(())
 }
 
+/// How long a response may precede the sender's return from sending its
+/// WRITE's payload. An honest target answers only after receiving every
+/// byte, so the sender is a few instructions from done (or preempted);
+/// past this the target answered early: a protocol violation.
+const EARLY_RESPONSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Has the sender finished sending `seq` (its payload out of our buffer)?
+/// Waits up to [`EARLY_RESPONSE_GRACE`] for it, less if the connection
+/// breaks. Receiver only.
+fn payload_left(conn: &Conn, seq: u32) -> bool {
+    // Within the connection's window, `seq` is at or before the last sent.
+    let sent = || (conn.payload_sent.load(Ordering::Acquire).wrapping_sub(seq) as i32) >= 0;
+    let start = Instant::now();
+    let mut spins = 0u32;
+    while !sent() {
+        if conn.broken.load(Ordering::SeqCst) || start.elapsed() >= EARLY_RESPONSE_GRACE {
+            return sent();
+        }
+        spins += 1;
+        if spins < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    true
+}
+
 /// Push to `done`, which always has room (it is as large as the worker's
 /// credits for this transport); spins politely if the worker lags anyway.
 fn push_done(done: &mut Producer<Op>, mut op: Op) {
@@ -977,6 +1012,23 @@ fn receive(
             crate::lograte::warn_limited!(conn.endpoint.remote, remote = %conn.endpoint.remote, want = op.seq, got = resp.seq, "tcp: response out of order; closing the connection");
             pending = Some(op);
             break ErrorKind::Unreachable;
+        }
+        // A WRITE completes only once the sender is done reading its
+        // buffer: an answer before that (or for other than the whole
+        // payload) is a violation; the slice goes back to the teardown,
+        // which completes it once the socket is closed.
+        if op.opcode() == Opcode::Write {
+            let whole = resp.status.is_err() || resp.len == op.len;
+            if !whole || !payload_left(&conn, op.seq) {
+                let why = if whole {
+                    "answered before its payload was sent"
+                } else {
+                    "wrong length"
+                };
+                crate::lograte::warn_limited!((conn.endpoint.remote, why), remote = %conn.endpoint.remote, seq = op.seq, why, "tcp: bad WRITE response; closing the connection");
+                pending = Some(op);
+                break ErrorKind::Unreachable;
+            }
         }
         match resp.status {
             Ok(()) if op.opcode() == Opcode::Read => {

@@ -107,7 +107,8 @@ const STAGE_SERVING: u8 = 2;
 pub struct DataServer {
     addrs: Vec<SocketAddr>,
     stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
+    /// Accept threads; each hands back its connections' threads.
+    threads: Vec<JoinHandle<Vec<JoinHandle<()>>>>,
     live: Arc<Live>,
 }
 
@@ -125,7 +126,9 @@ struct Slot {
     ident: OnceLock<Ident>,
     /// Its thread is inside a WRITE payload's `recv` into region memory.
     writing: AtomicBool,
-    /// Superseded: it may write no more into region memory.
+    /// Superseded (fenced or evicted): it may write no more into region
+    /// memory. Its slot stays in [`Live`] until its thread is gone, so a
+    /// fence still finds (and waits for) it.
     fenced: AtomicBool,
 }
 
@@ -143,6 +146,11 @@ struct Live {
 impl Live {
     /// Track `s`, evicting a victim first when full; `None`: no room.
     fn admit(&self, s: &TcpStream) -> Option<Arc<Slot>> {
+        self.admit_up_to(s, MAX_CONNECTIONS)
+    }
+
+    /// [`Live::admit`] with room for `max` connections (tests use a small one).
+    fn admit_up_to(&self, s: &TcpStream, max: usize) -> Option<Arc<Slot>> {
         let slot = Arc::new(Slot {
             id: self.next.fetch_add(1, Ordering::Relaxed),
             stream: s.try_clone().ok()?,
@@ -154,9 +162,20 @@ impl Live {
             fenced: AtomicBool::new(false),
         });
         let mut conns = self.conns.lock().expect("live conns poisoned");
-        if conns.len() >= MAX_CONNECTIONS {
+        // Superseded connections are closing: they hold no room (their
+        // threads exit within the stall limit, then leave the list).
+        let open = conns
+            .iter()
+            .filter(|c| !c.fenced.load(Ordering::Relaxed))
+            .count();
+        if open >= max {
             let victim = Self::victim(&conns)?;
-            let v = conns.swap_remove(victim);
+            let v = &conns[victim];
+            // Marked before the shutdown, and left in the list until its
+            // thread calls `remove`: a request already queued in its
+            // socket writes nothing (see `serve`), and a fence of it still
+            // waits for a write it is inside.
+            v.fenced.store(true, Ordering::SeqCst);
             let _ = v.stream.shutdown(std::net::Shutdown::Both);
             tracing::debug!(
                 stage = v.stage.load(Ordering::Relaxed),
@@ -176,6 +195,7 @@ impl Live {
         conns
             .iter()
             .enumerate()
+            .filter(|(_, c)| !c.fenced.load(Ordering::Relaxed))
             .filter(|(_, c)| {
                 let idle = c.idle.load(Ordering::Relaxed);
                 match c.stage.load(Ordering::Relaxed) {
@@ -354,11 +374,23 @@ impl Drop for DataServer {
         for a in &self.addrs {
             let _ = TcpStream::connect_timeout(a, Duration::from_millis(200));
         }
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
+        // No connection is accepted past this (the accept threads are
+        // gone): every connection thread is in `serving`.
+        let serving: Vec<JoinHandle<()>> = self
+            .threads
+            .drain(..)
+            .flat_map(|t| t.join().unwrap_or_default())
+            .collect();
         for c in self.live.conns.lock().expect("live conns poisoned").iter() {
             let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        }
+        // Joined, not just shut down: a thread inside a WRITE payload's
+        // `recv` still copies bytes already queued in its socket into
+        // region memory, which the application may free once the engine's
+        // drop returns. Each exits promptly on the shutdown (a fence it
+        // serves waits at most the stall limit).
+        for t in serving {
+            let _ = t.join();
         }
     }
 }
@@ -370,12 +402,16 @@ fn accept_loop(
     regions: Arc<ArcSwap<RegionTable>>,
     user_timeout_ms: u32,
     secret: Option<Arc<[u8]>>,
-) {
+) -> Vec<JoinHandle<()>> {
     let mut refused = Refusals::new(REFUSED_KEPT);
+    // This listener's connection threads, for the server's drop to join:
+    // the finished ones are joined at each accept, so it holds at most as
+    // many as connections are live (about `MAX_CONNECTIONS`).
+    let mut serving: Vec<JoinHandle<()>> = Vec::new();
     loop {
         let accepted = listener.accept();
         if stop.load(Ordering::Acquire) {
-            return;
+            return serving;
         }
         let (stream, peer) = match accepted {
             Ok(x) => x,
@@ -386,6 +422,7 @@ fn accept_loop(
             }
         };
         refused.prune();
+        serving.retain(|t| !t.is_finished());
         let Some(slot) = live.admit(&stream) else {
             // Full of connections in use: say so (the initiator backs off
             // and retries; a busy target is no fault of the rail).
@@ -416,9 +453,12 @@ fn accept_loop(
                 }
                 live2.remove(slot.id);
             });
-        if let Err(e) = spawned {
-            live.remove(id);
-            crate::lograte::warn_limited!(e.kind(), %peer, error = %e, "tcp data server: cannot spawn a connection thread");
+        match spawned {
+            Ok(t) => serving.push(t),
+            Err(e) => {
+                live.remove(id);
+                crate::lograte::warn_limited!(e.kind(), %peer, error = %e, "tcp data server: cannot spawn a connection thread");
+            }
         }
     }
 }
@@ -702,5 +742,48 @@ mod tests {
         f[20] = 1;
         other.write_all(&f).unwrap();
         assert!(closed(&mut other));
+    }
+
+    #[test]
+    fn an_evicted_connection_is_fenced_and_a_fence_waits_for_its_write() {
+        let live = Live::default();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let dial = || TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (a, b, c) = (dial(), dial(), dial());
+        let old = live.admit_up_to(&a, 1).unwrap();
+        old.ident
+            .set(Ident {
+                session: S1,
+                conn: 1,
+            })
+            .unwrap();
+        old.stage.store(STAGE_READY, Ordering::Relaxed);
+        old.idle.store(1, Ordering::Relaxed);
+        // Its thread took a request queued before the eviction and is
+        // inside the payload's `recv` into region memory.
+        old.writing.store(true, Ordering::SeqCst);
+        let _newcomer = live.admit_up_to(&b, 1).unwrap();
+        assert!(
+            old.fenced.load(Ordering::SeqCst),
+            "an evicted connection may still write into region memory"
+        );
+        // A later connection of its initiator fences it: that must wait
+        // until the evicted one's thread is out of its write.
+        let me = live.admit_up_to(&c, 8).unwrap();
+        me.ident
+            .set(Ident {
+                session: S1,
+                conn: 2,
+            })
+            .unwrap();
+        let bound = Duration::from_millis(100);
+        assert!(
+            live.fence(&me, Fence { conn: 1 }, bound).is_err(),
+            "a fence passed an evicted connection still writing"
+        );
+        old.writing.store(false, Ordering::Release);
+        assert!(live.fence(&me, Fence { conn: 1 }, bound).is_ok());
+        live.remove(old.id);
+        assert!(live.fence(&me, Fence { conn: 1 }, bound).is_ok());
     }
 }
