@@ -50,8 +50,8 @@
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -89,6 +89,18 @@ pub struct Options {
     pub patience: Duration,
     /// The shared secret, proven to the target when set.
     pub secret: Option<Arc<[u8]>>,
+    /// The session its hello names: one per attached peer (every worker's
+    /// and rail's connections to that target share it, so a fence reaches
+    /// them all), never shown to another target, so a peer that saw one of
+    /// our sessions cannot use it to fence our connections elsewhere.
+    pub session: [u8; SESSION_LEN],
+}
+
+/// A fresh session for the connections to one peer.
+pub fn new_session() -> [u8; SESSION_LEN] {
+    let mut s = [0u8; SESSION_LEN];
+    s.copy_from_slice(&crate::control::auth::nonce()[..SESSION_LEN]);
+    s
 }
 
 /// One slice as it travels through a connection's rings.
@@ -176,19 +188,8 @@ impl Op {
     }
 }
 
-/// This process's session, named in every connection's hello: a target
-/// lets a connection fence only connections of its own session.
-fn session() -> [u8; SESSION_LEN] {
-    static SESSION: OnceLock<[u8; SESSION_LEN]> = OnceLock::new();
-    *SESSION.get_or_init(|| {
-        let mut s = [0u8; SESSION_LEN];
-        s.copy_from_slice(&crate::control::auth::nonce()[..SESSION_LEN]);
-        s
-    })
-}
-
-/// A fresh connection id in this process's session (never 0; unique
-/// until 2^32 connections have opened).
+/// A fresh connection id (never 0; unique in this process until 2^32
+/// connections have opened, so unique in every session).
 pub(super) fn next_conn_id() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(1);
     loop {
@@ -257,6 +258,12 @@ impl std::fmt::Debug for Conn {
 }
 
 impl Conn {
+    /// The session this connection's hello names.
+    #[cfg(test)]
+    pub(super) fn session(&self) -> [u8; SESSION_LEN] {
+        self.opts.session
+    }
+
     /// Tell the owning worker that `done` has new completions.
     #[inline]
     fn completed(&self) {
@@ -531,7 +538,7 @@ struct Sender {
     parts: Option<Parts>,
     receiver: Option<JoinHandle<Stopped>>,
     stream: Option<Arc<TcpStream>>,
-    /// The connected socket's id in this process's session (0: none).
+    /// The connected socket's id in its peer's session (0: none).
     conn_id: u32,
     seq: u32,
     /// A slice popped but not sent: the target was busy.
@@ -717,7 +724,7 @@ impl Sender {
         tune(&stream, self.conn.opts.user_timeout_ms);
         let deadline = started + self.conn.opts.connect_timeout;
         let ident = Ident {
-            session: session(),
+            session: self.conn.opts.session,
             conn: next_conn_id(),
         };
         // The handshake leaves the socket's timeouts alone: reads block.

@@ -288,6 +288,8 @@ impl TcpTransport {
         }
         let s = self.settings;
         let fences = Arc::new(PeerFences::default());
+        // One session for every connection to this peer (see Options).
+        let session = conn::new_session();
         let mut per_worker = Vec::with_capacity(self.workers.workers());
         for w in 0..self.workers.workers() {
             let shared = conn::Shared {
@@ -307,6 +309,7 @@ impl TcpTransport {
                             connect_timeout: s.connect_timeout,
                             patience: s.patience,
                             secret: self.secret.clone(),
+                            session,
                         },
                         shared.clone(),
                     )?;
@@ -795,4 +798,59 @@ pub fn advertised_rails(host: IpAddr, port: u16) -> Vec<RailEntry> {
             addr: SocketAddr::new(ip, port).to_string(),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(name: &str, port: u16) -> SegmentDescriptor {
+        SegmentDescriptor {
+            name: name.into(),
+            rails: vec![
+                RailEntry {
+                    name: "a".into(),
+                    addr: format!("127.0.0.1:{port}"),
+                },
+                RailEntry {
+                    name: "b".into(),
+                    addr: format!("127.0.0.2:{port}"),
+                },
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn sessions(p: &TcpPeer) -> Vec<[u8; frame::SESSION_LEN]> {
+        p.rails
+            .iter()
+            .flat_map(|r| {
+                r.conns
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|c| c.session())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// A fence reaches every connection to one peer (every worker, every
+    /// rail), and a session one target has seen is worth nothing at
+    /// another: each attached peer gets its own.
+    #[test]
+    fn every_connection_to_one_peer_shares_a_session_no_other_peer_sees() {
+        let mut c = Config::default();
+        c.workers.count = 2;
+        let t = TcpTransport::new(&c);
+        let a = t.attach(&desc("a", 1)).unwrap();
+        let b = t.attach(&desc("b", 2)).unwrap();
+        let (sa, sb) = (sessions(&a), sessions(&b));
+        assert!(sa.len() >= 4, "{} connections", sa.len());
+        assert!(sa.iter().all(|s| *s == sa[0]));
+        assert!(sb.iter().all(|s| *s == sb[0]));
+        assert_ne!(sa[0], sb[0], "two peers saw the same session");
+        drop((a, b));
+        t.stop();
+    }
 }
