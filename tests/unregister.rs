@@ -9,15 +9,13 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::held::Held;
 use common::{pattern, reap, test_config};
 use tent::transport::tcp::frame::{
     HELLO_LEN, Hello, Ident, REQUEST_LEN, RESPONSE_LEN, Request, Response,
-};
-use tent::transport::{
-    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
 };
 use tent::{Engine, ErrorKind, LocalAddr, Opcode, RemoteAddr, SegmentId, TransportKind, op};
 
@@ -171,84 +169,6 @@ fn a_parked_workers_cached_table_does_not_keep_an_unregistered_region() {
         !mapped(start, end),
         "the region's memory is still mapped after unregister_memory returned and its last handle dropped"
     );
-}
-
-/// Accepts every slice (Posted) and completes them only when released
-/// (as in tests/async_deadline.rs): an op that stays in flight. An abort
-/// is recorded; an aborted slice released completes with its kind.
-#[derive(Default)]
-struct Held {
-    posted: Mutex<Vec<u64>>,
-    aborted: Mutex<Vec<(u64, ErrorKind)>>,
-    released: Mutex<Vec<SliceCompletion>>,
-}
-
-impl Held {
-    fn release_all(&self) -> usize {
-        let mut p = self.posted.lock().unwrap();
-        let aborted = self.aborted.lock().unwrap();
-        let n = p.len();
-        let mut r = self.released.lock().unwrap();
-        for token in p.drain(..) {
-            let result = match aborted.iter().find(|(t, _)| *t == token) {
-                Some(&(_, kind)) => Err(kind),
-                None => Ok(4096),
-            };
-            r.push(SliceCompletion { token, result });
-        }
-        n
-    }
-
-    fn wait_posted(&self) {
-        let until = Instant::now() + Duration::from_secs(10);
-        while self.posted.lock().unwrap().is_empty() {
-            assert!(Instant::now() < until, "nothing posted");
-            std::thread::yield_now();
-        }
-    }
-}
-
-impl Transport for Held {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Local
-    }
-    fn install(&self, _: &InstallContext) -> tent::Result<()> {
-        Ok(())
-    }
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            atomic_submit: false,
-            synchronous: false,
-            remote: false,
-            slice_bytes: 0,
-            wakes_worker: false,
-        }
-    }
-    fn reaches(&self, _: &tent::segment::Segment) -> bool {
-        true
-    }
-    fn submit(&self, _: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
-        let mut p = self.posted.lock().unwrap();
-        for (s, o) in slices.iter().zip(out) {
-            p.push(s.token);
-            *o = SubmitOutcome::Posted;
-        }
-    }
-    fn poll(&self, _: &WorkerCtx, out: &mut [SliceCompletion]) -> usize {
-        let mut r = self.released.lock().unwrap();
-        let n = r.len().min(out.len());
-        for (o, c) in out.iter_mut().zip(r.drain(..n)) {
-            *o = c;
-        }
-        n
-    }
-    fn abort(&self, _: &WorkerCtx, token: u64, kind: ErrorKind) {
-        let posted = self.posted.lock().unwrap();
-        let mut a = self.aborted.lock().unwrap();
-        if posted.contains(&token) && !a.iter().any(|(t, _)| *t == token) {
-            a.push((token, kind));
-        }
-    }
 }
 
 /// An engine whose local transport holds every slice until released; a

@@ -48,4 +48,5 @@ pub fn reap(ring: &mut Ring, n: usize) -> Vec<Cqe> {
     }
     out
 }
+pub mod held;
 pub mod netns;
