@@ -4,21 +4,18 @@
 //! challenge carrying the owner's proof, optional client proof, `MEMFD`
 //! frames with the request id + SCM_RIGHTS).
 
+#[path = "support/shm_owner.rs"]
+mod shm_owner;
+
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
+use shm_owner::*;
 use tent::segment::shm::Access;
 use tent::segment::{ShmExport, ShmPeer};
 use tent::{ErrorKind, RegionId};
-
-const MAGIC: &[u8; 8] = b"TENTSHM2";
-const HELLO_LEN: usize = 8 + 32;
-const CHALLENGE_LEN: usize = 8 + 32 + 8 + 32;
-const REPLY_LEN: usize = 16;
-const REQUEST_LEN: usize = 24;
-const DESC_BYTES: usize = (8 + 1024 * 8) * 8;
 
 fn tmpdir(tag: &str) -> String {
     let d = format!("/tmp/tent-review-{tag}-{}", std::process::id());
@@ -51,28 +48,6 @@ fn recv_fd(s: &UnixStream, buf: &mut [u8]) -> Option<OwnedFd> {
     }
     (&*s).read_exact(&mut buf[n as usize..]).unwrap();
     fd
-}
-
-fn send_fd(s: &UnixStream, bytes: &[u8], fd: RawFd) {
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_ptr() as *mut libc::c_void,
-        iov_len: bytes.len(),
-    };
-    let mut cbuf = [0u64; 8];
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(4) } as _;
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(4) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
-    }
-    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    assert_eq!(n as usize, bytes.len());
 }
 
 /// A raw client of an owner without a secret: returns the stream and the
@@ -426,19 +401,6 @@ fn rss_shmem_kib() -> u64 {
         .unwrap()
 }
 
-fn memfd(size: u64) -> OwnedFd {
-    let raw = unsafe {
-        libc::memfd_create(
-            c"review".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    assert!(raw >= 0);
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) }, 0);
-    fd
-}
-
 fn sealed_memfd(size: u64, key: u64) -> OwnedFd {
     let fd = memfd(size);
     if key != 0 {
@@ -450,62 +412,6 @@ fn sealed_memfd(size: u64, key: u64) -> OwnedFd {
         0
     );
     fd
-}
-
-/// A fake owner's descriptor: mapped here, then write-sealed like a real
-/// one (peers refuse a descriptor without a write seal).
-struct FakeDesc {
-    fd: OwnedFd,
-    ptr: *mut u64,
-}
-
-impl FakeDesc {
-    fn new() -> FakeDesc {
-        let fd = memfd(DESC_BYTES as u64);
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                DESC_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        let seals =
-            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
-        assert_eq!(
-            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) },
-            0
-        );
-        FakeDesc { fd, ptr: p.cast() }
-    }
-
-    fn word(&self, i: usize, v: u64) {
-        assert!(i < DESC_BYTES / 8);
-        unsafe { std::ptr::write_volatile(self.ptr.add(i), v) };
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Write descriptor entries (id, base, len, key, handle) then the sequence.
-    fn write(&self, seq: u64, entries: &[(u64, u64, u64, u64, u64)]) {
-        self.word(0, seq - 1); // odd while writing
-        self.word(1, entries.len() as u64);
-        self.word(2, u64::from_le_bytes(*b"TENTSHD2"));
-        for (i, e) in entries.iter().enumerate() {
-            for (j, w) in [e.0, e.1, e.2, e.3, e.4].into_iter().enumerate() {
-                self.word(8 + i * 8 + j, w);
-            }
-        }
-        self.word(0, seq);
-    }
-}
-
-impl Drop for FakeDesc {
-    fn drop(&mut self) {
-        unsafe { libc::munmap(self.ptr.cast(), DESC_BYTES) };
-    }
 }
 
 /// A fake owner without a secret serving one peer on `<dir>/<name>`: the
