@@ -20,7 +20,7 @@ mod common;
 use std::io::{BufReader, Write};
 use std::time::{Duration, Instant};
 
-use common::netns::{Netns, line_with};
+use common::netns::{Netns, line_with, say};
 use tent::{LocalAddr, RemoteAddr, op};
 
 /// Bytes written each time: at 2 x 200 Mbit about 0.35 s of streaming, so
@@ -31,20 +31,9 @@ const SIZE: u64 = 16 << 20;
 /// frame that stalled.
 const USER_TIMEOUT_MS: u64 = 10_000;
 
-fn say(line: &str) {
-    let mut o = std::io::stdout().lock();
-    o.write_all(line.as_bytes()).unwrap();
-    o.write_all(b"\n").unwrap();
-    o.flush().unwrap();
-}
-
 fn config(host: &str) -> tent::Config {
-    let mut c = common::test_config();
-    c.rpc_server_hostname = host.to_owned();
-    // The namespaces share /dev/shm: without this the peers would meet there.
-    c.transports.shm.enable = false;
+    let mut c = common::netns::config(host);
     c.transports.tcp.user_timeout_ms = USER_TIMEOUT_MS;
-    c.default_timeout_ms = 30_000;
     c
 }
 

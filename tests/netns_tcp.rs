@@ -13,7 +13,7 @@ mod common;
 use std::io::{BufReader, Write};
 use std::process::{Child, ChildStdout, Command};
 
-use common::netns::{Netns, line_with};
+use common::netns::{Netns, config, line_with, say};
 use std::time::{Duration, Instant};
 
 use tent::{LocalAddr, RemoteAddr, op};
@@ -74,22 +74,6 @@ impl Target {
         drop(self.0.stdin.take());
         let _ = self.0.wait();
     }
-}
-
-fn say(line: &str) {
-    let mut o = std::io::stdout().lock();
-    o.write_all(line.as_bytes()).unwrap();
-    o.write_all(b"\n").unwrap();
-    o.flush().unwrap();
-}
-
-fn config(host: &str) -> tent::Config {
-    let mut c = common::test_config();
-    c.rpc_server_hostname = host.to_owned();
-    // The namespaces share /dev/shm: without this the peers would meet there.
-    c.transports.shm.enable = false;
-    c.default_timeout_ms = 30_000;
-    c
 }
 
 #[test]

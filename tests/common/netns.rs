@@ -88,3 +88,22 @@ pub fn line_with(r: &mut impl BufRead, key: &str) -> String {
         }
     }
 }
+
+/// A line to the parent reading this child's stdout, flushed at once.
+pub fn say(line: &str) {
+    let mut o = std::io::stdout().lock();
+    o.write_all(line.as_bytes()).unwrap();
+    o.write_all(b"\n").unwrap();
+    o.flush().unwrap();
+}
+
+/// An engine config for one side of the namespaces, its control plane on
+/// `host`.
+pub fn config(host: &str) -> tent::Config {
+    let mut c = super::test_config();
+    c.rpc_server_hostname = host.to_owned();
+    // The namespaces share /dev/shm: without this the peers would meet there.
+    c.transports.shm.enable = false;
+    c.default_timeout_ms = 30_000;
+    c
+}
