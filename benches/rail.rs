@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tent::rail::{RailMonitor, RailPolicy};
+use tent::transport::rails::{RailMonitor, RailPolicy};
 
 fn healthy_path(c: &mut Criterion) {
     let mut g = c.benchmark_group("rail_healthy_slice");

@@ -10,10 +10,12 @@
 //! - [`memory`]: registered regions; [`segment`]: this and other engines' memory.
 //! - [`engine`]: the [`Engine`], its [`Ring`]s, batches and workers.
 //! - [`qos`]: priority lanes and the `can_send` gate.
-//! - [`transport`]: the `Transport` trait and `local` / `shm` / `tcp`;
-//!   `WorkerCtx` / `PerWorker`: per-worker state only that worker opens;
-//!   [`select`]: which rail a slice takes; [`rail`]: rail health
-//!   (`RailMonitor`); [`netlink`]: link state.
+//! - [`transport`]: the `Transport` trait and every transport under it:
+//!   `local` / `shm` / `tcp` / `rdma` (with its `verbs` and `sys`);
+//!   `rails`: the multi-rail layer the network transports share
+//!   (`DeviceSelector`: which rail a slice takes; `RailMonitor`: rail
+//!   health); `WorkerCtx` / `PerWorker`: per-worker state only that worker
+//!   opens; [`netlink`]: link state.
 //! - [`refusals`]: refused connections held a moment so their busy answer
 //!   is read (control server and TCP data server).
 //! - [`metrics`]: failover and rail counters, Prometheus text.
@@ -36,15 +38,10 @@ pub mod memory;
 pub mod metrics;
 pub mod netlink;
 pub mod qos;
-pub mod rail;
-pub mod rdma;
 pub mod refusals;
 pub mod segment;
-pub mod select;
-pub mod sys;
 pub mod topology;
 pub mod transport;
-pub mod verbs;
 
 pub use config::Config;
 pub use engine::{BatchId, Buffer, Engine, EngineBuilder, Ring, TaskState, TaskStatus};

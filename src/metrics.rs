@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tent_rings::TransportKind;
 
-use crate::rail::RailStat;
+use crate::transport::rails::RailStat;
 
 const KINDS: usize = 5;
 
@@ -177,7 +177,7 @@ fn escape(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rail::RailState;
+    use crate::transport::rails::RailState;
 
     #[test]
     fn renders_failover_pairs_and_rails() {

@@ -220,7 +220,7 @@ fn qp_connect_to_an_engine_without_rdma_is_unreachable_and_says_why() {
         },
     )
     .unwrap_err();
-    if tent::sys::devices().is_err() {
+    if tent::transport::rdma::sys::devices().is_err() {
         assert_eq!(e.kind(), ErrorKind::Unreachable, "{e}");
         assert!(e.to_string().contains("serves no RDMA"), "{e}");
     }

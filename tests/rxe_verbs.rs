@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use tent::verbs::{CompletionQueue, Context, MemoryRegion, ProtectionDomain, QueuePair, RdmaOp};
+use tent::transport::rdma::verbs::{
+    CompletionQueue, Context, MemoryRegion, ProtectionDomain, QueuePair, RdmaOp,
+};
 use tent::{ErrorKind, Opcode};
 
 fn in_guest() -> bool {
@@ -87,8 +89,8 @@ fn connected(
     Ok((cq, a, b))
 }
 
-fn wait(cq: &CompletionQueue, wr_id: u64) -> tent::sys::ffi::ibv_wc_status {
-    let mut wc = [tent::sys::ffi::ibv_wc::default(); 8];
+fn wait(cq: &CompletionQueue, wr_id: u64) -> tent::transport::rdma::sys::ffi::ibv_wc_status {
+    let mut wc = [tent::transport::rdma::sys::ffi::ibv_wc::default(); 8];
     let start = std::time::Instant::now();
     loop {
         let n = cq.poll(&mut wc).unwrap();
@@ -137,7 +139,7 @@ fn rxe_write_and_read_with_data_verified_on_every_rail() {
             unsafe { p.a.post(&w) }.unwrap();
             assert_eq!(
                 wait(&p.cq, id),
-                tent::sys::ffi::ibv_wc_status::IBV_WC_SUCCESS
+                tent::transport::rdma::sys::ffi::ibv_wc_status::IBV_WC_SUCCESS
             );
             assert!(dst[..len] == src[..len], "{dev}: WRITE {len} data");
             id += 1;
@@ -154,7 +156,7 @@ fn rxe_write_and_read_with_data_verified_on_every_rail() {
             unsafe { p.a.post(&r) }.unwrap();
             assert_eq!(
                 wait(&p.cq, id),
-                tent::sys::ffi::ibv_wc_status::IBV_WC_SUCCESS
+                tent::transport::rdma::sys::ffi::ibv_wc_status::IBV_WC_SUCCESS
             );
             assert!(back[..len] == src[..len], "{dev}: READ {len} data");
         }
@@ -190,7 +192,10 @@ fn rxe_forged_rkey_fails_on_the_wire_with_a_remote_access_error() {
     // SAFETY: src is registered and lives until the completion.
     unsafe { p.a.post(&w) }.unwrap();
     let status = wait(&p.cq, 7);
-    assert_eq!(status, tent::sys::ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
+    assert_eq!(
+        status,
+        tent::transport::rdma::sys::ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR
+    );
     assert!(dst.iter().all(|&b| b == 0), "forged rkey wrote data");
 }
 
@@ -211,8 +216,10 @@ fn rxe_unknown_device_lists_those_found_and_gid_index_is_checked() {
     assert!(ctx.max_qp_wr() > 0);
     // The READ depths a QP asks for stay inside the device's caps (the
     // READ tests below run on QPs connected with them).
-    let (init, dest) =
-        tent::verbs::rd_atomic_depths(ctx.max_qp_init_rd_atom(), ctx.max_qp_rd_atom());
+    let (init, dest) = tent::transport::rdma::verbs::rd_atomic_depths(
+        ctx.max_qp_init_rd_atom(),
+        ctx.max_qp_rd_atom(),
+    );
     assert!(ctx.max_qp_init_rd_atom() > 0 && ctx.max_qp_rd_atom() > 0);
     assert!(u32::from(init) <= ctx.max_qp_init_rd_atom(), "{init}");
     assert!(u32::from(dest) <= ctx.max_qp_rd_atom(), "{dest}");
@@ -226,13 +233,13 @@ struct Loopback {
     pd: Arc<ProtectionDomain>,
 }
 
-impl tent::rdma::QueueSource for Loopback {
-    fn connect(&mut self) -> tent::Result<tent::rdma::Queue> {
+impl tent::transport::rdma::QueueSource for Loopback {
+    fn connect(&mut self) -> tent::Result<tent::transport::rdma::Queue> {
         let (cq, a, b) = connected(&self.pd, 64)?;
-        Ok(tent::rdma::Queue {
+        Ok(tent::transport::rdma::Queue {
             qp: a.as_raw(),
             cq: cq.as_raw(),
-            to_error: tent::verbs::modify_to_error,
+            to_error: tent::transport::rdma::verbs::modify_to_error,
             // Destroyed in this order: QPs before their CQ.
             owner: Box::new((a, b, cq)),
         })
@@ -244,7 +251,7 @@ fn rxe_a_remote_access_error_fails_one_op_and_the_rest_complete_after_reposting(
     if !in_guest() {
         return;
     }
-    use tent::rdma::{Endpoint, RdmaSlice};
+    use tent::transport::rdma::{Endpoint, RdmaSlice};
     let ctx = Context::open(&rails()[0]).unwrap();
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let n = 200usize;
@@ -258,7 +265,7 @@ fn rxe_a_remote_access_error_fails_one_op_and_the_rest_complete_after_reposting(
             MemoryRegion::new(&pd, dst.as_mut_ptr(), n * chunk).unwrap(),
         )
     };
-    let connector = tent::rdma::Connector::start().unwrap();
+    let connector = tent::transport::rdma::Connector::start().unwrap();
     let mut ep = Endpoint::new(
         Box::new(Loopback { pd: pd.clone() }),
         32,
@@ -289,7 +296,7 @@ fn rxe_a_remote_access_error_fails_one_op_and_the_rest_complete_after_reposting(
     let mut results = vec![None; n];
     let start = std::time::Instant::now();
     while results.iter().any(Option::is_none) {
-        let mut done = |c: tent::rdma::RdmaCompletion| {
+        let mut done = |c: tent::transport::rdma::RdmaCompletion| {
             assert!(
                 results[c.token as usize].replace(c.result).is_none(),
                 "completed twice: {}",
@@ -327,7 +334,7 @@ fn rxe_nic_set_opens_every_rail_and_registers_on_all_of_them() {
     if !in_guest() {
         return;
     }
-    use tent::rdma::NicSet;
+    use tent::transport::rdma::NicSet;
     let set = NicSet::open(&[], None).unwrap();
     let names: Vec<_> = set.entries().into_iter().map(|e| e.name).collect();
     assert_eq!(names, rails());
@@ -392,8 +399,8 @@ fn rxe_qp_bootstrap_over_the_control_plane_then_one_sided_write_and_read_into_an
     use std::time::Duration;
     use tent::control::wire::{QpInitiator, QpRequest};
     use tent::control::{connect_qp, fetch_descriptor, new_engine_id};
-    use tent::rdma::NicSet;
-    use tent::rdma::responder::{bootstrap, endpoint};
+    use tent::transport::rdma::NicSet;
+    use tent::transport::rdma::responder::{bootstrap, endpoint};
     let mut c = tent::Config::default();
     c.workers.count = 1;
     c.workers.pin = false;
@@ -447,7 +454,10 @@ fn rxe_qp_bootstrap_over_the_control_plane_then_one_sided_write_and_read_into_an
     };
     // SAFETY: src is registered and lives until the completion.
     unsafe { qp.post(&w) }.unwrap();
-    assert_eq!(wait(&cq, 1), tent::sys::ffi::ibv_wc_status::IBV_WC_SUCCESS);
+    assert_eq!(
+        wait(&cq, 1),
+        tent::transport::rdma::sys::ffi::ibv_wc_status::IBV_WC_SUCCESS
+    );
     let mut got = vec![0u8; len as usize];
     remote.read(0, &mut got).unwrap();
     assert!(got == src, "WRITE landed in the engine's memory");
@@ -462,7 +472,10 @@ fn rxe_qp_bootstrap_over_the_control_plane_then_one_sided_write_and_read_into_an
     };
     // SAFETY: back is registered and lives until the completion.
     unsafe { qp.post(&r) }.unwrap();
-    assert_eq!(wait(&cq, 2), tent::sys::ffi::ibv_wc_status::IBV_WC_SUCCESS);
+    assert_eq!(
+        wait(&cq, 2),
+        tent::transport::rdma::sys::ffi::ibv_wc_status::IBV_WC_SUCCESS
+    );
     assert!(back == src, "READ came back");
     drop((s, b));
     println!(
@@ -484,9 +497,9 @@ fn rxe_responder_files_passive_qps_by_initiator_replaces_on_reconnect_and_never_
     use tent::control::server::DescriptorFn;
     use tent::control::wire::{QpInitiator, QpRequest, SegmentDescriptor};
     use tent::control::{ControlServer, connect_qp, new_engine_id};
-    use tent::rdma::responder::{SWEEP_EVERY, bootstrap, endpoint};
-    use tent::rdma::{NicSet, Responder};
-    use tent::sys::ffi::ibv_wc_status;
+    use tent::transport::rdma::responder::{SWEEP_EVERY, bootstrap, endpoint};
+    use tent::transport::rdma::sys::ffi::ibv_wc_status;
+    use tent::transport::rdma::{NicSet, Responder};
 
     // The target: a control server whose responder keeps 2 passive QPs.
     let nics = Arc::new(NicSet::open(&["rxe0".to_owned()], None).unwrap());
@@ -576,7 +589,7 @@ fn rxe_responder_files_passive_qps_by_initiator_replaces_on_reconnect_and_never_
     };
     // SAFETY: `src` is registered and outlives `first` (dropped below).
     unsafe { first.post(&w) }.unwrap();
-    let mut wc = [tent::sys::ffi::ibv_wc::default(); 8];
+    let mut wc = [tent::transport::rdma::sys::ffi::ibv_wc::default(); 8];
     let t = std::time::Instant::now();
     while t.elapsed() < Duration::from_secs(2) {
         let n = cq.poll(&mut wc).unwrap();
@@ -712,7 +725,7 @@ fn rxe_engine_a_length_above_the_nics_max_message_size_is_sliced_not_rejected() 
     if !in_guest() {
         return;
     }
-    let probe = tent::rdma::NicSet::open(&[], None).unwrap();
+    let probe = tent::transport::rdma::NicSet::open(&[], None).unwrap();
     let max = probe.nics().iter().map(|n| n.max_msg).min().unwrap() as u64;
     drop(probe);
     // Ask for slices far above what the NIC takes: they are clamped to
@@ -1163,8 +1176,8 @@ fn rxe_unregister_deregisters_on_every_nic_and_the_old_rkey_gets_a_remote_access
     use std::time::Duration;
     use tent::control::wire::{QpInitiator, QpRequest};
     use tent::control::{connect_qp, fetch_descriptor, new_engine_id};
-    use tent::rdma::NicSet;
-    use tent::rdma::responder::{bootstrap, endpoint};
+    use tent::transport::rdma::NicSet;
+    use tent::transport::rdma::responder::{bootstrap, endpoint};
     let target = rdma_engine(true, |_| {});
     let len = 1u64 << 16;
     let region = target.allocate_memory(len).unwrap();
@@ -1236,7 +1249,7 @@ fn rxe_unregister_deregisters_on_every_nic_and_the_old_rkey_gets_a_remote_access
         unsafe { qp.post(&r) }.unwrap();
         assert_eq!(
             wait(cq, 100 + i as u64),
-            tent::sys::ffi::ibv_wc_status::IBV_WC_SUCCESS,
+            tent::transport::rdma::sys::ffi::ibv_wc_status::IBV_WC_SUCCESS,
             "{nic}: READ with the rkey before unregister"
         );
         assert!(back == keep, "{nic}: READ data");
@@ -1259,7 +1272,7 @@ fn rxe_unregister_deregisters_on_every_nic_and_the_old_rkey_gets_a_remote_access
         unsafe { qp.post(&w) }.unwrap();
         assert_eq!(
             wait(cq, 200 + i as u64),
-            tent::sys::ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR,
+            tent::transport::rdma::sys::ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR,
             "{nic}: WRITE with the old rkey after unregister_memory returned"
         );
     }
@@ -1276,7 +1289,7 @@ fn rxe_unregister_deregisters_on_every_nic_and_the_old_rkey_gets_a_remote_access
 }
 
 /// The PD of the NIC called `nic` in `set`.
-fn qp_pd(set: &tent::rdma::NicSet, nic: &str) -> Arc<ProtectionDomain> {
+fn qp_pd(set: &tent::transport::rdma::NicSet, nic: &str) -> Arc<ProtectionDomain> {
     set.nics()[set.index_of(nic).unwrap()].pd.clone()
 }
 
@@ -1642,8 +1655,8 @@ struct AnswersLate {
     connects: u32,
 }
 
-impl tent::rdma::QueueSource for AnswersLate {
-    fn connect(&mut self) -> tent::Result<tent::rdma::Queue> {
+impl tent::transport::rdma::QueueSource for AnswersLate {
+    fn connect(&mut self) -> tent::Result<tent::transport::rdma::Queue> {
         self.connects += 1;
         let (cq, a, b) = if self.connects == 1 {
             let cq = CompletionQueue::new(self.pd.context(), 256)?;
@@ -1654,10 +1667,10 @@ impl tent::rdma::QueueSource for AnswersLate {
         } else {
             connected(&self.pd, 64)?
         };
-        Ok(tent::rdma::Queue {
+        Ok(tent::transport::rdma::Queue {
             qp: a.as_raw(),
             cq: cq.as_raw(),
-            to_error: tent::verbs::modify_to_error,
+            to_error: tent::transport::rdma::verbs::modify_to_error,
             owner: Box::new((a, b, cq)),
         })
     }
@@ -1681,7 +1694,7 @@ fn rxe_an_abort_flushes_its_posted_reads_and_the_others_go_out_on_a_fresh_qp() {
         return;
     }
     use std::time::{Duration, Instant};
-    use tent::rdma::{Endpoint, RdmaCompletion, RdmaSlice};
+    use tent::transport::rdma::{Endpoint, RdmaCompletion, RdmaSlice};
     let ctx = Context::open(&rails()[0]).unwrap();
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let (piece, pieces, others) = (64usize << 10, 8usize, 4usize);
@@ -1697,7 +1710,7 @@ fn rxe_an_abort_flushes_its_posted_reads_and_the_others_go_out_on_a_fresh_qp() {
             MemoryRegion::new(&pd, lp, len).unwrap(),
         )
     };
-    let connector = tent::rdma::Connector::start().unwrap();
+    let connector = tent::transport::rdma::Connector::start().unwrap();
     let mut ep = Endpoint::new(
         Box::new(AnswersLate {
             pd: pd.clone(),

@@ -28,7 +28,7 @@ fn no_link_time_dependency_on_libibverbs() {
 /// is the documented message; with devices, their names.
 #[test]
 fn devices_or_rdma_unavailable() {
-    match tent::sys::devices() {
+    match tent::transport::rdma::sys::devices() {
         Ok(devs) => assert!(devs.iter().all(|d| !d.is_empty())),
         Err(why) => {
             let s = why.to_string();
@@ -46,7 +46,9 @@ fn devices_or_rdma_unavailable() {
 #[test]
 fn without_rdma_core_the_engine_runs_on() {
     if std::env::var_os("TENT_VERBS_CHILD").is_some() {
-        let why = tent::sys::devices().unwrap_err().to_string();
+        let why = tent::transport::rdma::sys::devices()
+            .unwrap_err()
+            .to_string();
         assert!(
             why.contains("cannot load /nonexistent/libibverbs.so.1"),
             "{why}"

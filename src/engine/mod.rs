@@ -26,12 +26,12 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::memory::{MemRegion, RegionTable};
 use crate::qos::{OpenGate, SendGate};
-use crate::rdma::RdmaTransport;
 use crate::segment::{
     Attachment, RemoteRegion, Segment, SegmentKind, SegmentTable, ShmExport, ShmPeer,
 };
 use crate::topology::{Topology, pin_current_thread};
 use crate::transport::local::LocalTransport;
+use crate::transport::rdma::RdmaTransport;
 use crate::transport::shm::ShmTransport;
 use crate::transport::tcp::{self, DataServer, TcpTransport};
 use crate::transport::{EngineId, InstallContext, Transport, TransportSlots, WorkerCtx};
@@ -59,7 +59,7 @@ pub(crate) struct EngineShared {
     /// The TCP transport, when it is the one installed (segments attach to it).
     pub tcp: Option<Arc<TcpTransport>>,
     /// The RDMA NICs in use (memory is registered on each).
-    pub rdma: Option<Arc<crate::rdma::NicSet>>,
+    pub rdma: Option<Arc<crate::transport::rdma::NicSet>>,
     /// The RDMA transport, when it is the one installed.
     pub rdma_transport: Option<Arc<RdmaTransport>>,
     /// Failover counters.
@@ -173,7 +173,7 @@ impl EngineBuilder {
         // descriptor) and post on them. A device named in the config that
         // is not there, or a GID index out of range, is a config error.
         let rdma = if config.transports.rdma.enable {
-            match crate::sys::devices() {
+            match crate::transport::rdma::sys::devices() {
                 Err(why) => {
                     tracing::info!("{why}");
                     None
@@ -181,7 +181,7 @@ impl EngineBuilder {
                 Ok(_) => {
                     let r = &config.transports.rdma;
                     let named = r.device_list();
-                    match crate::rdma::NicSet::open(&named, r.gid()) {
+                    match crate::transport::rdma::NicSet::open(&named, r.gid()) {
                         Ok(set) => {
                             tracing::info!(nics = ?set.entries().iter().map(|n| n.name.clone()).collect::<Vec<_>>(), "RDMA NICs opened");
                             Some(Arc::new(set))
@@ -603,7 +603,7 @@ impl Engine {
             .load()
             .get(id)
             .map(|s| {
-                let mut v = crate::rdma::transport::peer_of(s)
+                let mut v = crate::transport::rdma::transport::peer_of(s)
                     .map(|p| p.rail_stats())
                     .unwrap_or_default();
                 if let Some(p) = tcp::peer_of(s) {
@@ -1088,7 +1088,7 @@ fn start_control(
         })
     };
     let qp = shared.rdma.as_ref().map(|nics| {
-        let r = crate::rdma::Responder::new(nics.clone());
+        let r = crate::transport::rdma::Responder::new(nics.clone());
         Arc::new(move |req: &crate::control::wire::QpRequest| r.accept(req))
             as Arc<crate::control::server::QpConnectFn>
     });

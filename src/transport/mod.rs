@@ -11,6 +11,8 @@
 
 pub mod fault;
 pub mod local;
+pub mod rails;
+pub mod rdma;
 pub mod shm;
 pub mod tcp;
 mod worker_ctx;
@@ -63,7 +65,7 @@ pub struct Slice<'a> {
     pub rail: u16,
 }
 
-pub use crate::rail::RailStat;
+pub use crate::transport::rails::RailStat;
 
 /// What became of one submitted slice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -154,7 +154,7 @@ fn real_main(args: Args) -> Result<run::Tally, String> {
     match args.transport {
         TransportArg::Local | TransportArg::Shm | TransportArg::Tcp => {}
         TransportArg::Rdma => {
-            if let Err(why) = tent::sys::devices() {
+            if let Err(why) = tent::transport::rdma::sys::devices() {
                 return Err(why.to_string());
             }
         }

@@ -51,9 +51,9 @@ use crate::control::{RegionEntry, SegmentDescriptor};
 use crate::doorbell::Wakers;
 use crate::error::{Error, Result};
 use crate::netlink::{self, LinkEvent, LinkWatch};
-use crate::rail::{RailMonitor, RailPolicy, ReviewClock, review_bandwidth};
 use crate::segment::Segment;
-use crate::select::DeviceSelector;
+use crate::transport::rails::DeviceSelector;
+use crate::transport::rails::{RailMonitor, RailPolicy, ReviewClock, review_bandwidth};
 
 /// Settings read once from the config.
 #[derive(Debug, Clone, Copy)]

@@ -1,7 +1,7 @@
 //! The device list.
 
 use crate::error::{Error, Result};
-use crate::sys;
+use crate::transport::rdma::sys;
 use tent_rings::ErrorKind;
 
 /// Names of the RDMA devices on this machine (an error says why none).

@@ -45,8 +45,8 @@ use super::NicSet;
 use crate::clock::monotonic_ns;
 use crate::control::wire::{QpBootstrap, QpInitiator, QpRequest};
 use crate::error::{Error, Result};
-use crate::sys::ffi::ibv_qp_state;
-use crate::verbs::{CompletionQueue, QpEndpoint, QueuePair};
+use crate::transport::rdma::sys::ffi::ibv_qp_state;
+use crate::transport::rdma::verbs::{CompletionQueue, QpEndpoint, QueuePair};
 
 /// Passive QPs kept at once. Each holds a QP and a small CQ on the NIC:
 /// 4096 serve 64 initiator engines of 8 workers × 8 rails, stay well inside

@@ -9,7 +9,7 @@ use tent_rings::ErrorKind;
 
 use crate::control::wire::NicEntry;
 use crate::error::{Error, Result};
-use crate::verbs::{Context, MemoryRegion, ProtectionDomain, device_names};
+use crate::transport::rdma::verbs::{Context, MemoryRegion, ProtectionDomain, device_names};
 
 /// The port every NIC is used through (multi-port NICs are one rail per
 /// device here).

@@ -10,12 +10,17 @@
 //!   registered on all of them (one rkey per NIC).
 //! - [`responder`]: the target side of QP bootstrap (`QpConnect`).
 //! - [`wc`]: completion status → error kind (flush is a cascade).
+//! - [`verbs`]: safe owners of ibverbs objects (context, PD, CQ, QP, MR);
+//!   [`sys`]: the provider ops table they call through (libibverbs loaded
+//!   at run time, or a fake one in tests).
 
 pub mod connector;
 pub mod endpoint;
 pub mod nic;
 pub mod responder;
+pub mod sys;
 pub mod transport;
+pub mod verbs;
 pub mod wc;
 
 pub use connector::{Connector, ConnectorHandle};

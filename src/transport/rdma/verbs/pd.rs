@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::{Context, verb_error};
 use crate::error::Result;
-use crate::sys::{self, ffi};
+use crate::transport::rdma::sys::{self, ffi};
 
 /// A protection domain (`ibv_alloc_pd`), freed on drop.
 pub struct ProtectionDomain {

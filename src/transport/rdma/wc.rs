@@ -7,7 +7,7 @@
 
 use tent_rings::ErrorKind;
 
-use crate::sys::ffi::ibv_wc_status as S;
+use crate::transport::rdma::sys::ffi::ibv_wc_status as S;
 
 /// What a work completion means for its request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

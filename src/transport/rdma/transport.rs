@@ -53,14 +53,14 @@ use crate::control::{RegionEntry, SegmentDescriptor};
 use crate::error::{Error, Result};
 use crate::memory::MemRegion;
 use crate::netlink::{self, LinkEvent, LinkWatch};
-use crate::rail::{RailMonitor, RailPolicy, ReviewClock, review_bandwidth};
 use crate::segment::Segment;
-use crate::select::DeviceSelector;
+use crate::transport::rails::DeviceSelector;
+use crate::transport::rails::{RailMonitor, RailPolicy, ReviewClock, review_bandwidth};
+use crate::transport::rdma::verbs::{CompletionQueue, QueuePair};
 use crate::transport::{
     Capabilities, InstallContext, PerWorker, RailStat, Slice, SliceCompletion, SubmitOutcome,
     Transport, WorkerCtx,
 };
-use crate::verbs::{CompletionQueue, QueuePair};
 
 /// Times a slice may move between rails (on top of QP re-posts) before its
 /// failure reaches the task.
@@ -242,7 +242,7 @@ impl QueueSource for RailSource {
         Ok(Queue {
             qp: qp.as_raw(),
             cq: cq.as_raw(),
-            to_error: crate::verbs::modify_to_error,
+            to_error: crate::transport::rdma::verbs::modify_to_error,
             // The QP first, then its CQ (tuple fields drop in order).
             owner: Box::new((qp, cq)),
         })

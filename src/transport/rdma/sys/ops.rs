@@ -122,7 +122,9 @@ mod tests {
     //! The real dispatch against an ops table of Rust functions: no kernel,
     //! no device; any completion status can be injected.
     use super::*;
-    use crate::sys::ffi::{ibv_context, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode};
+    use crate::transport::rdma::sys::ffi::{
+        ibv_context, ibv_wc_opcode, ibv_wc_status, ibv_wr_opcode,
+    };
     use std::cell::RefCell;
 
     thread_local! {

@@ -29,7 +29,7 @@ use std::thread::JoinHandle;
 use tent_rings::ErrorKind;
 
 use crate::error::{Error, Result};
-use crate::sys::ffi;
+use crate::transport::rdma::sys::ffi;
 
 /// A QP and the CQ it completes into, with whatever keeps them alive.
 pub struct Queue {
@@ -38,7 +38,7 @@ pub struct Queue {
     /// Its send completion queue.
     pub cq: *mut ffi::ibv_cq,
     /// Moves `qp` to the error state without waiting for its flushes
-    /// ([`crate::verbs::modify_to_error`] for a real QP): 0, or an errno.
+    /// ([`crate::transport::rdma::verbs::modify_to_error`] for a real QP): 0, or an errno.
     pub to_error: unsafe fn(*mut ffi::ibv_qp) -> i32,
     /// Owner of the verbs objects (dropped with the queue).
     pub owner: Box<dyn std::any::Any + Send>,

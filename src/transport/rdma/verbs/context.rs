@@ -7,7 +7,7 @@ use tent_rings::ErrorKind;
 
 use super::verb_error;
 use crate::error::{Error, Result};
-use crate::sys::{self, ffi, ops};
+use crate::transport::rdma::sys::{self, ffi, ops};
 
 /// An open RDMA device (`ibv_open_device`), closed on drop.
 pub struct Context {

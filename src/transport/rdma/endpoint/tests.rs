@@ -10,8 +10,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::*;
 use crate::error::{Error, Result};
-use crate::rdma::connector::Connector;
-use crate::sys::ffi::{ibv_context, ibv_cq, ibv_qp, ibv_send_wr, ibv_wc, ibv_wc_status as S};
+use crate::transport::rdma::connector::Connector;
+use crate::transport::rdma::sys::ffi::{
+    ibv_context, ibv_cq, ibv_qp, ibv_send_wr, ibv_wc, ibv_wc_status as S,
+};
 
 /// A fake QP's state: the completions it has produced, and whether it is in
 /// the error state (everything after a failed request is flushed).
@@ -106,7 +108,8 @@ unsafe extern "C" fn fake_post_send(
             };
             ADDRS.with(|a| a.borrow_mut().insert(wr_id, addr));
             POSTED.with(|p| p.borrow_mut().push(addr));
-            let signaled = flags & crate::sys::ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
+            let signaled =
+                flags & crate::transport::rdma::sys::ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
             let status = if q.error {
                 S::IBV_WC_WR_FLUSH_ERR
             } else {

@@ -7,7 +7,7 @@ use tent_rings::{ErrorKind, Opcode};
 
 use super::{CompletionQueue, ProtectionDomain, verb_error};
 use crate::error::{Error, Result};
-use crate::sys::{self, ffi, ops};
+use crate::transport::rdma::sys::{self, ffi, ops};
 
 /// What a peer needs to connect its QP to ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::{ProtectionDomain, verb_error};
 use crate::error::Result;
-use crate::sys::{self, ffi};
+use crate::transport::rdma::sys::{self, ffi};
 
 /// Registered memory (`ibv_reg_mr`), deregistered on drop.
 pub struct MemoryRegion {

@@ -48,7 +48,7 @@ use super::connector::{ConnectorHandle, Link, Queue, QueueSource};
 use super::wc::{Outcome, outcome};
 use crate::clock::monotonic_ns;
 use crate::error::Error;
-use crate::sys::{ffi, ops};
+use crate::transport::rdma::sys::{ffi, ops};
 
 /// Times a slice may be flushed and re-posted before it fails.
 const MAX_REPOSTS: u8 = 4;

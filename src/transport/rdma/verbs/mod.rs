@@ -21,7 +21,7 @@ pub use qp::{QpEndpoint, QueuePair, RD_ATOMIC_WANTED, RdmaOp, modify_to_error, r
 use tent_rings::ErrorKind;
 
 use crate::error::{Error, Result};
-use crate::sys::{self, ffi};
+use crate::transport::rdma::sys::{self, ffi};
 
 /// The loaded verbs library, or why RDMA cannot be used (as an error).
 pub(crate) fn lib() -> Result<&'static ffi::IbvLib> {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::{Context, verb_error};
 use crate::error::Result;
-use crate::sys::{self, ffi, ops};
+use crate::transport::rdma::sys::{self, ffi, ops};
 
 /// A completion queue (`ibv_create_cq`), destroyed on drop.
 pub struct CompletionQueue {
