@@ -10,11 +10,13 @@
 //! observability reports of a rail ([`RailStat`]). A transport keeps only
 //! how a slice is posted and reaped.
 
+mod device;
 mod monitor;
 mod selector;
 mod set;
 mod stats;
 
+pub use device::{DeviceInfo, Sysfs, valid_name};
 pub use monitor::{
     MAX_COOLDOWN_NS, PROBE_EVERY_NS, RailMonitor, RailPolicy, RailStat, RailState, ReviewClock,
     SLOW_FOR_NS, SLOW_RATIO, review_bandwidth,
