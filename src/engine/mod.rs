@@ -219,10 +219,7 @@ impl EngineBuilder {
             vec![None; count]
         };
         let placement = Arc::new(crate::transport::rails::Placement {
-            nodes: cores
-                .iter()
-                .map(|c| c.and_then(|c| topology.node_of_cpu(c)))
-                .collect(),
+            nodes: cores.iter().map(|&c| topology.worker_node(c)).collect(),
             topology: Some(topology.clone()),
         });
         let ctx = InstallContext {

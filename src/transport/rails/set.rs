@@ -86,7 +86,10 @@ impl Placement {
     pub fn tier(&self, worker: usize, device: Option<u32>) -> u8 {
         let from = self.nodes.get(worker).copied().flatten();
         match (from, device) {
-            (Some(a), Some(b)) if a != b => self.topology.as_ref().map_or(1, |_t| 1), // MERGE: Topology::tier from wt-topo
+            (Some(a), Some(b)) if a != b => self
+                .topology
+                .as_ref()
+                .map_or(1, |t| t.tier(Some(a), Some(b)).max(1)),
             _ => 0,
         }
     }

@@ -334,7 +334,7 @@ impl RdmaTransport {
                         local: nic.ctx.name().to_owned(),
                         remote: r.remote_name.clone(),
                         numa_node: nic.numa_node,
-                        speed_gbps: None, // MERGE: nic.speed_gbps (wt-topo)
+                        speed_gbps: nic.speed_gbps,
                     }
                 })
                 .collect(),

@@ -292,12 +292,14 @@ impl TcpTransport {
             rails
                 .iter()
                 .map(|r| {
-                    // MERGE: numa_node / speed from rails::device (wt-topo)
+                    // The local interface's NUMA node and link speed (an
+                    // address with no interface found: neither known).
+                    let dev = crate::transport::rails::Sysfs::default().netdev(&r.local_name);
                     RailDesc {
                         local: r.local_name.clone(),
                         remote: r.remote_name.clone(),
-                        numa_node: None,
-                        speed_gbps: None,
+                        numa_node: dev.numa_node,
+                        speed_gbps: dev.speed_gbps,
                     }
                 })
                 .collect(),
