@@ -13,4 +13,7 @@ pub use monitor::{
     MAX_COOLDOWN_NS, PROBE_EVERY_NS, RailMonitor, RailPolicy, RailStat, RailState, ReviewClock,
     SLOW_FOR_NS, SLOW_RATIO, review_bandwidth,
 };
-pub use selector::{DeviceSelector, SelectPolicy};
+pub use selector::{
+    DeviceSelector, MAX_RAILS, PROBE_EVERY, RailLoad, RailSpec, SelectPolicy, SelectorConfig,
+    Spray, allocate, score,
+};

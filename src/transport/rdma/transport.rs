@@ -54,7 +54,7 @@ use crate::error::{Error, Result};
 use crate::memory::MemRegion;
 use crate::netlink::{self, LinkEvent, LinkWatch};
 use crate::segment::Segment;
-use crate::transport::rails::DeviceSelector;
+use crate::transport::rails::{DeviceSelector, RailSpec, SelectorConfig, Spray};
 use crate::transport::rails::{RailMonitor, RailPolicy, ReviewClock, review_bandwidth};
 use crate::transport::rdma::verbs::{CompletionQueue, QueuePair};
 use crate::transport::{
@@ -110,7 +110,8 @@ impl RdmaRail {
 struct PeerEndpoints {
     /// One per rail.
     eps: Vec<Endpoint>,
-    cursor: usize,
+    /// Round robin over the rails (tier 0, default bandwidth each).
+    spray: Spray,
     outstanding: u32,
     active: bool,
 }
@@ -324,7 +325,11 @@ impl RdmaTransport {
             },
             nics,
             workers,
-            selector: DeviceSelector::default(),
+            // Round robin until this transport feeds the selector's loads.
+            selector: DeviceSelector::new(SelectorConfig {
+                smart: false,
+                ..SelectorConfig::from_config(config)
+            }),
             watch: Mutex::new(None),
             connector: Mutex::new(None),
         }
@@ -407,9 +412,17 @@ impl RdmaTransport {
                         ))
                     })
                     .collect::<Result<_>>()?;
+                let spec = RailSpec {
+                    theoretical_bps: self.selector.config().theoretical_bps(None),
+                };
                 Ok(PeerEndpoints {
                     eps,
-                    cursor: 0,
+                    spray: Spray::new(
+                        &self.selector,
+                        &vec![spec; rails.len()],
+                        &vec![0; rails.len()],
+                        w as u64,
+                    ),
                     outstanding: 0,
                     active: false,
                 })
@@ -438,14 +451,13 @@ impl RdmaTransport {
         remote: &RegionEntry,
         avoid: Option<usize>,
     ) -> std::result::Result<(), ErrorKind> {
-        let n = peer.rails.len();
-        let rail = self
-            .selector
-            .pick(&mut eps.cursor, n, avoid, |r| {
+        let rail = eps
+            .spray
+            .pick(&self.selector, 0, 1, 0, avoid, |r| {
                 peer.usable(r, local, remote, true)
             })
             .or_else(|| {
-                self.selector.pick(&mut eps.cursor, n, avoid, |r| {
+                eps.spray.pick(&self.selector, 0, 1, 0, avoid, |r| {
                     peer.usable(r, local, remote, false)
                 })
             })

@@ -52,7 +52,7 @@ use crate::doorbell::Wakers;
 use crate::error::{Error, Result};
 use crate::netlink::{self, LinkEvent, LinkWatch};
 use crate::segment::Segment;
-use crate::transport::rails::DeviceSelector;
+use crate::transport::rails::{DeviceSelector, RailSpec, SelectorConfig, Spray};
 use crate::transport::rails::{RailMonitor, RailPolicy, ReviewClock, review_bandwidth};
 
 /// Settings read once from the config.
@@ -116,7 +116,8 @@ impl TcpRail {
 struct PeerLinks {
     /// Connections, rail-major: `rail * conns_per_rail + c`.
     ends: Vec<ConnEnds>,
-    rail_cursor: usize,
+    /// Round robin over the rails (tier 0, default bandwidth each).
+    spray: Spray,
     conn_cursor: Vec<usize>,
     outstanding: u32,
     active: bool,
@@ -255,7 +256,11 @@ impl TcpTransport {
                 .map(|_| Arc::new(AbortBoard::new(tokens)))
                 .collect(),
             threads: Mutex::new(Vec::new()),
-            selector: DeviceSelector::default(),
+            // Round robin until this transport feeds the selector's loads.
+            selector: DeviceSelector::new(SelectorConfig {
+                smart: false,
+                ..SelectorConfig::from_config(config)
+            }),
             rails: Arc::new(Mutex::new(Vec::new())),
             watch: Mutex::new(None),
             wakers: OnceLock::new(),
@@ -328,7 +333,17 @@ impl TcpTransport {
             }
             per_worker.push(PeerLinks {
                 ends,
-                rail_cursor: 0,
+                spray: Spray::new(
+                    &self.selector,
+                    &vec![
+                        RailSpec {
+                            theoretical_bps: self.selector.config().theoretical_bps(None)
+                        };
+                        rails.len()
+                    ],
+                    &vec![0; rails.len()],
+                    w as u64,
+                ),
                 conn_cursor: vec![0; rails.len()],
                 outstanding: 0,
                 active: false,
@@ -398,14 +413,13 @@ impl TcpTransport {
         mut op: Op,
         avoid: Option<usize>,
     ) -> std::result::Result<(), ErrorKind> {
-        let n = peer.rails.len();
-        let rail = self
-            .selector
-            .pick(&mut links.rail_cursor, n, avoid, |r| {
+        let rail = links
+            .spray
+            .pick(&self.selector, 0, 1, 0, avoid, |r| {
                 peer.rails[r].is_up() && peer.rails[r].monitor.preferred()
             })
             .or_else(|| {
-                self.selector.pick(&mut links.rail_cursor, n, avoid, |r| {
+                links.spray.pick(&self.selector, 0, 1, 0, avoid, |r| {
                     peer.rails[r].is_up() && peer.rails[r].monitor.available()
                 })
             })
