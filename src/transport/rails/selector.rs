@@ -267,7 +267,8 @@ pub fn allocate(
         .min(usable.len())
         .min(counts.len())
         .min(MAX_RAILS);
-    let Some(best) = min_score(sel, loads, tiers, &usable[..rails], slice_bytes, || 0.0) else {
+    let (loads, tiers) = (&loads[..rails], &tiers[..rails]);
+    let Some(best) = min_score(sel, loads, tiers, |r| usable[r], slice_bytes, || 0.0) else {
         return 0;
     };
     let s = slice_bytes.max(1) as f64;
@@ -318,19 +319,19 @@ pub fn allocate(
     n
 }
 
-/// The rail `r < usable.len()` with `usable[r]` of minimum [`score`] plus
-/// `jitter()` (the first of equals); `None` if none is usable.
+/// The rail with `usable(r)` of minimum [`score`] plus `jitter()` (the
+/// first of equals); `None` if none is usable.
 fn min_score(
     sel: &DeviceSelector,
     loads: &[RailLoad],
     tiers: &[u8],
-    usable: &[bool],
+    usable: impl Fn(usize) -> bool,
     slice_bytes: u64,
     mut jitter: impl FnMut() -> f64,
 ) -> Option<usize> {
     let mut best: Option<(f64, usize)> = None;
-    for (r, (load, &tier)) in loads.iter().zip(tiers).enumerate().take(usable.len()) {
-        if !usable[r] {
+    for (r, (load, &tier)) in loads.iter().zip(tiers).enumerate() {
+        if !usable(r) {
             continue;
         }
         let sc = score(sel, load, tier, slice_bytes) + jitter();
@@ -516,8 +517,7 @@ impl Spray {
             return self.round_robin(ok);
         }
         if avoid.is_some() {
-            let mask = self.usable_mask(ok)?;
-            return self.best(sel, &mask, slice_bytes);
+            return self.best(sel, ok, slice_bytes);
         }
         let w = if self.plan.left > 0 && self.plan.token == token {
             let next = self.plan.peek();
@@ -630,22 +630,17 @@ impl Spray {
         any.then_some(mask)
     }
 
-    /// The usable rail of minimum score plus jitter.
+    /// The rail `ok` admits of minimum score plus jitter.
     fn best(
         &mut self,
         sel: &DeviceSelector,
-        mask: &[bool; MAX_RAILS],
+        ok: impl Fn(usize) -> bool,
         slice_bytes: u64,
     ) -> Option<usize> {
         let rng = &mut self.rng;
-        min_score(
-            sel,
-            &self.loads,
-            &self.tiers,
-            &mask[..self.loads.len()],
-            slice_bytes,
-            || jitter(rng, sel.cfg.jitter),
-        )
+        min_score(sel, &self.loads, &self.tiers, ok, slice_bytes, || {
+            jitter(rng, sel.cfg.jitter)
+        })
     }
 
     /// A new plan of `w` slices for `token` over the rails `ok` admits,
@@ -659,12 +654,12 @@ impl Spray {
         ok: impl Fn(usize) -> bool,
     ) -> Option<usize> {
         self.plan.left = 0;
-        let mask = self.usable_mask(ok)?;
         if !sel.multi_path(w) {
-            let best = self.best(sel, &mask, slice_bytes)?;
+            let best = self.best(sel, ok, slice_bytes)?;
             self.plan.weight.fill(0);
             self.plan.weight[best] = w;
         } else {
+            let mask = self.usable_mask(ok)?;
             self.plans += 1;
             if self.plans % PROBE_EVERY == 0 {
                 self.probe(&mask, w);
