@@ -56,8 +56,9 @@
 //! old value (α = 0: the new sample; α = 1: never learn), clamped to
 //! `[ewma_min, ewma_max] × theoretical`.
 //!
-//! At most [`MAX_RAILS`] rails: those past it are ignored, so plans live
-//! in fixed arrays on the stack.
+//! At most [`MAX_RAILS`] rails: those past it are ignored, so the scratch
+//! of a plan lives in fixed arrays on the stack; a `Spray`'s own arrays
+//! are sized once, in [`Spray::new`].
 
 use crate::config::Config;
 
