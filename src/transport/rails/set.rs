@@ -556,6 +556,76 @@ mod tests {
         assert_eq!(w.spray.load(0).ewma_bps, theory);
     }
 
+    /// Two NUMA nodes, a worker on node 0, two equal rails, one on each
+    /// node: the local rail takes every single-slice request until its
+    /// queue makes it predict worse than the remote one does after the
+    /// tier penalty (5x by default); then the remote rail gets work.
+    #[test]
+    fn on_an_injected_two_node_machine_local_rails_win_until_they_are_loaded() {
+        use crate::topology::{NumaDistances, NumaNode, Topology};
+        let topology = Topology::from_nodes_with_distances(
+            vec![
+                NumaNode {
+                    os_index: 0,
+                    cpus: vec![0],
+                },
+                NumaNode {
+                    os_index: 1,
+                    cpus: vec![1],
+                },
+            ],
+            NumaDistances::new(vec![0, 1], vec![vec![10, 21], vec![21, 10]]).unwrap(),
+        );
+        let placement = Arc::new(Placement {
+            nodes: vec![topology.worker_node(Some(0))],
+            topology: Some(topology),
+        });
+        let mut cfg = crate::transport::rails::SelectorConfig::default();
+        cfg.jitter = 0.0;
+        let s = RailSet::new(
+            TransportKind::Rdma,
+            Arc::new(DeviceSelector::new(cfg)),
+            RailPolicy::default(),
+            placement,
+            [("remote", 1), ("local", 0)]
+                .into_iter()
+                .map(|(name, node)| RailDesc {
+                    local: name.into(),
+                    remote: "peer".into(),
+                    numa_node: Some(node),
+                    speed_gbps: Some(100.0),
+                })
+                .collect(),
+            1,
+        );
+        let mut w = s.worker(0);
+        assert_eq!(
+            s.stats(|_| true).iter().map(|r| r.tier).collect::<Vec<_>>(),
+            [1, 0]
+        );
+        let slice = 65_536;
+        let mut picks = Vec::new();
+        for token in 0..8 {
+            let r = s.pick(&mut w, token, 1, slice, None, |_| true).unwrap();
+            s.posted(&mut w, r, slice);
+            picks.push(r);
+        }
+        // Local predicts (k+1)·slice/bw; remote 5·slice/bw: the local rail
+        // wins while fewer than 4 slices are queued on it (a tie at 4 goes
+        // to either), then the remote one gets the next.
+        assert_eq!(&picks[..4], [1, 1, 1, 1], "{picks:?}");
+        assert!(
+            picks[4..].contains(&0),
+            "the loaded local rail shares: {picks:?}"
+        );
+        // Unloaded again, the local rail wins again.
+        for (i, &r) in picks.iter().enumerate() {
+            s.completed(&mut w, r, slice, 0, 1 + i as u64, 0);
+        }
+        let mut w = s.worker(0);
+        assert_eq!(s.pick(&mut w, 99, 1, slice, None, |_| true), Some(1));
+    }
+
     #[test]
     fn placement_tiers() {
         let p = Placement {
