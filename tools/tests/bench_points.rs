@@ -1,0 +1,86 @@
+//! A measurement point of `tent-bench` reports a figure only from ops that
+//! completed inside its measured window (issue 13, "fix while there"): one
+//! op longer than warm-up plus `--duration` used to leave the window empty
+//! and the figure divided by nothing ("268435456.000 GB/s").
+
+use std::process::{Command, Output};
+
+const BENCH: &str = env!("CARGO_BIN_EXE_tent-bench");
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BENCH)
+        .args(args)
+        .env("TENT_LOG", "off")
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The JSON lines of a run.
+fn lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// The result line of the one point (it has `block_size` and `gbps`).
+fn result(out: &Output) -> serde_json::Value {
+    lines(out)
+        .into_iter()
+        .find(|o| o.get("block_size").is_some() && o.get("gbps").is_some())
+        .unwrap_or_else(|| panic!("no result line: {}", text(out)))
+}
+
+#[test]
+fn a_point_shorter_than_one_op_reports_no_figure_from_zero_ops() {
+    // A local 256 MiB copy takes tens of milliseconds; the point asks for
+    // one millisecond (and a fifth of it as warm-up).
+    let block: u64 = 256 << 20;
+    let out = run(&[
+        "--transport",
+        "local",
+        "--block-size",
+        "256M",
+        "--duration",
+        "0.001",
+        "--json",
+        "--no-baseline",
+    ]);
+    let all = text(&out);
+    let r = result(&out);
+    match r["gbps"].as_f64() {
+        None => {
+            assert!(r["gbps"].is_null(), "{all}");
+            assert!(!out.status.success(), "no figure, yet exit 0: {all}");
+            assert!(all.contains("no op completed"), "{all}");
+        }
+        Some(gbps) => {
+            // No memory system copies a terabyte a second on one thread.
+            assert!(
+                gbps.is_finite() && gbps > 0.0 && gbps < 1000.0,
+                "a figure from no completed op: {gbps} GB/s\n{all}"
+            );
+            let ops = r["ops"].as_u64().unwrap_or_else(|| panic!("no ops: {all}"));
+            let secs = r["secs"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("no secs: {all}"));
+            assert!(ops >= 1 && secs > 0.0, "{all}");
+            let expect = (ops * block) as f64 / secs / 1e9;
+            assert!(
+                (gbps - expect).abs() <= expect * 1e-6,
+                "gbps {gbps} is not ops x block / secs = {expect}: {all}"
+            );
+            assert!(out.status.success(), "{all}");
+        }
+    }
+}
