@@ -84,3 +84,47 @@ fn a_point_shorter_than_one_op_reports_no_figure_from_zero_ops() {
         }
     }
 }
+
+#[test]
+fn a_point_with_no_op_done_by_max_seconds_reports_null_and_exits_1() {
+    let out = run(&[
+        "--transport",
+        "local",
+        "--block-size",
+        "256M",
+        "--duration",
+        "0.001",
+        "--max-seconds",
+        "0.002",
+        "--json",
+        "--no-baseline",
+    ]);
+    let all = text(&out);
+    let r = result(&out);
+    assert!(r["gbps"].is_null() && r["mops"].is_null(), "{all}");
+    assert!(r["p50_us"].is_null(), "{all}");
+    assert_eq!(r["ops"].as_u64(), Some(0), "{all}");
+    assert_eq!(r["in_flight_at_cap"].as_u64(), Some(1), "{all}");
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("tent-bench: FAILED: no op completed")),
+        "{all}"
+    );
+    // A cap shorter than the point itself is refused up front.
+    let out = run(&[
+        "--transport",
+        "local",
+        "--duration",
+        "1",
+        "--max-seconds",
+        "0.5",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--max-seconds"),
+        "{}",
+        text(&out)
+    );
+}
