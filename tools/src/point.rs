@@ -4,13 +4,13 @@
 //! completed (bounded by `--max-seconds`), so a figure is never divided by
 //! an empty window.
 
-use std::sync::Barrier;
+use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use tent::{Engine, LocalAddr, RemoteAddr, SegmentId, op};
 
 use crate::hist::Histogram;
-use crate::{Args, OpArg};
+use crate::{Args, OpArg, emit};
 
 /// Warm-up before the window: a fifth of `--duration`, at most 0.2 s.
 pub fn warmup(duration: f64) -> f64 {
@@ -84,6 +84,11 @@ pub struct Point {
     pub secs: f64,
     /// Ops still in flight when `--max-seconds` ran out.
     pub stuck: u64,
+    /// With `--interval-ms`: bytes of good ops by completion time, one
+    /// entry per interval from the point's start (warm-up included).
+    pub intervals: Vec<u64>,
+    /// From the point's start to the last thread's end.
+    pub run_secs: f64,
 }
 
 impl Point {
@@ -97,6 +102,8 @@ impl Point {
             hist: Histogram::new(),
             secs: 0.0,
             stuck: 0,
+            intervals: Vec::new(),
+            run_secs: 0.0,
         }
     }
 
@@ -119,6 +126,17 @@ impl Point {
         (self.ops > 0).then(|| self.hist.quantile(q) as f64 / 1e3)
     }
 
+    /// `(end of the interval in ms from the point's start, GB/s)` for each
+    /// whole `interval_ms` of the run (the partial last one is left out).
+    pub fn series(&self, interval_ms: u64) -> impl Iterator<Item = (u64, f64)> + '_ {
+        let whole = (self.run_secs * 1e3 / interval_ms as f64) as usize;
+        (0..whole).map(move |i| {
+            let bytes = self.intervals.get(i).copied().unwrap_or(0);
+            let t_ms = (i as u64 + 1) * interval_ms;
+            (t_ms, bytes as f64 / (interval_ms as f64 * 1e6))
+        })
+    }
+
     fn merge(&mut self, p: Point) {
         self.ops += p.ops;
         self.bytes += p.bytes;
@@ -128,6 +146,13 @@ impl Point {
         self.hist.merge(&p.hist);
         self.secs = self.secs.max(p.secs);
         self.stuck += p.stuck;
+        if self.intervals.len() < p.intervals.len() {
+            self.intervals.resize(p.intervals.len(), 0);
+        }
+        for (a, b) in self.intervals.iter_mut().zip(&p.intervals) {
+            *a += b;
+        }
+        self.run_secs = self.run_secs.max(p.run_secs);
     }
 }
 
@@ -145,17 +170,31 @@ pub struct Rig<'a> {
 /// Run one point of `size`-byte ops on `args.threads` threads.
 pub fn run_point(args: &Args, rig: &Rig<'_>, size: u64) -> Result<Point, String> {
     let barrier = Barrier::new(args.threads);
+    // One origin for every thread, so their interval series add up.
+    let origin = OnceLock::new();
     let points: Vec<Result<Point, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..args.threads)
             .map(|t| {
-                let barrier = &barrier;
+                let (barrier, origin) = (&barrier, &origin);
                 s.spawn(move || {
                     if let Some(c) = rig.app_cores[t] {
                         core_affinity::set_for_current(core_affinity::CoreId { id: c });
                     }
                     let mut ring = rig.engine.ring().map_err(|e| e.to_string())?;
-                    barrier.wait();
-                    batches(args, rig, &mut ring, t, size, Instant::now())
+                    let leader = barrier.wait().is_leader();
+                    let start = *origin.get_or_init(Instant::now);
+                    if leader && args.json {
+                        if let Some(ms) = args.interval_ms {
+                            // Live, so a driver can time an action (a
+                            // `tc change`) against the series' origin.
+                            emit(
+                                &serde_json::json!({"event": "start", "block_size": size,
+                                "warmup_ms": warmup(args.duration) * 1e3, "interval_ms": ms})
+                                .to_string(),
+                            );
+                        }
+                    }
+                    run_thread(args, rig, &mut ring, t, size, start)
                 })
             })
             .collect();
@@ -171,9 +210,9 @@ pub fn run_point(args: &Args, rig: &Rig<'_>, size: u64) -> Result<Point, String>
     Ok(all)
 }
 
-/// One thread's ops: `--batch` submitted together, the next batch once
-/// all have completed.
-fn batches(
+/// One thread's ops. Batch mode submits `--batch` ops and waits for all of
+/// them; `--stream` resubmits each slot as soon as its op completes.
+fn run_thread(
     args: &Args,
     rig: &Rig<'_>,
     ring: &mut tent::Ring,
@@ -184,6 +223,7 @@ fn batches(
     let warmup = Duration::from_secs_f64(warmup(args.duration));
     let end = warmup + Duration::from_secs_f64(args.duration);
     let cap = Duration::from_secs_f64(args.max_seconds);
+    let interval = args.interval_ms.map(|ms| u128::from(ms) * 1_000_000);
     let src = &rig.sources[thread];
     let remote = rig.remote_base + thread as u64 * size * args.batch as u64;
     let mut p = Point::empty();
@@ -201,7 +241,7 @@ fn batches(
         if ended && in_flight == 0 {
             break;
         }
-        if !ended && in_flight == 0 {
+        if !ended && (args.stream || in_flight == 0) && in_flight < args.batch {
             if window.is_none() && elapsed >= warmup {
                 window = Some(now);
             }
@@ -254,6 +294,14 @@ fn batches(
             }
             match cqe.result() {
                 Ok(n) => {
+                    if let Some(iv) = interval {
+                        let i = usize::try_from((done - start).as_nanos() / iv)
+                            .map_err(|_| "interval index past usize".to_string())?;
+                        if p.intervals.len() <= i {
+                            p.intervals.resize(i + 1, 0);
+                        }
+                        p.intervals[i] += n;
+                    }
                     if counted {
                         p.ops += 1;
                         p.bytes += n;
@@ -271,6 +319,7 @@ fn batches(
             }
         }
     }
+    p.run_secs = start.elapsed().as_secs_f64();
     p.secs = match (window, last_done) {
         (Some(w), Some(d)) => (d - w).as_secs_f64(),
         _ => 0.0,

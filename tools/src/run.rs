@@ -256,12 +256,15 @@ pub fn initiator(
             tally.empty += 1;
             eprintln!("tent-bench: block size {}: {why}", human(size));
         }
+        if let Some(ms) = args.interval_ms {
+            report_series(args, &p, ms);
+        }
         let q = |x: f64| p.latency_us(x);
         if args.json {
             emit(
                 &serde_json::json!({
                     "transport": transport, "op": op_name, "block_size": size, "batch": args.batch,
-                    "threads": args.threads, "gbps": p.gbps(), "mops": p.mops(),
+                    "threads": args.threads, "stream": args.stream, "gbps": p.gbps(), "mops": p.mops(),
                     "p50_us": q(0.5), "p99_us": q(0.99), "p999_us": q(0.999), "errors": p.errors,
                     "ops": p.ops, "bytes": p.bytes, "secs": p.secs, "in_flight_at_cap": p.stuck,
                     "error": empty,
@@ -311,6 +314,25 @@ fn empty_point(args: &Args, p: &Point) -> String {
     } else {
         format!("no op completed within --max-seconds {}", args.max_seconds)
     }
+}
+
+/// The point's throughput per `--interval-ms`, whole intervals only, from
+/// the point's start (warm-up included): one JSON line each, or a compact
+/// comment line in text mode.
+fn report_series(args: &Args, p: &Point, interval_ms: u64) {
+    let series: Vec<(u64, f64)> = p.series(interval_ms).collect();
+    if args.json {
+        for (t_ms, gbps) in series {
+            emit(&serde_json::json!({"t_ms": t_ms, "gbps": gbps}).to_string());
+        }
+        return;
+    }
+    let row: Vec<String> = series.iter().map(|(_, g)| format!("{g:.3}")).collect();
+    emit(&format!(
+        "# GB/s per {interval_ms} ms from the start (warm-up {:.0} ms): {}",
+        point::warmup(args.duration) * 1e3,
+        row.join(" ")
+    ));
 }
 
 /// The end-of-run per-rail report: which rails carried the bytes (for RDMA,

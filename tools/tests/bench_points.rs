@@ -128,3 +128,54 @@ fn a_point_with_no_op_done_by_max_seconds_reports_null_and_exits_1() {
         text(&out)
     );
 }
+
+#[test]
+fn interval_series_covers_the_run_and_agrees_with_the_summary() {
+    let out = run(&[
+        "--transport",
+        "local",
+        "--block-size",
+        "1M",
+        "--batch",
+        "4",
+        "--stream",
+        "--duration",
+        "1",
+        "--interval-ms",
+        "100",
+        "--json",
+        "--no-baseline",
+    ]);
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    let lines = lines(&out);
+    // The live start line first, then the series, then the summary.
+    assert_eq!(lines[0]["event"], "start", "{all}");
+    assert_eq!(lines[0]["interval_ms"].as_u64(), Some(100), "{all}");
+    let series: Vec<(u64, f64)> = lines
+        .iter()
+        .filter(|o| o.get("t_ms").is_some())
+        .map(|o| (o["t_ms"].as_u64().unwrap(), o["gbps"].as_f64().unwrap()))
+        .collect();
+    let at = |pred: fn(&serde_json::Value) -> bool| lines.iter().position(pred).unwrap();
+    assert!(
+        at(|o| o.get("t_ms").is_some()) == 1,
+        "the series follows the start line: {all}"
+    );
+    assert!(
+        at(|o| o.get("block_size").is_some() && o.get("ops").is_some()) == series.len() + 1,
+        "the summary follows the series: {all}"
+    );
+    // Warm-up 0.2 s plus 1 s: at least 12 whole intervals, back to back.
+    assert!(series.len() >= 12, "{all}");
+    for (i, &(t_ms, gbps)) in series.iter().enumerate() {
+        assert_eq!(t_ms, (i as u64 + 1) * 100, "{all}");
+        assert!(gbps.is_finite() && gbps >= 0.0, "{all}");
+    }
+    let summary = result(&out)["gbps"].as_f64().unwrap();
+    let mean = series.iter().map(|s| s.1).sum::<f64>() / series.len() as f64;
+    assert!(
+        mean > summary * 0.5 && mean < summary * 2.0,
+        "series mean {mean} GB/s vs the point's {summary} GB/s: {all}"
+    );
+}
