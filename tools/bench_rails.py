@@ -90,10 +90,11 @@ class Namespaces:
     def __init__(self, name, rates):
         self.name = name
         subprocess.run([NETNS, "down", name], capture_output=True)
-        subprocess.run([NETNS, "up", name, str(len(rates)), ",".join(rates)], check=True)
+        if subprocess.run([NETNS, "up", name, str(len(rates)), ",".join(rates)]).returncode:
+            fail(f"tools/netns.sh up {name} failed (root and iproute2 needed)")
 
     def shape(self, rail, rate):
-        subprocess.run([NETNS, "shape", self.name, str(rail), rate], check=True)
+        return subprocess.run([NETNS, "shape", self.name, str(rail), rate]).returncode == 0
 
     def close(self):
         subprocess.run([NETNS, "down", self.name], capture_output=True)
@@ -124,7 +125,7 @@ def run_initiator(bench, ns, seg, conf, argv, cut):
         ["ip", "netns", "exec", f"{ns.name}-a", bench, "--mode", "initiator", "--transport",
          "tcp", "--target", seg, "--json", "--no-baseline"] + argv,
         stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-    lines, cut_at, timer = [], {}, None
+    lines, cut_at, timer, ended = [], {}, None, threading.Event()
     for line in proc.stdout:
         if not line.startswith("{"):
             continue
@@ -135,14 +136,17 @@ def run_initiator(bench, ns, seg, conf, argv, cut):
             due = origin + o["warmup_ms"] / 1e3 + cut[2]
 
             def apply(origin=origin, due=due):
-                time.sleep(max(0.0, due - time.monotonic()))
-                cut_at["from_ms"] = (time.monotonic() - origin) * 1e3
-                ns.shape(cut[0], cut[1])
-                cut_at["to_ms"] = (time.monotonic() - origin) * 1e3
+                # An initiator that ended first gets no cut (none reported).
+                if ended.wait(max(0.0, due - time.monotonic())):
+                    return
+                t0 = (time.monotonic() - origin) * 1e3
+                if ns.shape(cut[0], cut[1]):
+                    cut_at.update(from_ms=t0, to_ms=(time.monotonic() - origin) * 1e3)
 
             timer = threading.Thread(target=apply, daemon=True)
             timer.start()
     rc = proc.wait()
+    ended.set()
     if timer:
         timer.join()
     err.seek(0)
@@ -183,7 +187,6 @@ def one_run(args, rates, policy, cut):
     return {
         "gbps": summary["gbps"],
         "error": summary.get("error") or (f"tent-bench exited {rc}" if rc else None),
-        "block": block,
         "series": [(o["t_ms"], o["gbps"]) for o in lines if "t_ms" in o],
         "start": next((o for o in lines if o.get("event") == "start"), None),
         "rails": [o["bytes"] for o in lines if "rail_local" in o],
@@ -251,6 +254,8 @@ def report_policies(args, results, rates_bits):
         bits = r["gbps"] * 8e9
         print(f"  {policy:<8} {r['gbps']:>7.3f} {gbit(r['gbps']):>7} {ratio(bits, total):>7} "
               f"{ratio(bits, fastest):>9}   {split(r.get('rails', []))}")
+        if r.get("error"):
+            print(f"  {'':<8} but: {r['error']}")
     if len(results) == 2:
         s, rr = results["smart"].get("gbps"), results["rr"].get("gbps")
         print(f"  smart/rr: {ratio(s, rr)}")
@@ -342,10 +347,11 @@ def main():
         report_cut(args, results, rates, rates_bits, cut)
     else:
         report_policies(args, results, rates_bits)
-    ok = all(r.get("gbps") is not None and not r.get("error") for r in results.values())
+    ok = all(r.get("gbps") is not None and not r.get("error") and (not cut or r.get("cut"))
+             for r in results.values())
     if args.reference:
         fast = rates[rates_bits.index(max(rates_bits))]
-        print(f"  running the 1-rail reference ...", file=sys.stderr, flush=True)
+        print("  running the 1-rail reference ...", file=sys.stderr, flush=True)
         ref = one_run(args, [fast], None, None)
         g = ref.get("gbps")
         if g is None:
