@@ -191,6 +191,8 @@ def one_run(args, rates, policy, cut):
         "start": next((o for o in lines if o.get("event") == "start"), None),
         "rails": [o["bytes"] for o in lines if "rail_local" in o],
         "cut": cut_at,
+        # tent-bench prints seed 003's traffic statistics on stderr under --json.
+        "traffic": [l for l in err.splitlines() if l.startswith(("=== Device", "Dev "))],
     }
 
 
@@ -347,6 +349,11 @@ def main():
         report_cut(args, results, rates, rates_bits, cut)
     else:
         report_policies(args, results, rates_bits)
+    for policy, r in results.items():
+        if r.get("traffic"):
+            print(f"  {policy}:")
+            for line in r["traffic"]:
+                print(f"    {line}")
     ok = all(r.get("gbps") is not None and not r.get("error") and (not cut or r.get("cut"))
              for r in results.values())
     if args.reference:

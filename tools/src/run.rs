@@ -340,9 +340,10 @@ fn report_series(args: &Args, p: &Point, interval_ms: u64) {
 /// ===` block, from `Engine::traffic_stats()`, is printed here once the
 /// engine has it.
 fn rail_report(args: &Args, engine: &Engine, segment: SegmentId) {
-    for r in engine.rails(segment) {
+    let rails = engine.rails(segment);
+    for r in &rails {
         if args.json {
-            emit(&serde_json::json!({"rail_local": r.local, "rail_remote": r.remote, "bytes": r.bytes, "moved": r.moved, "up": r.up}).to_string());
+            emit(&serde_json::json!({"rail_local": r.local, "rail_remote": r.remote, "bytes": r.bytes, "moved": r.moved, "up": r.up, "ewma_bps": r.bandwidth, "theoretical_bps": r.theoretical, "inflight_bytes": r.inflight_bytes, "tier": r.tier, "state": r.state.name()}).to_string());
             continue;
         }
         emit(&format!(
@@ -353,6 +354,18 @@ fn rail_report(args: &Args, engine: &Engine, segment: SegmentId) {
             r.moved,
             if r.up { "up" } else { "down" }
         ));
+    }
+    // A multi-rail run ends with seed 003's traffic statistics (on stderr
+    // under --json, so the JSON lines stay machine-readable).
+    if rails.len() > 1 {
+        let stats = engine.traffic_stats().to_string();
+        if args.json {
+            eprint!("{stats}");
+        } else {
+            for line in stats.lines() {
+                emit(line);
+            }
+        }
     }
 }
 
