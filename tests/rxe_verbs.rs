@@ -769,7 +769,10 @@ fn rxe_engine_sprays_a_large_request_over_both_rails_smart_and_round_robin() {
             assert_eq!(r.inflight_bytes, 0, "nothing left on a rail: {rails:?}");
         }
         let stats = init.traffic_stats().to_string();
-        assert!(stats.starts_with("=== Device Traffic Statistics ===\n"), "{stats}");
+        assert!(
+            stats.starts_with("=== Device Traffic Statistics ===\n"),
+            "{stats}"
+        );
         assert_eq!(stats.matches("\nDev ").count(), 2, "{stats}");
         println!(
             "RXE-OK spraying smart={smart}: 3 x 16 MiB READ + WRITE over 2 rails, data verified; {}",
