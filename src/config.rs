@@ -185,31 +185,30 @@ pub struct RdmaConfig {
     /// `transports/rdma/shared_quota_shm_path`: shared-memory name of the
     /// global slot clock; empty = single-process mode. Not yet in effect.
     pub shared_quota_shm_path: String,
-    /// `transports/rdma/enable_smart_scheduling`: EWMA device selection
-    /// instead of round-robin. Not yet in effect.
+    /// `transports/rdma/enable_smart_scheduling`: EWMA rail selection
+    /// (`rails::DeviceSelector`, TCP and RDMA) instead of round robin.
     pub enable_smart_scheduling: bool,
-    /// `transports/rdma/numa_penalties`: score multiplier per NUMA tier. Not
-    /// yet in effect.
+    /// `transports/rdma/numa_penalties`: score multiplier per NUMA tier.
     pub numa_penalties: Vec<f64>,
     /// `transports/rdma/bandwidth_learning_rate`: EWMA weight of the old
-    /// estimate. Not yet in effect.
+    /// estimate.
     pub bandwidth_learning_rate: f64,
-    /// `transports/rdma/ewma_min_bandwidth_multiplier`. Not yet in effect.
+    /// `transports/rdma/ewma_min_bandwidth_multiplier`.
     pub ewma_min_bandwidth_multiplier: f64,
-    /// `transports/rdma/ewma_max_bandwidth_multiplier`. Not yet in effect.
+    /// `transports/rdma/ewma_max_bandwidth_multiplier`.
     pub ewma_max_bandwidth_multiplier: f64,
-    /// `transports/rdma/score_jitter_range`. Not yet in effect.
+    /// `transports/rdma/score_jitter_range`.
     pub score_jitter_range: f64,
-    /// `transports/rdma/score_epsilon`. Not yet in effect.
+    /// `transports/rdma/score_epsilon`.
     pub score_epsilon: f64,
-    /// `transports/rdma/default_bandwidth_gbps`. Not yet in effect.
+    /// `transports/rdma/default_bandwidth_gbps`.
     pub default_bandwidth_gbps: f64,
-    /// `transports/rdma/min_bandwidth_gbps`. Not yet in effect.
+    /// `transports/rdma/min_bandwidth_gbps`.
     pub min_bandwidth_gbps: f64,
-    /// `transports/rdma/max_bandwidth_gbps`. Not yet in effect.
+    /// `transports/rdma/max_bandwidth_gbps`.
     pub max_bandwidth_gbps: f64,
     /// `transports/rdma/max_slice_count`: multi-path allocation starts at
-    /// half this many slices. Not yet in effect.
+    /// half this many slices.
     pub max_slice_count: u32,
     /// `transports/rdma/sq_backoff_timeout_us` (`MORI_IO_SQ_BACKOFF_TIMEOUT_US`).
     /// Not yet in effect.
@@ -736,31 +735,31 @@ schema! {
         "Global QoS time-slot length in ms (a full cycle is three slots).";
     "transports/rdma/shared_quota_shm_path" => transports.rdma.shared_quota_shm_path: Kind::Str(StrRule::EmptyOrShmName), "\"\"", LATER,
         "Shared-memory name (leading /) of the global slot clock; empty = single-process mode.";
-    // transports/rdma: slice spraying (seed 003)
-    "transports/rdma/enable_smart_scheduling" => transports.rdma.enable_smart_scheduling: Kind::Bool, "true", LATER,
-        "EWMA-based device selection; false = round-robin within the best NUMA tier.";
+    // transports/rdma: slice spraying (seed 003); every network transport's rails
+    "transports/rdma/enable_smart_scheduling" => transports.rdma.enable_smart_scheduling: Kind::Bool, "true", LIVE,
+        "EWMA-based rail selection for RDMA and TCP rails alike; false = round-robin within the best NUMA tier.";
     "transports/rdma/numa_penalties" => transports.rdma.numa_penalties: Kind::FloatArray {
             each: FloatRange { min: 0.0, min_inclusive: false, max: 1e6 }, min_len: 1, max_len: 16,
-        }, "[1.0, 5.0, 10.0]", LATER,
+        }, "[1.0, 5.0, 10.0]", LIVE,
         "Score multiplier per NUMA tier (1 to 16 entries, each > 0).";
-    "transports/rdma/bandwidth_learning_rate" => transports.rdma.bandwidth_learning_rate: float(0.0, 1.0), "0.01", LATER,
+    "transports/rdma/bandwidth_learning_rate" => transports.rdma.bandwidth_learning_rate: float(0.0, 1.0), "0.01", LIVE,
         "EWMA weight of the old estimate: 0 = always the new sample, 1 = never learn.";
-    "transports/rdma/ewma_min_bandwidth_multiplier" => transports.rdma.ewma_min_bandwidth_multiplier: positive(1000.0), "0.1", LATER,
+    "transports/rdma/ewma_min_bandwidth_multiplier" => transports.rdma.ewma_min_bandwidth_multiplier: positive(1000.0), "0.1", LIVE,
         "Lower clamp of the EWMA estimate, as a multiple of theoretical bandwidth; <= the max multiplier.";
-    "transports/rdma/ewma_max_bandwidth_multiplier" => transports.rdma.ewma_max_bandwidth_multiplier: positive(1000.0), "10.0", LATER,
+    "transports/rdma/ewma_max_bandwidth_multiplier" => transports.rdma.ewma_max_bandwidth_multiplier: positive(1000.0), "10.0", LIVE,
         "Upper clamp of the EWMA estimate, as a multiple of theoretical bandwidth.";
-    "transports/rdma/score_jitter_range" => transports.rdma.score_jitter_range: float(0.0, 1.0), "1e-9", LATER,
+    "transports/rdma/score_jitter_range" => transports.rdma.score_jitter_range: float(0.0, 1.0), "1e-9", LIVE,
         "Random jitter added to device scores to avoid deterministic ties.";
-    "transports/rdma/score_epsilon" => transports.rdma.score_epsilon: positive(1.0), "1e-12", LATER,
+    "transports/rdma/score_epsilon" => transports.rdma.score_epsilon: positive(1.0), "1e-12", LIVE,
         "Small positive value that prevents division by zero in scoring.";
-    "transports/rdma/default_bandwidth_gbps" => transports.rdma.default_bandwidth_gbps: positive(100_000.0), "400.0", LATER,
-        "NIC bandwidth in Gbps assumed when topology does not report one.";
-    "transports/rdma/min_bandwidth_gbps" => transports.rdma.min_bandwidth_gbps: positive(100_000.0), "10.0", LATER,
+    "transports/rdma/default_bandwidth_gbps" => transports.rdma.default_bandwidth_gbps: positive(100_000.0), "400.0", LIVE,
+        "Rail bandwidth in Gbps assumed when the port (ibv_query_port, /sys/class/net/<if>/speed) does not report one, or reports one outside [min, max].";
+    "transports/rdma/min_bandwidth_gbps" => transports.rdma.min_bandwidth_gbps: positive(100_000.0), "10.0", LIVE,
         "Smallest plausible NIC bandwidth in Gbps.";
-    "transports/rdma/max_bandwidth_gbps" => transports.rdma.max_bandwidth_gbps: positive(100_000.0), "800.0", LATER,
+    "transports/rdma/max_bandwidth_gbps" => transports.rdma.max_bandwidth_gbps: positive(100_000.0), "800.0", LIVE,
         "Largest plausible NIC bandwidth in Gbps.";
-    "transports/rdma/max_slice_count" => transports.rdma.max_slice_count: uint(1, 65_536), "64", LATER,
-        "Slice-count scale of multi-path allocation (used from max_slice_count/2 slices).";
+    "transports/rdma/max_slice_count" => transports.rdma.max_slice_count: uint(1, 65_536), "64", LIVE,
+        "A request is planned in windows of this many slices; a window of fewer than half of it goes to the single best rail, a larger one is split across rails by weight.";
     // transports/rdma: SQ flow control (seed 004, MORI_IO_SQ_* without the prefix)
     "transports/rdma/sq_backoff_timeout_us" => transports.rdma.sq_backoff_timeout_us: uint(0, 600_000_000), "10000", LATER,
         "How long a post waits in us for SQ credits before failing with SqFull.";
@@ -2193,10 +2192,10 @@ mod tests {
 
     #[test]
     fn not_yet_in_effect_keys_are_accepted_and_recorded_once() {
-        let path = "transports/rdma/score_epsilon";
+        let path = "transports/rdma/sq_backoff_timeout_us";
         assert!(!SPECS[spec_index(path)].in_effect);
-        parse(r#"{"transports": {"rdma": {"score_epsilon": 1e-10}}}"#).unwrap();
-        parse(r#"{"transports": {"rdma": {"score_epsilon": 1e-11}}}"#).unwrap();
+        parse(r#"{"transports": {"rdma": {"sq_backoff_timeout_us": 5}}}"#).unwrap();
+        parse(r#"{"transports": {"rdma": {"sq_backoff_timeout_us": 6}}}"#).unwrap();
         let warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
         assert!(warned.contains(path));
         // Live keys are never reported.
@@ -2208,6 +2207,25 @@ mod tests {
                 .unwrap_or_else(|p| p.into_inner())
                 .contains("block_size")
         );
+    }
+
+    #[test]
+    fn every_slice_spraying_key_is_in_effect() {
+        for path in [
+            "transports/rdma/enable_smart_scheduling",
+            "transports/rdma/numa_penalties",
+            "transports/rdma/bandwidth_learning_rate",
+            "transports/rdma/ewma_min_bandwidth_multiplier",
+            "transports/rdma/ewma_max_bandwidth_multiplier",
+            "transports/rdma/score_jitter_range",
+            "transports/rdma/score_epsilon",
+            "transports/rdma/default_bandwidth_gbps",
+            "transports/rdma/min_bandwidth_gbps",
+            "transports/rdma/max_bandwidth_gbps",
+            "transports/rdma/max_slice_count",
+        ] {
+            assert!(SPECS[spec_index(path)].in_effect, "{path}");
+        }
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //!   3 paused), `tent_rail_up`, `tent_rail_bytes_total`,
 //!   `tent_rail_failures_total`, `tent_rail_trips_total`,
 //!   `tent_rail_moved_slices_total`, `tent_rail_inflight_slices`,
-//!   `tent_rail_bandwidth_bytes_per_second`.
+//!   `tent_rail_inflight_bytes`, `tent_rail_bandwidth_bytes_per_second`
+//!   (the EWMA), `tent_rail_theoretical_bytes_per_second`,
+//!   `tent_rail_numa_tier`.
 //!
 //! Counters are written by workers on the failure path only (never per
 //! slice), so plain relaxed RMWs on shared atomics cost nothing that
@@ -92,7 +94,7 @@ impl Metrics {
             self.exhausted_total()
         );
         type Field = fn(&RailStat) -> u64;
-        let families: [(&str, &str, &str, Field); 8] = [
+        let families: [(&str, &str, &str, Field); 11] = [
             (
                 "tent_rail_state",
                 "gauge",
@@ -138,8 +140,26 @@ impl Metrics {
             (
                 "tent_rail_bandwidth_bytes_per_second",
                 "gauge",
-                "The rail's bandwidth estimate (queue-normalised EWMA).",
+                "The rail's bandwidth estimate (the selector's EWMA, summed over the workers using it).",
                 |r| r.bandwidth,
+            ),
+            (
+                "tent_rail_inflight_bytes",
+                "gauge",
+                "Bytes on the rail now.",
+                |r| r.inflight_bytes,
+            ),
+            (
+                "tent_rail_theoretical_bytes_per_second",
+                "gauge",
+                "The rail's theoretical bandwidth (port speed, or default_bandwidth_gbps).",
+                |r| r.theoretical,
+            ),
+            (
+                "tent_rail_numa_tier",
+                "gauge",
+                "The rail's NUMA tier for the first worker (0: local).",
+                |r| u64::from(r.tier),
             ),
         ];
         for (name, ty, help, get) in families {
@@ -196,7 +216,10 @@ mod tests {
             failures: 3,
             trips: 1,
             inflight: 2,
+            inflight_bytes: 8192,
             bandwidth: 1000,
+            theoretical: 5000,
+            tier: 1,
         };
         let text = m.render(&[("10.0.0.2:7000".into(), rail)]);
         assert!(
@@ -209,6 +232,8 @@ mod tests {
         ));
         assert!(text.contains("tent_rail_bytes_total{transport=\"tcp\","));
         assert!(text.contains("# TYPE tent_rail_trips_total counter\n"));
+        assert!(text.contains("tent_rail_inflight_bytes{transport=\"tcp\",segment=\"10.0.0.2:7000\",local=\"veth\\\"0\",remote=\"eth0\"} 8192\n"), "{text}");
+        assert!(text.contains("tent_rail_numa_tier{"));
         assert_eq!(m.failovers(TransportKind::Rdma, TransportKind::Tcp), 2);
         assert_eq!(m.failovers_total(), 2);
         // Every non-comment line is `name{labels} value` or `name value`.

@@ -1,19 +1,48 @@
 //! The machine as the engine sees it: NUMA nodes and the CPUs this process
-//! may run on, plus worker placement and core pinning.
+//! may run on, the distances between nodes, plus worker placement and core
+//! pinning.
 //!
-//! Detection goes through hwloc; when hwloc cannot build a topology the
-//! engine still runs, as one node holding every allowed CPU. Placement and
+//! Nodes and CPUs come from hwloc; when hwloc cannot build a topology the
+//! engine still runs, as one node holding every allowed CPU (node ids then
+//! unknown). Distances come from sysfs (`/sys/devices/system/node`), read
+//! by our own checked parser: hwloc reads the same files on Linux, and its
+//! Rust wrapper asserts on output it does not expect, where a malformed
+//! table here must only mean "no distances". Placement, NUMA tiers and
 //! everything downstream take a [`Topology`] value rather than probing the
 //! machine, so tests can describe several NUMA nodes on a one-node machine.
 
+use std::io::Read;
+use std::path::Path;
+
 use hwlocality::object::types::ObjectType;
 
+use crate::error::{Error, Result};
+
 /// The machine as the engine sees it: NUMA nodes with their CPUs, restricted
-/// to the CPUs this process may run on. Injectable for tests through
-/// [`Topology::from_nodes`].
+/// to the CPUs this process may run on, and the node distance table when
+/// the kernel gives one. Injectable for tests through
+/// [`Topology::from_nodes`] and [`Topology::from_nodes_with_distances`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {
     nodes: Vec<NumaNode>,
+    /// Every online node's distance to every other (not only nodes with
+    /// allowed CPUs: a NIC may hang off a node we may not run on).
+    distances: Option<NumaDistances>,
+    /// False for the fallback topology: its node 0 is a guess, so no worker
+    /// is said to sit on any node.
+    nodes_known: bool,
+}
+
+/// NUMA distances between nodes, in the kernel's units (ACPI SLIT: 10 to
+/// itself, larger for farther nodes). Built by [`NumaDistances::new`] or
+/// read from sysfs by [`NumaDistances::read_sysfs`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NumaDistances {
+    /// Node OS indices, distinct.
+    nodes: Vec<u32>,
+    /// Row-major `nodes.len()²` table: `matrix[i * n + j]` is the distance
+    /// from `nodes[i]` to `nodes[j]`.
+    matrix: Vec<u32>,
 }
 
 /// One NUMA node and the allowed CPUs attached to it.
@@ -50,26 +79,32 @@ impl Topology {
     /// calling thread's affinity: an application that pins its own thread
     /// before building the engine must not confine every worker to that
     /// core. On any hwloc error, falls back to one node holding the calling
-    /// thread's allowed CPUs and logs why at debug level.
+    /// thread's allowed CPUs and logs why at debug level. The distance
+    /// table is read from `/sys` ([`NumaDistances::read_sysfs`]); without
+    /// one (or with the fallback, whose node ids are a guess) every remote
+    /// node is tier 1.
     pub fn detect() -> Topology {
         match from_hwloc(None) {
             Ok(topology) => {
                 tracing::debug!(nodes = ?topology.nodes, "topology detected with hwloc");
-                topology
+                topology.with_sysfs_distances(Path::new("/sys"))
             }
             Err(why) => {
                 let cpus = core_affinity::get_core_ids()
                     .map(|ids| ids.into_iter().map(|c| c.id).collect())
                     .unwrap_or_else(fallback_cpus);
                 tracing::debug!(%why, ?cpus, "hwloc topology unavailable; using one NUMA node");
-                Topology::from_nodes(vec![NumaNode { os_index: 0, cpus }])
+                Topology {
+                    nodes_known: false,
+                    ..Topology::from_nodes(vec![NumaNode { os_index: 0, cpus }])
+                }
             }
         }
     }
 
     /// A synthetic topology, for tests and for callers that know better than
     /// hwloc. Node order is kept; each node's CPUs are sorted and
-    /// de-duplicated.
+    /// de-duplicated. It has no distance table: every other node is tier 1.
     pub fn from_nodes(nodes: Vec<NumaNode>) -> Topology {
         let nodes = nodes
             .into_iter()
@@ -79,7 +114,89 @@ impl Topology {
                 node
             })
             .collect();
-        Topology { nodes }
+        Topology {
+            nodes,
+            distances: None,
+            nodes_known: true,
+        }
+    }
+
+    /// [`Topology::from_nodes`] with a distance table (which may name nodes
+    /// the CPU list does not: memory-only nodes, nodes outside the cpuset).
+    pub fn from_nodes_with_distances(nodes: Vec<NumaNode>, distances: NumaDistances) -> Topology {
+        Topology {
+            distances: Some(distances),
+            ..Topology::from_nodes(nodes)
+        }
+    }
+
+    /// This topology with the distance table read under `sys_root`; a
+    /// missing or malformed table leaves it without one (logged at debug).
+    fn with_sysfs_distances(mut self, sys_root: &Path) -> Topology {
+        match NumaDistances::read_sysfs(sys_root) {
+            Ok(table) => self.distances = Some(table),
+            Err(why) => {
+                tracing::debug!(%why, "no NUMA distance table; every remote node is tier 1")
+            }
+        }
+        self
+    }
+
+    /// The distance table, when there is one.
+    pub fn distances(&self) -> Option<&NumaDistances> {
+        self.distances.as_ref()
+    }
+
+    /// The NUMA node a worker runs on, from the core it is pinned to
+    /// (`Engine::worker_cores`): `None` when it is not pinned, the core is
+    /// not in the topology, or the topology is the fallback guess.
+    pub fn worker_node(&self, core: Option<usize>) -> Option<u32> {
+        if !self.nodes_known {
+            return None;
+        }
+        self.node_of_cpu(core?)
+    }
+
+    /// How far a device on node `device` is from a worker on node `from`,
+    /// as a rank the rail selector turns into a penalty: 0 when either node
+    /// is unknown or they are the same node; otherwise 1 for the nearest
+    /// class of remote distance from `from`, 2 for the next, and so on
+    /// (the rank of distance(from, device) among the distinct distances
+    /// from `from` to every other node in the table, plus one; saturating
+    /// at `u8::MAX`). Without a table, or with one that lacks either node,
+    /// any other node is tier 1.
+    ///
+    /// ```
+    /// use tent::topology::{NumaDistances, NumaNode, Topology};
+    ///
+    /// let nodes = (0..4).map(|i| NumaNode { os_index: i, cpus: vec![i as usize] }).collect();
+    /// let d = NumaDistances::new(
+    ///     vec![0, 1, 2, 3],
+    ///     vec![
+    ///         vec![10, 12, 20, 20],
+    ///         vec![12, 10, 20, 20],
+    ///         vec![20, 20, 10, 12],
+    ///         vec![20, 20, 12, 10],
+    ///     ],
+    /// )
+    /// .unwrap();
+    /// let t = Topology::from_nodes_with_distances(nodes, d);
+    /// assert_eq!(t.tier(Some(0), Some(0)), 0);
+    /// assert_eq!(t.tier(Some(0), Some(1)), 1);
+    /// assert_eq!(t.tier(Some(0), Some(3)), 2);
+    /// assert_eq!(t.tier(None, Some(3)), 0);
+    /// ```
+    pub fn tier(&self, from: Option<u32>, device: Option<u32>) -> u8 {
+        let (Some(from), Some(device)) = (from, device) else {
+            return 0;
+        };
+        if from == device {
+            return 0;
+        }
+        self.distances
+            .as_ref()
+            .and_then(|table| table.remote_rank(from, device))
+            .unwrap_or(1)
     }
 
     /// The NUMA nodes, in OS-index order when detected.
@@ -164,6 +281,176 @@ impl Topology {
     }
 }
 
+impl NumaDistances {
+    /// The most nodes a table may hold (Linux's `MAX_NUMNODES` ceiling); a
+    /// sysfs node list beyond it is malformed, not a reason to allocate.
+    pub const MAX_NODES: usize = 1024;
+
+    /// A table over `nodes` (OS indices, distinct), where `rows[i][j]` is
+    /// the distance from `nodes[i]` to `nodes[j]`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument)
+    /// when there are no nodes or more than [`Self::MAX_NODES`], a node is
+    /// named twice, or the rows do not form a square matrix.
+    pub fn new(nodes: Vec<u32>, rows: Vec<Vec<u32>>) -> Result<NumaDistances> {
+        let n = nodes.len();
+        if n == 0 || n > Self::MAX_NODES {
+            return Err(Error::invalid(format!(
+                "a NUMA distance table needs 1 to {} nodes, not {n}",
+                Self::MAX_NODES
+            )));
+        }
+        let mut sorted = nodes.clone();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::invalid(format!(
+                "NUMA node {} appears twice in the distance table",
+                w[0]
+            )));
+        }
+        if rows.len() != n {
+            return Err(Error::invalid(format!(
+                "NUMA distance table has {} rows for {n} nodes",
+                rows.len()
+            )));
+        }
+        let mut matrix = Vec::with_capacity(n * n);
+        for (node, row) in nodes.iter().zip(&rows) {
+            if row.len() != n {
+                return Err(Error::invalid(format!(
+                    "NUMA node {node}'s distance row has {} entries for {n} nodes",
+                    row.len()
+                )));
+            }
+            matrix.extend_from_slice(row);
+        }
+        Ok(NumaDistances { nodes, matrix })
+    }
+
+    /// Reads the kernel's table under `sys_root` (normally `/sys`): the
+    /// online nodes from `devices/system/node/online` (a list such as
+    /// `0-1,4`), then each one's `node<N>/distance` row, whose k-th value
+    /// is the distance to the k-th online node.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument)
+    /// naming the file, for any file missing, over-long, not UTF-8, or not
+    /// in the kernel's format (a value that is negative or beyond `u32`, a
+    /// row of the wrong length, a node list out of order or too long).
+    pub fn read_sysfs(sys_root: &Path) -> Result<NumaDistances> {
+        let dir = sys_root.join("devices/system/node");
+        let online_path = dir.join("online");
+        let online = read_sysfs_text(&online_path).map_err(|e| bad_file(&online_path, &e))?;
+        let nodes = parse_node_list(&online)
+            .map_err(|why| Error::invalid(format!("{}: {why}", online_path.display())))?;
+        let mut rows = Vec::with_capacity(nodes.len());
+        for node in &nodes {
+            let path = dir.join(format!("node{node}/distance"));
+            let text = read_sysfs_text(&path).map_err(|e| bad_file(&path, &e))?;
+            let row = text
+                .split_ascii_whitespace()
+                .map(str::parse::<u32>)
+                .collect::<Result<Vec<u32>, _>>()
+                .map_err(|e| Error::invalid(format!("{}: {e}", path.display())))?;
+            rows.push(row);
+        }
+        NumaDistances::new(nodes, rows)
+    }
+
+    /// The nodes the table covers.
+    pub fn nodes(&self) -> &[u32] {
+        &self.nodes
+    }
+
+    /// The distance from `from` to `to`, if the table has both.
+    pub fn distance(&self, from: u32, to: u32) -> Option<u32> {
+        let row = self.row(from)?;
+        let j = self.index(to)?;
+        row.get(j).copied()
+    }
+
+    /// [`Topology::tier`] for two different nodes both in the table.
+    fn remote_rank(&self, from: u32, device: u32) -> Option<u8> {
+        let i = self.index(from)?;
+        let d = self.distance(from, device)?;
+        let mut classes: Vec<u32> = self
+            .row(from)?
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != i)
+            .map(|(_, &d)| d)
+            .collect();
+        classes.sort_unstable();
+        classes.dedup();
+        let rank = classes.binary_search(&d).ok()?;
+        Some(u8::try_from(rank.saturating_add(1)).unwrap_or(u8::MAX))
+    }
+
+    fn index(&self, node: u32) -> Option<usize> {
+        self.nodes.iter().position(|&n| n == node)
+    }
+
+    fn row(&self, node: u32) -> Option<&[u32]> {
+        let n = self.nodes.len();
+        let start = self.index(node)?.checked_mul(n)?;
+        self.matrix.get(start..start.checked_add(n)?)
+    }
+}
+
+/// The longest sysfs file we read: a distance row for 1024 nodes is about
+/// 4 KiB (the kernel's own cap on an attribute is a page).
+const SYSFS_MAX_BYTES: u64 = 64 * 1024;
+
+/// A small sysfs text file, trimmed; over [`SYSFS_MAX_BYTES`] or not UTF-8
+/// is `InvalidData`. Reading fails with the attribute's own errno where the
+/// kernel refuses (`EINVAL` from a down interface's `speed`).
+pub(crate) fn read_sysfs_text(path: &Path) -> std::io::Result<String> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(SYSFS_MAX_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > SYSFS_MAX_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "longer than a sysfs attribute can be",
+        ));
+    }
+    let text = String::from_utf8(bytes)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))?;
+    Ok(text.trim_ascii().to_owned())
+}
+
+fn bad_file(path: &Path, e: &std::io::Error) -> Error {
+    Error::invalid(format!("{}: {e}", path.display()))
+}
+
+/// A kernel node list (`%*pbl`: `0`, `0-3`, `0,2-3`), strictly increasing,
+/// at most [`NumaDistances::MAX_NODES`] ids.
+fn parse_node_list(text: &str) -> std::result::Result<Vec<u32>, String> {
+    let mut nodes: Vec<u32> = Vec::new();
+    for part in text.split(',') {
+        let (lo, hi) = match part.split_once('-') {
+            Some((lo, hi)) => (lo, hi),
+            None => (part, part),
+        };
+        let lo: u32 = lo.parse().map_err(|e| format!("{part:?}: {e}"))?;
+        let hi: u32 = hi.parse().map_err(|e| format!("{part:?}: {e}"))?;
+        if hi < lo || nodes.last().is_some_and(|&last| lo <= last) {
+            return Err(format!("{part:?} is out of order"));
+        }
+        // Both bounds are u32, so the count fits in u64; checked against the
+        // cap before a single id is pushed.
+        let count = u64::from(hi) - u64::from(lo) + 1;
+        let total = (nodes.len() as u64).saturating_add(count);
+        if total > NumaDistances::MAX_NODES as u64 {
+            return Err(format!("more than {} nodes", NumaDistances::MAX_NODES));
+        }
+        nodes.extend(lo..=hi);
+    }
+    Ok(nodes)
+}
+
 /// Pins the calling thread to `cpu`. Returns false, after a warning, when the
 /// OS refuses (the CPU is outside this process's affinity mask, say): the
 /// thread then keeps running unpinned, slower but correct.
@@ -239,8 +526,53 @@ fn fallback_cpus() -> Vec<usize> {
     (0..n).collect()
 }
 
+/// A throwaway sysfs tree for tests of the readers (here and in
+/// `transport::rails::device`); removed on drop.
+#[cfg(test)]
+pub(crate) mod fake_sysfs {
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A temp directory standing in for `/sys`.
+    pub(crate) struct FakeSysfs {
+        root: PathBuf,
+    }
+
+    impl FakeSysfs {
+        pub(crate) fn new() -> FakeSysfs {
+            static NEXT: AtomicU32 = AtomicU32::new(0);
+            let root = std::env::temp_dir().join(format!(
+                "tent-fake-sysfs-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&root).expect("create fake sysfs root");
+            FakeSysfs { root }
+        }
+
+        pub(crate) fn root(&self) -> &Path {
+            &self.root
+        }
+
+        /// Writes `contents` at `rel` (parents created).
+        pub(crate) fn write(&self, rel: &str, contents: impl AsRef<[u8]>) {
+            let path = self.root.join(rel);
+            std::fs::create_dir_all(path.parent().expect("a file under the root"))
+                .expect("create fake sysfs dir");
+            std::fs::write(path, contents).expect("write fake sysfs file");
+        }
+    }
+
+    impl Drop for FakeSysfs {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::fake_sysfs::FakeSysfs;
     use super::*;
 
     fn two_nodes() -> Topology {
@@ -264,6 +596,245 @@ mod tests {
         assert_eq!(t.node_of_cpu(2), Some(0));
         assert_eq!(t.node_of_cpu(6), Some(1));
         assert_eq!(t.node_of_cpu(8), None);
+    }
+
+    fn nodes(n: u32) -> Vec<NumaNode> {
+        (0..n)
+            .map(|i| NumaNode {
+                os_index: i,
+                cpus: vec![i as usize],
+            })
+            .collect()
+    }
+
+    /// Two sockets of two sub-NUMA clusters each: 12 within a socket, 20
+    /// across.
+    fn two_sockets() -> Topology {
+        let d = NumaDistances::new(
+            vec![0, 1, 2, 3],
+            vec![
+                vec![10, 12, 20, 20],
+                vec![12, 10, 20, 20],
+                vec![20, 20, 10, 12],
+                vec![20, 20, 12, 10],
+            ],
+        )
+        .unwrap();
+        Topology::from_nodes_with_distances(nodes(4), d)
+    }
+
+    #[test]
+    fn tier_is_zero_for_the_same_or_an_unknown_node() {
+        let t = two_sockets();
+        assert_eq!(t.tier(Some(2), Some(2)), 0);
+        assert_eq!(t.tier(None, Some(2)), 0);
+        assert_eq!(t.tier(Some(2), None), 0);
+        assert_eq!(t.tier(None, None), 0);
+    }
+
+    #[test]
+    fn tier_ranks_the_distinct_remote_distances() {
+        let t = two_sockets();
+        assert_eq!(t.tier(Some(0), Some(1)), 1);
+        assert_eq!(t.tier(Some(0), Some(2)), 2);
+        assert_eq!(t.tier(Some(0), Some(3)), 2);
+        assert_eq!(t.tier(Some(3), Some(2)), 1);
+        assert_eq!(t.tier(Some(3), Some(0)), 2);
+
+        // A distance shared by several nodes is one class: the next class
+        // is the next tier, however many nodes the first one holds.
+        let d = NumaDistances::new(
+            vec![0, 1, 2, 3],
+            vec![
+                vec![10, 12, 12, 20],
+                vec![12, 10, 12, 20],
+                vec![12, 12, 10, 20],
+                vec![20, 20, 20, 10],
+            ],
+        )
+        .unwrap();
+        let t = Topology::from_nodes_with_distances(nodes(4), d);
+        assert_eq!(t.tier(Some(0), Some(2)), 1);
+        assert_eq!(t.tier(Some(0), Some(3)), 2);
+        assert_eq!(t.tier(Some(3), Some(0)), 1);
+
+        // Ranks are per `from` row: an asymmetric table ranks each side on
+        // its own distances.
+        let d = NumaDistances::new(
+            vec![0, 1, 2],
+            vec![vec![10, 30, 20], vec![15, 10, 40], vec![20, 40, 10]],
+        )
+        .unwrap();
+        let t = Topology::from_nodes_with_distances(nodes(3), d);
+        assert_eq!(t.tier(Some(0), Some(2)), 1);
+        assert_eq!(t.tier(Some(0), Some(1)), 2);
+        assert_eq!(t.tier(Some(1), Some(0)), 1);
+        assert_eq!(t.tier(Some(1), Some(2)), 2);
+    }
+
+    #[test]
+    fn tier_without_a_usable_distance_is_one() {
+        // No table at all.
+        let t = Topology::from_nodes(nodes(2));
+        assert_eq!(t.tier(Some(0), Some(1)), 1);
+        assert_eq!(t.tier(Some(0), Some(7)), 1);
+        // A table that does not name one of the nodes.
+        let t = two_sockets();
+        assert_eq!(t.tier(Some(0), Some(9)), 1);
+        assert_eq!(t.tier(Some(9), Some(0)), 1);
+    }
+
+    #[test]
+    fn tier_saturates_past_255_distance_classes() {
+        let n = 300u32;
+        let rows = (0..n)
+            .map(|i| (0..n).map(|j| 10 + i.abs_diff(j)).collect())
+            .collect();
+        let d = NumaDistances::new((0..n).collect(), rows).unwrap();
+        let t = Topology::from_nodes_with_distances(nodes(1), d);
+        assert_eq!(t.tier(Some(0), Some(1)), 1);
+        assert_eq!(t.tier(Some(0), Some(255)), 255);
+        assert_eq!(t.tier(Some(0), Some(299)), 255);
+        assert_eq!(t.distances().unwrap().distance(0, 299), Some(309));
+    }
+
+    #[test]
+    fn distance_table_rejects_malformed_input() {
+        let kind = |r: Result<NumaDistances>| r.unwrap_err().kind();
+        let inv = crate::ErrorKind::InvalidArgument;
+        assert_eq!(kind(NumaDistances::new(vec![], vec![])), inv);
+        assert_eq!(
+            kind(NumaDistances::new(
+                vec![0, 0],
+                vec![vec![10, 20], vec![20, 10]]
+            )),
+            inv
+        );
+        assert_eq!(
+            kind(NumaDistances::new(vec![0, 1], vec![vec![10, 20]])),
+            inv
+        );
+        assert_eq!(
+            kind(NumaDistances::new(vec![0, 1], vec![vec![10, 20], vec![20]])),
+            inv
+        );
+        let n = NumaDistances::MAX_NODES as u32 + 1;
+        assert_eq!(
+            kind(NumaDistances::new(
+                (0..n).collect(),
+                vec![vec![]; n as usize]
+            )),
+            inv
+        );
+        let msg = NumaDistances::new(vec![3, 5, 3], vec![vec![10; 3]; 3])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("node 3 appears twice"), "{msg}");
+    }
+
+    #[test]
+    fn distances_read_from_sysfs_follow_the_online_list() {
+        let sys = FakeSysfs::new();
+        // Sparse ids: row position k is the k-th online node, not node k.
+        sys.write("devices/system/node/online", "0,2-3\n");
+        sys.write("devices/system/node/node0/distance", "10 21 31\n");
+        sys.write("devices/system/node/node2/distance", "21 10 21\n");
+        sys.write("devices/system/node/node3/distance", "31 21 10\n");
+        let d = NumaDistances::read_sysfs(sys.root()).unwrap();
+        assert_eq!(d.nodes(), &[0, 2, 3]);
+        assert_eq!(d.distance(0, 3), Some(31));
+        assert_eq!(d.distance(2, 0), Some(21));
+        assert_eq!(d.distance(1, 0), None);
+        let t = Topology::from_nodes_with_distances(nodes(1), d);
+        assert_eq!(t.tier(Some(0), Some(2)), 1);
+        assert_eq!(t.tier(Some(0), Some(3)), 2);
+        assert_eq!(t.tier(Some(2), Some(3)), 1);
+    }
+
+    #[test]
+    fn malformed_sysfs_distances_are_no_table_and_no_panic() {
+        const ONLINE: &str = "devices/system/node/online";
+        const ROW0: &str = "devices/system/node/node0/distance";
+        const ROW1: &str = "devices/system/node/node1/distance";
+        let long = format!("20 10{}", " ".repeat(70 * 1024));
+        /// (path under the root, contents) of each file a case writes.
+        type Files<'a> = Vec<(&'a str, &'a [u8])>;
+        let cases: Vec<(&str, Files)> = vec![
+            ("nothing there", vec![]),
+            ("empty online list", vec![(ONLINE, b"")]),
+            ("reversed range", vec![(ONLINE, b"1-0")]),
+            ("repeated node", vec![(ONLINE, b"0,0")]),
+            ("out of order", vec![(ONLINE, b"1,0")]),
+            ("negative id", vec![(ONLINE, b"-1")]),
+            ("id beyond u32", vec![(ONLINE, b"0-99999999999")]),
+            ("four billion nodes", vec![(ONLINE, b"0-4294967295")]),
+            ("stride syntax", vec![(ONLINE, b"0-3:2/4")]),
+            ("row missing", vec![(ONLINE, b"0-1"), (ROW0, b"10 20")]),
+            (
+                "row too short",
+                vec![(ONLINE, b"0-1"), (ROW0, b"10 20"), (ROW1, b"20")],
+            ),
+            (
+                "empty row",
+                vec![(ONLINE, b"0-1"), (ROW0, b""), (ROW1, b"20 10")],
+            ),
+            (
+                "negative distance",
+                vec![(ONLINE, b"0-1"), (ROW0, b"10 -20"), (ROW1, b"20 10")],
+            ),
+            (
+                "distance beyond u32",
+                vec![
+                    (ONLINE, b"0-1"),
+                    (ROW0, b"10 18446744073709551616"),
+                    (ROW1, b"20 10"),
+                ],
+            ),
+            (
+                "not UTF-8",
+                vec![(ONLINE, b"0-1"), (ROW0, b"10 \xff\xfe"), (ROW1, b"20 10")],
+            ),
+            (
+                "over-long file",
+                vec![(ONLINE, b"0-1"), (ROW0, b"10 20"), (ROW1, long.as_bytes())],
+            ),
+        ];
+        for (what, files) in cases {
+            let sys = FakeSysfs::new();
+            for (rel, contents) in files {
+                sys.write(rel, contents);
+            }
+            assert!(
+                NumaDistances::read_sysfs(sys.root()).is_err(),
+                "{what}: accepted"
+            );
+            let t = Topology::from_nodes(nodes(2)).with_sysfs_distances(sys.root());
+            assert_eq!(t.distances(), None, "{what}");
+            assert_eq!(t.tier(Some(0), Some(1)), 1, "{what}");
+        }
+        // The same tree, well formed, is read.
+        let sys = FakeSysfs::new();
+        sys.write(ONLINE, "0-1\n");
+        sys.write(ROW0, "10 20\n");
+        sys.write(ROW1, "20 10\n");
+        let t = Topology::from_nodes(nodes(2)).with_sysfs_distances(sys.root());
+        assert_eq!(t.distances().and_then(|d| d.distance(1, 0)), Some(20));
+    }
+
+    #[test]
+    fn worker_node_comes_from_the_pinned_core() {
+        let t = two_nodes();
+        assert_eq!(t.worker_node(Some(5)), Some(1));
+        assert_eq!(t.worker_node(Some(0)), Some(0));
+        assert_eq!(t.worker_node(None), None);
+        assert_eq!(t.worker_node(Some(99)), None);
+        // The fallback topology's node 0 is a guess: no worker is placed.
+        let guess = Topology {
+            nodes_known: false,
+            ..two_nodes()
+        };
+        assert_eq!(guess.worker_node(Some(5)), None);
+        assert_eq!(guess.node_of_cpu(5), Some(1));
     }
 
     #[test]
@@ -375,6 +946,15 @@ mod tests {
         }
         let placed = t.place_workers(3, &[]).unwrap();
         assert!(placed.iter().all(|c| ids.contains(c)));
+        // Where the kernel lists NUMA nodes, the table covers every node
+        // hwloc reported (it may hold more: nodes without allowed CPUs).
+        if t.nodes_known && Path::new("/sys/devices/system/node/online").exists() {
+            let d = t.distances().expect("the kernel's distance table parses");
+            for node in t.nodes() {
+                assert!(d.nodes().contains(&node.os_index), "{d:?}");
+                assert_eq!(t.tier(Some(node.os_index), Some(node.os_index)), 0);
+            }
+        }
     }
 
     #[test]

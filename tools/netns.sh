@@ -3,12 +3,43 @@
 # that must cross a real link. Addresses exist only inside the namespaces:
 # rail i is 10.77.i.1/24 in NAME-a and 10.77.i.2/24 in NAME-b.
 #
-#   tools/netns.sh up NAME RAILS [RATE]   # RATE: per-rail tbf, e.g. 1gbit
+#   tools/netns.sh up NAME RAILS [RATES]  # RATES: tbf rate of every rail (1gbit),
+#                                         # or one per rail (1gbit,200mbit)
+#   tools/netns.sh shape NAME I RATE      # set rail I's tbf to RATE (both ends)
+#   tools/netns.sh rate-bits RATE         # RATE (tc's units) in bit/s
 #   tools/netns.sh down NAME              # idempotent
 #   tools/netns.sh rail-down NAME I       # set rail I's link down (both ends)
 #   tools/netns.sh check                  # can this machine do it? (exit 0/1)
 set -euo pipefail
 cmd=${1:-}
+
+# shape NAME I RATE: rail I's egress at both ends through tbf at RATE. The
+# burst holds a 64 KiB GSO packet with room to spare (veth sends those) and
+# is at least 2 ms at RATE, so high rates are not capped by timer slack;
+# the queue holds 50 ms at RATE. `replace` adds the qdisc or, when rail I
+# has one, changes it in place (a mid-run cut keeps the queued packets).
+shape() {
+  local name=$1 i=$2 rate=$3 bits burst
+  bits=$(rate_bits "$rate") || { echo "netns.sh: bad rate $rate (use e.g. 100mbit, 1gbit)" >&2; exit 2; }
+  burst=$((bits / 8 / 500))
+  [ "$burst" -ge 262144 ] || burst=262144
+  ip netns exec "$name-a" tc qdisc replace dev "${name}a$i" root tbf rate "$rate" burst "$burst" latency 50ms
+  ip netns exec "$name-b" tc qdisc replace dev "${name}b$i" root tbf rate "$rate" burst "$burst" latency 50ms
+}
+
+# rate_bits RATE: tc's rate (number and unit, bit or bps, SI or IEC) in bit/s.
+rate_bits() {
+  local r=${1,,} num unit mul
+  [[ $r =~ ^([0-9]+)([kmgt]?i?)(bit|bps)$ ]] || return 1
+  num=${BASH_REMATCH[1]} unit=${BASH_REMATCH[2]}
+  case "$unit" in
+    '') mul=1 ;; k) mul=1000 ;; m) mul=1000000 ;; g) mul=1000000000 ;; t) mul=1000000000000 ;;
+    ki) mul=1024 ;; mi) mul=1048576 ;; gi) mul=1073741824 ;; ti) mul=1099511627776 ;;
+  esac
+  [ "${BASH_REMATCH[3]}" = bps ] && mul=$((mul * 8))
+  echo $((num * mul))
+}
+
 case "$cmd" in
   check)
     command -v ip >/dev/null && [ "$(id -u)" -eq 0 ] || exit 1
@@ -17,8 +48,16 @@ case "$cmd" in
     ip netns del "$probe"
     ;;
   up)
-    name=$2; rails=${3:-1}; rate=${4:-}
+    name=$2; rails=${3:-1}; rates=${4:-}
     [ "${#name}" -le 8 ] || { echo "netns.sh: name $name longer than 8 (interface names max 15)" >&2; exit 2; }
+    IFS=, read -r -a rate <<<"$rates"
+    case "${#rate[@]}" in
+      0|1|"$rails") ;;
+      *) echo "netns.sh: ${#rate[@]} rates for $rails rails" >&2; exit 2 ;;
+    esac
+    for r in "${rate[@]}"; do
+      rate_bits "$r" >/dev/null || { echo "netns.sh: bad rate $r (use e.g. 100mbit, 1gbit)" >&2; exit 2; }
+    done
     # Torn down even when a step fails half-way.
     trap '"$0" down "$name" >/dev/null 2>&1 || true' ERR
     ip netns add "$name-a"
@@ -34,11 +73,18 @@ case "$cmd" in
       ip -n "$name-b" addr add "10.77.$i.2/24" dev "$b"
       ip -n "$name-a" link set "$a" up
       ip -n "$name-b" link set "$b" up
-      if [ -n "$rate" ]; then
-        ip netns exec "$name-a" tc qdisc add dev "$a" root tbf rate "$rate" burst 256kb latency 50ms
-        ip netns exec "$name-b" tc qdisc add dev "$b" root tbf rate "$rate" burst 256kb latency 50ms
-      fi
+      case "${#rate[@]}" in
+        0) ;;
+        1) shape "$name" "$i" "${rate[0]}" ;;
+        *) shape "$name" "$i" "${rate[$((i - 1))]}" ;;
+      esac
     done
+    ;;
+  shape)
+    shape "$2" "$3" "$4"
+    ;;
+  rate-bits)
+    rate_bits "$2" || { echo "netns.sh: bad rate $2 (use e.g. 100mbit, 1gbit)" >&2; exit 2; }
     ;;
   rail-down)
     name=$2; i=$3
@@ -51,7 +97,7 @@ case "$cmd" in
     ip netns del "$name-b" 2>/dev/null || true
     ;;
   *)
-    sed -n '2,9p' "$0" >&2
+    sed -n '2,12p' "$0" >&2
     exit 2
     ;;
 esac

@@ -60,11 +60,12 @@ pub(crate) struct EngineShared {
     pub tcp: Option<Arc<TcpTransport>>,
     /// The RDMA NICs in use (memory is registered on each).
     pub rdma: Option<Arc<crate::transport::rdma::NicSet>>,
-    /// The RDMA transport, when it is the one installed.
-    pub rdma_transport: Option<Arc<RdmaTransport>>,
     /// Failover counters.
     pub metrics: Arc<crate::metrics::Metrics>,
 }
+
+/// The transports that reach peers by descriptor, best first.
+const NETWORK: &[TransportKind] = &[TransportKind::Rdma, TransportKind::Tcp];
 
 #[inline]
 pub(crate) fn slot_index(kind: TransportKind) -> usize {
@@ -200,10 +201,32 @@ impl EngineBuilder {
         let transports = TransportSlots::default();
         let wakers = Arc::new(crate::doorbell::Wakers::new(config.workers.count as usize));
         let id = EngineId::next();
+        // Where the workers go, before the transports install: they rank
+        // their rails per worker by NUMA distance.
+        let count = config.workers.count as usize;
+        let cores: Vec<Option<usize>> = if config.workers.pin {
+            let explicit = &config.workers.cores;
+            // Workers poll the NICs' CQs and touch their queues: place
+            // them on the NICs' NUMA nodes when the machine says where.
+            let near = rdma.as_ref().map(|n| n.numa_nodes()).unwrap_or_default();
+            topology
+                .place_workers_near(count, explicit, &near)
+                .map_err(|e| Error::invalid("worker placement").with_source(e))?
+                .into_iter()
+                .map(Some)
+                .collect()
+        } else {
+            vec![None; count]
+        };
+        let placement = Arc::new(crate::transport::rails::Placement {
+            nodes: cores.iter().map(|&c| topology.worker_node(c)).collect(),
+            topology: Some(topology.clone()),
+        });
         let ctx = InstallContext {
             engine: id,
             workers: config.workers.count as usize,
             wakers: wakers.clone(),
+            placement,
         };
         let mut wanted: Vec<Arc<dyn Transport>> = Vec::new();
         let rdma_t = rdma
@@ -251,11 +274,8 @@ impl EngineBuilder {
                 .is_some_and(|i| std::ptr::addr_eq(Arc::as_ptr(&i.transport), p))
         };
         let tcp = tcp.filter(|t| ours(TransportKind::Tcp, Arc::as_ptr(t) as *const ()));
-        let rdma_transport =
-            rdma_t.filter(|t| ours(TransportKind::Rdma, Arc::as_ptr(t) as *const ()));
         let shared = Arc::new(EngineShared {
             rdma,
-            rdma_transport,
             tcp,
             regions,
             region_epoch: CachePadded::new(AtomicU64::new(0)),
@@ -266,25 +286,6 @@ impl EngineBuilder {
             config,
         });
 
-        let count = shared.config.workers.count as usize;
-        let cores: Vec<Option<usize>> = if shared.config.workers.pin {
-            let explicit = &shared.config.workers.cores;
-            // Workers poll the NICs' CQs and touch their queues: place
-            // them on the NICs' NUMA nodes when the machine says where.
-            let near = shared
-                .rdma
-                .as_ref()
-                .map(|n| n.numa_nodes())
-                .unwrap_or_default();
-            topology
-                .place_workers_near(count, explicit, &near)
-                .map_err(|e| Error::invalid("worker placement").with_source(e))?
-                .into_iter()
-                .map(Some)
-                .collect()
-        } else {
-            vec![None; count]
-        };
         // The fallible servers first, then the workers: an error returns
         // before any worker runs, and whatever was started drops (each
         // server stops and joins on drop; the transports, link watch
@@ -598,20 +599,36 @@ impl Engine {
     /// The rails to an open segment (RDMA's, then TCP's), with their
     /// health and counters (empty when neither reaches it).
     pub fn rails(&self, id: SegmentId) -> Vec<crate::transport::RailStat> {
-        self.shared
-            .segments
-            .load()
-            .get(id)
-            .map(|s| {
-                let mut v = crate::transport::rdma::transport::peer_of(s)
-                    .map(|p| p.rail_stats())
-                    .unwrap_or_default();
-                if let Some(p) = tcp::peer_of(s) {
-                    v.extend(p.rail_stats());
+        let table = self.shared.segments.load();
+        let Some(s) = table.get(id) else {
+            return Vec::new();
+        };
+        NETWORK
+            .iter()
+            .filter_map(|&k| self.shared.transports.slot(k).load_full())
+            .flat_map(|t| t.transport.rail_stats(s))
+            .collect()
+    }
+
+    /// Seed 003's traffic statistics: every rail of every open segment
+    /// with the bytes it carried, its bandwidth estimate and what is on it
+    /// now (`Display` prints `=== Device Traffic Statistics ===`).
+    pub fn traffic_stats(&self) -> crate::transport::rails::TrafficStats {
+        let table = self.shared.segments.load();
+        let mut rails = Vec::new();
+        for s in table.iter() {
+            for &k in NETWORK {
+                if let Some(t) = self.shared.transports.slot(k).load_full() {
+                    rails.extend(
+                        t.transport
+                            .rail_stats(s)
+                            .into_iter()
+                            .map(|r| (s.name().to_owned(), r)),
+                    );
                 }
-                v
-            })
-            .unwrap_or_default()
+            }
+        }
+        crate::transport::rails::TrafficStats { rails }
     }
 
     /// Open a segment by name (`"local"` or this engine's own name is
@@ -696,32 +713,19 @@ impl Engine {
             }
         }
         let mut attached: Vec<(TransportKind, Attachment)> = Vec::new();
-        let offers_rdma = desc.transports.contains(&(TransportKind::Rdma as u8));
-        if let Some(t) = &self.shared.rdma_transport
-            && offers_rdma
-        {
-            match t.attach(name, &desc) {
-                Ok(peer) => attached.push((TransportKind::Rdma, peer)),
-                Err(e) => {
-                    tracing::warn!(segment = name, error = %e, "peer offers rdma but no rail pairs with it")
+        for &k in NETWORK {
+            let Some(t) = self.shared.transports.slot(k).load_full() else {
+                continue;
+            };
+            match t.transport.attach_peer(name, &desc) {
+                None => {}
+                Some(Ok(peer)) => attached.push((k, peer)),
+                // Not the network's fault (rings, threads): say so now.
+                Some(Err(e)) if e.kind() != ErrorKind::Unreachable => return Err(e),
+                Some(Err(e)) => {
+                    tracing::warn!(segment = name, transport = %k, error = %e, "peer offers this transport but no rail reaches it")
                 }
             }
-        }
-        let offers_tcp = desc.transports.contains(&(TransportKind::Tcp as u8));
-        let tcp = match &self.shared.tcp {
-            Some(t) if offers_tcp => match t.attach(&desc) {
-                Ok(peer) => Some(peer),
-                // Not the network's fault (rings, threads): say so now.
-                Err(e) if e.kind() != ErrorKind::Unreachable => return Err(e),
-                Err(e) => {
-                    tracing::warn!(segment = name, error = %e, "peer offers tcp but no rail reaches it");
-                    None
-                }
-            },
-            _ => None,
-        };
-        if let Some(peer) = tcp {
-            attached.push((TransportKind::Tcp, peer));
         }
         if attached.is_empty() {
             tracing::warn!(
@@ -1114,8 +1118,10 @@ impl Drop for Engine {
             &self.workers,
             &mut self.threads.lock().expect("threads poisoned"),
         );
-        if let Some(tcp) = &self.shared.tcp {
-            tcp.stop();
+        for &k in NETWORK {
+            if let Some(t) = self.shared.transports.slot(k).load_full() {
+                t.transport.stop();
+            }
         }
     }
 }

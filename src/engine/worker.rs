@@ -726,7 +726,7 @@ impl Worker {
                 segment,
                 remote: t.remote + offset,
                 len,
-                rail: 0,
+                rest: t.len - offset,
             };
             let mut outcome = [SubmitOutcome::Rejected(ErrorKind::Unreachable)];
             installed

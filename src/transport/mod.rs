@@ -24,8 +24,9 @@ use std::sync::Arc;
 use arc_swap::ArcSwapOption;
 use tent_rings::{ErrorKind, Opcode, TransportKind};
 
+use crate::control::SegmentDescriptor;
 use crate::error::Result;
-use crate::segment::Segment;
+use crate::segment::{Attachment, Segment};
 
 /// What a transport can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -61,8 +62,19 @@ pub struct Slice<'a> {
     pub remote: u64,
     /// Bytes.
     pub len: u64,
-    /// The rail (local device, remote device) chosen for this slice.
-    pub rail: u16,
+    /// Bytes of the request from this slice's start to the request's end
+    /// (this slice included): how a multi-rail transport plans the rest
+    /// of the request.
+    pub rest: u64,
+}
+
+impl Slice<'_> {
+    /// Slices of the request still to post, this one included (the engine
+    /// cuts a request into slices of this one's length, the last shorter).
+    #[inline]
+    pub fn slices_left(&self) -> u64 {
+        self.rest.max(self.len).div_ceil(self.len.max(1))
+    }
 }
 
 pub use crate::transport::rails::RailStat;
@@ -104,6 +116,9 @@ pub struct InstallContext {
     /// threads calls `wakers.completion_ready(worker)` after publishing
     /// one, and says so with [`Capabilities::wakes_worker`].
     pub wakers: Arc<crate::doorbell::Wakers>,
+    /// Where the workers run (NUMA nodes): a multi-rail transport ranks
+    /// its rails into tiers per worker from it.
+    pub placement: Arc<rails::Placement>,
 }
 
 /// A way of moving bytes.
@@ -150,6 +165,30 @@ pub trait Transport: Send + Sync + 'static {
     /// means the engine is done with the memory. Calling it again, or for
     /// a token with nothing in flight here, does nothing.
     fn abort(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind);
+
+    /// A network transport's view of the peer `name` from its descriptor,
+    /// which the segment keeps for it (its rails, keys, per-worker
+    /// connections); `None`: this transport does not reach peers by
+    /// descriptor (local, shm), or `desc` does not offer it.
+    ///
+    /// # Errors
+    /// `Unreachable` when no rail pairs with the peer; others when the
+    /// transport cannot take a peer at all (threads, memory).
+    fn attach_peer(&self, name: &str, desc: &SegmentDescriptor) -> Option<Result<Attachment>> {
+        let _ = (name, desc);
+        None
+    }
+
+    /// The rails this transport has to `segment`, with their health and
+    /// counters (empty: it has none there).
+    fn rail_stats(&self, segment: &Segment) -> Vec<RailStat> {
+        let _ = segment;
+        Vec::new()
+    }
+
+    /// Join every thread of the transport. The engine calls it once its
+    /// workers are done (nothing of theirs in flight).
+    fn stop(&self) {}
 }
 
 /// One transport slot: swappable at run time, and cheap to watch from a

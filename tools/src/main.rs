@@ -7,11 +7,13 @@
 
 mod baseline;
 mod hist;
+mod point;
 mod run;
 mod soak;
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
@@ -58,18 +60,36 @@ pub struct Args {
     /// Block size (bytes, or with K/M/G suffix); without it, a sweep 8 B .. 64 MiB.
     #[arg(long, value_parser = parse_size)]
     pub block_size: Option<u64>,
-    /// Requests in flight per thread.
+    /// Requests in flight per thread: submitted together, and the next
+    /// batch only once all have completed (see --stream).
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
+    /// Keep --batch requests in flight per thread, resubmitting each as soon
+    /// as it completes (a steady stream, for --interval-ms).
+    #[arg(long)]
+    pub stream: bool,
     /// Submitting threads (each with its own ring and worker).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     /// Worker cores, comma separated (default: chosen from the topology).
     #[arg(long, value_delimiter = ',')]
     pub cores: Vec<usize>,
-    /// Seconds per measurement point.
+    /// Seconds per measurement point, after a warm-up of a fifth of it (at
+    /// most 0.2 s). A point runs on until at least one op submitted after
+    /// the warm-up has completed.
     #[arg(long, default_value_t = 1.0)]
     pub duration: f64,
+    /// Seconds a point may run in all, warm-up included: a point with no op
+    /// completed by then reports no figure and the run exits 1.
+    #[arg(long, default_value_t = 120.0)]
+    pub max_seconds: f64,
+    /// Initiator: also report throughput per this many ms (with --json one
+    /// `{"t_ms", "gbps"}` line per interval, after a live `{"event":
+    /// "start"}` line and before the point's summary). An op's bytes count
+    /// when it completes: use ops short against the interval, several in
+    /// flight with --stream, or the series is lumpy.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub interval_ms: Option<u64>,
     /// One JSON object per result line.
     #[arg(long)]
     pub json: bool,
@@ -129,7 +149,8 @@ fn main() {
         .init();
     let args = Args::parse();
     // Exit status: 0 every op succeeded; 1 the run finished but ops failed
-    // (the summary line says how many and the first error); 2 the run could
+    // (the summary line says how many and the first error) or a point
+    // completed no op within --max-seconds; 2 the run could
     // not be made (bad arguments, no target, engine refused its config).
     match real_main(args) {
         Ok(t) if t.failed > 0 => {
@@ -139,6 +160,13 @@ fn main() {
             eprintln!(
                 "tent-bench: FAILED: {} of {} ops failed; first error: {first}",
                 t.failed, t.attempted
+            );
+            std::process::exit(1);
+        }
+        Ok(t) if t.empty > 0 => {
+            eprintln!(
+                "tent-bench: FAILED: no op completed in {} point(s); no figure for them",
+                t.empty
             );
             std::process::exit(1);
         }
@@ -159,8 +187,23 @@ fn real_main(args: Args) -> Result<run::Tally, String> {
             }
         }
     }
-    if args.batch == 0 || args.threads == 0 || args.duration <= 0.0 {
-        return Err("--batch, --threads and --duration must be positive".into());
+    if args.batch == 0 || args.threads == 0 {
+        return Err("--batch and --threads must be positive".into());
+    }
+    // Both become Durations: finite, positive, and not past what one holds.
+    let secs = |s: f64| s > 0.0 && Duration::try_from_secs_f64(s).is_ok();
+    if !secs(args.duration) {
+        return Err(format!(
+            "--duration {} is not a positive number of seconds",
+            args.duration
+        ));
+    }
+    let least = point::warmup(args.duration) + args.duration;
+    if !secs(args.max_seconds) || args.max_seconds < least {
+        return Err(format!(
+            "--max-seconds {} must cover the warm-up plus --duration ({least} s)",
+            args.max_seconds
+        ));
     }
     let none = |r: Result<(), String>| r.map(|()| run::Tally::default());
     match args.mode {

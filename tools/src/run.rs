@@ -1,12 +1,12 @@
 //! The three roles: target, initiator, idle check.
 
 use std::io::Read as _;
-use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tent::{Config, Engine, LocalAddr, RemoteAddr, SegmentId, op};
+use tent::{Config, Engine, SegmentId};
 
 use crate::hist::Histogram;
+use crate::point::{self, FirstError, Point, Rig};
 use crate::{Args, OpArg, TransportArg, baseline, emit};
 
 const SWEEP: [u64; 10] = [
@@ -105,74 +105,14 @@ pub fn idle(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-struct Point {
-    ops: u64,
-    bytes: u64,
-    /// Failed ops, warm-up included (never reset).
-    errors: u64,
-    /// Every op that completed, good or not, warm-up included.
-    attempted: u64,
-    first_error: Option<FirstError>,
-    hist: Histogram,
-    secs: f64,
-}
-
-/// The first op that failed: its kind, and whether failover gave up.
-#[derive(Debug, Clone, Copy)]
-pub struct FirstError {
-    pub kind: tent::ErrorKind,
-    pub exhausted: bool,
-    pub transport: tent::TransportKind,
-}
-
-impl std::fmt::Display for FirstError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}: {} (on {})",
-            self.kind,
-            describe(self.kind),
-            self.transport
-        )?;
-        if self.exhausted {
-            f.write_str("; Failover limit exceeded, all transports exhausted")?;
-        }
-        Ok(())
-    }
-}
-
-/// What an error kind means, in words (a CQE carries only the kind).
-fn describe(kind: tent::ErrorKind) -> &'static str {
-    use tent::ErrorKind as K;
-    match kind {
-        K::Unreachable => "the peer cannot be reached (connection refused, or no usable path)",
-        K::LocalNicFailed => "a local NIC failed",
-        K::LocalNicReboot => "a local NIC is restarting",
-        K::RemoteNicFailed => "the peer's NIC failed",
-        K::RemoteNicReboot => "the peer's NIC is restarting",
-        K::RouteLost => {
-            "the route to the peer was lost (link down, host or network unreachable, user timeout)"
-        }
-        K::ProcessFailed => "the peer process is gone (crashed, killed, or closed the connection)",
-        K::Timeout => "the request passed its deadline",
-        K::SqFull => "the send queue stayed full",
-        K::InvalidArgument => "the request is malformed",
-        K::OutOfMemory => "out of memory or another resource",
-        K::SegmentNotFound => "the segment is not open",
-        K::AddressNotRegistered => "the address is not in registered memory",
-        K::OutOfBounds => "the range runs past its region",
-        K::AccessDenied => "the peer refused access to the range",
-        K::Canceled => "the request was canceled",
-        K::Shutdown => "the engine shut down",
-    }
-}
-
-/// Every op a run completed, and how many of them failed.
+/// Every op a run completed, how many of them failed, and how many
+/// points measured nothing (no op of their window succeeded).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Tally {
     pub attempted: u64,
     pub failed: u64,
     pub first_error: Option<FirstError>,
+    pub empty: u64,
 }
 
 fn human(n: u64) -> String {
@@ -283,6 +223,13 @@ pub fn initiator(
         .then(|| baseline::ping_pong(app_cores[0], worker_cores[0], Duration::from_millis(500)));
     let mut results = Vec::new();
     let mut tally = Tally::default();
+    let rig = Rig {
+        engine: &engine,
+        sources: &sources,
+        segment,
+        remote_base,
+        app_cores: &app_cores,
+    };
     for (n, &size) in sizes.iter().enumerate() {
         if sizes.len() > 1 {
             eprintln!(
@@ -292,18 +239,7 @@ pub fn initiator(
                 human(size)
             );
         }
-        let p = run_point(
-            args,
-            &engine,
-            &sources,
-            segment,
-            remote_base,
-            size,
-            &app_cores,
-        )?;
-        let gbps = p.bytes as f64 / p.secs / 1e9;
-        let mops = p.ops as f64 / p.secs / 1e6;
-        let q = |x: f64| p.hist.quantile(x) as f64 / 1e3;
+        let p = point::run_point(args, &rig, size)?;
         tally.attempted += p.attempted;
         tally.failed += p.errors;
         tally.first_error = tally.first_error.or(p.first_error);
@@ -315,16 +251,28 @@ pub fn initiator(
                 human(size),
             );
         }
+        let empty = p.gbps().is_none().then(|| empty_point(args, &p));
+        if let Some(why) = &empty {
+            tally.empty += 1;
+            eprintln!("tent-bench: block size {}: {why}", human(size));
+        }
+        if let Some(ms) = args.interval_ms {
+            report_series(args, &p, ms);
+        }
+        let q = |x: f64| p.latency_us(x);
         if args.json {
             emit(
                 &serde_json::json!({
                     "transport": transport, "op": op_name, "block_size": size, "batch": args.batch,
-                    "threads": args.threads, "gbps": gbps, "mops": mops,
+                    "threads": args.threads, "stream": args.stream, "gbps": p.gbps(), "mops": p.mops(),
                     "p50_us": q(0.5), "p99_us": q(0.99), "p999_us": q(0.999), "errors": p.errors,
+                    "ops": p.ops, "bytes": p.bytes, "secs": p.secs, "in_flight_at_cap": p.stuck,
+                    "error": empty,
                 })
                 .to_string(),
             );
-        } else {
+        } else if let (Some(gbps), Some(mops)) = (p.gbps(), p.mops()) {
+            let q = |x: f64| q(x).unwrap_or(f64::NAN);
             emit(&format!(
                 "{:>7} | {:>5} | {:>7} | {:>8.3} | {:>8.3} | {:>8.2} | {:>8.2} | {:>8.2}",
                 human(size),
@@ -336,13 +284,66 @@ pub fn initiator(
                 q(0.99),
                 q(0.999)
             ));
+        } else {
+            emit(&format!(
+                "{:>7} | {:>5} | {:>7} | {}",
+                human(size),
+                args.batch,
+                args.threads,
+                empty.as_deref().unwrap_or("no figure")
+            ));
         }
-        results.push((size, gbps, q(0.5), q(0.99)));
+        results.push((size, p.gbps(), q(0.5), q(0.99)));
     }
-    for r in engine.rails(segment) {
-        // Which rails carried the bytes (RDMA): the run's functional proof.
+    rail_report(args, &engine, segment);
+    if !args.no_baseline {
+        baselines(args, &results, app_cores[0], worker_cores[0], pp_before);
+    }
+    Ok(tally)
+}
+
+/// Why a point has no figure, in words.
+fn empty_point(args: &Args, p: &Point) -> String {
+    if p.stuck > 0 {
+        format!(
+            "no op completed within --max-seconds {} ({} still in flight)",
+            args.max_seconds, p.stuck
+        )
+    } else if p.errors > 0 {
+        "no op succeeded (every op of the window failed)".to_owned()
+    } else {
+        format!("no op completed within --max-seconds {}", args.max_seconds)
+    }
+}
+
+/// The point's throughput per `--interval-ms`, whole intervals only, from
+/// the point's start (warm-up included): one JSON line each, or a compact
+/// comment line in text mode.
+fn report_series(args: &Args, p: &Point, interval_ms: u64) {
+    let series: Vec<(u64, f64)> = p.series(interval_ms).collect();
+    if args.json {
+        for (t_ms, gbps) in series {
+            emit(&serde_json::json!({"t_ms": t_ms, "gbps": gbps}).to_string());
+        }
+        return;
+    }
+    let row: Vec<String> = series.iter().map(|(_, g)| format!("{g:.3}")).collect();
+    emit(&format!(
+        "# GB/s per {interval_ms} ms from the start (warm-up {:.0} ms): {}",
+        point::warmup(args.duration) * 1e3,
+        row.join(" ")
+    ));
+}
+
+/// The end-of-run per-rail report: which rails carried the bytes (for RDMA,
+/// the run's functional proof). Issue 13's `=== Device Traffic Statistics
+/// ===` block, from `Engine::traffic_stats()`, is printed here once the
+/// engine has it.
+fn rail_report(args: &Args, engine: &Engine, segment: SegmentId) {
+    let rails = engine.rails(segment);
+    for r in &rails {
         if args.json {
-            emit(&serde_json::json!({"rail_local": r.local, "rail_remote": r.remote, "bytes": r.bytes, "moved": r.moved, "up": r.up}).to_string());
+            emit(&serde_json::json!({"rail_local": r.local, "rail_remote": r.remote, "bytes": r.bytes, "moved": r.moved, "up": r.up, "ewma_bps": r.bandwidth, "theoretical_bps": r.theoretical, "inflight_bytes": r.inflight_bytes, "tier": r.tier, "state": r.state.name()}).to_string());
             continue;
         }
         emit(&format!(
@@ -354,15 +355,35 @@ pub fn initiator(
             if r.up { "up" } else { "down" }
         ));
     }
-    if !args.no_baseline {
-        baselines(args, &results, app_cores[0], worker_cores[0], pp_before);
+    // A multi-rail run ends with seed 003's traffic statistics (on stderr
+    // under --json, so the JSON lines stay machine-readable).
+    if rails.len() > 1 {
+        let stats = engine.traffic_stats().to_string();
+        if args.json {
+            eprint!("{stats}");
+        } else {
+            for line in stats.lines() {
+                emit(line);
+            }
+        }
     }
-    Ok(tally)
 }
+
+/// `a / b` when both are known and `b` is not zero.
+fn ratio(a: Option<f64>, b: f64) -> Option<f64> {
+    a.filter(|_| b > 0.0).map(|a| a / b)
+}
+
+/// `ratio` in text: two decimals and an x, or n/a.
+fn show(r: Option<f64>) -> String {
+    r.map_or_else(|| "n/a".to_owned(), |r| format!("{r:.2}x"))
+}
+
+type Measured = (u64, Option<f64>, Option<f64>, Option<f64>);
 
 fn baselines(
     args: &Args,
-    results: &[(u64, f64, f64, f64)],
+    results: &[Measured],
     app: Option<usize>,
     worker: Option<usize>,
     pp_before: Option<Histogram>,
@@ -379,13 +400,13 @@ fn baselines(
         for &(size, gbps, _, _) in results.iter().filter(|r| r.0 >= 4096) {
             let m = baseline::tcp_stream_gbps(size, conns, dur);
             if args.json {
-                emit(&serde_json::json!({"baseline": "tcp_stream_loopback", "connections": conns, "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": gbps / m}).to_string());
+                emit(&serde_json::json!({"baseline": "tcp_stream_loopback", "connections": conns, "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": ratio(gbps, m)}).to_string());
             } else {
                 emit(&format!(
-                    "# raw TCP stream, {conns} connections, {:>7} writes: {:>8.3} GB/s   tent/stream = {:.2}x",
+                    "# raw TCP stream, {conns} connections, {:>7} writes: {:>8.3} GB/s   tent/stream = {}",
                     human(size),
                     m,
-                    gbps / m
+                    show(ratio(gbps, m))
                 ));
             }
         }
@@ -394,13 +415,13 @@ fn baselines(
     for &(size, gbps, _, _) in results.iter().filter(|r| r.0 >= 4096) {
         let m = baseline::memcpy_gbps(size, dur);
         if args.json {
-            emit(&serde_json::json!({"baseline": "memcpy_1thread", "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": gbps / m}).to_string());
+            emit(&serde_json::json!({"baseline": "memcpy_1thread", "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": ratio(gbps, m)}).to_string());
         } else {
             emit(&format!(
-                "# memcpy 1 thread {:>7}: {:>8.3} GB/s   tent/memcpy = {:.2}x",
+                "# memcpy 1 thread {:>7}: {:>8.3} GB/s   tent/memcpy = {}",
                 human(size),
                 m,
-                gbps / m
+                show(ratio(gbps, m))
             ));
         }
     }
@@ -429,149 +450,14 @@ fn baselines(
     }
     if let Some(&(size, _, t50, t99)) = results.iter().find(|r| r.0 <= 64) {
         if args.json {
-            emit(&serde_json::json!({"baseline": "latency_ratio", "block_size": size, "p50_ratio": t50 / p50, "p99_ratio": t99 / p99}).to_string());
+            emit(&serde_json::json!({"baseline": "latency_ratio", "block_size": size, "p50_ratio": ratio(t50, p50), "p99_ratio": ratio(t99, p99)}).to_string());
         } else {
             emit(&format!(
-                "# {} submit->CQE vs ping-pong: p50 {:.2}x, p99 {:.2}x",
+                "# {} submit->CQE vs ping-pong: p50 {}, p99 {}",
                 human(size),
-                t50 / p50,
-                t99 / p99
+                show(ratio(t50, p50)),
+                show(ratio(t99, p99))
             ));
         }
     }
-}
-
-fn run_point(
-    args: &Args,
-    engine: &Engine,
-    sources: &[tent::Buffer],
-    segment: SegmentId,
-    remote_base: u64,
-    size: u64,
-    app_cores: &[Option<usize>],
-) -> Result<Point, String> {
-    let total = Duration::from_secs_f64(args.duration);
-    let warmup = Duration::from_secs_f64((args.duration / 5.0).min(0.2));
-    let barrier = Barrier::new(args.threads);
-    let per_thread = size * args.batch as u64;
-    let points: Vec<Result<Point, String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..args.threads)
-            .map(|t| {
-                let barrier = &barrier;
-                let src = &sources[t];
-                let core = app_cores[t];
-                s.spawn(move || -> Result<Point, String> {
-                    if let Some(c) = core {
-                        core_affinity::set_for_current(core_affinity::CoreId { id: c });
-                    }
-                    let mut ring = engine.ring().map_err(|e| e.to_string())?;
-                    let remote = remote_base + t as u64 * per_thread;
-                    let mut p = Point {
-                        ops: 0,
-                        bytes: 0,
-                        errors: 0,
-                        attempted: 0,
-                        first_error: None,
-                        hist: Histogram::new(),
-                        secs: 0.0,
-                    };
-                    barrier.wait();
-                    let start = Instant::now();
-                    let mut measure_from = None;
-                    loop {
-                        // One clock read serves both the loop's end test and
-                        // the op's start: the ping-pong baseline also reads
-                        // the clock twice per round trip.
-                        let t0 = Instant::now();
-                        let now = t0;
-                        let elapsed = now - start;
-                        if elapsed >= warmup + total {
-                            break;
-                        }
-                        if measure_from.is_none() && elapsed >= warmup {
-                            measure_from = Some(now);
-                            p = Point {
-                                hist: Histogram::new(),
-                                ..p
-                            };
-                            p.ops = 0;
-                            p.bytes = 0;
-                        }
-                        {
-                            let mut sq = ring.submission();
-                            for b in 0..args.batch as u64 {
-                                let local = LocalAddr::new(src.id(), b * size);
-                                let rem = RemoteAddr::new(segment, remote + b * size);
-                                let sqe = match args.op {
-                                    OpArg::Write => {
-                                        op::Write::new(local, rem, size).user_data(b).build()
-                                    }
-                                    OpArg::Read => {
-                                        op::Read::new(local, rem, size).user_data(b).build()
-                                    }
-                                };
-                                sq.push(sqe)
-                                    .map_err(|_| "submission ring full".to_string())?;
-                            }
-                        }
-                        let mut got = 0;
-                        while got < args.batch {
-                            // Spins briefly, then sleeps until the worker
-                            // posts a CQE: a large transfer's bytes need
-                            // the CPU more than this thread does.
-                            let left = Duration::from_secs(60).saturating_sub(t0.elapsed());
-                            ring.wait_ready(left)
-                                .map_err(|e| format!("waiting for completions: {e}"))?;
-                            for cqe in ring.completion() {
-                                got += 1;
-                                p.attempted += 1;
-                                let lat = t0.elapsed().as_nanos() as u64;
-                                match cqe.result() {
-                                    Ok(n) => {
-                                        p.ops += 1;
-                                        p.bytes += n;
-                                        p.hist.record(lat);
-                                    }
-                                    Err(kind) => {
-                                        p.errors += 1;
-                                        p.first_error.get_or_insert(FirstError {
-                                            kind,
-                                            exhausted: cqe.failover_exhausted(),
-                                            transport: cqe.transport(),
-                                        });
-                                    }
-                                }
-                            }
-                        }
-                    }
-                    p.secs = measure_from.map_or(1e-9, |m| m.elapsed().as_secs_f64());
-                    Ok(p)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("bench thread panicked"))
-            .collect()
-    });
-    let mut all = Point {
-        ops: 0,
-        bytes: 0,
-        errors: 0,
-        attempted: 0,
-        first_error: None,
-        hist: Histogram::new(),
-        secs: 0.0,
-    };
-    for p in points {
-        let p = p?;
-        all.ops += p.ops;
-        all.bytes += p.bytes;
-        all.errors += p.errors;
-        all.attempted += p.attempted;
-        all.first_error = all.first_error.or(p.first_error);
-        all.hist.merge(&p.hist);
-        all.secs = all.secs.max(p.secs);
-    }
-    Ok(all)
 }

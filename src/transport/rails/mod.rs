@@ -2,15 +2,28 @@
 //!
 //! A rail is a (local device, remote device) pair: two RDMA NICs, or two
 //! network interfaces for TCP. What is the same for every transport lives
-//! here: a rail's health ([`RailMonitor`]), which rail a slice takes
-//! ([`DeviceSelector`]), and what observability reports of a rail
-//! ([`RailStat`]). A transport keeps only how a slice is posted and reaped.
+//! here: a peer's rails ([`RailSet`]) with their health ([`RailMonitor`]),
+//! which rail a slice takes ([`DeviceSelector`], seed 003's slice
+//! spraying), each worker's load and bandwidth estimate of each rail
+//! ([`WorkerRails`]), one classification of rail faults
+//! ([`is_rail_fault`]) and one move budget ([`MAX_RAIL_MOVES`]), and what
+//! observability reports of a rail ([`RailStat`]). A transport keeps only
+//! how a slice is posted and reaped.
 
+mod device;
 mod monitor;
 mod selector;
+mod set;
+mod stats;
 
+pub use device::{DeviceInfo, Sysfs, valid_name};
 pub use monitor::{
     MAX_COOLDOWN_NS, PROBE_EVERY_NS, RailMonitor, RailPolicy, RailStat, RailState, ReviewClock,
     SLOW_FOR_NS, SLOW_RATIO, review_bandwidth,
 };
-pub use selector::{DeviceSelector, SelectPolicy};
+pub use selector::{
+    DeviceSelector, MAX_RAILS, PROBE_EVERY, RailLoad, RailSpec, SelectPolicy, SelectorConfig,
+    Spray, allocate, score,
+};
+pub use set::{MAX_RAIL_MOVES, Placement, Rail, RailDesc, RailSet, WorkerRails, is_rail_fault};
+pub use stats::TrafficStats;

@@ -19,18 +19,19 @@
 //!   the backoff. The remembered cooldown halves per `decay` of healthy
 //!   time, so a rail that flaps pays a growing cooldown while one that
 //!   stays healthy is forgiven.
-//! - **Slow rails.** Each good completion feeds a bandwidth estimate: an
-//!   EWMA of `bytes × (slices ahead of it on the rail + 1) / latency`, so
-//!   a rail that holds a queue (because its sibling went down) is not
-//!   mistaken for a slow one. [`review_bandwidth`] demotes a
-//!   rail whose estimate stays below half the median of its siblings for
-//!   1 s: new slices avoid it while others are available, and it gets a
-//!   probe slice every 100 ms so that it can earn its way back.
+//! - **Slow rails.** [`review_bandwidth`] compares the rails' bandwidth
+//!   estimates (the selector's EWMA, kept per worker by the rail layer)
+//!   and demotes a rail whose estimate stays below half the median of its
+//!   siblings for 1 s: new slices avoid it while others are available,
+//!   and it gets a probe slice every 100 ms so that it can earn its way
+//!   back. (Under smart scheduling the EWMA weights already give a slow
+//!   rail its proportional share, so the rail layer does not exclude a
+//!   demoted rail there; see `rails::RailSet::pick`.)
 //!
 //! Several workers may report on one rail at once. Counters are RMWs; the
 //! slow-path state changes are CASes, so exactly one reporter logs a trip
-//! or a recovery. The bandwidth estimate is a plain load and store: a lost
-//! sample under a race only slows the estimate down.
+//! or a recovery. Bytes, in-flight counts and bandwidth are not here:
+//! they are per worker (`rails::Rail`), so a slice costs no shared RMW.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
@@ -47,8 +48,6 @@ pub const SLOW_FOR_NS: u64 = 1_000_000_000;
 pub const SLOW_RATIO: f64 = 0.5;
 /// How often a demoted rail still gets a slice, to re-measure it.
 pub const PROBE_EVERY_NS: u64 = 100_000_000;
-/// EWMA weight of a new sample, as a shift (1/8).
-const EWMA_SHIFT: u32 = 3;
 
 /// The thresholds a monitor applies (TENT's `rail_*` keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,8 +141,15 @@ pub struct RailStat {
     pub trips: u64,
     /// Slices on it now.
     pub inflight: u32,
-    /// Its bandwidth estimate, bytes per second (0: not measured).
+    /// Bytes on it now.
+    pub inflight_bytes: u64,
+    /// Its bandwidth estimate (the selector's EWMA), bytes per second.
     pub bandwidth: u64,
+    /// Its theoretical bandwidth (port speed, or the configured default),
+    /// bytes per second.
+    pub theoretical: u64,
+    /// Its NUMA tier for the first worker (0: local or unknown).
+    pub tier: u8,
 }
 
 /// Health of one rail.
@@ -167,15 +173,13 @@ pub struct RailMonitor {
     resumed_ns: AtomicU64,
     trips: AtomicU64,
     failures: AtomicU64,
-    /// Bytes per second, EWMA over good completions (0: no sample yet).
-    bandwidth: AtomicU64,
     /// When its estimate first fell below the siblings' (0: not slow).
     slow_since: AtomicU64,
     demoted: AtomicBool,
     probe_at: AtomicU64,
-    bytes: CachePadded<AtomicU64>,
-    /// Slices posted on the rail and not yet back.
-    inflight: CachePadded<AtomicU32>,
+    /// Bumped when its link comes back: the rail layer's workers then
+    /// forget their stale estimates.
+    link_epoch: AtomicU32,
 }
 
 impl RailMonitor {
@@ -193,36 +197,18 @@ impl RailMonitor {
             resumed_ns: AtomicU64::new(0),
             trips: AtomicU64::new(0),
             failures: AtomicU64::new(0),
-            bandwidth: AtomicU64::new(0),
             slow_since: AtomicU64::new(0),
             demoted: AtomicBool::new(false),
             probe_at: AtomicU64::new(0),
-            bytes: CachePadded::new(AtomicU64::new(0)),
-            inflight: CachePadded::new(AtomicU32::new(0)),
+            link_epoch: AtomicU32::new(0),
         }
     }
 
-    /// A slice is posted on this rail; returns how many were ahead of it
-    /// (its completion hands this back to [`mark_recovered`](Self::mark_recovered)).
+    /// How many times its link has come back (see
+    /// [`link_restored`](Self::link_restored)).
     #[inline]
-    pub fn on_post(&self) -> u16 {
-        self.inflight
-            .fetch_add(1, Ordering::Relaxed)
-            .min(u32::from(u16::MAX)) as u16
-    }
-
-    /// A slice posted with [`on_post`](Self::on_post) has left the rail
-    /// (completed, failed, or moved to a sibling).
-    #[inline]
-    pub fn on_leave(&self) {
-        let _ = self
-            .inflight
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
-    }
-
-    /// Slices on the rail now.
-    pub fn inflight(&self) -> u32 {
-        self.inflight.load(Ordering::Relaxed)
+    pub fn link_epoch(&self) -> u32 {
+        self.link_epoch.load(Ordering::Relaxed)
     }
 
     /// Local device name.
@@ -359,16 +345,10 @@ impl RailMonitor {
         }
     }
 
-    /// A slice of `bytes` posted at `posted_ns` (monotonic) completed on
-    /// this rail at `now`, with `ahead` slices in front of it when it was
-    /// posted.
+    /// A slice posted at `posted_ns` (monotonic) completed well on this
+    /// rail at `now`.
     #[inline]
-    pub fn mark_recovered(&self, bytes: u64, posted_ns: u64, now: u64, ahead: u16) {
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
-        let elapsed_ns = now.saturating_sub(posted_ns);
-        if elapsed_ns > 0 && bytes > 0 {
-            self.sample(bytes * (u64::from(ahead) + 1), elapsed_ns);
-        }
+    pub fn mark_recovered(&self, posted_ns: u64, now: u64) {
         // Relaxed: the fast path of a rail in service; a missed concurrent
         // trip is seen at the next completion.
         if self.paused_until.load(Ordering::Relaxed) != 0 {
@@ -399,8 +379,9 @@ impl RailMonitor {
     /// The link under the rail came back: whatever tripped it was the
     /// link, so it is in service again (the backoff memory stays).
     pub fn link_restored(&self) {
-        // What it measured before the link went is stale: measure afresh.
-        self.bandwidth.store(0, Ordering::Relaxed);
+        // What it measured before the link went is stale: measure afresh
+        // (workers see the epoch move and reset their estimates).
+        self.link_epoch.fetch_add(1, Ordering::Relaxed);
         self.slow_since.store(0, Ordering::Relaxed);
         // Count no failures any more and, if paused, come back. Exactly
         // one caller sees the pause end.
@@ -427,37 +408,6 @@ impl RailMonitor {
             (local, remote, why),
             "Rail recovered: local_nic={local} remote_nic={remote} ({why})"
         );
-    }
-
-    #[inline]
-    fn sample(&self, bytes: u64, elapsed_ns: u64) {
-        let bps = (u128::from(bytes) * 1_000_000_000 / u128::from(elapsed_ns)).min(u64::MAX as u128)
-            as u64;
-        let old = self.bandwidth.load(Ordering::Relaxed);
-        let new = if old == 0 {
-            bps
-        } else {
-            old - (old >> EWMA_SHIFT) + (bps >> EWMA_SHIFT)
-        };
-        self.bandwidth.store(new.max(1), Ordering::Relaxed);
-    }
-
-    /// Feed a bandwidth sample directly (tests, and transports that time
-    /// slices themselves).
-    pub fn record_bandwidth(&self, bytes: u64, elapsed_ns: u64) {
-        if elapsed_ns > 0 && bytes > 0 {
-            self.sample(bytes, elapsed_ns);
-        }
-    }
-
-    /// Bandwidth estimate in bytes per second (0: no sample yet).
-    pub fn bandwidth(&self) -> u64 {
-        self.bandwidth.load(Ordering::Relaxed)
-    }
-
-    /// Bytes completed on this rail.
-    pub fn bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
     }
 
     /// Times it tripped into a pause.
@@ -529,27 +479,9 @@ impl ReviewClock {
     }
 }
 
-impl RailMonitor {
-    /// The rail as observability reports it.
-    pub fn stat(&self, transport: tent_rings::TransportKind, up: bool, moved: u64) -> RailStat {
-        RailStat {
-            transport,
-            local: self.local.clone(),
-            remote: self.remote.clone(),
-            up,
-            bytes: self.bytes(),
-            moved,
-            state: self.state(),
-            failures: self.failures(),
-            trips: self.trips(),
-            inflight: self.inflight(),
-            bandwidth: self.bandwidth(),
-        }
-    }
-}
-
-/// Demote the rails among `count` sibling rails (`rail(i)` is the i-th)
-/// whose bandwidth estimate has stayed below [`SLOW_RATIO`] × the median of
+/// Demote the rails among `count` sibling rails (`rail(i)` is the i-th,
+/// `estimate(i)` its bandwidth estimate, 0 for none) whose estimate has
+/// stayed below [`SLOW_RATIO`] × the median of
 /// their siblings' for [`SLOW_FOR_NS`], and restore those that caught up.
 /// Allocation-free (at most 64 rails are compared; more are left alone).
 /// Transports call it from their completion path, a few times a second.
@@ -560,6 +492,7 @@ impl RailMonitor {
 pub fn review_bandwidth<'a>(
     count: usize,
     rail: impl Fn(usize) -> &'a RailMonitor,
+    estimate: impl Fn(usize) -> u64,
     in_service: impl Fn(usize) -> bool,
     now: u64,
 ) {
@@ -571,7 +504,7 @@ pub fn review_bandwidth<'a>(
     for (i, e) in est.iter_mut().enumerate().take(count) {
         let r = rail(i);
         *e = if in_service(i) && r.paused_until.load(Ordering::Relaxed) == 0 {
-            r.bandwidth()
+            estimate(i)
         } else {
             0
         };
@@ -818,40 +751,26 @@ mod tests {
     }
 
     #[test]
-    fn bandwidth_estimate_follows_samples() {
-        let r = rail();
-        r.record_bandwidth(1_000_000, 1_000_000); // 1 GB/s
-        assert_eq!(r.bandwidth(), 1_000_000_000);
-        for _ in 0..200 {
-            r.record_bandwidth(500_000, 1_000_000);
-        }
-        let bw = r.bandwidth();
-        assert!((490_000_000..=510_000_000).contains(&bw), "{bw}");
-    }
-
-    #[test]
     fn slow_rail_is_demoted_after_a_second_and_restored_when_it_catches_up() {
         let a = RailMonitor::new(policy(), "eth0", "eth0");
         let b = RailMonitor::new(policy(), "eth1", "eth1");
         let c = RailMonitor::new(policy(), "eth2", "eth2");
-        a.record_bandwidth(1000, 1000);
-        b.record_bandwidth(1000, 1000);
-        c.record_bandwidth(400, 1000); // 0.4x the median
         let rails = [&a, &b, &c];
-        review_bandwidth(3, |i| rails[i], |_| true, S);
+        // 0.4x the median.
+        let bw = std::cell::Cell::new([1000u64, 1000, 400]);
+        let review = |now| review_bandwidth(3, |i| rails[i], |i| bw.get()[i], |_| true, now);
+        review(S);
         assert!(!c.is_demoted(), "slow for less than 1 s");
-        review_bandwidth(3, |i| rails[i], |_| true, S + S / 2);
+        review(S + S / 2);
         assert!(!c.is_demoted());
-        review_bandwidth(3, |i| rails[i], |_| true, 2 * S);
+        review(2 * S);
         assert!(c.is_demoted());
         assert!(!a.is_demoted() && !b.is_demoted());
         assert_eq!(c.state_at(2 * S), RailState::Demoted);
         // Still available (a fallback), just not preferred.
         assert!(c.available_at(2 * S));
-        for _ in 0..100 {
-            c.record_bandwidth(1000, 1000);
-        }
-        review_bandwidth(3, |i| rails[i], |_| true, 3 * S);
+        bw.set([1000, 1000, 1000]);
+        review(3 * S);
         assert!(!c.is_demoted());
     }
 
@@ -859,19 +778,15 @@ mod tests {
     fn a_rail_that_recovers_before_a_second_is_not_demoted() {
         let a = RailMonitor::new(policy(), "eth0", "eth0");
         let b = RailMonitor::new(policy(), "eth1", "eth1");
-        a.record_bandwidth(1000, 1000);
-        b.record_bandwidth(100, 1000);
-        review_bandwidth(2, |i| [&a, &b][i], |_| true, S);
-        for _ in 0..100 {
-            b.record_bandwidth(1000, 1000);
-        }
-        review_bandwidth(2, |i| [&a, &b][i], |_| true, S + S / 2);
-        for _ in 0..100 {
-            b.record_bandwidth(100, 1000);
-        }
-        review_bandwidth(2, |i| [&a, &b][i], |_| true, 2 * S + S / 4);
+        let bw = std::cell::Cell::new([1000u64, 100]);
+        let review = |now| review_bandwidth(2, |i| [&a, &b][i], |i| bw.get()[i], |_| true, now);
+        review(S);
+        bw.set([1000, 1000]);
+        review(S + S / 2);
+        bw.set([1000, 100]);
+        review(2 * S + S / 4);
         assert!(!b.is_demoted(), "the slow spell restarted at 1.5 s");
-        review_bandwidth(2, |i| [&a, &b][i], |_| true, 3 * S + S / 2);
+        review(3 * S + S / 2);
         assert!(b.is_demoted());
     }
 
@@ -879,14 +794,15 @@ mod tests {
     fn rails_out_of_service_are_neither_judged_nor_compared() {
         let a = RailMonitor::new(policy(), "a", "a");
         let b = RailMonitor::new(policy(), "b", "b");
-        a.record_bandwidth(100, 1000); // carrying everything: slow per slice
-        b.record_bandwidth(1000, 1000); // stale: its link is down
+        // a carries everything: slow per slice; b's is stale: its link is down.
+        let bw = [100u64, 1000];
         let up = |i: usize| i == 0;
-        review_bandwidth(2, |i| [&a, &b][i], up, S);
-        review_bandwidth(2, |i| [&a, &b][i], up, 3 * S);
+        review_bandwidth(2, |i| [&a, &b][i], |i| bw[i], up, S);
+        review_bandwidth(2, |i| [&a, &b][i], |i| bw[i], up, 3 * S);
         assert!(!a.is_demoted() && !b.is_demoted());
+        let epoch = b.link_epoch();
         b.link_restored();
-        assert_eq!(b.bandwidth(), 0, "measured afresh after its link is back");
+        assert_eq!(b.link_epoch(), epoch + 1, "its workers measure afresh");
     }
 
     #[test]
@@ -958,10 +874,9 @@ mod tests {
     fn at_half_the_median_is_not_slow() {
         let a = RailMonitor::new(policy(), "a", "a");
         let b = RailMonitor::new(policy(), "b", "b");
-        a.record_bandwidth(1000, 1000);
-        b.record_bandwidth(500, 1000);
-        review_bandwidth(2, |i| [&a, &b][i], |_| true, S);
-        review_bandwidth(2, |i| [&a, &b][i], |_| true, 5 * S);
+        let bw = [1000u64, 500];
+        review_bandwidth(2, |i| [&a, &b][i], |i| bw[i], |_| true, S);
+        review_bandwidth(2, |i| [&a, &b][i], |i| bw[i], |_| true, 5 * S);
         assert!(!b.is_demoted());
     }
 }

@@ -9,6 +9,7 @@ use tent_rings::ErrorKind;
 
 use crate::control::wire::NicEntry;
 use crate::error::{Error, Result};
+use crate::transport::rails::Sysfs;
 use crate::transport::rdma::verbs::{Context, MemoryRegion, ProtectionDomain, device_names};
 
 /// The port every NIC is used through (multi-port NICs are one rail per
@@ -38,6 +39,10 @@ pub struct Nic {
     pub netdev: Option<(String, u32)>,
     /// The NUMA node the device hangs off (sysfs; `None` when unknown).
     pub numa_node: Option<u32>,
+    /// The port's theoretical rate in Gbit/s (active speed × width; `None`
+    /// when the port reports a code we do not know): where the rail's
+    /// bandwidth estimate starts.
+    pub speed_gbps: Option<f64>,
     /// Link state, kept by the RDMA transport's link watch; a rail whose
     /// local NIC is down takes no new slices.
     pub up: AtomicBool,
@@ -58,6 +63,8 @@ impl std::fmt::Debug for Nic {
         f.debug_struct("Nic")
             .field("name", &self.ctx.name())
             .field("gid_index", &self.gid_index)
+            .field("numa_node", &self.numa_node)
+            .field("speed_gbps", &self.speed_gbps)
             .finish()
     }
 }
@@ -119,6 +126,15 @@ impl NicSet {
         }
         let (gid_index, gid) = ctx.choose_gid(PORT, gid_index)?;
         let pd = ProtectionDomain::new(&ctx)?;
+        let speed_gbps = port.speed_gbps();
+        if speed_gbps.is_none() {
+            tracing::debug!(
+                device = %name,
+                active_speed = port.active_speed,
+                active_width = port.active_width,
+                "RDMA port speed unknown; the rail starts from the default bandwidth"
+            );
+        }
         Ok(Nic {
             ctx,
             pd,
@@ -129,12 +145,8 @@ impl NicSet {
             mtu: port.active_mtu,
             max_msg: port.max_msg_sz.max(4096),
             netdev: netdev_of(name, PORT, gid_index),
-            numa_node: std::fs::read_to_string(format!(
-                "/sys/class/infiniband/{name}/device/numa_node"
-            ))
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
-            .and_then(|n| u32::try_from(n).ok()),
+            numa_node: Sysfs::default().ibdev_numa(name),
+            speed_gbps,
             up: AtomicBool::new(true),
         })
     }

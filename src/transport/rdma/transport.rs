@@ -35,7 +35,7 @@
 //! grown to the worker's credit bound.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -54,17 +54,15 @@ use crate::error::{Error, Result};
 use crate::memory::MemRegion;
 use crate::netlink::{self, LinkEvent, LinkWatch};
 use crate::segment::Segment;
-use crate::transport::rails::DeviceSelector;
-use crate::transport::rails::{RailMonitor, RailPolicy, ReviewClock, review_bandwidth};
+use crate::transport::rails::{
+    DeviceSelector, MAX_RAIL_MOVES, Placement, RailDesc, RailPolicy, RailSet, SelectorConfig,
+    WorkerRails, is_rail_fault,
+};
 use crate::transport::rdma::verbs::{CompletionQueue, QueuePair};
 use crate::transport::{
     Capabilities, InstallContext, PerWorker, RailStat, Slice, SliceCompletion, SubmitOutcome,
     Transport, WorkerCtx,
 };
-
-/// Times a slice may move between rails (on top of QP re-posts) before its
-/// failure reaches the task.
-const MAX_RAIL_MOVES: u8 = 8;
 
 /// Settings read once from the config.
 #[derive(Debug, Clone)]
@@ -88,29 +86,14 @@ pub struct RdmaRail {
     pub remote: usize,
     /// The remote NIC's name.
     pub remote_name: String,
-    /// Its health (and bytes carried), every worker together.
-    pub monitor: RailMonitor,
-    /// Slices moved off this rail to a sibling.
-    moved: AtomicU64,
-}
-
-impl RdmaRail {
-    /// Bytes this rail has carried.
-    pub fn bytes(&self) -> u64 {
-        self.monitor.bytes()
-    }
-
-    /// Slices moved off this rail to a sibling rail.
-    pub fn moved(&self) -> u64 {
-        self.moved.load(Ordering::Relaxed)
-    }
 }
 
 /// What a worker has on one peer.
 struct PeerEndpoints {
     /// One per rail.
     eps: Vec<Endpoint>,
-    cursor: usize,
+    /// This worker's loads, estimates and plan on the peer's rails.
+    rails: WorkerRails,
     outstanding: u32,
     active: bool,
 }
@@ -119,9 +102,11 @@ struct PeerEndpoints {
 pub struct RdmaPeer {
     name: String,
     regions: Vec<RegionEntry>,
-    rails: Vec<RdmaRail>,
+    /// Each rail's NIC pair (index = rail).
+    paths: Vec<RdmaRail>,
+    /// The rails as the multi-rail layer keeps them.
+    rails: RailSet,
     nics: Arc<NicSet>,
-    next_review: ReviewClock,
     per_worker: PerWorker<PeerEndpoints>,
 }
 
@@ -129,26 +114,31 @@ impl std::fmt::Debug for RdmaPeer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RdmaPeer")
             .field("name", &self.name)
-            .field("rails", &self.rails)
+            .field("paths", &self.paths)
             .finish()
     }
 }
 
 impl RdmaPeer {
-    /// The rails to this peer.
-    pub fn rails(&self) -> &[RdmaRail] {
+    /// Each rail's NIC pair (index = rail).
+    pub fn paths(&self) -> &[RdmaRail] {
+        &self.paths
+    }
+
+    /// The rails as the multi-rail layer keeps them.
+    pub fn rail_set(&self) -> &RailSet {
         &self.rails
+    }
+
+    /// Is rail `r`'s local link up?
+    #[inline]
+    fn link_up(&self, r: usize) -> bool {
+        self.nics.nics()[self.paths[r].local].is_up()
     }
 
     /// Each rail's names, link state and counters.
     pub fn rail_stats(&self) -> Vec<RailStat> {
-        self.rails
-            .iter()
-            .map(|r| {
-                let up = self.nics.nics()[r.local].is_up();
-                r.monitor.stat(TransportKind::Rdma, up, r.moved())
-            })
-            .collect()
+        self.rails.stats(|r| self.link_up(r))
     }
 
     /// The descriptor region holding `[addr, addr+len)`.
@@ -157,33 +147,14 @@ impl RdmaPeer {
         RegionEntry::find(&self.regions, addr, len)
     }
 
-    /// Can rail `r` carry a slice between `local` and `remote` now (link
-    /// up, both keys, and its `RailMonitor` lets it)? With `preferred`,
-    /// only if it is not demoted for being slow either.
+    /// Can rail `r` carry a slice between `local` and `remote` (link up,
+    /// a key at both ends)? Its health is the rail layer's to judge.
     #[inline]
-    fn usable(&self, r: usize, local: &MemRegion, remote: &RegionEntry, preferred: bool) -> bool {
-        let rail = &self.rails[r];
-        self.nics.nics()[rail.local].is_up()
+    fn usable(&self, r: usize, local: &MemRegion, remote: &RegionEntry) -> bool {
+        let rail = &self.paths[r];
+        self.link_up(r)
             && rkey_on(remote, rail.remote).is_some()
             && local.lkey(rail.local).is_some()
-            && if preferred {
-                rail.monitor.preferred()
-            } else {
-                rail.monitor.available()
-            }
-    }
-
-    /// Demote rails that are slow against their siblings (every 100 ms at
-    /// most, by whichever worker comes first).
-    fn review(&self, now: u64) {
-        if self.next_review.due(now) {
-            review_bandwidth(
-                self.rails.len(),
-                |i| &self.rails[i].monitor,
-                |i| self.nics.nics()[self.rails[i].local].is_up(),
-                now,
-            );
-        }
     }
 }
 
@@ -191,20 +162,6 @@ impl RdmaPeer {
 #[inline]
 fn rkey_on(region: &RegionEntry, nic: usize) -> Option<u32> {
     region.rkeys.get(nic).copied().filter(|&k| k != 0)
-}
-
-/// Is `kind` the fault of a rail (so a sibling rail may do better)?
-#[inline]
-fn rail_fault(kind: ErrorKind) -> bool {
-    matches!(
-        kind,
-        ErrorKind::Unreachable
-            | ErrorKind::RouteLost
-            | ErrorKind::LocalNicFailed
-            | ErrorKind::LocalNicReboot
-            | ErrorKind::RemoteNicFailed
-            | ErrorKind::RemoteNicReboot
-    )
 }
 
 /// Connects QPs for one rail of one peer: a CQ and an RC QP on the local
@@ -271,7 +228,9 @@ pub struct RdmaTransport {
     nics: Arc<NicSet>,
     settings: Settings,
     workers: PerWorker<WorkerState>,
-    selector: DeviceSelector,
+    selector: Arc<DeviceSelector>,
+    /// Where the workers run (set at install).
+    placement: std::sync::OnceLock<Arc<Placement>>,
     watch: Mutex<Option<LinkWatch>>,
     /// Started by the first `attach`; dropping the transport joins it.
     connector: Mutex<Option<Connector>>,
@@ -324,7 +283,8 @@ impl RdmaTransport {
             },
             nics,
             workers,
-            selector: DeviceSelector::default(),
+            selector: Arc::new(DeviceSelector::new(SelectorConfig::from_config(config))),
+            placement: std::sync::OnceLock::new(),
             watch: Mutex::new(None),
             connector: Mutex::new(None),
         }
@@ -359,14 +319,27 @@ impl RdmaTransport {
                 local: i % local,
                 remote: i % remote,
                 remote_name: desc.nics[i % remote].name.clone(),
-                monitor: RailMonitor::new(
-                    self.settings.rail_policy,
-                    self.nics.nics()[i % local].ctx.name(),
-                    desc.nics[i % remote].name.clone(),
-                ),
-                moved: AtomicU64::new(0),
             })
             .collect();
+        let set = RailSet::new(
+            TransportKind::Rdma,
+            self.selector.clone(),
+            self.settings.rail_policy,
+            self.placement.get().cloned().unwrap_or_default(),
+            rails
+                .iter()
+                .map(|r| {
+                    let nic = &self.nics.nics()[r.local];
+                    RailDesc {
+                        local: nic.ctx.name().to_owned(),
+                        remote: r.remote_name.clone(),
+                        numa_node: nic.numa_node,
+                        speed_gbps: nic.speed_gbps,
+                    }
+                })
+                .collect(),
+            self.workers.workers(),
+        );
         let mut regions = desc.regions.clone();
         regions.sort_by_key(|r| r.addr);
         for r in &regions {
@@ -409,7 +382,7 @@ impl RdmaTransport {
                     .collect::<Result<_>>()?;
                 Ok(PeerEndpoints {
                     eps,
-                    cursor: 0,
+                    rails: set.worker(w),
                     outstanding: 0,
                     active: false,
                 })
@@ -419,9 +392,9 @@ impl RdmaTransport {
         Ok(Arc::new(RdmaPeer {
             name: name.to_owned(),
             regions,
-            rails,
+            paths: rails,
+            rails: set,
             nics: self.nics.clone(),
-            next_review: ReviewClock::default(),
             per_worker,
         }))
     }
@@ -430,34 +403,29 @@ impl RdmaTransport {
     /// than `avoid`, with that rail's keys.
     #[inline]
     fn post(
-        &self,
         peer: &RdmaPeer,
         eps: &mut PeerEndpoints,
         mut s: RdmaSlice,
         local: &MemRegion,
         remote: &RegionEntry,
+        slices_left: u64,
         avoid: Option<usize>,
     ) -> std::result::Result<(), ErrorKind> {
-        let n = peer.rails.len();
-        let rail = self
-            .selector
-            .pick(&mut eps.cursor, n, avoid, |r| {
-                peer.usable(r, local, remote, true)
-            })
-            .or_else(|| {
-                self.selector.pick(&mut eps.cursor, n, avoid, |r| {
-                    peer.usable(r, local, remote, false)
-                })
+        let len = u64::from(s.len);
+        let rail = peer
+            .rails
+            .pick(&mut eps.rails, s.token, slices_left, len, avoid, |r| {
+                peer.usable(r, local, remote)
             })
             .ok_or(ErrorKind::RouteLost)?;
-        let r = &peer.rails[rail];
+        let r = &peer.paths[rail];
         s.lkey = local.lkey(r.local).ok_or(ErrorKind::RouteLost)?;
         s.rkey = rkey_on(remote, r.remote).ok_or(ErrorKind::RouteLost)?;
-        s.ahead = r.monitor.on_post();
+        s.ahead = peer.rails.posted(&mut eps.rails, rail, len);
         if eps.eps[rail].submit(s) {
             Ok(())
         } else {
-            r.monitor.on_leave();
+            peer.rails.left(&mut eps.rails, rail, len);
             Err(ErrorKind::SqFull)
         }
     }
@@ -473,7 +441,7 @@ impl RdmaTransport {
     /// as it is. `kind` is the task's (`Timeout`, `Canceled`, `Shutdown`),
     /// never a rail fault: nothing aborted moves to a sibling rail.
     pub fn abort_token(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind) {
-        debug_assert!(!rail_fault(kind), "abort with a rail fault: {kind}");
+        debug_assert!(!is_rail_fault(kind), "abort with a rail fault: {kind}");
         // Refused at submit too: nothing of this worker's is here.
         let Ok(mut ws) = self.workers.get(ctx) else {
             return;
@@ -485,17 +453,19 @@ impl RdmaTransport {
                 continue;
             };
             let PeerEndpoints {
-                eps, outstanding, ..
+                eps,
+                outstanding,
+                rails,
+                ..
             } = &mut *guard;
             for (r, ep) in eps.iter_mut().enumerate() {
                 if ep.outstanding() == 0 {
                     continue;
                 }
-                let monitor = &peer.rails[r].monitor;
                 ep.abort(token, kind, &mut |c| {
                     // Ended now (never posted, or its QP destroyed): it
                     // leaves the rail, through no fault of the rail's.
-                    monitor.on_leave();
+                    peer.rails.left(rails, r, u64::from(c.slice.len));
                     *outstanding -= 1;
                     ready.push_back(SliceCompletion {
                         token: c.token,
@@ -517,7 +487,7 @@ impl RdmaTransport {
         // SAFETY: `ctx` is the slice's local region, which its task holds (an Arc) until every slice of it has completed; this slice has not.
         let local = unsafe { &*(s.ctx as *const MemRegion) };
         let remote = peer.region_of(s.remote, s.len as u64)?;
-        self.post(peer, eps, s, local, remote, Some(from))
+        Self::post(peer, eps, s, local, remote, 1, Some(from))
     }
 }
 
@@ -542,6 +512,7 @@ impl Transport for RdmaTransport {
             )));
         }
         self.workers.bind(ctx.engine)?;
+        let _ = self.placement.set(ctx.placement.clone());
         let watched: Vec<(usize, u32)> = self
             .nics
             .nics()
@@ -631,7 +602,11 @@ impl Transport for RdmaTransport {
                     continue;
                 }
             };
-            if (0..peer.rails.len()).all(|r| rkey_on(remote, peer.rails[r].remote).is_none()) {
+            if peer
+                .paths
+                .iter()
+                .all(|p| rkey_on(remote, p.remote).is_none())
+            {
                 *o = SubmitOutcome::Completed(Err(ErrorKind::AccessDenied));
                 continue;
             }
@@ -655,7 +630,15 @@ impl Transport for RdmaTransport {
                     continue;
                 }
             };
-            *o = match self.post(peer, &mut eps, slice, s.region, remote, None) {
+            *o = match Self::post(
+                peer,
+                &mut eps,
+                slice,
+                s.region,
+                remote,
+                s.slices_left(),
+                None,
+            ) {
                 Ok(()) => {
                     eps.outstanding += 1;
                     if !eps.active {
@@ -694,7 +677,7 @@ impl Transport for RdmaTransport {
                 if ep.outstanding() == 0 {
                     continue;
                 }
-                let nic_up = peer.nics.nics()[peer.rails[r].local].is_up();
+                let nic_up = peer.link_up(r);
                 if !nic_up {
                     ep.evacuate(&mut |s| ws.moved.push((r, s)), &mut |c| {
                         ws.done.push((r, c))
@@ -707,7 +690,7 @@ impl Transport for RdmaTransport {
                 ep.fail_exhausted(&mut |c| ws.done.push((r, c)));
                 let rail_failed = ws.done[before..]
                     .iter()
-                    .any(|(_, c)| matches!(c.result, Err(k) if rail_fault(k)));
+                    .any(|(_, c)| matches!(c.result, Err(k) if is_rail_fault(k)));
                 if rail_failed && peer.rails.len() > 1 {
                     // What was flushed behind the failure would only meet
                     // the same fault on a fresh QP here: move it too.
@@ -718,8 +701,8 @@ impl Transport for RdmaTransport {
             }
             for k in 0..ws.moved.len() {
                 let (from, s) = ws.moved[k];
-                peer.rails[from].moved.fetch_add(1, Ordering::Relaxed);
-                peer.rails[from].monitor.on_leave();
+                peer.rails.moved(from);
+                peer.rails.left(&mut eps.rails, from, u64::from(s.len));
                 if s.reposts >= MAX_RAIL_MOVES || self.repost(peer, eps, s, from).is_err() {
                     ws.ready.push_back(SliceCompletion {
                         token: s.token,
@@ -738,22 +721,30 @@ impl Transport for RdmaTransport {
             };
             for k in 0..ws.done.len() {
                 let (from, c) = ws.done[k];
-                let monitor = &peer.rails[from].monitor;
-                monitor.on_leave();
-                match c.result {
-                    Ok(b) => monitor.mark_recovered(b, c.slice.posted_ns, now, c.slice.ahead),
-                    Err(kind) if rail_fault(kind) => monitor.mark_failed(),
-                    Err(_) => {}
-                }
-                if let Err(kind) = c.result
-                    && rail_fault(kind)
-                    && c.slice.reposts < MAX_RAIL_MOVES
-                {
+                let len = u64::from(c.slice.len);
+                let fault = match c.result {
+                    Ok(_) => {
+                        peer.rails.completed(
+                            &mut eps.rails,
+                            from,
+                            len,
+                            c.slice.posted_ns,
+                            now,
+                            c.slice.ahead,
+                        );
+                        false
+                    }
+                    Err(kind) => {
+                        peer.rails.left(&mut eps.rails, from, len);
+                        peer.rails.fault(from, kind)
+                    }
+                };
+                if fault && c.slice.reposts < MAX_RAIL_MOVES {
                     let mut again = c.slice;
                     again.reposts += 1;
                     if self.repost(peer, eps, again, from).is_ok() {
-                        peer.rails[from].moved.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(peer = %peer.name, from_rail = from, %kind, "failed slice re-posted on a sibling rail");
+                        peer.rails.moved(from);
+                        tracing::debug!(peer = %peer.name, from_rail = from, "failed slice re-posted on a sibling rail");
                         continue;
                     }
                 }
@@ -765,7 +756,7 @@ impl Transport for RdmaTransport {
             }
             ws.done.clear();
             if now != 0 {
-                peer.review(now);
+                peer.rails.review(now, |i| peer.link_up(i));
             }
             let drained = eps.outstanding == 0;
             if drained {
@@ -787,5 +778,24 @@ impl Transport for RdmaTransport {
 
     fn abort(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind) {
         self.abort_token(ctx, token, kind);
+    }
+
+    fn attach_peer(
+        &self,
+        name: &str,
+        desc: &SegmentDescriptor,
+    ) -> Option<Result<crate::segment::Attachment>> {
+        desc.transports
+            .contains(&(TransportKind::Rdma as u8))
+            .then(|| {
+                self.attach(name, desc)
+                    .map(|p| p as crate::segment::Attachment)
+            })
+    }
+
+    fn rail_stats(&self, segment: &Segment) -> Vec<RailStat> {
+        peer_of(segment)
+            .map(RdmaPeer::rail_stats)
+            .unwrap_or_default()
     }
 }

@@ -28,7 +28,7 @@ mod io;
 pub mod server;
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -52,8 +52,10 @@ use crate::doorbell::Wakers;
 use crate::error::{Error, Result};
 use crate::netlink::{self, LinkEvent, LinkWatch};
 use crate::segment::Segment;
-use crate::transport::rails::DeviceSelector;
-use crate::transport::rails::{RailMonitor, RailPolicy, ReviewClock, review_bandwidth};
+use crate::transport::rails::{
+    DeviceSelector, MAX_RAIL_MOVES, Placement, RailDesc, RailPolicy, RailSet, SelectorConfig,
+    WorkerRails, is_rail_fault,
+};
 
 /// Settings read once from the config.
 #[derive(Debug, Clone, Copy)]
@@ -83,10 +85,6 @@ pub struct TcpRail {
     pub endpoint: Arc<Endpoint>,
     /// Every connection on this rail, for the link watch.
     conns: Mutex<Vec<Arc<Conn>>>,
-    /// Its health and bytes carried.
-    pub monitor: RailMonitor,
-    /// Slices moved off it to a sibling rail.
-    moved: AtomicU64,
 }
 
 impl TcpRail {
@@ -98,7 +96,8 @@ impl TcpRail {
         self.endpoint.up.load(Ordering::Relaxed)
     }
 
-    fn set_link(&self, up: bool) {
+    /// The link changed; returns whether it came back.
+    fn set_link(&self, up: bool) -> bool {
         let was = self.endpoint.up.swap(up, Ordering::AcqRel);
         if was && !up {
             tracing::warn!(local = %self.local_name, remote = %self.remote_name, "rail down: link lost; in-flight slices move to sibling rails");
@@ -107,8 +106,9 @@ impl TcpRail {
             }
         } else if !was && up {
             tracing::info!(local = %self.local_name, remote = %self.remote_name, "rail up: link restored");
-            self.monitor.link_restored();
+            return true;
         }
+        false
     }
 }
 
@@ -116,7 +116,8 @@ impl TcpRail {
 struct PeerLinks {
     /// Connections, rail-major: `rail * conns_per_rail + c`.
     ends: Vec<ConnEnds>,
-    rail_cursor: usize,
+    /// This worker's loads, estimates and plan on the peer's rails.
+    rails: WorkerRails,
     conn_cursor: Vec<usize>,
     outstanding: u32,
     active: bool,
@@ -126,9 +127,11 @@ struct PeerLinks {
 pub struct TcpPeer {
     name: String,
     regions: Vec<RegionEntry>,
-    rails: Vec<Arc<TcpRail>>,
+    /// Each rail's interfaces, addresses and connections (index = rail).
+    links: Vec<TcpRail>,
+    /// The rails as the multi-rail layer keeps them.
+    rails: RailSet,
     conns_per_rail: usize,
-    next_review: ReviewClock,
     per_worker: PerWorker<PeerLinks>,
 }
 
@@ -136,41 +139,31 @@ impl std::fmt::Debug for TcpPeer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TcpPeer")
             .field("name", &self.name)
-            .field("rails", &self.rails)
+            .field("links", &self.links)
             .finish()
     }
 }
 
 impl TcpPeer {
-    /// The rails to this peer.
-    pub fn rails(&self) -> &[Arc<TcpRail>] {
+    /// Each rail's interfaces and addresses (index = rail).
+    pub fn links(&self) -> &[TcpRail] {
+        &self.links
+    }
+
+    /// The rails as the multi-rail layer keeps them.
+    pub fn rail_set(&self) -> &RailSet {
         &self.rails
     }
 
     /// Each rail's names, link state, health and counters.
     pub fn rail_stats(&self) -> Vec<RailStat> {
-        self.rails
-            .iter()
-            .map(|r| {
-                r.monitor.stat(
-                    TransportKind::Tcp,
-                    r.is_up(),
-                    r.moved.load(Ordering::Relaxed),
-                )
-            })
-            .collect()
+        self.rails.stats(|i| self.links[i].is_up())
     }
 
-    /// Demote rails that are slow against their siblings (every 100 ms at
-    /// most, by whichever worker comes first).
-    fn review(&self, now: u64) {
-        if self.next_review.due(now) {
-            review_bandwidth(
-                self.rails.len(),
-                |i| &self.rails[i].monitor,
-                |i| self.rails[i].is_up(),
-                now,
-            );
+    /// Rail `i`'s link changed.
+    fn set_link(&self, i: usize, up: bool) {
+        if self.links[i].set_link(up) {
+            self.rails.rail(i).monitor.link_restored();
         }
     }
 
@@ -197,8 +190,11 @@ pub struct TcpTransport {
     boards: Vec<Arc<AbortBoard>>,
     /// Every connection's sender thread (which joins its receiver).
     threads: Mutex<Vec<(Arc<Conn>, JoinHandle<()>)>>,
-    selector: DeviceSelector,
-    rails: Arc<Mutex<Vec<Weak<TcpRail>>>>,
+    selector: Arc<DeviceSelector>,
+    /// Where the workers run (set at install).
+    placement: OnceLock<Arc<Placement>>,
+    /// Every attached peer, for the link watch.
+    peers: Arc<Mutex<Vec<Weak<TcpPeer>>>>,
     watch: Mutex<Option<LinkWatch>>,
     wakers: OnceLock<Arc<Wakers>>,
     /// `rpc_shared_secret`: proven on every data connection when set.
@@ -255,8 +251,9 @@ impl TcpTransport {
                 .map(|_| Arc::new(AbortBoard::new(tokens)))
                 .collect(),
             threads: Mutex::new(Vec::new()),
-            selector: DeviceSelector::default(),
-            rails: Arc::new(Mutex::new(Vec::new())),
+            selector: Arc::new(DeviceSelector::new(SelectorConfig::from_config(config))),
+            placement: OnceLock::new(),
+            peers: Arc::new(Mutex::new(Vec::new())),
             watch: Mutex::new(None),
             wakers: OnceLock::new(),
             secret: (!config.rpc_shared_secret.is_empty())
@@ -271,7 +268,7 @@ impl TcpTransport {
         let mut rails = Vec::new();
         for entry in &desc.rails {
             match self.rail_to(entry) {
-                Ok(r) => rails.push(Arc::new(r)),
+                Ok(r) => rails.push(r),
                 Err(e) => {
                     tracing::info!(peer = %desc.name, rail = %entry.name, error = %e, "tcp rail skipped")
                 }
@@ -287,6 +284,27 @@ impl TcpTransport {
             ));
         }
         let s = self.settings;
+        let set = RailSet::new(
+            TransportKind::Tcp,
+            self.selector.clone(),
+            s.rail_policy,
+            self.placement.get().cloned().unwrap_or_default(),
+            rails
+                .iter()
+                .map(|r| {
+                    // The local interface's NUMA node and link speed (an
+                    // address with no interface found: neither known).
+                    let dev = crate::transport::rails::Sysfs::default().netdev(&r.local_name);
+                    RailDesc {
+                        local: r.local_name.clone(),
+                        remote: r.remote_name.clone(),
+                        numa_node: dev.numa_node,
+                        speed_gbps: dev.speed_gbps,
+                    }
+                })
+                .collect(),
+            self.workers.workers(),
+        );
         let fences = Arc::new(PeerFences::default());
         // One session for every connection to this peer (see Options).
         let session = conn::new_session();
@@ -328,28 +346,27 @@ impl TcpTransport {
             }
             per_worker.push(PeerLinks {
                 ends,
-                rail_cursor: 0,
+                rails: set.worker(w),
                 conn_cursor: vec![0; rails.len()],
                 outstanding: 0,
                 active: false,
             });
         }
-        {
-            let mut all = self.rails.lock().expect("rail registry poisoned");
-            all.retain(|w| w.strong_count() > 0);
-            all.extend(rails.iter().map(Arc::downgrade));
-        }
         let mut regions = desc.regions.clone();
         regions.sort_by_key(|r| r.addr);
-        tracing::info!(peer = %desc.name, rails = rails.len(), conns_per_rail = s.conns_per_rail, "tcp peer attached");
-        Ok(Arc::new(TcpPeer {
+        tracing::info!(peer = %desc.name, rails = rails.len(), conns_per_rail = s.conns_per_rail, smart = self.selector.is_smart(), "tcp peer attached");
+        let peer = Arc::new(TcpPeer {
             name: desc.name.clone(),
             regions,
-            rails,
+            links: rails,
+            rails: set,
             conns_per_rail: s.conns_per_rail,
-            next_review: ReviewClock::default(),
             per_worker: per_worker.into_iter().collect(),
-        }))
+        });
+        let mut all = self.peers.lock().expect("peer registry poisoned");
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&peer));
+        Ok(peer)
     }
 
     /// Pair an advertised remote interface with the local interface the
@@ -371,12 +388,6 @@ impl TcpTransport {
         };
         let remote_name = format!("{}@{}", entry.name, entry.addr);
         Ok(TcpRail {
-            monitor: RailMonitor::new(
-                self.settings.rail_policy,
-                local_name.clone(),
-                remote_name.clone(),
-            ),
-            moved: AtomicU64::new(0),
             local_name,
             ifindex,
             remote_name,
@@ -389,35 +400,36 @@ impl TcpTransport {
         })
     }
 
-    /// Queue `op` on a connection of an available rail (not `avoid`).
+    /// Queue `op` on a connection of the rail the selector picks for it
+    /// among those whose link is up (never `avoid`); `slices_left`: of
+    /// its request, this one included.
     #[inline]
     fn post(
         &self,
         peer: &TcpPeer,
         links: &mut PeerLinks,
         mut op: Op,
+        slices_left: u64,
         avoid: Option<usize>,
     ) -> std::result::Result<(), ErrorKind> {
-        let n = peer.rails.len();
-        let rail = self
-            .selector
-            .pick(&mut links.rail_cursor, n, avoid, |r| {
-                peer.rails[r].is_up() && peer.rails[r].monitor.preferred()
-            })
-            .or_else(|| {
-                self.selector.pick(&mut links.rail_cursor, n, avoid, |r| {
-                    peer.rails[r].is_up() && peer.rails[r].monitor.available()
-                })
-            })
+        let rail = peer
+            .rails
+            .pick(
+                &mut links.rails,
+                op.token,
+                slices_left,
+                op.len,
+                avoid,
+                |r| peer.links[r].is_up(),
+            )
             .ok_or(ErrorKind::RouteLost)?;
         let c = links.conn_cursor[rail];
         links.conn_cursor[rail] = (c + 1) % peer.conns_per_rail;
         let ends = &mut links.ends[rail * peer.conns_per_rail + c];
         op.rail = rail as u16;
-        let monitor = &peer.rails[rail].monitor;
-        op.ahead = monitor.on_post();
+        op.ahead = peer.rails.posted(&mut links.rails, rail, op.len);
         if ends.submit.push(op).is_err() {
-            monitor.on_leave();
+            peer.rails.left(&mut links.rails, rail, op.len);
             return Err(ErrorKind::SqFull);
         }
         ends.submit.sync();
@@ -454,12 +466,15 @@ impl Transport for TcpTransport {
             )));
         }
         self.workers.bind(ctx.engine)?;
-        let rails = self.rails.clone();
+        let _ = self.placement.set(ctx.placement.clone());
+        let peers = self.peers.clone();
         let on_event = move |ev: LinkEvent| {
-            let all = rails.lock().expect("rail registry poisoned");
-            for r in all.iter().filter_map(Weak::upgrade) {
-                if r.ifindex == ev.index {
-                    r.set_link(ev.up);
+            let all = peers.lock().expect("peer registry poisoned");
+            for p in all.iter().filter_map(Weak::upgrade) {
+                for i in 0..p.links.len() {
+                    if p.links[i].ifindex == ev.index {
+                        p.set_link(i, ev.up);
+                    }
                 }
             }
         };
@@ -526,7 +541,7 @@ impl Transport for TcpTransport {
             }
             let mut op = Op::new(s.token, s.opcode, s.local, s.remote, s.len, key);
             op.posted_ns = now;
-            let posted = self.post(peer, &mut links, op, None);
+            let posted = self.post(peer, &mut links, op, s.slices_left(), None);
             if posted.is_err() {
                 ws.tokens.finish(s.token);
             }
@@ -597,7 +612,7 @@ impl Transport for TcpTransport {
                 }
             }
             if n > before {
-                peer.review(now);
+                peer.rails.review(now, |i| peer.links[i].is_up());
             }
             let drained = links.outstanding == 0;
             if drained {
@@ -611,6 +626,26 @@ impl Transport for TcpTransport {
             }
         }
         n
+    }
+
+    fn attach_peer(
+        &self,
+        _name: &str,
+        desc: &SegmentDescriptor,
+    ) -> Option<Result<crate::segment::Attachment>> {
+        desc.transports
+            .contains(&(TransportKind::Tcp as u8))
+            .then(|| self.attach(desc).map(|p| p as crate::segment::Attachment))
+    }
+
+    fn rail_stats(&self, segment: &Segment) -> Vec<RailStat> {
+        peer_of(segment)
+            .map(TcpPeer::rail_stats)
+            .unwrap_or_default()
+    }
+
+    fn stop(&self) {
+        TcpTransport::stop(self);
     }
 
     fn abort(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind) {
@@ -655,58 +690,70 @@ impl TcpTransport {
         op: Op,
         now: u64,
     ) -> Option<SliceCompletion> {
-        let rail = &peer.rails[op.rail as usize];
-        rail.monitor.on_leave();
+        let r = op.rail as usize;
         let aborted = tokens.aborted(op.token);
         let result = match aborted {
             // Stopped: its own result if it finished first, else `kind`.
             Some(kind) if op.status != 0 => Err(kind),
             _ if op.status == BYSTANDER => {
+                // Caught on a reset for another task's slice: no fault of
+                // its own nor of the rail; it leaves the rail and goes again.
+                peer.rails.left(&mut links.rails, r, op.len);
                 let mut again = op;
                 again.status = 0;
-                match self.post(peer, links, again, None) {
+                match self.post(peer, links, again, 1, None) {
                     Ok(()) => return None,
-                    Err(e) => Err(e),
+                    Err(e) => return Some(self.finish(links, tokens, board, op.token, Err(e))),
                 }
             }
             _ => op.result(),
         };
-        match result {
-            Ok(b) => rail.monitor.mark_recovered(b, op.posted_ns, now, op.ahead),
-            // A rail whose link is down is out already; its monitor
-            // counts faults the link state cannot see. An aborted slice
-            // or a bystander is no fault of it.
-            Err(k)
-                if aborted.is_none() && op.status != BYSTANDER && rail_fault(k) && rail.is_up() =>
-            {
-                rail.monitor.mark_failed()
+        let fault = match result {
+            Ok(_) => {
+                peer.rails
+                    .completed(&mut links.rails, r, op.len, op.posted_ns, now, op.ahead);
+                false
             }
-            Err(_) => {}
-        }
-        if aborted.is_none()
-            && result == Err(ErrorKind::RouteLost)
-            && (op.attempts as usize) < peer.rails.len()
-        {
+            Err(k) => {
+                peer.rails.left(&mut links.rails, r, op.len);
+                // An aborted slice is no fault of the rail. A rail whose
+                // link is down is out already; its monitor counts the
+                // faults the link state cannot see.
+                match aborted {
+                    Some(_) => false,
+                    None if peer.links[r].is_up() => peer.rails.fault(r, k),
+                    None => is_rail_fault(k),
+                }
+            }
+        };
+        if fault && op.attempts < MAX_RAIL_MOVES {
             let mut again = op;
             again.attempts += 1;
             again.status = 0;
-            if self
-                .post(peer, links, again, Some(op.rail as usize))
-                .is_ok()
-            {
-                rail.moved.fetch_add(1, Ordering::Relaxed);
+            if self.post(peer, links, again, 1, Some(r)).is_ok() {
+                peer.rails.moved(r);
                 tracing::debug!(peer = %peer.name, from_rail = op.rail, "slice re-posted on a sibling rail");
                 return None;
             }
         }
-        if tokens.finish(op.token) {
-            board.remove(op.token);
+        Some(self.finish(links, tokens, board, op.token, result))
+    }
+
+    /// The slice of `token` is done with `result`.
+    #[inline]
+    fn finish(
+        &self,
+        links: &mut PeerLinks,
+        tokens: &mut Tokens,
+        board: &AbortBoard,
+        token: u64,
+        result: std::result::Result<u64, ErrorKind>,
+    ) -> SliceCompletion {
+        if tokens.finish(token) {
+            board.remove(token);
         }
         links.outstanding -= 1;
-        Some(SliceCompletion {
-            token: op.token,
-            result,
-        })
+        SliceCompletion { token, result }
     }
 
     /// Stop every connection's threads and the link watch, and join them:
@@ -731,19 +778,6 @@ impl Drop for TcpTransport {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// Is `kind` the fault of a rail (so a sibling may do better), as the
-/// rail's monitor counts it? Back-pressure (a busy target) is not, nor a
-/// dead peer process (every rail reaches the same dead process: pausing
-/// rails would only turn `ProcessFailed` into `RouteLost`), nor a deadline.
-#[inline]
-fn rail_fault(kind: ErrorKind) -> bool {
-    kind.is_transient()
-        && !matches!(
-            kind,
-            ErrorKind::SqFull | ErrorKind::ProcessFailed | ErrorKind::Timeout
-        )
 }
 
 /// The addresses (with interface names) this engine advertises, and its
@@ -822,7 +856,7 @@ mod tests {
     }
 
     fn sessions(p: &TcpPeer) -> Vec<[u8; frame::SESSION_LEN]> {
-        p.rails
+        p.links
             .iter()
             .flat_map(|r| {
                 r.conns

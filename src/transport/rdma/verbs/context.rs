@@ -42,6 +42,60 @@ pub struct PortInfo {
     pub gid_table_len: i32,
     /// Largest message one work request may carry.
     pub max_msg_sz: u32,
+    /// Per-lane signalling rate code (`IB_SPEED_*`: 1 SDR ... 128 NDR).
+    /// Newer rdma-core adds `active_speed_ex` (XDR's 256 does not fit a
+    /// byte); the rdma-core 44 headers these bindings come from lack it.
+    pub active_speed: u8,
+    /// Lane count code (`IB_WIDTH_*`: 1 = 1X, 2 = 4X, 4 = 8X, 8 = 12X,
+    /// 16 = 2X).
+    pub active_width: u8,
+}
+
+impl PortInfo {
+    /// The port's theoretical rate in Gbit/s ([`PortInfo::link_gbps`] of
+    /// its active speed and width); `None` for a code the table does not
+    /// know.
+    pub fn speed_gbps(&self) -> Option<f64> {
+        PortInfo::link_gbps(u32::from(self.active_speed), self.active_width)
+    }
+
+    /// The theoretical rate of a link in Gbit/s: the per-lane signalling
+    /// rate of `speed` (an `IB_SPEED_*` code, as in `active_speed` or
+    /// `active_speed_ex`) times the lanes of `width` (an `IB_WIDTH_*`
+    /// code). `None` when either code is unknown (0 included: no link).
+    /// RoCE NICs and Soft-RoCE translate their Ethernet speed into these
+    /// codes.
+    ///
+    /// ```
+    /// use tent::transport::rdma::verbs::PortInfo;
+    ///
+    /// assert_eq!(PortInfo::link_gbps(32, 2), Some(103.125)); // EDR 4X
+    /// assert_eq!(PortInfo::link_gbps(128, 2), Some(425.0)); // NDR 4X
+    /// assert_eq!(PortInfo::link_gbps(3, 2), None);
+    /// ```
+    pub fn link_gbps(speed: u32, width: u8) -> Option<f64> {
+        let lane_gbps = match speed {
+            1 => 2.5,       // SDR
+            2 => 5.0,       // DDR
+            4 => 10.0,      // QDR
+            8 => 10.3125,   // FDR10
+            16 => 14.0625,  // FDR
+            32 => 25.78125, // EDR
+            64 => 53.125,   // HDR
+            128 => 106.25,  // NDR
+            256 => 212.5,   // XDR
+            _ => return None,
+        };
+        let lanes = match width {
+            1 => 1.0,
+            2 => 4.0,
+            4 => 8.0,
+            8 => 12.0,
+            16 => 2.0,
+            _ => return None,
+        };
+        Some(lane_gbps * lanes)
+    }
 }
 
 impl Context {
@@ -129,7 +183,7 @@ impl Context {
         self.attr.max_qp_init_rd_atom.max(0) as u32
     }
 
-    /// Port 1-based `port`'s state, MTU and GID table size.
+    /// Port 1-based `port`'s state, MTU, GID table size and link speed.
     pub fn port(&self, port: u8) -> Result<PortInfo> {
         let lib = super::lib()?;
         let mut a = ffi::ibv_port_attr::default();
@@ -144,6 +198,8 @@ impl Context {
             lid: a.lid,
             gid_table_len: a.gid_tbl_len,
             max_msg_sz: a.max_msg_sz,
+            active_speed: a.active_speed,
+            active_width: a.active_width,
         })
     }
 
@@ -200,5 +256,64 @@ impl Drop for Context {
             // SAFETY: opened in `open`, closed once; everything made from it holds an Arc of it, so it is gone by now.
             unsafe { lib.ibv_close_device(self.raw) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(active_speed: u8, active_width: u8) -> PortInfo {
+        PortInfo {
+            state: 4,
+            active_mtu: 3,
+            lid: 0,
+            gid_table_len: 16,
+            max_msg_sz: 1 << 30,
+            active_speed,
+            active_width,
+        }
+    }
+
+    #[test]
+    fn every_speed_code_times_every_width_code() {
+        let lanes = [(1u8, 1.0), (2, 4.0), (4, 8.0), (8, 12.0), (16, 2.0)];
+        let rates = [
+            (1u32, 2.5),
+            (2, 5.0),
+            (4, 10.0),
+            (8, 10.3125),
+            (16, 14.0625),
+            (32, 25.78125),
+            (64, 53.125),
+            (128, 106.25),
+            (256, 212.5),
+        ];
+        for (speed, lane) in rates {
+            for (width, n) in lanes {
+                assert_eq!(
+                    PortInfo::link_gbps(speed, width),
+                    Some(lane * n),
+                    "speed {speed} width {width}"
+                );
+            }
+        }
+        assert_eq!(port(1, 1).speed_gbps(), Some(2.5)); // SDR 1X
+        assert_eq!(port(2, 2).speed_gbps(), Some(20.0)); // DDR 4X
+        assert_eq!(port(64, 2).speed_gbps(), Some(212.5)); // HDR 4X
+        assert_eq!(port(128, 2).speed_gbps(), Some(425.0)); // NDR 4X
+        assert_eq!(port(128, 8).speed_gbps(), Some(1275.0)); // NDR 12X
+    }
+
+    #[test]
+    fn unknown_codes_have_no_speed() {
+        for speed in [0u32, 3, 5, 6, 7, 9, 12, 33, 255, 257, 512, u32::MAX] {
+            assert_eq!(PortInfo::link_gbps(speed, 2), None, "speed {speed}");
+        }
+        for width in [0u8, 3, 5, 6, 7, 9, 12, 17, 32, 255] {
+            assert_eq!(PortInfo::link_gbps(32, width), None, "width {width}");
+        }
+        assert_eq!(port(0, 0).speed_gbps(), None);
+        assert_eq!(port(255, 255).speed_gbps(), None);
     }
 }

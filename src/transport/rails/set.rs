@@ -1,0 +1,645 @@
+//! `RailSet`: the rails to one peer, as every network transport uses them.
+//!
+//! A transport builds one set per attached peer from [`RailDesc`]s (the
+//! local and remote device of each rail, the local device's NUMA node and
+//! port speed), and each of its workers keeps a [`WorkerRails`] for that
+//! peer in its own per-worker state. Everything a slice does to a rail
+//! goes through the set:
+//!
+//! - [`RailSet::pick`]: the [`DeviceSelector`] chooses among the rails the
+//!   transport can post on (link, keys) and the [`RailMonitor`] lets through
+//!   (a paused rail never; a demoted one only as round robin's fallback or
+//!   probe: under smart scheduling its EWMA already gives it its share);
+//! - [`RailSet::posted`], [`RailSet::left`], [`RailSet::completed`]: the
+//!   worker's own load and bandwidth estimate of the rail, published to
+//!   per-worker slots (one writer each, plain stores: no shared
+//!   read-modify-write per slice) that observability sums when it reads;
+//! - [`RailSet::fault`]: one classification of rail-level faults
+//!   ([`is_rail_fault`]) for every transport, counted by the monitor;
+//! - [`MAX_RAIL_MOVES`]: one budget for moving a slice to a sibling rail;
+//! - [`RailSet::review`]: slow-rail demotion from the summed estimates;
+//! - [`RailSet::stats`]: what `Engine::rails` and the traffic statistics
+//!   report.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crossbeam_utils::CachePadded;
+use tent_rings::{ErrorKind, TransportKind};
+
+use super::monitor::{RailMonitor, RailPolicy, RailStat, ReviewClock, review_bandwidth};
+use super::selector::{DeviceSelector, RailSpec, Spray};
+
+/// Times a slice may move to a sibling rail before its failure reaches
+/// the task (every transport: one budget).
+pub const MAX_RAIL_MOVES: u8 = 8;
+
+/// A worker's estimate counts toward a rail's summed bandwidth while it
+/// sampled within this long.
+const FRESH_NS: u64 = 1_000_000_000;
+
+/// Is `kind` the fault of a rail, so that a sibling rail may do better
+/// (and the rail's monitor counts it)? Not back-pressure (`SqFull`), not a
+/// dead peer process (every rail reaches the same process: pausing rails
+/// would only turn `ProcessFailed` into `RouteLost`), not a deadline, and
+/// nothing the request itself got wrong.
+#[inline]
+pub fn is_rail_fault(kind: ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::Unreachable
+            | ErrorKind::RouteLost
+            | ErrorKind::LocalNicFailed
+            | ErrorKind::LocalNicReboot
+            | ErrorKind::RemoteNicFailed
+            | ErrorKind::RemoteNicReboot
+    )
+}
+
+/// One rail as the transport found it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RailDesc {
+    /// Local device (NIC or interface) name.
+    pub local: String,
+    /// Remote device name.
+    pub remote: String,
+    /// The local device's NUMA node (`None`: unknown, tier 0 everywhere).
+    pub numa_node: Option<u32>,
+    /// The local device's port speed, Gbit/s (`None`: unknown).
+    pub speed_gbps: Option<f64>,
+}
+
+/// Where the engine's workers run: their NUMA nodes, and the distance
+/// classes between nodes (for the rails' tiers).
+#[derive(Debug, Clone, Default)]
+pub struct Placement {
+    /// Worker `i`'s NUMA node (`None`: not pinned, or unknown).
+    pub nodes: Vec<Option<u32>>,
+    /// The machine's topology (`None`: every other node is tier 1).
+    pub topology: Option<crate::topology::Topology>,
+}
+
+impl Placement {
+    /// The tier of a device on `device` for worker `worker`: 0 when either
+    /// node is unknown or they are the same, else the rank of their NUMA
+    /// distance.
+    pub fn tier(&self, worker: usize, device: Option<u32>) -> u8 {
+        let from = self.nodes.get(worker).copied().flatten();
+        match (from, device) {
+            (Some(a), Some(b)) if a != b => self
+                .topology
+                .as_ref()
+                .map_or(1, |t| t.tier(Some(a), Some(b)).max(1)),
+            _ => 0,
+        }
+    }
+}
+
+/// One worker's counters for one rail, published for readers: written by
+/// that worker alone with plain stores, read (summed) by observability.
+#[derive(Debug, Default)]
+struct Published {
+    bytes: AtomicU64,
+    inflight_bytes: AtomicU64,
+    inflight_slices: AtomicU32,
+    /// The worker's EWMA, `f64` bits (0: none yet).
+    ewma: AtomicU64,
+    /// When it last sampled (0: never).
+    sampled_ns: AtomicU64,
+}
+
+/// One rail to a peer: its names, health, and the workers' counters.
+#[derive(Debug)]
+pub struct Rail {
+    /// Local device name.
+    pub local: String,
+    /// Remote device name.
+    pub remote: String,
+    /// The local device's NUMA node.
+    pub numa_node: Option<u32>,
+    /// Its health.
+    pub monitor: RailMonitor,
+    spec: RailSpec,
+    moved: AtomicU64,
+    workers: Box<[CachePadded<Published>]>,
+}
+
+impl Rail {
+    /// Bytes it has carried, every worker together.
+    pub fn bytes(&self) -> u64 {
+        self.workers
+            .iter()
+            .map(|w| w.bytes.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Slices and bytes on it now, every worker together.
+    pub fn inflight(&self) -> (u32, u64) {
+        self.workers.iter().fold((0, 0), |(s, b), w| {
+            (
+                s.saturating_add(w.inflight_slices.load(Ordering::Relaxed)),
+                b.saturating_add(w.inflight_bytes.load(Ordering::Relaxed)),
+            )
+        })
+    }
+
+    /// Slices moved off it to a sibling.
+    pub fn moved(&self) -> u64 {
+        self.moved.load(Ordering::Relaxed)
+    }
+
+    /// Theoretical bandwidth, bytes per second.
+    pub fn theoretical(&self) -> f64 {
+        self.spec.theoretical_bps
+    }
+
+    /// Its bandwidth estimate at `now`, bytes per second: the sum of the
+    /// estimates of the workers that sampled it in the last second (each
+    /// measures its own share when several use it); if none did lately,
+    /// the freshest estimate; if none ever did, the theoretical bandwidth.
+    pub fn bandwidth(&self, now: u64) -> u64 {
+        let mut fresh = 0.0;
+        let mut latest = (0u64, 0.0);
+        for w in self.workers.iter() {
+            let at = w.sampled_ns.load(Ordering::Relaxed);
+            if at == 0 {
+                continue;
+            }
+            let e = f64::from_bits(w.ewma.load(Ordering::Relaxed));
+            if now.saturating_sub(at) <= FRESH_NS {
+                fresh += e;
+            }
+            if at >= latest.0 {
+                latest = (at, e);
+            }
+        }
+        let bps = if fresh > 0.0 {
+            fresh
+        } else if latest.0 != 0 {
+            latest.1
+        } else {
+            self.spec.theoretical_bps
+        };
+        bps as u64
+    }
+}
+
+/// The rails to one peer.
+#[derive(Debug)]
+pub struct RailSet {
+    kind: TransportKind,
+    selector: Arc<DeviceSelector>,
+    rails: Box<[Rail]>,
+    review: ReviewClock,
+    placement: Arc<Placement>,
+}
+
+/// One worker's rail state toward one peer: its loads, estimates and
+/// selection plan. Lives in the transport's per-worker state; only that
+/// worker touches it.
+#[derive(Debug)]
+pub struct WorkerRails {
+    worker: usize,
+    spray: Spray,
+    /// Each rail's link epoch this worker's estimate belongs to.
+    epochs: Box<[u32]>,
+}
+
+impl RailSet {
+    /// The rails `descs` of a transport of `kind`, for `workers` workers
+    /// placed as `placement` says.
+    pub fn new(
+        kind: TransportKind,
+        selector: Arc<DeviceSelector>,
+        policy: RailPolicy,
+        placement: Arc<Placement>,
+        descs: Vec<RailDesc>,
+        workers: usize,
+    ) -> RailSet {
+        let cfg = selector.config();
+        let rails = descs
+            .into_iter()
+            .map(|d| Rail {
+                monitor: RailMonitor::new(policy, d.local.clone(), d.remote.clone()),
+                spec: RailSpec {
+                    theoretical_bps: cfg.theoretical_bps(d.speed_gbps),
+                },
+                local: d.local,
+                remote: d.remote,
+                numa_node: d.numa_node,
+                moved: AtomicU64::new(0),
+                workers: (0..workers.max(1))
+                    .map(|_| CachePadded::new(Published::default()))
+                    .collect(),
+            })
+            .collect();
+        RailSet {
+            kind,
+            selector,
+            rails,
+            review: ReviewClock::default(),
+            placement,
+        }
+    }
+
+    /// Worker `worker`'s state toward this peer (allocates: call at
+    /// attach, not per slice).
+    pub fn worker(&self, worker: usize) -> WorkerRails {
+        let specs: Vec<RailSpec> = self.rails.iter().map(|r| r.spec).collect();
+        let tiers: Vec<u8> = self
+            .rails
+            .iter()
+            .map(|r| self.placement.tier(worker, r.numa_node))
+            .collect();
+        // Seeded per worker and peer so two workers' jitter differs.
+        let seed = (worker as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (self as *const RailSet as u64);
+        WorkerRails {
+            worker: worker.min(self.workers() - 1),
+            spray: Spray::new(&self.selector, &specs, &tiers, seed),
+            epochs: self.rails.iter().map(|r| r.monitor.link_epoch()).collect(),
+        }
+    }
+
+    fn workers(&self) -> usize {
+        self.rails.first().map_or(1, |r| r.workers.len())
+    }
+
+    /// Number of rails.
+    pub fn len(&self) -> usize {
+        self.rails.len()
+    }
+
+    /// Are there none?
+    pub fn is_empty(&self) -> bool {
+        self.rails.is_empty()
+    }
+
+    /// Rail `i`.
+    #[inline]
+    pub fn rail(&self, i: usize) -> &Rail {
+        &self.rails[i]
+    }
+
+    /// The rails.
+    pub fn rails(&self) -> &[Rail] {
+        &self.rails
+    }
+
+    /// The selector (its settings say whether scheduling is smart).
+    pub fn selector(&self) -> &DeviceSelector {
+        &self.selector
+    }
+
+    /// The rail for the next slice of request `token` (`slices_left`
+    /// slices of about `slice_bytes` still to post, this one included),
+    /// among those `usable` says the transport can post on now, never
+    /// `avoid`. `None`: no rail can take it.
+    #[inline]
+    pub fn pick(
+        &self,
+        w: &mut WorkerRails,
+        token: u64,
+        slices_left: u64,
+        slice_bytes: u64,
+        avoid: Option<usize>,
+        usable: impl Fn(usize) -> bool,
+    ) -> Option<usize> {
+        let rails = &self.rails;
+        let sel = &*self.selector;
+        if sel.is_smart() {
+            // Paused rails are out; a demoted one keeps its EWMA share.
+            return w
+                .spray
+                .pick(sel, token, slices_left, slice_bytes, avoid, |r| {
+                    usable(r) && rails[r].monitor.available()
+                });
+        }
+        // Round robin: rails the monitor prefers (not demoted, or a
+        // demoted one's probe is due), else any available one.
+        w.spray
+            .pick(sel, token, slices_left, slice_bytes, avoid, |r| {
+                usable(r) && rails[r].monitor.preferred()
+            })
+            .or_else(|| {
+                w.spray
+                    .pick(sel, token, slices_left, slice_bytes, avoid, |r| {
+                        usable(r) && rails[r].monitor.available()
+                    })
+            })
+    }
+
+    /// A slice of `bytes` was posted on `rail`; returns how many of this
+    /// worker's slices were ahead of it there (hand it back to
+    /// [`completed`](Self::completed)).
+    #[inline]
+    pub fn posted(&self, w: &mut WorkerRails, rail: usize, bytes: u64) -> u16 {
+        let ahead = w.spray.posted(rail, bytes);
+        self.publish_load(w, rail);
+        ahead.min(u32::from(u16::MAX)) as u16
+    }
+
+    /// A slice of `bytes` left `rail` without completing well (failed,
+    /// moved, aborted).
+    #[inline]
+    pub fn left(&self, w: &mut WorkerRails, rail: usize, bytes: u64) {
+        w.spray.left(rail, bytes);
+        self.publish_load(w, rail);
+    }
+
+    /// A slice of `bytes` posted on `rail` at `posted_ns` with `ahead`
+    /// slices ahead of it completed well at `now`: it leaves the rail,
+    /// feeds the worker's estimate, and un-pauses the rail if it was a
+    /// probe.
+    #[inline]
+    pub fn completed(
+        &self,
+        w: &mut WorkerRails,
+        rail: usize,
+        bytes: u64,
+        posted_ns: u64,
+        now: u64,
+        ahead: u16,
+    ) {
+        let r = &self.rails[rail];
+        let epoch = r.monitor.link_epoch();
+        if w.epochs[rail] != epoch {
+            // Its link came back since: what this worker knew is stale.
+            w.epochs[rail] = epoch;
+            w.spray.reset_estimate(rail);
+        }
+        w.spray.left(rail, bytes);
+        w.spray.observed(
+            &self.selector,
+            rail,
+            bytes,
+            now.saturating_sub(posted_ns),
+            u32::from(ahead),
+        );
+        let p = &r.workers[w.worker];
+        // One writer: a load and a store, no locked RMW.
+        p.bytes.store(
+            p.bytes.load(Ordering::Relaxed).wrapping_add(bytes),
+            Ordering::Relaxed,
+        );
+        p.ewma
+            .store(w.spray.load(rail).ewma_bps.to_bits(), Ordering::Relaxed);
+        p.sampled_ns.store(now.max(1), Ordering::Relaxed);
+        self.publish_load(w, rail);
+        r.monitor.mark_recovered(posted_ns, now);
+    }
+
+    #[inline]
+    fn publish_load(&self, w: &WorkerRails, rail: usize) {
+        let l = w.spray.load(rail);
+        let p = &self.rails[rail].workers[w.worker];
+        p.inflight_bytes.store(l.inflight_bytes, Ordering::Relaxed);
+        p.inflight_slices
+            .store(l.inflight_slices, Ordering::Relaxed);
+    }
+
+    /// A slice failed on `rail` with `kind`: counted against the rail if
+    /// it is a rail-level fault. Returns whether it was (a sibling rail
+    /// may then do better).
+    #[inline]
+    pub fn fault(&self, rail: usize, kind: ErrorKind) -> bool {
+        let fault = is_rail_fault(kind);
+        if fault {
+            self.rails[rail].monitor.mark_failed();
+        }
+        fault
+    }
+
+    /// A slice moved off `rail` to a sibling.
+    #[inline]
+    pub fn moved(&self, rail: usize) {
+        self.rails[rail].moved.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Demote rails slow against their siblings (every 100 ms at most, by
+    /// whichever worker comes first); only rails `in_service` are judged.
+    pub fn review(&self, now: u64, in_service: impl Fn(usize) -> bool) {
+        if self.review.due(now) {
+            review_bandwidth(
+                self.rails.len(),
+                |i| &self.rails[i].monitor,
+                |i| {
+                    let r = &self.rails[i];
+                    // Only measured estimates: the theoretical is no
+                    // evidence of slowness.
+                    if r.workers
+                        .iter()
+                        .any(|w| w.sampled_ns.load(Ordering::Relaxed) != 0)
+                    {
+                        r.bandwidth(now)
+                    } else {
+                        0
+                    }
+                },
+                in_service,
+                now,
+            );
+        }
+    }
+
+    /// Each rail as observability reports it; `up(i)`: is rail `i`'s link
+    /// up.
+    pub fn stats(&self, up: impl Fn(usize) -> bool) -> Vec<RailStat> {
+        let now = crate::clock::monotonic_ns();
+        self.rails
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let (inflight, inflight_bytes) = r.inflight();
+                RailStat {
+                    transport: self.kind,
+                    local: r.local.clone(),
+                    remote: r.remote.clone(),
+                    up: up(i),
+                    bytes: r.bytes(),
+                    moved: r.moved(),
+                    state: r.monitor.state_at(now),
+                    failures: r.monitor.failures(),
+                    trips: r.monitor.trips(),
+                    inflight,
+                    inflight_bytes,
+                    bandwidth: r.bandwidth(now),
+                    theoretical: r.theoretical() as u64,
+                    tier: self.placement.tier(0, r.numa_node),
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(n: usize, workers: usize) -> RailSet {
+        RailSet::new(
+            TransportKind::Tcp,
+            Arc::new(DeviceSelector::default()),
+            RailPolicy::default(),
+            Arc::new(Placement::default()),
+            (0..n)
+                .map(|i| RailDesc {
+                    local: format!("l{i}"),
+                    remote: format!("r{i}"),
+                    numa_node: None,
+                    speed_gbps: Some(100.0),
+                })
+                .collect(),
+            workers,
+        )
+    }
+
+    #[test]
+    fn one_classification_of_rail_faults() {
+        for k in [
+            ErrorKind::Unreachable,
+            ErrorKind::RouteLost,
+            ErrorKind::LocalNicFailed,
+            ErrorKind::RemoteNicReboot,
+        ] {
+            assert!(is_rail_fault(k), "{k}");
+        }
+        for k in [
+            ErrorKind::ProcessFailed,
+            ErrorKind::SqFull,
+            ErrorKind::Timeout,
+            ErrorKind::AccessDenied,
+            ErrorKind::Canceled,
+        ] {
+            assert!(!is_rail_fault(k), "{k}");
+        }
+        let s = set(2, 1);
+        assert!(!s.fault(0, ErrorKind::ProcessFailed));
+        assert_eq!(s.rail(0).monitor.failures(), 0);
+        assert!(s.fault(0, ErrorKind::RouteLost));
+        assert_eq!(s.rail(0).monitor.failures(), 1);
+    }
+
+    #[test]
+    fn counters_are_per_worker_and_summed_when_read() {
+        let s = set(2, 2);
+        let mut a = s.worker(0);
+        let mut b = s.worker(1);
+        assert_eq!(s.posted(&mut a, 1, 100), 0);
+        assert_eq!(s.posted(&mut a, 1, 100), 1);
+        // Worker b's queue is its own.
+        assert_eq!(s.posted(&mut b, 1, 50), 0);
+        assert_eq!(s.rail(1).inflight(), (3, 250));
+        s.completed(&mut a, 1, 100, 1_000, 2_000, 0);
+        s.left(&mut b, 1, 50);
+        assert_eq!(s.rail(1).inflight(), (1, 100));
+        assert_eq!(s.rail(1).bytes(), 100);
+        let st = s.stats(|_| true);
+        assert_eq!(st[1].bytes, 100);
+        assert_eq!(st[1].inflight_bytes, 100);
+        assert_eq!(st[0].bandwidth, st[0].theoretical, "never sampled");
+    }
+
+    #[test]
+    fn link_restored_resets_the_workers_estimates() {
+        let s = set(1, 1);
+        let mut w = s.worker(0);
+        let theory = s.rail(0).theoretical();
+        s.posted(&mut w, 0, 1_000_000);
+        // 1 MB in 1 s: far below theory, clamped at the floor.
+        s.completed(&mut w, 0, 1_000_000, 1, 1_000_000_001, 0);
+        let low = w.spray.load(0).ewma_bps;
+        assert!(low < theory, "{low} vs {theory}");
+        s.rail(0).monitor.link_restored();
+        s.posted(&mut w, 0, 1);
+        s.completed(&mut w, 0, 0, 5, 5, 0);
+        assert_eq!(w.spray.load(0).ewma_bps, theory);
+    }
+
+    /// Two NUMA nodes, a worker on node 0, two equal rails, one on each
+    /// node: the local rail takes every single-slice request until its
+    /// queue makes it predict worse than the remote one does after the
+    /// tier penalty (5x by default); then the remote rail gets work.
+    #[test]
+    fn on_an_injected_two_node_machine_local_rails_win_until_they_are_loaded() {
+        use crate::topology::{NumaDistances, NumaNode, Topology};
+        let topology = Topology::from_nodes_with_distances(
+            vec![
+                NumaNode {
+                    os_index: 0,
+                    cpus: vec![0],
+                },
+                NumaNode {
+                    os_index: 1,
+                    cpus: vec![1],
+                },
+            ],
+            NumaDistances::new(vec![0, 1], vec![vec![10, 21], vec![21, 10]]).unwrap(),
+        );
+        let placement = Arc::new(Placement {
+            nodes: vec![topology.worker_node(Some(0))],
+            topology: Some(topology),
+        });
+        let mut cfg = crate::transport::rails::SelectorConfig::default();
+        cfg.jitter = 0.0;
+        let s = RailSet::new(
+            TransportKind::Rdma,
+            Arc::new(DeviceSelector::new(cfg)),
+            RailPolicy::default(),
+            placement,
+            [("remote", 1), ("local", 0)]
+                .into_iter()
+                .map(|(name, node)| RailDesc {
+                    local: name.into(),
+                    remote: "peer".into(),
+                    numa_node: Some(node),
+                    speed_gbps: Some(100.0),
+                })
+                .collect(),
+            1,
+        );
+        let mut w = s.worker(0);
+        assert_eq!(
+            s.stats(|_| true).iter().map(|r| r.tier).collect::<Vec<_>>(),
+            [1, 0]
+        );
+        let slice = 65_536;
+        let mut picks = Vec::new();
+        for token in 0..8 {
+            let r = s.pick(&mut w, token, 1, slice, None, |_| true).unwrap();
+            s.posted(&mut w, r, slice);
+            picks.push(r);
+        }
+        // Local predicts (k+1)·slice/bw; remote 5·slice/bw: the local rail
+        // wins while fewer than 4 slices are queued on it (a tie at 4 goes
+        // to either), then the remote one gets the next.
+        assert_eq!(&picks[..4], [1, 1, 1, 1], "{picks:?}");
+        assert!(
+            picks[4..].contains(&0),
+            "the loaded local rail shares: {picks:?}"
+        );
+        // Unloaded again, the local rail wins again.
+        for (i, &r) in picks.iter().enumerate() {
+            s.completed(&mut w, r, slice, 0, 1 + i as u64, 0);
+        }
+        let mut w = s.worker(0);
+        assert_eq!(s.pick(&mut w, 99, 1, slice, None, |_| true), Some(1));
+    }
+
+    #[test]
+    fn placement_tiers() {
+        let p = Placement {
+            nodes: vec![Some(0), None],
+            topology: None,
+        };
+        assert_eq!(p.tier(0, Some(0)), 0);
+        assert_eq!(p.tier(0, Some(1)), 1);
+        assert_eq!(p.tier(0, None), 0);
+        assert_eq!(
+            p.tier(1, Some(1)),
+            0,
+            "an unplaced worker is near everything"
+        );
+        assert_eq!(p.tier(7, Some(1)), 0);
+    }
+}
