@@ -580,8 +580,10 @@ mod tests {
             nodes: vec![topology.worker_node(Some(0))],
             topology: Some(topology),
         });
-        let mut cfg = crate::transport::rails::SelectorConfig::default();
-        cfg.jitter = 0.0;
+        let cfg = crate::transport::rails::SelectorConfig {
+            jitter: 0.0,
+            ..Default::default()
+        };
         let s = RailSet::new(
             TransportKind::Rdma,
             Arc::new(DeviceSelector::new(cfg)),
