@@ -740,7 +740,11 @@ fn rxe_engine_with_rdma_and_tcp_rails_runs_one_link_watch() {
     let e = rdma_engine(true, |_| {});
     assert!(e.transports().contains(&tent::TransportKind::Rdma));
     assert!(e.transports().contains(&tent::TransportKind::Tcp));
-    assert_eq!(threads_named("tent-linkwatch") - before, 1, "one watch per engine");
+    assert_eq!(
+        threads_named("tent-linkwatch") - before,
+        1,
+        "one watch per engine"
+    );
     drop(e);
     assert_eq!(threads_named("tent-linkwatch"), before, "joined on drop");
     println!("RXE-OK one link watch for an engine with rdma and tcp rails");
