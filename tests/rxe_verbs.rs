@@ -720,6 +720,36 @@ fn rails_count() -> usize {
     rails().len()
 }
 
+/// Threads of this process named `name`.
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.trim() == name)
+        .count()
+}
+
+/// The multi-rail layer's link watch is one per engine: an engine with
+/// RDMA and TCP rails runs one rtnetlink thread, and its drop joins it.
+#[test]
+fn rxe_engine_with_rdma_and_tcp_rails_runs_one_link_watch() {
+    if !in_guest() {
+        return;
+    }
+    let before = threads_named("tent-linkwatch");
+    let e = rdma_engine(true, |_| {});
+    assert!(e.transports().contains(&tent::TransportKind::Rdma));
+    assert!(e.transports().contains(&tent::TransportKind::Tcp));
+    assert_eq!(
+        threads_named("tent-linkwatch") - before,
+        1,
+        "one watch per engine"
+    );
+    drop(e);
+    assert_eq!(threads_named("tent-linkwatch"), before, "joined on drop");
+    println!("RXE-OK one link watch for an engine with rdma and tcp rails");
+}
+
 /// Seed 003 over real verbs: a request of many slices is sprayed over both
 /// rxe rails, smart (the default: water-filled windows over the EWMA) and
 /// round robin within the best tier, data verified both ways; the traffic

@@ -62,6 +62,8 @@ pub(crate) struct EngineShared {
     pub rdma: Option<Arc<crate::transport::rdma::NicSet>>,
     /// Failover counters.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The link watch every transport's rails listen to.
+    pub links: Arc<crate::transport::rails::RailLinks>,
 }
 
 /// The transports that reach peers by descriptor, best first.
@@ -218,6 +220,7 @@ impl EngineBuilder {
         } else {
             vec![None; count]
         };
+        let links = crate::transport::rails::RailLinks::new();
         let placement = Arc::new(crate::transport::rails::Placement {
             nodes: cores.iter().map(|&c| topology.worker_node(c)).collect(),
             topology: Some(topology.clone()),
@@ -227,6 +230,7 @@ impl EngineBuilder {
             workers: config.workers.count as usize,
             wakers: wakers.clone(),
             placement,
+            links: links.clone(),
         };
         let mut wanted: Vec<Arc<dyn Transport>> = Vec::new();
         let rdma_t = rdma
@@ -283,6 +287,7 @@ impl EngineBuilder {
             transports,
             gate: self.gate.unwrap_or_else(|| Arc::new(OpenGate)),
             metrics: Arc::new(crate::metrics::Metrics::default()),
+            links,
             config,
         });
 
@@ -1123,6 +1128,7 @@ impl Drop for Engine {
                 t.transport.stop();
             }
         }
+        self.shared.links.stop();
     }
 }
 

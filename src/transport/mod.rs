@@ -119,6 +119,9 @@ pub struct InstallContext {
     /// Where the workers run (NUMA nodes): a multi-rail transport ranks
     /// its rails into tiers per worker from it.
     pub placement: Arc<rails::Placement>,
+    /// The engine's link watch: a transport with rails on network
+    /// interfaces starts it and listens.
+    pub links: Arc<rails::RailLinks>,
 }
 
 /// A way of moving bytes.

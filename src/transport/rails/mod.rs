@@ -11,12 +11,14 @@
 //! how a slice is posted and reaped.
 
 mod device;
+mod links;
 mod monitor;
 mod selector;
 mod set;
 mod stats;
 
 pub use device::{DeviceInfo, Sysfs, valid_name};
+pub use links::{LinkListener, RailLinks};
 pub use monitor::{
     MAX_COOLDOWN_NS, PROBE_EVERY_NS, RailMonitor, RailPolicy, RailStat, RailState, ReviewClock,
     SLOW_FOR_NS, SLOW_RATIO, review_bandwidth,

@@ -52,11 +52,11 @@ use crate::control::wire::{QpInitiator, QpRequest};
 use crate::control::{RegionEntry, SegmentDescriptor};
 use crate::error::{Error, Result};
 use crate::memory::MemRegion;
-use crate::netlink::{self, LinkEvent, LinkWatch};
+use crate::netlink;
 use crate::segment::Segment;
 use crate::transport::rails::{
-    DeviceSelector, MAX_RAIL_MOVES, Placement, RailDesc, RailPolicy, RailSet, SelectorConfig,
-    WorkerRails, is_rail_fault,
+    DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, RailPolicy, RailSet,
+    SelectorConfig, WorkerRails, is_rail_fault,
 };
 use crate::transport::rdma::verbs::{CompletionQueue, QueuePair};
 use crate::transport::{
@@ -164,6 +164,36 @@ fn rkey_on(region: &RegionEntry, nic: usize) -> Option<u32> {
     region.rkeys.get(nic).copied().filter(|&k| k != 0)
 }
 
+/// The NICs as a listener on the engine's link watch: a NIC whose netdev
+/// goes down takes no new slices, and the workers evacuate its QPs at
+/// their next poll.
+struct NicLinks {
+    nics: Arc<NicSet>,
+    /// (NIC index, its netdev's ifindex).
+    watched: Vec<(usize, u32)>,
+}
+
+impl LinkListener for NicLinks {
+    fn link_changed(&self, ifindex: u32, up: bool) {
+        for &(i, idx) in &self.watched {
+            if idx != ifindex {
+                continue;
+            }
+            let nic = &self.nics.nics()[i];
+            let was = nic.up.swap(up, Ordering::AcqRel);
+            let name = nic.ctx.name();
+            if was && !up {
+                tracing::warn!(
+                    nic = name,
+                    "rail down: link lost; in-flight slices move to sibling rails"
+                );
+            } else if !was && up {
+                tracing::info!(nic = name, "rail up: link restored");
+            }
+        }
+    }
+}
+
 /// Connects QPs for one rail of one peer: a CQ and an RC QP on the local
 /// NIC, the peer's end over the control plane (`QpConnect`), then RTR/RTS.
 struct RailSource {
@@ -231,7 +261,8 @@ pub struct RdmaTransport {
     selector: Arc<DeviceSelector>,
     /// Where the workers run (set at install).
     placement: std::sync::OnceLock<Arc<Placement>>,
-    watch: Mutex<Option<LinkWatch>>,
+    /// The NICs' listener on the engine's link watch (kept alive here).
+    nic_links: std::sync::OnceLock<Arc<NicLinks>>,
     /// Started by the first `attach`; dropping the transport joins it.
     connector: Mutex<Option<Connector>>,
 }
@@ -285,7 +316,7 @@ impl RdmaTransport {
             workers,
             selector: Arc::new(DeviceSelector::new(SelectorConfig::from_config(config))),
             placement: std::sync::OnceLock::new(),
-            watch: Mutex::new(None),
+            nic_links: std::sync::OnceLock::new(),
             connector: Mutex::new(None),
         }
     }
@@ -523,31 +554,14 @@ impl Transport for RdmaTransport {
         if watched.is_empty() {
             return Ok(());
         }
-        let nics = self.nics.clone();
-        let on_event = move |ev: LinkEvent| {
-            for &(i, idx) in &watched {
-                if idx != ev.index {
-                    continue;
-                }
-                let nic = &nics.nics()[i];
-                let was = nic.up.swap(ev.up, Ordering::AcqRel);
-                let name = nic.ctx.name();
-                if was && !ev.up {
-                    tracing::warn!(
-                        nic = name,
-                        "rail down: link lost; in-flight slices move to sibling rails"
-                    );
-                } else if !was && ev.up {
-                    tracing::info!(nic = name, "rail up: link restored");
-                }
-            }
-        };
-        match LinkWatch::start(on_event) {
-            Ok(w) => *self.watch.lock().expect("link watch poisoned") = Some(w),
-            Err(e) => {
-                tracing::warn!(error = %e, "rdma: cannot watch link state (rtnetlink); rails rely on completion errors")
-            }
-        }
+        ctx.links.start();
+        let listener = Arc::new(NicLinks {
+            nics: self.nics.clone(),
+            watched,
+        });
+        ctx.links
+            .listen(Arc::downgrade(&listener) as std::sync::Weak<dyn LinkListener>);
+        let _ = self.nic_links.set(listener);
         // Links that were already down before the watch started.
         for n in self.nics.nics() {
             if let Some((_, idx)) = &n.netdev

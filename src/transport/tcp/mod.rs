@@ -50,11 +50,11 @@ use crate::control::wire::RailEntry;
 use crate::control::{RegionEntry, SegmentDescriptor};
 use crate::doorbell::Wakers;
 use crate::error::{Error, Result};
-use crate::netlink::{self, LinkEvent, LinkWatch};
+use crate::netlink;
 use crate::segment::Segment;
 use crate::transport::rails::{
-    DeviceSelector, MAX_RAIL_MOVES, Placement, RailDesc, RailPolicy, RailSet, SelectorConfig,
-    WorkerRails, is_rail_fault,
+    DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, RailLinks, RailPolicy,
+    RailSet, SelectorConfig, WorkerRails, is_rail_fault,
 };
 
 /// Settings read once from the config.
@@ -175,6 +175,16 @@ impl TcpPeer {
     }
 }
 
+impl LinkListener for TcpPeer {
+    fn link_changed(&self, ifindex: u32, up: bool) {
+        for i in 0..self.links.len() {
+            if self.links[i].ifindex != 0 && self.links[i].ifindex == ifindex {
+                self.set_link(i, up);
+            }
+        }
+    }
+}
+
 struct WorkerState {
     /// Peers this worker has slices posted on (polled until they drain).
     active: Vec<Arc<TcpPeer>>,
@@ -193,9 +203,8 @@ pub struct TcpTransport {
     selector: Arc<DeviceSelector>,
     /// Where the workers run (set at install).
     placement: OnceLock<Arc<Placement>>,
-    /// Every attached peer, for the link watch.
-    peers: Arc<Mutex<Vec<Weak<TcpPeer>>>>,
-    watch: Mutex<Option<LinkWatch>>,
+    /// The engine's link watch (set at install); attached peers listen.
+    links: OnceLock<Arc<RailLinks>>,
     wakers: OnceLock<Arc<Wakers>>,
     /// `rpc_shared_secret`: proven on every data connection when set.
     secret: Option<Arc<[u8]>>,
@@ -253,8 +262,7 @@ impl TcpTransport {
             threads: Mutex::new(Vec::new()),
             selector: Arc::new(DeviceSelector::new(SelectorConfig::from_config(config))),
             placement: OnceLock::new(),
-            peers: Arc::new(Mutex::new(Vec::new())),
-            watch: Mutex::new(None),
+            links: OnceLock::new(),
             wakers: OnceLock::new(),
             secret: (!config.rpc_shared_secret.is_empty())
                 .then(|| Arc::from(config.rpc_shared_secret.as_bytes())),
@@ -363,9 +371,9 @@ impl TcpTransport {
             conns_per_rail: s.conns_per_rail,
             per_worker: per_worker.into_iter().collect(),
         });
-        let mut all = self.peers.lock().expect("peer registry poisoned");
-        all.retain(|w| w.strong_count() > 0);
-        all.push(Arc::downgrade(&peer));
+        if let Some(links) = self.links.get() {
+            links.listen(Arc::downgrade(&peer) as Weak<dyn LinkListener>);
+        }
         Ok(peer)
     }
 
@@ -467,24 +475,10 @@ impl Transport for TcpTransport {
         }
         self.workers.bind(ctx.engine)?;
         let _ = self.placement.set(ctx.placement.clone());
-        let peers = self.peers.clone();
-        let on_event = move |ev: LinkEvent| {
-            let all = peers.lock().expect("peer registry poisoned");
-            for p in all.iter().filter_map(Weak::upgrade) {
-                for i in 0..p.links.len() {
-                    if p.links[i].ifindex == ev.index {
-                        p.set_link(i, ev.up);
-                    }
-                }
-            }
-        };
-        match LinkWatch::start(on_event) {
-            Ok(w) => *self.watch.lock().expect("link watch poisoned") = Some(w),
-            // Rails then learn of a dead link from their sockets only.
-            Err(e) => {
-                tracing::warn!(error = %e, "tcp: cannot watch link state (rtnetlink); rails rely on socket errors")
-            }
-        }
+        // Watching from install on: a rail's link read at attach is
+        // then kept up to date.
+        ctx.links.start();
+        let _ = self.links.set(ctx.links.clone());
         let _ = self.wakers.set(ctx.wakers.clone());
         Ok(())
     }
@@ -756,12 +750,11 @@ impl TcpTransport {
         SliceCompletion { token, result }
     }
 
-    /// Stop every connection's threads and the link watch, and join them:
+    /// Stop every connection's threads and join them:
     /// once this returns, no thread of this transport runs. The engine
     /// calls it when dropped, once its workers are done (nothing is in
     /// flight then); a slice still queued completes `Shutdown`.
     pub fn stop(&self) {
-        drop(self.watch.lock().expect("link watch poisoned").take());
         let threads = std::mem::take(&mut *self.threads.lock().expect("tcp threads poisoned"));
         for (conn, _) in &threads {
             conn.shut_down();
