@@ -29,28 +29,7 @@ mod rxe_guest;
 
 #[test]
 fn rxe_guest() {
-    if in_guest() {
-        return;
-    }
-    let exe = std::env::current_exe().unwrap();
-    let run = format!(
-        "{}::rxe_ --skip rxe_guest --test-threads=1 --nocapture",
-        exe.display()
-    );
-    let Some(text) = rxe_guest::boot(env!("CARGO_MANIFEST_DIR"), 2, &[run]) else {
-        return;
-    };
-    let passed: usize = text
-        .lines()
-        .find_map(|l| l.strip_prefix("rxe-vm: total passed: "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0);
-    assert!(passed > 0, "no test passed in the guest:\n{text}");
-    // What the guest measured (timings, rails), past libtest's capture.
-    for l in text.lines().filter(|l| l.contains("RXE-OK")) {
-        rxe_guest::say(l.trim());
-    }
-    rxe_guest::say(&format!("SUBSTRATE rxe-guest: {passed} tests passed"));
+    rxe_guest::run_this_binary(env!("CARGO_MANIFEST_DIR"), 2);
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
