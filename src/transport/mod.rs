@@ -95,6 +95,56 @@ pub enum SubmitOutcome {
     Later,
 }
 
+impl SubmitOutcome {
+    /// The outcome of queueing a slice on a network transport: started,
+    /// refused for back-pressure (safe to post elsewhere or later), or
+    /// finished at once with the error.
+    #[inline]
+    pub fn of_post(posted: Result<(), ErrorKind>) -> SubmitOutcome {
+        match posted {
+            Ok(()) => SubmitOutcome::Posted,
+            Err(ErrorKind::SqFull) => SubmitOutcome::Rejected(ErrorKind::SqFull),
+            Err(e) => SubmitOutcome::Completed(Err(e)),
+        }
+    }
+}
+
+/// A worker's slices out to one peer of a network transport, and whether
+/// the peer is on that worker's active list (polled until its slices
+/// drain).
+#[derive(Debug, Default)]
+pub struct PeerActivity {
+    outstanding: u32,
+    active: bool,
+}
+
+impl PeerActivity {
+    /// One more slice out; `true` when the peer has just become active
+    /// (the caller puts it on its list).
+    #[inline]
+    pub fn posted(&mut self) -> bool {
+        self.outstanding += 1;
+        !std::mem::replace(&mut self.active, true)
+    }
+
+    /// One slice back.
+    #[inline]
+    pub fn completed(&mut self) {
+        self.outstanding -= 1;
+    }
+
+    /// `true`, once, when nothing is out any more: the peer leaves the
+    /// list.
+    #[inline]
+    pub fn drained(&mut self) -> bool {
+        let drained = self.outstanding == 0 && self.active;
+        if drained {
+            self.active = false;
+        }
+        drained
+    }
+}
+
 /// A slice completion reaped by [`Transport::poll`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SliceCompletion {
@@ -275,4 +325,36 @@ pub(crate) unsafe fn copy_slice(opcode: Opcode, local: *mut u8, remote: *mut u8,
     };
     // SAFETY: the caller guarantees both ranges are valid; `copy` allows overlap (a loopback transfer may name the same memory on both sides).
     unsafe { std::ptr::copy(src, dst, len) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_is_active_from_its_first_slice_until_its_last_is_back() {
+        let mut a = PeerActivity::default();
+        assert!(!a.drained(), "never active: nothing to leave");
+        assert!(a.posted(), "first slice: the peer joins the list");
+        assert!(!a.posted());
+        a.completed();
+        assert!(!a.drained());
+        a.completed();
+        assert!(a.drained(), "last slice back: it leaves");
+        assert!(!a.drained(), "once");
+        assert!(a.posted(), "and joins again");
+    }
+
+    #[test]
+    fn a_post_maps_to_one_outcome() {
+        assert_eq!(SubmitOutcome::of_post(Ok(())), SubmitOutcome::Posted);
+        assert_eq!(
+            SubmitOutcome::of_post(Err(ErrorKind::SqFull)),
+            SubmitOutcome::Rejected(ErrorKind::SqFull)
+        );
+        assert_eq!(
+            SubmitOutcome::of_post(Err(ErrorKind::RouteLost)),
+            SubmitOutcome::Completed(Err(ErrorKind::RouteLost))
+        );
+    }
 }

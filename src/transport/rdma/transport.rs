@@ -60,8 +60,8 @@ use crate::transport::rails::{
 };
 use crate::transport::rdma::verbs::{CompletionQueue, QueuePair};
 use crate::transport::{
-    Capabilities, InstallContext, PerWorker, RailStat, Slice, SliceCompletion, SubmitOutcome,
-    Transport, WorkerCtx,
+    Capabilities, InstallContext, PeerActivity, PerWorker, RailStat, Slice, SliceCompletion,
+    SubmitOutcome, Transport, WorkerCtx,
 };
 
 /// Settings read once from the config.
@@ -94,8 +94,8 @@ struct PeerEndpoints {
     eps: Vec<Endpoint>,
     /// This worker's loads, estimates and plan on the peer's rails.
     rails: WorkerRails,
-    outstanding: u32,
-    active: bool,
+    /// Its slices out, and whether the peer is on the active list.
+    activity: PeerActivity,
 }
 
 /// A peer reachable over RDMA: its regions' rkeys and its rails.
@@ -123,11 +123,6 @@ impl RdmaPeer {
     /// Each rail's NIC pair (index = rail).
     pub fn paths(&self) -> &[RdmaRail] {
         &self.paths
-    }
-
-    /// The rails as the multi-rail layer keeps them.
-    pub fn rail_set(&self) -> &RailSet {
-        &self.rails
     }
 
     /// Is rail `r`'s local link up?
@@ -414,8 +409,7 @@ impl RdmaTransport {
                 Ok(PeerEndpoints {
                     eps,
                     rails: set.worker(w),
-                    outstanding: 0,
-                    active: false,
+                    activity: PeerActivity::default(),
                 })
             })
             .collect::<Result<PerWorker<_>>>()?;
@@ -485,9 +479,8 @@ impl RdmaTransport {
             };
             let PeerEndpoints {
                 eps,
-                outstanding,
+                activity,
                 rails,
-                ..
             } = &mut *guard;
             for (r, ep) in eps.iter_mut().enumerate() {
                 if ep.outstanding() == 0 {
@@ -497,7 +490,7 @@ impl RdmaTransport {
                     // Ended now (never posted, or its QP destroyed): it
                     // leaves the rail, through no fault of the rail's.
                     peer.rails.left(rails, r, u64::from(c.slice.len));
-                    *outstanding -= 1;
+                    activity.completed();
                     ready.push_back(SliceCompletion {
                         token: c.token,
                         result: c.result,
@@ -644,7 +637,7 @@ impl Transport for RdmaTransport {
                     continue;
                 }
             };
-            *o = match Self::post(
+            let posted = Self::post(
                 peer,
                 &mut eps,
                 slice,
@@ -652,22 +645,16 @@ impl Transport for RdmaTransport {
                 remote,
                 s.slices_left(),
                 None,
-            ) {
-                Ok(()) => {
-                    eps.outstanding += 1;
-                    if !eps.active {
-                        eps.active = true;
-                        // Rare (first slice since the peer drained): the
-                        // only reference-count update on this path.
-                        if let Ok(p) = Arc::downcast::<RdmaPeer>(attached.clone()) {
-                            ws.active.push(p);
-                        }
-                    }
-                    SubmitOutcome::Posted
-                }
-                Err(ErrorKind::SqFull) => SubmitOutcome::Rejected(ErrorKind::SqFull),
-                Err(e) => SubmitOutcome::Completed(Err(e)),
-            };
+            );
+            // Rare (first slice since the peer drained): the only
+            // reference-count update on this path.
+            if posted.is_ok()
+                && eps.activity.posted()
+                && let Ok(p) = Arc::downcast::<RdmaPeer>(attached.clone())
+            {
+                ws.active.push(p);
+            }
+            *o = SubmitOutcome::of_post(posted);
         }
     }
 
@@ -722,7 +709,7 @@ impl Transport for RdmaTransport {
                         token: s.token,
                         result: Err(ErrorKind::RouteLost),
                     });
-                    eps.outstanding -= 1;
+                    eps.activity.completed();
                 } else {
                     tracing::debug!(peer = %peer.name, from_rail = from, "slice re-posted on a sibling rail");
                 }
@@ -766,16 +753,13 @@ impl Transport for RdmaTransport {
                     token: c.token,
                     result: c.result,
                 });
-                eps.outstanding -= 1;
+                eps.activity.completed();
             }
             ws.done.clear();
             if now != 0 {
                 peer.rails.review(now, |i| peer.link_up(i));
             }
-            let drained = eps.outstanding == 0;
-            if drained {
-                eps.active = false;
-            }
+            let drained = eps.activity.drained();
             drop(guard);
             if drained {
                 ws.active.swap_remove(i);

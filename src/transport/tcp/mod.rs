@@ -41,8 +41,8 @@ use fence::PeerFences;
 pub use server::DataServer;
 
 use super::{
-    Capabilities, InstallContext, PerWorker, RailStat, Slice, SliceCompletion, SubmitOutcome,
-    Transport, WorkerCtx,
+    Capabilities, InstallContext, PeerActivity, PerWorker, RailStat, Slice, SliceCompletion,
+    SubmitOutcome, Transport, WorkerCtx,
 };
 use crate::clock::monotonic_ns;
 use crate::config::Config;
@@ -119,8 +119,8 @@ struct PeerLinks {
     /// This worker's loads, estimates and plan on the peer's rails.
     rails: WorkerRails,
     conn_cursor: Vec<usize>,
-    outstanding: u32,
-    active: bool,
+    /// Its slices out, and whether the peer is on the active list.
+    activity: PeerActivity,
 }
 
 /// A peer reachable over TCP: its regions' keys and its rails.
@@ -148,11 +148,6 @@ impl TcpPeer {
     /// Each rail's interfaces and addresses (index = rail).
     pub fn links(&self) -> &[TcpRail] {
         &self.links
-    }
-
-    /// The rails as the multi-rail layer keeps them.
-    pub fn rail_set(&self) -> &RailSet {
-        &self.rails
     }
 
     /// Each rail's names, link state, health and counters.
@@ -356,8 +351,7 @@ impl TcpTransport {
                 ends,
                 rails: set.worker(w),
                 conn_cursor: vec![0; rails.len()],
-                outstanding: 0,
-                active: false,
+                activity: PeerActivity::default(),
             });
         }
         let mut regions = desc.regions.clone();
@@ -539,22 +533,15 @@ impl Transport for TcpTransport {
             if posted.is_err() {
                 ws.tokens.finish(s.token);
             }
-            *o = match posted {
-                Ok(()) => {
-                    links.outstanding += 1;
-                    if !links.active {
-                        links.active = true;
-                        // Rare (first slice since the peer drained): the
-                        // only reference-count update on this path.
-                        if let Ok(p) = Arc::downcast::<TcpPeer>(attached.clone()) {
-                            ws.active.push(p);
-                        }
-                    }
-                    SubmitOutcome::Posted
-                }
-                Err(ErrorKind::SqFull) => SubmitOutcome::Rejected(ErrorKind::SqFull),
-                Err(e) => SubmitOutcome::Completed(Err(e)),
-            };
+            // Rare (first slice since the peer drained): the only
+            // reference-count update on this path.
+            if posted.is_ok()
+                && links.activity.posted()
+                && let Ok(p) = Arc::downcast::<TcpPeer>(attached.clone())
+            {
+                ws.active.push(p);
+            }
+            *o = SubmitOutcome::of_post(posted);
         }
     }
 
@@ -608,10 +595,7 @@ impl Transport for TcpTransport {
             if n > before {
                 peer.rails.review(now, |i| peer.links[i].is_up());
             }
-            let drained = links.outstanding == 0;
-            if drained {
-                links.active = false;
-            }
+            let drained = links.activity.drained();
             drop(guard);
             if drained {
                 ws.active.swap_remove(i);
@@ -746,7 +730,7 @@ impl TcpTransport {
         if tokens.finish(token) {
             board.remove(token);
         }
-        links.outstanding -= 1;
+        links.activity.completed();
         SliceCompletion { token, result }
     }
 
