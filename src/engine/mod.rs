@@ -604,14 +604,20 @@ impl Engine {
     /// The rails to an open segment (RDMA's, then TCP's), with their
     /// health and counters (empty when neither reaches it).
     pub fn rails(&self, id: SegmentId) -> Vec<crate::transport::RailStat> {
-        let table = self.shared.segments.load();
-        let Some(s) = table.get(id) else {
-            return Vec::new();
-        };
+        self.shared
+            .segments
+            .load()
+            .get(id)
+            .map(|s| self.rails_of(s))
+            .unwrap_or_default()
+    }
+
+    /// The rails every network transport has to `segment`, best first.
+    fn rails_of(&self, segment: &Segment) -> Vec<crate::transport::RailStat> {
         NETWORK
             .iter()
             .filter_map(|&k| self.shared.transports.slot(k).load_full())
-            .flat_map(|t| t.transport.rail_stats(s))
+            .flat_map(|t| t.transport.rail_stats(segment))
             .collect()
     }
 
@@ -619,21 +625,9 @@ impl Engine {
     /// with the bytes it carried, its bandwidth estimate and what is on it
     /// now (`Display` prints `=== Device Traffic Statistics ===`).
     pub fn traffic_stats(&self) -> crate::transport::rails::TrafficStats {
-        let table = self.shared.segments.load();
-        let mut rails = Vec::new();
-        for s in table.iter() {
-            for &k in NETWORK {
-                if let Some(t) = self.shared.transports.slot(k).load_full() {
-                    rails.extend(
-                        t.transport
-                            .rail_stats(s)
-                            .into_iter()
-                            .map(|r| (s.name().to_owned(), r)),
-                    );
-                }
-            }
+        crate::transport::rails::TrafficStats {
+            rails: self.all_rails(),
         }
-        crate::transport::rails::TrafficStats { rails }
     }
 
     /// Open a segment by name (`"local"` or this engine's own name is
@@ -966,7 +960,7 @@ impl Engine {
         segments
             .iter()
             .flat_map(|s| {
-                self.rails(s.id())
+                self.rails_of(s)
                     .into_iter()
                     .map(|r| (s.name().to_owned(), r))
             })

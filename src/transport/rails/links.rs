@@ -58,18 +58,7 @@ impl RailLinks {
     pub fn start(&self) {
         self.tried.call_once(|| {
             let listeners = self.listeners.clone();
-            let on_event = move |ev: LinkEvent| {
-                // Upgrade under the lock, call outside it: a listener may
-                // take its own locks (TCP: the rail's connections).
-                let live: Vec<Arc<dyn LinkListener>> = {
-                    let mut all = listeners.lock().expect("link listeners poisoned");
-                    all.retain(|w| w.strong_count() > 0);
-                    all.iter().filter_map(Weak::upgrade).collect()
-                };
-                for l in live {
-                    l.link_changed(ev.index, ev.up);
-                }
-            };
+            let on_event = move |ev: LinkEvent| notify(&listeners, ev.index, ev.up);
             match LinkWatch::start(on_event) {
                 Ok(w) => *self.watch.lock().expect("link watch poisoned") = Some(w),
                 Err(e) => {
@@ -91,19 +80,24 @@ impl RailLinks {
         drop(self.watch.lock().expect("link watch poisoned").take());
     }
 
-    /// Hand `ev` to every listener, as the watch does (tests).
+    /// Hand a change to every listener, as the watch does (tests).
     #[doc(hidden)]
     pub fn deliver(&self, ifindex: u32, up: bool) {
-        let live: Vec<Arc<dyn LinkListener>> = self
-            .listeners
-            .lock()
-            .expect("link listeners poisoned")
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for l in live {
-            l.link_changed(ifindex, up);
-        }
+        notify(&self.listeners, ifindex, up);
+    }
+}
+
+/// Tell every live listener of a change, pruning the dead ones.
+fn notify(listeners: &Listeners, ifindex: u32, up: bool) {
+    // Upgrade under the lock, call outside it: a listener may take its own
+    // locks (TCP: the rail's connections).
+    let live: Vec<Arc<dyn LinkListener>> = {
+        let mut all = listeners.lock().expect("link listeners poisoned");
+        all.retain(|w| w.strong_count() > 0);
+        all.iter().filter_map(Weak::upgrade).collect()
+    };
+    for l in live {
+        l.link_changed(ifindex, up);
     }
 }
 

@@ -153,11 +153,18 @@ impl Rail {
         self.spec.theoretical_bps
     }
 
-    /// Its bandwidth estimate at `now`, bytes per second: the sum of the
-    /// estimates of the workers that sampled it in the last second (each
-    /// measures its own share when several use it); if none did lately,
-    /// the freshest estimate; if none ever did, the theoretical bandwidth.
+    /// Its bandwidth estimate at `now`, bytes per second: the measured
+    /// one, or the theoretical bandwidth if no worker has sampled it.
     pub fn bandwidth(&self, now: u64) -> u64 {
+        self.measured(now)
+            .unwrap_or(self.spec.theoretical_bps as u64)
+    }
+
+    /// What the workers measured by `now`: the sum of the estimates of
+    /// those that sampled it in the last second (each measures its own
+    /// share when several use it); if none did lately, the freshest
+    /// estimate; `None` if none ever did.
+    fn measured(&self, now: u64) -> Option<u64> {
         let mut fresh = 0.0;
         let mut latest = (0u64, 0.0);
         for w in self.workers.iter() {
@@ -173,14 +180,13 @@ impl Rail {
                 latest = (at, e);
             }
         }
-        let bps = if fresh > 0.0 {
-            fresh
+        if fresh > 0.0 {
+            Some(fresh as u64)
         } else if latest.0 != 0 {
-            latest.1
+            Some(latest.1 as u64)
         } else {
-            self.spec.theoretical_bps
-        };
-        bps as u64
+            None
+        }
     }
 }
 
@@ -423,19 +429,9 @@ impl RailSet {
             review_bandwidth(
                 self.rails.len(),
                 |i| &self.rails[i].monitor,
-                |i| {
-                    let r = &self.rails[i];
-                    // Only measured estimates: the theoretical is no
-                    // evidence of slowness.
-                    if r.workers
-                        .iter()
-                        .any(|w| w.sampled_ns.load(Ordering::Relaxed) != 0)
-                    {
-                        r.bandwidth(now)
-                    } else {
-                        0
-                    }
-                },
+                // Only measured estimates: the theoretical is no evidence
+                // of slowness.
+                |i| self.rails[i].measured(now).unwrap_or(0),
                 in_service,
                 now,
             );
