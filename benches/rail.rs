@@ -49,8 +49,10 @@ fn selector(c: &mut Criterion) {
             smart,
             ..SelectorConfig::default()
         });
+        // Deep enough that the late-binding check runs and never waits.
         let specs = [RailSpec {
             theoretical_bps: sel.config().theoretical_bps(None),
+            depth: IN_FLIGHT as u32,
         }; 8];
         for slices in [64u64, 1] {
             let mut sp = Spray::new(&sel, &specs, &tiers, 1);
@@ -58,7 +60,7 @@ fn selector(c: &mut Criterion) {
             // (rail, slices ahead of it) of the slices in flight.
             let mut flight = [(0usize, 0u32); IN_FLIGHT];
             let mut head = 0;
-            let id = format!("{mode}: pick+posted+left+observed, {slices}-slice requests");
+            let id = format!("{mode}: next+posted+left+observed, {slices}-slice requests");
             g.bench_function(id, |b| {
                 b.iter(|| {
                     if left == 0 {
@@ -66,7 +68,7 @@ fn selector(c: &mut Criterion) {
                         left = slices;
                     }
                     let r = sp
-                        .pick(&sel, token, left, SLICE, None, |r| black_box(up[r]))
+                        .next(&sel, token, left, SLICE, |r| black_box(up[r]))
                         .unwrap_or(0);
                     left -= 1;
                     let ahead = sp.posted(r, SLICE);

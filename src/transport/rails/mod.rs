@@ -24,8 +24,10 @@ pub use monitor::{
     SLOW_FOR_NS, SLOW_RATIO, review_bandwidth,
 };
 pub use selector::{
-    DeviceSelector, MAX_RAILS, PROBE_EVERY, RailLoad, RailSpec, SelectPolicy, SelectorConfig,
-    Spray, allocate, score,
+    DeviceSelector, MAX_RAILS, NoRail, PROBE_EVERY, RailLoad, RailSpec, SelectPolicy,
+    SelectorConfig, Spray, allocate, score,
 };
-pub use set::{MAX_RAIL_MOVES, Placement, Rail, RailDesc, RailSet, WorkerRails, is_rail_fault};
+pub use set::{
+    Ask, MAX_RAIL_MOVES, Placement, Rail, RailDesc, RailSet, WorkerRails, is_rail_fault,
+};
 pub use stats::TrafficStats;

@@ -43,6 +43,25 @@
 //!   a probe: round robin over every usable rail of every tier, so that no
 //!   rail's estimate starves.
 //!
+//! **Late binding** ([`Spray::next`], smart only). A rail's `depth` is
+//! how many of one worker's slices it serves at once (TCP: connections ×
+//! requests in flight on each; RDMA: the endpoint's send queue). A
+//! request's next slice is bound to a rail only while the rail has fewer
+//! than `depth` of this worker's slices on it; past that it would only
+//! queue, and a slice queued early on the wrong rail is the one that
+//! finishes last (a 256 MiB READ planned whole on EWMA estimates finished
+//! its slow rail up to 0.9 s after its fast one). So the plan's next rail
+//! is the next planned one that has room (smooth weighted round robin over
+//! the planned rails with room, each at most its share of the window);
+//! when none has room but another usable rail does, the rest of the
+//! window is planned again from the loads as they are (backlog included,
+//! so near the end of a request a rail whose queue outlasts the others
+//! gets nothing), and when the planned rails are full and no rail can
+//! take the slice, [`NoRail::Full`]: the transport answers back-pressure
+//! and the worker posts the slice after a completion. A single-rail
+//! window waits for its best rail. Round robin binds at once (the
+//! baseline as the seed gives it), and so do moves (`avoid`).
+//!
 //! A pick that names `avoid` is a slice moving off that rail: it goes to
 //! the minimum-score usable rail other than `avoid` (smart) or to the next
 //! rail of the round robin (baseline), and leaves the plan as it was.
@@ -165,6 +184,19 @@ pub struct RailSpec {
     /// Bytes per second ([`SelectorConfig::theoretical_bps`]); a value that
     /// is not finite and positive counts as the default bandwidth.
     pub theoretical_bps: f64,
+    /// Slices of one worker the rail serves at once: [`Spray::next`]
+    /// binds no more to it (0: no bound).
+    pub depth: u32,
+}
+
+/// Why [`Spray::next`] gave no rail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoRail {
+    /// No rail is usable.
+    Unusable,
+    /// The rails the slice should go to are at their depth: post it after
+    /// a completion.
+    Full,
 }
 
 /// One worker's view of one rail (plain fields: only its worker writes it).
@@ -366,6 +398,8 @@ struct Fixed {
     /// The estimate's clamps, `[ewma_min, ewma_max] × theoretical`.
     lo: f64,
     hi: f64,
+    /// [`RailSpec::depth`].
+    depth: u32,
 }
 
 impl Fixed {
@@ -386,6 +420,8 @@ struct Plan {
     left: u64,
     /// Slices per rail in the window (smooth weighted round robin weights).
     weight: Box<[u64]>,
+    /// Of `weight`, those not handed out yet.
+    quota: Box<[u64]>,
     /// Σ weight.
     total: i64,
     /// Smooth weighted round robin state.
@@ -399,27 +435,39 @@ impl Plan {
         self.left = w;
         self.total = w as i64;
         self.current.fill(0);
+        self.quota.copy_from_slice(&self.weight);
     }
 
-    /// The rail the next slice goes to: the largest `current + weight`,
-    /// the first of equals. Only called while `left > 0`.
-    fn peek(&self) -> usize {
-        let mut best = (i64::MIN, 0);
-        for (r, (&w, &c)) in self.weight.iter().zip(self.current.iter()).enumerate() {
-            if w > 0 && c + w as i64 > best.0 {
-                best = (c + w as i64, r);
+    /// The rail the next slice goes to among those `fits` admits: of the
+    /// rails with quota left, the largest `current + weight`, the first
+    /// of equals. `None`: no such rail.
+    fn peek(&self, fits: impl Fn(usize) -> bool) -> Option<usize> {
+        let mut best: Option<(i64, usize)> = None;
+        for (r, ((&w, &q), &c)) in self
+            .weight
+            .iter()
+            .zip(self.quota.iter())
+            .zip(self.current.iter())
+            .enumerate()
+        {
+            let key = c + w as i64;
+            if q > 0 && best.is_none_or(|(b, _)| key > b) && fits(r) {
+                best = Some((key, r));
             }
         }
-        best.1
+        best.map(|(_, r)| r)
     }
 
-    /// Hand out one slice on `rail` (the one `peek` named). Over a whole
-    /// window each rail comes up exactly `weight` times, spread evenly.
+    /// Hand out one slice on `rail` (one `peek` named). Taking always the
+    /// rail `peek(|_| true)` names, each rail comes up exactly `weight`
+    /// times over a window, spread evenly; skipping a full rail takes
+    /// another's share early, never more than its quota.
     fn take(&mut self, rail: usize) {
         for (&w, c) in self.weight.iter().zip(self.current.iter_mut()) {
             *c += w as i64;
         }
         self.current[rail] -= self.total;
+        self.quota[rail] -= 1;
         self.left -= 1;
     }
 }
@@ -459,6 +507,7 @@ impl Spray {
                     theoretical,
                     lo: theoretical * sel.cfg.ewma_min_multiplier,
                     hi: theoretical * sel.cfg.ewma_max_multiplier,
+                    depth: s.depth,
                 }
             })
             .collect();
@@ -478,6 +527,7 @@ impl Spray {
                 token: 0,
                 left: 0,
                 weight: vec![0; n].into(),
+                quota: vec![0; n].into(),
                 total: 0,
                 current: vec![0; n].into(),
             },
@@ -520,17 +570,74 @@ impl Spray {
         if avoid.is_some() {
             return self.best(sel, ok, slice_bytes);
         }
-        let w = if self.plan.left > 0 && self.plan.token == token {
-            let next = self.plan.peek();
-            if ok(next) {
-                self.plan.take(next);
-                return Some(next);
-            }
-            self.plan.left.min(sel.window(slices_left))
-        } else {
-            sel.window(slices_left)
+        self.planned(sel, token, slices_left, slice_bytes, ok, &[true; MAX_RAILS])
+            .ok()
+    }
+
+    /// Like [`pick`](Self::pick) with no rail to avoid, for a request's
+    /// next slice, bound late under smart scheduling: a rail with
+    /// [`RailSpec::depth`] of this worker's slices on it takes no more
+    /// (see the module notes). `Err(Full)`: try again after a completion.
+    /// Round robin binds at once. Never allocates.
+    pub fn next(
+        &mut self,
+        sel: &DeviceSelector,
+        token: u64,
+        slices_left: u64,
+        slice_bytes: u64,
+        usable: impl Fn(usize) -> bool,
+    ) -> Result<usize, NoRail> {
+        if !sel.is_smart() {
+            return self.round_robin(usable).ok_or(NoRail::Unusable);
+        }
+        let mut room = [true; MAX_RAILS];
+        for ((m, f), l) in room
+            .iter_mut()
+            .zip(self.fixed.iter())
+            .zip(self.loads.iter())
+        {
+            *m = f.depth == 0 || l.inflight_slices < f.depth;
+        }
+        self.planned(sel, token, slices_left, slice_bytes, usable, &room)
+    }
+
+    /// Smart: the plan's next rail among those `ok` admits and `room`
+    /// says have room, planning a window when there is no plan for
+    /// `token`, its planned rail is no longer usable (both count toward
+    /// the probe cadence), or its planned rails are full while another
+    /// usable rail has room (the rest of the window again, not counted).
+    fn planned(
+        &mut self,
+        sel: &DeviceSelector,
+        token: u64,
+        slices_left: u64,
+        slice_bytes: u64,
+        ok: impl Fn(usize) -> bool,
+        room: &[bool; MAX_RAILS],
+    ) -> Result<usize, NoRail> {
+        let window = sel.window(slices_left);
+        if self.plan.left == 0 || self.plan.token != token {
+            return self.replan(sel, token, window, slice_bytes, ok, room, true);
+        }
+        let w = self.plan.left.min(window);
+        let Some(next) = self.plan.peek(|_| true) else {
+            return self.replan(sel, token, w, slice_bytes, ok, room, true);
         };
-        self.replan(sel, token, w, slice_bytes, ok)
+        if !ok(next) {
+            return self.replan(sel, token, w, slice_bytes, ok, room, true);
+        }
+        if room[next] {
+            self.plan.take(next);
+            return Ok(next);
+        }
+        if let Some(r) = self.plan.peek(|r| room[r] && ok(r)) {
+            self.plan.take(r);
+            return Ok(r);
+        }
+        if (0..self.rails()).any(|r| room[r] && ok(r)) {
+            return self.replan(sel, token, w, slice_bytes, ok, room, false);
+        }
+        Err(NoRail::Full)
     }
 
     /// A slice of `bytes` was posted on `rail`; returns how many of this
@@ -644,8 +751,11 @@ impl Spray {
         })
     }
 
-    /// A new plan of `w` slices for `token` over the rails `ok` admits,
-    /// and its first rail.
+    /// A new plan of `w` slices for `token` over the rails `ok` admits
+    /// (whether or not they have `room`: the loads decide), and its first
+    /// rail with room; `Err(Full)` when every planned rail is full.
+    /// `counted`: a multi-path plan counts toward the probe cadence.
+    #[allow(clippy::too_many_arguments)]
     fn replan(
         &mut self,
         sel: &DeviceSelector,
@@ -653,16 +763,20 @@ impl Spray {
         w: u64,
         slice_bytes: u64,
         ok: impl Fn(usize) -> bool,
-    ) -> Option<usize> {
+        room: &[bool; MAX_RAILS],
+        counted: bool,
+    ) -> Result<usize, NoRail> {
         self.plan.left = 0;
         if !sel.multi_path(w) {
-            let best = self.best(sel, ok, slice_bytes)?;
+            let best = self.best(sel, ok, slice_bytes).ok_or(NoRail::Unusable)?;
             self.plan.weight.fill(0);
             self.plan.weight[best] = w;
         } else {
-            let mask = self.usable_mask(ok)?;
-            self.plans += 1;
-            if self.plans % PROBE_EVERY == 0 {
+            let mask = self.usable_mask(ok).ok_or(NoRail::Unusable)?;
+            if counted {
+                self.plans += 1;
+            }
+            if counted && self.plans % PROBE_EVERY == 0 {
                 self.probe(&mask, w);
             } else {
                 let n = self.rails();
@@ -678,9 +792,9 @@ impl Spray {
             }
         }
         self.plan.start(token, w);
-        let first = self.plan.peek();
+        let first = self.plan.peek(|r| room[r]).ok_or(NoRail::Full)?;
         self.plan.take(first);
-        Some(first)
+        Ok(first)
     }
 
     /// A probe plan: `w` slices round robin over every usable rail; the
@@ -726,7 +840,10 @@ mod tests {
     fn spray(sel: &DeviceSelector, bps: &[f64], tiers: &[u8]) -> Spray {
         let specs: Vec<RailSpec> = bps
             .iter()
-            .map(|&b| RailSpec { theoretical_bps: b })
+            .map(|&b| RailSpec {
+                theoretical_bps: b,
+                depth: 0,
+            })
             .collect();
         Spray::new(sel, &specs, tiers, 7)
     }
@@ -1147,7 +1264,7 @@ mod tests {
         let mut picks = Vec::new();
         for i in 0..60u64 {
             if i == 10 {
-                let next = sp.plan.peek();
+                let next = sp.plan.peek(|_| true).unwrap();
                 assert_eq!(
                     sp.pick(&sel, 11, 60 - i, S, Some(next), |_| true),
                     Some(1 - next)
@@ -1327,5 +1444,155 @@ mod tests {
         let sel = sel_with(|_| {});
         let sp = spray(&sel, &[1000.0; 3], &[0, 1]);
         assert_eq!((sp.rails(), sp.tier(1)), (2, 1));
+    }
+
+    /// `spray` with every rail's depth `depth`.
+    fn deep(sel: &DeviceSelector, bps: &[f64], depth: u32) -> Spray {
+        let specs: Vec<RailSpec> = bps
+            .iter()
+            .map(|&b| RailSpec {
+                theoretical_bps: b,
+                depth,
+            })
+            .collect();
+        Spray::new(sel, &specs, &vec![0; bps.len()], 7)
+    }
+
+    #[test]
+    fn next_binds_no_slice_past_a_rails_depth() {
+        let sel = sel_with(|_| {});
+        let mut sp = deep(&sel, &[1000.0, 1000.0], 2);
+        let mut picks = Vec::new();
+        for i in 0..4u64 {
+            let r = sp.next(&sel, 1, 64 - i, S, |_| true).unwrap();
+            sp.posted(r, S);
+            picks.push(r);
+        }
+        assert_eq!(tally(&picks, 2), [2, 2]);
+        assert_eq!(sp.next(&sel, 1, 60, S, |_| true), Err(NoRail::Full));
+        assert_eq!(sp.next(&sel, 1, 60, S, |_| true), Err(NoRail::Full));
+        // A completion on rail 1 makes room there, and only there.
+        sp.left(1, S);
+        assert_eq!(sp.next(&sel, 1, 60, S, |_| true), Ok(1));
+        sp.posted(1, S);
+        assert_eq!(sp.next(&sel, 1, 59, S, |_| true), Err(NoRail::Full));
+        // Waiting re-plans the window but is no new window: no probe due.
+        assert_eq!(sp.plans(), 1);
+        // No usable rail is not "full".
+        assert_eq!(sp.next(&sel, 1, 59, S, |_| false), Err(NoRail::Unusable));
+    }
+
+    #[test]
+    fn a_single_rail_window_waits_for_its_best_rail() {
+        let sel = sel_with(|_| {});
+        let mut sp = deep(&sel, &[10_000.0, 1000.0], 2);
+        for i in 0..2u64 {
+            assert_eq!(sp.next(&sel, 1, 3 - i, S, |_| true), Ok(0));
+            sp.posted(0, S);
+        }
+        // Rail 1 has room, but a slice there would finish after one
+        // queued behind the two on rail 0 (3S/10000 < S/1000).
+        assert_eq!(sp.next(&sel, 1, 1, S, |_| true), Err(NoRail::Full));
+        sp.left(0, S);
+        assert_eq!(sp.next(&sel, 1, 1, S, |_| true), Ok(0));
+    }
+
+    #[test]
+    fn round_robin_and_moves_bind_at_once() {
+        let sel = sel_with(|c| c.smart = false);
+        let mut sp = deep(&sel, &[1000.0, 1000.0], 1);
+        let mut picks = Vec::new();
+        for i in 0..6u64 {
+            let r = sp.next(&sel, 1, 6 - i, S, |_| true).unwrap();
+            sp.posted(r, S);
+            picks.push(r);
+        }
+        assert_eq!(picks, [0, 1, 0, 1, 0, 1]);
+        let sel = sel_with(|_| {});
+        let mut sp = deep(&sel, &[1000.0, 1000.0], 1);
+        for r in 0..2 {
+            sp.posted(r, S);
+        }
+        assert_eq!(sp.next(&sel, 1, 64, S, |_| true), Err(NoRail::Full));
+        // Moving off rail 0: rail 1, full or not.
+        assert_eq!(sp.pick(&sel, 1, 1, S, Some(0), |_| true), Some(1));
+    }
+
+    /// One request of `n` slices of `S` over rails whose estimates all
+    /// start at 1 GB/s but which really serve `true_bps` (one slice at a
+    /// time each, first in first out), each `depth` deep; `late`: posted
+    /// through `next` as room frees (what the transports do), else every
+    /// slice bound at once through `pick` (what they did). Returns (when
+    /// the request finished, when each rail finished), in ns.
+    fn simulate(true_bps: &[f64], depth: u32, n: u64, late: bool) -> (u64, Vec<u64>) {
+        let sel = sel_with(|_| {});
+        let mut sp = deep(&sel, &vec![1e9; true_bps.len()], depth);
+        let slice_ns: Vec<u64> = true_bps
+            .iter()
+            .map(|b| (S as f64 / b * 1e9) as u64)
+            .collect();
+        let mut free_at = vec![0u64; true_bps.len()];
+        let mut last = vec![0u64; true_bps.len()];
+        // (done, rail, posted, ahead), kept sorted by `done` descending.
+        let mut flight: Vec<(u64, usize, u64, u32)> = Vec::new();
+        let (mut now, mut left) = (0u64, n);
+        loop {
+            while left > 0 {
+                let r = if late {
+                    match sp.next(&sel, 1, left, S, |_| true) {
+                        Ok(r) => r,
+                        Err(NoRail::Full) => break,
+                        Err(NoRail::Unusable) => unreachable!(),
+                    }
+                } else {
+                    sp.pick(&sel, 1, left, S, None, |_| true).unwrap()
+                };
+                let ahead = sp.posted(r, S);
+                let done = free_at[r].max(now) + slice_ns[r];
+                free_at[r] = done;
+                flight.push((done, r, now, ahead));
+                flight.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
+                left -= 1;
+            }
+            let Some((done, r, posted, ahead)) = flight.pop() else {
+                break;
+            };
+            now = done;
+            last[r] = done;
+            sp.left(r, S);
+            sp.observed(&sel, r, S, done - posted, ahead);
+        }
+        (now, last)
+    }
+
+    #[test]
+    fn late_binding_finishes_mis_estimated_rails_together() {
+        // 1 GB/s and 200 MB/s, both believed 1 GB/s: the ideal is every
+        // byte at the sum of the rates.
+        let rates = [1e9, 2e8];
+        let n = 1024;
+        let ideal = (n * S) as f64 / (rates[0] + rates[1]) * 1e9;
+        let (done, last) = simulate(&rates, 8, n, true);
+        assert!(
+            (done as f64) < 1.05 * ideal,
+            "late binding: {done} ns vs ideal {ideal:.0} (rails done at {last:?})"
+        );
+        // The rails finish within a few slow slices of each other.
+        let slow_slice = S as f64 / rates[1] * 1e9;
+        let skew = last[0].abs_diff(last[1]) as f64;
+        assert!(skew < 10.0 * slow_slice, "skew {skew} ns: {last:?}");
+        // Bound at once on the first estimates, the slow rail gets its
+        // "equal" share and the request takes far longer.
+        let (eager, _) = simulate(&rates, 8, n, false);
+        assert!(eager as f64 > 1.5 * ideal, "eager {eager} vs {ideal:.0}");
+    }
+
+    #[test]
+    fn late_binding_costs_nothing_on_equal_rails() {
+        let rates = [1e9, 1e9, 1e9];
+        let n = 600;
+        let ideal = (n * S) as f64 / 3e9 * 1e9;
+        let (done, _) = simulate(&rates, 4, n, true);
+        assert!((done as f64) < 1.02 * ideal, "{done} vs {ideal:.0}");
     }
 }

@@ -28,7 +28,7 @@ use crossbeam_utils::CachePadded;
 use tent_rings::{ErrorKind, TransportKind};
 
 use super::monitor::{RailMonitor, RailPolicy, RailStat, ReviewClock, review_bandwidth};
-use super::selector::{DeviceSelector, RailSpec, Spray};
+use super::selector::{DeviceSelector, NoRail, RailSpec, Spray};
 
 /// Times a slice may move to a sibling rail before its failure reaches
 /// the task (every transport: one budget).
@@ -67,6 +67,25 @@ pub struct RailDesc {
     pub numa_node: Option<u32>,
     /// The local device's port speed, Gbit/s (`None`: unknown).
     pub speed_gbps: Option<f64>,
+    /// Slices of one worker the rail serves at once (TCP: connections ×
+    /// requests in flight on each; RDMA: the endpoint's send queue depth).
+    /// Under smart scheduling a request's next slice is bound to a rail
+    /// only below it ([`Ask::Next`]); 0: no bound.
+    pub depth: u32,
+}
+
+/// What a slice asks of [`RailSet::pick`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// A request's next slice, with this many of its slices (this one
+    /// included) still to post. Under smart scheduling it is bound to a
+    /// rail only when one it should go to has room, else `SqFull`
+    /// (back-pressure: post it after a completion).
+    Next(u64),
+    /// A slice going again: moving off the rail named (never back to it),
+    /// or caught in another slice's fault (`None`). Never waits for room:
+    /// it was admitted once already.
+    Again(Option<usize>),
 }
 
 /// Where the engine's workers run: their NUMA nodes, and the distance
@@ -229,6 +248,7 @@ impl RailSet {
                 monitor: RailMonitor::new(policy, d.local.clone(), d.remote.clone()),
                 spec: RailSpec {
                     theoretical_bps: cfg.theoretical_bps(d.speed_gbps),
+                    depth: d.depth,
                 },
                 local: d.local,
                 remote: d.remote,
@@ -297,29 +317,42 @@ impl RailSet {
         &self.selector
     }
 
-    /// The rail for the next slice of request `token` (`slices_left`
-    /// slices of about `slice_bytes` still to post, this one included),
-    /// among those `usable` says the transport can post on now, never
-    /// `avoid`. `None`: no rail can take it.
+    /// The rail for a slice of about `slice_bytes` of request `token`
+    /// (`ask`: its next slice, or one going again), among those `usable`
+    /// says the transport can post on now. `Err(RouteLost)`: no rail can
+    /// take it; `Err(SqFull)`: the rails it should go to are full (smart
+    /// scheduling's late binding, [`Ask::Next`] only).
     #[inline]
     pub fn pick(
         &self,
         w: &mut WorkerRails,
         token: u64,
-        slices_left: u64,
+        ask: Ask,
         slice_bytes: u64,
-        avoid: Option<usize>,
         usable: impl Fn(usize) -> bool,
-    ) -> Option<usize> {
+    ) -> Result<usize, ErrorKind> {
         let rails = &self.rails;
         let sel = &*self.selector;
+        let (slices_left, avoid) = match ask {
+            Ask::Next(left) => (left, None),
+            Ask::Again(avoid) => (1, avoid),
+        };
         if sel.is_smart() {
             // Paused rails are out; a demoted one keeps its EWMA share.
-            return w
-                .spray
-                .pick(sel, token, slices_left, slice_bytes, avoid, |r| {
-                    usable(r) && rails[r].monitor.available()
-                });
+            let ok = |r: usize| usable(r) && rails[r].monitor.available();
+            return match ask {
+                Ask::Next(_) => w
+                    .spray
+                    .next(sel, token, slices_left, slice_bytes, ok)
+                    .map_err(|e| match e {
+                        NoRail::Full => ErrorKind::SqFull,
+                        NoRail::Unusable => ErrorKind::RouteLost,
+                    }),
+                Ask::Again(_) => w
+                    .spray
+                    .pick(sel, token, slices_left, slice_bytes, avoid, ok)
+                    .ok_or(ErrorKind::RouteLost),
+            };
         }
         // Round robin: rails the monitor prefers (not demoted, or a
         // demoted one's probe is due), else any available one.
@@ -333,6 +366,7 @@ impl RailSet {
                         usable(r) && rails[r].monitor.available()
                     })
             })
+            .ok_or(ErrorKind::RouteLost)
     }
 
     /// A slice of `bytes` was posted on `rail`; returns how many of this
@@ -484,6 +518,7 @@ mod tests {
                     remote: format!("r{i}"),
                     numa_node: None,
                     speed_gbps: Some(100.0),
+                    depth: 0,
                 })
                 .collect(),
             workers,
@@ -592,6 +627,7 @@ mod tests {
                     remote: "peer".into(),
                     numa_node: Some(node),
                     speed_gbps: Some(100.0),
+                    depth: 0,
                 })
                 .collect(),
             1,
@@ -604,7 +640,9 @@ mod tests {
         let slice = 65_536;
         let mut picks = Vec::new();
         for token in 0..8 {
-            let r = s.pick(&mut w, token, 1, slice, None, |_| true).unwrap();
+            let r = s
+                .pick(&mut w, token, Ask::Next(1), slice, |_| true)
+                .unwrap();
             s.posted(&mut w, r, slice);
             picks.push(r);
         }
@@ -621,7 +659,7 @@ mod tests {
             s.completed(&mut w, r, slice, 0, 1 + i as u64, 0);
         }
         let mut w = s.worker(0);
-        assert_eq!(s.pick(&mut w, 99, 1, slice, None, |_| true), Some(1));
+        assert_eq!(s.pick(&mut w, 99, Ask::Next(1), slice, |_| true), Ok(1));
     }
 
     #[test]

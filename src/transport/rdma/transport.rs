@@ -55,7 +55,7 @@ use crate::memory::MemRegion;
 use crate::netlink;
 use crate::segment::Segment;
 use crate::transport::rails::{
-    DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, RailPolicy, RailSet,
+    Ask, DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, RailPolicy, RailSet,
     SelectorConfig, WorkerRails, is_rail_fault,
 };
 use crate::transport::rdma::verbs::{CompletionQueue, QueuePair};
@@ -361,6 +361,8 @@ impl RdmaTransport {
                         remote: r.remote_name.clone(),
                         numa_node: nic.numa_node,
                         speed_gbps: nic.speed_gbps,
+                        // One endpoint per rail per worker: its send queue.
+                        depth: self.settings.depth,
                     }
                 })
                 .collect(),
@@ -424,8 +426,9 @@ impl RdmaTransport {
         }))
     }
 
-    /// Queue `s` (between `local` and `remote`) on a usable rail other
-    /// than `avoid`, with that rail's keys.
+    /// Queue `s` (between `local` and `remote`) on the usable rail the
+    /// selector picks for it (`ask`: its request's next slice, or one
+    /// moving off a rail), with that rail's keys.
     #[inline]
     fn post(
         peer: &RdmaPeer,
@@ -433,16 +436,12 @@ impl RdmaTransport {
         mut s: RdmaSlice,
         local: &MemRegion,
         remote: &RegionEntry,
-        slices_left: u64,
-        avoid: Option<usize>,
+        ask: Ask,
     ) -> std::result::Result<(), ErrorKind> {
         let len = u64::from(s.len);
-        let rail = peer
-            .rails
-            .pick(&mut eps.rails, s.token, slices_left, len, avoid, |r| {
-                peer.usable(r, local, remote)
-            })
-            .ok_or(ErrorKind::RouteLost)?;
+        let rail = peer.rails.pick(&mut eps.rails, s.token, ask, len, |r| {
+            peer.usable(r, local, remote)
+        })?;
         let r = &peer.paths[rail];
         s.lkey = local.lkey(r.local).ok_or(ErrorKind::RouteLost)?;
         s.rkey = rkey_on(remote, r.remote).ok_or(ErrorKind::RouteLost)?;
@@ -511,7 +510,7 @@ impl RdmaTransport {
         // SAFETY: `ctx` is the slice's local region, which its task holds (an Arc) until every slice of it has completed; this slice has not.
         let local = unsafe { &*(s.ctx as *const MemRegion) };
         let remote = peer.region_of(s.remote, s.len as u64)?;
-        Self::post(peer, eps, s, local, remote, 1, Some(from))
+        Self::post(peer, eps, s, local, remote, Ask::Again(Some(from)))
     }
 }
 
@@ -643,8 +642,7 @@ impl Transport for RdmaTransport {
                 slice,
                 s.region,
                 remote,
-                s.slices_left(),
-                None,
+                Ask::Next(s.slices_left()),
             );
             // Rare (first slice since the peer drained): the only
             // reference-count update on this path.

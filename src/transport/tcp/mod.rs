@@ -53,7 +53,7 @@ use crate::error::{Error, Result};
 use crate::netlink;
 use crate::segment::Segment;
 use crate::transport::rails::{
-    DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, RailLinks, RailPolicy,
+    Ask, DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, RailLinks, RailPolicy,
     RailSet, SelectorConfig, WorkerRails, is_rail_fault,
 };
 
@@ -303,6 +303,8 @@ impl TcpTransport {
                         remote: r.remote_name.clone(),
                         numa_node: dev.numa_node,
                         speed_gbps: dev.speed_gbps,
+                        // What the rail's connections serve at once.
+                        depth: (s.conns_per_rail as u32).saturating_mul(s.inflight_per_conn),
                     }
                 })
                 .collect(),
@@ -403,28 +405,21 @@ impl TcpTransport {
     }
 
     /// Queue `op` on a connection of the rail the selector picks for it
-    /// among those whose link is up (never `avoid`); `slices_left`: of
-    /// its request, this one included.
+    /// (`ask`: its request's next slice, or one going again) among those
+    /// whose link is up.
     #[inline]
     fn post(
         &self,
         peer: &TcpPeer,
         links: &mut PeerLinks,
         mut op: Op,
-        slices_left: u64,
-        avoid: Option<usize>,
+        ask: Ask,
     ) -> std::result::Result<(), ErrorKind> {
         let rail = peer
             .rails
-            .pick(
-                &mut links.rails,
-                op.token,
-                slices_left,
-                op.len,
-                avoid,
-                |r| peer.links[r].is_up(),
-            )
-            .ok_or(ErrorKind::RouteLost)?;
+            .pick(&mut links.rails, op.token, ask, op.len, |r| {
+                peer.links[r].is_up()
+            })?;
         let c = links.conn_cursor[rail];
         links.conn_cursor[rail] = (c + 1) % peer.conns_per_rail;
         let ends = &mut links.ends[rail * peer.conns_per_rail + c];
@@ -529,7 +524,7 @@ impl Transport for TcpTransport {
             }
             let mut op = Op::new(s.token, s.opcode, s.local, s.remote, s.len, key);
             op.posted_ns = now;
-            let posted = self.post(peer, &mut links, op, s.slices_left(), None);
+            let posted = self.post(peer, &mut links, op, Ask::Next(s.slices_left()));
             if posted.is_err() {
                 ws.tokens.finish(s.token);
             }
@@ -679,7 +674,7 @@ impl TcpTransport {
                 peer.rails.left(&mut links.rails, r, op.len);
                 let mut again = op;
                 again.status = 0;
-                match self.post(peer, links, again, 1, None) {
+                match self.post(peer, links, again, Ask::Again(None)) {
                     Ok(()) => return None,
                     Err(e) => return Some(self.finish(links, tokens, board, op.token, Err(e))),
                 }
@@ -708,7 +703,7 @@ impl TcpTransport {
             let mut again = op;
             again.attempts += 1;
             again.status = 0;
-            if self.post(peer, links, again, 1, Some(r)).is_ok() {
+            if self.post(peer, links, again, Ask::Again(Some(r))).is_ok() {
                 peer.rails.moved(r);
                 tracing::debug!(peer = %peer.name, from_rail = op.rail, "slice re-posted on a sibling rail");
                 return None;
