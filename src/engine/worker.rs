@@ -656,7 +656,8 @@ impl Worker {
     fn dispatch(&mut self, now: u64) -> bool {
         let mut work = false;
         let mut budget = TURN_BYTES;
-        // Per lane, the first task its transport answered `Later` this
+        // Per lane, the first task its transport answered `Later` (or
+        // `SqFull` with slices in flight: back-pressure) this
         // turn: when it is that lane's head again, every head of the lane
         // is waiting, and the lane is passed over for the rest of the turn
         // (`waiting`), so the lanes below it still post. `Later` answers
@@ -757,8 +758,18 @@ impl Worker {
                 }
                 t.posted -= len;
                 if e == ErrorKind::SqFull && self.async_inflight > 0 {
-                    // Back-pressure, not a fault: completions will free room.
-                    break;
+                    // Back-pressure, not a fault: completions will free
+                    // room. The task keeps its place behind the others of
+                    // its lane, which may go elsewhere (another peer, a
+                    // rail with room) this turn; as with `Later`, the lane
+                    // is passed over once its head is this task again.
+                    self.lanes.rotate(p);
+                    first_later[p.index()].get_or_insert(i);
+                    laters += 1;
+                    if laters > most_laters {
+                        break;
+                    }
+                    continue;
                 }
                 if self.may_fail_over(i, e) && self.fail_over(i, e) {
                     work = true;
