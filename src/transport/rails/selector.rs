@@ -375,6 +375,14 @@ fn min_score(
     best.map(|(_, r)| r)
 }
 
+/// May rail `r` take another slice: not `gated`, no depth, or fewer of
+/// the worker's slices on it than its depth.
+#[inline]
+fn has_room(fixed: &[Fixed], loads: &[RailLoad], gated: bool, r: usize) -> bool {
+    let depth = fixed[r].depth;
+    !gated || depth == 0 || loads[r].inflight_slices < depth
+}
+
 /// Uniform in `[0, range)` from the xorshift64* state `rng` (0 without
 /// drawing when the range is not positive).
 fn jitter(rng: &mut u64, range: f64) -> f64 {
@@ -570,7 +578,7 @@ impl Spray {
         if avoid.is_some() {
             return self.best(sel, ok, slice_bytes);
         }
-        self.planned(sel, token, slices_left, slice_bytes, ok, &[true; MAX_RAILS])
+        self.planned(sel, token, slices_left, slice_bytes, ok, false)
             .ok()
     }
 
@@ -590,22 +598,15 @@ impl Spray {
         if !sel.is_smart() {
             return self.round_robin(usable).ok_or(NoRail::Unusable);
         }
-        let mut room = [true; MAX_RAILS];
-        for ((m, f), l) in room
-            .iter_mut()
-            .zip(self.fixed.iter())
-            .zip(self.loads.iter())
-        {
-            *m = f.depth == 0 || l.inflight_slices < f.depth;
-        }
-        self.planned(sel, token, slices_left, slice_bytes, usable, &room)
+        self.planned(sel, token, slices_left, slice_bytes, usable, true)
     }
 
-    /// Smart: the plan's next rail among those `ok` admits and `room`
-    /// says have room, planning a window when there is no plan for
-    /// `token`, its planned rail is no longer usable (both count toward
-    /// the probe cadence), or its planned rails are full while another
-    /// usable rail has room (the rest of the window again, not counted).
+    /// Smart: the plan's next rail among those `ok` admits and that have
+    /// room (`gated`: below their depth; else every rail has), planning a
+    /// window when there is no plan for `token`, its planned rail is no
+    /// longer usable (both count toward the probe cadence), or its planned
+    /// rails are full while another usable rail has room (the rest of the
+    /// window again, not counted).
     fn planned(
         &mut self,
         sel: &DeviceSelector,
@@ -613,29 +614,30 @@ impl Spray {
         slices_left: u64,
         slice_bytes: u64,
         ok: impl Fn(usize) -> bool,
-        room: &[bool; MAX_RAILS],
+        gated: bool,
     ) -> Result<usize, NoRail> {
         let window = sel.window(slices_left);
         if self.plan.left == 0 || self.plan.token != token {
-            return self.replan(sel, token, window, slice_bytes, ok, room, true);
+            return self.replan(sel, token, window, slice_bytes, ok, gated, true);
         }
         let w = self.plan.left.min(window);
         let Some(next) = self.plan.peek(|_| true) else {
-            return self.replan(sel, token, w, slice_bytes, ok, room, true);
+            return self.replan(sel, token, w, slice_bytes, ok, gated, true);
         };
         if !ok(next) {
-            return self.replan(sel, token, w, slice_bytes, ok, room, true);
+            return self.replan(sel, token, w, slice_bytes, ok, gated, true);
         }
-        if room[next] {
+        let room = |r: usize| has_room(&self.fixed, &self.loads, gated, r);
+        if room(next) {
             self.plan.take(next);
             return Ok(next);
         }
-        if let Some(r) = self.plan.peek(|r| room[r] && ok(r)) {
+        if let Some(r) = self.plan.peek(|r| room(r) && ok(r)) {
             self.plan.take(r);
             return Ok(r);
         }
-        if (0..self.rails()).any(|r| room[r] && ok(r)) {
-            return self.replan(sel, token, w, slice_bytes, ok, room, false);
+        if (0..self.rails()).any(|r| room(r) && ok(r)) {
+            return self.replan(sel, token, w, slice_bytes, ok, gated, false);
         }
         Err(NoRail::Full)
     }
@@ -752,8 +754,8 @@ impl Spray {
     }
 
     /// A new plan of `w` slices for `token` over the rails `ok` admits
-    /// (whether or not they have `room`: the loads decide), and its first
-    /// rail with room; `Err(Full)` when every planned rail is full.
+    /// (whether or not they have room: the loads decide), and its first
+    /// rail with room (`gated`, as in `planned`); `Err(Full)` when every planned rail is full.
     /// `counted`: a multi-path plan counts toward the probe cadence.
     #[allow(clippy::too_many_arguments)]
     fn replan(
@@ -763,7 +765,7 @@ impl Spray {
         w: u64,
         slice_bytes: u64,
         ok: impl Fn(usize) -> bool,
-        room: &[bool; MAX_RAILS],
+        gated: bool,
         counted: bool,
     ) -> Result<usize, NoRail> {
         self.plan.left = 0;
@@ -792,7 +794,10 @@ impl Spray {
             }
         }
         self.plan.start(token, w);
-        let first = self.plan.peek(|r| room[r]).ok_or(NoRail::Full)?;
+        let first = self
+            .plan
+            .peek(|r| has_room(&self.fixed, &self.loads, gated, r))
+            .ok_or(NoRail::Full)?;
         self.plan.take(first);
         Ok(first)
     }
