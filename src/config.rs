@@ -213,11 +213,12 @@ pub struct RdmaConfig {
     /// `transports/rdma/sq_backoff_timeout_us` (`MORI_IO_SQ_BACKOFF_TIMEOUT_US`).
     /// Not yet in effect.
     pub sq_backoff_timeout_us: u64,
-    /// `transports/rdma/sq_signal_interval_wr` (`MORI_IO_SQ_SIGNAL_INTERVAL_WR`);
-    /// 0 = off. Not yet in effect.
+    /// `transports/rdma/sq_signal_interval_wr` (`MORI_IO_SQ_SIGNAL_INTERVAL_WR`):
+    /// signal every n-th request of a posted list too; 0 = every
+    /// `qp_depth / 2`-th (the last of each list always is).
     pub sq_signal_interval_wr: u32,
-    /// `transports/rdma/sq_resume_watermark_wr` (`MORI_IO_SQ_RESUME_WATERMARK_WR`);
-    /// 0 = off. Not yet in effect.
+    /// `transports/rdma/sq_resume_watermark_wr` (`MORI_IO_SQ_RESUME_WATERMARK_WR`):
+    /// the endpoint's `SqController` hysteresis; 0 = off.
     pub sq_resume_watermark_wr: u32,
     /// `transports/rdma/sq_executor_admission` (`MORI_IO_SQ_EXECUTOR_ADMISSION`).
     /// Not yet in effect.
@@ -763,10 +764,10 @@ schema! {
     // transports/rdma: SQ flow control (seed 004, MORI_IO_SQ_* without the prefix)
     "transports/rdma/sq_backoff_timeout_us" => transports.rdma.sq_backoff_timeout_us: uint(0, 600_000_000), "10000", LATER,
         "How long a post waits in us for SQ credits before failing with SqFull.";
-    "transports/rdma/sq_signal_interval_wr" => transports.rdma.sq_signal_interval_wr: uint(0, 65_536), "0", LATER,
-        "Signal every n-th work request within a call; 0 = off.";
-    "transports/rdma/sq_resume_watermark_wr" => transports.rdma.sq_resume_watermark_wr: uint(0, 1 << 20), "0", LATER,
-        "Free SQ slots needed before waiters resume (hysteresis); 0 = off.";
+    "transports/rdma/sq_signal_interval_wr" => transports.rdma.sq_signal_interval_wr: uint(0, 65_536), "0", LIVE,
+        "Signal every n-th work request within a posted list (the last of each list always is); 0 = every qp_depth/2-th.";
+    "transports/rdma/sq_resume_watermark_wr" => transports.rdma.sq_resume_watermark_wr: uint(0, 1 << 20), "0", LIVE,
+        "Free SQ slots needed before an endpoint posts again once a post found too little room (hysteresis, clamped to qp_depth); 0 = off.";
     "transports/rdma/sq_executor_admission" => transports.rdma.sq_executor_admission: Kind::Bool, "false", LATER,
         "Admission gate: submitters wait for SQ room instead of failing on worker timeouts.";
     "transports/rdma/sq_admission_timeout_us" => transports.rdma.sq_admission_timeout_us: uint(1, 600_000_000), "1000000", LATER,

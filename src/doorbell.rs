@@ -41,6 +41,22 @@ impl Doorbell {
         };
     }
 
+    /// Wake every sleeper (a state change all of them must see: an SQ
+    /// degraded, room for whoever waits first).
+    pub fn ring_all(&self) {
+        // Release: pairs with the Acquire in value().
+        self.word.fetch_add(1, Ordering::Release);
+        // SAFETY: FUTEX_WAKE on a valid, aligned u32 owned by self.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.word.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                i32::MAX,
+            )
+        };
+    }
+
     /// Sleep until the counter differs from `seen` or `timeout` passes.
     pub fn wait(&self, seen: u32, timeout: Duration) {
         let ts = libc::timespec {

@@ -300,6 +300,14 @@ impl CreditPool {
         self.load().epoch()
     }
 
+    /// Degraded, and the health epoch, read at one instant (one load: the
+    /// check a post makes between its reservation and the post itself).
+    #[inline]
+    pub fn health(&self) -> (bool, u32) {
+        let w = self.load();
+        (w.degraded(), w.epoch())
+    }
+
     /// Whether the pool refuses reservations because its path is unhealthy.
     pub fn is_degraded(&self) -> bool {
         self.load().degraded()

@@ -10,12 +10,17 @@
 //!   next work then connects again). A flush only looks at whether the job
 //!   is done (one atomic load): it never waits on the peer.
 //! - Slices wait in a backlog and go out in linked work-request lists, as
-//!   many as the send-queue credits allow ([`CreditPool`] sized to the QP's
-//!   depth, so the provider never sees more than `max_qp_wr`). An `ENOMEM`
+//!   many as the send-queue credits allow: the endpoint's [`SqController`]
+//!   (sized to the QP's depth, so the provider never sees more than
+//!   `max_qp_wr`) reserves them with one CAS, re-checks just before
+//!   `post_send` that the queue was not degraded meanwhile (rolling the
+//!   reservation back if it was), and takes them back as completions are
+//!   known, once per reaped batch. An `ENOMEM`
 //!   from `post_send` (the provider's own SQ full) keeps the unposted rest
 //!   in the backlog; nothing is lost or reported.
 //! - Selective signalling: the last request of each list (and every
-//!   `depth / 2`-th) asks for a completion; an RC QP completes in order, so
+//!   `sq_signal_interval_wr`-th, by default every `depth / 2`-th) asks for
+//!   a completion; an RC QP completes in order, so
 //!   a signalled completion also completes the unsignalled ones before it.
 //!   Credits return exactly once, when a request's completion is known.
 //! - A failed completion fails that slice alone with its mapped kind; the
@@ -40,11 +45,13 @@
 //! [`Connector`]: super::connector::Connector
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
 
-use tent_rings::credit::CreditPool;
 use tent_rings::{ErrorKind, Opcode};
 
 use super::connector::{ConnectorHandle, Link, Queue, QueueSource};
+use super::sq::{SqController, SqRefusal};
 use super::wc::{Outcome, outcome};
 use crate::clock::monotonic_ns;
 use crate::error::Error;
@@ -60,6 +67,42 @@ const POLL_BATCH: usize = 32;
 pub const BACKOFF_MIN_NS: u64 = 250_000_000;
 /// Longest backoff.
 pub const BACKOFF_MAX_NS: u64 = 8_000_000_000;
+
+/// Seed 004's send-queue knobs an endpoint uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqSettings {
+    /// `sq_resume_watermark_wr`: free requests needed to resume after a
+    /// refused reserve paused the queue (0: no hysteresis).
+    pub resume_watermark: u32,
+    /// `sq_signal_interval_wr`: signal every n-th request within a list
+    /// too (0: every `depth / 2`-th, at least the last of each list).
+    pub signal_interval: u32,
+    /// `sq_admission_wait_slice_us`: the longest single sleep of a thread
+    /// waiting on the queue.
+    pub wait_slice: Duration,
+}
+
+impl Default for SqSettings {
+    fn default() -> SqSettings {
+        SqSettings {
+            resume_watermark: 0,
+            signal_interval: 0,
+            wait_slice: Duration::from_micros(100),
+        }
+    }
+}
+
+impl SqSettings {
+    /// The knobs `config` sets.
+    pub fn from_config(config: &crate::config::Config) -> SqSettings {
+        let r = &config.transports.rdma;
+        SqSettings {
+            resume_watermark: r.sq_resume_watermark_wr,
+            signal_interval: r.sq_signal_interval_wr,
+            wait_slice: Duration::from_micros(r.sq_admission_wait_slice_us),
+        }
+    }
+}
 
 /// One slice as an endpoint posts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,7 +186,7 @@ pub struct Endpoint {
     link: Link,
     /// The source's peer (log lines, their rate-limit key).
     peer: Box<str>,
-    credits: CreditPool,
+    sq: Arc<SqController>,
     backlog: VecDeque<RdmaSlice>,
     /// Most slices the backlog holds.
     limit: usize,
@@ -178,27 +221,41 @@ unsafe impl Send for Endpoint {}
 
 impl Endpoint {
     /// An endpoint over queues from `source`, `depth` requests deep, able
-    /// to hold `backlog` slices. It connects its first QP (through
-    /// `connector`) when it first has work, so peers and rails never used
-    /// cost no QP.
+    /// to hold `backlog` slices, with the default [`SqSettings`]. It
+    /// connects its first QP (through `connector`) when it first has work,
+    /// so peers and rails never used cost no QP.
     pub fn new(
         source: Box<dyn QueueSource>,
         depth: u32,
         backlog: usize,
         connector: &ConnectorHandle,
     ) -> Endpoint {
+        Endpoint::with_settings(source, depth, backlog, connector, SqSettings::default())
+    }
+
+    /// [`Endpoint::new`] with the send-queue knobs `sq`.
+    pub fn with_settings(
+        source: Box<dyn QueueSource>,
+        depth: u32,
+        backlog: usize,
+        connector: &ConnectorHandle,
+        sq: SqSettings,
+    ) -> Endpoint {
         let limit = backlog.max(1);
         Endpoint {
             state: State::Idle,
             peer: source.peer().into(),
             link: Link::new(source, connector),
-            credits: CreditPool::new(depth.max(1), 0),
+            sq: Arc::new(SqController::new(depth, sq.resume_watermark, sq.wait_slice)),
             backlog: VecDeque::with_capacity(limit),
             limit,
             posted: VecDeque::with_capacity(depth.max(1) as usize),
             next_seq: 1,
             since_signal: 0,
-            signal_every: (depth / 2).max(1),
+            signal_every: match sq.signal_interval {
+                0 => (depth / 2).max(1),
+                n => n,
+            },
             wrs: vec![ffi::ibv_send_wr::default(); MAX_BATCH],
             sges: vec![ffi::ibv_sge::default(); MAX_BATCH],
             wcs: vec![ffi::ibv_wc::default(); POLL_BATCH],
@@ -316,7 +373,12 @@ impl Endpoint {
 
     /// Send-queue credits in use (requests posted and not yet completed).
     pub fn credits_in_flight(&self) -> u32 {
-        self.credits.in_flight()
+        self.sq.posted()
+    }
+
+    /// Its send-queue controller (admission, diagnostics).
+    pub fn sq(&self) -> &Arc<SqController> {
+        &self.sq
     }
 
     /// QPs replaced after errors or aborts so far.
@@ -337,12 +399,23 @@ impl Endpoint {
         // Live until `break_queue`, after which this returns.
         let qp = q.qp;
         while !self.backlog.is_empty() {
-            let want = self.backlog.len().min(MAX_BATCH) as u32;
-            let k = want.min(self.credits.available());
-            if k == 0 || self.credits.try_reserve(k).is_err() {
-                return;
-            }
-            let k = k as usize;
+            let want = (self.backlog.len().min(MAX_BATCH) as u32).min(self.sq.depth());
+            let reserved = match self.sq.try_reserve(want) {
+                Ok(r) => r,
+                // Less room than wanted and not paused by the resume
+                // watermark (a refusal below it pauses the queue until
+                // completions free that much): post what fits.
+                Err(SqRefusal::Full(s)) if !s.credits.paused => {
+                    let free = s.credits.capacity.saturating_sub(s.credits.in_flight);
+                    match (free > 0).then(|| self.sq.try_reserve(free)) {
+                        Some(Ok(r)) => r,
+                        _ => return,
+                    }
+                }
+                // Paused, or degraded: completions will free room.
+                Err(_) => return,
+            };
+            let k = reserved.n as usize;
             for i in 0..k {
                 let s = self.backlog[i];
                 self.since_signal += 1;
@@ -380,6 +453,11 @@ impl Endpoint {
                 wr.wr.rdma.remote_addr = s.remote;
                 wr.wr.rdma.rkey = s.rkey;
             }
+            if self.sq.recheck(reserved).is_err() {
+                // Degraded between reserve and post: the credits went back;
+                // nothing is posted on a queue out of service.
+                return;
+            }
             let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
             // SAFETY: `qp` is live (owned by the `Ready` queue, not broken yet); the list is `k` valid WRs whose SGEs point into `sges`, all alive for the call.
             let rc = unsafe { ops::post_send(qp, self.wrs.as_mut_ptr(), &mut bad) };
@@ -402,7 +480,7 @@ impl Endpoint {
             }
             self.next_seq += k as u64;
             if posted < k {
-                self.credits.release((k - posted) as u32, 0);
+                self.sq.release((k - posted) as u32, 0);
                 // The unposted tail's signalled request never went out: the
                 // next list must signal again soon.
                 self.since_signal = self.signal_every;
@@ -508,7 +586,7 @@ impl Endpoint {
         if self.posted.front().is_none_or(|p| p.seq != seq) {
             return None;
         }
-        self.credits.release(1, 0);
+        self.sq.release(1, 0);
         self.posted.pop_front()
     }
 
@@ -532,9 +610,10 @@ impl Endpoint {
     /// Complete every posted request up to and including `seq` (an aborted
     /// one too: it finished first).
     fn complete_through(&mut self, seq: u64, done: &mut impl FnMut(RdmaCompletion)) {
+        let mut released = 0;
         while self.posted.front().is_some_and(|p| p.seq <= seq) {
             let p = self.posted.pop_front().expect("checked");
-            self.credits.release(1, 0);
+            released += 1;
             if p.abort.is_some() {
                 self.aborted_posted -= 1;
             }
@@ -544,6 +623,8 @@ impl Endpoint {
                 slice: p.slice,
             });
         }
+        // One release per reaped batch, not per request.
+        self.sq.release(released, 0);
     }
 
     /// Move towards a QP to post on; true once there is one. Idle with
@@ -646,8 +727,9 @@ impl Endpoint {
         self.state = State::Idle;
         self.dropped_for_abort = !fault;
         let at = self.requeued;
+        // The QP is gone: nothing of it is in flight any more.
+        self.sq.release(self.posted.len() as u32, 0);
         while let Some(p) = self.posted.pop_back() {
-            self.credits.release(1, 0);
             let mut s = p.slice;
             if let Some(kind) = p.abort {
                 done(RdmaCompletion {

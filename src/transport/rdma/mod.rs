@@ -4,6 +4,8 @@
 //!   peer, per-worker endpoints, rkey checks, moves between rails.
 //! - [`endpoint`]: one QP to a peer's NIC: SQ credits, linked WR lists with
 //!   selective signalling, completions, QP replacement with re-post.
+//! - [`sq`]: [`SqController`], an endpoint's send-queue credits (reserve,
+//!   re-check before post, release), admission and terminal degrade.
 //! - [`connector`]: the helper thread that connects endpoints' QPs (the
 //!   `QpConnect` exchange can wait on the peer; a worker never does).
 //! - [`nic`]: the NICs in use (context, PD, port, GID) and memory
@@ -18,6 +20,7 @@ pub mod connector;
 pub mod endpoint;
 pub mod nic;
 pub mod responder;
+pub mod sq;
 pub mod sys;
 pub mod transport;
 pub mod verbs;
@@ -25,7 +28,8 @@ pub mod wc;
 
 pub use connector::{Connector, ConnectorHandle};
 pub use connector::{Queue, QueueSource};
-pub use endpoint::{Endpoint, EndpointState, RdmaCompletion, RdmaSlice};
+pub use endpoint::{Endpoint, EndpointState, RdmaCompletion, RdmaSlice, SqSettings};
 pub use nic::{Nic, NicSet, Registration};
 pub use responder::Responder;
+pub use sq::{AdmissionToken, Reservation, SqController, SqRefusal, SqSnapshot};
 pub use transport::{RdmaPeer, RdmaRail, RdmaTransport};

@@ -43,7 +43,7 @@ use tent_rings::{ErrorKind, TransportKind};
 
 use super::connector::{Connector, ConnectorHandle};
 use super::connector::{Queue, QueueSource};
-use super::endpoint::{Endpoint, RdmaCompletion, RdmaSlice};
+use super::endpoint::{Endpoint, RdmaCompletion, RdmaSlice, SqSettings};
 use super::nic::NicSet;
 use super::responder::{bootstrap, endpoint};
 use crate::clock::monotonic_ns;
@@ -69,6 +69,8 @@ use crate::transport::{
 struct Settings {
     slice_bytes: u64,
     depth: u32,
+    /// Seed 004's send-queue knobs for every endpoint.
+    sq: SqSettings,
     backlog: usize,
     secret: Option<Vec<u8>>,
     connect_timeout: Duration,
@@ -300,6 +302,7 @@ impl RdmaTransport {
             settings: Settings {
                 slice_bytes: r.slice_size.min(max_msg as u64).max(1),
                 depth: r.qp_depth.clamp(1, max_wr),
+                sq: SqSettings::from_config(config),
                 backlog,
                 secret: (!config.rpc_shared_secret.is_empty())
                     .then(|| config.rpc_shared_secret.as_bytes().to_vec()),
@@ -400,11 +403,12 @@ impl RdmaTransport {
                             timeout: s.connect_timeout,
                             depth: s.depth,
                         };
-                        Ok(Endpoint::new(
+                        Ok(Endpoint::with_settings(
                             Box::new(source),
                             s.depth,
                             s.backlog,
                             &connector,
+                            s.sq,
                         ))
                     })
                     .collect::<Result<_>>()?;

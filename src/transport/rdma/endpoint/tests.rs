@@ -1388,3 +1388,87 @@ fn a_slice_failing_exhausted_while_a_drain_puts_others_back_leaves_the_backlog_c
     assert_eq!(ends(&rest), [end(piece(c, 0), Ok(64))]);
     assert_eq!((ep.outstanding(), ep.credits_in_flight()), (0, 0));
 }
+
+/// An endpoint over a fresh fake source with the send-queue knobs `sq`.
+fn endpoint_with(depth: u32, next_id: u32, sq: SqSettings) -> (Endpoint, Connector) {
+    let c = Connector::start().unwrap();
+    let src = FakeSource {
+        next_id,
+        connects: 0,
+        fail_after: None,
+    };
+    (
+        Endpoint::with_settings(Box::new(src), depth, 64, &c.handle(), sq),
+        c,
+    )
+}
+
+/// Which of the requests the fake NIC holds (in order) are signalled.
+fn signalled() -> Vec<bool> {
+    QUEUES.with(|qs| {
+        qs.borrow()
+            .values()
+            .flat_map(|q| q.pending.iter().map(|&(_, s, _)| s))
+            .collect()
+    })
+}
+
+#[test]
+fn the_signal_interval_signals_every_nth_request_of_a_list() {
+    for (interval, want) in [
+        // Default: every depth/2-th (8 of 16), and the last of the list.
+        (0, vec![7, 9]),
+        (4, vec![3, 7, 9]),
+        (1, (0..10).collect()),
+    ] {
+        stalled(5);
+        let sq = SqSettings {
+            signal_interval: interval,
+            ..SqSettings::default()
+        };
+        let (mut ep, _c) = endpoint_with(16, 120_000 + interval * 100, sq);
+        for t in 0..10 {
+            assert!(ep.submit(slice(t)));
+        }
+        let mut seen = Vec::new();
+        connect(&mut ep, &mut seen);
+        let flags = signalled();
+        let at: Vec<usize> = (0..flags.len()).filter(|&i| flags[i]).collect();
+        assert_eq!(at, want, "interval {interval}: {flags:?}");
+        assert_eq!(finish(&mut ep, 10).len(), 10);
+        QUEUES.with(|qs| qs.borrow_mut().clear());
+    }
+}
+
+#[test]
+fn the_resume_watermark_holds_posting_until_enough_of_the_queue_is_free() {
+    for (watermark, want) in [(4, [7, 6, 5, 8]), (0, [8, 8, 8, 8])] {
+        stalled(6);
+        let sq = SqSettings {
+            resume_watermark: watermark,
+            // Every request completes on its own: one credit at a time.
+            signal_interval: 1,
+            ..SqSettings::default()
+        };
+        let (mut ep, _c) = endpoint_with(8, 130_000 + watermark * 100, sq);
+        for t in 0..20 {
+            assert!(ep.submit(slice(t)));
+        }
+        let mut seen = Vec::new();
+        connect(&mut ep, &mut seen);
+        assert_eq!(ep.credits_in_flight(), 8);
+        let mut got = Vec::new();
+        // Requests finish one at a time: with the watermark nothing is
+        // posted until 4 are free, then 4 at once; without it, each freed
+        // slot is taken again at once.
+        for n in [1, 1, 1, 1] {
+            progress(n);
+            ep.reap(&mut |c| seen.push(c));
+            ep.flush(&mut |c| seen.push(c));
+            got.push(ep.credits_in_flight());
+        }
+        assert_eq!(got, want, "watermark {watermark}");
+        assert_eq!(finish(&mut ep, 16).len() + seen.len(), 20);
+        QUEUES.with(|qs| qs.borrow_mut().clear());
+    }
+}

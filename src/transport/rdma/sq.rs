@@ -1,0 +1,528 @@
+//! `SqController`: the one owner of an endpoint's send-queue credits, the
+//! threads waiting for them, and its degraded state (seed 004, MORI IO's
+//! SQ flow-control rework).
+//!
+//! Two counts share the queue's depth:
+//!
+//! - **posted** (hard credits, a [`CreditPool`]): work requests handed to
+//!   the provider whose completion is not known yet. The post path takes
+//!   them with one compare-and-swap ([`SqController::try_reserve`]),
+//!   checks again just before `ibv_post_send` that the queue was not
+//!   degraded meanwhile ([`SqController::recheck`], which gives the
+//!   credits back when it was: a degrade between reserve and post never
+//!   leaks them), and completions give them back
+//!   ([`SqController::release`]). The pool's resume watermark
+//!   (`sq_resume_watermark_wr`) is the hysteresis: once a reserve fails
+//!   with fewer free than the watermark, nothing is reserved until
+//!   completions free that many, so one large list is not starved by a
+//!   stream of single requests.
+//! - **queued** (soft): work admitted toward this queue and not posted yet
+//!   ([`SqController::try_admit`] → an [`AdmissionToken`], released exactly
+//!   once: posted, dropped, moved on). Admission refuses while posted +
+//!   queued would pass the depth, so pressure stays with the submitter
+//!   instead of turning into `SqFull` inside the worker.
+//!
+//! A terminal degrade ([`SqController::mark_terminal`]: a fatal
+//! completion, a refused post) refuses every reserve and admission from
+//! then on and wakes every waiter at once; completions of the orphaned
+//! requests still give their credits back ([`SqController::release`]) and
+//! never restore admission.
+//!
+//! Waiting ([`SqController::wait_for_credits`], [`SqController::wait_admission`])
+//! is a futex on a bell that every release rings while someone waits, and
+//! that a degrade rings always: a waiter reads the bell, checks the state,
+//! then sleeps only if the bell did not move, so no change is missed. Each
+//! sleep is at most one wait slice (`sq_admission_wait_slice_us`), and the
+//! whole wait at most its timeout. The worker never waits here: it only
+//! reserves, re-checks and releases (one CAS each); the waits are for
+//! threads outside it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tent_rings::credit::{CreditPool, CreditSnapshot, ReserveError};
+
+use crate::doorbell::Doorbell;
+
+/// Credits taken by [`SqController::try_reserve`]: post that many work
+/// requests, or give them back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "reserved credits are posted or released, never dropped"]
+pub struct Reservation {
+    /// Credits held.
+    pub n: u32,
+    /// The queue's health epoch when they were taken.
+    pub epoch: u32,
+}
+
+/// Why the controller refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqRefusal {
+    /// No room now (or paused by the resume watermark).
+    Full(SqSnapshot),
+    /// The queue is terminal-degraded: it takes no more work.
+    Degraded,
+    /// Asked for more than the whole depth: can never succeed.
+    TooLarge {
+        /// Credits asked for.
+        requested: u32,
+        /// The depth.
+        depth: u32,
+    },
+    /// A wait ran out of time with no room.
+    TimedOut(SqSnapshot),
+}
+
+/// The controller at one instant (diagnostics: an `SqFull` error carries
+/// it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqSnapshot {
+    /// The posted count's pool.
+    pub credits: CreditSnapshot,
+    /// Admitted, not posted.
+    pub queued: u32,
+    /// Most ever queued at once.
+    pub queued_high_watermark: u32,
+    /// Admission waits that had to sleep.
+    pub admission_waits: u64,
+    /// Microseconds spent in them.
+    pub admission_wait_us: u64,
+    /// Admission waits that timed out.
+    pub admission_timeouts: u64,
+}
+
+/// An endpoint's send-queue flow control (see the module docs).
+#[derive(Debug)]
+pub struct SqController {
+    credits: CreditPool,
+    depth: u32,
+    queued: AtomicU32,
+    queued_high: AtomicU32,
+    /// Threads sleeping on `bell`: a release rings it only then.
+    sleepers: AtomicU32,
+    bell: Doorbell,
+    /// Longest single sleep.
+    slice: Duration,
+    admission_waits: AtomicU64,
+    admission_wait_us: AtomicU64,
+    admission_timeouts: AtomicU64,
+}
+
+impl SqController {
+    /// A controller for a queue `depth` work requests deep (at least 1),
+    /// with `resume_watermark` free requests needed to resume after a
+    /// refused reserve paused it (0: no hysteresis), sleeping at most
+    /// `slice` at a time when waiting.
+    pub fn new(depth: u32, resume_watermark: u32, slice: Duration) -> SqController {
+        let depth = depth.max(1);
+        SqController {
+            credits: CreditPool::new(depth, resume_watermark),
+            depth,
+            queued: AtomicU32::new(0),
+            queued_high: AtomicU32::new(0),
+            sleepers: AtomicU32::new(0),
+            bell: Doorbell::default(),
+            slice: slice.max(Duration::from_micros(1)),
+            admission_waits: AtomicU64::new(0),
+            admission_wait_us: AtomicU64::new(0),
+            admission_timeouts: AtomicU64::new(0),
+        }
+    }
+
+    /// The queue's depth.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Work requests posted and not completed.
+    pub fn posted(&self) -> u32 {
+        self.credits.in_flight()
+    }
+
+    /// Work admitted and not posted.
+    pub fn queued(&self) -> u32 {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Credits free to reserve now (ignoring a pause).
+    pub fn available(&self) -> u32 {
+        self.credits.available()
+    }
+
+    /// Is the queue terminal-degraded?
+    pub fn is_terminal(&self) -> bool {
+        self.credits.is_degraded()
+    }
+
+    /// Take `n` credits, all or nothing (one CAS).
+    #[inline]
+    pub fn try_reserve(&self, n: u32) -> Result<Reservation, SqRefusal> {
+        match self.credits.try_reserve(n) {
+            Ok(epoch) => Ok(Reservation { n, epoch }),
+            Err(ReserveError::Full(_)) => Err(SqRefusal::Full(self.snapshot())),
+            Err(ReserveError::Degraded { .. }) => Err(SqRefusal::Degraded),
+            Err(ReserveError::TooLarge {
+                requested,
+                capacity,
+            }) => Err(SqRefusal::TooLarge {
+                requested,
+                depth: capacity,
+            }),
+        }
+    }
+
+    /// Just before posting `r`: still the epoch it was taken in and not
+    /// degraded? If not, its credits go back (rollback) and the post must
+    /// not happen.
+    #[inline]
+    pub fn recheck(&self, r: Reservation) -> Result<Reservation, SqRefusal> {
+        if self.credits.health() == (false, r.epoch) {
+            return Ok(r);
+        }
+        self.release(r.n, 0);
+        Err(SqRefusal::Degraded)
+    }
+
+    /// `n` posted requests are known complete (a CQE, or a flush of a
+    /// queue that is gone), at `now_ns`. Orphans of a terminal queue give
+    /// their credits back too; the queue stays terminal.
+    #[inline]
+    pub fn release(&self, n: u32, now_ns: u64) {
+        if n == 0 {
+            return;
+        }
+        self.credits.release(n, now_ns);
+        self.wake();
+    }
+
+    /// Take the queue out of service for good: every reserve and admission
+    /// is refused from now on, and every waiter wakes now. Returns the new
+    /// epoch (the current one if it was terminal already).
+    pub fn mark_terminal(&self) -> u32 {
+        let epoch = self.credits.mark_degraded();
+        self.bell.ring_all();
+        epoch
+    }
+
+    /// Admit `n` requests toward this queue: posted + queued + `n` must
+    /// fit the depth. The token gives them back exactly once.
+    pub fn try_admit(self: &Arc<Self>, n: u32) -> Result<AdmissionToken, SqRefusal> {
+        if n > self.depth {
+            return Err(SqRefusal::TooLarge {
+                requested: n,
+                depth: self.depth,
+            });
+        }
+        let mut q = self.queued.load(Ordering::Relaxed);
+        loop {
+            if self.is_terminal() {
+                return Err(SqRefusal::Degraded);
+            }
+            // Soft: posted may move meanwhile; completions only lower it,
+            // and a post first turns a queued request into a posted one.
+            let used = self.credits.in_flight().saturating_add(q);
+            if used.saturating_add(n) > self.depth {
+                return Err(SqRefusal::Full(self.snapshot()));
+            }
+            // Relaxed: the count itself is all that is shared.
+            match self
+                .queued
+                .compare_exchange_weak(q, q + n, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    self.queued_high.fetch_max(q + n, Ordering::Relaxed);
+                    return Ok(AdmissionToken {
+                        sq: Some(self.clone()),
+                        n,
+                    });
+                }
+                Err(now) => q = now,
+            }
+        }
+    }
+
+    /// [`try_admit`](Self::try_admit), sleeping up to `timeout` for room.
+    /// A degrade ends the wait at once.
+    pub fn wait_admission(
+        self: &Arc<Self>,
+        n: u32,
+        timeout: Duration,
+    ) -> Result<AdmissionToken, SqRefusal> {
+        let start = Instant::now();
+        let mut slept = false;
+        let out = self.wait_until(start + timeout, &mut slept, || self.try_admit(n));
+        if slept {
+            self.admission_waits.fetch_add(1, Ordering::Relaxed);
+            let us = start.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+            self.admission_wait_us.fetch_add(us, Ordering::Relaxed);
+        }
+        if matches!(out, Err(SqRefusal::TimedOut(_))) {
+            self.admission_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+        out
+    }
+
+    /// [`try_reserve`](Self::try_reserve), sleeping up to `timeout` for
+    /// credits (for a thread other than the worker). A degrade ends the
+    /// wait at once.
+    pub fn wait_for_credits(&self, n: u32, timeout: Duration) -> Result<Reservation, SqRefusal> {
+        let mut slept = false;
+        self.wait_until(Instant::now() + timeout, &mut slept, || self.try_reserve(n))
+    }
+
+    /// Try `attempt` until it gives anything but `Full`, sleeping on the
+    /// bell between tries, at most until `deadline`.
+    fn wait_until<T>(
+        &self,
+        deadline: Instant,
+        slept: &mut bool,
+        mut attempt: impl FnMut() -> Result<T, SqRefusal>,
+    ) -> Result<T, SqRefusal> {
+        loop {
+            // Announce the sleeper, then read the bell, then try: a release
+            // or degrade after the try moves the bell, and the futex
+            // returns at once.
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
+            self.credits.add_waiter();
+            let seen = self.bell.value();
+            let out = attempt();
+            let now = Instant::now();
+            let out = match out {
+                Err(SqRefusal::Full(s)) if now >= deadline => Some(Err(SqRefusal::TimedOut(s))),
+                Err(SqRefusal::Full(_)) => {
+                    *slept = true;
+                    self.bell.wait(seen, (deadline - now).min(self.slice));
+                    None
+                }
+                other => Some(other),
+            };
+            self.credits.remove_waiter();
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
+            if let Some(out) = out {
+                return out;
+            }
+        }
+    }
+
+    /// Ring the bell if anyone sleeps on it (a missed ring costs a sleeper
+    /// at most one wait slice).
+    #[inline]
+    fn wake(&self) {
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            self.bell.ring_all();
+        }
+    }
+
+    fn unqueue(&self, n: u32) {
+        let _ = self
+            .queued
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
+                debug_assert!(q >= n, "{n} admissions released with {q} queued");
+                Some(q.saturating_sub(n))
+            });
+        self.wake();
+    }
+
+    /// The controller now.
+    pub fn snapshot(&self) -> SqSnapshot {
+        SqSnapshot {
+            credits: self.credits.snapshot(),
+            queued: self.queued.load(Ordering::Relaxed),
+            queued_high_watermark: self.queued_high.load(Ordering::Relaxed),
+            admission_waits: self.admission_waits.load(Ordering::Relaxed),
+            admission_wait_us: self.admission_wait_us.load(Ordering::Relaxed),
+            admission_timeouts: self.admission_timeouts.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Requests admitted toward one queue, not posted yet. Move-only: the
+/// count goes back exactly once, at [`release`](Self::release) or on drop
+/// (posted, cancelled, failed, moved elsewhere, shut down).
+#[derive(Debug)]
+#[must_use = "dropping an admission token releases it at once"]
+pub struct AdmissionToken {
+    sq: Option<Arc<SqController>>,
+    n: u32,
+}
+
+impl AdmissionToken {
+    /// Requests it admits (0 once released).
+    pub fn count(&self) -> u32 {
+        if self.sq.is_some() { self.n } else { 0 }
+    }
+
+    /// Give the admission back now; later calls (and the drop) do nothing.
+    pub fn release(&mut self) {
+        if let Some(sq) = self.sq.take() {
+            sq.unqueue(self.n);
+        }
+    }
+}
+
+impl Drop for AdmissionToken {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::thread;
+
+    fn sq(depth: u32, watermark: u32) -> Arc<SqController> {
+        Arc::new(SqController::new(
+            depth,
+            watermark,
+            Duration::from_millis(50),
+        ))
+    }
+
+    #[test]
+    fn reserve_release_wait_with_watermark_hysteresis() {
+        let c = sq(8, 4);
+        let r = c.try_reserve(6).unwrap();
+        assert_eq!((r.n, c.posted(), c.available()), (6, 6, 2));
+        // 3 > 2 free, and 2 < the watermark: refused, and paused.
+        assert!(matches!(c.try_reserve(3), Err(SqRefusal::Full(s)) if s.credits.paused));
+        // Paused: even what would fit is refused until 4 are free.
+        assert!(matches!(c.try_reserve(1), Err(SqRefusal::Full(_))));
+        c.release(1, 10);
+        assert!(matches!(c.try_reserve(1), Err(SqRefusal::Full(_))));
+        c.release(1, 20);
+        assert_eq!(c.available(), 4);
+        assert_eq!(c.try_reserve(3).unwrap().n, 3);
+        // A waiter sleeps until a release makes room, well within its
+        // timeout.
+        let waiter = {
+            let c = c.clone();
+            thread::spawn(move || {
+                let t = Instant::now();
+                (c.wait_for_credits(4, Duration::from_secs(10)), t.elapsed())
+            })
+        };
+        thread::sleep(Duration::from_millis(30));
+        c.release(7, 30);
+        let (got, took) = waiter.join().unwrap();
+        assert_eq!(got.unwrap().n, 4);
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        // With no release the wait ends at its timeout.
+        let t = Instant::now();
+        let out = c.wait_for_credits(8, Duration::from_millis(20));
+        assert!(matches!(out, Err(SqRefusal::TimedOut(_))), "{out:?}");
+        assert!(t.elapsed() >= Duration::from_millis(20));
+    }
+
+    #[test]
+    fn terminal_degrade_wakes_waiters_and_drained_orphans_do_not_restore_admission() {
+        let c = sq(4, 0);
+        let held = c.try_reserve(4).unwrap();
+        let waiters: Vec<_> = (0..3)
+            .map(|i| {
+                let c = c.clone();
+                thread::spawn(move || {
+                    let t = Instant::now();
+                    let out = if i == 0 {
+                        c.wait_for_credits(1, Duration::from_secs(30)).map(|_| ())
+                    } else {
+                        c.wait_admission(1, Duration::from_secs(30)).map(|_| ())
+                    };
+                    (out, t.elapsed())
+                })
+            })
+            .collect();
+        thread::sleep(Duration::from_millis(30));
+        c.mark_terminal();
+        for w in waiters {
+            let (out, took) = w.join().unwrap();
+            assert_eq!(out, Err(SqRefusal::Degraded));
+            assert!(took < Duration::from_secs(10), "{took:?}");
+        }
+        // The orphans drain: their credits come back, the queue stays out.
+        c.release(held.n, 1);
+        assert_eq!(c.posted(), 0);
+        assert!(c.is_terminal());
+        assert_eq!(c.try_reserve(1), Err(SqRefusal::Degraded));
+        assert!(matches!(c.try_admit(1), Err(SqRefusal::Degraded)));
+    }
+
+    #[test]
+    fn recheck_rolls_back_after_a_degrade() {
+        let c = sq(4, 0);
+        let r = c.try_reserve(2).unwrap();
+        assert_eq!(c.recheck(r), Ok(r));
+        c.release(2, 0);
+        let r = c.try_reserve(3).unwrap();
+        c.mark_terminal();
+        assert_eq!(c.recheck(r), Err(SqRefusal::Degraded));
+        assert_eq!(c.posted(), 0, "the rollback gave the credits back");
+    }
+
+    #[test]
+    fn admission_counts_posted_and_queued_against_the_depth() {
+        let c = sq(8, 0);
+        let _posted = c.try_reserve(3).unwrap();
+        let mut a = c.try_admit(4).unwrap();
+        assert_eq!((c.queued(), a.count()), (4, 4));
+        // 3 posted + 4 queued + 2 > 8.
+        assert!(matches!(c.try_admit(2), Err(SqRefusal::Full(s)) if s.queued == 4));
+        let b = c.try_admit(1).unwrap();
+        assert!(matches!(
+            c.try_admit(9),
+            Err(SqRefusal::TooLarge {
+                requested: 9,
+                depth: 8
+            })
+        ));
+        // A waiter gets in when a token goes back.
+        let waiter = {
+            let c = c.clone();
+            thread::spawn(move || {
+                c.wait_admission(3, Duration::from_secs(10))
+                    .map(|t| t.count())
+            })
+        };
+        thread::sleep(Duration::from_millis(30));
+        a.release();
+        assert_eq!(waiter.join().unwrap(), Ok(3));
+        drop(b);
+        let s = c.snapshot();
+        assert_eq!(s.queued, 0, "{s:?}");
+        assert_eq!(s.queued_high_watermark, 5);
+        assert_eq!(s.admission_waits, 1);
+        // A wait that times out is counted.
+        let _fill = c.try_admit(5).unwrap();
+        let out = c.wait_admission(1, Duration::from_millis(5));
+        assert!(matches!(out, Err(SqRefusal::TimedOut(_))), "{out:?}");
+        assert_eq!(c.snapshot().admission_timeouts, 1);
+    }
+
+    #[test]
+    fn admission_is_refused_on_a_degraded_queue() {
+        let c = sq(8, 0);
+        c.mark_terminal();
+        assert!(matches!(c.try_admit(1), Err(SqRefusal::Degraded)));
+        assert!(matches!(
+            c.wait_admission(1, Duration::from_secs(5)),
+            Err(SqRefusal::Degraded)
+        ));
+    }
+
+    #[test]
+    fn an_admission_token_releases_exactly_once_however_it_moves() {
+        let c = sq(8, 0);
+        let mut t = c.try_admit(3).unwrap();
+        let moved = std::mem::replace(&mut t, c.try_admit(2).unwrap());
+        assert_eq!(c.queued(), 5);
+        let mut held = vec![moved];
+        t.release();
+        t.release();
+        assert_eq!((c.queued(), t.count()), (3, 0));
+        drop(t);
+        assert_eq!(c.queued(), 3);
+        held.clear();
+        assert_eq!(c.queued(), 0);
+    }
+}
