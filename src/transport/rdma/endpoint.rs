@@ -27,7 +27,12 @@
 //!   QP is then in error and every later request is flushed: those are put
 //!   back at the head of the backlog, a fresh QP is asked of the connector
 //!   (its [`QueueSource`]), and they are posted again on it (DESIGN.md's
-//!   recovery order). A slice flushed too often fails `Unreachable`.
+//!   recovery order). A slice flushed too often fails `Unreachable`. The
+//!   dead QP's `SqController` is marked terminal and the next QP gets a
+//!   fresh one. QPs that die before completing anything, twice or more in
+//!   a row, put the endpoint in `Broken` (`Unreachable`) for a backoff
+//!   doubling from 250 ms to 8 s: a path that kills every QP at once is
+//!   not reconnected in a storm (its waiting slices move on instead).
 //! - [`Endpoint::abort`] stops a task's slices (its deadline passed, it was
 //!   cancelled, the engine stops) and ends each only once nothing will
 //!   touch its buffer: a waiting one at once; for posted ones the QP is
@@ -202,6 +207,15 @@ pub struct Endpoint {
     connected_once: bool,
     /// Connects failed in a row (the backoff doubles with each).
     failures: u32,
+    /// QPs in a row that died of a fault before completing anything: from
+    /// the second on, the next connect waits a doubling backoff, so a path
+    /// that kills every QP at once is not reconnected in a storm.
+    dead_qps: u32,
+    /// The current QP has completed a request well.
+    qp_ok: bool,
+    /// The knobs each QP's fresh `SqController` is built with.
+    depth: u32,
+    settings: SqSettings,
     /// The QP was moved to the error state by `abort`: nothing more is
     /// posted on it, its completions are reaped until no aborted request
     /// is left on it, then it is dropped.
@@ -262,6 +276,10 @@ impl Endpoint {
             replacements: 0,
             connected_once: false,
             failures: 0,
+            dead_qps: 0,
+            qp_ok: false,
+            depth,
+            settings: sq,
             draining: false,
             aborted_posted: 0,
             requeued: 0,
@@ -293,6 +311,9 @@ impl Endpoint {
         out: &mut impl FnMut(RdmaSlice),
         done: &mut impl FnMut(RdmaCompletion),
     ) {
+        // A lost rail says nothing of its QPs: this one is not counted as
+        // dead (no backoff when the link comes back).
+        self.qp_ok = true;
         self.break_queue(true, done);
         while let Some(s) = self.backlog.pop_front() {
             out(s);
@@ -611,6 +632,7 @@ impl Endpoint {
     /// one too: it finished first).
     fn complete_through(&mut self, seq: u64, done: &mut impl FnMut(RdmaCompletion)) {
         let mut released = 0;
+        self.qp_ok |= self.posted.front().is_some_and(|p| p.seq <= seq);
         while self.posted.front().is_some_and(|p| p.seq <= seq) {
             let p = self.posted.pop_front().expect("checked");
             released += 1;
@@ -645,6 +667,7 @@ impl Endpoint {
                 Some(Ok(q)) => {
                     self.state = State::Ready(q);
                     self.failures = 0;
+                    self.qp_ok = false;
                     if self.connected_once {
                         self.replacements += 1;
                         if self.dropped_for_abort {
@@ -745,6 +768,48 @@ impl Endpoint {
         self.draining = false;
         self.aborted_posted = 0;
         self.requeued = 0;
+        if fault {
+            self.retire_queue();
+        }
+    }
+
+    /// The QP died of a fault: its `SqController` is terminal (it takes no
+    /// more work; anyone holding it sees so at once) and the next QP gets
+    /// a fresh one. A QP that completed nothing before it died counts
+    /// toward `dead_qps`; from the second such QP in a row the endpoint is
+    /// `Broken` (`Unreachable`: its waiting slices move to sibling rails or
+    /// fail over) for a backoff doubling from 250 ms to 8 s, then connects
+    /// again. One QP that did work resets the count.
+    fn retire_queue(&mut self) {
+        self.sq.mark_terminal();
+        self.sq = Arc::new(SqController::new(
+            self.depth,
+            self.settings.resume_watermark,
+            self.settings.wait_slice,
+        ));
+        self.dead_qps = if self.qp_ok {
+            0
+        } else {
+            self.dead_qps.saturating_add(1)
+        };
+        if self.dead_qps < 2 {
+            return;
+        }
+        let backoff = BACKOFF_MIN_NS
+            .saturating_mul(1 << (self.dead_qps - 2).min(16))
+            .min(BACKOFF_MAX_NS);
+        self.state = State::Broken {
+            kind: ErrorKind::Unreachable,
+            retry_ns: monotonic_ns().saturating_add(backoff),
+        };
+        let peer = &*self.peer;
+        crate::lograte::warn_limited!(
+            (peer, "dead-qps"),
+            peer,
+            dead_qps = self.dead_qps,
+            retry_ms = backoff / 1_000_000,
+            "rdma: QPs to this peer die before completing anything; waiting before the next (its slices move on meanwhile)"
+        );
     }
 
     /// Fail, through `done`, backlog slices flushed too many times.

@@ -1472,3 +1472,73 @@ fn the_resume_watermark_holds_posting_until_enough_of_the_queue_is_free() {
         QUEUES.with(|qs| qs.borrow_mut().clear());
     }
 }
+
+#[test]
+fn a_path_that_kills_every_qp_at_once_is_not_reconnected_in_a_storm() {
+    // Every request fails: each QP dies on its first list.
+    plan(13, 0.0, 1.0);
+    let src = FakeSource {
+        next_id: 140_000,
+        connects: 0,
+        fail_after: None,
+    };
+    let (mut ep, _c) = endpoint(src, 8, 64);
+    let old = ep.sq().clone();
+    let start = std::time::Instant::now();
+    let (mut next, mut ended, mut unreachable) = (0, 0u64, 0u64);
+    let mut terminal_seen = false;
+    while start.elapsed() < std::time::Duration::from_millis(1_000) {
+        // The application keeps sending.
+        while ep.submit(slice(next)) {
+            next += 1;
+        }
+        let mut done = |c: RdmaCompletion| {
+            ended += 1;
+            unreachable += u64::from(c.result == Err(ErrorKind::Unreachable));
+        };
+        ep.flush(&mut done);
+        ep.reap(&mut done);
+        ep.fail_exhausted(&mut done);
+        terminal_seen |= old.is_terminal();
+        std::thread::yield_now();
+    }
+    // Dead QPs in a row: the 2nd waits 250 ms, the 3rd 500 ms, the 4th
+    // 1 s: at most 3 replacements in the first second (it was one per
+    // flush: thousands).
+    let r = ep.replacements();
+    assert!((2..=4).contains(&r), "{r} QPs replaced in 1 s");
+    assert!(
+        terminal_seen,
+        "the dead QP's SqController was taken out of service"
+    );
+    assert!(
+        !Arc::ptr_eq(&old, ep.sq()),
+        "each QP gets a fresh controller"
+    );
+    assert!(
+        ended > 0 && unreachable > 0,
+        "{ended} ended, {unreachable} Unreachable"
+    );
+}
+
+#[test]
+fn a_qp_that_did_work_before_it_died_is_replaced_at_once() {
+    // One request in 40 fails; a QP completes some before dying: no QP
+    // death is "at once", so nothing waits.
+    plan(17, 0.0, 0.025);
+    let src = FakeSource {
+        next_id: 150_000,
+        connects: 0,
+        fail_after: None,
+    };
+    let (mut ep, _c) = endpoint(src, 16, 256);
+    let start = std::time::Instant::now();
+    let seen = run(&mut ep, 3_000);
+    assert!(seen.values().all(|v| v.len() == 1));
+    assert!(ep.replacements() > 10, "{}", ep.replacements());
+    assert!(
+        start.elapsed() < std::time::Duration::from_millis(2_000),
+        "{:?}",
+        start.elapsed()
+    );
+}
