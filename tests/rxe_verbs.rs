@@ -332,6 +332,56 @@ fn rxe_nic_set_opens_every_rail_and_registers_on_all_of_them() {
 }
 
 #[test]
+fn rxe_a_port_going_down_is_seen_from_the_nics_async_events() {
+    if !in_guest() || rails_count() < 2 {
+        return;
+    }
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+    use tent::transport::rdma::{NicEvents, NicSet};
+    let set = std::sync::Arc::new(NicSet::open(&[], None).unwrap());
+    let events = NicEvents::start(set.clone()).unwrap();
+    let nic = |name: &str| {
+        set.nics()
+            .iter()
+            .find(|n| n.ctx.name() == name)
+            .expect("rail NIC")
+    };
+    let _restore = LinksRestored(vec!["dummy1".into()]);
+    // No link watch runs here: only the port event can mark the NIC down.
+    let t = Instant::now();
+    ip(&["link", "set", "dummy1", "down"]);
+    while nic("rxe1").is_up() {
+        assert!(t.elapsed() < Duration::from_secs(5), "no PORT_ERR seen");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let down = t.elapsed();
+    assert!(events.counts().port_down.load(Ordering::Relaxed) >= 1);
+    assert!(nic("rxe0").is_up(), "the other NIC is untouched");
+    let t = Instant::now();
+    ip(&["link", "set", "dummy1", "up"]);
+    while !nic("rxe1").is_up() {
+        assert!(t.elapsed() < Duration::from_secs(30), "no PORT_ACTIVE seen");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let up = t.elapsed();
+    assert!(events.counts().port_up.load(Ordering::Relaxed) >= 1);
+    let t = Instant::now();
+    drop(events);
+    let stop = t.elapsed();
+    assert!(
+        stop < Duration::from_secs(1),
+        "the event thread stops at once"
+    );
+    println!(
+        "RXE-OK async events: rxe1 marked down {:.1} ms after `ip link set down` began (PORT_ERR), up {:.1} ms after `up` (PORT_ACTIVE); thread joined in {:.2} ms",
+        down.as_secs_f64() * 1e3,
+        up.as_secs_f64() * 1e3,
+        stop.as_secs_f64() * 1e3
+    );
+}
+
+#[test]
 fn rxe_an_engine_registers_its_memory_on_every_nic_and_advertises_the_rkeys() {
     if !in_guest() {
         return;

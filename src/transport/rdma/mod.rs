@@ -8,6 +8,8 @@
 //!   re-check before post, release), admission and terminal degrade.
 //! - [`connector`]: the helper thread that connects endpoints' QPs (the
 //!   `QpConnect` exchange can wait on the peer; a worker never does).
+//! - [`events`]: [`NicEvents`], the thread reading the NICs' async events
+//!   (a port down marks its rails down at once, with or without a netdev).
 //! - [`nic`]: the NICs in use (context, PD, port, GID) and memory
 //!   registered on all of them (one rkey per NIC).
 //! - [`responder`]: the target side of QP bootstrap (`QpConnect`).
@@ -18,6 +20,7 @@
 
 pub mod connector;
 pub mod endpoint;
+pub mod events;
 pub mod nic;
 pub mod responder;
 pub mod sq;
@@ -29,6 +32,7 @@ pub mod wc;
 pub use connector::{Connector, ConnectorHandle};
 pub use connector::{Queue, QueueSource};
 pub use endpoint::{Endpoint, EndpointState, RdmaCompletion, RdmaSlice, SqSettings};
+pub use events::{EventCounts, NicEvents};
 pub use nic::{Nic, NicSet, Registration};
 pub use responder::Responder;
 pub use sq::{AdmissionToken, Reservation, SqController, SqRefusal, SqSnapshot};

@@ -43,12 +43,31 @@ pub struct Nic {
     /// when the port reports a code we do not know): where the rail's
     /// bandwidth estimate starts.
     pub speed_gbps: Option<f64>,
-    /// Link state, kept by the RDMA transport's link watch; a rail whose
-    /// local NIC is down takes no new slices.
+    /// Link state, kept by the RDMA transport's link watch (the netdev,
+    /// RoCE) and its port events (`NicEvents`, any NIC); a rail whose local
+    /// NIC is down takes no new slices.
     pub up: AtomicBool,
 }
 
 impl Nic {
+    /// Its link went `up` or down, as `source` saw it (the link watch, a
+    /// port event): logged on a change only, so the two sources of the
+    /// same change log once. Returns whether it changed.
+    pub fn set_link(&self, up: bool, source: &str) -> bool {
+        let was = self.up.swap(up, Ordering::AcqRel);
+        let name = self.ctx.name();
+        if was && !up {
+            tracing::warn!(
+                nic = name,
+                source,
+                "rail down: link lost; in-flight slices move to sibling rails"
+            );
+        } else if !was && up {
+            tracing::info!(nic = name, source, "rail up: link restored");
+        }
+        was != up
+    }
+
     /// Is the NIC's link up?
     #[inline]
     pub fn is_up(&self) -> bool {

@@ -44,6 +44,7 @@ use tent_rings::{ErrorKind, TransportKind};
 use super::connector::{Connector, ConnectorHandle};
 use super::connector::{Queue, QueueSource};
 use super::endpoint::{Endpoint, RdmaCompletion, RdmaSlice, SqSettings};
+use super::events::{EventCounts, NicEvents};
 use super::nic::NicSet;
 use super::responder::{bootstrap, endpoint};
 use crate::clock::monotonic_ns;
@@ -176,17 +177,7 @@ impl LinkListener for NicLinks {
             if idx != ifindex {
                 continue;
             }
-            let nic = &self.nics.nics()[i];
-            let was = nic.up.swap(up, Ordering::AcqRel);
-            let name = nic.ctx.name();
-            if was && !up {
-                tracing::warn!(
-                    nic = name,
-                    "rail down: link lost; in-flight slices move to sibling rails"
-                );
-            } else if !was && up {
-                tracing::info!(nic = name, "rail up: link restored");
-            }
+            self.nics.nics()[i].set_link(up, "link watch");
         }
     }
 }
@@ -260,6 +251,9 @@ pub struct RdmaTransport {
     placement: std::sync::OnceLock<Arc<Placement>>,
     /// The NICs' listener on the engine's link watch (kept alive here).
     nic_links: std::sync::OnceLock<Arc<NicLinks>>,
+    /// The NICs' async-event thread, started at install; dropping the
+    /// transport joins it.
+    events: std::sync::OnceLock<NicEvents>,
     /// Started by the first `attach`; dropping the transport joins it.
     connector: Mutex<Option<Connector>>,
 }
@@ -315,6 +309,7 @@ impl RdmaTransport {
             selector: Arc::new(DeviceSelector::new(SelectorConfig::from_config(config))),
             placement: std::sync::OnceLock::new(),
             nic_links: std::sync::OnceLock::new(),
+            events: std::sync::OnceLock::new(),
             connector: Mutex::new(None),
         }
     }
@@ -331,6 +326,12 @@ impl RdmaTransport {
     /// The NICs it posts on.
     pub fn nics(&self) -> &Arc<NicSet> {
         &self.nics
+    }
+
+    /// The NICs' async events seen so far (`None` before install, or when
+    /// the event thread could not start).
+    pub fn event_counts(&self) -> Option<&EventCounts> {
+        self.events.get().map(NicEvents::counts)
     }
 
     /// Connect-side view of the peer `name` from its descriptor: its rails
@@ -564,6 +565,19 @@ impl Transport for RdmaTransport {
                 && let Ok(up) = netlink::link_up(*idx)
             {
                 n.up.store(up, Ordering::Release);
+            }
+        }
+        // Port events: a port that goes down says so at once, netdev or
+        // not. Without them the link watch (RoCE) and completions remain.
+        if self.events.get().is_none() {
+            match NicEvents::start(self.nics.clone()) {
+                Ok(ev) => {
+                    let _ = self.events.set(ev);
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "rdma: NIC async events not read; port failures are seen from the link watch and completions only"
+                ),
             }
         }
         Ok(())

@@ -250,6 +250,97 @@ impl Context {
     }
 }
 
+/// One asynchronous event of a device, as `ibv_get_async_event` gave it
+/// (acknowledged already: nothing of it is borrowed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncEvent {
+    /// `ibv_event_type`.
+    pub kind: ffi::ibv_event_type,
+    /// The port, for a port event (0 otherwise).
+    pub port: u8,
+    /// The QP number, for a QP event (0 otherwise).
+    pub qp_num: u32,
+}
+
+impl Context {
+    /// The device's asynchronous-event descriptor, made non-blocking (so
+    /// [`Context::next_async_event`] never waits: poll it for input first).
+    pub fn async_fd(&self) -> Result<std::os::fd::RawFd> {
+        // SAFETY: `self.raw` is live; `async_fd` is a plain field the library set at open.
+        let fd = unsafe { (*self.raw).async_fd };
+        // SAFETY: F_GETFL/F_SETFL on a descriptor the context owns.
+        let ok = unsafe {
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            fl >= 0 && libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
+        };
+        if !ok {
+            return Err(Error::new(
+                ErrorKind::LocalNicFailed,
+                format!(
+                    "{}: cannot make the async event fd non-blocking: {}",
+                    self.name,
+                    std::io::Error::last_os_error()
+                ),
+            ));
+        }
+        Ok(fd)
+    }
+
+    /// The next asynchronous event, acknowledged; `None` when none is
+    /// waiting (the descriptor is non-blocking once [`Context::async_fd`]
+    /// was called).
+    pub fn next_async_event(&self) -> Option<AsyncEvent> {
+        let lib = sys::verbs().ok()?;
+        let mut ev = ffi::ibv_async_event::default();
+        // SAFETY: `self.raw` is live; `ev` is writable.
+        if unsafe { lib.ibv_get_async_event(self.raw, &mut ev) } != 0 {
+            return None;
+        }
+        let k = ev.event_type;
+        use ffi::ibv_event_type as E;
+        let port = match k {
+            E::IBV_EVENT_PORT_ACTIVE
+            | E::IBV_EVENT_PORT_ERR
+            | E::IBV_EVENT_LID_CHANGE
+            | E::IBV_EVENT_PKEY_CHANGE
+            | E::IBV_EVENT_GID_CHANGE
+            | E::IBV_EVENT_SM_CHANGE
+            | E::IBV_EVENT_CLIENT_REREGISTER => {
+                // SAFETY: a port event's element is `port_num`.
+                u8::try_from(unsafe { ev.element.port_num }).unwrap_or(0)
+            }
+            _ => 0,
+        };
+        let qp_num = match k {
+            E::IBV_EVENT_QP_FATAL
+            | E::IBV_EVENT_QP_REQ_ERR
+            | E::IBV_EVENT_QP_ACCESS_ERR
+            | E::IBV_EVENT_COMM_EST
+            | E::IBV_EVENT_SQ_DRAINED
+            | E::IBV_EVENT_PATH_MIG
+            | E::IBV_EVENT_PATH_MIG_ERR
+            | E::IBV_EVENT_QP_LAST_WQE_REACHED => {
+                // SAFETY: a QP event's element is the QP, live until the event is acknowledged (below).
+                let qp = unsafe { ev.element.qp };
+                if qp.is_null() {
+                    0
+                } else {
+                    // SAFETY: non-null and live until the ack.
+                    unsafe { (*qp).qp_num }
+                }
+            }
+            _ => 0,
+        };
+        // SAFETY: `ev` came from ibv_get_async_event and is acknowledged once; nothing of it is used after.
+        unsafe { lib.ibv_ack_async_event(&mut ev) };
+        Some(AsyncEvent {
+            kind: k,
+            port,
+            qp_num,
+        })
+    }
+}
+
 impl Drop for Context {
     fn drop(&mut self) {
         if let Ok(lib) = sys::verbs() {

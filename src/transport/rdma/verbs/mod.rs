@@ -11,7 +11,7 @@ mod mr;
 mod pd;
 mod qp;
 
-pub use context::{Context, PortInfo};
+pub use context::{AsyncEvent, Context, PortInfo};
 pub use cq::CompletionQueue;
 pub use device::device_names;
 pub use mr::MemoryRegion;

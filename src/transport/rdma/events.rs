@@ -1,0 +1,251 @@
+//! `NicEvents`: the NICs' asynchronous events (`ibv_get_async_event`), read
+//! by one thread per transport.
+//!
+//! A port that goes down says so here at once (`IBV_EVENT_PORT_ERR`), also
+//! on an InfiniBand NIC that has no network device for the link watch to
+//! follow; before this thread such a NIC learned of the failure only from
+//! its completions. What each event does ([`apply`]):
+//!
+//! - `PORT_ERR`: the NIC's link is down (its rails take no new slices and
+//!   their endpoints move what they hold to sibling rails), as the link
+//!   watch would mark it; `PORT_ACTIVE`: up again (its rails are probed
+//!   again by the selector); `DEVICE_FATAL`: down for good (nothing marks
+//!   it up but a `PORT_ACTIVE`).
+//! - QP and CQ errors (`QP_FATAL`, `QP_REQ_ERR`, `QP_ACCESS_ERR`,
+//!   `CQ_ERR`): counted and logged once per cause. The QP's requests fail
+//!   or flush through its CQ, where its endpoint retires it (a fresh QP,
+//!   a terminal `SqController`); nothing more is needed here.
+//!
+//! The thread sleeps in `poll(2)` on every NIC's (non-blocking) event
+//! descriptor and an eventfd that stops it; it holds the NICs, so their
+//! contexts outlive it. It never touches a worker's state: the link bit is
+//! the only thing it writes.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+
+use crate::error::{Error, Result};
+use crate::transport::rdma::nic::{Nic, NicSet};
+use crate::transport::rdma::sys::ffi::ibv_event_type as E;
+use crate::transport::rdma::verbs::AsyncEvent;
+use tent_rings::ErrorKind;
+
+/// Events seen, by what they did (for tests and metrics).
+#[derive(Debug, Default)]
+pub struct EventCounts {
+    /// `PORT_ERR`.
+    pub port_down: AtomicU64,
+    /// `PORT_ACTIVE`.
+    pub port_up: AtomicU64,
+    /// `DEVICE_FATAL`.
+    pub device_fatal: AtomicU64,
+    /// QP and CQ errors.
+    pub queue_errors: AtomicU64,
+    /// Everything else (LID/GID/PKey changes, COMM_EST, ...).
+    pub other: AtomicU64,
+}
+
+/// Apply `ev`, an event of `nic`, and count it (see the module docs).
+pub fn apply(nic: &Nic, ev: AsyncEvent, counts: &EventCounts) {
+    apply_to(nic.ctx.name(), nic.port, ev, counts, &mut |up, source| {
+        nic.set_link(up, source);
+    });
+}
+
+/// [`apply`] for the NIC `name` used through `port`, whose link state
+/// `set_link(up, source)` sets.
+fn apply_to(
+    name: &str,
+    port: u8,
+    ev: AsyncEvent,
+    counts: &EventCounts,
+    set_link: &mut dyn FnMut(bool, &str),
+) {
+    match ev.kind {
+        E::IBV_EVENT_PORT_ERR if ev.port == port => {
+            counts.port_down.fetch_add(1, Ordering::Relaxed);
+            set_link(false, "port event");
+        }
+        E::IBV_EVENT_PORT_ACTIVE if ev.port == port => {
+            counts.port_up.fetch_add(1, Ordering::Relaxed);
+            set_link(true, "port event");
+        }
+        E::IBV_EVENT_DEVICE_FATAL => {
+            counts.device_fatal.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(nic = name, "rdma: device fatal error; its rails are down");
+            set_link(false, "device fatal");
+        }
+        E::IBV_EVENT_QP_FATAL
+        | E::IBV_EVENT_QP_REQ_ERR
+        | E::IBV_EVENT_QP_ACCESS_ERR
+        | E::IBV_EVENT_CQ_ERR => {
+            counts.queue_errors.fetch_add(1, Ordering::Relaxed);
+            crate::lograte::warn_limited!(
+                (name, ev.kind.0),
+                nic = name,
+                event = ev.kind.0,
+                qp_num = ev.qp_num,
+                "rdma: queue error event; its endpoint retires the QP from its completions"
+            );
+        }
+        _ => {
+            counts.other.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                nic = name,
+                event = ev.kind.0,
+                port = ev.port,
+                "rdma: async event"
+            );
+        }
+    }
+}
+
+/// The thread reading the NICs' events; dropping it stops and joins it.
+#[derive(Debug)]
+pub struct NicEvents {
+    stop: OwnedFd,
+    thread: Option<JoinHandle<()>>,
+    counts: Arc<EventCounts>,
+}
+
+impl NicEvents {
+    /// Start reading the events of every NIC of `nics`.
+    pub fn start(nics: Arc<NicSet>) -> Result<NicEvents> {
+        let fds = nics
+            .nics()
+            .iter()
+            .map(|n| n.ctx.async_fd())
+            .collect::<Result<Vec<_>>>()?;
+        // SAFETY: eventfd takes no pointers; a negative result is handled.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if raw < 0 {
+            return Err(Error::new(
+                ErrorKind::LocalNicFailed,
+                format!("eventfd: {}", std::io::Error::last_os_error()),
+            ));
+        }
+        // SAFETY: `raw` is a fresh descriptor owned by nothing else.
+        let stop = unsafe { OwnedFd::from_raw_fd(raw) };
+        let counts = Arc::new(EventCounts::default());
+        let (c, stop_fd) = (counts.clone(), stop.as_raw_fd());
+        let thread = std::thread::Builder::new()
+            .name("tent-rdma-events".into())
+            .spawn(move || run(&nics, &fds, stop_fd, &c))
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::LocalNicFailed,
+                    format!("cannot start the RDMA event thread: {e}"),
+                )
+            })?;
+        Ok(NicEvents {
+            stop,
+            thread: Some(thread),
+            counts,
+        })
+    }
+
+    /// What it has seen.
+    pub fn counts(&self) -> &EventCounts {
+        &self.counts
+    }
+}
+
+impl Drop for NicEvents {
+    fn drop(&mut self) {
+        let one: u64 = 1;
+        // SAFETY: an 8-byte write from a live u64 to our eventfd.
+        unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The thread: poll every NIC's event fd and `stop`; drain what is ready.
+fn run(nics: &NicSet, fds: &[i32], stop: i32, counts: &EventCounts) {
+    let mut pfds: Vec<libc::pollfd> = std::iter::once(stop)
+        .chain(fds.iter().copied())
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        // SAFETY: `pfds` is a live array of `len` pollfds.
+        let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            tracing::error!(
+                error = %std::io::Error::last_os_error(),
+                "rdma: polling the NICs' events failed; port events are no longer read"
+            );
+            return;
+        }
+        if pfds[0].revents != 0 {
+            return;
+        }
+        for (i, p) in pfds.iter_mut().enumerate().skip(1) {
+            if p.revents == 0 {
+                continue;
+            }
+            let nic = &nics.nics()[i - 1];
+            if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+                // The device is gone: stop polling it (poll skips fd -1).
+                tracing::warn!(
+                    nic = nic.ctx.name(),
+                    "rdma: the NIC's event descriptor failed; its port events are no longer read"
+                );
+                p.fd = -1;
+            }
+            p.revents = 0;
+            while let Some(ev) = nic.ctx.next_async_event() {
+                apply(nic, ev, counts);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(kind: E, port: u8) -> AsyncEvent {
+        AsyncEvent {
+            kind,
+            port,
+            qp_num: 7,
+        }
+    }
+
+    #[test]
+    fn port_events_set_the_link_and_queue_errors_only_count() {
+        let counts = EventCounts::default();
+        let mut link = Vec::new();
+        let mut run = |e: AsyncEvent| apply_to("mlx5_0", 1, e, &counts, &mut |up, _| link.push(up));
+        run(ev(E::IBV_EVENT_PORT_ERR, 1));
+        // Another port of the device is not the one in use.
+        run(ev(E::IBV_EVENT_PORT_ERR, 2));
+        run(ev(E::IBV_EVENT_PORT_ACTIVE, 1));
+        run(ev(E::IBV_EVENT_QP_FATAL, 0));
+        run(ev(E::IBV_EVENT_CQ_ERR, 0));
+        run(ev(E::IBV_EVENT_GID_CHANGE, 1));
+        run(ev(E::IBV_EVENT_DEVICE_FATAL, 0));
+        assert_eq!(link, [false, true, false]);
+        let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        assert_eq!(
+            (
+                c(&counts.port_down),
+                c(&counts.port_up),
+                c(&counts.queue_errors),
+                c(&counts.device_fatal),
+                c(&counts.other)
+            ),
+            (1, 1, 2, 1, 2)
+        );
+    }
+}
