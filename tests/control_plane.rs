@@ -274,3 +274,50 @@ fn qp_connect_without_the_initiator_record_is_refused_naming_it() {
         m => panic!("got {m:?}"),
     }
 }
+
+#[test]
+fn probe_peer_alive_answers_for_the_process_opened_and_not_after_it_is_gone() {
+    // Over TCP (no shm) and over shm: the control server answers as the
+    // same process while it lives; once the target engine is dropped the
+    // probe says no, within its timeout.
+    for shm in [false, true] {
+        let mut c = test_config();
+        c.transports.shm.enable = shm;
+        let target = Engine::new(c.clone()).unwrap();
+        let init = Engine::new(c).unwrap();
+        let seg = init.open_segment(&target.segment_name()).unwrap();
+        let t = Duration::from_secs(2);
+        assert!(init.probe_peer_alive(seg, t).unwrap(), "shm {shm}");
+        assert!(init.probe_peer_alive(tent::SegmentId::LOCAL, t).unwrap());
+        let e = init.probe_peer_alive(tent::SegmentId(999), t).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::SegmentNotFound);
+        drop(target);
+        let start = std::time::Instant::now();
+        assert!(!init.probe_peer_alive(seg, t).unwrap(), "shm {shm}");
+        assert!(start.elapsed() < Duration::from_secs(10));
+    }
+}
+
+#[test]
+fn probe_peer_alive_says_no_when_another_process_answers_at_the_address() {
+    let target = common::engine();
+    let init = common::engine();
+    let name = target.segment_name();
+    let seg = init.open_segment(&name).unwrap();
+    // A different "process" now answers there: a descriptor with another
+    // pid (the same engine, its descriptor edited when opened; over TCP,
+    // so the segment keeps the descriptor it was opened with).
+    let mut c = test_config();
+    c.transports.shm.enable = false;
+    let other = Engine::new(c).unwrap();
+    let forged = other
+        .open_segment_edited(&name, |d| d.pid = d.pid.wrapping_add(1))
+        .unwrap();
+    assert!(init.probe_peer_alive(seg, Duration::from_secs(2)).unwrap());
+    assert!(
+        !other
+            .probe_peer_alive(forged, Duration::from_secs(2))
+            .unwrap(),
+        "the process answering is not the one opened"
+    );
+}

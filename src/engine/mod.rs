@@ -630,6 +630,54 @@ impl Engine {
         }
     }
 
+    /// Is the process behind `segment` still the one this engine opened
+    /// (TENT's `probePeerAliveByID`)? A segment opened by `ip:port` asks
+    /// the peer's control server (handshake and descriptor, each step
+    /// within `timeout`): alive when it answers as the same process (host
+    /// and pid of the descriptor the segment was opened with); not when it
+    /// does not answer, refuses, or another process now answers there (a
+    /// restarted peer: its memory and keys are not the ones opened). An
+    /// shm segment is alive while its owner serves it; the local segment
+    /// always is. For a caller deciding whether to close a segment whose
+    /// transfers keep failing; it runs on the calling thread, never on a
+    /// worker. `Err`: the segment is not open.
+    pub fn probe_peer_alive(&self, segment: SegmentId, timeout: Duration) -> Result<bool> {
+        if segment == SegmentId::LOCAL {
+            return Ok(true);
+        }
+        let table = self.shared.segments.load_full();
+        let seg = table.get(segment).ok_or_else(|| {
+            Error::new(
+                ErrorKind::SegmentNotFound,
+                format!("segment {} is not open", segment.0),
+            )
+        })?;
+        let (host, pid) = match seg.kind() {
+            SegmentKind::Local => return Ok(true),
+            SegmentKind::Shm(peer) if !crate::control::is_p2p_name(seg.name()) => {
+                return Ok(peer.owner_alive());
+            }
+            SegmentKind::Shm(peer) => {
+                if !peer.owner_alive() {
+                    return Ok(false);
+                }
+                (None, peer.owner_pid())
+            }
+            SegmentKind::Remote(d) => (Some(d.host_id.clone()), d.pid),
+        };
+        let cfg = &self.shared.config;
+        let secret =
+            (!cfg.rpc_shared_secret.is_empty()).then_some(cfg.rpc_shared_secret.as_bytes());
+        let alive = match crate::control::fetch_descriptor(seg.name(), secret, timeout) {
+            Ok(d) => d.pid == pid && host.is_none_or(|h| h == d.host_id),
+            Err(e) => {
+                tracing::debug!(segment = seg.name(), error = %e, "peer probe: no answer");
+                false
+            }
+        };
+        Ok(alive)
+    }
+
     /// Open a segment by name (`"local"` or this engine's own name is
     /// segment 0). Opening the same name twice returns the same id.
     pub fn open_segment(&self, name: &str) -> Result<SegmentId> {
