@@ -28,22 +28,17 @@ impl Doorbell {
 
     /// Wake the sleeper (one syscall; only called when it asked).
     pub fn ring(&self) {
-        // Release: pairs with the Acquire in value().
-        self.word.fetch_add(1, Ordering::Release);
-        // SAFETY: FUTEX_WAKE on a valid, aligned u32 owned by self.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.word.as_ptr(),
-                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                1,
-            )
-        };
+        self.wake(1);
     }
 
     /// Wake every sleeper (a state change all of them must see: an SQ
     /// degraded, room for whoever waits first).
     pub fn ring_all(&self) {
+        self.wake(i32::MAX);
+    }
+
+    /// Bump the counter, then wake up to `n` sleepers.
+    fn wake(&self, n: i32) {
         // Release: pairs with the Acquire in value().
         self.word.fetch_add(1, Ordering::Release);
         // SAFETY: FUTEX_WAKE on a valid, aligned u32 owned by self.
@@ -52,7 +47,7 @@ impl Doorbell {
                 libc::SYS_futex,
                 self.word.as_ptr(),
                 libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                i32::MAX,
+                n,
             )
         };
     }
