@@ -338,20 +338,30 @@ impl CreditPool {
         }
     }
 
-    /// Register a thread waiting for credits (diagnostics only).
+    /// Register a thread waiting for credits: in snapshots, and for a
+    /// releaser deciding whether anyone needs waking ([`waiters`](Self::waiters)).
     pub fn add_waiter(&self) {
-        // Relaxed: a counter for snapshots; synchronises nothing.
-        self.waiters.fetch_add(1, Ordering::Relaxed);
+        // SeqCst: a waiter registers, then re-checks the pool; a releaser
+        // changes the pool, then reads `waiters`. One total order keeps
+        // them from both missing the other.
+        self.waiters.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Unregister a waiting thread (diagnostics only; never goes below 0).
+    /// Unregister a waiting thread (never goes below 0).
     pub fn remove_waiter(&self) {
-        // Relaxed: as in add_waiter.
+        // SeqCst: as in add_waiter.
         let _ = self
             .waiters
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
                 Some(w.saturating_sub(1))
             });
+    }
+
+    /// Threads registered as waiting now.
+    #[inline]
+    pub fn waiters(&self) -> u32 {
+        // SeqCst: as in add_waiter.
+        self.waiters.load(Ordering::SeqCst)
     }
 
     /// The whole state at one instant (the waiter count and timestamp are

@@ -99,8 +99,6 @@ pub struct SqController {
     depth: u32,
     queued: AtomicU32,
     queued_high: AtomicU32,
-    /// Threads sleeping on `bell`: a release rings it only then.
-    sleepers: AtomicU32,
     bell: Doorbell,
     /// Longest single sleep.
     slice: Duration,
@@ -121,7 +119,6 @@ impl SqController {
             depth,
             queued: AtomicU32::new(0),
             queued_high: AtomicU32::new(0),
-            sleepers: AtomicU32::new(0),
             bell: Doorbell::default(),
             slice: slice.max(Duration::from_micros(1)),
             admission_waits: AtomicU64::new(0),
@@ -283,7 +280,6 @@ impl SqController {
             // Announce the sleeper, then read the bell, then try: a release
             // or degrade after the try moves the bell, and the futex
             // returns at once.
-            self.sleepers.fetch_add(1, Ordering::SeqCst);
             self.credits.add_waiter();
             let seen = self.bell.value();
             let out = attempt();
@@ -298,7 +294,6 @@ impl SqController {
                 other => Some(other),
             };
             self.credits.remove_waiter();
-            self.sleepers.fetch_sub(1, Ordering::SeqCst);
             if let Some(out) = out {
                 return out;
             }
@@ -309,7 +304,7 @@ impl SqController {
     /// at most one wait slice).
     #[inline]
     fn wake(&self) {
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
+        if self.credits.waiters() > 0 {
             self.bell.ring_all();
         }
     }
