@@ -632,7 +632,6 @@ impl Endpoint {
     /// one too: it finished first).
     fn complete_through(&mut self, seq: u64, done: &mut impl FnMut(RdmaCompletion)) {
         let mut released = 0;
-        self.qp_ok |= self.posted.front().is_some_and(|p| p.seq <= seq);
         while self.posted.front().is_some_and(|p| p.seq <= seq) {
             let p = self.posted.pop_front().expect("checked");
             released += 1;
@@ -647,6 +646,7 @@ impl Endpoint {
         }
         // One release per reaped batch, not per request.
         self.sq.release(released, 0);
+        self.qp_ok |= released > 0;
     }
 
     /// Move towards a QP to post on; true once there is one. Idle with

@@ -363,8 +363,19 @@ fn stalled(seed: u64) {
 
 /// A connector for one test, and an endpoint over `src` connected by it.
 fn endpoint(src: impl QueueSource + 'static, depth: u32, backlog: usize) -> (Endpoint, Connector) {
+    endpoint_sq(src, depth, backlog, SqSettings::default())
+}
+
+/// [`endpoint`] with the send-queue knobs `sq`.
+fn endpoint_sq(
+    src: impl QueueSource + 'static,
+    depth: u32,
+    backlog: usize,
+    sq: SqSettings,
+) -> (Endpoint, Connector) {
     let c = Connector::start().unwrap();
-    (Endpoint::new(Box::new(src), depth, backlog, &c.handle()), c)
+    let ep = Endpoint::with_settings(Box::new(src), depth, backlog, &c.handle(), sq);
+    (ep, c)
 }
 
 /// Drive `n` slices to completion; every token's results.
@@ -1391,16 +1402,12 @@ fn a_slice_failing_exhausted_while_a_drain_puts_others_back_leaves_the_backlog_c
 
 /// An endpoint over a fresh fake source with the send-queue knobs `sq`.
 fn endpoint_with(depth: u32, next_id: u32, sq: SqSettings) -> (Endpoint, Connector) {
-    let c = Connector::start().unwrap();
     let src = FakeSource {
         next_id,
         connects: 0,
         fail_after: None,
     };
-    (
-        Endpoint::with_settings(Box::new(src), depth, 64, &c.handle(), sq),
-        c,
-    )
+    endpoint_sq(src, depth, 64, sq)
 }
 
 /// Which of the requests the fake NIC holds (in order) are signalled.
