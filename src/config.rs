@@ -937,6 +937,12 @@ fn build_default() -> Config {
 }
 
 impl Config {
+    /// `rpc_shared_secret` as the bytes every door checks, `None` when it
+    /// is empty (no authentication).
+    pub fn secret(&self) -> Option<&[u8]> {
+        (!self.rpc_shared_secret.is_empty()).then_some(self.rpc_shared_secret.as_bytes())
+    }
+
     /// Entries of each worker's batch submission ring: room for the largest
     /// batch (`max_batch_size`) in one all-or-nothing `Engine::submit`, and
     /// never less than `ring_depth` (a power of two either way).

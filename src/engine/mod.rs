@@ -161,8 +161,7 @@ impl EngineBuilder {
         ));
         let segments = Arc::new(ArcSwap::from_pointee(SegmentTable::default().with(local)));
         let export = if config.transports.shm.enable {
-            let secret = (!config.rpc_shared_secret.is_empty())
-                .then(|| config.rpc_shared_secret.as_bytes().to_vec());
+            let secret = config.secret().map(<[u8]>::to_vec);
             Some(Arc::new(ShmExport::create(
                 &config.transports.shm.dir,
                 secret,
@@ -666,8 +665,7 @@ impl Engine {
             SegmentKind::Remote(d) => (Some(d.host_id.clone()), d.pid),
         };
         let cfg = &self.shared.config;
-        let secret =
-            (!cfg.rpc_shared_secret.is_empty()).then_some(cfg.rpc_shared_secret.as_bytes());
+        let secret = cfg.secret();
         let alive = match crate::control::fetch_descriptor(seg.name(), secret, timeout) {
             Ok(d) => d.pid == pid && host.is_none_or(|h| h == d.host_id),
             Err(e) => {
@@ -726,8 +724,7 @@ impl Engine {
             ));
         }
         let cfg = &self.shared.config;
-        let secret =
-            (!cfg.rpc_shared_secret.is_empty()).then_some(cfg.rpc_shared_secret.as_bytes());
+        let secret = cfg.secret();
         // Connecting proves the owner lives: it serves the segment's socket.
         let peer = ShmPeer::attach(&cfg.transports.shm.dir, name, secret)?;
         Ok(SegmentKind::Shm(Arc::new(peer)))
@@ -742,8 +739,7 @@ impl Engine {
         edit: impl FnOnce(&mut crate::control::SegmentDescriptor),
     ) -> Result<(SegmentKind, Vec<(TransportKind, Attachment)>)> {
         let cfg = &self.shared.config;
-        let secret =
-            (!cfg.rpc_shared_secret.is_empty()).then_some(cfg.rpc_shared_secret.as_bytes());
+        let secret = cfg.secret();
         let timeout = Duration::from_millis(cfg.default_timeout_ms.min(10_000));
         let mut desc = crate::control::fetch_descriptor(name, secret, timeout)?;
         edit(&mut desc);
@@ -1084,8 +1080,7 @@ fn start_data_server(
     // Listen where we advertise, nowhere else (not the wildcard).
     let addrs = tcp::advertised_addrs(host);
     let ips: Vec<_> = addrs.iter().map(|(_, ip)| *ip).collect();
-    let secret = (!cfg.rpc_shared_secret.is_empty())
-        .then(|| Arc::<[u8]>::from(cfg.rpc_shared_secret.as_bytes()));
+    let secret = cfg.secret().map(Arc::<[u8]>::from);
     let server = DataServer::start(&ips, shared.regions.clone(), ut, secret.clone())?;
     let rails = tcp::advertised_rails(host, server.local_addr().port());
     if secret.is_none() {
@@ -1101,8 +1096,7 @@ fn start_control(
     rails: Vec<crate::control::wire::RailEntry>,
 ) -> Result<crate::control::ControlServer> {
     let cfg = &shared.config;
-    let secret =
-        (!cfg.rpc_shared_secret.is_empty()).then(|| cfg.rpc_shared_secret.as_bytes().to_vec());
+    let secret = cfg.secret().map(<[u8]>::to_vec);
     let host_id = crate::control::host_id();
     let (regions, transports) = (shared.regions.clone(), shared.clone());
     let nics = shared

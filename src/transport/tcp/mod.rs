@@ -259,8 +259,7 @@ impl TcpTransport {
             placement: OnceLock::new(),
             links: OnceLock::new(),
             wakers: OnceLock::new(),
-            secret: (!config.rpc_shared_secret.is_empty())
-                .then(|| Arc::from(config.rpc_shared_secret.as_bytes())),
+            secret: config.secret().map(Arc::from),
         }
     }
 
