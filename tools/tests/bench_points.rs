@@ -3,6 +3,9 @@
 //! op longer than warm-up plus `--duration` used to leave the window empty
 //! and the figure divided by nothing ("268435456.000 GB/s").
 
+mod common;
+
+use common::text;
 use std::process::{Command, Output};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_tent-bench");
@@ -13,15 +16,6 @@ fn run(args: &[&str]) -> Output {
         .env("TENT_LOG", "off")
         .output()
         .unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// The JSON lines of a run.

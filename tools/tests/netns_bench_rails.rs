@@ -4,6 +4,9 @@
 //! rail sum after it bounds what comes through). Needs root and iproute2;
 //! with CI=true it must run.
 
+mod common;
+
+use common::text;
 use std::process::{Command, Output};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_tent-bench");
@@ -33,15 +36,6 @@ fn driver(args: &[&str]) -> Option<Output> {
             .env("TENT_LOG", "error")
             .output()
             .unwrap(),
-    )
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
     )
 }
 
