@@ -739,6 +739,33 @@ impl Worker {
                 bytes: len,
                 post_ns: now,
             };
+            // Not started, and no fault: the transport is getting ready for
+            // it (`Later`), or answers back-pressure (`SqFull`) while this
+            // worker has slices in flight, whose completions will free
+            // room. The task keeps its place (and its deadline) behind the
+            // others of its lane, which may go elsewhere this turn (another
+            // peer, a rail with room); the lane is passed over once its
+            // head is this task again.
+            let deferred = match outcome[0] {
+                SubmitOutcome::Later => true,
+                SubmitOutcome::Rejected(ErrorKind::SqFull)
+                | SubmitOutcome::Completed(Err(ErrorKind::SqFull)) => self.async_inflight > 0,
+                _ => false,
+            };
+            if deferred {
+                if credited {
+                    pool.release(1, now);
+                }
+                t.posted -= len;
+                self.lanes.rotate(p);
+                first_later[p.index()].get_or_insert(i);
+                laters += 1;
+                if laters > most_laters {
+                    self.later = true;
+                    break;
+                }
+                continue;
+            }
             // A slice the transport did not start, or finished with a
             // transient fault at once, has moved no byte that matters: its
             // range (and the rest of the task) moves to the next transport
@@ -757,20 +784,6 @@ impl Worker {
                     pool.release(1, now);
                 }
                 t.posted -= len;
-                if e == ErrorKind::SqFull && self.async_inflight > 0 {
-                    // Back-pressure, not a fault: completions will free
-                    // room. The task keeps its place behind the others of
-                    // its lane, which may go elsewhere (another peer, a
-                    // rail with room) this turn; as with `Later`, the lane
-                    // is passed over once its head is this task again.
-                    self.lanes.rotate(p);
-                    first_later[p.index()].get_or_insert(i);
-                    laters += 1;
-                    if laters > most_laters {
-                        break;
-                    }
-                    continue;
-                }
                 if self.may_fail_over(i, e) && self.fail_over(i, e) {
                     work = true;
                     continue;
@@ -825,24 +838,7 @@ impl Worker {
                     t.posted -= len;
                     t.error.get_or_insert(e);
                 }
-                SubmitOutcome::Later => {
-                    // Not started, not a fault: the transport is getting
-                    // ready for it. The task keeps its place (and its
-                    // deadline) behind the others of its lane, which go
-                    // on this turn.
-                    if credited {
-                        pool.release(1, now);
-                    }
-                    t.posted -= len;
-                    self.lanes.rotate(p);
-                    first_later[p.index()].get_or_insert(i);
-                    laters += 1;
-                    if laters > most_laters {
-                        self.later = true;
-                        break;
-                    }
-                    continue;
-                }
+                SubmitOutcome::Later => unreachable!("deferred above"),
             }
             work = true;
             if t.posting_done() {
