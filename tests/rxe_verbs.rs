@@ -226,11 +226,12 @@ impl tent::transport::rdma::QueueSource for Loopback {
 }
 
 #[test]
-fn rxe_a_remote_access_error_fails_one_op_and_the_rest_complete_after_reposting() {
+fn rxe_a_forged_rkey_makes_its_endpoint_terminal_and_the_other_endpoint_keeps_moving_verified_data()
+{
     if !in_guest() {
         return;
     }
-    use tent::transport::rdma::{Endpoint, RdmaSlice};
+    use tent::transport::rdma::{Endpoint, RdmaCompletion, RdmaSlice, TerminalCause};
     let ctx = Context::open(&rails()[0]).unwrap();
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let n = 200usize;
@@ -245,16 +246,20 @@ fn rxe_a_remote_access_error_fails_one_op_and_the_rest_complete_after_reposting(
         )
     };
     let connector = tent::transport::rdma::Connector::start().unwrap();
-    let mut ep = Endpoint::new(
-        Box::new(Loopback { pd: pd.clone() }),
-        32,
-        512,
-        &connector.handle(),
-    );
-    let bad = 57u64;
+    let mut eps = [0, 1].map(|_| {
+        Endpoint::new(
+            Box::new(Loopback { pd: pd.clone() }),
+            32,
+            512,
+            &connector.handle(),
+        )
+    });
+    // Even ops on endpoint 0, odd on 1; op 56 (endpoint 0) carries a
+    // forged rkey.
+    let bad = 56u64;
     for i in 0..n as u64 {
         let off = i * chunk as u64;
-        assert!(ep.submit(RdmaSlice {
+        assert!(eps[(i % 2) as usize].submit(RdmaSlice {
             token: i,
             opcode: Opcode::Write,
             local: src.as_ptr() as u64 + off,
@@ -273,18 +278,29 @@ fn rxe_a_remote_access_error_fails_one_op_and_the_rest_complete_after_reposting(
         }));
     }
     let mut results = vec![None; n];
+    let (mut moved, mut moves) = (Vec::new(), 0);
     let start = std::time::Instant::now();
     while results.iter().any(Option::is_none) {
-        let mut done = |c: tent::transport::rdma::RdmaCompletion| {
+        let mut done = |c: RdmaCompletion| {
             assert!(
                 results[c.token as usize].replace(c.result).is_none(),
                 "completed twice: {}",
                 c.token
             );
         };
-        ep.flush(&mut done);
-        ep.reap(&mut done);
-        ep.fail_exhausted(&mut done);
+        for ep in eps.iter_mut() {
+            ep.flush(&mut done);
+            ep.reap(&mut done);
+            ep.fail_exhausted(&mut done);
+            ep.extract_orphans(&mut |s| moved.push(s));
+        }
+        // What the terminal endpoint gave up moves to the healthy one, as
+        // the rail layer moves it to a sibling rail.
+        for s in moved.drain(..) {
+            assert!(eps[1].accepting(), "the other endpoint stays in service");
+            assert!(eps[1].submit(s));
+            moves += 1;
+        }
         assert!(start.elapsed().as_secs() < 60, "stuck");
     }
     for (i, r) in results.iter().enumerate() {
@@ -297,14 +313,29 @@ fn rxe_a_remote_access_error_fails_one_op_and_the_rest_complete_after_reposting(
             assert!(dst[lo..hi] == src[lo..hi], "op {i} data");
         }
     }
-    assert!(ep.replacements() >= 1, "the QP in error was replaced");
-    assert_eq!(ep.credits_in_flight(), 0);
-    println!(
-        "RXE-OK remote access error: 1 failed, {} completed, {} QP replacement(s)",
-        n - 1,
-        ep.replacements()
+    assert_eq!(
+        eps[0].terminals(),
+        1,
+        "the forged rkey's endpoint is terminal"
     );
-    drop(ep);
+    assert_eq!(
+        eps[0].last_terminal(),
+        Some(TerminalCause::Cqe(ErrorKind::AccessDenied))
+    );
+    assert!(
+        !eps[0].accepting(),
+        "it takes no new work during its backoff"
+    );
+    assert_eq!((eps[1].terminals(), eps[1].replacements()), (0, 0));
+    for ep in &eps {
+        assert_eq!((ep.credits_in_flight(), ep.outstanding()), (0, 0));
+    }
+    println!(
+        "RXE-OK forged rkey: endpoint 0 terminal ({:?}), 1 op AccessDenied, {moves} ops moved to endpoint 1, {} completed with data verified",
+        eps[0].last_terminal(),
+        n - 1
+    );
+    drop(eps);
     drop((s, d));
 }
 

@@ -29,6 +29,7 @@ use std::thread::JoinHandle;
 use tent_rings::ErrorKind;
 
 use crate::error::{Error, Result};
+use crate::transport::rdma::sq::SqController;
 use crate::transport::rdma::sys::ffi;
 
 /// A QP and the CQ it completes into, with whatever keeps them alive.
@@ -53,6 +54,13 @@ unsafe impl Send for Queue {}
 pub trait QueueSource: Send {
     /// A connected QP ready to post on.
     fn connect(&mut self) -> Result<Queue>;
+
+    /// `queue`, just connected, will post under `sq`: a source whose QPs
+    /// report async events files it (so a QP-fatal event takes the
+    /// endpoint out of service). Called on the connector thread.
+    fn watch(&mut self, queue: &Queue, sq: &Arc<SqController>) {
+        let _ = (queue, sq);
+    }
 
     /// Who the queues lead to (log lines and their rate limit key).
     fn peer(&self) -> &str {
@@ -169,11 +177,13 @@ impl Link {
         }
     }
 
-    /// Ask for a connected queue; the answer comes through
-    /// [`Link::try_take`]. The caller has none pending (one job at a time).
-    pub fn start(&self) {
+    /// Ask for a connected queue that will post under `sq`; the answer
+    /// comes through [`Link::try_take`]. The caller has none pending (one
+    /// job at a time).
+    pub fn start(&self, sq: &Arc<SqController>) {
         let job = Job {
             mailbox: self.mailbox.clone(),
+            sq: sq.clone(),
             answered: false,
         };
         // A connector that is gone hands the job back: dropping it answers
@@ -202,6 +212,8 @@ impl Link {
 /// One connect to run; answered exactly once (see the module docs).
 struct Job {
     mailbox: Arc<Mailbox>,
+    /// The controller the queue will post under.
+    sq: Arc<SqController>,
     answered: bool,
 }
 
@@ -212,12 +224,18 @@ impl Job {
             self.answered = true;
             return;
         }
-        let r = self
-            .mailbox
-            .source
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .connect();
+        let r = {
+            let mut source = self
+                .mailbox
+                .source
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let r = source.connect();
+            if let Ok(q) = &r {
+                source.watch(q, &self.sq);
+            }
+            r
+        };
         if Arc::strong_count(&self.mailbox) == 1 {
             // The endpoint died meanwhile: the queue (and its QP) is
             // destroyed here rather than kept for nobody.

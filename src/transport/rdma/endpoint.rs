@@ -23,16 +23,32 @@
 //!   a completion; an RC QP completes in order, so
 //!   a signalled completion also completes the unsignalled ones before it.
 //!   Credits return exactly once, when a request's completion is known.
-//! - A failed completion fails that slice alone with its mapped kind; the
-//!   QP is then in error and every later request is flushed: those are put
-//!   back at the head of the backlog, a fresh QP is asked of the connector
-//!   (its [`QueueSource`]), and they are posted again on it (DESIGN.md's
-//!   recovery order). A slice flushed too often fails `Unreachable`. The
-//!   dead QP's `SqController` is marked terminal and the next QP gets a
-//!   fresh one. QPs that die before completing anything, twice or more in
-//!   a row, put the endpoint in `Broken` (`Unreachable`) for a backoff
-//!   doubling from 250 ms to 8 s: a path that kills every QP at once is
-//!   not reconnected in a storm (its waiting slices move on instead).
+//! - Every request posted is recorded in the endpoint's
+//!   [`SubmissionLedger`] just before `post_send` (a tail the provider
+//!   refuses is taken back), and leaves it exactly once.
+//! - A failed completion fails that slice alone with its mapped kind (see
+//!   [`wc`](super::wc)). If its status is the request's own (not on seed
+//!   004's fatal list), the QP, in error now, is replaced: the requests
+//!   flushed behind it go back to the head of the backlog and are posted
+//!   again on a fresh QP (DESIGN.md's recovery order); a slice flushed too
+//!   often fails `Unreachable`. QPs that die before completing anything,
+//!   twice or more in a row, put the endpoint in `Broken` (`Unreachable`)
+//!   for a backoff doubling from 250 ms to 8 s: a path that kills every QP
+//!   at once is not reconnected in a storm (its waiting slices move on).
+//! - **Terminal-degraded.** Four failure paths converge through one
+//!   function (`Endpoint::converge`): a reserve refused because the
+//!   queue was degraded (a QP-fatal async event marks its `SqController`),
+//!   a re-check that fails between reserve and post, `post_send` refusing
+//!   work for any reason but its own SQ being full, and a fatal completion.
+//!   It closes the queue's admission and wakes its waiters first, destroys
+//!   the QP, orphans every ledger record (each then settled exactly once:
+//!   an aborted slice ends with its abort's kind, every other one, and
+//!   every slice waiting in the backlog, is handed to the caller to move
+//!   to another rail or fail over: [`Endpoint::extract_orphans`]), and puts
+//!   the endpoint in `Broken` for a backoff doubling from 250 ms per
+//!   terminal QP in a row. It takes no new work until then
+//!   ([`Endpoint::accepting`]); the next work after it connects a fresh QP
+//!   with a fresh `SqController`, off the worker.
 //! - [`Endpoint::abort`] stops a task's slices (its deadline passed, it was
 //!   cancelled, the engine stops) and ends each only once nothing will
 //!   touch its buffer: a waiting one at once; for posted ones the QP is
@@ -56,6 +72,7 @@ use std::time::Duration;
 use tent_rings::{ErrorKind, Opcode};
 
 use super::connector::{ConnectorHandle, Link, Queue, QueueSource};
+use super::ledger::{SubmissionLedger, SubmissionRecord};
 use super::sq::{SqController, SqRefusal};
 use super::wc::{Outcome, outcome};
 use crate::clock::monotonic_ns;
@@ -85,6 +102,10 @@ pub struct SqSettings {
     /// `sq_admission_wait_slice_us`: the longest single sleep of a thread
     /// waiting on the queue.
     pub wait_slice: Duration,
+    /// The first backoff of a `Broken` endpoint (doubling per failure in
+    /// a row, up to [`BACKOFF_MAX_NS`]). Not a config key: 250 ms
+    /// ([`BACKOFF_MIN_NS`]) everywhere but tests that need many failures.
+    pub backoff_min: Duration,
 }
 
 impl Default for SqSettings {
@@ -93,6 +114,7 @@ impl Default for SqSettings {
             resume_watermark: 0,
             signal_interval: 0,
             wait_slice: Duration::from_micros(100),
+            backoff_min: Duration::from_nanos(BACKOFF_MIN_NS),
         }
     }
 }
@@ -105,6 +127,7 @@ impl SqSettings {
             resume_watermark: r.sq_resume_watermark_wr,
             signal_interval: r.sq_signal_interval_wr,
             wait_slice: Duration::from_micros(r.sq_admission_wait_slice_us),
+            ..SqSettings::default()
         }
     }
 }
@@ -150,13 +173,33 @@ pub struct RdmaCompletion {
     pub slice: RdmaSlice,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Posted {
-    seq: u64,
-    slice: RdmaSlice,
-    /// Its task was aborted with this kind: unless it finished first, it
-    /// ends so once its completion is reaped.
-    abort: Option<ErrorKind>,
+/// Why an endpoint went terminal-degraded: seed 004's four failure paths
+/// (and a CQ that cannot be polled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TerminalCause {
+    /// A reserve was refused: the queue was degraded (a QP-fatal async
+    /// event, or another thread holding its controller).
+    Reserve,
+    /// The queue was degraded between reserve and post.
+    Recheck,
+    /// `ibv_post_send` refused work with this errno (not `ENOMEM`).
+    Post(i32),
+    /// A completion on seed 004's fatal list, with its kind.
+    Cqe(ErrorKind),
+    /// `ibv_poll_cq` failed with this code.
+    Poll(i32),
+}
+
+impl std::fmt::Display for TerminalCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TerminalCause::Reserve => f.write_str("reserve refused (queue degraded)"),
+            TerminalCause::Recheck => f.write_str("re-check before post failed (queue degraded)"),
+            TerminalCause::Post(rc) => write!(f, "post_send refused work (errno {rc})"),
+            TerminalCause::Cqe(kind) => write!(f, "fatal completion ({kind})"),
+            TerminalCause::Poll(rc) => write!(f, "poll_cq failed ({rc})"),
+        }
+    }
 }
 
 /// Where an endpoint is in its life (see the module docs).
@@ -195,8 +238,6 @@ pub struct Endpoint {
     backlog: VecDeque<RdmaSlice>,
     /// Most slices the backlog holds.
     limit: usize,
-    posted: VecDeque<Posted>,
-    next_seq: u64,
     since_signal: u32,
     signal_every: u32,
     wrs: Vec<ffi::ibv_send_wr>,
@@ -213,6 +254,20 @@ pub struct Endpoint {
     dead_qps: u32,
     /// The current QP has completed a request well.
     qp_ok: bool,
+    /// Every request handed to the QP, until its end is known.
+    ledger: SubmissionLedger,
+    /// Slices a terminal degrade gave up, for the caller to move on
+    /// ([`Endpoint::extract_orphans`]).
+    orphans: VecDeque<RdmaSlice>,
+    /// Terminal QPs in a row (the backoff doubles with each).
+    terminal_strikes: u32,
+    /// Terminal degrades so far, and the last one's cause.
+    terminals: u64,
+    last_terminal: Option<TerminalCause>,
+    /// Tests: runs between reserve and re-check (a degrade from another
+    /// thread landing there).
+    #[cfg(test)]
+    pub(crate) pre_post: Option<fn(&SqController)>,
     /// The knobs each QP's fresh `SqController` is built with.
     depth: u32,
     settings: SqSettings,
@@ -220,8 +275,6 @@ pub struct Endpoint {
     /// posted on it, its completions are reaped until no aborted request
     /// is left on it, then it is dropped.
     draining: bool,
-    /// Posted requests of aborted slices whose completion is not reaped.
-    aborted_posted: usize,
     /// Backlog head entries that this drain put back (the QP's remaining
     /// requests go in after them: oldest first).
     requeued: usize,
@@ -261,10 +314,16 @@ impl Endpoint {
             peer: source.peer().into(),
             link: Link::new(source, connector),
             sq: Arc::new(SqController::new(depth, sq.resume_watermark, sq.wait_slice)),
-            backlog: VecDeque::with_capacity(limit),
+            // Room for what a broken QP puts back too.
+            backlog: VecDeque::with_capacity(limit + depth.max(1) as usize),
             limit,
-            posted: VecDeque::with_capacity(depth.max(1) as usize),
-            next_seq: 1,
+            ledger: SubmissionLedger::new(depth),
+            orphans: VecDeque::with_capacity(limit + depth.max(1) as usize),
+            terminal_strikes: 0,
+            terminals: 0,
+            last_terminal: None,
+            #[cfg(test)]
+            pre_post: None,
             since_signal: 0,
             signal_every: match sq.signal_interval {
                 0 => (depth / 2).max(1),
@@ -281,7 +340,6 @@ impl Endpoint {
             depth,
             settings: sq,
             draining: false,
-            aborted_posted: 0,
             requeued: 0,
             dropped_for_abort: false,
         }
@@ -302,6 +360,32 @@ impl Endpoint {
         }
     }
 
+    /// Does it take new work now? Not while `Broken` (terminal-degraded,
+    /// or its connects failing) and its backoff runs: the rail layer sends
+    /// the work elsewhere instead.
+    #[inline]
+    pub fn accepting(&self) -> bool {
+        match self.state {
+            State::Broken { retry_ns, .. } => monotonic_ns() >= retry_ns,
+            _ => true,
+        }
+    }
+
+    /// Terminal degrades so far.
+    pub fn terminals(&self) -> u64 {
+        self.terminals
+    }
+
+    /// Why it last went terminal-degraded.
+    pub fn last_terminal(&self) -> Option<TerminalCause> {
+        self.last_terminal
+    }
+
+    /// Its ledger's live records (requests posted, end not known).
+    pub fn ledger_records(&self) -> usize {
+        self.ledger.record_count()
+    }
+
     /// Give up this endpoint's QP (its rail is gone) and hand every slice
     /// queued or in flight to `out`, oldest first, for another rail; an
     /// aborted one in flight ends through `done` instead. The QP is
@@ -315,7 +399,17 @@ impl Endpoint {
         // dead (no backoff when the link comes back).
         self.qp_ok = true;
         self.break_queue(true, done);
+        self.extract_orphans(out);
         while let Some(s) = self.backlog.pop_front() {
+            out(s);
+        }
+    }
+
+    /// Hand every slice a terminal degrade gave up to `out`, oldest first,
+    /// each exactly once: the caller moves it to another rail, or fails it
+    /// over (it was not the slice's fault).
+    pub fn extract_orphans(&mut self, out: &mut impl FnMut(RdmaSlice)) {
+        while let Some(s) = self.orphans.pop_front() {
             out(s);
         }
     }
@@ -341,22 +435,24 @@ impl Endpoint {
             keep
         });
         self.requeued -= before;
+        // Given up by a terminal degrade, not moved on yet: nothing holds
+        // their buffers.
+        self.orphans.retain(|s| {
+            let keep = s.token != token;
+            if !keep {
+                done(RdmaCompletion {
+                    token,
+                    result: Err(kind),
+                    slice: *s,
+                });
+            }
+            keep
+        });
         let State::Ready(q) = &self.state else {
             return;
         };
         let (qp, to_error) = (q.qp, q.to_error);
-        let mut marked = 0;
-        for p in self.posted.iter_mut() {
-            if p.slice.token == token && p.abort.is_none() {
-                p.abort = Some(kind);
-                marked += 1;
-            }
-        }
-        if marked == 0 {
-            return;
-        }
-        self.aborted_posted += marked;
-        if self.draining {
+        if self.ledger.mark_aborted(token, kind) == 0 || self.draining {
             return;
         }
         // SAFETY: `qp` is live: owned by the `Ready` queue.
@@ -387,9 +483,9 @@ impl Endpoint {
         true
     }
 
-    /// Slices queued or in flight.
+    /// Slices queued, in flight, or given up and not handed on yet.
     pub fn outstanding(&self) -> usize {
-        self.backlog.len() + self.posted.len()
+        self.backlog.len() + self.ledger.record_count() + self.orphans.len()
     }
 
     /// Send-queue credits in use (requests posted and not yet completed).
@@ -417,7 +513,7 @@ impl Endpoint {
         let State::Ready(q) = &self.state else {
             return;
         };
-        // Live until `break_queue`, after which this returns.
+        // Live until `break_queue` or `converge`, after which this returns.
         let qp = q.qp;
         while !self.backlog.is_empty() {
             let want = (self.backlog.len().min(MAX_BATCH) as u32).min(self.sq.depth());
@@ -430,15 +526,27 @@ impl Endpoint {
                     let free = s.credits.capacity.saturating_sub(s.credits.in_flight);
                     match (free > 0).then(|| self.sq.try_reserve(free)) {
                         Some(Ok(r)) => r,
+                        Some(Err(SqRefusal::Degraded)) => {
+                            return self.converge(TerminalCause::Reserve, done);
+                        }
                         _ => return,
                     }
                 }
-                // Paused, or degraded: completions will free room.
+                // Out of service (an async event, or another holder).
+                Err(SqRefusal::Degraded) => {
+                    return self.converge(TerminalCause::Reserve, done);
+                }
+                // Paused: completions will free room.
                 Err(_) => return,
             };
             let k = reserved.n as usize;
+            let mut first = 0;
             for i in 0..k {
-                let s = self.backlog[i];
+                let s = self.backlog.pop_front().expect("k <= backlog");
+                let seq = self.ledger.record(s);
+                if i == 0 {
+                    first = seq;
+                }
                 self.since_signal += 1;
                 let signal = i + 1 == k || self.since_signal >= self.signal_every;
                 if signal {
@@ -456,7 +564,7 @@ impl Endpoint {
                 };
                 let wr = &mut self.wrs[i];
                 *wr = ffi::ibv_send_wr {
-                    wr_id: self.next_seq + i as u64,
+                    wr_id: seq,
                     next,
                     sg_list: &mut self.sges[i],
                     num_sge: 1,
@@ -474,10 +582,15 @@ impl Endpoint {
                 wr.wr.rdma.remote_addr = s.remote;
                 wr.wr.rdma.rkey = s.rkey;
             }
+            #[cfg(test)]
+            if let Some(hook) = self.pre_post {
+                hook(&self.sq);
+            }
             if self.sq.recheck(reserved).is_err() {
-                // Degraded between reserve and post: the credits went back;
-                // nothing is posted on a queue out of service.
-                return;
+                // Degraded between reserve and post: the credits went back
+                // (rollback); nothing is posted on a queue out of service.
+                self.unpost(first);
+                return self.converge(TerminalCause::Recheck, done);
             }
             let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
             // SAFETY: `qp` is live (owned by the `Ready` queue, not broken yet); the list is `k` valid WRs whose SGEs point into `sges`, all alive for the call.
@@ -491,33 +604,35 @@ impl Endpoint {
                 let off = unsafe { bad.offset_from(self.wrs.as_ptr()) };
                 (off.max(0) as usize).min(k)
             };
-            for i in 0..posted {
-                let slice = self.backlog.pop_front().expect("k <= backlog");
-                self.posted.push_back(Posted {
-                    seq: self.next_seq + i as u64,
-                    slice,
-                    abort: None,
-                });
-            }
-            self.next_seq += k as u64;
             if posted < k {
                 self.sq.release((k - posted) as u32, 0);
+                self.unpost(first + posted as u64);
                 // The unposted tail's signalled request never went out: the
                 // next list must signal again soon.
                 self.since_signal = self.signal_every;
                 if rc != libc::ENOMEM {
-                    let peer = &*self.peer;
-                    crate::lograte::warn_limited!(
-                        (peer, rc),
-                        peer,
-                        rc,
-                        "rdma: post_send refused work; replacing the QP"
-                    );
-                    self.break_queue(true, done);
+                    return self.converge(TerminalCause::Post(rc), done);
                 }
+                // The provider's own SQ is full: the rest waits.
                 return;
             }
         }
+    }
+
+    /// The first backoff, in ns.
+    fn backoff_min_ns(&self) -> u64 {
+        self.settings
+            .backoff_min
+            .as_nanos()
+            .min(u128::from(BACKOFF_MAX_NS)) as u64
+    }
+
+    /// Take the requests from `first` on back from the ledger (the
+    /// provider never got them) to the head of the backlog, in order.
+    fn unpost(&mut self, first: u64) {
+        let backlog = &mut self.backlog;
+        self.ledger
+            .cancel_tentative(first, |r| backlog.push_front(r.slice));
     }
 
     /// Reap completions, reporting each slice's end through `done`;
@@ -526,23 +641,24 @@ impl Endpoint {
         let State::Ready(q) = &self.state else {
             return 0;
         };
-        // SAFETY: `q.cq` is live; `wcs` holds POLL_BATCH entries.
-        let n = unsafe { ops::poll_cq(q.cq, POLL_BATCH as i32, self.wcs.as_mut_ptr()) };
+        let cq = q.cq;
+        if self.sq.is_terminal() {
+            // Degraded from outside (a QP-fatal async event) with nothing
+            // to post: it converges here rather than at the next post.
+            self.converge(TerminalCause::Reserve, done);
+            return 0;
+        }
+        // SAFETY: `cq` is live (owned by the `Ready` queue); `wcs` holds POLL_BATCH entries.
+        let n = unsafe { ops::poll_cq(cq, POLL_BATCH as i32, self.wcs.as_mut_ptr()) };
         if n < 0 {
-            let peer = &*self.peer;
-            crate::lograte::warn_limited!(
-                (peer, n),
-                peer,
-                rc = n,
-                "rdma: poll_cq failed; replacing the QP"
-            );
-            self.break_queue(true, done);
+            self.converge(TerminalCause::Poll(n), done);
             return 0;
         }
         for i in 0..n as usize {
             let (seq, status) = (self.wcs[i].wr_id, self.wcs[i].status);
-            // Completions of work already dealt with (flushed, re-posted).
-            if self.posted.front().is_none_or(|p| seq < p.seq) {
+            // Completions of work already dealt with (flushed, re-posted),
+            // or of a QP that is gone.
+            if self.ledger.is_stale(seq) {
                 continue;
             }
             let o = outcome(status);
@@ -555,10 +671,17 @@ impl Endpoint {
                 Outcome::Failed(kind) => {
                     // In order: everything before it completed.
                     self.complete_through(seq.saturating_sub(1), done);
-                    if let Some(p) = self.take_front(seq) {
-                        self.failed(p, kind, done);
+                    if let Some(r) = self.take_front(seq) {
+                        self.failed(r, kind, done);
                     }
                     self.break_queue(true, done);
+                }
+                Outcome::Fatal(kind) => {
+                    self.complete_through(seq.saturating_sub(1), done);
+                    if let Some(r) = self.take_front(seq) {
+                        self.failed(r, kind, done);
+                    }
+                    self.converge(TerminalCause::Cqe(kind), done);
                 }
                 Outcome::Flushed => self.break_queue(true, done),
             }
@@ -571,53 +694,58 @@ impl Endpoint {
     /// those before it (an error is never silent, so they finished), then
     /// settles its own request: an aborted slice ends with the abort's kind
     /// (the device is done with its buffer now), a failed one with its
-    /// failure, a flushed one goes back to the backlog, not counted as a
-    /// re-post (the abort was not its fault). Once no aborted request is
-    /// left on it, the QP is dropped.
+    /// failure (a fatal one makes the endpoint terminal), a flushed one
+    /// goes back to the backlog, not counted as a re-post (the abort was
+    /// not its fault). Once no aborted request is left on it, the QP is
+    /// dropped.
     fn drained(&mut self, seq: u64, o: Outcome, done: &mut impl FnMut(RdmaCompletion)) {
         if o == Outcome::Done {
             self.complete_through(seq, done);
         } else {
             self.complete_through(seq.saturating_sub(1), done);
-            if let Some(p) = self.take_front(seq) {
-                match (p.abort, o) {
-                    (Some(kind), _) => {
-                        self.aborted_posted -= 1;
-                        done(RdmaCompletion {
-                            token: p.slice.token,
-                            result: Err(kind),
-                            slice: p.slice,
-                        });
+            if let Some(r) = self.take_front(seq) {
+                match (r.abort, o) {
+                    (Some(kind), _) => done(RdmaCompletion {
+                        token: r.slice.token,
+                        result: Err(kind),
+                        slice: r.slice,
+                    }),
+                    (None, Outcome::Failed(kind)) => self.failed(r, kind, done),
+                    (None, Outcome::Fatal(kind)) => {
+                        self.failed(r, kind, done);
+                        return self.converge(TerminalCause::Cqe(kind), done);
                     }
-                    (None, Outcome::Failed(kind)) => self.failed(p, kind, done),
                     (None, _) => {
-                        self.backlog.insert(self.requeued, p.slice);
+                        self.backlog.insert(self.requeued, r.slice);
                         self.requeued += 1;
                     }
                 }
             }
         }
-        if self.aborted_posted == 0 {
+        if self.ledger.aborted() == 0 {
             self.break_queue(false, done);
         }
     }
 
     /// The oldest posted request if it is `seq`, its credit returned.
-    fn take_front(&mut self, seq: u64) -> Option<Posted> {
-        if self.posted.front().is_none_or(|p| p.seq != seq) {
-            return None;
-        }
+    fn take_front(&mut self, seq: u64) -> Option<SubmissionRecord> {
+        let r = self.ledger.take(seq)?;
         self.sq.release(1, 0);
-        self.posted.pop_front()
+        Some(r)
     }
 
-    /// `p` failed with `kind`, a root cause: it ends so, logged once per
+    /// `r` failed with `kind`, a root cause: it ends so, logged once per
     /// cause.
-    fn failed(&mut self, p: Posted, kind: ErrorKind, done: &mut impl FnMut(RdmaCompletion)) {
+    fn failed(
+        &mut self,
+        r: SubmissionRecord,
+        kind: ErrorKind,
+        done: &mut impl FnMut(RdmaCompletion),
+    ) {
         done(RdmaCompletion {
-            token: p.slice.token,
+            token: r.slice.token,
             result: Err(kind),
-            slice: p.slice,
+            slice: r.slice,
         });
         let peer = &*self.peer;
         crate::lograte::warn_limited!(
@@ -631,22 +759,19 @@ impl Endpoint {
     /// Complete every posted request up to and including `seq` (an aborted
     /// one too: it finished first).
     fn complete_through(&mut self, seq: u64, done: &mut impl FnMut(RdmaCompletion)) {
-        let mut released = 0;
-        while self.posted.front().is_some_and(|p| p.seq <= seq) {
-            let p = self.posted.pop_front().expect("checked");
-            released += 1;
-            if p.abort.is_some() {
-                self.aborted_posted -= 1;
-            }
+        let released = self.ledger.release_by_cqe(seq, |r| {
             done(RdmaCompletion {
-                token: p.slice.token,
-                result: Ok(p.slice.len as u64),
-                slice: p.slice,
-            });
-        }
+                token: r.slice.token,
+                result: Ok(r.slice.len as u64),
+                slice: r.slice,
+            })
+        });
         // One release per reaped batch, not per request.
         self.sq.release(released, 0);
         self.qp_ok |= released > 0;
+        if released > 0 {
+            self.terminal_strikes = 0;
+        }
     }
 
     /// Move towards a QP to post on; true once there is one. Idle with
@@ -658,7 +783,7 @@ impl Endpoint {
             State::Ready(_) => return true,
             State::Idle => {
                 if !self.backlog.is_empty() {
-                    self.link.start();
+                    self.link.start(&self.sq);
                     self.state = State::Connecting;
                 }
             }
@@ -694,7 +819,7 @@ impl Endpoint {
                     if monotonic_ns() < retry_ns {
                         self.fail_backlog(kind, done);
                     } else {
-                        self.link.start();
+                        self.link.start(&self.sq);
                         self.state = State::Connecting;
                     }
                 }
@@ -708,7 +833,8 @@ impl Endpoint {
     fn connect_failed(&mut self, e: &Error, done: &mut impl FnMut(RdmaCompletion)) {
         let kind = e.kind();
         self.failures = self.failures.saturating_add(1);
-        let backoff = BACKOFF_MIN_NS
+        let backoff = self
+            .backoff_min_ns()
             .saturating_mul(1 << (self.failures - 1).min(16))
             .min(BACKOFF_MAX_NS);
         self.state = State::Broken {
@@ -749,34 +875,98 @@ impl Endpoint {
         }
         self.state = State::Idle;
         self.dropped_for_abort = !fault;
-        let at = self.requeued;
         // The QP is gone: nothing of it is in flight any more.
-        self.sq.release(self.posted.len() as u32, 0);
-        while let Some(p) = self.posted.pop_back() {
-            let mut s = p.slice;
-            if let Some(kind) = p.abort {
+        self.sq.release(self.ledger.insert_orphaned(), 0);
+        let (backlog, mut at) = (&mut self.backlog, self.requeued);
+        self.ledger.extract_orphaned_records(|r| {
+            let mut s = r.slice;
+            if let Some(kind) = r.abort {
                 done(RdmaCompletion {
                     token: s.token,
                     result: Err(kind),
                     slice: s,
                 });
-                continue;
+                return;
             }
             s.reposts += u8::from(fault);
-            self.backlog.insert(at, s);
-        }
+            backlog.insert(at, s);
+            at += 1;
+        });
         self.draining = false;
-        self.aborted_posted = 0;
         self.requeued = 0;
         if fault {
             self.retire_queue();
         }
     }
 
-    /// The QP died of a fault: its `SqController` is terminal (it takes no
-    /// more work; anyone holding it sees so at once) and the next QP gets
-    /// a fresh one. A QP that completed nothing before it died counts
-    /// toward `dead_qps`; from the second such QP in a row the endpoint is
+    /// Take the endpoint out of service (seed 004's one convergence
+    /// function; see the module docs): the queue's admission is closed and
+    /// its waiters woken before anything else, the QP destroyed, every
+    /// ledger record orphaned and settled exactly once (an aborted slice
+    /// ends with its abort's kind; the others, and every slice waiting in
+    /// the backlog, go to the orphans for the caller to move on, each
+    /// counted as a move), and the endpoint is `Broken` for a backoff
+    /// doubling from 250 ms per terminal QP in a row (reset by a QP that
+    /// completes work). Logged once per cause, with counts.
+    fn converge(&mut self, cause: TerminalCause, done: &mut impl FnMut(RdmaCompletion)) {
+        // Admission closed first: nothing new is admitted toward a queue
+        // whose records are being settled.
+        self.sq.mark_terminal();
+        if !self.is_connected() {
+            return;
+        }
+        self.state = State::Idle;
+        self.dropped_for_abort = false;
+        let in_flight = self.ledger.insert_orphaned();
+        self.sq.release(in_flight, 0);
+        let (orphans, mut aborted) = (&mut self.orphans, 0u32);
+        self.ledger.extract_orphaned_records(|r| {
+            let mut s = r.slice;
+            if let Some(kind) = r.abort {
+                aborted += 1;
+                done(RdmaCompletion {
+                    token: s.token,
+                    result: Err(kind),
+                    slice: s,
+                });
+                return;
+            }
+            s.reposts = s.reposts.saturating_add(1);
+            orphans.push_back(s);
+        });
+        let waiting = self.backlog.len();
+        self.orphans.extend(self.backlog.drain(..));
+        self.draining = false;
+        self.requeued = 0;
+        self.terminals += 1;
+        self.last_terminal = Some(cause);
+        self.terminal_strikes = self.terminal_strikes.saturating_add(1);
+        self.retire_queue();
+        let backoff = self
+            .backoff_min_ns()
+            .saturating_mul(1 << (self.terminal_strikes - 1).min(16))
+            .min(BACKOFF_MAX_NS);
+        self.state = State::Broken {
+            kind: ErrorKind::Unreachable,
+            retry_ns: monotonic_ns().saturating_add(backoff),
+        };
+        let peer = &*self.peer;
+        crate::lograte::warn_limited!(
+            (peer, cause),
+            peer,
+            %cause,
+            in_flight,
+            aborted,
+            waiting,
+            retry_ms = backoff / 1_000_000,
+            "rdma: endpoint terminal-degraded; its work moves on, a fresh QP after the backoff"
+        );
+    }
+
+    /// The QP died: its `SqController` is terminal (it takes no more work;
+    /// anyone holding it sees so at once) and the next QP gets a fresh
+    /// one. A QP that completed nothing before it died counts toward
+    /// `dead_qps`; from the second such QP in a row the endpoint is
     /// `Broken` (`Unreachable`: its waiting slices move to sibling rails or
     /// fail over) for a backoff doubling from 250 ms to 8 s, then connects
     /// again. One QP that did work resets the count.
@@ -795,7 +985,8 @@ impl Endpoint {
         if self.dead_qps < 2 {
             return;
         }
-        let backoff = BACKOFF_MIN_NS
+        let backoff = self
+            .backoff_min_ns()
             .saturating_mul(1 << (self.dead_qps - 2).min(16))
             .min(BACKOFF_MAX_NS);
         self.state = State::Broken {

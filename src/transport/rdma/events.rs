@@ -11,15 +11,19 @@
 //!   watch would mark it; `PORT_ACTIVE`: up again (its rails are probed
 //!   again by the selector); `DEVICE_FATAL`: down for good (nothing marks
 //!   it up but a `PORT_ACTIVE`).
-//! - QP and CQ errors (`QP_FATAL`, `QP_REQ_ERR`, `QP_ACCESS_ERR`,
-//!   `CQ_ERR`): counted and logged once per cause. The QP's requests fail
-//!   or flush through its CQ, where its endpoint retires it (a fresh QP,
-//!   a terminal `SqController`); nothing more is needed here.
+//! - QP errors (`QP_FATAL`, `QP_REQ_ERR`, `QP_ACCESS_ERR`): the QP's
+//!   `SqController` (found in the NICs' [`QpTable`]) is marked terminal at
+//!   once, so its endpoint is taken out of service at its worker's next
+//!   reserve or reap (seed 004's reserve path), before the flushed
+//!   completions arrive; counted, logged once per cause. `CQ_ERR` names no
+//!   QP: counted and logged; its QPs' requests fail through it.
 //!
 //! The thread sleeps in `poll(2)` on every NIC's (non-blocking) event
 //! descriptor and an eventfd that stops it; it holds the NICs, so their
-//! contexts outlive it. It never touches a worker's state: the link bit is
-//! the only thing it writes.
+//! contexts outlive it. It never touches a worker's state: the link bit and
+//! a controller's terminal bit are all it writes.
+//!
+//! [`QpTable`]: super::sq::QpTable
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
@@ -43,25 +47,37 @@ pub struct EventCounts {
     pub device_fatal: AtomicU64,
     /// QP and CQ errors.
     pub queue_errors: AtomicU64,
+    /// QP error events whose QP was known: its controller marked terminal.
+    pub qps_terminal: AtomicU64,
     /// Everything else (LID/GID/PKey changes, COMM_EST, ...).
     pub other: AtomicU64,
 }
 
 /// Apply `ev`, an event of `nic`, and count it (see the module docs).
-pub fn apply(nic: &Nic, ev: AsyncEvent, counts: &EventCounts) {
-    apply_to(nic.ctx.name(), nic.port, ev, counts, &mut |up, source| {
-        nic.set_link(up, source);
-    });
+pub fn apply(nics: &NicSet, i: usize, ev: AsyncEvent, counts: &EventCounts) {
+    let nic: &Nic = &nics.nics()[i];
+    apply_to(
+        nic.ctx.name(),
+        nic.port,
+        ev,
+        counts,
+        &mut |up, source| {
+            nic.set_link(up, source);
+        },
+        &mut |qp_num| nics.qps().mark_terminal(i, qp_num),
+    );
 }
 
 /// [`apply`] for the NIC `name` used through `port`, whose link state
-/// `set_link(up, source)` sets.
+/// `set_link(up, source)` sets and whose QP `n` `qp_fatal(n)` takes out
+/// of service (whether it knew the QP).
 fn apply_to(
     name: &str,
     port: u8,
     ev: AsyncEvent,
     counts: &EventCounts,
     set_link: &mut dyn FnMut(bool, &str),
+    qp_fatal: &mut dyn FnMut(u32) -> bool,
 ) {
     match ev.kind {
         E::IBV_EVENT_PORT_ERR if ev.port == port => {
@@ -77,17 +93,28 @@ fn apply_to(
             tracing::error!(nic = name, "rdma: device fatal error; its rails are down");
             set_link(false, "device fatal");
         }
-        E::IBV_EVENT_QP_FATAL
-        | E::IBV_EVENT_QP_REQ_ERR
-        | E::IBV_EVENT_QP_ACCESS_ERR
-        | E::IBV_EVENT_CQ_ERR => {
+        E::IBV_EVENT_QP_FATAL | E::IBV_EVENT_QP_REQ_ERR | E::IBV_EVENT_QP_ACCESS_ERR => {
             counts.queue_errors.fetch_add(1, Ordering::Relaxed);
+            let known = qp_fatal(ev.qp_num);
+            counts
+                .qps_terminal
+                .fetch_add(u64::from(known), Ordering::Relaxed);
             crate::lograte::warn_limited!(
                 (name, ev.kind.0),
                 nic = name,
                 event = ev.kind.0,
                 qp_num = ev.qp_num,
-                "rdma: queue error event; its endpoint retires the QP from its completions"
+                known,
+                "rdma: QP error event; its endpoint is taken out of service"
+            );
+        }
+        E::IBV_EVENT_CQ_ERR => {
+            counts.queue_errors.fetch_add(1, Ordering::Relaxed);
+            crate::lograte::warn_limited!(
+                (name, ev.kind.0),
+                nic = name,
+                event = ev.kind.0,
+                "rdma: CQ error event; its QPs' requests fail through it"
             );
         }
         _ => {
@@ -204,7 +231,7 @@ fn run(nics: &NicSet, fds: &[i32], stop: i32, counts: &EventCounts) {
             }
             p.revents = 0;
             while let Some(ev) = nic.ctx.next_async_event() {
-                apply(nic, ev, counts);
+                apply(nics, i - 1, ev, counts);
             }
         }
     }
@@ -223,10 +250,23 @@ mod tests {
     }
 
     #[test]
-    fn port_events_set_the_link_and_queue_errors_only_count() {
+    fn port_events_set_the_link_and_qp_errors_take_their_queue_out_of_service() {
+        use crate::transport::rdma::sq::{QpTable, SqController};
+        let table = QpTable::default();
+        let sq = Arc::new(SqController::new(8, 0, std::time::Duration::from_millis(1)));
+        table.watch(0, 7, &sq);
         let counts = EventCounts::default();
         let mut link = Vec::new();
-        let mut run = |e: AsyncEvent| apply_to("mlx5_0", 1, e, &counts, &mut |up, _| link.push(up));
+        let mut run = |e: AsyncEvent| {
+            apply_to(
+                "mlx5_0",
+                1,
+                e,
+                &counts,
+                &mut |up, _| link.push(up),
+                &mut |qp| table.mark_terminal(0, qp),
+            )
+        };
         run(ev(E::IBV_EVENT_PORT_ERR, 1));
         // Another port of the device is not the one in use.
         run(ev(E::IBV_EVENT_PORT_ERR, 2));
@@ -236,6 +276,11 @@ mod tests {
         run(ev(E::IBV_EVENT_GID_CHANGE, 1));
         run(ev(E::IBV_EVENT_DEVICE_FATAL, 0));
         assert_eq!(link, [false, true, false]);
+        assert!(
+            sq.is_terminal(),
+            "QP 7's controller was taken out of service"
+        );
+        assert_eq!(counts.qps_terminal.load(Ordering::Relaxed), 1);
         let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
         assert_eq!(
             (

@@ -4,6 +4,8 @@
 //!   peer, per-worker endpoints, rkey checks, moves between rails.
 //! - [`endpoint`]: one QP to a peer's NIC: SQ credits, linked WR lists with
 //!   selective signalling, completions, QP replacement with re-post.
+//! - [`ledger`]: [`SubmissionLedger`], every request an endpoint posted
+//!   until its end is known; orphans of a dead QP come out exactly once.
 //! - [`sq`]: [`SqController`], an endpoint's send-queue credits (reserve,
 //!   re-check before post, release), admission and terminal degrade.
 //! - [`connector`]: the helper thread that connects endpoints' QPs (the
@@ -21,6 +23,7 @@
 pub mod connector;
 pub mod endpoint;
 pub mod events;
+pub mod ledger;
 pub mod nic;
 pub mod responder;
 pub mod sq;
@@ -31,8 +34,9 @@ pub mod wc;
 
 pub use connector::{Connector, ConnectorHandle};
 pub use connector::{Queue, QueueSource};
-pub use endpoint::{Endpoint, EndpointState, RdmaCompletion, RdmaSlice, SqSettings};
+pub use endpoint::{Endpoint, EndpointState, RdmaCompletion, RdmaSlice, SqSettings, TerminalCause};
 pub use events::{EventCounts, NicEvents};
+pub use ledger::{SubmissionLedger, SubmissionRecord};
 pub use nic::{Nic, NicSet, Registration};
 pub use responder::Responder;
 pub use sq::{AdmissionToken, Reservation, SqController, SqRefusal, SqSnapshot};

@@ -10,6 +10,7 @@ use tent_rings::ErrorKind;
 use crate::control::wire::NicEntry;
 use crate::error::{Error, Result};
 use crate::transport::rails::Sysfs;
+use crate::transport::rdma::sq::QpTable;
 use crate::transport::rdma::verbs::{Context, MemoryRegion, ProtectionDomain, device_names};
 
 /// The port every NIC is used through (multi-port NICs are one rail per
@@ -92,6 +93,8 @@ impl std::fmt::Debug for Nic {
 #[derive(Debug, Default)]
 pub struct NicSet {
     nics: Vec<Nic>,
+    /// Each live QP's controller, for QP-fatal async events.
+    qps: QpTable,
 }
 
 impl NicSet {
@@ -130,7 +133,10 @@ impl NicSet {
                 format!("no usable RDMA device (found: {})", found.join(", ")),
             ));
         }
-        Ok(NicSet { nics })
+        Ok(NicSet {
+            nics,
+            qps: QpTable::default(),
+        })
     }
 
     fn open_one(name: &str, gid_index: Option<i32>) -> Result<Nic> {
@@ -173,6 +179,11 @@ impl NicSet {
     /// The NICs, in descriptor order.
     pub fn nics(&self) -> &[Nic] {
         &self.nics
+    }
+
+    /// The live QPs' send-queue controllers, by (NIC index, QP number).
+    pub fn qps(&self) -> &QpTable {
+        &self.qps
     }
 
     /// The NUMA nodes the NICs hang off (where their workers belong).

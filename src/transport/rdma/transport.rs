@@ -23,9 +23,12 @@
 //!   device) marks a NIC down the moment its link drops; at the next poll the
 //!   worker destroys that rail's QPs and re-posts everything they held on a
 //!   sibling rail. A completion that fails for a rail-level reason
-//!   (`Unreachable`, `RouteLost`, a NIC failure) moves that slice, and the
-//!   work flushed behind it, to a sibling the same way. Only when no rail is
-//!   left does the failure reach the task (DESIGN.md's recovery order).
+//!   (`Unreachable`, `RouteLost`, a NIC failure) moves that slice to a
+//!   sibling the same way; an endpoint made terminal (seed 004's fatal
+//!   list, a refused post, a QP-fatal async event) hands over everything
+//!   it held, each slice once, and takes no new work during its backoff
+//!   ([`Endpoint::accepting`]). Only when no rail is left does the failure
+//!   reach the task (DESIGN.md's recovery order).
 //! - **Aborts.** [`RdmaTransport::abort_token`] stops a task's slices on
 //!   every endpoint of the worker: waiting ones end at the next `poll`,
 //!   posted ones once their QP, moved to the error state, has flushed them
@@ -47,6 +50,7 @@ use super::endpoint::{Endpoint, RdmaCompletion, RdmaSlice, SqSettings};
 use super::events::{EventCounts, NicEvents};
 use super::nic::NicSet;
 use super::responder::{bootstrap, endpoint};
+use super::sq::SqController;
 use crate::clock::monotonic_ns;
 use crate::config::Config;
 use crate::control::wire::{QpInitiator, QpRequest};
@@ -225,6 +229,12 @@ impl QueueSource for RailSource {
 
     fn peer(&self) -> &str {
         &self.peer
+    }
+
+    fn watch(&mut self, queue: &Queue, sq: &Arc<SqController>) {
+        // SAFETY: `queue.qp` is live: owned by `queue.owner`, which the caller holds.
+        let qp_num = unsafe { (*queue.qp).qp_num };
+        self.nics.qps().watch(self.local, qp_num, sq);
     }
 }
 
@@ -443,8 +453,11 @@ impl RdmaTransport {
         ask: Ask,
     ) -> std::result::Result<(), ErrorKind> {
         let len = u64::from(s.len);
+        let endpoints = &eps.eps;
         let rail = peer.rails.pick(&mut eps.rails, s.token, ask, len, |r| {
-            peer.usable(r, local, remote)
+            // A terminal-degraded (or unconnectable) endpoint takes no new
+            // work until its backoff has passed.
+            peer.usable(r, local, remote) && endpoints[r].accepting()
         })?;
         let r = &peer.paths[rail];
         s.lkey = local.lkey(r.local).ok_or(ErrorKind::RouteLost)?;
@@ -700,20 +713,12 @@ impl Transport for RdmaTransport {
                     });
                     continue;
                 }
-                let before = ws.done.len();
                 ep.flush(&mut |c| ws.done.push((r, c)));
                 ep.reap(&mut |c| ws.done.push((r, c)));
                 ep.fail_exhausted(&mut |c| ws.done.push((r, c)));
-                let rail_failed = ws.done[before..]
-                    .iter()
-                    .any(|(_, c)| matches!(c.result, Err(k) if is_rail_fault(k)));
-                if rail_failed && peer.rails.len() > 1 {
-                    // What was flushed behind the failure would only meet
-                    // the same fault on a fresh QP here: move it too.
-                    ep.evacuate(&mut |s| ws.moved.push((r, s)), &mut |c| {
-                        ws.done.push((r, c))
-                    });
-                }
+                // A terminal-degraded endpoint gave up what it held: it
+                // moves to a sibling rail (or fails over), each once.
+                ep.extract_orphans(&mut |s| ws.moved.push((r, s)));
             }
             for k in 0..ws.moved.len() {
                 let (from, s) = ws.moved[k];

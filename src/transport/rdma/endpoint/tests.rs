@@ -44,6 +44,12 @@ struct Plan {
     halt_rc: i32,
     /// QPs moved to the error state by `to_error`.
     halted: u64,
+    /// The root-cause statuses injected, one drawn per failure.
+    roots_of: &'static [S],
+    /// Chance that `post_send` refuses a request for good (`EINVAL`, not
+    /// its SQ being full), and how often it did.
+    p_refuse: f64,
+    refused: u64,
 }
 
 impl Plan {
@@ -58,7 +64,7 @@ impl Plan {
 
 thread_local! {
     static QUEUES: RefCell<HashMap<u32, FakeQueue>> = RefCell::new(HashMap::new());
-    static PLAN: RefCell<Plan> = const { RefCell::new(Plan { rng: 1, p_enomem: 0.0, p_error: 0.0, roots: 0, enomems: 0, stall: false, poll_max: 0, halt_rc: 0, halted: 0 }) };
+    static PLAN: RefCell<Plan> = const { RefCell::new(Plan { rng: 1, p_enomem: 0.0, p_error: 0.0, roots: 0, enomems: 0, stall: false, poll_max: 0, halt_rc: 0, halted: 0, roots_of: &RECOVERABLE, p_refuse: 0.0, refused: 0 }) };
     /// Local address of every request posted, by wr_id.
     static ADDRS: RefCell<HashMap<u64, u64>> = RefCell::new(HashMap::new());
     /// Local addresses in the order their requests were posted.
@@ -67,10 +73,22 @@ thread_local! {
     static REAPED: RefCell<Vec<(u64, S)>> = const { RefCell::new(Vec::new()) };
 }
 
-const ROOT_STATUSES: [S; 3] = [
-    S::IBV_WC_REM_ACCESS_ERR,
+/// Failures that are the request's own: it fails alone, the QP is
+/// replaced at once.
+const RECOVERABLE: [S; 3] = [
     S::IBV_WC_REM_OP_ERR,
     S::IBV_WC_LOC_LEN_ERR,
+    S::IBV_WC_LOC_PROT_ERR,
+];
+
+/// Seed 004's fatal list: the endpoint goes terminal-degraded.
+const FATAL: [S; 6] = [
+    S::IBV_WC_RETRY_EXC_ERR,
+    S::IBV_WC_RNR_RETRY_EXC_ERR,
+    S::IBV_WC_LOC_QP_OP_ERR,
+    S::IBV_WC_REM_ACCESS_ERR,
+    S::IBV_WC_REM_INV_REQ_ERR,
+    S::IBV_WC_FATAL_ERR,
 ];
 
 unsafe extern "C" fn fake_post_send(
@@ -97,6 +115,17 @@ unsafe extern "C" fn fake_post_send(
                 unsafe { *bad = wr };
                 return libc::ENOMEM;
             }
+            let refuse = PLAN.with(|p| {
+                let mut p = p.borrow_mut();
+                let hit = p.p_refuse > 0.0 && p.next() < p.p_refuse;
+                p.refused += hit as u64;
+                hit
+            });
+            if refuse {
+                // SAFETY: `bad` is the caller's out-parameter.
+                unsafe { *bad = wr };
+                return libc::EINVAL;
+            }
             // SAFETY: `wr` is a valid element of the caller's list, with one SGE.
             let (wr_id, flags, next, addr) = unsafe {
                 (
@@ -117,7 +146,9 @@ unsafe extern "C" fn fake_post_send(
                     let mut p = p.borrow_mut();
                     if p.next() < p.p_error {
                         p.roots += 1;
-                        ROOT_STATUSES[(p.next() * 3.0) as usize % 3]
+                        let n = p.roots_of.len();
+                        let i = (p.next() * n as f64) as usize % n;
+                        p.roots_of[i]
                     } else {
                         S::IBV_WC_SUCCESS
                     }
@@ -223,6 +254,18 @@ fn progress(n: usize) {
                     q.error = true;
                     q.flush_pending();
                 }
+            }
+        }
+    });
+}
+
+/// The fake NIC will end the `i`-th request it holds (in order, on every
+/// QP) with `status`.
+fn fail_pending(i: usize, status: S) {
+    QUEUES.with(|qs| {
+        for q in qs.borrow_mut().values_mut() {
+            if let Some(p) = q.pending.get_mut(i) {
+                p.2 = status;
             }
         }
     });
@@ -351,6 +394,9 @@ fn plan(seed: u64, p_enomem: f64, p_error: f64) {
             poll_max: 0,
             halt_rc: 0,
             halted: 0,
+            roots_of: &RECOVERABLE,
+            p_refuse: 0.0,
+            refused: 0,
         }
     });
 }
@@ -385,7 +431,8 @@ fn run(ep: &mut Endpoint, n: u64) -> HashMap<u64, Vec<std::result::Result<u64, E
     let start = std::time::Instant::now();
     let mut total = 0;
     while total < n as usize {
-        while next < n && ep.submit(slice(next)) {
+        // The rail layer sends nothing to an endpoint not accepting.
+        while next < n && ep.accepting() && ep.submit(slice(next)) {
             next += 1;
         }
         let mut k = 0;
@@ -396,6 +443,14 @@ fn run(ep: &mut Endpoint, n: u64) -> HashMap<u64, Vec<std::result::Result<u64, E
         ep.flush(&mut done);
         ep.reap(&mut done);
         ep.fail_exhausted(&mut done);
+        // Given up by a terminal degrade: the transport moves them on (here:
+        // no sibling rail, so the route is lost).
+        ep.extract_orphans(&mut |s| {
+            k += 1;
+            seen.entry(s.token)
+                .or_default()
+                .push(Err(ErrorKind::RouteLost))
+        });
         if k == 0 {
             // Waiting for the connector (another thread).
             std::thread::yield_now();
@@ -1548,4 +1603,327 @@ fn a_qp_that_did_work_before_it_died_is_replaced_at_once() {
         "{:?}",
         start.elapsed()
     );
+}
+
+/// Knobs for tests that go terminal often: a 1 ms first backoff.
+fn fast_backoff() -> SqSettings {
+    SqSettings {
+        backoff_min: std::time::Duration::from_millis(1),
+        ..SqSettings::default()
+    }
+}
+
+/// Every status of seed 004's fatal list, at the 4th of 8 posted requests:
+/// the three before it complete, it fails with its kind, the endpoint is
+/// terminal-degraded (its controller refuses admission, it takes no new
+/// work for the backoff), and the four after it, and two waiting in the
+/// backlog, are handed out once each to move on; no credit is held.
+#[test]
+fn a_fatal_completion_makes_the_endpoint_terminal_and_its_work_moves_on_once() {
+    for (k, status) in FATAL.into_iter().enumerate() {
+        stalled(71 + k as u64);
+        let (mut ep, _c) = endpoint_with(16, 400_000 + k as u32 * 100, SqSettings::default());
+        let mut seen = Vec::new();
+        for t in 0..8 {
+            assert!(ep.submit(slice(t)));
+        }
+        connect(&mut ep, &mut seen);
+        ep.flush(&mut |c| seen.push(c));
+        assert_eq!(ep.ledger_records(), 8);
+        let old = ep.sq().clone();
+        for t in 8..10 {
+            assert!(ep.submit(slice(t)));
+        }
+        fail_pending(3, status);
+        progress(usize::MAX);
+        ep.reap(&mut |c| seen.push(c));
+        let kind = match outcome(status) {
+            Outcome::Fatal(kind) => kind,
+            o => panic!("{status:?} is on the fatal list, mapped {o:?}"),
+        };
+        let got: Vec<_> = seen.iter().map(|c| (c.token, c.result)).collect();
+        assert_eq!(
+            got,
+            [(0, Ok(64)), (1, Ok(64)), (2, Ok(64)), (3, Err(kind))],
+            "{status:?}"
+        );
+        assert!(old.is_terminal(), "{status:?}: its controller is terminal");
+        assert_eq!(old.try_admit(1).err(), Some(SqRefusal::Degraded));
+        assert!(
+            !ep.accepting(),
+            "{status:?}: no new work during the backoff"
+        );
+        assert!(matches!(ep.state(), EndpointState::Broken { .. }));
+        assert_eq!(ep.last_terminal(), Some(TerminalCause::Cqe(kind)));
+        assert_eq!((ep.terminals(), ep.credits_in_flight()), (1, 0));
+        let mut moved = vec![];
+        ep.extract_orphans(&mut |s| moved.push(s.token));
+        assert_eq!(moved, [4, 5, 6, 7, 8, 9], "{status:?}: in order, once");
+        ep.extract_orphans(&mut |s| panic!("{s:?} handed out twice"));
+        assert_eq!(ep.outstanding(), 0);
+    }
+}
+
+/// A failure that is the request's own (not on the fatal list) leaves the
+/// endpoint in service: the requests flushed behind it are posted again
+/// on a fresh QP at once, nothing is handed out.
+#[test]
+fn a_recoverable_failure_replaces_the_qp_and_reposts_in_place() {
+    for (k, status) in RECOVERABLE.into_iter().enumerate() {
+        stalled(81 + k as u64);
+        let (mut ep, _c) = endpoint_with(16, 410_000 + k as u32 * 100, SqSettings::default());
+        let mut seen = Vec::new();
+        for t in 0..8 {
+            assert!(ep.submit(slice(t)));
+        }
+        connect(&mut ep, &mut seen);
+        ep.flush(&mut |c| seen.push(c));
+        fail_pending(3, status);
+        progress(usize::MAX);
+        ep.reap(&mut |c| seen.push(c));
+        assert!(ep.accepting() && ep.terminals() == 0, "{status:?}");
+        seen.extend(finish(&mut ep, 4));
+        ep.extract_orphans(&mut |s| panic!("{s:?} moved on a recoverable failure"));
+        let failed: Vec<_> = seen.iter().filter(|c| c.result.is_err()).collect();
+        assert_eq!(failed.len(), 1, "{status:?}: only the root fails");
+        assert_eq!(seen.len(), 8);
+        assert_eq!(ep.replacements(), 1);
+    }
+}
+
+/// Seeded faults on all four failure paths at once, over many seeds:
+/// a reserve refused (the controller degraded from outside, as a QP-fatal
+/// async event does), a re-check that fails (degraded between reserve and
+/// post), `post_send` refusing work, and fatal completions, among SQ-full
+/// refusals and recoverable failures. Every slice ends exactly once
+/// (a completion, or handed out to move on), none is lost, credits come
+/// back to the initial count, and each path was taken.
+#[test]
+fn the_four_failure_paths_converge_exactly_once_under_seeded_faults() {
+    thread_local! {
+        static RECHECK_FAULTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+    fn degrade_sometimes(sq: &SqController) {
+        if PLAN.with(|p| p.borrow_mut().next()) < 0.01 {
+            RECHECK_FAULTS.with(|c| c.set(c.get() + 1));
+            sq.mark_terminal();
+        }
+    }
+    static MIXED: [S; 6] = [
+        S::IBV_WC_RETRY_EXC_ERR,
+        S::IBV_WC_REM_ACCESS_ERR,
+        S::IBV_WC_LOC_QP_OP_ERR,
+        S::IBV_WC_REM_OP_ERR,
+        S::IBV_WC_LOC_LEN_ERR,
+        S::IBV_WC_FATAL_ERR,
+    ];
+    let mut causes: HashMap<&'static str, u64> = HashMap::new();
+    for seed in [2u64, 31, 577, 4_099, 65_537, 900_001] {
+        plan(seed, 0.03, 0.01);
+        PLAN.with(|p| {
+            let mut p = p.borrow_mut();
+            p.roots_of = &MIXED;
+            p.p_refuse = 0.003;
+        });
+        let (mut ep, _c) = endpoint_sq(
+            FakeSource {
+                next_id: 500_000 + (seed % 1000) as u32 * 50,
+                connects: 0,
+                fail_after: None,
+            },
+            16,
+            128,
+            fast_backoff(),
+        );
+        ep.pre_post = Some(degrade_sometimes);
+        let n = 4_000u64;
+        let mut ends: HashMap<u64, u32> = HashMap::new();
+        let (mut next, mut total, mut terminals) = (0u64, 0usize, 0u64);
+        let start = std::time::Instant::now();
+        while total < n as usize {
+            while next < n && ep.accepting() && ep.submit(slice(next)) {
+                next += 1;
+            }
+            if ep.is_connected() && PLAN.with(|p| p.borrow_mut().next()) < 0.005 {
+                // A QP-fatal async event: the reserve path.
+                ep.sq().mark_terminal();
+            }
+            let mut k = 0;
+            let mut end = |t: u64| {
+                k += 1;
+                *ends.entry(t).or_default() += 1;
+            };
+            ep.flush(&mut |c| end(c.token));
+            ep.reap(&mut |c| end(c.token));
+            ep.fail_exhausted(&mut |c| end(c.token));
+            ep.extract_orphans(&mut |s| end(s.token));
+            if ep.terminals() > terminals {
+                terminals = ep.terminals();
+                let cause = match ep.last_terminal().expect("a cause") {
+                    TerminalCause::Reserve => "reserve",
+                    TerminalCause::Recheck => "recheck",
+                    TerminalCause::Post(_) => "post",
+                    TerminalCause::Cqe(_) => "cqe",
+                    TerminalCause::Poll(_) => "poll",
+                };
+                *causes.entry(cause).or_default() += 1;
+            }
+            if k == 0 {
+                std::thread::yield_now();
+            }
+            total += k;
+            assert!(start.elapsed().as_secs() < 60, "seed {seed}: no progress");
+        }
+        assert_eq!(ends.len() as u64, n, "seed {seed}: none lost");
+        assert!(ends.values().all(|&c| c == 1), "seed {seed}: exactly once");
+        assert_eq!(
+            (
+                ep.outstanding(),
+                ep.credits_in_flight(),
+                ep.sq().available()
+            ),
+            (0, 0, 16),
+            "seed {seed}: credits back to the initial count"
+        );
+    }
+    for path in ["reserve", "recheck", "post", "cqe"] {
+        assert!(
+            causes.get(path).copied().unwrap_or(0) > 0,
+            "path {path} never taken: {causes:?}"
+        );
+    }
+}
+
+/// The seed's three pending-unsignalled orphaning paths: requests posted
+/// without a signal have no completion of their own, so only the ledger
+/// knows them; when the queue goes terminal they are orphaned and handed
+/// out once.
+#[test]
+fn pending_unsignalled_requests_are_orphaned_once_when_a_recheck_fails() {
+    fn degrade(sq: &SqController) {
+        sq.mark_terminal();
+    }
+    stalled(91);
+    let sq = SqSettings {
+        signal_interval: 1_000,
+        ..SqSettings::default()
+    };
+    let (mut ep, _c) = endpoint_with(32, 420_000, sq);
+    let mut seen = Vec::new();
+    for t in 0..8 {
+        assert!(ep.submit(slice(t)));
+    }
+    connect(&mut ep, &mut seen);
+    ep.flush(&mut |c| seen.push(c));
+    // One list of 8: only its last request is signalled.
+    assert_eq!(signalled().iter().filter(|&&s| s).count(), 1);
+    for t in 8..12 {
+        assert!(ep.submit(slice(t)));
+    }
+    ep.pre_post = Some(degrade);
+    ep.flush(&mut |c| seen.push(c));
+    assert!(seen.is_empty(), "nothing ends: {seen:?}");
+    assert_eq!(ep.last_terminal(), Some(TerminalCause::Recheck));
+    assert_eq!((ep.ledger_records(), ep.credits_in_flight()), (0, 0));
+    let mut moved = vec![];
+    ep.extract_orphans(&mut |s| moved.push(s.token));
+    assert_eq!(
+        moved,
+        (0..12).collect::<Vec<_>>(),
+        "the posted 8, then the 4 waiting"
+    );
+    // The QP was destroyed: its NIC work is gone, nothing more completes.
+    progress(usize::MAX);
+    assert_eq!(ep.reap(&mut |c| seen.push(c)), 0);
+    assert!(seen.is_empty());
+}
+
+/// Two endpoints, several tasks on each: a degrade on one (the reserve
+/// path) orphans its tasks' pieces, each once; the other keeps moving.
+#[test]
+fn a_reserve_refused_on_one_endpoint_orphans_only_its_tasks() {
+    stalled(93);
+    let sq = SqSettings {
+        signal_interval: 1_000,
+        ..SqSettings::default()
+    };
+    let (mut a, _ca) = endpoint_with(32, 430_000, sq);
+    let (mut b, _cb) = endpoint_with(32, 431_000, sq);
+    let mut seen = Vec::new();
+    for task in 0..3 {
+        for i in 0..3 {
+            assert!(a.submit(piece(task, i)));
+            assert!(b.submit(piece(10 + task, i)));
+        }
+    }
+    connect(&mut a, &mut seen);
+    connect(&mut b, &mut seen);
+    a.flush(&mut |c| seen.push(c));
+    b.flush(&mut |c| seen.push(c));
+    // More work for both, then a's queue is degraded from outside.
+    assert!(a.submit(piece(3, 0)));
+    assert!(b.submit(piece(13, 0)));
+    a.sq().mark_terminal();
+    a.flush(&mut |c| seen.push(c));
+    assert_eq!(a.last_terminal(), Some(TerminalCause::Reserve));
+    let mut moved: Vec<(u64, u64)> = vec![];
+    a.extract_orphans(&mut |s| moved.push((s.token, s.local)));
+    assert_eq!(
+        moved.len(),
+        10,
+        "9 posted (unsignalled but the last), 1 waiting"
+    );
+    let mut tasks: Vec<u64> = moved.iter().map(|m| m.0).collect();
+    tasks.dedup();
+    assert_eq!(tasks, [0, 1, 2, 3]);
+    // b is untouched: all its pieces complete.
+    seen.extend(finish(&mut b, 10));
+    assert!(seen.iter().all(|c| c.token >= 10 && c.result == Ok(64)));
+    assert_eq!((b.terminals(), b.credits_in_flight()), (0, 0));
+}
+
+/// Admission is closed the moment the queue degrades, before any recovery:
+/// an admission held across it gives its count back, and that does not
+/// open the old queue again; the endpoint's next QP gets a fresh
+/// controller that admits.
+#[test]
+fn admission_is_closed_before_recovery() {
+    stalled(97);
+    let (mut ep, _c) = endpoint_sq(
+        FakeSource {
+            next_id: 440_000,
+            connects: 0,
+            fail_after: None,
+        },
+        8,
+        64,
+        fast_backoff(),
+    );
+    let mut seen = Vec::new();
+    assert!(ep.submit(slice(0)));
+    connect(&mut ep, &mut seen);
+    let old = ep.sq().clone();
+    let token = old.try_admit(2).expect("room");
+    ep.flush(&mut |c| seen.push(c));
+    fail_pending(0, S::IBV_WC_RETRY_EXC_ERR);
+    progress(usize::MAX);
+    ep.reap(&mut |c| seen.push(c));
+    assert_eq!(seen.len(), 1);
+    assert_eq!(old.try_admit(1).err(), Some(SqRefusal::Degraded));
+    drop(token);
+    assert_eq!(old.queued(), 0);
+    assert_eq!(
+        old.try_admit(1).err(),
+        Some(SqRefusal::Degraded),
+        "stays closed"
+    );
+    // After the backoff, new work connects a fresh QP with a fresh
+    // controller that admits again.
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    assert!(ep.accepting());
+    assert!(ep.submit(slice(1)));
+    seen.extend(finish(&mut ep, 1));
+    assert!(!Arc::ptr_eq(&old, ep.sq()));
+    assert!(ep.sq().try_admit(1).is_ok());
+    assert_eq!(seen.last().map(|c| c.result), Some(Ok(64)));
 }
