@@ -255,7 +255,7 @@ pub struct Endpoint {
     /// The current QP has completed a request well.
     qp_ok: bool,
     /// Every request handed to the QP, until its end is known.
-    ledger: SubmissionLedger,
+    ledger: SubmissionLedger<RdmaSlice>,
     /// Slices a terminal degrade gave up, for the caller to move on
     /// ([`Endpoint::extract_orphans`]).
     orphans: VecDeque<RdmaSlice>,
@@ -452,7 +452,7 @@ impl Endpoint {
             return;
         };
         let (qp, to_error) = (q.qp, q.to_error);
-        if self.ledger.mark_aborted(token, kind) == 0 || self.draining {
+        if self.ledger.mark_aborted(|s| s.token == token, kind) == 0 || self.draining {
             return;
         }
         // SAFETY: `qp` is live: owned by the `Ready` queue.
@@ -728,7 +728,7 @@ impl Endpoint {
     }
 
     /// The oldest posted request if it is `seq`, its credit returned.
-    fn take_front(&mut self, seq: u64) -> Option<SubmissionRecord> {
+    fn take_front(&mut self, seq: u64) -> Option<SubmissionRecord<RdmaSlice>> {
         let r = self.ledger.take(seq)?;
         self.sq.release(1, 0);
         Some(r)
@@ -738,7 +738,7 @@ impl Endpoint {
     /// cause.
     fn failed(
         &mut self,
-        r: SubmissionRecord,
+        r: SubmissionRecord<RdmaSlice>,
         kind: ErrorKind,
         done: &mut impl FnMut(RdmaCompletion),
     ) {

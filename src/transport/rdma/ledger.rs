@@ -18,20 +18,20 @@
 //! `cancel_tentative` or `extract_orphaned_records`.
 //!
 //! Nothing here allocates once the deques have grown to the QP's depth.
+//! The ledger holds whatever a request carries (`T`: the endpoint's
+//! `RdmaSlice`), so it knows nothing of slices itself.
 
 use std::collections::VecDeque;
 
 use tent_rings::ErrorKind;
 
-use super::endpoint::RdmaSlice;
-
 /// One recorded work request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SubmissionRecord {
+pub struct SubmissionRecord<T> {
     /// Its `wr_id`: strictly increasing per ledger, never reused.
     pub seq: u64,
-    /// The slice it carries.
-    pub slice: RdmaSlice,
+    /// What it carries.
+    pub slice: T,
     /// Its task was aborted with this kind: unless it finished first, it
     /// ends so once its end is known.
     pub abort: Option<ErrorKind>,
@@ -39,19 +39,19 @@ pub struct SubmissionRecord {
 
 /// The work requests of one endpoint (see the module docs).
 #[derive(Debug)]
-pub struct SubmissionLedger {
+pub struct SubmissionLedger<T> {
     /// Posted (or about to be), oldest first: seqs strictly increasing.
-    live: VecDeque<SubmissionRecord>,
+    live: VecDeque<SubmissionRecord<T>>,
     /// Of a QP that is gone, not yet taken out.
-    orphans: VecDeque<SubmissionRecord>,
+    orphans: VecDeque<SubmissionRecord<T>>,
     next_seq: u64,
     /// Live records with an abort set.
     aborted: usize,
 }
 
-impl SubmissionLedger {
+impl<T> SubmissionLedger<T> {
     /// A ledger for a queue `depth` requests deep.
-    pub fn new(depth: u32) -> SubmissionLedger {
+    pub fn new(depth: u32) -> SubmissionLedger<T> {
         let depth = depth.max(1) as usize;
         SubmissionLedger {
             live: VecDeque::with_capacity(depth),
@@ -63,7 +63,7 @@ impl SubmissionLedger {
 
     /// Record `slice` as about to be posted; its `wr_id`.
     #[inline]
-    pub fn record(&mut self, slice: RdmaSlice) -> u64 {
+    pub fn record(&mut self, slice: T) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.live.push_back(SubmissionRecord {
@@ -77,7 +77,7 @@ impl SubmissionLedger {
     /// The provider refused the requests from `first` on (they never went
     /// out and will never complete): take them back, newest first, through
     /// `f`; returns how many.
-    pub fn cancel_tentative(&mut self, first: u64, mut f: impl FnMut(SubmissionRecord)) -> u32 {
+    pub fn cancel_tentative(&mut self, first: u64, mut f: impl FnMut(SubmissionRecord<T>)) -> u32 {
         let mut n = 0;
         while self.live.back().is_some_and(|r| r.seq >= first) {
             let r = self.live.pop_back().expect("checked");
@@ -92,7 +92,7 @@ impl SubmissionLedger {
     /// each record up to and including `seq`, oldest first, through `f`;
     /// returns how many. A `seq` already settled releases nothing.
     #[inline]
-    pub fn release_by_cqe(&mut self, seq: u64, mut f: impl FnMut(SubmissionRecord)) -> u32 {
+    pub fn release_by_cqe(&mut self, seq: u64, mut f: impl FnMut(SubmissionRecord<T>)) -> u32 {
         let mut n = 0;
         while self.live.front().is_some_and(|r| r.seq <= seq) {
             let r = self.live.pop_front().expect("checked");
@@ -104,7 +104,7 @@ impl SubmissionLedger {
     }
 
     /// The oldest record, taken out, if it is `seq`.
-    pub fn take(&mut self, seq: u64) -> Option<SubmissionRecord> {
+    pub fn take(&mut self, seq: u64) -> Option<SubmissionRecord<T>> {
         if self.live.front().is_none_or(|r| r.seq != seq) {
             return None;
         }
@@ -120,12 +120,12 @@ impl SubmissionLedger {
         self.live.front().is_none_or(|r| seq < r.seq)
     }
 
-    /// Mark every live record of `token` not marked yet as aborted with
-    /// `kind`; returns how many.
-    pub fn mark_aborted(&mut self, token: u64, kind: ErrorKind) -> usize {
+    /// Mark every live record whose payload is `of` the aborted task and
+    /// not marked yet as aborted with `kind`; returns how many.
+    pub fn mark_aborted(&mut self, of: impl Fn(&T) -> bool, kind: ErrorKind) -> usize {
         let mut n = 0;
         for r in self.live.iter_mut() {
-            if r.slice.token == token && r.abort.is_none() {
+            if r.abort.is_none() && of(&r.slice) {
                 r.abort = Some(kind);
                 n += 1;
             }
@@ -150,7 +150,7 @@ impl SubmissionLedger {
 
     /// Take out every orphaned record, oldest first, through `f`: each
     /// exactly once. Returns how many.
-    pub fn extract_orphaned_records(&mut self, mut f: impl FnMut(SubmissionRecord)) -> u32 {
+    pub fn extract_orphaned_records(&mut self, mut f: impl FnMut(SubmissionRecord<T>)) -> u32 {
         let mut n = 0;
         while let Some(r) = self.orphans.pop_front() {
             n += 1;
@@ -178,26 +178,14 @@ impl SubmissionLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tent_rings::Opcode;
 
-    fn slice(token: u64) -> RdmaSlice {
-        RdmaSlice {
-            token,
-            opcode: Opcode::Write,
-            local: token * 64,
-            len: 64,
-            lkey: 1,
-            remote: token * 64,
-            rkey: 2,
-            reposts: 0,
-            ctx: 0,
-            posted_ns: 0,
-            ahead: 0,
-        }
+    /// A request carrying its task's token.
+    fn slice(token: u64) -> u64 {
+        token
     }
 
-    fn tokens(v: &[SubmissionRecord]) -> Vec<u64> {
-        v.iter().map(|r| r.slice.token).collect()
+    fn tokens(v: &[SubmissionRecord<u64>]) -> Vec<u64> {
+        v.iter().map(|r| r.slice).collect()
     }
 
     /// The seed's `submission_ledger_basic`, with `ReleaseByCqe`,
@@ -230,11 +218,15 @@ mod tests {
 
         // `take` only the front, only by its own seq.
         assert!(l.take(4).is_none());
-        assert_eq!(l.take(3).map(|r| r.slice.token), Some(2));
+        assert_eq!(l.take(3).map(|r| r.slice), Some(2));
 
         // Aborts are counted until their record leaves.
-        assert_eq!(l.mark_aborted(9, ErrorKind::Canceled), 1);
-        assert_eq!(l.mark_aborted(9, ErrorKind::Canceled), 0, "marked once");
+        assert_eq!(l.mark_aborted(|&t| t == 9, ErrorKind::Canceled), 1);
+        assert_eq!(
+            l.mark_aborted(|&t| t == 9, ErrorKind::Canceled),
+            0,
+            "marked once"
+        );
         assert_eq!(l.aborted(), 1);
 
         // The QP is gone: what is left is orphaned and comes out once,
@@ -258,7 +250,7 @@ mod tests {
         let mut l = SubmissionLedger::new(4);
         l.record(slice(1));
         l.record(slice(2));
-        l.mark_aborted(2, ErrorKind::Timeout);
+        l.mark_aborted(|&t| t == 2, ErrorKind::Timeout);
         assert_eq!(l.cancel_tentative(2, |_| {}), 1);
         assert_eq!(l.aborted(), 0);
         assert_eq!(l.release_by_cqe(1, |_| {}), 1);
