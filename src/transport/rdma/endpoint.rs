@@ -833,14 +833,7 @@ impl Endpoint {
     fn connect_failed(&mut self, e: &Error, done: &mut impl FnMut(RdmaCompletion)) {
         let kind = e.kind();
         self.failures = self.failures.saturating_add(1);
-        let backoff = self
-            .backoff_min_ns()
-            .saturating_mul(1 << (self.failures - 1).min(16))
-            .min(BACKOFF_MAX_NS);
-        self.state = State::Broken {
-            kind,
-            retry_ns: monotonic_ns().saturating_add(backoff),
-        };
+        let backoff = self.back_off(kind, self.failures - 1);
         let peer = &*self.peer;
         crate::lograte::warn_limited!(
             (peer, kind),
@@ -875,28 +868,34 @@ impl Endpoint {
         }
         self.state = State::Idle;
         self.dropped_for_abort = !fault;
-        // The QP is gone: nothing of it is in flight any more.
-        self.sq.release(self.ledger.insert_orphaned(), 0);
         let (backlog, mut at) = (&mut self.backlog, self.requeued);
-        self.ledger.extract_orphaned_records(|r| {
-            let mut s = r.slice;
-            if let Some(kind) = r.abort {
-                done(RdmaCompletion {
-                    token: s.token,
-                    result: Err(kind),
-                    slice: s,
-                });
-                return;
-            }
+        let (in_flight, _) = settle_orphans(&mut self.ledger, done, |mut s| {
             s.reposts += u8::from(fault);
             backlog.insert(at, s);
             at += 1;
         });
+        // The QP is gone: nothing of it is in flight any more.
+        self.sq.release(in_flight, 0);
         self.draining = false;
         self.requeued = 0;
-        if fault {
-            self.retire_queue();
+        if !fault {
+            return;
         }
+        self.retire_queue();
+        // From the second QP in a row that died before completing
+        // anything, the next connect waits.
+        if self.dead_qps < 2 {
+            return;
+        }
+        let backoff = self.back_off(ErrorKind::Unreachable, self.dead_qps - 2);
+        let peer = &*self.peer;
+        crate::lograte::warn_limited!(
+            (peer, "dead-qps"),
+            peer,
+            dead_qps = self.dead_qps,
+            retry_ms = backoff / 1_000_000,
+            "rdma: QPs to this peer die before completing anything; waiting before the next (its slices move on meanwhile)"
+        );
     }
 
     /// Take the endpoint out of service (seed 004's one convergence
@@ -917,23 +916,12 @@ impl Endpoint {
         }
         self.state = State::Idle;
         self.dropped_for_abort = false;
-        let in_flight = self.ledger.insert_orphaned();
-        self.sq.release(in_flight, 0);
-        let (orphans, mut aborted) = (&mut self.orphans, 0u32);
-        self.ledger.extract_orphaned_records(|r| {
-            let mut s = r.slice;
-            if let Some(kind) = r.abort {
-                aborted += 1;
-                done(RdmaCompletion {
-                    token: s.token,
-                    result: Err(kind),
-                    slice: s,
-                });
-                return;
-            }
+        let orphans = &mut self.orphans;
+        let (in_flight, aborted) = settle_orphans(&mut self.ledger, done, |mut s| {
             s.reposts = s.reposts.saturating_add(1);
             orphans.push_back(s);
         });
+        self.sq.release(in_flight, 0);
         let waiting = self.backlog.len();
         self.orphans.extend(self.backlog.drain(..));
         self.draining = false;
@@ -942,14 +930,7 @@ impl Endpoint {
         self.last_terminal = Some(cause);
         self.terminal_strikes = self.terminal_strikes.saturating_add(1);
         self.retire_queue();
-        let backoff = self
-            .backoff_min_ns()
-            .saturating_mul(1 << (self.terminal_strikes - 1).min(16))
-            .min(BACKOFF_MAX_NS);
-        self.state = State::Broken {
-            kind: ErrorKind::Unreachable,
-            retry_ns: monotonic_ns().saturating_add(backoff),
-        };
+        let backoff = self.back_off(ErrorKind::Unreachable, self.terminal_strikes - 1);
         let peer = &*self.peer;
         crate::lograte::warn_limited!(
             (peer, cause),
@@ -966,10 +947,7 @@ impl Endpoint {
     /// The QP died: its `SqController` is terminal (it takes no more work;
     /// anyone holding it sees so at once) and the next QP gets a fresh
     /// one. A QP that completed nothing before it died counts toward
-    /// `dead_qps`; from the second such QP in a row the endpoint is
-    /// `Broken` (`Unreachable`: its waiting slices move to sibling rails or
-    /// fail over) for a backoff doubling from 250 ms to 8 s, then connects
-    /// again. One QP that did work resets the count.
+    /// `dead_qps`; one that did work resets the count.
     fn retire_queue(&mut self) {
         self.sq.mark_terminal();
         self.sq = Arc::new(SqController::new(
@@ -982,25 +960,20 @@ impl Endpoint {
         } else {
             self.dead_qps.saturating_add(1)
         };
-        if self.dead_qps < 2 {
-            return;
-        }
+    }
+
+    /// `Broken` with `kind` for the first backoff doubled `doublings`
+    /// times (at most [`BACKOFF_MAX_NS`]); returns the backoff in ns.
+    fn back_off(&mut self, kind: ErrorKind, doublings: u32) -> u64 {
         let backoff = self
             .backoff_min_ns()
-            .saturating_mul(1 << (self.dead_qps - 2).min(16))
+            .saturating_mul(1 << doublings.min(16))
             .min(BACKOFF_MAX_NS);
         self.state = State::Broken {
-            kind: ErrorKind::Unreachable,
+            kind,
             retry_ns: monotonic_ns().saturating_add(backoff),
         };
-        let peer = &*self.peer;
-        crate::lograte::warn_limited!(
-            (peer, "dead-qps"),
-            peer,
-            dead_qps = self.dead_qps,
-            retry_ms = backoff / 1_000_000,
-            "rdma: QPs to this peer die before completing anything; waiting before the next (its slices move on meanwhile)"
-        );
+        backoff
     }
 
     /// Fail, through `done`, backlog slices flushed too many times.
@@ -1021,6 +994,30 @@ impl Endpoint {
             }
         }
     }
+}
+
+/// The QP of `ledger` is gone: orphan every record and settle each once.
+/// An aborted one ends with its abort's kind through `done`; any other
+/// goes to `keep`, oldest first. Returns (records settled, aborted ones).
+fn settle_orphans(
+    ledger: &mut SubmissionLedger<RdmaSlice>,
+    done: &mut impl FnMut(RdmaCompletion),
+    mut keep: impl FnMut(RdmaSlice),
+) -> (u32, u32) {
+    let mut aborted = 0;
+    let n = ledger.insert_orphaned();
+    ledger.extract_orphaned_records(|r| match r.abort {
+        Some(kind) => {
+            aborted += 1;
+            done(RdmaCompletion {
+                token: r.slice.token,
+                result: Err(kind),
+                slice: r.slice,
+            });
+        }
+        None => keep(r.slice),
+    });
+    (n, aborted)
 }
 
 #[cfg(test)]

@@ -311,6 +311,16 @@ struct FakeSource {
     fail_after: Option<u32>,
 }
 
+/// A fake source whose QPs are numbered from `next_id + 1`, connecting
+/// every time.
+fn fake(next_id: u32) -> FakeSource {
+    FakeSource {
+        next_id,
+        connects: 0,
+        fail_after: None,
+    }
+}
+
 impl QueueSource for FakeSource {
     fn connect(&mut self) -> Result<Queue> {
         if self.fail_after.is_some_and(|n| self.connects >= n) {
@@ -465,11 +475,7 @@ fn run(ep: &mut Endpoint, n: u64) -> HashMap<u64, Vec<std::result::Result<u64, E
 fn every_slice_completes_exactly_once_and_credits_return_under_injected_faults() {
     for seed in [1u64, 7, 42, 1234, 99_999] {
         plan(seed, 0.05, 0.02);
-        let src = FakeSource {
-            next_id: seed as u32 * 100,
-            connects: 0,
-            fail_after: None,
-        };
+        let src = fake(seed as u32 * 100);
         let (mut ep, _c) = endpoint(src, 16, 256);
         let n = 5_000;
         let seen = run(&mut ep, n);
@@ -507,11 +513,7 @@ fn every_slice_completes_exactly_once_and_credits_return_under_injected_faults()
 #[test]
 fn sq_full_from_the_provider_loses_nothing() {
     plan(5, 0.5, 0.0);
-    let src = FakeSource {
-        next_id: 9_000,
-        connects: 0,
-        fail_after: None,
-    };
+    let src = fake(9_000);
     let (mut ep, _c) = endpoint(src, 8, 64);
     let seen = run(&mut ep, 2_000);
     assert!(seen.values().all(|v| v == &vec![Ok(64)]));
@@ -545,11 +547,7 @@ fn a_peer_that_refuses_a_new_qp_fails_the_waiting_slices_once() {
 #[test]
 fn a_lazy_endpoint_connects_on_first_work_and_evacuates_everything_it_holds() {
     plan(3, 0.0, 0.0);
-    let src = FakeSource {
-        next_id: 30_000,
-        connects: 0,
-        fail_after: None,
-    };
+    let src = fake(30_000);
     let (mut ep, _c) = endpoint(src, 8, 64);
     let mut none = |c: RdmaCompletion| panic!("nothing completes yet: {c:?}");
     ep.flush(&mut none);
@@ -620,11 +618,7 @@ fn a_connect_that_blocks_leaves_submit_and_flush_prompt_and_the_slices_wait() {
         plan(13, 0.0, 0.0);
         let src = GatedSource {
             gate,
-            inner: FakeSource {
-                next_id: 40_000,
-                connects: 0,
-                fail_after: None,
-            },
+            inner: fake(40_000),
         };
         let (mut ep, _c) = endpoint(src, 8, 64);
         for t in 0..20 {
@@ -673,11 +667,7 @@ fn a_replacement_qp_after_an_error_is_connected_off_the_worker_too() {
         plan(17, 0.0, 0.0);
         let src = GatedSource {
             gate,
-            inner: FakeSource {
-                next_id: 50_000,
-                connects: 0,
-                fail_after: None,
-            },
+            inner: fake(50_000),
         };
         let (mut ep, _c) = endpoint(src, 8, 64);
         for t in 0..4 {
@@ -851,11 +841,7 @@ fn while_connecting_the_backlog_is_bounded_and_then_drains() {
     });
     let src = GatedSource {
         gate,
-        inner: FakeSource {
-            next_id: 70_000,
-            connects: 0,
-            fail_after: None,
-        },
+        inner: fake(70_000),
     };
     let (mut ep, _c) = endpoint(src, 4, 16);
     for t in 0..16 {
@@ -884,11 +870,7 @@ fn a_connect_outliving_its_endpoint_destroys_its_qp_and_a_stopped_connector_fail
     let (open, gate) = std::sync::mpsc::channel();
     let (probe, tries, live) = Probe::new(GatedSource {
         gate,
-        inner: FakeSource {
-            next_id: 80_000,
-            connects: 0,
-            fail_after: None,
-        },
+        inner: fake(80_000),
     });
     let mut ep = Endpoint::new(Box::new(probe), 8, 16, &handle);
     assert!(ep.submit(slice(0)));
@@ -912,11 +894,7 @@ fn a_connect_outliving_its_endpoint_destroys_its_qp_and_a_stopped_connector_fail
     );
     // An endpoint whose connector is gone: its work fails, typed, at once.
     let (mut ep, _, _) = {
-        let (probe, t, l) = Probe::new(FakeSource {
-            next_id: 81_000,
-            connects: 0,
-            fail_after: None,
-        });
+        let (probe, t, l) = Probe::new(fake(81_000));
         (Endpoint::new(Box::new(probe), 8, 16, &handle), t, l)
     };
     assert!(ep.submit(slice(1)));
@@ -992,11 +970,7 @@ fn reap_one(ep: &mut Endpoint) -> Vec<RdmaCompletion> {
 #[test]
 fn an_abort_fails_waiting_slices_at_once_and_posted_ones_only_once_their_flush_is_reaped() {
     stalled(31);
-    let (probe, tries, live) = Probe::new(FakeSource {
-        next_id: 90_000,
-        connects: 0,
-        fail_after: None,
-    });
+    let (probe, tries, live) = Probe::new(fake(90_000));
     let (mut ep, _c) = endpoint(probe, 2, 16);
     let (a, b) = (1, 2);
     let order = [
@@ -1067,11 +1041,7 @@ fn an_abort_fails_waiting_slices_at_once_and_posted_ones_only_once_their_flush_i
 fn with_selective_signalling_each_aborted_request_ends_at_its_own_flush_and_the_rest_repost_in_order()
  {
     stalled(37);
-    let (probe, _tries, live) = Probe::new(FakeSource {
-        next_id: 91_000,
-        connects: 0,
-        fail_after: None,
-    });
+    let (probe, _tries, live) = Probe::new(fake(91_000));
     // Depth 8: one list of 8, signalled at the 4th and the 8th.
     let (mut ep, _c) = endpoint(probe, 8, 16);
     let (a, b) = (3, 4);
@@ -1131,15 +1101,7 @@ fn with_selective_signalling_each_aborted_request_ends_at_its_own_flush_and_the_
 #[test]
 fn aborting_twice_or_a_token_with_nothing_here_changes_nothing() {
     stalled(41);
-    let (mut ep, _c) = endpoint(
-        FakeSource {
-            next_id: 92_000,
-            connects: 0,
-            fail_after: None,
-        },
-        8,
-        16,
-    );
+    let (mut ep, _c) = endpoint(fake(92_000), 8, 16);
     let (a, b, stranger) = (5, 6, 99);
     assert!(ep.submit(piece(a, 0)));
     assert!(ep.submit(piece(b, 0)));
@@ -1183,15 +1145,7 @@ fn aborting_twice_or_a_token_with_nothing_here_changes_nothing() {
 #[test]
 fn pieces_flushed_by_other_tasks_aborts_are_reposted_without_limit_and_without_blame() {
     stalled(43);
-    let (mut ep, _c) = endpoint(
-        FakeSource {
-            next_id: 93_000,
-            connects: 0,
-            fail_after: None,
-        },
-        4,
-        16,
-    );
+    let (mut ep, _c) = endpoint(fake(93_000), 4, 16);
     let victim = piece(7, 0);
     assert!(ep.submit(victim));
     // Far more rounds than a slice may be flushed by QP errors.
@@ -1223,11 +1177,7 @@ fn an_abort_while_connecting_ends_the_waiting_pieces_and_the_rest_go_out_once_co
     let (open, gate) = std::sync::mpsc::channel();
     let src = GatedSource {
         gate,
-        inner: FakeSource {
-            next_id: 94_000,
-            connects: 0,
-            fail_after: None,
-        },
+        inner: fake(94_000),
     };
     let (mut ep, _c) = endpoint(src, 8, 16);
     // Dropped before the connector, which joins its thread: a failed
@@ -1257,11 +1207,7 @@ fn an_abort_while_connecting_ends_the_waiting_pieces_and_the_rest_go_out_once_co
 #[test]
 fn a_rail_lost_while_draining_an_abort_ends_the_aborted_pieces_once_the_qp_is_destroyed() {
     stalled(53);
-    let (probe, _tries, live) = Probe::new(FakeSource {
-        next_id: 95_000,
-        connects: 0,
-        fail_after: None,
-    });
+    let (probe, _tries, live) = Probe::new(fake(95_000));
     let (mut ep, _c) = endpoint(probe, 8, 16);
     let (a, b) = (11, 12);
     assert!(ep.submit(piece(a, 0)));
@@ -1286,11 +1232,7 @@ fn a_rail_lost_while_draining_an_abort_ends_the_aborted_pieces_once_the_qp_is_de
 fn when_the_qp_cannot_be_moved_to_error_it_is_destroyed_and_the_aborted_pieces_end_then() {
     stalled(59);
     PLAN.with(|p| p.borrow_mut().halt_rc = libc::EIO);
-    let (probe, _tries, live) = Probe::new(FakeSource {
-        next_id: 96_000,
-        connects: 0,
-        fail_after: None,
-    });
+    let (probe, _tries, live) = Probe::new(fake(96_000));
     let (mut ep, _c) = endpoint(probe, 8, 16);
     let (a, b) = (13, 14);
     assert!(ep.submit(piece(a, 0)));
@@ -1315,15 +1257,7 @@ fn random_aborts_among_faults_end_every_piece_once_and_never_while_the_nic_holds
         stalled(seed);
         PLAN.with(|p| p.borrow_mut().p_error = 0.01);
         let rand = || PLAN.with(|p| p.borrow_mut().next());
-        let (mut ep, _c) = endpoint(
-            FakeSource {
-                next_id: 300_000 + k as u32 * 10_000,
-                connects: 0,
-                fail_after: None,
-            },
-            16,
-            256,
-        );
+        let (mut ep, _c) = endpoint(fake(300_000 + k as u32 * 10_000), 16, 256);
         let tasks = 400u64;
         // Per task: its pieces not ended yet, and its abort if any.
         let mut open: HashMap<u64, Vec<u64>> = HashMap::new();
@@ -1415,15 +1349,7 @@ fn random_aborts_among_faults_end_every_piece_once_and_never_while_the_nic_holds
 #[test]
 fn a_slice_failing_exhausted_while_a_drain_puts_others_back_leaves_the_backlog_consistent() {
     stalled(61);
-    let (mut ep, _c) = endpoint(
-        FakeSource {
-            next_id: 97_000,
-            connects: 0,
-            fail_after: None,
-        },
-        8,
-        16,
-    );
+    let (mut ep, _c) = endpoint(fake(97_000), 8, 16);
     let (a, b, c) = (15, 16, 17);
     // b was moved between rails more often than a QP may flush it: it is
     // posted (it came in with this poll) and fails once it is back.
@@ -1457,11 +1383,7 @@ fn a_slice_failing_exhausted_while_a_drain_puts_others_back_leaves_the_backlog_c
 
 /// An endpoint over a fresh fake source with the send-queue knobs `sq`.
 fn endpoint_with(depth: u32, next_id: u32, sq: SqSettings) -> (Endpoint, Connector) {
-    let src = FakeSource {
-        next_id,
-        connects: 0,
-        fail_after: None,
-    };
+    let src = fake(next_id);
     endpoint_sq(src, depth, 64, sq)
 }
 
@@ -1539,11 +1461,7 @@ fn the_resume_watermark_holds_posting_until_enough_of_the_queue_is_free() {
 fn a_path_that_kills_every_qp_at_once_is_not_reconnected_in_a_storm() {
     // Every request fails: each QP dies on its first list.
     plan(13, 0.0, 1.0);
-    let src = FakeSource {
-        next_id: 140_000,
-        connects: 0,
-        fail_after: None,
-    };
+    let src = fake(140_000);
     let (mut ep, _c) = endpoint(src, 8, 64);
     let old = ep.sq().clone();
     let start = std::time::Instant::now();
@@ -1588,11 +1506,7 @@ fn a_qp_that_did_work_before_it_died_is_replaced_at_once() {
     // One request in 40 fails; a QP completes some before dying: no QP
     // death is "at once", so nothing waits.
     plan(17, 0.0, 0.025);
-    let src = FakeSource {
-        next_id: 150_000,
-        connects: 0,
-        fail_after: None,
-    };
+    let src = fake(150_000);
     let (mut ep, _c) = endpoint(src, 16, 256);
     let start = std::time::Instant::now();
     let seen = run(&mut ep, 3_000);
@@ -1726,11 +1640,7 @@ fn the_four_failure_paths_converge_exactly_once_under_seeded_faults() {
             p.p_refuse = 0.003;
         });
         let (mut ep, _c) = endpoint_sq(
-            FakeSource {
-                next_id: 500_000 + (seed % 1000) as u32 * 50,
-                connects: 0,
-                fail_after: None,
-            },
+            fake(500_000 + (seed % 1000) as u32 * 50),
             16,
             128,
             fast_backoff(),
@@ -1889,16 +1799,7 @@ fn a_reserve_refused_on_one_endpoint_orphans_only_its_tasks() {
 #[test]
 fn admission_is_closed_before_recovery() {
     stalled(97);
-    let (mut ep, _c) = endpoint_sq(
-        FakeSource {
-            next_id: 440_000,
-            connects: 0,
-            fail_after: None,
-        },
-        8,
-        64,
-        fast_backoff(),
-    );
+    let (mut ep, _c) = endpoint_sq(fake(440_000), 8, 64, fast_backoff());
     let mut seen = Vec::new();
     assert!(ep.submit(slice(0)));
     connect(&mut ep, &mut seen);
