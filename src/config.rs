@@ -762,8 +762,8 @@ schema! {
     "transports/rdma/max_slice_count" => transports.rdma.max_slice_count: uint(1, 65_536), "64", LIVE,
         "A request is planned in windows of this many slices; a window of fewer than half of it goes to the single best rail, a larger one is split across rails by weight.";
     // transports/rdma: SQ flow control (seed 004, MORI_IO_SQ_* without the prefix)
-    "transports/rdma/sq_backoff_timeout_us" => transports.rdma.sq_backoff_timeout_us: uint(0, 600_000_000), "10000", LATER,
-        "How long a post waits in us for SQ credits before failing with SqFull.";
+    "transports/rdma/sq_backoff_timeout_us" => transports.rdma.sq_backoff_timeout_us: uint(0, 600_000_000), "1000000", LIVE,
+        "How long in us an RDMA endpoint may hold posted requests with no completion before it counts as stalled: new slices go to other rails, its waiting slices move there too, and slices no rail can take fail SqFull (failed over), with the SQ/CQE counters logged once; 0 = never. MORI's 10 ms bounds a worker's blocking wait for credits; here nothing waits, and 1 s outlasts a signalled completion every qp_depth/2 requests on a slow link and the RC retry timer, so only a stall trips it.";
     "transports/rdma/sq_signal_interval_wr" => transports.rdma.sq_signal_interval_wr: uint(0, 65_536), "0", LIVE,
         "Signal every n-th work request within a posted list (the last of each list always is); 0 = every qp_depth/2-th.";
     "transports/rdma/sq_resume_watermark_wr" => transports.rdma.sq_resume_watermark_wr: uint(0, 1 << 20), "0", LIVE,
@@ -1599,7 +1599,7 @@ mod tests {
             (400.0, 10.0, 800.0)
         );
         assert_eq!(r.max_slice_count, 64);
-        assert_eq!(r.sq_backoff_timeout_us, 10_000);
+        assert_eq!(r.sq_backoff_timeout_us, 1_000_000);
         assert_eq!(r.sq_signal_interval_wr, 0);
         assert_eq!(r.sq_resume_watermark_wr, 0);
         assert!(!r.sq_executor_admission);
@@ -2199,10 +2199,10 @@ mod tests {
 
     #[test]
     fn not_yet_in_effect_keys_are_accepted_and_recorded_once() {
-        let path = "transports/rdma/sq_backoff_timeout_us";
+        let path = "transports/rdma/sq_admission_chunk_wr";
         assert!(!SPECS[spec_index(path)].in_effect);
-        parse(r#"{"transports": {"rdma": {"sq_backoff_timeout_us": 5}}}"#).unwrap();
-        parse(r#"{"transports": {"rdma": {"sq_backoff_timeout_us": 6}}}"#).unwrap();
+        parse(r#"{"transports": {"rdma": {"sq_admission_chunk_wr": 5}}}"#).unwrap();
+        parse(r#"{"transports": {"rdma": {"sq_admission_chunk_wr": 6}}}"#).unwrap();
         let warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
         assert!(warned.contains(path));
         // Live keys are never reported.

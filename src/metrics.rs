@@ -12,6 +12,13 @@
 //!   (the EWMA), `tent_rail_theoretical_bytes_per_second`,
 //!   `tent_rail_numa_tier`.
 //!
+//! - per RDMA rail (every worker's endpoint on it together), seed 004's
+//!   SQ/CQE diagnostics: `tent_sq_posted_wr`, `tent_sq_backlog_slices`,
+//!   `tent_sq_backlog_high_watermark`, `tent_sq_cqes_total`,
+//!   `tent_sq_last_cqe_age_us`, `tent_sq_full_refusals_total`,
+//!   `tent_sq_stalls_total`, `tent_sq_admission_waits_total`,
+//!   `tent_sq_admission_timeouts_total`, `tent_sq_queued_wr_high_watermark`.
+//!
 //! Counters are written by workers on the failure path only (never per
 //! slice), so plain relaxed RMWs on shared atomics cost nothing that
 //! matters.
@@ -22,6 +29,78 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tent_rings::TransportKind;
 
 use crate::transport::rails::RailStat;
+use crate::transport::rdma::diag::{SqReport, SqRow};
+
+/// `tent_sq_*` families: name, type, help, field.
+type SqFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&SqReport) -> u64,
+);
+
+const SQ_FAMILIES: [SqFamily; 10] = [
+    (
+        "tent_sq_posted_wr",
+        "gauge",
+        "Work requests posted and not known complete.",
+        |r| u64::from(r.posted),
+    ),
+    (
+        "tent_sq_backlog_slices",
+        "gauge",
+        "Slices waiting in the endpoints' backlogs.",
+        |r| u64::from(r.backlog),
+    ),
+    (
+        "tent_sq_backlog_high_watermark",
+        "gauge",
+        "Most slices ever waiting in one endpoint's backlog.",
+        |r| u64::from(r.backlog_high),
+    ),
+    (
+        "tent_sq_cqes_total",
+        "counter",
+        "Completions reaped.",
+        |r| r.cqes,
+    ),
+    (
+        "tent_sq_last_cqe_age_us",
+        "gauge",
+        "Microseconds since the last completion (absent: none yet).",
+        |r| r.last_cqe_us_ago.unwrap_or(u64::MAX),
+    ),
+    (
+        "tent_sq_full_refusals_total",
+        "counter",
+        "Slices refused because an endpoint's backlog was full (back-pressure).",
+        |r| r.full_refusals,
+    ),
+    (
+        "tent_sq_stalls_total",
+        "counter",
+        "Times an endpoint went sq_backoff_timeout_us with requests posted and no completion.",
+        |r| r.stalls,
+    ),
+    (
+        "tent_sq_admission_waits_total",
+        "counter",
+        "Admission waits that slept.",
+        |r| r.admission_waits,
+    ),
+    (
+        "tent_sq_admission_timeouts_total",
+        "counter",
+        "Admission waits that timed out.",
+        |r| r.admission_timeouts,
+    ),
+    (
+        "tent_sq_queued_wr_high_watermark",
+        "gauge",
+        "Most requests admitted and not yet posted at once.",
+        |r| u64::from(r.queued_high),
+    ),
+];
 
 const KINDS: usize = 5;
 
@@ -63,8 +142,8 @@ impl Metrics {
     }
 
     /// Everything, in Prometheus text exposition format; `rails` are
-    /// (segment name, rail) pairs.
-    pub fn render(&self, rails: &[(String, RailStat)]) -> String {
+    /// (segment name, rail) pairs, `sq` the RDMA rails' queue counters.
+    pub fn render(&self, rails: &[(String, RailStat)], sq: &[SqRow]) -> String {
         let mut out = String::new();
         out.push_str(
             "# HELP tent_transport_failover_total Tasks moved from one transport to the next after a transient failure.\n\
@@ -176,6 +255,25 @@ impl Metrics {
                 );
             }
         }
+        if !sq.is_empty() {
+            for (name, ty, help, get) in SQ_FAMILIES {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {ty}");
+                for row in sq {
+                    // `u64::MAX`: no value yet (an age with no event).
+                    let v = get(&row.report);
+                    if v == u64::MAX {
+                        continue;
+                    }
+                    let _ = writeln!(
+                        out,
+                        "{name}{{segment=\"{}\",local=\"{}\",remote=\"{}\"}} {v}",
+                        escape(&row.segment),
+                        escape(&row.local),
+                        escape(&row.remote),
+                    );
+                }
+            }
+        }
         out
     }
 }
@@ -221,7 +319,19 @@ mod tests {
             theoretical: 5000,
             tier: 1,
         };
-        let text = m.render(&[("10.0.0.2:7000".into(), rail)]);
+        let sq = SqRow {
+            segment: "10.0.0.2:7000".into(),
+            local: "mlx5_0".into(),
+            remote: "mlx5_1".into(),
+            report: SqReport {
+                posted: 12,
+                stalls: 2,
+                cqes: 40,
+                last_cqe_us_ago: None,
+                ..SqReport::default()
+            },
+        };
+        let text = m.render(&[("10.0.0.2:7000".into(), rail)], std::slice::from_ref(&sq));
         assert!(
             text.contains("tent_transport_failover_total{from=\"rdma\",to=\"tcp\"} 2\n"),
             "{text}"
@@ -234,6 +344,15 @@ mod tests {
         assert!(text.contains("# TYPE tent_rail_trips_total counter\n"));
         assert!(text.contains("tent_rail_inflight_bytes{transport=\"tcp\",segment=\"10.0.0.2:7000\",local=\"veth\\\"0\",remote=\"eth0\"} 8192\n"), "{text}");
         assert!(text.contains("tent_rail_numa_tier{"));
+        assert!(text.contains(
+            "tent_sq_stalls_total{segment=\"10.0.0.2:7000\",local=\"mlx5_0\",remote=\"mlx5_1\"} 2\n"
+        ), "{text}");
+        assert!(text.contains(
+            "tent_sq_posted_wr{segment=\"10.0.0.2:7000\",local=\"mlx5_0\",remote=\"mlx5_1\"} 12\n"
+        ));
+        assert!(text.contains("# TYPE tent_sq_cqes_total counter\n"));
+        // No completion yet: the age has no sample, not a huge number.
+        assert!(!text.contains("tent_sq_last_cqe_age_us{"), "{text}");
         assert_eq!(m.failovers(TransportKind::Rdma, TransportKind::Tcp), 2);
         assert_eq!(m.failovers_total(), 2);
         // Every non-comment line is `name{labels} value` or `name value`.

@@ -31,6 +31,23 @@ struct TwoPeers {
     fast: Mutex<VecDeque<SliceCompletion>>,
     release: AtomicBool,
     refused: AtomicU64,
+    /// Refuse as a stalled queue does (`Completed(Err(SqFull))`: no wait
+    /// will help), not as back-pressure.
+    stall: AtomicBool,
+}
+
+impl TwoPeers {
+    fn new(stall: bool) -> Arc<TwoPeers> {
+        Arc::new(TwoPeers {
+            slow_lo: AtomicU64::new(0),
+            slow_hi: AtomicU64::new(0),
+            slow: Mutex::new(VecDeque::new()),
+            fast: Mutex::new(VecDeque::new()),
+            release: AtomicBool::new(false),
+            refused: AtomicU64::new(0),
+            stall: AtomicBool::new(stall),
+        })
+    }
 }
 
 impl Transport for TwoPeers {
@@ -57,7 +74,11 @@ impl Transport for TwoPeers {
             let mut q = if slow { &self.slow } else { &self.fast }.lock().unwrap();
             if slow && !q.is_empty() && !self.release.load(Ordering::Relaxed) {
                 self.refused.fetch_add(1, Ordering::Relaxed);
-                *o = SubmitOutcome::Rejected(tent::ErrorKind::SqFull);
+                *o = if self.stall.load(Ordering::Relaxed) {
+                    SubmitOutcome::Completed(Err(tent::ErrorKind::SqFull))
+                } else {
+                    SubmitOutcome::Rejected(tent::ErrorKind::SqFull)
+                };
                 continue;
             }
             assert_eq!(s.opcode, tent::Opcode::Write);
@@ -89,25 +110,23 @@ impl Transport for TwoPeers {
     fn abort(&self, _: &WorkerCtx, _: u64, _: tent::ErrorKind) {}
 }
 
-#[test]
-fn a_task_refused_for_back_pressure_does_not_hold_up_the_workers_other_tasks() {
-    let t = Arc::new(TwoPeers {
-        slow_lo: AtomicU64::new(0),
-        slow_hi: AtomicU64::new(0),
-        slow: Mutex::new(VecDeque::new()),
-        fast: Mutex::new(VecDeque::new()),
-        release: AtomicBool::new(false),
-        refused: AtomicU64::new(0),
-    });
+/// An engine over `t` alone.
+fn engine_over(t: &Arc<TwoPeers>) -> Engine {
     let mut c = test_config();
     c.transports.local.enable = false;
     c.transports.shm.enable = false;
     c.transports.tcp.enable = false;
-    let e = Engine::builder()
+    Engine::builder()
         .config(c)
         .transport(t.clone())
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn a_task_refused_for_back_pressure_does_not_hold_up_the_workers_other_tasks() {
+    let t = TwoPeers::new(false);
+    let e = engine_over(&t);
     let len = 4 * SLICE;
     let src = e.allocate_memory(len).unwrap();
     let data = pattern(3, len as usize);
@@ -156,4 +175,50 @@ fn a_task_refused_for_back_pressure_does_not_hold_up_the_workers_other_tasks() {
     assert_eq!(s.state, TaskState::Completed, "{:?}", e.status_list(b));
     slow_dst.read(0, &mut got).unwrap();
     assert_eq!(got, data);
+}
+
+/// A slice a transport finishes `SqFull` (RDMA: its queues went
+/// `sq_backoff_timeout_us` with no completion) is a failure, not
+/// back-pressure: the task is not held to be posted again when room comes
+/// back (with no other transport it fails `SqFull`), while a task with
+/// room completes.
+#[test]
+fn a_stalled_queue_fails_its_task_instead_of_holding_it() {
+    let t = TwoPeers::new(true);
+    let e = engine_over(&t);
+    let len = 4 * SLICE;
+    let src = e.allocate_memory(len).unwrap();
+    let slow_dst = e.allocate_memory(len).unwrap();
+    let fast_dst = e.allocate_memory(len).unwrap();
+    t.slow_lo.store(slow_dst.addr(), Ordering::Relaxed);
+    t.slow_hi.store(slow_dst.addr() + len, Ordering::Relaxed);
+    let write = |dst: &tent::Buffer| {
+        op::Write::new(
+            LocalAddr::new(src.id(), 0),
+            RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+            len,
+        )
+        .build()
+    };
+    let b = e.allocate_batch(2).unwrap();
+    e.submit(b, &[write(&slow_dst), write(&fast_dst)]).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while t.refused.load(Ordering::Relaxed) == 0
+        || e.status(b, 1).unwrap().state != TaskState::Completed
+    {
+        if std::time::Instant::now() > deadline {
+            t.release.store(true, Ordering::Relaxed);
+            panic!(
+                "no refusal, or the task with room did not complete: {:?}",
+                e.status_list(b)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The slice posted before the stall completes; nothing more is posted.
+    t.release.store(true, Ordering::Relaxed);
+    let s = e.wait_batch(b, Duration::from_secs(10)).unwrap();
+    let slow = e.status(b, 0).unwrap();
+    assert_eq!(slow.state, TaskState::Failed, "{s:?} {slow:?}");
+    assert_eq!(slow.error, Some(tent::ErrorKind::SqFull), "{slow:?}");
 }

@@ -773,7 +773,20 @@ fn rxe_engine_reads_and_writes_over_rdma_on_every_rail_with_data_verified() {
     for r in &rails {
         assert!(r.bytes > 0, "every rail carried slices: {rails:?}");
     }
-    println!("RXE-OK engine READ/WRITE 8 B .. 8 MiB over RDMA, data verified; rails {rails:?}");
+    // Seed 004's SQ/CQE diagnostics: one row per rail, completions
+    // counted, nothing left posted, no stall, in the metrics too.
+    let sq = init.sq_rows();
+    assert_eq!(sq.len(), rails_count(), "{sq:?}");
+    for row in &sq {
+        let r = &row.report;
+        assert!(r.cqes > 0 && r.last_cqe_us_ago.is_some(), "{row:?}");
+        assert_eq!((r.posted, r.backlog, r.stalls), (0, 0, 0), "{row:?}");
+    }
+    let text = init.metrics_text();
+    assert!(text.contains("tent_sq_cqes_total{segment="), "{text}");
+    println!(
+        "RXE-OK engine READ/WRITE 8 B .. 8 MiB over RDMA, data verified; rails {rails:?}; sq {sq:?}"
+    );
 }
 
 fn rails_count() -> usize {

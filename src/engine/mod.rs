@@ -1011,10 +1011,24 @@ impl Engine {
             .collect()
     }
 
+    /// Every RDMA rail's send- and completion-queue counters (seed 004's
+    /// SQ/CQE diagnostics), every worker's endpoint on it together.
+    pub fn sq_rows(&self) -> Vec<crate::transport::rdma::SqRow> {
+        self.shared
+            .segments
+            .load()
+            .iter()
+            .filter_map(|s| crate::transport::rdma::transport::peer_of(s))
+            .flat_map(|p| p.sq_reports())
+            .collect()
+    }
+
     /// Failover counters and per-rail state and bytes, in Prometheus text
     /// exposition format.
     pub fn metrics_text(&self) -> String {
-        self.shared.metrics.render(&self.all_rails())
+        self.shared
+            .metrics
+            .render(&self.all_rails(), &self.sq_rows())
     }
 
     /// Installed transports.

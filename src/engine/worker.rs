@@ -746,10 +746,12 @@ impl Worker {
             // others of its lane, which may go elsewhere this turn (another
             // peer, a rail with room); the lane is passed over once its
             // head is this task again.
+            // A transport that finishes a slice `SqFull` (RDMA: its queues
+            // went `sq_backoff_timeout_us` without a completion) means no
+            // wait will help: that is a failure, failed over below.
             let deferred = match outcome[0] {
                 SubmitOutcome::Later => true,
-                SubmitOutcome::Rejected(ErrorKind::SqFull)
-                | SubmitOutcome::Completed(Err(ErrorKind::SqFull)) => self.async_inflight > 0,
+                SubmitOutcome::Rejected(ErrorKind::SqFull) => self.async_inflight > 0,
                 _ => false,
             };
             if deferred {

@@ -72,6 +72,7 @@ use std::time::Duration;
 use tent_rings::{ErrorKind, Opcode};
 
 use super::connector::{ConnectorHandle, Link, Queue, QueueSource};
+use super::diag::{SqCqeDiagnostics, SqReport, bump};
 use super::ledger::{SubmissionLedger, SubmissionRecord};
 use super::sq::{SqController, SqRefusal};
 use super::wc::{Outcome, outcome};
@@ -106,6 +107,10 @@ pub struct SqSettings {
     /// a row, up to [`BACKOFF_MAX_NS`]). Not a config key: 250 ms
     /// ([`BACKOFF_MIN_NS`]) everywhere but tests that need many failures.
     pub backoff_min: Duration,
+    /// `sq_backoff_timeout_us`: how long the endpoint may hold posted
+    /// requests with no completion before it counts as stalled (new work
+    /// goes elsewhere, waiting work moves on; zero: never).
+    pub stall_timeout: Duration,
 }
 
 impl Default for SqSettings {
@@ -115,6 +120,7 @@ impl Default for SqSettings {
             signal_interval: 0,
             wait_slice: Duration::from_micros(100),
             backoff_min: Duration::from_nanos(BACKOFF_MIN_NS),
+            stall_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -127,6 +133,7 @@ impl SqSettings {
             resume_watermark: r.sq_resume_watermark_wr,
             signal_interval: r.sq_signal_interval_wr,
             wait_slice: Duration::from_micros(r.sq_admission_wait_slice_us),
+            stall_timeout: Duration::from_micros(r.sq_backoff_timeout_us),
             ..SqSettings::default()
         }
     }
@@ -271,6 +278,19 @@ pub struct Endpoint {
     /// The knobs each QP's fresh `SqController` is built with.
     depth: u32,
     settings: SqSettings,
+    /// Its queues' counters (shared with each QP's `SqController` and the
+    /// metrics reader).
+    diag: Arc<SqCqeDiagnostics>,
+    /// The time the caller's last [`Endpoint::polled_at`] gave (the
+    /// worker's turn clock: no clock read of the endpoint's own).
+    now_ns: u64,
+    /// The last sign of life of the posted requests: a completion that
+    /// released one, or the post that started a busy period.
+    progress_ns: u64,
+    /// This stall was reported (reset by the next progress).
+    stall_reported: bool,
+    /// Requests the completions of the current `reap` released.
+    reaped_wr: u32,
     /// The QP was moved to the error state by `abort`: nothing more is
     /// posted on it, its completions are reaped until no aborted request
     /// is left on it, then it is dropped.
@@ -309,11 +329,22 @@ impl Endpoint {
         sq: SqSettings,
     ) -> Endpoint {
         let limit = backlog.max(1);
+        let diag = Arc::<SqCqeDiagnostics>::default();
         Endpoint {
             state: State::Idle,
             peer: source.peer().into(),
             link: Link::new(source, connector),
-            sq: Arc::new(SqController::new(depth, sq.resume_watermark, sq.wait_slice)),
+            sq: Arc::new(SqController::with_diagnostics(
+                depth,
+                sq.resume_watermark,
+                sq.wait_slice,
+                diag.clone(),
+            )),
+            diag,
+            now_ns: 0,
+            progress_ns: 0,
+            stall_reported: false,
+            reaped_wr: 0,
             // Room for what a broken QP puts back too.
             backlog: VecDeque::with_capacity(limit + depth.max(1) as usize),
             limit,
@@ -477,10 +508,58 @@ impl Endpoint {
     /// engine credits, so it sized the backlog to never see this).
     pub fn submit(&mut self, slice: RdmaSlice) -> bool {
         if self.backlog.len() >= self.limit {
+            bump(&self.diag.full_refusals);
             return false;
         }
         self.backlog.push_back(slice);
         true
+    }
+
+    /// The worker's clock for this turn, before [`flush`](Self::flush)
+    /// and [`reap`](Self::reap): completions and posts are timed with it.
+    #[inline]
+    pub fn polled_at(&mut self, now_ns: u64) {
+        self.now_ns = now_ns;
+    }
+
+    /// Has it held posted requests for `sq_backoff_timeout_us` with no
+    /// completion (a peer that stopped answering without failing the QP,
+    /// or a poll that does not come)? A stalled endpoint takes no new
+    /// work; its waiting slices move on ([`shed_backlog`](Self::shed_backlog)).
+    #[inline]
+    pub fn stalled(&self, now_ns: u64) -> bool {
+        let t = self.settings.stall_timeout.as_nanos();
+        t != 0
+            && self.ledger.record_count() > 0
+            && u128::from(now_ns.saturating_sub(self.progress_ns)) > t
+    }
+
+    /// A stalled endpoint hands its waiting (never posted) slices to `out`,
+    /// oldest first, for another rail; it counts the stall and returns
+    /// true the first time for this stall (the caller logs it once).
+    pub fn shed_backlog(&mut self, out: &mut impl FnMut(RdmaSlice)) -> bool {
+        // Slices put back by an abort's drain are not the stall's to move.
+        for s in self.backlog.drain(self.requeued..) {
+            out(s);
+        }
+        self.diag
+            .occupancy(self.ledger.record_count(), self.backlog.len());
+        let first = !self.stall_reported;
+        if first {
+            self.stall_reported = true;
+            bump(&self.diag.stalls);
+        }
+        first
+    }
+
+    /// Its queues' counters now (see [`SqCqeDiagnostics`]).
+    pub fn report(&self, now_ns: u64) -> SqReport {
+        self.diag.report(now_ns, self.sq.posted(), self.sq.depth())
+    }
+
+    /// Its diagnostics, shared (the metrics reader keeps one per endpoint).
+    pub fn diagnostics(&self) -> &Arc<SqCqeDiagnostics> {
+        &self.diag
     }
 
     /// Slices queued, in flight, or given up and not handed on yet.
@@ -506,6 +585,11 @@ impl Endpoint {
     /// Post what the credits allow. Without a QP, ask the connector for
     /// one (or see whether it answered): never waits.
     pub fn flush(&mut self, done: &mut impl FnMut(RdmaCompletion)) {
+        if !self.backlog.is_empty() {
+            // The backlog's peak is before a post, not after.
+            self.diag
+                .occupancy(self.ledger.record_count(), self.backlog.len());
+        }
         // A QP draining an abort takes nothing new: it is in error.
         if !self.advance(done) || self.draining {
             return;
@@ -540,6 +624,10 @@ impl Endpoint {
                 Err(_) => return,
             };
             let k = reserved.n as usize;
+            if self.ledger.record_count() == 0 {
+                // A busy period starts: the stall clock runs from here.
+                self.progress_ns = self.now_ns;
+            }
             let mut first = 0;
             for i in 0..k {
                 let s = self.backlog.pop_front().expect("k <= backlog");
@@ -654,6 +742,7 @@ impl Endpoint {
             self.converge(TerminalCause::Poll(n), done);
             return 0;
         }
+        self.reaped_wr = 0;
         for i in 0..n as usize {
             let (seq, status) = (self.wcs[i].wr_id, self.wcs[i].status);
             // Completions of work already dealt with (flushed, re-posted),
@@ -686,6 +775,10 @@ impl Endpoint {
                 Outcome::Flushed => self.break_queue(true, done),
             }
         }
+        // Once per reap, not per request (see `diag`).
+        self.diag.polled(self.now_ns, n as u32, self.reaped_wr);
+        self.diag
+            .occupancy(self.ledger.record_count(), self.backlog.len());
         n as usize
     }
 
@@ -771,6 +864,9 @@ impl Endpoint {
         self.qp_ok |= released > 0;
         if released > 0 {
             self.terminal_strikes = 0;
+            self.progress_ns = self.now_ns;
+            self.stall_reported = false;
+            self.reaped_wr = self.reaped_wr.saturating_add(released);
         }
     }
 
@@ -950,10 +1046,11 @@ impl Endpoint {
     /// `dead_qps`; one that did work resets the count.
     fn retire_queue(&mut self) {
         self.sq.mark_terminal();
-        self.sq = Arc::new(SqController::new(
+        self.sq = Arc::new(SqController::with_diagnostics(
             self.depth,
             self.settings.resume_watermark,
             self.settings.wait_slice,
+            self.diag.clone(),
         ));
         self.dead_qps = if self.qp_ok {
             0

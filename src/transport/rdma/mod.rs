@@ -8,6 +8,8 @@
 //!   until its end is known; orphans of a dead QP come out exactly once.
 //! - [`sq`]: [`SqController`], an endpoint's send-queue credits (reserve,
 //!   re-check before post, release), admission and terminal degrade.
+//! - [`diag`]: [`SqCqeDiagnostics`], an endpoint's SQ/CQE counters and the
+//!   one-line hint that tells a poll stall from a slow drain from a burst.
 //! - [`connector`]: the helper thread that connects endpoints' QPs (the
 //!   `QpConnect` exchange can wait on the peer; a worker never does).
 //! - [`events`]: [`NicEvents`], the thread reading the NICs' async events
@@ -21,6 +23,7 @@
 //!   at run time, or a fake one in tests).
 
 pub mod connector;
+pub mod diag;
 pub mod endpoint;
 pub mod events;
 pub mod ledger;
@@ -34,6 +37,7 @@ pub mod wc;
 
 pub use connector::{Connector, ConnectorHandle};
 pub use connector::{Queue, QueueSource};
+pub use diag::{SqCqeDiagnostics, SqReport, SqRow};
 pub use endpoint::{Endpoint, EndpointState, RdmaCompletion, RdmaSlice, SqSettings, TerminalCause};
 pub use events::{EventCounts, NicEvents};
 pub use ledger::{SubmissionLedger, SubmissionRecord};

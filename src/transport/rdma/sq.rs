@@ -37,13 +37,14 @@
 //! reserves, re-checks and releases (one CAS each); the waits are for
 //! threads outside it.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use tent_rings::credit::{CreditPool, CreditSnapshot, ReserveError};
 
 use crate::doorbell::Doorbell;
+use crate::transport::rdma::diag::SqCqeDiagnostics;
 
 /// Credits taken by [`SqController::try_reserve`]: post that many work
 /// requests, or give them back.
@@ -98,13 +99,12 @@ pub struct SqController {
     credits: CreditPool,
     depth: u32,
     queued: AtomicU32,
-    queued_high: AtomicU32,
     bell: Doorbell,
     /// Longest single sleep.
     slice: Duration,
-    admission_waits: AtomicU64,
-    admission_wait_us: AtomicU64,
-    admission_timeouts: AtomicU64,
+    /// The endpoint's diagnostics: admission counters land there, so they
+    /// outlive this QP's controller.
+    diag: Arc<SqCqeDiagnostics>,
 }
 
 impl SqController {
@@ -113,18 +113,30 @@ impl SqController {
     /// refused reserve paused it (0: no hysteresis), sleeping at most
     /// `slice` at a time when waiting.
     pub fn new(depth: u32, resume_watermark: u32, slice: Duration) -> SqController {
+        SqController::with_diagnostics(depth, resume_watermark, slice, Arc::default())
+    }
+
+    /// [`SqController::new`], counting into the endpoint's `diag`.
+    pub fn with_diagnostics(
+        depth: u32,
+        resume_watermark: u32,
+        slice: Duration,
+        diag: Arc<SqCqeDiagnostics>,
+    ) -> SqController {
         let depth = depth.max(1);
         SqController {
             credits: CreditPool::new(depth, resume_watermark),
             depth,
             queued: AtomicU32::new(0),
-            queued_high: AtomicU32::new(0),
             bell: Doorbell::default(),
             slice: slice.max(Duration::from_micros(1)),
-            admission_waits: AtomicU64::new(0),
-            admission_wait_us: AtomicU64::new(0),
-            admission_timeouts: AtomicU64::new(0),
+            diag,
         }
+    }
+
+    /// The diagnostics it counts into.
+    pub fn diagnostics(&self) -> &Arc<SqCqeDiagnostics> {
+        &self.diag
     }
 
     /// The queue's depth.
@@ -228,7 +240,7 @@ impl SqController {
                 .compare_exchange_weak(q, q + n, Ordering::Relaxed, Ordering::Relaxed)
             {
                 Ok(_) => {
-                    self.queued_high.fetch_max(q + n, Ordering::Relaxed);
+                    self.diag.queued_high.fetch_max(q + n, Ordering::Relaxed);
                     return Ok(AdmissionToken {
                         sq: Some(self.clone()),
                         n,
@@ -250,12 +262,12 @@ impl SqController {
         let mut slept = false;
         let out = self.wait_until(start + timeout, &mut slept, || self.try_admit(n));
         if slept {
-            self.admission_waits.fetch_add(1, Ordering::Relaxed);
+            self.diag.admission_waits.fetch_add(1, Ordering::Relaxed);
             let us = start.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
-            self.admission_wait_us.fetch_add(us, Ordering::Relaxed);
+            self.diag.admission_wait_us.fetch_add(us, Ordering::Relaxed);
         }
         if matches!(out, Err(SqRefusal::TimedOut(_))) {
-            self.admission_timeouts.fetch_add(1, Ordering::Relaxed);
+            self.diag.admission_timeouts.fetch_add(1, Ordering::Relaxed);
         }
         out
     }
@@ -324,10 +336,10 @@ impl SqController {
         SqSnapshot {
             credits: self.credits.snapshot(),
             queued: self.queued.load(Ordering::Relaxed),
-            queued_high_watermark: self.queued_high.load(Ordering::Relaxed),
-            admission_waits: self.admission_waits.load(Ordering::Relaxed),
-            admission_wait_us: self.admission_wait_us.load(Ordering::Relaxed),
-            admission_timeouts: self.admission_timeouts.load(Ordering::Relaxed),
+            queued_high_watermark: self.diag.queued_high.load(Ordering::Relaxed),
+            admission_waits: self.diag.admission_waits.load(Ordering::Relaxed),
+            admission_wait_us: self.diag.admission_wait_us.load(Ordering::Relaxed),
+            admission_timeouts: self.diag.admission_timeouts.load(Ordering::Relaxed),
         }
     }
 }

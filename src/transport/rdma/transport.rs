@@ -63,6 +63,7 @@ use crate::transport::rails::{
     Ask, DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, RailPolicy, RailSet,
     SelectorConfig, WorkerRails, is_rail_fault,
 };
+use crate::transport::rdma::diag::{SqCqeDiagnostics, SqReport, SqRow};
 use crate::transport::rdma::verbs::{CompletionQueue, QueuePair};
 use crate::transport::{
     Capabilities, InstallContext, PeerActivity, PerWorker, RailStat, Slice, SliceCompletion,
@@ -115,6 +116,11 @@ pub struct RdmaPeer {
     rails: RailSet,
     nics: Arc<NicSet>,
     per_worker: PerWorker<PeerEndpoints>,
+    /// Each worker's endpoints' queue counters (index: worker, then rail),
+    /// readable without the worker's state.
+    diag: Vec<Vec<Arc<SqCqeDiagnostics>>>,
+    /// Every endpoint's send-queue depth.
+    depth: u32,
 }
 
 impl std::fmt::Debug for RdmaPeer {
@@ -141,6 +147,29 @@ impl RdmaPeer {
     /// Each rail's names, link state and counters.
     pub fn rail_stats(&self) -> Vec<RailStat> {
         self.rails.stats(|r| self.link_up(r))
+    }
+
+    /// Each rail's send- and completion-queue counters, every worker's
+    /// endpoint on it together (index = rail), labelled as the metrics
+    /// show them.
+    pub fn sq_reports(&self) -> Vec<SqRow> {
+        let now = monotonic_ns();
+        (0..self.paths.len())
+            .map(|r| {
+                let mut total = SqReport::default();
+                for w in &self.diag {
+                    let d = &w[r];
+                    let posted = d.ledger_records.load(std::sync::atomic::Ordering::Relaxed);
+                    total.merge(&d.report(now, posted, self.depth));
+                }
+                SqRow {
+                    segment: self.name.clone(),
+                    local: self.nics.nics()[self.paths[r].local].ctx.name().to_owned(),
+                    remote: self.paths[r].remote_name.clone(),
+                    report: total,
+                }
+            })
+            .collect()
     }
 
     /// The descriptor region holding `[addr, addr+len)`.
@@ -428,7 +457,12 @@ impl RdmaTransport {
                     activity: PeerActivity::default(),
                 })
             })
-            .collect::<Result<PerWorker<_>>>()?;
+            .collect::<Result<Vec<_>>>()?;
+        let diag = per_worker
+            .iter()
+            .map(|p: &PeerEndpoints| p.eps.iter().map(|e| e.diagnostics().clone()).collect())
+            .collect();
+        let per_worker: PerWorker<_> = per_worker.into_iter().collect();
         tracing::info!(peer = name, rails = ?rails.iter().map(|r| format!("{}->{}", self.nics.nics()[r.local].ctx.name(), r.remote_name)).collect::<Vec<_>>(), "rdma peer attached");
         Ok(Arc::new(RdmaPeer {
             name: name.to_owned(),
@@ -437,6 +471,8 @@ impl RdmaTransport {
             rails: set,
             nics: self.nics.clone(),
             per_worker,
+            diag,
+            depth: s.depth,
         }))
     }
 
@@ -451,13 +487,15 @@ impl RdmaTransport {
         local: &MemRegion,
         remote: &RegionEntry,
         ask: Ask,
+        now: u64,
     ) -> std::result::Result<(), ErrorKind> {
         let len = u64::from(s.len);
         let endpoints = &eps.eps;
         let rail = peer.rails.pick(&mut eps.rails, s.token, ask, len, |r| {
             // A terminal-degraded (or unconnectable) endpoint takes no new
-            // work until its backoff has passed.
-            peer.usable(r, local, remote) && endpoints[r].accepting()
+            // work until its backoff has passed; a stalled one until a
+            // completion shows it moves again.
+            peer.usable(r, local, remote) && endpoints[r].accepting() && !endpoints[r].stalled(now)
         })?;
         let r = &peer.paths[rail];
         s.lkey = local.lkey(r.local).ok_or(ErrorKind::RouteLost)?;
@@ -516,6 +554,34 @@ impl RdmaTransport {
         }
     }
 
+    /// An endpoint of `peer` (worker `w`) went `sq_backoff_timeout_us`
+    /// with nothing completing: one warning per peer and worker, with each
+    /// rail's queue counters so the line itself tells a poll stall from a
+    /// slow drain from a burst (seed 004's SQ-full hint).
+    #[cold]
+    fn report_stall(&self, peer: &RdmaPeer, eps: &PeerEndpoints, w: usize, now: u64) {
+        let rails: Vec<String> = eps
+            .eps
+            .iter()
+            .enumerate()
+            .map(|(r, e)| {
+                let state = if e.stalled(now) { "stalled" } else { "moving" };
+                format!("rail {r} ({state}): {}", e.report(now))
+            })
+            .collect();
+        let name = &*peer.name;
+        crate::lograte::warn_limited!(
+            (name, w),
+            peer = name,
+            worker = w,
+            workers = self.workers.workers(),
+            qp_per_transfer = 1,
+            timeout_us = self.settings.sq.stall_timeout.as_micros() as u64,
+            rails = %rails.join("; "),
+            "rdma: SQ full and no completion within sq_backoff_timeout_us; its waiting work moves to other rails or fails SqFull (failed over)"
+        );
+    }
+
     /// Queue `s` again, on a rail other than `from`.
     fn repost(
         &self,
@@ -523,11 +589,12 @@ impl RdmaTransport {
         eps: &mut PeerEndpoints,
         s: RdmaSlice,
         from: usize,
+        now: u64,
     ) -> std::result::Result<(), ErrorKind> {
         // SAFETY: `ctx` is the slice's local region, which its task holds (an Arc) until every slice of it has completed; this slice has not.
         let local = unsafe { &*(s.ctx as *const MemRegion) };
         let remote = peer.region_of(s.remote, s.len as u64)?;
-        Self::post(peer, eps, s, local, remote, Ask::Again(Some(from)))
+        Self::post(peer, eps, s, local, remote, Ask::Again(Some(from)), now)
     }
 }
 
@@ -673,7 +740,17 @@ impl Transport for RdmaTransport {
                 s.region,
                 remote,
                 Ask::Next(s.slices_left()),
+                now,
             );
+            if posted == Err(ErrorKind::RouteLost) && eps.eps.iter().any(|e| e.stalled(now)) {
+                // No rail left but stalled ones: not back-pressure the
+                // task may wait out, but `sq_backoff_timeout_us` passed
+                // with nothing completing. The slice fails `SqFull` (the
+                // engine fails it over), with the queues' story logged.
+                self.report_stall(peer, &eps, ctx.index(), now);
+                *o = SubmitOutcome::Completed(Err(ErrorKind::SqFull));
+                continue;
+            }
             // Rare (first slice since the peer drained): the only
             // reference-count update on this path.
             if posted.is_ok()
@@ -692,6 +769,13 @@ impl Transport for RdmaTransport {
             return 0;
         };
         let ws = &mut *ws;
+        // One clock read per turn with peers to poll: completions, posts
+        // and stalls are timed with it.
+        let now = if ws.active.is_empty() {
+            0
+        } else {
+            monotonic_ns()
+        };
         let mut i = 0;
         while i < ws.active.len() {
             let peer = &ws.active[i];
@@ -701,6 +785,7 @@ impl Transport for RdmaTransport {
                 continue;
             };
             let eps = &mut *guard;
+            let mut stalled = None;
             for r in 0..eps.eps.len() {
                 let ep = &mut eps.eps[r];
                 if ep.outstanding() == 0 {
@@ -713,9 +798,13 @@ impl Transport for RdmaTransport {
                     });
                     continue;
                 }
+                ep.polled_at(now);
                 ep.flush(&mut |c| ws.done.push((r, c)));
                 ep.reap(&mut |c| ws.done.push((r, c)));
                 ep.fail_exhausted(&mut |c| ws.done.push((r, c)));
+                if ep.stalled(now) && ep.shed_backlog(&mut |s| ws.moved.push((r, s))) {
+                    stalled = Some(r);
+                }
                 // A terminal-degraded endpoint gave up what it held: it
                 // moves to a sibling rail (or fails over), each once.
                 ep.extract_orphans(&mut |s| ws.moved.push((r, s)));
@@ -724,7 +813,7 @@ impl Transport for RdmaTransport {
                 let (from, s) = ws.moved[k];
                 peer.rails.moved(from);
                 peer.rails.left(&mut eps.rails, from, u64::from(s.len));
-                if s.reposts >= MAX_RAIL_MOVES || self.repost(peer, eps, s, from).is_err() {
+                if s.reposts >= MAX_RAIL_MOVES || self.repost(peer, eps, s, from, now).is_err() {
                     ws.ready.push_back(SliceCompletion {
                         token: s.token,
                         result: Err(ErrorKind::RouteLost),
@@ -735,11 +824,9 @@ impl Transport for RdmaTransport {
                 }
             }
             ws.moved.clear();
-            let now = if ws.done.is_empty() {
-                0
-            } else {
-                monotonic_ns()
-            };
+            if stalled.is_some() {
+                self.report_stall(peer, eps, ctx.index(), now);
+            }
             for k in 0..ws.done.len() {
                 let (from, c) = ws.done[k];
                 let len = u64::from(c.slice.len);
@@ -763,7 +850,7 @@ impl Transport for RdmaTransport {
                 if fault && c.slice.reposts < MAX_RAIL_MOVES {
                     let mut again = c.slice;
                     again.reposts += 1;
-                    if self.repost(peer, eps, again, from).is_ok() {
+                    if self.repost(peer, eps, again, from, now).is_ok() {
                         peer.rails.moved(from);
                         tracing::debug!(peer = %peer.name, from_rail = from, "failed slice re-posted on a sibling rail");
                         continue;
@@ -775,8 +862,9 @@ impl Transport for RdmaTransport {
                 });
                 eps.activity.completed();
             }
+            let reaped = !ws.done.is_empty();
             ws.done.clear();
-            if now != 0 {
+            if reaped {
                 peer.rails.review(now, |i| peer.link_up(i));
             }
             let drained = eps.activity.drained();

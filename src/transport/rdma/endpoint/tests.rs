@@ -1828,3 +1828,96 @@ fn admission_is_closed_before_recovery() {
     assert!(ep.sq().try_admit(1).is_ok());
     assert_eq!(seen.last().map(|c| c.result), Some(Ok(64)));
 }
+
+/// `sq_backoff_timeout_us`: an endpoint holding posted requests with no
+/// completion for longer than the timeout is stalled. It sheds its waiting
+/// slices (oldest first, once, counted once per stall), a completion ends
+/// the stall, and the diagnostics tell a slow drain (polled, nothing came
+/// back) from a poll stall.
+#[test]
+fn an_endpoint_with_no_completion_for_the_timeout_is_stalled_and_sheds_its_backlog() {
+    stalled(91);
+    let sq = SqSettings {
+        stall_timeout: std::time::Duration::from_millis(5),
+        ..SqSettings::default()
+    };
+    // Depth 4: four posted, the rest wait in the backlog.
+    let (mut ep, _c) = endpoint_with(4, 420_000, sq);
+    let mut seen = Vec::new();
+    for t in 0..7 {
+        assert!(ep.submit(slice(t)));
+    }
+    let t0 = 1_000_000_000;
+    ep.polled_at(t0);
+    connect(&mut ep, &mut seen);
+    ep.flush(&mut |c| seen.push(c));
+    ep.reap(&mut |c| seen.push(c));
+    assert_eq!((ep.ledger_records(), ep.outstanding()), (4, 7));
+    // Within the timeout: not stalled, however long the NIC holds them.
+    assert!(!ep.stalled(t0 + 5_000_000));
+    let late = t0 + 5_000_001;
+    ep.polled_at(late);
+    ep.reap(&mut |c| seen.push(c));
+    assert!(ep.stalled(late));
+    let mut shed = vec![];
+    assert!(
+        ep.shed_backlog(&mut |s| shed.push(s.token)),
+        "first time: report"
+    );
+    assert_eq!(shed, [4, 5, 6], "the waiting slices, oldest first");
+    assert!(
+        !ep.shed_backlog(&mut |s| panic!("{s:?} shed twice")),
+        "once per stall"
+    );
+    let r = ep.report(late);
+    assert_eq!(
+        (r.stalls, r.ledger_records, r.backlog, r.posted),
+        (1, 4, 0, 4)
+    );
+    assert_eq!(r.last_poll_us_ago, Some(0), "polled: not a poll stall");
+    assert_eq!(r.last_cqe_us_ago, None, "no completion ever: a drain stall");
+    assert!(r.to_string().contains("last_cqe=never"), "{r}");
+    // The NIC moves again: the stall ends at the first completion.
+    progress(usize::MAX);
+    let back = late + 1_000;
+    ep.polled_at(back);
+    ep.reap(&mut |c| seen.push(c));
+    assert!(
+        !ep.stalled(back + 10_000_000),
+        "nothing posted: never stalled"
+    );
+    let r = ep.report(back);
+    // Signalled every depth/2: two completions released the four.
+    assert_eq!(
+        (r.cqes, r.recent_release_wr, r.last_cqe_us_ago),
+        (2, 4, Some(0))
+    );
+    let done: Vec<_> = seen.iter().map(|c| (c.token, c.result)).collect();
+    assert_eq!(done, [(0, Ok(64)), (1, Ok(64)), (2, Ok(64)), (3, Ok(64))]);
+    // A busy period after the stall starts its own clock, and a new stall
+    // is reported again.
+    assert!(ep.submit(slice(7)));
+    ep.flush(&mut |c| seen.push(c));
+    assert!(!ep.stalled(back + 5_000_000));
+    assert!(ep.stalled(back + 5_000_001));
+    assert!(ep.shed_backlog(&mut |s| panic!("{s:?}: nothing waits")));
+    assert_eq!(ep.report(back).stalls, 2);
+}
+
+/// A zero `sq_backoff_timeout_us` never stalls an endpoint.
+#[test]
+fn a_zero_stall_timeout_is_off() {
+    stalled(92);
+    let sq = SqSettings {
+        stall_timeout: std::time::Duration::ZERO,
+        ..SqSettings::default()
+    };
+    let (mut ep, _c) = endpoint_with(4, 421_000, sq);
+    let mut seen = Vec::new();
+    assert!(ep.submit(slice(0)));
+    connect(&mut ep, &mut seen);
+    ep.polled_at(1);
+    ep.flush(&mut |c| seen.push(c));
+    assert_eq!(ep.ledger_records(), 1);
+    assert!(!ep.stalled(u64::MAX));
+}
