@@ -210,8 +210,8 @@ pub struct RdmaConfig {
     /// `transports/rdma/max_slice_count`: multi-path allocation starts at
     /// half this many slices.
     pub max_slice_count: u32,
-    /// `transports/rdma/sq_backoff_timeout_us` (`MORI_IO_SQ_BACKOFF_TIMEOUT_US`).
-    /// Not yet in effect.
+    /// `transports/rdma/sq_backoff_timeout_us` (`MORI_IO_SQ_BACKOFF_TIMEOUT_US`):
+    /// no completion this long with requests posted = a stalled endpoint.
     pub sq_backoff_timeout_us: u64,
     /// `transports/rdma/sq_signal_interval_wr` (`MORI_IO_SQ_SIGNAL_INTERVAL_WR`):
     /// signal every n-th request of a posted list too; 0 = every
@@ -220,31 +220,29 @@ pub struct RdmaConfig {
     /// `transports/rdma/sq_resume_watermark_wr` (`MORI_IO_SQ_RESUME_WATERMARK_WR`):
     /// the endpoint's `SqController` hysteresis; 0 = off.
     pub sq_resume_watermark_wr: u32,
-    /// `transports/rdma/sq_executor_admission` (`MORI_IO_SQ_EXECUTOR_ADMISSION`).
-    /// Not yet in effect.
+    /// `transports/rdma/sq_executor_admission` (`MORI_IO_SQ_EXECUTOR_ADMISSION`):
+    /// the batch API's admission gate.
     pub sq_executor_admission: bool,
     /// `transports/rdma/sq_admission_timeout_us` (`MORI_IO_SQ_ADMISSION_TIMEOUT_US`).
-    /// Not yet in effect.
     pub sq_admission_timeout_us: u64,
     /// `transports/rdma/sq_admission_resume_watermark_wr`
     /// (`MORI_IO_SQ_ADMISSION_RESUME_WATERMARK_WR`). Not yet in effect.
     pub sq_admission_resume_watermark_wr: u32,
     /// `transports/rdma/sq_admission_wait_slice_us`
-    /// (`MORI_IO_SQ_ADMISSION_WAIT_SLICE_US`). Not yet in effect.
+    /// (`MORI_IO_SQ_ADMISSION_WAIT_SLICE_US`).
     pub sq_admission_wait_slice_us: u64,
     /// `transports/rdma/sq_admission_chunk_wr` (`MORI_IO_SQ_ADMISSION_CHUNK_WR`);
-    /// 0 = auto. Not yet in effect.
+    /// 0 = one endpoint's depth.
     pub sq_admission_chunk_wr: u32,
     /// `transports/rdma/sq_admission_max_chunks_per_call`
     /// (`MORI_IO_SQ_ADMISSION_MAX_CHUNKS_PER_CALL`); 0 = one per active QP.
     /// Not yet in effect.
     pub sq_admission_max_chunks_per_call: u32,
-    /// `transports/rdma/sq_split_policy` (`MORI_IO_SQ_SPLIT_POLICY`). Not yet
-    /// in effect.
+    /// `transports/rdma/sq_split_policy` (`MORI_IO_SQ_SPLIT_POLICY`).
     pub sq_split_policy: SplitPolicy,
     /// `transports/rdma/sq_enable_experimental_capacity`
     /// (`MORI_IO_SQ_ENABLE_EXPERIMENTAL_CAPACITY`): required by the
-    /// `capacity` split policy. Not yet in effect.
+    /// `capacity` split policy.
     pub sq_enable_experimental_capacity: bool,
 }
 
@@ -768,21 +766,21 @@ schema! {
         "Signal every n-th work request within a posted list (the last of each list always is); 0 = every qp_depth/2-th.";
     "transports/rdma/sq_resume_watermark_wr" => transports.rdma.sq_resume_watermark_wr: uint(0, 1 << 20), "0", LIVE,
         "Free SQ slots needed before an endpoint posts again once a post found too little room (hysteresis, clamped to qp_depth); 0 = off.";
-    "transports/rdma/sq_executor_admission" => transports.rdma.sq_executor_admission: Kind::Bool, "false", LATER,
-        "Admission gate: submitters wait for SQ room instead of failing on worker timeouts.";
-    "transports/rdma/sq_admission_timeout_us" => transports.rdma.sq_admission_timeout_us: uint(1, 600_000_000), "1000000", LATER,
-        "Longest wait in us at the admission gate.";
+    "transports/rdma/sq_executor_admission" => transports.rdma.sq_executor_admission: Kind::Bool, "false", LIVE,
+        "Admission gate for the batch API: a submit toward an RDMA peer is charged to the picked worker's endpoints to that peer (a work request per slice) and waits for posted + queued to fit their depth, so a slow peer backs up its submitters instead of the worker's task table. The ring API's back-pressure is its ring (push reports Full).";
+    "transports/rdma/sq_admission_timeout_us" => transports.rdma.sq_admission_timeout_us: uint(1, 600_000_000), "1000000", LIVE,
+        "Longest wait in us at the admission gate; then submit fails SqFull with nothing queued, naming the endpoint and its SQ/CQE counters.";
     "transports/rdma/sq_admission_resume_watermark_wr" => transports.rdma.sq_admission_resume_watermark_wr: uint(0, 1 << 20), "2048", LATER,
-        "Free slots needed before admission waiters resume.";
-    "transports/rdma/sq_admission_wait_slice_us" => transports.rdma.sq_admission_wait_slice_us: uint(1, 1_000_000), "100", LATER,
-        "Wake-up granularity in us of an admission wait.";
-    "transports/rdma/sq_admission_chunk_wr" => transports.rdma.sq_admission_chunk_wr: uint(0, 1 << 20), "0", LATER,
-        "Work requests admitted per chunk; 0 = auto.";
+        "Free slots needed before admission waiters resume. Not built: a waiter is admitted as soon as its charge fits (MORI's 2048 exceeds a 256-deep queue, so it would mean waiting for an empty one).";
+    "transports/rdma/sq_admission_wait_slice_us" => transports.rdma.sq_admission_wait_slice_us: uint(1, 1_000_000), "100", LIVE,
+        "Longest single sleep in us of an admission wait (a release or a degrade wakes it sooner).";
+    "transports/rdma/sq_admission_chunk_wr" => transports.rdma.sq_admission_chunk_wr: uint(0, 1 << 20), "0", LIVE,
+        "Most work requests one submit is charged per peer; 0 = one endpoint's depth (or, under capacity, all of them).";
     "transports/rdma/sq_admission_max_chunks_per_call" => transports.rdma.sq_admission_max_chunks_per_call: uint(0, 65_536), "0", LATER,
-        "Chunks one call may take; 0 = one per active QP.";
-    "transports/rdma/sq_split_policy" => transports.rdma.sq_split_policy: Kind::Choice(SPLIT_POLICIES), "\"static\"", LATER,
-        "One of static, least_loaded, capacity (capacity needs sq_enable_experimental_capacity).";
-    "transports/rdma/sq_enable_experimental_capacity" => transports.rdma.sq_enable_experimental_capacity: Kind::Bool, "false", LATER,
+        "Chunks one call may take; 0 = one per active QP. Not built: a submit is charged once per peer (all or nothing), not in chunks handed to workers one by one.";
+    "transports/rdma/sq_split_policy" => transports.rdma.sq_split_policy: Kind::Choice(SPLIT_POLICIES), "\"static\"", LIVE,
+        "Which endpoint an admitted submit is charged to: static (round robin), least_loaded (fewest posted + queued, skipping terminal ones), capacity (split over the endpoints' free slots; needs sq_enable_experimental_capacity). Slices still bind to rails late, by the spraying policy.";
+    "transports/rdma/sq_enable_experimental_capacity" => transports.rdma.sq_enable_experimental_capacity: Kind::Bool, "false", LIVE,
         "Allow the experimental capacity split policy.";
 }
 
@@ -2199,10 +2197,10 @@ mod tests {
 
     #[test]
     fn not_yet_in_effect_keys_are_accepted_and_recorded_once() {
-        let path = "transports/rdma/sq_admission_chunk_wr";
+        let path = "transports/rdma/sq_admission_max_chunks_per_call";
         assert!(!SPECS[spec_index(path)].in_effect);
-        parse(r#"{"transports": {"rdma": {"sq_admission_chunk_wr": 5}}}"#).unwrap();
-        parse(r#"{"transports": {"rdma": {"sq_admission_chunk_wr": 6}}}"#).unwrap();
+        parse(r#"{"transports": {"rdma": {"sq_admission_max_chunks_per_call": 5}}}"#).unwrap();
+        parse(r#"{"transports": {"rdma": {"sq_admission_max_chunks_per_call": 6}}}"#).unwrap();
         let warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
         assert!(warned.contains(path));
         // Live keys are never reported.

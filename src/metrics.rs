@@ -17,7 +17,8 @@
 //!   `tent_sq_backlog_high_watermark`, `tent_sq_cqes_total`,
 //!   `tent_sq_last_cqe_age_us`, `tent_sq_full_refusals_total`,
 //!   `tent_sq_stalls_total`, `tent_sq_admission_waits_total`,
-//!   `tent_sq_admission_timeouts_total`, `tent_sq_queued_wr_high_watermark`.
+//!   `tent_sq_admission_timeouts_total`, `tent_sq_least_loaded_selections_total`,
+//!   `tent_sq_queued_wr_high_watermark`.
 //!
 //! Counters are written by workers on the failure path only (never per
 //! slice), so plain relaxed RMWs on shared atomics cost nothing that
@@ -39,7 +40,7 @@ type SqFamily = (
     fn(&SqReport) -> u64,
 );
 
-const SQ_FAMILIES: [SqFamily; 10] = [
+const SQ_FAMILIES: [SqFamily; 11] = [
     (
         "tent_sq_posted_wr",
         "gauge",
@@ -93,6 +94,12 @@ const SQ_FAMILIES: [SqFamily; 10] = [
         "counter",
         "Admission waits that timed out.",
         |r| r.admission_timeouts,
+    ),
+    (
+        "tent_sq_least_loaded_selections_total",
+        "counter",
+        "Admissions the least_loaded split policy charged to the rail's endpoints.",
+        |r| r.least_loaded,
     ),
     (
         "tent_sq_queued_wr_high_watermark",

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use tent_rings::{ErrorKind, FAILOVER_EXHAUSTED, TransportKind};
 
 use crate::error::{Error, Result};
+use crate::transport::rdma::AdmissionSlot;
 
 /// A task's state (TENT's names).
 #[repr(u8)]
@@ -145,6 +146,9 @@ pub(crate) struct BatchTask {
     bytes: AtomicU64,
     served: AtomicU32,
     cancel: AtomicBool,
+    /// Its share of an admission (`sq_executor_admission`), until its last
+    /// slice is posted, it ends, or the batch is dropped.
+    admission: AdmissionSlot,
 }
 
 impl BatchTask {
@@ -155,6 +159,7 @@ impl BatchTask {
             bytes: AtomicU64::new(0),
             served: AtomicU32::new(0),
             cancel: AtomicBool::new(false),
+            admission: AdmissionSlot::default(),
         }
     }
 
@@ -167,6 +172,8 @@ impl BatchTask {
         error: Option<ErrorKind>,
         served: Served,
     ) {
+        // Ended: whatever it was admitted for will not be posted now.
+        self.admission.release();
         self.served.store(served.pack(), Ordering::Relaxed);
         self.bytes.store(bytes, Ordering::Relaxed);
         self.error
@@ -184,6 +191,12 @@ impl BatchTask {
     pub(crate) unsafe fn from_user_data<'a>(user_data: u64) -> &'a BatchTask {
         // SAFETY: the caller guarantees the address is a live BatchTask.
         unsafe { &*(user_data as *const BatchTask) }
+    }
+
+    /// Its admission slot (seed 004's executor admission).
+    #[inline]
+    pub(crate) fn admission(&self) -> &AdmissionSlot {
+        &self.admission
     }
 
     /// Has the application asked to cancel it? (Relaxed: a hint checked
@@ -385,7 +398,6 @@ impl Batch {
         &self.tasks[i]
     }
 
-    #[cfg(test)]
     pub(crate) fn task(&self, i: usize) -> &BatchTask {
         &self.tasks[i]
     }

@@ -31,7 +31,7 @@ use crate::segment::{
 };
 use crate::topology::{Topology, pin_current_thread};
 use crate::transport::local::LocalTransport;
-use crate::transport::rdma::RdmaTransport;
+use crate::transport::rdma::{AdmissionToken, RdmaTransport};
 use crate::transport::shm::ShmTransport;
 use crate::transport::tcp::{self, DataServer, TcpTransport};
 use crate::transport::{EngineId, InstallContext, Transport, TransportSlots, WorkerCtx};
@@ -864,8 +864,13 @@ impl Engine {
     }
 
     fn pick_worker(&self) -> &Arc<WorkerShared> {
+        self.pick_worker_at().1
+    }
+
+    /// [`pick_worker`](Self::pick_worker), with its index.
+    fn pick_worker_at(&self) -> (usize, &Arc<WorkerShared>) {
         let i = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
-        &self.workers[i]
+        (i, &self.workers[i])
     }
 
     // ---- batches ------------------------------------------------------
@@ -891,7 +896,10 @@ impl Engine {
         let n = requests.len();
         // Refuse what can never go before waiting for room.
         b.check_claim(n)?;
-        let w = self.pick_worker();
+        let (wi, w) = self.pick_worker_at();
+        // Admitted before the ring is touched (waiting here holds no
+        // lock); what is not handed to a task below goes back on return.
+        let mut admitted = self.admit(wi, requests)?;
         let mut sq = w.batch_sq.lock().expect("batch ring poisoned");
         if n > sq.capacity() {
             return Err(Error::invalid(format!(
@@ -917,6 +925,9 @@ impl Engine {
         }
         let range = b.claim(n)?;
         for (i, r) in requests.iter().enumerate() {
+            if let Some(t) = admitted.get_mut(i).and_then(Option::take) {
+                b.task(range.start + i).admission().put(t);
+            }
             let sqe = r.with_user_data(b.task_ptr(range.start + i) as u64);
             // Cannot fail: `has_slots(n)` above, and only we push.
             let pushed = sq.push(sqe);
@@ -927,6 +938,165 @@ impl Engine {
             w.doorbell().ring();
         }
         Ok(())
+    }
+
+    /// Seed 004's executor admission (`sq_executor_admission`): the
+    /// requests of a `submit` bound for RDMA peers are charged to worker
+    /// `w`'s endpoints to each peer (a request counts one work request per
+    /// slice; a peer's charge is at most one endpoint's depth, or all of
+    /// them under `capacity`), waiting up to `sq_admission_timeout_us` for
+    /// room. Returns each request's share (empty: the gate is off).
+    ///
+    /// # Errors
+    /// `SqFull` naming the endpoint and its counters when the wait ran
+    /// out; nothing of the call is queued (shares taken so far go back).
+    fn admit(&self, w: usize, requests: &[Sqe]) -> Result<Vec<Option<AdmissionToken>>> {
+        let r = &self.shared.config.transports.rdma;
+        if !r.sq_executor_admission || requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(rdma) = self.shared.transports.slot(TransportKind::Rdma).load_full() else {
+            return Ok(Vec::new());
+        };
+        let slice = match rdma.caps.slice_bytes {
+            0 => self.shared.config.block_size.max(1),
+            n => n,
+        };
+        let timeout = Duration::from_micros(r.sq_admission_timeout_us);
+        let start = Instant::now();
+        let segments = self.shared.segments.load();
+        let mut out: Vec<Option<AdmissionToken>> = requests.iter().map(|_| None).collect();
+        let mut seen = vec![false; requests.len()];
+        for i in 0..requests.len() {
+            if seen[i] {
+                continue;
+            }
+            // A call names few peers: one charge per peer, its requests'
+            // shares in order.
+            let id = requests[i].remote().segment;
+            let members: Vec<usize> = (i..requests.len())
+                .filter(|&k| !seen[k] && requests[k].remote().segment == id)
+                .collect();
+            for &k in &members {
+                seen[k] = true;
+            }
+            // A bad segment fails validation in the worker; a peer RDMA
+            // does not serve first (or a request pinned elsewhere) is not
+            // charged here.
+            let Some(segment) = segments.get(id) else {
+                continue;
+            };
+            let Some(peer) = crate::transport::rdma::transport::peer_of(segment) else {
+                continue;
+            };
+            if !self.rdma_serves_first(segment) {
+                continue;
+            }
+            let Some(gate) = peer.gate(w) else {
+                continue;
+            };
+            let shares: Vec<(usize, u32)> = members
+                .into_iter()
+                .filter(|&k| {
+                    requests[k]
+                        .transport_hint()
+                        .is_some_and(|h| matches!(h, TransportKind::Any | TransportKind::Rdma))
+                })
+                .map(|k| {
+                    let wrs = requests[k].len().div_ceil(slice).max(1);
+                    (k, u32::try_from(wrs).unwrap_or(u32::MAX))
+                })
+                .collect();
+            let need = shares.iter().fold(0u32, |a, &(_, n)| a.saturating_add(n));
+            // `sq_admission_chunk_wr` caps one charge (0: the gate's own
+            // cap, one endpoint's depth).
+            let need = match r.sq_admission_chunk_wr {
+                0 => need,
+                c => need.min(c),
+            };
+            let left = timeout.saturating_sub(start.elapsed());
+            let tokens = gate
+                .admit(r.sq_split_policy, need, left)
+                .map_err(|(rail, e)| self.admission_refused(peer, w, rail, need, e))?;
+            // Each task takes its share from the charge, in order; a
+            // charge capped below the need leaves the last tasks none.
+            let mut tokens = tokens.into_iter();
+            let mut cur = tokens.next();
+            for (k, mut want) in shares {
+                while want > 0 {
+                    let Some(t) = cur.as_mut() else { break };
+                    if t.count() == 0 {
+                        cur = tokens.next();
+                        continue;
+                    }
+                    let part = t.split(want);
+                    want -= part.count();
+                    // One slot per task: a share across two charges keeps
+                    // the first part (the rest goes back with its token).
+                    if out[k].is_none() {
+                        out[k] = Some(part);
+                    } else {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Is RDMA the first transport the worker would give a request to
+    /// `segment` (the ranked order: local, shm, RDMA, TCP)?
+    fn rdma_serves_first(&self, segment: &Segment) -> bool {
+        for kind in [
+            TransportKind::Local,
+            TransportKind::Shm,
+            TransportKind::Rdma,
+        ] {
+            if let Some(t) = self.shared.transports.slot(kind).load_full()
+                && t.transport.reaches(segment)
+            {
+                return kind == TransportKind::Rdma;
+            }
+        }
+        false
+    }
+
+    /// The error a refused admission ends `submit` with: the endpoint and
+    /// its counters, so the line tells a stall from a drain from a burst.
+    #[cold]
+    fn admission_refused(
+        &self,
+        peer: &crate::transport::rdma::RdmaPeer,
+        w: usize,
+        rail: usize,
+        need: u32,
+        e: crate::transport::rdma::SqRefusal,
+    ) -> Error {
+        let report = peer
+            .sq_report(w, rail)
+            .map_or_else(String::new, |r| r.to_string());
+        let why = match e {
+            crate::transport::rdma::SqRefusal::Degraded => "every endpoint is out of service",
+            _ => "no room within sq_admission_timeout_us",
+        };
+        crate::lograte::warn_limited!(
+            (peer.name(), w, why),
+            peer = peer.name(),
+            worker = w,
+            rail,
+            need,
+            %report,
+            "rdma: admission refused ({why}); submit failed SqFull with nothing queued"
+        );
+        Error::new(
+            ErrorKind::SqFull,
+            format!(
+                "admission to {} refused ({why}): {need} work requests, endpoint worker {w} rail {rail} \
+                 (qp_per_transfer=1, workers={}): {report}; nothing queued",
+                peer.name(),
+                self.workers.len()
+            ),
+        )
     }
 
     /// Status of task `task` of `batch`.

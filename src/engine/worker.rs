@@ -844,6 +844,11 @@ impl Worker {
             }
             work = true;
             if t.posting_done() {
+                // Its admission (seed 004) was for work not yet posted:
+                // none is left, so the queue's room goes back now.
+                if let Some(b) = t.batch_task() {
+                    b.admission().release();
+                }
                 self.lanes.pop(p);
                 self.maybe_finish(i);
             } else {

@@ -58,6 +58,8 @@ pub struct SqCqeDiagnostics {
     pub(crate) admission_timeouts: AtomicU64,
     /// Most requests ever admitted and not yet posted at once.
     pub(crate) queued_high: AtomicU32,
+    /// Admissions the `least_loaded` policy charged here.
+    pub(crate) least_loaded: AtomicU64,
 }
 
 /// Add one to a counter only the owning worker writes: a plain load and
@@ -121,6 +123,7 @@ impl SqCqeDiagnostics {
             admission_wait_us: l(&self.admission_wait_us),
             admission_timeouts: l(&self.admission_timeouts),
             queued_high: self.queued_high.load(Ordering::Relaxed),
+            least_loaded: l(&self.least_loaded),
         }
     }
 }
@@ -161,6 +164,8 @@ pub struct SqReport {
     pub admission_timeouts: u64,
     /// Most requests admitted and not posted at once.
     pub queued_high: u32,
+    /// Admissions the `least_loaded` policy charged here.
+    pub least_loaded: u64,
 }
 
 /// One rail's [`SqReport`] (every worker's endpoint on it), labelled.
@@ -200,6 +205,7 @@ impl SqReport {
         self.admission_wait_us += o.admission_wait_us;
         self.admission_timeouts += o.admission_timeouts;
         self.queued_high = self.queued_high.max(o.queued_high);
+        self.least_loaded += o.least_loaded;
     }
 }
 
@@ -210,7 +216,8 @@ impl fmt::Display for SqReport {
             f,
             "posted={}/{} ledger_records={} backlog={} (high {}) last_poll={} last_cqe={} \
              recent_cqes={} recent_release_wr={} cqes={} sq_full_refusals={} stalls={} \
-             admission_waits={} admission_wait_us={} admission_timeouts={} queued_wr_high_watermark={}",
+             admission_waits={} admission_wait_us={} admission_timeouts={} queued_wr_high_watermark={} \
+             least_loaded_selections={}",
             self.posted,
             self.depth,
             self.ledger_records,
@@ -227,6 +234,7 @@ impl fmt::Display for SqReport {
             self.admission_wait_us,
             self.admission_timeouts,
             self.queued_high,
+            self.least_loaded,
         )
     }
 }

@@ -67,6 +67,8 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use std::time::Duration;
 
 use tent_rings::{ErrorKind, Opcode};
@@ -281,6 +283,9 @@ pub struct Endpoint {
     /// Its queues' counters (shared with each QP's `SqController` and the
     /// metrics reader).
     diag: Arc<SqCqeDiagnostics>,
+    /// The current `sq`, published for submitting threads (admission):
+    /// replaced with each QP, read lock-free.
+    published: Arc<ArcSwap<SqController>>,
     /// The time the caller's last [`Endpoint::polled_at`] gave (the
     /// worker's turn clock: no clock read of the endpoint's own).
     now_ns: u64,
@@ -330,16 +335,18 @@ impl Endpoint {
     ) -> Endpoint {
         let limit = backlog.max(1);
         let diag = Arc::<SqCqeDiagnostics>::default();
+        let first = Arc::new(SqController::with_diagnostics(
+            depth,
+            sq.resume_watermark,
+            sq.wait_slice,
+            diag.clone(),
+        ));
         Endpoint {
             state: State::Idle,
             peer: source.peer().into(),
             link: Link::new(source, connector),
-            sq: Arc::new(SqController::with_diagnostics(
-                depth,
-                sq.resume_watermark,
-                sq.wait_slice,
-                diag.clone(),
-            )),
+            published: Arc::new(ArcSwap::new(first.clone())),
+            sq: first,
             diag,
             now_ns: 0,
             progress_ns: 0,
@@ -555,6 +562,11 @@ impl Endpoint {
     /// Its queues' counters now (see [`SqCqeDiagnostics`]).
     pub fn report(&self, now_ns: u64) -> SqReport {
         self.diag.report(now_ns, self.sq.posted(), self.sq.depth())
+    }
+
+    /// Its current controller as submitting threads see it (admission).
+    pub fn published_sq(&self) -> &Arc<ArcSwap<SqController>> {
+        &self.published
     }
 
     /// Its diagnostics, shared (the metrics reader keeps one per endpoint).
@@ -1052,6 +1064,9 @@ impl Endpoint {
             self.settings.wait_slice,
             self.diag.clone(),
         ));
+        // Off the hot path (a QP died): submitters admit toward the new
+        // controller from now on; tokens on the old one release into it.
+        self.published.store(self.sq.clone());
         self.dead_qps = if self.qp_ok {
             0
         } else {

@@ -10,6 +10,8 @@
 //!   re-check before post, release), admission and terminal degrade.
 //! - [`diag`]: [`SqCqeDiagnostics`], an endpoint's SQ/CQE counters and the
 //!   one-line hint that tells a poll stall from a slow drain from a burst.
+//! - [`admission`]: [`AdmissionGate`], seed 004's executor admission for
+//!   one worker's endpoints to a peer, with the split policies.
 //! - [`connector`]: the helper thread that connects endpoints' QPs (the
 //!   `QpConnect` exchange can wait on the peer; a worker never does).
 //! - [`events`]: [`NicEvents`], the thread reading the NICs' async events
@@ -22,6 +24,7 @@
 //!   [`sys`]: the provider ops table they call through (libibverbs loaded
 //!   at run time, or a fake one in tests).
 
+pub mod admission;
 pub mod connector;
 pub mod diag;
 pub mod endpoint;
@@ -35,6 +38,7 @@ pub mod transport;
 pub mod verbs;
 pub mod wc;
 
+pub use admission::AdmissionGate;
 pub use connector::{Connector, ConnectorHandle};
 pub use connector::{Queue, QueueSource};
 pub use diag::{SqCqeDiagnostics, SqReport, SqRow};
@@ -43,5 +47,5 @@ pub use events::{EventCounts, NicEvents};
 pub use ledger::{SubmissionLedger, SubmissionRecord};
 pub use nic::{Nic, NicSet, Registration};
 pub use responder::Responder;
-pub use sq::{AdmissionToken, Reservation, SqController, SqRefusal, SqSnapshot};
+pub use sq::{AdmissionSlot, AdmissionToken, Reservation, SqController, SqRefusal, SqSnapshot};
 pub use transport::{RdmaPeer, RdmaRail, RdmaTransport};

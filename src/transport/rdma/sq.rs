@@ -16,11 +16,12 @@
 //!   with fewer free than the watermark, nothing is reserved until
 //!   completions free that many, so one large list is not starved by a
 //!   stream of single requests.
-//! - **queued** (soft): work admitted toward this queue and not posted yet
-//!   ([`SqController::try_admit`] → an [`AdmissionToken`], released exactly
-//!   once: posted, dropped, moved on). Admission refuses while posted +
-//!   queued would pass the depth, so pressure stays with the submitter
-//!   instead of turning into `SqFull` inside the worker.
+//! - **queued** (soft): work admitted toward this queue and not handed to
+//!   the endpoint yet ([`SqController::try_admit`] → an [`AdmissionToken`],
+//!   released exactly once: handed over, dropped, moved on). Admission
+//!   refuses while posted + queued + the endpoint's backlog (handed over,
+//!   not posted) would pass the depth, so pressure stays with the
+//!   submitter instead of turning into `SqFull` inside the worker.
 //!
 //! A terminal degrade ([`SqController::mark_terminal`]: a fatal
 //! completion, a refused post) refuses every reserve and admission from
@@ -37,7 +38,7 @@
 //! reserves, re-checks and releases (one CAS each); the waits are for
 //! threads outside it.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -230,7 +231,14 @@ impl SqController {
             }
             // Soft: posted may move meanwhile; completions only lower it,
             // and a post first turns a queued request into a posted one.
-            let used = self.credits.in_flight().saturating_add(q);
+            // Slices the worker handed to the endpoint's backlog (its
+            // admission released then) count until they are posted.
+            let waiting = self.diag.backlog.load(Ordering::Relaxed);
+            let used = self
+                .credits
+                .in_flight()
+                .saturating_add(q)
+                .saturating_add(waiting);
             if used.saturating_add(n) > self.depth {
                 return Err(SqRefusal::Full(self.snapshot()));
             }
@@ -365,6 +373,87 @@ impl AdmissionToken {
         if let Some(sq) = self.sq.take() {
             sq.unqueue(self.n);
         }
+    }
+
+    /// Split up to `k` of its requests off into a token of their own (a
+    /// call admitted at once hands each task its share); the two release
+    /// separately.
+    pub fn split(&mut self, k: u32) -> AdmissionToken {
+        let k = k.min(self.count());
+        self.n -= k;
+        AdmissionToken {
+            sq: (k > 0).then(|| self.sq.clone()).flatten(),
+            n: k,
+        }
+    }
+
+    /// The queue it admits toward.
+    pub fn queue(&self) -> Option<&Arc<SqController>> {
+        self.sq.as_ref()
+    }
+}
+
+/// An [`AdmissionToken`] parked where a worker and the application both
+/// reach it (a batch task): it goes back exactly once, at whichever comes
+/// first of the worker's [`release`](Self::release) (the task's last
+/// slice is posted, or the task ends) and the slot's drop (the batch is
+/// freed, the engine shut down). Lock-free: one pointer swap decides who
+/// releases.
+#[derive(Debug)]
+pub struct AdmissionSlot {
+    /// An `Arc::into_raw` of the token's queue, or null.
+    sq: AtomicPtr<SqController>,
+    n: AtomicU32,
+}
+
+impl Default for AdmissionSlot {
+    fn default() -> AdmissionSlot {
+        AdmissionSlot {
+            sq: AtomicPtr::new(std::ptr::null_mut()),
+            n: AtomicU32::new(0),
+        }
+    }
+}
+
+impl AdmissionSlot {
+    /// Park `token` here (one already parked is released first). Called
+    /// before the task is published to a worker: the ring's release makes
+    /// both stores visible to it.
+    pub fn put(&self, mut token: AdmissionToken) {
+        self.release();
+        let Some(sq) = token.sq.take() else {
+            return;
+        };
+        self.n.store(token.n, Ordering::Relaxed);
+        self.sq
+            .store(Arc::into_raw(sq).cast_mut(), Ordering::Release);
+    }
+
+    /// Give the parked admission back, if any is still parked.
+    #[inline]
+    pub fn release(&self) {
+        // Relaxed first: a task never admitted costs no locked swap.
+        if self.sq.load(Ordering::Relaxed).is_null() {
+            return;
+        }
+        let p = self.sq.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: `p` came from `Arc::into_raw` in `put`, and the swap made this call the only one to take it back.
+        let sq = unsafe { Arc::from_raw(p) };
+        sq.unqueue(self.n.load(Ordering::Relaxed));
+    }
+
+    /// Is an admission parked?
+    pub fn is_held(&self) -> bool {
+        !self.sq.load(Ordering::Acquire).is_null()
+    }
+}
+
+impl Drop for AdmissionSlot {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -598,6 +687,41 @@ mod tests {
         assert_eq!(c.queued(), 3);
         held.clear();
         assert_eq!(c.queued(), 0);
+    }
+
+    #[test]
+    fn a_split_token_and_a_parked_one_release_exactly_once() {
+        let c = sq(8, 0);
+        let mut t = c.try_admit(6).unwrap();
+        let a = t.split(2);
+        let b = t.split(9);
+        assert_eq!((t.count(), a.count(), b.count()), (0, 2, 4));
+        assert_eq!(c.queued(), 6);
+        drop(a);
+        assert_eq!(c.queued(), 4);
+        let slot = AdmissionSlot::default();
+        slot.put(b);
+        assert!(slot.is_held());
+        assert_eq!(c.queued(), 4, "parked, not released");
+        // From two threads at once: one of them gives the four back.
+        std::thread::scope(|s| {
+            s.spawn(|| slot.release());
+            s.spawn(|| slot.release());
+        });
+        assert_eq!(c.queued(), 0);
+        assert!(!slot.is_held());
+        drop(slot);
+        assert_eq!(c.queued(), 0, "the drop releases nothing twice");
+        // A slot dropped with a token parked gives it back (a freed batch).
+        let slot = AdmissionSlot::default();
+        slot.put(c.try_admit(3).unwrap());
+        // Parking over a parked token releases the old one.
+        slot.put(c.try_admit(2).unwrap());
+        assert_eq!(c.queued(), 2);
+        drop(slot);
+        assert_eq!(c.queued(), 0);
+        drop(t);
+        assert_eq!(Arc::strong_count(&c), 1, "no reference leaked");
     }
 
     #[test]

@@ -63,6 +63,7 @@ use crate::transport::rails::{
     Ask, DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, RailPolicy, RailSet,
     SelectorConfig, WorkerRails, is_rail_fault,
 };
+use crate::transport::rdma::admission::AdmissionGate;
 use crate::transport::rdma::diag::{SqCqeDiagnostics, SqReport, SqRow};
 use crate::transport::rdma::verbs::{CompletionQueue, QueuePair};
 use crate::transport::{
@@ -121,6 +122,8 @@ pub struct RdmaPeer {
     diag: Vec<Vec<Arc<SqCqeDiagnostics>>>,
     /// Every endpoint's send-queue depth.
     depth: u32,
+    /// Each worker's admission gate to this peer (index: worker).
+    gates: Vec<AdmissionGate>,
 }
 
 impl std::fmt::Debug for RdmaPeer {
@@ -147,6 +150,24 @@ impl RdmaPeer {
     /// Each rail's names, link state and counters.
     pub fn rail_stats(&self) -> Vec<RailStat> {
         self.rails.stats(|r| self.link_up(r))
+    }
+
+    /// Worker `w`'s admission gate to this peer (`None`: no such worker).
+    pub fn gate(&self, w: usize) -> Option<&AdmissionGate> {
+        self.gates.get(w)
+    }
+
+    /// The peer's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Worker `w`'s endpoint on rail `r`, its counters now (an admission
+    /// timeout's message).
+    pub fn sq_report(&self, w: usize, r: usize) -> Option<SqReport> {
+        let d = self.diag.get(w)?.get(r)?;
+        let posted = d.ledger_records.load(std::sync::atomic::Ordering::Relaxed);
+        Some(d.report(monotonic_ns(), posted, self.depth))
     }
 
     /// Each rail's send- and completion-queue counters, every worker's
@@ -462,6 +483,12 @@ impl RdmaTransport {
             .iter()
             .map(|p: &PeerEndpoints| p.eps.iter().map(|e| e.diagnostics().clone()).collect())
             .collect();
+        let gates = per_worker
+            .iter()
+            .map(|p: &PeerEndpoints| {
+                AdmissionGate::new(p.eps.iter().map(|e| e.published_sq().clone()).collect())
+            })
+            .collect();
         let per_worker: PerWorker<_> = per_worker.into_iter().collect();
         tracing::info!(peer = name, rails = ?rails.iter().map(|r| format!("{}->{}", self.nics.nics()[r.local].ctx.name(), r.remote_name)).collect::<Vec<_>>(), "rdma peer attached");
         Ok(Arc::new(RdmaPeer {
@@ -473,6 +500,7 @@ impl RdmaTransport {
             per_worker,
             diag,
             depth: s.depth,
+            gates,
         }))
     }
 
