@@ -855,6 +855,15 @@ impl Transport for RdmaTransport {
             if stalled.is_some() {
                 self.report_stall(peer, eps, ctx.index(), now);
             }
+            // Completions are timed after the reaps (a bandwidth sample
+            // ends when its CQE is seen, not when this poll started: a
+            // provider that completes inside `post_send`, as rxe does,
+            // would otherwise time its own flushes out of the samples).
+            let now = if ws.done.is_empty() {
+                now
+            } else {
+                monotonic_ns()
+            };
             for k in 0..ws.done.len() {
                 let (from, c) = ws.done[k];
                 let len = u64::from(c.slice.len);
