@@ -123,30 +123,55 @@ fn engine_over(t: &Arc<TwoPeers>) -> Engine {
         .unwrap()
 }
 
-#[test]
-fn a_task_refused_for_back_pressure_does_not_hold_up_the_workers_other_tasks() {
-    let t = TwoPeers::new(false);
-    let e = engine_over(&t);
-    let len = 4 * SLICE;
-    let src = e.allocate_memory(len).unwrap();
-    let data = pattern(3, len as usize);
-    src.write(0, &data).unwrap();
-    let slow_dst = e.allocate_memory(len).unwrap();
-    let fast_dst = e.allocate_memory(len).unwrap();
+/// Two 4-slice WRITEs of `data` submitted together over `t`: task 0 to
+/// the slow peer, task 1 to the fast one. Buffers before the engine: they
+/// drop first.
+struct SlowThenFast {
+    slow_dst: tent::Buffer,
+    fast_dst: tent::Buffer,
+    _src: tent::Buffer,
+    b: tent::BatchId,
+    e: Engine,
+}
+
+const LEN: u64 = 4 * SLICE;
+
+fn submit_slow_then_fast(t: &Arc<TwoPeers>, data: &[u8]) -> SlowThenFast {
+    let e = engine_over(t);
+    let src = e.allocate_memory(LEN).unwrap();
+    src.write(0, data).unwrap();
+    let slow_dst = e.allocate_memory(LEN).unwrap();
+    let fast_dst = e.allocate_memory(LEN).unwrap();
     t.slow_lo.store(slow_dst.addr(), Ordering::Relaxed);
-    t.slow_hi.store(slow_dst.addr() + len, Ordering::Relaxed);
+    t.slow_hi.store(slow_dst.addr() + LEN, Ordering::Relaxed);
     let write = |dst: &tent::Buffer| {
         op::Write::new(
             LocalAddr::new(src.id(), 0),
             RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
-            len,
+            LEN,
         )
         .build()
     };
     // One worker: the slow task is queued first and stays at its lane's
-    // head with three slices refused.
+    // head with its later slices refused.
     let b = e.allocate_batch(2).unwrap();
     e.submit(b, &[write(&slow_dst), write(&fast_dst)]).unwrap();
+    SlowThenFast {
+        slow_dst,
+        fast_dst,
+        _src: src,
+        b,
+        e,
+    }
+}
+
+#[test]
+fn a_task_refused_for_back_pressure_does_not_hold_up_the_workers_other_tasks() {
+    let t = TwoPeers::new(false);
+    let len = LEN;
+    let data = pattern(3, len as usize);
+    let run = submit_slow_then_fast(&t, &data);
+    let (e, b, slow_dst, fast_dst) = (&run.e, run.b, &run.slow_dst, &run.fast_dst);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let fast_done = loop {
         if e.status(b, 1).unwrap().state == TaskState::Completed {
@@ -185,23 +210,8 @@ fn a_task_refused_for_back_pressure_does_not_hold_up_the_workers_other_tasks() {
 #[test]
 fn a_stalled_queue_fails_its_task_instead_of_holding_it() {
     let t = TwoPeers::new(true);
-    let e = engine_over(&t);
-    let len = 4 * SLICE;
-    let src = e.allocate_memory(len).unwrap();
-    let slow_dst = e.allocate_memory(len).unwrap();
-    let fast_dst = e.allocate_memory(len).unwrap();
-    t.slow_lo.store(slow_dst.addr(), Ordering::Relaxed);
-    t.slow_hi.store(slow_dst.addr() + len, Ordering::Relaxed);
-    let write = |dst: &tent::Buffer| {
-        op::Write::new(
-            LocalAddr::new(src.id(), 0),
-            RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
-            len,
-        )
-        .build()
-    };
-    let b = e.allocate_batch(2).unwrap();
-    e.submit(b, &[write(&slow_dst), write(&fast_dst)]).unwrap();
+    let run = submit_slow_then_fast(&t, &pattern(4, LEN as usize));
+    let (e, b) = (&run.e, run.b);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while t.refused.load(Ordering::Relaxed) == 0
         || e.status(b, 1).unwrap().state != TaskState::Completed

@@ -1018,47 +1018,33 @@ impl Engine {
             let tokens = gate
                 .admit(r.sq_split_policy, need, left)
                 .map_err(|(rail, e)| self.admission_refused(peer, w, rail, need, e))?;
-            // Each task takes its share from the charge, in order; a
-            // charge capped below the need leaves the last tasks none.
+            // Each task takes its share from the charge, in order, from one
+            // token (one slot per task: a share across two tokens keeps the
+            // first part, the rest stays with the next token); a charge
+            // capped below the need leaves the last tasks none.
             let mut tokens = tokens.into_iter();
             let mut cur = tokens.next();
-            for (k, mut want) in shares {
-                while want > 0 {
-                    let Some(t) = cur.as_mut() else { break };
-                    if t.count() == 0 {
-                        cur = tokens.next();
-                        continue;
-                    }
-                    let part = t.split(want);
-                    want -= part.count();
-                    // One slot per task: a share across two charges keeps
-                    // the first part (the rest goes back with its token).
-                    if out[k].is_none() {
-                        out[k] = Some(part);
-                    } else {
-                        break;
-                    }
+            for (k, want) in shares {
+                while cur.as_ref().is_some_and(|t| t.count() == 0) {
+                    cur = tokens.next();
                 }
+                let Some(t) = cur.as_mut() else { break };
+                out[k] = Some(t.split(want));
             }
         }
         Ok(out)
     }
 
     /// Is RDMA the first transport the worker would give a request to
-    /// `segment` (the ranked order: local, shm, RDMA, TCP)?
+    /// `segment` (the worker's `RANKED` order)?
     fn rdma_serves_first(&self, segment: &Segment) -> bool {
-        for kind in [
-            TransportKind::Local,
-            TransportKind::Shm,
-            TransportKind::Rdma,
-        ] {
-            if let Some(t) = self.shared.transports.slot(kind).load_full()
-                && t.transport.reaches(segment)
-            {
-                return kind == TransportKind::Rdma;
-            }
-        }
-        false
+        worker::RANKED.iter().find(|&&kind| {
+            self.shared
+                .transports
+                .slot(kind)
+                .load_full()
+                .is_some_and(|t| t.transport.reaches(segment))
+        }) == Some(&TransportKind::Rdma)
     }
 
     /// The error a refused admission ends `submit` with: the endpoint and

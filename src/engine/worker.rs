@@ -41,7 +41,7 @@ const TRANSPORT_KINDS: [TransportKind; 5] = [
 /// filtered by what is installed and reaches its segment (so what both
 /// ends offer: RDMA → TCP for a remote peer, SHM → TCP for one on this
 /// host); its `xport_priority` is the index here of its current transport.
-const RANKED: [TransportKind; 4] = [
+pub(super) const RANKED: [TransportKind; 4] = [
     TransportKind::Local,
     TransportKind::Shm,
     TransportKind::Rdma,

@@ -100,11 +100,6 @@ impl AdmissionGate {
             .map(|t| vec![t])
             .map_err(|e| (i, e))
     }
-
-    /// Endpoint `i`'s controller now.
-    pub fn queue(&self, i: usize) -> Arc<SqController> {
-        self.queues[i].load_full()
-    }
 }
 
 /// Requests posted and admitted toward `q`.

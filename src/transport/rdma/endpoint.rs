@@ -67,10 +67,9 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-
-use arc_swap::ArcSwap;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use tent_rings::{ErrorKind, Opcode};
 
 use super::connector::{ConnectorHandle, Link, Queue, QueueSource};

@@ -165,9 +165,13 @@ impl RdmaPeer {
     /// Worker `w`'s endpoint on rail `r`, its counters now (an admission
     /// timeout's message).
     pub fn sq_report(&self, w: usize, r: usize) -> Option<SqReport> {
-        let d = self.diag.get(w)?.get(r)?;
+        Some(self.report_of(self.diag.get(w)?.get(r)?, monotonic_ns()))
+    }
+
+    /// One endpoint's counters at `now` (its posted count is its ledger's).
+    fn report_of(&self, d: &SqCqeDiagnostics, now: u64) -> SqReport {
         let posted = d.ledger_records.load(std::sync::atomic::Ordering::Relaxed);
-        Some(d.report(monotonic_ns(), posted, self.depth))
+        d.report(now, posted, self.depth)
     }
 
     /// Each rail's send- and completion-queue counters, every worker's
@@ -179,9 +183,7 @@ impl RdmaPeer {
             .map(|r| {
                 let mut total = SqReport::default();
                 for w in &self.diag {
-                    let d = &w[r];
-                    let posted = d.ledger_records.load(std::sync::atomic::Ordering::Relaxed);
-                    total.merge(&d.report(now, posted, self.depth));
+                    total.merge(&self.report_of(&w[r], now));
                 }
                 SqRow {
                     segment: self.name.clone(),
@@ -813,7 +815,7 @@ impl Transport for RdmaTransport {
                 continue;
             };
             let eps = &mut *guard;
-            let mut stalled = None;
+            let mut stalled = false;
             for r in 0..eps.eps.len() {
                 let ep = &mut eps.eps[r];
                 if ep.outstanding() == 0 {
@@ -830,9 +832,7 @@ impl Transport for RdmaTransport {
                 ep.flush(&mut |c| ws.done.push((r, c)));
                 ep.reap(&mut |c| ws.done.push((r, c)));
                 ep.fail_exhausted(&mut |c| ws.done.push((r, c)));
-                if ep.stalled(now) && ep.shed_backlog(&mut |s| ws.moved.push((r, s))) {
-                    stalled = Some(r);
-                }
+                stalled |= ep.stalled(now) && ep.shed_backlog(&mut |s| ws.moved.push((r, s)));
                 // A terminal-degraded endpoint gave up what it held: it
                 // moves to a sibling rail (or fails over), each once.
                 ep.extract_orphans(&mut |s| ws.moved.push((r, s)));
@@ -852,7 +852,7 @@ impl Transport for RdmaTransport {
                 }
             }
             ws.moved.clear();
-            if stalled.is_some() {
+            if stalled {
                 self.report_stall(peer, eps, ctx.index(), now);
             }
             // Completions are timed after the reaps (a bandwidth sample

@@ -1527,6 +1527,21 @@ fn fast_backoff() -> SqSettings {
     }
 }
 
+/// A 16-deep endpoint on a stalled fake NIC (plan `seed`, QP ids from
+/// `next_id`), with slices 0..8 posted and nothing completed; what ended
+/// meanwhile.
+fn eight_posted(seed: u64, next_id: u32) -> (Endpoint, Connector, Vec<RdmaCompletion>) {
+    stalled(seed);
+    let (mut ep, c) = endpoint_with(16, next_id, SqSettings::default());
+    let mut seen = Vec::new();
+    for t in 0..8 {
+        assert!(ep.submit(slice(t)));
+    }
+    connect(&mut ep, &mut seen);
+    ep.flush(&mut |c| seen.push(c));
+    (ep, c, seen)
+}
+
 /// Every status of seed 004's fatal list, at the 4th of 8 posted requests:
 /// the three before it complete, it fails with its kind, the endpoint is
 /// terminal-degraded (its controller refuses admission, it takes no new
@@ -1535,14 +1550,7 @@ fn fast_backoff() -> SqSettings {
 #[test]
 fn a_fatal_completion_makes_the_endpoint_terminal_and_its_work_moves_on_once() {
     for (k, status) in FATAL.into_iter().enumerate() {
-        stalled(71 + k as u64);
-        let (mut ep, _c) = endpoint_with(16, 400_000 + k as u32 * 100, SqSettings::default());
-        let mut seen = Vec::new();
-        for t in 0..8 {
-            assert!(ep.submit(slice(t)));
-        }
-        connect(&mut ep, &mut seen);
-        ep.flush(&mut |c| seen.push(c));
+        let (mut ep, _c, mut seen) = eight_posted(71 + k as u64, 400_000 + k as u32 * 100);
         assert_eq!(ep.ledger_records(), 8);
         let old = ep.sq().clone();
         for t in 8..10 {
@@ -1584,14 +1592,7 @@ fn a_fatal_completion_makes_the_endpoint_terminal_and_its_work_moves_on_once() {
 #[test]
 fn a_recoverable_failure_replaces_the_qp_and_reposts_in_place() {
     for (k, status) in RECOVERABLE.into_iter().enumerate() {
-        stalled(81 + k as u64);
-        let (mut ep, _c) = endpoint_with(16, 410_000 + k as u32 * 100, SqSettings::default());
-        let mut seen = Vec::new();
-        for t in 0..8 {
-            assert!(ep.submit(slice(t)));
-        }
-        connect(&mut ep, &mut seen);
-        ep.flush(&mut |c| seen.push(c));
+        let (mut ep, _c, mut seen) = eight_posted(81 + k as u64, 410_000 + k as u32 * 100);
         fail_pending(3, status);
         progress(usize::MAX);
         ep.reap(&mut |c| seen.push(c));
