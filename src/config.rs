@@ -226,7 +226,9 @@ pub struct RdmaConfig {
     /// `transports/rdma/sq_admission_timeout_us` (`MORI_IO_SQ_ADMISSION_TIMEOUT_US`).
     pub sq_admission_timeout_us: u64,
     /// `transports/rdma/sq_admission_resume_watermark_wr`
-    /// (`MORI_IO_SQ_ADMISSION_RESUME_WATERMARK_WR`). Not yet in effect.
+    /// (`MORI_IO_SQ_ADMISSION_RESUME_WATERMARK_WR`): free slots a refused
+    /// admission waits for before it tries again (clamped to the depth);
+    /// 0 = off.
     pub sq_admission_resume_watermark_wr: u32,
     /// `transports/rdma/sq_admission_wait_slice_us`
     /// (`MORI_IO_SQ_ADMISSION_WAIT_SLICE_US`).
@@ -235,8 +237,8 @@ pub struct RdmaConfig {
     /// 0 = one endpoint's depth.
     pub sq_admission_chunk_wr: u32,
     /// `transports/rdma/sq_admission_max_chunks_per_call`
-    /// (`MORI_IO_SQ_ADMISSION_MAX_CHUNKS_PER_CALL`); 0 = one per active QP.
-    /// Not yet in effect.
+    /// (`MORI_IO_SQ_ADMISSION_MAX_CHUNKS_PER_CALL`): most endpoints one
+    /// admission is split over; 0 = every active QP.
     pub sq_admission_max_chunks_per_call: u32,
     /// `transports/rdma/sq_split_policy` (`MORI_IO_SQ_SPLIT_POLICY`).
     pub sq_split_policy: SplitPolicy,
@@ -244,6 +246,9 @@ pub struct RdmaConfig {
     /// (`MORI_IO_SQ_ENABLE_EXPERIMENTAL_CAPACITY`): required by the
     /// `capacity` split policy.
     pub sq_enable_experimental_capacity: bool,
+    /// `transports/rdma/qp_per_transfer` (MORI's `qpPerTransfer`): QPs each
+    /// worker keeps per rail to a peer.
+    pub qp_per_transfer: u32,
 }
 
 impl RdmaConfig {
@@ -770,18 +775,20 @@ schema! {
         "Admission gate for the batch API: a submit toward an RDMA peer is charged to the picked worker's endpoints to that peer (a work request per slice) and waits for posted + queued to fit their depth, so a slow peer backs up its submitters instead of the worker's task table. The ring API's back-pressure is its ring (push reports Full).";
     "transports/rdma/sq_admission_timeout_us" => transports.rdma.sq_admission_timeout_us: uint(1, 600_000_000), "1000000", LIVE,
         "Longest wait in us at the admission gate; then submit fails SqFull with nothing queued, naming the endpoint and its SQ/CQE counters.";
-    "transports/rdma/sq_admission_resume_watermark_wr" => transports.rdma.sq_admission_resume_watermark_wr: uint(0, 1 << 20), "2048", LATER,
-        "Free slots needed before admission waiters resume. Not built: a waiter is admitted as soon as its charge fits (MORI's 2048 exceeds a 256-deep queue, so it would mean waiting for an empty one).";
+    "transports/rdma/sq_admission_resume_watermark_wr" => transports.rdma.sq_admission_resume_watermark_wr: uint(0, 1 << 20), "0", LIVE,
+        "Hysteresis of the admission gate: a submit refused for room waits until its endpoint has this many free slots (clamped to qp_depth) before it tries again, so waiters do not wake for every single completion; 0 = off (it tries again as soon as its charge fits). MORI's default, 2048, exceeds a 256-deep queue and would mean waiting for an empty one.";
     "transports/rdma/sq_admission_wait_slice_us" => transports.rdma.sq_admission_wait_slice_us: uint(1, 1_000_000), "100", LIVE,
         "Longest single sleep in us of an admission wait (a release or a degrade wakes it sooner).";
     "transports/rdma/sq_admission_chunk_wr" => transports.rdma.sq_admission_chunk_wr: uint(0, 1 << 20), "0", LIVE,
         "Most work requests one submit is charged per peer; 0 = one endpoint's depth (or, under capacity, all of them).";
-    "transports/rdma/sq_admission_max_chunks_per_call" => transports.rdma.sq_admission_max_chunks_per_call: uint(0, 65_536), "0", LATER,
-        "Chunks one call may take; 0 = one per active QP. Not built: a submit is charged once per peer (all or nothing), not in chunks handed to workers one by one.";
+    "transports/rdma/sq_admission_max_chunks_per_call" => transports.rdma.sq_admission_max_chunks_per_call: uint(0, 65_536), "0", LIVE,
+        "Most endpoints (QPs) one submit's charge to a peer is split over under the capacity policy, most free first; 0 = every active one. static and least_loaded charge one endpoint per call.";
     "transports/rdma/sq_split_policy" => transports.rdma.sq_split_policy: Kind::Choice(SPLIT_POLICIES), "\"static\"", LIVE,
         "Which endpoint an admitted submit is charged to: static (round robin), least_loaded (fewest posted + queued, skipping terminal ones), capacity (split over the endpoints' free slots; needs sq_enable_experimental_capacity). Slices still bind to rails late, by the spraying policy.";
     "transports/rdma/sq_enable_experimental_capacity" => transports.rdma.sq_enable_experimental_capacity: Kind::Bool, "false", LIVE,
         "Allow the experimental capacity split policy.";
+    "transports/rdma/qp_per_transfer" => transports.rdma.qp_per_transfer: uint(1, crate::control::wire::MAX_QP_PER_TRANSFER as u64), "1", LIVE,
+        "QPs (endpoints) each worker keeps per rail to a peer, 1 to 16: the rail layer picks the rail, sq_split_policy picks the rail's QP for each slice (static: round robin; least_loaded: fewest posted + queued; capacity: the current QP while it has free slots, so consecutive slices post as one list), and a QP that goes terminal or stalls hands its work to a sibling QP of the same rail first.";
 }
 
 /// Keys already reported as "not yet in effect", so each is logged once per
@@ -908,6 +915,7 @@ fn blank() -> Config {
                 sq_admission_max_chunks_per_call: 0,
                 sq_split_policy: SplitPolicy::Static,
                 sq_enable_experimental_capacity: false,
+                qp_per_transfer: 0,
             },
         },
     }
@@ -1602,12 +1610,13 @@ mod tests {
         assert_eq!(r.sq_resume_watermark_wr, 0);
         assert!(!r.sq_executor_admission);
         assert_eq!(r.sq_admission_timeout_us, 1_000_000);
-        assert_eq!(r.sq_admission_resume_watermark_wr, 2048);
+        assert_eq!(r.sq_admission_resume_watermark_wr, 0);
         assert_eq!(r.sq_admission_wait_slice_us, 100);
         assert_eq!(r.sq_admission_chunk_wr, 0);
         assert_eq!(r.sq_admission_max_chunks_per_call, 0);
         assert_eq!(r.sq_split_policy, SplitPolicy::Static);
         assert!(!r.sq_enable_experimental_capacity);
+        assert_eq!(r.qp_per_transfer, 1);
         assert_eq!(WorkersConfig::default(), c.workers);
         assert_eq!(RdmaConfig::default(), c.transports.rdma);
         assert_eq!(TcpConfig::default(), c.transports.tcp);
@@ -2197,10 +2206,11 @@ mod tests {
 
     #[test]
     fn not_yet_in_effect_keys_are_accepted_and_recorded_once() {
-        let path = "transports/rdma/sq_admission_max_chunks_per_call";
+        // Seed 001's time slots (issue 15) are not built yet.
+        let path = "transports/rdma/slot_rotation_interval_ms";
         assert!(!SPECS[spec_index(path)].in_effect);
-        parse(r#"{"transports": {"rdma": {"sq_admission_max_chunks_per_call": 5}}}"#).unwrap();
-        parse(r#"{"transports": {"rdma": {"sq_admission_max_chunks_per_call": 6}}}"#).unwrap();
+        parse(r#"{"transports": {"rdma": {"slot_rotation_interval_ms": 5}}}"#).unwrap();
+        parse(r#"{"transports": {"rdma": {"slot_rotation_interval_ms": 6}}}"#).unwrap();
         let warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
         assert!(warned.contains(path));
         // Live keys are never reported.

@@ -273,10 +273,11 @@ impl Metrics {
                     }
                     let _ = writeln!(
                         out,
-                        "{name}{{segment=\"{}\",local=\"{}\",remote=\"{}\"}} {v}",
+                        "{name}{{segment=\"{}\",local=\"{}\",remote=\"{}\",qp=\"{}\"}} {v}",
                         escape(&row.segment),
                         escape(&row.local),
                         escape(&row.remote),
+                        row.qp,
                     );
                 }
             }
@@ -330,6 +331,7 @@ mod tests {
             segment: "10.0.0.2:7000".into(),
             local: "mlx5_0".into(),
             remote: "mlx5_1".into(),
+            qp: 1,
             report: SqReport {
                 posted: 12,
                 stalls: 2,
@@ -352,10 +354,10 @@ mod tests {
         assert!(text.contains("tent_rail_inflight_bytes{transport=\"tcp\",segment=\"10.0.0.2:7000\",local=\"veth\\\"0\",remote=\"eth0\"} 8192\n"), "{text}");
         assert!(text.contains("tent_rail_numa_tier{"));
         assert!(text.contains(
-            "tent_sq_stalls_total{segment=\"10.0.0.2:7000\",local=\"mlx5_0\",remote=\"mlx5_1\"} 2\n"
+            "tent_sq_stalls_total{segment=\"10.0.0.2:7000\",local=\"mlx5_0\",remote=\"mlx5_1\",qp=\"1\"} 2\n"
         ), "{text}");
         assert!(text.contains(
-            "tent_sq_posted_wr{segment=\"10.0.0.2:7000\",local=\"mlx5_0\",remote=\"mlx5_1\"} 12\n"
+            "tent_sq_posted_wr{segment=\"10.0.0.2:7000\",local=\"mlx5_0\",remote=\"mlx5_1\",qp=\"1\"} 12\n"
         ));
         assert!(text.contains("# TYPE tent_sq_cqes_total counter\n"));
         // No completion yet: the age has no sample, not a huge number.

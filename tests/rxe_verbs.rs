@@ -2198,3 +2198,66 @@ fn rxe_engine_admission_gate_backs_submitters_up_and_releases_every_charge() {
         before.admission_waits, before.admission_wait_us, before.least_loaded
     );
 }
+
+/// `qp_per_transfer`: each rail is three QPs (three passive QPs at the
+/// target, keyed apart), and under every split policy the slices of a
+/// large WRITE and READ use all of them (a queue 8 deep fills, so even
+/// `capacity` moves on), with every byte verified and nothing left posted.
+#[test]
+fn rxe_engine_spreads_a_rail_over_qp_per_transfer_qps_under_every_policy() {
+    if !in_guest() {
+        return;
+    }
+    use tent::config::SplitPolicy;
+    for policy in [
+        SplitPolicy::Static,
+        SplitPolicy::LeastLoaded,
+        SplitPolicy::Capacity,
+    ] {
+        let target = rdma_engine(false, |_| {});
+        let init = rdma_engine(false, |c| {
+            let r = &mut c.transports.rdma;
+            r.qp_per_transfer = 3;
+            r.qp_depth = 8;
+            r.slice_size = 16 << 10;
+            r.sq_split_policy = policy;
+            r.sq_enable_experimental_capacity = true;
+        });
+        let len = 4u64 << 20;
+        let remote = target.allocate_memory(len).unwrap();
+        let local = init.allocate_memory(len).unwrap();
+        let seg = init.open_segment(&target.segment_name()).unwrap();
+        let mut ring = init.ring().unwrap();
+        let want = pattern(91, len as usize);
+        local.write(0, &want).unwrap();
+        let c = one_op(&mut ring, write_op(&local, seg, remote.addr(), len));
+        assert_eq!(c.result(), Ok(len), "{policy:?}: WRITE");
+        assert_eq!(c.transport(), tent::TransportKind::Rdma);
+        let mut got = vec![0u8; len as usize];
+        remote.read(0, &mut got).unwrap();
+        assert!(got == want, "{policy:?}: WRITE data");
+        local.write(0, &vec![0u8; len as usize]).unwrap();
+        let c = one_op(&mut ring, read_op(&local, seg, remote.addr(), len));
+        assert_eq!(c.result(), Ok(len), "{policy:?}: READ");
+        local.read(0, &mut got).unwrap();
+        assert!(got == want, "{policy:?}: READ data");
+        // Three QPs per rail, keyed apart at the target: none replaced
+        // another's passive end, so no rail saw a failed completion.
+        let rails = init.rails(seg);
+        assert!(
+            rails.iter().all(|r| r.failures == 0),
+            "{policy:?}: {rails:?}"
+        );
+        let sq = init.sq_rows();
+        assert_eq!(sq.len(), rails_count() * 3, "{sq:?}");
+        for row in &sq {
+            let r = &row.report;
+            assert!(r.cqes > 0, "{policy:?}: QP {} idle: {sq:?}", row.qp);
+            assert_eq!((r.posted, r.backlog), (0, 0), "{row:?}");
+        }
+        println!(
+            "RXE-OK qp_per_transfer=3 {policy:?}: cqes per QP {:?}",
+            sq.iter().map(|r| r.report.cqes).collect::<Vec<_>>()
+        );
+    }
+}

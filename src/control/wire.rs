@@ -71,6 +71,7 @@
 //! | initiator record    | `0x0001` | `engine`        | u64, non-zero, required            |
 //! |                     | `0x0002` | `worker`        | u16 < [`MAX_QP_WORKERS`], required |
 //! |                     | `0x0003` | `rail`          | u16 < [`MAX_QP_RAILS`], required   |
+//! |                     | `0x0004` | `queue`         | u16 < [`MAX_QP_PER_TRANSFER`], absent = 0 |
 //!
 //! # Hostile input
 //!
@@ -113,6 +114,9 @@ pub const MAX_QP_WORKERS: usize = 256;
 /// `max(local, remote)` NICs, and an engine lists at most [`MAX_NICS`] in
 /// its descriptor (one with more cannot be opened by any peer).
 pub const MAX_QP_RAILS: usize = MAX_NICS;
+/// Most QPs one worker keeps per rail to a peer (`qp_per_transfer`'s
+/// upper bound; a [`QpInitiator`]'s `queue` is below it).
+pub const MAX_QP_PER_TRANSFER: usize = 16;
 /// Longest rail name or rail address, in bytes.
 const MAX_RAIL_FIELD: usize = 64;
 /// Bytes in a field header: tag and value length.
@@ -161,6 +165,7 @@ const QP_INITIATOR: u16 = 0x0008;
 const QPI_ENGINE: u16 = 0x0001;
 const QPI_WORKER: u16 = 0x0002;
 const QPI_RAIL: u16 = 0x0003;
+const QPI_QUEUE: u16 = 0x0004;
 const RAIL_NAME: u16 = 0x0001;
 const RAIL_ADDR: u16 = 0x0002;
 const ERROR_CODE: u16 = 0x0001;
@@ -245,6 +250,8 @@ pub struct QpInitiator {
     engine: u64,
     worker: u16,
     rail: u16,
+    /// Which of the rail's `qp_per_transfer` QPs (0 for the first).
+    queue: u16,
 }
 
 impl QpInitiator {
@@ -274,7 +281,23 @@ impl QpInitiator {
             engine,
             worker: index(QPI_WORKER, "worker", worker, MAX_QP_WORKERS)?,
             rail: index(QPI_RAIL, "rail", rail, MAX_QP_RAILS)?,
+            queue: 0,
         })
+    }
+
+    /// The same key for QP `queue` of the rail (`qp_per_transfer` > 1).
+    ///
+    /// # Errors
+    /// [`WireError::BadField`]: `queue` not below [`MAX_QP_PER_TRANSFER`].
+    pub fn with_queue(self, queue: usize) -> Result<QpInitiator> {
+        let queue = u16::try_from(queue)
+            .ok()
+            .filter(|&q| usize::from(q) < MAX_QP_PER_TRANSFER)
+            .ok_or_else(|| WireError::BadField {
+                tag: QPI_QUEUE,
+                reason: format!("queue {queue} out of range (below {MAX_QP_PER_TRANSFER})"),
+            })?;
+        Ok(QpInitiator { queue, ..self })
     }
 
     /// The initiator engine's id.
@@ -290,6 +313,11 @@ impl QpInitiator {
     /// The rail's index among the initiator's rails to this peer.
     pub fn rail(&self) -> usize {
         usize::from(self.rail)
+    }
+
+    /// Which of the rail's QPs (`qp_per_transfer`) this is.
+    pub fn queue(&self) -> usize {
+        usize::from(self.queue)
     }
 }
 
@@ -572,6 +600,10 @@ pub fn encode(msg: &Message) -> Vec<u8> {
                 b.u64(QPI_ENGINE, i.engine);
                 b.u16(QPI_WORKER, i.worker);
                 b.u16(QPI_RAIL, i.rail);
+                // Absent means 0: a single-QP rail's record is unchanged.
+                if i.queue != 0 {
+                    b.u16(QPI_QUEUE, i.queue);
+                }
             });
         }
         Message::QpAccept { qp } => encode_qp(&mut b, qp),
@@ -896,13 +928,14 @@ impl QpFields {
 
 /// An initiator record; its bounds are [`QpInitiator::new`]'s.
 fn decode_initiator(record: &[u8]) -> Result<QpInitiator> {
-    let (mut engine, mut worker, mut rail) = (None, None, None);
+    let (mut engine, mut worker, mut rail, mut queue) = (None, None, None, None);
     for field in Fields(record) {
         let (tag, v) = field?;
         match tag {
             QPI_ENGINE => set_once(&mut engine, tag, || Ok(u64::from_le_bytes(fixed(tag, v)?)))?,
             QPI_WORKER => set_once(&mut worker, tag, || Ok(u16::from_le_bytes(fixed(tag, v)?)))?,
             QPI_RAIL => set_once(&mut rail, tag, || Ok(u16::from_le_bytes(fixed(tag, v)?)))?,
+            QPI_QUEUE => set_once(&mut queue, tag, || Ok(u16::from_le_bytes(fixed(tag, v)?)))?,
             _ => skip(tag),
         }
     }
@@ -910,7 +943,8 @@ fn decode_initiator(record: &[u8]) -> Result<QpInitiator> {
         required(engine, "QpInitiator", QPI_ENGINE)?,
         usize::from(required(worker, "QpInitiator", QPI_WORKER)?),
         usize::from(required(rail, "QpInitiator", QPI_RAIL)?),
-    )
+    )?
+    .with_queue(usize::from(queue.unwrap_or(0)))
 }
 
 fn decode_descriptor(body: &[u8]) -> Result<SegmentDescriptor> {
@@ -2137,9 +2171,44 @@ mod tests {
         );
         let k = QpInitiator::new(1, MAX_QP_WORKERS - 1, MAX_QP_RAILS - 1).unwrap();
         assert_eq!(
-            (k.engine(), k.worker(), k.rail()),
-            (1, MAX_QP_WORKERS - 1, MAX_QP_RAILS - 1)
+            (k.engine(), k.worker(), k.rail(), k.queue()),
+            (1, MAX_QP_WORKERS - 1, MAX_QP_RAILS - 1, 0)
         );
+        assert!(k.with_queue(MAX_QP_PER_TRANSFER).is_err());
+        assert!(k.with_queue(usize::MAX).is_err());
+    }
+
+    #[test]
+    fn qp_initiator_queue_round_trips_keys_apart_and_is_checked() {
+        let base = QpInitiator::new(9, 3, 2).unwrap();
+        let last = base.with_queue(MAX_QP_PER_TRANSFER - 1).unwrap();
+        assert_ne!(base, last, "two QPs of one rail are two keys");
+        for k in [base, base.with_queue(1).unwrap(), last] {
+            roundtrip(&Message::QpConnect(QpRequest {
+                initiator: k,
+                ..qp_request()
+            }));
+        }
+        // A forged queue index is a bad field, not a wrap to another key;
+        // so is a wrong width.
+        let (over, wide) = (
+            (MAX_QP_PER_TRANSFER as u16).to_le_bytes(),
+            1u32.to_le_bytes(),
+        );
+        for v in [&over[..], &wide[..]] {
+            let e = decode_err(&qp_connect_frame(|b| {
+                b.record(QP_INITIATOR, |b| {
+                    b.u64(QPI_ENGINE, 9);
+                    b.u16(QPI_WORKER, 3);
+                    b.u16(QPI_RAIL, 2);
+                    b.field(QPI_QUEUE, v);
+                })
+            }));
+            assert!(
+                matches!(e, WireError::BadField { tag: QPI_QUEUE, .. }),
+                "{e:?}"
+            );
+        }
     }
 
     #[test]

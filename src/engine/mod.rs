@@ -1017,7 +1017,7 @@ impl Engine {
             let left = timeout.saturating_sub(start.elapsed());
             let tokens = gate
                 .admit(r.sq_split_policy, need, left)
-                .map_err(|(rail, e)| self.admission_refused(peer, w, rail, need, e))?;
+                .map_err(|(ep, e)| self.admission_refused(peer, w, ep, need, e))?;
             // Each task takes its share from the charge, in order, from one
             // token (one slot per task: a share across two tokens keeps the
             // first part, the rest stays with the next token); a charge
@@ -1054,12 +1054,14 @@ impl Engine {
         &self,
         peer: &crate::transport::rdma::RdmaPeer,
         w: usize,
-        rail: usize,
+        ep: usize,
         need: u32,
         e: crate::transport::rdma::SqRefusal,
     ) -> Error {
+        let q = peer.qp_per_transfer();
+        let (rail, qp) = (ep / q, ep % q);
         let report = peer
-            .sq_report(w, rail)
+            .sq_report(w, ep)
             .map_or_else(String::new, |r| r.to_string());
         let why = match e {
             crate::transport::rdma::SqRefusal::Degraded => "every endpoint is out of service",
@@ -1070,6 +1072,7 @@ impl Engine {
             peer = peer.name(),
             worker = w,
             rail,
+            qp,
             need,
             %report,
             "rdma: admission refused ({why}); submit failed SqFull with nothing queued"
@@ -1077,8 +1080,8 @@ impl Engine {
         Error::new(
             ErrorKind::SqFull,
             format!(
-                "admission to {} refused ({why}): {need} work requests, endpoint worker {w} rail {rail} \
-                 (qp_per_transfer=1, workers={}): {report}; nothing queued",
+                "admission to {} refused ({why}): {need} work requests, endpoint worker {w} rail {rail} qp {qp} \
+                 (qp_per_transfer={q}, workers={}): {report}; nothing queued",
                 peer.name(),
                 self.workers.len()
             ),

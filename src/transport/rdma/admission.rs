@@ -18,15 +18,20 @@
 //! admitted, against its queues' depth: a slow peer backs its submitters
 //! up, not the worker's task table, and the other peers keep moving.
 //!
-//! Split policies (`sq_split_policy`):
+//! Split policies (`sq_split_policy`, the rule in [`super::split`]):
 //! - `static`: round robin over the endpoints that are in service.
 //! - `least_loaded`: the endpoint with the fewest posted + queued
 //!   requests, skipping terminal ones (counted in each endpoint's
 //!   diagnostics, `least_loaded_selections`).
 //! - `capacity` (behind `sq_enable_experimental_capacity`): the charge is
-//!   split over the endpoints by their free slots, most free first, so one
-//!   large call is admitted across rails at once; what does not fit waits
-//!   on the least-loaded endpoint as above.
+//!   split over the endpoints by their free slots, most free first, over
+//!   at most `sq_admission_max_chunks_per_call` of them, so one large call
+//!   is admitted across rails at once; what does not fit waits on the
+//!   least-loaded endpoint as above.
+//!
+//! A waiter refused for room tries again once its endpoint has
+//! `sq_admission_resume_watermark_wr` slots free (hysteresis; see
+//! [`SqController::wait_admission`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,6 +39,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
+use super::split::{QueueLoad, choose};
 use super::sq::{AdmissionToken, SqController, SqRefusal};
 use crate::config::SplitPolicy;
 
@@ -43,14 +49,28 @@ use crate::config::SplitPolicy;
 pub struct AdmissionGate {
     queues: Vec<Arc<ArcSwap<SqController>>>,
     cursor: AtomicUsize,
+    /// `sq_admission_resume_watermark_wr`: free slots a refused waiter
+    /// waits for before it tries again (0: none).
+    resume: u32,
+    /// `sq_admission_max_chunks_per_call`: most endpoints one `capacity`
+    /// charge is split over (0: all of them).
+    max_chunks: usize,
 }
 
 impl AdmissionGate {
-    /// A gate over `queues` (one per rail).
-    pub fn new(queues: Vec<Arc<ArcSwap<SqController>>>) -> AdmissionGate {
+    /// A gate over `queues` (each worker's endpoints to the peer, every
+    /// rail's `qp_per_transfer` of them), with its waiters' resume
+    /// watermark and `capacity`'s chunk cap (0: none).
+    pub fn new(
+        queues: Vec<Arc<ArcSwap<SqController>>>,
+        resume: u32,
+        max_chunks: u32,
+    ) -> AdmissionGate {
         AdmissionGate {
             queues,
             cursor: AtomicUsize::new(0),
+            resume,
+            max_chunks: usize::try_from(max_chunks).unwrap_or(usize::MAX),
         }
     }
 
@@ -77,15 +97,18 @@ impl AdmissionGate {
             return Ok(Vec::new());
         }
         if policy == SplitPolicy::Capacity
-            && let Some(tokens) = capacity_split(&qs, need)
+            && let Some(tokens) = capacity_split(&qs, need, self.max_chunks)
         {
             return Ok(tokens);
         }
-        let pick = match policy {
-            SplitPolicy::Static => round_robin(&qs, self.cursor.fetch_add(1, Ordering::Relaxed)),
-            SplitPolicy::LeastLoaded | SplitPolicy::Capacity => least_loaded(&qs),
+        // Round robin from the gate's cursor; the load-aware policies
+        // take the first of equals (what does not fit waits on the
+        // least-loaded endpoint, also under `capacity`).
+        let (policy, cursor) = match policy {
+            SplitPolicy::Static => (policy, self.cursor.fetch_add(1, Ordering::Relaxed)),
+            SplitPolicy::LeastLoaded | SplitPolicy::Capacity => (SplitPolicy::LeastLoaded, 0),
         };
-        let Some(i) = pick else {
+        let Some(i) = choose(policy, qs.len(), cursor, |k| load_of(&qs[k])) else {
             return Err((0, SqRefusal::Degraded));
         };
         if policy != SplitPolicy::Static {
@@ -96,48 +119,45 @@ impl AdmissionGate {
                 .fetch_add(1, Ordering::Relaxed);
         }
         let q = &qs[i];
-        q.wait_admission(need.min(q.depth()), timeout)
+        q.wait_admission(need.min(q.depth()), self.resume, timeout)
             .map(|t| vec![t])
             .map_err(|e| (i, e))
     }
 }
 
-/// Requests posted and admitted toward `q`.
-fn load_of(q: &SqController) -> u32 {
-    q.posted().saturating_add(q.queued())
+/// `q` as the split policies see it: in service unless terminal; its
+/// posted + admitted + waiting requests against its depth.
+fn load_of(q: &SqController) -> QueueLoad {
+    QueueLoad {
+        open: !q.is_terminal(),
+        load: q.depth() - q.free(),
+        depth: q.depth(),
+    }
 }
 
-/// The next endpoint in service from `start` on (round robin).
-fn round_robin(qs: &[Arc<SqController>], start: usize) -> Option<usize> {
-    let n = qs.len();
-    (0..n)
-        .map(|k| (start + k) % n)
-        .find(|&i| !qs[i].is_terminal())
-}
-
-/// The endpoint in service with the fewest posted + queued requests (the
-/// lowest index among equals).
-fn least_loaded(qs: &[Arc<SqController>]) -> Option<usize> {
-    qs.iter()
-        .enumerate()
-        .filter(|(_, q)| !q.is_terminal())
-        .min_by_key(|(_, q)| load_of(q))
-        .map(|(i, _)| i)
-}
-
-/// `capacity`: take `need` from the endpoints' free slots, most free first,
-/// without waiting; `None` (nothing held) when they have less free than
-/// `need` between them.
-fn capacity_split(qs: &[Arc<SqController>], need: u32) -> Option<Vec<AdmissionToken>> {
+/// `capacity`: take `need` from the endpoints' free slots, most free
+/// first, over at most `max_chunks` of them (0: any number), without
+/// waiting; `None` (nothing held) when they have less free than `need`
+/// between them.
+fn capacity_split(
+    qs: &[Arc<SqController>],
+    need: u32,
+    max_chunks: usize,
+) -> Option<Vec<AdmissionToken>> {
     let mut order: Vec<usize> = (0..qs.len()).filter(|&i| !qs[i].is_terminal()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(qs[i].depth().saturating_sub(load_of(&qs[i]))));
+    order.sort_by_key(|&i| std::cmp::Reverse(qs[i].free()));
+    let cap = if max_chunks == 0 {
+        usize::MAX
+    } else {
+        max_chunks
+    };
     let mut tokens = Vec::new();
     let mut left = need;
     for i in order {
-        if left == 0 {
+        if left == 0 || tokens.len() == cap {
             break;
         }
-        let free = qs[i].depth().saturating_sub(load_of(&qs[i]));
+        let free = qs[i].free();
         if free == 0 {
             continue;
         }
@@ -163,6 +183,8 @@ mod tests {
             qs.iter()
                 .map(|q| Arc::new(ArcSwap::new(q.clone())))
                 .collect(),
+            0,
+            0,
         );
         (g, qs)
     }
@@ -266,5 +288,27 @@ mod tests {
         assert_eq!(t.len(), 1);
         assert_eq!((t[0].count(), qs[1].queued()), (8, 8));
         assert_eq!(qs[2].queued(), 1, "the greedy pass gave back what it took");
+    }
+
+    #[test]
+    fn capacity_splits_over_at_most_max_chunks_endpoints() {
+        let qs: Vec<Arc<SqController>> = (0..4)
+            .map(|_| Arc::new(SqController::new(8, 0, Duration::from_micros(50))))
+            .collect();
+        let g = AdmissionGate::new(
+            qs.iter()
+                .map(|q| Arc::new(ArcSwap::new(q.clone())))
+                .collect(),
+            0,
+            2,
+        );
+        // 20 would need three endpoints: two may not hold it, so nothing
+        // is kept from the split and the least-loaded one takes its depth.
+        let t = g.admit(SplitPolicy::Capacity, 20, NOW).unwrap();
+        assert_eq!(t.iter().map(|t| t.count()).collect::<Vec<_>>(), [8]);
+        assert_eq!(qs.iter().map(|q| q.queued()).sum::<u32>(), 8);
+        drop(t);
+        let t = g.admit(SplitPolicy::Capacity, 16, NOW).unwrap();
+        assert_eq!(t.iter().map(|t| t.count()).collect::<Vec<_>>(), [8, 8]);
     }
 }

@@ -168,7 +168,8 @@ pub struct SqReport {
     pub least_loaded: u64,
 }
 
-/// One rail's [`SqReport`] (every worker's endpoint on it), labelled.
+/// One QP slot of one rail: its [`SqReport`] (every worker's endpoint
+/// there together), labelled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SqRow {
     /// The peer segment's name.
@@ -177,6 +178,8 @@ pub struct SqRow {
     pub local: String,
     /// The remote NIC.
     pub remote: String,
+    /// Which of the rail's `qp_per_transfer` QPs.
+    pub qp: usize,
     /// The counters.
     pub report: SqReport,
 }

@@ -260,15 +260,28 @@ impl SqController {
     }
 
     /// [`try_admit`](Self::try_admit), sleeping up to `timeout` for room.
-    /// A degrade ends the wait at once.
+    /// A degrade ends the wait at once. Once refused for room, it tries
+    /// again only when `resume` slots (`sq_admission_resume_watermark_wr`,
+    /// clamped to the depth; 0: as soon as `n` fit) are free, so a crowd
+    /// of waiters does not wake for every single completion.
     pub fn wait_admission(
         self: &Arc<Self>,
         n: u32,
+        resume: u32,
         timeout: Duration,
     ) -> Result<AdmissionToken, SqRefusal> {
         let start = Instant::now();
+        let resume = resume.min(self.depth);
+        let mut refused = false;
         let mut slept = false;
-        let out = self.wait_until(start + timeout, &mut slept, || self.try_admit(n));
+        let out = self.wait_until(start + timeout, &mut slept, || {
+            if refused && self.free() < resume {
+                return Err(SqRefusal::Full(self.snapshot()));
+            }
+            let out = self.try_admit(n);
+            refused |= matches!(out, Err(SqRefusal::Full(_)));
+            out
+        });
         if slept {
             self.diag.admission_waits.fetch_add(1, Ordering::Relaxed);
             let us = start.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
@@ -278,6 +291,17 @@ impl SqController {
             self.diag.admission_timeouts.fetch_add(1, Ordering::Relaxed);
         }
         out
+    }
+
+    /// Slots neither posted, admitted nor waiting in the endpoint's
+    /// backlog (what admission can still hand out).
+    pub fn free(&self) -> u32 {
+        let used = self
+            .credits
+            .in_flight()
+            .saturating_add(self.queued.load(Ordering::Relaxed))
+            .saturating_add(self.diag.backlog.load(Ordering::Relaxed));
+        self.depth.saturating_sub(used)
     }
 
     /// [`try_reserve`](Self::try_reserve), sleeping up to `timeout` for
@@ -590,7 +614,7 @@ mod tests {
                     let out = if i == 0 {
                         c.wait_for_credits(1, Duration::from_secs(30)).map(|_| ())
                     } else {
-                        c.wait_admission(1, Duration::from_secs(30)).map(|_| ())
+                        c.wait_admission(1, 0, Duration::from_secs(30)).map(|_| ())
                     };
                     (out, t.elapsed())
                 })
@@ -643,7 +667,7 @@ mod tests {
         let waiter = {
             let c = c.clone();
             thread::spawn(move || {
-                c.wait_admission(3, Duration::from_secs(10))
+                c.wait_admission(3, 0, Duration::from_secs(10))
                     .map(|t| t.count())
             })
         };
@@ -657,9 +681,38 @@ mod tests {
         assert_eq!(s.admission_waits, 1);
         // A wait that times out is counted.
         let _fill = c.try_admit(5).unwrap();
-        let out = c.wait_admission(1, Duration::from_millis(5));
+        let out = c.wait_admission(1, 0, Duration::from_millis(5));
         assert!(matches!(out, Err(SqRefusal::TimedOut(_))), "{out:?}");
         assert_eq!(c.snapshot().admission_timeouts, 1);
+    }
+
+    #[test]
+    fn a_refused_admission_resumes_only_at_the_watermark() {
+        let c = sq(8, 0);
+        let mut held: Vec<AdmissionToken> = (0..8).map(|_| c.try_admit(1).unwrap()).collect();
+        let waiter = {
+            let c = c.clone();
+            thread::spawn(move || {
+                c.wait_admission(1, 4, Duration::from_secs(10))
+                    .map(|t| t.count())
+            })
+        };
+        thread::sleep(Duration::from_millis(20));
+        // One slot free: the charge fits, but the waiter holds off until 4 are.
+        held.pop();
+        thread::sleep(Duration::from_millis(30));
+        assert!(!waiter.is_finished(), "woke below the watermark");
+        assert_eq!((c.free(), c.queued()), (1, 7));
+        held.truncate(4);
+        assert_eq!(waiter.join().unwrap(), Ok(1));
+        assert_eq!(c.queued(), 4, "the waiter's token went back with it");
+        // A watermark above the depth means an empty queue, not never.
+        drop(held);
+        assert_eq!(
+            c.wait_admission(1, 1 << 20, Duration::ZERO)
+                .map(|t| t.count()),
+            Ok(1)
+        );
     }
 
     #[test]
@@ -668,7 +721,7 @@ mod tests {
         c.mark_terminal();
         assert!(matches!(c.try_admit(1), Err(SqRefusal::Degraded)));
         assert!(matches!(
-            c.wait_admission(1, Duration::from_secs(5)),
+            c.wait_admission(1, 0, Duration::from_secs(5)),
             Err(SqRefusal::Degraded)
         ));
     }

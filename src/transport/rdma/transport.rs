@@ -52,7 +52,7 @@ use super::nic::NicSet;
 use super::responder::{bootstrap, endpoint};
 use super::sq::SqController;
 use crate::clock::monotonic_ns;
-use crate::config::Config;
+use crate::config::{Config, SplitPolicy};
 use crate::control::wire::{QpInitiator, QpRequest};
 use crate::control::{RegionEntry, SegmentDescriptor};
 use crate::error::{Error, Result};
@@ -65,6 +65,7 @@ use crate::transport::rails::{
 };
 use crate::transport::rdma::admission::AdmissionGate;
 use crate::transport::rdma::diag::{SqCqeDiagnostics, SqReport, SqRow};
+use crate::transport::rdma::split::{QueueLoad, choose, next_cursor};
 use crate::transport::rdma::verbs::{CompletionQueue, QueuePair};
 use crate::transport::{
     Capabilities, InstallContext, PeerActivity, PerWorker, RailStat, Slice, SliceCompletion,
@@ -84,6 +85,14 @@ struct Settings {
     rail_policy: RailPolicy,
     /// This engine's initiator id (`QpInitiator`), drawn once.
     engine: u64,
+    /// `qp_per_transfer`: QPs per rail per worker.
+    qp_per_transfer: usize,
+    /// `sq_split_policy`: which of a rail's QPs a slice goes out on.
+    split: SplitPolicy,
+    /// `sq_admission_resume_watermark_wr`.
+    admission_resume: u32,
+    /// `sq_admission_max_chunks_per_call`.
+    max_chunks: u32,
 }
 
 /// One rail to a peer.
@@ -99,8 +108,11 @@ pub struct RdmaRail {
 
 /// What a worker has on one peer.
 struct PeerEndpoints {
-    /// One per rail.
+    /// `qp_per_transfer` per rail, rail by rail: rail `r`'s QPs are
+    /// `eps[r * q .. (r + 1) * q]`.
     eps: Vec<Endpoint>,
+    /// Per rail: where its split policy starts looking for a QP.
+    cursor: Vec<usize>,
     /// This worker's loads, estimates and plan on the peer's rails.
     rails: WorkerRails,
     /// Its slices out, and whether the peer is on the active list.
@@ -117,11 +129,16 @@ pub struct RdmaPeer {
     rails: RailSet,
     nics: Arc<NicSet>,
     per_worker: PerWorker<PeerEndpoints>,
-    /// Each worker's endpoints' queue counters (index: worker, then rail),
-    /// readable without the worker's state.
+    /// Each worker's endpoints' queue counters (index: worker, then
+    /// endpoint as in [`PeerEndpoints::eps`]), readable without the
+    /// worker's state.
     diag: Vec<Vec<Arc<SqCqeDiagnostics>>>,
     /// Every endpoint's send-queue depth.
     depth: u32,
+    /// `qp_per_transfer`: endpoints per rail per worker.
+    q: usize,
+    /// `sq_split_policy`: which of a rail's endpoints a slice goes to.
+    split: SplitPolicy,
     /// Each worker's admission gate to this peer (index: worker).
     gates: Vec<AdmissionGate>,
 }
@@ -162,10 +179,17 @@ impl RdmaPeer {
         &self.name
     }
 
-    /// Worker `w`'s endpoint on rail `r`, its counters now (an admission
+    /// QPs each worker keeps per rail to this peer (`qp_per_transfer`):
+    /// endpoint `e` (an admission gate's index) is QP `e % q` of rail
+    /// `e / q`.
+    pub fn qp_per_transfer(&self) -> usize {
+        self.q
+    }
+
+    /// Worker `w`'s endpoint `e`, its counters now (an admission
     /// timeout's message).
-    pub fn sq_report(&self, w: usize, r: usize) -> Option<SqReport> {
-        Some(self.report_of(self.diag.get(w)?.get(r)?, monotonic_ns()))
+    pub fn sq_report(&self, w: usize, e: usize) -> Option<SqReport> {
+        Some(self.report_of(self.diag.get(w)?.get(e)?, monotonic_ns()))
     }
 
     /// One endpoint's counters at `now` (its posted count is its ledger's).
@@ -174,21 +198,23 @@ impl RdmaPeer {
         d.report(now, posted, self.depth)
     }
 
-    /// Each rail's send- and completion-queue counters, every worker's
-    /// endpoint on it together (index = rail), labelled as the metrics
-    /// show them.
+    /// Each QP slot's send- and completion-queue counters (rail by rail,
+    /// `qp_per_transfer` per rail), every worker's endpoint there
+    /// together, labelled as the metrics show them.
     pub fn sq_reports(&self) -> Vec<SqRow> {
         let now = monotonic_ns();
-        (0..self.paths.len())
-            .map(|r| {
+        (0..self.paths.len() * self.q)
+            .map(|e| {
                 let mut total = SqReport::default();
                 for w in &self.diag {
-                    total.merge(&self.report_of(&w[r], now));
+                    total.merge(&self.report_of(&w[e], now));
                 }
+                let r = e / self.q;
                 SqRow {
                     segment: self.name.clone(),
                     local: self.nics.nics()[self.paths[r].local].ctx.name().to_owned(),
                     remote: self.paths[r].remote_name.clone(),
+                    qp: e % self.q,
                     report: total,
                 }
             })
@@ -201,6 +227,31 @@ impl RdmaPeer {
         RegionEntry::find(&self.regions, addr, len)
     }
 
+    /// The endpoint of `rail` (an index into [`PeerEndpoints::eps`]) the
+    /// split policy gives the next slice, among those taking work at
+    /// `now`, never `not` (the one a slice is leaving).
+    #[inline]
+    fn lane(
+        &self,
+        eps: &mut PeerEndpoints,
+        rail: usize,
+        now: u64,
+        not: Option<usize>,
+    ) -> Option<usize> {
+        let base = rail * self.q;
+        let open = |e: usize| Some(e) != not && lane_open(&eps.eps[e], now);
+        if self.q == 1 {
+            return open(base).then_some(base);
+        }
+        let k = choose(self.split, self.q, eps.cursor[rail], |k| QueueLoad {
+            open: open(base + k),
+            load: u32::try_from(eps.eps[base + k].outstanding()).unwrap_or(u32::MAX),
+            depth: self.depth,
+        })?;
+        eps.cursor[rail] = next_cursor(self.split, k);
+        Some(base + k)
+    }
+
     /// Can rail `r` carry a slice between `local` and `remote` (link up,
     /// a key at both ends)? Its health is the rail layer's to judge.
     #[inline]
@@ -210,6 +261,14 @@ impl RdmaPeer {
             && rkey_on(remote, rail.remote).is_some()
             && local.lkey(rail.local).is_some()
     }
+}
+
+/// Does `e` take new work at `now`? A terminal-degraded (or
+/// unconnectable) endpoint not until its backoff has passed; a stalled
+/// one not until a completion shows it moves again.
+#[inline]
+fn lane_open(e: &Endpoint, now: u64) -> bool {
+    e.accepting() && !e.stalled(now)
 }
 
 /// The rkey `region` grants on remote NIC `nic` (zero counts as none).
@@ -242,7 +301,7 @@ impl LinkListener for NicLinks {
 /// NIC, the peer's end over the control plane (`QpConnect`), then RTR/RTS.
 struct RailSource {
     nics: Arc<NicSet>,
-    /// The responder's key for this endpoint: (engine, worker, rail).
+    /// The responder's key for this endpoint: (engine, worker, rail, QP).
     initiator: QpInitiator,
     local: usize,
     peer: String,
@@ -298,8 +357,10 @@ struct WorkerState {
     ready: VecDeque<SliceCompletion>,
     /// Endpoint output of one poll: (rail, completion).
     done: Vec<(usize, RdmaCompletion)>,
-    /// Slices leaving a rail: (rail, slice).
-    moved: Vec<(usize, RdmaSlice)>,
+    /// Slices leaving an endpoint: (endpoint, whether its whole rail is
+    /// out, slice). One leaving an endpoint alone tries the rail's other
+    /// QPs first.
+    moved: Vec<(usize, bool, RdmaSlice)>,
 }
 
 /// The RDMA transport (initiator side; the target side is the NICs' own
@@ -364,6 +425,10 @@ impl RdmaTransport {
                 connect_timeout: Duration::from_millis(config.default_timeout_ms.clamp(100, 5_000)),
                 rail_policy: RailPolicy::from_config(config),
                 engine: crate::control::new_engine_id(),
+                qp_per_transfer: r.qp_per_transfer.max(1) as usize,
+                split: r.sq_split_policy,
+                admission_resume: r.sq_admission_resume_watermark_wr,
+                max_chunks: r.sq_admission_max_chunks_per_call,
             },
             nics,
             workers,
@@ -426,8 +491,12 @@ impl RdmaTransport {
                         remote: r.remote_name.clone(),
                         numa_node: nic.numa_node,
                         speed_gbps: nic.speed_gbps,
-                        // One endpoint per rail per worker: its send queue.
-                        depth: self.settings.depth,
+                        // `qp_per_transfer` endpoints per rail per
+                        // worker: their send queues.
+                        depth: self
+                            .settings
+                            .depth
+                            .saturating_mul(self.settings.qp_per_transfer as u32),
                     }
                 })
                 .collect(),
@@ -445,16 +514,22 @@ impl RdmaTransport {
             }
         }
         let s = &self.settings;
+        let q = s.qp_per_transfer;
         let connector = self.connector()?;
         let per_worker = (0..self.workers.workers())
             .map(|w| {
                 let eps = rails
                     .iter()
                     .enumerate()
-                    .map(|(r, rail)| {
-                        let initiator = QpInitiator::new(s.engine, w, r).map_err(|e| {
-                            Error::invalid(format!("{name}: rail {r} of worker {w}: {e}"))
-                        })?;
+                    .flat_map(|(r, rail)| (0..q).map(move |k| (r, k, rail)))
+                    .map(|(r, k, rail)| {
+                        let initiator = QpInitiator::new(s.engine, w, r)
+                            .and_then(|i| i.with_queue(k))
+                            .map_err(|e| {
+                                Error::invalid(format!(
+                                    "{name}: QP {k} of rail {r} of worker {w}: {e}"
+                                ))
+                            })?;
                         let source = RailSource {
                             nics: self.nics.clone(),
                             initiator,
@@ -476,6 +551,7 @@ impl RdmaTransport {
                     .collect::<Result<_>>()?;
                 Ok(PeerEndpoints {
                     eps,
+                    cursor: vec![0; rails.len()],
                     rails: set.worker(w),
                     activity: PeerActivity::default(),
                 })
@@ -488,7 +564,11 @@ impl RdmaTransport {
         let gates = per_worker
             .iter()
             .map(|p: &PeerEndpoints| {
-                AdmissionGate::new(p.eps.iter().map(|e| e.published_sq().clone()).collect())
+                AdmissionGate::new(
+                    p.eps.iter().map(|e| e.published_sq().clone()).collect(),
+                    s.admission_resume,
+                    s.max_chunks,
+                )
             })
             .collect();
         let per_worker: PerWorker<_> = per_worker.into_iter().collect();
@@ -502,6 +582,8 @@ impl RdmaTransport {
             per_worker,
             diag,
             depth: s.depth,
+            q,
+            split: s.split,
             gates,
         }))
     }
@@ -520,18 +602,22 @@ impl RdmaTransport {
         now: u64,
     ) -> std::result::Result<(), ErrorKind> {
         let len = u64::from(s.len);
-        let endpoints = &eps.eps;
+        let (endpoints, q) = (&eps.eps, peer.q);
         let rail = peer.rails.pick(&mut eps.rails, s.token, ask, len, |r| {
-            // A terminal-degraded (or unconnectable) endpoint takes no new
-            // work until its backoff has passed; a stalled one until a
-            // completion shows it moves again.
-            peer.usable(r, local, remote) && endpoints[r].accepting() && !endpoints[r].stalled(now)
+            // A rail with a QP that takes work.
+            peer.usable(r, local, remote)
+                && endpoints[r * q..(r + 1) * q]
+                    .iter()
+                    .any(|e| lane_open(e, now))
         })?;
+        let lane = peer
+            .lane(eps, rail, now, None)
+            .ok_or(ErrorKind::RouteLost)?;
         let r = &peer.paths[rail];
         s.lkey = local.lkey(r.local).ok_or(ErrorKind::RouteLost)?;
         s.rkey = rkey_on(remote, r.remote).ok_or(ErrorKind::RouteLost)?;
         s.ahead = peer.rails.posted(&mut eps.rails, rail, len);
-        if eps.eps[rail].submit(s) {
+        if eps.eps[lane].submit(s) {
             Ok(())
         } else {
             peer.rails.left(&mut eps.rails, rail, len);
@@ -565,8 +651,10 @@ impl RdmaTransport {
                 eps,
                 activity,
                 rails,
+                ..
             } = &mut *guard;
-            for (r, ep) in eps.iter_mut().enumerate() {
+            for (e, ep) in eps.iter_mut().enumerate() {
+                let r = e / peer.q;
                 if ep.outstanding() == 0 {
                     continue;
                 }
@@ -594,9 +682,10 @@ impl RdmaTransport {
             .eps
             .iter()
             .enumerate()
-            .map(|(r, e)| {
+            .map(|(i, e)| {
                 let state = if e.stalled(now) { "stalled" } else { "moving" };
-                format!("rail {r} ({state}): {}", e.report(now))
+                let (r, k) = (i / peer.q, i % peer.q);
+                format!("rail {r} qp {k} ({state}): {}", e.report(now))
             })
             .collect();
         let name = &*peer.name;
@@ -605,7 +694,7 @@ impl RdmaTransport {
             peer = name,
             worker = w,
             workers = self.workers.workers(),
-            qp_per_transfer = 1,
+            qp_per_transfer = peer.q,
             timeout_us = self.settings.sq.stall_timeout.as_micros() as u64,
             rails = %rails.join("; "),
             "rdma: SQ full and no completion within sq_backoff_timeout_us; its waiting work moves to other rails or fails SqFull (failed over)"
@@ -816,14 +905,15 @@ impl Transport for RdmaTransport {
             };
             let eps = &mut *guard;
             let mut stalled = false;
-            for r in 0..eps.eps.len() {
-                let ep = &mut eps.eps[r];
+            for e in 0..eps.eps.len() {
+                let ep = &mut eps.eps[e];
                 if ep.outstanding() == 0 {
                     continue;
                 }
+                let r = e / peer.q;
                 let nic_up = peer.link_up(r);
                 if !nic_up {
-                    ep.evacuate(&mut |s| ws.moved.push((r, s)), &mut |c| {
+                    ep.evacuate(&mut |s| ws.moved.push((e, true, s)), &mut |c| {
                         ws.done.push((r, c))
                     });
                     continue;
@@ -832,13 +922,23 @@ impl Transport for RdmaTransport {
                 ep.flush(&mut |c| ws.done.push((r, c)));
                 ep.reap(&mut |c| ws.done.push((r, c)));
                 ep.fail_exhausted(&mut |c| ws.done.push((r, c)));
-                stalled |= ep.stalled(now) && ep.shed_backlog(&mut |s| ws.moved.push((r, s)));
+                stalled |=
+                    ep.stalled(now) && ep.shed_backlog(&mut |s| ws.moved.push((e, false, s)));
                 // A terminal-degraded endpoint gave up what it held: it
-                // moves to a sibling rail (or fails over), each once.
-                ep.extract_orphans(&mut |s| ws.moved.push((r, s)));
+                // moves to a sibling QP or rail (or fails over), each once.
+                ep.extract_orphans(&mut |s| ws.moved.push((e, false, s)));
             }
             for k in 0..ws.moved.len() {
-                let (from, s) = ws.moved[k];
+                let (lane, rail_out, s) = ws.moved[k];
+                let from = lane / peer.q;
+                // Leaving one QP of a rail that works: another QP of the
+                // rail takes it, and the rail's accounts stay as they are.
+                if !rail_out
+                    && let Some(sibling) = peer.lane(eps, from, now, Some(lane))
+                    && eps.eps[sibling].submit(s)
+                {
+                    continue;
+                }
                 peer.rails.moved(from);
                 peer.rails.left(&mut eps.rails, from, u64::from(s.len));
                 if s.reposts >= MAX_RAIL_MOVES || self.repost(peer, eps, s, from, now).is_err() {
