@@ -10,6 +10,7 @@ mod hist;
 mod point;
 mod run;
 mod soak;
+mod sq;
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Command, Stdio};
@@ -28,6 +29,10 @@ pub enum Mode {
     /// Seeded failover soak: `--tasks` READs with `--completion-faults` and
     /// `--submit-faults` on the primary transport; 0 lost, 0 duplicated.
     Soak,
+    /// Seed 004's send-queue flow control on the simulated verbs provider:
+    /// bursts against a 256-deep QP with admission off and on, split
+    /// policies over 4 QPs with one slow, the post path's cost per WR.
+    Sq,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -111,6 +116,9 @@ pub struct Args {
     /// Soak: seed of the fault generator.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Sq: requests per configuration.
+    #[arg(long, default_value_t = 400_000)]
+    pub sq_requests: u64,
     /// Target: exit when stdin closes (used when tent-bench spawns its own target).
     #[arg(long, hide = true)]
     pub exit_on_stdin_eof: bool,
@@ -210,6 +218,7 @@ fn real_main(args: Args) -> Result<run::Tally, String> {
         Some(Mode::Target) => none(run::target(&args)),
         Some(Mode::Idle) => none(run::idle(&args)),
         Some(Mode::Soak) => none(soak::soak(&args)),
+        Some(Mode::Sq) => none(sq::sq(&args)),
         Some(Mode::Initiator) => {
             let name = args
                 .target

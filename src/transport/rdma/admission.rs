@@ -74,11 +74,6 @@ impl AdmissionGate {
         }
     }
 
-    /// The endpoints' controllers now.
-    fn load(&self) -> Vec<Arc<SqController>> {
-        self.queues.iter().map(|q| q.load_full()).collect()
-    }
-
     /// Admit `need` requests (capped at what one endpoint holds, or under
     /// `capacity` at what all of them hold), waiting up to `timeout`.
     /// Returns the tokens (one per endpoint charged, in charge order).
@@ -92,14 +87,14 @@ impl AdmissionGate {
         need: u32,
         timeout: Duration,
     ) -> Result<Vec<AdmissionToken>, (usize, SqRefusal)> {
-        let qs = self.load();
         if need == 0 {
             return Ok(Vec::new());
         }
-        if policy == SplitPolicy::Capacity
-            && let Some(tokens) = capacity_split(&qs, need, self.max_chunks)
-        {
-            return Ok(tokens);
+        if policy == SplitPolicy::Capacity {
+            let qs: Vec<Arc<SqController>> = self.queues.iter().map(|q| q.load_full()).collect();
+            if let Some(tokens) = capacity_split(&qs, need, self.max_chunks) {
+                return Ok(tokens);
+            }
         }
         // Round robin from the gate's cursor; the load-aware policies
         // take the first of equals (what does not fit waits on the
@@ -108,17 +103,18 @@ impl AdmissionGate {
             SplitPolicy::Static => (policy, self.cursor.fetch_add(1, Ordering::Relaxed)),
             SplitPolicy::LeastLoaded | SplitPolicy::Capacity => (SplitPolicy::LeastLoaded, 0),
         };
-        let Some(i) = choose(policy, qs.len(), cursor, |k| load_of(&qs[k])) else {
+        // Guards, not clones: a look at each controller costs no
+        // reference-count traffic; only the one charged is cloned.
+        let Some(i) = choose(policy, self.queues.len(), cursor, |k| {
+            load_of(&self.queues[k].load())
+        }) else {
             return Err((0, SqRefusal::Degraded));
         };
+        let q = self.queues[i].load_full();
         if policy != SplitPolicy::Static {
             // Submitting threads race here: a real RMW.
-            qs[i]
-                .diagnostics()
-                .least_loaded
-                .fetch_add(1, Ordering::Relaxed);
+            q.diagnostics().least_loaded.fetch_add(1, Ordering::Relaxed);
         }
-        let q = &qs[i];
         q.wait_admission(need.min(q.depth()), self.resume, timeout)
             .map(|t| vec![t])
             .map_err(|e| (i, e))

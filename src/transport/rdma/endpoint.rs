@@ -518,6 +518,13 @@ impl Endpoint {
             return false;
         }
         self.backlog.push_back(slice);
+        // Published now, not at the next flush: the worker releases the
+        // slice's admission charge right after this, and the gate must
+        // not see the slot free in between (one store, this thread's).
+        self.diag.backlog.store(
+            u32::try_from(self.backlog.len()).unwrap_or(u32::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         true
     }
 

@@ -32,6 +32,7 @@ pub mod events;
 pub mod ledger;
 pub mod nic;
 pub mod responder;
+pub mod sim;
 pub mod split;
 pub mod sq;
 pub mod sys;

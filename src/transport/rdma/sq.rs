@@ -248,7 +248,10 @@ impl SqController {
                 .compare_exchange_weak(q, q + n, Ordering::Relaxed, Ordering::Relaxed)
             {
                 Ok(_) => {
-                    self.diag.queued_high.fetch_max(q + n, Ordering::Relaxed);
+                    // Read first: a new high is rare, a locked RMW each time is not.
+                    if q + n > self.diag.queued_high.load(Ordering::Relaxed) {
+                        self.diag.queued_high.fetch_max(q + n, Ordering::Relaxed);
+                    }
                     return Ok(AdmissionToken {
                         sq: Some(self.clone()),
                         n,
@@ -270,9 +273,18 @@ impl SqController {
         resume: u32,
         timeout: Duration,
     ) -> Result<AdmissionToken, SqRefusal> {
+        // The common case, room now: no clock, no waiter registration.
+        match self.try_admit(n) {
+            Err(SqRefusal::Full(_)) if !timeout.is_zero() => {}
+            Err(SqRefusal::Full(snap)) => {
+                self.diag.admission_timeouts.fetch_add(1, Ordering::Relaxed);
+                return Err(SqRefusal::TimedOut(snap));
+            }
+            done => return done,
+        }
         let start = Instant::now();
         let resume = resume.min(self.depth);
-        let mut refused = false;
+        let mut refused = true;
         let mut slept = false;
         let out = self.wait_until(start + timeout, &mut slept, || {
             if refused && self.free() < resume {

@@ -1,0 +1,294 @@
+//! A simulated verbs provider: QPs whose `ibv_context` ops table is Rust
+//! functions, so an [`Endpoint`](super::Endpoint) runs its real
+//! `post_send` / `poll_cq` dispatch, ledger and [`SqController`] with no
+//! kernel and no device. `tent-bench --mode sq` measures seed 004's flow
+//! control against it (release build, any machine).
+//!
+//! The NIC model is a queue per QP, `depth` deep (`post_send` past it
+//! answers `ENOMEM`, as a full send queue does), that finishes at most
+//! `per_poll` requests, in order, at each `poll_cq` on its CQ: a slow QP is
+//! one with a small `per_poll`. Completion semantics are the device's: a
+//! signalled request yields a CQE; an unsignalled one finishes silently
+//! (its CQE is the next signalled one's); a QP moved to the error state
+//! flushes what it holds (`WR_FLUSH_ERR`, each request a CQE), and so does
+//! anything posted to it afterwards. Every request succeeds otherwise:
+//! fault injection is the endpoint tests' fake provider's job.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::connector::{Queue, QueueSource};
+use super::sys::ffi::{
+    ibv_context, ibv_cq, ibv_qp, ibv_send_flags, ibv_send_wr, ibv_wc, ibv_wc_opcode, ibv_wc_status,
+};
+use crate::error::Result;
+
+/// One simulated QP's NIC side.
+#[derive(Debug, Default)]
+struct Nic {
+    /// Requests the NIC holds, in order: (wr_id, signalled).
+    pending: VecDeque<(u64, bool)>,
+    /// Completions not yet polled: (wr_id, status).
+    cqes: VecDeque<(u64, ibv_wc_status)>,
+    /// Moved to the error state.
+    error: bool,
+}
+
+/// A QP, its CQ and their context in one allocation: the ops find the
+/// whole from the `ibv_qp` / `ibv_cq` pointer they are handed.
+#[repr(C)]
+struct SimQueue {
+    /// First: a `*mut ibv_qp` is a `*mut SimQueue`.
+    qp: ibv_qp,
+    cq: ibv_cq,
+    ctx: ibv_context,
+    depth: usize,
+    per_poll: usize,
+    nic: Mutex<Nic>,
+    counts: Arc<SimCounts>,
+}
+
+// SAFETY: the raw pointers inside (`qp.context`, `cq.context`) point into the same allocation, which moves only as a whole; the mutable state is behind `nic`'s mutex.
+unsafe impl Send for SimQueue {}
+// SAFETY: as above; the ops reach the state only through the mutex.
+unsafe impl Sync for SimQueue {}
+
+impl SimQueue {
+    /// The queue a QP pointer handed to the ops belongs to.
+    ///
+    /// # Safety
+    /// `qp` must be the `qp` field of a live `SimQueue`.
+    unsafe fn of_qp<'a>(qp: *mut ibv_qp) -> &'a SimQueue {
+        // SAFETY: `qp` is the first field of a `#[repr(C)]` SimQueue (the caller's contract).
+        unsafe { &*(qp as *const SimQueue) }
+    }
+
+    /// The queue a CQ pointer handed to the ops belongs to.
+    ///
+    /// # Safety
+    /// `cq` must be the `cq` field of a live `SimQueue`.
+    unsafe fn of_cq<'a>(cq: *mut ibv_cq) -> &'a SimQueue {
+        let off = std::mem::offset_of!(SimQueue, cq);
+        // SAFETY: `cq` lies `off` bytes into a live SimQueue (the caller's contract).
+        unsafe { &*((cq as *const u8).sub(off) as *const SimQueue) }
+    }
+
+    fn nic(&self) -> std::sync::MutexGuard<'_, Nic> {
+        self.nic.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What the simulated NIC did, summed over a source's QPs.
+#[derive(Debug, Default)]
+pub struct SimCounts {
+    /// Requests taken by `post_send`.
+    pub posted: AtomicU64,
+    /// `post_send` calls (doorbells).
+    pub doorbells: AtomicU64,
+    /// Requests refused because the send queue was full (`ENOMEM`).
+    pub full: AtomicU64,
+    /// Requests finished (successfully or flushed).
+    pub finished: AtomicU64,
+}
+
+unsafe extern "C" fn sim_post_send(
+    qp: *mut ibv_qp,
+    mut wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> i32 {
+    // SAFETY: the endpoint posts on the QP `SimSource::connect` made.
+    let q = unsafe { SimQueue::of_qp(qp) };
+    let mut nic = q.nic();
+    q.counts.doorbells.fetch_add(1, Ordering::Relaxed);
+    while !wr.is_null() {
+        // SAFETY: `wr` is an element of the caller's valid list.
+        let (wr_id, flags, next) = unsafe { ((*wr).wr_id, (*wr).send_flags, (*wr).next) };
+        if nic.error {
+            nic.cqes
+                .push_back((wr_id, ibv_wc_status::IBV_WC_WR_FLUSH_ERR));
+        } else if nic.pending.len() >= q.depth {
+            q.counts.full.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: `bad` is the caller's out-parameter.
+            unsafe { *bad = wr };
+            return libc::ENOMEM;
+        } else {
+            let signalled = flags & ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
+            nic.pending.push_back((wr_id, signalled));
+        }
+        q.counts.posted.fetch_add(1, Ordering::Relaxed);
+        wr = next;
+    }
+    0
+}
+
+unsafe extern "C" fn sim_poll_cq(cq: *mut ibv_cq, n: i32, wc: *mut ibv_wc) -> i32 {
+    // SAFETY: the endpoint polls the CQ `SimSource::connect` made.
+    let q = unsafe { SimQueue::of_cq(cq) };
+    let mut nic = q.nic();
+    // The NIC's progress since the last poll.
+    let mut done = 0;
+    while done < q.per_poll {
+        let Some((wr_id, signalled)) = nic.pending.pop_front() else {
+            break;
+        };
+        if signalled {
+            nic.cqes.push_back((wr_id, ibv_wc_status::IBV_WC_SUCCESS));
+        }
+        done += 1;
+    }
+    q.counts.finished.fetch_add(done as u64, Ordering::Relaxed);
+    let mut k = 0;
+    while k < n.max(0) as usize {
+        let Some((wr_id, status)) = nic.cqes.pop_front() else {
+            break;
+        };
+        // SAFETY: the caller's `wc` holds `n` entries.
+        unsafe {
+            *wc.add(k) = ibv_wc {
+                wr_id,
+                status,
+                opcode: ibv_wc_opcode::IBV_WC_RDMA_WRITE,
+                ..Default::default()
+            }
+        };
+        k += 1;
+    }
+    k as i32
+}
+
+/// `to_error`: every request the NIC holds is flushed, in order.
+///
+/// # Safety
+/// `qp` must be a live QP made by [`SimSource::connect`].
+unsafe fn sim_to_error(qp: *mut ibv_qp) -> i32 {
+    // SAFETY: the caller's contract.
+    let q = unsafe { SimQueue::of_qp(qp) };
+    let mut nic = q.nic();
+    nic.error = true;
+    let flushed = nic.pending.len() as u64;
+    while let Some((wr_id, _)) = nic.pending.pop_front() {
+        nic.cqes
+            .push_back((wr_id, ibv_wc_status::IBV_WC_WR_FLUSH_ERR));
+    }
+    q.counts.finished.fetch_add(flushed, Ordering::Relaxed);
+    0
+}
+
+/// Connects simulated QPs for one endpoint: each `depth` deep, finishing
+/// at most `per_poll` requests per poll of its CQ.
+#[derive(Debug, Clone)]
+pub struct SimSource {
+    depth: usize,
+    per_poll: usize,
+    counts: Arc<SimCounts>,
+}
+
+impl SimSource {
+    /// A source of QPs `depth` deep that finish `per_poll` requests per
+    /// poll (at least 1 each).
+    pub fn new(depth: u32, per_poll: u32) -> SimSource {
+        SimSource {
+            depth: depth.max(1) as usize,
+            per_poll: per_poll.max(1) as usize,
+            counts: Arc::default(),
+        }
+    }
+
+    /// What its QPs' NIC did so far.
+    pub fn counts(&self) -> &Arc<SimCounts> {
+        &self.counts
+    }
+}
+
+impl QueueSource for SimSource {
+    fn connect(&mut self) -> Result<Queue> {
+        let mut q = Box::new(SimQueue {
+            qp: ibv_qp::default(),
+            cq: ibv_cq::default(),
+            ctx: ibv_context::default(),
+            depth: self.depth,
+            per_poll: self.per_poll,
+            nic: Mutex::default(),
+            counts: self.counts.clone(),
+        });
+        q.ctx.ops.post_send = Some(sim_post_send);
+        q.ctx.ops.poll_cq = Some(sim_poll_cq);
+        let ctx: *mut ibv_context = &mut q.ctx;
+        q.qp.context = ctx;
+        q.cq.context = ctx;
+        let (qp, cq): (*mut ibv_qp, *mut ibv_cq) = (&mut q.qp, &mut q.cq);
+        Ok(Queue {
+            qp,
+            cq,
+            to_error: sim_to_error,
+            // The box never moves its contents: the pointers stay valid
+            // for as long as the endpoint holds `owner`.
+            owner: q,
+        })
+    }
+
+    fn peer(&self) -> &str {
+        "sim"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::rdma::connector::Connector;
+    use crate::transport::rdma::endpoint::{Endpoint, RdmaCompletion, RdmaSlice};
+    use tent_rings::Opcode;
+
+    fn slice(token: u64) -> RdmaSlice {
+        RdmaSlice {
+            token,
+            opcode: Opcode::Write,
+            local: 0x1000 + token,
+            len: 64,
+            lkey: 1,
+            remote: 0x2000,
+            rkey: 2,
+            reposts: 0,
+            ctx: 0,
+            posted_ns: 0,
+            ahead: 0,
+        }
+    }
+
+    #[test]
+    fn an_endpoint_runs_on_it_and_a_slow_queue_drains_at_its_rate() {
+        let connector = Connector::start().unwrap();
+        let src = SimSource::new(16, 2);
+        let counts = src.counts().clone();
+        let mut ep = Endpoint::new(Box::new(src), 16, 64, &connector.handle());
+        for t in 0..40 {
+            assert!(ep.submit(slice(t)));
+        }
+        let mut seen: Vec<RdmaCompletion> = Vec::new();
+        let mut polls = 0;
+        let start = std::time::Instant::now();
+        while seen.len() < 40 {
+            assert!(start.elapsed().as_secs() < 10, "stuck at {}", seen.len());
+            let mut done = |c: RdmaCompletion| seen.push(c);
+            ep.flush(&mut done);
+            if ep.is_connected() {
+                polls += 1;
+            }
+            ep.reap(&mut done);
+            std::thread::yield_now();
+        }
+        assert!(seen.iter().all(|c| c.result.is_ok()), "{seen:?}");
+        let mut tokens: Vec<u64> = seen.iter().map(|c| c.token).collect();
+        tokens.sort_unstable();
+        assert_eq!(tokens, (0..40).collect::<Vec<_>>(), "each once");
+        assert_eq!(counts.posted.load(Ordering::Relaxed), 40);
+        assert_eq!(counts.finished.load(Ordering::Relaxed), 40);
+        // 2 per poll: at least 20 polls with a QP to finish 40.
+        assert!(polls >= 20, "{polls}");
+        assert!(
+            counts.doorbells.load(Ordering::Relaxed) < 40,
+            "lists, not one by one"
+        );
+    }
+}
