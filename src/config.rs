@@ -787,7 +787,7 @@ schema! {
         "Which endpoint an admitted submit is charged to: static (round robin), least_loaded (fewest posted + queued, skipping terminal ones), capacity (split over the endpoints' free slots; needs sq_enable_experimental_capacity). Slices still bind to rails late, by the spraying policy.";
     "transports/rdma/sq_enable_experimental_capacity" => transports.rdma.sq_enable_experimental_capacity: Kind::Bool, "false", LIVE,
         "Allow the experimental capacity split policy.";
-    "transports/rdma/qp_per_transfer" => transports.rdma.qp_per_transfer: uint(1, crate::control::wire::MAX_QP_PER_TRANSFER as u64), "1", LIVE,
+    "transports/rdma/qp_per_transfer" => transports.rdma.qp_per_transfer: uint(1, 16), "1", LIVE,
         "QPs (endpoints) each worker keeps per rail to a peer, 1 to 16: the rail layer picks the rail, sq_split_policy picks the rail's QP for each slice (static: round robin; least_loaded: fewest posted + queued; capacity: the current QP while it has free slots, so consecutive slices post as one list), and a QP that goes terminal or stalls hands its work to a sibling QP of the same rail first.";
 }
 

@@ -2223,6 +2223,19 @@ mod tests {
         assert!(cfg(MAX_QP_WORKERS + 1).is_err());
     }
 
+    #[test]
+    fn qp_queue_bound_is_the_configs() {
+        let cfg = |n: usize| {
+            crate::config::Config::from_json_str(
+                &format!(r#"{{"transports": {{"rdma": {{"qp_per_transfer": {n}}}}}}}"#),
+                "t.json",
+            )
+        };
+        assert!(cfg(MAX_QP_PER_TRANSFER).is_ok());
+        assert!(cfg(MAX_QP_PER_TRANSFER + 1).is_err());
+        assert!(cfg(0).is_err());
+    }
+
     fn arb_nic() -> impl Strategy<Value = NicEntry> {
         ("\\PC{0,16}", any::<[u8; 16]>(), any::<u16>(), any::<u32>()).prop_map(
             |(name, gid, lid, mtu)| NicEntry {
