@@ -33,9 +33,9 @@ fn sq_mode_reports_every_configuration_and_admission_holds_bursts_back() {
         let held = l["worker_held_max"].as_u64().unwrap();
         if l["admission"] == true {
             // The gate kept the worker's work within the queue's depth.
-            assert_eq!((l["sq_full_refusals"].as_u64(), held), (Some(0), 0), "{l}");
+            assert_eq!((l["sq_full_turns"].as_u64(), held), (Some(0), 0), "{l}");
         } else {
-            assert!(l["sq_full_refusals"].as_u64().unwrap() > 0, "{l}");
+            assert!(l["sq_full_turns"].as_u64().unwrap() > 0, "{l}");
             assert!(held > 0, "{l}");
         }
     }

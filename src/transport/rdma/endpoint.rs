@@ -440,6 +440,17 @@ impl Endpoint {
         while let Some(s) = self.backlog.pop_front() {
             out(s);
         }
+        self.publish_occupancy();
+    }
+
+    /// Tell admission what the queue holds now. After anything that
+    /// empties the backlog (an abort, an evacuation, a degrade, a give-up):
+    /// the transport stops polling an endpoint with nothing outstanding,
+    /// so a stale count would keep its slots taken for good.
+    #[inline]
+    fn publish_occupancy(&self) {
+        self.diag
+            .occupancy(self.ledger.record_count(), self.backlog.len());
     }
 
     /// Hand every slice a terminal degrade gave up to `out`, oldest first,
@@ -472,6 +483,7 @@ impl Endpoint {
             keep
         });
         self.requeued -= before;
+        self.publish_occupancy();
         // Given up by a terminal degrade, not moved on yet: nothing holds
         // their buffers.
         self.orphans.retain(|s| {
@@ -658,21 +670,19 @@ impl Endpoint {
                 if signal {
                     self.since_signal = 0;
                 }
-                self.sges[i] = ffi::ibv_sge {
-                    addr: s.local,
-                    length: s.len,
-                    lkey: s.lkey,
-                };
+                // Raw pointers from one `as_mut_ptr` each, written through
+                // (never a `&mut` to an element): a later reference into
+                // the list would invalidate the `next` links already made.
+                let (wrs, sges) = (self.wrs.as_mut_ptr(), self.sges.as_mut_ptr());
                 let next = if i + 1 < k {
-                    &mut self.wrs[i + 1] as *mut ffi::ibv_send_wr
+                    wrs.wrapping_add(i + 1)
                 } else {
                     std::ptr::null_mut()
                 };
-                let wr = &mut self.wrs[i];
-                *wr = ffi::ibv_send_wr {
+                let mut wr = ffi::ibv_send_wr {
                     wr_id: seq,
                     next,
-                    sg_list: &mut self.sges[i],
+                    sg_list: sges.wrapping_add(i),
                     num_sge: 1,
                     opcode: match s.opcode {
                         Opcode::Write => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
@@ -687,6 +697,15 @@ impl Endpoint {
                 };
                 wr.wr.rdma.remote_addr = s.remote;
                 wr.wr.rdma.rkey = s.rkey;
+                // SAFETY: `i < k <= MAX_BATCH`, the length of both scratch vectors.
+                unsafe {
+                    sges.add(i).write(ffi::ibv_sge {
+                        addr: s.local,
+                        length: s.len,
+                        lkey: s.lkey,
+                    });
+                    wrs.add(i).write(wr);
+                }
             }
             #[cfg(test)]
             if let Some(hook) = self.pre_post {
@@ -968,6 +987,7 @@ impl Endpoint {
                 slice: s,
             });
         }
+        self.publish_occupancy();
     }
 
     /// Drop the QP (destroying it: nothing posted on it can land after
@@ -1056,6 +1076,7 @@ impl Endpoint {
             retry_ms = backoff / 1_000_000,
             "rdma: endpoint terminal-degraded; its work moves on, a fresh QP after the backoff"
         );
+        self.publish_occupancy();
     }
 
     /// The QP died: its `SqController` is terminal (it takes no more work;
@@ -1111,6 +1132,7 @@ impl Endpoint {
                 i += 1;
             }
         }
+        self.publish_occupancy();
     }
 }
 

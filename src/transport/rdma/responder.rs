@@ -3,7 +3,8 @@
 //!
 //! One-sided READ and WRITE never complete on the target, so these QPs are
 //! passive: nothing posts on them or polls their CQ. They are filed in a
-//! [`PassiveTable`] under the initiator's key (engine, worker, rail), at
+//! [`PassiveTable`] under the initiator's key (engine, worker, rail, QP of
+//! the rail under `qp_per_transfer`), at
 //! most [`MAX_PASSIVE_QPS`], until the engine stops:
 //!
 //! - **Reconnect replaces.** A request under a key already filed destroys
@@ -49,7 +50,8 @@ use crate::transport::rdma::sys::ffi::ibv_qp_state;
 use crate::transport::rdma::verbs::{CompletionQueue, QpEndpoint, QueuePair};
 
 /// Passive QPs kept at once. Each holds a QP and a small CQ on the NIC:
-/// 4096 serve 64 initiator engines of 8 workers × 8 rails, stay well inside
+/// 4096 serve 64 initiator engines of 8 workers × 8 rails (one QP each;
+/// `qp_per_transfer` divides that by its value), stay well inside
 /// a NIC's QP limit (rxe's is 64 k), and bound what peers can make this
 /// engine allocate.
 pub const MAX_PASSIVE_QPS: usize = 4096;
@@ -242,7 +244,7 @@ impl Responder {
         let replaced = table
             .insert(*key, PassiveQp { qp, _cq: cq })
             .map_err(|_| Error::new(ErrorKind::SqFull, "busy: passive QP table full"))?;
-        tracing::debug!(%initiator_nic, %target_nic, qpn = ours.qpn, engine = key.engine(), worker = key.worker(), rail = key.rail(), replaced = replaced.is_some(), "rdma: passive QP connected for a peer");
+        tracing::debug!(%initiator_nic, %target_nic, qpn = ours.qpn, engine = key.engine(), worker = key.worker(), rail = key.rail(), queue = key.queue(), replaced = replaced.is_some(), "rdma: passive QP connected for a peer");
         Ok(ours)
     }
 }

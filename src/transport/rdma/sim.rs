@@ -49,11 +49,6 @@ struct SimQueue {
     counts: Arc<SimCounts>,
 }
 
-// SAFETY: the raw pointers inside (`qp.context`, `cq.context`) point into the same allocation, which moves only as a whole; the mutable state is behind `nic`'s mutex.
-unsafe impl Send for SimQueue {}
-// SAFETY: as above; the ops reach the state only through the mutex.
-unsafe impl Sync for SimQueue {}
-
 impl SimQueue {
     /// The queue a QP pointer handed to the ops belongs to.
     ///
@@ -107,6 +102,7 @@ unsafe extern "C" fn sim_post_send(
         if nic.error {
             nic.cqes
                 .push_back((wr_id, ibv_wc_status::IBV_WC_WR_FLUSH_ERR));
+            q.counts.finished.fetch_add(1, Ordering::Relaxed);
         } else if nic.pending.len() >= q.depth {
             q.counts.full.fetch_add(1, Ordering::Relaxed);
             // SAFETY: `bad` is the caller's out-parameter.
@@ -201,9 +197,24 @@ impl SimSource {
     }
 }
 
+/// Owns a [`SimQueue`] through the raw pointer every op pointer was
+/// derived from (never a `Box` or `&mut` to it while the endpoint holds
+/// those pointers), freeing it when the endpoint drops its queue.
+struct SimOwner(*mut SimQueue);
+
+// SAFETY: the queue's state is behind its mutex; the endpoint hands the owner between threads, never shares it.
+unsafe impl Send for SimOwner {}
+
+impl Drop for SimOwner {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` came from `Box::into_raw` in `connect` and is freed only here, once; the endpoint drops its QP and CQ pointers with the owner.
+        drop(unsafe { Box::from_raw(self.0) });
+    }
+}
+
 impl QueueSource for SimSource {
     fn connect(&mut self) -> Result<Queue> {
-        let mut q = Box::new(SimQueue {
+        let raw = Box::into_raw(Box::new(SimQueue {
             qp: ibv_qp::default(),
             cq: ibv_cq::default(),
             ctx: ibv_context::default(),
@@ -211,20 +222,24 @@ impl QueueSource for SimSource {
             per_poll: self.per_poll,
             nic: Mutex::default(),
             counts: self.counts.clone(),
-        });
-        q.ctx.ops.post_send = Some(sim_post_send);
-        q.ctx.ops.poll_cq = Some(sim_poll_cq);
-        let ctx: *mut ibv_context = &mut q.ctx;
-        q.qp.context = ctx;
-        q.cq.context = ctx;
-        let (qp, cq): (*mut ibv_qp, *mut ibv_cq) = (&mut q.qp, &mut q.cq);
+        }));
+        // Every pointer below is a projection of `raw`, so each keeps the
+        // whole allocation's provenance (the ops go from a field back to
+        // the queue).
+        // SAFETY: `raw` is a fresh, live, unaliased allocation.
+        let (qp, cq) = unsafe {
+            let ctx = &raw mut (*raw).ctx;
+            (*ctx).ops.post_send = Some(sim_post_send);
+            (*ctx).ops.poll_cq = Some(sim_poll_cq);
+            (*raw).qp.context = ctx;
+            (*raw).cq.context = ctx;
+            (&raw mut (*raw).qp, &raw mut (*raw).cq)
+        };
         Ok(Queue {
             qp,
             cq,
             to_error: sim_to_error,
-            // The box never moves its contents: the pointers stay valid
-            // for as long as the endpoint holds `owner`.
-            owner: q,
+            owner: Box::new(SimOwner(raw)),
         })
     }
 
@@ -290,5 +305,22 @@ mod tests {
             counts.doorbells.load(Ordering::Relaxed) < 40,
             "lists, not one by one"
         );
+    }
+
+    #[test]
+    fn slices_leaving_the_backlog_give_their_admission_slots_back() {
+        let connector = Connector::start().unwrap();
+        let mut ep = Endpoint::new(Box::new(SimSource::new(16, 2)), 16, 64, &connector.handle());
+        let free = |ep: &Endpoint| ep.published_sq().load().free();
+        for _ in 0..12 {
+            assert!(ep.submit(slice(7)));
+        }
+        assert_eq!(free(&ep), 4, "waiting slices count at once");
+        let mut ended = 0;
+        ep.abort(7, tent_rings::ErrorKind::Canceled, &mut |_| ended += 1);
+        assert_eq!((ended, ep.outstanding()), (12, 0));
+        // Nothing outstanding: the transport stops polling it, so the
+        // abort itself must say the slots are free again.
+        assert_eq!(free(&ep), 16);
     }
 }

@@ -273,26 +273,32 @@ impl SqController {
         resume: u32,
         timeout: Duration,
     ) -> Result<AdmissionToken, SqRefusal> {
+        let resume = resume.min(self.depth);
         // The common case, room now: no clock, no waiter registration.
-        match self.try_admit(n) {
-            Err(SqRefusal::Full(_)) if !timeout.is_zero() => {}
-            Err(SqRefusal::Full(snap)) => {
-                self.diag.admission_timeouts.fetch_add(1, Ordering::Relaxed);
-                return Err(SqRefusal::TimedOut(snap));
+        // With a watermark and threads already waiting for it, a newcomer
+        // queues behind them instead of taking the slots they wait for.
+        if resume == 0 || self.credits.waiters() == 0 {
+            match self.try_admit(n) {
+                Err(SqRefusal::Full(_)) if !timeout.is_zero() => {}
+                Err(SqRefusal::Full(snap)) => {
+                    self.diag.admission_timeouts.fetch_add(1, Ordering::Relaxed);
+                    return Err(SqRefusal::TimedOut(snap));
+                }
+                done => return done,
             }
-            done => return done,
         }
         let start = Instant::now();
-        let resume = resume.min(self.depth);
-        let mut refused = true;
         let mut slept = false;
         let out = self.wait_until(start + timeout, &mut slept, || {
-            if refused && self.free() < resume {
+            // Refused once: wait for the watermark, but a degrade (which
+            // frees no slot) ends the wait at once.
+            if self.is_terminal() {
+                return Err(SqRefusal::Degraded);
+            }
+            if self.free() < resume {
                 return Err(SqRefusal::Full(self.snapshot()));
             }
-            let out = self.try_admit(n);
-            refused |= matches!(out, Err(SqRefusal::Full(_)));
-            out
+            self.try_admit(n)
         });
         if slept {
             self.diag.admission_waits.fetch_add(1, Ordering::Relaxed);
@@ -719,12 +725,39 @@ mod tests {
         assert_eq!(waiter.join().unwrap(), Ok(1));
         assert_eq!(c.queued(), 4, "the waiter's token went back with it");
         // A watermark above the depth means an empty queue, not never.
-        drop(held);
-        assert_eq!(
-            c.wait_admission(1, 1 << 20, Duration::ZERO)
-                .map(|t| t.count()),
-            Ok(1)
-        );
+        let full: Vec<AdmissionToken> = (0..4).map(|_| c.try_admit(1).unwrap()).collect();
+        let waiter = {
+            let c = c.clone();
+            thread::spawn(move || {
+                c.wait_admission(1, 1 << 20, Duration::from_secs(10))
+                    .map(|t| t.count())
+            })
+        };
+        thread::sleep(Duration::from_millis(20));
+        drop((held, full));
+        assert_eq!(waiter.join().unwrap(), Ok(1));
+    }
+
+    #[test]
+    fn a_degrade_ends_a_wait_for_the_watermark_at_once() {
+        let c = sq(8, 0);
+        let _held: Vec<AdmissionToken> = (0..8).map(|_| c.try_admit(1).unwrap()).collect();
+        let waiter = {
+            let c = c.clone();
+            thread::spawn(move || {
+                let start = std::time::Instant::now();
+                let out = c
+                    .wait_admission(1, 4, Duration::from_secs(10))
+                    .map(|t| t.count());
+                (out, start.elapsed())
+            })
+        };
+        thread::sleep(Duration::from_millis(20));
+        c.mark_terminal();
+        let (out, took) = waiter.join().unwrap();
+        assert_eq!(out, Err(SqRefusal::Degraded));
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        assert_eq!(c.snapshot().admission_timeouts, 0);
     }
 
     #[test]
