@@ -12,7 +12,8 @@
 //!   (the EWMA), `tent_rail_theoretical_bytes_per_second`,
 //!   `tent_rail_numa_tier`.
 //!
-//! - per RDMA rail (every worker's endpoint on it together), seed 004's
+//! - per RDMA rail and QP slot (`qp` label, `qp_per_transfer` per rail;
+//!   every worker's endpoint there together), seed 004's
 //!   SQ/CQE diagnostics: `tent_sq_posted_wr`, `tent_sq_backlog_slices`,
 //!   `tent_sq_backlog_high_watermark`, `tent_sq_cqes_total`,
 //!   `tent_sq_last_cqe_age_us`, `tent_sq_full_refusals_total`,

@@ -1171,7 +1171,8 @@ impl Engine {
     }
 
     /// Every RDMA rail's send- and completion-queue counters (seed 004's
-    /// SQ/CQE diagnostics), every worker's endpoint on it together.
+    /// SQ/CQE diagnostics), a row per QP slot of the rail
+    /// (`qp_per_transfer`), every worker's endpoint there together.
     pub fn sq_rows(&self) -> Vec<crate::transport::rdma::SqRow> {
         self.shared
             .segments

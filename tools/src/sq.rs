@@ -325,14 +325,6 @@ fn worker(
     out
 }
 
-fn policy_name(p: SplitPolicy) -> &'static str {
-    match p {
-        SplitPolicy::Static => "static",
-        SplitPolicy::LeastLoaded => "least_loaded",
-        SplitPolicy::Capacity => "capacity",
-    }
-}
-
 fn report(args: &Args, part: &str, s: &Setup, o: &Outcome) {
     let lost = o.lost;
     let mwr = o.ok as f64 / o.secs / 1e6;
@@ -341,7 +333,7 @@ fn report(args: &Args, part: &str, s: &Setup, o: &Outcome) {
             "{{\"mode\":\"sq\",\"part\":\"{part}\",\"outstanding\":{},\"admission\":{},\"policy\":\"{}\",\"qps\":{},\"depth\":{DEPTH},\"slow_qp\":{},\"requests\":{},\"sq_full_errors\":{},\"sq_full_turns\":{},\"failed\":{},\"lost\":{lost},\"duplicated\":{},\"worker_held_max\":{},\"depth_stddev\":{:.2},\"admission_waits\":{},\"mwr_per_s\":{mwr:.3}}}",
             s.outstanding,
             s.admission,
-            policy_name(s.policy),
+            s.policy.as_str(),
             s.qps,
             s.slow_qp,
             s.requests,
@@ -358,7 +350,7 @@ fn report(args: &Args, part: &str, s: &Setup, o: &Outcome) {
             "sq {part:<6} outstanding {:>5} admission {:<3} policy {:<12} qps {} | sq_full_errors {:>4} full_turns {:>8} lost {lost} dup {} held_max {:>5} depth_stddev {:>7.2} waits {:>6} | {mwr:.2} M WR/s",
             s.outstanding,
             if s.admission { "on" } else { "off" },
-            policy_name(s.policy),
+            s.policy.as_str(),
             s.qps,
             o.sq_full_errors,
             o.sq_full_turns,
@@ -498,41 +490,38 @@ fn post_cost(connector: &Connector, rounds: u64, reps: usize) -> Result<PostCost
 pub fn sq(args: &Args) -> Result<(), String> {
     let connector = Connector::start().map_err(|e| e.to_string())?;
     let requests = args.sq_requests.max(SUBMITTERS);
-    let mut bad = Vec::new();
-    for outstanding in [1024, 2048, 4096] {
-        for admission in [false, true] {
-            let s = Setup {
-                outstanding,
-                admission,
-                policy: SplitPolicy::Static,
-                qps: 1,
-                slow_qp: false,
-                requests,
-            };
-            let o = run(&connector, s)?;
-            report(args, "burst", &s, &o);
-            if o.lost > 0 || o.failed > 0 || o.duplicated > 0 {
-                bad.push(format!("burst {outstanding} admission {admission}: {o:?}"));
-            }
-        }
-    }
-    for policy in [
+    let burst = [1024, 2048, 4096].into_iter().flat_map(|outstanding| {
+        [false, true].map(|admission| Setup {
+            outstanding,
+            admission,
+            policy: SplitPolicy::Static,
+            qps: 1,
+            slow_qp: false,
+            requests,
+        })
+    });
+    let policy = [
         SplitPolicy::Static,
         SplitPolicy::LeastLoaded,
         SplitPolicy::Capacity,
-    ] {
-        let s = Setup {
-            outstanding: 4096,
-            admission: false,
-            policy,
-            qps: 4,
-            slow_qp: true,
-            requests,
-        };
+    ]
+    .map(|policy| Setup {
+        outstanding: 4096,
+        admission: false,
+        policy,
+        qps: 4,
+        slow_qp: true,
+        requests,
+    });
+    let mut bad = Vec::new();
+    for (part, s) in burst
+        .map(|s| ("burst", s))
+        .chain(policy.map(|s| ("policy", s)))
+    {
         let o = run(&connector, s)?;
-        report(args, "policy", &s, &o);
+        report(args, part, &s, &o);
         if o.lost > 0 || o.failed > 0 || o.duplicated > 0 {
-            bad.push(format!("policy {}: {o:?}", policy_name(policy)));
+            bad.push(format!("{part} {s:?}: {o:?}"));
         }
     }
     let c = post_cost(&connector, 20_000, 5)?;

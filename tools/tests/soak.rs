@@ -3,17 +3,10 @@
 //! and is reproducible from its seed. (The 1 M-task run is the release
 //! command in README; CI runs a smaller one on the debug build.)
 
+mod common;
+
 fn soak(seed: &str) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tent-bench"))
-        .args(["--mode", "soak", "--tasks", "50000", "--seed", seed])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = common::bench_stdout(&["--mode", "soak", "--tasks", "50000", "--seed", seed]);
     text.lines()
         .find(|l| l.starts_with("soak:"))
         .unwrap_or_else(|| panic!("no soak line: {text}"))

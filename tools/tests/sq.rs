@@ -5,20 +5,13 @@
 //! error, and least_loaded keeps 4 QPs with a slow one more even than
 //! static does.
 
+mod common;
+
 use serde_json::Value;
 
 #[test]
 fn sq_mode_reports_every_configuration_and_admission_holds_bursts_back() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tent-bench"))
-        .args(["--mode", "sq", "--sq-requests", "20000", "--json"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = common::bench_stdout(&["--mode", "sq", "--sq-requests", "20000", "--json"]);
     let lines: Vec<Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))

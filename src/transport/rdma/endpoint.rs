@@ -443,10 +443,11 @@ impl Endpoint {
         self.publish_occupancy();
     }
 
-    /// Tell admission what the queue holds now. After anything that
-    /// empties the backlog (an abort, an evacuation, a degrade, a give-up):
-    /// the transport stops polling an endpoint with nothing outstanding,
-    /// so a stale count would keep its slots taken for good.
+    /// Tell admission and the diagnostics what the queue holds now: at
+    /// each flush and reap, and after anything that empties the backlog
+    /// (an abort, an evacuation, a degrade, a give-up), since the
+    /// transport stops polling an endpoint with nothing outstanding and a
+    /// stale count would keep its slots taken for good.
     #[inline]
     fn publish_occupancy(&self) {
         self.diag
@@ -567,8 +568,7 @@ impl Endpoint {
         for s in self.backlog.drain(self.requeued..) {
             out(s);
         }
-        self.diag
-            .occupancy(self.ledger.record_count(), self.backlog.len());
+        self.publish_occupancy();
         let first = !self.stall_reported;
         if first {
             self.stall_reported = true;
@@ -617,8 +617,7 @@ impl Endpoint {
     pub fn flush(&mut self, done: &mut impl FnMut(RdmaCompletion)) {
         if !self.backlog.is_empty() {
             // The backlog's peak is before a post, not after.
-            self.diag
-                .occupancy(self.ledger.record_count(), self.backlog.len());
+            self.publish_occupancy();
         }
         // A QP draining an abort takes nothing new: it is in error.
         if !self.advance(done) || self.draining {
@@ -794,28 +793,26 @@ impl Endpoint {
             }
             match o {
                 Outcome::Done => self.complete_through(seq, done),
-                Outcome::Failed(kind) => {
+                Outcome::Failed(kind) | Outcome::Fatal(kind) => {
                     // In order: everything before it completed.
                     self.complete_through(seq.saturating_sub(1), done);
                     if let Some(r) = self.take_front(seq) {
                         self.failed(r, kind, done);
                     }
-                    self.break_queue(true, done);
-                }
-                Outcome::Fatal(kind) => {
-                    self.complete_through(seq.saturating_sub(1), done);
-                    if let Some(r) = self.take_front(seq) {
-                        self.failed(r, kind, done);
+                    // The request's own failure replaces the QP; one on
+                    // the fatal list takes the endpoint out of service.
+                    if matches!(o, Outcome::Fatal(_)) {
+                        self.converge(TerminalCause::Cqe(kind), done);
+                    } else {
+                        self.break_queue(true, done);
                     }
-                    self.converge(TerminalCause::Cqe(kind), done);
                 }
                 Outcome::Flushed => self.break_queue(true, done),
             }
         }
         // Once per reap, not per request (see `diag`).
         self.diag.polled(self.now_ns, n as u32, self.reaped_wr);
-        self.diag
-            .occupancy(self.ledger.record_count(), self.backlog.len());
+        self.publish_occupancy();
         n as usize
     }
 

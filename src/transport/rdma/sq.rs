@@ -231,15 +231,7 @@ impl SqController {
             }
             // Soft: posted may move meanwhile; completions only lower it,
             // and a post first turns a queued request into a posted one.
-            // Slices the worker handed to the endpoint's backlog (its
-            // admission released then) count until they are posted.
-            let waiting = self.diag.backlog.load(Ordering::Relaxed);
-            let used = self
-                .credits
-                .in_flight()
-                .saturating_add(q)
-                .saturating_add(waiting);
-            if used.saturating_add(n) > self.depth {
+            if self.used(q).saturating_add(n) > self.depth {
                 return Err(SqRefusal::Full(self.snapshot()));
             }
             // Relaxed: the count itself is all that is shared.
@@ -314,12 +306,19 @@ impl SqController {
     /// Slots neither posted, admitted nor waiting in the endpoint's
     /// backlog (what admission can still hand out).
     pub fn free(&self) -> u32 {
-        let used = self
-            .credits
+        self.depth
+            .saturating_sub(self.used(self.queued.load(Ordering::Relaxed)))
+    }
+
+    /// Slots taken with `queued` admitted: posted + `queued` + the slices
+    /// the worker handed to the endpoint's backlog (their admission
+    /// released then), which count until they are posted.
+    #[inline]
+    fn used(&self, queued: u32) -> u32 {
+        self.credits
             .in_flight()
-            .saturating_add(self.queued.load(Ordering::Relaxed))
-            .saturating_add(self.diag.backlog.load(Ordering::Relaxed));
-        self.depth.saturating_sub(used)
+            .saturating_add(queued)
+            .saturating_add(self.diag.backlog.load(Ordering::Relaxed))
     }
 
     /// [`try_reserve`](Self::try_reserve), sleeping up to `timeout` for
@@ -585,6 +584,23 @@ mod tests {
         ))
     }
 
+    /// A thread waiting (up to 10 s) to admit `n` toward `c` with resume
+    /// watermark `resume`: what it got (the count) and how long it took.
+    fn admission_waiter(
+        c: &Arc<SqController>,
+        n: u32,
+        resume: u32,
+    ) -> thread::JoinHandle<(Result<u32, SqRefusal>, Duration)> {
+        let c = c.clone();
+        thread::spawn(move || {
+            let start = Instant::now();
+            let out = c
+                .wait_admission(n, resume, Duration::from_secs(10))
+                .map(|t| t.count());
+            (out, start.elapsed())
+        })
+    }
+
     #[test]
     fn reserve_release_wait_with_watermark_hysteresis() {
         let c = sq(8, 4);
@@ -682,16 +698,10 @@ mod tests {
             })
         ));
         // A waiter gets in when a token goes back.
-        let waiter = {
-            let c = c.clone();
-            thread::spawn(move || {
-                c.wait_admission(3, 0, Duration::from_secs(10))
-                    .map(|t| t.count())
-            })
-        };
+        let waiter = admission_waiter(&c, 3, 0);
         thread::sleep(Duration::from_millis(30));
         a.release();
-        assert_eq!(waiter.join().unwrap(), Ok(3));
+        assert_eq!(waiter.join().unwrap().0, Ok(3));
         drop(b);
         let s = c.snapshot();
         assert_eq!(s.queued, 0, "{s:?}");
@@ -708,13 +718,7 @@ mod tests {
     fn a_refused_admission_resumes_only_at_the_watermark() {
         let c = sq(8, 0);
         let mut held: Vec<AdmissionToken> = (0..8).map(|_| c.try_admit(1).unwrap()).collect();
-        let waiter = {
-            let c = c.clone();
-            thread::spawn(move || {
-                c.wait_admission(1, 4, Duration::from_secs(10))
-                    .map(|t| t.count())
-            })
-        };
+        let waiter = admission_waiter(&c, 1, 4);
         thread::sleep(Duration::from_millis(20));
         // One slot free: the charge fits, but the waiter holds off until 4 are.
         held.pop();
@@ -722,36 +726,21 @@ mod tests {
         assert!(!waiter.is_finished(), "woke below the watermark");
         assert_eq!((c.free(), c.queued()), (1, 7));
         held.truncate(4);
-        assert_eq!(waiter.join().unwrap(), Ok(1));
+        assert_eq!(waiter.join().unwrap().0, Ok(1));
         assert_eq!(c.queued(), 4, "the waiter's token went back with it");
         // A watermark above the depth means an empty queue, not never.
         let full: Vec<AdmissionToken> = (0..4).map(|_| c.try_admit(1).unwrap()).collect();
-        let waiter = {
-            let c = c.clone();
-            thread::spawn(move || {
-                c.wait_admission(1, 1 << 20, Duration::from_secs(10))
-                    .map(|t| t.count())
-            })
-        };
+        let waiter = admission_waiter(&c, 1, 1 << 20);
         thread::sleep(Duration::from_millis(20));
         drop((held, full));
-        assert_eq!(waiter.join().unwrap(), Ok(1));
+        assert_eq!(waiter.join().unwrap().0, Ok(1));
     }
 
     #[test]
     fn a_degrade_ends_a_wait_for_the_watermark_at_once() {
         let c = sq(8, 0);
         let _held: Vec<AdmissionToken> = (0..8).map(|_| c.try_admit(1).unwrap()).collect();
-        let waiter = {
-            let c = c.clone();
-            thread::spawn(move || {
-                let start = std::time::Instant::now();
-                let out = c
-                    .wait_admission(1, 4, Duration::from_secs(10))
-                    .map(|t| t.count());
-                (out, start.elapsed())
-            })
-        };
+        let waiter = admission_waiter(&c, 1, 4);
         thread::sleep(Duration::from_millis(20));
         c.mark_terminal();
         let (out, took) = waiter.join().unwrap();
