@@ -10,6 +10,9 @@
 //! - [`memory`]: registered regions; [`segment`]: this and other engines' memory.
 //! - [`engine`]: the [`Engine`], its [`Ring`]s, batches and workers.
 //! - [`qos`]: priority lanes and the `can_send` gate.
+//! - [`flow`]: flow control, one concept for every bounded queue
+//!   (`SqController`: a worker's window on a transport, an RDMA send
+//!   queue, a TCP connection's wire window), admission and split policies.
 //! - [`transport`]: the `Transport` trait and every transport under it:
 //!   `local` / `shm` / `tcp` / `rdma` (with its `verbs` and `sys`);
 //!   `rails`: the multi-rail layer the network transports share
@@ -33,6 +36,7 @@ pub mod deadline;
 pub mod doorbell;
 pub mod engine;
 pub mod error;
+pub mod flow;
 pub mod lograte;
 pub mod memory;
 pub mod metrics;

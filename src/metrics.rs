@@ -30,8 +30,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tent_rings::TransportKind;
 
+use crate::flow::diag::{SqReport, SqRow};
 use crate::transport::rails::RailStat;
-use crate::transport::rdma::diag::{SqReport, SqRow};
 
 /// `tent_sq_*` families: name, type, help, field.
 type SqFamily = (

@@ -2160,9 +2160,9 @@ fn rxe_engine_admission_gate_backs_submitters_up_and_releases_every_charge() {
     let mut got = vec![0u8; len as usize];
     remote.read(0, &mut got).unwrap();
     assert!(got == want, "every byte landed");
-    let total = |rows: &[tent::transport::rdma::SqRow]| {
+    let total = |rows: &[tent::flow::SqRow]| {
         rows.iter()
-            .fold(tent::transport::rdma::SqReport::default(), |mut a, r| {
+            .fold(tent::flow::SqReport::default(), |mut a, r| {
                 a.merge(&r.report);
                 a
             })

@@ -142,6 +142,82 @@ fn one_connection_with_one_slice_in_flight_still_moves_everything() {
     assert!(got == pattern(11, len as usize));
 }
 
+/// A slice cut off the wire (its task timed out, its connection reset)
+/// gives its credit in the connection's wire window back exactly once:
+/// with a window of one, a credit lost in the teardown would leave the
+/// connection unable to send again, and one given back twice would let
+/// two slices on the wire (the window's count would wrap).
+#[test]
+fn a_connection_reset_mid_transfer_gives_its_wire_window_back() {
+    let target = common::engine();
+    let len: u64 = 64 << 20;
+    let remote = target.allocate_memory(len).unwrap();
+    remote.write(0, &pattern(13, 1 << 20)).unwrap();
+    let mut c = test_config();
+    c.transports.shm.enable = false;
+    c.transports.tcp.connections_per_peer = 1;
+    c.transports.tcp.max_inflight_per_connection = 1;
+    c.transports.tcp.slice_size = 1 << 20;
+    let init = Engine::new(c).unwrap();
+    let seg = init.open_segment(&target.segment_name()).unwrap();
+    let local = init.allocate_memory(len).unwrap();
+    let mut ring = init.ring().unwrap();
+    for round in 0..4u64 {
+        // 64 slices of 1 MiB one at a time: longer than the deadline, so
+        // it strikes with a slice on the wire. A READ's slice leaves the
+        // window when its response header arrives (its payload lands
+        // after); a WRITE's is on the wire until the target answers, so
+        // the reset finds it there.
+        let (l, r) = (
+            LocalAddr::new(local.id(), 0),
+            RemoteAddr::new(seg, remote.addr() + (1 << 20)),
+        );
+        let (n, at) = (
+            len - (1 << 20),
+            tent::clock::deadline_after(Duration::from_millis(30)),
+        );
+        let sqe = if round % 2 == 0 {
+            op::Read::new(l, r, n)
+                .deadline_ns(at)
+                .user_data(round)
+                .build()
+        } else {
+            op::Write::new(l, r, n)
+                .deadline_ns(at)
+                .user_data(round)
+                .build()
+        };
+        ring.submission().push(sqe).unwrap();
+        assert_eq!(
+            reap(&mut ring, 1)[0].result(),
+            Err(ErrorKind::Timeout),
+            "round {round}"
+        );
+        let until = Instant::now() + Duration::from_secs(5);
+        while init.credits_in_flight() != 0 {
+            assert!(
+                Instant::now() < until,
+                "round {round}: {} credits never came back",
+                init.credits_in_flight()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The same connection (the only one) moves data again.
+        ring.submission()
+            .push(op::Read::new(
+                LocalAddr::new(local.id(), 0),
+                RemoteAddr::new(seg, remote.addr()),
+                1 << 20,
+            ))
+            .unwrap();
+        assert_eq!(reap(&mut ring, 1)[0].result(), Ok(1 << 20), "round {round}");
+        let mut got = vec![0u8; 1 << 20];
+        local.read(0, &mut got).unwrap();
+        assert!(got == pattern(13, 1 << 20), "round {round} data");
+        assert_eq!(init.credits_in_flight(), 0);
+    }
+}
+
 #[test]
 fn refused_ops_fail_alone_and_the_connection_goes_on() {
     let target = common::engine();

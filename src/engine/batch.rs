@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use tent_rings::{ErrorKind, FAILOVER_EXHAUSTED, TransportKind};
 
 use crate::error::{Error, Result};
-use crate::transport::rdma::AdmissionSlot;
+use crate::flow::AdmissionSlot;
 
 /// A task's state (TENT's names).
 #[repr(u8)]

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
-use tent_rings::credit::CreditPool;
 use tent_rings::spsc;
 use tent_rings::{Cqe, ErrorKind, RegionId, SegmentId, Sqe, TransportKind};
 
@@ -24,6 +23,7 @@ pub use ring::{CompletionQueue, Ring, SubmissionQueue};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::flow::{AdmissionToken, SqController};
 use crate::memory::{MemRegion, RegionTable};
 use crate::qos::{OpenGate, SendGate};
 use crate::segment::{
@@ -31,7 +31,7 @@ use crate::segment::{
 };
 use crate::topology::{Topology, pin_current_thread};
 use crate::transport::local::LocalTransport;
-use crate::transport::rdma::{AdmissionToken, RdmaTransport};
+use crate::transport::rdma::RdmaTransport;
 use crate::transport::shm::ShmTransport;
 use crate::transport::tcp::{self, DataServer, TcpTransport};
 use crate::transport::{EngineId, InstallContext, Transport, TransportSlots, WorkerCtx};
@@ -317,7 +317,10 @@ impl EngineBuilder {
                 exited: CachePadded::new(AtomicBool::new(false)),
                 batch_sq: Mutex::new(bp),
                 core: AtomicI64::new(-1),
-                credits: std::array::from_fn(|_| CreditPool::new(inflight, 0)),
+                // Nobody waits on a worker's window: the slice length is moot.
+                credits: std::array::from_fn(|_| {
+                    SqController::new(inflight, 0, Duration::from_millis(1))
+                }),
                 completed_ops: CachePadded::new(AtomicU64::new(0)),
                 completed_bytes: CachePadded::new(AtomicU64::new(0)),
                 region_ack: CachePadded::new(RegionAck::default()),
@@ -1056,7 +1059,7 @@ impl Engine {
         w: usize,
         ep: usize,
         need: u32,
-        e: crate::transport::rdma::SqRefusal,
+        e: crate::flow::SqRefusal,
     ) -> Error {
         let q = peer.qp_per_transfer();
         let (rail, qp) = (ep / q, ep % q);
@@ -1064,7 +1067,7 @@ impl Engine {
             .sq_report(w, ep)
             .map_or_else(String::new, |r| r.to_string());
         let why = match e {
-            crate::transport::rdma::SqRefusal::Degraded => "every endpoint is out of service",
+            crate::flow::SqRefusal::Degraded => "every endpoint is out of service",
             _ => "no room within sq_admission_timeout_us",
         };
         crate::lograte::warn_limited!(
@@ -1173,7 +1176,7 @@ impl Engine {
     /// Every RDMA rail's send- and completion-queue counters (seed 004's
     /// SQ/CQE diagnostics), a row per QP slot of the rail
     /// (`qp_per_transfer`), every worker's endpoint there together.
-    pub fn sq_rows(&self) -> Vec<crate::transport::rdma::SqRow> {
+    pub fn sq_rows(&self) -> Vec<crate::flow::SqRow> {
         self.shared
             .segments
             .load()
@@ -1196,13 +1199,18 @@ impl Engine {
         self.shared.transports.installed()
     }
 
-    /// Slice credits in flight across workers and transports (0 when idle).
+    /// Flow-control credits taken and not given back (0 when idle): every
+    /// worker's window on each transport, plus every TCP connection's wire
+    /// window (a TCP slice on the wire holds one in each).
     pub fn credits_in_flight(&self) -> u32 {
-        self.workers
+        let workers: u32 = self
+            .workers
             .iter()
             .flat_map(|w| w.credits.iter())
-            .map(CreditPool::in_flight)
-            .sum()
+            .map(SqController::posted)
+            .sum();
+        let tcp = self.shared.tcp.as_ref().map_or(0, |t| t.wire_in_flight());
+        workers + tcp
     }
 
     /// The core each worker is pinned to (`None`: not pinned).

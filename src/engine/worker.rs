@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use arc_swap::{ArcSwap, Cache};
 use crossbeam_utils::CachePadded;
-use tent_rings::credit::CreditPool;
 use tent_rings::spsc::{Consumer, Producer};
 use tent_rings::{Cqe, ErrorKind, Priority, Sqe, TransportKind};
 
@@ -23,6 +22,7 @@ use super::task::{Origin, SliceRecord, TaskTable};
 use super::{EngineShared, slot_index};
 use crate::clock::monotonic_ns;
 use crate::doorbell::{CqBell, Doorbell, Wakers};
+use crate::flow::SqController;
 use crate::memory::RegionTable;
 use crate::qos::PriorityLanes;
 use crate::segment::{Segment, SegmentTable};
@@ -112,8 +112,12 @@ pub(crate) struct WorkerShared {
     pub batch_sq: Mutex<Producer<Sqe>>,
     /// Core this worker is pinned to, or -1.
     pub core: AtomicI64,
-    /// In-flight slice credits, one pool per transport slot.
-    pub credits: [CreditPool; 5],
+    /// Its window on each transport slot (`max_inflight_slices` slices
+    /// handed to the transport and not completed): the engine's one
+    /// flow-control type, as an RDMA send queue and a TCP connection's
+    /// wire window are. Only this worker reserves and releases; others
+    /// read it (`Engine::credits_in_flight`).
+    pub credits: [SqController; 5],
     pub completed_ops: CachePadded<AtomicU64>,
     pub completed_bytes: CachePadded<AtomicU64>,
     /// Its side of the unregister handshake (`Worker::ack_unregister`).

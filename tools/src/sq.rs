@@ -40,8 +40,8 @@ use std::time::{Duration, Instant};
 
 use tent::clock::monotonic_ns;
 use tent::config::SplitPolicy;
+use tent::flow::split::{QueueLoad, choose, next_cursor};
 use tent::transport::rdma::sim::SimSource;
-use tent::transport::rdma::split::{QueueLoad, choose, next_cursor};
 use tent::transport::rdma::{
     AdmissionGate, AdmissionToken, Connector, Endpoint, QueueSource, RdmaCompletion, RdmaSlice,
 };

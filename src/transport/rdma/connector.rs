@@ -29,7 +29,7 @@ use std::thread::JoinHandle;
 use tent_rings::ErrorKind;
 
 use crate::error::{Error, Result};
-use crate::transport::rdma::sq::SqController;
+use crate::flow::SqController;
 use crate::transport::rdma::sys::ffi;
 
 /// A QP and the CQ it completes into, with whatever keeps them alive.

@@ -73,12 +73,12 @@ use arc_swap::ArcSwap;
 use tent_rings::{ErrorKind, Opcode};
 
 use super::connector::{ConnectorHandle, Link, Queue, QueueSource};
-use super::diag::{SqCqeDiagnostics, SqReport, bump};
 use super::ledger::{SubmissionLedger, SubmissionRecord};
-use super::sq::{SqController, SqRefusal};
 use super::wc::{Outcome, outcome};
 use crate::clock::monotonic_ns;
 use crate::error::Error;
+use crate::flow::diag::{SqCqeDiagnostics, SqReport, bump};
+use crate::flow::sq::{SqController, SqRefusal};
 use crate::transport::rdma::sys::{ffi, ops};
 
 /// Times a slice may be flushed and re-posted before it fails.

@@ -251,7 +251,7 @@ mod tests {
 
     #[test]
     fn port_events_set_the_link_and_qp_errors_take_their_queue_out_of_service() {
-        use crate::transport::rdma::sq::{QpTable, SqController};
+        use crate::{flow::SqController, transport::rdma::qp_table::QpTable};
         let table = QpTable::default();
         let sq = Arc::new(SqController::new(8, 0, std::time::Duration::from_millis(1)));
         table.watch(0, 7, &sq);

@@ -6,12 +6,11 @@
 //!   selective signalling, completions, QP replacement with re-post.
 //! - [`ledger`]: [`SubmissionLedger`], every request an endpoint posted
 //!   until its end is known; orphans of a dead QP come out exactly once.
-//! - [`sq`]: [`SqController`], an endpoint's send-queue credits (reserve,
-//!   re-check before post, release), admission and terminal degrade.
-//! - [`diag`]: [`SqCqeDiagnostics`], an endpoint's SQ/CQE counters and the
-//!   one-line hint that tells a poll stall from a slow drain from a burst.
-//! - [`admission`]: [`AdmissionGate`], seed 004's executor admission for
-//!   one worker's endpoints to a peer, with the split policies.
+//!   Its send queue's flow control is a [`crate::flow::SqController`]
+//!   (the engine's one flow-control type; admission, split policies and
+//!   the SQ/CQE diagnostics live in [`crate::flow`] too).
+//! - [`qp_table`]: [`QpTable`], the live QPs' controllers by (NIC, QP
+//!   number), for the async-event thread.
 //! - [`connector`]: the helper thread that connects endpoints' QPs (the
 //!   `QpConnect` exchange can wait on the peer; a worker never does).
 //! - [`events`]: [`NicEvents`], the thread reading the NICs' async events
@@ -24,30 +23,25 @@
 //!   [`sys`]: the provider ops table they call through (libibverbs loaded
 //!   at run time, or a fake one in tests).
 
-pub mod admission;
 pub mod connector;
-pub mod diag;
 pub mod endpoint;
 pub mod events;
 pub mod ledger;
 pub mod nic;
+pub mod qp_table;
 pub mod responder;
 pub mod sim;
-pub mod split;
-pub mod sq;
 pub mod sys;
 pub mod transport;
 pub mod verbs;
 pub mod wc;
 
-pub use admission::AdmissionGate;
 pub use connector::{Connector, ConnectorHandle};
 pub use connector::{Queue, QueueSource};
-pub use diag::{SqCqeDiagnostics, SqReport, SqRow};
 pub use endpoint::{Endpoint, EndpointState, RdmaCompletion, RdmaSlice, SqSettings, TerminalCause};
 pub use events::{EventCounts, NicEvents};
 pub use ledger::{SubmissionLedger, SubmissionRecord};
 pub use nic::{Nic, NicSet, Registration};
+pub use qp_table::QpTable;
 pub use responder::Responder;
-pub use sq::{AdmissionSlot, AdmissionToken, Reservation, SqController, SqRefusal, SqSnapshot};
 pub use transport::{RdmaPeer, RdmaRail, RdmaTransport};

@@ -10,7 +10,7 @@ use tent_rings::ErrorKind;
 use crate::control::wire::NicEntry;
 use crate::error::{Error, Result};
 use crate::transport::rails::Sysfs;
-use crate::transport::rdma::sq::QpTable;
+use crate::transport::rdma::qp_table::QpTable;
 use crate::transport::rdma::verbs::{Context, MemoryRegion, ProtectionDomain, device_names};
 
 /// The port every NIC is used through (multi-port NICs are one rail per

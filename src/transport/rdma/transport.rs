@@ -50,12 +50,15 @@ use super::endpoint::{Endpoint, RdmaCompletion, RdmaSlice, SqSettings};
 use super::events::{EventCounts, NicEvents};
 use super::nic::NicSet;
 use super::responder::{bootstrap, endpoint};
-use super::sq::SqController;
 use crate::clock::monotonic_ns;
 use crate::config::{Config, SplitPolicy};
 use crate::control::wire::{QpInitiator, QpRequest};
 use crate::control::{RegionEntry, SegmentDescriptor};
 use crate::error::{Error, Result};
+use crate::flow::AdmissionGate;
+use crate::flow::diag::{SqCqeDiagnostics, SqReport, SqRow};
+use crate::flow::split::{QueueLoad, choose, next_cursor};
+use crate::flow::sq::SqController;
 use crate::memory::MemRegion;
 use crate::netlink;
 use crate::segment::Segment;
@@ -63,9 +66,6 @@ use crate::transport::rails::{
     Ask, DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, RailPolicy, RailSet,
     SelectorConfig, WorkerRails, is_rail_fault,
 };
-use crate::transport::rdma::admission::AdmissionGate;
-use crate::transport::rdma::diag::{SqCqeDiagnostics, SqReport, SqRow};
-use crate::transport::rdma::split::{QueueLoad, choose, next_cursor};
 use crate::transport::rdma::verbs::{CompletionQueue, QueuePair};
 use crate::transport::{
     Capabilities, InstallContext, PeerActivity, PerWorker, RailStat, Slice, SliceCompletion,

@@ -3,15 +3,19 @@
 //!
 //! ```text
 //! worker ──submit──▶ sender ──wire──▶ target
-//!                      │ inflight (bounded: the connection's credits)
+//!                      │ inflight (bounded: the connection's wire window)
 //!                      ▼
 //! worker ◀──done──── receiver ◀─wire── target
 //! ```
 //! The worker is the only producer of `submit` and the only consumer of
-//! `done`; neither side ever locks or allocates per slice. `inflight` holds
-//! at most `max_inflight_per_connection` slices, which bounds the bytes on
-//! the wire per connection: a large transfer queues in `submit` instead of
-//! piling up in socket buffers (UCX's unbounded puts collapse that way).
+//! `done`; neither side ever locks or allocates per slice. The connection's
+//! wire window ([`Conn::window`], an [`SqController`]: the engine's one
+//! flow-control type) holds at most `max_inflight_per_connection` slices:
+//! the sender takes a credit as it puts a slice on the wire, and gives it
+//! back when the slice's response arrives (the receiver takes it off the
+//! wire) or the teardown completes it. That bounds the bytes on the wire
+//! per connection: a large transfer queues in `submit` instead of piling
+//! up in socket buffers (UCX's unbounded puts collapse that way).
 //!
 //! When the socket fails, the connection is aborted ([`Conn::abort`]): the
 //! receiver stops and hands its ring ends back to the sender through its
@@ -67,6 +71,7 @@ use super::{handshake, io};
 use crate::clock::monotonic_ns;
 use crate::doorbell::{Doorbell, Wakers};
 use crate::error::{Error, Result};
+use crate::flow::SqController;
 
 /// How long a parked sender sleeps before looking at its rail again
 /// (link events and new slices wake it sooner).
@@ -246,6 +251,9 @@ pub struct Conn {
     payload_sent: AtomicU32,
     /// The worker that owns this connection, woken on completions.
     notify: Option<(Arc<Wakers>, usize)>,
+    /// Slices on the wire: taken by the sender only, given back by the
+    /// receiver as responses arrive and by the sender's teardown.
+    window: SqController,
 }
 
 impl std::fmt::Debug for Conn {
@@ -258,6 +266,12 @@ impl std::fmt::Debug for Conn {
 }
 
 impl Conn {
+    /// Its wire window: slices sent and not answered yet, at most
+    /// `max_inflight_per_connection`.
+    pub fn window(&self) -> &SqController {
+        &self.window
+    }
+
     /// The session this connection's hello names.
     #[cfg(test)]
     pub(super) fn session(&self) -> [u8; SESSION_LEN] {
@@ -451,8 +465,8 @@ pub(super) fn open(
     shared: Shared,
 ) -> Result<(ConnEnds, JoinHandle<()>)> {
     let ring = |cap: u32| {
-        // Rings hold at least two entries; the in-flight bound is counted
-        // separately (`Sender::room`), so a bound of 1 stays exact.
+        // Rings hold at least two entries; the in-flight bound is the
+        // connection's window (`Sender::room`), so a bound of 1 stays exact.
         spsc::channel::<Op>(cap.max(2).next_power_of_two())
             .map_err(|e| Error::invalid("tcp connection ring").with_source(e))
     };
@@ -477,6 +491,8 @@ pub(super) fn open(
         finished: AtomicU32::new(0),
         payload_sent: AtomicU32::new(0),
         notify: shared.notify,
+        // Nobody waits on it (the sender parks on its bell instead).
+        window: SqController::new(inflight, 0, Duration::from_millis(1)),
     });
     let sender = Sender {
         conn: conn.clone(),
@@ -484,7 +500,6 @@ pub(super) fn open(
         backlog: VecDeque::with_capacity(submit_p.capacity()),
         unsent: unsent_p,
         inflight: infl_p,
-        inflight_cap: inflight as usize,
         parts: Some((infl_c, done_p)),
         receiver: None,
         stream: None,
@@ -533,7 +548,6 @@ struct Sender {
     /// Completions of slices that never went on the wire.
     unsent: Producer<Op>,
     inflight: Producer<Op>,
-    inflight_cap: usize,
     /// The receiver's ring ends while no receiver runs.
     parts: Option<Parts>,
     receiver: Option<JoinHandle<Stopped>>,
@@ -604,7 +618,7 @@ impl Sender {
             }
             if self.stream.is_some()
                 && op.posted_ns.saturating_sub(self.last_post_ns) > RECONNECT_IDLE.as_nanos() as u64
-                && self.inflight.slots() == self.inflight.capacity()
+                && self.conn.window.posted() == 0
             {
                 // Idle long enough that the target may close it any time.
                 self.teardown();
@@ -639,9 +653,11 @@ impl Sender {
         }
     }
 
-    /// May one more slice go on the wire (the connection's credits)?
+    /// May one more slice go on the wire (a free credit in the window)?
+    /// The sender is the window's only taker, so the answer holds until
+    /// it takes one.
     fn room(&mut self) -> bool {
-        self.inflight.capacity() - self.inflight.slots() < self.inflight_cap
+        self.conn.window.available() > 0
     }
 
     /// The worker aborted a token: complete its queued slices now (held,
@@ -776,6 +792,10 @@ impl Sender {
         }
         self.seq = seq;
         op.seq = seq;
+        // Room was checked and only this thread takes credits: this one
+        // is never refused (the window is never degraded).
+        let credit = self.conn.window.try_reserve(1);
+        debug_assert!(credit.is_ok(), "wire window room was checked");
         let pushed = self.inflight.push(op).is_ok();
         debug_assert!(pushed, "inflight room was checked");
         self.inflight.sync();
@@ -886,7 +906,13 @@ impl Sender {
         drop(stream);
         let mut any = false;
         let mut wrote = false;
-        for op in pending.into_iter().chain(std::iter::from_fn(|| infl.pop())) {
+        // `pending` gave its credit back when the receiver took it.
+        let mut off_wire = 0;
+        for op in pending.into_iter().chain(std::iter::from_fn(|| {
+            let op = infl.pop();
+            off_wire += u32::from(op.is_some());
+            op
+        })) {
             wrote |= op.opcode() == Opcode::Write;
             let status = self.conn.failure_status(&op, own);
             let mut op = self.left(op);
@@ -899,6 +925,7 @@ impl Sender {
             // connection to the peer fences this one before its next slice.
             self.conn.fences.add(self.conn_id);
         }
+        self.conn.window.release(off_wire, monotonic_ns());
         if any {
             infl.sync();
             done.sync();
@@ -1015,6 +1042,9 @@ fn receive(
             break ErrorKind::Unreachable;
         };
         inflight.sync();
+        // Off the wire (its response is here): the sender may send another
+        // while this one lands (`Conn::wire` has a place for it).
+        conn.window.release(1, monotonic_ns());
         if resp.seq != op.seq {
             crate::lograte::warn_limited!(conn.endpoint.remote, remote = %conn.endpoint.remote, want = op.seq, got = resp.seq, "tcp: response out of order; closing the connection");
             pending = Some(op);

@@ -728,6 +728,17 @@ impl TcpTransport {
         SliceCompletion { token, result }
     }
 
+    /// Slices on the wire over all its connections (their windows' taken
+    /// credits; 0 when idle). Diagnostic: takes the connection list's lock.
+    pub fn wire_in_flight(&self) -> u32 {
+        self.threads
+            .lock()
+            .expect("tcp threads poisoned")
+            .iter()
+            .map(|(c, _)| c.window().posted())
+            .sum()
+    }
+
     /// Stop every connection's threads and join them:
     /// once this returns, no thread of this transport runs. The engine
     /// calls it when dropped, once its workers are done (nothing is in

@@ -39,9 +39,9 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use super::split::{QueueLoad, choose};
-use super::sq::{AdmissionToken, SqController, SqRefusal};
 use crate::config::SplitPolicy;
+use crate::flow::split::{QueueLoad, choose};
+use crate::flow::sq::{AdmissionToken, SqController, SqRefusal};
 
 /// One worker's endpoints to one peer, as admission sees them: each
 /// endpoint's current controller (replaced with its QP).
