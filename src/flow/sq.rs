@@ -32,9 +32,14 @@
 //! never restore admission.
 //!
 //! Waiting ([`SqController::wait_for_credits`], [`SqController::wait_admission`])
-//! is a futex on a bell that every release rings while someone waits, and
-//! that a degrade rings always: a waiter reads the bell, checks the state,
-//! then sleeps only if the bell did not move, so no change is missed. Each
+//! is a futex on a bell that a degrade rings always, and a release rings
+//! when a sleeper could go on: each sleeper says how many free slots it
+//! needs, and the first release that frees as many as the least needy
+//! asked for rings once and clears the requests (the woken ask again
+//! before they sleep again), so a crowd of completions under pressure
+//! costs one wake-up per round of sleeps, not a futex call each. A waiter
+//! reads the bell, states its need, checks the state, then sleeps only if
+//! the bell did not move, so no change is missed. Each
 //! sleep is at most one wait slice (`sq_admission_wait_slice_us`), and the
 //! whole wait at most its timeout. The worker never waits here: it only
 //! reserves, re-checks and releases (one CAS each); the waits are for
@@ -48,6 +53,9 @@ use tent_rings::credit::{CreditPool, CreditSnapshot, ReserveError};
 
 use crate::doorbell::Doorbell;
 use crate::flow::diag::SqCqeDiagnostics;
+
+/// [`SqController`]'s `want` when no sleeper asked since the last ring.
+const NOBODY: u32 = u32::MAX;
 
 /// Credits taken by [`SqController::try_reserve`]: post that many work
 /// requests, or give them back.
@@ -103,6 +111,11 @@ pub struct SqController {
     depth: u32,
     queued: AtomicU32,
     bell: Doorbell,
+    /// The fewest free slots any sleeper asked for since the bell last
+    /// rang (`NOBODY`: none since). A release rings only when that many
+    /// are free, and a ring clears it: one wake-up per round of sleeps,
+    /// not a futex call per completion while someone waits.
+    want: AtomicU32,
     /// Longest single sleep.
     slice: Duration,
     /// The endpoint's diagnostics: admission counters land there, so they
@@ -132,6 +145,7 @@ impl SqController {
             depth,
             queued: AtomicU32::new(0),
             bell: Doorbell::default(),
+            want: AtomicU32::new(NOBODY),
             slice: slice.max(Duration::from_micros(1)),
             diag,
         }
@@ -213,6 +227,7 @@ impl SqController {
     /// epoch (the current one if it was terminal already).
     pub fn mark_terminal(&self) -> u32 {
         let epoch = self.credits.mark_degraded();
+        self.want.store(NOBODY, Ordering::SeqCst);
         self.bell.ring_all();
         epoch
     }
@@ -283,7 +298,7 @@ impl SqController {
         }
         let start = Instant::now();
         let mut slept = false;
-        let out = self.wait_until(start + timeout, &mut slept, || {
+        let out = self.wait_until(start + timeout, n.max(resume), &mut slept, || {
             // Refused once: wait for the watermark, but a degrade (which
             // frees no slot) ends the wait at once.
             if self.is_terminal() {
@@ -328,23 +343,29 @@ impl SqController {
     /// wait at once.
     pub fn wait_for_credits(&self, n: u32, timeout: Duration) -> Result<Reservation, SqRefusal> {
         let mut slept = false;
-        self.wait_until(Instant::now() + timeout, &mut slept, || self.try_reserve(n))
+        self.wait_until(Instant::now() + timeout, n, &mut slept, || {
+            self.try_reserve(n)
+        })
     }
 
     /// Try `attempt` until it gives anything but `Full`, sleeping on the
-    /// bell between tries, at most until `deadline`.
+    /// bell between tries, at most until `deadline`; `need` is the free
+    /// slots that could let it through (the bell rings for no fewer).
     fn wait_until<T>(
         &self,
         deadline: Instant,
+        need: u32,
         slept: &mut bool,
         mut attempt: impl FnMut() -> Result<T, SqRefusal>,
     ) -> Result<T, SqRefusal> {
         loop {
-            // Announce the sleeper, then read the bell, then try: a release
-            // or degrade after the try moves the bell, and the futex
-            // returns at once.
+            // Announce the sleeper, read the bell, ask for `need`, then
+            // try. A release after the try sees the request (or came
+            // after a ring that cleared it, and that ring moved the bell
+            // past `seen`): either way the futex returns.
             self.credits.add_waiter();
             let seen = self.bell.value();
+            self.want.fetch_min(need.max(1), Ordering::SeqCst);
             let out = attempt();
             let now = Instant::now();
             let out = match out {
@@ -363,11 +384,29 @@ impl SqController {
         }
     }
 
-    /// Ring the bell if anyone sleeps on it (a missed ring costs a sleeper
-    /// at most one wait slice).
+    /// After a release: ring the bell if someone sleeps on it and as many
+    /// slots are free as the least needy sleeper asked for; once per round
+    /// of sleeps (the ring clears the request; the woken ask again before
+    /// they sleep again).
     #[inline]
     fn wake(&self) {
-        if self.credits.waiters() > 0 {
+        if self.credits.waiters() == 0 {
+            return;
+        }
+        // Credits not posted bound every free count a sleeper waits for
+        // (admission's free slots are fewer still), so this never rings
+        // too rarely. SeqCst, as the sleeper's request and the release
+        // before this: a request made after this update follows the
+        // release, and the try after it sees the freed slots. Requests
+        // only fall until a ring clears them, so a failed update means no
+        // sleeper can go on yet.
+        let free = self.credits.available();
+        let cleared = self
+            .want
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
+                (w <= free).then_some(NOBODY)
+            });
+        if cleared.is_ok() {
             self.bell.ring_all();
         }
     }
@@ -569,6 +608,154 @@ mod tests {
         let out = c.wait_for_credits(8, Duration::from_millis(20));
         assert!(matches!(out, Err(SqRefusal::TimedOut(_))), "{out:?}");
         assert!(t.elapsed() >= Duration::from_millis(20));
+    }
+
+    /// While someone sleeps, a release rings the bell only when the least
+    /// needy sleeper could go on, and once per round: the ring clears the
+    /// request until a sleeper asks again (was: a futex wake per release).
+    #[test]
+    fn a_release_rings_once_per_round_and_only_with_room_for_a_sleeper() {
+        let c = sq(8, 0);
+        let r = c.try_reserve(8).unwrap();
+        let bell = || c.bell.value();
+        let before = bell();
+        c.release(1, 1);
+        assert_eq!(bell(), before, "nobody waits: no ring");
+        // A sleeper asks for 3 (what `wait_until` does before its try).
+        c.credits.add_waiter();
+        c.want.fetch_min(3, Ordering::SeqCst);
+        c.release(1, 2);
+        assert_eq!(bell(), before, "2 free < 3 asked: no ring");
+        c.release(1, 3);
+        assert_eq!(bell(), before + 1, "3 free: ring");
+        c.release(1, 4);
+        assert_eq!(bell(), before + 1, "rung this round: no second ring");
+        // The woken sleeper asks again (for 5; 4 are free).
+        c.want.fetch_min(5, Ordering::SeqCst);
+        c.release(1, 5);
+        assert_eq!(bell(), before + 2);
+        // A degrade rings whatever was asked.
+        c.mark_terminal();
+        assert_eq!(bell(), before + 3);
+        c.credits.remove_waiter();
+        c.release(r.n - 5, 6);
+        assert_eq!(c.posted(), 0);
+    }
+
+    /// A sleeper wakes on the release that frees exactly what it needs,
+    /// not a slice later: an admission waiter (its free slots count what
+    /// is queued too) and a credit waiter (only what is posted), each
+    /// alone, with a ten-second slice.
+    #[test]
+    fn a_sleeper_wakes_on_the_release_that_frees_exactly_its_need() {
+        let spawn = |c: &Arc<SqController>, admit: bool, n: u32| {
+            let c = c.clone();
+            thread::spawn(move || {
+                let t = Instant::now();
+                let got = if admit {
+                    c.wait_admission(n, 0, Duration::from_secs(60))
+                        .map(|t| t.count())
+                } else {
+                    c.wait_for_credits(n, Duration::from_secs(60)).map(|r| r.n)
+                };
+                (got, t.elapsed())
+            })
+        };
+        let asleep = |c: &SqController| {
+            while c.credits.waiters() == 0 || c.want.load(Ordering::SeqCst) == NOBODY {
+                thread::yield_now();
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        // Admission: 8 posted; it needs 3 free.
+        let c = Arc::new(SqController::new(8, 0, Duration::from_secs(10)));
+        let r = c.try_reserve(8).unwrap();
+        let h = spawn(&c, true, 3);
+        asleep(&c);
+        for i in 0..3 {
+            c.release(1, i);
+        }
+        let (got, took) = h.join().unwrap();
+        assert_eq!(got.unwrap(), 3);
+        assert!(
+            took < Duration::from_secs(5),
+            "admission slept out its slice: {took:?}"
+        );
+        c.release(r.n - 3, 9);
+        // Credits: 4 admitted (queued) and 8 posted, so no slot is free
+        // for admission while credits come back; it needs 2 credits.
+        let c = Arc::new(SqController::new(8, 0, Duration::from_secs(10)));
+        let queued = c.try_admit(4).unwrap();
+        let r = c.try_reserve(8).unwrap();
+        let h = spawn(&c, false, 2);
+        asleep(&c);
+        c.release(1, 1);
+        c.release(1, 2);
+        let (got, took) = h.join().unwrap();
+        assert_eq!(got.unwrap(), 2);
+        assert!(
+            took < Duration::from_secs(5),
+            "the credit waiter slept out its slice: {took:?}"
+        );
+        drop(queued);
+        c.release(r.n, 3);
+    }
+
+    /// No sleeper waits out its slice for a wake-up it should have had:
+    /// with a one-minute slice, admission and credit waiters with
+    /// different needs all get through as completions free room one at a
+    /// time.
+    #[test]
+    fn sleepers_with_different_needs_all_wake_without_waiting_out_a_slice() {
+        let c = Arc::new(SqController::new(8, 0, Duration::from_secs(60)));
+        let r = c.try_reserve(8).unwrap();
+        let admitters: Vec<_> = [3u32, 1, 2]
+            .into_iter()
+            .map(|n| {
+                let c = c.clone();
+                thread::spawn(move || {
+                    let t = Instant::now();
+                    let got = c.wait_admission(n, 0, Duration::from_secs(120));
+                    (got.map(|t| t.count()), t.elapsed())
+                })
+            })
+            .collect();
+        let reserver = {
+            let c = c.clone();
+            thread::spawn(move || {
+                let t = Instant::now();
+                let got = c.wait_for_credits(2, Duration::from_secs(120));
+                (got.map(|r| r.n), t.elapsed())
+            })
+        };
+        // Every waiter asleep (or about to be), then room one slot at a
+        // time, so most releases free less than some sleeper needs.
+        while c.credits.waiters() < 4 {
+            thread::yield_now();
+        }
+        for i in 0..r.n {
+            thread::sleep(Duration::from_millis(5));
+            c.release(1, u64::from(i));
+        }
+        // Admissions keep their slots (queued) until dropped: 3 + 1 + 2
+        // queued and 2 posted fit the 8 freed.
+        let mut held = Vec::new();
+        for h in admitters {
+            let (got, took) = h.join().unwrap();
+            held.push(got.unwrap());
+            assert!(
+                took < Duration::from_secs(30),
+                "an admitter slept out its slice: {took:?}"
+            );
+        }
+        let (got, took) = reserver.join().unwrap();
+        assert_eq!(got.unwrap(), 2);
+        assert!(
+            took < Duration::from_secs(30),
+            "the reserver slept out its slice: {took:?}"
+        );
+        held.sort_unstable();
+        assert_eq!(held, [1, 2, 3]);
     }
 
     #[test]

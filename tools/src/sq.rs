@@ -41,10 +41,9 @@ use std::time::{Duration, Instant};
 use tent::clock::monotonic_ns;
 use tent::config::SplitPolicy;
 use tent::flow::split::{QueueLoad, choose, next_cursor};
+use tent::flow::{AdmissionGate, AdmissionToken};
 use tent::transport::rdma::sim::SimSource;
-use tent::transport::rdma::{
-    AdmissionGate, AdmissionToken, Connector, Endpoint, QueueSource, RdmaCompletion, RdmaSlice,
-};
+use tent::transport::rdma::{Connector, Endpoint, QueueSource, RdmaCompletion, RdmaSlice};
 use tent_rings::Opcode;
 
 use crate::{Args, emit};
