@@ -177,16 +177,19 @@ impl CreditPool {
         let mut current = self.word.load(Ordering::Relaxed);
         loop {
             let next = f(Word(current))?;
-            // AcqRel on success: Acquire so a reservation sees everything the
+            // SeqCst: Acquire so a reservation sees everything the
             // releasing thread did before giving its credits back (e.g. done
-            // with a buffer slot); Release so the next release/reserve sees
-            // ours. Acquire on failure: `current` is re-read for the retry,
-            // and `f` may return it in an error snapshot.
+            // with a buffer slot), Release so the next release/reserve sees
+            // ours, and one total order with the waiter count: a release
+            // followed by a look at `waiters` and a waiter's registration
+            // followed by a look at the word are a store-buffering pair,
+            // which only SeqCst on both sides forbids (one side always sees
+            // the other). Same instructions as AcqRel on x86 and ARMv8.
             match self.word.compare_exchange_weak(
                 current,
                 next.0,
-                Ordering::AcqRel,
-                Ordering::Acquire,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
             ) {
                 Ok(_) => return Ok(next),
                 Err(actual) => current = actual,
@@ -195,9 +198,10 @@ impl CreditPool {
     }
 
     fn load(&self) -> Word {
-        // Acquire: pairs with the AcqRel CAS of the last transition, so the
-        // caller sees what happened before it.
-        Word(self.word.load(Ordering::Acquire))
+        // SeqCst (an Acquire that also takes part in the total order; see
+        // `update`): the caller sees what happened before the last
+        // transition.
+        Word(self.word.load(Ordering::SeqCst))
     }
 
     fn snapshot_of(&self, w: Word) -> CreditSnapshot {

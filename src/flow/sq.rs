@@ -37,7 +37,12 @@
 //! needs, and the first release that frees as many as the least needy
 //! asked for rings once and clears the requests (the woken ask again
 //! before they sleep again), so a crowd of completions under pressure
-//! costs one wake-up per round of sleeps, not a futex call each. A waiter
+//! costs one wake-up per round of sleeps, not a futex call each. The test
+//! is on credits not posted, an upper bound of admission's free slots
+//! (what is queued, or held in the owner's backlog and published apart
+//! from the releases, is not counted), so an admission sleeper may wake
+//! early and ask again, never late; slots the owner frees without a
+//! release ([`SqController::room_freed`]) ring the same way. A waiter
 //! reads the bell, states its need, checks the state, then sleeps only if
 //! the bell did not move, so no change is missed. Each
 //! sleep is at most one wait slice (`sq_admission_wait_slice_us`), and the
@@ -241,7 +246,10 @@ impl SqController {
                 depth: self.depth,
             });
         }
-        let mut q = self.queued.load(Ordering::Relaxed);
+        // SeqCst here and on every count a waiter reads or a release
+        // writes: a sleeper's request and a releaser's look at it are a
+        // store-buffering pair (see `wake`). Free on x86 and ARMv8.
+        let mut q = self.queued.load(Ordering::SeqCst);
         loop {
             if self.is_terminal() {
                 return Err(SqRefusal::Degraded);
@@ -251,10 +259,9 @@ impl SqController {
             if self.used(q).saturating_add(n) > self.depth {
                 return Err(SqRefusal::Full(self.snapshot()));
             }
-            // Relaxed: the count itself is all that is shared.
             match self
                 .queued
-                .compare_exchange_weak(q, q + n, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange_weak(q, q + n, Ordering::SeqCst, Ordering::SeqCst)
             {
                 Ok(_) => {
                     // Read first: a new high is rare, a locked RMW each time is not.
@@ -282,6 +289,13 @@ impl SqController {
         resume: u32,
         timeout: Duration,
     ) -> Result<AdmissionToken, SqRefusal> {
+        if n > self.depth {
+            // Never fits: say so now, not after a wait.
+            return Err(SqRefusal::TooLarge {
+                requested: n,
+                depth: self.depth,
+            });
+        }
         let resume = resume.min(self.depth);
         // The common case, room now: no clock, no waiter registration.
         // With a watermark and threads already waiting for it, a newcomer
@@ -324,7 +338,7 @@ impl SqController {
     /// backlog (what admission can still hand out).
     pub fn free(&self) -> u32 {
         self.depth
-            .saturating_sub(self.used(self.queued.load(Ordering::Relaxed)))
+            .saturating_sub(self.used(self.queued.load(Ordering::SeqCst)))
     }
 
     /// Slots taken with `queued` admitted: posted + `queued` + the slices
@@ -335,7 +349,7 @@ impl SqController {
         self.credits
             .in_flight()
             .saturating_add(queued)
-            .saturating_add(self.diag.backlog.load(Ordering::Relaxed))
+            .saturating_add(self.diag.backlog.load(Ordering::SeqCst))
     }
 
     /// [`try_reserve`](Self::try_reserve), sleeping up to `timeout` for
@@ -411,10 +425,20 @@ impl SqController {
         }
     }
 
+    /// Room came free other than by a release or an admission given
+    /// back (the queue's owner dropped slices it held for it: moved,
+    /// aborted, failed): wake a sleeper that may go on now.
+    pub fn room_freed(&self) {
+        // The owner's count of held slices was a plain store: order it
+        // before the look at the sleepers (see `wake`).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.wake();
+    }
+
     fn unqueue(&self, n: u32) {
         let _ = self
             .queued
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| {
                 debug_assert!(q >= n, "{n} admissions released with {q} queued");
                 Some(q.saturating_sub(n))
             });
@@ -699,6 +723,40 @@ mod tests {
         );
         drop(queued);
         c.release(r.n, 3);
+    }
+
+    /// More than the depth is refused at once, also while others wait for
+    /// a resume watermark (that path skips the quick try; it used to wait
+    /// for room that could never be enough).
+    #[test]
+    fn more_than_the_depth_is_refused_at_once_even_behind_watermark_waiters() {
+        let c = Arc::new(SqController::new(4, 0, Duration::from_secs(10)));
+        let r = c.try_reserve(4).unwrap();
+        let waiter = {
+            let c = c.clone();
+            thread::spawn(move || {
+                c.wait_admission(1, 2, Duration::from_secs(60))
+                    .map(|t| t.count())
+            })
+        };
+        while c.credits.waiters() == 0 {
+            thread::yield_now();
+        }
+        let t = Instant::now();
+        let out = c.wait_admission(5, 2, Duration::from_secs(30));
+        assert!(
+            matches!(
+                out,
+                Err(SqRefusal::TooLarge {
+                    requested: 5,
+                    depth: 4
+                })
+            ),
+            "{out:?}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        c.release(r.n, 1);
+        assert_eq!(waiter.join().unwrap().unwrap(), 1);
     }
 
     /// No sleeper waits out its slice for a wake-up it should have had:

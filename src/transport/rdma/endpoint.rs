@@ -440,7 +440,7 @@ impl Endpoint {
         while let Some(s) = self.backlog.pop_front() {
             out(s);
         }
-        self.publish_occupancy();
+        self.publish_freed();
     }
 
     /// Tell admission and the diagnostics what the queue holds now: at
@@ -452,6 +452,15 @@ impl Endpoint {
     fn publish_occupancy(&self) {
         self.diag
             .occupancy(self.ledger.record_count(), self.backlog.len());
+    }
+
+    /// [`publish_occupancy`](Self::publish_occupancy) after slices left
+    /// the backlog without being posted (moved, aborted, shed, failed):
+    /// their slots are free for admission now, so a sleeper waiting for
+    /// them wakes (no completion will ring for them).
+    fn publish_freed(&self) {
+        self.publish_occupancy();
+        self.sq.room_freed();
     }
 
     /// Hand every slice a terminal degrade gave up to `out`, oldest first,
@@ -484,7 +493,7 @@ impl Endpoint {
             keep
         });
         self.requeued -= before;
-        self.publish_occupancy();
+        self.publish_freed();
         // Given up by a terminal degrade, not moved on yet: nothing holds
         // their buffers.
         self.orphans.retain(|s| {
@@ -568,7 +577,7 @@ impl Endpoint {
         for s in self.backlog.drain(self.requeued..) {
             out(s);
         }
-        self.publish_occupancy();
+        self.publish_freed();
         let first = !self.stall_reported;
         if first {
             self.stall_reported = true;
@@ -984,7 +993,7 @@ impl Endpoint {
                 slice: s,
             });
         }
-        self.publish_occupancy();
+        self.publish_freed();
     }
 
     /// Drop the QP (destroying it: nothing posted on it can land after
@@ -1129,7 +1138,7 @@ impl Endpoint {
                 i += 1;
             }
         }
-        self.publish_occupancy();
+        self.publish_freed();
     }
 }
 

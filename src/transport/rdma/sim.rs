@@ -252,7 +252,8 @@ impl QueueSource for SimSource {
 mod tests {
     use super::*;
     use crate::transport::rdma::connector::Connector;
-    use crate::transport::rdma::endpoint::{Endpoint, RdmaCompletion, RdmaSlice};
+    use crate::transport::rdma::endpoint::{Endpoint, RdmaCompletion, RdmaSlice, SqSettings};
+    use std::time::Duration;
     use tent_rings::Opcode;
 
     fn slice(token: u64) -> RdmaSlice {
@@ -322,5 +323,49 @@ mod tests {
         // Nothing outstanding: the transport stops polling it, so the
         // abort itself must say the slots are free again.
         assert_eq!(free(&ep), 16);
+    }
+
+    /// A submitter asleep for admission wakes when an abort empties the
+    /// backlog (no completion rings for slices never posted), not a wait
+    /// slice later: the QP's slice here is ten seconds.
+    #[test]
+    fn an_abort_that_empties_the_backlog_wakes_an_admission_sleeper() {
+        let connector = Connector::start().unwrap();
+        // A ten-second wait slice: a ring and a slice run out are told apart.
+        let settings = SqSettings {
+            wait_slice: Duration::from_secs(10),
+            ..SqSettings::default()
+        };
+        let mut ep = Endpoint::with_settings(
+            Box::new(SimSource::new(16, 2)),
+            16,
+            64,
+            &connector.handle(),
+            settings,
+        );
+        let sq = ep.published_sq().load_full();
+        for _ in 0..16 {
+            assert!(ep.submit(slice(7)));
+        }
+        assert_eq!(sq.free(), 0);
+        let waiter = {
+            let sq = sq.clone();
+            std::thread::spawn(move || {
+                let t = std::time::Instant::now();
+                let got = sq.wait_admission(4, 0, Duration::from_secs(60));
+                (got.map(|t| t.count()), t.elapsed())
+            })
+        };
+        while sq.snapshot().credits.waiters == 0 {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        ep.abort(7, tent_rings::ErrorKind::Canceled, &mut |_| {});
+        let (got, took) = waiter.join().unwrap();
+        assert_eq!(got.unwrap(), 4);
+        assert!(
+            took < Duration::from_secs(5),
+            "woken only by its slice: {took:?}"
+        );
     }
 }
