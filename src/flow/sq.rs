@@ -109,7 +109,7 @@ pub struct SqSnapshot {
     pub admission_timeouts: u64,
 }
 
-/// An endpoint's send-queue flow control (see the module docs).
+/// A bounded queue's flow control (see the module docs).
 #[derive(Debug)]
 pub struct SqController {
     credits: CreditPool,
@@ -240,12 +240,7 @@ impl SqController {
     /// Admit `n` requests toward this queue: posted + queued + `n` must
     /// fit the depth. The token gives them back exactly once.
     pub fn try_admit(self: &Arc<Self>, n: u32) -> Result<AdmissionToken, SqRefusal> {
-        if n > self.depth {
-            return Err(SqRefusal::TooLarge {
-                requested: n,
-                depth: self.depth,
-            });
-        }
+        self.within_depth(n)?;
         // SeqCst here and on every count a waiter reads or a release
         // writes: a sleeper's request and a releaser's look at it are a
         // store-buffering pair (see `wake`). Free on x86 and ARMv8.
@@ -289,13 +284,8 @@ impl SqController {
         resume: u32,
         timeout: Duration,
     ) -> Result<AdmissionToken, SqRefusal> {
-        if n > self.depth {
-            // Never fits: say so now, not after a wait.
-            return Err(SqRefusal::TooLarge {
-                requested: n,
-                depth: self.depth,
-            });
-        }
+        // Never fits: say so now, not after a wait.
+        self.within_depth(n)?;
         let resume = resume.min(self.depth);
         // The common case, room now: no clock, no waiter registration.
         // With a watermark and threads already waiting for it, a newcomer
@@ -332,6 +322,17 @@ impl SqController {
             self.diag.admission_timeouts.fetch_add(1, Ordering::Relaxed);
         }
         out
+    }
+
+    /// `TooLarge` for more than the whole depth (it can never fit).
+    fn within_depth(&self, n: u32) -> Result<(), SqRefusal> {
+        if n > self.depth {
+            return Err(SqRefusal::TooLarge {
+                requested: n,
+                depth: self.depth,
+            });
+        }
+        Ok(())
     }
 
     /// Slots neither posted, admitted nor waiting in the endpoint's

@@ -77,18 +77,12 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn sq(depth: u32, watermark: u32) -> Arc<SqController> {
-        Arc::new(SqController::new(
-            depth,
-            watermark,
-            Duration::from_millis(50),
-        ))
-    }
-
     #[test]
     fn the_qp_table_finds_a_qps_controller_and_prunes_dead_ones() {
+        // Only identity and the terminal bit matter here.
+        let sq = || Arc::new(SqController::new(8, 0, Duration::ZERO));
         let t = QpTable::default();
-        let (a, b) = (sq(8, 0), sq(8, 0));
+        let (a, b) = (sq(), sq());
         t.watch(0, 100, &a);
         t.watch(1, 100, &b);
         assert!(!t.mark_terminal(0, 101), "unknown QP");
@@ -99,10 +93,10 @@ mod tests {
         t.watch(0, 200, &a);
         assert_eq!(t.len(), 1);
         assert!(!t.mark_terminal(0, 100), "its old QP is gone");
-        let c = sq(8, 0);
+        let c = sq();
         t.watch(0, 300, &c);
         drop(c);
-        t.watch(0, 400, &sq(8, 0));
+        t.watch(0, 400, &sq());
         assert!(!t.mark_terminal(0, 300));
         assert!(t.mark_terminal(0, 200));
         assert!(a.is_terminal());
