@@ -735,10 +735,10 @@ schema! {
         "Local device priority rotation interval in us.";
     "transports/rdma/priority_promotion_timeout_us" => transports.rdma.priority_promotion_timeout_us: uint(1, 60_000_000), "10000", LIVE,
         "Wait in us after which a queued MEDIUM/LOW request is promoted one priority level.";
-    "transports/rdma/slot_rotation_interval_ms" => transports.rdma.slot_rotation_interval_ms: uint(1, 60_000), "2", LATER,
-        "Global QoS time-slot length in ms (a full cycle is three slots).";
-    "transports/rdma/shared_quota_shm_path" => transports.rdma.shared_quota_shm_path: Kind::Str(StrRule::EmptyOrShmName), "\"\"", LATER,
-        "Shared-memory name (leading /) of the global slot clock; empty = single-process mode.";
+    "transports/rdma/slot_rotation_interval_ms" => transports.rdma.slot_rotation_interval_ms: uint(1, 60_000), "2", LIVE,
+        "Global QoS time-slot length in ms (a full cycle is three slots: HIGH only, HIGH + MEDIUM, all); every process sharing a slot file must use the same.";
+    "transports/rdma/shared_quota_shm_path" => transports.rdma.shared_quota_shm_path: Kind::Str(StrRule::EmptyOrShmName), "\"\"", LIVE,
+        "Shared-memory name (leading /, the file is /dev/shm/<name>) of the global slot clock every process naming it shares; empty = single-process mode (per-worker lanes only).";
     // transports/rdma: slice spraying (seed 003); every network transport's rails
     "transports/rdma/enable_smart_scheduling" => transports.rdma.enable_smart_scheduling: Kind::Bool, "true", LIVE,
         "EWMA-based rail selection for RDMA and TCP rails alike; false = round-robin within the best NUMA tier.";
@@ -2206,11 +2206,11 @@ mod tests {
 
     #[test]
     fn not_yet_in_effect_keys_are_accepted_and_recorded_once() {
-        // Seed 001's time slots (issue 15) are not built yet.
-        let path = "transports/rdma/slot_rotation_interval_ms";
+        // Request merging is not built.
+        let path = "merge_requests";
         assert!(!SPECS[spec_index(path)].in_effect);
-        parse(r#"{"transports": {"rdma": {"slot_rotation_interval_ms": 5}}}"#).unwrap();
-        parse(r#"{"transports": {"rdma": {"slot_rotation_interval_ms": 6}}}"#).unwrap();
+        parse(r#"{"merge_requests": true}"#).unwrap();
+        parse(r#"{"merge_requests": false}"#).unwrap();
         let warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
         assert!(warned.contains(path));
         // Live keys are never reported.

@@ -288,6 +288,93 @@ impl Metrics {
 }
 
 /// A label value as the text format wants it.
+/// Seed 001's per-priority figures as Prometheus text: lane depth,
+/// accepted, promotions, slot-gate holds, the queue-wait histogram, and
+/// the shared slot clock when one is configured.
+pub fn render_qos(out: &mut String, q: &crate::qos::QosSnapshot) {
+    use crate::qos::stats::{WAIT_BUCKETS, bucket_upper_us, name};
+    use tent_rings::Priority;
+    type Field = fn(&crate::qos::LevelSnapshot) -> u64;
+    let families: [(&str, &str, &str, Field); 4] = [
+        (
+            "tent_qos_queued_tasks",
+            "gauge",
+            "Tasks waiting in the workers' lane of this priority.",
+            |l| l.queued,
+        ),
+        (
+            "tent_qos_accepted_total",
+            "counter",
+            "Tasks accepted at this priority.",
+            |l| l.accepted,
+        ),
+        (
+            "tent_qos_promoted_total",
+            "counter",
+            "Tasks promoted out of this priority's lane after priority_promotion_timeout_us.",
+            |l| l.promoted,
+        ),
+        (
+            "tent_qos_gate_holds_total",
+            "counter",
+            "Times this priority's lane, with work, found the shared time slot closed to it.",
+            |l| l.gate_holds,
+        ),
+    ];
+    for (fam, ty, help, get) in families {
+        let _ = writeln!(out, "# HELP {fam} {help}\n# TYPE {fam} {ty}");
+        for p in Priority::ALL {
+            let _ = writeln!(out, "{fam}{{priority=\"{}\"}} {}", name(p), get(q.level(p)));
+        }
+    }
+    let fam = "tent_qos_wait_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {fam} Queue wait of a task, by submitted priority: intake to its first slice handed to a transport.\n# TYPE {fam} histogram"
+    );
+    for p in Priority::ALL {
+        let l = q.level(p);
+        let mut cum = 0;
+        for (k, c) in l.wait.iter().enumerate() {
+            cum += c;
+            if k + 1 < WAIT_BUCKETS {
+                let le = bucket_upper_us(k) as f64 / 1e6;
+                let _ = writeln!(
+                    out,
+                    "{fam}_bucket{{priority=\"{}\",le=\"{le}\"}} {cum}",
+                    name(p)
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "{fam}_bucket{{priority=\"{}\",le=\"+Inf\"}} {cum}",
+            name(p)
+        );
+        let _ = writeln!(
+            out,
+            "{fam}_sum{{priority=\"{}\"}} {}",
+            name(p),
+            l.wait_sum_ns as f64 / 1e9
+        );
+        let _ = writeln!(out, "{fam}_count{{priority=\"{}\"}} {cum}", name(p));
+    }
+    if let Some(s) = q.slots {
+        let _ = writeln!(
+            out,
+            "# HELP tent_qos_slot The shared time slot now (0: HIGH only, 1: HIGH and MEDIUM, 2: all).\n\
+             # TYPE tent_qos_slot gauge\ntent_qos_slot {}\n\
+             # HELP tent_qos_slot_owner Does this engine rotate the shared slot clock (1) or watch it (0).\n\
+             # TYPE tent_qos_slot_owner gauge\ntent_qos_slot_owner {}\n\
+             # HELP tent_qos_slot_takeovers_total Times a participant took the slot clock over from a silent owner.\n\
+             # TYPE tent_qos_slot_takeovers_total counter\ntent_qos_slot_takeovers_total {}",
+            s.slot,
+            u8::from(s.owner),
+            s.takeovers
+        );
+    }
+}
+
 fn escape(v: &str) -> String {
     let mut s = String::with_capacity(v.len());
     for c in v.chars() {

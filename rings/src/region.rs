@@ -109,6 +109,14 @@ pub enum RegionError {
         /// The length needed.
         need: u64,
     },
+    /// The file is not one this user alone controls (another owner, a
+    /// mode others may write, not a regular file).
+    Foreign {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// The creator has not finished writing the header yet; retry later.
     NotReady {
         /// The file.
@@ -157,6 +165,9 @@ impl fmt::Display for RegionError {
                 "region {}: file is {len} bytes, need {need}",
                 path.display()
             ),
+            RegionError::Foreign { path, why } => {
+                write!(f, "region {}: refused: {why}", path.display())
+            }
             RegionError::NotReady { path } => {
                 write!(f, "region {}: header not published yet", path.display())
             }
@@ -389,6 +400,17 @@ impl Region {
             });
         }
         let map = MmapRaw::map_raw(&file).map_err(io_err)?;
+        Self::validate(path, map, ty, expect_layout)
+    }
+
+    /// Check a mapped file's header as [`attach_shm`](Region::attach_shm)
+    /// describes, and wrap the mapping (not unlinked on drop).
+    fn validate(
+        path: PathBuf,
+        map: MmapRaw,
+        ty: RegionType,
+        expect_layout: Option<[u64; 4]>,
+    ) -> Result<Region, RegionError> {
         // The file may have changed size since `metadata`; the mapping is what
         // we can actually touch.
         let map_len = map.len() as u64;
@@ -467,6 +489,143 @@ impl Region {
             payload_len: payload_len as usize,
             owner_pid,
         })
+    }
+
+    /// Open the region at `name` that processes share, creating it when no
+    /// file is there: the rendezvous of peers that may start in any order
+    /// and outlive each other (the slot clock). Returns the region and
+    /// whether this call initialised it.
+    ///
+    /// Creation and checking happen under an exclusive `flock` on the file
+    /// (waited for at most one second: a holder only holds it to
+    /// initialise), so two processes starting together never both
+    /// initialise it, and a file whose creator died before publishing its
+    /// header (magic still 0) is initialised again rather than reported
+    /// `NotReady` forever. The file is opened without following a symlink,
+    /// created mode 0600, and must be a regular file owned by this
+    /// process's effective user whom nobody else may write (`Foreign`
+    /// otherwise); an initialised file is checked exactly as
+    /// [`attach_shm`](Region::attach_shm) checks one. The file is never
+    /// unlinked on drop: whoever joins later must find it.
+    pub fn open_or_create_shm(
+        name: &str,
+        ty: RegionType,
+        layout: [u64; 4],
+        payload_len: usize,
+    ) -> Result<(Region, bool), RegionError> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+
+        let path = shm_path(name);
+        let io_err = |source| RegionError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(io_err)?;
+        let meta = file.metadata().map_err(io_err)?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        let foreign = |why: String| RegionError::Foreign {
+            path: path.clone(),
+            why,
+        };
+        if !meta.file_type().is_file() {
+            return Err(foreign("not a regular file".into()));
+        }
+        if meta.uid() != euid {
+            return Err(foreign(format!(
+                "owned by uid {}, this process runs as uid {euid}",
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err(foreign(format!(
+                "mode {:o} lets other users write it",
+                meta.mode() & 0o777
+            )));
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            // SAFETY: flock on a descriptor this function owns; the lock goes
+            // with the descriptor when `file` drops at return.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(io_err(e));
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(io_err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "another process held its lock for over 1 s",
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // A mapping keeps the open file description (and so its lock) alive
+        // after `file` closes: unlock explicitly on every way out.
+        struct Unlock(i32);
+        impl Drop for Unlock {
+            fn drop(&mut self) {
+                // SAFETY: unlocks the descriptor locked above, still open (declared after `file`, so dropped before it).
+                unsafe { libc::flock(self.0, libc::LOCK_UN) };
+            }
+        }
+        let _unlock = Unlock(file.as_raw_fd());
+        let size = HEADER_LEN as u64 + payload_len as u64;
+        let len = file.metadata().map_err(io_err)?.len();
+        if len >= HEADER_LEN as u64 {
+            let map = MmapRaw::map_raw(&file).map_err(io_err)?;
+            let base = NonNull::new(map.as_mut_ptr()).expect("mmap returned null");
+            // SAFETY: the mapping is at least HEADER_LEN bytes, page aligned, and lives in `map` while `header` is used.
+            let header = unsafe { Self::header_at(base) };
+            // Acquire: pairs with the Release store that published it.
+            if header.magic.load(Ordering::Acquire) != 0 {
+                let region = Self::validate(path.clone(), map, ty, Some(layout))?;
+                if region.payload_len != payload_len {
+                    return Err(RegionError::Layout {
+                        path,
+                        found: region.layout,
+                        expected: layout,
+                    });
+                }
+                return Ok((region, false));
+            }
+        } else if len != 0 {
+            return Err(RegionError::TooSmall {
+                path,
+                len,
+                need: HEADER_LEN as u64,
+            });
+        }
+        // Empty, or a creator died before publishing (we hold the lock, so
+        // nobody is writing it): start from zeroes.
+        file.set_len(0).map_err(io_err)?;
+        let map = Self::size_and_map(&file, size).map_err(io_err)?;
+        let base = NonNull::new(map.as_mut_ptr()).expect("mmap returned null");
+        let region = Region {
+            base,
+            backing: Backing::Shm {
+                _map: map,
+                path,
+                owner: false,
+                persist: true,
+            },
+            ty,
+            layout,
+            payload_len,
+            owner_pid: std::process::id(),
+        };
+        region.header().publish(ty, layout, payload_len);
+        Ok((region, true))
     }
 
     /// # Safety
@@ -630,6 +789,77 @@ mod tests {
         assert!(shm_path(&name).exists(), "attacher must not unlink");
         drop(a);
         assert!(!shm_path(&name).exists(), "owner unlinks");
+    }
+
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "/dev/shm file: Miri cannot open or mmap files under isolation"
+    )]
+    fn open_or_create_initialises_once_and_keeps_the_file() {
+        let name = unique_name("rendezvous");
+        let _clean = Cleanup(shm_path(&name));
+        let (a, created) =
+            Region::open_or_create_shm(&name, RegionType::SlotClock, [1, 0, 0, 0], 256).unwrap();
+        assert!(created);
+        // SAFETY: 256 payload bytes, only this thread writes them.
+        unsafe { a.payload_ptr().write(7) };
+        let (b, created) =
+            Region::open_or_create_shm(&name, RegionType::SlotClock, [1, 0, 0, 0], 256).unwrap();
+        assert!(!created, "the second opener joins");
+        // SAFETY: as above, the same file.
+        assert_eq!(unsafe { b.payload_ptr().read() }, 7);
+        drop((a, b));
+        assert!(shm_path(&name).exists(), "nobody unlinks a rendezvous");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = fs::metadata(shm_path(&name)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // Another format (layout word) or type is refused, naming the path.
+        let e = Region::open_or_create_shm(&name, RegionType::SlotClock, [2, 0, 0, 0], 256)
+            .unwrap_err();
+        assert!(matches!(e, RegionError::Layout { .. }), "{e}");
+        assert!(e.to_string().contains(&name), "{e}");
+        let e = Region::open_or_create_shm(&name, RegionType::Data, [1, 0, 0, 0], 256).unwrap_err();
+        assert!(matches!(e, RegionError::WrongType { .. }), "{e}");
+    }
+
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "/dev/shm file: Miri cannot open or mmap files under isolation"
+    )]
+    fn open_or_create_recovers_a_half_made_file_and_refuses_foreign_ones() {
+        use std::os::unix::fs::PermissionsExt;
+        let name = unique_name("half");
+        let path = shm_path(&name);
+        let _clean = Cleanup(path.clone());
+        // A creator that died after sizing, before publishing its header.
+        fs::write(&path, vec![0u8; HEADER_LEN + 256]).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        let (_r, created) =
+            Region::open_or_create_shm(&name, RegionType::SlotClock, [1, 0, 0, 0], 256).unwrap();
+        assert!(created, "an unpublished file is initialised again");
+        // Somebody else's format.
+        let foreign = unique_name("foreign");
+        let _clean2 = Cleanup(shm_path(&foreign));
+        fs::write(shm_path(&foreign), [0x5au8; 512]).unwrap();
+        fs::set_permissions(shm_path(&foreign), fs::Permissions::from_mode(0o600)).unwrap();
+        let e = Region::open_or_create_shm(&foreign, RegionType::SlotClock, [1, 0, 0, 0], 256)
+            .unwrap_err();
+        assert!(matches!(e, RegionError::BadMagic { .. }), "{e}");
+        // A file others may write.
+        fs::set_permissions(shm_path(&foreign), fs::Permissions::from_mode(0o666)).unwrap();
+        let e = Region::open_or_create_shm(&foreign, RegionType::SlotClock, [1, 0, 0, 0], 256)
+            .unwrap_err();
+        assert!(matches!(e, RegionError::Foreign { .. }), "{e}");
+        assert!(e.to_string().contains(&foreign), "{e}");
+        // A symlink is not followed.
+        let link = unique_name("link");
+        let _clean3 = Cleanup(shm_path(&link));
+        std::os::unix::fs::symlink(&path, shm_path(&link)).unwrap();
+        let e = Region::open_or_create_shm(&link, RegionType::SlotClock, [1, 0, 0, 0], 256)
+            .unwrap_err();
+        assert!(matches!(e, RegionError::Io { .. }), "{e}");
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::flow::{AdmissionToken, SqController};
 use crate::memory::{MemRegion, RegionTable};
-use crate::qos::{OpenGate, SendGate};
+use crate::qos::{OpenGate, SendGate, SlotClock, SlotRotator};
 use crate::segment::{
     Attachment, RemoteRegion, Segment, SegmentKind, SegmentTable, ShmExport, ShmPeer,
 };
@@ -90,6 +90,9 @@ pub struct Engine {
     /// (waiting, or timed out): held, and still registered, until it does.
     retiring: Mutex<Vec<Arc<MemRegion>>>,
     next_worker: AtomicUsize,
+    /// This engine's share of the global slot clock (rotating or
+    /// watching); dropped after the workers, handing the lease back.
+    slots: Option<SlotRotator>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -277,6 +280,23 @@ impl EngineBuilder {
                 .is_some_and(|i| std::ptr::addr_eq(Arc::as_ptr(&i.transport), p))
         };
         let tcp = tcp.filter(|t| ours(TransportKind::Tcp, Arc::as_ptr(t) as *const ()));
+        // Seed 001's global time slots: join (or create) the slot file
+        // before anything starts, so a refused file fails the build.
+        let (gate, slots) = match self.gate {
+            Some(g) => (g, None),
+            None if !config.transports.rdma.shared_quota_shm_path.is_empty() => {
+                let clock = Arc::new(SlotClock::open(
+                    &config.transports.rdma.shared_quota_shm_path,
+                    Duration::from_millis(config.transports.rdma.slot_rotation_interval_ms),
+                )?);
+                let rotator = SlotRotator::start(clock.clone())?;
+                tracing::info!(path = %clock.path().display(),
+                    interval_ms = config.transports.rdma.slot_rotation_interval_ms,
+                    "QoS time slots shared through the slot file");
+                (clock as Arc<dyn SendGate>, Some(rotator))
+            }
+            None => (Arc::new(OpenGate) as Arc<dyn SendGate>, None),
+        };
         let shared = Arc::new(EngineShared {
             rdma,
             tcp,
@@ -284,7 +304,7 @@ impl EngineBuilder {
             region_epoch: CachePadded::new(AtomicU64::new(0)),
             segments,
             transports,
-            gate: self.gate.unwrap_or_else(|| Arc::new(OpenGate)),
+            gate,
             metrics: Arc::new(crate::metrics::Metrics::default()),
             links,
             config,
@@ -324,6 +344,7 @@ impl EngineBuilder {
                 completed_ops: CachePadded::new(AtomicU64::new(0)),
                 completed_bytes: CachePadded::new(AtomicU64::new(0)),
                 region_ack: CachePadded::new(RegionAck::default()),
+                qos: CachePadded::new(crate::qos::PriorityStats::default()),
             });
             let (ws2, engine) = (ws.clone(), shared.clone());
             let handle = std::thread::Builder::new()
@@ -354,6 +375,7 @@ impl EngineBuilder {
             registry: Mutex::new(()),
             retiring: Mutex::new(Vec::new()),
             next_worker: AtomicUsize::new(0),
+            slots,
         })
     }
 }
@@ -1189,9 +1211,37 @@ impl Engine {
     /// Failover counters and per-rail state and bytes, in Prometheus text
     /// exposition format.
     pub fn metrics_text(&self) -> String {
-        self.shared
+        let mut out = self
+            .shared
             .metrics
-            .render(&self.all_rails(), &self.sq_rows())
+            .render(&self.all_rails(), &self.sq_rows());
+        crate::metrics::render_qos(&mut out, &self.qos_stats());
+        out
+    }
+
+    /// Per-priority statistics summed over the workers (seed 001): lane
+    /// depths, tasks accepted, promotions, slot-gate holds, queue-wait
+    /// histograms, and the shared slot clock when one is configured.
+    pub fn qos_stats(&self) -> crate::qos::QosSnapshot {
+        let mut q = crate::qos::QosSnapshot::default();
+        for w in &self.workers {
+            w.qos.sum_into(&mut q);
+        }
+        q.slots = self.slots.as_ref().map(|r| {
+            let c = r.clock();
+            crate::qos::SlotSnapshot {
+                slot: c.slot(),
+                owner: c.is_owner(),
+                takeovers: c.takeovers(),
+            }
+        });
+        q
+    }
+
+    /// The shared slot clock this engine follows (`None`: single-process
+    /// mode, `shared_quota_shm_path` empty).
+    pub fn slot_clock(&self) -> Option<&Arc<SlotClock>> {
+        self.slots.as_ref().map(SlotRotator::clock)
     }
 
     /// Installed transports.

@@ -68,6 +68,10 @@ pub(crate) struct Task {
     /// Failed with its failover budget spent or no transport left.
     pub exhausted: bool,
     pub last_slice: SliceRecord,
+    /// When intake accepted it (monotonic ns).
+    pub accepted_ns: u64,
+    /// Its first slice went out (its queue wait is recorded).
+    pub waited: bool,
 }
 
 impl Task {
@@ -98,6 +102,8 @@ impl Task {
             failing_on: TransportKind::Any,
             exhausted: false,
             last_slice: SliceRecord::default(),
+            accepted_ns: 0,
+            waited: false,
         }
     }
 

@@ -24,7 +24,7 @@ use crate::clock::monotonic_ns;
 use crate::doorbell::{CqBell, Doorbell, Wakers};
 use crate::flow::SqController;
 use crate::memory::RegionTable;
-use crate::qos::PriorityLanes;
+use crate::qos::{PriorityLanes, PriorityStats};
 use crate::segment::{Segment, SegmentTable};
 use crate::transport::{Installed, Slice, SliceCompletion, Slot, SubmitOutcome, WorkerCtx};
 
@@ -122,6 +122,8 @@ pub(crate) struct WorkerShared {
     pub completed_bytes: CachePadded<AtomicU64>,
     /// Its side of the unregister handshake (`Worker::ack_unregister`).
     pub region_ack: CachePadded<RegionAck>,
+    /// Per-priority statistics (seed 001), written only by this worker.
+    pub qos: CachePadded<PriorityStats>,
 }
 
 /// What a worker tells `Engine::unregister_memory`. Written only in
@@ -190,6 +192,17 @@ pub(crate) struct Worker {
     /// answered `SubmitOutcome::Later`: the worker parks (briefly) rather
     /// than spin while the transport gets ready.
     later: bool,
+    /// The last dispatch found every queued lane closed by the slot gate
+    /// (nothing else to post): the worker naps `gate.recheck_after()`
+    /// instead of spinning on it.
+    gated: bool,
+    /// Lanes the gate held back at the last look (bit per priority): a
+    /// hold is counted once per closing.
+    held: u8,
+    /// Credits of a worker window that only HIGH slices may take (an
+    /// eighth of `max_inflight_slices`): a window full of bulk slices
+    /// still lets a HIGH slice out at once.
+    high_headroom: u32,
     /// The unregister epoch last acknowledged in `shared.region_ack`.
     region_ack: u64,
     block_size: u64,
@@ -277,6 +290,9 @@ impl Worker {
             draining: Vec::with_capacity(DRAINING_AT_START),
             next_housekeeping: 0,
             later: false,
+            gated: false,
+            held: 0,
+            high_headroom: cfg.max_inflight_slices / 8,
             region_ack: 0,
             block_size: cfg.block_size,
             default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
@@ -334,8 +350,16 @@ impl Worker {
             // `later`: every queued task waits on a transport getting
             // ready; the worker naps rather than spin.
             let queued = !self.lanes.is_empty();
-            let later = queued && self.later;
-            let nap = park.min(COMPLETION_PARK);
+            // Held back by the slot gate alone: a nap, like `later`, but
+            // only as long as the gate says a slot may take to reopen.
+            let gated = queued && self.gated;
+            let later = queued && (self.later || gated);
+            let nap = if gated {
+                park.min(COMPLETION_PARK)
+                    .min(self.engine.gate.recheck_after())
+            } else {
+                park.min(COMPLETION_PARK)
+            };
             if idle < spin_ns {
                 std::hint::spin_loop();
             } else if self.async_inflight > 0 && self.completions_wake() {
@@ -379,7 +403,10 @@ impl Worker {
             if now >= self.next_housekeeping {
                 self.housekeeping(now);
             }
-            self.lanes.promote(now);
+            let moved = self.lanes.promote(now);
+            if moved != [0; 3] {
+                self.shared.qos.promoted(moved);
+            }
             work |= self.dispatch(now);
         } else if now != 0 && now >= self.next_housekeeping {
             self.housekeeping(now);
@@ -485,6 +512,9 @@ impl Worker {
                 t.failing_on = TransportKind::Any;
                 t.exhausted = false;
                 t.last_slice = SliceRecord::default();
+                t.accepted_ns = now;
+                t.waited = false;
+                self.shared.qos.accepted(v.priority);
                 // Lanes are as large as the task table: this cannot fail.
                 let queued = self.lanes.push(v.priority, i, now);
                 debug_assert!(queued);
@@ -672,6 +702,7 @@ impl Worker {
         let mut laters = 0usize;
         let most_laters = self.lanes.len();
         self.later = false;
+        self.gated = false;
         while let Some((p, entry)) = self.lanes.next_except(&*self.engine.gate, waiting) {
             let i = entry.task;
             if first_later[p.index()] == Some(i) {
@@ -711,6 +742,12 @@ impl Worker {
             // Credits bound slices in flight; a synchronous transport has
             // none in flight once submit returns, so it needs none.
             let credited = !installed.caps.synchronous;
+            if credited && p != Priority::High && pool.available() <= self.high_headroom {
+                // The rest of the window is HIGH's: this lane (and those
+                // below it, which meet the same) waits for completions.
+                waiting |= 1 << p.index();
+                continue;
+            }
             if credited && pool.try_reserve(1).is_err() {
                 // Every credit is in flight: wait for completions.
                 break;
@@ -732,6 +769,7 @@ impl Worker {
                 remote: t.remote + offset,
                 len,
                 rest: t.len - offset,
+                priority: p,
             };
             let mut outcome = [SubmitOutcome::Rejected(ErrorKind::Unreachable)];
             installed
@@ -802,6 +840,13 @@ impl Worker {
                 continue;
             }
             let t = self.tasks.get_mut(i);
+            if !t.waited {
+                // Its first slice is out: the queue wait QoS is judged by.
+                t.waited = true;
+                self.shared
+                    .qos
+                    .waited(t.priority, now.saturating_sub(t.accepted_ns));
+            }
             match outcome[0] {
                 SubmitOutcome::Completed(res) => {
                     if credited {
@@ -863,7 +908,32 @@ impl Worker {
                 }
             }
         }
+        self.note_gate(waiting);
         work
+    }
+
+    /// After a dispatch: which lanes with work did the slot gate hold
+    /// back? Counts each closing once, and marks the worker `gated` when
+    /// nothing but the gate stops it (it then naps instead of spinning).
+    fn note_gate(&mut self, waiting: u8) {
+        let gate = &*self.engine.gate;
+        let mut closed = 0u8;
+        let mut open_work = false;
+        for p in Priority::ALL {
+            if self.lanes.lane_is_empty(p) || waiting & (1 << p.index()) != 0 {
+                continue;
+            }
+            if gate.can_send(p) {
+                open_work = true;
+            } else {
+                closed |= 1 << p.index();
+                if self.held & (1 << p.index()) == 0 {
+                    self.shared.qos.gate_held(p);
+                }
+            }
+        }
+        self.held = closed;
+        self.gated = closed != 0 && !open_work && waiting == 0;
     }
 
     /// Reap completions of posted slices from every transport instance
@@ -1079,6 +1149,7 @@ impl Worker {
     fn housekeeping(&mut self, now: u64) {
         self.next_housekeeping = now + HOUSEKEEPING_NS;
         self.ack_unregister();
+        self.shared.qos.set_queued(self.lanes.lens());
         if self.tasks.active() > 0 {
             for i in 0..self.tasks.capacity() as u32 {
                 let t = self.tasks.get_mut(i);

@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use tent_rings::Priority;
 
 /// Decides whether work of a priority may be posted right now. The worker
@@ -5,6 +7,12 @@ use tent_rings::Priority;
 pub trait SendGate: Send + Sync + std::fmt::Debug {
     /// May a slice of priority `p` be posted now?
     fn can_send(&self, p: Priority) -> bool;
+
+    /// How soon a worker whose every queued lane is closed looks again
+    /// (it naps that long instead of spinning on a closed gate).
+    fn recheck_after(&self) -> Duration {
+        Duration::from_millis(1)
+    }
 }
 
 /// The single-process gate: every priority may always send (TENT with an

@@ -48,9 +48,10 @@ impl PriorityLanes {
         true
     }
 
-    /// Move tasks that waited too long up one lane; returns how many moved.
-    pub fn promote(&mut self, now_ns: u64) -> u32 {
-        let mut moved = 0;
+    /// Move tasks that waited too long up one lane; returns how many moved
+    /// out of each lane.
+    pub fn promote(&mut self, now_ns: u64) -> [u32; 3] {
+        let mut moved = [0; 3];
         for from in [Priority::Medium, Priority::Low] {
             let to = from.index() - 1;
             while let Some(head) = self.lanes[from.index()].front().copied() {
@@ -64,7 +65,7 @@ impl PriorityLanes {
                     task: head.task,
                     stamp_ns: now_ns,
                 });
-                moved += 1;
+                moved[from.index()] += 1;
             }
         }
         moved
@@ -112,6 +113,17 @@ impl PriorityLanes {
         for lane in &mut self.lanes {
             lane.retain(|e| keep(e.task));
         }
+    }
+
+    /// Tasks queued in each lane.
+    pub fn lens(&self) -> [usize; 3] {
+        std::array::from_fn(|i| self.lanes[i].len())
+    }
+
+    /// Is lane `p` empty?
+    #[inline]
+    pub fn lane_is_empty(&self, p: Priority) -> bool {
+        self.lanes[p.index()].is_empty()
     }
 
     /// Tasks queued in all lanes.
@@ -167,8 +179,8 @@ mod tests {
         assert!(l.push(Priority::Low, 1, 0));
         assert!(l.push(Priority::Low, 2, 500));
         assert!(!l.push(Priority::Low, 3, 0));
-        assert_eq!(l.promote(999), 0);
-        assert_eq!(l.promote(1_000), 1);
+        assert_eq!(l.promote(999), [0; 3]);
+        assert_eq!(l.promote(1_000), [0, 0, 1]);
         assert_eq!(
             l.next(&OpenGate).unwrap(),
             (
@@ -179,7 +191,8 @@ mod tests {
                 }
             )
         );
-        assert_eq!(l.promote(2_000), 2); // task 1 -> HIGH, task 2 -> MEDIUM
+        assert_eq!(l.promote(2_000), [0, 1, 1]); // task 1 -> HIGH, task 2 -> MEDIUM
+        assert_eq!(l.lens(), [1, 1, 0]);
         assert_eq!(l.next(&OnlyHigh).unwrap().1.task, 1);
         l.rotate(Priority::High);
         l.retain(|t| t != 1);

@@ -1,8 +1,20 @@
-//! Quality of service: priority lanes with anti-starvation promotion, and
-//! the `can_send` gate where the cross-process time-slot clock plugs in.
+//! Quality of service (seed 001): priority lanes with anti-starvation
+//! promotion, the `can_send` gate, and the cross-process time-slot clock
+//! that plugs into it.
+//!
+//! | module | what |
+//! |---|---|
+//! | `lanes` | [`PriorityLanes`]: a worker's three lanes, promotion |
+//! | `gate` | [`SendGate`]: may priority `p` post now? [`OpenGate`] |
+//! | `stats` | [`PriorityStats`]: per worker, per priority: queue depth, accepted, promotions, slot-gate holds, queue-wait histogram; [`QosSnapshot`] |
+//! | `slots` | [`SlotClock`] (a [`SendGate`]) over the shared slot file, [`SlotRotator`]: the lease-holding rotator thread |
 
 mod gate;
 mod lanes;
+pub mod slots;
+pub mod stats;
 
 pub use gate::{OpenGate, SendGate};
 pub use lanes::{LaneEntry, PriorityLanes};
+pub use slots::{SlotClock, SlotRotator};
+pub use stats::{LevelSnapshot, PriorityStats, QosSnapshot, SlotSnapshot};

@@ -66,6 +66,9 @@ pub struct Slice<'a> {
     /// (this slice included): how a multi-rail transport plans the rest
     /// of the request.
     pub rest: u64,
+    /// The lane it was posted from (its request's priority, or higher once
+    /// promoted): transports keep HIGH ahead of bulk in their own queues.
+    pub priority: tent_rings::Priority,
 }
 
 impl Slice<'_> {
