@@ -275,6 +275,7 @@ fn rxe_a_forged_rkey_makes_its_endpoint_terminal_and_the_other_endpoint_keeps_mo
             ctx: 0,
             posted_ns: 0,
             ahead: 0,
+            urgent: false,
         }));
     }
     let mut results = vec![None; n];
@@ -1897,6 +1898,7 @@ fn rxe_an_abort_flushes_its_posted_reads_and_the_others_go_out_on_a_fresh_qp() {
         ctx: 0,
         posted_ns: 0,
         ahead: 0,
+        urgent: false,
     };
     // One list of 12, the last alone signalled: a0..a3 b0..b3 a4..a7.
     let mut order: Vec<RdmaSlice> = (0..4).map(|i| read(aborted, i)).collect();

@@ -125,6 +125,13 @@ pub struct SelectorConfig {
     pub max_gbps: f64,
     /// `max_slice_count`: the window size; multi-path from half of it.
     pub max_slice_count: u32,
+    /// `enable_priority_filtering` (seed 001): HIGH slices bind at once to
+    /// the least-loaded rail of their best NUMA tier, and bulk slices keep
+    /// off the rail HIGH last used for `express_hold_ns`.
+    pub priority_filtering: bool,
+    /// `local_rotation_interval_us` in ns: how long the rail HIGH used
+    /// stays HIGH's after its last HIGH slice.
+    pub express_hold_ns: u64,
 }
 
 impl SelectorConfig {
@@ -144,6 +151,8 @@ impl SelectorConfig {
             min_gbps: r.min_bandwidth_gbps,
             max_gbps: r.max_bandwidth_gbps,
             max_slice_count: r.max_slice_count,
+            priority_filtering: r.enable_priority_filtering,
+            express_hold_ns: r.local_rotation_interval_us.saturating_mul(1_000),
         }
     }
 
@@ -741,7 +750,7 @@ impl Spray {
     }
 
     /// The rail `ok` admits of minimum score plus jitter.
-    fn best(
+    pub(crate) fn best(
         &mut self,
         sel: &DeviceSelector,
         ok: impl Fn(usize) -> bool,
@@ -902,7 +911,8 @@ mod tests {
                 "ewma_min_bandwidth_multiplier": 0.2, "ewma_max_bandwidth_multiplier": 4.0,
                 "score_jitter_range": 0.001, "score_epsilon": 0.01,
                 "default_bandwidth_gbps": 100.0, "min_bandwidth_gbps": 20.0,
-                "max_bandwidth_gbps": 200.0, "max_slice_count": 16}}}"#,
+                "max_bandwidth_gbps": 200.0, "max_slice_count": 16,
+                "enable_priority_filtering": false, "local_rotation_interval_us": 50}}}"#,
             "t.json",
         )
         .unwrap();
@@ -921,6 +931,8 @@ mod tests {
                 min_gbps: 20.0,
                 max_gbps: 200.0,
                 max_slice_count: 16,
+                priority_filtering: false,
+                express_hold_ns: 50_000,
             }
         );
         let d = DeviceSelector::default();

@@ -28,7 +28,8 @@ use crossbeam_utils::CachePadded;
 use tent_rings::{ErrorKind, TransportKind};
 
 use super::monitor::{RailMonitor, RailPolicy, RailStat, ReviewClock, review_bandwidth};
-use super::selector::{DeviceSelector, NoRail, RailSpec, Spray};
+use super::selector::{DeviceSelector, MAX_RAILS, NoRail, RailSpec, Spray};
+use crate::clock::monotonic_ns;
 
 /// Times a slice may move to a sibling rail before its failure reaches
 /// the task (every transport: one budget).
@@ -86,6 +87,11 @@ pub enum Ask {
     /// or caught in another slice's fault (`None`). Never waits for room:
     /// it was admitted once already.
     Again(Option<usize>),
+    /// A HIGH slice (seed 001). With `enable_priority_filtering`: bound at
+    /// once (no plan, no waiting for room) to the least-loaded usable
+    /// rail of its best NUMA tier, which bulk slices then leave to HIGH
+    /// for `local_rotation_interval_us`; without it, as `Next(1)`.
+    Urgent,
 }
 
 /// Where the engine's workers run: their NUMA nodes, and the distance
@@ -226,6 +232,9 @@ pub struct RailSet {
 pub struct WorkerRails {
     worker: usize,
     spray: Spray,
+    /// The rail HIGH slices last went out on and until when (monotonic
+    /// ns) bulk slices keep off it (priority filtering).
+    express: Option<(usize, u64)>,
     /// Each rail's link epoch this worker's estimate belongs to.
     epochs: Box<[u32]>,
 }
@@ -283,6 +292,7 @@ impl RailSet {
         WorkerRails {
             worker: worker.min(self.workers() - 1),
             spray: Spray::new(&self.selector, &specs, &tiers, seed),
+            express: None,
             epochs: self.rails.iter().map(|r| r.monitor.link_epoch()).collect(),
         }
     }
@@ -333,15 +343,68 @@ impl RailSet {
     ) -> Result<usize, ErrorKind> {
         let rails = &self.rails;
         let sel = &*self.selector;
+        let cfg = sel.config();
+        let ask = match ask {
+            Ask::Urgent if cfg.priority_filtering => {
+                // HIGH: the least-loaded rail of the best tier that has a
+                // usable one, at once; held for it a while.
+                let ok = |r: usize| usable(r) && rails[r].monitor.available();
+                let n = w.spray.rails();
+                let top = (0..n).filter(|&r| ok(r)).map(|r| w.spray.tier(r)).min();
+                let Some(top) = top else {
+                    return Err(ErrorKind::RouteLost);
+                };
+                let spray = &mut w.spray;
+                let tiers: [u8; MAX_RAILS] =
+                    std::array::from_fn(|r| if r < n { spray.tier(r) } else { u8::MAX });
+                let rail = spray
+                    .best(sel, |r| ok(r) && tiers[r] == top, slice_bytes)
+                    .ok_or(ErrorKind::RouteLost)?;
+                if n > 1 {
+                    w.express = Some((rail, monotonic_ns().saturating_add(cfg.express_hold_ns)));
+                }
+                return Ok(rail);
+            }
+            Ask::Urgent => Ask::Next(1),
+            other => other,
+        };
+        if let (Ask::Next(_), Some((x, until))) = (ask, w.express) {
+            // Bulk keeps off HIGH's rail while HIGH holds it, when another
+            // rail can take the slice (never refused for it alone).
+            if monotonic_ns() >= until {
+                w.express = None;
+            } else {
+                let others = (0..w.spray.rails())
+                    .any(|r| r != x && usable(r) && rails[r].monitor.available());
+                if others {
+                    return self.pick_plain(w, token, ask, slice_bytes, |r| r != x && usable(r));
+                }
+            }
+        }
+        self.pick_plain(w, token, ask, slice_bytes, usable)
+    }
+
+    #[inline]
+    fn pick_plain(
+        &self,
+        w: &mut WorkerRails,
+        token: u64,
+        ask: Ask,
+        slice_bytes: u64,
+        usable: impl Fn(usize) -> bool,
+    ) -> Result<usize, ErrorKind> {
+        let rails = &self.rails;
+        let sel = &*self.selector;
         let (slices_left, avoid) = match ask {
             Ask::Next(left) => (left, None),
             Ask::Again(avoid) => (1, avoid),
+            Ask::Urgent => (1, None),
         };
         if sel.is_smart() {
             // Paused rails are out; a demoted one keeps its EWMA share.
             let ok = |r: usize| usable(r) && rails[r].monitor.available();
             return match ask {
-                Ask::Next(_) => w
+                Ask::Next(_) | Ask::Urgent => w
                     .spray
                     .next(sel, token, slices_left, slice_bytes, ok)
                     .map_err(|e| match e {
@@ -523,6 +586,66 @@ mod tests {
                 .collect(),
             workers,
         )
+    }
+
+    fn set_with(n: usize, cfg: crate::transport::rails::SelectorConfig) -> RailSet {
+        RailSet::new(
+            TransportKind::Tcp,
+            Arc::new(DeviceSelector::new(cfg)),
+            RailPolicy::default(),
+            Arc::new(Placement::default()),
+            (0..n)
+                .map(|i| RailDesc {
+                    local: format!("l{i}"),
+                    remote: format!("r{i}"),
+                    numa_node: None,
+                    speed_gbps: Some(100.0),
+                    depth: 0,
+                })
+                .collect(),
+            1,
+        )
+    }
+
+    /// Seed 001's priority filtering: HIGH binds at once to the least
+    /// loaded rail, and bulk keeps off that rail while HIGH holds it
+    /// (unless no other rail is usable), then has it back.
+    #[test]
+    fn bulk_keeps_off_the_rail_high_holds_until_the_hold_lapses() {
+        let mut cfg = crate::transport::rails::SelectorConfig::default();
+        assert!(cfg.priority_filtering, "the seed's default");
+        cfg.express_hold_ns = 30_000_000;
+        let s = set_with(3, cfg.clone());
+        let mut w = s.worker(0);
+        // Load rails 0 and 2: HIGH takes the idle rail 1.
+        s.posted(&mut w, 0, 1 << 20);
+        s.posted(&mut w, 2, 1 << 20);
+        let x = s.pick(&mut w, 1, Ask::Urgent, 4096, |_| true).unwrap();
+        assert_eq!(x, 1);
+        for t in 0..200 {
+            let r = s
+                .pick(&mut w, 100 + t, Ask::Next(1), 65536, |_| true)
+                .unwrap();
+            assert_ne!(r, x, "bulk slice {t} took HIGH's rail");
+            s.posted(&mut w, r, 65536);
+        }
+        // Only HIGH's rail usable: bulk still goes (never refused for it).
+        assert_eq!(s.pick(&mut w, 999, Ask::Next(1), 65536, |r| r == x), Ok(x));
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        let mut back = false;
+        for t in 0..200 {
+            let r = s
+                .pick(&mut w, 2000 + t, Ask::Next(1), 65536, |_| true)
+                .unwrap();
+            back |= r == x;
+        }
+        assert!(back, "the hold lapsed: bulk uses every rail again");
+        // Filtering off: HIGH is an ordinary slice and holds nothing.
+        cfg.priority_filtering = false;
+        let s = set_with(3, cfg);
+        let mut w = s.worker(0);
+        s.pick(&mut w, 1, Ask::Urgent, 4096, |_| true).unwrap();
+        assert!(w.express.is_none());
     }
 
     #[test]

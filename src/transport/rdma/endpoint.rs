@@ -168,6 +168,9 @@ pub struct RdmaSlice {
     pub posted_ns: u64,
     /// Slices ahead of it on its rail when posted (bandwidth estimate).
     pub ahead: u16,
+    /// A HIGH slice (seed 001): queued ahead of every bulk slice waiting
+    /// in the backlog (behind re-posts and earlier HIGH slices).
+    pub urgent: bool,
 }
 
 /// A slice's end.
@@ -539,7 +542,19 @@ impl Endpoint {
             bump(&self.diag.full_refusals);
             return false;
         }
-        self.backlog.push_back(slice);
+        if slice.urgent {
+            // Behind the re-posts at the head and the HIGH slices already
+            // waiting, ahead of every bulk slice: a HIGH request overtakes
+            // queued bulk at slice granularity. The scan covers only the
+            // HIGH slices waiting, so it stays short.
+            let mut at = self.requeued.min(self.backlog.len());
+            while self.backlog.get(at).is_some_and(|s| s.urgent) {
+                at += 1;
+            }
+            self.backlog.insert(at, slice);
+        } else {
+            self.backlog.push_back(slice);
+        }
         // Published now, not at the next flush: the worker releases the
         // slice's admission charge right after this, and the gate must
         // not see the slot free in between (one store, this thread's).

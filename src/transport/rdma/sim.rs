@@ -269,6 +269,7 @@ mod tests {
             ctx: 0,
             posted_ns: 0,
             ahead: 0,
+            urgent: false,
         }
     }
 
@@ -306,6 +307,48 @@ mod tests {
             counts.doorbells.load(Ordering::Relaxed) < 40,
             "lists, not one by one"
         );
+    }
+
+    /// Seed 001: a HIGH slice submitted behind a long queue of bulk
+    /// slices goes out ahead of every bulk slice still waiting in the
+    /// backlog (behind only what the queue already holds).
+    #[test]
+    fn a_high_slice_overtakes_the_bulk_waiting_in_the_backlog() {
+        let connector = Connector::start().unwrap();
+        // A QP of 4 finishing one request per poll: bulk queues up.
+        let mut ep = Endpoint::new(Box::new(SimSource::new(4, 1)), 4, 64, &connector.handle());
+        for t in 0..40 {
+            assert!(ep.submit(slice(t)));
+        }
+        let mut seen: Vec<u64> = Vec::new();
+        let start = std::time::Instant::now();
+        // Let the queue start on the bulk work.
+        while seen.len() < 2 {
+            assert!(start.elapsed().as_secs() < 10);
+            let mut done = |c: RdmaCompletion| seen.push(c.token);
+            ep.flush(&mut done);
+            ep.reap(&mut done);
+            std::thread::yield_now();
+        }
+        let mut high = slice(1000);
+        high.urgent = true;
+        assert!(ep.submit(high));
+        let mut second = slice(1001);
+        second.urgent = true;
+        assert!(ep.submit(second));
+        while seen.len() < 42 {
+            assert!(start.elapsed().as_secs() < 10, "stuck at {}", seen.len());
+            let mut done = |c: RdmaCompletion| seen.push(c.token);
+            ep.flush(&mut done);
+            ep.reap(&mut done);
+            std::thread::yield_now();
+        }
+        let at = |t: u64| seen.iter().position(|&x| x == t).unwrap();
+        // At most the QP's depth of bulk was posted when HIGH arrived.
+        assert!(at(1000) <= 2 + 4, "HIGH finished {}th: {seen:?}", at(1000));
+        assert!(at(1000) < at(1001), "HIGH slices keep their order");
+        let bulk: Vec<u64> = seen.iter().copied().filter(|&t| t < 1000).collect();
+        assert_eq!(bulk, (0..40).collect::<Vec<_>>(), "bulk keeps its order");
     }
 
     #[test]

@@ -844,6 +844,7 @@ impl Transport for RdmaTransport {
                 ctx: s.region as *const MemRegion as usize,
                 posted_ns: now,
                 ahead: 0,
+                urgent: s.priority == tent_rings::Priority::High,
             };
             let mut eps = match peer.per_worker.get(ctx) {
                 Ok(e) => e,
@@ -858,7 +859,11 @@ impl Transport for RdmaTransport {
                 slice,
                 s.region,
                 remote,
-                Ask::Next(s.slices_left()),
+                if slice.urgent {
+                    Ask::Urgent
+                } else {
+                    Ask::Next(s.slices_left())
+                },
                 now,
             );
             if posted == Err(ErrorKind::RouteLost) && eps.eps.iter().any(|e| e.stalled(now)) {

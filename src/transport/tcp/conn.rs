@@ -82,6 +82,14 @@ pub const RECONNECT_IDLE: Duration = Duration::from_secs(15);
 /// Longest pause between tries at a busy target.
 const BUSY_PAUSE_MAX: Duration = Duration::from_millis(200);
 
+/// [`Op::opcode`]'s flag of a HIGH slice.
+pub const URGENT: u8 = 0x80;
+
+/// The submit ring of HIGH slices (sent first).
+pub const EXPRESS: usize = 0;
+/// The submit ring of MEDIUM and LOW slices.
+pub const BULK: usize = 1;
+
 /// How a connection connects.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -129,7 +137,7 @@ pub struct Op {
     pub seq: u32,
     /// 0 = done, [`BYSTANDER`], else the `ErrorKind` code.
     pub status: u16,
-    /// 1 = WRITE, 2 = READ.
+    /// 1 = WRITE, 2 = READ; [`URGENT`] set for a HIGH slice.
     pub opcode: u8,
     /// Times it was re-posted on a sibling rail.
     pub attempts: u8,
@@ -172,11 +180,22 @@ impl Op {
     }
 
     fn opcode(&self) -> Opcode {
-        if self.opcode == 2 {
+        if self.opcode & !URGENT == 2 {
             Opcode::Read
         } else {
             Opcode::Write
         }
+    }
+
+    /// Is it a HIGH slice (express ring, urgent rail pick, also when
+    /// re-posted)?
+    pub fn is_urgent(&self) -> bool {
+        self.opcode & URGENT != 0
+    }
+
+    /// Mark it HIGH.
+    pub fn set_urgent(&mut self) {
+        self.opcode |= URGENT;
     }
 
     /// The slice's outcome.
@@ -424,8 +443,8 @@ fn reset(s: &TcpStream) {
 pub struct ConnEnds {
     /// Shared state (the link watch breaks it through this).
     pub conn: Arc<Conn>,
-    /// Slices to send.
-    pub submit: Producer<Op>,
+    /// Slices to send: `[EXPRESS]` (HIGH, sent first) and `[BULK]`.
+    pub submit: [Producer<Op>; 2],
     /// Slices done that were on the wire (the receiver's, or the sender's
     /// once it has taken them back).
     pub done: Consumer<Op>,
@@ -470,6 +489,7 @@ pub(super) fn open(
         spsc::channel::<Op>(cap.max(2).next_power_of_two())
             .map_err(|e| Error::invalid("tcp connection ring").with_source(e))
     };
+    let (express_p, express_c) = ring(queue)?;
     let (submit_p, submit_c) = ring(queue)?;
     let (done_p, done_c) = ring(queue)?;
     let (unsent_p, unsent_c) = ring(queue)?;
@@ -496,8 +516,11 @@ pub(super) fn open(
     });
     let sender = Sender {
         conn: conn.clone(),
-        submit: submit_c,
-        backlog: VecDeque::with_capacity(submit_p.capacity()),
+        backlog: [
+            VecDeque::with_capacity(express_p.capacity()),
+            VecDeque::with_capacity(submit_p.capacity()),
+        ],
+        submit: [express_c, submit_c],
         unsent: unsent_p,
         inflight: infl_p,
         parts: Some((infl_c, done_p)),
@@ -520,7 +543,7 @@ pub(super) fn open(
     Ok((
         ConnEnds {
             conn,
-            submit: submit_p,
+            submit: [express_p, submit_p],
             done: done_c,
             unsent: unsent_c,
         },
@@ -541,10 +564,12 @@ struct Stopped {
 
 struct Sender {
     conn: Arc<Conn>,
-    submit: Consumer<Op>,
-    /// Slices taken from `submit` early (to fail those of an aborted
-    /// token at once), sent before anything still in `submit`.
-    backlog: VecDeque<Op>,
+    /// `[EXPRESS]` then `[BULK]`: a HIGH slice goes on the wire before any
+    /// bulk slice still queued here (seed 001).
+    submit: [Consumer<Op>; 2],
+    /// Per class, slices taken from `submit` early (to fail those of an
+    /// aborted token at once), sent before anything still in `submit`.
+    backlog: [VecDeque<Op>; 2],
     /// Completions of slices that never went on the wire.
     unsent: Producer<Op>,
     inflight: Producer<Op>,
@@ -599,13 +624,7 @@ impl Sender {
             let seen = self.conn.bell.value();
             let next = match self.held.take() {
                 Some(op) => Some(op),
-                None if self.room() => self.backlog.pop_front().or_else(|| {
-                    let op = self.submit.pop();
-                    if op.is_some() {
-                        self.submit.sync();
-                    }
-                    op
-                }),
+                None if self.room() => self.next_queued(),
                 None => None,
             };
             let Some(op) = next else {
@@ -653,6 +672,30 @@ impl Sender {
         }
     }
 
+    /// The next slice to send: express before bulk, and within a class
+    /// what was taken early before what is still in its ring.
+    fn next_queued(&mut self) -> Option<Op> {
+        for c in [EXPRESS, BULK] {
+            if let Some(op) = self.backlog[c].pop_front() {
+                return Some(op);
+            }
+            if let Some(op) = self.submit[c].pop() {
+                self.submit[c].sync();
+                return Some(op);
+            }
+        }
+        None
+    }
+
+    /// Anything queued, in either class?
+    fn has_queued(&mut self) -> bool {
+        let mut any = false;
+        for c in [EXPRESS, BULK] {
+            any |= !self.submit[c].is_empty() || !self.backlog[c].is_empty();
+        }
+        any
+    }
+
     /// May one more slice go on the wire (a free credit in the window)?
     /// The sender is the window's only taker, so the answer holds until
     /// it takes one.
@@ -673,26 +716,28 @@ impl Sender {
             push_done(&mut self.unsent, op.fail(kind));
             any = true;
         }
-        let mut taken = false;
-        while let Some(op) = self.submit.pop() {
-            // Room: the backlog is as large as `submit`, and together they
-            // hold at most the worker's credits.
-            self.backlog.push_back(op);
-            taken = true;
-        }
-        if taken {
-            self.submit.sync();
-        }
-        let before = self.backlog.len();
-        let unsent = &mut self.unsent;
-        self.backlog.retain(|op| match board.kind_of(op.token) {
-            Some(kind) => {
-                push_done(unsent, op.fail(kind));
-                false
+        for c in [EXPRESS, BULK] {
+            let mut taken = false;
+            while let Some(op) = self.submit[c].pop() {
+                // Room: each backlog is as large as its ring, and together
+                // they hold at most the worker's credits.
+                self.backlog[c].push_back(op);
+                taken = true;
             }
-            None => true,
-        });
-        any |= self.backlog.len() != before;
+            if taken {
+                self.submit[c].sync();
+            }
+            let before = self.backlog[c].len();
+            let unsent = &mut self.unsent;
+            self.backlog[c].retain(|op| match board.kind_of(op.token) {
+                Some(kind) => {
+                    push_done(unsent, op.fail(kind));
+                    false
+                }
+                None => true,
+            });
+            any |= self.backlog[c].len() != before;
+        }
         if any {
             self.unsent.sync();
             self.conn.completed();
@@ -703,7 +748,7 @@ impl Sender {
     fn park(&mut self, seen: u32) {
         // SeqCst: see Conn::wake.
         self.conn.sleeping.store(true, Ordering::SeqCst);
-        let busy = ((!self.submit.is_empty() || !self.backlog.is_empty()) && self.room())
+        let busy = (self.has_queued() && self.room())
             || self.conn.stop.load(Ordering::SeqCst)
             || (self.stream.is_some() && self.conn.broken.load(Ordering::SeqCst))
             || self.conn.board.generation() != self.board_seen;
@@ -839,17 +884,21 @@ impl Sender {
             push_done(&mut self.unsent, op.fail(kind));
             any = true;
         }
-        while let Some(op) = self.backlog.pop_front() {
-            push_done(&mut self.unsent, op.fail(kind));
-            any = true;
-        }
         let mut taken = false;
-        while let Some(op) = self.submit.pop() {
-            push_done(&mut self.unsent, op.fail(kind));
-            taken = true;
-        }
-        if taken {
-            self.submit.sync();
+        for c in [EXPRESS, BULK] {
+            while let Some(op) = self.backlog[c].pop_front() {
+                push_done(&mut self.unsent, op.fail(kind));
+                any = true;
+            }
+            let mut popped = false;
+            while let Some(op) = self.submit[c].pop() {
+                push_done(&mut self.unsent, op.fail(kind));
+                popped = true;
+            }
+            if popped {
+                self.submit[c].sync();
+            }
+            taken |= popped;
         }
         if any || taken {
             self.unsent.sync();

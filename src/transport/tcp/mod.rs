@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tent_rings::{ErrorKind, TransportKind};
+use tent_rings::{ErrorKind, Priority, TransportKind};
 
 use abort::{AbortBoard, Tokens};
 pub use conn::{BYSTANDER, Conn, ConnEnds, Endpoint, Op};
@@ -414,21 +414,37 @@ impl TcpTransport {
         mut op: Op,
         ask: Ask,
     ) -> std::result::Result<(), ErrorKind> {
+        let urgent = op.is_urgent();
+        let ask = match ask {
+            Ask::Next(_) if urgent => Ask::Urgent,
+            other => other,
+        };
         let rail = peer
             .rails
             .pick(&mut links.rails, op.token, ask, op.len, |r| {
                 peer.links[r].is_up()
             })?;
-        let c = links.conn_cursor[rail];
-        links.conn_cursor[rail] = (c + 1) % peer.conns_per_rail;
-        let ends = &mut links.ends[rail * peer.conns_per_rail + c];
+        let first = rail * peer.conns_per_rail;
+        let (c, class) = if urgent {
+            // HIGH: the rail's connection with the fewest slices on the
+            // wire, into its express ring (sent before its queued bulk).
+            let c = (0..peer.conns_per_rail)
+                .min_by_key(|&c| links.ends[first + c].conn.window().posted())
+                .unwrap_or(0);
+            (c, conn::EXPRESS)
+        } else {
+            let c = links.conn_cursor[rail];
+            links.conn_cursor[rail] = (c + 1) % peer.conns_per_rail;
+            (c, conn::BULK)
+        };
+        let ends = &mut links.ends[first + c];
         op.rail = rail as u16;
         op.ahead = peer.rails.posted(&mut links.rails, rail, op.len);
-        if ends.submit.push(op).is_err() {
+        if ends.submit[class].push(op).is_err() {
             peer.rails.left(&mut links.rails, rail, op.len);
             return Err(ErrorKind::SqFull);
         }
-        ends.submit.sync();
+        ends.submit[class].sync();
         ends.conn.wake();
         Ok(())
     }
@@ -523,6 +539,9 @@ impl Transport for TcpTransport {
             }
             let mut op = Op::new(s.token, s.opcode, s.local, s.remote, s.len, key);
             op.posted_ns = now;
+            if s.priority == Priority::High {
+                op.set_urgent();
+            }
             let posted = self.post(peer, &mut links, op, Ask::Next(s.slices_left()));
             if posted.is_err() {
                 ws.tokens.finish(s.token);

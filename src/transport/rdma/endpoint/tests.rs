@@ -389,6 +389,7 @@ fn slice(token: u64) -> RdmaSlice {
         ctx: 0,
         posted_ns: 0,
         ahead: 0,
+        urgent: false,
     }
 }
 
