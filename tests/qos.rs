@@ -1,0 +1,412 @@
+//! Seed 001 end to end: priority order and promotion through the ring and
+//! batch APIs, and the global time slots shared by two real processes
+//! (a LOW-only process posts nothing in slot 0; the rotating process
+//! killed with SIGKILL, the other takes the clock over within two slot
+//! intervals); stale, foreign and wrong-version slot files.
+//!
+//! The rotating process is this same test binary re-run with
+//! `TENT_QOS_SLOTS=<name>` and the filter `slot_owner_child`.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{reap, test_config};
+use tent::qos::{SendGate, SlotClock};
+use tent::transport::fault::{FaultPolicy, FaultProxyTransport};
+use tent::transport::{Slice, Transport};
+use tent::{Engine, LocalAddr, Priority, RemoteAddr, SegmentId, TransportKind, op};
+
+fn slot_name(tag: &str) -> String {
+    format!("/tent-qos-{tag}-{}", std::process::id())
+}
+
+struct Unlink(String);
+impl Drop for Unlink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(format!("/dev/shm{}", self.0));
+    }
+}
+
+fn engine_on_slots(name: &str, interval_ms: u64) -> tent::Result<Engine> {
+    let mut c = test_config();
+    c.transports.rdma.shared_quota_shm_path = name.to_owned();
+    c.transports.rdma.slot_rotation_interval_ms = interval_ms;
+    Engine::new(c)
+}
+
+/// The other process: an engine on the slot file, rotating it, until
+/// killed.
+#[test]
+fn slot_owner_child() {
+    let Some(name) = std::env::var_os("TENT_QOS_SLOTS") else {
+        return;
+    };
+    let e = engine_on_slots(name.to_str().unwrap(), 20).unwrap();
+    let t0 = Instant::now();
+    while !e.slot_clock().unwrap().is_owner() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "never owned");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    println!("OWNER");
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Wraps the local transport and notes the lease word (beat and slot) as
+/// each LOW slice reaches it.
+fn spy_on_local(e: &Engine, clock: Arc<SlotClock>, log: Arc<Mutex<Vec<(u64, u8)>>>) {
+    let inner = e.swap_transport(TransportKind::Local, None).unwrap();
+    let proxy = FaultProxyTransport::new(inner, FaultPolicy::default()).poison_when(Arc::new(
+        move |s: &Slice<'_>| {
+            if s.priority == Priority::Low {
+                let l = clock.lease();
+                log.lock().unwrap().push((l.beat(), l.slot()));
+            }
+            false
+        },
+    ));
+    e.swap_transport(
+        TransportKind::Local,
+        Some(Arc::new(proxy) as Arc<dyn Transport>),
+    );
+}
+
+#[test]
+fn two_processes_share_the_slots_and_the_survivor_takes_the_clock_over() {
+    let name = slot_name("two");
+    let _unlink = Unlink(name.clone());
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "slot_owner_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("TENT_QOS_SLOTS", &name)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Killed however this test ends.
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Reap(child);
+    loop {
+        let l = lines.next().expect("child exited early").unwrap();
+        if l.contains("OWNER") {
+            break;
+        }
+    }
+    let e = engine_on_slots(&name, 20).unwrap();
+    let clock = e.slot_clock().unwrap().clone();
+    assert!(!clock.is_owner(), "the child rotates; we watch");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    spy_on_local(&e, clock.clone(), log.clone());
+
+    // A LOW-only stream for a dozen slots.
+    let src = e.allocate_memory(1 << 16).unwrap();
+    let dst = e.allocate_memory(1 << 16).unwrap();
+    let mut ring = e.ring_with_depth(64).unwrap();
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    while t0.elapsed() < Duration::from_millis(250) {
+        for _ in 0..16 {
+            ring.submission()
+                .push(
+                    op::Write::new(
+                        LocalAddr::new(src.id(), 0),
+                        RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+                        4096,
+                    )
+                    .priority(Priority::Low)
+                    .user_data(n),
+                )
+                .unwrap();
+            n += 1;
+        }
+        for c in reap(&mut ring, 16) {
+            assert_eq!(c.result(), Ok(4096));
+        }
+    }
+    let seen = std::mem::take(&mut *log.lock().unwrap());
+    // (The worker may serve the first few through the slot it cached
+    // before the swap.)
+    assert!(
+        seen.len() as u64 >= n / 2,
+        "LOW slices went through the spy: {} of {n}",
+        seen.len()
+    );
+    // LOW may go in slot 2 only. A slice whose gate check and arrival at
+    // the transport straddle a rotation can read the next slot: at most
+    // one per slot-0 period.
+    let mut per_beat = std::collections::HashMap::new();
+    for &(beat, slot) in &seen {
+        if slot != 2 {
+            *per_beat.entry(beat).or_insert(0u32) += 1;
+        }
+    }
+    assert!(
+        per_beat.values().all(|&k| k <= 1),
+        "LOW slices posted while the slot was closed to LOW: {per_beat:?} of {}",
+        seen.len()
+    );
+    let holds = e.qos_stats().level(Priority::Low).gate_holds;
+    assert!(
+        holds >= 3,
+        "the gate held LOW back in several slots: {holds}"
+    );
+
+    // Kill the rotating process; the survivor takes over within two
+    // intervals of its last rotation.
+    let before = clock.lease();
+    child.0.kill().unwrap();
+    let killed = Instant::now();
+    let _ = child.0.wait();
+    while !clock.is_owner() {
+        assert!(
+            killed.elapsed() < Duration::from_secs(2),
+            "no takeover: {:?}",
+            clock.lease()
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let took = killed.elapsed();
+    eprintln!("takeover {took:?} after SIGKILL (interval 20 ms)");
+    assert!(
+        took <= Duration::from_millis(40) + Duration::from_millis(15),
+        "takeover took {took:?}, more than two 20 ms intervals (+15 ms scheduling)"
+    );
+    assert_ne!(clock.lease().owner(), before.owner());
+    assert_eq!(clock.takeovers(), 1);
+    let q = e.qos_stats();
+    assert!(q.slots.unwrap().owner);
+    assert!(e.metrics_text().contains("tent_qos_slot_owner 1"));
+    // The survivor rotates: every slot comes round again.
+    let mut slots = [false; 3];
+    let t0 = Instant::now();
+    while slots != [true; 3] {
+        assert!(t0.elapsed() < Duration::from_secs(2), "{slots:?}");
+        slots[usize::from(clock.slot().min(2))] = true;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn stale_foreign_and_wrong_version_slot_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let name = slot_name("files");
+    let path = format!("/dev/shm{name}");
+    let _unlink = Unlink(name.clone());
+    // Another program's file at the path: refused, naming it.
+    std::fs::write(&path, vec![0x42u8; 4096]).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let err = engine_on_slots(&name, 2).unwrap_err();
+    assert_eq!(err.kind(), tent::ErrorKind::InvalidArgument);
+    let text = format!("{err}");
+    assert!(text.contains(&path) && text.contains("remove it"), "{text}");
+    // A file others may write: refused.
+    std::fs::remove_file(&path).unwrap();
+    drop(SlotClock::open(&name, Duration::from_millis(2)).unwrap());
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let text = format!("{}", engine_on_slots(&name, 2).unwrap_err());
+    assert!(
+        text.contains(&path) && text.contains("other users"),
+        "{text}"
+    );
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // Another version of tent's format (the layout word): refused.
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[32] ^= 0x7f; // the first layout word (the slot format)
+    std::fs::write(&path, &bytes).unwrap();
+    let text = format!("{}", engine_on_slots(&name, 2).unwrap_err());
+    assert!(
+        text.contains(&path) && text.contains("not a tent slot file of this version"),
+        "{text}"
+    );
+    // A stale file of this version from an earlier run at another
+    // interval, its owner killed mid-lease (owner id set, its pid gone):
+    // recovered, this engine rotates it at its own interval.
+    std::fs::remove_file(&path).unwrap();
+    drop(SlotClock::open(&name, Duration::from_millis(50)).unwrap());
+    let mut dead = Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    // Payload at 128: lease word (owner in the high half), interval, pid.
+    bytes[128..136].copy_from_slice(&(0xdead_beef_u64 << 32 | 5 << 2).to_le_bytes());
+    bytes[144..148].copy_from_slice(&dead_pid.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let e = engine_on_slots(&name, 2).unwrap();
+    let clock = e.slot_clock().unwrap();
+    let t0 = Instant::now();
+    while !clock.is_owner() {
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(clock.interval(), Duration::from_millis(2));
+}
+
+/// A HIGH request submitted behind a queue of large LOW requests (one
+/// worker, local copies) completes before the LOW ones queued ahead of it;
+/// with promotion, LOW still completes under a steady HIGH stream. Ring
+/// API and batch API.
+#[test]
+fn high_overtakes_queued_low_and_promotion_keeps_low_moving() {
+    let mut c = test_config();
+    c.transports.rdma.priority_promotion_timeout_us = 2_000;
+    let e = Engine::new(c).unwrap();
+    let big = 8 << 20;
+    let src = e.allocate_memory(big).unwrap();
+    let dst = e.allocate_memory(big).unwrap();
+    let mut ring = e.ring_with_depth(64).unwrap();
+    {
+        let mut sq = ring.submission();
+        for i in 0..8u64 {
+            sq.push(
+                op::Write::new(
+                    LocalAddr::new(src.id(), 0),
+                    RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+                    big,
+                )
+                .priority(Priority::Low)
+                .user_data(i),
+            )
+            .unwrap();
+        }
+        sq.push(
+            op::Write::new(
+                LocalAddr::new(src.id(), 0),
+                RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+                4096,
+            )
+            .priority(Priority::High)
+            .user_data(100),
+        )
+        .unwrap();
+    }
+    let order: Vec<u64> = reap(&mut ring, 9).iter().map(|c| c.user_data()).collect();
+    let high_at = order.iter().position(|&u| u == 100).unwrap();
+    assert!(high_at <= 1, "HIGH finished {high_at}th: {order:?}");
+
+    // Batch API: the same, through a batch.
+    let b = e.allocate_batch(16).unwrap();
+    let mut reqs: Vec<tent::Sqe> = (0..8)
+        .map(|_| {
+            op::Write::new(
+                LocalAddr::new(src.id(), 0),
+                RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+                big,
+            )
+            .priority(Priority::Low)
+            .build()
+        })
+        .collect();
+    reqs.push(
+        op::Write::new(
+            LocalAddr::new(src.id(), 0),
+            RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+            4096,
+        )
+        .priority(Priority::High)
+        .build(),
+    );
+    e.submit(b, &reqs).unwrap();
+    let t0 = Instant::now();
+    let high_done = loop {
+        let s = e.status(b, 8).unwrap();
+        if s.state == tent::TaskState::Completed {
+            break t0.elapsed();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20));
+        std::thread::yield_now();
+    };
+    let lows_done = (0..8)
+        .filter(|&i| e.status(b, i).unwrap().state == tent::TaskState::Completed)
+        .count();
+    assert!(
+        lows_done <= 1,
+        "{lows_done} LOW tasks finished before HIGH ({high_done:?})"
+    );
+    while (0..9).any(|i| e.status(b, i).unwrap().state != tent::TaskState::Completed) {
+        assert!(t0.elapsed() < Duration::from_secs(20));
+        std::thread::yield_now();
+    }
+    e.free_batch(b).unwrap();
+
+    // Promotion: a LOW request under a HIGH stream that never pauses
+    // still finishes, promoted (counted per lane).
+    let stop = Arc::new(AtomicU64::new(0));
+    let low_done = std::thread::scope(|s| {
+        let e = &e;
+        let (src, dst) = (&src, &dst);
+        let stop2 = stop.clone();
+        s.spawn(move || {
+            let mut r = e.ring_with_depth(64).unwrap();
+            let mut n = 0u64;
+            while stop2.load(Ordering::Relaxed) == 0 {
+                for _ in 0..32 {
+                    r.submission()
+                        .push(
+                            op::Write::new(
+                                LocalAddr::new(src.id(), 0),
+                                RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+                                64 << 10,
+                            )
+                            .priority(Priority::High)
+                            .user_data(n),
+                        )
+                        .unwrap();
+                    n += 1;
+                }
+                reap(&mut r, 32);
+            }
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        let mut r = e.ring_with_depth(4).unwrap();
+        r.submission()
+            .push(
+                op::Write::new(
+                    LocalAddr::new(src.id(), 0),
+                    RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+                    4096,
+                )
+                .priority(Priority::Low)
+                .user_data(7),
+            )
+            .unwrap();
+        let c = reap(&mut r, 1);
+        stop.store(1, Ordering::Relaxed);
+        c[0].result()
+    });
+    assert_eq!(low_done, Ok(4096));
+    let q = e.qos_stats();
+    assert!(q.level(Priority::Low).accepted >= 9);
+    assert!(q.level(Priority::High).waits() > 0);
+    let text = e.metrics_text();
+    assert!(
+        text.contains("tent_qos_wait_seconds_count{priority=\"high\"}"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_open_gate_and_the_slot_gate_agree_on_slot_two() {
+    let name = slot_name("gate");
+    let _unlink = Unlink(name.clone());
+    let c = SlotClock::open(&name, Duration::from_millis(2)).unwrap();
+    // A fresh file: nobody rotates, every priority may send.
+    for p in Priority::ALL {
+        assert!(c.can_send(p));
+    }
+}
