@@ -438,6 +438,15 @@ enum StrRule {
     AutoOrIndex,
 }
 
+/// A POSIX shared-memory name: `/` then 1 to 254 bytes with no `/` or
+/// NUL, and not `.` or `..` (it names a file directly in `/dev/shm`).
+pub fn is_shm_name(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix('/') else {
+        return false;
+    };
+    !rest.is_empty() && s.len() <= 255 && !rest.contains(['/', '\0']) && rest != "." && rest != ".."
+}
+
 impl Kind {
     const fn type_name(self) -> &'static str {
         match self {
@@ -1271,13 +1280,9 @@ fn check_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, Conf
                 StrRule::AbsolutePath if !s.starts_with('/') => {
                     Some("must be an absolute path (starting with /)")
                 }
-                StrRule::EmptyOrShmName
-                    if !s.is_empty() && (!s.starts_with('/') || s.len() < 2) =>
-                {
-                    Some(
-                        "must be empty (single-process mode) or a shared-memory name like /mooncake_rdma_slots",
-                    )
-                }
+                StrRule::EmptyOrShmName if !s.is_empty() && !is_shm_name(s) => Some(
+                    "must be empty (single-process mode) or a shared-memory name like /mooncake_rdma_slots (one leading /, no other /, not /. or /.., at most 255 bytes)",
+                ),
                 StrRule::DeviceList
                     if s.split(',').any(|d| {
                         let d = d.trim();
@@ -2059,6 +2064,16 @@ mod tests {
             invalid_key(r#"{"transports": {"rdma": {"shared_quota_shm_path": "slots"}}}"#),
             "transports/rdma/shared_quota_shm_path"
         );
+        // The name must stay a file directly in /dev/shm.
+        for bad in ["/a/b", "/..", "/.", "/../../tmp/x", "/"] {
+            assert_eq!(
+                invalid_key(&format!(
+                    r#"{{"transports": {{"rdma": {{"shared_quota_shm_path": "{bad}"}}}}}}"#
+                )),
+                "transports/rdma/shared_quota_shm_path",
+                "{bad}"
+            );
+        }
         assert_eq!(
             invalid_key(r#"{"transports": {"rdma": {"sq_split_policy": "random"}}}"#),
             "transports/rdma/sq_split_policy"

@@ -141,7 +141,13 @@ impl SlotClock {
     /// rotated by a live process at another interval.
     pub fn open(name: &str, interval: Duration) -> Result<SlotClock> {
         let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
-        let file = name.trim_start_matches('/');
+        // A name, never a path: the file lies directly in /dev/shm.
+        if !crate::config::is_shm_name(name) {
+            return Err(Error::invalid(format!(
+                "shared_quota_shm_path {name:?}: not a shared-memory name like /tent_slots"
+            )));
+        }
+        let file = &name[1..];
         let (region, created) = Region::open_or_create_shm(
             file,
             RegionType::SlotClock,
