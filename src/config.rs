@@ -739,7 +739,7 @@ schema! {
         "Healthy time in s that halves a rail's remembered cooldown (so a flapping rail pays a growing cooldown).";
     // transports/rdma: QoS (seed 001)
     "transports/rdma/enable_priority_filtering" => transports.rdma.enable_priority_filtering: Kind::Bool, "true", LIVE,
-        "Priority-aware rail filtering (RDMA and TCP rails): a HIGH slice binds at once to the least-loaded rail of its best NUMA tier, and bulk slices keep off that rail for local_rotation_interval_us.";
+        "Priority-aware rail filtering (RDMA and TCP rails): a HIGH request's last (or only) slice binds at once to the least-loaded rail of its best NUMA tier, and bulk slices keep off that rail for local_rotation_interval_us.";
     "transports/rdma/local_rotation_interval_us" => transports.rdma.local_rotation_interval_us: uint(1, 10_000_000), "200", LIVE,
         "How long in us the rail HIGH last used stays HIGH's (bulk keeps off it while another rail is usable); HIGH re-picks the least-loaded rail per slice, so the held rail rotates with load.";
     "transports/rdma/priority_promotion_timeout_us" => transports.rdma.priority_promotion_timeout_us: uint(1, 60_000_000), "10000", LIVE,

@@ -87,7 +87,8 @@ pub enum Ask {
     /// or caught in another slice's fault (`None`). Never waits for room:
     /// it was admitted once already.
     Again(Option<usize>),
-    /// A HIGH slice (seed 001). With `enable_priority_filtering`: bound at
+    /// A HIGH request's last (or only) slice (seed 001). With
+    /// `enable_priority_filtering`: bound at
     /// once (no plan, no waiting for room) to the least-loaded usable
     /// rail of its best NUMA tier, which bulk slices then leave to HIGH
     /// for `local_rotation_interval_us`; without it, as `Next(1)`.

@@ -859,7 +859,8 @@ impl Transport for RdmaTransport {
                 slice,
                 s.region,
                 remote,
-                if slice.urgent {
+                // As over TCP: a HIGH request's last slice binds at once.
+                if slice.urgent && s.slices_left() == 1 {
                     Ask::Urgent
                 } else {
                     Ask::Next(s.slices_left())

@@ -415,8 +415,11 @@ impl TcpTransport {
         ask: Ask,
     ) -> std::result::Result<(), ErrorKind> {
         let urgent = op.is_urgent();
+        // A HIGH request's last (or only) slice binds at once; a large
+        // HIGH request keeps the plan (HIGH is the default priority, so
+        // most bulk is HIGH when nothing else is).
         let ask = match ask {
-            Ask::Next(_) if urgent => Ask::Urgent,
+            Ask::Next(1) if urgent => Ask::Urgent,
             other => other,
         };
         let rail = peer
