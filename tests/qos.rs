@@ -39,6 +39,17 @@ fn engine_on_slots(name: &str, interval_ms: u64) -> tent::Result<Engine> {
     Engine::new(c)
 }
 
+/// A WRITE of `len` bytes from the start of `src` to the start of `dst`
+/// (this engine's own memory: the local transport) at priority `p`.
+fn local_write(src: &tent::Buffer, dst: &tent::Buffer, len: u64, p: Priority) -> op::Write {
+    op::Write::new(
+        LocalAddr::new(src.id(), 0),
+        RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+        len,
+    )
+    .priority(p)
+}
+
 /// The other process: an engine on the slot file, rotating it, until
 /// killed.
 #[test]
@@ -123,15 +134,7 @@ fn two_processes_share_the_slots_and_the_survivor_takes_the_clock_over() {
     while t0.elapsed() < Duration::from_millis(250) {
         for _ in 0..16 {
             ring.submission()
-                .push(
-                    op::Write::new(
-                        LocalAddr::new(src.id(), 0),
-                        RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
-                        4096,
-                    )
-                    .priority(Priority::Low)
-                    .user_data(n),
-                )
+                .push(local_write(&src, &dst, 4096, Priority::Low).user_data(n))
                 .unwrap();
             n += 1;
         }
@@ -273,27 +276,11 @@ fn high_overtakes_queued_low_and_promotion_keeps_low_moving() {
     {
         let mut sq = ring.submission();
         for i in 0..8u64 {
-            sq.push(
-                op::Write::new(
-                    LocalAddr::new(src.id(), 0),
-                    RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
-                    big,
-                )
-                .priority(Priority::Low)
-                .user_data(i),
-            )
-            .unwrap();
+            sq.push(local_write(&src, &dst, big, Priority::Low).user_data(i))
+                .unwrap();
         }
-        sq.push(
-            op::Write::new(
-                LocalAddr::new(src.id(), 0),
-                RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
-                4096,
-            )
-            .priority(Priority::High)
-            .user_data(100),
-        )
-        .unwrap();
+        sq.push(local_write(&src, &dst, 4096, Priority::High).user_data(100))
+            .unwrap();
     }
     let order: Vec<u64> = reap(&mut ring, 9).iter().map(|c| c.user_data()).collect();
     let high_at = order.iter().position(|&u| u == 100).unwrap();
@@ -302,25 +289,9 @@ fn high_overtakes_queued_low_and_promotion_keeps_low_moving() {
     // Batch API: the same, through a batch.
     let b = e.allocate_batch(16).unwrap();
     let mut reqs: Vec<tent::Sqe> = (0..8)
-        .map(|_| {
-            op::Write::new(
-                LocalAddr::new(src.id(), 0),
-                RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
-                big,
-            )
-            .priority(Priority::Low)
-            .build()
-        })
+        .map(|_| local_write(&src, &dst, big, Priority::Low).build())
         .collect();
-    reqs.push(
-        op::Write::new(
-            LocalAddr::new(src.id(), 0),
-            RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
-            4096,
-        )
-        .priority(Priority::High)
-        .build(),
-    );
+    reqs.push(local_write(&src, &dst, 4096, Priority::High).build());
     e.submit(b, &reqs).unwrap();
     let t0 = Instant::now();
     let high_done = loop {
@@ -357,15 +328,7 @@ fn high_overtakes_queued_low_and_promotion_keeps_low_moving() {
             while stop2.load(Ordering::Relaxed) == 0 {
                 for _ in 0..32 {
                     r.submission()
-                        .push(
-                            op::Write::new(
-                                LocalAddr::new(src.id(), 0),
-                                RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
-                                64 << 10,
-                            )
-                            .priority(Priority::High)
-                            .user_data(n),
-                        )
+                        .push(local_write(src, dst, 64 << 10, Priority::High).user_data(n))
                         .unwrap();
                     n += 1;
                 }
@@ -375,15 +338,7 @@ fn high_overtakes_queued_low_and_promotion_keeps_low_moving() {
         std::thread::sleep(Duration::from_millis(20));
         let mut r = e.ring_with_depth(4).unwrap();
         r.submission()
-            .push(
-                op::Write::new(
-                    LocalAddr::new(src.id(), 0),
-                    RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
-                    4096,
-                )
-                .priority(Priority::Low)
-                .user_data(7),
-            )
+            .push(local_write(src, dst, 4096, Priority::Low).user_data(7))
             .unwrap();
         let c = reap(&mut r, 1);
         stop.store(1, Ordering::Relaxed);

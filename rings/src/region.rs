@@ -553,8 +553,7 @@ impl Region {
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
         loop {
-            // SAFETY: flock on a descriptor this function owns; the lock goes
-            // with the descriptor when `file` drops at return.
+            // SAFETY: flock on a descriptor this function owns and keeps open until `_unlock` below has unlocked it.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
                 break;
             }

@@ -354,12 +354,10 @@ impl Worker {
             // only as long as the gate says a slot may take to reopen.
             let gated = queued && self.gated;
             let later = queued && (self.later || gated);
-            let nap = if gated {
-                park.min(COMPLETION_PARK)
-                    .min(self.engine.gate.recheck_after())
-            } else {
-                park.min(COMPLETION_PARK)
-            };
+            let mut nap = park.min(COMPLETION_PARK);
+            if gated {
+                nap = nap.min(self.engine.gate.recheck_after());
+            }
             if idle < spin_ns {
                 std::hint::spin_loop();
             } else if self.async_inflight > 0 && self.completions_wake() {

@@ -205,8 +205,7 @@ impl SlotClock {
     }
 
     fn payload(&self) -> &SlotPayload {
-        // SAFETY: the region's payload is PAYLOAD_LEN bytes (checked at open),
-        // 128-byte aligned, all atomics, mapped as long as `self` lives.
+        // SAFETY: the region's payload is PAYLOAD_LEN bytes (checked at open), 128-byte aligned, all atomics, mapped as long as `self` lives.
         unsafe { &*self.region.payload_ptr().cast::<SlotPayload>() }
     }
 
@@ -393,8 +392,12 @@ fn rotate(clock: &SlotClock, stop: &AtomicBool) {
                 }
                 let cur = clock.lease();
                 let now = Instant::now();
-                if cur.owner() != clock.me || clock.swap(cur, cur.rotated_by(clock.me)).is_err() {
-                    let cur = clock.lease();
+                let lost = if cur.owner() != clock.me {
+                    Some(cur)
+                } else {
+                    clock.swap(cur, cur.rotated_by(clock.me)).err()
+                };
+                if let Some(cur) = lost {
                     tracing::info!(path = %clock.path.display(), owner = cur.owner(),
                         "slot clock: lease taken over by another participant; watching");
                     role = Role::Watcher {
@@ -419,22 +422,25 @@ fn rotate(clock: &SlotClock, stop: &AtomicBool) {
                 let now = Instant::now();
                 let vacant = cur.owner() == 0;
                 if vacant || (cur == seen && now - since >= silent) {
-                    if clock.swap(cur, cur.rotated_by(clock.me)).is_ok() {
-                        p.owner_pid.store(std::process::id(), Ordering::Relaxed);
-                        if !vacant {
-                            p.takeovers.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(path = %clock.path.display(), from = cur.owner(),
+                    match clock.swap(cur, cur.rotated_by(clock.me)) {
+                        Ok(()) => {
+                            p.owner_pid.store(std::process::id(), Ordering::Relaxed);
+                            if !vacant {
+                                p.takeovers.fetch_add(1, Ordering::Relaxed);
+                                tracing::warn!(path = %clock.path.display(), from = cur.owner(),
                                 silent_us = (now - since).as_micros() as u64,
                                 "slot clock: owner silent; took over rotation");
+                            }
+                            role = Role::Owner {
+                                next: now + interval,
+                            };
                         }
-                        role = Role::Owner {
-                            next: now + interval,
-                        };
-                    } else {
-                        role = Role::Watcher {
-                            seen: clock.lease(),
-                            since: now,
-                        };
+                        Err(found) => {
+                            role = Role::Watcher {
+                                seen: found,
+                                since: now,
+                            }
+                        }
                     }
                 } else if cur != seen {
                     role = Role::Watcher {

@@ -750,7 +750,7 @@ impl Spray {
     }
 
     /// The rail `ok` admits of minimum score plus jitter.
-    pub(crate) fn best(
+    fn best(
         &mut self,
         sel: &DeviceSelector,
         ok: impl Fn(usize) -> bool,
@@ -760,6 +760,31 @@ impl Spray {
         min_score(sel, &self.loads, &self.tiers, ok, slice_bytes, || {
             jitter(rng, sel.cfg.jitter)
         })
+    }
+
+    /// The best-scoring rail `ok` admits within the lowest NUMA tier that
+    /// has one (a HIGH slice under priority filtering: no plan, no depth
+    /// bound). `None` if no rail is admitted.
+    pub fn best_of_top_tier(
+        &mut self,
+        sel: &DeviceSelector,
+        ok: impl Fn(usize) -> bool,
+        slice_bytes: u64,
+    ) -> Option<usize> {
+        let top = (0..self.rails())
+            .filter(|&r| ok(r))
+            .map(|r| self.tiers[r])
+            .min()?;
+        let tiers = &self.tiers;
+        let rng = &mut self.rng;
+        min_score(
+            sel,
+            &self.loads,
+            tiers,
+            |r| ok(r) && tiers[r] == top,
+            slice_bytes,
+            || jitter(rng, sel.cfg.jitter),
+        )
     }
 
     /// A new plan of `w` slices for `token` over the rails `ok` admits

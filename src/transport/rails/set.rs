@@ -28,7 +28,7 @@ use crossbeam_utils::CachePadded;
 use tent_rings::{ErrorKind, TransportKind};
 
 use super::monitor::{RailMonitor, RailPolicy, RailStat, ReviewClock, review_bandwidth};
-use super::selector::{DeviceSelector, MAX_RAILS, NoRail, RailSpec, Spray};
+use super::selector::{DeviceSelector, NoRail, RailSpec, Spray};
 use crate::clock::monotonic_ns;
 
 /// Times a slice may move to a sibling rail before its failure reaches
@@ -93,6 +93,22 @@ pub enum Ask {
     /// rail of its best NUMA tier, which bulk slices then leave to HIGH
     /// for `local_rotation_interval_us`; without it, as `Next(1)`.
     Urgent,
+}
+
+impl Ask {
+    /// A request's next slice, `slices_left` of it (this one included)
+    /// still to post; `high`: the request is HIGH. Its last (or only)
+    /// slice is [`Urgent`](Ask::Urgent); a large HIGH request keeps the
+    /// plan, since HIGH is the default priority and most bulk is HIGH
+    /// when nothing else is.
+    #[inline]
+    pub fn next(high: bool, slices_left: u64) -> Ask {
+        if high && slices_left <= 1 {
+            Ask::Urgent
+        } else {
+            Ask::Next(slices_left)
+        }
+    }
 }
 
 /// Where the engine's workers run: their NUMA nodes, and the distance
@@ -350,18 +366,11 @@ impl RailSet {
                 // HIGH: the least-loaded rail of the best tier that has a
                 // usable one, at once; held for it a while.
                 let ok = |r: usize| usable(r) && rails[r].monitor.available();
-                let n = w.spray.rails();
-                let top = (0..n).filter(|&r| ok(r)).map(|r| w.spray.tier(r)).min();
-                let Some(top) = top else {
-                    return Err(ErrorKind::RouteLost);
-                };
-                let spray = &mut w.spray;
-                let tiers: [u8; MAX_RAILS] =
-                    std::array::from_fn(|r| if r < n { spray.tier(r) } else { u8::MAX });
-                let rail = spray
-                    .best(sel, |r| ok(r) && tiers[r] == top, slice_bytes)
+                let rail = w
+                    .spray
+                    .best_of_top_tier(sel, ok, slice_bytes)
                     .ok_or(ErrorKind::RouteLost)?;
-                if n > 1 {
+                if w.spray.rails() > 1 {
                     w.express = Some((rail, monotonic_ns().saturating_add(cfg.express_hold_ns)));
                 }
                 return Ok(rail);
@@ -571,9 +580,17 @@ mod tests {
     use super::*;
 
     fn set(n: usize, workers: usize) -> RailSet {
+        set_with(
+            n,
+            workers,
+            crate::transport::rails::SelectorConfig::default(),
+        )
+    }
+
+    fn set_with(n: usize, workers: usize, cfg: crate::transport::rails::SelectorConfig) -> RailSet {
         RailSet::new(
             TransportKind::Tcp,
-            Arc::new(DeviceSelector::default()),
+            Arc::new(DeviceSelector::new(cfg)),
             RailPolicy::default(),
             Arc::new(Placement::default()),
             (0..n)
@@ -589,25 +606,6 @@ mod tests {
         )
     }
 
-    fn set_with(n: usize, cfg: crate::transport::rails::SelectorConfig) -> RailSet {
-        RailSet::new(
-            TransportKind::Tcp,
-            Arc::new(DeviceSelector::new(cfg)),
-            RailPolicy::default(),
-            Arc::new(Placement::default()),
-            (0..n)
-                .map(|i| RailDesc {
-                    local: format!("l{i}"),
-                    remote: format!("r{i}"),
-                    numa_node: None,
-                    speed_gbps: Some(100.0),
-                    depth: 0,
-                })
-                .collect(),
-            1,
-        )
-    }
-
     /// Seed 001's priority filtering: HIGH binds at once to the least
     /// loaded rail, and bulk keeps off that rail while HIGH holds it
     /// (unless no other rail is usable), then has it back.
@@ -616,7 +614,7 @@ mod tests {
         let mut cfg = crate::transport::rails::SelectorConfig::default();
         assert!(cfg.priority_filtering, "the seed's default");
         cfg.express_hold_ns = 30_000_000;
-        let s = set_with(3, cfg.clone());
+        let s = set_with(3, 1, cfg.clone());
         let mut w = s.worker(0);
         // Load rails 0 and 2: HIGH takes the idle rail 1.
         s.posted(&mut w, 0, 1 << 20);
@@ -643,7 +641,7 @@ mod tests {
         assert!(back, "the hold lapsed: bulk uses every rail again");
         // Filtering off: HIGH is an ordinary slice and holds nothing.
         cfg.priority_filtering = false;
-        let s = set_with(3, cfg);
+        let s = set_with(3, 1, cfg);
         let mut w = s.worker(0);
         s.pick(&mut w, 1, Ask::Urgent, 4096, |_| true).unwrap();
         assert!(w.express.is_none());

@@ -859,12 +859,7 @@ impl Transport for RdmaTransport {
                 slice,
                 s.region,
                 remote,
-                // As over TCP: a HIGH request's last slice binds at once.
-                if slice.urgent && s.slices_left() == 1 {
-                    Ask::Urgent
-                } else {
-                    Ask::Next(s.slices_left())
-                },
+                Ask::next(slice.urgent, s.slices_left()),
                 now,
             );
             if posted == Err(ErrorKind::RouteLost) && eps.eps.iter().any(|e| e.stalled(now)) {

@@ -415,13 +415,6 @@ impl TcpTransport {
         ask: Ask,
     ) -> std::result::Result<(), ErrorKind> {
         let urgent = op.is_urgent();
-        // A HIGH request's last (or only) slice binds at once; a large
-        // HIGH request keeps the plan (HIGH is the default priority, so
-        // most bulk is HIGH when nothing else is).
-        let ask = match ask {
-            Ask::Next(1) if urgent => Ask::Urgent,
-            other => other,
-        };
         let rail = peer
             .rails
             .pick(&mut links.rails, op.token, ask, op.len, |r| {
@@ -545,7 +538,12 @@ impl Transport for TcpTransport {
             if s.priority == Priority::High {
                 op.set_urgent();
             }
-            let posted = self.post(peer, &mut links, op, Ask::Next(s.slices_left()));
+            let posted = self.post(
+                peer,
+                &mut links,
+                op,
+                Ask::next(op.is_urgent(), s.slices_left()),
+            );
             if posted.is_err() {
                 ws.tokens.finish(s.token);
             }
