@@ -1,8 +1,10 @@
 //! Seed 001 end to end: priority order and promotion through the ring and
 //! batch APIs, and the global time slots shared by two real processes
-//! (a LOW-only process posts nothing in slot 0; the rotating process
-//! killed with SIGKILL, the other takes the clock over within two slot
-//! intervals); stale, foreign and wrong-version slot files.
+//! (while one has HIGH work, a LOW-only process posts nothing in slots 0
+//! and 1; with no HIGH work anywhere, LOW goes in every slot; the rotating
+//! process killed with SIGKILL, the other takes the clock over within two
+//! slot intervals and clears the dead one's demand); stale, foreign and
+//! wrong-version slot files.
 //!
 //! The rotating process is this same test binary re-run with
 //! `TENT_QOS_SLOTS=<name>` and the filter `slot_owner_child`.
@@ -50,20 +52,32 @@ fn local_write(src: &tent::Buffer, dst: &tent::Buffer, len: u64, p: Priority) ->
     .priority(p)
 }
 
-/// The other process: an engine on the slot file, rotating it, until
-/// killed.
+/// The other process: an engine on the slot file, rotating it, with HIGH
+/// work (its seat's demand raised) until told `idle` on stdin, and again
+/// when told `busy`; until killed.
 #[test]
 fn slot_owner_child() {
     let Some(name) = std::env::var_os("TENT_QOS_SLOTS") else {
         return;
     };
     let e = engine_on_slots(name.to_str().unwrap(), 20).unwrap();
+    let clock = e.slot_clock().unwrap();
     let t0 = Instant::now();
-    while !e.slot_clock().unwrap().is_owner() {
+    while !clock.is_owner() {
         assert!(t0.elapsed() < Duration::from_secs(5), "never owned");
         std::thread::sleep(Duration::from_millis(1));
     }
+    // What a worker does when its first HIGH task arrives.
+    clock.demand(Priority::High, true);
     println!("OWNER");
+    for line in std::io::stdin().lines() {
+        match line.unwrap().trim() {
+            "idle" => clock.demand(Priority::High, false),
+            "busy" => clock.demand(Priority::High, true),
+            _ => {}
+        }
+        println!("OK");
+    }
     loop {
         std::thread::sleep(Duration::from_secs(1));
     }
@@ -100,9 +114,11 @@ fn two_processes_share_the_slots_and_the_survivor_takes_the_clock_over() {
             "--test-threads=1",
         ])
         .env("TENT_QOS_SLOTS", &name)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut tell = child.stdin.take().unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     // Killed however this test ends.
     struct Reap(std::process::Child);
@@ -125,24 +141,39 @@ fn two_processes_share_the_slots_and_the_survivor_takes_the_clock_over() {
     let log = Arc::new(Mutex::new(Vec::new()));
     spy_on_local(&e, clock.clone(), log.clone());
 
-    // A LOW-only stream for a dozen slots.
+    // A LOW-only stream for `ms`: what the spy saw, and how many were sent.
     let src = e.allocate_memory(1 << 16).unwrap();
     let dst = e.allocate_memory(1 << 16).unwrap();
     let mut ring = e.ring_with_depth(64).unwrap();
-    let t0 = Instant::now();
-    let mut n = 0u64;
-    while t0.elapsed() < Duration::from_millis(250) {
-        for _ in 0..16 {
-            ring.submission()
-                .push(local_write(&src, &dst, 4096, Priority::Low).user_data(n))
-                .unwrap();
-            n += 1;
+    let mut low_stream = |ms: u64| {
+        let t0 = Instant::now();
+        let mut n = 0u64;
+        while t0.elapsed() < Duration::from_millis(ms) {
+            for _ in 0..16 {
+                ring.submission()
+                    .push(local_write(&src, &dst, 4096, Priority::Low).user_data(n))
+                    .unwrap();
+                n += 1;
+            }
+            for c in reap(&mut ring, 16) {
+                assert_eq!(c.result(), Ok(4096));
+            }
         }
-        for c in reap(&mut ring, 16) {
-            assert_eq!(c.result(), Ok(4096));
-        }
-    }
-    let seen = std::mem::take(&mut *log.lock().unwrap());
+        (std::mem::take(&mut *log.lock().unwrap()), n)
+    };
+    let closed = |seen: &[(u64, u8)]| seen.iter().filter(|&&(_, slot)| slot != 2).count();
+    use std::io::Write as _;
+    let mut say = |what: &str| {
+        writeln!(tell, "{what}").unwrap();
+        let l = lines.next().expect("child exited early").unwrap();
+        assert!(l.contains("OK"), "{l}");
+    };
+
+    // The child has HIGH work: slots 0 and 1 are closed to LOW, for a
+    // dozen slots.
+    let now = tent::clock::monotonic_ns;
+    assert_eq!(clock.busy_seats(Priority::Low, now()), 1);
+    let (seen, n) = low_stream(250);
     // (The worker may serve the first few through the slot it cached
     // before the swap.)
     assert!(
@@ -170,6 +201,29 @@ fn two_processes_share_the_slots_and_the_survivor_takes_the_clock_over() {
         "the gate held LOW back in several slots: {holds}"
     );
 
+    // The child's HIGH work ends: its slots stay reserved for one cycle
+    // (3 x 20 ms), then, with no HIGH work anywhere, the slots are
+    // work-conserving: LOW goes in every slot.
+    say("idle");
+    let ended = Instant::now();
+    while clock.busy_seats(Priority::Low, now()) > 0 {
+        assert!(ended.elapsed() < Duration::from_millis(500), "held on");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        ended.elapsed() >= Duration::from_millis(55),
+        "the slots were given up {:?} after the HIGH work ended, before a cycle",
+        ended.elapsed()
+    );
+    let (seen, _) = low_stream(150);
+    assert!(
+        closed(&seen) > 100,
+        "with no HIGH work anywhere, LOW was still held in slots 0 and 1: {} of {} in them",
+        closed(&seen),
+        seen.len()
+    );
+    say("busy");
+
     // Kill the rotating process; the survivor takes over within two
     // intervals of its last rotation.
     let before = clock.lease();
@@ -192,6 +246,16 @@ fn two_processes_share_the_slots_and_the_survivor_takes_the_clock_over() {
     );
     assert_ne!(clock.lease().owner(), before.owner());
     assert_eq!(clock.takeovers(), 1);
+    // The dead child's HIGH demand is cleared by the new owner's first
+    // rounds: LOW is not held in slots 0 and 1 for a process that is gone.
+    let t0 = Instant::now();
+    while clock.busy_seats(Priority::Low, now()) > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_millis(200),
+            "the dead process's demand stayed"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let q = e.qos_stats();
     assert!(q.slots.unwrap().owner);
     assert!(e.metrics_text().contains("tent_qos_slot_owner 1"));
@@ -362,6 +426,6 @@ fn the_open_gate_and_the_slot_gate_agree_on_slot_two() {
     let c = SlotClock::open(&name, Duration::from_millis(2)).unwrap();
     // A fresh file: nobody rotates, every priority may send.
     for p in Priority::ALL {
-        assert!(c.can_send(p));
+        assert!(c.can_send(p, tent::clock::monotonic_ns()));
     }
 }

@@ -48,9 +48,16 @@ pub(super) const RANKED: [TransportKind; 4] = [
     TransportKind::Tcp,
 ];
 
-/// Bytes posted for one lane head before the worker goes back to its rings,
-/// so a HIGH request arriving behind a large LOW one waits for at most this.
+/// Bytes posted in one turn before the worker goes back to its rings, so a
+/// HIGH request arriving behind large LOW ones waits for at most this.
+/// Every slice is charged, the last of a task included.
 const TURN_BYTES: u64 = 4 << 20;
+/// A synchronous transport (local, shm) moves its bytes inside `submit`:
+/// they cost the worker's own time, so they count this many times over.
+/// 4 MiB / 16 = 256 KiB of memcpy a turn, about 20 µs at 14 GB/s: a HIGH
+/// request behind a copying LOW stream waits that long, not the 300 µs of
+/// 4 MiB.
+const SYNC_BYTE_WEIGHT: u64 = 16;
 /// SQEs taken from one ring per turn.
 const INTAKE_PER_RING: usize = 64;
 /// Deadline and cancel sweep period.
@@ -203,6 +210,9 @@ pub(crate) struct Worker {
     /// eighth of `max_inflight_slices`): a window full of bulk slices
     /// still lets a HIGH slice out at once.
     high_headroom: u32,
+    /// Live tasks per priority (accepted, not finished): the gate hears
+    /// when HIGH's or MEDIUM's goes from 0 to 1 and back (`SendGate::demand`).
+    live: [u32; 3],
     /// The unregister epoch last acknowledged in `shared.region_ack`.
     region_ack: u64,
     block_size: u64,
@@ -293,6 +303,7 @@ impl Worker {
             gated: false,
             held: 0,
             high_headroom: cfg.max_inflight_slices / 8,
+            live: [0; 3],
             region_ack: 0,
             block_size: cfg.block_size,
             default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
@@ -513,6 +524,7 @@ impl Worker {
                 t.accepted_ns = now;
                 t.waited = false;
                 self.shared.qos.accepted(v.priority);
+                self.count_live(v.priority, true);
                 // Lanes are as large as the task table: this cannot fail.
                 let queued = self.lanes.push(v.priority, i, now);
                 debug_assert!(queued);
@@ -701,7 +713,7 @@ impl Worker {
         let most_laters = self.lanes.len();
         self.later = false;
         self.gated = false;
-        while let Some((p, entry)) = self.lanes.next_except(&*self.engine.gate, waiting) {
+        while let Some((p, entry)) = self.lanes.next_except(&*self.engine.gate, waiting, now) {
             let i = entry.task;
             if first_later[p.index()] == Some(i) {
                 waiting |= 1 << p.index();
@@ -890,7 +902,8 @@ impl Worker {
                 SubmitOutcome::Later => unreachable!("deferred above"),
             }
             work = true;
-            if t.posting_done() {
+            let done = t.posting_done();
+            if done {
                 // Its admission (seed 004) was for work not yet posted:
                 // none is left, so the queue's room goes back now.
                 if let Some(b) = t.batch_task() {
@@ -898,22 +911,28 @@ impl Worker {
                 }
                 self.lanes.pop(p);
                 self.maybe_finish(i);
+            }
+            let cost = if credited {
+                len
             } else {
-                budget = budget.saturating_sub(len);
-                if budget == 0 {
+                len.saturating_mul(SYNC_BYTE_WEIGHT)
+            };
+            budget = budget.saturating_sub(cost);
+            if budget == 0 {
+                if !done {
                     self.lanes.rotate(p);
-                    break;
                 }
+                break;
             }
         }
-        self.note_gate(waiting);
+        self.note_gate(waiting, now);
         work
     }
 
     /// After a dispatch: which lanes with work did the slot gate hold
     /// back? Counts each closing once, and marks the worker `gated` when
     /// nothing but the gate stops it (it then naps instead of spinning).
-    fn note_gate(&mut self, waiting: u8) {
+    fn note_gate(&mut self, waiting: u8, now: u64) {
         let gate = &*self.engine.gate;
         let mut closed = 0u8;
         let mut open_work = false;
@@ -921,7 +940,7 @@ impl Worker {
             if self.lanes.lane_is_empty(p) || waiting & (1 << p.index()) != 0 {
                 continue;
             }
-            if gate.can_send(p) {
+            if gate.can_send(p, now) {
                 open_work = true;
             } else {
                 closed |= 1 << p.index();
@@ -1028,9 +1047,26 @@ impl Worker {
             failover_count: t.failover_count,
             exhausted: t.exhausted,
         };
-        let done = t.done;
+        let (done, priority) = (t.done, t.priority);
         self.deliver_task(origin, user_data, res, done, served);
         self.tasks.release(i);
+        self.count_live(priority, false);
+    }
+
+    /// A task of `p` was accepted (`up`) or finished: tell the gate when
+    /// the worker's first one comes or its last one goes.
+    fn count_live(&mut self, p: Priority, up: bool) {
+        let n = &mut self.live[p.index()];
+        let edge = if up {
+            *n += 1;
+            *n == 1
+        } else {
+            *n -= 1;
+            *n == 0
+        };
+        if edge && p != Priority::Low {
+            self.engine.gate.demand(p, up);
+        }
     }
 
     /// Stop task `i` (its deadline passed, it was canceled, or the engine

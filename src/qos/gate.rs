@@ -5,8 +5,15 @@ use tent_rings::Priority;
 /// Decides whether work of a priority may be posted right now. The worker
 /// asks before every slice, so LOW work can be held back between slices.
 pub trait SendGate: Send + Sync + std::fmt::Debug {
-    /// May a slice of priority `p` be posted now?
-    fn can_send(&self, p: Priority) -> bool;
+    /// May a slice of priority `p` be posted now (`now`: the caller's
+    /// [`monotonic_ns`](crate::clock::monotonic_ns), read once per turn)?
+    fn can_send(&self, p: Priority, now: u64) -> bool;
+
+    /// A worker now has work of priority `p` (`busy`: its first such task
+    /// arrived) or no longer (its last finished). Called on those changes
+    /// only; a gate that reserves time for classes with work (the slot
+    /// clock) publishes it.
+    fn demand(&self, _p: Priority, _busy: bool) {}
 
     /// How soon a worker whose every queued lane is closed looks again
     /// (it naps that long instead of spinning on a closed gate).
@@ -22,7 +29,7 @@ pub struct OpenGate;
 
 impl SendGate for OpenGate {
     #[inline]
-    fn can_send(&self, _p: Priority) -> bool {
+    fn can_send(&self, _p: Priority, _now: u64) -> bool {
         true
     }
 }

@@ -74,21 +74,26 @@ impl PriorityLanes {
     /// The task to serve next: head of the first non-empty lane the gate
     /// lets through.
     #[inline]
-    pub fn next(&self, gate: &dyn SendGate) -> Option<(Priority, LaneEntry)> {
-        self.next_except(gate, 0)
+    pub fn next(&self, gate: &dyn SendGate, now: u64) -> Option<(Priority, LaneEntry)> {
+        self.next_except(gate, 0, now)
     }
 
     /// As [`next`](Self::next), passing over the lanes whose bit
     /// (`1 << priority index`) is set in `skip`: lanes whose every head is
     /// waiting this turn, so the lanes below them still post.
     #[inline]
-    pub fn next_except(&self, gate: &dyn SendGate, skip: u8) -> Option<(Priority, LaneEntry)> {
+    pub fn next_except(
+        &self,
+        gate: &dyn SendGate,
+        skip: u8,
+        now: u64,
+    ) -> Option<(Priority, LaneEntry)> {
         Priority::ALL.into_iter().find_map(|p| {
             if skip & (1 << p.index()) != 0 {
                 return None;
             }
             let head = self.lanes[p.index()].front()?;
-            gate.can_send(p).then_some((p, *head))
+            gate.can_send(p, now).then_some((p, *head))
         })
     }
 
@@ -145,7 +150,7 @@ mod tests {
     #[derive(Debug)]
     struct OnlyHigh;
     impl SendGate for OnlyHigh {
-        fn can_send(&self, p: Priority) -> bool {
+        fn can_send(&self, p: Priority, _now: u64) -> bool {
             p == Priority::High
         }
     }
@@ -156,12 +161,12 @@ mod tests {
         assert!(l.push(Priority::Low, 1, 0));
         assert!(l.push(Priority::High, 2, 0));
         assert!(l.push(Priority::High, 3, 0));
-        assert_eq!(l.next(&OpenGate).unwrap().1.task, 2);
+        assert_eq!(l.next(&OpenGate, 0).unwrap().1.task, 2);
         l.pop(Priority::High);
-        assert_eq!(l.next(&OpenGate).unwrap().1.task, 3);
+        assert_eq!(l.next(&OpenGate, 0).unwrap().1.task, 3);
         l.pop(Priority::High);
         assert_eq!(
-            l.next(&OpenGate).unwrap(),
+            l.next(&OpenGate, 0).unwrap(),
             (
                 Priority::Low,
                 LaneEntry {
@@ -170,7 +175,7 @@ mod tests {
                 }
             )
         );
-        assert!(l.next(&OnlyHigh).is_none());
+        assert!(l.next(&OnlyHigh, 0).is_none());
     }
 
     #[test]
@@ -182,7 +187,7 @@ mod tests {
         assert_eq!(l.promote(999), [0; 3]);
         assert_eq!(l.promote(1_000), [0, 0, 1]);
         assert_eq!(
-            l.next(&OpenGate).unwrap(),
+            l.next(&OpenGate, 0).unwrap(),
             (
                 Priority::Medium,
                 LaneEntry {
@@ -193,7 +198,7 @@ mod tests {
         );
         assert_eq!(l.promote(2_000), [0, 1, 1]); // task 1 -> HIGH, task 2 -> MEDIUM
         assert_eq!(l.lens(), [1, 1, 0]);
-        assert_eq!(l.next(&OnlyHigh).unwrap().1.task, 1);
+        assert_eq!(l.next(&OnlyHigh, 0).unwrap().1.task, 1);
         l.rotate(Priority::High);
         l.retain(|t| t != 1);
         assert_eq!(l.len(), 1);
@@ -206,15 +211,15 @@ mod tests {
         l.push(Priority::Low, 3, 0);
         let gate = crate::qos::OpenGate;
         assert_eq!(
-            l.next_except(&gate, 0).map(|(p, e)| (p, e.task)),
+            l.next_except(&gate, 0, 0).map(|(p, e)| (p, e.task)),
             Some((Priority::High, 1))
         );
         let skip_high = 1 << Priority::High.index();
         assert_eq!(
-            l.next_except(&gate, skip_high).map(|(p, e)| (p, e.task)),
+            l.next_except(&gate, skip_high, 0).map(|(p, e)| (p, e.task)),
             Some((Priority::Low, 3))
         );
         let skip_all = skip_high | 1 << Priority::Low.index();
-        assert!(l.next_except(&gate, skip_all).is_none());
+        assert!(l.next_except(&gate, skip_all, 0).is_none());
     }
 }

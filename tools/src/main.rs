@@ -8,6 +8,7 @@
 mod baseline;
 mod hist;
 mod point;
+mod qos;
 mod run;
 mod soak;
 mod sq;
@@ -33,6 +34,13 @@ pub enum Mode {
     /// bursts against a 256-deep QP with admission off and on, split
     /// policies over 4 QPs with one slow, the post path's cost per WR.
     Sq,
+    /// Seed 001's QoS: HIGH 4 KiB WRITEs at `--high-rate` alone and under a
+    /// saturating LOW stream (`--block-size`, default 4 MiB), over shm and
+    /// TCP, in one process and in two sharing a slot file at 1, 2, 10 ms.
+    Qos,
+    /// The LOW process of `--mode qos` (started by it).
+    #[value(hide = true)]
+    QosLow,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -119,6 +127,15 @@ pub struct Args {
     /// Sq: requests per configuration.
     #[arg(long, default_value_t = 400_000)]
     pub sq_requests: u64,
+    /// Qos: HIGH WRITEs submitted per second (open loop).
+    #[arg(long, default_value_t = 1000.0)]
+    pub high_rate: f64,
+    /// Qos-low: the slot file's rotation interval (ms).
+    #[arg(long, hide = true)]
+    pub qos_slot_ms: Option<u64>,
+    /// Qos-low: the slot file's shared-memory name.
+    #[arg(long, hide = true)]
+    pub qos_slot_file: Option<String>,
     /// Target: exit when stdin closes (used when tent-bench spawns its own target).
     #[arg(long, hide = true)]
     pub exit_on_stdin_eof: bool,
@@ -219,6 +236,8 @@ fn real_main(args: Args) -> Result<run::Tally, String> {
         Some(Mode::Idle) => none(run::idle(&args)),
         Some(Mode::Soak) => none(soak::soak(&args)),
         Some(Mode::Sq) => none(sq::sq(&args)),
+        Some(Mode::Qos) => none(qos::qos(&args)),
+        Some(Mode::QosLow) => none(qos::low_child(&args)),
         Some(Mode::Initiator) => {
             let name = args
                 .target
@@ -233,15 +252,27 @@ fn real_main(args: Args) -> Result<run::Tally, String> {
 
 /// Start a target process, read its segment name, run the initiator, stop it.
 fn spawn_and_run(args: &Args) -> Result<run::Tally, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let need = args.block_size.unwrap_or(64 << 20) * (args.batch * args.threads) as u64;
-    let buffer = args.buffer_size.max(need);
+    let (mut child, name) = spawn_target(args.transport, args.buffer_size.max(need))?;
+    let res = run::initiator(args, Some(&name), Some(child.id()));
+    drop(child.stdin.take());
+    let _ = child.wait();
+    res
+}
+
+/// A target process exporting `buffer` bytes over `transport` (shm unless
+/// tcp or rdma), and its segment name. It exits when its stdin closes.
+pub fn spawn_target(
+    transport: TransportArg,
+    buffer: u64,
+) -> Result<(std::process::Child, String), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
         .args([
             "--mode",
             "target",
             "--transport",
-            match args.transport {
+            match transport {
                 TransportArg::Tcp => "tcp",
                 TransportArg::Rdma => "rdma",
                 _ => "shm",
@@ -261,10 +292,7 @@ fn spawn_and_run(args: &Args) -> Result<run::Tally, String> {
         let _ = child.kill();
         return Err("the target process exited before printing its segment name".into());
     }
-    let res = run::initiator(args, Some(&name), Some(child.id()));
-    drop(child.stdin.take());
-    let _ = child.wait();
-    res
+    Ok((child, name))
 }
 
 /// Flush stdout after a line (results stream while a sweep runs).

@@ -3,9 +3,11 @@
 //! The target runs a [`DataServer`] that moves bytes straight between its
 //! sockets and registered memory, checking region, bounds and key per op.
 //! The initiator reaches a peer over one or more **rails** (local interface,
-//! remote interface), each with `connections_per_peer` connections per
-//! worker ([`conn`]); the [`DeviceSelector`] sprays a request's slices over
-//! the rails whose link is up. A link watch (rtnetlink) marks a rail down
+//! remote interface), each with `connections_per_peer` bulk connections
+//! and one express connection per worker ([`conn`]; a HIGH slice may take
+//! any of them, a lower one only a bulk one: `TcpPeer::stride`); the
+//! [`DeviceSelector`] sprays a request's slices over the rails whose link
+//! is up. A link watch (rtnetlink) marks a rail down
 //! the moment its interface goes down and breaks its connections; their
 //! in-flight slices come back `RouteLost` and are re-posted on a sibling
 //! rail before the worker ever sees them (DESIGN.md's recovery order). Only
@@ -114,7 +116,8 @@ impl TcpRail {
 
 /// What a worker has on one peer.
 struct PeerLinks {
-    /// Connections, rail-major: `rail * conns_per_rail + c`.
+    /// Connections, rail-major: `rail * (conns_per_rail + 1) + c`; the
+    /// last of each rail's is its express connection ([`TcpPeer::stride`]).
     ends: Vec<ConnEnds>,
     /// This worker's loads, estimates and plan on the peer's rails.
     rails: WorkerRails,
@@ -131,8 +134,22 @@ pub struct TcpPeer {
     links: Vec<TcpRail>,
     /// The rails as the multi-rail layer keeps them.
     rails: RailSet,
+    /// Bulk connections per rail (`connections_per_peer`); each rail has
+    /// one express connection more.
     conns_per_rail: usize,
     per_worker: PerWorker<PeerLinks>,
+}
+
+impl TcpPeer {
+    /// Connections per rail: the bulk ones, then the express one. A HIGH
+    /// slice may go on any of them (the one with the fewest slices on the
+    /// wire); a MEDIUM or LOW one only on the bulk ones. So a HIGH slice
+    /// behind a LOW flood finds a connection whose socket buffers and
+    /// target thread hold no bulk: nothing in the kernel to wait behind.
+    /// It connects on its first slice, like the others.
+    fn stride(&self) -> usize {
+        self.conns_per_rail + 1
+    }
 }
 
 impl std::fmt::Debug for TcpPeer {
@@ -319,9 +336,10 @@ impl TcpTransport {
                 fences: fences.clone(),
                 notify: self.wakers.get().map(|k| (k.clone(), w)),
             };
-            let mut ends = Vec::with_capacity(rails.len() * s.conns_per_rail);
+            // Per rail, the bulk connections and the express one.
+            let mut ends = Vec::with_capacity(rails.len() * (s.conns_per_rail + 1));
             for rail in &rails {
-                for _ in 0..s.conns_per_rail {
+                for _ in 0..=s.conns_per_rail {
                     let (e, thread) = conn::open(
                         rail.endpoint.clone(),
                         s.queue,
@@ -420,11 +438,14 @@ impl TcpTransport {
             .pick(&mut links.rails, op.token, ask, op.len, |r| {
                 peer.links[r].is_up()
             })?;
-        let first = rail * peer.conns_per_rail;
+        let first = rail * peer.stride();
         let (c, class) = if urgent {
             // HIGH: the rail's connection with the fewest slices on the
-            // wire, into its express ring (sent before its queued bulk).
-            let c = (0..peer.conns_per_rail)
+            // wire, the express one included (first on a tie, so the first
+            // HIGH slice to a peer connects it before bulk crowds the
+            // others), into its express ring (sent before its queued bulk).
+            let c = (0..peer.stride())
+                .rev()
                 .min_by_key(|&c| links.ends[first + c].conn.window().posted())
                 .unwrap_or(0);
             (c, conn::EXPRESS)

@@ -1,0 +1,655 @@
+//! `tent-bench --mode qos`: seed 001's promise measured. Does a HIGH
+//! stream keep its latency while a LOW stream saturates the path, and what
+//! does LOW keep of its throughput?
+//!
+//! Two streams against one target process, over shm and over TCP:
+//! - **LOW**: large WRITEs (`--block-size`, default 4 MiB), [`LOW_IN_FLIGHT`]
+//!   kept in flight, priority LOW: the bulk that saturates the path.
+//! - **HIGH**: 4 KiB WRITEs at a fixed rate (`--high-rate`, default
+//!   1000/s), open loop (a late CQE does not delay the next submit), each
+//!   timed from its submit to its CQE.
+//!
+//! Every case measures three phases in the same run, each warm-up plus
+//! `--duration`: HIGH alone (`high_*_idle_us`), LOW alone
+//! (`low_gbps_solo`), both at once (`high_*_loaded_us`,
+//! `low_gbps_loaded`). Cases:
+//! - one process: both streams on one engine with one worker, so they meet
+//!   in the worker's lanes and in every transport queue below it;
+//! - two processes: HIGH in this process, LOW in a child (`--mode
+//!   qos-low`), without a slot file and sharing one at 1, 2 and 10 ms (the
+//!   seed's trade-off table: HIGH p99 against LOW throughput). Each
+//!   process's worker is pinned to its own core when there are two.
+//!
+//! Targets (issue 15): HIGH p99 loaded ≤ 2x HIGH p99 idle; LOW loaded ≥ 80%
+//! of LOW solo. The figures are printed, not judged: a run on a shared VM
+//! is a measurement, not a test.
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tent::{Config, Engine, LocalAddr, Priority, RemoteAddr, SegmentId, op};
+
+use crate::hist::Histogram;
+use crate::{Args, TransportArg, emit, point};
+
+/// LOW WRITEs kept in flight.
+const LOW_IN_FLIGHT: usize = 4;
+/// HIGH WRITE size.
+const HIGH_BLOCK: u64 = 4 << 10;
+/// Most HIGH WRITEs in flight (open loop: a stall queues, up to this).
+const HIGH_MAX: usize = 256;
+/// Slot intervals of the seed's trade-off table (ms); `None`: no slot file.
+const SLOTS: [Option<u64>; 4] = [None, Some(1), Some(2), Some(10)];
+
+/// Where one stream's WRITEs go and come from.
+struct Stream<'a> {
+    engine: &'a Engine,
+    src: &'a tent::Buffer,
+    segment: SegmentId,
+    /// Remote address of this stream's range.
+    remote: u64,
+}
+
+/// What a LOW stream measured.
+#[derive(Debug, Default, Clone, Copy)]
+struct LowResult {
+    gbps: f64,
+    errors: u64,
+    /// Times the slot gate closed on LOW work during the run (the engine's
+    /// `gate_holds`, counted once per closing).
+    gate_holds: u64,
+}
+
+/// What a HIGH stream measured.
+struct HighResult {
+    hist: Histogram,
+    ops: u64,
+    errors: u64,
+}
+
+impl HighResult {
+    fn us(&self, q: f64) -> Option<f64> {
+        (self.ops > 0).then(|| self.hist.quantile(q) as f64 / 1e3)
+    }
+}
+
+fn transport_name(t: TransportArg) -> &'static str {
+    match t {
+        TransportArg::Tcp => "tcp",
+        _ => "shm",
+    }
+}
+
+/// The config of a bench process: one worker on `core`, the transport
+/// under test, and the slot file when `slots` names an interval.
+fn config(
+    transport: TransportArg,
+    core: Option<usize>,
+    slots: Option<(u64, &str)>,
+) -> Result<Config, String> {
+    let mut c = Config::load().map_err(|e| e.to_string())?;
+    c.workers.count = 1;
+    c.workers.pin = true;
+    c.workers.cores = core.into_iter().collect();
+    c.transports.shm.enable = transport == TransportArg::Shm;
+    c.ring_depth = c.ring_depth.max(2 * HIGH_MAX as u32);
+    if let Some((ms, name)) = slots {
+        c.transports.rdma.slot_rotation_interval_ms = ms;
+        c.transports.rdma.shared_quota_shm_path = name.to_owned();
+    }
+    Ok(c)
+}
+
+/// An engine for `config`, the target's segment open, a source buffer of
+/// `src_len`, and the base of a target region of at least `need` bytes.
+fn open(
+    cfg: Config,
+    target: &str,
+    src_len: u64,
+    need: u64,
+) -> Result<(Engine, SegmentId, tent::Buffer, u64), String> {
+    let engine = Engine::new(cfg).map_err(|e| e.to_string())?;
+    let seg = engine.open_segment(target).map_err(|e| e.to_string())?;
+    let regions = engine.segment_regions(seg).map_err(|e| e.to_string())?;
+    let base = regions
+        .iter()
+        .find(|r| r.len >= need)
+        .map(|r| r.addr)
+        .ok_or_else(|| format!("target {target} exports no region of {need} bytes"))?;
+    let src = engine.allocate_memory(src_len).map_err(|e| e.to_string())?;
+    src.write(0, &vec![0x5a; src_len as usize])
+        .map_err(|e| e.to_string())?;
+    Ok((engine, seg, src, base))
+}
+
+/// Keep [`LOW_IN_FLIGHT`] LOW WRITEs of `block` in flight for `warm` plus
+/// `dur`; bytes count when their CQE lands inside the measured `dur`.
+/// `measuring` is called once, when the measured window opens.
+fn low(
+    s: &Stream<'_>,
+    block: u64,
+    warm: Duration,
+    dur: Duration,
+    measuring: impl FnOnce(),
+) -> Result<LowResult, String> {
+    let mut ring = s.engine.ring().map_err(|e| e.to_string())?;
+    let holds = || s.engine.qos_stats().level(Priority::Low).gate_holds;
+    let holds_before = holds();
+    let start = Instant::now();
+    let (open_at, close_at) = (start + warm, start + warm + dur);
+    let mut measuring = Some(measuring);
+    let mut free: Vec<u64> = (0..LOW_IN_FLIGHT as u64).collect();
+    let (mut bytes, mut errors) = (0u64, 0u64);
+    loop {
+        let now = Instant::now();
+        if now >= open_at {
+            if let Some(f) = measuring.take() {
+                f();
+            }
+        }
+        let running = now < close_at;
+        if !running && free.len() == LOW_IN_FLIGHT {
+            break;
+        }
+        if running && !free.is_empty() {
+            let mut sq = ring.submission();
+            while let Some(k) = free.pop() {
+                let off = k * block;
+                let sqe = op::Write::new(
+                    LocalAddr::new(s.src.id(), off),
+                    RemoteAddr::new(s.segment, s.remote + off),
+                    block,
+                )
+                .priority(Priority::Low)
+                .user_data(k)
+                .build();
+                if sq.push(sqe).is_err() {
+                    free.push(k);
+                    break;
+                }
+            }
+        }
+        match ring.wait_ready(Duration::from_secs(30)) {
+            Ok(()) => {}
+            Err(e) => return Err(format!("LOW stream: waiting for completions: {e}")),
+        }
+        let now = Instant::now();
+        for cqe in ring.completion() {
+            free.push(cqe.user_data());
+            match cqe.result() {
+                Ok(n) if now > open_at && now <= close_at => bytes += n,
+                Ok(_) => {}
+                Err(_) => errors += 1,
+            }
+        }
+    }
+    Ok(LowResult {
+        gbps: bytes as f64 / dur.as_secs_f64() / 1e9,
+        errors,
+        gate_holds: holds() - holds_before,
+    })
+}
+
+/// HIGH 4 KiB WRITEs at `rate` a second for `dur`, open loop.
+fn high(s: &Stream<'_>, rate: f64, dur: Duration) -> Result<HighResult, String> {
+    let mut ring = s.engine.ring().map_err(|e| e.to_string())?;
+    let period = Duration::from_secs_f64(1.0 / rate);
+    let mut res = HighResult {
+        hist: Histogram::new(),
+        ops: 0,
+        errors: 0,
+    };
+    let mut sent: Vec<Option<Instant>> = vec![None; HIGH_MAX];
+    let mut in_flight = 0usize;
+    let mut next_slot = 0usize;
+    let start = Instant::now();
+    let mut due = start;
+    loop {
+        let now = Instant::now();
+        let running = now < start + dur;
+        if !running && in_flight == 0 {
+            break;
+        }
+        if running && now >= due && in_flight < HIGH_MAX {
+            while sent[next_slot].is_some() {
+                next_slot = (next_slot + 1) % HIGH_MAX;
+            }
+            let k = next_slot as u64;
+            let sqe = op::Write::new(
+                LocalAddr::new(s.src.id(), k * HIGH_BLOCK),
+                RemoteAddr::new(s.segment, s.remote + k * HIGH_BLOCK),
+                HIGH_BLOCK,
+            )
+            .priority(Priority::High)
+            .user_data(k)
+            .build();
+            ring.submission()
+                .push(sqe)
+                .map_err(|_| "HIGH stream: submission ring full".to_string())?;
+            sent[next_slot] = Some(Instant::now());
+            in_flight += 1;
+            due += period;
+        }
+        // Sleep until the next submit is due or a CQE lands, whichever
+        // first; past the end, until the last CQEs land.
+        let wait = if running {
+            due.saturating_duration_since(Instant::now())
+        } else {
+            Duration::from_secs(30)
+        };
+        if in_flight > 0 {
+            match ring.wait_ready(wait) {
+                Ok(()) => {}
+                Err(e) if e.kind() == tent::ErrorKind::Timeout && running => {}
+                Err(e) => return Err(format!("HIGH stream: waiting for completions: {e}")),
+            }
+        } else if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+        for cqe in ring.completion() {
+            let done = Instant::now();
+            let at = usize::try_from(cqe.user_data())
+                .ok()
+                .and_then(|k| sent.get_mut(k))
+                .and_then(Option::take)
+                .ok_or("HIGH stream: a CQE for no WRITE in flight")?;
+            in_flight -= 1;
+            match cqe.result() {
+                Ok(_) => {
+                    res.ops += 1;
+                    res.hist.record((done - at).as_nanos() as u64);
+                }
+                Err(_) => res.errors += 1,
+            }
+        }
+    }
+    Ok(res)
+}
+
+/// The measured window of each phase and its warm-up.
+fn phase(args: &Args) -> (Duration, Duration) {
+    (
+        Duration::from_secs_f64(point::warmup(args.duration)),
+        Duration::from_secs_f64(args.duration),
+    )
+}
+
+fn low_block(args: &Args) -> u64 {
+    args.block_size.unwrap_or(4 << 20)
+}
+
+/// Target bytes both streams cover: LOW's range, then HIGH's.
+fn span(args: &Args) -> u64 {
+    low_block(args) * LOW_IN_FLIGHT as u64 + HIGH_BLOCK * HIGH_MAX as u64
+}
+
+/// Worker cores: the HIGH process's and the LOW child's (the first and the
+/// last core the bench may use; the same one on a single core).
+fn cores(args: &Args) -> (Option<usize>, Option<usize>) {
+    let all: Vec<usize> = if args.cores.is_empty() {
+        core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.id)
+            .collect()
+    } else {
+        args.cores.clone()
+    };
+    (all.first().copied(), all.last().copied())
+}
+
+/// One case's figures.
+struct Case {
+    transport: TransportArg,
+    processes: u32,
+    slot_ms: Option<u64>,
+    idle: HighResult,
+    loaded: HighResult,
+    solo: LowResult,
+    busy: LowResult,
+    /// The HIGH engine's statistics at the end (`Engine::qos_stats`).
+    stats: Value,
+}
+
+/// An engine's QoS statistics per priority (seed 001's: accepted,
+/// promoted, gate holds, queue wait p99 from intake to the first slice
+/// out) and its slot clock's takeovers.
+fn stats_json(e: &Engine) -> Value {
+    let q = e.qos_stats();
+    let lvl = |p: Priority| {
+        let l = q.level(p);
+        json!({"accepted": l.accepted, "promoted": l.promoted, "gate_holds": l.gate_holds,
+               "queue_wait_p99_us": l.wait_quantile_us(0.99)})
+    };
+    json!({"high": lvl(Priority::High), "low": lvl(Priority::Low),
+           "slot_takeovers": q.slots.map(|s| s.takeovers)})
+}
+
+/// Both streams in one engine with one worker.
+fn one_process(args: &Args, transport: TransportArg, target: &str) -> Result<Case, String> {
+    let block = low_block(args);
+    let src_len = block * LOW_IN_FLIGHT as u64;
+    let (engine, segment, src, base) = open(
+        config(transport, cores(args).0, None)?,
+        target,
+        src_len,
+        span(args),
+    )?;
+    let hsrc = engine
+        .allocate_memory(HIGH_BLOCK * HIGH_MAX as u64)
+        .map_err(|e| e.to_string())?;
+    let lo = Stream {
+        engine: &engine,
+        src: &src,
+        segment,
+        remote: base,
+    };
+    let hi = Stream {
+        engine: &engine,
+        src: &hsrc,
+        segment,
+        remote: base + src_len,
+    };
+    let (warm, dur) = phase(args);
+    let rate = args.high_rate;
+    // Warm the HIGH path (connections, page tables) before its idle figure.
+    high(&hi, rate, warm)?;
+    let idle = high(&hi, rate, dur)?;
+    let solo = low(&lo, block, warm, dur, || {})?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (busy, loaded) = std::thread::scope(|sc| {
+        let l = sc.spawn(|| {
+            low(&lo, block, warm, dur, move || {
+                let _ = tx.send(());
+            })
+        });
+        let h = rx
+            .recv()
+            .map_err(|_| "the LOW stream ended before measuring".to_string())
+            .and_then(|()| high(&hi, rate, dur.mul_f64(0.9)));
+        (l.join().expect("LOW stream panicked"), h)
+    });
+    Ok(Case {
+        transport,
+        processes: 1,
+        slot_ms: None,
+        idle,
+        loaded: loaded?,
+        solo,
+        busy: busy?,
+        stats: stats_json(&engine),
+    })
+}
+
+/// The LOW child of a two-process case: its pipes.
+struct LowChild {
+    child: Child,
+    stdin: ChildStdin,
+    out: BufReader<ChildStdout>,
+}
+
+impl LowChild {
+    fn spawn(
+        args: &Args,
+        transport: TransportArg,
+        target: &str,
+        slot: Option<(u64, &str)>,
+        core: Option<usize>,
+    ) -> Result<LowChild, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(exe);
+        cmd.args(["--mode", "qos-low", "--target", target])
+            .args(["--transport", transport_name(transport)])
+            .args(["--duration", &args.duration.to_string()])
+            .args(["--block-size", &low_block(args).to_string()]);
+        if let Some(c) = core {
+            cmd.args(["--cores", &c.to_string()]);
+        }
+        if let Some((ms, name)) = slot {
+            cmd.args(["--qos-slot-ms", &ms.to_string(), "--qos-slot-file", name]);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start the LOW process: {e}"))?;
+        let stdin = child.stdin.take().expect("piped");
+        let out = BufReader::new(child.stdout.take().expect("piped"));
+        let mut c = LowChild { child, stdin, out };
+        let ready = c.line()?;
+        if ready["event"] != "ready" {
+            return Err(format!("the LOW process said {ready} instead of ready"));
+        }
+        Ok(c)
+    }
+
+    /// The child's next line, as JSON.
+    fn line(&mut self) -> Result<Value, String> {
+        let mut l = String::new();
+        match self.out.read_line(&mut l) {
+            Ok(0) | Err(_) => Err("the LOW process exited (its stderr says why)".into()),
+            Ok(_) => serde_json::from_str(&l).map_err(|e| format!("LOW process: {e}: {l}")),
+        }
+    }
+
+    /// Start a LOW run; returns once its measured window opens.
+    fn start(&mut self) -> Result<(), String> {
+        writeln!(self.stdin, "run").map_err(|e| e.to_string())?;
+        match self.line()? {
+            v if v["event"] == "measuring" => Ok(()),
+            v => Err(format!("the LOW process said {v} instead of measuring")),
+        }
+    }
+
+    /// The run's result.
+    fn result(&mut self) -> Result<LowResult, String> {
+        let v = self.line()?;
+        let field = |k: &str| v[k].as_f64().ok_or_else(|| format!("no {k} in {v}"));
+        Ok(LowResult {
+            gbps: field("gbps")?,
+            errors: field("errors")? as u64,
+            gate_holds: field("gate_holds")? as u64,
+        })
+    }
+}
+
+impl Drop for LowChild {
+    fn drop(&mut self) {
+        // Closing its stdin ends the child; it exits on EOF.
+        let _ = writeln!(self.stdin, "exit");
+        let _ = self.child.wait();
+    }
+}
+
+/// A slot file's name for this run and interval (removed afterwards).
+fn slot_name(ms: u64) -> String {
+    format!("/tent-bench-qos-{}-{ms}", std::process::id())
+}
+
+/// HIGH here, LOW in a child process, sharing a slot file at `slot_ms`.
+fn two_processes(
+    args: &Args,
+    transport: TransportArg,
+    target: &str,
+    slot_ms: Option<u64>,
+) -> Result<Case, String> {
+    let (hcore, lcore) = cores(args);
+    let name = slot_ms.map(slot_name);
+    let slot = slot_ms.zip(name.as_deref());
+    let block = low_block(args);
+    let mut child = LowChild::spawn(args, transport, target, slot, lcore)?;
+    let (engine, segment, src, base) = open(
+        config(transport, hcore, slot)?,
+        target,
+        HIGH_BLOCK * HIGH_MAX as u64,
+        span(args),
+    )?;
+    let hi = Stream {
+        engine: &engine,
+        src: &src,
+        segment,
+        remote: base + block * LOW_IN_FLIGHT as u64,
+    };
+    let (warm, dur) = phase(args);
+    let rate = args.high_rate;
+    high(&hi, rate, warm)?;
+    let idle = high(&hi, rate, dur)?;
+    child.start()?;
+    let solo = child.result()?;
+    child.start()?;
+    let loaded = high(&hi, rate, dur.mul_f64(0.9))?;
+    let busy = child.result()?;
+    drop(child);
+    let stats = stats_json(&engine);
+    drop(engine);
+    if let Some(n) = name {
+        let _ = std::fs::remove_file(format!("/dev/shm{n}"));
+    }
+    Ok(Case {
+        transport,
+        processes: 2,
+        slot_ms,
+        idle,
+        loaded,
+        solo,
+        busy,
+        stats,
+    })
+}
+
+/// `--mode qos-low`: the LOW process of a two-process case. Prints
+/// `{"event":"ready"}`, then per `run` line on stdin one LOW run:
+/// `{"event":"measuring"}` when its window opens and its result line.
+pub fn low_child(args: &Args) -> Result<(), String> {
+    let target = args
+        .target
+        .as_deref()
+        .ok_or("--mode qos-low needs --target")?;
+    let slot = match (args.qos_slot_ms, args.qos_slot_file.as_deref()) {
+        (Some(ms), Some(name)) => Some((ms, name)),
+        (None, None) => None,
+        _ => return Err("--qos-slot-ms and --qos-slot-file go together".into()),
+    };
+    let block = low_block(args);
+    let (engine, segment, src, base) = open(
+        config(args.transport, args.cores.first().copied(), slot)?,
+        target,
+        block * LOW_IN_FLIGHT as u64,
+        span(args),
+    )?;
+    let lo = Stream {
+        engine: &engine,
+        src: &src,
+        segment,
+        remote: base,
+    };
+    let (warm, dur) = phase(args);
+    emit(&json!({"event": "ready"}).to_string());
+    for line in std::io::stdin().lock().lines() {
+        match line.map_err(|e| e.to_string())?.trim() {
+            "run" => {
+                let r = low(&lo, block, warm, dur, || {
+                    emit(&json!({"event": "measuring"}).to_string());
+                })?;
+                emit(
+                    &json!({"gbps": r.gbps, "errors": r.errors, "gate_holds": r.gate_holds})
+                        .to_string(),
+                );
+            }
+            _ => break,
+        }
+    }
+    Ok(())
+}
+
+/// `--mode qos`: every case, over shm and TCP.
+pub fn qos(args: &Args) -> Result<(), String> {
+    if !(args.high_rate > 0.0 && args.high_rate <= 1e6) {
+        return Err(format!(
+            "--high-rate {} must be in (0, 1e6] WRITEs a second",
+            args.high_rate
+        ));
+    }
+    let block = low_block(args);
+    let (warm, dur) = phase(args);
+    if !args.json {
+        emit(&format!(
+            "# tent-bench qos: LOW {} B WRITEs x{LOW_IN_FLIGHT} in flight, HIGH {HIGH_BLOCK} B WRITEs at {}/s; {:.2} s per phase after {:.2} s warm-up",
+            block,
+            args.high_rate,
+            dur.as_secs_f64(),
+            warm.as_secs_f64()
+        ));
+        emit(
+            "transport | procs | slots | HIGH p50/p99 idle us | HIGH p50/p99 loaded us | p99 ratio | LOW solo GB/s | LOW loaded GB/s | LOW kept | LOW gate holds solo/loaded",
+        );
+    }
+    let buffer = span(args);
+    let mut failed = 0;
+    for transport in [TransportArg::Shm, TransportArg::Tcp] {
+        let (mut target, name) = crate::spawn_target(transport, buffer)?;
+        let mut cases = vec![one_process(args, transport, &name)];
+        for s in SLOTS {
+            cases.push(two_processes(args, transport, &name, s));
+        }
+        drop(target.stdin.take());
+        let _ = target.wait();
+        for c in cases {
+            let c = c?;
+            failed += c.idle.errors + c.loaded.errors + c.solo.errors + c.busy.errors;
+            report(args, &c);
+        }
+    }
+    if failed > 0 {
+        return Err(format!("{failed} WRITEs failed"));
+    }
+    Ok(())
+}
+
+fn report(args: &Args, c: &Case) {
+    let ratio = match (c.loaded.us(0.99), c.idle.us(0.99)) {
+        (Some(l), Some(i)) if i > 0.0 => Some(l / i),
+        _ => None,
+    };
+    let kept = (c.solo.gbps > 0.0).then(|| c.busy.gbps / c.solo.gbps);
+    if args.json {
+        emit(
+            &json!({
+                "transport": transport_name(c.transport), "processes": c.processes,
+                "slot_interval_ms": c.slot_ms,
+                "high_p50_idle_us": c.idle.us(0.5), "high_p99_idle_us": c.idle.us(0.99),
+                "high_p50_loaded_us": c.loaded.us(0.5), "high_p99_loaded_us": c.loaded.us(0.99),
+                "high_p99_ratio": ratio, "high_ops_idle": c.idle.ops, "high_ops_loaded": c.loaded.ops,
+                "low_gbps_solo": c.solo.gbps, "low_gbps_loaded": c.busy.gbps, "low_kept": kept,
+                "errors": c.idle.errors + c.loaded.errors + c.solo.errors + c.busy.errors,
+                "low_gate_holds_solo": c.solo.gate_holds, "low_gate_holds_loaded": c.busy.gate_holds,
+                "stats": c.stats,
+            })
+            .to_string(),
+        );
+        return;
+    }
+    let us = |h: &HighResult| {
+        format!(
+            "{:.1}/{:.1}",
+            h.us(0.5).unwrap_or(f64::NAN),
+            h.us(0.99).unwrap_or(f64::NAN)
+        )
+    };
+    emit(&format!(
+        "{:>9} | {:>5} | {:>5} | {:>20} | {:>22} | {:>9} | {:>13.3} | {:>15.3} | {:>8} | {}/{}",
+        transport_name(c.transport),
+        c.processes,
+        c.slot_ms.map_or("-".to_owned(), |m| format!("{m}ms")),
+        us(&c.idle),
+        us(&c.loaded),
+        ratio.map_or("n/a".into(), |r| format!("{r:.2}x")),
+        c.solo.gbps,
+        c.busy.gbps,
+        kept.map_or("n/a".into(), |k| format!("{:.0}%", k * 100.0)),
+        c.solo.gate_holds,
+        c.busy.gate_holds
+    ));
+}
