@@ -1033,6 +1033,14 @@ impl Engine {
                 })
                 .collect();
             let need = shares.iter().fold(0u32, |a, &(_, n)| a.saturating_add(n));
+            // The charge goes at its most urgent request's priority (a
+            // priority no request names is refused by the worker later;
+            // here it counts as LOW).
+            let priority = shares
+                .iter()
+                .filter_map(|&(k, _)| requests[k].priority())
+                .min_by_key(|p| p.index())
+                .unwrap_or(tent_rings::Priority::Low);
             // `sq_admission_chunk_wr` caps one charge (0: the gate's own
             // cap, one endpoint's depth).
             let need = match r.sq_admission_chunk_wr {
@@ -1041,7 +1049,7 @@ impl Engine {
             };
             let left = timeout.saturating_sub(start.elapsed());
             let tokens = gate
-                .admit(r.sq_split_policy, need, left)
+                .admit(r.sq_split_policy, need, left, priority)
                 .map_err(|(ep, e)| self.admission_refused(peer, w, ep, need, e))?;
             // Each task takes its share from the charge, in order, from one
             // token (one slot per task: a share across two tokens keeps the

@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use tent_rings::Priority;
 
 use crate::config::SplitPolicy;
 use crate::flow::split::{QueueLoad, choose};
@@ -74,9 +75,10 @@ impl AdmissionGate {
         }
     }
 
-    /// Admit `need` requests (capped at what one endpoint holds, or under
-    /// `capacity` at what all of them hold), waiting up to `timeout`.
-    /// Returns the tokens (one per endpoint charged, in charge order).
+    /// Admit `need` requests of priority `p` (capped at what one endpoint
+    /// holds for `p`, or under `capacity` at what all of them hold),
+    /// waiting up to `timeout`. Returns the tokens (one per endpoint
+    /// charged, in charge order).
     ///
     /// # Errors
     /// `TimedOut` with the chosen endpoint's snapshot; `Degraded` when
@@ -86,13 +88,14 @@ impl AdmissionGate {
         policy: SplitPolicy,
         need: u32,
         timeout: Duration,
+        p: Priority,
     ) -> Result<Vec<AdmissionToken>, (usize, SqRefusal)> {
         if need == 0 {
             return Ok(Vec::new());
         }
         if policy == SplitPolicy::Capacity {
             let qs: Vec<Arc<SqController>> = self.queues.iter().map(|q| q.load_full()).collect();
-            if let Some(tokens) = capacity_split(&qs, need, self.max_chunks) {
+            if let Some(tokens) = capacity_split(&qs, need, self.max_chunks, p) {
                 return Ok(tokens);
             }
         }
@@ -115,7 +118,7 @@ impl AdmissionGate {
             // Submitting threads race here: a real RMW.
             q.diagnostics().least_loaded.fetch_add(1, Ordering::Relaxed);
         }
-        q.wait_admission(need.min(q.depth()), self.resume, timeout)
+        q.wait_admission(need.min(q.limit(p)), self.resume, timeout, p)
             .map(|t| vec![t])
             .map_err(|e| (i, e))
     }
@@ -131,17 +134,18 @@ fn load_of(q: &SqController) -> QueueLoad {
     }
 }
 
-/// `capacity`: take `need` from the endpoints' free slots, most free
-/// first, over at most `max_chunks` of them (0: any number), without
+/// `capacity`: take `need` from the endpoints' slots free to `p`, most
+/// free first, over at most `max_chunks` of them (0: any number), without
 /// waiting; `None` (nothing held) when they have less free than `need`
 /// between them.
 fn capacity_split(
     qs: &[Arc<SqController>],
     need: u32,
     max_chunks: usize,
+    p: Priority,
 ) -> Option<Vec<AdmissionToken>> {
     let mut order: Vec<usize> = (0..qs.len()).filter(|&i| !qs[i].is_terminal()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(qs[i].free()));
+    order.sort_by_key(|&i| std::cmp::Reverse(qs[i].free_for(p)));
     let cap = if max_chunks == 0 {
         usize::MAX
     } else {
@@ -153,11 +157,11 @@ fn capacity_split(
         if left == 0 || tokens.len() == cap {
             break;
         }
-        let free = qs[i].free();
+        let free = qs[i].free_for(p);
         if free == 0 {
             continue;
         }
-        if let Ok(t) = qs[i].try_admit(free.min(left)) {
+        if let Ok(t) = qs[i].try_admit_as(free.min(left), p) {
             left -= t.count();
             tokens.push(t);
         }
@@ -192,7 +196,9 @@ mod tests {
         let (g, qs) = gate(&[8, 8, 8]);
         let mut at = vec![];
         for _ in 0..4 {
-            let t = g.admit(SplitPolicy::Static, 1, NOW).unwrap();
+            let t = g
+                .admit(SplitPolicy::Static, 1, NOW, Priority::High)
+                .unwrap();
             at.push(
                 qs.iter()
                     .position(|q| Arc::ptr_eq(q, t[0].queue().unwrap()))
@@ -201,12 +207,16 @@ mod tests {
         }
         assert_eq!(at, [0, 1, 2, 0]);
         qs[1].mark_terminal();
-        let t = g.admit(SplitPolicy::Static, 1, NOW).unwrap();
+        let t = g
+            .admit(SplitPolicy::Static, 1, NOW, Priority::High)
+            .unwrap();
         assert!(Arc::ptr_eq(t[0].queue().unwrap(), &qs[2]), "1 is out: 2");
         qs[0].mark_terminal();
         qs[2].mark_terminal();
         assert_eq!(
-            g.admit(SplitPolicy::Static, 1, NOW).unwrap_err().1,
+            g.admit(SplitPolicy::Static, 1, NOW, Priority::High)
+                .unwrap_err()
+                .1,
             SqRefusal::Degraded
         );
     }
@@ -216,12 +226,16 @@ mod tests {
         let (g, qs) = gate(&[8, 8]);
         let r = qs[0].try_reserve(3).unwrap();
         let _q = qs[1].try_admit(2).unwrap();
-        let t = g.admit(SplitPolicy::LeastLoaded, 2, NOW).unwrap();
+        let t = g
+            .admit(SplitPolicy::LeastLoaded, 2, NOW, Priority::High)
+            .unwrap();
         assert!(
             Arc::ptr_eq(t[0].queue().unwrap(), &qs[1]),
             "3 posted vs 2 queued"
         );
-        let t2 = g.admit(SplitPolicy::LeastLoaded, 1, NOW).unwrap();
+        let t2 = g
+            .admit(SplitPolicy::LeastLoaded, 1, NOW, Priority::High)
+            .unwrap();
         assert!(Arc::ptr_eq(t2[0].queue().unwrap(), &qs[0]), "3 vs 4 now");
         let counted = |q: &SqController| q.diagnostics().report(0, 0, 8).least_loaded;
         assert_eq!(
@@ -232,16 +246,25 @@ mod tests {
         qs[0].release(r.n, 0);
         // A charge larger than a queue is capped at its depth.
         drop((t, t2, _q));
-        let big = g.admit(SplitPolicy::LeastLoaded, 100, NOW).unwrap();
+        let big = g
+            .admit(SplitPolicy::LeastLoaded, 100, NOW, Priority::High)
+            .unwrap();
         assert_eq!(big[0].count(), 8);
     }
 
     #[test]
     fn a_full_queue_times_out_with_its_snapshot_and_a_release_admits() {
         let (g, qs) = gate(&[4]);
-        let held = g.admit(SplitPolicy::LeastLoaded, 4, NOW).unwrap();
+        let held = g
+            .admit(SplitPolicy::LeastLoaded, 4, NOW, Priority::High)
+            .unwrap();
         let (i, e) = g
-            .admit(SplitPolicy::LeastLoaded, 1, Duration::from_millis(2))
+            .admit(
+                SplitPolicy::LeastLoaded,
+                1,
+                Duration::from_millis(2),
+                Priority::High,
+            )
             .unwrap_err();
         assert_eq!(i, 0);
         assert!(
@@ -251,7 +274,14 @@ mod tests {
         assert_eq!(qs[0].snapshot().admission_timeouts, 1);
         // A waiter wakes when the holder lets go.
         std::thread::scope(|s| {
-            let w = s.spawn(|| g.admit(SplitPolicy::LeastLoaded, 2, Duration::from_secs(10)));
+            let w = s.spawn(|| {
+                g.admit(
+                    SplitPolicy::LeastLoaded,
+                    2,
+                    Duration::from_secs(10),
+                    Priority::High,
+                )
+            });
             std::thread::sleep(Duration::from_millis(5));
             drop(held);
             let t = w.join().unwrap().unwrap();
@@ -265,7 +295,9 @@ mod tests {
         let (g, qs) = gate(&[8, 8, 8]);
         let _a = qs[0].try_admit(6).unwrap();
         let _b = qs[2].try_admit(1).unwrap();
-        let t = g.admit(SplitPolicy::Capacity, 12, NOW).unwrap();
+        let t = g
+            .admit(SplitPolicy::Capacity, 12, NOW, Priority::High)
+            .unwrap();
         let got: Vec<(usize, u32)> = t
             .iter()
             .map(|t| {
@@ -280,7 +312,9 @@ mod tests {
         assert_eq!(got, [(1, 8), (2, 4)]);
         drop(t);
         // More than all of them hold free: nothing kept, least-loaded waits.
-        let t = g.admit(SplitPolicy::Capacity, 20, NOW).unwrap();
+        let t = g
+            .admit(SplitPolicy::Capacity, 20, NOW, Priority::High)
+            .unwrap();
         assert_eq!(t.len(), 1);
         assert_eq!((t[0].count(), qs[1].queued()), (8, 8));
         assert_eq!(qs[2].queued(), 1, "the greedy pass gave back what it took");
@@ -300,11 +334,15 @@ mod tests {
         );
         // 20 would need three endpoints: two may not hold it, so nothing
         // is kept from the split and the least-loaded one takes its depth.
-        let t = g.admit(SplitPolicy::Capacity, 20, NOW).unwrap();
+        let t = g
+            .admit(SplitPolicy::Capacity, 20, NOW, Priority::High)
+            .unwrap();
         assert_eq!(t.iter().map(|t| t.count()).collect::<Vec<_>>(), [8]);
         assert_eq!(qs.iter().map(|q| q.queued()).sum::<u32>(), 8);
         drop(t);
-        let t = g.admit(SplitPolicy::Capacity, 16, NOW).unwrap();
+        let t = g
+            .admit(SplitPolicy::Capacity, 16, NOW, Priority::High)
+            .unwrap();
         assert_eq!(t.iter().map(|t| t.count()).collect::<Vec<_>>(), [8, 8]);
     }
 }

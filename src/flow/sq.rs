@@ -23,7 +23,12 @@
 //!   released exactly once: handed over, dropped, moved on). Admission
 //!   refuses while posted + queued + the endpoint's backlog (handed over,
 //!   not posted) would pass the depth, so pressure stays with the
-//!   submitter instead of turning into `SqFull` inside the worker.
+//!   submitter instead of turning into `SqFull` inside the worker. The
+//!   last eighth of the depth is HIGH's ([`SqController::limit`], the
+//!   rule the worker's window keeps too): a queue full of bulk still
+//!   admits a HIGH call at once, and a HIGH newcomer does not queue
+//!   behind bulk waiters for the resume watermark (seed 001's priority
+//!   in seed 004's admission).
 //!
 //! A terminal degrade ([`SqController::mark_terminal`]: a fatal
 //! completion, a refused post) refuses every reserve and admission from
@@ -54,6 +59,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use tent_rings::Priority;
 use tent_rings::credit::{CreditPool, CreditSnapshot, ReserveError};
 
 use crate::doorbell::Doorbell;
@@ -237,10 +243,35 @@ impl SqController {
         epoch
     }
 
-    /// Admit `n` requests toward this queue: posted + queued + `n` must
-    /// fit the depth. The token gives them back exactly once.
+    /// Admit `n` HIGH requests toward this queue: posted + queued + `n`
+    /// must fit the depth. The token gives them back exactly once.
     pub fn try_admit(self: &Arc<Self>, n: u32) -> Result<AdmissionToken, SqRefusal> {
-        self.within_depth(n)?;
+        self.try_admit_as(n, Priority::High)
+    }
+
+    /// The part of the depth admission hands out to priority `p`: all of
+    /// it to HIGH, all but the last eighth to MEDIUM and LOW.
+    pub fn limit(&self, p: Priority) -> u32 {
+        match p {
+            Priority::High => self.depth,
+            Priority::Medium | Priority::Low => self.depth - self.depth / 8,
+        }
+    }
+
+    /// Slots admission could still hand to priority `p`.
+    pub fn free_for(&self, p: Priority) -> u32 {
+        self.free().saturating_sub(self.depth - self.limit(p))
+    }
+
+    /// [`try_admit`](Self::try_admit) for requests of priority `p`:
+    /// posted + queued + `n` must fit [`limit`](Self::limit)`(p)`.
+    pub fn try_admit_as(
+        self: &Arc<Self>,
+        n: u32,
+        p: Priority,
+    ) -> Result<AdmissionToken, SqRefusal> {
+        self.within(n, p)?;
+        let limit = self.limit(p);
         // SeqCst here and on every count a waiter reads or a release
         // writes: a sleeper's request and a releaser's look at it are a
         // store-buffering pair (see `wake`). Free on x86 and ARMv8.
@@ -251,7 +282,7 @@ impl SqController {
             }
             // Soft: posted may move meanwhile; completions only lower it,
             // and a post first turns a queued request into a posted one.
-            if self.used(q).saturating_add(n) > self.depth {
+            if self.used(q).saturating_add(n) > limit {
                 return Err(SqRefusal::Full(self.snapshot()));
             }
             match self
@@ -283,15 +314,18 @@ impl SqController {
         n: u32,
         resume: u32,
         timeout: Duration,
+        p: Priority,
     ) -> Result<AdmissionToken, SqRefusal> {
         // Never fits: say so now, not after a wait.
-        self.within_depth(n)?;
-        let resume = resume.min(self.depth);
+        self.within(n, p)?;
+        let limit = self.limit(p);
+        let resume = resume.min(limit);
         // The common case, room now: no clock, no waiter registration.
         // With a watermark and threads already waiting for it, a newcomer
-        // queues behind them instead of taking the slots they wait for.
-        if resume == 0 || self.credits.waiters() == 0 {
-            match self.try_admit(n) {
+        // queues behind them instead of taking the slots they wait for;
+        // a HIGH one does not (the waiters are bulk, or HIGH like it).
+        if resume == 0 || p == Priority::High || self.credits.waiters() == 0 {
+            match self.try_admit_as(n, p) {
                 Err(SqRefusal::Full(_)) if !timeout.is_zero() => {}
                 Err(SqRefusal::Full(snap)) => {
                     self.diag.admission_timeouts.fetch_add(1, Ordering::Relaxed);
@@ -308,10 +342,10 @@ impl SqController {
             if self.is_terminal() {
                 return Err(SqRefusal::Degraded);
             }
-            if self.free() < resume {
+            if self.free_for(p) < resume {
                 return Err(SqRefusal::Full(self.snapshot()));
             }
-            self.try_admit(n)
+            self.try_admit_as(n, p)
         });
         if slept {
             self.diag.admission_waits.fetch_add(1, Ordering::Relaxed);
@@ -324,12 +358,13 @@ impl SqController {
         out
     }
 
-    /// `TooLarge` for more than the whole depth (it can never fit).
-    fn within_depth(&self, n: u32) -> Result<(), SqRefusal> {
-        if n > self.depth {
+    /// `TooLarge` for more than `p` may ever hold (it can never fit).
+    fn within(&self, n: u32, p: Priority) -> Result<(), SqRefusal> {
+        let limit = self.limit(p);
+        if n > limit {
             return Err(SqRefusal::TooLarge {
                 requested: n,
-                depth: self.depth,
+                depth: limit,
             });
         }
         Ok(())
@@ -594,7 +629,7 @@ mod tests {
         thread::spawn(move || {
             let start = Instant::now();
             let out = c
-                .wait_admission(n, resume, Duration::from_secs(10))
+                .wait_admission(n, resume, Duration::from_secs(10), Priority::High)
                 .map(|t| t.count());
             (out, start.elapsed())
         })
@@ -678,7 +713,7 @@ mod tests {
             thread::spawn(move || {
                 let t = Instant::now();
                 let got = if admit {
-                    c.wait_admission(n, 0, Duration::from_secs(60))
+                    c.wait_admission(n, 0, Duration::from_secs(60), Priority::High)
                         .map(|t| t.count())
                 } else {
                     c.wait_for_credits(n, Duration::from_secs(60)).map(|r| r.n)
@@ -726,6 +761,50 @@ mod tests {
         c.release(r.n, 3);
     }
 
+    /// Seed 001 in admission: a queue filled by bulk keeps its last eighth
+    /// for HIGH, and a HIGH call does not queue behind bulk waiters for
+    /// their resume watermark.
+    #[test]
+    fn the_last_eighth_of_the_depth_is_high_s_and_high_does_not_queue_behind_bulk() {
+        let c = Arc::new(SqController::new(16, 0, Duration::from_secs(10)));
+        assert_eq!((c.limit(Priority::Low), c.limit(Priority::High)), (14, 16));
+        let bulk = c.try_admit_as(14, Priority::Low).unwrap();
+        assert!(matches!(
+            c.try_admit_as(1, Priority::Medium),
+            Err(SqRefusal::Full(_))
+        ));
+        assert!(matches!(
+            c.try_admit_as(15, Priority::Low),
+            Err(SqRefusal::TooLarge {
+                requested: 15,
+                depth: 14
+            })
+        ));
+        // A LOW waiter for a watermark of 4 free slots sleeps...
+        let waiter = {
+            let c = c.clone();
+            thread::spawn(move || {
+                c.wait_admission(1, 4, Duration::from_secs(60), Priority::Low)
+                    .map(|t| t.count())
+            })
+        };
+        while c.credits.waiters() == 0 {
+            thread::yield_now();
+        }
+        // ...and a HIGH call takes the reserve at once, without a wait.
+        let t = Instant::now();
+        let high = c
+            .wait_admission(2, 4, Duration::from_secs(30), Priority::High)
+            .unwrap();
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        assert_eq!(high.count(), 2);
+        assert!(matches!(c.try_admit(1), Err(SqRefusal::Full(_))));
+        drop(high);
+        drop(bulk);
+        c.room_freed();
+        assert_eq!(waiter.join().unwrap().unwrap(), 1);
+    }
+
     /// More than the depth is refused at once, also while others wait for
     /// a resume watermark (that path skips the quick try; it used to wait
     /// for room that could never be enough).
@@ -736,7 +815,7 @@ mod tests {
         let waiter = {
             let c = c.clone();
             thread::spawn(move || {
-                c.wait_admission(1, 2, Duration::from_secs(60))
+                c.wait_admission(1, 2, Duration::from_secs(60), Priority::High)
                     .map(|t| t.count())
             })
         };
@@ -744,7 +823,7 @@ mod tests {
             thread::yield_now();
         }
         let t = Instant::now();
-        let out = c.wait_admission(5, 2, Duration::from_secs(30));
+        let out = c.wait_admission(5, 2, Duration::from_secs(30), Priority::Low);
         assert!(
             matches!(
                 out,
@@ -774,7 +853,7 @@ mod tests {
                 let c = c.clone();
                 thread::spawn(move || {
                     let t = Instant::now();
-                    let got = c.wait_admission(n, 0, Duration::from_secs(120));
+                    let got = c.wait_admission(n, 0, Duration::from_secs(120), Priority::High);
                     (got.map(|t| t.count()), t.elapsed())
                 })
             })
@@ -829,7 +908,8 @@ mod tests {
                     let out = if i == 0 {
                         c.wait_for_credits(1, Duration::from_secs(30)).map(|_| ())
                     } else {
-                        c.wait_admission(1, 0, Duration::from_secs(30)).map(|_| ())
+                        c.wait_admission(1, 0, Duration::from_secs(30), Priority::High)
+                            .map(|_| ())
                     };
                     (out, t.elapsed())
                 })
@@ -890,7 +970,7 @@ mod tests {
         assert_eq!(s.admission_waits, 1);
         // A wait that times out is counted.
         let _fill = c.try_admit(5).unwrap();
-        let out = c.wait_admission(1, 0, Duration::from_millis(5));
+        let out = c.wait_admission(1, 0, Duration::from_millis(5), Priority::High);
         assert!(matches!(out, Err(SqRefusal::TimedOut(_))), "{out:?}");
         assert_eq!(c.snapshot().admission_timeouts, 1);
     }
@@ -936,7 +1016,7 @@ mod tests {
         c.mark_terminal();
         assert!(matches!(c.try_admit(1), Err(SqRefusal::Degraded)));
         assert!(matches!(
-            c.wait_admission(1, 0, Duration::from_secs(5)),
+            c.wait_admission(1, 0, Duration::from_secs(5), Priority::High),
             Err(SqRefusal::Degraded)
         ));
     }

@@ -311,6 +311,28 @@ struct Case {
     busy: LowResult,
     /// The HIGH engine's statistics at the end (`Engine::qos_stats`).
     stats: Value,
+    /// One process: HIGH alone beside a spinning thread per core (no
+    /// transfer): what a busy CPU alone does to HIGH's latency.
+    cpu_busy: Option<HighResult>,
+}
+
+/// HIGH alone for `dur` while a thread per core spins: the latency a
+/// fully busy CPU alone costs (no transfer competes).
+fn high_beside_spinners(s: &Stream<'_>, rate: f64, dur: Duration) -> Result<HighResult, String> {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        for _ in 0..n {
+            sc.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            });
+        }
+        let r = high(s, rate, dur);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    })
 }
 
 /// An engine's QoS statistics per priority (seed 001's: accepted,
@@ -380,6 +402,7 @@ fn one_process(args: &Args, transport: TransportArg, target: &str) -> Result<Cas
         solo,
         busy: busy?,
         stats: stats_json(&engine),
+        cpu_busy: Some(high_beside_spinners(&hi, rate, dur)?),
     })
 }
 
@@ -496,6 +519,11 @@ fn two_processes(
     let rate = args.high_rate;
     high(&hi, rate, warm)?;
     let idle = high(&hi, rate, dur)?;
+    if let Some(ms) = slot_ms {
+        // HIGH's work just ended: its slots stay reserved for a cycle.
+        // LOW alone is measured once they are given up.
+        std::thread::sleep(Duration::from_millis(3 * ms + 5));
+    }
     child.start()?;
     let solo = child.result()?;
     child.start()?;
@@ -516,6 +544,7 @@ fn two_processes(
         solo,
         busy,
         stats,
+        cpu_busy: None,
     })
 }
 
@@ -625,6 +654,7 @@ fn report(args: &Args, c: &Case) {
                 "low_gbps_solo": c.solo.gbps, "low_gbps_loaded": c.busy.gbps, "low_kept": kept,
                 "errors": c.idle.errors + c.loaded.errors + c.solo.errors + c.busy.errors,
                 "low_gate_holds_solo": c.solo.gate_holds, "low_gate_holds_loaded": c.busy.gate_holds,
+                "high_p99_cpu_busy_us": c.cpu_busy.as_ref().and_then(|h| h.us(0.99)),
                 "stats": c.stats,
             })
             .to_string(),
@@ -652,4 +682,11 @@ fn report(args: &Args, c: &Case) {
         c.solo.gate_holds,
         c.busy.gate_holds
     ));
+    if let Some(h) = &c.cpu_busy {
+        emit(&format!(
+            "#   {}: HIGH alone beside a spinning thread per core (the CPU busy, no transfer): p50/p99 {}",
+            transport_name(c.transport),
+            us(h)
+        ));
+    }
 }

@@ -44,7 +44,7 @@ use tent::flow::split::{QueueLoad, choose, next_cursor};
 use tent::flow::{AdmissionGate, AdmissionToken};
 use tent::transport::rdma::sim::SimSource;
 use tent::transport::rdma::{Connector, Endpoint, QueueSource, RdmaCompletion, RdmaSlice};
-use tent_rings::Opcode;
+use tent_rings::{Opcode, Priority};
 
 use crate::{Args, emit};
 
@@ -177,7 +177,7 @@ fn run(connector: &Connector, s: Setup) -> Result<Outcome, String> {
                         continue;
                     }
                     let charge = if s.admission {
-                        match gate.admit(s.policy, 1, ADMISSION_TIMEOUT) {
+                        match gate.admit(s.policy, 1, ADMISSION_TIMEOUT, Priority::High) {
                             Ok(mut tokens) => tokens.pop(),
                             Err(_) => {
                                 // `submit` fails SqFull: the request is
@@ -382,9 +382,14 @@ fn endpoint_round(ep: &mut Endpoint, gate: Option<&AdmissionGate>, rounds: u64) 
     let mut token = 0;
     for _ in 0..rounds {
         let mut charge = gate.and_then(|g| {
-            g.admit(SplitPolicy::Static, BATCH as u32, ADMISSION_TIMEOUT)
-                .ok()?
-                .pop()
+            g.admit(
+                SplitPolicy::Static,
+                BATCH as u32,
+                ADMISSION_TIMEOUT,
+                Priority::High,
+            )
+            .ok()?
+            .pop()
         });
         for _ in 0..BATCH {
             let share = charge.as_mut().map(|c| c.split(1));
@@ -406,7 +411,7 @@ fn endpoint_round(ep: &mut Endpoint, gate: Option<&AdmissionGate>, rounds: u64) 
 fn admission_round(gate: &AdmissionGate, rounds: u64) -> f64 {
     let start = Instant::now();
     for _ in 0..rounds {
-        drop(gate.admit(SplitPolicy::Static, 1, ADMISSION_TIMEOUT));
+        drop(gate.admit(SplitPolicy::Static, 1, ADMISSION_TIMEOUT, Priority::High));
     }
     start.elapsed().as_nanos() as f64 / rounds as f64
 }

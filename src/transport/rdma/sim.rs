@@ -255,6 +255,7 @@ mod tests {
     use crate::transport::rdma::endpoint::{Endpoint, RdmaCompletion, RdmaSlice, SqSettings};
     use std::time::Duration;
     use tent_rings::Opcode;
+    use tent_rings::Priority;
 
     fn slice(token: u64) -> RdmaSlice {
         RdmaSlice {
@@ -395,7 +396,7 @@ mod tests {
             let sq = sq.clone();
             std::thread::spawn(move || {
                 let t = std::time::Instant::now();
-                let got = sq.wait_admission(4, 0, Duration::from_secs(60));
+                let got = sq.wait_admission(4, 0, Duration::from_secs(60), Priority::High);
                 (got.map(|t| t.count()), t.elapsed())
             })
         };

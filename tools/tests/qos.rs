@@ -1,0 +1,74 @@
+//! `tent-bench --mode qos` end to end (a short run on the debug build;
+//! README has the release command): every case prints its JSON line with
+//! the figures issue 15 names, no WRITE fails, and the slot file works
+//! across the two processes: LOW alone is never held (the slots are
+//! work-conserving), LOW beside another process's HIGH stream is.
+//! Figures are not judged here: speed targets live in the benchmark.
+
+mod common;
+
+use serde_json::Value;
+
+#[test]
+fn qos_mode_reports_every_case_and_slots_hold_low_only_beside_high() {
+    let text = common::bench_stdout(&[
+        "--mode",
+        "qos",
+        "--duration",
+        "0.3",
+        "--block-size",
+        "1M",
+        "--high-rate",
+        "2000",
+        "--json",
+    ]);
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(lines.len(), 10, "{text}");
+    for t in ["shm", "tcp"] {
+        let cases: Vec<&Value> = lines.iter().filter(|l| l["transport"] == t).collect();
+        let slots: Vec<Value> = cases
+            .iter()
+            .map(|l| l["slot_interval_ms"].clone())
+            .collect();
+        let procs: Vec<u64> = cases
+            .iter()
+            .map(|l| l["processes"].as_u64().unwrap())
+            .collect();
+        assert_eq!(procs, [1, 2, 2, 2, 2], "{text}");
+        assert_eq!(
+            slots,
+            [Value::Null, Value::Null, 1.into(), 2.into(), 10.into()],
+            "{text}"
+        );
+        for l in &cases {
+            for k in [
+                "high_p99_idle_us",
+                "high_p99_loaded_us",
+                "low_gbps_solo",
+                "low_gbps_loaded",
+            ] {
+                assert!(l[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {l}");
+            }
+            assert_eq!(l["errors"], 0, "{l}");
+            assert!(l["high_ops_loaded"].as_u64() > Some(0), "{l}");
+            let holds = |k: &str| l[k].as_u64().unwrap();
+            if l["slot_interval_ms"].is_null() {
+                // No slot file: nothing ever holds LOW back.
+                assert_eq!(holds("low_gate_holds_solo"), 0, "{l}");
+                assert_eq!(holds("low_gate_holds_loaded"), 0, "{l}");
+            } else {
+                // A slot file: LOW alone goes in every slot; beside the
+                // other process's HIGH stream, slots 0 and 1 hold it.
+                assert_eq!(holds("low_gate_holds_solo"), 0, "{l}");
+                assert!(holds("low_gate_holds_loaded") > 0, "{l}");
+            }
+            let cpu = &l["high_p99_cpu_busy_us"];
+            assert_eq!(cpu.is_null(), l["processes"] == 2, "{l}");
+            // Seed 001's statistics ride along.
+            assert!(l["stats"]["high"]["accepted"].as_u64() > Some(0), "{l}");
+        }
+    }
+}
