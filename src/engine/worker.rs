@@ -552,7 +552,7 @@ impl Worker {
             .filter(|r| !r.is_revoked())
             .ok_or(ErrorKind::AddressNotRegistered)?;
         let ptr = region.slice_ptr(local.offset, sqe.len())?;
-        let region = region.clone();
+        let region = crate::engine::task::RegionRef::new(region);
         let segment = self
             .segments
             .load()
@@ -769,7 +769,8 @@ impl Worker {
             let len = slice.min(t.len - t.posted);
             let offset = t.posted;
             let segment = t.segment.as_deref().expect("live task has a segment");
-            let region = t.local_region.as_deref().expect("live task has a region");
+            // SAFETY: `t` is live (checked at the top of the loop).
+            let region = unsafe { t.local_region.expect("live task has a region").get() };
             let slice = Slice {
                 token: t.token(i),
                 opcode: t.opcode,
@@ -1228,8 +1229,9 @@ impl Worker {
         if self.tasks.active() > 0 {
             for i in 0..self.tasks.capacity() as u32 {
                 let t = self.tasks.get_mut(i);
-                let revoked = match &t.local_region {
-                    Some(r) if t.live => r.revoked_epoch(),
+                let revoked = match t.local_region {
+                    // SAFETY: the task is live.
+                    Some(r) if t.live => unsafe { r.get() }.revoked_epoch(),
                     _ => 0,
                 };
                 if revoked != 0 {
@@ -1414,7 +1416,7 @@ struct Accepted {
     opcode: tent_rings::Opcode,
     priority: Priority,
     local: *mut u8,
-    region: Arc<crate::memory::MemRegion>,
+    region: crate::engine::task::RegionRef,
     segment: Arc<crate::segment::Segment>,
     transport: TransportKind,
     xport_priority: u8,
