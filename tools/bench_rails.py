@@ -162,7 +162,7 @@ def one_run(args, rates, policy, cut):
     try:
         if args.cut:
             block, batch = size_bytes(args.cut_block), args.cut_inflight
-            argv = ["--block-size", str(block), "--batch", str(batch), "--stream",
+            argv = ["--block-size", str(block), "--batch", str(batch),
                     "--interval-ms", str(args.interval_ms)]
         else:
             block, batch = size_bytes(args.size), 1

@@ -156,3 +156,76 @@ pub fn tcp_stream_gbps(size: u64, conns: usize, dur: Duration) -> f64 {
     let bytes: u64 = readers.into_iter().map(|r| r.join().unwrap_or(0)).sum();
     bytes as f64 / start.elapsed().as_secs_f64() / 1e9
 }
+
+/// The rings alone: `batch` 8 B WRITE SQEs kept in flight from this thread
+/// (on `app`) to an echo thread (on `worker`) that answers each with a CQE
+/// through a completion ring, as the engine's worker does but with no
+/// engine work between; the application refills as CQEs arrive, as
+/// tent-bench's points do. M round trips a second: the floor for small
+/// ops with a CQE each between these two cores.
+pub fn ring_round_trip_mops(
+    batch: usize,
+    app: Option<usize>,
+    worker: Option<usize>,
+    dur: Duration,
+) -> f64 {
+    use tent_rings::spsc;
+    use tent_rings::{Cqe, LocalAddr, RemoteAddr, SegmentId, Sqe, op};
+    let depth = (batch * 2).max(64).next_power_of_two() as u32;
+    let (mut sq, mut sq_rx) = spsc::channel::<Sqe>(depth).expect("ring depth");
+    let (mut cq_tx, mut cq) = spsc::channel::<Cqe>(depth).expect("ring depth");
+    let stop = Arc::new(AtomicU64::new(0));
+    let s2 = stop.clone();
+    let echo = std::thread::spawn(move || {
+        if let Some(c) = worker {
+            core_affinity::set_for_current(core_affinity::CoreId { id: c });
+        }
+        while s2.load(Ordering::Relaxed) == 0 {
+            let mut n = 0;
+            while let Some(sqe) = sq_rx.pop() {
+                // The CQ has room: at most `batch` are in flight.
+                let _ = cq_tx.push(Cqe::new(sqe.user_data(), Ok(sqe.len())));
+                n += 1;
+            }
+            if n > 0 {
+                sq_rx.sync();
+                cq_tx.sync();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    });
+    if let Some(c) = app {
+        core_affinity::set_for_current(core_affinity::CoreId { id: c });
+    }
+    let sqe = op::Write::new(
+        LocalAddr::new(tent_rings::RegionId(1), 0),
+        RemoteAddr::new(SegmentId::LOCAL, 0x1000),
+        8,
+    )
+    .build();
+    let (mut in_flight, mut done) = (0usize, 0u64);
+    let start = Instant::now();
+    while start.elapsed() < dur {
+        for _ in 0..64 {
+            while in_flight < batch && sq.push(sqe).is_ok() {
+                in_flight += 1;
+            }
+            sq.sync();
+            let mut reaped = 0;
+            while let Some(c) = cq.pop() {
+                std::hint::black_box(c);
+                reaped += 1;
+            }
+            if reaped > 0 {
+                cq.sync();
+                in_flight -= reaped;
+                done += reaped as u64;
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    stop.store(1, Ordering::Relaxed);
+    let _ = echo.join();
+    done as f64 / secs / 1e6
+}

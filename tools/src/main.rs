@@ -73,14 +73,15 @@ pub struct Args {
     /// Block size (bytes, or with K/M/G suffix); without it, a sweep 8 B .. 64 MiB.
     #[arg(long, value_parser = parse_size)]
     pub block_size: Option<u64>,
-    /// Requests in flight per thread: submitted together, and the next
-    /// batch only once all have completed (see --stream).
+    /// Requests kept in flight per thread: each is submitted again as soon
+    /// as its CQE is reaped (an application that refills as completions
+    /// arrive), unless --lockstep.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
-    /// Keep --batch requests in flight per thread, resubmitting each as soon
-    /// as it completes (a steady stream, for --interval-ms).
+    /// Submit --batch requests together and the next batch only once all
+    /// of them have completed (the old default).
     #[arg(long)]
-    pub stream: bool,
+    pub lockstep: bool,
     /// Submitting threads (each with its own ring and worker).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
@@ -100,7 +101,7 @@ pub struct Args {
     /// `{"t_ms", "gbps"}` line per interval, after a live `{"event":
     /// "start"}` line and before the point's summary). An op's bytes count
     /// when it completes: use ops short against the interval, several in
-    /// flight with --stream, or the series is lumpy.
+    /// flight (--batch), or the series is lumpy.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub interval_ms: Option<u64>,
     /// One JSON object per result line.

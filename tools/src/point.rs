@@ -210,8 +210,9 @@ pub fn run_point(args: &Args, rig: &Rig<'_>, size: u64) -> Result<Point, String>
     Ok(all)
 }
 
-/// One thread's ops. Batch mode submits `--batch` ops and waits for all of
-/// them; `--stream` resubmits each slot as soon as its op completes.
+/// One thread's ops: `--batch` in flight, each slot resubmitted as soon as
+/// its op completes; with `--lockstep`, `--batch` ops submitted together
+/// and the next batch once all of them completed.
 fn run_thread(
     args: &Args,
     rig: &Rig<'_>,
@@ -241,7 +242,7 @@ fn run_thread(
         if ended && in_flight == 0 {
             break;
         }
-        if !ended && (args.stream || in_flight == 0) && in_flight < args.batch {
+        if !ended && (!args.lockstep || in_flight == 0) && in_flight < args.batch {
             if window.is_none() && elapsed >= warmup {
                 window = Some(now);
             }

@@ -264,7 +264,7 @@ pub fn initiator(
             emit(
                 &serde_json::json!({
                     "transport": transport, "op": op_name, "block_size": size, "batch": args.batch,
-                    "threads": args.threads, "stream": args.stream, "gbps": p.gbps(), "mops": p.mops(),
+                    "threads": args.threads, "lockstep": args.lockstep, "gbps": p.gbps(), "mops": p.mops(),
                     "p50_us": q(0.5), "p99_us": q(0.99), "p999_us": q(0.999), "errors": p.errors,
                     "ops": p.ops, "bytes": p.bytes, "secs": p.secs, "in_flight_at_cap": p.stuck,
                     "error": empty,
@@ -293,7 +293,7 @@ pub fn initiator(
                 empty.as_deref().unwrap_or("no figure")
             ));
         }
-        results.push((size, p.gbps(), q(0.5), q(0.99)));
+        results.push((size, p.gbps(), q(0.5), q(0.99), p.mops()));
     }
     rail_report(args, &engine, segment);
     if !args.no_baseline {
@@ -379,7 +379,8 @@ fn show(r: Option<f64>) -> String {
     r.map_or_else(|| "n/a".to_owned(), |r| format!("{r:.2}x"))
 }
 
-type Measured = (u64, Option<f64>, Option<f64>, Option<f64>);
+/// (block size, GB/s, p50 µs, p99 µs, M ops/s) of a point.
+type Measured = (u64, Option<f64>, Option<f64>, Option<f64>, Option<f64>);
 
 fn baselines(
     args: &Args,
@@ -397,7 +398,7 @@ fn baselines(
             .map(|c| c.transports.tcp.connections_per_peer as usize)
             .unwrap_or(4)
             * args.threads;
-        for &(size, gbps, _, _) in results.iter().filter(|r| r.0 >= 4096) {
+        for &(size, gbps, _, _, _) in results.iter().filter(|r| r.0 >= 4096) {
             let m = baseline::tcp_stream_gbps(size, conns, dur);
             if args.json {
                 emit(&serde_json::json!({"baseline": "tcp_stream_loopback", "connections": conns, "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": ratio(gbps, m)}).to_string());
@@ -412,7 +413,7 @@ fn baselines(
         }
         return;
     }
-    for &(size, gbps, _, _) in results.iter().filter(|r| r.0 >= 4096) {
+    for &(size, gbps, _, _, _) in results.iter().filter(|r| r.0 >= 4096) {
         let m = baseline::memcpy_gbps(size, dur);
         if args.json {
             emit(&serde_json::json!({"baseline": "memcpy_1thread", "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": ratio(gbps, m)}).to_string());
@@ -448,7 +449,23 @@ fn baselines(
             q(&after, 0.5)
         ));
     }
-    if let Some(&(size, _, t50, t99)) = results.iter().find(|r| r.0 <= 64) {
+    if let Some(&(size, _, _, _, mops)) = results.iter().find(|r| r.0 <= 64) {
+        // The floor for a small op with a CQE each: SQE -> CQE through the
+        // engine's own rings between the same two cores, no engine.
+        let floor = baseline::ring_round_trip_mops(args.batch, app, worker, dur);
+        if args.json {
+            emit(&serde_json::json!({"baseline": "ring_alone", "batch": args.batch, "cores": [app, worker],
+                "mops": floor, "tent_mops": mops, "block_size": size, "ratio": ratio(mops, floor)}).to_string());
+        } else {
+            emit(&format!(
+                "# ring alone (SQE -> CQE through tent-rings between cores {app:?} <-> {worker:?}, {} in flight, no engine): {floor:.2} M ops/s   tent {} B / ring = {}",
+                args.batch,
+                size,
+                show(ratio(mops, floor))
+            ));
+        }
+    }
+    if let Some(&(size, _, t50, t99, _)) = results.iter().find(|r| r.0 <= 64) {
         if args.json {
             emit(&serde_json::json!({"baseline": "latency_ratio", "block_size": size, "p50_ratio": ratio(t50, p50), "p99_ratio": ratio(t99, p99)}).to_string());
         } else {

@@ -132,7 +132,6 @@ fn interval_series_covers_the_run_and_agrees_with_the_summary() {
         "1M",
         "--batch",
         "4",
-        "--stream",
         "--duration",
         "1",
         "--interval-ms",
@@ -172,4 +171,34 @@ fn interval_series_covers_the_run_and_agrees_with_the_summary() {
         mean > summary * 0.5 && mean < summary * 2.0,
         "series mean {mean} GB/s vs the point's {summary} GB/s: {all}"
     );
+}
+
+/// A small-op point is printed next to the rings alone at the same
+/// `--batch` (issue 16's floor), with the ratio.
+#[test]
+fn a_small_op_point_prints_the_ring_alone_floor() {
+    let out = run(&[
+        "--transport",
+        "local",
+        "--block-size",
+        "8",
+        "--batch",
+        "8",
+        "--duration",
+        "0.2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let lines = lines(&out);
+    let ring = lines
+        .iter()
+        .find(|l| l["baseline"] == "ring_alone")
+        .unwrap_or_else(|| panic!("no ring_alone line: {}", text(&out)));
+    assert_eq!(ring["batch"], 8, "{ring}");
+    assert!(ring["mops"].as_f64().is_some_and(|m| m > 0.0), "{ring}");
+    assert!(
+        ring["tent_mops"].as_f64().is_some_and(|m| m > 0.0),
+        "{ring}"
+    );
+    assert!(ring["ratio"].as_f64().is_some(), "{ring}");
 }
