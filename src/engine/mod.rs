@@ -89,6 +89,9 @@ pub struct Engine {
     /// Regions out of the table whose `unregister_memory` has not finished
     /// (waiting, or timed out): held, and still registered, until it does.
     retiring: Mutex<Vec<Arc<MemRegion>>>,
+    /// Segments out of the table whose `close_segment` has not finished:
+    /// held until it does (tasks on them hold them by pointer, `Held`).
+    closing: Mutex<Vec<Arc<Segment>>>,
     next_worker: AtomicUsize,
     /// This engine's share of the global slot clock (rotating or
     /// watching); dropped after the workers, handing the lease back.
@@ -374,6 +377,7 @@ impl EngineBuilder {
             data: data.map(|(d, _)| d),
             registry: Mutex::new(()),
             retiring: Mutex::new(Vec::new()),
+            closing: Mutex::new(Vec::new()),
             next_worker: AtomicUsize::new(0),
             slots,
         })
@@ -529,7 +533,8 @@ impl Engine {
                     )
                 });
         };
-        // Only this function writes the epoch, under the registry lock.
+        // Only this function and `close_segment` write the epoch, both
+        // under the registry lock.
         let epoch = self.shared.region_epoch.load(Ordering::Relaxed) + 1;
         removed.revoke(epoch);
         if let Some(export) = &self.export {
@@ -551,7 +556,29 @@ impl Engine {
     /// parked one wakes; `Timeout` past the bound (see
     /// [`Engine::unregister_memory`]).
     fn drain(&self, region: &MemRegion) -> Result<()> {
-        let epoch = region.revoked_epoch();
+        self.drain_epoch(
+            region.revoked_epoch(),
+            || region.in_use(),
+            |workers, served| {
+                format!(
+                    "region {} still in use past the drain bound ({workers} worker(s) with tasks on it, {served} TCP op(s) being served): it stays withdrawn and registered; do not free it, call unregister_memory again",
+                    region.id().0
+                )
+            },
+        )
+    }
+
+    /// Wait until every worker has acknowledged unregister epoch `epoch`
+    /// (none holds a live task on what it took out) and `served()` is 0,
+    /// ringing workers that have not so a parked one wakes; `Timeout` with
+    /// `why(workers, served)` past the latest deadline of such a task (or
+    /// the call) plus twice the TCP stall limit.
+    fn drain_epoch(
+        &self,
+        epoch: u64,
+        served: impl Fn() -> u64,
+        why: impl Fn(usize, u64) -> String,
+    ) -> Result<()> {
         let cfg = &self.shared.config;
         let stall = tcp::server::stall_limit(
             cfg.transports.tcp.user_timeout_ms.min(u32::MAX as u64) as u32,
@@ -575,18 +602,12 @@ impl Engine {
                     w.doorbell().ring();
                 }
             }
-            let served = region.in_use();
+            let served = served();
             if workers == 0 && served == 0 {
                 return Ok(());
             }
             if crate::clock::monotonic_ns() > latest.saturating_add(grace) {
-                return Err(Error::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "region {} still in use past the drain bound ({workers} worker(s) with tasks on it, {served} TCP op(s) being served): it stays withdrawn and registered; do not free it, call unregister_memory again",
-                        region.id().0
-                    ),
-                ));
+                return Err(Error::new(ErrorKind::Timeout, why(workers, served)));
             }
             if look < DRAIN_YIELDS {
                 look += 1;
@@ -804,20 +825,75 @@ impl Engine {
         Ok((SegmentKind::Remote(Arc::new(desc)), attached))
     }
 
-    /// Close a segment; requests naming it afterwards fail with `SegmentNotFound`.
+    /// Close a segment, and return once the engine is done with it.
+    ///
+    /// At once: requests naming it fail `SegmentNotFound` (a worker whose
+    /// cached table still has it sees it closed). Then the call waits until
+    /// every worker has refreshed its cached segment table and holds no
+    /// task on it (tasks accepted before it finish normally, failing over
+    /// or timing out as they would have). Only then is it dropped: an shm
+    /// peer's mapping is gone, and nothing of the engine reaches the peer
+    /// through it again.
+    ///
+    /// # Errors
+    /// `SegmentNotFound` if `id` names no open segment. `Timeout` if tasks
+    /// on it have not finished by the latest of their deadlines plus twice
+    /// the TCP stall limit: it stays closed (requests refused) and held;
+    /// call again to finish.
     pub fn close_segment(&self, id: SegmentId) -> Result<()> {
         if id == SegmentId::LOCAL {
             return Err(Error::invalid("the local segment cannot be closed"));
         }
-        let _g = self.registry.lock().expect("registry poisoned");
-        let table = self.shared.segments.load_full();
-        let next = table.without(id).ok_or_else(|| {
-            Error::new(
-                ErrorKind::SegmentNotFound,
-                format!("segment {} is not open", id.0),
-            )
-        })?;
-        self.shared.segments.store(Arc::new(next));
+        let segment = {
+            let _g = self.registry.lock().expect("registry poisoned");
+            let table = self.shared.segments.load_full();
+            match table.without(id) {
+                Some((next, removed)) => {
+                    // Only this function and `withdraw` write the epoch,
+                    // both under the registry lock.
+                    let epoch = self.shared.region_epoch.load(Ordering::Relaxed) + 1;
+                    removed.close(epoch);
+                    self.shared.segments.store(Arc::new(next));
+                    self.closing
+                        .lock()
+                        .expect("closing segments poisoned")
+                        .push(removed.clone());
+                    // Release: a worker that reads this epoch sees the
+                    // close and the table without the segment.
+                    self.shared.region_epoch.store(epoch, Ordering::Release);
+                    removed
+                }
+                // Closed by an earlier call that has not finished.
+                None => self
+                    .closing
+                    .lock()
+                    .expect("closing segments poisoned")
+                    .iter()
+                    .find(|s| s.id() == id)
+                    .cloned()
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::SegmentNotFound,
+                            format!("segment {} is not open", id.0),
+                        )
+                    })?,
+            }
+        };
+        self.drain_epoch(
+            segment.closed_epoch(),
+            || 0,
+            |workers, _| {
+                format!(
+                    "segment {} ({}) still has tasks past the drain bound ({workers} worker(s)): it stays closed; call close_segment again",
+                    id.0,
+                    segment.name()
+                )
+            },
+        )?;
+        self.closing
+            .lock()
+            .expect("closing segments poisoned")
+            .retain(|s| s.id() != id);
         Ok(())
     }
 

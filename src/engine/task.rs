@@ -1,8 +1,6 @@
 //! The worker's task table: one record per accepted request, preallocated so
 //! accepting, posting and finishing allocate nothing.
 
-use std::sync::Arc;
-
 use tent_rings::{ErrorKind, Opcode, Priority, TransportKind};
 
 use super::batch::BatchTask;
@@ -29,32 +27,41 @@ pub(crate) struct SliceRecord {
     pub post_ns: u64,
 }
 
-/// A live task's hold on its local region, without a reference count.
+/// A live task's hold on its local region or its segment, without a
+/// reference count.
 ///
 /// An `Arc` clone at accept and its drop at the end cost two locked
-/// read-modify-writes per request, and the drop's serialising `lock decq`
-/// waited on the CQE stores ahead of it: a profile of 8 B WRITEs put a
-/// fifth of the worker's time there. The region cannot go away under a
-/// live task anyway: `Engine::unregister_memory` keeps it (in `retiring`,
-/// besides its own hold) until every worker has acknowledged an epoch past
-/// its revoke, and a worker does not while a live task names it
-/// (`Worker::ack_unregister`); the engine drops its regions only after the
+/// read-modify-writes per request each, and the drop's serialising `lock
+/// decq` waited on the CQE stores ahead of it: a profile of 8 B WRITEs put
+/// a fifth of the worker's time there. Neither can go away under a live
+/// task: `Engine::unregister_memory` and `Engine::close_segment` keep what
+/// they take out of the tables (`retiring`, `closing`, besides their own
+/// hold) until every worker has acknowledged an epoch past its revoke or
+/// close, and a worker does not while a live task names it
+/// (`Worker::ack_unregister`); the engine drops its tables only after the
 /// workers have stopped.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RegionRef(std::ptr::NonNull<MemRegion>);
+#[derive(Debug)]
+pub(crate) struct Held<T>(std::ptr::NonNull<T>);
 
-impl RegionRef {
-    pub fn new(r: &MemRegion) -> RegionRef {
-        RegionRef(std::ptr::NonNull::from(r))
+impl<T> Clone for Held<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Held<T> {}
+
+impl<T> Held<T> {
+    pub fn new(r: &T) -> Held<T> {
+        Held(std::ptr::NonNull::from(r))
     }
 
-    /// The region.
+    /// What it holds.
     ///
     /// # Safety
     /// Only while the task holding it is live (see the type).
     #[inline]
-    pub unsafe fn get<'a>(self) -> &'a MemRegion {
-        // SAFETY: the caller's task is live, so the region is held (see the type).
+    pub unsafe fn get<'a>(self) -> &'a T {
+        // SAFETY: the caller's task is live, so the referent is held (see the type).
         unsafe { self.0.as_ref() }
     }
 }
@@ -72,8 +79,8 @@ pub(crate) struct Task {
     pub user_data: u64,
     pub opcode: Opcode,
     pub local: *mut u8,
-    pub local_region: Option<RegionRef>,
-    pub segment: Option<Arc<Segment>>,
+    pub local_region: Option<Held<MemRegion>>,
+    pub segment: Option<Held<Segment>>,
     pub remote: u64,
     pub len: u64,
     pub posted: u64,
@@ -168,9 +175,9 @@ pub(crate) struct TaskTable {
 }
 
 // SAFETY: the raw pointers inside tasks refer to registered memory and batch
-// slots kept alive by the unregister protocol (`RegionRef`), the segment Arcs
-// and the batch rules documented on each field; the table is owned by exactly
-// one worker thread at a time.
+// slots kept alive by the unregister and close protocols (`Held`) and the
+// batch rules documented on each field; the table is owned by exactly one
+// worker thread at a time.
 unsafe impl Send for TaskTable {}
 
 impl TaskTable {
@@ -202,7 +209,7 @@ impl TaskTable {
         Some(i)
     }
 
-    /// Return a slot, dropping the Arcs it held.
+    /// Return a slot, forgetting what it held.
     #[inline]
     pub fn release(&mut self, i: u32) {
         let t = &mut self.tasks[i as usize];

@@ -18,7 +18,7 @@ use tent_rings::spsc::{Consumer, Producer};
 use tent_rings::{Cqe, ErrorKind, Priority, Sqe, TransportKind};
 
 use super::batch::{BatchTask, Served, TaskState};
-use super::task::{Origin, SliceRecord, TaskTable};
+use super::task::{Held, Origin, SliceRecord, TaskTable};
 use super::{EngineShared, slot_index};
 use crate::clock::monotonic_ns;
 use crate::doorbell::{CqBell, Doorbell, Wakers};
@@ -552,15 +552,21 @@ impl Worker {
             .filter(|r| !r.is_revoked())
             .ok_or(ErrorKind::AddressNotRegistered)?;
         let ptr = region.slice_ptr(local.offset, sqe.len())?;
-        let region = crate::engine::task::RegionRef::new(region);
-        let segment = self
-            .segments
-            .load()
-            .get(sqe.remote().segment)
-            .ok_or(ErrorKind::SegmentNotFound)?
-            .clone();
+        let region = Held::new(&**region);
+        let segment = Held::new(
+            &**self
+                .segments
+                .load()
+                .get(sqe.remote().segment)
+                // Closed, in a table this worker has not refreshed yet.
+                .filter(|s| s.closed_epoch() == 0)
+                .ok_or(ErrorKind::SegmentNotFound)?,
+        );
+        // SAFETY: the segment is in this worker's cached table, which holds it
+        // until the next load; a task made from it is live, which keeps it
+        // (see `Held`).
         let (xport_priority, transport) = self
-            .resolve(&segment, 0, hint)
+            .resolve(unsafe { segment.get() }, 0, hint)
             .ok_or(ErrorKind::Unreachable)?;
         let deadline_ns = match sqe.deadline_ns() {
             0 => now + self.default_timeout_ns,
@@ -619,7 +625,8 @@ impl Worker {
         let t = self.tasks.get_mut(i);
         let from = t.transport;
         t.failing = None;
-        let segment = t.segment.clone().expect("live task has a segment");
+        // SAFETY: task `i` is live (it is failing over), and stays so here.
+        let segment = unsafe { t.segment.expect("live task has a segment").get() };
         // A dead peer fails every task it had, and every task after it:
         // each of these lines is logged once per (segment, transport,
         // cause), then summarised with a count at most once a second.
@@ -635,7 +642,7 @@ impl Worker {
             return self.exhaust(i, cause);
         }
         let from_rank = usize::from(t.xport_priority) + 1;
-        let Some((rank, to)) = self.resolve(&segment, from_rank, TransportKind::Any) else {
+        let Some((rank, to)) = self.resolve(segment, from_rank, TransportKind::Any) else {
             crate::lograte::warn_limited!(
                 key,
                 %peer,
@@ -768,7 +775,8 @@ impl Worker {
             };
             let len = slice.min(t.len - t.posted);
             let offset = t.posted;
-            let segment = t.segment.as_deref().expect("live task has a segment");
+            // SAFETY: `t` is live (checked at the top of the loop).
+            let segment = unsafe { t.segment.expect("live task has a segment").get() };
             // SAFETY: `t` is live (checked at the top of the loop).
             let region = unsafe { t.local_region.expect("live task has a region").get() };
             let slice = Slice {
@@ -1225,18 +1233,26 @@ impl Worker {
             return;
         }
         let _ = self.regions.load();
+        let _ = self.segments.load();
         let (mut oldest, mut wait_until) = (u64::MAX, 0);
         if self.tasks.active() > 0 {
             for i in 0..self.tasks.capacity() as u32 {
                 let t = self.tasks.get_mut(i);
-                let revoked = match t.local_region {
-                    // SAFETY: the task is live.
-                    Some(r) if t.live => unsafe { r.get() }.revoked_epoch(),
-                    _ => 0,
+                if !t.live {
+                    continue;
+                }
+                // SAFETY: the task is live.
+                let (revoked, closed) = unsafe {
+                    (
+                        t.local_region.map_or(0, |r| r.get().revoked_epoch()),
+                        t.segment.map_or(0, |s| s.get().closed_epoch()),
+                    )
                 };
-                if revoked != 0 {
-                    oldest = oldest.min(revoked);
-                    wait_until = wait_until.max(t.deadline_ns);
+                for e in [revoked, closed] {
+                    if e != 0 {
+                        oldest = oldest.min(e);
+                        wait_until = wait_until.max(t.deadline_ns);
+                    }
                 }
             }
         }
@@ -1416,8 +1432,8 @@ struct Accepted {
     opcode: tent_rings::Opcode,
     priority: Priority,
     local: *mut u8,
-    region: crate::engine::task::RegionRef,
-    segment: Arc<crate::segment::Segment>,
+    region: Held<crate::memory::MemRegion>,
+    segment: Held<Segment>,
     transport: TransportKind,
     xport_priority: u8,
     deadline_ns: u64,

@@ -41,6 +41,10 @@ pub struct Segment {
     /// The network transports that reach a `Remote` segment, best first,
     /// each with its per-peer state.
     net: Vec<(TransportKind, Attachment)>,
+    /// The unregister epoch `close_segment` closed it at (0: open). A worker
+    /// whose cached table still has it refuses new requests on it, and
+    /// does not acknowledge the epoch while a live task names it.
+    closed: std::sync::atomic::AtomicU64,
 }
 
 impl Segment {
@@ -51,7 +55,20 @@ impl Segment {
             name,
             kind,
             net: Vec::new(),
+            closed: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Closed at unregister epoch `epoch` (see `Engine::close_segment`).
+    pub(crate) fn close(&self, epoch: u64) {
+        self.closed
+            .store(epoch, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The epoch it was closed at; 0 while open.
+    #[inline]
+    pub fn closed_epoch(&self) -> u64 {
+        self.closed.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The same segment, also reached over `kind` with its per-peer state;
@@ -141,11 +158,11 @@ impl SegmentTable {
         self.by_id.iter().flatten()
     }
 
-    /// A copy without segment `id`.
-    pub fn without(&self, id: SegmentId) -> Option<SegmentTable> {
-        self.get(id)?;
+    /// A copy without segment `id`, and the segment taken out.
+    pub fn without(&self, id: SegmentId) -> Option<(SegmentTable, Arc<Segment>)> {
+        let removed = self.get(id)?.clone();
         let mut next = self.clone();
         next.by_id[id.0 as usize] = None;
-        Some(next)
+        Some((next, removed))
     }
 }
