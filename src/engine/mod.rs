@@ -533,22 +533,29 @@ impl Engine {
                     )
                 });
         };
-        // Only this function and `close_segment` write the epoch, both
-        // under the registry lock.
-        let epoch = self.shared.region_epoch.load(Ordering::Relaxed) + 1;
-        removed.revoke(epoch);
-        if let Some(export) = &self.export {
-            export.revoke(id);
-        }
-        self.shared.regions.store(Arc::new(next));
-        self.retiring
-            .lock()
-            .expect("retiring regions poisoned")
-            .push(removed.clone());
-        // Release: a worker that reads this epoch sees the revoke and the
-        // table without the region.
-        self.shared.region_epoch.store(epoch, Ordering::Release);
+        self.next_epoch(|epoch| {
+            removed.revoke(epoch);
+            if let Some(export) = &self.export {
+                export.revoke(id);
+            }
+            self.shared.regions.store(Arc::new(next));
+            self.retiring
+                .lock()
+                .expect("retiring regions poisoned")
+                .push(removed.clone());
+        });
         Ok(removed)
+    }
+
+    /// Take the next unregister epoch (shared by `unregister_memory` and
+    /// `close_segment`, its only writers, both under the registry lock):
+    /// `retire(epoch)` marks what leaves a table at it and stores the table
+    /// without it; the epoch is published after (Release), so a worker that
+    /// reads it sees both.
+    fn next_epoch(&self, retire: impl FnOnce(u64)) {
+        let epoch = self.shared.region_epoch.load(Ordering::Relaxed) + 1;
+        retire(epoch);
+        self.shared.region_epoch.store(epoch, Ordering::Release);
     }
 
     /// Wait until no worker and no TCP data server thread uses `region`
@@ -849,18 +856,14 @@ impl Engine {
             let table = self.shared.segments.load_full();
             match table.without(id) {
                 Some((next, removed)) => {
-                    // Only this function and `withdraw` write the epoch,
-                    // both under the registry lock.
-                    let epoch = self.shared.region_epoch.load(Ordering::Relaxed) + 1;
-                    removed.close(epoch);
-                    self.shared.segments.store(Arc::new(next));
-                    self.closing
-                        .lock()
-                        .expect("closing segments poisoned")
-                        .push(removed.clone());
-                    // Release: a worker that reads this epoch sees the
-                    // close and the table without the segment.
-                    self.shared.region_epoch.store(epoch, Ordering::Release);
+                    self.next_epoch(|epoch| {
+                        removed.close(epoch);
+                        self.shared.segments.store(Arc::new(next));
+                        self.closing
+                            .lock()
+                            .expect("closing segments poisoned")
+                            .push(removed.clone());
+                    });
                     removed
                 }
                 // Closed by an earlier call that has not finished.

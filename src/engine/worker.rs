@@ -210,9 +210,10 @@ pub(crate) struct Worker {
     /// eighth of `max_inflight_slices`): a window full of bulk slices
     /// still lets a HIGH slice out at once.
     high_headroom: u32,
-    /// Live tasks per priority (accepted, not finished): the gate hears
-    /// when HIGH's or MEDIUM's goes from 0 to 1 and back (`SendGate::demand`).
-    live: [u32; 3],
+    /// Live HIGH and MEDIUM tasks (accepted, not finished; indexed by
+    /// priority): the gate hears when a count goes from 0 to 1 and back
+    /// (`SendGate::demand`).
+    live: [u32; 2],
     /// The unregister epoch last acknowledged in `shared.region_ack`.
     region_ack: u64,
     block_size: u64,
@@ -303,7 +304,7 @@ impl Worker {
             gated: false,
             held: 0,
             high_headroom: cfg.max_inflight_slices / 8,
-            live: [0; 3],
+            live: [0; 2],
             region_ack: 0,
             block_size: cfg.block_size,
             default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
@@ -562,11 +563,13 @@ impl Worker {
                 .filter(|s| s.closed_epoch() == 0)
                 .ok_or(ErrorKind::SegmentNotFound)?,
         );
-        // SAFETY: the segment is in this worker's cached table, which holds it
-        // until the next load; a task made from it is live, which keeps it
-        // (see `Held`).
+        // The segment is in this worker's cached table, which holds it until
+        // the next load; a task made from it is live, which keeps it (see
+        // `Held`).
+        // SAFETY: held by the cached table until this worker's next load.
+        let live_segment = unsafe { segment.get() };
         let (xport_priority, transport) = self
-            .resolve(unsafe { segment.get() }, 0, hint)
+            .resolve(live_segment, 0, hint)
             .ok_or(ErrorKind::Unreachable)?;
         let deadline_ns = match sqe.deadline_ns() {
             0 => now + self.default_timeout_ns,
@@ -1065,6 +1068,10 @@ impl Worker {
     /// A task of `p` was accepted (`up`) or finished: tell the gate when
     /// the worker's first one comes or its last one goes.
     fn count_live(&mut self, p: Priority, up: bool) {
+        // Nothing is reserved for LOW: its tasks are not counted.
+        if p == Priority::Low {
+            return;
+        }
         let n = &mut self.live[p.index()];
         let edge = if up {
             *n += 1;
@@ -1073,7 +1080,7 @@ impl Worker {
             *n -= 1;
             *n == 0
         };
-        if edge && p != Priority::Low {
+        if edge {
             self.engine.gate.demand(p, up);
         }
     }

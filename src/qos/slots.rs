@@ -384,11 +384,16 @@ fn demand_mask(p: Priority) -> u64 {
     }
 }
 
+/// Is a seat word (`pid << 32 | id`) held by a live process? (0: free.)
+fn held_by_live(who: u64) -> bool {
+    who != 0 && pid_alive((who >> 32) as u32)
+}
+
 /// Take a free seat (or one of a dead process) for `who`.
 fn claim(p: &SlotPayload, who: u64) -> Option<usize> {
     for (i, seat) in p.seats.iter().enumerate() {
         let cur = seat.who.load(Ordering::Acquire);
-        if cur != 0 && pid_alive((cur >> 32) as u32) {
+        if held_by_live(cur) {
             continue;
         }
         if seat
@@ -422,7 +427,7 @@ fn sweep(clock: &SlotClock) -> usize {
             continue;
         }
         let who = seat.who.load(Ordering::Acquire);
-        if who != 0 && pid_alive((who >> 32) as u32) {
+        if held_by_live(who) {
             continue;
         }
         if seat
