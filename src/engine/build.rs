@@ -1,0 +1,471 @@
+//! Building an engine (config, transports, the control and TCP data
+//! servers, worker start and placement) and tearing it down.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use crossbeam_utils::CachePadded;
+use tent_rings::spsc;
+use tent_rings::{ErrorKind, SegmentId, Sqe, TransportKind};
+
+use super::batch::BatchTable;
+use super::footprint;
+use super::segments::NETWORK;
+use super::worker::{RegionAck, Worker, WorkerShared};
+use super::{Engine, EngineShared};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::flow::SqController;
+use crate::memory::RegionTable;
+use crate::qos::{OpenGate, SendGate, SlotClock, SlotRotator};
+use crate::segment::{Segment, SegmentKind, SegmentTable, ShmExport};
+use crate::topology::{Topology, pin_current_thread};
+use crate::transport::local::LocalTransport;
+use crate::transport::rdma::RdmaTransport;
+use crate::transport::shm::ShmTransport;
+use crate::transport::tcp::{self, DataServer, TcpTransport};
+use crate::transport::{EngineId, InstallContext, Transport, TransportSlots, WorkerCtx};
+
+/// Builds an [`Engine`]; every part has a default.
+#[derive(Default)]
+pub struct EngineBuilder {
+    config: Option<Config>,
+    topology: Option<Topology>,
+    gate: Option<Arc<dyn SendGate>>,
+    extra: Vec<Arc<dyn Transport>>,
+}
+
+impl std::fmt::Debug for EngineBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineBuilder").finish_non_exhaustive()
+    }
+}
+
+impl EngineBuilder {
+    /// Use `config` (default: [`Config::load`], i.e. `TENT_CONF` or defaults).
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = Some(config);
+        self
+    }
+
+    /// Use this topology instead of detecting it.
+    pub fn topology(mut self, topology: Topology) -> Self {
+        self.topology = Some(topology);
+        self
+    }
+
+    /// Gate priorities with `gate` (default: always open).
+    pub fn gate(mut self, gate: Arc<dyn SendGate>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// Install `t` in its slot (replacing the built-in one of that kind).
+    pub fn transport(mut self, t: Arc<dyn Transport>) -> Self {
+        self.extra.push(t);
+        self
+    }
+
+    /// Start the engine: export the local segment, install transports, start
+    /// and place workers.
+    pub fn build(self) -> Result<Engine> {
+        let config = match self.config {
+            Some(c) => c,
+            None => Config::load()?,
+        };
+        // Values each in range can together need more memory than there
+        // is: refuse before allocating rather than abort halfway.
+        footprint::check(&config)?;
+        let topology = self.topology.unwrap_or_else(Topology::detect);
+        let regions = Arc::new(ArcSwap::from_pointee(RegionTable::default()));
+        let local = Arc::new(Segment::new(
+            SegmentId::LOCAL,
+            "local".into(),
+            SegmentKind::Local,
+        ));
+        let segments = Arc::new(ArcSwap::from_pointee(SegmentTable::default().with(local)));
+        let export = if config.transports.shm.enable {
+            let secret = config.secret().map(<[u8]>::to_vec);
+            Some(Arc::new(ShmExport::create(
+                &config.transports.shm.dir,
+                secret,
+            )?))
+        } else {
+            None
+        };
+
+        // Say once what RDMA this machine has; with devices, open them (the
+        // named ones, or all), register memory on them (rkeys go into the
+        // descriptor) and post on them. A device named in the config that
+        // is not there, or a GID index out of range, is a config error.
+        let rdma = if config.transports.rdma.enable {
+            match crate::transport::rdma::sys::devices() {
+                Err(why) => {
+                    tracing::info!("{why}");
+                    None
+                }
+                Ok(_) => {
+                    let r = &config.transports.rdma;
+                    let named = r.device_list();
+                    match crate::transport::rdma::NicSet::open(&named, r.gid()) {
+                        Ok(set) => {
+                            tracing::info!(nics = ?set.entries().iter().map(|n| n.name.clone()).collect::<Vec<_>>(), "RDMA NICs opened");
+                            Some(Arc::new(set))
+                        }
+                        Err(e) if !named.is_empty() || r.gid().is_some() => return Err(e),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "RDMA unavailable; using TCP/SHM");
+                            None
+                        }
+                    }
+                }
+            }
+        } else {
+            None
+        };
+        let transports = TransportSlots::default();
+        let wakers = Arc::new(crate::doorbell::Wakers::new(config.workers.count as usize));
+        let id = EngineId::next();
+        // Where the workers go, before the transports install: they rank
+        // their rails per worker by NUMA distance.
+        let count = config.workers.count as usize;
+        let cores: Vec<Option<usize>> = if config.workers.pin {
+            let explicit = &config.workers.cores;
+            // Workers poll the NICs' CQs and touch their queues: place
+            // them on the NICs' NUMA nodes when the machine says where.
+            let near = rdma.as_ref().map(|n| n.numa_nodes()).unwrap_or_default();
+            topology
+                .place_workers_near(count, explicit, &near)
+                .map_err(|e| Error::invalid("worker placement").with_source(e))?
+                .into_iter()
+                .map(Some)
+                .collect()
+        } else {
+            vec![None; count]
+        };
+        let links = crate::transport::rails::RailLinks::new();
+        let placement = Arc::new(crate::transport::rails::Placement {
+            nodes: cores.iter().map(|&c| topology.worker_node(c)).collect(),
+            topology: Some(topology.clone()),
+        });
+        let ctx = InstallContext {
+            engine: id,
+            workers: config.workers.count as usize,
+            wakers: wakers.clone(),
+            placement,
+            links: links.clone(),
+        };
+        let mut wanted: Vec<Arc<dyn Transport>> = Vec::new();
+        let rdma_t = rdma
+            .as_ref()
+            .map(|nics| Arc::new(RdmaTransport::new(&config, nics.clone())));
+        if let Some(t) = &rdma_t {
+            wanted.push(t.clone());
+        }
+        if config.transports.local.enable {
+            wanted.push(Arc::new(LocalTransport::new(regions.clone())));
+        }
+        if config.transports.shm.enable {
+            wanted.push(Arc::new(ShmTransport));
+        }
+        let tcp = config
+            .transports
+            .tcp
+            .enable
+            .then(|| Arc::new(TcpTransport::new(&config)));
+        if let Some(t) = &tcp {
+            wanted.push(t.clone());
+        }
+        for t in self.extra {
+            wanted.retain(|w| w.kind() != t.kind());
+            wanted.push(t);
+        }
+        for t in wanted {
+            match t.install(&ctx) {
+                Ok(()) => {
+                    tracing::info!(transport = %t.kind(), "transport installed");
+                    transports.swap(Some(t.clone()), t.kind());
+                }
+                Err(e) => {
+                    tracing::warn!(transport = %t.kind(), error = %e, "transport failed to install; running without it")
+                }
+            }
+        }
+
+        // Ours only if a builder-supplied transport did not take its slot.
+        let ours = |kind: TransportKind, p: *const ()| {
+            transports
+                .slot(kind)
+                .load()
+                .as_ref()
+                .is_some_and(|i| std::ptr::addr_eq(Arc::as_ptr(&i.transport), p))
+        };
+        let tcp = tcp.filter(|t| ours(TransportKind::Tcp, Arc::as_ptr(t) as *const ()));
+        // Seed 001's global time slots: join (or create) the slot file
+        // before anything starts, so a refused file fails the build.
+        let (gate, slots) = match self.gate {
+            Some(g) => (g, None),
+            None if !config.transports.rdma.shared_quota_shm_path.is_empty() => {
+                let clock = Arc::new(SlotClock::open(
+                    &config.transports.rdma.shared_quota_shm_path,
+                    Duration::from_millis(config.transports.rdma.slot_rotation_interval_ms),
+                )?);
+                let rotator = SlotRotator::start(clock.clone())?;
+                tracing::info!(path = %clock.path().display(),
+                    interval_ms = config.transports.rdma.slot_rotation_interval_ms,
+                    "QoS time slots shared through the slot file");
+                (clock as Arc<dyn SendGate>, Some(rotator))
+            }
+            None => (Arc::new(OpenGate) as Arc<dyn SendGate>, None),
+        };
+        let shared = Arc::new(EngineShared {
+            rdma,
+            tcp,
+            regions,
+            region_epoch: CachePadded::new(AtomicU64::new(0)),
+            segments,
+            transports,
+            gate,
+            metrics: Arc::new(crate::metrics::Metrics::default()),
+            links,
+            config,
+        });
+
+        // The fallible servers first, then the workers: an error returns
+        // before any worker runs, and whatever was started drops (each
+        // server stops and joins on drop; the transports, link watch
+        // included, go with the last `EngineShared`).
+        let data = start_data_server(&shared)?;
+        let rails = data.as_ref().map(|(_, r)| r.clone()).unwrap_or_default();
+        let control = Some(start_control(&shared, export.clone(), rails)?);
+        let batches = BatchTable::new(
+            shared.config.max_batches as usize,
+            shared.config.max_batch_size as usize,
+        );
+        let depth = shared.config.batch_ring_depth();
+        let inflight = shared.config.max_inflight_slices;
+        // Workers started so far; stopped and joined if a later one fails.
+        let mut started = Workers::default();
+        for (index, core) in cores.into_iter().enumerate() {
+            let (bp, bc) = spsc::channel::<Sqe>(depth)
+                .map_err(|e| Error::invalid("batch ring").with_source(e))?;
+            let ws = Arc::new(WorkerShared {
+                index,
+                wakers: wakers.clone(),
+                new_rings: Mutex::new(Vec::new()),
+                has_new: CachePadded::new(AtomicBool::new(false)),
+                shutdown: CachePadded::new(AtomicBool::new(false)),
+                exited: CachePadded::new(AtomicBool::new(false)),
+                batch_sq: Mutex::new(bp),
+                core: AtomicI64::new(-1),
+                // Nobody waits on a worker's window: the slice length is moot.
+                credits: std::array::from_fn(|_| {
+                    SqController::new(inflight, 0, Duration::from_millis(1))
+                }),
+                completed_ops: CachePadded::new(AtomicU64::new(0)),
+                completed_bytes: CachePadded::new(AtomicU64::new(0)),
+                region_ack: CachePadded::new(RegionAck::default()),
+                qos: CachePadded::new(crate::qos::PriorityStats::default()),
+            });
+            let (ws2, engine) = (ws.clone(), shared.clone());
+            let handle = std::thread::Builder::new()
+                .name(format!("tent-worker-{index}"))
+                .spawn(move || {
+                    if let Some(core) = core
+                        && pin_current_thread(core)
+                    {
+                        ws2.core.store(core as i64, Ordering::Relaxed);
+                    }
+                    // SAFETY: `id` is this engine's alone (EngineId::next) and it starts one thread per worker index: this is worker `index`'s, and the context (`!Send`) never leaves it.
+                    let ctx = unsafe { WorkerCtx::new(id, index) };
+                    Worker::new(ws2, engine, bc, ctx).run();
+                })
+                .map_err(|e| Error::new(ErrorKind::OutOfMemory, "spawn worker").with_source(e))?;
+            started.shared.push(ws);
+            started.threads.push(handle);
+        }
+        let (workers, threads) = started.into_parts();
+        Ok(Engine {
+            shared,
+            workers,
+            threads: Mutex::new(threads),
+            batches,
+            export,
+            control,
+            data: data.map(|(d, _)| d),
+            registry: Mutex::new(()),
+            retiring: Mutex::new(Vec::new()),
+            closing: Mutex::new(Vec::new()),
+            next_worker: AtomicUsize::new(0),
+            slots,
+        })
+    }
+}
+
+impl Engine {
+    /// An engine from `config`.
+    pub fn new(config: Config) -> Result<Engine> {
+        EngineBuilder::default().config(config).build()
+    }
+
+    /// A builder.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+}
+
+/// Start this engine's control server, describing its segment from the
+/// live region table on every request.
+/// The address the control plane listens on, as an IP.
+fn control_ip(host: &str) -> Result<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    if let Ok(ip) = host.parse() {
+        return Ok(ip);
+    }
+    (host, 0)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .map(|a| a.ip())
+        .ok_or_else(|| Error::invalid(format!("rpc_server_hostname {host:?} does not resolve")))
+}
+
+/// Start the TCP data server (when TCP is in use) and say which rails it
+/// offers.
+fn start_data_server(
+    shared: &Arc<EngineShared>,
+) -> Result<Option<(DataServer, Vec<crate::control::wire::RailEntry>)>> {
+    if shared.tcp.is_none() {
+        return Ok(None);
+    }
+    let cfg = &shared.config;
+    let host = control_ip(&cfg.rpc_server_hostname)?;
+    let ut = cfg.transports.tcp.user_timeout_ms.min(u32::MAX as u64) as u32;
+    // Listen where we advertise, nowhere else (not the wildcard).
+    let addrs = tcp::advertised_addrs(host);
+    let ips: Vec<_> = addrs.iter().map(|(_, ip)| *ip).collect();
+    let secret = cfg.secret().map(Arc::<[u8]>::from);
+    let server = DataServer::start(&ips, shared.regions.clone(), ut, secret.clone())?;
+    let rails = tcp::advertised_rails(host, server.local_addr().port());
+    if secret.is_none() {
+        tracing::warn!(addrs = ?server.local_addrs(), "tcp data port unauthenticated (no rpc_shared_secret): any host that reaches it can read and write registered memory with a key it has seen");
+    }
+    tracing::info!(rails = ?rails.iter().map(|r| &r.addr).collect::<Vec<_>>(), "tcp rails advertised");
+    Ok(Some((server, rails)))
+}
+
+fn start_control(
+    shared: &Arc<EngineShared>,
+    export: Option<Arc<ShmExport>>,
+    rails: Vec<crate::control::wire::RailEntry>,
+) -> Result<crate::control::ControlServer> {
+    let cfg = &shared.config;
+    let secret = cfg.secret().map(<[u8]>::to_vec);
+    let host_id = crate::control::host_id();
+    let (regions, transports) = (shared.regions.clone(), shared.clone());
+    let nics = shared
+        .rdma
+        .as_ref()
+        .map(|n| n.entries())
+        .unwrap_or_default();
+    let describe = move |addr: std::net::SocketAddr| -> Arc<crate::control::server::DescriptorFn> {
+        let name = addr.to_string();
+        Arc::new(move || crate::control::SegmentDescriptor {
+            name: name.clone(),
+            host_id: host_id.clone(),
+            pid: std::process::id(),
+            shm_name: export.as_ref().map(|e| e.name().to_owned()),
+            regions: regions
+                .load()
+                .iter()
+                .map(|r| crate::control::RegionEntry {
+                    id: r.id().0,
+                    addr: r.addr(),
+                    len: r.len(),
+                    key: r.key(),
+                    rkeys: r.rkeys().to_vec(),
+                })
+                .collect(),
+            transports: transports
+                .transports
+                .installed()
+                .into_iter()
+                .map(|k| k as u8)
+                .collect(),
+            rails: rails.clone(),
+            nics: nics.clone(),
+        })
+    };
+    let qp = shared.rdma.as_ref().map(|nics| {
+        let r = crate::transport::rdma::Responder::new(nics.clone());
+        Arc::new(move |req: &crate::control::wire::QpRequest| r.accept(req))
+            as Arc<crate::control::server::QpConnectFn>
+    });
+    let server = crate::control::ControlServer::start_with_qp(
+        &cfg.rpc_server_hostname,
+        cfg.rpc_server_port,
+        secret,
+        describe,
+        qp,
+    )?;
+    Ok(server)
+}
+
+impl Drop for Engine {
+    /// When this returns, nothing of the engine touches memory it was
+    /// given: each worker has stopped every task and waited for all its
+    /// slices to come back (a transport hands one back only once nothing
+    /// touches its buffer), then the TCP transport's connection threads
+    /// and link watch are joined here; the data and control servers join
+    /// theirs as they drop with the engine's fields.
+    fn drop(&mut self) {
+        stop_workers(
+            &self.workers,
+            &mut self.threads.lock().expect("threads poisoned"),
+        );
+        for &k in NETWORK {
+            if let Some(t) = self.shared.transports.slot(k).load_full() {
+                t.transport.stop();
+            }
+        }
+        self.shared.links.stop();
+    }
+}
+
+/// Ask every worker to stop, wake it, and join its thread.
+fn stop_workers(workers: &[Arc<WorkerShared>], threads: &mut Vec<JoinHandle<()>>) {
+    for w in workers {
+        w.shutdown.store(true, Ordering::Release);
+        w.doorbell().ring();
+    }
+    for h in threads.drain(..) {
+        let _ = h.join();
+    }
+}
+
+/// Workers started during [`EngineBuilder::build`]: a guard that stops and
+/// joins them if the build fails after some were started.
+#[derive(Default)]
+struct Workers {
+    shared: Vec<Arc<WorkerShared>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Workers {
+    /// The build succeeded: hand the workers to the engine.
+    fn into_parts(mut self) -> (Vec<Arc<WorkerShared>>, Vec<JoinHandle<()>>) {
+        (
+            std::mem::take(&mut self.shared),
+            std::mem::take(&mut self.threads),
+        )
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        stop_workers(&self.shared, &mut self.threads);
+    }
+}

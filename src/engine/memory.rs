@@ -1,0 +1,357 @@
+//! Registered memory: allocating and registering it ([`Buffer`]),
+//! withdrawing it, and the unregister epochs and drain that
+//! `unregister_memory` and `close_segment` share.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use tent_rings::{ErrorKind, RegionId};
+
+use super::Engine;
+use crate::error::{Error, Result};
+use crate::memory::MemRegion;
+use crate::transport::tcp;
+
+/// How often `unregister_memory` looks whether the workers and the TCP
+/// data server are done with a region (and rings the workers that are not),
+/// after `DRAIN_YIELDS` quick looks (a woken idle worker acknowledges within
+/// microseconds).
+const DRAIN_POLL: Duration = Duration::from_millis(1);
+const DRAIN_YIELDS: u32 = 64;
+
+impl Engine {
+    /// Allocate `len` bytes of registered memory, zeroed. With the shm
+    /// transport on, it is exported so peers on this host can reach it.
+    pub fn allocate_memory(&self, len: u64) -> Result<Buffer> {
+        if len == 0 {
+            return Err(Error::invalid("allocate_memory: zero length"));
+        }
+        let _g = self.registry.lock().expect("registry poisoned");
+        let table = self.shared.regions.load_full();
+        let id = table.next_id();
+        let region = match &self.export {
+            Some(export) => {
+                let mem = export.allocate(len)?;
+                let ptr = mem.data_ptr();
+                let region = MemRegion::new(id, ptr, len, Some(Box::new(mem.clone())));
+                // SAFETY: the region owns the mapping, which outlives its RDMA registration (dropped first).
+                let region = Arc::new(unsafe { self.register_rdma(region, ptr, len)? });
+                export.publish(&mem, id, len, region.key())?;
+                region
+            }
+            None => {
+                let heap = HeapMemory::new(len)?;
+                let ptr = heap.ptr;
+                let region = MemRegion::new(id, ptr, len, Some(Box::new(heap)));
+                // SAFETY: as above, for the anonymous mapping.
+                Arc::new(unsafe { self.register_rdma(region, ptr, len)? })
+            }
+        };
+        self.shared
+            .regions
+            .store(Arc::new(table.with(region.clone())?));
+        Ok(Buffer { region })
+    }
+
+    /// Register memory the application owns.
+    ///
+    /// # Safety
+    /// `[ptr, ptr+len)` must stay valid (allocated, not freed or unmapped)
+    /// until [`Engine::unregister_memory`] returns `Ok` for it (the engine
+    /// is then done with it) or the engine is dropped.
+    pub unsafe fn register_memory(&self, ptr: *mut u8, len: u64) -> Result<Buffer> {
+        if len == 0 || ptr.is_null() {
+            return Err(Error::invalid(
+                "register_memory: null pointer or zero length",
+            ));
+        }
+        let _g = self.registry.lock().expect("registry poisoned");
+        let table = self.shared.regions.load_full();
+        let region = MemRegion::new(table.next_id(), ptr, len, None);
+        // SAFETY: the caller keeps the memory mapped while it is registered.
+        let region = Arc::new(unsafe { self.register_rdma(region, ptr, len)? });
+        self.shared
+            .regions
+            .store(Arc::new(table.with(region.clone())?));
+        Ok(Buffer { region })
+    }
+
+    /// Register `region` on every RDMA NIC (a no-op without RDMA).
+    ///
+    /// # Safety
+    /// `[ptr, ptr+len)` must stay mapped while the region lives.
+    unsafe fn register_rdma(&self, region: MemRegion, ptr: *mut u8, len: u64) -> Result<MemRegion> {
+        let Some(nics) = &self.shared.rdma else {
+            return Ok(region);
+        };
+        // SAFETY: forwarded from the caller.
+        let reg = unsafe { nics.register(ptr, len as usize)? };
+        let lkeys = (0..nics.nics().len()).filter_map(|i| reg.lkey(i)).collect();
+        Ok(region.with_rdma(reg.rkeys(), lkeys, Box::new(reg)))
+    }
+
+    /// Withdraw a registration, and return once the engine is done with it.
+    ///
+    /// At once: new requests naming the region fail `AddressNotRegistered`
+    /// (a worker whose cached table still has it sees it revoked), the TCP
+    /// data server refuses ops on it (`AccessDenied`; `AddressNotRegistered`
+    /// to a peer that proved the shared secret), and shm peers find its live
+    /// key zeroed (`AccessDenied`; `AddressNotRegistered` once they re-read
+    /// the descriptor). Then the call waits until every worker has
+    /// refreshed its cached region table and holds no task on the region
+    /// (tasks accepted before it finish normally) and no TCP op into or out
+    /// of it is being served. Only then is its RDMA registration dropped on
+    /// every NIC (a peer's WRITE with the old rkey fails with a remote
+    /// access error) and `Ok` returned: the engine never touches the memory
+    /// again.
+    ///
+    /// Not drained: an shm peer's copy that passed its live-key check just
+    /// before the revoke (one slice per peer worker, a memcpy long) may
+    /// still land; it lands in the region's memfd, never in other memory.
+    ///
+    /// # Errors
+    /// `AddressNotRegistered` if `id` names no region (or one already
+    /// unregistered). `Timeout` if what is in flight on it has not drained
+    /// by the bound: the latest deadline of a task holding it (or the call)
+    /// plus twice the TCP stall limit (a stalled TCP frame is cut after one
+    /// stall limit and one idle poll; slices still posted when their task's
+    /// deadline passed get as long). The region then stays withdrawn (new
+    /// requests refused, shm and TCP keys revoked) but held and registered
+    /// for RDMA, since the engine may still write it: do not free it; call
+    /// again to finish (each call waits anew).
+    pub fn unregister_memory(&self, id: RegionId) -> Result<()> {
+        let region = self.withdraw(id)?;
+        self.drain(&region)?;
+        region.release_rdma();
+        self.retiring
+            .lock()
+            .expect("retiring regions poisoned")
+            .retain(|r| r.id() != id);
+        Ok(())
+    }
+
+    /// Take region `id` out of the table and revoke it at the next
+    /// unregister epoch, or find it withdrawn by an earlier call that has
+    /// not finished.
+    fn withdraw(&self, id: RegionId) -> Result<Arc<MemRegion>> {
+        let _g = self.registry.lock().expect("registry poisoned");
+        let table = self.shared.regions.load_full();
+        let Some((next, removed)) = table.without(id) else {
+            return self
+                .retiring
+                .lock()
+                .expect("retiring regions poisoned")
+                .iter()
+                .find(|r| r.id() == id)
+                .cloned()
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::AddressNotRegistered,
+                        format!("region {} is not registered", id.0),
+                    )
+                });
+        };
+        self.next_epoch(|epoch| {
+            removed.revoke(epoch);
+            if let Some(export) = &self.export {
+                export.revoke(id);
+            }
+            self.shared.regions.store(Arc::new(next));
+            self.retiring
+                .lock()
+                .expect("retiring regions poisoned")
+                .push(removed.clone());
+        });
+        Ok(removed)
+    }
+
+    /// Take the next unregister epoch (shared by `unregister_memory` and
+    /// `close_segment`, its only writers, both under the registry lock):
+    /// `retire(epoch)` marks what leaves a table at it and stores the table
+    /// without it; the epoch is published after (Release), so a worker that
+    /// reads it sees both.
+    pub(super) fn next_epoch(&self, retire: impl FnOnce(u64)) {
+        let epoch = self.shared.region_epoch.load(Ordering::Relaxed) + 1;
+        retire(epoch);
+        self.shared.region_epoch.store(epoch, Ordering::Release);
+    }
+
+    /// Wait until no worker and no TCP data server thread uses `region`
+    /// (revoked), ringing workers that have not acknowledged its epoch so a
+    /// parked one wakes; `Timeout` past the bound (see
+    /// [`Engine::unregister_memory`]).
+    fn drain(&self, region: &MemRegion) -> Result<()> {
+        self.drain_epoch(
+            region.revoked_epoch(),
+            || region.in_use(),
+            |workers, served| {
+                format!(
+                    "region {} still in use past the drain bound ({workers} worker(s) with tasks on it, {served} TCP op(s) being served): it stays withdrawn and registered; do not free it, call unregister_memory again",
+                    region.id().0
+                )
+            },
+        )
+    }
+
+    /// Wait until every worker has acknowledged unregister epoch `epoch`
+    /// (none holds a live task on what it took out) and `served()` is 0,
+    /// ringing workers that have not so a parked one wakes; `Timeout` with
+    /// `why(workers, served)` past the latest deadline of such a task (or
+    /// the call) plus twice the TCP stall limit.
+    pub(super) fn drain_epoch(
+        &self,
+        epoch: u64,
+        served: impl Fn() -> u64,
+        why: impl Fn(usize, u64) -> String,
+    ) -> Result<()> {
+        let cfg = &self.shared.config;
+        let stall = tcp::server::stall_limit(
+            cfg.transports.tcp.user_timeout_ms.min(u32::MAX as u64) as u32,
+        );
+        let grace = u64::try_from(stall.as_nanos().saturating_mul(2)).unwrap_or(u64::MAX);
+        let start = crate::clock::monotonic_ns();
+        let mut look = 0u32;
+        loop {
+            // Ring on the first look and on every slow one, not per yield.
+            let ring = look == 0 || look >= DRAIN_YIELDS;
+            let (mut workers, mut latest) = (0, start);
+            for w in &self.workers {
+                // Acquire: pairs with the worker's Release of its ack: what
+                // its tasks did to the memory happens before.
+                if w.region_ack.epoch.load(Ordering::Acquire) >= epoch {
+                    continue;
+                }
+                workers += 1;
+                latest = latest.max(w.region_ack.wait_until.load(Ordering::Relaxed));
+                if ring {
+                    w.doorbell().ring();
+                }
+            }
+            let served = served();
+            if workers == 0 && served == 0 {
+                return Ok(());
+            }
+            if crate::clock::monotonic_ns() > latest.saturating_add(grace) {
+                return Err(Error::new(ErrorKind::Timeout, why(workers, served)));
+            }
+            if look < DRAIN_YIELDS {
+                look += 1;
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(DRAIN_POLL);
+            }
+        }
+    }
+}
+
+/// Registered memory handed out by the engine.
+#[derive(Debug, Clone)]
+pub struct Buffer {
+    region: Arc<MemRegion>,
+}
+
+impl Buffer {
+    /// Region id (for SQEs' local side).
+    pub fn id(&self) -> RegionId {
+        self.region.id()
+    }
+
+    /// Access key.
+    pub fn key(&self) -> u64 {
+        self.region.key()
+    }
+
+    /// Address in this process (what a peer's remote offset names).
+    pub fn addr(&self) -> u64 {
+        self.region.addr()
+    }
+
+    /// Length.
+    pub fn len(&self) -> u64 {
+        self.region.len()
+    }
+
+    /// Never true (zero-length registrations are refused).
+    pub fn is_empty(&self) -> bool {
+        self.region.is_empty()
+    }
+
+    /// Raw pointer to the start.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.region.addr() as *mut u8
+    }
+
+    /// Copy `data` in at `offset`. Byte-wise relaxed atomic stores, so a
+    /// transfer touching the same bytes at the same time is a race on the
+    /// values (the bytes are undefined, as for any transfer error) but not
+    /// undefined behaviour.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let p = self
+            .region
+            .slice_ptr(offset, data.len() as u64)
+            .map_err(|k| Error::new(k, "buffer write out of bounds"))?;
+        for (i, b) in data.iter().enumerate() {
+            // SAFETY: in bounds (checked above), the region is alive while `self` is, and AtomicU8 has the layout of u8.
+            unsafe { (*(p.add(i) as *const AtomicU8)).store(*b, Ordering::Relaxed) };
+        }
+        Ok(())
+    }
+
+    /// Copy out `out.len()` bytes from `offset` (byte-wise relaxed atomic
+    /// loads, see [`Buffer::write`]).
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let p = self
+            .region
+            .slice_ptr(offset, out.len() as u64)
+            .map_err(|k| Error::new(k, "buffer read out of bounds"))?;
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: as in `write`.
+            *b = unsafe { (*(p.add(i) as *const AtomicU8)).load(Ordering::Relaxed) };
+        }
+        Ok(())
+    }
+}
+
+/// Page-aligned, zeroed heap memory (when shm export is off).
+/// Anonymous memory for `allocate_memory` without shm: mapped zeroed, and
+/// advised to use transparent huge pages, so large buffers cost few TLB
+/// entries when the kernel copies through them (TCP moves every byte
+/// through a kernel copy).
+struct HeapMemory {
+    ptr: *mut u8,
+    _map: memmap2::MmapMut,
+}
+
+// SAFETY: HeapMemory exclusively owns its mapping.
+unsafe impl Send for HeapMemory {}
+// SAFETY: no interior mutability through &HeapMemory.
+unsafe impl Sync for HeapMemory {}
+
+impl HeapMemory {
+    fn new(len: u64) -> Result<HeapMemory> {
+        let oom = |e: Option<std::io::Error>| {
+            let err = Error::new(
+                ErrorKind::OutOfMemory,
+                format!("cannot allocate {len} bytes"),
+            );
+            match e {
+                Some(e) => err.with_source(e),
+                None => err,
+            }
+        };
+        let n = usize::try_from(len).map_err(|_| oom(None))?;
+        let mut map = memmap2::MmapOptions::new()
+            .len(n)
+            .map_anon()
+            .map_err(|e| oom(Some(e)))?;
+        if n >= 2 << 20 {
+            // Best effort: THP may be off system-wide.
+            let _ = map.advise(memmap2::Advice::HugePage);
+        }
+        Ok(HeapMemory {
+            ptr: map.as_mut_ptr(),
+            _map: map,
+        })
+    }
+}

@@ -1,0 +1,296 @@
+//! Segments: opening (shm, or p2p over the network transports), probing
+//! and closing them; their regions, shm peer and rails.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tent_rings::{ErrorKind, RegionId, SegmentId, TransportKind};
+
+use super::Engine;
+use crate::error::{Error, Result};
+use crate::segment::{Attachment, RemoteRegion, Segment, SegmentKind, ShmPeer};
+
+/// The transports that reach peers by descriptor, best first.
+pub(super) const NETWORK: &[TransportKind] = &[TransportKind::Rdma, TransportKind::Tcp];
+
+impl Engine {
+    /// The rails to an open segment (RDMA's, then TCP's), with their
+    /// health and counters (empty when neither reaches it).
+    pub fn rails(&self, id: SegmentId) -> Vec<crate::transport::RailStat> {
+        self.shared
+            .segments
+            .load()
+            .get(id)
+            .map(|s| self.rails_of(s))
+            .unwrap_or_default()
+    }
+
+    /// The rails every network transport has to `segment`, best first.
+    pub(super) fn rails_of(&self, segment: &Segment) -> Vec<crate::transport::RailStat> {
+        NETWORK
+            .iter()
+            .filter_map(|&k| self.shared.transports.slot(k).load_full())
+            .flat_map(|t| t.transport.rail_stats(segment))
+            .collect()
+    }
+
+    /// Is the process behind `segment` still the one this engine opened
+    /// (TENT's `probePeerAliveByID`)? A segment opened by `ip:port` asks
+    /// the peer's control server (handshake and descriptor, each step
+    /// within `timeout`): alive when it answers as the same process (host
+    /// and pid of the descriptor the segment was opened with); not when it
+    /// does not answer, refuses, or another process now answers there (a
+    /// restarted peer: its memory and keys are not the ones opened). An
+    /// shm segment is alive while its owner serves it; the local segment
+    /// always is. For a caller deciding whether to close a segment whose
+    /// transfers keep failing; it runs on the calling thread, never on a
+    /// worker. `Err`: the segment is not open.
+    pub fn probe_peer_alive(&self, segment: SegmentId, timeout: Duration) -> Result<bool> {
+        if segment == SegmentId::LOCAL {
+            return Ok(true);
+        }
+        let table = self.shared.segments.load_full();
+        let seg = table.get(segment).ok_or_else(|| {
+            Error::new(
+                ErrorKind::SegmentNotFound,
+                format!("segment {} is not open", segment.0),
+            )
+        })?;
+        let (host, pid) = match seg.kind() {
+            SegmentKind::Local => return Ok(true),
+            SegmentKind::Shm(peer) if !crate::control::is_p2p_name(seg.name()) => {
+                return Ok(peer.owner_alive());
+            }
+            SegmentKind::Shm(peer) => {
+                if !peer.owner_alive() {
+                    return Ok(false);
+                }
+                (None, peer.owner_pid())
+            }
+            SegmentKind::Remote(d) => (Some(d.host_id.clone()), d.pid),
+        };
+        let cfg = &self.shared.config;
+        let secret = cfg.secret();
+        let alive = match crate::control::fetch_descriptor(seg.name(), secret, timeout) {
+            Ok(d) => d.pid == pid && host.is_none_or(|h| h == d.host_id),
+            Err(e) => {
+                tracing::debug!(segment = seg.name(), error = %e, "peer probe: no answer");
+                false
+            }
+        };
+        Ok(alive)
+    }
+
+    /// Open a segment by name (`"local"` or this engine's own name is
+    /// segment 0). Opening the same name twice returns the same id.
+    pub fn open_segment(&self, name: &str) -> Result<SegmentId> {
+        self.open_segment_edited(name, |_| {})
+    }
+
+    /// [`Engine::open_segment`] with the peer's descriptor passed through
+    /// `edit` first: how tests present a forged or partial descriptor (a
+    /// zeroed rkey, a NIC without keys) to the transports.
+    #[doc(hidden)]
+    pub fn open_segment_edited(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut crate::control::SegmentDescriptor),
+    ) -> Result<SegmentId> {
+        if name == "local" || Some(name) == self.local_segment_name() || name == self.segment_name()
+        {
+            return Ok(SegmentId::LOCAL);
+        }
+        let _g = self.registry.lock().expect("registry poisoned");
+        let table = self.shared.segments.load_full();
+        if let Some(s) = table.find_name(name) {
+            return Ok(s.id());
+        }
+        let (kind, attached) = if crate::control::is_p2p_name(name) {
+            self.open_p2p(name, edit)?
+        } else {
+            (self.open_shm(name)?, Vec::new())
+        };
+        let id = table.next_id();
+        let mut seg = Segment::new(id, name.to_owned(), kind);
+        for (k, peer) in attached {
+            seg = seg.with_attachment(k, peer);
+        }
+        let seg = Arc::new(seg);
+        self.shared.segments.store(Arc::new(table.with(seg)));
+        tracing::info!(segment = name, id = id.0, "segment opened");
+        Ok(id)
+    }
+
+    fn open_shm(&self, name: &str) -> Result<SegmentKind> {
+        if !self.shared.config.transports.shm.enable {
+            return Err(Error::new(
+                ErrorKind::SegmentNotFound,
+                format!("segment {name:?}: no transport can open it (shm disabled)"),
+            ));
+        }
+        let cfg = &self.shared.config;
+        let secret = cfg.secret();
+        // Connecting proves the owner lives: it serves the segment's socket.
+        let peer = ShmPeer::attach(&cfg.transports.shm.dir, name, secret)?;
+        Ok(SegmentKind::Shm(Arc::new(peer)))
+    }
+
+    /// Fetch the descriptor from the peer's control server; on the same
+    /// host with shm exported, reach it through shared memory; else attach
+    /// every network transport both ends have, best first (RDMA, TCP).
+    fn open_p2p(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut crate::control::SegmentDescriptor),
+    ) -> Result<(SegmentKind, Vec<(TransportKind, Attachment)>)> {
+        let cfg = &self.shared.config;
+        let secret = cfg.secret();
+        let timeout = Duration::from_millis(cfg.default_timeout_ms.min(10_000));
+        let mut desc = crate::control::fetch_descriptor(name, secret, timeout)?;
+        edit(&mut desc);
+        if cfg.transports.shm.enable
+            && desc.host_id == crate::control::host_id()
+            && let Some(shm) = &desc.shm_name
+        {
+            match self.open_shm(shm) {
+                Ok(kind) => return Ok((kind, Vec::new())),
+                // Same kernel, different /dev/shm (another mount namespace).
+                Err(e) => {
+                    tracing::info!(segment = name, error = %e, "peer on this host but its shm segment is not visible here")
+                }
+            }
+        }
+        let mut attached: Vec<(TransportKind, Attachment)> = Vec::new();
+        for &k in NETWORK {
+            let Some(t) = self.shared.transports.slot(k).load_full() else {
+                continue;
+            };
+            match t.transport.attach_peer(name, &desc) {
+                None => {}
+                Some(Ok(peer)) => attached.push((k, peer)),
+                // Not the network's fault (rings, threads): say so now.
+                Some(Err(e)) if e.kind() != ErrorKind::Unreachable => return Err(e),
+                Some(Err(e)) => {
+                    tracing::warn!(segment = name, transport = %k, error = %e, "peer offers this transport but no rail reaches it")
+                }
+            }
+        }
+        if attached.is_empty() {
+            tracing::warn!(
+                segment = name,
+                "no transport reaches this peer; its requests will fail Unreachable"
+            );
+        }
+        Ok((SegmentKind::Remote(Arc::new(desc)), attached))
+    }
+
+    /// Close a segment, and return once the engine is done with it.
+    ///
+    /// At once: requests naming it fail `SegmentNotFound` (a worker whose
+    /// cached table still has it sees it closed). Then the call waits until
+    /// every worker has refreshed its cached segment table and holds no
+    /// task on it (tasks accepted before it finish normally, failing over
+    /// or timing out as they would have). Only then is it dropped: an shm
+    /// peer's mapping is gone, and nothing of the engine reaches the peer
+    /// through it again.
+    ///
+    /// # Errors
+    /// `SegmentNotFound` if `id` names no open segment. `Timeout` if tasks
+    /// on it have not finished by the latest of their deadlines plus twice
+    /// the TCP stall limit: it stays closed (requests refused) and held;
+    /// call again to finish.
+    pub fn close_segment(&self, id: SegmentId) -> Result<()> {
+        if id == SegmentId::LOCAL {
+            return Err(Error::invalid("the local segment cannot be closed"));
+        }
+        let segment = {
+            let _g = self.registry.lock().expect("registry poisoned");
+            let table = self.shared.segments.load_full();
+            match table.without(id) {
+                Some((next, removed)) => {
+                    self.next_epoch(|epoch| {
+                        removed.close(epoch);
+                        self.shared.segments.store(Arc::new(next));
+                        self.closing
+                            .lock()
+                            .expect("closing segments poisoned")
+                            .push(removed.clone());
+                    });
+                    removed
+                }
+                // Closed by an earlier call that has not finished.
+                None => self
+                    .closing
+                    .lock()
+                    .expect("closing segments poisoned")
+                    .iter()
+                    .find(|s| s.id() == id)
+                    .cloned()
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::SegmentNotFound,
+                            format!("segment {} is not open", id.0),
+                        )
+                    })?,
+            }
+        };
+        self.drain_epoch(
+            segment.closed_epoch(),
+            || 0,
+            |workers, _| {
+                format!(
+                    "segment {} ({}) still has tasks past the drain bound ({workers} worker(s)): it stays closed; call close_segment again",
+                    id.0,
+                    segment.name()
+                )
+            },
+        )?;
+        self.closing
+            .lock()
+            .expect("closing segments poisoned")
+            .retain(|s| s.id() != id);
+        Ok(())
+    }
+
+    /// The regions a segment offers (addresses are what remote offsets name).
+    pub fn segment_regions(&self, id: SegmentId) -> Result<Vec<RemoteRegion>> {
+        let table = self.shared.segments.load();
+        let seg = table.get(id).ok_or_else(|| {
+            Error::new(
+                ErrorKind::SegmentNotFound,
+                format!("segment {} is not open", id.0),
+            )
+        })?;
+        Ok(match seg.kind() {
+            SegmentKind::Local => self
+                .shared
+                .regions
+                .load()
+                .iter()
+                .map(|r| RemoteRegion {
+                    id: r.id(),
+                    addr: r.addr(),
+                    len: r.len(),
+                })
+                .collect(),
+            SegmentKind::Shm(peer) => peer.regions(),
+            SegmentKind::Remote(d) => d
+                .regions
+                .iter()
+                .map(|r| RemoteRegion {
+                    id: RegionId(r.id),
+                    addr: r.addr,
+                    len: r.len,
+                })
+                .collect(),
+        })
+    }
+
+    /// The shm attachment of an open segment (tests present wrong keys through it).
+    pub fn segment_peer(&self, id: SegmentId) -> Option<Arc<ShmPeer>> {
+        match self.shared.segments.load().get(id)?.kind() {
+            SegmentKind::Shm(p) => Some(p.clone()),
+            SegmentKind::Local | SegmentKind::Remote(_) => None,
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Read-only introspection: the config, this engine's names and
+//! addresses, metrics, rails, QoS, credits and counters; and
+//! `swap_transport`, the test hook on the transport slots.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tent_rings::TransportKind;
+
+use super::Engine;
+use crate::config::Config;
+use crate::flow::SqController;
+use crate::qos::{SlotClock, SlotRotator};
+use crate::segment::ShmExport;
+use crate::transport::Transport;
+use crate::transport::tcp::DataServer;
+
+impl Engine {
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// This engine's shm export (tests forge descriptors through it).
+    #[doc(hidden)]
+    pub fn shm_export(&self) -> Option<&ShmExport> {
+        self.export.as_deref()
+    }
+
+    /// The name of this engine's shared-memory segment (`None` with shm
+    /// off): a peer on this host may open it directly.
+    pub fn local_segment_name(&self) -> Option<&str> {
+        self.export.as_deref().map(ShmExport::name)
+    }
+
+    /// Where this engine's TCP data server listens (`None` with tcp off).
+    pub fn tcp_data_addr(&self) -> Option<std::net::SocketAddr> {
+        self.data.as_ref().map(DataServer::local_addr)
+    }
+
+    /// This engine's p2p segment name, `ip:port` of its control server
+    /// (TENT's segment naming): what peers pass to `open_segment`.
+    pub fn segment_name(&self) -> String {
+        match &self.control {
+            Some(c) => c.local_addr().to_string(),
+            None => self.local_segment_name().unwrap_or("local").to_owned(),
+        }
+    }
+
+    /// Replace the transport in `kind`'s slot (tests wrap transports with
+    /// fault injection this way); returns the previous one. `t` is not
+    /// installed again; one with per-worker state serves the engine that
+    /// installed it or else whose worker first uses it, and refuses the
+    /// others' slices with `InvalidArgument`.
+    pub fn swap_transport(
+        &self,
+        kind: TransportKind,
+        t: Option<Arc<dyn Transport>>,
+    ) -> Option<Arc<dyn Transport>> {
+        self.shared.transports.swap(t, kind)
+    }
+
+    /// Failover counters.
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.shared.metrics
+    }
+
+    /// Every rail of every open segment (RDMA and TCP), with the segment's
+    /// name.
+    pub fn all_rails(&self) -> Vec<(String, crate::transport::RailStat)> {
+        let segments = self.shared.segments.load();
+        segments
+            .iter()
+            .flat_map(|s| {
+                self.rails_of(s)
+                    .into_iter()
+                    .map(|r| (s.name().to_owned(), r))
+            })
+            .collect()
+    }
+
+    /// Every RDMA rail's send- and completion-queue counters (seed 004's
+    /// SQ/CQE diagnostics), a row per QP slot of the rail
+    /// (`qp_per_transfer`), every worker's endpoint there together.
+    pub fn sq_rows(&self) -> Vec<crate::flow::SqRow> {
+        self.shared
+            .segments
+            .load()
+            .iter()
+            .filter_map(|s| crate::transport::rdma::transport::peer_of(s))
+            .flat_map(|p| p.sq_reports())
+            .collect()
+    }
+
+    /// Failover counters and per-rail state and bytes, in Prometheus text
+    /// exposition format.
+    pub fn metrics_text(&self) -> String {
+        let mut out = self
+            .shared
+            .metrics
+            .render(&self.all_rails(), &self.sq_rows());
+        crate::metrics::render_qos(&mut out, &self.qos_stats());
+        out
+    }
+
+    /// Per-priority statistics summed over the workers (seed 001): lane
+    /// depths, tasks accepted, promotions, slot-gate holds, queue-wait
+    /// histograms, and the shared slot clock when one is configured.
+    pub fn qos_stats(&self) -> crate::qos::QosSnapshot {
+        let mut q = crate::qos::QosSnapshot::default();
+        for w in &self.workers {
+            w.qos.sum_into(&mut q);
+        }
+        q.slots = self.slots.as_ref().map(|r| {
+            let c = r.clock();
+            crate::qos::SlotSnapshot {
+                slot: c.slot(),
+                owner: c.is_owner(),
+                takeovers: c.takeovers(),
+            }
+        });
+        q
+    }
+
+    /// The shared slot clock this engine follows (`None`: single-process
+    /// mode, `shared_quota_shm_path` empty).
+    pub fn slot_clock(&self) -> Option<&Arc<SlotClock>> {
+        self.slots.as_ref().map(SlotRotator::clock)
+    }
+
+    /// Installed transports.
+    pub fn transports(&self) -> Vec<TransportKind> {
+        self.shared.transports.installed()
+    }
+
+    /// Flow-control credits taken and not given back (0 when idle): every
+    /// worker's window on each transport, plus every TCP connection's wire
+    /// window (a TCP slice on the wire holds one in each).
+    pub fn credits_in_flight(&self) -> u32 {
+        let workers: u32 = self
+            .workers
+            .iter()
+            .flat_map(|w| w.credits.iter())
+            .map(SqController::posted)
+            .sum();
+        let tcp = self.shared.tcp.as_ref().map_or(0, |t| t.wire_in_flight());
+        workers + tcp
+    }
+
+    /// The core each worker is pinned to (`None`: not pinned).
+    pub fn worker_cores(&self) -> Vec<Option<usize>> {
+        self.workers
+            .iter()
+            .map(|w| usize::try_from(w.core.load(Ordering::Relaxed)).ok())
+            .collect()
+    }
+
+    /// Operations and bytes completed successfully so far.
+    pub fn completed(&self) -> (u64, u64) {
+        self.workers.iter().fold((0, 0), |(o, b), w| {
+            (
+                o + w.completed_ops.load(Ordering::Relaxed),
+                b + w.completed_bytes.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// Seed 003's traffic statistics: every rail of every open segment
+    /// with the bytes it carried, its bandwidth estimate and what is on it
+    /// now (`Display` prints `=== Device Traffic Statistics ===`).
+    pub fn traffic_stats(&self) -> crate::transport::rails::TrafficStats {
+        crate::transport::rails::TrafficStats {
+            rails: self.all_rails(),
+        }
+    }
+}
