@@ -17,8 +17,10 @@
 //!   `local` / `shm` / `tcp` / `rdma` (with its `verbs` and `sys`);
 //!   `rails`: the multi-rail layer the network transports share
 //!   (`DeviceSelector`: which rail a slice takes; `RailMonitor`: rail
-//!   health); `WorkerCtx` / `PerWorker`: per-worker state only that worker
-//!   opens; [`netlink`]: link state.
+//!   health); [`netlink`]: link state.
+//! - `worker_ctx` (re-exported by [`transport`]): `WorkerCtx` / `PerWorker`,
+//!   per-worker state only that worker opens (transports' peers, an shm
+//!   peer's per-worker view of its table).
 //! - [`refusals`]: refused connections held a moment so their busy answer
 //!   is read (control server and TCP data server).
 //! - [`metrics`]: failover and rail counters, Prometheus text.
@@ -46,6 +48,7 @@ pub mod refusals;
 pub mod segment;
 pub mod topology;
 pub mod transport;
+mod worker_ctx;
 
 pub use config::Config;
 pub use engine::{BatchId, Buffer, Engine, EngineBuilder, Ring, TaskState, TaskStatus};

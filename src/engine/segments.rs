@@ -131,7 +131,9 @@ impl Engine {
         let cfg = &self.shared.config;
         let secret = cfg.secret();
         // Connecting proves the owner lives: it serves the segment's socket.
-        let peer = ShmPeer::attach(&cfg.transports.shm.dir, name, secret)?;
+        // Each worker reads the peer's table through its own view.
+        let peer =
+            ShmPeer::attach(&cfg.transports.shm.dir, name, secret)?.for_workers(self.workers.len());
         Ok(SegmentKind::Shm(Arc::new(peer)))
     }
 

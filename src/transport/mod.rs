@@ -15,9 +15,8 @@ pub mod rails;
 pub mod rdma;
 pub mod shm;
 pub mod tcp;
-mod worker_ctx;
 
-pub use worker_ctx::{EngineId, PerWorker, WorkerCtx};
+pub use crate::worker_ctx::{EngineId, PerWorker, WorkerCtx};
 
 use std::sync::Arc;
 

@@ -42,12 +42,12 @@ impl Transport for ShmTransport {
         segment.shm().is_some()
     }
 
-    fn submit(&self, _ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+    fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
         for (s, o) in slices.iter().zip(out.iter_mut()) {
             *o = match s.segment.shm() {
                 None => SubmitOutcome::Rejected(ErrorKind::Unreachable),
                 Some(peer) => {
-                    let res = peer.with_remote(s.remote, s.len, |remote| {
+                    let res = peer.with_remote_on(ctx, s.remote, s.len, |remote| {
                         // SAFETY: `remote` was bounds- and key-checked inside a mapping `with_remote` keeps alive; `local` was checked by the engine.
                         unsafe { copy_slice(s.opcode, s.local, remote, s.len as usize) }
                     });
