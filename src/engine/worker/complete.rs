@@ -1,0 +1,298 @@
+//! Completion: reap posted slices, finish tasks, and post their CQEs (or
+//! batch states), published once per turn.
+
+use super::*;
+
+/// Count a task of one priority in (`up`) or out; true on the edges the
+/// gate hears of: the first one in, the last one out.
+pub(super) fn live_edge(n: &mut u32, up: bool) -> bool {
+    if up {
+        *n += 1;
+        *n == 1
+    } else {
+        *n -= 1;
+        *n == 0
+    }
+}
+
+/// A ring request's completion: its result, the transport that served
+/// it, how many times it switched, `fallback` when it succeeded only after
+/// a switch, and `failover_exhausted` when it failed with none left.
+pub(super) fn cqe_for(user_data: u64, res: Result<u64, ErrorKind>, served: Served) -> Cqe {
+    Cqe::new(user_data, res)
+        .with_transport(served.transport)
+        .with_failover_count(served.failover_count)
+        .with_fallback(res.is_ok() && served.failover_count > 0)
+        .with_failover_exhausted(served.exhausted)
+}
+
+impl Worker {
+    /// Reap completions of posted slices from every transport instance
+    /// that has some.
+    pub(super) fn reap(&mut self) -> bool {
+        let now = monotonic_ns();
+        let mut any = false;
+        for k in 0..self.posted.len() {
+            let Some(p) = self.posted[k].as_mut() else {
+                continue;
+            };
+            if p.inflight == 0 {
+                continue;
+            }
+            let n = p.transport.transport.poll(&self.ctx, &mut self.reaped);
+            p.inflight = p.inflight.saturating_sub(n as u32);
+            let kind = p.kind;
+            any |= self.complete_slices(kind, n, now);
+        }
+        let mut d = 0;
+        while d < self.draining.len() {
+            let p = &mut self.draining[d];
+            let n = p.transport.transport.poll(&self.ctx, &mut self.reaped);
+            p.inflight = p.inflight.saturating_sub(n as u32);
+            let (kind, done) = (p.kind, p.inflight == 0);
+            any |= self.complete_slices(kind, n, now);
+            if done {
+                self.draining.swap_remove(d);
+            } else {
+                d += 1;
+            }
+        }
+        any
+    }
+
+    /// Account the first `n` entries of `self.reaped`, posted on `kind`.
+    fn complete_slices(&mut self, kind: TransportKind, n: usize, now: u64) -> bool {
+        for c in 0..n {
+            let SliceCompletion { token, result } = self.reaped[c];
+            self.shared.credits[slot_index(kind)].release(1, now);
+            self.async_inflight = self.async_inflight.saturating_sub(1);
+            let Some((i, t)) = self.tasks.by_token(token) else {
+                continue;
+            };
+            t.inflight = t.inflight.saturating_sub(1);
+            match result {
+                Ok(b) => t.done += b,
+                Err(e) => {
+                    if t.error.is_none() && t.failing.is_none() {
+                        if self.may_fail_over(i, e) {
+                            // Stop posting here; fail over once the rest
+                            // of its slices on this transport drain.
+                            let t = self.tasks.get_mut(i);
+                            t.failing = Some(e);
+                            t.failing_on = kind;
+                        } else {
+                            self.tasks.get_mut(i).error = Some(e);
+                        }
+                    }
+                }
+            }
+            if self.tasks.get_mut(i).posting_done() {
+                self.maybe_finish(i);
+            }
+        }
+        n > 0
+    }
+
+    /// Deliver and free task `i` once nothing more will be posted for it
+    /// and nothing of it is in flight: its completion (CQE or batch state)
+    /// says no transport touches its memory any more, even for a task that
+    /// failed, timed out or was canceled while slices were out (those are
+    /// aborted first: `stop_task`).
+    pub(super) fn maybe_finish(&mut self, i: u32) {
+        let t = self.tasks.get_mut(i);
+        if !t.live || !t.posting_done() || t.inflight > 0 {
+            return;
+        }
+        if t.error.is_none()
+            && let Some(cause) = t.failing
+            && self.resubmit(i, cause)
+        {
+            // Queued again on the next transport; still PENDING.
+            return;
+        }
+        let t = self.tasks.get_mut(i);
+        let res = match t.error {
+            Some(e) => Err(e),
+            None => Ok(t.done),
+        };
+        let (origin, user_data) = (t.origin, t.user_data);
+        let served = Served {
+            transport: t.transport,
+            failover_count: t.failover_count,
+            exhausted: t.exhausted,
+        };
+        let (done, priority) = (t.done, t.priority);
+        self.deliver_task(origin, user_data, res, done, served);
+        self.tasks.release(i);
+        self.count_live(priority, false);
+    }
+
+    /// A task of `p` was accepted (`up`) or finished: tell the gate when
+    /// the worker's first one comes or its last one goes.
+    pub(super) fn count_live(&mut self, p: Priority, up: bool) {
+        // Nothing is reserved for LOW: its tasks are not counted.
+        if p == Priority::Low {
+            return;
+        }
+        if live_edge(&mut self.live[p.index()], up) {
+            self.engine.gate.demand(p, up);
+        }
+    }
+
+    /// Stop task `i` (its deadline passed, it was canceled, or the engine
+    /// is shutting down): it fails with `kind` unless it failed already,
+    /// nothing more of it is posted, and every transport instance with
+    /// slices in flight is told to abort its slices. Its completion goes
+    /// out once the last of them is back (`maybe_finish`).
+    pub(super) fn stop_task(&mut self, i: u32, kind: ErrorKind) {
+        let t = self.tasks.get_mut(i);
+        t.error.get_or_insert(kind);
+        t.stopped = true;
+        // A multi-slice task may sit in a lane with slices in flight: take
+        // it out in every case.
+        t.posted = t.posted.max(t.len);
+        let (inflight, token) = (t.inflight, t.token(i));
+        self.lanes.retain(|x| x != i);
+        if inflight > 0 {
+            // Which instances hold its slices is not tracked per task; a
+            // transport with none of them does nothing.
+            for p in self.posted.iter().flatten().chain(self.draining.iter()) {
+                if p.inflight > 0 {
+                    p.transport.transport.abort(&self.ctx, token, kind);
+                }
+            }
+        }
+        self.maybe_finish(i);
+    }
+
+    /// Deliver a finished task (with the bytes it moved) and count it.
+    fn deliver_task(
+        &mut self,
+        origin: Origin,
+        user_data: u64,
+        res: Result<u64, ErrorKind>,
+        done: u64,
+        served: Served,
+    ) {
+        self.deliver(origin, user_data, res, false, done, served);
+        if res.is_ok() {
+            // Single writer (this worker): a plain store, no locked RMW.
+            let s = &self.shared;
+            let ops = s.completed_ops.load(Ordering::Relaxed);
+            s.completed_ops.store(ops + 1, Ordering::Relaxed);
+            let bytes = s.completed_bytes.load(Ordering::Relaxed);
+            s.completed_bytes.store(bytes + done, Ordering::Relaxed);
+        }
+    }
+
+    /// Post a completion for `origin`: a CQE, or the batch task's state.
+    /// `validation`: the request was refused before any byte moved.
+    pub(super) fn deliver(
+        &mut self,
+        origin: Origin,
+        user_data: u64,
+        res: Result<u64, ErrorKind>,
+        validation: bool,
+        done: u64,
+        served: Served,
+    ) {
+        match origin {
+            Origin::Batch => {
+                // SAFETY: a batch SQE's user_data is a BatchTask address kept alive until it leaves Pending (which this store does).
+                let slot = unsafe { BatchTask::from_user_data(user_data) };
+                slot.finish(
+                    TaskState::for_result(res, validation),
+                    done,
+                    res.err(),
+                    served,
+                );
+            }
+            Origin::Ring(ri) => {
+                let Some(ring) = self.rings[ri as usize].as_mut() else {
+                    return;
+                };
+                let cqe = cqe_for(user_data, res, served);
+                if let Some(cq) = ring.cq.as_mut() {
+                    // Intake reserved this slot: the push cannot fail.
+                    let pushed = cq.push(cqe).is_ok();
+                    debug_assert!(pushed, "CQ slot was reserved at intake");
+                }
+                ring.outstanding = ring.outstanding.saturating_sub(1);
+                ring.cq_dirty = true;
+            }
+        }
+    }
+
+    /// Publish CQEs posted this turn (one Release store per ring).
+    pub(super) fn flush_cqs(&mut self) {
+        for ring in self.rings.iter_mut().flatten() {
+            if ring.cq_dirty {
+                ring.cq_dirty = false;
+                if let Some(cq) = ring.cq.as_mut() {
+                    cq.sync();
+                    // Relaxed: see CqBell. needs_wakeup() fences (SeqCst)
+                    // before it reads NEED_WAKEUP, pairing with the
+                    // application's prepare_park().
+                    if let Some(b) = &ring.cq_bell
+                        && b.armed.load(Ordering::Relaxed)
+                        && cq.needs_wakeup()
+                    {
+                        b.bell.ring();
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_hears_the_first_in_and_the_last_out() {
+        let mut n = 0;
+        assert!(live_edge(&mut n, true));
+        assert!(!live_edge(&mut n, true));
+        assert!(!live_edge(&mut n, false));
+        assert!(live_edge(&mut n, false));
+        assert_eq!(n, 0);
+    }
+
+    #[test]
+    fn a_cqe_says_who_served_and_whether_it_fell_back() {
+        let served = Served {
+            transport: TransportKind::Tcp,
+            failover_count: 1,
+            exhausted: false,
+        };
+        let c = cqe_for(7, Ok(8), served);
+        assert_eq!(c.user_data(), 7);
+        assert_eq!(c.result(), Ok(8));
+        assert_eq!(c.transport(), TransportKind::Tcp);
+        assert_eq!(c.failover_count(), 1);
+        assert!(c.fallback());
+        assert!(!c.failover_exhausted());
+        // Failed after a switch: not a fallback; exhausted when said.
+        let failed = cqe_for(
+            7,
+            Err(ErrorKind::Unreachable),
+            Served {
+                exhausted: true,
+                ..served
+            },
+        );
+        assert!(!failed.fallback());
+        assert!(failed.failover_exhausted());
+        // Served where it started.
+        let first = cqe_for(
+            1,
+            Ok(8),
+            Served {
+                failover_count: 0,
+                ..served
+            },
+        );
+        assert!(!first.fallback());
+    }
+}

@@ -1,0 +1,221 @@
+//! Intake: SQEs from the worker's rings become tasks in priority lanes,
+//! or typed error completions at once (validation).
+
+use super::*;
+
+/// A request's deadline (monotonic ns): the one it asked for, or 0 for
+/// `default_timeout_ms` from intake. One already past fails `Timeout`
+/// before anything is queued.
+pub(super) fn deadline_for(asked: u64, now: u64, default_ns: u64) -> Result<u64, ErrorKind> {
+    match asked {
+        0 => Ok(now.saturating_add(default_ns)),
+        d if d <= now => Err(ErrorKind::Timeout),
+        d => Ok(d),
+    }
+}
+
+impl Worker {
+    pub(super) fn adopt_rings(&mut self) {
+        let new: Vec<WorkerRing> = std::mem::take(
+            &mut *self
+                .shared
+                .new_rings
+                .lock()
+                .expect("worker ring list poisoned"),
+        );
+        for r in new {
+            match self.rings.iter().position(Option::is_none) {
+                Some(i) => self.rings[i] = Some(r),
+                None => self.rings.push(Some(r)),
+            }
+        }
+    }
+
+    /// Move SQEs from the rings into tasks and lanes.
+    pub(super) fn intake(&mut self, now: &mut u64) -> bool {
+        let mut work = false;
+        for ri in 0..self.rings.len() {
+            let mut taken = 0;
+            while taken < INTAKE_PER_RING && !self.tasks.is_full() {
+                let Some(ring) = self.rings[ri].as_mut() else {
+                    break;
+                };
+                if !ring.cq_has_room() {
+                    break;
+                }
+                let Some(sqe) = ring.sq.pop() else {
+                    break;
+                };
+                taken += 1;
+                let origin = if ring.cq.is_some() {
+                    ring.outstanding += 1;
+                    Origin::Ring(ri as u32)
+                } else {
+                    Origin::Batch
+                };
+                if *now == 0 {
+                    *now = monotonic_ns();
+                }
+                self.accept(origin, &sqe, *now);
+            }
+            if taken > 0 {
+                if let Some(ring) = self.rings[ri].as_mut() {
+                    ring.sq.sync();
+                }
+                work = true;
+            }
+        }
+        work
+    }
+
+    /// Validate an SQE and queue it, or complete it at once with the reason.
+    fn accept(&mut self, origin: Origin, sqe: &Sqe, now: u64) {
+        let user_data = sqe.user_data();
+        match self.validate(sqe, now) {
+            Err(kind) => self.deliver(origin, user_data, Err(kind), true, 0, Served::default()),
+            Ok(v) => {
+                let Some(i) = self.tasks.alloc() else {
+                    // Unreachable: intake checks is_full() first.
+                    self.deliver(
+                        origin,
+                        user_data,
+                        Err(ErrorKind::SqFull),
+                        false,
+                        0,
+                        Served::default(),
+                    );
+                    return;
+                };
+                let t = self.tasks.get_mut(i);
+                t.origin = origin;
+                t.user_data = user_data;
+                t.opcode = v.opcode;
+                t.local = v.local;
+                t.local_region = Some(v.region);
+                t.segment = Some(v.segment);
+                t.remote = sqe.remote().offset;
+                t.len = sqe.len();
+                t.posted = 0;
+                t.done = 0;
+                t.inflight = 0;
+                t.error = None;
+                t.deadline_ns = v.deadline_ns;
+                t.priority = v.priority;
+                t.transport = v.transport;
+                t.xport_priority = v.xport_priority;
+                t.failover_count = 0;
+                t.no_failover = sqe.no_failover();
+                t.failing = None;
+                t.failing_on = TransportKind::Any;
+                t.exhausted = false;
+                t.last_slice = SliceRecord::default();
+                t.accepted_ns = now;
+                t.waited = false;
+                self.shared.qos.accepted(v.priority);
+                self.count_live(v.priority, true);
+                // Lanes are as large as the task table: this cannot fail.
+                let queued = self.lanes.push(v.priority, i, now);
+                debug_assert!(queued);
+            }
+        }
+    }
+
+    fn validate(&mut self, sqe: &Sqe, now: u64) -> Result<Accepted, ErrorKind> {
+        // A flag bit or reserved byte this version does not know: a newer
+        // client's request, refused rather than run with part of it ignored.
+        if sqe.has_unknown_fields() {
+            return Err(ErrorKind::InvalidArgument);
+        }
+        let opcode = sqe.opcode().ok_or(ErrorKind::InvalidArgument)?;
+        let priority = sqe.priority().ok_or(ErrorKind::InvalidArgument)?;
+        let hint = sqe.transport_hint().ok_or(ErrorKind::InvalidArgument)?;
+        if sqe.is_empty() {
+            return Err(ErrorKind::InvalidArgument);
+        }
+        let local = sqe.local();
+        let region = self
+            .regions
+            .load()
+            .get(local.region)
+            .filter(|r| !r.is_revoked())
+            .ok_or(ErrorKind::AddressNotRegistered)?;
+        let ptr = region.slice_ptr(local.offset, sqe.len())?;
+        let region = Held::new(&**region);
+        let segment = Held::new(
+            &**self
+                .segments
+                .load()
+                .get(sqe.remote().segment)
+                // Closed, in a table this worker has not refreshed yet.
+                .filter(|s| s.closed_epoch() == 0)
+                .ok_or(ErrorKind::SegmentNotFound)?,
+        );
+        // The segment is in this worker's cached table, which holds it until
+        // the next load; a task made from it is live, which keeps it (see
+        // `Held`).
+        // SAFETY: held by the cached table until this worker's next load.
+        let live_segment = unsafe { segment.get() };
+        let (xport_priority, transport) = self
+            .resolve(live_segment, 0, hint)
+            .ok_or(ErrorKind::Unreachable)?;
+        let deadline_ns = deadline_for(sqe.deadline_ns(), now, self.default_timeout_ns)?;
+        Ok(Accepted {
+            opcode,
+            priority,
+            local: ptr,
+            region,
+            segment,
+            transport,
+            xport_priority,
+            deadline_ns,
+        })
+    }
+
+    /// The best transport at rank `from` or below that is installed and
+    /// reaches `segment` (only `only`, unless it is `Any`), with its rank.
+    pub(super) fn resolve(
+        &mut self,
+        segment: &Segment,
+        from: usize,
+        only: TransportKind,
+    ) -> Option<(u8, TransportKind)> {
+        for (rank, &kind) in RANKED.iter().enumerate().skip(from) {
+            if only != TransportKind::Any && kind != only {
+                continue;
+            }
+            if let Some(installed) = self.slots[slot_index(kind)].load().as_ref()
+                && installed.transport.reaches(segment)
+            {
+                return Some((rank as u8, kind));
+            }
+        }
+        None
+    }
+}
+
+struct Accepted {
+    opcode: tent_rings::Opcode,
+    priority: Priority,
+    local: *mut u8,
+    region: Held<crate::memory::MemRegion>,
+    segment: Held<Segment>,
+    transport: TransportKind,
+    xport_priority: u8,
+    deadline_ns: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_is_asked_for_defaulted_or_already_past() {
+        assert_eq!(deadline_for(0, 1_000, 500), Ok(1_500));
+        assert_eq!(deadline_for(2_000, 1_000, 500), Ok(2_000));
+        assert_eq!(deadline_for(1_000, 1_000, 500), Err(ErrorKind::Timeout));
+        assert_eq!(deadline_for(1, 1_000, 500), Err(ErrorKind::Timeout));
+        // A default past the clock's range saturates rather than wraps
+        // into the past.
+        assert_eq!(deadline_for(0, u64::MAX - 1, 500), Ok(u64::MAX));
+    }
+}

@@ -1,0 +1,463 @@
+//! The worker: one pinned thread that owns a set of rings.
+//!
+//! Each turn it takes SQEs from its rings into priority lanes, posts slices
+//! of the lane heads through the `can_send` gate and the per-transport
+//! credit pools, reaps transport completions, and posts CQEs (or batch task
+//! states). It busy-polls while there is work, then spins, yields and
+//! finally parks on its doorbell after setting NEED_WAKEUP on every ring.
+//! Nothing here allocates or locks once the worker is running, except when
+//! rings are added or retired.
+//!
+//! This file keeps the state and the loop (`run`, `turn`); each stage of a
+//! turn lives in its own module, and its decisions are plain functions over
+//! plain values with unit tests of their own:
+//! - `intake`: SQEs into tasks and lanes (`deadline_for`);
+//! - `dispatch`: lane heads to transports (`judge` an outcome,
+//!   `lane_may_post` on the credit window, `slice_cost` to the turn budget);
+//! - `failover`: to the next transport (`may_fail_over`, `next_transport`);
+//! - `complete`: reaping, finishing, CQEs (`cqe_for`, `live_edge`);
+//! - `housekeeping`: deadline and cancel sweep, rings, unregister handshake,
+//!   shutdown drain (`stop_reason`, `acked_epoch`);
+//! - `idle`: spin, yield or park (`step`), and the park.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::{ArcSwap, Cache};
+use crossbeam_utils::CachePadded;
+use tent_rings::spsc::{Consumer, Producer};
+use tent_rings::{Cqe, ErrorKind, Priority, Sqe, TransportKind};
+
+use super::batch::{BatchTask, Served, TaskState};
+use super::task::{Held, Origin, SliceRecord, TaskTable};
+use super::{EngineShared, slot_index};
+use crate::clock::monotonic_ns;
+use crate::doorbell::{CqBell, Doorbell, Wakers};
+use crate::flow::SqController;
+use crate::memory::RegionTable;
+use crate::qos::{PriorityLanes, PriorityStats};
+use crate::segment::{Segment, SegmentTable};
+use crate::transport::{Installed, Slice, SliceCompletion, Slot, SubmitOutcome, WorkerCtx};
+
+mod complete;
+mod dispatch;
+mod failover;
+mod housekeeping;
+mod idle;
+mod intake;
+
+/// Every slot kind, indexed like `TransportSlots`.
+const TRANSPORT_KINDS: [TransportKind; 5] = [
+    TransportKind::Any,
+    TransportKind::Local,
+    TransportKind::Shm,
+    TransportKind::Tcp,
+    TransportKind::Rdma,
+];
+
+/// Transports best first. A request's ranked fallback list is this order
+/// filtered by what is installed and reaches its segment (so what both
+/// ends offer: RDMA → TCP for a remote peer, SHM → TCP for one on this
+/// host); its `xport_priority` is the index here of its current transport.
+pub(super) const RANKED: [TransportKind; 4] = [
+    TransportKind::Local,
+    TransportKind::Shm,
+    TransportKind::Rdma,
+    TransportKind::Tcp,
+];
+
+/// Bytes posted in one turn before the worker goes back to its rings, so a
+/// HIGH request arriving behind large LOW ones waits for at most this.
+/// Every slice is charged, the last of a task included.
+const TURN_BYTES: u64 = 4 << 20;
+/// A synchronous transport (local, shm) moves its bytes inside `submit`:
+/// they cost the worker's own time, so they count this many times over.
+/// 4 MiB / 16 = 256 KiB of memcpy a turn, about 20 µs at 14 GB/s: a HIGH
+/// request behind a copying LOW stream waits that long, not the 300 µs of
+/// 4 MiB.
+const SYNC_BYTE_WEIGHT: u64 = 16;
+/// SQEs taken from one ring per turn.
+const INTAKE_PER_RING: usize = 64;
+/// Deadline and cancel sweep period.
+const HOUSEKEEPING_NS: u64 = 1_000_000;
+/// How soon a parked worker looks again at a ring blocked on CQ room.
+const CQ_BLOCKED_RECHECK: Duration = Duration::from_millis(1);
+/// How often shutdown says which transports still hold slices.
+const SHUTDOWN_LOG_NS: u64 = 1_000_000_000;
+/// Idle turns of the shutdown drain spent yielding before it sleeps.
+const SHUTDOWN_YIELDS: u32 = 1_000;
+/// The shutdown drain's sleep between two polls once yielding is over.
+const SHUTDOWN_NAP: Duration = Duration::from_micros(200);
+/// Longest sleep while slices are in flight on transports that wake us,
+/// or while every task waits on a transport that answered `Later`.
+const COMPLETION_PARK: Duration = Duration::from_millis(1);
+/// Idle turns between two clock reads.
+const IDLE_CLOCK_TURNS: u32 = 64;
+
+/// Worker-side ends of an application ring.
+pub(crate) struct WorkerRing {
+    pub sq: Consumer<Sqe>,
+    pub cq: Option<Producer<Cqe>>,
+    /// Accepted, not yet completed (each will need one CQ slot).
+    pub outstanding: u32,
+    pub cq_dirty: bool,
+    /// The application's completion bell (ring API only).
+    pub cq_bell: Option<Arc<CqBell>>,
+}
+
+impl WorkerRing {
+    /// Can the CQ take one more CQE than the worker already owes? Every
+    /// accepted SQE needs one, so SQEs are accepted only while this holds
+    /// and posting a CQE never fails. Answers from the cached consumer head
+    /// first. Always true for the batch ring (no CQ).
+    #[inline]
+    pub fn cq_has_room(&mut self) -> bool {
+        let owed = self.outstanding as usize;
+        self.cq.as_mut().is_none_or(|cq| cq.has_slots(owed + 1))
+    }
+}
+
+/// What a worker shares with the engine and with submitters.
+///
+/// Each field that one side writes and the other reads on its hot path sits
+/// on its own cache line (Rust reorders fields, so only padding guarantees
+/// it): a submitter reads `exited` and may ring `doorbell` on every submit,
+/// the worker reads `shutdown` / `has_new` every loop and writes the
+/// counters on every completion.
+pub(crate) struct WorkerShared {
+    pub index: usize,
+    /// Every worker's bell; this worker's is `wakers.get(index)`.
+    pub wakers: Arc<Wakers>,
+    pub new_rings: Mutex<Vec<WorkerRing>>,
+    pub has_new: CachePadded<AtomicBool>,
+    pub shutdown: CachePadded<AtomicBool>,
+    /// Set when the worker has stopped taking SQEs.
+    pub exited: CachePadded<AtomicBool>,
+    /// The batch API's submission ring into this worker.
+    pub batch_sq: Mutex<Producer<Sqe>>,
+    /// Core this worker is pinned to, or -1.
+    pub core: AtomicI64,
+    /// Its window on each transport slot (`max_inflight_slices` slices
+    /// handed to the transport and not completed): the engine's one
+    /// flow-control type, as an RDMA send queue and a TCP connection's
+    /// wire window are. Only this worker reserves and releases; others
+    /// read it (`Engine::credits_in_flight`).
+    pub credits: [SqController; 5],
+    pub completed_ops: CachePadded<AtomicU64>,
+    pub completed_bytes: CachePadded<AtomicU64>,
+    /// Its side of the unregister handshake (`Worker::ack_unregister`).
+    pub region_ack: CachePadded<RegionAck>,
+    /// Per-priority statistics (seed 001), written only by this worker.
+    pub qos: CachePadded<PriorityStats>,
+}
+
+/// What a worker tells `Engine::unregister_memory`. Written only in
+/// housekeeping and when idle, and only while an unregister is pending:
+/// nothing per op.
+#[derive(Debug, Default)]
+pub(crate) struct RegionAck {
+    /// Every region revoked at this unregister epoch or before is out of
+    /// this worker: its cached region table is past the removal and no live
+    /// task holds one (Release: what the tasks did to the memory happens
+    /// before an unregister that reads it).
+    pub epoch: AtomicU64,
+    /// While it is behind: the latest deadline (monotonic ns) among its
+    /// tasks that hold a revoked region, the drain's bound.
+    pub wait_until: AtomicU64,
+}
+
+impl WorkerShared {
+    /// This worker's doorbell.
+    #[inline]
+    pub fn doorbell(&self) -> &Doorbell {
+        &self.wakers.get(self.index).bell
+    }
+
+    /// Hand a new ring to the worker and wake it.
+    pub fn adopt(&self, ring: WorkerRing) {
+        self.new_rings
+            .lock()
+            .expect("worker ring list poisoned")
+            .push(ring);
+        // Release: the ring's construction is visible to the worker that
+        // sees the flag.
+        self.has_new.store(true, Ordering::Release);
+        self.doorbell().ring();
+    }
+}
+
+type RegionCache = Cache<Arc<ArcSwap<RegionTable>>, Arc<RegionTable>>;
+type SegmentCache = Cache<Arc<ArcSwap<SegmentTable>>, Arc<SegmentTable>>;
+type SlotCache = Cache<Slot, Option<Arc<Installed>>>;
+
+pub(crate) struct Worker {
+    /// This worker's proof for the transports (so `Worker` is `!Send`: it
+    /// is built on its own thread).
+    ctx: WorkerCtx,
+    shared: Arc<WorkerShared>,
+    engine: Arc<EngineShared>,
+    // Local snapshots of the shared tables: one atomic load per use to see
+    // whether they changed, instead of a full arc-swap load.
+    regions: RegionCache,
+    segments: SegmentCache,
+    slots: [SlotCache; 5],
+    rings: Vec<Option<WorkerRing>>,
+    tasks: TaskTable,
+    lanes: PriorityLanes,
+    reaped: Vec<SliceCompletion>,
+    async_inflight: u32,
+    /// Per slot: the transport instance this worker has slices posted on,
+    /// and how many. Reaping polls these instances, not the slot, so a swap
+    /// does not orphan slices already posted.
+    posted: [Option<PostedOn>; 5],
+    /// Instances swapped out of their slot with slices still posted.
+    draining: Vec<PostedOn>,
+    next_housekeeping: u64,
+    /// The last dispatch stopped because every lane head it could reach was
+    /// answered `SubmitOutcome::Later`: the worker parks (briefly) rather
+    /// than spin while the transport gets ready.
+    later: bool,
+    /// The last dispatch found every queued lane closed by the slot gate
+    /// (nothing else to post): the worker naps `gate.recheck_after()`
+    /// instead of spinning on it.
+    gated: bool,
+    /// Lanes the gate held back at the last look (bit per priority): a
+    /// hold is counted once per closing.
+    held: u8,
+    /// Credits of a worker window that only HIGH slices may take (an
+    /// eighth of `max_inflight_slices`): a window full of bulk slices
+    /// still lets a HIGH slice out at once.
+    high_headroom: u32,
+    /// Live HIGH and MEDIUM tasks (accepted, not finished; indexed by
+    /// priority): the gate hears when a count goes from 0 to 1 and back
+    /// (`SendGate::demand`).
+    live: [u32; 2],
+    /// The unregister epoch last acknowledged in `shared.region_ack`.
+    region_ack: u64,
+    block_size: u64,
+    default_timeout_ns: u64,
+    /// `max_failover_attempts` (0: failover off for every request).
+    max_failover: u8,
+}
+
+/// Slice completions one `poll` may hand back (`Worker::reaped`).
+const REAP_BATCH: usize = 256;
+/// Application rings a worker has room for before its list grows.
+const RINGS_AT_START: usize = 64;
+/// Swapped-out transport instances tracked before the list grows.
+const DRAINING_AT_START: usize = 8;
+
+/// What one worker holds from the start, from the config alone: each term
+/// is `size_of` of what `Worker::new` and `Engine::build` allocate for it,
+/// so the figure follows the structs as they change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WorkerBytes {
+    /// Task table (slots and free list) and the three priority lanes:
+    /// `max_tasks_per_worker` each.
+    pub tasks: u64,
+    /// The batch API's submission ring: `Config::batch_ring_depth` SQEs.
+    pub batch_ring: u64,
+    /// What does not depend on a key: reap buffer, ring and draining
+    /// lists, the shared block.
+    pub fixed: u64,
+}
+
+impl WorkerBytes {
+    pub(crate) fn of(cfg: &crate::config::Config) -> WorkerBytes {
+        use std::mem::size_of;
+        let cap = u64::from(cfg.max_tasks_per_worker);
+        let per_task = size_of::<super::task::Task>() + size_of::<u32>()
+            // One lane entry per task in each of the three lanes.
+            + 3 * size_of::<crate::qos::LaneEntry>();
+        WorkerBytes {
+            tasks: cap * per_task as u64,
+            batch_ring: (tent_rings::region::HEADER_LEN
+                + tent_rings::spsc::ring_bytes::<Sqe>(cfg.batch_ring_depth()))
+                as u64,
+            fixed: (REAP_BATCH * size_of::<SliceCompletion>()
+                + RINGS_AT_START * size_of::<Option<WorkerRing>>()
+                + DRAINING_AT_START * size_of::<PostedOn>()
+                + size_of::<WorkerShared>()
+                + size_of::<Worker>()) as u64,
+        }
+    }
+}
+
+impl Worker {
+    pub fn new(
+        shared: Arc<WorkerShared>,
+        engine: Arc<EngineShared>,
+        batch_cq: Consumer<Sqe>,
+        ctx: WorkerCtx,
+    ) -> Worker {
+        let cfg = &engine.config;
+        let cap = cfg.max_tasks_per_worker as usize;
+        let mut rings = Vec::with_capacity(RINGS_AT_START);
+        rings.push(Some(WorkerRing {
+            sq: batch_cq,
+            cq: None,
+            outstanding: 0,
+            cq_dirty: false,
+            cq_bell: None,
+        }));
+        Worker {
+            lanes: PriorityLanes::new(
+                cap,
+                cfg.transports.rdma.priority_promotion_timeout_us * 1_000,
+            ),
+            tasks: TaskTable::new(cap),
+            reaped: vec![
+                SliceCompletion {
+                    token: 0,
+                    result: Ok(0)
+                };
+                REAP_BATCH
+            ],
+            rings,
+            async_inflight: 0,
+            posted: std::array::from_fn(|_| None),
+            draining: Vec::with_capacity(DRAINING_AT_START),
+            next_housekeeping: 0,
+            later: false,
+            gated: false,
+            held: 0,
+            high_headroom: cfg.max_inflight_slices / 8,
+            live: [0; 2],
+            region_ack: 0,
+            block_size: cfg.block_size,
+            default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
+            max_failover: cfg.max_failover_attempts.min(u32::from(u8::MAX)) as u8,
+            regions: Cache::new(engine.regions.clone()),
+            segments: Cache::new(engine.segments.clone()),
+            slots: std::array::from_fn(|k| {
+                Cache::new(engine.transports.slot(TRANSPORT_KINDS[k]).clone())
+            }),
+            shared,
+            engine,
+            ctx,
+        }
+    }
+
+    /// The worker thread's body.
+    pub fn run(mut self) {
+        let cfg = &self.engine.config.workers;
+        let spin_ns = cfg.spin_us * 1_000;
+        let yield_ns = spin_ns + cfg.yield_us * 1_000;
+        let park = Duration::from_millis(cfg.park_timeout_ms);
+        let mut idle_since = 0u64;
+        let mut idle_turns = 0u32;
+        tracing::debug!(worker = self.shared.index, "worker started");
+        loop {
+            // Relaxed: a hint; the drain below re-reads everything it needs.
+            if self.shared.shutdown.load(Ordering::Relaxed) {
+                self.drain_on_shutdown();
+                break;
+            }
+            if self.turn() {
+                idle_since = 0;
+                idle_turns = 0;
+                continue;
+            }
+            // Reading the clock costs as much as an idle turn: look at it
+            // only every IDLE_CLOCK_TURNS idle turns.
+            idle_turns = idle_turns.wrapping_add(1);
+            if idle_turns % IDLE_CLOCK_TURNS != 0 {
+                continue;
+            }
+            let now = monotonic_ns();
+            if now >= self.next_housekeeping {
+                self.housekeeping(now);
+            } else {
+                // Idle (and before every park): an unregister waiting on
+                // this worker, which rang its bell, need not wait for the
+                // next housekeeping. One load when none is pending.
+                self.ack_unregister();
+            }
+            if idle_since == 0 {
+                idle_since = now;
+            }
+            let queued = !self.lanes.is_empty();
+            let gated = queued && self.gated;
+            let state = idle::Idle {
+                idle_ns: now - idle_since,
+                spin_ns,
+                yield_ns,
+                queued,
+                later: self.later,
+                gated,
+                in_flight: self.async_inflight > 0,
+                // Looked at only when it matters (a loop over the
+                // transports with slices posted; a virtual call).
+                completions_wake: self.async_inflight > 0 && self.completions_wake(),
+                park,
+                gate_recheck: if gated {
+                    self.engine.gate.recheck_after()
+                } else {
+                    Duration::MAX
+                },
+            };
+            match idle::step(&state) {
+                idle::Step::Spin => std::hint::spin_loop(),
+                idle::Step::Yield => std::thread::yield_now(),
+                idle::Step::Park {
+                    timeout,
+                    completions,
+                } => {
+                    if self.park(timeout, completions) {
+                        // Woken (by a submitter, or a completion): expect
+                        // work, poll hot again.
+                        idle_since = 0;
+                    }
+                }
+            }
+            // A timeout leaves `idle_since` old: one more turn, then straight
+            // back to sleep instead of another spin/yield phase.
+        }
+        tracing::debug!(worker = self.shared.index, "worker stopped");
+    }
+
+    /// One pass over rings, lanes and completions; true if anything moved.
+    /// The clock is read only once there is something to time.
+    fn turn(&mut self) -> bool {
+        let mut work = false;
+        // Relaxed fast check; the Acquire swap below synchronises with adopt().
+        if self.shared.has_new.load(Ordering::Relaxed)
+            && self.shared.has_new.swap(false, Ordering::Acquire)
+        {
+            self.adopt_rings();
+            work = true;
+        }
+        let mut now = 0;
+        work |= self.intake(&mut now);
+        if !self.lanes.is_empty() {
+            if now == 0 {
+                now = monotonic_ns();
+            }
+            // Before posting: after a long park, deadlines are brought up
+            // to date before the first slice goes out.
+            if now >= self.next_housekeeping {
+                self.housekeeping(now);
+            }
+            let moved = self.lanes.promote(now);
+            if moved != [0; 3] {
+                self.shared.qos.promoted(moved);
+            }
+            work |= self.dispatch(now);
+        } else if now != 0 && now >= self.next_housekeeping {
+            self.housekeeping(now);
+        }
+        if self.async_inflight > 0 {
+            work |= self.reap();
+        }
+        self.flush_cqs();
+        work
+    }
+}
+
+/// A transport instance with slices posted on it.
+struct PostedOn {
+    kind: TransportKind,
+    transport: Arc<Installed>,
+    inflight: u32,
+}
