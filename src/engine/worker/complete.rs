@@ -166,7 +166,7 @@ impl Worker {
     }
 
     /// Deliver a finished task (with the bytes it moved) and count it.
-    fn deliver_task(
+    pub(super) fn deliver_task(
         &mut self,
         origin: Origin,
         user_data: u64,

@@ -66,7 +66,6 @@ impl Worker {
     /// Post slices of lane heads.
     pub(super) fn dispatch(&mut self, now: u64) -> bool {
         let mut work = false;
-        let mut budget = TURN_BYTES;
         // Per lane, the first task its transport answered `Later` (or
         // `SqFull` with slices in flight: back-pressure) this
         // turn: when it is that lane's head again, every head of the lane
@@ -250,8 +249,8 @@ impl Worker {
                 self.lanes.pop(p);
                 self.maybe_finish(i);
             }
-            budget = budget.saturating_sub(slice_cost(len, credited));
-            if budget == 0 {
+            self.turn_budget = self.turn_budget.saturating_sub(slice_cost(len, credited));
+            if self.turn_budget == 0 {
                 if !done {
                     self.lanes.rotate(p);
                 }

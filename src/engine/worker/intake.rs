@@ -74,6 +74,9 @@ impl Worker {
         match self.validate(sqe, now) {
             Err(kind) => self.deliver(origin, user_data, Err(kind), true, 0, Served::default()),
             Ok(v) => {
+                if self.complete_inline(origin, user_data, &v, sqe, now) {
+                    return;
+                }
                 let Some(i) = self.tasks.alloc() else {
                     // Unreachable: intake checks is_full() first.
                     self.deliver(
@@ -118,6 +121,87 @@ impl Worker {
                 debug_assert!(queued);
             }
         }
+    }
+
+    /// The fast path for a small op on a synchronous transport (local,
+    /// shm): one that fits one slice is moved here, at intake, and its CQE
+    /// written, with no task slot, lane or dispatch. Taken only when that
+    /// cannot reorder anything: every lane is empty (no older work of any
+    /// priority waits), the slot gate is open to its priority, and the
+    /// turn's byte budget has room (the copy is charged as dispatch would
+    /// charge it). It keeps what the task path records: QoS accepted and
+    /// queue wait (0), the gate's demand edges, the completion counters.
+    /// A ring request only: a batch task's admission and cancel live on
+    /// the task path. Any answer but done (`Later`, a transient fault)
+    /// returns false, and the request takes the task path from the start
+    /// (a refused slice moved no byte that matters, so trying it again
+    /// there, or failing over, is what the task path would have done).
+    fn complete_inline(
+        &mut self,
+        origin: Origin,
+        user_data: u64,
+        v: &Accepted,
+        sqe: &Sqe,
+        now: u64,
+    ) -> bool {
+        if !matches!(origin, Origin::Ring(_)) || !self.lanes.is_empty() || self.turn_budget == 0 {
+            return false;
+        }
+        let len = sqe.len();
+        let Some(installed) = self.slots[slot_index(v.transport)].load().as_ref() else {
+            return false;
+        };
+        let caps = installed.caps;
+        let one_slice = match caps.slice_bytes {
+            0 => self.block_size,
+            n => n,
+        };
+        if !caps.synchronous || len > one_slice || !self.engine.gate.can_send(v.priority, now) {
+            return false;
+        }
+        // SAFETY: the segment is in this worker's cached table, which holds
+        // it until the next load (as in `validate`); no load happens before
+        // `submit` returns.
+        let segment = unsafe { v.segment.get() };
+        // SAFETY: the region is in this worker's cached table, as above.
+        let region = unsafe { v.region.get() };
+        let slice = Slice {
+            // Synchronous: no completion echoes it; it names no task.
+            token: u64::MAX,
+            opcode: v.opcode,
+            local: v.local,
+            region,
+            segment,
+            remote: sqe.remote().offset,
+            len,
+            rest: len,
+            priority: v.priority,
+        };
+        let mut outcome = [SubmitOutcome::Rejected(ErrorKind::Unreachable)];
+        installed
+            .transport
+            .submit(&self.ctx, std::slice::from_ref(&slice), &mut outcome);
+        let res = match dispatch::judge(outcome[0], self.async_inflight > 0) {
+            dispatch::Verdict::Done(res) => res,
+            _ => return false,
+        };
+        self.turn_budget = self
+            .turn_budget
+            .saturating_sub(dispatch::slice_cost(len, false));
+        let p = v.priority;
+        self.shared.qos.accepted(p);
+        self.shared.qos.waited(p, 0);
+        // The gate hears this work as it would a task's: its start and end.
+        self.count_live(p, true);
+        let done = res.unwrap_or(0);
+        let served = Served {
+            transport: v.transport,
+            failover_count: 0,
+            exhausted: false,
+        };
+        self.deliver_task(origin, user_data, res, done, served);
+        self.count_live(p, false);
+        true
     }
 
     fn validate(&mut self, sqe: &Sqe, now: u64) -> Result<Accepted, ErrorKind> {

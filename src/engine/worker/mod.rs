@@ -233,6 +233,11 @@ pub(crate) struct Worker {
     /// priority): the gate hears when a count goes from 0 to 1 and back
     /// (`SendGate::demand`).
     live: [u32; 2],
+    /// Bytes this turn may still move (`TURN_BYTES`, reset every turn):
+    /// charged by the dispatch and by intake's inline path alike
+    /// (`dispatch::slice_cost`), so a HIGH request waits for at most one
+    /// turn's worth of copying, whichever path did it.
+    turn_budget: u64,
     /// The unregister epoch last acknowledged in `shared.region_ack`.
     region_ack: u64,
     block_size: u64,
@@ -324,6 +329,7 @@ impl Worker {
             held: 0,
             high_headroom: cfg.max_inflight_slices / 8,
             live: [0; 2],
+            turn_budget: TURN_BYTES,
             region_ack: 0,
             block_size: cfg.block_size,
             default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
@@ -428,6 +434,7 @@ impl Worker {
             self.adopt_rings();
             work = true;
         }
+        self.turn_budget = TURN_BYTES;
         let mut now = 0;
         work |= self.intake(&mut now);
         if !self.lanes.is_empty() {
