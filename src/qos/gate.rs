@@ -15,6 +15,13 @@ pub trait SendGate: Send + Sync + std::fmt::Debug {
     /// clock) publishes it.
     fn demand(&self, _p: Priority, _busy: bool) {}
 
+    /// Does [`demand`](Self::demand) mean anything to this gate? When not,
+    /// workers do not count their live tasks for it (two calls per op
+    /// saved on the single-process path).
+    fn tracks_demand(&self) -> bool {
+        true
+    }
+
     /// How soon a worker whose every queued lane is closed looks again
     /// (it naps that long instead of spinning on a closed gate).
     fn recheck_after(&self) -> Duration {
@@ -31,5 +38,9 @@ impl SendGate for OpenGate {
     #[inline]
     fn can_send(&self, _p: Priority, _now: u64) -> bool {
         true
+    }
+
+    fn tracks_demand(&self) -> bool {
+        false
     }
 }

@@ -253,6 +253,10 @@ pub type Slot = Arc<ArcSwapOption<Installed>>;
 /// The transport slots, indexed by [`TransportKind`].
 pub struct TransportSlots {
     slots: [Slot; 5],
+    /// Bumped after every swap: a worker keeps its own copy of the slots
+    /// and reloads them only when this moved (one load per turn, instead
+    /// of an arc-swap cache check per slot per op).
+    epoch: crossbeam_utils::CachePadded<std::sync::atomic::AtomicU64>,
 }
 
 /// An installed transport with its capabilities read once at install time
@@ -276,6 +280,7 @@ impl Default for TransportSlots {
     fn default() -> Self {
         TransportSlots {
             slots: std::array::from_fn(|_| Arc::new(ArcSwapOption::empty())),
+            epoch: Default::default(),
         }
     }
 }
@@ -291,9 +296,24 @@ impl TransportSlots {
             let caps = transport.capabilities();
             Arc::new(Installed { transport, caps })
         });
-        self.slots[kind as usize]
-            .swap(installed)
-            .map(|old| old.transport.clone())
+        let old = self.slots[kind as usize].swap(installed);
+        // Release, after the store: a worker that reads the new epoch
+        // (Acquire) and then loads the slots sees this swap.
+        self.epoch
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        old.map(|old| old.transport.clone())
+    }
+
+    /// How many swaps so far (see [`load_all`](Self::load_all)).
+    #[inline]
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Every slot's transport now, indexed by [`TransportKind`]: a
+    /// worker's copy, reloaded when [`epoch`](Self::epoch) moves.
+    pub fn load_all(&self) -> [Option<Arc<Installed>>; 5] {
+        std::array::from_fn(|k| self.slots[k].load_full())
     }
 
     /// The slot of `kind` (workers cache it).
@@ -345,6 +365,23 @@ mod tests {
         assert!(a.drained(), "last slice back: it leaves");
         assert!(!a.drained(), "once");
         assert!(a.posted(), "and joins again");
+    }
+
+    #[test]
+    fn every_swap_moves_the_epoch_after_the_slot() {
+        let slots = TransportSlots::default();
+        let e0 = slots.epoch();
+        assert!(slots.load_all().iter().all(Option::is_none));
+        let t: Arc<dyn Transport> = Arc::new(shm::ShmTransport);
+        assert!(slots.swap(Some(t), TransportKind::Shm).is_none());
+        let e1 = slots.epoch();
+        assert!(e1 > e0, "a worker would keep its old copy");
+        let all = slots.load_all();
+        assert!(all[TransportKind::Shm as usize].is_some());
+        assert!(all[TransportKind::Local as usize].is_none());
+        assert!(slots.swap(None, TransportKind::Shm).is_some());
+        assert!(slots.epoch() > e1);
+        assert!(slots.load_all()[TransportKind::Shm as usize].is_none());
     }
 
     #[test]

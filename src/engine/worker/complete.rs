@@ -131,7 +131,7 @@ impl Worker {
     /// the worker's first one comes or its last one goes.
     pub(super) fn count_live(&mut self, p: Priority, up: bool) {
         // Nothing is reserved for LOW: its tasks are not counted.
-        if p == Priority::Low {
+        if p == Priority::Low || !self.gate_tracks_demand {
             return;
         }
         if live_edge(&mut self.live[p.index()], up) {

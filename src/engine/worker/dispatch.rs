@@ -107,7 +107,7 @@ impl Worker {
             }
             let kind = t.transport;
             let pool = &self.shared.credits[slot_index(kind)];
-            let Some(installed) = self.slots[slot_index(kind)].load().as_ref() else {
+            let Some(installed) = self.slots[slot_index(kind)].as_ref() else {
                 t.error.get_or_insert(ErrorKind::Unreachable);
                 continue;
             };

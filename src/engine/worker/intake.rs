@@ -148,7 +148,7 @@ impl Worker {
             return false;
         }
         let len = sqe.len();
-        let Some(installed) = self.slots[slot_index(v.transport)].load().as_ref() else {
+        let Some(installed) = self.slots[slot_index(v.transport)].as_ref() else {
             return false;
         };
         let caps = installed.caps;
@@ -267,7 +267,7 @@ impl Worker {
             if only != TransportKind::Any && kind != only {
                 continue;
             }
-            if let Some(installed) = self.slots[slot_index(kind)].load().as_ref()
+            if let Some(installed) = self.slots[slot_index(kind)].as_ref()
                 && installed.transport.reaches(segment)
             {
                 return Some((rank as u8, kind));

@@ -38,7 +38,7 @@ use crate::flow::SqController;
 use crate::memory::RegionTable;
 use crate::qos::{PriorityLanes, PriorityStats};
 use crate::segment::{Segment, SegmentTable};
-use crate::transport::{Installed, Slice, SliceCompletion, Slot, SubmitOutcome, WorkerCtx};
+use crate::transport::{Installed, Slice, SliceCompletion, SubmitOutcome, WorkerCtx};
 
 mod complete;
 mod dispatch;
@@ -46,15 +46,6 @@ mod failover;
 mod housekeeping;
 mod idle;
 mod intake;
-
-/// Every slot kind, indexed like `TransportSlots`.
-const TRANSPORT_KINDS: [TransportKind; 5] = [
-    TransportKind::Any,
-    TransportKind::Local,
-    TransportKind::Shm,
-    TransportKind::Tcp,
-    TransportKind::Rdma,
-];
 
 /// Transports best first. A request's ranked fallback list is this order
 /// filtered by what is installed and reaches its segment (so what both
@@ -189,7 +180,6 @@ impl WorkerShared {
 
 type RegionCache = Cache<Arc<ArcSwap<RegionTable>>, Arc<RegionTable>>;
 type SegmentCache = Cache<Arc<ArcSwap<SegmentTable>>, Arc<SegmentTable>>;
-type SlotCache = Cache<Slot, Option<Arc<Installed>>>;
 
 pub(crate) struct Worker {
     /// This worker's proof for the transports (so `Worker` is `!Send`: it
@@ -201,7 +191,15 @@ pub(crate) struct Worker {
     // whether they changed, instead of a full arc-swap load.
     regions: RegionCache,
     segments: SegmentCache,
-    slots: [SlotCache; 5],
+    /// The engine's transport slots as of `slots_epoch`, reloaded at the
+    /// start of a turn when `TransportSlots::epoch` moved: a slot read is a
+    /// plain field read. A swapped-out transport is let go at the next
+    /// turn (slices still posted on it are held by `posted` / `draining`).
+    slots: [Option<Arc<Installed>>; 5],
+    slots_epoch: u64,
+    /// The gate hears demand edges (`SendGate::tracks_demand`); when it
+    /// does not (the single-process `OpenGate`), live tasks are not counted.
+    gate_tracks_demand: bool,
     rings: Vec<Option<WorkerRing>>,
     tasks: TaskTable,
     lanes: PriorityLanes,
@@ -336,9 +334,9 @@ impl Worker {
             max_failover: cfg.max_failover_attempts.min(u32::from(u8::MAX)) as u8,
             regions: Cache::new(engine.regions.clone()),
             segments: Cache::new(engine.segments.clone()),
-            slots: std::array::from_fn(|k| {
-                Cache::new(engine.transports.slot(TRANSPORT_KINDS[k]).clone())
-            }),
+            slots_epoch: engine.transports.epoch(),
+            slots: engine.transports.load_all(),
+            gate_tracks_demand: engine.gate.tracks_demand(),
             shared,
             engine,
             ctx,
@@ -435,6 +433,11 @@ impl Worker {
             work = true;
         }
         self.turn_budget = TURN_BYTES;
+        let epoch = self.engine.transports.epoch();
+        if epoch != self.slots_epoch {
+            self.slots = self.engine.transports.load_all();
+            self.slots_epoch = epoch;
+        }
         let mut now = 0;
         work |= self.intake(&mut now);
         if !self.lanes.is_empty() {
