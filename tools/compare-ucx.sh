@@ -46,7 +46,7 @@ if ! command -v ucx_perftest >/dev/null 2>&1; then
   $SUDO apt-get install -y ucx-utils >/dev/null
 fi
 if [ -z "${TENT_BENCH:-}" ]; then
-  cargo build --release -p tent-tools --bin tent-bench >/dev/null
+  cargo build -q --release -p tent-tools --bin tent-bench
   TENT_BENCH=target/release/tent-bench
 fi
 
