@@ -518,3 +518,107 @@ fn small_ops_complete_at_intake_only_when_nothing_waits_and_the_gate_allows() {
     let c = reap(&mut ring, 1);
     assert_eq!((c[0].user_data(), c[0].result()), (4, Ok(8)));
 }
+
+/// Answers `Later` to every slice until `ready`, then completes it at once
+/// (moving nothing: the test looks at completions only).
+#[derive(Debug, Default)]
+struct NotYet {
+    ready: std::sync::atomic::AtomicBool,
+}
+
+impl Transport for NotYet {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Shm
+    }
+
+    fn install(&self, _: &tent::transport::InstallContext) -> tent::Result<()> {
+        Ok(())
+    }
+
+    fn capabilities(&self) -> tent::transport::Capabilities {
+        tent::transport::Capabilities {
+            atomic_submit: false,
+            synchronous: true,
+            remote: true,
+            slice_bytes: 0,
+            wakes_worker: false,
+        }
+    }
+
+    fn reaches(&self, _: &tent::segment::Segment) -> bool {
+        true
+    }
+
+    fn submit(
+        &self,
+        _: &tent::transport::WorkerCtx,
+        slices: &[Slice<'_>],
+        out: &mut [tent::transport::SubmitOutcome],
+    ) {
+        for (s, o) in slices.iter().zip(out.iter_mut()) {
+            *o = if self.ready.load(Ordering::Relaxed) {
+                tent::transport::SubmitOutcome::Completed(Ok(s.len))
+            } else {
+                tent::transport::SubmitOutcome::Later
+            };
+        }
+    }
+
+    fn poll(
+        &self,
+        _: &tent::transport::WorkerCtx,
+        _: &mut [tent::transport::SliceCompletion],
+    ) -> usize {
+        0
+    }
+
+    fn abort(&self, _: &tent::transport::WorkerCtx, _: u64, _: tent::ErrorKind) {}
+}
+
+/// A request whose transport is getting ready (`Later`) does not hold a
+/// small local op of its priority on the task path: the dispatch would pass
+/// over the waiting request, so the op completes at intake (issue 16; a
+/// stalled peer must not slow a local ring on the same worker). A queued
+/// request that is ready holds it (the first test above).
+#[test]
+fn a_request_waiting_on_its_transport_does_not_hold_small_ops_back() {
+    let e = Engine::new(test_config()).unwrap();
+    let not_yet = Arc::new(NotYet::default());
+    e.swap_transport(
+        TransportKind::Shm,
+        Some(not_yet.clone() as Arc<dyn Transport>),
+    );
+    let src = e.allocate_memory(1 << 16).unwrap();
+    let dst = e.allocate_memory(1 << 16).unwrap();
+    let mut ring = e.ring_with_depth(64).unwrap();
+    ring.submission()
+        .push(
+            local_write(&src, &dst, 4096, Priority::High)
+                .transport_hint(TransportKind::Shm)
+                .user_data(1),
+        )
+        .unwrap();
+    ring.submit().unwrap();
+    // Let the worker answer it `Later` a few times.
+    std::thread::sleep(Duration::from_millis(20));
+    let before = e.completed_inline();
+    for u in 10..110u64 {
+        ring.submission()
+            .push(local_write(&src, &dst, 8, Priority::High).user_data(u))
+            .unwrap();
+        let c = reap(&mut ring, 1);
+        assert_eq!((c[0].user_data(), c[0].result()), (u, Ok(8)));
+    }
+    let inline = e.completed_inline() - before;
+    assert!(
+        inline >= 90,
+        "{inline} of 100 small ops completed at intake behind a waiting request"
+    );
+    assert!(
+        ring.completion().next().is_none(),
+        "the waiting request completed"
+    );
+    not_yet.ready.store(true, Ordering::Relaxed);
+    let c = reap(&mut ring, 1);
+    assert_eq!((c[0].user_data(), c[0].result()), (1, Ok(4096)));
+}

@@ -266,6 +266,7 @@ impl EngineBuilder {
                     SqController::new(inflight, 0, Duration::from_millis(1))
                 }),
                 completed_ops: CachePadded::new(AtomicU64::new(0)),
+                completed_inline: CachePadded::new(AtomicU64::new(0)),
                 completed_bytes: CachePadded::new(AtomicU64::new(0)),
                 region_ack: CachePadded::new(RegionAck::default()),
                 qos: CachePadded::new(crate::qos::PriorityStats::default()),

@@ -165,6 +165,16 @@ impl Engine {
         })
     }
 
+    /// Of [`completed`](Self::completed)'s ops, how many completed at
+    /// intake, with no task (a small op on a synchronous transport with
+    /// nothing ready queued ahead of it: see `docs/ARCHITECTURE.md`).
+    pub fn completed_inline(&self) -> u64 {
+        self.workers
+            .iter()
+            .map(|w| w.completed_inline.load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// Seed 003's traffic statistics: every rail of every open segment
     /// with the bytes it carried, its bandwidth estimate and what is on it
     /// now (`Display` prints `=== Device Traffic Statistics ===`).

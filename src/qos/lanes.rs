@@ -131,6 +131,17 @@ impl PriorityLanes {
         self.lanes[p.index()].is_empty()
     }
 
+    /// May work of priority `p` go before everything queued? True when
+    /// every lane at `p` or above is empty or `waiting` (bit per priority:
+    /// each of its tasks was answered `Later` or back-pressure at the last
+    /// dispatch, which would pass over it too). Lanes below `p` never hold
+    /// it back.
+    pub fn nothing_ready_from(&self, p: Priority, waiting: u8) -> bool {
+        Priority::ALL[..=p.index()]
+            .iter()
+            .all(|q| waiting & (1 << q.index()) != 0 || self.lanes[q.index()].is_empty())
+    }
+
     /// Tasks queued in all lanes.
     pub fn len(&self) -> usize {
         self.lanes.iter().map(VecDeque::len).sum()
@@ -144,6 +155,31 @@ impl PriorityLanes {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_ready_work_at_or_above_a_priority_holds_it_back() {
+        use super::*;
+        let mut l = PriorityLanes::new(8, 1_000_000);
+        for p in Priority::ALL {
+            assert!(l.nothing_ready_from(p, 0));
+        }
+        // A LOW task: HIGH and MEDIUM may pass it, LOW may not.
+        assert!(l.push(Priority::Low, 1, 0));
+        assert!(l.nothing_ready_from(Priority::High, 0));
+        assert!(l.nothing_ready_from(Priority::Medium, 0));
+        assert!(!l.nothing_ready_from(Priority::Low, 0));
+        // Unless the last dispatch found it waiting.
+        assert!(l.nothing_ready_from(Priority::Low, 1 << Priority::Low.index()));
+        // A HIGH task holds back every priority, waiting bits of other
+        // lanes notwithstanding.
+        assert!(l.push(Priority::High, 2, 0));
+        for p in Priority::ALL {
+            assert!(!l.nothing_ready_from(p, 1 << Priority::Low.index()));
+        }
+        let all = 0b111;
+        assert!(l.nothing_ready_from(Priority::Low, all));
+        assert!(!l.nothing_ready_from(Priority::Medium, 1 << Priority::Medium.index()));
+    }
+
     use super::*;
     use crate::qos::OpenGate;
 

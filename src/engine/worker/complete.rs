@@ -30,7 +30,13 @@ impl Worker {
     /// Reap completions of posted slices from every transport instance
     /// that has some.
     pub(super) fn reap(&mut self) -> bool {
-        let now = monotonic_ns();
+        self.reap_at(&mut 0)
+    }
+
+    /// [`reap`](Self::reap) within a turn: `now` is the turn's clock (0:
+    /// not read yet), read here only once a completion needs a timestamp,
+    /// so a turn whose slices are all still out reads no clock for them.
+    pub(super) fn reap_at(&mut self, now: &mut u64) -> bool {
         let mut any = false;
         for k in 0..self.posted.len() {
             let Some(p) = self.posted[k].as_mut() else {
@@ -42,7 +48,10 @@ impl Worker {
             let n = p.transport.transport.poll(&self.ctx, &mut self.reaped);
             p.inflight = p.inflight.saturating_sub(n as u32);
             let kind = p.kind;
-            any |= self.complete_slices(kind, n, now);
+            if n > 0 && *now == 0 {
+                *now = monotonic_ns();
+            }
+            any |= self.complete_slices(kind, n, *now);
         }
         let mut d = 0;
         while d < self.draining.len() {
@@ -50,7 +59,10 @@ impl Worker {
             let n = p.transport.transport.poll(&self.ctx, &mut self.reaped);
             p.inflight = p.inflight.saturating_sub(n as u32);
             let (kind, done) = (p.kind, p.inflight == 0);
-            any |= self.complete_slices(kind, n, now);
+            if n > 0 && *now == 0 {
+                *now = monotonic_ns();
+            }
+            any |= self.complete_slices(kind, n, *now);
             if done {
                 self.draining.swap_remove(d);
             } else {

@@ -257,6 +257,7 @@ impl Worker {
                 break;
             }
         }
+        self.waiting = waiting;
         self.note_gate(waiting, now);
         work
     }

@@ -135,6 +135,7 @@ impl Worker {
         // while not at the head): one entry only.
         self.lanes.retain(|x| x != i);
         let queued = self.lanes.push(priority, i, monotonic_ns());
+        self.waiting &= !(1 << priority.index());
         debug_assert!(queued, "lanes are as large as the task table");
         true
     }

@@ -118,6 +118,7 @@ impl Worker {
                 self.count_live(v.priority, true);
                 // Lanes are as large as the task table: this cannot fail.
                 let queued = self.lanes.push(v.priority, i, now);
+                self.waiting &= !(1 << v.priority.index());
                 debug_assert!(queued);
             }
         }
@@ -126,8 +127,10 @@ impl Worker {
     /// The fast path for a small op on a synchronous transport (local,
     /// shm): one that fits one slice is moved here, at intake, and its CQE
     /// written, with no task slot, lane or dispatch. Taken only when that
-    /// cannot reorder anything: every lane is empty (no older work of any
-    /// priority waits), the slot gate is open to its priority, and the
+    /// cannot reorder anything the task path would not: no work of its
+    /// priority or above is queued, except work the last dispatch found
+    /// waiting (answered `Later`, or back-pressure), which the dispatch
+    /// passes over too; the slot gate is open to its priority; and the
     /// turn's byte budget has room (the copy is charged as dispatch would
     /// charge it). It keeps what the task path records: QoS accepted and
     /// queue wait (0), the gate's demand edges, the completion counters.
@@ -144,7 +147,10 @@ impl Worker {
         sqe: &Sqe,
         now: u64,
     ) -> bool {
-        if !matches!(origin, Origin::Ring(_)) || !self.lanes.is_empty() || self.turn_budget == 0 {
+        if !matches!(origin, Origin::Ring(_))
+            || self.turn_budget == 0
+            || !self.lanes.nothing_ready_from(v.priority, self.waiting)
+        {
             return false;
         }
         let len = sqe.len();
@@ -201,6 +207,9 @@ impl Worker {
         };
         self.deliver_task(origin, user_data, res, done, served);
         self.count_live(p, false);
+        // Single writer (this worker): a plain store, no locked RMW.
+        let s = &self.shared.completed_inline;
+        s.store(s.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         true
     }
 

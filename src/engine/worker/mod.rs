@@ -136,6 +136,8 @@ pub(crate) struct WorkerShared {
     /// read it (`Engine::credits_in_flight`).
     pub credits: [SqController; 5],
     pub completed_ops: CachePadded<AtomicU64>,
+    /// Of those, completed at intake with no task (`complete_inline`).
+    pub completed_inline: CachePadded<AtomicU64>,
     pub completed_bytes: CachePadded<AtomicU64>,
     /// Its side of the unregister handshake (`Worker::ack_unregister`).
     pub region_ack: CachePadded<RegionAck>,
@@ -220,6 +222,11 @@ pub(crate) struct Worker {
     /// (nothing else to post): the worker naps `gate.recheck_after()`
     /// instead of spinning on it.
     gated: bool,
+    /// Lanes whose every task the last dispatch found waiting (`Later`, or
+    /// back-pressure with slices in flight; bit per priority), with nothing
+    /// pushed into them since: intake's inline path may pass them, as the
+    /// dispatch's rotation would.
+    waiting: u8,
     /// Lanes the gate held back at the last look (bit per priority): a
     /// hold is counted once per closing.
     held: u8,
@@ -325,6 +332,7 @@ impl Worker {
             later: false,
             gated: false,
             held: 0,
+            waiting: 0,
             high_headroom: cfg.max_inflight_slices / 8,
             live: [0; 2],
             turn_budget: TURN_BYTES,
@@ -458,7 +466,7 @@ impl Worker {
             self.housekeeping(now);
         }
         if self.async_inflight > 0 {
-            work |= self.reap();
+            work |= self.reap_at(&mut now);
         }
         self.flush_cqs();
         work
