@@ -228,6 +228,12 @@ impl Worker {
                     // Intake reserved this slot: the push cannot fail.
                     let pushed = cq.push(cqe).is_ok();
                     debug_assert!(pushed, "CQ slot was reserved at intake");
+                    // Published every CQ_PUBLISH_EVERY within a turn, not
+                    // only at its end: the application reaps and refills
+                    // while the worker works on the rest of the turn.
+                    if cq.pending() >= CQ_PUBLISH_EVERY {
+                        cq.sync();
+                    }
                 }
                 ring.outstanding = ring.outstanding.saturating_sub(1);
                 ring.cq_dirty = true;

@@ -68,6 +68,12 @@ const TURN_BYTES: u64 = 4 << 20;
 /// request behind a copying LOW stream waits that long, not the 300 µs of
 /// 4 MiB.
 const SYNC_BYTE_WEIGHT: u64 = 16;
+/// CQEs a worker writes into a ring before it publishes them mid-turn
+/// (the rest at the turn's end, with the wake-up check). Publishing only
+/// at the end made the application and the worker take turns: at 32 in
+/// flight, 8 B shm WRITEs went from 7.5-8.4 to 13-15 M ops/s with it
+/// (4 and 16 measured the same; each publish is one more line transfer).
+const CQ_PUBLISH_EVERY: usize = 8;
 /// SQEs taken from one ring per turn.
 const INTAKE_PER_RING: usize = 64;
 /// Deadline and cancel sweep period.
