@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 use crate::entry::{Cqe, Sqe};
+use crate::region::{Region, RegionType};
 
 /// Ask the core to start fetching `p`'s cache line. A hint only: not an
 /// access in the memory model, and it never faults.
@@ -50,7 +51,6 @@ fn prefetch<T>(p: *const T) {
     #[cfg(not(all(target_arch = "x86_64", not(miri), not(loom))))]
     let _ = p;
 }
-use crate::region::{Region, RegionType};
 
 /// Marker for types that can live in a ring: plain-old-data, every bit pattern
 /// valid, no `Drop`.

@@ -155,31 +155,6 @@ impl PriorityLanes {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn only_ready_work_at_or_above_a_priority_holds_it_back() {
-        use super::*;
-        let mut l = PriorityLanes::new(8, 1_000_000);
-        for p in Priority::ALL {
-            assert!(l.nothing_ready_from(p, 0));
-        }
-        // A LOW task: HIGH and MEDIUM may pass it, LOW may not.
-        assert!(l.push(Priority::Low, 1, 0));
-        assert!(l.nothing_ready_from(Priority::High, 0));
-        assert!(l.nothing_ready_from(Priority::Medium, 0));
-        assert!(!l.nothing_ready_from(Priority::Low, 0));
-        // Unless the last dispatch found it waiting.
-        assert!(l.nothing_ready_from(Priority::Low, 1 << Priority::Low.index()));
-        // A HIGH task holds back every priority, waiting bits of other
-        // lanes notwithstanding.
-        assert!(l.push(Priority::High, 2, 0));
-        for p in Priority::ALL {
-            assert!(!l.nothing_ready_from(p, 1 << Priority::Low.index()));
-        }
-        let all = 0b111;
-        assert!(l.nothing_ready_from(Priority::Low, all));
-        assert!(!l.nothing_ready_from(Priority::Medium, 1 << Priority::Medium.index()));
-    }
-
     use super::*;
     use crate::qos::OpenGate;
 
@@ -257,5 +232,29 @@ mod tests {
         );
         let skip_all = skip_high | 1 << Priority::Low.index();
         assert!(l.next_except(&gate, skip_all, 0).is_none());
+    }
+
+    #[test]
+    fn only_ready_work_at_or_above_a_priority_holds_it_back() {
+        let mut l = PriorityLanes::new(8, 1_000_000);
+        for p in Priority::ALL {
+            assert!(l.nothing_ready_from(p, 0));
+        }
+        // A LOW task: HIGH and MEDIUM may pass it, LOW may not.
+        assert!(l.push(Priority::Low, 1, 0));
+        assert!(l.nothing_ready_from(Priority::High, 0));
+        assert!(l.nothing_ready_from(Priority::Medium, 0));
+        assert!(!l.nothing_ready_from(Priority::Low, 0));
+        // Unless the last dispatch found it waiting.
+        assert!(l.nothing_ready_from(Priority::Low, 1 << Priority::Low.index()));
+        // A HIGH task holds back every priority, waiting bits of other
+        // lanes notwithstanding.
+        assert!(l.push(Priority::High, 2, 0));
+        for p in Priority::ALL {
+            assert!(!l.nothing_ready_from(p, 1 << Priority::Low.index()));
+        }
+        let all = 0b111;
+        assert!(l.nothing_ready_from(Priority::Low, all));
+        assert!(!l.nothing_ready_from(Priority::Medium, 1 << Priority::Medium.index()));
     }
 }

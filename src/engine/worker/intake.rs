@@ -126,12 +126,12 @@ impl Worker {
 
     /// The fast path for a small op on a synchronous transport (local,
     /// shm): one that fits one slice is moved here, at intake, and its CQE
-    /// written, with no task slot, lane or dispatch. Taken only when that
-    /// cannot reorder anything the task path would not: no work of its
-    /// priority or above is queued, except work the last dispatch found
-    /// waiting (answered `Later`, or back-pressure), which the dispatch
-    /// passes over too; the slot gate is open to its priority; and the
-    /// turn's byte budget has room (the copy is charged as dispatch would
+    /// written, with no task slot, lane or dispatch. Taken only for a HIGH
+    /// request (nothing unread can be more urgent), when no HIGH work is
+    /// queued ahead of it except work the last dispatch found waiting
+    /// (answered `Later`, or back-pressure), which the dispatch passes
+    /// over too; the slot gate is open to HIGH; and the turn's byte budget
+    /// has room (the copy is charged as dispatch would
     /// charge it). It keeps what the task path records: QoS accepted and
     /// queue wait (0), the gate's demand edges, the completion counters.
     /// A ring request only: a batch task's admission and cancel live on
@@ -147,7 +147,11 @@ impl Worker {
         sqe: &Sqe,
         now: u64,
     ) -> bool {
-        if !matches!(origin, Origin::Ring(_))
+        // HIGH only: intake takes SQEs in ring order, and a LOW or MEDIUM op
+        // done here would go before a HIGH one published with it but not
+        // read yet, which the lanes would have served first.
+        if v.priority != Priority::High
+            || !matches!(origin, Origin::Ring(_))
             || self.turn_budget == 0
             || !self.lanes.nothing_ready_from(v.priority, self.waiting)
         {
@@ -189,7 +193,14 @@ impl Worker {
             .submit(&self.ctx, std::slice::from_ref(&slice), &mut outcome);
         let res = match dispatch::judge(outcome[0], self.async_inflight > 0) {
             dispatch::Verdict::Done(res) => res,
-            _ => return false,
+            verdict => {
+                // A synchronous transport never leaves a slice in flight.
+                debug_assert!(
+                    verdict != dispatch::Verdict::Posted,
+                    "synchronous transport posted"
+                );
+                return false;
+            }
         };
         self.turn_budget = self
             .turn_budget
@@ -214,6 +225,7 @@ impl Worker {
     }
 
     fn validate(&mut self, sqe: &Sqe, now: u64) -> Result<Accepted, ErrorKind> {
+        self.refresh_slots();
         // A flag bit or reserved byte this version does not know: a newer
         // client's request, refused rather than run with part of it ignored.
         if sqe.has_unknown_fields() {

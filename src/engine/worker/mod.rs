@@ -386,6 +386,9 @@ impl Worker {
             let now = monotonic_ns();
             if now >= self.next_housekeeping {
                 self.housekeeping(now);
+                // A task it stopped (deadline, cancel) has its completion
+                // written: publish it now, not after the park ahead.
+                self.flush_cqs();
             } else {
                 // Idle (and before every park): an unregister waiting on
                 // this worker, which rang its bell, need not wait for the
@@ -435,6 +438,19 @@ impl Worker {
         tracing::debug!(worker = self.shared.index, "worker stopped");
     }
 
+    /// Reload the transport slots if one was swapped since the last look
+    /// (one Acquire load of a line written only by a swap): at every turn
+    /// and every SQE taken, so a request submitted after `swap_transport`
+    /// returned is served by what it installed.
+    #[inline]
+    fn refresh_slots(&mut self) {
+        let epoch = self.engine.transports.epoch();
+        if epoch != self.slots_epoch {
+            self.slots = self.engine.transports.load_all();
+            self.slots_epoch = epoch;
+        }
+    }
+
     /// One pass over rings, lanes and completions; true if anything moved.
     /// The clock is read only once there is something to time.
     fn turn(&mut self) -> bool {
@@ -447,11 +463,7 @@ impl Worker {
             work = true;
         }
         self.turn_budget = TURN_BYTES;
-        let epoch = self.engine.transports.epoch();
-        if epoch != self.slots_epoch {
-            self.slots = self.engine.transports.load_all();
-            self.slots_epoch = epoch;
-        }
+        self.refresh_slots();
         let mut now = 0;
         work |= self.intake(&mut now);
         if !self.lanes.is_empty() {
