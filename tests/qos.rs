@@ -507,39 +507,32 @@ fn small_ops_complete_at_intake_only_when_nothing_waits_and_the_gate_allows() {
 
     // LOW, with the gate shut to it: an 8 B op waits, however idle the
     // worker is, and goes once the gate opens.
-    gate.open.store(false, Ordering::Relaxed);
-    ring.submission()
-        .push(local_write(&src, &dst, 8, Priority::Low).user_data(4))
-        .unwrap();
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_millis(50) {
-        assert!(
-            ring.completion().next().is_none(),
-            "a LOW op completed through a gate shut to LOW"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    gate.open.store(true, Ordering::Relaxed);
-    let c = reap(&mut ring, 1);
-    assert_eq!((c[0].user_data(), c[0].result()), (4, Ok(8)));
+    let held_while_shut = |ring: &mut tent::Ring, p: Priority, user: u64, shut: &dyn Fn(bool)| {
+        shut(true);
+        ring.submission()
+            .push(local_write(&src, &dst, 8, p).user_data(user))
+            .unwrap();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(50) {
+            assert!(
+                ring.completion().next().is_none(),
+                "a {p:?} op completed through a gate shut to {p:?}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        shut(false);
+        let c = reap(ring, 1);
+        assert_eq!((c[0].user_data(), c[0].result()), (user, Ok(8)));
+    };
+    held_while_shut(&mut ring, Priority::Low, 4, &|shut| {
+        gate.open.store(!shut, Ordering::Relaxed)
+    });
 
     // HIGH, with the gate shut to it (a gate may): an 8 B HIGH op, which
     // would otherwise complete at intake, waits too.
-    gate.high_shut.store(true, Ordering::Relaxed);
-    ring.submission()
-        .push(local_write(&src, &dst, 8, Priority::High).user_data(5))
-        .unwrap();
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_millis(50) {
-        assert!(
-            ring.completion().next().is_none(),
-            "a HIGH op completed through a gate shut to HIGH"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    gate.high_shut.store(false, Ordering::Relaxed);
-    let c = reap(&mut ring, 1);
-    assert_eq!((c[0].user_data(), c[0].result()), (5, Ok(8)));
+    held_while_shut(&mut ring, Priority::High, 5, &|shut| {
+        gate.high_shut.store(shut, Ordering::Relaxed)
+    });
 }
 
 /// A HIGH request submitted together with small LOW ones, after them in the

@@ -49,13 +49,7 @@ impl Engine {
         if segment == SegmentId::LOCAL {
             return Ok(true);
         }
-        let table = self.shared.segments.load_full();
-        let seg = table.get(segment).ok_or_else(|| {
-            Error::new(
-                ErrorKind::SegmentNotFound,
-                format!("segment {} is not open", segment.0),
-            )
-        })?;
+        let seg = self.open_segment_by_id(segment)?;
         let (host, pid) = match seg.kind() {
             SegmentKind::Local => return Ok(true),
             SegmentKind::Shm(peer) if !crate::control::is_p2p_name(seg.name()) => {
@@ -228,12 +222,7 @@ impl Engine {
                     .iter()
                     .find(|s| s.id() == id)
                     .cloned()
-                    .ok_or_else(|| {
-                        Error::new(
-                            ErrorKind::SegmentNotFound,
-                            format!("segment {} is not open", id.0),
-                        )
-                    })?,
+                    .ok_or_else(|| not_open(id))?,
             }
         };
         self.drain_epoch(
@@ -256,13 +245,7 @@ impl Engine {
 
     /// The regions a segment offers (addresses are what remote offsets name).
     pub fn segment_regions(&self, id: SegmentId) -> Result<Vec<RemoteRegion>> {
-        let table = self.shared.segments.load();
-        let seg = table.get(id).ok_or_else(|| {
-            Error::new(
-                ErrorKind::SegmentNotFound,
-                format!("segment {} is not open", id.0),
-            )
-        })?;
+        let seg = self.open_segment_by_id(id)?;
         Ok(match seg.kind() {
             SegmentKind::Local => self
                 .shared
@@ -288,6 +271,16 @@ impl Engine {
         })
     }
 
+    /// The open segment `id`, or `SegmentNotFound`.
+    fn open_segment_by_id(&self, id: SegmentId) -> Result<Arc<Segment>> {
+        self.shared
+            .segments
+            .load()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| not_open(id))
+    }
+
     /// The shm attachment of an open segment (tests present wrong keys through it).
     pub fn segment_peer(&self, id: SegmentId) -> Option<Arc<ShmPeer>> {
         match self.shared.segments.load().get(id)?.kind() {
@@ -295,4 +288,12 @@ impl Engine {
             SegmentKind::Local | SegmentKind::Remote(_) => None,
         }
     }
+}
+
+/// What a call naming a segment that is not open gets.
+fn not_open(id: SegmentId) -> Error {
+    Error::new(
+        ErrorKind::SegmentNotFound,
+        format!("segment {} is not open", id.0),
+    )
 }

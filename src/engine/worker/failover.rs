@@ -68,22 +68,21 @@ impl Worker {
         };
         let (rank, to) = match next_transport(count, max, next) {
             Ok(to) => to,
-            Err(Exhausted::Limit) => {
-                crate::lograte::warn_limited!(
-                key,
-                %peer,
-                %cause,
-                    "Task failover limit reached ({max}), last transport={from}"
-                );
-                return self.exhaust(i, cause);
-            }
-            Err(Exhausted::NoneLeft) => {
-                crate::lograte::warn_limited!(
-                    key,
-                    %peer,
-                    %cause,
-                    "No more transports available after {from} failed"
-                );
+            Err(why) => {
+                match why {
+                    Exhausted::Limit => crate::lograte::warn_limited!(
+                        key,
+                        %peer,
+                        %cause,
+                        "Task failover limit reached ({max}), last transport={from}"
+                    ),
+                    Exhausted::NoneLeft => crate::lograte::warn_limited!(
+                        key,
+                        %peer,
+                        %cause,
+                        "No more transports available after {from} failed"
+                    ),
+                }
                 return self.exhaust(i, cause);
             }
         };

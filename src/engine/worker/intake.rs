@@ -169,9 +169,8 @@ impl Worker {
         if !caps.synchronous || len > one_slice || !self.engine.gate.can_send(v.priority, now) {
             return false;
         }
-        // SAFETY: the segment is in this worker's cached table, which holds
-        // it until the next load (as in `validate`); no load happens before
-        // `submit` returns.
+        // No table load happens between `validate` and `submit` returning.
+        // SAFETY: the segment is in this worker's cached table, which holds it until the next load (as in `validate`).
         let segment = unsafe { v.segment.get() };
         // SAFETY: the region is in this worker's cached table, as above.
         let region = unsafe { v.region.get() };
