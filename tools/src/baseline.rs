@@ -161,8 +161,12 @@ pub fn tcp_stream_gbps(size: u64, conns: usize, dur: Duration) -> f64 {
 /// (on `app`) to an echo thread (on `worker`) that answers each with a CQE
 /// through a completion ring, as the engine's worker does but with no
 /// engine work between; the application refills as CQEs arrive, as
-/// tent-bench's points do. M round trips a second: the floor for small
-/// ops with a CQE each between these two cores.
+/// tent-bench's points do. Both sides publish every `PUBLISH_EVERY`
+/// entries rather than once per pass, so the two cores overlap instead of
+/// taking turns: at 32 in flight this moves the rings alone from 16-19 to
+/// 24-27 M round trips/s here, and it is the best these rings do, hence the
+/// honest floor. M round trips a second: the floor for small ops with a
+/// CQE each between these two cores.
 pub fn ring_round_trip_mops(
     batch: usize,
     app: Option<usize>,
@@ -171,6 +175,7 @@ pub fn ring_round_trip_mops(
 ) -> f64 {
     use tent_rings::spsc;
     use tent_rings::{Cqe, LocalAddr, RemoteAddr, SegmentId, Sqe, op};
+    const PUBLISH_EVERY: usize = 4;
     let depth = (batch * 2).max(64).next_power_of_two() as u32;
     let (mut sq, mut sq_rx) = spsc::channel::<Sqe>(depth).expect("ring depth");
     let (mut cq_tx, mut cq) = spsc::channel::<Cqe>(depth).expect("ring depth");
@@ -186,6 +191,10 @@ pub fn ring_round_trip_mops(
                 // The CQ has room: at most `batch` are in flight.
                 let _ = cq_tx.push(Cqe::new(sqe.user_data(), Ok(sqe.len())));
                 n += 1;
+                if n % PUBLISH_EVERY == 0 {
+                    cq_tx.sync();
+                    sq_rx.sync();
+                }
             }
             if n > 0 {
                 sq_rx.sync();
@@ -210,6 +219,9 @@ pub fn ring_round_trip_mops(
         for _ in 0..64 {
             while in_flight < batch && sq.push(sqe).is_ok() {
                 in_flight += 1;
+                if sq.pending() == PUBLISH_EVERY {
+                    sq.sync();
+                }
             }
             sq.sync();
             let mut reaped = 0;
