@@ -455,3 +455,27 @@ fn tent_rings_no_failover() -> u8 {
     .build()
     .flags()
 }
+
+/// `Engine::local_addr` (what the bindings use to turn a raw address into
+/// a region and offset) answers only for ranges wholly inside one region.
+#[test]
+fn local_addr_finds_the_region_holding_a_range_and_refuses_the_rest() {
+    let e = engine();
+    let a = buf(&e, 4096);
+    let b = buf(&e, 8192);
+    assert_eq!(
+        e.local_addr(b.addr() + 100, 8092).unwrap(),
+        LocalAddr::new(b.id(), 100)
+    );
+    assert_eq!(
+        e.local_addr(a.addr(), 1).unwrap(),
+        LocalAddr::new(a.id(), 0)
+    );
+    let kind = |addr: u64, len: u64| e.local_addr(addr, len).unwrap_err().kind();
+    assert_eq!(kind(a.addr(), 0), ErrorKind::InvalidArgument);
+    assert_eq!(kind(a.addr() + 4000, 97), ErrorKind::OutOfBounds);
+    assert_eq!(kind(a.addr() + 1, u64::MAX), ErrorKind::OutOfBounds);
+    assert_eq!(kind(8, 8), ErrorKind::AddressNotRegistered);
+    e.unregister_memory(a.id()).unwrap();
+    assert_eq!(kind(a.addr(), 1), ErrorKind::AddressNotRegistered);
+}

@@ -77,6 +77,34 @@ impl Engine {
         Ok(Buffer { region })
     }
 
+    /// Where `[addr, addr + len)` lies in registered memory: its region
+    /// and the offset into it, for callers that hold raw addresses (TENT's
+    /// requests name their source by address; the C and Python bindings
+    /// use this).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a zero length; `AddressNotRegistered` when no
+    /// registered region holds `addr`; `OutOfBounds` when one does but the
+    /// range runs past its end (an end past `u64::MAX` included).
+    pub fn local_addr(&self, addr: u64, len: u64) -> Result<tent_rings::LocalAddr> {
+        if len == 0 {
+            return Err(Error::invalid("local_addr: zero length"));
+        }
+        let table = self.shared.regions.load();
+        let (region, _) = table.find_addr(addr, len).map_err(|kind| {
+            Error::new(
+                kind,
+                format!(
+                    "[{addr:#x}, +{len}) is not inside one registered region (allocate or register it first)"
+                ),
+            )
+        })?;
+        Ok(tent_rings::LocalAddr::new(
+            region.id(),
+            addr - region.addr(),
+        ))
+    }
+
     /// Register `region` on every RDMA NIC (a no-op without RDMA).
     ///
     /// # Safety
