@@ -23,6 +23,9 @@
 //!   peer's per-worker view of its table).
 //! - [`refusals`]: refused connections held a moment so their busy answer
 //!   is read (control server and TCP data server).
+//! - [`notify`]: notifications to peers, alone or after a submission's
+//!   data landed (over the control plane: an outbox lane per peer, an
+//!   inbox per engine).
 //! - [`metrics`]: failover and rail counters, Prometheus text.
 //! - [`error`]: the error taxonomy; [`lograte`]: failure logs once per cause
 //!   per second (`warn_limited!`); [`deadline`]: socket I/O bounded by one
@@ -43,6 +46,7 @@ pub mod lograte;
 pub mod memory;
 pub mod metrics;
 pub mod netlink;
+pub mod notify;
 pub mod qos;
 pub mod refusals;
 pub mod segment;
@@ -51,8 +55,9 @@ pub mod transport;
 mod worker_ctx;
 
 pub use config::Config;
-pub use engine::{BatchId, Buffer, Engine, EngineBuilder, Ring, TaskState, TaskStatus};
+pub use engine::{BatchId, BlockList, Buffer, Engine, EngineBuilder, Ring, TaskState, TaskStatus};
 pub use error::{Error, ErrorKind, Result};
+pub use notify::{Notification, Received};
 pub use tent_rings::{
     Cqe, FAILOVER_EXHAUSTED, LocalAddr, Opcode, Priority, RegionId, RemoteAddr, SegmentId, Sqe,
     TransportKind, op,

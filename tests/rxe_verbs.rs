@@ -566,7 +566,7 @@ fn rxe_responder_files_passive_qps_by_initiator_replaces_on_reconnect_and_never_
     let nics = Arc::new(NicSet::open(&["rxe0".to_owned()], None).unwrap());
     let responder = Arc::new(Responder::with_capacity(nics.clone(), 2));
     let r = responder.clone();
-    let server = ControlServer::start_with_qp(
+    let server = ControlServer::start_with(
         "127.0.0.1",
         0,
         None,
@@ -576,7 +576,10 @@ fn rxe_responder_files_passive_qps_by_initiator_replaces_on_reconnect_and_never_
                 ..Default::default()
             }) as Arc<DescriptorFn>
         },
-        Some(Arc::new(move |req: &QpRequest| r.accept(req))),
+        tent::control::server::Services {
+            qp: Some(Arc::new(move |req: &QpRequest| r.accept(req))),
+            notify: None,
+        },
     )
     .unwrap();
     let name = server.local_addr().to_string();

@@ -6,7 +6,9 @@ use std::time::Duration;
 use tent_rings::ErrorKind;
 
 use super::auth::{self, Door};
-use super::wire::{self, Message, QpBootstrap, QpRequest, SegmentDescriptor, WireError};
+use super::wire::{
+    self, Message, NotifyFrame, QpBootstrap, QpRequest, SegmentDescriptor, WireError,
+};
 use crate::error::{Error, Result};
 
 /// Does `name` look like a p2p segment name (`ip:port`)?
@@ -70,6 +72,27 @@ pub fn connect_qp(
     match read(&mut s, peer)? {
         Message::QpAccept { qp } => Ok(qp),
         other => Err(unexpected(peer, "QpAccept", other)),
+    }
+}
+
+/// An authenticated control connection to `peer` for notifications; the
+/// sender keeps it open between them (`notify` on it, one at a time).
+pub fn notify_session(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> Result<TcpStream> {
+    session(peer, secret, timeout)
+}
+
+/// Send one notification on `s` and wait for the peer to acknowledge it:
+/// `Ok` once it is in the peer's inbox. A refusal comes back with the
+/// peer's kind (`SqFull`: its inbox is full, try again later).
+pub fn notify(s: &mut TcpStream, peer: &str, frame: &NotifyFrame) -> Result<()> {
+    wire::write_message(s, &Message::Notify(frame.clone())).map_err(|e| wire_err(peer, e))?;
+    match read(s, peer)? {
+        Message::NotifyAck { seq } if seq == frame.seq => Ok(()),
+        Message::NotifyAck { seq } => Err(Error::invalid(format!(
+            "{peer} acknowledged notification {seq} where {} was sent",
+            frame.seq
+        ))),
+        other => Err(unexpected(peer, "NotifyAck", other)),
     }
 }
 

@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 use tent_rings::ErrorKind;
 
 use super::auth::{self, Door};
-use super::wire::{self, Message, QpBootstrap, QpRequest, SegmentDescriptor, WireError};
+use super::wire::{
+    self, Message, NotifyFrame, QpBootstrap, QpRequest, SegmentDescriptor, WireError,
+};
 use crate::deadline::ByDeadline;
 use crate::error::{Error, Result};
 use crate::refusals::Refusals;
@@ -57,6 +59,20 @@ pub type DescriptorFn = dyn Fn() -> SegmentDescriptor + Send + Sync;
 /// NIC, initiator's end) → this side's end, already connected.
 pub type QpConnectFn = dyn Fn(&QpRequest) -> Result<QpBootstrap> + Send + Sync;
 
+/// Files a peer's notification (the engine's inbox): `Ok` is answered
+/// with an acknowledgement, an error with its kind (`SqFull`: full).
+pub type NotifyFn = dyn Fn(NotifyFrame) -> Result<()> + Send + Sync;
+
+/// What the server answers besides descriptors: `QpConnect` (RDMA) and
+/// `Notify`. Without one, such a request is refused with `Unreachable`.
+#[derive(Default, Clone)]
+pub struct Services {
+    /// Connects an RC QP for a peer.
+    pub qp: Option<Arc<QpConnectFn>>,
+    /// Files a peer's notification.
+    pub notify: Option<Arc<NotifyFn>>,
+}
+
 /// A running control server; stops when dropped.
 pub struct ControlServer {
     addr: SocketAddr,
@@ -81,17 +97,17 @@ impl ControlServer {
         secret: Option<Vec<u8>>,
         describe: impl FnOnce(SocketAddr) -> Arc<DescriptorFn>,
     ) -> Result<ControlServer> {
-        Self::start_with_qp(host, port, secret, describe, None)
+        Self::start_with(host, port, secret, describe, Services::default())
     }
 
-    /// [`ControlServer::start`], also answering `QpConnect` with `qp`
-    /// (without it, such a request gets an `Unreachable` error).
-    pub fn start_with_qp(
+    /// [`ControlServer::start`], also answering `QpConnect` and `Notify`
+    /// with `services`.
+    pub fn start_with(
         host: &str,
         port: u16,
         secret: Option<Vec<u8>>,
         describe: impl FnOnce(SocketAddr) -> Arc<DescriptorFn>,
-        qp: Option<Arc<QpConnectFn>>,
+        services: Services,
     ) -> Result<ControlServer> {
         let listener = TcpListener::bind((host, port)).map_err(|e| {
             Error::new(
@@ -109,7 +125,7 @@ impl ControlServer {
         let secret = secret.map(Arc::new);
         let thread = std::thread::Builder::new()
             .name(format!("tent-control-{}", addr.port()))
-            .spawn(move || accept_loop(listener, stop2, secret, describe, qp))
+            .spawn(move || accept_loop(listener, stop2, secret, describe, services))
             .map_err(|e| {
                 Error::new(ErrorKind::OutOfMemory, "spawn control server").with_source(e)
             })?;
@@ -237,7 +253,7 @@ fn accept_loop(
     stop: Arc<AtomicBool>,
     secret: Option<Arc<Vec<u8>>>,
     describe: Arc<DescriptorFn>,
-    qp: Option<Arc<QpConnectFn>>,
+    services: Services,
 ) {
     let live = Arc::new(Live::default());
     let epoch = Instant::now();
@@ -267,7 +283,7 @@ fn accept_loop(
             continue;
         };
         let (secret, describe, live2) = (secret.clone(), describe.clone(), live.clone());
-        let qp = qp.clone();
+        let services = services.clone();
         let id = slot.id;
         let spawned = std::thread::Builder::new()
             .name("tent-control-conn".into())
@@ -278,7 +294,7 @@ fn accept_loop(
                     slot: &slot,
                     epoch,
                 };
-                let served = serve(&mut t, secret, &*describe, qp.as_deref());
+                let served = serve(&mut t, secret, &*describe, &services);
                 if slot.evicted.load(Ordering::Acquire) {
                     // Evicted (the slot is already someone else's): a
                     // clean refusal the client retries on.
@@ -323,7 +339,7 @@ fn serve(
     s: &mut Timed<'_>,
     secret: Option<&[u8]>,
     describe: &DescriptorFn,
-    qp: Option<&QpConnectFn>,
+    services: &Services,
 ) -> std::result::Result<(), Close> {
     let _ = s.s.get_ref().set_nodelay(true);
     let client_nonce = match wire::read_message(s)? {
@@ -409,7 +425,7 @@ fn serve(
             Message::QpConnect(req) => {
                 // A refused QP is an answer, not a protocol error: the
                 // connection stays open for another request.
-                let reply = match qp.map(|f| f(&req)) {
+                let reply = match services.qp.as_deref().map(|f| f(&req)) {
                     Some(Ok(ours)) => Message::QpAccept { qp: ours },
                     Some(Err(e)) => Message::Error {
                         code: e.kind().code(),
@@ -422,7 +438,26 @@ fn serve(
                 };
                 wire::write_message(s, &reply)?
             }
-            other => return Err(unexpected(s, "GetDescriptor or QpConnect", &other)),
+            Message::Notify(frame) => {
+                // A refusal (a full inbox) is an answer too; the sender
+                // tries again on this connection.
+                let seq = frame.seq;
+                let reply = match services.notify.as_deref().map(|f| f(frame)) {
+                    Some(Ok(())) => Message::NotifyAck { seq },
+                    Some(Err(e)) => Message::Error {
+                        code: e.kind().code(),
+                        text: e.to_string(),
+                    },
+                    None => Message::Error {
+                        code: ErrorKind::Unreachable.code(),
+                        text: "this engine takes no notifications".into(),
+                    },
+                };
+                wire::write_message(s, &reply)?
+            }
+            other => {
+                return Err(unexpected(s, "GetDescriptor, QpConnect or Notify", &other));
+            }
         }
     }
 }

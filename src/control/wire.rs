@@ -68,6 +68,12 @@
 //! |                     | `0x0005` | `qpn`           | u32, required                      |
 //! |                     | `0x0006` | `psn`           | u32, required                      |
 //! |                     | `0x0007` | `mtu`           | u32 (an `ibv_mtu`), required       |
+//! | `Notify` (10)       | `0x0001` | `sender`        | u64 engine id, non-zero, required  |
+//! |                     | `0x0002` | `from`          | string ≤ [`MAX_NAME`], required    |
+//! |                     | `0x0003` | `seq`           | u64, non-zero, required            |
+//! |                     | `0x0004` | `name`          | string ≤ [`MAX_NOTIFY_NAME`], required |
+//! |                     | `0x0005` | `msg`           | bytes ≤ [`MAX_NOTIFY_MSG`], required |
+//! | `NotifyAck` (11)    | `0x0001` | `seq`           | u64, required                      |
 //! | initiator record    | `0x0001` | `engine`        | u64, non-zero, required            |
 //! |                     | `0x0002` | `worker`        | u16 < [`MAX_QP_WORKERS`], required |
 //! |                     | `0x0003` | `rail`          | u16 < [`MAX_QP_RAILS`], required   |
@@ -93,6 +99,10 @@ pub const MAX_BODY: u32 = 1 << 20;
 pub const MAX_NAME: usize = 256;
 /// Longest shared-memory object name, in bytes.
 pub const MAX_SHM_NAME: usize = 200;
+/// Longest name of a notification, in bytes.
+pub const MAX_NOTIFY_NAME: usize = 256;
+/// Longest message of a notification, in bytes.
+pub const MAX_NOTIFY_MSG: usize = 4096;
 /// Longest text of an [`Message::Error`], in bytes.
 pub const MAX_MESSAGE_TEXT: usize = 1024;
 /// Most regions one descriptor may list.
@@ -131,6 +141,10 @@ const TYPE_DESCRIPTOR: u16 = 6;
 const TYPE_ERROR: u16 = 7;
 const TYPE_QP_CONNECT: u16 = 8;
 const TYPE_QP_ACCEPT: u16 = 9;
+const TYPE_NOTIFY: u16 = 10;
+const TYPE_NOTIFY_ACK: u16 = 11;
+/// The highest type this side knows.
+const TYPE_LAST: u16 = TYPE_NOTIFY_ACK;
 
 const HELLO_NONCE: u16 = 0x0001;
 const CHALLENGE_NONCE: u16 = 0x0001;
@@ -168,8 +182,31 @@ const QPI_RAIL: u16 = 0x0003;
 const QPI_QUEUE: u16 = 0x0004;
 const RAIL_NAME: u16 = 0x0001;
 const RAIL_ADDR: u16 = 0x0002;
+const NOTIFY_SENDER: u16 = 0x0001;
+const NOTIFY_FROM: u16 = 0x0002;
+const NOTIFY_SEQ: u16 = 0x0003;
+const NOTIFY_NAME: u16 = 0x0004;
+const NOTIFY_MSG: u16 = 0x0005;
+const ACK_SEQ: u16 = 0x0001;
 const ERROR_CODE: u16 = 0x0001;
 const ERROR_TEXT: u16 = 0x0002;
+
+/// One notification on the wire. `sender` (the sending engine's random id)
+/// and `seq` (1, 2, ... per sender and receiver) let the receiver take a
+/// resend after a lost answer as what it is: exactly once, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotifyFrame {
+    /// The sending engine's id (non-zero).
+    pub sender: u64,
+    /// The sending engine's segment name.
+    pub from: String,
+    /// Its number in the sender's stream to this receiver (from 1).
+    pub seq: u64,
+    /// The notification's name, at most [`MAX_NOTIFY_NAME`] bytes.
+    pub name: String,
+    /// The message, at most [`MAX_NOTIFY_MSG`] bytes.
+    pub msg: Vec<u8>,
+}
 
 /// One registered memory region a peer may access.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -402,6 +439,14 @@ pub enum Message {
         /// The target's QP.
         qp: QpBootstrap,
     },
+    /// Sender → receiver: one notification (see [`NotifyFrame`]).
+    Notify(NotifyFrame),
+    /// Receiver → sender: notification `seq` is in the receiver's inbox
+    /// (or was already: a resend after a lost answer).
+    NotifyAck {
+        /// The acknowledged sequence number.
+        seq: u64,
+    },
     /// Either way: a refusal, after which the sender closes.
     Error {
         /// A tent `ErrorKind` code.
@@ -423,6 +468,8 @@ impl Message {
             Message::Descriptor(_) => TYPE_DESCRIPTOR,
             Message::QpConnect(_) => TYPE_QP_CONNECT,
             Message::QpAccept { .. } => TYPE_QP_ACCEPT,
+            Message::Notify(_) => TYPE_NOTIFY,
+            Message::NotifyAck { .. } => TYPE_NOTIFY_ACK,
             Message::Error { .. } => TYPE_ERROR,
         }
     }
@@ -438,6 +485,8 @@ impl Message {
             Message::Descriptor(_) => "Descriptor",
             Message::QpConnect(_) => "QpConnect",
             Message::QpAccept { .. } => "QpAccept",
+            Message::Notify(_) => "Notify",
+            Message::NotifyAck { .. } => "NotifyAck",
             Message::Error { .. } => "Error",
         }
     }
@@ -607,6 +656,14 @@ pub fn encode(msg: &Message) -> Vec<u8> {
             });
         }
         Message::QpAccept { qp } => encode_qp(&mut b, qp),
+        Message::Notify(n) => {
+            b.u64(NOTIFY_SENDER, n.sender);
+            b.str(NOTIFY_FROM, &n.from);
+            b.u64(NOTIFY_SEQ, n.seq);
+            b.str(NOTIFY_NAME, &n.name);
+            b.field(NOTIFY_MSG, &n.msg);
+        }
+        Message::NotifyAck { seq } => b.u64(ACK_SEQ, *seq),
         Message::Error { code, text } => {
             b.u16(ERROR_CODE, *code);
             b.str(ERROR_TEXT, text);
@@ -686,7 +743,7 @@ fn parse_header(h: &[u8; HEADER_LEN]) -> Result<(u16, usize)> {
         return Err(WireError::UnsupportedVersion(version));
     }
     let msg_type = u16::from_le_bytes([t0, t1]);
-    if !(TYPE_HELLO..=TYPE_QP_ACCEPT).contains(&msg_type) {
+    if !(TYPE_HELLO..=TYPE_LAST).contains(&msg_type) {
         return Err(WireError::UnknownMessage(msg_type));
     }
     let body_len = u32::from_le_bytes([l0, l1, l2, l3]);
@@ -845,6 +902,20 @@ fn decode_body(msg_type: u16, body: &[u8]) -> Result<Message> {
                 qp: qp.finish("QpAccept")?,
             })
         }
+        TYPE_NOTIFY => decode_notify(body).map(Message::Notify),
+        TYPE_NOTIFY_ACK => {
+            let mut seq = None;
+            for field in Fields(body) {
+                let (tag, v) = field?;
+                match tag {
+                    ACK_SEQ => set_once(&mut seq, tag, || Ok(u64::from_le_bytes(fixed(tag, v)?)))?,
+                    _ => skip(tag),
+                }
+            }
+            Ok(Message::NotifyAck {
+                seq: required(seq, "NotifyAck", ACK_SEQ)?,
+            })
+        }
         TYPE_ERROR => {
             let (mut code, mut text) = (None, None);
             for field in Fields(body) {
@@ -866,6 +937,48 @@ fn decode_body(msg_type: u16, body: &[u8]) -> Result<Message> {
         }
         other => Err(WireError::UnknownMessage(other)),
     }
+}
+
+fn decode_notify(body: &[u8]) -> Result<NotifyFrame> {
+    let (mut sender, mut from, mut seq, mut name, mut msg) = (None, None, None, None, None);
+    let nonzero = |tag: u16, v: &[u8], what: &str| -> Result<u64> {
+        match u64::from_le_bytes(fixed(tag, v)?) {
+            0 => Err(WireError::BadField {
+                tag,
+                reason: format!("{what} 0"),
+            }),
+            n => Ok(n),
+        }
+    };
+    for field in Fields(body) {
+        let (tag, v) = field?;
+        match tag {
+            NOTIFY_SENDER => set_once(&mut sender, tag, || nonzero(tag, v, "sender"))?,
+            NOTIFY_FROM => set_once(&mut from, tag, || string(tag, v, "sender name", MAX_NAME))?,
+            NOTIFY_SEQ => set_once(&mut seq, tag, || nonzero(tag, v, "sequence number"))?,
+            NOTIFY_NAME => set_once(&mut name, tag, || {
+                string(tag, v, "notification name", MAX_NOTIFY_NAME)
+            })?,
+            NOTIFY_MSG => set_once(&mut msg, tag, || {
+                if v.len() > MAX_NOTIFY_MSG {
+                    return Err(WireError::TooLarge {
+                        what: "notification message",
+                        len: v.len(),
+                        max: MAX_NOTIFY_MSG,
+                    });
+                }
+                Ok(v.to_vec())
+            })?,
+            _ => skip(tag),
+        }
+    }
+    Ok(NotifyFrame {
+        sender: required(sender, "Notify", NOTIFY_SENDER)?,
+        from: required(from, "Notify", NOTIFY_FROM)?,
+        seq: required(seq, "Notify", NOTIFY_SEQ)?,
+        name: required(name, "Notify", NOTIFY_NAME)?,
+        msg: required(msg, "Notify", NOTIFY_MSG)?,
+    })
 }
 
 fn decode_mac(body: &[u8], msg: &'static str, mac_tag: u16) -> Result<[u8; MAC_LEN]> {
@@ -1295,6 +1408,13 @@ mod tests {
                     mtu: 5,
                 },
             },
+            Message::Notify(notify_frame()),
+            Message::Notify(NotifyFrame {
+                name: String::new(),
+                msg: Vec::new(),
+                ..notify_frame()
+            }),
+            Message::NotifyAck { seq: 3 },
             Message::Error {
                 code: 7,
                 text: "access denied".into(),
@@ -1307,6 +1427,78 @@ mod tests {
     }
 
     /// A frame around a hand-built body, for inputs `encode` never makes.
+    fn notify_frame() -> NotifyFrame {
+        NotifyFrame {
+            sender: 0xfeed,
+            from: "127.0.0.1:4000".into(),
+            seq: 1,
+            name: "kv-ready".into(),
+            msg: vec![0xab; MAX_NOTIFY_MSG],
+        }
+    }
+
+    /// A notification as a hostile peer writes it: every limit and
+    /// required field is checked before anything is kept.
+    #[test]
+    fn notify_limits_and_required_fields() {
+        let full = |f: &dyn Fn(&mut Body)| {
+            frame(TYPE_NOTIFY, |b| {
+                b.u64(NOTIFY_SENDER, 1);
+                b.str(NOTIFY_FROM, "a");
+                b.u64(NOTIFY_SEQ, 1);
+                b.str(NOTIFY_NAME, "n");
+                f(b);
+            })
+        };
+        assert!(matches!(
+            decode_err(&full(&|b| b.field(NOTIFY_MSG, &[0; MAX_NOTIFY_MSG + 1]))),
+            WireError::TooLarge {
+                max: MAX_NOTIFY_MSG,
+                ..
+            }
+        ));
+        assert!(matches!(
+            decode_err(&full(&|_| {})),
+            WireError::MissingField {
+                tag: NOTIFY_MSG,
+                ..
+            }
+        ));
+        let long_name = frame(TYPE_NOTIFY, |b| {
+            b.u64(NOTIFY_SENDER, 1);
+            b.str(NOTIFY_FROM, "a");
+            b.u64(NOTIFY_SEQ, 1);
+            b.field(NOTIFY_NAME, &[b'x'; MAX_NOTIFY_NAME + 1]);
+            b.field(NOTIFY_MSG, &[]);
+        });
+        assert!(matches!(
+            decode_err(&long_name),
+            WireError::TooLarge {
+                max: MAX_NOTIFY_NAME,
+                ..
+            }
+        ));
+        for zero in [NOTIFY_SENDER, NOTIFY_SEQ] {
+            let bytes = frame(TYPE_NOTIFY, |b| {
+                b.u64(NOTIFY_SENDER, u64::from(zero != NOTIFY_SENDER));
+                b.str(NOTIFY_FROM, "a");
+                b.u64(NOTIFY_SEQ, u64::from(zero != NOTIFY_SEQ));
+                b.str(NOTIFY_NAME, "n");
+                b.field(NOTIFY_MSG, &[]);
+            });
+            assert!(
+                matches!(decode_err(&bytes), WireError::BadField { tag, .. } if tag == zero),
+                "a zero field {zero:#x} is refused"
+            );
+        }
+        // A newer peer's extra field is skipped.
+        let extra = full(&|b| {
+            b.field(NOTIFY_MSG, b"m");
+            b.u64(0x8000, 5);
+        });
+        assert!(matches!(decode(&extra), Ok((Message::Notify(n), _)) if n.msg == b"m"));
+    }
+
     fn frame(msg_type: u16, fill: impl FnOnce(&mut Body)) -> Vec<u8> {
         let mut b = Body(Vec::new());
         fill(&mut b);
@@ -1362,7 +1554,7 @@ mod tests {
         }
         let mut names: Vec<_> = msgs.iter().map(|m| (m.type_code(), m.name())).collect();
         names.dedup();
-        assert_eq!(names.len(), 9);
+        assert_eq!(names.len(), 11);
     }
 
     #[test]
@@ -1503,7 +1695,7 @@ mod tests {
             Err(WireError::UnsupportedVersion(2))
         ));
 
-        for t in [0u16, 10, 0x8000, u16::MAX] {
+        for t in [0u16, TYPE_LAST + 1, 0x8000, u16::MAX] {
             let mut b = good.clone();
             b[6..8].copy_from_slice(&t.to_le_bytes());
             assert!(matches!(decode_err(&b), WireError::UnknownMessage(x) if x == t));

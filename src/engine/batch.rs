@@ -13,6 +13,7 @@ use tent_rings::{ErrorKind, FAILOVER_EXHAUSTED, TransportKind};
 
 use crate::error::{Error, Result};
 use crate::flow::AdmissionSlot;
+use crate::notify::outbox::Delivery;
 
 /// A task's state (TENT's names).
 #[repr(u8)]
@@ -225,6 +226,10 @@ impl BatchTask {
 pub(crate) struct Batch {
     tasks: Box<[BatchTask]>,
     used: Mutex<Usage>,
+    /// Notifications attached to its submissions
+    /// (`Engine::submit_with_notification`): the batch is not done until
+    /// each is delivered, and failed if one cannot be.
+    notes: Mutex<Vec<Arc<Delivery>>>,
 }
 
 /// Claimed task count, and whether the batch was freed; one lock so a
@@ -286,6 +291,7 @@ impl BatchTable {
         let batch = Arc::new(Batch {
             tasks: (0..capacity).map(|_| BatchTask::new()).collect(),
             used: Mutex::new(Usage::default()),
+            notes: Mutex::new(Vec::new()),
         });
         let mut slots = self.slots.lock().expect("batch table poisoned");
         let index = match slots.iter().position(|s| s.batch.is_none()) {
@@ -342,7 +348,8 @@ impl BatchTable {
         let pending = batch.tasks[..usage.used]
             .iter()
             .filter(|t| t.status().state == TaskState::Pending)
-            .count();
+            .count()
+            + batch.notes_pending();
         if pending > 0 {
             return Err(Error::invalid(format!(
                 "batch {:#x} still has {pending} pending tasks: wait for them or cancel first",
@@ -412,6 +419,26 @@ impl Batch {
         Ok(self.tasks[i].status())
     }
 
+    /// Task `i`'s status (`i` below the claimed count).
+    pub(crate) fn task_status(&self, i: usize) -> TaskStatus {
+        self.tasks[i].status()
+    }
+
+    /// Attach a notification's fate to the batch.
+    pub(crate) fn attach_note(&self, d: Arc<Delivery>) {
+        self.notes.lock().expect("batch notes poisoned").push(d);
+    }
+
+    /// Attached notifications not yet delivered (or failed).
+    fn notes_pending(&self) -> usize {
+        self.notes
+            .lock()
+            .expect("batch notes poisoned")
+            .iter()
+            .filter(|d| d.state().is_none())
+            .count()
+    }
+
     pub(crate) fn status_list(&self) -> Vec<TaskStatus> {
         let used = self.used.lock().expect("batch poisoned").used;
         self.tasks[..used].iter().map(BatchTask::status).collect()
@@ -431,13 +458,33 @@ impl Batch {
             TaskState::Completed => 1,
         };
         let worst = list.iter().max_by_key(|s| rank(s.state));
-        match worst {
+        let overall = match worst {
             None => TaskStatus::plain(TaskState::Initial, 0, None),
             Some(w) => TaskStatus {
                 transferred_bytes: bytes,
                 ..*w
             },
+        };
+        if overall.state != TaskState::Completed {
+            return overall;
         }
+        // All data landed: done once the notifications are delivered too.
+        let notes = self.notes.lock().expect("batch notes poisoned");
+        let mut state = overall;
+        for d in notes.iter() {
+            match d.state() {
+                None => state.state = TaskState::Pending,
+                Some(Err(kind)) => {
+                    return TaskStatus {
+                        state: TaskState::Failed,
+                        error: Some(kind),
+                        ..overall
+                    };
+                }
+                Some(Ok(())) => {}
+            }
+        }
+        state
     }
 
     pub(crate) fn cancel(&self, only: Option<usize>) -> Result<()> {

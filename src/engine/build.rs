@@ -240,7 +240,15 @@ impl EngineBuilder {
         // included, go with the last `EngineShared`).
         let data = start_data_server(&shared)?;
         let rails = data.as_ref().map(|(_, r)| r.clone()).unwrap_or_default();
-        let control = Some(start_control(&shared, export.clone(), rails)?);
+        let inbox = Arc::new(crate::notify::inbox::Inbox::default());
+        let control = start_control(&shared, export.clone(), rails, inbox.clone())?;
+        let outbox = crate::notify::outbox::Outbox::new(
+            control.local_addr().to_string(),
+            shared.config.secret().map(<[u8]>::to_vec),
+            Duration::from_millis(shared.config.default_timeout_ms),
+            inbox.clone(),
+        );
+        let control = Some(control);
         let batches = BatchTable::new(
             shared.config.max_batches as usize,
             shared.config.max_batch_size as usize,
@@ -302,6 +310,8 @@ impl EngineBuilder {
             closing: Mutex::new(Vec::new()),
             next_worker: AtomicUsize::new(0),
             slots,
+            inbox,
+            outbox,
         })
     }
 }
@@ -362,6 +372,7 @@ fn start_control(
     shared: &Arc<EngineShared>,
     export: Option<Arc<ShmExport>>,
     rails: Vec<crate::control::wire::RailEntry>,
+    inbox: Arc<crate::notify::inbox::Inbox>,
 ) -> Result<crate::control::ControlServer> {
     let cfg = &shared.config;
     let secret = cfg.secret().map(<[u8]>::to_vec);
@@ -405,12 +416,17 @@ fn start_control(
         Arc::new(move |req: &crate::control::wire::QpRequest| r.accept(req))
             as Arc<crate::control::server::QpConnectFn>
     });
-    let server = crate::control::ControlServer::start_with_qp(
+    let notify = Arc::new(move |f: crate::control::wire::NotifyFrame| inbox.file(f))
+        as Arc<crate::control::server::NotifyFn>;
+    let server = crate::control::ControlServer::start_with(
         &cfg.rpc_server_hostname,
         cfg.rpc_server_port,
         secret,
         describe,
-        qp,
+        crate::control::server::Services {
+            qp,
+            notify: Some(notify),
+        },
     )?;
     Ok(server)
 }
@@ -423,6 +439,9 @@ impl Drop for Engine {
     /// and link watch are joined here; the data and control servers join
     /// theirs as they drop with the engine's fields.
     fn drop(&mut self) {
+        // No notification leaves once teardown starts: what is queued
+        // fails `Shutdown` (its submission's tasks end with the workers).
+        self.outbox.stop();
         stop_workers(
             &self.workers,
             &mut self.threads.lock().expect("threads poisoned"),

@@ -16,10 +16,12 @@
 //!   queues; `task`: a worker's task table; `worker`: the worker loop and
 //!   what it shares; `footprint`: what an engine preallocates.
 
-mod batch;
+pub(crate) mod batch;
+mod blocks;
 mod build;
 pub mod footprint;
 mod memory;
+mod notify;
 mod ring;
 mod segments;
 mod stats;
@@ -36,6 +38,7 @@ use crossbeam_utils::CachePadded;
 use tent_rings::TransportKind;
 
 pub use batch::{BatchId, TaskState, TaskStatus};
+pub use blocks::BlockList;
 pub use build::EngineBuilder;
 pub use footprint::{Available, Footprint};
 pub use memory::Buffer;
@@ -98,6 +101,10 @@ pub struct Engine {
     /// This engine's share of the global slot clock (rotating or
     /// watching); dropped after the workers, handing the lease back.
     slots: Option<SlotRotator>,
+    /// Notifications received, not yet taken (filed by the control server).
+    inbox: Arc<crate::notify::inbox::Inbox>,
+    /// Notifications to send, a lane per peer.
+    outbox: crate::notify::outbox::Outbox,
 }
 
 impl std::fmt::Debug for Engine {

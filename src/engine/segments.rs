@@ -272,7 +272,7 @@ impl Engine {
     }
 
     /// The open segment `id`, or `SegmentNotFound`.
-    fn open_segment_by_id(&self, id: SegmentId) -> Result<Arc<Segment>> {
+    pub(super) fn open_segment_by_id(&self, id: SegmentId) -> Result<Arc<Segment>> {
         self.shared
             .segments
             .load()

@@ -66,6 +66,15 @@ impl Engine {
     /// `SqFull` with nothing queued.
     pub fn submit(&self, batch: BatchId, requests: &[Sqe]) -> Result<()> {
         let b = self.batches.get(batch)?;
+        self.submit_to(&b, requests).map(drop)
+    }
+
+    /// [`Engine::submit`] into `b`; returns the tasks it claimed.
+    pub(super) fn submit_to(
+        &self,
+        b: &super::batch::Batch,
+        requests: &[Sqe],
+    ) -> Result<std::ops::Range<usize>> {
         let n = requests.len();
         // Refuse what can never go before waiting for room.
         b.check_claim(n)?;
@@ -110,7 +119,7 @@ impl Engine {
         if sq.needs_wakeup() {
             w.doorbell().ring();
         }
-        Ok(())
+        Ok(range)
     }
 
     /// Seed 004's executor admission (`sq_executor_admission`): the

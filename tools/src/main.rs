@@ -6,6 +6,7 @@
 //! measured in the same run so results can be read as ratios.
 
 mod baseline;
+mod blocks;
 mod hist;
 mod point;
 mod qos;
@@ -38,6 +39,10 @@ pub enum Mode {
     /// saturating LOW stream (`--block-size`, default 4 MiB), over shm and
     /// TCP, in one process and in two sharing a slot file at 1, 2, 10 ms.
     Qos,
+    /// A paged KV cache's transfer: `--blocks` blocks of `--block-size`
+    /// (default 16 KiB) in one `submit_blocks` call over shm, scattered and
+    /// contiguous, against one request of the same bytes.
+    Blocks,
     /// The LOW process of `--mode qos` (started by it).
     #[value(hide = true)]
     QosLow,
@@ -113,6 +118,12 @@ pub struct Args {
     /// Skip the memcpy / ping-pong baselines.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Blocks: how many blocks one call submits.
+    #[arg(long, default_value_t = 15_000)]
+    pub blocks: usize,
+    /// Blocks: repetitions of each case (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
     /// Soak: tasks to run.
     #[arg(long, default_value_t = 1_000_000)]
     pub tasks: u64,
@@ -238,6 +249,7 @@ fn real_main(args: Args) -> Result<run::Tally, String> {
         Some(Mode::Soak) => none(soak::soak(&args)),
         Some(Mode::Sq) => none(sq::sq(&args)),
         Some(Mode::Qos) => none(qos::qos(&args)),
+        Some(Mode::Blocks) => none(blocks::blocks(&args)),
         Some(Mode::QosLow) => none(qos::low_child(&args)),
         Some(Mode::Initiator) => {
             let name = args

@@ -1,0 +1,108 @@
+//! Notifications through the engine: send one to a segment's owner, attach
+//! one to a submission, take what arrived (see [`crate::notify`]).
+
+use std::time::Duration;
+
+use tent_rings::{SegmentId, Sqe};
+
+use super::{BatchId, Engine};
+use crate::control::is_p2p_name;
+use crate::error::{Error, Result};
+use crate::notify::outbox::{After, Dest};
+use crate::notify::{Notification, Received};
+
+impl Engine {
+    /// Deliver `n` to the engine that owns `segment` (`SegmentId::LOCAL`:
+    /// this one); returns once it is in that engine's inbox. Messages to
+    /// one peer arrive once each, in the order of the calls (and of
+    /// [`Engine::submit_with_notification`]'s), behind any attached one
+    /// still waiting for its data.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a name or message over its limit, or a segment
+    /// opened by its shm name (open it by its `ip:port` name: the control
+    /// plane carries notifications); `SegmentNotFound` for a segment not
+    /// open; `Unreachable` when the peer's engine is gone (its port refuses
+    /// connections); `Timeout` when it did not take the message within
+    /// `default_timeout_ms`; `AccessDenied` when the shared secrets differ.
+    pub fn send_notification(&self, segment: SegmentId, n: &Notification) -> Result<()> {
+        n.check()?;
+        let dest = self.notify_dest(segment)?;
+        self.outbox.enqueue(dest, n.clone(), None)?.wait()
+    }
+
+    /// [`Engine::submit`], and deliver `n` to the owner of the requests'
+    /// target segment once every one of these requests has completed: the
+    /// receiver sees it only after all of their data has landed (TENT's
+    /// `submitTransfer` with a notification). The batch's overall status
+    /// ([`Engine::batch_status`], [`Engine::wait_batch`]) stays `Pending`
+    /// until it is delivered, and turns `Failed` (with the reason's kind)
+    /// if it cannot be: if a request fails the message is not sent, and if
+    /// the peer dies the submission fails rather than the message
+    /// vanishing. The batch cannot be freed while it is pending.
+    ///
+    /// # Errors
+    /// As [`Engine::submit`] (nothing queued); `InvalidArgument` also when
+    /// `requests` is empty or names more than one segment, and the errors
+    /// of [`Engine::send_notification`] that can be told before sending.
+    pub fn submit_with_notification(
+        &self,
+        batch: BatchId,
+        requests: &[Sqe],
+        n: &Notification,
+    ) -> Result<()> {
+        n.check()?;
+        let first = requests
+            .first()
+            .ok_or_else(|| Error::invalid("a notification needs at least one request"))?
+            .remote()
+            .segment;
+        if requests.iter().any(|r| r.remote().segment != first) {
+            return Err(Error::invalid(
+                "the requests of a submission with a notification must all name one segment: \
+                 the notification goes to its owner",
+            ));
+        }
+        let dest = self.notify_dest(first)?;
+        let b = self.batches.get(batch)?;
+        let tasks = self.submit_to(&b, requests)?;
+        let after = After {
+            batch: b.clone(),
+            tasks,
+        };
+        let delivery = self.outbox.enqueue(dest, n.clone(), Some(after))?;
+        b.attach_note(delivery);
+        Ok(())
+    }
+
+    /// Every notification received and not yet taken, oldest first; never
+    /// blocks.
+    pub fn recv_notifications(&self) -> Vec<Received> {
+        self.inbox.take_all()
+    }
+
+    /// The oldest notification not yet taken, waiting up to `timeout` for
+    /// one.
+    ///
+    /// # Errors
+    /// `Timeout` when none arrived in time.
+    pub fn wait_notification(&self, timeout: Duration) -> Result<Received> {
+        self.inbox.wait(timeout)
+    }
+
+    /// Where notifications to `segment`'s owner go.
+    fn notify_dest(&self, segment: SegmentId) -> Result<Dest> {
+        if segment == SegmentId::LOCAL {
+            return Ok(Dest::Local);
+        }
+        let seg = self.open_segment_by_id(segment)?;
+        if !is_p2p_name(seg.name()) {
+            return Err(Error::invalid(format!(
+                "segment {:?} was opened by its shm name; notifications travel on the control \
+                 plane: open it by its owner's ip:port name (Engine::segment_name) instead",
+                seg.name()
+            )));
+        }
+        Ok(Dest::Peer(seg.name().to_owned()))
+    }
+}

@@ -1,0 +1,87 @@
+//! Notifications: a short message to a peer engine, alone or attached to a
+//! submission so that it arrives only after that submission's data landed.
+//!
+//! One mechanism for every transport: the control plane. A notification
+//! must follow the data, and the sender knows the data has landed only
+//! when the submission's tasks complete (an shm copy done, a TCP target's
+//! acknowledgement, an RDMA WRITE's completion: the responder has placed
+//! it). So the sender waits for that, then sends the message on the
+//! authenticated control connection it already has to the peer, and the
+//! peer's control server files it in its [`Inbox`]. A second channel per
+//! transport (an RDMA SEND, a message slot in the shm file) would order the
+//! message behind the data only on that transport, and a failover moves a
+//! task to another.
+//!
+//! - [`outbox`]: the sender. One lane per peer, one thread per lane, so
+//!   the peer's messages leave in the order they were given and a dead peer
+//!   holds up only its own lane. Each message carries this engine's id and
+//!   a sequence number; a resend after a lost answer is recognised.
+//! - [`inbox`]: the receiver. Bounded; duplicates dropped by (sender, seq);
+//!   taken by polling or a blocking wait with a timeout.
+
+pub(crate) mod inbox;
+pub(crate) mod outbox;
+
+pub use crate::control::wire::{MAX_NOTIFY_MSG, MAX_NOTIFY_NAME};
+pub use inbox::INBOX_MAX;
+
+use crate::error::{Error, Result};
+
+/// A notification to send: a name (what happened) and a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notification {
+    /// What it is about, at most [`MAX_NOTIFY_NAME`] bytes.
+    pub name: String,
+    /// Its message, at most [`MAX_NOTIFY_MSG`] bytes.
+    pub msg: Vec<u8>,
+}
+
+impl Notification {
+    /// A notification, checked against the limits.
+    ///
+    /// ```
+    /// let n = tent::Notification::new("kv-ready", b"layer 3".to_vec())?;
+    /// assert_eq!(n.name, "kv-ready");
+    /// assert!(tent::Notification::new("x", vec![0; 4097]).is_err());
+    /// # Ok::<(), tent::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the name or the message is over its limit.
+    pub fn new(name: impl Into<String>, msg: impl Into<Vec<u8>>) -> Result<Notification> {
+        let n = Notification {
+            name: name.into(),
+            msg: msg.into(),
+        };
+        n.check()?;
+        Ok(n)
+    }
+
+    /// The limits (the fields are public, so a send checks again).
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.name.len() > MAX_NOTIFY_NAME {
+            return Err(Error::invalid(format!(
+                "notification name of {} bytes exceeds {MAX_NOTIFY_NAME}",
+                self.name.len()
+            )));
+        }
+        if self.msg.len() > MAX_NOTIFY_MSG {
+            return Err(Error::invalid(format!(
+                "notification message of {} bytes exceeds {MAX_NOTIFY_MSG}",
+                self.msg.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A notification received from a peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    /// The sender's segment name (what it calls itself: `ip:port`).
+    pub from: String,
+    /// What it is about.
+    pub name: String,
+    /// Its message.
+    pub msg: Vec<u8>,
+}
