@@ -10,8 +10,10 @@ set -euo pipefail
 # The Soft-RoCE guest (tools/rxe-vm.sh, run by the real-verbs tests): qemu,
 # busybox, cpio, the rxe provider and verbs utilities; it fetches Debian's
 # kernel package itself on first use.
+# python3 + python3-venv for the Python module's venv (python/setup.sh).
 pkgs=(pkg-config libhwloc-dev libudev-dev linux-perf libibverbs-dev libclang-dev iproute2
-  qemu-system-x86 busybox-static cpio rdma-core ibverbs-providers ibverbs-utils binutils)
+  qemu-system-x86 busybox-static cpio rdma-core ibverbs-providers ibverbs-utils binutils
+  python3 python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -44,3 +46,7 @@ if ! rustup +nightly component list --installed 2>/dev/null | grep -q '^miri'; t
   echo "tools/setup.sh: installing miri and rust-src on nightly" >&2
   rustup +nightly component add miri rust-src
 fi
+
+# The Python module's venv (maturin, pytest, numpy, pinned): used by
+# python/test.sh, which tests/python_module.rs runs.
+"$(dirname "$0")/../python/setup.sh"

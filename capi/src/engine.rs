@@ -1,0 +1,149 @@
+//! `tent_engine_t`: an engine behind an opaque pointer; create from JSON
+//! (or a file, or the environment), destroy, and its names.
+
+use std::ffi::{c_char, c_int};
+use std::path::Path;
+
+use tent::{Config, Engine, Result};
+
+use crate::boundary::{arg, c_str, copy_str, out, put};
+use crate::error::call;
+
+/// An engine (opaque). Created by `tent_engine_create*`, released by
+/// `tent_engine_destroy`; every other function borrows it and may be
+/// called from any thread.
+pub struct tent_engine_t {
+    pub(crate) engine: Engine,
+}
+
+/// The engine behind a handle, or `InvalidArgument` for NULL.
+///
+/// # Safety
+/// A non-NULL `p` came from `tent_engine_create*` and is not destroyed.
+pub(crate) unsafe fn engine<'a>(p: *const tent_engine_t) -> Result<&'a Engine> {
+    // SAFETY: forwarded from the caller.
+    Ok(&unsafe { arg(p, "engine") }?.engine)
+}
+
+/// Hand a new engine to C.
+///
+/// # Safety
+/// `out_engine` passed [`out`].
+unsafe fn hand_out(engine: Engine, out_engine: *mut *mut tent_engine_t) {
+    let handle = Box::into_raw(Box::new(tent_engine_t { engine }));
+    // SAFETY: checked non-NULL by the caller; a pointer-sized write.
+    unsafe { put(out_engine, handle) };
+}
+
+/// Start an engine from JSON text (`transfer-engine.json`'s keys; keys
+/// left out keep their defaults). `config_json` NULL: the configuration
+/// `TENT_CONF` names (inline JSON or a file), or the defaults.
+/// `*out_engine` gets the engine.
+///
+/// # Safety
+/// `config_json` is NULL or a NUL-terminated string; `out_engine` is
+/// valid for one pointer write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_engine_create(
+    config_json: *const c_char,
+    out_engine: *mut *mut tent_engine_t,
+) -> c_int {
+    call("tent_engine_create", || {
+        out(out_engine, "out_engine")?;
+        let engine = if config_json.is_null() {
+            Engine::builder().build()?
+        } else {
+            // SAFETY: non-NULL and NUL-terminated (caller).
+            let text = unsafe { c_str(config_json, "config_json") }?;
+            Engine::new(Config::from_json_str(text, "tent_engine_create")?)?
+        };
+        // SAFETY: checked above.
+        unsafe { hand_out(engine, out_engine) };
+        Ok(())
+    })
+}
+
+/// Start an engine from a JSON configuration file.
+///
+/// # Safety
+/// `path` is a NUL-terminated string; `out_engine` is valid for one
+/// pointer write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_engine_create_from_file(
+    path: *const c_char,
+    out_engine: *mut *mut tent_engine_t,
+) -> c_int {
+    call("tent_engine_create_from_file", || {
+        out(out_engine, "out_engine")?;
+        // SAFETY: the caller passes a NUL-terminated string (NULL is refused).
+        let path = unsafe { c_str(path, "path") }?;
+        let engine = Engine::new(Config::from_file(Path::new(path))?)?;
+        // SAFETY: checked above.
+        unsafe { hand_out(engine, out_engine) };
+        Ok(())
+    })
+}
+
+/// Stop an engine and release it: when this returns, the engine touches
+/// no memory it was given. NULL is a no-op. Rings created from it stay
+/// valid to destroy; their calls then fail `TENT_ERR_SHUTDOWN`. Using the
+/// engine pointer afterwards is undefined (as for `free`).
+///
+/// # Safety
+/// `engine` is NULL or came from `tent_engine_create*` and was not
+/// destroyed; no other thread uses it during or after this call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_engine_destroy(engine: *mut tent_engine_t) {
+    if engine.is_null() {
+        return;
+    }
+    // A panic while stopping is recorded as the thread's last error; the
+    // function has no code to return it with.
+    call("tent_engine_destroy", || {
+        // SAFETY: it came from Box::into_raw in hand_out and is released once (caller).
+        drop(unsafe { Box::from_raw(engine) });
+        Ok(())
+    });
+}
+
+/// This engine's segment name (TENT's: `ip:port` of its control server),
+/// what a peer passes to `tent_open_segment`. Copied with its NUL into
+/// `buf` of `len` bytes; a smaller buffer is `TENT_ERR_INVALID_ARGUMENT`
+/// (the message says the length needed) and is left as it was.
+///
+/// # Safety
+/// `engine` is a live engine; `buf` is valid for writes of `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_segment_name(
+    engine: *const tent_engine_t,
+    buf: *mut c_char,
+    len: usize,
+) -> c_int {
+    call("tent_segment_name", || {
+        // SAFETY: a live engine or NULL (caller).
+        let e = unsafe { self::engine(engine) }?;
+        // SAFETY: `len` writable bytes at `buf` (caller).
+        unsafe { copy_str(&e.segment_name(), buf, len, "segment name") }
+    })
+}
+
+/// The name of this engine's shared-memory segment (a peer on this host
+/// may open it directly), or `""` when shm is off. Copied as
+/// `tent_segment_name` copies.
+///
+/// # Safety
+/// As `tent_segment_name`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_local_segment_name(
+    engine: *const tent_engine_t,
+    buf: *mut c_char,
+    len: usize,
+) -> c_int {
+    call("tent_local_segment_name", || {
+        // SAFETY: a live engine or NULL (caller).
+        let e = unsafe { self::engine(engine) }?;
+        let name = e.local_segment_name().unwrap_or("");
+        // SAFETY: `len` writable bytes at `buf` (caller).
+        unsafe { copy_str(name, buf, len, "local segment name") }
+    })
+}
