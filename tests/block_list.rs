@@ -117,3 +117,47 @@ fn a_bad_block_list_is_refused_whole() {
         TaskState::Completed
     );
 }
+
+/// Two registered regions that happen to be adjacent in memory: a block at
+/// the end of one and the next at the start of the other are contiguous,
+/// but one request must lie in one region, so they stay two requests (they
+/// were merged into one that no region holds: `OutOfBounds`).
+#[test]
+fn blocks_contiguous_across_two_adjacent_regions_are_not_merged() {
+    let a = engine();
+    let mut mem = vec![0u8; 4 * BLOCK as usize];
+    let base = mem.as_mut_ptr();
+    // SAFETY: `mem` outlives the engine's use of it: unregistered below before it drops.
+    let first = unsafe { a.register_memory(base, 2 * BLOCK) }.unwrap();
+    let half = base.wrapping_add(2 * BLOCK as usize);
+    // SAFETY: as above; the second half of the same allocation.
+    let second = unsafe { a.register_memory(half, 2 * BLOCK) }.unwrap();
+    assert_eq!(first.addr() + 2 * BLOCK, second.addr(), "adjacent");
+    let dst = a.allocate_memory(2 * BLOCK).unwrap();
+    let data = pattern(4, 2 * BLOCK as usize);
+    first.write(BLOCK, &data[..BLOCK as usize]).unwrap();
+    second.write(0, &data[BLOCK as usize..]).unwrap();
+    let local = [first.addr() + BLOCK, second.addr()];
+    let remote = [dst.addr(), dst.addr() + BLOCK];
+    let batch = a.allocate_batch(2).unwrap();
+    let list = BlockList {
+        opcode: Opcode::Write,
+        segment: tent::SegmentId::LOCAL,
+        block_len: BLOCK,
+        local_addrs: &local,
+        remote_addrs: &remote,
+        priority: Priority::High,
+    };
+    assert_eq!(a.submit_blocks(batch, &list).unwrap(), 2);
+    assert_eq!(
+        a.wait_batch(batch, Duration::from_secs(10)).unwrap().state,
+        TaskState::Completed
+    );
+    let mut out = vec![0u8; 2 * BLOCK as usize];
+    dst.read(0, &mut out).unwrap();
+    assert!(out == data);
+    a.free_batch(batch).unwrap();
+    a.unregister_memory(first.id()).unwrap();
+    a.unregister_memory(second.id()).unwrap();
+    drop(mem);
+}

@@ -15,6 +15,10 @@ use tent::{
 
 const WAIT: Duration = Duration::from_secs(10);
 
+fn soon() -> Instant {
+    Instant::now() + WAIT
+}
+
 fn note(name: &str, msg: &[u8]) -> Notification {
     Notification::new(name, msg.to_vec()).unwrap()
 }
@@ -169,23 +173,35 @@ fn a_notification_to_the_local_segment_lands_in_this_engines_inbox() {
     );
 }
 
-/// The receiver's engine is gone; the shm mapping the sender holds still
-/// takes the data, but the notification cannot be delivered: the
-/// submission fails rather than the message vanishing, and promptly.
+/// A segment of `b` opened through a control server that serves `b`'s
+/// descriptor and is then gone: the data path (shm to `b`) works, the
+/// control port refuses. Returns the segment and the dead port's name.
+fn segment_whose_control_port_is_gone(a: &Engine, b: &Engine) -> (SegmentId, String) {
+    let desc = tent::control::fetch_descriptor(&b.segment_name(), None, WAIT).unwrap();
+    let relay = tent::control::ControlServer::start("127.0.0.1", 0, None, move |_| {
+        std::sync::Arc::new(move || desc.clone())
+            as std::sync::Arc<tent::control::server::DescriptorFn>
+    })
+    .unwrap();
+    let name = relay.local_addr().to_string();
+    let seg = a.open_segment(&name).unwrap();
+    drop(relay);
+    (seg, name)
+}
+
+/// The data lands but the receiver's engine cannot be reached: the
+/// submission fails rather than its notification vanishing, and promptly
+/// (the port refuses: the engine is gone).
 #[test]
 fn a_dead_peer_fails_the_submission_instead_of_losing_its_notification() {
-    let a = engine();
-    let b = engine();
-    let seg = a.open_segment(&b.segment_name()).unwrap();
+    let (a, b) = (engine(), engine());
+    let (seg, _) = segment_whose_control_port_is_gone(&a, &b);
     let src = a.allocate_memory(4096).unwrap();
     let dst = b.allocate_memory(4096).unwrap();
-    let dst_addr = dst.addr();
-    drop(dst);
-    drop(b);
     let batch = a.allocate_batch(1).unwrap();
     let req = op::Write::new(
         LocalAddr::new(src.id(), 0),
-        RemoteAddr::new(seg, dst_addr),
+        RemoteAddr::new(seg, dst.addr()),
         4096,
     )
     .build();
@@ -193,7 +209,16 @@ fn a_dead_peer_fails_the_submission_instead_of_losing_its_notification() {
     a.submit_with_notification(batch, &[req], &note("lost?", b"no"))
         .unwrap();
     let s = a.wait_batch(batch, WAIT).unwrap();
-    assert_eq!(s.state, TaskState::Failed, "{s:?}");
+    assert_eq!(
+        a.status(batch, 0).unwrap().state,
+        TaskState::Completed,
+        "the data landed"
+    );
+    assert_eq!(
+        (s.state, s.error),
+        (TaskState::Failed, Some(ErrorKind::Unreachable)),
+        "{s:?}"
+    );
     assert!(
         start.elapsed() < Duration::from_secs(2),
         "took {:?}",
@@ -201,7 +226,116 @@ fn a_dead_peer_fails_the_submission_instead_of_losing_its_notification() {
     );
     let e = a.send_notification(seg, &note("alone", b"")).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unreachable, "{e}");
+    assert!(
+        !e.to_string().starts_with("Unreachable: Unreachable"),
+        "{e}"
+    );
     a.free_batch(batch).unwrap();
+}
+
+/// A receiver engine that was dropped takes nothing more, even on a
+/// connection the sender still holds open: the send fails.
+#[test]
+fn a_dropped_receiver_no_longer_acknowledges() {
+    let (a, b) = (engine(), engine());
+    let seg = a.open_segment(&b.segment_name()).unwrap();
+    a.send_notification(seg, &note("first", b"")).unwrap();
+    drop(b);
+    let e = a.send_notification(seg, &note("second", b"")).unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::Shutdown | ErrorKind::Unreachable),
+        "{e}"
+    );
+}
+
+/// A peer that refuses notifications (a control server without the
+/// service) is an answer, not a broken connection: the send fails at once
+/// instead of reconnecting until the bound.
+#[test]
+fn a_refusal_ends_the_message_without_reconnecting() {
+    let b = engine();
+    let desc = tent::control::fetch_descriptor(&b.segment_name(), None, WAIT).unwrap();
+    let old = tent::control::ControlServer::start("127.0.0.1", 0, None, move |_| {
+        std::sync::Arc::new(move || desc.clone())
+            as std::sync::Arc<tent::control::server::DescriptorFn>
+    })
+    .unwrap();
+    let a = engine();
+    let seg = a.open_segment(&old.local_addr().to_string()).unwrap();
+    let start = Instant::now();
+    let e = a.send_notification(seg, &note("n", b"")).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unreachable, "{e}");
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "took {:?}: {e}",
+        start.elapsed()
+    );
+}
+
+/// Two names for one engine (it listens on every address) are two lanes:
+/// their streams must not collide in the receiver's dedup.
+#[test]
+fn one_peer_under_two_names_gets_every_message() {
+    let mut c = test_config();
+    c.rpc_server_hostname = "0.0.0.0".into();
+    let b = Engine::new(c).unwrap();
+    let port = b.segment_name().rsplit_once(':').unwrap().1.to_owned();
+    let a = engine();
+    let one = a.open_segment(&format!("127.0.0.1:{port}")).unwrap();
+    let two = a.open_segment(&format!("127.0.0.2:{port}")).unwrap();
+    for i in 0..3u8 {
+        a.send_notification(one, &note("one", &[i])).unwrap();
+        a.send_notification(two, &note("two", &[i])).unwrap();
+    }
+    let got = b.recv_notifications();
+    assert_eq!(got.len(), 6, "{got:?}");
+}
+
+/// A peer that accepts connections and never answers: messages queued
+/// behind the first expire by their own deadlines, not one bound after
+/// another.
+#[test]
+fn messages_queued_behind_a_silent_peer_expire_together() {
+    let b = engine();
+    let mut c = test_config();
+    c.default_timeout_ms = 1000;
+    let a = Engine::new(c).unwrap();
+    let (seg, name) = segment_whose_control_port_is_gone(&a, &b);
+    // The port again, now a listener that never answers.
+    let silent = std::net::TcpListener::bind(&name).unwrap();
+    let src = a.allocate_memory(4096).unwrap();
+    let dst = b.allocate_memory(4096).unwrap();
+    let start = Instant::now();
+    let batches: Vec<_> = (0..5)
+        .map(|_| {
+            let batch = a.allocate_batch(1).unwrap();
+            // Its data is due within 200 ms, its message 1 s after that.
+            let req = op::Write::new(
+                LocalAddr::new(src.id(), 0),
+                RemoteAddr::new(seg, dst.addr()),
+                4096,
+            )
+            .deadline_ns(tent::clock::deadline_after(Duration::from_millis(200)))
+            .build();
+            a.submit_with_notification(batch, &[req], &note("n", b""))
+                .unwrap();
+            batch
+        })
+        .collect();
+    for batch in batches {
+        let s = a.wait_batch(batch, WAIT).unwrap();
+        assert_eq!(
+            (s.state, s.error),
+            (TaskState::Failed, Some(ErrorKind::Timeout)),
+            "{s:?}"
+        );
+    }
+    assert!(
+        start.elapsed() < Duration::from_millis(2500),
+        "5 messages took {:?}",
+        start.elapsed()
+    );
+    drop(silent);
 }
 
 #[test]
@@ -302,7 +436,7 @@ fn bad_notification_input_is_refused_with_nothing_queued() {
 fn a_resent_frame_is_acknowledged_and_filed_once() {
     let b = engine();
     let peer = b.segment_name();
-    let mut s = client::notify_session(&peer, None, WAIT).unwrap();
+    let s = client::notify_session(&peer, None, WAIT).unwrap();
     let frame = |seq: u64, name: &str| NotifyFrame {
         sender: 77,
         from: "forged".into(),
@@ -310,12 +444,12 @@ fn a_resent_frame_is_acknowledged_and_filed_once() {
         name: name.into(),
         msg: vec![1, 2, 3],
     };
-    client::notify(&mut s, &peer, &frame(1, "one")).unwrap();
-    client::notify(&mut s, &peer, &frame(1, "one")).unwrap();
+    client::notify(&s, &peer, &frame(1, "one"), soon()).unwrap();
+    client::notify(&s, &peer, &frame(1, "one"), soon()).unwrap();
     // A new connection, as a sender reconnecting after a broken one.
-    let mut s2 = client::notify_session(&peer, None, WAIT).unwrap();
-    client::notify(&mut s2, &peer, &frame(1, "one")).unwrap();
-    client::notify(&mut s2, &peer, &frame(2, "two")).unwrap();
+    let s2 = client::notify_session(&peer, None, WAIT).unwrap();
+    client::notify(&s2, &peer, &frame(1, "one"), soon()).unwrap();
+    client::notify(&s2, &peer, &frame(2, "two"), soon()).unwrap();
     let names: Vec<_> = b.recv_notifications().into_iter().map(|r| r.name).collect();
     assert_eq!(names, ["one", "two"]);
 }
@@ -330,7 +464,7 @@ fn a_batch_is_pending_until_its_notification_is_delivered() {
     let dst = b.allocate_memory(4096).unwrap();
     // Fill b's inbox so the notification waits (SqFull, retried).
     let peer = b.segment_name();
-    let mut s = client::notify_session(&peer, None, WAIT).unwrap();
+    let s = client::notify_session(&peer, None, WAIT).unwrap();
     for seq in 1..=tent::notify::INBOX_MAX as u64 {
         let f = NotifyFrame {
             sender: 5,
@@ -339,7 +473,7 @@ fn a_batch_is_pending_until_its_notification_is_delivered() {
             name: String::new(),
             msg: Vec::new(),
         };
-        client::notify(&mut s, &peer, &f).unwrap();
+        client::notify(&s, &peer, &f, soon()).unwrap();
     }
     let batch = a.allocate_batch(1).unwrap();
     let req = op::Write::new(

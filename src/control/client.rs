@@ -81,18 +81,42 @@ pub fn notify_session(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> R
     session(peer, secret, timeout)
 }
 
-/// Send one notification on `s` and wait for the peer to acknowledge it:
-/// `Ok` once it is in the peer's inbox. A refusal comes back with the
-/// peer's kind (`SqFull`: its inbox is full, try again later).
-pub fn notify(s: &mut TcpStream, peer: &str, frame: &NotifyFrame) -> Result<()> {
-    wire::write_message(s, &Message::Notify(frame.clone())).map_err(|e| wire_err(peer, e))?;
-    match read(s, peer)? {
+/// Why a notification was not acknowledged.
+#[derive(Debug)]
+pub enum NotifyError {
+    /// The peer answered with a refusal (its kind: `SqFull` for a full
+    /// inbox, `Shutdown` for an engine going away, ...): the connection
+    /// is fine, the message was not taken.
+    Refused(Error),
+    /// The exchange broke (I/O, a frame that does not decode, the
+    /// deadline): whether the peer filed it is unknown.
+    Broken(Error),
+}
+
+/// Send one notification on `s` and wait for the peer to acknowledge it,
+/// all before `deadline` (one deadline for the whole exchange, so a peer
+/// dripping a byte at a time cannot stretch it): `Ok` once it is in the
+/// peer's inbox.
+pub fn notify(
+    s: &TcpStream,
+    peer: &str,
+    frame: &NotifyFrame,
+    deadline: std::time::Instant,
+) -> std::result::Result<(), NotifyError> {
+    let mut io = crate::deadline::ByDeadline::new(s, deadline);
+    let broken = |e| NotifyError::Broken(wire_err(peer, e));
+    wire::write_message(&mut io, &Message::Notify(frame.clone())).map_err(broken)?;
+    match wire::read_message(&mut io).map_err(broken)? {
         Message::NotifyAck { seq } if seq == frame.seq => Ok(()),
-        Message::NotifyAck { seq } => Err(Error::invalid(format!(
+        Message::NotifyAck { seq } => Err(NotifyError::Broken(Error::invalid(format!(
             "{peer} acknowledged notification {seq} where {} was sent",
             frame.seq
+        )))),
+        Message::Error { code, text } => Err(NotifyError::Refused(Error::new(
+            ErrorKind::from_code(code).unwrap_or(ErrorKind::InvalidArgument),
+            format!("{peer} refused the notification: {text}"),
         ))),
-        other => Err(unexpected(peer, "NotifyAck", other)),
+        other => Err(NotifyError::Broken(unexpected(peer, "NotifyAck", other))),
     }
 }
 

@@ -59,9 +59,10 @@ pub type DescriptorFn = dyn Fn() -> SegmentDescriptor + Send + Sync;
 /// NIC, initiator's end) → this side's end, already connected.
 pub type QpConnectFn = dyn Fn(&QpRequest) -> Result<QpBootstrap> + Send + Sync;
 
-/// Files a peer's notification (the engine's inbox): `Ok` is answered
-/// with an acknowledgement, an error with its kind (`SqFull`: full).
-pub type NotifyFn = dyn Fn(NotifyFrame) -> Result<()> + Send + Sync;
+/// Files a peer's notification, sent from `IpAddr` (the engine's inbox):
+/// `Ok` is answered with an acknowledgement, an error with its kind
+/// (`SqFull`: full; `Shutdown`: the engine is going away).
+pub type NotifyFn = dyn Fn(std::net::IpAddr, NotifyFrame) -> Result<()> + Send + Sync;
 
 /// What the server answers besides descriptors: `QpConnect` (RDMA) and
 /// `Notify`. Without one, such a request is refused with `Unreachable`.
@@ -442,7 +443,13 @@ fn serve(
                 // A refusal (a full inbox) is an answer too; the sender
                 // tries again on this connection.
                 let seq = frame.seq;
-                let reply = match services.notify.as_deref().map(|f| f(frame)) {
+                let from = s.s.get_ref().peer_addr().map(|a| a.ip());
+                let reply = match (services.notify.as_deref(), from) {
+                    (Some(f), Ok(ip)) => Some(f(ip, frame)),
+                    (Some(_), Err(e)) => return Err(Close::Wire(WireError::Io(e))),
+                    (None, _) => None,
+                };
+                let reply = match reply {
                     Some(Ok(())) => Message::NotifyAck { seq },
                     Some(Err(e)) => Message::Error {
                         code: e.kind().code(),

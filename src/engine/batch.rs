@@ -429,6 +429,14 @@ impl Batch {
         self.notes.lock().expect("batch notes poisoned").push(d);
     }
 
+    /// Take back a notification whose submission was refused.
+    pub(crate) fn detach_note(&self, d: &Arc<Delivery>) {
+        self.notes
+            .lock()
+            .expect("batch notes poisoned")
+            .retain(|n| !Arc::ptr_eq(n, d));
+    }
+
     /// Attached notifications not yet delivered (or failed).
     fn notes_pending(&self) -> usize {
         self.notes

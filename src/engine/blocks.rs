@@ -27,17 +27,32 @@ pub struct BlockList<'a> {
     pub priority: Priority,
 }
 
-/// One merged run: contiguous on both sides.
+/// One merged run: contiguous on both sides, inside one region on each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Run {
     local: u64,
     remote: u64,
     len: u64,
+    /// The regions holding its start (indices into the lists `runs` was
+    /// given); `None`: in none, so nothing merges with it and the request
+    /// fails on its own (a typed error here or in its CQE).
+    regions: (Option<usize>, Option<usize>),
+}
+
+/// Which of `sorted` (`(start, len)` by start) holds `addr`.
+fn region_of(sorted: &[(u64, u64)], addr: u64) -> Option<usize> {
+    let i = sorted
+        .partition_point(|&(start, _)| start <= addr)
+        .checked_sub(1)?;
+    let (start, len) = sorted[i];
+    (addr - start < len).then_some(i)
 }
 
 /// The pairs as runs, merging a pair into the previous run when it starts
-/// where that run ends on both sides.
-fn runs(b: &BlockList<'_>) -> Result<Vec<Run>> {
+/// where that run ends on both sides and in the same region on each (two
+/// regions that happen to be adjacent stay two requests: one request must
+/// lie in one region).
+fn runs(b: &BlockList<'_>, local: &[(u64, u64)], remote: &[(u64, u64)]) -> Result<Vec<Run>> {
     if b.block_len == 0 {
         return Err(Error::invalid("block list: zero block length"));
     }
@@ -52,19 +67,23 @@ fn runs(b: &BlockList<'_>) -> Result<Vec<Run>> {
         return Err(Error::invalid("block list: no blocks"));
     }
     let mut out: Vec<Run> = Vec::new();
-    for (&local, &remote) in b.local_addrs.iter().zip(b.remote_addrs) {
+    for (&l, &r) in b.local_addrs.iter().zip(b.remote_addrs) {
         if let Some(last) = out.last_mut()
-            && last.local.checked_add(last.len) == Some(local)
-            && last.remote.checked_add(last.len) == Some(remote)
+            && last.local.checked_add(last.len) == Some(l)
+            && last.remote.checked_add(last.len) == Some(r)
+            && let (Some(lr), Some(rr)) = last.regions
+            && region_of(local, l) == Some(lr)
+            && region_of(remote, r) == Some(rr)
             && let Some(len) = last.len.checked_add(b.block_len)
         {
             last.len = len;
             continue;
         }
         out.push(Run {
-            local,
-            remote,
+            local: l,
+            remote: r,
             len: b.block_len,
+            regions: (region_of(local, l), region_of(remote, r)),
         });
     }
     Ok(out)
@@ -77,16 +96,24 @@ impl Engine {
     /// earlier tasks). All or nothing, as [`Engine::submit`].
     ///
     /// # Errors
-    /// `InvalidArgument` for a zero block length, no blocks, address lists
-    /// of different lengths, or more requests than the batch has room for; `AddressNotRegistered` /
+    /// `SegmentNotFound` for a segment not open; `InvalidArgument` for a
+    /// zero block length, no blocks, address lists of different lengths,
+    /// or more requests than the batch has room for; `AddressNotRegistered` /
     /// `OutOfBounds` for a block outside registered local memory (the
     /// message names the block); the errors of [`Engine::submit`].
     pub fn submit_blocks(&self, batch: BatchId, blocks: &BlockList<'_>) -> Result<usize> {
         let b = self.batches.get(batch)?;
-        let runs = runs(blocks)?;
-        b.check_claim(runs.len())?;
-        // One table snapshot for every lookup.
+        // One snapshot of each side's regions for every lookup.
         let table = self.shared.regions.load();
+        let local: Vec<(u64, u64)> = table.iter().map(|r| (r.addr(), r.len())).collect();
+        let mut remote: Vec<(u64, u64)> = self
+            .segment_regions(blocks.segment)?
+            .iter()
+            .map(|r| (r.addr, r.len))
+            .collect();
+        remote.sort_unstable();
+        let runs = runs(blocks, &local, &remote)?;
+        b.check_claim(runs.len())?;
         let mut sqes = Vec::with_capacity(runs.len());
         for r in &runs {
             let (region, _) = table.find_addr(r.local, r.len).map_err(|kind| {
@@ -131,9 +158,21 @@ mod tests {
         }
     }
 
+    /// One region on each side covering every address used below.
+    const ALL: &[(u64, u64)] = &[(0, u64::MAX)];
+
+    fn runs(b: &BlockList<'_>) -> Result<Vec<Run>> {
+        super::runs(b, ALL, ALL)
+    }
+
     #[test]
     fn contiguous_on_both_sides_merges_and_nothing_else_does() {
-        let r = |local, remote, len| Run { local, remote, len };
+        let r = |local, remote, len| Run {
+            local,
+            remote,
+            len,
+            regions: (Some(0), Some(0)),
+        };
         // 0,1,2 contiguous both sides; 3 breaks remote; 4 follows 3; 5 breaks local.
         let local = [0, 16, 32, 48, 64, 1000];
         let remote = [100, 116, 132, 500, 516, 532];
@@ -147,6 +186,35 @@ mod tests {
             2,
             "reversed blocks stay apart"
         );
+    }
+
+    #[test]
+    fn adjacent_regions_split_a_run_on_either_side() {
+        let two = &[(0, 32), (32, 32)];
+        let local = [16, 32];
+        let remote = [100, 116];
+        assert_eq!(
+            super::runs(&list(&local, &remote, 16), two, ALL)
+                .unwrap()
+                .len(),
+            2
+        );
+        assert_eq!(
+            super::runs(&list(&remote, &local, 16), ALL, two)
+                .unwrap()
+                .len(),
+            2
+        );
+        assert_eq!(
+            super::runs(&list(&local, &remote, 16), ALL, ALL)
+                .unwrap()
+                .len(),
+            1
+        );
+        // Outside every region: never merged, each fails on its own.
+        let none = super::runs(&list(&[64, 80], &[0, 16], 16), two, ALL).unwrap();
+        assert_eq!(none.len(), 2);
+        assert_eq!(none[0].regions, (None, Some(0)));
     }
 
     #[test]

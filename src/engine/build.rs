@@ -416,7 +416,7 @@ fn start_control(
         Arc::new(move |req: &crate::control::wire::QpRequest| r.accept(req))
             as Arc<crate::control::server::QpConnectFn>
     });
-    let notify = Arc::new(move |f: crate::control::wire::NotifyFrame| inbox.file(f))
+    let notify = Arc::new(move |ip, f: crate::control::wire::NotifyFrame| inbox.file(ip, f))
         as Arc<crate::control::server::NotifyFn>;
     let server = crate::control::ControlServer::start_with(
         &cfg.rpc_server_hostname,
@@ -439,8 +439,11 @@ impl Drop for Engine {
     /// and link watch are joined here; the data and control servers join
     /// theirs as they drop with the engine's fields.
     fn drop(&mut self) {
-        // No notification leaves once teardown starts: what is queued
-        // fails `Shutdown` (its submission's tasks end with the workers).
+        // No notification is taken or leaves once teardown starts: peers
+        // are told `Shutdown` (their message fails rather than land where
+        // nobody reads), and what is queued here fails `Shutdown` (its
+        // submission's tasks end with the workers).
+        self.inbox.close();
         self.outbox.stop();
         stop_workers(
             &self.workers,

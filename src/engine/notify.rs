@@ -1,6 +1,7 @@
 //! Notifications through the engine: send one to a segment's owner, attach
 //! one to a submission, take what arrived (see [`crate::notify`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tent_rings::{SegmentId, Sqe};
@@ -8,7 +9,7 @@ use tent_rings::{SegmentId, Sqe};
 use super::{BatchId, Engine};
 use crate::control::is_p2p_name;
 use crate::error::{Error, Result};
-use crate::notify::outbox::{After, Dest};
+use crate::notify::outbox::{After, Delivery, Dest, deadline_after};
 use crate::notify::{Notification, Received};
 
 impl Engine {
@@ -28,7 +29,11 @@ impl Engine {
     pub fn send_notification(&self, segment: SegmentId, n: &Notification) -> Result<()> {
         n.check()?;
         let dest = self.notify_dest(segment)?;
-        self.outbox.enqueue(dest, n.clone(), None)?.wait()
+        let delivery = Arc::new(Delivery::default());
+        let deadline = deadline_after(self.outbox.bound());
+        self.outbox
+            .enqueue(dest, n.clone(), None, deadline, delivery.clone())?;
+        delivery.wait()
     }
 
     /// [`Engine::submit`], and deliver `n` to the owner of the requests'
@@ -45,6 +50,9 @@ impl Engine {
     /// As [`Engine::submit`] (nothing queued); `InvalidArgument` also when
     /// `requests` is empty or names more than one segment, and the errors
     /// of [`Engine::send_notification`] that can be told before sending.
+    /// `Shutdown` (the engine is stopping) or `OutOfMemory` (no thread for
+    /// the peer's lane) after the requests were queued: the batch then
+    /// reports that failure too.
     pub fn submit_with_notification(
         &self,
         batch: BatchId,
@@ -64,14 +72,49 @@ impl Engine {
             ));
         }
         let dest = self.notify_dest(first)?;
+        // By the latest of the requests' deadlines their data has landed
+        // or failed; the message has the usual bound after that.
+        let now_ns = crate::clock::monotonic_ns();
+        let default_ns = now_ns.saturating_add(
+            Duration::from_millis(self.shared.config.default_timeout_ms).as_nanos() as u64,
+        );
+        let data_ns = requests
+            .iter()
+            .map(|r| match r.deadline_ns() {
+                0 => default_ns,
+                d => d,
+            })
+            .max()
+            .unwrap_or(default_ns);
+        let deadline = deadline_after(
+            Duration::from_nanos(data_ns.saturating_sub(now_ns))
+                .saturating_add(self.outbox.bound()),
+        );
         let b = self.batches.get(batch)?;
-        let tasks = self.submit_to(&b, requests)?;
+        // Attached before the tasks exist, so nobody sees the batch done
+        // between its data and its notification.
+        let delivery = Arc::new(Delivery::default());
+        b.attach_note(delivery.clone());
+        let tasks = match self.submit_to(&b, requests) {
+            Ok(t) => t,
+            Err(e) => {
+                b.detach_note(&delivery);
+                return Err(e);
+            }
+        };
         let after = After {
             batch: b.clone(),
             tasks,
         };
-        let delivery = self.outbox.enqueue(dest, n.clone(), Some(after))?;
-        b.attach_note(delivery);
+        if let Err(e) =
+            self.outbox
+                .enqueue(dest, n.clone(), Some(after), deadline, delivery.clone())
+        {
+            // The data is queued; the batch reports the notification's
+            // failure as its own.
+            delivery.settle(&Err(Error::new(e.kind(), e.context().to_owned())));
+            return Err(e);
+        }
         Ok(())
     }
 

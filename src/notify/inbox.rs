@@ -1,6 +1,7 @@
 //! The receiving side: notifications waiting for the application.
 
 use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,17 +15,26 @@ use crate::error::{Error, Result};
 /// `SqFull` and tries again later (nothing is dropped): a peer cannot grow
 /// this process past `INBOX_MAX` × 4 KiB.
 pub const INBOX_MAX: usize = 4096;
-/// Senders whose last sequence number is remembered (dedup). Past it the
-/// entry of some other sender is forgotten; that sender's next message is
+/// Sender streams whose last sequence number is remembered (dedup). Past
+/// it the stream heard from longest ago is forgotten; its next message is
 /// taken as new, which can only matter for a resend in flight at that
-/// moment.
-const SENDERS_MAX: usize = 4096;
+/// moment from a stream silent for longer than 4095 others.
+const STREAMS_MAX: usize = 4096;
+
+/// A sender stream: where it connects from and the id it drew. Keyed by
+/// the address too, so a peer elsewhere cannot silence a stream by
+/// forging its id.
+type StreamKey = (IpAddr, u64);
 
 #[derive(Debug, Default)]
 struct State {
     queue: VecDeque<Received>,
-    /// Sender id → the highest sequence number taken from it.
-    seen: HashMap<u64, u64>,
+    /// Stream → (the highest sequence number taken from it, when it was
+    /// last heard from in `ticks`).
+    seen: HashMap<StreamKey, (u64, u64)>,
+    ticks: u64,
+    /// The engine is going away: nothing more is filed.
+    closed: bool,
 }
 
 /// What the engine has received and the application not yet taken.
@@ -35,27 +45,41 @@ pub(crate) struct Inbox {
 }
 
 impl Inbox {
-    /// File a notification from the control plane. `Ok` (the sender is
-    /// answered with an acknowledgement) also for a resend of one already
-    /// filed, which is dropped: each arrives once, in the sender's order.
+    /// File a notification that came over the control plane from `from`.
+    /// `Ok` (the sender is answered with an acknowledgement) also for a
+    /// resend of one already filed, which is dropped: each arrives once,
+    /// in its stream's order.
     ///
     /// # Errors
-    /// `SqFull` when [`INBOX_MAX`] are waiting; nothing is filed.
-    pub(crate) fn file(&self, f: NotifyFrame) -> Result<()> {
+    /// `SqFull` when [`INBOX_MAX`] are waiting; `Shutdown` once the engine
+    /// is going away. Nothing is filed either way.
+    pub(crate) fn file(&self, from: IpAddr, f: NotifyFrame) -> Result<()> {
         let mut st = self.state.lock().expect("inbox poisoned");
-        if st.seen.get(&f.sender).is_some_and(|&last| f.seq <= last) {
-            return Ok(());
+        if st.closed {
+            return Err(closed());
+        }
+        st.ticks += 1;
+        let (key, now) = ((from, f.sender), st.ticks);
+        if let Some((last, heard)) = st.seen.get_mut(&key) {
+            *heard = now;
+            if f.seq <= *last {
+                return Ok(());
+            }
         }
         if st.queue.len() >= INBOX_MAX {
             return Err(full());
         }
-        if st.seen.len() >= SENDERS_MAX && !st.seen.contains_key(&f.sender) {
-            let forget = st.seen.keys().next().copied();
-            if let Some(k) = forget {
+        if st.seen.len() >= STREAMS_MAX && !st.seen.contains_key(&key) {
+            let oldest = st
+                .seen
+                .iter()
+                .min_by_key(|(_, (_, heard))| *heard)
+                .map(|(k, _)| *k);
+            if let Some(k) = oldest {
                 st.seen.remove(&k);
             }
         }
-        st.seen.insert(f.sender, f.seq);
+        st.seen.insert(key, (f.seq, now));
         st.queue.push_back(Received {
             from: f.from,
             name: f.name,
@@ -69,6 +93,9 @@ impl Inbox {
     /// File one this engine sent itself (no sequence: nothing is resent).
     pub(crate) fn file_local(&self, r: Received) -> Result<()> {
         let mut st = self.state.lock().expect("inbox poisoned");
+        if st.closed {
+            return Err(closed());
+        }
         if st.queue.len() >= INBOX_MAX {
             return Err(full());
         }
@@ -76,6 +103,12 @@ impl Inbox {
         drop(st);
         self.arrived.notify_one();
         Ok(())
+    }
+
+    /// The engine is going away: from now on every sender is told
+    /// `Shutdown` (its message fails rather than land where nobody reads).
+    pub(crate) fn close(&self) {
+        self.state.lock().expect("inbox poisoned").closed = true;
     }
 
     /// Everything waiting, oldest first.
@@ -114,6 +147,13 @@ impl Inbox {
     }
 }
 
+fn closed() -> Error {
+    Error::new(
+        ErrorKind::Shutdown,
+        "the receiving engine is shutting down; notification not taken",
+    )
+}
+
 fn full() -> Error {
     Error::new(
         ErrorKind::SqFull,
@@ -124,6 +164,10 @@ fn full() -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::net::Ipv4Addr;
+
+    const HERE: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
     fn frame(sender: u64, seq: u64, name: &str) -> NotifyFrame {
         NotifyFrame {
@@ -138,12 +182,12 @@ mod tests {
     #[test]
     fn a_resend_is_dropped_and_order_is_kept_per_sender() {
         let inbox = Inbox::default();
-        inbox.file(frame(1, 1, "a")).unwrap();
-        inbox.file(frame(2, 1, "x")).unwrap();
-        inbox.file(frame(1, 1, "a")).unwrap(); // resend after a lost ack
-        inbox.file(frame(1, 2, "b")).unwrap();
-        inbox.file(frame(1, 4, "d")).unwrap(); // 3 was given up by its sender
-        inbox.file(frame(1, 3, "c")).unwrap(); // older than the last: a resend
+        inbox.file(HERE, frame(1, 1, "a")).unwrap();
+        inbox.file(HERE, frame(2, 1, "x")).unwrap();
+        inbox.file(HERE, frame(1, 1, "a")).unwrap(); // resend after a lost ack
+        inbox.file(HERE, frame(1, 2, "b")).unwrap();
+        inbox.file(HERE, frame(1, 4, "d")).unwrap(); // 3 was given up by its sender
+        inbox.file(HERE, frame(1, 3, "c")).unwrap(); // older than the last: a resend
         let names: Vec<_> = inbox.take_all().into_iter().map(|r| r.name).collect();
         assert_eq!(names, ["a", "x", "b", "d"]);
         assert!(inbox.take_all().is_empty());
@@ -153,16 +197,16 @@ mod tests {
     fn a_full_inbox_refuses_without_losing_or_marking_seen() {
         let inbox = Inbox::default();
         for seq in 1..=INBOX_MAX as u64 {
-            inbox.file(frame(1, seq, "n")).unwrap();
+            inbox.file(HERE, frame(1, seq, "n")).unwrap();
         }
         let next = INBOX_MAX as u64 + 1;
         assert_eq!(
-            inbox.file(frame(1, next, "n")).unwrap_err().kind(),
+            inbox.file(HERE, frame(1, next, "n")).unwrap_err().kind(),
             ErrorKind::SqFull
         );
         assert_eq!(inbox.wait(Duration::ZERO).unwrap().msg, vec![1]);
         // Refused before, so not a duplicate now.
-        inbox.file(frame(1, next, "last")).unwrap();
+        inbox.file(HERE, frame(1, next, "last")).unwrap();
         assert_eq!(inbox.take_all().last().unwrap().name, "last");
     }
 
@@ -176,7 +220,30 @@ mod tests {
         let i2 = inbox.clone();
         let t = std::thread::spawn(move || i2.wait(Duration::from_secs(10)));
         std::thread::sleep(Duration::from_millis(20));
-        inbox.file(frame(9, 1, "late")).unwrap();
+        inbox.file(HERE, frame(9, 1, "late")).unwrap();
         assert_eq!(t.join().unwrap().unwrap().name, "late");
+    }
+
+    #[test]
+    fn a_stream_id_from_another_address_is_another_stream() {
+        let inbox = Inbox::default();
+        let elsewhere = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 9));
+        // A forger elsewhere claims the stream with a huge seq ...
+        inbox.file(elsewhere, frame(1, u64::MAX, "forged")).unwrap();
+        // ... and the real stream's messages still arrive.
+        inbox.file(HERE, frame(1, 1, "real")).unwrap();
+        let names: Vec<_> = inbox.take_all().into_iter().map(|r| r.name).collect();
+        assert_eq!(names, ["forged", "real"]);
+    }
+
+    #[test]
+    fn a_closed_inbox_takes_nothing() {
+        let inbox = Inbox::default();
+        inbox.close();
+        assert_eq!(
+            inbox.file(HERE, frame(1, 1, "x")).unwrap_err().kind(),
+            ErrorKind::Shutdown
+        );
+        assert!(inbox.take_all().is_empty());
     }
 }

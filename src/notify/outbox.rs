@@ -2,12 +2,26 @@
 //!
 //! A lane takes its messages in the order they were given. A message
 //! attached to a submission waits at the head of its lane until every task
-//! of that submission has ended; it is sent only if all completed. Sending
-//! reuses the lane's authenticated control connection, and on any failure
-//! reconnects and sends the same (sender, seq) again: the receiver drops
-//! what it already filed, so each message lands once. A peer whose port
-//! refuses connections ([`REFUSALS`] times in a row) is gone, and the
-//! message fails instead of waiting out the whole bound.
+//! of that submission has ended; it is sent only if all completed. Each
+//! lane numbers its messages in a stream of its own (a random stream id,
+//! sequence numbers from 1), so two lanes to one engine (a peer opened
+//! under two names) never collide. Sending reuses the lane's authenticated
+//! control connection while messages keep coming (it is closed when the
+//! lane empties, so an idle lane holds none of the peer's connection
+//! slots); when an exchange breaks, the lane reconnects and sends the same
+//! (stream, seq) again, and the receiver drops what it already filed, so
+//! each message lands once. A refusal from the peer (any `Error` answer
+//! but a full inbox) ends the message. A peer whose port refuses
+//! connections ([`REFUSALS`] times in a row) is gone, and the message
+//! fails instead of waiting out its bound.
+//!
+//! Each message has a deadline set when it is queued: `default_timeout_ms`
+//! after that for a plain one; for an attached one, `default_timeout_ms`
+//! after the latest deadline of its submission's requests (by then its
+//! data has landed or failed). Every exchange runs under it as one
+//! deadline, so a peer dripping bytes cannot stretch it, and messages
+//! queued behind a silent peer expire by their own deadlines rather than
+//! one after another.
 //!
 //! Never the worker's business: the lane threads block on sockets and
 //! sleep while a submission runs; the workers only finish tasks.
@@ -24,7 +38,7 @@ use tent_rings::ErrorKind;
 
 use super::inbox::Inbox;
 use super::{Notification, Received};
-use crate::control::client;
+use crate::control::client::{self, NotifyError};
 use crate::control::wire::NotifyFrame;
 use crate::engine::batch::{Batch, TaskState};
 use crate::error::{Error, Result};
@@ -35,9 +49,10 @@ pub const REFUSALS: u32 = 3;
 /// A control connection is replaced after this long: the server ends each
 /// connection's exchange after `EXCHANGE_DEADLINE` (5 s).
 const CONN_MAX_AGE: Duration = Duration::from_secs(4);
-/// Longest pause between polls of a submission's tasks, and between
-/// retries of a busy or unreachable peer.
-const MAX_PAUSE: Duration = Duration::from_millis(1);
+/// Longest pause between polls of a submission's tasks.
+const MAX_POLL_PAUSE: Duration = Duration::from_millis(1);
+/// First and longest pause between retries of a busy or unreachable peer.
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(10);
 const MAX_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// Where a lane delivers.
@@ -87,8 +102,20 @@ pub(crate) struct Delivery {
 }
 
 impl Delivery {
-    fn settle(&self, r: Result<()>) {
-        let r = r.map_err(|e| (e.kind(), e.to_string()));
+    pub(crate) fn settle(&self, r: &Result<()>) {
+        let r = match r {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Without the kind's prefix: `wait` puts it back.
+                let text = e.to_string();
+                let prefix = format!("{}: ", e.kind());
+                let text = text
+                    .strip_prefix(&prefix)
+                    .map(str::to_owned)
+                    .unwrap_or(text);
+                Err((e.kind(), text))
+            }
+        };
         *self.result.lock().expect("delivery poisoned") = Some(r);
         self.settled.notify_all();
     }
@@ -119,21 +146,28 @@ struct Job {
     seq: u64,
     note: Notification,
     after: Option<After>,
+    /// When it stops being worth sending.
+    deadline: Instant,
     delivery: Arc<Delivery>,
 }
 
 #[derive(Default)]
 struct LaneState {
     jobs: VecDeque<Job>,
-    /// The next sequence number (from 1): given at enqueue, so the order
-    /// of the calls is the order on the wire.
-    next_seq: u64,
+    /// The last sequence number given: at enqueue, so the order of the
+    /// calls is the order on the wire.
+    last_seq: u64,
 }
 
-#[derive(Default)]
 struct LaneShared {
     state: Mutex<LaneState>,
     work: Condvar,
+    /// This lane's stream id (random, non-zero), with `seq` the receiver's
+    /// dedup key.
+    stream: u64,
+    /// A handle on the lane's open connection, so `stop` can cut an
+    /// exchange short.
+    open: Mutex<Option<TcpStream>>,
 }
 
 struct Lane {
@@ -143,7 +177,6 @@ struct Lane {
 
 /// What every lane needs.
 struct Ctx {
-    engine_id: u64,
     /// This engine's segment name, as receivers see the sender.
     from: String,
     secret: Option<Vec<u8>>,
@@ -168,7 +201,6 @@ impl Outbox {
     ) -> Outbox {
         Outbox {
             ctx: Arc::new(Ctx {
-                engine_id: crate::control::new_engine_id(),
                 from,
                 secret,
                 bound,
@@ -179,17 +211,25 @@ impl Outbox {
         }
     }
 
-    /// Queue `note` for `dest`, after `after`'s tasks if given.
+    /// How long a message may take once it may go (`default_timeout_ms`).
+    pub(crate) fn bound(&self) -> Duration {
+        self.ctx.bound
+    }
+
+    /// Queue `note` for `dest`, after `after`'s tasks if given, to be
+    /// delivered by `deadline`; its fate goes to `delivery`.
     ///
     /// # Errors
     /// `Shutdown` once the engine is stopping; `OutOfMemory` if the lane's
-    /// thread cannot be started.
+    /// thread cannot be started. `delivery` is untouched then.
     pub(crate) fn enqueue(
         &self,
         dest: Dest,
         note: Notification,
         after: Option<After>,
-    ) -> Result<Arc<Delivery>> {
+        deadline: Instant,
+        delivery: Arc<Delivery>,
+    ) -> Result<()> {
         let mut lanes = self.lanes.lock().expect("outbox poisoned");
         if self.ctx.stop.load(Ordering::Acquire) {
             return Err(Error::new(ErrorKind::Shutdown, "the engine is stopping"));
@@ -197,7 +237,12 @@ impl Outbox {
         let lane = match lanes.entry(dest.clone()) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                let shared = Arc::new(LaneShared::default());
+                let shared = Arc::new(LaneShared {
+                    state: Mutex::new(LaneState::default()),
+                    work: Condvar::new(),
+                    stream: crate::control::new_engine_id(),
+                    open: Mutex::new(None),
+                });
                 let (s2, ctx) = (shared.clone(), self.ctx.clone());
                 let thread = std::thread::Builder::new()
                     .name("tent-notify".into())
@@ -212,22 +257,23 @@ impl Outbox {
                 })
             }
         };
-        let delivery = Arc::new(Delivery::default());
         let mut st = lane.shared.state.lock().expect("lane poisoned");
-        st.next_seq += 1;
-        let seq = st.next_seq;
+        st.last_seq += 1;
+        let seq = st.last_seq;
         st.jobs.push_back(Job {
             seq,
             note,
             after,
-            delivery: delivery.clone(),
+            deadline,
+            delivery,
         });
         drop(st);
         lane.shared.work.notify_one();
-        Ok(delivery)
+        Ok(())
     }
 
-    /// Stop every lane: what has not been delivered fails `Shutdown`.
+    /// Stop every lane: an exchange in progress is cut (its socket shut
+    /// down), and what has not been delivered fails `Shutdown`.
     pub(crate) fn stop(&self) {
         let mut lanes = self.lanes.lock().expect("outbox poisoned");
         self.ctx.stop.store(true, Ordering::Release);
@@ -235,6 +281,9 @@ impl Outbox {
             // Under the lane's lock, so a lane about to wait sees `stop`.
             let _g = lane.shared.state.lock().expect("lane poisoned");
             lane.shared.work.notify_all();
+            if let Some(s) = &*lane.shared.open.lock().expect("lane poisoned") {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
         }
         for lane in lanes.values_mut() {
             if let Some(t) = lane.thread.take() {
@@ -250,6 +299,13 @@ impl Drop for Outbox {
     }
 }
 
+/// `now + d`, saturating far in the future.
+pub(crate) fn deadline_after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
+}
+
 fn stopped() -> Error {
     Error::new(
         ErrorKind::Shutdown,
@@ -257,16 +313,22 @@ fn stopped() -> Error {
     )
 }
 
+/// The lane's connection, and when it was opened.
+struct Conn {
+    stream: TcpStream,
+    opened: Instant,
+}
+
 fn run_lane(ctx: &Ctx, dest: &Dest, lane: &LaneShared) {
-    let mut conn: Option<(TcpStream, Instant)> = None;
+    let mut conn: Option<Conn> = None;
     loop {
         // The head job's parts; it stays queued (and in order) until done.
-        let (seq, note, after, delivery) = {
+        let (seq, note, after, deadline, delivery) = {
             let mut st = lane.state.lock().expect("lane poisoned");
             loop {
                 if ctx.stop.load(Ordering::Acquire) {
                     for job in st.jobs.drain(..) {
-                        job.delivery.settle(Err(stopped()));
+                        job.delivery.settle(&Err(stopped()));
                     }
                     return;
                 }
@@ -275,8 +337,13 @@ fn run_lane(ctx: &Ctx, dest: &Dest, lane: &LaneShared) {
                         job.seq,
                         job.note.clone(),
                         job.after.take(),
+                        job.deadline,
                         job.delivery.clone(),
                     );
+                }
+                // Idle: hand the peer its connection slot back.
+                if conn.take().is_some() {
+                    *lane.open.lock().expect("lane poisoned") = None;
                 }
                 st = lane.work.wait(st).expect("lane poisoned");
             }
@@ -285,27 +352,31 @@ fn run_lane(ctx: &Ctx, dest: &Dest, lane: &LaneShared) {
             .as_ref()
             .map_or(Ok(()), |a| wait_for(ctx, a))
             .and_then(|()| match dest {
-                Dest::Local => ctx.inbox.file_local(Received {
-                    from: ctx.from.clone(),
-                    name: note.name,
-                    msg: note.msg,
-                }),
+                Dest::Local => file_local(
+                    ctx,
+                    Received {
+                        from: ctx.from.clone(),
+                        name: note.name,
+                        msg: note.msg,
+                    },
+                    deadline,
+                ),
                 Dest::Peer(peer) => {
                     let frame = NotifyFrame {
-                        sender: ctx.engine_id,
+                        sender: lane.stream,
                         from: ctx.from.clone(),
                         seq,
                         name: note.name,
                         msg: note.msg,
                     };
-                    send(ctx, peer, &mut conn, &frame)
+                    send(ctx, lane, peer, &mut conn, &frame, deadline)
                 }
             });
         if let Err(e) = &result {
-            crate::lograte::warn_limited!("notify-failed", dest = ?dest, error = %e, "notification not delivered");
+            crate::lograte::warn_limited!((dest, e.kind()), dest = ?dest, error = %e, "notification not delivered");
         }
         lane.state.lock().expect("lane poisoned").jobs.pop_front();
-        delivery.settle(result);
+        delivery.settle(&result);
     }
 }
 
@@ -319,7 +390,7 @@ fn wait_for(ctx: &Ctx, after: &After) -> Result<()> {
         match after.outcome() {
             None => {
                 std::thread::sleep(pause);
-                pause = (pause * 2).min(MAX_PAUSE);
+                pause = (pause * 2).min(MAX_POLL_PAUSE);
             }
             Some(Ok(())) => return Ok(()),
             Some(Err((task, kind))) => {
@@ -334,43 +405,86 @@ fn wait_for(ctx: &Ctx, after: &After) -> Result<()> {
     }
 }
 
-/// Deliver `frame` to `peer`, reusing and replacing `conn` as needed,
-/// within the bound.
+/// A pause before the next try, never past `deadline`; `false` once the
+/// deadline has come or the engine is stopping.
+fn pause_before_retry(ctx: &Ctx, pause: &mut Duration, deadline: Instant) -> bool {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() || ctx.stop.load(Ordering::Acquire) {
+        return false;
+    }
+    std::thread::sleep((*pause).min(left));
+    *pause = (*pause * 2).min(MAX_RETRY_PAUSE);
+    true
+}
+
+fn expired(what: &str, last: Option<Error>) -> Error {
+    let why = last.map_or_else(String::new, |e| format!(" (last: {e})"));
+    Error::new(
+        ErrorKind::Timeout,
+        format!("{what} was not delivered within default_timeout_ms{why}"),
+    )
+}
+
+/// File one this engine sent itself, retrying a full inbox until
+/// `deadline`.
+fn file_local(ctx: &Ctx, r: Received, deadline: Instant) -> Result<()> {
+    let mut pause = FIRST_RETRY_PAUSE;
+    loop {
+        match ctx.inbox.file_local(r.clone()) {
+            Err(e) if e.kind() == ErrorKind::SqFull => {
+                if !pause_before_retry(ctx, &mut pause, deadline) {
+                    return Err(if ctx.stop.load(Ordering::Acquire) {
+                        stopped()
+                    } else {
+                        expired("a notification to this engine", Some(e))
+                    });
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Deliver `frame` to `peer` before `deadline`, reusing and replacing
+/// `conn` as needed.
 fn send(
     ctx: &Ctx,
+    lane: &LaneShared,
     peer: &str,
-    conn: &mut Option<(TcpStream, Instant)>,
+    conn: &mut Option<Conn>,
     frame: &NotifyFrame,
+    deadline: Instant,
 ) -> Result<()> {
-    let start = Instant::now();
     let mut refused = 0u32;
-    let mut pause = Duration::from_millis(10);
+    let mut pause = FIRST_RETRY_PAUSE;
     let mut last: Option<Error> = None;
+    let what = || format!("notification {} to {peer}", frame.seq);
     loop {
         if ctx.stop.load(Ordering::Acquire) {
             return Err(stopped());
         }
-        let left = ctx.bound.saturating_sub(start.elapsed());
+        let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            let why = last.map_or_else(String::new, |e| format!(": {e}"));
-            return Err(Error::new(
-                ErrorKind::Timeout,
-                format!(
-                    "{peer} did not take notification {} within {:?}{why}",
-                    frame.seq, ctx.bound
-                ),
-            ));
+            return Err(expired(&what(), last));
         }
         if conn
             .as_ref()
-            .is_none_or(|(_, at)| at.elapsed() > CONN_MAX_AGE)
+            .is_none_or(|c| c.opened.elapsed() > CONN_MAX_AGE)
         {
-            match client::notify_session(
-                peer,
-                ctx.secret.as_deref(),
-                left.min(Duration::from_secs(2)),
-            ) {
-                Ok(s) => *conn = Some((s, Instant::now())),
+            *conn = None;
+            match client::notify_session(peer, ctx.secret.as_deref(), left) {
+                Ok(stream) => {
+                    *lane.open.lock().expect("lane poisoned") = stream.try_clone().ok();
+                    // Stopped while connecting: `stop` saw no stream to cut.
+                    if ctx.stop.load(Ordering::Acquire) {
+                        return Err(stopped());
+                    }
+                    *conn = Some(Conn {
+                        stream,
+                        opened: Instant::now(),
+                    });
+                    refused = 0;
+                }
                 Err(e) if permanent(e.kind()) => return Err(e),
                 Err(e) => {
                     if e.kind() == ErrorKind::Unreachable {
@@ -379,38 +493,39 @@ fn send(
                             return Err(Error::new(
                                 ErrorKind::Unreachable,
                                 format!(
-                                    "{peer} refused {REFUSALS} connections in a row: its engine is gone; notification {} not delivered",
-                                    frame.seq
+                                    "{peer} refused {REFUSALS} connections in a row: its engine is gone; {} not delivered",
+                                    what()
                                 ),
                             )
                             .with_source(e));
                         }
                     }
                     last = Some(e);
-                    std::thread::sleep(pause.min(left));
-                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                    pause_before_retry(ctx, &mut pause, deadline);
                     continue;
                 }
             }
         }
-        let Some((s, _)) = conn.as_mut() else {
+        let Some(c) = conn.as_ref() else {
             continue;
         };
-        refused = 0;
-        match client::notify(s, peer, frame) {
+        match client::notify(&c.stream, peer, frame, deadline) {
             Ok(()) => return Ok(()),
-            Err(e) if permanent(e.kind()) => return Err(e),
-            Err(e) if e.kind() == ErrorKind::SqFull => {
+            Err(NotifyError::Refused(e)) if e.kind() == ErrorKind::SqFull => {
                 // The peer's inbox is full: the same connection, later.
                 last = Some(e);
-                std::thread::sleep(pause.min(left));
-                pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                pause_before_retry(ctx, &mut pause, deadline);
             }
-            Err(e) => {
-                // The connection broke (or the server ended its exchange):
-                // send the same frame on a new one.
+            // Any other answer is the peer's word: not taken, and asking
+            // again would get the same.
+            Err(NotifyError::Refused(e)) => return Err(e),
+            Err(NotifyError::Broken(e)) => {
+                // Whether it was filed is unknown: send the same frame on
+                // a new connection (the receiver drops a duplicate).
                 last = Some(e);
                 *conn = None;
+                *lane.open.lock().expect("lane poisoned") = None;
+                pause_before_retry(ctx, &mut pause, deadline);
             }
         }
     }
