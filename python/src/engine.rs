@@ -6,37 +6,21 @@
 //! values: the `Buffer`s behind `allocate_local_memory` addresses, and the
 //! buffer exports held while Python memory is registered.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use tent::{BatchId, BlockList, Buffer, Config, Engine, ErrorKind, TaskState};
 
 use crate::errors::{IntoPyResult, invalid, raise, to_py};
-use crate::memory::{Exported, Mem, U64s};
+use crate::live::{Live, MemTable, wait_sliced};
+use crate::memory::{Mem, U64s};
 use crate::ring::Ring;
 use crate::types::{
     Notification, OpCode, Request, SegmentInfo, SegmentInfoBuffer, TransferStatus, segment_id,
 };
-
-/// An open engine and the memory the binding keeps for it. Fields drop in
-/// order: the engine (its workers stopped) before the memory it may use.
-pub struct Live {
-    pub engine: Engine,
-    mem: Mutex<MemTable>,
-}
-
-#[derive(Default)]
-struct MemTable {
-    /// `allocate_local_memory` addresses.
-    allocated: HashMap<u64, Buffer>,
-    /// `register_local_memory` addresses, with the buffer export (if the
-    /// memory came from a Python object) held while registered.
-    registered: HashMap<u64, (Buffer, Option<Exported>)>,
-}
 
 /// TENT's `TransferEngine(config_path)`.
 #[pyclass(module = "tent", frozen)]
@@ -547,35 +531,5 @@ fn not_from(py: Python<'_>, live: &Live, addr: u64, what: &str) -> PyErr {
                 "{addr:#x} was not returned by {what} (free what you allocated, unregister what you registered)"
             ),
         ),
-    }
-}
-
-/// How long one wait runs with the GIL released before Python's signal
-/// handlers get a turn (Ctrl-C interrupts a long wait).
-const WAIT_SLICE: Duration = Duration::from_millis(100);
-
-/// Run `wait(slice)` (a wait that fails `Timeout` when its slice passes)
-/// until it returns otherwise or `timeout` has passed, without the GIL,
-/// running Python's signal handlers between slices; `ShutdownError` when
-/// `open()` turns false meanwhile (closed from another thread).
-pub fn wait_sliced<T: Send>(
-    py: Python<'_>,
-    timeout: Duration,
-    open: impl Fn() -> bool,
-    wait: impl Fn(Duration) -> tent::Result<T> + Sync,
-) -> PyResult<T> {
-    let start = Instant::now();
-    loop {
-        let left = timeout.saturating_sub(start.elapsed());
-        let slice = left.min(WAIT_SLICE);
-        match py.detach(|| wait(slice)) {
-            Err(e) if e.kind() == ErrorKind::Timeout && slice < left => {
-                py.check_signals()?;
-                if !open() {
-                    return Err(raise(py, ErrorKind::Shutdown, "the engine was closed"));
-                }
-            }
-            r => return r.py(py),
-        }
     }
 }

@@ -11,12 +11,15 @@
 //! - `types`: `Request`, `OpCode`, `TransferStatus`, `Notification`, ...
 //! - `memory`: addresses and buffer-protocol objects.
 //! - `ring`: the ring API.
+//! - `live`: what an open engine holds, and the GIL-free wait every
+//!   blocking call runs through.
 //! - `errors`: tent's errors as `tent._errors` classes.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod engine;
 mod errors;
+mod live;
 mod memory;
 mod ring;
 mod types;

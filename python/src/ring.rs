@@ -7,8 +7,8 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use tent::ErrorKind;
 
-use crate::engine::{Live, wait_sliced};
 use crate::errors::{IntoPyResult, invalid, raise};
+use crate::live::{Live, wait_sliced};
 use crate::types::{Completion, Request};
 
 /// A submission/completion ring pair, from `TransferEngine.ring()`. Any

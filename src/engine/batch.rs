@@ -13,7 +13,7 @@ use tent_rings::{ErrorKind, FAILOVER_EXHAUSTED, TransportKind};
 
 use crate::error::{Error, Result};
 use crate::flow::AdmissionSlot;
-use crate::notify::outbox::Delivery;
+use crate::notify::delivery::Delivery;
 
 /// A task's state (TENT's names).
 #[repr(u8)]
@@ -422,6 +422,32 @@ impl Batch {
     /// Task `i`'s status (`i` below the claimed count).
     pub(crate) fn task_status(&self, i: usize) -> TaskStatus {
         self.tasks[i].status()
+    }
+
+    /// `None` while any of `tasks` runs; then `Ok` if all completed, else
+    /// the first failed task and its kind (what an attached notification
+    /// waits for).
+    pub(crate) fn outcome(
+        &self,
+        tasks: std::ops::Range<usize>,
+    ) -> Option<std::result::Result<(), (usize, ErrorKind)>> {
+        let mut failed = None;
+        for i in tasks {
+            let s = self.task_status(i);
+            match s.state {
+                TaskState::Initial | TaskState::Pending => return None,
+                TaskState::Completed => {}
+                other => {
+                    let kind = s.error.unwrap_or(match other {
+                        TaskState::Canceled => ErrorKind::Canceled,
+                        TaskState::Timeout => ErrorKind::Timeout,
+                        _ => ErrorKind::InvalidArgument,
+                    });
+                    failed.get_or_insert((i, kind));
+                }
+            }
+        }
+        Some(failed.map_or(Ok(()), Err))
     }
 
     /// Attach a notification's fate to the batch.

@@ -9,7 +9,8 @@ use tent_rings::{SegmentId, Sqe};
 use super::{BatchId, Engine};
 use crate::control::is_p2p_name;
 use crate::error::{Error, Result};
-use crate::notify::outbox::{After, Delivery, Dest, deadline_after};
+use crate::notify::delivery::Delivery;
+use crate::notify::outbox::{After, Dest, deadline_after};
 use crate::notify::{Notification, Received};
 
 impl Engine {
@@ -102,10 +103,8 @@ impl Engine {
                 return Err(e);
             }
         };
-        let after = After {
-            batch: b.clone(),
-            tasks,
-        };
+        let watched = b.clone();
+        let after: After = Box::new(move || watched.outcome(tasks.clone()));
         if let Err(e) =
             self.outbox
                 .enqueue(dest, n.clone(), Some(after), deadline, delivery.clone())

@@ -16,9 +16,12 @@
 //!   the peer's messages leave in the order they were given and a dead peer
 //!   holds up only its own lane. Each message carries this engine's id and
 //!   a sequence number; a resend after a lost answer is recognised.
+//! - [`delivery`]: one message's fate (pending, delivered, failed), what
+//!   a sender and a batch wait on.
 //! - [`inbox`]: the receiver. Bounded; duplicates dropped by (sender, seq);
 //!   taken by polling or a blocking wait with a timeout.
 
+pub(crate) mod delivery;
 pub(crate) mod inbox;
 pub(crate) mod outbox;
 

@@ -28,7 +28,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::TcpStream;
-use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -36,11 +35,11 @@ use std::time::{Duration, Instant};
 
 use tent_rings::ErrorKind;
 
+use super::delivery::Delivery;
 use super::inbox::Inbox;
 use super::{Notification, Received};
 use crate::control::client::{self, NotifyError};
 use crate::control::wire::NotifyFrame;
-use crate::engine::batch::{Batch, TaskState};
 use crate::error::{Error, Result};
 
 /// Connection attempts refused in a row after which the peer counts as
@@ -64,83 +63,11 @@ pub(crate) enum Dest {
     Local,
 }
 
-/// The tasks a message waits for.
-pub(crate) struct After {
-    pub batch: Arc<Batch>,
-    pub tasks: Range<usize>,
-}
-
-impl After {
-    /// `None` while any task runs; then `Ok` if all completed, else the
-    /// first failure's kind and task.
-    fn outcome(&self) -> Option<std::result::Result<(), (usize, ErrorKind)>> {
-        let mut failed = None;
-        for i in self.tasks.clone() {
-            let s = self.batch.task_status(i);
-            match s.state {
-                TaskState::Initial | TaskState::Pending => return None,
-                TaskState::Completed => {}
-                other => {
-                    let kind = s.error.unwrap_or(match other {
-                        TaskState::Canceled => ErrorKind::Canceled,
-                        TaskState::Timeout => ErrorKind::Timeout,
-                        _ => ErrorKind::InvalidArgument,
-                    });
-                    failed.get_or_insert((i, kind));
-                }
-            }
-        }
-        Some(failed.map_or(Ok(()), Err))
-    }
-}
-
-/// The fate of one message: pending, delivered, or failed with a reason.
-#[derive(Debug, Default)]
-pub(crate) struct Delivery {
-    result: Mutex<Option<std::result::Result<(), (ErrorKind, String)>>>,
-    settled: Condvar,
-}
-
-impl Delivery {
-    pub(crate) fn settle(&self, r: &Result<()>) {
-        let r = match r {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                // Without the kind's prefix: `wait` puts it back.
-                let text = e.to_string();
-                let prefix = format!("{}: ", e.kind());
-                let text = text
-                    .strip_prefix(&prefix)
-                    .map(str::to_owned)
-                    .unwrap_or(text);
-                Err((e.kind(), text))
-            }
-        };
-        *self.result.lock().expect("delivery poisoned") = Some(r);
-        self.settled.notify_all();
-    }
-
-    /// `None` while pending; then `Ok`, or the failure's kind.
-    pub(crate) fn state(&self) -> Option<std::result::Result<(), ErrorKind>> {
-        self.result
-            .lock()
-            .expect("delivery poisoned")
-            .as_ref()
-            .map(|r| r.as_ref().map(|_| ()).map_err(|(k, _)| *k))
-    }
-
-    /// Block until it is settled.
-    pub(crate) fn wait(&self) -> Result<()> {
-        let mut r = self.result.lock().expect("delivery poisoned");
-        loop {
-            match &*r {
-                Some(Ok(())) => return Ok(()),
-                Some(Err((kind, text))) => return Err(Error::new(*kind, text.clone())),
-                None => r = self.settled.wait(r).expect("delivery poisoned"),
-            }
-        }
-    }
-}
+/// What a message attached to a submission waits for: `None` while any
+/// of its tasks runs; then `Ok` if all completed, else the first failed
+/// task and its kind. (Made by the engine over its batch; the outbox knows
+/// no batches.)
+pub(crate) type After = Box<dyn Fn() -> Option<std::result::Result<(), (usize, ErrorKind)>> + Send>;
 
 struct Job {
     seq: u64,
@@ -387,7 +314,7 @@ fn wait_for(ctx: &Ctx, after: &After) -> Result<()> {
         if ctx.stop.load(Ordering::Acquire) {
             return Err(stopped());
         }
-        match after.outcome() {
+        match after() {
             None => {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(MAX_POLL_PAUSE);

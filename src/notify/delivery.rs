@@ -1,0 +1,57 @@
+//! The fate of one notification: pending, delivered, or failed with a
+//! reason. The lane settles it; `send_notification` and the batch it is
+//! attached to wait on it or read it.
+
+use std::sync::{Condvar, Mutex};
+
+use tent_rings::ErrorKind;
+
+use crate::error::{Error, Result};
+
+/// The fate of one message: pending, delivered, or failed with a reason.
+#[derive(Debug, Default)]
+pub(crate) struct Delivery {
+    result: Mutex<Option<std::result::Result<(), (ErrorKind, String)>>>,
+    settled: Condvar,
+}
+
+impl Delivery {
+    pub(crate) fn settle(&self, r: &Result<()>) {
+        let r = match r {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Without the kind's prefix: `wait` puts it back.
+                let text = e.to_string();
+                let prefix = format!("{}: ", e.kind());
+                let text = text
+                    .strip_prefix(&prefix)
+                    .map(str::to_owned)
+                    .unwrap_or(text);
+                Err((e.kind(), text))
+            }
+        };
+        *self.result.lock().expect("delivery poisoned") = Some(r);
+        self.settled.notify_all();
+    }
+
+    /// `None` while pending; then `Ok`, or the failure's kind.
+    pub(crate) fn state(&self) -> Option<std::result::Result<(), ErrorKind>> {
+        self.result
+            .lock()
+            .expect("delivery poisoned")
+            .as_ref()
+            .map(|r| r.as_ref().map(|_| ()).map_err(|(k, _)| *k))
+    }
+
+    /// Block until it is settled.
+    pub(crate) fn wait(&self) -> Result<()> {
+        let mut r = self.result.lock().expect("delivery poisoned");
+        loop {
+            match &*r {
+                Some(Ok(())) => return Ok(()),
+                Some(Err((kind, text))) => return Err(Error::new(*kind, text.clone())),
+                None => r = self.settled.wait(r).expect("delivery poisoned"),
+            }
+        }
+    }
+}
