@@ -1039,15 +1039,25 @@ impl Config {
     /// The environment value, split out so tests need not mutate the
     /// process environment (which races with C code reading it, e.g. hwloc).
     fn from_env_value(value: Option<&std::ffi::OsStr>) -> Result<Option<Config>, ConfigError> {
-        let Some(value) = value else {
-            return Ok(None);
-        };
+        value
+            .map(|v| Config::from_path_or_json(v, INLINE_SOURCE))
+            .transpose()
+    }
+
+    /// TENT's one config argument: inline JSON (text that starts with `{`,
+    /// named `source` in errors) or the path of a JSON file. What
+    /// `TENT_CONF` and the bindings' `TransferEngine(config_path)` take.
+    pub fn from_path_or_json(
+        value: impl AsRef<std::ffi::OsStr>,
+        source: &str,
+    ) -> Result<Config, ConfigError> {
+        let value = value.as_ref();
         let text = value.to_string_lossy();
         let trimmed = text.trim();
         if trimmed.starts_with('{') {
-            Config::from_json_str(trimmed, INLINE_SOURCE).map(Some)
+            Config::from_json_str(trimmed, source)
         } else {
-            Config::from_file(Path::new(value)).map(Some)
+            Config::from_file(Path::new(value))
         }
     }
 }

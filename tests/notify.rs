@@ -142,6 +142,11 @@ fn notifications_to_one_peer_arrive_once_each_in_call_order() {
 #[test]
 fn a_notification_to_the_local_segment_lands_in_this_engines_inbox() {
     let e = engine();
+    assert_eq!(e.try_notification(), None);
+    e.send_notification(SegmentId::LOCAL, &note("first", b""))
+        .unwrap();
+    assert_eq!(e.try_notification().unwrap().name, "first");
+    assert_eq!(e.try_notification(), None);
     e.send_notification(SegmentId::LOCAL, &note("self", b"hi"))
         .unwrap();
     let src = e.allocate_memory(4096).unwrap();

@@ -205,7 +205,12 @@ unsafe fn take(
     let e = unsafe { self::engine(engine) }?;
     // Before taking one: a call that cannot hand it over takes none.
     out(out_notification, "out_notification")?;
-    let r = e.wait_notification(timeout)?;
+    let r = if timeout.is_zero() {
+        e.try_notification()
+            .ok_or_else(|| tent::Error::new(tent::ErrorKind::Timeout, "no notification waiting"))?
+    } else {
+        e.wait_notification(timeout)?
+    };
     let n = tent_notification_t::try_from(&r)?;
     // SAFETY: checked non-NULL above.
     unsafe { put(out_notification, n) };

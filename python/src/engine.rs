@@ -6,7 +6,6 @@
 //! values: the `Buffer`s behind `allocate_local_memory` addresses, and the
 //! buffer exports held while Python memory is registered.
 
-use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -56,13 +55,9 @@ fn config(py: Python<'_>, arg: Option<&Bound<'_, PyAny>>) -> PyResult<Config> {
         // os.PathLike
         py.import("os")?.call_method1("fspath", (arg,))?.extract()?
     };
-    let trimmed = text.trim();
-    let cfg = if trimmed.starts_with('{') {
-        Config::from_json_str(trimmed, "TransferEngine(inline JSON)")
-    } else {
-        py.detach(|| Config::from_file(Path::new(&text)))
-    };
-    cfg.map_err(tent::Error::from).py(py)
+    py.detach(|| Config::from_path_or_json(&text, "TransferEngine(inline JSON)"))
+        .map_err(tent::Error::from)
+        .py(py)
 }
 
 fn secs(py: Python<'_>, timeout: Option<f64>) -> PyResult<Duration> {

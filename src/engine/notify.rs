@@ -123,6 +123,12 @@ impl Engine {
         self.inbox.take_all()
     }
 
+    /// The oldest notification not yet taken, if one is waiting; never
+    /// blocks (a poll that finds none allocates nothing).
+    pub fn try_notification(&self) -> Option<Received> {
+        self.inbox.try_take()
+    }
+
     /// The oldest notification not yet taken, waiting up to `timeout` for
     /// one.
     ///

@@ -117,6 +117,11 @@ impl Inbox {
         st.queue.drain(..).collect()
     }
 
+    /// The oldest waiting, if any.
+    pub(crate) fn try_take(&self) -> Option<Received> {
+        self.state.lock().expect("inbox poisoned").queue.pop_front()
+    }
+
     /// The oldest waiting, after waiting up to `timeout` for one.
     ///
     /// # Errors
