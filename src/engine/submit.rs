@@ -310,10 +310,11 @@ impl Engine {
         self.batches.free(batch)
     }
 
-    /// Wait until no task of `batch` is pending (or `timeout`): yields
-    /// the core for the first 50 µs (short transfers end within it), then
-    /// sleeps between looks, 10 µs doubling to 1 ms, so a caller waiting on
-    /// a long transfer does not hold a core the workers need.
+    /// Wait until no task of `batch` is pending (or `timeout`): looks and
+    /// yields the core for the first 200 µs (short transfers end within
+    /// it; as `Ring::wait_ready`), then sleeps between looks, 10 µs
+    /// doubling to 1 ms, so a caller waiting on a long transfer does not
+    /// hold a core the workers need.
     pub fn wait_batch(&self, batch: BatchId, timeout: Duration) -> Result<TaskStatus> {
         let b = self.batches.get(batch)?;
         let start = Instant::now();
@@ -327,7 +328,7 @@ impl Engine {
             if waited > timeout {
                 return Err(Error::new(ErrorKind::Timeout, "batch still pending"));
             }
-            if waited < Duration::from_micros(50) {
+            if waited < Duration::from_micros(200) {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(nap.min(timeout - waited));

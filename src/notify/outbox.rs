@@ -6,8 +6,8 @@
 //! lane numbers its messages in a stream of its own (a random stream id,
 //! sequence numbers from 1), so two lanes to one engine (a peer opened
 //! under two names) never collide. Sending reuses the lane's authenticated
-//! control connection while messages keep coming (it is closed when the
-//! lane empties, so an idle lane holds none of the peer's connection
+//! control connection while messages keep coming (it is closed after
+//! 100 ms with none, so an idle lane holds none of the peer's connection
 //! slots); when an exchange breaks, the lane reconnects and sends the same
 //! (stream, seq) again, and the receiver drops what it already filed, so
 //! each message lands once. A refusal from the peer (any `Error` answer
@@ -48,6 +48,9 @@ pub const REFUSALS: u32 = 3;
 /// A control connection is replaced after this long: the server ends each
 /// connection's exchange after `EXCHANGE_DEADLINE` (5 s).
 const CONN_MAX_AGE: Duration = Duration::from_secs(4);
+/// An idle lane closes its connection after this long without a message,
+/// so it does not hold one of the peer's control slots.
+const CONN_IDLE: Duration = Duration::from_millis(100);
 /// Longest pause between polls of a submission's tasks.
 const MAX_POLL_PAUSE: Duration = Duration::from_millis(1);
 /// First and longest pause between retries of a busy or unreachable peer.
@@ -268,9 +271,20 @@ fn run_lane(ctx: &Ctx, dest: &Dest, lane: &LaneShared) {
                         job.delivery.clone(),
                     );
                 }
-                // Idle: hand the peer its connection slot back.
-                if conn.take().is_some() {
-                    *lane.open.lock().expect("lane poisoned") = None;
+                // Idle: keep the connection a moment for the next message
+                // (a reconnect costs a handshake), then hand the peer its
+                // connection slot back.
+                if conn.is_some() {
+                    let (next, waited) = lane
+                        .work
+                        .wait_timeout(st, CONN_IDLE)
+                        .expect("lane poisoned");
+                    st = next;
+                    if waited.timed_out() && st.jobs.is_empty() {
+                        conn = None;
+                        *lane.open.lock().expect("lane poisoned") = None;
+                    }
+                    continue;
                 }
                 st = lane.work.wait(st).expect("lane poisoned");
             }
