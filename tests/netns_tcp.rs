@@ -258,7 +258,16 @@ fn netns_tcp_chaos_initiator_child() {
         }
         None
     };
-    for _ in 0..runs {
+    // A run counts when the dead rail held slices as its link went down
+    // (else nothing moves and there is nothing to time): an attempt where
+    // it held none is brought back up and run again, as the rxe twin does.
+    let mut attempts = 0;
+    while survivor_us.len() < runs {
+        attempts += 1;
+        assert!(
+            attempts <= 3 * runs,
+            "{attempts} attempts for {runs} runs: the rail kept holding no slice"
+        );
         std::thread::sleep(Duration::from_millis(300));
         // Down while the rail carries slices: that is the case to time.
         let _ = poll_until(
@@ -282,7 +291,8 @@ fn netns_tcp_chaos_initiator_child() {
             }),
             Duration::from_secs(5),
         );
-        survivor_us.push(first.map_or(u64::MAX, |_| t0.elapsed().as_micros() as u64));
+        let held = survivor_at_move.is_some();
+        let survivor = first.map_or(u64::MAX, |_| t0.elapsed().as_micros() as u64);
         std::thread::sleep(Duration::from_millis(300));
         let before_up = rail(&dead_if).bytes;
         tent::netlink::set_link(index, true).unwrap();
@@ -290,6 +300,13 @@ fn netns_tcp_chaos_initiator_child() {
             Box::new(|| rail(&dead_if).bytes > before_up),
             Duration::from_secs(10),
         );
+        if !held {
+            say(&format!(
+                "attempt {attempts}: rail {dead_if} held no slice when its link went down; run again"
+            ));
+            continue;
+        }
+        survivor_us.push(survivor);
         back_ms.push(back.map_or(u64::MAX, |d| d.as_millis() as u64));
     }
     stop.store(true, Ordering::Relaxed);

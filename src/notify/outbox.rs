@@ -51,6 +51,11 @@ const CONN_MAX_AGE: Duration = Duration::from_secs(4);
 /// An idle lane closes its connection after this long without a message,
 /// so it does not hold one of the peer's control slots.
 const CONN_IDLE: Duration = Duration::from_millis(100);
+/// A lane with no message for this long ends its thread and leaves the
+/// map (the next message to that peer starts a new lane, a new stream):
+/// an engine that notified many peers over its life keeps no thread for
+/// each.
+const LANE_IDLE: Duration = Duration::from_secs(10);
 /// Longest pause between polls of a submission's tasks.
 const MAX_POLL_PAUSE: Duration = Duration::from_millis(1);
 /// First and longest pause between retries of a busy or unreachable peer.
@@ -114,12 +119,14 @@ struct Ctx {
     bound: Duration,
     inbox: Arc<Inbox>,
     stop: AtomicBool,
+    /// Every lane; a lane idle for `lane_idle` takes itself out.
+    lanes: Mutex<HashMap<Dest, Lane>>,
+    lane_idle: Duration,
 }
 
 /// Every lane of this engine.
 pub(crate) struct Outbox {
     ctx: Arc<Ctx>,
-    lanes: Mutex<HashMap<Dest, Lane>>,
 }
 
 impl Outbox {
@@ -129,6 +136,16 @@ impl Outbox {
         bound: Duration,
         inbox: Arc<Inbox>,
     ) -> Outbox {
+        Outbox::with_lane_idle(from, secret, bound, inbox, LANE_IDLE)
+    }
+
+    fn with_lane_idle(
+        from: String,
+        secret: Option<Vec<u8>>,
+        bound: Duration,
+        inbox: Arc<Inbox>,
+        lane_idle: Duration,
+    ) -> Outbox {
         Outbox {
             ctx: Arc::new(Ctx {
                 from,
@@ -136,8 +153,9 @@ impl Outbox {
                 bound,
                 inbox,
                 stop: AtomicBool::new(false),
+                lanes: Mutex::new(HashMap::new()),
+                lane_idle,
             }),
-            lanes: Mutex::new(HashMap::new()),
         }
     }
 
@@ -160,7 +178,7 @@ impl Outbox {
         deadline: Instant,
         delivery: Arc<Delivery>,
     ) -> Result<()> {
-        let mut lanes = self.lanes.lock().expect("outbox poisoned");
+        let mut lanes = self.ctx.lanes.lock().expect("outbox poisoned");
         if self.ctx.stop.load(Ordering::Acquire) {
             return Err(Error::new(ErrorKind::Shutdown, "the engine is stopping"));
         }
@@ -205,8 +223,14 @@ impl Outbox {
     /// Stop every lane: an exchange in progress is cut (its socket shut
     /// down), and what has not been delivered fails `Shutdown`.
     pub(crate) fn stop(&self) {
-        let mut lanes = self.lanes.lock().expect("outbox poisoned");
-        self.ctx.stop.store(true, Ordering::Release);
+        // Out of the map under its lock (with `stop` set, so no lane is
+        // added after), joined after it is released: a lane taking itself
+        // out waits for that lock.
+        let lanes = {
+            let mut lanes = self.ctx.lanes.lock().expect("outbox poisoned");
+            self.ctx.stop.store(true, Ordering::Release);
+            std::mem::take(&mut *lanes)
+        };
         for lane in lanes.values() {
             // Under the lane's lock, so a lane about to wait sees `stop`.
             let _g = lane.shared.state.lock().expect("lane poisoned");
@@ -215,11 +239,17 @@ impl Outbox {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
         }
-        for lane in lanes.values_mut() {
+        for (_, mut lane) in lanes {
             if let Some(t) = lane.thread.take() {
                 let _ = t.join();
             }
         }
+    }
+
+    /// Lanes running (each a thread).
+    #[cfg(test)]
+    fn lanes(&self) -> usize {
+        self.ctx.lanes.lock().expect("outbox poisoned").len()
     }
 }
 
@@ -286,7 +316,28 @@ fn run_lane(ctx: &Ctx, dest: &Dest, lane: &LaneShared) {
                     }
                     continue;
                 }
-                st = lane.work.wait(st).expect("lane poisoned");
+                let (next, waited) = lane
+                    .work
+                    .wait_timeout(st, ctx.lane_idle)
+                    .expect("lane poisoned");
+                st = next;
+                if waited.timed_out() && st.jobs.is_empty() {
+                    // Out of the map, in the map's lock order (map, then
+                    // lane), so no message is queued here meanwhile.
+                    drop(st);
+                    let mut lanes = ctx.lanes.lock().expect("outbox poisoned");
+                    st = lane.state.lock().expect("lane poisoned");
+                    if st.jobs.is_empty() {
+                        if lanes
+                            .get(dest)
+                            .is_some_and(|l| std::ptr::eq(Arc::as_ptr(&l.shared), lane))
+                        {
+                            // Dropping our own JoinHandle detaches us.
+                            lanes.remove(dest);
+                        }
+                        return;
+                    }
+                }
             }
         };
         let result = after
@@ -475,4 +526,50 @@ fn send(
 /// Failures no retry can change.
 fn permanent(kind: ErrorKind) -> bool {
     matches!(kind, ErrorKind::AccessDenied | ErrorKind::InvalidArgument)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_lane_ends_and_the_next_message_starts_another() {
+        let inbox = Arc::new(Inbox::default());
+        let out = Outbox::with_lane_idle(
+            "me".into(),
+            None,
+            Duration::from_secs(5),
+            inbox.clone(),
+            Duration::from_millis(30),
+        );
+        let send = |name: &str| {
+            let d = Arc::new(Delivery::default());
+            let note = Notification::new(name, Vec::new()).unwrap();
+            out.enqueue(
+                Dest::Local,
+                note,
+                None,
+                deadline_after(out.bound()),
+                d.clone(),
+            )
+            .unwrap();
+            d.wait().unwrap();
+        };
+        send("one");
+        assert_eq!(out.lanes(), 1);
+        let start = Instant::now();
+        while out.lanes() > 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the idle lane stayed"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        send("two");
+        assert_eq!(out.lanes(), 1);
+        let names: Vec<_> = inbox.take_all().into_iter().map(|r| r.name).collect();
+        assert_eq!(names, ["one", "two"]);
+        out.stop();
+        assert_eq!(out.lanes(), 0);
+    }
 }
