@@ -19,6 +19,16 @@ fn soon() -> Instant {
     Instant::now() + WAIT
 }
 
+/// A 4 KiB WRITE from the start of `src` to `addr` in `seg`.
+fn write_4k(src: &tent::Buffer, seg: SegmentId, addr: u64) -> tent::Sqe {
+    op::Write::new(
+        LocalAddr::new(src.id(), 0),
+        RemoteAddr::new(seg, addr),
+        4096,
+    )
+    .build()
+}
+
 fn note(name: &str, msg: &[u8]) -> Notification {
     Notification::new(name, msg.to_vec()).unwrap()
 }
@@ -204,12 +214,7 @@ fn a_dead_peer_fails_the_submission_instead_of_losing_its_notification() {
     let src = a.allocate_memory(4096).unwrap();
     let dst = b.allocate_memory(4096).unwrap();
     let batch = a.allocate_batch(1).unwrap();
-    let req = op::Write::new(
-        LocalAddr::new(src.id(), 0),
-        RemoteAddr::new(seg, dst.addr()),
-        4096,
-    )
-    .build();
+    let req = write_4k(&src, seg, dst.addr());
     let start = Instant::now();
     a.submit_with_notification(batch, &[req], &note("lost?", b"no"))
         .unwrap();
@@ -350,12 +355,7 @@ fn a_notification_waits_for_a_failed_request_and_is_not_sent() {
     let src = a.allocate_memory(4096).unwrap();
     let dst = b.allocate_memory(4096).unwrap();
     let batch = a.allocate_batch(2).unwrap();
-    let good = op::Write::new(
-        LocalAddr::new(src.id(), 0),
-        RemoteAddr::new(seg, dst.addr()),
-        4096,
-    )
-    .build();
+    let good = write_4k(&src, seg, dst.addr());
     // Past the end of the remote region: fails, so its data never lands.
     let bad = op::Write::new(
         LocalAddr::new(src.id(), 0),
@@ -481,12 +481,7 @@ fn a_batch_is_pending_until_its_notification_is_delivered() {
         client::notify(&s, &peer, &f, soon()).unwrap();
     }
     let batch = a.allocate_batch(1).unwrap();
-    let req = op::Write::new(
-        LocalAddr::new(src.id(), 0),
-        RemoteAddr::new(seg, dst.addr()),
-        4096,
-    )
-    .build();
+    let req = write_4k(&src, seg, dst.addr());
     a.submit_with_notification(batch, &[req], &note("queued", b""))
         .unwrap();
     std::thread::sleep(Duration::from_millis(100));

@@ -106,22 +106,13 @@ pub(crate) fn to_sqe(engine: &Engine, r: &tent_request_t) -> Result<Sqe> {
     }
     let local = engine.local_addr(r.source as u64, r.length)?;
     let remote = RemoteAddr::new(SegmentId(r.target_id), r.target_offset);
-    // Read and Write are distinct builder types with the same setters.
-    macro_rules! build {
-        ($op:ident) => {
-            op::$op::new(local, remote, r.length)
-                .priority(priority)
-                .transport_hint(transport)
-                .deadline_ns(r.deadline_ns)
-                .no_failover(r.flags & TENT_FLAG_NO_FAILOVER != 0)
-                .user_data(r.user_data)
-                .build()
-        };
-    }
-    Ok(match opcode {
-        Opcode::Read => build!(Read),
-        Opcode::Write => build!(Write),
-    })
+    Ok(op::Transfer::new(opcode, local, remote, r.length)
+        .priority(priority)
+        .transport_hint(transport)
+        .deadline_ns(r.deadline_ns)
+        .no_failover(r.flags & TENT_FLAG_NO_FAILOVER != 0)
+        .user_data(r.user_data)
+        .build())
 }
 
 /// Every request of `reqs` as an SQE; the first that cannot be one fails

@@ -278,18 +278,13 @@ impl Request {
         let segment = segment_id(py, self.target_id)?;
         let remote = RemoteAddr::new(segment, self.target_offset);
         let p = priority(py, self.priority)?;
-        Ok(match self.opcode {
-            OpCode::READ => op::Read::new(local, remote, self.length)
+        Ok(
+            op::Transfer::new(self.opcode.into(), local, remote, self.length)
                 .priority(p)
                 .transport_hint(self.transport_hint)
                 .deadline_ns(self.deadline_ns)
                 .build(),
-            OpCode::WRITE => op::Write::new(local, remote, self.length)
-                .priority(p)
-                .transport_hint(self.transport_hint)
-                .deadline_ns(self.deadline_ns)
-                .build(),
-        })
+        )
     }
 }
 

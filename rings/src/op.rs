@@ -18,12 +18,14 @@
 
 use crate::entry::{LocalAddr, Opcode, Priority, RemoteAddr, SQE_NO_FAILOVER, Sqe, TransportKind};
 
-/// Both operations share every field, so one definition keeps them identical.
-macro_rules! opcode {
-    ($(#[$outer:meta])* $name:ident => $opcode:expr) => {
+/// Every builder shares every field, so one definition keeps them
+/// identical; only how `new` picks the opcode differs.
+macro_rules! builder {
+    ($(#[$outer:meta])* $name:ident) => {
         $(#[$outer])*
         #[derive(Clone, Copy, Debug)]
         pub struct $name {
+            opcode: Opcode,
             local: LocalAddr,
             remote: RemoteAddr,
             len: u64,
@@ -35,9 +37,11 @@ macro_rules! opcode {
         }
 
         impl $name {
-            /// The required fields: both ends and the byte count.
-            pub const fn new(local: LocalAddr, remote: RemoteAddr, len: u64) -> Self {
+            /// `opcode` between both ends, every optional field at its
+            /// default.
+            const fn with(opcode: Opcode, local: LocalAddr, remote: RemoteAddr, len: u64) -> Self {
                 $name {
+                    opcode,
                     local,
                     remote,
                     len,
@@ -90,7 +94,7 @@ macro_rules! opcode {
                     deadline_ns: self.deadline_ns,
                     local_region: self.local.region.0,
                     remote_segment: self.remote.segment.0,
-                    opcode: $opcode as u8,
+                    opcode: self.opcode as u8,
                     priority: self.priority as u8,
                     flags: if self.no_failover { SQE_NO_FAILOVER } else { 0 },
                     transport_hint: self.transport_hint as u8,
@@ -107,14 +111,52 @@ macro_rules! opcode {
     };
 }
 
-opcode! {
+builder! {
     /// Copy `len` bytes from the remote address into the local address.
-    Read => Opcode::Read
+    Read
 }
 
-opcode! {
+impl Read {
+    /// The required fields: both ends and the byte count.
+    pub const fn new(local: LocalAddr, remote: RemoteAddr, len: u64) -> Self {
+        Self::with(Opcode::Read, local, remote, len)
+    }
+}
+
+builder! {
     /// Copy `len` bytes from the local address to the remote address.
-    Write => Opcode::Write
+    Write
+}
+
+impl Write {
+    /// The required fields: both ends and the byte count.
+    pub const fn new(local: LocalAddr, remote: RemoteAddr, len: u64) -> Self {
+        Self::with(Opcode::Write, local, remote, len)
+    }
+}
+
+builder! {
+    /// A READ or a WRITE whose opcode is data, not code: what callers
+    /// that take the opcode from their own callers build (TENT's
+    /// requests, block lists), with the same setters as [`Read`] and
+    /// [`Write`].
+    ///
+    /// ```
+    /// use tent_rings::entry::{LocalAddr, Opcode, RegionId, RemoteAddr, SegmentId};
+    /// use tent_rings::op;
+    ///
+    /// let (l, r) = (LocalAddr::new(RegionId(1), 0), RemoteAddr::new(SegmentId(2), 0));
+    /// let sqe = op::Transfer::new(Opcode::Read, l, r, 8).user_data(3).build();
+    /// assert_eq!(sqe.opcode(), Some(Opcode::Read));
+    /// ```
+    Transfer
+}
+
+impl Transfer {
+    /// The opcode and the required fields: both ends and the byte count.
+    pub const fn new(opcode: Opcode, local: LocalAddr, remote: RemoteAddr, len: u64) -> Self {
+        Self::with(opcode, local, remote, len)
+    }
 }
 
 #[cfg(test)]
@@ -181,6 +223,34 @@ mod tests {
         assert_eq!(sqe.transport_hint(), Some(TransportKind::Any));
         assert_eq!(sqe.deadline_ns(), 0);
         assert_eq!(sqe.user_data(), 0);
+    }
+
+    #[test]
+    fn transfer_builds_what_read_and_write_build() {
+        let (l, r) = ends();
+        for (opcode, same) in [
+            (
+                Opcode::Read,
+                Read::new(l, r, 9)
+                    .priority(Priority::Low)
+                    .user_data(4)
+                    .build(),
+            ),
+            (
+                Opcode::Write,
+                Write::new(l, r, 9)
+                    .priority(Priority::Low)
+                    .user_data(4)
+                    .build(),
+            ),
+        ] {
+            let sqe = Transfer::new(opcode, l, r, 9)
+                .priority(Priority::Low)
+                .user_data(4)
+                .build();
+            assert_eq!(sqe.opcode(), Some(opcode));
+            assert_eq!(format!("{sqe:?}"), format!("{same:?}"));
+        }
     }
 
     #[test]

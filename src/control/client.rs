@@ -112,10 +112,10 @@ pub fn notify(
             "{peer} acknowledged notification {seq} where {} was sent",
             frame.seq
         )))),
-        Message::Error { code, text } => Err(NotifyError::Refused(Error::new(
-            ErrorKind::from_code(code).unwrap_or(ErrorKind::InvalidArgument),
-            format!("{peer} refused the notification: {text}"),
-        ))),
+        // `unexpected` turns the peer's refusal into its kind and words.
+        refusal @ Message::Error { .. } => {
+            Err(NotifyError::Refused(unexpected(peer, "NotifyAck", refusal)))
+        }
         other => Err(NotifyError::Broken(unexpected(peer, "NotifyAck", other))),
     }
 }

@@ -426,17 +426,11 @@ fn serve(
             Message::QpConnect(req) => {
                 // A refused QP is an answer, not a protocol error: the
                 // connection stays open for another request.
-                let reply = match services.qp.as_deref().map(|f| f(&req)) {
-                    Some(Ok(ours)) => Message::QpAccept { qp: ours },
-                    Some(Err(e)) => Message::Error {
-                        code: e.kind().code(),
-                        text: e.to_string(),
-                    },
-                    None => Message::Error {
-                        code: ErrorKind::Unreachable.code(),
-                        text: "this engine serves no RDMA".into(),
-                    },
-                };
+                let reply = answer(
+                    services.qp.as_deref().map(|f| f(&req)),
+                    |qp| Message::QpAccept { qp },
+                    "this engine serves no RDMA",
+                );
                 wire::write_message(s, &reply)?
             }
             Message::Notify(frame) => {
@@ -449,23 +443,34 @@ fn serve(
                     (Some(_), Err(e)) => return Err(Close::Wire(WireError::Io(e))),
                     (None, _) => None,
                 };
-                let reply = match reply {
-                    Some(Ok(())) => Message::NotifyAck { seq },
-                    Some(Err(e)) => Message::Error {
-                        code: e.kind().code(),
-                        text: e.to_string(),
-                    },
-                    None => Message::Error {
-                        code: ErrorKind::Unreachable.code(),
-                        text: "this engine takes no notifications".into(),
-                    },
-                };
+                let reply = answer(
+                    reply,
+                    |()| Message::NotifyAck { seq },
+                    "this engine takes no notifications",
+                );
                 wire::write_message(s, &reply)?
             }
             other => {
                 return Err(unexpected(s, "GetDescriptor, QpConnect or Notify", &other));
             }
         }
+    }
+}
+
+/// A service's answer to a request: `reply` with what it returned, the
+/// refusal it gave (its kind and words), or `Unreachable` with `missing`
+/// when this server does not offer it.
+fn answer<T>(r: Option<Result<T>>, reply: impl FnOnce(T) -> Message, missing: &str) -> Message {
+    match r {
+        Some(Ok(v)) => reply(v),
+        Some(Err(e)) => Message::Error {
+            code: e.kind().code(),
+            text: e.to_string(),
+        },
+        None => Message::Error {
+            code: ErrorKind::Unreachable.code(),
+            text: missing.into(),
+        },
     }
 }
 

@@ -3,7 +3,7 @@
 //! one on both sides merge into one request, so contiguous pages cost one
 //! task and one pass through the worker, not one each.
 
-use tent_rings::{LocalAddr, Opcode, Priority, RemoteAddr, SegmentId, Sqe, op};
+use tent_rings::{LocalAddr, Opcode, Priority, RemoteAddr, SegmentId, op};
 
 use super::{BatchId, Engine};
 use crate::error::{Error, Result};
@@ -127,15 +127,11 @@ impl Engine {
             })?;
             let local = LocalAddr::new(region.id(), r.local - region.addr());
             let remote = RemoteAddr::new(blocks.segment, r.remote);
-            let sqe: Sqe = match blocks.opcode {
-                Opcode::Read => op::Read::new(local, remote, r.len)
+            sqes.push(
+                op::Transfer::new(blocks.opcode, local, remote, r.len)
                     .priority(blocks.priority)
                     .build(),
-                Opcode::Write => op::Write::new(local, remote, r.len)
-                    .priority(blocks.priority)
-                    .build(),
-            };
-            sqes.push(sqe);
+            );
         }
         drop(table);
         self.submit_to(&b, &sqes)?;
