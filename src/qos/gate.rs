@@ -22,6 +22,13 @@ pub trait SendGate: Send + Sync + std::fmt::Debug {
         true
     }
 
+    /// Does [`can_send`](Self::can_send) answer true for every priority
+    /// at every instant? A worker that is told so does not ask it on its
+    /// small-op path (a virtual call per op).
+    fn always_open(&self) -> bool {
+        false
+    }
+
     /// How soon a worker whose every queued lane is closed looks again
     /// (it naps that long instead of spinning on a closed gate).
     fn recheck_after(&self) -> Duration {
@@ -42,5 +49,9 @@ impl SendGate for OpenGate {
 
     fn tracks_demand(&self) -> bool {
         false
+    }
+
+    fn always_open(&self) -> bool {
+        true
     }
 }

@@ -49,21 +49,24 @@ impl Transport for LocalTransport {
         matches!(segment.kind(), SegmentKind::Local)
     }
 
-    fn submit(&self, _ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
-        let table = self.regions.load();
+    fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
         for (s, o) in slices.iter().zip(out.iter_mut()) {
-            *o = if !self.reaches(s.segment) {
-                SubmitOutcome::Rejected(ErrorKind::Unreachable)
-            } else {
-                match table.find_addr(s.remote, s.len) {
-                    Ok((_, remote)) => {
-                        // SAFETY: `local` was bounds-checked by the engine and `remote` by find_addr, both inside live registrations.
-                        unsafe { copy_slice(s.opcode, s.local, remote, s.len as usize) };
-                        SubmitOutcome::Completed(Ok(s.len))
-                    }
-                    Err(e) => SubmitOutcome::Completed(Err(e)),
-                }
-            };
+            *o = self.submit_one(ctx, s);
+        }
+    }
+
+    #[inline]
+    fn submit_one(&self, _ctx: &WorkerCtx, s: &Slice<'_>) -> SubmitOutcome {
+        if !self.reaches(s.segment) {
+            return SubmitOutcome::Rejected(ErrorKind::Unreachable);
+        }
+        match self.regions.load().find_addr(s.remote, s.len) {
+            Ok((_, remote)) => {
+                // SAFETY: `local` was bounds-checked by the engine and `remote` by find_addr, both inside live registrations.
+                unsafe { copy_slice(s.opcode, s.local, remote, s.len as usize) };
+                SubmitOutcome::Completed(Ok(s.len))
+            }
+            Err(e) => SubmitOutcome::Completed(Err(e)),
         }
     }
 

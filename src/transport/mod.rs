@@ -203,6 +203,20 @@ pub trait Transport: Send + Sync + 'static {
     /// `slices[i]`. `ctx` is the calling worker's (`ctx.index()`).
     fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]);
 
+    /// [`submit`](Self::submit) for one slice, its outcome returned by
+    /// value: the worker's inline path for small ops. A synchronous
+    /// transport implements it (and `submit` through it) so the outcome
+    /// comes back in registers: read back from memory the other's stores
+    /// just wrote with other widths, it could not be forwarded and waited
+    /// for every older store to reach the cache, the previous ops' CQE
+    /// lines included (a third of the worker's samples at 8 B, 32 in
+    /// flight).
+    fn submit_one(&self, ctx: &WorkerCtx, slice: &Slice<'_>) -> SubmitOutcome {
+        let mut out = [SubmitOutcome::Rejected(ErrorKind::Unreachable)];
+        self.submit(ctx, std::slice::from_ref(slice), &mut out);
+        out[0]
+    }
+
     /// Reap completions of posted slices into `out`; returns how many.
     fn poll(&self, ctx: &WorkerCtx, out: &mut [SliceCompletion]) -> usize;
 
@@ -345,13 +359,86 @@ pub(crate) unsafe fn copy_slice(opcode: Opcode, local: *mut u8, remote: *mut u8,
         Opcode::Write => (local as *const u8, remote),
         Opcode::Read => (remote as *const u8, local),
     };
+    if len <= 16 {
+        // SAFETY: as below; `small_copy` reads every byte before it writes one, so overlap is allowed too.
+        unsafe { small_copy(src, dst, len) };
+        return;
+    }
     // SAFETY: the caller guarantees both ranges are valid; `copy` allows overlap (a loopback transfer may name the same memory on both sides).
     unsafe { std::ptr::copy(src, dst, len) };
+}
+
+/// Copy `len <= 16` bytes with two (possibly overlapping) loads and two
+/// stores of the largest width that fits, all loads first: no call into
+/// libc's `memmove` for a small op (its dispatch costs more than the copy).
+///
+/// # Safety
+/// `src` valid for `len` reads and `dst` for `len` writes; they may overlap.
+#[inline(always)]
+unsafe fn small_copy(src: *const u8, dst: *mut u8, len: usize) {
+    use std::ptr::{read_unaligned as rd, write_unaligned as wr};
+    // SAFETY: each access covers [0, w) or [len - w, len) with w <= len, inside both ranges; both loads happen before either store.
+    unsafe {
+        match len {
+            8..=16 => {
+                let (a, b) = (rd(src.cast::<u64>()), rd(src.add(len - 8).cast::<u64>()));
+                wr(dst.cast::<u64>(), a);
+                wr(dst.add(len - 8).cast::<u64>(), b);
+            }
+            4..=7 => {
+                let (a, b) = (rd(src.cast::<u32>()), rd(src.add(len - 4).cast::<u32>()));
+                wr(dst.cast::<u32>(), a);
+                wr(dst.add(len - 4).cast::<u32>(), b);
+            }
+            2..=3 => {
+                let (a, b) = (rd(src.cast::<u16>()), rd(src.add(len - 2).cast::<u16>()));
+                wr(dst.cast::<u16>(), a);
+                wr(dst.add(len - 2).cast::<u16>(), b);
+            }
+            1 => *dst = *src,
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copy_of_any_small_length_moves_exactly_its_bytes_even_overlapping() {
+        for len in 0..=40usize {
+            for opcode in [Opcode::Write, Opcode::Read] {
+                let mut a: Vec<u8> = (0..64).collect();
+                let mut b = vec![0xEEu8; 64];
+                // SAFETY: both buffers hold 64 bytes, len + 3 <= 64.
+                unsafe { copy_slice(opcode, a.as_mut_ptr().add(3), b.as_mut_ptr().add(5), len) };
+                let (src, dst) = match opcode {
+                    Opcode::Write => (&a, &b),
+                    Opcode::Read => (&b, &a),
+                };
+                let mut want = match opcode {
+                    Opcode::Write => vec![0xEEu8; 64],
+                    Opcode::Read => (0..64).collect(),
+                };
+                let from = if opcode == Opcode::Write { 3 } else { 5 };
+                let to = if opcode == Opcode::Write { 5 } else { 3 };
+                want[to..to + len].copy_from_slice(&src[from..from + len]);
+                assert_eq!(dst, &want, "len {len} {opcode:?}");
+            }
+            // One buffer on both sides, shifted by 1 either way: overlap
+            // is allowed (a loopback transfer may name the same memory).
+            for (from, to) in [(2usize, 3usize), (3, 2)] {
+                let mut buf: Vec<u8> = (0..64).collect();
+                let mut want = buf.clone();
+                want.copy_within(from..from + len, to);
+                let p = buf.as_mut_ptr();
+                // SAFETY: both ranges lie in `buf` (len + 3 <= 64).
+                unsafe { copy_slice(Opcode::Write, p.add(from), p.add(to), len) };
+                assert_eq!(buf, want, "len {len} overlapping {from}->{to}");
+            }
+        }
+    }
 
     #[test]
     fn a_peer_is_active_from_its_first_slice_until_its_last_is_back() {

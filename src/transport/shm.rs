@@ -44,22 +44,25 @@ impl Transport for ShmTransport {
 
     fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
         for (s, o) in slices.iter().zip(out.iter_mut()) {
-            *o = match s.segment.shm() {
-                None => SubmitOutcome::Rejected(ErrorKind::Unreachable),
-                Some(peer) => {
-                    let res = peer.with_remote_on(ctx, s.remote, s.len, |remote| {
-                        // SAFETY: `remote` was bounds- and key-checked inside a mapping `with_remote` keeps alive; `local` was checked by the engine.
-                        unsafe { copy_slice(s.opcode, s.local, remote, s.len as usize) }
-                    });
-                    match res {
-                        Ok(Access::Done(())) => SubmitOutcome::Completed(Ok(s.len)),
-                        // The peer's refresher is mapping what the owner
-                        // just published: the slice waits its next turn.
-                        Ok(Access::Later) => SubmitOutcome::Later,
-                        Err(e) => SubmitOutcome::Completed(Err(e)),
-                    }
-                }
-            };
+            *o = self.submit_one(ctx, s);
+        }
+    }
+
+    #[inline]
+    fn submit_one(&self, ctx: &WorkerCtx, s: &Slice<'_>) -> SubmitOutcome {
+        let Some(peer) = s.segment.shm() else {
+            return SubmitOutcome::Rejected(ErrorKind::Unreachable);
+        };
+        let res = peer.with_remote_on(ctx, s.remote, s.len, |remote| {
+            // SAFETY: `remote` was bounds- and key-checked inside a mapping `with_remote` keeps alive; `local` was checked by the engine.
+            unsafe { copy_slice(s.opcode, s.local, remote, s.len as usize) }
+        });
+        match res {
+            Ok(Access::Done(())) => SubmitOutcome::Completed(Ok(s.len)),
+            // The peer's refresher is mapping what the owner just
+            // published: the slice waits its next turn.
+            Ok(Access::Later) => SubmitOutcome::Later,
+            Err(e) => SubmitOutcome::Completed(Err(e)),
         }
     }
 

@@ -235,8 +235,10 @@ fn run_thread(
     // Ops of the window that completed (good or not), and the last one's time.
     let mut window_done = 0u64;
     let mut last_done = None;
+    // One clock read per pass: the time CQEs were reaped is also when the
+    // slots they free are submitted again (the next pass starts at once).
+    let mut now = Instant::now();
     loop {
-        let now = Instant::now();
         let elapsed = now - start;
         let ended = elapsed >= cap || (elapsed >= end && window_done > 0);
         if ended && in_flight == 0 {
@@ -265,7 +267,7 @@ fn run_thread(
         }
         // Spins briefly, then sleeps until the worker posts a CQE: a large
         // transfer's bytes need the CPU more than this thread does.
-        let left = (start + cap).saturating_duration_since(Instant::now());
+        let left = (start + cap).saturating_duration_since(now);
         match ring.wait_ready(left) {
             Ok(()) => {}
             Err(e) if e.kind() == tent::ErrorKind::Timeout => {
@@ -277,6 +279,7 @@ fn run_thread(
         // One clock read per reaped batch: the CQEs it holds were all
         // there when the wait returned, so they share its timestamp.
         let done = Instant::now();
+        now = done;
         for cqe in ring.completion() {
             let sent_at = usize::try_from(cqe.user_data())
                 .ok()

@@ -67,6 +67,8 @@ impl Worker {
         }
         let _ = self.regions.load();
         let _ = self.segments.load();
+        // `resolved` names a table by address: once it may have moved, forget.
+        self.resolved = None;
         let (mut oldest, mut wait_until) = (u64::MAX, 0);
         if self.tasks.active() > 0 {
             for i in 0..self.tasks.capacity() as u32 {

@@ -166,7 +166,10 @@ impl Worker {
             0 => self.block_size,
             n => n,
         };
-        if !caps.synchronous || len > one_slice || !self.engine.gate.can_send(v.priority, now) {
+        if !caps.synchronous
+            || len > one_slice
+            || !(self.gate_always_open || self.engine.gate.can_send(v.priority, now))
+        {
             return false;
         }
         // No table load happens between `validate` and `submit` returning.
@@ -186,11 +189,8 @@ impl Worker {
             rest: len,
             priority: v.priority,
         };
-        let mut outcome = [SubmitOutcome::Rejected(ErrorKind::Unreachable)];
-        installed
-            .transport
-            .submit(&self.ctx, std::slice::from_ref(&slice), &mut outcome);
-        let res = match dispatch::judge(outcome[0], self.async_inflight > 0) {
+        let outcome = installed.transport.submit_one(&self.ctx, &slice);
+        let res = match dispatch::judge(outcome, self.async_inflight > 0) {
             dispatch::Verdict::Done(res) => res,
             verdict => {
                 // A synchronous transport never leaves a slice in flight.
@@ -205,8 +205,7 @@ impl Worker {
             .turn_budget
             .saturating_sub(dispatch::slice_cost(len, false));
         let p = v.priority;
-        self.shared.qos.accepted(p);
-        self.shared.qos.waited(p, 0);
+        self.shared.qos.served_at_intake(p);
         // The gate hears this work as it would a task's: its start and end.
         self.count_live(p, true);
         let done = res.unwrap_or(0);
@@ -245,23 +244,37 @@ impl Worker {
             .ok_or(ErrorKind::AddressNotRegistered)?;
         let ptr = region.slice_ptr(local.offset, sqe.len())?;
         let region = Held::new(&**region);
+        let id = sqe.remote().segment;
+        let table = self.segments.load();
+        let table_at = Arc::as_ptr(table);
         let segment = Held::new(
-            &**self
-                .segments
-                .load()
-                .get(sqe.remote().segment)
+            &**table
+                .get(id)
                 // Closed, in a table this worker has not refreshed yet.
                 .filter(|s| s.closed_epoch() == 0)
                 .ok_or(ErrorKind::SegmentNotFound)?,
         );
-        // The segment is in this worker's cached table, which holds it until
-        // the next load; a task made from it is live, which keeps it (see
-        // `Held`).
-        // SAFETY: held by the cached table until this worker's next load.
-        let live_segment = unsafe { segment.get() };
-        let (xport_priority, transport) = self
-            .resolve(live_segment, 0, hint)
-            .ok_or(ErrorKind::Unreachable)?;
+        let key = ResolveKey {
+            table: table_at,
+            segment: id,
+            hint,
+            slots_epoch: self.slots_epoch,
+        };
+        let (xport_priority, transport) = match self.resolved {
+            Some((k, answer)) if k == key => answer,
+            _ => {
+                // The segment is in this worker's cached table, which holds
+                // it until the next load; a task made from it is live, which
+                // keeps it (see `Held`).
+                // SAFETY: held by the cached table until this worker's next load.
+                let live_segment = unsafe { segment.get() };
+                let answer = self
+                    .resolve(live_segment, 0, hint)
+                    .ok_or(ErrorKind::Unreachable)?;
+                self.resolved = Some((key, answer));
+                answer
+            }
+        };
         let deadline_ns = deadline_for(sqe.deadline_ns(), now, self.default_timeout_ns)?;
         Ok(Accepted {
             opcode,
@@ -295,6 +308,21 @@ impl Worker {
         }
         None
     }
+}
+
+/// What `resolve` from rank 0 answered last depends on only these: the
+/// segment (an entry of one segment table, which the worker holds while
+/// it is current: a table is named by its address, and every reload of
+/// the cache either happens here, where a new table has a new address
+/// while the old one is still held, or forgets the answer), the hint,
+/// and the installed transports. A run of requests to one peer walks the
+/// transports once (`reaches` is a virtual call per transport).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ResolveKey {
+    table: *const SegmentTable,
+    segment: tent_rings::SegmentId,
+    hint: TransportKind,
+    slots_epoch: u64,
 }
 
 struct Accepted {

@@ -205,6 +205,11 @@ pub(crate) struct Worker {
     /// turn (slices still posted on it are held by `posted` / `draining`).
     slots: [Option<Arc<Installed>>; 5],
     slots_epoch: u64,
+    /// `resolve`'s last answer from rank 0 (`intake::ResolveKey`).
+    resolved: Option<(intake::ResolveKey, (u8, TransportKind))>,
+    /// The gate opens to every priority at every instant
+    /// (`SendGate::always_open`): intake's inline path does not ask it.
+    gate_always_open: bool,
     /// The gate hears demand edges (`SendGate::tracks_demand`); when it
     /// does not (the single-process `OpenGate`), live tasks are not counted.
     gate_tracks_demand: bool,
@@ -351,6 +356,8 @@ impl Worker {
             slots_epoch: engine.transports.epoch(),
             slots: engine.transports.load_all(),
             gate_tracks_demand: engine.gate.tracks_demand(),
+            gate_always_open: engine.gate.always_open(),
+            resolved: None,
             shared,
             engine,
             ctx,
