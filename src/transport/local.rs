@@ -7,7 +7,7 @@ use tent_rings::{ErrorKind, TransportKind};
 
 use super::{
     Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
-    copy_slice,
+    copy_slice, submit_each,
 };
 use crate::error::Result;
 use crate::memory::RegionTable;
@@ -50,9 +50,7 @@ impl Transport for LocalTransport {
     }
 
     fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
-        for (s, o) in slices.iter().zip(out.iter_mut()) {
-            *o = self.submit_one(ctx, s);
-        }
+        submit_each(self, ctx, slices, out);
     }
 
     #[inline]

@@ -368,6 +368,20 @@ pub(crate) unsafe fn copy_slice(opcode: Opcode, local: *mut u8, remote: *mut u8,
     unsafe { std::ptr::copy(src, dst, len) };
 }
 
+/// `submit` for a transport that does its work in `submit_one` (the
+/// synchronous ones): each slice in turn, its outcome in `out`.
+#[inline]
+pub(crate) fn submit_each<T: Transport + ?Sized>(
+    t: &T,
+    ctx: &WorkerCtx,
+    slices: &[Slice<'_>],
+    out: &mut [SubmitOutcome],
+) {
+    for (s, o) in slices.iter().zip(out.iter_mut()) {
+        *o = t.submit_one(ctx, s);
+    }
+}
+
 /// Copy `len <= 16` bytes with two (possibly overlapping) loads and two
 /// stores of the largest width that fits, all loads first: no call into
 /// libc's `memmove` for a small op (its dispatch costs more than the copy).
