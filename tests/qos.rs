@@ -357,26 +357,29 @@ fn high_overtakes_queued_low_and_promotion_keeps_low_moving() {
         .collect();
     reqs.push(local_write(&src, &dst, 4096, Priority::High).build());
     e.submit(b, &reqs).unwrap();
+    // Each task's first sighting, in poll rounds: a LOW counts as ahead
+    // of HIGH only when a round saw it done and HIGH not yet. Counting the
+    // LOWs done once HIGH is seen would count those that finished while
+    // this thread waited for a core after HIGH's.
     let t0 = Instant::now();
-    let high_done = loop {
-        let s = e.status(b, 8).unwrap();
-        if s.state == tent::TaskState::Completed {
-            break t0.elapsed();
+    let mut seen = [None::<u32>; 9];
+    let mut round = 0u32;
+    while seen.iter().any(Option::is_none) {
+        for (i, s) in seen.iter_mut().enumerate() {
+            if s.is_none() && e.status(b, i).unwrap().state == tent::TaskState::Completed {
+                *s = Some(round);
+            }
         }
-        assert!(t0.elapsed() < Duration::from_secs(20));
-        std::thread::yield_now();
-    };
-    let lows_done = (0..8)
-        .filter(|&i| e.status(b, i).unwrap().state == tent::TaskState::Completed)
-        .count();
-    assert!(
-        lows_done <= 1,
-        "{lows_done} LOW tasks finished before HIGH ({high_done:?})"
-    );
-    while (0..9).any(|i| e.status(b, i).unwrap().state != tent::TaskState::Completed) {
+        round += 1;
         assert!(t0.elapsed() < Duration::from_secs(20));
         std::thread::yield_now();
     }
+    let high_round = seen[8].unwrap();
+    let lows_ahead = seen[..8].iter().filter(|r| r.unwrap() < high_round).count();
+    assert!(
+        lows_ahead <= 1,
+        "{lows_ahead} LOW tasks finished before HIGH (rounds seen: {seen:?})"
+    );
     e.free_batch(b).unwrap();
 
     // Promotion: a LOW request under a HIGH stream that never pauses
@@ -621,14 +624,9 @@ impl Transport for NotYet {
     fn abort(&self, _: &tent::transport::WorkerCtx, _: u64, _: tent::ErrorKind) {}
 }
 
-/// A request whose transport is getting ready (`Later`) does not hold a
-/// small local op of its priority on the task path: the dispatch would pass
-/// over the waiting request, so the op completes at intake (issue 16; a
-/// stalled peer must not slow a local ring on the same worker). A queued
-/// request that is ready holds it (the first test above).
-#[test]
-fn a_request_waiting_on_its_transport_does_not_hold_small_ops_back() {
-    let e = Engine::new(test_config()).unwrap();
+/// An engine whose shm slot holds a [`NotYet`], and two 64 KiB buffers.
+fn engine_with_not_yet(c: tent::Config) -> (Engine, Arc<NotYet>, tent::Buffer, tent::Buffer) {
+    let e = Engine::new(c).unwrap();
     let not_yet = Arc::new(NotYet::default());
     e.swap_transport(
         TransportKind::Shm,
@@ -636,6 +634,17 @@ fn a_request_waiting_on_its_transport_does_not_hold_small_ops_back() {
     );
     let src = e.allocate_memory(1 << 16).unwrap();
     let dst = e.allocate_memory(1 << 16).unwrap();
+    (e, not_yet, src, dst)
+}
+
+/// A request whose transport is getting ready (`Later`) does not hold a
+/// small local op of its priority on the task path: the dispatch would pass
+/// over the waiting request, so the op completes at intake (issue 16; a
+/// stalled peer must not slow a local ring on the same worker). A queued
+/// request that is ready holds it (the first test above).
+#[test]
+fn a_request_waiting_on_its_transport_does_not_hold_small_ops_back() {
+    let (e, not_yet, src, dst) = engine_with_not_yet(test_config());
     let mut ring = e.ring_with_depth(64).unwrap();
     ring.submission()
         .push(
@@ -679,14 +688,7 @@ fn a_request_waiting_on_its_transport_does_not_hold_small_ops_back() {
 fn a_deadline_passed_while_waiting_is_reported_at_once() {
     let mut c = test_config();
     c.workers.park_timeout_ms = 2_000;
-    let e = Engine::new(c).unwrap();
-    let not_yet = Arc::new(NotYet::default());
-    e.swap_transport(
-        TransportKind::Shm,
-        Some(not_yet.clone() as Arc<dyn Transport>),
-    );
-    let src = e.allocate_memory(1 << 16).unwrap();
-    let dst = e.allocate_memory(1 << 16).unwrap();
+    let (e, _, src, dst) = engine_with_not_yet(c);
     let mut ring = e.ring_with_depth(8).unwrap();
     for round in 0..5u64 {
         let t0 = Instant::now();

@@ -11,29 +11,31 @@ use std::time::Duration;
 use common::{reap, test_config};
 use tent::{Engine, LocalAddr, Priority, RemoteAddr, TransportKind, op};
 
-/// Over TCP: a HIGH WRITE submitted behind 96 MiB of LOW WRITEs (96 of
-/// 1 MiB, one bulk connection with 128 slices of 256 KiB on its wire: 32
-/// MiB, 32 requests, that its target thread serves in order) overtakes
+/// Over TCP: a HIGH WRITE submitted behind 160 MiB of LOW WRITEs (160 of
+/// 1 MiB, one bulk connection with 256 slices of 256 KiB on its wire: 64
+/// MiB, 64 requests, that its target thread serves in order) overtakes
 /// them: it goes on the rail's express connection, whose socket holds no
 /// bulk, and finishes while at most half of those do (without the express
-/// connection: all 32, or more; with it, 0 to 8 seen on two busy cores in
-/// a debug build: its three threads wait for a core, the bulk ones run);
-/// its data lands.
+/// connection: 56 seen, those of the 64 not done by then; with it, 0 to 8
+/// most runs on two busy cores in a debug build, 17 once: its three
+/// threads wait for a core while the bulk ones run, and the wire is deep
+/// so that a wait of a few scheduler slices stays far from the failure it
+/// tells apart); its data lands.
 #[test]
 fn over_tcp_high_overtakes_the_low_on_the_bulk_connections_wire() {
     let target = common::engine();
-    let (low, n) = (1u64 << 20, 96u64);
+    let (low, n) = (1u64 << 20, 160u64);
     let dst = target.allocate_memory(n * low + 4096).unwrap();
     let mut c = test_config();
     c.transports.shm.enable = false;
     c.transports.tcp.connections_per_peer = 1;
-    c.transports.tcp.max_inflight_per_connection = 128;
+    c.transports.tcp.max_inflight_per_connection = 256;
     let init = Engine::new(c).unwrap();
     let seg = init.open_segment(&target.segment_name()).unwrap();
     let src = init.allocate_memory(low).unwrap();
     let pat = common::pattern(9, 4096);
     src.write(0, &pat).unwrap();
-    let mut ring = init.ring_with_depth(128).unwrap();
+    let mut ring = init.ring_with_depth(256).unwrap();
     let write = |off: u64, len: u64, p: Priority| {
         op::Write::new(
             LocalAddr::new(src.id(), 0),
@@ -73,7 +75,7 @@ fn over_tcp_high_overtakes_the_low_on_the_bulk_connections_wire() {
     let order: Vec<u64> = done[before..].iter().map(|c| c.user_data()).collect();
     let ahead = order.iter().position(|&u| u == 100).unwrap();
     assert!(
-        ahead <= 16,
+        ahead <= 32,
         "{ahead} LOW requests finished between HIGH's submit and its CQE: {order:?}"
     );
     let mut got = vec![0u8; 4096];
