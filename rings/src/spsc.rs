@@ -611,6 +611,14 @@ impl<T: Entry> Producer<T> {
         self.tail.wrapping_sub(self.published_tail) as usize
     }
 
+    /// Entries pushed through this ring so far, wrapping (the local tail;
+    /// a new ring starts at 0). With [`Consumer::popped`] of a ring that
+    /// answers each entry with one, it says how many are still out.
+    #[inline]
+    pub fn pushed(&self) -> u32 {
+        self.tail
+    }
+
     /// After [`sync`](Producer::sync): does the consumer ask to be woken?
     ///
     /// This is the producer half of a Dekker pair with
@@ -726,6 +734,12 @@ impl<T: Entry> Consumer<T> {
         // the tail shows it published, its entry is (nearly) here, so a new
         // entry costs one cross-core transfer in series, not two.
         prefetch(self.ring.slot(self.head));
+        self.refresh_tail_quiet()
+    }
+
+    /// [`refresh_tail`](Self::refresh_tail) without the prefetch.
+    #[inline]
+    fn refresh_tail_quiet(&mut self) -> u32 {
         // Acquire: pairs with the producer's Release in `Producer::sync`, so
         // the entries up to this tail are fully written before we read them.
         self.cached_tail = self.ring.control().producer.0.tail.load(Ordering::Acquire);
@@ -791,9 +805,41 @@ impl<T: Entry> Consumer<T> {
         self.refresh_tail() as usize
     }
 
-    /// Whether no entries are available (refreshes the cached tail).
+    /// Whether no entries are available (refreshes the cached tail). Each
+    /// call also starts the next entry's cache line on its way, so a
+    /// consumer waiting on one entry gets it with the tail that publishes
+    /// it: the right wait for a round trip.
     pub fn is_empty(&mut self) -> bool {
         self.len() == 0
+    }
+
+    /// [`is_empty`](Self::is_empty) without touching the next entry's line:
+    /// the wait while the producer has more entries coming. Its stores go
+    /// into that line; fetched by every check of a spinning consumer, the
+    /// line would be taken back from the producer before each of them
+    /// (8 B WRITEs at 32 in flight: 13% of the rate).
+    ///
+    /// ```
+    /// let (mut tx, mut rx) = tent_rings::spsc::channel::<u64>(4)?;
+    /// assert!(rx.is_empty_quiet());
+    /// tx.push(1).unwrap();
+    /// tx.sync();
+    /// assert!(!rx.is_empty_quiet());
+    /// assert_eq!((tx.pushed(), rx.popped()), (1, 0));
+    /// rx.pop();
+    /// assert_eq!(rx.popped(), 1);
+    /// # Ok::<(), tent_rings::spsc::RingError>(())
+    /// ```
+    #[inline]
+    pub fn is_empty_quiet(&mut self) -> bool {
+        self.available_cached() == 0 && self.refresh_tail_quiet() == 0
+    }
+
+    /// Entries popped from this ring so far, wrapping (the local head; a
+    /// new ring starts at 0). See [`Producer::pushed`].
+    #[inline]
+    pub fn popped(&self) -> u32 {
+        self.head
     }
 
     /// Ask to be woken, then check once more: returns `true` if the ring is

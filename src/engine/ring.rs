@@ -111,6 +111,22 @@ impl Ring {
         Ok(c)
     }
 
+    /// Is a CQE there? With one request out (a round trip) the check also
+    /// fetches the next CQE's line, which then comes with the tail that
+    /// publishes it; with more out the worker is still writing CQEs into
+    /// that line, and fetching it at every check would take the line back
+    /// from the worker before each of its stores. Every SQE is answered by
+    /// one CQE, so pushed minus popped is what is out (SQEs not submitted
+    /// yet count too: a hint only).
+    #[inline]
+    fn cq_ready(&mut self) -> bool {
+        if self.sq.pushed().wrapping_sub(self.cq.popped()) <= 1 {
+            !self.cq.is_empty()
+        } else {
+            !self.cq.is_empty_quiet()
+        }
+    }
+
     /// Wait until a CQE is ready: spin for 20 µs, poll and yield until
     /// 200 µs (short transfers complete within these), then sleep on the
     /// ring's completion bell until the worker posts one. `Err(Timeout)` after `timeout`;
@@ -119,13 +135,13 @@ impl Ring {
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         // A CQE already there costs no clock read: at many ops in flight
         // most calls find one, and the clock is the dearest thing here.
-        if !self.cq.is_empty() {
+        if self.cq_ready() {
             return Ok(());
         }
         let start = Instant::now();
         loop {
             for _ in 0..64 {
-                if !self.cq.is_empty() {
+                if self.cq_ready() {
                     return Ok(());
                 }
                 std::hint::spin_loop();

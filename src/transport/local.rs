@@ -6,8 +6,8 @@ use arc_swap::ArcSwap;
 use tent_rings::{ErrorKind, TransportKind};
 
 use super::{
-    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
-    copy_slice, submit_each,
+    Capabilities, InstallContext, PackedOutcome, Slice, SliceCompletion, SubmitOutcome, Transport,
+    WorkerCtx, copy_slice, submit_each,
 };
 use crate::error::Result;
 use crate::memory::RegionTable;
@@ -54,9 +54,9 @@ impl Transport for LocalTransport {
     }
 
     #[inline]
-    fn submit_one(&self, _ctx: &WorkerCtx, s: &Slice<'_>) -> SubmitOutcome {
+    fn submit_one(&self, _ctx: &WorkerCtx, s: &Slice<'_>) -> PackedOutcome {
         if !self.reaches(s.segment) {
-            return SubmitOutcome::Rejected(ErrorKind::Unreachable);
+            return SubmitOutcome::Rejected(ErrorKind::Unreachable).into();
         }
         match self.regions.load().find_addr(s.remote, s.len) {
             Ok((_, remote)) => {
@@ -66,6 +66,7 @@ impl Transport for LocalTransport {
             }
             Err(e) => SubmitOutcome::Completed(Err(e)),
         }
+        .into()
     }
 
     fn poll(&self, _ctx: &WorkerCtx, _out: &mut [SliceCompletion]) -> usize {

@@ -11,6 +11,7 @@
 
 pub mod fault;
 pub mod local;
+mod outcome;
 pub mod rails;
 pub mod rdma;
 pub mod shm;
@@ -80,36 +81,7 @@ impl Slice<'_> {
 }
 
 pub use crate::transport::rails::RailStat;
-
-/// What became of one submitted slice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SubmitOutcome {
-    /// Done already (synchronous transports): bytes moved or why not.
-    Completed(Result<u64, ErrorKind>),
-    /// Started; its completion arrives through [`Transport::poll`].
-    Posted,
-    /// Not started at all (safe to post elsewhere).
-    Rejected(ErrorKind),
-    /// Not started, and not a fault: the transport is getting ready for
-    /// it (an shm peer mapping a region its owner just published) without
-    /// waiting. Try again on a later turn; no failover, and the task's
-    /// deadline still bounds it.
-    Later,
-}
-
-impl SubmitOutcome {
-    /// The outcome of queueing a slice on a network transport: started,
-    /// refused for back-pressure (safe to post elsewhere or later), or
-    /// finished at once with the error.
-    #[inline]
-    pub fn of_post(posted: Result<(), ErrorKind>) -> SubmitOutcome {
-        match posted {
-            Ok(()) => SubmitOutcome::Posted,
-            Err(ErrorKind::SqFull) => SubmitOutcome::Rejected(ErrorKind::SqFull),
-            Err(e) => SubmitOutcome::Completed(Err(e)),
-        }
-    }
-}
+pub use outcome::{PackedOutcome, SubmitOutcome};
 
 /// A worker's slices out to one peer of a network transport, and whether
 /// the peer is on that worker's active list (polled until its slices
@@ -203,18 +175,14 @@ pub trait Transport: Send + Sync + 'static {
     /// `slices[i]`. `ctx` is the calling worker's (`ctx.index()`).
     fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]);
 
-    /// [`submit`](Self::submit) for one slice, its outcome returned by
-    /// value: the worker's inline path for small ops. A synchronous
-    /// transport implements it (and `submit` through it) so the outcome
-    /// comes back in registers: read back from memory the other's stores
-    /// just wrote with other widths, it could not be forwarded and waited
-    /// for every older store to reach the cache, the previous ops' CQE
-    /// lines included (a third of the worker's samples at 8 B, 32 in
-    /// flight).
-    fn submit_one(&self, ctx: &WorkerCtx, slice: &Slice<'_>) -> SubmitOutcome {
+    /// [`submit`](Self::submit) for one slice, its outcome returned in a
+    /// register ([`PackedOutcome`]): the worker's inline path for small
+    /// ops. A synchronous transport implements it (and `submit` through
+    /// it, [`submit_each`]).
+    fn submit_one(&self, ctx: &WorkerCtx, slice: &Slice<'_>) -> PackedOutcome {
         let mut out = [SubmitOutcome::Rejected(ErrorKind::Unreachable)];
         self.submit(ctx, std::slice::from_ref(slice), &mut out);
-        out[0]
+        out[0].into()
     }
 
     /// Reap completions of posted slices into `out`; returns how many.
@@ -378,7 +346,7 @@ pub(crate) fn submit_each<T: Transport + ?Sized>(
     out: &mut [SubmitOutcome],
 ) {
     for (s, o) in slices.iter().zip(out.iter_mut()) {
-        *o = t.submit_one(ctx, s);
+        *o = t.submit_one(ctx, s).unpack();
     }
 }
 

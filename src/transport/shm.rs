@@ -8,8 +8,8 @@
 use tent_rings::{ErrorKind, TransportKind};
 
 use super::{
-    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
-    copy_slice, submit_each,
+    Capabilities, InstallContext, PackedOutcome, Slice, SliceCompletion, SubmitOutcome, Transport,
+    WorkerCtx, copy_slice, submit_each,
 };
 use crate::error::Result;
 use crate::segment::Segment;
@@ -47,9 +47,9 @@ impl Transport for ShmTransport {
     }
 
     #[inline]
-    fn submit_one(&self, ctx: &WorkerCtx, s: &Slice<'_>) -> SubmitOutcome {
+    fn submit_one(&self, ctx: &WorkerCtx, s: &Slice<'_>) -> PackedOutcome {
         let Some(peer) = s.segment.shm() else {
-            return SubmitOutcome::Rejected(ErrorKind::Unreachable);
+            return SubmitOutcome::Rejected(ErrorKind::Unreachable).into();
         };
         let res = peer.with_remote_on(ctx, s.remote, s.len, |remote| {
             // SAFETY: `remote` was bounds- and key-checked inside a mapping `with_remote` keeps alive; `local` was checked by the engine.
@@ -62,6 +62,7 @@ impl Transport for ShmTransport {
             Ok(Access::Later) => SubmitOutcome::Later,
             Err(e) => SubmitOutcome::Completed(Err(e)),
         }
+        .into()
     }
 
     fn poll(&self, _ctx: &WorkerCtx, _out: &mut [SliceCompletion]) -> usize {

@@ -189,7 +189,7 @@ impl Worker {
             rest: len,
             priority: v.priority,
         };
-        let outcome = installed.transport.submit_one(&self.ctx, &slice);
+        let outcome = installed.transport.submit_one(&self.ctx, &slice).unpack();
         let res = match dispatch::judge(outcome, self.async_inflight > 0) {
             dispatch::Verdict::Done(res) => res,
             verdict => {
