@@ -41,10 +41,15 @@ impl Drop for PageBuf {
 }
 
 /// Single-thread memcpy of `size` bytes between page-aligned buffers,
-/// GB/s, over about `dur`.
-pub fn memcpy_gbps(size: u64, dur: Duration) -> f64 {
+/// GB/s, over about `dur`. `slots` > 1: each copy takes the next of that
+/// many `size`-byte blocks on both sides, as a benchmark point with
+/// `slots` ops in flight does (its data then lives in L2 or further, not
+/// in L1 as one block copied over and over does).
+pub fn memcpy_gbps(size: u64, slots: usize, dur: Duration) -> f64 {
     let size = size as usize;
-    let (mut a, mut b) = (PageBuf::new(size), PageBuf::new(size));
+    let slots = slots.max(1);
+    let span = size * slots;
+    let (mut a, mut b) = (PageBuf::new(span), PageBuf::new(span));
     let src: &[u8] = {
         let s = a.as_mut();
         s.fill(0x5a);
@@ -55,9 +60,12 @@ pub fn memcpy_gbps(size: u64, dur: Duration) -> f64 {
     dst.copy_from_slice(src);
     let start = Instant::now();
     let mut bytes = 0u64;
+    let mut k = 0;
     while start.elapsed() < dur {
         for _ in 0..16 {
-            dst.copy_from_slice(std::hint::black_box(src));
+            let at = k * size;
+            dst[at..at + size].copy_from_slice(std::hint::black_box(&src[at..at + size]));
+            k = if k + 1 == slots { 0 } else { k + 1 };
             bytes += size as u64;
         }
         std::hint::black_box(&mut *dst);

@@ -9,6 +9,11 @@ use crate::hist::Histogram;
 use crate::point::{self, FirstError, Point, Rig};
 use crate::{Args, OpArg, TransportArg, baseline, emit};
 
+/// Largest footprint (one side) the footprint memcpy baseline copies over:
+/// past it, L2 and L3 hold neither, and the one-block baseline tells as
+/// much.
+const FOOTPRINT_BASELINE_MAX: usize = 64 << 20;
+
 const SWEEP: [u64; 10] = [
     8,
     64,
@@ -414,7 +419,7 @@ fn baselines(
         return;
     }
     for &(size, gbps, _, _, _) in results.iter().filter(|r| r.0 >= 4096) {
-        let m = baseline::memcpy_gbps(size, dur);
+        let m = baseline::memcpy_gbps(size, 1, dur);
         if args.json {
             emit(&serde_json::json!({"baseline": "memcpy_1thread", "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": ratio(gbps, m)}).to_string());
         } else {
@@ -424,6 +429,23 @@ fn baselines(
                 m,
                 show(ratio(gbps, m))
             ));
+        }
+        // The same copies over the point's footprint: one block per op in
+        // flight on each side, where the engine's copies find their data
+        // (skipped once that is beyond any cache anyway).
+        let slots = args.batch;
+        if slots > 1 && (size as usize).saturating_mul(slots) <= FOOTPRINT_BASELINE_MAX {
+            let f = baseline::memcpy_gbps(size, slots, dur);
+            if args.json {
+                emit(&serde_json::json!({"baseline": "memcpy_1thread_footprint", "block_size": size, "slots": slots, "gbps": f, "tent_gbps": gbps, "ratio": ratio(gbps, f)}).to_string());
+            } else {
+                emit(&format!(
+                    "# memcpy 1 thread {:>7} over {slots} blocks each side (the point's footprint): {:>8.3} GB/s   tent/memcpy = {}",
+                    human(size),
+                    f,
+                    show(ratio(gbps, f))
+                ));
+            }
         }
     }
     let after = baseline::ping_pong(app, worker, dur);

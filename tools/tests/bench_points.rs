@@ -202,3 +202,38 @@ fn a_small_op_point_prints_the_ring_alone_floor() {
     );
     assert!(ring["ratio"].as_f64().is_some(), "{ring}");
 }
+
+/// A 4 KiB point with ops in flight is printed next to two memcpy loops:
+/// one block copied over and over (L1), and one block per op in flight on
+/// each side, the footprint the engine's copies work in.
+#[test]
+fn a_copy_point_prints_memcpy_alone_and_over_its_footprint() {
+    let out = run(&[
+        "--transport",
+        "local",
+        "--block-size",
+        "4K",
+        "--batch",
+        "8",
+        "--duration",
+        "0.2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let lines = lines(&out);
+    let find = |name: &str| {
+        lines
+            .iter()
+            .find(|l| l["baseline"] == name)
+            .unwrap_or_else(|| panic!("no {name} line: {}", text(&out)))
+            .clone()
+    };
+    let one = find("memcpy_1thread");
+    let over = find("memcpy_1thread_footprint");
+    assert_eq!(over["slots"], 8, "{over}");
+    for l in [&one, &over] {
+        assert_eq!(l["block_size"], 4096, "{l}");
+        assert!(l["gbps"].as_f64().is_some_and(|g| g > 0.0), "{l}");
+        assert!(l["ratio"].as_f64().is_some(), "{l}");
+    }
+}
