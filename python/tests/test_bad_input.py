@@ -42,6 +42,17 @@ def still_works(engine, mem, batch=None):
         engine.free_transfer_batch(batch)
 
 
+def fails_in_its_task(engine, batch, req, error_class, state, error):
+    """`req`, alone in `batch`, is taken by submit and fails in its task:
+    waiting raises `error_class`, its status is `state` with `error` and
+    no bytes moved."""
+    engine.submit_transfer(batch, [req])
+    with pytest.raises(error_class):
+        engine.wait_transfer(batch, 10)
+    st = engine.get_transfer_status(batch, 0)
+    assert (st.state, st.error, st.bytes) == (state, error, 0)
+
+
 def test_null_pointers(engine, mem):
     src, dst, n = mem
     with pytest.raises(tent.InvalidArgumentError):
@@ -60,11 +71,14 @@ def test_null_pointers(engine, mem):
         engine.submit_blocks(batch, tent.OpCode.WRITE, 0, 8, [src, 0], [dst, dst + 8])
     assert engine.get_transfer_status_list(batch) == []
     # A NULL target address: the engine fails the task (nothing registered there).
-    engine.submit_transfer(batch, [tent.Request(tent.OpCode.WRITE, src, 0, 0, 8)])
-    with pytest.raises(tent.AddressNotRegisteredError):
-        engine.wait_transfer(batch, 10)
-    st = engine.get_transfer_status(batch, 0)
-    assert (st.state, st.error, st.bytes) == (tent.FAILED, "AddressNotRegistered", 0)
+    fails_in_its_task(
+        engine,
+        batch,
+        tent.Request(tent.OpCode.WRITE, src, 0, 0, 8),
+        tent.AddressNotRegisteredError,
+        tent.FAILED,
+        "AddressNotRegistered",
+    )
     still_works(engine, mem, batch)
     engine.free_transfer_batch(batch)
 
@@ -235,11 +249,14 @@ def test_unknown_segment(engine, mem):
     # A request naming it is refused by the engine at intake: the task
     # ends INVALID with the kind, and waiting raises its class.
     batch = engine.allocate_transfer_batch(2)
-    engine.submit_transfer(batch, [tent.Request(tent.OpCode.WRITE, src, 99, dst, 8)])
-    with pytest.raises(tent.SegmentNotFoundError):
-        engine.wait_transfer(batch, 10)
-    st = engine.get_transfer_status(batch, 0)
-    assert (st.state, st.error, st.bytes) == (tent.INVALID, "SegmentNotFound", 0)
+    fails_in_its_task(
+        engine,
+        batch,
+        tent.Request(tent.OpCode.WRITE, src, 99, dst, 8),
+        tent.SegmentNotFoundError,
+        tent.INVALID,
+        "SegmentNotFound",
+    )
     still_works(engine, mem, batch)
     engine.free_transfer_batch(batch)
     # A notification to it is refused before anything is queued.

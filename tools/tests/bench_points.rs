@@ -35,6 +35,14 @@ fn result(out: &Output) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no result line: {}", text(out)))
 }
 
+/// The baseline line called `name` (its `baseline` field).
+fn baseline(out: &Output, name: &str) -> serde_json::Value {
+    lines(out)
+        .into_iter()
+        .find(|l| l["baseline"] == name)
+        .unwrap_or_else(|| panic!("no {name} line: {}", text(out)))
+}
+
 #[test]
 fn a_point_shorter_than_one_op_reports_no_figure_from_zero_ops() {
     // A local 256 MiB copy takes tens of milliseconds; the point asks for
@@ -189,11 +197,7 @@ fn a_small_op_point_prints_the_ring_alone_floor() {
         "--json",
     ]);
     assert!(out.status.success(), "{}", text(&out));
-    let lines = lines(&out);
-    let ring = lines
-        .iter()
-        .find(|l| l["baseline"] == "ring_alone")
-        .unwrap_or_else(|| panic!("no ring_alone line: {}", text(&out)));
+    let ring = baseline(&out, "ring_alone");
     assert_eq!(ring["batch"], 8, "{ring}");
     assert!(ring["mops"].as_f64().is_some_and(|m| m > 0.0), "{ring}");
     assert!(
@@ -220,16 +224,8 @@ fn a_copy_point_prints_memcpy_alone_and_over_its_footprint() {
         "--json",
     ]);
     assert!(out.status.success(), "{}", text(&out));
-    let lines = lines(&out);
-    let find = |name: &str| {
-        lines
-            .iter()
-            .find(|l| l["baseline"] == name)
-            .unwrap_or_else(|| panic!("no {name} line: {}", text(&out)))
-            .clone()
-    };
-    let one = find("memcpy_1thread");
-    let over = find("memcpy_1thread_footprint");
+    let one = baseline(&out, "memcpy_1thread");
+    let over = baseline(&out, "memcpy_1thread_footprint");
     assert_eq!(over["slots"], 8, "{over}");
     for l in [&one, &over] {
         assert_eq!(l["block_size"], 4096, "{l}");
