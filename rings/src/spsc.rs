@@ -76,7 +76,7 @@ fn prefetch_write<T>(p: *const T) {
 /// How far ahead of its tail a producer asks for its slots' lines (bytes
 /// of entries): about as many lines as it writes while one cross-core
 /// ownership request is answered.
-const WRITE_AHEAD_BYTES: usize = 512;
+const WRITE_AHEAD_BYTES: usize = 2048;
 
 /// Marker for types that can live in a ring: plain-old-data, every bit pattern
 /// valid, no `Drop`.
