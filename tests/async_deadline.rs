@@ -202,3 +202,92 @@ fn swapping_a_slot_does_not_orphan_posted_slices() {
     assert_eq!((c[0].user_data(), c[0].result()), (7, Ok(1 << 14)));
     assert_eq!(e.credits_in_flight(), 0);
 }
+
+/// Ops done at intake read no clock. A task whose slices are in flight on
+/// an asynchronous transport must still time out on schedule while a
+/// stream of such ops keeps the worker busy: housekeeping reads the clock
+/// every few turns (`CLOCKLESS_TURNS`) if nothing else did.
+#[test]
+fn a_deadline_fires_while_ops_done_at_intake_stream_past() {
+    let mut cfg = test_config();
+    cfg.block_size = 4096;
+    let e = Engine::new(cfg).unwrap();
+    let src = e.allocate_memory(1 << 14).unwrap();
+    let dst = e.allocate_memory(1 << 14).unwrap();
+    // The held transport sits in the TCP slot; local stays real (inline).
+    let held = Arc::new(Held::default());
+    e.swap_transport(TransportKind::Tcp, Some(held.clone()));
+    // A failed assertion must not leave the engine's drop waiting forever
+    // on the held slice: hand it back first (dropped before `e`).
+    let _release = ReleaseOnDrop(held.clone());
+    let mut ring = e.ring().unwrap();
+    let write = |off: u64, len: u64| {
+        op::Write::new(
+            LocalAddr::new(src.id(), off),
+            RemoteAddr::new(SegmentId::LOCAL, dst.addr() + off),
+            len,
+        )
+    };
+    ring.submission()
+        .push(
+            write(0, 4096)
+                .transport_hint(TransportKind::Tcp)
+                .deadline_ns(deadline_after(Duration::from_millis(50)))
+                .user_data(1),
+        )
+        .unwrap();
+    ring.submit().unwrap();
+    held.wait_posted();
+    let inline_before = e.completed_inline();
+    let start = Instant::now();
+    let mut out = 0u32;
+    let mut timed_out = None;
+    while timed_out.is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no abort at the deadline while ops streamed past"
+        );
+        // Keep 32 HIGH 8 B WRITEs in flight, so the worker never idles.
+        {
+            let mut sq = ring.submission();
+            while out < 32 {
+                sq.push(write(8192, 8).priority(tent::Priority::High).user_data(2))
+                    .unwrap();
+                out += 1;
+            }
+        }
+        for c in ring.completion() {
+            assert_eq!((c.user_data(), c.result()), (2, Ok(8)));
+            out -= 1;
+        }
+        if !held.aborts().is_empty() {
+            timed_out = Some(start.elapsed());
+        }
+    }
+    assert!(
+        e.completed_inline() - inline_before >= 32,
+        "the stream was not done at intake: this test proves nothing"
+    );
+    assert_eq!(held.aborts()[0].1, ErrorKind::Timeout);
+    assert_eq!(held.release_all(), 1);
+    let mut got = None;
+    let until = Instant::now() + Duration::from_secs(5);
+    while got.is_none() {
+        assert!(Instant::now() < until, "no Timeout completion");
+        // The stream's CQEs may still come; the held task's is the one.
+        got = ring
+            .completion()
+            .find(|c| c.user_data() == 1)
+            .map(|c| c.result());
+    }
+    assert_eq!(got, Some(Err(ErrorKind::Timeout)));
+}
+
+/// Releases whatever a [`Held`] transport still holds when dropped.
+struct ReleaseOnDrop(Arc<Held>);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        self.0.release_all();
+    }
+}

@@ -1,6 +1,7 @@
 //! Completion: reap posted slices, finish tasks, and post their CQEs (or
 //! batch states), published once per turn.
 
+use super::turn_clock::TurnClock;
 use super::*;
 
 /// Count a task of one priority in (`up`) or out; true on the edges the
@@ -30,13 +31,13 @@ impl Worker {
     /// Reap completions of posted slices from every transport instance
     /// that has some.
     pub(super) fn reap(&mut self) -> bool {
-        self.reap_at(&mut 0)
+        self.reap_at(&mut TurnClock::default())
     }
 
-    /// [`reap`](Self::reap) within a turn: `now` is the turn's clock (0:
-    /// not read yet), read here only once a completion needs a timestamp,
-    /// so a turn whose slices are all still out reads no clock for them.
-    pub(super) fn reap_at(&mut self, now: &mut u64) -> bool {
+    /// [`reap`](Self::reap) within a turn: the turn's clock is read here
+    /// only once a completion needs a timestamp, so a turn whose slices
+    /// are all still out reads no clock for them.
+    pub(super) fn reap_at(&mut self, clock: &mut TurnClock) -> bool {
         let mut any = false;
         for k in 0..self.posted.len() {
             let Some(p) = self.posted[k].as_mut() else {
@@ -48,10 +49,9 @@ impl Worker {
             let n = p.transport.transport.poll(&self.ctx, &mut self.reaped);
             p.inflight = p.inflight.saturating_sub(n as u32);
             let kind = p.kind;
-            if n > 0 && *now == 0 {
-                *now = monotonic_ns();
+            if n > 0 {
+                any |= self.complete_slices(kind, n, clock.now());
             }
-            any |= self.complete_slices(kind, n, *now);
         }
         let mut d = 0;
         while d < self.draining.len() {
@@ -59,10 +59,9 @@ impl Worker {
             let n = p.transport.transport.poll(&self.ctx, &mut self.reaped);
             p.inflight = p.inflight.saturating_sub(n as u32);
             let (kind, done) = (p.kind, p.inflight == 0);
-            if n > 0 && *now == 0 {
-                *now = monotonic_ns();
+            if n > 0 {
+                any |= self.complete_slices(kind, n, clock.now());
             }
-            any |= self.complete_slices(kind, n, *now);
             if done {
                 self.draining.swap_remove(d);
             } else {

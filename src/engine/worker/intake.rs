@@ -1,18 +1,8 @@
 //! Intake: SQEs from the worker's rings become tasks in priority lanes,
 //! or typed error completions at once (validation).
 
+use super::turn_clock::{TurnClock, asked_deadline, queued_deadline};
 use super::*;
-
-/// A request's deadline (monotonic ns): the one it asked for, or 0 for
-/// `default_timeout_ms` from intake. One already past fails `Timeout`
-/// before anything is queued.
-pub(super) fn deadline_for(asked: u64, now: u64, default_ns: u64) -> Result<u64, ErrorKind> {
-    match asked {
-        0 => Ok(now.saturating_add(default_ns)),
-        d if d <= now => Err(ErrorKind::Timeout),
-        d => Ok(d),
-    }
-}
 
 impl Worker {
     pub(super) fn adopt_rings(&mut self) {
@@ -32,7 +22,7 @@ impl Worker {
     }
 
     /// Move SQEs from the rings into tasks and lanes.
-    pub(super) fn intake(&mut self, now: &mut u64) -> bool {
+    pub(super) fn intake(&mut self, clock: &mut TurnClock) -> bool {
         let mut work = false;
         for ri in 0..self.rings.len() {
             let mut taken = 0;
@@ -53,10 +43,7 @@ impl Worker {
                 } else {
                     Origin::Batch
                 };
-                if *now == 0 {
-                    *now = monotonic_ns();
-                }
-                self.accept(origin, &sqe, *now);
+                self.accept(origin, &sqe, clock);
             }
             if taken > 0 {
                 if let Some(ring) = self.rings[ri].as_mut() {
@@ -69,14 +56,16 @@ impl Worker {
     }
 
     /// Validate an SQE and queue it, or complete it at once with the reason.
-    fn accept(&mut self, origin: Origin, sqe: &Sqe, now: u64) {
+    fn accept(&mut self, origin: Origin, sqe: &Sqe, clock: &mut TurnClock) {
         let user_data = sqe.user_data();
-        match self.validate(sqe, now) {
+        match self.validate(sqe, clock) {
             Err(kind) => self.deliver(origin, user_data, Err(kind), true, 0, Served::default()),
             Ok(v) => {
-                if self.complete_inline(origin, user_data, &v, sqe, now) {
+                if self.complete_inline(origin, user_data, &v, sqe, clock) {
                     return;
                 }
+                // Queued: its deadline, QoS wait and lane entry are timed.
+                let now = clock.now();
                 let Some(i) = self.tasks.alloc() else {
                     // Unreachable: intake checks is_full() first.
                     self.deliver(
@@ -102,7 +91,7 @@ impl Worker {
                 t.done = 0;
                 t.inflight = 0;
                 t.error = None;
-                t.deadline_ns = v.deadline_ns;
+                t.deadline_ns = queued_deadline(v.deadline_ns, now, self.default_timeout_ns);
                 t.priority = v.priority;
                 t.transport = v.transport;
                 t.xport_priority = v.xport_priority;
@@ -145,7 +134,7 @@ impl Worker {
         user_data: u64,
         v: &Accepted,
         sqe: &Sqe,
-        now: u64,
+        clock: &mut TurnClock,
     ) -> bool {
         // HIGH only: intake takes SQEs in ring order, and a LOW or MEDIUM op
         // done here would go before a HIGH one published with it but not
@@ -168,7 +157,7 @@ impl Worker {
         };
         if !caps.synchronous
             || len > one_slice
-            || !(self.gate_always_open || self.engine.gate.can_send(v.priority, now))
+            || !(self.gate_always_open || self.engine.gate.can_send(v.priority, clock.now()))
         {
             return false;
         }
@@ -222,7 +211,7 @@ impl Worker {
         true
     }
 
-    fn validate(&mut self, sqe: &Sqe, now: u64) -> Result<Accepted, ErrorKind> {
+    fn validate(&mut self, sqe: &Sqe, clock: &mut TurnClock) -> Result<Accepted, ErrorKind> {
         self.refresh_slots();
         // A flag bit or reserved byte this version does not know: a newer
         // client's request, refused rather than run with part of it ignored.
@@ -275,7 +264,7 @@ impl Worker {
                 answer
             }
         };
-        let deadline_ns = deadline_for(sqe.deadline_ns(), now, self.default_timeout_ns)?;
+        let deadline_ns = asked_deadline(sqe.deadline_ns(), clock)?;
         Ok(Accepted {
             opcode,
             priority,
@@ -333,21 +322,6 @@ struct Accepted {
     segment: Held<Segment>,
     transport: TransportKind,
     xport_priority: u8,
-    deadline_ns: u64,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_deadline_is_asked_for_defaulted_or_already_past() {
-        assert_eq!(deadline_for(0, 1_000, 500), Ok(1_500));
-        assert_eq!(deadline_for(2_000, 1_000, 500), Ok(2_000));
-        assert_eq!(deadline_for(1_000, 1_000, 500), Err(ErrorKind::Timeout));
-        assert_eq!(deadline_for(1, 1_000, 500), Err(ErrorKind::Timeout));
-        // A default past the clock's range saturates rather than wraps
-        // into the past.
-        assert_eq!(deadline_for(0, u64::MAX - 1, 500), Ok(u64::MAX));
-    }
+    /// `None`: the default, set if the request is queued.
+    deadline_ns: Option<u64>,
 }

@@ -11,7 +11,9 @@
 //! This file keeps the state and the loop (`run`, `turn`); each stage of a
 //! turn lives in its own module, and its decisions are plain functions over
 //! plain values with unit tests of their own:
-//! - `intake`: SQEs into tasks and lanes (`deadline_for`);
+//! - `intake`: SQEs into tasks and lanes;
+//! - `turn_clock`: the turn's timestamp, read lazily (`asked_deadline`,
+//!   `queued_deadline`);
 //! - `dispatch`: lane heads to transports (`judge` an outcome,
 //!   `lane_may_post` on the credit window, `slice_cost` to the turn budget);
 //! - `failover`: to the next transport (`may_fail_over`, `next_transport`);
@@ -39,6 +41,7 @@ use crate::memory::RegionTable;
 use crate::qos::{PriorityLanes, PriorityStats};
 use crate::segment::{Segment, SegmentTable};
 use crate::transport::{Installed, Slice, SliceCompletion, SubmitOutcome, WorkerCtx};
+use turn_clock::TurnClock;
 
 mod complete;
 mod dispatch;
@@ -46,6 +49,7 @@ mod failover;
 mod housekeeping;
 mod idle;
 mod intake;
+mod turn_clock;
 
 /// Transports best first. A request's ranked fallback list is this order
 /// filtered by what is installed and reaches its segment (so what both
@@ -225,6 +229,9 @@ pub(crate) struct Worker {
     /// Instances swapped out of their slot with slices still posted.
     draining: Vec<PostedOn>,
     next_housekeeping: u64,
+    /// Turns since one looked at housekeeping's time
+    /// (`TurnClock::for_housekeeping`).
+    turns_unswept: u32,
     /// The last dispatch stopped because every lane head it could reach was
     /// answered `SubmitOutcome::Later`: the worker parks (briefly) rather
     /// than spin while the transport gets ready.
@@ -340,6 +347,7 @@ impl Worker {
             posted: std::array::from_fn(|_| None),
             draining: Vec::with_capacity(DRAINING_AT_START),
             next_housekeeping: 0,
+            turns_unswept: 0,
             later: false,
             gated: false,
             held: 0,
@@ -471,12 +479,11 @@ impl Worker {
         }
         self.turn_budget = TURN_BYTES;
         self.refresh_slots();
-        let mut now = 0;
-        work |= self.intake(&mut now);
+        let mut clock = TurnClock::default();
+        work |= self.intake(&mut clock);
         if !self.lanes.is_empty() {
-            if now == 0 {
-                now = monotonic_ns();
-            }
+            let now = clock.now();
+            self.turns_unswept = 0;
             // Before posting: after a long park, deadlines are brought up
             // to date before the first slice goes out.
             if now >= self.next_housekeeping {
@@ -487,11 +494,18 @@ impl Worker {
                 self.shared.qos.promoted(moved);
             }
             work |= self.dispatch(now);
-        } else if now != 0 && now >= self.next_housekeeping {
-            self.housekeeping(now);
+        } else {
+            // Ops done at intake read no clock: every CLOCKLESS_TURNS
+            // turns one is read here, so deadlines of slices in flight and
+            // cancels still come round under a stream of them.
+            if let Some(now) = clock.for_housekeeping(&mut self.turns_unswept)
+                && now >= self.next_housekeeping
+            {
+                self.housekeeping(now);
+            }
         }
         if self.async_inflight > 0 {
-            work |= self.reap_at(&mut now);
+            work |= self.reap_at(&mut clock);
         }
         self.flush_cqs();
         work
