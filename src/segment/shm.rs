@@ -411,11 +411,12 @@ type TableView = Cache<TableSource, Arc<PeerTable>>;
 
 /// One worker's view of a peer: its [`TableView`], and the region its last
 /// access hit. A run of small ops to one region (the common case: a KV
-/// block, a parameter shard) then checks the memo, the table it came from
-/// and the region's live key, three loads whose addresses the cell holds,
-/// where a lookup walks a chain of eight dependent ones (table, region
-/// array, binary search, region, mapping, key): 8 B WRITEs spent a fifth
-/// of the worker's time at the end of that chain.
+/// block, a parameter shard) then checks that the view still holds the
+/// table the memo came from (the shared pointer, two loads from the cell),
+/// the bounds and the region's live key (one load from the cell), where a
+/// lookup walks a chain of eight dependent loads (table, region array,
+/// binary search, region, mapping, key): 8 B WRITEs spent a fifth of the
+/// worker's time at the end of that chain.
 struct WorkerView {
     table: TableView,
     last: Option<LastHit>,
