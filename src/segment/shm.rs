@@ -419,14 +419,15 @@ type TableView = Cache<TableSource, Arc<PeerTable>>;
 /// worker's time at the end of that chain.
 struct WorkerView {
     table: TableView,
-    last: Option<LastHit>,
+    last: Option<RegionHit>,
 }
 
-/// A region of one table, as the last lookup found it. Its pointers are
-/// into that table's mappings, so they are used only while the view still
-/// holds that very table (checked by address first).
+/// A region of one table, as a lookup found it: what an access to it
+/// checks, by value (a worker's view keeps the last one). Its pointers are
+/// into that table's mappings, so they are used only while the table is
+/// held (a view checks it still holds that very table, by address).
 #[derive(Clone, Copy)]
-struct LastHit {
+struct RegionHit {
     table: *const PeerTable,
     base: u64,
     len: u64,
@@ -438,7 +439,47 @@ struct LastHit {
 // SAFETY: plain addresses into a table's mappings, which are shared memory
 // (`PeerTable` is Send + Sync); whichever thread holds the view reads
 // through them only while the view holds that table.
-unsafe impl Send for LastHit {}
+unsafe impl Send for RegionHit {}
+
+impl RegionHit {
+    fn of(table: &PeerTable, r: &PeerRegion) -> RegionHit {
+        RegionHit {
+            table,
+            base: r.base,
+            len: r.len,
+            data: r.data,
+            key: r.key,
+            live: live_key(&r.map),
+        }
+    }
+
+    /// Is `addr` in this region of `table`?
+    #[inline]
+    fn covers(&self, table: &PeerTable, addr: u64) -> bool {
+        std::ptr::eq(self.table, table) && addr.checked_sub(self.base).is_some_and(|o| o < self.len)
+    }
+
+    /// `[addr, addr + len)` in the region, once the bounds hold and its
+    /// live key equals `key` (`OutOfBounds`, `AccessDenied`, in that order).
+    ///
+    /// # Safety
+    /// The table this was found in is alive (the caller holds it), and
+    /// `addr` is in the region ([`covers`](Self::covers), or `find`).
+    #[inline]
+    unsafe fn access(&self, addr: u64, len: u64, key: u64) -> Result<*mut u8, ErrorKind> {
+        let off = addr - self.base;
+        if off.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(ErrorKind::OutOfBounds);
+        }
+        // SAFETY: `live` is the first word of a mapping the table holds, and the table is alive (caller).
+        let live = unsafe { &*self.live };
+        // Acquire pairs with the target's Release in publish/revoke.
+        if live.load(Ordering::Acquire) != key {
+            return Err(ErrorKind::AccessDenied);
+        }
+        Ok(self.data.wrapping_add(off as usize))
+    }
+}
 
 impl WorkerView {
     fn new(state: &Arc<PeerState>) -> WorkerView {
@@ -452,44 +493,26 @@ impl WorkerView {
     /// the last hit when it is in the same region of the same table.
     #[inline]
     fn lookup(&mut self, addr: u64, len: u64) -> Result<*mut u8, ErrorKind> {
-        let table: &Arc<PeerTable> = self.table.load();
-        if let Some(h) = self.last
-            && std::ptr::eq(h.table, Arc::as_ptr(table))
-            && let Some(off) = addr.checked_sub(h.base)
-            && off < h.len
-        {
-            // SAFETY: `live` is the first word of a mapping of the table at `h.table`, which the view holds (the address check above): the mapping is alive.
-            let live = unsafe { &*h.live };
-            return match off.checked_add(len) {
-                Some(end) if end > h.len => Err(ErrorKind::OutOfBounds),
-                None => Err(ErrorKind::OutOfBounds),
-                // Acquire pairs with the target's Release in publish/revoke.
-                Some(_) if live.load(Ordering::Acquire) != h.key => Err(ErrorKind::AccessDenied),
-                Some(_) => Ok(h.data.wrapping_add(off as usize)),
-            };
-        }
-        // Forgotten before the lookup, whatever it finds: a memo outlives
-        // the table it names only until the view's next access, which is
-        // this one. (A later table may be allocated where a dropped one
-        // was; the view drops a table only while loading its successor,
-        // which already has another address, so the check above cannot
-        // mistake one for the other while this holds.)
-        self.last = None;
-        let r = find(table, addr).ok_or(ErrorKind::AddressNotRegistered)?;
-        self.last = Some(LastHit {
-            table: Arc::as_ptr(table),
-            base: r.base,
-            len: r.len,
-            data: r.data,
-            key: r.key,
-            live: live_key(&r.map),
-        });
-        let ptr = bounds(r, addr, len)?;
-        // Acquire pairs with the target's Release in publish/revoke.
-        if live_key(&r.map).load(Ordering::Acquire) != r.key {
-            return Err(ErrorKind::AccessDenied);
-        }
-        Ok(ptr)
+        let table: &PeerTable = self.table.load();
+        let hit = match self.last {
+            Some(h) if h.covers(table, addr) => h,
+            _ => {
+                // Forgotten before the lookup, whatever it finds: a memo
+                // outlives the table it names only until the view's next
+                // access, which is this one. (A later table may be
+                // allocated where a dropped one was; the view drops a
+                // table only while loading its successor, which already
+                // has another address, so `covers` cannot mistake one for
+                // the other while this holds.)
+                self.last = None;
+                let r = find(table, addr).ok_or(ErrorKind::AddressNotRegistered)?;
+                let h = RegionHit::of(table, r);
+                self.last = Some(h);
+                h
+            }
+        };
+        // SAFETY: the view holds `table`, the one `hit` was found in (`covers` or just now), and `addr` is in the region.
+        unsafe { hit.access(addr, len, hit.key) }
     }
 }
 
@@ -652,8 +675,10 @@ impl ShmPeer {
     pub fn check_key(&self, addr: u64, len: u64, key: u64) -> Result<(), ErrorKind> {
         let t = self.state.table.load();
         let r = find(&t, addr).ok_or(ErrorKind::AddressNotRegistered)?;
-        bounds(r, addr, len)?;
-        if key == 0 || live_key(&r.map).load(Ordering::Acquire) != key {
+        // SAFETY: `t` holds the table `r` is in, and `find` put `addr` in it.
+        unsafe { RegionHit::of(&t, r).access(addr, len, key) }?;
+        // A zero key is no key: a revoked region's live key is zero too.
+        if key == 0 {
             return Err(ErrorKind::AccessDenied);
         }
         Ok(())
@@ -855,23 +880,11 @@ fn find(t: &PeerTable, addr: u64) -> Option<&PeerRegion> {
         .filter(|r| addr - r.base < r.len)
 }
 
-fn bounds(r: &PeerRegion, addr: u64, len: u64) -> Result<*mut u8, ErrorKind> {
-    let off = addr - r.base;
-    match off.checked_add(len) {
-        Some(end) if end <= r.len => Ok(r.data.wrapping_add(off as usize)),
-        _ => Err(ErrorKind::OutOfBounds),
-    }
-}
-
 #[inline]
 fn lookup(t: &PeerTable, addr: u64, len: u64) -> Result<*mut u8, ErrorKind> {
     let r = find(t, addr).ok_or(ErrorKind::AddressNotRegistered)?;
-    let ptr = bounds(r, addr, len)?;
-    // Acquire pairs with the target's Release in publish/revoke.
-    if live_key(&r.map).load(Ordering::Acquire) != r.key {
-        return Err(ErrorKind::AccessDenied);
-    }
-    Ok(ptr)
+    // SAFETY: the caller holds `t`, the table `r` is in, and `find` put `addr` in it.
+    unsafe { RegionHit::of(t, r).access(addr, len, r.key) }
 }
 
 /// Map `len` bytes at `ptr` writable now rather than fault them in one by
@@ -942,22 +955,54 @@ mod tests {
         d
     }
 
+    /// An export in its own directory with one 4 KiB region published (id
+    /// 1, key 42), a peer of it with views for `workers` workers, and
+    /// worker `index`'s context.
+    struct OneRegion {
+        dir: String,
+        export: ShmExport,
+        mem: ExportedMemory,
+        peer: ShmPeer,
+        ctx: WorkerCtx,
+        /// The region's address, as the peer sees it.
+        addr: u64,
+    }
+
+    fn one_region(tag: &str, workers: usize, index: usize) -> OneRegion {
+        let dir = tmpdir(tag);
+        let export = ShmExport::create(&dir, None).unwrap();
+        let mem = export.allocate(4096).unwrap();
+        export.publish(&mem, RegionId(1), 4096, 42).unwrap();
+        let peer = ShmPeer::attach(&dir, export.name(), None)
+            .unwrap()
+            .for_workers(workers);
+        // SAFETY: a fresh engine id: no other context for it exists.
+        let ctx = unsafe { WorkerCtx::new(EngineId::next(), index) };
+        let addr = peer.regions()[0].addr;
+        OneRegion {
+            dir,
+            export,
+            mem,
+            peer,
+            ctx,
+            addr,
+        }
+    }
+
     /// Through a worker's view, the answers are the shared path's: a
     /// region published after the view was made is reached, and a region
     /// the owner revoked is refused (the live key sits in the mapping, not
     /// in the view).
     #[test]
     fn a_worker_view_follows_the_peer_table() {
-        let dir = tmpdir("follow");
-        let export = ShmExport::create(&dir, None).unwrap();
-        let mem = export.allocate(4096).unwrap();
-        export.publish(&mem, RegionId(1), 4096, 42).unwrap();
-        let peer = ShmPeer::attach(&dir, export.name(), None)
-            .unwrap()
-            .for_workers(2);
-        // SAFETY: a fresh engine id: no other context for it exists.
-        let ctx = unsafe { WorkerCtx::new(EngineId::next(), 1) };
-        let a = peer.regions()[0].addr;
+        let OneRegion {
+            dir,
+            export,
+            mem: _mem,
+            peer,
+            ctx,
+            addr: a,
+        } = one_region("follow", 2, 1);
         assert_eq!(peer.with_remote_on(&ctx, a, 8, |_| 7), Ok(Access::Done(7)));
 
         let mem2 = export.allocate(4096).unwrap();
@@ -1008,16 +1053,14 @@ mod tests {
     /// a revoke refuses the very next one.
     #[test]
     fn a_worker_view_s_last_hit_keeps_every_check() {
-        let dir = tmpdir("memo");
-        let export = ShmExport::create(&dir, None).unwrap();
-        let mem = export.allocate(4096).unwrap();
-        export.publish(&mem, RegionId(1), 4096, 42).unwrap();
-        let peer = ShmPeer::attach(&dir, export.name(), None)
-            .unwrap()
-            .for_workers(1);
-        // SAFETY: a fresh engine id: no other context for it exists.
-        let ctx = unsafe { WorkerCtx::new(EngineId::next(), 0) };
-        let a = peer.regions()[0].addr;
+        let OneRegion {
+            dir,
+            export,
+            mem: _mem,
+            peer,
+            ctx,
+            addr: a,
+        } = one_region("memo", 1, 0);
         let Ok(Access::Done(base)) = peer.with_remote_on(&ctx, a, 8, |p| p) else {
             panic!("the published region is reached");
         };
