@@ -494,15 +494,15 @@ impl Worker {
                 self.shared.qos.promoted(moved);
             }
             work |= self.dispatch(now);
-        } else {
-            // Ops done at intake read no clock: every CLOCKLESS_TURNS
+        } else if work
+            && let Some(now) = clock.for_housekeeping(&mut self.turns_unswept)
+            && now >= self.next_housekeeping
+        {
+            // Ops done at intake read no clock: every CLOCKLESS_TURNS busy
             // turns one is read here, so deadlines of slices in flight and
-            // cancels still come round under a stream of them.
-            if let Some(now) = clock.for_housekeeping(&mut self.turns_unswept)
-                && now >= self.next_housekeeping
-            {
-                self.housekeeping(now);
-            }
+            // cancels still come round under a stream of them. (An idle
+            // turn is the idle loop's: it reads the clock on its own.)
+            self.housekeeping(now);
         }
         if self.async_inflight > 0 {
             work |= self.reap_at(&mut clock);
