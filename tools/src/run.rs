@@ -395,6 +395,10 @@ fn baselines(
     pp_before: Option<Histogram>,
 ) {
     let dur = Duration::from_secs_f64((args.duration / 2.0).clamp(0.1, 2.0));
+    // Each baseline is one JSON line, or one comment line in text mode.
+    let line = |json: serde_json::Value, text: String| {
+        emit(&if args.json { json.to_string() } else { text });
+    };
     if !args.json {
         emit("# baselines measured in this run");
     }
@@ -405,47 +409,44 @@ fn baselines(
             * args.threads;
         for &(size, gbps, _, _, _) in results.iter().filter(|r| r.0 >= 4096) {
             let m = baseline::tcp_stream_gbps(size, conns, dur);
-            if args.json {
-                emit(&serde_json::json!({"baseline": "tcp_stream_loopback", "connections": conns, "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": ratio(gbps, m)}).to_string());
-            } else {
-                emit(&format!(
+            line(
+                serde_json::json!({"baseline": "tcp_stream_loopback", "connections": conns, "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": ratio(gbps, m)}),
+                format!(
                     "# raw TCP stream, {conns} connections, {:>7} writes: {:>8.3} GB/s   tent/stream = {}",
                     human(size),
                     m,
                     show(ratio(gbps, m))
-                ));
-            }
+                ),
+            );
         }
         return;
     }
     for &(size, gbps, _, _, _) in results.iter().filter(|r| r.0 >= 4096) {
         let m = baseline::memcpy_gbps(size, 1, dur);
-        if args.json {
-            emit(&serde_json::json!({"baseline": "memcpy_1thread", "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": ratio(gbps, m)}).to_string());
-        } else {
-            emit(&format!(
+        line(
+            serde_json::json!({"baseline": "memcpy_1thread", "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": ratio(gbps, m)}),
+            format!(
                 "# memcpy 1 thread {:>7}: {:>8.3} GB/s   tent/memcpy = {}",
                 human(size),
                 m,
                 show(ratio(gbps, m))
-            ));
-        }
+            ),
+        );
         // The same copies over the point's footprint: one block per op in
         // flight on each side, where the engine's copies find their data
         // (skipped once that is beyond any cache anyway).
         let slots = args.batch;
         if slots > 1 && (size as usize).saturating_mul(slots) <= FOOTPRINT_BASELINE_MAX {
             let f = baseline::memcpy_gbps(size, slots, dur);
-            if args.json {
-                emit(&serde_json::json!({"baseline": "memcpy_1thread_footprint", "block_size": size, "slots": slots, "gbps": f, "tent_gbps": gbps, "ratio": ratio(gbps, f)}).to_string());
-            } else {
-                emit(&format!(
+            line(
+                serde_json::json!({"baseline": "memcpy_1thread_footprint", "block_size": size, "slots": slots, "gbps": f, "tent_gbps": gbps, "ratio": ratio(gbps, f)}),
+                format!(
                     "# memcpy 1 thread {:>7} over {slots} blocks each side (the point's footprint): {:>8.3} GB/s   tent/memcpy = {}",
                     human(size),
                     f,
                     show(ratio(gbps, f))
-                ));
-            }
+                ),
+            );
         }
     }
     let after = baseline::ping_pong(app, worker, dur);
@@ -457,46 +458,40 @@ fn baselines(
         &after
     };
     let (p50, p99) = (q(pp, 0.5), q(pp, 0.99));
-    if args.json {
-        emit(
-            &serde_json::json!({"baseline": "ping_pong_round_trip", "cores": [app, worker],
+    line(
+        serde_json::json!({"baseline": "ping_pong_round_trip", "cores": [app, worker],
                 "p50_us": p50, "p99_us": p99,
-                "p50_before_us": q(&before, 0.5), "p50_after_us": q(&after, 0.5)})
-            .to_string(),
-        );
-    } else {
-        emit(&format!(
+                "p50_before_us": q(&before, 0.5), "p50_after_us": q(&after, 0.5)}),
+        format!(
             "# cross-core ping-pong round trip (cores {app:?} <-> {worker:?}): p50 {:.3} us before the points, {:.3} us after; using the faster: p50 {p50:.3} us, p99 {p99:.3} us",
             q(&before, 0.5),
             q(&after, 0.5)
-        ));
-    }
+        ),
+    );
     if let Some(&(size, _, _, _, mops)) = results.iter().find(|r| r.0 <= 64) {
         // The floor for a small op with a CQE each: SQE -> CQE through the
         // engine's own rings between the same two cores, no engine.
         let floor = baseline::ring_round_trip_mops(args.batch, app, worker, dur);
-        if args.json {
-            emit(&serde_json::json!({"baseline": "ring_alone", "batch": args.batch, "cores": [app, worker],
-                "mops": floor, "tent_mops": mops, "block_size": size, "ratio": ratio(mops, floor)}).to_string());
-        } else {
-            emit(&format!(
+        line(
+            serde_json::json!({"baseline": "ring_alone", "batch": args.batch, "cores": [app, worker],
+                "mops": floor, "tent_mops": mops, "block_size": size, "ratio": ratio(mops, floor)}),
+            format!(
                 "# ring alone (SQE -> CQE through tent-rings between cores {app:?} <-> {worker:?}, {} in flight, no engine): {floor:.2} M ops/s   tent {} B / ring = {}",
                 args.batch,
                 size,
                 show(ratio(mops, floor))
-            ));
-        }
+            ),
+        );
     }
     if let Some(&(size, _, t50, t99, _)) = results.iter().find(|r| r.0 <= 64) {
-        if args.json {
-            emit(&serde_json::json!({"baseline": "latency_ratio", "block_size": size, "p50_ratio": ratio(t50, p50), "p99_ratio": ratio(t99, p99)}).to_string());
-        } else {
-            emit(&format!(
+        line(
+            serde_json::json!({"baseline": "latency_ratio", "block_size": size, "p50_ratio": ratio(t50, p50), "p99_ratio": ratio(t99, p99)}),
+            format!(
                 "# {} submit->CQE vs ping-pong: p50 {}, p99 {}",
                 human(size),
                 show(ratio(t50, p50)),
                 show(ratio(t99, p99))
-            ));
-        }
+            ),
+        );
     }
 }
