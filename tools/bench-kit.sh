@@ -51,11 +51,9 @@ build() {
   local ucxlib
   ucxlib=$(dirname "$(ldd "$(command -v ucx_perftest)" | awk '/libucs\.so/ {print $3}')")
   cp -L "$ucxlib"/ucx/*.so.0 "$dir/lib/ucx/" 2>/dev/null || true
-  # Every library the binaries link except glibc's own (those must be
-  # the running host's).
-  ldd "$dir"/bin/* | awk '/=>/ && $3 ~ /^\// {print $3}' | sort -u |
-    grep -vE '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
-    while read -r lib; do cp -L "$lib" "$dir/lib/"; done
+  # shellcheck source=tools/kit-libs.sh
+  . tools/kit-libs.sh
+  kit_copy_libs "$dir/lib" "$dir"/bin/*
   cat >"$dir/env.sh" <<'EOF'
 K=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export PATH=$K/bin:$PATH LD_LIBRARY_PATH=$K/lib UCX_MODULE_DIR=$K/lib/ucx

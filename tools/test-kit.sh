@@ -62,10 +62,9 @@ for line in sys.stdin:
   strip "$stage"/bin/* "$stage/tent-bench"
   # The C tests look for the library beside themselves.
   cp "$build"/debug/deps/libtent_c.so "$build"/debug/deps/libtent_c.a "$stage/bin/" 2>/dev/null || true
-  { ldd "$stage"/bin/* "$stage/tent-bench" 2>/dev/null || true; } |
-    awk '/=>/ && $3 ~ /^\// {print $3}' | sort -u |
-    grep -vE '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
-    while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+  # shellcheck source=tools/kit-libs.sh
+  . tools/kit-libs.sh
+  kit_copy_libs "$stage/lib" "$stage"/bin/* "$stage/tent-bench"
   local count
   count=$(find "$stage/bin" -type f ! -name '*.so' ! -name '*.a' | wc -l)
   rm -rf "$dir"
