@@ -53,6 +53,14 @@ const USERS_REVOKED: u64 = 1 << 63;
 #[derive(Debug)]
 pub struct RegionUse<'a>(&'a MemRegion);
 
+impl RegionUse<'_> {
+    /// Whether the region was revoked after this use began (an unregister
+    /// is waiting for it): a slow use should end rather than hold it.
+    pub fn is_revoked(&self) -> bool {
+        self.0.is_revoked()
+    }
+}
+
 impl Drop for RegionUse<'_> {
     fn drop(&mut self) {
         // Release: the use's accesses to the memory happen before a

@@ -321,3 +321,83 @@ fn probe_peer_alive_says_no_when_another_process_answers_at_the_address() {
         "the process answering is not the one opened"
     );
 }
+
+/// A peer that finished its handshake and then waits holds a connection
+/// thread that can still answer for the engine's memory (descriptors with
+/// every region and key; on RDMA, new QPs on its protection domain). Once
+/// `Engine` is dropped, nothing of it may answer: the control server cuts
+/// and joins every connection thread, not only its accept thread.
+#[test]
+fn a_connection_held_open_answers_nothing_once_the_engine_is_dropped() {
+    use tent::control::wire::{self, Message};
+    let target = common::engine();
+    let _buf = target.allocate_memory(1 << 16).unwrap();
+    let mut s = TcpStream::connect(target.segment_name()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    wire::write_message(&mut s, &Message::Hello { nonce: [2; 32] }).unwrap();
+    assert!(matches!(
+        wire::read_message(&mut s).unwrap(),
+        Message::Challenge {
+            auth_required: false,
+            ..
+        }
+    ));
+    let started = std::time::Instant::now();
+    drop(target);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "drop waited {:?} on an idle connection",
+        started.elapsed()
+    );
+    // The request may or may not be written (the socket is shut); what
+    // matters is that no descriptor comes back.
+    let _ = wire::write_message(&mut s, &Message::GetDescriptor);
+    match wire::read_message(&mut s) {
+        Ok(Message::Descriptor(d)) => panic!(
+            "a dropped engine answered with its descriptor ({} regions)",
+            d.regions.len()
+        ),
+        Ok(m) => panic!("a dropped engine answered {m:?}"),
+        Err(_) => {}
+    }
+}
+
+/// A server that answers with a valid Challenge dripped a byte at a time
+/// (each read succeeds, so a per-read timeout never fires) must not hold
+/// the client past its timeout: `open_segment` holds the registry lock,
+/// the RDMA connector serves every peer in turn.
+#[test]
+fn a_server_dripping_its_answer_cannot_stretch_the_client_s_timeout() {
+    use tent::control::wire::{self, Message};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let _ = wire::read_message(&mut s);
+        let mut frame = Vec::new();
+        wire::write_message(
+            &mut frame,
+            &Message::Challenge {
+                nonce: [3; 32],
+                auth_required: false,
+            },
+        )
+        .unwrap();
+        for b in frame {
+            if s.write_all(&[b]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        // Then nothing: the client must already have given up.
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+    });
+    let started = std::time::Instant::now();
+    let e = tent::control::fetch_descriptor(&addr.to_string(), None, Duration::from_secs(1))
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(took < Duration::from_secs(2), "gave up after {took:?}");
+    server.join().unwrap();
+}

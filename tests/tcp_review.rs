@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{pattern, test_config};
 use tent::control::wire::{self, Message, RailEntry};
@@ -616,4 +616,95 @@ fn an_evicted_control_handshake_is_told_busy() {
     // And an honest client gets in once the flood is gone.
     tent::control::fetch_descriptor(&name, Some(SECRET.as_bytes()), Duration::from_secs(3))
         .unwrap();
+}
+
+/// A target engine with a 1 s stall limit (`user_timeout_ms` 1000), no shm.
+fn target_with_1s_stall() -> Engine {
+    let mut c = test_config();
+    c.transports.shm.enable = false;
+    c.transports.tcp.user_timeout_ms = 1000;
+    Engine::new(c).unwrap()
+}
+
+/// A connection past its hello (no secret) that sends `prefix` at once,
+/// then drips `bytes` a byte every `every` from another thread until the
+/// target stops taking them.
+fn drip(
+    target: &Engine,
+    prefix: &[u8],
+    bytes: Vec<u8>,
+    every: Duration,
+) -> (TcpStream, std::thread::JoinHandle<usize>) {
+    let mut s = TcpStream::connect(target.tcp_data_addr().unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(raw_hello(&mut s), 0);
+    s.write_all(prefix).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let t = std::thread::spawn(move || {
+        let mut sent = 0;
+        for b in bytes {
+            if w.write_all(&[b]).is_err() {
+                break;
+            }
+            sent += 1;
+            std::thread::sleep(every);
+        }
+        sent
+    });
+    (s, t)
+}
+
+/// Fixed: a frame that trickles in (a byte every 400 ms, never a stall of
+/// the stall limit) was read for as long as the peer kept dripping: its
+/// connection was never idle (so never evicted, never closed) and a
+/// region it wrote into stayed in use. A frame that has been slow is now
+/// held to the stall limit plus its length at 64 KiB/s: a 32-byte header
+/// dripped over ~13 s is cut within a few seconds.
+#[test]
+fn a_request_header_dripped_a_byte_at_a_time_is_cut() {
+    let target = target_with_1s_stall();
+    let buf = target.allocate_memory(4096).unwrap();
+    let header = req(Opcode::Read, 1, buf.addr(), 64, buf.key()).to_vec();
+    let started = Instant::now();
+    let (mut s, t) = drip(&target, &[], header, Duration::from_millis(400));
+    s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    let mut b = [0u8; RESPONSE_LEN];
+    let end = match s.read(&mut b) {
+        Ok(0) => "end of stream".to_owned(),
+        Ok(n) => format!("{n} bytes of an answer"),
+        Err(e) => e.to_string(),
+    };
+    let took = started.elapsed();
+    let sent = t.join().unwrap();
+    assert!(
+        (end == "end of stream" || end.contains("reset")) && took < Duration::from_secs(6),
+        "a dripped header: {end} after {took:?} ({sent} of 32 bytes taken)"
+    );
+}
+
+/// Fixed: a keyed WRITE whose payload trickles in held its region in use,
+/// so `unregister_memory` timed out (and kept timing out) while the peer
+/// dripped into memory being unregistered. A slow payload is now cut once
+/// its region is revoked: the unregister returns `Ok` within a poll.
+#[test]
+fn unregister_is_not_held_by_a_write_payload_that_trickles_in() {
+    let target = target_with_1s_stall();
+    let buf = target.allocate_memory(16 << 20).unwrap();
+    // 16 MiB announced: the rate floor alone would allow ~4 minutes.
+    let header = req(Opcode::Write, 1, buf.addr(), 16 << 20, buf.key());
+    let (mut s, t) = drip(&target, &header, vec![0xab; 64], Duration::from_millis(300));
+    // Well into the payload: the target is receiving into the region.
+    std::thread::sleep(Duration::from_millis(1500));
+    let started = Instant::now();
+    let r = target.unregister_memory(buf.id());
+    let took = started.elapsed();
+    let mut sink = [0u8; 64];
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let _ = s.read(&mut sink);
+    drop(s);
+    let _ = t.join();
+    assert!(
+        r.is_ok() && took < Duration::from_secs(2),
+        "unregister under a trickling WRITE: {r:?} after {took:?}"
+    );
 }

@@ -1,7 +1,7 @@
 //! The client side of the control plane: fetch a peer's descriptor.
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tent_rings::ErrorKind;
 
@@ -9,6 +9,7 @@ use super::auth::{self, Door};
 use super::wire::{
     self, Message, NotifyFrame, QpBootstrap, QpRequest, SegmentDescriptor, WireError,
 };
+use crate::deadline::ByDeadline;
 use crate::error::{Error, Result};
 
 /// Does `name` look like a p2p segment name (`ip:port`)?
@@ -43,13 +44,17 @@ pub fn new_engine_id() -> u64 {
 }
 
 /// Connect to `peer` (`ip:port`), authenticate (both ways) when `secret` is
-/// set, and fetch its segment descriptor, all within `timeout` per step.
+/// set, and fetch its segment descriptor, all within `timeout`: one
+/// deadline for the whole exchange, so a server dripping a byte per read
+/// cannot stretch it (the registry lock is held around this call).
 pub fn fetch_descriptor(
     peer: &str,
     secret: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<SegmentDescriptor> {
-    let mut s = session(peer, secret, timeout)?;
+    let deadline = Instant::now() + timeout;
+    let s = session(peer, secret, deadline, |_| {})?;
+    let mut s = ByDeadline::new(&s, deadline);
     wire::write_message(&mut s, &Message::GetDescriptor).map_err(|e| wire_err(peer, e))?;
     match read(&mut s, peer)? {
         Message::Descriptor(d) => Ok(d),
@@ -60,14 +65,17 @@ pub fn fetch_descriptor(
 /// Ask `peer` to connect an RC QP for `req` (from our `initiator_nic`,
 /// whose end is `req.qp`, to its `target_nic`; filed there under
 /// `req.initiator`, replacing the QP that key held); its end comes back,
-/// already connected.
+/// already connected. All within `timeout` (one deadline for the whole
+/// exchange: the RDMA connector thread serves every peer in turn).
 pub fn connect_qp(
     peer: &str,
     secret: Option<&[u8]>,
     timeout: Duration,
     req: QpRequest,
 ) -> Result<QpBootstrap> {
-    let mut s = session(peer, secret, timeout)?;
+    let deadline = Instant::now() + timeout;
+    let s = session(peer, secret, deadline, |_| {})?;
+    let mut s = ByDeadline::new(&s, deadline);
     wire::write_message(&mut s, &Message::QpConnect(req)).map_err(|e| wire_err(peer, e))?;
     match read(&mut s, peer)? {
         Message::QpAccept { qp } => Ok(qp),
@@ -75,10 +83,22 @@ pub fn connect_qp(
     }
 }
 
-/// An authenticated control connection to `peer` for notifications; the
-/// sender keeps it open between them (`notify` on it, one at a time).
+/// An authenticated control connection to `peer` for notifications, made
+/// within `timeout`; the sender keeps it open between them (`notify` on
+/// it, one at a time).
 pub fn notify_session(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> Result<TcpStream> {
-    session(peer, secret, timeout)
+    notify_session_with(peer, secret, timeout, |_| {})
+}
+
+/// [`notify_session`], with `connected` seeing each connection before its
+/// handshake, so a sender stopping can cut a handshake in progress.
+pub fn notify_session_with(
+    peer: &str,
+    secret: Option<&[u8]>,
+    timeout: Duration,
+    connected: impl FnMut(&TcpStream),
+) -> Result<TcpStream> {
+    session(peer, secret, Instant::now() + timeout, connected)
 }
 
 /// Why a notification was not acknowledged.
@@ -120,15 +140,20 @@ pub fn notify(
     }
 }
 
-/// An open, authenticated control connection to `peer`; a server that
+/// An open, authenticated control connection to `peer`, made before
+/// `deadline` (connect and handshake, every try together); a server that
 /// says it is busy (every slot held by authenticated peers) is tried
-/// again, pausing longer each time, while `timeout` allows.
-fn session(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> Result<TcpStream> {
-    let start = std::time::Instant::now();
+/// again, pausing longer each time, while the deadline allows.
+fn session(
+    peer: &str,
+    secret: Option<&[u8]>,
+    deadline: Instant,
+    mut connected: impl FnMut(&TcpStream),
+) -> Result<TcpStream> {
     let mut pause = Duration::from_millis(10);
     loop {
-        match session_once(peer, secret, timeout) {
-            Err(e) if e.kind() == ErrorKind::SqFull && start.elapsed() + pause < timeout => {
+        match session_once(peer, secret, deadline, &mut connected) {
+            Err(e) if e.kind() == ErrorKind::SqFull && Instant::now() + pause < deadline => {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(500));
             }
@@ -137,13 +162,25 @@ fn session(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> Result<TcpSt
     }
 }
 
-fn session_once(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> Result<TcpStream> {
+fn session_once(
+    peer: &str,
+    secret: Option<&[u8]>,
+    deadline: Instant,
+    connected: &mut impl FnMut(&TcpStream),
+) -> Result<TcpStream> {
+    let timeout = deadline.saturating_duration_since(Instant::now());
+    if timeout.is_zero() {
+        return Err(Error::new(
+            ErrorKind::Timeout,
+            format!("control exchange with {peer}: out of time"),
+        ));
+    }
     let addr = peer
         .to_socket_addrs()
         .ok()
         .and_then(|mut a| a.next())
         .ok_or_else(|| Error::invalid(format!("bad segment address {peer:?} (want ip:port)")))?;
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| {
+    let stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| {
         let kind = if e.kind() == std::io::ErrorKind::TimedOut {
             ErrorKind::Timeout
         } else {
@@ -152,9 +189,15 @@ fn session_once(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> Result<
         Error::new(kind, format!("no engine answering at {peer}")).with_source(e)
     })?;
     let io = |e: std::io::Error| wire_err(peer, WireError::Io(e));
-    s.set_read_timeout(Some(timeout)).map_err(io)?;
-    s.set_write_timeout(Some(timeout)).map_err(io)?;
-    let _ = s.set_nodelay(true);
+    // Blocking reads and writes on the stream handed back (notifications
+    // bound each exchange with their own deadline) still end.
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    stream.set_write_timeout(Some(timeout)).map_err(io)?;
+    let _ = stream.set_nodelay(true);
+    connected(&stream);
+    // One deadline for the handshake: a server dripping a byte per read
+    // does not reset it.
+    let mut s = ByDeadline::new(&stream, deadline);
 
     let client_nonce = auth::nonce();
     wire::write_message(
@@ -190,7 +233,7 @@ fn session_once(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> Result<
             // The channel binding: the address we dialed, so a proof we
             // make reaches no server but the one there, and a proof from a
             // relay (made for its own address) fails here.
-            let binding = auth::addr_binding(s.peer_addr().map_err(io)?);
+            let binding = auth::addr_binding(stream.peer_addr().map_err(io)?);
             let proof = auth::client_proof(
                 Door::Control,
                 secret,
@@ -226,10 +269,10 @@ fn session_once(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> Result<
         }
         (false, None) => {}
     }
-    Ok(s)
+    Ok(stream)
 }
 
-fn read(s: &mut TcpStream, peer: &str) -> Result<Message> {
+fn read(s: &mut ByDeadline<&TcpStream>, peer: &str) -> Result<Message> {
     wire::read_message(s).map_err(|e| wire_err(peer, e))
 }
 

@@ -210,6 +210,13 @@ impl Live {
         Some(slot)
     }
 
+    /// Shut every tracked connection down both ways (server stop).
+    fn close_all(&self) {
+        for c in self.conns.lock().expect("control conns poisoned").iter() {
+            let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
     fn remove(&self, id: usize) {
         self.conns
             .lock()
@@ -259,10 +266,15 @@ fn accept_loop(
     let live = Arc::new(Live::default());
     let epoch = Instant::now();
     let mut refused = Refusals::new(REFUSED_KEPT);
+    // Every connection thread, joined before this loop returns: a thread
+    // still serving after `ControlServer` drops would answer for memory
+    // the engine has given back (descriptors, keys, QPs on its domain).
+    let mut threads: Vec<JoinHandle<()>> = Vec::new();
     for conn in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             break;
         }
+        threads.retain(|t| !t.is_finished());
         let stream = match conn {
             Ok(s) => s,
             Err(e) => {
@@ -284,7 +296,7 @@ fn accept_loop(
             continue;
         };
         let (secret, describe, live2) = (secret.clone(), describe.clone(), live.clone());
-        let services = services.clone();
+        let (services, stopping) = (services.clone(), stop.clone());
         let id = slot.id;
         let spawned = std::thread::Builder::new()
             .name("tent-control-conn".into())
@@ -306,15 +318,26 @@ fn accept_loop(
                     tracing::debug!(%peer, "control: evicted a connection for a newcomer");
                     return;
                 }
-                if let Err(why) = served {
+                if let Err(why) = served
+                    && !stopping.load(Ordering::Acquire)
+                {
                     crate::lograte::warn_limited!(peer.rsplit_once(':').map_or(&*peer, |(ip, _)| ip), %peer, reason = %why, "control: closing connection");
                 }
                 live2.remove(slot.id);
             });
-        if let Err(e) = spawned {
-            live.remove(id);
-            crate::lograte::warn_limited!(e.kind(), error = %e, "control: cannot spawn a connection thread");
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                live.remove(id);
+                crate::lograte::warn_limited!(e.kind(), error = %e, "control: cannot spawn a connection thread");
+            }
         }
+    }
+    // Cut every connection (a blocked read returns at once) and wait for
+    // its thread: once this returns, nothing answers for the engine.
+    live.close_all();
+    for t in threads {
+        let _ = t.join();
     }
 }
 

@@ -464,9 +464,17 @@ fn send(
             .is_none_or(|c| c.opened.elapsed() > CONN_MAX_AGE)
         {
             *conn = None;
-            match client::notify_session(peer, ctx.secret.as_deref(), left) {
+            // Each connection is cuttable from its connect on, so `stop`
+            // does not wait out a handshake a silent peer holds.
+            let cuttable = |s: &TcpStream| {
+                *lane.open.lock().expect("lane poisoned") = s.try_clone().ok();
+                // `stop` may have looked before that store: cut it here.
+                if ctx.stop.load(Ordering::Acquire) {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                }
+            };
+            match client::notify_session_with(peer, ctx.secret.as_deref(), left, cuttable) {
                 Ok(stream) => {
-                    *lane.open.lock().expect("lane poisoned") = stream.try_clone().ok();
                     // Stopped while connecting: `stop` saw no stream to cut.
                     if ctx.stop.load(Ordering::Acquire) {
                         return Err(stopped());

@@ -1074,7 +1074,7 @@ fn receive(
 ) -> Stopped {
     let mut pending = None;
     let own = loop {
-        let h = match io::recv_header::<RESPONSE_LEN>(&*s, io::NO_STALL_LIMIT) {
+        let h = match io::recv_header::<RESPONSE_LEN>(&*s, &mut io::Pace::unlimited()) {
             Ok(Some(h)) => h,
             Ok(None) => continue,
             Err(e) => break io::kind_of(&e),
@@ -1128,7 +1128,7 @@ fn receive(
                         &*s,
                         op.local as *mut u8,
                         op.len as usize,
-                        io::NO_STALL_LIMIT,
+                        &mut io::Pace::unlimited(),
                     )
                 } {
                     pending = Some(op);

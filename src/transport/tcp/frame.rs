@@ -225,7 +225,7 @@ impl Proof {
         b
     }
 
-    /// Decode and check magic and version.
+    /// Decode and check magic, version and reserved bytes.
     pub fn decode(b: &[u8; PROOF_LEN]) -> Result<Proof, FrameError> {
         if b[..8] != PROOF_MAGIC {
             return Err(FrameError::BadMagic);
@@ -233,6 +233,9 @@ impl Proof {
         let version = u16::from_le_bytes([b[8], b[9]]);
         if version != DATA_VERSION {
             return Err(FrameError::Version(version));
+        }
+        if b[12..16] != [0; 4] {
+            return Err(FrameError::Reserved);
         }
         let mut mac = [0u8; NONCE_LEN];
         mac.copy_from_slice(&b[16..]);
@@ -284,6 +287,9 @@ impl Request {
             OP_READ => Opcode::Read,
             other => return Err(FrameError::Opcode(other)),
         };
+        if b[3] != 0 {
+            return Err(FrameError::Reserved);
+        }
         let len = u64_at(b, 16);
         if len > MAX_OP_LEN {
             return Err(FrameError::TooLong(len));
@@ -476,6 +482,18 @@ mod tests {
             key: 1,
         }
         .encode();
+        r[3] = 1;
+        assert_eq!(Request::decode(&r), Err(FrameError::Reserved));
+        for at in 12..16 {
+            let mut p = Proof {
+                status: 0,
+                mac: [5; NONCE_LEN],
+            }
+            .encode();
+            p[at] = 1;
+            assert_eq!(Proof::decode(&p), Err(FrameError::Reserved), "byte {at}");
+        }
+        r[3] = 0;
         r[2] = 77;
         assert_eq!(Request::decode(&r), Err(FrameError::Opcode(77)));
         r[2] = OP_WRITE;

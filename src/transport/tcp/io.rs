@@ -23,6 +23,23 @@ pub unsafe fn send_all(
     payload: *const u8,
     len: usize,
 ) -> io::Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe { send_paced(sock, header, payload, len, &mut Pace::unlimited()) }
+}
+
+/// [`send_all`] within `pace` (target side): a send that returns short
+/// (the socket's send timeout passed with part of it taken) is a frame
+/// moving slowly, held to `pace`'s limits and cut.
+///
+/// # Safety
+/// `payload` must be valid for reads of `len` bytes for the whole call.
+pub unsafe fn send_paced(
+    sock: &impl AsRawFd,
+    header: &[u8],
+    payload: *const u8,
+    len: usize,
+    pace: &mut Pace<'_>,
+) -> io::Result<()> {
     let fd = sock.as_raw_fd();
     let total = header.len() + len;
     let mut sent = 0usize;
@@ -59,14 +76,17 @@ pub unsafe fn send_all(
                 io::ErrorKind::Interrupted => continue,
                 // A send timeout (`SO_SNDTIMEO`, target side) passed with
                 // nothing taken: the peer stopped reading.
-                io::ErrorKind::WouldBlock => Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "the peer stopped reading (send timeout)",
-                )),
+                io::ErrorKind::WouldBlock => match pace.idle((total - sent) as u64) {
+                    Ok(()) => continue,
+                    Err(e) => Err(e),
+                },
                 _ => Err(e),
             };
         }
         sent += r as usize;
+        if sent < total {
+            pace.slow((total - sent) as u64)?;
+        }
     }
     Ok(())
 }
@@ -81,29 +101,122 @@ pub fn send_header(sock: &impl AsRawFd, header: &[u8]) -> io::Result<()> {
 /// on which a read never times out.
 pub const NO_STALL_LIMIT: Duration = Duration::MAX;
 
-/// A frame in progress that stopped arriving: `Err` once nothing has come
-/// for `stall` since the first read timeout (so about `stall` plus the
-/// socket's read timeout in all). Only called when a read timed out.
-fn stalled(since: &mut Option<Instant>, stall: Duration) -> io::Result<()> {
-    let now = Instant::now();
-    match *since {
-        None => *since = Some(now),
-        Some(t) if now.duration_since(t) >= stall => {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("the peer stalled mid-frame for over {stall:?}"),
-            ));
-        }
-        Some(_) => {}
-    }
-    Ok(())
+/// The slowest average rate a frame in progress may move at on the target
+/// side, once it has been slow at all. Far below any link tent serves
+/// (a tbf-shaped rail at 1 Mbit/s is twice it), and it makes a peer pay
+/// bandwidth to hold a connection: without it, a peer dripping one byte
+/// per stall limit held a connection (never idle, so never evicted) and a
+/// region's use count (so `unregister_memory` never drained) forever.
+pub const FLOOR_BYTES_PER_S: u64 = 64 << 10;
+
+/// The time limits of one frame in progress on the target side.
+///
+/// Nothing is timed while a frame moves at speed: the limits start at the
+/// first read or send that comes back short (the socket's timeout passed),
+/// so the fast path reads no clock. From then on, two limits hold:
+/// - no byte for `stall` (since the last that moved; a call that comes
+///   back with none has waited a whole socket timeout): cut;
+/// - less than [`FLOOR_BYTES_PER_S`] on average since the frame first came
+///   back short, past a grace of `stall`: cut, however regularly bytes
+///   trickle in (a peer that never reads, whose kernel still takes a few
+///   bytes a second, is one of these);
+///
+/// and `cut_when`'s condition (a region unregistered under the frame) cuts
+/// it at once.
+pub struct Pace<'a> {
+    stall: Duration,
+    /// When the frame first came back short, and the bytes it had left
+    /// then; `None` until then.
+    slow_since: Option<(Instant, u64)>,
+    /// When a byte last moved, once the frame is slow (else the first
+    /// timeout with none).
+    since: Option<Instant>,
+    cut: Option<(&'a dyn Fn() -> bool, &'static str)>,
 }
 
-/// The one receive loop behind [`recv_exact`] and [`recv_header`]: read
-/// exactly `len` bytes into `dst`. A read timeout (the socket's idle poll)
-/// does not end a frame that has started: it ends only when nothing has
-/// arrived for about `stall`. `Ok(false)`: `idle_ok` and the read timed out
-/// before the first byte (an idle connection, not an error).
+impl<'a> Pace<'a> {
+    /// A frame held to `stall` ([`NO_STALL_LIMIT`]: no limit at all).
+    pub fn new(stall: Duration) -> Self {
+        Pace {
+            stall,
+            slow_since: None,
+            since: None,
+            cut: None,
+        }
+    }
+
+    /// No limit: for sockets without timeouts (the initiator's), on which
+    /// a call never comes back short for lack of time.
+    pub fn unlimited() -> Self {
+        Pace::new(NO_STALL_LIMIT)
+    }
+
+    /// Also cut the frame, with `why`, once `cut` says so (checked
+    /// whenever the frame is slow: at least once per socket timeout).
+    pub fn cut_when(mut self, cut: &'a dyn Fn() -> bool, why: &'static str) -> Self {
+        self.cut = Some((cut, why));
+        self
+    }
+
+    /// The frame came back short with `left` bytes to go (some moved).
+    fn slow(&mut self, left: u64) -> io::Result<()> {
+        if self.stall == NO_STALL_LIMIT {
+            return self.check(left);
+        }
+        self.since = Some(Instant::now());
+        self.check(left)
+    }
+
+    /// The socket's timeout passed with nothing moved, `left` to go.
+    fn idle(&mut self, left: u64) -> io::Result<()> {
+        if self.stall != NO_STALL_LIMIT {
+            let now = Instant::now();
+            let since = *self.since.get_or_insert(now);
+            if now.duration_since(since) >= self.stall {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the peer stalled mid-frame for over {:?}", self.stall),
+                ));
+            }
+        }
+        self.check(left)
+    }
+
+    fn check(&mut self, left: u64) -> io::Result<()> {
+        if let Some((cut, why)) = self.cut
+            && cut()
+        {
+            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, why));
+        }
+        if self.stall == NO_STALL_LIMIT {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let (t0, left0) = *self.slow_since.get_or_insert((now, left));
+        let moved = left0.saturating_sub(left);
+        // What the bytes moved since then buy at the floor, plus the grace.
+        let earned = Duration::from_secs(moved / FLOOR_BYTES_PER_S)
+            + Duration::from_nanos((moved % FLOOR_BYTES_PER_S) * 1_000_000_000 / FLOOR_BYTES_PER_S);
+        if now.duration_since(t0) > self.stall.saturating_add(earned) {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the peer moved a frame slower than {} KiB/s ({moved} bytes in {:?}, {left} left)",
+                    FLOOR_BYTES_PER_S >> 10,
+                    now.duration_since(t0)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The one receive loop behind [`recv_exact`], [`recv_header`] and
+/// [`discard`]: read exactly `len` bytes into `dst`, `after` more of the
+/// frame to follow. A read timeout (the socket's idle poll) does not end a
+/// frame that has started: `pace` does. `Ok(false)`: `idle_ok` and the
+/// read timed out before the first byte (an idle connection, not an
+/// error).
 ///
 /// # Safety
 /// `dst` must be valid for writes of `len` bytes for the whole call.
@@ -112,11 +225,12 @@ unsafe fn recv_into(
     fd: std::os::fd::RawFd,
     dst: *mut u8,
     len: usize,
-    stall: Duration,
+    after: u64,
+    pace: &mut Pace<'_>,
     idle_ok: bool,
 ) -> io::Result<bool> {
     let mut got = 0usize;
-    let mut since = None;
+    let left = |got: usize| (len - got) as u64 + after;
     while got < len {
         // SAFETY: `dst + got .. dst + len` is valid for writes by the caller's contract.
         let r = unsafe {
@@ -135,7 +249,7 @@ unsafe fn recv_into(
                     return Ok(false);
                 }
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                    stalled(&mut since, stall)?;
+                    pace.idle(left(got))?;
                     continue;
                 }
                 _ => return Err(e),
@@ -145,14 +259,16 @@ unsafe fn recv_into(
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         got += r as usize;
-        since = None;
+        if got < len {
+            // Short with MSG_WAITALL: the read timeout passed mid-frame.
+            pace.slow(left(got))?;
+        }
     }
     Ok(true)
 }
 
 /// Receive exactly `len` bytes into `dst`. A read timeout (the socket's
-/// idle poll) does not end a frame that has started: it ends only when
-/// nothing has arrived for about `stall`.
+/// idle poll) does not end a frame that has started: `pace` does.
 ///
 /// # Safety
 /// `dst` must be valid for writes of `len` bytes for the whole call.
@@ -160,35 +276,35 @@ pub unsafe fn recv_exact(
     sock: &impl AsRawFd,
     dst: *mut u8,
     len: usize,
-    stall: Duration,
+    pace: &mut Pace<'_>,
 ) -> io::Result<()> {
     // SAFETY: forwarded from the caller.
-    unsafe { recv_into(sock.as_raw_fd(), dst, len, stall, false) }.map(|_| ())
+    unsafe { recv_into(sock.as_raw_fd(), dst, len, 0, pace, false) }.map(|_| ())
 }
 
 /// Receive a fixed-size header. `Ok(None)`: the read timed out before its
 /// first byte (an idle connection, not an error). Once its first byte is
-/// in, a header is read to its end unless nothing more arrives for about
-/// `stall` (the peer stalled mid-frame: an error).
+/// in, a header is read to its end within `pace` (the peer stalled or
+/// dripped mid-frame: an error).
 pub fn recv_header<const N: usize>(
     sock: &impl AsRawFd,
-    stall: Duration,
+    pace: &mut Pace<'_>,
 ) -> io::Result<Option<[u8; N]>> {
     let mut b = [0u8; N];
     // SAFETY: `b` is a local buffer of exactly N writable bytes.
-    let full = unsafe { recv_into(sock.as_raw_fd(), b.as_mut_ptr(), N, stall, true) }?;
+    let full = unsafe { recv_into(sock.as_raw_fd(), b.as_mut_ptr(), N, 0, pace, true) }?;
     Ok(full.then_some(b))
 }
 
 /// Read and discard `len` bytes (the payload of a refused WRITE), so the
-/// connection keeps its framing (mid-frame: `stall` as in [`recv_exact`]).
-pub fn discard(sock: &impl AsRawFd, mut len: u64, stall: Duration) -> io::Result<()> {
+/// connection keeps its framing; the whole payload is one frame to `pace`.
+pub fn discard(sock: &impl AsRawFd, mut len: u64, pace: &mut Pace<'_>) -> io::Result<()> {
     let mut scratch = [0u8; 16 << 10];
     while len > 0 {
         let n = len.min(scratch.len() as u64) as usize;
-        // SAFETY: `scratch` is a local buffer of at least `n` bytes.
-        unsafe { recv_exact(sock, scratch.as_mut_ptr(), n, stall)? };
         len -= n as u64;
+        // SAFETY: `scratch` is a local buffer of at least `n` bytes.
+        unsafe { recv_into(sock.as_raw_fd(), scratch.as_mut_ptr(), n, len, pace, false)? };
     }
     Ok(())
 }

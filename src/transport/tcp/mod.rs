@@ -745,7 +745,9 @@ impl TcpTransport {
             again.status = 0;
             if self.post(peer, links, again, Ask::Again(Some(r))).is_ok() {
                 peer.rails.moved(r);
-                tracing::debug!(peer = %peer.name, from_rail = op.rail, "slice re-posted on a sibling rail");
+                // Per slice, and a target answering RouteLost drives it:
+                // once per (peer, rail), then counts.
+                crate::lograte::log_limited!(debug, (&*peer.name, op.rail), peer = %peer.name, from_rail = op.rail, "slice re-posted on a sibling rail");
                 return None;
             }
         }

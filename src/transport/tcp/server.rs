@@ -39,6 +39,7 @@ use arc_swap::ArcSwap;
 use tent_rings::{ErrorKind, Opcode};
 
 use super::frame::{BUSY, Fence, Hello, Ident, Inbound, REQUEST_LEN, Request, Response};
+use super::io::Pace;
 use super::{handshake, io};
 use crate::error::{Error, Result};
 use crate::memory::{RegionTable, RegionUse};
@@ -134,6 +135,19 @@ struct Slot {
 
 /// Why a fenced connection was closed.
 const FENCED: &str = "fenced: a later connection of its initiator superseded it";
+/// Why a slow WRITE payload was cut: its region was unregistered (the
+/// unregister waits for the op; it does not wait for a peer's pace).
+const REVOKED_MID_WRITE: &str = "the region was unregistered while its WRITE payload trickled in";
+/// Why a slow READ response was cut (as for a WRITE).
+const REVOKED_MID_READ: &str =
+    "the region was unregistered while the peer was slow to take its READ";
+
+/// A request refused for `why` (bad key, out of bounds, unregistered):
+/// logged once per (operation, cause) and then counted, never per op (a
+/// peer without the key could otherwise write a line per 32-byte frame).
+fn refused(op: Opcode, why: ErrorKind) {
+    crate::lograte::log_limited!(debug, (op as u8, why.code()), ?op, %why, "tcp request refused");
+}
 
 /// The connections being served, so stopping can shut them down at once
 /// and a full server can pick whom to evict.
@@ -258,7 +272,10 @@ impl Live {
                 std::thread::sleep(Duration::from_micros(50));
             }
         }
-        tracing::debug!(
+        // A peer may send fences at will: a line per cause, then counts.
+        crate::lograte::log_limited!(
+            debug,
+            victims.len().min(2),
             conn = fence.conn,
             fenced = victims.len(),
             "tcp data connection fenced"
@@ -492,17 +509,32 @@ fn serve(
     // With a secret, every connection past the handshake has proven it.
     let proven = secret.is_some();
     slot.stage.store(STAGE_READY, Ordering::Relaxed);
+    // Both ways, a blocked call comes back every poll, so a frame in
+    // progress is held to its `Pace` (stalls, the rate floor, a region
+    // unregistered under it) to within a poll.
     s.set_read_timeout(Some(IDLE_POLL))
+        .map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(IDLE_POLL))
         .map_err(|e| e.to_string())?;
     // A frame that has started is read to its end unless it stalls this
     // long; a response the peer stops taking fails after as long.
     let stall = stall_limit(user_timeout_ms);
-    s.set_write_timeout(Some(stall))
-        .map_err(|e| e.to_string())?;
+    let respond = |resp: &Response| {
+        // SAFETY: no payload: a null pointer with length 0 is never read.
+        unsafe {
+            io::send_paced(
+                s,
+                &resp.encode(),
+                std::ptr::null(),
+                0,
+                &mut Pace::new(stall),
+            )
+        }
+    };
     let mut idle = 0u32;
     let mut serving = false;
     loop {
-        let header = match io::recv_header::<REQUEST_LEN>(s, stall) {
+        let header = match io::recv_header::<REQUEST_LEN>(s, &mut Pace::new(stall)) {
             Ok(Some(h)) => h,
             Ok(None) if stop.load(Ordering::Acquire) => return Ok(()),
             Ok(None) => {
@@ -540,15 +572,20 @@ fn serve(
             len: 0,
         };
         match (req.opcode, target) {
-            (Opcode::Write, Ok((ptr, _in_use))) => {
+            (Opcode::Write, Ok((ptr, in_use))) => {
                 // Announce the write, then look for a fence (see Live::fence).
                 slot.writing.store(true, Ordering::SeqCst);
                 if slot.fenced.load(Ordering::SeqCst) {
                     slot.writing.store(false, Ordering::Release);
                     return Err(FENCED.into());
                 }
-                // SAFETY: `ptr..ptr+len` lies inside a registered region, kept alive by `table` and in use (`_in_use`: unregister_memory waits) for this whole op.
-                let landed = unsafe { io::recv_exact(s, ptr, req.len as usize, stall) };
+                // An unregister waits for this op (`in_use`): a payload
+                // that is slow is cut once the region is revoked, so the
+                // wait ends within a poll.
+                let revoked = || in_use.is_revoked();
+                let mut pace = Pace::new(stall).cut_when(&revoked, REVOKED_MID_WRITE);
+                // SAFETY: `ptr..ptr+len` lies inside a registered region, kept alive by `table` and in use (`in_use`: unregister_memory waits) for this whole op.
+                let landed = unsafe { io::recv_exact(s, ptr, req.len as usize, &mut pace) };
                 // Release: the payload's bytes are in memory before a
                 // fencing thread sees the write over.
                 slot.writing.store(false, Ordering::Release);
@@ -560,23 +597,25 @@ fn serve(
                     }
                 })?;
                 resp.len = req.len;
-                io::send_header(s, &resp.encode()).map_err(|e| format!("WRITE response: {e}"))?;
+                respond(&resp).map_err(|e| format!("WRITE response: {e}"))?;
             }
             (Opcode::Write, Err(why)) => {
-                io::discard(s, req.len, stall)
+                io::discard(s, req.len, &mut Pace::new(stall))
                     .map_err(|e| format!("refused WRITE payload: {e}"))?;
-                tracing::debug!(addr = req.addr, len = req.len, %why, "tcp WRITE refused");
-                io::send_header(s, &resp.encode()).map_err(|e| format!("WRITE response: {e}"))?;
+                refused(Opcode::Write, why);
+                respond(&resp).map_err(|e| format!("WRITE response: {e}"))?;
             }
-            (Opcode::Read, Ok((ptr, _in_use))) => {
+            (Opcode::Read, Ok((ptr, in_use))) => {
                 resp.len = req.len;
-                // SAFETY: `ptr..ptr+len` lies inside a registered region, kept alive by `table` and in use (`_in_use`) for this whole op.
-                unsafe { io::send_all(s, &resp.encode(), ptr, req.len as usize) }
+                let revoked = || in_use.is_revoked();
+                let mut pace = Pace::new(stall).cut_when(&revoked, REVOKED_MID_READ);
+                // SAFETY: `ptr..ptr+len` lies inside a registered region, kept alive by `table` and in use (`in_use`) for this whole op.
+                unsafe { io::send_paced(s, &resp.encode(), ptr, req.len as usize, &mut pace) }
                     .map_err(|e| format!("READ response: {e}"))?;
             }
             (Opcode::Read, Err(why)) => {
-                tracing::debug!(addr = req.addr, len = req.len, %why, "tcp READ refused");
-                io::send_header(s, &resp.encode()).map_err(|e| format!("READ response: {e}"))?;
+                refused(Opcode::Read, why);
+                respond(&resp).map_err(|e| format!("READ response: {e}"))?;
             }
         }
     }
