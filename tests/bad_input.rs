@@ -165,13 +165,13 @@ fn wrong_key_over_shm() {
     );
 
     // The key the initiator holds no longer matches the region's live key,
-    // while the descriptor still lists it: AccessDenied. The live key is the
-    // first word of the region's memfd, DATA_OFFSET before its data.
-    let live = (exported.addr() - tent::segment::shm::DATA_OFFSET as u64)
-        as *const std::sync::atomic::AtomicU64;
-    // SAFETY: `exported` is alive, so its memfd mapping (live-key word
-    // included) is mapped in this process; the word is only used atomically.
-    unsafe { &*live }.store(key ^ 0xdead_beef, std::sync::atomic::Ordering::Release);
+    // while the descriptor still lists it: AccessDenied. The live key is a
+    // word of the owner's write-sealed descriptor, which only the owner
+    // writes (the test plays it).
+    target
+        .shm_export()
+        .unwrap()
+        .forge_live_key(exported.id(), key ^ 0xdead_beef);
     assert_eq!(
         beside_valid(&init, w(exported.addr())),
         Err(ErrorKind::AccessDenied)

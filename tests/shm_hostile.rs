@@ -704,6 +704,7 @@ fn hostile_owner_descriptors_are_refused_by_the_parser() {
         len,
         key: 77,
         handle,
+        slot: export.slot_of(buf.id()).unwrap(),
     };
     let cases: Vec<(&str, Vec<ShmEntry>)> = vec![
         (
@@ -751,6 +752,7 @@ fn hostile_owner_forging_after_open_fails_ops_typed_and_keeps_the_old_view() {
             len: 1 << 16,
             key,
             handle,
+            slot: export.slot_of(buf.id()).unwrap(),
         },
         ShmEntry {
             id: 99,
@@ -758,6 +760,7 @@ fn hostile_owner_forging_after_open_fails_ops_typed_and_keeps_the_old_view() {
             len: u64::MAX - huge,
             key,
             handle,
+            slot: 1023,
         },
     ]);
     let local = init.allocate_memory(1 << 16).unwrap();

@@ -40,11 +40,6 @@ fn tmpdir(tag: &str) -> String {
     d
 }
 
-fn pwrite(fd: &OwnedFd, off: i64, bytes: &[u8]) {
-    let n = unsafe { libc::pwrite(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), off) };
-    assert_eq!(n as usize, bytes.len());
-}
-
 fn pread(fd: &OwnedFd, off: i64, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
     let n = unsafe { libc::pread(fd.as_raw_fd(), out.as_mut_ptr().cast(), len, off) };
@@ -52,11 +47,11 @@ fn pread(fd: &OwnedFd, off: i64, len: usize) -> Vec<u8> {
     out
 }
 
-/// A region memfd as a real owner makes it: its live key in the first word,
-/// sealed against shrinking and growing.
-fn region(len: u64, key: u64) -> OwnedFd {
+/// A region memfd as a real owner makes it: a reserved first page, then
+/// the data, sealed against shrinking and growing (its live key is in the
+/// descriptor: `FakeDesc::write`).
+fn region(len: u64, _key: u64) -> OwnedFd {
     let fd = memfd(DATA_OFFSET as u64 + len);
-    pwrite(&fd, 0, &key.to_le_bytes());
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
     assert_eq!(
         unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) },

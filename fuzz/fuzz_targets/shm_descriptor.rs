@@ -42,8 +42,10 @@ fuzz_target!(|data: &[u8]| {
         assert!(e.len > 0 && e.len <= MAX_REGION_LEN);
         assert!(e.base.checked_add(e.len).is_some());
         assert!(e.key != 0 && e.handle != 0);
+        assert!((e.slot as usize) < DESC_CAPACITY, "a live-key slot past the key words");
         if let Ok(map_len) = admit_region(e, size, seals) {
             assert!(seals & REQUIRED_SEALS == REQUIRED_SEALS);
+            assert!(seals & DESC_WRITE_SEALS == 0, "a write-sealed region admitted");
             assert_eq!(map_len as u64, e.len + DATA_OFFSET as u64);
             assert!(map_len as u64 <= size);
         }

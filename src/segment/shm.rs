@@ -13,10 +13,12 @@
 //! checked its seals and size.
 //!
 //! Every access is checked against the region's bounds and its *live key*:
-//! the first word of each region memfd holds the key while the region is
-//! registered and 0 once the target unregisters it, so a peer with a stale
-//! mapping gets `AccessDenied` instead of writing into memory the target has
-//! given up.
+//! the region's key word in the descriptor (`shm_desc::KEY_WORDS_AT`) holds
+//! the key while the region is registered and 0 once the target
+//! unregisters it, so a peer with a stale mapping gets `AccessDenied`
+//! instead of writing into memory the target has given up. The word is in
+//! the write-sealed descriptor, not in the region a peer writes: no peer
+//! can put a revoked key back for the others.
 //!
 //! A worker never waits on the owner: a region the owner published after
 //! the peer last mapped its descriptor is fetched (handout round trip,
@@ -33,7 +35,8 @@ use arc_swap::{ArcSwap, ArcSwapOption, Cache};
 use tent_rings::{ErrorKind, RegionId};
 
 use super::shm_desc::{
-    self, DESC_BYTES, DESC_CAPACITY, ENTRY_WORDS, HEADER_WORDS, MAX_REGION_LEN, ShmEntry,
+    self, DESC_BYTES, DESC_CAPACITY, ENTRY_WORDS, HEADER_WORDS, KEY_WORDS_AT, MAX_REGION_LEN,
+    ShmEntry,
 };
 use super::shm_handout::{self, HandoutClient, HandoutServer, HandoutTable, IO_TIMEOUT, Mapping};
 use crate::clock::monotonic_ns;
@@ -70,10 +73,10 @@ fn words(map: &Mapping, n: usize) -> &[AtomicU64] {
     unsafe { std::slice::from_raw_parts(map.ptr() as *const AtomicU64, n) }
 }
 
-/// The live-key word at the start of a region memfd.
-fn live_key(map: &Mapping) -> &AtomicU64 {
-    // SAFETY: region mappings are DATA_OFFSET + len bytes (admitted before mapping); the first word is aligned and only accessed atomically.
-    unsafe { &*(map.ptr() as *const AtomicU64) }
+/// Live-key word `slot` of a descriptor mapping (`slot < DESC_CAPACITY`:
+/// the owner's own choice, or admitted by `parse`).
+fn live_key(desc: &Mapping, slot: u32) -> &AtomicU64 {
+    &words(desc, DESC_BYTES / 8)[KEY_WORDS_AT + slot as usize]
 }
 
 /// Seqlock writer. `seq` is the owner's own copy of the sequence: nothing
@@ -100,6 +103,7 @@ fn write_descriptor<'a>(
         w[base + 2].store(e.len, Ordering::Relaxed);
         w[base + 3].store(e.key, Ordering::Relaxed);
         w[base + 4].store(e.handle, Ordering::Relaxed);
+        w[base + 5].store(u64::from(e.slot), Ordering::Relaxed);
     }
     w[0].store(*seq, Ordering::Release);
 }
@@ -145,6 +149,8 @@ fn collect_stale(dir: &str) {
 
 struct ExportState {
     entries: Vec<(ShmEntry, Arc<Mapping>)>,
+    /// Live-key slots no published region holds.
+    free_slots: Vec<u32>,
     next_handle: u64,
     /// The descriptor's sequence, kept here (owner-private memory).
     seq: u64,
@@ -207,6 +213,7 @@ impl ShmExport {
             table,
             state: Mutex::new(ExportState {
                 entries: Vec::new(),
+                free_slots: (0..DESC_CAPACITY as u32).rev().collect(),
                 next_handle: 0,
                 seq: 0,
             }),
@@ -266,14 +273,22 @@ impl ShmExport {
                 ),
             ));
         }
+        // As many slots as entries: a free one exists below the capacity.
+        let Some(slot) = st.free_slots.pop() else {
+            return Err(Error::new(
+                ErrorKind::OutOfMemory,
+                format!("segment {}: no live-key slot left", self.name),
+            ));
+        };
         // Release: a peer that sees the key also sees the zeroed memory.
-        live_key(&mem.map).store(key, Ordering::Release);
+        live_key(&self.desc, slot).store(key, Ordering::Release);
         let entry = ShmEntry {
             id: id.0,
             base: mem.data_ptr() as u64,
             len,
             key,
             handle: mem.handle,
+            slot,
         };
         self.table.insert(mem.handle, mem.fd.clone());
         st.entries.push((entry, mem.map.clone()));
@@ -287,8 +302,9 @@ impl ShmExport {
     pub fn revoke(&self, id: RegionId) {
         let mut st = self.state.lock().expect("export state poisoned");
         if let Some(pos) = st.entries.iter().position(|(e, _)| e.id == id.0) {
-            let (e, map) = st.entries.remove(pos);
-            live_key(&map).store(0, Ordering::Release);
+            let (e, _map) = st.entries.remove(pos);
+            live_key(&self.desc, e.slot).store(0, Ordering::Release);
+            st.free_slots.push(e.slot);
             self.table.remove(e.handle);
             let st = &mut *st;
             write_descriptor(&self.desc, &mut st.seq, st.entries.iter().map(|(e, _)| e));
@@ -312,6 +328,27 @@ impl ShmExport {
             .find(|(e, _)| e.id == id.0)
             .map(|(e, _)| e.handle)
     }
+
+    /// Store `key` in the live-key word of the published region `id`, as
+    /// the owner (the only process that can write it) would (tests of a
+    /// key that stops matching while the descriptor still lists it).
+    #[doc(hidden)]
+    pub fn forge_live_key(&self, id: RegionId, key: u64) {
+        if let Some(slot) = self.slot_of(id) {
+            live_key(&self.desc, slot).store(key, Ordering::Release);
+        }
+    }
+
+    /// The live-key slot of the published region `id` (tests forge
+    /// entries naming it).
+    #[doc(hidden)]
+    pub fn slot_of(&self, id: RegionId) -> Option<u32> {
+        let st = self.state.lock().expect("export state poisoned");
+        st.entries
+            .iter()
+            .find(|(e, _)| e.id == id.0)
+            .map(|(e, _)| e.slot)
+    }
 }
 
 struct PeerRegion {
@@ -320,8 +357,12 @@ struct PeerRegion {
     len: u64,
     key: u64,
     handle: u64,
+    slot: u32,
     data: *mut u8,
     map: Arc<Mapping>,
+    /// Its live-key word, in `desc`.
+    live: *const AtomicU64,
+    desc: Arc<Mapping>,
 }
 
 #[derive(Default)]
@@ -330,8 +371,9 @@ struct PeerTable {
     regions: Vec<PeerRegion>,
 }
 
-// SAFETY: `data` points into `map`, which the table keeps alive; the table is
-// immutable once built and only bytes are copied through the pointer.
+// SAFETY: `data` points into `map` and `live` into `desc`, which the table
+// keeps alive; the table is immutable once built, only bytes are copied
+// through `data` and `live` is only loaded atomically.
 unsafe impl Send for PeerTable {}
 // SAFETY: as above.
 unsafe impl Sync for PeerTable {}
@@ -376,7 +418,9 @@ pub enum Access<R> {
 /// A peer's state, shared with its refresher thread.
 struct PeerState {
     name: String,
-    desc: Mapping,
+    /// The owner's descriptor (read-only, write-sealed); every table's
+    /// regions hold it too, for their live-key words.
+    desc: Arc<Mapping>,
     /// The connection to the owner: region handout and liveness.
     owner: HandoutClient,
     /// True once the owner is seen gone (by the refresher, which watches
@@ -449,7 +493,7 @@ impl RegionHit {
             len: r.len,
             data: r.data,
             key: r.key,
-            live: live_key(&r.map),
+            live: r.live,
         }
     }
 
@@ -471,7 +515,7 @@ impl RegionHit {
         if off.checked_add(len).is_none_or(|end| end > self.len) {
             return Err(ErrorKind::OutOfBounds);
         }
-        // SAFETY: `live` is the first word of a mapping the table holds, and the table is alive (caller).
+        // SAFETY: `live` is a word of the descriptor mapping the table holds, and the table is alive (caller).
         let live = unsafe { &*self.live };
         // Acquire pairs with the target's Release in publish/revoke.
         if live.load(Ordering::Acquire) != key {
@@ -544,7 +588,7 @@ impl ShmPeer {
         let wake = Wake::new().map_err(mem_err("shm refresher eventfd"))?;
         let state = Arc::new(PeerState {
             name: name.to_owned(),
-            desc,
+            desc: Arc::new(desc),
             owner,
             owner_gone: AtomicBool::new(false),
             table: ArcSwap::from_pointee(PeerTable::default()),
@@ -796,7 +840,11 @@ impl PeerState {
         let mut fresh = Vec::new();
         for e in entries {
             if let Some(r) = old.regions.iter().find(|r| {
-                r.key == e.key && r.base == e.base && r.len == e.len && r.handle == e.handle
+                r.key == e.key
+                    && r.base == e.base
+                    && r.len == e.len
+                    && r.handle == e.handle
+                    && r.slot == e.slot
             }) {
                 regions.push(PeerRegion {
                     id: r.id,
@@ -804,8 +852,11 @@ impl PeerState {
                     len: r.len,
                     key: r.key,
                     handle: r.handle,
+                    slot: r.slot,
                     data: r.data,
                     map: r.map.clone(),
+                    live: r.live,
+                    desc: r.desc.clone(),
                 });
                 continue;
             }
@@ -828,8 +879,12 @@ impl PeerState {
                 len: e.len,
                 key: e.key,
                 handle: e.handle,
+                slot: e.slot,
                 data,
                 map,
+                // `parse` admitted `slot < DESC_CAPACITY`.
+                live: live_key(&self.desc, e.slot),
+                desc: self.desc.clone(),
             });
         }
         // `parse` sorted them by base and proved them disjoint.
@@ -1091,6 +1146,49 @@ mod tests {
             "{r:?}"
         );
         drop(peer);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    /// A peer must be able to write a region's bytes, so nothing that
+    /// guards the region may sit in them. The live keys were the first
+    /// word of each region memfd: a second peer that stored the revoked
+    /// key back (it is in the descriptor) kept every other peer writing
+    /// into memory the owner had unregistered, with success CQEs. They are
+    /// in the write-sealed descriptor now; what a peer writes into the
+    /// region's reserved page changes nothing.
+    #[test]
+    fn a_peer_cannot_put_a_revoked_key_back_for_the_others() {
+        let OneRegion {
+            dir,
+            export,
+            mem: _mem,
+            peer,
+            ctx,
+            addr: a,
+        } = one_region("forge-key", 1, 0);
+        let hostile = ShmPeer::attach(&dir, export.name(), None).unwrap();
+        assert!(matches!(
+            peer.with_remote_on(&ctx, a, 8, |_| ()),
+            Ok(Access::Done(()))
+        ));
+        // Everything the hostile peer mapped of the region, before the revoke.
+        let map = hostile.state.table.load().regions[0].map.clone();
+        export.revoke(RegionId(1));
+        // It writes the old key (42) over every word of the reserved page.
+        let reserved = words(&map, DATA_OFFSET / 8);
+        for w in reserved {
+            w.store(42, Ordering::Release);
+        }
+        for _ in 0..50 {
+            let r = peer.with_remote_on(&ctx, a, 8, |_| ());
+            assert!(
+                !matches!(r, Ok(Access::Done(()))),
+                "an honest peer still writes into a revoked region: {r:?}"
+            );
+            let r = peer.with_remote(a, 8, |_| ());
+            assert!(!matches!(r, Ok(Access::Done(()))), "{r:?}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        drop((peer, hostile));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -4,8 +4,16 @@
 //! A descriptor is a sealed memfd of [`DESC_BYTES`] bytes: [`HEADER_WORDS`]
 //! header words (seqlock sequence, entry count, [`DESC_MAGIC`]) then up to
 //! [`DESC_CAPACITY`] entries of [`ENTRY_WORDS`] words (region id, base
-//! address in the owner, length, key, handle). A region is a sealed memfd
-//! of `DATA_OFFSET + len` bytes that the owner hands out by handle.
+//! address in the owner, length, key, handle, key slot), then
+//! [`DESC_CAPACITY`] *live-key* words from [`KEY_WORDS_AT`]: slot `s` holds
+//! the key of the region whose entry names `s` while it is registered, and
+//! 0 once the owner revokes it. The live keys are in the descriptor, not in
+//! the regions, because the descriptor is write-sealed against every
+//! process but the owner's own mapping: a peer, which must be able to
+//! write a region's bytes, can then not write a revoked region's key back
+//! and keep other peers writing into memory the owner gave up. A region is
+//! a sealed memfd of `DATA_OFFSET + len` bytes that the owner hands out by
+//! handle.
 //!
 //! Everything here is pure: the peer copies the words out under the
 //! seqlock, then [`parse`] decides, with checked arithmetic, whether they
@@ -17,14 +25,18 @@
 pub const DESC_CAPACITY: usize = 1024;
 /// Header words: sequence, count, magic, five reserved.
 pub const HEADER_WORDS: usize = 8;
-/// Words per entry: id, base, len, key, handle, three reserved.
+/// Words per entry: id, base, len, key, handle, key slot, two reserved.
 pub const ENTRY_WORDS: usize = 8;
+/// The first live-key word (one per slot, [`DESC_CAPACITY`] of them).
+pub const KEY_WORDS_AT: usize = HEADER_WORDS + DESC_CAPACITY * ENTRY_WORDS;
 /// Size of the descriptor memfd.
-pub const DESC_BYTES: usize = (HEADER_WORDS + DESC_CAPACITY * ENTRY_WORDS) * 8;
-/// Header word 2: layout identity ("TENTSHD2").
-pub const DESC_MAGIC: u64 = u64::from_le_bytes(*b"TENTSHD2");
+pub const DESC_BYTES: usize = (KEY_WORDS_AT + DESC_CAPACITY) * 8;
+/// Header word 2: layout identity ("TENTSHD3": live keys in the
+/// descriptor; a peer of layout 2 refuses it, and is refused).
+pub const DESC_MAGIC: u64 = u64::from_le_bytes(*b"TENTSHD3");
 /// Where user data starts inside a region memfd (page aligned; the first
-/// word holds the live key).
+/// page is reserved and unused since the live keys moved to the
+/// descriptor).
 pub const DATA_OFFSET: usize = 4096;
 /// Largest region length admitted (64 TiB): far beyond any allocation, far
 /// below where `DATA_OFFSET + len` or an mmap length could overflow.
@@ -54,6 +66,9 @@ pub struct ShmEntry {
     pub key: u64,
     /// The owner's handle for the region's memfd (never 0).
     pub handle: u64,
+    /// Its live-key word: `KEY_WORDS_AT + slot` (`slot < DESC_CAPACITY`,
+    /// no two entries share one).
+    pub slot: u32,
 }
 
 impl ShmEntry {
@@ -94,8 +109,9 @@ pub enum DescError {
         /// Its length.
         len: u64,
     },
-    /// Key or handle 0, or an id that is no `RegionId`.
-    #[error("region {index}: zero key/handle or id {id} out of range")]
+    /// Key or handle 0, an id that is no `RegionId`, or a live-key slot
+    /// past the key words.
+    #[error("region {index}: zero key/handle, or id {id} or its key slot out of range")]
     Field {
         /// Entry index.
         index: usize,
@@ -110,9 +126,13 @@ pub enum DescError {
         /// Higher base.
         b: u64,
     },
-    /// Two entries share an id or a handle.
-    #[error("two regions share id or handle")]
+    /// Two entries share an id, a handle or a live-key slot.
+    #[error("two regions share id, handle or key slot")]
     Duplicate,
+    /// A region's memfd is sealed against writes: a peer could map it
+    /// only read-only, and every WRITE into it would fail.
+    #[error("handed-out region memfd is write-sealed (seals {0:#x}): peers write regions")]
+    RegionWriteSealed(i32),
     /// The handed-out file is not a sealed regular memfd.
     #[error("handed-out file is not a shrink/grow-sealed memfd (seals {0:#x})")]
     Unsealed(i32),
@@ -159,7 +179,7 @@ pub fn parse(words: &[u64]) -> Result<Vec<ShmEntry>, DescError> {
     let mut out = Vec::with_capacity(count);
     for index in 0..count {
         let w = &words[HEADER_WORDS + index * ENTRY_WORDS..][..ENTRY_WORDS];
-        let (id, base, len, key, handle) = (w[0], w[1], w[2], w[3], w[4]);
+        let (id, base, len, key, handle, slot) = (w[0], w[1], w[2], w[3], w[4], w[5]);
         if len == 0 || len > MAX_REGION_LEN {
             return Err(DescError::Len { index, len });
         }
@@ -170,12 +190,17 @@ pub fn parse(words: &[u64]) -> Result<Vec<ShmEntry>, DescError> {
         if key == 0 || handle == 0 {
             return Err(DescError::Field { index, id });
         }
+        let slot = u32::try_from(slot)
+            .ok()
+            .filter(|&s| (s as usize) < DESC_CAPACITY)
+            .ok_or(DescError::Field { index, id })?;
         out.push(ShmEntry {
             id: id32,
             base,
             len,
             key,
             handle,
+            slot,
         });
     }
     out.sort_unstable_by_key(|e| e.base);
@@ -189,9 +214,14 @@ pub fn parse(words: &[u64]) -> Result<Vec<ShmEntry>, DescError> {
     }
     let mut ids: Vec<u32> = out.iter().map(|e| e.id).collect();
     let mut handles: Vec<u64> = out.iter().map(|e| e.handle).collect();
+    let mut slots: Vec<u32> = out.iter().map(|e| e.slot).collect();
     ids.sort_unstable();
     handles.sort_unstable();
-    if ids.windows(2).any(|p| p[0] == p[1]) || handles.windows(2).any(|p| p[0] == p[1]) {
+    slots.sort_unstable();
+    if ids.windows(2).any(|p| p[0] == p[1])
+        || handles.windows(2).any(|p| p[0] == p[1])
+        || slots.windows(2).any(|p| p[0] == p[1])
+    {
         return Err(DescError::Duplicate);
     }
     Ok(out)
@@ -231,8 +261,14 @@ pub fn admit_descriptor(size: u64, seals: i32) -> Result<usize, DescError> {
 /// `DATA_OFFSET + e.len` bytes (checked).
 ///
 /// # Errors
-/// As [`admit_memfd`].
+/// As [`admit_memfd`], and `RegionWriteSealed` for a memfd sealed against
+/// writes.
 pub fn admit_region(e: &ShmEntry, size: u64, seals: i32) -> Result<usize, DescError> {
+    // Refused typed here: mapped writable anyway, it failed `EPERM` as an
+    // `OutOfMemory` retried on every miss.
+    if seals & DESC_WRITE_SEALS != 0 {
+        return Err(DescError::RegionWriteSealed(seals));
+    }
     let want = e
         .len
         .checked_add(DATA_OFFSET as u64)
@@ -275,6 +311,7 @@ pub fn encode(entries: &[ShmEntry]) -> Vec<u64> {
         w[at + 2] = e.len;
         w[at + 3] = e.key;
         w[at + 4] = e.handle;
+        w[at + 5] = u64::from(e.slot);
     }
     w
 }
@@ -291,6 +328,7 @@ mod tests {
             len,
             key: 7 + u64::from(id),
             handle: 1 + u64::from(id),
+            slot: id,
         }
     }
 
@@ -309,6 +347,14 @@ mod tests {
         assert!(matches!(parse(&zero), Err(DescError::Len { .. })));
         let dup = encode(&[entry(1, 0x1000, 4096), entry(1, 0x9000, 4096)]);
         assert_eq!(parse(&dup), Err(DescError::Duplicate));
+        // A live-key slot past the key words, or two entries on one.
+        let mut slot = ok.clone();
+        slot[HEADER_WORDS + 5] = DESC_CAPACITY as u64;
+        assert!(matches!(parse(&slot), Err(DescError::Field { .. })));
+        slot[HEADER_WORDS + 5] = u64::MAX;
+        assert!(matches!(parse(&slot), Err(DescError::Field { .. })));
+        slot[HEADER_WORDS + 5] = 2; // the second entry's
+        assert_eq!(parse(&slot), Err(DescError::Duplicate));
         let mut count = ok.clone();
         count[1] = 3; // more than the words hold
         assert_eq!(parse(&count), Err(DescError::Count(3)));
@@ -326,6 +372,12 @@ mod tests {
         assert_eq!(admit_region(&e, 8192, REQUIRED_SEALS), Ok(8192));
         assert!(admit_region(&e, 8191, REQUIRED_SEALS).is_err());
         assert!(admit_region(&e, 8192, libc::F_SEAL_GROW).is_err());
+        for ws in [libc::F_SEAL_WRITE, libc::F_SEAL_FUTURE_WRITE] {
+            assert_eq!(
+                admit_region(&e, 8192, REQUIRED_SEALS | ws),
+                Err(DescError::RegionWriteSealed(REQUIRED_SEALS | ws))
+            );
+        }
         assert!(admit_memfd(u64::MAX, REQUIRED_SEALS, u64::MAX).is_err());
     }
 

@@ -11,7 +11,9 @@ pub const HELLO_LEN: usize = 8 + 32;
 pub const CHALLENGE_LEN: usize = 8 + 32 + 8 + 32;
 pub const REPLY_LEN: usize = 16;
 pub const REQUEST_LEN: usize = 24;
-pub const DESC_BYTES: usize = (8 + 1024 * 8) * 8;
+/// Header, 1024 entries of 8 words, then 1024 live-key words.
+pub const KEY_WORDS_AT: usize = 8 + 1024 * 8;
+pub const DESC_BYTES: usize = (KEY_WORDS_AT + 1024) * 8;
 
 /// Send `bytes` with `fd` attached (`SCM_RIGHTS`), in one `sendmsg`.
 pub fn send_fd(s: &UnixStream, bytes: &[u8], fd: RawFd) {
@@ -86,13 +88,15 @@ impl FakeDesc {
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Publish entries (id, base, len, key, handle) under sequence `seq`.
+    /// Publish entries (id, base, len, key, handle) under sequence `seq`;
+    /// entry `i` gets live-key slot `i`, which holds its key.
     pub fn write(&self, seq: u64, entries: &[(u64, u64, u64, u64, u64)]) {
         self.word(0, seq - 1); // odd while writing
         self.word(1, entries.len() as u64);
-        self.word(2, u64::from_le_bytes(*b"TENTSHD2"));
+        self.word(2, u64::from_le_bytes(*b"TENTSHD3"));
         for (i, e) in entries.iter().enumerate() {
-            for (j, w) in [e.0, e.1, e.2, e.3, e.4].into_iter().enumerate() {
+            self.word(KEY_WORDS_AT + i, e.3);
+            for (j, w) in [e.0, e.1, e.2, e.3, e.4, i as u64].into_iter().enumerate() {
                 self.word(8 + i * 8 + j, w);
             }
         }
