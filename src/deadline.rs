@@ -12,6 +12,14 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::Instant;
 
+/// The instant `timeout` from now, saturating a year ahead where adding
+/// it would overflow (`Duration::MAX` means "no deadline", not a panic).
+pub fn after(timeout: std::time::Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(86_400 * 365))
+}
+
 /// The error for a deadline that passed (`TimedOut`).
 pub fn timed_out() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "deadline passed")

@@ -618,12 +618,16 @@ fn an_evicted_control_handshake_is_told_busy() {
         .unwrap();
 }
 
-/// A target engine with a 1 s stall limit (`user_timeout_ms` 1000), no shm.
-fn target_with_1s_stall() -> Engine {
+/// A target engine with a stall limit of `ms` (`user_timeout_ms`), no shm.
+fn target_with_stall(ms: u64) -> Engine {
     let mut c = test_config();
     c.transports.shm.enable = false;
-    c.transports.tcp.user_timeout_ms = 1000;
+    c.transports.tcp.user_timeout_ms = ms;
     Engine::new(c).unwrap()
+}
+
+fn target_with_1s_stall() -> Engine {
+    target_with_stall(1000)
 }
 
 /// A connection past its hello (no secret) that sends `prefix` at once,
@@ -707,4 +711,45 @@ fn unregister_is_not_held_by_a_write_payload_that_trickles_in() {
         r.is_ok() && took < Duration::from_secs(2),
         "unregister under a trickling WRITE: {r:?} after {took:?}"
     );
+}
+
+/// Fixed: a refused WRITE's payload is read and dropped in 16 KiB calls
+/// that share one frame limit; only a call that came back short marked
+/// when a byte last moved, so after one early pause, a fast stretch and a
+/// second pause shorter than the stall limit, the stall was counted from
+/// the first pause and the connection was cut (and every request queued
+/// behind the refusal failed with it). The second pause is now counted
+/// from the last byte, and the refusal comes back on a live connection.
+#[test]
+fn a_refused_write_with_two_short_pauses_is_answered_not_cut() {
+    let target = target_with_stall(2500);
+    let buf = target.allocate_memory(4096).unwrap();
+    let mut s = TcpStream::connect(target.tcp_data_addr().unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(raw_hello(&mut s), 0);
+    let len = 1u64 << 20;
+    // A wrong key: refused, its payload drained.
+    s.write_all(&req(Opcode::Write, 7, buf.addr(), len, buf.key() ^ 1))
+        .unwrap();
+    let payload = vec![0x5au8; len as usize];
+    s.write_all(&payload[..100]).unwrap();
+    // First pause: the drain comes back short once (its poll is 1 s).
+    std::thread::sleep(Duration::from_millis(1300));
+    // Three seconds of steady flow, a whole 16 KiB read every 100 ms (the
+    // drain reads 16 KiB at a time: nothing comes back short).
+    s.write_all(&payload[100..16 << 10]).unwrap();
+    for i in 1..31 {
+        std::thread::sleep(Duration::from_millis(100));
+        s.write_all(&payload[i << 14..(i + 1) << 14]).unwrap();
+    }
+    // Second pause, under the 2.5 s stall limit counted from the last byte,
+    // far over it counted from the first pause.
+    std::thread::sleep(Duration::from_millis(1700));
+    s.write_all(&payload[31 << 14..]).unwrap();
+    let mut h = [0u8; RESPONSE_LEN];
+    let got = s.read_exact(&mut h).map(|()| Response::decode(&h).unwrap());
+    match got {
+        Ok(r) => assert!(r.status.is_err() && r.seq == 7, "{r:?}"),
+        Err(e) => panic!("the refused WRITE's connection was cut: {e}"),
+    }
 }

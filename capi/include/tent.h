@@ -582,8 +582,8 @@ int tent_segment_info(const struct tent_engine_t *engine,
 
 /**
  * Is the process behind an open segment still the one opened (TENT's
- * `probePeerAliveByID`)? `*alive` gets 1 or 0; each network step waits
- * at most `timeout_ms`.
+ * `probePeerAliveByID`)? `*alive` gets 1 or 0; the network exchange
+ * takes at most `timeout_ms` in all.
  *
  * # Safety
  * `engine` is a live engine; `alive` valid for one write.

@@ -109,8 +109,8 @@ pub unsafe extern "C" fn tent_segment_info(
 }
 
 /// Is the process behind an open segment still the one opened (TENT's
-/// `probePeerAliveByID`)? `*alive` gets 1 or 0; each network step waits
-/// at most `timeout_ms`.
+/// `probePeerAliveByID`)? `*alive` gets 1 or 0; the network exchange
+/// takes at most `timeout_ms` in all.
 ///
 /// # Safety
 /// `engine` is a live engine; `alive` valid for one write.

@@ -52,7 +52,7 @@ pub fn fetch_descriptor(
     secret: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<SegmentDescriptor> {
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::deadline::after(timeout);
     let s = session(peer, secret, deadline, |_| {})?;
     let mut s = ByDeadline::new(&s, deadline);
     wire::write_message(&mut s, &Message::GetDescriptor).map_err(|e| wire_err(peer, e))?;
@@ -73,7 +73,7 @@ pub fn connect_qp(
     timeout: Duration,
     req: QpRequest,
 ) -> Result<QpBootstrap> {
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::deadline::after(timeout);
     let s = session(peer, secret, deadline, |_| {})?;
     let mut s = ByDeadline::new(&s, deadline);
     wire::write_message(&mut s, &Message::QpConnect(req)).map_err(|e| wire_err(peer, e))?;
@@ -98,7 +98,7 @@ pub fn notify_session_with(
     timeout: Duration,
     connected: impl FnMut(&TcpStream),
 ) -> Result<TcpStream> {
-    session(peer, secret, Instant::now() + timeout, connected)
+    session(peer, secret, crate::deadline::after(timeout), connected)
 }
 
 /// Why a notification was not acknowledged.

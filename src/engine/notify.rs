@@ -8,9 +8,10 @@ use tent_rings::{SegmentId, Sqe};
 
 use super::{BatchId, Engine};
 use crate::control::is_p2p_name;
+use crate::deadline::after as deadline_after;
 use crate::error::{Error, Result};
 use crate::notify::delivery::Delivery;
-use crate::notify::outbox::{After, Dest, deadline_after};
+use crate::notify::outbox::{After, Dest};
 use crate::notify::{Notification, Received};
 
 impl Engine {

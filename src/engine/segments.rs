@@ -36,8 +36,8 @@ impl Engine {
 
     /// Is the process behind `segment` still the one this engine opened
     /// (TENT's `probePeerAliveByID`)? A segment opened by `ip:port` asks
-    /// the peer's control server (handshake and descriptor, each step
-    /// within `timeout`): alive when it answers as the same process (host
+    /// the peer's control server (handshake and descriptor, all within
+    /// `timeout`): alive when it answers as the same process (host
     /// and pid of the descriptor the segment was opened with); not when it
     /// does not answer, refuses, or another process now answers there (a
     /// restarted peer: its memory and keys are not the ones opened). An

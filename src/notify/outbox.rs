@@ -259,13 +259,6 @@ impl Drop for Outbox {
     }
 }
 
-/// `now + d`, saturating far in the future.
-pub(crate) fn deadline_after(d: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(d)
-        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
-}
-
 fn stopped() -> Error {
     Error::new(
         ErrorKind::Shutdown,
@@ -473,7 +466,13 @@ fn send(
                     let _ = s.shutdown(std::net::Shutdown::Both);
                 }
             };
-            match client::notify_session_with(peer, ctx.secret.as_deref(), left, cuttable) {
+            let made = client::notify_session_with(peer, ctx.secret.as_deref(), left, cuttable);
+            if made.is_err() {
+                // The connection the handshake failed on closes now, not
+                // at the lane's next connect.
+                *lane.open.lock().expect("lane poisoned") = None;
+            }
+            match made {
                 Ok(stream) => {
                     // Stopped while connecting: `stop` saw no stream to cut.
                     if ctx.stop.load(Ordering::Acquire) {
@@ -557,7 +556,7 @@ mod tests {
                 Dest::Local,
                 note,
                 None,
-                deadline_after(out.bound()),
+                crate::deadline::after(out.bound()),
                 d.clone(),
             )
             .unwrap();

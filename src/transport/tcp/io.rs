@@ -86,6 +86,8 @@ pub unsafe fn send_paced(
         sent += r as usize;
         if sent < total {
             pace.slow((total - sent) as u64)?;
+        } else {
+            pace.moved();
         }
     }
     Ok(())
@@ -156,6 +158,17 @@ impl<'a> Pace<'a> {
     pub fn cut_when(mut self, cut: &'a dyn Fn() -> bool, why: &'static str) -> Self {
         self.cut = Some((cut, why));
         self
+    }
+
+    /// Bytes moved and the call came back whole: once the frame is slow,
+    /// that is its last byte so far (a frame read in several calls, as a
+    /// refused WRITE's discard is, counts its stall from there). Nothing
+    /// while the frame has never been slow: no clock on the fast path.
+    #[inline]
+    fn moved(&mut self) {
+        if self.since.is_some() {
+            self.since = Some(Instant::now());
+        }
     }
 
     /// The frame came back short with `left` bytes to go (some moved).
@@ -262,6 +275,8 @@ unsafe fn recv_into(
         if got < len {
             // Short with MSG_WAITALL: the read timeout passed mid-frame.
             pace.slow(left(got))?;
+        } else {
+            pace.moved();
         }
     }
     Ok(true)

@@ -589,6 +589,9 @@ fn serve(
                 // Release: the payload's bytes are in memory before a
                 // fencing thread sees the write over.
                 slot.writing.store(false, Ordering::Release);
+                // Done with the region: an unregister does not wait on the
+                // response below (a peer slow to take it).
+                drop(in_use);
                 landed.map_err(|e| {
                     if slot.fenced.load(Ordering::Relaxed) {
                         FENCED.to_owned()
