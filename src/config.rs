@@ -976,12 +976,21 @@ impl Config {
             file: source.to_owned(),
             msg: e.to_string(),
         })?;
-        let Value::Object(map) = &value else {
+        let (cfg, later) = Config::from_value(&value, source)?;
+        warn_not_in_effect(&later, source);
+        tracing::debug!(source, "configuration loaded");
+        Ok(cfg)
+    }
+
+    /// The one validation: every key's type and range, then the checks
+    /// across keys; also the keys set that are not in effect.
+    fn from_value(value: &Value, source: &str) -> Result<(Config, Vec<&'static str>), ConfigError> {
+        let Value::Object(map) = value else {
             return Err(ConfigError::Type {
                 file: source.to_owned(),
                 key: "(top level)".to_owned(),
                 expected: "object",
-                found: describe(&value),
+                found: describe(value),
             });
         };
         let mut cfg = Config {
@@ -991,9 +1000,21 @@ impl Config {
         let mut later = Vec::new();
         walk(map, "", source, &mut cfg, &mut later)?;
         cross_check(&cfg, source)?;
-        warn_not_in_effect(&later, source);
-        tracing::debug!(source, "configuration loaded");
-        Ok(cfg)
+        Ok((cfg, later))
+    }
+
+    /// Check a configuration built in code (its fields are public) as a
+    /// file's is checked: the same ranges and cross-key checks, through
+    /// [`Config::to_json`]. `Engine::new` runs it, so `workers/count` 0 or
+    /// `block_size` 0 set in code is refused, as it is from JSON, instead
+    /// of panicking or spinning later.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let source = if self.source.is_empty() {
+            "Config (built in code)"
+        } else {
+            self.source.as_str()
+        };
+        Config::from_value(&self.to_json(), source).map(|_| ())
     }
 
     /// Reads and validates a JSON file; errors name `path`.

@@ -122,6 +122,14 @@ impl MemRegion {
         self
     }
 
+    /// Whether the engine owns the memory (`allocate_memory`): alive for as
+    /// long as this region is. Otherwise it is the application's
+    /// (`register_memory`), valid only until it is unregistered or the
+    /// engine dropped.
+    pub(crate) fn owns_memory(&self) -> bool {
+        self._owner.is_some()
+    }
+
     /// Withdraw the region at unregister epoch `epoch` (non-zero): new
     /// requests naming it are refused from now on (workers check
     /// [`MemRegion::is_revoked`] at validation, and a TCP op can no longer

@@ -479,3 +479,23 @@ fn local_addr_finds_the_region_holding_a_range_and_refuses_the_rest() {
     e.unregister_memory(a.id()).unwrap();
     assert_eq!(kind(a.addr(), 1), ErrorKind::AddressNotRegistered);
 }
+
+/// Fixed: `Config`'s fields are public, and a configuration built in code
+/// skipped the checks a file gets: `workers/count` 0 built an engine whose
+/// first `ring()` divided by zero, `block_size` 0 a worker that spun on
+/// zero-byte slices (and a drop that never returned). `Engine::new` now
+/// checks it as a file's is.
+#[test]
+fn a_config_built_in_code_is_checked_as_a_file_is() {
+    let mut c = test_config();
+    c.workers.count = 0;
+    let e = Engine::new(c).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("workers/count"), "{e}");
+    let mut c = test_config();
+    c.block_size = 0;
+    let e = Engine::new(c).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    // And one in range builds.
+    assert!(Engine::new(test_config()).is_ok());
+}

@@ -373,3 +373,59 @@ fn unregister_waits_for_a_tcp_write_being_served_into_the_region() {
     assert_eq!((r.seq, r.status), (2, Err(ErrorKind::AccessDenied)));
     assert_eq!(contents(&region), payload, "no byte moved");
 }
+
+/// Fixed: a `Buffer` of application memory (`register_memory`) kept
+/// copying after `unregister_memory` returned `Ok`, or after the engine was
+/// dropped: both are when the application may free that memory, so a
+/// later `write` wrote freed heap. It is now `AddressNotRegistered`, and a
+/// copy in progress makes the unregister (or the drop) wait. Memory the
+/// engine allocated stays usable through its `Buffer`.
+#[test]
+fn a_buffer_of_application_memory_copies_nothing_once_unregistered_or_dropped() {
+    let e = Engine::new(test_config()).unwrap();
+    let mut mem = vec![0u8; 4096];
+    // SAFETY: `mem` outlives its registration (unregistered below).
+    let b = unsafe { e.register_memory(mem.as_mut_ptr(), 4096) }.unwrap();
+    b.write(0, &[7; 16]).unwrap();
+    e.unregister_memory(b.id()).unwrap();
+    assert_eq!(
+        b.write(0, &[1; 16]).unwrap_err().kind(),
+        ErrorKind::AddressNotRegistered
+    );
+    let mut out = [0u8; 16];
+    assert_eq!(
+        b.read(0, &mut out).unwrap_err().kind(),
+        ErrorKind::AddressNotRegistered
+    );
+    assert_eq!(&mem[..16], &[7; 16], "nothing written after the unregister");
+
+    let mut mem2 = vec![0u8; 4096];
+    // SAFETY: `mem2` outlives the engine.
+    let b2 = unsafe { e.register_memory(mem2.as_mut_ptr(), 4096) }.unwrap();
+    let own = e.allocate_memory(4096).unwrap();
+    own.write(0, &[3; 8]).unwrap();
+    drop(e);
+    assert_eq!(
+        b2.write(0, &[1; 16]).unwrap_err().kind(),
+        ErrorKind::AddressNotRegistered
+    );
+    assert!(
+        mem2.iter().all(|&x| x == 0),
+        "nothing written after the drop"
+    );
+    // The engine's own memory lives with its handle.
+    let mut o = [0u8; 8];
+    own.read(0, &mut o).unwrap();
+    assert_eq!(o, [3; 8]);
+}
+
+/// Fixed: a range that wraps the address space was registered (release)
+/// or panicked in the overlap check (debug); it is `InvalidArgument`.
+#[test]
+fn registering_a_range_that_wraps_the_address_space_is_refused() {
+    let e = Engine::new(test_config()).unwrap();
+    let p = (usize::MAX - 100) as *mut u8;
+    // SAFETY: refused before the engine touches the range.
+    let r = unsafe { e.register_memory(p, 4096) };
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::InvalidArgument);
+}

@@ -76,6 +76,8 @@ impl EngineBuilder {
             Some(c) => c,
             None => Config::load()?,
         };
+        // A configuration built in code is checked as a file's is.
+        config.validate()?;
         // Values each in range can together need more memory than there
         // is: refuse before allocating rather than abort halfway.
         footprint::check(&config)?;
@@ -455,6 +457,10 @@ impl Drop for Engine {
             }
         }
         self.shared.links.stop();
+        // The application may free what it registered once this returns:
+        // no `Buffer` copy or TCP op starts on it from here, and those in
+        // progress end first.
+        self.revoke_application_memory();
     }
 }
 

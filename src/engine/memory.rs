@@ -10,7 +10,7 @@ use tent_rings::{ErrorKind, RegionId};
 
 use super::Engine;
 use crate::error::{Error, Result};
-use crate::memory::MemRegion;
+use crate::memory::{MemRegion, RegionUse};
 use crate::transport::tcp;
 
 /// How often `unregister_memory` looks whether the workers and the TCP
@@ -65,6 +65,13 @@ impl Engine {
             return Err(Error::invalid(
                 "register_memory: null pointer or zero length",
             ));
+        }
+        // Every later bound check adds within the region: it must not wrap.
+        if (ptr as u64).checked_add(len).is_none() || usize::try_from(len).is_err() {
+            return Err(Error::invalid(format!(
+                "register_memory: [{:#x}, +{len}) wraps the address space",
+                ptr as u64
+            )));
         }
         let _g = self.registry.lock().expect("registry poisoned");
         let table = self.shared.regions.load_full();
@@ -157,6 +164,31 @@ impl Engine {
             .expect("retiring regions poisoned")
             .retain(|r| r.id() != id);
         Ok(())
+    }
+
+    /// At the engine's drop (workers stopped): revoke every region of
+    /// application memory still registered or being unregistered, and wait
+    /// until nothing uses it (a `Buffer` copy, a TCP op, which a revoke
+    /// cuts within a poll).
+    pub(super) fn revoke_application_memory(&self) {
+        let table = self.shared.regions.load_full();
+        let retiring = self
+            .retiring
+            .lock()
+            .expect("retiring regions poisoned")
+            .clone();
+        for r in table.iter().chain(retiring.iter()) {
+            if r.owns_memory() {
+                continue;
+            }
+            if !r.is_revoked() {
+                // No worker runs: any non-zero epoch marks it.
+                r.revoke(u64::MAX);
+            }
+            while r.in_use() != 0 {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
     }
 
     /// Take region `id` out of the table and revoke it at the next
@@ -314,21 +346,30 @@ impl Buffer {
     /// transfer touching the same bytes at the same time is a race on the
     /// values (the bytes are undefined, as for any transfer error) but not
     /// undefined behaviour.
+    ///
+    /// On memory the application registered (`register_memory`), this is
+    /// `AddressNotRegistered` once the region is unregistered or its
+    /// engine dropped: the application may have freed it then. (Memory the
+    /// engine allocated stays readable and writable while a `Buffer` of it
+    /// exists.)
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let _use = self.using("write")?;
         let p = self
             .region
             .slice_ptr(offset, data.len() as u64)
             .map_err(|k| Error::new(k, "buffer write out of bounds"))?;
         for (i, b) in data.iter().enumerate() {
-            // SAFETY: in bounds (checked above), the region is alive while `self` is, and AtomicU8 has the layout of u8.
+            // SAFETY: in bounds (checked above); the memory is alive: the engine's own while `self` is, the application's while `_use` makes unregister and the engine's drop wait; AtomicU8 has the layout of u8.
             unsafe { (*(p.add(i) as *const AtomicU8)).store(*b, Ordering::Relaxed) };
         }
         Ok(())
     }
 
     /// Copy out `out.len()` bytes from `offset` (byte-wise relaxed atomic
-    /// loads, see [`Buffer::write`]).
+    /// loads, see [`Buffer::write`], and as there, `AddressNotRegistered`
+    /// on application memory once it is unregistered).
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let _use = self.using("read")?;
         let p = self
             .region
             .slice_ptr(offset, out.len() as u64)
@@ -338,6 +379,25 @@ impl Buffer {
             *b = unsafe { (*(p.add(i) as *const AtomicU8)).load(Ordering::Relaxed) };
         }
         Ok(())
+    }
+
+    /// What keeps the memory valid during a copy: nothing for memory the
+    /// engine owns (this handle keeps it); for the application's, a use
+    /// counted on the region (`unregister_memory` and the engine's drop
+    /// wait for it), refused once the region is revoked.
+    fn using(&self, what: &str) -> Result<Option<RegionUse<'_>>> {
+        if self.region.owns_memory() {
+            return Ok(None);
+        }
+        self.region.enter().map(Some).ok_or_else(|| {
+            Error::new(
+                ErrorKind::AddressNotRegistered,
+                format!(
+                    "buffer {what}: region {} was unregistered (or its engine dropped); the application may have freed it",
+                    self.region.id().0
+                ),
+            )
+        })
     }
 }
 
