@@ -342,10 +342,11 @@ impl Buffer {
         self.region.addr() as *mut u8
     }
 
-    /// Copy `data` in at `offset`. Byte-wise relaxed atomic stores, so a
-    /// transfer touching the same bytes at the same time is a race on the
-    /// values (the bytes are undefined, as for any transfer error) but not
-    /// undefined behaviour.
+    /// Copy `data` in at `offset`, with byte-wise relaxed atomic stores.
+    /// Do not write or read bytes a transfer is moving at the same time:
+    /// transports copy with plain (non-atomic) copies, DMA or the kernel,
+    /// so that is a data race, as for any buffer handed to a NIC; wait for
+    /// the transfer's completion first.
     ///
     /// On memory the application registered (`register_memory`), this is
     /// `AddressNotRegistered` once the region is unregistered or its
@@ -366,8 +367,9 @@ impl Buffer {
     }
 
     /// Copy out `out.len()` bytes from `offset` (byte-wise relaxed atomic
-    /// loads, see [`Buffer::write`], and as there, `AddressNotRegistered`
-    /// on application memory once it is unregistered).
+    /// loads; see [`Buffer::write`] on transfers in progress, and as
+    /// there, `AddressNotRegistered` on application memory once it is
+    /// unregistered).
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let _use = self.using("read")?;
         let p = self
