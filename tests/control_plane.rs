@@ -226,11 +226,11 @@ fn qp_connect_to_an_engine_without_rdma_is_unreachable_and_says_why() {
     }
 }
 
-#[test]
-fn qp_connect_without_the_initiator_record_is_refused_naming_it() {
+/// A raw control connection to `name` past its Hello and Challenge (no
+/// secret on either side).
+fn raw_session(name: &str) -> TcpStream {
     use tent::control::wire::{self, Message};
-    let target = common::engine();
-    let mut s = TcpStream::connect(target.segment_name()).unwrap();
+    let mut s = TcpStream::connect(name).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     wire::write_message(&mut s, &Message::Hello { nonce: [1; 32] }).unwrap();
     assert!(matches!(
@@ -240,6 +240,14 @@ fn qp_connect_without_the_initiator_record_is_refused_naming_it() {
             ..
         }
     ));
+    s
+}
+
+#[test]
+fn qp_connect_without_the_initiator_record_is_refused_naming_it() {
+    use tent::control::wire::{self, Message};
+    let target = common::engine();
+    let mut s = raw_session(&target.segment_name());
     // What an initiator from before the record sends: NICs and its QP's
     // bootstrap (tags 0x0001..=0x0007), no initiator record (0x0008).
     let mut body = Vec::new();
@@ -332,16 +340,7 @@ fn a_connection_held_open_answers_nothing_once_the_engine_is_dropped() {
     use tent::control::wire::{self, Message};
     let target = common::engine();
     let _buf = target.allocate_memory(1 << 16).unwrap();
-    let mut s = TcpStream::connect(target.segment_name()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    wire::write_message(&mut s, &Message::Hello { nonce: [2; 32] }).unwrap();
-    assert!(matches!(
-        wire::read_message(&mut s).unwrap(),
-        Message::Challenge {
-            auth_required: false,
-            ..
-        }
-    ));
+    let mut s = raw_session(&target.segment_name());
     let started = std::time::Instant::now();
     drop(target);
     assert!(

@@ -73,11 +73,14 @@ impl EngineBuilder {
     /// and place workers.
     pub fn build(self) -> Result<Engine> {
         let config = match self.config {
-            Some(c) => c,
+            // A configuration built in code is checked as a file's is
+            // (`Config::load` has checked its own).
+            Some(c) => {
+                c.validate()?;
+                c
+            }
             None => Config::load()?,
         };
-        // A configuration built in code is checked as a file's is.
-        config.validate()?;
         // Values each in range can together need more memory than there
         // is: refuse before allocating rather than abort halfway.
         footprint::check(&config)?;

@@ -322,11 +322,7 @@ impl ShmExport {
     /// The handle of the published region `id` (tests forge entries naming it).
     #[doc(hidden)]
     pub fn handle_of(&self, id: RegionId) -> Option<u64> {
-        let st = self.state.lock().expect("export state poisoned");
-        st.entries
-            .iter()
-            .find(|(e, _)| e.id == id.0)
-            .map(|(e, _)| e.handle)
+        self.entry_of(id).map(|e| e.handle)
     }
 
     /// Store `key` in the live-key word of the published region `id`, as
@@ -343,11 +339,16 @@ impl ShmExport {
     /// entries naming it).
     #[doc(hidden)]
     pub fn slot_of(&self, id: RegionId) -> Option<u32> {
+        self.entry_of(id).map(|e| e.slot)
+    }
+
+    /// The descriptor entry of the published region `id`.
+    fn entry_of(&self, id: RegionId) -> Option<ShmEntry> {
         let st = self.state.lock().expect("export state poisoned");
         st.entries
             .iter()
             .find(|(e, _)| e.id == id.0)
-            .map(|(e, _)| e.slot)
+            .map(|(e, _)| *e)
     }
 }
 
@@ -1148,6 +1149,7 @@ mod tests {
         drop(peer);
         let _ = std::fs::remove_dir_all(&dir);
     }
+
     /// A peer must be able to write a region's bytes, so nothing that
     /// guards the region may sit in them. The live keys were the first
     /// word of each region memfd: a second peer that stored the revoked

@@ -95,8 +95,17 @@ pub unsafe fn send_paced(
 
 /// Send a frame that has no payload.
 pub fn send_header(sock: &impl AsRawFd, header: &[u8]) -> io::Result<()> {
+    send_header_paced(sock, header, &mut Pace::unlimited())
+}
+
+/// [`send_header`] within `pace` (target side, as [`send_paced`]).
+pub fn send_header_paced(
+    sock: &impl AsRawFd,
+    header: &[u8],
+    pace: &mut Pace<'_>,
+) -> io::Result<()> {
     // SAFETY: no payload: a null pointer with length 0 is never read.
-    unsafe { send_all(sock, header, std::ptr::null(), 0) }
+    unsafe { send_paced(sock, header, std::ptr::null(), 0, pace) }
 }
 
 /// No mid-frame limit: for sockets without a read timeout (the initiator's),
@@ -173,10 +182,9 @@ impl<'a> Pace<'a> {
 
     /// The frame came back short with `left` bytes to go (some moved).
     fn slow(&mut self, left: u64) -> io::Result<()> {
-        if self.stall == NO_STALL_LIMIT {
-            return self.check(left);
+        if self.stall != NO_STALL_LIMIT {
+            self.since = Some(Instant::now());
         }
-        self.since = Some(Instant::now());
         self.check(left)
     }
 

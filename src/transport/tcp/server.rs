@@ -519,18 +519,7 @@ fn serve(
     // A frame that has started is read to its end unless it stalls this
     // long; a response the peer stops taking fails after as long.
     let stall = stall_limit(user_timeout_ms);
-    let respond = |resp: &Response| {
-        // SAFETY: no payload: a null pointer with length 0 is never read.
-        unsafe {
-            io::send_paced(
-                s,
-                &resp.encode(),
-                std::ptr::null(),
-                0,
-                &mut Pace::new(stall),
-            )
-        }
-    };
+    let respond = |resp: &Response| io::send_header_paced(s, &resp.encode(), &mut Pace::new(stall));
     let mut idle = 0u32;
     let mut serving = false;
     loop {
