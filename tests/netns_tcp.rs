@@ -326,6 +326,102 @@ fn netns_tcp_chaos_initiator_child() {
     eprint!("{}", e.metrics_text());
 }
 
+/// A connect hung on a silent peer, cut by its link going down. Rail 2's
+/// target end sends nothing (`Netns::mute`), so the slices sprayed there
+/// wait on a connect that sits in SYN_SENT; once it is out, this sets rail
+/// 2's link down and times how long until a slice moves to rail 1 and
+/// until every READ is done.
+#[test]
+fn netns_tcp_hung_connect_initiator_child() {
+    if std::env::var("TENT_NETNS_ROLE").as_deref() != Ok("tcp-hung-connect") {
+        return;
+    }
+    tracing_init();
+    let target = std::env::var("TENT_NETNS_TARGET").unwrap();
+    let size: u64 = std::env::var("TENT_NETNS_SIZE").unwrap().parse().unwrap();
+    let dead_if = std::env::var("TENT_NETNS_IFACE").unwrap();
+    let e = tent::Engine::new(config("10.77.1.1")).unwrap();
+    let seg = e.open_segment(&target).unwrap();
+    let remote = e.segment_regions(seg).unwrap()[0].addr;
+    let index = tent::netlink::interfaces()
+        .unwrap()
+        .into_iter()
+        .find(|i| i.name == dead_if)
+        .expect("rail interface")
+        .index;
+    let rail = |name: &str| {
+        e.rails(seg)
+            .into_iter()
+            .find(|r| r.local == name)
+            .unwrap_or_else(|| panic!("no rail on {name}"))
+    };
+    let local = e.allocate_memory(size).unwrap();
+    let mut ring = e.ring().unwrap();
+    let parts = 8;
+    let part = size / parts;
+    for i in 0..parts {
+        ring.submission()
+            .push(
+                op::Read::new(
+                    LocalAddr::new(local.id(), i * part),
+                    RemoteAddr::new(seg, remote + i * part),
+                    part,
+                )
+                .user_data(i),
+            )
+            .unwrap();
+    }
+    ring.submit().unwrap();
+    // The muted rail holds slices, and its connect is out: a socket of
+    // this namespace in SYN_SENT (state 02) to 10.77.2.2.
+    let t = Instant::now();
+    loop {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        let connecting = table.lines().skip(1).any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(2).is_some_and(|r| r.starts_with("02024D0A:")) && f.get(3) == Some(&"02")
+        });
+        if connecting && rail(&dead_if).inflight > 0 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "rail {dead_if} never held a slice behind a hung connect"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let held = rail(&dead_if).inflight;
+    let moved_before = rail(&dead_if).moved;
+    let t0 = Instant::now();
+    tent::netlink::set_link(index, false).unwrap();
+    while rail(&dead_if).moved == moved_before {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no slice moved off rail {dead_if}"
+        );
+        std::thread::yield_now();
+    }
+    let moved_us = t0.elapsed().as_micros();
+    let cqes = common::reap(&mut ring, parts as usize);
+    let done_us = t0.elapsed().as_micros();
+    let results: Vec<String> = cqes
+        .iter()
+        .map(|c| match c.result() {
+            Ok(_) => "Ok".to_owned(),
+            Err(k) => format!("{k:?}"),
+        })
+        .collect();
+    let verified = cqes.iter().all(|c| c.result().is_ok()) && {
+        let mut got = vec![0u8; size as usize];
+        local.read(0, &mut got).unwrap();
+        got == common::pattern(7, size as usize)
+    };
+    say(&format!(
+        "RESULT held={held} moved_us={moved_us} done_us={done_us} verified={verified} results={}",
+        results.join(",")
+    ));
+}
+
 /// Log lines to stderr (the parent passes them through), at info.
 fn tracing_init() {
     let _ = tracing_subscriber::fmt()
@@ -390,6 +486,44 @@ fn netns_tcp_chaos_rail_down_and_up_again_during_a_long_transfer() {
         )
         .as_bytes(),
     );
+}
+
+/// A reconnect that hangs (the peer's end of the rail silent: SYNs go
+/// unanswered) while the rail's link goes down: its slices move within the
+/// chaos test's bound, not when the connect gives up (5 s here).
+#[test]
+fn netns_tcp_a_connect_hung_on_a_silent_peer_moves_its_slices_when_the_link_goes_down() {
+    let Some(ns) = Netns::up("hc", 2, None) else {
+        return;
+    };
+    ns.mute(2);
+    let size = 16u64 << 20;
+    let (target, name) = ns.target(size);
+    let mut c = ns.exec(
+        "a",
+        "netns_tcp_hung_connect_initiator_child",
+        &[
+            ("TENT_NETNS_ROLE", "tcp-hung-connect".into()),
+            ("TENT_NETNS_TARGET", name),
+            ("TENT_NETNS_SIZE", size.to_string()),
+            ("TENT_NETNS_IFACE", format!("{}a2", ns.0)),
+        ],
+    );
+    let mut out = BufReader::new(c.stdout.take().unwrap());
+    let result = line_with(&mut out, "RESULT ");
+    assert!(c.wait().unwrap().success());
+    target.stop();
+    assert_eq!(field(&result, "verified="), "true", "{result}");
+    assert!(
+        field(&result, "results=").split(',').all(|r| r == "Ok"),
+        "{result}"
+    );
+    // The chaos test's bound (link down -> verified bytes moved).
+    let us = |k: &str| field(&result, k).parse::<u64>().unwrap();
+    assert!(us("moved_us=") < 2_000_000, "{result}");
+    assert!(us("done_us=") < 2_000_000, "{result}");
+    let _ = std::io::stderr()
+        .write_all(format!("tcp connect hung on a silent rail, link down: {result}\n").as_bytes());
 }
 
 fn field<'a>(result: &'a str, key: &str) -> &'a str {

@@ -9,6 +9,7 @@
 #   tools/netns.sh rate-bits RATE         # RATE (tc's units) in bit/s
 #   tools/netns.sh down NAME              # idempotent
 #   tools/netns.sh rail-down NAME I       # set rail I's link down (both ends)
+#   tools/netns.sh mute NAME I            # rail I's NAME-b end sends nothing (link up)
 #   tools/netns.sh check                  # can this machine do it? (exit 0/1)
 set -euo pipefail
 cmd=${1:-}
@@ -86,6 +87,14 @@ case "$cmd" in
   rate-bits)
     rate_bits "$2" || { echo "netns.sh: bad rate $2 (use e.g. 100mbit, 1gbit)" >&2; exit 2; }
     ;;
+  mute)
+    # Every packet NAME-b sends on rail I is dropped while both links stay
+    # up: a peer that has gone silent (a connect to it hangs in SYN_SENT).
+    # A tbf whose burst is smaller than any packet drops each one (this
+    # kernel has no tc classifier, action or netem to do it otherwise).
+    name=$2; i=$3
+    ip netns exec "$name-b" tc qdisc replace dev "${name}b$i" root tbf rate 1mbit burst 10 latency 1ms
+    ;;
   rail-down)
     name=$2; i=$3
     ip -n "$name-a" link set "${name}a$i" down
@@ -97,7 +106,7 @@ case "$cmd" in
     ip netns del "$name-b" 2>/dev/null || true
     ;;
   *)
-    sed -n '2,12p' "$0" >&2
+    sed -n '2,13p' "$0" >&2
     exit 2
     ;;
 esac

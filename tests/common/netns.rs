@@ -56,6 +56,15 @@ impl Netns {
         c.spawn().unwrap()
     }
 
+    /// Make the target side of rail `i` send nothing, its link still up.
+    pub fn mute(&self, i: u32) {
+        let s = Command::new(SCRIPT)
+            .args(["mute", &self.0, &i.to_string()])
+            .status()
+            .unwrap();
+        assert!(s.success(), "tools/netns.sh mute failed");
+    }
+
     /// Set rail `i`'s link down at both ends; when it was done.
     pub fn rail_down(&self, i: u32) -> Instant {
         let t = Instant::now();

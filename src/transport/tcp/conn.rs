@@ -54,6 +54,7 @@
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -345,6 +346,9 @@ impl Conn {
     /// lock: the worker calls it too.
     fn break_now(&self) {
         self.broken.store(true, Ordering::SeqCst);
+        // SeqCst, paired with `connect_aborted`: either this finds a
+        // socket being opened, or its opener sees `broken`.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if let Some(s) = self.stream.load().as_deref() {
             reset(s);
         }
@@ -428,6 +432,63 @@ impl Conn {
             0 => own.code(),
             c => ErrorKind::from_code(c).unwrap_or(own).code(),
         }
+    }
+
+    /// Has the connection been aborted since its connect began (reset,
+    /// link down, stopping)? The kind the slice waiting on it gets.
+    fn connect_aborted(&self) -> Option<ErrorKind> {
+        // SeqCst, paired with `break_now`: the socket was published before
+        // this reads `broken`, so either this sees the abort or the abort
+        // finds the socket.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.stop.load(Ordering::Acquire) {
+            return Some(ErrorKind::Shutdown);
+        }
+        if !self.link_up() {
+            return Some(ErrorKind::RouteLost);
+        }
+        if !self.broken.load(Ordering::SeqCst) {
+            return None;
+        }
+        let c = self.cause.load(Ordering::Acquire);
+        Some(ErrorKind::from_code(c).unwrap_or(ErrorKind::ProcessFailed))
+    }
+
+    /// Finish opening `s` (published in `stream`, its connect in
+    /// progress): wait for the connect by `deadline`, then hand-shake by
+    /// the same deadline. An abort resets `s`, which ends either wait at
+    /// once; its kind then wins over what the socket said.
+    fn establish(
+        &self,
+        s: &TcpStream,
+        deadline: Instant,
+        ident: Ident,
+    ) -> std::result::Result<(), (ErrorKind, String)> {
+        // An abort's kind, and its reason, win over what the socket says
+        // of the reset that carried it out.
+        let failed = |own: ErrorKind, why: String| match self.connect_aborted() {
+            Some(kind) => (kind, "cut while connecting".to_owned()),
+            None => (own, why),
+        };
+        if let Some(kind) = self.connect_aborted() {
+            return Err((kind, "cut while connecting".into()));
+        }
+        crate::deadline::wait_for(s.as_fd(), libc::POLLOUT, deadline)
+            .map_err(|e| failed(io::kind_of(&e), e.to_string()))?;
+        match s.take_error() {
+            Ok(None) => {}
+            Ok(Some(e)) | Err(e) => return Err(failed(io::kind_of(&e), e.to_string())),
+        }
+        if let Some(kind) = self.connect_aborted() {
+            return Err((kind, "cut while connecting".into()));
+        }
+        s.set_nonblocking(false)
+            .map_err(|e| failed(io::kind_of(&e), e.to_string()))?;
+        tune(s, self.opts.user_timeout_ms);
+        // The handshake leaves the socket's timeouts alone: each read
+        // waits only for what is left of `deadline`.
+        handshake::open(s, self.opts.secret.as_deref(), deadline, ident)
+            .map_err(|r| failed(r.kind, r.why))
     }
 }
 
@@ -765,9 +826,16 @@ impl Sender {
         }
     }
 
+    /// Connect and hand-shake, cancellable at every step. The socket is
+    /// published in [`Conn::stream`] from the moment its SYN is out, so an
+    /// abort (the link watch's, a stop) resets it and whatever this waits
+    /// on (the connect's completion, the target's hello) wakes at once: a
+    /// slice held across a connect on a rail that goes down comes back
+    /// `RouteLost` as promptly as a slice on the wire, not when the
+    /// connect gives up (`connect_timeout`, up to 5 s).
     fn connect(&mut self) -> std::result::Result<(), ErrorKind> {
         let ep = self.conn.endpoint.clone();
-        let started = Instant::now();
+        let deadline = crate::deadline::after(self.conn.opts.connect_timeout);
         let domain = socket2::Domain::for_address(ep.remote);
         let sock =
             socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
@@ -776,27 +844,36 @@ impl Sender {
             sock.bind(&SocketAddr::new(ep.local_ip, 0).into())
                 .map_err(|e| io::kind_of(&e))?;
         }
-        if let Err(e) = sock.connect_timeout(&ep.remote.into(), self.conn.opts.connect_timeout) {
-            let kind = io::kind_of(&e);
-            self.note(kind, &e);
-            return Err(kind);
+        sock.set_nonblocking(true).map_err(|e| io::kind_of(&e))?;
+        // Cleared before the socket is published: an abort from now on
+        // either finds the socket (and resets it) or is seen by
+        // `Conn::connect_aborted` right after the publication.
+        self.conn.cause.store(0, Ordering::Relaxed);
+        self.conn.bystanders.store(false, Ordering::Relaxed);
+        self.conn.broken.store(false, Ordering::SeqCst);
+        match sock.connect(&ep.remote.into()) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            Err(e) => {
+                let kind = self.conn.connect_aborted().unwrap_or(io::kind_of(&e));
+                self.note(kind, &e);
+                return Err(kind);
+            }
         }
-        let stream: TcpStream = sock.into();
-        tune(&stream, self.conn.opts.user_timeout_ms);
-        let deadline = started + self.conn.opts.connect_timeout;
+        let stream = Arc::new(TcpStream::from(sock));
+        self.conn.stream.store(Some(stream.clone()));
         let ident = Ident {
             session: self.conn.opts.session,
             conn: next_conn_id(),
         };
-        // The handshake leaves the socket's timeouts alone: reads block.
-        if let Err(r) = handshake::open(&stream, self.conn.opts.secret.as_deref(), deadline, ident)
-        {
-            self.note(r.kind, &r.why);
-            return Err(r.kind);
+        if let Err((kind, why)) = self.conn.establish(&stream, deadline, ident) {
+            // Nothing was sent on it: no slice waits for this socket.
+            self.conn.stream.store(None);
+            self.note(kind, &why);
+            return Err(kind);
         }
         self.logged = 0;
         self.pause = Duration::ZERO;
-        let stream = Arc::new(stream);
         let (infl, done) = self
             .parts
             .take()
@@ -811,16 +888,13 @@ impl Sender {
                 // The closure (and the ring ends in it) is gone with the
                 // failed spawn: nothing can complete this connection's
                 // slices any more, so say so loudly.
+                self.conn.stream.store(None);
                 tracing::error!(error = %e, "cannot spawn a tcp receiver thread; connection unusable");
                 return Err(ErrorKind::OutOfMemory);
             }
         }
-        // Cleared before the socket is published: an abort from now on
-        // either finds the socket or leaves `broken` set for the next turn.
-        self.conn.cause.store(0, Ordering::Relaxed);
-        self.conn.bystanders.store(false, Ordering::Relaxed);
-        self.conn.broken.store(false, Ordering::SeqCst);
-        self.conn.stream.store(Some(stream.clone()));
+        // An abort since the publication left `broken` set (and the socket
+        // reset): the next turn tears the connection down.
         self.stream = Some(stream);
         self.conn_id = ident.conn;
         self.fences_from = self.fences_seen;
@@ -1156,5 +1230,195 @@ fn receive(
         parts: (inflight, done),
         pending,
         own,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// Longer than any bound below: a wait that lasts until the connect
+    /// gives up fails these tests.
+    const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+    /// How soon a cut connect hands its slice back. The netns chaos test
+    /// allows 2 s for the whole move; this is the connection's share.
+    const PROMPT: Duration = Duration::from_secs(1);
+
+    /// A listener whose accept queue is full: the kernel drops every
+    /// further SYN, so a connect to it hangs in SYN_SENT (the filler is
+    /// kept alive with it).
+    fn syn_sink() -> (socket2::Socket, TcpStream) {
+        let l = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        l.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+            .unwrap();
+        // Backlog 0 holds one connection; the filler takes it.
+        l.listen(0).unwrap();
+        let at = l.local_addr().unwrap().as_socket().unwrap();
+        let filler = TcpStream::connect(at).unwrap();
+        (l, filler)
+    }
+
+    fn opened(remote: SocketAddr) -> (ConnEnds, JoinHandle<()>) {
+        open(
+            Arc::new(Endpoint {
+                local_ip: IpAddr::from([127, 0, 0, 1]),
+                remote,
+                up: AtomicBool::new(true),
+            }),
+            4,
+            2,
+            Options {
+                user_timeout_ms: 0,
+                connect_timeout: CONNECT_TIMEOUT,
+                patience: CONNECT_TIMEOUT,
+                secret: None,
+                session: new_session(),
+            },
+            Shared {
+                board: Arc::new(AbortBoard::new(16)),
+                fences: Arc::default(),
+                notify: None,
+            },
+        )
+        .unwrap()
+    }
+
+    /// Hand the sender one READ (it connects for it).
+    fn submit_read(ends: &mut ConnEnds, buf: &mut [u8]) {
+        let op = Op::new(7, Opcode::Read, buf.as_mut_ptr(), 0, buf.len() as u64, 1);
+        ends.submit[BULK].push(op).unwrap();
+        ends.submit[BULK].sync();
+        ends.conn.wake();
+    }
+
+    /// Wait (up to `limit`) until a socket of this process is in SYN_SENT
+    /// towards `remote` (`/proc/net/tcp`): the sender's connect is out and
+    /// hanging.
+    fn until_syn_sent(remote: SocketAddr, limit: Duration) {
+        let want = format!("0100007F:{:04X}", remote.port());
+        let t = Instant::now();
+        loop {
+            let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+            let hanging = table.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.get(2) == Some(&want.as_str()) && f.get(3) == Some(&"02")
+            });
+            if hanging {
+                return;
+            }
+            assert!(t.elapsed() < limit, "the sender never began connecting");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The slice back from either completion ring, and how long it took.
+    fn slice_back(ends: &mut ConnEnds, limit: Duration) -> Option<(Op, Duration)> {
+        let t = Instant::now();
+        loop {
+            for ring in [&mut ends.unsent, &mut ends.done] {
+                if let Some(op) = ring.pop() {
+                    ring.sync();
+                    return Some((op, t.elapsed()));
+                }
+            }
+            if t.elapsed() >= limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// What the link watch does when a rail's link goes down.
+    fn link_down(ends: &ConnEnds) {
+        ends.conn.endpoint.up.store(false, Ordering::Release);
+        ends.conn.abort(ErrorKind::RouteLost);
+    }
+
+    /// Stop the sender and join it, unless it is stuck (a failed test
+    /// must not hang the binary on it).
+    fn finish(ends: ConnEnds, sender: JoinHandle<()>) {
+        ends.conn.shut_down();
+        drop(ends);
+        let t = Instant::now();
+        while !sender.is_finished() && t.elapsed() < PROMPT {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if sender.is_finished() {
+            sender.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_connect_that_hangs_gives_its_slice_back_route_lost_when_the_link_goes_down() {
+        let (sink, _filler) = syn_sink();
+        let at = sink.local_addr().unwrap().as_socket().unwrap();
+        let (mut ends, sender) = opened(at);
+        let mut buf = vec![0u8; 4096];
+        submit_read(&mut ends, &mut buf);
+        until_syn_sent(at, PROMPT);
+        // The SYN is out and dropped: nothing answers it.
+        assert!(slice_back(&mut ends, Duration::ZERO).is_none());
+        link_down(&ends);
+        let (op, took) = slice_back(&mut ends, PROMPT).unwrap_or_else(|| {
+            panic!("the slice stayed with a hung connect for {PROMPT:?} after its link went down")
+        });
+        assert_eq!(op.result(), Err(ErrorKind::RouteLost), "after {took:?}");
+        finish(ends, sender);
+    }
+
+    #[test]
+    fn a_handshake_that_hangs_gives_its_slice_back_route_lost_when_the_link_goes_down() {
+        // Takes the connection and never says hello.
+        let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (mut ends, sender) = opened(mute.local_addr().unwrap());
+        let mut buf = vec![0u8; 4096];
+        submit_read(&mut ends, &mut buf);
+        // Connected: the sender is in (or on its way into) the handshake.
+        let (_held, _) = mute.accept().unwrap();
+        assert!(slice_back(&mut ends, Duration::ZERO).is_none());
+        link_down(&ends);
+        let (op, took) = slice_back(&mut ends, PROMPT).unwrap_or_else(|| {
+            panic!("the slice stayed with a hung handshake for {PROMPT:?} after its link went down")
+        });
+        assert_eq!(op.result(), Err(ErrorKind::RouteLost), "after {took:?}");
+        finish(ends, sender);
+    }
+
+    #[test]
+    fn stopping_cuts_a_connect_that_hangs() {
+        let (sink, _filler) = syn_sink();
+        let at = sink.local_addr().unwrap().as_socket().unwrap();
+        let (mut ends, sender) = opened(at);
+        let mut buf = vec![0u8; 4096];
+        submit_read(&mut ends, &mut buf);
+        until_syn_sent(at, PROMPT);
+        let t = Instant::now();
+        ends.conn.shut_down();
+        let (op, _) = slice_back(&mut ends, PROMPT).expect("the slice stayed with a hung connect");
+        assert_eq!(op.result(), Err(ErrorKind::Shutdown));
+        drop(ends);
+        while !sender.is_finished() {
+            assert!(
+                t.elapsed() < PROMPT,
+                "the sender stayed in a hung connect after its stop"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        sender.join().unwrap();
+    }
+
+    /// A link that is down before the slice arrives: the connect is not
+    /// even tried.
+    #[test]
+    fn a_rail_whose_link_is_down_connects_nothing() {
+        let (sink, _filler) = syn_sink();
+        let (mut ends, sender) = opened(sink.local_addr().unwrap().as_socket().unwrap());
+        ends.conn.endpoint.up.store(false, Ordering::Release);
+        let mut buf = vec![0u8; 4096];
+        submit_read(&mut ends, &mut buf);
+        let (op, _) = slice_back(&mut ends, PROMPT).expect("the slice was not handed back");
+        assert_eq!(op.result(), Err(ErrorKind::RouteLost));
+        finish(ends, sender);
     }
 }
