@@ -134,19 +134,14 @@ pub fn verify_server(
         .is_ok()
 }
 
-/// A fresh random nonce from the kernel.
+/// A fresh random nonce from the kernel's CSPRNG (`getrandom`, or
+/// `/dev/urandom` where a sandbox refuses the system call).
+///
+/// Panics when the system has no entropy source at all: every secret
+/// door depends on these being unpredictable.
 pub fn nonce() -> [u8; NONCE_LEN] {
     let mut n = [0u8; NONCE_LEN];
-    let mut filled = 0;
-    while filled < NONCE_LEN {
-        // SAFETY: getrandom writes at most the given length into a valid buffer.
-        let r = unsafe { libc::getrandom(n[filled..].as_mut_ptr().cast(), NONCE_LEN - filled, 0) };
-        if r > 0 {
-            filled += r as usize;
-        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            panic!("getrandom failed: {}", std::io::Error::last_os_error());
-        }
-    }
+    getrandom::fill(&mut n).unwrap_or_else(|e| panic!("no entropy source: {e}"));
     n
 }
 

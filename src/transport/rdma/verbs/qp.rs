@@ -88,6 +88,7 @@ impl QueuePair {
         let ctx = pd.context();
         let (gid_index, gid) = ctx.choose_gid(port, gid_index)?;
         let depth = depth.clamp(1, ctx.max_qp_wr().max(1));
+        let psn = initial_psn(getrandom::fill)?;
         let mut init = ffi::ibv_qp_init_attr {
             send_cq: cq.raw,
             recv_cq: cq.raw,
@@ -110,7 +111,7 @@ impl QueuePair {
             port,
             gid_index,
             gid,
-            psn: fastrand_psn(),
+            psn,
             depth,
         };
         use ffi::ibv_qp_attr_mask as M;
@@ -321,18 +322,41 @@ pub unsafe fn modify_to_error(raw: *mut ffi::ibv_qp) -> i32 {
     unsafe { lib.ibv_modify_qp(raw, &mut a, mask) }
 }
 
-/// A random 24-bit starting PSN (a stale packet from an old QP must not
-/// look in sequence).
-fn fastrand_psn() -> u32 {
+/// A random 24-bit starting PSN from `fill` (the system's CSPRNG), so a
+/// stale packet from an old QP does not look in sequence. A source that
+/// fails yields no PSN: the QP is refused rather than started at a
+/// predictable one.
+fn initial_psn(
+    fill: impl FnOnce(&mut [u8]) -> std::result::Result<(), getrandom::Error>,
+) -> Result<u32> {
     let mut b = [0u8; 4];
-    // SAFETY: getrandom writes at most 4 bytes into `b`.
-    unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
-    u32::from_le_bytes(b) & 0x00ff_ffff
+    fill(&mut b).map_err(|e| {
+        Error::new(
+            ErrorKind::LocalNicFailed,
+            format!("no random starting PSN for a QP: {e}"),
+        )
+    })?;
+    Ok(u32::from_le_bytes(b) & 0x00ff_ffff)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_entropy_source_yields_no_psn() {
+        let failed = initial_psn(|_| Err(getrandom::Error::UNSUPPORTED));
+        assert_eq!(
+            failed.map_err(|e| e.kind()),
+            Err(ErrorKind::LocalNicFailed),
+            "a QP must not start at a predictable PSN"
+        );
+        let psn = initial_psn(|b| {
+            b.fill(0xff);
+            Ok(())
+        });
+        assert_eq!(psn.map_err(|e| e.kind()), Ok(0x00ff_ffff), "24 bits");
+    }
 
     #[test]
     fn rd_atomic_is_clamped_to_the_device_caps() {
