@@ -1,20 +1,9 @@
 //! Completion: reap posted slices, finish tasks, and post their CQEs (or
 //! batch states), published once per turn.
 
+use super::book::ReapCursor;
 use super::turn_clock::TurnClock;
 use super::*;
-
-/// Count a task of one priority in (`up`) or out; true on the edges the
-/// gate hears of: the first one in, the last one out.
-pub(super) fn live_edge(n: &mut u32, up: bool) -> bool {
-    if up {
-        *n += 1;
-        *n == 1
-    } else {
-        *n -= 1;
-        *n == 0
-    }
-}
 
 /// A ring request's completion: its result, the transport that served
 /// it, how many times it switched, `fallback` when it succeeded only after
@@ -39,34 +28,12 @@ impl Worker {
     /// are all still out reads no clock for them.
     pub(super) fn reap_at(&mut self, clock: &mut TurnClock) -> bool {
         let mut any = false;
-        for k in 0..self.posted.len() {
-            let Some(p) = self.posted[k].as_mut() else {
-                continue;
-            };
-            if p.inflight == 0 {
-                continue;
-            }
-            let n = p.transport.transport.poll(&self.ctx, &mut self.reaped);
-            p.inflight = p.inflight.saturating_sub(n as u32);
-            let kind = p.kind;
-            if n > 0 {
-                any |= self.complete_slices(kind, n, clock.now());
-            }
-        }
-        let mut d = 0;
-        while d < self.draining.len() {
-            let p = &mut self.draining[d];
-            let n = p.transport.transport.poll(&self.ctx, &mut self.reaped);
-            p.inflight = p.inflight.saturating_sub(n as u32);
-            let (kind, done) = (p.kind, p.inflight == 0);
-            if n > 0 {
-                any |= self.complete_slices(kind, n, clock.now());
-            }
-            if done {
-                self.draining.swap_remove(d);
-            } else {
-                d += 1;
-            }
+        let mut cursor = ReapCursor::default();
+        while let Some((kind, n)) = self
+            .book
+            .poll_next(&mut cursor, &self.ctx, &mut self.reaped)
+        {
+            any |= self.complete_slices(kind, n, clock.now());
         }
         any
     }
@@ -76,7 +43,7 @@ impl Worker {
         for c in 0..n {
             let SliceCompletion { token, result } = self.reaped[c];
             self.shared.credits[slot_index(kind)].release(1, now);
-            self.async_inflight = self.async_inflight.saturating_sub(1);
+            self.book.reaped();
             let Some((i, t)) = self.tasks.by_token(token) else {
                 continue;
             };
@@ -140,12 +107,9 @@ impl Worker {
 
     /// A task of `p` was accepted (`up`) or finished: tell the gate when
     /// the worker's first one comes or its last one goes.
+    #[inline]
     pub(super) fn count_live(&mut self, p: Priority, up: bool) {
-        // Nothing is reserved for LOW: its tasks are not counted.
-        if p == Priority::Low || !self.gate_tracks_demand {
-            return;
-        }
-        if live_edge(&mut self.live[p.index()], up) {
+        if self.sched.count_live(p, up) {
             self.engine.gate.demand(p, up);
         }
     }
@@ -163,15 +127,9 @@ impl Worker {
         // it out in every case.
         t.posted = t.posted.max(t.len);
         let (inflight, token) = (t.inflight, t.token(i));
-        self.lanes.retain(|x| x != i);
+        self.sched.remove(i);
         if inflight > 0 {
-            // Which instances hold its slices is not tracked per task; a
-            // transport with none of them does nothing.
-            for p in self.posted.iter().flatten().chain(self.draining.iter()) {
-                if p.inflight > 0 {
-                    p.transport.transport.abort(&self.ctx, token, kind);
-                }
-            }
+            self.book.abort(&self.ctx, token, kind);
         }
         self.maybe_finish(i);
     }
@@ -268,16 +226,6 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_gate_hears_the_first_in_and_the_last_out() {
-        let mut n = 0;
-        assert!(live_edge(&mut n, true));
-        assert!(!live_edge(&mut n, true));
-        assert!(!live_edge(&mut n, false));
-        assert!(live_edge(&mut n, false));
-        assert_eq!(n, 0);
-    }
 
     #[test]
     fn a_cqe_says_who_served_and_whether_it_fell_back() {

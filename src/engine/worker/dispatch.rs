@@ -1,7 +1,9 @@
 //! Dispatch: post slices of the lane heads through the slot gate, the
 //! worker's credit window and the transport, and judge each outcome.
 
+use super::scheduler::Flow;
 use super::*;
+use crate::transport::Capabilities;
 
 /// What the worker does with a slice after `Transport::submit` answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,65 +44,40 @@ pub(super) fn judge(outcome: SubmitOutcome, others_in_flight: bool) -> Verdict {
     }
 }
 
-/// May a lane of priority `p` take one of the worker's credits now? The
-/// last `headroom` credits of the window are HIGH's, so a window full of
-/// bulk slices still lets a HIGH slice out at once. A synchronous
-/// transport (`!credited`) has nothing in flight once submit returns and
-/// takes no credit.
-pub(super) fn lane_may_post(credited: bool, p: Priority, available: u32, headroom: u32) -> bool {
-    !credited || p == Priority::High || available > headroom
-}
-
-/// What a slice costs the turn's byte budget: its bytes, or for a
-/// synchronous transport, whose bytes are the worker's own copying time,
-/// `SYNC_BYTE_WEIGHT` times them.
-pub(super) fn slice_cost(len: u64, credited: bool) -> u64 {
-    if credited {
-        len
-    } else {
-        len.saturating_mul(SYNC_BYTE_WEIGHT)
-    }
+/// The next slice of a request with `rest` bytes left to post: at most one
+/// slice of its transport (`caps.slice_bytes`, else the engine's
+/// `block_size`). The one cut for every path: the dispatch and intake's
+/// one-slice ops alike.
+#[inline]
+pub(super) fn slice_len(rest: u64, caps: Capabilities, block_size: u64) -> u64 {
+    let most = match caps.slice_bytes {
+        0 => block_size,
+        n => n,
+    };
+    rest.min(most)
 }
 
 impl Worker {
-    /// Post slices of lane heads.
+    /// Post slices of lane heads, in the order the scheduler gives them.
     pub(super) fn dispatch(&mut self, now: u64) -> bool {
         let mut work = false;
-        // Per lane, the first task its transport answered `Later` (or
-        // `SqFull` with slices in flight: back-pressure) this
-        // turn: when it is that lane's head again, every head of the lane
-        // is waiting, and the lane is passed over for the rest of the turn
-        // (`waiting`), so the lanes below it still post. `Later` answers
-        // are also counted: past one per queued task (the gate moved while
-        // we went round), the turn ends.
-        let mut first_later: [Option<u32>; 3] = [None; 3];
-        let mut waiting: u8 = 0;
-        let mut laters = 0usize;
-        let most_laters = self.lanes.len();
-        self.later = false;
-        self.gated = false;
-        while let Some((p, entry)) = self.lanes.next_except(&*self.engine.gate, waiting, now) {
-            let i = entry.task;
-            if first_later[p.index()] == Some(i) {
-                waiting |= 1 << p.index();
-                self.later = true;
-                continue;
-            }
+        let mut pass = self.sched.begin_pass();
+        while let Some((p, i)) = self.sched.next(&mut pass, &*self.engine.gate, now) {
             let t = self.tasks.get_mut(i);
             if !t.live || t.stopped {
                 // Stopped (deadline, cancel): nothing to post.
-                self.lanes.pop(p);
+                self.sched.finished(p);
                 continue;
             }
             let canceled = t.batch_task().is_some_and(|b| b.cancel_requested());
             if let Some(kind) = housekeeping::stop_reason(canceled, now, t.deadline_ns) {
-                self.lanes.pop(p);
+                self.sched.finished(p);
                 self.stop_task(i, kind);
                 work = true;
                 continue;
             }
             if t.posting_done() {
-                self.lanes.pop(p);
+                self.sched.finished(p);
                 self.maybe_finish(i);
                 work = true;
                 continue;
@@ -114,22 +91,20 @@ impl Worker {
             // Credits bound slices in flight; a synchronous transport has
             // none in flight once submit returns, so it needs none.
             let credited = !installed.caps.synchronous;
-            if !lane_may_post(credited, p, pool.available(), self.high_headroom) {
+            if !self
+                .sched
+                .may_take_credit(&mut pass, p, credited, pool.available())
+            {
                 // The rest of the window is HIGH's: this lane (and those
                 // below it, which meet the same) waits for completions.
-                waiting |= 1 << p.index();
                 continue;
             }
             if credited && pool.try_reserve(1).is_err() {
                 // Every credit is in flight: wait for completions.
                 break;
             }
-            let slice = match installed.caps.slice_bytes {
-                0 => self.block_size,
-                n => n,
-            };
-            let len = slice.min(t.len - t.posted);
             let offset = t.posted;
+            let len = slice_len(t.len - offset, installed.caps, self.block_size);
             // SAFETY: `t` is live (checked at the top of the loop).
             let segment = unsafe { t.segment.expect("live task has a segment").get() };
             // SAFETY: `t` is live (checked at the top of the loop).
@@ -155,17 +130,13 @@ impl Worker {
                 bytes: len,
                 post_ns: now,
             };
-            let verdict = judge(outcome[0], self.async_inflight > 0);
+            let verdict = judge(outcome[0], self.book.any());
             if verdict == Verdict::Defer {
                 if credited {
                     pool.release(1, now);
                 }
                 t.posted -= len;
-                self.lanes.rotate(p);
-                first_later[p.index()].get_or_insert(i);
-                laters += 1;
-                if laters > most_laters {
-                    self.later = true;
+                if self.sched.deferred(&mut pass, p, i) == Flow::Stop {
                     break;
                 }
                 continue;
@@ -181,7 +152,7 @@ impl Worker {
                 }
                 let t = self.tasks.get_mut(i);
                 t.error.get_or_insert(e);
-                self.lanes.pop(p);
+                self.sched.finished(p);
                 self.maybe_finish(i);
                 work = true;
                 continue;
@@ -208,26 +179,7 @@ impl Worker {
                 }
                 Verdict::Posted => {
                     t.inflight += 1;
-                    self.async_inflight += 1;
-                    let k = slot_index(kind);
-                    match &mut self.posted[k] {
-                        Some(p) if Arc::ptr_eq(&p.transport, installed) => p.inflight += 1,
-                        other => {
-                            // First post on this instance (or the slot was
-                            // swapped): keep the previous one polled until
-                            // its slices drain. Rare: the only Arc clone.
-                            let next = PostedOn {
-                                kind,
-                                transport: installed.clone(),
-                                inflight: 1,
-                            };
-                            if let Some(prev) = other.replace(next)
-                                && prev.inflight > 0
-                            {
-                                self.draining.push(prev);
-                            }
-                        }
-                    }
+                    self.book.posted(kind, installed);
                 }
                 Verdict::Rejected(e) => {
                     if credited {
@@ -246,50 +198,42 @@ impl Worker {
                 if let Some(b) = t.batch_task() {
                     b.admission().release();
                 }
-                self.lanes.pop(p);
+            }
+            let flow = self.sched.posted(p, len, credited, done);
+            if done {
                 self.maybe_finish(i);
             }
-            self.turn_budget = self.turn_budget.saturating_sub(slice_cost(len, credited));
-            if self.turn_budget == 0 {
-                if !done {
-                    self.lanes.rotate(p);
-                }
+            if flow == Flow::Stop {
                 break;
             }
         }
-        self.waiting = waiting;
-        self.note_gate(waiting, now);
-        work
-    }
-
-    /// After a dispatch: which lanes with work did the slot gate hold
-    /// back? Counts each closing once, and marks the worker `gated` when
-    /// nothing but the gate stops it (it then naps instead of spinning).
-    fn note_gate(&mut self, waiting: u8, now: u64) {
-        let gate = &*self.engine.gate;
-        let mut closed = 0u8;
-        let mut open_work = false;
+        let end = self.sched.end_pass(pass, &*self.engine.gate, now);
         for p in Priority::ALL {
-            if self.lanes.lane_is_empty(p) || waiting & (1 << p.index()) != 0 {
-                continue;
-            }
-            if gate.can_send(p, now) {
-                open_work = true;
-            } else {
-                closed |= 1 << p.index();
-                if self.held & (1 << p.index()) == 0 {
-                    self.shared.qos.gate_held(p);
-                }
+            if end.newly_held & (1 << p.index()) != 0 {
+                self.shared.qos.gate_held(p);
             }
         }
-        self.held = closed;
-        self.gated = closed != 0 && !open_work && waiting == 0;
+        work
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slice_is_at_most_the_transport_s_or_else_the_block_size() {
+        let caps = |slice_bytes| Capabilities {
+            atomic_submit: false,
+            synchronous: false,
+            remote: true,
+            slice_bytes,
+            wakes_worker: true,
+        };
+        assert_eq!(slice_len(1 << 20, caps(0), 64 << 10), 64 << 10);
+        assert_eq!(slice_len(1 << 20, caps(4 << 10), 64 << 10), 4 << 10);
+        assert_eq!(slice_len(100, caps(0), 64 << 10), 100, "the last one");
+    }
 
     #[test]
     fn later_and_back_pressure_with_slices_out_defer() {
@@ -337,26 +281,5 @@ mod tests {
             Verdict::Done(Ok(8))
         );
         assert_eq!(judge(SubmitOutcome::Posted, false), Verdict::Posted);
-    }
-
-    #[test]
-    fn the_last_credits_of_the_window_are_high_s() {
-        for p in [Priority::Medium, Priority::Low] {
-            assert!(lane_may_post(true, p, 9, 8));
-            assert!(!lane_may_post(true, p, 8, 8));
-            assert!(!lane_may_post(true, p, 0, 8));
-            // A synchronous transport takes no credit.
-            assert!(lane_may_post(false, p, 0, 8));
-        }
-        assert!(lane_may_post(true, Priority::High, 1, 8));
-    }
-
-    #[test]
-    fn synchronous_bytes_cost_the_turn_more() {
-        assert_eq!(slice_cost(4096, true), 4096);
-        assert_eq!(slice_cost(4096, false), 4096 * SYNC_BYTE_WEIGHT);
-        assert_eq!(slice_cost(u64::MAX, false), u64::MAX);
-        // A turn of synchronous copying stops at TURN_BYTES / 16.
-        assert_eq!(TURN_BYTES / SYNC_BYTE_WEIGHT, 256 << 10);
     }
 }

@@ -132,10 +132,8 @@ impl Worker {
         let priority = t.priority;
         // The task may still sit in a lane (a multi-slice task failing
         // while not at the head): one entry only.
-        self.lanes.retain(|x| x != i);
-        let queued = self.lanes.push(priority, i, monotonic_ns());
-        self.waiting &= !(1 << priority.index());
-        debug_assert!(queued, "lanes are as large as the task table");
+        self.sched.remove(i);
+        self.sched.queue(priority, i, monotonic_ns());
         true
     }
 }

@@ -27,7 +27,7 @@ impl Worker {
     pub(super) fn housekeeping(&mut self, now: u64) {
         self.next_housekeeping = now + HOUSEKEEPING_NS;
         self.ack_unregister();
-        self.shared.qos.set_queued(self.lanes.lens());
+        self.shared.qos.set_queued(self.sched.queued());
         if self.tasks.active() > 0 {
             for i in 0..self.tasks.capacity() as u32 {
                 let t = self.tasks.get_mut(i);
@@ -150,7 +150,7 @@ impl Worker {
         let started = monotonic_ns();
         let mut next_log = started + SHUTDOWN_LOG_NS;
         let mut idle = 0u32;
-        while self.async_inflight > 0 {
+        while self.book.any() {
             if self.reap() {
                 self.flush_cqs();
                 idle = 0;
@@ -168,24 +168,22 @@ impl Worker {
                 std::thread::sleep(SHUTDOWN_NAP);
             }
         }
-        self.lanes.retain(|_| false);
+        self.sched.clear();
         self.flush_cqs();
     }
 
     /// Shutdown is waiting on transports that still hold slices: say
     /// which (once per transport, then a summary a second).
     fn log_held_slices(&self, waited_ns: u64) {
-        for p in self.posted.iter().flatten().chain(self.draining.iter()) {
-            if p.inflight > 0 {
-                crate::lograte::warn_limited!(
-                    (self.shared.index, p.kind),
-                    worker = self.shared.index,
-                    transport = %p.kind,
-                    slices = p.inflight,
-                    waited_ms = waited_ns / 1_000_000,
-                    "shutdown: waiting for a transport to hand back slices still in flight; their tasks' memory is kept until it does"
-                );
-            }
+        for (kind, slices) in self.book.held() {
+            crate::lograte::warn_limited!(
+                (self.shared.index, kind),
+                worker = self.shared.index,
+                transport = %kind,
+                slices,
+                waited_ms = waited_ns / 1_000_000,
+                "shutdown: waiting for a transport to hand back slices still in flight; their tasks' memory is kept until it does"
+            );
         }
     }
 }

@@ -78,16 +78,6 @@ pub(super) fn step(s: &Idle) -> Step {
 }
 
 impl Worker {
-    /// Do all transports with slices in flight wake this worker when one
-    /// completes?
-    pub(super) fn completions_wake(&self) -> bool {
-        self.posted
-            .iter()
-            .flatten()
-            .chain(self.draining.iter())
-            .all(|p| p.inflight == 0 || p.transport.caps.wakes_worker)
-    }
-
     /// Sleep until a submitter rings, a ring is added, or `timeout`;
     /// returns true if something (not the timeout) woke it. With
     /// `completions`, a transport completing a slice also wakes it.

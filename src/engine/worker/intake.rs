@@ -105,10 +105,7 @@ impl Worker {
                 t.waited = false;
                 self.shared.qos.accepted(v.priority);
                 self.count_live(v.priority, true);
-                // Lanes are as large as the task table: this cannot fail.
-                let queued = self.lanes.push(v.priority, i, now);
-                self.waiting &= !(1 << v.priority.index());
-                debug_assert!(queued);
+                self.sched.queue(v.priority, i, now);
             }
         }
     }
@@ -136,14 +133,9 @@ impl Worker {
         sqe: &Sqe,
         clock: &mut TurnClock,
     ) -> bool {
-        // HIGH only: intake takes SQEs in ring order, and a LOW or MEDIUM op
-        // done here would go before a HIGH one published with it but not
-        // read yet, which the lanes would have served first.
-        if v.priority != Priority::High
-            || !matches!(origin, Origin::Ring(_))
-            || self.turn_budget == 0
-            || !self.lanes.nothing_ready_from(v.priority, self.waiting)
-        {
+        // HIGH only, and never ahead of ready HIGH work: see
+        // `Scheduler::may_serve_at_intake`.
+        if !matches!(origin, Origin::Ring(_)) || !self.sched.may_serve_at_intake(v.priority) {
             return false;
         }
         let len = sqe.len();
@@ -151,12 +143,8 @@ impl Worker {
             return false;
         };
         let caps = installed.caps;
-        let one_slice = match caps.slice_bytes {
-            0 => self.block_size,
-            n => n,
-        };
         if !caps.synchronous
-            || len > one_slice
+            || dispatch::slice_len(len, caps, self.block_size) < len
             || !(self.gate_always_open || self.engine.gate.can_send(v.priority, clock.now()))
         {
             return false;
@@ -179,7 +167,7 @@ impl Worker {
             priority: v.priority,
         };
         let outcome = installed.transport.submit_one(&self.ctx, &slice).unpack();
-        let res = match dispatch::judge(outcome, self.async_inflight > 0) {
+        let res = match dispatch::judge(outcome, self.book.any()) {
             dispatch::Verdict::Done(res) => res,
             verdict => {
                 // A synchronous transport never leaves a slice in flight.
@@ -190,9 +178,7 @@ impl Worker {
                 return false;
             }
         };
-        self.turn_budget = self
-            .turn_budget
-            .saturating_sub(dispatch::slice_cost(len, false));
+        self.sched.charge(len, false);
         let p = v.priority;
         self.shared.qos.served_at_intake(p);
         // The gate hears this work as it would a task's: its start and end.

@@ -38,17 +38,21 @@ use crate::clock::monotonic_ns;
 use crate::doorbell::{CqBell, Doorbell, Wakers};
 use crate::flow::SqController;
 use crate::memory::RegionTable;
-use crate::qos::{PriorityLanes, PriorityStats};
+use crate::qos::PriorityStats;
 use crate::segment::{Segment, SegmentTable};
 use crate::transport::{Installed, Slice, SliceCompletion, SubmitOutcome, WorkerCtx};
+use book::InFlightBook;
+use scheduler::Scheduler;
 use turn_clock::TurnClock;
 
+mod book;
 mod complete;
 mod dispatch;
 mod failover;
 mod housekeeping;
 mod idle;
 mod intake;
+mod scheduler;
 mod turn_clock;
 
 /// Transports best first. A request's ranked fallback list is this order
@@ -62,16 +66,6 @@ pub(super) const RANKED: [TransportKind; 4] = [
     TransportKind::Tcp,
 ];
 
-/// Bytes posted in one turn before the worker goes back to its rings, so a
-/// HIGH request arriving behind large LOW ones waits for at most this.
-/// Every slice is charged, the last of a task included.
-const TURN_BYTES: u64 = 4 << 20;
-/// A synchronous transport (local, shm) moves its bytes inside `submit`:
-/// they cost the worker's own time, so they count this many times over.
-/// 4 MiB / 16 = 256 KiB of memcpy a turn, about 20 µs at 14 GB/s: a HIGH
-/// request behind a copying LOW stream waits that long, not the 300 µs of
-/// 4 MiB.
-const SYNC_BYTE_WEIGHT: u64 = 16;
 /// CQEs a worker writes into a ring before it publishes them mid-turn
 /// (the rest at the turn's end, with the wake-up check). Publishing only
 /// at the end made the application and the worker take turns: at 32 in
@@ -214,53 +208,18 @@ pub(crate) struct Worker {
     /// The gate opens to every priority at every instant
     /// (`SendGate::always_open`): intake's inline path does not ask it.
     gate_always_open: bool,
-    /// The gate hears demand edges (`SendGate::tracks_demand`); when it
-    /// does not (the single-process `OpenGate`), live tasks are not counted.
-    gate_tracks_demand: bool,
     rings: Vec<Option<WorkerRing>>,
     tasks: TaskTable,
-    lanes: PriorityLanes,
+    /// What to serve next: lanes, promotion, gate view, headroom, budget.
+    sched: Scheduler,
+    /// Where its slices in flight are.
+    book: InFlightBook,
+    /// What one poll of a transport hands back.
     reaped: Vec<SliceCompletion>,
-    async_inflight: u32,
-    /// Per slot: the transport instance this worker has slices posted on,
-    /// and how many. Reaping polls these instances, not the slot, so a swap
-    /// does not orphan slices already posted.
-    posted: [Option<PostedOn>; 5],
-    /// Instances swapped out of their slot with slices still posted.
-    draining: Vec<PostedOn>,
     next_housekeeping: u64,
     /// Turns since one looked at housekeeping's time
     /// (`TurnClock::for_housekeeping`).
     turns_unswept: u32,
-    /// The last dispatch stopped because every lane head it could reach was
-    /// answered `SubmitOutcome::Later`: the worker parks (briefly) rather
-    /// than spin while the transport gets ready.
-    later: bool,
-    /// The last dispatch found every queued lane closed by the slot gate
-    /// (nothing else to post): the worker naps `gate.recheck_after()`
-    /// instead of spinning on it.
-    gated: bool,
-    /// Lanes whose every task the last dispatch found waiting (`Later`, or
-    /// back-pressure with slices in flight; bit per priority), with nothing
-    /// pushed into them since: intake's inline path may pass them, as the
-    /// dispatch's rotation would.
-    waiting: u8,
-    /// Lanes the gate held back at the last look (bit per priority): a
-    /// hold is counted once per closing.
-    held: u8,
-    /// Credits of a worker window that only HIGH slices may take (an
-    /// eighth of `max_inflight_slices`): a window full of bulk slices
-    /// still lets a HIGH slice out at once.
-    high_headroom: u32,
-    /// Live HIGH and MEDIUM tasks (accepted, not finished; indexed by
-    /// priority): the gate hears when a count goes from 0 to 1 and back
-    /// (`SendGate::demand`).
-    live: [u32; 2],
-    /// Bytes this turn may still move (`TURN_BYTES`, reset every turn):
-    /// charged by the dispatch and by intake's inline path alike
-    /// (`dispatch::slice_cost`), so a HIGH request waits for at most one
-    /// turn's worth of copying, whichever path did it.
-    turn_budget: u64,
     /// The unregister epoch last acknowledged in `shared.region_ack`.
     region_ack: u64,
     block_size: u64,
@@ -273,8 +232,6 @@ pub(crate) struct Worker {
 const REAP_BATCH: usize = 256;
 /// Application rings a worker has room for before its list grows.
 const RINGS_AT_START: usize = 64;
-/// Swapped-out transport instances tracked before the list grows.
-const DRAINING_AT_START: usize = 8;
 
 /// What one worker holds from the start, from the config alone: each term
 /// is `size_of` of what `Worker::new` and `Engine::build` allocate for it,
@@ -305,7 +262,7 @@ impl WorkerBytes {
                 as u64,
             fixed: (REAP_BATCH * size_of::<SliceCompletion>()
                 + RINGS_AT_START * size_of::<Option<WorkerRing>>()
-                + DRAINING_AT_START * size_of::<PostedOn>()
+                + book::DRAINING_AT_START * size_of::<book::PostedOn>()
                 + size_of::<WorkerShared>()
                 + size_of::<Worker>()) as u64,
         }
@@ -330,9 +287,11 @@ impl Worker {
             cq_bell: None,
         }));
         Worker {
-            lanes: PriorityLanes::new(
+            sched: Scheduler::new(
                 cap,
                 cfg.transports.rdma.priority_promotion_timeout_us * 1_000,
+                cfg.max_inflight_slices,
+                engine.gate.tracks_demand(),
             ),
             tasks: TaskTable::new(cap),
             reaped: vec![
@@ -343,18 +302,9 @@ impl Worker {
                 REAP_BATCH
             ],
             rings,
-            async_inflight: 0,
-            posted: std::array::from_fn(|_| None),
-            draining: Vec::with_capacity(DRAINING_AT_START),
+            book: InFlightBook::new(),
             next_housekeeping: 0,
             turns_unswept: 0,
-            later: false,
-            gated: false,
-            held: 0,
-            waiting: 0,
-            high_headroom: cfg.max_inflight_slices / 8,
-            live: [0; 2],
-            turn_budget: TURN_BYTES,
             region_ack: 0,
             block_size: cfg.block_size,
             default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
@@ -363,7 +313,6 @@ impl Worker {
             segments: Cache::new(engine.segments.clone()),
             slots_epoch: engine.transports.epoch(),
             slots: engine.transports.load_all(),
-            gate_tracks_demand: engine.gate.tracks_demand(),
             gate_always_open: engine.gate.always_open(),
             resolved: None,
             shared,
@@ -413,19 +362,19 @@ impl Worker {
             if idle_since == 0 {
                 idle_since = now;
             }
-            let queued = !self.lanes.is_empty();
-            let gated = queued && self.gated;
+            let queued = !self.sched.is_empty();
+            let gated = queued && self.sched.gated();
             let state = idle::Idle {
                 idle_ns: now - idle_since,
                 spin_ns,
                 yield_ns,
                 queued,
-                later: self.later,
+                later: self.sched.later(),
                 gated,
-                in_flight: self.async_inflight > 0,
+                in_flight: self.book.any(),
                 // Looked at only when it matters (a loop over the
                 // transports with slices posted; a virtual call).
-                completions_wake: self.async_inflight > 0 && self.completions_wake(),
+                completions_wake: self.book.any() && self.book.completions_wake(),
                 park,
                 gate_recheck: if gated {
                     self.engine.gate.recheck_after()
@@ -477,11 +426,11 @@ impl Worker {
             self.adopt_rings();
             work = true;
         }
-        self.turn_budget = TURN_BYTES;
+        self.sched.begin_turn();
         self.refresh_slots();
         let mut clock = TurnClock::default();
         work |= self.intake(&mut clock);
-        if !self.lanes.is_empty() {
+        if !self.sched.is_empty() {
             let now = clock.now();
             self.turns_unswept = 0;
             // Before posting: after a long park, deadlines are brought up
@@ -489,7 +438,7 @@ impl Worker {
             if now >= self.next_housekeeping {
                 self.housekeeping(now);
             }
-            let moved = self.lanes.promote(now);
+            let moved = self.sched.promote(now);
             if moved != [0; 3] {
                 self.shared.qos.promoted(moved);
             }
@@ -504,17 +453,10 @@ impl Worker {
             // turn is the idle loop's: it reads the clock on its own.)
             self.housekeeping(now);
         }
-        if self.async_inflight > 0 {
+        if self.book.any() {
             work |= self.reap_at(&mut clock);
         }
         self.flush_cqs();
         work
     }
-}
-
-/// A transport instance with slices posted on it.
-struct PostedOn {
-    kind: TransportKind,
-    transport: Arc<Installed>,
-    inflight: u32,
 }
