@@ -92,7 +92,11 @@ case "$cmd" in
     # up: a peer that has gone silent (a connect to it hangs in SYN_SENT).
     # A tbf whose burst is smaller than any packet drops each one (this
     # kernel has no tc classifier, action or netem to do it otherwise).
+    # NAME-a knows b's address for good beforehand (b's ARP replies are
+    # dropped too), so a's SYNs do go out and hang unanswered.
     name=$2; i=$3
+    mac=$(ip -n "$name-b" -o link show "${name}b$i" | grep -o 'link/ether [0-9a-f:]*' | cut -d' ' -f2)
+    ip -n "$name-a" neigh replace "10.77.$i.2" lladdr "$mac" dev "${name}a$i" nud permanent
     ip netns exec "$name-b" tc qdisc replace dev "${name}b$i" root tbf rate 1mbit burst 10 latency 1ms
     ;;
   rail-down)

@@ -434,62 +434,79 @@ impl Conn {
         }
     }
 
-    /// Has the connection been aborted since its connect began (reset,
-    /// link down, stopping)? The kind the slice waiting on it gets.
-    fn connect_aborted(&self) -> Option<ErrorKind> {
+    /// Was the connect in progress cut (the socket reset, the link gone,
+    /// the transport stopping)? How, if so.
+    fn connect_cut(&self) -> Option<Cut> {
         // SeqCst, paired with `break_now`: the socket was published before
         // this reads `broken`, so either this sees the abort or the abort
         // finds the socket.
         std::sync::atomic::fence(Ordering::SeqCst);
         if self.stop.load(Ordering::Acquire) {
-            return Some(ErrorKind::Shutdown);
+            return Some(Cut::Fail(ErrorKind::Shutdown));
         }
         if !self.link_up() {
-            return Some(ErrorKind::RouteLost);
+            return Some(Cut::Fail(ErrorKind::RouteLost));
         }
         if !self.broken.load(Ordering::SeqCst) {
             return None;
         }
-        let c = self.cause.load(Ordering::Acquire);
-        Some(ErrorKind::from_code(c).unwrap_or(ErrorKind::ProcessFailed))
+        match self.cause.load(Ordering::Acquire) {
+            // A reset to stop another task's slices on the socket before
+            // this one (`stop_slices`) landed here: nothing failed.
+            0 if self.bystanders.load(Ordering::Acquire) => Some(Cut::Again),
+            c => Some(Cut::Fail(
+                ErrorKind::from_code(c).unwrap_or(ErrorKind::ProcessFailed),
+            )),
+        }
     }
 
     /// Finish opening `s` (published in `stream`, its connect in
     /// progress): wait for the connect by `deadline`, then hand-shake by
     /// the same deadline. An abort resets `s`, which ends either wait at
-    /// once; its kind then wins over what the socket said.
+    /// once; how it cut the connect then wins over what the socket said.
     fn establish(
         &self,
         s: &TcpStream,
         deadline: Instant,
         ident: Ident,
-    ) -> std::result::Result<(), (ErrorKind, String)> {
-        // An abort's kind, and its reason, win over what the socket says
-        // of the reset that carried it out.
-        let failed = |own: ErrorKind, why: String| match self.connect_aborted() {
-            Some(kind) => (kind, "cut while connecting".to_owned()),
-            None => (own, why),
+    ) -> std::result::Result<(), (Cut, String)> {
+        let cut = |why: &str| match self.connect_cut() {
+            Some(cut) => Err((cut, why.to_owned())),
+            None => Ok(()),
         };
-        if let Some(kind) = self.connect_aborted() {
-            return Err((kind, "cut while connecting".into()));
-        }
+        let failed = |own: ErrorKind, why: String| match self.connect_cut() {
+            Some(cut) => (cut, "cut while connecting".to_owned()),
+            None => (Cut::Fail(own), why),
+        };
+        cut("cut while connecting")?;
         crate::deadline::wait_for(s.as_fd(), libc::POLLOUT, deadline)
             .map_err(|e| failed(io::kind_of(&e), e.to_string()))?;
         match s.take_error() {
             Ok(None) => {}
             Ok(Some(e)) | Err(e) => return Err(failed(io::kind_of(&e), e.to_string())),
         }
-        if let Some(kind) = self.connect_aborted() {
-            return Err((kind, "cut while connecting".into()));
-        }
+        cut("cut while connecting")?;
         s.set_nonblocking(false)
             .map_err(|e| failed(io::kind_of(&e), e.to_string()))?;
         tune(s, self.opts.user_timeout_ms);
         // The handshake leaves the socket's timeouts alone: each read
         // waits only for what is left of `deadline`.
         handshake::open(s, self.opts.secret.as_deref(), deadline, ident)
-            .map_err(|r| failed(r.kind, r.why))
+            .map_err(|r| failed(r.kind, r.why))?;
+        // Cut after the handshake: no slice has gone on it yet.
+        cut("cut after its handshake")
     }
+}
+
+/// How a connect in progress was cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// The slice waiting on it completes with this kind (stopping, the
+    /// link down, the socket failed or timed out, the target refused).
+    Fail(ErrorKind),
+    /// A reset meant for the slices of the socket before this one
+    /// (`stop_slices`) landed on it: nothing failed, connect again.
+    Again,
 }
 
 /// Make closing `s` reset the connection (`SO_LINGER {on, 0}`: RST, send
@@ -834,20 +851,40 @@ impl Sender {
     /// `RouteLost` as promptly as a slice on the wire, not when the
     /// connect gives up (`connect_timeout`, up to 5 s).
     fn connect(&mut self) -> std::result::Result<(), ErrorKind> {
-        let ep = self.conn.endpoint.clone();
         let deadline = crate::deadline::after(self.conn.opts.connect_timeout);
+        loop {
+            match self.try_connect(deadline) {
+                Ok(()) => return Ok(()),
+                // Bounded: each `Again` is one more reset by the worker, and
+                // `deadline` holds across the tries.
+                Err((Cut::Again, _)) => continue,
+                Err((Cut::Fail(kind), why)) => {
+                    // A stop is no failure worth a warning.
+                    if kind != ErrorKind::Shutdown {
+                        self.note(kind, &why);
+                    }
+                    return Err(kind);
+                }
+            }
+        }
+    }
+
+    /// One connect by `deadline`, handshake included.
+    fn try_connect(&mut self, deadline: Instant) -> std::result::Result<(), (Cut, String)> {
+        let ep = self.conn.endpoint.clone();
+        let io_failed = |e: std::io::Error| (Cut::Fail(io::kind_of(&e)), e.to_string());
         let domain = socket2::Domain::for_address(ep.remote);
         let sock =
             socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
-                .map_err(|e| io::kind_of(&e))?;
+                .map_err(io_failed)?;
         if !ep.local_ip.is_unspecified() {
             sock.bind(&SocketAddr::new(ep.local_ip, 0).into())
-                .map_err(|e| io::kind_of(&e))?;
+                .map_err(io_failed)?;
         }
-        sock.set_nonblocking(true).map_err(|e| io::kind_of(&e))?;
+        sock.set_nonblocking(true).map_err(io_failed)?;
         // Cleared before the socket is published: an abort from now on
         // either finds the socket (and resets it) or is seen by
-        // `Conn::connect_aborted` right after the publication.
+        // `Conn::connect_cut` right after the publication.
         self.conn.cause.store(0, Ordering::Relaxed);
         self.conn.bystanders.store(false, Ordering::Relaxed);
         self.conn.broken.store(false, Ordering::SeqCst);
@@ -855,9 +892,10 @@ impl Sender {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
             Err(e) => {
-                let kind = self.conn.connect_aborted().unwrap_or(io::kind_of(&e));
-                self.note(kind, &e);
-                return Err(kind);
+                return Err(match self.conn.connect_cut() {
+                    Some(cut) => (cut, "cut while connecting".into()),
+                    None => io_failed(e),
+                });
             }
         }
         let stream = Arc::new(TcpStream::from(sock));
@@ -866,11 +904,10 @@ impl Sender {
             session: self.conn.opts.session,
             conn: next_conn_id(),
         };
-        if let Err((kind, why)) = self.conn.establish(&stream, deadline, ident) {
+        if let Err(e) = self.conn.establish(&stream, deadline, ident) {
             // Nothing was sent on it: no slice waits for this socket.
             self.conn.stream.store(None);
-            self.note(kind, &why);
-            return Err(kind);
+            return Err(e);
         }
         self.logged = 0;
         self.pause = Duration::ZERO;
@@ -890,11 +927,11 @@ impl Sender {
                 // slices any more, so say so loudly.
                 self.conn.stream.store(None);
                 tracing::error!(error = %e, "cannot spawn a tcp receiver thread; connection unusable");
-                return Err(ErrorKind::OutOfMemory);
+                return Err((Cut::Fail(ErrorKind::OutOfMemory), e.to_string()));
             }
         }
-        // An abort since the publication left `broken` set (and the socket
-        // reset): the next turn tears the connection down.
+        // An abort since the check after the handshake left `broken` set
+        // (and the socket reset): the next turn tears the connection down.
         self.stream = Some(stream);
         self.conn_id = ident.conn;
         self.fences_from = self.fences_seen;
@@ -1256,7 +1293,31 @@ mod tests {
         l.listen(0).unwrap();
         let at = l.local_addr().unwrap().as_socket().unwrap();
         let filler = TcpStream::connect(at).unwrap();
+        // The filler is in the accept queue (a LISTEN socket's rx_queue in
+        // /proc/net/tcp) before anything else connects.
+        let me = format!("0100007F:{:04X}", at.port());
+        let t = Instant::now();
+        while !tcp_table()
+            .iter()
+            .any(|f| f[1] == me && f[3] == "0A" && f[4].ends_with(":00000001"))
+        {
+            assert!(
+                t.elapsed() < PROMPT,
+                "the filler never reached the accept queue"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         (l, filler)
+    }
+
+    /// This namespace's IPv4 TCP sockets, a row of fields each.
+    fn tcp_table() -> Vec<Vec<String>> {
+        std::fs::read_to_string("/proc/net/tcp")
+            .unwrap()
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect()
     }
 
     fn opened(remote: SocketAddr) -> (ConnEnds, JoinHandle<()>) {
@@ -1299,12 +1360,7 @@ mod tests {
         let want = format!("0100007F:{:04X}", remote.port());
         let t = Instant::now();
         loop {
-            let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
-            let hanging = table.lines().skip(1).any(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.get(2) == Some(&want.as_str()) && f.get(3) == Some(&"02")
-            });
-            if hanging {
+            if tcp_table().iter().any(|f| f[2] == want && f[3] == "02") {
                 return;
             }
             assert!(t.elapsed() < limit, "the sender never began connecting");
@@ -1408,10 +1464,44 @@ mod tests {
         sender.join().unwrap();
     }
 
-    /// A link that is down before the slice arrives: the connect is not
-    /// even tried.
+    /// The worker resets a connection to stop another task's slices on it
+    /// (`stop_slices`) just as the sender has opened the next socket: the
+    /// reset lands on a connect that carries nothing yet. Nothing failed,
+    /// so the slice waiting on it is not failed: the sender connects again.
     #[test]
-    fn a_rail_whose_link_is_down_connects_nothing() {
+    fn a_reset_meant_for_the_last_socket_s_slices_connects_again() {
+        let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (mut ends, sender) = opened(mute.local_addr().unwrap());
+        let mut buf = vec![0u8; 4096];
+        submit_read(&mut ends, &mut buf);
+        let (_first, _) = mute.accept().unwrap();
+        ends.conn.stop_slices();
+        mute.set_nonblocking(true).unwrap();
+        let t = Instant::now();
+        let _second = loop {
+            match mute.accept() {
+                Ok((s, _)) => break s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if let Some((op, _)) = slice_back(&mut ends, Duration::ZERO) {
+                        panic!("a bystander reset failed the slice: {:?}", op.result());
+                    }
+                    assert!(t.elapsed() < PROMPT, "the sender did not connect again");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert!(slice_back(&mut ends, Duration::ZERO).is_none());
+        link_down(&ends);
+        let (op, _) = slice_back(&mut ends, PROMPT).expect("the slice was not handed back");
+        assert_eq!(op.result(), Err(ErrorKind::RouteLost));
+        finish(ends, sender);
+    }
+
+    /// A link that is down before the slice arrives: the slice comes back
+    /// at once, never having waited on a connect.
+    #[test]
+    fn a_slice_for_a_rail_whose_link_is_down_comes_back_route_lost() {
         let (sink, _filler) = syn_sink();
         let (mut ends, sender) = opened(sink.local_addr().unwrap().as_socket().unwrap());
         ends.conn.endpoint.up.store(false, Ordering::Release);
