@@ -55,12 +55,13 @@ impl<T> Held<T> {
         Held(std::ptr::NonNull::from(r))
     }
 
-    /// What it holds.
+    /// What it holds, for as long as this hold is borrowed (a task's hold
+    /// lends it for no longer than the task slot is borrowed).
     ///
     /// # Safety
     /// Only while the task holding it is live (see the type).
     #[inline]
-    pub unsafe fn get<'a>(self) -> &'a T {
+    pub unsafe fn get(&self) -> &T {
         // SAFETY: the caller's task is live, so the referent is held (see the type).
         unsafe { self.0.as_ref() }
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tent_rings::{ErrorKind, TransportKind};
 
-use super::slot_index;
+use crate::engine::slot_index;
 use crate::transport::{Installed, SliceCompletion, WorkerCtx};
 
 /// Swapped-out transport instances tracked before the list grows.
@@ -163,12 +163,16 @@ impl InFlightBook {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{InFlightBook, ReapCursor};
     use crate::error::Result;
     use crate::segment::Segment;
-    use crate::transport::{Capabilities, InstallContext, Slice, SubmitOutcome, Transport};
+    use crate::transport::{
+        Capabilities, InstallContext, Installed, Slice, SliceCompletion, SubmitOutcome, Transport,
+        WorkerCtx,
+    };
     use crate::worker_ctx::EngineId;
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
+    use tent_rings::{ErrorKind, TransportKind};
 
     /// Hands back the completions the test gives it; remembers aborts.
     #[derive(Debug, Default)]

@@ -1,9 +1,24 @@
 //! Completion: reap posted slices, finish tasks, and post their CQEs (or
 //! batch states), published once per turn.
 
+use std::sync::atomic::Ordering;
+
+use tent_rings::{Cqe, ErrorKind, Priority, TransportKind};
+
+use super::Worker;
 use super::book::ReapCursor;
 use super::turn_clock::TurnClock;
-use super::*;
+use crate::engine::batch::{BatchTask, Served, TaskState};
+use crate::engine::slot_index;
+use crate::engine::task::Origin;
+use crate::transport::SliceCompletion;
+
+/// CQEs a worker writes into a ring before it publishes them mid-turn
+/// (the rest at the turn's end, with the wake-up check). Publishing only
+/// at the end made the application and the worker take turns: at 32 in
+/// flight, 8 B shm WRITEs went from 7.5-8.4 to 13-15 M ops/s with it
+/// (4 and 16 measured the same; each publish is one more line transfer).
+const CQ_PUBLISH_EVERY: usize = 8;
 
 /// A ring request's completion: its result, the transport that served
 /// it, how many times it switched, `fallback` when it succeeded only after
@@ -225,7 +240,9 @@ impl Worker {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::cqe_for;
+    use crate::engine::batch::Served;
+    use tent_rings::{ErrorKind, TransportKind};
 
     #[test]
     fn a_cqe_says_who_served_and_whether_it_fell_back() {

@@ -1,9 +1,13 @@
 //! Dispatch: post slices of the lane heads through the slot gate, the
 //! worker's credit window and the transport, and judge each outcome.
 
+use tent_rings::{ErrorKind, Priority};
+
 use super::scheduler::Flow;
-use super::*;
-use crate::transport::Capabilities;
+use super::{Worker, housekeeping};
+use crate::engine::slot_index;
+use crate::engine::task::SliceRecord;
+use crate::transport::{Capabilities, Slice, SubmitOutcome};
 
 /// What the worker does with a slice after `Transport::submit` answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +88,7 @@ impl Worker {
             }
             let kind = t.transport;
             let pool = &self.shared.credits[slot_index(kind)];
-            let Some(installed) = self.slots[slot_index(kind)].as_ref() else {
+            let Some(installed) = self.views.slot(kind) else {
                 t.error.get_or_insert(ErrorKind::Unreachable);
                 continue;
             };
@@ -106,9 +110,14 @@ impl Worker {
             let offset = t.posted;
             let len = slice_len(t.len - offset, installed.caps, self.block_size);
             // SAFETY: `t` is live (checked at the top of the loop).
-            let segment = unsafe { t.segment.expect("live task has a segment").get() };
+            let segment = unsafe { t.segment.as_ref().expect("live task has a segment").get() };
             // SAFETY: `t` is live (checked at the top of the loop).
-            let region = unsafe { t.local_region.expect("live task has a region").get() };
+            let region = unsafe {
+                t.local_region
+                    .as_ref()
+                    .expect("live task has a region")
+                    .get()
+            };
             let slice = Slice {
                 token: t.token(i),
                 opcode: t.opcode,
@@ -219,7 +228,9 @@ impl Worker {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{Verdict, judge, slice_len};
+    use crate::transport::{Capabilities, SubmitOutcome};
+    use tent_rings::ErrorKind;
 
     #[test]
     fn a_slice_is_at_most_the_transport_s_or_else_the_block_size() {

@@ -1,7 +1,10 @@
 //! Failover: a task whose transport failed with a transient error moves
 //! to the next transport in its ranked list, at submit or at completion.
 
-use super::*;
+use tent_rings::{ErrorKind, TransportKind};
+
+use super::Worker;
+use crate::clock::monotonic_ns;
 
 /// May a request fail over from a transient `kind` at all? Not when it
 /// asked not to (`SQE_NO_FAILOVER`), when failover is off
@@ -53,7 +56,7 @@ impl Worker {
         let from = t.transport;
         t.failing = None;
         // SAFETY: task `i` is live (it is failing over), and stays so here.
-        let segment = unsafe { t.segment.expect("live task has a segment").get() };
+        let segment = unsafe { t.segment.as_ref().expect("live task has a segment").get() };
         // A dead peer fails every task it had, and every task after it:
         // each of these lines is logged once per (segment, transport,
         // cause), then summarised with a count at most once a second.
@@ -62,7 +65,7 @@ impl Worker {
         let count = t.failover_count;
         let from_rank = usize::from(t.xport_priority) + 1;
         let next = if count < max {
-            self.resolve(segment, from_rank, TransportKind::Any)
+            self.views.resolve(segment, from_rank, TransportKind::Any)
         } else {
             None
         };
@@ -86,7 +89,6 @@ impl Worker {
                 return self.exhaust(i, cause);
             }
         };
-        let t = self.tasks.get_mut(i);
         t.failover_count += 1;
         t.transport = to;
         t.xport_priority = rank;
@@ -140,7 +142,8 @@ impl Worker {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{Exhausted, may_fail_over, next_transport};
+    use tent_rings::{ErrorKind, TransportKind};
 
     #[test]
     fn only_transient_faults_of_requests_that_allow_it_fail_over() {

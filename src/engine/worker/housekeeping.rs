@@ -1,7 +1,24 @@
 //! Housekeeping: the deadline and cancel sweep, retiring rings, the
 //! unregister handshake, and the shutdown drain.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tent_rings::ErrorKind;
+
+use super::Worker;
+use crate::clock::monotonic_ns;
+use crate::engine::batch::Served;
+use crate::engine::task::Origin;
+
+/// Deadline and cancel sweep period.
+const HOUSEKEEPING_NS: u64 = 1_000_000;
+/// How often shutdown says which transports still hold slices.
+const SHUTDOWN_LOG_NS: u64 = 1_000_000_000;
+/// Idle turns of the shutdown drain spent yielding before it sleeps.
+const SHUTDOWN_YIELDS: u32 = 1_000;
+/// The shutdown drain's sleep between two polls once yielding is over.
+const SHUTDOWN_NAP: Duration = Duration::from_micros(200);
 
 /// Why a live task stops before it is done, if it does: canceled by the
 /// application (batch API), or past its deadline. One rule for the
@@ -65,10 +82,7 @@ impl Worker {
         if epoch == self.region_ack {
             return;
         }
-        let _ = self.regions.load();
-        let _ = self.segments.load();
-        // `resolved` names a table by address: once it may have moved, forget.
-        self.resolved = None;
+        self.views.refresh_tables();
         let (mut oldest, mut wait_until) = (u64::MAX, 0);
         if self.tasks.active() > 0 {
             for i in 0..self.tasks.capacity() as u32 {
@@ -190,7 +204,8 @@ impl Worker {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{acked_epoch, stop_reason};
+    use tent_rings::ErrorKind;
 
     #[test]
     fn a_cancel_wins_over_the_deadline_and_the_deadline_is_inclusive() {

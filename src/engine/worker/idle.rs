@@ -1,7 +1,16 @@
 //! Idle: what the worker does with no work (spin, yield, park) and the
 //! park itself.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::Worker;
+
+/// How soon a parked worker looks again at a ring blocked on CQ room.
+const CQ_BLOCKED_RECHECK: Duration = Duration::from_millis(1);
+/// Longest sleep while slices are in flight on transports that wake us,
+/// or while every task waits on a transport that answered `Later`.
+const COMPLETION_PARK: Duration = Duration::from_millis(1);
 
 /// What the worker knows when a turn found no work.
 #[derive(Debug, Clone, Copy)]
@@ -137,7 +146,8 @@ impl Worker {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{Idle, Step, step};
+    use std::time::Duration;
 
     const MS: Duration = Duration::from_millis(1);
 

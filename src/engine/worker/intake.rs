@@ -1,8 +1,20 @@
 //! Intake: SQEs from the worker's rings become tasks in priority lanes,
 //! or typed error completions at once (validation).
 
+use std::sync::atomic::Ordering;
+
+use tent_rings::{ErrorKind, Priority, Sqe, TransportKind};
+
 use super::turn_clock::{TurnClock, asked_deadline, queued_deadline};
-use super::*;
+use super::{Worker, WorkerRing, dispatch};
+use crate::engine::batch::Served;
+use crate::engine::task::{Held, Origin, SliceRecord};
+use crate::memory::MemRegion;
+use crate::segment::Segment;
+use crate::transport::Slice;
+
+/// SQEs taken from one ring per turn.
+const INTAKE_PER_RING: usize = 64;
 
 impl Worker {
     pub(super) fn adopt_rings(&mut self) {
@@ -139,7 +151,7 @@ impl Worker {
             return false;
         }
         let len = sqe.len();
-        let Some(installed) = self.slots[slot_index(v.transport)].as_ref() else {
+        let Some(installed) = self.views.slot(v.transport) else {
             return false;
         };
         let caps = installed.caps;
@@ -198,7 +210,7 @@ impl Worker {
     }
 
     fn validate(&mut self, sqe: &Sqe, clock: &mut TurnClock) -> Result<Accepted, ErrorKind> {
-        self.refresh_slots();
+        self.views.refresh_slots(&self.engine.transports);
         // A flag bit or reserved byte this version does not know: a newer
         // client's request, refused rather than run with part of it ignored.
         if sqe.has_unknown_fields() {
@@ -211,100 +223,27 @@ impl Worker {
             return Err(ErrorKind::InvalidArgument);
         }
         let local = sqe.local();
-        let region = self
-            .regions
-            .load()
-            .get(local.region)
-            .filter(|r| !r.is_revoked())
-            .ok_or(ErrorKind::AddressNotRegistered)?;
-        let ptr = region.slice_ptr(local.offset, sqe.len())?;
-        let region = Held::new(&**region);
-        let id = sqe.remote().segment;
-        let table = self.segments.load();
-        let table_at = Arc::as_ptr(table);
-        let segment = Held::new(
-            &**table
-                .get(id)
-                // Closed, in a table this worker has not refreshed yet.
-                .filter(|s| s.closed_epoch() == 0)
-                .ok_or(ErrorKind::SegmentNotFound)?,
-        );
-        let key = ResolveKey {
-            table: table_at,
-            segment: id,
-            hint,
-            slots_epoch: self.slots_epoch,
-        };
-        let (xport_priority, transport) = match self.resolved {
-            Some((k, answer)) if k == key => answer,
-            _ => {
-                // The segment is in this worker's cached table, which holds
-                // it until the next load; a task made from it is live, which
-                // keeps it (see `Held`).
-                // SAFETY: held by the cached table until this worker's next load.
-                let live_segment = unsafe { segment.get() };
-                let answer = self
-                    .resolve(live_segment, 0, hint)
-                    .ok_or(ErrorKind::Unreachable)?;
-                self.resolved = Some((key, answer));
-                answer
-            }
-        };
+        let (ptr, region) = self.views.local(local.region, local.offset, sqe.len())?;
+        let reached = self.views.segment(sqe.remote().segment, hint)?;
         let deadline_ns = asked_deadline(sqe.deadline_ns(), clock)?;
         Ok(Accepted {
             opcode,
             priority,
             local: ptr,
             region,
-            segment,
-            transport,
-            xport_priority,
+            segment: reached.segment,
+            transport: reached.transport,
+            xport_priority: reached.rank,
             deadline_ns,
         })
     }
-
-    /// The best transport at rank `from` or below that is installed and
-    /// reaches `segment` (only `only`, unless it is `Any`), with its rank.
-    pub(super) fn resolve(
-        &mut self,
-        segment: &Segment,
-        from: usize,
-        only: TransportKind,
-    ) -> Option<(u8, TransportKind)> {
-        for (rank, &kind) in RANKED.iter().enumerate().skip(from) {
-            if only != TransportKind::Any && kind != only {
-                continue;
-            }
-            if let Some(installed) = self.slots[slot_index(kind)].as_ref()
-                && installed.transport.reaches(segment)
-            {
-                return Some((rank as u8, kind));
-            }
-        }
-        None
-    }
-}
-
-/// What `resolve` from rank 0 answered last depends on only these: the
-/// segment (an entry of one segment table, which the worker holds while
-/// it is current: a table is named by its address, and every reload of
-/// the cache either happens here, where a new table has a new address
-/// while the old one is still held, or forgets the answer), the hint,
-/// and the installed transports. A run of requests to one peer walks the
-/// transports once (`reaches` is a virtual call per transport).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct ResolveKey {
-    table: *const SegmentTable,
-    segment: tent_rings::SegmentId,
-    hint: TransportKind,
-    slots_epoch: u64,
 }
 
 struct Accepted {
     opcode: tent_rings::Opcode,
     priority: Priority,
     local: *mut u8,
-    region: Held<crate::memory::MemRegion>,
+    region: Held<MemRegion>,
     segment: Held<Segment>,
     transport: TransportKind,
     xport_priority: u8,

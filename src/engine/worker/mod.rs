@@ -26,24 +26,21 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::{ArcSwap, Cache};
 use crossbeam_utils::CachePadded;
 use tent_rings::spsc::{Consumer, Producer};
-use tent_rings::{Cqe, ErrorKind, Priority, Sqe, TransportKind};
+use tent_rings::{Cqe, Sqe};
 
-use super::batch::{BatchTask, Served, TaskState};
-use super::task::{Held, Origin, SliceRecord, TaskTable};
-use super::{EngineShared, slot_index};
+use super::EngineShared;
+use super::task::TaskTable;
 use crate::clock::monotonic_ns;
 use crate::doorbell::{CqBell, Doorbell, Wakers};
 use crate::flow::SqController;
-use crate::memory::RegionTable;
 use crate::qos::PriorityStats;
-use crate::segment::{Segment, SegmentTable};
-use crate::transport::{Installed, Slice, SliceCompletion, SubmitOutcome, WorkerCtx};
+use crate::transport::{SliceCompletion, WorkerCtx};
 use book::InFlightBook;
 use scheduler::Scheduler;
 use turn_clock::TurnClock;
+use views::Views;
 
 mod book;
 mod complete;
@@ -54,39 +51,10 @@ mod idle;
 mod intake;
 mod scheduler;
 mod turn_clock;
+mod views;
 
-/// Transports best first. A request's ranked fallback list is this order
-/// filtered by what is installed and reaches its segment (so what both
-/// ends offer: RDMA → TCP for a remote peer, SHM → TCP for one on this
-/// host); its `xport_priority` is the index here of its current transport.
-pub(super) const RANKED: [TransportKind; 4] = [
-    TransportKind::Local,
-    TransportKind::Shm,
-    TransportKind::Rdma,
-    TransportKind::Tcp,
-];
+pub(super) use views::RANKED;
 
-/// CQEs a worker writes into a ring before it publishes them mid-turn
-/// (the rest at the turn's end, with the wake-up check). Publishing only
-/// at the end made the application and the worker take turns: at 32 in
-/// flight, 8 B shm WRITEs went from 7.5-8.4 to 13-15 M ops/s with it
-/// (4 and 16 measured the same; each publish is one more line transfer).
-const CQ_PUBLISH_EVERY: usize = 8;
-/// SQEs taken from one ring per turn.
-const INTAKE_PER_RING: usize = 64;
-/// Deadline and cancel sweep period.
-const HOUSEKEEPING_NS: u64 = 1_000_000;
-/// How soon a parked worker looks again at a ring blocked on CQ room.
-const CQ_BLOCKED_RECHECK: Duration = Duration::from_millis(1);
-/// How often shutdown says which transports still hold slices.
-const SHUTDOWN_LOG_NS: u64 = 1_000_000_000;
-/// Idle turns of the shutdown drain spent yielding before it sleeps.
-const SHUTDOWN_YIELDS: u32 = 1_000;
-/// The shutdown drain's sleep between two polls once yielding is over.
-const SHUTDOWN_NAP: Duration = Duration::from_micros(200);
-/// Longest sleep while slices are in flight on transports that wake us,
-/// or while every task waits on a transport that answered `Later`.
-const COMPLETION_PARK: Duration = Duration::from_millis(1);
 /// Idle turns between two clock reads.
 const IDLE_CLOCK_TURNS: u32 = 64;
 
@@ -184,27 +152,14 @@ impl WorkerShared {
     }
 }
 
-type RegionCache = Cache<Arc<ArcSwap<RegionTable>>, Arc<RegionTable>>;
-type SegmentCache = Cache<Arc<ArcSwap<SegmentTable>>, Arc<SegmentTable>>;
-
 pub(crate) struct Worker {
     /// This worker's proof for the transports (so `Worker` is `!Send`: it
     /// is built on its own thread).
     ctx: WorkerCtx,
     shared: Arc<WorkerShared>,
     engine: Arc<EngineShared>,
-    // Local snapshots of the shared tables: one atomic load per use to see
-    // whether they changed, instead of a full arc-swap load.
-    regions: RegionCache,
-    segments: SegmentCache,
-    /// The engine's transport slots as of `slots_epoch`, reloaded at the
-    /// start of a turn when `TransportSlots::epoch` moved: a slot read is a
-    /// plain field read. A swapped-out transport is let go at the next
-    /// turn (slices still posted on it are held by `posted` / `draining`).
-    slots: [Option<Arc<Installed>>; 5],
-    slots_epoch: u64,
-    /// `resolve`'s last answer from rank 0 (`intake::ResolveKey`).
-    resolved: Option<(intake::ResolveKey, (u8, TransportKind))>,
+    /// The region, segment and transport tables as this worker sees them.
+    views: Views,
     /// The gate opens to every priority at every instant
     /// (`SendGate::always_open`): intake's inline path does not ask it.
     gate_always_open: bool,
@@ -309,12 +264,8 @@ impl Worker {
             block_size: cfg.block_size,
             default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
             max_failover: cfg.max_failover_attempts.min(u32::from(u8::MAX)) as u8,
-            regions: Cache::new(engine.regions.clone()),
-            segments: Cache::new(engine.segments.clone()),
-            slots_epoch: engine.transports.epoch(),
-            slots: engine.transports.load_all(),
+            views: Views::new(&engine),
             gate_always_open: engine.gate.always_open(),
-            resolved: None,
             shared,
             engine,
             ctx,
@@ -402,19 +353,6 @@ impl Worker {
         tracing::debug!(worker = self.shared.index, "worker stopped");
     }
 
-    /// Reload the transport slots if one was swapped since the last look
-    /// (one Acquire load of a line written only by a swap): at every turn
-    /// and every SQE taken, so a request submitted after `swap_transport`
-    /// returned is served by what it installed.
-    #[inline]
-    fn refresh_slots(&mut self) {
-        let epoch = self.engine.transports.epoch();
-        if epoch != self.slots_epoch {
-            self.slots = self.engine.transports.load_all();
-            self.slots_epoch = epoch;
-        }
-    }
-
     /// One pass over rings, lanes and completions; true if anything moved.
     /// The clock is read only once there is something to time.
     fn turn(&mut self) -> bool {
@@ -427,7 +365,7 @@ impl Worker {
             work = true;
         }
         self.sched.begin_turn();
-        self.refresh_slots();
+        self.views.refresh_slots(&self.engine.transports);
         let mut clock = TurnClock::default();
         work |= self.intake(&mut clock);
         if !self.sched.is_empty() {

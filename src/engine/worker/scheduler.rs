@@ -367,9 +367,14 @@ impl Scheduler {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{
+        Flow, Pass, PassEnd, SYNC_BYTE_WEIGHT, Scheduler, TURN_BYTES, bit, lane_may_post,
+        live_edge, slice_cost,
+    };
+    use crate::qos::SendGate;
     use std::cell::Cell;
     use std::time::Duration;
+    use tent_rings::Priority;
 
     const PROMOTION_NS: u64 = 1_000_000;
     const WINDOW: u32 = 64;

@@ -9,6 +9,8 @@
 //! asked for a deadline or the slot gate is timed; a queued one does (its
 //! deadline, the QoS wait), and so do completions and housekeeping.
 
+use tent_rings::ErrorKind;
+
 use crate::clock::monotonic_ns;
 
 /// Busy turns that may pass without a clock read before one is read for
@@ -50,13 +52,10 @@ impl TurnClock {
 /// (`default_timeout_ms` from when it is queued, [`queued_deadline`]; an op
 /// done at intake needs none, so it reads no clock), `Some` for the
 /// absolute one it asked for, or `Timeout` when that one is already past.
-pub(super) fn asked_deadline(
-    asked: u64,
-    clock: &mut TurnClock,
-) -> Result<Option<u64>, super::ErrorKind> {
+pub(super) fn asked_deadline(asked: u64, clock: &mut TurnClock) -> Result<Option<u64>, ErrorKind> {
     match asked {
         0 => Ok(None),
-        d if d <= clock.now() => Err(super::ErrorKind::Timeout),
+        d if d <= clock.now() => Err(ErrorKind::Timeout),
         d => Ok(Some(d)),
     }
 }
@@ -70,7 +69,7 @@ pub(super) fn queued_deadline(asked: Option<u64>, now: u64, default_ns: u64) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{CLOCKLESS_TURNS, TurnClock, asked_deadline, queued_deadline};
     use tent_rings::ErrorKind;
 
     #[test]

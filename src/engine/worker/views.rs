@@ -1,0 +1,191 @@
+//! A worker's views of the engine's shared tables: the registered regions,
+//! the open segments and the installed transports.
+//!
+//! Each is a local copy refreshed only when the engine changed it (one
+//! atomic load per use to see whether it did), so a lookup on the hot path
+//! is a plain read. Entries of the cached tables stay alive while the view
+//! holds the table; a task made from one keeps it alive beyond that
+//! through the unregister handshake (see `Held`).
+
+use std::sync::Arc;
+
+use arc_swap::{ArcSwap, Cache};
+use tent_rings::{ErrorKind, RegionId, SegmentId, TransportKind};
+
+use super::super::task::Held;
+use super::super::{EngineShared, slot_index};
+use crate::memory::{MemRegion, RegionTable};
+use crate::segment::{Segment, SegmentTable};
+use crate::transport::{Installed, TransportSlots};
+
+/// Transports best first. A request's ranked fallback list is this order
+/// filtered by what is installed and reaches its segment (so what both
+/// ends offer: RDMA → TCP for a remote peer, SHM → TCP for one on this
+/// host); its `xport_priority` is the index here of its current transport.
+pub(in crate::engine) const RANKED: [TransportKind; 4] = [
+    TransportKind::Local,
+    TransportKind::Shm,
+    TransportKind::Rdma,
+    TransportKind::Tcp,
+];
+
+type RegionCache = Cache<Arc<ArcSwap<RegionTable>>, Arc<RegionTable>>;
+type SegmentCache = Cache<Arc<ArcSwap<SegmentTable>>, Arc<SegmentTable>>;
+
+/// What `resolve` from rank 0 answered last depends on only these: the
+/// segment (an entry of one segment table, which the view holds while it
+/// is current: a table is named by its address, and every reload of the
+/// cache either happens in [`Views::segment`], where a new table has a new
+/// address while the old one is still held, or forgets the answer), the
+/// hint, and the installed transports. A run of requests to one peer walks
+/// the transports once (`reaches` is a virtual call per transport).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ResolveKey {
+    table: *const SegmentTable,
+    segment: SegmentId,
+    hint: TransportKind,
+    slots_epoch: u64,
+}
+
+/// A request's remote end as the views found it.
+pub(super) struct Reached {
+    pub(super) segment: Held<Segment>,
+    /// The rank in [`RANKED`] of the transport that serves it.
+    pub(super) rank: u8,
+    pub(super) transport: TransportKind,
+}
+
+/// See the module doc.
+pub(super) struct Views {
+    regions: RegionCache,
+    segments: SegmentCache,
+    /// The engine's transport slots as of `slots_epoch`: a slot read is a
+    /// plain field read. A swapped-out transport is let go at the next
+    /// refresh (slices still posted on it are held by the in-flight book).
+    slots: [Option<Arc<Installed>>; 5],
+    slots_epoch: u64,
+    /// `resolve`'s last answer from rank 0.
+    resolved: Option<(ResolveKey, (u8, TransportKind))>,
+}
+
+impl Views {
+    pub(super) fn new(engine: &EngineShared) -> Views {
+        Views {
+            regions: Cache::new(engine.regions.clone()),
+            segments: Cache::new(engine.segments.clone()),
+            slots_epoch: engine.transports.epoch(),
+            slots: engine.transports.load_all(),
+            resolved: None,
+        }
+    }
+
+    /// Reload the transport slots if one was swapped since the last look
+    /// (one Acquire load of a line written only by a swap), so a request
+    /// submitted after `swap_transport` returned is served by what it
+    /// installed.
+    #[inline]
+    pub(super) fn refresh_slots(&mut self, transports: &TransportSlots) {
+        let epoch = transports.epoch();
+        if epoch != self.slots_epoch {
+            self.slots = transports.load_all();
+            self.slots_epoch = epoch;
+        }
+    }
+
+    /// The transport installed for `kind`, as of the last refresh.
+    #[inline]
+    pub(super) fn slot(&self, kind: TransportKind) -> Option<&Arc<Installed>> {
+        self.slots[slot_index(kind)].as_ref()
+    }
+
+    /// Reload both tables past an unregister or close the engine
+    /// published, so a parked worker does not keep what it removed alive.
+    pub(super) fn refresh_tables(&mut self) {
+        let _ = self.regions.load();
+        let _ = self.segments.load();
+        // `resolved` names a table by address: once it may have moved, forget.
+        self.resolved = None;
+    }
+
+    /// `len` bytes at `offset` of registered region `region`, unless it is
+    /// unknown or revoked (`AddressNotRegistered`) or the range leaves it.
+    #[inline]
+    pub(super) fn local(
+        &mut self,
+        region: RegionId,
+        offset: u64,
+        len: u64,
+    ) -> Result<(*mut u8, Held<MemRegion>), ErrorKind> {
+        let r = self
+            .regions
+            .load()
+            .get(region)
+            .filter(|r| !r.is_revoked())
+            .ok_or(ErrorKind::AddressNotRegistered)?;
+        let at = r.slice_ptr(offset, len)?;
+        Ok((at, Held::new(&**r)))
+    }
+
+    /// Open segment `id` and the best transport that reaches it (only
+    /// `hint`, unless it is `Any`): `SegmentNotFound` for a closed or
+    /// unknown one, `Unreachable` when nothing installed reaches it.
+    #[inline]
+    pub(super) fn segment(
+        &mut self,
+        id: SegmentId,
+        hint: TransportKind,
+    ) -> Result<Reached, ErrorKind> {
+        let table = self.segments.load();
+        let table_at = Arc::as_ptr(table);
+        let segment = Held::new(
+            &**table
+                .get(id)
+                // Closed, in a table this worker has not refreshed yet.
+                .filter(|s| s.closed_epoch() == 0)
+                .ok_or(ErrorKind::SegmentNotFound)?,
+        );
+        let key = ResolveKey {
+            table: table_at,
+            segment: id,
+            hint,
+            slots_epoch: self.slots_epoch,
+        };
+        let (rank, transport) = match self.resolved {
+            Some((k, answer)) if k == key => answer,
+            _ => {
+                // SAFETY: the segment is in the cached table, which holds it
+                // until this view's next load, after this call.
+                let live = unsafe { segment.get() };
+                let answer = self.resolve(live, 0, hint).ok_or(ErrorKind::Unreachable)?;
+                self.resolved = Some((key, answer));
+                answer
+            }
+        };
+        Ok(Reached {
+            segment,
+            rank,
+            transport,
+        })
+    }
+
+    /// The best transport at rank `from` or below that is installed and
+    /// reaches `segment` (only `only`, unless it is `Any`), with its rank.
+    pub(super) fn resolve(
+        &self,
+        segment: &Segment,
+        from: usize,
+        only: TransportKind,
+    ) -> Option<(u8, TransportKind)> {
+        for (rank, &kind) in RANKED.iter().enumerate().skip(from) {
+            if only != TransportKind::Any && kind != only {
+                continue;
+            }
+            if let Some(installed) = self.slot(kind)
+                && installed.transport.reaches(segment)
+            {
+                return Some((rank as u8, kind));
+            }
+        }
+        None
+    }
+}
