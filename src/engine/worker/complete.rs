@@ -1,5 +1,6 @@
 //! Completion: reap posted slices, finish tasks, and post their CQEs (or
-//! batch states), published once per turn.
+//! batch states), published every `CQ_PUBLISH_EVERY` within a turn and at
+//! its end.
 
 use std::sync::atomic::Ordering;
 

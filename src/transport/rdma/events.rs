@@ -23,7 +23,7 @@
 //! contexts outlive it. It never touches a worker's state: the link bit and
 //! a controller's terminal bit are all it writes.
 //!
-//! [`QpTable`]: super::sq::QpTable
+//! [`QpTable`]: super::qp_table::QpTable
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;

@@ -14,8 +14,10 @@
 //!   remote NIC: the application never hands the engine an rkey, and a
 //!   region the peer granted no (or a zero) rkey on any NIC is refused with
 //!   `AccessDenied` without a work request being built.
-//! - **Spraying.** The [`DeviceSelector`] spreads slices round robin over the
-//!   rails whose local link is up and whose NICs hold a key for both ends.
+//! - **Spraying.** The [`DeviceSelector`] spreads slices over the rails
+//!   whose local link is up and whose NICs hold a key for both ends: by
+//!   NUMA tier and EWMA bandwidth when smart scheduling is on (the
+//!   default), round robin otherwise.
 //! - **Busy polling.** The worker that posts a slice reaps its completion
 //!   (`poll` flushes every active endpoint's backlog as linked WR lists, then
 //!   reaps its CQ), so nothing wakes the worker.
