@@ -55,6 +55,8 @@ mod views;
 
 pub(super) use views::RANKED;
 
+/// How soon a parked worker looks again at a ring blocked on CQ room.
+const CQ_BLOCKED_RECHECK: Duration = Duration::from_millis(1);
 /// Idle turns between two clock reads.
 const IDLE_CLOCK_TURNS: u32 = 64;
 
@@ -351,6 +353,62 @@ impl Worker {
             // back to sleep instead of another spin/yield phase.
         }
         tracing::debug!(worker = self.shared.index, "worker stopped");
+    }
+
+    /// Sleep until a submitter rings, a ring is added, or `timeout`;
+    /// returns true if something (not the timeout) woke it. With
+    /// `completions`, a transport completing a slice also wakes it.
+    ///
+    /// Without `completions` it is only called with nothing in flight and
+    /// either empty lanes, so no deadline needs this worker while it
+    /// sleeps, or every lane head waiting on `Later`; with `completions` or
+    /// `Later`, `timeout` is short enough for the deadline sweep.
+    fn park(&mut self, timeout: Duration, completions: bool) -> bool {
+        let seen = self.shared.doorbell().value();
+        let bell = self.shared.wakers.clone();
+        let bell = bell.get(self.shared.index);
+        if completions {
+            // SeqCst store and fence, paired with Wakers::completion_ready:
+            // a completion published after the poll below rings the bell.
+            bell.awaiting.store(true, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if self.reap() {
+                bell.awaiting.store(false, Ordering::Relaxed);
+                return true;
+            }
+        }
+        let mut empty = true;
+        let mut blocked = false;
+        for ring in self.rings.iter_mut().flatten() {
+            if !ring.cq_has_room() {
+                // The application is behind on reaping: its SQEs wait for CQ
+                // room, which no doorbell announces. Look again soon.
+                blocked = true;
+                continue;
+            }
+            if !ring.sq.prepare_park() {
+                empty = false;
+                break;
+            }
+        }
+        let mut woken = true;
+        if empty
+            && !self.shared.has_new.load(Ordering::Acquire)
+            && !self.shared.shutdown.load(Ordering::Acquire)
+        {
+            let wait = if blocked {
+                timeout.min(CQ_BLOCKED_RECHECK)
+            } else {
+                timeout
+            };
+            self.shared.doorbell().wait(seen, wait);
+            woken = self.shared.doorbell().value() != seen;
+        }
+        for ring in self.rings.iter_mut().flatten() {
+            ring.sq.clear_need_wakeup();
+        }
+        bell.awaiting.store(false, Ordering::Relaxed);
+        woken
     }
 
     /// One pass over rings, lanes and completions; true if anything moved.
