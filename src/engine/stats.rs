@@ -1,6 +1,7 @@
 //! Read-only introspection: the config, this engine's names and
-//! addresses, metrics, rails, QoS, credits and counters; and
-//! `swap_transport`, the test hook on the transport slots.
+//! addresses, metrics, rails, QoS, credits and counters; and, with the
+//! `testing` feature, `swap_transport` (the test hook on the transport
+//! slots) and the shm export.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,7 +13,6 @@ use crate::config::Config;
 use crate::flow::SqController;
 use crate::qos::{SlotClock, SlotRotator};
 use crate::segment::ShmExport;
-use crate::transport::Transport;
 use crate::transport::tcp::DataServer;
 
 impl Engine {
@@ -22,7 +22,7 @@ impl Engine {
     }
 
     /// This engine's shm export (tests forge descriptors through it).
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn shm_export(&self) -> Option<&ShmExport> {
         self.export.as_deref()
     }
@@ -52,11 +52,12 @@ impl Engine {
     /// installed again; one with per-worker state serves the engine that
     /// installed it or else whose worker first uses it, and refuses the
     /// others' slices with `InvalidArgument`.
+    #[cfg(any(test, feature = "testing"))]
     pub fn swap_transport(
         &self,
         kind: TransportKind,
-        t: Option<Arc<dyn Transport>>,
-    ) -> Option<Arc<dyn Transport>> {
+        t: Option<Arc<dyn crate::transport::Transport>>,
+    ) -> Option<Arc<dyn crate::transport::Transport>> {
         self.shared.transports.swap(t, kind)
     }
 

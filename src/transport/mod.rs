@@ -4,11 +4,12 @@
 //! runs without it), states its [`Capabilities`], and answers every slice it
 //! is given with its own [`SubmitOutcome`]: a submit never fails "as a
 //! whole", so the engine always knows which slices started. Transports live
-//! in [`TransportSlots`], one slot per [`TransportKind`], and a test may
-//! swap a slot after the engine is built. `submit` and `poll` take the
+//! in [`TransportSlots`], one slot per [`TransportKind`] (a test, with the
+//! `testing` feature, may swap a slot after the engine is built). `submit` and `poll` take the
 //! calling worker's [`WorkerCtx`], which opens the transport's
 //! [`PerWorker`] state; one transport serves one engine.
 
+#[cfg(any(test, feature = "testing"))]
 pub mod fault;
 pub mod local;
 mod outcome;
@@ -347,6 +348,36 @@ pub(crate) fn submit_each<T: Transport + ?Sized>(
 ) {
     for (s, o) in slices.iter().zip(out.iter_mut()) {
         *o = t.submit_one(ctx, s).unpack();
+    }
+}
+
+/// `submit` for a network transport, whose peers hang off the segments as
+/// attachments: open this worker's state `W` of the transport (every slice
+/// refused with its error when it cannot be), then hand each slice to
+/// `post` with the segment's attachment for `kind` and that attachment as
+/// the transport's peer type `P` (`Unreachable` when the segment has none).
+#[inline]
+pub(crate) fn submit_to_peers<W, P: std::any::Any>(
+    kind: TransportKind,
+    workers: &PerWorker<W>,
+    ctx: &WorkerCtx,
+    slices: &[Slice<'_>],
+    out: &mut [SubmitOutcome],
+    mut post: impl FnMut(&mut W, &Attachment, &P, &Slice<'_>) -> SubmitOutcome,
+) {
+    let mut ws = match workers.get(ctx) {
+        Ok(ws) => ws,
+        Err(e) => return out.fill(SubmitOutcome::Rejected(e)),
+    };
+    for (s, o) in slices.iter().zip(out.iter_mut()) {
+        let peer = s
+            .segment
+            .attachment(kind)
+            .and_then(|a| Some((a, a.downcast_ref::<P>()?)));
+        *o = match peer {
+            Some((attached, peer)) => post(&mut ws, attached, peer, s),
+            None => SubmitOutcome::Rejected(ErrorKind::Unreachable),
+        };
     }
 }
 

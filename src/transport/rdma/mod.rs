@@ -30,6 +30,7 @@ pub mod ledger;
 pub mod nic;
 pub mod qp_table;
 pub mod responder;
+#[cfg(any(test, feature = "testing"))]
 pub mod sim;
 pub mod sys;
 pub mod transport;

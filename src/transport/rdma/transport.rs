@@ -71,7 +71,7 @@ use crate::transport::rails::{
 use crate::transport::rdma::verbs::{CompletionQueue, QueuePair};
 use crate::transport::{
     Capabilities, InstallContext, PeerActivity, PerWorker, RailStat, Slice, SliceCompletion,
-    SubmitOutcome, Transport, WorkerCtx,
+    SubmitOutcome, Transport, WorkerCtx, submit_to_peers,
 };
 
 /// Settings read once from the config.
@@ -799,90 +799,81 @@ impl Transport for RdmaTransport {
     }
 
     fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
-        let mut ws = match self.workers.get(ctx) {
-            Ok(ws) => ws,
-            Err(e) => return out.fill(SubmitOutcome::Rejected(e)),
-        };
         let now = monotonic_ns();
-        for (s, o) in slices.iter().zip(out.iter_mut()) {
-            let Some(attached) = s.segment.attachment(TransportKind::Rdma) else {
-                *o = SubmitOutcome::Rejected(ErrorKind::Unreachable);
-                continue;
-            };
-            let Some(peer) = attached.downcast_ref::<RdmaPeer>() else {
-                *o = SubmitOutcome::Rejected(ErrorKind::Unreachable);
-                continue;
-            };
-            let Ok(len) = u32::try_from(s.len) else {
-                // The engine slices at `slice_bytes` (at most the NICs' max
-                // message size): a longer slice is a caller bug.
-                *o = SubmitOutcome::Completed(Err(ErrorKind::InvalidArgument));
-                continue;
-            };
-            let remote = match peer.region_of(s.remote, s.len) {
-                Ok(r) => r,
-                Err(e) => {
-                    *o = SubmitOutcome::Completed(Err(e));
-                    continue;
+        let kind = TransportKind::Rdma;
+        submit_to_peers(
+            kind,
+            &self.workers,
+            ctx,
+            slices,
+            out,
+            |ws, attached, peer: &RdmaPeer, s| {
+                let Ok(len) = u32::try_from(s.len) else {
+                    // The engine slices at `slice_bytes` (at most the NICs' max
+                    // message size): a longer slice is a caller bug.
+                    return SubmitOutcome::Completed(Err(ErrorKind::InvalidArgument));
+                };
+                let remote = match peer.region_of(s.remote, s.len) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        return SubmitOutcome::Completed(Err(e));
+                    }
+                };
+                if peer
+                    .paths
+                    .iter()
+                    .all(|p| rkey_on(remote, p.remote).is_none())
+                {
+                    return SubmitOutcome::Completed(Err(ErrorKind::AccessDenied));
                 }
-            };
-            if peer
-                .paths
-                .iter()
-                .all(|p| rkey_on(remote, p.remote).is_none())
-            {
-                *o = SubmitOutcome::Completed(Err(ErrorKind::AccessDenied));
-                continue;
-            }
-            let slice = RdmaSlice {
-                token: s.token,
-                opcode: s.opcode,
-                local: s.local as u64,
-                len,
-                lkey: 0,
-                remote: s.remote,
-                rkey: 0,
-                reposts: 0,
-                ctx: s.region as *const MemRegion as usize,
-                posted_ns: now,
-                ahead: 0,
-                urgent: s.priority == tent_rings::Priority::High,
-            };
-            let mut eps = match peer.per_worker.get(ctx) {
-                Ok(e) => e,
-                Err(e) => {
-                    *o = SubmitOutcome::Rejected(e);
-                    continue;
+                let slice = RdmaSlice {
+                    token: s.token,
+                    opcode: s.opcode,
+                    local: s.local as u64,
+                    len,
+                    lkey: 0,
+                    remote: s.remote,
+                    rkey: 0,
+                    reposts: 0,
+                    ctx: s.region as *const MemRegion as usize,
+                    posted_ns: now,
+                    ahead: 0,
+                    urgent: s.priority == tent_rings::Priority::High,
+                };
+                let mut eps = match peer.per_worker.get(ctx) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        return SubmitOutcome::Rejected(e);
+                    }
+                };
+                let posted = Self::post(
+                    peer,
+                    &mut eps,
+                    slice,
+                    s.region,
+                    remote,
+                    Ask::next(slice.urgent, s.slices_left()),
+                    now,
+                );
+                if posted == Err(ErrorKind::RouteLost) && eps.eps.iter().any(|e| e.stalled(now)) {
+                    // No rail left but stalled ones: not back-pressure the
+                    // task may wait out, but `sq_backoff_timeout_us` passed
+                    // with nothing completing. The slice fails `SqFull` (the
+                    // engine fails it over), with the queues' story logged.
+                    self.report_stall(peer, &eps, ctx.index(), now);
+                    return SubmitOutcome::Completed(Err(ErrorKind::SqFull));
                 }
-            };
-            let posted = Self::post(
-                peer,
-                &mut eps,
-                slice,
-                s.region,
-                remote,
-                Ask::next(slice.urgent, s.slices_left()),
-                now,
-            );
-            if posted == Err(ErrorKind::RouteLost) && eps.eps.iter().any(|e| e.stalled(now)) {
-                // No rail left but stalled ones: not back-pressure the
-                // task may wait out, but `sq_backoff_timeout_us` passed
-                // with nothing completing. The slice fails `SqFull` (the
-                // engine fails it over), with the queues' story logged.
-                self.report_stall(peer, &eps, ctx.index(), now);
-                *o = SubmitOutcome::Completed(Err(ErrorKind::SqFull));
-                continue;
-            }
-            // Rare (first slice since the peer drained): the only
-            // reference-count update on this path.
-            if posted.is_ok()
-                && eps.activity.posted()
-                && let Ok(p) = Arc::downcast::<RdmaPeer>(attached.clone())
-            {
-                ws.active.push(p);
-            }
-            *o = SubmitOutcome::of_post(posted);
-        }
+                // Rare (first slice since the peer drained): the only
+                // reference-count update on this path.
+                if posted.is_ok()
+                    && eps.activity.posted()
+                    && let Ok(p) = Arc::downcast::<RdmaPeer>(attached.clone())
+                {
+                    ws.active.push(p);
+                }
+                SubmitOutcome::of_post(posted)
+            },
+        );
     }
 
     fn poll(&self, ctx: &WorkerCtx, out: &mut [SliceCompletion]) -> usize {

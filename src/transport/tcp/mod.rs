@@ -44,7 +44,7 @@ pub use server::DataServer;
 
 use super::{
     Capabilities, InstallContext, PeerActivity, PerWorker, RailStat, Slice, SliceCompletion,
-    SubmitOutcome, Transport, WorkerCtx,
+    SubmitOutcome, Transport, WorkerCtx, submit_to_peers,
 };
 use crate::clock::monotonic_ns;
 use crate::config::Config;
@@ -521,63 +521,52 @@ impl Transport for TcpTransport {
     }
 
     fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
-        let mut ws = match self.workers.get(ctx) {
-            Ok(ws) => ws,
-            Err(e) => return out.fill(SubmitOutcome::Rejected(e)),
-        };
         let now = monotonic_ns();
-        for (s, o) in slices.iter().zip(out.iter_mut()) {
-            let Some(attached) = s.segment.attachment(TransportKind::Tcp) else {
-                *o = SubmitOutcome::Rejected(ErrorKind::Unreachable);
-                continue;
-            };
-            let Some(peer) = attached.downcast_ref::<TcpPeer>() else {
-                *o = SubmitOutcome::Rejected(ErrorKind::Unreachable);
-                continue;
-            };
-            let key = match peer.key_for(s.remote, s.len) {
-                Ok(k) => k,
-                Err(e) => {
-                    *o = SubmitOutcome::Completed(Err(e));
-                    continue;
+        let kind = TransportKind::Tcp;
+        submit_to_peers(
+            kind,
+            &self.workers,
+            ctx,
+            slices,
+            out,
+            |ws, attached, peer: &TcpPeer, s| {
+                let key = match peer.key_for(s.remote, s.len) {
+                    Ok(k) => k,
+                    Err(e) => return SubmitOutcome::Completed(Err(e)),
+                };
+                let mut links = match peer.per_worker.get(ctx) {
+                    Ok(l) => l,
+                    Err(e) => return SubmitOutcome::Rejected(e),
+                };
+                if !ws.tokens.add(s.token) {
+                    // Cannot happen: the table has room for every credit.
+                    return SubmitOutcome::Rejected(ErrorKind::SqFull);
                 }
-            };
-            let mut links = match peer.per_worker.get(ctx) {
-                Ok(l) => l,
-                Err(e) => {
-                    *o = SubmitOutcome::Rejected(e);
-                    continue;
+                let mut op = Op::new(s.token, s.opcode, s.local, s.remote, s.len, key);
+                op.posted_ns = now;
+                if s.priority == Priority::High {
+                    op.set_urgent();
                 }
-            };
-            if !ws.tokens.add(s.token) {
-                // Cannot happen: the table has room for every credit.
-                *o = SubmitOutcome::Rejected(ErrorKind::SqFull);
-                continue;
-            }
-            let mut op = Op::new(s.token, s.opcode, s.local, s.remote, s.len, key);
-            op.posted_ns = now;
-            if s.priority == Priority::High {
-                op.set_urgent();
-            }
-            let posted = self.post(
-                peer,
-                &mut links,
-                op,
-                Ask::next(op.is_urgent(), s.slices_left()),
-            );
-            if posted.is_err() {
-                ws.tokens.finish(s.token);
-            }
-            // Rare (first slice since the peer drained): the only
-            // reference-count update on this path.
-            if posted.is_ok()
-                && links.activity.posted()
-                && let Ok(p) = Arc::downcast::<TcpPeer>(attached.clone())
-            {
-                ws.active.push(p);
-            }
-            *o = SubmitOutcome::of_post(posted);
-        }
+                let posted = self.post(
+                    peer,
+                    &mut links,
+                    op,
+                    Ask::next(op.is_urgent(), s.slices_left()),
+                );
+                if posted.is_err() {
+                    ws.tokens.finish(s.token);
+                }
+                // Rare (first slice since the peer drained): the only
+                // reference-count update on this path.
+                if posted.is_ok()
+                    && links.activity.posted()
+                    && let Ok(p) = Arc::downcast::<TcpPeer>(attached.clone())
+                {
+                    ws.active.push(p);
+                }
+                SubmitOutcome::of_post(posted)
+            },
+        );
     }
 
     fn poll(&self, ctx: &WorkerCtx, out: &mut [SliceCompletion]) -> usize {

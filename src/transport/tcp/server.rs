@@ -30,7 +30,7 @@
 //! superseded connection lands after the slice moved off it is served.
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -75,12 +75,14 @@ const STALL_LIMIT_DEFAULT: Duration = Duration::from_secs(10);
 const STALL_LIMIT_MIN: Duration = Duration::from_secs(1);
 
 /// Tests: [`STALL_LIMIT_DEFAULT`] in ms, 0 = unchanged.
-static STALL_LIMIT_DEFAULT_OVERRIDE_MS: AtomicU64 = AtomicU64::new(0);
+#[cfg(any(test, feature = "testing"))]
+static STALL_LIMIT_DEFAULT_OVERRIDE_MS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
 
 /// Tests only: replace [`STALL_LIMIT_DEFAULT`] (the stall limit of
 /// connections served with `user_timeout_ms` 0) for servers' connections
 /// accepted from now on, process-wide; `None` restores it.
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub fn set_default_stall_limit_for_tests(limit: Option<Duration>) {
     let ms = limit.map_or(0, |d| d.as_millis().max(1) as u64);
     STALL_LIMIT_DEFAULT_OVERRIDE_MS.store(ms, Ordering::Relaxed);
@@ -91,12 +93,18 @@ pub fn set_default_stall_limit_for_tests(limit: Option<Duration>) {
 /// `STALL_LIMIT_MIN`, or `STALL_LIMIT_DEFAULT` when it is 0.
 pub fn stall_limit(user_timeout_ms: u32) -> Duration {
     match user_timeout_ms {
-        0 => match STALL_LIMIT_DEFAULT_OVERRIDE_MS.load(Ordering::Relaxed) {
-            0 => STALL_LIMIT_DEFAULT,
-            ms => Duration::from_millis(ms),
-        },
+        0 => default_stall_limit(),
         ms => Duration::from_millis(ms as u64).max(STALL_LIMIT_MIN),
     }
+}
+
+/// The stall limit of connections served with `user_timeout_ms` 0.
+fn default_stall_limit() -> Duration {
+    #[cfg(any(test, feature = "testing"))]
+    if let ms @ 1.. = STALL_LIMIT_DEFAULT_OVERRIDE_MS.load(Ordering::Relaxed) {
+        return Duration::from_millis(ms);
+    }
+    STALL_LIMIT_DEFAULT
 }
 
 /// Where a connection is in its life (eviction order: lowest first).
