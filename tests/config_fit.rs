@@ -1,4 +1,4 @@
-//! Configuration that cannot fit (issue 11, item 6c): values each in range
+//! Configuration that cannot fit: values each in range
 //! but together needing more memory than the machine has are refused with
 //! a typed `InvalidArgument` that says how many bytes, how many are
 //! available and which keys drive it, instead of an abort or the OOM killer.

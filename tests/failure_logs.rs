@@ -1,4 +1,4 @@
-//! Logs that survive failure (issue 11, item 5): a peer killed under load
+//! Logs that survive failure: a peer killed under load
 //! fails every op it had and every op after it, and the engine must not
 //! write one WARN per failed op (that was 5.9 M lines, 757 MB in 15 s).
 //!

@@ -1,5 +1,4 @@
-//! The memory estimate behind "configuration that cannot fit" (issue 11,
-//! item 6c) is honest: for a config whose preallocation dominates, the
+//! The memory estimate behind "configuration that cannot fit" is honest: for a config whose preallocation dominates, the
 //! process's resident memory grows by the estimate within a factor of 2.
 //! (One test in its own binary, so no other test's memory is counted.)
 

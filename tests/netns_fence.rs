@@ -1,4 +1,4 @@
-//! No stale writes after a rail move (issue 12, item 3), across real links
+//! No stale writes after a rail move, across real links
 //! between network namespaces (tools/netns.sh). With CI=true this test
 //! must run; elsewhere it skips, saying why.
 //!

@@ -143,6 +143,54 @@ fn netns_tcp_initiator_child() {
     ));
 }
 
+/// What a rail child starts from: an initiator engine in namespace a with
+/// the target's segment open (`TENT_NETNS_TARGET`) and the size of its
+/// pattern (`TENT_NETNS_SIZE`), and the rail interface it will set down
+/// (`TENT_NETNS_IFACE`) with its index.
+#[derive(Clone)]
+struct RailChild {
+    e: std::sync::Arc<tent::Engine>,
+    seg: tent::SegmentId,
+    remote: u64,
+    size: u64,
+    dead_if: String,
+    index: u32,
+}
+
+impl RailChild {
+    fn from_env() -> RailChild {
+        let target = std::env::var("TENT_NETNS_TARGET").unwrap();
+        let size: u64 = std::env::var("TENT_NETNS_SIZE").unwrap().parse().unwrap();
+        let dead_if = std::env::var("TENT_NETNS_IFACE").unwrap();
+        let e = std::sync::Arc::new(tent::Engine::new(config("10.77.1.1")).unwrap());
+        let seg = e.open_segment(&target).unwrap();
+        let remote = e.segment_regions(seg).unwrap()[0].addr;
+        let index = tent::netlink::interfaces()
+            .unwrap()
+            .into_iter()
+            .find(|i| i.name == dead_if)
+            .expect("rail interface")
+            .index;
+        RailChild {
+            e,
+            seg,
+            remote,
+            size,
+            dead_if,
+            index,
+        }
+    }
+
+    /// The rail on local interface `name`, as the engine reports it now.
+    fn rail(&self, name: &str) -> tent::transport::RailStat {
+        self.e
+            .rails(self.seg)
+            .into_iter()
+            .find(|r| r.local == name)
+            .unwrap_or_else(|| panic!("no rail on {name}"))
+    }
+}
+
 /// Chaos: READs stream over two rails while rail 2's link goes down and
 /// up again, `TENT_NETNS_RUNS` times. The link is set down from this
 /// process (one rtnetlink request: no process spawn in the timing), and
@@ -157,25 +205,18 @@ fn netns_tcp_chaos_initiator_child() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     tracing_init();
-    let target = std::env::var("TENT_NETNS_TARGET").unwrap();
-    let size: u64 = std::env::var("TENT_NETNS_SIZE").unwrap().parse().unwrap();
-    let dead_if = std::env::var("TENT_NETNS_IFACE").unwrap();
     let runs: usize = std::env::var("TENT_NETNS_RUNS").unwrap().parse().unwrap();
-    let e = Arc::new(tent::Engine::new(config("10.77.1.1")).unwrap());
-    let seg = e.open_segment(&target).unwrap();
-    let remote = e.segment_regions(seg).unwrap()[0].addr;
-    let index = tent::netlink::interfaces()
-        .unwrap()
-        .into_iter()
-        .find(|i| i.name == dead_if)
-        .expect("rail interface")
-        .index;
-    let rail = |name: &str| {
-        e.rails(seg)
-            .into_iter()
-            .find(|r| r.local == name)
-            .unwrap_or_else(|| panic!("no rail on {name}"))
-    };
+    let child = RailChild::from_env();
+    let RailChild {
+        e,
+        seg,
+        remote,
+        size,
+        index,
+        ..
+    } = child.clone();
+    let dead_if = child.dead_if.clone();
+    let rail = |name: &str| child.rail(name);
     let survivor_if = e
         .rails(seg)
         .into_iter()
@@ -337,24 +378,17 @@ fn netns_tcp_hung_connect_initiator_child() {
         return;
     }
     tracing_init();
-    let target = std::env::var("TENT_NETNS_TARGET").unwrap();
-    let size: u64 = std::env::var("TENT_NETNS_SIZE").unwrap().parse().unwrap();
-    let dead_if = std::env::var("TENT_NETNS_IFACE").unwrap();
-    let e = tent::Engine::new(config("10.77.1.1")).unwrap();
-    let seg = e.open_segment(&target).unwrap();
-    let remote = e.segment_regions(seg).unwrap()[0].addr;
-    let index = tent::netlink::interfaces()
-        .unwrap()
-        .into_iter()
-        .find(|i| i.name == dead_if)
-        .expect("rail interface")
-        .index;
-    let rail = |name: &str| {
-        e.rails(seg)
-            .into_iter()
-            .find(|r| r.local == name)
-            .unwrap_or_else(|| panic!("no rail on {name}"))
-    };
+    let child = RailChild::from_env();
+    let RailChild {
+        e,
+        seg,
+        remote,
+        size,
+        index,
+        ..
+    } = child.clone();
+    let dead_if = child.dead_if.clone();
+    let rail = |name: &str| child.rail(name);
     let local = e.allocate_memory(size).unwrap();
     let mut ring = e.ring().unwrap();
     let parts = 8;

@@ -462,7 +462,7 @@ impl SendGate for LowShut {
     }
 }
 
-/// A small op on a synchronous transport completes at intake (issue 16)
+/// A small op on a synchronous transport completes at intake
 /// only when that reorders nothing: it never passes queued work of any
 /// priority, nor a gate closed to its priority, and the gate still hears
 /// its work start and end.
@@ -541,7 +541,7 @@ fn small_ops_complete_at_intake_only_when_nothing_waits_and_the_gate_allows() {
 /// A HIGH request submitted together with small LOW ones, after them in the
 /// ring, completes first: intake reads SQEs in ring order, and the LOW ops
 /// must not be completed there before the HIGH one is read (review of
-/// issue 16's inline path: HIGH came first 0 times in 50 while LOW ops
+/// the inline path: HIGH came first 0 times in 50 while LOW ops
 /// completed at intake; 50 in 50 on the task path).
 #[test]
 fn a_high_request_behind_small_low_ones_in_one_submit_completes_first() {
@@ -639,7 +639,7 @@ fn engine_with_not_yet(c: tent::Config) -> (Engine, Arc<NotYet>, tent::Buffer, t
 
 /// A request whose transport is getting ready (`Later`) does not hold a
 /// small local op of its priority on the task path: the dispatch would pass
-/// over the waiting request, so the op completes at intake (issue 16; a
+/// over the waiting request, so the op completes at intake (a
 /// stalled peer must not slow a local ring on the same worker). A queued
 /// request that is ready holds it (the first test above).
 #[test]

@@ -793,7 +793,7 @@ fn rxe_engine_reads_and_writes_over_rdma_on_every_rail_with_data_verified() {
     );
 }
 
-/// Issue 17's notifications over RDMA: attached to a WRITE, delivered
+/// Notifications over RDMA: attached to a WRITE, delivered
 /// (on the control plane) only once the WRITE's completion says the
 /// responder placed the data, so the receiver finds the data on arrival.
 #[test]
@@ -1820,8 +1820,8 @@ fn rxe_engine_a_peer_stalling_the_qp_bootstrap_does_not_stall_a_local_ring_on_th
     // flight, the local ops completed at intake) do not pay; in this guest
     // a clock read alone costs ~2.8 us (HPET under TCG) and two vCPUs are
     // shared with the target and the stalling proxy, which put the stall
-    // window's p99 at 1.9-2.6 ms against an idle 0.2-0.4 ms (issue 16;
-    // before the inline path the idle p99 was 0.7-2 ms itself).
+    // window's p99 at 1.9-2.6 ms against an idle 0.2-0.4 ms (before the
+    // inline path the idle p99 was 0.7-2 ms itself).
     assert!(
         pd <= 2 * idle + Duration::from_millis(5),
         "local ring p99 {pd:?} during the stall vs {idle:?} idle ({} ops during, the slowest {:?})",
@@ -2027,7 +2027,7 @@ fn rxe_an_abort_flushes_its_posted_reads_and_the_others_go_out_on_a_fresh_qp() {
 /// Eight READs of 8 MiB whose deadline falls mid-transfer: at each one's
 /// `Timeout` CQE the application overwrites that READ's buffer, and 100 ms
 /// after the last one every buffer still holds what the application wrote
-/// (issue 12: a CQE means the engine, and the NIC, are done with the
+/// (a CQE means the engine, and the NIC, are done with the
 /// buffer). Here rxe moves a posted READ's data inside `ibv_post_send`, so
 /// the worker cannot deliver a CQE while that READ still lands: this
 /// passes here with or without the worker waiting for `abort`; it guards

@@ -1,4 +1,4 @@
-//! Hostile same-host peers (issue 11, items 1 and 2): forged shm segments,
+//! Hostile same-host peers: forged shm segments,
 //! an owner that truncates memory a peer mapped, and owner liveness that a
 //! pid cannot fake (pid reuse, pid namespaces sharing `/dev/shm`).
 //!

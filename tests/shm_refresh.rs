@@ -1,4 +1,4 @@
-//! Issue 12 item 4, the shm part: the worker never waits on a segment's
+//! The worker never waits on a shm segment's
 //! owner. A region the owner publishes after we mapped its descriptor is
 //! fetched (handout round trip, `mmap`) off the worker, and the owner's
 //! death is seen without the worker looking for it.

@@ -1,4 +1,4 @@
-//! Hostile peers (issue 11, items 3, 4 and 6a): the TCP data port guarded
+//! Hostile peers: the TCP data port guarded
 //! by the shared secret like the control plane, statuses that map nothing
 //! for a client without the key, bounded denial of service on both ports,
 //! and a killed target reported `ProcessFailed`.

@@ -1,4 +1,4 @@
-//! A CQE means quiescence (issue 12 item 2): once a `Timeout` or
+//! A CQE means quiescence: once a `Timeout` or
 //! `Canceled` completion is out, or the engine's drop has returned, no
 //! byte of the stopped op lands in the application's memory any more.
 //!

@@ -20,7 +20,7 @@
 //!   seed's trade-off table: HIGH p99 against LOW throughput). Each
 //!   process's worker is pinned to its own core when there are two.
 //!
-//! Targets (issue 15): HIGH p99 loaded ≤ 2x HIGH p99 idle; LOW loaded ≥ 80%
+//! Targets: HIGH p99 loaded ≤ 2x HIGH p99 idle; LOW loaded ≥ 80%
 //! of LOW solo. The figures are printed, not judged: a run on a shared VM
 //! is a measurement, not a test.
 

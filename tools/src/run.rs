@@ -341,7 +341,7 @@ fn report_series(args: &Args, p: &Point, interval_ms: u64) {
 }
 
 /// The end-of-run per-rail report: which rails carried the bytes (for RDMA,
-/// the run's functional proof). Issue 13's `=== Device Traffic Statistics
+/// the run's functional proof). The `=== Device Traffic Statistics
 /// ===` block, from `Engine::traffic_stats()`, is printed here once the
 /// engine has it.
 fn rail_report(args: &Args, engine: &Engine, segment: SegmentId) {

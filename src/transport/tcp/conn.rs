@@ -1368,6 +1368,25 @@ mod tests {
         }
     }
 
+    /// A connection whose sender is in a connect that nothing answers, for
+    /// one READ: the sink (and its filler), the ends, the sender's thread
+    /// and the READ's buffer, each to be kept alive.
+    #[allow(clippy::type_complexity)]
+    fn hanging_connect() -> (
+        (socket2::Socket, TcpStream),
+        ConnEnds,
+        JoinHandle<()>,
+        Vec<u8>,
+    ) {
+        let sink = syn_sink();
+        let at = sink.0.local_addr().unwrap().as_socket().unwrap();
+        let (mut ends, sender) = opened(at);
+        let mut buf = vec![0u8; 4096];
+        submit_read(&mut ends, &mut buf);
+        until_syn_sent(at, PROMPT);
+        (sink, ends, sender, buf)
+    }
+
     /// The slice back from either completion ring, and how long it took.
     fn slice_back(ends: &mut ConnEnds, limit: Duration) -> Option<(Op, Duration)> {
         let t = Instant::now();
@@ -1407,12 +1426,7 @@ mod tests {
 
     #[test]
     fn a_connect_that_hangs_gives_its_slice_back_route_lost_when_the_link_goes_down() {
-        let (sink, _filler) = syn_sink();
-        let at = sink.local_addr().unwrap().as_socket().unwrap();
-        let (mut ends, sender) = opened(at);
-        let mut buf = vec![0u8; 4096];
-        submit_read(&mut ends, &mut buf);
-        until_syn_sent(at, PROMPT);
+        let (_sink, mut ends, sender, _buf) = hanging_connect();
         // The SYN is out and dropped: nothing answers it.
         assert!(slice_back(&mut ends, Duration::ZERO).is_none());
         link_down(&ends);
@@ -1443,12 +1457,7 @@ mod tests {
 
     #[test]
     fn stopping_cuts_a_connect_that_hangs() {
-        let (sink, _filler) = syn_sink();
-        let at = sink.local_addr().unwrap().as_socket().unwrap();
-        let (mut ends, sender) = opened(at);
-        let mut buf = vec![0u8; 4096];
-        submit_read(&mut ends, &mut buf);
-        until_syn_sent(at, PROMPT);
+        let (_sink, mut ends, sender, _buf) = hanging_connect();
         let t = Instant::now();
         ends.conn.shut_down();
         let (op, _) = slice_back(&mut ends, PROMPT).expect("the slice stayed with a hung connect");

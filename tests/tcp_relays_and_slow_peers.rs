@@ -1,7 +1,7 @@
-//! Security review of the hardened TCP data port and control plane: a
-//! hostile network peer. Each test began as the demonstration of a
-//! finding; each now asserts the fixed behaviour (a failure is a
-//! regression, see the assertion message).
+//! The TCP data port and the control plane against a hostile network
+//! peer: a relay without the secret gets nothing, a peer that never reads
+//! or drips its frames is cut, a key reveals nothing of another region, a
+//! flood of handshakes does not evict a legitimate one.
 
 mod common;
 

@@ -1,6 +1,7 @@
-//! Security review of the sealed-memfd shm handout (hostile same-host peer).
-//! Each test was written to demonstrate one defect and now asserts the
-//! fixed behaviour; they speak the handout protocol raw (`TENTSHM2` hello,
+//! The sealed-memfd shm handout against a hostile same-host peer: a peer
+//! cannot write the owner's descriptor, deny other peers, relay without
+//! the secret, stall the handout or desync it. The tests speak the handout
+//! protocol raw (`TENTSHM2` hello,
 //! challenge carrying the owner's proof, optional client proof, `MEMFD`
 //! frames with the request id + SCM_RIGHTS).
 
