@@ -69,10 +69,10 @@ pub struct QueuePair {
     depth: u32,
 }
 
-// SAFETY: verbs objects are thread-safe; one worker posts on a QP.
+// SAFETY: a QP may be used from any thread (verbs objects are thread-safe);
+// it is moved, never shared: `QueuePair` is not `Sync`, so only its owner
+// reaches it, one thread at a time.
 unsafe impl Send for QueuePair {}
-// SAFETY: as above.
-unsafe impl Sync for QueuePair {}
 
 impl QueuePair {
     /// An RC QP on `pd` completing into `cq`, at most `depth` send WRs
