@@ -8,19 +8,27 @@
 //! Nothing here allocates or locks once the worker is running, except when
 //! rings are added or retired.
 //!
-//! This file keeps the state and the loop (`run`, `turn`); each stage of a
-//! turn lives in its own module, and its decisions are plain functions over
-//! plain values with unit tests of their own:
-//! - `intake`: SQEs into tasks and lanes;
+//! The worker is owned parts, each in the file that defines it:
+//! - `scheduler`: `Scheduler`, what to serve next and what an outcome means
+//!   (lanes, promotion, the gate's view, HIGH's headroom, the turn budget);
+//!   it reads no clock and calls no transport;
+//! - `book`: `InFlightBook`, the slices out on asynchronous transports, by
+//!   the transport instance that holds them;
+//! - `views`: `Views`, the region, segment and transport tables as this
+//!   worker sees them (`RANKED`, `resolve`);
 //! - `turn_clock`: the turn's timestamp, read lazily (`asked_deadline`,
 //!   `queued_deadline`);
-//! - `dispatch`: lane heads to transports (`judge` an outcome,
-//!   `lane_may_post` on the credit window, `slice_cost` to the turn budget);
+//! - `idle`: the idle policy (`step`: spin, yield or park).
+//!
+//! This file keeps the loop (`run`, `turn`, the park). Each stage of a turn
+//! lives in its own module, its decisions plain functions with unit tests:
+//! - `intake`: SQEs into tasks queued with the scheduler, or done at once;
+//! - `dispatch`: the scheduler's picks to transports (`judge` an outcome,
+//!   `slice_len`, the one slice cut);
 //! - `failover`: to the next transport (`may_fail_over`, `next_transport`);
-//! - `complete`: reaping, finishing, CQEs (`cqe_for`, `live_edge`);
+//! - `complete`: reaping, finishing, CQEs (`cqe_for`);
 //! - `housekeeping`: deadline and cancel sweep, rings, unregister handshake,
-//!   shutdown drain (`stop_reason`, `acked_epoch`);
-//! - `idle`: spin, yield or park (`step`), and the park.
+//!   shutdown drain (`stop_reason`, `acked_epoch`).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
