@@ -106,19 +106,7 @@ fn netns_tcp_initiator_child() {
     let local = e.allocate_memory(size).unwrap();
     let mut ring = e.ring().unwrap();
     let parts = if mode == "many" { 8 } else { 1 };
-    let part = size / parts;
-    for i in 0..parts {
-        ring.submission()
-            .push(
-                op::Read::new(
-                    LocalAddr::new(local.id(), i * part),
-                    RemoteAddr::new(seg, remote + i * part),
-                    part,
-                )
-                .user_data(i),
-            )
-            .unwrap();
-    }
+    queue_reads(&mut ring, &local, seg, remote, size, parts);
     let start = Instant::now();
     ring.submit().unwrap();
     say("STARTED");
@@ -188,6 +176,31 @@ impl RailChild {
             .into_iter()
             .find(|r| r.local == name)
             .unwrap_or_else(|| panic!("no rail on {name}"))
+    }
+}
+
+/// Queue READs of the segment's first `size` bytes at `remote` into
+/// `local`, in `parts` equal parts (user_data: the part's index).
+fn queue_reads(
+    ring: &mut tent::Ring,
+    local: &tent::Buffer,
+    seg: tent::SegmentId,
+    remote: u64,
+    size: u64,
+    parts: u64,
+) {
+    let part = size / parts;
+    for i in 0..parts {
+        ring.submission()
+            .push(
+                op::Read::new(
+                    LocalAddr::new(local.id(), i * part),
+                    RemoteAddr::new(seg, remote + i * part),
+                    part,
+                )
+                .user_data(i),
+            )
+            .unwrap();
     }
 }
 
@@ -392,19 +405,7 @@ fn netns_tcp_hung_connect_initiator_child() {
     let local = e.allocate_memory(size).unwrap();
     let mut ring = e.ring().unwrap();
     let parts = 8;
-    let part = size / parts;
-    for i in 0..parts {
-        ring.submission()
-            .push(
-                op::Read::new(
-                    LocalAddr::new(local.id(), i * part),
-                    RemoteAddr::new(seg, remote + i * part),
-                    part,
-                )
-                .user_data(i),
-            )
-            .unwrap();
-    }
+    queue_reads(&mut ring, &local, seg, remote, size, parts);
     ring.submit().unwrap();
     // The muted rail holds slices, and its connect is out: a socket of
     // this namespace in SYN_SENT (state 02) to 10.77.2.2.

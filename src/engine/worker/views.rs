@@ -153,8 +153,7 @@ impl Views {
         let (rank, transport) = match self.resolved {
             Some((k, answer)) if k == key => answer,
             _ => {
-                // SAFETY: the segment is in the cached table, which holds it
-                // until this view's next load, after this call.
+                // SAFETY: the segment is in the cached table, which holds it until this view's next load, after this call.
                 let live = unsafe { segment.get() };
                 let answer = self.resolve(live, 0, hint).ok_or(ErrorKind::Unreachable)?;
                 self.resolved = Some((key, answer));
