@@ -135,7 +135,6 @@ fn netns_tcp_initiator_child() {
 /// the target's segment open (`TENT_NETNS_TARGET`) and the size of its
 /// pattern (`TENT_NETNS_SIZE`), and the rail interface it will set down
 /// (`TENT_NETNS_IFACE`) with its index.
-#[derive(Clone)]
 struct RailChild {
     e: std::sync::Arc<tent::Engine>,
     seg: tent::SegmentId,
@@ -168,15 +167,14 @@ impl RailChild {
             index,
         }
     }
+}
 
-    /// The rail on local interface `name`, as the engine reports it now.
-    fn rail(&self, name: &str) -> tent::transport::RailStat {
-        self.e
-            .rails(self.seg)
-            .into_iter()
-            .find(|r| r.local == name)
-            .unwrap_or_else(|| panic!("no rail on {name}"))
-    }
+/// `seg`'s rail on local interface `name`, as the engine reports it now.
+fn rail_on(e: &tent::Engine, seg: tent::SegmentId, name: &str) -> tent::transport::RailStat {
+    e.rails(seg)
+        .into_iter()
+        .find(|r| r.local == name)
+        .unwrap_or_else(|| panic!("no rail on {name}"))
 }
 
 /// Queue READs of the segment's first `size` bytes at `remote` into
@@ -219,17 +217,15 @@ fn netns_tcp_chaos_initiator_child() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     tracing_init();
     let runs: usize = std::env::var("TENT_NETNS_RUNS").unwrap().parse().unwrap();
-    let child = RailChild::from_env();
     let RailChild {
         e,
         seg,
         remote,
         size,
+        dead_if,
         index,
-        ..
-    } = child.clone();
-    let dead_if = child.dead_if.clone();
-    let rail = |name: &str| child.rail(name);
+    } = RailChild::from_env();
+    let rail = |name: &str| rail_on(&e, seg, name);
     let survivor_if = e
         .rails(seg)
         .into_iter()
@@ -391,17 +387,15 @@ fn netns_tcp_hung_connect_initiator_child() {
         return;
     }
     tracing_init();
-    let child = RailChild::from_env();
     let RailChild {
         e,
         seg,
         remote,
         size,
+        dead_if,
         index,
-        ..
-    } = child.clone();
-    let dead_if = child.dead_if.clone();
-    let rail = |name: &str| child.rail(name);
+    } = RailChild::from_env();
+    let rail = |name: &str| rail_on(&e, seg, name);
     let local = e.allocate_memory(size).unwrap();
     let mut ring = e.ring().unwrap();
     let parts = 8;

@@ -470,31 +470,40 @@ impl Conn {
         deadline: Instant,
         ident: Ident,
     ) -> std::result::Result<(), (Cut, String)> {
-        let cut = |why: &str| match self.connect_cut() {
-            Some(cut) => Err((cut, why.to_owned())),
-            None => Ok(()),
-        };
-        let failed = |own: ErrorKind, why: String| match self.connect_cut() {
-            Some(cut) => (cut, "cut while connecting".to_owned()),
-            None => (Cut::Fail(own), why),
-        };
-        cut("cut while connecting")?;
-        crate::deadline::wait_for(s.as_fd(), libc::POLLOUT, deadline)
-            .map_err(|e| failed(io::kind_of(&e), e.to_string()))?;
+        let io_failed = |e: std::io::Error| self.failed(io::kind_of(&e), e.to_string());
+        self.unless_cut()?;
+        crate::deadline::wait_for(s.as_fd(), libc::POLLOUT, deadline).map_err(io_failed)?;
         match s.take_error() {
             Ok(None) => {}
-            Ok(Some(e)) | Err(e) => return Err(failed(io::kind_of(&e), e.to_string())),
+            Ok(Some(e)) | Err(e) => return Err(io_failed(e)),
         }
-        cut("cut while connecting")?;
-        s.set_nonblocking(false)
-            .map_err(|e| failed(io::kind_of(&e), e.to_string()))?;
+        self.unless_cut()?;
+        s.set_nonblocking(false).map_err(io_failed)?;
         tune(s, self.opts.user_timeout_ms);
         // The handshake leaves the socket's timeouts alone: each read
         // waits only for what is left of `deadline`.
         handshake::open(s, self.opts.secret.as_deref(), deadline, ident)
-            .map_err(|r| failed(r.kind, r.why))?;
+            .map_err(|r| self.failed(r.kind, r.why))?;
         // Cut after the handshake: no slice has gone on it yet.
-        cut("cut after its handshake")
+        self.unless_cut()
+    }
+
+    /// A connect step failed with `own` (`why`): how the connect ends. An
+    /// abort's cut wins over what the socket says of the reset that
+    /// carried it out.
+    fn failed(&self, own: ErrorKind, why: String) -> (Cut, String) {
+        match self.connect_cut() {
+            Some(cut) => (cut, "cut while connecting".to_owned()),
+            None => (Cut::Fail(own), why),
+        }
+    }
+
+    /// Go on with the connect unless it was cut.
+    fn unless_cut(&self) -> std::result::Result<(), (Cut, String)> {
+        match self.connect_cut() {
+            Some(cut) => Err((cut, "cut while connecting".to_owned())),
+            None => Ok(()),
+        }
     }
 }
 
@@ -891,12 +900,7 @@ impl Sender {
         match sock.connect(&ep.remote.into()) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
-            Err(e) => {
-                return Err(match self.conn.connect_cut() {
-                    Some(cut) => (cut, "cut while connecting".into()),
-                    None => io_failed(e),
-                });
-            }
+            Err(e) => return Err(self.conn.failed(io::kind_of(&e), e.to_string())),
         }
         let stream = Arc::new(TcpStream::from(sock));
         self.conn.stream.store(Some(stream.clone()));
