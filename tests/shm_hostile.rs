@@ -6,8 +6,15 @@
 //! trusted (a region-header descriptor file listing region files): a
 //! process of our uid can write those, and they must be refused. The
 //! two-process halves are this test binary re-run with a `_child` filter.
+//!
+//! `handout` holds the peer side of the sealed-memfd handout: a peer that
+//! speaks its protocol raw.
 
 mod common;
+#[path = "shm_hostile/handout.rs"]
+mod handout;
+#[path = "support/shm_owner.rs"]
+mod shm_owner;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -692,7 +699,7 @@ fn engine_with_secret(secret: &str) -> Engine {
 
 #[test]
 fn hostile_owner_descriptors_are_refused_by_the_parser() {
-    use tent::segment::ShmEntry;
+    use tent::transport::shm::ShmEntry;
     let target = engine();
     let buf = target.allocate_memory(4096).unwrap();
     let export = target.shm_export().unwrap();
@@ -736,7 +743,7 @@ fn hostile_owner_descriptors_are_refused_by_the_parser() {
 
 #[test]
 fn hostile_owner_forging_after_open_fails_ops_typed_and_keeps_the_old_view() {
-    use tent::segment::ShmEntry;
+    use tent::transport::shm::ShmEntry;
     let target = engine();
     let buf = target.allocate_memory(1 << 16).unwrap();
     let export = target.shm_export().unwrap();

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use shm_owner::*;
-use tent::segment::ShmPeer;
+use tent::transport::shm::ShmPeer;
 use tent::{Cqe, Engine, ErrorKind, LocalAddr, RemoteAddr, Ring, SegmentId, op};
 
 const DATA_OFFSET: i64 = 4096;

@@ -5,7 +5,7 @@
 #                   never panics, both readers agree, decode∘encode round-trips
 #   data_frames     TCP data-plane headers (transport::tcp::frame): round trips,
 #                   decoded lengths within MAX_OP_LEN
-#   shm_descriptor  shm segment descriptor parser (segment::shm_desc): admitted
+#   shm_descriptor  shm segment descriptor parser (transport::shm::desc): admitted
 #                   regions bounded, sorted, disjoint, non-wrapping; memfds
 #                   mapped only sealed and large enough; names one component
 # CI does not run this: it runs the proptests (`cargo test`), which cover the

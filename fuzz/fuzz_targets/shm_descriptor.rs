@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tent::segment::shm_desc::{
+use tent::transport::shm::desc::{
     DATA_OFFSET, DESC_BYTES, DESC_CAPACITY, DESC_WRITE_SEALS, MAX_REGION_LEN, REQUIRED_SEALS,
     admit_descriptor, admit_region, check_segment_name, encode, parse,
 };

@@ -8,7 +8,8 @@ use tent_rings::{ErrorKind, RegionId, SegmentId, TransportKind};
 
 use super::Engine;
 use crate::error::{Error, Result};
-use crate::segment::{Attachment, RemoteRegion, Segment, SegmentKind, ShmPeer};
+use crate::segment::{Attachment, RemoteRegion, Segment, SegmentKind};
+use crate::transport::shm::{self, ShmPeer};
 
 /// The transports that reach peers by descriptor, best first.
 pub(super) const NETWORK: &[TransportKind] = &[TransportKind::Rdma, TransportKind::Tcp];
@@ -50,18 +51,19 @@ impl Engine {
             return Ok(true);
         }
         let seg = self.open_segment_by_id(segment)?;
-        let (host, pid) = match seg.kind() {
-            SegmentKind::Local => return Ok(true),
-            SegmentKind::Shm(peer) if !crate::control::is_p2p_name(seg.name()) => {
+        let (host, pid) = match (seg.kind(), shm::peer_of(&seg)) {
+            (SegmentKind::Local, _) => return Ok(true),
+            (SegmentKind::Shm, Some(peer)) if !crate::control::is_p2p_name(seg.name()) => {
                 return Ok(peer.owner_alive());
             }
-            SegmentKind::Shm(peer) => {
+            (SegmentKind::Shm, Some(peer)) => {
                 if !peer.owner_alive() {
                     return Ok(false);
                 }
                 (None, peer.owner_pid())
             }
-            SegmentKind::Remote(d) => (Some(d.host_id.clone()), d.pid),
+            (SegmentKind::Shm, None) => return Ok(false),
+            (SegmentKind::Remote(d), _) => (Some(d.host_id.clone()), d.pid),
         };
         let cfg = &self.shared.config;
         let secret = cfg.secret();
@@ -102,7 +104,7 @@ impl Engine {
         let (kind, attached) = if crate::control::is_p2p_name(name) {
             self.open_p2p(name, edit)?
         } else {
-            (self.open_shm(name)?, Vec::new())
+            self.open_shm(name)?
         };
         let id = table.next_id();
         let mut seg = Segment::new(id, name.to_owned(), kind);
@@ -115,7 +117,7 @@ impl Engine {
         Ok(id)
     }
 
-    fn open_shm(&self, name: &str) -> Result<SegmentKind> {
+    fn open_shm(&self, name: &str) -> Result<(SegmentKind, Vec<(TransportKind, Attachment)>)> {
         if !self.shared.config.transports.shm.enable {
             return Err(Error::new(
                 ErrorKind::SegmentNotFound,
@@ -128,7 +130,8 @@ impl Engine {
         // Each worker reads the peer's table through its own view.
         let peer =
             ShmPeer::attach(&cfg.transports.shm.dir, name, secret)?.for_workers(self.workers.len());
-        Ok(SegmentKind::Shm(Arc::new(peer)))
+        let peer: Attachment = Arc::new(peer);
+        Ok((SegmentKind::Shm, vec![(TransportKind::Shm, peer)]))
     }
 
     /// Fetch the descriptor from the peer's control server; on the same
@@ -149,7 +152,7 @@ impl Engine {
             && let Some(shm) = &desc.shm_name
         {
             match self.open_shm(shm) {
-                Ok(kind) => return Ok((kind, Vec::new())),
+                Ok(opened) => return Ok(opened),
                 // Same kernel, different /dev/shm (another mount namespace).
                 Err(e) => {
                     tracing::info!(segment = name, error = %e, "peer on this host but its shm segment is not visible here")
@@ -258,7 +261,7 @@ impl Engine {
                     len: r.len(),
                 })
                 .collect(),
-            SegmentKind::Shm(peer) => peer.regions(),
+            SegmentKind::Shm => shm::peer_of(&seg).map(ShmPeer::regions).unwrap_or_default(),
             SegmentKind::Remote(d) => d
                 .regions
                 .iter()
@@ -283,10 +286,8 @@ impl Engine {
 
     /// The shm attachment of an open segment (tests present wrong keys through it).
     pub fn segment_peer(&self, id: SegmentId) -> Option<Arc<ShmPeer>> {
-        match self.shared.segments.load().get(id)?.kind() {
-            SegmentKind::Shm(p) => Some(p.clone()),
-            SegmentKind::Local | SegmentKind::Remote(_) => None,
-        }
+        let seg = self.shared.segments.load().get(id)?.clone();
+        Arc::downcast(seg.attachment(TransportKind::Shm)?.clone()).ok()
     }
 }
 

@@ -12,7 +12,7 @@ use super::Engine;
 use crate::config::Config;
 use crate::flow::SqController;
 use crate::qos::{SlotClock, SlotRotator};
-use crate::segment::ShmExport;
+use crate::transport::shm::ShmExport;
 use crate::transport::tcp::DataServer;
 
 impl Engine {

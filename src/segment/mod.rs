@@ -5,28 +5,34 @@
 //! transport needs to reach it (its attachments); transports look only at
 //! their own.
 
-pub mod shm;
-pub mod shm_desc;
-mod shm_handout;
-
 use std::sync::Arc;
 
-use tent_rings::{SegmentId, TransportKind};
+use tent_rings::{RegionId, SegmentId, TransportKind};
 
-pub use shm::{RemoteRegion, ShmExport, ShmPeer};
-pub use shm_desc::ShmEntry;
-
-/// What a network transport keeps for one segment (its peer state: rails,
-/// connections), opaque here so segments need not know transports.
+/// What a transport keeps for one segment (its peer state: rails and
+/// connections, or the peer's mapped shm segment), opaque here so segments
+/// need not know transports.
 pub type Attachment = Arc<dyn std::any::Any + Send + Sync>;
+
+/// A region as a peer sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteRegion {
+    /// Region id in the owner's engine.
+    pub id: RegionId,
+    /// Start address in the owner's address space (what remote offsets name).
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
 
 /// How a segment is reached.
 #[derive(Debug)]
 pub enum SegmentKind {
     /// This engine's own memory.
     Local,
-    /// Another process on this host, through its exported `/dev/shm` segment.
-    Shm(Arc<ShmPeer>),
+    /// Another process on this host, through its exported `/dev/shm`
+    /// segment (the shm transport's attachment holds the mapping).
+    Shm,
     /// An engine known by its descriptor (fetched over the control plane),
     /// reached over the network transports attached to the segment.
     Remote(Arc<crate::control::SegmentDescriptor>),
@@ -38,9 +44,9 @@ pub struct Segment {
     id: SegmentId,
     name: String,
     kind: SegmentKind,
-    /// The network transports that reach a `Remote` segment, best first,
+    /// The transports that reach a `Shm` or `Remote` segment, best first,
     /// each with its per-peer state.
-    net: Vec<(TransportKind, Attachment)>,
+    attached: Vec<(TransportKind, Attachment)>,
     /// The unregister epoch `close_segment` closed it at (0: open). A worker
     /// whose cached table still has it refuses new requests on it, and
     /// does not acknowledge the epoch while a live task names it.
@@ -54,7 +60,7 @@ impl Segment {
             id,
             name,
             kind,
-            net: Vec::new(),
+            attached: Vec::new(),
             closed: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -74,8 +80,8 @@ impl Segment {
     /// The same segment, also reached over `kind` with its per-peer state;
     /// attachments rank in the order they are added (best first).
     pub fn with_attachment(mut self, kind: TransportKind, state: Attachment) -> Segment {
-        if matches!(self.kind, SegmentKind::Remote(_)) && self.attachment(kind).is_none() {
-            self.net.push((kind, state));
+        if !matches!(self.kind, SegmentKind::Local) && self.attachment(kind).is_none() {
+            self.attached.push((kind, state));
         }
         self
     }
@@ -83,7 +89,10 @@ impl Segment {
     /// The state `kind` keeps for this segment, if `kind` reaches it.
     #[inline]
     pub fn attachment(&self, kind: TransportKind) -> Option<&Attachment> {
-        self.net.iter().find(|(k, _)| *k == kind).map(|(_, a)| a)
+        self.attached
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|(_, a)| a)
     }
 
     /// Its id (what an SQE names).
@@ -101,20 +110,11 @@ impl Segment {
         &self.kind
     }
 
-    /// The shared-memory attachment, if the peer exported one.
-    pub fn shm(&self) -> Option<&ShmPeer> {
-        match &self.kind {
-            SegmentKind::Shm(p) => Some(p),
-            SegmentKind::Local | SegmentKind::Remote(_) => None,
-        }
-    }
-
-    /// The network transports attached to this segment, in the order they
-    /// were attached (best first). A request's fallback list is ranked by
-    /// the worker from every installed transport that `reaches` the
-    /// segment; this is what the network side offers.
-    pub fn transports(&self) -> impl Iterator<Item = TransportKind> + '_ {
-        self.net.iter().map(|(k, _)| *k)
+    /// The state `kind` keeps for this segment, as the type that transport
+    /// attached (`None` if `kind` does not reach it).
+    #[inline]
+    pub fn attached<T: std::any::Any>(&self, kind: TransportKind) -> Option<&T> {
+        self.attachment(kind)?.downcast_ref::<T>()
     }
 }
 

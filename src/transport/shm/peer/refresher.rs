@@ -27,7 +27,7 @@ use tent_rings::ErrorKind;
 
 use super::PeerState;
 use crate::error::{Error, Result};
-use crate::segment::shm_handout::{HandoutClient, IO_TIMEOUT};
+use crate::transport::shm::handout::{HandoutClient, IO_TIMEOUT};
 
 /// How a worker asks the refresher for a refresh, and how the refresher is
 /// told to stop.

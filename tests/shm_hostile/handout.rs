@@ -5,21 +5,18 @@
 //! challenge carrying the owner's proof, optional client proof, `MEMFD`
 //! frames with the request id + SCM_RIGHTS).
 
-#[path = "support/shm_owner.rs"]
-mod shm_owner;
-
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
-use shm_owner::*;
-use tent::segment::shm::Access;
-use tent::segment::{ShmExport, ShmPeer};
+use crate::shm_owner::*;
+use tent::transport::shm::Access;
+use tent::transport::shm::{ShmExport, ShmPeer};
 use tent::{ErrorKind, RegionId};
 
 fn tmpdir(tag: &str) -> String {
-    let d = format!("/tmp/tent-review-{tag}-{}", std::process::id());
+    let d = format!("/tmp/tent-handout-{tag}-{}", std::process::id());
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use tent_rings::ErrorKind;
 
-use super::shm_desc::{self, DescError};
+use super::desc::{self, DescError};
 use crate::control::auth::{self, Door};
 use crate::control::wire::{MAC_LEN, NONCE_LEN};
 use crate::deadline::{ByDeadline, timed_out, wait_for};
@@ -1007,7 +1007,7 @@ impl HandoutClient {
         name: &str,
         secret: Option<&[u8]>,
     ) -> Result<(HandoutClient, Mapping)> {
-        shm_desc::check_segment_name(name).map_err(|e| Error::invalid(e.to_string()))?;
+        desc::check_segment_name(name).map_err(|e| Error::invalid(e.to_string()))?;
         let deadline = Instant::now() + IO_TIMEOUT;
         let path = Path::new(dir).join(name);
         let (file, st) = match open_socket_file(&path) {
@@ -1144,7 +1144,7 @@ impl HandoutClient {
         };
         // Read-only, and only if the owner sealed it against every other
         // writer: peers never write the words other peers read.
-        let desc = map_admitted(&fd, false, shm_desc::admit_descriptor)?;
+        let desc = map_admitted(&fd, false, desc::admit_descriptor)?;
         Ok((
             HandoutClient {
                 stream,
@@ -1411,13 +1411,13 @@ mod tests {
         let fd = region_fd();
         send_many(&owner, &reply(1), fd.as_raw_fd(), 60);
         let err = client
-            .region(1, |s, seals| shm_desc::admit_memfd(s, seals, 4096), soon())
+            .region(1, |s, seals| desc::admit_memfd(s, seals, 4096), soon())
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unreachable, "{err}");
         assert!(!client.broken.load(Ordering::Relaxed));
         send_with_fd(&owner, &reply(2), fd.as_fd()).unwrap();
         let got = client
-            .region(1, |s, seals| shm_desc::admit_memfd(s, seals, 4096), soon())
+            .region(1, |s, seals| desc::admit_memfd(s, seals, 4096), soon())
             .unwrap();
         assert!(got.is_some());
     }
@@ -1438,7 +1438,7 @@ mod tests {
         again[8..].copy_from_slice(&1u64.to_le_bytes());
         (&owner).write_all(&again).unwrap();
         let err = client
-            .region(1, |s, seals| shm_desc::admit_memfd(s, seals, 4096), soon())
+            .region(1, |s, seals| desc::admit_memfd(s, seals, 4096), soon())
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unreachable);
         assert!(!client.broken.load(Ordering::Relaxed));
@@ -1453,7 +1453,7 @@ mod tests {
         let err = client
             .region(
                 1,
-                |s, seals| shm_desc::admit_memfd(s, seals, 4096),
+                |s, seals| desc::admit_memfd(s, seals, 4096),
                 Instant::now(),
             )
             .unwrap_err();
@@ -1464,12 +1464,12 @@ mod tests {
         gone[8..].copy_from_slice(&2u64.to_le_bytes());
         (&owner).write_all(&gone).unwrap();
         let got = client
-            .region(2, |s, seals| shm_desc::admit_memfd(s, seals, 4096), soon())
+            .region(2, |s, seals| desc::admit_memfd(s, seals, 4096), soon())
             .unwrap();
         assert!(got.is_none(), "the answer to request 2, not the stale one");
         send_with_fd(&owner, &reply(9), fd.as_fd()).unwrap();
         let err = client
-            .region(3, |s, seals| shm_desc::admit_memfd(s, seals, 4096), soon())
+            .region(3, |s, seals| desc::admit_memfd(s, seals, 4096), soon())
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument);
         assert!(client.broken.load(Ordering::Relaxed));

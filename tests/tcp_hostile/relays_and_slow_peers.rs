@@ -3,15 +3,13 @@
 //! or drips its frames is cut, a key reveals nothing of another region, a
 //! flood of handshakes does not evict a legitimate one.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{pattern, test_config};
+use crate::common::{self, pattern, test_config};
 use tent::control::wire::{self, Message, RailEntry};
 use tent::transport::tcp::frame::{
     DATA_VERSION, HELLO_LEN, Ident, PROOF_LEN, RESPONSE_LEN, Request, Response,

@@ -2,18 +2,18 @@
 //!
 //! A target exports its engine-allocated regions as sealed memfds (one per
 //! region) and lists them in a descriptor memfd; both reach peers over the
-//! segment's unix socket in the shm dir (`shm_handout`).
+//! segment's unix socket in the shm dir (`handout`).
 //! An initiator in another process maps what the owner hands out, then
 //! copies bytes directly.
 //!
 //! Nothing another process wrote is trusted: the descriptor words are
 //! copied under the seqlock and admitted by one parser
-//! ([`shm_desc::parse`]), and each memfd is mapped
-//! only after [`shm_desc::admit_region`]
+//! ([`desc::parse`]), and each memfd is mapped
+//! only after [`desc::admit_region`]
 //! checked its seals and size.
 //!
 //! Every access is checked against the region's bounds and its *live key*:
-//! the region's key word in the descriptor (`shm_desc::KEY_WORDS_AT`) holds
+//! the region's key word in the descriptor (`desc::KEY_WORDS_AT`) holds
 //! the key while the region is registered and 0 once the target
 //! unregisters it, so a peer with a stale mapping gets `AccessDenied`
 //! instead of writing into memory the target has given up. The word is in
@@ -23,7 +23,7 @@
 //! A worker never waits on the owner: a region the owner published after
 //! the peer last mapped its descriptor is fetched (handout round trip,
 //! `mmap`, pre-fault) by the peer's refresher thread, which also watches
-//! the connection for the owner's death (`shm/refresher.rs`); meanwhile an
+//! the connection for the owner's death (`peer/refresher.rs`); meanwhile an
 //! access to it answers [`Access::Later`].
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -34,37 +34,27 @@ use std::time::{Duration, Instant};
 use arc_swap::{ArcSwap, ArcSwapOption, Cache};
 use tent_rings::{ErrorKind, RegionId};
 
-use super::shm_desc::{
+use super::desc::{
     self, DESC_BYTES, DESC_CAPACITY, ENTRY_WORDS, HEADER_WORDS, KEY_WORDS_AT, MAX_REGION_LEN,
     ShmEntry,
 };
-use super::shm_handout::{self, HandoutClient, HandoutServer, HandoutTable, IO_TIMEOUT, Mapping};
+use super::handout::{self, HandoutClient, HandoutServer, HandoutTable, IO_TIMEOUT, Mapping};
 use crate::clock::monotonic_ns;
 use crate::error::{Error, Result};
+use crate::segment::RemoteRegion;
 use crate::worker_ctx::{PerWorker, WorkerCtx};
 
 mod refresher;
 
 use refresher::{Refresher, Wake};
 
-pub use super::shm_desc::DATA_OFFSET;
+pub use super::desc::DATA_OFFSET;
 
 /// How long a failed refresh that may pass (the owner slow) answers misses:
 /// long enough for every op that waited on it to see it on its next turn
 /// and fail typed; after that the next miss asks again (and waits), so a
 /// failure long past does not fail a new op without a try.
 const FAILED_HOLD_NS: u64 = 100_000_000;
-
-/// A region as a peer sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteRegion {
-    /// Region id in the owner's engine.
-    pub id: RegionId,
-    /// Start address in the owner's address space (what remote offsets name).
-    pub addr: u64,
-    /// Length in bytes.
-    pub len: u64,
-}
 
 /// A mapping's first words viewed as atomics.
 fn words(map: &Mapping, n: usize) -> &[AtomicU64] {
@@ -109,7 +99,7 @@ fn write_descriptor<'a>(
 }
 
 /// Copy the descriptor's words consistently (seqlock reader); the copy is
-/// then judged by [`shm_desc::parse`], never used raw.
+/// then judged by [`desc::parse`], never used raw.
 fn read_descriptor(desc: &Mapping) -> Result<(u64, Vec<u64>)> {
     let w = words(desc, DESC_BYTES / 8);
     let mut copy = Vec::with_capacity(HEADER_WORDS);
@@ -144,7 +134,7 @@ fn read_descriptor(desc: &Mapping) -> Result<(u64, Vec<u64>)> {
 
 /// Remove segment sockets in `dir` that nobody serves any more.
 fn collect_stale(dir: &str) {
-    shm_handout::collect_stale(dir);
+    handout::collect_stale(dir);
 }
 
 struct ExportState {
@@ -201,9 +191,9 @@ impl ShmExport {
         let name = HandoutServer::fresh_name();
         // Mapped writable here, then write-sealed: peers get a read-only,
         // write-sealed file and can never write what other peers read.
-        let (desc, fd) = shm_handout::descriptor_memfd(&name, DESC_BYTES)
-            .map_err(mem_err("descriptor memfd"))?;
-        words(&desc, HEADER_WORDS)[2].store(shm_desc::DESC_MAGIC, Ordering::Release);
+        let (desc, fd) =
+            handout::descriptor_memfd(&name, DESC_BYTES).map_err(mem_err("descriptor memfd"))?;
+        words(&desc, HEADER_WORDS)[2].store(desc::DESC_MAGIC, Ordering::Release);
         let table = Arc::new(HandoutTable::new(fd, secret));
         let (server, name) = HandoutServer::start(dir, name, table.clone())?;
         tracing::debug!(segment = %name, "shm segment published");
@@ -241,7 +231,7 @@ impl ShmExport {
             st.next_handle
         };
         let size = DATA_OFFSET as u64 + len;
-        let fd = shm_handout::sealed_memfd(&format!("{}-r{handle}", self.name), size)
+        let fd = handout::sealed_memfd(&format!("{}-r{handle}", self.name), size)
             .map_err(mem_err("region memfd"))?;
         let map = Mapping::map(
             fd.as_fd(),
@@ -436,7 +426,7 @@ struct PeerState {
 }
 
 /// Another process's segment, mapped into this one. Its refresher thread
-/// (see `shm/refresher.rs`) maps what the owner publishes later and
+/// (see `peer/refresher.rs`) maps what the owner publishes later and
 /// watches the owner; dropping the peer stops and joins it.
 pub struct ShmPeer {
     state: Arc<PeerState>,
@@ -835,7 +825,7 @@ impl PeerState {
             // Another refresher got there while we waited, or nothing new.
             return Ok(());
         }
-        let entries = shm_desc::parse(&words)
+        let entries = desc::parse(&words)
             .map_err(|e| self.failed(seq, Error::invalid(format!("segment {}: {e}", self.name))))?;
         let mut regions = Vec::with_capacity(entries.len());
         let mut fresh = Vec::new();
@@ -863,7 +853,7 @@ impl PeerState {
             }
             let handed = match self.owner.region(
                 e.handle,
-                |size, seals| shm_desc::admit_region(&e, size, seals),
+                |size, seals| desc::admit_region(&e, size, seals),
                 deadline,
             ) {
                 Ok(Some(h)) => h,

@@ -4,8 +4,21 @@
 //! published after the peer last mapped its segment is answered
 //! [`SubmitOutcome::Later`] while the peer's refresher maps it: the worker
 //! never waits on the owner.
+//!
+//! Everything the transport is lives here: the owner's export and a peer's
+//! mapping of it (`peer.rs`, with the peer's refresher thread), the
+//! descriptor layout and its one parser (`desc.rs`), and how memfds travel
+//! between processes (`handout.rs`). A segment opened over shm carries its
+//! [`ShmPeer`] as the shm attachment.
+
+pub mod desc;
+mod handout;
+mod peer;
 
 use tent_rings::{ErrorKind, TransportKind};
+
+pub use desc::ShmEntry;
+pub use peer::{Access, ExportedMemory, ShmExport, ShmPeer};
 
 use super::{
     Capabilities, InstallContext, PackedOutcome, Slice, SliceCompletion, SubmitOutcome, Transport,
@@ -13,7 +26,12 @@ use super::{
 };
 use crate::error::Result;
 use crate::segment::Segment;
-use crate::segment::shm::Access;
+
+/// The peer a segment opened over shm is mapped through.
+#[inline]
+pub fn peer_of(segment: &Segment) -> Option<&ShmPeer> {
+    segment.attached::<ShmPeer>(TransportKind::Shm)
+}
 
 /// Cross-process copies through shared mappings.
 #[derive(Debug, Default)]
@@ -39,7 +57,7 @@ impl Transport for ShmTransport {
     }
 
     fn reaches(&self, segment: &Segment) -> bool {
-        segment.shm().is_some()
+        peer_of(segment).is_some()
     }
 
     fn submit(&self, ctx: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
@@ -48,7 +66,7 @@ impl Transport for ShmTransport {
 
     #[inline]
     fn submit_one(&self, ctx: &WorkerCtx, s: &Slice<'_>) -> PackedOutcome {
-        let Some(peer) = s.segment.shm() else {
+        let Some(peer) = peer_of(s.segment) else {
             return SubmitOutcome::Rejected(ErrorKind::Unreachable).into();
         };
         let res = peer.with_remote_on(ctx, s.remote, s.len, |remote| {
