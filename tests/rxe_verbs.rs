@@ -215,12 +215,15 @@ struct Loopback {
 impl tent::transport::rdma::QueueSource for Loopback {
     fn connect(&mut self) -> tent::Result<tent::transport::rdma::Queue> {
         let (cq, a, b) = connected(&self.pd, 64)?;
-        Ok(tent::transport::rdma::Queue {
-            qp: a.as_raw(),
-            cq: cq.as_raw(),
-            to_error: tent::transport::rdma::verbs::modify_to_error,
-            // Destroyed in this order: QPs before their CQ.
-            owner: Box::new((a, b, cq)),
+        let (qp, raw_cq) = (a.as_raw(), cq.as_raw());
+        // SAFETY: the QP and CQ live as long as the owner tuple, destroyed in this order (QPs before their CQ); the queue is their only user.
+        Ok(unsafe {
+            tent::transport::rdma::Queue::new(
+                qp,
+                raw_cq,
+                tent::transport::rdma::verbs::modify_to_error,
+                Box::new((a, b, cq)),
+            )
         })
     }
 }
@@ -1890,11 +1893,15 @@ impl tent::transport::rdma::QueueSource for AnswersLate {
         } else {
             connected(&self.pd, 64)?
         };
-        Ok(tent::transport::rdma::Queue {
-            qp: a.as_raw(),
-            cq: cq.as_raw(),
-            to_error: tent::transport::rdma::verbs::modify_to_error,
-            owner: Box::new((a, b, cq)),
+        let (qp, raw_cq) = (a.as_raw(), cq.as_raw());
+        // SAFETY: the QP and CQ live as long as the owner tuple, destroyed in this order (QPs before their CQ); the queue is their only user.
+        Ok(unsafe {
+            tent::transport::rdma::Queue::new(
+                qp,
+                raw_cq,
+                tent::transport::rdma::verbs::modify_to_error,
+                Box::new((a, b, cq)),
+            )
         })
     }
 }

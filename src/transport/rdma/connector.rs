@@ -33,20 +33,96 @@ use crate::flow::SqController;
 use crate::transport::rdma::sys::ffi;
 
 /// A QP and the CQ it completes into, with whatever keeps them alive.
+///
+/// The queue is the QP's one poster: posting, polling and moving it to the
+/// error state take `&mut Queue`, so the borrow checker, not a convention,
+/// keeps a second thread (or a second path on the same one) off the QP's
+/// send queue. `Send` (built on the connector's thread, then moved to the
+/// worker that posts), never `Sync`.
 pub struct Queue {
-    /// The queue pair.
-    pub qp: *mut ffi::ibv_qp,
-    /// Its send completion queue.
-    pub cq: *mut ffi::ibv_cq,
-    /// Moves `qp` to the error state without waiting for its flushes
-    /// ([`crate::transport::rdma::verbs::modify_to_error`] for a real QP): 0, or an errno.
-    pub to_error: unsafe fn(*mut ffi::ibv_qp) -> i32,
+    qp: *mut ffi::ibv_qp,
+    cq: *mut ffi::ibv_cq,
+    to_error: unsafe fn(*mut ffi::ibv_qp) -> i32,
     /// Owner of the verbs objects (dropped with the queue).
-    pub owner: Box<dyn std::any::Any + Send>,
+    _owner: Box<dyn std::any::Any + Send>,
 }
 
-// SAFETY: `qp` and `cq` are owned by `owner` (Send) and live as long as it; verbs objects may be used from any thread, and a queue is used by one thread at a time (made on the connector's, then posted on by one worker).
+// SAFETY: `qp` and `cq` are owned by `owner` (Send) and live as long as it; verbs objects may be used from any thread, and every use of them takes `&mut Queue` (or `&Queue` for the QP number, which never changes).
 unsafe impl Send for Queue {}
+
+impl Queue {
+    /// A queue over the QP `qp` completing into `cq`, both kept alive by
+    /// `owner`. `to_error` moves `qp` to the error state without waiting
+    /// for its flushes ([`crate::transport::rdma::verbs::modify_to_error`]
+    /// for a real QP): 0, or an errno.
+    ///
+    /// # Safety
+    /// `qp` and `cq` are live verbs objects (their context's ops table
+    /// filled) until `owner` is dropped; no other handle posts on `qp` or
+    /// polls `cq`; `to_error` may be called on `qp` while it lives.
+    pub unsafe fn new(
+        qp: *mut ffi::ibv_qp,
+        cq: *mut ffi::ibv_cq,
+        to_error: unsafe fn(*mut ffi::ibv_qp) -> i32,
+        owner: Box<dyn std::any::Any + Send>,
+    ) -> Queue {
+        Queue {
+            qp,
+            cq,
+            to_error,
+            _owner: owner,
+        }
+    }
+
+    /// The same queue, also keeping `extra` until it drops (tests count
+    /// the queues alive).
+    #[cfg(test)]
+    pub(crate) fn also_owning(self, extra: impl std::any::Any + Send) -> Queue {
+        Queue {
+            _owner: Box::new((self._owner, extra)),
+            ..self
+        }
+    }
+
+    /// The QP number (what the async-event thread files it under).
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: `qp` is live while the queue is (`Queue::new`'s contract).
+        unsafe { (*self.qp).qp_num }
+    }
+
+    /// `ibv_post_send` of the linked list at `wr`: 0, or an errno with
+    /// `bad` at the first WR not posted.
+    ///
+    /// # Safety
+    /// `wr` heads a list of valid WRs whose SGEs and memory are valid for
+    /// the call, and every buffer they name stays registered and alive
+    /// until its completion is reaped.
+    #[inline]
+    pub unsafe fn post_send(
+        &mut self,
+        wr: *mut ffi::ibv_send_wr,
+        bad: &mut *mut ffi::ibv_send_wr,
+    ) -> i32 {
+        // SAFETY: `qp` is live and this `&mut` is its only poster; the caller vouches for the list.
+        unsafe { super::sys::ops::post_send(self.qp, wr, bad) }
+    }
+
+    /// `ibv_poll_cq` into `wcs`: how many were written, or a negative
+    /// provider error.
+    #[inline]
+    pub fn poll_cq(&mut self, wcs: &mut [ffi::ibv_wc]) -> i32 {
+        let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
+        // SAFETY: `cq` is live and this `&mut` is its only poller; the provider writes at most `n` entries of `wcs`.
+        unsafe { super::sys::ops::poll_cq(self.cq, n, wcs.as_mut_ptr()) }
+    }
+
+    /// Move the QP to the error state (its posted work flushes): 0, or an
+    /// errno.
+    pub fn to_error(&mut self) -> i32 {
+        // SAFETY: `qp` is live (`Queue::new`'s contract, which also vouches for `to_error`).
+        unsafe { (self.to_error)(self.qp) }
+    }
+}
 
 /// Makes connected queues: the first, and a fresh one after an error.
 /// Called on the connector's thread, where it may wait (on the peer, up

@@ -79,7 +79,7 @@ use crate::clock::monotonic_ns;
 use crate::error::Error;
 use crate::flow::diag::{SqCqeDiagnostics, SqReport, bump};
 use crate::flow::sq::{SqController, SqRefusal};
-use crate::transport::rdma::sys::{ffi, ops};
+use crate::transport::rdma::sys::ffi;
 
 /// Times a slice may be flushed and re-posted before it fails.
 const MAX_REPOSTS: u8 = 4;
@@ -510,15 +510,13 @@ impl Endpoint {
             }
             keep
         });
-        let State::Ready(q) = &self.state else {
+        let State::Ready(q) = &mut self.state else {
             return;
         };
-        let (qp, to_error) = (q.qp, q.to_error);
         if self.ledger.mark_aborted(|s| s.token == token, kind) == 0 || self.draining {
             return;
         }
-        // SAFETY: `qp` is live: owned by the `Ready` queue.
-        let rc = unsafe { to_error(qp) };
+        let rc = q.to_error();
         if rc == 0 {
             self.draining = true;
             return;
@@ -647,11 +645,11 @@ impl Endpoint {
         if !self.advance(done) || self.draining {
             return;
         }
-        let State::Ready(q) = &self.state else {
+        // The QP's one poster (`&mut`): held until `converge` or an
+        // unposted tail, after which this returns.
+        let State::Ready(q) = &mut self.state else {
             return;
         };
-        // Live until `break_queue` or `converge`, after which this returns.
-        let qp = q.qp;
         while !self.backlog.is_empty() {
             let want = (self.backlog.len().min(MAX_BATCH) as u32).min(self.sq.depth());
             let reserved = match self.sq.try_reserve(want) {
@@ -741,8 +739,8 @@ impl Endpoint {
                 return self.converge(TerminalCause::Recheck, done);
             }
             let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-            // SAFETY: `qp` is live (owned by the `Ready` queue, not broken yet); the list is `k` valid WRs whose SGEs point into `sges`, all alive for the call.
-            let rc = unsafe { ops::post_send(qp, self.wrs.as_mut_ptr(), &mut bad) };
+            // SAFETY: the list is `k` valid WRs whose SGEs point into `sges`, all alive for the call; each names memory the engine keeps registered until its completion (the ledger holds it).
+            let rc = unsafe { q.post_send(self.wrs.as_mut_ptr(), &mut bad) };
             let posted = if rc == 0 {
                 k
             } else if bad.is_null() {
@@ -786,18 +784,16 @@ impl Endpoint {
     /// Reap completions, reporting each slice's end through `done`;
     /// returns how many work completions were read.
     pub fn reap(&mut self, done: &mut impl FnMut(RdmaCompletion)) -> usize {
-        let State::Ready(q) = &self.state else {
+        let State::Ready(q) = &mut self.state else {
             return 0;
         };
-        let cq = q.cq;
         if self.sq.is_terminal() {
             // Degraded from outside (a QP-fatal async event) with nothing
             // to post: it converges here rather than at the next post.
             self.converge(TerminalCause::Reserve, done);
             return 0;
         }
-        // SAFETY: `cq` is live (owned by the `Ready` queue); `wcs` holds POLL_BATCH entries.
-        let n = unsafe { ops::poll_cq(cq, POLL_BATCH as i32, self.wcs.as_mut_ptr()) };
+        let n = q.poll_cq(&mut self.wcs[..POLL_BATCH]);
         if n < 0 {
             self.converge(TerminalCause::Poll(n), done);
             return 0;

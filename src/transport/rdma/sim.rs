@@ -235,12 +235,8 @@ impl QueueSource for SimSource {
             (*raw).cq.context = ctx;
             (&raw mut (*raw).qp, &raw mut (*raw).cq)
         };
-        Ok(Queue {
-            qp,
-            cq,
-            to_error: sim_to_error,
-            owner: Box::new(SimOwner(raw)),
-        })
+        // SAFETY: `qp` and `cq` point into `raw`, which `SimOwner` frees on drop; their context's ops are filled above; the queue is their only user; `sim_to_error` takes a live sim QP.
+        Ok(unsafe { Queue::new(qp, cq, sim_to_error, Box::new(SimOwner(raw))) })
     }
 
     fn peer(&self) -> &str {

@@ -331,12 +331,15 @@ impl QueueSource for RailSource {
         )?;
         qp.connect(&endpoint(&theirs))?;
         tracing::debug!(peer = %self.peer, local = nic.ctx.name(), remote = %self.remote_nic, "rdma: QP connected");
-        Ok(Queue {
-            qp: qp.as_raw(),
-            cq: cq.as_raw(),
-            to_error: crate::transport::rdma::verbs::modify_to_error,
-            // The QP first, then its CQ (tuple fields drop in order).
-            owner: Box::new((qp, cq)),
+        let (raw_qp, raw_cq) = (qp.as_raw(), cq.as_raw());
+        // SAFETY: `raw_qp` and `raw_cq` live as long as `qp` and `cq`, which the queue owns (the QP dropped first, then its CQ: tuple fields drop in order); nothing else posts on this fresh QP or polls its CQ; `modify_to_error` takes a live QP.
+        Ok(unsafe {
+            Queue::new(
+                raw_qp,
+                raw_cq,
+                crate::transport::rdma::verbs::modify_to_error,
+                Box::new((qp, cq)),
+            )
         })
     }
 
@@ -345,9 +348,7 @@ impl QueueSource for RailSource {
     }
 
     fn watch(&mut self, queue: &Queue, sq: &Arc<SqController>) {
-        // SAFETY: `queue.qp` is live: owned by `queue.owner`, which the caller holds.
-        let qp_num = unsafe { (*queue.qp).qp_num };
-        self.nics.qps().watch(self.local, qp_num, sq);
+        self.nics.qps().watch(self.local, queue.qp_num(), sq);
     }
 }
 

@@ -347,16 +347,13 @@ impl QueueSource for FakeSource {
             ..Default::default()
         });
         let (qpp, cqp): (*mut ibv_qp, *mut ibv_cq) = (&mut *qp, &mut *cq);
-        Ok(Queue {
-            qp: qpp,
-            cq: cqp,
-            to_error: fake_to_error,
-            owner: Box::new(FakeObjects {
-                _ctx: ctx,
-                _qp: qp,
-                _cq: cq,
-            }),
-        })
+        let owner = Box::new(FakeObjects {
+            _ctx: ctx,
+            _qp: qp,
+            _cq: cq,
+        });
+        // SAFETY: `qpp` and `cqp` point into boxes `owner` keeps (a box's heap address does not move with it); their context's ops are the fake's; the queue is their only user.
+        Ok(unsafe { Queue::new(qpp, cqp, fake_to_error, owner) })
     }
 }
 
@@ -756,10 +753,9 @@ impl Probe {
 impl QueueSource for Probe {
     fn connect(&mut self) -> Result<Queue> {
         self.tries.fetch_add(1, Ordering::SeqCst);
-        let mut q = self.inner.connect()?;
+        let q = self.inner.connect()?;
         self.live.fetch_add(1, Ordering::SeqCst);
-        q.owner = Box::new((q.owner, Live(self.live.clone())));
-        Ok(q)
+        Ok(q.also_owning(Live(self.live.clone())))
     }
 }
 

@@ -214,7 +214,9 @@ impl QueuePair {
         Ok(a.qp_state)
     }
 
-    /// The raw QP (for the endpoint's hot path).
+    /// The raw QP, for a [`Queue`](crate::transport::rdma::Queue) that
+    /// takes over posting (`Queue::new`'s contract: this pair then posts
+    /// nothing itself).
     pub fn as_raw(&self) -> *mut ffi::ibv_qp {
         self.raw
     }
@@ -258,7 +260,7 @@ impl QueuePair {
         wr.wr.rdma.remote_addr = remote;
         wr.wr.rdma.rkey = rkey;
         let mut bad = std::ptr::null_mut();
-        // SAFETY: `raw` is live; `wr` and `sge` outlive the call (the provider copies them); the caller vouches for the memory.
+        // SAFETY: `raw` is live and posted on from one thread at a time (`QueuePair` is not `Sync`); `wr` and `sge` outlive the call (the provider copies them); the caller vouches for the memory.
         let rc = unsafe { ops::post_send(self.raw, &mut wr, &mut bad) };
         if rc != 0 {
             let kind = if rc == libc::ENOMEM {
