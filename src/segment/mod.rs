@@ -5,6 +5,7 @@
 //! transport needs to reach it (its attachments); transports look only at
 //! their own.
 
+use std::any::{Any, TypeId};
 use std::sync::Arc;
 
 use tent_rings::{RegionId, SegmentId, TransportKind};
@@ -12,7 +13,7 @@ use tent_rings::{RegionId, SegmentId, TransportKind};
 /// What a transport keeps for one segment (its peer state: rails and
 /// connections, or the peer's mapped shm segment), opaque here so segments
 /// need not know transports.
-pub type Attachment = Arc<dyn std::any::Any + Send + Sync>;
+pub type Attachment = Arc<dyn Any + Send + Sync>;
 
 /// A region as a peer sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +47,10 @@ pub struct Segment {
     kind: SegmentKind,
     /// The transports that reach a `Shm` or `Remote` segment, best first,
     /// each with its per-peer state.
-    attached: Vec<(TransportKind, Attachment)>,
+    /// Each with the concrete type of its state, read once when it was
+    /// attached, so the hot path's typed read-back (`attached`) compares a
+    /// constant instead of asking the value through its vtable.
+    attached: Vec<(TransportKind, TypeId, Attachment)>,
     /// The unregister epoch `close_segment` closed it at (0: open). A worker
     /// whose cached table still has it refuses new requests on it, and
     /// does not acknowledge the epoch while a live task names it.
@@ -81,7 +85,9 @@ impl Segment {
     /// attachments rank in the order they are added (best first).
     pub fn with_attachment(mut self, kind: TransportKind, state: Attachment) -> Segment {
         if !matches!(self.kind, SegmentKind::Local) && self.attachment(kind).is_none() {
-            self.attached.push((kind, state));
+            // `*state`: the value's own type, not the `Arc`'s.
+            let ty = (*state).type_id();
+            self.attached.push((kind, ty, state));
         }
         self
     }
@@ -91,8 +97,8 @@ impl Segment {
     pub fn attachment(&self, kind: TransportKind) -> Option<&Attachment> {
         self.attached
             .iter()
-            .find(|(k, _)| *k == kind)
-            .map(|(_, a)| a)
+            .find(|(k, _, _)| *k == kind)
+            .map(|(_, _, a)| a)
     }
 
     /// Its id (what an SQE names).
@@ -113,8 +119,13 @@ impl Segment {
     /// The state `kind` keeps for this segment, as the type that transport
     /// attached (`None` if `kind` does not reach it).
     #[inline]
-    pub fn attached<T: std::any::Any>(&self, kind: TransportKind) -> Option<&T> {
-        self.attachment(kind)?.downcast_ref::<T>()
+    pub fn attached<T: Any>(&self, kind: TransportKind) -> Option<&T> {
+        let (_, ty, state) = self.attached.iter().find(|(k, _, _)| *k == kind)?;
+        if *ty != TypeId::of::<T>() {
+            return None;
+        }
+        // SAFETY: `ty` is the concrete type of the value `state` points to (read from the value when it was attached, and an `Arc`'s value never changes type), and it is `T`'s: the pointee is a `T`, alive as long as `self` holds `state`.
+        Some(unsafe { &*Arc::as_ptr(state).cast::<T>() })
     }
 }
 
@@ -164,5 +175,27 @@ impl SegmentTable {
         let mut next = self.clone();
         next.by_id[id.0 as usize] = None;
         Some((next, removed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attachment_reads_back_only_as_the_type_it_was_attached_as() {
+        let state: Attachment = Arc::new(7u32);
+        let seg = Segment::new(SegmentId(1), "peer".into(), SegmentKind::Shm)
+            .with_attachment(TransportKind::Shm, state);
+        assert_eq!(seg.attached::<u32>(TransportKind::Shm), Some(&7));
+        assert_eq!(seg.attached::<u64>(TransportKind::Shm), None);
+        assert_eq!(
+            seg.attached::<Attachment>(TransportKind::Shm).map(|_| ()),
+            None
+        );
+        assert_eq!(seg.attached::<u32>(TransportKind::Tcp), None);
+        let local = Segment::new(SegmentId(0), "local".into(), SegmentKind::Local)
+            .with_attachment(TransportKind::Shm, Arc::new(7u32));
+        assert_eq!(local.attached::<u32>(TransportKind::Shm), None);
     }
 }

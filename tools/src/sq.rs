@@ -417,7 +417,7 @@ fn admission_round(gate: &AdmissionGate, rounds: u64) -> f64 {
 }
 
 /// ns per request posting the same lists straight to a simulated QP.
-fn raw_round(q: &tent::transport::rdma::Queue, rounds: u64) -> f64 {
+fn raw_round(q: &mut tent::transport::rdma::Queue, rounds: u64) -> f64 {
     use tent::transport::rdma::sys::ffi::{ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc};
     let mut sges = [ibv_sge::default(); BATCH];
     let mut wrs = [ibv_send_wr::default(); BATCH];
@@ -456,12 +456,10 @@ fn raw_round(q: &tent::transport::rdma::Queue, rounds: u64) -> f64 {
             }
         }
         let mut bad = std::ptr::null_mut();
-        // SAFETY: `q` is a live simulated QP and CQ (owned by `q.owner`); `w` heads a valid list of BATCH WRs into `sges`, both alive across the call.
-        let rc = unsafe { tent::transport::rdma::sys::ops::post_send(q.qp, w, &mut bad) };
+        // SAFETY: `w` heads a valid list of BATCH WRs into `sges`, both alive across the call; the simulated NIC touches no memory.
+        let rc = unsafe { q.post_send(w, &mut bad) };
         assert_eq!(rc, 0, "simulated post_send");
-        // SAFETY: as above; `wcs` holds 16 entries.
-        while unsafe { tent::transport::rdma::sys::ops::poll_cq(q.cq, 16, wcs.as_mut_ptr()) } == 0 {
-        }
+        while q.poll_cq(&mut wcs[..16]) == 0 {}
     }
     start.elapsed().as_nanos() as f64 / (rounds * BATCH as u64) as f64
 }
@@ -471,7 +469,7 @@ fn post_cost(connector: &Connector, rounds: u64, reps: usize) -> Result<PostCost
     let mut ep = eps.pop().ok_or("sq: no endpoint")?;
     let gate = AdmissionGate::new(vec![ep.published_sq().clone()], 0, 0);
     // The endpoint's QP's rate: the floor pays the same polls.
-    let raw = SimSource::new(DEPTH, FAST)
+    let mut raw = SimSource::new(DEPTH, FAST)
         .connect()
         .map_err(|e| e.to_string())?;
     // Warm up, then alternate and keep each one's best (least disturbed).
@@ -485,7 +483,7 @@ fn post_cost(connector: &Connector, rounds: u64, reps: usize) -> Result<PostCost
     for _ in 0..reps {
         best.off = best.off.min(endpoint_round(&mut ep, None, rounds));
         best.on = best.on.min(endpoint_round(&mut ep, Some(&gate), rounds));
-        best.raw = best.raw.min(raw_round(&raw, rounds));
+        best.raw = best.raw.min(raw_round(&mut raw, rounds));
         best.admit = best.admit.min(admission_round(&gate, rounds));
     }
     Ok(best)

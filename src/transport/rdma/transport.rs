@@ -722,9 +722,7 @@ impl RdmaTransport {
 
 /// The RDMA state of `segment`, if RDMA reaches it.
 pub fn peer_of(segment: &Segment) -> Option<&RdmaPeer> {
-    segment
-        .attachment(TransportKind::Rdma)?
-        .downcast_ref::<RdmaPeer>()
+    segment.attached::<RdmaPeer>(TransportKind::Rdma)
 }
 
 impl Transport for RdmaTransport {

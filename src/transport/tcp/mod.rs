@@ -469,9 +469,7 @@ impl TcpTransport {
 
 /// The TCP state of `segment`, if TCP reaches it.
 pub fn peer_of(segment: &Segment) -> Option<&TcpPeer> {
-    segment
-        .attachment(TransportKind::Tcp)?
-        .downcast_ref::<TcpPeer>()
+    segment.attached::<TcpPeer>(TransportKind::Tcp)
 }
 
 fn unspecified(ip: IpAddr) -> IpAddr {
