@@ -28,13 +28,7 @@ impl Engine {
             spsc::channel::<Cqe>(depth).map_err(|e| Error::invalid("ring depth").with_source(e))?;
         let w = self.pick_worker();
         let bell = Arc::new(crate::doorbell::CqBell::default());
-        w.adopt(WorkerRing {
-            sq: sc,
-            cq: Some(cp),
-            outstanding: 0,
-            cq_dirty: false,
-            cq_bell: Some(bell.clone()),
-        });
+        w.adopt(WorkerRing::new(sc, Some(cp), Some(bell.clone())));
         Ok(Ring::new(sp, cc, w.clone(), bell))
     }
 

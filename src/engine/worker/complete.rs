@@ -1,6 +1,5 @@
 //! Completion: reap posted slices, finish tasks, and post their CQEs (or
-//! batch states), published every `CQ_PUBLISH_EVERY` within a turn and at
-//! its end.
+//! batch states) on their rings (`rings.rs` publishes them).
 
 use std::sync::atomic::Ordering;
 
@@ -13,13 +12,6 @@ use crate::engine::batch::{BatchTask, Served, TaskState};
 use crate::engine::slot_index;
 use crate::engine::task::Origin;
 use crate::transport::SliceCompletion;
-
-/// CQEs a worker writes into a ring before it publishes them mid-turn
-/// (the rest at the turn's end, with the wake-up check). Publishing only
-/// at the end made the application and the worker take turns: at 32 in
-/// flight, 8 B shm WRITEs went from 7.5-8.4 to 13-15 M ops/s with it
-/// (4 and 16 measured the same; each publish is one more line transfer).
-const CQ_PUBLISH_EVERY: usize = 8;
 
 /// A ring request's completion: its result, the transport that served
 /// it, how many times it switched, `fallback` when it succeeded only after
@@ -195,46 +187,7 @@ impl Worker {
                     served,
                 );
             }
-            Origin::Ring(ri) => {
-                let Some(ring) = self.rings[ri as usize].as_mut() else {
-                    return;
-                };
-                let cqe = cqe_for(user_data, res, served);
-                if let Some(cq) = ring.cq.as_mut() {
-                    // Intake reserved this slot: the push cannot fail.
-                    let pushed = cq.push(cqe).is_ok();
-                    debug_assert!(pushed, "CQ slot was reserved at intake");
-                    // Published every CQ_PUBLISH_EVERY within a turn, not
-                    // only at its end: the application reaps and refills
-                    // while the worker works on the rest of the turn.
-                    if cq.pending() >= CQ_PUBLISH_EVERY {
-                        cq.sync();
-                    }
-                }
-                ring.outstanding = ring.outstanding.saturating_sub(1);
-                ring.cq_dirty = true;
-            }
-        }
-    }
-
-    /// Publish CQEs posted this turn (one Release store per ring).
-    pub(super) fn flush_cqs(&mut self) {
-        for ring in self.rings.iter_mut().flatten() {
-            if ring.cq_dirty {
-                ring.cq_dirty = false;
-                if let Some(cq) = ring.cq.as_mut() {
-                    cq.sync();
-                    // Relaxed: see CqBell. needs_wakeup() fences (SeqCst)
-                    // before it reads NEED_WAKEUP, pairing with the
-                    // application's prepare_park().
-                    if let Some(b) = &ring.cq_bell
-                        && b.armed.load(Ordering::Relaxed)
-                        && cq.needs_wakeup()
-                    {
-                        b.bell.ring();
-                    }
-                }
-            }
+            Origin::Ring(ri) => self.rings.post_cqe(ri, cqe_for(user_data, res, served)),
         }
     }
 }

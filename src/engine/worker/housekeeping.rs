@@ -7,9 +7,9 @@ use std::time::Duration;
 use tent_rings::ErrorKind;
 
 use super::Worker;
+use super::turn_clock::TurnClock;
 use crate::clock::monotonic_ns;
 use crate::engine::batch::Served;
-use crate::engine::task::Origin;
 
 /// Deadline and cancel sweep period.
 const HOUSEKEEPING_NS: u64 = 1_000_000;
@@ -38,11 +38,51 @@ pub(super) fn acked_epoch(epoch: u64, oldest_held: u64) -> u64 {
     epoch.min(oldest_held.saturating_sub(1))
 }
 
+/// When the next sweep is due: every `HOUSEKEEPING_NS`, checked against
+/// whatever time the worker has already read (it reads none for this
+/// alone, except after [`CLOCKLESS_TURNS`](super::turn_clock::CLOCKLESS_TURNS)
+/// busy turns without one).
+#[derive(Debug, Default)]
+pub(super) struct SweepTimer {
+    next_ns: u64,
+    /// Busy turns since one looked at the time for the sweep.
+    unswept: u32,
+}
+
+impl SweepTimer {
+    /// Is a sweep due at `now`?
+    #[inline]
+    pub(super) fn due(&self, now: u64) -> bool {
+        now >= self.next_ns
+    }
+
+    /// A sweep ran at `now`: the next is due a period later.
+    fn swept(&mut self, now: u64) {
+        self.next_ns = now + HOUSEKEEPING_NS;
+    }
+
+    /// A turn read the time for queued work (and checked the sweep).
+    #[inline]
+    pub(super) fn looked(&mut self) {
+        self.unswept = 0;
+    }
+
+    /// At the end of a busy turn that queued nothing: the time, if a
+    /// sweep is due by it (the turn's reading, or a fresh one every
+    /// `CLOCKLESS_TURNS` turns).
+    #[inline]
+    pub(super) fn due_after_busy_turn(&mut self, clock: &mut TurnClock) -> Option<u64> {
+        clock
+            .for_housekeeping(&mut self.unswept)
+            .filter(|&now| self.due(now))
+    }
+}
+
 impl Worker {
     /// Deadlines, cancels, retiring rings whose application went away, and
     /// the unregister handshake.
     pub(super) fn housekeeping(&mut self, now: u64) {
-        self.next_housekeeping = now + HOUSEKEEPING_NS;
+        self.sweep.swept(now);
         self.ack_unregister();
         self.shared.qos.set_queued(self.sched.queued());
         if self.tasks.active() > 0 {
@@ -57,16 +97,7 @@ impl Worker {
                 }
             }
         }
-        // A ring whose application dropped it: once nothing is owed to it,
-        // retire it, discarding SQEs nobody can read the completions of.
-        for slot in self.rings.iter_mut().skip(1) {
-            let retire = slot
-                .as_mut()
-                .is_some_and(|r| r.outstanding == 0 && r.sq.is_producer_closed());
-            if retire {
-                *slot = None;
-            }
-        }
+        self.rings.retire_closed();
     }
 
     /// The unregister handshake: once the engine publishes a new unregister
@@ -124,18 +155,8 @@ impl Worker {
         self.shared.has_new.store(false, Ordering::Relaxed);
         self.adopt_rings();
         for ri in 0..self.rings.len() {
-            while let Some(ring) = self.rings[ri].as_mut() {
-                // A CQ the application stopped reading: leave the rest queued.
-                if !ring.cq_has_room() {
-                    break;
-                }
-                let Some(sqe) = ring.sq.pop() else { break };
-                let origin = if ring.cq.is_some() {
-                    ring.outstanding += 1;
-                    Origin::Ring(ri as u32)
-                } else {
-                    Origin::Batch
-                };
+            // A CQ the application stopped reading: its rest stays queued.
+            while let Some((origin, sqe)) = self.rings.take(ri) {
                 self.deliver(
                     origin,
                     sqe.user_data(),
@@ -145,9 +166,7 @@ impl Worker {
                     Served::default(),
                 );
             }
-            if let Some(ring) = self.rings[ri].as_mut() {
-                ring.sq.sync();
-            }
+            self.rings.release_taken(ri);
         }
         // Every live task stops: those with slices in flight have them
         // aborted and complete once they are back, the others at once.
@@ -157,7 +176,7 @@ impl Worker {
                 self.stop_task(i, ErrorKind::Shutdown);
             }
         }
-        self.flush_cqs();
+        self.rings.flush();
         // Task memory (the application's, registered until the engine is
         // dropped) is let go only once no transport will touch it: no
         // slice is ever abandoned, however long its transport takes.
@@ -166,7 +185,7 @@ impl Worker {
         let mut idle = 0u32;
         while self.book.any() {
             if self.reap() {
-                self.flush_cqs();
+                self.rings.flush();
                 idle = 0;
                 continue;
             }
@@ -183,7 +202,7 @@ impl Worker {
             }
         }
         self.sched.clear();
-        self.flush_cqs();
+        self.rings.flush();
     }
 
     /// Shutdown is waiting on transports that still hold slices: say
@@ -204,7 +223,8 @@ impl Worker {
 
 #[cfg(test)]
 mod tests {
-    use super::{acked_epoch, stop_reason};
+    use super::super::turn_clock::{CLOCKLESS_TURNS, TurnClock};
+    use super::{HOUSEKEEPING_NS, SweepTimer, acked_epoch, stop_reason};
     use tent_rings::ErrorKind;
 
     #[test]
@@ -213,6 +233,28 @@ mod tests {
         assert_eq!(stop_reason(false, 100, 100), Some(ErrorKind::Timeout));
         assert_eq!(stop_reason(true, 100, 100), Some(ErrorKind::Canceled));
         assert_eq!(stop_reason(true, 0, 100), Some(ErrorKind::Canceled));
+    }
+
+    #[test]
+    fn a_sweep_is_due_a_period_after_the_last_and_busy_turns_read_the_clock_rarely() {
+        let mut t = SweepTimer::default();
+        assert!(t.due(0), "the first sweep is due at once");
+        t.swept(5_000);
+        assert!(!t.due(5_000 + HOUSEKEEPING_NS - 1));
+        assert!(t.due(5_000 + HOUSEKEEPING_NS));
+        // A turn that read the time hands it over; one that did not reads
+        // none until CLOCKLESS_TURNS busy turns went by.
+        let mut read = TurnClock::default();
+        let now = read.now();
+        t.swept(now);
+        assert_eq!(t.due_after_busy_turn(&mut read), None, "not due yet");
+        for _ in 1..CLOCKLESS_TURNS {
+            assert_eq!(t.due_after_busy_turn(&mut TurnClock::default()), None);
+        }
+        t.next_ns = 0;
+        assert!(t.due_after_busy_turn(&mut TurnClock::default()).is_some());
+        t.looked();
+        assert_eq!(t.due_after_busy_turn(&mut TurnClock::default()), None);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use tent_rings::{ErrorKind, Priority, Sqe, TransportKind};
 
 use super::turn_clock::{TurnClock, asked_deadline, queued_deadline};
-use super::{Worker, WorkerRing, dispatch};
+use super::{Worker, dispatch};
 use crate::engine::batch::Served;
 use crate::engine::task::{Held, Origin, SliceRecord};
 use crate::memory::MemRegion;
@@ -18,19 +18,14 @@ const INTAKE_PER_RING: usize = 64;
 
 impl Worker {
     pub(super) fn adopt_rings(&mut self) {
-        let new: Vec<WorkerRing> = std::mem::take(
+        let new = std::mem::take(
             &mut *self
                 .shared
                 .new_rings
                 .lock()
                 .expect("worker ring list poisoned"),
         );
-        for r in new {
-            match self.rings.iter().position(Option::is_none) {
-                Some(i) => self.rings[i] = Some(r),
-                None => self.rings.push(Some(r)),
-            }
-        }
+        self.rings.adopt(new);
     }
 
     /// Move SQEs from the rings into tasks and lanes.
@@ -39,28 +34,14 @@ impl Worker {
         for ri in 0..self.rings.len() {
             let mut taken = 0;
             while taken < INTAKE_PER_RING && !self.tasks.is_full() {
-                let Some(ring) = self.rings[ri].as_mut() else {
-                    break;
-                };
-                if !ring.cq_has_room() {
-                    break;
-                }
-                let Some(sqe) = ring.sq.pop() else {
+                let Some((origin, sqe)) = self.rings.take(ri) else {
                     break;
                 };
                 taken += 1;
-                let origin = if ring.cq.is_some() {
-                    ring.outstanding += 1;
-                    Origin::Ring(ri as u32)
-                } else {
-                    Origin::Batch
-                };
                 self.accept(origin, &sqe, clock);
             }
             if taken > 0 {
-                if let Some(ring) = self.rings[ri].as_mut() {
-                    ring.sq.sync();
-                }
+                self.rings.release_taken(ri);
                 work = true;
             }
         }

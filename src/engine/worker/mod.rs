@@ -16,6 +16,8 @@
 //!   the transport instance that holds them;
 //! - `views`: `Views`, the region, segment and transport tables as this
 //!   worker sees them (`RANKED`, `resolve`);
+//! - `rings`: `Rings`, the batch ring and the application rings, with the
+//!   CQ slots owed to each;
 //! - `turn_clock`: the turn's timestamp, read lazily (`asked_deadline`,
 //!   `queued_deadline`);
 //! - `idle`: the idle policy (`step`: spin, yield or park).
@@ -27,25 +29,28 @@
 //!   `slice_len`, the one slice cut);
 //! - `failover`: to the next transport (`may_fail_over`, `next_transport`);
 //! - `complete`: reaping, finishing, CQEs (`cqe_for`);
-//! - `housekeeping`: deadline and cancel sweep, rings, unregister handshake,
-//!   shutdown drain (`stop_reason`, `acked_epoch`).
+//! - `housekeeping`: deadline and cancel sweep (`SweepTimer`), rings,
+//!   unregister handshake, shutdown drain (`stop_reason`, `acked_epoch`).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
+use tent_rings::Sqe;
 use tent_rings::spsc::{Consumer, Producer};
-use tent_rings::{Cqe, Sqe};
 
 use super::EngineShared;
 use super::task::TaskTable;
 use crate::clock::monotonic_ns;
-use crate::doorbell::{CqBell, Doorbell, Wakers};
+use crate::doorbell::{Doorbell, Wakers};
 use crate::flow::SqController;
 use crate::qos::PriorityStats;
 use crate::transport::{SliceCompletion, WorkerCtx};
 use book::InFlightBook;
+use housekeeping::SweepTimer;
+pub(crate) use rings::WorkerRing;
+use rings::{ParkCheck, Rings};
 use scheduler::Scheduler;
 use turn_clock::TurnClock;
 use views::Views;
@@ -57,6 +62,7 @@ mod failover;
 mod housekeeping;
 mod idle;
 mod intake;
+mod rings;
 mod scheduler;
 mod turn_clock;
 mod views;
@@ -67,29 +73,6 @@ pub(super) use views::RANKED;
 const CQ_BLOCKED_RECHECK: Duration = Duration::from_millis(1);
 /// Idle turns between two clock reads.
 const IDLE_CLOCK_TURNS: u32 = 64;
-
-/// Worker-side ends of an application ring.
-pub(crate) struct WorkerRing {
-    pub sq: Consumer<Sqe>,
-    pub cq: Option<Producer<Cqe>>,
-    /// Accepted, not yet completed (each will need one CQ slot).
-    pub outstanding: u32,
-    pub cq_dirty: bool,
-    /// The application's completion bell (ring API only).
-    pub cq_bell: Option<Arc<CqBell>>,
-}
-
-impl WorkerRing {
-    /// Can the CQ take one more CQE than the worker already owes? Every
-    /// accepted SQE needs one, so SQEs are accepted only while this holds
-    /// and posting a CQE never fails. Answers from the cached consumer head
-    /// first. Always true for the batch ring (no CQ).
-    #[inline]
-    pub fn cq_has_room(&mut self) -> bool {
-        let owed = self.outstanding as usize;
-        self.cq.as_mut().is_none_or(|cq| cq.has_slots(owed + 1))
-    }
-}
 
 /// What a worker shares with the engine and with submitters.
 ///
@@ -173,7 +156,8 @@ pub(crate) struct Worker {
     /// The gate opens to every priority at every instant
     /// (`SendGate::always_open`): intake's inline path does not ask it.
     gate_always_open: bool,
-    rings: Vec<Option<WorkerRing>>,
+    /// The batch ring and the application rings it serves.
+    rings: Rings,
     tasks: TaskTable,
     /// What to serve next: lanes, promotion, gate view, headroom, budget.
     sched: Scheduler,
@@ -181,10 +165,8 @@ pub(crate) struct Worker {
     book: InFlightBook,
     /// What one poll of a transport hands back.
     reaped: Vec<SliceCompletion>,
-    next_housekeeping: u64,
-    /// Turns since one looked at housekeeping's time
-    /// (`TurnClock::for_housekeeping`).
-    turns_unswept: u32,
+    /// When the deadline and cancel sweep is due next.
+    sweep: SweepTimer,
     /// The unregister epoch last acknowledged in `shared.region_ack`.
     region_ack: u64,
     block_size: u64,
@@ -243,14 +225,6 @@ impl Worker {
     ) -> Worker {
         let cfg = &engine.config;
         let cap = cfg.max_tasks_per_worker as usize;
-        let mut rings = Vec::with_capacity(RINGS_AT_START);
-        rings.push(Some(WorkerRing {
-            sq: batch_cq,
-            cq: None,
-            outstanding: 0,
-            cq_dirty: false,
-            cq_bell: None,
-        }));
         Worker {
             sched: Scheduler::new(
                 cap,
@@ -266,10 +240,9 @@ impl Worker {
                 };
                 REAP_BATCH
             ],
-            rings,
+            rings: Rings::new(batch_cq, RINGS_AT_START),
             book: InFlightBook::new(),
-            next_housekeeping: 0,
-            turns_unswept: 0,
+            sweep: SweepTimer::default(),
             region_ack: 0,
             block_size: cfg.block_size,
             default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
@@ -309,11 +282,11 @@ impl Worker {
                 continue;
             }
             let now = monotonic_ns();
-            if now >= self.next_housekeeping {
+            if self.sweep.due(now) {
                 self.housekeeping(now);
                 // A task it stopped (deadline, cancel) has its completion
                 // written: publish it now, not after the park ahead.
-                self.flush_cqs();
+                self.rings.flush();
             } else {
                 // Idle (and before every park): an unregister waiting on
                 // this worker, which rang its bell, need not wait for the
@@ -385,20 +358,7 @@ impl Worker {
                 return true;
             }
         }
-        let mut empty = true;
-        let mut blocked = false;
-        for ring in self.rings.iter_mut().flatten() {
-            if !ring.cq_has_room() {
-                // The application is behind on reaping: its SQEs wait for CQ
-                // room, which no doorbell announces. Look again soon.
-                blocked = true;
-                continue;
-            }
-            if !ring.sq.prepare_park() {
-                empty = false;
-                break;
-            }
-        }
+        let ParkCheck { empty, blocked } = self.rings.prepare_park();
         let mut woken = true;
         if empty
             && !self.shared.has_new.load(Ordering::Acquire)
@@ -412,9 +372,7 @@ impl Worker {
             self.shared.doorbell().wait(seen, wait);
             woken = self.shared.doorbell().value() != seen;
         }
-        for ring in self.rings.iter_mut().flatten() {
-            ring.sq.clear_need_wakeup();
-        }
+        self.rings.clear_need_wakeup();
         bell.awaiting.store(false, Ordering::Relaxed);
         woken
     }
@@ -436,10 +394,10 @@ impl Worker {
         work |= self.intake(&mut clock);
         if !self.sched.is_empty() {
             let now = clock.now();
-            self.turns_unswept = 0;
+            self.sweep.looked();
             // Before posting: after a long park, deadlines are brought up
             // to date before the first slice goes out.
-            if now >= self.next_housekeeping {
+            if self.sweep.due(now) {
                 self.housekeeping(now);
             }
             let moved = self.sched.promote(now);
@@ -447,10 +405,7 @@ impl Worker {
                 self.shared.qos.promoted(moved);
             }
             work |= self.dispatch(now);
-        } else if work
-            && let Some(now) = clock.for_housekeeping(&mut self.turns_unswept)
-            && now >= self.next_housekeeping
-        {
+        } else if work && let Some(now) = self.sweep.due_after_busy_turn(&mut clock) {
             // Ops done at intake read no clock: every CLOCKLESS_TURNS busy
             // turns one is read here, so deadlines of slices in flight and
             // cancels still come round under a stream of them. (An idle
@@ -460,7 +415,7 @@ impl Worker {
         if self.book.any() {
             work |= self.reap_at(&mut clock);
         }
-        self.flush_cqs();
+        self.rings.flush();
         work
     }
 }
