@@ -1,34 +1,31 @@
 //! Building an engine (config, transports, the control and TCP data
 //! servers, worker start and placement) and tearing it down.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
-use tent_rings::spsc;
-use tent_rings::{ErrorKind, SegmentId, Sqe, TransportKind};
+use tent_rings::{SegmentId, TransportKind};
 
 use super::batch::BatchTable;
 use super::footprint;
 use super::segments::NETWORK;
-use super::worker::{RegionAck, Worker, WorkerShared};
+use super::workers::WorkerPool;
 use super::{Engine, EngineShared};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::flow::SqController;
 use crate::memory::RegionTable;
 use crate::qos::{OpenGate, SendGate, SlotClock, SlotRotator};
 use crate::segment::{Segment, SegmentKind, SegmentTable};
-use crate::topology::{Topology, pin_current_thread};
+use crate::topology::Topology;
 use crate::transport::local::LocalTransport;
 use crate::transport::rdma::RdmaTransport;
 use crate::transport::shm::ShmExport;
 use crate::transport::shm::ShmTransport;
 use crate::transport::tcp::{self, DataServer, TcpTransport};
-use crate::transport::{EngineId, InstallContext, Transport, TransportSlots, WorkerCtx};
+use crate::transport::{EngineId, InstallContext, Transport, TransportSlots};
 
 /// Builds an [`Engine`]; every part has a default.
 #[derive(Default)]
@@ -259,54 +256,10 @@ impl EngineBuilder {
             shared.config.max_batches as usize,
             shared.config.max_batch_size as usize,
         );
-        let depth = shared.config.batch_ring_depth();
-        let inflight = shared.config.max_inflight_slices;
-        // Workers started so far; stopped and joined if a later one fails.
-        let mut started = Workers::default();
-        for (index, core) in cores.into_iter().enumerate() {
-            let (bp, bc) = spsc::channel::<Sqe>(depth)
-                .map_err(|e| Error::invalid("batch ring").with_source(e))?;
-            let ws = Arc::new(WorkerShared {
-                index,
-                wakers: wakers.clone(),
-                new_rings: Mutex::new(Vec::new()),
-                has_new: CachePadded::new(AtomicBool::new(false)),
-                shutdown: CachePadded::new(AtomicBool::new(false)),
-                exited: CachePadded::new(AtomicBool::new(false)),
-                batch_sq: Mutex::new(bp),
-                core: AtomicI64::new(-1),
-                // Nobody waits on a worker's window: the slice length is moot.
-                credits: std::array::from_fn(|_| {
-                    SqController::new(inflight, 0, Duration::from_millis(1))
-                }),
-                completed_ops: CachePadded::new(AtomicU64::new(0)),
-                completed_inline: CachePadded::new(AtomicU64::new(0)),
-                completed_bytes: CachePadded::new(AtomicU64::new(0)),
-                region_ack: CachePadded::new(RegionAck::default()),
-                qos: CachePadded::new(crate::qos::PriorityStats::default()),
-            });
-            let (ws2, engine) = (ws.clone(), shared.clone());
-            let handle = std::thread::Builder::new()
-                .name(format!("tent-worker-{index}"))
-                .spawn(move || {
-                    if let Some(core) = core
-                        && pin_current_thread(core)
-                    {
-                        ws2.core.store(core as i64, Ordering::Relaxed);
-                    }
-                    // SAFETY: `id` is this engine's alone (EngineId::next) and it starts one thread per worker index: this is worker `index`'s, and the context (`!Send`) never leaves it.
-                    let ctx = unsafe { WorkerCtx::new(id, index) };
-                    Worker::new(ws2, engine, bc, ctx).run();
-                })
-                .map_err(|e| Error::new(ErrorKind::OutOfMemory, "spawn worker").with_source(e))?;
-            started.shared.push(ws);
-            started.threads.push(handle);
-        }
-        let (workers, threads) = started.into_parts();
+        let workers = WorkerPool::start(&shared, id, cores, &wakers)?;
         Ok(Engine {
             shared,
             workers,
-            threads: Mutex::new(threads),
             batches,
             export,
             control,
@@ -314,7 +267,6 @@ impl EngineBuilder {
             registry: Mutex::new(()),
             retiring: Mutex::new(Vec::new()),
             closing: Mutex::new(Vec::new()),
-            next_worker: AtomicUsize::new(0),
             slots,
             inbox,
             outbox,
@@ -451,10 +403,7 @@ impl Drop for Engine {
         // submission's tasks end with the workers).
         self.inbox.close();
         self.outbox.stop();
-        stop_workers(
-            &self.workers,
-            &mut self.threads.lock().expect("threads poisoned"),
-        );
+        self.workers.stop();
         for &k in NETWORK {
             if let Some(t) = self.shared.transports.slot(k).load_full() {
                 t.transport.stop();
@@ -465,40 +414,5 @@ impl Drop for Engine {
         // no `Buffer` copy or TCP op starts on it from here, and those in
         // progress end first.
         self.revoke_application_memory();
-    }
-}
-
-/// Ask every worker to stop, wake it, and join its thread.
-fn stop_workers(workers: &[Arc<WorkerShared>], threads: &mut Vec<JoinHandle<()>>) {
-    for w in workers {
-        w.shutdown.store(true, Ordering::Release);
-        w.doorbell().ring();
-    }
-    for h in threads.drain(..) {
-        let _ = h.join();
-    }
-}
-
-/// Workers started during [`EngineBuilder::build`]: a guard that stops and
-/// joins them if the build fails after some were started.
-#[derive(Default)]
-struct Workers {
-    shared: Vec<Arc<WorkerShared>>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl Workers {
-    /// The build succeeded: hand the workers to the engine.
-    fn into_parts(mut self) -> (Vec<Arc<WorkerShared>>, Vec<JoinHandle<()>>) {
-        (
-            std::mem::take(&mut self.shared),
-            std::mem::take(&mut self.threads),
-        )
-    }
-}
-
-impl Drop for Workers {
-    fn drop(&mut self) {
-        stop_workers(&self.shared, &mut self.threads);
     }
 }

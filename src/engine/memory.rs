@@ -276,7 +276,7 @@ impl Engine {
             // Ring on the first look and on every slow one, not per yield.
             let ring = look == 0 || look >= DRAIN_YIELDS;
             let (mut workers, mut latest) = (0, start);
-            for w in &self.workers {
+            for w in self.workers.iter() {
                 // Acquire: pairs with the worker's Release of its ack: what
                 // its tasks did to the memory happens before.
                 if w.region_ack.epoch.load(Ordering::Acquire) >= epoch {

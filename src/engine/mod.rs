@@ -3,7 +3,8 @@
 //!
 //! Where each concept lives:
 //! - `build`: [`EngineBuilder`] and `Engine::new`: transport install, worker
-//!   start and placement, the control and TCP data servers; teardown (`Drop`).
+//!   placement, the control and TCP data servers; teardown (`Drop`).
+//! - `workers`: the worker threads (`WorkerPool`): start, pick, stop.
 //! - `memory`: registered memory ([`Buffer`]), `unregister_memory` and the
 //!   unregister epochs and drain it shares with `close_segment`.
 //! - `segments`: opening, probing and closing segments; their regions, shm
@@ -11,7 +12,8 @@
 //! - `submit`: rings and batches: `ring`, `submit` and its RDMA admission,
 //!   task status, cancel, wait.
 //! - `stats`: read-only introspection: config, names and addresses, metrics,
-//!   rails, QoS, credits, counters (and `swap_transport`, the test hook).
+//!   rails, QoS, credits, counters (and, with the `testing` feature,
+//!   `swap_transport` and `shm_export`, the test hooks).
 //! - `batch`: the batch table and task states; `ring`: [`Ring`] and its
 //!   queues; `task`: a worker's task table; `worker`: the worker loop and
 //!   what it shares; `footprint`: what an engine preallocates.
@@ -28,10 +30,10 @@ mod stats;
 mod submit;
 mod task;
 mod worker;
+mod workers;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
@@ -52,7 +54,7 @@ use crate::transport::TransportSlots;
 use crate::transport::shm::ShmExport;
 use crate::transport::tcp::{DataServer, TcpTransport};
 use batch::BatchTable;
-use worker::WorkerShared;
+use workers::WorkerPool;
 
 /// What the workers share with the API side.
 pub(crate) struct EngineShared {
@@ -85,8 +87,7 @@ pub(crate) fn slot_index(kind: TransportKind) -> usize {
 /// batch API.
 pub struct Engine {
     shared: Arc<EngineShared>,
-    workers: Vec<Arc<WorkerShared>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    workers: WorkerPool,
     batches: BatchTable,
     export: Option<Arc<ShmExport>>,
     control: Option<crate::control::ControlServer>,
@@ -98,7 +99,6 @@ pub struct Engine {
     /// Segments out of the table whose `close_segment` has not finished:
     /// held until it does (tasks on them hold them by pointer, `Held`).
     closing: Mutex<Vec<Arc<Segment>>>,
-    next_worker: AtomicUsize,
     /// This engine's share of the global slot clock (rotating or
     /// watching); dropped after the workers, handing the lease back.
     slots: Option<SlotRotator>,

@@ -109,7 +109,7 @@ impl Engine {
     /// histograms, and the shared slot clock when one is configured.
     pub fn qos_stats(&self) -> crate::qos::QosSnapshot {
         let mut q = crate::qos::QosSnapshot::default();
-        for w in &self.workers {
+        for w in self.workers.iter() {
             w.qos.sum_into(&mut q);
         }
         q.slots = self.slots.as_ref().map(|r| {

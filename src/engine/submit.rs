@@ -2,7 +2,6 @@
 //! its RDMA admission), task status, cancel and wait.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tent_rings::spsc;
@@ -38,8 +37,7 @@ impl Engine {
 
     /// [`pick_worker`](Self::pick_worker), with its index.
     fn pick_worker_at(&self) -> (usize, &Arc<WorkerShared>) {
-        let i = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
-        (i, &self.workers[i])
+        self.workers.next()
     }
 
     /// A batch able to hold `capacity` tasks.

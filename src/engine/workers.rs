@@ -1,0 +1,125 @@
+//! The engine's workers: their threads, what each shares with the API
+//! side, and which one takes the next ring or batch.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+use tent_rings::{ErrorKind, Sqe, spsc};
+
+use super::EngineShared;
+use super::worker::{RegionAck, Worker, WorkerShared};
+use crate::doorbell::Wakers;
+use crate::error::{Error, Result};
+use crate::flow::SqController;
+use crate::topology::pin_current_thread;
+use crate::transport::{EngineId, WorkerCtx};
+
+/// The running workers, one thread each. Dropping the pool stops and
+/// joins them (after every task was stopped and every slice came back:
+/// `Worker::drain_on_shutdown`).
+pub(super) struct WorkerPool {
+    shared: Vec<Arc<WorkerShared>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Round-robin cursor for new rings and batches.
+    next: AtomicUsize,
+}
+
+impl WorkerPool {
+    /// Start one worker per entry of `cores` (pinned where it names a
+    /// core) for engine `id`. On an error the workers started so far are
+    /// stopped and joined.
+    pub fn start(
+        engine: &Arc<EngineShared>,
+        id: EngineId,
+        cores: Vec<Option<usize>>,
+        wakers: &Arc<Wakers>,
+    ) -> Result<WorkerPool> {
+        let depth = engine.config.batch_ring_depth();
+        let inflight = engine.config.max_inflight_slices;
+        let mut pool = WorkerPool {
+            shared: Vec::with_capacity(cores.len()),
+            threads: Mutex::new(Vec::with_capacity(cores.len())),
+            next: AtomicUsize::new(0),
+        };
+        for (index, core) in cores.into_iter().enumerate() {
+            let (bp, bc) = spsc::channel::<Sqe>(depth)
+                .map_err(|e| Error::invalid("batch ring").with_source(e))?;
+            let ws = Arc::new(WorkerShared {
+                index,
+                wakers: wakers.clone(),
+                new_rings: Mutex::new(Vec::new()),
+                has_new: CachePadded::new(AtomicBool::new(false)),
+                shutdown: CachePadded::new(AtomicBool::new(false)),
+                exited: CachePadded::new(AtomicBool::new(false)),
+                batch_sq: Mutex::new(bp),
+                core: AtomicI64::new(-1),
+                // Nobody waits on a worker's window: the slice length is moot.
+                credits: std::array::from_fn(|_| {
+                    SqController::new(inflight, 0, Duration::from_millis(1))
+                }),
+                completed_ops: CachePadded::new(AtomicU64::new(0)),
+                completed_inline: CachePadded::new(AtomicU64::new(0)),
+                completed_bytes: CachePadded::new(AtomicU64::new(0)),
+                region_ack: CachePadded::new(RegionAck::default()),
+                qos: CachePadded::new(crate::qos::PriorityStats::default()),
+            });
+            let (ws2, engine) = (ws.clone(), engine.clone());
+            let handle = std::thread::Builder::new()
+                .name(format!("tent-worker-{index}"))
+                .spawn(move || {
+                    if let Some(core) = core
+                        && pin_current_thread(core)
+                    {
+                        ws2.core.store(core as i64, Ordering::Relaxed);
+                    }
+                    // SAFETY: `id` is this engine's alone (EngineId::next) and it starts one thread per worker index: this is worker `index`'s, and the context (`!Send`) never leaves it.
+                    let ctx = unsafe { WorkerCtx::new(id, index) };
+                    Worker::new(ws2, engine, bc, ctx).run();
+                })
+                .map_err(|e| Error::new(ErrorKind::OutOfMemory, "spawn worker").with_source(e))?;
+            pool.shared.push(ws);
+            pool.threads
+                .get_mut()
+                .expect("threads poisoned")
+                .push(handle);
+        }
+        Ok(pool)
+    }
+
+    /// The worker that takes the next ring or batch (round robin), with
+    /// its index.
+    pub fn next(&self) -> (usize, &Arc<WorkerShared>) {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.shared.len();
+        (i, &self.shared[i])
+    }
+
+    /// Ask every worker to stop, wake it, and join its thread (once).
+    pub fn stop(&self) {
+        for w in &self.shared {
+            w.shutdown.store(true, Ordering::Release);
+            w.doorbell().ring();
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().expect("threads poisoned"));
+        for h in threads {
+            let _ = h.join();
+        }
+    }
+}
+
+impl std::ops::Deref for WorkerPool {
+    type Target = [Arc<WorkerShared>];
+
+    /// What each worker shares, by index.
+    fn deref(&self) -> &[Arc<WorkerShared>] {
+        &self.shared
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
