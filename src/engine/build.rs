@@ -11,6 +11,7 @@ use tent_rings::{SegmentId, TransportKind};
 
 use super::batch::BatchTable;
 use super::footprint;
+use super::notify::Mailbox;
 use super::segments::NETWORK;
 use super::workers::WorkerPool;
 use super::{Engine, EngineShared};
@@ -268,8 +269,7 @@ impl EngineBuilder {
             retiring: Mutex::new(Vec::new()),
             closing: Mutex::new(Vec::new()),
             slots,
-            inbox,
-            outbox,
+            mail: Mailbox::new(inbox, outbox),
         })
     }
 }
@@ -401,8 +401,7 @@ impl Drop for Engine {
         // are told `Shutdown` (their message fails rather than land where
         // nobody reads), and what is queued here fails `Shutdown` (its
         // submission's tasks end with the workers).
-        self.inbox.close();
-        self.outbox.stop();
+        self.mail.close();
         self.workers.stop();
         for &k in NETWORK {
             if let Some(t) = self.shared.transports.slot(k).load_full() {

@@ -102,10 +102,8 @@ pub struct Engine {
     /// This engine's share of the global slot clock (rotating or
     /// watching); dropped after the workers, handing the lease back.
     slots: Option<SlotRotator>,
-    /// Notifications received, not yet taken (filed by the control server).
-    inbox: Arc<crate::notify::inbox::Inbox>,
-    /// Notifications to send, a lane per peer.
-    outbox: crate::notify::outbox::Outbox,
+    /// Notifications received and not yet taken, and those to send.
+    mail: notify::Mailbox,
 }
 
 impl std::fmt::Debug for Engine {

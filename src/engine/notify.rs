@@ -11,8 +11,30 @@ use crate::control::is_p2p_name;
 use crate::deadline::after as deadline_after;
 use crate::error::{Error, Result};
 use crate::notify::delivery::Delivery;
-use crate::notify::outbox::{After, Dest};
+use crate::notify::inbox::Inbox;
+use crate::notify::outbox::{After, Dest, Outbox};
 use crate::notify::{Notification, Received};
+
+/// This engine's notifications: those received and not taken yet (filed
+/// by the control server), and those on their way out, a lane per peer.
+pub(super) struct Mailbox {
+    inbox: Arc<Inbox>,
+    outbox: Outbox,
+}
+
+impl Mailbox {
+    /// Over `inbox` (which the control server files into) and `outbox`.
+    pub(super) fn new(inbox: Arc<Inbox>, outbox: Outbox) -> Mailbox {
+        Mailbox { inbox, outbox }
+    }
+
+    /// Teardown: nothing more is taken or leaves; peers sending now are
+    /// told `Shutdown`, and what is queued here fails `Shutdown`.
+    pub(super) fn close(&self) {
+        self.inbox.close();
+        self.outbox.stop();
+    }
+}
 
 impl Engine {
     /// Deliver `n` to the engine that owns `segment` (`SegmentId::LOCAL`:
@@ -32,8 +54,9 @@ impl Engine {
         n.check()?;
         let dest = self.notify_dest(segment)?;
         let delivery = Arc::new(Delivery::default());
-        let deadline = deadline_after(self.outbox.bound());
-        self.outbox
+        let deadline = deadline_after(self.mail.outbox.bound());
+        self.mail
+            .outbox
             .enqueue(dest, n.clone(), None, deadline, delivery.clone())?;
         delivery.wait()
     }
@@ -90,7 +113,7 @@ impl Engine {
             .unwrap_or(default_ns);
         let deadline = deadline_after(
             Duration::from_nanos(data_ns.saturating_sub(now_ns))
-                .saturating_add(self.outbox.bound()),
+                .saturating_add(self.mail.outbox.bound()),
         );
         let b = self.batches.get(batch)?;
         // Attached before the tasks exist, so nobody sees the batch done
@@ -107,7 +130,8 @@ impl Engine {
         let watched = b.clone();
         let after: After = Box::new(move || watched.outcome(tasks.clone()));
         if let Err(e) =
-            self.outbox
+            self.mail
+                .outbox
                 .enqueue(dest, n.clone(), Some(after), deadline, delivery.clone())
         {
             // The data is queued; the batch reports the notification's
@@ -121,13 +145,13 @@ impl Engine {
     /// Every notification received and not yet taken, oldest first; never
     /// blocks.
     pub fn recv_notifications(&self) -> Vec<Received> {
-        self.inbox.take_all()
+        self.mail.inbox.take_all()
     }
 
     /// The oldest notification not yet taken, if one is waiting; never
     /// blocks (a poll that finds none allocates nothing).
     pub fn try_notification(&self) -> Option<Received> {
-        self.inbox.try_take()
+        self.mail.inbox.try_take()
     }
 
     /// The oldest notification not yet taken, waiting up to `timeout` for
@@ -136,7 +160,7 @@ impl Engine {
     /// # Errors
     /// `Timeout` when none arrived in time.
     pub fn wait_notification(&self, timeout: Duration) -> Result<Received> {
-        self.inbox.wait(timeout)
+        self.mail.inbox.wait(timeout)
     }
 
     /// Where notifications to `segment`'s owner go.
