@@ -6,15 +6,8 @@
 //! trusted (a region-header descriptor file listing region files): a
 //! process of our uid can write those, and they must be refused. The
 //! two-process halves are this test binary re-run with a `_child` filter.
-//!
-//! `handout` holds the peer side of the sealed-memfd handout: a peer that
-//! speaks its protocol raw.
 
 mod common;
-#[path = "shm_hostile/handout.rs"]
-mod handout;
-#[path = "support/shm_owner.rs"]
-mod shm_owner;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;

@@ -6,13 +6,8 @@
 //! The raw clients here speak the data protocol byte by byte (the version
 //! is the library's `DATA_VERSION`), so what they send is what an attacker
 //! could send.
-//!
-//! `relays_and_slow_peers` holds the network peer that relays without the
-//! secret, never reads, drips its frames or floods handshakes.
 
 mod common;
-#[path = "tcp_hostile/relays_and_slow_peers.rs"]
-mod relays_and_slow_peers;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -1,5 +1,6 @@
 //! Building an engine (config, transports, the control and TCP data
-//! servers, worker start and placement) and tearing it down.
+//! servers, worker placement; the workers start in `workers.rs`) and
+//! tearing it down.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};

@@ -47,6 +47,7 @@ pub struct Segment {
     kind: SegmentKind,
     /// The transports that reach a `Shm` or `Remote` segment, best first,
     /// each with its per-peer state.
+    ///
     /// Each with the concrete type of its state, read once when it was
     /// attached, so the hot path's typed read-back (`attached`) compares a
     /// constant instead of asking the value through its vtable.
@@ -120,12 +121,19 @@ impl Segment {
     /// attached (`None` if `kind` does not reach it).
     #[inline]
     pub fn attached<T: Any>(&self, kind: TransportKind) -> Option<&T> {
+        self.attached_with_handle(kind).map(|(_, t)| t)
+    }
+
+    /// [`attached`](Self::attached), with the shared handle it is kept by
+    /// (for a transport that keeps the peer alive past this segment).
+    #[inline]
+    pub fn attached_with_handle<T: Any>(&self, kind: TransportKind) -> Option<(&Attachment, &T)> {
         let (_, ty, state) = self.attached.iter().find(|(k, _, _)| *k == kind)?;
         if *ty != TypeId::of::<T>() {
             return None;
         }
         // SAFETY: `ty` is the concrete type of the value `state` points to (read from the value when it was attached, and an `Arc`'s value never changes type), and it is `T`'s: the pointee is a `T`, alive as long as `self` holds `state`.
-        Some(unsafe { &*Arc::as_ptr(state).cast::<T>() })
+        Some((state, unsafe { &*Arc::as_ptr(state).cast::<T>() }))
     }
 }
 

@@ -370,11 +370,7 @@ pub(crate) fn submit_to_peers<W, P: std::any::Any>(
         Err(e) => return out.fill(SubmitOutcome::Rejected(e)),
     };
     for (s, o) in slices.iter().zip(out.iter_mut()) {
-        let peer = s
-            .segment
-            .attachment(kind)
-            .and_then(|a| Some((a, a.downcast_ref::<P>()?)));
-        *o = match peer {
+        *o = match s.segment.attached_with_handle::<P>(kind) {
             Some((attached, peer)) => post(&mut ws, attached, peer, s),
             None => SubmitOutcome::Rejected(ErrorKind::Unreachable),
         };

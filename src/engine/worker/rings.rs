@@ -57,7 +57,8 @@ impl WorkerRing {
 
 /// What a parked worker's rings say (`Rings::prepare_park`).
 pub(super) struct ParkCheck {
-    /// Every ring's SQ is empty and flagged NEED_WAKEUP.
+    /// Every ring that can take SQEs is empty and flagged NEED_WAKEUP
+    /// (rings blocked on CQ room are passed over, not flagged).
     pub empty: bool,
     /// A ring's SQEs wait on CQ room, which no doorbell announces.
     pub blocked: bool,

@@ -47,7 +47,7 @@ pub struct Queue {
     _owner: Box<dyn std::any::Any + Send>,
 }
 
-// SAFETY: `qp` and `cq` are owned by `owner` (Send) and live as long as it; verbs objects may be used from any thread, and every use of them takes `&mut Queue` (or `&Queue` for the QP number, which never changes).
+// SAFETY: `qp` and `cq` are owned by `_owner` (Send) and live as long as it; verbs objects may be used from any thread, and every use of them takes `&mut Queue` (or `&Queue` for the QP number, which never changes).
 unsafe impl Send for Queue {}
 
 impl Queue {
@@ -96,7 +96,8 @@ impl Queue {
     /// # Safety
     /// `wr` heads a list of valid WRs whose SGEs and memory are valid for
     /// the call, and every buffer they name stays registered and alive
-    /// until its completion is reaped.
+    /// until its completion is reaped or the queue is dropped (which
+    /// destroys the QP, after which the NIC touches none of it).
     #[inline]
     pub unsafe fn post_send(
         &mut self,

@@ -739,7 +739,7 @@ impl Endpoint {
                 return self.converge(TerminalCause::Recheck, done);
             }
             let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-            // SAFETY: the list is `k` valid WRs whose SGEs point into `sges`, all alive for the call; each names memory the engine keeps registered until its completion (the ledger holds it).
+            // SAFETY: the list is `k` valid WRs whose SGEs point into `sges`, all alive for the call; each names memory the engine keeps registered until the slice's end is reported (its completion, or the QP destroyed), which the unregister drain waits for.
             let rc = unsafe { q.post_send(self.wrs.as_mut_ptr(), &mut bad) };
             let posted = if rc == 0 {
                 k

@@ -5,12 +5,15 @@
 //! challenge carrying the owner's proof, optional client proof, `MEMFD`
 //! frames with the request id + SCM_RIGHTS).
 
+#[path = "support/shm_owner.rs"]
+mod shm_owner;
+
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
-use crate::shm_owner::*;
+use shm_owner::*;
 use tent::transport::shm::Access;
 use tent::transport::shm::{ShmExport, ShmPeer};
 use tent::{ErrorKind, RegionId};

@@ -3,13 +3,15 @@
 //! or drips its frames is cut, a key reveals nothing of another region, a
 //! flood of handshakes does not evict a legitimate one.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::common::{self, pattern, test_config};
+use common::{pattern, test_config};
 use tent::control::wire::{self, Message, RailEntry};
 use tent::transport::tcp::frame::{
     DATA_VERSION, HELLO_LEN, Ident, PROOF_LEN, RESPONSE_LEN, Request, Response,
@@ -236,7 +238,7 @@ fn relay_without_the_secret_cannot_write_target_memory() {
 /// reads as busy (idle count 0) for good, so it is never evicted nor
 /// closed as idle. Without a secret the key comes from the (open) control
 /// plane; 512 such peers lock the data port for every initiator, with no
-/// traffic after their one request. Runs ~40 s: `--ignored`.
+/// traffic after their one request. Runs ~40 s.
 fn never_readers_hold_every_data_slot(user_timeout_ms: u64, wait: Duration) {
     let mut c = test_config();
     c.transports.shm.enable = false;
