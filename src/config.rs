@@ -20,6 +20,8 @@ use std::sync::{Mutex, OnceLock};
 
 use serde_json::{Map, Value};
 
+pub use crate::secret::Secret;
+
 /// The environment variable naming the configuration: a file path, or the
 /// JSON text itself when it starts with `{`.
 pub const ENV_VAR: &str = "TENT_CONF";
@@ -68,7 +70,7 @@ pub struct Config {
     pub rpc_server_port: u16,
     /// `rpc_shared_secret`: HMAC key of the control plane's challenge-
     /// response; empty = no authentication.
-    pub rpc_shared_secret: String,
+    pub rpc_shared_secret: Secret,
     /// The `workers` object.
     pub workers: WorkersConfig,
     /// The `transports` object.
@@ -552,6 +554,21 @@ impl Field for f64 {
     }
 }
 
+impl Field for Secret {
+    fn assign(&mut self, val: Val) -> bool {
+        match val {
+            Val::Str(s) => {
+                *self = Secret::from(s);
+                true
+            }
+            _ => false,
+        }
+    }
+    fn to_val(&self) -> Val {
+        Val::Str(self.expose().to_owned())
+    }
+}
+
 impl Field for String {
     fn assign(&mut self, val: Val) -> bool {
         match val {
@@ -865,7 +882,7 @@ fn blank() -> Config {
         metadata_type: String::new(),
         rpc_server_hostname: String::new(),
         rpc_server_port: 0,
-        rpc_shared_secret: String::new(),
+        rpc_shared_secret: Secret::default(),
         workers: WorkersConfig {
             count: 0,
             cores: Vec::new(),
@@ -955,7 +972,7 @@ impl Config {
     /// `rpc_shared_secret` as the bytes every door checks, `None` when it
     /// is empty (no authentication).
     pub fn secret(&self) -> Option<&[u8]> {
-        (!self.rpc_shared_secret.is_empty()).then_some(self.rpc_shared_secret.as_bytes())
+        (!self.rpc_shared_secret.is_empty()).then_some(self.rpc_shared_secret.expose().as_bytes())
     }
 
     /// Entries of each worker's batch submission ring: room for the largest
@@ -1300,9 +1317,27 @@ fn check_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, Conf
             Ok(Val::Uints(out))
         }
         Kind::Str(rule) => {
-            let s = v
-                .as_str()
-                .ok_or_else(|| type_err(kind.type_name(), key, v))?;
+            // A secret's value is never echoed in an error, whatever its
+            // type or length: only how long it is.
+            let shown = |v: &Value| match rule {
+                StrRule::EmptyOrSecret => match v.as_str() {
+                    Some(s) => format!("(a secret of {} bytes)", s.len()),
+                    None => "(a secret that is not a string)".to_owned(),
+                },
+                _ => truncate(&v.to_string()),
+            };
+            let s = match v.as_str() {
+                Some(s) => s,
+                None if matches!(rule, StrRule::EmptyOrSecret) => {
+                    return Err(ConfigError::Type {
+                        file: file.to_owned(),
+                        key: key.to_owned(),
+                        expected: kind.type_name(),
+                        found: shown(v),
+                    });
+                }
+                None => return Err(type_err(kind.type_name(), key, v)),
+            };
             let problem = match rule {
                 StrRule::NonEmpty if s.is_empty() => Some("must not be empty"),
                 StrRule::EmptyOrSecret if !s.is_empty() && s.len() < 16 => {
@@ -1337,7 +1372,7 @@ fn check_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, Conf
                 Some(reason) => Err(ConfigError::Invalid {
                     file: file.to_owned(),
                     key: key.to_owned(),
-                    reason: format!("{}: {reason}", truncate(&v.to_string())),
+                    reason: format!("{}: {reason}", shown(v)),
                 }),
                 None => Ok(Val::Str(s.to_owned())),
             }
@@ -1776,6 +1811,24 @@ mod tests {
         let c = Config::default();
         let again = Config::from_json_str(&c.to_json().to_string(), "default").unwrap();
         assert_eq!(again, c);
+    }
+
+    #[test]
+    fn a_config_printed_whole_or_refused_never_shows_its_secret() {
+        let secret = "an-unguessable-0123456789";
+        let c = Config::from_json_str(&format!(r#"{{"rpc_shared_secret":"{secret}"}}"#), "t")
+            .expect("a valid secret");
+        let printed = format!("{c:?}");
+        assert!(!printed.contains(secret), "Debug of a config: {printed}");
+        assert!(printed.contains("rpc_shared_secret: ***"));
+        assert_eq!(c.secret(), Some(secret.as_bytes()));
+        let short = "short-secret";
+        let e = Config::from_json_str(&format!(r#"{{"rpc_shared_secret":"{short}"}}"#), "t")
+            .expect_err("a secret under 16 bytes");
+        assert!(!e.to_string().contains(short), "{e}");
+        let e = Config::from_json_str(r#"{"rpc_shared_secret":987654321}"#, "t")
+            .expect_err("a secret that is not a string");
+        assert!(!e.to_string().contains("987654321"), "{e}");
     }
 
     fn type_error(text: &str) -> (String, &'static str, String) {

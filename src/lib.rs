@@ -49,6 +49,7 @@ pub mod netlink;
 pub mod notify;
 pub mod qos;
 pub mod refusals;
+pub mod secret;
 pub mod segment;
 pub mod topology;
 pub mod transport;
@@ -58,6 +59,7 @@ pub use config::Config;
 pub use engine::{BatchId, BlockList, Buffer, Engine, EngineBuilder, Ring, TaskState, TaskStatus};
 pub use error::{Error, ErrorKind, Result};
 pub use notify::{Notification, Received};
+pub use secret::Secret;
 pub use tent_rings::{
     Cqe, FAILOVER_EXHAUSTED, LocalAddr, Opcode, Priority, RegionId, RemoteAddr, SegmentId, Sqe,
     TransportKind, op,

@@ -13,7 +13,7 @@ use tent::{Engine, ErrorKind, LocalAddr, RemoteAddr, TransportKind, op};
 
 fn engine_with_secret(secret: &str) -> Engine {
     let mut c = test_config();
-    c.rpc_shared_secret = secret.to_owned();
+    c.rpc_shared_secret = secret.into();
     Engine::new(c).unwrap()
 }
 

@@ -18,7 +18,7 @@ fn config(host: &str, secret: bool) -> tent::Config {
     let mut c = common::test_config();
     c.rpc_server_hostname = host.to_owned();
     if secret {
-        c.rpc_shared_secret = SECRET.to_owned();
+        c.rpc_shared_secret = SECRET.into();
     }
     c
 }

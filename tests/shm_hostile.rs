@@ -686,7 +686,7 @@ fn two_process_live_owner_in_another_pid_namespace_is_not_collected() {
 
 fn engine_with_secret(secret: &str) -> Engine {
     let mut c = common::test_config();
-    c.rpc_shared_secret = secret.to_owned();
+    c.rpc_shared_secret = secret.into();
     Engine::new(c).unwrap()
 }
 

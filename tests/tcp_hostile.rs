@@ -28,7 +28,7 @@ const DATA_SERVER_LABEL: &[u8] = b"tent-data-server-v2";
 
 fn engine_with(secret: &str, shm: bool) -> Engine {
     let mut c = test_config();
-    c.rpc_shared_secret = secret.to_owned();
+    c.rpc_shared_secret = secret.into();
     c.transports.shm.enable = shm;
     Engine::new(c).unwrap()
 }

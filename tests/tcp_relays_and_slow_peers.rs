@@ -22,7 +22,7 @@ const SECRET: &str = "0123456789abcdef-tent-review";
 
 fn engine_with(secret: &str, timeout_ms: u64) -> Engine {
     let mut c = test_config();
-    c.rpc_shared_secret = secret.to_owned();
+    c.rpc_shared_secret = secret.into();
     c.transports.shm.enable = false;
     c.default_timeout_ms = timeout_ms;
     Engine::new(c).unwrap()
