@@ -556,16 +556,15 @@ impl Field for f64 {
 
 impl Field for Secret {
     fn assign(&mut self, val: Val) -> bool {
-        match val {
-            Val::Str(s) => {
-                *self = Secret::from(s);
-                true
-            }
-            _ => false,
+        let mut text = String::new();
+        let ok = text.assign(val);
+        if ok {
+            *self = Secret::from(text);
         }
+        ok
     }
     fn to_val(&self) -> Val {
-        Val::Str(self.expose().to_owned())
+        self.expose().to_owned().to_val()
     }
 }
 

@@ -205,6 +205,20 @@ fn rxe_unknown_device_lists_those_found_and_gid_index_is_checked() {
     assert!(init >= 1 && dest >= 1);
 }
 
+/// The engine's queue over `a` (wired to `b`), completing into `cq`.
+fn queue_of(a: QueuePair, b: QueuePair, cq: Arc<CompletionQueue>) -> tent::transport::rdma::Queue {
+    let (qp, raw_cq) = (a.as_raw(), cq.as_raw());
+    // SAFETY: the QP and CQ live as long as the owner tuple, destroyed in this order (QPs before their CQ); the queue is their only user.
+    unsafe {
+        tent::transport::rdma::Queue::new(
+            qp,
+            raw_cq,
+            tent::transport::rdma::verbs::modify_to_error,
+            Box::new((a, b, cq)),
+        )
+    }
+}
+
 /// A loopback peer on one PD: each `connect` makes a fresh pair of QPs
 /// (and CQ) wired to each other and hands out one end. Memory registered on
 /// the same PD is reachable through every QP it makes.
@@ -215,16 +229,7 @@ struct Loopback {
 impl tent::transport::rdma::QueueSource for Loopback {
     fn connect(&mut self) -> tent::Result<tent::transport::rdma::Queue> {
         let (cq, a, b) = connected(&self.pd, 64)?;
-        let (qp, raw_cq) = (a.as_raw(), cq.as_raw());
-        // SAFETY: the QP and CQ live as long as the owner tuple, destroyed in this order (QPs before their CQ); the queue is their only user.
-        Ok(unsafe {
-            tent::transport::rdma::Queue::new(
-                qp,
-                raw_cq,
-                tent::transport::rdma::verbs::modify_to_error,
-                Box::new((a, b, cq)),
-            )
-        })
+        Ok(queue_of(a, b, cq))
     }
 }
 
@@ -1893,16 +1898,7 @@ impl tent::transport::rdma::QueueSource for AnswersLate {
         } else {
             connected(&self.pd, 64)?
         };
-        let (qp, raw_cq) = (a.as_raw(), cq.as_raw());
-        // SAFETY: the QP and CQ live as long as the owner tuple, destroyed in this order (QPs before their CQ); the queue is their only user.
-        Ok(unsafe {
-            tent::transport::rdma::Queue::new(
-                qp,
-                raw_cq,
-                tent::transport::rdma::verbs::modify_to_error,
-                Box::new((a, b, cq)),
-            )
-        })
+        Ok(queue_of(a, b, cq))
     }
 }
 
