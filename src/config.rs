@@ -1006,7 +1006,8 @@ impl Config {
                 file: source.to_owned(),
                 key: "(top level)".to_owned(),
                 expected: "object",
-                found: describe(value),
+                // Its type only: a whole config's text holds the secret.
+                found: type_name(value).to_owned(),
             });
         };
         let mut cfg = Config {
@@ -1090,8 +1091,15 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let value = value.as_ref();
         let text = value.to_string_lossy();
-        let trimmed = text.trim();
-        if trimmed.starts_with('{') {
+        // A byte-order mark is no path character either.
+        let trimmed = text.trim_start_matches('\u{feff}').trim();
+        // Text that is JSON, or meant to be (a quote, a line break, an
+        // array), is parsed as such: taken for a path, a failed read would
+        // echo it whole, secret included.
+        let inline = trimmed.starts_with(['{', '[', '"'])
+            || trimmed.contains(['"', '\n'])
+            || trimmed.len() > 4096;
+        if inline {
             Config::from_json_str(trimmed, source)
         } else {
             Config::from_file(Path::new(value))
@@ -1532,18 +1540,25 @@ fn levenshtein(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-/// JSON type name plus the value, short enough for a one-line error.
-fn describe(v: &Value) -> String {
-    let ty = match v {
-        Value::Null => return "null".to_owned(),
+/// JSON type name.
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
         Value::Bool(_) => "bool",
         Value::Number(n) if n.is_u64() || n.is_i64() => "integer",
         Value::Number(_) => "number",
         Value::String(_) => "string",
         Value::Array(_) => "array",
         Value::Object(_) => "object",
-    };
-    format!("{ty} {}", truncate(&v.to_string()))
+    }
+}
+
+/// JSON type name plus the value, short enough for a one-line error.
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Null => "null".to_owned(),
+        _ => format!("{} {}", type_name(v), truncate(&v.to_string())),
+    }
 }
 
 fn truncate(s: &str) -> String {
@@ -1810,6 +1825,21 @@ mod tests {
         let c = Config::default();
         let again = Config::from_json_str(&c.to_json().to_string(), "default").unwrap();
         assert_eq!(again, c);
+    }
+
+    #[test]
+    fn config_text_that_is_no_object_is_never_echoed() {
+        let secret = "an-unguessable-0123456789";
+        let bom = format!("\u{feff}{{\"rpc_shared_secret\":\"{secret}\"}}");
+        let c = Config::from_path_or_json(&bom, "t").expect("JSON after a byte-order mark");
+        assert_eq!(c.secret(), Some(secret.as_bytes()));
+        for text in [
+            format!("\"rpc_shared_secret\": \"{secret}\""),
+            format!("[{{\"rpc_shared_secret\":\"{secret}\"}}]"),
+        ] {
+            let e = Config::from_path_or_json(&text, "t").expect_err("not an object");
+            assert!(!e.to_string().contains(secret), "{e}");
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Before/after figures the way DEVELOPERS.md asks for them: one session,
+# Before/after figures as the house rule asks for them: one session,
 # interleaved runs of a `tent-bench` built at an earlier commit and of the
 # working tree's, medians of each side and their ratio.
 #
@@ -7,14 +7,17 @@
 #
 # REF is any commit (the one an issue starts from). Its `tent-bench` is
 # built in a worktree under ${TENT_AB_DIR:-target/ab}/REF (kept, so a
-# second call builds nothing); the working tree's is built as usual. Each
-# pair runs before then after with the same arguments plus `--json`, N
-# pairs (default 5). Every JSON line of a point (one with a block_size and
-# no `baseline`) gives F (default `gbps`) per block size; a line with a
-# `baseline` of `ring_alone` gives `tent_mops` (the `--batch` small-op
-# figure). Printed: per key, the before and after medians, their ratio,
-# and the before runs' min..max (the spread a p99 or QoS figure must stay
-# in). The raw lines stay in the run's folder, which is printed first.
+# second call builds nothing); the working tree's into target/ab/work.
+# Each pair runs both with the same arguments plus `--json`, N pairs
+# (default 5), before first in odd pairs and after first in even ones.
+# Every JSON line that carries F (default `gbps`) gives one figure, keyed
+# by what names its point (op, transport, case, processes, slot interval,
+# threads, batch, block size); a line with a `baseline` of `ring_alone`
+# gives `tent_mops` (the `--batch` small-op figure). A run that fails is
+# left out (its output kept as *.failed). Printed: per key, the before and
+# after medians, their ratio (for a latency, lower is better), and the
+# before runs' min..max (the spread a p99 or QoS figure must stay in).
+# Exit status 1 when a side produced no figure at all.
 #
 # Examples:
 #   tools/ab.sh 305d766 -- --block-size 8 --batch 32
@@ -46,23 +49,33 @@ cd "$ROOT"
 SHA=$(git rev-parse --verify --quiet "$REF^{commit}") || { echo "ab: $REF is no commit" >&2; exit 2; }
 BASE=${TENT_AB_DIR:-$ROOT/target/ab}
 TREE=$BASE/${SHA:0:12}
-if [ ! -d "$TREE" ]; then
+# A tree removed by `cargo clean` (still registered) or left half made by
+# an interrupted checkout is made again.
+if [ "$(git -C "$TREE" rev-parse HEAD 2>/dev/null)" != "$SHA" ]; then
+  git worktree prune
+  rm -rf "$TREE"
   mkdir -p "$BASE"
-  git worktree add --detach "$TREE" "$SHA" >/dev/null
+  git worktree add -f --detach "$TREE" "$SHA" >/dev/null
 fi
 echo "ab: building tent-bench at ${SHA:0:12} and in the working tree" >&2
-(cd "$TREE" && cargo build --release -q -p tent-tools --bin tent-bench)
-cargo build --release -q -p tent-tools --bin tent-bench
+# Explicit target folders: a CARGO_TARGET_DIR in the environment would
+# otherwise put both builds in one place (and run a stale binary).
+(cd "$TREE" && cargo build --release -q -p tent-tools --bin tent-bench --target-dir "$TREE/target")
+cargo build --release -q -p tent-tools --bin tent-bench --target-dir "$BASE/work"
 BEFORE=$TREE/target/release/tent-bench
-AFTER=$ROOT/target/release/tent-bench
+AFTER=$BASE/work/release/tent-bench
 
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/tent-ab.XXXXXX")
 echo "ab: runs in $OUT; before ${SHA:0:12}, after the working tree ($(git describe --always --dirty)); args: $* --json" >&2
 for i in $(seq 1 "$PAIRS"); do
-  for side in before after; do
-    bin=$BEFORE; [ "$side" = after ] && bin=$AFTER
+  order="before after"
+  if [ $((i % 2)) -eq 0 ]; then order="after before"; fi
+  for side in $order; do
+    bin=$BEFORE
+    if [ "$side" = after ]; then bin=$AFTER; fi
     if ! "$bin" "$@" --json > "$OUT/$side.$i.json" 2> "$OUT/$side.$i.err"; then
-      echo "ab: $side run $i failed (see $OUT/$side.$i.err)" >&2
+      mv "$OUT/$side.$i.json" "$OUT/$side.$i.failed"
+      echo "ab: $side run $i failed, left out (see $OUT/$side.$i.err)" >&2
     fi
   done
 done
@@ -70,6 +83,7 @@ done
 python3 - "$OUT" "$PAIRS" "$FIELD" <<'PY'
 import json, statistics, sys
 out, pairs, field = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+NAMES = ("op", "transport", "case", "processes", "slot_interval_ms", "threads", "batch", "block_size")
 def points(side):
     got = {}
     for i in range(1, pairs + 1):
@@ -78,22 +92,31 @@ def points(side):
         except OSError:
             continue
         for line in lines:
-            if not line.startswith("{"):
+            try:
+                o = json.loads(line)
+            except ValueError:
                 continue
-            o = json.loads(line)
+            if not isinstance(o, dict):
+                continue
+            key = tuple(f"{n}={o[n]}" for n in NAMES if o.get(n) is not None)
             if o.get("baseline") == "ring_alone" and "tent_mops" in o:
-                got.setdefault(("batch", o.get("block_size"), "tent_mops"), []).append(o["tent_mops"])
-            elif "baseline" not in o and "block_size" in o and o.get(field) is not None:
-                got.setdefault((o.get("op", ""), o["block_size"], field), []).append(o[field])
+                got.setdefault(key + ("tent_mops",), []).append(o["tent_mops"])
+            elif "baseline" not in o and isinstance(o.get(field), (int, float)):
+                got.setdefault(key + (field,), []).append(o[field])
     return got
 b, a = points("before"), points("after")
-print(f"{'op':6} {'block':>10} {'figure':10} {'before':>10} {'after':>10} {'ratio':>7}  before spread")
-for key in sorted(set(b) | set(a), key=lambda k: (k[0], k[1] or 0)):
+print(f"{'before':>10} {'after':>10} {'ratio':>7}  {'before spread':>22}  point")
+for key in sorted(set(b) | set(a)):
     bv, av = b.get(key, []), a.get(key, [])
+    name = " ".join(key)
     if not bv or not av:
-        print(f"{key[0]:6} {key[1]!s:>10} {key[2]:10} missing on one side ({len(bv)} before, {len(av)} after)")
+        print(f"{'':>10} {'':>10} {'':>7}  {'':>22}  {name}: missing on one side ({len(bv)} before, {len(av)} after)")
         continue
     mb, ma = statistics.median(bv), statistics.median(av)
     ratio = ma / mb if mb else float("nan")
-    print(f"{key[0]:6} {key[1]!s:>10} {key[2]:10} {mb:10.4g} {ma:10.4g} {ratio:7.3f}  {min(bv):.4g}..{max(bv):.4g}  (n={len(bv)}/{len(av)})")
+    spread = f"{min(bv):.4g}..{max(bv):.4g}"
+    print(f"{mb:10.4g} {ma:10.4g} {ratio:7.3f}  {spread:>22}  {name} (n={len(bv)}/{len(av)})")
+if not b or not a:
+    print(f"ab: no figure from the {'before' if not b else 'after'} side", file=sys.stderr)
+    sys.exit(1)
 PY

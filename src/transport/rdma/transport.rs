@@ -39,6 +39,7 @@
 //! Nothing in `submit` or `poll` allocates once the scratch queues have
 //! grown to the worker's credit bound.
 
+use crate::secret::Secret;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -82,7 +83,7 @@ struct Settings {
     /// Seed 004's send-queue knobs for every endpoint.
     sq: SqSettings,
     backlog: usize,
-    secret: Option<Vec<u8>>,
+    secret: Option<Secret>,
     connect_timeout: Duration,
     rail_policy: RailPolicy,
     /// This engine's initiator id (`QpInitiator`), drawn once.
@@ -308,7 +309,7 @@ struct RailSource {
     local: usize,
     peer: String,
     remote_nic: String,
-    secret: Option<Vec<u8>>,
+    secret: Option<Secret>,
     timeout: Duration,
     depth: u32,
 }
@@ -320,7 +321,7 @@ impl QueueSource for RailSource {
         let qp = QueuePair::new(&nic.pd, &cq, nic.port, Some(nic.gid_index), self.depth)?;
         let theirs = crate::control::connect_qp(
             &self.peer,
-            self.secret.as_deref(),
+            self.secret.as_ref().map(|s| s.expose().as_bytes()),
             self.timeout,
             QpRequest {
                 initiator: self.initiator,
@@ -424,7 +425,8 @@ impl RdmaTransport {
                 depth: r.qp_depth.clamp(1, max_wr),
                 sq: SqSettings::from_config(config),
                 backlog,
-                secret: config.secret().map(<[u8]>::to_vec),
+                secret: (!config.rpc_shared_secret.is_empty())
+                    .then(|| config.rpc_shared_secret.clone()),
                 connect_timeout: Duration::from_millis(config.default_timeout_ms.clamp(100, 5_000)),
                 rail_policy: RailPolicy::from_config(config),
                 engine: crate::control::new_engine_id(),

@@ -457,12 +457,21 @@ fn peer_uid(s: &UnixStream) -> io::Result<(u32, i32)> {
 // ---- the owner's side -----------------------------------------------------
 
 /// What the owner hands out: the descriptor and the published regions.
-#[derive(Debug)]
 pub(crate) struct HandoutTable {
     /// What peers get for the descriptor: read-only, write-sealed.
     desc: OwnedFd,
     regions: Mutex<Vec<(u64, Arc<OwnedFd>)>>,
     secret: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for HandoutTable {
+    /// Never the secret: whether there is one.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandoutTable")
+            .field("desc", &self.desc)
+            .field("authenticated", &self.secret.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl HandoutTable {
