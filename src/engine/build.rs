@@ -267,8 +267,8 @@ impl EngineBuilder {
             control,
             data: data.map(|(d, _)| d),
             registry: Mutex::new(()),
-            retiring: Mutex::new(Vec::new()),
-            closing: Mutex::new(Vec::new()),
+            retiring: Default::default(),
+            closing: Default::default(),
             slots,
             mail: Mailbox::new(inbox, outbox),
         })

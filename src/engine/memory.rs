@@ -159,10 +159,7 @@ impl Engine {
         let region = self.withdraw(id)?;
         self.drain(&region)?;
         region.release_rdma();
-        self.retiring
-            .lock()
-            .expect("retiring regions poisoned")
-            .retain(|r| r.id() != id);
+        self.retiring.release(|r| r.id() == id);
         Ok(())
     }
 
@@ -172,11 +169,7 @@ impl Engine {
     /// cuts within a poll).
     pub(super) fn revoke_application_memory(&self) {
         let table = self.shared.regions.load_full();
-        let retiring = self
-            .retiring
-            .lock()
-            .expect("retiring regions poisoned")
-            .clone();
+        let retiring = self.retiring.snapshot();
         for r in table.iter().chain(retiring.iter()) {
             if r.owns_memory() {
                 continue;
@@ -198,19 +191,12 @@ impl Engine {
         let _g = self.registry.lock().expect("registry poisoned");
         let table = self.shared.regions.load_full();
         let Some((next, removed)) = table.without(id) else {
-            return self
-                .retiring
-                .lock()
-                .expect("retiring regions poisoned")
-                .iter()
-                .find(|r| r.id() == id)
-                .cloned()
-                .ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::AddressNotRegistered,
-                        format!("region {} is not registered", id.0),
-                    )
-                });
+            return self.retiring.find(|r| r.id() == id).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::AddressNotRegistered,
+                    format!("region {} is not registered", id.0),
+                )
+            });
         };
         self.next_epoch(|epoch| {
             removed.revoke(epoch);
@@ -218,10 +204,7 @@ impl Engine {
                 export.revoke(id);
             }
             self.shared.regions.store(Arc::new(next));
-            self.retiring
-                .lock()
-                .expect("retiring regions poisoned")
-                .push(removed.clone());
+            self.retiring.hold(removed.clone());
         });
         Ok(removed)
     }

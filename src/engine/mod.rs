@@ -29,6 +29,7 @@ mod segments;
 mod stats;
 mod submit;
 mod task;
+mod withdrawn;
 mod worker;
 mod workers;
 
@@ -54,6 +55,7 @@ use crate::transport::TransportSlots;
 use crate::transport::shm::ShmExport;
 use crate::transport::tcp::{DataServer, TcpTransport};
 use batch::BatchTable;
+use withdrawn::Withdrawn;
 use workers::WorkerPool;
 
 /// What the workers share with the API side.
@@ -95,10 +97,10 @@ pub struct Engine {
     registry: Mutex<()>,
     /// Regions out of the table whose `unregister_memory` has not finished
     /// (waiting, or timed out): held, and still registered, until it does.
-    retiring: Mutex<Vec<Arc<MemRegion>>>,
+    retiring: Withdrawn<MemRegion>,
     /// Segments out of the table whose `close_segment` has not finished:
     /// held until it does (tasks on them hold them by pointer, `Held`).
-    closing: Mutex<Vec<Arc<Segment>>>,
+    closing: Withdrawn<Segment>,
     /// This engine's share of the global slot clock (rotating or
     /// watching); dropped after the workers, handing the lease back.
     slots: Option<SlotRotator>,

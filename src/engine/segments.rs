@@ -210,21 +210,14 @@ impl Engine {
                     self.next_epoch(|epoch| {
                         removed.close(epoch);
                         self.shared.segments.store(Arc::new(next));
-                        self.closing
-                            .lock()
-                            .expect("closing segments poisoned")
-                            .push(removed.clone());
+                        self.closing.hold(removed.clone());
                     });
                     removed
                 }
                 // Closed by an earlier call that has not finished.
                 None => self
                     .closing
-                    .lock()
-                    .expect("closing segments poisoned")
-                    .iter()
                     .find(|s| s.id() == id)
-                    .cloned()
                     .ok_or_else(|| not_open(id))?,
             }
         };
@@ -239,10 +232,7 @@ impl Engine {
                 )
             },
         )?;
-        self.closing
-            .lock()
-            .expect("closing segments poisoned")
-            .retain(|s| s.id() != id);
+        self.closing.release(|s| s.id() == id);
         Ok(())
     }
 
