@@ -968,10 +968,15 @@ fn build_default() -> Config {
 }
 
 impl Config {
-    /// `rpc_shared_secret` as the bytes every door checks, `None` when it
-    /// is empty (no authentication).
+    /// `rpc_shared_secret`, `None` when it is empty (no authentication).
+    pub fn shared_secret(&self) -> Option<&Secret> {
+        (!self.rpc_shared_secret.is_empty()).then_some(&self.rpc_shared_secret)
+    }
+
+    /// [`shared_secret`](Self::shared_secret) as the bytes every door
+    /// checks.
     pub fn secret(&self) -> Option<&[u8]> {
-        (!self.rpc_shared_secret.is_empty()).then_some(self.rpc_shared_secret.expose().as_bytes())
+        self.shared_secret().map(|s| s.expose().as_bytes())
     }
 
     /// Entries of each worker's batch submission ring: room for the largest
@@ -1326,24 +1331,21 @@ fn check_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, Conf
         Kind::Str(rule) => {
             // A secret's value is never echoed in an error, whatever its
             // type or length: only how long it is.
-            let shown = |v: &Value| match rule {
-                StrRule::EmptyOrSecret => match v.as_str() {
-                    Some(s) => format!("(a secret of {} bytes)", s.len()),
-                    None => "(a secret that is not a string)".to_owned(),
-                },
-                _ => truncate(&v.to_string()),
+            let secret = matches!(rule, StrRule::EmptyOrSecret);
+            let redacted = || match v.as_str() {
+                Some(s) => format!("(a secret of {} bytes)", s.len()),
+                None => "(a secret that is not a string)".to_owned(),
             };
-            let s = match v.as_str() {
-                Some(s) => s,
-                None if matches!(rule, StrRule::EmptyOrSecret) => {
-                    return Err(ConfigError::Type {
-                        file: file.to_owned(),
-                        key: key.to_owned(),
-                        expected: kind.type_name(),
-                        found: shown(v),
-                    });
+            let Some(s) = v.as_str() else {
+                if !secret {
+                    return Err(type_err(kind.type_name(), key, v));
                 }
-                None => return Err(type_err(kind.type_name(), key, v)),
+                return Err(ConfigError::Type {
+                    file: file.to_owned(),
+                    key: key.to_owned(),
+                    expected: kind.type_name(),
+                    found: redacted(),
+                });
             };
             let problem = match rule {
                 StrRule::NonEmpty if s.is_empty() => Some("must not be empty"),
@@ -1379,7 +1381,14 @@ fn check_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, Conf
                 Some(reason) => Err(ConfigError::Invalid {
                     file: file.to_owned(),
                     key: key.to_owned(),
-                    reason: format!("{}: {reason}", shown(v)),
+                    reason: format!(
+                        "{}: {reason}",
+                        if secret {
+                            redacted()
+                        } else {
+                            truncate(&v.to_string())
+                        }
+                    ),
                 }),
                 None => Ok(Val::Str(s.to_owned())),
             }

@@ -21,11 +21,6 @@ impl Secret {
         self.0.is_empty()
     }
 
-    /// Its length in bytes (what error messages may say of it).
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
     /// The secret itself: for the HMACs that prove it, and for writing
     /// the configuration back out.
     pub fn expose(&self) -> &str {

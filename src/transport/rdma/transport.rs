@@ -425,8 +425,7 @@ impl RdmaTransport {
                 depth: r.qp_depth.clamp(1, max_wr),
                 sq: SqSettings::from_config(config),
                 backlog,
-                secret: (!config.rpc_shared_secret.is_empty())
-                    .then(|| config.rpc_shared_secret.clone()),
+                secret: config.shared_secret().cloned(),
                 connect_timeout: Duration::from_millis(config.default_timeout_ms.clamp(100, 5_000)),
                 rail_policy: RailPolicy::from_config(config),
                 engine: crate::control::new_engine_id(),
