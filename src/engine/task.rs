@@ -110,6 +110,8 @@ pub(crate) struct Task {
     pub accepted_ns: u64,
     /// Its first slice went out (its queue wait is recorded).
     pub waited: bool,
+    /// On the table's due list (`TaskTable::note_due`), not yet settled.
+    due: bool,
 }
 
 impl Task {
@@ -142,6 +144,7 @@ impl Task {
             last_slice: SliceRecord::default(),
             accepted_ns: 0,
             waited: false,
+            due: false,
         }
     }
 
@@ -161,6 +164,13 @@ impl Task {
         self.posted >= self.len || self.error.is_some() || self.failing.is_some()
     }
 
+    /// Nothing more will be posted for it and none of it is in flight: it
+    /// is finished, or fails over.
+    #[inline]
+    pub fn settled(&self) -> bool {
+        self.posting_done() && self.inflight == 0
+    }
+
     /// The slice token for this task's current generation.
     #[inline]
     pub fn token(&self, index: u32) -> u64 {
@@ -168,11 +178,16 @@ impl Task {
     }
 }
 
-/// Fixed-capacity task slots with a free list.
+/// Fixed-capacity task slots with a free list, and the due list: the
+/// tasks a stage left settled (`Task::settled`), which the completion
+/// stage finishes or fails over, each once, in the order they were noted.
 #[derive(Debug)]
 pub(crate) struct TaskTable {
     tasks: Vec<Task>,
     free: Vec<u32>,
+    due: Vec<u32>,
+    /// The next entry of `due` to hand out.
+    due_next: usize,
 }
 
 // SAFETY: the raw pointers inside tasks refer to registered memory and batch
@@ -186,6 +201,8 @@ impl TaskTable {
         TaskTable {
             tasks: (0..capacity).map(|_| Task::empty()).collect(),
             free: (0..capacity as u32).rev().collect(),
+            due: Vec::with_capacity(capacity),
+            due_next: 0,
         }
     }
 
@@ -223,6 +240,32 @@ impl TaskTable {
         t.segment = None;
         // Capacity was reserved up front: this push never reallocates.
         self.free.push(i);
+    }
+
+    /// Put live task `i` on the due list, unless it is on it already.
+    #[inline]
+    pub fn note_due(&mut self, i: u32) {
+        let t = &mut self.tasks[i as usize];
+        if t.live && !t.due {
+            t.due = true;
+            // A task is on the list at most once, and capacity was
+            // reserved for every slot: this push never reallocates.
+            self.due.push(i);
+        }
+    }
+
+    /// The next task on the due list, taken off it; `None` once the list
+    /// is empty (and it is then reset).
+    #[inline]
+    pub fn next_due(&mut self) -> Option<u32> {
+        let Some(&i) = self.due.get(self.due_next) else {
+            self.due.clear();
+            self.due_next = 0;
+            return None;
+        };
+        self.due_next += 1;
+        self.tasks[i as usize].due = false;
+        Some(i)
     }
 
     #[inline]

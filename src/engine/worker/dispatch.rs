@@ -1,5 +1,6 @@
 //! Dispatch: post slices of the lane heads through the slot gate, the
-//! worker's credit window and the transport, and judge each outcome.
+//! worker's credit window and the transport, and judge each outcome. A
+//! task it leaves settled goes on the due list for the completion stage.
 
 use tent_rings::{ErrorKind, Priority};
 
@@ -82,7 +83,9 @@ impl Worker {
             }
             if t.posting_done() {
                 self.sched.finished(p);
-                self.maybe_finish(i);
+                if t.settled() {
+                    self.tasks.note_due(i);
+                }
                 work = true;
                 continue;
             }
@@ -162,7 +165,9 @@ impl Worker {
                 let t = self.tasks.get_mut(i);
                 t.error.get_or_insert(e);
                 self.sched.finished(p);
-                self.maybe_finish(i);
+                if t.settled() {
+                    self.tasks.note_due(i);
+                }
                 work = true;
                 continue;
             }
@@ -208,9 +213,10 @@ impl Worker {
                     b.admission().release();
                 }
             }
+            let settled = t.settled();
             let flow = self.sched.posted(p, len, credited, done);
-            if done {
-                self.maybe_finish(i);
+            if settled {
+                self.tasks.note_due(i);
             }
             if flow == Flow::Stop {
                 break;

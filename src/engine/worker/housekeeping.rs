@@ -145,6 +145,27 @@ impl Worker {
         }
     }
 
+    /// Stop task `i` (its deadline passed, it was canceled, or the engine
+    /// is shutting down): it fails with `kind` unless it failed already,
+    /// nothing more of it is posted, and every transport instance with
+    /// slices in flight is told to abort its slices. It is due once the
+    /// last of them is back (`settle` delivers it).
+    pub(super) fn stop_task(&mut self, i: u32, kind: ErrorKind) {
+        let t = self.tasks.get_mut(i);
+        t.error.get_or_insert(kind);
+        t.stopped = true;
+        // A multi-slice task may sit in a lane with slices in flight: take
+        // it out in every case.
+        t.posted = t.posted.max(t.len);
+        let (inflight, token) = (t.inflight, t.token(i));
+        self.sched.remove(i);
+        if inflight > 0 {
+            self.book.abort(&self.ctx, token, kind);
+        } else {
+            self.tasks.note_due(i);
+        }
+    }
+
     /// Finish everything still queued with `Shutdown` so no caller waits forever.
     pub(super) fn drain_on_shutdown(&mut self) {
         // SeqCst, paired with the fence in `Ring::submit`: a submitter either
@@ -157,7 +178,7 @@ impl Worker {
         for ri in 0..self.rings.len() {
             // A CQ the application stopped reading: its rest stays queued.
             while let Some((origin, sqe)) = self.rings.take(ri) {
-                self.deliver(
+                self.rings.deliver(
                     origin,
                     sqe.user_data(),
                     Err(ErrorKind::Shutdown),
@@ -176,6 +197,7 @@ impl Worker {
                 self.stop_task(i, ErrorKind::Shutdown);
             }
         }
+        self.settle();
         self.rings.flush();
         // Task memory (the application's, registered until the engine is
         // dropped) is let go only once no transport will touch it: no

@@ -52,7 +52,10 @@ impl Worker {
     fn accept(&mut self, origin: Origin, sqe: &Sqe, clock: &mut TurnClock) {
         let user_data = sqe.user_data();
         match self.validate(sqe, clock) {
-            Err(kind) => self.deliver(origin, user_data, Err(kind), true, 0, Served::default()),
+            Err(kind) => {
+                self.rings
+                    .deliver(origin, user_data, Err(kind), true, 0, Served::default())
+            }
             Ok(v) => {
                 if self.complete_inline(origin, user_data, &v, sqe, clock) {
                     return;
@@ -61,7 +64,7 @@ impl Worker {
                 let now = clock.now();
                 let Some(i) = self.tasks.alloc() else {
                     // Unreachable: intake checks is_full() first.
-                    self.deliver(
+                    self.rings.deliver(
                         origin,
                         user_data,
                         Err(ErrorKind::SqFull),
@@ -182,7 +185,9 @@ impl Worker {
             failover_count: 0,
             exhausted: false,
         };
-        self.deliver_task(origin, user_data, res, done, served);
+        self.rings
+            .deliver(origin, user_data, res, false, done, served);
+        self.shared.count_completed(res, done);
         self.count_live(p, false);
         // Single writer (this worker): a plain store, no locked RMW.
         let s = &self.shared.completed_inline;

@@ -24,13 +24,23 @@
 //!
 //! This file keeps the loop (`run`, `turn`, the park). Each stage of a turn
 //! lives in its own module, its decisions plain functions with unit tests:
-//! - `intake`: SQEs into tasks queued with the scheduler, or done at once;
+//! - `intake`: SQEs into tasks queued with the scheduler, or delivered at
+//!   once (refused, or done inline);
 //! - `dispatch`: the scheduler's picks to transports (`judge` an outcome,
 //!   `slice_len`, the one slice cut);
+//! - `complete`: reaping into tasks, and `settle`;
 //! - `failover`: to the next transport (`may_fail_over`, `next_transport`);
-//! - `complete`: reaping, finishing, CQEs (`cqe_for`);
-//! - `housekeeping`: deadline and cancel sweep (`SweepTimer`), rings,
-//!   unregister handshake, shutdown drain (`stop_reason`, `acked_epoch`).
+//! - `housekeeping`: deadline and cancel sweep (`SweepTimer`), `stop_task`,
+//!   rings, unregister handshake, shutdown drain (`stop_reason`,
+//!   `acked_epoch`).
+//!
+//! No stage finishes a task itself; they hand tasks on through queues:
+//! intake queues with the scheduler; dispatch posts into the in-flight
+//! book; dispatch, reaping and `stop_task` put a task they leave settled
+//! (nothing more to post, nothing in flight) on the task table's due list;
+//! `settle`, run after each of them, fails it over (back to the scheduler)
+//! or delivers it. `Rings::deliver` is the one place a completion is
+//! written: by `settle`, and by intake for a request refused or done inline.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -132,6 +142,18 @@ impl WorkerShared {
         &self.wakers.get(self.index).bell
     }
 
+    /// Count a delivered request (ops and bytes) if it succeeded. Single
+    /// writer (this worker): plain stores, no locked RMW.
+    #[inline]
+    pub fn count_completed(&self, res: Result<u64, tent_rings::ErrorKind>, done: u64) {
+        if res.is_ok() {
+            let ops = self.completed_ops.load(Ordering::Relaxed);
+            self.completed_ops.store(ops + 1, Ordering::Relaxed);
+            let bytes = self.completed_bytes.load(Ordering::Relaxed);
+            self.completed_bytes.store(bytes + done, Ordering::Relaxed);
+        }
+    }
+
     /// Hand a new ring to the worker and wake it.
     pub fn adopt(&self, ring: WorkerRing) {
         self.new_rings
@@ -199,7 +221,8 @@ impl WorkerBytes {
     pub(crate) fn of(cfg: &crate::config::Config) -> WorkerBytes {
         use std::mem::size_of;
         let cap = u64::from(cfg.max_tasks_per_worker);
-        let per_task = size_of::<super::task::Task>() + size_of::<u32>()
+        // A slot, its free-list and due-list entries.
+        let per_task = size_of::<super::task::Task>() + 2 * size_of::<u32>()
             // One lane entry per task in each of the three lanes.
             + 3 * size_of::<crate::qos::LaneEntry>();
         WorkerBytes {
@@ -284,6 +307,7 @@ impl Worker {
             let now = monotonic_ns();
             if self.sweep.due(now) {
                 self.housekeeping(now);
+                self.settle();
                 // A task it stopped (deadline, cancel) has its completion
                 // written: publish it now, not after the park ahead.
                 self.rings.flush();
@@ -334,6 +358,15 @@ impl Worker {
             // back to sleep instead of another spin/yield phase.
         }
         tracing::debug!(worker = self.shared.index, "worker stopped");
+    }
+
+    /// A task of `p` was accepted (`up`) or finished: tell the gate when
+    /// the worker's first one comes or its last one goes.
+    #[inline]
+    fn count_live(&mut self, p: tent_rings::Priority, up: bool) {
+        if self.sched.count_live(p, up) {
+            self.engine.gate.demand(p, up);
+        }
     }
 
     /// Sleep until a submitter rings, a ring is added, or `timeout`;
@@ -405,12 +438,14 @@ impl Worker {
                 self.shared.qos.promoted(moved);
             }
             work |= self.dispatch(now);
+            self.settle();
         } else if work && let Some(now) = self.sweep.due_after_busy_turn(&mut clock) {
             // Ops done at intake read no clock: every CLOCKLESS_TURNS busy
             // turns one is read here, so deadlines of slices in flight and
             // cancels still come round under a stream of them. (An idle
             // turn is the idle loop's: it reads the clock on its own.)
             self.housekeeping(now);
+            self.settle();
         }
         if self.book.any() {
             work |= self.reap_at(&mut clock);

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use tent_rings::spsc::{Consumer, Producer};
-use tent_rings::{Cqe, Sqe};
+use tent_rings::{Cqe, ErrorKind, Sqe};
 
 use crate::doorbell::CqBell;
+use crate::engine::batch::{BatchTask, Served, TaskState};
 use crate::engine::task::Origin;
 
 /// CQEs a worker writes into a ring before it publishes them mid-turn
@@ -20,6 +21,17 @@ use crate::engine::task::Origin;
 /// flight, 8 B shm WRITEs went from 7.5-8.4 to 13-15 M ops/s with it
 /// (4 and 16 measured the same; each publish is one more line transfer).
 const CQ_PUBLISH_EVERY: usize = 8;
+
+/// A ring request's completion: its result, the transport that served
+/// it, how many times it switched, `fallback` when it succeeded only after
+/// a switch, and `failover_exhausted` when it failed with none left.
+pub(super) fn cqe_for(user_data: u64, res: Result<u64, ErrorKind>, served: Served) -> Cqe {
+    Cqe::new(user_data, res)
+        .with_transport(served.transport)
+        .with_failover_count(served.failover_count)
+        .with_fallback(res.is_ok() && served.failover_count > 0)
+        .with_failover_exhausted(served.exhausted)
+}
 
 /// Worker-side ends of an application ring.
 pub(crate) struct WorkerRing {
@@ -120,10 +132,39 @@ impl Rings {
         }
     }
 
+    /// Deliver a request's completion to where it came from: a CQE on
+    /// its ring, or the batch task's state. `validation`: it was refused
+    /// before any byte moved. Inlined: on the small-op path it is most of
+    /// a CQE's cost, and a call there spilled what the caller held.
+    #[inline(always)]
+    pub fn deliver(
+        &mut self,
+        origin: Origin,
+        user_data: u64,
+        res: Result<u64, ErrorKind>,
+        validation: bool,
+        done: u64,
+        served: Served,
+    ) {
+        match origin {
+            Origin::Batch => {
+                // SAFETY: a batch SQE's user_data is a BatchTask address kept alive until it leaves Pending (which this store does).
+                let slot = unsafe { BatchTask::from_user_data(user_data) };
+                slot.finish(
+                    TaskState::for_result(res, validation),
+                    done,
+                    res.err(),
+                    served,
+                );
+            }
+            Origin::Ring(ri) => self.post_cqe(ri, cqe_for(user_data, res, served)),
+        }
+    }
+
     /// Post `cqe` on ring `ri`, into the slot intake reserved for it.
     /// Inlined: on the small-op path it is most of a CQE's cost.
     #[inline(always)]
-    pub fn post_cqe(&mut self, ri: u32, cqe: Cqe) {
+    fn post_cqe(&mut self, ri: u32, cqe: Cqe) {
         let Some(ring) = self.slots[ri as usize].as_mut() else {
             return;
         };
@@ -205,5 +246,49 @@ impl Rings {
         for ring in self.slots.iter_mut().flatten() {
             ring.sq.clear_need_wakeup();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cqe_for;
+    use crate::engine::batch::Served;
+    use tent_rings::{ErrorKind, TransportKind};
+
+    #[test]
+    fn a_cqe_says_who_served_and_whether_it_fell_back() {
+        let served = Served {
+            transport: TransportKind::Tcp,
+            failover_count: 1,
+            exhausted: false,
+        };
+        let c = cqe_for(7, Ok(8), served);
+        assert_eq!(c.user_data(), 7);
+        assert_eq!(c.result(), Ok(8));
+        assert_eq!(c.transport(), TransportKind::Tcp);
+        assert_eq!(c.failover_count(), 1);
+        assert!(c.fallback());
+        assert!(!c.failover_exhausted());
+        // Failed after a switch: not a fallback; exhausted when said.
+        let failed = cqe_for(
+            7,
+            Err(ErrorKind::Unreachable),
+            Served {
+                exhausted: true,
+                ..served
+            },
+        );
+        assert!(!failed.fallback());
+        assert!(failed.failover_exhausted());
+        // Served where it started.
+        let first = cqe_for(
+            1,
+            Ok(8),
+            Served {
+                failover_count: 0,
+                ..served
+            },
+        );
+        assert!(!first.fallback());
     }
 }
