@@ -20,6 +20,9 @@ use std::sync::{Mutex, OnceLock};
 
 use serde_json::{Map, Value};
 
+mod env;
+mod json;
+
 pub use crate::secret::Secret;
 
 /// The environment variable naming the configuration: a file path, or the
@@ -993,7 +996,7 @@ impl Config {
     /// Parses and validates JSON text; `source` names it in errors and
     /// becomes [`Config::source`]. Keys left out keep their defaults.
     pub fn from_json_str(text: &str, source: &str) -> Result<Config, ConfigError> {
-        let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Parse {
+        let value: Value = json::parse(text).map_err(|e| ConfigError::Parse {
             file: source.to_owned(),
             msg: e.to_string(),
         })?;
@@ -1056,10 +1059,36 @@ impl Config {
         Config::from_env_value(std::env::var_os(ENV_VAR).as_deref())
     }
 
-    /// [`Config::from_env`], falling back to [`Config::default`] when
-    /// `TENT_CONF` is unset.
+    /// The configuration an engine takes when given none, in layers: the
+    /// defaults, then `TENT_CONF` ([`Config::from_env`]: a file or inline
+    /// JSON), then one environment variable per key, `TENT_` and the key's
+    /// path in capitals with `/` as `_` (e.g.
+    /// `TENT_TRANSPORTS_RDMA_RAIL_COOLDOWN_SECS=5`), with the same type and
+    /// range checks as a file and errors that name the variable. A string
+    /// key takes the variable's text as it is; an array may be written
+    /// `1,2` or `[1,2]`. `TENT_CONF` and `TENT_LOG` are no keys; another
+    /// `TENT_*` variable spelled close to a key's is warned about once.
+    /// [`Config::source`] lists the variables applied.
     pub fn load() -> Result<Config, ConfigError> {
-        Ok(Config::from_env()?.unwrap_or_default())
+        Config::from_layers(std::env::var_os(ENV_VAR).as_deref(), std::env::vars_os())
+    }
+
+    /// [`Config::load`] over the given `TENT_CONF` value and environment,
+    /// so tests need not mutate the process environment.
+    fn from_layers(
+        conf: Option<&std::ffi::OsStr>,
+        vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    ) -> Result<Config, ConfigError> {
+        let mut cfg = Config::from_env_value(conf)?.unwrap_or_default();
+        let over = env::apply(&mut cfg, vars)?;
+        env::warn_near_misses(&over.near_misses);
+        if !over.applied.is_empty() {
+            let source = format!("{}, then {}", cfg.source, over.applied.join(", "));
+            cross_check(&cfg, &source)?;
+            warn_not_in_effect(&over.later, &source);
+            cfg.source = source;
+        }
+        Ok(cfg)
     }
 
     /// Every known key with its type, default (JSON text), whether it is in
@@ -2437,10 +2466,54 @@ mod tests {
     fn load_without_tent_conf_gives_defaults() {
         // Reads the real environment but never writes it: set_var would race
         // with C code (hwloc) reading the environment in parallel tests.
-        if std::env::var_os(ENV_VAR).is_none() {
+        let key_vars = std::env::vars_os().any(|(k, _)| {
+            SPECS
+                .iter()
+                .any(|s| k.to_str() == Some(env::var_name(s.path).as_str()))
+        });
+        if std::env::var_os(ENV_VAR).is_none() && !key_vars {
             assert!(Config::from_env().unwrap().is_none());
             assert_eq!(Config::load().unwrap(), Config::default());
         }
+    }
+
+    #[test]
+    fn the_environment_overrides_tent_conf_key_by_key_and_the_result_is_checked_whole() {
+        let vars = |list: &[(&str, &str)]| -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+            list.iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect()
+        };
+        let conf = std::ffi::OsStr::new(r#"{"block_size": 4096, "ring_depth": 128}"#);
+        let cfg = Config::from_layers(Some(conf), vars(&[("TENT_BLOCK_SIZE", "8192")])).unwrap();
+        assert_eq!(cfg.block_size, 8192, "the environment comes last");
+        assert_eq!(cfg.ring_depth, 128, "what it does not name stays");
+        assert_eq!(cfg.source, "TENT_CONF (inline), then TENT_BLOCK_SIZE");
+        let plain = Config::from_layers(None, vars(&[("TENT_NETNS_ROLE", "x")])).unwrap();
+        assert_eq!(plain, Config::default());
+        // A bad value fails the whole load, named by its variable.
+        let e = Config::from_layers(Some(conf), vars(&[("TENT_RING_DEPTH", "100")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("TENT_RING_DEPTH (environment): key \"ring_depth\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_key_given_twice_in_a_file_is_refused_naming_it() {
+        let e = Config::from_json_str(
+            r#"{"transports": {"rdma": {"rail_cooldown_secs": 2, "rail_cooldown_secs": 4}}}"#,
+            "dup.json",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("dup.json: not valid JSON"), "{e}");
+        assert!(
+            e.contains("duplicate key \"transports/rdma/rail_cooldown_secs\""),
+            "{e}"
+        );
     }
 
     #[test]

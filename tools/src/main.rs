@@ -171,10 +171,11 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn main() {
-    // TENT_LOG wins; else the config's `log_level` when TENT_CONF is given;
-    // else warnings only (the tables on stdout are the output).
-    let level = match tent::Config::from_env() {
-        Ok(Some(cfg)) => cfg.log_level,
+    // TENT_LOG wins; else the config's `log_level` when TENT_CONF or
+    // TENT_LOG_LEVEL sets it; else warnings only (the tables on stdout are
+    // the output).
+    let level = match tent::Config::load() {
+        Ok(cfg) if cfg.source != tent::config::DEFAULT_SOURCE => cfg.log_level,
         _ => "warn".to_owned(),
     };
     tracing_subscriber::fmt()
