@@ -36,48 +36,61 @@
 //!
 //! # Tags
 //!
-//! | Message (type)      | Tag      | Field           | Value                              |
-//! |---------------------|----------|-----------------|------------------------------------|
-//! | `Hello` (1)         | `0x0001` | `nonce`         | 32 bytes, required                 |
-//! | `Challenge` (2)     | `0x0001` | `nonce`         | 32 bytes, required                 |
-//! |                     | `0x0002` | `auth_required` | bool, required                     |
-//! | `Auth` (3)          | `0x0001` | `mac`           | 32 bytes, required                 |
-//! | `AuthOk` (4)        | `0x0001` | `mac`           | 32 bytes, required                 |
-//! | `GetDescriptor` (5) |          | (none)          |                                    |
-//! | `Descriptor` (6)    | `0x0001` | `name`          | string ≤ [`MAX_NAME`], non-empty, required |
-//! |                     | `0x0002` | `host_id`       | string ≤ [`MAX_NAME`], required    |
-//! |                     | `0x0003` | `pid`           | u32, required                      |
-//! |                     | `0x0004` | `shm_name`      | string ≤ [`MAX_SHM_NAME`], optional |
-//! |                     | `0x0005` | region          | region record, repeated ≤ [`MAX_REGIONS`] |
-//! |                     | `0x0006` | transport       | u8, repeated ≤ [`MAX_TRANSPORTS`]  |
-//! |                     | `0x0007` | rail            | rail record, repeated ≤ [`MAX_RAILS`] |
-//! | `Error` (7)         | `0x0001` | `code`          | u16, required                      |
-//! |                     | `0x0002` | `text`          | string ≤ [`MAX_MESSAGE_TEXT`], required |
-//! | region record       | `0x0001` | `id`            | u32, required                      |
-//! |                     | `0x0002` | `addr`          | u64, required                      |
-//! |                     | `0x0003` | `len`           | u64, required                      |
-//! |                     | `0x0004` | `key`           | u64, required                      |
-//! | rail record         | `0x0001` | `name`          | string ≤ 64 bytes, required        |
-//! |                     | `0x0002` | `addr`          | string ≤ 64 bytes, required        |
-//! | `QpConnect` (8)     | `0x0001` | `initiator_nic` | string ≤ 64 bytes, required        |
-//! |                     | `0x0002` | `target_nic`    | string ≤ 64 bytes, required        |
-//! |                     | `0x0003`..`0x0007` | QP bootstrap | as in `QpAccept`, required   |
-//! |                     | `0x0008` | `initiator`     | initiator record, required         |
-//! | `QpAccept` (9)      | `0x0003` | `gid`           | 16 bytes, required                 |
-//! |                     | `0x0004` | `lid`           | u16, required                      |
-//! |                     | `0x0005` | `qpn`           | u32, required                      |
-//! |                     | `0x0006` | `psn`           | u32, required                      |
-//! |                     | `0x0007` | `mtu`           | u32 (an `ibv_mtu`), required       |
-//! | `Notify` (10)       | `0x0001` | `sender`        | u64 engine id, non-zero, required  |
-//! |                     | `0x0002` | `from`          | string ≤ [`MAX_NAME`], required    |
-//! |                     | `0x0003` | `seq`           | u64, non-zero, required            |
-//! |                     | `0x0004` | `name`          | string ≤ [`MAX_NOTIFY_NAME`], required |
-//! |                     | `0x0005` | `msg`           | bytes ≤ [`MAX_NOTIFY_MSG`], required |
-//! | `NotifyAck` (11)    | `0x0001` | `seq`           | u64, required                      |
-//! | initiator record    | `0x0001` | `engine`        | u64, non-zero, required            |
-//! |                     | `0x0002` | `worker`        | u16 < [`MAX_QP_WORKERS`], required |
-//! |                     | `0x0003` | `rail`          | u16 < [`MAX_QP_RAILS`], required   |
-//! |                     | `0x0004` | `queue`         | u16 < [`MAX_QP_PER_TRANSFER`], absent = 0 |
+//! Each field's tag and the constant the codec names it by. A test holds
+//! this table against those constants and the message types.
+//!
+//! | Message (type)      | Tag      | Field           | Value                                            | Constant                  |
+//! |---------------------|----------|-----------------|--------------------------------------------------|---------------------------|
+//! | `Hello` (1)         | `0x0001` | `nonce`         | 32 bytes, required                               | `HELLO_NONCE`             |
+//! | `Challenge` (2)     | `0x0001` | `nonce`         | 32 bytes, required                               | `CHALLENGE_NONCE`         |
+//! |                     | `0x0002` | `auth_required` | bool, required                                   | `CHALLENGE_AUTH_REQUIRED` |
+//! | `Auth` (3)          | `0x0001` | `mac`           | 32 bytes, required                               | `AUTH_MAC`                |
+//! | `AuthOk` (4)        | `0x0001` | `mac`           | 32 bytes, required                               | `AUTH_OK_MAC`             |
+//! | `GetDescriptor` (5) |          | (none)          |                                                  |                           |
+//! | `Descriptor` (6)    | `0x0001` | `name`          | string ≤ [`MAX_NAME`], non-empty, required       | `DESC_NAME`               |
+//! |                     | `0x0002` | `host_id`       | string ≤ [`MAX_NAME`], required                  | `DESC_HOST_ID`            |
+//! |                     | `0x0003` | `pid`           | u32, required                                    | `DESC_PID`                |
+//! |                     | `0x0004` | `shm_name`      | string ≤ [`MAX_SHM_NAME`], optional              | `DESC_SHM_NAME`           |
+//! |                     | `0x0005` | region          | region record, repeated ≤ [`MAX_REGIONS`]        | `DESC_REGION`             |
+//! |                     | `0x0006` | transport       | u8, repeated ≤ [`MAX_TRANSPORTS`]                | `DESC_TRANSPORT`          |
+//! |                     | `0x0007` | rail            | rail record, repeated ≤ [`MAX_RAILS`]            | `DESC_RAIL`               |
+//! |                     | `0x0008` | nic             | NIC record, repeated ≤ [`MAX_NICS`]              | `DESC_NIC`                |
+//! | `Error` (7)         | `0x0001` | `code`          | u16, required                                    | `ERROR_CODE`              |
+//! |                     | `0x0002` | `text`          | string ≤ [`MAX_MESSAGE_TEXT`], required          | `ERROR_TEXT`              |
+//! | `QpConnect` (8)     | `0x0001` | `initiator_nic` | string ≤ 64 bytes, required                      | `QP_INITIATOR_NIC`        |
+//! |                     | `0x0002` | `target_nic`    | string ≤ 64 bytes, required                      | `QP_TARGET_NIC`           |
+//! |                     | `0x0003` | `gid`           | 16 bytes, required                               | `QP_GID`                  |
+//! |                     | `0x0004` | `lid`           | u16, required                                    | `QP_LID`                  |
+//! |                     | `0x0005` | `qpn`           | u32, required                                    | `QP_QPN`                  |
+//! |                     | `0x0006` | `psn`           | u32, required                                    | `QP_PSN`                  |
+//! |                     | `0x0007` | `mtu`           | u32 (an `ibv_mtu`), required                     | `QP_MTU`                  |
+//! |                     | `0x0008` | `initiator`     | initiator record, required                       | `QP_INITIATOR`            |
+//! | `QpAccept` (9)      | `0x0003` | `gid`           | 16 bytes, required                               | `QP_GID`                  |
+//! |                     | `0x0004` | `lid`           | u16, required                                    | `QP_LID`                  |
+//! |                     | `0x0005` | `qpn`           | u32, required                                    | `QP_QPN`                  |
+//! |                     | `0x0006` | `psn`           | u32, required                                    | `QP_PSN`                  |
+//! |                     | `0x0007` | `mtu`           | u32 (an `ibv_mtu`), required                     | `QP_MTU`                  |
+//! | `Notify` (10)       | `0x0001` | `sender`        | u64 engine id, non-zero, required                | `NOTIFY_SENDER`           |
+//! |                     | `0x0002` | `from`          | string ≤ [`MAX_NAME`], required                  | `NOTIFY_FROM`             |
+//! |                     | `0x0003` | `seq`           | u64, non-zero, required                          | `NOTIFY_SEQ`              |
+//! |                     | `0x0004` | `name`          | string ≤ [`MAX_NOTIFY_NAME`], required           | `NOTIFY_NAME`             |
+//! |                     | `0x0005` | `msg`           | bytes ≤ [`MAX_NOTIFY_MSG`], required             | `NOTIFY_MSG`              |
+//! | `NotifyAck` (11)    | `0x0001` | `seq`           | u64, required                                    | `ACK_SEQ`                 |
+//! | region record       | `0x0001` | `id`            | u32, required                                    | `REGION_ID`               |
+//! |                     | `0x0002` | `addr`          | u64, required                                    | `REGION_ADDR`             |
+//! |                     | `0x0003` | `len`           | u64, required                                    | `REGION_LEN`              |
+//! |                     | `0x0004` | `key`           | u64, required                                    | `REGION_KEY`              |
+//! |                     | `0x0005` | `rkeys`         | u32 each, ≤ [`MAX_NICS`] (one per NIC), optional | `REGION_RKEYS`            |
+//! | rail record         | `0x0001` | `name`          | string ≤ 64 bytes, required                      | `RAIL_NAME`               |
+//! |                     | `0x0002` | `addr`          | string ≤ 64 bytes, required                      | `RAIL_ADDR`               |
+//! | NIC record          | `0x0001` | `name`          | string ≤ 64 bytes, required                      | `NIC_NAME`                |
+//! |                     | `0x0002` | `gid`           | 16 bytes, required                               | `NIC_GID`                 |
+//! |                     | `0x0003` | `lid`           | u16, required                                    | `NIC_LID`                 |
+//! |                     | `0x0004` | `mtu`           | u32 (an `ibv_mtu`), required                     | `NIC_MTU`                 |
+//! | initiator record    | `0x0001` | `engine`        | u64, non-zero, required                          | `QPI_ENGINE`              |
+//! |                     | `0x0002` | `worker`        | u16 < [`MAX_QP_WORKERS`], required               | `QPI_WORKER`              |
+//! |                     | `0x0003` | `rail`          | u16 < [`MAX_QP_RAILS`], required                 | `QPI_RAIL`                |
+//! |                     | `0x0004` | `queue`         | u16 < [`MAX_QP_PER_TRANSFER`], absent = 0        | `QPI_QUEUE`               |
 //!
 //! # Hostile input
 //!
@@ -1300,6 +1313,79 @@ fn string(tag: u16, v: &[u8], what: &'static str, max: usize) -> Result<String> 
 
 #[cfg(test)]
 mod tests {
+    /// The module's tag table, held against the code: every row names a
+    /// constant of this file with the row's tag, every field constant has
+    /// a row, and each message's type number is its `TYPE_` constant's.
+    #[test]
+    fn the_tag_table_in_the_docs_is_the_code_s() {
+        let src = include_str!("wire.rs");
+        // `const NAME: u16 = literal;` at the top level of this file.
+        let mut consts = std::collections::BTreeMap::new();
+        for line in src.lines() {
+            let Some(rest) = line.strip_prefix("const ") else {
+                continue;
+            };
+            let Some((name, value)) = rest.split_once(": u16 = ") else {
+                continue;
+            };
+            let value = value.trim_end_matches(';');
+            let parsed = match value.strip_prefix("0x") {
+                Some(hex) => u16::from_str_radix(hex, 16).ok(),
+                None => value.parse().ok(),
+            };
+            if let Some(v) = parsed {
+                consts.insert(name.to_owned(), v);
+            }
+        }
+        let table = src
+            .split("//! # Tags")
+            .nth(1)
+            .and_then(|t| t.split("//! # Hostile input").next())
+            .expect("the module docs have a tag table");
+        let cell = |c: &str| c.trim().trim_matches('`').to_owned();
+        let mut named = std::collections::BTreeSet::new();
+        let mut types = 0;
+        for row in table.lines().filter_map(|l| l.strip_prefix("//! |")) {
+            let cols: Vec<String> = row.split('|').map(cell).collect();
+            if cols.len() < 5 || cols[1] == "Tag" || cols[1].starts_with('-') {
+                continue;
+            }
+            // `Name` (n): the message type.
+            if let Some((name, n)) = cols[0].split_once("` (") {
+                let n: u16 = n.trim_end_matches(')').parse().expect("a type number");
+                let mut constant = String::from("TYPE");
+                for c in name.chars() {
+                    if c.is_ascii_uppercase() {
+                        constant.push('_');
+                    }
+                    constant.push(c.to_ascii_uppercase());
+                }
+                assert_eq!(consts.get(&constant), Some(&n), "{} is type {n}", cols[0]);
+                types += 1;
+            }
+            if cols[4].is_empty() {
+                continue;
+            }
+            let tag = u16::from_str_radix(cols[1].trim_start_matches("0x"), 16)
+                .unwrap_or_else(|_| panic!("tag {:?} of {}", cols[1], cols[4]));
+            assert_eq!(consts.get(&cols[4]), Some(&tag), "the row of {}", cols[4]);
+            named.insert(cols[4].clone());
+        }
+        assert_eq!(
+            types,
+            usize::from(TYPE_LAST),
+            "every message type has a row"
+        );
+        let fields: Vec<&String> = consts
+            .keys()
+            .filter(|k| !k.starts_with("TYPE_") && !named.contains(*k))
+            .collect();
+        assert!(
+            fields.is_empty(),
+            "field tags with no row in the table: {fields:?}"
+        );
+    }
+
     use super::*;
     use proptest::prelude::*;
 
