@@ -17,7 +17,7 @@
 //! `SqController`s (their admission counters land here, so they outlive
 //! a replaced QP) and with the metrics reader. The owning worker is the
 //! only writer of everything but the admission counters: it writes with
-//! plain loads and stores ([`bump`]), never a locked read-modify-write,
+//! plain loads and stores (`bump`), never a locked read-modify-write,
 //! and once per reaped batch rather than per request where it can.
 
 use std::fmt;

@@ -7,18 +7,18 @@
 //! acknowledgement, an RDMA WRITE's completion: the responder has placed
 //! it). So the sender waits for that, then sends the message on the
 //! authenticated control connection it already has to the peer, and the
-//! peer's control server files it in its [`Inbox`]. A second channel per
+//! peer's control server files it in its `Inbox`. A second channel per
 //! transport (an RDMA SEND, a message slot in the shm file) would order the
 //! message behind the data only on that transport, and a failover moves a
 //! task to another.
 //!
-//! - [`outbox`]: the sender. One lane per peer, one thread per lane, so
+//! - `outbox`: the sender. One lane per peer, one thread per lane, so
 //!   the peer's messages leave in the order they were given and a dead peer
 //!   holds up only its own lane. Each message carries this engine's id and
 //!   a sequence number; a resend after a lost answer is recognised.
-//! - [`delivery`]: one message's fate (pending, delivered, failed), what
+//! - `delivery`: one message's fate (pending, delivered, failed), what
 //!   a sender and a batch wait on.
-//! - [`inbox`]: the receiver. Bounded; duplicates dropped by (sender, seq);
+//! - `inbox`: the receiver. Bounded; duplicates dropped by (sender, seq);
 //!   taken by polling or a blocking wait with a timeout.
 
 pub(crate) mod delivery;

@@ -179,7 +179,7 @@ pub trait Transport: Send + Sync + 'static {
     /// [`submit`](Self::submit) for one slice, its outcome returned in a
     /// register ([`PackedOutcome`]): the worker's inline path for small
     /// ops. A synchronous transport implements it (and `submit` through
-    /// it, [`submit_each`]).
+    /// it, `submit_each`).
     fn submit_one(&self, ctx: &WorkerCtx, slice: &Slice<'_>) -> PackedOutcome {
         let mut out = [SubmitOutcome::Rejected(ErrorKind::Unreachable)];
         self.submit(ctx, std::slice::from_ref(slice), &mut out);

@@ -8,7 +8,7 @@ use tent_rings::ErrorKind;
 pub enum SubmitOutcome {
     /// Done already (synchronous transports): bytes moved or why not.
     Completed(Result<u64, ErrorKind>),
-    /// Started; its completion arrives through [`Transport::poll`].
+    /// Started; its completion arrives through [`Transport::poll`](super::Transport::poll).
     Posted,
     /// Not started at all (safe to post elsewhere).
     Rejected(ErrorKind),

@@ -25,8 +25,8 @@
 //! down); it reconnects on the next slice. Slices still in `submit` were
 //! never sent, so they are never reported twice.
 //!
-//! A worker stops one task's slices ([`Conn::claim`], [`Conn::on_wire`],
-//! [`Conn::stop_slices`]): the sender sends no queued slice of an aborted
+//! A worker stops one task's slices (`Conn::claim`, `Conn::on_wire`,
+//! `Conn::stop_slices`): the sender sends no queued slice of an aborted
 //! token (it completes them at once, on `unsent`); a slice of it already
 //! on the wire is stopped by resetting the connection, as above, so it
 //! completes only once nothing touches its buffer. Slices of other tasks
@@ -40,7 +40,7 @@
 //! still on their way, or queued in the target's socket, cannot land over
 //! the slice or anything written after it). A connection reset with a
 //! WRITE on it is also fenced by every connection to the peer before its
-//! next slice ([`PeerFences`]): that WRITE's failure may have reached the
+//! next slice (`PeerFences`): that WRITE's failure may have reached the
 //! application, whose next WRITE must not be overwritten by its bytes.
 //!
 //! A connection opens with the [`handshake`] (proof of
@@ -83,7 +83,7 @@ pub const RECONNECT_IDLE: Duration = Duration::from_secs(15);
 /// Longest pause between tries at a busy target.
 const BUSY_PAUSE_MAX: Duration = Duration::from_millis(200);
 
-/// [`Op::opcode`]'s flag of a HIGH slice.
+/// `Op::opcode`'s flag of a HIGH slice.
 pub const URGENT: u8 = 0x80;
 
 /// The submit ring of HIGH slices (sent first).
