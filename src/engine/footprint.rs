@@ -6,7 +6,7 @@
 //! killed by the OOM killer halfway through starting workers.
 //!
 //! Counted: what `Engine::build` and `Worker::new` allocate per worker
-//! (task slots and their free list, three priority lanes of
+//! (task slots with their free and due lists, three priority lanes of
 //! `max_tasks_per_worker` entries, the batch submission ring of
 //! `ring_depth` SQEs, the reap buffer and lists), each from `size_of` of
 //! the real structs, and what the TCP transport keeps per worker from the
@@ -44,8 +44,8 @@ pub struct Footprint {
     /// board, `max_inflight_slices` or `max_tasks_per_worker` entries,
     /// the smaller).
     pub transports: u64,
-    /// Task bytes per `max_tasks_per_worker` unit (slot, free-list entry,
-    /// three lane entries).
+    /// Task bytes per `max_tasks_per_worker` unit (slot, free-list and
+    /// due-list entries, three lane entries).
     pub per_task: u64,
 }
 

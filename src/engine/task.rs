@@ -110,7 +110,8 @@ pub(crate) struct Task {
     pub accepted_ns: u64,
     /// Its first slice went out (its queue wait is recorded).
     pub waited: bool,
-    /// On the table's due list (`TaskTable::note_due`), not yet settled.
+    /// On the table's due list (`TaskTable::note_due`), not yet taken off
+    /// it by the completion stage.
     due: bool,
 }
 

@@ -1,5 +1,5 @@
-//! Housekeeping: the deadline and cancel sweep, retiring rings, the
-//! unregister handshake, and the shutdown drain.
+//! Housekeeping: the deadline and cancel sweep and `stop_task`, retiring
+//! rings, the unregister handshake, and the shutdown drain.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

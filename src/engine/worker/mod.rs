@@ -40,7 +40,8 @@
 //! (nothing more to post, nothing in flight) on the task table's due list;
 //! `settle`, run after each of them, fails it over (back to the scheduler)
 //! or delivers it. `Rings::deliver` is the one place a completion is
-//! written: by `settle`, and by intake for a request refused or done inline.
+//! written: by `settle`, by intake for a request refused or done inline,
+//! and by the shutdown drain for an SQE it takes but never accepts.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -207,7 +208,7 @@ const RINGS_AT_START: usize = 64;
 /// so the figure follows the structs as they change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct WorkerBytes {
-    /// Task table (slots and free list) and the three priority lanes:
+    /// Task table (slots, free and due lists) and the three priority lanes:
     /// `max_tasks_per_worker` each.
     pub tasks: u64,
     /// The batch API's submission ring: `Config::batch_ring_depth` SQEs.
