@@ -32,7 +32,12 @@ pub mod qp_table;
 pub mod responder;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
+// The verbs bindings and the provider table: the engine's own, public only
+// to the integration tests that drive them (the `testing` feature).
+#[cfg(any(test, feature = "testing"))]
 pub mod sys;
+#[cfg(not(any(test, feature = "testing")))]
+pub(crate) mod sys;
 pub mod transport;
 pub mod verbs;
 pub mod wc;

@@ -4,9 +4,7 @@
 //! and so a test can run the real dispatch against an `ops` table of Rust
 //! functions.
 
-use super::ffi::{
-    ibv_context, ibv_cq, ibv_port_attr, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_wc, verbs_context,
-};
+use super::ffi::{ibv_context, ibv_cq, ibv_port_attr, ibv_qp, ibv_send_wr, ibv_wc, verbs_context};
 
 /// `ibv_post_send`: post a linked list of work requests on `qp`.
 ///
@@ -38,36 +36,6 @@ pub unsafe fn poll_cq(cq: *mut ibv_cq, n: i32, wc: *mut ibv_wc) -> i32 {
         // SAFETY: the provider's own entry point, with the caller's valid arguments.
         Some(f) => unsafe { f(cq, n, wc) },
         None => -libc::EOPNOTSUPP,
-    }
-}
-
-/// `ibv_req_notify_cq`: arm `cq` for one completion event.
-///
-/// # Safety
-/// `cq` must be a live CQ whose context has a provider ops table.
-#[inline]
-pub unsafe fn req_notify_cq(cq: *mut ibv_cq, solicited_only: bool) -> i32 {
-    // SAFETY: the caller guarantees `cq` and its context are live.
-    let f = unsafe { (*(*cq).context).ops.req_notify_cq };
-    match f {
-        // SAFETY: the provider's own entry point, with the caller's valid arguments.
-        Some(f) => unsafe { f(cq, solicited_only as i32) },
-        None => libc::EOPNOTSUPP,
-    }
-}
-
-/// `ibv_post_recv`: post receive work requests on `qp`.
-///
-/// # Safety
-/// As [`post_send`].
-#[inline]
-pub unsafe fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> i32 {
-    // SAFETY: the caller guarantees `qp` and its context are live.
-    let f = unsafe { (*(*qp).context).ops.post_recv };
-    match f {
-        // SAFETY: the provider's own entry point, with the caller's valid arguments.
-        Some(f) => unsafe { f(qp, wr, bad) },
-        None => libc::EOPNOTSUPP,
     }
 }
 
@@ -129,7 +97,6 @@ mod tests {
 
     thread_local! {
         static WIRE: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
-        static ARMED: RefCell<i32> = const { RefCell::new(-1) };
     }
 
     unsafe extern "C" fn fake_post_send(
@@ -171,17 +138,11 @@ mod tests {
         })
     }
 
-    unsafe extern "C" fn fake_req_notify(_cq: *mut ibv_cq, solicited: i32) -> i32 {
-        ARMED.with(|a| *a.borrow_mut() = solicited);
-        0
-    }
-
     #[test]
     fn dispatch_reaches_the_provider_ops() {
         let mut ctx = ibv_context::default();
         ctx.ops.post_send = Some(fake_post_send);
         ctx.ops.poll_cq = Some(fake_poll_cq);
-        ctx.ops.req_notify_cq = Some(fake_req_notify);
         // One raw pointer shared by QP and CQ, as a provider would hand out.
         let ctxp: *mut ibv_context = &mut ctx;
         let mut qp = ibv_qp {
@@ -213,9 +174,6 @@ mod tests {
         let got: Vec<_> = wc[..4].iter().map(|w| (w.wr_id, w.status)).collect();
         assert_eq!(got[0], (100, ibv_wc_status::IBV_WC_SUCCESS));
         assert_eq!(got[2], (102, ibv_wc_status::IBV_WC_REM_ACCESS_ERR));
-        // SAFETY: as above.
-        assert_eq!(unsafe { req_notify_cq(&mut cq, true) }, 0);
-        ARMED.with(|a| assert_eq!(*a.borrow(), 1));
         // A provider without the op: an error, not a crash.
         // SAFETY: `ctxp` points at `ctx`, alive for the whole test.
         unsafe { (*ctxp).ops.poll_cq = None };
