@@ -40,7 +40,8 @@ pub const DEFAULT_SOURCE: &str = "default";
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Where this configuration came from: `"default"`, a file path, or
-    /// `"TENT_CONF (inline)"`.
+    /// `"TENT_CONF (inline)"`; after [`Config::load`] applied variables,
+    /// that followed by `, then ` and their names.
     pub source: String,
     /// `block_size`: slice size in bytes; larger requests are split.
     pub block_size: u64,
@@ -996,19 +997,43 @@ impl Config {
     /// Parses and validates JSON text; `source` names it in errors and
     /// becomes [`Config::source`]. Keys left out keep their defaults.
     pub fn from_json_str(text: &str, source: &str) -> Result<Config, ConfigError> {
+        Config::checked(Config::layer_from_json(text, source)?)
+    }
+
+    /// A layer read, each key checked alone; the checks across keys wait
+    /// for the last layer (`checked`).
+    fn layer_from_json(text: &str, source: &str) -> Result<Layer, ConfigError> {
         let value: Value = json::parse(text).map_err(|e| ConfigError::Parse {
             file: source.to_owned(),
             msg: e.to_string(),
         })?;
-        let (cfg, later) = Config::from_value(&value, source)?;
-        warn_not_in_effect(&later, source);
-        tracing::debug!(source, "configuration loaded");
+        let (cfg, later) = Config::keys_from_value(&value, source)?;
+        Ok(Layer { cfg, later })
+    }
+
+    /// The last layer in: the checks across keys, named by the whole
+    /// source, and the warning for keys not in effect.
+    fn checked(layer: Layer) -> Result<Config, ConfigError> {
+        let Layer { cfg, later } = layer;
+        cross_check(&cfg, &cfg.source)?;
+        warn_not_in_effect(&later, &cfg.source);
+        tracing::debug!(source = %cfg.source, "configuration loaded");
         Ok(cfg)
     }
 
     /// The one validation: every key's type and range, then the checks
     /// across keys; also the keys set that are not in effect.
     fn from_value(value: &Value, source: &str) -> Result<(Config, Vec<&'static str>), ConfigError> {
+        let (cfg, later) = Config::keys_from_value(value, source)?;
+        cross_check(&cfg, source)?;
+        Ok((cfg, later))
+    }
+
+    /// Every key of `value` checked alone, over the defaults.
+    fn keys_from_value(
+        value: &Value,
+        source: &str,
+    ) -> Result<(Config, Vec<&'static str>), ConfigError> {
         let Value::Object(map) = value else {
             return Err(ConfigError::Type {
                 file: source.to_owned(),
@@ -1024,7 +1049,6 @@ impl Config {
         };
         let mut later = Vec::new();
         walk(map, "", source, &mut cfg, &mut later)?;
-        cross_check(&cfg, source)?;
         Ok((cfg, later))
     }
 
@@ -1044,12 +1068,16 @@ impl Config {
 
     /// Reads and validates a JSON file; errors name `path`.
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        Config::checked(Config::layer_from_file(path)?)
+    }
+
+    fn layer_from_file(path: &Path) -> Result<Layer, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
             file: file.clone(),
             source,
         })?;
-        Config::from_json_str(&text, &file)
+        Config::layer_from_json(&text, &file)
     }
 
     /// Reads `TENT_CONF`: unset gives `Ok(None)`; a value that starts with
@@ -1068,7 +1096,10 @@ impl Config {
     /// key takes the variable's text as it is; an array may be written
     /// `1,2` or `[1,2]`. `TENT_CONF` and `TENT_LOG` are no keys; another
     /// `TENT_*` variable spelled close to a key's is warned about once.
-    /// [`Config::source`] lists the variables applied.
+    /// [`Config::source`] lists the variables applied. The checks across
+    /// keys run once, on the result. A configuration given whole
+    /// ([`Config::from_path_or_json`], a binding's path or dict) takes no
+    /// variables.
     pub fn load() -> Result<Config, ConfigError> {
         Config::from_layers(std::env::var_os(ENV_VAR).as_deref(), std::env::vars_os())
     }
@@ -1079,16 +1110,20 @@ impl Config {
         conf: Option<&std::ffi::OsStr>,
         vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
     ) -> Result<Config, ConfigError> {
-        let mut cfg = Config::from_env_value(conf)?.unwrap_or_default();
-        let over = env::apply(&mut cfg, vars)?;
+        let mut layer = match conf {
+            Some(v) => Config::layer_from_path_or_json(v, INLINE_SOURCE)?,
+            None => Layer {
+                cfg: Config::default(),
+                later: Vec::new(),
+            },
+        };
+        let over = env::apply(&mut layer.cfg, vars)?;
         env::warn_near_misses(&over.near_misses);
         if !over.applied.is_empty() {
-            let source = format!("{}, then {}", cfg.source, over.applied.join(", "));
-            cross_check(&cfg, &source)?;
-            warn_not_in_effect(&over.later, &source);
-            cfg.source = source;
+            layer.cfg.source = format!("{}, then {}", layer.cfg.source, over.applied.join(", "));
+            layer.later.extend(over.later);
         }
-        Ok(cfg)
+        Config::checked(layer)
     }
 
     /// Every known key with its type, default (JSON text), whether it is in
@@ -1123,7 +1158,13 @@ impl Config {
         value: impl AsRef<std::ffi::OsStr>,
         source: &str,
     ) -> Result<Config, ConfigError> {
-        let value = value.as_ref();
+        Config::checked(Config::layer_from_path_or_json(value.as_ref(), source)?)
+    }
+
+    fn layer_from_path_or_json(
+        value: &std::ffi::OsStr,
+        source: &str,
+    ) -> Result<Layer, ConfigError> {
         let text = value.to_string_lossy();
         // A byte-order mark is no path character either.
         let trimmed = text.trim_start_matches('\u{feff}').trim();
@@ -1134,11 +1175,18 @@ impl Config {
             || trimmed.contains(['"', '\n'])
             || trimmed.len() > 4096;
         if inline {
-            Config::from_json_str(trimmed, source)
+            Config::layer_from_json(trimmed, source)
         } else {
-            Config::from_file(Path::new(value))
+            Config::layer_from_file(Path::new(value))
         }
     }
+}
+
+/// A configuration read from one source, each key checked alone, and the
+/// keys it set that are not in effect.
+struct Layer {
+    cfg: Config,
+    later: Vec<&'static str>,
 }
 
 fn walk(
@@ -2491,6 +2539,20 @@ mod tests {
         assert_eq!(cfg.source, "TENT_CONF (inline), then TENT_BLOCK_SIZE");
         let plain = Config::from_layers(None, vars(&[("TENT_NETNS_ROLE", "x")])).unwrap();
         assert_eq!(plain, Config::default());
+        // The checks across keys see every layer: a file's choice that a
+        // variable allows is no error.
+        let split =
+            std::ffi::OsStr::new(r#"{"transports": {"rdma": {"sq_split_policy": "capacity"}}}"#);
+        assert!(Config::from_layers(Some(split), vars(&[])).is_err());
+        let both = Config::from_layers(
+            Some(split),
+            vars(&[(
+                "TENT_TRANSPORTS_RDMA_SQ_ENABLE_EXPERIMENTAL_CAPACITY",
+                "true",
+            )]),
+        )
+        .unwrap();
+        assert!(both.transports.rdma.sq_enable_experimental_capacity);
         // A bad value fails the whole load, named by its variable.
         let e = Config::from_layers(Some(conf), vars(&[("TENT_RING_DEPTH", "100")]))
             .unwrap_err()

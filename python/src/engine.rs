@@ -71,7 +71,8 @@ fn secs(py: Python<'_>, timeout: Option<f64>) -> PyResult<Duration> {
 #[pymethods]
 impl TransferEngine {
     /// Start an engine. `config_path`: a JSON file's path, inline JSON
-    /// text, a dict, or None (the `TENT_CONF` variable, else defaults).
+    /// text, a dict (each taken whole), or None (the defaults, then the
+    /// `TENT_CONF` variable, then the `TENT_<KEY>` variables).
     #[new]
     #[pyo3(signature = (config_path=None))]
     fn new(py: Python<'_>, config_path: Option<&Bound<'_, PyAny>>) -> PyResult<TransferEngine> {

@@ -5,9 +5,13 @@
 //! file, with errors that name the variable.
 //!
 //! A value is JSON for numbers, bools and arrays (an array may also be
-//! written bare, `1,2`), and the text as it is for a string key.
+//! written bare, `1,2`), and the text as it is for a string key. A variable
+//! set but empty is refused rather than taken for "no value" (an unset
+//! shell variable in a deployment file would otherwise clear a secret and
+//! turn authentication off); so is a variable given twice.
 //! `TENT_CONF` and `TENT_LOG` are not keys. Any other `TENT_*` variable is
-//! left alone, but one spelled close to a key's is warned about once.
+//! left alone, but one spelled close to a key's (in any case, or a key's
+//! path with its first parts left out) is warned about once.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -62,9 +66,21 @@ pub(super) fn apply(
             (k.starts_with("TENT_") && k != ENV_VAR && k != LOG_VAR).then_some((k, v))
         })
         .collect();
+    // Stable: a name given twice keeps its order, for the error below.
     ours.sort_by(|a, b| a.0.cmp(&b.0));
     let mut out = Overrides::default();
     for (var, value) in ours {
+        if out.applied.last() == Some(&var) {
+            return Err(ConfigError::Invalid {
+                file: source(&var),
+                key: SPECS
+                    .iter()
+                    .find(|s| var_name(s.path) == var)
+                    .map_or("", |s| s.path)
+                    .to_owned(),
+                reason: "the variable is given twice in the environment".to_owned(),
+            });
+        }
         let Some(i) = SPECS.iter().position(|s| var_name(s.path) == var) else {
             if let Some(meant) = near_miss(&var) {
                 out.near_misses.push((var, meant));
@@ -81,6 +97,15 @@ pub(super) fn apply(
                 found: "text that is not UTF-8".to_owned(),
             });
         };
+        if text.trim().is_empty() {
+            return Err(ConfigError::Invalid {
+                file: src,
+                key: spec.path.to_owned(),
+                reason: "set but empty: give a value, or unset the variable to keep the value \
+                         of the configuration before it"
+                    .to_owned(),
+            });
+        }
         let json = to_json(rule.kind, text).map_err(|found| ConfigError::Type {
             file: src.clone(),
             key: spec.path.to_owned(),
@@ -117,14 +142,32 @@ fn to_json(kind: Kind, text: &str) -> Result<Value, String> {
     }
 }
 
-/// The key variable `var` is probably a misspelling of, if any.
+/// Longest variable name compared with the keys' (the distance costs the
+/// product of the two lengths).
+const NEAR_MISS_MAX_LEN: usize = 128;
+
+/// The key variable `var` is probably a misspelling of, if any: the same
+/// name in another case, one a few letters off, or a key's path with its
+/// first parts left out (`TENT_SHARED_SECRET`, `TENT_RDMA_RAIL_COOLDOWN_SECS`).
 fn near_miss(var: &str) -> Option<String> {
+    if var.len() > NEAR_MISS_MAX_LEN {
+        return None;
+    }
+    let upper = var.to_ascii_uppercase();
+    let tail = format!("_{}", upper.strip_prefix("TENT_").unwrap_or(&upper));
     SPECS
         .iter()
         .map(|s| var_name(s.path))
         .filter_map(|known| {
-            let d = levenshtein(var, &known);
-            (d <= (var.len().max(known.len()) / 8).max(1)).then_some((d, known))
+            if known.ends_with(&tail) && tail.len() > 6 {
+                return Some((0, known));
+            }
+            let most = (upper.len().max(known.len()) / 8).max(1);
+            if upper.len().abs_diff(known.len()) > most {
+                return None;
+            }
+            let d = levenshtein(&upper, &known);
+            (d <= most).then_some((d, known))
         })
         .min_by_key(|(d, _)| *d)
         .map(|(_, known)| known)
@@ -138,10 +181,7 @@ pub(super) fn warn_near_misses(near: &[(String, String)]) {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     for (var, meant) in near {
-        // Counted as said only once a subscriber can hear it: a program
-        // that reads its configuration before it sets up logging (to pick
-        // the level) hears it on the next load.
-        if !tracing::dispatcher::has_been_set() || warned.insert(var.clone()) {
+        if warned.insert(var.clone()) {
             tracing::warn!(
                 variable = %var,
                 "environment variable {var} is no configuration key and is ignored; did you mean {meant}?"
@@ -241,6 +281,49 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cfg.secret(), Some(&b"a-secret-of-24-bytes-xx"[..]));
+    }
+
+    #[test]
+    fn an_empty_or_repeated_variable_is_refused() {
+        let mut cfg = Config {
+            rpc_shared_secret: "a-secret-of-24-bytes-xx".into(),
+            ..Config::default()
+        };
+        for value in ["", "  "] {
+            let e = apply(&mut cfg, vars(&[("TENT_RPC_SHARED_SECRET", value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("set but empty"), "{e}");
+        }
+        assert!(cfg.secret().is_some(), "the earlier layer's secret stays");
+        let e = apply(&mut cfg, vars(&[("TENT_WORKERS_CORES", "")])).unwrap_err();
+        assert!(e.to_string().contains("set but empty"), "{e}");
+        let e = apply(
+            &mut Config::default(),
+            vars(&[("TENT_BLOCK_SIZE", "8192"), ("TENT_BLOCK_SIZE", "16384")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("TENT_BLOCK_SIZE (environment)"), "{e}");
+        assert!(e.contains("given twice"), "{e}");
+    }
+
+    #[test]
+    fn misspellings_in_case_or_with_the_path_cut_short_are_near_misses() {
+        for (typed, meant) in [
+            ("TENT_block_size", "TENT_BLOCK_SIZE"),
+            ("TENT_SHARED_SECRET", "TENT_RPC_SHARED_SECRET"),
+            (
+                "TENT_RDMA_RAIL_COOLDOWN_SECS",
+                "TENT_TRANSPORTS_RDMA_RAIL_COOLDOWN_SECS",
+            ),
+        ] {
+            let got = apply(&mut Config::default(), vars(&[(typed, "1")])).unwrap();
+            assert_eq!(got.near_misses, [(typed.to_owned(), meant.to_owned())]);
+        }
+        let long = format!("TENT_{}", "A".repeat(100_000));
+        let got = apply(&mut Config::default(), vars(&[(long.as_str(), "1")])).unwrap();
+        assert!(got.near_misses.is_empty());
     }
 
     #[test]

@@ -48,7 +48,8 @@ impl<'de> Visitor<'de> for Strict<'_> {
     }
 
     fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
-        // JSON text has no NaN or infinity; an overflowing literal is one.
+        // Always finite: JSON text has no NaN or infinity, and serde_json
+        // refuses a literal out of f64's range.
         Ok(Number::from_f64(v).map_or(Value::Null, Value::Number))
     }
 
@@ -66,7 +67,11 @@ impl<'de> Visitor<'de> for Strict<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut out = Vec::new();
-        while let Some(v) = seq.next_element_seed(Strict { path: self.path })? {
+        loop {
+            let path = format!("{}[{}]", self.path, out.len());
+            let Some(v) = seq.next_element_seed(Strict { path: &path })? else {
+                break;
+            };
             out.push(v);
         }
         Ok(Value::Array(out))
@@ -82,7 +87,8 @@ impl<'de> Visitor<'de> for Strict<'_> {
             };
             if out.contains_key(&key) {
                 return Err(de::Error::custom(format_args!(
-                    "duplicate key \"{path}\" (each key may be given once)"
+                    "duplicate key \"{}\" (each key may be given once)",
+                    super::truncate(&path)
                 )));
             }
             let value = map.next_value_seed(Strict { path: &path })?;
@@ -106,6 +112,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("duplicate key \"block_size\""), "{e}");
+        let e = parse(r#"{"a": [{"x": 1}, {"x": 2, "x": 3}]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("duplicate key \"a[1]/x\""), "{e}");
+        let long = "k".repeat(10_000);
+        let e = parse(&format!(r#"{{"{long}": 1, "{long}": 2}}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 1_000, "a hostile key is not echoed whole");
     }
 
     #[test]

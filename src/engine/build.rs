@@ -45,7 +45,8 @@ impl std::fmt::Debug for EngineBuilder {
 }
 
 impl EngineBuilder {
-    /// Use `config` (default: [`Config::load`], i.e. `TENT_CONF` or defaults).
+    /// Use `config` (default: [`Config::load`]: the defaults, `TENT_CONF`,
+    /// then the `TENT_<KEY>` variables).
     pub fn config(mut self, config: Config) -> Self {
         self.config = Some(config);
         self

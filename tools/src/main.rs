@@ -173,18 +173,26 @@ fn parse_size(s: &str) -> Result<u64, String> {
 fn main() {
     // TENT_LOG wins; else the config's `log_level` when TENT_CONF or
     // TENT_LOG_LEVEL sets it; else warnings only (the tables on stdout are
-    // the output).
-    let level = match tent::Config::load() {
-        Ok(cfg) if cfg.source != tent::config::DEFAULT_SOURCE => cfg.log_level,
-        _ => "warn".to_owned(),
-    };
-    tracing_subscriber::fmt()
+    // the output). Logging is up before the configuration is read, so what
+    // the read warns about is heard; the level follows once it is known.
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TENT_LOG")
-                .unwrap_or_else(|_| level.into()),
+                .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
-        .init();
+        .with_filter_reloading();
+    let reload = builder.reload_handle();
+    builder.init();
+    let chosen =
+        std::env::var_os("TENT_CONF").is_some() || std::env::var_os("TENT_LOG_LEVEL").is_some();
+    if std::env::var_os("TENT_LOG").is_none()
+        && chosen
+        && let Ok(cfg) = tent::Config::load()
+    {
+        // A refused configuration is reported where the engine is built.
+        let _ = reload.reload(tracing_subscriber::EnvFilter::new(cfg.log_level));
+    }
     let args = Args::parse();
     // Exit status: 0 every op succeeded; 1 the run finished but ops failed
     // (the summary line says how many and the first error) or a point
