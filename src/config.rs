@@ -166,7 +166,7 @@ pub struct RdmaConfig {
     /// the NIC's `max_qp_wr`).
     pub qp_depth: u32,
     /// `transports/rdma/rail_error_threshold`: failures inside the window
-    /// that pause a rail (every transport's rails: see [`crate::transport::rails`]).
+    /// that pause a rail (every network transport's rails).
     pub rail_error_threshold: u32,
     /// `transports/rdma/rail_error_window_secs`: sliding window for rail
     /// errors.

@@ -48,7 +48,7 @@ impl std::fmt::Display for EngineId {
 }
 
 /// Proof that the caller is worker [`index`](WorkerCtx::index) of engine
-/// [`engine`](WorkerCtx::engine), running on that worker's thread.
+/// `engine`, running on that worker's thread.
 ///
 /// The engine hands `&WorkerCtx` to `Transport::submit` and `poll`; a
 /// transport opens its [`PerWorker`] state with it, which is sound only
@@ -120,12 +120,6 @@ impl WorkerCtx {
     #[inline]
     pub fn index(&self) -> usize {
         self.index
-    }
-
-    /// The engine the worker belongs to.
-    #[inline]
-    pub fn engine(&self) -> EngineId {
-        self.engine
     }
 }
 

@@ -223,7 +223,7 @@ mod tests {
 
     #[test]
     fn limits_are_the_wires() {
-        assert_eq!(TENT_MAX_SEGMENT_NAME, tent::control::wire::MAX_NAME);
+        assert_eq!(TENT_MAX_SEGMENT_NAME, tent::MAX_SEGMENT_NAME);
         assert_eq!(TENT_MAX_NOTIFY_NAME, tent::notify::MAX_NOTIFY_NAME);
         assert_eq!(TENT_MAX_NOTIFY_MSG, tent::notify::MAX_NOTIFY_MSG);
     }

@@ -3,8 +3,8 @@
 use std::ffi::{c_char, c_int};
 use std::time::Duration;
 
+use tent::RemoteRegion;
 use tent::SegmentId;
-use tent::segment::RemoteRegion;
 
 use crate::boundary::{c_str, copy_array, out, put};
 use crate::engine::{engine, tent_engine_t};

@@ -53,18 +53,21 @@ impl EngineBuilder {
     }
 
     /// Use this topology instead of detecting it.
+    #[cfg(any(test, feature = "testing"))]
     pub fn topology(mut self, topology: Topology) -> Self {
         self.topology = Some(topology);
         self
     }
 
     /// Gate priorities with `gate` (default: always open).
+    #[cfg(any(test, feature = "testing"))]
     pub fn gate(mut self, gate: Arc<dyn SendGate>) -> Self {
         self.gate = Some(gate);
         self
     }
 
     /// Install `t` in its slot (replacing the built-in one of that kind).
+    #[cfg(any(test, feature = "testing"))]
     pub fn transport(mut self, t: Arc<dyn Transport>) -> Self {
         self.extra.push(t);
         self

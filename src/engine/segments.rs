@@ -80,14 +80,22 @@ impl Engine {
     /// Open a segment by name (`"local"` or this engine's own name is
     /// segment 0). Opening the same name twice returns the same id.
     pub fn open_segment(&self, name: &str) -> Result<SegmentId> {
-        self.open_segment_edited(name, |_| {})
+        self.open_segment_with(name, |_| {})
     }
 
     /// [`Engine::open_segment`] with the peer's descriptor passed through
     /// `edit` first: how tests present a forged or partial descriptor (a
     /// zeroed rkey, a NIC without keys) to the transports.
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn open_segment_edited(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut crate::control::SegmentDescriptor),
+    ) -> Result<SegmentId> {
+        self.open_segment_with(name, edit)
+    }
+
+    fn open_segment_with(
         &self,
         name: &str,
         edit: impl FnOnce(&mut crate::control::SegmentDescriptor),
@@ -275,6 +283,7 @@ impl Engine {
     }
 
     /// The shm attachment of an open segment (tests present wrong keys through it).
+    #[cfg(any(test, feature = "testing"))]
     pub fn segment_peer(&self, id: SegmentId) -> Option<Arc<ShmPeer>> {
         let seg = self.shared.segments.load().get(id)?.clone();
         Arc::downcast(seg.attachment(TransportKind::Shm)?.clone()).ok()

@@ -3,7 +3,6 @@
 //! `testing` feature, `swap_transport` (the test hook on the transport
 //! slots) and the shm export.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use tent_rings::TransportKind;
@@ -11,7 +10,6 @@ use tent_rings::TransportKind;
 use super::Engine;
 use crate::config::Config;
 use crate::flow::SqController;
-use crate::qos::{SlotClock, SlotRotator};
 use crate::transport::shm::ShmExport;
 use crate::transport::tcp::DataServer;
 
@@ -56,12 +54,13 @@ impl Engine {
     pub fn swap_transport(
         &self,
         kind: TransportKind,
-        t: Option<Arc<dyn crate::transport::Transport>>,
-    ) -> Option<Arc<dyn crate::transport::Transport>> {
+        t: Option<std::sync::Arc<dyn crate::transport::Transport>>,
+    ) -> Option<std::sync::Arc<dyn crate::transport::Transport>> {
         self.shared.transports.swap(t, kind)
     }
 
     /// Failover counters.
+    #[cfg(any(test, feature = "testing"))]
     pub fn metrics(&self) -> &crate::metrics::Metrics {
         &self.shared.metrics
     }
@@ -125,8 +124,9 @@ impl Engine {
 
     /// The shared slot clock this engine follows (`None`: single-process
     /// mode, `shared_quota_shm_path` empty).
-    pub fn slot_clock(&self) -> Option<&Arc<SlotClock>> {
-        self.slots.as_ref().map(SlotRotator::clock)
+    #[cfg(any(test, feature = "testing"))]
+    pub fn slot_clock(&self) -> Option<&std::sync::Arc<crate::qos::SlotClock>> {
+        self.slots.as_ref().map(crate::qos::SlotRotator::clock)
     }
 
     /// Installed transports.

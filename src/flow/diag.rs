@@ -128,7 +128,7 @@ impl SqCqeDiagnostics {
     }
 }
 
-/// [`SqCqeDiagnostics`] read at one instant. `Display` writes the one-line
+/// An endpoint's send-queue diagnostics read at one instant. `Display` writes the one-line
 /// hint an `SqFull` log line carries.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SqReport {

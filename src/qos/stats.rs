@@ -134,7 +134,7 @@ pub struct LevelSnapshot {
     pub promoted: u64,
     /// Closings of the slot gate met by this lane with work.
     pub gate_holds: u64,
-    /// Queue-wait histogram (see [`WAIT_BUCKETS`]).
+    /// Queue-wait histogram (see [`WAIT_BUCKETS`] and [`bucket_upper_us`]).
     pub wait: [u64; WAIT_BUCKETS],
     /// The waits' sum in ns.
     pub wait_sum_ns: u64,

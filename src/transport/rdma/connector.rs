@@ -119,7 +119,7 @@ impl Queue {
 
     /// Move the QP to the error state (its posted work flushes): 0, or an
     /// errno.
-    pub fn to_error(&mut self) -> i32 {
+    pub fn flush_to_error(&mut self) -> i32 {
         // SAFETY: `qp` is live (`Queue::new`'s contract, which also vouches for `to_error`).
         unsafe { (self.to_error)(self.qp) }
     }

@@ -516,7 +516,7 @@ impl Endpoint {
         if self.ledger.mark_aborted(|s| s.token == token, kind) == 0 || self.draining {
             return;
         }
-        let rc = q.to_error();
+        let rc = q.flush_to_error();
         if rc == 0 {
             self.draining = true;
             return;

@@ -112,7 +112,7 @@ impl Ident {
 
     /// The bytes the proofs of the secret cover: session, then `conn`
     /// (little-endian).
-    pub fn to_bytes(&self) -> [u8; SESSION_LEN + 4] {
+    pub fn to_bytes(self) -> [u8; SESSION_LEN + 4] {
         let mut b = [0u8; SESSION_LEN + 4];
         b[..SESSION_LEN].copy_from_slice(&self.session);
         b[SESSION_LEN..].copy_from_slice(&self.conn.to_le_bytes());
