@@ -13,6 +13,13 @@
 #include <stdint.h>
 
 /**
+ * The version of this C interface. A change that breaks an existing
+ * function's signature or meaning bumps it; a new function or error code
+ * does not.
+ */
+#define TENT_ABI_VERSION 1
+
+/**
  * Success.
  */
 #define TENT_OK 0
@@ -467,6 +474,13 @@ extern "C" {
 #endif // __cplusplus
 
 /**
+ * The version of the C interface this library implements: a program
+ * compiled against `tent.h` checks at start that it equals the header's
+ * `TENT_ABI_VERSION`, and refuses to run against a library that differs.
+ */
+uint32_t tent_abi_version(void);
+
+/**
  * The message of the last failed call on this thread (`""` if none
  * failed yet), NUL-terminated. The pointer stays valid until the next
  * failing call on this thread; a successful call leaves it as it is
@@ -483,8 +497,9 @@ const char *tent_error_name(int code);
 
 /**
  * Start an engine from JSON text (`transfer-engine.json`'s keys; keys
- * left out keep their defaults). `config_json` NULL: the configuration
- * `TENT_CONF` names (inline JSON or a file), or the defaults.
+ * left out keep their defaults). `config_json` NULL: the defaults, then
+ * the configuration `TENT_CONF` names (inline JSON or a file), then one
+ * `TENT_<KEY>` environment variable per key.
  * `*out_engine` gets the engine.
  *
  * # Safety

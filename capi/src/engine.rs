@@ -36,8 +36,9 @@ unsafe fn hand_out(engine: Engine, out_engine: *mut *mut tent_engine_t) {
 }
 
 /// Start an engine from JSON text (`transfer-engine.json`'s keys; keys
-/// left out keep their defaults). `config_json` NULL: the configuration
-/// `TENT_CONF` names (inline JSON or a file), or the defaults.
+/// left out keep their defaults). `config_json` NULL: the defaults, then
+/// the configuration `TENT_CONF` names (inline JSON or a file), then one
+/// `TENT_<KEY>` environment variable per key.
 /// `*out_engine` gets the engine.
 ///
 /// # Safety

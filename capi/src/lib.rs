@@ -55,6 +55,19 @@ mod blocks;
 
 mod boundary;
 
+/// The version of this C interface. A change that breaks an existing
+/// function's signature or meaning bumps it; a new function or error code
+/// does not.
+pub const TENT_ABI_VERSION: u32 = 1;
+
+/// The version of the C interface this library implements: a program
+/// compiled against `tent.h` checks at start that it equals the header's
+/// `TENT_ABI_VERSION`, and refuses to run against a library that differs.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_abi_version() -> u32 {
+    TENT_ABI_VERSION
+}
+
 pub use batch::*;
 pub use blocks::*;
 pub use engine::*;

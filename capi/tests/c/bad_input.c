@@ -549,6 +549,8 @@ static void messages(void) {
 }
 
 int main(void) {
+    /* The library this program loaded implements the header it was built with. */
+    CHECK(tent_abi_version() == TENT_ABI_VERSION);
     engines();
     messages();
     tent_engine_t *e = NULL;
