@@ -277,6 +277,7 @@ impl RdmaConfig {
 /// How a batch is split across QPs under SQ admission
 /// (`transports/rdma/sq_split_policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SplitPolicy {
     /// `"static"`: round-robin.
     Static,
@@ -310,6 +311,7 @@ impl SplitPolicy {
 /// Why a configuration was rejected. Every variant names the file (or
 /// `TENT_CONF (inline)`) and, where one is at fault, the full key path.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The file could not be read.
     #[error("{file}: cannot read: {source}")]

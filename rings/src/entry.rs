@@ -67,6 +67,7 @@ impl Priority {
 /// A transport that can carry a transfer.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum TransportKind {
     /// No preference; the engine chooses.
     #[default]

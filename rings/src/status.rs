@@ -22,6 +22,7 @@ use std::fmt;
 /// ```
 #[repr(u16)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorKind {
     /// The peer could not be reached on this transport.
     Unreachable = 1,

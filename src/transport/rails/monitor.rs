@@ -90,6 +90,7 @@ impl Default for RailPolicy {
 
 /// What a rail is doing, as observability reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RailState {
     /// In service, no failure counted.
     Healthy,
