@@ -14,9 +14,10 @@
 //! that level and the closest match: a typo must never silently fall back to
 //! a default.
 
+use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use serde_json::{Map, Value};
 
@@ -1244,9 +1245,7 @@ fn walk(
 }
 
 fn warn_not_in_effect(later: &[&'static str], file: &str) {
-    let mut warned = WARNED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut warned = WARNED.lock();
     for &key in later {
         if warned.insert(key) {
             tracing::warn!(
@@ -2427,17 +2426,12 @@ mod tests {
         assert!(!SPECS[spec_index(path)].in_effect);
         parse(r#"{"merge_requests": true}"#).unwrap();
         parse(r#"{"merge_requests": false}"#).unwrap();
-        let warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+        let warned = WARNED.lock();
         assert!(warned.contains(path));
         // Live keys are never reported.
         drop(warned);
         parse(r#"{"block_size": 4096}"#).unwrap();
-        assert!(
-            !WARNED
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains("block_size")
-        );
+        assert!(!WARNED.lock().contains("block_size"));
     }
 
     #[test]

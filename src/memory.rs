@@ -14,7 +14,8 @@
 use std::any::Any;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 
 use crossbeam_utils::CachePadded;
 use tent_rings::{ErrorKind, RegionId};
@@ -186,7 +187,6 @@ impl MemRegion {
         let reg = self
             .rdma
             .lock()
-            .expect("region registration poisoned")
             .take();
         drop(reg);
     }
@@ -195,7 +195,6 @@ impl MemRegion {
     pub fn rdma_registered(&self) -> bool {
         self.rdma
             .lock()
-            .expect("region registration poisoned")
             .is_some()
     }
 

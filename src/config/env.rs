@@ -13,9 +13,9 @@
 //! left alone, but one spelled close to a key's (in any case, or a key's
 //! path with its first parts left out) is warned about once.
 
+use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::ffi::OsString;
-use std::sync::Mutex;
 
 use serde_json::Value;
 
@@ -177,9 +177,7 @@ static WARNED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
 /// Warn once per process for each near miss.
 pub(super) fn warn_near_misses(near: &[(String, String)]) {
-    let mut warned = WARNED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut warned = WARNED.lock();
     for (var, meant) in near {
         if warned.insert(var.clone()) {
             tracing::warn!(

@@ -20,7 +20,8 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -190,7 +191,7 @@ impl Live {
             last_read_ns: AtomicU64::new(now_ns),
         });
         let protected = PROTECTED_AGE.as_nanos() as u64;
-        let mut conns = self.conns.lock().expect("control conns poisoned");
+        let mut conns = self.conns.lock();
         if conns.len() >= MAX_CONNECTIONS {
             let (victim, _) = conns
                 .iter()
@@ -212,7 +213,7 @@ impl Live {
 
     /// Shut every tracked connection down both ways (server stop).
     fn close_all(&self) {
-        for c in self.conns.lock().expect("control conns poisoned").iter() {
+        for c in self.conns.lock().iter() {
             let _ = c.stream.shutdown(std::net::Shutdown::Both);
         }
     }
@@ -220,7 +221,6 @@ impl Live {
     fn remove(&self, id: usize) {
         self.conns
             .lock()
-            .expect("control conns poisoned")
             .retain(|c| c.id != id);
     }
 }

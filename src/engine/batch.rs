@@ -6,8 +6,9 @@
 //! writes the final state there instead of posting a CQE. A batch cannot be
 //! freed while any of its tasks is `Pending`, so that pointer stays valid.
 
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use tent_rings::{ErrorKind, FAILOVER_EXHAUSTED, TransportKind};
 
@@ -293,7 +294,7 @@ impl BatchTable {
             used: Mutex::new(Usage::default()),
             notes: Mutex::new(Vec::new()),
         });
-        let mut slots = self.slots.lock().expect("batch table poisoned");
+        let mut slots = self.slots.lock();
         let index = match slots.iter().position(|s| s.batch.is_none()) {
             Some(i) => i,
             None if slots.len() < self.max_batches => {
@@ -320,7 +321,7 @@ impl BatchTable {
     }
 
     pub(crate) fn get(&self, id: BatchId) -> Result<Arc<Batch>> {
-        let slots = self.slots.lock().expect("batch table poisoned");
+        let slots = self.slots.lock();
         slots
             .get(id.index())
             .filter(|s| s.generation == id.generation())
@@ -334,7 +335,7 @@ impl BatchTable {
     }
 
     pub(crate) fn free(&self, id: BatchId) -> Result<()> {
-        let mut slots = self.slots.lock().expect("batch table poisoned");
+        let mut slots = self.slots.lock();
         let slot = slots
             .get_mut(id.index())
             .filter(|s| s.generation == id.generation() && s.batch.is_some())
@@ -344,7 +345,7 @@ impl BatchTable {
         let batch = slot.batch.as_ref().expect("checked above");
         // Under the batch's lock: a submit that claimed tasks before us left
         // them Pending (we refuse); one that comes after sees `freed`.
-        let mut usage = batch.used.lock().expect("batch poisoned");
+        let mut usage = batch.used.lock();
         let pending = batch.tasks[..usage.used]
             .iter()
             .filter(|t| t.status().state == TaskState::Pending)
@@ -366,7 +367,7 @@ impl BatchTable {
 impl Batch {
     /// Would [`Batch::claim`] of `n` succeed now? (Claims nothing.)
     pub(crate) fn check_claim(&self, n: usize) -> Result<()> {
-        let usage = self.used.lock().expect("batch poisoned");
+        let usage = self.used.lock();
         Self::room(&usage, self.tasks.len(), n)
     }
 
@@ -388,7 +389,7 @@ impl Batch {
 
     /// Claim `n` task slots for a submit; all or nothing.
     pub(crate) fn claim(&self, n: usize) -> Result<std::ops::Range<usize>> {
-        let mut usage = self.used.lock().expect("batch poisoned");
+        let mut usage = self.used.lock();
         Self::room(&usage, self.tasks.len(), n)?;
         let range = usage.used..usage.used + n;
         usage.used += n;
@@ -452,29 +453,25 @@ impl Batch {
 
     /// Attach a notification's fate to the batch.
     pub(crate) fn attach_note(&self, d: Arc<Delivery>) {
-        self.notes.lock().expect("batch notes poisoned").push(d);
+        self.notes.lock().push(d);
     }
 
     /// Take back a notification whose submission was refused.
     pub(crate) fn detach_note(&self, d: &Arc<Delivery>) {
-        self.notes
-            .lock()
-            .expect("batch notes poisoned")
-            .retain(|n| !Arc::ptr_eq(n, d));
+        self.notes.lock().retain(|n| !Arc::ptr_eq(n, d));
     }
 
     /// Attached notifications not yet delivered (or failed).
     fn notes_pending(&self) -> usize {
         self.notes
             .lock()
-            .expect("batch notes poisoned")
             .iter()
             .filter(|d| d.state().is_none())
             .count()
     }
 
     pub(crate) fn status_list(&self) -> Vec<TaskStatus> {
-        let used = self.used.lock().expect("batch poisoned").used;
+        let used = self.used.lock().used;
         self.tasks[..used].iter().map(BatchTask::status).collect()
     }
 
@@ -503,7 +500,7 @@ impl Batch {
             return overall;
         }
         // All data landed: done once the notifications are delivered too.
-        let notes = self.notes.lock().expect("batch notes poisoned");
+        let notes = self.notes.lock();
         let mut state = overall;
         for d in notes.iter() {
             match d.state() {

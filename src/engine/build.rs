@@ -2,8 +2,9 @@
 //! servers, worker placement; the workers start in `workers.rs`) and
 //! tearing it down.
 
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;

@@ -27,7 +27,7 @@ impl Engine {
         if len == 0 {
             return Err(Error::invalid("allocate_memory: zero length"));
         }
-        let _g = self.registry.lock().expect("registry poisoned");
+        let _g = self.registry.lock();
         let table = self.shared.regions.load_full();
         let id = table.next_id();
         let region = match &self.export {
@@ -73,7 +73,7 @@ impl Engine {
                 ptr as u64
             )));
         }
-        let _g = self.registry.lock().expect("registry poisoned");
+        let _g = self.registry.lock();
         let table = self.shared.regions.load_full();
         let region = MemRegion::new(table.next_id(), ptr, len, None);
         // SAFETY: the caller keeps the memory mapped while it is registered.
@@ -188,7 +188,7 @@ impl Engine {
     /// unregister epoch, or find it withdrawn by an earlier call that has
     /// not finished.
     fn withdraw(&self, id: RegionId) -> Result<Arc<MemRegion>> {
-        let _g = self.registry.lock().expect("registry poisoned");
+        let _g = self.registry.lock();
         let table = self.shared.regions.load_full();
         let Some((next, removed)) = table.without(id) else {
             return self.retiring.find(|r| r.id() == id).ok_or_else(|| {

@@ -33,8 +33,9 @@ mod withdrawn;
 mod worker;
 mod workers;
 
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;

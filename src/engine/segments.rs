@@ -104,7 +104,7 @@ impl Engine {
         {
             return Ok(SegmentId::LOCAL);
         }
-        let _g = self.registry.lock().expect("registry poisoned");
+        let _g = self.registry.lock();
         let table = self.shared.segments.load_full();
         if let Some(s) = table.find_name(name) {
             return Ok(s.id());
@@ -211,7 +211,7 @@ impl Engine {
             return Err(Error::invalid("the local segment cannot be closed"));
         }
         let segment = {
-            let _g = self.registry.lock().expect("registry poisoned");
+            let _g = self.registry.lock();
             let table = self.shared.segments.load_full();
             match table.without(id) {
                 Some((next, removed)) => {

@@ -74,7 +74,7 @@ impl Engine {
         // Admitted before the ring is touched (waiting here holds no
         // lock); what is not handed to a task below goes back on return.
         let mut admitted = self.admit(wi, requests)?;
-        let mut sq = w.batch_sq.lock().expect("batch ring poisoned");
+        let mut sq = w.batch_sq.lock();
         if n > sq.capacity() {
             return Err(Error::invalid(format!(
                 "submit of {n} requests exceeds the batch ring ({} entries): split it",

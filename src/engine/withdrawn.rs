@@ -4,7 +4,9 @@
 //! the tasks holding it finishes, which a timed-out call leaves for a later
 //! call to finish.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 
 /// Withdrawn items, held until their drain finishes.
 pub(super) struct Withdrawn<T> {
@@ -21,7 +23,7 @@ impl<T> Default for Withdrawn<T> {
 
 impl<T> Withdrawn<T> {
     fn items(&self) -> MutexGuard<'_, Vec<Arc<T>>> {
-        self.items.lock().expect("withdrawn list poisoned")
+        self.items.lock()
     }
 
     /// Hold `item` until [`release`](Self::release).

@@ -1,8 +1,9 @@
 //! The engine's workers: their threads, what each shares with the API
 //! side, and which one takes the next ring or batch.
 
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -81,10 +82,7 @@ impl WorkerPool {
                 })
                 .map_err(|e| Error::new(ErrorKind::OutOfMemory, "spawn worker").with_source(e))?;
             pool.shared.push(ws);
-            pool.threads
-                .get_mut()
-                .expect("threads poisoned")
-                .push(handle);
+            pool.threads.get_mut().push(handle);
         }
         Ok(pool)
     }
@@ -102,7 +100,7 @@ impl WorkerPool {
             w.shutdown.store(true, Ordering::Release);
             w.doorbell().ring();
         }
-        let threads = std::mem::take(&mut *self.threads.lock().expect("threads poisoned"));
+        let threads = std::mem::take(&mut *self.threads.lock());
         for h in threads {
             let _ = h.join();
         }

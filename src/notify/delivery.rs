@@ -2,7 +2,7 @@
 //! reason. The lane settles it; `send_notification` and the batch it is
 //! attached to wait on it or read it.
 
-use std::sync::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex};
 
 use tent_rings::ErrorKind;
 
@@ -30,7 +30,7 @@ impl Delivery {
                 Err((e.kind(), text))
             }
         };
-        *self.result.lock().expect("delivery poisoned") = Some(r);
+        *self.result.lock() = Some(r);
         self.settled.notify_all();
     }
 
@@ -38,19 +38,18 @@ impl Delivery {
     pub(crate) fn state(&self) -> Option<std::result::Result<(), ErrorKind>> {
         self.result
             .lock()
-            .expect("delivery poisoned")
             .as_ref()
             .map(|r| r.as_ref().map(|_| ()).map_err(|(k, _)| *k))
     }
 
     /// Block until it is settled.
     pub(crate) fn wait(&self) -> Result<()> {
-        let mut r = self.result.lock().expect("delivery poisoned");
+        let mut r = self.result.lock();
         loop {
             match &*r {
                 Some(Ok(())) => return Ok(()),
                 Some(Err((kind, text))) => return Err(Error::new(*kind, text.clone())),
-                None => r = self.settled.wait(r).expect("delivery poisoned"),
+                None => self.settled.wait(&mut r),
             }
         }
     }

@@ -1,8 +1,8 @@
 //! The receiving side: notifications waiting for the application.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use tent_rings::ErrorKind;
@@ -54,7 +54,7 @@ impl Inbox {
     /// `SqFull` when [`INBOX_MAX`] are waiting; `Shutdown` once the engine
     /// is going away. Nothing is filed either way.
     pub(crate) fn file(&self, from: IpAddr, f: NotifyFrame) -> Result<()> {
-        let mut st = self.state.lock().expect("inbox poisoned");
+        let mut st = self.state.lock();
         if st.closed {
             return Err(closed());
         }
@@ -92,7 +92,7 @@ impl Inbox {
 
     /// File one this engine sent itself (no sequence: nothing is resent).
     pub(crate) fn file_local(&self, r: Received) -> Result<()> {
-        let mut st = self.state.lock().expect("inbox poisoned");
+        let mut st = self.state.lock();
         if st.closed {
             return Err(closed());
         }
@@ -108,18 +108,18 @@ impl Inbox {
     /// The engine is going away: from now on every sender is told
     /// `Shutdown` (its message fails rather than land where nobody reads).
     pub(crate) fn close(&self) {
-        self.state.lock().expect("inbox poisoned").closed = true;
+        self.state.lock().closed = true;
     }
 
     /// Everything waiting, oldest first.
     pub(crate) fn take_all(&self) -> Vec<Received> {
-        let mut st = self.state.lock().expect("inbox poisoned");
+        let mut st = self.state.lock();
         st.queue.drain(..).collect()
     }
 
     /// The oldest waiting, if any.
     pub(crate) fn try_take(&self) -> Option<Received> {
-        self.state.lock().expect("inbox poisoned").queue.pop_front()
+        self.state.lock().queue.pop_front()
     }
 
     /// The oldest waiting, after waiting up to `timeout` for one.
@@ -128,7 +128,7 @@ impl Inbox {
     /// `Timeout` when none arrived in time.
     pub(crate) fn wait(&self, timeout: Duration) -> Result<Received> {
         let end = Instant::now().checked_add(timeout);
-        let mut st = self.state.lock().expect("inbox poisoned");
+        let mut st = self.state.lock();
         loop {
             if let Some(r) = st.queue.pop_front() {
                 return Ok(r);
@@ -143,11 +143,7 @@ impl Inbox {
                     format!("no notification within {timeout:?}"),
                 ));
             }
-            st = self
-                .arrived
-                .wait_timeout(st, left)
-                .expect("inbox poisoned")
-                .0;
+            self.arrived.wait_for(&mut st, left);
         }
     }
 }

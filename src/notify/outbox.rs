@@ -26,10 +26,11 @@
 //! Never the worker's business: the lane threads block on sockets and
 //! sleep while a submission runs; the workers only finish tasks.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -178,7 +179,7 @@ impl Outbox {
         deadline: Instant,
         delivery: Arc<Delivery>,
     ) -> Result<()> {
-        let mut lanes = self.ctx.lanes.lock().expect("outbox poisoned");
+        let mut lanes = self.ctx.lanes.lock();
         if self.ctx.stop.load(Ordering::Acquire) {
             return Err(Error::new(ErrorKind::Shutdown, "the engine is stopping"));
         }
@@ -205,7 +206,7 @@ impl Outbox {
                 })
             }
         };
-        let mut st = lane.shared.state.lock().expect("lane poisoned");
+        let mut st = lane.shared.state.lock();
         st.last_seq += 1;
         let seq = st.last_seq;
         st.jobs.push_back(Job {
@@ -227,15 +228,15 @@ impl Outbox {
         // added after), joined after it is released: a lane taking itself
         // out waits for that lock.
         let lanes = {
-            let mut lanes = self.ctx.lanes.lock().expect("outbox poisoned");
+            let mut lanes = self.ctx.lanes.lock();
             self.ctx.stop.store(true, Ordering::Release);
             std::mem::take(&mut *lanes)
         };
         for lane in lanes.values() {
             // Under the lane's lock, so a lane about to wait sees `stop`.
-            let _g = lane.shared.state.lock().expect("lane poisoned");
+            let _g = lane.shared.state.lock();
             lane.shared.work.notify_all();
-            if let Some(s) = &*lane.shared.open.lock().expect("lane poisoned") {
+            if let Some(s) = &*lane.shared.open.lock() {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
         }
@@ -249,7 +250,7 @@ impl Outbox {
     /// Lanes running (each a thread).
     #[cfg(test)]
     fn lanes(&self) -> usize {
-        self.ctx.lanes.lock().expect("outbox poisoned").len()
+        self.ctx.lanes.lock().len()
     }
 }
 
@@ -277,7 +278,7 @@ fn run_lane(ctx: &Ctx, dest: &Dest, lane: &LaneShared) {
     loop {
         // The head job's parts; it stays queued (and in order) until done.
         let (seq, note, after, deadline, delivery) = {
-            let mut st = lane.state.lock().expect("lane poisoned");
+            let mut st = lane.state.lock();
             loop {
                 if ctx.stop.load(Ordering::Acquire) {
                     for job in st.jobs.drain(..) {
@@ -298,28 +299,20 @@ fn run_lane(ctx: &Ctx, dest: &Dest, lane: &LaneShared) {
                 // (a reconnect costs a handshake), then hand the peer its
                 // connection slot back.
                 if conn.is_some() {
-                    let (next, waited) = lane
-                        .work
-                        .wait_timeout(st, CONN_IDLE)
-                        .expect("lane poisoned");
-                    st = next;
+                    let waited = lane.work.wait_for(&mut st, CONN_IDLE);
                     if waited.timed_out() && st.jobs.is_empty() {
                         conn = None;
-                        *lane.open.lock().expect("lane poisoned") = None;
+                        *lane.open.lock() = None;
                     }
                     continue;
                 }
-                let (next, waited) = lane
-                    .work
-                    .wait_timeout(st, ctx.lane_idle)
-                    .expect("lane poisoned");
-                st = next;
+                let waited = lane.work.wait_for(&mut st, ctx.lane_idle);
                 if waited.timed_out() && st.jobs.is_empty() {
                     // Out of the map, in the map's lock order (map, then
                     // lane), so no message is queued here meanwhile.
                     drop(st);
-                    let mut lanes = ctx.lanes.lock().expect("outbox poisoned");
-                    st = lane.state.lock().expect("lane poisoned");
+                    let mut lanes = ctx.lanes.lock();
+                    st = lane.state.lock();
                     if st.jobs.is_empty() {
                         if lanes
                             .get(dest)
@@ -360,7 +353,7 @@ fn run_lane(ctx: &Ctx, dest: &Dest, lane: &LaneShared) {
         if let Err(e) = &result {
             crate::lograte::warn_limited!((dest, e.kind()), dest = ?dest, error = %e, "notification not delivered");
         }
-        lane.state.lock().expect("lane poisoned").jobs.pop_front();
+        lane.state.lock().jobs.pop_front();
         delivery.settle(&result);
     }
 }
@@ -460,7 +453,7 @@ fn send(
             // Each connection is cuttable from its connect on, so `stop`
             // does not wait out a handshake a silent peer holds.
             let cuttable = |s: &TcpStream| {
-                *lane.open.lock().expect("lane poisoned") = s.try_clone().ok();
+                *lane.open.lock() = s.try_clone().ok();
                 // `stop` may have looked before that store: cut it here.
                 if ctx.stop.load(Ordering::Acquire) {
                     let _ = s.shutdown(std::net::Shutdown::Both);
@@ -470,7 +463,7 @@ fn send(
             if made.is_err() {
                 // The connection the handshake failed on closes now, not
                 // at the lane's next connect.
-                *lane.open.lock().expect("lane poisoned") = None;
+                *lane.open.lock() = None;
             }
             match made {
                 Ok(stream) => {
@@ -523,7 +516,7 @@ fn send(
                 // a new connection (the receiver drops a duplicate).
                 last = Some(e);
                 *conn = None;
-                *lane.open.lock().expect("lane poisoned") = None;
+                *lane.open.lock() = None;
                 pause_before_retry(ctx, &mut pause, deadline);
             }
         }

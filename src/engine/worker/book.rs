@@ -171,7 +171,8 @@ mod tests {
         WorkerCtx,
     };
     use crate::worker_ctx::EngineId;
-    use std::sync::{Arc, Mutex};
+    use parking_lot::Mutex;
+    use std::sync::Arc;
     use tent_rings::{ErrorKind, TransportKind};
 
     /// Hands back the completions the test gives it; remembers aborts.
@@ -183,7 +184,7 @@ mod tests {
 
     impl Scripted {
         fn complete(&self, token: u64) {
-            self.ready.lock().unwrap().push(SliceCompletion {
+            self.ready.lock().push(SliceCompletion {
                 token,
                 result: Ok(1),
             });
@@ -213,7 +214,7 @@ mod tests {
             out.fill(SubmitOutcome::Posted);
         }
         fn poll(&self, _: &WorkerCtx, out: &mut [SliceCompletion]) -> usize {
-            let mut ready = self.ready.lock().unwrap();
+            let mut ready = self.ready.lock();
             let n = ready.len().min(out.len());
             for (o, c) in out.iter_mut().zip(ready.drain(..n)) {
                 *o = c;
@@ -221,7 +222,7 @@ mod tests {
             n
         }
         fn abort(&self, _: &WorkerCtx, token: u64, _: ErrorKind) {
-            self.aborted.lock().unwrap().push(token);
+            self.aborted.lock().push(token);
         }
     }
 
@@ -266,8 +267,8 @@ mod tests {
         book.posted(TransportKind::Tcp, &new_i);
         assert_eq!(book.held().collect::<Vec<_>>().len(), 2);
         book.abort(&ctx, 9, ErrorKind::Canceled);
-        assert_eq!(*old.aborted.lock().unwrap(), [9], "the old one is told too");
-        assert_eq!(*new.aborted.lock().unwrap(), [9]);
+        assert_eq!(*old.aborted.lock(), [9], "the old one is told too");
+        assert_eq!(*new.aborted.lock(), [9]);
         old.complete(1);
         new.complete(3);
         let mut back = reap(&mut book, &ctx);

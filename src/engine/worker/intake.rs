@@ -18,13 +18,7 @@ const INTAKE_PER_RING: usize = 64;
 
 impl Worker {
     pub(super) fn adopt_rings(&mut self) {
-        let new = std::mem::take(
-            &mut *self
-                .shared
-                .new_rings
-                .lock()
-                .expect("worker ring list poisoned"),
-        );
+        let new = std::mem::take(&mut *self.shared.new_rings.lock());
         self.rings.adopt(new);
     }
 

@@ -43,8 +43,9 @@
 //! written: by `settle`, by intake for a request refused or done inline,
 //! and by the shutdown drain for an SQE it takes but never accepts.
 
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
@@ -157,10 +158,7 @@ impl WorkerShared {
 
     /// Hand a new ring to the worker and wake it.
     pub fn adopt(&self, ring: WorkerRing) {
-        self.new_rings
-            .lock()
-            .expect("worker ring list poisoned")
-            .push(ring);
+        self.new_rings.lock().push(ring);
         // Release: the ring's construction is visible to the worker that
         // sees the flag.
         self.has_new.store(true, Ordering::Release);

@@ -11,7 +11,9 @@
 //! so a dropped peer needs no unregistering. The engine stops the watch
 //! (joins its thread) when it drops, after its transports.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 
 use crate::netlink::{LinkEvent, LinkWatch};
 
@@ -60,7 +62,7 @@ impl RailLinks {
             let listeners = self.listeners.clone();
             let on_event = move |ev: LinkEvent| notify(&listeners, ev.index, ev.up);
             match LinkWatch::start(on_event) {
-                Ok(w) => *self.watch.lock().expect("link watch poisoned") = Some(w),
+                Ok(w) => *self.watch.lock() = Some(w),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot watch link state (rtnetlink); rails rely on their own errors")
                 }
@@ -70,14 +72,14 @@ impl RailLinks {
 
     /// Tell `listener` of every link change from now on, while it lives.
     pub fn listen(&self, listener: Weak<dyn LinkListener>) {
-        let mut all = self.listeners.lock().expect("link listeners poisoned");
+        let mut all = self.listeners.lock();
         all.retain(|w| w.strong_count() > 0);
         all.push(listener);
     }
 
     /// Stop the watch and join its thread (the engine, on drop).
     pub fn stop(&self) {
-        drop(self.watch.lock().expect("link watch poisoned").take());
+        drop(self.watch.lock().take());
     }
 
     /// Hand a change to every listener, as the watch does (tests).
@@ -92,7 +94,7 @@ fn notify(listeners: &Listeners, ifindex: u32, up: bool) {
     // Upgrade under the lock, call outside it: a listener may take its own
     // locks (TCP: the rail's connections).
     let live: Vec<Arc<dyn LinkListener>> = {
-        let mut all = listeners.lock().expect("link listeners poisoned");
+        let mut all = listeners.lock();
         all.retain(|w| w.strong_count() > 0);
         all.iter().filter_map(Weak::upgrade).collect()
     };
@@ -129,7 +131,7 @@ mod tests {
         assert_eq!(a.0.load(Ordering::Relaxed), 7);
         links.listen(Arc::downgrade(&a) as Weak<dyn LinkListener>);
         assert_eq!(
-            links.listeners.lock().unwrap().len(),
+            links.listeners.lock().len(),
             2,
             "the dead one pruned"
         );

@@ -23,7 +23,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Mutex, PoisonError, TryLockError};
+use std::sync::Arc;
+use parking_lot::Mutex;
 use std::thread::JoinHandle;
 
 use tent_rings::ErrorKind;
@@ -275,11 +276,7 @@ impl Link {
         }
         // The connector released the lock before raising `done` and does
         // not take it again until the next job: this never contends.
-        let mut slot = match self.mailbox.result.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return None,
-        };
+        let mut slot = self.mailbox.result.try_lock()?;
         let r = slot.take();
         self.mailbox.done.store(false, Ordering::Relaxed);
         r
@@ -305,8 +302,7 @@ impl Job {
             let mut source = self
                 .mailbox
                 .source
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+                .lock();
             let r = source.connect();
             if let Ok(q) = &r {
                 source.watch(q, &self.sq);
@@ -327,8 +323,7 @@ impl Job {
         *self
             .mailbox
             .result
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(r);
+            .lock() = Some(r);
         self.mailbox.done.store(true, Ordering::Release);
         self.answered = true;
     }

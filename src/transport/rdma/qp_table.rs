@@ -1,7 +1,9 @@
 //! `QpTable`: the live QPs' send-queue controllers by (NIC, QP number),
 //! for the async-event thread ([`super::events`]).
 
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 
 use crate::flow::SqController;
 
@@ -28,7 +30,7 @@ struct QpEntry {
 impl QpTable {
     /// QP `qp_num` on NIC `nic` now posts under `sq`.
     pub fn watch(&self, nic: usize, qp_num: u32, sq: &Arc<SqController>) {
-        let mut e = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut e = self.entries.lock();
         e.retain(|x| {
             // Replaced: the same QP filed again, or this controller's
             // earlier QP.
@@ -46,7 +48,7 @@ impl QpTable {
     /// The device says QP `qp_num` on NIC `nic` is in error: mark its
     /// controller terminal. Whether a live one was found.
     pub fn mark_terminal(&self, nic: usize, qp_num: u32) -> bool {
-        let e = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let e = self.entries.lock();
         let Some(sq) = e
             .iter()
             .find(|x| x.nic == nic && x.qp_num == qp_num)
@@ -62,7 +64,6 @@ impl QpTable {
     pub fn len(&self) -> usize {
         self.entries
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .len()
     }
 

@@ -37,7 +37,8 @@
 //! the later connection replaces the earlier one's QPs.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use tent_rings::ErrorKind;
@@ -193,7 +194,7 @@ impl Responder {
 
     /// Passive QPs held now.
     pub fn passive_qps(&self) -> usize {
-        self.qps.lock().expect("responder poisoned").len()
+        self.qps.lock().len()
     }
 
     /// Connect a QP on the request's target NIC to the initiator's end,
@@ -221,7 +222,7 @@ impl Responder {
         };
         // Held across QP creation, so the room made is still there at
         // insert (bootstrap is control-plane work: a few verbs calls).
-        let mut table = self.qps.lock().expect("responder poisoned");
+        let mut table = self.qps.lock();
         match table.room(key, monotonic_ns()) {
             Ok(0) => {}
             Ok(dead) => tracing::debug!(dead, "rdma: dropped dead passive QPs to make room"),

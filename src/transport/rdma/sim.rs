@@ -16,7 +16,8 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use parking_lot::Mutex;
 
 use super::connector::{Queue, QueueSource};
 use super::sys::ffi::{
@@ -69,8 +70,8 @@ impl SimQueue {
         unsafe { &*((cq as *const u8).sub(off) as *const SimQueue) }
     }
 
-    fn nic(&self) -> std::sync::MutexGuard<'_, Nic> {
-        self.nic.lock().unwrap_or_else(PoisonError::into_inner)
+    fn nic(&self) -> parking_lot::MutexGuard<'_, Nic> {
+        self.nic.lock()
     }
 }
 

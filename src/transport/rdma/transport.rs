@@ -42,7 +42,8 @@
 use crate::secret::Secret;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use tent_rings::{ErrorKind, TransportKind};
@@ -446,7 +447,7 @@ impl RdmaTransport {
 
     /// The connector thread's handle, starting it on first use.
     fn connector(&self) -> Result<ConnectorHandle> {
-        let mut c = self.connector.lock().expect("connector poisoned");
+        let mut c = self.connector.lock();
         if c.is_none() {
             *c = Some(Connector::start()?);
         }

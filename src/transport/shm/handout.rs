@@ -40,7 +40,8 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -491,7 +492,6 @@ impl HandoutTable {
     pub(crate) fn insert(&self, handle: u64, fd: Arc<OwnedFd>) {
         self.regions
             .lock()
-            .expect("handout poisoned")
             .push((handle, fd));
     }
 
@@ -499,12 +499,11 @@ impl HandoutTable {
     pub(crate) fn remove(&self, handle: u64) {
         self.regions
             .lock()
-            .expect("handout poisoned")
             .retain(|(h, _)| *h != handle);
     }
 
     fn get(&self, handle: u64) -> Option<Arc<OwnedFd>> {
-        let r = self.regions.lock().expect("handout poisoned");
+        let r = self.regions.lock();
         r.iter().find(|(h, _)| *h == handle).map(|(_, f)| f.clone())
     }
 }
@@ -590,7 +589,6 @@ impl Drop for Slot {
     fn drop(&mut self) {
         self.conns
             .lock()
-            .expect("conns poisoned")
             .remove(&self.stream);
     }
 }
@@ -813,7 +811,7 @@ impl Drop for HandoutServer {
         if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
             let _ = std::fs::remove_file(&self.path);
         }
-        for c in &self.conns.lock().expect("conns poisoned").all {
+        for c in &self.conns.lock().all {
             let _ = c.stream.shutdown(std::net::Shutdown::Both);
         }
     }
@@ -863,7 +861,7 @@ fn accept_loop(
             }
         }
         let s = Arc::new(s);
-        if conns.lock().expect("conns poisoned").admit(s.clone()) {
+        if conns.lock().admit(s.clone()) {
             crate::lograte::warn_limited!(
                 "shm-handout-evict",
                 "shm handout: too many handshakes at once; closed the oldest"
@@ -950,7 +948,6 @@ fn serve(slot: &Slot, table: &HandoutTable, bind: &[u8; 16]) -> io::Result<()> {
     if !slot
         .conns
         .lock()
-        .expect("conns poisoned")
         .authenticate(&slot.stream)
     {
         crate::lograte::warn_limited!(
@@ -1491,23 +1488,23 @@ mod tests {
         let conns = Arc::new(Mutex::new(Conns::default()));
         let (a, _b) = UnixStream::pair().unwrap();
         let a = Arc::new(a);
-        conns.lock().unwrap().admit(a.clone());
+        conns.lock().admit(a.clone());
         let slot = Slot {
             conns: conns.clone(),
             stream: a.clone(),
         };
         let never_run = move || drop(slot);
         drop(never_run);
-        assert!(conns.lock().unwrap().all.is_empty());
-        conns.lock().unwrap().admit(a.clone());
+        assert!(conns.lock().all.is_empty());
+        conns.lock().admit(a.clone());
         let slot = Slot {
             conns: conns.clone(),
             stream: a.clone(),
         };
-        assert!(conns.lock().unwrap().authenticate(&a));
-        assert_eq!(conns.lock().unwrap().authed, 1);
+        assert!(conns.lock().authenticate(&a));
+        assert_eq!(conns.lock().authed, 1);
         drop(slot);
-        let c = conns.lock().unwrap();
+        let c = conns.lock();
         assert_eq!((c.all.len(), c.authed), (0, 0));
     }
 

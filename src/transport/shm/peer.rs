@@ -28,7 +28,8 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::Arc;
+use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption, Cache};
@@ -226,7 +227,7 @@ impl ShmExport {
             ));
         }
         let handle = {
-            let mut st = self.state.lock().expect("export state poisoned");
+            let mut st = self.state.lock();
             st.next_handle += 1;
             st.next_handle
         };
@@ -253,7 +254,7 @@ impl ShmExport {
 
     /// Make an allocated region reachable by peers under `key`.
     pub fn publish(&self, mem: &ExportedMemory, id: RegionId, len: u64, key: u64) -> Result<()> {
-        let mut st = self.state.lock().expect("export state poisoned");
+        let mut st = self.state.lock();
         if st.entries.len() >= DESC_CAPACITY {
             return Err(Error::new(
                 ErrorKind::OutOfMemory,
@@ -290,7 +291,7 @@ impl ShmExport {
     /// Withdraw region `id`: its key stops matching at once, then it leaves
     /// the descriptor and is handed out no more.
     pub fn revoke(&self, id: RegionId) {
-        let mut st = self.state.lock().expect("export state poisoned");
+        let mut st = self.state.lock();
         if let Some(pos) = st.entries.iter().position(|(e, _)| e.id == id.0) {
             let (e, _map) = st.entries.remove(pos);
             live_key(&self.desc, e.slot).store(0, Ordering::Release);
@@ -305,7 +306,7 @@ impl ShmExport {
     /// peer's parser); the published regions stay handed out by handle.
     #[doc(hidden)]
     pub fn forge_descriptor(&self, entries: &[ShmEntry]) {
-        let mut st = self.state.lock().expect("export state poisoned");
+        let mut st = self.state.lock();
         write_descriptor(&self.desc, &mut st.seq, entries.iter().take(DESC_CAPACITY));
     }
 
@@ -334,7 +335,7 @@ impl ShmExport {
 
     /// The descriptor entry of the published region `id`.
     fn entry_of(&self, id: RegionId) -> Option<ShmEntry> {
-        let st = self.state.lock().expect("export state poisoned");
+        let st = self.state.lock();
         st.entries
             .iter()
             .find(|(e, _)| e.id == id.0)
@@ -787,21 +788,12 @@ impl PeerState {
     /// an API thread does not queue behind a refresher stuck on a slow
     /// owner for longer than it said it would wait.
     fn lock_refresh(&self, deadline: Instant) -> Result<MutexGuard<'_, ()>> {
-        loop {
-            match self.refresh.try_lock() {
-                Ok(g) => return Ok(g),
-                Err(TryLockError::Poisoned(_)) => panic!("peer refresh poisoned"),
-                Err(TryLockError::WouldBlock) if Instant::now() >= deadline => {
-                    return Err(Error::new(
-                        ErrorKind::Timeout,
-                        "another refresh of the shm segment is in progress",
-                    ));
-                }
-                Err(TryLockError::WouldBlock) => {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        }
+        self.refresh.try_lock_until(deadline).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Timeout,
+                "another refresh of the shm segment is in progress",
+            )
+        })
     }
 
     /// Re-read the descriptor and map regions that are new, by `deadline`;

@@ -11,7 +11,7 @@
 //! since.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Fences owed beyond the connection a slice left: `(b, a)` says a WRITE
@@ -28,7 +28,7 @@ pub(super) const FENCES_MAX: usize = 8;
 
 /// Remember that connection `b` owes the fence of `a`.
 pub(super) fn owe(b: u32, a: u32) {
-    let mut owed = OWED.lock().expect("owed fences poisoned");
+    let mut owed = OWED.lock();
     if owed.contains(&(b, a)) {
         return;
     }
@@ -48,7 +48,7 @@ pub(super) fn owe(b: u32, a: u32) {
 pub(super) fn fences_for(conn: u32, out: &mut [u32; FENCES_MAX]) -> usize {
     out[0] = conn;
     let mut n = 1;
-    let owed = OWED.lock().expect("owed fences poisoned");
+    let owed = OWED.lock();
     let mut i = 0;
     while i < n {
         let c = out[i];
@@ -91,7 +91,7 @@ pub(super) const PEER_FENCES_MAX: usize = 64;
 impl PeerFences {
     /// Connection `conn` was reset with a WRITE on it.
     pub fn add(&self, conn: u32) {
-        let mut list = self.list.lock().expect("peer fences poisoned");
+        let mut list = self.list.lock();
         let g = self.generation.load(Ordering::Relaxed) + 1;
         if list.len() >= PEER_FENCES_MAX {
             list.pop_front();
@@ -110,7 +110,7 @@ impl PeerFences {
     /// The connections added after generation `seen` into `out`: how
     /// many, and the generation that brings the caller to.
     pub fn since(&self, seen: u64, out: &mut [u32; PEER_FENCES_MAX]) -> (usize, u64) {
-        let list = self.list.lock().expect("peer fences poisoned");
+        let list = self.list.lock();
         let latest = self.generation.load(Ordering::Relaxed);
         if list.front().is_some_and(|&(g, _)| g > seen + 1) {
             crate::lograte::warn_limited!(

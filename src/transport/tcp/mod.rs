@@ -31,7 +31,8 @@ pub mod server;
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
+use parking_lot::Mutex;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -103,7 +104,7 @@ impl TcpRail {
         let was = self.endpoint.up.swap(up, Ordering::AcqRel);
         if was && !up {
             tracing::warn!(local = %self.local_name, remote = %self.remote_name, "rail down: link lost; in-flight slices move to sibling rails");
-            for c in self.conns.lock().expect("rail conns poisoned").iter() {
+            for c in self.conns.lock().iter() {
                 c.abort(ErrorKind::RouteLost);
             }
         } else if !was && up {
@@ -354,14 +355,13 @@ impl TcpTransport {
                         shared.clone(),
                     )?;
                     {
-                        let mut threads = self.threads.lock().expect("tcp threads poisoned");
+                        let mut threads = self.threads.lock();
                         // Those of peers dropped since (their ends stop them).
                         threads.retain(|(_, h)| !h.is_finished());
                         threads.push((e.conn.clone(), thread));
                     }
                     rail.conns
                         .lock()
-                        .expect("rail conns poisoned")
                         .push(e.conn.clone());
                     ends.push(e);
                 }
@@ -763,7 +763,6 @@ impl TcpTransport {
     pub fn wire_in_flight(&self) -> u32 {
         self.threads
             .lock()
-            .expect("tcp threads poisoned")
             .iter()
             .map(|(c, _)| c.window().posted())
             .sum()
@@ -774,7 +773,7 @@ impl TcpTransport {
     /// calls it when dropped, once its workers are done (nothing is in
     /// flight then); a slice still queued completes `Shutdown`.
     pub fn stop(&self) {
-        let threads = std::mem::take(&mut *self.threads.lock().expect("tcp threads poisoned"));
+        let threads = std::mem::take(&mut *self.threads.lock());
         for (conn, _) in &threads {
             conn.shut_down();
         }
@@ -873,7 +872,6 @@ mod tests {
             .flat_map(|r| {
                 r.conns
                     .lock()
-                    .unwrap()
                     .iter()
                     .map(|c| c.session())
                     .collect::<Vec<_>>()

@@ -31,7 +31,8 @@
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+use parking_lot::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -183,7 +184,7 @@ impl Live {
             writing: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
         });
-        let mut conns = self.conns.lock().expect("live conns poisoned");
+        let mut conns = self.conns.lock();
         // Superseded connections are closing: they hold no room (their
         // threads exit within the stall limit, then leave the list).
         let open = conns
@@ -254,7 +255,6 @@ impl Live {
         let victims: Vec<Arc<Slot>> = self
             .conns
             .lock()
-            .expect("live conns poisoned")
             .iter()
             .filter(|c| c.id != me.id && c.ident.get() == Some(&who))
             .cloned()
@@ -294,7 +294,6 @@ impl Live {
     fn remove(&self, id: usize) {
         self.conns
             .lock()
-            .expect("live conns poisoned")
             .retain(|c| c.id != id);
     }
 }
@@ -406,7 +405,7 @@ impl Drop for DataServer {
             .drain(..)
             .flat_map(|t| t.join().unwrap_or_default())
             .collect();
-        for c in self.live.conns.lock().expect("live conns poisoned").iter() {
+        for c in self.live.conns.lock().iter() {
             let _ = c.stream.shutdown(std::net::Shutdown::Both);
         }
         // Joined, not just shut down: a thread inside a WRITE payload's
