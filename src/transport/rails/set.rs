@@ -387,7 +387,13 @@ impl RailSet {
                 let others = (0..w.spray.rails())
                     .any(|r| r != x && usable(r) && rails[r].monitor.available());
                 if others {
-                    return self.pick_plain(w, token, ask, slice_bytes, |r| r != x && usable(r));
+                    match self.pick_plain(w, token, ask, slice_bytes, |r| r != x && usable(r)) {
+                        // `usable` reads links that go down at any
+                        // instant: the other rails went since `others`
+                        // was read, so HIGH's rail (or none) it is.
+                        Err(ErrorKind::RouteLost) => {}
+                        picked => return picked,
+                    }
                 }
             }
         }
@@ -645,6 +651,36 @@ mod tests {
         let mut w = s.worker(0);
         s.pick(&mut w, 1, Ask::Urgent, 4096, |_| true).unwrap();
         assert!(w.express.is_none());
+    }
+
+    /// The other rails' links go down between the look that finds them
+    /// usable and the pick among them: the bulk slice takes HIGH's rail,
+    /// never a refusal with `RouteLost` (which failed a whole request
+    /// while the surviving rail was up).
+    #[test]
+    fn bulk_kept_off_high_s_rail_takes_it_when_the_others_go_down_meanwhile() {
+        for smart in [true, false] {
+            let cfg = crate::transport::rails::SelectorConfig {
+                express_hold_ns: 30_000_000,
+                smart,
+                ..Default::default()
+            };
+            let s = set_with(2, 1, cfg);
+            let mut w = s.worker(0);
+            s.posted(&mut w, 1, 1 << 20);
+            let x = s.pick(&mut w, 1, Ask::Urgent, 4096, |_| true).unwrap();
+            assert_eq!(x, 0, "HIGH takes the idle rail");
+            // Rail 1 reads up to the first look, down from then on.
+            let looks = std::cell::Cell::new(0u32);
+            let usable = |r: usize| {
+                if r != 1 {
+                    return true;
+                }
+                looks.set(looks.get() + 1);
+                looks.get() == 1
+            };
+            assert_eq!(s.pick(&mut w, 2, Ask::Next(1), 65536, usable), Ok(x));
+        }
     }
 
     #[test]
