@@ -184,7 +184,7 @@ pub const SQE_KNOWN_FLAGS: u8 = SQE_NO_FAILOVER;
 /// assert_eq!(sqe.user_data(), 9);
 /// ```
 #[repr(C, align(64))]
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Sqe {
     pub(crate) user_data: u64,
     pub(crate) local_offset: u64,
@@ -371,7 +371,7 @@ pub const FAILOVER_EXHAUSTED: &str = "Failover limit exceeded, all transports ex
 /// assert_eq!(err.result(), Err(ErrorKind::Timeout));
 /// ```
 #[repr(C, align(32))]
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Cqe {
     user_data: u64,
     /// `>= 0`: bytes transferred; `< 0`: `-(ErrorKind::code)`.

@@ -36,7 +36,6 @@ use std::ptr::{self, NonNull};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
-use crate::entry::{Cqe, Sqe};
 use crate::region::{Region, RegionType};
 
 /// Ask the core to start fetching `p`'s cache line. A hint only: not an
@@ -78,28 +77,15 @@ fn prefetch_write<T>(p: *const T) {
 /// ownership request is answered.
 const WRITE_AHEAD_BYTES: usize = 2048;
 
-/// Marker for types that can live in a ring: plain-old-data, every bit pattern
-/// valid, no `Drop`.
-///
-/// # Safety
-///
-/// Rings hand out values read from memory that another process (or a buggy
-/// peer) may have written, and never run destructors, so an implementor must
-/// be valid for every bit pattern of its size, contain no pointers or
-/// references, and have no invariants between fields. (`Copy` already rules
-/// out `Drop`.)
-pub unsafe trait Entry: Copy + Send + 'static {}
+/// What can live in a ring: plain old data ([`bytemuck::Pod`]: every bit
+/// pattern valid, no padding, no pointers, no `Drop`), because rings hand
+/// out values read from memory that another process (or a buggy peer) may
+/// have written, and never run destructors. `Sqe` and `Cqe` derive `Pod`,
+/// which checks their layout when the crate compiles; their accessors
+/// validate each field.
+pub trait Entry: bytemuck::Pod + Send {}
 
-// SAFETY: Sqe is repr(C) integers and byte arrays with no padding; every bit
-// pattern is a valid value and its accessors validate.
-unsafe impl Entry for Sqe {}
-// SAFETY: Cqe is repr(C) integers and byte arrays with no padding; every bit
-// pattern is a valid value and its accessors validate.
-unsafe impl Entry for Cqe {}
-// SAFETY: every bit pattern is a valid u64.
-unsafe impl Entry for u64 {}
-// SAFETY: every bit pattern is a valid byte array.
-unsafe impl Entry for [u8; 64] {}
+impl<T: bytemuck::Pod + Send> Entry for T {}
 
 /// Format word stored last by [`init_in_region`]: "this memory is a ring".
 const RING_MAGIC: u64 = u64::from_le_bytes(*b"TENTSPSC");
@@ -932,7 +918,7 @@ fn channel_starting_at<T: Entry>(capacity: u32, start: u32) -> (Producer<T>, Con
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::{LocalAddr, RegionId, RemoteAddr, SegmentId};
+    use crate::entry::{Cqe, LocalAddr, RegionId, RemoteAddr, SegmentId, Sqe};
     use crate::op;
 
     #[test]

@@ -61,7 +61,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
-use tent_rings::spsc::{self, Consumer, Entry, Producer};
+use tent_rings::spsc::{self, Consumer, Producer};
 use tent_rings::{ErrorKind, Opcode};
 
 use super::abort::AbortBoard;
@@ -119,7 +119,7 @@ pub fn new_session() -> [u8; SESSION_LEN] {
 
 /// One slice as it travels through a connection's rings.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Op {
     /// The engine's slice token.
     pub token: u64,
@@ -160,8 +160,9 @@ const _: () = assert!(std::mem::size_of::<Op>() == 64);
 pub const BYSTANDER: u16 = u16::MAX;
 const _: () = assert!(ErrorKind::from_code(BYSTANDER).is_none());
 
-// SAFETY: Op is repr(C) integers only (the local address is held as an integer and only dereferenced under the transport's contract); every bit pattern is valid and no field constrains another.
-unsafe impl Entry for Op {}
+// `Pod` (checked as it compiles: integers only, no padding) makes it a
+// ring `Entry`. The local address is held as an integer and dereferenced
+// only under the transport's contract.
 
 impl Op {
     /// A fresh op for a slice.
