@@ -1213,18 +1213,7 @@ fn walk(
             SPECS.iter().position(|s| s.path == path)
         };
         if let Some(i) = idx {
-            let (spec, rule) = (&SPECS[i], &RULES[i]);
-            let val = check_value(rule.kind, spec.path, value, file)?;
-            if !(rule.set)(cfg, val) {
-                return Err(ConfigError::Invalid {
-                    file: file.to_owned(),
-                    key: path,
-                    reason: "internal error: the schema's type does not fit the field".to_owned(),
-                });
-            }
-            if !spec.in_effect {
-                later.push(spec.path);
-            }
+            set_key(i, value, file, cfg, later)?;
         } else if !name.contains('/') && !name.is_empty() && is_object_path(&path) {
             match value {
                 Value::Object(inner) => walk(inner, &path, file, cfg, later)?,
@@ -1240,6 +1229,30 @@ fn walk(
         } else {
             return Err(unknown_key(prefix, name, path, file));
         }
+    }
+    Ok(())
+}
+
+/// Check `value` as key `SPECS[i]` and set it in `cfg`, noting the key in
+/// `later` if no feature acts on it yet: what every source of keys does.
+fn set_key(
+    i: usize,
+    value: &Value,
+    file: &str,
+    cfg: &mut Config,
+    later: &mut Vec<&'static str>,
+) -> Result<(), ConfigError> {
+    let (spec, rule) = (&SPECS[i], &RULES[i]);
+    let val = check_value(rule.kind, spec.path, value, file)?;
+    if !(rule.set)(cfg, val) {
+        return Err(ConfigError::Invalid {
+            file: file.to_owned(),
+            key: spec.path.to_owned(),
+            reason: "internal error: the schema's type does not fit the field".to_owned(),
+        });
+    }
+    if !spec.in_effect {
+        later.push(spec.path);
     }
     Ok(())
 }

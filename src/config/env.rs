@@ -19,7 +19,7 @@ use std::ffi::OsString;
 
 use serde_json::Value;
 
-use super::{Config, ConfigError, ENV_VAR, Kind, RULES, SPECS, check_value, describe, levenshtein};
+use super::{Config, ConfigError, ENV_VAR, Kind, RULES, SPECS, describe, levenshtein, set_key};
 
 /// The variable that names the log filter, read by the tracing set-up.
 const LOG_VAR: &str = "TENT_LOG";
@@ -70,17 +70,6 @@ pub(super) fn apply(
     ours.sort_by(|a, b| a.0.cmp(&b.0));
     let mut out = Overrides::default();
     for (var, value) in ours {
-        if out.applied.last() == Some(&var) {
-            return Err(ConfigError::Invalid {
-                file: source(&var),
-                key: SPECS
-                    .iter()
-                    .find(|s| var_name(s.path) == var)
-                    .map_or("", |s| s.path)
-                    .to_owned(),
-                reason: "the variable is given twice in the environment".to_owned(),
-            });
-        }
         let Some(i) = SPECS.iter().position(|s| var_name(s.path) == var) else {
             if let Some(meant) = near_miss(&var) {
                 out.near_misses.push((var, meant));
@@ -89,6 +78,13 @@ pub(super) fn apply(
         };
         let (spec, rule) = (&SPECS[i], &RULES[i]);
         let src = source(&var);
+        if out.applied.last() == Some(&var) {
+            return Err(ConfigError::Invalid {
+                file: src,
+                key: spec.path.to_owned(),
+                reason: "the variable is given twice in the environment".to_owned(),
+            });
+        }
         let Some(text) = value.to_str() else {
             return Err(ConfigError::Type {
                 file: src,
@@ -112,17 +108,7 @@ pub(super) fn apply(
             expected: rule.kind.type_name(),
             found,
         })?;
-        let val = check_value(rule.kind, spec.path, &json, &src)?;
-        if !(rule.set)(cfg, val) {
-            return Err(ConfigError::Invalid {
-                file: src,
-                key: spec.path.to_owned(),
-                reason: "internal error: the schema's type does not fit the field".to_owned(),
-            });
-        }
-        if !spec.in_effect {
-            out.later.push(spec.path);
-        }
+        set_key(i, &json, &src, cfg, &mut out.later)?;
         out.applied.push(var);
     }
     Ok(out)

@@ -184,8 +184,8 @@ fn main() {
         .with_filter_reloading();
     let reload = builder.reload_handle();
     builder.init();
-    let chosen =
-        std::env::var_os("TENT_CONF").is_some() || std::env::var_os("TENT_LOG_LEVEL").is_some();
+    let chosen = std::env::var_os(tent::config::ENV_VAR).is_some()
+        || std::env::var_os("TENT_LOG_LEVEL").is_some();
     if std::env::var_os("TENT_LOG").is_none()
         && chosen
         && let Ok(cfg) = tent::Config::load()
