@@ -110,7 +110,7 @@ pub(crate) struct Task {
     pub accepted_ns: u64,
     /// Its first slice went out (its queue wait is recorded).
     pub waited: bool,
-    /// On the table's due list (`TaskTable::note_due`), not yet taken off
+    /// On the table's due list (`TaskTable::note_if_settled`), not yet taken off
     /// it by the completion stage.
     due: bool,
 }
@@ -243,11 +243,12 @@ impl TaskTable {
         self.free.push(i);
     }
 
-    /// Put live task `i` on the due list, unless it is on it already.
+    /// Put task `i` on the due list if it is live and settled
+    /// (`Task::settled`), unless it is on it already.
     #[inline]
-    pub fn note_due(&mut self, i: u32) {
+    pub fn note_if_settled(&mut self, i: u32) {
         let t = &mut self.tasks[i as usize];
-        if t.live && !t.due {
+        if t.live && t.settled() && !t.due {
             t.due = true;
             // A task is on the list at most once, and capacity was
             // reserved for every slot: this push never reallocates.

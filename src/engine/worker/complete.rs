@@ -64,9 +64,7 @@ impl Worker {
                     }
                 }
             }
-            if t.settled() {
-                self.tasks.note_due(i);
-            }
+            self.tasks.note_if_settled(i);
         }
         n > 0
     }

@@ -83,9 +83,7 @@ impl Worker {
             }
             if t.posting_done() {
                 self.sched.finished(p);
-                if t.settled() {
-                    self.tasks.note_due(i);
-                }
+                self.tasks.note_if_settled(i);
                 work = true;
                 continue;
             }
@@ -165,9 +163,7 @@ impl Worker {
                 let t = self.tasks.get_mut(i);
                 t.error.get_or_insert(e);
                 self.sched.finished(p);
-                if t.settled() {
-                    self.tasks.note_due(i);
-                }
+                self.tasks.note_if_settled(i);
                 work = true;
                 continue;
             }
@@ -213,11 +209,8 @@ impl Worker {
                     b.admission().release();
                 }
             }
-            let settled = t.settled();
             let flow = self.sched.posted(p, len, credited, done);
-            if settled {
-                self.tasks.note_due(i);
-            }
+            self.tasks.note_if_settled(i);
             if flow == Flow::Stop {
                 break;
             }

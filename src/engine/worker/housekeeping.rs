@@ -161,9 +161,8 @@ impl Worker {
         self.sched.remove(i);
         if inflight > 0 {
             self.book.abort(&self.ctx, token, kind);
-        } else {
-            self.tasks.note_due(i);
         }
+        self.tasks.note_if_settled(i);
     }
 
     /// Finish everything still queued with `Shutdown` so no caller waits forever.
