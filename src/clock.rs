@@ -21,7 +21,12 @@ pub fn monotonic_ns() -> u64 {
 
 /// An absolute deadline `timeout` from now, for [`tent_rings::op::Write::deadline_ns`].
 pub fn deadline_after(timeout: Duration) -> u64 {
-    monotonic_ns().saturating_add(timeout.as_nanos().min(u64::MAX as u128) as u64)
+    monotonic_ns().saturating_add(nanos(timeout))
+}
+
+/// `d` in nanoseconds, saturating at `u64::MAX` (584 years).
+pub fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -3,8 +3,16 @@
 //! One table ([`Config::schema`]) drives everything: which keys exist, their
 //! type and range, their default, whether a feature stands behind them yet,
 //! and which struct field each one fills. Adding a key is one line in the
-//! `schema!` invocation below, plus the struct field it fills (and that
-//! field's placeholder in `blank()`, which the schema then overwrites).
+//! `schema!` invocation below plus the typed field it fills in `sections!`
+//! (a test fails when a field has no key). The same table gives
+//! [`Config::key_table`] (`tent-bench --print-config`, `docs/CONFIG.md`).
+//!
+//! Fields have their real types: [`Duration`]s for the `_secs`, `_ms` and
+//! `_us` keys (whole numbers of that unit in a file), enums for names
+//! ([`LogLevel`], [`SplitPolicy`], [`MetadataType`], [`GidIndex`]), a list
+//! for `transports/rdma/devices`. A value read from a file or a variable is
+//! type-checked into a field's type, then range-checked; one built in code
+//! gets the same range checks from [`Config::validate`], field by field.
 //!
 //! Every key named in the reference documents is known from the start. A key
 //! whose feature is not built yet is still type- and range-checked, then
@@ -18,6 +26,7 @@ use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use serde_json::{Map, Value};
 
@@ -36,9 +45,65 @@ pub const INLINE_SOURCE: &str = "TENT_CONF (inline)";
 /// The `source` of [`Config::default`].
 pub const DEFAULT_SOURCE: &str = "default";
 
+/// A value each field type can start from before the schema writes every
+/// key's default over it: what lets `Config::default()` come from the
+/// schema alone, with no second list of fields.
+trait Blank {
+    fn blank() -> Self;
+}
+
+macro_rules! blank_is_default {
+    ($($t:ty),*) => {$(
+        impl Blank for $t {
+            fn blank() -> Self {
+                <$t>::default()
+            }
+        }
+    )*};
+}
+blank_is_default!(
+    bool,
+    u16,
+    u32,
+    u64,
+    f64,
+    String,
+    Vec<String>,
+    Vec<f64>,
+    Vec<usize>,
+    Duration,
+    Secret,
+    GidIndex
+);
+
+/// Declares the configuration's structs: each gets its `Blank` value from
+/// the same field list, and the names of its fields (`FIELDS`), which a
+/// test holds against the schema's keys.
+macro_rules! sections {
+    ($( $(#[$meta:meta])* pub struct $name:ident { $( $(#[$fmeta:meta])* pub $field:ident : $ty:ty, )* } )*) => {$(
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq)]
+        #[non_exhaustive]
+        pub struct $name {
+            $( $(#[$fmeta])* pub $field: $ty, )*
+        }
+
+        impl Blank for $name {
+            fn blank() -> Self {
+                $name { $( $field: Blank::blank(), )* }
+            }
+        }
+
+        impl $name {
+            #[cfg(test)]
+            const FIELDS: &'static [&'static str] = &[$(stringify!($field)),*];
+        }
+    )*};
+}
+
+sections! {
 /// The whole engine configuration. Field docs name the JSON key (paths use
 /// `/` between nested objects, as TENT does).
-#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Where this configuration came from: `"default"`, a file path, or
     /// `"TENT_CONF (inline)"`; after [`Config::load`] applied variables,
@@ -47,7 +112,7 @@ pub struct Config {
     /// `block_size`: slice size in bytes; larger requests are split.
     pub block_size: u64,
     /// `default_timeout_ms`: per-operation deadline when the SQE has none.
-    pub default_timeout_ms: u64,
+    pub default_timeout_ms: Duration,
     /// `ring_depth`: entries per submission/completion ring (power of two).
     pub ring_depth: u32,
     /// `max_batch_size`: tasks per batch.
@@ -65,10 +130,10 @@ pub struct Config {
     /// `merge_requests`: merge adjacent requests of a batch. Not yet in
     /// effect.
     pub merge_requests: bool,
-    /// `log_level`: one of trace, debug, info, warn, error.
-    pub log_level: String,
-    /// `metadata_type`: control-plane backend; only `"p2p"`.
-    pub metadata_type: String,
+    /// `log_level`: what tent's own binaries log.
+    pub log_level: LogLevel,
+    /// `metadata_type`: control-plane backend.
+    pub metadata_type: MetadataType,
     /// `rpc_server_hostname`: address the p2p handshake listens on.
     pub rpc_server_hostname: String,
     /// `rpc_server_port`: port of the p2p handshake; 0 = ephemeral.
@@ -84,7 +149,6 @@ pub struct Config {
 
 /// The `workers` object: how many worker threads, where they run, and how
 /// they idle.
-#[derive(Debug, Clone, PartialEq)]
 pub struct WorkersConfig {
     /// `workers/count`: number of worker threads.
     pub count: u32,
@@ -95,16 +159,15 @@ pub struct WorkersConfig {
     pub pin: bool,
     /// `workers/spin_us`: busy-poll time after the last work before
     /// yielding.
-    pub spin_us: u64,
+    pub spin_us: Duration,
     /// `workers/yield_us`: `sched_yield` phase before parking.
-    pub yield_us: u64,
+    pub yield_us: Duration,
     /// `workers/park_timeout_ms`: longest sleep while parked, so deadlines
     /// are still enforced on an idle worker.
-    pub park_timeout_ms: u64,
+    pub park_timeout_ms: Duration,
 }
 
 /// The `transports` object: one sub-object per transport.
-#[derive(Debug, Clone, PartialEq)]
 pub struct TransportsConfig {
     /// `transports/local`: in-process memcpy.
     pub local: LocalConfig,
@@ -117,14 +180,12 @@ pub struct TransportsConfig {
 }
 
 /// `transports/local`.
-#[derive(Debug, Clone, PartialEq)]
 pub struct LocalConfig {
     /// `transports/local/enable`.
     pub enable: bool,
 }
 
 /// `transports/shm`.
-#[derive(Debug, Clone, PartialEq)]
 pub struct ShmConfig {
     /// `transports/shm/enable`.
     pub enable: bool,
@@ -133,7 +194,6 @@ pub struct ShmConfig {
 }
 
 /// `transports/tcp`.
-#[derive(Debug, Clone, PartialEq)]
 pub struct TcpConfig {
     /// `transports/tcp/enable`.
     pub enable: bool,
@@ -142,7 +202,7 @@ pub struct TcpConfig {
     /// `transports/tcp/max_inflight_per_connection`.
     pub max_inflight_per_connection: u32,
     /// `transports/tcp/user_timeout_ms`: `TCP_USER_TIMEOUT`; 0 = OS default.
-    pub user_timeout_ms: u64,
+    pub user_timeout_ms: Duration,
     /// `transports/tcp/slice_size`: bytes per TCP slice (each costs a
     /// request and a response, so TCP wants them larger than `block_size`).
     pub slice_size: u64,
@@ -150,16 +210,15 @@ pub struct TcpConfig {
 
 /// `transports/rdma`: every RDMA key of the reference documents (failover
 /// rails, QoS, slice spraying, SQ flow control).
-#[derive(Debug, Clone, PartialEq)]
 pub struct RdmaConfig {
     /// `transports/rdma/enable`.
     pub enable: bool,
-    /// `transports/rdma/devices`: comma-separated RDMA device names; empty =
-    /// every device found (see [`RdmaConfig::device_list`]).
-    pub devices: String,
+    /// `transports/rdma/devices`: the RDMA devices to open (a list, or in
+    /// a file also one comma-separated string); empty = every device found.
+    pub devices: Vec<String>,
     /// `transports/rdma/gid_index`: `"auto"` (first non-zero GID) or a GID
-    /// table index (see [`RdmaConfig::gid`]).
-    pub gid_index: String,
+    /// table index.
+    pub gid_index: GidIndex,
     /// `transports/rdma/slice_size`: bytes per RDMA slice (clamped to the
     /// NICs' max message size).
     pub slice_size: u64,
@@ -171,24 +230,24 @@ pub struct RdmaConfig {
     pub rail_error_threshold: u32,
     /// `transports/rdma/rail_error_window_secs`: sliding window for rail
     /// errors.
-    pub rail_error_window_secs: u64,
+    pub rail_error_window_secs: Duration,
     /// `transports/rdma/rail_cooldown_secs`: first cooldown of a paused rail;
     /// doubles per repeat, capped at 300 s.
-    pub rail_cooldown_secs: u64,
+    pub rail_cooldown_secs: Duration,
     /// `transports/rdma/rail_backoff_decay_secs`: healthy time that halves
     /// a rail's remembered cooldown (decay instead of reset).
-    pub rail_backoff_decay_secs: u64,
+    pub rail_backoff_decay_secs: Duration,
     /// `transports/rdma/enable_priority_filtering`: priority-based device
     /// filtering. Not yet in effect.
     pub enable_priority_filtering: bool,
     /// `transports/rdma/local_rotation_interval_us`. Not yet in effect.
-    pub local_rotation_interval_us: u64,
+    pub local_rotation_interval_us: Duration,
     /// `transports/rdma/priority_promotion_timeout_us`: wait after which a
     /// queued MEDIUM/LOW request is promoted one level.
-    pub priority_promotion_timeout_us: u64,
+    pub priority_promotion_timeout_us: Duration,
     /// `transports/rdma/slot_rotation_interval_ms`: global QoS time-slot
     /// length. Not yet in effect.
-    pub slot_rotation_interval_ms: u64,
+    pub slot_rotation_interval_ms: Duration,
     /// `transports/rdma/shared_quota_shm_path`: shared-memory name of the
     /// global slot clock; empty = single-process mode. Not yet in effect.
     pub shared_quota_shm_path: String,
@@ -219,7 +278,7 @@ pub struct RdmaConfig {
     pub max_slice_count: u32,
     /// `transports/rdma/sq_backoff_timeout_us` (`MORI_IO_SQ_BACKOFF_TIMEOUT_US`):
     /// no completion this long with requests posted = a stalled endpoint.
-    pub sq_backoff_timeout_us: u64,
+    pub sq_backoff_timeout_us: Duration,
     /// `transports/rdma/sq_signal_interval_wr` (`MORI_IO_SQ_SIGNAL_INTERVAL_WR`):
     /// signal every n-th request of a posted list too; 0 = every
     /// `qp_depth / 2`-th (the last of each list always is).
@@ -231,7 +290,7 @@ pub struct RdmaConfig {
     /// the batch API's admission gate.
     pub sq_executor_admission: bool,
     /// `transports/rdma/sq_admission_timeout_us` (`MORI_IO_SQ_ADMISSION_TIMEOUT_US`).
-    pub sq_admission_timeout_us: u64,
+    pub sq_admission_timeout_us: Duration,
     /// `transports/rdma/sq_admission_resume_watermark_wr`
     /// (`MORI_IO_SQ_ADMISSION_RESUME_WATERMARK_WR`): free slots a refused
     /// admission waits for before it tries again (clamped to the depth);
@@ -239,7 +298,7 @@ pub struct RdmaConfig {
     pub sq_admission_resume_watermark_wr: u32,
     /// `transports/rdma/sq_admission_wait_slice_us`
     /// (`MORI_IO_SQ_ADMISSION_WAIT_SLICE_US`).
-    pub sq_admission_wait_slice_us: u64,
+    pub sq_admission_wait_slice_us: Duration,
     /// `transports/rdma/sq_admission_chunk_wr` (`MORI_IO_SQ_ADMISSION_CHUNK_WR`);
     /// 0 = one endpoint's depth.
     pub sq_admission_chunk_wr: u32,
@@ -257,55 +316,126 @@ pub struct RdmaConfig {
     /// worker keeps per rail to a peer.
     pub qp_per_transfer: u32,
 }
-
-impl RdmaConfig {
-    /// The devices named by `transports/rdma/devices` (empty: all).
-    pub fn device_list(&self) -> Vec<String> {
-        self.devices
-            .split(',')
-            .map(str::trim)
-            .filter(|d| !d.is_empty())
-            .map(str::to_owned)
-            .collect()
-    }
-
-    /// The GID index asked for (`None`: choose automatically).
-    pub fn gid(&self) -> Option<i32> {
-        self.gid_index.parse().ok()
-    }
 }
 
-/// How a batch is split across QPs under SQ admission
-/// (`transports/rdma/sq_split_policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `transports/rdma/gid_index`: which entry of a port's GID table the
+/// RDMA transport uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
-pub enum SplitPolicy {
-    /// `"static"`: round-robin.
-    Static,
-    /// `"least_loaded"`: the active QP with the lowest depth + queued depth.
-    LeastLoaded,
-    /// `"capacity"`: split by per-QP free slots (experimental).
-    Capacity,
+pub enum GidIndex {
+    /// `"auto"`: the engine chooses.
+    #[default]
+    Auto,
+    /// This index on every device (an address handle holds 8 bits of it).
+    Index(u8),
 }
 
-impl SplitPolicy {
-    /// The configuration spelling of this policy.
-    pub fn as_str(self) -> &'static str {
+impl GidIndex {
+    /// The index asked for; `None` for [`GidIndex::Auto`].
+    pub fn index(self) -> Option<u8> {
         match self {
-            SplitPolicy::Static => "static",
-            SplitPolicy::LeastLoaded => "least_loaded",
-            SplitPolicy::Capacity => "capacity",
+            GidIndex::Auto => None,
+            GidIndex::Index(i) => Some(i),
         }
     }
+}
 
-    /// Parses the configuration spelling.
-    pub fn from_name(name: &str) -> Option<SplitPolicy> {
-        match name {
-            "static" => Some(SplitPolicy::Static),
-            "least_loaded" => Some(SplitPolicy::LeastLoaded),
-            "capacity" => Some(SplitPolicy::Capacity),
-            _ => None,
+/// A key spelled as one of a few names: the enum, its spellings in order
+/// (`NAMES`, what the schema checks against) and the two conversions.
+macro_rules! named {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[non_exhaustive]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)*
         }
+
+        impl $name {
+            const NAMES: &'static [&'static str] = &[$($text),*];
+
+            /// The configuration spelling.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)*
+                }
+            }
+
+            /// Parses the configuration spelling.
+            pub fn from_name(name: &str) -> Option<$name> {
+                match name {
+                    $($text => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+
+        impl Blank for $name {
+            fn blank() -> Self {
+                [$($name::$variant),*][0]
+            }
+        }
+
+        impl Field for $name {
+            fn assign(&mut self, val: Val) -> bool {
+                match val {
+                    Val::Str(s) => $name::from_name(&s).map(|v| *self = v).is_some(),
+                    _ => false,
+                }
+            }
+            fn to_val(&self) -> Val {
+                Val::Str(self.as_str().to_owned())
+            }
+        }
+    };
+}
+
+named! {
+    /// How a batch is split across QPs under SQ admission
+    /// (`transports/rdma/sq_split_policy`).
+    pub enum SplitPolicy {
+        /// `"static"`: round-robin.
+        Static = "static",
+        /// `"least_loaded"`: the active QP with the lowest depth + queued depth.
+        LeastLoaded = "least_loaded",
+        /// `"capacity"`: split by per-QP free slots (experimental).
+        Capacity = "capacity",
+    }
+}
+
+named! {
+    /// `log_level`: the least severe events tent's own binaries log.
+    pub enum LogLevel {
+        /// `"trace"`.
+        Trace = "trace",
+        /// `"debug"`.
+        Debug = "debug",
+        /// `"info"`.
+        Info = "info",
+        /// `"warn"`.
+        Warn = "warn",
+        /// `"error"`.
+        Error = "error",
+    }
+}
+
+impl From<LogLevel> for tracing::Level {
+    fn from(level: LogLevel) -> tracing::Level {
+        match level {
+            LogLevel::Trace => tracing::Level::TRACE,
+            LogLevel::Debug => tracing::Level::DEBUG,
+            LogLevel::Info => tracing::Level::INFO,
+            LogLevel::Warn => tracing::Level::WARN,
+            LogLevel::Error => tracing::Level::ERROR,
+        }
+    }
+}
+
+named! {
+    /// `metadata_type`: where an engine finds its peers.
+    pub enum MetadataType {
+        /// `"p2p"`: a peer is named by its `ip:port` and asked directly.
+        P2p = "p2p",
     }
 }
 
@@ -381,6 +511,7 @@ pub enum ConfigError {
 
 /// One key of the schema, as listed by [`Config::schema`].
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct KeySpec {
     /// Full key path, e.g. `transports/rdma/rail_cooldown_secs`.
     pub path: &'static str,
@@ -394,6 +525,21 @@ pub struct KeySpec {
     pub in_effect: bool,
     /// What the key does, with its allowed values.
     pub doc: &'static str,
+    kind: Kind,
+}
+
+impl KeySpec {
+    /// The values allowed, e.g. `1..=300 s` or `static, least_loaded,
+    /// capacity`.
+    pub fn allowed(&self) -> String {
+        self.kind.allowed()
+    }
+
+    /// The environment variable that sets this key under [`Config::load`],
+    /// e.g. `TENT_TRANSPORTS_RDMA_RAIL_COOLDOWN_SECS`.
+    pub fn env_var(&self) -> String {
+        env::var_name(self.path)
+    }
 }
 
 /// What a key's value must look like.
@@ -406,6 +552,12 @@ enum Kind {
     },
     /// An unsigned integer in range that must also be a power of two.
     PowerOfTwo {
+        min: u64,
+        max: u64,
+    },
+    /// A whole number of `unit`s, `min..=max` of them.
+    Duration {
+        unit: Unit,
         min: u64,
         max: u64,
     },
@@ -422,6 +574,47 @@ enum Kind {
     Str(StrRule),
     /// A string that must be one of these names.
     Choice(&'static [&'static str]),
+    /// RDMA device names: an array of strings, or one string of names
+    /// separated by commas (TENT's spelling).
+    Devices,
+    /// `"auto"` or a GID table index (a number, or a string of digits).
+    Gid,
+}
+
+/// The unit of a duration key, named in the key (`_secs`, `_ms`, `_us`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    Secs,
+    Millis,
+    Micros,
+}
+
+impl Unit {
+    fn of(self, n: u64) -> Duration {
+        match self {
+            Unit::Secs => Duration::from_secs(n),
+            Unit::Millis => Duration::from_millis(n),
+            Unit::Micros => Duration::from_micros(n),
+        }
+    }
+
+    /// `d` in whole units, `None` when it is not a whole number of them or
+    /// too many for a `u64`.
+    fn count(self, d: Duration) -> Option<u64> {
+        let per = self.of(1).as_nanos();
+        let nanos = d.as_nanos();
+        (nanos % per == 0)
+            .then(|| u64::try_from(nanos / per).ok())
+            .flatten()
+    }
+
+    fn symbol(self) -> &'static str {
+        match self {
+            Unit::Secs => "s",
+            Unit::Millis => "ms",
+            Unit::Micros => "us",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -441,11 +634,13 @@ enum StrRule {
     AbsolutePath,
     /// Empty, or a POSIX shared-memory name (`shm_open` wants a leading `/`).
     EmptyOrShmName,
-    /// Empty, or comma-separated device names (`[A-Za-z0-9_.-]+` each).
-    DeviceList,
-    /// `"auto"` or a GID table index (0..=65535).
-    AutoOrIndex,
 }
+
+/// Most RDMA devices `transports/rdma/devices` may name.
+const MAX_DEVICES: usize = 64;
+/// Longest RDMA device name (the kernel's `IB_DEVICE_NAME_MAX` is 64 with
+/// its NUL).
+const MAX_DEVICE_NAME: usize = 63;
 
 /// A POSIX shared-memory name: `/` then 1 to 254 bytes with no `/` or
 /// NUL, and not `.` or `..` (it names a file directly in `/dev/shm`).
@@ -456,21 +651,88 @@ pub fn is_shm_name(s: &str) -> bool {
     !rest.is_empty() && s.len() <= 255 && !rest.contains(['/', '\0']) && rest != "." && rest != ".."
 }
 
+/// An RDMA device name as the kernel spells one: 1 to 63 bytes of
+/// `[A-Za-z0-9_.-]`.
+fn is_device_name(d: &str) -> bool {
+    !d.is_empty()
+        && d.len() <= MAX_DEVICE_NAME
+        && d.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
 impl Kind {
     const fn type_name(self) -> &'static str {
         match self {
             Kind::Bool => "bool",
-            Kind::Uint { .. } | Kind::PowerOfTwo { .. } => "unsigned integer",
+            Kind::Uint { .. } | Kind::PowerOfTwo { .. } | Kind::Duration { .. } => {
+                "unsigned integer"
+            }
             Kind::Float(_) => "number",
             Kind::FloatArray { .. } => "array of numbers",
             Kind::UintArray { .. } => "array of unsigned integers",
             Kind::Str(_) | Kind::Choice(_) => "string",
+            Kind::Devices => "array of strings, or a string",
+            Kind::Gid => "\"auto\" or unsigned integer",
+        }
+    }
+
+    /// The values allowed, for the key table.
+    fn allowed(self) -> String {
+        match self {
+            Kind::Bool => "true, false".to_owned(),
+            Kind::Uint { min, max } => format!("{min}..={max}"),
+            Kind::PowerOfTwo { min, max } => format!("a power of two in {min}..={max}"),
+            Kind::Duration { unit, min, max } => format!("{min}..={max} {}", unit.symbol()),
+            Kind::Float(r) => r.describe(),
+            Kind::FloatArray {
+                each,
+                min_len,
+                max_len,
+            } => format!("{min_len} to {max_len} entries, each {}", each.describe()),
+            Kind::UintArray { max, max_len } => {
+                format!("at most {max_len} entries, each 0..={max}")
+            }
+            Kind::Str(StrRule::NonEmpty) => "not empty".to_owned(),
+            Kind::Str(StrRule::EmptyOrSecret) => "empty, or at least 16 bytes".to_owned(),
+            Kind::Str(StrRule::AbsolutePath) => "an absolute path".to_owned(),
+            Kind::Str(StrRule::EmptyOrShmName) => {
+                "empty, or a shared-memory name (/name)".to_owned()
+            }
+            Kind::Choice(names) => names.join(", "),
+            Kind::Devices => format!(
+                "at most {MAX_DEVICES} device names of [A-Za-z0-9_.-], 1 to {MAX_DEVICE_NAME} bytes each"
+            ),
+            Kind::Gid => "\"auto\", 0..=255".to_owned(),
         }
     }
 }
 
 const fn uint(min: u64, max: u64) -> Kind {
     Kind::Uint { min, max }
+}
+
+const fn secs(min: u64, max: u64) -> Kind {
+    Kind::Duration {
+        unit: Unit::Secs,
+        min,
+        max,
+    }
+}
+
+const fn millis(min: u64, max: u64) -> Kind {
+    Kind::Duration {
+        unit: Unit::Millis,
+        min,
+        max,
+    }
+}
+
+const fn micros(min: u64, max: u64) -> Kind {
+    Kind::Duration {
+        unit: Unit::Micros,
+        min,
+        max,
+    }
 }
 
 const fn float(min: f64, max: f64) -> Kind {
@@ -489,18 +751,21 @@ const fn positive(max: f64) -> Kind {
     })
 }
 
-/// A validated value on its way into a struct field.
+/// A value of a key's type, on its way into a struct field or out of one.
 #[derive(Debug, Clone, PartialEq)]
 enum Val {
     Bool(bool),
     Uint(u64),
+    Duration(Duration),
     Float(f64),
     Str(String),
+    Strs(Vec<String>),
     Floats(Vec<f64>),
     Uints(Vec<u64>),
+    Gid(GidIndex),
 }
 
-/// How a validated [`Val`] lands in a struct field and comes back out.
+/// How a [`Val`] lands in a struct field and comes back out.
 trait Field {
     /// False when the schema gave this field a kind of the wrong shape (a
     /// schema bug, caught by the tests that load every default and maximum).
@@ -508,139 +773,82 @@ trait Field {
     fn to_val(&self) -> Val;
 }
 
-impl Field for bool {
-    fn assign(&mut self, val: Val) -> bool {
-        match val {
-            Val::Bool(b) => {
-                *self = b;
-                true
+/// `Field` for a type that one `Val` variant holds as it is.
+macro_rules! plain_field {
+    ($($t:ty => $variant:ident),* $(,)?) => {$(
+        impl Field for $t {
+            fn assign(&mut self, val: Val) -> bool {
+                match val {
+                    Val::$variant(v) => {
+                        *self = v;
+                        true
+                    }
+                    _ => false,
+                }
             }
-            _ => false,
+            fn to_val(&self) -> Val {
+                Val::$variant(self.clone())
+            }
         }
-    }
-    fn to_val(&self) -> Val {
-        Val::Bool(*self)
-    }
+    )*};
 }
+plain_field!(
+    bool => Bool,
+    Duration => Duration,
+    f64 => Float,
+    String => Str,
+    Vec<String> => Strs,
+    Vec<f64> => Floats,
+    GidIndex => Gid,
+);
 
 macro_rules! uint_field {
     ($($t:ty),*) => {$(
         impl Field for $t {
             fn assign(&mut self, val: Val) -> bool {
                 match val {
-                    Val::Uint(n) => match <$t>::try_from(n) {
-                        Ok(n) => {
-                            *self = n;
-                            true
-                        }
-                        Err(_) => false,
-                    },
+                    Val::Uint(n) => <$t>::try_from(n).map(|n| *self = n).is_ok(),
                     _ => false,
                 }
             }
             fn to_val(&self) -> Val {
-                Val::Uint(*self as u64)
+                Val::Uint(u64::from(*self))
             }
         }
     )*};
 }
 uint_field!(u16, u32, u64);
 
-impl Field for f64 {
-    fn assign(&mut self, val: Val) -> bool {
-        match val {
-            Val::Float(x) => {
-                *self = x;
-                true
-            }
-            _ => false,
-        }
-    }
-    fn to_val(&self) -> Val {
-        Val::Float(*self)
-    }
-}
-
 impl Field for Secret {
-    fn assign(&mut self, val: Val) -> bool {
-        let mut text = String::new();
-        let ok = text.assign(val);
-        if ok {
-            *self = Secret::from(text);
-        }
-        ok
-    }
-    fn to_val(&self) -> Val {
-        self.expose().to_owned().to_val()
-    }
-}
-
-impl Field for String {
     fn assign(&mut self, val: Val) -> bool {
         match val {
             Val::Str(s) => {
-                *self = s;
+                *self = Secret::from(s);
                 true
             }
             _ => false,
         }
     }
     fn to_val(&self) -> Val {
-        Val::Str(self.clone())
-    }
-}
-
-impl Field for Vec<f64> {
-    fn assign(&mut self, val: Val) -> bool {
-        match val {
-            Val::Floats(v) => {
-                *self = v;
-                true
-            }
-            _ => false,
-        }
-    }
-    fn to_val(&self) -> Val {
-        Val::Floats(self.clone())
+        Val::Str(self.expose().to_owned())
     }
 }
 
 impl Field for Vec<usize> {
     fn assign(&mut self, val: Val) -> bool {
         match val {
-            Val::Uints(v) => {
-                let converted: Result<Vec<usize>, _> = v.into_iter().map(usize::try_from).collect();
-                match converted {
-                    Ok(v) => {
-                        *self = v;
-                        true
-                    }
-                    Err(_) => false,
-                }
-            }
+            Val::Uints(v) => v
+                .into_iter()
+                .map(usize::try_from)
+                .collect::<Result<Vec<usize>, _>>()
+                .map(|v| *self = v)
+                .is_ok(),
             _ => false,
         }
     }
     fn to_val(&self) -> Val {
+        // usize is at most 64 bits on every target tent builds for.
         Val::Uints(self.iter().map(|&n| n as u64).collect())
-    }
-}
-
-impl Field for SplitPolicy {
-    fn assign(&mut self, val: Val) -> bool {
-        match val {
-            Val::Str(s) => match SplitPolicy::from_name(&s) {
-                Some(p) => {
-                    *self = p;
-                    true
-                }
-                None => false,
-            },
-            _ => false,
-        }
-    }
-    fn to_val(&self) -> Val {
-        Val::Str(self.as_str().to_owned())
     }
 }
 
@@ -665,6 +873,7 @@ macro_rules! schema {
                 default: $default,
                 in_effect: $effect,
                 doc: $doc,
+                kind: $kind,
             },
         )*];
         static RULES: &[Rule] = &[$(
@@ -677,14 +886,11 @@ macro_rules! schema {
     };
 }
 
-const LOG_LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error"];
-const SPLIT_POLICIES: &[&str] = &["static", "least_loaded", "capacity"];
-
 schema! {
     // engine
     "block_size" => block_size: uint(64, 1 << 30), "65536", LIVE,
         "Slice size in bytes; requests larger than this are split into slices.";
-    "default_timeout_ms" => default_timeout_ms: uint(1, 86_400_000), "30000", LIVE,
+    "default_timeout_ms" => default_timeout_ms: millis(1, 86_400_000), "30000", LIVE,
         "Per-operation deadline in ms when the SQE carries none.";
     "ring_depth" => ring_depth: Kind::PowerOfTwo { min: 2, max: 1 << 20 }, "1024", LIVE,
         "Entries per submission/completion ring; a power of two.";
@@ -700,10 +906,10 @@ schema! {
         "Transport switches allowed per task; 0 disables cross-transport failover.";
     "merge_requests" => merge_requests: Kind::Bool, "true", LATER,
         "Merge adjacent requests of a batch into one transfer.";
-    "log_level" => log_level: Kind::Choice(LOG_LEVELS), "\"info\"", LIVE,
+    "log_level" => log_level: Kind::Choice(LogLevel::NAMES), "\"info\"", LIVE,
         "One of trace, debug, info, warn, error: the tracing filter tent's own binaries (tent-bench) install; an embedding application installs its own subscriber.";
     // control plane
-    "metadata_type" => metadata_type: Kind::Choice(&["p2p"]), "\"p2p\"", LIVE,
+    "metadata_type" => metadata_type: Kind::Choice(MetadataType::NAMES), "\"p2p\"", LIVE,
         "Control-plane backend; only \"p2p\" (embedded peer-to-peer handshake).";
     "rpc_server_hostname" => rpc_server_hostname: Kind::Str(StrRule::NonEmpty), "\"127.0.0.1\"", LIVE,
         "Address the p2p handshake server listens on.";
@@ -718,11 +924,11 @@ schema! {
         "CPU ids (< 4096); worker i is pinned to cores[i % len]. Empty: chosen by topology.";
     "workers/pin" => workers.pin: Kind::Bool, "true", LIVE,
         "Pin workers to cores (to workers/cores, or cores chosen by topology).";
-    "workers/spin_us" => workers.spin_us: uint(0, 1_000_000), "50", LIVE,
+    "workers/spin_us" => workers.spin_us: micros(0, 1_000_000), "50", LIVE,
         "Busy-poll time in us after the last work before yielding.";
-    "workers/yield_us" => workers.yield_us: uint(0, 10_000_000), "200", LIVE,
+    "workers/yield_us" => workers.yield_us: micros(0, 10_000_000), "200", LIVE,
         "sched_yield phase in us before parking.";
-    "workers/park_timeout_ms" => workers.park_timeout_ms: uint(1, 60_000), "100", LIVE,
+    "workers/park_timeout_ms" => workers.park_timeout_ms: millis(1, 60_000), "100", LIVE,
         "Longest sleep in ms while parked, so deadlines are enforced on idle workers.";
     // transports/local, shm, tcp
     "transports/local/enable" => transports.local.enable: Kind::Bool, "true", LIVE,
@@ -737,37 +943,37 @@ schema! {
         "TCP connections opened to each peer.";
     "transports/tcp/max_inflight_per_connection" => transports.tcp.max_inflight_per_connection: uint(1, 1024), "2", LIVE,
         "Slices on the wire per TCP connection (more only fills socket buffers: 2 x 256 KiB measured 1.6x faster than 8 on loopback).";
-    "transports/tcp/user_timeout_ms" => transports.tcp.user_timeout_ms: uint(0, 3_600_000), "10000", LIVE,
+    "transports/tcp/user_timeout_ms" => transports.tcp.user_timeout_ms: millis(0, 3_600_000), "10000", LIVE,
         "TCP_USER_TIMEOUT in ms; 0 keeps the OS default.";
     "transports/tcp/slice_size" => transports.tcp.slice_size: uint(4096, 1 << 30), "262144", LIVE,
         "Bytes per slice over TCP (each slice costs one request and one response).";
     // transports/rdma: failover rails (seed 000)
     "transports/rdma/enable" => transports.rdma.enable: Kind::Bool, "true", LIVE,
         "Enable the RDMA transport (used when the machine has RDMA devices).";
-    "transports/rdma/devices" => transports.rdma.devices: Kind::Str(StrRule::DeviceList), "\"\"", LIVE,
-        "Comma-separated RDMA device names, e.g. \"mlx5_0,mlx5_1\"; empty = every device found.";
-    "transports/rdma/gid_index" => transports.rdma.gid_index: Kind::Str(StrRule::AutoOrIndex), "\"auto\"", LIVE,
-        "GID table index used on every device, or \"auto\" for the first non-zero GID.";
+    "transports/rdma/devices" => transports.rdma.devices: Kind::Devices, "[]", LIVE,
+        "RDMA devices to open, e.g. [\"mlx5_0\", \"mlx5_1\"] (or TENT's \"mlx5_0,mlx5_1\"); empty = every device found.";
+    "transports/rdma/gid_index" => transports.rdma.gid_index: Kind::Gid, "\"auto\"", LIVE,
+        "GID table index (0..=255) used on every device, or \"auto\" for the first non-zero GID.";
     "transports/rdma/slice_size" => transports.rdma.slice_size: uint(4096, 1 << 30), "65536", LIVE,
         "Bytes per RDMA slice (clamped to the devices' max message size).";
     "transports/rdma/qp_depth" => transports.rdma.qp_depth: uint(1, 1 << 16), "256", LIVE,
         "Send work requests per QP (clamped to the device's max_qp_wr).";
     "transports/rdma/rail_error_threshold" => transports.rdma.rail_error_threshold: uint(1, 1_000_000), "3", LIVE,
         "Failures inside rail_error_window_secs that pause a rail.";
-    "transports/rdma/rail_error_window_secs" => transports.rdma.rail_error_window_secs: uint(1, 86_400), "10", LIVE,
+    "transports/rdma/rail_error_window_secs" => transports.rdma.rail_error_window_secs: secs(1, 86_400), "10", LIVE,
         "Sliding window in s for counting rail errors.";
-    "transports/rdma/rail_cooldown_secs" => transports.rdma.rail_cooldown_secs: uint(1, 300), "30", LIVE,
+    "transports/rdma/rail_cooldown_secs" => transports.rdma.rail_cooldown_secs: secs(1, 300), "30", LIVE,
         "Initial cooldown in s of a paused rail; doubles per repeat failure, capped at 300 s.";
-    "transports/rdma/rail_backoff_decay_secs" => transports.rdma.rail_backoff_decay_secs: uint(1, 86_400), "60", LIVE,
+    "transports/rdma/rail_backoff_decay_secs" => transports.rdma.rail_backoff_decay_secs: secs(1, 86_400), "60", LIVE,
         "Healthy time in s that halves a rail's remembered cooldown (so a flapping rail pays a growing cooldown).";
     // transports/rdma: QoS (seed 001)
     "transports/rdma/enable_priority_filtering" => transports.rdma.enable_priority_filtering: Kind::Bool, "true", LIVE,
         "Priority-aware rail filtering (RDMA and TCP rails): a HIGH request's last (or only) slice binds at once to the least-loaded rail of its best NUMA tier, and bulk slices keep off that rail for local_rotation_interval_us.";
-    "transports/rdma/local_rotation_interval_us" => transports.rdma.local_rotation_interval_us: uint(1, 10_000_000), "200", LIVE,
+    "transports/rdma/local_rotation_interval_us" => transports.rdma.local_rotation_interval_us: micros(1, 10_000_000), "200", LIVE,
         "How long in us the rail HIGH last used stays HIGH's (bulk keeps off it while another rail is usable); HIGH re-picks the least-loaded rail per slice, so the held rail rotates with load.";
-    "transports/rdma/priority_promotion_timeout_us" => transports.rdma.priority_promotion_timeout_us: uint(1, 60_000_000), "10000", LIVE,
+    "transports/rdma/priority_promotion_timeout_us" => transports.rdma.priority_promotion_timeout_us: micros(1, 60_000_000), "10000", LIVE,
         "Wait in us after which a queued MEDIUM/LOW request is promoted one priority level.";
-    "transports/rdma/slot_rotation_interval_ms" => transports.rdma.slot_rotation_interval_ms: uint(1, 60_000), "2", LIVE,
+    "transports/rdma/slot_rotation_interval_ms" => transports.rdma.slot_rotation_interval_ms: millis(1, 60_000), "2", LIVE,
         "Global QoS time-slot length in ms (a full cycle is three slots: HIGH only, HIGH + MEDIUM, all); every process sharing a slot file must use the same.";
     "transports/rdma/shared_quota_shm_path" => transports.rdma.shared_quota_shm_path: Kind::Str(StrRule::EmptyOrShmName), "\"\"", LIVE,
         "Shared-memory name (leading /, the file is /dev/shm/<name>) of the global slot clock every process naming it shares; empty = single-process mode (per-worker lanes only).";
@@ -797,7 +1003,7 @@ schema! {
     "transports/rdma/max_slice_count" => transports.rdma.max_slice_count: uint(1, 65_536), "64", LIVE,
         "A request is planned in windows of this many slices; a window of fewer than half of it goes to the single best rail, a larger one is split across rails by weight.";
     // transports/rdma: SQ flow control (seed 004, MORI_IO_SQ_* without the prefix)
-    "transports/rdma/sq_backoff_timeout_us" => transports.rdma.sq_backoff_timeout_us: uint(0, 600_000_000), "1000000", LIVE,
+    "transports/rdma/sq_backoff_timeout_us" => transports.rdma.sq_backoff_timeout_us: micros(0, 600_000_000), "1000000", LIVE,
         "How long in us an RDMA endpoint may hold posted requests with no completion before it counts as stalled: new slices go to other rails, its waiting slices move there too, and slices no rail can take fail SqFull (failed over), with the SQ/CQE counters logged once; 0 = never. MORI's 10 ms bounds a worker's blocking wait for credits; here nothing waits, and 1 s outlasts a signalled completion every qp_depth/2 requests on a slow link and the RC retry timer, so only a stall trips it.";
     "transports/rdma/sq_signal_interval_wr" => transports.rdma.sq_signal_interval_wr: uint(0, 65_536), "0", LIVE,
         "Signal every n-th work request within a posted list (the last of each list always is); 0 = every qp_depth/2-th.";
@@ -805,17 +1011,17 @@ schema! {
         "Free SQ slots needed before an endpoint posts again once a post found too little room (hysteresis, clamped to qp_depth); 0 = off.";
     "transports/rdma/sq_executor_admission" => transports.rdma.sq_executor_admission: Kind::Bool, "false", LIVE,
         "Admission gate for the batch API: a submit toward an RDMA peer is charged to the picked worker's endpoints to that peer (a work request per slice) and waits for posted + queued to fit their depth, so a slow peer backs up its submitters instead of the worker's task table. The ring API's back-pressure is its ring (push reports Full).";
-    "transports/rdma/sq_admission_timeout_us" => transports.rdma.sq_admission_timeout_us: uint(1, 600_000_000), "1000000", LIVE,
+    "transports/rdma/sq_admission_timeout_us" => transports.rdma.sq_admission_timeout_us: micros(1, 600_000_000), "1000000", LIVE,
         "Longest wait in us at the admission gate; then submit fails SqFull with nothing queued, naming the endpoint and its SQ/CQE counters.";
     "transports/rdma/sq_admission_resume_watermark_wr" => transports.rdma.sq_admission_resume_watermark_wr: uint(0, 1 << 20), "0", LIVE,
         "Hysteresis of the admission gate: a submit refused for room waits until its endpoint has this many free slots (clamped to qp_depth) before it tries again, so waiters do not wake for every single completion; 0 = off (it tries again as soon as its charge fits). MORI's default, 2048, exceeds a 256-deep queue and would mean waiting for an empty one.";
-    "transports/rdma/sq_admission_wait_slice_us" => transports.rdma.sq_admission_wait_slice_us: uint(1, 1_000_000), "100", LIVE,
+    "transports/rdma/sq_admission_wait_slice_us" => transports.rdma.sq_admission_wait_slice_us: micros(1, 1_000_000), "100", LIVE,
         "Longest single sleep in us of an admission wait (a release or a degrade wakes it sooner).";
     "transports/rdma/sq_admission_chunk_wr" => transports.rdma.sq_admission_chunk_wr: uint(0, 1 << 20), "0", LIVE,
         "Most work requests one submit is charged per peer; 0 = one endpoint's depth (or, under capacity, all of them).";
     "transports/rdma/sq_admission_max_chunks_per_call" => transports.rdma.sq_admission_max_chunks_per_call: uint(0, 65_536), "0", LIVE,
         "Most endpoints (QPs) one submit's charge to a peer is split over under the capacity policy, most free first; 0 = every active one. static and least_loaded charge one endpoint per call.";
-    "transports/rdma/sq_split_policy" => transports.rdma.sq_split_policy: Kind::Choice(SPLIT_POLICIES), "\"static\"", LIVE,
+    "transports/rdma/sq_split_policy" => transports.rdma.sq_split_policy: Kind::Choice(SplitPolicy::NAMES), "\"static\"", LIVE,
         "Which endpoint an admitted submit is charged to: static (round robin), least_loaded (fewest posted + queued, skipping terminal ones), capacity (split over the endpoints' free slots; needs sq_enable_experimental_capacity). Slices still bind to rails late, by the spraying policy.";
     "transports/rdma/sq_enable_experimental_capacity" => transports.rdma.sq_enable_experimental_capacity: Kind::Bool, "false", LIVE,
         "Allow the experimental capacity split policy.";
@@ -870,91 +1076,13 @@ impl Default for RdmaConfig {
     }
 }
 
-/// A config with every field at a placeholder; [`build_default`] overwrites
-/// each one from the schema, so the defaults live only in the schema.
-fn blank() -> Config {
-    Config {
-        source: DEFAULT_SOURCE.to_owned(),
-        block_size: 0,
-        default_timeout_ms: 0,
-        ring_depth: 0,
-        max_batch_size: 0,
-        max_batches: 0,
-        max_tasks_per_worker: 0,
-        max_inflight_slices: 0,
-        max_failover_attempts: 0,
-        merge_requests: false,
-        log_level: String::new(),
-        metadata_type: String::new(),
-        rpc_server_hostname: String::new(),
-        rpc_server_port: 0,
-        rpc_shared_secret: Secret::default(),
-        workers: WorkersConfig {
-            count: 0,
-            cores: Vec::new(),
-            pin: false,
-            spin_us: 0,
-            yield_us: 0,
-            park_timeout_ms: 0,
-        },
-        transports: TransportsConfig {
-            local: LocalConfig { enable: false },
-            shm: ShmConfig {
-                enable: false,
-                dir: String::new(),
-            },
-            tcp: TcpConfig {
-                enable: false,
-                connections_per_peer: 0,
-                max_inflight_per_connection: 0,
-                user_timeout_ms: 0,
-                slice_size: 0,
-            },
-            rdma: RdmaConfig {
-                enable: false,
-                devices: String::new(),
-                gid_index: String::new(),
-                slice_size: 0,
-                qp_depth: 0,
-                rail_error_threshold: 0,
-                rail_error_window_secs: 0,
-                rail_cooldown_secs: 0,
-                rail_backoff_decay_secs: 0,
-                enable_priority_filtering: false,
-                local_rotation_interval_us: 0,
-                priority_promotion_timeout_us: 0,
-                slot_rotation_interval_ms: 0,
-                shared_quota_shm_path: String::new(),
-                enable_smart_scheduling: false,
-                numa_penalties: Vec::new(),
-                bandwidth_learning_rate: 0.0,
-                ewma_min_bandwidth_multiplier: 0.0,
-                ewma_max_bandwidth_multiplier: 0.0,
-                score_jitter_range: 0.0,
-                score_epsilon: 0.0,
-                default_bandwidth_gbps: 0.0,
-                min_bandwidth_gbps: 0.0,
-                max_bandwidth_gbps: 0.0,
-                max_slice_count: 0,
-                sq_backoff_timeout_us: 0,
-                sq_signal_interval_wr: 0,
-                sq_resume_watermark_wr: 0,
-                sq_executor_admission: false,
-                sq_admission_timeout_us: 0,
-                sq_admission_resume_watermark_wr: 0,
-                sq_admission_wait_slice_us: 0,
-                sq_admission_chunk_wr: 0,
-                sq_admission_max_chunks_per_call: 0,
-                sq_split_policy: SplitPolicy::Static,
-                sq_enable_experimental_capacity: false,
-                qp_per_transfer: 0,
-            },
-        },
-    }
-}
-
+/// Every key's default, written over a blank configuration: the defaults
+/// live only in the schema.
 fn build_default() -> Config {
-    let mut cfg = blank();
+    let mut cfg = Config {
+        source: DEFAULT_SOURCE.to_owned(),
+        ..Config::blank()
+    };
     for (spec, rule) in SPECS.iter().zip(RULES) {
         // A bad default is a schema bug that the `every_default_is_accepted`
         // test catches; at run time the placeholder is kept and reported
@@ -1024,14 +1152,6 @@ impl Config {
         Ok(cfg)
     }
 
-    /// The one validation: every key's type and range, then the checks
-    /// across keys; also the keys set that are not in effect.
-    fn from_value(value: &Value, source: &str) -> Result<(Config, Vec<&'static str>), ConfigError> {
-        let (cfg, later) = Config::keys_from_value(value, source)?;
-        cross_check(&cfg, source)?;
-        Ok((cfg, later))
-    }
-
     /// Every key of `value` checked alone, over the defaults.
     fn keys_from_value(
         value: &Value,
@@ -1056,17 +1176,20 @@ impl Config {
     }
 
     /// Check a configuration built in code (its fields are public) as a
-    /// file's is checked: the same ranges and cross-key checks, through
-    /// [`Config::to_json`]. `Engine::new` runs it, so `workers/count` 0 or
-    /// `block_size` 0 set in code is refused, as it is from JSON, instead
-    /// of panicking or spinning later.
+    /// file's is checked: each field against its key's range and rules,
+    /// then the checks across keys. `Engine::new` runs it, so
+    /// `workers/count` 0 or `block_size` 0 set in code is refused, as it is
+    /// from JSON, instead of panicking or spinning later.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let source = if self.source.is_empty() {
             "Config (built in code)"
         } else {
             self.source.as_str()
         };
-        Config::from_value(&self.to_json(), source).map(|_| ())
+        for (spec, rule) in SPECS.iter().zip(RULES) {
+            check_val(rule.kind, spec.path, &(rule.get)(self), None, source)?;
+        }
+        cross_check(self, source)
     }
 
     /// Reads and validates a JSON file; errors name `path`.
@@ -1135,13 +1258,42 @@ impl Config {
         SPECS
     }
 
+    /// The schema as a Markdown table, one row per key: path, environment
+    /// variable, type, allowed values, default, whether it is in effect,
+    /// and what it does. What `tent-bench --print-config` prints and
+    /// `docs/CONFIG.md` holds.
+    pub fn key_table() -> String {
+        let mut out = String::from(
+            "| Key | Variable | Type | Allowed | Default | In effect | What it does |\n\
+             |---|---|---|---|---|---|---|\n",
+        );
+        for spec in SPECS {
+            let cell = |s: &str| s.replace('|', "\\|");
+            out.push_str(&format!(
+                "| `{}` | `{}` | {} | {} | `{}` | {} | {} |\n",
+                spec.path,
+                spec.env_var(),
+                cell(spec.ty),
+                cell(&spec.allowed()),
+                spec.default,
+                if spec.in_effect { "yes" } else { "not yet" },
+                cell(spec.doc),
+            ));
+        }
+        out
+    }
+
     /// This configuration as JSON, every known key present; feeding it back
     /// to [`Config::from_json_str`] gives an equal configuration (up to
     /// `source`).
     pub fn to_json(&self) -> Value {
         let mut root = Map::new();
         for (spec, rule) in SPECS.iter().zip(RULES) {
-            insert_path(&mut root, spec.path, val_to_json((rule.get)(self)));
+            insert_path(
+                &mut root,
+                spec.path,
+                val_to_json(rule.kind, (rule.get)(self)),
+            );
         }
         Value::Object(root)
     }
@@ -1314,130 +1466,243 @@ fn cross_check(cfg: &Config, file: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Type- and range-checks one value against its kind.
+/// One value from a file or a variable, type- and range-checked against
+/// its kind.
 fn check_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, ConfigError> {
+    let val = read_value(kind, key, v, file)?;
+    check_val(kind, key, &val, Some(v), file)?;
+    Ok(val)
+}
+
+/// A JSON value as a [`Val`] of `kind`'s type: the type check alone.
+fn read_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, ConfigError> {
     let type_err = |expected: &'static str, key: &str, v: &Value| ConfigError::Type {
         file: file.to_owned(),
         key: key.to_owned(),
         expected,
         found: describe(v),
     };
-    let range_err = |key: &str, v: &Value, allowed: String| ConfigError::Range {
-        file: file.to_owned(),
-        key: key.to_owned(),
-        value: truncate(&v.to_string()),
-        allowed,
+    let array = || {
+        v.as_array()
+            .ok_or_else(|| type_err(kind.type_name(), key, v))
+    };
+    let uint = |key: &str, v: &Value| {
+        v.as_u64()
+            .ok_or_else(|| type_err("unsigned integer", key, v))
     };
     match kind {
         Kind::Bool => v
             .as_bool()
             .map(Val::Bool)
             .ok_or_else(|| type_err(kind.type_name(), key, v)),
-        Kind::Uint { min, max } => {
-            let n = v
-                .as_u64()
-                .ok_or_else(|| type_err(kind.type_name(), key, v))?;
-            if !(min..=max).contains(&n) {
-                return Err(range_err(key, v, format!("{min}..={max}")));
-            }
-            Ok(Val::Uint(n))
-        }
-        Kind::PowerOfTwo { min, max } => {
-            let n = v
-                .as_u64()
-                .ok_or_else(|| type_err(kind.type_name(), key, v))?;
-            if !(min..=max).contains(&n) {
-                return Err(range_err(
-                    key,
-                    v,
-                    format!("a power of two in {min}..={max}"),
-                ));
-            }
-            if !n.is_power_of_two() {
-                let below = 1u64 << (63 - n.leading_zeros());
-                return Err(ConfigError::Invalid {
+        Kind::Uint { .. } | Kind::PowerOfTwo { .. } => uint(key, v).map(Val::Uint),
+        // Every u64 of seconds, ms or us fits a Duration.
+        Kind::Duration { unit, .. } => uint(key, v).map(|n| Val::Duration(unit.of(n))),
+        Kind::Float(_) => v
+            .as_f64()
+            .map(Val::Float)
+            .ok_or_else(|| type_err(kind.type_name(), key, v)),
+        Kind::FloatArray { .. } => array()?
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                item.as_f64()
+                    .ok_or_else(|| type_err("number", &format!("{key}[{i}]"), item))
+            })
+            .collect::<Result<_, _>>()
+            .map(Val::Floats),
+        Kind::UintArray { .. } => array()?
+            .iter()
+            .enumerate()
+            .map(|(i, item)| uint(&format!("{key}[{i}]"), item))
+            .collect::<Result<_, _>>()
+            .map(Val::Uints),
+        Kind::Str(rule) => match v.as_str() {
+            Some(s) => Ok(Val::Str(s.to_owned())),
+            // A secret's value is never echoed in an error, whatever its
+            // type or length.
+            None if matches!(rule, StrRule::EmptyOrSecret) => Err(ConfigError::Type {
+                file: file.to_owned(),
+                key: key.to_owned(),
+                expected: kind.type_name(),
+                found: "(a secret that is not a string)".to_owned(),
+            }),
+            None => Err(type_err(kind.type_name(), key, v)),
+        },
+        Kind::Choice(_) => v
+            .as_str()
+            .map(|s| Val::Str(s.to_owned()))
+            .ok_or_else(|| type_err(kind.type_name(), key, v)),
+        Kind::Devices => match v {
+            // TENT's spelling: one string, names separated by commas, each
+            // trimmed; "" is no device named.
+            Value::String(s) if s.trim().is_empty() => Ok(Val::Strs(Vec::new())),
+            Value::String(s) => Ok(Val::Strs(
+                s.split(',').map(|d| d.trim().to_owned()).collect(),
+            )),
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| {
+                    item.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| type_err("string", &format!("{key}[{i}]"), item))
+                })
+                .collect::<Result<_, _>>()
+                .map(Val::Strs),
+            _ => Err(type_err(kind.type_name(), key, v)),
+        },
+        Kind::Gid => {
+            let index = match v {
+                Value::String(s) if s == "auto" => return Ok(Val::Gid(GidIndex::Auto)),
+                Value::String(s) => s.parse::<u64>().ok(),
+                Value::Number(n) => n.as_u64(),
+                _ => return Err(type_err(kind.type_name(), key, v)),
+            };
+            match index.map(u8::try_from) {
+                Some(Ok(i)) => Ok(Val::Gid(GidIndex::Index(i))),
+                // An address handle holds 8 bits of the index: a larger one
+                // would name another GID than the one asked for.
+                Some(Err(_)) => Err(range_error(kind, key, &v.to_string(), file)),
+                None => Err(ConfigError::Invalid {
                     file: file.to_owned(),
                     key: key.to_owned(),
                     reason: format!(
-                        "{n} is not a power of two (nearest: {below} or {})",
-                        below.saturating_mul(2)
+                        "{}: must be \"auto\" or a GID index 0..=255",
+                        truncate(&v.to_string())
                     ),
-                });
+                }),
             }
-            Ok(Val::Uint(n))
         }
-        Kind::Float(range) => {
-            let x = v
-                .as_f64()
-                .ok_or_else(|| type_err(kind.type_name(), key, v))?;
-            if !range.contains(x) {
-                return Err(range_err(key, v, range.describe()));
-            }
-            Ok(Val::Float(x))
+    }
+}
+
+fn range_error(kind: Kind, key: &str, written: &str, file: &str) -> ConfigError {
+    ConfigError::Range {
+        file: file.to_owned(),
+        key: key.to_owned(),
+        value: truncate(written),
+        allowed: kind.allowed(),
+    }
+}
+
+/// The range and rule checks of one value, read from a file (`written` is
+/// the value as written, for errors) or taken from a field.
+fn check_val(
+    kind: Kind,
+    key: &str,
+    val: &Val,
+    written: Option<&Value>,
+    file: &str,
+) -> Result<(), ConfigError> {
+    // How an error shows the value: as written, else as JSON.
+    let shown = |written: Option<&Value>, val: Val| {
+        truncate(
+            &written
+                .cloned()
+                .unwrap_or_else(|| val_to_json(kind, val))
+                .to_string(),
+        )
+    };
+    let range =
+        |key: &str, written: Option<&Value>, val: Val, allowed: String| ConfigError::Range {
+            file: file.to_owned(),
+            key: key.to_owned(),
+            value: shown(written, val),
+            allowed,
+        };
+    let invalid = |reason: String| ConfigError::Invalid {
+        file: file.to_owned(),
+        key: key.to_owned(),
+        reason,
+    };
+    match (kind, val) {
+        (Kind::Bool, Val::Bool(_)) | (Kind::Gid, Val::Gid(_)) => Ok(()),
+        (Kind::Uint { min, max }, &Val::Uint(n)) if !(min..=max).contains(&n) => {
+            Err(range(key, written, Val::Uint(n), kind.allowed()))
         }
-        Kind::FloatArray {
-            each,
-            min_len,
-            max_len,
-        } => {
-            let items = v
-                .as_array()
-                .ok_or_else(|| type_err(kind.type_name(), key, v))?;
-            if !(min_len..=max_len).contains(&items.len()) {
-                return Err(range_err(key, v, format!("{min_len} to {max_len} entries")));
+        (Kind::Uint { .. }, Val::Uint(_)) => Ok(()),
+        (Kind::PowerOfTwo { min, max }, &Val::Uint(n)) => {
+            if !(min..=max).contains(&n) {
+                return Err(range(key, written, Val::Uint(n), kind.allowed()));
             }
-            let mut out = Vec::with_capacity(items.len());
-            for (i, item) in items.iter().enumerate() {
-                let elem_key = format!("{key}[{i}]");
-                let x = item
-                    .as_f64()
-                    .ok_or_else(|| type_err("number", &elem_key, item))?;
+            if !n.is_power_of_two() {
+                let below = 1u64 << (63 - n.leading_zeros());
+                return Err(invalid(format!(
+                    "{n} is not a power of two (nearest: {below} or {})",
+                    below.saturating_mul(2)
+                )));
+            }
+            Ok(())
+        }
+        (Kind::Duration { unit, min, max }, &Val::Duration(d)) => {
+            if !(unit.of(min)..=unit.of(max)).contains(&d) {
+                return Err(range(key, written, Val::Duration(d), kind.allowed()));
+            }
+            if unit.count(d).is_none() {
+                return Err(invalid(format!(
+                    "{d:?} is not a whole number of {}",
+                    unit.symbol()
+                )));
+            }
+            Ok(())
+        }
+        (Kind::Float(r), &Val::Float(x)) if !r.contains(x) => {
+            Err(range(key, written, Val::Float(x), r.describe()))
+        }
+        (Kind::Float(_), Val::Float(_)) => Ok(()),
+        (
+            Kind::FloatArray {
+                each,
+                min_len,
+                max_len,
+            },
+            Val::Floats(xs),
+        ) => {
+            if !(min_len..=max_len).contains(&xs.len()) {
+                return Err(range(
+                    key,
+                    written,
+                    val.clone(),
+                    format!("{min_len} to {max_len} entries"),
+                ));
+            }
+            for (i, &x) in xs.iter().enumerate() {
                 if !each.contains(x) {
-                    return Err(range_err(&elem_key, item, each.describe()));
+                    let item = written.and_then(|w| w.get(i));
+                    return Err(range(
+                        &format!("{key}[{i}]"),
+                        item,
+                        Val::Float(x),
+                        each.describe(),
+                    ));
                 }
-                out.push(x);
             }
-            Ok(Val::Floats(out))
+            Ok(())
         }
-        Kind::UintArray { max, max_len } => {
-            let items = v
-                .as_array()
-                .ok_or_else(|| type_err(kind.type_name(), key, v))?;
-            if items.len() > max_len {
-                return Err(range_err(key, v, format!("at most {max_len} entries")));
+        (Kind::UintArray { max, max_len }, Val::Uints(ns)) => {
+            if ns.len() > max_len {
+                return Err(range(
+                    key,
+                    written,
+                    val.clone(),
+                    format!("at most {max_len} entries"),
+                ));
             }
-            let mut out = Vec::with_capacity(items.len());
-            for (i, item) in items.iter().enumerate() {
-                let elem_key = format!("{key}[{i}]");
-                let n = item
-                    .as_u64()
-                    .ok_or_else(|| type_err("unsigned integer", &elem_key, item))?;
+            for (i, &n) in ns.iter().enumerate() {
                 if n > max {
-                    return Err(range_err(&elem_key, item, format!("0..={max}")));
+                    let item = written.and_then(|w| w.get(i));
+                    return Err(range(
+                        &format!("{key}[{i}]"),
+                        item,
+                        Val::Uint(n),
+                        format!("0..={max}"),
+                    ));
                 }
-                out.push(n);
             }
-            Ok(Val::Uints(out))
+            Ok(())
         }
-        Kind::Str(rule) => {
-            // A secret's value is never echoed in an error, whatever its
-            // type or length: only how long it is.
-            let secret = matches!(rule, StrRule::EmptyOrSecret);
-            let redacted = || match v.as_str() {
-                Some(s) => format!("(a secret of {} bytes)", s.len()),
-                None => "(a secret that is not a string)".to_owned(),
-            };
-            let Some(s) = v.as_str() else {
-                if !secret {
-                    return Err(type_err(kind.type_name(), key, v));
-                }
-                return Err(ConfigError::Type {
-                    file: file.to_owned(),
-                    key: key.to_owned(),
-                    expected: kind.type_name(),
-                    found: redacted(),
-                });
-            };
+        (Kind::Str(rule), Val::Str(s)) => {
             let problem = match rule {
                 StrRule::NonEmpty if s.is_empty() => Some("must not be empty"),
                 StrRule::EmptyOrSecret if !s.is_empty() && s.len() < 16 => {
@@ -1449,59 +1714,42 @@ fn check_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, Conf
                 StrRule::EmptyOrShmName if !s.is_empty() && !is_shm_name(s) => Some(
                     "must be empty (single-process mode) or a shared-memory name like /mooncake_rdma_slots (one leading /, no other /, not /. or /.., at most 255 bytes)",
                 ),
-                StrRule::DeviceList
-                    if s.split(',').any(|d| {
-                        let d = d.trim();
-                        d.is_empty()
-                            || d.len() > 64
-                            || !d
-                                .bytes()
-                                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
-                    }) && !s.is_empty() =>
-                {
-                    Some(
-                        "must be empty (every device) or device names separated by commas, like \"mlx5_0,mlx5_1\"",
-                    )
-                }
-                StrRule::AutoOrIndex if s != "auto" && s.parse::<u16>().is_err() => {
-                    Some("must be \"auto\" or a GID index 0..=65535")
-                }
                 _ => None,
             };
             match problem {
-                Some(reason) => Err(ConfigError::Invalid {
-                    file: file.to_owned(),
-                    key: key.to_owned(),
-                    reason: format!(
-                        "{}: {reason}",
-                        if secret {
-                            redacted()
-                        } else {
-                            truncate(&v.to_string())
-                        }
-                    ),
-                }),
-                None => Ok(Val::Str(s.to_owned())),
+                // Only a secret's length is ever shown.
+                Some(reason) if matches!(rule, StrRule::EmptyOrSecret) => Err(invalid(format!(
+                    "(a secret of {} bytes): {reason}",
+                    s.len()
+                ))),
+                Some(reason) => Err(invalid(format!(
+                    "{}: {reason}",
+                    shown(written, val.clone())
+                ))),
+                None => Ok(()),
             }
         }
-        Kind::Choice(names) => {
-            let s = v
-                .as_str()
-                .ok_or_else(|| type_err(kind.type_name(), key, v))?;
-            if names.contains(&s) {
-                Ok(Val::Str(s.to_owned()))
-            } else {
-                Err(ConfigError::Invalid {
-                    file: file.to_owned(),
-                    key: key.to_owned(),
-                    reason: format!(
-                        "{} is not one of: {}",
-                        truncate(&v.to_string()),
-                        names.join(", ")
-                    ),
-                })
-            }
+        (Kind::Choice(names), Val::Str(s)) if !names.contains(&s.as_str()) => {
+            Err(invalid(format!(
+                "{} is not one of: {}",
+                shown(written, val.clone()),
+                names.join(", ")
+            )))
         }
+        (Kind::Choice(_), Val::Str(_)) => Ok(()),
+        (Kind::Devices, Val::Strs(names)) => {
+            if names.len() > MAX_DEVICES || !names.iter().all(|d| is_device_name(d)) {
+                return Err(invalid(format!(
+                    "{}: must be empty (every device) or device names like [\"mlx5_0\", \"mlx5_1\"] (or \"mlx5_0,mlx5_1\"): at most {MAX_DEVICES}, each 1 to {MAX_DEVICE_NAME} bytes of [A-Za-z0-9_.-]",
+                    shown(written, val.clone())
+                )));
+            }
+            Ok(())
+        }
+        (kind, val) => Err(invalid(format!(
+            "internal error: a {} key holds {val:?}",
+            kind.type_name()
+        ))),
     }
 }
 
@@ -1673,14 +1921,25 @@ fn truncate(s: &str) -> String {
     format!("{}…", &s[..end])
 }
 
-fn val_to_json(val: Val) -> Value {
+/// A value as a file would hold it.
+fn val_to_json(kind: Kind, val: Val) -> Value {
     match val {
         Val::Bool(b) => Value::Bool(b),
         Val::Uint(n) => Value::from(n),
+        Val::Duration(d) => match kind {
+            Kind::Duration { unit, .. } => match unit.count(d) {
+                Some(n) => Value::from(n),
+                None => Value::String(format!("{d:?}")),
+            },
+            _ => Value::String(format!("{d:?}")),
+        },
         Val::Float(x) => Value::from(x),
         Val::Str(s) => Value::String(s),
+        Val::Strs(v) => Value::from(v),
         Val::Floats(v) => Value::from(v),
         Val::Uints(v) => Value::from(v),
+        Val::Gid(GidIndex::Auto) => Value::from("auto"),
+        Val::Gid(GidIndex::Index(i)) => Value::from(i),
     }
 }
 
@@ -1724,7 +1983,7 @@ mod tests {
         let c = Config::default();
         assert_eq!(c.source, "default");
         assert_eq!(c.block_size, 65536);
-        assert_eq!(c.default_timeout_ms, 30_000);
+        assert_eq!(c.default_timeout_ms, Duration::from_secs(30));
         assert_eq!(c.ring_depth, 1024);
         assert_eq!(c.max_batch_size, 4096);
         assert_eq!(c.max_batches, 1024);
@@ -1732,8 +1991,8 @@ mod tests {
         assert_eq!(c.max_inflight_slices, 256);
         assert_eq!(c.max_failover_attempts, 3);
         assert!(c.merge_requests);
-        assert_eq!(c.log_level, "info");
-        assert_eq!(c.metadata_type, "p2p");
+        assert_eq!(c.log_level, LogLevel::Info);
+        assert_eq!(c.metadata_type, MetadataType::P2p);
         assert_eq!(c.rpc_server_hostname, "127.0.0.1");
         assert_eq!(c.rpc_server_port, 0);
         let w = &c.workers;
@@ -1746,7 +2005,14 @@ mod tests {
                 w.yield_us,
                 w.park_timeout_ms
             ),
-            (1, true, true, 50, 200, 100)
+            (
+                1,
+                true,
+                true,
+                Duration::from_micros(50),
+                Duration::from_micros(200),
+                Duration::from_millis(100)
+            )
         );
         let t = &c.transports;
         assert!(t.local.enable && t.shm.enable && t.tcp.enable && t.rdma.enable);
@@ -1758,7 +2024,7 @@ mod tests {
                 t.tcp.user_timeout_ms,
                 t.tcp.slice_size
             ),
-            (4, 2, 10_000, 256 << 10)
+            (4, 2, Duration::from_secs(10), 256 << 10)
         );
         let r = &t.rdma;
         assert_eq!(
@@ -1767,12 +2033,12 @@ mod tests {
                 r.rail_error_window_secs,
                 r.rail_cooldown_secs
             ),
-            (3, 10, 30)
+            (3, Duration::from_secs(10), Duration::from_secs(30))
         );
         assert!(r.enable_priority_filtering);
-        assert_eq!(r.local_rotation_interval_us, 200);
-        assert_eq!(r.priority_promotion_timeout_us, 10_000);
-        assert_eq!(r.slot_rotation_interval_ms, 2);
+        assert_eq!(r.local_rotation_interval_us, Duration::from_micros(200));
+        assert_eq!(r.priority_promotion_timeout_us, Duration::from_millis(10));
+        assert_eq!(r.slot_rotation_interval_ms, Duration::from_millis(2));
         assert_eq!(r.shared_quota_shm_path, "");
         assert!(r.enable_smart_scheduling);
         assert_eq!(r.numa_penalties, vec![1.0, 5.0, 10.0]);
@@ -1790,13 +2056,13 @@ mod tests {
             (400.0, 10.0, 800.0)
         );
         assert_eq!(r.max_slice_count, 64);
-        assert_eq!(r.sq_backoff_timeout_us, 1_000_000);
+        assert_eq!(r.sq_backoff_timeout_us, Duration::from_secs(1));
         assert_eq!(r.sq_signal_interval_wr, 0);
         assert_eq!(r.sq_resume_watermark_wr, 0);
         assert!(!r.sq_executor_admission);
-        assert_eq!(r.sq_admission_timeout_us, 1_000_000);
+        assert_eq!(r.sq_admission_timeout_us, Duration::from_secs(1));
         assert_eq!(r.sq_admission_resume_watermark_wr, 0);
-        assert_eq!(r.sq_admission_wait_slice_us, 100);
+        assert_eq!(r.sq_admission_wait_slice_us, Duration::from_micros(100));
         assert_eq!(r.sq_admission_chunk_wr, 0);
         assert_eq!(r.sq_admission_max_chunks_per_call, 0);
         assert_eq!(r.sq_split_policy, SplitPolicy::Static);
@@ -1833,6 +2099,51 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_key_table_in_the_docs_is_the_schema_s() {
+        const MARKER: &str = "<!-- key table: Config::key_table(); regenerate with TENT_BLESS=1 cargo test -p tent --lib key_table -->\n";
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/CONFIG.md");
+        let doc = std::fs::read_to_string(&path).unwrap();
+        let (head, table) = doc
+            .split_once(MARKER)
+            .expect("docs/CONFIG.md lost its marker");
+        if std::env::var_os("TENT_BLESS").is_some() {
+            std::fs::write(&path, format!("{head}{MARKER}{}", Config::key_table())).unwrap();
+        } else {
+            assert!(
+                table == Config::key_table(),
+                "docs/CONFIG.md's key table is not the schema's: TENT_BLESS=1 cargo test -p tent --lib key_table"
+            );
+        }
+    }
+
+    #[test]
+    fn every_field_is_filled_by_a_key() {
+        // The leaves of the structs (neither `source` nor a nested section),
+        // as the last parts of key paths.
+        let sections = ["workers", "transports", "local", "shm", "tcp", "rdma"];
+        let mut fields: Vec<&str> = [
+            Config::FIELDS,
+            WorkersConfig::FIELDS,
+            TransportsConfig::FIELDS,
+            LocalConfig::FIELDS,
+            ShmConfig::FIELDS,
+            TcpConfig::FIELDS,
+            RdmaConfig::FIELDS,
+        ]
+        .concat()
+        .into_iter()
+        .filter(|f| *f != "source" && !sections.contains(f))
+        .collect();
+        let mut keys: Vec<&str> = SPECS
+            .iter()
+            .map(|s| s.path.rsplit('/').next().unwrap())
+            .collect();
+        fields.sort_unstable();
+        keys.sort_unstable();
+        assert_eq!(fields, keys);
+    }
+
     /// A value of `kind` different from `current`, to see which fields a key
     /// writes.
     fn other_value(kind: Kind, current: &Val) -> Val {
@@ -1848,11 +2159,17 @@ mod tests {
             (Kind::UintArray { max, .. }, _) => Val::Uints(vec![max, 1, 2]),
             (Kind::Str(_), Val::Str(s)) => Val::Str(format!("/x{s}")),
             (Kind::Choice(names), Val::Str(s)) => {
-                // A one-name choice has no other valid name; any other string
-                // still shows which field the key writes.
-                let other = names.iter().find(|n| **n != s).map(|n| n.to_string());
-                Val::Str(other.unwrap_or_else(|| format!("{s}-other")))
+                Val::Str(names.iter().find(|n| **n != s).unwrap().to_string())
             }
+            (Kind::Duration { unit, min, max }, Val::Duration(d)) => {
+                Val::Duration(unit.of(if unit.count(*d) == Some(max) {
+                    min
+                } else {
+                    max
+                }))
+            }
+            (Kind::Devices, _) => Val::Strs(vec!["mlx5_7".to_owned()]),
+            (Kind::Gid, _) => Val::Gid(GidIndex::Index(7)),
             (kind, v) => panic!("{kind:?} does not produce {v:?}"),
         }
     }
@@ -1861,6 +2178,10 @@ mod tests {
     fn each_key_writes_its_own_field_only() {
         let base = Config::default();
         for (i, rule) in RULES.iter().enumerate() {
+            if matches!(rule.kind, Kind::Choice(names) if names.len() == 1) {
+                // No other value exists to write (metadata_type: p2p).
+                continue;
+            }
             let mut c = base.clone();
             let changed = other_value(rule.kind, &(rule.get)(&base));
             assert!((rule.set)(&mut c, changed.clone()), "{}", SPECS[i].path);
@@ -2153,21 +2474,69 @@ mod tests {
         let c =
             parse(r#"{"transports": {"rdma": {"devices": " mlx5_0, mlx5_1 ", "gid_index": "3"}}}"#)
                 .unwrap();
-        assert_eq!(c.transports.rdma.device_list(), ["mlx5_0", "mlx5_1"]);
-        assert_eq!(c.transports.rdma.gid(), Some(3));
+        assert_eq!(c.transports.rdma.devices, ["mlx5_0", "mlx5_1"]);
+        assert_eq!(c.transports.rdma.gid_index, GidIndex::Index(3));
         let d = Config::default();
-        assert!(d.transports.rdma.device_list().is_empty());
-        assert_eq!(d.transports.rdma.gid(), None, "auto");
+        assert!(d.transports.rdma.devices.is_empty());
+        assert_eq!(d.transports.rdma.gid_index, GidIndex::Auto, "auto");
         for bad in [
             r#"{"transports": {"rdma": {"devices": "mlx5_0,,mlx5_1"}}}"#,
             r#"{"transports": {"rdma": {"devices": "mlx5 0"}}}"#,
             r#"{"transports": {"rdma": {"gid_index": "-1"}}}"#,
             r#"{"transports": {"rdma": {"gid_index": "first"}}}"#,
-            r#"{"transports": {"rdma": {"gid_index": 3}}}"#,
+            // An address handle holds 8 bits of the index: 256 would have
+            // used GID 0, 300 GID 44.
+            r#"{"transports": {"rdma": {"gid_index": 256}}}"#,
+            r#"{"transports": {"rdma": {"gid_index": "300"}}}"#,
+            r#"{"transports": {"rdma": {"gid_index": 3.5}}}"#,
+            r#"{"transports": {"rdma": {"devices": ["mlx5_0", 1]}}}"#,
+            r#"{"transports": {"rdma": {"devices": ["mlx5_0", ""]}}}"#,
         ] {
             let e = parse(bad).unwrap_err().to_string();
             assert!(e.contains("transports/rdma/"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn rdma_devices_and_gid_index_take_their_natural_json_types() {
+        let c = parse(
+            r#"{"transports": {"rdma": {"devices": ["mlx5_0", "mlx5_1"], "gid_index": 255}}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.transports.rdma.devices, ["mlx5_0", "mlx5_1"]);
+        assert_eq!(c.transports.rdma.gid_index, GidIndex::Index(255));
+        let c = parse(r#"{"transports": {"rdma": {"devices": []}}}"#).unwrap();
+        assert!(c.transports.rdma.devices.is_empty());
+    }
+
+    #[test]
+    fn validate_checks_fields_set_in_code_without_a_json_trip() {
+        let mut c = Config::default();
+        c.transports.rdma.devices = vec!["mlx5 0".to_owned()];
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("transports/rdma/devices") && e.contains("mlx5 0"),
+            "{e}"
+        );
+        let mut c = Config::default();
+        c.transports.rdma.rail_cooldown_secs = Duration::from_millis(1500);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("not a whole number of s"), "{e}");
+        c.transports.rdma.rail_cooldown_secs = Duration::from_secs(301);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("value 301 is out of range (allowed: 1..=300 s)"),
+            "{e}"
+        );
+        let c = Config {
+            rpc_shared_secret: "short-secret".into(),
+            ..Config::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("(a secret of 12 bytes)") && !e.contains("short-secret"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -2293,7 +2662,7 @@ mod tests {
         );
         let c = parse(r#"{"log_level": "debug", "transports": {"rdma": {"sq_split_policy": "least_loaded"}}}"#)
             .unwrap();
-        assert_eq!(c.log_level, "debug");
+        assert_eq!(c.log_level, LogLevel::Debug);
         assert_eq!(c.transports.rdma.sq_split_policy, SplitPolicy::LeastLoaded);
     }
 
@@ -2386,7 +2755,10 @@ mod tests {
         }
         let c = parse(SEED_EXAMPLES[0]).unwrap();
         assert_eq!(c.max_failover_attempts, 3);
-        assert_eq!(c.transports.rdma.rail_cooldown_secs, 30);
+        assert_eq!(
+            c.transports.rdma.rail_cooldown_secs,
+            Duration::from_secs(30)
+        );
         let c = parse(SEED_EXAMPLES[11]).unwrap();
         assert_eq!(c.transports.rdma.numa_penalties, vec![1.0, 100.0, 1000.0]);
         assert_eq!(c.transports.rdma.bandwidth_learning_rate, 0.001);
@@ -2426,10 +2798,16 @@ mod tests {
         assert!(!c.transports.local.enable);
         assert_eq!(c.transports.shm.dir, "/tmp");
         assert_eq!(c.transports.tcp.max_inflight_per_connection, 16);
-        assert_eq!(c.transports.rdma.priority_promotion_timeout_us, 500);
+        assert_eq!(
+            c.transports.rdma.priority_promotion_timeout_us,
+            Duration::from_micros(500)
+        );
         assert_eq!(c.transports.rdma.rail_error_threshold, 5);
         // Untouched keys in a touched object keep their defaults.
-        assert_eq!(c.transports.rdma.rail_cooldown_secs, 30);
+        assert_eq!(
+            c.transports.rdma.rail_cooldown_secs,
+            Duration::from_secs(30)
+        );
     }
 
     #[test]
@@ -2621,10 +2999,18 @@ mod tests {
             Kind::Str(StrRule::EmptyOrSecret) => "([a-z0-9]{16,24})?".prop_map(Value::from).boxed(),
             Kind::Str(StrRule::AbsolutePath) => "/[a-z_/]{0,12}".prop_map(Value::from).boxed(),
             Kind::Str(StrRule::EmptyOrShmName) => "(/[a-z_]{1,12})?".prop_map(Value::from).boxed(),
-            Kind::Str(StrRule::DeviceList) => "([a-z0-9_]{1,8}(,[a-z0-9_]{1,8}){0,2})?"
-                .prop_map(Value::from)
-                .boxed(),
-            Kind::Str(StrRule::AutoOrIndex) => "(auto|[0-9]{1,2})".prop_map(Value::from).boxed(),
+            Kind::Devices => prop_oneof![
+                "([a-z0-9_]{1,8}(,[a-z0-9_]{1,8}){0,2})?".prop_map(Value::from),
+                proptest::collection::vec("[a-z0-9_.-]{1,8}", 0..=3).prop_map(Value::from),
+            ]
+            .boxed(),
+            Kind::Gid => prop_oneof![
+                Just(Value::from("auto")),
+                (0..=255u64).prop_map(Value::from),
+                (0..=255u64).prop_map(|n| Value::from(n.to_string())),
+            ]
+            .boxed(),
+            Kind::Duration { min, max, .. } => (min..=max).prop_map(Value::from).boxed(),
             Kind::Choice(names) => proptest::sample::select(names)
                 .prop_map(Value::from)
                 .boxed(),

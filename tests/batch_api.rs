@@ -228,7 +228,7 @@ fn submit_is_all_or_nothing_when_the_ring_is_short() {
     // The batch ring holds max(ring_depth, max_batch_size) = 8 entries.
     c.ring_depth = 8;
     c.max_batch_size = 8;
-    c.default_timeout_ms = 300;
+    c.default_timeout_ms = Duration::from_millis(300);
     let e = Engine::new(c).unwrap();
     let inner = e.swap_transport(tent::TransportKind::Local, None).unwrap();
     let gate = Arc::new(Gated {

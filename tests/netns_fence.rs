@@ -33,7 +33,7 @@ const USER_TIMEOUT_MS: u64 = 10_000;
 
 fn config(host: &str) -> tent::Config {
     let mut c = common::netns::config(host);
-    c.transports.tcp.user_timeout_ms = USER_TIMEOUT_MS;
+    c.transports.tcp.user_timeout_ms = Duration::from_millis(USER_TIMEOUT_MS);
     c
 }
 

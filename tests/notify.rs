@@ -308,7 +308,7 @@ fn one_peer_under_two_names_gets_every_message() {
 fn messages_queued_behind_a_silent_peer_expire_together() {
     let b = engine();
     let mut c = test_config();
-    c.default_timeout_ms = 1000;
+    c.default_timeout_ms = Duration::from_millis(1000);
     let a = Engine::new(c).unwrap();
     let (seg, name) = segment_whose_control_port_is_gone(&a, &b);
     // The port again, now a listener that never answers.

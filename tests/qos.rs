@@ -37,7 +37,7 @@ impl Drop for Unlink {
 fn engine_on_slots(name: &str, interval_ms: u64) -> tent::Result<Engine> {
     let mut c = test_config();
     c.transports.rdma.shared_quota_shm_path = name.to_owned();
-    c.transports.rdma.slot_rotation_interval_ms = interval_ms;
+    c.transports.rdma.slot_rotation_interval_ms = Duration::from_millis(interval_ms);
     Engine::new(c)
 }
 
@@ -331,7 +331,7 @@ fn stale_foreign_and_wrong_version_slot_files() {
 #[test]
 fn high_overtakes_queued_low_and_promotion_keeps_low_moving() {
     let mut c = test_config();
-    c.transports.rdma.priority_promotion_timeout_us = 2_000;
+    c.transports.rdma.priority_promotion_timeout_us = Duration::from_micros(2_000);
     let e = Engine::new(c).unwrap();
     let big = 8 << 20;
     let src = e.allocate_memory(big).unwrap();
@@ -472,7 +472,7 @@ fn small_ops_complete_at_intake_only_when_nothing_waits_and_the_gate_allows() {
     let mut c = test_config();
     // No promotion within the test: a promoted LOW op would pass a gate
     // shut to LOW (by design).
-    c.transports.rdma.priority_promotion_timeout_us = 60_000_000;
+    c.transports.rdma.priority_promotion_timeout_us = Duration::from_micros(60_000_000);
     let e = Engine::builder()
         .config(c)
         .gate(gate.clone())
@@ -687,7 +687,7 @@ fn a_request_waiting_on_its_transport_does_not_hold_small_ops_back() {
 #[test]
 fn a_deadline_passed_while_waiting_is_reported_at_once() {
     let mut c = test_config();
-    c.workers.park_timeout_ms = 2_000;
+    c.workers.park_timeout_ms = Duration::from_millis(2_000);
     let (e, _, src, dst) = engine_with_not_yet(c);
     let mut ring = e.ring_with_depth(8).unwrap();
     for round in 0..5u64 {

@@ -485,7 +485,7 @@ fn a_high_priority_op_waiting_on_a_silent_owner_does_not_hold_back_lower_lanes()
     // waiting one in time; put it out of reach to see the lanes alone.
     let mut c = common::test_config();
     c.transports.shm.dir = dir.clone();
-    c.transports.rdma.priority_promotion_timeout_us = 30_000_000;
+    c.transports.rdma.priority_promotion_timeout_us = Duration::from_micros(30_000_000);
     let e = Engine::new(c).unwrap();
     let seg = e.open_segment(name).unwrap();
     let src = e.allocate_memory(4096).unwrap();

@@ -24,7 +24,7 @@ fn engine_with(secret: &str, timeout_ms: u64) -> Engine {
     let mut c = test_config();
     c.rpc_shared_secret = secret.into();
     c.transports.shm.enable = false;
-    c.default_timeout_ms = timeout_ms;
+    c.default_timeout_ms = Duration::from_millis(timeout_ms);
     Engine::new(c).unwrap()
 }
 
@@ -242,7 +242,7 @@ fn relay_without_the_secret_cannot_write_target_memory() {
 fn never_readers_hold_every_data_slot(user_timeout_ms: u64, wait: Duration) {
     let mut c = test_config();
     c.transports.shm.enable = false;
-    c.transports.tcp.user_timeout_ms = user_timeout_ms;
+    c.transports.tcp.user_timeout_ms = Duration::from_millis(user_timeout_ms);
     let target = Engine::new(c).unwrap();
     let buf = target.allocate_memory(1 << 20).unwrap();
     buf.write(0, &pattern(3, 1 << 20)).unwrap();
@@ -318,7 +318,7 @@ fn peers_that_never_read_a_1mib_read_are_evicted_after_30s() {
 fn a_peer_that_never_reads_is_dropped(user_timeout_ms: u64, wait: Duration) {
     let mut c = test_config();
     c.transports.shm.enable = false;
-    c.transports.tcp.user_timeout_ms = user_timeout_ms;
+    c.transports.tcp.user_timeout_ms = Duration::from_millis(user_timeout_ms);
     let target = Engine::new(c).unwrap();
     let buf = target.allocate_memory(32 << 20).unwrap();
     let addr = target.tcp_data_addr().unwrap();
@@ -425,7 +425,7 @@ fn a_2s_stall_mid_payload_does_not_fail_the_op() {
     let mut c = test_config();
     c.transports.shm.enable = false;
     c.transports.tcp.connections_per_peer = 1;
-    c.default_timeout_ms = 8000;
+    c.default_timeout_ms = Duration::from_millis(8000);
     let init = Engine::new(c).unwrap();
     let seg = init.open_segment(&ctl_addr.to_string()).unwrap();
     let local = init.allocate_memory(1 << 16).unwrap();
@@ -458,7 +458,7 @@ fn split_header(
 ) -> std::io::Result<Result<(), tent::ErrorKind>> {
     let mut c = test_config();
     c.transports.shm.enable = false;
-    c.transports.tcp.user_timeout_ms = user_timeout_ms;
+    c.transports.tcp.user_timeout_ms = Duration::from_millis(user_timeout_ms);
     let target = Engine::new(c).unwrap();
     let buf = target.allocate_memory(1 << 16).unwrap();
     let mut s = TcpStream::connect(target.tcp_data_addr().unwrap()).unwrap();
@@ -622,7 +622,7 @@ fn an_evicted_control_handshake_is_told_busy() {
 fn target_with_stall(ms: u64) -> Engine {
     let mut c = test_config();
     c.transports.shm.enable = false;
-    c.transports.tcp.user_timeout_ms = ms;
+    c.transports.tcp.user_timeout_ms = Duration::from_millis(ms);
     Engine::new(c).unwrap()
 }
 

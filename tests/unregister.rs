@@ -176,7 +176,7 @@ fn a_parked_workers_cached_table_does_not_keep_an_unregistered_region() {
 fn held_engine() -> (Engine, Arc<Held>) {
     let mut c = test_config();
     c.block_size = 4096;
-    c.transports.tcp.user_timeout_ms = 1000;
+    c.transports.tcp.user_timeout_ms = Duration::from_millis(1000);
     let e = Engine::new(c).unwrap();
     let held = Arc::new(Held::default());
     e.swap_transport(TransportKind::Local, Some(held.clone()));

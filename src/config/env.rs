@@ -119,7 +119,8 @@ pub(super) fn apply(
 fn to_json(kind: Kind, text: &str) -> Result<Value, String> {
     match kind {
         // A string key takes the text as it is: no quoting to get wrong.
-        Kind::Str(_) | Kind::Choice(_) => Ok(Value::String(text.to_owned())),
+        Kind::Str(_) | Kind::Choice(_) | Kind::Gid => Ok(Value::String(text.to_owned())),
+        Kind::Devices if !text.trim().starts_with('[') => Ok(Value::String(text.to_owned())),
         Kind::FloatArray { .. } | Kind::UintArray { .. } if !text.trim().starts_with('[') => {
             serde_json::from_str(&format!("[{text}]"))
                 .map_err(|_| describe(&Value::String(text.to_owned())))
@@ -215,9 +216,12 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert_eq!(cfg.transports.rdma.rail_cooldown_secs, 5);
+        assert_eq!(
+            cfg.transports.rdma.rail_cooldown_secs,
+            std::time::Duration::from_secs(5)
+        );
         assert!(!cfg.transports.tcp.enable);
-        assert_eq!(cfg.transports.rdma.devices, "mlx5_0,mlx5_1");
+        assert_eq!(cfg.transports.rdma.devices, ["mlx5_0", "mlx5_1"]);
         assert_eq!(
             got.applied,
             [

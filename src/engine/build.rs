@@ -5,7 +5,6 @@
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
@@ -119,13 +118,14 @@ impl EngineBuilder {
                 }
                 Ok(_) => {
                     let r = &config.transports.rdma;
-                    let named = r.device_list();
-                    match crate::transport::rdma::NicSet::open(&named, r.gid()) {
+                    let named = &r.devices;
+                    let gid = r.gid_index.index().map(i32::from);
+                    match crate::transport::rdma::NicSet::open(named, gid) {
                         Ok(set) => {
                             tracing::info!(nics = ?set.entries().iter().map(|n| n.name.clone()).collect::<Vec<_>>(), "RDMA NICs opened");
                             Some(Arc::new(set))
                         }
-                        Err(e) if !named.is_empty() || r.gid().is_some() => return Err(e),
+                        Err(e) if !named.is_empty() || gid.is_some() => return Err(e),
                         Err(e) => {
                             tracing::warn!(error = %e, "RDMA unavailable; using TCP/SHM");
                             None
@@ -221,11 +221,11 @@ impl EngineBuilder {
             None if !config.transports.rdma.shared_quota_shm_path.is_empty() => {
                 let clock = Arc::new(SlotClock::open(
                     &config.transports.rdma.shared_quota_shm_path,
-                    Duration::from_millis(config.transports.rdma.slot_rotation_interval_ms),
+                    config.transports.rdma.slot_rotation_interval_ms,
                 )?);
                 let rotator = SlotRotator::start(clock.clone())?;
                 tracing::info!(path = %clock.path().display(),
-                    interval_ms = config.transports.rdma.slot_rotation_interval_ms,
+                    interval = ?config.transports.rdma.slot_rotation_interval_ms,
                     "QoS time slots shared through the slot file");
                 (clock as Arc<dyn SendGate>, Some(rotator))
             }
@@ -255,7 +255,7 @@ impl EngineBuilder {
         let outbox = crate::notify::outbox::Outbox::new(
             control.local_addr().to_string(),
             shared.config.secret().map(<[u8]>::to_vec),
-            Duration::from_millis(shared.config.default_timeout_ms),
+            shared.config.default_timeout_ms,
             inbox.clone(),
         );
         let control = Some(control);
@@ -318,7 +318,7 @@ fn start_data_server(
     }
     let cfg = &shared.config;
     let host = control_ip(&cfg.rpc_server_hostname)?;
-    let ut = cfg.transports.tcp.user_timeout_ms.min(u32::MAX as u64) as u32;
+    let ut = tcp::user_timeout_ms(cfg.transports.tcp.user_timeout_ms);
     // Listen where we advertise, nowhere else (not the wildcard).
     let addrs = tcp::advertised_addrs(host);
     let ips: Vec<_> = addrs.iter().map(|(_, ip)| *ip).collect();

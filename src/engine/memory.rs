@@ -249,9 +249,8 @@ impl Engine {
         why: impl Fn(usize, u64) -> String,
     ) -> Result<()> {
         let cfg = &self.shared.config;
-        let stall = tcp::server::stall_limit(
-            cfg.transports.tcp.user_timeout_ms.min(u32::MAX as u64) as u32,
-        );
+        let stall =
+            tcp::server::stall_limit(tcp::user_timeout_ms(cfg.transports.tcp.user_timeout_ms));
         let grace = u64::try_from(stall.as_nanos().saturating_mul(2)).unwrap_or(u64::MAX);
         let start = crate::clock::monotonic_ns();
         let mut look = 0u32;

@@ -100,9 +100,8 @@ impl Engine {
         // By the latest of the requests' deadlines their data has landed
         // or failed; the message has the usual bound after that.
         let now_ns = crate::clock::monotonic_ns();
-        let default_ns = now_ns.saturating_add(
-            Duration::from_millis(self.shared.config.default_timeout_ms).as_nanos() as u64,
-        );
+        let default_ns =
+            now_ns.saturating_add(crate::clock::nanos(self.shared.config.default_timeout_ms));
         let data_ns = requests
             .iter()
             .map(|r| match r.deadline_ns() {

@@ -152,7 +152,7 @@ impl Engine {
     ) -> Result<(SegmentKind, Vec<(TransportKind, Attachment)>)> {
         let cfg = &self.shared.config;
         let secret = cfg.secret();
-        let timeout = Duration::from_millis(cfg.default_timeout_ms.min(10_000));
+        let timeout = cfg.default_timeout_ms.min(Duration::from_secs(10));
         let mut desc = crate::control::fetch_descriptor(name, secret, timeout)?;
         edit(&mut desc);
         if cfg.transports.shm.enable

@@ -81,8 +81,7 @@ impl Engine {
                 sq.capacity()
             )));
         }
-        let deadline =
-            Instant::now() + Duration::from_millis(self.shared.config.default_timeout_ms);
+        let deadline = Instant::now() + self.shared.config.default_timeout_ms;
         // Room for every request first; nothing is published until there is.
         // We hold the ring's only producer, so room found here stays.
         while !sq.has_slots(n) {
@@ -136,7 +135,7 @@ impl Engine {
             0 => self.shared.config.block_size.max(1),
             n => n,
         };
-        let timeout = Duration::from_micros(r.sq_admission_timeout_us);
+        let timeout = r.sq_admission_timeout_us;
         let start = Instant::now();
         let segments = self.shared.segments.load();
         let mut out: Vec<Option<AdmissionToken>> = requests.iter().map(|_| None).collect();

@@ -10,10 +10,10 @@ pub fn test_config() -> Config {
     let mut c = Config::default();
     c.workers.count = 1;
     c.workers.pin = false;
-    c.workers.spin_us = 20;
-    c.workers.yield_us = 50;
-    c.workers.park_timeout_ms = 20;
-    c.default_timeout_ms = 10_000;
+    c.workers.spin_us = Duration::from_micros(20);
+    c.workers.yield_us = Duration::from_micros(50);
+    c.workers.park_timeout_ms = Duration::from_millis(20);
+    c.default_timeout_ms = Duration::from_millis(10_000);
     c
 }
 

@@ -113,6 +113,6 @@ pub fn config(host: &str) -> tent::Config {
     c.rpc_server_hostname = host.to_owned();
     // The namespaces share /dev/shm: without this the peers would meet there.
     c.transports.shm.enable = false;
-    c.default_timeout_ms = 30_000;
+    c.default_timeout_ms = std::time::Duration::from_millis(30_000);
     c
 }

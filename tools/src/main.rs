@@ -151,6 +151,10 @@ pub struct Args {
     /// Target: exit when stdin closes (used when tent-bench spawns its own target).
     #[arg(long, hide = true)]
     pub exit_on_stdin_eof: bool,
+    /// Print every configuration key (variable, type, allowed values,
+    /// default, what it does) as a Markdown table, and exit.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -191,9 +195,13 @@ fn main() {
         && let Ok(cfg) = tent::Config::load()
     {
         // A refused configuration is reported where the engine is built.
-        let _ = reload.reload(tracing_subscriber::EnvFilter::new(cfg.log_level));
+        let _ = reload.reload(tracing_subscriber::EnvFilter::new(cfg.log_level.as_str()));
     }
     let args = Args::parse();
+    if args.print_config {
+        print!("{}", tent::Config::key_table());
+        return;
+    }
     // Exit status: 0 every op succeeded; 1 the run finished but ops failed
     // (the summary line says how many and the first error) or a point
     // completed no op within --max-seconds; 2 the run could

@@ -96,7 +96,7 @@ fn config(
     c.transports.shm.enable = transport == TransportArg::Shm;
     c.ring_depth = c.ring_depth.max(2 * HIGH_MAX as u32);
     if let Some((ms, name)) = slots {
-        c.transports.rdma.slot_rotation_interval_ms = ms;
+        c.transports.rdma.slot_rotation_interval_ms = Duration::from_millis(ms);
         c.transports.rdma.shared_quota_shm_path = name.to_owned();
     }
     Ok(c)

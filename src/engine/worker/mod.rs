@@ -54,7 +54,7 @@ use tent_rings::spsc::{Consumer, Producer};
 
 use super::EngineShared;
 use super::task::TaskTable;
-use crate::clock::monotonic_ns;
+use crate::clock::{monotonic_ns, nanos};
 use crate::doorbell::{Doorbell, Wakers};
 use crate::flow::SqController;
 use crate::qos::PriorityStats;
@@ -250,7 +250,7 @@ impl Worker {
         Worker {
             sched: Scheduler::new(
                 cap,
-                cfg.transports.rdma.priority_promotion_timeout_us * 1_000,
+                nanos(cfg.transports.rdma.priority_promotion_timeout_us),
                 cfg.max_inflight_slices,
                 engine.gate.tracks_demand(),
             ),
@@ -267,7 +267,7 @@ impl Worker {
             sweep: SweepTimer::default(),
             region_ack: 0,
             block_size: cfg.block_size,
-            default_timeout_ns: cfg.default_timeout_ms * 1_000_000,
+            default_timeout_ns: nanos(cfg.default_timeout_ms),
             max_failover: cfg.max_failover_attempts.min(u32::from(u8::MAX)) as u8,
             views: Views::new(&engine),
             gate_always_open: engine.gate.always_open(),
@@ -280,9 +280,9 @@ impl Worker {
     /// The worker thread's body.
     pub fn run(mut self) {
         let cfg = &self.engine.config.workers;
-        let spin_ns = cfg.spin_us * 1_000;
-        let yield_ns = spin_ns + cfg.yield_us * 1_000;
-        let park = Duration::from_millis(cfg.park_timeout_ms);
+        let spin_ns = nanos(cfg.spin_us);
+        let yield_ns = spin_ns.saturating_add(nanos(cfg.yield_us));
+        let park = cfg.park_timeout_ms;
         let mut idle_since = 0u64;
         let mut idle_turns = 0u32;
         tracing::debug!(worker = self.shared.index, "worker started");

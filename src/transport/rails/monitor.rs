@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 
-use crate::clock::monotonic_ns;
+use crate::clock::{monotonic_ns, nanos};
 use crate::config::Config;
 
 /// Longest cooldown, however often a rail trips.
@@ -69,15 +69,9 @@ impl RailPolicy {
         let r = &c.transports.rdma;
         RailPolicy {
             threshold: r.rail_error_threshold.max(1),
-            window_ns: r.rail_error_window_secs.saturating_mul(1_000_000_000),
-            cooldown_ns: r
-                .rail_cooldown_secs
-                .saturating_mul(1_000_000_000)
-                .min(MAX_COOLDOWN_NS),
-            decay_ns: r
-                .rail_backoff_decay_secs
-                .saturating_mul(1_000_000_000)
-                .max(1),
+            window_ns: nanos(r.rail_error_window_secs),
+            cooldown_ns: nanos(r.rail_cooldown_secs).min(MAX_COOLDOWN_NS),
+            decay_ns: nanos(r.rail_backoff_decay_secs).max(1),
         }
     }
 }

@@ -152,7 +152,7 @@ impl SelectorConfig {
             max_gbps: r.max_bandwidth_gbps,
             max_slice_count: r.max_slice_count,
             priority_filtering: r.enable_priority_filtering,
-            express_hold_ns: r.local_rotation_interval_us.saturating_mul(1_000),
+            express_hold_ns: crate::clock::nanos(r.local_rotation_interval_us),
         }
     }
 

@@ -133,8 +133,8 @@ impl SqSettings {
         SqSettings {
             resume_watermark: r.sq_resume_watermark_wr,
             signal_interval: r.sq_signal_interval_wr,
-            wait_slice: Duration::from_micros(r.sq_admission_wait_slice_us),
-            stall_timeout: Duration::from_micros(r.sq_backoff_timeout_us),
+            wait_slice: r.sq_admission_wait_slice_us,
+            stall_timeout: r.sq_backoff_timeout_us,
             ..SqSettings::default()
         }
     }

@@ -427,7 +427,9 @@ impl RdmaTransport {
                 sq: SqSettings::from_config(config),
                 backlog,
                 secret: config.shared_secret().cloned(),
-                connect_timeout: Duration::from_millis(config.default_timeout_ms.clamp(100, 5_000)),
+                connect_timeout: config
+                    .default_timeout_ms
+                    .clamp(Duration::from_millis(100), Duration::from_secs(5)),
                 rail_policy: RailPolicy::from_config(config),
                 engine: crate::control::new_engine_id(),
                 qp_per_transfer: r.qp_per_transfer.max(1) as usize,

@@ -242,6 +242,11 @@ fn tokens_per_worker(config: &Config) -> usize {
 
 /// Bytes the transport preallocates per worker at construction (its token
 /// table and abort board), for the engine's footprint check.
+/// `TCP_USER_TIMEOUT` in whole ms (what the socket option takes), saturating.
+pub(crate) fn user_timeout_ms(timeout: Duration) -> u32 {
+    u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX)
+}
+
 pub(crate) fn worker_bytes(config: &Config) -> u64 {
     let tokens = tokens_per_worker(config);
     Tokens::bytes(tokens).saturating_add(AbortBoard::bytes(tokens))
@@ -262,9 +267,11 @@ impl TcpTransport {
                 conns_per_rail: t.connections_per_peer.max(1) as usize,
                 inflight_per_conn: t.max_inflight_per_connection.max(1),
                 queue: config.max_inflight_slices.max(1),
-                user_timeout_ms: t.user_timeout_ms.min(u32::MAX as u64) as u32,
-                connect_timeout: Duration::from_millis(config.default_timeout_ms.clamp(100, 5_000)),
-                patience: Duration::from_millis(config.default_timeout_ms.max(100)),
+                user_timeout_ms: user_timeout_ms(t.user_timeout_ms),
+                connect_timeout: config
+                    .default_timeout_ms
+                    .clamp(Duration::from_millis(100), Duration::from_secs(5)),
+                patience: config.default_timeout_ms.max(Duration::from_millis(100)),
                 slice_bytes: t.slice_size.min(frame::MAX_OP_LEN),
                 rail_policy: RailPolicy::from_config(config),
             },
