@@ -5,6 +5,9 @@
 //! The worker is pinned to one core and this thread to another. The shm
 //! target is this bench binary re-run with `TENT_BENCH_TARGET=1`.
 
+// criterion_group! defines an undocumented public function.
+#![allow(missing_docs)]
+
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::sync::Arc;

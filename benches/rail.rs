@@ -5,6 +5,9 @@
 //! (`Spray::pick` + `posted` + `left` + `observed`) over 8 rails, smart vs
 //! round robin, for a stream of 64-slice requests and of 1-slice requests.
 
+// criterion_group! defines an undocumented public function.
+#![allow(missing_docs)]
+
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -25,7 +25,7 @@ pub fn deadline_after(timeout: Duration) -> u64 {
 }
 
 /// `d` in nanoseconds, saturating at `u64::MAX` (584 years).
-pub fn nanos(d: Duration) -> u64 {
+pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 

@@ -14,21 +14,21 @@ use std::time::Instant;
 
 /// The instant `timeout` from now, saturating a year ahead where adding
 /// it would overflow (`Duration::MAX` means "no deadline", not a panic).
-pub fn after(timeout: std::time::Duration) -> Instant {
+pub(crate) fn after(timeout: std::time::Duration) -> Instant {
     let now = Instant::now();
     now.checked_add(timeout)
         .unwrap_or_else(|| now + std::time::Duration::from_secs(86_400 * 365))
 }
 
 /// The error for a deadline that passed (`TimedOut`).
-pub fn timed_out() -> io::Error {
+pub(crate) fn timed_out() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "deadline passed")
 }
 
 /// Wait until `fd` is ready for `events` (`POLLIN`, `POLLOUT`) or
 /// `deadline` passes (`TimedOut`). Readiness includes an error or a hang-up:
 /// the next `recv`/`send` reports it.
-pub fn wait_for(fd: BorrowedFd<'_>, events: libc::c_short, deadline: Instant) -> io::Result<()> {
+pub(crate) fn wait_for(fd: BorrowedFd<'_>, events: libc::c_short, deadline: Instant) -> io::Result<()> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -60,19 +60,19 @@ pub fn wait_for(fd: BorrowedFd<'_>, events: libc::c_short, deadline: Instant) ->
 /// `UnexpectedEof`); either direction fails `TimedOut` once the deadline has
 /// passed with nothing moved.
 #[derive(Debug)]
-pub struct ByDeadline<S> {
+pub(crate) struct ByDeadline<S> {
     sock: S,
     deadline: Instant,
 }
 
 impl<S: AsFd> ByDeadline<S> {
     /// `sock` (a reference to a stream socket, usually) with `deadline`.
-    pub fn new(sock: S, deadline: Instant) -> Self {
+    pub(crate) fn new(sock: S, deadline: Instant) -> Self {
         ByDeadline { sock, deadline }
     }
 
     /// The socket.
-    pub fn get_ref(&self) -> &S {
+    pub(crate) fn get_ref(&self) -> &S {
         &self.sock
     }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 /// A counter a worker sleeps on.
 #[derive(Debug, Default)]
-pub struct Doorbell {
+pub(crate) struct Doorbell {
     word: AtomicU32,
 }
 
@@ -21,19 +21,19 @@ impl Doorbell {
     /// The value to pass to [`Doorbell::wait`]; read it before re-checking
     /// for work.
     #[inline]
-    pub fn value(&self) -> u32 {
+    pub(crate) fn value(&self) -> u32 {
         // Acquire: work published before a ring() that we observe is visible.
         self.word.load(Ordering::Acquire)
     }
 
     /// Wake the sleeper (one syscall; only called when it asked).
-    pub fn ring(&self) {
+    pub(crate) fn ring(&self) {
         self.wake(1);
     }
 
     /// Wake every sleeper (a state change all of them must see: an SQ
     /// degraded, room for whoever waits first).
-    pub fn ring_all(&self) {
+    pub(crate) fn ring_all(&self) {
         self.wake(i32::MAX);
     }
 
@@ -53,7 +53,7 @@ impl Doorbell {
     }
 
     /// Sleep until the counter differs from `seen` or `timeout` passes.
-    pub fn wait(&self, seen: u32, timeout: Duration) {
+    pub(crate) fn wait(&self, seen: u32, timeout: Duration) {
         let ts = libc::timespec {
             tv_sec: timeout.as_secs() as libc::time_t,
             tv_nsec: timeout.subsec_nanos() as libc::c_long,
@@ -76,7 +76,7 @@ impl Doorbell {
 /// once the application has armed it (a relaxed load per flush until then,
 /// so rings nobody waits on pay no fence).
 #[derive(Debug, Default)]
-pub struct CqBell {
+pub(crate) struct CqBell {
     /// The application sleeps on it.
     pub bell: Doorbell,
     /// Set once by the first blocking wait; never cleared.
@@ -86,7 +86,7 @@ pub struct CqBell {
 /// A worker's doorbell, and whether it sleeps waiting for completions of
 /// slices posted on an asynchronous transport.
 #[derive(Debug, Default)]
-pub struct WorkerBell {
+pub(crate) struct WorkerBell {
     /// The worker sleeps on it (submitters and transports ring it).
     pub bell: Doorbell,
     /// Set (SeqCst) while the worker sleeps with slices in flight.
@@ -102,7 +102,7 @@ pub struct Wakers {
 
 impl Wakers {
     /// Bells for `workers` workers.
-    pub fn new(workers: usize) -> Wakers {
+    pub(crate) fn new(workers: usize) -> Wakers {
         Wakers {
             slots: (0..workers).map(|_| CachePadded::default()).collect(),
         }
@@ -110,14 +110,14 @@ impl Wakers {
 
     /// Worker `w`'s bell.
     #[inline]
-    pub fn get(&self, w: usize) -> &WorkerBell {
+    pub(crate) fn get(&self, w: usize) -> &WorkerBell {
         &self.slots[w]
     }
 
     /// After publishing a completion for worker `w`: wake it if it sleeps
     /// waiting for one (one fence and one load when it does not).
     #[inline]
-    pub fn completion_ready(&self, w: usize) {
+    pub(crate) fn completion_ready(&self, w: usize) {
         let Some(slot) = self.slots.get(w) else {
             return;
         };

@@ -32,13 +32,13 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Distinct causes one call site tracks on their own.
-pub const SLOTS: usize = 16;
+pub(crate) const SLOTS: usize = 16;
 /// At most one summary per cause per interval (1 s).
-pub const INTERVAL_NS: u64 = 1_000_000_000;
+pub(crate) const INTERVAL_NS: u64 = 1_000_000_000;
 
 /// What a call site should do with this occurrence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Emit {
+pub(crate) enum Emit {
     /// The first occurrence of this cause: log it in full.
     First,
     /// An interval has passed since the last line for this cause: log once,
@@ -79,7 +79,7 @@ impl Slot {
 
 /// One call site's per-cause counters.
 #[derive(Debug)]
-pub struct LogRate {
+pub(crate) struct LogRate {
     slots: [Slot; SLOTS],
 }
 
@@ -91,7 +91,7 @@ impl Default for LogRate {
 
 /// The cause key of `parts` (e.g. `&(peer, kind)`): a fixed hash, so the same
 /// parts give the same key in every thread.
-pub fn cause<T: Hash + ?Sized>(parts: &T) -> u64 {
+pub(crate) fn cause<T: Hash + ?Sized>(parts: &T) -> u64 {
     // DefaultHasher::new() has fixed keys (no per-process randomness
     // needed here) and allocates nothing.
     let mut h = std::hash::DefaultHasher::new();
@@ -101,7 +101,7 @@ pub fn cause<T: Hash + ?Sized>(parts: &T) -> u64 {
 
 impl LogRate {
     /// An empty table (usable in a `static`).
-    pub const fn new() -> LogRate {
+    pub(crate) const fn new() -> LogRate {
         LogRate {
             slots: [const { Slot::new() }; SLOTS],
         }
@@ -109,12 +109,12 @@ impl LogRate {
 
     /// Count one occurrence of `cause` now.
     #[inline]
-    pub fn hit(&self, cause: u64) -> Emit {
+    pub(crate) fn hit(&self, cause: u64) -> Emit {
         self.hit_at(cause, crate::clock::monotonic_ns())
     }
 
     /// Count one occurrence of `cause` at `now_ns` (monotonic).
-    pub fn hit_at(&self, cause: u64, now_ns: u64) -> Emit {
+    pub(crate) fn hit_at(&self, cause: u64, now_ns: u64) -> Emit {
         let key = cause | 1;
         let start = (key >> 1) as usize % SLOTS;
         for probe in 0..SLOTS {

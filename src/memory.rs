@@ -52,12 +52,12 @@ const USERS_REVOKED: u64 = 1 << 63;
 /// A target-side use of a region in progress (see [`MemRegion::enter`]).
 #[must_use = "the use ends when the guard drops"]
 #[derive(Debug)]
-pub struct RegionUse<'a>(&'a MemRegion);
+pub(crate) struct RegionUse<'a>(&'a MemRegion);
 
 impl RegionUse<'_> {
     /// Whether the region was revoked after this use began (an unregister
     /// is waiting for it): a slow use should end rather than hold it.
-    pub fn is_revoked(&self) -> bool {
+    pub(crate) fn is_revoked(&self) -> bool {
         self.0.is_revoked()
     }
 }
@@ -146,7 +146,7 @@ impl MemRegion {
 
     /// The unregister epoch that revoked it, 0 while it is live.
     #[inline]
-    pub fn revoked_epoch(&self) -> u64 {
+    pub(crate) fn revoked_epoch(&self) -> u64 {
         // Relaxed: a worker that misses a fresh revoke accepts one more
         // task, which the unregister drain then waits for.
         self.revoked.load(Ordering::Relaxed)
@@ -154,14 +154,14 @@ impl MemRegion {
 
     /// Has it been unregistered (new requests refused)?
     #[inline]
-    pub fn is_revoked(&self) -> bool {
+    pub(crate) fn is_revoked(&self) -> bool {
         self.revoked_epoch() != 0
     }
 
     /// Start a target-side use (a TCP op into or out of it); `None` once it
     /// is revoked. The guard keeps `unregister_memory` waiting.
     #[inline]
-    pub fn enter(&self) -> Option<RegionUse<'_>> {
+    pub(crate) fn enter(&self) -> Option<RegionUse<'_>> {
         // Acquire: nothing of the use happens before it is counted. One
         // total order on `users`: a use counted before the revoke's
         // `fetch_or` is waited for, one after it sees the bit.
@@ -174,7 +174,7 @@ impl MemRegion {
     }
 
     /// Target-side uses still in progress.
-    pub fn in_use(&self) -> u64 {
+    pub(crate) fn in_use(&self) -> u64 {
         // Acquire: pairs with `RegionUse::drop`.
         self.users.load(Ordering::Acquire) & !USERS_REVOKED
     }
@@ -192,51 +192,52 @@ impl MemRegion {
     }
 
     /// Is it still registered for RDMA?
-    pub fn rdma_registered(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn rdma_registered(&self) -> bool {
         self.rdma
             .lock()
             .is_some()
     }
 
     /// Remote keys on each RDMA NIC (empty without RDMA).
-    pub fn rkeys(&self) -> &[u32] {
+    pub(crate) fn rkeys(&self) -> &[u32] {
         &self.rkeys
     }
 
     /// Local key on RDMA NIC `nic`.
     #[inline]
-    pub fn lkey(&self, nic: usize) -> Option<u32> {
+    pub(crate) fn lkey(&self, nic: usize) -> Option<u32> {
         self.lkeys.get(nic).copied()
     }
 
     /// Region id (what an SQE names).
-    pub fn id(&self) -> RegionId {
+    pub(crate) fn id(&self) -> RegionId {
         self.id
     }
 
     /// The access key a peer must present.
-    pub fn key(&self) -> u64 {
+    pub(crate) fn key(&self) -> u64 {
         self.key
     }
 
     /// Start address in this process.
-    pub fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         self.base as u64
     }
 
     /// Length in bytes.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.len
     }
 
     /// True for a zero-length region (never registered; here for clippy).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Pointer to `offset` if `[offset, offset+len)` lies inside the region.
     #[inline]
-    pub fn slice_ptr(&self, offset: u64, len: u64) -> Result<*mut u8, ErrorKind> {
+    pub(crate) fn slice_ptr(&self, offset: u64, len: u64) -> Result<*mut u8, ErrorKind> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(self.base.wrapping_add(offset as usize)),
             _ => Err(ErrorKind::OutOfBounds),
@@ -260,7 +261,7 @@ pub(crate) fn fresh_key() -> u64 {
 
 /// Snapshot of every registered region, by id and by address.
 #[derive(Debug, Default, Clone)]
-pub struct RegionTable {
+pub(crate) struct RegionTable {
     by_id: Vec<Option<Arc<MemRegion>>>,
     by_addr: Vec<Arc<MemRegion>>,
 }
@@ -268,13 +269,14 @@ pub struct RegionTable {
 impl RegionTable {
     /// The region with `id`.
     #[inline]
-    pub fn get(&self, id: RegionId) -> Option<&Arc<MemRegion>> {
+    pub(crate) fn get(&self, id: RegionId) -> Option<&Arc<MemRegion>> {
         self.by_id.get(id.0 as usize).and_then(Option::as_ref)
     }
 
     /// Resolve a local `(region, offset, len)` to a pointer.
     #[inline]
-    pub fn resolve(&self, id: RegionId, offset: u64, len: u64) -> Result<*mut u8, ErrorKind> {
+    #[cfg(test)]
+    pub(crate) fn resolve(&self, id: RegionId, offset: u64, len: u64) -> Result<*mut u8, ErrorKind> {
         self.get(id)
             .ok_or(ErrorKind::AddressNotRegistered)?
             .slice_ptr(offset, len)
@@ -283,7 +285,7 @@ impl RegionTable {
     /// The region holding address `addr` (binary search), checking that
     /// `[addr, addr+len)` stays inside it.
     #[inline]
-    pub fn find_addr(&self, addr: u64, len: u64) -> Result<(&Arc<MemRegion>, *mut u8), ErrorKind> {
+    pub(crate) fn find_addr(&self, addr: u64, len: u64) -> Result<(&Arc<MemRegion>, *mut u8), ErrorKind> {
         let idx = self.by_addr.partition_point(|r| r.addr() <= addr);
         let region = idx
             .checked_sub(1)
@@ -296,13 +298,13 @@ impl RegionTable {
 
     /// The id for the next registration. Ids are never reused, so a stale
     /// id names nothing rather than someone else's memory.
-    pub fn next_id(&self) -> RegionId {
+    pub(crate) fn next_id(&self) -> RegionId {
         RegionId(self.by_id.len().max(1) as u32)
     }
 
     /// A copy with `region` added; overlapping ranges are refused so an
     /// address names exactly one region.
-    pub fn with(&self, region: Arc<MemRegion>) -> Result<RegionTable> {
+    pub(crate) fn with(&self, region: Arc<MemRegion>) -> Result<RegionTable> {
         let (start, end) = (region.addr(), region.addr() + region.len());
         if let Some(other) = self
             .by_addr
@@ -328,7 +330,7 @@ impl RegionTable {
     }
 
     /// A copy without region `id`, and the removed region.
-    pub fn without(&self, id: RegionId) -> Option<(RegionTable, Arc<MemRegion>)> {
+    pub(crate) fn without(&self, id: RegionId) -> Option<(RegionTable, Arc<MemRegion>)> {
         let removed = self.get(id)?.clone();
         let mut next = self.clone();
         next.by_id[id.0 as usize] = None;
@@ -337,7 +339,7 @@ impl RegionTable {
     }
 
     /// Every region, by address.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<MemRegion>> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<MemRegion>> {
         self.by_addr.iter()
     }
 }

@@ -121,12 +121,12 @@ pub struct Metrics {
 
 impl Metrics {
     /// One task switched from `from` to `to`.
-    pub fn failover(&self, from: TransportKind, to: TransportKind) {
+    pub(crate) fn failover(&self, from: TransportKind, to: TransportKind) {
         self.failover[from as usize][to as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// One task failed with no failover left.
-    pub fn exhausted(&self) {
+    pub(crate) fn exhausted(&self) {
         self.exhausted.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -151,7 +151,7 @@ impl Metrics {
 
     /// Everything, in Prometheus text exposition format; `rails` are
     /// (segment name, rail) pairs, `sq` the RDMA rails' queue counters.
-    pub fn render(&self, rails: &[(String, RailStat)], sq: &[SqRow]) -> String {
+    pub(crate) fn render(&self, rails: &[(String, RailStat)], sq: &[SqRow]) -> String {
         let mut out = String::new();
         out.push_str(
             "# HELP tent_transport_failover_total Tasks moved from one transport to the next after a transient failure.\n\
@@ -291,7 +291,7 @@ impl Metrics {
 /// Seed 001's per-priority figures as Prometheus text: lane depth,
 /// accepted, promotions, slot-gate holds, the queue-wait histogram, and
 /// the shared slot clock when one is configured.
-pub fn render_qos(out: &mut String, q: &crate::qos::QosSnapshot) {
+pub(crate) fn render_qos(out: &mut String, q: &crate::qos::QosSnapshot) {
     use crate::qos::stats::{WAIT_BUCKETS, bucket_upper_us, name};
     use tent_rings::Priority;
     type Field = fn(&crate::qos::LevelSnapshot) -> u64;

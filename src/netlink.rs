@@ -187,7 +187,7 @@ fn u32_at(b: &[u8], off: usize) -> Option<u32> {
 /// Malformed input never panics: a message too short for its `ifinfomsg` is
 /// skipped, and a header whose length cannot be trusted ends the parse (the
 /// next header's position would be a guess).
-pub fn parse_link_messages(buf: &[u8], out: &mut Vec<LinkEvent>) {
+pub(crate) fn parse_link_messages(buf: &[u8], out: &mut Vec<LinkEvent>) {
     let mut off = 0;
     while buf.len() - off >= NLMSG_HDRLEN {
         let msg = &buf[off..];
@@ -223,6 +223,12 @@ pub fn parse_link_messages(buf: &[u8], out: &mut Vec<LinkEvent>) {
 pub struct LinkWatch {
     stop: Arc<OwnedFd>,
     thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for LinkWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkWatch").finish_non_exhaustive()
+    }
 }
 
 impl LinkWatch {

@@ -14,18 +14,18 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 /// How long a refused connection is held after its answer.
-pub const LINGER: Duration = Duration::from_secs(1);
+pub(crate) const LINGER: Duration = Duration::from_secs(1);
 
 /// The refused connections a server holds.
 #[derive(Debug)]
-pub struct Refusals {
+pub(crate) struct Refusals {
     kept: usize,
     held: VecDeque<(Instant, TcpStream)>,
 }
 
 impl Refusals {
     /// Hold at most `kept` refused connections.
-    pub fn new(kept: usize) -> Refusals {
+    pub(crate) fn new(kept: usize) -> Refusals {
         Refusals {
             kept,
             held: VecDeque::new(),
@@ -34,7 +34,7 @@ impl Refusals {
 
     /// Close those held past [`LINGER`], and the oldest beyond the bound
     /// (called at each accept: nothing else wakes a server's accept loop).
-    pub fn prune(&mut self) {
+    pub(crate) fn prune(&mut self) {
         while self
             .held
             .front()
@@ -45,20 +45,17 @@ impl Refusals {
     }
 
     /// `stream` has been sent its refusal: shut our write side and hold it.
-    pub fn hold(&mut self, stream: TcpStream) {
+    pub(crate) fn hold(&mut self, stream: TcpStream) {
         let _ = stream.shutdown(std::net::Shutdown::Write);
         self.held.push_back((Instant::now(), stream));
     }
 
     /// How many are held now.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.held.len()
     }
 
-    /// True when none is held.
-    pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
-    }
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ pub struct Topology {
 /// itself, larger for farther nodes). Built by [`NumaDistances::new`] or
 /// read from sysfs by [`NumaDistances::read_sysfs`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NumaDistances {
+pub(crate) struct NumaDistances {
     /// Node OS indices, distinct.
     nodes: Vec<u32>,
     /// Row-major `nodes.len()²` table: `matrix[i * n + j]` is the distance
@@ -47,7 +47,7 @@ pub struct NumaDistances {
 
 /// One NUMA node and the allowed CPUs attached to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NumaNode {
+pub(crate) struct NumaNode {
     /// The OS index of the node (as in `/sys/devices/system/node/nodeN`).
     pub os_index: u32,
     /// OS CPU indices, sorted.
@@ -56,7 +56,7 @@ pub struct NumaNode {
 
 /// Why workers could not be placed.
 #[derive(Debug, thiserror::Error)]
-pub enum TopologyError {
+pub(crate) enum TopologyError {
     /// An explicitly configured core is outside this process's CPU set.
     #[error("worker core {core} is not one this process may run on (allowed: {allowed:?})")]
     CoreNotAllowed {
@@ -83,7 +83,7 @@ impl Topology {
     /// table is read from `/sys` ([`NumaDistances::read_sysfs`]); without
     /// one (or with the fallback, whose node ids are a guess) every remote
     /// node is tier 1.
-    pub fn detect() -> Topology {
+    pub(crate) fn detect() -> Topology {
         match from_hwloc(None) {
             Ok(topology) => {
                 tracing::debug!(nodes = ?topology.nodes, "topology detected with hwloc");
@@ -105,7 +105,7 @@ impl Topology {
     /// A synthetic topology, for tests and for callers that know better than
     /// hwloc. Node order is kept; each node's CPUs are sorted and
     /// de-duplicated. It has no distance table: every other node is tier 1.
-    pub fn from_nodes(nodes: Vec<NumaNode>) -> Topology {
+    pub(crate) fn from_nodes(nodes: Vec<NumaNode>) -> Topology {
         let nodes = nodes
             .into_iter()
             .map(|mut node| {
@@ -123,7 +123,8 @@ impl Topology {
 
     /// [`Topology::from_nodes`] with a distance table (which may name nodes
     /// the CPU list does not: memory-only nodes, nodes outside the cpuset).
-    pub fn from_nodes_with_distances(nodes: Vec<NumaNode>, distances: NumaDistances) -> Topology {
+    #[cfg(test)]
+    pub(crate) fn from_nodes_with_distances(nodes: Vec<NumaNode>, distances: NumaDistances) -> Topology {
         Topology {
             distances: Some(distances),
             ..Topology::from_nodes(nodes)
@@ -143,14 +144,15 @@ impl Topology {
     }
 
     /// The distance table, when there is one.
-    pub fn distances(&self) -> Option<&NumaDistances> {
+    #[cfg(test)]
+    pub(crate) fn distances(&self) -> Option<&NumaDistances> {
         self.distances.as_ref()
     }
 
     /// The NUMA node a worker runs on, from the core it is pinned to
     /// (`Engine::worker_cores`): `None` when it is not pinned, the core is
     /// not in the topology, or the topology is the fallback guess.
-    pub fn worker_node(&self, core: Option<usize>) -> Option<u32> {
+    pub(crate) fn worker_node(&self, core: Option<usize>) -> Option<u32> {
         if !self.nodes_known {
             return None;
         }
@@ -186,7 +188,7 @@ impl Topology {
     /// assert_eq!(t.tier(Some(0), Some(3)), 2);
     /// assert_eq!(t.tier(None, Some(3)), 0);
     /// ```
-    pub fn tier(&self, from: Option<u32>, device: Option<u32>) -> u8 {
+    pub(crate) fn tier(&self, from: Option<u32>, device: Option<u32>) -> u8 {
         let (Some(from), Some(device)) = (from, device) else {
             return 0;
         };
@@ -200,12 +202,13 @@ impl Topology {
     }
 
     /// The NUMA nodes, in OS-index order when detected.
-    pub fn nodes(&self) -> &[NumaNode] {
+    #[cfg(test)]
+    pub(crate) fn nodes(&self) -> &[NumaNode] {
         &self.nodes
     }
 
     /// Every allowed CPU, sorted.
-    pub fn cpus(&self) -> Vec<usize> {
+    pub(crate) fn cpus(&self) -> Vec<usize> {
         let mut cpus: Vec<usize> = self
             .nodes
             .iter()
@@ -217,7 +220,7 @@ impl Topology {
     }
 
     /// The OS index of the node holding `cpu`, if `cpu` is allowed.
-    pub fn node_of_cpu(&self, cpu: usize) -> Option<u32> {
+    pub(crate) fn node_of_cpu(&self, cpu: usize) -> Option<u32> {
         self.nodes
             .iter()
             .find(|n| n.cpus.binary_search(&cpu).is_ok())
@@ -233,7 +236,8 @@ impl Topology {
     /// the end of its list: the first cores (core 0 above all) are where the
     /// OS and application threads tend to run. With more workers than cores
     /// a node wraps around to its last core again.
-    pub fn place_workers(
+    #[cfg(test)]
+    pub(crate) fn place_workers(
         &self,
         count: usize,
         explicit: &[usize],
@@ -245,7 +249,7 @@ impl Topology {
     /// go on the CPUs of `near` (NUMA node os indices: where the RDMA NICs
     /// are), spread over those nodes; nodes not in the topology, or a
     /// `near` that names none, leave the plain spread.
-    pub fn place_workers_near(
+    pub(crate) fn place_workers_near(
         &self,
         count: usize,
         explicit: &[usize],
@@ -284,7 +288,7 @@ impl Topology {
 impl NumaDistances {
     /// The most nodes a table may hold (Linux's `MAX_NUMNODES` ceiling); a
     /// sysfs node list beyond it is malformed, not a reason to allocate.
-    pub const MAX_NODES: usize = 1024;
+    pub(crate) const MAX_NODES: usize = 1024;
 
     /// A table over `nodes` (OS indices, distinct), where `rows[i][j]` is
     /// the distance from `nodes[i]` to `nodes[j]`.
@@ -293,7 +297,7 @@ impl NumaDistances {
     /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument)
     /// when there are no nodes or more than [`Self::MAX_NODES`], a node is
     /// named twice, or the rows do not form a square matrix.
-    pub fn new(nodes: Vec<u32>, rows: Vec<Vec<u32>>) -> Result<NumaDistances> {
+    pub(crate) fn new(nodes: Vec<u32>, rows: Vec<Vec<u32>>) -> Result<NumaDistances> {
         let n = nodes.len();
         if n == 0 || n > Self::MAX_NODES {
             return Err(Error::invalid(format!(
@@ -338,7 +342,7 @@ impl NumaDistances {
     /// naming the file, for any file missing, over-long, not UTF-8, or not
     /// in the kernel's format (a value that is negative or beyond `u32`, a
     /// row of the wrong length, a node list out of order or too long).
-    pub fn read_sysfs(sys_root: &Path) -> Result<NumaDistances> {
+    pub(crate) fn read_sysfs(sys_root: &Path) -> Result<NumaDistances> {
         let dir = sys_root.join("devices/system/node");
         let online_path = dir.join("online");
         let online = read_sysfs_text(&online_path).map_err(|e| bad_file(&online_path, &e))?;
@@ -359,12 +363,13 @@ impl NumaDistances {
     }
 
     /// The nodes the table covers.
-    pub fn nodes(&self) -> &[u32] {
+    #[cfg(test)]
+    pub(crate) fn nodes(&self) -> &[u32] {
         &self.nodes
     }
 
     /// The distance from `from` to `to`, if the table has both.
-    pub fn distance(&self, from: u32, to: u32) -> Option<u32> {
+    pub(crate) fn distance(&self, from: u32, to: u32) -> Option<u32> {
         let row = self.row(from)?;
         let j = self.index(to)?;
         row.get(j).copied()
@@ -454,7 +459,7 @@ fn parse_node_list(text: &str) -> std::result::Result<Vec<u32>, String> {
 /// Pins the calling thread to `cpu`. Returns false, after a warning, when the
 /// OS refuses (the CPU is outside this process's affinity mask, say): the
 /// thread then keeps running unpinned, slower but correct.
-pub fn pin_current_thread(cpu: usize) -> bool {
+pub(crate) fn pin_current_thread(cpu: usize) -> bool {
     // core_affinity indexes a fixed-size cpu_set_t and panics beyond it.
     let limit = usize::try_from(libc::CPU_SETSIZE).unwrap_or(0);
     if cpu >= limit {

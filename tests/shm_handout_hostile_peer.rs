@@ -32,14 +32,17 @@ fn recv_fd(s: &UnixStream, buf: &mut [u8]) -> Option<OwnedFd> {
         iov_len: buf.len(),
     };
     let mut cbuf = [0u64; 16];
+    // SAFETY: plain C data; all zeroes is a valid value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    // SAFETY: `msg` points at buffers that outlive the call.
     let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     assert!(n > 0, "recvmsg: {}", std::io::Error::last_os_error());
     let mut fd = None;
+    // SAFETY: the control buffer is sized for one header and one fd, and the kernel filled it.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
         if !c.is_null() && (*c).cmsg_type == libc::SCM_RIGHTS {
@@ -69,6 +72,7 @@ fn raw_client(dir: &str, name: &str) -> (UnixStream, OwnedFd) {
 
 fn try_pwrite_u64(fd: &OwnedFd, off: i64, v: u64) -> std::io::Result<()> {
     let b = v.to_le_bytes();
+    // SAFETY: the buffer holds the bytes the call names.
     let n = unsafe { libc::pwrite(fd.as_raw_fd(), b.as_ptr().cast(), 8, off) };
     if n == 8 {
         Ok(())
@@ -81,7 +85,9 @@ fn try_pwrite_u64(fd: &OwnedFd, off: i64, v: u64) -> std::io::Result<()> {
 /// a writable shared mapping, upgrading a read-only mapping, and both again
 /// on a read-write reopen through /proc.
 fn assert_descriptor_unwritable(desc: &OwnedFd) {
+    // SAFETY: a syscall on an fd or process we own.
     let fl = unsafe { libc::fcntl(desc.as_raw_fd(), libc::F_GETFL) };
+    // SAFETY: a syscall on an fd or process we own.
     let seals = unsafe { libc::fcntl(desc.as_raw_fd(), libc::F_GET_SEALS) };
     eprintln!(
         "descriptor fd handed to peer: O_RDONLY={} seals={seals:#x}",
@@ -101,6 +107,7 @@ fn assert_descriptor_unwritable(desc: &OwnedFd) {
     let rw = [Some(desc), reopened.as_ref().ok().map(|f| f.as_fd_ref())];
     for fd in rw.into_iter().flatten() {
         assert!(try_pwrite_u64(fd, 0, 1).is_err(), "write() refused");
+        // SAFETY: a new mapping of an fd we hold; it aliases nothing of ours.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -112,6 +119,7 @@ fn assert_descriptor_unwritable(desc: &OwnedFd) {
             )
         };
         assert_eq!(p, libc::MAP_FAILED, "writable shared mapping refused");
+        // SAFETY: a new mapping of an fd we hold; it aliases nothing of ours.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -123,8 +131,10 @@ fn assert_descriptor_unwritable(desc: &OwnedFd) {
             )
         };
         assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: a mapping made here, of the length given, used by nothing else.
         let rc = unsafe { libc::mprotect(p, 4096, libc::PROT_READ | libc::PROT_WRITE) };
         assert_ne!(rc, 0, "a read-only mapping cannot be made writable");
+        // SAFETY: a mapping made here, of the length given, used by nothing else.
         unsafe { libc::munmap(p, 4096) };
     }
 }
@@ -201,6 +211,7 @@ fn relay(a: &UnixStream, b: &UnixStream, for_: Duration) -> Vec<OwnedFd> {
                 revents: 0,
             },
         ];
+        // SAFETY: `p` is a live array of the length given.
         if unsafe { libc::poll(p.as_mut_ptr(), 2, 50) } <= 0 {
             continue;
         }
@@ -214,19 +225,25 @@ fn relay(a: &UnixStream, b: &UnixStream, for_: Duration) -> Vec<OwnedFd> {
                 iov_len: buf.len(),
             };
             let mut cbuf = [0u64; 16];
+            // SAFETY: plain C data; all zeroes is a valid value.
             let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
             msg.msg_iov = &mut iov;
             msg.msg_iovlen = 1;
             msg.msg_control = cbuf.as_mut_ptr().cast();
             msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+            // SAFETY: `msg` points at buffers that outlive the call.
             let n = unsafe { libc::recvmsg(from.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
             if n <= 0 {
                 return kept;
             }
+            // SAFETY: the control buffer is sized for one header and one fd, and the kernel filled it.
             let c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+            // SAFETY: the control buffer is sized for one header and one fd, and the kernel filled it.
             if !c.is_null() && unsafe { (*c).cmsg_type } == libc::SCM_RIGHTS {
+                // SAFETY: the control buffer is sized for one header and one fd, and the kernel filled it.
                 let raw = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>()) };
                 send_fd(to, &buf[..n as usize], raw);
+                // SAFETY: a fresh fd that nothing else owns.
                 kept.push(unsafe { OwnedFd::from_raw_fd(raw) });
             } else if (&*to).write_all(&buf[..n as usize]).is_err() {
                 return kept;
@@ -248,6 +265,7 @@ fn secretless_relay_obtains_nothing() {
     let secret = b"0123456789abcdef-shm".to_vec();
     let export = ShmExport::create(&dir, Some(secret.clone())).unwrap();
     let mem = export.allocate(4096).unwrap();
+    // SAFETY: the range lies inside memory this test owns.
     unsafe { std::ptr::copy_nonoverlapping(b"TOP-SECRET".as_ptr(), mem.data_ptr(), 10) };
     export.publish(&mem, RegionId(1), 4096, 0x5ec2e7).unwrap();
     let name = export.name().to_owned();
@@ -288,7 +306,9 @@ fn attach_on_a_full_backlog_fails_typed_within_the_timeout() {
     let dir = tmpdir("backlog");
     let name = "tent-s-hangs";
     let path = format!("{dir}/{name}");
+    // SAFETY: plain C data; all zeroes is a valid value.
     let l = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+    // SAFETY: plain C data; all zeroes is a valid value.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as _;
     for (d, s) in addr.sun_path.iter_mut().zip(path.as_bytes()) {
@@ -296,14 +316,18 @@ fn attach_on_a_full_backlog_fails_typed_within_the_timeout() {
     }
     let alen = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
     assert_eq!(
+        // SAFETY: plain socket calls; the address outlives the call.
         unsafe { libc::bind(l, (&addr as *const libc::sockaddr_un).cast(), alen) },
         0
     );
+    // SAFETY: plain socket calls; the address outlives the call.
     assert_eq!(unsafe { libc::listen(l, 0) }, 0);
     // Fill the backlog with non-blocking connects.
     let mut fillers = Vec::new();
     loop {
+        // SAFETY: plain socket calls; the address outlives the call.
         let c = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0) };
+        // SAFETY: plain socket calls; the address outlives the call.
         let rc = unsafe { libc::connect(c, (&addr as *const libc::sockaddr_un).cast(), alen) };
         fillers.push(c);
         if rc != 0 {
@@ -319,10 +343,12 @@ fn attach_on_a_full_backlog_fails_typed_within_the_timeout() {
     std::thread::sleep(Duration::from_secs(4));
     let finished = h.is_finished();
     // Release it should it still be blocked: closing the listener wakes it.
+    // SAFETY: a syscall on an fd or process we own.
     unsafe { libc::close(l) };
     let (took, r) = h.join().unwrap();
     eprintln!("attach on a full backlog returned after {took:?}: {r:?}");
     for c in fillers {
+        // SAFETY: a syscall on an fd or process we own.
         unsafe { libc::close(c) };
     }
     assert!(finished, "attach must not block past its 2 s deadline");
@@ -409,6 +435,7 @@ fn sealed_memfd(size: u64, key: u64) -> OwnedFd {
     }
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
     assert_eq!(
+        // SAFETY: a syscall on an fd or process we own.
         unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) },
         0
     );
@@ -602,6 +629,7 @@ fn one_slow_region_reply_does_not_desync_the_handout_stream() {
 /// is refused before it is mapped: `InvalidArgument`.
 #[test]
 fn hugetlbfs_memfd_is_refused() {
+    // SAFETY: a NUL-terminated name; no memory is passed.
     let raw = unsafe {
         libc::memfd_create(
             c"review-huge".as_ptr(),
@@ -615,7 +643,9 @@ fn hugetlbfs_memfd_is_refused() {
         );
         return;
     }
+    // SAFETY: a fresh fd that nothing else owns.
     let huge = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: a syscall on an fd or process we own.
     if unsafe { libc::ftruncate(huge.as_raw_fd(), 2 << 20) } != 0 {
         eprintln!(
             "skipped: cannot size a hugetlbfs memfd: {}",
@@ -624,6 +654,7 @@ fn hugetlbfs_memfd_is_refused() {
         return;
     }
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE;
+    // SAFETY: a syscall on an fd or process we own.
     let sealed = unsafe { libc::fcntl(huge.as_raw_fd(), libc::F_ADD_SEALS, seals) } == 0;
     let dir = tmpdir("huge");
     let name = "tent-s-huge";

@@ -42,6 +42,7 @@ fn tmpdir(tag: &str) -> String {
 
 fn pread(fd: &OwnedFd, off: i64, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
+    // SAFETY: `out` has room for `len` bytes.
     let n = unsafe { libc::pread(fd.as_raw_fd(), out.as_mut_ptr().cast(), len, off) };
     assert_eq!(n as usize, len);
     out
@@ -54,6 +55,7 @@ fn region(len: u64, _key: u64) -> OwnedFd {
     let fd = memfd(DATA_OFFSET as u64 + len);
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
     assert_eq!(
+        // SAFETY: a syscall on an fd we own.
         unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) },
         0
     );

@@ -12,6 +12,7 @@ use crate::error::call;
 /// An engine (opaque). Created by `tent_engine_create*`, released by
 /// `tent_engine_destroy`; every other function borrows it and may be
 /// called from any thread.
+#[derive(Debug)]
 pub struct tent_engine_t {
     pub(crate) engine: Engine,
 }

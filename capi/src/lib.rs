@@ -28,9 +28,6 @@
 //! - `ring`: `tent_ring_t`, the zero-copy ring API.
 //! - `notify`: notifications: send, attach to a submission, receive.
 //! - `blocks`: block lists (paged KV caches) in one call.
-#![deny(unsafe_op_in_unsafe_fn)]
-#![warn(clippy::undocumented_unsafe_blocks)]
-#![warn(missing_docs)]
 // The C names (`tent_engine_t`) are the header's.
 #![allow(non_camel_case_types)]
 

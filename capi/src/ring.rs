@@ -16,6 +16,7 @@ use crate::request::{in_request, tent_request_t, to_sqe};
 /// One thread's submission and completion rings into one worker
 /// (opaque). Use it from one thread at a time. It may outlive its
 /// engine: its calls then fail `TENT_ERR_SHUTDOWN`.
+#[derive(Debug)]
 pub struct tent_ring_t {
     ring: Ring,
 }

@@ -270,14 +270,14 @@ fn two_process_child_sqe_consumer() {
 
 /// Exit codes of `two_process_child_attach`, one per outcome.
 mod exit {
-    pub const OK: i32 = 10;
-    pub const IO: i32 = 11;
-    pub const BAD_MAGIC: i32 = 12;
-    pub const VERSION: i32 = 13;
-    pub const WRONG_TYPE: i32 = 14;
-    pub const LAYOUT: i32 = 15;
-    pub const TOO_SMALL: i32 = 16;
-    pub const NOT_READY: i32 = 17;
+    pub(crate) const OK: i32 = 10;
+    pub(crate) const IO: i32 = 11;
+    pub(crate) const BAD_MAGIC: i32 = 12;
+    pub(crate) const VERSION: i32 = 13;
+    pub(crate) const WRONG_TYPE: i32 = 14;
+    pub(crate) const LAYOUT: i32 = 15;
+    pub(crate) const TOO_SMALL: i32 = 16;
+    pub(crate) const NOT_READY: i32 = 17;
 }
 
 /// Run the attach child against `name` and return its exit code.

@@ -93,7 +93,7 @@ pub fn client_proof(
 }
 
 /// What the server answers: the same under the door's server label.
-pub fn server_proof(
+pub(crate) fn server_proof(
     door: Door,
     secret: &[u8],
     server_nonce: &[u8; NONCE_LEN],
@@ -107,7 +107,7 @@ pub fn server_proof(
 }
 
 /// Constant-time check of a client's proof.
-pub fn verify_client(
+pub(crate) fn verify_client(
     door: Door,
     secret: &[u8],
     server_nonce: &[u8; NONCE_LEN],
@@ -121,7 +121,7 @@ pub fn verify_client(
 }
 
 /// Constant-time check of a server's proof.
-pub fn verify_server(
+pub(crate) fn verify_server(
     door: Door,
     secret: &[u8],
     server_nonce: &[u8; NONCE_LEN],
@@ -139,7 +139,7 @@ pub fn verify_server(
 ///
 /// Panics when the system has no entropy source at all: every secret
 /// door depends on these being unpredictable.
-pub fn nonce() -> [u8; NONCE_LEN] {
+pub(crate) fn nonce() -> [u8; NONCE_LEN] {
     let mut n = [0u8; NONCE_LEN];
     getrandom::fill(&mut n).unwrap_or_else(|e| panic!("no entropy source: {e}"));
     n

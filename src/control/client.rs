@@ -92,7 +92,7 @@ pub fn notify_session(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> R
 
 /// [`notify_session`], with `connected` seeing each connection before its
 /// handshake, so a sender stopping can cut a handshake in progress.
-pub fn notify_session_with(
+pub(crate) fn notify_session_with(
     peer: &str,
     secret: Option<&[u8]>,
     timeout: Duration,

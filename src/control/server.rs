@@ -40,11 +40,11 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// Refused control connections held at once (see `Refusals`).
 const REFUSED_KEPT: usize = 64;
 /// Deadline of a connection's whole exchange, from accept to close.
-pub const EXCHANGE_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const EXCHANGE_DEADLINE: Duration = Duration::from_secs(5);
 /// A connection younger than this is never evicted: an honest client's
 /// handshake takes a round trip or two, and a flood of fresh connections
 /// must not push it out mid-handshake (the newcomers are told busy).
-pub const PROTECTED_AGE: Duration = Duration::from_secs(1);
+pub(crate) const PROTECTED_AGE: Duration = Duration::from_secs(1);
 /// The busy answer.
 fn busy(text: &str) -> Message {
     Message::Error {
@@ -58,12 +58,12 @@ pub type DescriptorFn = dyn Fn() -> SegmentDescriptor + Send + Sync;
 
 /// Connects an RC QP for a peer's request (who asks, initiator NIC, target
 /// NIC, initiator's end) → this side's end, already connected.
-pub type QpConnectFn = dyn Fn(&QpRequest) -> Result<QpBootstrap> + Send + Sync;
+pub(crate) type QpConnectFn = dyn Fn(&QpRequest) -> Result<QpBootstrap> + Send + Sync;
 
 /// Files a peer's notification, sent from `IpAddr` (the engine's inbox):
 /// `Ok` is answered with an acknowledgement, an error with its kind
 /// (`SqFull`: full; `Shutdown`: the engine is going away).
-pub type NotifyFn = dyn Fn(std::net::IpAddr, NotifyFrame) -> Result<()> + Send + Sync;
+pub(crate) type NotifyFn = dyn Fn(std::net::IpAddr, NotifyFrame) -> Result<()> + Send + Sync;
 
 /// What the server answers besides descriptors: `QpConnect` (RDMA) and
 /// `Notify`. Without one, such a request is refused with `Unreachable`.
@@ -80,6 +80,15 @@ pub struct ControlServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Services {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Services")
+            .field("qp", &self.qp.is_some())
+            .field("notify", &self.notify.is_some())
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for ControlServer {
@@ -343,7 +352,7 @@ fn accept_loop(
 
 /// What a client whose proof fails is told: the secrets differ, or the
 /// proof was made for another address (see `auth`).
-pub const AUTH_FAILED: &str = "authentication failed: the shared secrets differ, or the client did not dial this server's own address (address translation, port forwarding or a relay between the engines; engines with a secret must reach each other directly)";
+pub(crate) const AUTH_FAILED: &str = "authentication failed: the shared secrets differ, or the client did not dial this server's own address (address translation, port forwarding or a relay between the engines; engines with a secret must reach each other directly)";
 
 /// Why a connection was closed.
 #[derive(Debug, thiserror::Error)]

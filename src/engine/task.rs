@@ -51,7 +51,7 @@ impl<T> Clone for Held<T> {
 impl<T> Copy for Held<T> {}
 
 impl<T> Held<T> {
-    pub fn new(r: &T) -> Held<T> {
+    pub(super) fn new(r: &T) -> Held<T> {
         Held(std::ptr::NonNull::from(r))
     }
 
@@ -61,7 +61,7 @@ impl<T> Held<T> {
     /// # Safety
     /// Only while the task holding it is live (see the type).
     #[inline]
-    pub unsafe fn get(&self) -> &T {
+    pub(super) unsafe fn get(&self) -> &T {
         // SAFETY: the caller's task is live, so the referent is held (see the type).
         unsafe { self.0.as_ref() }
     }
@@ -151,7 +151,7 @@ impl Task {
 
     /// The batch slot this task reports into, if it came from a batch.
     #[inline]
-    pub fn batch_task(&self) -> Option<&BatchTask> {
+    pub(super) fn batch_task(&self) -> Option<&BatchTask> {
         match self.origin {
             // SAFETY: a batch SQE's user_data is a BatchTask address in a batch that cannot be freed while this task is Pending.
             Origin::Batch => Some(unsafe { BatchTask::from_user_data(self.user_data) }),
@@ -161,20 +161,20 @@ impl Task {
 
     /// Nothing more will be posted for it (on its current transport).
     #[inline]
-    pub fn posting_done(&self) -> bool {
+    pub(super) fn posting_done(&self) -> bool {
         self.posted >= self.len || self.error.is_some() || self.failing.is_some()
     }
 
     /// Nothing more will be posted for it and none of it is in flight: it
     /// is finished, or fails over.
     #[inline]
-    pub fn settled(&self) -> bool {
+    pub(super) fn settled(&self) -> bool {
         self.posting_done() && self.inflight == 0
     }
 
     /// The slice token for this task's current generation.
     #[inline]
-    pub fn token(&self, index: u32) -> u64 {
+    pub(super) fn token(&self, index: u32) -> u64 {
         (u64::from(index) << 32) | u64::from(self.generation)
     }
 }
@@ -198,7 +198,7 @@ pub(crate) struct TaskTable {
 unsafe impl Send for TaskTable {}
 
 impl TaskTable {
-    pub fn new(capacity: usize) -> TaskTable {
+    pub(super) fn new(capacity: usize) -> TaskTable {
         TaskTable {
             tasks: (0..capacity).map(|_| Task::empty()).collect(),
             free: (0..capacity as u32).rev().collect(),
@@ -208,18 +208,18 @@ impl TaskTable {
     }
 
     #[inline]
-    pub fn is_full(&self) -> bool {
+    pub(super) fn is_full(&self) -> bool {
         self.free.is_empty()
     }
 
     #[inline]
-    pub fn active(&self) -> usize {
+    pub(super) fn active(&self) -> usize {
         self.tasks.len() - self.free.len()
     }
 
     /// Take a free slot; the caller fills it in.
     #[inline]
-    pub fn alloc(&mut self) -> Option<u32> {
+    pub(super) fn alloc(&mut self) -> Option<u32> {
         let i = self.free.pop()?;
         let t = &mut self.tasks[i as usize];
         t.generation = t.generation.wrapping_add(1);
@@ -230,7 +230,7 @@ impl TaskTable {
 
     /// Return a slot, forgetting what it held.
     #[inline]
-    pub fn release(&mut self, i: u32) {
+    pub(super) fn release(&mut self, i: u32) {
         let t = &mut self.tasks[i as usize];
         if !t.live {
             debug_assert!(false, "task slot {i} released twice");
@@ -246,7 +246,7 @@ impl TaskTable {
     /// Put task `i` on the due list if it is live and settled
     /// (`Task::settled`), unless it is on it already.
     #[inline]
-    pub fn note_if_settled(&mut self, i: u32) {
+    pub(super) fn note_if_settled(&mut self, i: u32) {
         let t = &mut self.tasks[i as usize];
         if t.live && t.settled() && !t.due {
             t.due = true;
@@ -259,7 +259,7 @@ impl TaskTable {
     /// The next task on the due list, taken off it; `None` once the list
     /// is empty (and it is then reset).
     #[inline]
-    pub fn next_due(&mut self) -> Option<u32> {
+    pub(super) fn next_due(&mut self) -> Option<u32> {
         let Some(&i) = self.due.get(self.due_next) else {
             self.due.clear();
             self.due_next = 0;
@@ -271,19 +271,19 @@ impl TaskTable {
     }
 
     #[inline]
-    pub fn get_mut(&mut self, i: u32) -> &mut Task {
+    pub(super) fn get_mut(&mut self, i: u32) -> &mut Task {
         &mut self.tasks[i as usize]
     }
 
     /// The live task a slice token refers to (None if it is stale).
     #[inline]
-    pub fn by_token(&mut self, token: u64) -> Option<(u32, &mut Task)> {
+    pub(super) fn by_token(&mut self, token: u64) -> Option<(u32, &mut Task)> {
         let i = (token >> 32) as u32;
         let t = self.tasks.get_mut(i as usize)?;
         (t.live && t.generation == token as u32).then_some((i, t))
     }
 
-    pub fn capacity(&self) -> usize {
+    pub(super) fn capacity(&self) -> usize {
         self.tasks.len()
     }
 }

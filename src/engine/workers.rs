@@ -32,7 +32,7 @@ impl WorkerPool {
     /// Start one worker per entry of `cores` (pinned where it names a
     /// core) for engine `id`. On an error the workers started so far are
     /// stopped and joined.
-    pub fn start(
+    pub(super) fn start(
         engine: &Arc<EngineShared>,
         id: EngineId,
         cores: Vec<Option<usize>>,
@@ -89,13 +89,13 @@ impl WorkerPool {
 
     /// The worker that takes the next ring or batch (round robin), with
     /// its index.
-    pub fn next(&self) -> (usize, &Arc<WorkerShared>) {
+    pub(super) fn next(&self) -> (usize, &Arc<WorkerShared>) {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.shared.len();
         (i, &self.shared[i])
     }
 
     /// Ask every worker to stop, wake it, and join its thread (once).
-    pub fn stop(&self) {
+    pub(super) fn stop(&self) {
         for w in &self.shared {
             w.shutdown.store(true, Ordering::Release);
             w.doorbell().ring();

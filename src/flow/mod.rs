@@ -24,10 +24,10 @@
 //! - [`diag`]: [`SqCqeDiagnostics`], a queue's counters and the one-line
 //!   hint that tells a poll stall from a slow drain from a burst.
 
-pub mod admission;
-pub mod diag;
+pub(crate) mod admission;
+pub(crate) mod diag;
 pub mod split;
-pub mod sq;
+pub(crate) mod sq;
 
 pub use admission::AdmissionGate;
 pub use diag::{SqCqeDiagnostics, SqReport, SqRow};

@@ -28,7 +28,7 @@ pub struct QueueLoad {
 impl QueueLoad {
     /// Slots left before it is full.
     #[inline]
-    pub fn free(&self) -> u32 {
+    pub(crate) fn free(&self) -> u32 {
         self.depth.saturating_sub(self.load)
     }
 }

@@ -139,12 +139,12 @@ impl SqController {
     /// with `resume_watermark` free requests needed to resume after a
     /// refused reserve paused it (0: no hysteresis), sleeping at most
     /// `slice` at a time when waiting.
-    pub fn new(depth: u32, resume_watermark: u32, slice: Duration) -> SqController {
+    pub(crate) fn new(depth: u32, resume_watermark: u32, slice: Duration) -> SqController {
         SqController::with_diagnostics(depth, resume_watermark, slice, Arc::default())
     }
 
     /// [`SqController::new`], counting into the endpoint's `diag`.
-    pub fn with_diagnostics(
+    pub(crate) fn with_diagnostics(
         depth: u32,
         resume_watermark: u32,
         slice: Duration,
@@ -163,38 +163,39 @@ impl SqController {
     }
 
     /// The diagnostics it counts into.
-    pub fn diagnostics(&self) -> &Arc<SqCqeDiagnostics> {
+    pub(crate) fn diagnostics(&self) -> &Arc<SqCqeDiagnostics> {
         &self.diag
     }
 
     /// The queue's depth.
-    pub fn depth(&self) -> u32 {
+    pub(crate) fn depth(&self) -> u32 {
         self.depth
     }
 
     /// Work requests posted and not completed.
-    pub fn posted(&self) -> u32 {
+    pub(crate) fn posted(&self) -> u32 {
         self.credits.in_flight()
     }
 
     /// Work admitted and not posted.
-    pub fn queued(&self) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> u32 {
         self.queued.load(Ordering::Relaxed)
     }
 
     /// Credits free to reserve now (ignoring a pause).
-    pub fn available(&self) -> u32 {
+    pub(crate) fn available(&self) -> u32 {
         self.credits.available()
     }
 
     /// Is the queue terminal-degraded?
-    pub fn is_terminal(&self) -> bool {
+    pub(crate) fn is_terminal(&self) -> bool {
         self.credits.is_degraded()
     }
 
     /// Take `n` credits, all or nothing (one CAS).
     #[inline]
-    pub fn try_reserve(&self, n: u32) -> Result<Reservation, SqRefusal> {
+    pub(crate) fn try_reserve(&self, n: u32) -> Result<Reservation, SqRefusal> {
         match self.credits.try_reserve(n) {
             Ok(epoch) => Ok(Reservation { n, epoch }),
             Err(ReserveError::Full(_)) => Err(SqRefusal::Full(self.snapshot())),
@@ -213,7 +214,7 @@ impl SqController {
     /// degraded? If not, its credits go back (rollback) and the post must
     /// not happen.
     #[inline]
-    pub fn recheck(&self, r: Reservation) -> Result<Reservation, SqRefusal> {
+    pub(crate) fn recheck(&self, r: Reservation) -> Result<Reservation, SqRefusal> {
         if self.credits.health() == (false, r.epoch) {
             return Ok(r);
         }
@@ -225,7 +226,7 @@ impl SqController {
     /// queue that is gone), at `now_ns`. Orphans of a terminal queue give
     /// their credits back too; the queue stays terminal.
     #[inline]
-    pub fn release(&self, n: u32, now_ns: u64) {
+    pub(crate) fn release(&self, n: u32, now_ns: u64) {
         if n == 0 {
             return;
         }
@@ -236,7 +237,7 @@ impl SqController {
     /// Take the queue out of service for good: every reserve and admission
     /// is refused from now on, and every waiter wakes now. Returns the new
     /// epoch (the current one if it was terminal already).
-    pub fn mark_terminal(&self) -> u32 {
+    pub(crate) fn mark_terminal(&self) -> u32 {
         let epoch = self.credits.mark_degraded();
         self.want.store(NOBODY, Ordering::SeqCst);
         self.bell.ring_all();
@@ -245,13 +246,14 @@ impl SqController {
 
     /// Admit `n` HIGH requests toward this queue: posted + queued + `n`
     /// must fit the depth. The token gives them back exactly once.
-    pub fn try_admit(self: &Arc<Self>, n: u32) -> Result<AdmissionToken, SqRefusal> {
+    #[cfg(test)]
+    pub(crate) fn try_admit(self: &Arc<Self>, n: u32) -> Result<AdmissionToken, SqRefusal> {
         self.try_admit_as(n, Priority::High)
     }
 
     /// The part of the depth admission hands out to priority `p`: all of
     /// it to HIGH, all but the last eighth to MEDIUM and LOW.
-    pub fn limit(&self, p: Priority) -> u32 {
+    pub(crate) fn limit(&self, p: Priority) -> u32 {
         match p {
             Priority::High => self.depth,
             Priority::Medium | Priority::Low => self.depth - self.depth / 8,
@@ -259,13 +261,13 @@ impl SqController {
     }
 
     /// Slots admission could still hand to priority `p`.
-    pub fn free_for(&self, p: Priority) -> u32 {
+    pub(crate) fn free_for(&self, p: Priority) -> u32 {
         self.free().saturating_sub(self.depth - self.limit(p))
     }
 
     /// [`try_admit`](Self::try_admit) for requests of priority `p`:
     /// posted + queued + `n` must fit [`limit`](Self::limit)`(p)`.
-    pub fn try_admit_as(
+    pub(crate) fn try_admit_as(
         self: &Arc<Self>,
         n: u32,
         p: Priority,
@@ -309,7 +311,7 @@ impl SqController {
     /// again only when `resume` slots (`sq_admission_resume_watermark_wr`,
     /// clamped to the depth; 0: as soon as `n` fit) are free, so a crowd
     /// of waiters does not wake for every single completion.
-    pub fn wait_admission(
+    pub(crate) fn wait_admission(
         self: &Arc<Self>,
         n: u32,
         resume: u32,
@@ -372,7 +374,7 @@ impl SqController {
 
     /// Slots neither posted, admitted nor waiting in the endpoint's
     /// backlog (what admission can still hand out).
-    pub fn free(&self) -> u32 {
+    pub(crate) fn free(&self) -> u32 {
         self.depth
             .saturating_sub(self.used(self.queued.load(Ordering::SeqCst)))
     }
@@ -391,7 +393,8 @@ impl SqController {
     /// [`try_reserve`](Self::try_reserve), sleeping up to `timeout` for
     /// credits (for a thread other than the worker). A degrade ends the
     /// wait at once.
-    pub fn wait_for_credits(&self, n: u32, timeout: Duration) -> Result<Reservation, SqRefusal> {
+    #[cfg(test)]
+    pub(crate) fn wait_for_credits(&self, n: u32, timeout: Duration) -> Result<Reservation, SqRefusal> {
         let mut slept = false;
         self.wait_until(Instant::now() + timeout, n, &mut slept, || {
             self.try_reserve(n)
@@ -464,7 +467,7 @@ impl SqController {
     /// Room came free other than by a release or an admission given
     /// back (the queue's owner dropped slices it held for it: moved,
     /// aborted, failed): wake a sleeper that may go on now.
-    pub fn room_freed(&self) {
+    pub(crate) fn room_freed(&self) {
         // The owner's count of held slices was a plain store: order it
         // before the look at the sleepers (see `wake`).
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -482,7 +485,7 @@ impl SqController {
     }
 
     /// The controller now.
-    pub fn snapshot(&self) -> SqSnapshot {
+    pub(crate) fn snapshot(&self) -> SqSnapshot {
         SqSnapshot {
             credits: self.credits.snapshot(),
             queued: self.queued.load(Ordering::Relaxed),
@@ -506,12 +509,12 @@ pub struct AdmissionToken {
 
 impl AdmissionToken {
     /// Requests it admits (0 once released).
-    pub fn count(&self) -> u32 {
+    pub(crate) fn count(&self) -> u32 {
         if self.sq.is_some() { self.n } else { 0 }
     }
 
     /// Give the admission back now; later calls (and the drop) do nothing.
-    pub fn release(&mut self) {
+    pub(crate) fn release(&mut self) {
         if let Some(sq) = self.sq.take() {
             sq.unqueue(self.n);
         }
@@ -530,7 +533,8 @@ impl AdmissionToken {
     }
 
     /// The queue it admits toward.
-    pub fn queue(&self) -> Option<&Arc<SqController>> {
+    #[cfg(test)]
+    pub(crate) fn queue(&self) -> Option<&Arc<SqController>> {
         self.sq.as_ref()
     }
 }
@@ -561,7 +565,7 @@ impl AdmissionSlot {
     /// Park `token` here (one already parked is released first). Called
     /// before the task is published to a worker: the ring's release makes
     /// both stores visible to it.
-    pub fn put(&self, mut token: AdmissionToken) {
+    pub(crate) fn put(&self, mut token: AdmissionToken) {
         self.release();
         let Some(sq) = token.sq.take() else {
             return;
@@ -573,7 +577,7 @@ impl AdmissionSlot {
 
     /// Give the parked admission back, if any is still parked.
     #[inline]
-    pub fn release(&self) {
+    pub(crate) fn release(&self) {
         // Relaxed first: a task never admitted costs no locked swap.
         if self.sq.load(Ordering::Relaxed).is_null() {
             return;
@@ -588,7 +592,8 @@ impl AdmissionSlot {
     }
 
     /// Is an admission parked?
-    pub fn is_held(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_held(&self) -> bool {
         !self.sq.load(Ordering::Acquire).is_null()
     }
 }

@@ -45,7 +45,7 @@ use crate::error::{Error, Result};
 
 /// Connection attempts refused in a row after which the peer counts as
 /// gone (its engine no longer listens).
-pub const REFUSALS: u32 = 3;
+pub(crate) const REFUSALS: u32 = 3;
 /// A control connection is replaced after this long: the server ends each
 /// connection's exchange after `EXCHANGE_DEADLINE` (5 s).
 const CONN_MAX_AGE: Duration = Duration::from_secs(4);

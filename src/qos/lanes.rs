@@ -6,7 +6,7 @@ use super::SendGate;
 
 /// A task waiting in a lane, stamped with when it entered that lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaneEntry {
+pub(crate) struct LaneEntry {
     /// Worker-local task index.
     pub task: u32,
     /// Monotonic ns when it entered its current lane.
@@ -18,7 +18,7 @@ pub struct LaneEntry {
 /// work is never starved forever. Capacity is fixed at construction: pushes
 /// never allocate.
 #[derive(Debug)]
-pub struct PriorityLanes {
+pub(crate) struct PriorityLanes {
     lanes: [VecDeque<LaneEntry>; 3],
     capacity: usize,
     promotion_ns: u64,
@@ -26,7 +26,7 @@ pub struct PriorityLanes {
 
 impl PriorityLanes {
     /// Lanes of `capacity` entries each; promotion after `promotion_ns`.
-    pub fn new(capacity: usize, promotion_ns: u64) -> PriorityLanes {
+    pub(crate) fn new(capacity: usize, promotion_ns: u64) -> PriorityLanes {
         PriorityLanes {
             lanes: std::array::from_fn(|_| VecDeque::with_capacity(capacity)),
             capacity,
@@ -36,7 +36,7 @@ impl PriorityLanes {
 
     /// Queue `task` at priority `p`; `false` if that lane is full.
     #[inline]
-    pub fn push(&mut self, p: Priority, task: u32, now_ns: u64) -> bool {
+    pub(crate) fn push(&mut self, p: Priority, task: u32, now_ns: u64) -> bool {
         let lane = &mut self.lanes[p.index()];
         if lane.len() >= self.capacity {
             return false;
@@ -50,7 +50,7 @@ impl PriorityLanes {
 
     /// Move tasks that waited too long up one lane; returns how many moved
     /// out of each lane.
-    pub fn promote(&mut self, now_ns: u64) -> [u32; 3] {
+    pub(crate) fn promote(&mut self, now_ns: u64) -> [u32; 3] {
         let mut moved = [0; 3];
         for from in [Priority::Medium, Priority::Low] {
             let to = from.index() - 1;
@@ -74,7 +74,8 @@ impl PriorityLanes {
     /// The task to serve next: head of the first non-empty lane the gate
     /// lets through.
     #[inline]
-    pub fn next(&self, gate: &dyn SendGate, now: u64) -> Option<(Priority, LaneEntry)> {
+    #[cfg(test)]
+    pub(crate) fn next(&self, gate: &dyn SendGate, now: u64) -> Option<(Priority, LaneEntry)> {
         self.next_except(gate, 0, now)
     }
 
@@ -82,7 +83,7 @@ impl PriorityLanes {
     /// (`1 << priority index`) is set in `skip`: lanes whose every head is
     /// waiting this turn, so the lanes below them still post.
     #[inline]
-    pub fn next_except(
+    pub(crate) fn next_except(
         &self,
         gate: &dyn SendGate,
         skip: u8,
@@ -99,14 +100,14 @@ impl PriorityLanes {
 
     /// Remove the head of lane `p` (it is fully posted).
     #[inline]
-    pub fn pop(&mut self, p: Priority) -> Option<LaneEntry> {
+    pub(crate) fn pop(&mut self, p: Priority) -> Option<LaneEntry> {
         self.lanes[p.index()].pop_front()
     }
 
     /// Move the head of lane `p` to its back (its turn is over, others in
     /// the lane go next); keeps its stamp.
     #[inline]
-    pub fn rotate(&mut self, p: Priority) {
+    pub(crate) fn rotate(&mut self, p: Priority) {
         let lane = &mut self.lanes[p.index()];
         if lane.len() > 1 {
             lane.rotate_left(1);
@@ -114,20 +115,20 @@ impl PriorityLanes {
     }
 
     /// Drop every queued entry for which `keep` is false.
-    pub fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
         for lane in &mut self.lanes {
             lane.retain(|e| keep(e.task));
         }
     }
 
     /// Tasks queued in each lane.
-    pub fn lens(&self) -> [usize; 3] {
+    pub(crate) fn lens(&self) -> [usize; 3] {
         std::array::from_fn(|i| self.lanes[i].len())
     }
 
     /// Is lane `p` empty?
     #[inline]
-    pub fn lane_is_empty(&self, p: Priority) -> bool {
+    pub(crate) fn lane_is_empty(&self, p: Priority) -> bool {
         self.lanes[p.index()].is_empty()
     }
 
@@ -136,19 +137,19 @@ impl PriorityLanes {
     /// each of its tasks was answered `Later` or back-pressure at the last
     /// dispatch, which would pass over it too). Lanes below `p` never hold
     /// it back.
-    pub fn nothing_ready_from(&self, p: Priority, waiting: u8) -> bool {
+    pub(crate) fn nothing_ready_from(&self, p: Priority, waiting: u8) -> bool {
         Priority::ALL[..=p.index()]
             .iter()
             .all(|q| waiting & (1 << q.index()) != 0 || self.lanes[q.index()].is_empty())
     }
 
     /// Tasks queued in all lanes.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.lanes.iter().map(VecDeque::len).sum()
     }
 
     /// Nothing queued?
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.lanes.iter().all(VecDeque::is_empty)
     }
 }

@@ -11,10 +11,10 @@
 
 mod gate;
 mod lanes;
-pub mod slots;
-pub mod stats;
+pub(crate) mod slots;
+pub(crate) mod stats;
 
 pub use gate::{OpenGate, SendGate};
-pub use lanes::{LaneEntry, PriorityLanes};
-pub use slots::{SlotClock, SlotRotator};
-pub use stats::{LevelSnapshot, PriorityStats, QosSnapshot, SlotSnapshot};
+pub(crate) use lanes::{LaneEntry, PriorityLanes};
+pub use slots::{Lease, SlotClock, SlotRotator};
+pub(crate) use stats::{LevelSnapshot, PriorityStats, QosSnapshot, SlotSnapshot};

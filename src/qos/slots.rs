@@ -83,9 +83,9 @@ use super::SendGate;
 use crate::error::{Error, Result};
 
 /// The slot file's format (its region's first layout word). 2: seats.
-pub const SLOT_FORMAT: u64 = 2;
+pub(crate) const SLOT_FORMAT: u64 = 2;
 /// Participants one slot file holds at once.
-pub const SEATS: usize = 64;
+pub(crate) const SEATS: usize = 64;
 /// Payload bytes: the header line, then a line per seat.
 const PAYLOAD_LEN: usize = 64 * (1 + SEATS);
 /// A seat's demand word: one HIGH worker, one MEDIUM worker.
@@ -172,7 +172,7 @@ impl Lease {
 /// May work of priority `p` be posted in `slot`? Slot 0: HIGH; 1: HIGH
 /// and MEDIUM; 2 (and the invalid 3): all.
 #[inline]
-pub fn allows(slot: u8, p: Priority) -> bool {
+pub(crate) fn allows(slot: u8, p: Priority) -> bool {
     p.index() <= usize::from(slot)
 }
 
@@ -334,7 +334,7 @@ impl SlotClock {
     }
 
     /// The file.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -530,7 +530,7 @@ impl SlotRotator {
     ///
     /// # Errors
     /// The thread could not be spawned.
-    pub fn start(clock: Arc<SlotClock>) -> Result<SlotRotator> {
+    pub(crate) fn start(clock: Arc<SlotClock>) -> Result<SlotRotator> {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = std::thread::Builder::new()
             .name("tent-slots".into())
@@ -547,7 +547,7 @@ impl SlotRotator {
     }
 
     /// The clock it keeps.
-    pub fn clock(&self) -> &Arc<SlotClock> {
+    pub(crate) fn clock(&self) -> &Arc<SlotClock> {
         &self.clock
     }
 }

@@ -22,7 +22,7 @@ pub fn bucket_upper_us(k: usize) -> u64 {
 
 /// The bucket a wait of `ns` falls in.
 #[inline]
-pub fn bucket_of(ns: u64) -> usize {
+pub(crate) fn bucket_of(ns: u64) -> usize {
     let us = ns / 1_000;
     if us == 0 {
         0
@@ -33,7 +33,7 @@ pub fn bucket_of(ns: u64) -> usize {
 
 /// One worker's per-priority counters.
 #[derive(Debug, Default)]
-pub struct PriorityStats {
+pub(crate) struct PriorityStats {
     /// Tasks queued in each lane now (published by housekeeping, every
     /// millisecond while the worker has work).
     queued: [AtomicU64; 3],
@@ -64,20 +64,20 @@ fn add(a: &AtomicU64, n: u64) {
 impl PriorityStats {
     /// A task of priority `p` was accepted.
     #[inline]
-    pub fn accepted(&self, p: Priority) {
+    pub(crate) fn accepted(&self, p: Priority) {
         add(&self.accepted[p.index()], 1);
     }
 
     /// A request of priority `p` was accepted and served at intake: as
     /// `accepted` then `waited(p, 0)`, in one store.
     #[inline]
-    pub fn served_at_intake(&self, p: Priority) {
+    pub(crate) fn served_at_intake(&self, p: Priority) {
         add(&self.at_intake[p.index()], 1);
     }
 
     /// `moved[i]` tasks were promoted out of lane `i`.
     #[inline]
-    pub fn promoted(&self, moved: [u32; 3]) {
+    pub(crate) fn promoted(&self, moved: [u32; 3]) {
         for (c, n) in self.promoted.iter().zip(moved) {
             if n > 0 {
                 add(c, u64::from(n));
@@ -87,26 +87,26 @@ impl PriorityStats {
 
     /// A lane of priority `p` with work found its gate closed.
     #[inline]
-    pub fn gate_held(&self, p: Priority) {
+    pub(crate) fn gate_held(&self, p: Priority) {
         add(&self.gate_holds[p.index()], 1);
     }
 
     /// A task of priority `p` posted its first slice `ns` after intake.
     #[inline]
-    pub fn waited(&self, p: Priority, ns: u64) {
+    pub(crate) fn waited(&self, p: Priority, ns: u64) {
         add(&self.wait[p.index()][bucket_of(ns)], 1);
         add(&self.wait_sum_ns[p.index()], ns);
     }
 
     /// Publish the lanes' depths.
-    pub fn set_queued(&self, lens: [usize; 3]) {
+    pub(crate) fn set_queued(&self, lens: [usize; 3]) {
         for (g, n) in self.queued.iter().zip(lens) {
             g.store(n as u64, Ordering::Relaxed);
         }
     }
 
     /// Add this worker's counters into `into`.
-    pub fn sum_into(&self, into: &mut QosSnapshot) {
+    pub(crate) fn sum_into(&self, into: &mut QosSnapshot) {
         for p in 0..3 {
             let l = &mut into.levels[p];
             l.queued += self.queued[p].load(Ordering::Relaxed);
@@ -186,7 +186,7 @@ pub struct SlotSnapshot {
 }
 
 /// The name of priority `p` in metrics and reports.
-pub fn name(p: Priority) -> &'static str {
+pub(crate) fn name(p: Priority) -> &'static str {
     match p {
         Priority::High => "high",
         Priority::Medium => "medium",

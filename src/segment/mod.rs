@@ -13,7 +13,7 @@ use tent_rings::{RegionId, SegmentId, TransportKind};
 /// What a transport keeps for one segment (its peer state: rails and
 /// connections, or the peer's mapped shm segment), opaque here so segments
 /// need not know transports.
-pub type Attachment = Arc<dyn Any + Send + Sync>;
+pub(crate) type Attachment = Arc<dyn Any + Send + Sync>;
 
 /// A region as a peer sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +28,7 @@ pub struct RemoteRegion {
 
 /// How a segment is reached.
 #[derive(Debug)]
-pub enum SegmentKind {
+pub(crate) enum SegmentKind {
     /// This engine's own memory.
     Local,
     /// Another process on this host, through its exported `/dev/shm`
@@ -60,7 +60,7 @@ pub struct Segment {
 
 impl Segment {
     /// A segment record.
-    pub fn new(id: SegmentId, name: String, kind: SegmentKind) -> Segment {
+    pub(crate) fn new(id: SegmentId, name: String, kind: SegmentKind) -> Segment {
         Segment {
             id,
             name,
@@ -78,13 +78,13 @@ impl Segment {
 
     /// The epoch it was closed at; 0 while open.
     #[inline]
-    pub fn closed_epoch(&self) -> u64 {
+    pub(crate) fn closed_epoch(&self) -> u64 {
         self.closed.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The same segment, also reached over `kind` with its per-peer state;
     /// attachments rank in the order they are added (best first).
-    pub fn with_attachment(mut self, kind: TransportKind, state: Attachment) -> Segment {
+    pub(crate) fn with_attachment(mut self, kind: TransportKind, state: Attachment) -> Segment {
         if !matches!(self.kind, SegmentKind::Local) && self.attachment(kind).is_none() {
             // `*state`: the value's own type, not the `Arc`'s.
             let ty = (*state).type_id();
@@ -95,7 +95,7 @@ impl Segment {
 
     /// The state `kind` keeps for this segment, if `kind` reaches it.
     #[inline]
-    pub fn attachment(&self, kind: TransportKind) -> Option<&Attachment> {
+    pub(crate) fn attachment(&self, kind: TransportKind) -> Option<&Attachment> {
         self.attached
             .iter()
             .find(|(k, _, _)| *k == kind)
@@ -103,31 +103,31 @@ impl Segment {
     }
 
     /// Its id (what an SQE names).
-    pub fn id(&self) -> SegmentId {
+    pub(crate) fn id(&self) -> SegmentId {
         self.id
     }
 
     /// The name it was opened by.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// How it is reached.
-    pub fn kind(&self) -> &SegmentKind {
+    pub(crate) fn kind(&self) -> &SegmentKind {
         &self.kind
     }
 
     /// The state `kind` keeps for this segment, as the type that transport
     /// attached (`None` if `kind` does not reach it).
     #[inline]
-    pub fn attached<T: Any>(&self, kind: TransportKind) -> Option<&T> {
+    pub(crate) fn attached<T: Any>(&self, kind: TransportKind) -> Option<&T> {
         self.attached_with_handle(kind).map(|(_, t)| t)
     }
 
     /// [`attached`](Self::attached), with the shared handle it is kept by
     /// (for a transport that keeps the peer alive past this segment).
     #[inline]
-    pub fn attached_with_handle<T: Any>(&self, kind: TransportKind) -> Option<(&Attachment, &T)> {
+    pub(crate) fn attached_with_handle<T: Any>(&self, kind: TransportKind) -> Option<(&Attachment, &T)> {
         let (_, ty, state) = self.attached.iter().find(|(k, _, _)| *k == kind)?;
         if *ty != TypeId::of::<T>() {
             return None;
@@ -139,30 +139,30 @@ impl Segment {
 
 /// Snapshot of the opened segments, by id.
 #[derive(Debug, Default, Clone)]
-pub struct SegmentTable {
+pub(crate) struct SegmentTable {
     by_id: Vec<Option<Arc<Segment>>>,
 }
 
 impl SegmentTable {
     /// The segment with `id`.
     #[inline]
-    pub fn get(&self, id: SegmentId) -> Option<&Arc<Segment>> {
+    pub(crate) fn get(&self, id: SegmentId) -> Option<&Arc<Segment>> {
         self.by_id.get(id.0 as usize).and_then(Option::as_ref)
     }
 
     /// The open segment called `name`.
-    pub fn find_name(&self, name: &str) -> Option<&Arc<Segment>> {
+    pub(crate) fn find_name(&self, name: &str) -> Option<&Arc<Segment>> {
         self.by_id.iter().flatten().find(|s| s.name() == name)
     }
 
     /// The id for the next open segment (never reused: a stale id names
     /// nothing rather than another peer).
-    pub fn next_id(&self) -> SegmentId {
+    pub(crate) fn next_id(&self) -> SegmentId {
         SegmentId(self.by_id.len().max(1) as u32)
     }
 
     /// A copy with `segment` in its slot.
-    pub fn with(&self, segment: Arc<Segment>) -> SegmentTable {
+    pub(crate) fn with(&self, segment: Arc<Segment>) -> SegmentTable {
         let mut next = self.clone();
         let idx = segment.id().0 as usize;
         if next.by_id.len() <= idx {
@@ -173,12 +173,12 @@ impl SegmentTable {
     }
 
     /// Every open segment.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Segment>> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<Segment>> {
         self.by_id.iter().flatten()
     }
 
     /// A copy without segment `id`, and the segment taken out.
-    pub fn without(&self, id: SegmentId) -> Option<(SegmentTable, Arc<Segment>)> {
+    pub(crate) fn without(&self, id: SegmentId) -> Option<(SegmentTable, Arc<Segment>)> {
         let removed = self.get(id)?.clone();
         let mut next = self.clone();
         next.by_id[id.0 as usize] = None;

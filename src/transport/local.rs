@@ -15,13 +15,13 @@ use crate::segment::{Segment, SegmentKind};
 
 /// In-process copies between registered regions of this engine.
 #[derive(Debug)]
-pub struct LocalTransport {
+pub(crate) struct LocalTransport {
     regions: Arc<ArcSwap<RegionTable>>,
 }
 
 impl LocalTransport {
     /// A local transport checking remote addresses against `regions`.
-    pub fn new(regions: Arc<ArcSwap<RegionTable>>) -> LocalTransport {
+    pub(crate) fn new(regions: Arc<ArcSwap<RegionTable>>) -> LocalTransport {
         LocalTransport { regions }
     }
 }

@@ -11,7 +11,7 @@
 
 #[cfg(any(test, feature = "testing"))]
 pub mod fault;
-pub mod local;
+pub(crate) mod local;
 mod outcome;
 pub mod rails;
 pub mod rdma;
@@ -76,7 +76,7 @@ impl Slice<'_> {
     /// Slices of the request still to post, this one included (the engine
     /// cuts a request into slices of this one's length, the last shorter).
     #[inline]
-    pub fn slices_left(&self) -> u64 {
+    pub(crate) fn slices_left(&self) -> u64 {
         self.rest.max(self.len).div_ceil(self.len.max(1))
     }
 }
@@ -88,7 +88,7 @@ pub use outcome::{PackedOutcome, SubmitOutcome};
 /// the peer is on that worker's active list (polled until its slices
 /// drain).
 #[derive(Debug, Default)]
-pub struct PeerActivity {
+pub(crate) struct PeerActivity {
     outstanding: u32,
     active: bool,
 }
@@ -97,21 +97,21 @@ impl PeerActivity {
     /// One more slice out; `true` when the peer has just become active
     /// (the caller puts it on its list).
     #[inline]
-    pub fn posted(&mut self) -> bool {
+    pub(crate) fn posted(&mut self) -> bool {
         self.outstanding += 1;
         !std::mem::replace(&mut self.active, true)
     }
 
     /// One slice back.
     #[inline]
-    pub fn completed(&mut self) {
+    pub(crate) fn completed(&mut self) {
         self.outstanding -= 1;
     }
 
     /// `true`, once, when nothing is out any more: the peer leaves the
     /// list.
     #[inline]
-    pub fn drained(&mut self) -> bool {
+    pub(crate) fn drained(&mut self) -> bool {
         let drained = self.outstanding == 0 && self.active;
         if drained {
             self.active = false;
@@ -231,10 +231,10 @@ pub trait Transport: Send + Sync + 'static {
 
 /// One transport slot: swappable at run time, and cheap to watch from a
 /// worker (an `Arc` so a worker can keep an `arc_swap::Cache` of it).
-pub type Slot = Arc<ArcSwapOption<Installed>>;
+pub(crate) type Slot = Arc<ArcSwapOption<Installed>>;
 
 /// The transport slots, indexed by [`TransportKind`].
-pub struct TransportSlots {
+pub(crate) struct TransportSlots {
     slots: [Slot; 5],
     /// Bumped after every swap: a worker keeps its own copy of the slots
     /// and reloads them only when this moved (one load per turn, instead
@@ -244,7 +244,7 @@ pub struct TransportSlots {
 
 /// An installed transport with its capabilities read once at install time
 /// (a sized wrapper so `arc-swap` can hold it).
-pub struct Installed {
+pub(crate) struct Installed {
     /// The transport.
     pub transport: Arc<dyn Transport>,
     /// `transport.capabilities()`, cached.
@@ -270,7 +270,7 @@ impl Default for TransportSlots {
 
 impl TransportSlots {
     /// Put `t` in `kind`'s slot, returning what was there.
-    pub fn swap(
+    pub(crate) fn swap(
         &self,
         t: Option<Arc<dyn Transport>>,
         kind: TransportKind,
@@ -289,28 +289,23 @@ impl TransportSlots {
 
     /// How many swaps so far (see [`load_all`](Self::load_all)).
     #[inline]
-    pub fn epoch(&self) -> u64 {
+    pub(crate) fn epoch(&self) -> u64 {
         self.epoch.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Every slot's transport now, indexed by [`TransportKind`]: a
     /// worker's copy, reloaded when [`epoch`](Self::epoch) moves.
-    pub fn load_all(&self) -> [Option<Arc<Installed>>; 5] {
+    pub(crate) fn load_all(&self) -> [Option<Arc<Installed>>; 5] {
         std::array::from_fn(|k| self.slots[k].load_full())
     }
 
     /// The slot of `kind` (workers cache it).
-    pub fn slot(&self, kind: TransportKind) -> &Slot {
+    pub(crate) fn slot(&self, kind: TransportKind) -> &Slot {
         &self.slots[kind as usize]
     }
 
-    /// Is a transport installed in `kind`'s slot?
-    pub fn is_installed(&self, kind: TransportKind) -> bool {
-        self.slots[kind as usize].load().is_some()
-    }
-
     /// Kinds with a transport installed.
-    pub fn installed(&self) -> Vec<TransportKind> {
+    pub(crate) fn installed(&self) -> Vec<TransportKind> {
         self.slots
             .iter()
             .filter_map(|s| s.load().as_ref().map(|t| t.transport.kind()))

@@ -24,7 +24,7 @@ impl SubmitOutcome {
     /// refused for back-pressure (safe to post elsewhere or later), or
     /// finished at once with the error.
     #[inline]
-    pub fn of_post(posted: Result<(), ErrorKind>) -> SubmitOutcome {
+    pub(crate) fn of_post(posted: Result<(), ErrorKind>) -> SubmitOutcome {
         match posted {
             Ok(()) => SubmitOutcome::Posted,
             Err(ErrorKind::SqFull) => SubmitOutcome::Rejected(ErrorKind::SqFull),
@@ -76,7 +76,7 @@ impl PackedOutcome {
 
     /// The outcome it packs.
     #[inline(always)]
-    pub fn unpack(self) -> SubmitOutcome {
+    pub(crate) fn unpack(self) -> SubmitOutcome {
         if self.0 & Self::OTHER == 0 {
             return SubmitOutcome::Completed(Ok(self.0));
         }

@@ -14,7 +14,7 @@ use tent::transport::{
 /// buffer only when the test says so). An abort is recorded, and an
 /// aborted slice released completes with the abort's kind.
 #[derive(Default)]
-pub struct Held {
+pub(crate) struct Held {
     pub posted: Mutex<Vec<u64>>,
     aborted: Mutex<Vec<(u64, ErrorKind)>>,
     released: Mutex<Vec<SliceCompletion>>,
@@ -23,7 +23,7 @@ pub struct Held {
 impl Held {
     /// Complete every slice posted so far (4096 bytes, or the kind it was
     /// aborted with); how many.
-    pub fn release_all(&self) -> usize {
+    pub(crate) fn release_all(&self) -> usize {
         let mut p = self.posted.lock().unwrap();
         let aborted = self.aborted.lock().unwrap();
         let n = p.len();
@@ -39,12 +39,12 @@ impl Held {
     }
 
     /// Distinct tokens aborted so far, with their kinds.
-    pub fn aborts(&self) -> Vec<(u64, ErrorKind)> {
+    pub(crate) fn aborts(&self) -> Vec<(u64, ErrorKind)> {
         self.aborted.lock().unwrap().clone()
     }
 
     /// Wait (up to 10 s) until a slice is posted.
-    pub fn wait_posted(&self) {
+    pub(crate) fn wait_posted(&self) {
         let until = Instant::now() + Duration::from_secs(10);
         while self.posted.lock().unwrap().is_empty() {
             assert!(Instant::now() < until, "nothing posted");

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tent::{Config, Cqe, Engine, Ring};
 
 /// One unpinned worker that parks quickly (these machines have 2 cores).
-pub fn test_config() -> Config {
+pub(crate) fn test_config() -> Config {
     let mut c = Config::default();
     c.workers.count = 1;
     c.workers.pin = false;
@@ -17,18 +17,18 @@ pub fn test_config() -> Config {
     c
 }
 
-pub fn engine() -> Engine {
+pub(crate) fn engine() -> Engine {
     Engine::new(test_config()).expect("engine")
 }
 
-pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+pub(crate) fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
 }
 
 /// Submit what was pushed and collect `n` CQEs.
-pub fn reap(ring: &mut Ring, n: usize) -> Vec<Cqe> {
+pub(crate) fn reap(ring: &mut Ring, n: usize) -> Vec<Cqe> {
     if let Err(e) = ring.submit() {
         // Completions queued before a shutdown are still there to reap.
         assert_eq!(e.kind(), tent::ErrorKind::Shutdown, "{e}");
@@ -48,5 +48,5 @@ pub fn reap(ring: &mut Ring, n: usize) -> Vec<Cqe> {
     }
     out
 }
-pub mod held;
-pub mod netns;
+pub(crate) mod held;
+pub(crate) mod netns;

@@ -7,16 +7,16 @@ use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 /// The harness script.
-pub const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/netns.sh");
+pub(crate) const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/netns.sh");
 
 /// A pair of namespaces `NAME-a` / `NAME-b`.
-pub struct Netns(pub String);
+pub(crate) struct Netns(pub String);
 
 impl Netns {
     /// `rails` veth pairs (optionally shaped to `rate` each), named from
     /// `tag` and this process id; `None` (after printing why) when this
     /// machine cannot.
-    pub fn up(tag: &str, rails: u32, rate: Option<&str>) -> Option<Netns> {
+    pub(crate) fn up(tag: &str, rails: u32, rate: Option<&str>) -> Option<Netns> {
         let ok = Command::new(SCRIPT)
             .arg("check")
             .status()
@@ -43,7 +43,7 @@ impl Netns {
 
     /// Re-run this test binary's `child` test inside namespace `side`
     /// ("a" or "b") with `env`, stdin and stdout piped.
-    pub fn exec(&self, side: &str, child: &str, env: &[(&str, String)]) -> Child {
+    pub(crate) fn exec(&self, side: &str, child: &str, env: &[(&str, String)]) -> Child {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &format!("{}-{side}", self.0)])
             .arg(std::env::current_exe().unwrap())
@@ -57,7 +57,7 @@ impl Netns {
     }
 
     /// Make the target side of rail `i` send nothing, its link still up.
-    pub fn mute(&self, i: u32) {
+    pub(crate) fn mute(&self, i: u32) {
         let s = Command::new(SCRIPT)
             .args(["mute", &self.0, &i.to_string()])
             .status()
@@ -66,7 +66,7 @@ impl Netns {
     }
 
     /// Set rail `i`'s link down at both ends; when it was done.
-    pub fn rail_down(&self, i: u32) -> Instant {
+    pub(crate) fn rail_down(&self, i: u32) -> Instant {
         let t = Instant::now();
         let s = Command::new(SCRIPT)
             .args(["rail-down", &self.0, &i.to_string()])
@@ -84,7 +84,7 @@ impl Drop for Netns {
 }
 
 /// The rest of the first line of `r` that contains `key`.
-pub fn line_with(r: &mut impl BufRead, key: &str) -> String {
+pub(crate) fn line_with(r: &mut impl BufRead, key: &str) -> String {
     let mut l = String::new();
     loop {
         l.clear();
@@ -99,7 +99,7 @@ pub fn line_with(r: &mut impl BufRead, key: &str) -> String {
 }
 
 /// A line to the parent reading this child's stdout, flushed at once.
-pub fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     let mut o = std::io::stdout().lock();
     o.write_all(line.as_bytes()).unwrap();
     o.write_all(b"\n").unwrap();
@@ -108,7 +108,7 @@ pub fn say(line: &str) {
 
 /// An engine config for one side of the namespaces, its control plane on
 /// `host`.
-pub fn config(host: &str) -> tent::Config {
+pub(crate) fn config(host: &str) -> tent::Config {
     let mut c = super::test_config();
     c.rpc_server_hostname = host.to_owned();
     // The namespaces share /dev/shm: without this the peers would meet there.

@@ -4,14 +4,14 @@
 //! Lines meant for `.ci/run` go straight to stderr, past libtest's capture.
 
 /// Print `line` on stderr even while libtest captures output.
-pub fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{line}\n").as_bytes());
 }
 
 /// Boot the guest once with `rails` rails and `runs` (`BINARY::ARGS`) and
 /// return its console, asserting the run passed. `None` (after printing why)
 /// when this machine cannot run the guest; with `CI=true` that fails.
-pub fn boot(repo_root: &str, rails: u32, runs: &[String]) -> Option<String> {
+pub(crate) fn boot(repo_root: &str, rails: u32, runs: &[String]) -> Option<String> {
     let script = format!("{repo_root}/tools/rxe-vm.sh");
     let ok = std::process::Command::new(&script)
         .arg("--check")
@@ -46,7 +46,7 @@ pub fn boot(repo_root: &str, rails: u32, runs: &[String]) -> Option<String> {
 /// least one to pass there, and report the guest's `RXE-OK` lines and the
 /// pass count for `.ci/run`. Does nothing inside the guest.
 #[allow(dead_code)] // tools/tests/rxe_bench.rs includes this file too
-pub fn run_this_binary(repo_root: &str, rails: u32) {
+pub(crate) fn run_this_binary(repo_root: &str, rails: u32) {
     if std::env::var("TENT_RXE_GUEST").as_deref() == Ok("1") {
         return;
     }

@@ -45,7 +45,7 @@ impl Drop for PageBuf {
 /// many `size`-byte blocks on both sides, as a benchmark point with
 /// `slots` ops in flight does (its data then lives in L2 or further, not
 /// in L1 as one block copied over and over does).
-pub fn memcpy_gbps(size: u64, slots: usize, dur: Duration) -> f64 {
+pub(crate) fn memcpy_gbps(size: u64, slots: usize, dur: Duration) -> f64 {
     let size = size as usize;
     let slots = slots.max(1);
     let span = size * slots;
@@ -74,7 +74,7 @@ pub fn memcpy_gbps(size: u64, slots: usize, dur: Duration) -> f64 {
 }
 
 /// Cross-core cache-line ping-pong round trip between `a` and `b`.
-pub fn ping_pong(a: Option<usize>, b: Option<usize>, dur: Duration) -> Histogram {
+pub(crate) fn ping_pong(a: Option<usize>, b: Option<usize>, dur: Duration) -> Histogram {
     let flag = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicU64::new(0));
     let (f2, s2) = (flag.clone(), stop.clone());
@@ -114,7 +114,7 @@ pub fn ping_pong(a: Option<usize>, b: Option<usize>, dur: Duration) -> Histogram
 
 /// Plain TCP streaming over loopback with `conns` connections and
 /// `size`-byte writes (an iperf3-like floor for the tcp transport), in GB/s.
-pub fn tcp_stream_gbps(size: u64, conns: usize, dur: Duration) -> f64 {
+pub(crate) fn tcp_stream_gbps(size: u64, conns: usize, dur: Duration) -> f64 {
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
     let Ok(listener) = TcpListener::bind("127.0.0.1:0") else {
@@ -175,7 +175,7 @@ pub fn tcp_stream_gbps(size: u64, conns: usize, dur: Duration) -> f64 {
 /// 24-27 M round trips/s here, and it is the best these rings do, hence the
 /// honest floor. M round trips a second: the floor for small ops with a
 /// CQE each between these two cores.
-pub fn ring_round_trip_mops(
+pub(crate) fn ring_round_trip_mops(
     batch: usize,
     app: Option<usize>,
     worker: Option<usize>,

@@ -43,7 +43,7 @@ fn wait_done(engine: &Engine, batch: tent::BatchId) -> Result<(), String> {
     engine.free_batch(batch).map_err(|e| e.to_string())
 }
 
-pub fn blocks(args: &Args) -> Result<(), String> {
+pub(crate) fn blocks(args: &Args) -> Result<(), String> {
     let block = args.block_size.unwrap_or(16 << 10);
     let n = args.blocks;
     let total = block

@@ -2,7 +2,7 @@
 
 /// Nanosecond histogram: 64 power-of-two ranges x 32 linear sub-buckets
 /// (about 3% resolution).
-pub struct Histogram {
+pub(crate) struct Histogram {
     counts: Vec<u64>,
     total: u64,
 }
@@ -10,7 +10,7 @@ pub struct Histogram {
 const SUB: u32 = 5;
 
 impl Histogram {
-    pub fn new() -> Histogram {
+    pub(crate) fn new() -> Histogram {
         Histogram {
             counts: vec![0; 64 << SUB],
             total: 0,
@@ -37,13 +37,13 @@ impl Histogram {
     }
 
     #[inline]
-    pub fn record(&mut self, ns: u64) {
+    pub(crate) fn record(&mut self, ns: u64) {
         let i = Self::index(ns).min(self.counts.len() - 1);
         self.counts[i] += 1;
         self.total += 1;
     }
 
-    pub fn merge(&mut self, other: &Histogram) {
+    pub(crate) fn merge(&mut self, other: &Histogram) {
         for (a, b) in self.counts.iter_mut().zip(&other.counts) {
             *a += b;
         }
@@ -51,7 +51,7 @@ impl Histogram {
     }
 
     /// Value at quantile `q` (0..=1), in ns.
-    pub fn quantile(&self, q: f64) -> u64 {
+    pub(crate) fn quantile(&self, q: f64) -> u64 {
         if self.total == 0 {
             return 0;
         }

@@ -13,13 +13,13 @@ use crate::hist::Histogram;
 use crate::{Args, OpArg, emit};
 
 /// Warm-up before the window: a fifth of `--duration`, at most 0.2 s.
-pub fn warmup(duration: f64) -> f64 {
+pub(crate) fn warmup(duration: f64) -> f64 {
     (duration / 5.0).min(0.2)
 }
 
 /// The first op that failed: its kind, and whether failover gave up.
 #[derive(Debug, Clone, Copy)]
-pub struct FirstError {
+pub(crate) struct FirstError {
     pub kind: tent::ErrorKind,
     pub exhausted: bool,
     pub transport: tent::TransportKind,
@@ -70,7 +70,7 @@ fn describe(kind: tent::ErrorKind) -> &'static str {
 }
 
 /// What one point measured (summed over its threads).
-pub struct Point {
+pub(crate) struct Point {
     /// Ops submitted inside the window that succeeded, and their bytes.
     pub ops: u64,
     pub bytes: u64,
@@ -110,12 +110,12 @@ impl Point {
     }
 
     /// GB/s over the window; `None` when no op of the window succeeded.
-    pub fn gbps(&self) -> Option<f64> {
+    pub(crate) fn gbps(&self) -> Option<f64> {
         self.per_sec(self.bytes).map(|b| b / 1e9)
     }
 
     /// Million ops a second over the window; `None` as for [`Point::gbps`].
-    pub fn mops(&self) -> Option<f64> {
+    pub(crate) fn mops(&self) -> Option<f64> {
         self.per_sec(self.ops).map(|n| n / 1e6)
     }
 
@@ -124,13 +124,13 @@ impl Point {
     }
 
     /// Latency quantile in µs; `None` when no op of the window succeeded.
-    pub fn latency_us(&self, q: f64) -> Option<f64> {
+    pub(crate) fn latency_us(&self, q: f64) -> Option<f64> {
         (self.ops > 0).then(|| self.hist.quantile(q) as f64 / 1e3)
     }
 
     /// `(end of the interval in ms from the point's start, GB/s)` for each
     /// whole `interval_ms` of the run (the partial last one is left out).
-    pub fn series(&self, interval_ms: u64) -> impl Iterator<Item = (u64, f64)> + '_ {
+    pub(crate) fn series(&self, interval_ms: u64) -> impl Iterator<Item = (u64, f64)> + '_ {
         let whole = (self.run_secs * 1e3 / interval_ms as f64) as usize;
         (0..whole).map(move |i| {
             let bytes = self.intervals.get(i).copied().unwrap_or(0);
@@ -161,7 +161,7 @@ impl Point {
 /// Where a point's ops go: the engine, one source buffer per thread, the
 /// remote range (thread t at `remote_base + t * block * batch`) and the
 /// cores the submitting threads run on.
-pub struct Rig<'a> {
+pub(crate) struct Rig<'a> {
     pub engine: &'a Engine,
     pub sources: &'a [tent::Buffer],
     pub segment: SegmentId,
@@ -170,7 +170,7 @@ pub struct Rig<'a> {
 }
 
 /// Run one point of `size`-byte ops on `args.threads` threads.
-pub fn run_point(args: &Args, rig: &Rig<'_>, size: u64) -> Result<Point, String> {
+pub(crate) fn run_point(args: &Args, rig: &Rig<'_>, size: u64) -> Result<Point, String> {
     let barrier = Barrier::new(args.threads);
     // One origin for every thread, so their interval series add up.
     let origin = OnceLock::new();

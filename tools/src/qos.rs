@@ -551,7 +551,7 @@ fn two_processes(
 /// `--mode qos-low`: the LOW process of a two-process case. Prints
 /// `{"event":"ready"}`, then per `run` line on stdin one LOW run:
 /// `{"event":"measuring"}` when its window opens and its result line.
-pub fn low_child(args: &Args) -> Result<(), String> {
+pub(crate) fn low_child(args: &Args) -> Result<(), String> {
     let target = args
         .target
         .as_deref()
@@ -594,7 +594,7 @@ pub fn low_child(args: &Args) -> Result<(), String> {
 }
 
 /// `--mode qos`: every case, over shm and TCP.
-pub fn qos(args: &Args) -> Result<(), String> {
+pub(crate) fn qos(args: &Args) -> Result<(), String> {
     if !(args.high_rate > 0.0 && args.high_rate <= 1e6) {
         return Err(format!(
             "--high-rate {} must be in (0, 1e6] WRITEs a second",

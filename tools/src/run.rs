@@ -45,7 +45,7 @@ fn engine_config(args: &Args, workers: usize, pin: bool) -> Result<Config, Strin
     Ok(cfg)
 }
 
-pub fn target(args: &Args) -> Result<(), String> {
+pub(crate) fn target(args: &Args) -> Result<(), String> {
     let mut cfg = engine_config(args, 1, false)?;
     // A tcp or rdma target serves from anonymous memory (huge pages where
     // THP allows); any other exports its buffer over shm.
@@ -88,7 +88,7 @@ fn cpu_time() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-pub fn idle(args: &Args) -> Result<(), String> {
+pub(crate) fn idle(args: &Args) -> Result<(), String> {
     let engine =
         Engine::new(engine_config(args, args.threads, true)?).map_err(|e| e.to_string())?;
     std::thread::sleep(Duration::from_millis(300));
@@ -113,7 +113,7 @@ pub fn idle(args: &Args) -> Result<(), String> {
 /// Every op a run completed, how many of them failed, and how many
 /// points measured nothing (no op of their window succeeded).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Tally {
+pub(crate) struct Tally {
     pub attempted: u64,
     pub failed: u64,
     pub first_error: Option<FirstError>,
@@ -130,7 +130,7 @@ fn human(n: u64) -> String {
 
 /// Run the points; the tally says how many ops failed (the caller turns
 /// any failure into a non-zero exit).
-pub fn initiator(
+pub(crate) fn initiator(
     args: &Args,
     target: Option<&str>,
     target_pid: Option<u32>,

@@ -134,7 +134,7 @@ fn pass(e: &Engine, tasks: u64) -> Result<Pass, String> {
     })
 }
 
-pub fn soak(args: &Args) -> Result<(), String> {
+pub(crate) fn soak(args: &Args) -> Result<(), String> {
     // Healthy path, failover armed vs off, alternating (noisy machines).
     let probe = (args.tasks / 2).clamp(10_000, 500_000);
     let (mut on, mut off) = (Vec::new(), Vec::new());

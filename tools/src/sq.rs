@@ -490,7 +490,7 @@ fn post_cost(connector: &Connector, rounds: u64, reps: usize) -> Result<PostCost
 }
 
 /// `--mode sq`.
-pub fn sq(args: &Args) -> Result<(), String> {
+pub(crate) fn sq(args: &Args) -> Result<(), String> {
     let connector = Connector::start().map_err(|e| e.to_string())?;
     let requests = args.sq_requests.max(SUBMITTERS);
     let burst = [1024, 2048, 4096].into_iter().flat_map(|outstanding| {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// How a C program links the library.
-pub enum Link {
+pub(crate) enum Link {
     /// `libtent_c.so`, found at run time through an rpath.
     Shared,
     /// `libtent_c.a` and the system libraries it needs.
@@ -21,7 +21,7 @@ const LIB: &str = "tent_c";
 /// before the tests that depend on it; `deps/` holds what it built this
 /// run, where the copies one level up may be stale or, in a workspace
 /// with another lib named `tent`, the other's).
-pub fn lib_dir() -> PathBuf {
+pub(crate) fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let dir = exe.parent().expect("target/<profile>/deps").to_path_buf();
     for lib in [format!("lib{LIB}.so"), format!("lib{LIB}.a")] {
@@ -36,7 +36,7 @@ pub fn lib_dir() -> PathBuf {
 
 /// Compile `capi/tests/c/<name>.c` into `<name>-<suffix>`; the
 /// executable's path. Warnings are errors: the header must compile clean.
-pub fn compile(name: &str, link: Link) -> PathBuf {
+pub(crate) fn compile(name: &str, link: Link) -> PathBuf {
     let capi = Path::new(env!("CARGO_MANIFEST_DIR"));
     let libs = lib_dir();
     let suffix = match link {

@@ -140,14 +140,14 @@ pub(crate) struct RegionAck {
 impl WorkerShared {
     /// This worker's doorbell.
     #[inline]
-    pub fn doorbell(&self) -> &Doorbell {
+    pub(crate) fn doorbell(&self) -> &Doorbell {
         &self.wakers.get(self.index).bell
     }
 
     /// Count a delivered request (ops and bytes) if it succeeded. Single
     /// writer (this worker): plain stores, no locked RMW.
     #[inline]
-    pub fn count_completed(&self, res: Result<u64, tent_rings::ErrorKind>, done: u64) {
+    pub(crate) fn count_completed(&self, res: Result<u64, tent_rings::ErrorKind>, done: u64) {
         if res.is_ok() {
             let ops = self.completed_ops.load(Ordering::Relaxed);
             self.completed_ops.store(ops + 1, Ordering::Relaxed);
@@ -157,7 +157,7 @@ impl WorkerShared {
     }
 
     /// Hand a new ring to the worker and wake it.
-    pub fn adopt(&self, ring: WorkerRing) {
+    pub(crate) fn adopt(&self, ring: WorkerRing) {
         self.new_rings.lock().push(ring);
         // Release: the ring's construction is visible to the worker that
         // sees the flag.
@@ -239,7 +239,7 @@ impl WorkerBytes {
 }
 
 impl Worker {
-    pub fn new(
+    pub(super) fn new(
         shared: Arc<WorkerShared>,
         engine: Arc<EngineShared>,
         batch_cq: Consumer<Sqe>,
@@ -278,7 +278,7 @@ impl Worker {
     }
 
     /// The worker thread's body.
-    pub fn run(mut self) {
+    pub(super) fn run(mut self) {
         let cfg = &self.engine.config.workers;
         let spin_ns = nanos(cfg.spin_us);
         let yield_ns = spin_ns.saturating_add(nanos(cfg.yield_us));

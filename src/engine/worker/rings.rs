@@ -46,7 +46,11 @@ pub(crate) struct WorkerRing {
 
 impl WorkerRing {
     /// A ring's worker-side ends (`cq: None`: the batch ring).
-    pub fn new(sq: Consumer<Sqe>, cq: Option<Producer<Cqe>>, cq_bell: Option<Arc<CqBell>>) -> Self {
+    pub(crate) fn new(
+        sq: Consumer<Sqe>,
+        cq: Option<Producer<Cqe>>,
+        cq_bell: Option<Arc<CqBell>>,
+    ) -> Self {
         WorkerRing {
             sq,
             cq,
@@ -84,14 +88,14 @@ pub(super) struct Rings {
 impl Rings {
     /// The batch ring in slot 0, room for `capacity` rings before the list
     /// grows.
-    pub fn new(batch_sq: Consumer<Sqe>, capacity: usize) -> Rings {
+    pub(super) fn new(batch_sq: Consumer<Sqe>, capacity: usize) -> Rings {
         let mut slots = Vec::with_capacity(capacity);
         slots.push(Some(WorkerRing::new(batch_sq, None, None)));
         Rings { slots }
     }
 
     /// Serve `new` from now on, in free slots first.
-    pub fn adopt(&mut self, new: Vec<WorkerRing>) {
+    pub(super) fn adopt(&mut self, new: Vec<WorkerRing>) {
         for r in new {
             match self.slots.iter().position(Option::is_none) {
                 Some(i) => self.slots[i] = Some(r),
@@ -102,14 +106,14 @@ impl Rings {
 
     /// Ring slots (some may be empty).
     #[inline]
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.slots.len()
     }
 
     /// The next SQE of ring `ri` and whom its completion goes to, if it
     /// has one and its CQ has room for it (that slot is then owed).
     #[inline]
-    pub fn take(&mut self, ri: usize) -> Option<(Origin, Sqe)> {
+    pub(super) fn take(&mut self, ri: usize) -> Option<(Origin, Sqe)> {
         let ring = self.slots[ri].as_mut()?;
         if !ring.cq_has_room() {
             return None;
@@ -126,7 +130,7 @@ impl Rings {
 
     /// Hand the SQ slots taken from ring `ri` back to its application.
     #[inline]
-    pub fn release_taken(&mut self, ri: usize) {
+    pub(super) fn release_taken(&mut self, ri: usize) {
         if let Some(ring) = self.slots[ri].as_mut() {
             ring.sq.sync();
         }
@@ -137,7 +141,7 @@ impl Rings {
     /// before any byte moved. Inlined: on the small-op path it is most of
     /// a CQE's cost, and a call there spilled what the caller held.
     #[inline(always)]
-    pub fn deliver(
+    pub(super) fn deliver(
         &mut self,
         origin: Origin,
         user_data: u64,
@@ -185,7 +189,7 @@ impl Rings {
 
     /// Publish the CQEs posted this turn (one Release store per ring), and
     /// ring an armed application's bell.
-    pub fn flush(&mut self) {
+    pub(super) fn flush(&mut self) {
         for ring in self.slots.iter_mut().flatten() {
             if ring.cq_dirty {
                 ring.cq_dirty = false;
@@ -208,7 +212,7 @@ impl Rings {
     /// Retire application rings whose application dropped them, once
     /// nothing is owed to them, discarding SQEs nobody can read the
     /// completions of.
-    pub fn retire_closed(&mut self) {
+    pub(super) fn retire_closed(&mut self) {
         for slot in self.slots.iter_mut().skip(1) {
             let retire = slot
                 .as_mut()
@@ -221,7 +225,7 @@ impl Rings {
 
     /// Before a park: flag NEED_WAKEUP on every ring that can take SQEs,
     /// stopping at the first that is not empty.
-    pub fn prepare_park(&mut self) -> ParkCheck {
+    pub(super) fn prepare_park(&mut self) -> ParkCheck {
         let mut check = ParkCheck {
             empty: true,
             blocked: false,
@@ -242,7 +246,7 @@ impl Rings {
     }
 
     /// After a park: clear NEED_WAKEUP everywhere.
-    pub fn clear_need_wakeup(&mut self) {
+    pub(super) fn clear_need_wakeup(&mut self) {
         for ring in self.slots.iter_mut().flatten() {
             ring.sq.clear_need_wakeup();
         }

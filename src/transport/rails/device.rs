@@ -9,7 +9,7 @@
 //! rather than the engine failing to start over a sysfs oddity. An RDMA
 //! NIC's speed comes from its port instead (`PortInfo::speed_gbps`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::topology::read_sysfs_text;
 
@@ -43,13 +43,8 @@ impl Default for Sysfs {
 impl Sysfs {
     /// A sysfs tree rooted at `root` (tests: a temp directory laid out like
     /// `/sys`).
-    pub fn new(root: impl Into<PathBuf>) -> Sysfs {
+    pub(crate) fn new(root: impl Into<PathBuf>) -> Sysfs {
         Sysfs { root: root.into() }
-    }
-
-    /// The root directory.
-    pub fn root(&self) -> &Path {
-        &self.root
     }
 
     /// A network interface: its NUMA node from
@@ -80,7 +75,7 @@ impl Sysfs {
 
     /// An RDMA device's NUMA node, from
     /// `class/infiniband/<name>/device/numa_node`.
-    pub fn ibdev_numa(&self, name: &str) -> Option<u32> {
+    pub(crate) fn ibdev_numa(&self, name: &str) -> Option<u32> {
         let dir = self.device_dir("class/infiniband", name)?;
         parse_numa_node(&read_sysfs_text(&dir.join("device/numa_node")).ok()?)
     }
@@ -244,7 +239,7 @@ mod tests {
     fn the_loopback_on_this_machine_has_no_node_and_no_speed() {
         // The real kernel: reading lo's speed fails with EINVAL.
         assert!(
-            Path::new("/sys/class/net/lo").exists(),
+            std::path::Path::new("/sys/class/net/lo").exists(),
             "no /sys/class/net/lo"
         );
         assert_eq!(Sysfs::default().netdev("lo"), DeviceInfo::default());

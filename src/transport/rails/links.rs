@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use crate::netlink::{LinkEvent, LinkWatch};
 
 /// Told of every link change on the machine.
-pub trait LinkListener: Send + Sync {
+pub(crate) trait LinkListener: Send + Sync {
     /// Interface `ifindex` went up (`true`) or down.
     fn link_changed(&self, ifindex: u32, up: bool);
 }
@@ -51,13 +51,13 @@ impl std::fmt::Debug for RailLinks {
 
 impl RailLinks {
     /// A watch not started yet.
-    pub fn new() -> Arc<RailLinks> {
+    pub(crate) fn new() -> Arc<RailLinks> {
         Arc::new(RailLinks::default())
     }
 
     /// Start watching (once; later calls do nothing). Without rtnetlink
     /// rails learn of a dead link from their own errors only: said once.
-    pub fn start(&self) {
+    pub(crate) fn start(&self) {
         self.tried.call_once(|| {
             let listeners = self.listeners.clone();
             let on_event = move |ev: LinkEvent| notify(&listeners, ev.index, ev.up);
@@ -71,20 +71,21 @@ impl RailLinks {
     }
 
     /// Tell `listener` of every link change from now on, while it lives.
-    pub fn listen(&self, listener: Weak<dyn LinkListener>) {
+    pub(crate) fn listen(&self, listener: Weak<dyn LinkListener>) {
         let mut all = self.listeners.lock();
         all.retain(|w| w.strong_count() > 0);
         all.push(listener);
     }
 
     /// Stop the watch and join its thread (the engine, on drop).
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         drop(self.watch.lock().take());
     }
 
     /// Hand a change to every listener, as the watch does (tests).
     #[doc(hidden)]
-    pub fn deliver(&self, ifindex: u32, up: bool) {
+    #[cfg(test)]
+    pub(crate) fn deliver(&self, ifindex: u32, up: bool) {
         notify(&self.listeners, ifindex, up);
     }
 }

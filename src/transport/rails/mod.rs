@@ -18,16 +18,19 @@ mod set;
 mod stats;
 
 pub use device::{DeviceInfo, Sysfs, valid_name};
-pub use links::{LinkListener, RailLinks};
+pub use links::RailLinks;
+pub(crate) use links::LinkListener;
+pub use monitor::{RailStat, RailState};
 pub use monitor::{
-    MAX_COOLDOWN_NS, PROBE_EVERY_NS, RailMonitor, RailPolicy, RailStat, RailState, ReviewClock,
-    SLOW_FOR_NS, SLOW_RATIO, review_bandwidth,
+    MAX_COOLDOWN_NS, PROBE_EVERY_NS, RailMonitor, RailPolicy, ReviewClock, SLOW_FOR_NS, SLOW_RATIO,
+    review_bandwidth,
 };
 pub use selector::{
     DeviceSelector, MAX_RAILS, NoRail, PROBE_EVERY, RailLoad, RailSpec, SelectPolicy,
     SelectorConfig, Spray, allocate, score,
 };
-pub use set::{
-    Ask, MAX_RAIL_MOVES, Placement, Rail, RailDesc, RailSet, WorkerRails, is_rail_fault,
+pub(crate) use set::{
+    Ask, MAX_RAIL_MOVES, RailDesc, RailSet, WorkerRails, is_rail_fault,
 };
+pub use set::Placement;
 pub use stats::TrafficStats;

@@ -65,7 +65,7 @@ pub struct RailPolicy {
 impl RailPolicy {
     /// The policy the config asks for (`transports/rdma/rail_*`, which
     /// apply to every transport's rails).
-    pub fn from_config(c: &Config) -> RailPolicy {
+    pub(crate) fn from_config(c: &Config) -> RailPolicy {
         let r = &c.transports.rdma;
         RailPolicy {
             threshold: r.rail_error_threshold.max(1),
@@ -202,18 +202,8 @@ impl RailMonitor {
     /// How many times its link has come back (see
     /// [`link_restored`](Self::link_restored)).
     #[inline]
-    pub fn link_epoch(&self) -> u32 {
+    pub(crate) fn link_epoch(&self) -> u32 {
         self.link_epoch.load(Ordering::Relaxed)
-    }
-
-    /// Local device name.
-    pub fn local(&self) -> &str {
-        &self.local
-    }
-
-    /// Remote device name.
-    pub fn remote(&self) -> &str {
-        &self.remote
     }
 
     /// May a slice be posted on this rail now? The clock is read only
@@ -229,7 +219,7 @@ impl RailMonitor {
     }
 
     /// [`available`](Self::available) at time `now`.
-    pub fn available_at(&self, now: u64) -> bool {
+    pub(crate) fn available_at(&self, now: u64) -> bool {
         let until = self.paused_until.load(Ordering::Relaxed);
         if until == 0 {
             return true;
@@ -251,7 +241,7 @@ impl RailMonitor {
     /// slices prefer such rails; see [`available`](Self::available) for
     /// the fallback when none is preferred.
     #[inline]
-    pub fn preferred(&self) -> bool {
+    pub(crate) fn preferred(&self) -> bool {
         if !self.available() {
             return false;
         }
@@ -274,12 +264,12 @@ impl RailMonitor {
     }
 
     /// A slice failed on this rail (a rail-level, transient fault).
-    pub fn mark_failed(&self) {
+    pub(crate) fn mark_failed(&self) {
         self.mark_failed_at(monotonic_ns());
     }
 
     /// [`mark_failed`](Self::mark_failed) at time `now`.
-    pub fn mark_failed_at(&self, now: u64) {
+    pub(crate) fn mark_failed_at(&self, now: u64) {
         self.failures.fetch_add(1, Ordering::Relaxed);
         let start = self.window_start.load(Ordering::Relaxed);
         let count = if start == 0 || now.saturating_sub(start) > self.policy.window_ns {
@@ -354,7 +344,7 @@ impl RailMonitor {
     /// A good completion, reported at `now`, of a slice posted at
     /// `posted_ns`: un-pauses the rail if the slice was posted after the
     /// trip. Failures counted in the window stay counted either way.
-    pub fn completed_at(&self, posted_ns: u64, now: u64) {
+    pub(crate) fn completed_at(&self, posted_ns: u64, now: u64) {
         // Acquire: pairs with the trip's CAS, so `tripped_ns` is this
         // pause's.
         let until = self.paused_until.load(Ordering::Acquire);
@@ -373,7 +363,7 @@ impl RailMonitor {
 
     /// The link under the rail came back: whatever tripped it was the
     /// link, so it is in service again (the backoff memory stays).
-    pub fn link_restored(&self) {
+    pub(crate) fn link_restored(&self) {
         // What it measured before the link went is stale: measure afresh
         // (workers see the epoch move and reset their estimates).
         self.link_epoch.fetch_add(1, Ordering::Relaxed);
@@ -406,27 +396,29 @@ impl RailMonitor {
     }
 
     /// Times it tripped into a pause.
-    pub fn trips(&self) -> u64 {
+    pub(crate) fn trips(&self) -> u64 {
         self.trips.load(Ordering::Relaxed)
     }
 
     /// Failures reported on it.
-    pub fn failures(&self) -> u64 {
+    pub(crate) fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
     }
 
     /// The cooldown of its last trip (the backoff memory), in ns.
-    pub fn last_cooldown_ns(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn last_cooldown_ns(&self) -> u64 {
         self.cooldown_ns.load(Ordering::Relaxed)
     }
 
     /// Is it demoted for being slow?
-    pub fn is_demoted(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_demoted(&self) -> bool {
         self.demoted.load(Ordering::Relaxed)
     }
 
     /// What it is doing now (at `now`, for a paused rail's expiry).
-    pub fn state_at(&self, now: u64) -> RailState {
+    pub(crate) fn state_at(&self, now: u64) -> RailState {
         let until = self.paused_until.load(Ordering::Relaxed);
         if until != 0 && now < until {
             RailState::Paused
@@ -442,10 +434,6 @@ impl RailMonitor {
         }
     }
 
-    /// What it is doing now.
-    pub fn state(&self) -> RailState {
-        self.state_at(monotonic_ns())
-    }
 }
 
 /// How often a set of sibling rails is reviewed for bandwidth, claimed by
@@ -455,11 +443,11 @@ pub struct ReviewClock(AtomicU64);
 
 impl ReviewClock {
     /// Every 100 ms at most.
-    pub const PERIOD_NS: u64 = 100_000_000;
+    pub(crate) const PERIOD_NS: u64 = 100_000_000;
 
     /// Is a review due at `now`? True for exactly one caller per period.
     #[inline]
-    pub fn due(&self, now: u64) -> bool {
+    pub(crate) fn due(&self, now: u64) -> bool {
         let at = self.0.load(Ordering::Relaxed);
         now >= at
             && self

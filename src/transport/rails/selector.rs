@@ -137,7 +137,7 @@ pub struct SelectorConfig {
 impl SelectorConfig {
     /// The knobs `c.transports.rdma` sets (validated by the config: the
     /// ranges, min ≤ max, default within [min, max]).
-    pub fn from_config(c: &Config) -> SelectorConfig {
+    pub(crate) fn from_config(c: &Config) -> SelectorConfig {
         let r = &c.transports.rdma;
         SelectorConfig {
             smart: r.enable_smart_scheduling,
@@ -170,7 +170,7 @@ impl SelectorConfig {
     /// The score multiplier of NUMA tier `tier`. The config admits only
     /// finite positive entries; any other entry of a hand-built config
     /// counts as 1.0, so no score can be zeroed or negated.
-    pub fn penalty(&self, tier: u8) -> f64 {
+    pub(crate) fn penalty(&self, tier: u8) -> f64 {
         let p = self
             .numa_penalties
             .get(usize::from(tier))
@@ -239,12 +239,13 @@ impl DeviceSelector {
     }
 
     /// Whether it scores rails (seed 003's smart mode).
-    pub fn is_smart(&self) -> bool {
+    pub(crate) fn is_smart(&self) -> bool {
         self.cfg.smart
     }
 
     /// Its mode.
-    pub fn policy(&self) -> SelectPolicy {
+    #[cfg(test)]
+    pub(crate) fn policy(&self) -> SelectPolicy {
         if self.cfg.smart {
             SelectPolicy::Smart
         } else {
@@ -556,12 +557,13 @@ impl Spray {
     }
 
     /// Rails in use.
-    pub fn rails(&self) -> usize {
+    pub(crate) fn rails(&self) -> usize {
         self.loads.len()
     }
 
     /// Rail `rail`'s NUMA tier for this worker (0 past the rails in use).
-    pub fn tier(&self, rail: usize) -> u8 {
+    #[cfg(test)]
+    pub(crate) fn tier(&self, rail: usize) -> u8 {
         self.tiers.get(rail).copied().unwrap_or(0)
     }
 
@@ -571,7 +573,7 @@ impl Spray {
     /// (link, keys, `RailMonitor`). `avoid`: never this rail (the one a
     /// slice is moving off; such a pick leaves the plan alone). `None` if
     /// no rail is usable. Never allocates.
-    pub fn pick(
+    pub(crate) fn pick(
         &mut self,
         sel: &DeviceSelector,
         token: u64,
@@ -700,7 +702,7 @@ impl Spray {
     }
 
     /// Forget `rail`'s estimate (its link came back): back to theoretical.
-    pub fn reset_estimate(&mut self, rail: usize) {
+    pub(crate) fn reset_estimate(&mut self, rail: usize) {
         if let (Some(l), Some(f)) = (self.loads.get_mut(rail), self.fixed.get(rail)) {
             l.ewma_bps = f.clamp(f.theoretical);
             l.samples = 0;
@@ -708,12 +710,13 @@ impl Spray {
     }
 
     /// Rail `rail`'s load (the default past the rails in use).
-    pub fn load(&self, rail: usize) -> RailLoad {
+    pub(crate) fn load(&self, rail: usize) -> RailLoad {
         self.loads.get(rail).copied().unwrap_or_default()
     }
 
     /// Multi-path plans made so far (probes included).
-    pub fn plans(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn plans(&self) -> u64 {
         self.plans
     }
 
@@ -765,7 +768,7 @@ impl Spray {
     /// The best-scoring rail `ok` admits within the lowest NUMA tier that
     /// has one (a HIGH slice under priority filtering: no plan, no depth
     /// bound). `None` if no rail is admitted.
-    pub fn best_of_top_tier(
+    pub(crate) fn best_of_top_tier(
         &mut self,
         sel: &DeviceSelector,
         ok: impl Fn(usize) -> bool,

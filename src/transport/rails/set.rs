@@ -33,7 +33,7 @@ use crate::clock::monotonic_ns;
 
 /// Times a slice may move to a sibling rail before its failure reaches
 /// the task (every transport: one budget).
-pub const MAX_RAIL_MOVES: u8 = 8;
+pub(crate) const MAX_RAIL_MOVES: u8 = 8;
 
 /// A worker's estimate counts toward a rail's summed bandwidth while it
 /// sampled within this long.
@@ -45,7 +45,7 @@ const FRESH_NS: u64 = 1_000_000_000;
 /// would only turn `ProcessFailed` into `RouteLost`), not a deadline, and
 /// nothing the request itself got wrong.
 #[inline]
-pub fn is_rail_fault(kind: ErrorKind) -> bool {
+pub(crate) fn is_rail_fault(kind: ErrorKind) -> bool {
     matches!(
         kind,
         ErrorKind::Unreachable
@@ -59,7 +59,7 @@ pub fn is_rail_fault(kind: ErrorKind) -> bool {
 
 /// One rail as the transport found it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RailDesc {
+pub(crate) struct RailDesc {
     /// Local device (NIC or interface) name.
     pub local: String,
     /// Remote device name.
@@ -77,7 +77,7 @@ pub struct RailDesc {
 
 /// What a slice asks of [`RailSet::pick`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ask {
+pub(crate) enum Ask {
     /// A request's next slice, with this many of its slices (this one
     /// included) still to post. Under smart scheduling it is bound to a
     /// rail only when one it should go to has room, else `SqFull`
@@ -102,7 +102,7 @@ impl Ask {
     /// plan, since HIGH is the default priority and most bulk is HIGH
     /// when nothing else is.
     #[inline]
-    pub fn next(high: bool, slices_left: u64) -> Ask {
+    pub(crate) fn next(high: bool, slices_left: u64) -> Ask {
         if high && slices_left <= 1 {
             Ask::Urgent
         } else {
@@ -125,7 +125,7 @@ impl Placement {
     /// The tier of a device on `device` for worker `worker`: 0 when either
     /// node is unknown or they are the same, else the rank of their NUMA
     /// distance.
-    pub fn tier(&self, worker: usize, device: Option<u32>) -> u8 {
+    pub(crate) fn tier(&self, worker: usize, device: Option<u32>) -> u8 {
         let from = self.nodes.get(worker).copied().flatten();
         match (from, device) {
             (Some(a), Some(b)) if a != b => self
@@ -152,7 +152,7 @@ struct Published {
 
 /// One rail to a peer: its names, health, and the workers' counters.
 #[derive(Debug)]
-pub struct Rail {
+pub(crate) struct Rail {
     /// Local device name.
     pub local: String,
     /// Remote device name.
@@ -168,7 +168,7 @@ pub struct Rail {
 
 impl Rail {
     /// Bytes it has carried, every worker together.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.workers
             .iter()
             .map(|w| w.bytes.load(Ordering::Relaxed))
@@ -176,7 +176,7 @@ impl Rail {
     }
 
     /// Slices and bytes on it now, every worker together.
-    pub fn inflight(&self) -> (u32, u64) {
+    pub(crate) fn inflight(&self) -> (u32, u64) {
         self.workers.iter().fold((0, 0), |(s, b), w| {
             (
                 s.saturating_add(w.inflight_slices.load(Ordering::Relaxed)),
@@ -186,18 +186,18 @@ impl Rail {
     }
 
     /// Slices moved off it to a sibling.
-    pub fn moved(&self) -> u64 {
+    pub(crate) fn moved(&self) -> u64 {
         self.moved.load(Ordering::Relaxed)
     }
 
     /// Theoretical bandwidth, bytes per second.
-    pub fn theoretical(&self) -> f64 {
+    pub(crate) fn theoretical(&self) -> f64 {
         self.spec.theoretical_bps
     }
 
     /// Its bandwidth estimate at `now`, bytes per second: the measured
     /// one, or the theoretical bandwidth if no worker has sampled it.
-    pub fn bandwidth(&self, now: u64) -> u64 {
+    pub(crate) fn bandwidth(&self, now: u64) -> u64 {
         self.measured(now)
             .unwrap_or(self.spec.theoretical_bps as u64)
     }
@@ -234,7 +234,7 @@ impl Rail {
 
 /// The rails to one peer.
 #[derive(Debug)]
-pub struct RailSet {
+pub(crate) struct RailSet {
     kind: TransportKind,
     selector: Arc<DeviceSelector>,
     rails: Box<[Rail]>,
@@ -246,7 +246,7 @@ pub struct RailSet {
 /// selection plan. Lives in the transport's per-worker state; only that
 /// worker touches it.
 #[derive(Debug)]
-pub struct WorkerRails {
+pub(crate) struct WorkerRails {
     worker: usize,
     spray: Spray,
     /// The rail HIGH slices last went out on and until when (monotonic
@@ -259,7 +259,7 @@ pub struct WorkerRails {
 impl RailSet {
     /// The rails `descs` of a transport of `kind`, for `workers` workers
     /// placed as `placement` says.
-    pub fn new(
+    pub(crate) fn new(
         kind: TransportKind,
         selector: Arc<DeviceSelector>,
         policy: RailPolicy,
@@ -296,7 +296,7 @@ impl RailSet {
 
     /// Worker `worker`'s state toward this peer (allocates: call at
     /// attach, not per slice).
-    pub fn worker(&self, worker: usize) -> WorkerRails {
+    pub(crate) fn worker(&self, worker: usize) -> WorkerRails {
         let specs: Vec<RailSpec> = self.rails.iter().map(|r| r.spec).collect();
         let tiers: Vec<u8> = self
             .rails
@@ -318,30 +318,10 @@ impl RailSet {
         self.rails.first().map_or(1, |r| r.workers.len())
     }
 
-    /// Number of rails.
-    pub fn len(&self) -> usize {
-        self.rails.len()
-    }
-
-    /// Are there none?
-    pub fn is_empty(&self) -> bool {
-        self.rails.is_empty()
-    }
-
     /// Rail `i`.
     #[inline]
-    pub fn rail(&self, i: usize) -> &Rail {
+    pub(crate) fn rail(&self, i: usize) -> &Rail {
         &self.rails[i]
-    }
-
-    /// The rails.
-    pub fn rails(&self) -> &[Rail] {
-        &self.rails
-    }
-
-    /// The selector (its settings say whether scheduling is smart).
-    pub fn selector(&self) -> &DeviceSelector {
-        &self.selector
     }
 
     /// The rail for a slice of about `slice_bytes` of request `token`
@@ -350,7 +330,7 @@ impl RailSet {
     /// take it; `Err(SqFull)`: the rails it should go to are full (smart
     /// scheduling's late binding, [`Ask::Next`] only).
     #[inline]
-    pub fn pick(
+    pub(crate) fn pick(
         &self,
         w: &mut WorkerRails,
         token: u64,
@@ -452,7 +432,7 @@ impl RailSet {
     /// worker's slices were ahead of it there (hand it back to
     /// [`completed`](Self::completed)).
     #[inline]
-    pub fn posted(&self, w: &mut WorkerRails, rail: usize, bytes: u64) -> u16 {
+    pub(crate) fn posted(&self, w: &mut WorkerRails, rail: usize, bytes: u64) -> u16 {
         let ahead = w.spray.posted(rail, bytes);
         self.publish_load(w, rail);
         ahead.min(u32::from(u16::MAX)) as u16
@@ -461,7 +441,7 @@ impl RailSet {
     /// A slice of `bytes` left `rail` without completing well (failed,
     /// moved, aborted).
     #[inline]
-    pub fn left(&self, w: &mut WorkerRails, rail: usize, bytes: u64) {
+    pub(crate) fn left(&self, w: &mut WorkerRails, rail: usize, bytes: u64) {
         w.spray.left(rail, bytes);
         self.publish_load(w, rail);
     }
@@ -471,7 +451,7 @@ impl RailSet {
     /// feeds the worker's estimate, and un-pauses the rail if it was a
     /// probe.
     #[inline]
-    pub fn completed(
+    pub(crate) fn completed(
         &self,
         w: &mut WorkerRails,
         rail: usize,
@@ -521,7 +501,7 @@ impl RailSet {
     /// it is a rail-level fault. Returns whether it was (a sibling rail
     /// may then do better).
     #[inline]
-    pub fn fault(&self, rail: usize, kind: ErrorKind) -> bool {
+    pub(crate) fn fault(&self, rail: usize, kind: ErrorKind) -> bool {
         let fault = is_rail_fault(kind);
         if fault {
             self.rails[rail].monitor.mark_failed();
@@ -531,13 +511,13 @@ impl RailSet {
 
     /// A slice moved off `rail` to a sibling.
     #[inline]
-    pub fn moved(&self, rail: usize) {
+    pub(crate) fn moved(&self, rail: usize) {
         self.rails[rail].moved.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Demote rails slow against their siblings (every 100 ms at most, by
     /// whichever worker comes first); only rails `in_service` are judged.
-    pub fn review(&self, now: u64, in_service: impl Fn(usize) -> bool) {
+    pub(crate) fn review(&self, now: u64, in_service: impl Fn(usize) -> bool) {
         if self.review.due(now) {
             review_bandwidth(
                 self.rails.len(),
@@ -553,7 +533,7 @@ impl RailSet {
 
     /// Each rail as observability reports it; `up(i)`: is rail `i`'s link
     /// up.
-    pub fn stats(&self, up: impl Fn(usize) -> bool) -> Vec<RailStat> {
+    pub(crate) fn stats(&self, up: impl Fn(usize) -> bool) -> Vec<RailStat> {
         let now = crate::clock::monotonic_ns();
         self.rails
             .iter()

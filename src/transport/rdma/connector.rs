@@ -48,6 +48,15 @@ pub struct Queue {
     _owner: Box<dyn std::any::Any + Send>,
 }
 
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("qp", &self.qp)
+            .field("cq", &self.cq)
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: `qp` and `cq` are owned by `_owner` (Send) and live as long as it; verbs objects may be used from any thread, and every use of them takes `&mut Queue` (or `&Queue` for the QP number, which never changes).
 unsafe impl Send for Queue {}
 
@@ -86,7 +95,7 @@ impl Queue {
     }
 
     /// The QP number (what the async-event thread files it under).
-    pub fn qp_num(&self) -> u32 {
+    pub(crate) fn qp_num(&self) -> u32 {
         // SAFETY: `qp` is live while the queue is (`Queue::new`'s contract).
         unsafe { (*self.qp).qp_num }
     }
@@ -120,7 +129,7 @@ impl Queue {
 
     /// Move the QP to the error state (its posted work flushes): 0, or an
     /// errno.
-    pub fn flush_to_error(&mut self) -> i32 {
+    pub(crate) fn flush_to_error(&mut self) -> i32 {
         // SAFETY: `qp` is live (`Queue::new`'s contract, which also vouches for `to_error`).
         unsafe { (self.to_error)(self.qp) }
     }
@@ -229,7 +238,7 @@ struct Mailbox {
 
 /// An endpoint's side of the connector: its source and where the result
 /// of its connect lands.
-pub struct Link {
+pub(crate) struct Link {
     mailbox: Arc<Mailbox>,
     connector: ConnectorHandle,
 }
@@ -244,7 +253,7 @@ impl std::fmt::Debug for Link {
 
 impl Link {
     /// A link for `source`, connected through `connector`.
-    pub fn new(source: Box<dyn QueueSource>, connector: &ConnectorHandle) -> Link {
+    pub(crate) fn new(source: Box<dyn QueueSource>, connector: &ConnectorHandle) -> Link {
         Link {
             mailbox: Arc::new(Mailbox {
                 source: Mutex::new(source),
@@ -258,7 +267,7 @@ impl Link {
     /// Ask for a connected queue that will post under `sq`; the answer
     /// comes through [`Link::try_take`]. The caller has none pending (one
     /// job at a time).
-    pub fn start(&self, sq: &Arc<SqController>) {
+    pub(crate) fn start(&self, sq: &Arc<SqController>) {
         let job = Job {
             mailbox: self.mailbox.clone(),
             sq: sq.clone(),
@@ -270,7 +279,7 @@ impl Link {
     }
 
     /// The result of the job started last, if it is done; never waits.
-    pub fn try_take(&self) -> Option<Result<Queue>> {
+    pub(crate) fn try_take(&self) -> Option<Result<Queue>> {
         if !self.mailbox.done.load(Ordering::Acquire) {
             return None;
         }

@@ -88,9 +88,9 @@ const MAX_BATCH: usize = 32;
 /// Completions per `poll_cq`.
 const POLL_BATCH: usize = 32;
 /// Backoff after a failed connect (doubling per consecutive failure).
-pub const BACKOFF_MIN_NS: u64 = 250_000_000;
+pub(crate) const BACKOFF_MIN_NS: u64 = 250_000_000;
 /// Longest backoff.
-pub const BACKOFF_MAX_NS: u64 = 8_000_000_000;
+pub(crate) const BACKOFF_MAX_NS: u64 = 8_000_000_000;
 
 /// Seed 004's send-queue knobs an endpoint uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,7 +128,7 @@ impl Default for SqSettings {
 
 impl SqSettings {
     /// The knobs `config` sets.
-    pub fn from_config(config: &crate::config::Config) -> SqSettings {
+    pub(crate) fn from_config(config: &crate::config::Config) -> SqSettings {
         let r = &config.transports.rdma;
         SqSettings {
             resume_watermark: r.sq_resume_watermark_wr,
@@ -310,6 +310,15 @@ pub struct Endpoint {
     dropped_for_abort: bool,
 }
 
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("peer", &self.peer)
+            .field("backlog", &self.backlog.len())
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: the raw pointers (the QP's, and the WR scratch lists' into `sges`/`wrs`) are owned by the endpoint; an endpoint is used by one worker at a time.
 unsafe impl Send for Endpoint {}
 
@@ -328,7 +337,7 @@ impl Endpoint {
     }
 
     /// [`Endpoint::new`] with the send-queue knobs `sq`.
-    pub fn with_settings(
+    pub(crate) fn with_settings(
         source: Box<dyn QueueSource>,
         depth: u32,
         backlog: usize,
@@ -391,7 +400,8 @@ impl Endpoint {
     }
 
     /// Where it is in its life.
-    pub fn state(&self) -> EndpointState {
+    #[cfg(test)]
+    pub(crate) fn state(&self) -> EndpointState {
         match self.state {
             State::Idle => EndpointState::Idle,
             State::Connecting => EndpointState::Connecting,
@@ -422,7 +432,8 @@ impl Endpoint {
     }
 
     /// Its ledger's live records (requests posted, end not known).
-    pub fn ledger_records(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn ledger_records(&self) -> usize {
         self.ledger.record_count()
     }
 
@@ -430,7 +441,7 @@ impl Endpoint {
     /// queued or in flight to `out`, oldest first, for another rail; an
     /// aborted one in flight ends through `done` instead. The QP is
     /// destroyed first, so nothing posted on it can still land.
-    pub fn evacuate(
+    pub(crate) fn evacuate(
         &mut self,
         out: &mut impl FnMut(RdmaSlice),
         done: &mut impl FnMut(RdmaCompletion),
@@ -575,7 +586,7 @@ impl Endpoint {
     /// or a poll that does not come)? A stalled endpoint takes no new
     /// work; its waiting slices move on ([`shed_backlog`](Self::shed_backlog)).
     #[inline]
-    pub fn stalled(&self, now_ns: u64) -> bool {
+    pub(crate) fn stalled(&self, now_ns: u64) -> bool {
         let t = self.settings.stall_timeout.as_nanos();
         t != 0
             && self.ledger.record_count() > 0
@@ -585,7 +596,7 @@ impl Endpoint {
     /// A stalled endpoint hands its waiting (never posted) slices to `out`,
     /// oldest first, for another rail; it counts the stall and returns
     /// true the first time for this stall (the caller logs it once).
-    pub fn shed_backlog(&mut self, out: &mut impl FnMut(RdmaSlice)) -> bool {
+    pub(crate) fn shed_backlog(&mut self, out: &mut impl FnMut(RdmaSlice)) -> bool {
         // Slices put back by an abort's drain are not the stall's to move.
         for s in self.backlog.drain(self.requeued..) {
             out(s);
@@ -600,7 +611,7 @@ impl Endpoint {
     }
 
     /// Its queues' counters now (see [`SqCqeDiagnostics`]).
-    pub fn report(&self, now_ns: u64) -> SqReport {
+    pub(crate) fn report(&self, now_ns: u64) -> SqReport {
         self.diag.report(now_ns, self.sq.posted(), self.sq.depth())
     }
 
@@ -625,7 +636,8 @@ impl Endpoint {
     }
 
     /// Its send-queue controller (admission, diagnostics).
-    pub fn sq(&self) -> &Arc<SqController> {
+    #[cfg(test)]
+    pub(crate) fn sq(&self) -> &Arc<SqController> {
         &self.sq
     }
 

@@ -54,7 +54,7 @@ pub struct EventCounts {
 }
 
 /// Apply `ev`, an event of `nic`, and count it (see the module docs).
-pub fn apply(nics: &NicSet, i: usize, ev: AsyncEvent, counts: &EventCounts) {
+pub(crate) fn apply(nics: &NicSet, i: usize, ev: AsyncEvent, counts: &EventCounts) {
     let nic: &Nic = &nics.nics()[i];
     apply_to(
         nic.ctx.name(),

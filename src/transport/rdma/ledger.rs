@@ -27,7 +27,7 @@ use tent_rings::ErrorKind;
 
 /// One recorded work request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SubmissionRecord<T> {
+pub(crate) struct SubmissionRecord<T> {
     /// Its `wr_id`: strictly increasing per ledger, never reused.
     pub seq: u64,
     /// What it carries.
@@ -39,7 +39,7 @@ pub struct SubmissionRecord<T> {
 
 /// The work requests of one endpoint (see the module docs).
 #[derive(Debug)]
-pub struct SubmissionLedger<T> {
+pub(crate) struct SubmissionLedger<T> {
     /// Posted (or about to be), oldest first: seqs strictly increasing.
     live: VecDeque<SubmissionRecord<T>>,
     /// Of a QP that is gone, not yet taken out.
@@ -51,7 +51,7 @@ pub struct SubmissionLedger<T> {
 
 impl<T> SubmissionLedger<T> {
     /// A ledger for a queue `depth` requests deep.
-    pub fn new(depth: u32) -> SubmissionLedger<T> {
+    pub(crate) fn new(depth: u32) -> SubmissionLedger<T> {
         let depth = depth.max(1) as usize;
         SubmissionLedger {
             live: VecDeque::with_capacity(depth),
@@ -63,7 +63,7 @@ impl<T> SubmissionLedger<T> {
 
     /// Record `slice` as about to be posted; its `wr_id`.
     #[inline]
-    pub fn record(&mut self, slice: T) -> u64 {
+    pub(crate) fn record(&mut self, slice: T) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.live.push_back(SubmissionRecord {
@@ -77,7 +77,7 @@ impl<T> SubmissionLedger<T> {
     /// The provider refused the requests from `first` on (they never went
     /// out and will never complete): take them back, newest first, through
     /// `f`; returns how many.
-    pub fn cancel_tentative(&mut self, first: u64, mut f: impl FnMut(SubmissionRecord<T>)) -> u32 {
+    pub(crate) fn cancel_tentative(&mut self, first: u64, mut f: impl FnMut(SubmissionRecord<T>)) -> u32 {
         let mut n = 0;
         while self.live.back().is_some_and(|r| r.seq >= first) {
             let r = self.live.pop_back().expect("checked");
@@ -92,7 +92,7 @@ impl<T> SubmissionLedger<T> {
     /// each record up to and including `seq`, oldest first, through `f`;
     /// returns how many. A `seq` already settled releases nothing.
     #[inline]
-    pub fn release_by_cqe(&mut self, seq: u64, mut f: impl FnMut(SubmissionRecord<T>)) -> u32 {
+    pub(crate) fn release_by_cqe(&mut self, seq: u64, mut f: impl FnMut(SubmissionRecord<T>)) -> u32 {
         let mut n = 0;
         while self.live.front().is_some_and(|r| r.seq <= seq) {
             let r = self.live.pop_front().expect("checked");
@@ -104,7 +104,7 @@ impl<T> SubmissionLedger<T> {
     }
 
     /// The oldest record, taken out, if it is `seq`.
-    pub fn take(&mut self, seq: u64) -> Option<SubmissionRecord<T>> {
+    pub(crate) fn take(&mut self, seq: u64) -> Option<SubmissionRecord<T>> {
         if self.live.front().is_none_or(|r| r.seq != seq) {
             return None;
         }
@@ -116,13 +116,13 @@ impl<T> SubmissionLedger<T> {
     /// Is `seq` a completion of a request already settled (flushed and
     /// dealt with, re-posted): nothing to do?
     #[inline]
-    pub fn is_stale(&self, seq: u64) -> bool {
+    pub(crate) fn is_stale(&self, seq: u64) -> bool {
         self.live.front().is_none_or(|r| seq < r.seq)
     }
 
     /// Mark every live record whose payload is `of` the aborted task and
     /// not marked yet as aborted with `kind`; returns how many.
-    pub fn mark_aborted(&mut self, of: impl Fn(&T) -> bool, kind: ErrorKind) -> usize {
+    pub(crate) fn mark_aborted(&mut self, of: impl Fn(&T) -> bool, kind: ErrorKind) -> usize {
         let mut n = 0;
         for r in self.live.iter_mut() {
             if r.abort.is_none() && of(&r.slice) {
@@ -135,13 +135,13 @@ impl<T> SubmissionLedger<T> {
     }
 
     /// Live records with an abort set.
-    pub fn aborted(&self) -> usize {
+    pub(crate) fn aborted(&self) -> usize {
         self.aborted
     }
 
     /// The QP is gone: every live record is orphaned (none of them will
     /// complete); returns how many.
-    pub fn insert_orphaned(&mut self) -> u32 {
+    pub(crate) fn insert_orphaned(&mut self) -> u32 {
         let n = self.live.len() as u32;
         self.orphans.extend(self.live.drain(..));
         self.aborted = 0;
@@ -150,7 +150,7 @@ impl<T> SubmissionLedger<T> {
 
     /// Take out every orphaned record, oldest first, through `f`: each
     /// exactly once. Returns how many.
-    pub fn extract_orphaned_records(&mut self, mut f: impl FnMut(SubmissionRecord<T>)) -> u32 {
+    pub(crate) fn extract_orphaned_records(&mut self, mut f: impl FnMut(SubmissionRecord<T>)) -> u32 {
         let mut n = 0;
         while let Some(r) = self.orphans.pop_front() {
             n += 1;
@@ -160,17 +160,19 @@ impl<T> SubmissionLedger<T> {
     }
 
     /// Records live (posted, end not known).
-    pub fn record_count(&self) -> usize {
+    pub(crate) fn record_count(&self) -> usize {
         self.live.len()
     }
 
     /// Records orphaned and not taken out.
-    pub fn orphan_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn orphan_count(&self) -> usize {
         self.orphans.len()
     }
 
     /// No live record?
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.live.is_empty()
     }
 }

@@ -23,12 +23,12 @@
 //!   [`sys`]: the provider ops table they call through (libibverbs loaded
 //!   at run time, or a fake one in tests).
 
-pub mod connector;
-pub mod endpoint;
-pub mod events;
-pub mod ledger;
+pub(crate) mod connector;
+pub(crate) mod endpoint;
+pub(crate) mod events;
+pub(crate) mod ledger;
 pub mod nic;
-pub mod qp_table;
+pub(crate) mod qp_table;
 pub mod responder;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
@@ -38,16 +38,14 @@ pub mod sim;
 pub mod sys;
 #[cfg(not(any(test, feature = "testing")))]
 pub(crate) mod sys;
-pub mod transport;
+pub(crate) mod transport;
 pub mod verbs;
-pub mod wc;
+pub(crate) mod wc;
 
 pub use connector::{Connector, ConnectorHandle};
 pub use connector::{Queue, QueueSource};
 pub use endpoint::{Endpoint, EndpointState, RdmaCompletion, RdmaSlice, SqSettings, TerminalCause};
 pub use events::{EventCounts, NicEvents};
-pub use ledger::{SubmissionLedger, SubmissionRecord};
 pub use nic::{Nic, NicSet, Registration};
-pub use qp_table::QpTable;
 pub use responder::Responder;
-pub use transport::{RdmaPeer, RdmaRail, RdmaTransport};
+pub(crate) use transport::{RdmaPeer, RdmaTransport};

@@ -54,7 +54,7 @@ impl Nic {
     /// Its link went `up` or down, as `source` saw it (the link watch, a
     /// port event): logged on a change only, so the two sources of the
     /// same change log once. Returns whether it changed.
-    pub fn set_link(&self, up: bool, source: &str) -> bool {
+    pub(crate) fn set_link(&self, up: bool, source: &str) -> bool {
         let was = self.up.swap(up, Ordering::AcqRel);
         let name = self.ctx.name();
         if was && !up {
@@ -182,12 +182,12 @@ impl NicSet {
     }
 
     /// The live QPs' send-queue controllers, by (NIC index, QP number).
-    pub fn qps(&self) -> &QpTable {
+    pub(crate) fn qps(&self) -> &QpTable {
         &self.qps
     }
 
     /// The NUMA nodes the NICs hang off (where their workers belong).
-    pub fn numa_nodes(&self) -> Vec<u32> {
+    pub(crate) fn numa_nodes(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self.nics.iter().filter_map(|n| n.numa_node).collect();
         v.sort_unstable();
         v.dedup();

@@ -16,7 +16,7 @@ use crate::flow::SqController;
 /// controller that is gone or terminal is pruned at the next insert, and
 /// one controller has one entry (its latest QP).
 #[derive(Debug, Default)]
-pub struct QpTable {
+pub(crate) struct QpTable {
     entries: Mutex<Vec<QpEntry>>,
 }
 
@@ -29,7 +29,7 @@ struct QpEntry {
 
 impl QpTable {
     /// QP `qp_num` on NIC `nic` now posts under `sq`.
-    pub fn watch(&self, nic: usize, qp_num: u32, sq: &Arc<SqController>) {
+    pub(crate) fn watch(&self, nic: usize, qp_num: u32, sq: &Arc<SqController>) {
         let mut e = self.entries.lock();
         e.retain(|x| {
             // Replaced: the same QP filed again, or this controller's
@@ -47,7 +47,7 @@ impl QpTable {
 
     /// The device says QP `qp_num` on NIC `nic` is in error: mark its
     /// controller terminal. Whether a live one was found.
-    pub fn mark_terminal(&self, nic: usize, qp_num: u32) -> bool {
+    pub(crate) fn mark_terminal(&self, nic: usize, qp_num: u32) -> bool {
         let e = self.entries.lock();
         let Some(sq) = e
             .iter()
@@ -61,16 +61,13 @@ impl QpTable {
     }
 
     /// Entries held (live or not pruned yet).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries
             .lock()
             .len()
     }
 
-    /// No entry?
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]

@@ -55,13 +55,13 @@ use crate::transport::rdma::verbs::{CompletionQueue, QpEndpoint, QueuePair};
 /// `qp_per_transfer` divides that by its value), stay well inside
 /// a NIC's QP limit (rxe's is 64 k), and bound what peers can make this
 /// engine allocate.
-pub const MAX_PASSIVE_QPS: usize = 4096;
+pub(crate) const MAX_PASSIVE_QPS: usize = 4096;
 
 /// Least time between two sweeps of a full table for dead QPs.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// A passive QP as the table sees it.
-pub trait Passive {
+pub(crate) trait Passive {
     /// Can it still carry its initiator's operations? `false` for a QP the
     /// device moved to an error state (it never recovers from there).
     fn is_live(&self) -> bool;
@@ -69,11 +69,11 @@ pub trait Passive {
 
 /// The table is full of live QPs (the newcomer is refused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TableFull;
+pub(crate) struct TableFull;
 
 /// Passive QPs filed under their initiator's key (see the module doc).
 #[derive(Debug)]
-pub struct PassiveTable<Q> {
+pub(crate) struct PassiveTable<Q> {
     cap: usize,
     qps: HashMap<QpInitiator, Q>,
     /// No sweep before this instant (monotonic ns).
@@ -82,7 +82,7 @@ pub struct PassiveTable<Q> {
 
 impl<Q: Passive> PassiveTable<Q> {
     /// An empty table holding at most `cap` QPs.
-    pub fn new(cap: usize) -> PassiveTable<Q> {
+    pub(crate) fn new(cap: usize) -> PassiveTable<Q> {
         PassiveTable {
             cap,
             qps: HashMap::new(),
@@ -91,17 +91,19 @@ impl<Q: Passive> PassiveTable<Q> {
     }
 
     /// QPs filed.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.qps.len()
     }
 
     /// Is nothing filed?
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.qps.is_empty()
     }
 
     /// The QP filed under `key`.
-    pub fn get(&self, key: &QpInitiator) -> Option<&Q> {
+    #[cfg(test)]
+    pub(crate) fn get(&self, key: &QpInitiator) -> Option<&Q> {
         self.qps.get(key)
     }
 
@@ -113,7 +115,7 @@ impl<Q: Passive> PassiveTable<Q> {
     /// # Errors
     /// [`TableFull`]: every slot holds another key's live QP (or a sweep
     /// ran less than [`SWEEP_EVERY`] ago).
-    pub fn room(
+    pub(crate) fn room(
         &mut self,
         key: &QpInitiator,
         now_ns: u64,
@@ -137,7 +139,7 @@ impl<Q: Passive> PassiveTable<Q> {
 
     /// File `q` under `key`; the QP it replaces comes back (to be
     /// destroyed). A full table without one for `key` hands `q` back.
-    pub fn insert(&mut self, key: QpInitiator, q: Q) -> std::result::Result<Option<Q>, Q> {
+    pub(crate) fn insert(&mut self, key: QpInitiator, q: Q) -> std::result::Result<Option<Q>, Q> {
         if !self.qps.contains_key(&key) && self.qps.len() >= self.cap {
             return Err(q);
         }
@@ -180,7 +182,7 @@ impl std::fmt::Debug for Responder {
 
 impl Responder {
     /// A responder over `nics`, keeping at most [`MAX_PASSIVE_QPS`].
-    pub fn new(nics: Arc<NicSet>) -> Responder {
+    pub(crate) fn new(nics: Arc<NicSet>) -> Responder {
         Responder::with_capacity(nics, MAX_PASSIVE_QPS)
     }
 

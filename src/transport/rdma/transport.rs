@@ -51,7 +51,7 @@ use tent_rings::{ErrorKind, TransportKind};
 use super::connector::{Connector, ConnectorHandle};
 use super::connector::{Queue, QueueSource};
 use super::endpoint::{Endpoint, RdmaCompletion, RdmaSlice, SqSettings};
-use super::events::{EventCounts, NicEvents};
+use super::events::NicEvents;
 use super::nic::NicSet;
 use super::responder::{bootstrap, endpoint};
 use crate::clock::monotonic_ns;
@@ -101,7 +101,7 @@ struct Settings {
 
 /// One rail to a peer.
 #[derive(Debug)]
-pub struct RdmaRail {
+pub(crate) struct RdmaRail {
     /// Index of the local NIC in the engine's [`NicSet`].
     pub local: usize,
     /// Index of the remote NIC in the peer's descriptor.
@@ -124,7 +124,7 @@ struct PeerEndpoints {
 }
 
 /// A peer reachable over RDMA: its regions' rkeys and its rails.
-pub struct RdmaPeer {
+pub(crate) struct RdmaPeer {
     name: String,
     regions: Vec<RegionEntry>,
     /// Each rail's NIC pair (index = rail).
@@ -157,10 +157,6 @@ impl std::fmt::Debug for RdmaPeer {
 }
 
 impl RdmaPeer {
-    /// Each rail's NIC pair (index = rail).
-    pub fn paths(&self) -> &[RdmaRail] {
-        &self.paths
-    }
 
     /// Is rail `r`'s local link up?
     #[inline]
@@ -169,30 +165,30 @@ impl RdmaPeer {
     }
 
     /// Each rail's names, link state and counters.
-    pub fn rail_stats(&self) -> Vec<RailStat> {
+    pub(crate) fn rail_stats(&self) -> Vec<RailStat> {
         self.rails.stats(|r| self.link_up(r))
     }
 
     /// Worker `w`'s admission gate to this peer (`None`: no such worker).
-    pub fn gate(&self, w: usize) -> Option<&AdmissionGate> {
+    pub(crate) fn gate(&self, w: usize) -> Option<&AdmissionGate> {
         self.gates.get(w)
     }
 
     /// The peer's name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// QPs each worker keeps per rail to this peer (`qp_per_transfer`):
     /// endpoint `e` (an admission gate's index) is QP `e % q` of rail
     /// `e / q`.
-    pub fn qp_per_transfer(&self) -> usize {
+    pub(crate) fn qp_per_transfer(&self) -> usize {
         self.q
     }
 
     /// Worker `w`'s endpoint `e`, its counters now (an admission
     /// timeout's message).
-    pub fn sq_report(&self, w: usize, e: usize) -> Option<SqReport> {
+    pub(crate) fn sq_report(&self, w: usize, e: usize) -> Option<SqReport> {
         Some(self.report_of(self.diag.get(w)?.get(e)?, monotonic_ns()))
     }
 
@@ -205,7 +201,7 @@ impl RdmaPeer {
     /// Each QP slot's send- and completion-queue counters (rail by rail,
     /// `qp_per_transfer` per rail), every worker's endpoint there
     /// together, labelled as the metrics show them.
-    pub fn sq_reports(&self) -> Vec<SqRow> {
+    pub(crate) fn sq_reports(&self) -> Vec<SqRow> {
         let now = monotonic_ns();
         (0..self.paths.len() * self.q)
             .map(|e| {
@@ -227,7 +223,7 @@ impl RdmaPeer {
 
     /// The descriptor region holding `[addr, addr+len)`.
     #[inline]
-    pub fn region_of(&self, addr: u64, len: u64) -> std::result::Result<&RegionEntry, ErrorKind> {
+    pub(crate) fn region_of(&self, addr: u64, len: u64) -> std::result::Result<&RegionEntry, ErrorKind> {
         RegionEntry::find(&self.regions, addr, len)
     }
 
@@ -370,7 +366,7 @@ struct WorkerState {
 
 /// The RDMA transport (initiator side; the target side is the NICs' own
 /// responder plus [`super::Responder`] for QP bootstrap).
-pub struct RdmaTransport {
+pub(crate) struct RdmaTransport {
     nics: Arc<NicSet>,
     settings: Settings,
     workers: PerWorker<WorkerState>,
@@ -398,7 +394,7 @@ impl std::fmt::Debug for RdmaTransport {
 
 impl RdmaTransport {
     /// A transport over `nics` for an engine with `config`.
-    pub fn new(config: &Config, nics: Arc<NicSet>) -> RdmaTransport {
+    pub(crate) fn new(config: &Config, nics: Arc<NicSet>) -> RdmaTransport {
         let r = &config.transports.rdma;
         let max_msg = nics
             .nics()
@@ -456,20 +452,9 @@ impl RdmaTransport {
         Ok(c.as_ref().expect("just set").handle())
     }
 
-    /// The NICs it posts on.
-    pub fn nics(&self) -> &Arc<NicSet> {
-        &self.nics
-    }
-
-    /// The NICs' async events seen so far (`None` before install, or when
-    /// the event thread could not start).
-    pub fn event_counts(&self) -> Option<&EventCounts> {
-        self.events.get().map(NicEvents::counts)
-    }
-
     /// Connect-side view of the peer `name` from its descriptor: its rails
     /// and, per worker, one (lazily connected) endpoint per rail.
-    pub fn attach(&self, name: &str, desc: &SegmentDescriptor) -> Result<Arc<RdmaPeer>> {
+    pub(crate) fn attach(&self, name: &str, desc: &SegmentDescriptor) -> Result<Arc<RdmaPeer>> {
         let (local, remote) = (self.nics.nics().len(), desc.nics.len());
         if remote == 0 || local == 0 {
             return Err(Error::new(
@@ -642,7 +627,7 @@ impl RdmaTransport {
     /// Never waits; a token with nothing here, or aborted before, is left
     /// as it is. `kind` is the task's (`Timeout`, `Canceled`, `Shutdown`),
     /// never a rail fault: nothing aborted moves to a sibling rail.
-    pub fn abort_token(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind) {
+    pub(crate) fn abort_token(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind) {
         debug_assert!(!is_rail_fault(kind), "abort with a rail fault: {kind}");
         // Refused at submit too: nothing of this worker's is here.
         let Ok(mut ws) = self.workers.get(ctx) else {
@@ -725,7 +710,7 @@ impl RdmaTransport {
 }
 
 /// The RDMA state of `segment`, if RDMA reaches it.
-pub fn peer_of(segment: &Segment) -> Option<&RdmaPeer> {
+pub(crate) fn peer_of(segment: &Segment) -> Option<&RdmaPeer> {
     segment.attached::<RdmaPeer>(TransportKind::Rdma)
 }
 

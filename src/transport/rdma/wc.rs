@@ -18,7 +18,7 @@ use crate::transport::rdma::sys::ffi::ibv_wc_status as S;
 
 /// What a work completion means for its request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Bytes moved.
     Done,
     /// Failed for this reason (the root cause), the request's own: the
@@ -32,7 +32,7 @@ pub enum Outcome {
 }
 
 /// Map a completion status.
-pub fn outcome(status: S) -> Outcome {
+pub(crate) fn outcome(status: S) -> Outcome {
     match status {
         S::IBV_WC_SUCCESS => Outcome::Done,
         S::IBV_WC_WR_FLUSH_ERR => Outcome::Flushed,

@@ -24,16 +24,16 @@
 /// Region entries a descriptor can list.
 pub const DESC_CAPACITY: usize = 1024;
 /// Header words: sequence, count, magic, five reserved.
-pub const HEADER_WORDS: usize = 8;
+pub(crate) const HEADER_WORDS: usize = 8;
 /// Words per entry: id, base, len, key, handle, key slot, two reserved.
-pub const ENTRY_WORDS: usize = 8;
+pub(crate) const ENTRY_WORDS: usize = 8;
 /// The first live-key word (one per slot, [`DESC_CAPACITY`] of them).
-pub const KEY_WORDS_AT: usize = HEADER_WORDS + DESC_CAPACITY * ENTRY_WORDS;
+pub(crate) const KEY_WORDS_AT: usize = HEADER_WORDS + DESC_CAPACITY * ENTRY_WORDS;
 /// Size of the descriptor memfd.
 pub const DESC_BYTES: usize = (KEY_WORDS_AT + DESC_CAPACITY) * 8;
 /// Header word 2: layout identity ("TENTSHD3": live keys in the
 /// descriptor; a peer of layout 2 refuses it, and is refused).
-pub const DESC_MAGIC: u64 = u64::from_le_bytes(*b"TENTSHD3");
+pub(crate) const DESC_MAGIC: u64 = u64::from_le_bytes(*b"TENTSHD3");
 /// Where user data starts inside a region memfd (page aligned; the first
 /// page is reserved and unused since the live keys moved to the
 /// descriptor).
@@ -42,7 +42,7 @@ pub const DATA_OFFSET: usize = 4096;
 /// below where `DATA_OFFSET + len` or an mmap length could overflow.
 pub const MAX_REGION_LEN: u64 = 1 << 46;
 /// Longest segment name.
-pub const MAX_NAME_LEN: usize = 200;
+pub(crate) const MAX_NAME_LEN: usize = 200;
 
 /// Seals a peer requires before it maps a memfd: without them the owner
 /// could shrink the file under the mapping (SIGBUS in the peer).
@@ -73,7 +73,7 @@ pub struct ShmEntry {
 
 impl ShmEntry {
     /// One past the last byte (cannot overflow for an admitted entry).
-    pub fn end(&self) -> u64 {
+    pub(crate) fn end(&self) -> u64 {
         self.base + self.len
     }
 }
@@ -233,7 +233,7 @@ pub fn parse(words: &[u64]) -> Result<Vec<ShmEntry>, DescError> {
 /// # Errors
 /// `Unsealed` without [`REQUIRED_SEALS`], `FileTooSmall` when `size < want`
 /// or `want` does not fit the address space.
-pub fn admit_memfd(size: u64, seals: i32, want: u64) -> Result<usize, DescError> {
+pub(crate) fn admit_memfd(size: u64, seals: i32, want: u64) -> Result<usize, DescError> {
     if seals & REQUIRED_SEALS != REQUIRED_SEALS {
         return Err(DescError::Unsealed(seals));
     }
@@ -300,6 +300,7 @@ pub fn check_segment_name(name: &str) -> Result<(), DescError> {
 
 /// The words a descriptor holding `entries` has (what the owner writes,
 /// minus the sequence word's value): tests and the fuzz seeds use it.
+#[cfg(any(test, feature = "testing"))]
 pub fn encode(entries: &[ShmEntry]) -> Vec<u64> {
     let mut w = vec![0u64; HEADER_WORDS + entries.len() * ENTRY_WORDS];
     w[1] = entries.len() as u64;

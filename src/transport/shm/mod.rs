@@ -29,13 +29,13 @@ use crate::segment::Segment;
 
 /// The peer a segment opened over shm is mapped through.
 #[inline]
-pub fn peer_of(segment: &Segment) -> Option<&ShmPeer> {
+pub(crate) fn peer_of(segment: &Segment) -> Option<&ShmPeer> {
     segment.attached::<ShmPeer>(TransportKind::Shm)
 }
 
 /// Cross-process copies through shared mappings.
 #[derive(Debug, Default)]
-pub struct ShmTransport;
+pub(crate) struct ShmTransport;
 
 impl Transport for ShmTransport {
     fn kind(&self) -> TransportKind {

@@ -49,7 +49,7 @@ mod refresher;
 
 use refresher::{Refresher, Wake};
 
-pub use super::desc::DATA_OFFSET;
+pub(super) use super::desc::DATA_OFFSET;
 
 /// How long a failed refresh that may pass (the owner slow) answers misses:
 /// long enough for every op that waited on it to see it on its next turn
@@ -601,7 +601,7 @@ impl ShmPeer {
     /// The same peer with a view of its table for each of `workers` engine
     /// workers, which [`with_remote_on`](Self::with_remote_on) reads: the
     /// engine's workers then look the table up with no shared write.
-    pub fn for_workers(mut self, workers: usize) -> ShmPeer {
+    pub(crate) fn for_workers(mut self, workers: usize) -> ShmPeer {
         let state = &self.state;
         self.views = Some(PerWorker::new(workers, |_| WorkerView::new(state)));
         self
@@ -609,7 +609,7 @@ impl ShmPeer {
 
     /// Pid of the process that exported the segment, as this process's pid
     /// namespace sees it (0 when it cannot); informational only.
-    pub fn owner_pid(&self) -> u32 {
+    pub(crate) fn owner_pid(&self) -> u32 {
         u32::try_from(self.state.owner.owner_pid()).unwrap_or(0)
     }
 
@@ -680,7 +680,7 @@ impl ShmPeer {
     /// [`for_workers`](Self::for_workers), takes `with_remote`'s path,
     /// which sees the newest table and asks the refresher.
     #[inline]
-    pub fn with_remote_on<R>(
+    pub(crate) fn with_remote_on<R>(
         &self,
         ctx: &WorkerCtx,
         addr: u64,

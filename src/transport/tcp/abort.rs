@@ -35,7 +35,7 @@ pub(crate) struct Tokens {
 
 impl Tokens {
     /// Room for `most` tokens out at once (the worker's credits bound it).
-    pub fn new(most: usize) -> Tokens {
+    pub(super) fn new(most: usize) -> Tokens {
         let cap = Tokens::capacity(most);
         Tokens {
             slots: vec![Entry::default(); cap].into_boxed_slice(),
@@ -50,7 +50,7 @@ impl Tokens {
     }
 
     /// Bytes `Tokens::new(most)` allocates (the engine's footprint check).
-    pub fn bytes(most: usize) -> u64 {
+    pub(super) fn bytes(most: usize) -> u64 {
         (Tokens::capacity(most) * std::mem::size_of::<Entry>()) as u64
     }
 
@@ -80,7 +80,7 @@ impl Tokens {
 
     /// One more slice of `token` out; false (nothing counted) when full.
     #[inline]
-    pub fn add(&mut self, token: u64) -> bool {
+    pub(super) fn add(&mut self, token: u64) -> bool {
         match self.find(token) {
             Ok(i) => {
                 self.slots[i].count += 1;
@@ -101,7 +101,7 @@ impl Tokens {
 
     /// Mark `token` aborted with `kind`: true if it has slices out and was
     /// not aborted before.
-    pub fn abort(&mut self, token: u64, kind: ErrorKind) -> bool {
+    pub(super) fn abort(&mut self, token: u64, kind: ErrorKind) -> bool {
         match self.find(token) {
             Ok(i) if self.slots[i].aborted == 0 => {
                 self.slots[i].aborted = kind.code();
@@ -113,7 +113,7 @@ impl Tokens {
 
     /// The kind `token` was aborted with, if it was.
     #[inline]
-    pub fn aborted(&self, token: u64) -> Option<ErrorKind> {
+    pub(super) fn aborted(&self, token: u64) -> Option<ErrorKind> {
         match self.find(token) {
             Ok(i) => ErrorKind::from_code(self.slots[i].aborted),
             Err(_) => None,
@@ -123,7 +123,7 @@ impl Tokens {
     /// One slice of `token` came back for good. True when it was the last
     /// one of an aborted token (its board entry can go).
     #[inline]
-    pub fn finish(&mut self, token: u64) -> bool {
+    pub(super) fn finish(&mut self, token: u64) -> bool {
         let Ok(i) = self.find(token) else {
             debug_assert!(false, "a slice of token {token:#x} was not counted");
             return false;
@@ -190,12 +190,12 @@ pub(crate) struct AbortBoard {
 impl AbortBoard {
     /// Bytes `AbortBoard::new(most)` allocates for its slots (the
     /// engine's footprint check).
-    pub fn bytes(most: usize) -> u64 {
+    pub(super) fn bytes(most: usize) -> u64 {
         (most.max(1) * (std::mem::size_of::<AtomicU64>() + std::mem::size_of::<AtomicU16>())) as u64
     }
 
     /// Room for `most` aborted tokens at once.
-    pub fn new(most: usize) -> AbortBoard {
+    pub(super) fn new(most: usize) -> AbortBoard {
         let n = most.max(1);
         AbortBoard {
             generation: AtomicU64::new(0),
@@ -209,7 +209,7 @@ impl AbortBoard {
     /// with a sender's claim of a slice (`Conn::claim`): either the sender
     /// sees the token here and sends nothing, or the worker then sees the
     /// slice on the wire and resets the connection.
-    pub fn post(&self, token: u64, kind: ErrorKind) {
+    pub(super) fn post(&self, token: u64, kind: ErrorKind) {
         let top = self.top.load(Ordering::Relaxed);
         let i = match (0..top).find(|&i| self.kinds[i].load(Ordering::Relaxed) == 0) {
             Some(i) => i,
@@ -235,7 +235,7 @@ impl AbortBoard {
     }
 
     /// Take `token` off the board (worker only): its last slice is back.
-    pub fn remove(&self, token: u64) {
+    pub(super) fn remove(&self, token: u64) {
         let top = self.top.load(Ordering::Relaxed);
         let Some(i) = (0..top).find(|&i| self.tokens[i].load(Ordering::Relaxed) == token) else {
             return;
@@ -252,7 +252,7 @@ impl AbortBoard {
     /// The kind `token` was aborted with, if it is on the board. One load
     /// when the board is empty.
     #[inline]
-    pub fn kind_of(&self, token: u64) -> Option<ErrorKind> {
+    pub(super) fn kind_of(&self, token: u64) -> Option<ErrorKind> {
         let top = self.top.load(Ordering::SeqCst);
         (0..top.min(self.tokens.len()))
             .find(|&i| self.tokens[i].load(Ordering::SeqCst) == token)
@@ -261,7 +261,7 @@ impl AbortBoard {
 
     /// Changes with every abort.
     #[inline]
-    pub fn generation(&self) -> u64 {
+    pub(super) fn generation(&self) -> u64 {
         self.generation.load(Ordering::SeqCst)
     }
 }

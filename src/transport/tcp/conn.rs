@@ -79,21 +79,21 @@ use crate::flow::SqController;
 const SENDER_PARK: Duration = Duration::from_secs(1);
 /// A connection idle this long is replaced before its next slice: shorter
 /// than a target waits before it may evict an idle connection (30 s).
-pub const RECONNECT_IDLE: Duration = Duration::from_secs(15);
+pub(crate) const RECONNECT_IDLE: Duration = Duration::from_secs(15);
 /// Longest pause between tries at a busy target.
 const BUSY_PAUSE_MAX: Duration = Duration::from_millis(200);
 
 /// `Op::opcode`'s flag of a HIGH slice.
-pub const URGENT: u8 = 0x80;
+pub(crate) const URGENT: u8 = 0x80;
 
 /// The submit ring of HIGH slices (sent first).
-pub const EXPRESS: usize = 0;
+pub(crate) const EXPRESS: usize = 0;
 /// The submit ring of MEDIUM and LOW slices.
-pub const BULK: usize = 1;
+pub(crate) const BULK: usize = 1;
 
 /// How a connection connects.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// `TCP_USER_TIMEOUT` (0: the kernel's).
     pub user_timeout_ms: u32,
     /// Connect plus handshake.
@@ -111,7 +111,7 @@ pub struct Options {
 }
 
 /// A fresh session for the connections to one peer.
-pub fn new_session() -> [u8; SESSION_LEN] {
+pub(crate) fn new_session() -> [u8; SESSION_LEN] {
     let mut s = [0u8; SESSION_LEN];
     s.copy_from_slice(&crate::control::auth::nonce()[..SESSION_LEN]);
     s
@@ -120,7 +120,7 @@ pub fn new_session() -> [u8; SESSION_LEN] {
 /// One slice as it travels through a connection's rings.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct Op {
+pub(crate) struct Op {
     /// The engine's slice token.
     pub token: u64,
     /// Local memory address (checked by the engine before submission).
@@ -157,7 +157,7 @@ const _: () = assert!(std::mem::size_of::<Op>() == 64);
 /// [`Op::status`] of a slice caught on a connection that was reset to stop
 /// another task's slice: it did not fail (re-post it, as if the connection
 /// had not been there). Not an `ErrorKind` code.
-pub const BYSTANDER: u16 = u16::MAX;
+pub(crate) const BYSTANDER: u16 = u16::MAX;
 const _: () = assert!(ErrorKind::from_code(BYSTANDER).is_none());
 
 // `Pod` (checked as it compiles: integers only, no padding) makes it a
@@ -166,7 +166,7 @@ const _: () = assert!(ErrorKind::from_code(BYSTANDER).is_none());
 
 impl Op {
     /// A fresh op for a slice.
-    pub fn new(token: u64, opcode: Opcode, local: *mut u8, addr: u64, len: u64, key: u64) -> Op {
+    pub(crate) fn new(token: u64, opcode: Opcode, local: *mut u8, addr: u64, len: u64, key: u64) -> Op {
         Op {
             token,
             local: local as u64,
@@ -191,17 +191,17 @@ impl Op {
 
     /// Is it a HIGH slice (express ring, urgent rail pick, also when
     /// re-posted)?
-    pub fn is_urgent(&self) -> bool {
+    pub(crate) fn is_urgent(&self) -> bool {
         self.opcode & URGENT != 0
     }
 
     /// Mark it HIGH.
-    pub fn set_urgent(&mut self) {
+    pub(crate) fn set_urgent(&mut self) {
         self.opcode |= URGENT;
     }
 
     /// The slice's outcome.
-    pub fn result(&self) -> std::result::Result<u64, ErrorKind> {
+    pub(crate) fn result(&self) -> std::result::Result<u64, ErrorKind> {
         match self.status {
             0 => Ok(self.len),
             c => Err(ErrorKind::from_code(c).unwrap_or(ErrorKind::Unreachable)),
@@ -229,7 +229,7 @@ pub(super) fn next_conn_id() -> u32 {
 /// A rail as a connection sees it: where to connect from and to, and
 /// whether its local link is up.
 #[derive(Debug)]
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     /// Local address to bind (pins the connection to the rail's interface).
     pub local_ip: IpAddr,
     /// The target's data server on the rail's remote interface.
@@ -239,7 +239,7 @@ pub struct Endpoint {
 }
 
 /// What the worker, the sender, the receiver and the link watch share.
-pub struct Conn {
+pub(crate) struct Conn {
     endpoint: Arc<Endpoint>,
     opts: Options,
     bell: Doorbell,
@@ -289,7 +289,7 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     /// Its wire window: slices sent and not answered yet, at most
     /// `max_inflight_per_connection`.
-    pub fn window(&self) -> &SqController {
+    pub(crate) fn window(&self) -> &SqController {
         &self.window
     }
 
@@ -309,7 +309,7 @@ impl Conn {
 
     /// Wake the sender if it sleeps (one load when it does not).
     #[inline]
-    pub fn wake(&self) {
+    pub(crate) fn wake(&self) {
         // SeqCst, paired with the sender's SeqCst store of `sleeping` before
         // it re-checks its rings: either it sees our slice or we see it asleep.
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -336,7 +336,7 @@ impl Conn {
     /// after the socket is closed and the receiver thread has returned, so
     /// once the worker pops it, neither thread of this connection (nor the
     /// kernel on its behalf) touches that slice's buffer again.
-    pub fn abort(&self, cause: ErrorKind) {
+    pub(crate) fn abort(&self, cause: ErrorKind) {
         let _ = self
             .cause
             .compare_exchange(0, cause.code(), Ordering::AcqRel, Ordering::Relaxed);
@@ -528,7 +528,7 @@ fn reset(s: &TcpStream) {
 
 /// The worker's ends of a connection; dropping them stops its threads.
 #[derive(Debug)]
-pub struct ConnEnds {
+pub(crate) struct ConnEnds {
     /// Shared state (the link watch breaks it through this).
     pub conn: Arc<Conn>,
     /// Slices to send: `[EXPRESS]` (HIGH, sent first) and `[BULK]`.

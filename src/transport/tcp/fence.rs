@@ -77,7 +77,7 @@ pub(super) fn fences_for(conn: u32, out: &mut [u32; FENCES_MAX]) -> usize {
 /// connection to the peer (all workers, all rails); only connection
 /// threads touch it, and each looks at one atomic per slice.
 #[derive(Debug, Default)]
-pub struct PeerFences {
+pub(super) struct PeerFences {
     /// Bumped on every addition.
     generation: AtomicU64,
     /// `(generation it was added at, connection)`, oldest first.
@@ -90,7 +90,7 @@ pub(super) const PEER_FENCES_MAX: usize = 64;
 
 impl PeerFences {
     /// Connection `conn` was reset with a WRITE on it.
-    pub fn add(&self, conn: u32) {
+    pub(super) fn add(&self, conn: u32) {
         let mut list = self.list.lock();
         let g = self.generation.load(Ordering::Relaxed) + 1;
         if list.len() >= PEER_FENCES_MAX {
@@ -103,13 +103,13 @@ impl PeerFences {
 
     /// Changes with every addition.
     #[inline]
-    pub fn generation(&self) -> u64 {
+    pub(super) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
 
     /// The connections added after generation `seen` into `out`: how
     /// many, and the generation that brings the caller to.
-    pub fn since(&self, seen: u64, out: &mut [u32; PEER_FENCES_MAX]) -> (usize, u64) {
+    pub(super) fn since(&self, seen: u64, out: &mut [u32; PEER_FENCES_MAX]) -> (usize, u64) {
         let list = self.list.lock();
         let latest = self.generation.load(Ordering::Relaxed);
         if list.front().is_some_and(|&(g, _)| g > seen + 1) {

@@ -47,13 +47,13 @@ pub const HELLO_HEADER_LEN: usize = 16;
 /// Proof length.
 pub const PROOF_LEN: usize = 48;
 /// Nonce and MAC length.
-pub const NONCE_LEN: usize = 32;
+pub(crate) const NONCE_LEN: usize = 32;
 /// Session id length.
-pub const SESSION_LEN: usize = 16;
+pub(crate) const SESSION_LEN: usize = 16;
 /// Hello flag (target → initiator): prove the shared secret before any request.
-pub const AUTH_REQUIRED: u32 = 1;
+pub(crate) const AUTH_REQUIRED: u32 = 1;
 /// Hello status of a target with no room for another connection now.
-pub const BUSY: ErrorKind = ErrorKind::SqFull;
+pub(crate) const BUSY: ErrorKind = ErrorKind::SqFull;
 /// Request header length (a fence has the same length, so the target
 /// reads one header size: see [`Inbound`]).
 pub const REQUEST_LEN: usize = 32;
@@ -112,7 +112,7 @@ impl Ident {
 
     /// The bytes the proofs of the secret cover: session, then `conn`
     /// (little-endian).
-    pub fn to_bytes(self) -> [u8; SESSION_LEN + 4] {
+    pub(crate) fn to_bytes(self) -> [u8; SESSION_LEN + 4] {
         let mut b = [0u8; SESSION_LEN + 4];
         b[..SESSION_LEN].copy_from_slice(&self.session);
         b[SESSION_LEN..].copy_from_slice(&self.conn.to_le_bytes());
@@ -143,7 +143,7 @@ const _: () = assert!(HELLO_RESERVED + 4 == HELLO_LEN);
 
 impl Hello {
     /// A refusal with `status` (no nonce, no flags).
-    pub fn refusal(status: ErrorKind) -> Hello {
+    pub(crate) fn refusal(status: ErrorKind) -> Hello {
         Hello {
             status: status.code(),
             flags: 0,

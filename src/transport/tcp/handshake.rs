@@ -74,7 +74,7 @@ fn refuse_hello(s: &TcpStream, why: String) -> String {
 /// `register` learns the initiator's ident before anything is sent back,
 /// so the connection can be fenced from the moment its initiator could
 /// use it.
-pub fn serve(
+pub(crate) fn serve(
     s: &TcpStream,
     secret: Option<&[u8]>,
     deadline: Instant,
@@ -135,7 +135,7 @@ pub fn serve(
 }
 
 /// Why a target refused our proof.
-pub const PROOF_REFUSED: &str = "target refused our proof: the shared secrets differ, or this \
+pub(crate) const PROOF_REFUSED: &str = "target refused our proof: the shared secrets differ, or this \
      initiator did not dial the target's own address (address translation, port forwarding or \
      a relay between the engines; engines with a secret must reach each other directly)";
 

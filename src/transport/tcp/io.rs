@@ -17,7 +17,7 @@ use tent_rings::ErrorKind;
 ///
 /// # Safety
 /// `payload` must be valid for reads of `len` bytes for the whole call.
-pub unsafe fn send_all(
+pub(super) unsafe fn send_all(
     sock: &impl AsRawFd,
     header: &[u8],
     payload: *const u8,
@@ -33,7 +33,7 @@ pub unsafe fn send_all(
 ///
 /// # Safety
 /// `payload` must be valid for reads of `len` bytes for the whole call.
-pub unsafe fn send_paced(
+pub(super) unsafe fn send_paced(
     sock: &impl AsRawFd,
     header: &[u8],
     payload: *const u8,
@@ -94,12 +94,12 @@ pub unsafe fn send_paced(
 }
 
 /// Send a frame that has no payload.
-pub fn send_header(sock: &impl AsRawFd, header: &[u8]) -> io::Result<()> {
+pub(super) fn send_header(sock: &impl AsRawFd, header: &[u8]) -> io::Result<()> {
     send_header_paced(sock, header, &mut Pace::unlimited())
 }
 
 /// [`send_header`] within `pace` (target side, as [`send_paced`]).
-pub fn send_header_paced(
+pub(super) fn send_header_paced(
     sock: &impl AsRawFd,
     header: &[u8],
     pace: &mut Pace<'_>,
@@ -110,7 +110,7 @@ pub fn send_header_paced(
 
 /// No mid-frame limit: for sockets without a read timeout (the initiator's),
 /// on which a read never times out.
-pub const NO_STALL_LIMIT: Duration = Duration::MAX;
+pub(super) const NO_STALL_LIMIT: Duration = Duration::MAX;
 
 /// The slowest average rate a frame in progress may move at on the target
 /// side, once it has been slow at all. Far below any link tent serves
@@ -118,7 +118,7 @@ pub const NO_STALL_LIMIT: Duration = Duration::MAX;
 /// bandwidth to hold a connection: without it, a peer dripping one byte
 /// per stall limit held a connection (never idle, so never evicted) and a
 /// region's use count (so `unregister_memory` never drained) forever.
-pub const FLOOR_BYTES_PER_S: u64 = 64 << 10;
+pub(super) const FLOOR_BYTES_PER_S: u64 = 64 << 10;
 
 /// The time limits of one frame in progress on the target side.
 ///
@@ -134,7 +134,7 @@ pub const FLOOR_BYTES_PER_S: u64 = 64 << 10;
 ///
 /// and `cut_when`'s condition (a region unregistered under the frame) cuts
 /// it at once.
-pub struct Pace<'a> {
+pub(super) struct Pace<'a> {
     stall: Duration,
     /// When the frame first came back short, and the bytes it had left
     /// then; `None` until then.
@@ -147,7 +147,7 @@ pub struct Pace<'a> {
 
 impl<'a> Pace<'a> {
     /// A frame held to `stall` ([`NO_STALL_LIMIT`]: no limit at all).
-    pub fn new(stall: Duration) -> Self {
+    pub(super) fn new(stall: Duration) -> Self {
         Pace {
             stall,
             slow_since: None,
@@ -158,13 +158,13 @@ impl<'a> Pace<'a> {
 
     /// No limit: for sockets without timeouts (the initiator's), on which
     /// a call never comes back short for lack of time.
-    pub fn unlimited() -> Self {
+    pub(super) fn unlimited() -> Self {
         Pace::new(NO_STALL_LIMIT)
     }
 
     /// Also cut the frame, with `why`, once `cut` says so (checked
     /// whenever the frame is slow: at least once per socket timeout).
-    pub fn cut_when(mut self, cut: &'a dyn Fn() -> bool, why: &'static str) -> Self {
+    pub(super) fn cut_when(mut self, cut: &'a dyn Fn() -> bool, why: &'static str) -> Self {
         self.cut = Some((cut, why));
         self
     }
@@ -295,7 +295,7 @@ unsafe fn recv_into(
 ///
 /// # Safety
 /// `dst` must be valid for writes of `len` bytes for the whole call.
-pub unsafe fn recv_exact(
+pub(super) unsafe fn recv_exact(
     sock: &impl AsRawFd,
     dst: *mut u8,
     len: usize,
@@ -309,7 +309,7 @@ pub unsafe fn recv_exact(
 /// first byte (an idle connection, not an error). Once its first byte is
 /// in, a header is read to its end within `pace` (the peer stalled or
 /// dripped mid-frame: an error).
-pub fn recv_header<const N: usize>(
+pub(super) fn recv_header<const N: usize>(
     sock: &impl AsRawFd,
     pace: &mut Pace<'_>,
 ) -> io::Result<Option<[u8; N]>> {
@@ -321,7 +321,7 @@ pub fn recv_header<const N: usize>(
 
 /// Read and discard `len` bytes (the payload of a refused WRITE), so the
 /// connection keeps its framing; the whole payload is one frame to `pace`.
-pub fn discard(sock: &impl AsRawFd, mut len: u64, pace: &mut Pace<'_>) -> io::Result<()> {
+pub(super) fn discard(sock: &impl AsRawFd, mut len: u64, pace: &mut Pace<'_>) -> io::Result<()> {
     let mut scratch = [0u8; 16 << 10];
     while len > 0 {
         let n = len.min(scratch.len() as u64) as usize;
@@ -339,7 +339,7 @@ pub fn discard(sock: &impl AsRawFd, mut len: u64, pace: &mut Pace<'_>) -> io::Re
 /// route works) while nothing listens where that engine said it does: its
 /// process, or its data server, is gone. EOF and `ECONNRESET` on an open
 /// connection mean the same (a live kernel closed or reset it).
-pub fn kind_of(e: &io::Error) -> ErrorKind {
+pub(super) fn kind_of(e: &io::Error) -> ErrorKind {
     match e.raw_os_error() {
         Some(libc::ECONNREFUSED) => ErrorKind::ProcessFailed,
         Some(

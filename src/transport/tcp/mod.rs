@@ -21,7 +21,7 @@
 //! [`TcpTransport::stop`] joins every thread of the transport.
 
 mod abort;
-pub mod conn;
+pub(crate) mod conn;
 mod fence;
 pub mod frame;
 #[doc(hidden)]
@@ -39,9 +39,9 @@ use std::time::Duration;
 use tent_rings::{ErrorKind, Priority, TransportKind};
 
 use abort::{AbortBoard, Tokens};
-pub use conn::{BYSTANDER, Conn, ConnEnds, Endpoint, Op};
+pub(crate) use conn::{BYSTANDER, Conn, ConnEnds, Endpoint, Op};
 use fence::PeerFences;
-pub use server::DataServer;
+pub(crate) use server::DataServer;
 
 use super::{
     Capabilities, InstallContext, PeerActivity, PerWorker, RailStat, Slice, SliceCompletion,
@@ -77,7 +77,7 @@ struct Settings {
 
 /// One rail to one peer.
 #[derive(Debug)]
-pub struct TcpRail {
+pub(crate) struct TcpRail {
     /// Local interface name (or the address when unknown).
     pub local_name: String,
     /// Local interface index (0: unknown, link state not watched).
@@ -93,7 +93,7 @@ pub struct TcpRail {
 impl TcpRail {
     /// Is the rail's local link up?
     #[inline]
-    pub fn is_up(&self) -> bool {
+    pub(crate) fn is_up(&self) -> bool {
         // Relaxed: a hint; a slice posted on a rail that just went down
         // comes back RouteLost and is re-posted.
         self.endpoint.up.load(Ordering::Relaxed)
@@ -128,7 +128,7 @@ struct PeerLinks {
 }
 
 /// A peer reachable over TCP: its regions' keys and its rails.
-pub struct TcpPeer {
+pub(crate) struct TcpPeer {
     name: String,
     regions: Vec<RegionEntry>,
     /// Each rail's interfaces, addresses and connections (index = rail).
@@ -163,13 +163,9 @@ impl std::fmt::Debug for TcpPeer {
 }
 
 impl TcpPeer {
-    /// Each rail's interfaces and addresses (index = rail).
-    pub fn links(&self) -> &[TcpRail] {
-        &self.links
-    }
 
     /// Each rail's names, link state, health and counters.
-    pub fn rail_stats(&self) -> Vec<RailStat> {
+    pub(crate) fn rail_stats(&self) -> Vec<RailStat> {
         self.rails.stats(|i| self.links[i].is_up())
     }
 
@@ -183,7 +179,7 @@ impl TcpPeer {
     /// The key for `[addr, addr+len)`, checked against the peer's
     /// descriptor before anything is sent (the target checks again).
     #[inline]
-    pub fn key_for(&self, addr: u64, len: u64) -> std::result::Result<u64, ErrorKind> {
+    pub(crate) fn key_for(&self, addr: u64, len: u64) -> std::result::Result<u64, ErrorKind> {
         RegionEntry::find(&self.regions, addr, len).map(|r| r.key)
     }
 }
@@ -206,7 +202,7 @@ struct WorkerState {
 }
 
 /// The TCP transport (initiator side).
-pub struct TcpTransport {
+pub(crate) struct TcpTransport {
     settings: Settings,
     workers: PerWorker<WorkerState>,
     /// Per worker: the tokens it aborted, for its connections' threads.
@@ -254,7 +250,7 @@ pub(crate) fn worker_bytes(config: &Config) -> u64 {
 
 impl TcpTransport {
     /// A transport for an engine with `config`.
-    pub fn new(config: &Config) -> TcpTransport {
+    pub(crate) fn new(config: &Config) -> TcpTransport {
         let t = &config.transports.tcp;
         let count = config.workers.count.max(1) as usize;
         let tokens = tokens_per_worker(config);
@@ -291,7 +287,7 @@ impl TcpTransport {
     /// Connect-side view of a peer from its descriptor: one rail per
     /// advertised interface that a local route reaches, and per worker
     /// `connections_per_peer` connections on each (they connect lazily).
-    pub fn attach(&self, desc: &SegmentDescriptor) -> Result<Arc<TcpPeer>> {
+    pub(crate) fn attach(&self, desc: &SegmentDescriptor) -> Result<Arc<TcpPeer>> {
         let mut rails = Vec::new();
         for entry in &desc.rails {
             match self.rail_to(entry) {
@@ -475,7 +471,7 @@ impl TcpTransport {
 }
 
 /// The TCP state of `segment`, if TCP reaches it.
-pub fn peer_of(segment: &Segment) -> Option<&TcpPeer> {
+pub(crate) fn peer_of(segment: &Segment) -> Option<&TcpPeer> {
     segment.attached::<TcpPeer>(TransportKind::Tcp)
 }
 
@@ -767,7 +763,7 @@ impl TcpTransport {
 
     /// Slices on the wire over all its connections (their windows' taken
     /// credits; 0 when idle). Diagnostic: takes the connection list's lock.
-    pub fn wire_in_flight(&self) -> u32 {
+    pub(crate) fn wire_in_flight(&self) -> u32 {
         self.threads
             .lock()
             .iter()
@@ -779,7 +775,7 @@ impl TcpTransport {
     /// once this returns, no thread of this transport runs. The engine
     /// calls it when dropped, once its workers are done (nothing is in
     /// flight then); a slice still queued completes `Shutdown`.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         let threads = std::mem::take(&mut *self.threads.lock());
         for (conn, _) in &threads {
             conn.shut_down();
@@ -803,7 +799,7 @@ impl Drop for TcpTransport {
 /// plane listens on loopback, else every up IPv4 interface (the control
 /// plane's first), else the control address itself (loopback for a
 /// wildcard one).
-pub fn advertised_addrs(host: IpAddr) -> Vec<(String, IpAddr)> {
+pub(crate) fn advertised_addrs(host: IpAddr) -> Vec<(String, IpAddr)> {
     if host.is_loopback() {
         let name = netlink::interface_of(host)
             .ok()
@@ -842,7 +838,7 @@ pub fn advertised_addrs(host: IpAddr) -> Vec<(String, IpAddr)> {
 
 /// The rails this engine advertises for a data server on `port` (see
 /// [`advertised_addrs`]).
-pub fn advertised_rails(host: IpAddr, port: u16) -> Vec<RailEntry> {
+pub(crate) fn advertised_rails(host: IpAddr, port: u16) -> Vec<RailEntry> {
     advertised_addrs(host)
         .into_iter()
         .map(|(name, ip)| RailEntry {

@@ -48,7 +48,7 @@ use crate::refusals::Refusals;
 
 /// Connections served at once; past it an idle or unproven one is evicted
 /// for a newcomer, or the newcomer is told [`BUSY`].
-pub const MAX_CONNECTIONS: usize = 512;
+pub(crate) const MAX_CONNECTIONS: usize = 512;
 /// Refused data connections held at once (see `Refusals`).
 const REFUSED_KEPT: usize = 256;
 /// The whole handshake (hellos, proofs) must be done within this.
@@ -92,7 +92,7 @@ pub fn set_default_stall_limit_for_tests(limit: Option<Duration>) {
 /// The stall limit of a serving connection: `transports/tcp/user_timeout_ms`
 /// (how long the kernel itself lets data go unacknowledged), at least
 /// `STALL_LIMIT_MIN`, or `STALL_LIMIT_DEFAULT` when it is 0.
-pub fn stall_limit(user_timeout_ms: u32) -> Duration {
+pub(crate) fn stall_limit(user_timeout_ms: u32) -> Duration {
     match user_timeout_ms {
         0 => default_stall_limit(),
         ms => Duration::from_millis(ms as u64).max(STALL_LIMIT_MIN),
@@ -114,7 +114,7 @@ const STAGE_READY: u8 = 1;
 const STAGE_SERVING: u8 = 2;
 
 /// A running data server; stops when dropped.
-pub struct DataServer {
+pub(crate) struct DataServer {
     addrs: Vec<SocketAddr>,
     stop: Arc<AtomicBool>,
     /// Accept threads; each hands back its connections' threads.
@@ -334,7 +334,7 @@ impl DataServer {
     /// Listen on each of `ips` (one port for all, ephemeral) and serve
     /// `regions`; with `secret`, every connection proves it before its
     /// first request.
-    pub fn start(
+    pub(crate) fn start(
         ips: &[IpAddr],
         regions: Arc<ArcSwap<RegionTable>>,
         user_timeout_ms: u32,
@@ -381,12 +381,12 @@ impl DataServer {
     }
 
     /// The first bound address.
-    pub fn local_addr(&self) -> SocketAddr {
+    pub(crate) fn local_addr(&self) -> SocketAddr {
         self.addrs[0]
     }
 
     /// Every bound address (one per advertised interface, one port).
-    pub fn local_addrs(&self) -> &[SocketAddr] {
+    pub(crate) fn local_addrs(&self) -> &[SocketAddr] {
         &self.addrs
     }
 }

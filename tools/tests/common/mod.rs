@@ -4,7 +4,7 @@ use std::process::Output;
 
 /// `tent-bench args`, which must succeed: its standard output.
 #[allow(dead_code)] // Not every test crate runs the bench this way.
-pub fn bench_stdout(args: &[&str]) -> String {
+pub(crate) fn bench_stdout(args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tent-bench"))
         .args(args)
         .output()
@@ -14,7 +14,7 @@ pub fn bench_stdout(args: &[&str]) -> String {
 }
 
 /// A finished run's status and both streams, for an assertion message.
-pub fn text(out: &Output) -> String {
+pub(crate) fn text(out: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",
         out.status,

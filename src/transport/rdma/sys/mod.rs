@@ -6,7 +6,7 @@
 //! ordinary [`Unavailable`] answer and the engine goes on with TCP/SHM.
 //! The static-inline hot-path verbs are ported in [`ops`].
 
-pub mod ops;
+pub(crate) mod ops;
 
 /// The generated bindings.
 #[allow(
@@ -15,6 +15,8 @@ pub mod ops;
     non_snake_case,
     dead_code,
     missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
     unsafe_op_in_unsafe_fn,
     clippy::all,
     clippy::undocumented_unsafe_blocks
@@ -28,7 +30,7 @@ use std::sync::OnceLock;
 
 /// The library every binding loads from (`TENT_LIBIBVERBS` overrides it,
 /// e.g. to test a machine without rdma-core).
-pub const LIBIBVERBS: &str = "libibverbs.so.1";
+pub(crate) const LIBIBVERBS: &str = "libibverbs.so.1";
 
 /// Why RDMA cannot be used here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +47,7 @@ impl std::error::Error for Unavailable {}
 static LIB: OnceLock<Result<ffi::IbvLib, String>> = OnceLock::new();
 
 /// The verbs library, loaded on first use.
-pub fn verbs() -> Result<&'static ffi::IbvLib, Unavailable> {
+pub(crate) fn verbs() -> Result<&'static ffi::IbvLib, Unavailable> {
     LIB.get_or_init(|| {
         let name = std::env::var("TENT_LIBIBVERBS").unwrap_or_else(|_| LIBIBVERBS.to_owned());
         // SAFETY: loading libibverbs runs its constructors, which only read the provider configuration; no other code is affected.

@@ -12,7 +12,7 @@ use super::ffi::{ibv_context, ibv_cq, ibv_port_attr, ibv_qp, ibv_send_wr, ibv_wc
 /// `qp` must be a live QP whose context has a provider ops table; `wr` a
 /// valid list; `bad` writable.
 #[inline]
-pub unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> i32 {
+pub(crate) unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> i32 {
     // SAFETY: the caller guarantees `qp` and its context are live.
     let f = unsafe { (*(*qp).context).ops.post_send };
     match f {
@@ -29,7 +29,7 @@ pub unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ib
 /// `cq` must be a live CQ whose context has a provider ops table; `wc`
 /// valid for `n` writes.
 #[inline]
-pub unsafe fn poll_cq(cq: *mut ibv_cq, n: i32, wc: *mut ibv_wc) -> i32 {
+pub(crate) unsafe fn poll_cq(cq: *mut ibv_cq, n: i32, wc: *mut ibv_wc) -> i32 {
     // SAFETY: the caller guarantees `cq` and its context are live.
     let f = unsafe { (*(*cq).context).ops.poll_cq };
     match f {
@@ -46,7 +46,7 @@ pub unsafe fn poll_cq(cq: *mut ibv_cq, n: i32, wc: *mut ibv_wc) -> i32 {
 ///
 /// # Safety
 /// `ctx` must be a live device context.
-pub unsafe fn query_port(
+pub(crate) unsafe fn query_port(
     lib: &super::ffi::IbvLib,
     ctx: *mut ibv_context,
     port: u8,

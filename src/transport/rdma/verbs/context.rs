@@ -55,7 +55,7 @@ impl PortInfo {
     /// The port's theoretical rate in Gbit/s ([`PortInfo::link_gbps`] of
     /// its active speed and width); `None` for a code the table does not
     /// know.
-    pub fn speed_gbps(&self) -> Option<f64> {
+    pub(crate) fn speed_gbps(&self) -> Option<f64> {
         PortInfo::link_gbps(u32::from(self.active_speed), self.active_width)
     }
 
@@ -73,7 +73,7 @@ impl PortInfo {
     /// assert_eq!(PortInfo::link_gbps(128, 2), Some(425.0)); // NDR 4X
     /// assert_eq!(PortInfo::link_gbps(3, 2), None);
     /// ```
-    pub fn link_gbps(speed: u32, width: u8) -> Option<f64> {
+    pub(crate) fn link_gbps(speed: u32, width: u8) -> Option<f64> {
         let lane_gbps = match speed {
             1 => 2.5,       // SDR
             2 => 5.0,       // DDR
@@ -204,7 +204,7 @@ impl Context {
     }
 
     /// GID `index` of `port`.
-    pub fn gid(&self, port: u8, index: i32) -> Result<[u8; 16]> {
+    pub(crate) fn gid(&self, port: u8, index: i32) -> Result<[u8; 16]> {
         let lib = super::lib()?;
         let mut g = ffi::ibv_gid::default();
         // SAFETY: `self.raw` is live; `g` is writable.
@@ -265,7 +265,7 @@ pub struct AsyncEvent {
 impl Context {
     /// The device's asynchronous-event descriptor, made non-blocking (so
     /// [`Context::next_async_event`] never waits: poll it for input first).
-    pub fn async_fd(&self) -> Result<std::os::fd::RawFd> {
+    pub(crate) fn async_fd(&self) -> Result<std::os::fd::RawFd> {
         // SAFETY: `self.raw` is live; `async_fd` is a plain field the library set at open.
         let fd = unsafe { (*self.raw).async_fd };
         // SAFETY: F_GETFL/F_SETFL on a descriptor the context owns.
@@ -289,7 +289,7 @@ impl Context {
     /// The next asynchronous event, acknowledged; `None` when none is
     /// waiting (the descriptor is non-blocking once [`Context::async_fd`]
     /// was called).
-    pub fn next_async_event(&self) -> Option<AsyncEvent> {
+    pub(crate) fn next_async_event(&self) -> Option<AsyncEvent> {
         let lib = sys::verbs().ok()?;
         let mut ev = ffi::ibv_async_event::default();
         // SAFETY: `self.raw` is live; `ev` is writable.

@@ -12,6 +12,14 @@ pub struct CompletionQueue {
     ctx: Arc<Context>,
 }
 
+impl std::fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionQueue")
+            .field("raw", &self.raw)
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: verbs objects are thread-safe; one worker polls a CQ.
 unsafe impl Send for CompletionQueue {}
 // SAFETY: as above.

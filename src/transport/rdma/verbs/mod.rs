@@ -13,7 +13,7 @@ mod qp;
 
 pub use context::{AsyncEvent, Context, PortInfo};
 pub use cq::CompletionQueue;
-pub use device::device_names;
+pub(crate) use device::device_names;
 pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
 pub use qp::{QpEndpoint, QueuePair, RD_ATOMIC_WANTED, RdmaOp, modify_to_error, rd_atomic_depths};

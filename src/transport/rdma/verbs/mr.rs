@@ -12,6 +12,14 @@ pub struct MemoryRegion {
     _pd: Arc<ProtectionDomain>,
 }
 
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("raw", &self.raw)
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: an MR is immutable after registration; the pointer is owned.
 unsafe impl Send for MemoryRegion {}
 // SAFETY: as above.

@@ -12,6 +12,14 @@ pub struct ProtectionDomain {
     pub(crate) ctx: Arc<Context>,
 }
 
+impl std::fmt::Debug for ProtectionDomain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProtectionDomain")
+            .field("raw", &self.raw)
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: verbs objects are thread-safe; the pointer is owned.
 unsafe impl Send for ProtectionDomain {}
 // SAFETY: as above.

@@ -66,7 +66,14 @@ pub struct QueuePair {
     gid_index: i32,
     gid: [u8; 16],
     psn: u32,
-    depth: u32,
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("raw", &self.raw)
+            .finish_non_exhaustive()
+    }
 }
 
 // SAFETY: a QP may be used from any thread (verbs objects are thread-safe);
@@ -112,7 +119,6 @@ impl QueuePair {
             gid_index,
             gid,
             psn,
-            depth,
         };
         use ffi::ibv_qp_attr_mask as M;
         let mut a = ffi::ibv_qp_attr {
@@ -201,7 +207,7 @@ impl QueuePair {
 
     /// Its state as the device sees it now (`ibv_query_qp`): a QP the
     /// device moved to ERROR reads so, unlike the state cached at modify.
-    pub fn state(&self) -> Result<ffi::ibv_qp_state> {
+    pub(crate) fn state(&self) -> Result<ffi::ibv_qp_state> {
         let lib = super::lib()?;
         let mut a = ffi::ibv_qp_attr::default();
         let mut init = ffi::ibv_qp_init_attr::default();
@@ -219,11 +225,6 @@ impl QueuePair {
     /// nothing itself).
     pub fn as_raw(&self) -> *mut ffi::ibv_qp {
         self.raw
-    }
-
-    /// Most send WRs in flight on this QP.
-    pub fn depth(&self) -> u32 {
-        self.depth
     }
 
     /// Post one signalled one-sided READ or WRITE.
