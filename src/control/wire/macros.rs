@@ -80,14 +80,14 @@ macro_rules! messages {
 
         impl Message {
             /// The `msg_type` this message has on the wire.
-            pub fn type_code(&self) -> u16 {
+            pub(crate) fn type_code(&self) -> u16 {
                 match self {
                     $(Message::$variant { .. } => $konst,)*
                 }
             }
 
             /// The variant's name, for logs and protocol errors.
-            pub fn name(&self) -> &'static str {
+            pub(crate) fn name(&self) -> &'static str {
                 match self {
                     $(Message::$variant { .. } => stringify!($variant),)*
                 }

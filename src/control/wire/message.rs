@@ -156,7 +156,7 @@ impl RegionEntry {
     /// how an initiator checks a remote range against a descriptor before
     /// sending anything (`AddressNotRegistered`, `OutOfBounds` otherwise).
     #[inline]
-    pub fn find(
+    pub(crate) fn find(
         sorted: &[RegionEntry],
         addr: u64,
         len: u64,
@@ -327,7 +327,7 @@ impl QpInitiator {
     ///
     /// # Errors
     /// [`WireError::BadField`]: `queue` not below [`MAX_QP_PER_TRANSFER`].
-    pub fn with_queue(self, queue: usize) -> Result<QpInitiator> {
+    pub(crate) fn with_queue(self, queue: usize) -> Result<QpInitiator> {
         let queue = u16::try_from(queue)
             .ok()
             .filter(|&q| usize::from(q) < MAX_QP_PER_TRANSFER)
@@ -361,7 +361,7 @@ impl QpInitiator {
     }
 
     /// Which of the rail's QPs (`qp_per_transfer`) this is.
-    pub fn queue(&self) -> usize {
+    pub(crate) fn queue(&self) -> usize {
         usize::from(self.queue)
     }
 }

@@ -125,47 +125,47 @@ pub use message::{
 };
 
 /// The first four bytes of every frame.
-pub const MAGIC: [u8; 4] = *b"TENT";
+pub(crate) const MAGIC: [u8; 4] = *b"TENT";
 /// The frame format version this side speaks; a peer with another is refused.
 pub const PROTOCOL_VERSION: u16 = 1;
 /// Bytes in a frame header: magic, version, message type, body length.
-pub const HEADER_LEN: usize = 12;
+pub(crate) const HEADER_LEN: usize = 12;
 /// Largest body accepted (checked from the header, before reading or allocating the body).
-pub const MAX_BODY: u32 = 1 << 20;
+pub(crate) const MAX_BODY: u32 = 1 << 20;
 /// Longest segment name or host id, in bytes.
-pub const MAX_NAME: usize = 256;
+pub(crate) const MAX_NAME: usize = 256;
 /// Longest shared-memory object name, in bytes.
-pub const MAX_SHM_NAME: usize = 200;
+pub(crate) const MAX_SHM_NAME: usize = 200;
 /// Longest name of a notification, in bytes.
 pub const MAX_NOTIFY_NAME: usize = 256;
 /// Longest message of a notification, in bytes.
 pub const MAX_NOTIFY_MSG: usize = 4096;
 /// Longest text of an [`Message::Error`], in bytes.
-pub const MAX_MESSAGE_TEXT: usize = 1024;
+pub(crate) const MAX_MESSAGE_TEXT: usize = 1024;
 /// Most regions one descriptor may list.
-pub const MAX_REGIONS: usize = 16384;
+pub(crate) const MAX_REGIONS: usize = 16384;
 /// Most rails one descriptor may list.
-pub const MAX_RAILS: usize = 64;
+pub(crate) const MAX_RAILS: usize = 64;
 /// Most transports one descriptor may list.
-pub const MAX_TRANSPORTS: usize = 8;
+pub(crate) const MAX_TRANSPORTS: usize = 8;
 /// Bytes in a handshake nonce.
-pub const NONCE_LEN: usize = 32;
+pub(crate) const NONCE_LEN: usize = 32;
 /// Bytes in a handshake MAC.
-pub const MAC_LEN: usize = 32;
+pub(crate) const MAC_LEN: usize = 32;
 
 /// Most RDMA NICs one descriptor may list (and rkeys per region).
-pub const MAX_NICS: usize = 32;
+pub(crate) const MAX_NICS: usize = 32;
 /// Most workers a [`QpInitiator`] may name: `workers/count`'s upper bound.
-pub const MAX_QP_WORKERS: usize = 256;
+pub(crate) const MAX_QP_WORKERS: usize = 256;
 /// Most rails a [`QpInitiator`] may name. Rails to a peer are
 /// `max(local, remote)` NICs, and an engine lists at most [`MAX_NICS`] in
 /// its descriptor (one with more cannot be opened by any peer).
-pub const MAX_QP_RAILS: usize = MAX_NICS;
+pub(crate) const MAX_QP_RAILS: usize = MAX_NICS;
 /// Most QPs one worker keeps per rail to a peer (`qp_per_transfer`'s
 /// upper bound; a [`QpInitiator`]'s `queue` is below it).
-pub const MAX_QP_PER_TRANSFER: usize = 16;
+pub(crate) const MAX_QP_PER_TRANSFER: usize = 16;
 /// Longest rail name, rail address or NIC name, in bytes.
-pub const MAX_RAIL_FIELD: usize = 64;
+pub(crate) const MAX_RAIL_FIELD: usize = 64;
 
 
 /// Why a frame could not be decoded, read or written.
