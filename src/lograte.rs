@@ -38,7 +38,7 @@ pub(crate) const INTERVAL_NS: u64 = 1_000_000_000;
 
 /// What a call site should do with this occurrence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Emit {
+pub enum Emit {
     /// The first occurrence of this cause: log it in full.
     First,
     /// An interval has passed since the last line for this cause: log once,
@@ -79,7 +79,7 @@ impl Slot {
 
 /// One call site's per-cause counters.
 #[derive(Debug)]
-pub(crate) struct LogRate {
+pub struct LogRate {
     slots: [Slot; SLOTS],
 }
 
@@ -91,7 +91,7 @@ impl Default for LogRate {
 
 /// The cause key of `parts` (e.g. `&(peer, kind)`): a fixed hash, so the same
 /// parts give the same key in every thread.
-pub(crate) fn cause<T: Hash + ?Sized>(parts: &T) -> u64 {
+pub fn cause<T: Hash + ?Sized>(parts: &T) -> u64 {
     // DefaultHasher::new() has fixed keys (no per-process randomness
     // needed here) and allocates nothing.
     let mut h = std::hash::DefaultHasher::new();
@@ -101,7 +101,7 @@ pub(crate) fn cause<T: Hash + ?Sized>(parts: &T) -> u64 {
 
 impl LogRate {
     /// An empty table (usable in a `static`).
-    pub(crate) const fn new() -> LogRate {
+    pub const fn new() -> LogRate {
         LogRate {
             slots: [const { Slot::new() }; SLOTS],
         }
@@ -114,7 +114,7 @@ impl LogRate {
     }
 
     /// Count one occurrence of `cause` at `now_ns` (monotonic).
-    pub(crate) fn hit_at(&self, cause: u64, now_ns: u64) -> Emit {
+    pub fn hit_at(&self, cause: u64, now_ns: u64) -> Emit {
         let key = cause | 1;
         let start = (key >> 1) as usize % SLOTS;
         for probe in 0..SLOTS {

@@ -37,7 +37,7 @@ pub struct Topology {
 /// itself, larger for farther nodes). Built by [`NumaDistances::new`] or
 /// read from sysfs by [`NumaDistances::read_sysfs`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct NumaDistances {
+pub struct NumaDistances {
     /// Node OS indices, distinct.
     nodes: Vec<u32>,
     /// Row-major `nodes.len()²` table: `matrix[i * n + j]` is the distance
@@ -47,7 +47,7 @@ pub(crate) struct NumaDistances {
 
 /// One NUMA node and the allowed CPUs attached to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct NumaNode {
+pub struct NumaNode {
     /// The OS index of the node (as in `/sys/devices/system/node/nodeN`).
     pub os_index: u32,
     /// OS CPU indices, sorted.
@@ -123,8 +123,8 @@ impl Topology {
 
     /// [`Topology::from_nodes`] with a distance table (which may name nodes
     /// the CPU list does not: memory-only nodes, nodes outside the cpuset).
-    #[cfg(test)]
-    pub(crate) fn from_nodes_with_distances(nodes: Vec<NumaNode>, distances: NumaDistances) -> Topology {
+    #[cfg(any(test, feature = "testing"))]
+    pub fn from_nodes_with_distances(nodes: Vec<NumaNode>, distances: NumaDistances) -> Topology {
         Topology {
             distances: Some(distances),
             ..Topology::from_nodes(nodes)
@@ -188,7 +188,7 @@ impl Topology {
     /// assert_eq!(t.tier(Some(0), Some(3)), 2);
     /// assert_eq!(t.tier(None, Some(3)), 0);
     /// ```
-    pub(crate) fn tier(&self, from: Option<u32>, device: Option<u32>) -> u8 {
+    pub fn tier(&self, from: Option<u32>, device: Option<u32>) -> u8 {
         let (Some(from), Some(device)) = (from, device) else {
             return 0;
         };
@@ -297,7 +297,7 @@ impl NumaDistances {
     /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument)
     /// when there are no nodes or more than [`Self::MAX_NODES`], a node is
     /// named twice, or the rows do not form a square matrix.
-    pub(crate) fn new(nodes: Vec<u32>, rows: Vec<Vec<u32>>) -> Result<NumaDistances> {
+    pub fn new(nodes: Vec<u32>, rows: Vec<Vec<u32>>) -> Result<NumaDistances> {
         let n = nodes.len();
         if n == 0 || n > Self::MAX_NODES {
             return Err(Error::invalid(format!(

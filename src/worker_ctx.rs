@@ -212,12 +212,12 @@ impl<T> FromIterator<T> for PerWorker<T> {
 
 impl<T> PerWorker<T> {
     /// `workers` cells, cell `w` holding `init(w)`; bound to no engine yet.
-    pub(crate) fn new(workers: usize, init: impl FnMut(usize) -> T) -> PerWorker<T> {
+    pub fn new(workers: usize, init: impl FnMut(usize) -> T) -> PerWorker<T> {
         (0..workers).map(init).collect()
     }
 
     /// How many workers it has cells for.
-    pub(crate) fn workers(&self) -> usize {
+    pub fn workers(&self) -> usize {
         self.cells.len()
     }
 
@@ -226,7 +226,7 @@ impl<T> PerWorker<T> {
     /// # Errors
     /// `InvalidArgument` when already bound to another engine: one
     /// transport serves one engine, whose workers alone may open its cells.
-    pub(crate) fn bind(&self, engine: EngineId) -> Result<()> {
+    pub fn bind(&self, engine: EngineId) -> Result<()> {
         match self.claim(engine) {
             Ok(()) => Ok(()),
             Err(bound) => Err(Error::invalid(format!(
@@ -256,7 +256,7 @@ impl<T> PerWorker<T> {
     /// another engine than the one this is bound to, its index has no
     /// cell, or the cell is open already (a transport re-entering itself).
     #[inline]
-    pub(crate) fn get(&self, ctx: &WorkerCtx) -> Result<RefMut<'_, T>, ErrorKind> {
+    pub fn get(&self, ctx: &WorkerCtx) -> Result<RefMut<'_, T>, ErrorKind> {
         // Relaxed: the id is set once; a stale 0 only sends us to `claim`.
         let bound = self.engine.load(Ordering::Relaxed);
         if bound != ctx.engine.get() {

@@ -1,34 +1,95 @@
-//! An idle engine parks: its workers burn (almost) no CPU.
+//! An idle engine parks: its workers burn (almost) no CPU and wake only
+//! when their park times out.
+//!
+//! Measured per worker thread (its CPU clock and its voluntary context
+//! switches, one per park), not for the whole process: the process also
+//! pays for other processes' engines probing its shm socket, which says
+//! nothing about whether the workers park.
 
 use std::time::Duration;
 
-fn cpu_time() -> Duration {
-    // SAFETY: getrusage fills a zeroed, valid rusage struct.
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
-        ru
+/// The engine's worker threads, by thread id.
+fn worker_tids() -> Vec<u32> {
+    let mut tids = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/task").unwrap() {
+        let entry = entry.unwrap();
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        if comm.starts_with("tent-worker-") {
+            tids.push(entry.file_name().to_str().unwrap().parse().unwrap());
+        }
+    }
+    tids.sort_unstable();
+    tids
+}
+
+/// CPU time and wake-ups (voluntary context switches) of thread `tid`.
+fn usage(tid: u32) -> (Duration, u64) {
+    // The thread's CPU clock: MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED).
+    let clock = ((!(tid as libc::clockid_t)) << 3) | 6;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
     };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    // SAFETY: `ts` is a valid, writable timespec.
+    assert_eq!(unsafe { libc::clock_gettime(clock, &mut ts) }, 0);
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+    let wakes = status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    (Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32), wakes)
+}
+
+/// Each worker's CPU time and wake-ups over `window`.
+fn idle_usage(window: Duration) -> Vec<(Duration, u64)> {
+    let tids = worker_tids();
+    let before: Vec<_> = tids.iter().map(|&t| usage(t)).collect();
+    std::thread::sleep(window);
+    tids.iter()
+        .zip(before)
+        .map(|(&t, (cpu, wakes))| {
+            let (cpu2, wakes2) = usage(t);
+            (cpu2 - cpu, wakes2 - wakes)
+        })
+        .collect()
+}
+
+/// A worker that parks wakes once per park timeout, and each wake costs
+/// microseconds; one that spun or yielded again after every timeout (the
+/// yield phase here is 5 ms) would use 250 ms in 5 s.
+fn assert_parked(usage: &[(Duration, u64)], window: Duration, park: Duration, what: &str) {
+    assert_eq!(usage.len(), 2, "{what}: two workers");
+    let most_wakes = (window.as_millis() / park.as_millis()) as u64 + 10;
+    for (w, &(cpu, wakes)) in usage.iter().enumerate() {
+        assert!(
+            cpu < Duration::from_millis(10),
+            "{what}: worker {w} used {cpu:?} of CPU in {window:?}"
+        );
+        assert!(
+            wakes <= most_wakes,
+            "{what}: worker {w} woke {wakes} times in {window:?} (parks of {park:?})"
+        );
+    }
 }
 
 #[test]
 fn idle_engine_parks() {
-    // Default worker settings (spin, then yield, then park), two workers.
+    // Spin, then yield, then park, two workers.
+    let park = Duration::from_millis(100);
     let mut cfg = tent::Config::default();
     cfg.workers.count = 2;
     cfg.workers.pin = false;
+    cfg.workers.spin_us = Duration::from_micros(50);
+    cfg.workers.yield_us = Duration::from_millis(5);
+    cfg.workers.park_timeout_ms = park;
     let e = tent::Engine::new(cfg).unwrap();
     let _ring = e.ring().unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    let before = cpu_time();
-    std::thread::sleep(Duration::from_secs(5));
-    let used = cpu_time() - before;
-    assert!(
-        used < Duration::from_millis(20),
-        "idle engine used {used:?} of CPU in 5 s"
-    );
+    let window = Duration::from_secs(5);
+    assert_parked(&idle_usage(window), window, park, "idle engine");
 
     // An application that drops its ring with a full completion ring and
     // more SQEs queued must not keep the worker busy: the ring is retired.
@@ -49,11 +110,11 @@ fn idle_engine_parks() {
     }
     drop(ring);
     std::thread::sleep(Duration::from_millis(300));
-    let before = cpu_time();
-    std::thread::sleep(Duration::from_secs(1));
-    let used = cpu_time() - before;
-    assert!(
-        used < Duration::from_millis(10),
-        "worker busy after its ring was dropped: {used:?} in 1 s"
+    let window = Duration::from_secs(1);
+    assert_parked(
+        &idle_usage(window),
+        window,
+        park,
+        "after its ring was dropped",
     );
 }

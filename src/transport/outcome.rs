@@ -76,7 +76,7 @@ impl PackedOutcome {
 
     /// The outcome it packs.
     #[inline(always)]
-    pub(crate) fn unpack(self) -> SubmitOutcome {
+    pub fn unpack(self) -> SubmitOutcome {
         if self.0 & Self::OTHER == 0 {
             return SubmitOutcome::Completed(Ok(self.0));
         }

@@ -353,8 +353,9 @@ impl Worker {
                     }
                 }
             }
-            // A timeout leaves `idle_since` old: one more turn, then straight
-            // back to sleep instead of another spin/yield phase.
+            // A timeout leaves `idle_since` old: IDLE_CLOCK_TURNS empty turns
+            // (until the clock is read again), a housekeeping sweep, then
+            // straight back to sleep instead of another spin/yield phase.
         }
         tracing::debug!(worker = self.shared.index, "worker stopped");
     }

@@ -73,7 +73,7 @@ impl PortInfo {
     /// assert_eq!(PortInfo::link_gbps(128, 2), Some(425.0)); // NDR 4X
     /// assert_eq!(PortInfo::link_gbps(3, 2), None);
     /// ```
-    pub(crate) fn link_gbps(speed: u32, width: u8) -> Option<f64> {
+    pub fn link_gbps(speed: u32, width: u8) -> Option<f64> {
         let lane_gbps = match speed {
             1 => 2.5,       // SDR
             2 => 5.0,       // DDR
