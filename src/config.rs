@@ -9,7 +9,8 @@
 //!
 //! Fields have their real types: [`Duration`]s for the `_secs`, `_ms` and
 //! `_us` keys (whole numbers of that unit in a file), enums for names
-//! ([`LogLevel`], [`SplitPolicy`], [`MetadataType`], [`GidIndex`]), a list
+//! ([`LogLevel`], [`SplitPolicy`], [`MetadataType`], [`GidIndex`],
+//! [`TrafficClass`]), a list
 //! for `transports/rdma/devices`. A value read from a file or a variable is
 //! type-checked into a field's type, then range-checked; one built in code
 //! gets the same range checks from [`Config::validate`], field by field.
@@ -73,7 +74,9 @@ blank_is_default!(
     Vec<usize>,
     Duration,
     Secret,
-    GidIndex
+    GidIndex,
+    TrafficClass,
+    u8
 );
 
 /// Declares the configuration's structs: each gets its `Blank` value from
@@ -219,6 +222,11 @@ pub struct RdmaConfig {
     /// `transports/rdma/gid_index`: `"auto"` (first non-zero GID) or a GID
     /// table index.
     pub gid_index: GidIndex,
+    /// `transports/rdma/traffic_class`: the traffic class of RDMA packets.
+    pub traffic_class: TrafficClass,
+    /// `transports/rdma/service_level`: the InfiniBand service level (the
+    /// 802.1p priority on RoCE NICs that map it), 0 to 15.
+    pub service_level: u8,
     /// `transports/rdma/slice_size`: bytes per RDMA slice (clamped to the
     /// NICs' max message size).
     pub slice_size: u64,
@@ -336,6 +344,30 @@ impl GidIndex {
         match self {
             GidIndex::Auto => None,
             GidIndex::Index(i) => Some(i),
+        }
+    }
+}
+
+/// `transports/rdma/traffic_class`: the IP traffic class (DSCP and ECN
+/// bits) of RoCE packets, or the GRH's on InfiniBand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TrafficClass {
+    /// `"auto"`: the port's own (sysfs `tc/<port>/traffic_class`, which
+    /// mlx5 exposes), else 106 on RoCE (DSCP 26 with ECN capable, the
+    /// lossless class of a typical fabric) and 0 on InfiniBand.
+    #[default]
+    Auto,
+    /// This byte: DSCP in the upper six bits, ECN in the lower two.
+    Value(u8),
+}
+
+impl TrafficClass {
+    /// The class asked for; `None` for [`TrafficClass::Auto`].
+    pub fn value(self) -> Option<u8> {
+        match self {
+            TrafficClass::Auto => None,
+            TrafficClass::Value(v) => Some(v),
         }
     }
 }
@@ -577,8 +609,8 @@ enum Kind {
     /// RDMA device names: an array of strings, or one string of names
     /// separated by commas (TENT's spelling).
     Devices,
-    /// `"auto"` or a GID table index (a number, or a string of digits).
-    Gid,
+    /// `"auto"` or a byte (a number, or a string of digits): what it is.
+    AutoOrByte(&'static str),
 }
 
 /// The unit of a duration key, named in the key (`_secs`, `_ms`, `_us`).
@@ -672,7 +704,7 @@ impl Kind {
             Kind::UintArray { .. } => "array of unsigned integers",
             Kind::Str(_) | Kind::Choice(_) => "string",
             Kind::Devices => "array of strings, or a string",
-            Kind::Gid => "\"auto\" or unsigned integer",
+            Kind::AutoOrByte(_) => "\"auto\" or unsigned integer",
         }
     }
 
@@ -702,7 +734,7 @@ impl Kind {
             Kind::Devices => format!(
                 "at most {MAX_DEVICES} device names of [A-Za-z0-9_.-], 1 to {MAX_DEVICE_NAME} bytes each"
             ),
-            Kind::Gid => "\"auto\", 0..=255".to_owned(),
+            Kind::AutoOrByte(_) => "\"auto\", 0..=255".to_owned(),
         }
     }
 }
@@ -762,7 +794,7 @@ enum Val {
     Strs(Vec<String>),
     Floats(Vec<f64>),
     Uints(Vec<u64>),
-    Gid(GidIndex),
+    AutoOrByte(Option<u8>),
 }
 
 /// How a [`Val`] lands in a struct field and comes back out.
@@ -799,7 +831,6 @@ plain_field!(
     String => Str,
     Vec<String> => Strs,
     Vec<f64> => Floats,
-    GidIndex => Gid,
 );
 
 macro_rules! uint_field {
@@ -817,7 +848,37 @@ macro_rules! uint_field {
         }
     )*};
 }
-uint_field!(u16, u32, u64);
+uint_field!(u8, u16, u32, u64);
+
+impl Field for GidIndex {
+    fn assign(&mut self, val: Val) -> bool {
+        match val {
+            Val::AutoOrByte(v) => {
+                *self = v.map_or(GidIndex::Auto, GidIndex::Index);
+                true
+            }
+            _ => false,
+        }
+    }
+    fn to_val(&self) -> Val {
+        Val::AutoOrByte(self.index())
+    }
+}
+
+impl Field for TrafficClass {
+    fn assign(&mut self, val: Val) -> bool {
+        match val {
+            Val::AutoOrByte(v) => {
+                *self = v.map_or(TrafficClass::Auto, TrafficClass::Value);
+                true
+            }
+            _ => false,
+        }
+    }
+    fn to_val(&self) -> Val {
+        Val::AutoOrByte(self.value())
+    }
+}
 
 impl Field for Secret {
     fn assign(&mut self, val: Val) -> bool {
@@ -952,8 +1013,12 @@ schema! {
         "Enable the RDMA transport (used when the machine has RDMA devices).";
     "transports/rdma/devices" => transports.rdma.devices: Kind::Devices, "[]", LIVE,
         "RDMA devices to open, e.g. [\"mlx5_0\", \"mlx5_1\"] (or TENT's \"mlx5_0,mlx5_1\"); empty = every device found.";
-    "transports/rdma/gid_index" => transports.rdma.gid_index: Kind::Gid, "\"auto\"", LIVE,
-        "GID table index (0..=255) used on every device, or \"auto\" for the first non-zero GID.";
+    "transports/rdma/gid_index" => transports.rdma.gid_index: Kind::AutoOrByte("a GID index"), "\"auto\"", LIVE,
+        "GID table index (0..=255) used on every device, or \"auto\": on RoCE the RoCE v2 GID with an IPv4 address on a network device that is up, else v2 global IPv6, else v2 link-local, RoCE v1 only where the port lists no v2; on InfiniBand the port GID.";
+    "transports/rdma/traffic_class" => transports.rdma.traffic_class: Kind::AutoOrByte("a traffic class"), "\"auto\"", LIVE,
+        "Traffic class byte (DSCP << 2 | ECN) of RDMA packets, or \"auto\": the port's own (sysfs tc/<port>/traffic_class), else 106 on RoCE (DSCP 26, ECN capable) and 0 on InfiniBand.";
+    "transports/rdma/service_level" => transports.rdma.service_level: uint(0, 15), "0", LIVE,
+        "InfiniBand service level of RDMA packets (RoCE NICs may map it to an 802.1p priority).";
     "transports/rdma/slice_size" => transports.rdma.slice_size: uint(4096, 1 << 30), "65536", LIVE,
         "Bytes per RDMA slice (clamped to the devices' max message size).";
     "transports/rdma/qp_depth" => transports.rdma.qp_depth: uint(1, 1 << 16), "256", LIVE,
@@ -1552,23 +1617,23 @@ fn read_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, Confi
                 .map(Val::Strs),
             _ => Err(type_err(kind.type_name(), key, v)),
         },
-        Kind::Gid => {
+        Kind::AutoOrByte(what) => {
             let index = match v {
-                Value::String(s) if s == "auto" => return Ok(Val::Gid(GidIndex::Auto)),
+                Value::String(s) if s == "auto" => return Ok(Val::AutoOrByte(None)),
                 Value::String(s) => s.parse::<u64>().ok(),
                 Value::Number(n) => n.as_u64(),
                 _ => return Err(type_err(kind.type_name(), key, v)),
             };
             match index.map(u8::try_from) {
-                Some(Ok(i)) => Ok(Val::Gid(GidIndex::Index(i))),
-                // An address handle holds 8 bits of the index: a larger one
-                // would name another GID than the one asked for.
+                Some(Ok(i)) => Ok(Val::AutoOrByte(Some(i))),
+                // An address handle holds 8 bits of a GID index and of a
+                // traffic class: a larger one would name another.
                 Some(Err(_)) => Err(range_error(kind, key, &v.to_string(), file)),
                 None => Err(ConfigError::Invalid {
                     file: file.to_owned(),
                     key: key.to_owned(),
                     reason: format!(
-                        "{}: must be \"auto\" or a GID index 0..=255",
+                        "{}: must be \"auto\" or {what} 0..=255",
                         truncate(&v.to_string())
                     ),
                 }),
@@ -1617,7 +1682,7 @@ fn check_val(
         reason,
     };
     match (kind, val) {
-        (Kind::Bool, Val::Bool(_)) | (Kind::Gid, Val::Gid(_)) => Ok(()),
+        (Kind::Bool, Val::Bool(_)) | (Kind::AutoOrByte(_), Val::AutoOrByte(_)) => Ok(()),
         (Kind::Uint { min, max }, &Val::Uint(n)) if !(min..=max).contains(&n) => {
             Err(range(key, written, Val::Uint(n), kind.allowed()))
         }
@@ -1938,8 +2003,8 @@ fn val_to_json(kind: Kind, val: Val) -> Value {
         Val::Strs(v) => Value::from(v),
         Val::Floats(v) => Value::from(v),
         Val::Uints(v) => Value::from(v),
-        Val::Gid(GidIndex::Auto) => Value::from("auto"),
-        Val::Gid(GidIndex::Index(i)) => Value::from(i),
+        Val::AutoOrByte(None) => Value::from("auto"),
+        Val::AutoOrByte(Some(i)) => Value::from(i),
     }
 }
 
@@ -2169,7 +2234,7 @@ mod tests {
                 }))
             }
             (Kind::Devices, _) => Val::Strs(vec!["mlx5_7".to_owned()]),
-            (Kind::Gid, _) => Val::Gid(GidIndex::Index(7)),
+            (Kind::AutoOrByte(_), _) => Val::AutoOrByte(Some(7)),
             (kind, v) => panic!("{kind:?} does not produce {v:?}"),
         }
     }
@@ -3004,7 +3069,7 @@ mod tests {
                 proptest::collection::vec("[a-z0-9_.-]{1,8}", 0..=3).prop_map(Value::from),
             ]
             .boxed(),
-            Kind::Gid => prop_oneof![
+            Kind::AutoOrByte(_) => prop_oneof![
                 Just(Value::from("auto")),
                 (0..=255u64).prop_map(Value::from),
                 (0..=255u64).prop_map(|n| Value::from(n.to_string())),

@@ -217,6 +217,7 @@ fn qp_connect_to_an_engine_without_rdma_is_unreachable_and_says_why() {
             initiator_nic: "rxe0".into(),
             target_nic: "rxe0".into(),
             qp: tent::control::wire::QpBootstrap::default(),
+            gid_type: None,
         },
     )
     .unwrap_err();

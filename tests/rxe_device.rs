@@ -49,7 +49,8 @@ fn rxe_nic_speed_is_the_kernels_port_rate() {
     if !in_guest() {
         return;
     }
-    let set = NicSet::open(&[], None).expect("the guest's rxe devices open");
+    let set = NicSet::open(&[], tent::transport::rdma::NicOptions::default())
+        .expect("the guest's rxe devices open");
     assert!(!set.nics().is_empty());
     for nic in set.nics() {
         let dev = nic.ctx.name();
@@ -96,7 +97,8 @@ fn rxe_nic_numa_node_is_what_sysfs_says() {
     if !in_guest() {
         return;
     }
-    let set = NicSet::open(&[], None).expect("the guest's rxe devices open");
+    let set = NicSet::open(&[], tent::transport::rdma::NicOptions::default())
+        .expect("the guest's rxe devices open");
     for nic in set.nics() {
         let dev = nic.ctx.name();
         let path = format!("/sys/class/infiniband/{dev}/device/numa_node");

@@ -61,8 +61,8 @@ fn connected(
     depth: u32,
 ) -> tent::Result<(Arc<CompletionQueue>, QueuePair, QueuePair)> {
     let cq = CompletionQueue::new(pd.context(), 256)?;
-    let a = QueuePair::new(pd, &cq, 1, None, depth)?;
-    let b = QueuePair::new(pd, &cq, 1, None, depth)?;
+    let a = QueuePair::new(pd, &cq, pd.context().default_addressing(1)?, depth)?;
+    let b = QueuePair::new(pd, &cq, pd.context().default_addressing(1)?, depth)?;
     a.connect(&b.endpoint()?)?;
     b.connect(&a.endpoint()?)?;
     Ok((cq, a, b))
@@ -187,11 +187,18 @@ fn rxe_unknown_device_lists_those_found_and_gid_index_is_checked() {
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     assert!(e.to_string().contains("rxe0"), "{e}");
     let ctx = Context::open("rxe0").unwrap();
-    let e = ctx.choose_gid(1, Some(100_000)).unwrap_err();
-    assert!(
-        e.to_string().contains("GID index 100000 out of range"),
-        "{e}"
+    // An index past rxe's addresses (its table is longer than the 256 an
+    // index may name) holds none.
+    let e = ctx.choose_gid(1, Some(255)).unwrap_err();
+    assert!(e.to_string().contains("GID index 255 is empty"), "{e}");
+    // Left to choose, it takes a RoCE v2 GID with an IPv4 address.
+    let c = ctx.choose_gid(1, None).unwrap();
+    assert_eq!(
+        c.ty,
+        Some(tent::transport::rdma::gid::GidType::RoceV2),
+        "{c:?}"
     );
+    assert_eq!(c.why, "RoCE v2, IPv4", "{c:?}");
     assert!(ctx.max_qp_wr() > 0);
     // The READ depths a QP asks for stay inside the device's caps (the
     // READ tests below run on QPs connected with them).
@@ -354,14 +361,24 @@ fn rxe_nic_set_opens_every_rail_and_registers_on_all_of_them() {
         return;
     }
     use tent::transport::rdma::NicSet;
-    let set = NicSet::open(&[], None).unwrap();
+    let set = NicSet::open(&[], tent::transport::rdma::NicOptions::default()).unwrap();
     let names: Vec<_> = set.entries().into_iter().map(|e| e.name).collect();
     assert_eq!(names, rails());
     assert!(set.entries().iter().all(|e| e.gid.iter().any(|&b| b != 0)));
-    let e = NicSet::open(&["mlx5_9".to_owned()], None).unwrap_err();
+    let e = NicSet::open(
+        &["mlx5_9".to_owned()],
+        tent::transport::rdma::NicOptions::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("found: rxe0"), "{e}");
-    let e = NicSet::open(&["rxe0".to_owned()], Some(4096)).unwrap_err();
-    assert!(e.to_string().contains("out of range"), "{e}");
+    // rxe's GID table is longer than the 256 entries an index may name:
+    // the last of those holds no address.
+    let opts = tent::transport::rdma::NicOptions {
+        gid_index: Some(255),
+        ..Default::default()
+    };
+    let e = NicSet::open(&["rxe0".to_owned()], opts).unwrap_err();
+    assert!(e.to_string().contains("is empty"), "{e}");
     let mut buf = vec![0u8; 1 << 20];
     // SAFETY: `buf` outlives the registration.
     let reg = unsafe { set.register(buf.as_mut_ptr(), buf.len()) }.unwrap();
@@ -379,7 +396,9 @@ fn rxe_a_port_going_down_is_seen_from_the_nics_async_events() {
     use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
     use tent::transport::rdma::{NicEvents, NicSet};
-    let set = std::sync::Arc::new(NicSet::open(&[], None).unwrap());
+    let set = std::sync::Arc::new(
+        NicSet::open(&[], tent::transport::rdma::NicOptions::default()).unwrap(),
+    );
     let events = NicEvents::start(set.clone()).unwrap();
     let nic = |name: &str| {
         set.nics()
@@ -487,20 +506,32 @@ fn rxe_qp_bootstrap_over_the_control_plane_then_one_sided_write_and_read_into_an
         .rkeys[nic];
 
     // The initiator's side: its own context, PD, CQ and QP on rxe0.
-    let mine = NicSet::open(&["rxe0".to_owned()], None).unwrap();
+    let mine = NicSet::open(
+        &["rxe0".to_owned()],
+        tent::transport::rdma::NicOptions::default(),
+    )
+    .unwrap();
     let n0 = &mine.nics()[0];
     let cq = CompletionQueue::new(&n0.ctx, 64).unwrap();
-    let qp = QueuePair::new(&n0.pd, &cq, n0.port, Some(n0.gid_index), 64).unwrap();
+    let qp = QueuePair::new(&n0.pd, &cq, n0.addressing(), 64).unwrap();
     // An unknown NIC on the target is refused with the NICs it has.
-    let req = |target_nic: &str| QpRequest {
+    let req = |target_nic: &str, gid_type: Option<u8>| QpRequest {
         initiator: QpInitiator::new(new_engine_id(), 0, 0).unwrap(),
         initiator_nic: "rxe0".into(),
         target_nic: target_nic.into(),
         qp: bootstrap(&qp.endpoint().unwrap()),
+        gid_type,
     };
-    let e = connect_qp(&name, None, Duration::from_secs(5), req("mlx5_7")).unwrap_err();
+    let e = connect_qp(&name, None, Duration::from_secs(5), req("mlx5_7", None)).unwrap_err();
     assert!(e.to_string().contains("have: rxe0"), "{e}");
-    let theirs = connect_qp(&name, None, Duration::from_secs(5), req("rxe0")).unwrap();
+    // A QP addressed by a RoCE v1 GID cannot reach rxe's RoCE v2 one:
+    // refused, typed, before a QP is made for it.
+    let e = connect_qp(&name, None, Duration::from_secs(5), req("rxe0", Some(1))).unwrap_err();
+    assert_eq!(e.kind(), tent::ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("GID type mismatch"), "{e}");
+    let ours = n0.gid().ty.map(|t| t.code());
+    assert_eq!(ours, Some(2), "rxe lists RoCE v2 GIDs");
+    let theirs = connect_qp(&name, None, Duration::from_secs(5), req("rxe0", ours)).unwrap();
     qp.connect(&endpoint(&theirs)).unwrap();
 
     let mut src = pattern(21, len as usize);
@@ -571,7 +602,13 @@ fn rxe_responder_files_passive_qps_by_initiator_replaces_on_reconnect_and_never_
     use tent::transport::rdma::{NicSet, Responder};
 
     // The target: a control server whose responder keeps 2 passive QPs.
-    let nics = Arc::new(NicSet::open(&["rxe0".to_owned()], None).unwrap());
+    let nics = Arc::new(
+        NicSet::open(
+            &["rxe0".to_owned()],
+            tent::transport::rdma::NicOptions::default(),
+        )
+        .unwrap(),
+    );
     let responder = Arc::new(Responder::with_capacity(nics.clone(), 2));
     let r = responder.clone();
     let server = ControlServer::start_with(
@@ -597,7 +634,11 @@ fn rxe_responder_files_passive_qps_by_initiator_replaces_on_reconnect_and_never_
     let d = unsafe { MemoryRegion::new(&nics.nics()[0].pd, dst_addr, 4096) }.unwrap();
 
     // The initiator: one engine id, endpoints named by (worker, rail).
-    let mine = NicSet::open(&["rxe0".to_owned()], None).unwrap();
+    let mine = NicSet::open(
+        &["rxe0".to_owned()],
+        tent::transport::rdma::NicOptions::default(),
+    )
+    .unwrap();
     let n0 = &mine.nics()[0];
     let cq = CompletionQueue::new(&n0.ctx, 64).unwrap();
     let mut src = pattern(9, 4096);
@@ -606,7 +647,7 @@ fn rxe_responder_files_passive_qps_by_initiator_replaces_on_reconnect_and_never_
     let s = unsafe { MemoryRegion::new(&n0.pd, src_addr, 4096) }.unwrap();
     let engine = new_engine_id();
     let connect = |worker: usize, rail: usize| -> tent::Result<QueuePair> {
-        let qp = QueuePair::new(&n0.pd, &cq, n0.port, Some(n0.gid_index), 16)?;
+        let qp = QueuePair::new(&n0.pd, &cq, n0.addressing(), 16)?;
         let theirs = connect_qp(
             &name,
             None,
@@ -616,6 +657,7 @@ fn rxe_responder_files_passive_qps_by_initiator_replaces_on_reconnect_and_never_
                 initiator_nic: "rxe0".into(),
                 target_nic: "rxe0".into(),
                 qp: bootstrap(&qp.endpoint()?),
+                gid_type: None,
             },
         )?;
         qp.connect(&endpoint(&theirs))?;
@@ -947,7 +989,9 @@ fn rxe_engine_a_length_above_the_nics_max_message_size_is_sliced_not_rejected() 
     if !in_guest() {
         return;
     }
-    let probe = tent::transport::rdma::NicSet::open(&[], None).unwrap();
+    let probe =
+        tent::transport::rdma::NicSet::open(&[], tent::transport::rdma::NicOptions::default())
+            .unwrap();
     let max = probe.nics().iter().map(|n| n.max_msg).min().unwrap() as u64;
     drop(probe);
     // Ask for slices far above what the NIC takes: they are clamped to
@@ -1414,14 +1458,14 @@ fn rxe_unregister_deregisters_on_every_nic_and_the_old_rkey_gets_a_remote_access
     assert_eq!(rkeys.len(), rails_count());
 
     // A raw QP on every rail, connected to the target's NIC of that name.
-    let mine = NicSet::open(&[], None).unwrap();
+    let mine = NicSet::open(&[], tent::transport::rdma::NicOptions::default()).unwrap();
     let mut src = pattern(42, len as usize);
     let mut qps = Vec::new();
     for n in mine.nics() {
         let nic = n.ctx.name().to_owned();
         let tnic = d.nics.iter().position(|x| x.name == nic).unwrap();
         let cq = CompletionQueue::new(&n.ctx, 64).unwrap();
-        let qp = QueuePair::new(&n.pd, &cq, n.port, Some(n.gid_index), 64).unwrap();
+        let qp = QueuePair::new(&n.pd, &cq, n.addressing(), 64).unwrap();
         let theirs = connect_qp(
             &name,
             None,
@@ -1431,6 +1475,7 @@ fn rxe_unregister_deregisters_on_every_nic_and_the_old_rkey_gets_a_remote_access
                 initiator_nic: nic.clone(),
                 target_nic: nic.clone(),
                 qp: bootstrap(&qp.endpoint().unwrap()),
+                gid_type: None,
             },
         )
         .unwrap();
@@ -1890,8 +1935,8 @@ impl tent::transport::rdma::QueueSource for AnswersLate {
         self.connects += 1;
         let (cq, a, b) = if self.connects == 1 {
             let cq = CompletionQueue::new(self.pd.context(), 256)?;
-            let a = QueuePair::new(&self.pd, &cq, 1, None, 64)?;
-            let b = QueuePair::new(&self.pd, &cq, 1, None, 64)?;
+            let a = QueuePair::new(&self.pd, &cq, self.pd.context().default_addressing(1)?, 64)?;
+            let b = QueuePair::new(&self.pd, &cq, self.pd.context().default_addressing(1)?, 64)?;
             a.connect(&b.endpoint()?)?;
             (cq, a, b)
         } else {

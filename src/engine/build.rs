@@ -119,13 +119,17 @@ impl EngineBuilder {
                 Ok(_) => {
                     let r = &config.transports.rdma;
                     let named = &r.devices;
-                    let gid = r.gid_index.index().map(i32::from);
-                    match crate::transport::rdma::NicSet::open(named, gid) {
+                    let opts = crate::transport::rdma::NicOptions {
+                        gid_index: r.gid_index.index(),
+                        traffic_class: r.traffic_class.value(),
+                        service_level: r.service_level,
+                    };
+                    match crate::transport::rdma::NicSet::open(named, opts) {
                         Ok(set) => {
                             tracing::info!(nics = ?set.entries().iter().map(|n| n.name.clone()).collect::<Vec<_>>(), "RDMA NICs opened");
                             Some(Arc::new(set))
                         }
-                        Err(e) if !named.is_empty() || gid.is_some() => return Err(e),
+                        Err(e) if !named.is_empty() || opts.gid_index.is_some() => return Err(e),
                         Err(e) => {
                             tracing::warn!(error = %e, "RDMA unavailable; using TCP/SHM");
                             None

@@ -214,15 +214,20 @@ pub struct NicEntry {
     pub lid: u16,
     /// Active MTU (an `ibv_mtu` value).
     pub mtu: u32,
+    /// The GID's type (an `ibv_gid_type`: 0 IB, 1 RoCE v1, 2 RoCE v2);
+    /// `None` from an owner that does not say.
+    pub gid_type: Option<u8>,
 }
 
 schema! {
     NicEntry {
-        0x0001 NIC_NAME name: str(MAX_RAIL_FIELD, "NIC name"), required;
-        0x0002 NIC_GID  gid:  array(16),                       required;
-        0x0003 NIC_LID  lid:  u16,                             required;
+        0x0001 NIC_NAME     name:     str(MAX_RAIL_FIELD, "NIC name"), required;
+        0x0002 NIC_GID      gid:      array(16),                       required;
+        0x0003 NIC_LID      lid:      u16,                             required;
         /// an `ibv_mtu`
-        0x0004 NIC_MTU  mtu:  u32,                             required;
+        0x0004 NIC_MTU      mtu:      u32,                             required;
+        /// an `ibv_gid_type`
+        0x0005 NIC_GID_TYPE gid_type: u8,                              optional;
     }
 }
 
@@ -238,16 +243,21 @@ pub struct QpRequest {
     pub target_nic: String,
     /// The initiator's QP.
     pub qp: QpBootstrap,
+    /// The type of the GID the initiator's QP is addressed by (an
+    /// `ibv_gid_type`); `None` from an initiator that does not say.
+    pub gid_type: Option<u8>,
 }
 
 // A request without its initiator record (an older initiator's) is refused
 // for that before any other missing field.
 schema! {
-    QpRequest check_order(initiator, initiator_nic, target_nic, qp) {
+    QpRequest check_order(initiator, initiator_nic, target_nic, qp, gid_type) {
         0x0001 QP_INITIATOR_NIC initiator_nic: str(MAX_RAIL_FIELD, "NIC name"), required;
         0x0002 QP_TARGET_NIC    target_nic:    str(MAX_RAIL_FIELD, "NIC name"), required;
         qp: flatten(QpBootstrap);
         0x0008 QP_INITIATOR     initiator:     record(QpInitiator),             required;
+        /// an `ibv_gid_type`
+        0x0009 QP_GID_TYPE      gid_type:      u8,                              optional;
     }
 }
 

@@ -33,6 +33,10 @@
 //! made-up key. An older responder skips the record and serves the request
 //! as it always did.
 //!
+//! The GID types (`QpConnect`'s `gid_type`, the NIC record's) came later
+//! too: absent, the type is unknown and taken as compatible; present on
+//! both ends and different, the responder refuses the QP.
+//!
 //! A known tag may appear once (twice is [`WireError::DuplicateField`]),
 //! except the list fields marked "repeated", where each occurrence is one
 //! element. Encoding is canonical: fields go out in tag order, list elements
@@ -70,6 +74,7 @@
 //! |                      | `0x0006` | `psn`           | u32, required                                      | `QP_PSN`                  |
 //! |                      | `0x0007` | `mtu`           | u32, an `ibv_mtu`, required                        | `QP_MTU`                  |
 //! |                      | `0x0008` | `initiator`     | `QpInitiator` record, required                     | `QP_INITIATOR`            |
+//! |                      | `0x0009` | `gid_type`      | u8, an `ibv_gid_type`, optional                    | `QP_GID_TYPE`             |
 //! | `QpAccept` (9)       | `0x0003` | `gid`           | 16 bytes, required                                 | `QP_GID`                  |
 //! |                      | `0x0004` | `lid`           | u16, required                                      | `QP_LID`                  |
 //! |                      | `0x0005` | `qpn`           | u32, required                                      | `QP_QPN`                  |
@@ -92,6 +97,7 @@
 //! |                      | `0x0002` | `gid`           | 16 bytes, required                                 | `NIC_GID`                 |
 //! |                      | `0x0003` | `lid`           | u16, required                                      | `NIC_LID`                 |
 //! |                      | `0x0004` | `mtu`           | u32, an `ibv_mtu`, required                        | `NIC_MTU`                 |
+//! |                      | `0x0005` | `gid_type`      | u8, an `ibv_gid_type`, optional                    | `NIC_GID_TYPE`            |
 //! | `QpInitiator` record | `0x0001` | `engine`        | u64, non-zero, required                            | `QPI_ENGINE`              |
 //! |                      | `0x0002` | `worker`        | u16, below [`MAX_QP_WORKERS`], required            | `QPI_WORKER`              |
 //! |                      | `0x0003` | `rail`          | u16, below [`MAX_QP_RAILS`], required              | `QPI_RAIL`                |

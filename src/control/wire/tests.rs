@@ -123,12 +123,14 @@ fn small_descriptor() -> SegmentDescriptor {
                 gid: [0xfe; 16],
                 lid: 0,
                 mtu: 3,
+                gid_type: Some(2),
             },
             NicEntry {
                 name: "mlx5_1".into(),
                 gid: [7; 16],
                 lid: 12,
                 mtu: 5,
+                gid_type: None,
             },
         ],
     }
@@ -968,6 +970,7 @@ fn qp_request() -> QpRequest {
             psn: 0xabcdef,
             mtu: 3,
         },
+        gid_type: Some(2),
     }
 }
 
@@ -1221,14 +1224,20 @@ fn qp_queue_bound_is_the_configs() {
 }
 
 fn arb_nic() -> impl Strategy<Value = NicEntry> {
-    ("\\PC{0,16}", any::<[u8; 16]>(), any::<u16>(), any::<u32>()).prop_map(
-        |(name, gid, lid, mtu)| NicEntry {
+    (
+        "\\PC{0,16}",
+        any::<[u8; 16]>(),
+        any::<u16>(),
+        any::<u32>(),
+        any::<Option<u8>>(),
+    )
+        .prop_map(|(name, gid, lid, mtu, gid_type)| NicEntry {
             name,
             gid,
             lid,
             mtu,
-        },
-    )
+            gid_type,
+        })
 }
 
 fn arb_descriptor() -> impl Strategy<Value = SegmentDescriptor> {
@@ -1333,6 +1342,7 @@ fn fuzz_seeds() -> Vec<(&'static str, Message)> {
         initiator_nic: "rxe0".into(),
         target_nic: "rxe1".into(),
         qp,
+        gid_type: Some(2),
     };
     vec![
         ("hello", Message::Hello { nonce: bytes }),

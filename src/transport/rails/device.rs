@@ -80,6 +80,22 @@ impl Sysfs {
         parse_numa_node(&read_sysfs_text(&dir.join("device/numa_node")).ok()?)
     }
 
+    /// The text of `class/infiniband/<name>/<rel>` (trimmed), for an RDMA
+    /// device's port attributes; `None` when it cannot be read.
+    pub(crate) fn ibdev_text(&self, name: &str, rel: &str) -> Option<String> {
+        let dir = self.device_dir("class/infiniband", name)?;
+        read_sysfs_text(&dir.join(rel)).ok()
+    }
+
+    /// Whether network interface `ifname` is up, from its `operstate`
+    /// (`"unknown"`, which virtual devices report, counts as up); `None`
+    /// when it cannot be read.
+    pub(crate) fn netdev_up(&self, ifname: &str) -> Option<bool> {
+        let dir = self.device_dir("class/net", ifname)?;
+        let state = read_sysfs_text(&dir.join("operstate")).ok()?;
+        Some(matches!(state.as_str(), "up" | "unknown"))
+    }
+
     /// `<root>/<class>/<name>`, for a name that stays inside `<class>`.
     fn device_dir(&self, class: &str, name: &str) -> Option<PathBuf> {
         if !valid_name(name) {

@@ -17,6 +17,8 @@
 //!   reserve or reap (seed 004's reserve path), before the flushed
 //!   completions arrive; counted, logged once per cause. `CQ_ERR` names no
 //!   QP: counted and logged; its QPs' requests fail through it.
+//! - `GID_CHANGE` on the port in use: the NIC's GID is chosen again
+//!   (`Nic::reselect_gid`), for the QPs made from then on.
 //!
 //! The thread sleeps in `poll(2)` on every NIC's (non-blocking) event
 //! descriptor and an eventfd that stops it; it holds the NICs, so their
@@ -49,7 +51,9 @@ pub struct EventCounts {
     pub queue_errors: AtomicU64,
     /// QP error events whose QP was known: its controller marked terminal.
     pub qps_terminal: AtomicU64,
-    /// Everything else (LID/GID/PKey changes, COMM_EST, ...).
+    /// `GID_CHANGE` on the port in use: the GID is chosen again.
+    pub gid_changes: AtomicU64,
+    /// Everything else (LID/PKey changes, COMM_EST, ...).
     pub other: AtomicU64,
 }
 
@@ -65,12 +69,18 @@ pub(crate) fn apply(nics: &NicSet, i: usize, ev: AsyncEvent, counts: &EventCount
             nic.set_link(up, source);
         },
         &mut |qp_num| nics.qps().mark_terminal(i, qp_num),
+        &mut || {
+            if let Err(e) = nic.reselect_gid() {
+                tracing::warn!(nic = nic.ctx.name(), error = %e, "rdma: GID table changed and no GID fits now; new QPs keep the old choice");
+            }
+        },
     );
 }
 
 /// [`apply`] for the NIC `name` used through `port`, whose link state
 /// `set_link(up, source)` sets and whose QP `n` `qp_fatal(n)` takes out
-/// of service (whether it knew the QP).
+/// of service (whether it knew the QP), and whose GID `gid_changed()`
+/// chooses again.
 fn apply_to(
     name: &str,
     port: u8,
@@ -78,8 +88,13 @@ fn apply_to(
     counts: &EventCounts,
     set_link: &mut dyn FnMut(bool, &str),
     qp_fatal: &mut dyn FnMut(u32) -> bool,
+    gid_changed: &mut dyn FnMut(),
 ) {
     match ev.kind {
+        E::IBV_EVENT_GID_CHANGE if ev.port == port => {
+            counts.gid_changes.fetch_add(1, Ordering::Relaxed);
+            gid_changed();
+        }
         E::IBV_EVENT_PORT_ERR if ev.port == port => {
             counts.port_down.fetch_add(1, Ordering::Relaxed);
             set_link(false, "port event");
@@ -257,6 +272,7 @@ mod tests {
         table.watch(0, 7, &sq);
         let counts = EventCounts::default();
         let mut link = Vec::new();
+        let mut reselected = 0;
         let mut run = |e: AsyncEvent| {
             apply_to(
                 "mlx5_0",
@@ -265,6 +281,7 @@ mod tests {
                 &counts,
                 &mut |up, _| link.push(up),
                 &mut |qp| table.mark_terminal(0, qp),
+                &mut || reselected += 1,
             )
         };
         run(ev(E::IBV_EVENT_PORT_ERR, 1));
@@ -274,6 +291,8 @@ mod tests {
         run(ev(E::IBV_EVENT_QP_FATAL, 0));
         run(ev(E::IBV_EVENT_CQ_ERR, 0));
         run(ev(E::IBV_EVENT_GID_CHANGE, 1));
+        // Another port's table is not the one in use.
+        run(ev(E::IBV_EVENT_GID_CHANGE, 2));
         run(ev(E::IBV_EVENT_DEVICE_FATAL, 0));
         assert_eq!(link, [false, true, false]);
         assert!(
@@ -292,5 +311,7 @@ mod tests {
             ),
             (1, 1, 2, 1, 2)
         );
+        assert_eq!(c(&counts.gid_changes), 1);
+        assert_eq!(reselected, 1, "the GID is chosen again on the port's change only");
     }
 }

@@ -26,6 +26,7 @@
 pub(crate) mod connector;
 pub(crate) mod endpoint;
 pub(crate) mod events;
+pub mod gid;
 pub(crate) mod ledger;
 pub mod nic;
 pub(crate) mod qp_table;
@@ -46,6 +47,6 @@ pub use connector::{Connector, ConnectorHandle};
 pub use connector::{Queue, QueueSource};
 pub use endpoint::{Endpoint, EndpointState, RdmaCompletion, RdmaSlice, SqSettings, TerminalCause};
 pub use events::{EventCounts, NicEvents};
-pub use nic::{Nic, NicSet, Registration};
+pub use nic::{Nic, NicOptions, NicSet, Registration};
 pub use responder::Responder;
 pub(crate) use transport::{RdmaPeer, RdmaTransport};

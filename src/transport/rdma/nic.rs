@@ -5,13 +5,29 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use parking_lot::Mutex;
 use tent_rings::ErrorKind;
 
 use crate::control::wire::NicEntry;
 use crate::error::{Error, Result};
 use crate::transport::rails::Sysfs;
+use crate::transport::rdma::gid::GidChoice;
 use crate::transport::rdma::qp_table::QpTable;
-use crate::transport::rdma::verbs::{Context, MemoryRegion, ProtectionDomain, device_names};
+use crate::transport::rdma::sys::ffi;
+use crate::transport::rdma::verbs::{
+    Addressing, Context, MemoryRegion, ProtectionDomain, default_traffic_class, device_names,
+};
+
+/// What the configuration asks of every NIC (`transports/rdma/*`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NicOptions {
+    /// `gid_index`: `None` chooses by type.
+    pub gid_index: Option<u8>,
+    /// `traffic_class`: `None` takes the port's, else the link's default.
+    pub traffic_class: Option<u8>,
+    /// `service_level`.
+    pub service_level: u8,
+}
 
 /// The port every NIC is used through (multi-port NICs are one rail per
 /// device here).
@@ -25,10 +41,11 @@ pub struct Nic {
     pub pd: Arc<ProtectionDomain>,
     /// Port number.
     pub port: u8,
-    /// GID table index in use.
-    pub gid_index: i32,
-    /// That GID.
-    pub gid: [u8; 16],
+    /// How its QPs are addressed (the GID may be chosen again when the
+    /// port's table changes: `reselect_gid`).
+    addressing: Mutex<Addressing>,
+    /// The configured GID index, kept for a new choice.
+    wanted_gid: Option<u8>,
     /// Port LID (0 on RoCE).
     pub lid: u16,
     /// Active MTU (an `ibv_mtu` value).
@@ -69,6 +86,30 @@ impl Nic {
         was != up
     }
 
+    /// How new QPs on it are addressed.
+    pub fn addressing(&self) -> Addressing {
+        *self.addressing.lock()
+    }
+
+    /// The GID new QPs on it use.
+    pub fn gid(&self) -> GidChoice {
+        self.addressing.lock().gid
+    }
+
+    /// Choose the GID again (the port's table changed: an address came or
+    /// went); QPs made from now on use the new choice. Returns whether it
+    /// changed.
+    pub(crate) fn reselect_gid(&self) -> Result<bool> {
+        let choice = self.ctx.choose_gid(self.port, self.wanted_gid)?;
+        let mut a = self.addressing.lock();
+        if a.gid == choice {
+            return Ok(false);
+        }
+        tracing::info!(nic = self.ctx.name(), old = a.gid.index, gid_index = choice.index, gid_type = ?choice.ty, why = choice.why, "RDMA GID chosen again after a GID table change");
+        a.gid = choice;
+        Ok(true)
+    }
+
     /// Is the NIC's link up?
     #[inline]
     pub fn is_up(&self) -> bool {
@@ -82,7 +123,7 @@ impl std::fmt::Debug for Nic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Nic")
             .field("name", &self.ctx.name())
-            .field("gid_index", &self.gid_index)
+            .field("addressing", &self.addressing())
             .field("numa_node", &self.numa_node)
             .field("speed_gbps", &self.speed_gbps)
             .finish()
@@ -98,12 +139,13 @@ pub struct NicSet {
 }
 
 impl NicSet {
-    /// Open `wanted` (every device found when empty) with `gid_index` (the
-    /// first non-zero GID when `None`). A name not found is an error that
-    /// lists the devices found; a device whose port is down is skipped when
-    /// none were named, and an error when it was.
-    pub fn open(wanted: &[String], gid_index: Option<i32>) -> Result<NicSet> {
+    /// Open `wanted` (every device found when empty) as `opts` asks. A
+    /// name not found is an error that lists the devices found; a device
+    /// whose port is down is skipped when none were named, and an error
+    /// when it was.
+    pub fn open(wanted: &[String], opts: NicOptions) -> Result<NicSet> {
         let found = device_names()?;
+        fork_protection();
         let names: Vec<String> = if wanted.is_empty() {
             found.clone()
         } else {
@@ -119,7 +161,7 @@ impl NicSet {
         };
         let mut nics = Vec::with_capacity(names.len());
         for name in &names {
-            match Self::open_one(name, gid_index) {
+            match Self::open_one(name, opts) {
                 Ok(n) => nics.push(n),
                 Err(e) if wanted.is_empty() => {
                     tracing::warn!(device = %name, error = %e, "RDMA device skipped")
@@ -139,8 +181,14 @@ impl NicSet {
         })
     }
 
-    fn open_one(name: &str, gid_index: Option<i32>) -> Result<Nic> {
+    fn open_one(name: &str, opts: NicOptions) -> Result<Nic> {
         let ctx = Context::open(name)?;
+        if let Err(why) = ctx.rc_capable() {
+            return Err(Error::new(
+                ErrorKind::LocalNicFailed,
+                format!("{name} is {why}: tent does not use it"),
+            ));
+        }
         let port = ctx.port(PORT)?;
         // IBV_PORT_ACTIVE
         if port.state != 4 {
@@ -149,7 +197,29 @@ impl NicSet {
                 format!("{name} port {PORT} is not active (state {})", port.state),
             ));
         }
-        let (gid_index, gid) = ctx.choose_gid(PORT, gid_index)?;
+        let gid = ctx.choose_gid(PORT, opts.gid_index)?;
+        let sysfs = Sysfs::default();
+        let traffic_class = opts
+            .traffic_class
+            .or_else(|| port_traffic_class(&sysfs, name, PORT))
+            .unwrap_or_else(|| default_traffic_class(port.link_layer));
+        let addressing = Addressing {
+            port: PORT,
+            gid,
+            link: port.link_layer,
+            traffic_class,
+            service_level: opts.service_level,
+        };
+        tracing::info!(
+            nic = name,
+            link = ?port.link_layer,
+            gid_index = gid.index,
+            gid_type = ?gid.ty,
+            why = gid.why,
+            traffic_class,
+            service_level = opts.service_level,
+            "RDMA NIC addressing chosen"
+        );
         let pd = ProtectionDomain::new(&ctx)?;
         let speed_gbps = port.speed_gbps();
         if speed_gbps.is_none() {
@@ -164,13 +234,13 @@ impl NicSet {
             ctx,
             pd,
             port: PORT,
-            gid_index,
-            gid,
+            addressing: Mutex::new(addressing),
+            wanted_gid: opts.gid_index,
             lid: port.lid,
             mtu: port.active_mtu,
             max_msg: port.max_msg_sz.max(4096),
-            netdev: netdev_of(name, PORT, gid_index),
-            numa_node: Sysfs::default().ibdev_numa(name),
+            netdev: netdev_of(name, PORT, gid.index),
+            numa_node: sysfs.ibdev_numa(name),
             speed_gbps,
             up: AtomicBool::new(true),
         })
@@ -203,11 +273,15 @@ impl NicSet {
     pub fn entries(&self) -> Vec<NicEntry> {
         self.nics
             .iter()
-            .map(|n| NicEntry {
-                name: n.ctx.name().to_owned(),
-                gid: n.gid,
-                lid: n.lid,
-                mtu: n.mtu,
+            .map(|n| {
+                let gid = n.gid();
+                NicEntry {
+                    name: n.ctx.name().to_owned(),
+                    gid: gid.gid,
+                    lid: n.lid,
+                    mtu: n.mtu,
+                    gid_type: gid.ty.map(|t| t.code()),
+                }
             })
             .collect()
     }
@@ -228,7 +302,7 @@ impl NicSet {
 
 /// The network device a RoCE GID belongs to, from sysfs
 /// (`ports/<p>/gid_attrs/ndevs/<i>`); `None` on InfiniBand.
-fn netdev_of(dev: &str, port: u8, gid_index: i32) -> Option<(String, u32)> {
+fn netdev_of(dev: &str, port: u8, gid_index: u8) -> Option<(String, u32)> {
     let base = std::path::Path::new("/sys/class/infiniband").join(dev);
     let path = base.join(format!("ports/{port}/gid_attrs/ndevs/{gid_index}"));
     let name = std::fs::read_to_string(path).ok()?.trim().to_owned();
@@ -238,6 +312,77 @@ fn netdev_of(dev: &str, port: u8, gid_index: i32) -> Option<(String, u32)> {
         .parse()
         .ok()?;
     Some((name, index))
+}
+
+/// What to do so that a `fork()` of the application cannot leave the NIC
+/// writing into pages its parent no longer sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ForkPlan {
+    /// The kernel copies DMA pages on fork (5.13 and later).
+    Unneeded,
+    /// Someone called `ibv_fork_init` already (or `RDMAV_FORK_SAFE` is set).
+    AlreadyOn,
+    /// Call `ibv_fork_init` before the first registration.
+    Init,
+}
+
+fn fork_plan(status: ffi::ibv_fork_status) -> ForkPlan {
+    match status {
+        ffi::ibv_fork_status::IBV_FORK_UNNEEDED => ForkPlan::Unneeded,
+        ffi::ibv_fork_status::IBV_FORK_ENABLED => ForkPlan::AlreadyOn,
+        _ => ForkPlan::Init,
+    }
+}
+
+/// Make registrations fork-safe, once per process, before the first one
+/// (`ibv_fork_init` refuses once memory is registered): needed only where
+/// the kernel does not copy DMA pages on fork itself.
+fn fork_protection() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Ok(lib) = crate::transport::rdma::verbs::lib() else {
+            return;
+        };
+        if lib.ibv_is_fork_initialized.is_err() || lib.ibv_fork_init.is_err() {
+            tracing::warn!("rdma: libibverbs cannot report fork protection; an application that forks should set RDMAV_FORK_SAFE=1");
+            return;
+        }
+        // SAFETY: takes no arguments, reads the library's state.
+        let plan = fork_plan(unsafe { lib.ibv_is_fork_initialized() });
+        match plan {
+            ForkPlan::Unneeded | ForkPlan::AlreadyOn => {
+                tracing::debug!(?plan, "rdma: fork protection")
+            }
+            ForkPlan::Init => {
+                // SAFETY: takes no arguments; called before any registration of this process's.
+                let rc = unsafe { lib.ibv_fork_init() };
+                if rc == 0 {
+                    tracing::info!("rdma: fork protection enabled (ibv_fork_init): the kernel does not copy DMA pages on fork");
+                } else {
+                    tracing::warn!(rc, "rdma: ibv_fork_init failed; an application that forks may see the NIC write into pages only the child holds");
+                }
+            }
+        }
+    });
+}
+
+/// The traffic class a port is configured with (sysfs
+/// `tc/<port>/traffic_class`, which mlx5 exposes as `Global tclass=106`
+/// once an administrator sets one); `None` when it says nothing.
+fn port_traffic_class(sysfs: &Sysfs, dev: &str, port: u8) -> Option<u8> {
+    parse_traffic_class(&sysfs.ibdev_text(dev, &format!("tc/{port}/traffic_class"))?)
+}
+
+/// `Global tclass=106`, or a bare number.
+fn parse_traffic_class(text: &str) -> Option<u8> {
+    let value = match text.find("tclass=") {
+        Some(at) => &text[at + "tclass=".len()..],
+        None => text,
+    };
+    value
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
 }
 
 /// Memory registered on every NIC of a [`NicSet`]; deregistered on drop
@@ -264,5 +409,28 @@ impl Registration {
     /// The lkey on NIC `i`.
     pub fn lkey(&self, i: usize) -> Option<u32> {
         self.mrs.get(i).map(MemoryRegion::lkey)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fork_init_runs_only_where_the_kernel_does_not_copy_dma_pages() {
+        use ffi::ibv_fork_status as S;
+        assert_eq!(fork_plan(S::IBV_FORK_DISABLED), ForkPlan::Init);
+        assert_eq!(fork_plan(S::IBV_FORK_ENABLED), ForkPlan::AlreadyOn);
+        assert_eq!(fork_plan(S::IBV_FORK_UNNEEDED), ForkPlan::Unneeded);
+    }
+
+    #[test]
+    fn a_port_traffic_class_reads_as_mlx5_writes_it() {
+        assert_eq!(parse_traffic_class("Global tclass=106"), Some(106));
+        assert_eq!(parse_traffic_class("Global tclass=96\n"), Some(96));
+        assert_eq!(parse_traffic_class("104"), Some(104));
+        assert_eq!(parse_traffic_class(""), None);
+        assert_eq!(parse_traffic_class("Global tclass=300"), None);
+        assert_eq!(parse_traffic_class("tclass=x"), None);
     }
 }

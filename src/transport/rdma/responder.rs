@@ -44,6 +44,7 @@ use std::time::Duration;
 use tent_rings::ErrorKind;
 
 use super::NicSet;
+use super::gid::{self, GidType};
 use crate::clock::monotonic_ns;
 use crate::control::wire::{QpBootstrap, QpInitiator, QpRequest};
 use crate::error::{Error, Result};
@@ -211,6 +212,7 @@ impl Responder {
             initiator_nic,
             target_nic,
             qp: theirs,
+            gid_type,
         } = req;
         let Some(i) = self.nics.index_of(target_nic) else {
             let have: Vec<_> = self.nics.entries().into_iter().map(|n| n.name).collect();
@@ -240,8 +242,20 @@ impl Responder {
             }
         }
         let nic = &self.nics.nics()[i];
+        let addr = nic.addressing();
+        let theirs_type = gid_type.and_then(GidType::from_code);
+        if !gid::compatible(addr.gid.ty, theirs_type) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "GID type mismatch: {initiator_nic} addresses its QP with a {} GID, {target_nic} here uses {}",
+                    theirs_type.map_or("?".to_owned(), |t| t.to_string()),
+                    addr.gid.ty.map_or("?".to_owned(), |t| t.to_string()),
+                ),
+            ));
+        }
         let cq = CompletionQueue::new(&nic.ctx, 16)?;
-        let qp = QueuePair::new(&nic.pd, &cq, nic.port, Some(nic.gid_index), 16)?;
+        let qp = QueuePair::new(&nic.pd, &cq, addr, 16)?;
         qp.connect(&endpoint(theirs))?;
         let ours = bootstrap(&qp.endpoint()?);
         let replaced = table

@@ -1,8 +1,11 @@
 //! `rdma`: one-sided READ and WRITE over RC queue pairs.
 //!
-//! A peer is reached over **rails**, each a (local NIC, remote NIC) pair:
+//! A peer is reached over **rails**, each a (local NIC, remote NIC) pair
+//! of the same GID type (`gid::pair_rails`): with every NIC alike,
 //! `max(local, remote)` rails, NIC `i % local` to NIC `i % remote`, so equal
-//! NIC counts pair index to index and neither side leaves a NIC idle. Each
+//! NIC counts pair index to index and neither side leaves a NIC idle; a NIC
+//! whose type the other side lacks (RoCE v1 against v2, InfiniBand against
+//! RoCE) gets no rail, and a peer no NIC here can reach is `Unreachable`. Each
 //! worker has one [`Endpoint`] per rail per peer, made when the segment is
 //! opened and connected (QP, then `QpConnect` over the control plane, on
 //! the transport's [`Connector`] thread: the worker never waits on a peer)
@@ -52,6 +55,7 @@ use super::connector::{Connector, ConnectorHandle};
 use super::connector::{Queue, QueueSource};
 use super::endpoint::{Endpoint, RdmaCompletion, RdmaSlice, SqSettings};
 use super::events::NicEvents;
+use super::gid::{self, GidType};
 use super::nic::NicSet;
 use super::responder::{bootstrap, endpoint};
 use crate::clock::monotonic_ns;
@@ -273,6 +277,15 @@ fn lane_open(e: &Endpoint, now: u64) -> bool {
 
 /// The rkey `region` grants on remote NIC `nic` (zero counts as none).
 #[inline]
+/// GID types for a log line: `RoCE v2, ?, IB`.
+fn type_list(types: &[Option<GidType>]) -> String {
+    types
+        .iter()
+        .map(|t| t.map_or("?".to_owned(), |t| t.to_string()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn rkey_on(region: &RegionEntry, nic: usize) -> Option<u32> {
     region.rkeys.get(nic).copied().filter(|&k| k != 0)
 }
@@ -315,7 +328,8 @@ impl QueueSource for RailSource {
     fn connect(&mut self) -> Result<Queue> {
         let nic = &self.nics.nics()[self.local];
         let cq = CompletionQueue::new(&nic.ctx, self.depth as i32)?;
-        let qp = QueuePair::new(&nic.pd, &cq, nic.port, Some(nic.gid_index), self.depth)?;
+        let addr = nic.addressing();
+        let qp = QueuePair::new(&nic.pd, &cq, addr, self.depth)?;
         let theirs = crate::control::connect_qp(
             &self.peer,
             self.secret.as_ref().map(|s| s.expose().as_bytes()),
@@ -325,6 +339,7 @@ impl QueueSource for RailSource {
                 initiator_nic: nic.ctx.name().to_owned(),
                 target_nic: self.remote_nic.clone(),
                 qp: bootstrap(&qp.endpoint()?),
+                gid_type: addr.gid.ty.map(|t| t.code()),
             },
         )?;
         qp.connect(&endpoint(&theirs))?;
@@ -462,11 +477,32 @@ impl RdmaTransport {
                 format!("{name}: the peer advertises no RDMA NIC"),
             ));
         }
-        let rails: Vec<RdmaRail> = (0..local.max(remote))
-            .map(|i| RdmaRail {
-                local: i % local,
-                remote: i % remote,
-                remote_name: desc.nics[i % remote].name.clone(),
+        let ours: Vec<Option<GidType>> = self.nics.nics().iter().map(|n| n.gid().ty).collect();
+        let theirs: Vec<Option<GidType>> = desc
+            .nics
+            .iter()
+            .map(|n| n.gid_type.and_then(GidType::from_code))
+            .collect();
+        let pairs = gid::pair_rails(local, remote, |a, b| gid::compatible(ours[a], theirs[b]));
+        if pairs.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Unreachable,
+                format!(
+                    "{name}: no RDMA NIC here can reach one of the peer's (GID types here {}, there {})",
+                    type_list(&ours),
+                    type_list(&theirs)
+                ),
+            ));
+        }
+        if pairs.len() < local.max(remote) {
+            tracing::info!(peer = name, here = %type_list(&ours), there = %type_list(&theirs), rails = pairs.len(), "rdma: rails only between NICs of the same GID type");
+        }
+        let rails: Vec<RdmaRail> = pairs
+            .into_iter()
+            .map(|(a, b)| RdmaRail {
+                local: a,
+                remote: b,
+                remote_name: desc.nics[b].name.clone(),
             })
             .collect();
         let set = RailSet::new(

@@ -7,7 +7,10 @@ use tent_rings::ErrorKind;
 
 use super::verb_error;
 use crate::error::{Error, Result};
+use crate::transport::rails::Sysfs;
+use crate::transport::rdma::gid::{self, GidChoice, GidEntry, GidType, LinkLayer};
 use crate::transport::rdma::sys::{self, ffi, ops};
+use crate::transport::rdma::verbs::Addressing;
 
 /// An open RDMA device (`ibv_open_device`), closed on drop.
 pub struct Context {
@@ -49,6 +52,8 @@ pub struct PortInfo {
     /// Lane count code (`IB_WIDTH_*`: 1 = 1X, 2 = 4X, 4 = 8X, 8 = 12X,
     /// 16 = 2X).
     pub active_width: u8,
+    /// What the link runs over.
+    pub link_layer: LinkLayer,
 }
 
 impl PortInfo {
@@ -95,6 +100,22 @@ impl PortInfo {
             _ => return None,
         };
         Some(lane_gbps * lanes)
+    }
+}
+
+/// Whether a device of transport type `t` can carry RC READ and WRITE as
+/// tent sets them up (verbs QPs exchanged over its own control plane):
+/// InfiniBand and RoCE can; EFA (SRD, no remote write), usNIC (UD only)
+/// and iWARP (connections only through the RDMA CM) cannot.
+fn rc_capable(t: ffi::ibv_transport_type) -> std::result::Result<(), &'static str> {
+    use ffi::ibv_transport_type as T;
+    match t {
+        T::IBV_TRANSPORT_IB => Ok(()),
+        T::IBV_TRANSPORT_IWARP => Err("an iWARP device (its connections need the RDMA CM)"),
+        T::IBV_TRANSPORT_USNIC | T::IBV_TRANSPORT_USNIC_UDP => {
+            Err("a usNIC device (no reliable connections)")
+        }
+        _ => Err("a device without InfiniBand-style RC queue pairs (EFA, say: no remote write)"),
     }
 }
 
@@ -171,6 +192,14 @@ impl Context {
         self.attr.max_qp_wr.max(0) as u32
     }
 
+    /// Can the device carry tent's traffic (RC QPs with remote READ and
+    /// WRITE)? `Err` says why not.
+    pub(crate) fn rc_capable(&self) -> std::result::Result<(), &'static str> {
+        // SAFETY: `self.raw` is live; `device` is set at open and outlives it.
+        let transport = unsafe { (*(*self.raw).device).transport_type };
+        rc_capable(transport)
+    }
+
     /// Most RDMA READs / atomics one QP may have outstanding as their
     /// target (`max_qp_rd_atom`): the cap on `max_dest_rd_atomic`.
     pub fn max_qp_rd_atom(&self) -> u32 {
@@ -200,6 +229,7 @@ impl Context {
             max_msg_sz: a.max_msg_sz,
             active_speed: a.active_speed,
             active_width: a.active_width,
+            link_layer: LinkLayer::from_verbs(a.link_layer),
         })
     }
 
@@ -216,37 +246,97 @@ impl Context {
         Ok(unsafe { g.raw })
     }
 
-    /// The GID index to use on `port`: `wanted` if given (inside the table
-    /// and not empty), else the first non-zero entry.
-    pub fn choose_gid(&self, port: u8, wanted: Option<i32>) -> Result<(i32, [u8; 16])> {
+    /// The port's non-empty GID entries (the first 256: an address
+    /// handle holds 8 bits of the index), each with its kind and whether
+    /// its network device is up: from `ibv_query_gid_ex` where the library
+    /// has it, else `ibv_query_gid` and sysfs.
+    pub(crate) fn gid_table(&self, port: u8, info: &PortInfo, sysfs: &Sysfs) -> Vec<GidEntry> {
+        let Ok(lib) = super::lib() else {
+            return Vec::new();
+        };
+        let len = u16::try_from(info.gid_table_len.clamp(0, 256)).unwrap_or(0);
+        let mut out = Vec::new();
+        for i in 0..len {
+            let Ok(index) = u8::try_from(i) else { break };
+            let (sysfs_ty, up) = gid::sysfs_attrs(sysfs, &self.name, port, index, info.link_layer);
+            let (gid, ty) = if lib._ibv_query_gid_ex.is_ok() {
+                let mut e = ffi::ibv_gid_entry::default();
+                // SAFETY: `self.raw` is live; `e` is a writable entry of the size passed.
+                let rc = unsafe {
+                    lib._ibv_query_gid_ex(
+                        self.raw,
+                        u32::from(port),
+                        u32::from(index),
+                        &mut e,
+                        0,
+                        std::mem::size_of::<ffi::ibv_gid_entry>(),
+                    )
+                };
+                if rc != 0 {
+                    // ENODATA: an empty slot; anything else: unreadable.
+                    continue;
+                }
+                // SAFETY: every bit pattern of the union is a valid byte array.
+                let raw = unsafe { e.gid.raw };
+                let ty = match e.gid_type {
+                    0 if info.link_layer == LinkLayer::Ethernet => Some(GidType::RoceV1),
+                    code => u8::try_from(code).ok().and_then(GidType::from_code),
+                };
+                (raw, ty.or(sysfs_ty))
+            } else {
+                match self.gid(port, i32::from(index)) {
+                    Ok(raw) => (raw, sysfs_ty),
+                    Err(_) => continue,
+                }
+            };
+            if gid.iter().all(|&b| b == 0) {
+                continue;
+            }
+            out.push(GidEntry {
+                index,
+                gid,
+                ty,
+                netdev_up: up,
+            });
+        }
+        out
+    }
+
+    /// How a QP on `port` is addressed when nothing is configured: the GID
+    /// chosen by type, the link's default traffic class, service level 0.
+    pub fn default_addressing(&self, port: u8) -> Result<Addressing> {
+        let link = self.port(port)?.link_layer;
+        Ok(Addressing {
+            port,
+            gid: self.choose_gid(port, None)?,
+            link,
+            traffic_class: super::default_traffic_class(link),
+            service_level: 0,
+        })
+    }
+
+    /// The GID `port` is addressed by: `wanted` (the configured index) if
+    /// it holds an address, else the best of the table by type
+    /// ([`gid::choose`]).
+    pub fn choose_gid(&self, port: u8, wanted: Option<u8>) -> Result<GidChoice> {
         let info = self.port(port)?;
-        if let Some(i) = wanted {
-            if i < 0 || i >= info.gid_table_len {
-                return Err(Error::invalid(format!(
-                    "GID index {i} out of range for {} port {port} (table has {})",
-                    self.name, info.gid_table_len
-                )));
-            }
-            let g = self.gid(port, i)?;
-            if g.iter().all(|&b| b == 0) {
-                return Err(Error::invalid(format!(
-                    "GID index {i} of {} port {port} is empty (no address behind it)",
-                    self.name
-                )));
-            }
-            return Ok((i, g));
+        if let Some(i) = wanted
+            && i32::from(i) >= info.gid_table_len
+        {
+            return Err(Error::invalid(format!(
+                "GID index {i} out of range for {} port {port} (table has {})",
+                self.name, info.gid_table_len
+            )));
         }
-        for i in 0..info.gid_table_len.min(16) {
-            if let Ok(g) = self.gid(port, i)
-                && g.iter().any(|&b| b != 0)
-            {
-                return Ok((i, g));
-            }
-        }
-        Err(Error::new(
-            ErrorKind::LocalNicFailed,
-            format!("{} port {port} has no usable GID", self.name),
-        ))
+        let table = self.gid_table(port, &info, &Sysfs::default());
+        gid::choose(&table, info.link_layer, wanted).map_err(|why| {
+            let kind = if wanted.is_some() {
+                ErrorKind::InvalidArgument
+            } else {
+                ErrorKind::LocalNicFailed
+            };
+            Error::new(kind, format!("{} port {port}: {why}", self.name))
+        })
     }
 }
 
@@ -354,6 +444,22 @@ impl Drop for Context {
 mod tests {
     use super::*;
 
+    #[test]
+    fn only_infiniband_and_roce_devices_carry_rc_read_and_write() {
+        use ffi::ibv_transport_type as T;
+        assert!(rc_capable(T::IBV_TRANSPORT_IB).is_ok());
+        for t in [
+            T::IBV_TRANSPORT_IWARP,
+            T::IBV_TRANSPORT_USNIC,
+            T::IBV_TRANSPORT_USNIC_UDP,
+            T::IBV_TRANSPORT_UNSPECIFIED,
+            T::IBV_TRANSPORT_UNKNOWN,
+        ] {
+            assert!(rc_capable(t).is_err(), "{t:?}");
+        }
+        assert!(rc_capable(T::IBV_TRANSPORT_UNSPECIFIED).unwrap_err().contains("EFA"));
+    }
+
     fn port(active_speed: u8, active_width: u8) -> PortInfo {
         PortInfo {
             state: 4,
@@ -363,6 +469,7 @@ mod tests {
             max_msg_sz: 1 << 30,
             active_speed,
             active_width,
+            link_layer: LinkLayer::Ethernet,
         }
     }
 

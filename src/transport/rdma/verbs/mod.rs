@@ -16,7 +16,8 @@ pub use cq::CompletionQueue;
 pub(crate) use device::device_names;
 pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
-pub use qp::{QpEndpoint, QueuePair, RD_ATOMIC_WANTED, RdmaOp, modify_to_error, rd_atomic_depths};
+pub(crate) use qp::default_traffic_class;
+pub use qp::{Addressing, QpEndpoint, QueuePair, RD_ATOMIC_WANTED, RdmaOp, modify_to_error, rd_atomic_depths};
 
 use tent_rings::ErrorKind;
 

@@ -7,7 +7,70 @@ use tent_rings::{ErrorKind, Opcode};
 
 use super::{CompletionQueue, ProtectionDomain, verb_error};
 use crate::error::{Error, Result};
+use crate::transport::rdma::gid::{GidChoice, LinkLayer};
 use crate::transport::rdma::sys::{self, ffi, ops};
+
+/// How a NIC's QPs are addressed: the port, the GID chosen on it, what its
+/// link runs over, and the traffic class and service level of their
+/// packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Addressing {
+    /// The port (1-based).
+    pub port: u8,
+    /// The GID the QPs are addressed by.
+    pub gid: GidChoice,
+    /// What the port's link runs over.
+    pub link: LinkLayer,
+    /// The traffic class byte (DSCP << 2 | ECN).
+    pub traffic_class: u8,
+    /// The service level, 0 to 15.
+    pub service_level: u8,
+}
+
+/// Traffic class of RoCE packets when neither the configuration nor the
+/// port names one: DSCP 26 with ECN capable, the lossless class of a
+/// typical RoCE fabric (what Mooncake, UCX and NCCL default to).
+pub(crate) const ROCE_TRAFFIC_CLASS: u8 = 106;
+
+/// The traffic class a link gets when nothing names one.
+pub(crate) fn default_traffic_class(link: LinkLayer) -> u8 {
+    match link {
+        LinkLayer::Ethernet => ROCE_TRAFFIC_CLASS,
+        LinkLayer::InfiniBand => 0,
+    }
+}
+
+/// The address vector of an RC QP's RTR (`ibv_ah_attr`), as data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AddressVector {
+    /// A GRH on every packet: always on RoCE, on InfiniBand only toward
+    /// another subnet (a different GID prefix).
+    pub(crate) is_global: bool,
+    pub(crate) dlid: u16,
+    pub(crate) sl: u8,
+    pub(crate) sgid_index: u8,
+    pub(crate) traffic_class: u8,
+    pub(crate) hop_limit: u8,
+}
+
+/// Hop limit of a GRH: enough for any routed fabric.
+const HOP_LIMIT: u8 = 64;
+
+/// The address vector toward `remote` from a QP addressed by `local`.
+pub(crate) fn address_vector(local: &Addressing, remote: &QpEndpoint) -> AddressVector {
+    let is_global = match local.link {
+        LinkLayer::Ethernet => true,
+        LinkLayer::InfiniBand => remote.gid[..8] != local.gid.gid[..8],
+    };
+    AddressVector {
+        is_global,
+        dlid: remote.lid,
+        sl: local.service_level & 0xf,
+        sgid_index: local.gid.index,
+        traffic_class: if is_global { local.traffic_class } else { 0 },
+        hop_limit: if is_global { HOP_LIMIT } else { 0 },
+    }
+}
 
 /// What a peer needs to connect its QP to ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,9 +125,7 @@ pub struct QueuePair {
     raw: *mut ffi::ibv_qp,
     pd: Arc<ProtectionDomain>,
     _cq: Arc<CompletionQueue>,
-    port: u8,
-    gid_index: i32,
-    gid: [u8; 16],
+    addr: Addressing,
     psn: u32,
 }
 
@@ -87,13 +148,12 @@ impl QueuePair {
     pub fn new(
         pd: &Arc<ProtectionDomain>,
         cq: &Arc<CompletionQueue>,
-        port: u8,
-        gid_index: Option<i32>,
+        addr: Addressing,
         depth: u32,
     ) -> Result<QueuePair> {
         let lib = super::lib()?;
         let ctx = pd.context();
-        let (gid_index, gid) = ctx.choose_gid(port, gid_index)?;
+        let port = addr.port;
         let depth = depth.clamp(1, ctx.max_qp_wr().max(1));
         let psn = initial_psn(getrandom::fill)?;
         let mut init = ffi::ibv_qp_init_attr {
@@ -115,9 +175,7 @@ impl QueuePair {
             raw,
             pd: pd.clone(),
             _cq: cq.clone(),
-            port,
-            gid_index,
-            gid,
+            addr,
             psn,
         };
         use ffi::ibv_qp_attr_mask as M;
@@ -140,9 +198,9 @@ impl QueuePair {
 
     /// What the peer needs to connect to this QP.
     pub fn endpoint(&self) -> Result<QpEndpoint> {
-        let info = self.pd.context().port(self.port)?;
+        let info = self.pd.context().port(self.addr.port)?;
         Ok(QpEndpoint {
-            gid: self.gid,
+            gid: self.addr.gid.gid,
             lid: info.lid,
             // SAFETY: `raw` is live for self's lifetime.
             qpn: unsafe { (*self.raw).qp_num },
@@ -155,7 +213,7 @@ impl QueuePair {
     pub fn connect(&self, remote: &QpEndpoint) -> Result<()> {
         use ffi::ibv_qp_attr_mask as M;
         let ctx = self.pd.context();
-        let local_mtu = ctx.port(self.port)?.active_mtu;
+        let local_mtu = ctx.port(self.addr.port)?.active_mtu;
         let (rd_atomic, dest_rd_atomic) =
             rd_atomic_depths(ctx.max_qp_init_rd_atom(), ctx.max_qp_rd_atom());
         let mut a = ffi::ibv_qp_attr {
@@ -167,12 +225,17 @@ impl QueuePair {
             min_rnr_timer: 12,
             ..Default::default()
         };
-        a.ah_attr.is_global = 1;
-        a.ah_attr.dlid = remote.lid;
-        a.ah_attr.port_num = self.port;
-        a.ah_attr.grh.dgid = ffi::ibv_gid { raw: remote.gid };
-        a.ah_attr.grh.sgid_index = self.gid_index as u8;
-        a.ah_attr.grh.hop_limit = 64;
+        let av = address_vector(&self.addr, remote);
+        a.ah_attr.is_global = u8::from(av.is_global);
+        a.ah_attr.dlid = av.dlid;
+        a.ah_attr.sl = av.sl;
+        a.ah_attr.port_num = self.addr.port;
+        if av.is_global {
+            a.ah_attr.grh.dgid = ffi::ibv_gid { raw: remote.gid };
+            a.ah_attr.grh.sgid_index = av.sgid_index;
+            a.ah_attr.grh.hop_limit = av.hop_limit;
+            a.ah_attr.grh.traffic_class = av.traffic_class;
+        }
         self.modify(
             &mut a,
             M::IBV_QP_STATE
@@ -373,5 +436,62 @@ mod tests {
         // A device reporting 0 gets the least legal depth (the provider
         // refuses it at RTR/RTS with a typed error if it truly has none).
         assert_eq!(rd_atomic_depths(0, 0), (1, 1));
+    }
+    fn addressing(link: LinkLayer, prefix: u8) -> Addressing {
+        let mut gid = [0u8; 16];
+        gid[0] = prefix;
+        gid[15] = 1;
+        Addressing {
+            port: 1,
+            gid: GidChoice {
+                index: 3,
+                gid,
+                ty: None,
+                why: "test",
+            },
+            link,
+            traffic_class: 106,
+            service_level: 5,
+        }
+    }
+
+    fn remote(prefix: u8) -> QpEndpoint {
+        let mut gid = [0u8; 16];
+        gid[0] = prefix;
+        gid[15] = 2;
+        QpEndpoint {
+            gid,
+            lid: 7,
+            qpn: 1,
+            psn: 1,
+            mtu: 3,
+        }
+    }
+
+    #[test]
+    fn roce_rtr_carries_a_grh_with_the_traffic_class_and_chosen_gid() {
+        let av = address_vector(&addressing(LinkLayer::Ethernet, 0xfe), &remote(0xfe));
+        assert_eq!(
+            av,
+            AddressVector {
+                is_global: true,
+                dlid: 7,
+                sl: 5,
+                sgid_index: 3,
+                traffic_class: 106,
+                hop_limit: 64,
+            }
+        );
+    }
+
+    #[test]
+    fn infiniband_rtr_uses_a_grh_only_toward_another_subnet() {
+        let local = addressing(LinkLayer::InfiniBand, 0xfe);
+        let same = address_vector(&local, &remote(0xfe));
+        assert!(!same.is_global);
+        assert_eq!((same.dlid, same.sl, same.traffic_class), (7, 5, 0));
+        let other = address_vector(&local, &remote(0xfd));
+        assert!(other.is_global);
+        assert_eq!(other.traffic_class, 106);
     }
 }

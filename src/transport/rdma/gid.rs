@@ -1,0 +1,474 @@
+//! Which entry of a port's GID table the RDMA transport addresses its QPs
+//! with, and why: a decision over the table as read (`Context::gid_table`),
+//! with no I/O of its own.
+//!
+//! A RoCE NIC lists each address of its network device several times:
+//! mlx5 and bnxt_re give `[0]` link-local RoCE v1, `[1]` link-local RoCE
+//! v2, `[2]` IPv4 RoCE v1, `[3]` IPv4 RoCE v2. The first non-zero entry
+//! is RoCE v1 link-local, which no router forwards and whose packets carry
+//! no IP header (so no DSCP, PFC class or ECN applies). On Ethernet the
+//! choice is therefore, in order:
+//!
+//! 1. RoCE v2 with an IPv4 address,
+//! 2. RoCE v2 with a global IPv6 address,
+//! 3. RoCE v2 link-local,
+//! 4. RoCE v1 (IPv4, then global, then link-local), only when the port has
+//!    no v2 entry at all,
+//!
+//! each on a network device that is up (unknown counts as up), the lowest
+//! index first within a class. On InfiniBand it is the lowest-index IB GID
+//! (index 0, the port GID). A `gid_index` set in the configuration wins,
+//! if the table has an address there.
+
+use crate::transport::rails::Sysfs;
+
+/// The kind of a GID table entry (`ibv_gid_type`; the wire carries the
+/// same numbers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GidType {
+    /// An InfiniBand GID.
+    Ib,
+    /// RoCE v1: Ethernet frames, no IP header.
+    RoceV1,
+    /// RoCE v2: UDP over IP, routable.
+    RoceV2,
+}
+
+impl GidType {
+    /// Its `ibv_gid_type` number (what the wire carries).
+    pub fn code(self) -> u8 {
+        match self {
+            GidType::Ib => 0,
+            GidType::RoceV1 => 1,
+            GidType::RoceV2 => 2,
+        }
+    }
+
+    /// The type a number names; `None` for one this side does not know.
+    pub fn from_code(code: u8) -> Option<GidType> {
+        match code {
+            0 => Some(GidType::Ib),
+            1 => Some(GidType::RoceV1),
+            2 => Some(GidType::RoceV2),
+            _ => None,
+        }
+    }
+
+    /// How sysfs spells it (`ports/<p>/gid_attrs/types/<i>`): `"IB/RoCE
+    /// v1"` is IB on an InfiniBand port and RoCE v1 on an Ethernet one.
+    pub(crate) fn from_sysfs(text: &str, link: LinkLayer) -> Option<GidType> {
+        match text.trim() {
+            "RoCE v2" => Some(GidType::RoceV2),
+            "IB/RoCE v1" | "RoCE v1" | "IB" => Some(match link {
+                LinkLayer::InfiniBand => GidType::Ib,
+                LinkLayer::Ethernet => GidType::RoceV1,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for GidType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GidType::Ib => "IB",
+            GidType::RoceV1 => "RoCE v1",
+            GidType::RoceV2 => "RoCE v2",
+        })
+    }
+}
+
+/// What a port's link runs over (`ibv_port_attr::link_layer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LinkLayer {
+    /// InfiniBand: LIDs route within a subnet, a GRH only across subnets.
+    InfiniBand,
+    /// Ethernet (RoCE): every packet carries a GRH.
+    Ethernet,
+}
+
+impl LinkLayer {
+    /// From `ibv_port_attr::link_layer` (`IBV_LINK_LAYER_ETHERNET` is 2;
+    /// 0, unspecified, is InfiniBand for old providers).
+    pub(crate) fn from_verbs(code: u8) -> LinkLayer {
+        if code == 2 {
+            LinkLayer::Ethernet
+        } else {
+            LinkLayer::InfiniBand
+        }
+    }
+}
+
+/// One non-empty entry of a port's GID table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GidEntry {
+    /// Its index (an address handle holds 8 bits of it: entries past 255
+    /// are never read).
+    pub index: u8,
+    /// The address.
+    pub gid: [u8; 16],
+    /// Its kind; `None` when the library and sysfs do not say.
+    pub ty: Option<GidType>,
+    /// Whether the network device behind it is up; `None` when there is
+    /// none (InfiniBand) or it is unknown.
+    pub netdev_up: Option<bool>,
+}
+
+/// The GID a NIC uses, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GidChoice {
+    /// Its index in the port's table.
+    pub index: u8,
+    /// The address.
+    pub gid: [u8; 16],
+    /// Its kind, when known.
+    pub ty: Option<GidType>,
+    /// Why this one, for the log line at start.
+    pub why: &'static str,
+}
+
+/// Is `gid` an IPv4 address (`::ffff:a.b.c.d`)?
+fn is_ipv4(gid: &[u8; 16]) -> bool {
+    gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff
+}
+
+/// Is `gid` link-local (`fe80::/10`)?
+fn is_link_local(gid: &[u8; 16]) -> bool {
+    gid[0] == 0xfe && gid[1] & 0xc0 == 0x80
+}
+
+/// The class of an entry on an Ethernet port (lower is better), `None`
+/// when it is never used.
+fn roce_class(e: &GidEntry) -> Option<(u8, &'static str)> {
+    if e.netdev_up == Some(false) {
+        return None;
+    }
+    let family = if is_ipv4(&e.gid) {
+        0
+    } else if is_link_local(&e.gid) {
+        2
+    } else {
+        1
+    };
+    match e.ty {
+        Some(GidType::RoceV2) => Some((
+            family,
+            [
+                "RoCE v2, IPv4",
+                "RoCE v2, global IPv6",
+                "RoCE v2, link-local",
+            ][usize::from(family)],
+        )),
+        // A provider that does not say is taken for v1: only when nothing
+        // known to be v2 is there.
+        Some(GidType::RoceV1) | None => Some((
+            3 + family,
+            [
+                "RoCE v1, IPv4 (the port has no RoCE v2 GID)",
+                "RoCE v1, global IPv6 (the port has no RoCE v2 GID)",
+                "RoCE v1, link-local (the port has no RoCE v2 GID)",
+            ][usize::from(family)],
+        )),
+        Some(GidType::Ib) => None,
+    }
+}
+
+/// The GID to use from `table` (the port's non-empty entries) on a port
+/// whose link is `link`; `wanted` is the configured index, if any. `Err`
+/// says why none fits.
+pub(crate) fn choose(
+    table: &[GidEntry],
+    link: LinkLayer,
+    wanted: Option<u8>,
+) -> Result<GidChoice, String> {
+    let pick = |e: &GidEntry, why| GidChoice {
+        index: e.index,
+        gid: e.gid,
+        ty: e.ty,
+        why,
+    };
+    if let Some(i) = wanted {
+        return table
+            .iter()
+            .find(|e| e.index == i)
+            .map(|e| pick(e, "transports/rdma/gid_index"))
+            .ok_or_else(|| format!("GID index {i} is empty (no address behind it)"));
+    }
+    let best = match link {
+        LinkLayer::InfiniBand => table
+            .iter()
+            .filter(|e| matches!(e.ty, Some(GidType::Ib) | None))
+            .min_by_key(|e| e.index)
+            .map(|e| pick(e, "InfiniBand port GID")),
+        LinkLayer::Ethernet => table
+            .iter()
+            .filter_map(|e| roce_class(e).map(|(class, why)| (class, e, why)))
+            .min_by_key(|&(class, e, _)| (class, e.index))
+            .map(|(_, e, why)| pick(e, why)),
+    };
+    best.ok_or_else(|| match link {
+        LinkLayer::InfiniBand => "no InfiniBand GID".to_owned(),
+        LinkLayer::Ethernet => "no RoCE GID on a network device that is up".to_owned(),
+    })
+}
+
+/// What sysfs says about GID `index` of `dev`'s `port`: its kind
+/// (`gid_attrs/types/<i>`) and whether the network device behind it
+/// (`gid_attrs/ndevs/<i>`) is up.
+pub(crate) fn sysfs_attrs(
+    sysfs: &Sysfs,
+    dev: &str,
+    port: u8,
+    index: u8,
+    link: LinkLayer,
+) -> (Option<GidType>, Option<bool>) {
+    let ty = sysfs
+        .ibdev_text(dev, &format!("ports/{port}/gid_attrs/types/{index}"))
+        .and_then(|t| GidType::from_sysfs(&t, link));
+    let up = sysfs
+        .ibdev_text(dev, &format!("ports/{port}/gid_attrs/ndevs/{index}"))
+        .and_then(|ndev| sysfs.netdev_up(&ndev));
+    (ty, up)
+}
+
+/// Can a QP addressed with a GID of type `local` reach one of type
+/// `remote`? Both ends must speak the same RoCE version (an unknown type,
+/// from an older peer or provider, is given the benefit of the doubt).
+pub(crate) fn compatible(local: Option<GidType>, remote: Option<GidType>) -> bool {
+    match (local, remote) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    }
+}
+
+/// The rails between `local` NICs and `remote` ones, as (local, remote)
+/// index pairs: only pairs `ok` allows, every NIC of either side that can
+/// reach one of the other's in at least one pair, the load spread. Each
+/// local NIC takes its least-used compatible remote NIC, then each remote
+/// NIC left over takes its least-used compatible local one (ties go to the
+/// NIC at the same position, then the next), so with every pair allowed
+/// this is NIC `i % local` to NIC `i % remote` for `i` up to the larger
+/// count.
+pub(crate) fn pair_rails(
+    local: usize,
+    remote: usize,
+    ok: impl Fn(usize, usize) -> bool,
+) -> Vec<(usize, usize)> {
+    let mut pairs: Vec<(usize, usize)> = Vec::with_capacity(local.max(remote));
+    // Rails each NIC is in so far (a few dozen NICs at most: counted).
+    let uses = |pairs: &[(usize, usize)], side: fn(&(usize, usize)) -> usize, nic: usize| {
+        pairs.iter().filter(|p| side(p) == nic).count()
+    };
+    for a in 0..local {
+        let best = (0..remote)
+            .filter(|&b| ok(a, b))
+            .min_by_key(|&b| (uses(&pairs, |p| p.1, b), (b + remote - a % remote) % remote));
+        if let Some(b) = best {
+            pairs.push((a, b));
+        }
+    }
+    for b in 0..remote {
+        if uses(&pairs, |p| p.1, b) > 0 {
+            continue;
+        }
+        let best = (0..local)
+            .filter(|&a| ok(a, b))
+            .min_by_key(|&a| (uses(&pairs, |p| p.0, a), (a + local - b % local) % local));
+        if let Some(a) = best {
+            pairs.push((a, b));
+        }
+    }
+    pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4(last: u8) -> [u8; 16] {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[10, 0, 0, last]);
+        g
+    }
+
+    fn link_local() -> [u8; 16] {
+        let mut g = [0u8; 16];
+        g[0] = 0xfe;
+        g[1] = 0x80;
+        g[15] = 7;
+        g
+    }
+
+    fn global6() -> [u8; 16] {
+        let mut g = [0u8; 16];
+        g[0] = 0x20;
+        g[1] = 0x01;
+        g[15] = 9;
+        g
+    }
+
+    fn entry(index: u8, gid: [u8; 16], ty: GidType) -> GidEntry {
+        GidEntry {
+            index,
+            gid,
+            ty: Some(ty),
+            netdev_up: Some(true),
+        }
+    }
+
+    /// What mlx5 and bnxt_re list for a netdev with one IPv4 address.
+    fn mlx5_table() -> Vec<GidEntry> {
+        vec![
+            entry(0, link_local(), GidType::RoceV1),
+            entry(1, link_local(), GidType::RoceV2),
+            entry(2, v4(1), GidType::RoceV1),
+            entry(3, v4(1), GidType::RoceV2),
+        ]
+    }
+
+    #[test]
+    fn an_mlx5_table_gives_the_ipv4_roce_v2_entry_not_the_first() {
+        let c = choose(&mlx5_table(), LinkLayer::Ethernet, None).unwrap();
+        assert_eq!((c.index, c.ty), (3, Some(GidType::RoceV2)));
+        assert_eq!(c.why, "RoCE v2, IPv4");
+    }
+
+    #[test]
+    fn roce_v2_global_ipv6_comes_before_link_local() {
+        let mut t = mlx5_table();
+        t.retain(|e| !is_ipv4(&e.gid));
+        t.push(entry(5, global6(), GidType::RoceV2));
+        t.push(entry(4, global6(), GidType::RoceV1));
+        let c = choose(&t, LinkLayer::Ethernet, None).unwrap();
+        assert_eq!((c.index, c.why), (5, "RoCE v2, global IPv6"));
+        t.retain(|e| e.index != 5);
+        let c = choose(&t, LinkLayer::Ethernet, None).unwrap();
+        assert_eq!((c.index, c.why), (1, "RoCE v2, link-local"));
+    }
+
+    #[test]
+    fn roce_v1_only_when_the_port_has_no_v2_entry() {
+        let t: Vec<_> = mlx5_table()
+            .into_iter()
+            .filter(|e| e.ty == Some(GidType::RoceV1))
+            .collect();
+        let c = choose(&t, LinkLayer::Ethernet, None).unwrap();
+        assert_eq!((c.index, c.ty), (2, Some(GidType::RoceV1)));
+        assert!(c.why.contains("no RoCE v2"), "{}", c.why);
+    }
+
+    #[test]
+    fn an_entry_on_a_netdev_that_is_down_is_passed_over() {
+        let mut t = mlx5_table();
+        t[3].netdev_up = Some(false);
+        let c = choose(&t, LinkLayer::Ethernet, None).unwrap();
+        assert_eq!(c.index, 1, "v2 link-local on an up device beats v2 IPv4 on a down one");
+        for e in &mut t {
+            e.netdev_up = Some(false);
+        }
+        assert!(choose(&t, LinkLayer::Ethernet, None).is_err());
+    }
+
+    #[test]
+    fn soft_roce_lists_only_v2_entries() {
+        let t = vec![
+            entry(0, link_local(), GidType::RoceV2),
+            entry(1, v4(2), GidType::RoceV2),
+        ];
+        assert_eq!(choose(&t, LinkLayer::Ethernet, None).unwrap().index, 1);
+    }
+
+    #[test]
+    fn infiniband_takes_the_port_gid() {
+        let mut prefix = [0u8; 16];
+        prefix[0] = 0xfe;
+        prefix[1] = 0x80;
+        prefix[15] = 1;
+        let t = vec![entry(1, v4(3), GidType::Ib), entry(0, prefix, GidType::Ib)];
+        let c = choose(&t, LinkLayer::InfiniBand, None).unwrap();
+        assert_eq!((c.index, c.ty), (0, Some(GidType::Ib)));
+        // An Ethernet port never takes an IB entry.
+        assert!(choose(&t, LinkLayer::Ethernet, None).is_err());
+    }
+
+    #[test]
+    fn a_configured_index_wins_if_it_holds_an_address() {
+        let c = choose(&mlx5_table(), LinkLayer::Ethernet, Some(0)).unwrap();
+        assert_eq!((c.index, c.ty), (0, Some(GidType::RoceV1)));
+        assert_eq!(c.why, "transports/rdma/gid_index");
+        let e = choose(&mlx5_table(), LinkLayer::Ethernet, Some(9)).unwrap_err();
+        assert!(e.contains("GID index 9 is empty"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_type_is_used_as_v1() {
+        let mut t = mlx5_table();
+        for e in &mut t {
+            e.ty = None;
+        }
+        let c = choose(&t, LinkLayer::Ethernet, None).unwrap();
+        assert_eq!((c.index, c.ty), (2, None), "IPv4 first, type unknown");
+    }
+
+    #[test]
+    fn sysfs_names_map_by_link_layer() {
+        assert_eq!(
+            GidType::from_sysfs("RoCE v2\n", LinkLayer::Ethernet),
+            Some(GidType::RoceV2)
+        );
+        assert_eq!(
+            GidType::from_sysfs("IB/RoCE v1", LinkLayer::Ethernet),
+            Some(GidType::RoceV1)
+        );
+        assert_eq!(
+            GidType::from_sysfs("IB/RoCE v1", LinkLayer::InfiniBand),
+            Some(GidType::Ib)
+        );
+        assert_eq!(GidType::from_sysfs("", LinkLayer::Ethernet), None);
+        for t in [GidType::Ib, GidType::RoceV1, GidType::RoceV2] {
+            assert_eq!(GidType::from_code(t.code()), Some(t));
+        }
+        assert_eq!(GidType::from_code(3), None);
+    }
+
+    #[test]
+    fn with_every_pair_allowed_rails_pair_index_to_index_round_the_larger_side() {
+        for (l, r) in [(1, 1), (2, 2), (2, 4), (4, 2), (3, 2), (1, 3)] {
+            let want: Vec<_> = (0..l.max(r)).map(|i| (i % l, i % r)).collect();
+            assert_eq!(pair_rails(l, r, |_, _| true), want, "{l} x {r}");
+        }
+    }
+
+    #[test]
+    fn rails_pair_only_compatible_nics_and_leave_none_idle_that_could_serve() {
+        use GidType::*;
+        // Two RoCE v2 NICs and an InfiniBand one here; an InfiniBand and a
+        // RoCE v2 NIC there.
+        let local = [Some(RoceV2), Some(RoceV2), Some(Ib)];
+        let remote = [Some(Ib), Some(RoceV2)];
+        let pairs = pair_rails(3, 2, |a, b| compatible(local[a], remote[b]));
+        assert_eq!(pairs, [(0, 1), (1, 1), (2, 0)]);
+        // A RoCE v1 NIC reaches nothing there; the rest still pair.
+        let local = [Some(RoceV1), Some(RoceV2)];
+        let pairs = pair_rails(2, 2, |a, b| compatible(local[a], remote[b]));
+        assert_eq!(pairs, [(1, 1)]);
+        // Nothing in common: no rail.
+        let pairs = pair_rails(1, 2, |_, b| compatible(Some(RoceV1), remote[b]));
+        assert!(pairs.is_empty());
+        // Several remote NICs for one local: each gets a rail.
+        let pairs = pair_rails(1, 3, |_, _| true);
+        assert_eq!(pairs, [(0, 0), (0, 1), (0, 2)]);
+    }
+
+    #[test]
+    fn only_the_same_known_type_is_compatible() {
+        use GidType::*;
+        assert!(compatible(Some(RoceV2), Some(RoceV2)));
+        assert!(!compatible(Some(RoceV1), Some(RoceV2)));
+        assert!(!compatible(Some(Ib), Some(RoceV2)));
+        assert!(compatible(None, Some(RoceV2)));
+        assert!(compatible(Some(RoceV1), None));
+    }
+}
