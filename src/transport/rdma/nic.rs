@@ -18,6 +18,9 @@ use crate::transport::rdma::verbs::{
     Addressing, Context, MemoryRegion, ProtectionDomain, default_traffic_class, device_names,
 };
 
+/// Buffers at least this large are registered on every NIC at once.
+const PARALLEL_REGISTRATION_BYTES: usize = 64 << 20;
+
 /// What the configuration asks of every NIC (`transports/rdma/*`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NicOptions {
@@ -291,12 +294,61 @@ impl NicSet {
     /// # Safety
     /// The memory must stay mapped until the registration is dropped.
     pub unsafe fn register(&self, addr: *mut u8, len: usize) -> Result<Registration> {
+        if self.nics.len() > 1 && len >= PARALLEL_REGISTRATION_BYTES {
+            // SAFETY: forwarded from the caller.
+            if let Some(mrs) = unsafe { self.register_in_parallel(addr, len) } {
+                return mrs.map(|mrs| Registration { mrs });
+            }
+        }
         let mut mrs = Vec::with_capacity(self.nics.len());
         for n in &self.nics {
             // SAFETY: forwarded from the caller.
             mrs.push(unsafe { MemoryRegion::new(&n.pd, addr, len)? });
         }
         Ok(Registration { mrs })
+    }
+
+    /// [`register`](Self::register) with one thread per NIC (pinning the
+    /// pages of a large buffer takes as long on each NIC); `None` when a
+    /// thread could not be started, and the caller registers in turn.
+    ///
+    /// # Safety
+    /// As `register`.
+    unsafe fn register_in_parallel(
+        &self,
+        addr: *mut u8,
+        len: usize,
+    ) -> Option<Result<Vec<MemoryRegion>>> {
+        // A raw pointer is not Send; the address crosses as an integer.
+        let at = addr as usize;
+        std::thread::scope(|s| {
+            let mut threads = Vec::with_capacity(self.nics.len());
+            for n in &self.nics {
+                let t = std::thread::Builder::new()
+                    .name("tent-reg-mr".into())
+                    // SAFETY: forwarded from the caller; the scope joins every thread before returning.
+                    .spawn_scoped(s, move || unsafe {
+                        MemoryRegion::new(&n.pd, at as *mut u8, len)
+                    })
+                    .ok()?;
+                threads.push(t);
+            }
+            // Joined in NIC order; the first failure is returned, and the
+            // registrations that succeeded are dropped (deregistered).
+            Some(
+                threads
+                    .into_iter()
+                    .map(|t| {
+                        t.join().unwrap_or_else(|_| {
+                            Err(Error::new(
+                                ErrorKind::LocalNicFailed,
+                                "a registration thread panicked",
+                            ))
+                        })
+                    })
+                    .collect(),
+            )
+        })
     }
 }
 

@@ -192,6 +192,11 @@ impl Context {
         self.attr.max_qp_wr.max(0) as u32
     }
 
+    /// Largest memory region the device registers (`max_mr_size`).
+    pub fn max_mr_size(&self) -> u64 {
+        self.attr.max_mr_size
+    }
+
     /// Can the device carry tent's traffic (RC QPs with remote READ and
     /// WRITE)? `Err` says why not.
     pub(crate) fn rc_capable(&self) -> std::result::Result<(), &'static str> {
