@@ -239,6 +239,13 @@ enum State {
     Broken { kind: ErrorKind, retry_ns: u64 },
 }
 
+/// A failed work completion's status and the vendor's syndrome.
+#[derive(Debug, Clone, Copy)]
+struct WcError {
+    status: ffi::ibv_wc_status,
+    vendor_err: u32,
+}
+
 /// An endpoint (see the module docs).
 pub struct Endpoint {
     state: State,
@@ -812,15 +819,17 @@ impl Endpoint {
         }
         self.reaped_wr = 0;
         for i in 0..n as usize {
-            let (seq, status) = (self.wcs[i].wr_id, self.wcs[i].status);
+            let wc = &self.wcs[i];
+            let (seq, status, vendor_err) = (wc.wr_id, wc.status, wc.vendor_err);
             // Completions of work already dealt with (flushed, re-posted),
             // or of a QP that is gone.
             if self.ledger.is_stale(seq) {
                 continue;
             }
             let o = outcome(status);
+            let why = WcError { status, vendor_err };
             if self.draining {
-                self.drained(seq, o, done);
+                self.drained(seq, o, why, done);
                 continue;
             }
             match o {
@@ -829,7 +838,7 @@ impl Endpoint {
                     // In order: everything before it completed.
                     self.complete_through(seq.saturating_sub(1), done);
                     if let Some(r) = self.take_front(seq) {
-                        self.failed(r, kind, done);
+                        self.failed(r, kind, why, done);
                     }
                     // The request's own failure replaces the QP; one on
                     // the fatal list takes the endpoint out of service.
@@ -857,7 +866,13 @@ impl Endpoint {
     /// goes back to the backlog, not counted as a re-post (the abort was
     /// not its fault). Once no aborted request is left on it, the QP is
     /// dropped.
-    fn drained(&mut self, seq: u64, o: Outcome, done: &mut impl FnMut(RdmaCompletion)) {
+    fn drained(
+        &mut self,
+        seq: u64,
+        o: Outcome,
+        why: WcError,
+        done: &mut impl FnMut(RdmaCompletion),
+    ) {
         if o == Outcome::Done {
             self.complete_through(seq, done);
         } else {
@@ -869,9 +884,9 @@ impl Endpoint {
                         result: Err(kind),
                         slice: r.slice,
                     }),
-                    (None, Outcome::Failed(kind)) => self.failed(r, kind, done),
+                    (None, Outcome::Failed(kind)) => self.failed(r, kind, why, done),
                     (None, Outcome::Fatal(kind)) => {
-                        self.failed(r, kind, done);
+                        self.failed(r, kind, why, done);
                         return self.converge(TerminalCause::Cqe(kind), done);
                     }
                     (None, _) => {
@@ -899,6 +914,7 @@ impl Endpoint {
         &mut self,
         r: SubmissionRecord<RdmaSlice>,
         kind: ErrorKind,
+        why: WcError,
         done: &mut impl FnMut(RdmaCompletion),
     ) {
         done(RdmaCompletion {
@@ -907,10 +923,13 @@ impl Endpoint {
             slice: r.slice,
         });
         let peer = &*self.peer;
+        // The vendor's syndrome is what a NIC's support reads first.
         crate::lograte::warn_limited!(
-            (peer, kind),
+            (peer, kind, why.status.0, why.vendor_err),
             peer,
             %kind,
+            status = why.status.0,
+            vendor_err = format_args!("{:#x}", why.vendor_err),
             "rdma: work request failed; QP in error"
         );
     }
