@@ -200,6 +200,33 @@ impl Responder {
         self.qps.lock().len()
     }
 
+    /// The passive QP table with room for `key` (dead QPs dropped to make
+    /// it), or `SqFull` when every slot holds a live QP of another key.
+    fn make_room(
+        &self,
+        key: &QpInitiator,
+        initiator_nic: &str,
+    ) -> Result<parking_lot::MutexGuard<'_, PassiveTable<PassiveQp>>> {
+        let mut table = self.qps.lock();
+        match table.room(key, monotonic_ns()) {
+            Ok(0) => Ok(table),
+            Ok(dead) => {
+                tracing::debug!(dead, "rdma: dropped dead passive QPs to make room");
+                Ok(table)
+            }
+            Err(TableFull) => {
+                let cap = table.cap;
+                crate::lograte::warn_limited!("responder-full", cap, %initiator_nic, "rdma: every passive QP slot holds a live QP; new QP bootstraps are refused (SqFull)");
+                Err(Error::new(
+                    ErrorKind::SqFull,
+                    format!(
+                        "busy: all {cap} passive QP slots hold live QPs of other initiators; retry later"
+                    ),
+                ))
+            }
+        }
+    }
+
     /// Connect a QP on the request's target NIC to the initiator's end,
     /// filed under its key (replacing the QP filed there); our end.
     ///
@@ -224,23 +251,6 @@ impl Responder {
                 ),
             ));
         };
-        // Held across QP creation, so the room made is still there at
-        // insert (bootstrap is control-plane work: a few verbs calls).
-        let mut table = self.qps.lock();
-        match table.room(key, monotonic_ns()) {
-            Ok(0) => {}
-            Ok(dead) => tracing::debug!(dead, "rdma: dropped dead passive QPs to make room"),
-            Err(TableFull) => {
-                let cap = table.cap;
-                crate::lograte::warn_limited!("responder-full", cap, %initiator_nic, "rdma: every passive QP slot holds a live QP; new QP bootstraps are refused (SqFull)");
-                return Err(Error::new(
-                    ErrorKind::SqFull,
-                    format!(
-                        "busy: all {cap} passive QP slots hold live QPs of other initiators; retry later"
-                    ),
-                ));
-            }
-        }
         let nic = &self.nics.nics()[i];
         let addr = nic.addressing();
         let theirs_type = gid_type.and_then(GidType::from_code);
@@ -254,10 +264,16 @@ impl Responder {
                 ),
             ));
         }
+        // Room first, so a full table refuses before any verbs call; the
+        // lock is not held across QP creation and RTR/RTS (many initiators
+        // connecting at once are served side by side), so the room is
+        // looked for again at insert.
+        drop(self.make_room(key, initiator_nic)?);
         let cq = CompletionQueue::new(&nic.ctx, 16)?;
         let qp = QueuePair::new(&nic.pd, &cq, addr, 16)?;
         qp.connect(&endpoint(theirs))?;
         let ours = bootstrap(&qp.endpoint()?);
+        let mut table = self.make_room(key, initiator_nic)?;
         let replaced = table
             .insert(*key, PassiveQp { qp, _cq: cq })
             .map_err(|_| Error::new(ErrorKind::SqFull, "busy: passive QP table full"))?;
