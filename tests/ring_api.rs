@@ -236,4 +236,10 @@ fn wait_ready_sleeps_until_the_worker_posts_and_reports_shutdown() {
         ErrorKind::Shutdown
     );
     assert!(t.elapsed() < Duration::from_secs(5));
+    // A wait that runs out before it looks (a zero timeout; a short one
+    // on a loaded machine) still says the engine stopped.
+    assert_eq!(
+        ring.wait_ready(Duration::ZERO).unwrap_err().kind(),
+        ErrorKind::Shutdown
+    );
 }

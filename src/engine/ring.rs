@@ -166,15 +166,17 @@ impl Ring {
             if !self.cq.is_empty() {
                 return Ok(());
             }
+            // A stopped engine says so even when the wait also ran out (a
+            // short wait whose spin alone outlasted it, on a loaded machine).
+            if self.worker.exited.load(Ordering::SeqCst) && self.cq.is_empty() {
+                return Err(Error::new(ErrorKind::Shutdown, "the engine has stopped"));
+            }
             let elapsed = start.elapsed();
             if elapsed >= timeout {
                 return Err(Error::new(
                     ErrorKind::Timeout,
                     "no completion within the wait timeout",
                 ));
-            }
-            if self.worker.exited.load(Ordering::SeqCst) && self.cq.is_empty() {
-                return Err(Error::new(ErrorKind::Shutdown, "the engine has stopped"));
             }
             let seen = self.bell.bell.value();
             if self.cq.prepare_park() {

@@ -12,6 +12,9 @@ use crate::transport::rdma::gid::{self, GidChoice, GidEntry, GidType, LinkLayer}
 use crate::transport::rdma::sys::{self, ffi, ops};
 use crate::transport::rdma::verbs::Addressing;
 
+/// Most GID entries read in one `ibv_query_gid_table` (every port's).
+const MAX_GID_ENTRIES: usize = 4096;
+
 /// An open RDMA device (`ibv_open_device`), closed on drop.
 pub struct Context {
     pub(crate) raw: *mut ffi::ibv_context,
@@ -253,58 +256,69 @@ impl Context {
 
     /// The port's non-empty GID entries (the first 256: an address
     /// handle holds 8 bits of the index), each with its kind and whether
-    /// its network device is up: from `ibv_query_gid_ex` where the library
-    /// has it, else `ibv_query_gid` and sysfs.
+    /// its network device is up: from one `ibv_query_gid_table` where the
+    /// library has it, else entry by entry (`ibv_query_gid` and sysfs for
+    /// the kind). Sysfs is read only for entries that hold an address.
     pub(crate) fn gid_table(&self, port: u8, info: &PortInfo, sysfs: &Sysfs) -> Vec<GidEntry> {
         let Ok(lib) = super::lib() else {
             return Vec::new();
         };
-        let len = u16::try_from(info.gid_table_len.clamp(0, 256)).unwrap_or(0);
-        let mut out = Vec::new();
-        for i in 0..len {
-            let Ok(index) = u8::try_from(i) else { break };
-            let (sysfs_ty, up) = gid::sysfs_attrs(sysfs, &self.name, port, index, info.link_layer);
-            let (gid, ty) = if lib._ibv_query_gid_ex.is_ok() {
-                let mut e = ffi::ibv_gid_entry::default();
-                // SAFETY: `self.raw` is live; `e` is a writable entry of the size passed.
-                let rc = unsafe {
-                    lib._ibv_query_gid_ex(
-                        self.raw,
-                        u32::from(port),
-                        u32::from(index),
-                        &mut e,
-                        0,
-                        std::mem::size_of::<ffi::ibv_gid_entry>(),
-                    )
-                };
-                if rc != 0 {
-                    // ENODATA: an empty slot; anything else: unreadable.
-                    continue;
-                }
-                // SAFETY: every bit pattern of the union is a valid byte array.
-                let raw = unsafe { e.gid.raw };
-                let ty = match e.gid_type {
-                    0 if info.link_layer == LinkLayer::Ethernet => Some(GidType::RoceV1),
-                    code => u8::try_from(code).ok().and_then(GidType::from_code),
-                };
-                (raw, ty.or(sysfs_ty))
-            } else {
-                match self.gid(port, i32::from(index)) {
-                    Ok(raw) => (raw, sysfs_ty),
-                    Err(_) => continue,
-                }
-            };
-            if gid.iter().all(|&b| b == 0) {
-                continue;
-            }
-            out.push(GidEntry {
+        let link = info.link_layer;
+        let entry = |index: u8, gid: [u8; 16], ty: Option<GidType>| {
+            let (sysfs_ty, up) = gid::sysfs_attrs(sysfs, &self.name, port, index, link);
+            GidEntry {
                 index,
                 gid,
-                ty,
+                ty: ty.or(sysfs_ty),
                 netdev_up: up,
-            });
+            }
+        };
+        if lib._ibv_query_gid_table.is_ok() {
+            // Every port's entries come back: room for all of them.
+            let ports = usize::from(self.attr.phys_port_cnt.max(1));
+            let room = usize::try_from(info.gid_table_len.max(0))
+                .unwrap_or(0)
+                .saturating_mul(ports)
+                .min(MAX_GID_ENTRIES);
+            let mut all = vec![ffi::ibv_gid_entry::default(); room];
+            // SAFETY: `self.raw` is live; `all` holds `room` writable entries of the size passed.
+            let n = unsafe {
+                lib._ibv_query_gid_table(
+                    self.raw,
+                    all.as_mut_ptr(),
+                    room,
+                    0,
+                    std::mem::size_of::<ffi::ibv_gid_entry>(),
+                )
+            };
+            if let Ok(n) = usize::try_from(n) {
+                return all[..n.min(room)]
+                    .iter()
+                    .filter(|e| e.port_num == u32::from(port))
+                    .filter_map(|e| {
+                        let index = u8::try_from(e.gid_index).ok()?;
+                        // SAFETY: every bit pattern of the union is a valid byte array.
+                        let gid = unsafe { e.gid.raw };
+                        if gid.iter().all(|&b| b == 0) {
+                            return None;
+                        }
+                        let ty = match e.gid_type {
+                            0 if link == LinkLayer::Ethernet => Some(GidType::RoceV1),
+                            code => u8::try_from(code).ok().and_then(GidType::from_code),
+                        };
+                        Some(entry(index, gid, ty))
+                    })
+                    .collect();
+            }
         }
-        out
+        let len = u16::try_from(info.gid_table_len.clamp(0, 256)).unwrap_or(0);
+        (0..len)
+            .filter_map(|i| {
+                let index = u8::try_from(i).ok()?;
+                let gid = self.gid(port, i32::from(index)).ok()?;
+                (!gid.iter().all(|&b| b == 0)).then(|| entry(index, gid, None))
+            })
+            .collect()
     }
 
     /// How a QP on `port` is addressed when nothing is configured: the GID
