@@ -9,6 +9,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crossbeam_utils::CachePadded;
+use rustix::thread::futex;
 use std::time::Duration;
 
 /// A counter a worker sleeps on.
@@ -34,40 +35,26 @@ impl Doorbell {
     /// Wake every sleeper (a state change all of them must see: an SQ
     /// degraded, room for whoever waits first).
     pub(crate) fn ring_all(&self) {
-        self.wake(i32::MAX);
+        self.wake(i32::MAX as u32);
     }
 
     /// Bump the counter, then wake up to `n` sleepers.
-    fn wake(&self, n: i32) {
+    fn wake(&self, n: u32) {
         // Release: pairs with the Acquire in value().
         self.word.fetch_add(1, Ordering::Release);
-        // SAFETY: FUTEX_WAKE on a valid, aligned u32 owned by self.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.word.as_ptr(),
-                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                n,
-            )
-        };
+        // FUTEX_WAKE only fails for a bad address, which a reference is not.
+        let _ = futex::wake(&self.word, futex::Flags::PRIVATE, n);
     }
 
     /// Sleep until the counter differs from `seen` or `timeout` passes.
     pub(crate) fn wait(&self, seen: u32, timeout: Duration) {
-        let ts = libc::timespec {
-            tv_sec: timeout.as_secs() as libc::time_t,
-            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        let ts = futex::Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
         };
-        // SAFETY: FUTEX_WAIT on a valid, aligned u32 with a valid relative timeout; spurious returns are harmless (the caller re-checks).
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.word.as_ptr(),
-                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                seen,
-                &ts as *const libc::timespec,
-            )
-        };
+        // EAGAIN (the counter moved), ETIMEDOUT and EINTR all mean "look
+        // again"; spurious returns are harmless (the caller re-checks).
+        let _ = futex::wait(&self.word, futex::Flags::PRIVATE, seen, Some(&ts));
     }
 }
 
