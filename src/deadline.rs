@@ -9,15 +9,19 @@
 //! `UnixStream`, through [`AsFd`]). Not for per-op data paths.
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::time::Instant;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use rustix::event::{self, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+use rustix::net::{self, RecvFlags, SendFlags};
 
 /// The instant `timeout` from now, saturating a year ahead where adding
 /// it would overflow (`Duration::MAX` means "no deadline", not a panic).
-pub(crate) fn after(timeout: std::time::Duration) -> Instant {
+pub(crate) fn after(timeout: Duration) -> Instant {
     let now = Instant::now();
     now.checked_add(timeout)
-        .unwrap_or_else(|| now + std::time::Duration::from_secs(86_400 * 365))
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
 }
 
 /// The error for a deadline that passed (`TimedOut`).
@@ -25,31 +29,24 @@ pub(crate) fn timed_out() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "deadline passed")
 }
 
-/// Wait until `fd` is ready for `events` (`POLLIN`, `POLLOUT`) or
-/// `deadline` passes (`TimedOut`). Readiness includes an error or a hang-up:
-/// the next `recv`/`send` reports it.
-pub(crate) fn wait_for(fd: BorrowedFd<'_>, events: libc::c_short, deadline: Instant) -> io::Result<()> {
+/// Wait until `fd` is ready for `events` (`IN`, `OUT`) or `deadline`
+/// passes (`TimedOut`). Readiness includes an error or a hang-up: the next
+/// `recv`/`send` reports it.
+pub(crate) fn wait_for(fd: BorrowedFd<'_>, events: PollFlags, deadline: Instant) -> io::Result<()> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(timed_out());
         }
-        let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
-        let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events,
-            revents: 0,
-        };
-        // SAFETY: poll on one live descriptor in a local.
-        let rc = unsafe { libc::poll(&mut p, 1, ms) };
-        if rc > 0 {
-            return Ok(());
-        }
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
+        let ms = u64::try_from(left.as_millis().max(1)).unwrap_or(u64::MAX);
+        let timeout = Timespec::try_from(Duration::from_millis(ms)).unwrap_or(Timespec {
+            tv_sec: i64::MAX,
+            tv_nsec: 0,
+        });
+        match event::poll(&mut [PollFd::from_borrowed_fd(fd, events)], Some(&timeout)) {
+            Ok(0) | Err(Errno::INTR) => {}
+            Ok(_) => return Ok(()),
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -78,19 +75,17 @@ impl<S: AsFd> ByDeadline<S> {
 
     /// One `poll` then one non-blocking `op`, until it moves something or
     /// fails with something other than `WouldBlock`/`Interrupted`.
-    fn step(&self, events: libc::c_short, mut op: impl FnMut(i32) -> isize) -> io::Result<usize> {
+    fn step(
+        &self,
+        events: PollFlags,
+        mut op: impl FnMut(BorrowedFd<'_>) -> Result<usize, Errno>,
+    ) -> io::Result<usize> {
         loop {
             wait_for(self.sock.as_fd(), events, self.deadline)?;
-            let n = op(self.sock.as_fd().as_raw_fd());
-            if n >= 0 {
-                return Ok(n as usize);
-            }
-            let e = io::Error::last_os_error();
-            if !matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            ) {
-                return Err(e);
+            match op(self.sock.as_fd()) {
+                Ok(n) => return Ok(n),
+                Err(Errno::AGAIN | Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -101,9 +96,8 @@ impl<S: AsFd> Read for ByDeadline<S> {
         if buf.is_empty() {
             return Ok(0);
         }
-        self.step(libc::POLLIN, |fd| {
-            // SAFETY: recv into a live, writable buffer of its own length.
-            unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) }
+        self.step(PollFlags::IN, |fd| {
+            net::recv(fd, &mut *buf, RecvFlags::DONTWAIT).map(|(n, _)| n)
         })
     }
 }
@@ -113,16 +107,9 @@ impl<S: AsFd> Write for ByDeadline<S> {
         if buf.is_empty() {
             return Ok(0);
         }
-        self.step(libc::POLLOUT, |fd| {
-            // SAFETY: send from a live buffer of its own length; MSG_NOSIGNAL turns a dead peer into EPIPE instead of SIGPIPE.
-            unsafe {
-                libc::send(
-                    fd,
-                    buf.as_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
-            }
+        // MSG_NOSIGNAL turns a dead peer into EPIPE instead of SIGPIPE.
+        self.step(PollFlags::OUT, |fd| {
+            net::send(fd, buf, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)
         })
     }
 
@@ -136,7 +123,6 @@ mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
     use std::os::unix::net::UnixStream;
-    use std::time::Duration;
 
     #[test]
     fn reads_and_writes_whole_buffers() {
@@ -201,18 +187,7 @@ mod tests {
     /// Writes to `s` (its send buffer made small) that nobody reads fail
     /// `TimedOut` at the deadline.
     fn never_read(s: BorrowedFd<'_>) {
-        let small: libc::c_int = 4096;
-        // SAFETY: setsockopt on a live socket with an int of its size.
-        let rc = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUF,
-                (&small as *const libc::c_int).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0);
+        rustix::net::sockopt::set_socket_send_buffer_size(s, 4096).unwrap();
         let start = Instant::now();
         let e = ByDeadline::new(s, start + Duration::from_millis(100))
             .write_all(&vec![0u8; 16 << 20])

@@ -31,19 +31,26 @@
 //! moment the owner dies or withdraws (one non-blocking `poll`), and a
 //! probing `connect` is refused once nobody listens. No pid is involved.
 
-use std::ffi::CString;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use parking_lot::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use memmap2::{MmapOptions, MmapRaw};
+use rustix::event::{self, PollFd, PollFlags, Timespec};
+use rustix::fs::{self as rfs, FileType, MemfdFlags, Mode, OFlags, RenameFlags, SealFlags};
+use rustix::io::Errno;
+use rustix::net::{
+    self, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
 
 use tent_rings::ErrorKind;
 
@@ -83,13 +90,8 @@ const TMP_PREFIX: &str = ".tent-tmp-";
 /// `statfs.f_type` of shmem (tmpfs) files: what memfds are.
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 
-fn last_err() -> io::Error {
-    io::Error::last_os_error()
-}
-
 fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
 /// A random 64-bit value from the kernel (names, handles' salt).
@@ -110,40 +112,19 @@ fn binding(dev: u64, ino: u64) -> [u8; 16] {
 
 /// A `memfd_create` file of `size` bytes, zeroed, that may still be sealed.
 fn memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
-    let cname = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let raw =
-        // SAFETY: a valid C string; the flags are memfd_create's.
-        unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if raw < 0 {
-        return Err(last_err());
+    if i64::try_from(size).is_err() {
+        return Err(io::ErrorKind::InvalidInput.into());
     }
-    // SAFETY: memfd_create returned a fresh descriptor we now own.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let len =
-        libc::off_t::try_from(size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: ftruncate on our own descriptor.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
-        return Err(last_err());
-    }
+    let fd = rfs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    rfs::ftruncate(&fd, size)?;
     Ok(fd)
-}
-
-fn add_seals(fd: BorrowedFd<'_>, seals: i32) -> io::Result<()> {
-    // SAFETY: fcntl F_ADD_SEALS on our own memfd.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-        return Err(last_err());
-    }
-    Ok(())
 }
 
 /// A `memfd_create` file of `size` bytes, zeroed, sealed against shrinking,
 /// growing and further sealing (a region: peers map it writable).
 pub(crate) fn sealed_memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
     let fd = memfd(name, size)?;
-    add_seals(
-        fd.as_fd(),
-        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-    )?;
+    rfs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
     Ok(fd)
 }
 
@@ -155,39 +136,26 @@ pub(crate) fn sealed_memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
 pub(crate) fn descriptor_memfd(name: &str, size: usize) -> io::Result<(Mapping, OwnedFd)> {
     let fd = memfd(name, size as u64)?;
     let map = Mapping::map(fd.as_fd(), size, true)?;
-    add_seals(
-        fd.as_fd(),
-        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL,
+    rfs::fcntl_add_seals(
+        &fd,
+        SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE | SealFlags::SEAL,
     )?;
-    let proc_path = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL");
-    // SAFETY: a valid C path; the result, if any, is a fresh descriptor.
-    let ro = unsafe { libc::open(proc_path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if ro < 0 {
-        return Ok((map, fd));
+    let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    match rfs::open(proc_path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()) {
+        Ok(ro) => Ok((map, ro)),
+        Err(_) => Ok((map, fd)),
     }
-    // SAFETY: open returned a fresh descriptor we now own.
-    Ok((map, unsafe { OwnedFd::from_raw_fd(ro) }))
 }
 
 /// Size and seals of a handed-out file (seals 0 when it cannot carry any);
 /// an error for anything but a shmem (tmpfs) file: a hugetlbfs memfd, say,
 /// could SIGBUS on a hole.
 fn size_and_seals(fd: BorrowedFd<'_>) -> io::Result<(u64, i32)> {
-    // SAFETY: an all-zero stat is a valid out-buffer for fstat.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat on a live descriptor into a stat buffer we own.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(last_err());
-    }
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+    let st = rfs::fstat(fd)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
         return Ok((0, 0));
     }
-    // SAFETY: an all-zero statfs is a valid out-buffer for fstatfs.
-    let mut sf: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: fstatfs on a live descriptor into a buffer we own.
-    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut sf) } != 0 {
-        return Err(last_err());
-    }
+    let sf = rfs::fstatfs(fd)?;
     #[allow(clippy::unnecessary_cast)]
     let fs = sf.f_type as i64;
     if fs != TMPFS_MAGIC {
@@ -196,62 +164,38 @@ fn size_and_seals(fd: BorrowedFd<'_>) -> io::Result<(u64, i32)> {
             format!("not a shmem memfd (file system type {fs:#x})"),
         ));
     }
-    // SAFETY: F_GET_SEALS reads the seals; EINVAL for files without them.
-    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-    Ok((u64::try_from(st.st_size).unwrap_or(0), seals.max(0)))
+    // EINVAL for files without seals: none.
+    let seals = rfs::fcntl_get_seals(fd).map_or(0, |s| s.bits() as i32);
+    Ok((u64::try_from(st.st_size).unwrap_or(0), seals))
 }
 
-/// A shared mapping of a memfd; unmapped on drop.
+/// A shared mapping of a memfd; unmapped on drop. Every access goes through
+/// raw pointers whose users synchronise (atomics or checked copies).
 #[derive(Debug)]
-pub(crate) struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain shared memory owned by this value; every
-// access goes through raw pointers whose users synchronise (atomics or
-// checked copies), so moving or sharing the handle across threads is sound.
-unsafe impl Send for Mapping {}
-// SAFETY: as above.
-unsafe impl Sync for Mapping {}
+pub(crate) struct Mapping(MmapRaw);
 
 impl Mapping {
-    /// Map `len` bytes of `fd` shared (read-only unless `writable`).
+    /// Map `len` bytes of `fd` shared (read-only unless `writable`); the
+    /// caller checked that the (sealed) file holds `len` (> 0) bytes.
     pub(crate) fn map(fd: BorrowedFd<'_>, len: usize, writable: bool) -> io::Result<Mapping> {
-        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
-        // SAFETY: a fresh mapping at an address of the kernel's choice; the caller checked that the (sealed) file holds `len` bytes.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
+        let mut opts = MmapOptions::new();
+        opts.len(len);
+        let map = if writable {
+            opts.map_raw(&fd)?
+        } else {
+            opts.map_raw_read_only(&fd)?
         };
-        if p == libc::MAP_FAILED {
-            return Err(last_err());
-        }
-        let ptr = NonNull::new(p.cast()).ok_or_else(|| io::Error::from(io::ErrorKind::Other))?;
-        Ok(Mapping { ptr, len })
+        Ok(Mapping(map))
     }
 
     /// Start of the mapping (page aligned).
     pub(crate) fn ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.0.as_mut_ptr()
     }
 
     /// Its length.
     pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what `map` mapped; nothing borrows it any more (holders keep an Arc of the mapping while they copy).
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        self.0.len()
     }
 }
 
@@ -274,34 +218,14 @@ fn map_admitted(
 /// Send `bytes` with one descriptor. Errors are the kernel's: see
 /// [`recoverable_send`].
 fn send_with_fd(s: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_ptr() as *mut libc::c_void,
-        iov_len: bytes.len(),
-    };
-    // u64 storage keeps the control buffer aligned for cmsghdr.
-    let mut cbuf = [0u64; 8];
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
-    // SAFETY: an all-zero msghdr is valid; the fields are set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: msg_control points at `space` writable, aligned bytes, so the first header exists and its data holds one descriptor.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd.as_raw_fd());
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd];
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other("no room for one descriptor"));
     }
-    // SAFETY: msg points at live buffers for the duration of the call.
-    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(last_err());
-    }
-    (&*s).write_all(&bytes[n as usize..])
+    let n = net::sendmsg(s, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)?;
+    (&*s).write_all(&bytes[n..])
 }
 
 /// Did a send of a descriptor fail for a reason that leaves the connection
@@ -310,8 +234,8 @@ fn send_with_fd(s: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<
 /// as the owner's death.
 fn recoverable_send(e: &io::Error) -> bool {
     matches!(
-        e.raw_os_error(),
-        Some(libc::ETOOMANYREFS | libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOBUFS)
+        Errno::from_io_error(e),
+        Some(Errno::TOOMANYREFS | Errno::MFILE | Errno::NFILE | Errno::NOMEM | Errno::NOBUFS)
     )
 }
 
@@ -357,6 +281,13 @@ struct RecvError {
     partial: bool,
 }
 
+/// Room for the control messages of one received frame: 128 bytes, aligned
+/// for `cmsghdr`, so up to 28 descriptors (a frame carries one; the others
+/// are closed) before the kernel truncates (`MSG_CTRUNC`).
+#[repr(C, align(8))]
+struct CmsgSpace([MaybeUninit<u8>; CMSG_BYTES]);
+const CMSG_BYTES: usize = 128;
+
 /// Read exactly `buf.len()` bytes by `deadline`; the first read may carry
 /// descriptors.
 fn recv_frame(
@@ -368,58 +299,34 @@ fn recv_frame(
         err,
         partial: false,
     };
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let mut cbuf = [0u64; 16];
-    // SAFETY: an all-zero msghdr is valid; the fields are set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = size_of_val(&cbuf) as _;
-    let n = loop {
-        wait_for(s.as_fd(), libc::POLLIN, deadline).map_err(whole)?;
-        // SAFETY: msg points at live, writable buffers of the sizes given.
-        let n = unsafe {
-            libc::recvmsg(
-                s.as_raw_fd(),
-                &mut msg,
-                libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
-            )
-        };
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = last_err();
-        if !matches!(
-            e.kind(),
-            io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+    let mut space = CmsgSpace([MaybeUninit::uninit(); CMSG_BYTES]);
+    let mut control = RecvAncillaryBuffer::new(&mut space.0);
+    let (n, flags) = loop {
+        wait_for(s.as_fd(), PollFlags::IN, deadline).map_err(whole)?;
+        match net::recvmsg(
+            s,
+            &mut [IoSliceMut::new(&mut *buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
         ) {
-            return Err(whole(e));
+            Ok(got) => break (got.bytes, got.flags),
+            Err(Errno::INTR | Errno::AGAIN) => {}
+            Err(e) => return Err(whole(e.into())),
         }
     };
+    // Each SCM_RIGHTS payload is descriptors now installed in this process:
+    // the first is kept, every other one is closed as it is dropped.
     let mut first = None;
-    // SAFETY: walking the control messages the kernel wrote into cbuf, with the CMSG macros bounded by msg_controllen; each SCM_RIGHTS payload is an array of descriptors now installed in this process, which we own.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c);
-                let bytes = (*c).cmsg_len as usize - (data as usize - c as usize);
-                for i in 0..bytes / size_of::<RawFd>() {
-                    let raw = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
-                    let fd = OwnedFd::from_raw_fd(raw);
-                    if first.is_none() {
-                        first = Some(fd);
-                    }
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = message {
+            for fd in fds {
+                if first.is_none() {
+                    first = Some(fd);
                 }
             }
-            c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    let truncated = msg.msg_flags & libc::MSG_CTRUNC != 0;
+    let truncated = flags.contains(ReturnFlags::CTRUNC);
     if truncated {
         first = None;
     }
@@ -435,11 +342,19 @@ fn recv_frame(
     })
 }
 
+/// The peer's uid and pid (`SO_PEERCRED`). By hand, not with rustix's
+/// `socket_peercred`: its `UCred::pid` is a non-zero `Pid`, but the kernel
+/// reports pid 0 for a peer in a pid namespace this process cannot see
+/// into (a peer in another container sharing the socket directory), and
+/// reading that 0 into a `NonZeroI32` is undefined behaviour.
 fn peer_uid(s: &UnixStream) -> io::Result<(u32, i32)> {
-    // SAFETY: an all-zero ucred is a valid out-buffer.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
     let mut len = size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED writes a ucred of `len` bytes.
+    // SAFETY: SO_PEERCRED writes at most `len` bytes into a ucred we own.
     let rc = unsafe {
         libc::getsockopt(
             s.as_raw_fd(),
@@ -450,7 +365,7 @@ fn peer_uid(s: &UnixStream) -> io::Result<(u32, i32)> {
         )
     };
     if rc != 0 {
-        return Err(last_err());
+        return Err(io::Error::last_os_error());
     }
     Ok((cred.uid, cred.pid))
 }
@@ -607,73 +522,47 @@ pub(crate) struct HandoutServer {
 
 /// Open the socket file at `path` without following a symlink and say what
 /// it is: the `O_PATH` descriptor and its `stat`.
-fn open_socket_file(path: &Path) -> io::Result<(OwnedFd, libc::stat)> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: a valid C path; O_PATH opens nothing but a reference.
-    let raw = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if raw < 0 {
-        return Err(last_err());
-    }
-    // SAFETY: open returned a fresh descriptor we now own.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: an all-zero stat is a valid out-buffer for fstat.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat on a live descriptor into a buffer we own.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(last_err());
-    }
+fn open_socket_file(path: &Path) -> io::Result<(OwnedFd, rfs::Stat)> {
+    let fd = rfs::open(
+        path,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = rfs::fstat(&fd)?;
     Ok((fd, st))
+}
+
+/// A fresh unix stream socket (close-on-exec, plus `flags`).
+fn unix_socket(flags: SocketFlags) -> io::Result<OwnedFd> {
+    Ok(net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | flags,
+        None,
+    )?)
 }
 
 /// Connect to the socket file `file` refers to (through `/proc/self/fd`,
 /// so exactly the file that was checked), giving up at `deadline`: the
 /// kernel's wait for room in a full backlog is bounded by `SO_SNDTIMEO`.
 fn connect_file(file: BorrowedFd<'_>, deadline: Instant) -> io::Result<UnixStream> {
-    // SAFETY: a fresh socket that we own below.
-    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(last_err());
-    }
-    // SAFETY: socket returned a descriptor we now own.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let stream = UnixStream::from(fd);
-    // SAFETY: an all-zero sockaddr_un is valid; the path is copied below.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
-    for (d, s) in addr.sun_path.iter_mut().zip(path.as_bytes()) {
-        *d = *s as libc::c_char;
-    }
+    let stream = UnixStream::from(unix_socket(SocketFlags::empty())?);
+    let addr = SocketAddrUnix::new(format!("/proc/self/fd/{}", file.as_raw_fd()))?;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(timed_out());
         }
         stream.set_write_timeout(Some(left))?;
-        // SAFETY: connect with a sockaddr_un we filled (NUL-terminated: the path is far shorter than sun_path), of its full size.
-        let rc = unsafe {
-            libc::connect(
-                stream.as_raw_fd(),
-                (&addr as *const libc::sockaddr_un).cast(),
-                size_of::<libc::sockaddr_un>() as libc::socklen_t,
-            )
-        };
-        if rc == 0 {
-            stream.set_write_timeout(None)?;
-            return Ok(stream);
-        }
-        let e = last_err();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
+        match net::connect(&stream, &addr) {
+            Ok(()) => {
+                stream.set_write_timeout(None)?;
+                return Ok(stream);
+            }
+            Err(Errno::INTR) => continue,
             // The backlog stayed full until SO_SNDTIMEO ran out.
-            Some(libc::EAGAIN | libc::EINPROGRESS) => return Err(timed_out()),
-            _ => return Err(e),
+            Err(Errno::AGAIN | Errno::INPROGRESS) => return Err(timed_out()),
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -739,27 +628,24 @@ impl HandoutServer {
         let mut name = String::new();
         for _ in 0..8 {
             let candidate = first.take().unwrap_or_else(Self::fresh_name);
-            let from = CString::new(tmp.as_os_str().as_bytes()).expect("no NUL in path");
-            let to = CString::new(dir_path.join(&candidate).as_os_str().as_bytes())
-                .expect("no NUL in path");
-            // SAFETY: two valid C paths; RENAME_NOREPLACE never clobbers.
-            let rc = unsafe {
-                libc::renameat2(
-                    libc::AT_FDCWD,
-                    from.as_ptr(),
-                    libc::AT_FDCWD,
-                    to.as_ptr(),
-                    libc::RENAME_NOREPLACE,
-                )
-            };
-            if rc == 0 {
-                name = candidate;
-                break;
-            }
-            if last_err().raw_os_error() != Some(libc::EEXIST) {
-                return Err(cleanup(
-                    io_err("publish the shm segment socket")(last_err()),
-                ));
+            // RENAME_NOREPLACE never clobbers.
+            match rfs::renameat_with(
+                rfs::CWD,
+                &tmp,
+                rfs::CWD,
+                dir_path.join(&candidate),
+                RenameFlags::NOREPLACE,
+            ) {
+                Ok(()) => {
+                    name = candidate;
+                    break;
+                }
+                Err(Errno::EXIST) => {}
+                Err(e) => {
+                    return Err(cleanup(io_err("publish the shm segment socket")(
+                        e.into(),
+                    )));
+                }
             }
         }
         if name.is_empty() {
@@ -768,15 +654,13 @@ impl HandoutServer {
                 "no free shm segment name",
             )));
         }
-        let mut pipe = [0; 2];
-        // SAFETY: pipe2 writes two descriptors into the array.
-        if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            let _ = std::fs::remove_file(dir_path.join(&name));
-            return Err(io_err("pipe")(last_err()));
-        }
-        let (wake_r, wake_w) =
-            // SAFETY: pipe2 returned two fresh descriptors we now own.
-            unsafe { (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1])) };
+        let (wake_r, wake_w) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
+            Ok(pipe) => pipe,
+            Err(e) => {
+                let _ = std::fs::remove_file(dir_path.join(&name));
+                return Err(io_err("pipe")(e.into()));
+            }
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Mutex::new(Conns::default()));
         let (stop2, conns2) = (stop.clone(), conns.clone());
@@ -802,8 +686,7 @@ impl HandoutServer {
 impl Drop for HandoutServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // SAFETY: a one-byte write into our own pipe.
-        unsafe { libc::write(self.wake.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        let _ = rustix::io::write(&self.wake, &[1u8]);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -827,23 +710,14 @@ fn accept_loop(
 ) {
     loop {
         let mut fds = [
-            libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: wake.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            PollFd::new(&listener, PollFlags::IN),
+            PollFd::new(&wake, PollFlags::IN),
         ];
-        // SAFETY: poll over two live descriptors in a local array.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        let rc = event::poll(&mut fds, None);
         if stop.load(Ordering::Acquire) {
             return;
         }
-        if rc <= 0 || fds[0].revents == 0 {
+        if !matches!(rc, Ok(n) if n > 0) || fds[0].revents().is_empty() {
             continue;
         }
         let Ok((s, _)) = listener.accept() else {
@@ -1025,8 +899,8 @@ impl HandoutClient {
                 return Err(refused(ErrorKind::AccessDenied, name, "cannot open").with_source(e));
             }
         };
-        let fmt = st.st_mode & libc::S_IFMT;
-        if fmt == libc::S_IFLNK {
+        let fmt = FileType::from_raw_mode(st.st_mode);
+        if fmt == FileType::Symlink {
             return Err(refused(ErrorKind::AccessDenied, name, "is a symlink"));
         }
         if st.st_uid != euid() {
@@ -1036,7 +910,7 @@ impl HandoutClient {
                 &format!("owned by uid {}, not ours", st.st_uid),
             ));
         }
-        if fmt != libc::S_IFSOCK {
+        if fmt != FileType::Socket {
             return Err(refused(
                 ErrorKind::InvalidArgument,
                 name,
@@ -1044,8 +918,8 @@ impl HandoutClient {
             ));
         }
         let bind = binding(st.st_dev, st.st_ino);
-        let stream = connect_file(file.as_fd(), deadline).map_err(|e| match e.raw_os_error() {
-            Some(libc::ECONNREFUSED) => {
+        let stream = connect_file(file.as_fd(), deadline).map_err(|e| match Errno::from_io_error(&e) {
+            Some(Errno::CONNREFUSED) => {
                 refused(ErrorKind::ProcessFailed, name, "its owner is gone").with_source(e)
             }
             _ if e.kind() == io::ErrorKind::TimedOut => refused(
@@ -1241,26 +1115,24 @@ impl HandoutClient {
     /// Has the owner hung up (died, or withdrawn the segment)? One
     /// non-blocking `poll`.
     pub(crate) fn owner_gone(&self) -> bool {
-        let mut p = self.liveness_pollfd();
-        // SAFETY: poll on one live descriptor, zero timeout.
-        let rc = unsafe { libc::poll(&mut p, 1, 0) };
-        rc > 0 && Self::hung_up(p.revents)
+        let mut p = [self.liveness_pollfd()];
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(event::poll(&mut p, Some(&now)), Ok(n) if n > 0) && Self::hung_up(p[0].revents())
     }
 
     /// What to `poll` for to learn that the owner hung up: readable data
     /// (a late reply) does not wake it, only the end of the connection.
-    pub(crate) fn liveness_pollfd(&self) -> libc::pollfd {
-        libc::pollfd {
-            fd: self.stream.as_raw_fd(),
-            events: libc::POLLRDHUP,
-            revents: 0,
-        }
+    pub(crate) fn liveness_pollfd(&self) -> PollFd<'_> {
+        PollFd::new(&self.stream, PollFlags::RDHUP)
     }
 
     /// Do the `revents` of a [`HandoutClient::liveness_pollfd`] say the
     /// owner hung up?
-    pub(crate) fn hung_up(revents: libc::c_short) -> bool {
-        revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
+    pub(crate) fn hung_up(revents: PollFlags) -> bool {
+        revents.intersects(PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR)
     }
 
     /// End the connection from our side (the peer is closing): a request
@@ -1276,44 +1148,12 @@ impl HandoutClient {
 /// Is anybody serving the socket at `path`? `Some(false)` only when a
 /// connect is refused (nobody listens: its owner is gone).
 fn serving(path: &Path) -> Option<bool> {
-    // SAFETY: a fresh non-blocking socket that we own below.
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
-    if raw < 0 {
-        return None;
-    }
-    // SAFETY: socket returned a descriptor we now own.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: an all-zero sockaddr_un is valid; the path is copied below.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let bytes = path.as_os_str().as_bytes();
-    if bytes.len() >= addr.sun_path.len() {
-        return None;
-    }
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: connect with a sockaddr_un we filled, of its full size.
-    let rc = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            size_of::<libc::sockaddr_un>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        return Some(true);
-    }
-    match last_err().raw_os_error() {
-        Some(libc::ECONNREFUSED) => Some(false),
-        Some(libc::EAGAIN | libc::EINPROGRESS) => Some(true),
-        _ => None,
+    let fd = unix_socket(SocketFlags::NONBLOCK).ok()?;
+    let addr = SocketAddrUnix::new(path).ok()?;
+    match net::connect(&fd, &addr) {
+        Ok(()) | Err(Errno::AGAIN | Errno::INPROGRESS) => Some(true),
+        Err(Errno::CONNREFUSED) => Some(false),
+        Err(_) => None,
     }
 }
 
@@ -1374,33 +1214,14 @@ mod tests {
         f
     }
 
-    /// Send `frame` with `n` copies of `fd` in one SCM_RIGHTS message.
-    fn send_many(s: &UnixStream, frame: &[u8], fd: RawFd, n: usize) {
-        let mut iov = libc::iovec {
-            iov_base: frame.as_ptr() as *mut libc::c_void,
-            iov_len: frame.len(),
-        };
-        let mut cbuf = vec![0u64; 64];
-        // SAFETY: an all-zero msghdr is valid; the fields are set below.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        // SAFETY: pure size computations; 64 u64 hold CMSG_SPACE(4 * 64).
-        msg.msg_controllen = unsafe { libc::CMSG_SPACE((4 * n) as u32) } as _;
-        // SAFETY: the control buffer holds one header with n descriptors.
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN((4 * n) as u32) as _;
-            for i in 0..n {
-                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>().add(i), fd);
-            }
-        }
-        // SAFETY: msg points at live buffers.
-        let sent = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        assert_eq!(sent as usize, frame.len());
+    /// Send `frame` with 60 copies of `fd` in one SCM_RIGHTS message.
+    fn send_many(s: &UnixStream, frame: &[u8], fd: BorrowedFd<'_>) {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(60))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        let fds = [fd; 60];
+        assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+        let sent = net::sendmsg(s, &[IoSlice::new(frame)], &mut control, SendFlags::NOSIGNAL);
+        assert_eq!(sent.unwrap(), frame.len());
     }
 
     fn region_fd() -> OwnedFd {
@@ -1415,7 +1236,7 @@ mod tests {
     fn truncated_control_messages_are_transient() {
         let (client, owner) = pair();
         let fd = region_fd();
-        send_many(&owner, &reply(1), fd.as_raw_fd(), 60);
+        send_many(&owner, &reply(1), fd.as_fd());
         let err = client
             .region(1, |s, seals| desc::admit_memfd(s, seals, 4096), soon())
             .unwrap_err();
@@ -1432,11 +1253,11 @@ mod tests {
     /// stays up), which the peer reads as transient.
     #[test]
     fn recoverable_send_failures_answer_again() {
-        for e in [libc::ETOOMANYREFS, libc::EMFILE, libc::ENFILE] {
-            assert!(recoverable_send(&io::Error::from_raw_os_error(e)));
+        for e in [Errno::TOOMANYREFS, Errno::MFILE, Errno::NFILE] {
+            assert!(recoverable_send(&io::Error::from_raw_os_error(e.raw_os_error())));
         }
-        for e in [libc::EPIPE, libc::ECONNRESET, libc::EAGAIN] {
-            assert!(!recoverable_send(&io::Error::from_raw_os_error(e)));
+        for e in [Errno::PIPE, Errno::CONNRESET, Errno::AGAIN] {
+            assert!(!recoverable_send(&io::Error::from_raw_os_error(e.raw_os_error())));
         }
         let (client, owner) = pair();
         let mut again = [0u8; REPLY_LEN];

@@ -26,13 +26,16 @@
 //! the connection for the owner's death (`peer/refresher.rs`); meanwhile an
 //! access to it answers [`Access::Later`].
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::ffi::c_void;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption, Cache};
+use rustix::fs::{self as rfs, SeekFrom};
+use rustix::mm;
 use tent_rings::{ErrorKind, RegionId};
 
 use super::desc::{
@@ -928,7 +931,6 @@ fn lookup(t: &PeerTable, addr: u64, len: u64) -> Result<*mut u8, ErrorKind> {
 /// Map `len` bytes at `ptr` writable now rather than fault them in one by
 /// one inside the first transfers (best effort; Linux >= 5.14).
 fn populate(ptr: *mut u8, len: usize) {
-    const MADV_POPULATE_WRITE: libc::c_int = 23;
     let page = 4096usize;
     let start = (ptr as usize) & !(page - 1);
     let end = ptr as usize + len;
@@ -936,8 +938,8 @@ fn populate(ptr: *mut u8, len: usize) {
         return;
     }
     // SAFETY: callers pass a range inside a live shared mapping of a memfd; MADV_POPULATE_WRITE only pre-faults pages, it changes no bytes.
-    let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, MADV_POPULATE_WRITE) };
-    if rc != 0 {
+    let rc = unsafe { mm::madvise(start as *mut c_void, end - start, mm::Advice::LinuxPopulateWrite) };
+    if rc.is_err() {
         tracing::trace!("madvise(MADV_POPULATE_WRITE) failed; pages fault in lazily");
     }
 }
@@ -950,23 +952,22 @@ fn populate(ptr: *mut u8, len: usize) {
 /// peer is being dropped and waits for this).
 fn prefault_populated(fd: BorrowedFd<'_>, map: &Mapping, len: u64, stop: impl Fn() -> bool) {
     const MAX_EXTENTS: usize = 4096;
-    const CHUNK: i64 = 16 << 20;
-    let start = DATA_OFFSET as i64;
+    const CHUNK: u64 = 16 << 20;
+    let start = DATA_OFFSET as u64;
     // `len` was admitted: at most MAX_REGION_LEN and inside the mapping.
-    let end = start + len as i64;
+    let end = start + len;
     let mut off = start;
     for _ in 0..MAX_EXTENTS {
         if off >= end {
             break;
         }
-        // SAFETY: lseek on a live descriptor; it moves only that file description's offset, which nothing else uses.
-        let data = unsafe { libc::lseek(fd.as_raw_fd(), off, libc::SEEK_DATA) };
-        if data < 0 || data >= end {
-            break;
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(fd.as_raw_fd(), data, libc::SEEK_HOLE) };
-        let hole = if hole < 0 { end } else { hole.min(end) };
+        // lseek moves only this file description's offset, which nothing
+        // else uses; ENXIO: no data past `off`.
+        let data = match rfs::seek(fd, SeekFrom::Data(off)) {
+            Ok(data) if data < end => data,
+            _ => break,
+        };
+        let hole = rfs::seek(fd, SeekFrom::Hole(data)).map_or(end, |hole| hole.min(end));
         // data < hole <= end <= the mapping's length (admitted).
         let mut at = data;
         while at < hole {

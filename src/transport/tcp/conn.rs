@@ -473,7 +473,7 @@ impl Conn {
     ) -> std::result::Result<(), (Cut, String)> {
         let io_failed = |e: std::io::Error| self.failed(io::kind_of(&e), e.to_string());
         self.unless_cut()?;
-        crate::deadline::wait_for(s.as_fd(), libc::POLLOUT, deadline).map_err(io_failed)?;
+        crate::deadline::wait_for(s.as_fd(), rustix::event::PollFlags::OUT, deadline).map_err(io_failed)?;
         match s.take_error() {
             Ok(None) => {}
             Ok(Some(e)) | Err(e) => return Err(io_failed(e)),

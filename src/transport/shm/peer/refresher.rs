@@ -17,12 +17,14 @@
 //!   pre-fault chunks at worst).
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rustix::event::{self, EventfdFlags, PollFd, PollFlags};
+use rustix::io::Errno;
 use tent_rings::ErrorKind;
 
 use super::PeerState;
@@ -42,14 +44,8 @@ pub(super) struct Wake {
 
 impl Wake {
     pub(super) fn new() -> io::Result<Wake> {
-        // SAFETY: plain eventfd(2) call; the result is checked before use.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
         Ok(Wake {
-            // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-            fd: unsafe { OwnedFd::from_raw_fd(raw) },
+            fd: event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
             requested: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         })
@@ -69,17 +65,16 @@ impl Wake {
     }
 
     fn ring(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to our own eventfd; it is non-blocking, and the counter cannot fill (the refresher drains it).
-        unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
+        // Non-blocking, and the counter cannot fill (the refresher drains it).
+        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
     }
 
     /// The refresher's side: drain the eventfd and take the pending
     /// request, if any.
     fn take(&self) -> bool {
-        let mut n: u64 = 0;
-        // SAFETY: reads 8 bytes into a valid u64 from our own non-blocking eventfd.
-        unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut n).cast(), 8) };
+        let mut n = [0u8; 8];
+        // Non-blocking: EAGAIN when nothing was written.
+        let _ = rustix::io::read(&self.fd, &mut n);
         // SeqCst (a full barrier): the clear is ordered before the
         // descriptor read that follows, so a miss that still sees the flag
         // set is covered by this refresh.
@@ -132,33 +127,28 @@ fn run(state: &PeerState) {
     let mut watch_owner = true;
     loop {
         let mut fds = [
-            libc::pollfd {
-                fd: state.wake.fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            PollFd::new(&state.wake.fd, PollFlags::IN),
             state.owner.liveness_pollfd(),
         ];
         // Once the owner is gone its hang-up stays readable: stop watching.
-        let n: libc::nfds_t = if watch_owner { 2 } else { 1 };
-        // SAFETY: poll over `n` (<= 2) valid pollfds in a local array that outlives the call.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), n, -1) };
+        let n = if watch_owner { 2 } else { 1 };
+        let rc = event::poll(&mut fds[..n], None);
         if state.wake.stopped() {
             return;
         }
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
+        if let Err(e) = rc {
+            if e != Errno::INTR {
+                let e = io::Error::from(e);
                 crate::lograte::warn_limited!("shm-refresher-poll", error = %e, "shm refresher: poll failed");
                 std::thread::sleep(Duration::from_millis(10));
             }
             continue;
         }
-        if watch_owner && HandoutClient::hung_up(fds[1].revents) {
+        if watch_owner && HandoutClient::hung_up(fds[1].revents()) {
             watch_owner = false;
             state.owner_hung_up();
         }
-        if fds[0].revents != 0 && state.wake.take() && !state.owner_gone() {
+        if !fds[0].revents().is_empty() && state.wake.take() && !state.owner_gone() {
             // Errors are recorded against the sequence read (and logged)
             // inside: the next miss answers with them.
             let _ = state.refresh(false, Instant::now() + IO_TIMEOUT);
