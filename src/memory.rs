@@ -251,12 +251,17 @@ impl MemRegion {
 }
 
 /// A random, non-zero key: a stale or guessed key must not match by accident.
+/// From the kernel's CSPRNG (`getrandom`); should it be unavailable, SipHash
+/// under std's per-process random keys over a counter and the clock.
 pub(crate) fn fresh_key() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(1);
-    let mut h = std::hash::RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    h.write_u64(crate::clock::monotonic_ns());
-    h.finish() | 1
+    let drawn = getrandom::u64().unwrap_or_else(|_| {
+        let mut h = std::hash::RandomState::new().build_hasher();
+        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        h.write_u64(crate::clock::monotonic_ns());
+        h.finish()
+    });
+    drawn | 1
 }
 
 /// Snapshot of every registered region, by id and by address.

@@ -12,9 +12,15 @@
 use std::ffi::CStr;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+
+use rustix::event::{self, EventfdFlags, PollFd, PollFlags};
+use rustix::io::Errno;
+use rustix::net::{
+    self, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType, netlink::SocketAddrNetlink,
+};
 
 /// One local network interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,14 +141,7 @@ const IFINFOMSG_LEN: usize = 16;
 /// For chaos runs that must time a link going down without paying for a
 /// process spawn.
 pub fn set_link(index: u32, up: bool) -> io::Result<()> {
-    let ty = libc::SOCK_RAW | libc::SOCK_CLOEXEC;
-    // SAFETY: plain socket(2) call; the result is checked before use.
-    let raw = unsafe { libc::socket(libc::AF_NETLINK, ty, libc::NETLINK_ROUTE) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let fd = route_socket()?;
     let len = NLMSG_HDRLEN + IFINFOMSG_LEN;
     let mut msg = [0u8; NLMSG_HDRLEN + IFINFOMSG_LEN];
     msg[0..4].copy_from_slice(&(len as u32).to_ne_bytes());
@@ -156,20 +155,14 @@ pub fn set_link(index: u32, up: bool) -> io::Result<()> {
     let iff_up = libc::IFF_UP as u32;
     msg[h + 8..h + 12].copy_from_slice(&(if up { iff_up } else { 0 }).to_ne_bytes());
     msg[h + 12..h + 16].copy_from_slice(&iff_up.to_ne_bytes());
-    // SAFETY: `msg` is a valid buffer of `len` bytes; the kernel is the peer (no address needed on a netlink socket's default destination).
-    let sent = unsafe { libc::send(fd.as_raw_fd(), msg.as_ptr().cast(), len, 0) };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // The kernel is the peer: no address needed on a netlink socket's
+    // default destination.
+    net::send(&fd, &msg, SendFlags::empty())?;
     let mut ack = [0u8; 256];
-    // SAFETY: `ack` is a valid writable buffer of its length.
-    let got = unsafe { libc::recv(fd.as_raw_fd(), ack.as_mut_ptr().cast(), ack.len(), 0) };
-    if got < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let (got, _) = net::recv(&fd, &mut ack[..], RecvFlags::empty())?;
     // NLMSG_ERROR carries an errno (0 = acknowledged).
     let ty = u16::from_ne_bytes([ack[4], ack[5]]);
-    if ty == libc::NLMSG_ERROR as u16 && got as usize >= NLMSG_HDRLEN + 4 {
+    if ty == libc::NLMSG_ERROR as u16 && got >= NLMSG_HDRLEN + 4 {
         let errno = i32::from_ne_bytes(ack[h..h + 4].try_into().expect("4 bytes"));
         if errno != 0 {
             return Err(io::Error::from_raw_os_error(-errno));
@@ -239,13 +232,7 @@ impl LinkWatch {
         let fd = open_socket().inspect_err(|e| {
             tracing::warn!(error = %e, "netlink: cannot open a link-notification socket");
         })?;
-        // SAFETY: plain eventfd(2) call; the result is checked before use.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-        let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+        let stop = Arc::new(event::eventfd(0, EventfdFlags::CLOEXEC)?);
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("tent-linkwatch".into())
@@ -259,34 +246,26 @@ impl LinkWatch {
 
 impl Drop for LinkWatch {
     fn drop(&mut self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
-        unsafe { libc::write(self.stop.as_raw_fd(), (&raw const one).cast(), 8) };
+        let _ = rustix::io::write(&*self.stop, &1u64.to_ne_bytes());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
+/// A `NETLINK_ROUTE` socket (protocol 0).
+fn route_socket() -> io::Result<OwnedFd> {
+    Ok(net::socket_with(
+        AddressFamily::NETLINK,
+        SocketType::RAW,
+        SocketFlags::CLOEXEC,
+        None,
+    )?)
+}
+
 fn open_socket() -> io::Result<OwnedFd> {
-    let ty = libc::SOCK_RAW | libc::SOCK_CLOEXEC;
-    // SAFETY: plain socket(2) call; the result is checked before use.
-    let raw = unsafe { libc::socket(libc::AF_NETLINK, ty, libc::NETLINK_ROUTE) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: sockaddr_nl is plain data, valid when zeroed.
-    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-    sa.nl_groups = libc::RTMGRP_LINK as u32;
-    let sa_len = size_of::<libc::sockaddr_nl>() as libc::socklen_t;
-    // SAFETY: `sa` is a valid sockaddr_nl of the length passed.
-    let rc = unsafe { libc::bind(fd.as_raw_fd(), (&raw const sa).cast(), sa_len) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let fd = route_socket()?;
+    net::bind(&fd, &SocketAddrNetlink::new(0, libc::RTMGRP_LINK as u32))?;
     Ok(fd)
 }
 
@@ -295,64 +274,38 @@ fn watch(fd: OwnedFd, stop: &OwnedFd, on_event: impl Fn(LinkEvent)) {
     let mut events = Vec::new();
     loop {
         let mut fds = [
-            libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            PollFd::new(&fd, PollFlags::IN),
+            PollFd::new(stop, PollFlags::IN),
         ];
-        // SAFETY: two valid pollfds that outlive the call.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if rc < 0 || fds[1].revents != 0 {
-            if rc < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+        match event::poll(&mut fds, None) {
+            Err(Errno::INTR) => continue,
+            Err(_) => return,
+            Ok(_) if !fds[1].revents().is_empty() => return,
+            Ok(_) if fds[0].revents().is_empty() => continue,
+            Ok(_) => {}
+        }
+        let (n, from) = match net::recvfrom(&fd, &mut buf[..], RecvFlags::DONTWAIT) {
+            Ok((n, _, from)) => (n, from),
+            Err(Errno::AGAIN | Errno::INTR) => continue,
+            // The socket buffer overflowed: some events are lost, but the
+            // socket still works and the next event carries full state.
+            Err(Errno::NOBUFS) => {
+                tracing::warn!("netlink: link events dropped (ENOBUFS)");
                 continue;
             }
-            return;
-        }
-        if fds[0].revents == 0 {
-            continue;
-        }
-        // SAFETY: sockaddr_nl is plain data, valid when zeroed.
-        let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        let mut from_len = size_of::<libc::sockaddr_nl>() as libc::socklen_t;
-        let (ptr, cap) = (buf.as_mut_ptr().cast(), buf.len());
-        let from_ptr = (&raw mut from).cast();
-        // SAFETY: `buf` and `from` are valid for writes of the lengths passed.
-        let n = unsafe {
-            libc::recvfrom(
-                fd.as_raw_fd(),
-                ptr,
-                cap,
-                libc::MSG_DONTWAIT,
-                from_ptr,
-                &mut from_len,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EAGAIN | libc::EINTR) => {}
-                // The socket buffer overflowed: some events are lost, but the
-                // socket still works and the next event carries full state.
-                Some(libc::ENOBUFS) => tracing::warn!("netlink: link events dropped (ENOBUFS)"),
-                _ => {
-                    tracing::warn!(error = %e, "netlink: link watch stopped");
-                    return;
-                }
+            Err(e) => {
+                let e = io::Error::from(e);
+                tracing::warn!(error = %e, "netlink: link watch stopped");
+                return;
             }
-            continue;
-        }
+        };
         // Only the kernel (port 0) speaks for the links; ignore other senders.
-        if from.nl_pid != 0 {
+        let port = from.map(|a| SocketAddrNetlink::try_from(a).map(|nl| nl.pid()));
+        if !matches!(port, None | Some(Ok(0))) {
             continue;
         }
         events.clear();
-        parse_link_messages(&buf[..n as usize], &mut events);
+        parse_link_messages(&buf[..n], &mut events);
         for ev in &events {
             tracing::debug!(index = ev.index, up = ev.up, "netlink: link event");
             on_event(*ev);

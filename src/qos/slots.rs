@@ -70,12 +70,15 @@
 //! mapping would fault); it could equally signal this process, so the
 //! file is trusted as far as the user is.
 
+use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rustix::io::Errno;
+use rustix::process::{Pid, test_kill_process};
 use tent_rings::Priority;
 use tent_rings::region::{Region, RegionError, RegionType};
 
@@ -504,15 +507,12 @@ fn refused(name: &str, e: RegionError) -> Error {
 /// or a pid in another namespace that happens to be free here, reads as
 /// dead, which at worst lets a new interval replace a live one's.)
 fn pid_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
+    // Positive only: 0 and negative pids name process groups.
+    let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
         return false;
     };
-    if pid <= 0 {
-        return false;
-    }
-    // SAFETY: signal 0 only checks whether the process exists.
-    let found = unsafe { libc::kill(pid, 0) } == 0;
-    found || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    // Signal 0 only checks whether the process exists.
+    matches!(test_kill_process(pid), Ok(()) | Err(Errno::PERM))
 }
 
 /// The thread that keeps a participant's share of the clock: it rotates
@@ -585,8 +585,8 @@ enum Role {
 fn rotate(clock: &SlotClock, stop: &AtomicBool) {
     // Slots of a millisecond want wake-ups within microseconds, not the
     // default 50 us timer slack.
-    // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack.
-    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    // PR_SET_TIMERSLACK only changes this thread's timer slack.
+    let _ = rustix::thread::set_current_timer_slack(NonZeroU64::new(1));
     let interval = clock.interval;
     let look = (interval / 4).max(Duration::from_micros(50));
     let silent = interval + interval * 3 / 4;

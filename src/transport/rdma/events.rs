@@ -27,7 +27,7 @@
 //!
 //! [`QpTable`]: super::qp_table::QpTable
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -36,6 +36,8 @@ use crate::error::{Error, Result};
 use crate::transport::rdma::nic::{Nic, NicSet};
 use crate::transport::rdma::sys::ffi::ibv_event_type as E;
 use crate::transport::rdma::verbs::AsyncEvent;
+use rustix::event::{self, EventfdFlags, PollFd, PollFlags};
+use rustix::io::Errno;
 use tent_rings::ErrorKind;
 
 /// Events seen, by what they did (for tests and metrics).
@@ -147,7 +149,7 @@ fn apply_to(
 /// The thread reading the NICs' events; dropping it stops and joins it.
 #[derive(Debug)]
 pub struct NicEvents {
-    stop: OwnedFd,
+    stop: Arc<OwnedFd>,
     thread: Option<JoinHandle<()>>,
     counts: Arc<EventCounts>,
 }
@@ -160,21 +162,19 @@ impl NicEvents {
             .iter()
             .map(|n| n.ctx.async_fd())
             .collect::<Result<Vec<_>>>()?;
-        // SAFETY: eventfd takes no pointers; a negative result is handled.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if raw < 0 {
-            return Err(Error::new(
-                ErrorKind::LocalNicFailed,
-                format!("eventfd: {}", std::io::Error::last_os_error()),
-            ));
-        }
-        // SAFETY: `raw` is a fresh descriptor owned by nothing else.
-        let stop = unsafe { OwnedFd::from_raw_fd(raw) };
+        let stop = event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::LocalNicFailed,
+                    format!("eventfd: {}", std::io::Error::from(e)),
+                )
+            })?;
+        let stop = Arc::new(stop);
         let counts = Arc::new(EventCounts::default());
-        let (c, stop_fd) = (counts.clone(), stop.as_raw_fd());
+        let (c, stop2) = (counts.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("tent-rdma-events".into())
-            .spawn(move || run(&nics, &fds, stop_fd, &c))
+            .spawn(move || run(&nics, &fds, stop2.as_fd(), &c))
             .map_err(|e| {
                 Error::new(
                     ErrorKind::LocalNicFailed,
@@ -196,9 +196,7 @@ impl NicEvents {
 
 impl Drop for NicEvents {
     fn drop(&mut self) {
-        let one: u64 = 1;
-        // SAFETY: an 8-byte write from a live u64 to our eventfd.
-        unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        let _ = rustix::io::write(&*self.stop, &1u64.to_ne_bytes());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -206,47 +204,58 @@ impl Drop for NicEvents {
 }
 
 /// The thread: poll every NIC's event fd and `stop`; drain what is ready.
-fn run(nics: &NicSet, fds: &[i32], stop: i32, counts: &EventCounts) {
-    let mut pfds: Vec<libc::pollfd> = std::iter::once(stop)
-        .chain(fds.iter().copied())
-        .map(|fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
+fn run(nics: &NicSet, fds: &[RawFd], stop: BorrowedFd<'_>, counts: &EventCounts) {
+    let nic_fds: Vec<BorrowedFd<'_>> = fds
+        .iter()
+        // SAFETY: each is a NIC context's event descriptor, which the
+        // context owns and keeps open for as long as it lives; the contexts
+        // outlive this thread (the caller holds `nics` for all of it).
+        .map(|&fd| unsafe { BorrowedFd::borrow_raw(fd) })
         .collect();
+    // A NIC whose descriptor failed is no longer polled.
+    let mut alive = vec![true; nic_fds.len()];
+    let mut polled: Vec<usize> = Vec::with_capacity(nic_fds.len());
+    let mut pfds: Vec<PollFd<'_>> = Vec::with_capacity(nic_fds.len() + 1);
     loop {
-        // SAFETY: `pfds` is a live array of `len` pollfds.
-        let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, -1) };
-        if n < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
+        polled.clear();
+        polled.extend((0..nic_fds.len()).filter(|&i| alive[i]));
+        pfds.clear();
+        pfds.push(PollFd::from_borrowed_fd(stop, PollFlags::IN));
+        pfds.extend(
+            polled
+                .iter()
+                .map(|&i| PollFd::from_borrowed_fd(nic_fds[i], PollFlags::IN)),
+        );
+        match event::poll(&mut pfds, None) {
+            Ok(_) => {}
+            Err(Errno::INTR) => continue,
+            Err(e) => {
+                tracing::error!(
+                    error = %std::io::Error::from(e),
+                    "rdma: polling the NICs' events failed; port events are no longer read"
+                );
+                return;
             }
-            tracing::error!(
-                error = %std::io::Error::last_os_error(),
-                "rdma: polling the NICs' events failed; port events are no longer read"
-            );
+        }
+        if !pfds[0].revents().is_empty() {
             return;
         }
-        if pfds[0].revents != 0 {
-            return;
-        }
-        for (i, p) in pfds.iter_mut().enumerate().skip(1) {
-            if p.revents == 0 {
+        for (p, &i) in pfds[1..].iter().zip(&polled) {
+            let revents = p.revents();
+            if revents.is_empty() {
                 continue;
             }
-            let nic = &nics.nics()[i - 1];
-            if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
-                // The device is gone: stop polling it (poll skips fd -1).
+            let nic = &nics.nics()[i];
+            if revents.intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL) {
+                // The device is gone: stop polling it.
                 tracing::warn!(
                     nic = nic.ctx.name(),
                     "rdma: the NIC's event descriptor failed; its port events are no longer read"
                 );
-                p.fd = -1;
+                alive[i] = false;
             }
-            p.revents = 0;
             while let Some(ev) = nic.ctx.next_async_event() {
-                apply(nics, i - 1, ev, counts);
+                apply(nics, i, ev, counts);
             }
         }
     }
