@@ -21,4 +21,6 @@ cd "$root"
 pip install --disable-pip-version-check --no-build-isolation -q ./python
 # The installed module, not python/tent from the sources (pytest's own
 # executable does not put the working directory on sys.path).
-"$venv/bin/pytest" -q python/tests "$@"
+# Bounded: a test that hangs dumps every thread's stack after 120 s
+# (faulthandler) and the run ends after 15 minutes instead of never.
+timeout --kill-after=10 900 "$venv/bin/pytest" -q -o faulthandler_timeout=120 python/tests "$@"

@@ -278,17 +278,43 @@ def test_waits_release_the_gil(engine):
 
 def test_unbounded_waits_end_on_ctrl_c_and_on_close(engine):
     import _thread
+    import signal
 
-    # Ctrl-C (SIGINT's handler) interrupts a wait with no timeout.
-    threading.Timer(0.2, _thread.interrupt_main).start()
-    t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        engine.wait_notifi()
-    assert time.monotonic() - t0 < 5
-    # close() from another thread ends one.
-    threading.Timer(0.2, engine.close).start()
-    with pytest.raises(tent.ShutdownError):
-        engine.wait_notifi()
+    # interrupt_main() does nothing while SIGINT is ignored, and a process
+    # started in the background (`cmd &`) by a non-interactive shell
+    # inherits SIGINT ignored: give it Python's handler for this test.
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        # Ctrl-C (SIGINT's handler) interrupts a wait with no timeout. Should
+        # it not, close() ends the wait after 10 s: ShutdownError, a failure
+        # rather than a hang.
+        guard = threading.Timer(10, engine.close)
+        guard.start()
+        threading.Timer(0.2, _thread.interrupt_main).start()
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                engine.wait_notifi()
+        finally:
+            guard.cancel()
+        assert time.monotonic() - t0 < 5
+
+        # close() from another thread ends one. Should it not, SIGINT ends
+        # the wait after 10 s with a failure.
+        def stuck(signum, frame):
+            raise AssertionError("close() from another thread did not end the wait in 10 s")
+
+        signal.signal(signal.SIGINT, stuck)
+        guard = threading.Timer(10, _thread.interrupt_main)
+        guard.start()
+        threading.Timer(0.2, engine.close).start()
+        try:
+            with pytest.raises(tent.ShutdownError):
+                engine.wait_notifi()
+        finally:
+            guard.cancel()
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def test_enums_hash_and_compare_like_pybind11s():
