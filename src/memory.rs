@@ -39,7 +39,7 @@ pub struct MemRegion {
     // before `_owner` so the memory is deregistered before it is freed
     // (fields drop in declaration order).
     rkeys: Vec<u32>,
-    lkeys: Vec<u32>,
+    lkeys: Vec<Option<u32>>,
     rdma: Mutex<Option<Box<dyn Any + Send + Sync>>>,
     // Keeps engine-allocated memory (heap or an exported shm mapping) alive
     // for as long as any handle or in-flight task holds this region.
@@ -114,7 +114,7 @@ impl MemRegion {
     pub(crate) fn with_rdma(
         mut self,
         rkeys: Vec<u32>,
-        lkeys: Vec<u32>,
+        lkeys: Vec<Option<u32>>,
         registration: Box<dyn Any + Send + Sync>,
     ) -> MemRegion {
         self.rkeys = rkeys;
@@ -207,7 +207,7 @@ impl MemRegion {
     /// Local key on RDMA NIC `nic`.
     #[inline]
     pub(crate) fn lkey(&self, nic: usize) -> Option<u32> {
-        self.lkeys.get(nic).copied()
+        self.lkeys.get(nic).copied().flatten()
     }
 
     /// Region id (what an SQE names).
@@ -431,7 +431,7 @@ mod tests {
         let r = Arc::new(
             MemRegion::new(RegionId(1), a.as_mut_ptr(), 64, None).with_rdma(
                 vec![5],
-                vec![6],
+                vec![Some(6)],
                 Box::new(Probe(dropped.clone())),
             ),
         );

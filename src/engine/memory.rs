@@ -122,7 +122,7 @@ impl Engine {
         };
         // SAFETY: forwarded from the caller.
         let reg = unsafe { nics.register(ptr, len as usize)? };
-        let lkeys = (0..nics.nics().len()).filter_map(|i| reg.lkey(i)).collect();
+        let lkeys = (0..nics.nics().len()).map(|i| reg.lkey(i)).collect();
         Ok(region.with_rdma(reg.rkeys(), lkeys, Box::new(reg)))
     }
 

@@ -137,19 +137,25 @@ fn is_link_local(gid: &[u8; 16]) -> bool {
     gid[0] == 0xfe && gid[1] & 0xc0 == 0x80
 }
 
+/// What kind of IP address a RoCE GID is: 0 IPv4, 1 global IPv6, 2
+/// link-local. Two RoCE GIDs of different kinds cannot reach each other.
+fn address_kind(gid: &[u8; 16]) -> u8 {
+    if is_ipv4(gid) {
+        0
+    } else if is_link_local(gid) {
+        2
+    } else {
+        1
+    }
+}
+
 /// The class of an entry on an Ethernet port (lower is better), `None`
 /// when it is never used.
 fn roce_class(e: &GidEntry) -> Option<(u8, &'static str)> {
     if e.netdev_up == Some(false) {
         return None;
     }
-    let family = if is_ipv4(&e.gid) {
-        0
-    } else if is_link_local(&e.gid) {
-        2
-    } else {
-        1
-    };
+    let family = address_kind(&e.gid);
     match e.ty {
         Some(GidType::RoceV2) => Some((
             family,
@@ -214,7 +220,9 @@ pub(crate) fn choose(
 
 /// What sysfs says about GID `index` of `dev`'s `port`: its kind
 /// (`gid_attrs/types/<i>`) and whether the network device behind it
-/// (`gid_attrs/ndevs/<i>`) is up.
+/// (`gid_attrs/ndevs/<i>`) is up. A device this network namespace cannot
+/// see (a port shared with other containers lists their addresses too)
+/// counts as down: its address is not ours to send from.
 pub(crate) fn sysfs_attrs(
     sysfs: &Sysfs,
     dev: &str,
@@ -227,8 +235,25 @@ pub(crate) fn sysfs_attrs(
         .and_then(|t| GidType::from_sysfs(&t, link));
     let up = sysfs
         .ibdev_text(dev, &format!("ports/{port}/gid_attrs/ndevs/{index}"))
-        .and_then(|ndev| sysfs.netdev_up(&ndev));
+        .map(|ndev| sysfs.netdev_up(&ndev).unwrap_or(false));
     (ty, up)
+}
+
+/// Can a QP addressed by GID `local` (of type `local_ty`) reach one
+/// addressed by `remote`? The same RoCE version ([`compatible`]) and, on
+/// RoCE, the same kind of address: an IPv4 GID cannot reach an IPv6 or a
+/// link-local one (RTR fails resolving the route).
+pub(crate) fn reachable(
+    local_ty: Option<GidType>,
+    local: &[u8; 16],
+    remote_ty: Option<GidType>,
+    remote: &[u8; 16],
+) -> bool {
+    if !compatible(local_ty, remote_ty) {
+        return false;
+    }
+    let infiniband = local_ty == Some(GidType::Ib) || remote_ty == Some(GidType::Ib);
+    infiniband || address_kind(local) == address_kind(remote)
 }
 
 /// Can a QP addressed with a GID of type `local` reach one of type
@@ -460,6 +485,44 @@ mod tests {
         // Several remote NICs for one local: each gets a rail.
         let pairs = pair_rails(1, 3, |_, _| true);
         assert_eq!(pairs, [(0, 0), (0, 1), (0, 2)]);
+    }
+
+    #[test]
+    fn sysfs_gives_a_gids_type_and_whether_its_netdev_is_ours_and_up() {
+        use crate::topology::fake_sysfs::FakeSysfs;
+        let sys = FakeSysfs::new();
+        let p = "class/infiniband/mlx5_0/ports/1/gid_attrs";
+        sys.write(&format!("{p}/types/3"), "RoCE v2\n");
+        sys.write(&format!("{p}/ndevs/3"), "eth0\n");
+        sys.write("class/net/eth0/operstate", "up\n");
+        sys.write(&format!("{p}/types/2"), "IB/RoCE v1\n");
+        sys.write(&format!("{p}/ndevs/2"), "eth1\n");
+        sys.write("class/net/eth1/operstate", "down\n");
+        // Another container's macvlan: listed, not in this namespace.
+        sys.write(&format!("{p}/types/5"), "RoCE v2\n");
+        sys.write(&format!("{p}/ndevs/5"), "macvlan7\n");
+        let s = Sysfs::new(sys.root());
+        let at = |i| sysfs_attrs(&s, "mlx5_0", 1, i, LinkLayer::Ethernet);
+        assert_eq!(at(3), (Some(GidType::RoceV2), Some(true)));
+        assert_eq!(at(2), (Some(GidType::RoceV1), Some(false)));
+        assert_eq!(at(5), (Some(GidType::RoceV2), Some(false)));
+        // No entry at all: nothing known (InfiniBand has no netdev).
+        assert_eq!(at(9), (None, None));
+    }
+
+    #[test]
+    fn roce_gids_reach_only_their_own_kind_of_address() {
+        use GidType::*;
+        let v2 = Some(RoceV2);
+        assert!(reachable(v2, &v4(1), v2, &v4(2)));
+        assert!(!reachable(v2, &v4(1), v2, &link_local()));
+        assert!(!reachable(v2, &global6(), v2, &link_local()));
+        assert!(!reachable(v2, &v4(1), Some(RoceV1), &v4(2)));
+        // A peer that does not say its type: the address still decides.
+        assert!(reachable(v2, &v4(1), None, &v4(2)));
+        assert!(!reachable(v2, &v4(1), None, &link_local()));
+        // InfiniBand GIDs are no IP addresses.
+        assert!(reachable(Some(Ib), &link_local(), Some(Ib), &global6()));
     }
 
     #[test]

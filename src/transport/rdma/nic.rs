@@ -294,17 +294,27 @@ impl NicSet {
     /// # Safety
     /// The memory must stay mapped until the registration is dropped.
     pub unsafe fn register(&self, addr: *mut u8, len: usize) -> Result<Registration> {
-        if self.nics.len() > 1 && len >= PARALLEL_REGISTRATION_BYTES {
+        let parallel = if self.nics.len() > 1 && len >= PARALLEL_REGISTRATION_BYTES {
             // SAFETY: forwarded from the caller.
-            if let Some(mrs) = unsafe { self.register_in_parallel(addr, len) } {
-                return mrs.map(|mrs| Registration { mrs });
-            }
-        }
-        let mut mrs = Vec::with_capacity(self.nics.len());
-        for n in &self.nics {
-            // SAFETY: forwarded from the caller.
-            mrs.push(unsafe { MemoryRegion::new(&n.pd, addr, len)? });
-        }
+            unsafe { self.register_in_parallel(addr, len) }
+        } else {
+            None
+        };
+        let results = parallel.unwrap_or_else(|| {
+            self.nics
+                .iter()
+                // SAFETY: forwarded from the caller.
+                .map(|n| unsafe { MemoryRegion::new(&n.pd, addr, len) })
+                .collect()
+        });
+        let mrs = keep_registered(results, |i, e| {
+            crate::lograte::warn_limited!(
+                ("registration-left-out", i),
+                nic = self.nics[i].ctx.name(),
+                error = %e,
+                "rdma: memory not registered on this NIC; its rails avoid the region"
+            );
+        })?;
         Ok(Registration { mrs })
     }
 
@@ -318,7 +328,7 @@ impl NicSet {
         &self,
         addr: *mut u8,
         len: usize,
-    ) -> Option<Result<Vec<MemoryRegion>>> {
+    ) -> Option<Vec<Result<MemoryRegion>>> {
         // A raw pointer is not Send; the address crosses as an integer.
         let at = addr as usize;
         std::thread::scope(|s| {
@@ -333,8 +343,7 @@ impl NicSet {
                     .ok()?;
                 threads.push(t);
             }
-            // Joined in NIC order; the first failure is returned, and the
-            // registrations that succeeded are dropped (deregistered).
+            // Joined in NIC order.
             Some(
                 threads
                     .into_iter()
@@ -364,6 +373,26 @@ fn netdev_of(dev: &str, port: u8, gid_index: u8) -> Option<(String, u32)> {
         .parse()
         .ok()?;
     Some((name, index))
+}
+
+/// Per-NIC registration results as a registration: a NIC that failed is
+/// left out (`None`, reported through `left_out`) as long as one NIC holds
+/// the memory; when none does, the first failure.
+fn keep_registered<T>(
+    results: Vec<Result<T>>,
+    mut left_out: impl FnMut(usize, &Error),
+) -> Result<Vec<Option<T>>> {
+    if !results.iter().any(Result::is_ok) {
+        return Err(results
+            .into_iter()
+            .find_map(Result::err)
+            .unwrap_or_else(|| Error::new(ErrorKind::LocalNicFailed, "no RDMA NIC to register on")));
+    }
+    Ok(results
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| r.inspect_err(|e| left_out(i, e)).ok())
+        .collect())
 }
 
 /// What to do so that a `fork()` of the application cannot leave the NIC
@@ -441,7 +470,8 @@ fn parse_traffic_class(text: &str) -> Option<u8> {
 /// (an engine's region drops it when `unregister_memory` has drained the
 /// region: `MemRegion::release_rdma`, not with the region's last holder).
 pub struct Registration {
-    mrs: Vec<MemoryRegion>,
+    /// Per NIC; `None` where registering failed and others did not.
+    mrs: Vec<Option<MemoryRegion>>,
 }
 
 impl std::fmt::Debug for Registration {
@@ -453,20 +483,37 @@ impl std::fmt::Debug for Registration {
 }
 
 impl Registration {
-    /// The rkey on each NIC, in NIC order.
+    /// The rkey on each NIC, in NIC order; 0 (no access, what peers read
+    /// as such) where the NIC holds no registration.
     pub fn rkeys(&self) -> Vec<u32> {
-        self.mrs.iter().map(MemoryRegion::rkey).collect()
+        self.mrs
+            .iter()
+            .map(|m| m.as_ref().map_or(0, MemoryRegion::rkey))
+            .collect()
     }
 
-    /// The lkey on NIC `i`.
+    /// The lkey on NIC `i`; `None` where it holds no registration.
     pub fn lkey(&self, i: usize) -> Option<u32> {
-        self.mrs.get(i).map(MemoryRegion::lkey)
+        self.mrs.get(i)?.as_ref().map(MemoryRegion::lkey)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nic_that_cannot_register_is_left_out_unless_none_can() {
+        let fail = |m: &'static str| Err(Error::new(ErrorKind::OutOfMemory, m));
+        let mut out = Vec::new();
+        let kept = keep_registered(vec![Ok(1), fail("efa"), Ok(3)], |i, _| out.push(i)).unwrap();
+        assert_eq!(kept, [Some(1), None, Some(3)]);
+        assert_eq!(out, [1]);
+        let e = keep_registered::<u32>(vec![fail("first"), fail("second")], |_, _| {}).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::OutOfMemory);
+        assert!(e.to_string().contains("first"), "{e}");
+        assert!(keep_registered::<u32>(Vec::new(), |_, _| {}).is_err());
+    }
 
     #[test]
     fn fork_init_runs_only_where_the_kernel_does_not_copy_dma_pages() {

@@ -79,6 +79,11 @@ pub(crate) struct PassiveTable<Q> {
     qps: HashMap<QpInitiator, Q>,
     /// No sweep before this instant (monotonic ns).
     next_sweep_ns: u64,
+    /// The latest request being connected for each key, by ticket: QPs
+    /// are made outside the lock, and only the latest request for a key
+    /// files its QP (an older one finishing last must not replace it).
+    pending: HashMap<QpInitiator, u64>,
+    next_ticket: u64,
 }
 
 impl<Q: Passive> PassiveTable<Q> {
@@ -88,7 +93,40 @@ impl<Q: Passive> PassiveTable<Q> {
             cap,
             qps: HashMap::new(),
             next_sweep_ns: 0,
+            pending: HashMap::new(),
+            next_ticket: 0,
         }
+    }
+
+    /// A request for `key` starts: its ticket, now `key`'s latest.
+    pub(crate) fn begin(&mut self, key: QpInitiator) -> u64 {
+        self.next_ticket += 1;
+        self.pending.insert(key, self.next_ticket);
+        self.next_ticket
+    }
+
+    /// The request with `ticket` ended without a QP to file.
+    pub(crate) fn abandon(&mut self, key: &QpInitiator, ticket: u64) {
+        if self.pending.get(key) == Some(&ticket) {
+            self.pending.remove(key);
+        }
+    }
+
+    /// File `q` under `key` for the request with `ticket`, if it is still
+    /// `key`'s latest; the QP it replaces comes back (to be destroyed).
+    /// `Err(q)` when a newer request for `key` began meanwhile (it files
+    /// its own) or the table is full.
+    pub(crate) fn finish(
+        &mut self,
+        key: QpInitiator,
+        ticket: u64,
+        q: Q,
+    ) -> std::result::Result<Option<Q>, Q> {
+        if self.pending.get(&key) != Some(&ticket) {
+            return Err(q);
+        }
+        self.pending.remove(&key);
+        self.insert(key, q)
     }
 
     /// QPs filed.
@@ -254,11 +292,11 @@ impl Responder {
         let nic = &self.nics.nics()[i];
         let addr = nic.addressing();
         let theirs_type = gid_type.and_then(GidType::from_code);
-        if !gid::compatible(addr.gid.ty, theirs_type) {
+        if !gid::reachable(addr.gid.ty, &addr.gid.gid, theirs_type, &theirs.gid) {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
                 format!(
-                    "GID type mismatch: {initiator_nic} addresses its QP with a {} GID, {target_nic} here uses {}",
+                    "GID type mismatch: {initiator_nic} addresses its QP with a {} GID of another kind of address or version than {target_nic} here ({})",
                     theirs_type.map_or("?".to_owned(), |t| t.to_string()),
                     addr.gid.ty.map_or("?".to_owned(), |t| t.to_string()),
                 ),
@@ -267,16 +305,39 @@ impl Responder {
         // Room first, so a full table refuses before any verbs call; the
         // lock is not held across QP creation and RTR/RTS (many initiators
         // connecting at once are served side by side), so the room is
-        // looked for again at insert.
-        drop(self.make_room(key, initiator_nic)?);
-        let cq = CompletionQueue::new(&nic.ctx, 16)?;
-        let qp = QueuePair::new(&nic.pd, &cq, addr, 16)?;
-        qp.connect(&endpoint(theirs))?;
-        let ours = bootstrap(&qp.endpoint()?);
-        let mut table = self.make_room(key, initiator_nic)?;
-        let replaced = table
-            .insert(*key, PassiveQp { qp, _cq: cq })
-            .map_err(|_| Error::new(ErrorKind::SqFull, "busy: passive QP table full"))?;
+        // looked for again at insert, and a ticket makes sure an older
+        // request for the same key (a retry overtook it) files nothing.
+        let ticket = self.make_room(key, initiator_nic)?.begin(*key);
+        let made = (|| {
+            let cq = CompletionQueue::new(&nic.ctx, 16)?;
+            let qp = QueuePair::new(&nic.pd, &cq, addr, 16)?;
+            qp.connect(&endpoint(theirs))?;
+            let ours = bootstrap(&qp.endpoint()?);
+            Ok((PassiveQp { qp, _cq: cq }, ours))
+        })();
+        let (passive, ours) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                self.qps.lock().abandon(key, ticket);
+                return Err(e);
+            }
+        };
+        let mut table = match self.make_room(key, initiator_nic) {
+            Ok(t) => t,
+            Err(e) => {
+                self.qps.lock().abandon(key, ticket);
+                return Err(e);
+            }
+        };
+        let filed = table.finish(*key, ticket, passive);
+        // Destroying a QP is a firmware command: not under the lock.
+        drop(table);
+        let replaced = filed.map_err(|_| {
+            Error::new(
+                ErrorKind::Canceled,
+                "a newer request for the same endpoint replaced this one, or the passive QP table filled",
+            )
+        })?;
         tracing::debug!(%initiator_nic, %target_nic, qpn = ours.qpn, engine = key.engine(), worker = key.worker(), rail = key.rail(), queue = key.queue(), replaced = replaced.is_some(), "rdma: passive QP connected for a peer");
         Ok(ours)
     }
@@ -378,6 +439,35 @@ mod tests {
             }
             Err(_) => panic!("room was made, yet insert refused"),
         }
+    }
+
+    #[test]
+    fn of_two_requests_for_one_key_the_latest_files_its_qp_whichever_ends_first() {
+        let f = Fakes::default();
+        let mut t = PassiveTable::new(8);
+        let k = key(7, 0, 0);
+        let older = t.begin(k);
+        let newer = t.begin(k);
+        // The newer (a retry) connects first and is filed.
+        assert!(t.finish(k, newer, f.qp(2).0).unwrap().is_none());
+        // The older one ends last: it files nothing and its QP comes back
+        // to be destroyed; the newer one's QP stays.
+        let back = t.finish(k, older, f.qp(1).0).map(|_| ()).unwrap_err();
+        assert_eq!(back.id, 1);
+        drop(back);
+        assert_eq!(id_at(&t, &k), Some(2));
+        assert_eq!(f.dropped(), [1]);
+        // In the other order the older is superseded as well.
+        let older = t.begin(k);
+        let newer = t.begin(k);
+        let back = t.finish(k, older, f.qp(3).0).map(|_| ()).unwrap_err();
+        drop(back);
+        assert_eq!(t.finish(k, newer, f.qp(4).0).unwrap().map(|q| q.id), Some(2));
+        assert_eq!(id_at(&t, &k), Some(4));
+        // A request that made no QP leaves nothing pending.
+        let gone = t.begin(k);
+        t.abandon(&k, gone);
+        assert!(t.pending.is_empty());
     }
 
     #[test]

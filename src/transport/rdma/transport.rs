@@ -60,7 +60,7 @@ use super::nic::NicSet;
 use super::responder::{bootstrap, endpoint};
 use crate::clock::monotonic_ns;
 use crate::config::{Config, SplitPolicy};
-use crate::control::wire::{QpInitiator, QpRequest};
+use crate::control::wire::{MAX_QP_RAILS, QpInitiator, QpRequest};
 use crate::control::{RegionEntry, SegmentDescriptor};
 use crate::error::{Error, Result};
 use crate::flow::AdmissionGate;
@@ -275,8 +275,6 @@ fn lane_open(e: &Endpoint, now: u64) -> bool {
     e.accepting() && !e.stalled(now)
 }
 
-/// The rkey `region` grants on remote NIC `nic` (zero counts as none).
-#[inline]
 /// GID types for a log line: `RoCE v2, ?, IB`.
 fn type_list(types: &[Option<GidType>]) -> String {
     types
@@ -286,6 +284,8 @@ fn type_list(types: &[Option<GidType>]) -> String {
         .join(", ")
 }
 
+/// The rkey `region` grants on remote NIC `nic` (zero counts as none).
+#[inline]
 fn rkey_on(region: &RegionEntry, nic: usize) -> Option<u32> {
     region.rkeys.get(nic).copied().filter(|&k| k != 0)
 }
@@ -477,13 +477,19 @@ impl RdmaTransport {
                 format!("{name}: the peer advertises no RDMA NIC"),
             ));
         }
-        let ours: Vec<Option<GidType>> = self.nics.nics().iter().map(|n| n.gid().ty).collect();
+        let our_gids: Vec<_> = self.nics.nics().iter().map(|n| n.gid()).collect();
+        let ours: Vec<Option<GidType>> = our_gids.iter().map(|g| g.ty).collect();
         let theirs: Vec<Option<GidType>> = desc
             .nics
             .iter()
             .map(|n| n.gid_type.and_then(GidType::from_code))
             .collect();
-        let pairs = gid::pair_rails(local, remote, |a, b| gid::compatible(ours[a], theirs[b]));
+        let mut pairs = gid::pair_rails(local, remote, |a, b| {
+            gid::reachable(ours[a], &our_gids[a].gid, theirs[b], &desc.nics[b].gid)
+        });
+        // Mixed types can pair more NICs than either side has; a QP key
+        // names at most MAX_QP_RAILS rails.
+        pairs.truncate(MAX_QP_RAILS);
         if pairs.is_empty() {
             return Err(Error::new(
                 ErrorKind::Unreachable,
