@@ -17,7 +17,7 @@ pub(crate) use device::device_names;
 pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
 pub(crate) use qp::default_traffic_class;
-pub use qp::{Addressing, QpEndpoint, QueuePair, RD_ATOMIC_WANTED, RdmaOp, modify_to_error, rd_atomic_depths};
+pub use qp::{AddressVector, Addressing, QpEndpoint, QueuePair, RD_ATOMIC_WANTED, RdmaOp, modify_to_error, rd_atomic_depths};
 
 use tent_rings::ErrorKind;
 

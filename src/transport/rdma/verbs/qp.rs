@@ -42,15 +42,20 @@ pub(crate) fn default_traffic_class(link: LinkLayer) -> u8 {
 
 /// The address vector of an RC QP's RTR (`ibv_ah_attr`), as data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct AddressVector {
+pub struct AddressVector {
     /// A GRH on every packet: always on RoCE, on InfiniBand only toward
     /// another subnet (a different GID prefix).
-    pub(crate) is_global: bool,
-    pub(crate) dlid: u16,
-    pub(crate) sl: u8,
-    pub(crate) sgid_index: u8,
-    pub(crate) traffic_class: u8,
-    pub(crate) hop_limit: u8,
+    pub is_global: bool,
+    /// Destination LID.
+    pub dlid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Source GID index (GRH).
+    pub sgid_index: u8,
+    /// Traffic class (GRH).
+    pub traffic_class: u8,
+    /// Hop limit (GRH).
+    pub hop_limit: u8,
 }
 
 /// Hop limit of a GRH: enough for any routed fabric.
@@ -271,16 +276,34 @@ impl QueuePair {
     /// Its state as the device sees it now (`ibv_query_qp`): a QP the
     /// device moved to ERROR reads so, unlike the state cached at modify.
     pub(crate) fn state(&self) -> Result<ffi::ibv_qp_state> {
+        Ok(self.query(ffi::ibv_qp_attr_mask::IBV_QP_STATE)?.qp_state)
+    }
+
+    /// Its address vector as the device holds it (`ibv_query_qp`): what
+    /// RTR gave it, for tests that the traffic class and service level
+    /// reached the device.
+    pub fn address_vector(&self) -> Result<AddressVector> {
+        let a = self.query(ffi::ibv_qp_attr_mask::IBV_QP_AV)?.ah_attr;
+        Ok(AddressVector {
+            is_global: a.is_global != 0,
+            dlid: a.dlid,
+            sl: a.sl,
+            sgid_index: a.grh.sgid_index,
+            traffic_class: a.grh.traffic_class,
+            hop_limit: a.grh.hop_limit,
+        })
+    }
+
+    fn query(&self, mask: ffi::ibv_qp_attr_mask) -> Result<ffi::ibv_qp_attr> {
         let lib = super::lib()?;
         let mut a = ffi::ibv_qp_attr::default();
         let mut init = ffi::ibv_qp_init_attr::default();
-        let mask = ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
         // SAFETY: `raw` is live; `a` and `init` are valid out-parameters.
-        let rc = unsafe { lib.ibv_query_qp(self.raw, &mut a, mask, &mut init) };
+        let rc = unsafe { lib.ibv_query_qp(self.raw, &mut a, mask.0 as i32, &mut init) };
         if rc != 0 {
             return Err(verb_error(self.pd.context().name(), "ibv_query_qp", rc));
         }
-        Ok(a.qp_state)
+        Ok(a)
     }
 
     /// The raw QP, for a [`Queue`](crate::transport::rdma::Queue) that
