@@ -10,7 +10,7 @@
 //! Fields have their real types: [`Duration`]s for the `_secs`, `_ms` and
 //! `_us` keys (whole numbers of that unit in a file), enums for names
 //! ([`LogLevel`], [`SplitPolicy`], [`MetadataType`], [`GidIndex`],
-//! [`TrafficClass`]), a list
+//! [`TrafficClass`], [`QpsPerRail`]), a list
 //! for `transports/rdma/devices`. A value read from a file or a variable is
 //! type-checked into a field's type, then range-checked; one built in code
 //! gets the same range checks from [`Config::validate`], field by field.
@@ -76,6 +76,7 @@ blank_is_default!(
     Secret,
     GidIndex,
     TrafficClass,
+    QpsPerRail,
     u8
 );
 
@@ -322,7 +323,7 @@ pub struct RdmaConfig {
     pub sq_enable_experimental_capacity: bool,
     /// `transports/rdma/qp_per_transfer` (MORI's `qpPerTransfer`): QPs each
     /// worker keeps per rail to a peer.
-    pub qp_per_transfer: u32,
+    pub qp_per_transfer: QpsPerRail,
 }
 }
 
@@ -344,6 +345,31 @@ impl GidIndex {
         match self {
             GidIndex::Auto => None,
             GidIndex::Index(i) => Some(i),
+        }
+    }
+}
+
+/// `transports/rdma/qp_per_transfer`: how many QPs each worker keeps per
+/// rail to a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum QpsPerRail {
+    /// `"auto"`: 2 where a peer's rails are RoCE (two flows, two ECMP
+    /// hashes: a large transfer no longer rides one path of a routed
+    /// fabric), 1 on InfiniBand (the subnet manager's routes and adaptive
+    /// routing spread a single QP's packets already).
+    #[default]
+    Auto,
+    /// This many, 1 to 16, on every rail.
+    Count(u8),
+}
+
+impl QpsPerRail {
+    /// The count asked for; `None` for [`QpsPerRail::Auto`].
+    pub fn count(self) -> Option<u8> {
+        match self {
+            QpsPerRail::Auto => None,
+            QpsPerRail::Count(n) => Some(n),
         }
     }
 }
@@ -609,8 +635,16 @@ enum Kind {
     /// RDMA device names: an array of strings, or one string of names
     /// separated by commas (TENT's spelling).
     Devices,
-    /// `"auto"` or a byte (a number, or a string of digits): what it is.
-    AutoOrByte(&'static str),
+    /// `"auto"` or a byte (a number, or a string of digits) in
+    /// `min..=max`: what it is.
+    AutoOrByte {
+        /// What the byte is, for the error.
+        what: &'static str,
+        /// Smallest allowed.
+        min: u8,
+        /// Largest allowed.
+        max: u8,
+    },
 }
 
 /// The unit of a duration key, named in the key (`_secs`, `_ms`, `_us`).
@@ -704,7 +738,7 @@ impl Kind {
             Kind::UintArray { .. } => "array of unsigned integers",
             Kind::Str(_) | Kind::Choice(_) => "string",
             Kind::Devices => "array of strings, or a string",
-            Kind::AutoOrByte(_) => "\"auto\" or unsigned integer",
+            Kind::AutoOrByte { .. } => "\"auto\" or unsigned integer",
         }
     }
 
@@ -734,7 +768,7 @@ impl Kind {
             Kind::Devices => format!(
                 "at most {MAX_DEVICES} device names of [A-Za-z0-9_.-], 1 to {MAX_DEVICE_NAME} bytes each"
             ),
-            Kind::AutoOrByte(_) => "\"auto\", 0..=255".to_owned(),
+            Kind::AutoOrByte { min, max, .. } => format!("\"auto\", {min}..={max}"),
         }
     }
 }
@@ -862,6 +896,21 @@ impl Field for GidIndex {
     }
     fn to_val(&self) -> Val {
         Val::AutoOrByte(self.index())
+    }
+}
+
+impl Field for QpsPerRail {
+    fn assign(&mut self, val: Val) -> bool {
+        match val {
+            Val::AutoOrByte(v) => {
+                *self = v.map_or(QpsPerRail::Auto, QpsPerRail::Count);
+                true
+            }
+            _ => false,
+        }
+    }
+    fn to_val(&self) -> Val {
+        Val::AutoOrByte(self.count())
     }
 }
 
@@ -1013,9 +1062,9 @@ schema! {
         "Enable the RDMA transport (used when the machine has RDMA devices).";
     "transports/rdma/devices" => transports.rdma.devices: Kind::Devices, "[]", LIVE,
         "RDMA devices to open, e.g. [\"mlx5_0\", \"mlx5_1\"] (or TENT's \"mlx5_0,mlx5_1\"); empty = every device found.";
-    "transports/rdma/gid_index" => transports.rdma.gid_index: Kind::AutoOrByte("a GID index"), "\"auto\"", LIVE,
+    "transports/rdma/gid_index" => transports.rdma.gid_index: Kind::AutoOrByte { what: "a GID index", min: 0, max: 255 }, "\"auto\"", LIVE,
         "GID table index (0..=255) used on every device, or \"auto\": on RoCE the RoCE v2 GID with an IPv4 address on a network device that is up, else v2 global IPv6, else v2 link-local, RoCE v1 only where the port lists no v2; on InfiniBand the port GID.";
-    "transports/rdma/traffic_class" => transports.rdma.traffic_class: Kind::AutoOrByte("a traffic class"), "\"auto\"", LIVE,
+    "transports/rdma/traffic_class" => transports.rdma.traffic_class: Kind::AutoOrByte { what: "a traffic class", min: 0, max: 255 }, "\"auto\"", LIVE,
         "Traffic class byte (DSCP << 2 | ECN) of RDMA packets, or \"auto\": the port's own (sysfs tc/<port>/traffic_class), else 106 on RoCE (DSCP 26, ECN capable) and 0 on InfiniBand.";
     "transports/rdma/service_level" => transports.rdma.service_level: uint(0, 15), "0", LIVE,
         "InfiniBand service level of RDMA packets (RoCE NICs may map it to an 802.1p priority).";
@@ -1090,8 +1139,8 @@ schema! {
         "Which endpoint an admitted submit is charged to: static (round robin), least_loaded (fewest posted + queued, skipping terminal ones), capacity (split over the endpoints' free slots; needs sq_enable_experimental_capacity). Slices still bind to rails late, by the spraying policy.";
     "transports/rdma/sq_enable_experimental_capacity" => transports.rdma.sq_enable_experimental_capacity: Kind::Bool, "false", LIVE,
         "Allow the experimental capacity split policy.";
-    "transports/rdma/qp_per_transfer" => transports.rdma.qp_per_transfer: uint(1, 16), "1", LIVE,
-        "QPs (endpoints) each worker keeps per rail to a peer, 1 to 16: the rail layer picks the rail, sq_split_policy picks the rail's QP for each slice (static: round robin; least_loaded: fewest posted + queued; capacity: the current QP while it has free slots, so consecutive slices post as one list), and a QP that goes terminal or stalls hands its work to a sibling QP of the same rail first.";
+    "transports/rdma/qp_per_transfer" => transports.rdma.qp_per_transfer: Kind::AutoOrByte { what: "a QP count", min: 1, max: 16 }, "\"auto\"", LIVE,
+        "QPs (endpoints) each worker keeps per rail to a peer; auto: 2 where the peer's rails are RoCE (two flows hash onto two ECMP paths), 1 on InfiniBand. The rail layer picks the rail, sq_split_policy picks the rail's QP for each slice (static: round robin; least_loaded: fewest posted + queued; capacity: the current QP while it has free slots, so consecutive slices post as one list), and a QP that goes terminal or stalls hands its work to a sibling QP of the same rail first.";
 }
 
 /// Keys already reported as "not yet in effect", so each is logged once per
@@ -1617,7 +1666,7 @@ fn read_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, Confi
                 .map(Val::Strs),
             _ => Err(type_err(kind.type_name(), key, v)),
         },
-        Kind::AutoOrByte(what) => {
+        Kind::AutoOrByte { what, min, max } => {
             let index = match v {
                 Value::String(s) if s == "auto" => return Ok(Val::AutoOrByte(None)),
                 Value::String(s) => s.parse::<u64>().ok(),
@@ -1625,15 +1674,15 @@ fn read_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, Confi
                 _ => return Err(type_err(kind.type_name(), key, v)),
             };
             match index.map(u8::try_from) {
-                Some(Ok(i)) => Ok(Val::AutoOrByte(Some(i))),
+                Some(Ok(i)) if (min..=max).contains(&i) => Ok(Val::AutoOrByte(Some(i))),
                 // An address handle holds 8 bits of a GID index and of a
                 // traffic class: a larger one would name another.
-                Some(Err(_)) => Err(range_error(kind, key, &v.to_string(), file)),
+                Some(_) => Err(range_error(kind, key, &v.to_string(), file)),
                 None => Err(ConfigError::Invalid {
                     file: file.to_owned(),
                     key: key.to_owned(),
                     reason: format!(
-                        "{}: must be \"auto\" or {what} 0..=255",
+                        "{}: must be \"auto\" or {what} {min}..={max}",
                         truncate(&v.to_string())
                     ),
                 }),
@@ -1682,7 +1731,17 @@ fn check_val(
         reason,
     };
     match (kind, val) {
-        (Kind::Bool, Val::Bool(_)) | (Kind::AutoOrByte(_), Val::AutoOrByte(_)) => Ok(()),
+        (Kind::AutoOrByte { min, max, .. }, &Val::AutoOrByte(Some(n)))
+            if !(min..=max).contains(&n) =>
+        {
+            Err(range(
+                key,
+                written,
+                Val::AutoOrByte(Some(n)),
+                kind.allowed(),
+            ))
+        }
+        (Kind::Bool, Val::Bool(_)) | (Kind::AutoOrByte { .. }, Val::AutoOrByte(_)) => Ok(()),
         (Kind::Uint { min, max }, &Val::Uint(n)) if !(min..=max).contains(&n) => {
             Err(range(key, written, Val::Uint(n), kind.allowed()))
         }
@@ -2132,7 +2191,7 @@ mod tests {
         assert_eq!(r.sq_admission_max_chunks_per_call, 0);
         assert_eq!(r.sq_split_policy, SplitPolicy::Static);
         assert!(!r.sq_enable_experimental_capacity);
-        assert_eq!(r.qp_per_transfer, 1);
+        assert_eq!(r.qp_per_transfer, QpsPerRail::Auto);
         assert_eq!(WorkersConfig::default(), c.workers);
         assert_eq!(RdmaConfig::default(), c.transports.rdma);
         assert_eq!(TcpConfig::default(), c.transports.tcp);
@@ -2234,7 +2293,7 @@ mod tests {
                 }))
             }
             (Kind::Devices, _) => Val::Strs(vec!["mlx5_7".to_owned()]),
-            (Kind::AutoOrByte(_), _) => Val::AutoOrByte(Some(7)),
+            (Kind::AutoOrByte { min, max, .. }, _) => Val::AutoOrByte(Some(7.clamp(min, max))),
             (kind, v) => panic!("{kind:?} does not produce {v:?}"),
         }
     }
@@ -3069,10 +3128,10 @@ mod tests {
                 proptest::collection::vec("[a-z0-9_.-]{1,8}", 0..=3).prop_map(Value::from),
             ]
             .boxed(),
-            Kind::AutoOrByte(_) => prop_oneof![
+            Kind::AutoOrByte { min, max, .. } => prop_oneof![
                 Just(Value::from("auto")),
-                (0..=255u64).prop_map(Value::from),
-                (0..=255u64).prop_map(|n| Value::from(n.to_string())),
+                (u64::from(min)..=u64::from(max)).prop_map(Value::from),
+                (u64::from(min)..=u64::from(max)).prop_map(|n| Value::from(n.to_string())),
             ]
             .boxed(),
             Kind::Duration { min, max, .. } => (min..=max).prop_map(Value::from).boxed(),

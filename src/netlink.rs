@@ -32,7 +32,16 @@ pub struct Interface {
     /// Administratively up and with carrier.
     pub up: bool,
     /// Its IPv4 and IPv6 addresses.
-    pub addrs: Vec<IpAddr>,
+    pub addrs: Vec<IfAddr>,
+}
+
+/// One address of an interface and the length of its network prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IfAddr {
+    /// The address.
+    pub ip: IpAddr,
+    /// Its prefix length in bits (`24` for a /24), from the netmask.
+    pub prefix: u8,
 }
 
 /// A change of one link's state, as announced by the kernel.
@@ -91,7 +100,12 @@ pub fn interfaces() -> io::Result<Vec<Interface>> {
         };
         // SAFETY: a non-null ifa_addr points at a sockaddr of its family's size.
         if let Some(ip) = unsafe { sockaddr_ip(ifa.ifa_addr) } {
-            out[pos].addrs.push(ip);
+            // SAFETY: the same holds for ifa_netmask (null for some families).
+            let mask = unsafe { sockaddr_ip(ifa.ifa_netmask) };
+            out[pos].addrs.push(IfAddr {
+                ip,
+                prefix: mask.map_or(full_prefix(ip), prefix_len),
+            });
         }
     }
     // SAFETY: `head` came from getifaddrs and no reference into it outlives this.
@@ -122,9 +136,26 @@ unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
     }
 }
 
+/// The length of the prefix a netmask covers: its leading one bits.
+fn prefix_len(mask: IpAddr) -> u8 {
+    let ones = match mask {
+        IpAddr::V4(m) => u32::from(m).leading_ones(),
+        IpAddr::V6(m) => u128::from(m).leading_ones(),
+    };
+    // At most 128.
+    ones as u8
+}
+
+/// A host route's prefix: the whole address.
+fn full_prefix(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() { 32 } else { 128 }
+}
+
 /// The interface that holds local address `ip`, if any.
 pub fn interface_of(ip: IpAddr) -> io::Result<Option<Interface>> {
-    Ok(interfaces()?.into_iter().find(|i| i.addrs.contains(&ip)))
+    Ok(interfaces()?
+        .into_iter()
+        .find(|i| i.addrs.iter().any(|a| a.ip == ip)))
 }
 
 /// Whether link `index` is up now. An index with no interface (deleted, or
@@ -335,6 +366,31 @@ mod tests {
         let mut out = Vec::new();
         parse_link_messages(buf, &mut out);
         out
+    }
+
+    #[test]
+    fn a_netmask_gives_its_prefix_length() {
+        let v4 = |a, b, c, d| IpAddr::V4(Ipv4Addr::new(a, b, c, d));
+        assert_eq!(prefix_len(v4(255, 255, 255, 0)), 24);
+        assert_eq!(prefix_len(v4(255, 255, 255, 254)), 31);
+        assert_eq!(prefix_len(v4(0, 0, 0, 0)), 0);
+        assert_eq!(prefix_len(IpAddr::V6(Ipv6Addr::from(!0u128 << 64))), 64);
+        assert_eq!(prefix_len(IpAddr::V6(Ipv6Addr::from(!0u128))), 128);
+        assert_eq!(full_prefix(v4(10, 0, 0, 1)), 32);
+    }
+
+    /// Every Linux host has loopback with 127.0.0.1/8.
+    #[test]
+    fn loopback_lists_its_address_with_its_prefix() {
+        let lo = interface_of(IpAddr::V4(Ipv4Addr::LOCALHOST))
+            .unwrap()
+            .expect("loopback");
+        let a = lo
+            .addrs
+            .iter()
+            .find(|a| a.ip == IpAddr::V4(Ipv4Addr::LOCALHOST))
+            .unwrap();
+        assert_eq!(a.prefix, 8, "{lo:?}");
     }
 
     #[test]

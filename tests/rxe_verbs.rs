@@ -855,8 +855,9 @@ fn rxe_engine_reads_and_writes_over_rdma_on_every_rail_with_data_verified() {
     }
     // Seed 004's SQ/CQE diagnostics: one row per rail, completions
     // counted, nothing left posted, no stall, in the metrics too.
+    // `qp_per_transfer` auto on RoCE: two QPs per rail.
     let sq = init.sq_rows();
-    assert_eq!(sq.len(), rails_count(), "{sq:?}");
+    assert_eq!(sq.len(), rails_count() * 2, "{sq:?}");
     for row in &sq {
         let r = &row.report;
         assert!(r.cqes > 0 && r.last_cqe_us_ago.is_some(), "{row:?}");
@@ -867,6 +868,60 @@ fn rxe_engine_reads_and_writes_over_rdma_on_every_rail_with_data_verified() {
     println!(
         "RXE-OK engine READ/WRITE 8 B .. 8 MiB over RDMA, data verified; rails {rails:?}; sq {sq:?}"
     );
+}
+
+/// Rails pair NICs on the same subnet, not by position: the target lists
+/// its NICs the other way round (rxe1 on 10.88.1.0/24 first), and each of
+/// the initiator's NICs still pairs with the one on its own subnet (a QP
+/// from rxe0 to rxe1 would never connect here: no route between the two
+/// dummy networks), with every byte verified over both rails.
+#[test]
+fn rxe_engine_pairs_rails_by_subnet_not_by_position() {
+    if !in_guest() {
+        return;
+    }
+    assert_eq!(
+        rails_count(),
+        2,
+        "the guest runs this binary with two rails"
+    );
+    let target = rdma_engine(false, |c| {
+        c.transports.rdma.devices = vec!["rxe1".into(), "rxe0".into()];
+    });
+    let init = rdma_engine(false, |c| {
+        c.transports.rdma.devices = vec!["rxe0".into(), "rxe1".into()];
+        c.transports.rdma.slice_size = 64 << 10;
+    });
+    let len = 4u64 << 20;
+    let remote = target.allocate_memory(len).unwrap();
+    let local = init.allocate_memory(len).unwrap();
+    let seg = init.open_segment(&target.segment_name()).unwrap();
+    let rails = init.rails(seg);
+    let pairs: Vec<(&str, &str)> = rails
+        .iter()
+        .map(|r| (r.local.as_str(), r.remote.as_str()))
+        .collect();
+    assert_eq!(pairs, [("rxe0", "rxe0"), ("rxe1", "rxe1")], "{rails:?}");
+    let mut ring = init.ring().unwrap();
+    let want = pattern(77, len as usize);
+    local.write(0, &want).unwrap();
+    let c = one_op(&mut ring, write_op(&local, seg, remote.addr(), len));
+    assert_eq!(c.result(), Ok(len), "WRITE");
+    assert_eq!(c.transport(), tent::TransportKind::Rdma);
+    let mut got = vec![0u8; len as usize];
+    remote.read(0, &mut got).unwrap();
+    assert!(got == want, "WRITE data");
+    local.write(0, &vec![0u8; len as usize]).unwrap();
+    let c = one_op(&mut ring, read_op(&local, seg, remote.addr(), len));
+    assert_eq!(c.result(), Ok(len), "READ");
+    local.read(0, &mut got).unwrap();
+    assert!(got == want, "READ data");
+    let rails = init.rails(seg);
+    assert!(
+        rails.iter().all(|r| r.bytes > 0 && r.failures == 0),
+        "{rails:?}"
+    );
+    println!("RXE-OK rails by subnet with the target's NICs listed the other way round: {pairs:?}");
 }
 
 /// Notifications over RDMA: attached to a WRITE, delivered
@@ -2351,7 +2406,7 @@ fn rxe_engine_spreads_a_rail_over_qp_per_transfer_qps_under_every_policy() {
         let target = rdma_engine(false, |_| {});
         let init = rdma_engine(false, |c| {
             let r = &mut c.transports.rdma;
-            r.qp_per_transfer = 3;
+            r.qp_per_transfer = tent::config::QpsPerRail::Count(3);
             r.qp_depth = 8;
             r.slice_size = 16 << 10;
             r.sq_split_policy = policy;

@@ -119,7 +119,9 @@ pub(super) fn apply(
 fn to_json(kind: Kind, text: &str) -> Result<Value, String> {
     match kind {
         // A string key takes the text as it is: no quoting to get wrong.
-        Kind::Str(_) | Kind::Choice(_) | Kind::AutoOrByte(_) => Ok(Value::String(text.to_owned())),
+        Kind::Str(_) | Kind::Choice(_) | Kind::AutoOrByte { .. } => {
+            Ok(Value::String(text.to_owned()))
+        }
         Kind::Devices if !text.trim().starts_with('[') => Ok(Value::String(text.to_owned())),
         Kind::FloatArray { .. } | Kind::UintArray { .. } if !text.trim().starts_with('[') => {
             serde_json::from_str(&format!("[{text}]"))

@@ -217,10 +217,41 @@ pub struct NicEntry {
     /// The GID's type (an `ibv_gid_type`: 0 IB, 1 RoCE v1, 2 RoCE v2);
     /// `None` from an owner that does not say.
     pub gid_type: Option<u8>,
+    /// How many leading bits of `gid` name its subnet (at most 128; 64 on
+    /// InfiniBand, 120 for an IPv4 /24 on RoCE); `None` when unknown.
+    pub prefix: Option<u8>,
 }
 
+impl NicEntry {
+    /// A decoded NIC record, its prefix checked.
+    fn from_wire(
+        name: String,
+        gid: [u8; 16],
+        lid: u16,
+        mtu: u32,
+        gid_type: Option<u8>,
+        prefix: Option<u8>,
+    ) -> Result<NicEntry> {
+        if let Some(p) = prefix.filter(|&p| p > 128) {
+            return Err(WireError::BadField {
+                tag: NIC_PREFIX,
+                reason: format!("subnet prefix {p} longer than a GID's 128 bits"),
+            });
+        }
+        Ok(NicEntry {
+            name,
+            gid,
+            lid,
+            mtu,
+            gid_type,
+            prefix,
+        })
+    }
+}
+
+// The prefix is checked once the record is read (`NicEntry::from_wire`).
 schema! {
-    NicEntry {
+    NicEntry => NicEntry::from_wire {
         0x0001 NIC_NAME     name:     str(MAX_RAIL_FIELD, "NIC name"), required;
         0x0002 NIC_GID      gid:      array(16),                       required;
         0x0003 NIC_LID      lid:      u16,                             required;
@@ -228,6 +259,8 @@ schema! {
         0x0004 NIC_MTU      mtu:      u32,                             required;
         /// an `ibv_gid_type`
         0x0005 NIC_GID_TYPE gid_type: u8,                              optional;
+        /// at most 128
+        0x0006 NIC_PREFIX   prefix:   u8,                              optional;
     }
 }
 

@@ -98,6 +98,7 @@
 //! |                      | `0x0003` | `lid`           | u16, required                                      | `NIC_LID`                 |
 //! |                      | `0x0004` | `mtu`           | u32, an `ibv_mtu`, required                        | `NIC_MTU`                 |
 //! |                      | `0x0005` | `gid_type`      | u8, an `ibv_gid_type`, optional                    | `NIC_GID_TYPE`            |
+//! |                      | `0x0006` | `prefix`        | u8, at most 128, optional                          | `NIC_PREFIX`              |
 //! | `QpInitiator` record | `0x0001` | `engine`        | u64, non-zero, required                            | `QPI_ENGINE`              |
 //! |                      | `0x0002` | `worker`        | u16, below [`MAX_QP_WORKERS`], required            | `QPI_WORKER`              |
 //! |                      | `0x0003` | `rail`          | u16, below [`MAX_QP_RAILS`], required              | `QPI_RAIL`                |

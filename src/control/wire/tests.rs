@@ -124,6 +124,7 @@ fn small_descriptor() -> SegmentDescriptor {
                 lid: 0,
                 mtu: 3,
                 gid_type: Some(2),
+                prefix: Some(120),
             },
             NicEntry {
                 name: "mlx5_1".into(),
@@ -131,6 +132,7 @@ fn small_descriptor() -> SegmentDescriptor {
                 lid: 12,
                 mtu: 5,
                 gid_type: None,
+                prefix: None,
             },
         ],
     }
@@ -1230,13 +1232,15 @@ fn arb_nic() -> impl Strategy<Value = NicEntry> {
         any::<u16>(),
         any::<u32>(),
         any::<Option<u8>>(),
+        proptest::option::of(0u8..=128),
     )
-        .prop_map(|(name, gid, lid, mtu, gid_type)| NicEntry {
+        .prop_map(|(name, gid, lid, mtu, gid_type, prefix)| NicEntry {
             name,
             gid,
             lid,
             mtu,
             gid_type,
+            prefix,
         })
 }
 
@@ -1414,4 +1418,37 @@ fn fuzz_seeds_are_real_messages_of_every_type() {
         };
     }
     assert_eq!(types, (1..=TYPE_LAST).collect(), "a seed of every type");
+}
+
+/// A NIC record's subnet prefix is at most a GID's 128 bits; absent, it is
+/// unknown (an older owner).
+#[test]
+fn nic_prefix_is_checked_and_optional() {
+    let nic = |prefix: Option<u8>| {
+        descriptor_frame(None, |b| {
+            b.record(DESC_NIC, |b| {
+                b.str(NIC_NAME, "mlx5_0");
+                b.field(NIC_GID, &[1; 16]);
+                b.u16(NIC_LID, 0);
+                b.u32(NIC_MTU, 5);
+                if let Some(p) = prefix {
+                    b.u8(NIC_PREFIX, p);
+                }
+            })
+        })
+    };
+    let prefix_of = |frame: &[u8]| match decode(frame).unwrap().0 {
+        Message::Descriptor(d) => d.nics[0].prefix,
+        m => panic!("{m:?}"),
+    };
+    assert_eq!(prefix_of(&nic(Some(128))), Some(128));
+    assert_eq!(prefix_of(&nic(Some(0))), Some(0));
+    assert_eq!(prefix_of(&nic(None)), None);
+    assert!(matches!(
+        decode_err(&nic(Some(129))),
+        WireError::BadField {
+            tag: NIC_PREFIX,
+            ..
+        }
+    ));
 }

@@ -20,6 +20,9 @@
 //! (index 0, the port GID). A `gid_index` set in the configuration wins,
 //! if the table has an address there.
 
+use std::net::{IpAddr, Ipv6Addr};
+
+use crate::netlink::IfAddr;
 use crate::transport::rails::Sysfs;
 
 /// The kind of a GID table entry (`ibv_gid_type`; the wire carries the
@@ -125,6 +128,11 @@ pub struct GidChoice {
     pub ty: Option<GidType>,
     /// Why this one, for the log line at start.
     pub why: &'static str,
+    /// How many leading bits of the GID name its subnet: 64 on
+    /// InfiniBand (the subnet prefix), on RoCE the prefix of the address
+    /// on its network device (96 more for an IPv4 one, which sits in the
+    /// GID's last 32 bits); `None` when unknown.
+    pub prefix: Option<u8>,
 }
 
 /// Is `gid` an IPv4 address (`::ffff:a.b.c.d`)?
@@ -192,6 +200,7 @@ pub(crate) fn choose(
         gid: e.gid,
         ty: e.ty,
         why,
+        prefix: None,
     };
     if let Some(i) = wanted {
         return table
@@ -254,6 +263,60 @@ pub(crate) fn reachable(
     }
     let infiniband = local_ty == Some(GidType::Ib) || remote_ty == Some(GidType::Ib);
     infiniband || address_kind(local) == address_kind(remote)
+}
+
+/// The subnet prefix length of RoCE GID `gid` (see [`GidChoice::prefix`]),
+/// from the addresses of the network device it belongs to: the prefix of
+/// the address the GID carries, `None` when the device does not hold it.
+pub(crate) fn roce_prefix(gid: &[u8; 16], addrs: &[IfAddr]) -> Option<u8> {
+    let v6 = Ipv6Addr::from(*gid);
+    let (ip, offset) = match v6.to_ipv4_mapped() {
+        Some(v4) => (IpAddr::V4(v4), 96),
+        None => (IpAddr::V6(v6), 0),
+    };
+    addrs
+        .iter()
+        .find(|a| a.ip == ip)
+        .map(|a| a.prefix.saturating_add(offset).min(128))
+}
+
+/// Are GIDs `a` and `b`, whose subnet prefixes are `pa` and `pb` bits
+/// long, known to be on the same subnet (the same leading bits, over the
+/// shorter prefix)? `false` when either prefix is unknown.
+pub(crate) fn same_subnet(a: &[u8; 16], pa: Option<u8>, b: &[u8; 16], pb: Option<u8>) -> bool {
+    let (Some(pa), Some(pb)) = (pa, pb) else {
+        return false;
+    };
+    let bits = u32::from(pa.min(pb).min(128));
+    let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+    u128::from_be_bytes(*a) & mask == u128::from_be_bytes(*b) & mask
+}
+
+/// Which of `local` × `remote` NIC pairs may be rails, row-major
+/// (`local` index × `remote` + `remote` index), given which pairs can
+/// `reach` each other and which are on the `same` subnet. A NIC with a
+/// reachable partner on its own subnet pairs only on its subnet (a host
+/// whose compute, storage and frontend NICs sit on separate subnets gets
+/// no rail across them); a NIC with none (a routed fabric, one subnet per
+/// NIC; or a peer that does not say its prefixes) pairs with any
+/// reachable NIC of the other side that has none either.
+pub(crate) fn subnet_rule(
+    local: usize,
+    remote: usize,
+    reach: impl Fn(usize, usize) -> bool,
+    same: impl Fn(usize, usize) -> bool,
+) -> Vec<bool> {
+    let near = |a, b| reach(a, b) && same(a, b);
+    let local_has: Vec<bool> = (0..local)
+        .map(|a| (0..remote).any(|b| near(a, b)))
+        .collect();
+    let remote_has: Vec<bool> = (0..remote)
+        .map(|b| (0..local).any(|a| near(a, b)))
+        .collect();
+    (0..local)
+        .flat_map(|a| (0..remote).map(move |b| (a, b)))
+        .map(|(a, b)| near(a, b) || (reach(a, b) && !local_has[a] && !remote_has[b]))
+        .collect()
 }
 
 /// Can a QP addressed with a GID of type `local` reach one of type
@@ -523,6 +586,74 @@ mod tests {
         assert!(!reachable(v2, &v4(1), None, &link_local()));
         // InfiniBand GIDs are no IP addresses.
         assert!(reachable(Some(Ib), &link_local(), Some(Ib), &global6()));
+    }
+
+    #[test]
+    fn a_roce_gid_takes_the_prefix_of_its_address_on_the_netdev() {
+        let addr = |ip: &str, prefix| IfAddr {
+            ip: ip.parse().unwrap(),
+            prefix,
+        };
+        let addrs = [
+            addr("10.0.0.1", 24),
+            addr("2001::9", 48),
+            addr("fe80::1", 64),
+        ];
+        // v4(1) is 10.0.0.1: its /24 is the GID's first 120 bits.
+        assert_eq!(roce_prefix(&v4(1), &addrs), Some(120));
+        assert_eq!(roce_prefix(&global6(), &addrs), Some(48));
+        // An address the device does not hold: unknown.
+        assert_eq!(roce_prefix(&v4(9), &addrs), None);
+        assert_eq!(roce_prefix(&link_local(), &[]), None);
+    }
+
+    #[test]
+    fn gids_share_a_subnet_when_their_leading_bits_agree() {
+        let (a, b) = (v4(1), v4(2));
+        assert!(same_subnet(&a, Some(120), &b, Some(120)));
+        // 10.0.0.1/31 and 10.0.0.2/31 are two point-to-point links.
+        assert!(!same_subnet(&a, Some(127), &b, Some(127)));
+        // Mismatched masks compare the shorter prefix.
+        assert!(same_subnet(&a, Some(120), &b, Some(127)));
+        assert!(!same_subnet(&a, None, &b, Some(120)));
+        assert!(same_subnet(&a, Some(0), &global6(), Some(0)));
+        // Out-of-range prefixes (a peer's) are clamped, never a panic.
+        assert!(!same_subnet(&a, Some(200), &b, Some(255)));
+    }
+
+    #[test]
+    fn nics_with_a_partner_on_their_subnet_pair_only_there() {
+        // Here: compute (subnet 1), storage (2), frontend (3). There:
+        // frontend (3), compute (1). Every pair reaches (one routed
+        // fabric), but storage has no partner on its subnet, and every
+        // NIC there has one: storage gets no rail.
+        let here = [1, 2, 3];
+        let there = [3, 1];
+        let ok = subnet_rule(3, 2, |_, _| true, |a, b| here[a] == there[b]);
+        let pairs = pair_rails(3, 2, |a, b| ok[a * 2 + b]);
+        assert_eq!(pairs, [(0, 1), (2, 0)]);
+        // A routed fabric, one subnet per NIC: nothing shares a subnet,
+        // everything reachable pairs, index to index.
+        let ok = subnet_rule(2, 2, |_, _| true, |_, _| false);
+        assert_eq!(pair_rails(2, 2, |a, b| ok[a * 2 + b]), [(0, 0), (1, 1)]);
+        // Both: two compute NICs on their own /31s and a frontend NIC on a
+        // shared subnet. The frontend pairs with its match, the compute
+        // NICs among themselves.
+        let here = [10, 11, 3];
+        let there = [20, 21, 3];
+        let ok = subnet_rule(3, 3, |_, _| true, |a, b| here[a] == there[b]);
+        assert_eq!(
+            pair_rails(3, 3, |a, b| ok[a * 3 + b]),
+            [(0, 0), (1, 1), (2, 2)]
+        );
+        assert!(
+            !ok[2 * 3] && !ok[2],
+            "no rail between the frontend NIC and a compute one"
+        );
+        // Same subnet but unreachable (GID types differ): no rail, and
+        // the NIC falls back to the others that have no partner.
+        let ok = subnet_rule(1, 2, |_, b| b == 1, |_, b| b == 0);
+        assert_eq!(ok, [false, true]);
     }
 
     #[test]

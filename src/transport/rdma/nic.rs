@@ -284,6 +284,7 @@ impl NicSet {
                     lid: n.lid,
                     mtu: n.mtu,
                     gid_type: gid.ty.map(|t| t.code()),
+                    prefix: gid.prefix,
                 }
             })
             .collect()

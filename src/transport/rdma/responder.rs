@@ -52,11 +52,11 @@ use crate::transport::rdma::sys::ffi::ibv_qp_state;
 use crate::transport::rdma::verbs::{CompletionQueue, QpEndpoint, QueuePair};
 
 /// Passive QPs kept at once. Each holds a QP and a small CQ on the NIC:
-/// 4096 serve 64 initiator engines of 8 workers × 8 rails (one QP each;
-/// `qp_per_transfer` divides that by its value), stay well inside
-/// a NIC's QP limit (rxe's is 64 k), and bound what peers can make this
-/// engine allocate.
-pub(crate) const MAX_PASSIVE_QPS: usize = 4096;
+/// 8192 serve 64 initiator engines of 8 workers × 8 rails at two QPs each
+/// (`qp_per_transfer`'s default on RoCE; more per rail serve fewer),
+/// stay well inside a NIC's QP limit (rxe's is 64 k), and bound what peers
+/// can make this engine allocate.
+pub(crate) const MAX_PASSIVE_QPS: usize = 8192;
 
 /// Least time between two sweeps of a full table for dead QPs.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(1);

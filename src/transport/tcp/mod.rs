@@ -812,7 +812,7 @@ pub(crate) fn advertised_addrs(host: IpAddr) -> Vec<(String, IpAddr)> {
         if !i.up {
             continue;
         }
-        for ip in &i.addrs {
+        for ip in i.addrs.iter().map(|a| &a.ip) {
             if ip.is_ipv4() && !ip.is_loopback() && (host.is_unspecified() || host.is_ipv4()) {
                 let e = (i.name.clone(), *ip);
                 if *ip == host {

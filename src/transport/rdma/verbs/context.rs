@@ -347,15 +347,32 @@ impl Context {
                 self.name, info.gid_table_len
             )));
         }
-        let table = self.gid_table(port, &info, &Sysfs::default());
-        gid::choose(&table, info.link_layer, wanted).map_err(|why| {
+        let sysfs = Sysfs::default();
+        let table = self.gid_table(port, &info, &sysfs);
+        let mut choice = gid::choose(&table, info.link_layer, wanted).map_err(|why| {
             let kind = if wanted.is_some() {
                 ErrorKind::InvalidArgument
             } else {
                 ErrorKind::LocalNicFailed
             };
             Error::new(kind, format!("{} port {port}: {why}", self.name))
-        })
+        })?;
+        choice.prefix = match info.link_layer {
+            LinkLayer::InfiniBand => Some(64),
+            LinkLayer::Ethernet => sysfs
+                .ibdev_text(
+                    &self.name,
+                    &format!("ports/{port}/gid_attrs/ndevs/{}", choice.index),
+                )
+                .and_then(|ndev| {
+                    crate::netlink::interfaces()
+                        .ok()?
+                        .into_iter()
+                        .find(|i| i.name == ndev)
+                })
+                .and_then(|i| gid::roce_prefix(&choice.gid, &i.addrs)),
+        };
+        Ok(choice)
     }
 }
 

@@ -471,6 +471,7 @@ mod tests {
                 gid,
                 ty: None,
                 why: "test",
+                prefix: None,
             },
             link,
             traffic_class: 106,
