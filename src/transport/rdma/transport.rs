@@ -393,7 +393,8 @@ pub(crate) struct RdmaTransport {
     /// The NICs' async-event thread, started at install; dropping the
     /// transport joins it.
     events: std::sync::OnceLock<NicEvents>,
-    /// Started by the first `attach`; dropping the transport joins it.
+    /// Started by the first `attach`; dropping the transport joins its
+    /// threads.
     connector: Mutex<Option<Connector>>,
 }
 
