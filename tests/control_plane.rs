@@ -365,7 +365,7 @@ fn a_connection_held_open_answers_nothing_once_the_engine_is_dropped() {
 /// A server that answers with a valid Challenge dripped a byte at a time
 /// (each read succeeds, so a per-read timeout never fires) must not hold
 /// the client past its timeout: `open_segment` holds the registry lock,
-/// the RDMA connector serves every peer in turn.
+/// a peer's RDMA connects wait on one connector thread in turn.
 #[test]
 fn a_server_dripping_its_answer_cannot_stretch_the_client_s_timeout() {
     use tent::control::wire::{self, Message};

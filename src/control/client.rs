@@ -66,7 +66,7 @@ pub fn fetch_descriptor(
 /// whose end is `req.qp`, to its `target_nic`; filed there under
 /// `req.initiator`, replacing the QP that key held); its end comes back,
 /// already connected. All within `timeout` (one deadline for the whole
-/// exchange: the RDMA connector thread serves every peer in turn).
+/// exchange: a peer's connects wait on one RDMA connector thread in turn).
 pub fn connect_qp(
     peer: &str,
     secret: Option<&[u8]>,

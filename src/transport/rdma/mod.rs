@@ -11,7 +11,7 @@
 //!   the SQ/CQE diagnostics live in [`crate::flow`] too).
 //! - [`qp_table`]: [`QpTable`], the live QPs' controllers by (NIC, QP
 //!   number), for the async-event thread.
-//! - [`connector`]: the helper thread that connects endpoints' QPs (the
+//! - [`connector`]: the helper threads that connect endpoints' QPs (the
 //!   `QpConnect` exchange can wait on the peer; a worker never does).
 //! - [`events`]: [`NicEvents`], the thread reading the NICs' async events
 //!   (a port down marks its rails down at once, with or without a netdev).

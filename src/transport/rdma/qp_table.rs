@@ -11,7 +11,7 @@ use crate::flow::SqController;
 /// thread can take a QP's endpoint out of service when the device reports
 /// the QP fatal (`IBV_EVENT_QP_FATAL`, `QP_REQ_ERR`, `QP_ACCESS_ERR`): it
 /// marks the controller terminal, and the worker converges at its next
-/// reserve. Written by the connector thread as each QP connects, read by
+/// reserve. Written by the connector threads as each QP connects, read by
 /// the event thread; a worker never touches it. Entries are weak: a
 /// controller that is gone or terminal is pruned at the next insert, and
 /// one controller has one entry (its latest QP).

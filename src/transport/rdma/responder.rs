@@ -238,33 +238,6 @@ impl Responder {
         self.qps.lock().len()
     }
 
-    /// The passive QP table with room for `key` (dead QPs dropped to make
-    /// it), or `SqFull` when every slot holds a live QP of another key.
-    fn make_room(
-        &self,
-        key: &QpInitiator,
-        initiator_nic: &str,
-    ) -> Result<parking_lot::MutexGuard<'_, PassiveTable<PassiveQp>>> {
-        let mut table = self.qps.lock();
-        match table.room(key, monotonic_ns()) {
-            Ok(0) => Ok(table),
-            Ok(dead) => {
-                tracing::debug!(dead, "rdma: dropped dead passive QPs to make room");
-                Ok(table)
-            }
-            Err(TableFull) => {
-                let cap = table.cap;
-                crate::lograte::warn_limited!("responder-full", cap, %initiator_nic, "rdma: every passive QP slot holds a live QP; new QP bootstraps are refused (SqFull)");
-                Err(Error::new(
-                    ErrorKind::SqFull,
-                    format!(
-                        "busy: all {cap} passive QP slots hold live QPs of other initiators; retry later"
-                    ),
-                ))
-            }
-        }
-    }
-
     /// Connect a QP on the request's target NIC to the initiator's end,
     /// filed under its key (replacing the QP filed there); our end.
     ///
@@ -302,45 +275,85 @@ impl Responder {
                 ),
             ));
         }
-        // Room first, so a full table refuses before any verbs call; the
-        // lock is not held across QP creation and RTR/RTS (many initiators
-        // connecting at once are served side by side), so the room is
-        // looked for again at insert, and a ticket makes sure an older
-        // request for the same key (a retry overtook it) files nothing.
-        let ticket = self.make_room(key, initiator_nic)?.begin(*key);
-        let made = (|| {
+        let (ours, replaced) = make_and_file(&self.qps, key, initiator_nic, || {
             let cq = CompletionQueue::new(&nic.ctx, 16)?;
             let qp = QueuePair::new(&nic.pd, &cq, addr, 16)?;
             qp.connect(&endpoint(theirs))?;
             let ours = bootstrap(&qp.endpoint()?);
             Ok((PassiveQp { qp, _cq: cq }, ours))
-        })();
-        let (passive, ours) = match made {
-            Ok(m) => m,
-            Err(e) => {
-                self.qps.lock().abandon(key, ticket);
-                return Err(e);
-            }
-        };
-        let mut table = match self.make_room(key, initiator_nic) {
-            Ok(t) => t,
-            Err(e) => {
-                self.qps.lock().abandon(key, ticket);
-                return Err(e);
-            }
-        };
-        let filed = table.finish(*key, ticket, passive);
-        // Destroying a QP is a firmware command: not under the lock.
-        drop(table);
-        let replaced = filed.map_err(|_| {
-            Error::new(
-                ErrorKind::Canceled,
-                "a newer request for the same endpoint replaced this one, or the passive QP table filled",
-            )
         })?;
-        tracing::debug!(%initiator_nic, %target_nic, qpn = ours.qpn, engine = key.engine(), worker = key.worker(), rail = key.rail(), queue = key.queue(), replaced = replaced.is_some(), "rdma: passive QP connected for a peer");
+        tracing::debug!(%initiator_nic, %target_nic, qpn = ours.qpn, engine = key.engine(), worker = key.worker(), rail = key.rail(), queue = key.queue(), replaced, "rdma: passive QP connected for a peer");
         Ok(ours)
     }
+}
+
+/// `table` with room for `key` (dead QPs dropped to make it), or `SqFull`
+/// when every slot holds a live QP of another key.
+fn make_room<'t, Q: Passive>(
+    table: &'t Mutex<PassiveTable<Q>>,
+    key: &QpInitiator,
+    initiator_nic: &str,
+) -> Result<parking_lot::MutexGuard<'t, PassiveTable<Q>>> {
+    let mut table = table.lock();
+    match table.room(key, monotonic_ns()) {
+        Ok(0) => Ok(table),
+        Ok(dead) => {
+            tracing::debug!(dead, "rdma: dropped dead passive QPs to make room");
+            Ok(table)
+        }
+        Err(TableFull) => {
+            let cap = table.cap;
+            crate::lograte::warn_limited!("responder-full", cap, %initiator_nic, "rdma: every passive QP slot holds a live QP; new QP bootstraps are refused (SqFull)");
+            Err(Error::new(
+                ErrorKind::SqFull,
+                format!(
+                    "busy: all {cap} passive QP slots hold live QPs of other initiators; retry later"
+                ),
+            ))
+        }
+    }
+}
+
+/// Make a passive QP for `key` with `make` and file it in `table`: what
+/// `make` returns beside the QP, and whether a QP filed under `key` was
+/// replaced (and destroyed).
+///
+/// Room first, so a full table refuses before any verbs call; the lock is
+/// not held across `make` (QP creation and RTR/RTS: many initiators
+/// connecting at once are served side by side), so the room is looked for
+/// again at filing, and a ticket makes sure an older request for the same
+/// key (a retry overtook it) files nothing: it fails `Canceled`.
+fn make_and_file<Q: Passive, B>(
+    table: &Mutex<PassiveTable<Q>>,
+    key: &QpInitiator,
+    initiator_nic: &str,
+    make: impl FnOnce() -> Result<(Q, B)>,
+) -> Result<(B, bool)> {
+    let ticket = make_room(table, key, initiator_nic)?.begin(*key);
+    let (passive, made) = match make() {
+        Ok(m) => m,
+        Err(e) => {
+            table.lock().abandon(key, ticket);
+            return Err(e);
+        }
+    };
+    let mut filing = match make_room(table, key, initiator_nic) {
+        Ok(t) => t,
+        Err(e) => {
+            table.lock().abandon(key, ticket);
+            return Err(e);
+        }
+    };
+    let filed = filing.finish(*key, ticket, passive);
+    // Destroying a QP is a firmware command: not under the lock.
+    drop(filing);
+    let replaced = filed.map_err(|_| {
+        Error::new(
+            ErrorKind::Canceled,
+            "a newer request for the same endpoint replaced this one, or the passive QP table filled",
+        )
+    })?;
+    Ok((made, replaced.is_some()))
 }
 
 /// Wire form → verbs form.
@@ -468,6 +481,46 @@ mod tests {
         let gone = t.begin(k);
         t.abandon(&k, gone);
         assert!(t.pending.is_empty());
+    }
+
+    #[test]
+    fn a_passive_qp_is_made_outside_the_table_lock_and_a_retry_meanwhile_files_its_own() {
+        let f = Fakes::default();
+        let table = Mutex::new(PassiveTable::new(2));
+        let k = key(7, 0, 0);
+        let first = make_and_file(&table, &k, "nic0", || {
+            assert!(
+                table.try_lock().is_some(),
+                "the table is not locked while a QP is made"
+            );
+            // The initiator's retry for the same key is served meanwhile.
+            let retry = make_and_file(&table, &k, "nic0", || Ok((f.qp(2).0, "retry")));
+            assert_eq!(retry.map(|r| r.0).ok(), Some("retry"));
+            Ok((f.qp(1).0, "first"))
+        });
+        // The older request ends last: it files nothing, its QP destroyed.
+        assert_eq!(
+            first.map(|r| r.0).unwrap_err().kind(),
+            ErrorKind::Canceled
+        );
+        assert_eq!(id_at(&table.lock(), &k), Some(2));
+        assert_eq!(f.dropped(), [1]);
+        // A request whose QP could not be made leaves nothing pending.
+        let failed = make_and_file(&table, &key(7, 0, 1), "nic0", || {
+            Err::<(Fake, ()), _>(Error::new(ErrorKind::Unreachable, "no QP"))
+        });
+        assert_eq!(failed.unwrap_err().kind(), ErrorKind::Unreachable);
+        assert!(table.lock().pending.is_empty());
+        // A full table refuses before anything is made.
+        assert!(make_and_file(&table, &key(7, 0, 1), "nic0", || Ok((f.qp(3).0, ()))).is_ok());
+        let full = make_and_file(&table, &key(9, 0, 0), "nic0", || -> Result<(Fake, ())> {
+            panic!("made a QP for a full table")
+        });
+        assert_eq!(full.unwrap_err().kind(), ErrorKind::SqFull);
+        // Replacing a key's QP says so.
+        let again = make_and_file(&table, &k, "nic0", || Ok((f.qp(4).0, ())));
+        assert!(again.unwrap().1, "the retry's QP was replaced");
+        assert_eq!(f.dropped(), [1, 2]);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! RoCE) gets no rail, and a peer no NIC here can reach is `Unreachable`. Each
 //! worker has one [`Endpoint`] per rail per peer, made when the segment is
 //! opened and connected (QP, then `QpConnect` over the control plane, on
-//! the transport's [`Connector`] thread: the worker never waits on a peer)
+//! the transport's [`Connector`] threads: the worker never waits on a peer)
 //! the first time the worker posts on it; it stays cached with the segment.
 //!
 //! - **Checked before posting.** The remote range must lie inside one region
@@ -415,7 +415,8 @@ pub(crate) struct RdmaTransport {
     /// The NICs' async-event thread, started at install; dropping the
     /// transport joins it.
     events: std::sync::OnceLock<NicEvents>,
-    /// Started by the first `attach`; dropping the transport joins it.
+    /// Started by the first `attach`; dropping the transport joins its
+    /// threads.
     connector: Mutex<Option<Connector>>,
 }
 
@@ -480,7 +481,7 @@ impl RdmaTransport {
         }
     }
 
-    /// The connector thread's handle, starting it on first use.
+    /// The connector's handle, starting its threads on first use.
     fn connector(&self) -> Result<ConnectorHandle> {
         let mut c = self.connector.lock();
         if c.is_none() {

@@ -363,7 +363,7 @@ unsafe impl Send for FakeObjects {}
 impl Drop for FakeObjects {
     fn drop(&mut self) {
         // A destroyed QP's NIC work stops. `try_with`: a queue may drop on
-        // the connector's thread, even as it exits.
+        // a connector thread, even as it exits.
         let id = self._qp.handle;
         let _ = QUEUES.try_with(|qs| qs.borrow_mut().remove(&id));
     }
@@ -1319,7 +1319,7 @@ fn random_aborts_among_faults_end_every_piece_once_and_never_while_the_nic_holds
                 done(c, &mut open, &aborted);
             }
             if ep.state() != EndpointState::Ready {
-                // A connect is under way on the connector's thread.
+                // A connect is under way on a connector thread.
                 std::thread::yield_now();
             }
         }
