@@ -279,6 +279,8 @@ const NODE_SAMPLES: usize = 16;
 /// and the rails rank from the worker's node. One syscall; never on the
 /// hot path. The memory is only looked up, never touched or faulted.
 pub(crate) fn numa_node_of(base: *const u8, len: u64) -> Option<u32> {
+    // Any address inside a page names it: 4 KiB steps also work where
+    // pages are larger (a page sampled twice counts twice).
     const PAGE: u64 = 4096;
     if len == 0 {
         return None;
