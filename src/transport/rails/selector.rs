@@ -5,17 +5,19 @@
 //! interfaces for TCP. The selector sees rail indices, each rail's NUMA
 //! tier for the slice's local memory ([`Tiers`]), its theoretical
 //! bandwidth, and an availability predicate (link, keys, `RailMonitor`),
-//! so every transport sprays slices the same way. [`DeviceSelector`] holds the configuration
-//! only and is shared; a [`Spray`] is one worker's state toward one peer
-//! (loads, estimates, the current plan) and only that worker touches it,
-//! so nothing here is atomic and nothing on the hot path allocates.
+//! so every transport sprays slices the same way. [`DeviceSelector`]
+//! holds the configuration only and is shared; a [`Spray`] is one
+//! worker's state toward one peer (loads, estimates, the current plan)
+//! and only that worker touches it, so nothing here is atomic and nothing
+//! on the hot path allocates.
 //!
 //! **Tiers** ([`Tiers`]): a rail's tier is the rank of the NUMA distance
 //! from the node of the slice's local memory to the rail's device (a
 //! buffer on node 1 read through a NIC on node 0 crosses the socket
 //! interconnect); among rails of one tier the asking worker's distance to
-//! the device breaks ties, and it is the tier when the memory's node is
-//! unknown. "Best tier" below means lowest (memory tier, worker tier).
+//! the device breaks ties (and equal scores, under smart scheduling), and
+//! it is the tier when the memory's node is unknown. "Best tier" below
+//! means lowest (memory tier, worker tier).
 //!
 //! **Baseline** (`enable_smart_scheduling = false`): round robin within the
 //! best tier that has a usable rail; lower tiers are used

@@ -350,10 +350,10 @@ impl RailSet {
     }
 
     /// The rail for a slice of about `slice_bytes` of request `token`
-    /// whose local memory is on NUMA node `mem` (`None`: unknown; the
-    /// region's [`numa_node`](crate::memory::MemRegion::numa_node)),
-    /// (`ask`: its next slice, or one going again), among those `usable`
-    /// says the transport can post on now. `Err(RouteLost)`: no rail can
+    /// (`ask`: its next slice, or one going again) whose local memory is
+    /// on NUMA node `mem` (its region's
+    /// [`numa_node`](crate::memory::MemRegion::numa_node); `None`:
+    /// unknown), among those `usable` says the transport can post on now. `Err(RouteLost)`: no rail can
     /// take it; `Err(SqFull)`: the rails it should go to are full (smart
     /// scheduling's late binding, [`Ask::Next`] only).
     #[inline]

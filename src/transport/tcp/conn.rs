@@ -1302,6 +1302,23 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
+    /// A fresh op's memory node is unknown (not node 0); a node the tier
+    /// tables cover travels, one past them reads as unknown.
+    #[test]
+    fn an_op_carries_its_memory_s_node_for_moves() {
+        let mut op = Op::new(1, Opcode::Write, std::ptr::null_mut(), 0, 1, 1);
+        assert_eq!(op.mem_node(), None);
+        for n in [0, 1, MAX_MEM_NODES as u32 - 1] {
+            op.set_mem_node(Some(n));
+            assert_eq!(op.mem_node(), Some(n));
+        }
+        op.set_mem_node(Some(MAX_MEM_NODES as u32));
+        assert_eq!(op.mem_node(), None);
+        op.set_mem_node(Some(3));
+        op.set_mem_node(None);
+        assert_eq!(op.mem_node(), None);
+    }
+
     /// Longer than any bound below: a wait that lasts until the connect
     /// gives up fails these tests.
     const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
