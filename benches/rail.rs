@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tent::transport::rails::{
-    DeviceSelector, RailMonitor, RailPolicy, RailSpec, SelectorConfig, Spray,
+    DeviceSelector, RailMonitor, RailPolicy, RailSpec, SelectorConfig, Spray, Tiers,
 };
 
 fn healthy_path(c: &mut Criterion) {
@@ -58,7 +58,7 @@ fn selector(c: &mut Criterion) {
             depth: IN_FLIGHT as u32,
         }; 8];
         for slices in [64u64, 1] {
-            let mut sp = Spray::new(&sel, &specs, &tiers, 1);
+            let mut sp = Spray::new(&sel, &specs, &Tiers::of_worker(&tiers), 1);
             let (mut token, mut left) = (0u64, 0u64);
             // (rail, slices ahead of it) of the slices in flight.
             let mut flight = [(0usize, 0u32); IN_FLIGHT];
@@ -71,7 +71,7 @@ fn selector(c: &mut Criterion) {
                         left = slices;
                     }
                     let r = sp
-                        .next(&sel, token, left, SLICE, |r| black_box(up[r]))
+                        .next(&sel, None, token, left, SLICE, |r| black_box(up[r]))
                         .unwrap_or(0);
                     left -= 1;
                     let ahead = sp.posted(r, SLICE);

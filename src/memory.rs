@@ -28,6 +28,10 @@ pub struct MemRegion {
     key: u64,
     base: *mut u8,
     len: u64,
+    /// The NUMA node its pages were on at registration (`None`: unknown,
+    /// not faulted in yet, or spread over nodes): the rails' tiers for its
+    /// slices are ranked from it.
+    numa_node: Option<u32>,
     /// The unregister epoch that revoked it (0: live). Written once; read
     /// (Relaxed) by workers at validation, beside `base` and `len`.
     revoked: AtomicU64,
@@ -100,6 +104,7 @@ impl MemRegion {
             key: fresh_key(),
             base,
             len,
+            numa_node: None,
             revoked: AtomicU64::new(0),
             users: CachePadded::new(AtomicU64::new(0)),
             rkeys: Vec::new(),
@@ -121,6 +126,18 @@ impl MemRegion {
         self.lkeys = lkeys;
         self.rdma = Mutex::new(Some(registration));
         self
+    }
+
+    /// The same region, its memory on NUMA node `node` (`None`: unknown).
+    pub(crate) fn with_numa_node(mut self, node: Option<u32>) -> MemRegion {
+        self.numa_node = node;
+        self
+    }
+
+    /// The NUMA node its memory was on at registration (`None`: unknown).
+    #[inline]
+    pub(crate) fn numa_node(&self) -> Option<u32> {
+        self.numa_node
     }
 
     /// Whether the engine owns the memory (`allocate_memory`): alive for as
@@ -248,6 +265,81 @@ impl MemRegion {
     fn contains_addr(&self, addr: u64) -> bool {
         addr >= self.addr() && addr - self.addr() < self.len
     }
+}
+
+/// Pages of a region [`numa_node_of`] asks the kernel about: spread evenly
+/// over it, first and last page included.
+const NODE_SAMPLES: usize = 16;
+
+/// The NUMA node holding `[base, base + len)`, asked of the kernel at
+/// registration (`move_pages` with no target nodes: it reports where each
+/// page is and moves nothing): [`dominant_node`] of up to [`NODE_SAMPLES`]
+/// pages spread over the range. A page not faulted in yet has no node;
+/// none faulted, a kernel without NUMA, or a refused call (seccomp): `None`,
+/// and the rails rank from the worker's node. One syscall; never on the
+/// hot path. The memory is only looked up, never touched or faulted.
+pub(crate) fn numa_node_of(base: *const u8, len: u64) -> Option<u32> {
+    // Any address inside a page names it: 4 KiB steps also work where
+    // pages are larger (a page sampled twice counts twice).
+    const PAGE: u64 = 4096;
+    if len == 0 {
+        return None;
+    }
+    let first = base as u64 & !(PAGE - 1);
+    let last = (base as u64).saturating_add(len - 1) & !(PAGE - 1);
+    let pages = (last - first) / PAGE + 1;
+    let n = (pages as usize).min(NODE_SAMPLES);
+    let mut addrs = [std::ptr::null_mut::<libc::c_void>(); NODE_SAMPLES];
+    for (i, a) in addrs.iter_mut().enumerate().take(n) {
+        // Evenly from the first page to the last (n ≥ 1).
+        let k = if n == 1 { 0 } else { i as u64 * (pages - 1) / (n as u64 - 1) };
+        *a = (first + k * PAGE) as *mut libc::c_void;
+    }
+    let mut status = [0i32; NODE_SAMPLES];
+    // SAFETY: `addrs` and `status` hold `n` entries each; with `nodes`
+    // null the call only writes each page's node (or a negative errno)
+    // into `status`, reads nothing through the page addresses, and moves
+    // no page (pid 0: this process; flags 0).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0 as libc::c_long,
+            n as libc::c_ulong,
+            addrs.as_mut_ptr(),
+            std::ptr::null::<libc::c_int>(),
+            status.as_mut_ptr(),
+            0 as libc::c_int,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(
+            error = %std::io::Error::last_os_error(),
+            "move_pages: the memory's NUMA node is unknown"
+        );
+        return None;
+    }
+    dominant_node(&status[..n])
+}
+
+/// The node holding more than half of the sampled pages that are on a
+/// node, from `move_pages` statuses (a node id, or a negative errno such
+/// as `-ENOENT` for a page not faulted in); `None` when no page is on a
+/// node or none holds a majority (memory interleaved over nodes has no
+/// one node to rank rails from).
+pub(crate) fn dominant_node(status: &[i32]) -> Option<u32> {
+    let on_node = || status.iter().filter_map(|&s| u32::try_from(s).ok());
+    let placed = on_node().count();
+    // Boyer-Moore majority vote, then a count to confirm it.
+    let mut candidate = None;
+    let mut votes = 0usize;
+    for n in on_node() {
+        if votes == 0 {
+            candidate = Some(n);
+        }
+        votes = if candidate == Some(n) { votes + 1 } else { votes - 1 };
+    }
+    let c = candidate?;
+    (on_node().filter(|&n| n == c).count() * 2 > placed).then_some(c)
 }
 
 /// A random, non-zero key: a stale or guessed key must not match by accident.
@@ -442,6 +534,49 @@ mod tests {
         assert!(!other.rdma_registered());
         r.release_rdma();
         drop(other);
+    }
+
+    #[test]
+    fn dominant_node_needs_a_majority_of_the_placed_pages() {
+        const ENOENT: i32 = -2;
+        assert_eq!(dominant_node(&[]), None);
+        assert_eq!(dominant_node(&[ENOENT; 4]), None, "nothing faulted in");
+        assert_eq!(dominant_node(&[1, ENOENT, ENOENT, 1]), Some(1));
+        assert_eq!(dominant_node(&[0, 1, 1, ENOENT, -14]), Some(1));
+        assert_eq!(dominant_node(&[0, 1, 0, 1]), None, "interleaved");
+        assert_eq!(dominant_node(&[2, 0, 1]), None);
+        assert_eq!(dominant_node(&[3, 3, 0]), Some(3));
+    }
+
+    /// One NUMA node here at least: a faulted page is on a node the
+    /// kernel names (or the call is refused: unknown), a page never
+    /// touched is on none, and the query faults nothing in.
+    #[test]
+    fn numa_node_of_reports_only_faulted_pages() {
+        let map = memmap2::MmapMut::map_anon(8 << 12).unwrap();
+        let base = map.as_ptr();
+        assert_eq!(numa_node_of(base, 8 << 12), None, "nothing faulted in");
+        assert_eq!(numa_node_of(base, 0), None);
+        let mut map = map;
+        map.fill(1);
+        let node = numa_node_of(map.as_ptr(), 8 << 12);
+        let online = std::fs::read_to_string("/sys/devices/system/node/online").ok();
+        if let (Some(n), Some(online)) = (node, online) {
+            assert!(
+                online.trim().split(',').any(|r| {
+                    let (a, b) = r.split_once('-').unwrap_or((r, r));
+                    (a.parse().unwrap()..=b.parse().unwrap()).contains(&n)
+                }),
+                "node {n} is not online ({online})"
+            );
+        }
+        // Half touched: the majority of the sampled pages is unplaced but
+        // the placed ones decide.
+        let mut half = memmap2::MmapMut::map_anon(8 << 12).unwrap();
+        half[..4 << 12].fill(1);
+        assert_eq!(numa_node_of(half.as_ptr(), 8 << 12), node);
+        // An unaligned range inside one page.
+        assert_eq!(numa_node_of(map.as_ptr().wrapping_add(100), 10), node);
     }
 
     #[test]

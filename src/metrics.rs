@@ -245,7 +245,7 @@ impl Metrics {
             (
                 "tent_rail_numa_tier",
                 "gauge",
-                "The rail's NUMA tier for the first worker (0: local).",
+                "The rail's NUMA tier from the first worker's node (0: local); a slice ranks rails from its memory's node, the worker's breaking ties and standing in when that is unknown.",
                 |r| u64::from(r.tier),
             ),
         ];

@@ -207,6 +207,14 @@ impl Topology {
         &self.nodes
     }
 
+    /// The OS index of every node it knows of: those with allowed CPUs
+    /// and those in the distance table (memory-only nodes included), not
+    /// de-duplicated.
+    pub(crate) fn node_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        let table = self.distances.iter().flat_map(|d| d.nodes.iter().copied());
+        self.nodes.iter().map(|n| n.os_index).chain(table)
+    }
+
     /// Every allowed CPU, sorted.
     pub(crate) fn cpus(&self) -> Vec<usize> {
         let mut cpus: Vec<usize> = self

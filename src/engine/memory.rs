@@ -10,7 +10,7 @@ use tent_rings::{ErrorKind, RegionId};
 
 use super::Engine;
 use crate::error::{Error, Result};
-use crate::memory::{MemRegion, RegionUse};
+use crate::memory::{MemRegion, RegionUse, numa_node_of};
 use crate::transport::tcp;
 
 /// How often `unregister_memory` looks whether the workers and the TCP
@@ -23,6 +23,12 @@ const DRAIN_YIELDS: u32 = 64;
 impl Engine {
     /// Allocate `len` bytes of registered memory, zeroed. With the shm
     /// transport on, it is exported so peers on this host can reach it.
+    ///
+    /// The engine does not place it: an exported region's pages are
+    /// committed here (on the calling thread's node, under the default
+    /// policy), and that node is recorded for ranking rails; heap memory is
+    /// faulted in by its first use, so its node is unknown at allocation
+    /// (the rails rank from each worker's node).
     pub fn allocate_memory(&self, len: u64) -> Result<Buffer> {
         if len == 0 {
             return Err(Error::invalid("allocate_memory: zero length"));
@@ -34,7 +40,8 @@ impl Engine {
             Some(export) => {
                 let mem = export.allocate(len)?;
                 let ptr = mem.data_ptr();
-                let region = MemRegion::new(id, ptr, len, Some(Box::new(mem.clone())));
+                let region = MemRegion::new(id, ptr, len, Some(Box::new(mem.clone())))
+                    .with_numa_node(numa_node_of(ptr, len));
                 // SAFETY: the region owns the mapping, which outlives its RDMA registration (dropped first).
                 let region = Arc::new(unsafe { self.register_rdma(region, ptr, len)? });
                 export.publish(&mem, id, len, region.key())?;
@@ -43,7 +50,8 @@ impl Engine {
             None => {
                 let heap = HeapMemory::new(len)?;
                 let ptr = heap.ptr;
-                let region = MemRegion::new(id, ptr, len, Some(Box::new(heap)));
+                let region = MemRegion::new(id, ptr, len, Some(Box::new(heap)))
+                    .with_numa_node(numa_node_of(ptr, len));
                 // SAFETY: as above, for the anonymous mapping.
                 Arc::new(unsafe { self.register_rdma(region, ptr, len)? })
             }
@@ -75,7 +83,10 @@ impl Engine {
         }
         let _g = self.registry.lock();
         let table = self.shared.regions.load_full();
-        let region = MemRegion::new(table.next_id(), ptr, len, None);
+        // Where its pages are now (those faulted in): the rails' tiers
+        // for its slices rank from that node.
+        let region =
+            MemRegion::new(table.next_id(), ptr, len, None).with_numa_node(numa_node_of(ptr, len));
         // SAFETY: the caller keeps the memory mapped while it is registered.
         let region = Arc::new(unsafe { self.register_rdma(region, ptr, len)? });
         self.shared
@@ -425,5 +436,70 @@ impl HeapMemory {
             ptr: map.as_mut_ptr(),
             _map: map,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Config;
+    use crate::memory::numa_node_of;
+
+    fn engine(shm: bool) -> Engine {
+        let mut c = Config::default();
+        c.workers.count = 1;
+        c.workers.pin = false;
+        c.transports.tcp.enable = false;
+        c.transports.rdma.enable = false;
+        c.transports.shm.enable = shm;
+        Engine::new(c).expect("engine")
+    }
+
+    /// Is this machine one NUMA node (node 0), as `/sys` says?
+    fn one_node() -> bool {
+        std::fs::read_to_string("/sys/devices/system/node/online").is_ok_and(|s| s.trim() == "0")
+    }
+
+    /// The node recorded at registration is what the region in the
+    /// engine's table reports: for an exported allocation (committed on
+    /// this thread) where its pages are, for heap memory none yet (never
+    /// faulted in), for registered memory where its touched pages are.
+    #[test]
+    fn the_node_recorded_at_registration_is_what_the_region_reports() {
+        // Where a page this thread touches lands (`None`: `move_pages`
+        // refused here, so every node is unknown).
+        let touched = vec![1u8; 1 << 16];
+        let here = numa_node_of(touched.as_ptr(), 1 << 16);
+        if one_node() {
+            assert!(matches!(here, Some(0) | None), "{here:?}");
+        }
+        let reported = |e: &Engine, b: &Buffer| {
+            let table = e.shared.regions.load();
+            let r = table.get(b.id()).expect("registered");
+            assert_eq!(r.numa_node(), b.region.numa_node());
+            r.numa_node()
+        };
+
+        let e = engine(true);
+        let exported = e.allocate_memory(1 << 20).unwrap();
+        let node = reported(&e, &exported);
+        assert_eq!(node, numa_node_of(exported.addr() as *const u8, 1 << 20));
+        if one_node() {
+            assert_eq!(node, here, "committed on this thread's node");
+        }
+
+        let e = engine(false);
+        let heap = e.allocate_memory(1 << 20).unwrap();
+        assert_eq!(reported(&e, &heap), None, "not faulted in yet");
+
+        let mut mine = vec![7u8; 1 << 16];
+        // SAFETY: `mine` outlives the engine, dropped first.
+        let registered = unsafe { e.register_memory(mine.as_mut_ptr(), 1 << 16) }.unwrap();
+        let node = reported(&e, &registered);
+        assert_eq!(node, numa_node_of(mine.as_ptr(), 1 << 16));
+        if one_node() {
+            assert_eq!(node, here);
+        }
+        drop(e);
     }
 }

@@ -142,7 +142,7 @@ pub struct InstallContext {
     /// one, and says so with [`Capabilities::wakes_worker`].
     pub wakers: Arc<crate::doorbell::Wakers>,
     /// Where the workers run (NUMA nodes): a multi-rail transport ranks
-    /// its rails into tiers per worker from it.
+    /// its rails into tiers per worker and memory node from it.
     pub placement: Arc<rails::Placement>,
     /// The engine's link watch: a transport with rails on network
     /// interfaces starts it and listens.

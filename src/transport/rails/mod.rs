@@ -26,8 +26,8 @@ pub use monitor::{
     review_bandwidth,
 };
 pub use selector::{
-    DeviceSelector, MAX_RAILS, NoRail, PROBE_EVERY, RailLoad, RailSpec, SelectPolicy,
-    SelectorConfig, Spray, allocate, score,
+    DeviceSelector, MAX_MEM_NODES, MAX_RAILS, NoRail, PROBE_EVERY, RailLoad, RailSpec,
+    SelectPolicy, SelectorConfig, Spray, Tiers, allocate, score,
 };
 pub(crate) use set::{
     Ask, MAX_RAIL_MOVES, RailDesc, RailSet, WorkerRails, is_rail_fault,

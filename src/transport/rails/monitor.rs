@@ -143,7 +143,9 @@ pub struct RailStat {
     /// Its theoretical bandwidth (port speed, or the configured default),
     /// bytes per second.
     pub theoretical: u64,
-    /// Its NUMA tier for the first worker (0: local or unknown).
+    /// Its NUMA tier from the first worker's node (0: local or unknown):
+    /// that worker's tie-break, and its slices' tier when their memory's
+    /// node is unknown (a slice ranks rails from its memory's node).
     pub tier: u8,
 }
 

@@ -3,15 +3,24 @@
 //!
 //! A rail is a (local device, remote device) pair: two NICs for RDMA, two
 //! interfaces for TCP. The selector sees rail indices, each rail's NUMA
-//! tier for the asking worker, its theoretical bandwidth, and an
-//! availability predicate (link, keys, `RailMonitor`), so every transport
-//! sprays slices the same way. [`DeviceSelector`] holds the configuration
-//! only and is shared; a [`Spray`] is one worker's state toward one peer
-//! (loads, estimates, the current plan) and only that worker touches it,
-//! so nothing here is atomic and nothing on the hot path allocates.
+//! tier for the slice's local memory ([`Tiers`]), its theoretical
+//! bandwidth, and an availability predicate (link, keys, `RailMonitor`),
+//! so every transport sprays slices the same way. [`DeviceSelector`]
+//! holds the configuration only and is shared; a [`Spray`] is one
+//! worker's state toward one peer (loads, estimates, the current plan)
+//! and only that worker touches it, so nothing here is atomic and nothing
+//! on the hot path allocates.
+//!
+//! **Tiers** ([`Tiers`]): a rail's tier is the rank of the NUMA distance
+//! from the node of the slice's local memory to the rail's device (a
+//! buffer on node 1 read through a NIC on node 0 crosses the socket
+//! interconnect); among rails of one tier the asking worker's distance to
+//! the device breaks ties (and equal scores, under smart scheduling), and
+//! it is the tier when the memory's node is unknown. "Best tier" below
+//! means lowest (memory tier, worker tier).
 //!
 //! **Baseline** (`enable_smart_scheduling = false`): round robin within the
-//! best (lowest rank) tier that has a usable rail; lower tiers are used
+//! best tier that has a usable rail; lower tiers are used
 //! only when it has none. No estimate is consulted, but loads and
 //! estimates are still kept so statistics work.
 //!
@@ -83,6 +92,9 @@ use crate::config::Config;
 
 /// Rails a [`Spray`] uses; rails past this are ignored.
 pub const MAX_RAILS: usize = 64;
+/// NUMA nodes a [`Tiers`] ranks rails for by memory: memory on a node at or
+/// past it ranks as memory on an unknown node (the worker's tiers).
+pub const MAX_MEM_NODES: usize = 64;
 /// Every this-many-th multi-path plan is a round-robin probe.
 pub const PROBE_EVERY: u64 = 100;
 
@@ -311,7 +323,9 @@ pub fn allocate(
         .min(counts.len())
         .min(MAX_RAILS);
     let (loads, tiers) = (&loads[..rails], &tiers[..rails]);
-    let Some(best) = min_score(sel, loads, tiers, |r| usable[r], slice_bytes, || 0.0) else {
+    let flat = [0u8; MAX_RAILS];
+    let near = &flat[..rails];
+    let Some(best) = min_score(sel, loads, tiers, near, |r| usable[r], slice_bytes, || 0.0) else {
         return 0;
     };
     let s = slice_bytes.max(1) as f64;
@@ -362,27 +376,30 @@ pub fn allocate(
     n
 }
 
-/// The rail with `usable(r)` of minimum [`score`] plus `jitter()` (the
-/// first of equals); `None` if none is usable.
+/// The rail with `usable(r)` of minimum [`score`] plus `jitter()`; of
+/// equals in the same tier, the lowest `near` (the worker's tier), else
+/// the first; `None` if none is usable.
 fn min_score(
     sel: &DeviceSelector,
     loads: &[RailLoad],
     tiers: &[u8],
+    near: &[u8],
     usable: impl Fn(usize) -> bool,
     slice_bytes: u64,
     mut jitter: impl FnMut() -> f64,
 ) -> Option<usize> {
-    let mut best: Option<(f64, usize)> = None;
-    for (r, (load, &tier)) in loads.iter().zip(tiers).enumerate() {
+    let mut best: Option<(f64, (u8, u8), usize)> = None;
+    for (r, ((load, &tier), &near)) in loads.iter().zip(tiers).zip(near).enumerate() {
         if !usable(r) {
             continue;
         }
         let sc = score(sel, load, tier, slice_bytes) + jitter();
-        if best.is_none_or(|(b, _)| sc < b) {
-            best = Some((sc, r));
+        let better = |(b, (bt, bn), _)| sc < b || (sc == b && tier == bt && near < bn);
+        if best.is_none_or(better) {
+            best = Some((sc, (tier, near), r));
         }
     }
-    best.map(|(_, r)| r)
+    best.map(|(_, _, r)| r)
 }
 
 /// May rail `r` take another slice: not `gated`, no depth, or fewer of
@@ -490,6 +507,96 @@ impl Plan {
     }
 }
 
+/// Each rail's NUMA tier for one worker, by the node of a slice's local
+/// memory: row 0 holds the worker's own tiers (distance from the worker's
+/// node to each rail's device), the tie-break and the stand-in for memory
+/// on an unknown node; row `1 + n` holds the tiers for memory on node `n`
+/// (`n < nodes`, at most [`MAX_MEM_NODES`]). Built once per worker and
+/// peer; a lookup is an index, so a pick per slice stays free of
+/// allocation, locks and syscalls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tiers {
+    rails: usize,
+    /// `(1 + nodes) × rails`, row by row.
+    table: Box<[u8]>,
+    /// Per row, the least [`rank`](Tiers::rank) of any rail: round robin
+    /// stops searching there.
+    tops: Box<[u16]>,
+}
+
+impl Tiers {
+    /// Rails at the worker's tiers `worker` whatever the memory's node
+    /// (none known).
+    pub fn of_worker(worker: &[u8]) -> Tiers {
+        Tiers::new(worker, 0, |_, _| 0)
+    }
+
+    /// Rails at the worker's tiers `worker` (at most [`MAX_RAILS`] used),
+    /// and for memory on node `n < nodes` (at most [`MAX_MEM_NODES`]) at
+    /// `by_node(n, rail)`.
+    pub fn new(worker: &[u8], nodes: usize, by_node: impl Fn(u32, usize) -> u8) -> Tiers {
+        let rails = worker.len().min(MAX_RAILS);
+        let nodes = nodes.min(MAX_MEM_NODES);
+        let mut table = Vec::with_capacity((1 + nodes) * rails);
+        table.extend_from_slice(&worker[..rails]);
+        for n in 0..nodes as u32 {
+            table.extend((0..rails).map(|r| by_node(n, r)));
+        }
+        let mut t = Tiers {
+            rails,
+            table: table.into(),
+            tops: Box::default(),
+        };
+        t.tops = (0..=nodes)
+            .map(|row| (0..rails).map(|r| t.rank(row, r)).min().unwrap_or(0))
+            .collect();
+        t
+    }
+
+    /// The first `n` rails only.
+    fn truncated(&self, n: usize) -> Tiers {
+        if n >= self.rails {
+            return self.clone();
+        }
+        let rows = self.tops.len();
+        Tiers::new(&self.table[..n], rows - 1, |node, r| {
+            self.table[(1 + node as usize) * self.rails + r]
+        })
+    }
+
+    /// Rails ranked.
+    pub fn rails(&self) -> usize {
+        self.rails
+    }
+
+    /// The row for memory on `node` (`None`, or a node past the table:
+    /// unknown, the worker's row).
+    #[inline]
+    fn row(&self, node: Option<u32>) -> usize {
+        match node {
+            Some(n) if (n as usize) < self.tops.len() - 1 => 1 + n as usize,
+            _ => 0,
+        }
+    }
+
+    /// Row `row`'s tiers, rail by rail.
+    #[inline]
+    fn tiers(&self, row: usize) -> &[u8] {
+        &self.table[row * self.rails..(row + 1) * self.rails]
+    }
+
+    /// Rail `rail`'s tier for memory on `node` (0 past the rails).
+    pub fn tier(&self, node: Option<u32>, rail: usize) -> u8 {
+        self.tiers(self.row(node)).get(rail).copied().unwrap_or(0)
+    }
+
+    /// Rail `r`'s order in row `row`: its tier, then the worker's tier.
+    #[inline]
+    fn rank(&self, row: usize, r: usize) -> u16 {
+        u16::from(self.table[row * self.rails + r]) << 8 | u16::from(self.table[r])
+    }
+}
+
 /// One worker's selection state toward one peer: its rails' loads, tiers
 /// and estimates, the current plan, the multi-path plan counter (probe
 /// cadence), a round-robin cursor and a jitter RNG (xorshift64*).
@@ -497,10 +604,8 @@ impl Plan {
 #[derive(Debug)]
 pub struct Spray {
     fixed: Box<[Fixed]>,
-    tiers: Box<[u8]>,
+    tiers: Tiers,
     loads: Box<[RailLoad]>,
-    /// The lowest tier of any rail: round robin stops searching there.
-    top_tier: u8,
     plan: Plan,
     plans: u64,
     cursor: usize,
@@ -508,12 +613,12 @@ pub struct Spray {
 }
 
 impl Spray {
-    /// Rails `specs` with, for this worker, NUMA tier ranks `tiers` (0 =
-    /// local). Only the first `min(specs.len(), tiers.len(), MAX_RAILS)`
+    /// Rails `specs` with, for this worker, NUMA tiers `tiers` (0 =
+    /// local). Only the first `min(specs.len(), tiers.rails(), MAX_RAILS)`
     /// rails are used. Each estimate starts at the rail's theoretical
     /// bandwidth, clamped. `seed` seeds the jitter.
-    pub fn new(sel: &DeviceSelector, specs: &[RailSpec], tiers: &[u8], seed: u64) -> Spray {
-        let n = specs.len().min(tiers.len()).min(MAX_RAILS);
+    pub fn new(sel: &DeviceSelector, specs: &[RailSpec], tiers: &Tiers, seed: u64) -> Spray {
+        let n = specs.len().min(tiers.rails()).min(MAX_RAILS);
         let fixed: Box<[Fixed]> = specs[..n]
             .iter()
             .map(|s| {
@@ -538,9 +643,8 @@ impl Spray {
             .collect();
         Spray {
             fixed,
-            tiers: tiers[..n].into(),
+            tiers: tiers.truncated(n),
             loads,
-            top_tier: tiers[..n].iter().copied().min().unwrap_or(0),
             plan: Plan {
                 token: 0,
                 left: 0,
@@ -561,35 +665,40 @@ impl Spray {
         self.loads.len()
     }
 
-    /// Rail `rail`'s NUMA tier for this worker (0 past the rails in use).
+    /// Rail `rail`'s NUMA tier for this worker and memory on `node` (0
+    /// past the rails in use).
     #[cfg(test)]
-    pub(crate) fn tier(&self, rail: usize) -> u8 {
-        self.tiers.get(rail).copied().unwrap_or(0)
+    pub(crate) fn tier(&self, node: Option<u32>, rail: usize) -> u8 {
+        self.tiers.tier(node, rail)
     }
 
-    /// The rail for the next slice of request `token`, of which
-    /// `slices_left` slices (this one included) are still to be posted,
-    /// each about `slice_bytes`. `usable(r)`: may rail `r` take a slice now
-    /// (link, keys, `RailMonitor`). `avoid`: never this rail (the one a
-    /// slice is moving off; such a pick leaves the plan alone). `None` if
-    /// no rail is usable. Never allocates.
+    /// The rail for the next slice of request `token`, whose local memory
+    /// is on NUMA node `mem` (`None`: unknown), of which `slices_left`
+    /// slices (this one included) are still to be posted, each about
+    /// `slice_bytes`. `usable(r)`: may rail `r` take a slice now (link,
+    /// keys, `RailMonitor`). `avoid`: never this rail (the one a slice is
+    /// moving off; such a pick leaves the plan alone). `None` if no rail is
+    /// usable. Never allocates.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn pick(
         &mut self,
         sel: &DeviceSelector,
+        mem: Option<u32>,
         token: u64,
         slices_left: u64,
         slice_bytes: u64,
         avoid: Option<usize>,
         usable: impl Fn(usize) -> bool,
     ) -> Option<usize> {
+        let row = self.tiers.row(mem);
         let ok = |r: usize| Some(r) != avoid && usable(r);
         if !sel.is_smart() {
-            return self.round_robin(ok);
+            return self.round_robin(row, ok);
         }
         if avoid.is_some() {
-            return self.best(sel, ok, slice_bytes);
+            return self.best(sel, row, ok, slice_bytes);
         }
-        self.planned(sel, token, slices_left, slice_bytes, ok, false)
+        self.planned(sel, row, token, slices_left, slice_bytes, ok, false)
             .ok()
     }
 
@@ -601,15 +710,17 @@ impl Spray {
     pub fn next(
         &mut self,
         sel: &DeviceSelector,
+        mem: Option<u32>,
         token: u64,
         slices_left: u64,
         slice_bytes: u64,
         usable: impl Fn(usize) -> bool,
     ) -> Result<usize, NoRail> {
+        let row = self.tiers.row(mem);
         if !sel.is_smart() {
-            return self.round_robin(usable).ok_or(NoRail::Unusable);
+            return self.round_robin(row, usable).ok_or(NoRail::Unusable);
         }
-        self.planned(sel, token, slices_left, slice_bytes, usable, true)
+        self.planned(sel, row, token, slices_left, slice_bytes, usable, true)
     }
 
     /// Smart: the plan's next rail among those `ok` admits and that have
@@ -617,10 +728,12 @@ impl Spray {
     /// window when there is no plan for `token`, its planned rail is no
     /// longer usable (both count toward the probe cadence), or its planned
     /// rails are full while another usable rail has room (the rest of the
-    /// window again, not counted).
+    /// window again, not counted). `row`: the tiers of the slice's memory.
+    #[allow(clippy::too_many_arguments)]
     fn planned(
         &mut self,
         sel: &DeviceSelector,
+        row: usize,
         token: u64,
         slices_left: u64,
         slice_bytes: u64,
@@ -629,14 +742,14 @@ impl Spray {
     ) -> Result<usize, NoRail> {
         let window = sel.window(slices_left);
         if self.plan.left == 0 || self.plan.token != token {
-            return self.replan(sel, token, window, slice_bytes, ok, gated, true);
+            return self.replan(sel, row, token, window, slice_bytes, ok, gated, true);
         }
         let w = self.plan.left.min(window);
         let Some(next) = self.plan.peek(|_| true) else {
-            return self.replan(sel, token, w, slice_bytes, ok, gated, true);
+            return self.replan(sel, row, token, w, slice_bytes, ok, gated, true);
         };
         if !ok(next) {
-            return self.replan(sel, token, w, slice_bytes, ok, gated, true);
+            return self.replan(sel, row, token, w, slice_bytes, ok, gated, true);
         }
         let room = |r: usize| has_room(&self.fixed, &self.loads, gated, r);
         if room(next) {
@@ -648,7 +761,7 @@ impl Spray {
             return Ok(r);
         }
         if (0..self.rails()).any(|r| room(r) && ok(r)) {
-            return self.replan(sel, token, w, slice_bytes, ok, gated, false);
+            return self.replan(sel, row, token, w, slice_bytes, ok, gated, false);
         }
         Err(NoRail::Full)
     }
@@ -721,18 +834,19 @@ impl Spray {
     }
 
     /// Baseline: the next rail from the cursor among the usable ones of
-    /// the lowest tier that has any.
-    fn round_robin(&mut self, ok: impl Fn(usize) -> bool) -> Option<usize> {
+    /// the best tier (row `row`) that has any.
+    fn round_robin(&mut self, row: usize, ok: impl Fn(usize) -> bool) -> Option<usize> {
         let n = self.rails();
-        let mut found: Option<(u8, usize)> = None;
+        let top = self.tiers.tops[row];
+        let mut found: Option<(u16, usize)> = None;
         for step in 0..n {
             let r = (self.cursor + step) % n;
-            let t = self.tiers[r];
+            let t = self.tiers.rank(row, r);
             if found.is_some_and(|(best, _)| t >= best) || !ok(r) {
                 continue;
             }
             found = Some((t, r));
-            if t == self.top_tier {
+            if t == top {
                 break;
             }
         }
@@ -752,39 +866,45 @@ impl Spray {
         any.then_some(mask)
     }
 
-    /// The rail `ok` admits of minimum score plus jitter.
+    /// The rail `ok` admits of minimum score plus jitter, with row
+    /// `row`'s tiers.
     fn best(
         &mut self,
         sel: &DeviceSelector,
+        row: usize,
         ok: impl Fn(usize) -> bool,
         slice_bytes: u64,
     ) -> Option<usize> {
         let rng = &mut self.rng;
-        min_score(sel, &self.loads, &self.tiers, ok, slice_bytes, || {
+        let (tiers, near) = (self.tiers.tiers(row), self.tiers.tiers(0));
+        min_score(sel, &self.loads, tiers, near, ok, slice_bytes, || {
             jitter(rng, sel.cfg.jitter)
         })
     }
 
-    /// The best-scoring rail `ok` admits within the lowest NUMA tier that
-    /// has one (a HIGH slice under priority filtering: no plan, no depth
-    /// bound). `None` if no rail is admitted.
+    /// The best-scoring rail `ok` admits within the best NUMA tier for
+    /// memory on `mem` that has one (a HIGH slice under priority
+    /// filtering: no plan, no depth bound). `None` if no rail is admitted.
     pub(crate) fn best_of_top_tier(
         &mut self,
         sel: &DeviceSelector,
+        mem: Option<u32>,
         ok: impl Fn(usize) -> bool,
         slice_bytes: u64,
     ) -> Option<usize> {
+        let row = self.tiers.row(mem);
+        let t = &self.tiers;
         let top = (0..self.rails())
             .filter(|&r| ok(r))
-            .map(|r| self.tiers[r])
+            .map(|r| t.rank(row, r))
             .min()?;
-        let tiers = &self.tiers;
         let rng = &mut self.rng;
         min_score(
             sel,
             &self.loads,
-            tiers,
-            |r| ok(r) && tiers[r] == top,
+            t.tiers(row),
+            t.tiers(0),
+            |r| ok(r) && t.rank(row, r) == top,
             slice_bytes,
             || jitter(rng, sel.cfg.jitter),
         )
@@ -793,11 +913,13 @@ impl Spray {
     /// A new plan of `w` slices for `token` over the rails `ok` admits
     /// (whether or not they have room: the loads decide), and its first
     /// rail with room (`gated`, as in `planned`); `Err(Full)` when every planned rail is full.
-    /// `counted`: a multi-path plan counts toward the probe cadence.
+    /// `counted`: a multi-path plan counts toward the probe cadence. `row`:
+    /// the tiers of the slice's memory.
     #[allow(clippy::too_many_arguments)]
     fn replan(
         &mut self,
         sel: &DeviceSelector,
+        row: usize,
         token: u64,
         w: u64,
         slice_bytes: u64,
@@ -807,7 +929,7 @@ impl Spray {
     ) -> Result<usize, NoRail> {
         self.plan.left = 0;
         if !sel.multi_path(w) {
-            let best = self.best(sel, ok, slice_bytes).ok_or(NoRail::Unusable)?;
+            let best = self.best(sel, row, ok, slice_bytes).ok_or(NoRail::Unusable)?;
             self.plan.weight.fill(0);
             self.plan.weight[best] = w;
         } else {
@@ -822,7 +944,7 @@ impl Spray {
                 allocate(
                     sel,
                     &self.loads,
-                    &self.tiers,
+                    self.tiers.tiers(row),
                     &mask[..n],
                     w,
                     slice_bytes,
@@ -887,7 +1009,7 @@ mod tests {
                 depth: 0,
             })
             .collect();
-        Spray::new(sel, &specs, tiers, 7)
+        Spray::new(sel, &specs, &Tiers::of_worker(tiers), 7)
     }
 
     fn loads(ewma: &[f64], inflight_slices: &[u64]) -> Vec<RailLoad> {
@@ -914,7 +1036,7 @@ mod tests {
     ) -> Vec<usize> {
         (0..n)
             .map(|i| {
-                let r = sp.pick(sel, token, n - i, S, None, &usable).unwrap();
+                let r = sp.pick(sel, None, token, n - i, S, None, &usable).unwrap();
                 if post {
                     sp.posted(r, S);
                 }
@@ -1007,7 +1129,7 @@ mod tests {
         let mut sp = spray(&sel, &[50e9, 50e9], &[0, 1]);
         let picks: Vec<usize> = (0..9)
             .map(|t| {
-                let r = sp.pick(&sel, t, 1, S, None, |_| true).unwrap();
+                let r = sp.pick(&sel, None, t, 1, S, None, |_| true).unwrap();
                 sp.posted(r, S);
                 r
             })
@@ -1019,7 +1141,7 @@ mod tests {
             score(&sel, &sp.load(1), 1, S),
         );
         assert!(local > remote, "{local} {remote}");
-        assert_eq!(sp.pick(&sel, 9, 1, S, None, |_| true), Some(1));
+        assert_eq!(sp.pick(&sel, None, 9, 1, S, None, |_| true), Some(1));
         assert_eq!(sp.plans(), 0);
     }
 
@@ -1029,7 +1151,7 @@ mod tests {
             let mut sp = spray(sel, &[50e9, 50e9], &[0, 1]);
             let picks: Vec<usize> = (0..8)
                 .map(|t| {
-                    let r = sp.pick(sel, t, 1, S, None, |_| true).unwrap();
+                    let r = sp.pick(sel, None, t, 1, S, None, |_| true).unwrap();
                     sp.posted(r, S);
                     r
                 })
@@ -1254,7 +1376,7 @@ mod tests {
         let mut sp = spray(&sel, &[1.0, 1e12, 1.0, 1e12], &[1, 0, 1, 0]);
         let mut pick = |usable: &dyn Fn(usize) -> bool| {
             (0..4)
-                .map(|t| sp.pick(&sel, t, 64, S, None, usable).unwrap())
+                .map(|t| sp.pick(&sel, None, t, 64, S, None, usable).unwrap())
                 .collect::<Vec<_>>()
         };
         assert_eq!(pick(&|_| true), [1, 3, 1, 3]);
@@ -1266,12 +1388,97 @@ mod tests {
         assert_eq!(sp.plans(), 0);
     }
 
+    /// Four rails; worker tiers 0, 0, 1, 1; memory on node 1 ranks them
+    /// 1, 0, 0, 1 (`by_node`).
+    fn by_memory(sel: &DeviceSelector) -> Spray {
+        let specs = [RailSpec {
+            theoretical_bps: 1e9,
+            depth: 0,
+        }; 4];
+        let mem1 = [1, 0, 0, 1];
+        let tiers = Tiers::new(&[0, 0, 1, 1], 2, |node, r| if node == 1 { mem1[r] } else { 0 });
+        Spray::new(sel, &specs, &tiers, 7)
+    }
+
+    #[test]
+    fn tiers_by_memory_node_with_the_worker_s_as_tie_break_and_fallback() {
+        let t = Tiers::new(&[0, 1], 3, |node, r| (node as u8 + r as u8) % 2);
+        assert_eq!(t.rails(), 2);
+        let row = |mem| [0, 1].map(|r| t.tier(mem, r));
+        assert_eq!(row(None), [0, 1], "unknown: the worker's");
+        assert_eq!(row(Some(0)), [0, 1]);
+        assert_eq!(row(Some(1)), [1, 0]);
+        assert_eq!(row(Some(2)), [0, 1]);
+        assert_eq!(row(Some(3)), [0, 1], "past the table: the worker's");
+        assert_eq!(row(Some(u32::MAX)), [0, 1]);
+        assert_eq!(t.tier(Some(1), 9), 0, "past the rails");
+        // Bounded: at most MAX_MEM_NODES rows past the worker's.
+        let big = Tiers::new(&[0], 1000, |_, _| 3);
+        assert_eq!(big.tier(Some(MAX_MEM_NODES as u32 - 1), 0), 3);
+        assert_eq!(big.tier(Some(MAX_MEM_NODES as u32), 0), 0);
+        // A spray over fewer rails keeps each row's first rails.
+        let sel = sel_with(|_| {});
+        let specs = [RailSpec {
+            theoretical_bps: 1e9,
+            depth: 0,
+        }];
+        let sp = Spray::new(&sel, &specs, &t, 1);
+        assert_eq!((sp.rails(), sp.tier(Some(1), 0), sp.tier(None, 0)), (1, 1, 0));
+    }
+
+    /// Round robin goes over the memory's best tier, and within it over
+    /// the rails nearest the worker; smart and HIGH picks too.
+    #[test]
+    fn picks_rank_rails_by_the_memory_s_node_then_the_worker_s() {
+        let rr = sel_with(|c| c.smart = false);
+        let mut sp = by_memory(&rr);
+        let picks = |sp: &mut Spray, mem| {
+            (0..4)
+                .map(|t| sp.pick(&rr, mem, t, 1, S, None, |_| true).unwrap())
+                .collect::<Vec<_>>()
+        };
+        // Memory on node 1: rails 1 and 2 are its tier 0; the worker
+        // prefers rail 1 (its tier 0) of the two.
+        assert_eq!(picks(&mut sp, Some(1)), [1; 4]);
+        assert_eq!(sp.pick(&rr, Some(1), 9, 1, S, None, |r| r != 1), Some(2));
+        // Both rail 1 and 2 out: back to the worker's order in tier 1.
+        assert_eq!(
+            sp.pick(&rr, Some(1), 9, 1, S, None, |r| r == 0 || r == 3),
+            Some(0)
+        );
+        // Unknown memory, or on node 0 (every rail tier 0 there): the
+        // worker's tiers, round robin over rails 0 and 1.
+        assert_eq!(tally(&picks(&mut sp, None), 4), [2, 2, 0, 0]);
+        assert_eq!(tally(&picks(&mut sp, Some(0)), 4), [2, 2, 0, 0]);
+        // Smart, one slice at a time: memory on node 1 takes rail 1 (a
+        // tie with rail 2 on score the worker breaks) until it is loaded.
+        let smart = sel_with(|_| {});
+        let mut sp = by_memory(&smart);
+        assert_eq!(sp.pick(&smart, Some(1), 1, 1, S, None, |_| true), Some(1));
+        sp.posted(1, S);
+        assert_eq!(sp.pick(&smart, Some(1), 2, 1, S, None, |_| true), Some(2));
+        assert_eq!(sp.pick(&smart, None, 3, 1, S, None, |_| true), Some(0));
+        // HIGH: the best tier for the memory, the worker's tie-break.
+        assert_eq!(sp.best_of_top_tier(&smart, Some(1), |_| true, S), Some(1));
+        assert_eq!(sp.best_of_top_tier(&smart, Some(1), |r| r != 1, S), Some(2));
+        assert_eq!(sp.best_of_top_tier(&smart, None, |_| true, S), Some(0));
+        // A multi-path plan over the memory's tiers: rails 1 and 2 share
+        // alike, rails 0 and 3 (penalty 5) a fifth as much each.
+        let mut sp = by_memory(&smart);
+        let picks: Vec<usize> = (0..60)
+            .map(|i| sp.pick(&smart, Some(1), 4, 60 - i, S, None, |_| true).unwrap())
+            .collect();
+        let t = tally(&picks, 4);
+        assert!(t[1] > 2 * t[0] && t[2] > 2 * t[3], "{t:?}");
+        assert_eq!(t.iter().sum::<usize>(), 60);
+    }
+
     #[test]
     fn baseline_spreads_skips_and_avoids() {
         let sel = sel_with(|c| c.smart = false);
         let mut sp = spray(&sel, &[1.0; 3], &[0; 3]);
         let mut pick =
-            |avoid, usable: &dyn Fn(usize) -> bool| sp.pick(&sel, 0, 1, S, avoid, usable);
+            |avoid, usable: &dyn Fn(usize) -> bool| sp.pick(&sel, None, 0, 1, S, avoid, usable);
         let picks: Vec<_> = (0..6).map(|_| pick(None, &|_| true)).collect();
         assert_eq!(picks, [0, 1, 2, 0, 1, 2].map(Some));
         let picks: Vec<_> = (0..4).map(|_| pick(None, &|r| r != 1)).collect();
@@ -1281,7 +1488,7 @@ mod tests {
         assert_eq!(pick(Some(0), &|r| r == 0), None);
         assert_eq!(pick(None, &|_| false), None);
         let mut none = spray(&sel, &[], &[]);
-        assert_eq!(none.pick(&sel, 0, 1, S, None, |_| true), None);
+        assert_eq!(none.pick(&sel, None, 0, 1, S, None, |_| true), None);
     }
 
     #[test]
@@ -1293,7 +1500,7 @@ mod tests {
         assert_eq!(t, [33, 31, 0]);
         let t = tally(&request(&mut sp, &sel, 2, 64, false, |r| r == 2), 3);
         assert_eq!(t, [0, 0, 64]);
-        assert_eq!(sp.pick(&sel, 3, 1, S, None, |r| r == 2), Some(2));
+        assert_eq!(sp.pick(&sel, None, 3, 1, S, None, |r| r == 2), Some(2));
     }
 
     #[test]
@@ -1301,9 +1508,9 @@ mod tests {
         let sel = sel_with(|_| {});
         let mut sp = spray(&sel, &[1000.0, 1000.0], &[0, 0]);
         for t in 0..10 {
-            assert_eq!(sp.pick(&sel, t, 1, S, Some(0), |_| true), Some(1));
+            assert_eq!(sp.pick(&sel, None, t, 1, S, Some(0), |_| true), Some(1));
         }
-        assert_eq!(sp.pick(&sel, 10, 1, S, Some(1), |r| r == 1), None);
+        assert_eq!(sp.pick(&sel, None, 10, 1, S, Some(1), |r| r == 1), None);
         // A move in the middle of a plan goes elsewhere and the window
         // still comes out 30/30.
         let mut picks = Vec::new();
@@ -1311,11 +1518,11 @@ mod tests {
             if i == 10 {
                 let next = sp.plan.peek(|_| true).unwrap();
                 assert_eq!(
-                    sp.pick(&sel, 11, 60 - i, S, Some(next), |_| true),
+                    sp.pick(&sel, None, 11, 60 - i, S, Some(next), |_| true),
                     Some(1 - next)
                 );
             }
-            picks.push(sp.pick(&sel, 11, 60 - i, S, None, |_| true).unwrap());
+            picks.push(sp.pick(&sel, None, 11, 60 - i, S, None, |_| true).unwrap());
         }
         assert_eq!(tally(&picks, 2), [30, 30]);
         assert_eq!(sp.plans(), 1);
@@ -1325,12 +1532,12 @@ mod tests {
     fn no_usable_rail_is_none() {
         let sel = sel_with(|_| {});
         let mut sp = spray(&sel, &[1000.0, 1000.0], &[0, 1]);
-        assert_eq!(sp.pick(&sel, 1, 64, S, None, |_| false), None);
-        assert_eq!(sp.pick(&sel, 2, 1, S, None, |_| false), None);
+        assert_eq!(sp.pick(&sel, None, 1, 64, S, None, |_| false), None);
+        assert_eq!(sp.pick(&sel, None, 2, 1, S, None, |_| false), None);
         assert_eq!(sp.plans(), 0);
         // A plan in progress whose rails all go away.
-        assert!(sp.pick(&sel, 3, 64, S, None, |_| true).is_some());
-        assert_eq!(sp.pick(&sel, 3, 63, S, None, |_| false), None);
+        assert!(sp.pick(&sel, None, 3, 64, S, None, |_| true).is_some());
+        assert_eq!(sp.pick(&sel, None, 3, 63, S, None, |_| false), None);
     }
 
     #[test]
@@ -1349,7 +1556,7 @@ mod tests {
                     sa.total_cmp(&sb)
                 })
                 .unwrap();
-            let r = sp.pick(&sel, t, 1, S, None, |_| true).unwrap();
+            let r = sp.pick(&sel, None, t, 1, S, None, |_| true).unwrap();
             assert_eq!(r, want, "request {t}");
             seen[r] = true;
             sp.posted(r, S);
@@ -1366,7 +1573,7 @@ mod tests {
         let picks = |sel: &DeviceSelector| {
             let mut sp = spray(sel, &[1000.0, 1000.0], &[0, 0]);
             let p: Vec<usize> = (0..200)
-                .map(|t| sp.pick(sel, t, 1, S, None, |_| true).unwrap())
+                .map(|t| sp.pick(sel, None, t, 1, S, None, |_| true).unwrap())
                 .collect();
             tally(&p, 2)
         };
@@ -1382,7 +1589,7 @@ mod tests {
         let mut picks = Vec::new();
         for i in 0..60u64 {
             let up = |r: usize| i < 10 || r != 0;
-            picks.push(sp.pick(&sel, 1, 60 - i, S, None, up).unwrap());
+            picks.push(sp.pick(&sel, None, 1, 60 - i, S, None, up).unwrap());
         }
         assert_eq!(tally(&picks[..10], 2), [5, 5]);
         assert!(picks[10..].iter().all(|&r| r == 1), "{picks:?}");
@@ -1392,7 +1599,7 @@ mod tests {
         let mut picks = Vec::new();
         for i in 0..10u64 {
             let up = |r: usize| i < 3 || r != 0;
-            picks.push(sp.pick(&sel, 2, 10 - i, S, None, up).unwrap());
+            picks.push(sp.pick(&sel, None, 2, 10 - i, S, None, up).unwrap());
         }
         assert_eq!(picks, [0, 0, 0, 1, 1, 1, 1, 1, 1, 1]);
         assert_eq!(sp.plans(), 2);
@@ -1480,15 +1687,15 @@ mod tests {
             let sel = sel_with(|c| c.smart = smart);
             let mut sp = spray(&sel, &[1000.0; 70], &[0; 70]);
             assert_eq!(sp.rails(), MAX_RAILS);
-            assert_eq!(sp.pick(&sel, 1, 64, S, None, |r| r >= MAX_RAILS), None);
-            assert_eq!(sp.pick(&sel, 2, 1, S, None, |r| r >= MAX_RAILS), None);
-            let r = sp.pick(&sel, 3, 64, S, None, |r| r == MAX_RAILS - 1);
+            assert_eq!(sp.pick(&sel, None, 1, 64, S, None, |r| r >= MAX_RAILS), None);
+            assert_eq!(sp.pick(&sel, None, 2, 1, S, None, |r| r >= MAX_RAILS), None);
+            let r = sp.pick(&sel, None, 3, 64, S, None, |r| r == MAX_RAILS - 1);
             assert_eq!(r, Some(MAX_RAILS - 1));
         }
         // Mismatched lengths: the shorter wins.
         let sel = sel_with(|_| {});
         let sp = spray(&sel, &[1000.0; 3], &[0, 1]);
-        assert_eq!((sp.rails(), sp.tier(1)), (2, 1));
+        assert_eq!((sp.rails(), sp.tier(None, 1)), (2, 1));
     }
 
     /// `spray` with every rail's depth `depth`.
@@ -1500,7 +1707,7 @@ mod tests {
                 depth,
             })
             .collect();
-        Spray::new(sel, &specs, &vec![0; bps.len()], 7)
+        Spray::new(sel, &specs, &Tiers::of_worker(&vec![0; bps.len()]), 7)
     }
 
     #[test]
@@ -1509,22 +1716,22 @@ mod tests {
         let mut sp = deep(&sel, &[1000.0, 1000.0], 2);
         let mut picks = Vec::new();
         for i in 0..4u64 {
-            let r = sp.next(&sel, 1, 64 - i, S, |_| true).unwrap();
+            let r = sp.next(&sel, None, 1, 64 - i, S, |_| true).unwrap();
             sp.posted(r, S);
             picks.push(r);
         }
         assert_eq!(tally(&picks, 2), [2, 2]);
-        assert_eq!(sp.next(&sel, 1, 60, S, |_| true), Err(NoRail::Full));
-        assert_eq!(sp.next(&sel, 1, 60, S, |_| true), Err(NoRail::Full));
+        assert_eq!(sp.next(&sel, None, 1, 60, S, |_| true), Err(NoRail::Full));
+        assert_eq!(sp.next(&sel, None, 1, 60, S, |_| true), Err(NoRail::Full));
         // A completion on rail 1 makes room there, and only there.
         sp.left(1, S);
-        assert_eq!(sp.next(&sel, 1, 60, S, |_| true), Ok(1));
+        assert_eq!(sp.next(&sel, None, 1, 60, S, |_| true), Ok(1));
         sp.posted(1, S);
-        assert_eq!(sp.next(&sel, 1, 59, S, |_| true), Err(NoRail::Full));
+        assert_eq!(sp.next(&sel, None, 1, 59, S, |_| true), Err(NoRail::Full));
         // Waiting re-plans the window but is no new window: no probe due.
         assert_eq!(sp.plans(), 1);
         // No usable rail is not "full".
-        assert_eq!(sp.next(&sel, 1, 59, S, |_| false), Err(NoRail::Unusable));
+        assert_eq!(sp.next(&sel, None, 1, 59, S, |_| false), Err(NoRail::Unusable));
     }
 
     #[test]
@@ -1532,14 +1739,14 @@ mod tests {
         let sel = sel_with(|_| {});
         let mut sp = deep(&sel, &[10_000.0, 1000.0], 2);
         for i in 0..2u64 {
-            assert_eq!(sp.next(&sel, 1, 3 - i, S, |_| true), Ok(0));
+            assert_eq!(sp.next(&sel, None, 1, 3 - i, S, |_| true), Ok(0));
             sp.posted(0, S);
         }
         // Rail 1 has room, but a slice there would finish after one
         // queued behind the two on rail 0 (3S/10000 < S/1000).
-        assert_eq!(sp.next(&sel, 1, 1, S, |_| true), Err(NoRail::Full));
+        assert_eq!(sp.next(&sel, None, 1, 1, S, |_| true), Err(NoRail::Full));
         sp.left(0, S);
-        assert_eq!(sp.next(&sel, 1, 1, S, |_| true), Ok(0));
+        assert_eq!(sp.next(&sel, None, 1, 1, S, |_| true), Ok(0));
     }
 
     #[test]
@@ -1548,7 +1755,7 @@ mod tests {
         let mut sp = deep(&sel, &[1000.0, 1000.0], 1);
         let mut picks = Vec::new();
         for i in 0..6u64 {
-            let r = sp.next(&sel, 1, 6 - i, S, |_| true).unwrap();
+            let r = sp.next(&sel, None, 1, 6 - i, S, |_| true).unwrap();
             sp.posted(r, S);
             picks.push(r);
         }
@@ -1558,9 +1765,9 @@ mod tests {
         for r in 0..2 {
             sp.posted(r, S);
         }
-        assert_eq!(sp.next(&sel, 1, 64, S, |_| true), Err(NoRail::Full));
+        assert_eq!(sp.next(&sel, None, 1, 64, S, |_| true), Err(NoRail::Full));
         // Moving off rail 0: rail 1, full or not.
-        assert_eq!(sp.pick(&sel, 1, 1, S, Some(0), |_| true), Some(1));
+        assert_eq!(sp.pick(&sel, None, 1, 1, S, Some(0), |_| true), Some(1));
     }
 
     /// One request of `n` slices of `S` over rails whose estimates all
@@ -1584,13 +1791,13 @@ mod tests {
         loop {
             while left > 0 {
                 let r = if late {
-                    match sp.next(&sel, 1, left, S, |_| true) {
+                    match sp.next(&sel, None, 1, left, S, |_| true) {
                         Ok(r) => r,
                         Err(NoRail::Full) => break,
                         Err(NoRail::Unusable) => unreachable!(),
                     }
                 } else {
-                    sp.pick(&sel, 1, left, S, None, |_| true).unwrap()
+                    sp.pick(&sel, None, 1, left, S, None, |_| true).unwrap()
                 };
                 let ahead = sp.posted(r, S);
                 let done = free_at[r].max(now) + slice_ns[r];

@@ -28,7 +28,7 @@ use crossbeam_utils::CachePadded;
 use tent_rings::{ErrorKind, TransportKind};
 
 use super::monitor::{RailMonitor, RailPolicy, RailStat, ReviewClock, review_bandwidth};
-use super::selector::{DeviceSelector, NoRail, RailSpec, Spray};
+use super::selector::{DeviceSelector, MAX_MEM_NODES, NoRail, RailSpec, Spray, Tiers};
 use crate::clock::monotonic_ns;
 
 /// Times a slice may move to a sibling rail before its failure reaches
@@ -112,7 +112,8 @@ impl Ask {
 }
 
 /// Where the engine's workers run: their NUMA nodes, and the distance
-/// classes between nodes (for the rails' tiers).
+/// classes between nodes (for the rails' tiers, by the node of a slice's
+/// memory, the worker's breaking ties).
 #[derive(Debug, Clone, Default)]
 pub struct Placement {
     /// Worker `i`'s NUMA node (`None`: not pinned, or unknown).
@@ -126,7 +127,12 @@ impl Placement {
     /// node is unknown or they are the same, else the rank of their NUMA
     /// distance.
     pub(crate) fn tier(&self, worker: usize, device: Option<u32>) -> u8 {
-        let from = self.nodes.get(worker).copied().flatten();
+        self.tier_from(self.nodes.get(worker).copied().flatten(), device)
+    }
+
+    /// The tier of a device on `device` seen from node `from` (a worker's,
+    /// or where a slice's memory is): as [`Placement::tier`].
+    pub(crate) fn tier_from(&self, from: Option<u32>, device: Option<u32>) -> u8 {
         match (from, device) {
             (Some(a), Some(b)) if a != b => self
                 .topology
@@ -295,14 +301,19 @@ impl RailSet {
     }
 
     /// Worker `worker`'s state toward this peer (allocates: call at
-    /// attach, not per slice).
+    /// attach, not per slice): among others each rail's tier for memory on
+    /// each node the placement or a rail names (see [`Tiers`]).
     pub(crate) fn worker(&self, worker: usize) -> WorkerRails {
         let specs: Vec<RailSpec> = self.rails.iter().map(|r| r.spec).collect();
-        let tiers: Vec<u8> = self
+        let near: Vec<u8> = self
             .rails
             .iter()
             .map(|r| self.placement.tier(worker, r.numa_node))
             .collect();
+        let tiers = Tiers::new(&near, self.memory_nodes(), |node, r| {
+            self.placement
+                .tier_from(Some(node), self.rails[r].numa_node)
+        });
         // Seeded per worker and peer so two workers' jitter differs.
         let seed = (worker as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
             ^ (self as *const RailSet as u64);
@@ -318,6 +329,20 @@ impl RailSet {
         self.rails.first().map_or(1, |r| r.workers.len())
     }
 
+    /// Node ids memory may be on, `0..n`: past the highest node the
+    /// topology, a worker or a rail names (at most [`MAX_MEM_NODES`]).
+    fn memory_nodes(&self) -> usize {
+        let p = &*self.placement;
+        let topology = p.topology.iter().flat_map(|t| t.node_ids());
+        let named = p.nodes.iter().chain(self.rails.iter().map(|r| &r.numa_node));
+        topology
+            .chain(named.copied().flatten())
+            .map(|n| n as usize + 1)
+            .max()
+            .unwrap_or(0)
+            .min(MAX_MEM_NODES)
+    }
+
     /// Rail `i`.
     #[inline]
     pub(crate) fn rail(&self, i: usize) -> &Rail {
@@ -325,14 +350,17 @@ impl RailSet {
     }
 
     /// The rail for a slice of about `slice_bytes` of request `token`
-    /// (`ask`: its next slice, or one going again), among those `usable`
-    /// says the transport can post on now. `Err(RouteLost)`: no rail can
+    /// (`ask`: its next slice, or one going again) whose local memory is
+    /// on NUMA node `mem` (its region's
+    /// [`numa_node`](crate::memory::MemRegion::numa_node); `None`:
+    /// unknown), among those `usable` says the transport can post on now. `Err(RouteLost)`: no rail can
     /// take it; `Err(SqFull)`: the rails it should go to are full (smart
     /// scheduling's late binding, [`Ask::Next`] only).
     #[inline]
     pub(crate) fn pick(
         &self,
         w: &mut WorkerRails,
+        mem: Option<u32>,
         token: u64,
         ask: Ask,
         slice_bytes: u64,
@@ -348,7 +376,7 @@ impl RailSet {
                 let ok = |r: usize| usable(r) && rails[r].monitor.available();
                 let rail = w
                     .spray
-                    .best_of_top_tier(sel, ok, slice_bytes)
+                    .best_of_top_tier(sel, mem, ok, slice_bytes)
                     .ok_or(ErrorKind::RouteLost)?;
                 if w.spray.rails() > 1 {
                     w.express = Some((rail, monotonic_ns().saturating_add(cfg.express_hold_ns)));
@@ -367,7 +395,9 @@ impl RailSet {
                 let others = (0..w.spray.rails())
                     .any(|r| r != x && usable(r) && rails[r].monitor.available());
                 if others {
-                    match self.pick_plain(w, token, ask, slice_bytes, |r| r != x && usable(r)) {
+                    match self.pick_plain(w, mem, token, ask, slice_bytes, |r| {
+                        r != x && usable(r)
+                    }) {
                         // `usable` reads links that go down at any
                         // instant: the other rails went since `others`
                         // was read, so HIGH's rail (or none) it is.
@@ -377,13 +407,14 @@ impl RailSet {
                 }
             }
         }
-        self.pick_plain(w, token, ask, slice_bytes, usable)
+        self.pick_plain(w, mem, token, ask, slice_bytes, usable)
     }
 
     #[inline]
     fn pick_plain(
         &self,
         w: &mut WorkerRails,
+        mem: Option<u32>,
         token: u64,
         ask: Ask,
         slice_bytes: u64,
@@ -402,26 +433,26 @@ impl RailSet {
             return match ask {
                 Ask::Next(_) | Ask::Urgent => w
                     .spray
-                    .next(sel, token, slices_left, slice_bytes, ok)
+                    .next(sel, mem, token, slices_left, slice_bytes, ok)
                     .map_err(|e| match e {
                         NoRail::Full => ErrorKind::SqFull,
                         NoRail::Unusable => ErrorKind::RouteLost,
                     }),
                 Ask::Again(_) => w
                     .spray
-                    .pick(sel, token, slices_left, slice_bytes, avoid, ok)
+                    .pick(sel, mem, token, slices_left, slice_bytes, avoid, ok)
                     .ok_or(ErrorKind::RouteLost),
             };
         }
         // Round robin: rails the monitor prefers (not demoted, or a
         // demoted one's probe is due), else any available one.
         w.spray
-            .pick(sel, token, slices_left, slice_bytes, avoid, |r| {
+            .pick(sel, mem, token, slices_left, slice_bytes, avoid, |r| {
                 usable(r) && rails[r].monitor.preferred()
             })
             .or_else(|| {
                 w.spray
-                    .pick(sel, token, slices_left, slice_bytes, avoid, |r| {
+                    .pick(sel, mem, token, slices_left, slice_bytes, avoid, |r| {
                         usable(r) && rails[r].monitor.available()
                     })
             })
@@ -605,22 +636,20 @@ mod tests {
         // Load rails 0 and 2: HIGH takes the idle rail 1.
         s.posted(&mut w, 0, 1 << 20);
         s.posted(&mut w, 2, 1 << 20);
-        let x = s.pick(&mut w, 1, Ask::Urgent, 4096, |_| true).unwrap();
+        let x = s.pick(&mut w, None, 1, Ask::Urgent, 4096, |_| true).unwrap();
         assert_eq!(x, 1);
         for t in 0..200 {
-            let r = s
-                .pick(&mut w, 100 + t, Ask::Next(1), 65536, |_| true)
+            let r = s.pick(&mut w, None, 100 + t, Ask::Next(1), 65536, |_| true)
                 .unwrap();
             assert_ne!(r, x, "bulk slice {t} took HIGH's rail");
             s.posted(&mut w, r, 65536);
         }
         // Only HIGH's rail usable: bulk still goes (never refused for it).
-        assert_eq!(s.pick(&mut w, 999, Ask::Next(1), 65536, |r| r == x), Ok(x));
+        assert_eq!(s.pick(&mut w, None, 999, Ask::Next(1), 65536, |r| r == x), Ok(x));
         std::thread::sleep(std::time::Duration::from_millis(40));
         let mut back = false;
         for t in 0..200 {
-            let r = s
-                .pick(&mut w, 2000 + t, Ask::Next(1), 65536, |_| true)
+            let r = s.pick(&mut w, None, 2000 + t, Ask::Next(1), 65536, |_| true)
                 .unwrap();
             back |= r == x;
         }
@@ -629,7 +658,7 @@ mod tests {
         cfg.priority_filtering = false;
         let s = set_with(3, 1, cfg);
         let mut w = s.worker(0);
-        s.pick(&mut w, 1, Ask::Urgent, 4096, |_| true).unwrap();
+        s.pick(&mut w, None, 1, Ask::Urgent, 4096, |_| true).unwrap();
         assert!(w.express.is_none());
     }
 
@@ -648,7 +677,7 @@ mod tests {
             let s = set_with(2, 1, cfg);
             let mut w = s.worker(0);
             s.posted(&mut w, 1, 1 << 20);
-            let x = s.pick(&mut w, 1, Ask::Urgent, 4096, |_| true).unwrap();
+            let x = s.pick(&mut w, None, 1, Ask::Urgent, 4096, |_| true).unwrap();
             assert_eq!(x, 0, "HIGH takes the idle rail");
             // Rail 1 reads up to the first look, down from then on.
             let looks = std::cell::Cell::new(0u32);
@@ -659,7 +688,7 @@ mod tests {
                 looks.set(looks.get() + 1);
                 looks.get() == 1
             };
-            assert_eq!(s.pick(&mut w, 2, Ask::Next(1), 65536, usable), Ok(x));
+            assert_eq!(s.pick(&mut w, None, 2, Ask::Next(1), 65536, usable), Ok(x));
         }
     }
 
@@ -778,8 +807,7 @@ mod tests {
         let slice = 65_536;
         let mut picks = Vec::new();
         for token in 0..8 {
-            let r = s
-                .pick(&mut w, token, Ask::Next(1), slice, |_| true)
+            let r = s.pick(&mut w, None, token, Ask::Next(1), slice, |_| true)
                 .unwrap();
             s.posted(&mut w, r, slice);
             picks.push(r);
@@ -797,7 +825,130 @@ mod tests {
             s.completed(&mut w, r, slice, 0, 1 + i as u64, 0);
         }
         let mut w = s.worker(0);
-        assert_eq!(s.pick(&mut w, 99, Ask::Next(1), slice, |_| true), Ok(1));
+        assert_eq!(s.pick(&mut w, None, 99, Ask::Next(1), slice, |_| true), Ok(1));
+    }
+
+    /// A set over rails on NUMA nodes `nics` (in rail order), for workers
+    /// on `workers`, on a machine with the distance table `distances`
+    /// (node `i`'s row is `distances[i]`).
+    fn numa_set(
+        distances: Vec<Vec<u32>>,
+        workers: &[u32],
+        nics: &[u32],
+        cfg: crate::transport::rails::SelectorConfig,
+    ) -> RailSet {
+        use crate::topology::{NumaDistances, NumaNode, Topology};
+        let n = distances.len() as u32;
+        let topology = Topology::from_nodes_with_distances(
+            (0..n)
+                .map(|i| NumaNode {
+                    os_index: i,
+                    cpus: vec![i as usize],
+                })
+                .collect(),
+            NumaDistances::new((0..n).collect(), distances).unwrap(),
+        );
+        let placement = Arc::new(Placement {
+            nodes: workers
+                .iter()
+                .map(|&w| topology.worker_node(Some(w as usize)))
+                .collect(),
+            topology: Some(topology),
+        });
+        RailSet::new(
+            TransportKind::Rdma,
+            Arc::new(DeviceSelector::new(cfg)),
+            RailPolicy::default(),
+            placement,
+            nics.iter()
+                .map(|&node| RailDesc {
+                    local: format!("nic{node}"),
+                    remote: "peer".into(),
+                    numa_node: Some(node),
+                    speed_gbps: Some(100.0),
+                    depth: 0,
+                })
+                .collect(),
+            workers.len(),
+        )
+    }
+
+    /// The first rail each way of picking gives a fresh worker `worker`
+    /// for a slice whose memory is on `mem`: smart (one slice, and a HIGH
+    /// slice under priority filtering) and round robin.
+    fn first_picks(
+        distances: &[Vec<u32>],
+        workers: &[u32],
+        nics: &[u32],
+        worker: usize,
+        mem: Option<u32>,
+    ) -> [usize; 3] {
+        let cfg = |smart| crate::transport::rails::SelectorConfig {
+            jitter: 0.0,
+            smart,
+            ..Default::default()
+        };
+        let pick = |smart, ask| {
+            let s = numa_set(distances.to_vec(), workers, nics, cfg(smart));
+            let mut w = s.worker(worker);
+            s.pick(&mut w, mem, 1, ask, 65_536, |_| true).unwrap()
+        };
+        [
+            pick(true, Ask::Next(1)),
+            pick(true, Ask::Urgent),
+            pick(false, Ask::Next(1)),
+        ]
+    }
+
+    /// Two nodes, a NIC on each: a slice's rails rank from its memory's
+    /// node, so memory on node 1 goes out through node 1's NIC even from
+    /// a worker on node 0; memory on an unknown node ranks from the
+    /// worker's node.
+    #[test]
+    fn rails_rank_from_the_memory_s_node_and_from_the_worker_s_when_unknown() {
+        let two = vec![vec![10, 21], vec![21, 10]];
+        // Rail 0 on node 0, rail 1 on node 1; one worker on each node.
+        let nics = [0, 1];
+        assert_eq!(first_picks(&two, &[0, 1], &nics, 0, Some(1)), [1; 3]);
+        assert_eq!(first_picks(&two, &[0, 1], &nics, 1, Some(0)), [0; 3]);
+        assert_eq!(first_picks(&two, &[0, 1], &nics, 0, Some(0)), [0; 3]);
+        assert_eq!(first_picks(&two, &[0, 1], &nics, 0, None), [0; 3]);
+        assert_eq!(first_picks(&two, &[0, 1], &nics, 1, None), [1; 3]);
+        // A node no table row covers: unknown, the worker's node.
+        assert_eq!(first_picks(&two, &[0, 1], &nics, 1, Some(200)), [1; 3]);
+        // The tiers behind it: memory first, the worker's for unknown.
+        let s = numa_set(two, &[0], &nics, Default::default());
+        let w = s.worker(0);
+        let tiers = |mem| [0, 1].map(|r| w.spray.tier(mem, r));
+        assert_eq!(tiers(Some(1)), [1, 0]);
+        assert_eq!(tiers(Some(0)), [0, 1]);
+        assert_eq!(tiers(None), [0, 1]);
+        // Observability keeps the worker's tiers (worker 0's).
+        assert_eq!(
+            s.stats(|_| true).iter().map(|r| r.tier).collect::<Vec<_>>(),
+            [0, 1]
+        );
+    }
+
+    /// Memory on node 2, as far from node 0 as from node 1, with a NIC on
+    /// each of those: a tie the worker's node breaks, whichever rail comes
+    /// first.
+    #[test]
+    fn the_worker_s_node_breaks_a_tie_between_rails_equally_far_from_the_memory() {
+        let three = vec![vec![10, 21, 31], vec![21, 10, 31], vec![31, 31, 10]];
+        for nics in [[0, 1], [1, 0]] {
+            let on = |node| nics.iter().position(|&n| n == node).unwrap();
+            for worker in [0, 1] {
+                assert_eq!(
+                    first_picks(&three, &[0, 1], &nics, worker, Some(2)),
+                    [on(worker as u32); 3],
+                    "NICs on {nics:?}, worker {worker}"
+                );
+            }
+        }
+        // With the memory known, the worker's node only breaks ties: a
+        // worker on node 2 with memory on node 1 takes node 1's NIC.
+        assert_eq!(first_picks(&three, &[2], &[0, 1], 0, Some(1)), [1; 3]);
     }
 
     #[test]

@@ -674,7 +674,7 @@ impl RdmaTransport {
     ) -> std::result::Result<(), ErrorKind> {
         let len = u64::from(s.len);
         let (endpoints, q) = (&eps.eps, peer.q);
-        let rail = peer.rails.pick(&mut eps.rails, s.token, ask, len, |r| {
+        let rail = peer.rails.pick(&mut eps.rails, local.numa_node(), s.token, ask, len, |r| {
             // A rail with a QP that takes work.
             peer.usable(r, local, remote)
                 && endpoints[r * q..(r + 1) * q]

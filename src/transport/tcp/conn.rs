@@ -73,6 +73,7 @@ use crate::clock::monotonic_ns;
 use crate::doorbell::{Doorbell, Wakers};
 use crate::error::{Error, Result};
 use crate::flow::SqController;
+use crate::transport::rails::{MAX_MEM_NODES, MAX_RAILS};
 
 /// How long a parked sender sleeps before looking at its rail again
 /// (link events and new slices wake it sooner).
@@ -142,8 +143,11 @@ pub(crate) struct Op {
     pub opcode: u8,
     /// Times it was re-posted on a sibling rail.
     pub attempts: u8,
-    /// Rail index within its peer.
-    pub rail: u16,
+    /// Rail index within its peer (below `MAX_RAILS`).
+    pub rail: u8,
+    /// The NUMA node of its local memory, [`NO_NODE`] when unknown (or
+    /// past `MAX_MEM_NODES`): a move to a sibling rail ranks rails from it.
+    mem_node: u8,
     /// Slices ahead of it on its rail when posted (bandwidth estimate).
     pub ahead: u16,
     /// A WRITE only: the connection it last left after it was sent there
@@ -153,6 +157,10 @@ pub(crate) struct Op {
 }
 
 const _: () = assert!(std::mem::size_of::<Op>() == 64);
+const _: () = assert!(MAX_RAILS <= u8::MAX as usize && MAX_MEM_NODES < NO_NODE as usize);
+
+/// [`Op`]'s memory node when it is unknown.
+const NO_NODE: u8 = u8::MAX;
 
 /// [`Op::status`] of a slice caught on a connection that was reset to stop
 /// another task's slice: it did not fail (re-post it, as if the connection
@@ -177,8 +185,22 @@ impl Op {
                 Opcode::Write => 1,
                 Opcode::Read => 2,
             },
+            mem_node: NO_NODE,
             ..Op::default()
         }
+    }
+
+    /// Its local memory is on NUMA node `node` (`None`: unknown).
+    pub(crate) fn set_mem_node(&mut self, node: Option<u32>) {
+        self.mem_node = node
+            .filter(|&n| (n as usize) < MAX_MEM_NODES)
+            .map_or(NO_NODE, |n| n as u8);
+    }
+
+    /// The NUMA node of its local memory (`None`: unknown).
+    #[inline]
+    pub(crate) fn mem_node(&self) -> Option<u32> {
+        (self.mem_node != NO_NODE).then_some(u32::from(self.mem_node))
     }
 
     fn opcode(&self) -> Opcode {
@@ -1279,6 +1301,23 @@ fn receive(
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    /// A fresh op's memory node is unknown (not node 0); a node the tier
+    /// tables cover travels, one past them reads as unknown.
+    #[test]
+    fn an_op_carries_its_memory_s_node_for_moves() {
+        let mut op = Op::new(1, Opcode::Write, std::ptr::null_mut(), 0, 1, 1);
+        assert_eq!(op.mem_node(), None);
+        for n in [0, 1, MAX_MEM_NODES as u32 - 1] {
+            op.set_mem_node(Some(n));
+            assert_eq!(op.mem_node(), Some(n));
+        }
+        op.set_mem_node(Some(MAX_MEM_NODES as u32));
+        assert_eq!(op.mem_node(), None);
+        op.set_mem_node(Some(3));
+        op.set_mem_node(None);
+        assert_eq!(op.mem_node(), None);
+    }
 
     /// Longer than any bound below: a wait that lasts until the connect
     /// gives up fails these tests.

@@ -438,7 +438,7 @@ impl TcpTransport {
         let urgent = op.is_urgent();
         let rail = peer
             .rails
-            .pick(&mut links.rails, op.token, ask, op.len, |r| {
+            .pick(&mut links.rails, op.mem_node(), op.token, ask, op.len, |r| {
                 peer.links[r].is_up()
             })?;
         let first = rail * peer.stride();
@@ -458,7 +458,7 @@ impl TcpTransport {
             (c, conn::BULK)
         };
         let ends = &mut links.ends[first + c];
-        op.rail = rail as u16;
+        op.rail = rail as u8;
         op.ahead = peer.rails.posted(&mut links.rails, rail, op.len);
         if ends.submit[class].push(op).is_err() {
             peer.rails.left(&mut links.rails, rail, op.len);
@@ -545,6 +545,7 @@ impl Transport for TcpTransport {
                 }
                 let mut op = Op::new(s.token, s.opcode, s.local, s.remote, s.len, key);
                 op.posted_ns = now;
+                op.set_mem_node(s.region.numa_node());
                 if s.priority == Priority::High {
                     op.set_urgent();
                 }
