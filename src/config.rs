@@ -10,7 +10,7 @@
 //! Fields have their real types: [`Duration`]s for the `_secs`, `_ms` and
 //! `_us` keys (whole numbers of that unit in a file), enums for names
 //! ([`LogLevel`], [`SplitPolicy`], [`MetadataType`], [`GidIndex`],
-//! [`TrafficClass`], [`QpsPerRail`]), a list
+//! [`TrafficClass`], [`QpsPerRail`], [`HugePages`]), a list
 //! for `transports/rdma/devices`. A value read from a file or a variable is
 //! type-checked into a field's type, then range-checked; one built in code
 //! gets the same range checks from [`Config::validate`], field by field.
@@ -134,6 +134,8 @@ pub struct Config {
     /// `merge_requests`: merge adjacent requests of a batch. Not yet in
     /// effect.
     pub merge_requests: bool,
+    /// `hugepages`: the pages behind [`crate::Engine::allocate_memory`].
+    pub hugepages: HugePages,
     /// `log_level`: what tent's own binaries log.
     pub log_level: LogLevel,
     /// `metadata_type`: control-plane backend.
@@ -486,6 +488,24 @@ impl From<LogLevel> for tracing::Level {
             LogLevel::Warn => tracing::Level::WARN,
             LogLevel::Error => tracing::Level::ERROR,
         }
+    }
+}
+
+named! {
+    /// `hugepages`: the pages behind `allocate_memory`'s memory.
+    pub enum HugePages {
+        /// `"transparent"`: base pages, advised to become transparent huge
+        /// pages for buffers of 2 MiB and more (the kernel's THP setting
+        /// decides).
+        Transparent = "transparent",
+        /// `"off"`: base pages, no advice.
+        Off = "off",
+        /// `"2m"`: 2 MiB hugetlbfs pages from the system's reserved pool,
+        /// the length rounded up to whole pages; transparent where the pool
+        /// has too few.
+        Huge2M = "2m",
+        /// `"1g"`: 1 GiB hugetlbfs pages, else as `"2m"`.
+        Huge1G = "1g",
     }
 }
 
@@ -1016,6 +1036,8 @@ schema! {
         "Transport switches allowed per task; 0 disables cross-transport failover.";
     "merge_requests" => merge_requests: Kind::Bool, "true", LATER,
         "Merge adjacent requests of a batch into one transfer.";
+    "hugepages" => hugepages: Kind::Choice(HugePages::NAMES), "\"transparent\"", LIVE,
+        "The pages behind allocate_memory: transparent (base pages advised to become transparent huge pages from 2 MiB up), off (base pages), 2m or 1g (hugetlbfs pages from the reserved pool, /proc/sys/vm/nr_hugepages or the 1 GiB pool, the length rounded up to whole pages; 1g falls back to 2m and either to transparent, logged once per cause). Regions exported over shm stay on shmem pages, advised as transparent: peers map only shmem files, since a hole in a hugetlbfs file would end a peer with SIGBUS.";
     "log_level" => log_level: Kind::Choice(LogLevel::NAMES), "\"info\"", LIVE,
         "One of trace, debug, info, warn, error: the tracing filter tent's own binaries (tent-bench) install; an embedding application installs its own subscriber.";
     // control plane

@@ -160,11 +160,11 @@ impl AsFdRef for std::fs::File {
 fn peer_cannot_write_owner_descriptor_and_owner_keeps_publishing() {
     let dir = tmpdir("descw");
     let export = ShmExport::create(&dir, None).unwrap();
-    let mem = export.allocate(4096).unwrap();
+    let mem = export.allocate(4096, true).unwrap();
     export.publish(&mem, RegionId(1), 4096, 42).unwrap();
     let (_s, desc) = raw_client(&dir, export.name());
     assert_descriptor_unwritable(&desc);
-    let mem2 = export.allocate(4096).unwrap();
+    let mem2 = export.allocate(4096, true).unwrap();
     export.publish(&mem2, RegionId(2), 4096, 43).unwrap();
     export.revoke(RegionId(1));
     let peer = ShmPeer::attach(&dir, export.name(), None).unwrap();
@@ -179,12 +179,12 @@ fn peer_cannot_write_owner_descriptor_and_owner_keeps_publishing() {
 fn peer_cannot_make_seq_odd_and_deny_other_peers() {
     let dir = tmpdir("descodd");
     let export = ShmExport::create(&dir, None).unwrap();
-    let mem = export.allocate(4096).unwrap();
+    let mem = export.allocate(4096, true).unwrap();
     export.publish(&mem, RegionId(1), 4096, 42).unwrap();
     assert!(ShmPeer::attach(&dir, export.name(), None).is_ok());
     let (_s, desc) = raw_client(&dir, export.name());
     assert!(try_pwrite_u64(&desc, 0, 1).is_err());
-    let mem2 = export.allocate(4096).unwrap();
+    let mem2 = export.allocate(4096, true).unwrap();
     export.publish(&mem2, RegionId(2), 4096, 43).unwrap();
     let peer = ShmPeer::attach(&dir, export.name(), None).expect("legit attach");
     assert_eq!(peer.regions().len(), 2);
@@ -264,7 +264,7 @@ fn secretless_relay_obtains_nothing() {
     let dir = tmpdir("relay");
     let secret = b"0123456789abcdef-shm".to_vec();
     let export = ShmExport::create(&dir, Some(secret.clone())).unwrap();
-    let mem = export.allocate(4096).unwrap();
+    let mem = export.allocate(4096, true).unwrap();
     // SAFETY: the range lies inside memory this test owns.
     unsafe { std::ptr::copy_nonoverlapping(b"TOP-SECRET".as_ptr(), mem.data_ptr(), 10) };
     export.publish(&mem, RegionId(1), 4096, 0x5ec2e7).unwrap();
@@ -379,7 +379,7 @@ fn unauthenticated_slowloris_does_not_deny_legit_peers() {
     let dir = tmpdir("slots");
     let secret = b"0123456789abcdef-shm".to_vec();
     let export = ShmExport::create(&dir, Some(secret.clone())).unwrap();
-    let mem = export.allocate(4096).unwrap();
+    let mem = export.allocate(4096, true).unwrap();
     export.publish(&mem, RegionId(1), 4096, 42).unwrap();
     let path = format!("{dir}/{}", export.name());
     assert!(ShmPeer::attach(&dir, export.name(), Some(&secret)).is_ok());
@@ -519,7 +519,7 @@ fn attach_prefaults_only_what_the_owner_populated() {
     // A real owner's region: populated at allocation, pre-faulted on attach.
     let export = ShmExport::create(&dir, None).unwrap();
     let len = 64u64 << 20;
-    let mem = export.allocate(len).unwrap();
+    let mem = export.allocate(len, true).unwrap();
     export.publish(&mem, RegionId(1), len, 42).unwrap();
     let before = rss_shmem_kib();
     let peer = ShmPeer::attach(&dir, export.name(), None).unwrap();

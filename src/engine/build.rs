@@ -97,6 +97,15 @@ impl EngineBuilder {
         ));
         let segments = Arc::new(ArcSwap::from_pointee(SegmentTable::default().with(local)));
         let export = if config.transports.shm.enable {
+            if matches!(
+                config.hugepages,
+                crate::config::HugePages::Huge2M | crate::config::HugePages::Huge1G
+            ) {
+                tracing::info!(
+                    hugepages = config.hugepages.as_str(),
+                    "hugepages: allocate_memory exports its regions over shm, so they stay on shmem pages advised as transparent huge pages (peers map only shmem files); hugetlbfs pages back allocate_memory with transports/shm/enable false"
+                );
+            }
             let secret = config.secret().map(<[u8]>::to_vec);
             Some(Arc::new(ShmExport::create(
                 &config.transports.shm.dir,

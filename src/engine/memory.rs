@@ -9,6 +9,7 @@ use std::time::Duration;
 use tent_rings::{ErrorKind, RegionId};
 
 use super::Engine;
+use crate::config::HugePages;
 use crate::error::{Error, Result};
 use crate::memory::{MemRegion, RegionUse, numa_node_of};
 use crate::transport::tcp;
@@ -38,7 +39,7 @@ impl Engine {
         let id = table.next_id();
         let region = match &self.export {
             Some(export) => {
-                let mem = export.allocate(len)?;
+                let mem = export.allocate(len, self.shared.config.hugepages != HugePages::Off)?;
                 let ptr = mem.data_ptr();
                 let region = MemRegion::new(id, ptr, len, Some(Box::new(mem.clone())))
                     .with_numa_node(numa_node_of(ptr, len));
@@ -48,7 +49,7 @@ impl Engine {
                 region
             }
             None => {
-                let heap = HeapMemory::new(len)?;
+                let heap = HeapMemory::new(len, self.shared.config.hugepages)?;
                 let ptr = heap.ptr;
                 let region = MemRegion::new(id, ptr, len, Some(Box::new(heap)))
                     .with_numa_node(numa_node_of(ptr, len));
@@ -396,11 +397,12 @@ impl Buffer {
     }
 }
 
-/// Page-aligned, zeroed heap memory (when shm export is off).
-/// Anonymous memory for `allocate_memory` without shm: mapped zeroed, and
-/// advised to use transparent huge pages, so large buffers cost few TLB
-/// entries when the kernel copies through them (TCP moves every byte
-/// through a kernel copy).
+/// Page-aligned, zeroed anonymous memory for `allocate_memory` without
+/// shm export, backed as `hugepages` says: hugetlbfs pages from the
+/// reserved pool (`2m`, `1g`), or base pages advised to become transparent
+/// huge pages, so large buffers cost few TLB entries when the kernel
+/// copies through them (TCP moves every byte through a kernel copy) and
+/// few translation entries on a NIC.
 struct HeapMemory {
     ptr: *mut u8,
     _map: memmap2::MmapMut,
@@ -412,7 +414,7 @@ unsafe impl Send for HeapMemory {}
 unsafe impl Sync for HeapMemory {}
 
 impl HeapMemory {
-    fn new(len: u64) -> Result<HeapMemory> {
+    fn new(len: u64, pages: HugePages) -> Result<HeapMemory> {
         let oom = |e: Option<std::io::Error>| {
             let err = Error::new(
                 ErrorKind::OutOfMemory,
@@ -424,11 +426,29 @@ impl HeapMemory {
             }
         };
         let n = usize::try_from(len).map_err(|_| oom(None))?;
+        for &bits in hugetlb_sizes(pages) {
+            match map_hugetlb(n, bits) {
+                Ok(mut map) => {
+                    tracing::debug!(len, page_mib = (1u64 << bits) >> 20, "allocate_memory: hugetlbfs pages");
+                    return Ok(HeapMemory {
+                        ptr: map.as_mut_ptr(),
+                        _map: map,
+                    });
+                }
+                Err(e) => crate::lograte::warn_limited!(
+                    (bits, e.raw_os_error()),
+                    page_mib = (1u64 << bits) >> 20,
+                    len,
+                    error = %e,
+                    "hugepages: no hugetlbfs pages of this size for allocate_memory (reserve them in /proc/sys/vm/nr_hugepages or /sys/kernel/mm/hugepages); using the next size, then transparent huge pages"
+                ),
+            }
+        }
         let mut map = memmap2::MmapOptions::new()
             .len(n)
             .map_anon()
             .map_err(|e| oom(Some(e)))?;
-        if n >= 2 << 20 {
+        if pages != HugePages::Off && n >= 2 << 20 {
             // Best effort: THP may be off system-wide.
             let _ = map.advise(memmap2::Advice::HugePage);
         }
@@ -437,6 +457,29 @@ impl HeapMemory {
             _map: map,
         })
     }
+}
+
+/// The hugetlbfs page sizes (as log2 of bytes) to try, largest first.
+fn hugetlb_sizes(pages: HugePages) -> &'static [u8] {
+    match pages {
+        HugePages::Huge1G => &[30, 21],
+        HugePages::Huge2M => &[21],
+        _ => &[],
+    }
+}
+
+/// `n` bytes of hugetlbfs pages of `1 << bits` bytes, the length rounded
+/// up to whole pages. The kernel reserves the pages at `mmap` (no
+/// `MAP_NORESERVE`), so a short pool fails here with `ENOMEM`, never later
+/// with `SIGBUS` on first touch.
+fn map_hugetlb(n: usize, bits: u8) -> std::io::Result<memmap2::MmapMut> {
+    let len = n
+        .checked_next_multiple_of(1 << bits)
+        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENOMEM))?;
+    memmap2::MmapOptions::new()
+        .len(len)
+        .huge(Some(bits))
+        .map_anon()
 }
 
 #[cfg(test)]
@@ -453,6 +496,119 @@ mod tests {
         c.transports.rdma.enable = false;
         c.transports.shm.enable = shm;
         Engine::new(c).expect("engine")
+    }
+
+    fn heap_engine(pages: HugePages) -> Engine {
+        let mut c = Config::default();
+        c.workers.count = 1;
+        c.workers.pin = false;
+        c.transports.tcp.enable = false;
+        c.transports.rdma.enable = false;
+        c.transports.shm.enable = false;
+        c.hugepages = pages;
+        Engine::new(c).expect("engine")
+    }
+
+    /// The page size, in KiB, the kernel backs the mapping holding `addr`
+    /// with (`KernelPageSize` in `/proc/self/smaps`).
+    fn kernel_page_kib(addr: u64) -> Option<u64> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().unwrap_or("");
+            if let Some((lo, hi)) = range.split_once('-')
+                && let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16))
+            {
+                inside = (lo..hi).contains(&addr);
+            } else if inside && let Some(kib) = line.strip_prefix("KernelPageSize:") {
+                return kib.trim().trim_end_matches("kB").trim().parse().ok();
+            }
+        }
+        None
+    }
+
+    /// The system's 2 MiB page pool, put back as it was on drop.
+    struct Pool {
+        before: u64,
+    }
+
+    const POOL: &str = "/proc/sys/vm/nr_hugepages";
+
+    impl Pool {
+        fn size() -> u64 {
+            std::fs::read_to_string(POOL)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0)
+        }
+
+        /// Grow the pool by `more` pages; `None` where this process may
+        /// not (not root) or the kernel found no memory for them.
+        fn grow(more: u64) -> Option<Pool> {
+            let before = Pool::size();
+            std::fs::write(POOL, (before + more).to_string()).ok()?;
+            let pool = Pool { before };
+            (Pool::size() >= before + more).then_some(pool)
+        }
+    }
+
+    impl Drop for Pool {
+        fn drop(&mut self) {
+            let _ = std::fs::write(POOL, self.before.to_string());
+        }
+    }
+
+    /// A 3 MiB buffer and its last bytes, written and read back.
+    fn three_mib(e: &Engine) -> Buffer {
+        let b = e.allocate_memory(3 << 20).expect("allocate");
+        b.write((3 << 20) - 8, &[7; 8]).unwrap();
+        let mut got = [0; 8];
+        b.read((3 << 20) - 8, &mut got).unwrap();
+        assert_eq!(got, [7; 8]);
+        b
+    }
+
+    /// `hugepages`: `2m` takes two whole pages from the reserved pool for
+    /// a 3 MiB buffer, `1g` falls back to them where there is no 1 GiB
+    /// page, and with the pool empty both fall back to base pages; `off`
+    /// and `transparent` map base pages (transparent ones may be promoted
+    /// later, by the kernel's setting).
+    #[test]
+    fn hugepages_come_from_the_pool_and_fall_back_when_it_is_empty() {
+        for pages in [HugePages::Off, HugePages::Transparent] {
+            let b = three_mib(&heap_engine(pages));
+            assert_eq!(kernel_page_kib(b.addr()), Some(4), "{pages:?}");
+        }
+        let free_2m = || {
+            std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        if free_2m() == 0 {
+            for pages in [HugePages::Huge2M, HugePages::Huge1G] {
+                let b = three_mib(&heap_engine(pages));
+                assert_eq!(kernel_page_kib(b.addr()), Some(4), "{pages:?}: fallback");
+            }
+        }
+        let Some(_pool) = Pool::grow(4) else {
+            // Not root, or no memory to reserve: the fallbacks above are
+            // what this machine can show.
+            eprintln!("hugepages: could not reserve 2 MiB pages here; pool part not run");
+            return;
+        };
+        let free_1g = std::fs::read_to_string(
+            "/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages",
+        )
+        .is_ok_and(|s| s.trim() != "0");
+        for (pages, kib) in [
+            (HugePages::Huge2M, 2048),
+            (HugePages::Huge1G, if free_1g { 1 << 20 } else { 2048 }),
+        ] {
+            let e = heap_engine(pages);
+            let b = three_mib(&e);
+            assert_eq!(kernel_page_kib(b.addr()), Some(kib), "{pages:?}");
+        }
     }
 
     /// Is this machine one NUMA node (node 0), as `/sys` says?

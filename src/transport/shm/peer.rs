@@ -221,8 +221,11 @@ impl ShmExport {
     }
 
     /// Create the sealed memfd for a new region of `len` bytes (not yet
-    /// reachable: see [`ShmExport::publish`]).
-    pub fn allocate(&self, len: u64) -> Result<ExportedMemory> {
+    /// reachable: see [`ShmExport::publish`]); `huge`: advise transparent
+    /// huge pages for it (shmem honours that where the kernel's
+    /// `shmem_enabled` says `advise`). Always shmem pages: peers refuse a
+    /// hugetlbfs file, a hole in which would end them with `SIGBUS`.
+    pub fn allocate(&self, len: u64, huge: bool) -> Result<ExportedMemory> {
         if len == 0 || len > MAX_REGION_LEN {
             return Err(Error::new(
                 ErrorKind::OutOfMemory,
@@ -244,6 +247,9 @@ impl ShmExport {
             true,
         )
         .map_err(mem_err("map a region memfd"))?;
+        if huge && map.len() >= 2 << 20 {
+            advise_huge(map.ptr(), map.len());
+        }
         // The owner commits its region's pages now (best effort), so they
         // are not faulted in one by one inside the first transfers, and so
         // a peer's prefault, which covers only populated pages, finds them.
@@ -930,6 +936,15 @@ fn lookup(t: &PeerTable, addr: u64, len: u64) -> Result<*mut u8, ErrorKind> {
 
 /// Map `len` bytes at `ptr` writable now rather than fault them in one by
 /// one inside the first transfers (best effort; Linux >= 5.14).
+/// Best effort: advise transparent huge pages for a live shared mapping.
+fn advise_huge(ptr: *mut u8, len: usize) {
+    // SAFETY: callers pass a whole live mapping of a memfd; MADV_HUGEPAGE changes no bytes.
+    let rc = unsafe { mm::madvise(ptr.cast::<c_void>(), len, mm::Advice::LinuxHugepage) };
+    if rc.is_err() {
+        tracing::trace!("madvise(MADV_HUGEPAGE) failed; base pages");
+    }
+}
+
 fn populate(ptr: *mut u8, len: usize) {
     let page = 4096usize;
     let start = (ptr as usize) & !(page - 1);
@@ -1010,7 +1025,7 @@ mod tests {
     fn one_region(tag: &str, workers: usize, index: usize) -> OneRegion {
         let dir = tmpdir(tag);
         let export = ShmExport::create(&dir, None).unwrap();
-        let mem = export.allocate(4096).unwrap();
+        let mem = export.allocate(4096, true).unwrap();
         export.publish(&mem, RegionId(1), 4096, 42).unwrap();
         let peer = ShmPeer::attach(&dir, export.name(), None)
             .unwrap()
@@ -1044,7 +1059,7 @@ mod tests {
         } = one_region("follow", 2, 1);
         assert_eq!(peer.with_remote_on(&ctx, a, 8, |_| 7), Ok(Access::Done(7)));
 
-        let mem2 = export.allocate(4096).unwrap();
+        let mem2 = export.allocate(4096, true).unwrap();
         export.publish(&mem2, RegionId(2), 4096, 43).unwrap();
         let b = loop {
             // `regions` refreshes on this thread when the owner published.
