@@ -21,6 +21,7 @@ use crossbeam_utils::CachePadded;
 use tent_rings::{ErrorKind, RegionId};
 
 use crate::error::{Error, Result};
+use crate::transport::rdma::layout::MrLayout;
 
 /// One registered memory range.
 pub struct MemRegion {
@@ -38,10 +39,12 @@ pub struct MemRegion {
     /// Target-side users (TCP data server ops in progress) and
     /// [`USERS_REVOKED`]; on its own line: server threads RMW it per op.
     users: CachePadded<AtomicU64>,
-    // RDMA: the region's keys on each NIC (NIC order), and what keeps the
+    // RDMA: how the region is cut into memory regions on each NIC, its
+    // keys (NIC by NIC, each NIC's chunks in order), and what keeps the
     // registrations alive until `release_rdma` (or the last drop). Declared
     // before `_owner` so the memory is deregistered before it is freed
     // (fields drop in declaration order).
+    layout: MrLayout,
     rkeys: Vec<u32>,
     lkeys: Vec<Option<u32>>,
     rdma: Mutex<Option<Box<dyn Any + Send + Sync>>>,
@@ -107,6 +110,7 @@ impl MemRegion {
             numa_node: None,
             revoked: AtomicU64::new(0),
             users: CachePadded::new(AtomicU64::new(0)),
+            layout: MrLayout::whole(len),
             rkeys: Vec::new(),
             lkeys: Vec::new(),
             rdma: Mutex::new(None),
@@ -114,14 +118,17 @@ impl MemRegion {
         }
     }
 
-    /// The same region, registered for RDMA: `rkeys` / `lkeys` per NIC,
-    /// `registration` keeping them valid.
+    /// The same region, registered for RDMA as `layout` cuts it: `rkeys` /
+    /// `lkeys` NIC by NIC, each NIC's chunks in order, `registration`
+    /// keeping them valid.
     pub(crate) fn with_rdma(
         mut self,
+        layout: MrLayout,
         rkeys: Vec<u32>,
         lkeys: Vec<Option<u32>>,
         registration: Box<dyn Any + Send + Sync>,
     ) -> MemRegion {
+        self.layout = layout;
         self.rkeys = rkeys;
         self.lkeys = lkeys;
         self.rdma = Mutex::new(Some(registration));
@@ -216,15 +223,30 @@ impl MemRegion {
             .is_some()
     }
 
-    /// Remote keys on each RDMA NIC (empty without RDMA).
+    /// Remote keys, NIC by NIC, each NIC's chunks in order (empty without
+    /// RDMA).
     pub(crate) fn rkeys(&self) -> &[u32] {
         &self.rkeys
     }
 
-    /// Local key on RDMA NIC `nic`.
+    /// How the region is cut into memory regions on each NIC.
+    pub(crate) fn mr_layout(&self) -> MrLayout {
+        self.layout
+    }
+
+    /// Does RDMA NIC `nic` hold the region?
     #[inline]
-    pub(crate) fn lkey(&self, nic: usize) -> Option<u32> {
-        self.lkeys.get(nic).copied().flatten()
+    pub(crate) fn on_nic(&self, nic: usize) -> bool {
+        self.lkey_at(nic, self.base as u64).is_some()
+    }
+
+    /// The local key on RDMA NIC `nic` for a work request that starts at
+    /// `addr` (inside the region, and no longer than its chunks' step).
+    #[inline]
+    pub(crate) fn lkey_at(&self, nic: usize, addr: u64) -> Option<u32> {
+        let chunks = self.layout.chunks();
+        let k = self.layout.chunk_of(addr.wrapping_sub(self.base as u64));
+        self.lkeys.get(nic.checked_mul(chunks)?.checked_add(k)?).copied().flatten()
     }
 
     /// Region id (what an SQE names).
@@ -522,6 +544,7 @@ mod tests {
         let dropped = Arc::new(AtomicBool::new(false));
         let r = Arc::new(
             MemRegion::new(RegionId(1), a.as_mut_ptr(), 64, None).with_rdma(
+                MrLayout::whole(64),
                 vec![5],
                 vec![Some(6)],
                 Box::new(Probe(dropped.clone())),

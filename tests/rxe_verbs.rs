@@ -459,6 +459,84 @@ fn rxe_a_port_going_down_is_seen_from_the_nics_async_events() {
     );
 }
 
+/// Puts `dummy1`'s IPv4 address back as the guest made it, whatever the
+/// test did to it.
+struct AddressRestored;
+
+impl Drop for AddressRestored {
+    fn drop(&mut self) {
+        for args in [
+            &["addr", "flush", "dev", "dummy1", "scope", "global"][..],
+            &["addr", "add", "10.88.1.1/24", "dev", "dummy1"],
+        ] {
+            let _ = std::process::Command::new("/usr/bin/ip")
+                .args(args)
+                .status();
+        }
+    }
+}
+
+/// A GID removed from and added to the port (its IPv4 address taken off
+/// the netdev, then put back with another prefix) raises `GID_CHANGE`, and
+/// the NIC chooses again for the QPs made from then on: link-local while
+/// the address is gone, the IPv4 GID with its new subnet prefix once it is
+/// back.
+#[test]
+fn rxe_a_gid_removed_and_added_on_the_netdev_is_chosen_again() {
+    if !in_guest() || rails_count() < 2 {
+        return;
+    }
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+    use tent::transport::rdma::{NicEvents, NicSet};
+    let set = std::sync::Arc::new(
+        NicSet::open(
+            &["rxe1".into()],
+            tent::transport::rdma::NicOptions::default(),
+        )
+        .unwrap(),
+    );
+    let events = NicEvents::start(set.clone()).unwrap();
+    let nic = &set.nics()[0];
+    let v4 = |d: u8| {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[10, 88, 1, d]);
+        g
+    };
+    let first = nic.gid();
+    assert_eq!((first.gid, first.prefix), (v4(1), Some(120)), "{first:?}");
+    let _restore = AddressRestored;
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let t = Instant::now();
+        while !done() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{what}: {:?}",
+                nic.gid()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        t.elapsed()
+    };
+    ip(&["addr", "del", "10.88.1.1/24", "dev", "dummy1"]);
+    let gone = wait("chosen again without the IPv4 GID", &|| {
+        nic.gid().gid != v4(1)
+    });
+    let without = nic.gid();
+    assert_eq!(without.gid[..2], [0xfe, 0x80], "link-local: {without:?}");
+    ip(&["addr", "add", "10.88.1.1/16", "dev", "dummy1"]);
+    let back = wait("chosen again with the IPv4 GID", &|| nic.gid().gid == v4(1));
+    assert_eq!(nic.gid().prefix, Some(112), "the new /16: {:?}", nic.gid());
+    assert!(events.counts().gid_changes.load(Ordering::Relaxed) >= 2);
+    drop(events);
+    println!(
+        "RXE-OK GID_CHANGE: IPv4 GID removed -> {} chosen in {gone:?}; added back as /16 -> chosen with prefix 112 in {back:?}",
+        without.why
+    );
+}
+
 #[test]
 fn rxe_an_engine_registers_its_memory_on_every_nic_and_advertises_the_rkeys() {
     if !in_guest() {
@@ -922,6 +1000,96 @@ fn rxe_engine_pairs_rails_by_subnet_not_by_position() {
         "{rails:?}"
     );
     println!("RXE-OK rails by subnet with the target's NICs listed the other way round: {pairs:?}");
+}
+
+/// Resets the test `max_mr_size` however the test ends.
+struct MaxMrRestored;
+
+impl Drop for MaxMrRestored {
+    fn drop(&mut self) {
+        tent::transport::rdma::layout::set_max_mr_size_for_tests(None);
+    }
+}
+
+/// A region longer than the NICs' `max_mr_size` (8 MiB here, by the test
+/// hook; rxe's own is far larger) is registered as overlapping chunks: the
+/// owner advertises the step and an rkey per NIC and chunk, and WRITEs and
+/// READs whose slices start on both sides of every chunk boundary move
+/// verified data over RDMA on both rails.
+#[test]
+fn rxe_engine_a_region_past_max_mr_size_is_cut_into_chunks_and_moves_verified_data() {
+    if !in_guest() {
+        return;
+    }
+    let _restore = MaxMrRestored;
+    tent::transport::rdma::layout::set_max_mr_size_for_tests(Some(8 << 20));
+    let target = rdma_engine(false, |_| {});
+    let init = rdma_engine(false, |c| c.transports.rdma.slice_size = 1 << 20);
+    let len = 20u64 << 20;
+    let remote = target.allocate_memory(len).unwrap();
+    let local = init.allocate_memory(len).unwrap();
+    // Chunks of 8 MiB every 4 MiB: 0, 4, 8, 12 MiB (the last to 20 MiB).
+    let desc = tent::control::fetch_descriptor(
+        &target.segment_name(),
+        None,
+        std::time::Duration::from_secs(5),
+    )
+    .unwrap();
+    let entry = desc
+        .regions
+        .iter()
+        .find(|r| r.addr == remote.addr())
+        .unwrap();
+    assert_eq!(entry.mr_step, Some(4 << 20), "{entry:?}");
+    assert_eq!(entry.rkeys.len(), desc.nics.len() * 4, "{entry:?}");
+    assert!(entry.rkeys.iter().all(|&k| k != 0), "{entry:?}");
+    let seg = init.open_segment(&target.segment_name()).unwrap();
+    let mut ring = init.ring().unwrap();
+    let want = pattern(31, len as usize);
+    local.write(0, &want).unwrap();
+    // The whole region, then 3 MiB straddling each boundary, a slice
+    // starting just before and just after it.
+    let mut spans = vec![(0u64, len)];
+    for b in [4u64 << 20, 8 << 20, 12 << 20, 16 << 20] {
+        spans.push((b - (512 << 10), 3 << 20));
+        spans.push((b + 4096, 1 << 20));
+    }
+    for &(off, n) in &spans {
+        remote.write(off, &vec![0u8; n as usize]).unwrap();
+        let op = tent::op::Write::new(
+            tent::LocalAddr::new(local.id(), off),
+            tent::RemoteAddr::new(seg, remote.addr() + off),
+            n,
+        );
+        let c = one_op(&mut ring, op);
+        assert_eq!(c.result(), Ok(n), "WRITE {n} at {off}");
+        assert_eq!(c.transport(), tent::TransportKind::Rdma);
+        let mut got = vec![0u8; n as usize];
+        remote.read(off, &mut got).unwrap();
+        assert!(
+            got[..] == want[off as usize..(off + n) as usize],
+            "WRITE {n} at {off}: data"
+        );
+        local.write(off, &vec![0u8; n as usize]).unwrap();
+        let op = tent::op::Read::new(
+            tent::LocalAddr::new(local.id(), off),
+            tent::RemoteAddr::new(seg, remote.addr() + off),
+            n,
+        );
+        let c = one_op(&mut ring, op);
+        assert_eq!(c.result(), Ok(n), "READ {n} at {off}");
+        local.read(off, &mut got).unwrap();
+        assert!(
+            got[..] == want[off as usize..(off + n) as usize],
+            "READ {n} at {off}: data"
+        );
+    }
+    let rails = init.rails(seg);
+    assert!(rails.iter().all(|r| r.failures == 0), "{rails:?}");
+    println!(
+        "RXE-OK a 20 MiB region over an 8 MiB max_mr_size: 4 chunks per NIC, {} ops across every boundary, data verified",
+        spans.len() * 2
+    );
 }
 
 /// Notifications over RDMA: attached to a WRITE, delivered

@@ -686,6 +686,7 @@ fn a_connection_the_target_closed_while_idle_reconnects_without_failing_an_op() 
                 len,
                 key: 42,
                 rkeys: vec![],
+                mr_step: None,
             }],
             transports: vec![tent::TransportKind::Tcp as u8],
             rails: vec![tent::control::wire::RailEntry {

@@ -376,6 +376,7 @@ fn start_control(
                     len: r.len(),
                     key: r.key(),
                     rkeys: r.rkeys().to_vec(),
+                    mr_step: r.mr_layout().step(),
                 })
                 .collect(),
             transports: transports

@@ -134,8 +134,7 @@ impl Engine {
         };
         // SAFETY: forwarded from the caller.
         let reg = unsafe { nics.register(ptr, len as usize)? };
-        let lkeys = (0..nics.nics().len()).map(|i| reg.lkey(i)).collect();
-        Ok(region.with_rdma(reg.rkeys(), lkeys, Box::new(reg)))
+        Ok(region.with_rdma(reg.layout(), reg.rkeys(), reg.lkeys(), Box::new(reg)))
     }
 
     /// Withdraw a registration, and return once the engine is done with it.
@@ -429,7 +428,11 @@ impl HeapMemory {
         for &bits in hugetlb_sizes(pages) {
             match map_hugetlb(n, bits) {
                 Ok(mut map) => {
-                    tracing::debug!(len, page_mib = (1u64 << bits) >> 20, "allocate_memory: hugetlbfs pages");
+                    tracing::debug!(
+                        len,
+                        page_mib = (1u64 << bits) >> 20,
+                        "allocate_memory: hugetlbfs pages"
+                    );
                     return Ok(HeapMemory {
                         ptr: map.as_mut_ptr(),
                         _map: map,
@@ -597,10 +600,9 @@ mod tests {
             eprintln!("hugepages: could not reserve 2 MiB pages here; pool part not run");
             return;
         };
-        let free_1g = std::fs::read_to_string(
-            "/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages",
-        )
-        .is_ok_and(|s| s.trim() != "0");
+        let free_1g =
+            std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages")
+                .is_ok_and(|s| s.trim() != "0");
         for (pages, kib) in [
             (HugePages::Huge2M, 2048),
             (HugePages::Huge1G, if free_1g { 1 << 20 } else { 2048 }),

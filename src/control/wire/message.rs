@@ -10,7 +10,7 @@
 //! order and module docs whose table is not these layouts'.
 
 use super::{
-    MAC_LEN, MAX_MESSAGE_TEXT, MAX_NAME, MAX_NICS, MAX_NOTIFY_MSG, MAX_NOTIFY_NAME,
+    MAC_LEN, MAX_MESSAGE_TEXT, MAX_NAME, MAX_NICS, MAX_NOTIFY_MSG, MAX_NOTIFY_NAME, MAX_RKEYS,
     MAX_QP_PER_TRANSFER, MAX_QP_RAILS, MAX_QP_WORKERS, MAX_RAIL_FIELD, MAX_RAILS, MAX_REGIONS,
     MAX_SHM_NAME, MAX_TRANSPORTS, NONCE_LEN, Result, WireError,
 };
@@ -146,9 +146,16 @@ pub struct RegionEntry {
     pub len: u64,
     /// Remote access key (an RDMA rkey, or a transport-specific token).
     pub key: u64,
-    /// The region's RDMA rkey on each NIC of [`SegmentDescriptor::nics`],
-    /// same order; empty when the owner serves no RDMA. At most [`MAX_NICS`].
+    /// The region's RDMA rkeys on the NICs of [`SegmentDescriptor::nics`],
+    /// same order: one per NIC, or with `mr_step`, one per chunk of the
+    /// region, NIC by NIC; empty when the owner serves no RDMA. At most
+    /// [`MAX_RKEYS`].
     pub rkeys: Vec<u32>,
+    /// Where the region is longer than a NIC's `max_mr_size`: it is
+    /// registered as memory regions of twice this many bytes starting
+    /// every this many bytes (`transport::rdma::layout`); `None`: one per
+    /// NIC.
+    pub mr_step: Option<u64>,
 }
 
 impl RegionEntry {
@@ -182,8 +189,10 @@ schema! {
         0x0002 REGION_ADDR  addr:  u64, required;
         0x0003 REGION_LEN   len:   u64, required;
         0x0004 REGION_KEY   key:   u64, required;
-        /// one per NIC
-        0x0005 REGION_RKEYS rkeys: u32s(MAX_NICS, "rkey list"), or_default;
+        /// one per NIC (per NIC and chunk with `mr_step`)
+        0x0005 REGION_RKEYS rkeys: u32s(MAX_RKEYS, "rkey list"), or_default;
+        /// a chunk step (`transport::rdma::layout`)
+        0x0006 REGION_MR_STEP mr_step: u64, optional;
     }
 }
 

@@ -102,6 +102,7 @@ fn region(i: u32) -> RegionEntry {
         len: 4096,
         key: u64::from(i) ^ 0xdead_beef,
         rkeys: Vec::new(),
+        mr_step: None,
     }
 }
 
@@ -939,7 +940,7 @@ fn rkey_lists_and_qp_bootstrap_are_checked() {
         }
     ));
     assert!(matches!(
-        decode_err(&region(&[0; (MAX_NICS + 1) * 4])),
+        decode_err(&region(&[0; (MAX_RKEYS + 1) * 4])),
         WireError::BadField {
             tag: REGION_RKEYS,
             ..
@@ -1257,13 +1258,15 @@ fn arb_descriptor() -> impl Strategy<Value = SegmentDescriptor> {
                 any::<u64>(),
                 any::<u64>(),
                 proptest::collection::vec(any::<u32>(), 0..=4),
+                any::<Option<u64>>(),
             )
-                .prop_map(|(id, addr, len, key, rkeys)| RegionEntry {
+                .prop_map(|(id, addr, len, key, rkeys, mr_step)| RegionEntry {
                     id,
                     addr,
                     len,
                     key,
                     rkeys,
+                    mr_step,
                 }),
             0..40,
         ),

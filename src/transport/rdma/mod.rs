@@ -27,6 +27,7 @@ pub(crate) mod connector;
 pub(crate) mod endpoint;
 pub(crate) mod events;
 pub mod gid;
+pub mod layout;
 pub(crate) mod ledger;
 pub mod nic;
 pub(crate) mod qp_table;

@@ -12,6 +12,7 @@ use crate::control::wire::NicEntry;
 use crate::error::{Error, Result};
 use crate::transport::rails::Sysfs;
 use crate::transport::rdma::gid::GidChoice;
+use crate::transport::rdma::layout::{self, MrLayout};
 use crate::transport::rdma::qp_table::QpTable;
 use crate::transport::rdma::sys::ffi;
 use crate::transport::rdma::verbs::{
@@ -290,14 +291,25 @@ impl NicSet {
             .collect()
     }
 
-    /// Register `[addr, addr+len)` on every NIC.
+    /// Register `[addr, addr+len)` on every NIC: one memory region each,
+    /// or, past the smallest `max_mr_size` among them, overlapping chunks
+    /// ([`MrLayout`]).
     ///
     /// # Safety
     /// The memory must stay mapped until the registration is dropped.
     pub unsafe fn register(&self, addr: *mut u8, len: usize) -> Result<Registration> {
+        let max_mr = self
+            .nics
+            .iter()
+            .map(|n| layout::max_mr_size(n.ctx.max_mr_size()))
+            .min()
+            .unwrap_or(u64::MAX);
+        // Chunks where they can be cut; otherwise one MR, which a NIC too
+        // small for it refuses (typed, naming max_mr_size): left out.
+        let layout = MrLayout::new(len as u64, max_mr).unwrap_or(MrLayout::whole(len as u64));
         let parallel = if self.nics.len() > 1 && len >= PARALLEL_REGISTRATION_BYTES {
             // SAFETY: forwarded from the caller.
-            unsafe { self.register_in_parallel(addr, len) }
+            unsafe { self.register_in_parallel(addr, layout) }
         } else {
             None
         };
@@ -305,7 +317,7 @@ impl NicSet {
             self.nics
                 .iter()
                 // SAFETY: forwarded from the caller.
-                .map(|n| unsafe { MemoryRegion::new(&n.pd, addr, len) })
+                .map(|n| unsafe { register_chunks(n, addr, layout) })
                 .collect()
         });
         let mrs = keep_registered(results, |i, e| {
@@ -316,7 +328,7 @@ impl NicSet {
                 "rdma: memory not registered on this NIC; its rails avoid the region"
             );
         })?;
-        Ok(Registration { mrs })
+        Ok(Registration { layout, mrs })
     }
 
     /// [`register`](Self::register) with one thread per NIC (pinning the
@@ -328,8 +340,8 @@ impl NicSet {
     unsafe fn register_in_parallel(
         &self,
         addr: *mut u8,
-        len: usize,
-    ) -> Option<Vec<Result<MemoryRegion>>> {
+        layout: MrLayout,
+    ) -> Option<Vec<Result<Vec<MemoryRegion>>>> {
         // A raw pointer is not Send; the address crosses as an integer.
         let at = addr as usize;
         std::thread::scope(|s| {
@@ -339,7 +351,7 @@ impl NicSet {
                     .name("tent-reg-mr".into())
                     // SAFETY: forwarded from the caller; the scope joins every thread before returning.
                     .spawn_scoped(s, move || unsafe {
-                        MemoryRegion::new(&n.pd, at as *mut u8, len)
+                        register_chunks(n, at as *mut u8, layout)
                     })
                     .ok()?;
                 threads.push(t);
@@ -360,6 +372,23 @@ impl NicSet {
             )
         })
     }
+}
+
+/// `layout`'s chunks of the memory at `addr`, registered on `nic`: all of
+/// them, or the first failure.
+///
+/// # Safety
+/// The memory must stay mapped until the regions are dropped.
+unsafe fn register_chunks(nic: &Nic, addr: *mut u8, layout: MrLayout) -> Result<Vec<MemoryRegion>> {
+    (0..layout.chunks())
+        .map(|k| {
+            let (off, len) = layout.chunk(k);
+            // Inside the region: `chunk` stays within its length.
+            let at = addr.wrapping_add(off as usize);
+            // SAFETY: `[at, at+len)` lies in the caller's mapped memory.
+            unsafe { MemoryRegion::new(&nic.pd, at, len as usize) }
+        })
+        .collect()
 }
 
 /// The network device a RoCE GID belongs to, from sysfs
@@ -471,8 +500,10 @@ fn parse_traffic_class(text: &str) -> Option<u8> {
 /// (an engine's region drops it when `unregister_memory` has drained the
 /// region: `MemRegion::release_rdma`, not with the region's last holder).
 pub struct Registration {
-    /// Per NIC; `None` where registering failed and others did not.
-    mrs: Vec<Option<MemoryRegion>>,
+    layout: MrLayout,
+    /// Per NIC, its chunks; `None` where registering failed and others
+    /// did not.
+    mrs: Vec<Option<Vec<MemoryRegion>>>,
 }
 
 impl std::fmt::Debug for Registration {
@@ -484,18 +515,40 @@ impl std::fmt::Debug for Registration {
 }
 
 impl Registration {
-    /// The rkey on each NIC, in NIC order; 0 (no access, what peers read
-    /// as such) where the NIC holds no registration.
+    /// How the region is cut on every NIC.
+    pub(crate) fn layout(&self) -> MrLayout {
+        self.layout
+    }
+
+    /// The rkeys, NIC by NIC, each NIC's chunks in order
+    /// ([`MrLayout::chunks`] per NIC); 0 (no access, what peers read as
+    /// such) where the NIC holds no registration.
     pub fn rkeys(&self) -> Vec<u32> {
-        self.mrs
-            .iter()
-            .map(|m| m.as_ref().map_or(0, MemoryRegion::rkey))
+        self.keys(MemoryRegion::rkey)
+            .into_iter()
+            .map(|k| k.unwrap_or(0))
             .collect()
     }
 
-    /// The lkey on NIC `i`; `None` where it holds no registration.
+    /// The lkeys, laid out as [`Registration::rkeys`]; `None` where the
+    /// NIC holds no registration.
+    pub fn lkeys(&self) -> Vec<Option<u32>> {
+        self.keys(MemoryRegion::lkey)
+    }
+
+    /// The lkey of chunk 0 on NIC `i`; `None` where it holds no
+    /// registration.
     pub fn lkey(&self, i: usize) -> Option<u32> {
-        self.mrs.get(i)?.as_ref().map(MemoryRegion::lkey)
+        self.mrs.get(i)?.as_ref()?.first().map(MemoryRegion::lkey)
+    }
+
+    fn keys(&self, key: impl Fn(&MemoryRegion) -> u32) -> Vec<Option<u32>> {
+        let chunks = self.layout.chunks();
+        let mut out = Vec::with_capacity(self.mrs.len() * chunks);
+        for m in &self.mrs {
+            out.extend((0..chunks).map(|k| m.as_ref().and_then(|c| c.get(k)).map(&key)));
+        }
+        out
     }
 }
 

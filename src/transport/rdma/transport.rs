@@ -56,6 +56,7 @@ use super::connector::{Queue, QueueSource};
 use super::endpoint::{Endpoint, RdmaCompletion, RdmaSlice, SqSettings};
 use super::events::NicEvents;
 use super::gid::{self, GidType, LinkLayer};
+use super::layout::MrLayout;
 use super::nic::NicSet;
 use super::responder::{bootstrap, endpoint};
 use crate::clock::monotonic_ns;
@@ -263,8 +264,8 @@ impl RdmaPeer {
     fn usable(&self, r: usize, local: &MemRegion, remote: &RegionEntry) -> bool {
         let rail = &self.paths[r];
         self.link_up(r)
-            && rkey_on(remote, rail.remote).is_some()
-            && local.lkey(rail.local).is_some()
+            && rkey_on(remote, rail.remote, remote.addr).is_some()
+            && local.on_nic(rail.local)
     }
 }
 
@@ -306,10 +307,15 @@ fn type_list(types: &[Option<GidType>]) -> String {
         .join(", ")
 }
 
-/// The rkey `region` grants on remote NIC `nic` (zero counts as none).
+/// The rkey on the owner's NIC `nic` for a work request that starts at
+/// `addr` in `region` (a peer's descriptor: a step this engine would not
+/// make, or keys missing for it, is no key; zero counts as none).
 #[inline]
-fn rkey_on(region: &RegionEntry, nic: usize) -> Option<u32> {
-    region.rkeys.get(nic).copied().filter(|&k| k != 0)
+fn rkey_on(region: &RegionEntry, nic: usize, addr: u64) -> Option<u32> {
+    let layout = MrLayout::from_wire(region.len, region.mr_step)?;
+    let k = layout.chunk_of(addr.wrapping_sub(region.addr));
+    let i = nic.checked_mul(layout.chunks())?.checked_add(k)?;
+    region.rkeys.get(i).copied().filter(|&k| k != 0)
 }
 
 /// The NICs as a listener on the engine's link watch: a NIC whose netdev
@@ -578,7 +584,7 @@ impl RdmaTransport {
         regions.sort_by_key(|r| r.addr);
         for r in &regions {
             let missing: Vec<&str> = (0..remote)
-                .filter(|&n| rkey_on(r, n).is_none())
+                .filter(|&n| rkey_on(r, n, r.addr).is_none())
                 .map(|n| desc.nics[n].name.as_str())
                 .collect();
             if !missing.is_empty() {
@@ -685,8 +691,8 @@ impl RdmaTransport {
             .lane(eps, rail, now, None)
             .ok_or(ErrorKind::RouteLost)?;
         let r = &peer.paths[rail];
-        s.lkey = local.lkey(r.local).ok_or(ErrorKind::RouteLost)?;
-        s.rkey = rkey_on(remote, r.remote).ok_or(ErrorKind::RouteLost)?;
+        s.lkey = local.lkey_at(r.local, s.local).ok_or(ErrorKind::RouteLost)?;
+        s.rkey = rkey_on(remote, r.remote, s.remote).ok_or(ErrorKind::RouteLost)?;
         s.ahead = peer.rails.posted(&mut eps.rails, rail, len);
         if eps.eps[lane].submit(s) {
             Ok(())
@@ -889,7 +895,7 @@ impl Transport for RdmaTransport {
                 if peer
                     .paths
                     .iter()
-                    .all(|p| rkey_on(remote, p.remote).is_none())
+                    .all(|p| rkey_on(remote, p.remote, remote.addr).is_none())
                 {
                     return SubmitOutcome::Completed(Err(ErrorKind::AccessDenied));
                 }
@@ -1107,6 +1113,39 @@ impl Transport for RdmaTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A chunked region's rkey is its NIC's key for the chunk a request
+    /// starts in; a step this engine would not make, a list too short for
+    /// the chunks, or a zero key is no key (a peer's descriptor).
+    #[test]
+    fn rkeys_are_looked_up_by_nic_and_chunk_and_a_bad_layout_grants_none() {
+        const GIB: u64 = 1 << 30;
+        let region = |mr_step, rkeys: Vec<u32>| RegionEntry {
+            id: 1,
+            addr: 1 << 40,
+            len: 10 * GIB,
+            key: 7,
+            rkeys,
+            mr_step,
+        };
+        // 10 GiB in chunks of 4 GiB every 2 GiB: 4 per NIC, two NICs.
+        let r = region(Some(2 * GIB), (0..8).map(|k| 100 + k).collect());
+        let at = |off: u64| r.addr + off;
+        assert_eq!(rkey_on(&r, 0, at(0)), Some(100));
+        assert_eq!(rkey_on(&r, 0, at(2 * GIB - 1)), Some(100));
+        assert_eq!(rkey_on(&r, 0, at(2 * GIB)), Some(101));
+        assert_eq!(rkey_on(&r, 1, at(5 * GIB)), Some(106));
+        // The last chunk runs to the end.
+        assert_eq!(rkey_on(&r, 1, at(10 * GIB - 8)), Some(107));
+        assert_eq!(rkey_on(&r, 2, at(0)), None, "no third NIC");
+        // Unchunked: one key per NIC, wherever the request starts.
+        let whole = region(None, vec![5, 0]);
+        assert_eq!(rkey_on(&whole, 0, whole.addr + 9 * GIB), Some(5));
+        assert_eq!(rkey_on(&whole, 1, whole.addr), None, "zero is no key");
+        // Hostile layouts: a step below the shortest, or keys missing.
+        assert_eq!(rkey_on(&region(Some(4096), vec![1; 8]), 0, at(0)), None);
+        assert_eq!(rkey_on(&region(Some(2 * GIB), vec![1; 5]), 1, at(3 * GIB)), None);
+    }
 
     #[test]
     fn auto_gives_roce_rails_two_qps_and_infiniband_one() {
