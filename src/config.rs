@@ -504,7 +504,8 @@ named! {
         /// the length rounded up to whole pages; transparent where the pool
         /// has too few.
         Huge2M = "2m",
-        /// `"1g"`: 1 GiB hugetlbfs pages, else as `"2m"`.
+        /// `"1g"`: 1 GiB hugetlbfs pages for buffers of at least 1 GiB,
+        /// else as `"2m"`.
         Huge1G = "1g",
     }
 }
@@ -1037,7 +1038,7 @@ schema! {
     "merge_requests" => merge_requests: Kind::Bool, "true", LATER,
         "Merge adjacent requests of a batch into one transfer.";
     "hugepages" => hugepages: Kind::Choice(HugePages::NAMES), "\"transparent\"", LIVE,
-        "The pages behind allocate_memory: transparent (base pages advised to become transparent huge pages from 2 MiB up), off (base pages), 2m or 1g (hugetlbfs pages from the reserved pool, /proc/sys/vm/nr_hugepages or the 1 GiB pool, the length rounded up to whole pages; 1g falls back to 2m and either to transparent, logged once per cause). Regions exported over shm stay on shmem pages, advised as transparent: peers map only shmem files, since a hole in a hugetlbfs file would end a peer with SIGBUS.";
+        "The pages behind allocate_memory: transparent (base pages advised to become transparent huge pages from 2 MiB up), off (base pages), 2m or 1g (hugetlbfs pages from the reserved pool, /proc/sys/vm/nr_hugepages or the 1 GiB pool, the length rounded up to whole pages, not copied into a forked child; 1g for buffers of 1 GiB and more, falling back to 2m and either to transparent, logged once per cause and then counted). Regions exported over shm stay on shmem pages, advised as transparent (effective where /sys/kernel/mm/transparent_hugepage/shmem_enabled is advise or always): peers map only shmem files, since a hole in a hugetlbfs file would end a peer with SIGBUS.";
     "log_level" => log_level: Kind::Choice(LogLevel::NAMES), "\"info\"", LIVE,
         "One of trace, debug, info, warn, error: the tracing filter tent's own binaries (tent-bench) install; an embedding application installs its own subscriber.";
     // control plane

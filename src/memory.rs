@@ -223,10 +223,23 @@ impl MemRegion {
             .is_some()
     }
 
-    /// Remote keys, NIC by NIC, each NIC's chunks in order (empty without
-    /// RDMA).
-    pub(crate) fn rkeys(&self) -> &[u32] {
-        &self.rkeys
+    /// Remote keys per NIC, as a descriptor's `rkeys` carries them:
+    /// zeros for a region cut into chunks (its keys are
+    /// [`MemRegion::chunk_rkeys`]); empty without RDMA.
+    pub(crate) fn nic_rkeys(&self) -> Vec<u32> {
+        match self.layout.step() {
+            None => self.rkeys.clone(),
+            Some(_) => vec![0; self.rkeys.len() / self.layout.chunks()],
+        }
+    }
+
+    /// Remote keys of a region cut into chunks, NIC by NIC, each NIC's
+    /// chunks in order; empty for a region that is one MR per NIC.
+    pub(crate) fn chunk_rkeys(&self) -> &[u32] {
+        match self.layout.step() {
+            None => &[],
+            Some(_) => &self.rkeys,
+        }
     }
 
     /// How the region is cut into memory regions on each NIC.

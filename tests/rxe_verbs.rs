@@ -1041,8 +1041,10 @@ fn rxe_engine_a_region_past_max_mr_size_is_cut_into_chunks_and_moves_verified_da
         .find(|r| r.addr == remote.addr())
         .unwrap();
     assert_eq!(entry.mr_step, Some(4 << 20), "{entry:?}");
-    assert_eq!(entry.rkeys.len(), desc.nics.len() * 4, "{entry:?}");
-    assert!(entry.rkeys.iter().all(|&k| k != 0), "{entry:?}");
+    assert_eq!(entry.chunk_rkeys.len(), desc.nics.len() * 4, "{entry:?}");
+    assert!(entry.chunk_rkeys.iter().all(|&k| k != 0), "{entry:?}");
+    // A peer that knows no chunks finds no key per NIC: refused cleanly.
+    assert_eq!(entry.rkeys, vec![0; desc.nics.len()], "{entry:?}");
     let seg = init.open_segment(&target.segment_name()).unwrap();
     let mut ring = init.ring().unwrap();
     let want = pattern(31, len as usize);

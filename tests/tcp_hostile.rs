@@ -687,6 +687,7 @@ fn a_connection_the_target_closed_while_idle_reconnects_without_failing_an_op() 
                 key: 42,
                 rkeys: vec![],
                 mr_step: None,
+                chunk_rkeys: vec![],
             }],
             transports: vec![tent::TransportKind::Tcp as u8],
             rails: vec![tent::control::wire::RailEntry {

@@ -375,8 +375,9 @@ fn start_control(
                     addr: r.addr(),
                     len: r.len(),
                     key: r.key(),
-                    rkeys: r.rkeys().to_vec(),
+                    rkeys: r.nic_rkeys(),
                     mr_step: r.mr_layout().step(),
+                    chunk_rkeys: r.chunk_rkeys().to_vec(),
                 })
                 .collect(),
             transports: transports

@@ -425,7 +425,7 @@ impl HeapMemory {
             }
         };
         let n = usize::try_from(len).map_err(|_| oom(None))?;
-        for &bits in hugetlb_sizes(pages) {
+        for &bits in hugetlb_sizes(pages, len) {
             match map_hugetlb(n, bits) {
                 Ok(mut map) => {
                     tracing::debug!(
@@ -433,6 +433,14 @@ impl HeapMemory {
                         page_mib = (1u64 << bits) >> 20,
                         "allocate_memory: hugetlbfs pages"
                     );
+                    // A child of a fork() gets no copy: after an RDMA
+                    // registration pinned them, the kernel would copy
+                    // these pages at fork, from a pool sized for the
+                    // buffers (the fork would fail). A child has no
+                    // business in engine memory (README, fork).
+                    if let Err(e) = map.advise(memmap2::Advice::DontFork) {
+                        tracing::debug!(error = %e, "madvise(MADV_DONTFORK) refused for hugetlbfs pages");
+                    }
                     return Ok(HeapMemory {
                         ptr: map.as_mut_ptr(),
                         _map: map,
@@ -462,19 +470,21 @@ impl HeapMemory {
     }
 }
 
-/// The hugetlbfs page sizes (as log2 of bytes) to try, largest first.
-fn hugetlb_sizes(pages: HugePages) -> &'static [u8] {
+/// The hugetlbfs page sizes (as log2 of bytes) to try for `len` bytes,
+/// largest first: 1 GiB pages only for a buffer of at least one.
+fn hugetlb_sizes(pages: HugePages, len: u64) -> &'static [u8] {
     match pages {
-        HugePages::Huge1G => &[30, 21],
-        HugePages::Huge2M => &[21],
+        HugePages::Huge1G if len >= 1 << 30 => &[30, 21],
+        HugePages::Huge1G | HugePages::Huge2M => &[21],
         _ => &[],
     }
 }
 
 /// `n` bytes of hugetlbfs pages of `1 << bits` bytes, the length rounded
 /// up to whole pages. The kernel reserves the pages at `mmap` (no
-/// `MAP_NORESERVE`), so a short pool fails here with `ENOMEM`, never later
-/// with `SIGBUS` on first touch.
+/// `MAP_NORESERVE`), so a short pool fails here with `ENOMEM` rather than
+/// at first touch (a hugetlb cgroup limit is still charged at first
+/// touch).
 fn map_hugetlb(n: usize, bits: u8) -> std::io::Result<memmap2::MmapMut> {
     let len = n
         .checked_next_multiple_of(1 << bits)
@@ -571,6 +581,16 @@ mod tests {
         b
     }
 
+    #[test]
+    fn one_gib_pages_only_for_buffers_of_one_gib() {
+        use HugePages::*;
+        assert_eq!(hugetlb_sizes(Huge1G, 1 << 30), &[30, 21]);
+        assert_eq!(hugetlb_sizes(Huge1G, (1 << 30) - 1), &[21]);
+        assert_eq!(hugetlb_sizes(Huge2M, 1 << 40), &[21]);
+        assert!(hugetlb_sizes(Transparent, 1 << 30).is_empty());
+        assert!(hugetlb_sizes(Off, 1 << 30).is_empty());
+    }
+
     /// `hugepages`: `2m` takes two whole pages from the reserved pool for
     /// a 3 MiB buffer, `1g` falls back to them where there is no 1 GiB
     /// page, and with the pool empty both fall back to base pages; `off`
@@ -600,16 +620,11 @@ mod tests {
             eprintln!("hugepages: could not reserve 2 MiB pages here; pool part not run");
             return;
         };
-        let free_1g =
-            std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages")
-                .is_ok_and(|s| s.trim() != "0");
-        for (pages, kib) in [
-            (HugePages::Huge2M, 2048),
-            (HugePages::Huge1G, if free_1g { 1 << 20 } else { 2048 }),
-        ] {
+        // `1g` takes 2 MiB pages for a buffer shorter than a 1 GiB page.
+        for pages in [HugePages::Huge2M, HugePages::Huge1G] {
             let e = heap_engine(pages);
             let b = three_mib(&e);
-            assert_eq!(kernel_page_kib(b.addr()), Some(kib), "{pages:?}");
+            assert_eq!(kernel_page_kib(b.addr()), Some(2048), "{pages:?}");
         }
     }
 

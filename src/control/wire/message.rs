@@ -146,16 +146,20 @@ pub struct RegionEntry {
     pub len: u64,
     /// Remote access key (an RDMA rkey, or a transport-specific token).
     pub key: u64,
-    /// The region's RDMA rkeys on the NICs of [`SegmentDescriptor::nics`],
-    /// same order: one per NIC, or with `mr_step`, one per chunk of the
-    /// region, NIC by NIC; empty when the owner serves no RDMA. At most
-    /// [`MAX_RKEYS`].
+    /// The region's RDMA rkey on each NIC of [`SegmentDescriptor::nics`],
+    /// same order; empty when the owner serves no RDMA. At most
+    /// [`MAX_NICS`]. Zeros (no access) for a region with `mr_step`, whose
+    /// keys are `chunk_rkeys`: a peer that knows no chunks gets refused
+    /// cleanly.
     pub rkeys: Vec<u32>,
     /// Where the region is longer than a NIC's `max_mr_size`: it is
     /// registered as memory regions of twice this many bytes starting
     /// every this many bytes (`transport::rdma::layout`); `None`: one per
     /// NIC.
     pub mr_step: Option<u64>,
+    /// With `mr_step`: the rkey of each chunk, NIC by NIC (chunks per NIC
+    /// as the layout says), at most [`MAX_RKEYS`]; empty otherwise.
+    pub chunk_rkeys: Vec<u32>,
 }
 
 impl RegionEntry {
@@ -189,10 +193,12 @@ schema! {
         0x0002 REGION_ADDR  addr:  u64, required;
         0x0003 REGION_LEN   len:   u64, required;
         0x0004 REGION_KEY   key:   u64, required;
-        /// one per NIC (per NIC and chunk with `mr_step`)
-        0x0005 REGION_RKEYS rkeys: u32s(MAX_RKEYS, "rkey list"), or_default;
+        /// one per NIC
+        0x0005 REGION_RKEYS rkeys: u32s(MAX_NICS, "rkey list"), or_default;
         /// a chunk step (`transport::rdma::layout`)
         0x0006 REGION_MR_STEP mr_step: u64, optional;
+        /// per NIC and chunk, with `mr_step`
+        0x0007 REGION_CHUNK_RKEYS chunk_rkeys: u32s(MAX_RKEYS, "chunk rkey list"), or_default;
     }
 }
 

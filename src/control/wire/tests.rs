@@ -103,6 +103,7 @@ fn region(i: u32) -> RegionEntry {
         key: u64::from(i) ^ 0xdead_beef,
         rkeys: Vec::new(),
         mr_step: None,
+        chunk_rkeys: Vec::new(),
     }
 }
 
@@ -940,7 +941,7 @@ fn rkey_lists_and_qp_bootstrap_are_checked() {
         }
     ));
     assert!(matches!(
-        decode_err(&region(&[0; (MAX_RKEYS + 1) * 4])),
+        decode_err(&region(&[0; (MAX_NICS + 1) * 4])),
         WireError::BadField {
             tag: REGION_RKEYS,
             ..
@@ -1259,14 +1260,16 @@ fn arb_descriptor() -> impl Strategy<Value = SegmentDescriptor> {
                 any::<u64>(),
                 proptest::collection::vec(any::<u32>(), 0..=4),
                 any::<Option<u64>>(),
+                proptest::collection::vec(any::<u32>(), 0..=8),
             )
-                .prop_map(|(id, addr, len, key, rkeys, mr_step)| RegionEntry {
+                .prop_map(|(id, addr, len, key, rkeys, mr_step, chunk_rkeys)| RegionEntry {
                     id,
                     addr,
                     len,
                     key,
                     rkeys,
                     mr_step,
+                    chunk_rkeys,
                 }),
             0..40,
         ),

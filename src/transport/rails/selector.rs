@@ -15,9 +15,11 @@
 //! from the node of the slice's local memory to the rail's device (a
 //! buffer on node 1 read through a NIC on node 0 crosses the socket
 //! interconnect); among rails of one tier the asking worker's distance to
-//! the device breaks ties (and equal scores, under smart scheduling), and
-//! it is the tier when the memory's node is unknown. "Best tier" below
-//! means lowest (memory tier, worker tier).
+//! the device breaks ties for round robin and HIGH slices (under smart
+//! scheduling only exactly equal scores, so with the default jitter,
+//! which draws among near-equal rails, practically never), and it is the
+//! tier when the memory's node is unknown. "Best tier" below means lowest
+//! (memory tier, worker tier).
 //!
 //! **Baseline** (`enable_smart_scheduling = false`): round robin within the
 //! best tier that has a usable rail; lower tiers are used

@@ -37,8 +37,8 @@
 //! serial anyway, so threads only buy isolation between peers. With 4, up
 //! to 3 peers may stall at once while the others connect; an idle thread
 //! is one parked stack. Within a peer the connects stay serial (its first
-//! transfer over 8 workers × 8 rails is 64 round trips, as with one
-//! thread) because running them side by side would let one stalled peer
+//! transfer over 8 workers × 8 rails is 64 round trips per QP of a
+//! rail, as with one thread) because running them side by side would let one stalled peer
 //! hold every thread.
 
 use std::collections::HashMap;

@@ -281,13 +281,15 @@ pub(crate) fn roce_prefix(gid: &[u8; 16], addrs: &[IfAddr]) -> Option<u8> {
 }
 
 /// Are GIDs `a` and `b`, whose subnet prefixes are `pa` and `pb` bits
-/// long, known to be on the same subnet (the same leading bits, over the
-/// shorter prefix)? `false` when either prefix is unknown.
+/// long, known to be on the same subnet: each inside the other's (the
+/// same leading bits over the longer prefix, so a /8 frontend does not
+/// claim the /31 links inside its range)? `false` when either prefix is
+/// unknown.
 pub(crate) fn same_subnet(a: &[u8; 16], pa: Option<u8>, b: &[u8; 16], pb: Option<u8>) -> bool {
     let (Some(pa), Some(pb)) = (pa, pb) else {
         return false;
     };
-    let bits = u32::from(pa.min(pb).min(128));
+    let bits = u32::from(pa.max(pb).min(128));
     let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
     u128::from_be_bytes(*a) & mask == u128::from_be_bytes(*b) & mask
 }
@@ -613,12 +615,15 @@ mod tests {
         assert!(same_subnet(&a, Some(120), &b, Some(120)));
         // 10.0.0.1/31 and 10.0.0.2/31 are two point-to-point links.
         assert!(!same_subnet(&a, Some(127), &b, Some(127)));
-        // Mismatched masks compare the shorter prefix.
-        assert!(same_subnet(&a, Some(120), &b, Some(127)));
+        // Mismatched masks compare the longer prefix: a /24 does not
+        // share a subnet with a /31 inside its range.
+        assert!(!same_subnet(&a, Some(120), &b, Some(127)));
+        assert!(same_subnet(&a, Some(120), &v4(1), Some(127)));
         assert!(!same_subnet(&a, None, &b, Some(120)));
         assert!(same_subnet(&a, Some(0), &global6(), Some(0)));
         // Out-of-range prefixes (a peer's) are clamped, never a panic.
         assert!(!same_subnet(&a, Some(200), &b, Some(255)));
+        assert!(same_subnet(&a, Some(200), &a, Some(8)));
     }
 
     #[test]

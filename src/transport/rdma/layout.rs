@@ -44,6 +44,12 @@ pub(crate) fn max_mr_size(reported: u64) -> u64 {
     reported
 }
 
+/// Can a NIC whose `max_mr_size` is `max_mr` hold chunks (twice the
+/// shortest step)?
+pub(crate) fn can_chunk(max_mr: u64) -> bool {
+    max_mr / 2 >= min_step()
+}
+
 /// The shortest step in effect (see [`MIN_STEP`]).
 fn min_step() -> u64 {
     #[cfg(any(test, feature = "testing"))]
@@ -118,7 +124,7 @@ impl MrLayout {
             return (0, self.len);
         }
         let off = (k as u64).saturating_mul(self.step).min(self.len);
-        let end = off.saturating_add(self.step * 2).min(self.len);
+        let end = off.saturating_add(self.step.saturating_mul(2)).min(self.len);
         if k + 1 == self.chunks() {
             return (off, self.len - off);
         }

@@ -298,14 +298,16 @@ impl NicSet {
     /// # Safety
     /// The memory must stay mapped until the registration is dropped.
     pub unsafe fn register(&self, addr: *mut u8, len: usize) -> Result<Registration> {
+        // Chunks as large as every NIC that can hold chunks takes; a NIC
+        // too small for them (or, without chunks, for the region) refuses
+        // its registration (typed, naming max_mr_size): left out.
         let max_mr = self
             .nics
             .iter()
             .map(|n| layout::max_mr_size(n.ctx.max_mr_size()))
+            .filter(|&m| layout::can_chunk(m))
             .min()
             .unwrap_or(u64::MAX);
-        // Chunks where they can be cut; otherwise one MR, which a NIC too
-        // small for it refuses (typed, naming max_mr_size): left out.
         let layout = MrLayout::new(len as u64, max_mr).unwrap_or(MrLayout::whole(len as u64));
         let parallel = if self.nics.len() > 1 && len >= PARALLEL_REGISTRATION_BYTES {
             // SAFETY: forwarded from the caller.

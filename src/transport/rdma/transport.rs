@@ -312,10 +312,16 @@ fn type_list(types: &[Option<GidType>]) -> String {
 /// make, or keys missing for it, is no key; zero counts as none).
 #[inline]
 fn rkey_on(region: &RegionEntry, nic: usize, addr: u64) -> Option<u32> {
-    let layout = MrLayout::from_wire(region.len, region.mr_step)?;
-    let k = layout.chunk_of(addr.wrapping_sub(region.addr));
-    let i = nic.checked_mul(layout.chunks())?.checked_add(k)?;
-    region.rkeys.get(i).copied().filter(|&k| k != 0)
+    let key = match region.mr_step {
+        None => region.rkeys.get(nic),
+        step @ Some(_) => {
+            let layout = MrLayout::from_wire(region.len, step)?;
+            let k = layout.chunk_of(addr.wrapping_sub(region.addr));
+            let i = nic.checked_mul(layout.chunks())?.checked_add(k)?;
+            region.chunk_rkeys.get(i)
+        }
+    };
+    key.copied().filter(|&k| k != 0)
 }
 
 /// The NICs as a listener on the engine's link watch: a NIC whose netdev
@@ -540,8 +546,9 @@ impl RdmaTransport {
                 ),
             ));
         }
-        if pairs.len() < local.max(remote) {
-            tracing::info!(peer = name, here = %type_list(&ours), there = %type_list(&theirs), rails = pairs.len(), "rdma: rails only between NICs of the same GID type");
+        let unreachable = (0..local).any(|a| (0..remote).any(|b| !reach(a, b)));
+        if unreachable && pairs.len() < local.max(remote) {
+            tracing::info!(peer = name, here = %type_list(&ours), there = %type_list(&theirs), rails = pairs.len(), "rdma: rails only between NICs of the same GID type and address kind");
         }
         let q = self.settings.qp_per_transfer.unwrap_or_else(|| {
             qps_per_rail(
@@ -1120,13 +1127,14 @@ mod tests {
     #[test]
     fn rkeys_are_looked_up_by_nic_and_chunk_and_a_bad_layout_grants_none() {
         const GIB: u64 = 1 << 30;
-        let region = |mr_step, rkeys: Vec<u32>| RegionEntry {
+        let region = |mr_step: Option<u64>, keys: Vec<u32>| RegionEntry {
             id: 1,
             addr: 1 << 40,
             len: 10 * GIB,
             key: 7,
-            rkeys,
+            rkeys: if mr_step.is_some() { vec![0; 2] } else { keys.clone() },
             mr_step,
+            chunk_rkeys: if mr_step.is_some() { keys } else { Vec::new() },
         };
         // 10 GiB in chunks of 4 GiB every 2 GiB: 4 per NIC, two NICs.
         let r = region(Some(2 * GIB), (0..8).map(|k| 100 + k).collect());

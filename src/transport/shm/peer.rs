@@ -934,9 +934,8 @@ fn lookup(t: &PeerTable, addr: u64, len: u64) -> Result<*mut u8, ErrorKind> {
     unsafe { RegionHit::of(t, r).access(addr, len, r.key) }
 }
 
-/// Map `len` bytes at `ptr` writable now rather than fault them in one by
-/// one inside the first transfers (best effort; Linux >= 5.14).
-/// Best effort: advise transparent huge pages for a live shared mapping.
+/// Best effort: advise transparent huge pages for a live shared mapping
+/// (shmem honours it where `shmem_enabled` is `advise` or `always`).
 fn advise_huge(ptr: *mut u8, len: usize) {
     // SAFETY: callers pass a whole live mapping of a memfd; MADV_HUGEPAGE changes no bytes.
     let rc = unsafe { mm::madvise(ptr.cast::<c_void>(), len, mm::Advice::LinuxHugepage) };
@@ -945,6 +944,8 @@ fn advise_huge(ptr: *mut u8, len: usize) {
     }
 }
 
+/// Map `len` bytes at `ptr` writable now rather than fault them in one by
+/// one inside the first transfers (best effort; Linux >= 5.14).
 fn populate(ptr: *mut u8, len: usize) {
     let page = 4096usize;
     let start = (ptr as usize) & !(page - 1);
