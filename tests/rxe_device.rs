@@ -105,7 +105,8 @@ fn rxe_nic_numa_node_is_what_sysfs_says() {
         let raw = std::fs::read_to_string(&path).map(|s| s.trim().to_owned());
         let expected = raw.as_ref().ok().and_then(|s| s.parse::<u32>().ok());
         assert_eq!(nic.numa_node, expected, "{dev}: {path} reads {raw:?}");
-        let netdev = nic.netdev.as_ref().map(|(n, _)| n.as_str()).unwrap_or("-");
+        let netdev = nic.netdev().map_or_else(|| "-".to_owned(), |(n, _)| n);
+        let netdev = netdev.as_str();
         let info = if netdev == "-" {
             DeviceInfo::default()
         } else {

@@ -57,8 +57,8 @@ pub struct Nic {
     /// Largest message one work request may carry.
     pub max_msg: u32,
     /// The network device under the GID in use (RoCE), whose link state
-    /// is the rail's: `(name, ifindex)`.
-    pub netdev: Option<(String, u32)>,
+    /// is the rail's: `(name, ifindex)`; chosen again with the GID.
+    netdev: Mutex<Option<(String, u32)>>,
     /// The NUMA node the device hangs off (sysfs; `None` when unknown).
     pub numa_node: Option<u32>,
     /// The port's theoretical rate in Gbit/s (active speed × width; `None`
@@ -111,7 +111,20 @@ impl Nic {
         }
         tracing::info!(nic = self.ctx.name(), old = a.gid.index, gid_index = choice.index, gid_type = ?choice.ty, why = choice.why, "RDMA GID chosen again after a GID table change");
         a.gid = choice;
+        // The link watch follows the new GID's network device.
+        *self.netdev.lock() = netdev_of(self.ctx.name(), self.port, choice.index);
         Ok(true)
+    }
+
+    /// The network device under the GID in use, `(name, ifindex)`, if any
+    /// (RoCE).
+    pub fn netdev(&self) -> Option<(String, u32)> {
+        self.netdev.lock().clone()
+    }
+
+    /// Its ifindex.
+    pub(crate) fn netdev_index(&self) -> Option<u32> {
+        self.netdev.lock().as_ref().map(|(_, i)| *i)
     }
 
     /// Is the NIC's link up?
@@ -243,7 +256,7 @@ impl NicSet {
             lid: port.lid,
             mtu: port.active_mtu,
             max_msg: port.max_msg_sz.max(4096),
-            netdev: netdev_of(name, PORT, gid.index),
+            netdev: Mutex::new(netdev_of(name, PORT, gid.index)),
             numa_node: sysfs.ibdev_numa(name),
             speed_gbps,
             up: AtomicBool::new(true),

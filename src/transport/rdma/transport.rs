@@ -329,17 +329,16 @@ fn rkey_on(region: &RegionEntry, nic: usize, addr: u64) -> Option<u32> {
 /// their next poll.
 struct NicLinks {
     nics: Arc<NicSet>,
-    /// (NIC index, its netdev's ifindex).
-    watched: Vec<(usize, u32)>,
 }
 
 impl LinkListener for NicLinks {
     fn link_changed(&self, ifindex: u32, up: bool) {
-        for &(i, idx) in &self.watched {
-            if idx != ifindex {
-                continue;
+        // The netdev under each NIC's GID now (a GID chosen again may sit
+        // on another one).
+        for n in self.nics.nics() {
+            if n.netdev_index() == Some(ifindex) {
+                n.set_link(up, "link watch");
             }
-            self.nics.nics()[i].set_link(up, "link watch");
         }
     }
 }
@@ -821,28 +820,20 @@ impl Transport for RdmaTransport {
         }
         self.workers.bind(ctx.engine)?;
         let _ = self.placement.set(ctx.placement.clone());
-        let watched: Vec<(usize, u32)> = self
-            .nics
-            .nics()
-            .iter()
-            .enumerate()
-            .filter_map(|(i, n)| n.netdev.as_ref().map(|(_, idx)| (i, *idx)))
-            .collect();
-        if watched.is_empty() {
+        if self.nics.nics().iter().all(|n| n.netdev_index().is_none()) {
             return Ok(());
         }
         ctx.links.start();
         let listener = Arc::new(NicLinks {
             nics: self.nics.clone(),
-            watched,
         });
         ctx.links
             .listen(Arc::downgrade(&listener) as std::sync::Weak<dyn LinkListener>);
         let _ = self.nic_links.set(listener);
         // Links that were already down before the watch started.
         for n in self.nics.nics() {
-            if let Some((_, idx)) = &n.netdev
-                && let Ok(up) = netlink::link_up(*idx)
+            if let Some(idx) = n.netdev_index()
+                && let Ok(up) = netlink::link_up(idx)
             {
                 n.up.store(up, Ordering::Release);
             }
