@@ -329,75 +329,97 @@ pub struct RdmaConfig {
 }
 }
 
-/// `transports/rdma/gid_index`: which entry of a port's GID table the
-/// RDMA transport uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum GidIndex {
-    /// `"auto"`: the engine chooses.
-    #[default]
-    Auto,
-    /// This index on every device (an address handle holds 8 bits of it).
-    Index(u8),
+/// A key that is `"auto"` or a byte: the enum (`Auto` its default), the
+/// accessor for the byte asked for, and the conversions.
+macro_rules! auto_or_byte {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $(#[$ameta:meta])* Auto,
+            $(#[$vmeta:meta])* $variant:ident(u8),
+        }
+        $(#[$gmeta:meta])* fn $get:ident;
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+        #[non_exhaustive]
+        pub enum $name {
+            $(#[$ameta])*
+            #[default]
+            Auto,
+            $(#[$vmeta])*
+            $variant(u8),
+        }
+
+        impl $name {
+            $(#[$gmeta])*
+            pub fn $get(self) -> Option<u8> {
+                match self {
+                    $name::Auto => None,
+                    $name::$variant(v) => Some(v),
+                }
+            }
+        }
+
+        impl Field for $name {
+            fn assign(&mut self, val: Val) -> bool {
+                match val {
+                    Val::AutoOrByte(v) => {
+                        *self = v.map_or($name::Auto, $name::$variant);
+                        true
+                    }
+                    _ => false,
+                }
+            }
+            fn to_val(&self) -> Val {
+                Val::AutoOrByte(self.$get())
+            }
+        }
+    };
 }
 
-impl GidIndex {
+auto_or_byte! {
+    /// `transports/rdma/gid_index`: which entry of a port's GID table the
+    /// RDMA transport uses.
+    pub enum GidIndex {
+        /// `"auto"`: the engine chooses.
+        Auto,
+        /// This index on every device (an address handle holds 8 bits of it).
+        Index(u8),
+    }
     /// The index asked for; `None` for [`GidIndex::Auto`].
-    pub fn index(self) -> Option<u8> {
-        match self {
-            GidIndex::Auto => None,
-            GidIndex::Index(i) => Some(i),
-        }
+    fn index;
+}
+
+auto_or_byte! {
+    /// `transports/rdma/qp_per_transfer`: how many QPs each worker keeps per
+    /// rail to a peer.
+    pub enum QpsPerRail {
+        /// `"auto"`: 2 where a peer's rails are RoCE (two flows, two ECMP
+        /// hashes: a large transfer no longer rides one path of a routed
+        /// fabric), 1 on InfiniBand (the subnet manager's routes and adaptive
+        /// routing spread a single QP's packets already).
+        Auto,
+        /// This many, 1 to 16, on every rail.
+        Count(u8),
     }
-}
-
-/// `transports/rdma/qp_per_transfer`: how many QPs each worker keeps per
-/// rail to a peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum QpsPerRail {
-    /// `"auto"`: 2 where a peer's rails are RoCE (two flows, two ECMP
-    /// hashes: a large transfer no longer rides one path of a routed
-    /// fabric), 1 on InfiniBand (the subnet manager's routes and adaptive
-    /// routing spread a single QP's packets already).
-    #[default]
-    Auto,
-    /// This many, 1 to 16, on every rail.
-    Count(u8),
-}
-
-impl QpsPerRail {
     /// The count asked for; `None` for [`QpsPerRail::Auto`].
-    pub fn count(self) -> Option<u8> {
-        match self {
-            QpsPerRail::Auto => None,
-            QpsPerRail::Count(n) => Some(n),
-        }
+    fn count;
+}
+
+auto_or_byte! {
+    /// `transports/rdma/traffic_class`: the IP traffic class (DSCP and ECN
+    /// bits) of RoCE packets, or the GRH's on InfiniBand.
+    pub enum TrafficClass {
+        /// `"auto"`: the port's own (sysfs `tc/<port>/traffic_class`, which
+        /// mlx5 exposes), else 106 on RoCE (DSCP 26 with ECN capable, the
+        /// lossless class of a typical fabric) and 0 on InfiniBand.
+        Auto,
+        /// This byte: DSCP in the upper six bits, ECN in the lower two.
+        Value(u8),
     }
-}
-
-/// `transports/rdma/traffic_class`: the IP traffic class (DSCP and ECN
-/// bits) of RoCE packets, or the GRH's on InfiniBand.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum TrafficClass {
-    /// `"auto"`: the port's own (sysfs `tc/<port>/traffic_class`, which
-    /// mlx5 exposes), else 106 on RoCE (DSCP 26 with ECN capable, the
-    /// lossless class of a typical fabric) and 0 on InfiniBand.
-    #[default]
-    Auto,
-    /// This byte: DSCP in the upper six bits, ECN in the lower two.
-    Value(u8),
-}
-
-impl TrafficClass {
     /// The class asked for; `None` for [`TrafficClass::Auto`].
-    pub fn value(self) -> Option<u8> {
-        match self {
-            TrafficClass::Auto => None,
-            TrafficClass::Value(v) => Some(v),
-        }
-    }
+    fn value;
 }
 
 /// A key spelled as one of a few names: the enum, its spellings in order
@@ -904,51 +926,6 @@ macro_rules! uint_field {
     )*};
 }
 uint_field!(u8, u16, u32, u64);
-
-impl Field for GidIndex {
-    fn assign(&mut self, val: Val) -> bool {
-        match val {
-            Val::AutoOrByte(v) => {
-                *self = v.map_or(GidIndex::Auto, GidIndex::Index);
-                true
-            }
-            _ => false,
-        }
-    }
-    fn to_val(&self) -> Val {
-        Val::AutoOrByte(self.index())
-    }
-}
-
-impl Field for QpsPerRail {
-    fn assign(&mut self, val: Val) -> bool {
-        match val {
-            Val::AutoOrByte(v) => {
-                *self = v.map_or(QpsPerRail::Auto, QpsPerRail::Count);
-                true
-            }
-            _ => false,
-        }
-    }
-    fn to_val(&self) -> Val {
-        Val::AutoOrByte(self.count())
-    }
-}
-
-impl Field for TrafficClass {
-    fn assign(&mut self, val: Val) -> bool {
-        match val {
-            Val::AutoOrByte(v) => {
-                *self = v.map_or(TrafficClass::Auto, TrafficClass::Value);
-                true
-            }
-            _ => false,
-        }
-    }
-    fn to_val(&self) -> Val {
-        Val::AutoOrByte(self.value())
-    }
-}
 
 impl Field for Secret {
     fn assign(&mut self, val: Val) -> bool {

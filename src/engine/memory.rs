@@ -502,22 +502,20 @@ mod tests {
     use crate::memory::numa_node_of;
 
     fn engine(shm: bool) -> Engine {
+        engine_with(shm, HugePages::Transparent)
+    }
+
+    fn heap_engine(pages: HugePages) -> Engine {
+        engine_with(false, pages)
+    }
+
+    fn engine_with(shm: bool, pages: HugePages) -> Engine {
         let mut c = Config::default();
         c.workers.count = 1;
         c.workers.pin = false;
         c.transports.tcp.enable = false;
         c.transports.rdma.enable = false;
         c.transports.shm.enable = shm;
-        Engine::new(c).expect("engine")
-    }
-
-    fn heap_engine(pages: HugePages) -> Engine {
-        let mut c = Config::default();
-        c.workers.count = 1;
-        c.workers.pin = false;
-        c.transports.tcp.enable = false;
-        c.transports.rdma.enable = false;
-        c.transports.shm.enable = false;
         c.hugepages = pages;
         Engine::new(c).expect("engine")
     }
