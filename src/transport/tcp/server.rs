@@ -17,8 +17,9 @@
 //! (`check`); the handshake has one deadline, an idle connection is
 //! closed, a frame that stalls (or a response the peer stops reading) for
 //! the [`stall_limit`] closes its connection, and a full server evicts an
-//! unproven, unused or long-idle connection for a newcomer, or tells it
-//! [`BUSY`].
+//! unproven connection, one that has served nothing (refused requests
+//! do not count), or one that has served nothing for long, for a
+//! newcomer, or tells it [`BUSY`].
 //!
 //! Fences: each connection is registered under the ident its initiator's
 //! hello gave (session, connection id). A [`Fence`] naming a connection of
@@ -30,7 +31,7 @@
 //! superseded connection lands after the slice moved off it is served.
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use std::thread::JoinHandle;
@@ -42,6 +43,7 @@ use tent_rings::{ErrorKind, Opcode};
 use super::frame::{BUSY, Fence, Hello, Ident, Inbound, REQUEST_LEN, Request, Response};
 use super::io::Pace;
 use super::{handshake, io};
+use crate::clock::monotonic_ns;
 use crate::error::{Error, Result};
 use crate::memory::{RegionTable, RegionUse};
 use crate::refusals::Refusals;
@@ -60,10 +62,12 @@ const IDLE_POLL: Duration = Duration::from_secs(1);
 /// A connection idle this many polls (60 s) is closed.
 const IDLE_CLOSE_POLLS: u32 = 60;
 /// A connection that has served requests may be evicted for a newcomer
-/// once idle this many polls (30 s): longer than an initiator lets its own
-/// connection idle before it reconnects first (`conn::RECONNECT_IDLE`), so
-/// an eviction never races a request.
-const EVICT_IDLE_POLLS: u32 = 30;
+/// once none has been served for this long: longer than an initiator lets
+/// its own connection idle before it reconnects first
+/// (`conn::RECONNECT_IDLE`), so an eviction never races a request. A
+/// refused request is no use: a peer that sends nothing but requests for
+/// keys it lacks holds its connection no longer than one that is silent.
+const EVICT_UNSERVED: Duration = Duration::from_secs(30);
 /// A connection still in its handshake this long may be evicted (a real
 /// initiator's handshake takes a round trip or two).
 const EVICT_HANDSHAKE_AGE: Duration = Duration::from_secs(1);
@@ -132,6 +136,9 @@ struct Slot {
     born: Instant,
     /// Read timeouts in a row with nothing received (see [`IDLE_POLL`]).
     idle: AtomicU32,
+    /// When (`clock::monotonic_ns`) it last served a request, or finished
+    /// its handshake if it has served none; what eviction goes by.
+    served_ns: AtomicU64,
     /// Who its initiator's hello said it is (set before the hello reply).
     ident: OnceLock<Ident>,
     /// Its thread is inside a WRITE payload's `recv` into region memory.
@@ -158,6 +165,11 @@ fn refused(op: Opcode, why: ErrorKind) {
     crate::lograte::log_limited!(debug, (op as u8, why.code()), ?op, %why, "tcp request refused");
 }
 
+/// How long `c` has gone without serving a request, at `now`.
+fn unserved(c: &Slot, now: u64) -> Duration {
+    Duration::from_nanos(now.saturating_sub(c.served_ns.load(Ordering::Relaxed)))
+}
+
 /// The connections being served, so stopping can shut them down at once
 /// and a full server can pick whom to evict.
 #[derive(Default)]
@@ -180,6 +192,7 @@ impl Live {
             stage: AtomicU8::new(STAGE_HANDSHAKE),
             born: Instant::now(),
             idle: AtomicU32::new(0),
+            served_ns: AtomicU64::new(monotonic_ns()),
             ident: OnceLock::new(),
             writing: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
@@ -203,6 +216,7 @@ impl Live {
             tracing::debug!(
                 stage = v.stage.load(Ordering::Relaxed),
                 idle_s = v.idle.load(Ordering::Relaxed),
+                unserved_ms = unserved(v, monotonic_ns()).as_millis() as u64,
                 "tcp data server full: evicted a connection"
             );
         }
@@ -211,26 +225,25 @@ impl Live {
     }
 
     /// Unproven (mid-handshake for [`EVICT_HANDSHAKE_AGE`]) first, then
-    /// never used (for a poll), then the longest idle past
-    /// [`EVICT_IDLE_POLLS`]; oldest first among equals. A connection that
+    /// one that has served no request (for a poll since its handshake,
+    /// however many it was refused), then the one unserved longest past
+    /// [`EVICT_UNSERVED`]; oldest first among equals. A connection that
     /// an initiator is using right now is never one of them.
     fn victim(conns: &[Arc<Slot>]) -> Option<usize> {
+        let now = monotonic_ns();
         conns
             .iter()
             .enumerate()
             .filter(|(_, c)| !c.fenced.load(Ordering::Relaxed))
-            .filter(|(_, c)| {
-                let idle = c.idle.load(Ordering::Relaxed);
-                match c.stage.load(Ordering::Relaxed) {
-                    STAGE_HANDSHAKE => c.born.elapsed() >= EVICT_HANDSHAKE_AGE,
-                    STAGE_READY => idle >= 1,
-                    _ => idle >= EVICT_IDLE_POLLS,
-                }
+            .filter(|(_, c)| match c.stage.load(Ordering::Relaxed) {
+                STAGE_HANDSHAKE => c.born.elapsed() >= EVICT_HANDSHAKE_AGE,
+                STAGE_READY => unserved(c, now) >= IDLE_POLL,
+                _ => unserved(c, now) >= EVICT_UNSERVED,
             })
             .min_by_key(|(_, c)| {
                 (
                     c.stage.load(Ordering::Relaxed),
-                    std::cmp::Reverse(c.idle.load(Ordering::Relaxed)),
+                    std::cmp::Reverse(unserved(c, now)),
                     c.id,
                 )
             })
@@ -515,6 +528,7 @@ fn serve(
     })?;
     // With a secret, every connection past the handshake has proven it.
     let proven = secret.is_some();
+    slot.served_ns.store(monotonic_ns(), Ordering::Relaxed);
     slot.stage.store(STAGE_READY, Ordering::Relaxed);
     // Both ways, a blocked call comes back every poll, so a frame in
     // progress is held to its `Pace` (stalls, the rate floor, a region
@@ -549,10 +563,6 @@ fn serve(
             idle = 0;
             slot.idle.store(0, Ordering::Relaxed);
         }
-        if !serving {
-            serving = true;
-            slot.stage.store(STAGE_SERVING, Ordering::Relaxed);
-        }
         let req = match Inbound::decode(&header).map_err(|e| format!("malformed request: {e}"))? {
             Inbound::Request(req) => req,
             Inbound::Fence(f) => {
@@ -562,6 +572,14 @@ fn serve(
         };
         let table = regions.load();
         let target = check(&table, &req, proven);
+        if target.is_ok() {
+            // Served (or about to be): what keeps it from eviction.
+            slot.served_ns.store(monotonic_ns(), Ordering::Relaxed);
+            if !serving {
+                serving = true;
+                slot.stage.store(STAGE_SERVING, Ordering::Relaxed);
+            }
+        }
         let mut resp = Response {
             status: target.as_ref().map(|_| ()).map_err(|e| *e),
             seq: req.seq,
@@ -782,6 +800,60 @@ mod tests {
         assert!(closed(&mut other));
     }
 
+    /// Without a secret, a peer that sends requests it holds no key for
+    /// (every few seconds, forever) must not hold its connection against
+    /// a newcomer: a refused request is no activity for eviction, so such
+    /// a connection stays "unused" and goes first, while one being served
+    /// is kept.
+    #[test]
+    fn a_connection_whose_requests_are_all_refused_is_evicted_as_unused() {
+        let (server, region) = served();
+        let bogus = Request {
+            opcode: Opcode::Read,
+            seq: 1,
+            addr: region.addr(),
+            len: 8,
+            key: region.key() ^ 1,
+        }
+        .encode();
+        let good = Request {
+            key: region.key(),
+            ..Request::decode(&bogus).unwrap()
+        }
+        .encode();
+        let mut squatter = client(&server, S1, 1);
+        squatter.write_all(&bogus).unwrap();
+        assert_eq!(response(&mut squatter).status, Err(ErrorKind::AccessDenied));
+        let mut user = client(&server, S2, 2);
+        user.write_all(&good).unwrap();
+        assert_eq!(response(&mut user).status, Ok(()));
+        user.read_exact(&mut [0u8; 8]).unwrap();
+        let slot_of = |conn: u32| {
+            server
+                .live
+                .conns
+                .lock()
+                .iter()
+                .find(|c| c.ident.get().is_some_and(|i| i.conn == conn))
+                .cloned()
+                .unwrap()
+        };
+        let (s, u) = (slot_of(1), slot_of(2));
+        // Both last did something two seconds ago; the squatter is refused
+        // once more since.
+        for c in [&s, &u] {
+            c.served_ns
+                .fetch_sub(2_000_000_000, Ordering::Relaxed);
+        }
+        squatter.write_all(&bogus).unwrap();
+        assert_eq!(response(&mut squatter).status, Err(ErrorKind::AccessDenied));
+        assert_eq!(s.stage.load(Ordering::Relaxed), STAGE_READY);
+        assert_eq!(u.stage.load(Ordering::Relaxed), STAGE_SERVING);
+        let conns = server.live.conns.lock().clone();
+        let victim = Live::victim(&conns).map(|i| conns[i].id);
+        assert_eq!(victim, Some(s.id), "the squatter goes first; the user is kept");
+    }
+
     #[test]
     fn an_evicted_connection_is_fenced_and_a_fence_waits_for_its_write() {
         let live = Live::default();
@@ -796,7 +868,8 @@ mod tests {
             })
             .unwrap();
         old.stage.store(STAGE_READY, Ordering::Relaxed);
-        old.idle.store(1, Ordering::Relaxed);
+        old.served_ns
+            .store(monotonic_ns() - 2_000_000_000, Ordering::Relaxed);
         // Its thread took a request queued before the eviction and is
         // inside the payload's `recv` into region memory.
         old.writing.store(true, Ordering::SeqCst);
