@@ -475,6 +475,53 @@ fn idle_data_connections_after_hello_do_not_starve_a_legitimate_initiator() {
     drop(idle);
 }
 
+/// Without a secret, 512 peers that keep sending READs with a key they do
+/// not hold (each refused) do not hold the server full against a new
+/// initiator: a refused request is no activity, so once a second has
+/// passed since their handshake they are "unused" and evicted first, and
+/// the initiator's ops are served at once (not told BUSY until they have
+/// been idle 30 s).
+#[test]
+fn connections_refused_every_request_do_not_starve_a_legitimate_initiator() {
+    let target = common::engine();
+    let buf = target.allocate_memory(1 << 16).unwrap();
+    buf.write(0, &pattern(9, 1 << 16)).unwrap();
+    let addr = target.tcp_data_addr().unwrap();
+    let bogus = || req(Opcode::Read, buf.addr(), 8, buf.key() ^ 1);
+    let mut squatters: Vec<TcpStream> = (0..512)
+        .map(|i| {
+            let mut s = connect(addr);
+            let h = hello(&mut s, &[i as u8; 32]).expect("hello");
+            assert_eq!(h.status, 0);
+            assert_eq!(ask(&mut s, bogus()).status, Err(ErrorKind::AccessDenied));
+            s
+        })
+        .collect();
+    // A second later, each is refused once more: still no use.
+    std::thread::sleep(Duration::from_millis(1200));
+    for s in &mut squatters {
+        assert_eq!(ask(s, bogus()).status, Err(ErrorKind::AccessDenied));
+    }
+    let init = engine_with("", false);
+    let seg = init.open_segment(&target.segment_name()).unwrap();
+    let local = init.allocate_memory(1 << 16).unwrap();
+    let mut ring = init.ring().unwrap();
+    let start = Instant::now();
+    ring.submission()
+        .push(op::Read::new(
+            LocalAddr::new(local.id(), 0),
+            RemoteAddr::new(seg, buf.addr()),
+            1 << 16,
+        ))
+        .unwrap();
+    let c = reap(&mut ring, 1);
+    assert_eq!(c[0].result(), Ok(1 << 16), "after {:?}", start.elapsed());
+    let mut got = vec![0u8; 1 << 16];
+    local.read(0, &mut got).unwrap();
+    assert!(got == pattern(9, 1 << 16));
+    drop(squatters);
+}
+
 #[test]
 fn a_full_data_server_says_busy_and_the_initiator_waits_its_turn() {
     let target = common::engine();
