@@ -572,6 +572,113 @@ fn a_full_data_server_says_busy_and_the_initiator_waits_its_turn() {
     assert!(got == pattern(8, 1 << 16));
 }
 
+/// The target half of the descriptor test: a patterned region over TCP,
+/// then a limit on open files a dozen past what it holds now.
+#[test]
+fn tcp_out_of_descriptors_target_child() {
+    if std::env::var_os("TENT_TCP_FD_TARGET").is_none() {
+        return;
+    }
+    let mut c = test_config();
+    c.transports.shm.enable = false;
+    let e = Engine::new(c).unwrap();
+    let buf = e.allocate_memory(1 << 16).unwrap();
+    buf.write(0, &pattern(4, 1 << 16)).unwrap();
+    let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+    let lim = rustix::process::Rlimit {
+        current: Some(open + 12),
+        maximum: Some(open + 12),
+    };
+    rustix::process::setrlimit(rustix::process::Resource::Nofile, lim).unwrap();
+    println!(
+        "SEGMENT {} {} {}",
+        e.segment_name(),
+        buf.addr(),
+        e.tcp_data_addr().unwrap()
+    );
+    std::io::stdout().flush().unwrap();
+    let mut sink = String::new();
+    let _ = std::io::stdin().read_line(&mut sink);
+}
+
+/// A target out of file descriptors (`EMFILE` at accept) still makes room
+/// for a new initiator: peers that said hello and sent nothing fill every
+/// descriptor the target may open, one more waits in its backlog, and an
+/// initiator that opened the segment before posts a READ: the target
+/// gives up a reserve descriptor to accept, evicts the unused connections
+/// for the ones waiting, and serves the READ (before: accept failed for
+/// good, and the READ timed out).
+#[test]
+fn a_target_out_of_descriptors_evicts_unused_connections_for_an_initiator() {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "tcp_out_of_descriptors_target_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("TENT_TCP_FD_TARGET", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let (name, remote, data) = loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child exited early");
+        if let Some(at) = line.find("SEGMENT ") {
+            let mut w = line[at + 8..].split_whitespace();
+            break (
+                w.next().unwrap().to_owned(),
+                w.next().unwrap().parse::<u64>().unwrap(),
+                w.next().unwrap().parse::<SocketAddr>().unwrap(),
+            );
+        }
+    };
+    let mut c = test_config();
+    c.transports.shm.enable = false;
+    let init = Engine::new(c).unwrap();
+    let seg = init.open_segment(&name).unwrap();
+    let local = init.allocate_memory(1 << 16).unwrap();
+    // Fill the target's descriptors: hellos until one goes unanswered
+    // (its connection waits in the backlog).
+    let mut squatters = Vec::new();
+    for i in 0..64u8 {
+        let mut s = connect(data);
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let answered = hello(&mut s, &[i; 32]).is_some();
+        squatters.push(s);
+        if !answered {
+            break;
+        }
+    }
+    assert!(
+        squatters.len() < 64,
+        "the target never ran out of descriptors"
+    );
+    // Old enough to be evicted as unused.
+    std::thread::sleep(Duration::from_millis(1200));
+    let mut ring = init.ring().unwrap();
+    let start = Instant::now();
+    ring.submission()
+        .push(op::Read::new(
+            LocalAddr::new(local.id(), 0),
+            RemoteAddr::new(seg, remote),
+            1 << 16,
+        ))
+        .unwrap();
+    let c = reap(&mut ring, 1);
+    assert_eq!(c[0].result(), Ok(1 << 16), "after {:?}", start.elapsed());
+    let mut got = vec![0u8; 1 << 16];
+    local.read(0, &mut got).unwrap();
+    assert!(got == pattern(4, 1 << 16));
+    drop(squatters);
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+}
+
 /// The target half of the kill test: a patterned region over TCP.
 #[test]
 fn tcp_two_process_target_child() {

@@ -88,6 +88,7 @@ impl EngineBuilder {
         // Values each in range can together need more memory than there
         // is: refuse before allocating rather than abort halfway.
         footprint::check(&config)?;
+        raise_open_file_limit();
         let topology = self.topology.unwrap_or_else(Topology::detect);
         let regions = Arc::new(ArcSwap::from_pointee(RegionTable::default()));
         let local = Arc::new(Segment::new(
@@ -435,4 +436,36 @@ impl Drop for Engine {
         // progress end first.
         self.revoke_application_memory();
     }
+}
+
+/// Raise the process's soft limit on open files to its hard limit, once:
+/// every TCP connection, served or opened, costs a descriptor, and the
+/// usual soft limit (1024) is far below what a target serving many
+/// initiators holds. Logged once; a failure leaves the limit as it was.
+fn raise_open_file_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let lim = getrlimit(Resource::Nofile);
+        // `None` is unlimited (Linux bounds open files by `nr_open`, so a
+        // hard limit is a number there).
+        let (Some(from), Some(to)) = (lim.current, lim.maximum) else {
+            return;
+        };
+        if from >= to {
+            return;
+        }
+        let raised = rustix::process::Rlimit {
+            current: Some(to),
+            maximum: Some(to),
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => tracing::info!(
+                from,
+                to,
+                "raised the soft limit on open files to the hard limit"
+            ),
+            Err(e) => tracing::debug!(error = %e, "could not raise the soft limit on open files"),
+        }
+    });
 }

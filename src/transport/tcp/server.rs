@@ -206,22 +206,40 @@ impl Live {
             .count();
         if open >= max {
             let victim = Self::victim(&conns)?;
-            let v = &conns[victim];
-            // Marked before the shutdown, and left in the list until its
-            // thread calls `remove`: a request already queued in its
-            // socket writes nothing (see `serve`), and a fence of it still
-            // waits for a write it is inside.
-            v.fenced.store(true, Ordering::SeqCst);
-            let _ = v.stream.shutdown(std::net::Shutdown::Both);
-            tracing::debug!(
-                stage = v.stage.load(Ordering::Relaxed),
-                idle_s = v.idle.load(Ordering::Relaxed),
-                unserved_ms = unserved(v, monotonic_ns()).as_millis() as u64,
-                "tcp data server full: evicted a connection"
-            );
+            Self::evict(&conns[victim], "tcp data server full: evicted a connection");
         }
         conns.push(slot.clone());
         Some(slot)
+    }
+
+    /// Out of descriptors: evict a connection [`Live::victim`] names, so
+    /// its descriptor comes free once its thread is gone. Whether there
+    /// was one.
+    fn evict_one(&self) -> bool {
+        let conns = self.conns.lock();
+        let Some(victim) = Self::victim(&conns) else {
+            return false;
+        };
+        Self::evict(
+            &conns[victim],
+            "tcp data server out of file descriptors: evicted a connection",
+        );
+        true
+    }
+
+    /// Mark `v` fenced, then shut its socket down. Left in the list until
+    /// its thread calls `remove`: a request already queued in its socket
+    /// writes nothing (see `serve`), and a fence of it still waits for a
+    /// write it is inside.
+    fn evict(v: &Slot, why: &'static str) {
+        v.fenced.store(true, Ordering::SeqCst);
+        let _ = v.stream.shutdown(std::net::Shutdown::Both);
+        tracing::debug!(
+            stage = v.stage.load(Ordering::Relaxed),
+            idle_s = v.idle.load(Ordering::Relaxed),
+            unserved_ms = unserved(v, monotonic_ns()).as_millis() as u64,
+            "{why}"
+        );
     }
 
     /// Unproven (mid-handshake for [`EVICT_HANDSHAKE_AGE`]) first, then
@@ -445,13 +463,27 @@ fn accept_loop(
     // the finished ones are joined at each accept, so it holds at most as
     // many as connections are live (about `MAX_CONNECTIONS`).
     let mut serving: Vec<JoinHandle<()>> = Vec::new();
+    let mut reserve = Reserve::new();
     loop {
+        reserve.refill();
         let accepted = listener.accept();
         if stop.load(Ordering::Acquire) {
             return serving;
         }
         let (stream, peer) = match accepted {
             Ok(x) => x,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                // Out of descriptors: what admission would do for a full
+                // server, done now (an unused or long-unserved connection
+                // goes, its descriptor free once its thread is), and the
+                // reserve given up so the pending connection is accepted.
+                let evicted = live.evict_one();
+                crate::lograte::warn_limited!("tcp-data-emfile", error = %e, evicted, "tcp data server: out of file descriptors; evicting unused connections (raise RLIMIT_NOFILE)");
+                if !reserve.release() {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                continue;
+            }
             Err(e) => {
                 crate::lograte::warn_limited!(e.kind(), error = %e, "tcp data server: accept failed");
                 std::thread::sleep(Duration::from_millis(10));
@@ -497,6 +529,31 @@ fn accept_loop(
                 crate::lograte::warn_limited!(e.kind(), %peer, error = %e, "tcp data server: cannot spawn a connection thread");
             }
         }
+    }
+}
+
+/// A descriptor held in reserve by an accept loop: given up when `accept`
+/// fails for want of descriptors, so the connection waiting can be taken
+/// (and admission can make room for it), then taken back when one is free.
+struct Reserve(Option<std::fs::File>);
+
+impl Reserve {
+    fn new() -> Reserve {
+        let mut r = Reserve(None);
+        r.refill();
+        r
+    }
+
+    /// Take a descriptor back if it has none (a syscall only then).
+    fn refill(&mut self) {
+        if self.0.is_none() {
+            self.0 = std::fs::File::open("/dev/null").ok();
+        }
+    }
+
+    /// Give its descriptor up; whether it had one.
+    fn release(&mut self) -> bool {
+        self.0.take().is_some()
     }
 }
 
