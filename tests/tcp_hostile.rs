@@ -572,6 +572,45 @@ fn a_full_data_server_says_busy_and_the_initiator_waits_its_turn() {
     assert!(got == pattern(8, 1 << 16));
 }
 
+/// Run this binary's test `test` as a target child (with `env` set): the
+/// child, its output (kept open for whatever it prints later), and the
+/// words after `SEGMENT ` on the line it prints once ready.
+// The child is handed to the caller, who waits for (or kills) it.
+#[allow(clippy::zombie_processes)]
+fn target_child(
+    test: &str,
+    env: &str,
+) -> (
+    std::process::Child,
+    BufReader<std::process::ChildStdout>,
+    Vec<String>,
+) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(env, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            let status = child.wait();
+            panic!("child exited early: {status:?}");
+        }
+        // libtest prints "test NAME ... " on the same line.
+        if let Some(at) = line.find("SEGMENT ") {
+            let words = line[at + 8..]
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect();
+            return (child, out, words);
+        }
+    }
+}
+
 /// The target half of the descriptor test: a patterned region over TCP,
 /// then a limit on open files a dozen past what it holds now.
 #[test]
@@ -610,32 +649,13 @@ fn tcp_out_of_descriptors_target_child() {
 /// good, and the READ timed out).
 #[test]
 fn a_target_out_of_descriptors_evicts_unused_connections_for_an_initiator() {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "tcp_out_of_descriptors_target_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("TENT_TCP_FD_TARGET", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    let (name, remote, data) = loop {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "child exited early");
-        if let Some(at) = line.find("SEGMENT ") {
-            let mut w = line[at + 8..].split_whitespace();
-            break (
-                w.next().unwrap().to_owned(),
-                w.next().unwrap().parse::<u64>().unwrap(),
-                w.next().unwrap().parse::<SocketAddr>().unwrap(),
-            );
-        }
-    };
+    let (mut child, _out, w) =
+        target_child("tcp_out_of_descriptors_target_child", "TENT_TCP_FD_TARGET");
+    let (name, remote, data) = (
+        w[0].clone(),
+        w[1].parse::<u64>().unwrap(),
+        w[2].parse::<SocketAddr>().unwrap(),
+    );
     let mut c = test_config();
     c.transports.shm.enable = false;
     let init = Engine::new(c).unwrap();
@@ -696,32 +716,8 @@ fn tcp_two_process_target_child() {
 
 #[test]
 fn tcp_two_process_target_killed_mid_transfer_fails_process_failed() {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "tcp_two_process_target_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("TENT_TCP_KILL_TARGET", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    let (name, remote) = loop {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "child exited early");
-        // libtest prints "test NAME ... " on the same line.
-        if let Some(at) = line.find("SEGMENT ") {
-            let mut w = line[at + 8..].split_whitespace();
-            break (
-                w.next().unwrap().to_owned(),
-                w.next().unwrap().parse::<u64>().unwrap(),
-            );
-        }
-    };
+    let (mut child, _out, w) = target_child("tcp_two_process_target_child", "TENT_TCP_KILL_TARGET");
+    let (name, remote) = (w[0].clone(), w[1].parse::<u64>().unwrap());
     let init = engine_with("", false);
     let seg = init.open_segment(&name).unwrap();
     let chunk = 1u64 << 20;
