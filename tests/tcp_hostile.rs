@@ -504,13 +504,20 @@ fn connections_refused_every_request_do_not_starve_a_legitimate_initiator() {
     }
     let init = engine_with("", false);
     let seg = init.open_segment(&target.segment_name()).unwrap();
+    read_64k_verified(&init, seg, buf.addr(), 9);
+    drop(squatters);
+}
+
+/// One 64 KiB READ of `remote` in `seg`, served with the bytes
+/// `pattern(seed, ..)` wrote there.
+fn read_64k_verified(init: &Engine, seg: tent::SegmentId, remote: u64, seed: u8) {
     let local = init.allocate_memory(1 << 16).unwrap();
     let mut ring = init.ring().unwrap();
     let start = Instant::now();
     ring.submission()
         .push(op::Read::new(
             LocalAddr::new(local.id(), 0),
-            RemoteAddr::new(seg, buf.addr()),
+            RemoteAddr::new(seg, remote),
             1 << 16,
         ))
         .unwrap();
@@ -518,8 +525,7 @@ fn connections_refused_every_request_do_not_starve_a_legitimate_initiator() {
     assert_eq!(c[0].result(), Ok(1 << 16), "after {:?}", start.elapsed());
     let mut got = vec![0u8; 1 << 16];
     local.read(0, &mut got).unwrap();
-    assert!(got == pattern(9, 1 << 16));
-    drop(squatters);
+    assert!(got == pattern(seed, 1 << 16));
 }
 
 #[test]
@@ -660,7 +666,6 @@ fn a_target_out_of_descriptors_evicts_unused_connections_for_an_initiator() {
     c.transports.shm.enable = false;
     let init = Engine::new(c).unwrap();
     let seg = init.open_segment(&name).unwrap();
-    let local = init.allocate_memory(1 << 16).unwrap();
     // Fill the target's descriptors: hellos until one goes unanswered
     // (its connection waits in the backlog).
     let mut squatters = Vec::new();
@@ -680,20 +685,7 @@ fn a_target_out_of_descriptors_evicts_unused_connections_for_an_initiator() {
     );
     // Old enough to be evicted as unused.
     std::thread::sleep(Duration::from_millis(1200));
-    let mut ring = init.ring().unwrap();
-    let start = Instant::now();
-    ring.submission()
-        .push(op::Read::new(
-            LocalAddr::new(local.id(), 0),
-            RemoteAddr::new(seg, remote),
-            1 << 16,
-        ))
-        .unwrap();
-    let c = reap(&mut ring, 1);
-    assert_eq!(c[0].result(), Ok(1 << 16), "after {:?}", start.elapsed());
-    let mut got = vec![0u8; 1 << 16];
-    local.read(0, &mut got).unwrap();
-    assert!(got == pattern(4, 1 << 16));
+    read_64k_verified(&init, seg, remote, 4);
     drop(squatters);
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
