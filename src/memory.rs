@@ -331,10 +331,10 @@ pub(crate) fn numa_node_of(base: *const u8, len: u64) -> Option<u32> {
         *a = (first + k * PAGE) as *mut libc::c_void;
     }
     let mut status = [0i32; NODE_SAMPLES];
-    // SAFETY: `addrs` and `status` hold `n` entries each; with `nodes`
-    // null the call only writes each page's node (or a negative errno)
-    // into `status`, reads nothing through the page addresses, and moves
-    // no page (pid 0: this process; flags 0).
+    // With `nodes` null the call only writes each page's node (or a
+    // negative errno) into `status`, reads nothing through the page
+    // addresses, and moves no page (pid 0: this process; flags 0).
+    // SAFETY: `addrs` and `status` hold `n` entries each (see above).
     let rc = unsafe {
         libc::syscall(
             libc::SYS_move_pages,

@@ -207,9 +207,9 @@ impl Drop for NicEvents {
 fn run(nics: &NicSet, fds: &[RawFd], stop: BorrowedFd<'_>, counts: &EventCounts) {
     let nic_fds: Vec<BorrowedFd<'_>> = fds
         .iter()
-        // SAFETY: each is a NIC context's event descriptor, which the
-        // context owns and keeps open for as long as it lives; the contexts
-        // outlive this thread (the caller holds `nics` for all of it).
+        // Each is a NIC context's event descriptor, which the context owns
+        // and keeps open for as long as it lives.
+        // SAFETY: the contexts outlive this thread (the caller holds `nics` for all of it).
         .map(|&fd| unsafe { BorrowedFd::borrow_raw(fd) })
         .collect();
     // A NIC whose descriptor failed is no longer polled.
