@@ -212,6 +212,8 @@ pub struct TcpConfig {
     /// `transports/tcp/slice_size`: bytes per TCP slice (each costs a
     /// request and a response, so TCP wants them larger than `block_size`).
     pub slice_size: u64,
+    /// `transports/tcp/backend`: io_uring, epoll, or the best available.
+    pub backend: TcpBackend,
 }
 
 /// `transports/rdma`: every RDMA key of the reference documents (failover
@@ -529,6 +531,20 @@ named! {
         /// `"1g"`: 1 GiB hugetlbfs pages for buffers of at least 1 GiB,
         /// else as `"2m"`.
         Huge1G = "1g",
+    }
+}
+
+named! {
+    /// `transports/tcp/backend`: how each worker drives its TCP
+    /// connections.
+    pub enum TcpBackend {
+        /// `"auto"`: io_uring where the kernel offers it, else epoll.
+        Auto = "auto",
+        /// `"io_uring"`: the worker's own io_uring; the engine fails to
+        /// start where the kernel refuses one.
+        IoUring = "io_uring",
+        /// `"epoll"`: non-blocking sockets on the worker's epoll set.
+        Epoll = "epoll",
     }
 }
 
@@ -1057,6 +1073,8 @@ schema! {
         "TCP_USER_TIMEOUT in ms; 0 keeps the OS default.";
     "transports/tcp/slice_size" => transports.tcp.slice_size: uint(4096, 1 << 30), "262144", LIVE,
         "Bytes per slice over TCP (each slice costs one request and one response).";
+    "transports/tcp/backend" => transports.tcp.backend: Kind::Choice(TcpBackend::NAMES), "\"auto\"", LIVE,
+        "How each worker drives its TCP connections: auto (its own io_uring where the kernel offers one, else epoll; the choice is logged once), io_uring (the engine fails to start where io_uring is missing, disabled by kernel.io_uring_disabled or refused by a seccomp profile), epoll (non-blocking sockets on an edge-triggered epoll set).";
     // transports/rdma: failover rails (seed 000)
     "transports/rdma/enable" => transports.rdma.enable: Kind::Bool, "true", LIVE,
         "Enable the RDMA transport (used when the machine has RDMA devices).";

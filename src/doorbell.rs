@@ -102,8 +102,11 @@ impl Wakers {
     }
 
     /// After publishing a completion for worker `w`: wake it if it sleeps
-    /// waiting for one (one fence and one load when it does not).
+    /// waiting for one (one fence and one load when it does not). The
+    /// contract of a transport that completes on threads of its own
+    /// (`Capabilities::wakes_worker`); the in-tree ones are all polled.
     #[inline]
+    #[allow(dead_code)]
     pub(crate) fn completion_ready(&self, w: usize) {
         let Some(slot) = self.slots.get(w) else {
             return;

@@ -283,8 +283,8 @@ mod tests {
             4 * crate::transport::tcp::worker_bytes(&c),
             "{on:?}"
         );
-        // 2^20 tokens: a 2^21-slot table and a 2^20-slot board per worker.
-        assert!(on.transports > 4 * (40 << 20), "{on:?}");
+        // 2^20 tokens: a 2^21-slot table (16 B a slot) per worker.
+        assert!(on.transports >= 4 * (32 << 20), "{on:?}");
         assert_eq!(on.total() - off.total(), on.transports);
     }
 

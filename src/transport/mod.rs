@@ -224,6 +224,13 @@ pub trait Transport: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Worker `ctx` is leaving, with nothing of its in flight here: let go
+    /// of what the transport keeps for it (sockets, a ring) on its own
+    /// thread. Not called for a worker that never started.
+    fn worker_exit(&self, ctx: &WorkerCtx) {
+        let _ = ctx;
+    }
+
     /// Join every thread of the transport. The engine calls it once its
     /// workers are done (nothing of theirs in flight).
     fn stop(&self) {}
@@ -302,6 +309,11 @@ impl TransportSlots {
     /// The slot of `kind` (workers cache it).
     pub(crate) fn slot(&self, kind: TransportKind) -> &Slot {
         &self.slots[kind as usize]
+    }
+
+    /// Every slot.
+    pub(crate) fn all(&self) -> &[Slot] {
+        &self.slots
     }
 
     /// Kinds with a transport installed.

@@ -224,6 +224,12 @@ impl Worker {
         }
         self.sched.clear();
         self.rings.flush();
+        // What a transport keeps for this worker goes on its thread.
+        for slot in self.engine.transports.all() {
+            if let Some(t) = slot.load_full() {
+                t.transport.worker_exit(&self.ctx);
+            }
+        }
     }
 
     /// Shutdown is waiting on transports that still hold slices: say

@@ -3,14 +3,10 @@
 //! A worker keeps, with no lock, how many slices of each token it has out
 //! on TCP and which tokens it aborted ([`Tokens`]); an entry goes when the
 //! token's last slice comes back, so an abort is remembered exactly as
-//! long as it matters. What the connections' threads must know of an
-//! abort is on the worker's [`AbortBoard`]: one writer (the worker), lock-
-//! free readers (its connections' senders and receivers), one load when no
-//! token is aborted.
+//! long as it matters. The worker drives its connections itself, so
+//! nothing else needs to know.
 //!
 //! [`Transport::abort`]: crate::transport::Transport::abort
-
-use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 
 use tent_rings::ErrorKind;
 
@@ -165,107 +161,6 @@ impl Tokens {
     }
 }
 
-/// No token (a free board slot). Engine tokens are `slot << 32 | gen`
-/// with far fewer than 2^32 task slots, so none is this.
-const NO_TOKEN: u64 = u64::MAX;
-
-/// The tokens a worker aborted that still have slices out, for its
-/// connections' threads.
-///
-/// The worker alone writes it; senders and receivers read it with no lock.
-/// A reader asks only about a token it holds a slice of, whose entry (so
-/// whose kind) cannot change under it: the worker removes an entry only
-/// once every slice of the token is back.
-#[derive(Debug)]
-pub(crate) struct AbortBoard {
-    /// Bumped on every abort: a sender that sees it change looks through
-    /// its queued slices.
-    generation: AtomicU64,
-    /// Slots in use are below it.
-    top: AtomicUsize,
-    tokens: Box<[AtomicU64]>,
-    kinds: Box<[AtomicU16]>,
-}
-
-impl AbortBoard {
-    /// Bytes `AbortBoard::new(most)` allocates for its slots (the
-    /// engine's footprint check).
-    pub(super) fn bytes(most: usize) -> u64 {
-        (most.max(1) * (std::mem::size_of::<AtomicU64>() + std::mem::size_of::<AtomicU16>())) as u64
-    }
-
-    /// Room for `most` aborted tokens at once.
-    pub(super) fn new(most: usize) -> AbortBoard {
-        let n = most.max(1);
-        AbortBoard {
-            generation: AtomicU64::new(0),
-            top: AtomicUsize::new(0),
-            tokens: (0..n).map(|_| AtomicU64::new(NO_TOKEN)).collect(),
-            kinds: (0..n).map(|_| AtomicU16::new(0)).collect(),
-        }
-    }
-
-    /// Post `token` as aborted with `kind` (worker only). SeqCst, paired
-    /// with a sender's claim of a slice (`Conn::claim`): either the sender
-    /// sees the token here and sends nothing, or the worker then sees the
-    /// slice on the wire and resets the connection.
-    pub(super) fn post(&self, token: u64, kind: ErrorKind) {
-        let top = self.top.load(Ordering::Relaxed);
-        let i = match (0..top).find(|&i| self.kinds[i].load(Ordering::Relaxed) == 0) {
-            Some(i) => i,
-            None if top < self.tokens.len() => top,
-            None => {
-                // Cannot happen: the board has a slot per token out. The
-                // abort still stops what is on the wire, and `poll` still
-                // reports `kind`; only queued slices go out first.
-                crate::lograte::warn_limited!(
-                    "tcp-abort-board-full",
-                    slots = self.tokens.len(),
-                    "tcp: abort board full; queued slices of an aborted task may still be sent"
-                );
-                return;
-            }
-        };
-        self.kinds[i].store(kind.code(), Ordering::Relaxed);
-        self.tokens[i].store(token, Ordering::SeqCst);
-        if i == top {
-            self.top.store(top + 1, Ordering::SeqCst);
-        }
-        self.generation.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// Take `token` off the board (worker only): its last slice is back.
-    pub(super) fn remove(&self, token: u64) {
-        let top = self.top.load(Ordering::Relaxed);
-        let Some(i) = (0..top).find(|&i| self.tokens[i].load(Ordering::Relaxed) == token) else {
-            return;
-        };
-        self.tokens[i].store(NO_TOKEN, Ordering::Release);
-        self.kinds[i].store(0, Ordering::Release);
-        let mut top = top;
-        while top > 0 && self.kinds[top - 1].load(Ordering::Relaxed) == 0 {
-            top -= 1;
-        }
-        self.top.store(top, Ordering::Release);
-    }
-
-    /// The kind `token` was aborted with, if it is on the board. One load
-    /// when the board is empty.
-    #[inline]
-    pub(super) fn kind_of(&self, token: u64) -> Option<ErrorKind> {
-        let top = self.top.load(Ordering::SeqCst);
-        (0..top.min(self.tokens.len()))
-            .find(|&i| self.tokens[i].load(Ordering::SeqCst) == token)
-            .and_then(|i| ErrorKind::from_code(self.kinds[i].load(Ordering::Relaxed)))
-    }
-
-    /// Changes with every abort.
-    #[inline]
-    pub(super) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::SeqCst)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,40 +215,12 @@ mod tests {
     }
 
     #[test]
-    fn the_board_answers_for_posted_tokens_only() {
-        let b = AbortBoard::new(4);
-        assert_eq!(b.kind_of(7), None);
-        let g = b.generation();
-        b.post(7, ErrorKind::Timeout);
-        b.post(9, ErrorKind::Canceled);
-        assert_ne!(b.generation(), g);
-        assert_eq!(b.kind_of(7), Some(ErrorKind::Timeout));
-        assert_eq!(b.kind_of(9), Some(ErrorKind::Canceled));
-        assert_eq!(b.kind_of(8), None);
-        b.remove(7);
-        assert_eq!(b.kind_of(7), None);
-        assert_eq!(b.kind_of(9), Some(ErrorKind::Canceled));
-        // The freed slot is used again; the top shrinks once all are free.
-        b.post(11, ErrorKind::Shutdown);
-        assert_eq!(b.top.load(Ordering::Relaxed), 2);
-        b.remove(9);
-        b.remove(11);
-        assert_eq!(b.top.load(Ordering::Relaxed), 0);
-        assert_eq!(b.kind_of(11), None);
-    }
-
-    #[test]
     fn bytes_is_what_new_allocates() {
         for most in [1, 7, 8, 100, 4096] {
             let t = Tokens::new(most);
             assert_eq!(
                 Tokens::bytes(most),
                 (t.slots.len() * std::mem::size_of::<Entry>()) as u64
-            );
-            let b = AbortBoard::new(most);
-            assert_eq!(
-                AbortBoard::bytes(most),
-                (b.tokens.len() * 8 + b.kinds.len() * 2) as u64
             );
         }
     }

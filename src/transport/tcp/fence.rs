@@ -1,118 +1,65 @@
-//! Which superseded connections a slice must have the target fence
-//! before it is served (see [`Fence`](super::frame::Fence)).
+//! Which superseded connections a connection must have the target fence
+//! before its next slice (see [`Fence`](super::frame::Fence)): one list
+//! per peer, [`PeerFences`].
 //!
-//! Two sources: a WRITE moved off a connection that failed fences that
-//! connection, and what it owed ([`fences_for`], [`owe`]: per slice,
-//! `Op::fence`); and a connection reset while a WRITE was on it is fenced
-//! by every connection to that peer before its next slice
-//! ([`PeerFences`]), so bytes of that WRITE still queued in the target's
-//! socket cannot land after its failure reached the application (a
-//! `Timeout` or `Canceled` completion), over what the application wrote
-//! since.
+//! A connection torn down with a WRITE on it (failed, reset to stop a
+//! task's slice, or cut by a link going down) is added; every connection
+//! to that peer (all workers, all rails) sends a fence for it ahead of its
+//! next slice. So bytes of that WRITE still queued in the target's socket
+//! can neither land after its failure reached the application (whose next
+//! WRITE they would overwrite) nor over the copy of it re-posted on a
+//! sibling connection: that copy goes to the same peer, behind the fence.
+//! A connection that fails after sending fences sends them again on its
+//! next socket (their service is not known).
 
-use std::collections::VecDeque;
-use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Fences owed beyond the connection a slice left: `(b, a)` says a WRITE
-/// failed on connection `b` after it was sent there behind a fence for
-/// `a`. That fence may never have reached the target, so wherever the
-/// slice goes next, `a` is fenced too (and what `a` owed). Touched only
-/// when a moved slice is sent, or fails again.
-static OWED: Mutex<VecDeque<(u32, u32)>> = Mutex::new(VecDeque::new());
-/// Pairs kept in [`OWED`] (oldest forgotten first: it takes that many
-/// slices failing twice before the first is served).
-const OWED_MAX: usize = 256;
-/// Fences sent ahead of one slice, at most.
-pub(super) const FENCES_MAX: usize = 8;
-
-/// Remember that connection `b` owes the fence of `a`.
-pub(super) fn owe(b: u32, a: u32) {
-    let mut owed = OWED.lock();
-    if owed.contains(&(b, a)) {
-        return;
-    }
-    if owed.len() >= OWED_MAX {
-        owed.pop_front();
-        crate::lograte::warn_limited!(
-            "tcp-owed-fences",
-            limit = OWED_MAX,
-            "tcp: too many slices moved twice; the oldest owed fence is forgotten"
-        );
-    }
-    owed.push_back((b, a));
-}
-
-/// The connections to fence ahead of a slice that left `conn`: `conn`,
-/// then what it owes, transitively (at most [`FENCES_MAX`]).
-pub(super) fn fences_for(conn: u32, out: &mut [u32; FENCES_MAX]) -> usize {
-    out[0] = conn;
-    let mut n = 1;
-    let owed = OWED.lock();
-    let mut i = 0;
-    while i < n {
-        let c = out[i];
-        i += 1;
-        for &(b, a) in owed.iter() {
-            if b != c || out[..n].contains(&a) {
-                continue;
-            }
-            if n == FENCES_MAX {
-                crate::lograte::warn_limited!(
-                    "tcp-fence-chain",
-                    limit = FENCES_MAX,
-                    "tcp: a slice moved more often than fences are sent ahead of it; the oldest are left out"
-                );
-                return n;
-            }
-            out[n] = a;
-            n += 1;
-        }
-    }
-    n
-}
-
-/// Connections to one peer fenced by every connection to it before its
-/// next slice: those reset while a WRITE was on them. Shared by every
-/// connection to the peer (all workers, all rails); only connection
-/// threads touch it, and each looks at one atomic per slice.
-#[derive(Debug, Default)]
-pub(super) struct PeerFences {
-    /// Bumped on every addition.
-    generation: AtomicU64,
-    /// `(generation it was added at, connection)`, oldest first.
-    list: Mutex<VecDeque<(u64, u32)>>,
-}
 
 /// Connections kept in a [`PeerFences`] (oldest forgotten first: only a
 /// connection that sent nothing while that many others failed misses one).
 pub(super) const PEER_FENCES_MAX: usize = 64;
 
-impl PeerFences {
-    /// Connection `conn` was reset with a WRITE on it.
-    pub(super) fn add(&self, conn: u32) {
-        let mut list = self.list.lock();
-        let g = self.generation.load(Ordering::Relaxed) + 1;
-        if list.len() >= PEER_FENCES_MAX {
-            list.pop_front();
+/// Connections to one peer fenced by every connection to it before its
+/// next slice. Lock-free: an addition claims a generation and fills its
+/// slot; a reader takes every filled slot past what it has seen.
+#[derive(Debug)]
+pub(super) struct PeerFences {
+    /// Generations claimed so far (the last one).
+    claimed: AtomicU64,
+    /// `generation << 32 | connection`, at `generation % PEER_FENCES_MAX`.
+    slots: [AtomicU64; PEER_FENCES_MAX],
+}
+
+impl Default for PeerFences {
+    fn default() -> PeerFences {
+        PeerFences {
+            claimed: AtomicU64::new(0),
+            slots: std::array::from_fn(|_| AtomicU64::new(0)),
         }
-        list.push_back((g, conn));
-        // Release: the entry is in the list before a sender sees `g`.
-        self.generation.store(g, Ordering::Release);
+    }
+}
+
+impl PeerFences {
+    /// Connection `conn` was torn down with a WRITE on it.
+    pub(super) fn add(&self, conn: u32) {
+        let g = self.claimed.fetch_add(1, Ordering::AcqRel) + 1;
+        // Release: a reader that sees the slot's generation sees it whole.
+        self.slots[(g % PEER_FENCES_MAX as u64) as usize]
+            .store(((g & 0xffff_ffff) << 32) | u64::from(conn), Ordering::Release);
     }
 
     /// Changes with every addition.
     #[inline]
     pub(super) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
+        self.claimed.load(Ordering::Acquire)
     }
 
-    /// The connections added after generation `seen` into `out`: how
-    /// many, and the generation that brings the caller to.
+    /// The connections added after generation `seen` into `out`: how many,
+    /// and the generation that brings the caller to (short of a slot still
+    /// being filled: it is read next time).
     pub(super) fn since(&self, seen: u64, out: &mut [u32; PEER_FENCES_MAX]) -> (usize, u64) {
-        let list = self.list.lock();
-        let latest = self.generation.load(Ordering::Relaxed);
-        if list.front().is_some_and(|&(g, _)| g > seen + 1) {
+        let latest = self.generation();
+        let first = seen.max(latest.saturating_sub(PEER_FENCES_MAX as u64)) + 1;
+        if first > seen + 1 {
             crate::lograte::warn_limited!(
                 "tcp-peer-fences",
                 limit = PEER_FENCES_MAX,
@@ -120,51 +67,28 @@ impl PeerFences {
             );
         }
         let mut n = 0;
-        for &(_, conn) in list.iter().filter(|&&(g, _)| g > seen) {
-            out[n] = conn;
-            n += 1;
+        let mut reached = seen;
+        for g in first..=latest {
+            let v = self.slots[(g % PEER_FENCES_MAX as u64) as usize].load(Ordering::Acquire);
+            let at = v >> 32;
+            if at < (g & 0xffff_ffff) {
+                // Claimed, not filled yet.
+                break;
+            }
+            if at == (g & 0xffff_ffff) {
+                out[n] = v as u32;
+                n += 1;
+            }
+            // Else overwritten by a newer one: read in its turn.
+            reached = g;
         }
-        (n, latest)
+        (n, reached)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::tcp::conn::next_conn_id;
-
-    #[test]
-    fn a_slice_moved_twice_fences_every_connection_it_left() {
-        let fences = |conn| {
-            let mut out = [0u32; FENCES_MAX];
-            let n = fences_for(conn, &mut out);
-            out[..n].to_vec()
-        };
-        let (a, b, c) = (next_conn_id(), next_conn_id(), next_conn_id());
-        assert_eq!(fences(a), [a]);
-        // Failed on b behind a fence for a, then on c behind one for b.
-        owe(b, a);
-        owe(c, b);
-        owe(c, b);
-        assert_eq!(fences(c), [c, b, a]);
-        // The walk ends even on a cycle.
-        owe(a, c);
-        assert_eq!(fences(c), [c, b, a]);
-    }
-
-    #[test]
-    fn fences_ahead_of_one_slice_are_bounded() {
-        let first = next_conn_id();
-        let mut last = first;
-        for _ in 0..2 * FENCES_MAX {
-            let next = next_conn_id();
-            owe(next, last);
-            last = next;
-        }
-        let mut out = [0u32; FENCES_MAX];
-        assert_eq!(fences_for(last, &mut out), FENCES_MAX);
-        assert_eq!(out[0], last);
-    }
 
     #[test]
     fn peer_fences_hand_each_connection_what_it_has_not_sent() {
@@ -186,5 +110,45 @@ mod tests {
         let (n, _) = f.since(0, &mut out);
         assert_eq!(n, PEER_FENCES_MAX);
         assert_eq!(out[0], 100);
+    }
+
+    #[test]
+    fn a_slot_claimed_but_not_filled_is_read_next_time() {
+        let f = PeerFences::default();
+        f.add(1);
+        // A second adder has claimed generation 2 and not stored yet.
+        f.claimed.fetch_add(1, Ordering::AcqRel);
+        let mut out = [0u32; PEER_FENCES_MAX];
+        let (n, g) = f.since(0, &mut out);
+        assert_eq!((&out[..n], g), (&[1][..], 1));
+        f.slots[2].store((2 << 32) | 9, Ordering::Release);
+        let (n, g) = f.since(g, &mut out);
+        assert_eq!((&out[..n], g), (&[9][..], 2));
+    }
+
+    #[test]
+    fn adders_on_many_threads_lose_no_fence() {
+        let f = std::sync::Arc::new(PeerFences::default());
+        let threads: Vec<_> = (0..4u32)
+            .map(|t| {
+                let f = f.clone();
+                std::thread::spawn(move || {
+                    for i in 0..8 {
+                        f.add(t * 100 + i);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let mut out = [0u32; PEER_FENCES_MAX];
+        let (n, g) = f.since(0, &mut out);
+        assert_eq!((n, g), (32, 32));
+        let mut got = out[..n].to_vec();
+        got.sort_unstable();
+        let mut want: Vec<u32> = (0..4u32).flat_map(|t| (0..8).map(move |i| t * 100 + i)).collect();
+        want.sort_unstable();
+        assert_eq!(got, want);
     }
 }

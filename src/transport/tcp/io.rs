@@ -13,21 +13,7 @@ use std::time::{Duration, Instant};
 use tent_rings::ErrorKind;
 
 /// Send `header` then `len` bytes at `payload` (may be null when `len` is
-/// 0), all of it, in as few syscalls as the kernel allows.
-///
-/// # Safety
-/// `payload` must be valid for reads of `len` bytes for the whole call.
-pub(super) unsafe fn send_all(
-    sock: &impl AsRawFd,
-    header: &[u8],
-    payload: *const u8,
-    len: usize,
-) -> io::Result<()> {
-    // SAFETY: forwarded from the caller.
-    unsafe { send_paced(sock, header, payload, len, &mut Pace::unlimited()) }
-}
-
-/// [`send_all`] within `pace` (target side): a send that returns short
+/// 0), all of it, within `pace` (target side): a send that returns short
 /// (the socket's send timeout passed with part of it taken) is a frame
 /// moving slowly, held to `pace`'s limits and cut.
 ///

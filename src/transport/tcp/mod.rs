@@ -4,43 +4,52 @@
 //! sockets and registered memory, checking region, bounds and key per op.
 //! The initiator reaches a peer over one or more **rails** (local interface,
 //! remote interface), each with `connections_per_peer` bulk connections
-//! and one express connection per worker ([`conn`]; a HIGH slice may take
-//! any of them, a lower one only a bulk one: `TcpPeer::stride`); the
+//! and one express connection per worker (a HIGH slice may take any of
+//! them, a lower one only a bulk one: `TcpPeer::stride`); the
 //! [`DeviceSelector`] sprays a request's slices over the rails whose link
-//! is up. A link watch (rtnetlink) marks a rail down
-//! the moment its interface goes down and breaks its connections; their
-//! in-flight slices come back `RouteLost` and are re-posted on a sibling
-//! rail before the worker ever sees them (DESIGN.md's recovery order). Only
-//! when no rail is left does `RouteLost` reach the task.
+//! is up. Each worker drives its own connections ([`link`]) through its own
+//! socket queue ([`driver`]: io_uring, or epoll where io_uring is not
+//! available; `transports/tcp/backend`), in the same loop that polls its
+//! other transports: no thread per connection or per peer.
+//!
+//! A link watch (rtnetlink) marks a rail down the moment its interface
+//! goes down; the worker's next turn tears down its connections on it, and
+//! their in-flight slices come back `RouteLost` and are re-posted on a
+//! sibling rail before the task ever sees them (DESIGN.md's recovery
+//! order). Only when no rail is left does `RouteLost` reach the task.
 //!
 //! [`Transport::abort`] stops a task's slices: its queued slices complete
 //! at once without being sent, and a connection with one of them on the
-//! wire is reset, so each completes only once no thread of the connection
-//! (nor the kernel) touches its buffer; the other tasks' slices caught on
-//! that connection are re-posted, with no rail fault counted.
-//! [`TcpTransport::stop`] joins every thread of the transport.
+//! wire is reset, so each completes only once the kernel is done with its
+//! buffer; the other tasks' slices caught on that connection are
+//! re-posted, with no rail fault counted.
 
 mod abort;
-pub(crate) mod conn;
+pub(crate) mod backend;
+mod driver;
 mod fence;
 pub mod frame;
 #[doc(hidden)]
 pub mod handshake;
 mod io;
+mod link;
+pub(crate) mod op;
 pub mod server;
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use parking_lot::Mutex;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
 use tent_rings::{ErrorKind, Priority, TransportKind};
 
-use abort::{AbortBoard, Tokens};
-pub(crate) use conn::{BYSTANDER, Conn, ConnEnds, Endpoint, Op};
+use abort::Tokens;
+use backend::Choice;
+use driver::Driver;
 use fence::PeerFences;
+use link::Link;
+pub(crate) use op::{BYSTANDER, Endpoint, Op};
 pub(crate) use server::DataServer;
 
 use super::{
@@ -73,6 +82,8 @@ struct Settings {
     patience: Duration,
     slice_bytes: u64,
     rail_policy: RailPolicy,
+    /// Which socket queue the workers drive (resolved at install).
+    backend: Choice,
 }
 
 /// One rail to one peer.
@@ -86,8 +97,6 @@ pub(crate) struct TcpRail {
     pub remote_name: String,
     /// Addresses and link state.
     pub endpoint: Arc<Endpoint>,
-    /// Every connection on this rail, for the link watch.
-    conns: Mutex<Vec<Arc<Conn>>>,
 }
 
 impl TcpRail {
@@ -103,10 +112,8 @@ impl TcpRail {
     fn set_link(&self, up: bool) -> bool {
         let was = self.endpoint.up.swap(up, Ordering::AcqRel);
         if was && !up {
+            // The workers' next turns tear its connections down.
             tracing::warn!(local = %self.local_name, remote = %self.remote_name, "rail down: link lost; in-flight slices move to sibling rails");
-            for c in self.conns.lock().iter() {
-                c.abort(ErrorKind::RouteLost);
-            }
         } else if !was && up {
             tracing::info!(local = %self.local_name, remote = %self.remote_name, "rail up: link restored");
             return true;
@@ -117,9 +124,10 @@ impl TcpRail {
 
 /// What a worker has on one peer.
 struct PeerLinks {
-    /// Connections, rail-major: `rail * (conns_per_rail + 1) + c`; the
-    /// last of each rail's is its express connection ([`TcpPeer::stride`]).
-    ends: Vec<ConnEnds>,
+    /// Connections in the worker's [`Driver`] (made on first use),
+    /// rail-major: `rail * (conns_per_rail + 1) + c`; the last of each
+    /// rail's is its express connection ([`TcpPeer::stride`]).
+    links: Vec<Option<u32>>,
     /// This worker's loads, estimates and plan on the peer's rails.
     rails: WorkerRails,
     conn_cursor: Vec<usize>,
@@ -139,6 +147,13 @@ pub(crate) struct TcpPeer {
     /// one express connection more.
     conns_per_rail: usize,
     per_worker: PerWorker<PeerLinks>,
+    /// How its connections connect (one session for all of them).
+    opts: Arc<op::Options>,
+    /// Connections every connection to the peer fences.
+    fences: Arc<PeerFences>,
+    /// Held while the peer is: the workers' drivers close its connections
+    /// once it is gone.
+    alive: Arc<()>,
 }
 
 impl TcpPeer {
@@ -199,16 +214,16 @@ struct WorkerState {
     active: Vec<Arc<TcpPeer>>,
     /// Its slices out here, per token, and the tokens it aborted.
     tokens: Tokens,
+    /// Its connections and their socket queue.
+    driver: Driver,
 }
 
 /// The TCP transport (initiator side).
 pub(crate) struct TcpTransport {
     settings: Settings,
     workers: PerWorker<WorkerState>,
-    /// Per worker: the tokens it aborted, for its connections' threads.
-    boards: Vec<Arc<AbortBoard>>,
-    /// Every connection's sender thread (which joins its receiver).
-    threads: Mutex<Vec<(Arc<Conn>, JoinHandle<()>)>>,
+    /// Per worker: slices on its connections' wires (after its last turn).
+    wire: Box<[CachePadded<AtomicU32>]>,
     selector: Arc<DeviceSelector>,
     /// Where the workers run (set at install).
     placement: OnceLock<Arc<Placement>>,
@@ -244,9 +259,11 @@ pub(crate) fn user_timeout_ms(timeout: Duration) -> u32 {
 }
 
 pub(crate) fn worker_bytes(config: &Config) -> u64 {
-    let tokens = tokens_per_worker(config);
-    Tokens::bytes(tokens).saturating_add(AbortBoard::bytes(tokens))
+    Tokens::bytes(tokens_per_worker(config))
 }
+
+/// Socket operations a worker's queue has room for at once.
+const QUEUE_ENTRIES: u32 = 1024;
 
 impl TcpTransport {
     /// A transport for an engine with `config`.
@@ -254,9 +271,11 @@ impl TcpTransport {
         let t = &config.transports.tcp;
         let count = config.workers.count.max(1) as usize;
         let tokens = tokens_per_worker(config);
+        let backend = t.backend;
         let workers = PerWorker::new(count, |_| WorkerState {
             active: Vec::with_capacity(16),
             tokens: Tokens::new(tokens),
+            driver: Driver::new(backend, QUEUE_ENTRIES),
         });
         TcpTransport {
             settings: Settings {
@@ -270,12 +289,10 @@ impl TcpTransport {
                 patience: config.default_timeout_ms.max(Duration::from_millis(100)),
                 slice_bytes: t.slice_size.min(frame::MAX_OP_LEN),
                 rail_policy: RailPolicy::from_config(config),
+                backend,
             },
             workers,
-            boards: (0..count)
-                .map(|_| Arc::new(AbortBoard::new(tokens)))
-                .collect(),
-            threads: Mutex::new(Vec::new()),
+            wire: (0..count).map(|_| CachePadded::new(AtomicU32::new(0))).collect(),
             selector: Arc::new(DeviceSelector::new(SelectorConfig::from_config(config))),
             placement: OnceLock::new(),
             links: OnceLock::new(),
@@ -330,52 +347,14 @@ impl TcpTransport {
                 .collect(),
             self.workers.workers(),
         );
-        let fences = Arc::new(PeerFences::default());
-        // One session for every connection to this peer (see Options).
-        let session = conn::new_session();
-        let mut per_worker = Vec::with_capacity(self.workers.workers());
-        for w in 0..self.workers.workers() {
-            let shared = conn::Shared {
-                board: self.boards[w].clone(),
-                fences: fences.clone(),
-                notify: self.wakers.get().map(|k| (k.clone(), w)),
-            };
-            // Per rail, the bulk connections and the express one.
-            let mut ends = Vec::with_capacity(rails.len() * (s.conns_per_rail + 1));
-            for rail in &rails {
-                for _ in 0..=s.conns_per_rail {
-                    let (e, thread) = conn::open(
-                        rail.endpoint.clone(),
-                        s.queue,
-                        s.inflight_per_conn,
-                        conn::Options {
-                            user_timeout_ms: s.user_timeout_ms,
-                            connect_timeout: s.connect_timeout,
-                            patience: s.patience,
-                            secret: self.secret.clone(),
-                            session,
-                        },
-                        shared.clone(),
-                    )?;
-                    {
-                        let mut threads = self.threads.lock();
-                        // Those of peers dropped since (their ends stop them).
-                        threads.retain(|(_, h)| !h.is_finished());
-                        threads.push((e.conn.clone(), thread));
-                    }
-                    rail.conns
-                        .lock()
-                        .push(e.conn.clone());
-                    ends.push(e);
-                }
-            }
-            per_worker.push(PeerLinks {
-                ends,
+        let per_worker = (0..self.workers.workers())
+            .map(|w| PeerLinks {
+                links: vec![None; rails.len() * (s.conns_per_rail + 1)],
                 rails: set.worker(w),
                 conn_cursor: vec![0; rails.len()],
                 activity: PeerActivity::default(),
-            });
-        }
+            })
+            .collect();
         let mut regions = desc.regions.clone();
         regions.sort_by_key(|r| r.addr);
         tracing::info!(peer = %desc.name, rails = rails.len(), conns_per_rail = s.conns_per_rail, smart = self.selector.is_smart(), "tcp peer attached");
@@ -385,7 +364,17 @@ impl TcpTransport {
             links: rails,
             rails: set,
             conns_per_rail: s.conns_per_rail,
-            per_worker: per_worker.into_iter().collect(),
+            per_worker,
+            opts: Arc::new(op::Options {
+                user_timeout_ms: s.user_timeout_ms,
+                connect_timeout: s.connect_timeout,
+                patience: s.patience,
+                secret: self.secret.clone(),
+                // One session for every connection to this peer (see Options).
+                session: op::new_session(),
+            }),
+            fences: Arc::new(PeerFences::default()),
+            alive: Arc::new(()),
         });
         if let Some(links) = self.links.get() {
             links.listen(Arc::downgrade(&peer) as Weak<dyn LinkListener>);
@@ -420,18 +409,18 @@ impl TcpTransport {
                 remote,
                 up: AtomicBool::new(up),
             }),
-            conns: Mutex::new(Vec::new()),
         })
     }
 
     /// Queue `op` on a connection of the rail the selector picks for it
     /// (`ask`: its request's next slice, or one going again) among those
-    /// whose link is up.
+    /// whose link is up; the worker's next turn sends it.
     #[inline]
     fn post(
         &self,
         peer: &TcpPeer,
         links: &mut PeerLinks,
+        driver: &mut Driver,
         mut op: Op,
         ask: Ask,
     ) -> std::result::Result<(), ErrorKind> {
@@ -446,26 +435,44 @@ impl TcpTransport {
             // HIGH: the rail's connection with the fewest slices on the
             // wire, the express one included (first on a tie, so the first
             // HIGH slice to a peer connects it before bulk crowds the
-            // others), into its express ring (sent before its queued bulk).
+            // others), into its express queue (sent before its queued bulk).
             let c = (0..peer.stride())
                 .rev()
-                .min_by_key(|&c| links.ends[first + c].conn.window().posted())
+                .min_by_key(|&c| links.links[first + c].map_or(0, |id| driver.on_wire(id)))
                 .unwrap_or(0);
-            (c, conn::EXPRESS)
+            (c, op::EXPRESS)
         } else {
             let c = links.conn_cursor[rail];
             links.conn_cursor[rail] = (c + 1) % peer.conns_per_rail;
-            (c, conn::BULK)
+            (c, op::BULK)
         };
-        let ends = &mut links.ends[first + c];
+        let id = match links.links[first + c] {
+            Some(id) => id,
+            None => {
+                // First use: off the per-slice path (one allocation).
+                let s = &self.settings;
+                let id = driver
+                    .add(Arc::downgrade(&peer.alive), |id| {
+                        Link::new(
+                            id,
+                            peer.links[rail].endpoint.clone(),
+                            peer.opts.clone(),
+                            peer.fences.clone(),
+                            s.queue as usize,
+                            s.inflight_per_conn as usize,
+                        )
+                    })
+                    .map_err(|e| e.kind())?;
+                links.links[first + c] = Some(id);
+                id
+            }
+        };
         op.rail = rail as u8;
         op.ahead = peer.rails.posted(&mut links.rails, rail, op.len);
-        if ends.submit[class].push(op).is_err() {
+        if driver.post(id, op, class).is_err() {
             peer.rails.left(&mut links.rails, rail, op.len);
             return Err(ErrorKind::SqFull);
         }
-        ends.submit[class].sync();
-        ends.conn.wake();
         Ok(())
     }
 }
@@ -496,6 +503,16 @@ impl Transport for TcpTransport {
             )));
         }
         self.workers.bind(ctx.engine)?;
+        match backend::resolve(self.settings.backend) {
+            Ok(b) => tracing::info!(backend = b.as_str(), "tcp: workers drive their connections on {}", b.as_str()),
+            Err(e) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    "transports/tcp/backend is io_uring, but this kernel refuses one",
+                )
+                .with_source(e));
+            }
+        }
         let _ = self.placement.set(ctx.placement.clone());
         // Watching from install on: a rail's link read at attach is
         // then kept up to date.
@@ -511,9 +528,9 @@ impl Transport for TcpTransport {
             synchronous: false,
             remote: true,
             slice_bytes: self.settings.slice_bytes,
-            // Every connection notifies its worker once install gave us
-            // the bells (the engine reads capabilities after install).
-            wakes_worker: self.wakers.get().is_some(),
+            // The worker drives its connections itself: it polls while
+            // slices are out.
+            wakes_worker: false,
         }
     }
 
@@ -552,6 +569,7 @@ impl Transport for TcpTransport {
                 let posted = self.post(
                     peer,
                     &mut links,
+                    &mut ws.driver,
                     op,
                     Ask::next(op.is_urgent(), s.slices_left()),
                 );
@@ -577,12 +595,12 @@ impl Transport for TcpTransport {
             return 0;
         };
         let ws = &mut *ws;
-        let board = &self.boards[ctx.index()];
+        let mut now = monotonic_ns();
+        ws.driver.turn(now);
         let mut n = 0;
         let mut i = 0;
-        let mut now = 0;
         while i < ws.active.len() && n < out.len() {
-            let peer = &ws.active[i];
+            let peer = ws.active[i].clone();
             // Opened with this context when the peer joined `active`.
             let Ok(mut guard) = peer.per_worker.get(ctx) else {
                 i += 1;
@@ -590,35 +608,22 @@ impl Transport for TcpTransport {
             };
             let links = &mut *guard;
             let before = n;
-            for e in 0..links.ends.len() {
-                for unsent in [false, true] {
-                    while n < out.len() {
-                        let ends = &mut links.ends[e];
-                        let ring = if unsent {
-                            &mut ends.unsent
-                        } else {
-                            &mut ends.done
-                        };
-                        let Some(op) = ring.pop() else {
-                            break;
-                        };
-                        if now == 0 {
-                            now = monotonic_ns();
-                        }
-                        if let Some(c) = self.settle(peer, links, &mut ws.tokens, board, op, now) {
-                            out[n] = c;
-                            n += 1;
-                        }
-                    }
-                    let ends = &mut links.ends[e];
-                    if unsent {
-                        ends.unsent.sync();
-                    } else {
-                        ends.done.sync();
+            for e in 0..links.links.len() {
+                let Some(id) = links.links[e] else {
+                    continue;
+                };
+                while n < out.len() {
+                    let Some(op) = ws.driver.link(id).done.pop_front() else {
+                        break;
+                    };
+                    if let Some(c) = self.settle(&peer, links, ws, op, now) {
+                        out[n] = c;
+                        n += 1;
                     }
                 }
             }
             if n > before {
+                now = monotonic_ns();
                 peer.rails.review(now, |i| peer.links[i].is_up());
             }
             let drained = links.activity.drained();
@@ -629,6 +634,7 @@ impl Transport for TcpTransport {
                 i += 1;
             }
         }
+        self.wire[ctx.index()].store(ws.driver.wire_total(), Ordering::Relaxed);
         n
     }
 
@@ -652,6 +658,15 @@ impl Transport for TcpTransport {
         TcpTransport::stop(self);
     }
 
+    fn worker_exit(&self, ctx: &WorkerCtx) {
+        if let Ok(mut ws) = self.workers.get(ctx) {
+            // Its sockets close and its ring goes on this thread: the
+            // ring's teardown signals the thread that set it up, which must
+            // not be an application's (its blocking calls would see EINTR).
+            ws.driver.close();
+        }
+    }
+
     fn abort(&self, ctx: &WorkerCtx, token: u64, kind: ErrorKind) {
         let Ok(mut ws) = self.workers.get(ctx) else {
             return;
@@ -661,19 +676,13 @@ impl Transport for TcpTransport {
         if !ws.tokens.abort(token, kind) {
             return;
         }
-        let board = &self.boards[ctx.index()];
-        // Posted first (SeqCst), then the wires looked at: see Conn::claim.
-        board.post(token, kind);
+        let now = monotonic_ns();
         for peer in &ws.active {
             let Ok(links) = peer.per_worker.get(ctx) else {
                 continue;
             };
-            for e in &links.ends {
-                if e.conn.on_wire(token) {
-                    e.conn.stop_slices();
-                } else {
-                    e.conn.aborted();
-                }
+            for id in links.links.iter().flatten() {
+                ws.driver.abort_token(*id, token, kind, now);
             }
         }
     }
@@ -689,13 +698,12 @@ impl TcpTransport {
         &self,
         peer: &TcpPeer,
         links: &mut PeerLinks,
-        tokens: &mut Tokens,
-        board: &AbortBoard,
+        ws: &mut WorkerState,
         op: Op,
         now: u64,
     ) -> Option<SliceCompletion> {
         let r = op.rail as usize;
-        let aborted = tokens.aborted(op.token);
+        let aborted = ws.tokens.aborted(op.token);
         let result = match aborted {
             // Stopped: its own result if it finished first, else `kind`.
             Some(kind) if op.status != 0 => Err(kind),
@@ -705,9 +713,9 @@ impl TcpTransport {
                 peer.rails.left(&mut links.rails, r, op.len);
                 let mut again = op;
                 again.status = 0;
-                match self.post(peer, links, again, Ask::Again(None)) {
+                match self.post(peer, links, &mut ws.driver, again, Ask::Again(None)) {
                     Ok(()) => return None,
-                    Err(e) => return Some(self.finish(links, tokens, board, op.token, Err(e))),
+                    Err(e) => return Some(finish(links, &mut ws.tokens, op.token, Err(e))),
                 }
             }
             _ => op.result(),
@@ -734,7 +742,10 @@ impl TcpTransport {
             let mut again = op;
             again.attempts += 1;
             again.status = 0;
-            if self.post(peer, links, again, Ask::Again(Some(r))).is_ok() {
+            if self
+                .post(peer, links, &mut ws.driver, again, Ask::Again(Some(r)))
+                .is_ok()
+            {
                 peer.rails.moved(r);
                 // Per slice, and a target answering RouteLost drives it:
                 // once per (peer, rail), then counts.
@@ -742,57 +753,31 @@ impl TcpTransport {
                 return None;
             }
         }
-        Some(self.finish(links, tokens, board, op.token, result))
+        Some(finish(links, &mut ws.tokens, op.token, result))
     }
 
-    /// The slice of `token` is done with `result`.
-    #[inline]
-    fn finish(
-        &self,
-        links: &mut PeerLinks,
-        tokens: &mut Tokens,
-        board: &AbortBoard,
-        token: u64,
-        result: std::result::Result<u64, ErrorKind>,
-    ) -> SliceCompletion {
-        if tokens.finish(token) {
-            board.remove(token);
-        }
-        links.activity.completed();
-        SliceCompletion { token, result }
-    }
-
-    /// Slices on the wire over all its connections (their windows' taken
-    /// credits; 0 when idle). Diagnostic: takes the connection list's lock.
+    /// Slices on the wire over all its connections (0 when idle), as of
+    /// each worker's last turn.
     pub(crate) fn wire_in_flight(&self) -> u32 {
-        self.threads
-            .lock()
-            .iter()
-            .map(|(c, _)| c.window().posted())
-            .sum()
+        self.wire.iter().map(|w| w.load(Ordering::Relaxed)).sum()
     }
 
-    /// Stop every connection's threads and join them:
-    /// once this returns, no thread of this transport runs. The engine
-    /// calls it when dropped, once its workers are done (nothing is in
-    /// flight then); a slice still queued completes `Shutdown`.
-    pub(crate) fn stop(&self) {
-        let threads = std::mem::take(&mut *self.threads.lock());
-        for (conn, _) in &threads {
-            conn.shut_down();
-        }
-        for (_, thread) in threads {
-            if thread.join().is_err() {
-                tracing::error!("a tcp connection thread panicked");
-            }
-        }
-    }
+    /// Nothing to join: the workers drive the connections, and dropping
+    /// the transport closes them.
+    pub(crate) fn stop(&self) {}
 }
 
-impl Drop for TcpTransport {
-    fn drop(&mut self) {
-        self.stop();
-    }
+/// The slice of `token` is done with `result`.
+#[inline]
+fn finish(
+    links: &mut PeerLinks,
+    tokens: &mut Tokens,
+    token: u64,
+    result: std::result::Result<u64, ErrorKind>,
+) -> SliceCompletion {
+    tokens.finish(token);
+    links.activity.completed();
+    SliceCompletion { token, result }
 }
 
 /// The addresses (with interface names) this engine advertises, and its
@@ -870,34 +855,18 @@ mod tests {
         }
     }
 
-    fn sessions(p: &TcpPeer) -> Vec<[u8; frame::SESSION_LEN]> {
-        p.links
-            .iter()
-            .flat_map(|r| {
-                r.conns
-                    .lock()
-                    .iter()
-                    .map(|c| c.session())
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    }
-
-    /// A fence reaches every connection to one peer (every worker, every
-    /// rail), and a session one target has seen is worth nothing at
+    /// Every connection to one peer (every worker, every rail) names the
+    /// peer's one session (they share its `Options`), so a fence reaches
+    /// them all; a session one target has seen is worth nothing at
     /// another: each attached peer gets its own.
     #[test]
-    fn every_connection_to_one_peer_shares_a_session_no_other_peer_sees() {
+    fn each_peer_gets_a_session_no_other_peer_sees() {
         let mut c = Config::default();
         c.workers.count = 2;
         let t = TcpTransport::new(&c);
         let a = t.attach(&desc("a", 1)).unwrap();
         let b = t.attach(&desc("b", 2)).unwrap();
-        let (sa, sb) = (sessions(&a), sessions(&b));
-        assert!(sa.len() >= 4, "{} connections", sa.len());
-        assert!(sa.iter().all(|s| *s == sa[0]));
-        assert!(sb.iter().all(|s| *s == sb[0]));
-        assert_ne!(sa[0], sb[0], "two peers saw the same session");
+        assert_ne!(a.opts.session, b.opts.session, "two peers saw the same session");
         drop((a, b));
         t.stop();
     }

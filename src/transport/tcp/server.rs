@@ -64,7 +64,7 @@ const IDLE_CLOSE_POLLS: u32 = 60;
 /// A connection that has served requests may be evicted for a newcomer
 /// once none has been served for this long: longer than an initiator lets
 /// its own connection idle before it reconnects first
-/// (`conn::RECONNECT_IDLE`), so an eviction never races a request. A
+/// (`op::RECONNECT_IDLE`), so an eviction never races a request. A
 /// refused request is no use: a peer that sends nothing but requests for
 /// keys it lacks holds its connection no longer than one that is silent.
 const EVICT_UNSERVED: Duration = Duration::from_secs(30);

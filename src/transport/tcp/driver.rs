@@ -1,0 +1,542 @@
+//! A worker's TCP connections and the queue that carries their socket
+//! operations ([`Backend`]): the worker posts into a connection, and one
+//! [`Driver::turn`] per worker turn reaps what the kernel finished, moves
+//! every connection with work in hand on, and hands the kernel what that
+//! queued: at most one `io_uring_enter`.
+//!
+//! Connections ([`Link`]) live in a slab and are named by index (an
+//! operation's tag carries it). A peer's per-worker state keeps the indices
+//! of its connections; when the peer is gone, its connections are closed
+//! by the next sweep (they hold nothing by then: a peer stays attached
+//! while a worker has slices on it).
+
+use std::sync::Weak;
+use std::time::{Duration, Instant};
+
+use tent_rings::ErrorKind;
+
+use super::backend::{Backend, Choice};
+use super::link::{Cx, Link, tag_link};
+use super::op::Op;
+use crate::error::{Error, Result};
+
+/// How often the slab is swept for connections of peers that are gone.
+const SWEEP_NS: u64 = 1_000_000_000;
+/// How long dropping a driver waits for its sockets' last completions.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// One slab entry.
+struct Entry {
+    link: Box<Link>,
+    /// Alive while its peer is.
+    owner: Weak<()>,
+    /// On the busy list.
+    busy: bool,
+}
+
+/// A worker's TCP connections and their backend.
+pub(super) struct Driver {
+    choice: Choice,
+    entries: u32,
+    /// Built on the first connection (on the worker's thread).
+    be: Option<Backend>,
+    slab: Vec<Option<Entry>>,
+    free: Vec<u32>,
+    /// Connections with something in hand, each once.
+    busy: Vec<u32>,
+    last_sweep: u64,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("backend", &self.be.as_ref().map(Backend::name))
+            .field("links", &(self.slab.len() - self.free.len()))
+            .field("busy", &self.busy.len())
+            .finish()
+    }
+}
+
+impl Driver {
+    /// A driver whose backend (built with its first connection) is
+    /// `choice`, with room for `entries` operations at once.
+    pub(super) fn new(choice: Choice, entries: u32) -> Driver {
+        Driver {
+            choice,
+            entries,
+            be: None,
+            slab: Vec::new(),
+            free: Vec::new(),
+            busy: Vec::with_capacity(64),
+            last_sweep: 0,
+        }
+    }
+
+    /// Add a connection built by `make(id)`, owned by whoever holds
+    /// `owner`'s strong end.
+    pub(super) fn add(&mut self, owner: Weak<()>, make: impl FnOnce(u32) -> Box<Link>) -> Result<u32> {
+        if self.be.is_none() {
+            let be = Backend::new(self.choice, self.entries).map_err(|e| {
+                Error::new(ErrorKind::OutOfMemory, "tcp: cannot build the worker's socket queue")
+                    .with_source(e)
+            })?;
+            tracing::debug!(backend = be.name(), "tcp worker socket queue up");
+            self.be = Some(be);
+        }
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                let id = u32::try_from(self.slab.len())
+                    .map_err(|_| Error::new(ErrorKind::OutOfMemory, "tcp: too many connections"))?;
+                self.slab.push(None);
+                id
+            }
+        };
+        self.slab[id as usize] = Some(Entry {
+            link: make(id),
+            owner,
+            busy: false,
+        });
+        Ok(id)
+    }
+
+    /// Connection `id`.
+    #[inline]
+    pub(super) fn link(&mut self, id: u32) -> &mut Link {
+        &mut self.slab[id as usize]
+            .as_mut()
+            .expect("a live connection id")
+            .link
+    }
+
+    /// Slices on connection `id`'s wire.
+    #[inline]
+    pub(super) fn on_wire(&self, id: u32) -> usize {
+        self.slab[id as usize]
+            .as_ref()
+            .map_or(0, |e| e.link.on_wire())
+    }
+
+    /// Queue `op` on connection `id`; `Err` gives it back (queue full).
+    #[inline]
+    pub(super) fn post(&mut self, id: u32, op: Op, class: usize) -> std::result::Result<(), Op> {
+        let e = self.slab[id as usize].as_mut().expect("a live connection id");
+        e.link.post(op, class)?;
+        if !e.busy {
+            e.busy = true;
+            self.busy.push(id);
+        }
+        Ok(())
+    }
+
+    /// Abort `token`'s slices on connection `id` (see [`Link::abort_token`]).
+    pub(super) fn abort_token(&mut self, id: u32, token: u64, kind: ErrorKind, now: u64) {
+        let Some(be) = self.be.as_mut() else {
+            return;
+        };
+        if let Some(e) = self.slab[id as usize].as_mut() {
+            let mut cx = Cx {
+                be,
+                now,
+                stopping: false,
+            };
+            e.link.abort_token(token, kind, &mut cx);
+        }
+    }
+
+    /// One worker turn: reap, move every busy connection on, flush.
+    pub(super) fn turn(&mut self, now: u64) {
+        let Some(be) = self.be.as_mut() else {
+            return;
+        };
+        let slab = &mut self.slab;
+        if matches!(be, Backend::Epoll(_)) {
+            // Readiness is only learnt here: a target that closed an idle
+            // connection is seen before a slice is sent on it.
+            be.flush(None);
+        }
+        be_reap(be, slab, &mut self.busy, now);
+        let mut cx = Cx {
+            be,
+            now,
+            stopping: false,
+        };
+        let mut i = 0;
+        while i < self.busy.len() {
+            let id = self.busy[i] as usize;
+            let Some(e) = slab[id].as_mut() else {
+                self.busy.swap_remove(i);
+                continue;
+            };
+            e.link.tick(&mut cx);
+            if e.link.busy() {
+                i += 1;
+            } else {
+                e.busy = false;
+                self.busy.swap_remove(i);
+            }
+        }
+        cx.be.flush(None);
+        if now.saturating_sub(self.last_sweep) >= SWEEP_NS {
+            self.last_sweep = now;
+            self.sweep(now);
+        }
+    }
+
+    /// Slices on the wire over every busy connection.
+    pub(super) fn wire_total(&self) -> u32 {
+        self.busy
+            .iter()
+            .filter_map(|&id| self.slab[id as usize].as_ref())
+            .map(|e| e.link.on_wire() as u32)
+            .sum()
+    }
+
+    /// Close and free the connections of peers that are gone.
+    fn sweep(&mut self, now: u64) {
+        let Some(be) = self.be.as_mut() else {
+            return;
+        };
+        let mut cx = Cx {
+            be,
+            now,
+            stopping: false,
+        };
+        for (id, slot) in self.slab.iter_mut().enumerate() {
+            let Some(e) = slot.as_mut() else {
+                continue;
+            };
+            if e.owner.strong_count() != 0 || e.busy || e.link.busy() {
+                continue;
+            }
+            // Its armed receive (if any) is cancelled; freed once back.
+            e.link.close_idle(&mut cx);
+            if e.link.has_outstanding() {
+                if !e.busy && e.link.busy() {
+                    e.busy = true;
+                    self.busy.push(id as u32);
+                }
+                continue;
+            }
+            *slot = None;
+            self.free.push(id as u32);
+        }
+    }
+}
+
+/// Hand every ready completion to its connection; one that needs turns
+/// from then on joins `busy`.
+fn be_reap(be: &mut Backend, slab: &mut [Option<Entry>], busy: &mut Vec<u32>, now: u64) {
+    // Completions are gathered first: a connection's step pushes to the
+    // same backend.
+    let mut ready = [(0u64, 0i32); 64];
+    loop {
+        let n = be.reap(&mut ready);
+        if n == 0 {
+            return;
+        }
+        let mut cx = Cx {
+            be,
+            now,
+            stopping: false,
+        };
+        for &(tag, res) in &ready[..n] {
+            let id = tag_link(tag);
+            if let Some(Some(e)) = slab.get_mut(id as usize) {
+                e.link.on_completion(tag, res, &mut cx);
+                if !e.busy && e.link.busy() {
+                    e.busy = true;
+                    busy.push(id);
+                }
+            }
+        }
+        if n < ready.len() {
+            return;
+        }
+    }
+}
+
+impl Driver {
+    /// Close every socket; wait (bounded) for what was outstanding on
+    /// them; let the backend go. The driver builds a new one if used again.
+    pub(super) fn close(&mut self) {
+        let Some(mut be) = self.be.take() else {
+            return;
+        };
+        let start = Instant::now();
+        loop {
+            let mut left = false;
+            {
+                let mut cx = Cx {
+                    be: &mut be,
+                    now: crate::clock::monotonic_ns(),
+                    stopping: true,
+                };
+                for e in self.slab.iter_mut().flatten() {
+                    left |= e.link.shut(&mut cx);
+                }
+            }
+            if !left {
+                break;
+            }
+            if start.elapsed() > DRAIN {
+                tracing::error!("tcp: socket operations still outstanding after {DRAIN:?}; leaving the queue open");
+                // The kernel may still write into their buffers: never
+                // close the ring under them.
+                std::mem::forget(be);
+                return;
+            }
+            be.flush(Some(Duration::from_millis(10)));
+            be_reap(&mut be, &mut self.slab, &mut self.busy, crate::clock::monotonic_ns());
+        }
+        for e in self.slab.iter_mut().flatten() {
+            e.busy = false;
+        }
+        self.busy.clear();
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::tcp::op::{BULK, Endpoint, Options, new_session};
+    use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tent_rings::Opcode;
+
+    /// Longer than any bound below: a wait that lasts until the connect
+    /// gives up fails these tests.
+    const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+    /// How soon a cut connect hands its slice back. The netns chaos test
+    /// allows 2 s for the whole move; this is the connection's share.
+    const PROMPT: Duration = Duration::from_secs(1);
+
+    const BACKENDS: [Choice; 2] = [Choice::IoUring, Choice::Epoll];
+
+    /// A listener whose accept queue is full: the kernel drops every
+    /// further SYN, so a connect to it hangs in SYN_SENT (the filler is
+    /// kept alive with it).
+    fn syn_sink() -> (socket2::Socket, TcpStream) {
+        let l = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        l.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+            .unwrap();
+        // Backlog 0 holds one connection; the filler takes it.
+        l.listen(0).unwrap();
+        let at = l.local_addr().unwrap().as_socket().unwrap();
+        let filler = TcpStream::connect(at).unwrap();
+        // The filler is in the accept queue (a LISTEN socket's rx_queue in
+        // /proc/net/tcp) before anything else connects.
+        let me = format!("0100007F:{:04X}", at.port());
+        let t = Instant::now();
+        while !tcp_table()
+            .iter()
+            .any(|f| f[1] == me && f[3] == "0A" && f[4].ends_with(":00000001"))
+        {
+            assert!(
+                t.elapsed() < PROMPT,
+                "the filler never reached the accept queue"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        (l, filler)
+    }
+
+    /// This namespace's IPv4 TCP sockets, a row of fields each.
+    fn tcp_table() -> Vec<Vec<String>> {
+        std::fs::read_to_string("/proc/net/tcp")
+            .unwrap()
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    }
+
+    /// A driver with one connection to `remote`, owned by the returned
+    /// token (connect timeout `timeout`).
+    fn rig(choice: Choice, remote: SocketAddr, timeout: Duration) -> (Driver, u32, Arc<()>) {
+        let mut d = Driver::new(choice, 64);
+        let owner = Arc::new(());
+        let endpoint = Arc::new(Endpoint {
+            local_ip: IpAddr::from([127, 0, 0, 1]),
+            remote,
+            up: AtomicBool::new(true),
+        });
+        let opts = Arc::new(Options {
+            user_timeout_ms: 0,
+            connect_timeout: timeout,
+            patience: timeout,
+            secret: None,
+            session: new_session(),
+        });
+        let id = d
+            .add(Arc::downgrade(&owner), |id| {
+                Link::new(id, endpoint, opts, Arc::default(), 4, 2)
+            })
+            .unwrap();
+        (d, id, owner)
+    }
+
+    fn endpoint_of(d: &mut Driver, id: u32) -> Arc<Endpoint> {
+        d.link(id).endpoint().clone()
+    }
+
+    /// Queue one READ of `buf` (token `token`).
+    fn post_read(d: &mut Driver, id: u32, token: u64, buf: &mut [u8]) {
+        let mut op = Op::new(token, Opcode::Read, buf.as_mut_ptr(), 0, buf.len() as u64, 1);
+        op.posted_ns = crate::clock::monotonic_ns();
+        d.post(id, op, BULK).unwrap();
+    }
+
+    /// Turn the driver until a slice comes back, up to `limit`.
+    fn slice_back(d: &mut Driver, id: u32, limit: Duration) -> Option<(Op, Duration)> {
+        let t = Instant::now();
+        loop {
+            d.turn(crate::clock::monotonic_ns());
+            if let Some(op) = d.link(id).done.pop_front() {
+                return Some((op, t.elapsed()));
+            }
+            if t.elapsed() >= limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Wait (up to `limit`, turning the driver) until a socket of this
+    /// process is in SYN_SENT towards `remote`.
+    fn until_syn_sent(d: &mut Driver, remote: SocketAddr, limit: Duration) {
+        let want = format!("0100007F:{:04X}", remote.port());
+        let t = Instant::now();
+        loop {
+            d.turn(crate::clock::monotonic_ns());
+            if tcp_table().iter().any(|f| f[2] == want && f[3] == "02") {
+                return;
+            }
+            assert!(t.elapsed() < limit, "the connect never went out");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_connect_that_hangs_gives_its_slice_back_route_lost_when_the_link_goes_down() {
+        for choice in BACKENDS {
+            let (sink, _filler) = syn_sink();
+            let at = sink.local_addr().unwrap().as_socket().unwrap();
+            let (mut d, id, _owner) = rig(choice, at, CONNECT_TIMEOUT);
+            let mut buf = vec![0u8; 4096];
+            post_read(&mut d, id, 7, &mut buf);
+            until_syn_sent(&mut d, at, PROMPT);
+            assert!(slice_back(&mut d, id, Duration::ZERO).is_none());
+            endpoint_of(&mut d, id).up.store(false, Ordering::Release);
+            let (op, took) = slice_back(&mut d, id, PROMPT).unwrap_or_else(|| {
+                panic!("{choice:?}: the slice stayed with a hung connect for {PROMPT:?} after its link went down")
+            });
+            assert_eq!(op.result(), Err(ErrorKind::RouteLost), "{choice:?} after {took:?}");
+        }
+    }
+
+    #[test]
+    fn a_handshake_that_hangs_gives_its_slice_back_route_lost_when_the_link_goes_down() {
+        for choice in BACKENDS {
+            // Takes the connection and never says hello.
+            let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+            let (mut d, id, _owner) = rig(choice, mute.local_addr().unwrap(), CONNECT_TIMEOUT);
+            let mut buf = vec![0u8; 4096];
+            post_read(&mut d, id, 7, &mut buf);
+            d.turn(crate::clock::monotonic_ns());
+            let (_held, _) = mute.accept().unwrap();
+            assert!(slice_back(&mut d, id, Duration::from_millis(20)).is_none());
+            endpoint_of(&mut d, id).up.store(false, Ordering::Release);
+            let (op, took) = slice_back(&mut d, id, PROMPT).unwrap_or_else(|| {
+                panic!("{choice:?}: the slice stayed with a hung handshake for {PROMPT:?} after its link went down")
+            });
+            assert_eq!(op.result(), Err(ErrorKind::RouteLost), "{choice:?} after {took:?}");
+        }
+    }
+
+    #[test]
+    fn a_connect_past_its_deadline_fails_every_queued_slice_with_timeout() {
+        for choice in BACKENDS {
+            let (sink, _filler) = syn_sink();
+            let at = sink.local_addr().unwrap().as_socket().unwrap();
+            let (mut d, id, _owner) = rig(choice, at, Duration::from_millis(100));
+            let mut bufs = vec![vec![0u8; 64]; 3];
+            for (i, b) in bufs.iter_mut().enumerate() {
+                post_read(&mut d, id, i as u64 + 1, b);
+            }
+            let mut back = Vec::new();
+            let t = Instant::now();
+            while back.len() < 3 {
+                let (op, _) = slice_back(&mut d, id, PROMPT).expect("queued slices stayed");
+                back.push(op.result());
+            }
+            assert!(t.elapsed() < PROMPT, "{choice:?}: {:?}", t.elapsed());
+            assert!(back.iter().all(|r| *r == Err(ErrorKind::Timeout)), "{choice:?}: {back:?}");
+        }
+    }
+
+    #[test]
+    fn a_refused_connect_fails_every_queued_slice_at_once() {
+        for choice in BACKENDS {
+            // Bound and closed: nothing listens there.
+            let at = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+            let (mut d, id, _owner) = rig(choice, at, CONNECT_TIMEOUT);
+            let mut bufs = vec![vec![0u8; 64]; 2];
+            for (i, b) in bufs.iter_mut().enumerate() {
+                post_read(&mut d, id, i as u64 + 1, b);
+            }
+            for _ in 0..2 {
+                let (op, _) = slice_back(&mut d, id, PROMPT).expect("a queued slice stayed");
+                assert_eq!(op.result(), Err(ErrorKind::ProcessFailed), "{choice:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn dropping_the_driver_cuts_a_connect_that_hangs() {
+        for choice in BACKENDS {
+            let (sink, _filler) = syn_sink();
+            let at = sink.local_addr().unwrap().as_socket().unwrap();
+            let (mut d, id, _owner) = rig(choice, at, CONNECT_TIMEOUT);
+            let mut buf = vec![0u8; 4096];
+            post_read(&mut d, id, 7, &mut buf);
+            until_syn_sent(&mut d, at, PROMPT);
+            let t = Instant::now();
+            drop(d);
+            assert!(t.elapsed() < PROMPT, "{choice:?}: dropping took {:?}", t.elapsed());
+        }
+    }
+
+    /// A link that is down before the slice arrives: the slice comes back
+    /// at once, never having waited on a connect.
+    #[test]
+    fn a_slice_for_a_rail_whose_link_is_down_comes_back_route_lost() {
+        for choice in BACKENDS {
+            let (sink, _filler) = syn_sink();
+            let at = sink.local_addr().unwrap().as_socket().unwrap();
+            let (mut d, id, _owner) = rig(choice, at, CONNECT_TIMEOUT);
+            endpoint_of(&mut d, id).up.store(false, Ordering::Release);
+            let mut buf = vec![0u8; 4096];
+            post_read(&mut d, id, 7, &mut buf);
+            let (op, _) = slice_back(&mut d, id, PROMPT).expect("the slice was not handed back");
+            assert_eq!(op.result(), Err(ErrorKind::RouteLost), "{choice:?}");
+        }
+    }
+
+    #[test]
+    fn connections_of_a_peer_that_is_gone_are_swept() {
+        let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (mut d, id, owner) = rig(Choice::IoUring, mute.local_addr().unwrap(), CONNECT_TIMEOUT);
+        drop(owner);
+        d.sweep(crate::clock::monotonic_ns());
+        assert!(d.slab[id as usize].is_none());
+        assert_eq!(d.free, [id]);
+    }
+}
