@@ -48,14 +48,26 @@ impl Doorbell {
 
     /// Sleep until the counter differs from `seen` or `timeout` passes.
     pub(crate) fn wait(&self, seen: u32, timeout: Duration) {
-        let ts = futex::Timespec {
-            tv_sec: timeout.as_secs() as i64,
-            tv_nsec: i64::from(timeout.subsec_nanos()),
-        };
-        // EAGAIN (the counter moved), ETIMEDOUT and EINTR all mean "look
-        // again"; spurious returns are harmless (the caller re-checks).
-        let _ = futex::wait(&self.word, futex::Flags::PRIVATE, seen, Some(&ts));
+        wait_on(&self.word, seen, timeout);
     }
+
+    /// The counter, for a transport that sleeps on it in its own way
+    /// (`Transport::park`: a futex wait in the worker's io_uring).
+    pub(crate) fn word(&self) -> &AtomicU32 {
+        &self.word
+    }
+}
+
+/// Sleep until `word` differs from `seen` or `timeout` passes (a
+/// [`Doorbell`]'s wait, on its counter).
+pub(crate) fn wait_on(word: &AtomicU32, seen: u32, timeout: Duration) {
+    let ts = futex::Timespec {
+        tv_sec: timeout.as_secs() as i64,
+        tv_nsec: i64::from(timeout.subsec_nanos()),
+    };
+    // EAGAIN (the counter moved), ETIMEDOUT and EINTR all mean "look
+    // again"; spurious returns are harmless (the caller re-checks).
+    let _ = futex::wait(word, futex::Flags::PRIVATE, seen, Some(&ts));
 }
 
 /// A ring's completion bell: the application sleeps on it in

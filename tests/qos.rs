@@ -591,6 +591,7 @@ impl Transport for NotYet {
             remote: true,
             slice_bytes: 0,
             wakes_worker: false,
+            parks_worker: false,
         }
     }
 

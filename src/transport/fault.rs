@@ -229,6 +229,7 @@ impl Transport for FaultProxyTransport {
             // Results of a synchronous inner wait in `ready`: nobody
             // rings the worker for them.
             wakes_worker: inner.wakes_worker && !inner.synchronous,
+            parks_worker: inner.parks_worker && !inner.synchronous,
             ..inner
         }
     }

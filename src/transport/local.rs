@@ -42,6 +42,7 @@ impl Transport for LocalTransport {
             remote: false,
             slice_bytes: 0,
             wakes_worker: false,
+            parks_worker: false,
         }
     }
 

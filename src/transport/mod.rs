@@ -43,6 +43,10 @@ pub struct Capabilities {
     /// Calls `InstallContext::wakers.completion_ready` for every
     /// completion, so a worker waiting only on it may sleep.
     pub wakes_worker: bool,
+    /// Can sleep the worker until one of its completions or the worker's
+    /// bell ([`Transport::park`]): a worker with slices out only here (and
+    /// on transports that wake it) parks in it instead of polling.
+    pub parks_worker: bool,
 }
 
 /// One slice handed to a transport.
@@ -222,6 +226,16 @@ pub trait Transport: Send + Sync + 'static {
     fn rail_stats(&self, segment: &Segment) -> Vec<RailStat> {
         let _ = segment;
         Vec::new()
+    }
+
+    /// Sleep worker `ctx` until one of this transport's completions is
+    /// ready, the worker's bell `word` moves off `seen` (a futex word: a
+    /// submitter bumps it and wakes it), or `timeout` passes. Called only
+    /// when the transport says [`Capabilities::parks_worker`]; spurious
+    /// returns are fine (the worker looks again).
+    fn park(&self, ctx: &WorkerCtx, word: &std::sync::atomic::AtomicU32, seen: u32, timeout: std::time::Duration) {
+        let _ = ctx;
+        crate::doorbell::wait_on(word, seen, timeout);
     }
 
     /// Worker `ctx` is leaving, with nothing of its in flight here: let go

@@ -67,6 +67,7 @@ impl Transport for Held {
             remote: false,
             slice_bytes: 0,
             wakes_worker: false,
+            parks_worker: false,
         }
     }
     fn reaches(&self, _: &tent::segment::Segment) -> bool {

@@ -141,9 +141,27 @@ impl InFlightBook {
         }
     }
 
-    /// Do all instances with slices out wake the worker when one completes?
+    /// Do all instances with slices out wake the worker when one completes
+    /// (by ringing its bell, or, for one of them at most, by being the
+    /// one it parks in: [`InFlightBook::parker`])?
     pub(super) fn completions_wake(&self) -> bool {
-        self.holding().all(|p| p.transport.caps.wakes_worker)
+        let mut parkers = 0;
+        for p in self.holding() {
+            if p.transport.caps.parks_worker && !p.transport.caps.wakes_worker {
+                parkers += 1;
+            } else if !p.transport.caps.wakes_worker {
+                return false;
+            }
+        }
+        parkers <= 1
+    }
+
+    /// The instance the worker must park in (it sleeps until one of its
+    /// completions or the bell), when one holding slices needs that.
+    pub(super) fn parker(&self) -> Option<&Arc<Installed>> {
+        self.holding()
+            .find(|p| p.transport.caps.parks_worker && !p.transport.caps.wakes_worker)
+            .map(|p| &p.transport)
     }
 
     /// Each transport still holding slices, and how many (for the
@@ -205,6 +223,7 @@ mod tests {
                 remote: true,
                 slice_bytes: 0,
                 wakes_worker: true,
+                parks_worker: false,
             }
         }
         fn reaches(&self, _: &Segment) -> bool {

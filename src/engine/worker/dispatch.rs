@@ -239,6 +239,7 @@ mod tests {
             remote: true,
             slice_bytes,
             wakes_worker: true,
+            parks_worker: false,
         };
         assert_eq!(slice_len(1 << 20, caps(0), 64 << 10), 64 << 10);
         assert_eq!(slice_len(1 << 20, caps(4 << 10), 64 << 10), 4 << 10);

@@ -402,7 +402,15 @@ impl Worker {
             } else {
                 timeout
             };
-            self.shared.doorbell().wait(seen, wait);
+            match self.book.parker().filter(|_| completions) {
+                // Sleeps in the transport: its completions or the bell.
+                Some(p) => {
+                    p.clone()
+                        .transport
+                        .park(&self.ctx, self.shared.doorbell().word(), seen, wait)
+                }
+                None => self.shared.doorbell().wait(seen, wait),
+            }
             woken = self.shared.doorbell().value() != seen;
         }
         self.rings.clear_need_wakeup();

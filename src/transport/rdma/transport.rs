@@ -862,6 +862,7 @@ impl Transport for RdmaTransport {
             slice_bytes: self.settings.slice_bytes,
             // Workers busy-poll the CQs: nobody rings their bell.
             wakes_worker: false,
+            parks_worker: false,
         }
     }
 

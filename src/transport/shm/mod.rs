@@ -53,6 +53,7 @@ impl Transport for ShmTransport {
             remote: true,
             slice_bytes: 0,
             wakes_worker: false,
+            parks_worker: false,
         }
     }
 

@@ -183,6 +183,17 @@ impl Driver {
         }
     }
 
+    /// Sleep the worker until a completion, its bell `word` moving off
+    /// `seen`, or `timeout` (see [`Transport::park`]).
+    ///
+    /// [`Transport::park`]: crate::transport::Transport::park
+    pub(super) fn park(&mut self, word: &std::sync::atomic::AtomicU32, seen: u32, timeout: Duration) {
+        match self.be.as_mut() {
+            Some(Backend::Uring(u)) => u.park(word, seen, timeout),
+            _ => crate::doorbell::wait_on(word, seen, timeout),
+        }
+    }
+
     /// Slices on the wire over every busy connection.
     pub(super) fn wire_total(&self) -> u32 {
         self.busy

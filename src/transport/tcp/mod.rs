@@ -232,6 +232,8 @@ pub(crate) struct TcpTransport {
     wakers: OnceLock<Arc<Wakers>>,
     /// `rpc_shared_secret`: proven on every data connection when set.
     secret: Option<Arc<[u8]>>,
+    /// The workers' rings can sleep them (io_uring with futex waits).
+    parks: AtomicBool,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -298,6 +300,7 @@ impl TcpTransport {
             links: OnceLock::new(),
             wakers: OnceLock::new(),
             secret: config.secret().map(Arc::from),
+            parks: AtomicBool::new(false),
         }
     }
 
@@ -504,7 +507,10 @@ impl Transport for TcpTransport {
         }
         self.workers.bind(ctx.engine)?;
         match backend::resolve(self.settings.backend) {
-            Ok(b) => tracing::info!(backend = b.as_str(), "tcp: workers drive their connections on {}", b.as_str()),
+            Ok((b, parks)) => {
+                tracing::info!(backend = b.as_str(), parks, "tcp: workers drive their connections on {}", b.as_str());
+                self.parks.store(parks, Ordering::Relaxed);
+            }
             Err(e) => {
                 return Err(Error::new(
                     ErrorKind::InvalidArgument,
@@ -529,8 +535,9 @@ impl Transport for TcpTransport {
             remote: true,
             slice_bytes: self.settings.slice_bytes,
             // The worker drives its connections itself: it polls while
-            // slices are out.
+            // slices are out, and parks in its ring where it can.
             wakes_worker: false,
+            parks_worker: self.parks.load(Ordering::Relaxed),
         }
     }
 
@@ -656,6 +663,13 @@ impl Transport for TcpTransport {
 
     fn stop(&self) {
         TcpTransport::stop(self);
+    }
+
+    fn park(&self, ctx: &WorkerCtx, word: &AtomicU32, seen: u32, timeout: Duration) {
+        match self.workers.get(ctx) {
+            Ok(mut ws) => ws.driver.park(word, seen, timeout),
+            Err(_) => crate::doorbell::wait_on(word, seen, timeout),
+        }
     }
 
     fn worker_exit(&self, ctx: &WorkerCtx) {

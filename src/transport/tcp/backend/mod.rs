@@ -27,17 +27,18 @@ use std::os::fd::RawFd;
 
 pub(crate) use crate::config::TcpBackend as Choice;
 
-/// The backend `choice` comes to on this kernel: `Auto` becomes the one
-/// that works; `Err` when `IoUring` was forced and the kernel refuses it.
-pub(crate) fn resolve(choice: Choice) -> std::io::Result<Choice> {
+/// The backend `choice` comes to on this kernel (`Auto` becomes the one
+/// that works), and whether a worker can park in it; `Err` when `IoUring`
+/// was forced and the kernel refuses it.
+pub(crate) fn resolve(choice: Choice) -> std::io::Result<(Choice, bool)> {
     match choice {
-        Choice::Epoll => Ok(Choice::Epoll),
-        Choice::IoUring => uring::probe().map(|()| Choice::IoUring),
+        Choice::Epoll => Ok((Choice::Epoll, false)),
+        Choice::IoUring => uring::probe().map(|f| (Choice::IoUring, f)),
         Choice::Auto => match uring::probe() {
-            Ok(_) => Ok(Choice::IoUring),
+            Ok(f) => Ok((Choice::IoUring, f)),
             Err(e) => {
                 tracing::warn!(error = %e, "tcp: io_uring is not available here (missing, disabled by kernel.io_uring_disabled, or refused by seccomp); the data path runs on epoll");
-                Ok(Choice::Epoll)
+                Ok((Choice::Epoll, false))
             }
         },
     }

@@ -20,12 +20,23 @@ use super::{Full, SockOp};
 /// The tag of the backend's own entries (cancels): their completions are
 /// not handed on.
 const OWN: u64 = u64::MAX;
+/// The tag of the futex wait a park arms on the worker's bell.
+const BELL: u64 = u64::MAX - 1;
+/// `futex2` flags: a 32-bit futex, private to the process (the bell's
+/// wake is `FUTEX_WAKE | FUTEX_PRIVATE_FLAG`).
+const FUTEX2_SIZE_U32: u32 = 0x02;
+const FUTEX2_PRIVATE: u32 = 128;
+/// Wake on any bitset.
+const FUTEX_BITSET_MATCH_ANY: u64 = 0xffff_ffff;
 
 /// A worker's ring.
 pub(crate) struct Uring {
     ring: IoUring,
     /// Entries pushed since the last flush.
     queued: u32,
+    /// A futex wait on the worker's bell is armed (its completion, on a
+    /// wake, disarms it).
+    bell_armed: bool,
 }
 
 impl std::fmt::Debug for Uring {
@@ -37,15 +48,22 @@ impl std::fmt::Debug for Uring {
     }
 }
 
-/// Can this process set up a ring at all? Tried on a thread of its own:
-/// a ring's teardown signals the thread that set it up (the kernel runs
-/// its exit work there), which would cut the calling application thread's
-/// next blocking syscall short with `EINTR`.
-pub(crate) fn probe() -> std::io::Result<()> {
+/// Can this process set up a ring at all, and can the ring wait on a
+/// futex (kernel 6.7: what lets a worker park in it)? Tried on a thread of
+/// its own: a ring's teardown signals the thread that set it up (the
+/// kernel runs its exit work there), which would cut the calling
+/// application thread's next blocking syscall short with `EINTR`.
+pub(crate) fn probe() -> std::io::Result<bool> {
     std::thread::scope(|s| {
         std::thread::Builder::new()
             .name("tent-uring-probe".into())
-            .spawn_scoped(s, || IoUring::new(2).map(drop))
+            .spawn_scoped(s, || {
+                let ring = IoUring::new(2)?;
+                let mut probe = io_uring::Probe::new();
+                let futex = ring.submitter().register_probe(&mut probe).is_ok()
+                    && probe.is_supported(opcode::FutexWait::CODE);
+                Ok(futex)
+            })
             .and_then(|t| t.join().unwrap_or_else(|_| Err(std::io::Error::other("probe panicked"))))
     })
 }
@@ -66,7 +84,11 @@ impl Uring {
         // cannot, which sockets never ask).
         let mut max = [1u32, 1];
         let _ = ring.submitter().register_iowq_max_workers(&mut max);
-        Ok(Uring { ring, queued: 0 })
+        Ok(Uring {
+            ring,
+            queued: 0,
+            bell_armed: false,
+        })
     }
 
     /// Queue one entry, submitting first if the ring is full.
@@ -144,6 +166,31 @@ impl Uring {
         }
     }
 
+    /// Sleep until a completion is ready, the futex `word` moves off
+    /// `seen` (and is woken), or `timeout`: one `io_uring_enter`, which
+    /// also submits what is queued. The futex wait stays armed across
+    /// parks until a wake completes it.
+    pub(crate) fn park(&mut self, word: &std::sync::atomic::AtomicU32, seen: u32, timeout: Duration) {
+        if !self.bell_armed {
+            let e = opcode::FutexWait::new(
+                word.as_ptr().cast_const(),
+                u64::from(seen),
+                FUTEX_BITSET_MATCH_ANY,
+                FUTEX2_SIZE_U32 | FUTEX2_PRIVATE,
+            )
+            .build()
+            .user_data(BELL);
+            // SAFETY: the word is the worker's bell, in the engine's `Wakers`, which outlive every worker and so this ring (closed at the worker's exit); the kernel only compares and sleeps on it.
+            if unsafe { self.ring.submission().push(&e) }.is_err() {
+                crate::doorbell::wait_on(word, seen, timeout.min(Duration::from_millis(1)));
+                return;
+            }
+            self.queued += 1;
+            self.bell_armed = true;
+        }
+        self.flush(Some(timeout));
+    }
+
     /// Move up to `out.len()` completions into `out`.
     #[inline]
     pub(crate) fn reap(&mut self, out: &mut [(u64, i32)]) -> usize {
@@ -153,11 +200,103 @@ impl Uring {
             let Some(cqe) = cq.next() else {
                 break;
             };
-            if cqe.user_data() != OWN {
-                out[n] = (cqe.user_data(), cqe.result());
-                n += 1;
+            match cqe.user_data() {
+                OWN => {}
+                BELL => self.bell_armed = false,
+                tag => {
+                    out[n] = (tag, cqe.result());
+                    n += 1;
+                }
             }
         }
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicU32;
+    use std::time::Instant;
+
+    /// Long enough that a park that is not woken fails the test.
+    const LONG: Duration = Duration::from_secs(10);
+    const PROMPT: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn a_parked_ring_wakes_when_the_bell_rings() {
+        if !probe().unwrap_or(false) {
+            eprintln!("SKIP: this kernel's io_uring has no futex wait");
+            return;
+        }
+        let mut u = Uring::new(8).unwrap();
+        let word = Arc::new(AtomicU32::new(0));
+        let w2 = word.clone();
+        let ringer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            w2.fetch_add(1, std::sync::atomic::Ordering::Release);
+            let _ = rustix::thread::futex::wake(&w2, rustix::thread::futex::Flags::PRIVATE, 1);
+        });
+        let t = Instant::now();
+        u.park(&word, 0, LONG);
+        assert!(t.elapsed() < PROMPT, "the bell did not wake the ring: {:?}", t.elapsed());
+        ringer.join().unwrap();
+        // The wait's completion disarms it.
+        let mut out = [(0u64, 0i32); 4];
+        let deadline = Instant::now() + PROMPT;
+        while u.bell_armed && Instant::now() < deadline {
+            u.flush(None);
+            u.reap(&mut out);
+        }
+        assert!(!u.bell_armed);
+        // A bell that moved before the park returns at once.
+        let t = Instant::now();
+        u.park(&word, 0, LONG);
+        assert!(t.elapsed() < PROMPT);
+    }
+
+    #[test]
+    fn a_parked_ring_wakes_on_a_completion() {
+        if !probe().unwrap_or(false) {
+            eprintln!("SKIP: this kernel's io_uring has no futex wait");
+            return;
+        }
+        let mut u = Uring::new(8).unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = [0u8; 8];
+        // SAFETY: `buf` outlives the receive: the test reaps it below.
+        unsafe {
+            u.push(
+                7,
+                SockOp::Recv {
+                    fd: c.as_raw_fd(),
+                    buf: buf.as_mut_ptr(),
+                    len: 8,
+                },
+            )
+            .unwrap();
+        }
+        u.flush(None);
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            s.write_all(b"x").unwrap();
+            s
+        });
+        let word = AtomicU32::new(0);
+        let t = Instant::now();
+        let mut out = [(0u64, 0i32); 4];
+        let mut got = 0;
+        while got == 0 && t.elapsed() < PROMPT {
+            u.park(&word, 0, LONG);
+            got = u.reap(&mut out);
+        }
+        assert!(t.elapsed() < PROMPT, "the completion did not wake the ring");
+        assert_eq!(out[0], (7, 1));
+        drop(sender.join().unwrap());
     }
 }
