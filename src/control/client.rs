@@ -87,18 +87,25 @@ pub fn connect_qp(
 /// within `timeout`; the sender keeps it open between them (`notify` on
 /// it, one at a time).
 pub fn notify_session(peer: &str, secret: Option<&[u8]>, timeout: Duration) -> Result<TcpStream> {
-    notify_session_with(peer, secret, timeout, |_| {})
+    session(peer, secret, crate::deadline::after(timeout), |_| {})
 }
 
-/// [`notify_session`], with `connected` seeing each connection before its
-/// handshake, so a sender stopping can cut a handshake in progress.
+/// One try at [`notify_session`], with `connected` seeing the connection
+/// before its handshake, so a sender stopping can cut a handshake in
+/// progress. A busy server is `SqFull` here: the caller pauses on its own
+/// schedule rather than in this call.
 pub(crate) fn notify_session_with(
     peer: &str,
     secret: Option<&[u8]>,
     timeout: Duration,
-    connected: impl FnMut(&TcpStream),
+    mut connected: impl FnMut(&TcpStream),
 ) -> Result<TcpStream> {
-    session(peer, secret, crate::deadline::after(timeout), connected)
+    session_once(
+        peer,
+        secret,
+        crate::deadline::after(timeout),
+        &mut connected,
+    )
 }
 
 /// Why a notification was not acknowledged.

@@ -75,8 +75,8 @@ impl Engine {
     /// As [`Engine::submit`] (nothing queued); `InvalidArgument` also when
     /// `requests` is empty or names more than one segment, and the errors
     /// of [`Engine::send_notification`] that can be told before sending.
-    /// `Shutdown` (the engine is stopping) or `OutOfMemory` (no thread for
-    /// the peer's lane) after the requests were queued: the batch then
+    /// `Shutdown` (the engine is stopping) or `OutOfMemory` (no thread to
+    /// send notifications) after the requests were queued: the batch then
     /// reports that failure too.
     pub fn submit_with_notification(
         &self,

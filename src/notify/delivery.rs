@@ -42,6 +42,21 @@ impl Delivery {
             .map(|r| r.as_ref().map(|_| ()).map_err(|(k, _)| *k))
     }
 
+    /// [`Delivery::wait`], giving up after `timeout`: `None` while still
+    /// pending.
+    #[cfg(test)]
+    pub(crate) fn wait_timeout(&self, timeout: std::time::Duration) -> Option<Result<()>> {
+        let end = crate::deadline::after(timeout);
+        let mut r = self.result.lock();
+        while r.is_none() {
+            if self.settled.wait_until(&mut r, end).timed_out() {
+                return None;
+            }
+        }
+        drop(r);
+        Some(self.wait())
+    }
+
     /// Block until it is settled.
     pub(crate) fn wait(&self) -> Result<()> {
         let mut r = self.result.lock();

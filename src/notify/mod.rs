@@ -12,10 +12,12 @@
 //! message behind the data only on that transport, and a failover moves a
 //! task to another.
 //!
-//! - `outbox`: the sender. One lane per peer, one thread per lane, so
-//!   the peer's messages leave in the order they were given and a dead peer
-//!   holds up only its own lane. Each message carries this engine's id and
-//!   a sequence number; a resend after a lost answer is recognised.
+//! - `outbox`: the sender. One lane per peer, stepped by a fixed pool of
+//!   threads (never two at once on one lane), so the peer's messages leave
+//!   in the order they were given and a dead peer holds up only its own
+//!   lane (and one thread, until its message's deadline). Each message
+//!   carries its lane's stream id and a sequence number; a resend after a
+//!   lost answer is recognised.
 //! - `delivery`: one message's fate (pending, delivered, failed), what
 //!   a sender and a batch wait on.
 //! - `inbox`: the receiver. Bounded; duplicates dropped by (sender, seq);
