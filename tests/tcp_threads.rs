@@ -1,0 +1,165 @@
+//! An initiator's thread count does not grow with its TCP peers: its
+//! workers drive every connection through their own rings, and
+//! notifications go out on a fixed pool.
+//!
+//! 200 target engines in 4 processes on loopback; the initiator opens
+//! each one's segment, WRITEs a pattern there and READs it back verified,
+//! and sends each a notification. Its threads (`/proc/self/task`, io_uring's
+//! own workers included) grow by at most 8 from before the first open.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{pattern, reap, test_config};
+use tent::notify::Notification;
+use tent::{Engine, LocalAddr, RemoteAddr, op};
+
+const PROCESSES: usize = 4;
+const PER_PROCESS: usize = 50;
+const LEN: usize = 4096;
+
+/// A small engine: one worker, no shm (the peers are on this host).
+fn slim_config() -> tent::Config {
+    let mut c = test_config();
+    c.transports.shm.enable = false;
+    c.transports.rdma.enable = false;
+    c.max_tasks_per_worker = 64;
+    c.max_inflight_slices = 64;
+    c
+}
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+/// One process's targets: `PER_PROCESS` engines, each with a region, its
+/// segment name and region address printed on one line; they live until
+/// stdin closes.
+#[test]
+fn tcp_many_targets_child() {
+    if std::env::var_os("TENT_MANY_TARGETS").is_none() {
+        return;
+    }
+    let mut engines = Vec::new();
+    let mut line = String::from("SEGMENTS");
+    for _ in 0..PER_PROCESS {
+        let e = Engine::new(slim_config()).unwrap();
+        let buf = e.allocate_memory(LEN as u64).unwrap();
+        line.push_str(&format!(" {}={}", e.segment_name(), buf.addr()));
+        engines.push((e, buf));
+    }
+    println!("{line}");
+    std::io::stdout().flush().unwrap();
+    let mut sink = String::new();
+    let _ = std::io::stdin().read_line(&mut sink);
+}
+
+#[test]
+fn two_hundred_tcp_peers_add_at_most_8_threads() {
+    let mut children = Vec::new();
+    let mut peers: Vec<(String, u64)> = Vec::new();
+    for _ in 0..PROCESSES {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tcp_many_targets_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("TENT_MANY_TARGETS", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert_ne!(
+                out.read_line(&mut line).unwrap(),
+                0,
+                "a target process exited early"
+            );
+            // libtest prints "test NAME ... " on the same line.
+            if let Some(at) = line.find("SEGMENTS ") {
+                for w in line[at + 9..].split_whitespace() {
+                    let (name, addr) = w.split_once('=').unwrap();
+                    peers.push((name.to_owned(), addr.parse().unwrap()));
+                }
+                break;
+            }
+        }
+        children.push((child, out));
+    }
+    assert_eq!(peers.len(), PROCESSES * PER_PROCESS);
+
+    let mut c = slim_config();
+    c.workers.count = 2;
+    c.max_tasks_per_worker = 256;
+    c.max_inflight_slices = 256;
+    c.default_timeout_ms = Duration::from_secs(20);
+    let init = Engine::new(c).unwrap();
+    let local = init.allocate_memory(2 * LEN as u64).unwrap();
+    let mut ring = init.ring().unwrap();
+    // Let the engine's own threads settle.
+    std::thread::sleep(Duration::from_millis(200));
+    let before = threads();
+    for (i, (name, addr)) in peers.iter().enumerate() {
+        let seg = init.open_segment(name).unwrap();
+        let data = pattern(i as u8, LEN);
+        local.write(0, &data).unwrap();
+        ring.submission()
+            .push(op::Write::new(
+                LocalAddr::new(local.id(), 0),
+                RemoteAddr::new(seg, *addr),
+                LEN as u64,
+            ))
+            .unwrap();
+        assert_eq!(
+            reap(&mut ring, 1)[0].result(),
+            Ok(LEN as u64),
+            "WRITE to peer {i}"
+        );
+        ring.submission()
+            .push(op::Read::new(
+                LocalAddr::new(local.id(), LEN as u64),
+                RemoteAddr::new(seg, *addr),
+                LEN as u64,
+            ))
+            .unwrap();
+        assert_eq!(
+            reap(&mut ring, 1)[0].result(),
+            Ok(LEN as u64),
+            "READ from peer {i}"
+        );
+        let mut back = vec![0u8; LEN];
+        local.read(LEN as u64, &mut back).unwrap();
+        assert!(
+            back == data,
+            "peer {i}: the READ did not return what was written"
+        );
+        init.send_notification(seg, &Notification::new("n", vec![i as u8]).unwrap())
+            .unwrap_or_else(|e| panic!("notification to peer {i}: {e}"));
+    }
+    let after = threads();
+    eprintln!(
+        "threads: {before} before the first open, {after} with {} peers",
+        peers.len()
+    );
+    assert!(
+        after <= before + 8,
+        "{} TCP peers grew the initiator from {before} to {after} threads",
+        peers.len()
+    );
+    drop(init);
+    for (mut child, mut out) in children {
+        drop(child.stdin.take());
+        // Read what it still prints, so it never writes to a closed pipe.
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+        let _ = child.wait();
+    }
+}
