@@ -27,9 +27,12 @@ impl Doorbell {
         self.word.load(Ordering::Acquire)
     }
 
-    /// Wake the sleeper (one syscall; only called when it asked).
+    /// Wake the sleeper (one syscall; only called when it asked). Every
+    /// waiter on the word: besides the thread, a futex wait its io_uring
+    /// holds armed on it (`Transport::park`) may be queued there, and a
+    /// wake taken by that one alone would leave the thread asleep.
     pub(crate) fn ring(&self) {
-        self.wake(1);
+        self.wake(i32::MAX as u32);
     }
 
     /// Wake every sleeper (a state change all of them must see: an SQ

@@ -292,9 +292,13 @@ impl Driver {
             }
             if start.elapsed() > DRAIN {
                 tracing::error!("tcp: socket operations still outstanding after {DRAIN:?}; leaving the queue open");
-                // The kernel may still write into their buffers: never
-                // close the ring under them.
+                // The kernel may still write into their buffers (a stage,
+                // a handshake buffer): never close the ring under them, nor
+                // free the connections its operations point into.
                 std::mem::forget(be);
+                std::mem::forget(std::mem::take(&mut self.slab));
+                self.free.clear();
+                self.busy.clear();
                 return;
             }
             be.flush(Some(Duration::from_millis(10)));
@@ -538,6 +542,52 @@ mod tests {
             post_read(&mut d, id, 7, &mut buf);
             let (op, _) = slice_back(&mut d, id, PROMPT).expect("the slice was not handed back");
             assert_eq!(op.result(), Err(ErrorKind::RouteLost), "{choice:?}");
+        }
+    }
+
+    /// A target whose hello answers with any refusal kind ends the queued
+    /// slices with it: the connection does not reconnect for them in a
+    /// loop (a refusal of `Canceled` once looked like our own cancel).
+    #[test]
+    fn a_hello_refused_with_any_kind_ends_the_queued_slices() {
+        use crate::transport::tcp::frame::{HELLO_LEN, Hello};
+        use std::io::{Read, Write};
+        for choice in BACKENDS {
+            for kind in [ErrorKind::Canceled, ErrorKind::AccessDenied, ErrorKind::Timeout] {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let at = l.local_addr().unwrap();
+                let target = std::thread::spawn(move || {
+                    let mut accepted = 0;
+                    l.set_nonblocking(true).unwrap();
+                    let t = Instant::now();
+                    while t.elapsed() < Duration::from_millis(500) {
+                        match l.accept() {
+                            Ok((mut s, _)) => {
+                                s.set_nonblocking(false).unwrap();
+                                accepted += 1;
+                                let mut h = [0u8; HELLO_LEN];
+                                if s.read_exact(&mut h).is_ok() {
+                                    let _ = s.write_all(&Hello::refusal(kind).encode());
+                                }
+                            }
+                            Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                        }
+                    }
+                    accepted
+                });
+                let (mut d, id, _owner) = rig(choice, at, CONNECT_TIMEOUT);
+                let mut buf = vec![0u8; 64];
+                post_read(&mut d, id, 7, &mut buf);
+                let (op, _) = slice_back(&mut d, id, PROMPT).expect("the slice stayed queued");
+                assert_eq!(op.result(), Err(kind), "{choice:?}");
+                // Idle now: no connect goes out for nothing.
+                for _ in 0..50 {
+                    d.turn(crate::clock::monotonic_ns());
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                let accepted = target.join().unwrap();
+                assert_eq!(accepted, 1, "{choice:?} {kind:?}: connects with nothing queued");
+            }
         }
     }
 

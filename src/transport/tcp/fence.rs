@@ -55,7 +55,7 @@ impl PeerFences {
 
     /// The connections added after generation `seen` into `out`: how many,
     /// and the generation that brings the caller to (short of a slot still
-    /// being filled: it is read next time).
+    /// being filled: it, and those after it, are read again next time).
     pub(super) fn since(&self, seen: u64, out: &mut [u32; PEER_FENCES_MAX]) -> (usize, u64) {
         let latest = self.generation();
         let first = seen.max(latest.saturating_sub(PEER_FENCES_MAX as u64)) + 1;
@@ -68,19 +68,24 @@ impl PeerFences {
         }
         let mut n = 0;
         let mut reached = seen;
+        let mut gap = false;
         for g in first..=latest {
             let v = self.slots[(g % PEER_FENCES_MAX as u64) as usize].load(Ordering::Acquire);
             let at = v >> 32;
             if at < (g & 0xffff_ffff) {
-                // Claimed, not filled yet.
-                break;
+                // Claimed, not filled yet: read again next time, with what
+                // follows it (sent now too: a fence sent twice is harmless).
+                gap = true;
+                continue;
             }
             if at == (g & 0xffff_ffff) {
                 out[n] = v as u32;
                 n += 1;
             }
             // Else overwritten by a newer one: read in its turn.
-            reached = g;
+            if !gap {
+                reached = g;
+            }
         }
         (n, reached)
     }
@@ -118,12 +123,14 @@ mod tests {
         f.add(1);
         // A second adder has claimed generation 2 and not stored yet.
         f.claimed.fetch_add(1, Ordering::AcqRel);
+        // A third adder has filled generation 3.
+        f.add(7);
         let mut out = [0u32; PEER_FENCES_MAX];
         let (n, g) = f.since(0, &mut out);
-        assert_eq!((&out[..n], g), (&[1][..], 1));
+        assert_eq!((&out[..n], g), (&[1, 7][..], 1), "the fence past the gap goes now");
         f.slots[2].store((2 << 32) | 9, Ordering::Release);
         let (n, g) = f.since(g, &mut out);
-        assert_eq!((&out[..n], g), (&[9][..], 2));
+        assert_eq!((&out[..n], g), (&[9, 7][..], 3));
     }
 
     #[test]

@@ -129,6 +129,9 @@ struct Cause {
     bystanders: bool,
     /// The socket failed while opening: what the queued slices get.
     opening: bool,
+    /// Torn down by this side with nobody waiting on it (every queued
+    /// slice was aborted): the queue is left alone.
+    quiet: bool,
 }
 
 /// What a link needs from its worker for one step.
@@ -180,8 +183,12 @@ pub(super) struct Link {
     /// `iov[iov_at..iov_end]` is what is left to send.
     iov_at: usize,
     iov_end: usize,
-    /// Slices in the batch being sent (the back of `wire`).
+    /// Slices in the batch being sent (the back of `wire`)...
     batch: usize,
+    /// ...how many of them have left memory whole...
+    marked: usize,
+    /// ...and for each, the iovec index its last byte is before.
+    ends: [usize; BATCH_MAX],
     // The receive side.
     stage: Box<[u8]>,
     stage_lo: usize,
@@ -240,6 +247,10 @@ impl Link {
         window: usize,
     ) -> Box<Link> {
         let remote = socket2::SockAddr::from(endpoint.remote);
+        // Every fence the peer still keeps is sent ahead of its first
+        // slice (a connection torn down before this one was made may still
+        // have bytes queued at the target).
+        let fences_seen = fences.generation().saturating_sub(PEER_FENCES_MAX as u64);
         Box::new(Link {
             id,
             endpoint,
@@ -268,6 +279,7 @@ impl Link {
                 kind: ErrorKind::Unreachable,
                 bystanders: false,
                 opening: false,
+                quiet: false,
             },
             headers: vec![[0u8; REQUEST_LEN]; HEADERS_MAX].into_boxed_slice(),
             iov: vec![empty_iov(); IOV_MAX].into_boxed_slice(),
@@ -276,6 +288,8 @@ impl Link {
             iov_at: 0,
             iov_end: 0,
             batch: 0,
+            marked: 0,
+            ends: [0; BATCH_MAX],
             stage: Box::default(),
             stage_lo: 0,
             stage_hi: 0,
@@ -284,8 +298,8 @@ impl Link {
             hs_have: 0,
             hs_out: [0; HANDSHAKE_MAX],
             deadline: 0,
-            fences_seen: 0,
-            fences_from: 0,
+            fences_seen,
+            fences_from: fences_seen,
             last_post_ns: 0,
             pause: Duration::ZERO,
             logged: 0,
@@ -385,6 +399,7 @@ impl Link {
         {
             // Nobody waits for the connect any more.
             self.teardown(cx, ErrorKind::Canceled, false);
+            self.cause.quiet = true;
         }
     }
 
@@ -495,6 +510,7 @@ impl Link {
             kind: ErrorKind::Unreachable,
             bystanders: false,
             opening: false,
+            quiet: false,
         };
         let op = SockOp::Connect {
             fd: self.fd(),
@@ -570,6 +586,7 @@ impl Link {
         self.iov_at = 0;
         self.iov_end = 1;
         self.batch = 0;
+        self.marked = 0;
         self.push_send(cx);
     }
 
@@ -730,6 +747,7 @@ impl Link {
                 n_iov += 1;
             }
             self.wire.push_back(Wire { op });
+            self.ends[batch] = n_iov;
             batch += 1;
         }
         if n_iov == 0 {
@@ -738,6 +756,7 @@ impl Link {
         self.iov_at = 0;
         self.iov_end = n_iov;
         self.batch = batch;
+        self.marked = 0;
         self.push_send(cx);
         if batch > 0 {
             self.arm_recv(cx);
@@ -789,6 +808,17 @@ impl Link {
                 left = 0;
             }
         }
+        // Each slice whose bytes all left its memory is sent: a short
+        // send moves them one by one, so an answered slice completes
+        // without waiting for the rest of its batch.
+        while self.marked < self.batch && self.iov_at >= self.ends[self.marked] {
+            self.marked += 1;
+            self.sent += 1;
+        }
+        if self.answered <= self.sent {
+            self.early_ns = 0;
+        }
+        self.complete_front();
         if self.iov_at < self.iov_end {
             self.push_send(cx);
             return;
@@ -797,11 +827,8 @@ impl Link {
             // A handshake message: the machine moves on its reply.
             return;
         }
-        // The batch left the slices' memory.
-        self.sent += self.batch;
         self.batch = 0;
-        self.early_ns = 0;
-        self.complete_front();
+        self.marked = 0;
         self.send_batch(cx);
     }
 
@@ -904,7 +931,11 @@ impl Link {
                 self.teardown(cx, ErrorKind::Unreachable, false);
                 return;
             }
-            if self.answered > self.sent && self.early_ns == 0 {
+            // A WRITE answered while its payload is still being sent: an
+            // honest target reads the payload whole first.
+            let early = (self.sent..self.answered.min(self.wire.len()))
+                .any(|i| self.wire[i].op.opcode() == Opcode::Write);
+            if early && self.early_ns == 0 {
                 self.early_ns = cx.now.max(1);
             }
             self.complete_front();
@@ -1002,6 +1033,7 @@ impl Link {
             kind,
             bystanders,
             opening: matches!(self.state, State::Connecting | State::Opening),
+            quiet: false,
         };
         self.state = State::Closing;
         self.try_close(cx);
@@ -1043,16 +1075,17 @@ impl Link {
                     until: cx.now.saturating_add(self.pause.as_nanos() as u64),
                 };
                 self.expire_patience(cx.now);
-            } else if cause.kind != ErrorKind::Canceled {
-                let kind = match cause.kind {
-                    BUSY => ErrorKind::Timeout,
-                    k if !self.link_up() => {
-                        let _ = k;
-                        ErrorKind::RouteLost
-                    }
-                    k => k,
+            } else if !cause.quiet {
+                // Whatever the target said (any kind it names), the queued
+                // slices end with it: nothing reconnects for them in a loop.
+                let kind = if cx.stopping {
+                    ErrorKind::Shutdown
+                } else if !self.link_up() {
+                    ErrorKind::RouteLost
+                } else {
+                    cause.kind
                 };
-                self.fail_queued(if cx.stopping { ErrorKind::Shutdown } else { kind });
+                self.fail_queued(kind);
             }
         }
     }
@@ -1080,6 +1113,7 @@ impl Link {
         self.answered = 0;
         self.landing = None;
         self.batch = 0;
+        self.marked = 0;
         self.iov_at = 0;
         self.iov_end = 0;
         self.stage_lo = 0;

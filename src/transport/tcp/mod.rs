@@ -606,6 +606,7 @@ impl Transport for TcpTransport {
         ws.driver.turn(now);
         let mut n = 0;
         let mut i = 0;
+        let mut reposted = false;
         while i < ws.active.len() && n < out.len() {
             let peer = ws.active[i].clone();
             // Opened with this context when the peer joined `active`.
@@ -623,9 +624,12 @@ impl Transport for TcpTransport {
                     let Some(op) = ws.driver.link(id).done.pop_front() else {
                         break;
                     };
-                    if let Some(c) = self.settle(&peer, links, ws, op, now) {
-                        out[n] = c;
-                        n += 1;
+                    match self.settle(&peer, links, ws, op, now) {
+                        Some(c) => {
+                            out[n] = c;
+                            n += 1;
+                        }
+                        None => reposted = true,
                     }
                 }
             }
@@ -640,6 +644,11 @@ impl Transport for TcpTransport {
             } else {
                 i += 1;
             }
+        }
+        if reposted {
+            // Slices moved to other connections go out now, not after the
+            // worker's next park (rare: only after a failure).
+            ws.driver.turn(monotonic_ns());
         }
         self.wire[ctx.index()].store(ws.driver.wire_total(), Ordering::Relaxed);
         n

@@ -60,9 +60,17 @@ pub(crate) fn probe() -> std::io::Result<bool> {
             .spawn_scoped(s, || {
                 let ring = IoUring::new(2)?;
                 let mut probe = io_uring::Probe::new();
-                let futex = ring.submitter().register_probe(&mut probe).is_ok()
-                    && probe.is_supported(opcode::FutexWait::CODE);
-                Ok(futex)
+                ring.submitter().register_probe(&mut probe)?;
+                // Waits with a timeout (5.11) and cancels by socket (5.19,
+                // the release that added SOCKET, probed for it) are what
+                // the driver is built on.
+                if !ring.params().is_feature_ext_arg() || !probe.is_supported(opcode::Socket::CODE) {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::Unsupported,
+                        "io_uring older than Linux 5.19",
+                    ));
+                }
+                Ok(probe.is_supported(opcode::FutexWait::CODE))
             })
             .and_then(|t| t.join().unwrap_or_else(|_| Err(std::io::Error::other("probe panicked"))))
     })
@@ -98,9 +106,10 @@ impl Uring {
             self.queued += 1;
             return Ok(());
         }
-        // Full since the last flush: hand the kernel what is there.
+        // Full since the last flush: hand the kernel what is there (what
+        // it does not take stays queued for the next flush).
         let _ = self.ring.submit();
-        self.queued = 0;
+        self.queued = self.ring.submission().len() as u32;
         // SAFETY: as above.
         match unsafe { self.ring.submission().push(e) } {
             Ok(()) => {
@@ -119,10 +128,11 @@ impl Uring {
         let e = match op {
             SockOp::Connect { fd, addr, len } => opcode::Connect::new(types::Fd(fd), addr, len)
                 .build(),
+            // No WAITALL: a short send completes, so the slices it carried
+            // whole complete as their answers come (not behind a large
+            // payload later in the batch); the rest is sent again.
             SockOp::Send { fd, msg } => opcode::SendMsg::new(types::Fd(fd), msg)
-                // WAITALL: the kernel keeps sending a short send's rest
-                // itself (stream sockets), one completion for the batch.
-                .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
+                .flags(libc::MSG_NOSIGNAL as u32)
                 .build(),
             SockOp::Recv { fd, buf, len } => opcode::Recv::new(types::Fd(fd), buf, len).build(),
         };
@@ -134,13 +144,9 @@ impl Uring {
         let e = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all())
             .build()
             .user_data(OWN);
-        if self.push_entry(&e).is_err() {
-            // The ring refuses even after a submit: cancel synchronously.
-            let _ = self
-                .ring
-                .submitter()
-                .register_sync_cancel(None, types::CancelBuilder::fd(types::Fd(fd)).all());
-        }
+        // Refused even after a submit: the caller's `shutdown` of the
+        // socket ends its operations anyway (this only hurries them).
+        let _ = self.push_entry(&e);
     }
 
     /// Submit what was queued; enter only when something was, when the
