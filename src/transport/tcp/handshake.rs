@@ -71,10 +71,184 @@ fn binding(server: SocketAddr, ident: &Ident) -> Binding {
     b
 }
 
-/// Tell the initiator its hello is refused, and why for the log.
-fn refuse_hello(s: &TcpStream, why: String) -> String {
-    let _ = io::send_header(s, &Hello::refusal(ErrorKind::InvalidArgument).encode());
-    why
+/// What [`Serving::on_bytes`] asks of the target next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Serve {
+    /// Read [`Serving::want`] more bytes.
+    Read,
+    /// The initiator named itself: register `ident` (so the connection can
+    /// be fenced from the moment its initiator could use it), then send
+    /// `reply`; the handshake is done after it when [`Serving::want`] is 0.
+    Hello {
+        ident: Ident,
+        reply: [u8; HELLO_LEN],
+    },
+    /// The initiator proved the secret: send `reply`; the handshake is
+    /// done after it.
+    Proven([u8; PROOF_LEN]),
+}
+
+/// Why the target refuses a connection: what to send it first (when it
+/// is owed an answer), and the reason to log.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub(crate) reply: Option<Reply>,
+    pub(crate) why: String,
+}
+
+/// A refusal's last words.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Reply {
+    Hello([u8; HELLO_LEN]),
+    Proof([u8; PROOF_LEN]),
+}
+
+impl Reply {
+    /// Its bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Reply::Hello(b) => b,
+            Reply::Proof(b) => b,
+        }
+    }
+}
+
+/// Where a [`Serving`] stands.
+#[derive(Clone, Copy)]
+enum ServeStage {
+    HelloHeader,
+    HelloRest { head: [u8; HELLO_HEADER_LEN] },
+    Proof {
+        ours: [u8; NONCE_LEN],
+        theirs: [u8; NONCE_LEN],
+        binding: Binding,
+    },
+    Ended,
+}
+
+/// The target's handshake as a state machine: no I/O, no clock ([`serve`]
+/// drives it on a blocking socket; a serving thread driving many sockets
+/// feeds it what arrives, by the connection's one deadline).
+pub(crate) struct Serving {
+    /// The secret a connection proves when set.
+    secret: Option<Arc<[u8]>>,
+    /// The address the connection was accepted on (the proofs are bound
+    /// to it).
+    local: SocketAddr,
+    stage: ServeStage,
+}
+
+impl std::fmt::Debug for Serving {
+    // Never the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Serving")
+            .field("local", &self.local)
+            .field("want", &self.want())
+            .finish_non_exhaustive()
+    }
+}
+
+fn bad_hello(why: String) -> Refusal {
+    Refusal {
+        reply: Some(Reply::Hello(Hello::refusal(ErrorKind::InvalidArgument).encode())),
+        why,
+    }
+}
+
+impl Serving {
+    /// A machine for a connection accepted on `local`, requiring `secret`
+    /// when set.
+    pub(crate) fn new(secret: Option<Arc<[u8]>>, local: SocketAddr) -> Serving {
+        Serving {
+            secret,
+            local,
+            stage: ServeStage::HelloHeader,
+        }
+    }
+
+    /// How many bytes [`Serving::on_bytes`] takes next: the initiator's
+    /// hello header, the rest of its hello, its proof when a secret is
+    /// set; 0 once done or refused.
+    pub(crate) fn want(&self) -> usize {
+        match self.stage {
+            ServeStage::HelloHeader => HELLO_HEADER_LEN,
+            ServeStage::HelloRest { .. } => HELLO_LEN - HELLO_HEADER_LEN,
+            ServeStage::Proof { .. } => PROOF_LEN,
+            ServeStage::Ended => 0,
+        }
+    }
+
+    /// `b`, exactly [`Serving::want`] bytes, arrived: what to do next, or
+    /// why the connection is refused (the machine is then ended).
+    ///
+    /// # Panics
+    /// If `b` is not [`Serving::want`] bytes long, or once ended.
+    pub(crate) fn on_bytes(&mut self, b: &[u8]) -> std::result::Result<Serve, Refusal> {
+        assert_eq!(b.len(), self.want(), "Serving::on_bytes takes want() bytes");
+        match std::mem::replace(&mut self.stage, ServeStage::Ended) {
+            ServeStage::HelloHeader => {
+                let mut head = [0u8; HELLO_HEADER_LEN];
+                head.copy_from_slice(b);
+                Hello::decode_header(&head).map_err(|e| bad_hello(format!("bad hello: {e}")))?;
+                self.stage = ServeStage::HelloRest { head };
+                Ok(Serve::Read)
+            }
+            ServeStage::HelloRest { head } => {
+                let mut whole = [0u8; HELLO_LEN];
+                whole[..HELLO_HEADER_LEN].copy_from_slice(&head);
+                whole[HELLO_HEADER_LEN..].copy_from_slice(b);
+                let theirs = Hello::decode(&whole).map_err(|e| bad_hello(format!("bad hello: {e}")))?;
+                if theirs.ident.conn == 0 {
+                    return Err(bad_hello("bad hello: no connection id".into()));
+                }
+                let ours = auth::nonce();
+                let reply = Hello {
+                    status: 0,
+                    flags: if self.secret.is_some() { AUTH_REQUIRED } else { 0 },
+                    nonce: ours,
+                    ident: Ident::NONE,
+                };
+                if self.secret.is_some() {
+                    self.stage = ServeStage::Proof {
+                        ours,
+                        theirs: theirs.nonce,
+                        binding: binding(self.local, &theirs.ident),
+                    };
+                }
+                Ok(Serve::Hello {
+                    ident: theirs.ident,
+                    reply: reply.encode(),
+                })
+            }
+            ServeStage::Proof {
+                ours,
+                theirs,
+                binding,
+            } => {
+                let secret = self.secret.as_deref().expect("a proof is asked only with a secret");
+                let mut p = [0u8; PROOF_LEN];
+                p.copy_from_slice(b);
+                let valid = Proof::decode(&p)
+                    .is_ok_and(|p| auth::verify_client(Door::Data, secret, &ours, &theirs, &binding, &p.mac));
+                if !valid {
+                    let deny = Proof {
+                        status: ErrorKind::AccessDenied.code(),
+                        mac: [0; NONCE_LEN],
+                    };
+                    return Err(Refusal {
+                        reply: Some(Reply::Proof(deny.encode())),
+                        why: "authentication failed (the shared secrets differ, or the initiator did not dial this address)".into(),
+                    });
+                }
+                let proof = Proof {
+                    status: 0,
+                    mac: auth::server_proof(Door::Data, secret, &ours, &theirs, &binding),
+                };
+                Ok(Serve::Proven(proof.encode()))
+            }
+            ServeStage::Ended => panic!("Serving::on_bytes after the handshake ended"),
+        }
+    }
 }
 
 /// The target's side: `Ok` once the initiator may send requests; `Err`
@@ -88,58 +262,43 @@ pub(crate) fn serve(
     deadline: Instant,
     register: impl FnOnce(Ident),
 ) -> std::result::Result<(), String> {
+    // The proofs are bound to the address the connection was accepted on
+    // (read only when there is a secret to prove).
+    let local = match secret {
+        Some(_) => s.local_addr().map_err(|e| format!("local address: {e}"))?,
+        None => SocketAddr::from(([0, 0, 0, 0], 0)),
+    };
+    let mut m = Serving::new(secret.map(Arc::from), local);
     let mut rx = ByDeadline::new(s, deadline);
+    let mut register = Some(register);
     let mut b = [0u8; HELLO_LEN];
-    rx.read_exact(&mut b[..HELLO_HEADER_LEN])
-        .map_err(|e| format!("hello: {e}"))?;
-    let mut head = [0u8; HELLO_HEADER_LEN];
-    head.copy_from_slice(&b[..HELLO_HEADER_LEN]);
-    if let Err(e) = Hello::decode_header(&head) {
-        return Err(refuse_hello(s, format!("bad hello: {e}")));
+    loop {
+        let want = m.want();
+        let during = if want == PROOF_LEN { "proof" } else { "hello" };
+        rx.read_exact(&mut b[..want])
+            .map_err(|e| format!("{during}: {e}"))?;
+        match m.on_bytes(&b[..want]) {
+            Ok(Serve::Read) => {}
+            Ok(Serve::Hello { ident, reply }) => {
+                if let Some(r) = register.take() {
+                    r(ident);
+                }
+                io::send_header(s, &reply).map_err(|e| format!("hello reply: {e}"))?;
+                if m.want() == 0 {
+                    return Ok(());
+                }
+            }
+            Ok(Serve::Proven(reply)) => {
+                return io::send_header(s, &reply).map_err(|e| format!("proof reply: {e}"));
+            }
+            Err(r) => {
+                if let Some(reply) = r.reply {
+                    let _ = io::send_header(s, reply.bytes());
+                }
+                return Err(r.why);
+            }
+        }
     }
-    rx.read_exact(&mut b[HELLO_HEADER_LEN..])
-        .map_err(|e| format!("hello: {e}"))?;
-    let theirs = Hello::decode(&b).map_err(|e| refuse_hello(s, format!("bad hello: {e}")))?;
-    if theirs.ident.conn == 0 {
-        return Err(refuse_hello(s, "bad hello: no connection id".into()));
-    }
-    register(theirs.ident);
-    let ours = auth::nonce();
-    let hello = Hello {
-        status: 0,
-        flags: if secret.is_some() { AUTH_REQUIRED } else { 0 },
-        nonce: ours,
-        ident: Ident::NONE,
-    };
-    io::send_header(s, &hello.encode()).map_err(|e| format!("hello reply: {e}"))?;
-    let Some(secret) = secret else {
-        return Ok(());
-    };
-    let binding = binding(
-        s.local_addr().map_err(|e| format!("local address: {e}"))?,
-        &theirs.ident,
-    );
-    let theirs = theirs.nonce;
-    let mut b = [0u8; PROOF_LEN];
-    rx.read_exact(&mut b).map_err(|e| format!("proof: {e}"))?;
-    let valid = Proof::decode(&b)
-        .is_ok_and(|p| auth::verify_client(Door::Data, secret, &ours, &theirs, &binding, &p.mac));
-    if !valid {
-        let deny = Proof {
-            status: ErrorKind::AccessDenied.code(),
-            mac: [0; NONCE_LEN],
-        };
-        let _ = io::send_header(s, &deny.encode());
-        return Err(
-            "authentication failed (the shared secrets differ, or the initiator did not dial this address)"
-                .into(),
-        );
-    }
-    let proof = Proof {
-        status: 0,
-        mac: auth::server_proof(Door::Data, secret, &ours, &theirs, &binding),
-    };
-    io::send_header(s, &proof.encode()).map_err(|e| format!("proof reply: {e}"))
 }
 
 /// Why a target refused our proof.
@@ -464,6 +623,108 @@ mod tests {
         let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(LONG)).unwrap();
         (s, addr, t)
+    }
+
+    /// The two machines talking with no socket: the initiator's bytes fed
+    /// to the target's machine and back. The target's verdict, the ident it
+    /// registered, and the initiator's.
+    fn machines(
+        ours: Option<&[u8]>,
+        theirs: Option<&[u8]>,
+        ident: Ident,
+    ) -> (std::result::Result<(), String>, Option<Ident>, std::result::Result<(), Refused>) {
+        let dialed: SocketAddr = "10.0.0.7:4000".parse().unwrap();
+        let (mut o, hello) = Opening::new(ours.map(Arc::from), ident);
+        let mut t = Serving::new(theirs.map(Arc::from), dialed);
+        let mut to_target: Vec<u8> = hello.to_vec();
+        let mut to_init: Vec<u8> = Vec::new();
+        let mut seen = None;
+        let mut served: Option<std::result::Result<(), String>> = None;
+        let mut opened: Option<std::result::Result<(), Refused>> = None;
+        for _ in 0..16 {
+            while served.is_none() && to_target.len() >= t.want() && t.want() > 0 {
+                let b: Vec<u8> = to_target.drain(..t.want()).collect();
+                match t.on_bytes(&b) {
+                    Ok(Serve::Read) => {}
+                    Ok(Serve::Hello { ident, reply }) => {
+                        seen = Some(ident);
+                        to_init.extend_from_slice(&reply);
+                        if t.want() == 0 {
+                            served = Some(Ok(()));
+                        }
+                    }
+                    Ok(Serve::Proven(reply)) => {
+                        to_init.extend_from_slice(&reply);
+                        served = Some(Ok(()));
+                    }
+                    Err(r) => {
+                        if let Some(reply) = r.reply {
+                            to_init.extend_from_slice(reply.bytes());
+                        }
+                        served = Some(Err(r.why));
+                    }
+                }
+            }
+            while opened.is_none() && to_init.len() >= o.want() && o.want() > 0 {
+                let b: Vec<u8> = to_init.drain(..o.want()).collect();
+                match o.on_bytes(&b) {
+                    Ok(Step::Read) => {}
+                    Ok(Step::Prove) => to_target.extend_from_slice(&o.proof(dialed)),
+                    Ok(Step::Done) => opened = Some(Ok(())),
+                    Err(r) => opened = Some(Err(r)),
+                }
+            }
+        }
+        (
+            served.expect("the target's machine decided"),
+            seen,
+            opened.unwrap_or_else(|| {
+                Err(Refused {
+                    kind: ErrorKind::ProcessFailed,
+                    why: "the target closed".into(),
+                })
+            }),
+        )
+    }
+
+    #[test]
+    fn the_two_machines_open_a_connection_with_and_without_a_secret() {
+        for secret in [None, Some(SECRET)] {
+            let (served, seen, opened) = machines(secret, secret, IDENT);
+            assert_eq!(served, Ok(()), "{secret:?}");
+            assert_eq!(seen, Some(IDENT));
+            assert!(opened.is_ok(), "{opened:?}");
+        }
+    }
+
+    #[test]
+    fn the_target_machine_refuses_a_wrong_proof_and_a_hello_without_a_connection_id() {
+        let (served, seen, opened) = machines(Some(OTHER), Some(SECRET), IDENT);
+        assert!(served.unwrap_err().contains("authentication failed"));
+        assert_eq!(seen, Some(IDENT), "registered before the proof");
+        assert_eq!(opened.unwrap_err().kind, ErrorKind::AccessDenied);
+        let nobody = Ident {
+            session: [7; SESSION_LEN],
+            conn: 0,
+        };
+        let (served, seen, opened) = machines(None, None, nobody);
+        assert!(served.unwrap_err().contains("no connection id"));
+        assert_eq!(seen, None);
+        assert_eq!(opened.unwrap_err().kind, ErrorKind::InvalidArgument);
+    }
+
+    #[test]
+    fn the_target_machine_refuses_another_protocol_version_at_the_header() {
+        let mut t = Serving::new(None, "127.0.0.1:1".parse().unwrap());
+        let (_, hello) = Opening::new(None, IDENT);
+        let mut head = [0u8; HELLO_HEADER_LEN];
+        head.copy_from_slice(&hello[..HELLO_HEADER_LEN]);
+        // The version sits right after the magic.
+        head[8..10].copy_from_slice(&(DATA_VERSION + 1).to_le_bytes());
+        let r = t.on_bytes(&head).unwrap_err();
+        assert!(r.why.starts_with("bad hello"), "{}", r.why);
+        assert!(matches!(r.reply, Some(Reply::Hello(_))));
+        assert_eq!(t.want(), 0);
     }
 
     /// Drive an [`Opening`] for `ident` on `s` by hand, as a poller would:
