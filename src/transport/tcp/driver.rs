@@ -591,6 +591,65 @@ mod tests {
         }
     }
 
+    /// An honest target answers the first WRITE of a batch as soon as it
+    /// has read it, while a large WRITE later in the same batch is still
+    /// leaving (the target reads it slowly, for longer than the early-answer
+    /// grace): the first completes at once, and nothing is torn down (the
+    /// answer counted as early once the batch, not the slice, was judged).
+    #[test]
+    fn an_answer_to_a_slice_sent_whole_is_not_held_behind_a_large_payload_after_it() {
+        use crate::transport::tcp::frame::{REQUEST_LEN, Request, Response};
+        use std::io::{Read, Write};
+        const SMALL: usize = 64;
+        const LARGE: usize = 48 << 20;
+        for choice in BACKENDS {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let at = l.local_addr().unwrap();
+            let target = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                crate::transport::tcp::handshake::serve(&s, None, Instant::now() + CONNECT_TIMEOUT, |_| {})
+                    .unwrap();
+                let answer = |s: &mut TcpStream| {
+                    let mut h = [0u8; REQUEST_LEN];
+                    s.read_exact(&mut h).unwrap();
+                    let req = Request::decode(&h).unwrap();
+                    (req.seq, req.len)
+                };
+                let (seq, len) = answer(&mut s);
+                let mut small = vec![0u8; len as usize];
+                s.read_exact(&mut small).unwrap();
+                s.write_all(&Response { status: Ok(()), seq, len }.encode()).unwrap();
+                // The large payload, slowly: 1 MiB every 40 ms (about 2 s).
+                let (seq, len) = answer(&mut s);
+                let mut chunk = vec![0u8; 1 << 20];
+                let mut left = len as usize;
+                while left > 0 {
+                    let n = left.min(chunk.len());
+                    s.read_exact(&mut chunk[..n]).unwrap();
+                    left -= n;
+                    std::thread::sleep(Duration::from_millis(40));
+                }
+                s.write_all(&Response { status: Ok(()), seq, len }.encode()).unwrap();
+                s
+            });
+            let (mut d, id, _owner) = rig(choice, at, CONNECT_TIMEOUT);
+            let small = vec![1u8; SMALL];
+            let large = vec![2u8; LARGE];
+            for (token, buf) in [(1u64, &small), (2u64, &large)] {
+                let mut op = Op::new(token, Opcode::Write, buf.as_ptr().cast_mut(), 0, buf.len() as u64, 1);
+                op.posted_ns = crate::clock::monotonic_ns();
+                d.post(id, op, BULK).unwrap();
+            }
+            let (first, took) = slice_back(&mut d, id, Duration::from_secs(1)).unwrap_or_else(|| {
+                panic!("{choice:?}: the small WRITE's answer was held behind the large payload")
+            });
+            assert_eq!((first.token, first.result()), (1, Ok(SMALL as u64)), "{choice:?} after {took:?}");
+            let (second, _) = slice_back(&mut d, id, Duration::from_secs(10)).expect("the large WRITE");
+            assert_eq!((second.token, second.result()), (2, Ok(LARGE as u64)), "{choice:?}");
+            drop(target.join().unwrap());
+        }
+    }
+
     #[test]
     fn connections_of_a_peer_that_is_gone_are_swept() {
         let mute = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -235,7 +235,7 @@ mod tests {
     #[test]
     fn a_parked_ring_wakes_when_the_bell_rings() {
         if !probe().unwrap_or(false) {
-            eprintln!("SKIP: this kernel's io_uring has no futex wait");
+            let _ = writeln!(std::io::stderr(), "SKIP: this kernel's io_uring has no futex wait");
             return;
         }
         let mut u = Uring::new(8).unwrap();
@@ -267,7 +267,7 @@ mod tests {
     #[test]
     fn a_parked_ring_wakes_on_a_completion() {
         if !probe().unwrap_or(false) {
-            eprintln!("SKIP: this kernel's io_uring has no futex wait");
+            let _ = writeln!(std::io::stderr(), "SKIP: this kernel's io_uring has no futex wait");
             return;
         }
         let mut u = Uring::new(8).unwrap();
