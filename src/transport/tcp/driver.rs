@@ -650,6 +650,70 @@ mod tests {
         }
     }
 
+    /// A target that breaks the response framing (a bad header, a wrong
+    /// sequence number, a READ answered with another length, bytes with
+    /// nothing outstanding) gets its connection torn down: the READ comes
+    /// back `Unreachable` (or whole, when its own answer was good), and no
+    /// byte lands past the READ's buffer. An error status is an answer, not
+    /// a violation.
+    #[test]
+    fn a_target_breaking_the_response_framing_fails_the_slice_and_writes_nothing_past_it() {
+        use crate::transport::tcp::frame::{REQUEST_LEN, RESPONSE_LEN, Request, Response};
+        use std::io::{Read, Write};
+        const LEN: usize = 4096;
+        const CANARY: usize = 64;
+        type Script = fn(u32, u64) -> Vec<u8>;
+        let cases: [(&str, Script, std::result::Result<u64, ErrorKind>); 5] = [
+            ("bad header", |_, _| vec![0x5a; RESPONSE_LEN], Err(ErrorKind::Unreachable)),
+            ("wrong seq", |seq, len| Response { status: Ok(()), seq: seq + 1, len }.encode().to_vec(), Err(ErrorKind::Unreachable)),
+            ("wrong len", |seq, len| {
+                let mut b = Response { status: Ok(()), seq, len: len + 1 }.encode().to_vec();
+                b.extend(vec![0x77u8; len as usize + 1]);
+                b
+            }, Err(ErrorKind::Unreachable)),
+            ("bytes past the payload", |seq, len| {
+                let mut b = Response { status: Ok(()), seq, len }.encode().to_vec();
+                b.extend(vec![0x77u8; len as usize + 2 * RESPONSE_LEN]);
+                b
+            }, Ok(LEN as u64)),
+            ("an error status", |seq, _| Response { status: Err(ErrorKind::AccessDenied), seq, len: 0 }.encode().to_vec(), Err(ErrorKind::AccessDenied)),
+        ];
+        for choice in BACKENDS {
+            for (what, script, want) in cases {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let at = l.local_addr().unwrap();
+                let target = std::thread::spawn(move || {
+                    let (mut s, _) = l.accept().unwrap();
+                    crate::transport::tcp::handshake::serve(&s, None, Instant::now() + CONNECT_TIMEOUT, |_| {})
+                        .unwrap();
+                    let mut h = [0u8; REQUEST_LEN];
+                    s.read_exact(&mut h).unwrap();
+                    let req = Request::decode(&h).unwrap();
+                    let _ = s.write_all(&script(req.seq, req.len));
+                    // Held open until the initiator is done with it.
+                    let mut sink = [0u8; 64];
+                    let _ = s.read(&mut sink);
+                });
+                let (mut d, id, _owner) = rig(choice, at, CONNECT_TIMEOUT);
+                let mut buf = vec![0xeeu8; LEN + CANARY];
+                let mut op = Op::new(7, Opcode::Read, buf.as_mut_ptr(), 0, LEN as u64, 1);
+                op.posted_ns = crate::clock::monotonic_ns();
+                d.post(id, op, BULK).unwrap();
+                let (back, _) = slice_back(&mut d, id, PROMPT)
+                    .unwrap_or_else(|| panic!("{choice:?} {what}: the READ never came back"));
+                assert_eq!(back.result(), want, "{choice:?} {what}");
+                // Whatever follows, nothing is written past the buffer.
+                for _ in 0..20 {
+                    d.turn(crate::clock::monotonic_ns());
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                assert!(buf[LEN..].iter().all(|&b| b == 0xee), "{choice:?} {what}: bytes past the READ's buffer");
+                drop(d);
+                target.join().unwrap();
+            }
+        }
+    }
+
     #[test]
     fn connections_of_a_peer_that_is_gone_are_swept() {
         let mute = TcpListener::bind("127.0.0.1:0").unwrap();

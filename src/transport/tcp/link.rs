@@ -928,6 +928,8 @@ impl Link {
             self.stage_hi += n as usize;
             if let Err(why) = self.parse() {
                 crate::lograte::warn_limited!((self.endpoint.remote, why), remote = %self.endpoint.remote, why, "tcp: bad response; closing the connection");
+                // What was answered well before the violation stands.
+                self.complete_front();
                 self.teardown(cx, ErrorKind::Unreachable, false);
                 return;
             }
