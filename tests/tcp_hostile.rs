@@ -9,9 +9,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{pattern, reap, test_config};
@@ -578,45 +577,6 @@ fn a_full_data_server_says_busy_and_the_initiator_waits_its_turn() {
     assert!(got == pattern(8, 1 << 16));
 }
 
-/// Run this binary's test `test` as a target child (with `env` set): the
-/// child, its output (kept open for whatever it prints later), and the
-/// words after `SEGMENT ` on the line it prints once ready.
-// The child is handed to the caller, who waits for (or kills) it.
-#[allow(clippy::zombie_processes)]
-fn target_child(
-    test: &str,
-    env: &str,
-) -> (
-    std::process::Child,
-    BufReader<std::process::ChildStdout>,
-    Vec<String>,
-) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(env, "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if out.read_line(&mut line).unwrap() == 0 {
-            let status = child.wait();
-            panic!("child exited early: {status:?}");
-        }
-        // libtest prints "test NAME ... " on the same line.
-        if let Some(at) = line.find("SEGMENT ") {
-            let words = line[at + 8..]
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect();
-            return (child, out, words);
-        }
-    }
-}
-
 /// The target half of the descriptor test: a patterned region over TCP,
 /// then a limit on open files a dozen past what it holds now.
 #[test]
@@ -655,8 +615,11 @@ fn tcp_out_of_descriptors_target_child() {
 /// good, and the READ timed out).
 #[test]
 fn a_target_out_of_descriptors_evicts_unused_connections_for_an_initiator() {
-    let (mut child, _out, w) =
-        target_child("tcp_out_of_descriptors_target_child", "TENT_TCP_FD_TARGET");
+    let (mut child, _out, w) = common::target_child(
+        "tcp_out_of_descriptors_target_child",
+        "TENT_TCP_FD_TARGET",
+        "SEGMENT",
+    );
     let (name, remote, data) = (
         w[0].clone(),
         w[1].parse::<u64>().unwrap(),
@@ -708,7 +671,11 @@ fn tcp_two_process_target_child() {
 
 #[test]
 fn tcp_two_process_target_killed_mid_transfer_fails_process_failed() {
-    let (mut child, _out, w) = target_child("tcp_two_process_target_child", "TENT_TCP_KILL_TARGET");
+    let (mut child, _out, w) = common::target_child(
+        "tcp_two_process_target_child",
+        "TENT_TCP_KILL_TARGET",
+        "SEGMENT",
+    );
     let (name, remote) = (w[0].clone(), w[1].parse::<u64>().unwrap());
     let init = engine_with("", false);
     let seg = init.open_segment(&name).unwrap();

@@ -9,8 +9,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::Write;
 use std::time::Duration;
 
 use common::{pattern, reap, test_config};
@@ -62,35 +61,11 @@ fn two_hundred_tcp_peers_add_at_most_8_threads() {
     let mut children = Vec::new();
     let mut peers: Vec<(String, u64)> = Vec::new();
     for _ in 0..PROCESSES {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "tcp_many_targets_child",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("TENT_MANY_TARGETS", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert_ne!(
-                out.read_line(&mut line).unwrap(),
-                0,
-                "a target process exited early"
-            );
-            // libtest prints "test NAME ... " on the same line.
-            if let Some(at) = line.find("SEGMENTS ") {
-                for w in line[at + 9..].split_whitespace() {
-                    let (name, addr) = w.split_once('=').unwrap();
-                    peers.push((name.to_owned(), addr.parse().unwrap()));
-                }
-                break;
-            }
+        let (child, out, words) =
+            common::target_child("tcp_many_targets_child", "TENT_MANY_TARGETS", "SEGMENTS");
+        for w in words {
+            let (name, addr) = w.split_once('=').unwrap();
+            peers.push((name.to_owned(), addr.parse().unwrap()));
         }
         children.push((child, out));
     }

@@ -55,3 +55,45 @@ pub(crate) fn reap(ring: &mut Ring, n: usize) -> Vec<Cqe> {
 }
 pub(crate) mod held;
 pub(crate) mod netns;
+
+/// Run this binary's test `test` as a target child (with `env` set): the
+/// child, its output (kept open for whatever it prints later), and the
+/// words after `marker` on the line it prints once ready.
+// The child is handed to the caller, who waits for (or kills) it.
+#[allow(clippy::zombie_processes)]
+pub(crate) fn target_child(
+    test: &str,
+    env: &str,
+    marker: &str,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+    Vec<String>,
+) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(env, "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let marker = format!("{marker} ");
+    loop {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            let status = child.wait();
+            panic!("child exited early: {status:?}");
+        }
+        // libtest prints "test NAME ... " on the same line.
+        if let Some(at) = line.find(&marker) {
+            let words = line[at + marker.len()..]
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect();
+            return (child, out, words);
+        }
+    }
+}

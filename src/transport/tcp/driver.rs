@@ -222,7 +222,7 @@ impl Driver {
             }
             // Its armed receive (if any) is cancelled; freed once back.
             e.link.close_idle(&mut cx);
-            if e.link.has_outstanding() {
+            if e.link.outstanding() {
                 if !e.busy && e.link.busy() {
                     e.busy = true;
                     self.busy.push(id as u32);

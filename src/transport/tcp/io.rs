@@ -318,6 +318,16 @@ pub(super) fn discard(sock: &impl AsRawFd, mut len: u64, pace: &mut Pace<'_>) ->
     Ok(())
 }
 
+/// What every data socket gets, on both sides: no Nagle, the user
+/// timeout (0: the kernel's), keepalive.
+pub(super) fn tune(s: socket2::SockRef<'_>, user_timeout_ms: u32) {
+    let _ = s.set_nodelay(true);
+    if user_timeout_ms > 0 {
+        let _ = s.set_tcp_user_timeout(Some(Duration::from_millis(u64::from(user_timeout_ms))));
+    }
+    let _ = s.set_keepalive(true);
+}
+
 /// The error kind a failed socket operation means for the slices on it.
 ///
 /// `ECONNREFUSED` is `ProcessFailed`: the address and port come from the

@@ -114,12 +114,6 @@ enum State {
     Closing,
 }
 
-/// One slice on the wire.
-#[derive(Debug, Clone, Copy)]
-struct Wire {
-    op: Op,
-}
-
 /// What a teardown completes the slices on the wire with.
 #[derive(Debug, Clone, Copy)]
 struct Cause {
@@ -161,7 +155,7 @@ pub(super) struct Link {
     /// Slices to send: `[EXPRESS]` (HIGH, first) and `[BULK]`.
     queue: [VecDeque<Op>; 2],
     /// Slices in a batch sent or being sent, in wire order.
-    wire: VecDeque<Wire>,
+    wire: VecDeque<Op>,
     /// Of `wire`, how many from the front had their batch leave memory...
     sent: usize,
     /// ...and how many from the front were answered.
@@ -326,11 +320,7 @@ impl Link {
     }
 
     /// Is any operation outstanding on its socket?
-    pub(super) fn has_outstanding(&self) -> bool {
-        self.outstanding()
-    }
-
-    fn outstanding(&self) -> bool {
+    pub(super) fn outstanding(&self) -> bool {
         self.out_connect || self.out_send || self.out_recv
     }
 
@@ -390,7 +380,7 @@ impl Link {
                 }
             }
         }
-        if self.wire.iter().any(|w| w.op.token == token) {
+        if self.wire.iter().any(|op| op.token == token) {
             self.teardown(cx, ErrorKind::Canceled, true);
         }
         if self.queue[EXPRESS].is_empty()
@@ -429,7 +419,7 @@ impl Link {
         match self.state {
             State::Connecting | State::Opening if cx.now >= self.deadline => {
                 self.note(ErrorKind::Timeout, &"connect and handshake took too long");
-                self.teardown_opening(cx, ErrorKind::Timeout);
+                self.teardown(cx, ErrorKind::Timeout, false);
             }
             State::Backoff { until } => {
                 self.expire_patience(cx.now);
@@ -521,7 +511,7 @@ impl Link {
         if unsafe { cx.be.push(self.tag(CONNECT), op) }.is_ok() {
             self.out_connect = true;
         } else {
-            self.teardown_opening(cx, ErrorKind::SqFull);
+            self.teardown(cx, ErrorKind::SqFull, false);
         }
     }
 
@@ -558,11 +548,11 @@ impl Link {
             let e = std::io::Error::from_raw_os_error(-res);
             let kind = io::kind_of(&e);
             self.note(kind, &e);
-            self.teardown_opening(cx, kind);
+            self.teardown(cx, kind, false);
             return;
         }
         let sock = self.sock.as_ref().expect("a socket while connecting");
-        tune(sock, self.opts.user_timeout_ms);
+        io::tune(sock.into(), self.opts.user_timeout_ms);
         let ident = Ident {
             session: self.opts.session,
             conn: next_conn_id(),
@@ -606,7 +596,7 @@ impl Link {
         if unsafe { cx.be.push(self.tag(RECV), op) }.is_ok() {
             self.out_recv = true;
         } else {
-            self.teardown_opening(cx, ErrorKind::SqFull);
+            self.teardown(cx, ErrorKind::SqFull, false);
         }
     }
 
@@ -616,12 +606,7 @@ impl Link {
             return;
         };
         if res <= 0 {
-            let e = if res == 0 {
-                std::io::Error::from(std::io::ErrorKind::UnexpectedEof)
-            } else {
-                std::io::Error::from_raw_os_error(-res)
-            };
-            let r = opening.recv_failed(e);
+            let r = opening.recv_failed(recv_error(res));
             self.refused(r, cx);
             return;
         }
@@ -651,7 +636,7 @@ impl Link {
                 if self.out_send {
                     // The hello is still leaving: cannot happen with an
                     // honest target (it answers after reading it).
-                    self.teardown_opening(cx, ErrorKind::Unreachable);
+                    self.teardown(cx, ErrorKind::Unreachable, false);
                     return;
                 }
                 self.send_handshake(proof.len(), cx);
@@ -660,7 +645,7 @@ impl Link {
             Ok((Step::Done, _)) => {
                 self.opening = None;
                 if self.out_send {
-                    self.teardown_opening(cx, ErrorKind::Unreachable);
+                    self.teardown(cx, ErrorKind::Unreachable, false);
                     return;
                 }
                 self.opened(cx);
@@ -673,7 +658,7 @@ impl Link {
         if r.kind != BUSY {
             self.note(r.kind, &r.why);
         }
-        self.teardown_opening(cx, r.kind);
+        self.teardown(cx, r.kind, false);
     }
 
     /// The handshake is done: carry slices.
@@ -746,7 +731,7 @@ impl Link {
                 };
                 n_iov += 1;
             }
-            self.wire.push_back(Wire { op });
+            self.wire.push_back(op);
             self.ends[batch] = n_iov;
             batch += 1;
         }
@@ -835,12 +820,12 @@ impl Link {
     /// Complete the slices at the front that were both sent and answered.
     fn complete_front(&mut self) {
         while self.sent > 0 && self.answered > 0 {
-            let Some(w) = self.wire.pop_front() else {
+            let Some(op) = self.wire.pop_front() else {
                 break;
             };
             self.sent -= 1;
             self.answered -= 1;
-            self.done.push_back(w.op);
+            self.done.push_back(op);
         }
     }
 
@@ -859,7 +844,7 @@ impl Link {
         }
         let (buf, len) = match self.landing {
             Some(got) => {
-                let op = &self.wire[self.answered].op;
+                let op = &self.wire[self.answered];
                 let left = (op.len - got).min(u32::MAX as u64) as u32;
                 ((op.local + got) as *mut u8, left)
             }
@@ -872,7 +857,7 @@ impl Link {
                     self.stage_hi -= self.stage_lo;
                     self.stage_lo = 0;
                 }
-                let next = self.wire.get(self.answered).map(|w| w.op);
+                let next = self.wire.get(self.answered).copied();
                 let have = self.stage_hi - self.stage_lo;
                 let len = if next.is_some_and(|n| n.opcode() == Opcode::Read && n.len >= DIRECT_MIN) {
                     RESPONSE_LEN.saturating_sub(have).max(1)
@@ -904,11 +889,7 @@ impl Link {
             _ => return,
         }
         if res <= 0 {
-            let e = if res == 0 {
-                std::io::Error::from(std::io::ErrorKind::UnexpectedEof)
-            } else {
-                std::io::Error::from_raw_os_error(-res)
-            };
+            let e = recv_error(res);
             tracing::debug!(remote = %self.endpoint.remote, error = %e, "tcp data connection failed");
             self.teardown(cx, io::kind_of(&e), false);
             return;
@@ -916,7 +897,7 @@ impl Link {
         let n = res as u64;
         if let Some(got) = self.landing {
             let got = got + n;
-            let len = self.wire[self.answered].op.len;
+            let len = self.wire[self.answered].len;
             if got < len {
                 self.landing = Some(got);
             } else {
@@ -936,7 +917,7 @@ impl Link {
             // A WRITE answered while its payload is still being sent: an
             // honest target reads the payload whole first.
             let early = (self.sent..self.answered.min(self.wire.len()))
-                .any(|i| self.wire[i].op.opcode() == Opcode::Write);
+                .any(|i| self.wire[i].opcode() == Opcode::Write);
             if early && self.early_ns == 0 {
                 self.early_ns = cx.now.max(1);
             }
@@ -951,14 +932,13 @@ impl Link {
             let mut h = [0u8; RESPONSE_LEN];
             h.copy_from_slice(&self.stage[self.stage_lo..self.stage_lo + RESPONSE_LEN]);
             let resp = Response::decode(&h).map_err(|_| "malformed response")?;
-            let Some(w) = self.wire.get_mut(self.answered) else {
+            let Some(op) = self.wire.get_mut(self.answered) else {
                 return Err("response with nothing outstanding");
             };
-            if resp.seq != w.op.seq {
+            if resp.seq != op.seq {
                 return Err("response out of order");
             }
             self.stage_lo += RESPONSE_LEN;
-            let op = &mut w.op;
             match resp.status {
                 Err(kind) => op.status = kind.code(),
                 Ok(()) if resp.len != op.len => return Err("wrong length"),
@@ -1007,16 +987,9 @@ impl Link {
         self.reset_socket_state();
     }
 
-    /// The socket failed while opening: tear it down; what is queued then
-    /// waits (`BUSY`) or fails with `kind`.
-    fn teardown_opening(&mut self, cx: &mut Cx<'_>, kind: ErrorKind) {
-        self.teardown(cx, kind, false);
-        self.cause.opening = true;
-        self.try_close(cx);
-    }
-
     /// Tear the socket down (see the module docs); its slices complete once
-    /// its last operation has.
+    /// its last operation has. Torn down while opening, what is queued then
+    /// waits (`BUSY`) or fails with `kind`.
     fn teardown(&mut self, cx: &mut Cx<'_>, kind: ErrorKind, bystanders: bool) {
         if self.state == State::Closing {
             self.cause.bystanders |= bystanders;
@@ -1053,10 +1026,9 @@ impl Link {
         }
         let cause = self.cause;
         let mut wrote = false;
-        while let Some(w) = self.wire.pop_front() {
-            wrote |= w.op.opcode() == Opcode::Write;
+        while let Some(op) = self.wire.pop_front() {
+            wrote |= op.opcode() == Opcode::Write;
             let status = self.failure_status(cause, cx.stopping);
-            let op = w.op;
             self.finish(op, status);
         }
         if wrote {
@@ -1142,6 +1114,16 @@ impl Link {
     }
 }
 
+/// What a receive that came back `res <= 0` means: the peer closed (0),
+/// or the socket's error.
+fn recv_error(res: i32) -> std::io::Error {
+    if res == 0 {
+        std::io::Error::from(std::io::ErrorKind::UnexpectedEof)
+    } else {
+        std::io::Error::from_raw_os_error(-res)
+    }
+}
+
 /// A non-blocking TCP socket bound to `local` (unless unspecified), for
 /// `remote`.
 fn open_socket(local: std::net::IpAddr, remote: SocketAddr) -> std::io::Result<socket2::Socket> {
@@ -1154,15 +1136,6 @@ fn open_socket(local: std::net::IpAddr, remote: SocketAddr) -> std::io::Result<s
         sock.bind(&SocketAddr::new(local, 0).into())?;
     }
     Ok(sock)
-}
-
-/// What every data socket gets: no Nagle, the user timeout, keepalive.
-fn tune(s: &socket2::Socket, user_timeout_ms: u32) {
-    let _ = s.set_nodelay(true);
-    if user_timeout_ms > 0 {
-        let _ = s.set_tcp_user_timeout(Some(Duration::from_millis(u64::from(user_timeout_ms))));
-    }
-    let _ = s.set_keepalive(true);
 }
 
 #[cfg(test)]

@@ -557,16 +557,6 @@ impl Reserve {
     }
 }
 
-/// Apply the data-path socket options.
-pub(crate) fn tune(s: &TcpStream, user_timeout_ms: u32) {
-    let _ = s.set_nodelay(true);
-    let sock = socket2::SockRef::from(s);
-    if user_timeout_ms > 0 {
-        let _ = sock.set_tcp_user_timeout(Some(Duration::from_millis(user_timeout_ms as u64)));
-    }
-    let _ = sock.set_keepalive(true);
-}
-
 /// Serve one connection until the peer closes, goes idle, the server
 /// stops, or the stream's framing is lost (the `Err` carries the reason to
 /// log).
@@ -579,7 +569,7 @@ fn serve(
     user_timeout_ms: u32,
     secret: Option<&[u8]>,
 ) -> std::result::Result<(), String> {
-    tune(s, user_timeout_ms);
+    io::tune(s.into(), user_timeout_ms);
     handshake::serve(s, secret, Instant::now() + HANDSHAKE_TIMEOUT, |ident| {
         let _ = slot.ident.set(ident);
     })?;
