@@ -214,6 +214,12 @@ pub struct TcpConfig {
     pub slice_size: u64,
     /// `transports/tcp/backend`: io_uring, epoll, or the best available.
     pub backend: TcpBackend,
+    /// `transports/tcp/serving_threads`: threads serving the target side;
+    /// 0 = one per core available to the engine.
+    pub serving_threads: u32,
+    /// `transports/tcp/max_served_connections`: data connections served
+    /// at once; 0 = derived from open-file limit and memory.
+    pub max_served_connections: u32,
 }
 
 /// `transports/rdma`: every RDMA key of the reference documents (failover
@@ -1075,6 +1081,10 @@ schema! {
         "Bytes per slice over TCP (each slice costs one request and one response).";
     "transports/tcp/backend" => transports.tcp.backend: Kind::Choice(TcpBackend::NAMES), "\"auto\"", LIVE,
         "How each worker drives its TCP connections: auto (its own io_uring where the kernel offers one, else epoll; the choice is logged once), io_uring (the engine fails to start where io_uring is missing, disabled by kernel.io_uring_disabled or refused by a seccomp profile), epoll (non-blocking sockets on an edge-triggered epoll set).";
+    "transports/tcp/serving_threads" => transports.tcp.serving_threads: uint(0, 256), "0", LIVE,
+        "Threads serving the target side of TCP, each driving any number of connections on its own io_uring (or epoll set); 0 = one per core available to the engine.";
+    "transports/tcp/max_served_connections" => transports.tcp.max_served_connections: uint(0, 1 << 20), "0", LIVE,
+        "TCP data connections the target serves at once (past it an unused one is evicted for a newcomer, or the newcomer is told BUSY); 0 = derived: half the open-file limit, and what a sixteenth of the available memory holds at 256 KiB a connection.";
     // transports/rdma: failover rails (seed 000)
     "transports/rdma/enable" => transports.rdma.enable: Kind::Bool, "true", LIVE,
         "Enable the RDMA transport (used when the machine has RDMA devices).";

@@ -61,7 +61,23 @@ const USERS_REVOKED: u64 = 1 << 63;
 #[derive(Debug)]
 pub(crate) struct RegionUse<'a>(&'a MemRegion);
 
-impl RegionUse<'_> {
+impl Drop for RegionUse<'_> {
+    fn drop(&mut self) {
+        // Release: the use's accesses to the memory happen before a
+        // revoker that sees the count reach 0.
+        self.0.users.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A target-side use of a region that outlives any borrow of the region
+/// table: an op whose I/O spans several turns of a serving thread (a READ
+/// response queued behind others, a WRITE payload received in parts).
+/// Counted as [`RegionUse`] is; the region stays alive while it is held.
+#[must_use = "the use ends when the hold drops"]
+#[derive(Debug)]
+pub(crate) struct RegionHold(Arc<MemRegion>);
+
+impl RegionHold {
     /// Whether the region was revoked after this use began (an unregister
     /// is waiting for it): a slow use should end rather than hold it.
     pub(crate) fn is_revoked(&self) -> bool {
@@ -69,10 +85,9 @@ impl RegionUse<'_> {
     }
 }
 
-impl Drop for RegionUse<'_> {
+impl Drop for RegionHold {
     fn drop(&mut self) {
-        // Release: the use's accesses to the memory happen before a
-        // revoker that sees the count reach 0.
+        // Release: as `RegionUse::drop`.
         self.0.users.fetch_sub(1, Ordering::Release);
     }
 }
@@ -195,6 +210,16 @@ impl MemRegion {
             return None;
         }
         Some(RegionUse(self))
+    }
+
+    /// [`MemRegion::enter`], held by an owner rather than a borrow.
+    #[inline]
+    pub(crate) fn hold(self: &Arc<Self>) -> Option<RegionHold> {
+        let used = self.enter()?;
+        // The count taken by `enter` passes to the hold, which gives it
+        // back on drop.
+        std::mem::forget(used);
+        Some(RegionHold(self.clone()))
     }
 
     /// Target-side uses still in progress.

@@ -529,7 +529,9 @@ fn read_64k_verified(init: &Engine, seg: tent::SegmentId, remote: u64, seed: u8)
 
 #[test]
 fn a_full_data_server_says_busy_and_the_initiator_waits_its_turn() {
-    let target = common::engine();
+    let mut c = test_config();
+    c.transports.tcp.max_served_connections = 512;
+    let target = Engine::new(c).unwrap();
     let buf = target.allocate_memory(1 << 16).unwrap();
     buf.write(0, &pattern(8, 1 << 16)).unwrap();
     let addr = target.tcp_data_addr().unwrap();

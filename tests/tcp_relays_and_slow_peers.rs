@@ -243,6 +243,7 @@ fn never_readers_hold_every_data_slot(user_timeout_ms: u64, wait: Duration) {
     let mut c = test_config();
     c.transports.shm.enable = false;
     c.transports.tcp.user_timeout_ms = Duration::from_millis(user_timeout_ms);
+    c.transports.tcp.max_served_connections = 512;
     let target = Engine::new(c).unwrap();
     let buf = target.allocate_memory(1 << 20).unwrap();
     buf.write(0, &pattern(3, 1 << 20)).unwrap();

@@ -337,7 +337,14 @@ fn start_data_server(
     let addrs = tcp::advertised_addrs(host);
     let ips: Vec<_> = addrs.iter().map(|(_, ip)| *ip).collect();
     let secret = cfg.secret().map(Arc::<[u8]>::from);
-    let server = DataServer::start(&ips, shared.regions.clone(), ut, secret.clone())?;
+    let settings = tcp::ServeSettings {
+        user_timeout_ms: ut,
+        secret: secret.clone(),
+        threads: cfg.transports.tcp.serving_threads,
+        max_connections: cfg.transports.tcp.max_served_connections,
+        backend: cfg.transports.tcp.backend,
+    };
+    let server = DataServer::start(&ips, shared.regions.clone(), settings)?;
     let rails = tcp::advertised_rails(host, server.local_addr().port());
     if secret.is_none() {
         tracing::warn!(addrs = ?server.local_addrs(), "tcp data port unauthenticated (no rpc_shared_secret): any host that reaches it can read and write registered memory with a key it has seen");

@@ -256,6 +256,7 @@ impl Serving {
 /// `register` learns the initiator's ident before anything is sent back,
 /// so the connection can be fenced from the moment its initiator could
 /// use it.
+#[cfg(test)]
 pub(crate) fn serve(
     s: &TcpStream,
     secret: Option<&[u8]>,

@@ -33,8 +33,10 @@ pub mod frame;
 pub mod handshake;
 mod io;
 mod link;
+mod live;
 pub(crate) mod op;
 pub mod server;
+mod station;
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -50,7 +52,7 @@ use driver::Driver;
 use fence::PeerFences;
 use link::Link;
 pub(crate) use op::{BYSTANDER, Endpoint, Op};
-pub(crate) use server::DataServer;
+pub(crate) use server::{DataServer, ServeSettings};
 
 use super::{
     Capabilities, InstallContext, PeerActivity, PerWorker, RailStat, Slice, SliceCompletion,
