@@ -392,7 +392,7 @@ mod tests {
         });
         let id = d
             .add(Arc::downgrade(&owner), |id| {
-                Link::new(id, endpoint, opts, Arc::default(), 4, 2)
+                Link::new(id, endpoint, opts, Arc::default(), 4, 2 << 20)
             })
             .unwrap();
         (d, id, owner)

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! worker ─post─▶ queue[EXPRESS|BULK] ─batch─▶ sendmsg ──wire──▶ target
-//!                                      │ wire (at most `window` slices)
+//!                                      │ wire (at most `window` bytes, 64 slices)
 //! worker ◀─done── answered and sent ◀──┴── recv ◀──wire── target
 //! ```
 //! The worker queues a slice ([`Link::post`]); a HIGH one goes to the
@@ -61,6 +61,9 @@ use super::op::{BULK, BYSTANDER, EXPRESS, Endpoint, Op, Options, RECONNECT_IDLE,
 
 /// Slices in one send batch, at most.
 const BATCH_MAX: usize = 32;
+/// Most slices on a connection's wire at once, however small: what the
+/// target queues answers for before it stops reading (its `TX_MAX`).
+const WIRE_MAX: usize = 64;
 /// iovecs of one batch: its fences, then a header and a payload per slice.
 const IOV_MAX: usize = PEER_FENCES_MAX + 2 * BATCH_MAX;
 /// Headers of one batch.
@@ -163,8 +166,11 @@ pub(super) struct Link {
     /// The slice at `wire[answered]` is a READ whose payload is landing:
     /// bytes of it in place so far.
     landing: Option<u64>,
-    /// Most slices on the wire at once (`max_inflight_per_connection`).
-    window: usize,
+    /// Most bytes on the wire at once (`max_inflight_per_connection`
+    /// full slices); past [`WIRE_MAX`] slices, small ones wait too.
+    window: u64,
+    /// Bytes of the slices on the wire.
+    wire_bytes: u64,
     /// Completed slices, for the worker.
     pub(super) done: VecDeque<Op>,
     seq: u32,
@@ -231,14 +237,15 @@ fn empty_iov() -> libc::iovec {
 
 impl Link {
     /// A connection (not connected yet) to `endpoint`: `queue` slices may
-    /// wait on it (the worker's credits), `window` be on the wire.
+    /// wait on it (the worker's credits), `window` bytes of them be on the
+    /// wire (at least one slice, at most [`WIRE_MAX`]).
     pub(super) fn new(
         id: u32,
         endpoint: Arc<Endpoint>,
         opts: Arc<Options>,
         fences: Arc<PeerFences>,
         queue: usize,
-        window: usize,
+        window: u64,
     ) -> Box<Link> {
         let remote = socket2::SockAddr::from(endpoint.remote);
         // Every fence the peer still keeps is sent ahead of its first
@@ -261,12 +268,13 @@ impl Link {
                 VecDeque::with_capacity(queue),
                 VecDeque::with_capacity(queue),
             ],
-            wire: VecDeque::with_capacity(window.max(1)),
+            wire: VecDeque::with_capacity(WIRE_MAX),
             sent: 0,
             answered: 0,
             landing: None,
-            window: window.max(1),
-            done: VecDeque::with_capacity(queue.max(window)),
+            window,
+            wire_bytes: 0,
+            done: VecDeque::with_capacity(queue.max(WIRE_MAX)),
             seq: 0,
             conn_id: 0,
             cause: Cause {
@@ -700,13 +708,19 @@ impl Link {
             }
         }
         let mut batch = 0;
-        while self.wire.len() < self.window && batch < BATCH_MAX {
-            let Some(mut op) = self.queue[EXPRESS]
-                .pop_front()
-                .or_else(|| self.queue[BULK].pop_front())
-            else {
+        while self.wire.len() < WIRE_MAX && batch < BATCH_MAX {
+            let class = if self.queue[EXPRESS].is_empty() { BULK } else { EXPRESS };
+            let Some(next) = self.queue[class].front() else {
                 break;
             };
+            // The first slice on an empty wire goes whatever its size.
+            if !self.wire.is_empty() && self.wire_bytes.saturating_add(next.len) > self.window {
+                break;
+            }
+            let Some(mut op) = self.queue[class].pop_front() else {
+                break;
+            };
+            self.wire_bytes = self.wire_bytes.saturating_add(op.len);
             self.seq = self.seq.wrapping_add(1);
             op.seq = self.seq;
             self.last_post_ns = self.last_post_ns.max(op.posted_ns);
@@ -823,6 +837,7 @@ impl Link {
             let Some(op) = self.wire.pop_front() else {
                 break;
             };
+            self.wire_bytes = self.wire_bytes.saturating_sub(op.len);
             self.sent -= 1;
             self.answered -= 1;
             self.done.push_back(op);
@@ -1026,6 +1041,7 @@ impl Link {
         }
         let cause = self.cause;
         let mut wrote = false;
+        self.wire_bytes = 0;
         while let Some(op) = self.wire.pop_front() {
             wrote |= op.opcode() == Opcode::Write;
             let status = self.failure_status(cause, cx.stopping);

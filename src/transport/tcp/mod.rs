@@ -464,7 +464,7 @@ impl TcpTransport {
                             peer.opts.clone(),
                             peer.fences.clone(),
                             s.queue as usize,
-                            s.inflight_per_conn as usize,
+                            u64::from(s.inflight_per_conn).saturating_mul(s.slice_bytes),
                         )
                     })
                     .map_err(|e| e.kind())?;
