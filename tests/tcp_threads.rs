@@ -1,6 +1,7 @@
-//! An initiator's thread count does not grow with its TCP peers: its
-//! workers drive every connection through their own rings, and
-//! notifications go out on a fixed pool.
+//! Thread counts do not grow with TCP peers. An initiator's workers drive
+//! every connection through their own rings, and notifications go out on
+//! a fixed pool; a target serves every connection on a fixed set of
+//! serving threads.
 //!
 //! 200 target engines in 4 processes on loopback; the initiator opens
 //! each one's segment, WRITEs a pattern there and READs it back verified,
@@ -9,12 +10,15 @@
 
 mod common;
 
-use std::io::Write;
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 use common::{pattern, reap, test_config};
 use tent::notify::Notification;
-use tent::{Engine, LocalAddr, RemoteAddr, op};
+use tent::transport::tcp::frame::{Ident, RESPONSE_LEN, Request, Response};
+use tent::transport::tcp::handshake;
+use tent::{Engine, LocalAddr, Opcode, RemoteAddr, op};
 
 const PROCESSES: usize = 4;
 const PER_PROCESS: usize = 50;
@@ -137,4 +141,53 @@ fn two_hundred_tcp_peers_add_at_most_8_threads() {
         let _ = std::io::Read::read_to_string(&mut out, &mut rest);
         let _ = child.wait();
     }
+}
+
+/// 300 connections to one target, each opened (hello), served a READ and
+/// answered with verified bytes, all held open at once: the target's
+/// threads are the same number after as before the first (its serving
+/// threads are a fixed set started with the engine).
+#[test]
+fn a_target_serves_300_connections_on_its_fixed_threads() {
+    let target = Engine::new(slim_config()).unwrap();
+    let buf = target.allocate_memory(LEN as u64).unwrap();
+    buf.write(0, &pattern(9, LEN)).unwrap();
+    let addr = target.tcp_data_addr().unwrap();
+    let before = threads();
+    let read = Request {
+        opcode: Opcode::Read,
+        seq: 1,
+        addr: buf.addr(),
+        len: LEN as u64,
+        key: buf.key(),
+    }
+    .encode();
+    let conns: Vec<TcpStream> = (1..=300u32)
+        .map(|conn| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let ident = Ident {
+                session: [7; 16],
+                conn,
+            };
+            handshake::open(&s, None, Instant::now() + Duration::from_secs(5), ident).unwrap();
+            s.write_all(&read).unwrap();
+            s
+        })
+        .collect();
+    for (i, mut s) in conns.iter().enumerate() {
+        let mut h = [0u8; RESPONSE_LEN];
+        s.read_exact(&mut h).unwrap();
+        let r = Response::decode(&h).unwrap();
+        assert_eq!((r.status, r.len), (Ok(()), LEN as u64), "connection {i}");
+        let mut got = vec![0u8; LEN];
+        s.read_exact(&mut got).unwrap();
+        assert!(got == pattern(9, LEN), "connection {i}: wrong bytes");
+    }
+    let during = threads();
+    drop(conns);
+    assert!(
+        during <= before,
+        "the target grew from {before} to {during} threads serving 300 connections"
+    );
 }

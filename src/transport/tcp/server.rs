@@ -566,4 +566,17 @@ mod tests {
         let victim = Live::victim(&conns).map(|i| conns[i].id);
         assert_eq!(victim, Some(s.id), "the squatter goes first; the user is kept");
     }
+
+    #[test]
+    fn the_connection_limit_is_the_key_else_the_smaller_of_descriptors_and_memory() {
+        // Set: taken as it is.
+        assert_eq!(connection_limit(512, Some(1024), Some(1 << 30)), 512);
+        // Descriptors bind: half of what is left past the headroom.
+        assert_eq!(connection_limit(0, Some(1024), Some(64 << 30)), (1024 - 64) / 2);
+        // Memory binds: a sixteenth of it at 256 KiB a connection.
+        assert_eq!(connection_limit(0, Some(1 << 20), Some(16 << 30)), 4096);
+        // Neither known: bounded; a tiny budget still serves a few.
+        assert_eq!(connection_limit(0, None, None), 1 << 20);
+        assert_eq!(connection_limit(0, Some(10), Some(1 << 20)), 16);
+    }
 }
