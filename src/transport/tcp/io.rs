@@ -55,6 +55,10 @@ pub(super) fn tune(s: socket2::SockRef<'_>, user_timeout_ms: u32) {
 
 /// The error kind a failed socket operation means for the slices on it.
 ///
+/// Running out of descriptors (`EMFILE`, past the open-file limit the
+/// engine raised to the hard limit at start) or socket memory is
+/// `OutOfMemory`: refused, typed, not retried on another rail.
+///
 /// `ECONNREFUSED` is `ProcessFailed`: the address and port come from the
 /// peer's own descriptor, and a refused SYN means its host answered (the
 /// route works) while nothing listens where that engine said it does: its
@@ -62,6 +66,9 @@ pub(super) fn tune(s: socket2::SockRef<'_>, user_timeout_ms: u32) {
 /// connection mean the same (a live kernel closed or reset it).
 pub(super) fn kind_of(e: &io::Error) -> ErrorKind {
     match e.raw_os_error() {
+        // Out of descriptors or socket memory here: no path or peer is at
+        // fault, and another rail would fail the same way.
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => ErrorKind::OutOfMemory,
         Some(libc::ECONNREFUSED) => ErrorKind::ProcessFailed,
         Some(
             libc::ETIMEDOUT
@@ -76,5 +83,21 @@ pub(super) fn kind_of(e: &io::Error) -> ErrorKind {
             io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => ErrorKind::RouteLost,
             _ => ErrorKind::Unreachable,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_out_of_descriptors_is_out_of_memory_not_a_path_fault() {
+        for errno in [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM] {
+            assert_eq!(kind_of(&io::Error::from_raw_os_error(errno)), ErrorKind::OutOfMemory);
+        }
+        let refused = io::Error::from_raw_os_error(libc::ECONNREFUSED);
+        assert_eq!(kind_of(&refused), ErrorKind::ProcessFailed);
+        let timed_out = io::Error::from_raw_os_error(libc::ETIMEDOUT);
+        assert_eq!(kind_of(&timed_out), ErrorKind::RouteLost);
     }
 }
