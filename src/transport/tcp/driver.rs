@@ -650,6 +650,43 @@ mod tests {
         }
     }
 
+    /// A target that takes nothing for a while (its buffers full with a
+    /// large WRITE) and then reads it all: the WRITE completes, the
+    /// connection kept through the wait (a send the kernel answers
+    /// `EAGAIN` is posted again; the target side's test that meets it is
+    /// `server::tests::a_peer_that_half_closes_after_its_requests_gets_every_answer`).
+    #[test]
+    fn a_write_to_a_target_that_stops_reading_for_a_while_completes() {
+        use crate::transport::tcp::frame::{REQUEST_LEN, Request, Response};
+        use std::io::{Read, Write};
+        const LARGE: usize = 48 << 20;
+        for choice in BACKENDS {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let at = l.local_addr().unwrap();
+            let target = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                crate::transport::tcp::handshake::serve(&s, None, Instant::now() + CONNECT_TIMEOUT, |_| {})
+                    .unwrap();
+                std::thread::sleep(Duration::from_millis(500));
+                let mut h = [0u8; REQUEST_LEN];
+                s.read_exact(&mut h).unwrap();
+                let req = Request::decode(&h).unwrap();
+                let mut payload = vec![0u8; req.len as usize];
+                s.read_exact(&mut payload).unwrap();
+                s.write_all(&Response { status: Ok(()), seq: req.seq, len: req.len }.encode()).unwrap();
+                s
+            });
+            let (mut d, id, _owner) = rig(choice, at, CONNECT_TIMEOUT);
+            let large = vec![2u8; LARGE];
+            let mut op = Op::new(1, Opcode::Write, large.as_ptr().cast_mut(), 0, LARGE as u64, 1);
+            op.posted_ns = crate::clock::monotonic_ns();
+            d.post(id, op, BULK).unwrap();
+            let (back, _) = slice_back(&mut d, id, Duration::from_secs(10)).expect("the WRITE");
+            assert_eq!(back.result(), Ok(LARGE as u64), "{choice:?}");
+            drop(target.join().unwrap());
+        }
+    }
+
     /// A target that breaks the response framing (a bad header, a wrong
     /// sequence number, a READ answered with another length, bytes with
     /// nothing outstanding) gets its connection torn down: the READ comes

@@ -532,9 +532,27 @@ impl Link {
                 self.out_connect = false;
                 self.connected(res, cx);
             }
+            // EAGAIN: nothing moved (io_uring hands a socket operation
+            // that polled ready too often without progress to its
+            // blocking pool, which on a non-blocking socket answers
+            // that): the same operation is posted again.
+            SEND if res == -libc::EAGAIN => {
+                self.out_send = false;
+                if self.state != State::Closing {
+                    self.push_send(cx);
+                }
+            }
             SEND => {
                 self.out_send = false;
                 self.sent_bytes(res, cx);
+            }
+            RECV if res == -libc::EAGAIN => {
+                self.out_recv = false;
+                match self.state {
+                    State::Opening => self.recv_handshake(cx),
+                    State::Ready => self.arm_recv(cx),
+                    _ => {}
+                }
             }
             RECV => {
                 self.out_recv = false;

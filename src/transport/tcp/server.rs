@@ -219,6 +219,7 @@ impl DataServer {
             secret: settings.secret.clone(),
             stall: stall_limit(settings.user_timeout_ms),
             stop: std::sync::atomic::AtomicBool::new(false),
+            lingering: std::sync::atomic::AtomicUsize::new(0),
         });
         let mut server = DataServer {
             addrs: addrs.clone(),
@@ -398,6 +399,11 @@ mod tests {
 
     /// A data server on loopback serving one region of `LEN` zero bytes.
     fn served() -> (DataServer, Arc<MemRegion>) {
+        served_on(Choice::Auto, 2)
+    }
+
+    /// [`served`] on `threads` serving threads driven by `backend`.
+    fn served_on(backend: Choice, threads: u32) -> (DataServer, Arc<MemRegion>) {
         let mut mem = vec![0u8; LEN];
         let base = mem.as_mut_ptr();
         // The Vec's heap buffer stays where it is when the Vec moves in.
@@ -414,9 +420,9 @@ mod tests {
             ServeSettings {
                 user_timeout_ms: 0,
                 secret: None,
-                threads: 2,
+                threads,
                 max_connections: 0,
-                backend: Choice::Auto,
+                backend,
             },
         )
         .unwrap();
@@ -578,5 +584,64 @@ mod tests {
         // Neither known: bounded; a tiny budget still serves a few.
         assert_eq!(connection_limit(0, None, None), 1 << 20);
         assert_eq!(connection_limit(0, Some(10), Some(1 << 20)), 16);
+    }
+
+    fn read_req(region: &MemRegion, off: usize, len: usize) -> [u8; REQUEST_LEN] {
+        Request {
+            opcode: Opcode::Read,
+            seq: 1,
+            addr: region.addr() + off as u64,
+            len: len as u64,
+            key: region.key(),
+        }
+        .encode()
+    }
+
+    /// A peer that sends its requests and then shuts its sending side
+    /// (a half-close) is still answered: the EOF comes after what it
+    /// asked, and the answers were cancelled with the connection before.
+    #[test]
+    fn a_peer_that_half_closes_after_its_requests_gets_every_answer() {
+        let (server, region) = served();
+        let mut s = client(&server, S1, 1);
+        s.write_all(&write_req(&region, 0, 8)).unwrap();
+        s.write_all(&[7; 8]).unwrap();
+        // 12 MiB, more than the socket buffers hold: answers still queued
+        // at the target when its receive sees the EOF.
+        for _ in 0..48 {
+            s.write_all(&read_req(&region, 0, LEN)).unwrap();
+        }
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(response(&mut s).status, Ok(()));
+        let mut payload = vec![0u8; LEN];
+        for i in 0..48 {
+            let r = response(&mut s);
+            assert_eq!((r.status, r.len), (Ok(()), LEN as u64), "READ {i}");
+            s.read_exact(&mut payload).unwrap();
+            assert_eq!(&payload[..8], &[7; 8]);
+        }
+        assert!(closed(&mut s), "closed after the last answer");
+    }
+
+    /// More connections with work at once than a serving thread's queue
+    /// holds (8 operations in the unit tests' build; epoll bounds its
+    /// completions to that): every one is still answered, the ones the
+    /// queue refused being moved on next turn (before, they waited for a
+    /// byte that had already come, until their stall limit).
+    #[test]
+    fn connections_a_full_queue_refused_are_moved_on_next_turn() {
+        let (server, region) = served_on(Choice::Epoll, 1);
+        let mut conns: Vec<TcpStream> = (1..=40).map(|i| client(&server, S1, i)).collect();
+        for s in &mut conns {
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            s.write_all(&read_req(&region, 0, 8)).unwrap();
+        }
+        for (i, s) in conns.iter_mut().enumerate() {
+            let mut h = [0u8; RESPONSE_LEN];
+            s.read_exact(&mut h).unwrap_or_else(|e| panic!("connection {i}: {e}"));
+            assert_eq!(Response::decode(&h).unwrap().status, Ok(()));
+            s.read_exact(&mut [0u8; 8]).unwrap();
+        }
     }
 }

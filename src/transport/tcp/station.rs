@@ -79,8 +79,20 @@ const IDLE_CLOSE: Duration = Duration::from_secs(60);
 /// answer is read before the close (closing with unread input sends a
 /// reset, which can overtake the answer).
 const LINGER: Duration = crate::refusals::LINGER;
-/// Operations a serving thread's queue has room for at once.
-const ENTRIES: u32 = 1024;
+/// A frame on a region being unregistered is cut once it has lasted this
+/// long (an unregister does not wait on a peer's pace; a transfer moving
+/// at speed is done by then).
+const REVOKED_GRACE: Duration = Duration::from_secs(1);
+/// Fences served per connection per turn: each looks through every live
+/// connection, and a fence is answered by nothing that would slow its
+/// sender down.
+const FENCES_PER_TURN: u32 = 16;
+/// Connections refused in their handshake held at once while their answer
+/// drains (past it they are closed at once).
+const LINGERING_MAX: usize = 256;
+/// Operations a serving thread's queue has room for at once (few in the
+/// unit tests' build, so a full queue is met there).
+const ENTRIES: u32 = if cfg!(test) { 8 } else { 1024 };
 
 /// Why a fenced connection was closed.
 const FENCED: &str = "fenced: a later connection of its initiator superseded it, or it was evicted";
@@ -105,6 +117,8 @@ pub(super) struct Shared {
     /// How long a frame in progress may stall.
     pub(super) stall: Duration,
     pub(super) stop: AtomicBool,
+    /// Refused connections lingering now (see [`LINGERING_MAX`]).
+    pub(super) lingering: AtomicUsize,
 }
 
 /// A connection an accept thread hands to a serving thread.
@@ -229,6 +243,38 @@ fn check(table: &RegionTable, req: &Request, proven: bool) -> Result<(*mut u8, R
     }
 }
 
+/// A connection's stage: bytes received and not yet parsed. Reached only
+/// through raw pointers and slices over ranges no receive is writing (a
+/// receive writes past `tail` while parsing reads before it).
+struct Stage(std::ptr::NonNull<[u8; STAGE_LEN]>);
+
+impl Stage {
+    fn new() -> Stage {
+        Stage(std::ptr::NonNull::from(Box::leak(Box::new([0u8; STAGE_LEN]))))
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        self.0.as_ptr().cast()
+    }
+
+    /// `at..at + len`, which no receive is writing.
+    ///
+    /// # Safety
+    /// `at + len <= STAGE_LEN`, and no outstanding receive writes there.
+    unsafe fn bytes(&self, at: usize, len: usize) -> &[u8] {
+        debug_assert!(at + len <= STAGE_LEN);
+        // SAFETY: in bounds, initialised (zeroed at birth), and not being written, by the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.ptr().add(at), len) }
+    }
+}
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        // SAFETY: from `Box::leak` in `new`, dropped once; the connection (its only owner) is dropped only with no receive outstanding.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
+}
+
 /// One frame to send: a header (a response, or a handshake reply) and,
 /// for a READ, its payload in place.
 struct Out {
@@ -238,10 +284,12 @@ struct Out {
     len: u64,
     /// Keeps the payload's region registered until its bytes have left.
     hold: Option<RegionHold>,
+    /// When it was queued.
+    at: Instant,
 }
 
 impl Out {
-    fn bytes(b: &[u8]) -> Out {
+    fn bytes(b: &[u8], at: Instant) -> Out {
         let mut head = [0u8; HELLO_LEN];
         head[..b.len()].copy_from_slice(b);
         Out {
@@ -250,6 +298,7 @@ impl Out {
             payload: std::ptr::null(),
             len: 0,
             hold: None,
+            at,
         }
     }
 
@@ -295,7 +344,7 @@ struct Conn {
     fd: RawFd,
     peer: SocketAddr,
     rx: Rx,
-    stage: Box<[u8; STAGE_LEN]>,
+    stage: Stage,
     head: usize,
     tail: usize,
     /// An outstanding receive, and where it lands.
@@ -323,6 +372,15 @@ struct Conn {
     /// Why it is being torn down (its outstanding operations end first),
     /// and whether that is worth a warning.
     closing: Option<(String, bool)>,
+    /// The peer shut its sending side: answer what was asked, then close.
+    eof: bool,
+    /// It has work it could not do this turn (a full queue, its fence
+    /// quota): move it on again next turn.
+    again: bool,
+    /// Fences served this turn.
+    fences: u32,
+    /// It counts in [`Shared::lingering`].
+    lingers: bool,
 }
 
 // SAFETY: `Conn`'s raw pointers (payload positions, the iovecs and msghdr
@@ -347,7 +405,7 @@ impl Conn {
             peer: a.peer,
             rx: Rx::Hello(handshake::Serving::new(secret, a.local)),
             slot: a.slot,
-            stage: Box::new([0u8; STAGE_LEN]),
+            stage: Stage::new(),
             head: 0,
             tail: 0,
             recv: None,
@@ -367,6 +425,10 @@ impl Conn {
             tx_at: now,
             front_at: now,
             closing: None,
+            eof: false,
+            again: false,
+            fences: 0,
+            lingers: false,
         })
     }
 
@@ -389,7 +451,7 @@ impl Conn {
 
     /// A response with no payload.
     fn respond(&mut self, r: &Response, now: Instant) {
-        self.push_out(Out::bytes(&r.encode()), now);
+        self.push_out(Out::bytes(&r.encode(), now), now);
     }
 
     /// Tear down for `why` (`warn`: worth a line): outstanding operations
@@ -399,6 +461,9 @@ impl Conn {
             return;
         }
         self.closing = Some((why.into(), warn));
+        // Ends a receive at once even if the cancel finds no room in the
+        // queue this turn.
+        let _ = self.slot.stream.shutdown(std::net::Shutdown::Both);
         if self.outstanding() {
             be.cancel(self.fd);
         }
@@ -413,29 +478,37 @@ impl Conn {
                     if self.tail - self.head < want {
                         return;
                     }
-                    let got = m.on_bytes(&self.stage[self.head..self.head + want]);
+                    // SAFETY: `head + want <= tail`: received bytes, before where any receive writes.
+                    let got = m.on_bytes(unsafe { self.stage.bytes(self.head, want) });
                     let done = m.want() == 0;
                     self.head += want;
                     match got {
                         Ok(Serve::Read) => {}
                         Ok(Serve::Hello { ident, reply }) => {
                             let _ = self.slot.ident.set(ident);
-                            self.push_out(Out::bytes(&reply), cx.now);
+                            self.push_out(Out::bytes(&reply, cx.now), cx.now);
                             if done {
                                 self.ready(cx);
                             }
                         }
                         Ok(Serve::Proven(reply)) => {
-                            self.push_out(Out::bytes(&reply), cx.now);
+                            self.push_out(Out::bytes(&reply, cx.now), cx.now);
                             self.ready(cx);
                         }
                         Err(r) => {
                             if let Some(reply) = r.reply {
-                                self.push_out(Out::bytes(reply.bytes()), cx.now);
+                                self.push_out(Out::bytes(reply.bytes(), cx.now), cx.now);
                             }
                             crate::lograte::warn_limited!(self.peer.ip(), peer = %self.peer, reason = %r.why, "tcp data connection refused");
-                            // It holds no room while its answer drains.
+                            // It holds no room while its answer drains; past
+                            // the cap of those, it closes at once.
                             self.slot.fenced.store(true, Ordering::SeqCst);
+                            if cx.shared.lingering.fetch_add(1, Ordering::Relaxed) >= LINGERING_MAX {
+                                cx.shared.lingering.fetch_sub(1, Ordering::Relaxed);
+                                self.close(cx.be, r.why, false);
+                                return;
+                            }
+                            self.lingers = true;
                             self.rx = Rx::Linger {
                                 until: cx.now + LINGER,
                                 shut: false,
@@ -447,6 +520,11 @@ impl Conn {
                     if self.tx.len() >= TX_MAX {
                         return;
                     }
+                    if self.fences >= FENCES_PER_TURN {
+                        // Others on this thread go first; on next turn.
+                        self.again = true;
+                        return;
+                    }
                     if self.avail() < REQUEST_LEN {
                         if self.avail() > 0 && self.frame_at.is_none() {
                             self.frame_at = Some(cx.now);
@@ -455,13 +533,15 @@ impl Conn {
                         return;
                     }
                     let mut h = [0u8; REQUEST_LEN];
-                    h.copy_from_slice(&self.stage[self.head..self.head + REQUEST_LEN]);
+                    // SAFETY: as above (`avail() >= REQUEST_LEN`).
+                    h.copy_from_slice(unsafe { self.stage.bytes(self.head, REQUEST_LEN) });
                     self.head += REQUEST_LEN;
                     self.frame_at = None;
                     match Inbound::decode(&h) {
                         Err(e) => self.close(cx.be, format!("malformed request: {e}"), true),
                         Ok(Inbound::Fence(f)) => match cx.shared.live.fence(&self.slot, f) {
                             Ok(victims) => {
+                                self.fences += 1;
                                 self.rx = Rx::Fencing {
                                     victims,
                                     since: cx.now,
@@ -490,7 +570,7 @@ impl Conn {
                     let n = (*left).min((self.tail - self.head) as u64) as usize;
                     if n > 0 {
                         // SAFETY: `ptr..ptr+left` lies inside a registered region held (`hold`) for the whole payload; the stage range is `n` initialised bytes of our own.
-                        unsafe { std::ptr::copy_nonoverlapping(self.stage.as_ptr().add(self.head), *ptr, n) };
+                        unsafe { std::ptr::copy_nonoverlapping(self.stage.ptr().add(self.head), *ptr, n) };
                         *ptr = ptr.wrapping_add(n);
                         *left -= n as u64;
                         self.head += n;
@@ -583,7 +663,7 @@ impl Conn {
             }
             (Opcode::Read, Ok((ptr, hold))) => {
                 resp.len = req.len;
-                let mut o = Out::bytes(&resp.encode());
+                let mut o = Out::bytes(&resp.encode(), cx.now);
                 o.payload = ptr;
                 o.len = req.len;
                 o.hold = Some(hold);
@@ -602,6 +682,17 @@ impl Conn {
         if self.closing.is_some() {
             return;
         }
+        if self.eof && self.tx.is_empty() && !self.sending {
+            match self.rx {
+                Rx::Requests if self.avail() < REQUEST_LEN => {
+                    return self.close(cx.be, "closed by the peer", false);
+                }
+                Rx::Payload { .. } | Rx::Discard { .. } if self.avail() == 0 => {
+                    return self.close(cx.be, "the peer closed mid-frame", true);
+                }
+                _ => {}
+            }
+        }
         if let Rx::Linger { shut, .. } = &mut self.rx
             && !*shut
             && self.tx.is_empty()
@@ -616,12 +707,13 @@ impl Conn {
             let (buf, len) = match into {
                 Land::Stage => {
                     if self.head > 0 {
-                        self.stage.copy_within(self.head..self.tail, 0);
+                        // SAFETY: no receive is outstanding (we are arming one); both ranges lie in the stage.
+                        unsafe { std::ptr::copy(self.stage.ptr().add(self.head), self.stage.ptr(), self.tail - self.head) };
                         self.tail -= self.head;
                         self.head = 0;
                     }
                     // SAFETY: in bounds of the stage (`tail <= STAGE_LEN`).
-                    (unsafe { self.stage.as_mut_ptr().add(self.tail) }, (STAGE_LEN - self.tail) as u64)
+                    (unsafe { self.stage.ptr().add(self.tail) }, (STAGE_LEN - self.tail) as u64)
                 }
                 Land::Region => match &self.rx {
                     Rx::Payload { ptr, left, .. } => (*ptr, *left),
@@ -639,8 +731,10 @@ impl Conn {
             if len > 0 {
                 // SAFETY: `buf..buf+len` stays valid until the receive is reaped: the stage is the connection's own boxed buffer (dropped only once nothing is outstanding), a region is held by the payload state (left only once the receive is reaped), the scratch lives as long as the thread.
                 let pushed = unsafe { cx.be.push(tag << 2 | TAG_RECV, SockOp::Recv { fd: self.fd, buf, len }) };
-                if pushed.is_ok() {
-                    self.recv = Some(into);
+                match pushed {
+                    Ok(()) => self.recv = Some(into),
+                    // The queue is full until its next flush: again then.
+                    Err(_) => self.again = true,
                 }
             }
         }
@@ -686,14 +780,18 @@ impl Conn {
                     },
                 )
             };
-            if pushed.is_ok() {
-                self.sending = true;
+            match pushed {
+                Ok(()) => self.sending = true,
+                Err(_) => self.again = true,
             }
         }
     }
 
     /// Where the next receive should land, if one is wanted.
     fn wants(&self) -> Option<Land> {
+        if self.eof {
+            return None;
+        }
         match &self.rx {
             Rx::Linger { shut, .. } => shut.then_some(Land::Scratch),
             Rx::Payload { left, .. } if self.avail() == 0 && *left >= DIRECT_MIN => Some(Land::Region),
@@ -708,7 +806,9 @@ impl Conn {
     /// A receive completed with `res`.
     fn on_recv(&mut self, res: i32, cx: &mut Cx<'_>) {
         let into = self.recv.take().expect("a receive was outstanding");
-        if self.closing.is_some() {
+        if self.closing.is_some() || res == -libc::EAGAIN {
+            // EAGAIN: nothing moved (io_uring's blocking pool on a
+            // non-blocking socket); `arm` posts it again.
             return;
         }
         if res < 0 {
@@ -722,12 +822,22 @@ impl Conn {
             if self.slot.fenced.load(Ordering::Relaxed) {
                 return self.close(cx.be, FENCED, false);
             }
-            let between = matches!(self.rx, Rx::Requests | Rx::Linger { .. }) && self.avail() == 0;
-            return if between {
-                self.close(cx.be, "closed by the peer", false)
-            } else {
-                self.close(cx.be, "the peer closed mid-frame", true)
-            };
+            if matches!(self.rx, Rx::Linger { .. }) {
+                return self.close(cx.be, "refused", false);
+            }
+            if matches!(self.rx, Rx::Requests) && self.avail() < REQUEST_LEN {
+                if self.avail() > 0 {
+                    return self.close(cx.be, "the peer closed mid-frame", true);
+                }
+                // A half-close: what it asked is still answered.
+                self.eof = true;
+                return;
+            }
+            if matches!(self.rx, Rx::Hello(_) | Rx::Payload { .. } | Rx::Discard { .. }) {
+                return self.close(cx.be, "the peer closed mid-frame", true);
+            }
+            // Requests staged or a fence waiting: served, then closed.
+            self.eof = true;
         }
         let n = res as usize;
         self.rx_at = cx.now;
@@ -753,7 +863,8 @@ impl Conn {
     /// A send completed with `res`.
     fn on_send(&mut self, res: i32, cx: &mut Cx<'_>) {
         self.sending = false;
-        if self.closing.is_some() {
+        if self.closing.is_some() || res == -libc::EAGAIN {
+            // As for a receive.
             return;
         }
         if res < 0 {
@@ -796,7 +907,9 @@ impl Conn {
                 return self.close(cx.be, format!("handshake: not done within {HANDSHAKE_TIMEOUT:?}"), true);
             }
             Rx::Linger { until, .. } if now >= *until => return self.close(cx.be, "refused", false),
-            Rx::Payload { hold, .. } if hold.is_revoked() && self.frame_at.is_some_and(|t| now.duration_since(t) >= SWEEP) => {
+            Rx::Payload { hold, .. }
+                if hold.is_revoked() && self.frame_at.is_some_and(|t| now.duration_since(t) >= REVOKED_GRACE) =>
+            {
                 return self.close(cx.be, REVOKED_MID_WRITE, true);
             }
             _ => {}
@@ -821,15 +934,27 @@ impl Conn {
                 return self.close(cx.be, why, true);
             }
         }
-        if let Some(front) = self.tx.front() {
+        if !self.tx.is_empty() {
             if now.duration_since(self.tx_at) >= stall {
                 return self.close(cx.be, format!("the peer took no response byte for over {stall:?}"), true);
             }
+            // What it has taken of the front response buys it time at the
+            // floor rate, past a grace of the stall limit.
             let age = now.duration_since(self.front_at);
-            if age > stall.saturating_add(earned(front.total())) {
-                return self.close(cx.be, format!("the peer took a response slower than {} KiB/s", FLOOR_BYTES_PER_S >> 10), true);
+            if age > stall.saturating_add(earned(self.tx_off)) {
+                let why = format!(
+                    "the peer took a response slower than {} KiB/s ({} bytes in {age:?})",
+                    FLOOR_BYTES_PER_S >> 10,
+                    self.tx_off
+                );
+                return self.close(cx.be, why, true);
             }
-            if age >= SWEEP && front.hold.as_ref().is_some_and(RegionHold::is_revoked) {
+            // Any queued READ on a region being unregistered, not gone
+            // within the grace: the unregister does not wait on the peer.
+            let revoked = self.tx.iter().any(|o| {
+                now.duration_since(o.at) >= REVOKED_GRACE && o.hold.as_ref().is_some_and(RegionHold::is_revoked)
+            });
+            if revoked {
                 self.close(cx.be, REVOKED_MID_READ, true);
             }
         } else if matches!(self.rx, Rx::Requests) && self.frame_at.is_none() && now.duration_since(self.rx_at) >= IDLE_CLOSE {
@@ -849,6 +974,9 @@ struct Station {
     ear_armed: bool,
     slab: Vec<Option<Box<Conn>>>,
     free: Vec<u32>,
+    /// Connections with work left from last turn (a full queue, their
+    /// fence quota).
+    again: Vec<u32>,
     /// Connections that have a fence waiting.
     fencing: Vec<u32>,
     scratch: Box<[u8]>,
@@ -870,6 +998,7 @@ impl Station {
             slab: Vec::new(),
             free: Vec::new(),
             fencing: Vec::new(),
+            again: Vec::new(),
             scratch: vec![0u8; SCRATCH_LEN].into_boxed_slice(),
             reaped: vec![(0, 0); 256],
             touched: Vec::with_capacity(256),
@@ -953,6 +1082,11 @@ impl Station {
             self.touched.extend_from_slice(&self.fencing);
             self.fencing.clear();
         }
+        if !self.again.is_empty() {
+            any = true;
+            self.touched.extend_from_slice(&self.again);
+            self.again.clear();
+        }
         let sweep = now.duration_since(self.last_sweep) >= SWEEP;
         if sweep {
             self.last_sweep = now;
@@ -993,10 +1127,16 @@ impl Station {
             scratch: self.scratch.as_mut_ptr(),
             now,
         };
+        c.again = false;
+        c.fences = 0;
         c.parse(&mut cx);
         c.arm(u64::from(id), &mut cx);
-        if matches!(c.rx, Rx::Fencing { .. }) && c.closing.is_none() {
-            self.fencing.push(id);
+        if c.closing.is_none() {
+            if c.again {
+                self.again.push(id);
+            } else if matches!(c.rx, Rx::Fencing { .. }) {
+                self.fencing.push(id);
+            }
         }
         if c.closing.is_some() && !c.outstanding() {
             self.finish(id);
@@ -1010,6 +1150,9 @@ impl Station {
         };
         // Nothing of it is in the kernel: no byte lands from here.
         c.slot.writing.store(false, Ordering::Release);
+        if c.lingers {
+            self.shared.lingering.fetch_sub(1, Ordering::Relaxed);
+        }
         self.be.forget(c.fd);
         let (why, warn) = c.closing.clone().unwrap_or_default();
         if warn {
@@ -1026,8 +1169,10 @@ impl Station {
 
     /// Take the connections handed over.
     fn take_arrivals(&mut self, now: Instant) {
-        // Drain the bell (it may have rung more than once).
-        while matches!((&self.ear).read(&mut self.ear_buf), Ok(n) if n > 0) {}
+        // Drain the bell (it may have rung more than once), into a buffer
+        // of its own: the ring's receive may still name `ear_buf`.
+        let mut drained = [0u8; 64];
+        while matches!((&self.ear).read(&mut drained), Ok(n) if n > 0) {}
         let arrivals = std::mem::take(&mut *self.inbox.arrivals.lock());
         for a in arrivals {
             if self.shared.stop.load(Ordering::Acquire) {
