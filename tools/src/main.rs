@@ -72,7 +72,8 @@ pub struct Args {
     /// Role; without it tent-bench spawns its own target and runs an initiator.
     #[arg(long, value_enum)]
     pub mode: Option<Mode>,
-    /// Segment name of the target (initiator mode).
+    /// Segment name of the target (initiator mode); with --peers N, N
+    /// names separated by commas.
     #[arg(long)]
     pub target: Option<String>,
     #[arg(long, value_enum, default_value = "shm")]
@@ -94,6 +95,15 @@ pub struct Args {
     /// Submitting threads (each with its own ring and worker).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Targets the initiator spreads its ops over, round robin: in-flight
+    /// slot b of every thread goes to peer b % N, always to the same place
+    /// (slots on one peer never overlap). Without --mode, tent-bench
+    /// spawns N target processes, each exporting --buffer-size bytes (or
+    /// what its slots need, if more); with --mode initiator, --target takes
+    /// N comma-separated segment names. 1 to 256, at most --batch; not with
+    /// --transport local.
+    #[arg(long, default_value_t = 1)]
+    pub peers: usize,
     /// Worker cores, comma separated (default: chosen from the topology).
     #[arg(long, value_delimiter = ',')]
     pub cores: Vec<usize>,
@@ -248,6 +258,7 @@ fn real_main(args: Args) -> Result<run::Tally, String> {
     if args.batch == 0 || args.threads == 0 {
         return Err("--batch and --threads must be positive".into());
     }
+    check_peers(&args)?;
     // Both become Durations: finite, positive, and not past what one holds.
     let secs = |s: f64| s > 0.0 && Duration::try_from_secs_f64(s).is_ok();
     if !secs(args.duration) {
@@ -273,25 +284,110 @@ fn real_main(args: Args) -> Result<run::Tally, String> {
         Some(Mode::Blocks) => none(blocks::blocks(&args)),
         Some(Mode::QosLow) => none(qos::low_child(&args)),
         Some(Mode::Initiator) => {
-            let name = args
+            let list = args
                 .target
-                .clone()
+                .as_deref()
                 .ok_or("--mode initiator needs --target NAME (the first line a target prints)")?;
-            run::initiator(&args, Some(&name), None)
+            let names: Vec<String> = list.split(',').map(|n| n.trim().to_owned()).collect();
+            if names.iter().any(String::is_empty) {
+                return Err(format!("--target {list:?} has an empty segment name"));
+            }
+            if names.len() > MAX_PEERS {
+                return Err(format!(
+                    "--target names {} segments; at most {MAX_PEERS}",
+                    names.len()
+                ));
+            }
+            // --peers may be left out; given, it must agree with the list.
+            if args.peers != 1 && args.peers != names.len() {
+                return Err(format!(
+                    "--peers {} but --target names {} segment(s): give one name per peer, separated by commas",
+                    args.peers,
+                    names.len()
+                ));
+            }
+            if names.len() > args.batch {
+                return Err(too_few_slots(names.len(), args.batch));
+            }
+            run::initiator(&args, &names, &[])
         }
-        None if args.transport == TransportArg::Local => run::initiator(&args, None, None),
+        None if args.transport == TransportArg::Local => run::initiator(&args, &[], &[]),
         None => spawn_and_run(&args),
     }
 }
 
-/// Start a target process, read its segment name, run the initiator, stop it.
+/// Most targets one initiator spreads its ops over (`--peers`).
+const MAX_PEERS: usize = 256;
+
+/// `--peers` is 1 ..= [`MAX_PEERS`], at most `--batch` (slot b goes to
+/// peer b % N, so a peer past the batch would get nothing), and needs
+/// targets in other processes.
+fn check_peers(args: &Args) -> Result<(), String> {
+    let n = args.peers;
+    if !(1..=MAX_PEERS).contains(&n) {
+        return Err(format!("--peers {n} is out of range (1 to {MAX_PEERS})"));
+    }
+    if n == 1 {
+        return Ok(());
+    }
+    if !matches!(args.mode, None | Some(Mode::Initiator)) {
+        return Err(format!(
+            "--peers {n} applies to the initiator (no --mode, or --mode initiator)"
+        ));
+    }
+    if args.transport == TransportArg::Local {
+        return Err(format!(
+            "--peers {n} needs target processes, and --transport local has none: use shm, tcp or rdma"
+        ));
+    }
+    if n > args.batch {
+        return Err(too_few_slots(n, args.batch));
+    }
+    Ok(())
+}
+
+fn too_few_slots(peers: usize, batch: usize) -> String {
+    format!(
+        "{peers} peers but --batch {batch}: in-flight slot b goes to peer b % peers, so {} peer(s) would get no op; raise --batch to at least {peers}",
+        peers - batch
+    )
+}
+
+/// Start `--peers` target processes, read their segment names, run the
+/// initiator against all of them, stop them.
 fn spawn_and_run(args: &Args) -> Result<run::Tally, String> {
-    let need = args.block_size.unwrap_or(64 << 20) * (args.batch * args.threads) as u64;
-    let (mut child, name) = spawn_target(args.transport, args.buffer_size.max(need))?;
-    let res = run::initiator(args, Some(&name), Some(child.id()));
-    drop(child.stdin.take());
-    let _ = child.wait();
-    res
+    // One peer receives ceil(batch / peers) slots of every thread.
+    let slots = args.batch.div_ceil(args.peers) * args.threads;
+    let need = args.block_size.unwrap_or(64 << 20) * slots as u64;
+    let buffer = args.buffer_size.max(need);
+    // All started before any is waited for, so they come up together; the
+    // guard stops those started, whatever returns early.
+    let mut targets = Targets(Vec::with_capacity(args.peers));
+    for _ in 0..args.peers {
+        targets.0.push(start_target(args.transport, buffer)?);
+    }
+    let names = targets
+        .0
+        .iter_mut()
+        .map(target_name)
+        .collect::<Result<Vec<_>, _>>()?;
+    let pids: Vec<u32> = targets.0.iter().map(std::process::Child::id).collect();
+    run::initiator(args, &names, &pids)
+}
+
+/// Spawned targets: on drop, every stdin is closed (each exits on it) and
+/// then each is waited for.
+struct Targets(Vec<std::process::Child>);
+
+impl Drop for Targets {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            drop(child.stdin.take());
+        }
+        for child in &mut self.0 {
+            let _ = child.wait();
+        }
+    }
 }
 
 /// A target process exporting `buffer` bytes over `transport` (shm unless
@@ -300,8 +396,16 @@ pub fn spawn_target(
     transport: TransportArg,
     buffer: u64,
 ) -> Result<(std::process::Child, String), String> {
+    let mut child = start_target(transport, buffer)?;
+    let name = target_name(&mut child)?;
+    Ok((child, name))
+}
+
+/// Start a target process (see [`spawn_target`]); its name is read with
+/// [`target_name`].
+fn start_target(transport: TransportArg, buffer: u64) -> Result<std::process::Child, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut child = Command::new(exe)
+    Command::new(exe)
         .args([
             "--mode",
             "target",
@@ -317,7 +421,12 @@ pub fn spawn_target(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot start the target process: {e}"))?;
+        .map_err(|e| format!("cannot start the target process: {e}"))
+}
+
+/// The segment name a started target prints first; it is killed when it
+/// prints none.
+fn target_name(child: &mut std::process::Child) -> Result<String, String> {
     let mut out = BufReader::new(child.stdout.take().expect("piped"));
     let mut line = String::new();
     out.read_line(&mut line).map_err(|e| e.to_string())?;
@@ -326,7 +435,7 @@ pub fn spawn_target(
         let _ = child.kill();
         return Err("the target process exited before printing its segment name".into());
     }
-    Ok((child, name))
+    Ok(name)
 }
 
 /// Flush stdout after a line (results stream while a sweep runs).

@@ -158,14 +158,13 @@ impl Point {
     }
 }
 
-/// Where a point's ops go: the engine, one source buffer per thread, the
-/// remote range (thread t at `remote_base + t * block * batch`) and the
-/// cores the submitting threads run on.
+/// Where a point's ops go: the engine, one source buffer per thread, each
+/// peer's segment and region base (see [`run_thread`] for the layout) and
+/// the cores the submitting threads run on.
 pub(crate) struct Rig<'a> {
     pub engine: &'a Engine,
     pub sources: &'a [tent::Buffer],
-    pub segment: SegmentId,
-    pub remote_base: u64,
+    pub peers: &'a [(SegmentId, u64)],
     pub app_cores: &'a [Option<usize>],
 }
 
@@ -215,6 +214,11 @@ pub(crate) fn run_point(args: &Args, rig: &Rig<'_>, size: u64) -> Result<Point, 
 /// One thread's ops: `--batch` in flight, each slot resubmitted as soon as
 /// its op completes; with `--lockstep`, `--batch` ops submitted together
 /// and the next batch once all of them completed.
+///
+/// Slot b of thread t always goes to the same place: peer b % N (of N),
+/// block t * k + b / N of that peer's region, k = ceil(batch / N) being
+/// the slots one thread has on one peer. With one peer, thread t's slots
+/// lie back to back from `base + t * block * batch`.
 fn run_thread(
     args: &Args,
     rig: &Rig<'_>,
@@ -228,7 +232,16 @@ fn run_thread(
     let cap = Duration::from_secs_f64(args.max_seconds);
     let interval = args.interval_ms.map(|ms| u128::from(ms) * 1_000_000);
     let src = &rig.sources[thread];
-    let remote = rig.remote_base + thread as u64 * size * args.batch as u64;
+    let n = rig.peers.len();
+    let per_peer = args.batch.div_ceil(n);
+    // Each slot's segment and remote address, fixed for the point.
+    let dest: Vec<(SegmentId, u64)> = (0..args.batch)
+        .map(|b| {
+            let (segment, base) = rig.peers[b % n];
+            let block = thread * per_peer + b / n;
+            (segment, base + block as u64 * size)
+        })
+        .collect();
     let mut p = Point::empty();
     // When each slot's op was submitted; `None`: the slot is free.
     let mut sent: Vec<Option<Instant>> = vec![None; args.batch];
@@ -251,11 +264,15 @@ fn run_thread(
                 window = Some(now);
             }
             let mut sq = ring.submission();
-            for (b, slot) in sent.iter_mut().enumerate().filter(|(_, s)| s.is_none()) {
-                let off = b as u64 * size;
+            for (b, (slot, &(segment, remote))) in sent
+                .iter_mut()
+                .zip(&dest)
+                .enumerate()
+                .filter(|(_, (s, _))| s.is_none())
+            {
                 let (local, rem) = (
-                    LocalAddr::new(src.id(), off),
-                    RemoteAddr::new(rig.segment, remote + off),
+                    LocalAddr::new(src.id(), b as u64 * size),
+                    RemoteAddr::new(segment, remote),
                 );
                 let sqe = match args.op {
                     OpArg::Write => op::Write::new(local, rem, size).user_data(b as u64).build(),

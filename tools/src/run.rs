@@ -1,6 +1,6 @@
 //! The three roles: target, initiator, idle check.
 
-use std::io::Read as _;
+use std::io::{Read as _, Write as _};
 use std::time::Duration;
 
 use tent::{Config, Engine, SegmentId};
@@ -59,13 +59,16 @@ pub(crate) fn target(args: &Args) -> Result<(), String> {
     // this host fetches the descriptor there and maps the shm segment.
     let name = engine.segment_name();
     emit(&name);
-    eprintln!(
-        "tent-bench target: segment {name} (shm {}), pid {}, exporting {} bytes at {:#x}",
+    // One write, so the lines of targets started together (--peers) do
+    // not interleave.
+    let line = format!(
+        "tent-bench target: segment {name} (shm {}), pid {}, exporting {} bytes at {:#x}\n",
         engine.local_segment_name().unwrap_or("-"),
         std::process::id(),
         buf.len(),
         buf.addr()
     );
+    let _ = std::io::stderr().write_all(line.as_bytes());
     if args.exit_on_stdin_eof {
         let mut sink = Vec::new();
         let _ = std::io::stdin().read_to_end(&mut sink);
@@ -128,37 +131,44 @@ fn human(n: u64) -> String {
     }
 }
 
-/// Run the points; the tally says how many ops failed (the caller turns
-/// any failure into a non-zero exit).
+/// Run the points against `targets` (none: in-process, over local) with
+/// process ids `target_pids` (none when not spawned here); the tally says
+/// how many ops failed (the caller turns any failure into a non-zero
+/// exit).
 pub(crate) fn initiator(
     args: &Args,
-    target: Option<&str>,
-    target_pid: Option<u32>,
+    targets: &[String],
+    target_pids: &[u32],
 ) -> Result<Tally, String> {
     let sizes: Vec<u64> = args.block_size.map_or(SWEEP.to_vec(), |b| vec![b]);
     let max_block = *sizes.iter().max().expect("non-empty");
     let engine =
         Engine::new(engine_config(args, args.threads, true)?).map_err(|e| e.to_string())?;
     let per_thread = max_block * args.batch as u64;
-    let (segment, remote_base) = match target {
-        Some(name) => {
-            let seg = engine.open_segment(name).map_err(|e| e.to_string())?;
-            let regions = engine.segment_regions(seg).map_err(|e| e.to_string())?;
-            let need = per_thread * args.threads as u64;
-            let r = regions
-                .iter()
-                .find(|r| r.len >= need)
-                .ok_or_else(|| format!("target {name} exports no region of {need} bytes"))?;
-            (seg, r.addr)
-        }
-        None => {
-            let dst = engine
-                .allocate_memory(per_thread * args.threads as u64)
-                .map_err(|e| e.to_string())?;
-            // The engine's region table keeps the memory registered.
-            (SegmentId::LOCAL, dst.addr())
-        }
+    // Each peer's segment and the base of its region: a peer receives
+    // ceil(batch / peers) slots of every thread (point::run_thread).
+    let peers: Vec<(SegmentId, u64)> = if targets.is_empty() {
+        let dst = engine
+            .allocate_memory(per_thread * args.threads as u64)
+            .map_err(|e| e.to_string())?;
+        // The engine's region table keeps the memory registered.
+        vec![(SegmentId::LOCAL, dst.addr())]
+    } else {
+        let need = max_block * args.batch.div_ceil(targets.len()) as u64 * args.threads as u64;
+        targets
+            .iter()
+            .map(|name| {
+                let seg = engine.open_segment(name).map_err(|e| e.to_string())?;
+                let regions = engine.segment_regions(seg).map_err(|e| e.to_string())?;
+                let r = regions
+                    .iter()
+                    .find(|r| r.len >= need)
+                    .ok_or_else(|| format!("target {name} exports no region of {need} bytes"))?;
+                Ok((seg, r.addr))
+            })
+            .collect::<Result<_, String>>()?
     };
+    let segments: Vec<SegmentId> = peers.iter().map(|p| p.0).collect();
     let sources: Vec<tent::Buffer> = (0..args.threads)
         .map(|_| engine.allocate_memory(per_thread))
         .collect::<Result<_, _>>()
@@ -202,19 +212,37 @@ pub(crate) fn initiator(
         TransportArg::Rdma => "rdma",
         TransportArg::Shm => "shm",
     };
-    if args.transport == TransportArg::Rdma && engine.rails(segment).is_empty() {
-        return Err(format!(
-            "no RDMA rail reaches {} (does the target have RDMA NICs?)",
-            target.unwrap_or("the target")
-        ));
+    if args.transport == TransportArg::Rdma {
+        if let Some(i) = segments.iter().position(|&s| engine.rails(s).is_empty()) {
+            return Err(format!(
+                "no RDMA rail reaches {} (does the target have RDMA NICs?)",
+                targets.get(i).map_or("the target", String::as_str)
+            ));
+        }
     }
     if !args.json {
+        // The peer count only when there are several (the single-peer
+        // header is as it was).
+        let peer_count = if peers.len() > 1 {
+            format!(" peers={}", peers.len())
+        } else {
+            String::new()
+        };
+        let pids: Vec<String> = target_pids.iter().map(u32::to_string).collect();
         emit(&format!(
-            "# tent-bench: transport={transport} op={op_name} threads={} batch={} target={} target_pid={}",
+            "# tent-bench: transport={transport} op={op_name} threads={} batch={}{peer_count} target={} target_pid={}",
             args.threads,
             args.batch,
-            target.unwrap_or("(in-process)"),
-            target_pid.map_or("(none: in-process)".to_owned(), |p| p.to_string())
+            if targets.is_empty() {
+                "(in-process)".to_owned()
+            } else {
+                targets.join(",")
+            },
+            if pids.is_empty() {
+                "(none: in-process)".to_owned()
+            } else {
+                pids.join(",")
+            }
         ));
         emit(&format!(
             "# workers on cores {worker_cores:?}; submitting threads on cores {app_cores:?}; {:.2} s per point",
@@ -231,8 +259,7 @@ pub(crate) fn initiator(
     let rig = Rig {
         engine: &engine,
         sources: &sources,
-        segment,
-        remote_base,
+        peers: &peers,
         app_cores: &app_cores,
     };
     for (n, &size) in sizes.iter().enumerate() {
@@ -266,16 +293,18 @@ pub(crate) fn initiator(
         }
         let q = |x: f64| p.latency_us(x);
         if args.json {
-            emit(
-                &serde_json::json!({
-                    "transport": transport, "op": op_name, "block_size": size, "batch": args.batch,
-                    "threads": args.threads, "lockstep": args.lockstep, "gbps": p.gbps(), "mops": p.mops(),
-                    "p50_us": q(0.5), "p99_us": q(0.99), "p999_us": q(0.999), "errors": p.errors,
-                    "ops": p.ops, "bytes": p.bytes, "secs": p.secs, "in_flight_at_cap": p.stuck,
-                    "error": empty,
-                })
-                .to_string(),
-            );
+            let mut line = serde_json::json!({
+                "transport": transport, "op": op_name, "block_size": size, "batch": args.batch,
+                "threads": args.threads, "lockstep": args.lockstep, "gbps": p.gbps(), "mops": p.mops(),
+                "p50_us": q(0.5), "p99_us": q(0.99), "p999_us": q(0.999), "errors": p.errors,
+                "ops": p.ops, "bytes": p.bytes, "secs": p.secs, "in_flight_at_cap": p.stuck,
+                "error": empty,
+            });
+            // Only when there are several, as in the text header.
+            if peers.len() > 1 {
+                line["peers"] = peers.len().into();
+            }
+            emit(&line.to_string());
         } else if let (Some(gbps), Some(mops)) = (p.gbps(), p.mops()) {
             let q = |x: f64| q(x).unwrap_or(f64::NAN);
             emit(&format!(
@@ -300,7 +329,7 @@ pub(crate) fn initiator(
         }
         results.push((size, p.gbps(), q(0.5), q(0.99), p.mops()));
     }
-    rail_report(args, &engine, segment);
+    rail_report(args, &engine, &segments);
     if !args.no_baseline {
         baselines(args, &results, app_cores[0], worker_cores[0], pp_before);
     }
@@ -341,12 +370,12 @@ fn report_series(args: &Args, p: &Point, interval_ms: u64) {
 }
 
 /// The end-of-run per-rail report: which rails carried the bytes (for RDMA,
-/// the run's functional proof). The `=== Device Traffic Statistics
-/// ===` block, from `Engine::traffic_stats()`, is printed here once the
-/// engine has it.
-fn rail_report(args: &Args, engine: &Engine, segment: SegmentId) {
-    let rails = engine.rails(segment);
-    for r in &rails {
+/// the run's functional proof), every peer's in turn. The `=== Device
+/// Traffic Statistics ===` block, from `Engine::traffic_stats()`, is
+/// printed here once the engine has it.
+fn rail_report(args: &Args, engine: &Engine, segments: &[SegmentId]) {
+    let by_peer: Vec<_> = segments.iter().map(|&s| engine.rails(s)).collect();
+    for r in by_peer.iter().flatten() {
         if args.json {
             emit(&serde_json::json!({"rail_local": r.local, "rail_remote": r.remote, "bytes": r.bytes, "moved": r.moved, "up": r.up, "ewma_bps": r.bandwidth, "theoretical_bps": r.theoretical, "inflight_bytes": r.inflight_bytes, "tier": r.tier, "state": r.state.name()}).to_string());
             continue;
@@ -361,8 +390,9 @@ fn rail_report(args: &Args, engine: &Engine, segment: SegmentId) {
         ));
     }
     // A multi-rail run ends with seed 003's traffic statistics (on stderr
-    // under --json, so the JSON lines stay machine-readable).
-    if rails.len() > 1 {
+    // under --json, so the JSON lines stay machine-readable); several
+    // peers of one rail each are not that.
+    if by_peer.iter().any(|rails| rails.len() > 1) {
         let stats = engine.traffic_stats().to_string();
         if args.json {
             eprint!("{stats}");
