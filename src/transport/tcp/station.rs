@@ -69,6 +69,8 @@ const OP_MAX: u64 = 1 << 30;
 const SCRATCH_LEN: usize = 64 << 10;
 /// How often the connections' timers are checked.
 const SWEEP: Duration = Duration::from_millis(100);
+/// How long a serving thread with no connection sleeps at a time.
+const IDLE_WAIT: Duration = Duration::from_secs(5);
 /// While a fence waits for another connection's write: how often it looks.
 const FENCE_POLL: Duration = Duration::from_millis(1);
 /// The whole handshake (hellos, proofs) must be done within this.
@@ -1035,6 +1037,9 @@ impl Station {
                 None
             } else if !self.fencing.is_empty() {
                 Some(FENCE_POLL)
+            } else if self.free.len() == self.slab.len() {
+                // No connection, no timer: the bell wakes it.
+                Some(IDLE_WAIT)
             } else {
                 Some(SWEEP)
             };
