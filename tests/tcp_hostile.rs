@@ -387,6 +387,60 @@ fn dripping_control_connections_do_not_lock_out_a_legitimate_open() {
     dripper.join().unwrap();
 }
 
+/// Without a secret a control connection past its Hello and Challenge has
+/// proven nothing: 64 of them that then send no request are evicted for
+/// legitimate opens, which are served at once rather than after the
+/// holders' 5 s exchange deadline frees their slots.
+#[test]
+fn control_connections_silent_after_the_challenge_do_not_lock_out_a_legitimate_open() {
+    use tent::control::wire::{self, Message};
+    let target = common::engine();
+    let _buf = target.allocate_memory(4096).unwrap();
+    let name = target.segment_name();
+    let inits: Vec<Engine> = (0..3).map(|_| common::engine()).collect();
+    // What an attacker's client does: the handshake as a real one makes
+    // it, then nothing.
+    let mut held: Vec<TcpStream> = (0..tent::control::server::MAX_CONNECTIONS)
+        .map(|i| {
+            let mut s = TcpStream::connect(&name).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            let nonce = [u8::try_from(i).unwrap(); 32];
+            wire::write_message(&mut s, &Message::Hello { nonce }).unwrap();
+            match wire::read_message(&mut s) {
+                Ok(Message::Challenge {
+                    auth_required: false,
+                    ..
+                }) => s,
+                m => panic!("holder {i}: no challenge: {m:?}"),
+            }
+        })
+        .collect();
+    // Past the age that protects a connection mid-handshake.
+    std::thread::sleep(Duration::from_millis(1200));
+    for (i, init) in inits.iter().enumerate() {
+        let t = Instant::now();
+        let seg = init
+            .open_segment(&name)
+            .expect("open while 64 connections hold after their challenge");
+        assert!(!init.segment_regions(seg).unwrap().is_empty());
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "open {i} took {:?} with 64 connections holding after their challenge",
+            t.elapsed()
+        );
+    }
+    // The holders that made room were told busy (a retry), not reset.
+    let mut evicted = 0;
+    for s in &mut held {
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        if matches!(wire::read_message(s), Ok(Message::Error { code, .. }) if code == ErrorKind::SqFull.code())
+        {
+            evicted += 1;
+        }
+    }
+    assert!(evicted >= 1, "no holder was evicted");
+}
+
 #[test]
 fn a_control_exchange_has_one_deadline_however_slowly_it_drips() {
     let target = common::engine();

@@ -10,18 +10,20 @@
 //! proofs are bound to this server's address as the client dialed it and
 //! as this server accepted it ([`auth`]): a relay holding no secret cannot
 //! pass an honest client's handshake on. When every slot is taken, the
-//! longest-idle connection that has not yet authenticated (or, without a
-//! secret, finished its handshake) and is older than [`PROTECTED_AGE`] is
-//! evicted for the newcomer; it is told it is busy (an `Error` with
-//! `SqFull`) rather than reset. Authenticated connections and young ones
-//! keep their slots, and a newcomer finding only those is told it is busy
-//! too; the client retries a busy answer within its timeout.
+//! longest-idle connection that has not proven the secret and is older
+//! than [`PROTECTED_AGE`] is evicted for the newcomer; it is told it is
+//! busy (an `Error` with `SqFull`) rather than reset. Without a secret no
+//! connection proves anything (anybody can make the handshake, then hold
+//! it), so every one is evictable once past that age. Authenticated
+//! connections and young ones keep their slots, and a newcomer finding
+//! only those is told it is busy too; the client retries a busy answer
+//! within its timeout.
 
+use parking_lot::Mutex;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -170,8 +172,9 @@ struct Slot {
     id: usize,
     /// A handle to shut it down (eviction).
     stream: TcpStream,
-    /// Past its authentication (or, without a secret, its handshake).
-    trusted: AtomicBool,
+    /// Has proven the shared secret: never evicted. Never set without a
+    /// secret, where finishing the handshake proves nothing.
+    authenticated: AtomicBool,
     /// Evicted for a newcomer: its thread tells the peer it is busy.
     evicted: AtomicBool,
     /// When it was accepted (ns since the server started).
@@ -187,14 +190,14 @@ struct Live {
 }
 
 impl Live {
-    /// Track `s`, evicting the longest-idle untrusted connection older
-    /// than [`PROTECTED_AGE`] when full; `None`: every slot is held by a
-    /// trusted or a young one.
+    /// Track `s`, evicting the longest-idle unauthenticated connection
+    /// older than [`PROTECTED_AGE`] when full; `None`: every slot is held
+    /// by an authenticated or a young one.
     fn admit(&self, s: &TcpStream, now_ns: u64) -> Option<Arc<Slot>> {
         let slot = Arc::new(Slot {
             id: self.next.fetch_add(1, Ordering::Relaxed),
             stream: s.try_clone().ok()?,
-            trusted: AtomicBool::new(false),
+            authenticated: AtomicBool::new(false),
             evicted: AtomicBool::new(false),
             born_ns: now_ns,
             last_read_ns: AtomicU64::new(now_ns),
@@ -206,13 +209,15 @@ impl Live {
                 .iter()
                 .enumerate()
                 .filter(|(_, c)| {
-                    !c.trusted.load(Ordering::Acquire)
+                    !c.authenticated.load(Ordering::Acquire)
                         && now_ns.saturating_sub(c.born_ns) >= protected
                 })
                 .min_by_key(|(_, c)| (c.last_read_ns.load(Ordering::Relaxed), c.id))?;
             let v = conns.swap_remove(victim);
             // Wake its thread (a blocked read returns end of stream); it
             // answers busy, so the client retries instead of seeing a reset.
+            // Only the read side is shut: a request it is answering still
+            // gets its answer first.
             v.evicted.store(true, Ordering::Release);
             let _ = v.stream.shutdown(std::net::Shutdown::Read);
         }
@@ -228,9 +233,7 @@ impl Live {
     }
 
     fn remove(&self, id: usize) {
-        self.conns
-            .lock()
-            .retain(|c| c.id != id);
+        self.conns.lock().retain(|c| c.id != id);
     }
 }
 
@@ -393,9 +396,6 @@ fn serve(
             auth_required: secret.is_some(),
         },
     )?;
-    if secret.is_none() {
-        s.slot.trusted.store(true, Ordering::Release);
-    }
     if let Some(secret) = secret {
         let proof = match wire::read_message(s)? {
             Message::Auth { mac } => mac,
@@ -418,7 +418,7 @@ fn serve(
             );
             return Err(Close::AuthFailed);
         }
-        s.slot.trusted.store(true, Ordering::Release);
+        s.slot.authenticated.store(true, Ordering::Release);
         wire::write_message(
             s,
             &Message::AuthOk {
