@@ -227,6 +227,64 @@ fn qp_connect_to_an_engine_without_rdma_is_unreachable_and_says_why() {
     }
 }
 
+/// A connection whose thread panics (here in the descriptor function)
+/// gives its slot back and is closed at once: after more such connections
+/// than there are slots, every one authenticated (so none would ever be
+/// evicted), an honest client is still served.
+#[test]
+fn control_connections_whose_service_panics_give_their_slots_back() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tent::control::server::{DescriptorFn, MAX_CONNECTIONS};
+    use tent::control::{ControlServer, SegmentDescriptor, fetch_descriptor};
+    const SECRET: &[u8] = b"0123456789abcdef-tent-panics";
+    let panicking = Arc::new(AtomicBool::new(true));
+    let server = {
+        let panicking = panicking.clone();
+        ControlServer::start("127.0.0.1", 0, Some(SECRET.to_vec()), move |addr| {
+            let desc = SegmentDescriptor {
+                name: addr.to_string(),
+                ..Default::default()
+            };
+            Arc::new(move || {
+                if panicking.load(Ordering::Acquire) {
+                    panic!("a descriptor function that panics");
+                }
+                desc.clone()
+            }) as Arc<DescriptorFn>
+        })
+        .unwrap()
+    };
+    let name = server.local_addr().to_string();
+    let panicked: Vec<_> = (0..MAX_CONNECTIONS + 8)
+        .map(|_| {
+            let name = name.clone();
+            std::thread::spawn(move || {
+                fetch_descriptor(&name, Some(SECRET), Duration::from_secs(2)).map(|d| d.name)
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    panicking.store(false, Ordering::Release);
+    let honest = fetch_descriptor(&name, Some(SECRET), Duration::from_secs(3));
+    assert_eq!(
+        honest.map(|d| d.name).map_err(|e| e.to_string()),
+        Ok(name),
+        "an honest client after {} connections that panicked",
+        panicked.len()
+    );
+    for (i, r) in panicked.iter().enumerate() {
+        let e = r.as_ref().expect_err("answered by a panicking service");
+        assert_eq!(
+            e.kind(),
+            ErrorKind::Unreachable,
+            "connection {i}: closed at the panic, not held to the client's timeout: {e}"
+        );
+    }
+}
+
 /// A raw control connection to `name` past its Hello and Challenge (no
 /// secret on either side).
 fn raw_session(name: &str) -> TcpStream {

@@ -237,6 +237,20 @@ impl Live {
     }
 }
 
+/// A connection's hold on its slot, owned by its thread: dropping it
+/// leaves the live list, however the thread ends (a return, or a panic in
+/// a service unwinding it), so no connection keeps a slot past its thread.
+struct Claim {
+    live: Arc<Live>,
+    slot: Arc<Slot>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.live.remove(self.slot.id);
+    }
+}
+
 /// A connection's stream with its one deadline ([`ByDeadline`]), stamping
 /// its slot's `last_read_ns` whenever bytes arrive (eviction picks the
 /// longest idle).
@@ -307,16 +321,21 @@ fn accept_loop(
             refused.hold(stream);
             continue;
         };
-        let (secret, describe, live2) = (secret.clone(), describe.clone(), live.clone());
+        let (secret, describe) = (secret.clone(), describe.clone());
         let (services, stopping) = (services.clone(), stop.clone());
         let id = slot.id;
+        let claim = Claim {
+            live: live.clone(),
+            slot,
+        };
         let spawned = std::thread::Builder::new()
             .name("tent-control-conn".into())
             .spawn(move || {
+                let slot = &*claim.slot;
                 let secret = secret.as_deref().map(Vec::as_slice);
                 let mut t = Timed {
                     s: ByDeadline::new(&stream, Instant::now() + EXCHANGE_DEADLINE),
-                    slot: &slot,
+                    slot,
                     epoch,
                 };
                 let served = serve(&mut t, secret, &*describe, &services);
@@ -335,11 +354,13 @@ fn accept_loop(
                 {
                     crate::lograte::warn_limited!(peer.rsplit_once(':').map_or(&*peer, |(ip, _)| ip), %peer, reason = %why, "control: closing connection");
                 }
-                live2.remove(slot.id);
+                // `claim` drops here, or while unwinding from a panic.
             });
         match spawned {
             Ok(t) => threads.push(t),
             Err(e) => {
+                // The unspawned closure's claim leaves when it is dropped;
+                // removing an id twice is harmless.
                 live.remove(id);
                 crate::lograte::warn_limited!(e.kind(), error = %e, "control: cannot spawn a connection thread");
             }
