@@ -429,3 +429,59 @@ fn registering_a_range_that_wraps_the_address_space_is_refused() {
     let r = unsafe { e.register_memory(p, 4096) };
     assert_eq!(r.unwrap_err().kind(), ErrorKind::InvalidArgument);
 }
+
+/// A batch registers all its ranges or none: one that overlaps another of
+/// the batch (or a registered region) refuses the call, and the table is
+/// as before (the first range can be registered alone afterwards). A batch
+/// unregister withdraws every region it names; one id that names nothing
+/// refuses it before anything is withdrawn.
+#[test]
+fn batches_of_registrations_and_unregistrations_are_all_or_nothing() {
+    let e = Engine::new(test_config()).unwrap();
+    let mut mem = vec![0u8; 64 << 10];
+    let base = mem.as_mut_ptr();
+    let at = |i: usize| base.wrapping_add(i * 4096);
+    // SAFETY: every range lies in `mem`, unregistered (or never registered) before `mem` is dropped.
+    let overlapping =
+        unsafe { e.register_memory_batch(&[(at(0), 4096), (at(1), 4096), (at(1), 8192)]) };
+    assert_eq!(overlapping.unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        e.local_addr(at(0) as u64, 1).unwrap_err().kind(),
+        ErrorKind::AddressNotRegistered,
+        "a refused batch registered part of itself"
+    );
+    // SAFETY: as above.
+    let bufs =
+        unsafe { e.register_memory_batch(&(0..8).map(|i| (at(i), 4096)).collect::<Vec<_>>()) }
+            .unwrap();
+    assert_eq!(bufs.len(), 8);
+    for (i, b) in bufs.iter().enumerate() {
+        assert_eq!(e.local_addr(at(i) as u64, 4096).unwrap().region, b.id());
+    }
+    let ids: Vec<_> = bufs.iter().map(|b| b.id()).collect();
+    let mut with_a_stranger = ids.clone();
+    with_a_stranger.push(tent::RegionId(9999));
+    assert_eq!(
+        e.unregister_memory_batch(&with_a_stranger)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::AddressNotRegistered
+    );
+    assert!(
+        e.local_addr(at(0) as u64, 1).is_ok(),
+        "a refused batch withdrew part of itself"
+    );
+    e.unregister_memory_batch(&ids).unwrap();
+    for i in 0..8 {
+        assert_eq!(
+            e.local_addr(at(i) as u64, 1).unwrap_err().kind(),
+            ErrorKind::AddressNotRegistered
+        );
+    }
+    assert_eq!(
+        e.unregister_memory(ids[0]).unwrap_err().kind(),
+        ErrorKind::AddressNotRegistered
+    );
+    drop(e);
+    drop(mem);
+}

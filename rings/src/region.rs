@@ -100,6 +100,17 @@ pub enum RegionError {
         /// The layout asked for (`u64::MAX` words are wildcards).
         expected: [u64; 4],
     },
+    /// The header's payload length differs from the one asked for (a file
+    /// of the same layout sized for another configuration, or truncated
+    /// and re-published by another process).
+    PayloadLen {
+        /// The file.
+        path: PathBuf,
+        /// The payload length in the file's header.
+        found: u64,
+        /// The payload length asked for.
+        expected: u64,
+    },
     /// The file is shorter than its header says it should be.
     TooSmall {
         /// The file.
@@ -158,6 +169,15 @@ impl fmt::Display for RegionError {
             } => write!(
                 f,
                 "region {}: layout {found:?}, expected {expected:?}",
+                path.display()
+            ),
+            RegionError::PayloadLen {
+                path,
+                found,
+                expected,
+            } => write!(
+                f,
+                "region {}: payload of {found} bytes, expected {expected}",
                 path.display()
             ),
             RegionError::TooSmall { path, len, need } => write!(
@@ -590,10 +610,10 @@ impl Region {
             if header.magic.load(Ordering::Acquire) != 0 {
                 let region = Self::validate(path.clone(), map, ty, Some(layout))?;
                 if region.payload_len != payload_len {
-                    return Err(RegionError::Layout {
+                    return Err(RegionError::PayloadLen {
                         path,
-                        found: region.layout,
-                        expected: layout,
+                        found: region.payload_len as u64,
+                        expected: payload_len as u64,
                     });
                 }
                 return Ok((region, false));
@@ -746,6 +766,39 @@ mod tests {
         fn drop(&mut self) {
             let _ = fs::remove_file(&self.0);
         }
+    }
+
+    /// A file of the same layout with another payload length is refused
+    /// saying so (it was refused as "layout [..], expected [..]" with the
+    /// two layouts equal).
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "/dev/shm file: Miri cannot open or mmap files under isolation"
+    )]
+    fn a_payload_of_another_length_is_refused_naming_the_lengths() {
+        let name = unique_name("paylen");
+        let _keep =
+            Region::open_or_create_shm(&name, RegionType::Data, [2, 4160, 0, 0], 4096).unwrap();
+        let _cleanup = Cleanup(shm_path(&name));
+        let err =
+            Region::open_or_create_shm(&name, RegionType::Data, [2, 4160, 0, 0], 8192).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RegionError::PayloadLen {
+                    found: 4096,
+                    expected: 8192,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("payload of 4096 bytes, expected 8192"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -11,13 +11,13 @@ use tent_rings::{ErrorKind, RegionId};
 use super::Engine;
 use crate::config::HugePages;
 use crate::error::{Error, Result};
-use crate::memory::{MemRegion, RegionUse, numa_node_of};
+use crate::memory::{MemRegion, RegionTable, RegionUse, numa_node_of};
 use crate::transport::tcp;
 
-/// How often `unregister_memory` looks whether the workers and the TCP
-/// data server are done with a region (and rings the workers that are not),
-/// after `DRAIN_YIELDS` quick looks (a woken idle worker acknowledges within
-/// microseconds).
+/// How often, at most, `unregister_memory` looks whether the workers and
+/// the TCP data server are done with a region (and rings the workers that
+/// are not), after `DRAIN_YIELDS` quick looks and naps doubling from 10 us
+/// (a woken idle worker acknowledges within microseconds).
 const DRAIN_POLL: Duration = Duration::from_millis(1);
 const DRAIN_YIELDS: u32 = 64;
 
@@ -70,30 +70,52 @@ impl Engine {
     /// until [`Engine::unregister_memory`] returns `Ok` for it (the engine
     /// is then done with it) or the engine is dropped.
     pub unsafe fn register_memory(&self, ptr: *mut u8, len: u64) -> Result<Buffer> {
-        if len == 0 || ptr.is_null() {
-            return Err(Error::invalid(
-                "register_memory: null pointer or zero length",
-            ));
-        }
-        // Every later bound check adds within the region: it must not wrap.
-        if (ptr as u64).checked_add(len).is_none() || usize::try_from(len).is_err() {
-            return Err(Error::invalid(format!(
-                "register_memory: [{:#x}, +{len}) wraps the address space",
-                ptr as u64
-            )));
+        // SAFETY: forwarded from the caller.
+        let mut one = unsafe { self.register_memory_batch(&[(ptr, len)])? };
+        Ok(one.pop().expect("one range, one buffer"))
+    }
+
+    /// Register every range of `ranges` (pointer, length), changing the
+    /// region table once: a paged cache registered block by block pays one
+    /// table change per call rather than per block. All or nothing: a range
+    /// refused (null, zero length, wrapping, overlapping a registered
+    /// region or another range) refuses the call and registers none.
+    ///
+    /// # Safety
+    /// As [`Engine::register_memory`], for every range.
+    pub unsafe fn register_memory_batch(&self, ranges: &[(*mut u8, u64)]) -> Result<Vec<Buffer>> {
+        for &(ptr, len) in ranges {
+            if len == 0 || ptr.is_null() {
+                return Err(Error::invalid(
+                    "register_memory: null pointer or zero length",
+                ));
+            }
+            // Every later bound check adds within the region: it must not wrap.
+            if (ptr as u64).checked_add(len).is_none() || usize::try_from(len).is_err() {
+                return Err(Error::invalid(format!(
+                    "register_memory: [{:#x}, +{len}) wraps the address space",
+                    ptr as u64
+                )));
+            }
         }
         let _g = self.registry.lock();
-        let table = self.shared.regions.load_full();
-        // Where its pages are now (those faulted in): the rails' tiers
-        // for its slices rank from that node.
-        let region =
-            MemRegion::new(table.next_id(), ptr, len, None).with_numa_node(numa_node_of(ptr, len));
-        // SAFETY: the caller keeps the memory mapped while it is registered.
-        let region = Arc::new(unsafe { self.register_rdma(region, ptr, len)? });
-        self.shared
-            .regions
-            .store(Arc::new(table.with(region.clone())?));
-        Ok(Buffer { region })
+        let mut table = RegionTable::clone(&self.shared.regions.load());
+        let mut out = Vec::with_capacity(ranges.len());
+        for &(ptr, len) in ranges {
+            // Where its pages are now (those faulted in): the rails' tiers
+            // for its slices rank from that node.
+            let region = MemRegion::new(table.next_id(), ptr, len, None)
+                .with_numa_node(numa_node_of(ptr, len));
+            // SAFETY: the caller keeps the memory mapped while it is
+            // registered. On an error below, what was registered so far is
+            // dropped (its RDMA registrations with it) and the table is
+            // left as it was.
+            let region = Arc::new(unsafe { self.register_rdma(region, ptr, len)? });
+            table.insert(region.clone())?;
+            out.push(Buffer { region });
+        }
+        self.shared.regions.store(Arc::new(table));
+        Ok(out)
     }
 
     /// Where `[addr, addr + len)` lies in registered memory: its region
@@ -167,10 +189,26 @@ impl Engine {
     /// for RDMA, since the engine may still write it: do not free it; call
     /// again to finish (each call waits anew).
     pub fn unregister_memory(&self, id: RegionId) -> Result<()> {
-        let region = self.withdraw(id)?;
-        self.drain(&region)?;
-        region.release_rdma();
-        self.retiring.release(|r| r.id() == id);
+        self.unregister_memory_batch(&[id])
+    }
+
+    /// Unregister every region of `ids` as [`Engine::unregister_memory`]
+    /// does one, with one table change and one unregister epoch for all:
+    /// the workers acknowledge once. An id that names no region refuses
+    /// the call before anything is withdrawn. On `Timeout` the regions not
+    /// yet drained stay withdrawn and registered (call again for them).
+    pub fn unregister_memory_batch(&self, ids: &[RegionId]) -> Result<()> {
+        let regions = self.withdraw(ids)?;
+        for region in &regions {
+            self.drain(region)?;
+            region.release_rdma();
+        }
+        if regions.len() == 1 {
+            self.retiring.release(|r| r.id() == ids[0]);
+        } else {
+            let gone: std::collections::HashSet<RegionId> = ids.iter().copied().collect();
+            self.retiring.release(|r| gone.contains(&r.id()));
+        }
         Ok(())
     }
 
@@ -195,29 +233,44 @@ impl Engine {
         }
     }
 
-    /// Take region `id` out of the table and revoke it at the next
-    /// unregister epoch, or find it withdrawn by an earlier call that has
-    /// not finished.
-    fn withdraw(&self, id: RegionId) -> Result<Arc<MemRegion>> {
+    /// Take regions `ids` out of the table and revoke them at the next
+    /// unregister epoch (one table change), or find those withdrawn by an
+    /// earlier call that has not finished. An id that names neither
+    /// refuses the call and changes nothing.
+    fn withdraw(&self, ids: &[RegionId]) -> Result<Vec<Arc<MemRegion>>> {
         let _g = self.registry.lock();
-        let table = self.shared.regions.load_full();
-        let Some((next, removed)) = table.without(id) else {
-            return self.retiring.find(|r| r.id() == id).ok_or_else(|| {
+        let mut next = RegionTable::clone(&self.shared.regions.load());
+        let (mut removed, mut all) = (Vec::new(), Vec::with_capacity(ids.len()));
+        for &id in ids {
+            if let Some(r) = next.remove(id) {
+                removed.push(r.clone());
+                all.push(r);
+                continue;
+            }
+            let r = self.retiring.find(|r| r.id() == id).ok_or_else(|| {
                 Error::new(
                     ErrorKind::AddressNotRegistered,
                     format!("region {} is not registered", id.0),
                 )
-            });
-        };
+            })?;
+            all.push(r);
+        }
+        if removed.is_empty() {
+            return Ok(all);
+        }
         self.next_epoch(|epoch| {
-            removed.revoke(epoch);
-            if let Some(export) = &self.export {
-                export.revoke(id);
+            for r in &removed {
+                r.revoke(epoch);
+                if let Some(export) = &self.export {
+                    export.revoke(r.id());
+                }
             }
             self.shared.regions.store(Arc::new(next));
-            self.retiring.hold(removed.clone());
+            for r in removed {
+                self.retiring.hold(r);
+            }
         });
-        Ok(removed)
+        Ok(all)
     }
 
     /// Take the next unregister epoch (shared by `unregister_memory` and
@@ -265,6 +318,7 @@ impl Engine {
         let grace = u64::try_from(stall.as_nanos().saturating_mul(2)).unwrap_or(u64::MAX);
         let start = crate::clock::monotonic_ns();
         let mut look = 0u32;
+        let mut nap = Duration::from_micros(10);
         loop {
             // Ring on the first look and on every slow one, not per yield.
             let ring = look == 0 || look >= DRAIN_YIELDS;
@@ -292,7 +346,10 @@ impl Engine {
                 look += 1;
                 std::thread::yield_now();
             } else {
-                std::thread::sleep(DRAIN_POLL);
+                // A parked worker woken by the ring acknowledges within
+                // tens of microseconds: look again soon, then less often.
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(DRAIN_POLL);
             }
         }
     }

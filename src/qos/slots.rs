@@ -493,6 +493,7 @@ fn refused(name: &str, e: RegionError) -> Error {
         | RegionError::Version { .. }
         | RegionError::WrongType { .. }
         | RegionError::Layout { .. }
+        | RegionError::PayloadLen { .. }
         | RegionError::TooSmall { .. } => {
             "not a tent slot file of this version (a stale file of another program or \
              release): remove it, or set another transports/rdma/shared_quota_shm_path"

@@ -23,8 +23,9 @@
 //!    what its queue took).
 //! 2. **Policy:** 4 QPs of one rail, one of them finishing a quarter as
 //!    fast, 4096 outstanding: `static` vs `least_loaded` vs `capacity`,
-//!    `depth_stddev` (per worker turn with work on the rail, across the 4
-//!    QPs' posted + waiting requests, averaged over the run). The QP is
+//!    `depth_stddev` (per worker turn with work on the rail and every QP
+//!    connected, across the 4 QPs' posted + waiting requests, averaged
+//!    over the run). The QP is
 //!    chosen by the same `choose` the RDMA post path uses (every QP open:
 //!    the simulated ones never stall or fail).
 //! 3. **Post path:** one thread, batches of 32 one-QP writes: ns per work
@@ -309,7 +310,14 @@ fn worker(
             ep.flush(&mut complete);
             ep.reap(&mut complete);
         }
-        if eps.len() > 1 && eps.iter().any(|e| e.outstanding() > 0) {
+        // The balance a policy keeps, once every QP is up: while one is
+        // still connecting (on the connector's thread, as slow as the
+        // machine is busy) its requests wait whatever the policy, and how
+        // many turns that lasts is the scheduler's, not the policy's.
+        if eps.len() > 1
+            && eps.iter().any(|e| e.outstanding() > 0)
+            && eps.iter().all(Endpoint::is_connected)
+        {
             turns += 1;
             stddev_sum += stddev(eps.iter().map(|e| e.outstanding() as f64));
         }

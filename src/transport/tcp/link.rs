@@ -941,7 +941,7 @@ impl Link {
         } else {
             self.stage_hi += n as usize;
             if let Err(why) = self.parse() {
-                crate::lograte::warn_limited!((self.endpoint.remote, why), remote = %self.endpoint.remote, why, "tcp: bad response; closing the connection");
+                crate::lograte::warn_limited!((self.endpoint.remote, why), remote = %self.endpoint.remote, why, "tcp: protocol violation by the peer (a bad response); closing the connection");
                 // What was answered well before the violation stands.
                 self.complete_front();
                 self.teardown(cx, ErrorKind::Unreachable, false);
