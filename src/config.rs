@@ -117,6 +117,8 @@ pub struct Config {
     pub block_size: u64,
     /// `default_timeout_ms`: per-operation deadline when the SQE has none.
     pub default_timeout_ms: Duration,
+    /// `max_timeout_ms`: the furthest deadline an operation may ask for.
+    pub max_timeout_ms: Duration,
     /// `ring_depth`: entries per submission/completion ring (power of two).
     pub ring_depth: u32,
     /// `max_batch_size`: tasks per batch.
@@ -1023,6 +1025,8 @@ schema! {
         "Slice size in bytes; requests larger than this are split into slices.";
     "default_timeout_ms" => default_timeout_ms: millis(1, 86_400_000), "30000", LIVE,
         "Per-operation deadline in ms when the SQE carries none.";
+    "max_timeout_ms" => max_timeout_ms: millis(1, 86_400_000), "3600000", LIVE,
+        "The furthest deadline in ms an operation's SQE may ask for, from when it is taken: one further is refused InvalidArgument. Bounds how long unregister_memory and close_segment can wait on an op in flight. Taken as default_timeout_ms when smaller.";
     "ring_depth" => ring_depth: Kind::PowerOfTwo { min: 2, max: 1 << 20 }, "1024", LIVE,
         "Entries per submission/completion ring; a power of two.";
     "max_batch_size" => max_batch_size: uint(1, 1 << 20), "4096", LIVE,

@@ -291,3 +291,34 @@ impl Drop for ReleaseOnDrop {
         self.0.release_all();
     }
 }
+
+/// A deadline further ahead than `max_timeout_ms` is refused at intake
+/// (`InvalidArgument`, nothing moved): an unregister or a segment close
+/// never waits longer than that cap for an op; one within the cap is
+/// served.
+#[test]
+fn a_deadline_past_max_timeout_ms_is_refused_and_one_within_it_served() {
+    let mut cfg = test_config();
+    cfg.max_timeout_ms = Duration::from_secs(60);
+    let e = Engine::new(cfg).unwrap();
+    let src = e.allocate_memory(4096).unwrap();
+    let dst = e.allocate_memory(4096).unwrap();
+    let mut ring = e.ring().unwrap();
+    let write = |deadline: Duration, tag: u64| {
+        op::Write::new(
+            LocalAddr::new(src.id(), 0),
+            RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+            4096,
+        )
+        .deadline_ns(deadline_after(deadline))
+        .user_data(tag)
+        .build()
+    };
+    ring.submission().push(write(Duration::from_secs(3600), 1)).unwrap();
+    ring.submission().push(write(Duration::from_secs(30), 2)).unwrap();
+    ring.submit().unwrap();
+    let mut got = reap(&mut ring, 2);
+    got.sort_by_key(|c| c.user_data());
+    assert_eq!(got[0].result(), Err(ErrorKind::InvalidArgument), "an hour ahead, past the 60 s cap");
+    assert_eq!(got[1].result(), Ok(4096));
+}

@@ -205,7 +205,7 @@ impl Worker {
         let local = sqe.local();
         let (ptr, region) = self.views.local(local.region, local.offset, sqe.len())?;
         let reached = self.views.segment(sqe.remote().segment, hint)?;
-        let deadline_ns = asked_deadline(sqe.deadline_ns(), clock)?;
+        let deadline_ns = asked_deadline(sqe.deadline_ns(), clock, self.max_timeout_ns)?;
         Ok(Accepted {
             opcode,
             priority,

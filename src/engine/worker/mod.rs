@@ -192,6 +192,8 @@ pub(crate) struct Worker {
     region_ack: u64,
     block_size: u64,
     default_timeout_ns: u64,
+    /// `max_timeout_ms`: the furthest deadline an SQE may ask for.
+    max_timeout_ns: u64,
     /// `max_failover_attempts` (0: failover off for every request).
     max_failover: u8,
 }
@@ -268,6 +270,7 @@ impl Worker {
             region_ack: 0,
             block_size: cfg.block_size,
             default_timeout_ns: nanos(cfg.default_timeout_ms),
+            max_timeout_ns: nanos(cfg.max_timeout_ms.max(cfg.default_timeout_ms)),
             max_failover: cfg.max_failover_attempts.min(u32::from(u8::MAX)) as u8,
             views: Views::new(&engine),
             gate_always_open: engine.gate.always_open(),

@@ -51,12 +51,23 @@ impl TurnClock {
 /// A request's deadline as its SQE asks: `None` for the default
 /// (`default_timeout_ms` from when it is queued, [`queued_deadline`]; an op
 /// done at intake needs none, so it reads no clock), `Some` for the
-/// absolute one it asked for, or `Timeout` when that one is already past.
-pub(super) fn asked_deadline(asked: u64, clock: &mut TurnClock) -> Result<Option<u64>, ErrorKind> {
+/// absolute one it asked for, `Timeout` when that one is already past, or
+/// `InvalidArgument` when it lies more than `max_ns` (`max_timeout_ms`)
+/// ahead: what an unregister or a segment close may have to wait for is
+/// bounded.
+pub(super) fn asked_deadline(asked: u64, clock: &mut TurnClock, max_ns: u64) -> Result<Option<u64>, ErrorKind> {
     match asked {
         0 => Ok(None),
-        d if d <= clock.now() => Err(ErrorKind::Timeout),
-        d => Ok(Some(d)),
+        d => {
+            let now = clock.now();
+            if d <= now {
+                Err(ErrorKind::Timeout)
+            } else if d - now > max_ns {
+                Err(ErrorKind::InvalidArgument)
+            } else {
+                Ok(Some(d))
+            }
+        }
     }
 }
 
@@ -105,7 +116,7 @@ mod tests {
     #[test]
     fn a_default_deadline_reads_no_clock() {
         let mut c = TurnClock::default();
-        assert_eq!(asked_deadline(0, &mut c), Ok(None));
+        assert_eq!(asked_deadline(0, &mut c, 10_000), Ok(None));
         assert_eq!(c.0, None);
         assert_eq!(queued_deadline(None, 1_000, 500), 1_500);
         // A default past the clock's range saturates rather than wraps
@@ -116,13 +127,21 @@ mod tests {
     #[test]
     fn an_asked_deadline_is_checked_against_the_turn_s_time() {
         let mut c = TurnClock(Some(1_000));
-        assert_eq!(asked_deadline(2_000, &mut c), Ok(Some(2_000)));
+        assert_eq!(asked_deadline(2_000, &mut c, 10_000), Ok(Some(2_000)));
         assert_eq!(queued_deadline(Some(2_000), 1_000, 500), 2_000);
-        assert_eq!(asked_deadline(1_000, &mut c), Err(ErrorKind::Timeout));
-        assert_eq!(asked_deadline(1, &mut c), Err(ErrorKind::Timeout));
+        assert_eq!(asked_deadline(1_000, &mut c, 10_000), Err(ErrorKind::Timeout));
+        assert_eq!(asked_deadline(1, &mut c, 10_000), Err(ErrorKind::Timeout));
         // Unread, an asked deadline reads it.
         let mut fresh = TurnClock::default();
-        assert_eq!(asked_deadline(1, &mut fresh), Err(ErrorKind::Timeout));
+        assert_eq!(asked_deadline(1, &mut fresh, 10_000), Err(ErrorKind::Timeout));
         assert!(fresh.0.is_some());
+    }
+
+    #[test]
+    fn a_deadline_further_than_the_cap_is_refused_and_one_at_it_taken() {
+        let mut c = TurnClock(Some(1_000));
+        assert_eq!(asked_deadline(11_000, &mut c, 10_000), Ok(Some(11_000)));
+        assert_eq!(asked_deadline(11_001, &mut c, 10_000), Err(ErrorKind::InvalidArgument));
+        assert_eq!(asked_deadline(u64::MAX, &mut c, 10_000), Err(ErrorKind::InvalidArgument));
     }
 }
