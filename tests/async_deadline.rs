@@ -314,11 +314,19 @@ fn a_deadline_past_max_timeout_ms_is_refused_and_one_within_it_served() {
         .user_data(tag)
         .build()
     };
-    ring.submission().push(write(Duration::from_secs(3600), 1)).unwrap();
-    ring.submission().push(write(Duration::from_secs(30), 2)).unwrap();
+    ring.submission()
+        .push(write(Duration::from_secs(3600), 1))
+        .unwrap();
+    ring.submission()
+        .push(write(Duration::from_secs(30), 2))
+        .unwrap();
     ring.submit().unwrap();
     let mut got = reap(&mut ring, 2);
     got.sort_by_key(|c| c.user_data());
-    assert_eq!(got[0].result(), Err(ErrorKind::InvalidArgument), "an hour ahead, past the 60 s cap");
+    assert_eq!(
+        got[0].result(),
+        Err(ErrorKind::InvalidArgument),
+        "an hour ahead, past the 60 s cap"
+    );
     assert_eq!(got[1].result(), Ok(4096));
 }

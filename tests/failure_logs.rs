@@ -241,3 +241,54 @@ fn two_process_peer_killed_under_load_logs_stay_bounded() {
         assert_bounded(transport, &o);
     }
 }
+
+/// Refusals are logged per (peer, kind of refusal): a peer that first sends
+/// junk (a bad hello) and then proofs of the wrong secret gets a line for
+/// each kind, so the authentication failures are not hidden behind the
+/// junk's line (they were, keyed by the peer's address alone).
+#[test]
+fn a_bad_hello_does_not_hide_the_failed_proofs_after_it() {
+    use std::net::TcpStream;
+    use tent::transport::tcp::frame::Ident;
+    use tent::transport::tcp::handshake;
+    let from = capture().0.lock().unwrap().len();
+    let mut cfg = common::test_config();
+    cfg.rpc_shared_secret = "the right secret, long enough".into();
+    cfg.transports.shm.enable = false;
+    let e = Engine::new(cfg).unwrap();
+    let addr = e.tcp_data_addr().unwrap();
+    let mut junk = TcpStream::connect(addr).unwrap();
+    junk.write_all(&[0x5a; 72]).unwrap();
+    for conn in 1..=5u32 {
+        let s = TcpStream::connect(addr).unwrap();
+        let ident = Ident {
+            session: [9; 16],
+            conn,
+        };
+        let r = handshake::open(
+            &s,
+            Some(b"the wrong secret, long enough"),
+            Instant::now() + Duration::from_secs(5),
+            ident,
+        );
+        assert!(r.is_err(), "a wrong secret was accepted");
+    }
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let lines = lines_since(from);
+        let refused = |what: &str| {
+            lines
+                .iter()
+                .any(|l| l.contains("tcp data connection refused") && l.contains(what))
+        };
+        if refused("bad hello") && refused("authentication failed") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "one kind of refusal hid the other: {lines:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(junk);
+}

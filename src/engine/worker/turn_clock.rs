@@ -55,7 +55,11 @@ impl TurnClock {
 /// `InvalidArgument` when it lies more than `max_ns` (`max_timeout_ms`)
 /// ahead: what an unregister or a segment close may have to wait for is
 /// bounded.
-pub(super) fn asked_deadline(asked: u64, clock: &mut TurnClock, max_ns: u64) -> Result<Option<u64>, ErrorKind> {
+pub(super) fn asked_deadline(
+    asked: u64,
+    clock: &mut TurnClock,
+    max_ns: u64,
+) -> Result<Option<u64>, ErrorKind> {
     match asked {
         0 => Ok(None),
         d => {
@@ -129,11 +133,17 @@ mod tests {
         let mut c = TurnClock(Some(1_000));
         assert_eq!(asked_deadline(2_000, &mut c, 10_000), Ok(Some(2_000)));
         assert_eq!(queued_deadline(Some(2_000), 1_000, 500), 2_000);
-        assert_eq!(asked_deadline(1_000, &mut c, 10_000), Err(ErrorKind::Timeout));
+        assert_eq!(
+            asked_deadline(1_000, &mut c, 10_000),
+            Err(ErrorKind::Timeout)
+        );
         assert_eq!(asked_deadline(1, &mut c, 10_000), Err(ErrorKind::Timeout));
         // Unread, an asked deadline reads it.
         let mut fresh = TurnClock::default();
-        assert_eq!(asked_deadline(1, &mut fresh, 10_000), Err(ErrorKind::Timeout));
+        assert_eq!(
+            asked_deadline(1, &mut fresh, 10_000),
+            Err(ErrorKind::Timeout)
+        );
         assert!(fresh.0.is_some());
     }
 
@@ -141,7 +151,13 @@ mod tests {
     fn a_deadline_further_than_the_cap_is_refused_and_one_at_it_taken() {
         let mut c = TurnClock(Some(1_000));
         assert_eq!(asked_deadline(11_000, &mut c, 10_000), Ok(Some(11_000)));
-        assert_eq!(asked_deadline(11_001, &mut c, 10_000), Err(ErrorKind::InvalidArgument));
-        assert_eq!(asked_deadline(u64::MAX, &mut c, 10_000), Err(ErrorKind::InvalidArgument));
+        assert_eq!(
+            asked_deadline(11_001, &mut c, 10_000),
+            Err(ErrorKind::InvalidArgument)
+        );
+        assert_eq!(
+            asked_deadline(u64::MAX, &mut c, 10_000),
+            Err(ErrorKind::InvalidArgument)
+        );
     }
 }

@@ -104,6 +104,14 @@ pub(crate) enum Reply {
 }
 
 impl Reply {
+    /// The status it carries (what the refusal tells the initiator).
+    pub(crate) fn status(&self) -> u16 {
+        match self {
+            Reply::Hello(b) => Hello::decode(b).map_or(0, |h| h.status),
+            Reply::Proof(b) => Proof::decode(b).map_or(0, |p| p.status),
+        }
+    }
+
     /// Its bytes.
     pub(crate) fn bytes(&self) -> &[u8] {
         match self {

@@ -501,7 +501,10 @@ impl Conn {
                             if let Some(reply) = r.reply {
                                 self.push_out(Out::bytes(reply.bytes(), cx.now), cx.now);
                             }
-                            crate::lograte::warn_limited!(self.peer.ip(), peer = %self.peer, reason = %r.why, "tcp data connection refused");
+                            // One line per (peer, kind of refusal), then counts: a bad
+                            // hello does not hide a failed proof after it.
+                            let kind = r.reply.map(|reply| reply.status());
+                            crate::lograte::warn_limited!((self.peer.ip(), kind), peer = %self.peer, reason = %r.why, "tcp data connection refused");
                             // It holds no room while its answer drains; past
                             // the cap of those, it closes at once.
                             self.slot.fenced.store(true, Ordering::SeqCst);
