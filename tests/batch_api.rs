@@ -329,3 +329,52 @@ fn a_batch_of_max_batch_size_goes_in_one_submit_above_ring_depth() {
     assert_eq!(e.status_list(b).unwrap().len(), n);
     e.free_batch(b).unwrap();
 }
+
+#[test]
+fn wait_batch_answers_at_once_when_nothing_is_in_flight() {
+    let e = engine();
+    // Nothing submitted: nothing to wait for, whatever the timeout.
+    let empty = e.allocate_batch(4).unwrap();
+    let t0 = std::time::Instant::now();
+    let s = e.wait_batch(empty, Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (s.state, s.transferred_bytes, s.error),
+        (TaskState::Initial, 0, None)
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "an empty batch was waited on for {:?}",
+        t0.elapsed()
+    );
+    let e = Arc::new(e);
+    let src = e.allocate_memory(4096).unwrap();
+    let dst = e.allocate_memory(4096).unwrap();
+    let req = op::Write::new(
+        LocalAddr::new(src.id(), 0),
+        RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+        4096,
+    )
+    .build();
+    // Every task ended: its state, as before.
+    let done = e.allocate_batch(2).unwrap();
+    e.submit(done, &[req, req]).unwrap();
+    let s = e.wait_batch(done, Duration::from_secs(10)).unwrap();
+    assert_eq!((s.state, s.transferred_bytes), (TaskState::Completed, 8192));
+    // A task held inside the transport: still waited on, to the timeout.
+    let inner = e.swap_transport(tent::TransportKind::Local, None).unwrap();
+    let gate = Arc::new(Gated {
+        inner,
+        open: std::sync::Mutex::new(false),
+        cv: std::sync::Condvar::new(),
+        entered: std::sync::atomic::AtomicUsize::new(0),
+    });
+    e.swap_transport(tent::TransportKind::Local, Some(gate.clone()));
+    let _open = OpenOnDrop(gate.clone());
+    let held = e.allocate_batch(4).unwrap();
+    e.submit(held, &[req]).unwrap();
+    let err = e.wait_batch(held, Duration::from_millis(300)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    gate.open();
+    let s = e.wait_batch(held, Duration::from_secs(10)).unwrap();
+    assert_eq!(s.state, TaskState::Completed, "{s:?}");
+}

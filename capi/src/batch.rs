@@ -193,9 +193,10 @@ pub unsafe extern "C" fn tent_overall_status(
     })
 }
 
-/// Wait until no task of `batch` is pending, up to `timeout_ms`
+/// Wait until nothing of `batch` is in flight, up to `timeout_ms`
 /// (`TENT_ERR_TIMEOUT` after); `*out_status` (may be NULL) gets the
-/// overall status.
+/// overall status. A batch with nothing submitted answers at once with
+/// `TENT_STATUS_INITIAL`.
 ///
 /// # Safety
 /// `engine` is a live engine; `out_status` NULL or valid for one write.

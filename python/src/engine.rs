@@ -455,10 +455,11 @@ impl TransferEngine {
         Ok(s.into())
     }
 
-    /// Beyond TENT: wait until no task of the batch is pending (`timeout`
+    /// Beyond TENT: wait until nothing of the batch is in flight (`timeout`
     /// seconds, None: no bound) and return its overall status; raise the
-    /// failure's class (e.g. `SegmentNotFoundError`) if it did not complete,
-    /// `TimeoutError` if still pending at `timeout`.
+    /// failure's class (e.g. `SegmentNotFoundError`) if it did not complete
+    /// (at once, for a batch with nothing submitted), `TimeoutError` if
+    /// still pending at `timeout`.
     #[pyo3(signature = (batch_id, timeout=None))]
     fn wait_transfer(
         &self,

@@ -475,6 +475,19 @@ impl Batch {
         self.tasks[..used].iter().map(BatchTask::status).collect()
     }
 
+    /// [`overall`](Self::overall), once nothing of the batch is in flight:
+    /// every submitted task ended and every attached notification settled
+    /// (its terminal state), or nothing submitted at all (`Initial`);
+    /// `None` while something runs.
+    pub(crate) fn settled(&self) -> Option<TaskStatus> {
+        // Notifications first: a submit with one attaches it before it
+        // claims its tasks, so a batch seen without pending notifications
+        // and then without tasks had neither at the first look.
+        let quiet = self.notes_pending() == 0;
+        let s = self.overall();
+        (s.state.is_terminal() || (quiet && s.state == TaskState::Initial)).then_some(s)
+    }
+
     /// One status for the whole batch: Pending while any task is; otherwise
     /// Completed if all completed, else the most severe failure.
     pub(crate) fn overall(&self) -> TaskStatus {

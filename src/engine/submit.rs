@@ -301,9 +301,12 @@ impl Engine {
         self.batches.free(batch)
     }
 
-    /// Wait until no task of `batch` is pending (or `timeout`): looks and
-    /// yields the core for the first 200 µs (short transfers end within
-    /// it; as `Ring::wait_ready`), then sleeps between looks, 10 µs
+    /// Wait until nothing of `batch` is in flight (or `timeout`), and return
+    /// its state: at once for a batch with nothing submitted (`Initial`:
+    /// there is nothing to wait for), else once every task has ended and,
+    /// if they all completed, every attached notification is delivered.
+    /// Looks and yields the core for the first 200 µs (short transfers end
+    /// within it; as `Ring::wait_ready`), then sleeps between looks, 10 µs
     /// doubling to 1 ms, so a caller waiting on a long transfer does not
     /// hold a core the workers need.
     pub fn wait_batch(&self, batch: BatchId, timeout: Duration) -> Result<TaskStatus> {
@@ -311,8 +314,7 @@ impl Engine {
         let start = Instant::now();
         let mut nap = Duration::from_micros(10);
         loop {
-            let s = b.overall();
-            if s.state.is_terminal() {
+            if let Some(s) = b.settled() {
                 return Ok(s);
             }
             let waited = start.elapsed();
