@@ -199,6 +199,14 @@ pub struct ShmConfig {
     pub enable: bool,
     /// `transports/shm/dir`: directory of the shared-memory files (absolute).
     pub dir: String,
+    /// `transports/shm/max_mapped_bytes_per_peer`: bytes of one owner's
+    /// regions this engine maps at most; 0 = an eighth of the address
+    /// space left at start.
+    pub max_mapped_bytes_per_peer: u64,
+    /// `transports/shm/max_mapped_bytes`: bytes of every owner's regions
+    /// this engine maps at most; 0 = a quarter of the address space left
+    /// at start.
+    pub max_mapped_bytes: u64,
 }
 
 /// `transports/tcp`.
@@ -1074,6 +1082,10 @@ schema! {
         "Enable the cross-process shared-memory transport.";
     "transports/shm/dir" => transports.shm.dir: Kind::Str(StrRule::AbsolutePath), "\"/dev/shm\"", LIVE,
         "Absolute directory holding the shared-memory segment files.";
+    "transports/shm/max_mapped_bytes_per_peer" => transports.shm.max_mapped_bytes_per_peer: uint(0, 1 << 57), "0", LIVE,
+        "Bytes of one shm owner's regions this engine maps at most (each region costs its length plus a 4 KiB page of address space, populated or not); past it the owner's descriptor is refused OutOfMemory, nothing of it mapped, and ops on its new regions fail OutOfMemory. 0 = an eighth of the address space left at engine start (the lower of RLIMIT_AS and the 47-bit user space, less the process's VmSize).";
+    "transports/shm/max_mapped_bytes" => transports.shm.max_mapped_bytes: uint(0, 1 << 57), "0", LIVE,
+        "Bytes of every shm owner's regions this engine maps at most, all its peers together; past it a segment's new regions are refused OutOfMemory (retried once others are unmapped). 0 = a quarter of the address space left at engine start.";
     "transports/tcp/enable" => transports.tcp.enable: Kind::Bool, "true", LIVE,
         "Enable the TCP transport.";
     "transports/tcp/connections_per_peer" => transports.tcp.connections_per_peer: uint(1, 64), "4", LIVE,

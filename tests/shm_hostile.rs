@@ -804,3 +804,89 @@ fn shm_handout_requires_the_shared_secret_when_set() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::AccessDenied, "{err}");
 }
+
+// ---- an owner announcing more than a peer may map --------------------------
+
+/// Mappings in this process of segment `name`'s region memfds (the owner's
+/// own, and each peer's: owner and peers share this test process).
+fn region_mappings(name: &str) -> usize {
+    let needle = format!("/memfd:{name}-r");
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&needle))
+        .count()
+}
+
+/// An initiator whose shm caps are `per_peer` and `total` bytes (0: derived).
+fn engine_mapping_at_most(per_peer: u64, total: u64) -> Engine {
+    let mut c = common::test_config();
+    c.transports.shm.max_mapped_bytes_per_peer = per_peer;
+    c.transports.shm.max_mapped_bytes = total;
+    Engine::new(c).unwrap()
+}
+
+#[test]
+fn owner_announcing_more_than_a_peer_may_map_is_refused_typed_with_nothing_mapped() {
+    // Two 1 MiB regions: 2 MiB + two 4 KiB pages of a peer's address
+    // space (a hostile owner's sparse 64 TiB memfds, scaled to the caps).
+    let target = engine();
+    let _a = target.allocate_memory(1 << 20).unwrap();
+    let _b = target.allocate_memory(1 << 20).unwrap();
+    let name = target.local_segment_name().unwrap().to_owned();
+    let owners = region_mappings(&name);
+    assert_eq!(owners, 2, "the owner maps its own two regions");
+    let half = 3 << 19;
+    for (per_peer, total, key) in [
+        (half, 0, "max_mapped_bytes_per_peer"),
+        (0, half, "max_mapped_bytes "),
+    ] {
+        let init = engine_mapping_at_most(per_peer, total);
+        let err = init.open_segment(&name).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::OutOfMemory, "{key}: {err}");
+        assert!(err.to_string().contains(key), "{err}");
+        assert_eq!(
+            region_mappings(&name),
+            owners,
+            "{key}: a region of the refused segment was mapped"
+        );
+    }
+    // Within both caps it opens, and maps both regions.
+    let init = engine_mapping_at_most(3 << 20, 3 << 20);
+    let seg = init.open_segment(&name).unwrap();
+    assert_eq!(init.segment_regions(seg).unwrap().len(), 2);
+    assert_eq!(region_mappings(&name), owners + 2);
+}
+
+#[test]
+fn owner_growing_past_a_peer_s_cap_after_open_fails_ops_typed_and_keeps_the_old_view() {
+    let target = engine();
+    let a = target.allocate_memory(1 << 20).unwrap();
+    let name = target.local_segment_name().unwrap().to_owned();
+    let init = engine_mapping_at_most(3 << 19, 0);
+    let seg = init.open_segment(&name).unwrap();
+    assert_eq!(region_mappings(&name), 2, "the owner's and the peer's");
+    // The owner lists a second 1 MiB region: 2 MiB and more in all.
+    let b = target.allocate_memory(1 << 20).unwrap();
+    let local = init.allocate_memory(1 << 16).unwrap();
+    local.write(0, &pattern(5, 1 << 16)).unwrap();
+    let mut ring = init.ring().unwrap();
+    ring.submission()
+        .push(write_op(&local, seg, b.addr(), 4096, 1))
+        .unwrap();
+    let c = reap(&mut ring, 1);
+    assert_eq!(c[0].result(), Err(ErrorKind::OutOfMemory));
+    assert_eq!(
+        region_mappings(&name),
+        3,
+        "the refused region was not mapped by the peer"
+    );
+    // The regions mapped before still work.
+    ring.submission()
+        .push(write_op(&local, seg, a.addr(), 1 << 16, 2))
+        .unwrap();
+    assert_eq!(reap(&mut ring, 1)[0].result(), Ok(1 << 16));
+    let mut out = vec![0u8; 1 << 16];
+    a.read(0, &mut out).unwrap();
+    assert!(out == pattern(5, 1 << 16));
+}

@@ -24,8 +24,8 @@ use crate::segment::{Segment, SegmentKind, SegmentTable};
 use crate::topology::Topology;
 use crate::transport::local::LocalTransport;
 use crate::transport::rdma::RdmaTransport;
-use crate::transport::shm::ShmExport;
 use crate::transport::shm::ShmTransport;
+use crate::transport::shm::{MapBudget, ShmExport};
 use crate::transport::tcp::{self, DataServer, TcpTransport};
 use crate::transport::{EngineId, InstallContext, Transport, TransportSlots};
 
@@ -89,6 +89,8 @@ impl EngineBuilder {
         // is: refuse before allocating rather than abort halfway.
         footprint::check(&config)?;
         raise_open_file_limit();
+        // Derived caps are shares of the address space left now.
+        let shm_maps = Arc::new(MapBudget::from_config(&config.transports.shm));
         let topology = self.topology.unwrap_or_else(Topology::detect);
         let regions = Arc::new(ArcSwap::from_pointee(RegionTable::default()));
         let local = Arc::new(Segment::new(
@@ -283,6 +285,7 @@ impl EngineBuilder {
             workers,
             batches,
             export,
+            shm_maps,
             control,
             data: data.map(|(d, _)| d),
             registry: Mutex::new(()),

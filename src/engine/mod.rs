@@ -53,7 +53,7 @@ use crate::memory::{MemRegion, RegionTable};
 use crate::qos::{SendGate, SlotRotator};
 use crate::segment::{Segment, SegmentTable};
 use crate::transport::TransportSlots;
-use crate::transport::shm::ShmExport;
+use crate::transport::shm::{MapBudget, ShmExport};
 use crate::transport::tcp::{DataServer, TcpTransport};
 use batch::BatchTable;
 use withdrawn::Withdrawn;
@@ -93,6 +93,9 @@ pub struct Engine {
     workers: WorkerPool,
     batches: BatchTable,
     export: Option<Arc<ShmExport>>,
+    /// What the shm segments this engine opens may map of their owners'
+    /// memory (`transports/shm/max_mapped_bytes*`).
+    shm_maps: Arc<MapBudget>,
     control: Option<crate::control::ControlServer>,
     data: Option<DataServer>,
     registry: Mutex<()>,

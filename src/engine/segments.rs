@@ -136,8 +136,8 @@ impl Engine {
         let secret = cfg.secret();
         // Connecting proves the owner lives: it serves the segment's socket.
         // Each worker reads the peer's table through its own view.
-        let peer =
-            ShmPeer::attach(&cfg.transports.shm.dir, name, secret)?.for_workers(self.workers.len());
+        let peer = ShmPeer::attach_within(&cfg.transports.shm.dir, name, secret, &self.shm_maps)?
+            .for_workers(self.workers.len());
         let peer: Attachment = Arc::new(peer);
         Ok((SegmentKind::Shm, vec![(TransportKind::Shm, peer)]))
     }

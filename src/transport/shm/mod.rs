@@ -18,7 +18,7 @@ mod peer;
 use tent_rings::{ErrorKind, TransportKind};
 
 pub use desc::ShmEntry;
-pub use peer::{Access, ExportedMemory, ShmExport, ShmPeer};
+pub use peer::{Access, ExportedMemory, MapBudget, ShmExport, ShmPeer};
 
 use super::{
     Capabilities, InstallContext, PackedOutcome, Slice, SliceCompletion, SubmitOutcome, Transport,

@@ -48,8 +48,11 @@ use crate::error::{Error, Result};
 use crate::segment::RemoteRegion;
 use crate::worker_ctx::{PerWorker, WorkerCtx};
 
+mod budget;
 mod refresher;
 
+pub use budget::MapBudget;
+use budget::Charge;
 use refresher::{Refresher, Wake};
 
 pub(super) use super::desc::DATA_OFFSET;
@@ -361,6 +364,9 @@ struct PeerRegion {
     slot: u32,
     data: *mut u8,
     map: Arc<Mapping>,
+    /// The mapping's bytes, held against the engine's [`MapBudget`] for
+    /// as long as a table holds the mapping.
+    charge: Arc<Charge>,
     /// Its live-key word, in `desc`.
     live: *const AtomicU64,
     desc: Arc<Mapping>,
@@ -383,12 +389,14 @@ unsafe impl Sync for PeerTable {}
 struct Failed {
     seq: u64,
     /// What an access that misses in the old view answers: the refresh's
-    /// own kind when it may pass (`Timeout`, `Unreachable`), else (`None`)
-    /// the miss's lookup error.
+    /// own kind when it may pass (`Timeout`, `Unreachable`) or a mapping
+    /// cap refused it (`OutOfMemory`), else (`None`) the miss's lookup
+    /// error.
     answer: Option<ErrorKind>,
     /// May pass: once [`FAILED_HOLD_NS`] past `at_ns`, the next miss asks
     /// for another refresh. Refused (the descriptor, or a region memfd,
-    /// failed admission): not re-read until the sequence moves.
+    /// failed admission, or its regions exceed the per-peer cap): not
+    /// re-read until the sequence moves.
     retry: bool,
     /// When it failed (monotonic ns).
     at_ns: u64,
@@ -432,6 +440,10 @@ struct PeerState {
     failed: ArcSwapOption<Failed>,
     /// Refused descriptors seen (only the first is a warning).
     refusals: AtomicU64,
+    /// What this peer may map, and its engine's other peers with it.
+    budget: Arc<MapBudget>,
+    /// Refreshes refused over a mapping cap (only the first is a warning).
+    over_cap: AtomicU64,
     wake: Wake,
 }
 
@@ -583,8 +595,24 @@ impl std::fmt::Debug for ShmPeer {
 
 impl ShmPeer {
     /// Connect to the segment called `name` served in `dir` (proving
-    /// `secret` when set), map what it exports, and start its refresher.
+    /// `secret` when set), map what it exports, and start its refresher;
+    /// mapping within caps derived from the address space, as the keys'
+    /// defaults are ([`MapBudget::from_config`]).
     pub fn attach(dir: &str, name: &str, secret: Option<&[u8]>) -> Result<ShmPeer> {
+        let budget = MapBudget::from_config(&crate::config::ShmConfig::default());
+        Self::attach_within(dir, name, secret, &Arc::new(budget))
+    }
+
+    /// [`attach`](Self::attach), mapping only what `budget` allows: a
+    /// descriptor whose regions need more than its per-peer cap, or more
+    /// than is left of its total, is refused `OutOfMemory` with nothing of
+    /// it mapped.
+    pub fn attach_within(
+        dir: &str,
+        name: &str,
+        secret: Option<&[u8]>,
+        budget: &Arc<MapBudget>,
+    ) -> Result<ShmPeer> {
         let (owner, desc) = HandoutClient::connect(dir, name, secret)?;
         let wake = Wake::new().map_err(mem_err("shm refresher eventfd"))?;
         let state = Arc::new(PeerState {
@@ -596,6 +624,8 @@ impl ShmPeer {
             refresh: Mutex::new(()),
             failed: ArcSwapOption::empty(),
             refusals: AtomicU64::new(0),
+            budget: budget.clone(),
+            over_cap: AtomicU64::new(0),
             wake,
         });
         state.refresh(true, Instant::now() + IO_TIMEOUT)?;
@@ -828,16 +858,39 @@ impl PeerState {
         }
         let entries = desc::parse(&words)
             .map_err(|e| self.failed(seq, Error::invalid(format!("segment {}: {e}", self.name))))?;
+        let kept: Vec<Option<&PeerRegion>> = entries
+            .iter()
+            .map(|e| {
+                old.regions.iter().find(|r| {
+                    r.key == e.key
+                        && r.base == e.base
+                        && r.len == e.len
+                        && r.handle == e.handle
+                        && r.slot == e.slot
+                })
+            })
+            .collect();
+        // Every region of the new table costs its whole mapping, populated
+        // or not; the new ones are reserved before any is mapped.
+        let (mut need, mut new_bytes) = (Some(0u64), Some(0u64));
+        for (e, k) in entries.iter().zip(&kept) {
+            let cost = mapped_len(e);
+            need = need.zip(cost).and_then(|(n, c)| n.checked_add(c));
+            if k.is_none() {
+                new_bytes = new_bytes.zip(cost).and_then(|(n, c)| n.checked_add(c));
+            }
+        }
+        self.budget
+            .check_peer(&self.name, need.unwrap_or(u64::MAX))
+            .map_err(|err| self.over_cap(seq, err, false))?;
+        let mut reserved = self
+            .budget
+            .reserve(&self.name, new_bytes.unwrap_or(u64::MAX))
+            .map_err(|err| self.over_cap(seq, err, true))?;
         let mut regions = Vec::with_capacity(entries.len());
         let mut fresh = Vec::new();
-        for e in entries {
-            if let Some(r) = old.regions.iter().find(|r| {
-                r.key == e.key
-                    && r.base == e.base
-                    && r.len == e.len
-                    && r.handle == e.handle
-                    && r.slot == e.slot
-            }) {
+        for (e, k) in entries.into_iter().zip(kept) {
+            if let Some(r) = k {
                 regions.push(PeerRegion {
                     id: r.id,
                     base: r.base,
@@ -847,6 +900,7 @@ impl PeerState {
                     slot: r.slot,
                     data: r.data,
                     map: r.map.clone(),
+                    charge: r.charge.clone(),
                     live: r.live,
                     desc: r.desc.clone(),
                 });
@@ -863,6 +917,8 @@ impl PeerState {
                 Err(err) => return Err(self.failed(seq, err)),
             };
             let map = Arc::new(handed.map);
+            // Reserved above: `mapped_len` of every new entry.
+            let charge = Arc::new(reserved.split_off(mapped_len(&e).unwrap_or(u64::MAX)));
             fresh.push((handed.fd, map.clone(), e.len));
             let data = map.ptr().wrapping_add(DATA_OFFSET);
             regions.push(PeerRegion {
@@ -874,11 +930,14 @@ impl PeerState {
                 slot: e.slot,
                 data,
                 map,
+                charge,
                 // `parse` admitted `slot < DESC_CAPACITY`.
                 live: live_key(&self.desc, e.slot),
                 desc: self.desc.clone(),
             });
         }
+        // What was reserved for regions revoked meanwhile goes back.
+        drop(reserved);
         // `parse` sorted them by base and proved them disjoint.
         self.table.store(Arc::new(PeerTable { seq, regions }));
         drop(g);
@@ -897,6 +956,7 @@ impl PeerState {
     fn failed(&self, seq: u64, err: Error) -> Error {
         let kind = err.kind();
         let retry = kind != ErrorKind::InvalidArgument;
+        let answer = matches!(kind, ErrorKind::Timeout | ErrorKind::Unreachable).then_some(kind);
         if retry {
             crate::lograte::warn_limited!(
                 (self.name.as_str(), kind.code()),
@@ -909,15 +969,49 @@ impl PeerState {
         } else {
             tracing::debug!(segment = %self.name, error = %err, "shm segment descriptor refused again");
         }
-        let answer = matches!(kind, ErrorKind::Timeout | ErrorKind::Unreachable).then_some(kind);
+        self.record(seq, answer, retry);
+        err
+    }
+
+    /// Record that the refresh of descriptor `seq` was refused over a
+    /// mapping cap (`err`, `OutOfMemory`, says which, with the figures):
+    /// misses on its new regions answer `OutOfMemory`; `retry` when room
+    /// may come back (the total: other peers unmap), else the descriptor is
+    /// not re-read until its sequence moves. A warning the first time,
+    /// debug after that. Returns `err`.
+    #[cold]
+    fn over_cap(&self, seq: u64, err: Error, retry: bool) -> Error {
+        if self.over_cap.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                segment = %self.name,
+                per_peer = self.budget.per_peer(),
+                total = self.budget.total(),
+                mapped = self.budget.mapped(),
+                error = %err,
+                "shm segment refused over a mapping cap: its new regions are not mapped"
+            );
+        } else {
+            tracing::debug!(segment = %self.name, error = %err, "shm segment refused over a mapping cap again");
+        }
+        self.record(seq, Some(err.kind()), retry);
+        err
+    }
+
+    /// Keep descriptor `seq`'s failure for the misses that wait on it.
+    fn record(&self, seq: u64, answer: Option<ErrorKind>, retry: bool) {
         self.failed.store(Some(Arc::new(Failed {
             seq,
             answer,
             retry,
             at_ns: monotonic_ns(),
         })));
-        err
     }
+}
+
+/// The bytes of address space a region's mapping takes: its length and the
+/// page before it (`None` past `u64`, which `parse`'s bounds rule out).
+fn mapped_len(e: &ShmEntry) -> Option<u64> {
+    e.len.checked_add(DATA_OFFSET as u64)
 }
 
 fn find(t: &PeerTable, addr: u64) -> Option<&PeerRegion> {
