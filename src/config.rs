@@ -138,7 +138,8 @@ pub struct Config {
     pub merge_requests: bool,
     /// `hugepages`: the pages behind [`crate::Engine::allocate_memory`].
     pub hugepages: HugePages,
-    /// `log_level`: what tent's own binaries log.
+    /// `log_level`: what tent's own binaries, its C library and its Python
+    /// module log (a Rust application installs its own subscriber).
     pub log_level: LogLevel,
     /// `metadata_type`: control-plane backend.
     pub metadata_type: MetadataType,
@@ -505,7 +506,8 @@ named! {
 }
 
 named! {
-    /// `log_level`: the least severe events tent's own binaries log.
+    /// `log_level`: the least severe events tent's own binaries, its C
+    /// library and its Python module log.
     pub enum LogLevel {
         /// `"trace"`.
         Trace = "trace",
@@ -1052,7 +1054,7 @@ schema! {
     "hugepages" => hugepages: Kind::Choice(HugePages::NAMES), "\"transparent\"", LIVE,
         "The pages behind allocate_memory: transparent (base pages advised to become transparent huge pages from 2 MiB up), off (base pages), 2m or 1g (hugetlbfs pages from the reserved pool, /proc/sys/vm/nr_hugepages or the 1 GiB pool, the length rounded up to whole pages, not copied into a forked child; 1g for buffers of 1 GiB and more, falling back to 2m and either to transparent, logged once per cause and then counted). Regions exported over shm stay on shmem pages, advised as transparent (effective where /sys/kernel/mm/transparent_hugepage/shmem_enabled is advise or always): peers map only shmem files, since a hole in a hugetlbfs file would end a peer with SIGBUS.";
     "log_level" => log_level: Kind::Choice(LogLevel::NAMES), "\"info\"", LIVE,
-        "One of trace, debug, info, warn, error: the tracing filter tent's own binaries (tent-bench) install; an embedding application installs its own subscriber.";
+        "One of trace, debug, info, warn, error: the tracing filter tent's own binaries (tent-bench) install, and the C library and the Python module install at a process's first engine, writing to stderr (once per process: a later engine asking for another level gets a warning; not at all when the process installed a tracing subscriber first; a TENT_LOG filter wins). An embedding Rust application installs its own subscriber.";
     // control plane
     "metadata_type" => metadata_type: Kind::Choice(MetadataType::NAMES), "\"p2p\"", LIVE,
         "Control-plane backend; only \"p2p\" (embedded peer-to-peer handshake).";

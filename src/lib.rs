@@ -47,6 +47,8 @@ pub mod engine;
 pub mod error;
 pub mod notify;
 pub mod secret;
+#[cfg(feature = "stderr-log")]
+pub mod stderr_log;
 internal!(
     clock, control, deadline, doorbell, flow, lograte, memory, metrics, netlink, qos, refusals,
     segment, topology, transport, worker_ctx,

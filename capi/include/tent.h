@@ -500,7 +500,10 @@ const char *tent_error_name(int code);
  * left out keep their defaults). `config_json` NULL: the defaults, then
  * the configuration `TENT_CONF` names (inline JSON or a file), then one
  * `TENT_<KEY>` environment variable per key.
- * `*out_engine` gets the engine.
+ * `*out_engine` gets the engine. The process's first engine sets what
+ * the library logs to stderr (`log_level`, or the `TENT_LOG` filter).
+ * Later engines do not change it (one asking for another level logs a warning).
+ * Not at all if the process installed a Rust `tracing` subscriber first.
  *
  * # Safety
  * `config_json` is NULL or a NUL-terminated string; `out_engine` is
@@ -510,7 +513,8 @@ int tent_engine_create(const char *config_json,
                        struct tent_engine_t **out_engine);
 
 /**
- * Start an engine from a JSON configuration file.
+ * Start an engine from a JSON configuration file (logging as
+ * `tent_engine_create`).
  *
  * # Safety
  * `path` is a NUL-terminated string; `out_engine` is valid for one

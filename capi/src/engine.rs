@@ -26,6 +26,14 @@ pub(crate) unsafe fn engine<'a>(p: *const tent_engine_t) -> Result<&'a Engine> {
     Ok(&unsafe { arg(p, "engine") }?.engine)
 }
 
+/// Start an engine from `config`, logging at its `log_level` to stderr
+/// when it is the process's first and the process installed no `tracing`
+/// subscriber of its own (`TENT_LOG` overrides the level).
+fn start(config: Config) -> Result<Engine> {
+    tent::stderr_log::install(config.log_level);
+    Engine::new(config)
+}
+
 /// Hand a new engine to C.
 ///
 /// # Safety
@@ -40,7 +48,10 @@ unsafe fn hand_out(engine: Engine, out_engine: *mut *mut tent_engine_t) {
 /// left out keep their defaults). `config_json` NULL: the defaults, then
 /// the configuration `TENT_CONF` names (inline JSON or a file), then one
 /// `TENT_<KEY>` environment variable per key.
-/// `*out_engine` gets the engine.
+/// `*out_engine` gets the engine. The process's first engine sets what
+/// the library logs to stderr (`log_level`, or the `TENT_LOG` filter).
+/// Later engines do not change it (one asking for another level logs a warning).
+/// Not at all if the process installed a Rust `tracing` subscriber first.
 ///
 /// # Safety
 /// `config_json` is NULL or a NUL-terminated string; `out_engine` is
@@ -52,20 +63,22 @@ pub unsafe extern "C" fn tent_engine_create(
 ) -> c_int {
     call("tent_engine_create", || {
         out(out_engine, "out_engine")?;
-        let engine = if config_json.is_null() {
-            Engine::builder().build()?
+        let config = if config_json.is_null() {
+            Config::load()?
         } else {
             // SAFETY: non-NULL and NUL-terminated (caller).
             let text = unsafe { c_str(config_json, "config_json") }?;
-            Engine::new(Config::from_json_str(text, "tent_engine_create")?)?
+            Config::from_json_str(text, "tent_engine_create")?
         };
+        let engine = start(config)?;
         // SAFETY: checked above.
         unsafe { hand_out(engine, out_engine) };
         Ok(())
     })
 }
 
-/// Start an engine from a JSON configuration file.
+/// Start an engine from a JSON configuration file (logging as
+/// `tent_engine_create`).
 ///
 /// # Safety
 /// `path` is a NUL-terminated string; `out_engine` is valid for one
@@ -79,7 +92,7 @@ pub unsafe extern "C" fn tent_engine_create_from_file(
         out(out_engine, "out_engine")?;
         // SAFETY: the caller passes a NUL-terminated string (NULL is refused).
         let path = unsafe { c_str(path, "path") }?;
-        let engine = Engine::new(Config::from_file(Path::new(path))?)?;
+        let engine = start(Config::from_file(Path::new(path))?)?;
         // SAFETY: checked above.
         unsafe { hand_out(engine, out_engine) };
         Ok(())

@@ -72,11 +72,17 @@ fn secs(py: Python<'_>, timeout: Option<f64>) -> PyResult<Duration> {
 impl TransferEngine {
     /// Start an engine. `config_path`: a JSON file's path, inline JSON
     /// text, a dict (each taken whole), or None (the defaults, then the
-    /// `TENT_CONF` variable, then the `TENT_<KEY>` variables).
+    /// `TENT_CONF` variable, then the `TENT_<KEY>` variables). The
+    /// process's first engine sets what the module logs to stderr: its
+    /// `log_level`, or the `TENT_LOG` filter; later ones do not change it.
     #[new]
     #[pyo3(signature = (config_path=None))]
     fn new(py: Python<'_>, config_path: Option<&Bound<'_, PyAny>>) -> PyResult<TransferEngine> {
         let cfg = config(py, config_path)?;
+        // The process's first engine sets what the module logs to stderr
+        // (its `log_level`, or the `TENT_LOG` filter), unless the process
+        // installed a `tracing` subscriber already.
+        tent::stderr_log::install(cfg.log_level);
         let engine = py.detach(|| Engine::new(cfg)).py(py)?;
         Ok(TransferEngine {
             live: RwLock::new(Some(Arc::new(Live {
