@@ -441,19 +441,18 @@ fn batches_of_registrations_and_unregistrations_are_all_or_nothing() {
     let mut mem = vec![0u8; 64 << 10];
     let base = mem.as_mut_ptr();
     let at = |i: usize| base.wrapping_add(i * 4096);
+    let ranges = [(at(0), 4096), (at(1), 4096), (at(1), 8192)];
     // SAFETY: every range lies in `mem`, unregistered (or never registered) before `mem` is dropped.
-    let overlapping =
-        unsafe { e.register_memory_batch(&[(at(0), 4096), (at(1), 4096), (at(1), 8192)]) };
+    let overlapping = unsafe { e.register_memory_batch(&ranges) };
     assert_eq!(overlapping.unwrap_err().kind(), ErrorKind::InvalidArgument);
     assert_eq!(
         e.local_addr(at(0) as u64, 1).unwrap_err().kind(),
         ErrorKind::AddressNotRegistered,
         "a refused batch registered part of itself"
     );
+    let ranges: Vec<_> = (0..8).map(|i| (at(i), 4096)).collect();
     // SAFETY: as above.
-    let bufs =
-        unsafe { e.register_memory_batch(&(0..8).map(|i| (at(i), 4096)).collect::<Vec<_>>()) }
-            .unwrap();
+    let bufs = unsafe { e.register_memory_batch(&ranges) }.unwrap();
     assert_eq!(bufs.len(), 8);
     for (i, b) in bufs.iter().enumerate() {
         assert_eq!(e.local_addr(at(i) as u64, 4096).unwrap().region, b.id());

@@ -106,10 +106,9 @@ impl Engine {
             // for its slices rank from that node.
             let region = MemRegion::new(table.next_id(), ptr, len, None)
                 .with_numa_node(numa_node_of(ptr, len));
-            // SAFETY: the caller keeps the memory mapped while it is
-            // registered. On an error below, what was registered so far is
-            // dropped (its RDMA registrations with it) and the table is
-            // left as it was.
+            // On an error below, what was registered so far is dropped
+            // (its RDMA registrations with it) and the table is left as it was.
+            // SAFETY: the caller keeps the memory mapped while it is registered.
             let region = Arc::new(unsafe { self.register_rdma(region, ptr, len)? });
             table.insert(region.clone())?;
             out.push(Buffer { region });
