@@ -150,6 +150,8 @@ pub struct Config {
     /// `rpc_shared_secret`: HMAC key of the control plane's challenge-
     /// response; empty = no authentication.
     pub rpc_shared_secret: Secret,
+    /// `non_dumpable`: make the engine's process non-dumpable.
+    pub non_dumpable: bool,
     /// The `workers` object.
     pub workers: WorkersConfig,
     /// The `transports` object.
@@ -1064,6 +1066,8 @@ schema! {
         "Port of the p2p handshake server; 0 picks an ephemeral port.";
     "rpc_shared_secret" => rpc_shared_secret: Kind::Str(StrRule::EmptyOrSecret), "\"\"", LIVE,
         "Shared secret for the control plane's HMAC challenge-response (never sent); empty = no authentication. A peer without it is refused.";
+    "non_dumpable" => non_dumpable: Kind::Bool, "false", LIVE,
+        "Make the engine's process non-dumpable (PR_SET_DUMPABLE 0) at start, so a same-uid process cannot open the registered memory's memfds through /proc/<pid>/fd (which bypasses rpc_shared_secret on this host). Also: same-uid perf and gdb can no longer attach, core dumps are off, and nothing else of the process can be read through /proc by its user.";
     // workers
     "workers/count" => workers.count: uint(1, 256), "1", LIVE,
         "Number of worker threads.";

@@ -89,6 +89,7 @@ impl EngineBuilder {
         // is: refuse before allocating rather than abort halfway.
         footprint::check(&config)?;
         raise_open_file_limit();
+        guard_proc_fds(&config)?;
         // Derived caps are shares of the address space left now.
         let shm_maps = Arc::new(MapBudget::from_config(&config.transports.shm));
         let topology = self.topology.unwrap_or_else(Topology::detect);
@@ -446,6 +447,32 @@ impl Drop for Engine {
         // progress end first.
         self.revoke_application_memory();
     }
+}
+
+/// `non_dumpable`: make the process non-dumpable, so no same-uid process
+/// opens the region memfds through `/proc/<pid>/fd` (which needs no
+/// secret); with a secret set and the process dumpable, say once that the
+/// secret does not guard that door.
+fn guard_proc_fds(config: &Config) -> Result<()> {
+    use rustix::process::{DumpableBehavior, dumpable_behavior, set_dumpable_behavior};
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if config.non_dumpable {
+        set_dumpable_behavior(DumpableBehavior::NotDumpable).map_err(|e| {
+            Error::new(
+                crate::ErrorKind::InvalidArgument,
+                "non_dumpable: prctl(PR_SET_DUMPABLE) refused",
+            )
+            .with_source(std::io::Error::from(e))
+        })?;
+        return Ok(());
+    }
+    let secret = config.secret().is_some();
+    if secret && matches!(dumpable_behavior(), Ok(DumpableBehavior::Dumpable)) {
+        WARNED.call_once(|| {
+            tracing::warn!("rpc_shared_secret is set but the process is dumpable: a process of the same user can open its registered memory through /proc/<pid>/fd without the secret; set non_dumpable to close that door");
+        });
+    }
+    Ok(())
 }
 
 /// Raise the process's soft limit on open files to its hard limit, once:
