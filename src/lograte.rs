@@ -29,7 +29,7 @@
 //! ```
 
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// Distinct causes one call site tracks on their own.
 pub(crate) const SLOTS: usize = 16;
@@ -81,6 +81,66 @@ impl Slot {
 #[derive(Debug)]
 pub struct LogRate {
     slots: [Slot; SLOTS],
+    /// Where the site is (`file:line`) and its level, for the line that
+    /// writes out a burst's count once the burst has ended ([`flush_due`]).
+    site: &'static str,
+    level: Level,
+    /// On the list [`flush_due`] walks (listed at its first quiet hit).
+    listed: AtomicBool,
+}
+
+/// A site's `tracing` level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// `warn!`.
+    Warn,
+    /// `info!`.
+    Info,
+    /// `debug!`.
+    Debug,
+}
+
+/// Sites with counts that may be pending, for [`flush_due`]: statics, so
+/// the pointers stay valid; past [`SITES_MAX`] a site is not flushed (its
+/// next occurrence still writes the count).
+const SITES_MAX: usize = 256;
+static SITES: [AtomicPtr<LogRate>; SITES_MAX] = [const { AtomicPtr::new(std::ptr::null_mut()) }; SITES_MAX];
+static SITES_LEN: AtomicUsize = AtomicUsize::new(0);
+/// When [`flush_due`] next walks the sites (at most once per interval).
+static NEXT_FLUSH_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Write out the counts of bursts that ended: a cause whose occurrences
+/// were counted quietly and that has not occurred since its interval
+/// passed gets one line now, with `suppressed` and `total` (otherwise its
+/// count would wait for its next occurrence, which may never come). At
+/// most one walk per interval across all threads; one atomic load
+/// otherwise. Called from the workers' housekeeping.
+pub(crate) fn flush_due(now_ns: u64) {
+    let next = NEXT_FLUSH_NS.load(Ordering::Relaxed);
+    if now_ns < next
+        || NEXT_FLUSH_NS
+            .compare_exchange(next, now_ns.saturating_add(INTERVAL_NS), Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    let n = SITES_LEN.load(Ordering::Acquire).min(SITES_MAX);
+    for site in &SITES[..n] {
+        let p = site.load(Ordering::Acquire);
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: only `&'static LogRate`s are stored (`LogRate::listed_at`'s receiver is `'static`).
+        let rate: &'static LogRate = unsafe { &*p };
+        rate.drain_due(now_ns, |suppressed, total| {
+            let site = rate.site;
+            match rate.level {
+                Level::Warn => tracing::warn!(site, suppressed, total, "log lines suppressed at this site since its last line"),
+                Level::Info => tracing::info!(site, suppressed, total, "log lines suppressed at this site since its last line"),
+                Level::Debug => tracing::debug!(site, suppressed, total, "log lines suppressed at this site since its last line"),
+            }
+        });
+    }
 }
 
 impl Default for LogRate {
@@ -102,8 +162,54 @@ pub fn cause<T: Hash + ?Sized>(parts: &T) -> u64 {
 impl LogRate {
     /// An empty table (usable in a `static`).
     pub const fn new() -> LogRate {
+        LogRate::site("", Level::Warn)
+    }
+
+    /// An empty table for the call site `site` (`file:line`) at `level`.
+    pub const fn site(site: &'static str, level: Level) -> LogRate {
         LogRate {
             slots: [const { Slot::new() }; SLOTS],
+            site,
+            level,
+            listed: AtomicBool::new(false),
+        }
+    }
+
+    /// [`LogRate::hit`], and a site with a count pending goes on the list
+    /// [`flush_due`] walks (once).
+    #[inline]
+    pub(crate) fn hit_listed(&'static self, cause: u64) -> Emit {
+        let e = self.hit(cause);
+        if e == Emit::Quiet && !self.listed.load(Ordering::Relaxed) && !self.listed.swap(true, Ordering::Relaxed) {
+            let at = SITES_LEN.fetch_add(1, Ordering::AcqRel);
+            if let Some(slot) = SITES.get(at) {
+                slot.store(std::ptr::from_ref(self).cast_mut(), Ordering::Release);
+            }
+        }
+        e
+    }
+
+    /// Call `emit(suppressed, total)` for each cause with occurrences not
+    /// yet written whose interval has passed at `now_ns`, and start its
+    /// next interval (as a summary at its next occurrence would).
+    pub fn drain_due(&self, now_ns: u64, mut emit: impl FnMut(u64, u64)) {
+        for slot in &self.slots {
+            if slot.key.load(Ordering::Acquire) == 0 || slot.pending.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let next = slot.next_ns.load(Ordering::Relaxed);
+            if now_ns < next
+                || slot
+                    .next_ns
+                    .compare_exchange(next, now_ns.saturating_add(INTERVAL_NS), Ordering::Relaxed, Ordering::Relaxed)
+                    .is_err()
+            {
+                continue;
+            }
+            let suppressed = slot.pending.swap(0, Ordering::Relaxed);
+            if suppressed > 0 {
+                emit(suppressed, slot.total.load(Ordering::Relaxed));
+            }
         }
     }
 
@@ -202,8 +308,9 @@ macro_rules! info_limited {
 /// `tracing` macro.
 macro_rules! log_limited {
     ($level:ident, $cause:expr, $($arg:tt)+) => {{
-        static RATE: $crate::lograte::LogRate = $crate::lograte::LogRate::new();
-        match RATE.hit($crate::lograte::cause(&$cause)) {
+        static RATE: $crate::lograte::LogRate =
+            $crate::lograte::LogRate::site(concat!(file!(), ":", line!()), $crate::lograte::level!($level));
+        match RATE.hit_listed($crate::lograte::cause(&$cause)) {
             $crate::lograte::Emit::First => ::tracing::$level!($($arg)+),
             $crate::lograte::Emit::Summary { suppressed, total } => {
                 ::tracing::$level!(suppressed, total, $($arg)+)
@@ -213,8 +320,21 @@ macro_rules! log_limited {
     }};
 }
 
+/// The [`Level`] of a `tracing` macro's name.
+macro_rules! level {
+    (warn) => {
+        $crate::lograte::Level::Warn
+    };
+    (info) => {
+        $crate::lograte::Level::Info
+    };
+    (debug) => {
+        $crate::lograte::Level::Debug
+    };
+}
+
 // Crate-local macros, named through this module where the concept lives.
-pub(crate) use {info_limited, log_limited, warn_limited};
+pub(crate) use {info_limited, level, log_limited, warn_limited};
 
 #[cfg(test)]
 mod tests {
@@ -243,6 +363,29 @@ mod tests {
                 total: 1_000_002
             }
         );
+    }
+
+    /// A burst that ends gets its count written once its interval has
+    /// passed, without waiting for an occurrence that may never come; a
+    /// cause with nothing pending writes nothing.
+    #[test]
+    fn a_burst_s_count_is_drained_once_its_interval_passes() {
+        let r = LogRate::new();
+        let (a, b) = (cause(&"a"), cause(&"b"));
+        assert_eq!(r.hit_at(a, 0), Emit::First);
+        assert_eq!(r.hit_at(b, 0), Emit::First);
+        for t in 1..=99 {
+            assert_eq!(r.hit_at(a, t), Emit::Quiet);
+        }
+        let mut lines = Vec::new();
+        r.drain_due(S / 2, |s, t| lines.push((s, t)));
+        assert!(lines.is_empty(), "drained before the interval passed");
+        r.drain_due(S, |s, t| lines.push((s, t)));
+        assert_eq!(lines, [(99, 100)], "one line for the burst of a, none for b");
+        r.drain_due(3 * S, |s, t| lines.push((s, t)));
+        assert_eq!(lines.len(), 1, "nothing pending, nothing written");
+        // The next occurrence counts from the drain, not from the burst.
+        assert_eq!(r.hit_at(a, 3 * S + 1), Emit::Summary { suppressed: 1, total: 101 });
     }
 
     #[test]

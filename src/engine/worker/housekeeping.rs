@@ -98,6 +98,7 @@ impl Worker {
             }
         }
         self.rings.retire_closed();
+        crate::lograte::flush_due(now);
     }
 
     /// The unregister handshake: once the engine publishes a new unregister
