@@ -5,27 +5,8 @@
 
 mod common;
 
-use common::text;
-use std::process::{Command, Output};
-
-const BENCH: &str = env!("CARGO_BIN_EXE_tent-bench");
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BENCH)
-        .args(args)
-        .env("TENT_LOG", "off")
-        .output()
-        .unwrap()
-}
-
-/// The JSON lines of a run.
-fn lines(out: &Output) -> Vec<serde_json::Value> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
-}
+use common::{bench_output as run, json_lines as lines, text};
+use std::process::Output;
 
 /// The result line of the one point (it has `block_size` and `gbps`).
 fn result(out: &Output) -> serde_json::Value {

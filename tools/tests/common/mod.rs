@@ -13,6 +13,26 @@ pub(crate) fn bench_stdout(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `tent-bench args` with its log off, whatever its exit: the output.
+#[allow(dead_code)] // Not every test crate runs the bench this way.
+pub(crate) fn bench_output(args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_tent-bench"))
+        .args(args)
+        .env("TENT_LOG", "off")
+        .output()
+        .unwrap()
+}
+
+/// The JSON lines of a run's standard output.
+#[allow(dead_code)] // As above.
+pub(crate) fn json_lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
 /// A finished run's status and both streams, for an assertion message.
 pub(crate) fn text(out: &Output) -> String {
     format!(
