@@ -292,3 +292,50 @@ fn a_bad_hello_does_not_hide_the_failed_proofs_after_it() {
     }
     drop(junk);
 }
+
+/// The control server logs its closes per (peer, kind of close) too: junk
+/// from an address does not hide the failed proofs that follow from it.
+#[test]
+fn control_junk_does_not_hide_the_failed_proofs_after_it() {
+    use std::net::TcpStream;
+    let from = capture().0.lock().unwrap().len();
+    let mut cfg = common::test_config();
+    cfg.rpc_shared_secret = "the right secret, long enough".into();
+    cfg.transports.shm.enable = false;
+    let e = Engine::new(cfg).unwrap();
+    let name = e.segment_name();
+    let mut junk = TcpStream::connect(name.as_str()).unwrap();
+    junk.write_all(&[0x5a; 64]).unwrap();
+    for _ in 0..3 {
+        let r = tent::control::fetch_descriptor(
+            &name,
+            Some(b"the wrong secret, long enough"),
+            Duration::from_secs(2),
+        );
+        assert!(r.is_err(), "a wrong secret was served");
+    }
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let lines = lines_since(from);
+        let closed = |what: &str| {
+            lines
+                .iter()
+                .any(|l| l.contains("control: closing connection") && l.contains(what))
+        };
+        if closed("authentication failed")
+            && lines
+                .iter()
+                .filter(|l| l.contains("control: closing connection"))
+                .count()
+                >= 2
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "one kind of close hid the other: {lines:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(junk);
+}

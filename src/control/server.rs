@@ -352,7 +352,10 @@ fn accept_loop(
                 if let Err(why) = served
                     && !stopping.load(Ordering::Acquire)
                 {
-                    crate::lograte::warn_limited!(peer.rsplit_once(':').map_or(&*peer, |(ip, _)| ip), %peer, reason = %why, "control: closing connection");
+                    // One line per (peer address, kind of close), then
+                    // counts: junk does not hide failed proofs after it.
+                    let ip = peer.rsplit_once(':').map_or(&*peer, |(ip, _)| ip);
+                    crate::lograte::warn_limited!((ip, std::mem::discriminant(&why)), %peer, reason = %why, "control: closing connection");
                 }
                 // `claim` drops here, or while unwinding from a panic.
             });
