@@ -34,6 +34,7 @@
 //! payload or response names it.
 
 use std::collections::VecDeque;
+use std::io::{Read as _, Write as _};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -161,8 +162,6 @@ impl Inbox {
         let _ = (&self.bell).write(&[1]);
     }
 }
-
-use std::io::Write as _;
 
 /// Start serving thread `index` of a server; its inbox and its thread.
 pub(super) fn spawn(
@@ -397,6 +396,19 @@ struct Cx<'a> {
     shared: &'a Shared,
     scratch: *mut u8,
     now: Instant,
+}
+
+impl<'a> Cx<'a> {
+    /// A connection's view of its thread's queue, shared state and scratch
+    /// at `now`.
+    fn new(be: &'a mut Backend, shared: &'a Shared, scratch: &mut [u8], now: Instant) -> Cx<'a> {
+        Cx {
+            be,
+            shared,
+            scratch: scratch.as_mut_ptr(),
+            now,
+        }
+    }
 }
 
 impl Conn {
@@ -1072,12 +1084,7 @@ impl Station {
                 let Some(c) = self.slab.get_mut(id as usize).and_then(Option::as_mut) else {
                     continue;
                 };
-                let mut cx = Cx {
-                    be: &mut self.be,
-                    shared: &self.shared,
-                    scratch: self.scratch.as_mut_ptr(),
-                    now,
-                };
+                let mut cx = Cx::new(&mut self.be, &self.shared, &mut self.scratch, now);
                 if tag & 3 == TAG_RECV {
                     c.on_recv(res, &mut cx);
                 } else {
@@ -1100,12 +1107,7 @@ impl Station {
             self.last_sweep = now;
             for id in 0..self.slab.len() as u32 {
                 if let Some(c) = self.slab[id as usize].as_mut() {
-                    let mut cx = Cx {
-                        be: &mut self.be,
-                        shared: &self.shared,
-                        scratch: self.scratch.as_mut_ptr(),
-                        now,
-                    };
+                    let mut cx = Cx::new(&mut self.be, &self.shared, &mut self.scratch, now);
                     c.sweep(&mut cx);
                     if c.closing.is_some() {
                         self.touched.push(id);
@@ -1129,12 +1131,7 @@ impl Station {
         let Some(c) = self.slab.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };
-        let mut cx = Cx {
-            be: &mut self.be,
-            shared: &self.shared,
-            scratch: self.scratch.as_mut_ptr(),
-            now,
-        };
+        let mut cx = Cx::new(&mut self.be, &self.shared, &mut self.scratch, now);
         c.again = false;
         c.fences = 0;
         c.parse(&mut cx);
@@ -1218,4 +1215,3 @@ impl Station {
     }
 }
 
-use std::io::Read as _;
