@@ -242,6 +242,20 @@ fn two_process_peer_killed_under_load_logs_stay_bounded() {
     }
 }
 
+/// Wait (up to 3 s) until the lines captured since `from` satisfy `seen`;
+/// fail with `why` and the lines otherwise.
+fn until_logged(from: usize, why: &str, seen: impl Fn(&[String]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let lines = lines_since(from);
+        if seen(&lines) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{why}: {lines:#?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Refusals are logged per (peer, kind of refusal): a peer that first sends
 /// junk (a bad hello) and then proofs of the wrong secret gets a line for
 /// each kind, so the authentication failures are not hidden behind the
@@ -273,23 +287,14 @@ fn a_bad_hello_does_not_hide_the_failed_proofs_after_it() {
         );
         assert!(r.is_err(), "a wrong secret was accepted");
     }
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let lines = lines_since(from);
+    until_logged(from, "one kind of refusal hid the other", |lines| {
         let refused = |what: &str| {
             lines
                 .iter()
                 .any(|l| l.contains("tcp data connection refused") && l.contains(what))
         };
-        if refused("bad hello") && refused("authentication failed") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "one kind of refusal hid the other: {lines:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        refused("bad hello") && refused("authentication failed")
+    });
     drop(junk);
 }
 
@@ -314,28 +319,12 @@ fn control_junk_does_not_hide_the_failed_proofs_after_it() {
         );
         assert!(r.is_err(), "a wrong secret was served");
     }
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let lines = lines_since(from);
-        let closed = |what: &str| {
-            lines
-                .iter()
-                .any(|l| l.contains("control: closing connection") && l.contains(what))
-        };
-        if closed("authentication failed")
-            && lines
-                .iter()
-                .filter(|l| l.contains("control: closing connection"))
-                .count()
-                >= 2
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "one kind of close hid the other: {lines:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_logged(from, "one kind of close hid the other", |lines| {
+        let closes: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.contains("control: closing connection"))
+            .collect();
+        closes.iter().any(|l| l.contains("authentication failed")) && closes.len() >= 2
+    });
     drop(junk);
 }
