@@ -46,6 +46,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod notify;
+mod procfs;
 pub mod secret;
 #[cfg(feature = "stderr-log")]
 pub mod stderr_log;

@@ -24,6 +24,7 @@
 //! ```
 
 use crate::config::{Config, ConfigError};
+use crate::procfs;
 
 use super::worker::WorkerBytes;
 
@@ -104,7 +105,8 @@ pub fn available() -> Option<Available> {
     for (room, source) in cgroup_rooms() {
         offer(room, source);
     }
-    if let Some(room) = address_space_room() {
+    if let Some(limit) = procfs::address_space_limit() {
+        let room = procfs::address_space_room(limit);
         offer(room, "RLIMIT_AS less the mapped size (VmSize)".into());
     }
     best
@@ -160,18 +162,7 @@ fn check_against(cfg: &Config, avail: &Available) -> Result<(), ConfigError> {
 /// A `/proc/meminfo` line's value in bytes.
 fn meminfo(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    kib_field(&text, field)
-}
-
-/// `FIELD:   123 kB` → 123 × 1024.
-fn kib_field(text: &str, field: &str) -> Option<u64> {
-    let line = text.lines().find(|l| l.starts_with(field))?;
-    let kib: u64 = line[field.len()..]
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kib.saturating_mul(1024))
+    procfs::kib_field(&text, field)
 }
 
 fn read_u64(path: &str) -> Option<u64> {
@@ -217,23 +208,6 @@ fn cgroup_rooms() -> Vec<(u64, String)> {
         }
     }
     out
-}
-
-/// `RLIMIT_AS` less what is mapped now, if there is such a limit.
-fn address_space_room() -> Option<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one rlimit into the struct we own.
-    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0
-        || lim.rlim_cur == libc::RLIM_INFINITY
-    {
-        return None;
-    }
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let mapped = kib_field(&status, "VmSize:")?;
-    Some(lim.rlim_cur.saturating_sub(mapped))
 }
 
 #[cfg(test)]
@@ -311,15 +285,7 @@ mod tests {
     }
 
     #[test]
-    fn meminfo_and_status_fields_parse() {
-        assert_eq!(
-            kib_field(
-                "MemTotal: 10 kB\nMemAvailable:   2048 kB\n",
-                "MemAvailable:"
-            ),
-            Some(2 << 20)
-        );
-        assert_eq!(kib_field("MemTotal: 10 kB\n", "MemAvailable:"), None);
+    fn a_memory_figure_is_found_on_linux() {
         // On Linux at least MemAvailable is there.
         let a = available().expect("a memory figure on Linux");
         assert!(a.bytes > 0, "{a:?}");

@@ -394,18 +394,18 @@ impl Context {
     pub(crate) fn async_fd(&self) -> Result<std::os::fd::RawFd> {
         // SAFETY: `self.raw` is live; `async_fd` is a plain field the library set at open.
         let fd = unsafe { (*self.raw).async_fd };
-        // SAFETY: F_GETFL/F_SETFL on a descriptor the context owns.
-        let ok = unsafe {
-            let fl = libc::fcntl(fd, libc::F_GETFL);
-            fl >= 0 && libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
-        };
-        if !ok {
+        // SAFETY: the context owns `fd` and keeps it open while `self`
+        // lives; the borrow ends with this function.
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let nonblocking = rustix::fs::fcntl_getfl(borrowed).and_then(|fl| {
+            rustix::fs::fcntl_setfl(borrowed, fl | rustix::fs::OFlags::NONBLOCK)
+        });
+        if let Err(e) = nonblocking {
             return Err(Error::new(
                 ErrorKind::LocalNicFailed,
                 format!(
-                    "{}: cannot make the async event fd non-blocking: {}",
-                    self.name,
-                    std::io::Error::last_os_error()
+                    "{}: cannot make the async event fd non-blocking: {e}",
+                    self.name
                 ),
             ));
         }

@@ -15,6 +15,7 @@ use tent_rings::ErrorKind;
 
 use crate::config::ShmConfig;
 use crate::error::{Error, Result};
+use crate::procfs;
 
 /// The user address space `mmap` hands out without an address hint: 47
 /// bits on x86-64 (also with 5-level paging) and on 48-bit arm64.
@@ -31,10 +32,10 @@ pub struct MapBudget {
 impl MapBudget {
     /// The caps `cfg` sets (`max_mapped_bytes_per_peer`,
     /// `max_mapped_bytes`), each 0 derived from the address space left to
-    /// this process now ([`address_space_room`]): an eighth of it per
+    /// this process now (`procfs::address_space_room`): an eighth of it per
     /// peer, a quarter in total.
     pub fn from_config(cfg: &ShmConfig) -> MapBudget {
-        let room = address_space_room();
+        let room = procfs::address_space_room(USER_SPACE);
         let or = |set: u64, derived: u64| if set == 0 { derived } else { set };
         MapBudget::new(
             or(cfg.max_mapped_bytes_per_peer, room / 8),
@@ -134,34 +135,6 @@ impl Drop for Charge {
     }
 }
 
-/// The address space this process may still map: the lower of
-/// `RLIMIT_AS` and the 47-bit user space, less what it maps already
-/// (`VmSize`; a process that reserved much, as GPU runtimes do, has less).
-fn address_space_room() -> u64 {
-    let limit = rustix::process::getrlimit(rustix::process::Resource::As)
-        .current
-        .map_or(USER_SPACE, |l| l.min(USER_SPACE));
-    limit.saturating_sub(vm_size().unwrap_or(0))
-}
-
-/// This process's mapped bytes (`VmSize` in `/proc/self/status`).
-fn vm_size() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    parse_vm_size(&status)
-}
-
-fn parse_vm_size(status: &str) -> Option<u64> {
-    let kb = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmSize:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse::<u64>()
-        .ok()?;
-    kb.checked_mul(1024)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,7 +169,7 @@ mod tests {
 
     #[test]
     fn derived_caps_are_fractions_of_the_room() {
-        let room = address_space_room();
+        let room = procfs::address_space_room(USER_SPACE);
         assert!(room > 0 && room <= USER_SPACE);
         let b = MapBudget::from_config(&ShmConfig::default());
         assert!(b.per_peer() > 0 && b.per_peer() <= USER_SPACE / 8);
@@ -207,16 +180,5 @@ mod tests {
             ..ShmConfig::default()
         });
         assert_eq!((set.per_peer(), set.total()), (7, 9));
-    }
-
-    #[test]
-    fn vm_size_is_read_with_checked_arithmetic() {
-        assert_eq!(
-            parse_vm_size("Name:\tx\nVmSize:\t  2048 kB\n"),
-            Some(2 << 20)
-        );
-        assert_eq!(parse_vm_size("VmSize:\t99999999999999999999 kB\n"), None);
-        assert_eq!(parse_vm_size(&format!("VmSize: {} kB\n", u64::MAX)), None);
-        assert_eq!(parse_vm_size("VmRSS: 1 kB\n"), None);
     }
 }
