@@ -448,6 +448,7 @@ fn a_resent_frame_is_acknowledged_and_filed_once() {
         seq,
         name: name.into(),
         msg: vec![1, 2, 3],
+        resend_ms: 0,
     };
     client::notify(&s, &peer, &frame(1, "one"), soon()).unwrap();
     client::notify(&s, &peer, &frame(1, "one"), soon()).unwrap();
@@ -457,6 +458,81 @@ fn a_resent_frame_is_acknowledged_and_filed_once() {
     client::notify(&s2, &peer, &frame(2, "two"), soon()).unwrap();
     let names: Vec<_> = b.recv_notifications().into_iter().map(|r| r.name).collect();
     assert_eq!(names, ["one", "two"]);
+}
+
+/// As a hostile peer would: a stream's first message, then 4,200 others
+/// from other stream ids, then the first one again (as after a lost
+/// acknowledgement). The receiver may refuse streams past its bound (their
+/// senders try again), but the resend is never delivered a second time:
+/// before, the 4,200 pushed the first stream out of the duplicate table and
+/// its resend was taken as new.
+#[test]
+fn a_resend_behind_thousands_of_other_streams_is_still_a_resend() {
+    let b = engine();
+    let peer = b.segment_name();
+    let s = client::notify_session(&peer, None, WAIT).unwrap();
+    let frame = |sender: u64, name: &str| NotifyFrame {
+        sender,
+        from: "hostile".into(),
+        seq: 1,
+        name: name.into(),
+        msg: Vec::new(),
+        resend_ms: 0,
+    };
+    client::notify(&s, &peer, &frame(0x5a5a, "z"), soon()).unwrap();
+    let mut delivered = b.recv_notifications();
+    for i in 0..4200u64 {
+        match client::notify(&s, &peer, &frame(1_000 + i, "other"), soon()) {
+            Ok(()) => {}
+            Err(client::NotifyError::Refused(e)) => assert_eq!(e.kind(), ErrorKind::SqFull),
+            Err(client::NotifyError::Broken(e)) => panic!("{e}"),
+        }
+        if i % 1024 == 0 {
+            delivered.extend(b.recv_notifications());
+        }
+    }
+    let s2 = client::notify_session(&peer, None, WAIT).unwrap();
+    client::notify(&s2, &peer, &frame(0x5a5a, "z"), soon()).unwrap();
+    delivered.extend(b.recv_notifications());
+    let z = delivered.iter().filter(|r| r.name == "z").count();
+    assert_eq!(z, 1, "the first stream's message delivered {z} times");
+}
+
+/// With a secret set, an authenticated connection speaks for the sender of
+/// its first notification: another sender id or name on it is refused
+/// (`from` is no longer whatever each frame claims).
+#[test]
+fn with_a_secret_a_connection_carries_one_sender() {
+    let secret = "a secret long enough to be taken";
+    let mut c = test_config();
+    c.rpc_shared_secret = secret.into();
+    let b = Engine::new(c).unwrap();
+    let peer = b.segment_name();
+    let s = client::notify_session(&peer, Some(secret.as_bytes()), WAIT).unwrap();
+    let frame = |sender: u64, from: &str, seq: u64| NotifyFrame {
+        sender,
+        from: from.into(),
+        seq,
+        name: "n".into(),
+        msg: Vec::new(),
+        resend_ms: 0,
+    };
+    client::notify(&s, &peer, &frame(77, "a", 1), soon()).unwrap();
+    for other in [frame(78, "a", 1), frame(77, "b", 2)] {
+        match client::notify(&s, &peer, &other, soon()) {
+            Err(client::NotifyError::Refused(e)) => {
+                assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+                assert!(e.to_string().contains("sender 0x4d (a)"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    client::notify(&s, &peer, &frame(77, "a", 2), soon()).unwrap();
+    // Another connection may speak for another sender.
+    let s2 = client::notify_session(&peer, Some(secret.as_bytes()), WAIT).unwrap();
+    client::notify(&s2, &peer, &frame(78, "b", 1), soon()).unwrap();
+    let got: Vec<_> = b.recv_notifications().into_iter().map(|r| r.from).collect();
+    assert_eq!(got, ["a", "a", "b"]);
 }
 
 /// A batch with a notification pending is not done: it cannot be freed
@@ -477,6 +553,7 @@ fn a_batch_is_pending_until_its_notification_is_delivered() {
             seq,
             name: String::new(),
             msg: Vec::new(),
+            resend_ms: 0,
         };
         client::notify(&s, &peer, &f, soon()).unwrap();
     }

@@ -456,6 +456,10 @@ fn serve(
             },
         )?;
     }
+    // With a secret, the first notification binds the connection to its
+    // sender (stream id and name): one authenticated session speaks for
+    // one sender, as the outbox's lanes do.
+    let mut sender: Option<(u64, String)> = None;
     loop {
         let msg = match wire::read_message(s) {
             Ok(m) => m,
@@ -490,6 +494,12 @@ fn serve(
                 wire::write_message(s, &reply)?
             }
             Message::Notify(frame) => {
+                if secret.is_some()
+                    && let Some(refusal) = bind_sender(&mut sender, &frame)
+                {
+                    wire::write_message(s, &refusal)?;
+                    continue;
+                }
                 // A refusal (a full inbox) is an answer too; the sender
                 // tries again on this connection.
                 let seq = frame.seq;
@@ -509,6 +519,34 @@ fn serve(
             other => {
                 return Err(unexpected(s, "GetDescriptor, QpConnect or Notify", &other));
             }
+        }
+    }
+}
+
+/// `None` when `frame` comes from the sender `bound` names (binding it
+/// on the first frame); else the refusal to answer with.
+fn bind_sender(bound: &mut Option<(u64, String)>, frame: &NotifyFrame) -> Option<Message> {
+    match bound {
+        None => {
+            *bound = Some((frame.sender, frame.from.clone()));
+            None
+        }
+        Some((id, from)) if *id == frame.sender && *from == frame.from => None,
+        Some((id, from)) => {
+            crate::lograte::warn_limited!(
+                "notify-sender-changed",
+                bound = %from,
+                claimed = %frame.from,
+                "notification refused: an authenticated connection changed its sender"
+            );
+            Some(Message::Error {
+                code: ErrorKind::InvalidArgument.code(),
+                text: format!(
+                    "this connection's notifications come from sender {id:#x} ({from}); \
+                     one from {:#x} ({}) needs a connection of its own",
+                    frame.sender, frame.from
+                ),
+            })
         }
     }
 }

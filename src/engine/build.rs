@@ -407,8 +407,9 @@ fn start_control(
         Arc::new(move |req: &crate::control::wire::QpRequest| r.accept(req))
             as Arc<crate::control::server::QpConnectFn>
     });
-    let notify = Arc::new(move |ip, f: crate::control::wire::NotifyFrame| inbox.file(ip, f))
-        as Arc<crate::control::server::NotifyFn>;
+    let notify = Arc::new(move |ip, f: crate::control::wire::NotifyFrame| {
+        inbox.file(ip, f, std::time::Instant::now())
+    }) as Arc<crate::control::server::NotifyFn>;
     let server = crate::control::ControlServer::start_with(
         &cfg.rpc_server_hostname,
         cfg.rpc_server_port,

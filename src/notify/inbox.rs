@@ -15,26 +15,103 @@ use crate::error::{Error, Result};
 /// `SqFull` and tries again later (nothing is dropped): a peer cannot grow
 /// this process past `INBOX_MAX` × 4 KiB.
 pub const INBOX_MAX: usize = 4096;
-/// Sender streams whose last sequence number is remembered (dedup). Past
-/// it the stream heard from longest ago is forgotten; its next message is
-/// taken as new, which can only matter for a resend in flight at that
-/// moment from a stream silent for longer than 4095 others.
+/// Sender streams remembered at once (dedup), from every address together.
 const STREAMS_MAX: usize = 4096;
+/// Sender streams remembered at once from one address: a host that opens
+/// streams faster than they expire is refused (`SqFull`, its senders try
+/// again later) and cannot crowd out another host's.
+const SOURCE_STREAMS_MAX: usize = 1024;
+/// The longest resend window taken from a frame; a longer claim is cut to
+/// it (a sender's deadline is at most `max_timeout_ms` past its request's,
+/// itself at most a day by the key's range).
+const RESEND_MAX: Duration = Duration::from_secs(2 * 86_400);
+/// Kept past a frame's resend window: covers a resend that left the
+/// sender just before its deadline and arrives late (a new connection's
+/// handshake, then the server's read of the frame).
+const RESEND_SLACK: Duration = Duration::from_secs(30);
 
 /// A sender stream: where it connects from and the id it drew. Keyed by
 /// the address too, so a peer elsewhere cannot silence a stream by
 /// forging its id.
 type StreamKey = (IpAddr, u64);
 
+/// What the inbox remembers of a stream.
+#[derive(Debug, Clone, Copy)]
+struct Stream {
+    /// The highest sequence number taken from it.
+    last: u64,
+    /// Until when a message of it may still arrive again: its frames'
+    /// resend windows plus [`RESEND_SLACK`]. Past it the stream may be
+    /// forgotten: its sender gave up on everything it sent.
+    until: Instant,
+}
+
 #[derive(Debug, Default)]
 struct State {
     queue: VecDeque<Received>,
-    /// Stream → (the highest sequence number taken from it, when it was
-    /// last heard from in `ticks`).
-    seen: HashMap<StreamKey, (u64, u64)>,
-    ticks: u64,
+    seen: HashMap<StreamKey, Stream>,
+    /// Streams in `seen` per address.
+    per_source: HashMap<IpAddr, usize>,
+    /// No stream in `seen` expires before this: a purge before it finds
+    /// nothing (`None`: not known, look).
+    next_expiry: Option<Instant>,
     /// The engine is going away: nothing more is filed.
     closed: bool,
+}
+
+impl State {
+    /// Forget the streams whose resend windows ended by `now`.
+    fn purge(&mut self, now: Instant) {
+        if self.next_expiry.is_some_and(|t| now < t) {
+            return;
+        }
+        let per_source = &mut self.per_source;
+        let mut next: Option<Instant> = None;
+        self.seen.retain(|(ip, _), s| {
+            if s.until > now {
+                next = Some(next.map_or(s.until, |t| t.min(s.until)));
+                return true;
+            }
+            if let Some(n) = per_source.get_mut(ip) {
+                *n -= 1;
+                if *n == 0 {
+                    per_source.remove(ip);
+                }
+            }
+            false
+        });
+        self.next_expiry = next;
+    }
+
+    /// Room to remember one more stream from `ip`, after forgetting the
+    /// expired ones if need be.
+    fn room_for(&mut self, ip: IpAddr, now: Instant) -> Result<()> {
+        let crowded = |st: &State| {
+            st.seen.len() >= STREAMS_MAX
+                || st.per_source.get(&ip).copied().unwrap_or(0) >= SOURCE_STREAMS_MAX
+        };
+        if crowded(self) {
+            self.purge(now);
+        }
+        if crowded(self) {
+            return Err(Error::new(
+                ErrorKind::SqFull,
+                format!(
+                    "the receiver remembers {} notification streams ({} from {ip}) whose \
+                     senders may still resend; try again",
+                    self.seen.len(),
+                    self.per_source.get(&ip).copied().unwrap_or(0)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How long after `now` a resend of `f` may still arrive.
+fn resend_until(f: &NotifyFrame, now: Instant) -> Instant {
+    let window = Duration::from_millis(f.resend_ms).min(RESEND_MAX) + RESEND_SLACK;
+    now + window
 }
 
 /// What the engine has received and the application not yet taken.
@@ -45,41 +122,52 @@ pub(crate) struct Inbox {
 }
 
 impl Inbox {
-    /// File a notification that came over the control plane from `from`.
-    /// `Ok` (the sender is answered with an acknowledgement) also for a
-    /// resend of one already filed, which is dropped: each arrives once,
-    /// in its stream's order.
+    /// File a notification that came over the control plane from `from`
+    /// at `now`. `Ok` (the sender is answered with an acknowledgement) also
+    /// for a resend of one already filed, which is dropped: each arrives
+    /// once, in its stream's order. A stream is remembered until its
+    /// sender can no longer resend (the frame's `resend_ms`, plus
+    /// [`RESEND_SLACK`]), so no number of other streams meanwhile makes a
+    /// resend look new: past the bounds on streams remembered, a new
+    /// stream is refused instead.
     ///
     /// # Errors
-    /// `SqFull` when [`INBOX_MAX`] are waiting; `Shutdown` once the engine
-    /// is going away. Nothing is filed either way.
-    pub(crate) fn file(&self, from: IpAddr, f: NotifyFrame) -> Result<()> {
+    /// `SqFull` when [`INBOX_MAX`] are waiting, or when a new stream finds
+    /// [`STREAMS_MAX`] streams, or [`SOURCE_STREAMS_MAX`] from its address,
+    /// still in their resend windows; `Shutdown` once the engine is going
+    /// away. Nothing is filed either way.
+    pub(crate) fn file(&self, from: IpAddr, f: NotifyFrame, now: Instant) -> Result<()> {
         let mut st = self.state.lock();
         if st.closed {
             return Err(closed());
         }
-        st.ticks += 1;
-        let (key, now) = ((from, f.sender), st.ticks);
-        if let Some((last, heard)) = st.seen.get_mut(&key) {
-            *heard = now;
-            if f.seq <= *last {
+        let key = (from, f.sender);
+        let until = resend_until(&f, now);
+        if let Some(s) = st.seen.get_mut(&key) {
+            s.until = s.until.max(until);
+            if f.seq <= s.last {
                 return Ok(());
             }
         }
         if st.queue.len() >= INBOX_MAX {
             return Err(full());
         }
-        if st.seen.len() >= STREAMS_MAX && !st.seen.contains_key(&key) {
-            let oldest = st
-                .seen
-                .iter()
-                .min_by_key(|(_, (_, heard))| *heard)
-                .map(|(k, _)| *k);
-            if let Some(k) = oldest {
-                st.seen.remove(&k);
+        match st.seen.get_mut(&key) {
+            Some(s) => s.last = f.seq,
+            None => {
+                if let Err(e) = st.room_for(from, now) {
+                    crate::lograte::warn_limited!(
+                        (from, "notify-streams"),
+                        peer = %from,
+                        "{e}"
+                    );
+                    return Err(e);
+                }
+                st.seen.insert(key, Stream { last: f.seq, until });
+                *st.per_source.entry(from).or_insert(0) += 1;
+                st.next_expiry = Some(st.next_expiry.map_or(until, |t| t.min(until)));
             }
         }
-        st.seen.insert(key, (f.seq, now));
         st.queue.push_back(Received {
             from: f.from,
             name: f.name,
@@ -177,18 +265,19 @@ mod tests {
             seq,
             name: name.into(),
             msg: vec![seq as u8],
+            resend_ms: 1_000,
         }
     }
 
     #[test]
     fn a_resend_is_dropped_and_order_is_kept_per_sender() {
         let inbox = Inbox::default();
-        inbox.file(HERE, frame(1, 1, "a")).unwrap();
-        inbox.file(HERE, frame(2, 1, "x")).unwrap();
-        inbox.file(HERE, frame(1, 1, "a")).unwrap(); // resend after a lost ack
-        inbox.file(HERE, frame(1, 2, "b")).unwrap();
-        inbox.file(HERE, frame(1, 4, "d")).unwrap(); // 3 was given up by its sender
-        inbox.file(HERE, frame(1, 3, "c")).unwrap(); // older than the last: a resend
+        inbox.file(HERE, frame(1, 1, "a"), Instant::now()).unwrap();
+        inbox.file(HERE, frame(2, 1, "x"), Instant::now()).unwrap();
+        inbox.file(HERE, frame(1, 1, "a"), Instant::now()).unwrap(); // resend after a lost ack
+        inbox.file(HERE, frame(1, 2, "b"), Instant::now()).unwrap();
+        inbox.file(HERE, frame(1, 4, "d"), Instant::now()).unwrap(); // 3 was given up by its sender
+        inbox.file(HERE, frame(1, 3, "c"), Instant::now()).unwrap(); // older than the last: a resend
         let names: Vec<_> = inbox.take_all().into_iter().map(|r| r.name).collect();
         assert_eq!(names, ["a", "x", "b", "d"]);
         assert!(inbox.take_all().is_empty());
@@ -198,16 +287,23 @@ mod tests {
     fn a_full_inbox_refuses_without_losing_or_marking_seen() {
         let inbox = Inbox::default();
         for seq in 1..=INBOX_MAX as u64 {
-            inbox.file(HERE, frame(1, seq, "n")).unwrap();
+            inbox
+                .file(HERE, frame(1, seq, "n"), Instant::now())
+                .unwrap();
         }
         let next = INBOX_MAX as u64 + 1;
         assert_eq!(
-            inbox.file(HERE, frame(1, next, "n")).unwrap_err().kind(),
+            inbox
+                .file(HERE, frame(1, next, "n"), Instant::now())
+                .unwrap_err()
+                .kind(),
             ErrorKind::SqFull
         );
         assert_eq!(inbox.wait(Duration::ZERO).unwrap().msg, vec![1]);
         // Refused before, so not a duplicate now.
-        inbox.file(HERE, frame(1, next, "last")).unwrap();
+        inbox
+            .file(HERE, frame(1, next, "last"), Instant::now())
+            .unwrap();
         assert_eq!(inbox.take_all().last().unwrap().name, "last");
     }
 
@@ -221,7 +317,9 @@ mod tests {
         let i2 = inbox.clone();
         let t = std::thread::spawn(move || i2.wait(Duration::from_secs(10)));
         std::thread::sleep(Duration::from_millis(20));
-        inbox.file(HERE, frame(9, 1, "late")).unwrap();
+        inbox
+            .file(HERE, frame(9, 1, "late"), Instant::now())
+            .unwrap();
         assert_eq!(t.join().unwrap().unwrap().name, "late");
     }
 
@@ -230,11 +328,92 @@ mod tests {
         let inbox = Inbox::default();
         let elsewhere = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 9));
         // A forger elsewhere claims the stream with a huge seq ...
-        inbox.file(elsewhere, frame(1, u64::MAX, "forged")).unwrap();
+        inbox
+            .file(elsewhere, frame(1, u64::MAX, "forged"), Instant::now())
+            .unwrap();
         // ... and the real stream's messages still arrive.
-        inbox.file(HERE, frame(1, 1, "real")).unwrap();
+        inbox
+            .file(HERE, frame(1, 1, "real"), Instant::now())
+            .unwrap();
         let names: Vec<_> = inbox.take_all().into_iter().map(|r| r.name).collect();
         assert_eq!(names, ["forged", "real"]);
+    }
+
+    /// A resend from a stream quiet while thousands of others came and
+    /// went is still a resend: a stream is remembered until its sender can
+    /// no longer resend, and new streams past the bounds are refused (and
+    /// retried by their senders) instead of crowding it out.
+    #[test]
+    fn no_number_of_other_streams_lets_a_resend_through() {
+        let inbox = Inbox::default();
+        let t0 = Instant::now();
+        let z = 0x5a5a;
+        inbox.file(HERE, frame(z, 1, "z"), t0).unwrap();
+        let (mut filed, mut refused) = (0, 0);
+        for i in 0..4200u64 {
+            match inbox.file(HERE, frame(1_000 + i * 7919, 1, "other"), t0) {
+                Ok(()) => filed += 1,
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::SqFull, "{e}");
+                    refused += 1;
+                }
+            }
+            if i % 1000 == 0 {
+                inbox.take_all();
+            }
+        }
+        assert_eq!(filed, SOURCE_STREAMS_MAX - 1, "the source's bound");
+        assert_eq!(refused, 4200 - filed);
+        inbox.take_all();
+        // The lost acknowledgement's resend, within Z's window.
+        inbox
+            .file(HERE, frame(z, 1, "z"), t0 + Duration::from_secs(1))
+            .unwrap();
+        assert!(inbox.take_all().is_empty(), "delivered twice");
+        // Another address is not crowded out by this one.
+        let elsewhere = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 9));
+        inbox.file(elsewhere, frame(z, 1, "there"), t0).unwrap();
+        assert_eq!(inbox.take_all().len(), 1);
+    }
+
+    #[test]
+    fn a_stream_is_forgotten_only_once_its_resend_window_passed() {
+        let inbox = Inbox::default();
+        let t0 = Instant::now();
+        // Window 1 s plus the slack.
+        let window = Duration::from_secs(1) + RESEND_SLACK;
+        for i in 0..SOURCE_STREAMS_MAX as u64 {
+            inbox.file(HERE, frame(i + 1, 1, "a"), t0).unwrap();
+        }
+        inbox.take_all();
+        let newcomer = || frame(1 << 40, 1, "new");
+        // Full, and nobody's window has passed.
+        let just_before = t0 + window - Duration::from_millis(1);
+        let e = inbox.file(HERE, newcomer(), just_before).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::SqFull);
+        assert!(e.to_string().contains("1024 from 127.0.0.1"), "{e}");
+        // Stream 1 resent late in its window: its window starts again.
+        inbox.file(HERE, frame(1, 1, "a"), just_before).unwrap();
+        assert!(inbox.take_all().is_empty());
+        // Past the first windows: the others are forgotten, the newcomer
+        // taken, and stream 1 still known.
+        inbox.file(HERE, newcomer(), t0 + window).unwrap();
+        inbox.file(HERE, frame(1, 1, "a"), t0 + window).unwrap();
+        let names: Vec<_> = inbox.take_all().into_iter().map(|r| r.name).collect();
+        assert_eq!(names, ["new"]);
+        // A forgotten stream's next message is new (its sender moved on).
+        inbox.file(HERE, frame(2, 2, "b"), t0 + window).unwrap();
+        assert_eq!(inbox.take_all().len(), 1);
+    }
+
+    #[test]
+    fn a_claimed_window_is_capped() {
+        let t0 = Instant::now();
+        let mut f = frame(1, 1, "a");
+        f.resend_ms = u64::MAX;
+        assert_eq!(resend_until(&f, t0), t0 + RESEND_MAX + RESEND_SLACK);
+        f.resend_ms = 0;
+        assert_eq!(resend_until(&f, t0), t0 + RESEND_SLACK);
     }
 
     #[test]
@@ -242,7 +421,10 @@ mod tests {
         let inbox = Inbox::default();
         inbox.close();
         assert_eq!(
-            inbox.file(HERE, frame(1, 1, "x")).unwrap_err().kind(),
+            inbox
+                .file(HERE, frame(1, 1, "x"), Instant::now())
+                .unwrap_err()
+                .kind(),
             ErrorKind::Shutdown
         );
         assert!(inbox.take_all().is_empty());

@@ -728,6 +728,9 @@ fn send(
         seq,
         name: job.note.name.clone(),
         msg: job.note.msg.clone(),
+        // Until its deadline this frame may go out again: the receiver
+        // remembers the stream that long, so a resend stays a resend.
+        resend_ms: ceil_ms(job.deadline.saturating_duration_since(Instant::now())),
     };
     match client::notify(&c.stream, peer, &frame, job.deadline) {
         Ok(()) => Outcome::Settled(Ok(())),
@@ -806,6 +809,12 @@ fn connect(
     }
 }
 
+/// `d` in whole ms, rounded up (a window is never told shorter than it is).
+fn ceil_ms(d: Duration) -> u64 {
+    let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
 /// Failures no retry can change.
 fn permanent(kind: ErrorKind) -> bool {
     matches!(kind, ErrorKind::AccessDenied | ErrorKind::InvalidArgument)
@@ -834,7 +843,7 @@ mod tests {
     fn receiver() -> (ControlServer, Arc<Inbox>) {
         let inbox = Arc::new(Inbox::default());
         let files = inbox.clone();
-        let notify = Arc::new(move |ip, f| files.file(ip, f)) as Arc<NotifyFn>;
+        let notify = Arc::new(move |ip, f| files.file(ip, f, Instant::now())) as Arc<NotifyFn>;
         let server = ControlServer::start_with(
             "0.0.0.0",
             0,

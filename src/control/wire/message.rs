@@ -453,6 +453,11 @@ pub struct NotifyFrame {
     pub name: String,
     /// The message, at most [`MAX_NOTIFY_MSG`] bytes.
     pub msg: Vec<u8>,
+    /// For how many ms from now the sender may send this `(sender, seq)`
+    /// again (its deadline for the message): the receiver remembers the
+    /// stream at least that long. 0 (absent) is a sender that says
+    /// nothing; the receiver's own slack still holds.
+    pub resend_ms: u64,
 }
 
 schema! {
@@ -462,5 +467,6 @@ schema! {
         0x0003 NOTIFY_SEQ    seq:    nonzero("sequence number"),                   required;
         0x0004 NOTIFY_NAME   name:   str(MAX_NOTIFY_NAME, "notification name"),    required;
         0x0005 NOTIFY_MSG    msg:    bytes(MAX_NOTIFY_MSG, "notification message"), required;
+        0x0006 NOTIFY_RESEND_MS resend_ms: u64,                                    or_default;
     }
 }

@@ -92,6 +92,7 @@
 //! |                      | `0x0003` | `seq`           | u64, non-zero, required                                                   | `NOTIFY_SEQ`              |
 //! |                      | `0x0004` | `name`          | string ≤ [`MAX_NOTIFY_NAME`], required                                    | `NOTIFY_NAME`             |
 //! |                      | `0x0005` | `msg`           | bytes ≤ [`MAX_NOTIFY_MSG`], required                                      | `NOTIFY_MSG`              |
+//! |                      | `0x0006` | `resend_ms`     | u64, absent = 0                                                           | `NOTIFY_RESEND_MS`        |
 //! | `NotifyAck` (11)     | `0x0001` | `seq`           | u64, required                                                             | `ACK_SEQ`                 |
 //! | `RegionEntry` record | `0x0001` | `id`            | u32, required                                                             | `REGION_ID`               |
 //! |                      | `0x0002` | `addr`          | u64, required                                                             | `REGION_ADDR`             |

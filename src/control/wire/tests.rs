@@ -232,6 +232,7 @@ fn notify_frame() -> NotifyFrame {
         seq: 1,
         name: "kv-ready".into(),
         msg: vec![0xab; MAX_NOTIFY_MSG],
+        resend_ms: 30_000,
     }
 }
 
