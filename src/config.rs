@@ -2146,6 +2146,59 @@ mod tests {
         Config::from_json_str(text, "test.json")
     }
 
+    /// The config_text fuzz target's seeds are configurations that load:
+    /// every key at its default, and TENT-style files
+    /// (`TENT_WRITE_SEEDS=1 cargo test -p tent --lib fuzz_seeds` writes
+    /// them).
+    #[test]
+    fn fuzz_seeds_are_configs_that_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/config_text");
+        let every_key = serde_json::to_string_pretty(&Config::default().to_json()).unwrap();
+        let seeds = [
+            ("every_key.json", every_key.as_str()),
+            (
+                "tent_rdma.json",
+                r#"{"metadata_type": "p2p", "rpc_server_hostname": "10.0.0.1",
+                    "rpc_server_port": 12345, "log_level": "warn",
+                    "transports": {"rdma": {"devices": "mlx5_0,mlx5_1", "gid_index": 3,
+                    "rail_cooldown_secs": 5}}, "workers": {"count": 4}}"#,
+            ),
+            (
+                "tcp_secret.json",
+                r#"{"rpc_shared_secret": "a secret of sixteen bytes or more",
+                    "transports": {"tcp": {"serving_threads": 2}},
+                    "default_timeout_ms": 5000}"#,
+            ),
+            ("empty.json", "{}"),
+        ];
+        for (name, text) in seeds {
+            let path = dir.join(name);
+            if std::env::var_os("TENT_WRITE_SEEDS").is_some() {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, text).unwrap();
+            }
+            assert_eq!(
+                std::fs::read_to_string(&path).unwrap_or_default(),
+                text,
+                "{}: TENT_WRITE_SEEDS=1 writes it",
+                path.display()
+            );
+        }
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let c = parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let again = parse(&c.to_json().to_string()).unwrap();
+            assert_eq!(
+                Config {
+                    source: c.source.clone(),
+                    ..again
+                },
+                c
+            );
+        }
+    }
+
     fn spec_index(path: &str) -> usize {
         SPECS
             .iter()

@@ -45,6 +45,8 @@ macro_rules! internal {
 pub mod config;
 pub mod engine;
 pub mod error;
+#[cfg(feature = "testing")]
+pub mod fuzzing;
 pub mod notify;
 mod procfs;
 pub mod secret;

@@ -333,6 +333,46 @@ mod tests {
         }
     }
 
+    /// The shm_descriptor fuzz target's seeds are real descriptors as a
+    /// peer reads them: a sealed descriptor file's size and seals, then
+    /// the words (`TENT_WRITE_SEEDS=1 cargo test -p tent --lib fuzz_seeds`
+    /// writes them).
+    #[test]
+    fn fuzz_seeds_are_real_descriptors() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/shm_descriptor");
+        let head = |size: u64, seals: i32| [&size.to_le_bytes()[..], &seals.to_le_bytes()].concat();
+        let desc_head = head(DESC_BYTES as u64, REQUIRED_SEALS | DESC_WRITE_SEALS);
+        let seeds = [
+            ("empty", vec![]),
+            ("one_region", vec![entry(1, 0x7f00_0000_0000, 1 << 20)]),
+            (
+                "three_regions",
+                vec![
+                    entry(1, 0x1000, 4096),
+                    entry(2, 0x10_0000, 16 << 10),
+                    entry(5, 0x7fff_0000_0000, MAX_REGION_LEN),
+                ],
+            ),
+        ];
+        for (name, entries) in seeds {
+            let words = encode(&entries);
+            let bytes: Vec<u8> = desc_head
+                .iter()
+                .copied()
+                .chain(words.iter().flat_map(|w| w.to_le_bytes()))
+                .collect();
+            let path = dir.join(name);
+            if std::env::var_os("TENT_WRITE_SEEDS").is_some() {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, &bytes).unwrap();
+            }
+            let on_disk = std::fs::read(&path).unwrap_or_default();
+            assert_eq!(on_disk, bytes, "{}: TENT_WRITE_SEEDS=1 writes it", path.display());
+            assert_eq!(admit_descriptor(DESC_BYTES as u64, REQUIRED_SEALS | DESC_WRITE_SEALS), Ok(DESC_BYTES));
+            assert_eq!(parse(&words).unwrap().len(), entries.len());
+        }
+    }
+
     #[test]
     fn refuses_each_forgery() {
         let ok = encode(&[entry(1, 0x1000, 4096), entry(2, 0x3000, 4096)]);

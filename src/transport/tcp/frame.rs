@@ -49,7 +49,7 @@ pub const PROOF_LEN: usize = 48;
 /// Nonce and MAC length.
 pub(crate) const NONCE_LEN: usize = 32;
 /// Session id length.
-pub(crate) const SESSION_LEN: usize = 16;
+pub const SESSION_LEN: usize = 16;
 /// Hello flag (target → initiator): prove the shared secret before any request.
 pub(crate) const AUTH_REQUIRED: u32 = 1;
 /// Hello status of a target with no room for another connection now.

@@ -73,7 +73,7 @@ fn binding(server: SocketAddr, ident: &Ident) -> Binding {
 
 /// What [`Serving::on_bytes`] asks of the target next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Serve {
+pub enum Serve {
     /// Read [`Serving::want`] more bytes.
     Read,
     /// The initiator named itself: register `ident` (so the connection can
@@ -91,21 +91,25 @@ pub(crate) enum Serve {
 /// Why the target refuses a connection: what to send it first (when it
 /// is owed an answer), and the reason to log.
 #[derive(Debug)]
-pub(crate) struct Refusal {
-    pub(crate) reply: Option<Reply>,
-    pub(crate) why: String,
+pub struct Refusal {
+    /// What to send the initiator before closing, when it is owed one.
+    pub reply: Option<Reply>,
+    /// The reason to log.
+    pub why: String,
 }
 
 /// A refusal's last words.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Reply {
+pub enum Reply {
+    /// A hello carrying the refusal's status.
     Hello([u8; HELLO_LEN]),
+    /// A proof frame carrying the refusal's status.
     Proof([u8; PROOF_LEN]),
 }
 
 impl Reply {
     /// The status it carries (what the refusal tells the initiator).
-    pub(crate) fn status(&self) -> u16 {
+    pub fn status(&self) -> u16 {
         match self {
             Reply::Hello(b) => Hello::decode(b).map_or(0, |h| h.status),
             Reply::Proof(b) => Proof::decode(b).map_or(0, |p| p.status),
@@ -137,7 +141,7 @@ enum ServeStage {
 /// The target's handshake as a state machine: no I/O, no clock ([`serve`]
 /// drives it on a blocking socket; a serving thread driving many sockets
 /// feeds it what arrives, by the connection's one deadline).
-pub(crate) struct Serving {
+pub struct Serving {
     /// The secret a connection proves when set.
     secret: Option<Arc<[u8]>>,
     /// The address the connection was accepted on (the proofs are bound
@@ -166,7 +170,7 @@ fn bad_hello(why: String) -> Refusal {
 impl Serving {
     /// A machine for a connection accepted on `local`, requiring `secret`
     /// when set.
-    pub(crate) fn new(secret: Option<Arc<[u8]>>, local: SocketAddr) -> Serving {
+    pub fn new(secret: Option<Arc<[u8]>>, local: SocketAddr) -> Serving {
         Serving {
             secret,
             local,
@@ -177,7 +181,7 @@ impl Serving {
     /// How many bytes [`Serving::on_bytes`] takes next: the initiator's
     /// hello header, the rest of its hello, its proof when a secret is
     /// set; 0 once done or refused.
-    pub(crate) fn want(&self) -> usize {
+    pub fn want(&self) -> usize {
         match self.stage {
             ServeStage::HelloHeader => HELLO_HEADER_LEN,
             ServeStage::HelloRest { .. } => HELLO_LEN - HELLO_HEADER_LEN,
@@ -191,7 +195,7 @@ impl Serving {
     ///
     /// # Panics
     /// If `b` is not [`Serving::want`] bytes long, or once ended.
-    pub(crate) fn on_bytes(&mut self, b: &[u8]) -> std::result::Result<Serve, Refusal> {
+    pub fn on_bytes(&mut self, b: &[u8]) -> std::result::Result<Serve, Refusal> {
         assert_eq!(b.len(), self.want(), "Serving::on_bytes takes want() bytes");
         match std::mem::replace(&mut self.stage, ServeStage::Ended) {
             ServeStage::HelloHeader => {
@@ -317,7 +321,7 @@ pub(crate) const PROOF_REFUSED: &str = "target refused our proof: the shared sec
 
 /// What [`Opening::on_bytes`] asks of its caller next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Step {
+pub enum Step {
     /// Read [`Opening::want`] more bytes.
     Read,
     /// The target wants our proof: send [`Opening::proof`] for the address
@@ -357,7 +361,7 @@ enum Stage {
 /// one deadline; a socket failure becomes the same [`Refused`] as on the
 /// blocking path through [`Opening::send_failed`] and
 /// [`Opening::recv_failed`].
-pub(crate) struct Opening {
+pub struct Opening {
     /// Proven to the target when set.
     secret: Option<Arc<[u8]>>,
     /// This connection, in our hello and in both proofs.
@@ -384,7 +388,7 @@ impl Opening {
 
     /// A machine for connection `ident`, proving `secret` when the target
     /// asks, and the hello to send first.
-    pub(crate) fn new(secret: Option<Arc<[u8]>>, ident: Ident) -> (Opening, [u8; HELLO_LEN]) {
+    pub fn new(secret: Option<Arc<[u8]>>, ident: Ident) -> (Opening, [u8; HELLO_LEN]) {
         let ours = auth::nonce();
         let hello = Hello {
             status: 0,
@@ -404,7 +408,7 @@ impl Opening {
     /// How many bytes [`Opening::on_bytes`] takes next: the target's hello
     /// header, then the rest of its hello, then its proof when it asked
     /// for ours; 0 once done or refused.
-    pub(crate) fn want(&self) -> usize {
+    pub fn want(&self) -> usize {
         match self.stage {
             Stage::HelloHeader => HELLO_HEADER_LEN,
             Stage::HelloRest { .. } => HELLO_LEN - HELLO_HEADER_LEN,
@@ -419,7 +423,7 @@ impl Opening {
     /// # Panics
     /// If `b` is not [`Opening::want`] bytes long, before [`Opening::proof`]
     /// after [`Step::Prove`], or once done or refused.
-    pub(crate) fn on_bytes(&mut self, b: &[u8]) -> std::result::Result<Step, Refused> {
+    pub fn on_bytes(&mut self, b: &[u8]) -> std::result::Result<Step, Refused> {
         assert_eq!(b.len(), self.want(), "Opening::on_bytes takes want() bytes");
         let stage = std::mem::replace(&mut self.stage, Stage::Ended);
         match stage {
@@ -507,7 +511,7 @@ impl Opening {
     ///
     /// # Panics
     /// Unless the last step was [`Step::Prove`].
-    pub(crate) fn proof(&mut self, dialed: SocketAddr) -> [u8; PROOF_LEN] {
+    pub fn proof(&mut self, dialed: SocketAddr) -> [u8; PROOF_LEN] {
         let Stage::Proving { theirs } = self.stage else {
             panic!("Opening::proof without Step::Prove");
         };
@@ -594,6 +598,84 @@ mod tests {
     const SECRET: &[u8] = b"the data door's secret";
     const OTHER: &[u8] = b"another engine's secret";
     const LONG: Duration = Duration::from_secs(10);
+
+    /// The tcp_handshake fuzz target's seeds are real handshakes, the
+    /// first byte naming the machine (bit 1: the initiator's, else the
+    /// target's) and the secret (bit 0), then what its peer sent
+    /// (`TENT_WRITE_SEEDS=1 cargo test -p tent --lib fuzz_seeds` writes
+    /// them; nonces are random, so each seed is checked by what it does:
+    /// its machine takes the hello and asks for the next step).
+    #[test]
+    fn fuzz_seeds_are_real_handshakes() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/tcp_handshake");
+        let key: Arc<[u8]> = Arc::from(&b"sixteen byte key"[..]);
+        let local: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let feed = |m: &mut dyn FnMut(&[u8]) -> bool, want: &dyn Fn() -> usize, mut b: &[u8]| {
+            let mut out = Vec::new();
+            while want() > 0 && b.len() >= want() {
+                let (x, rest) = b.split_at(want());
+                out.push(m(x));
+                b = rest;
+            }
+            out
+        };
+        if std::env::var_os("TENT_WRITE_SEEDS").is_some() {
+            std::fs::create_dir_all(&dir).unwrap();
+            for secret in [None, Some(key.clone())] {
+                let bit = u8::from(secret.is_some());
+                let (mut op, hello) = Opening::new(secret.clone(), IDENT);
+                let mut sv = Serving::new(secret.clone(), local);
+                sv.on_bytes(&hello[..HELLO_HEADER_LEN]).unwrap();
+                let Serve::Hello { reply, .. } = sv.on_bytes(&hello[HELLO_HEADER_LEN..]).unwrap() else {
+                    panic!("no hello reply")
+                };
+                op.on_bytes(&reply[..HELLO_HEADER_LEN]).unwrap();
+                let mut to_target = hello.to_vec();
+                let mut to_initiator = reply.to_vec();
+                if secret.is_some() {
+                    let step = op.on_bytes(&reply[HELLO_HEADER_LEN..]).unwrap();
+                    assert!(matches!(step, Step::Prove), "{step:?}");
+                    let proof = op.proof(local);
+                    let Serve::Proven(theirs) = sv.on_bytes(&proof).unwrap() else {
+                        panic!("not proven")
+                    };
+                    to_target.extend_from_slice(&proof);
+                    to_initiator.extend_from_slice(&theirs);
+                }
+                let name = if bit == 1 { "secret" } else { "open" };
+                let target_seed = [&[bit][..], &to_target].concat();
+                let initiator_seed = [&[2 | bit][..], &to_initiator].concat();
+                std::fs::write(dir.join(format!("target_{name}")), target_seed).unwrap();
+                std::fs::write(dir.join(format!("initiator_{name}")), initiator_seed).unwrap();
+            }
+        }
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+            let (mode, rest) = bytes.split_first().unwrap();
+            let secret = (mode & 1 != 0).then(|| key.clone());
+            let steps = if mode & 2 == 0 {
+                let sv = std::cell::RefCell::new(Serving::new(secret, local));
+                feed(&mut |b| sv.borrow_mut().on_bytes(b).is_ok(), &|| sv.borrow().want(), rest)
+            } else {
+                let op = std::cell::RefCell::new(Opening::new(secret, IDENT).0);
+                let mut step = |b: &[u8]| {
+                    let mut o = op.borrow_mut();
+                    match o.on_bytes(b) {
+                        Ok(Step::Prove) => {
+                            o.proof(local);
+                            true
+                        }
+                        r => r.is_ok(),
+                    }
+                };
+                feed(&mut step, &|| op.borrow().want(), rest)
+            };
+            assert!(steps.len() >= 2 && steps[..2] == [true, true], "{mode}: {steps:?}");
+            seen |= 1 << mode;
+        }
+        assert_eq!(seen, 0b1111, "a seed of each machine, with and without a secret");
+    }
 
     /// What the target thread saw: `serve`'s verdict and the ident it
     /// registered.

@@ -1,0 +1,329 @@
+//! The fuzz targets' bodies: what each checks of the bytes a peer, a
+//! client or a file hands the engine, one function per target, calling the
+//! function the engine calls on those bytes. `fuzz/fuzz_targets/*.rs` run
+//! them under libFuzzer (`tools/fuzz.sh`); `tests/fuzz_inputs.rs` runs them
+//! over every seed and every input a campaign kept (`fuzz/regressions/`),
+//! so `cargo test` holds them. Compiled with the `testing` feature only.
+//!
+//! Each function panics when an invariant breaks; that is the finding.
+
+use std::io::Cursor;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::Config;
+use crate::control::wire::{Message, QpInitiator, decode, encode, read_message};
+use crate::transport::shm::desc::{
+    self, DATA_OFFSET, DESC_BYTES, DESC_CAPACITY, DESC_WRITE_SEALS, MAX_REGION_LEN, REQUIRED_SEALS,
+    admit_descriptor, admit_region, check_segment_name, parse,
+};
+use crate::transport::tcp::frame::{
+    Fence, FrameError, HELLO_HEADER_LEN, HELLO_LEN, Hello, Ident, Inbound, MAX_OP_LEN, PROOF_LEN,
+    Proof, REQUEST_LEN, RESPONSE_LEN, Request, Response, SESSION_LEN,
+};
+use crate::transport::tcp::handshake::{Opening, Serve, Serving, Step};
+
+/// A target's body: panics when the input breaks an invariant.
+pub type Body = fn(&[u8]);
+
+/// Every target by name (its folder under `fuzz/seeds/`), and its body.
+pub const TARGETS: &[(&str, Body)] = &[
+    ("control_decode", control_decode),
+    ("data_frames", data_frames),
+    ("shm_descriptor", shm_descriptor),
+    ("config_text", config_text),
+    ("tcp_handshake", tcp_handshake),
+];
+
+/// Control-plane codec under arbitrary bytes: `decode` and `read_message`
+/// must never panic, must agree with each other, whatever decodes must
+/// survive an encode/decode round trip unchanged (encoding is canonical),
+/// and a decoded `QpConnect` names an initiator within the responder's key
+/// bounds (`QpInitiator::new` takes it).
+pub fn control_decode(data: &[u8]) {
+    let decoded = decode(data);
+    let mut cursor = Cursor::new(data);
+    let read = read_message(&mut cursor);
+
+    match (&decoded, &read) {
+        (Ok((msg, used)), Ok(streamed)) => {
+            assert!(*used <= data.len(), "used {used} of {} bytes", data.len());
+            assert_eq!(msg, streamed, "decode and read_message differ");
+            // read_message consumes exactly one frame, as decode reports.
+            assert_eq!(
+                cursor.position(),
+                *used as u64,
+                "stream consumed a different length"
+            );
+        }
+        (Err(_), Err(_)) => {}
+        _ => panic!("decode and read_message disagree: {decoded:?} vs {read:?}"),
+    }
+
+    if let Ok((Message::QpConnect(r), _)) = &decoded {
+        let i = r.initiator;
+        assert!(
+            QpInitiator::new(i.engine(), i.worker(), i.rail()).is_ok(),
+            "decoded an initiator out of bounds: {i:?}"
+        );
+    }
+
+    if let Ok((msg, _)) = decoded {
+        let bytes = encode(&msg);
+        let (again, used) = match decode(&bytes) {
+            Ok(v) => v,
+            Err(e) => panic!("the encoding of a decoded {msg:?} does not decode: {e}"),
+        };
+        assert_eq!(
+            used,
+            bytes.len(),
+            "re-decode took {used} of {} bytes",
+            bytes.len()
+        );
+        assert_eq!(again, msg, "round trip changed the message");
+        assert_eq!(encode(&again), bytes, "encoding is not canonical");
+    }
+}
+
+fn prefix<const N: usize>(data: &[u8]) -> [u8; N] {
+    let mut b = [0u8; N];
+    let n = data.len().min(N);
+    b[..n].copy_from_slice(&data[..n]);
+    b
+}
+
+/// Data-plane frame headers under arbitrary bytes: every `decode` that
+/// succeeds must round-trip through `encode`, and no decoded length may
+/// exceed `MAX_OP_LEN`. Each decoder reads the input's first bytes (padded
+/// with zeros when short), so one input exercises all of them: request,
+/// fence and what the target reads after the handshake (`Inbound`: one or
+/// the other, by magic), response, the v3 hello (header alone and whole,
+/// with the initiator's ident) and the proof frame of the authenticated
+/// handshake.
+pub fn data_frames(data: &[u8]) {
+    if let Ok(req) = Request::decode(&prefix::<REQUEST_LEN>(data)) {
+        assert!(
+            req.len <= MAX_OP_LEN,
+            "request len {} above MAX_OP_LEN",
+            req.len
+        );
+        assert_eq!(
+            Request::decode(&req.encode()),
+            Ok(req),
+            "request round trip"
+        );
+    }
+    let head = prefix::<REQUEST_LEN>(data);
+    if let Ok(fence) = Fence::decode(&head) {
+        assert_eq!(
+            Fence::decode(&fence.encode()),
+            Ok(fence),
+            "fence round trip"
+        );
+        assert_eq!(fence.encode(), head, "a fence has one encoding");
+    }
+    match Inbound::decode(&head) {
+        Ok(Inbound::Request(req)) => {
+            assert_eq!(Request::decode(&head), Ok(req), "inbound request = request");
+        }
+        Ok(Inbound::Fence(fence)) => {
+            assert_eq!(Fence::decode(&head), Ok(fence), "inbound fence = fence");
+        }
+        Err(_) => assert!(
+            Request::decode(&head).is_err() && Fence::decode(&head).is_err(),
+            "inbound refuses only what both refuse"
+        ),
+    }
+    if let Ok(resp) = Response::decode(&prefix::<RESPONSE_LEN>(data)) {
+        assert!(
+            resp.len <= MAX_OP_LEN,
+            "response len {} above MAX_OP_LEN",
+            resp.len
+        );
+        assert_eq!(
+            Response::decode(&resp.encode()),
+            Ok(resp),
+            "response round trip"
+        );
+    }
+    if let Ok(hello) = Hello::decode(&prefix::<HELLO_LEN>(data)) {
+        assert_eq!(
+            Hello::decode(&hello.encode()),
+            Ok(hello),
+            "hello round trip"
+        );
+        let head = prefix::<HELLO_HEADER_LEN>(data);
+        assert_eq!(
+            Hello::decode_header(&head),
+            Ok((hello.status, hello.flags)),
+            "the header alone says what the whole hello says"
+        );
+    } else {
+        // The header is checked alone first; the rest may still be refused
+        // for its reserved tail, and for nothing else.
+        assert!(
+            Hello::decode_header(&prefix::<HELLO_HEADER_LEN>(data)).is_err()
+                || Hello::decode(&prefix::<HELLO_LEN>(data)) == Err(FrameError::Reserved),
+            "a hello refused whole is refused by its header or its reserved bytes"
+        );
+    }
+    if let Ok(proof) = Proof::decode(&prefix::<PROOF_LEN>(data)) {
+        assert_eq!(
+            Proof::decode(&proof.encode()),
+            Ok(proof),
+            "proof round trip"
+        );
+    }
+}
+
+/// The shm descriptor parser under arbitrary words: whatever a hostile
+/// same-host owner writes, an admitted descriptor is bounded, sorted,
+/// non-overlapping and non-wrapping, and a region is mapped only from a
+/// sealed memfd that holds `DATA_OFFSET + len` bytes. The input's first 12
+/// bytes are a handed-out file's size and seals; the rest are the words.
+pub fn shm_descriptor(data: &[u8]) {
+    let mut head = [0u8; 12];
+    let n = data.len().min(12);
+    head[..n].copy_from_slice(&data[..n]);
+    let size = u64::from_le_bytes(head[..8].try_into().unwrap());
+    let seals = i32::from_le_bytes(head[8..].try_into().unwrap());
+    let rest = &data[n..];
+    if let Ok(map_len) = admit_descriptor(size, seals) {
+        assert!(seals & REQUIRED_SEALS == REQUIRED_SEALS && seals & DESC_WRITE_SEALS != 0);
+        assert_eq!(map_len, DESC_BYTES);
+        assert!(map_len as u64 <= size);
+    }
+    if let Ok(name) = std::str::from_utf8(rest) {
+        if check_segment_name(name).is_ok() {
+            assert!(!name.contains('/') && !name.starts_with('.'), "{name:?}");
+        }
+    }
+    let words: Vec<u64> = rest
+        .chunks(8)
+        .map(|c| {
+            let mut b = [0u8; 8];
+            b[..c.len()].copy_from_slice(c);
+            u64::from_le_bytes(b)
+        })
+        .collect();
+    let Ok(entries) = parse(&words) else { return };
+    assert!(entries.len() <= DESC_CAPACITY);
+    for e in &entries {
+        assert!(e.len > 0 && e.len <= MAX_REGION_LEN);
+        assert!(e.base.checked_add(e.len).is_some());
+        assert!(e.key != 0 && e.handle != 0);
+        assert!(
+            (e.slot as usize) < DESC_CAPACITY,
+            "a live-key slot past the key words"
+        );
+        if let Ok(map_len) = admit_region(e, size, seals) {
+            assert!(seals & REQUIRED_SEALS == REQUIRED_SEALS);
+            assert!(
+                seals & DESC_WRITE_SEALS == 0,
+                "a write-sealed region admitted"
+            );
+            assert_eq!(map_len as u64, e.len + DATA_OFFSET as u64);
+            assert!(map_len as u64 <= size);
+        }
+    }
+    for p in entries.windows(2) {
+        assert!(p[0].base + p[0].len <= p[1].base, "overlap admitted");
+    }
+    assert_eq!(parse(&desc::encode(&entries)), Ok(entries), "round trip");
+}
+
+/// Configuration text under arbitrary bytes, through the function that
+/// `TENT_CONF`, a config file and the bindings' JSON reach
+/// (`Config::from_json_str`): whatever it accepts validates, and its JSON
+/// (`Config::to_json`, every key) reads back as an equal configuration.
+/// A refusal's message never holds the secret the text gave.
+pub fn config_text(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    match Config::from_json_str(text, "fuzz") {
+        Ok(c) => {
+            c.validate().expect("an accepted configuration validates");
+            let again = Config::from_json_str(&c.to_json().to_string(), "fuzz")
+                .expect("its own JSON reads back");
+            assert_eq!(again, c, "round trip");
+        }
+        Err(e) => {
+            // A secret given as a string of 16 bytes or more is never echoed.
+            let v: Option<serde_json::Value> = serde_json::from_str(text).ok();
+            if let Some(s) = v
+                .as_ref()
+                .and_then(|v| v.get("rpc_shared_secret"))
+                .and_then(|s| s.as_str())
+                .filter(|s| s.len() >= 16)
+            {
+                assert!(!e.to_string().contains(s), "secret echoed: {e}");
+            }
+        }
+    }
+}
+
+/// The TCP data handshake's two state machines under arbitrary peers: the
+/// target's (`Serving`, what every accepted connection's first bytes
+/// reach) and the initiator's (`Opening`, what a target answers), with and
+/// without a secret. The input is cut into the exact chunks each machine
+/// asks for. Whatever arrives: no panic, a refused machine asks for
+/// nothing more, a named initiator has a connection id, a secret's
+/// handshake is never done without a proof that verified (a fuzzer cannot
+/// forge an HMAC), and a refusal owed an answer carries a non-zero status.
+pub fn tcp_handshake(data: &[u8]) {
+    let Some((&mode, mut rest)) = data.split_first() else {
+        return;
+    };
+    let secret: Option<Arc<[u8]>> = (mode & 1 != 0).then(|| Arc::from(&b"sixteen byte key"[..]));
+    let local: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+    if mode & 2 == 0 {
+        let mut m = Serving::new(secret.clone(), local);
+        let mut proven = false;
+        while m.want() > 0 && rest.len() >= m.want() {
+            let (b, tail) = rest.split_at(m.want());
+            rest = tail;
+            match m.on_bytes(b) {
+                Ok(Serve::Read) => {}
+                Ok(Serve::Hello { ident, .. }) => assert_ne!(ident.conn, 0, "no connection id"),
+                Ok(Serve::Proven(_)) => proven = true,
+                Err(r) => {
+                    assert_eq!(m.want(), 0, "a refused machine asks for more");
+                    if let Some(reply) = r.reply {
+                        assert_ne!(reply.status(), 0, "a refusal's answer says ok");
+                    }
+                    return;
+                }
+            }
+        }
+        assert!(!proven, "a forged proof accepted");
+        if m.want() == 0 {
+            assert!(secret.is_none(), "done with a secret and no proof");
+        }
+    } else {
+        let ident = Ident {
+            session: [7; SESSION_LEN],
+            conn: 1,
+        };
+        let (mut m, _hello) = Opening::new(secret.clone(), ident);
+        while m.want() > 0 && rest.len() >= m.want() {
+            let (b, tail) = rest.split_at(m.want());
+            rest = tail;
+            match m.on_bytes(b) {
+                Ok(Step::Read) => {}
+                Ok(Step::Prove) => {
+                    assert!(secret.is_some(), "asked to prove without a secret");
+                    let _ = m.proof(local);
+                }
+                Ok(Step::Done) => {
+                    assert!(secret.is_none(), "a target's forged proof accepted");
+                    return;
+                }
+                Err(_) => {
+                    assert_eq!(m.want(), 0, "a refused machine asks for more");
+                    return;
+                }
+            }
+        }
+    }
+}
