@@ -39,8 +39,14 @@ fn close_segment_waits_for_the_tasks_on_it_and_refuses_new_ones() {
     assert_eq!(reap(&mut ring, 1)[0].result(), Ok(8));
 
     ring.submission().push(write(len).user_data(2)).unwrap();
-    // Let the worker take it.
-    std::thread::sleep(Duration::from_millis(2));
+    // Let the worker take it: once a slice of it is on the wire the task
+    // is in flight (a close published before the worker took the SQE
+    // would fail it SegmentNotFound instead, which happened under load
+    // when this waited a fixed 2 ms).
+    let end = Instant::now() + Duration::from_secs(10);
+    while init.credits_in_flight() == 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_micros(50));
+    }
     let t0 = Instant::now();
     init.close_segment(seg).unwrap();
     let took = t0.elapsed();
@@ -62,4 +68,34 @@ fn close_segment_waits_for_the_tasks_on_it_and_refuses_new_ones() {
         init.close_segment(seg).unwrap_err().kind(),
         ErrorKind::SegmentNotFound
     );
+}
+
+/// An shm segment's refresher thread has ended when `close_segment`
+/// returns, though a reference to the segment outlives the call (as a
+/// parked worker's cached table does): that reference's drop, on whatever
+/// thread, joins nothing. Before, the thread ran until the last drop,
+/// which joined it there, a worker included.
+#[test]
+fn a_closed_shm_segment_s_refresher_has_ended_when_close_returns() {
+    let target = common::engine();
+    let remote = target.allocate_memory(1 << 16).unwrap();
+    let init = common::engine();
+    let seg = init.open_segment(&target.segment_name()).unwrap();
+    let local = init.allocate_memory(1 << 16).unwrap();
+    let mut ring = init.ring().unwrap();
+    let write = op::Write::new(
+        LocalAddr::new(local.id(), 0),
+        RemoteAddr::new(seg, remote.addr()),
+        4096,
+    );
+    ring.submission().push(write.user_data(1)).unwrap();
+    assert_eq!(reap(&mut ring, 1)[0].result(), Ok(4096));
+    let late = init.segment_peer(seg).expect("an shm segment");
+    assert!(!late.refresher_finished());
+    init.close_segment(seg).unwrap();
+    assert!(
+        late.refresher_finished(),
+        "the refresher still runs after close_segment returned"
+    );
+    drop(late);
 }

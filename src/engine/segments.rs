@@ -240,6 +240,13 @@ impl Engine {
                 )
             },
         )?;
+        // No worker uses it any more: end its threads here, so whoever
+        // drops it last (a worker whose cached table held it) joins nothing.
+        if let Some(peer) = shm::peer_of(&segment)
+            && !peer.stop()
+        {
+            tracing::warn!(segment = %segment.name(), "close_segment: the shm refresher did not end in time; the segment's last drop joins it");
+        }
         self.closing.release(|s| s.id() == id);
         Ok(())
     }

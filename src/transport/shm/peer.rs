@@ -449,13 +449,14 @@ struct PeerState {
 
 /// Another process's segment, mapped into this one. Its refresher thread
 /// (see `peer/refresher.rs`) maps what the owner publishes later and
-/// watches the owner; dropping the peer stops and joins it.
+/// watches the owner; [`ShmPeer::stop`] (a closed segment) ends it, and
+/// dropping the peer stops and joins it.
 pub struct ShmPeer {
     state: Arc<PeerState>,
     /// Each worker's own view of `state.table` (see [`ShmPeer::for_workers`]);
     /// none until the engine asks.
     views: Option<PerWorker<WorkerView>>,
-    _refresher: Refresher,
+    refresher: Refresher,
 }
 
 /// A worker's view of a peer's table: an `arc_swap::Cache`, which sees
@@ -594,6 +595,19 @@ impl std::fmt::Debug for ShmPeer {
 }
 
 impl ShmPeer {
+    /// The segment is closed and no worker uses it any more: end the
+    /// refresher thread now, on this (API) thread, so the peer's last drop
+    /// joins nothing, wherever it happens. Waits for the thread to end,
+    /// boundedly; `false` if it did not (the drop joins it then).
+    pub(crate) fn stop(&self) -> bool {
+        self.refresher.stop()
+    }
+
+    /// Has the refresher thread ended?
+    pub fn refresher_finished(&self) -> bool {
+        self.refresher.finished()
+    }
+
     /// Connect to the segment called `name` served in `dir` (proving
     /// `secret` when set), map what it exports, and start its refresher;
     /// mapping within caps derived from the address space, as the keys'
@@ -633,7 +647,7 @@ impl ShmPeer {
         Ok(ShmPeer {
             state,
             views: None,
-            _refresher: refresher,
+            refresher,
         })
     }
 

@@ -11,10 +11,13 @@
 //!   per request, one write to a non-blocking eventfd) and is told "later";
 //!   the refresher runs the handout round trip and the `mmap`s, publishes
 //!   the new view, then pre-faults what the owner populated.
-//! - Dropping the [`Refresher`] stops it: a stop flag, the eventfd, and a
-//!   shutdown of the owner connection, so a refresh waiting on a silent
-//!   owner returns at once; then the thread is joined (it is between two
-//!   pre-fault chunks at worst).
+//! - [`Refresher::stop`] (from `close_segment`, on an API thread) stops
+//!   it: a stop flag, the eventfd, and a shutdown of the owner connection,
+//!   so a refresh waiting on a silent owner returns at once; then it waits
+//!   for the thread to end (it is between two pre-fault chunks at worst).
+//!   Dropping the [`Refresher`] does the same and joins, which after
+//!   `stop` only reaps a finished thread: a worker that drops a closed
+//!   segment's last reference waits for nothing.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -110,13 +113,54 @@ impl Refresher {
     }
 }
 
-impl Drop for Refresher {
-    fn drop(&mut self) {
+/// How long [`Refresher::stop`] waits for the thread to end: a refresh
+/// returns once the owner connection is shut down, and pre-faulting stops
+/// at the next chunk, so this is only a bound against the unforeseen.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
+impl Refresher {
+    /// Tell the thread to stop: the stop flag, the eventfd, and a shutdown
+    /// of the owner connection, so a refresh waiting on a silent owner
+    /// returns at once. Never waits.
+    fn signal(&self) {
         let s = &self.state;
         s.wake.stop.store(true, Ordering::Release);
         s.wake.ring();
-        // A refresh waiting on the owner returns now (the peer is going).
         s.owner.hang_up();
+    }
+
+    /// Stop the thread and wait (an API thread: `close_segment`) until it
+    /// has ended, so that whoever drops the peer last, a worker included,
+    /// joins a finished thread and waits for nothing. `false` if it was
+    /// still running after [`STOP_WAIT`] (the drop then joins it).
+    pub(super) fn stop(&self) -> bool {
+        self.signal();
+        let Some(t) = self.thread.as_ref() else {
+            return true;
+        };
+        let end = Instant::now() + STOP_WAIT;
+        let mut nap = Duration::from_micros(50);
+        while !t.is_finished() {
+            if Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(5));
+        }
+        true
+    }
+
+    /// Has the thread ended?
+    pub(super) fn finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+}
+
+impl Drop for Refresher {
+    fn drop(&mut self) {
+        // After `stop` (a closed segment) the thread has ended and the
+        // join only reaps it.
+        self.signal();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
