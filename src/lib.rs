@@ -47,6 +47,7 @@ pub mod engine;
 pub mod error;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
+mod incarnation;
 pub mod notify;
 mod procfs;
 pub mod secret;

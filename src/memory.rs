@@ -442,13 +442,27 @@ pub(crate) struct RegionTable {
     /// The next id to hand out (ids are never reused).
     next: u32,
     len: usize,
+    /// The engine's tag every id here carries (0 in a table built for a
+    /// test): an id with another is another engine's, and names nothing.
+    tag: u32,
 }
 
 impl RegionTable {
-    /// The region with `id`.
+    /// An empty table whose ids carry the engine's `tag`.
+    pub(crate) fn tagged(tag: u32) -> RegionTable {
+        RegionTable {
+            tag,
+            ..RegionTable::default()
+        }
+    }
+
+    /// The region with `id` (none for an id another engine issued).
     #[inline]
     pub(crate) fn get(&self, id: RegionId) -> Option<&Arc<MemRegion>> {
-        let i = id.0 as usize;
+        if id.tag() != self.tag {
+            return None;
+        }
+        let i = id.index() as usize;
         self.by_id
             .get(i / CHUNK)?
             .as_ref()?
@@ -490,7 +504,7 @@ impl RegionTable {
     /// The id for the next registration. Ids are never reused, so a stale
     /// id names nothing rather than someone else's memory.
     pub(crate) fn next_id(&self) -> RegionId {
-        RegionId(self.next.max(1))
+        RegionId::from_parts(self.tag, self.next.max(1))
     }
 
     /// Regions registered.
@@ -510,7 +524,7 @@ impl RegionTable {
     /// Add `region` (refused, and nothing changed, if it overlaps one).
     pub(crate) fn insert(&mut self, region: Arc<MemRegion>) -> Result<()> {
         if self.get(region.id()).is_some() {
-            return Err(Error::invalid(format!("region id {} is registered already", region.id().0)));
+            return Err(Error::invalid(format!("region id {:#x} is registered already", region.id().0)));
         }
         let (start, end) = (region.addr(), region.addr() + region.len());
         // Regions do not overlap, so only the last one starting before
@@ -526,7 +540,10 @@ impl RegionTable {
                 )));
             }
         }
-        let idx = region.id().0 as usize;
+        if region.id().tag() != self.tag {
+            return Err(Error::invalid(format!("region id {:#x} is not this engine's", region.id().0)));
+        }
+        let idx = region.id().index() as usize;
         let chunk = idx / CHUNK;
         if self.by_id.len() <= chunk {
             self.by_id.resize(chunk + 1, None);
@@ -535,7 +552,7 @@ impl RegionTable {
         if ids[idx % CHUNK].replace(region.clone()).is_none() {
             self.len += 1;
         }
-        self.next = self.next.max(region.id().0.saturating_add(1));
+        self.next = self.next.max(region.id().index().saturating_add(1));
         // The leaf it falls in (the first when it starts before all).
         if self.leaves.is_empty() {
             self.leaves.push(Arc::new(vec![region]));
@@ -566,7 +583,10 @@ impl RegionTable {
 
     /// Take region `id` out; `None` if it is not registered.
     pub(crate) fn remove(&mut self, id: RegionId) -> Option<Arc<MemRegion>> {
-        let idx = id.0 as usize;
+        if id.tag() != self.tag {
+            return None;
+        }
+        let idx = id.index() as usize;
         let slot = self.by_id.get_mut(idx / CHUNK)?;
         let ids = Arc::make_mut(slot.as_mut()?);
         let removed = ids[idx % CHUNK].take()?;
@@ -601,7 +621,7 @@ mod tests {
 
     fn region(id: u32, buf: &mut [u8]) -> Arc<MemRegion> {
         Arc::new(MemRegion::new(
-            RegionId(id),
+            RegionId::from_parts(0, id),
             buf.as_mut_ptr(),
             buf.len() as u64,
             None,
@@ -634,34 +654,34 @@ mod tests {
                         Ok(next) => {
                             prop_assert!(!overlaps);
                             t = next;
-                            model.insert(addr, (id.0, len));
-                            ids.push(id.0);
+                            model.insert(addr, (id.index(), len));
+                            ids.push(id.index());
                         }
                         Err(_) => prop_assert!(overlaps),
                     }
                 } else {
                     let id = ids.swap_remove(page as usize % ids.len());
-                    let (next, removed) = t.without(RegionId(id)).expect("registered");
-                    prop_assert_eq!(removed.id(), RegionId(id));
+                    let (next, removed) = t.without(RegionId::from_parts(0, id)).expect("registered");
+                    prop_assert_eq!(removed.id(), RegionId::from_parts(0, id));
                     model.remove(&removed.addr());
                     t = next;
-                    prop_assert!(t.get(RegionId(id)).is_none());
+                    prop_assert!(t.get(RegionId::from_parts(0, id)).is_none());
                 }
                 if k == 500 {
-                    snapshot = Some((t.clone(), t.iter().map(|r| r.id().0).collect()));
+                    snapshot = Some((t.clone(), t.iter().map(|r| r.id().index()).collect()));
                 }
             }
             prop_assert_eq!(t.len(), model.len());
-            let order: Vec<u32> = t.iter().map(|r| r.id().0).collect();
+            let order: Vec<u32> = t.iter().map(|r| r.id().index()).collect();
             let want: Vec<u32> = model.values().map(|&(id, _)| id).collect();
             prop_assert_eq!(order, want);
             for (&addr, &(id, len)) in &model {
-                prop_assert_eq!(t.get(RegionId(id)).map(|r| r.addr()), Some(addr));
-                prop_assert_eq!(t.find_addr(addr + len - 1, 1).map(|(r, _)| r.id().0), Ok(id));
+                prop_assert_eq!(t.get(RegionId::from_parts(0, id)).map(|r| r.addr()), Some(addr));
+                prop_assert_eq!(t.find_addr(addr + len - 1, 1).map(|(r, _)| r.id().index()), Ok(id));
                 prop_assert!(t.find_addr(addr, len + 1).is_err());
             }
             if let Some((old, order)) = snapshot {
-                let now: Vec<u32> = old.iter().map(|r| r.id().0).collect();
+                let now: Vec<u32> = old.iter().map(|r| r.id().index()).collect();
                 prop_assert_eq!(now, order, "a later change reached an earlier snapshot");
             }
         });

@@ -362,7 +362,7 @@ fn malformed_sqe_bytes() {
         )
         .build(),
     );
-    raw[48] = 0xee;
+    raw[56] = 0xee;
     let bad = from_bytes(raw);
     assert_eq!(bad.opcode(), None);
     assert_eq!(beside_valid(&e, bad), Err(ErrorKind::InvalidArgument));
@@ -385,9 +385,9 @@ fn with_byte(sqe: Sqe, at: usize, v: u8) -> Sqe {
     from_bytes(raw)
 }
 
-/// Wire offsets (see `tent_rings::entry`): flags at 50, reserved 52..64.
-const FLAGS_AT: usize = 50;
-const RESERVED: std::ops::Range<usize> = 52..64;
+/// Wire offsets (see `tent_rings::entry`): flags at 58, reserved 60..64.
+const FLAGS_AT: usize = 58;
+const RESERVED: std::ops::Range<usize> = 60..64;
 
 fn small_write(src: &Buffer, dst: &Buffer) -> Sqe {
     op::Write::new(
@@ -498,4 +498,73 @@ fn a_config_built_in_code_is_checked_as_a_file_is() {
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
     // And one in range builds.
     assert!(Engine::new(test_config()).is_ok());
+}
+
+/// Ids carry the issuing engine's incarnation: a region, segment or batch
+/// id of engine A given to engine B names nothing there (each engine
+/// counts from 1, so before, A's first region was B's first region: a
+/// WRITE from it moved B's memory and completed Ok(4096), B unregistered
+/// its own region, and A's batch id read B's batch).
+#[test]
+fn an_id_from_another_engine_names_nothing_here() {
+    let target = engine();
+    let dst = target.allocate_memory(4096).unwrap();
+    let (a, b) = (engine(), engine());
+    let ra = a.allocate_memory(4096).unwrap();
+    let rb = b.allocate_memory(4096).unwrap();
+    let seg_a = a.open_segment(&target.segment_name()).unwrap();
+    let seg_b = b.open_segment(&target.segment_name()).unwrap();
+    assert_ne!(ra.id(), rb.id());
+    assert_ne!(seg_a, seg_b);
+    let mut ring = b.ring().unwrap();
+    let write = |local: LocalAddr, seg: SegmentId| {
+        op::Write::new(local, RemoteAddr::new(seg, dst.addr()), 4096).build()
+    };
+    // A's region as the source, B's segment: refused, nothing moved.
+    ring.submission()
+        .push(write(LocalAddr::new(ra.id(), 0), seg_b).with_user_data(1))
+        .unwrap();
+    assert_eq!(
+        reap(&mut ring, 1)[0].result(),
+        Err(ErrorKind::AddressNotRegistered)
+    );
+    // B's region, A's segment.
+    ring.submission()
+        .push(write(LocalAddr::new(rb.id(), 0), seg_a).with_user_data(2))
+        .unwrap();
+    assert_eq!(
+        reap(&mut ring, 1)[0].result(),
+        Err(ErrorKind::SegmentNotFound)
+    );
+    // The same from the API: nothing of B's is touched.
+    assert_eq!(
+        b.unregister_memory(ra.id()).unwrap_err().kind(),
+        ErrorKind::AddressNotRegistered
+    );
+    assert_eq!(
+        b.close_segment(seg_a).unwrap_err().kind(),
+        ErrorKind::SegmentNotFound
+    );
+    assert_eq!(
+        b.segment_regions(seg_a).unwrap_err().kind(),
+        ErrorKind::SegmentNotFound
+    );
+    let batch_a = a.allocate_batch(1).unwrap();
+    let batch_b = b.allocate_batch(1).unwrap();
+    assert_ne!(batch_a, batch_b);
+    assert_eq!(
+        b.batch_status(batch_a).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        b.free_batch(batch_a).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    // B's own ids still work.
+    ring.submission()
+        .push(write(LocalAddr::new(rb.id(), 0), seg_b).with_user_data(3))
+        .unwrap();
+    assert_eq!(reap(&mut ring, 1)[0].result(), Ok(4096));
+    b.free_batch(batch_b).unwrap();
+    b.unregister_memory(rb.id()).unwrap();
 }

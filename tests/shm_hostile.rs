@@ -747,7 +747,7 @@ fn hostile_owner_forging_after_open_fails_ops_typed_and_keeps_the_old_view() {
     let huge = 0x7000_0000_0000u64;
     export.forge_descriptor(&[
         ShmEntry {
-            id: buf.id().0,
+            id: buf.id().index(),
             base: buf.addr(),
             len: 1 << 16,
             key,

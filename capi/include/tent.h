@@ -17,7 +17,7 @@
  * function's signature or meaning bumps it; a new function or error code
  * does not.
  */
-#define TENT_ABI_VERSION 1
+#define TENT_ABI_VERSION 2
 
 /**
  * Success.
@@ -250,7 +250,7 @@ typedef struct tent_ring_t tent_ring_t;
  * A segment handle (`tent_request_t::target_id`). 0 names this
  * engine's own memory.
  */
-typedef uint32_t tent_segment_id_t;
+typedef uint64_t tent_segment_id_t;
 
 /**
  * One region a segment offers.
@@ -267,7 +267,7 @@ typedef struct tent_region_info_t {
   /**
    * Its region id in the owner's engine.
    */
-  uint32_t region_id;
+  uint64_t region_id;
 } tent_region_info_t;
 
 /**
@@ -285,7 +285,7 @@ typedef struct tent_buffer_t {
   /**
    * Its region id (for `tent_unregister_memory`).
    */
-  uint32_t region_id;
+  uint64_t region_id;
 } tent_buffer_t;
 
 /**
@@ -647,7 +647,7 @@ int tent_register_memory(const struct tent_engine_t *engine,
  * `engine` is a live engine.
  */
 int tent_unregister_memory(const struct tent_engine_t *engine,
-                           uint32_t region_id);
+                           uint64_t region_id);
 
 /**
  * Allocate a batch able to hold `capacity` tasks.

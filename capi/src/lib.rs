@@ -55,7 +55,7 @@ mod boundary;
 /// The version of this C interface. A change that breaks an existing
 /// function's signature or meaning bumps it; a new function or error code
 /// does not.
-pub const TENT_ABI_VERSION: u32 = 1;
+pub const TENT_ABI_VERSION: u32 = 2;
 
 /// The version of the C interface this library implements: a program
 /// compiled against `tent.h` checks at start that it equals the header's

@@ -17,7 +17,7 @@ pub struct tent_buffer_t {
     /// Its length in bytes.
     pub length: u64,
     /// Its region id (for `tent_unregister_memory`).
-    pub region_id: u32,
+    pub region_id: u64,
 }
 
 impl From<&Buffer> for tent_buffer_t {
@@ -88,7 +88,7 @@ pub unsafe extern "C" fn tent_register_memory(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tent_unregister_memory(
     engine: *const tent_engine_t,
-    region_id: u32,
+    region_id: u64,
 ) -> c_int {
     call("tent_unregister_memory", || {
         // SAFETY: a live engine or NULL (caller).

@@ -12,7 +12,7 @@ use crate::error::call;
 
 /// A segment handle (`tent_request_t::target_id`). 0 names this
 /// engine's own memory.
-pub type tent_segment_id_t = u32;
+pub type tent_segment_id_t = u64;
 
 /// The segment that names this engine's own memory.
 pub const TENT_LOCAL_SEGMENT_ID: tent_segment_id_t = 0;
@@ -26,7 +26,7 @@ pub struct tent_region_info_t {
     /// Its length in bytes.
     pub length: u64,
     /// Its region id in the owner's engine.
-    pub region_id: u32,
+    pub region_id: u64,
 }
 
 impl From<&RemoteRegion> for tent_region_info_t {

@@ -129,7 +129,7 @@ impl TransferEngine {
         let id = py
             .detach(|| live.engine.open_segment(segment_name))
             .py(py)?;
-        Ok(u64::from(id.0))
+        Ok(id.0)
     }
 
     /// Close a segment (waits until no task uses it).

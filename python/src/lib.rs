@@ -42,7 +42,7 @@ fn _tent(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PRIO_HIGH", tent::Priority::High as u8)?;
     m.add("PRIO_MEDIUM", tent::Priority::Medium as u8)?;
     m.add("PRIO_LOW", tent::Priority::Low as u8)?;
-    m.add("LOCAL_SEGMENT_ID", u64::from(tent::SegmentId::LOCAL.0))?;
+    m.add("LOCAL_SEGMENT_ID", tent::SegmentId::LOCAL.0)?;
     m.add("MAX_NOTIFY_NAME", tent::notify::MAX_NOTIFY_NAME)?;
     m.add("MAX_NOTIFY_MSG", tent::notify::MAX_NOTIFY_MSG)?;
     Ok(())

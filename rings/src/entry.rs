@@ -113,17 +113,54 @@ impl fmt::Display for TransportKind {
     }
 }
 
-/// Identifies a registered local memory region.
+/// Identifies a registered local memory region: the issuing engine's tag
+/// (high 32 bits, drawn from its incarnation at start) and the region's
+/// number there (low 32 bits). An engine refuses an id whose tag is not
+/// its own, so an id never names another engine's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-pub struct RegionId(pub u32);
+pub struct RegionId(pub u64);
 
-/// Identifies a remote memory segment.
+impl RegionId {
+    /// The id of region `index` of the engine tagged `tag`.
+    pub const fn from_parts(tag: u32, index: u32) -> RegionId {
+        RegionId(((tag as u64) << 32) | index as u64)
+    }
+
+    /// The issuing engine's tag.
+    pub const fn tag(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    /// The region's number in its engine.
+    pub const fn index(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+/// Identifies a remote memory segment: as [`RegionId`], the opening
+/// engine's tag and the segment's number there. [`SegmentId::LOCAL`]
+/// (0) names the engine's own memory in every engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-pub struct SegmentId(pub u32);
+pub struct SegmentId(pub u64);
 
 impl SegmentId {
     /// The segment that names this process's own memory.
     pub const LOCAL: SegmentId = SegmentId(0);
+
+    /// The id of segment `index` opened by the engine tagged `tag`.
+    pub const fn from_parts(tag: u32, index: u32) -> SegmentId {
+        SegmentId(((tag as u64) << 32) | index as u64)
+    }
+
+    /// The opening engine's tag (0 for [`SegmentId::LOCAL`]).
+    pub const fn tag(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    /// The segment's number in its engine.
+    pub const fn index(self) -> u32 {
+        self.0 as u32
+    }
 }
 
 /// A position inside a registered local region.
@@ -192,13 +229,13 @@ pub struct Sqe {
     pub(crate) len: u64,
     /// Absolute `CLOCK_MONOTONIC` nanoseconds; 0 selects the engine default.
     pub(crate) deadline_ns: u64,
-    pub(crate) local_region: u32,
-    pub(crate) remote_segment: u32,
+    pub(crate) local_region: u64,
+    pub(crate) remote_segment: u64,
     pub(crate) opcode: u8,
     pub(crate) priority: u8,
     pub(crate) flags: u8,
     pub(crate) transport_hint: u8,
-    pub(crate) _reserved: [u8; 12],
+    pub(crate) _reserved: [u8; 4],
 }
 
 const _: () = assert!(size_of::<Sqe>() == 64 && align_of::<Sqe>() == 64);
@@ -218,7 +255,7 @@ impl Sqe {
             priority: 0,
             flags: 0,
             transport_hint: 0,
-            _reserved: [0; 12],
+            _reserved: [0; 4],
         }
     }
 
@@ -274,10 +311,8 @@ impl Sqe {
     /// client's request is never silently run with part of it ignored.
     #[inline]
     pub fn has_unknown_fields(&self) -> bool {
-        let r = &self._reserved;
-        let lo = u64::from_ne_bytes([r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]]);
-        let hi = u32::from_ne_bytes([r[8], r[9], r[10], r[11]]);
-        (self.flags & !SQE_KNOWN_FLAGS) | ((lo | u64::from(hi) != 0) as u8) != 0
+        let reserved = u32::from_ne_bytes(self._reserved);
+        (self.flags & !SQE_KNOWN_FLAGS) | ((reserved != 0) as u8) != 0
     }
 
     /// The local end of the transfer.
@@ -549,8 +584,9 @@ mod tests {
         // The wire layout other processes rely on.
         assert_eq!(offset_of!(Sqe, deadline_ns), 32);
         assert_eq!(offset_of!(Sqe, local_region), 40);
-        assert_eq!(offset_of!(Sqe, opcode), 48);
-        assert_eq!(offset_of!(Sqe, _reserved), 52);
+        assert_eq!(offset_of!(Sqe, remote_segment), 48);
+        assert_eq!(offset_of!(Sqe, opcode), 56);
+        assert_eq!(offset_of!(Sqe, _reserved), 60);
         assert_eq!(offset_of!(Cqe, result), 8);
         // Transport, flags and failover count are bytes 16, 17 and 18,
         // the rest zero.
@@ -665,11 +701,24 @@ mod tests {
                 "bit {bit}"
             );
         }
-        for i in 0..12 {
+        for i in 0..4 {
             let mut s = good;
             s._reserved[i] = 1;
             assert!(s.has_unknown_fields(), "reserved byte {i}");
         }
+    }
+
+    #[test]
+    fn ids_carry_their_engine_s_tag_and_travel_whole_in_an_sqe() {
+        let r = RegionId::from_parts(0xdead_beef, 7);
+        assert_eq!((r.tag(), r.index()), (0xdead_beef, 7));
+        let g = SegmentId::from_parts(0x1234_5678, u32::MAX);
+        assert_eq!((g.tag(), g.index()), (0x1234_5678, u32::MAX));
+        assert_eq!(SegmentId::LOCAL.tag(), 0);
+        let sqe = crate::op::Read::new(LocalAddr::new(r, 1), RemoteAddr::new(g, 2), 3).build();
+        assert_eq!(sqe.local().region, r);
+        assert_eq!(sqe.remote().segment, g);
+        assert!(!sqe.has_unknown_fields());
     }
 
     #[test]

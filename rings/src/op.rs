@@ -98,7 +98,7 @@ macro_rules! builder {
                     priority: self.priority as u8,
                     flags: if self.no_failover { SQE_NO_FAILOVER } else { 0 },
                     transport_hint: self.transport_hint as u8,
-                    _reserved: [0; 12],
+                    _reserved: [0; 4],
                 }
             }
         }

@@ -82,8 +82,8 @@ impl Drop for ChildGuard {
 
 /// The i-th submission of the SQE test: every field depends on `i`.
 fn sqe_for(i: u64) -> Sqe {
-    let local = LocalAddr::new(RegionId(i as u32 % 7), i * 64);
-    let remote = RemoteAddr::new(SegmentId(i as u32 % 11), i * 128);
+    let local = LocalAddr::new(RegionId(i % 7), i * 64);
+    let remote = RemoteAddr::new(SegmentId(i % 11), i * 128);
     let priority = Priority::ALL[(i % 3) as usize];
     let transport = TransportKind::from_u8((i % 5) as u8).unwrap();
     if i % 2 == 0 {
@@ -248,7 +248,7 @@ fn two_process_child_sqe_consumer() {
             assert_eq!(sqe.opcode(), Some(opcode));
             assert_eq!(sqe.user_data(), expect);
             assert_eq!(sqe.local().offset, expect * 64);
-            assert_eq!(sqe.remote().segment, SegmentId(expect as u32 % 11));
+            assert_eq!(sqe.remote().segment, SegmentId(expect % 11));
             assert_eq!(sqe.len(), expect % 4096);
             assert_eq!(sqe.priority(), Some(Priority::ALL[(expect % 3) as usize]));
             assert_eq!(sqe.deadline_ns(), expect * 1_000);

@@ -241,21 +241,37 @@ struct Usage {
     freed: bool,
 }
 
-/// A batch handle (index + generation, so a stale id is caught).
+/// A batch handle: the engine's tag (so another engine's id is caught),
+/// the slot and its generation (so a stale id is caught), from the high
+/// bits down: 24, 20 and 20 bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BatchId(pub u64);
 
+/// Bits of a [`BatchId`] for the slot (`max_batches` is at most 2^20) and
+/// for its generation.
+const SLOT_BITS: u32 = 20;
+const GENERATION_MASK: u32 = (1 << SLOT_BITS) - 1;
+
 impl BatchId {
-    fn new(index: usize, generation: u32) -> BatchId {
-        BatchId(((index as u64) << 32) | u64::from(generation))
+    fn new(tag: u32, index: usize, generation: u32) -> BatchId {
+        let slot = (index as u64) & u64::from(GENERATION_MASK);
+        BatchId(
+            (u64::from(tag) << (2 * SLOT_BITS))
+                | (slot << SLOT_BITS)
+                | u64::from(generation & GENERATION_MASK),
+        )
+    }
+
+    fn tag(self) -> u32 {
+        (self.0 >> (2 * SLOT_BITS)) as u32
     }
 
     fn index(self) -> usize {
-        (self.0 >> 32) as usize
+        ((self.0 >> SLOT_BITS) as u32 & GENERATION_MASK) as usize
     }
 
     fn generation(self) -> u32 {
-        self.0 as u32
+        self.0 as u32 & GENERATION_MASK
     }
 }
 
@@ -271,15 +287,28 @@ pub(crate) struct BatchTable {
     slots: Mutex<Vec<Slot>>,
     max_batches: usize,
     max_batch_size: usize,
+    /// The engine's batch tag every id carries.
+    tag: u32,
 }
 
 impl BatchTable {
-    pub(crate) fn new(max_batches: usize, max_batch_size: usize) -> BatchTable {
+    pub(crate) fn new(max_batches: usize, max_batch_size: usize, tag: u32) -> BatchTable {
         BatchTable {
             slots: Mutex::new(Vec::new()),
             max_batches,
             max_batch_size,
+            tag,
         }
+    }
+
+    /// The slot `id` names, if this engine issued it and it is current.
+    fn slot_of<'a>(&self, slots: &'a mut [Slot], id: BatchId) -> Option<&'a mut Slot> {
+        if id.tag() != self.tag {
+            return None;
+        }
+        slots
+            .get_mut(id.index())
+            .filter(|s| s.generation & GENERATION_MASK == id.generation() && s.batch.is_some())
     }
 
     pub(crate) fn allocate(&self, capacity: usize) -> Result<BatchId> {
@@ -317,14 +346,12 @@ impl BatchTable {
         let slot = &mut slots[index];
         slot.generation = slot.generation.wrapping_add(1);
         slot.batch = Some(batch);
-        Ok(BatchId::new(index, slot.generation))
+        Ok(BatchId::new(self.tag, index, slot.generation))
     }
 
     pub(crate) fn get(&self, id: BatchId) -> Result<Arc<Batch>> {
-        let slots = self.slots.lock();
-        slots
-            .get(id.index())
-            .filter(|s| s.generation == id.generation())
+        let mut slots = self.slots.lock();
+        self.slot_of(&mut slots, id)
             .and_then(|s| s.batch.clone())
             .ok_or_else(|| {
                 Error::invalid(format!(
@@ -336,12 +363,9 @@ impl BatchTable {
 
     pub(crate) fn free(&self, id: BatchId) -> Result<()> {
         let mut slots = self.slots.lock();
-        let slot = slots
-            .get_mut(id.index())
-            .filter(|s| s.generation == id.generation() && s.batch.is_some())
-            .ok_or_else(|| {
-                Error::invalid(format!("batch {:#x} is not allocated (double free?)", id.0))
-            })?;
+        let slot = self.slot_of(&mut slots, id).ok_or_else(|| {
+            Error::invalid(format!("batch {:#x} is not allocated (double free?)", id.0))
+        })?;
         let batch = slot.batch.as_ref().expect("checked above");
         // Under the batch's lock: a submit that claimed tasks before us left
         // them Pending (we refuse); one that comes after sees `freed`.
@@ -554,7 +578,7 @@ mod tests {
 
     #[test]
     fn cancel_before_submit_does_not_reach_later_tasks() {
-        let t = BatchTable::new(1, 4);
+        let t = BatchTable::new(1, 4, 5);
         let b = t.get(t.allocate(4).unwrap()).unwrap();
         b.cancel(None).unwrap();
         let r = b.claim(2).unwrap();
@@ -590,7 +614,7 @@ mod tests {
 
     #[test]
     fn lifecycle_overflow_double_free() {
-        let t = BatchTable::new(2, 4);
+        let t = BatchTable::new(2, 4, 5);
         assert!(t.allocate(5).is_err());
         let id = t.allocate(4).unwrap();
         let b = t.get(id).unwrap();

@@ -2,6 +2,7 @@
 //! servers, worker placement; the workers start in `workers.rs`) and
 //! tearing it down.
 
+use crate::incarnation::Incarnation;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -93,13 +94,19 @@ impl EngineBuilder {
         // Derived caps are shares of the address space left now.
         let shm_maps = Arc::new(MapBudget::from_config(&config.transports.shm));
         let topology = self.topology.unwrap_or_else(Topology::detect);
-        let regions = Arc::new(ArcSwap::from_pointee(RegionTable::default()));
+        // Drawn once: it tags every id this engine hands out.
+        let incarnation = Incarnation::draw();
+        let regions = Arc::new(ArcSwap::from_pointee(RegionTable::tagged(
+            incarnation.tag(),
+        )));
         let local = Arc::new(Segment::new(
             SegmentId::LOCAL,
             "local".into(),
             SegmentKind::Local,
         ));
-        let segments = Arc::new(ArcSwap::from_pointee(SegmentTable::default().with(local)));
+        let segments = Arc::new(ArcSwap::from_pointee(
+            SegmentTable::tagged(incarnation.tag()).with(local),
+        ));
         let export = if config.transports.shm.enable {
             if matches!(
                 config.hugepages,
@@ -188,7 +195,7 @@ impl EngineBuilder {
         let mut wanted: Vec<Arc<dyn Transport>> = Vec::new();
         let rdma_t = rdma
             .as_ref()
-            .map(|nics| Arc::new(RdmaTransport::new(&config, nics.clone())));
+            .map(|nics| Arc::new(RdmaTransport::new(&config, nics.clone(), incarnation.get())));
         if let Some(t) = &rdma_t {
             wanted.push(t.clone());
         }
@@ -249,6 +256,7 @@ impl EngineBuilder {
             None => (Arc::new(OpenGate) as Arc<dyn SendGate>, None),
         };
         let shared = Arc::new(EngineShared {
+            incarnation,
             rdma,
             tcp,
             regions,
@@ -279,6 +287,7 @@ impl EngineBuilder {
         let batches = BatchTable::new(
             shared.config.max_batches as usize,
             shared.config.max_batch_size as usize,
+            shared.incarnation.batch_tag(),
         );
         let workers = WorkerPool::start(&shared, id, cores, &wakers)?;
         Ok(Engine {
@@ -383,7 +392,7 @@ fn start_control(
                 .load()
                 .iter()
                 .map(|r| crate::control::RegionEntry {
-                    id: r.id().0,
+                    id: r.id().index(),
                     addr: r.addr(),
                     len: r.len(),
                     key: r.key(),

@@ -62,6 +62,8 @@ use workers::WorkerPool;
 /// What the workers share with the API side.
 pub(crate) struct EngineShared {
     pub config: Config,
+    /// Drawn at start; tags every id this engine hands out.
+    pub incarnation: crate::incarnation::Incarnation,
     pub regions: Arc<ArcSwap<RegionTable>>,
     /// The last unregister epoch (each `unregister_memory` takes the next),
     /// published after the region is revoked and out of `regions`; workers

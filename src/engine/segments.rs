@@ -271,7 +271,7 @@ impl Engine {
                 .regions
                 .iter()
                 .map(|r| RemoteRegion {
-                    id: RegionId(r.id),
+                    id: RegionId::from_parts(0, r.id),
                     addr: r.addr,
                     len: r.len,
                 })

@@ -141,13 +141,31 @@ impl Segment {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct SegmentTable {
     by_id: Vec<Option<Arc<Segment>>>,
+    /// The engine's tag every id here but [`SegmentId::LOCAL`] carries (0
+    /// in a table built for a test): an id with another is another
+    /// engine's, and names nothing.
+    tag: u32,
 }
 
 impl SegmentTable {
+    /// An empty table whose ids carry the engine's `tag`.
+    pub(crate) fn tagged(tag: u32) -> SegmentTable {
+        SegmentTable {
+            by_id: Vec::new(),
+            tag,
+        }
+    }
+
+    /// The slot of `id`, unless another engine issued it.
+    #[inline]
+    fn slot(&self, id: SegmentId) -> Option<usize> {
+        (id == SegmentId::LOCAL || id.tag() == self.tag).then_some(id.index() as usize)
+    }
+
     /// The segment with `id`.
     #[inline]
     pub(crate) fn get(&self, id: SegmentId) -> Option<&Arc<Segment>> {
-        self.by_id.get(id.0 as usize).and_then(Option::as_ref)
+        self.by_id.get(self.slot(id)?).and_then(Option::as_ref)
     }
 
     /// The open segment called `name`.
@@ -158,13 +176,15 @@ impl SegmentTable {
     /// The id for the next open segment (never reused: a stale id names
     /// nothing rather than another peer).
     pub(crate) fn next_id(&self) -> SegmentId {
-        SegmentId(self.by_id.len().max(1) as u32)
+        let index = u32::try_from(self.by_id.len().max(1)).unwrap_or(u32::MAX);
+        SegmentId::from_parts(self.tag, index)
     }
 
-    /// A copy with `segment` in its slot.
+    /// A copy with `segment` in its slot (one of another engine's ids is
+    /// a bug of the caller: it panics).
     pub(crate) fn with(&self, segment: Arc<Segment>) -> SegmentTable {
         let mut next = self.clone();
-        let idx = segment.id().0 as usize;
+        let idx = self.slot(segment.id()).expect("a segment id of this engine");
         if next.by_id.len() <= idx {
             next.by_id.resize(idx + 1, None);
         }
@@ -181,7 +201,7 @@ impl SegmentTable {
     pub(crate) fn without(&self, id: SegmentId) -> Option<(SegmentTable, Arc<Segment>)> {
         let removed = self.get(id)?.clone();
         let mut next = self.clone();
-        next.by_id[id.0 as usize] = None;
+        next.by_id[self.slot(id)?] = None;
         Some((next, removed))
     }
 }

@@ -443,7 +443,8 @@ impl std::fmt::Debug for RdmaTransport {
 
 impl RdmaTransport {
     /// A transport over `nics` for an engine with `config`.
-    pub(crate) fn new(config: &Config, nics: Arc<NicSet>) -> RdmaTransport {
+    /// `engine` is the engine's incarnation: peers file its QPs under it.
+    pub(crate) fn new(config: &Config, nics: Arc<NicSet>, engine: u64) -> RdmaTransport {
         let r = &config.transports.rdma;
         let max_msg = nics
             .nics()
@@ -476,7 +477,7 @@ impl RdmaTransport {
                     .default_timeout_ms
                     .clamp(Duration::from_millis(100), Duration::from_secs(5)),
                 rail_policy: RailPolicy::from_config(config),
-                engine: crate::control::new_engine_id(),
+                engine,
                 qp_per_transfer: r.qp_per_transfer.count().map(|n| usize::from(n.max(1))),
                 split: r.sq_split_policy,
                 admission_resume: r.sq_admission_resume_watermark_wr,

@@ -286,7 +286,7 @@ impl ShmExport {
         // Release: a peer that sees the key also sees the zeroed memory.
         live_key(&self.desc, slot).store(key, Ordering::Release);
         let entry = ShmEntry {
-            id: id.0,
+            id: id.index(),
             base: mem.data_ptr() as u64,
             len,
             key,
@@ -304,7 +304,7 @@ impl ShmExport {
     /// the descriptor and is handed out no more.
     pub fn revoke(&self, id: RegionId) {
         let mut st = self.state.lock();
-        if let Some(pos) = st.entries.iter().position(|(e, _)| e.id == id.0) {
+        if let Some(pos) = st.entries.iter().position(|(e, _)| e.id == id.index()) {
             let (e, _map) = st.entries.remove(pos);
             live_key(&self.desc, e.slot).store(0, Ordering::Release);
             st.free_slots.push(e.slot);
@@ -350,7 +350,7 @@ impl ShmExport {
         let st = self.state.lock();
         st.entries
             .iter()
-            .find(|(e, _)| e.id == id.0)
+            .find(|(e, _)| e.id == id.index())
             .map(|(e, _)| *e)
     }
 }
@@ -936,7 +936,7 @@ impl PeerState {
             fresh.push((handed.fd, map.clone(), e.len));
             let data = map.ptr().wrapping_add(DATA_OFFSET);
             regions.push(PeerRegion {
-                id: RegionId(e.id),
+                id: RegionId::from_parts(0, e.id),
                 base: e.base,
                 len: e.len,
                 key: e.key,
