@@ -58,14 +58,17 @@ fn idle_usage(window: Duration) -> Vec<(Duration, u64)> {
 }
 
 /// A worker that parks wakes once per park timeout, and each wake costs
-/// microseconds; one that spun or yielded again after every timeout (the
-/// yield phase here is 5 ms) would use 250 ms in 5 s.
+/// little: some empty turns and a sweep, about 150 us in this unoptimised
+/// test build (6 to 9 ms in 5 s with 50 wakes; a busy host pushed that
+/// past a 10 ms bound once). One that spun or yielded again after every
+/// timeout (the yield phase here is 5 ms) would use 250 ms in 5 s: 5% of
+/// the window, against the 1% allowed here.
 fn assert_parked(usage: &[(Duration, u64)], window: Duration, park: Duration, what: &str) {
     assert_eq!(usage.len(), 2, "{what}: two workers");
     let most_wakes = (window.as_millis() / park.as_millis()) as u64 + 10;
     for (w, &(cpu, wakes)) in usage.iter().enumerate() {
         assert!(
-            cpu < Duration::from_millis(10),
+            cpu < window / 100,
             "{what}: worker {w} used {cpu:?} of CPU in {window:?}"
         );
         assert!(
