@@ -442,6 +442,9 @@ pub(crate) struct RegionTable {
     /// The next id to hand out (ids are never reused).
     next: u32,
     len: usize,
+    /// Changes made to the table (registrations and unregistrations): what
+    /// a peer is told as the regions' version.
+    version: u64,
     /// The engine's tag every id here carries (0 in a table built for a
     /// test): an id with another is another engine's, and names nothing.
     tag: u32,
@@ -543,6 +546,7 @@ impl RegionTable {
         if region.id().tag() != self.tag {
             return Err(Error::invalid(format!("region id {:#x} is not this engine's", region.id().0)));
         }
+        self.version += 1;
         let idx = region.id().index() as usize;
         let chunk = idx / CHUNK;
         if self.by_id.len() <= chunk {
@@ -606,12 +610,27 @@ impl RegionTable {
         } else {
             self.starts[li] = leaf[0].addr();
         }
+        self.version += 1;
         Some(removed)
     }
 
     /// Every region, by address.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<MemRegion>> {
         self.leaves.iter().flat_map(|l| l.iter())
+    }
+
+    /// The regions starting at or after `addr`, in address order.
+    pub(crate) fn starting_at(&self, addr: u64) -> impl Iterator<Item = &Arc<MemRegion>> {
+        let li = self.starts.partition_point(|&s| s < addr).saturating_sub(1);
+        let rest = self.leaves.get(li..).unwrap_or_default();
+        rest.iter()
+            .flat_map(|l| l.iter())
+            .skip_while(move |r| r.addr() < addr)
+    }
+
+    /// Changes made so far (see the field).
+    pub(crate) fn version(&self) -> u64 {
+        self.version
     }
 }
 

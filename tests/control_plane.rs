@@ -459,3 +459,126 @@ fn a_server_dripping_its_answer_cannot_stretch_the_client_s_timeout() {
     assert!(took < Duration::from_secs(2), "gave up after {took:?}");
     server.join().unwrap();
 }
+
+/// An owner with 30,000 registered blocks (a KV-cache pool registered block
+/// by block) is opened over TCP with every region listed, and a WRITE into
+/// the last block lands: the descriptor's regions come in pages. Before,
+/// the one descriptor message (1.74 MB at 30,000) passed the 1 MiB limit
+/// and every peer refused the segment.
+#[test]
+fn a_segment_of_thirty_thousand_regions_opens_with_every_region() {
+    let target = common::engine();
+    let n = 30_000usize;
+    let mut mem = vec![0u8; n * 4096];
+    let base = mem.as_mut_ptr();
+    let ranges: Vec<_> = (0..n)
+        .map(|i| (base.wrapping_add(i * 4096), 4096u64))
+        .collect();
+    // SAFETY: every range lies in `mem`, unregistered below before it drops.
+    let bufs = unsafe { target.register_memory_batch(&ranges) }.unwrap();
+    let mut c = test_config();
+    c.transports.shm.enable = false;
+    let init = Engine::new(c).unwrap();
+    let seg = init.open_segment(&target.segment_name()).unwrap();
+    let listed = init.segment_regions(seg).unwrap();
+    assert_eq!(listed.len(), n);
+    assert!(listed.windows(2).all(|w| w[0].addr < w[1].addr));
+    let src = init.allocate_memory(4096).unwrap();
+    let data = pattern(9, 4096);
+    src.write(0, &data).unwrap();
+    let last = base as u64 + (n as u64 - 1) * 4096;
+    let mut ring = init.ring().unwrap();
+    ring.submission()
+        .push(
+            op::Write::new(
+                LocalAddr::new(src.id(), 0),
+                RemoteAddr::new(seg, last),
+                4096,
+            )
+            .user_data(1),
+        )
+        .unwrap();
+    assert_eq!(reap(&mut ring, 1)[0].result(), Ok(4096));
+    drop(init);
+    let ids: Vec<_> = bufs.iter().map(|b| b.id()).collect();
+    target.unregister_memory_batch(&ids).unwrap();
+    assert_eq!(&mem[(n - 1) * 4096..], &data[..]);
+}
+
+/// A hostile owner's pages are checked as they come: one that goes back
+/// before the address asked for, or says more follow while listing none,
+/// is a protocol violation and the descriptor is refused (InvalidArgument)
+/// rather than paged forever.
+#[test]
+fn region_pages_that_go_back_or_stand_still_are_refused() {
+    use std::sync::Arc;
+    use tent::control::server::{DescriptorFn, Services};
+    use tent::control::wire::{RegionEntry, RegionsPage};
+    use tent::control::{ControlServer, SegmentDescriptor, fetch_descriptor};
+    type Page = fn(u64) -> RegionsPage;
+    let cases: [(&str, Page); 3] = [
+        ("goes back", |_| RegionsPage {
+            version: 1,
+            regions: vec![entry_at(0x10)],
+            from: None,
+        }),
+        ("stands still", |from| RegionsPage {
+            version: 1,
+            regions: Vec::new(),
+            from: Some(from + 1),
+        }),
+        ("honest", |from| RegionsPage {
+            version: 1,
+            regions: vec![entry_at(from)],
+            from: (from < 0x5000).then_some(from + 0x1000),
+        }),
+    ];
+    fn entry_at(addr: u64) -> RegionEntry {
+        RegionEntry {
+            id: 1,
+            addr,
+            len: 16,
+            key: 7,
+            rkeys: Vec::new(),
+            mr_step: None,
+            chunk_rkeys: Vec::new(),
+        }
+    }
+    for (what, page) in cases {
+        let first = entry_at(0x1000);
+        let server = ControlServer::start_with(
+            "127.0.0.1",
+            0,
+            None,
+            move |addr| {
+                let desc = SegmentDescriptor {
+                    name: addr.to_string(),
+                    regions: vec![first.clone()],
+                    regions_from: Some(0x2000),
+                    ..Default::default()
+                };
+                Arc::new(move || desc.clone()) as Arc<DescriptorFn>
+            },
+            Services {
+                regions: Some(Arc::new(page)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let got = fetch_descriptor(
+            &server.local_addr().to_string(),
+            None,
+            Duration::from_secs(5),
+        );
+        if what == "honest" {
+            let d = got.unwrap();
+            let addrs: Vec<_> = d.regions.iter().map(|r| r.addr).collect();
+            assert_eq!(addrs, [0x1000, 0x2000, 0x3000, 0x4000, 0x5000]);
+            assert_eq!(d.regions_from, None);
+        } else {
+            let e = got.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{what}: {e}");
+            assert!(e.to_string().contains("protocol violation"), "{what}: {e}");
+        }
+    }
+}

@@ -727,7 +727,7 @@ fn rxe_responder_files_passive_qps_by_initiator_replaces_on_reconnect_and_never_
         },
         tent::control::server::Services {
             qp: Some(Arc::new(move |req: &QpRequest| r.accept(req))),
-            notify: None,
+            ..Default::default()
         },
     )
     .unwrap();

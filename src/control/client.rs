@@ -56,10 +56,58 @@ pub fn fetch_descriptor(
     let s = session(peer, secret, deadline, |_| {})?;
     let mut s = ByDeadline::new(&s, deadline);
     wire::write_message(&mut s, &Message::GetDescriptor).map_err(|e| wire_err(peer, e))?;
-    match read(&mut s, peer)? {
-        Message::Descriptor(d) => Ok(d),
-        other => Err(unexpected(peer, "Descriptor", other)),
+    let mut d = match read(&mut s, peer)? {
+        Message::Descriptor(d) => d,
+        other => return Err(unexpected(peer, "Descriptor", other)),
+    };
+    // The rest of a long region list, page by page on this connection,
+    // under the same deadline. Pages may come from different versions of
+    // the owner's table: a region missed is one registered after the open
+    // (so is any later one), one listed but gone is refused by the owner.
+    let mut from = d.regions_from.take();
+    while let Some(at) = from {
+        wire::write_message(&mut s, &Message::GetRegions { from: at })
+            .map_err(|e| wire_err(peer, e))?;
+        let page = match read(&mut s, peer)? {
+            Message::Regions(p) => p,
+            other => return Err(unexpected(peer, "Regions", other)),
+        };
+        // Each page starts where it was asked, and one with more to come
+        // lists some and moves on: a peer cannot keep us paging in place.
+        if page.regions.iter().any(|r| r.addr < at) || page.from.is_some_and(|f| f <= at) {
+            return Err(violation(peer, format!("a region page from {at:#x} goes back")));
+        }
+        if page.from.is_some() && page.regions.is_empty() {
+            return Err(violation(peer, format!("an empty region page from {at:#x} says more follow")));
+        }
+        if d.regions.len().saturating_add(page.regions.len()) > MAX_SEGMENT_REGIONS {
+            return Err(violation(
+                peer,
+                format!("more than {MAX_SEGMENT_REGIONS} regions listed"),
+            ));
+        }
+        d.regions.extend(page.regions);
+        from = page.from;
     }
+    Ok(d)
+}
+
+/// The most regions a segment descriptor may list in all its pages: past
+/// it the owner is refused (a peer's list costs this process memory).
+pub const MAX_SEGMENT_REGIONS: usize = 1 << 20;
+
+/// A peer broke the control protocol: logged once per peer, and refused.
+fn violation(peer: &str, what: String) -> Error {
+    crate::lograte::warn_limited!(
+        (peer.to_owned(), "descriptor-pages"),
+        peer,
+        what = %what,
+        "protocol violation by the peer: descriptor refused"
+    );
+    Error::new(
+        ErrorKind::InvalidArgument,
+        format!("protocol violation by {peer}: {what}"),
+    )
 }
 
 /// Ask `peer` to connect an RC QP for `req` (from our `initiator_nic`,
@@ -280,7 +328,21 @@ fn session_once(
 }
 
 fn read(s: &mut ByDeadline<&TcpStream>, peer: &str) -> Result<Message> {
-    wire::read_message(s).map_err(|e| wire_err(peer, e))
+    wire::read_message(s).map_err(|e| {
+        if let WireError::TooLarge { what, len, max } = &e {
+            // An owner too old to page its regions, say: once per peer,
+            // with the figures.
+            crate::lograte::warn_limited!(
+                (peer.to_owned(), "control-too-large"),
+                peer,
+                what = *what,
+                len = *len,
+                max = *max,
+                "control message refused: larger than the limit"
+            );
+        }
+        wire_err(peer, e)
+    })
 }
 
 fn unexpected(peer: &str, expected: &str, got: Message) -> Error {

@@ -31,7 +31,7 @@ use tent_rings::ErrorKind;
 
 use super::auth::{self, Door};
 use super::wire::{
-    self, Message, NotifyFrame, QpBootstrap, QpRequest, SegmentDescriptor, WireError,
+    self, Message, NotifyFrame, QpBootstrap, QpRequest, RegionsPage, SegmentDescriptor, WireError,
 };
 use crate::deadline::ByDeadline;
 use crate::error::{Error, Result};
@@ -67,10 +67,16 @@ pub(crate) type QpConnectFn = dyn Fn(&QpRequest) -> Result<QpBootstrap> + Send +
 /// (`SqFull`: full; `Shutdown`: the engine is going away).
 pub(crate) type NotifyFn = dyn Fn(std::net::IpAddr, NotifyFrame) -> Result<()> + Send + Sync;
 
-/// What the server answers besides descriptors: `QpConnect` (RDMA) and
-/// `Notify`. Without one, such a request is refused with `Unreachable`.
+/// The page of regions starting at or after an address (`GetRegions`).
+pub(crate) type RegionsFn = dyn Fn(u64) -> RegionsPage + Send + Sync;
+
+/// What the server answers besides descriptors: `GetRegions` (a
+/// descriptor's further pages), `QpConnect` (RDMA) and `Notify`. Without
+/// one, such a request is refused with `Unreachable`.
 #[derive(Default, Clone)]
 pub struct Services {
+    /// Pages of regions past a descriptor's first.
+    pub regions: Option<Arc<RegionsFn>>,
     /// Connects an RC QP for a peer.
     pub qp: Option<Arc<QpConnectFn>>,
     /// Files a peer's notification.
@@ -483,6 +489,14 @@ fn serve(
         };
         match msg {
             Message::GetDescriptor => wire::write_message(s, &Message::Descriptor(describe()))?,
+            Message::GetRegions { from } => {
+                let reply = answer(
+                    services.regions.as_deref().map(|f| Ok(f(from))),
+                    Message::Regions,
+                    "this engine serves no region pages",
+                );
+                wire::write_message(s, &reply)?
+            }
             Message::QpConnect(req) => {
                 // A refused QP is an answer, not a protocol error: the
                 // connection stays open for another request.
@@ -517,7 +531,11 @@ fn serve(
                 wire::write_message(s, &reply)?
             }
             other => {
-                return Err(unexpected(s, "GetDescriptor, QpConnect or Notify", &other));
+                return Err(unexpected(
+                    s,
+                    "GetDescriptor, GetRegions, QpConnect or Notify",
+                    &other,
+                ));
             }
         }
     }

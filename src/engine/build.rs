@@ -376,6 +376,7 @@ fn start_control(
     let secret = cfg.secret().map(<[u8]>::to_vec);
     let host_id = crate::control::host_id();
     let (regions, transports) = (shared.regions.clone(), shared.clone());
+    let page_regions = shared.regions.clone();
     let nics = shared
         .rdma
         .as_ref()
@@ -383,34 +384,30 @@ fn start_control(
         .unwrap_or_default();
     let describe = move |addr: std::net::SocketAddr| -> Arc<crate::control::server::DescriptorFn> {
         let name = addr.to_string();
-        Arc::new(move || crate::control::SegmentDescriptor {
-            name: name.clone(),
-            host_id: host_id.clone(),
-            pid: std::process::id(),
-            shm_name: export.as_ref().map(|e| e.name().to_owned()),
-            regions: regions
-                .load()
-                .iter()
-                .map(|r| crate::control::RegionEntry {
-                    id: r.id().index(),
-                    addr: r.addr(),
-                    len: r.len(),
-                    key: r.key(),
-                    rkeys: r.nic_rkeys(),
-                    mr_step: r.mr_layout().step(),
-                    chunk_rkeys: r.chunk_rkeys().to_vec(),
-                })
-                .collect(),
-            transports: transports
-                .transports
-                .installed()
-                .into_iter()
-                .map(|k| k as u8)
-                .collect(),
-            rails: rails.clone(),
-            nics: nics.clone(),
+        let regions = regions.clone();
+        Arc::new(move || {
+            let first = super::describe::region_page(&regions.load(), 0);
+            crate::control::SegmentDescriptor {
+                name: name.clone(),
+                host_id: host_id.clone(),
+                pid: std::process::id(),
+                shm_name: export.as_ref().map(|e| e.name().to_owned()),
+                transports: transports
+                    .transports
+                    .installed()
+                    .into_iter()
+                    .map(|k| k as u8)
+                    .collect(),
+                rails: rails.clone(),
+                nics: nics.clone(),
+                regions: first.regions,
+                regions_version: first.version,
+                regions_from: first.from,
+            }
         })
     };
+    let pages = Arc::new(move |from| super::describe::region_page(&page_regions.load(), from))
+        as Arc<crate::control::server::RegionsFn>;
     let qp = shared.rdma.as_ref().map(|nics| {
         let r = crate::transport::rdma::Responder::new(nics.clone());
         Arc::new(move |req: &crate::control::wire::QpRequest| r.accept(req))
@@ -425,6 +422,7 @@ fn start_control(
         secret,
         describe,
         crate::control::server::Services {
+            regions: Some(pages),
             qp,
             notify: Some(notify),
         },

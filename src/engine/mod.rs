@@ -21,6 +21,7 @@
 pub(crate) mod batch;
 mod blocks;
 mod build;
+mod describe;
 pub mod footprint;
 mod memory;
 mod notify;

@@ -856,8 +856,8 @@ mod tests {
                 Arc::new(move || desc.clone()) as Arc<DescriptorFn>
             },
             Services {
-                qp: None,
                 notify: Some(notify),
+                ..Services::default()
             },
         )
         .unwrap();

@@ -59,6 +59,14 @@ pub enum Message {
         /// The acknowledged sequence number.
         seq: u64,
     },
+    /// Client → server: the next page of regions, those starting at or
+    /// after `from` (a descriptor's or a page's `regions_from`).
+    GetRegions {
+        /// The first address of interest.
+        from: u64,
+    },
+    /// Server → client: a page of regions (see [`RegionsPage`]).
+    Regions(RegionsPage),
     /// Either way: a refusal, after which the sender closes.
     Error {
         /// A tent `ErrorKind` code.
@@ -98,6 +106,10 @@ messages! {
     11 TYPE_NOTIFY_ACK NotifyAck {
         0x0001 ACK_SEQ seq: u64, required;
     }
+    12 TYPE_GET_REGIONS GetRegions {
+        0x0001 GET_REGIONS_FROM from: u64, required;
+    }
+    13 TYPE_REGIONS Regions(RegionsPage)
 }
 
 /// What a peer needs to reach a segment: its regions, transports and rails.
@@ -112,7 +124,8 @@ pub struct SegmentDescriptor {
     pub pid: u32,
     /// Shared-memory object backing the segment, at most [`MAX_SHM_NAME`] bytes.
     pub shm_name: Option<String>,
-    /// Registered regions, at most [`MAX_REGIONS`].
+    /// Registered regions in address order, at most [`MAX_REGIONS`]: all
+    /// of them, or the first page when `regions_from` is set.
     pub regions: Vec<RegionEntry>,
     /// Transports the owner serves (`TransportKind` codes), at most [`MAX_TRANSPORTS`].
     pub transports: Vec<u8>,
@@ -120,6 +133,33 @@ pub struct SegmentDescriptor {
     pub rails: Vec<RailEntry>,
     /// RDMA NICs, at most [`MAX_NICS`]; regions' `rkeys` follow this order.
     pub nics: Vec<NicEntry>,
+    /// The owner's region table version: it changes with every region
+    /// registered or unregistered (0 from an owner that does not say).
+    pub regions_version: u64,
+    /// Set when `regions` is cut: the rest start at or after this address
+    /// ([`Message::GetRegions`]).
+    pub regions_from: Option<u64>,
+}
+
+/// A page of an owner's regions, in address order, the answer to
+/// [`Message::GetRegions`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RegionsPage {
+    /// The region table version the page was taken from.
+    pub version: u64,
+    /// Regions starting at or after the asked address, at most
+    /// [`MAX_REGIONS`].
+    pub regions: Vec<RegionEntry>,
+    /// Set when more follow: ask again from this address.
+    pub from: Option<u64>,
+}
+
+schema! {
+    RegionsPage {
+        0x0001 PAGE_VERSION version: u64,                                     required;
+        0x0002 PAGE_REGION  regions: record(RegionEntry), repeated(MAX_REGIONS, "region list");
+        0x0003 PAGE_FROM    from:    u64,                                     optional;
+    }
 }
 
 schema! {
@@ -132,6 +172,8 @@ schema! {
         0x0006 DESC_TRANSPORT transports: u8,                  repeated(MAX_TRANSPORTS, "transport list");
         0x0007 DESC_RAIL      rails:      record(RailEntry),   repeated(MAX_RAILS, "rail list");
         0x0008 DESC_NIC       nics:       record(NicEntry),    repeated(MAX_NICS, "NIC list");
+        0x0009 DESC_REGIONS_VERSION regions_version: u64,      or_default;
+        0x000a DESC_REGIONS_FROM    regions_from:    u64,      optional;
     }
 }
 
@@ -163,6 +205,18 @@ pub struct RegionEntry {
 }
 
 impl RegionEntry {
+    /// The most bytes this entry takes in a message, as a record: its
+    /// header and each field's (tag and length, 6 bytes) with its value.
+    pub(crate) fn wire_len_bound(&self) -> usize {
+        const FIELD: usize = super::field::FIELD_HEADER_LEN;
+        FIELD
+            + (FIELD + 4)
+            + 3 * (FIELD + 8)
+            + (FIELD + 4 * self.rkeys.len())
+            + (FIELD + 8)
+            + (FIELD + 4 * self.chunk_rkeys.len())
+    }
+
     /// The region of `sorted` (by `addr`) that holds `[addr, addr+len)`:
     /// how an initiator checks a remote range against a descriptor before
     /// sending anything (`AddressNotRegistered`, `OutOfBounds` otherwise).

@@ -55,64 +55,70 @@
 //! rendered from the declarations in `message.rs`, which the codec is
 //! generated from, and a test fails when this copy differs.
 //!
-//! | Message (type)       | Tag      | Field           | Value                                                                     | Constant                  |
-//! |----------------------|----------|-----------------|---------------------------------------------------------------------------|---------------------------|
-//! | `Hello` (1)          | `0x0001` | `nonce`         | 32 bytes, required                                                        | `HELLO_NONCE`             |
-//! | `Challenge` (2)      | `0x0001` | `nonce`         | 32 bytes, required                                                        | `CHALLENGE_NONCE`         |
-//! |                      | `0x0002` | `auth_required` | bool, required                                                            | `CHALLENGE_AUTH_REQUIRED` |
-//! | `Auth` (3)           | `0x0001` | `mac`           | 32 bytes, required                                                        | `AUTH_MAC`                |
-//! | `AuthOk` (4)         | `0x0001` | `mac`           | 32 bytes, required                                                        | `AUTH_OK_MAC`             |
-//! | `GetDescriptor` (5)  |          | (none)          |                                                                           |                           |
-//! | `Descriptor` (6)     | `0x0001` | `name`          | string ≤ [`MAX_NAME`], non-empty, required                                | `DESC_NAME`               |
-//! |                      | `0x0002` | `host_id`       | string ≤ [`MAX_NAME`], required                                           | `DESC_HOST_ID`            |
-//! |                      | `0x0003` | `pid`           | u32, required                                                             | `DESC_PID`                |
-//! |                      | `0x0004` | `shm_name`      | string ≤ [`MAX_SHM_NAME`], optional                                       | `DESC_SHM_NAME`           |
-//! |                      | `0x0005` | `regions`       | `RegionEntry` record, repeated ≤ [`MAX_REGIONS`]                          | `DESC_REGION`             |
-//! |                      | `0x0006` | `transports`    | u8, repeated ≤ [`MAX_TRANSPORTS`]                                         | `DESC_TRANSPORT`          |
-//! |                      | `0x0007` | `rails`         | `RailEntry` record, repeated ≤ [`MAX_RAILS`]                              | `DESC_RAIL`               |
-//! |                      | `0x0008` | `nics`          | `NicEntry` record, repeated ≤ [`MAX_NICS`]                                | `DESC_NIC`                |
-//! | `Error` (7)          | `0x0001` | `code`          | u16, required                                                             | `ERROR_CODE`              |
-//! |                      | `0x0002` | `text`          | string ≤ [`MAX_MESSAGE_TEXT`], required                                   | `ERROR_TEXT`              |
-//! | `QpConnect` (8)      | `0x0001` | `initiator_nic` | string ≤ [`MAX_RAIL_FIELD`], required                                     | `QP_INITIATOR_NIC`        |
-//! |                      | `0x0002` | `target_nic`    | string ≤ [`MAX_RAIL_FIELD`], required                                     | `QP_TARGET_NIC`           |
-//! |                      | `0x0003` | `gid`           | 16 bytes, required                                                        | `QP_GID`                  |
-//! |                      | `0x0004` | `lid`           | u16, required                                                             | `QP_LID`                  |
-//! |                      | `0x0005` | `qpn`           | u32, required                                                             | `QP_QPN`                  |
-//! |                      | `0x0006` | `psn`           | u32, required                                                             | `QP_PSN`                  |
-//! |                      | `0x0007` | `mtu`           | u32, an `ibv_mtu`, required                                               | `QP_MTU`                  |
-//! |                      | `0x0008` | `initiator`     | `QpInitiator` record, required                                            | `QP_INITIATOR`            |
-//! |                      | `0x0009` | `gid_type`      | u8, an `ibv_gid_type`, optional                                           | `QP_GID_TYPE`             |
-//! | `QpAccept` (9)       | `0x0003` | `gid`           | 16 bytes, required                                                        | `QP_GID`                  |
-//! |                      | `0x0004` | `lid`           | u16, required                                                             | `QP_LID`                  |
-//! |                      | `0x0005` | `qpn`           | u32, required                                                             | `QP_QPN`                  |
-//! |                      | `0x0006` | `psn`           | u32, required                                                             | `QP_PSN`                  |
-//! |                      | `0x0007` | `mtu`           | u32, an `ibv_mtu`, required                                               | `QP_MTU`                  |
-//! | `Notify` (10)        | `0x0001` | `sender`        | u64, non-zero, required                                                   | `NOTIFY_SENDER`           |
-//! |                      | `0x0002` | `from`          | string ≤ [`MAX_NAME`], required                                           | `NOTIFY_FROM`             |
-//! |                      | `0x0003` | `seq`           | u64, non-zero, required                                                   | `NOTIFY_SEQ`              |
-//! |                      | `0x0004` | `name`          | string ≤ [`MAX_NOTIFY_NAME`], required                                    | `NOTIFY_NAME`             |
-//! |                      | `0x0005` | `msg`           | bytes ≤ [`MAX_NOTIFY_MSG`], required                                      | `NOTIFY_MSG`              |
-//! |                      | `0x0006` | `resend_ms`     | u64, absent = 0                                                           | `NOTIFY_RESEND_MS`        |
-//! | `NotifyAck` (11)     | `0x0001` | `seq`           | u64, required                                                             | `ACK_SEQ`                 |
-//! | `RegionEntry` record | `0x0001` | `id`            | u32, required                                                             | `REGION_ID`               |
-//! |                      | `0x0002` | `addr`          | u64, required                                                             | `REGION_ADDR`             |
-//! |                      | `0x0003` | `len`           | u64, required                                                             | `REGION_LEN`              |
-//! |                      | `0x0004` | `key`           | u64, required                                                             | `REGION_KEY`              |
-//! |                      | `0x0005` | `rkeys`         | u32 each, ≤ [`MAX_NICS`], one per NIC, absent = []                        | `REGION_RKEYS`            |
-//! |                      | `0x0006` | `mr_step`       | u64, a chunk step (`transport::rdma::layout`), optional                   | `REGION_MR_STEP`          |
-//! |                      | `0x0007` | `chunk_rkeys`   | u32 each, ≤ [`MAX_RKEYS`], per NIC and chunk, with `mr_step`, absent = [] | `REGION_CHUNK_RKEYS`      |
-//! | `RailEntry` record   | `0x0001` | `name`          | string ≤ [`MAX_RAIL_FIELD`], required                                     | `RAIL_NAME`               |
-//! |                      | `0x0002` | `addr`          | string ≤ [`MAX_RAIL_FIELD`], required                                     | `RAIL_ADDR`               |
-//! | `NicEntry` record    | `0x0001` | `name`          | string ≤ [`MAX_RAIL_FIELD`], required                                     | `NIC_NAME`                |
-//! |                      | `0x0002` | `gid`           | 16 bytes, required                                                        | `NIC_GID`                 |
-//! |                      | `0x0003` | `lid`           | u16, required                                                             | `NIC_LID`                 |
-//! |                      | `0x0004` | `mtu`           | u32, an `ibv_mtu`, required                                               | `NIC_MTU`                 |
-//! |                      | `0x0005` | `gid_type`      | u8, an `ibv_gid_type`, optional                                           | `NIC_GID_TYPE`            |
-//! |                      | `0x0006` | `prefix`        | u8, at most 128, optional                                                 | `NIC_PREFIX`              |
-//! | `QpInitiator` record | `0x0001` | `engine`        | u64, non-zero, required                                                   | `QPI_ENGINE`              |
-//! |                      | `0x0002` | `worker`        | u16, below [`MAX_QP_WORKERS`], required                                   | `QPI_WORKER`              |
-//! |                      | `0x0003` | `rail`          | u16, below [`MAX_QP_RAILS`], required                                     | `QPI_RAIL`                |
-//! |                      | `0x0004` | `queue`         | u16, below [`MAX_QP_PER_TRANSFER`], absent = 0                            | `QPI_QUEUE`               |
+//! | Message (type)       | Tag      | Field             | Value                                                                     | Constant                  |
+//! |----------------------|----------|-------------------|---------------------------------------------------------------------------|---------------------------|
+//! | `Hello` (1)          | `0x0001` | `nonce`           | 32 bytes, required                                                        | `HELLO_NONCE`             |
+//! | `Challenge` (2)      | `0x0001` | `nonce`           | 32 bytes, required                                                        | `CHALLENGE_NONCE`         |
+//! |                      | `0x0002` | `auth_required`   | bool, required                                                            | `CHALLENGE_AUTH_REQUIRED` |
+//! | `Auth` (3)           | `0x0001` | `mac`             | 32 bytes, required                                                        | `AUTH_MAC`                |
+//! | `AuthOk` (4)         | `0x0001` | `mac`             | 32 bytes, required                                                        | `AUTH_OK_MAC`             |
+//! | `GetDescriptor` (5)  |          | (none)            |                                                                           |                           |
+//! | `Descriptor` (6)     | `0x0001` | `name`            | string ≤ [`MAX_NAME`], non-empty, required                                | `DESC_NAME`               |
+//! |                      | `0x0002` | `host_id`         | string ≤ [`MAX_NAME`], required                                           | `DESC_HOST_ID`            |
+//! |                      | `0x0003` | `pid`             | u32, required                                                             | `DESC_PID`                |
+//! |                      | `0x0004` | `shm_name`        | string ≤ [`MAX_SHM_NAME`], optional                                       | `DESC_SHM_NAME`           |
+//! |                      | `0x0005` | `regions`         | `RegionEntry` record, repeated ≤ [`MAX_REGIONS`]                          | `DESC_REGION`             |
+//! |                      | `0x0006` | `transports`      | u8, repeated ≤ [`MAX_TRANSPORTS`]                                         | `DESC_TRANSPORT`          |
+//! |                      | `0x0007` | `rails`           | `RailEntry` record, repeated ≤ [`MAX_RAILS`]                              | `DESC_RAIL`               |
+//! |                      | `0x0008` | `nics`            | `NicEntry` record, repeated ≤ [`MAX_NICS`]                                | `DESC_NIC`                |
+//! |                      | `0x0009` | `regions_version` | u64, absent = 0                                                           | `DESC_REGIONS_VERSION`    |
+//! |                      | `0x000a` | `regions_from`    | u64, optional                                                             | `DESC_REGIONS_FROM`       |
+//! | `Error` (7)          | `0x0001` | `code`            | u16, required                                                             | `ERROR_CODE`              |
+//! |                      | `0x0002` | `text`            | string ≤ [`MAX_MESSAGE_TEXT`], required                                   | `ERROR_TEXT`              |
+//! | `QpConnect` (8)      | `0x0001` | `initiator_nic`   | string ≤ [`MAX_RAIL_FIELD`], required                                     | `QP_INITIATOR_NIC`        |
+//! |                      | `0x0002` | `target_nic`      | string ≤ [`MAX_RAIL_FIELD`], required                                     | `QP_TARGET_NIC`           |
+//! |                      | `0x0003` | `gid`             | 16 bytes, required                                                        | `QP_GID`                  |
+//! |                      | `0x0004` | `lid`             | u16, required                                                             | `QP_LID`                  |
+//! |                      | `0x0005` | `qpn`             | u32, required                                                             | `QP_QPN`                  |
+//! |                      | `0x0006` | `psn`             | u32, required                                                             | `QP_PSN`                  |
+//! |                      | `0x0007` | `mtu`             | u32, an `ibv_mtu`, required                                               | `QP_MTU`                  |
+//! |                      | `0x0008` | `initiator`       | `QpInitiator` record, required                                            | `QP_INITIATOR`            |
+//! |                      | `0x0009` | `gid_type`        | u8, an `ibv_gid_type`, optional                                           | `QP_GID_TYPE`             |
+//! | `QpAccept` (9)       | `0x0003` | `gid`             | 16 bytes, required                                                        | `QP_GID`                  |
+//! |                      | `0x0004` | `lid`             | u16, required                                                             | `QP_LID`                  |
+//! |                      | `0x0005` | `qpn`             | u32, required                                                             | `QP_QPN`                  |
+//! |                      | `0x0006` | `psn`             | u32, required                                                             | `QP_PSN`                  |
+//! |                      | `0x0007` | `mtu`             | u32, an `ibv_mtu`, required                                               | `QP_MTU`                  |
+//! | `Notify` (10)        | `0x0001` | `sender`          | u64, non-zero, required                                                   | `NOTIFY_SENDER`           |
+//! |                      | `0x0002` | `from`            | string ≤ [`MAX_NAME`], required                                           | `NOTIFY_FROM`             |
+//! |                      | `0x0003` | `seq`             | u64, non-zero, required                                                   | `NOTIFY_SEQ`              |
+//! |                      | `0x0004` | `name`            | string ≤ [`MAX_NOTIFY_NAME`], required                                    | `NOTIFY_NAME`             |
+//! |                      | `0x0005` | `msg`             | bytes ≤ [`MAX_NOTIFY_MSG`], required                                      | `NOTIFY_MSG`              |
+//! |                      | `0x0006` | `resend_ms`       | u64, absent = 0                                                           | `NOTIFY_RESEND_MS`        |
+//! | `NotifyAck` (11)     | `0x0001` | `seq`             | u64, required                                                             | `ACK_SEQ`                 |
+//! | `GetRegions` (12)    | `0x0001` | `from`            | u64, required                                                             | `GET_REGIONS_FROM`        |
+//! | `Regions` (13)       | `0x0001` | `version`         | u64, required                                                             | `PAGE_VERSION`            |
+//! |                      | `0x0002` | `regions`         | `RegionEntry` record, repeated ≤ [`MAX_REGIONS`]                          | `PAGE_REGION`             |
+//! |                      | `0x0003` | `from`            | u64, optional                                                             | `PAGE_FROM`               |
+//! | `RegionEntry` record | `0x0001` | `id`              | u32, required                                                             | `REGION_ID`               |
+//! |                      | `0x0002` | `addr`            | u64, required                                                             | `REGION_ADDR`             |
+//! |                      | `0x0003` | `len`             | u64, required                                                             | `REGION_LEN`              |
+//! |                      | `0x0004` | `key`             | u64, required                                                             | `REGION_KEY`              |
+//! |                      | `0x0005` | `rkeys`           | u32 each, ≤ [`MAX_NICS`], one per NIC, absent = []                        | `REGION_RKEYS`            |
+//! |                      | `0x0006` | `mr_step`         | u64, a chunk step (`transport::rdma::layout`), optional                   | `REGION_MR_STEP`          |
+//! |                      | `0x0007` | `chunk_rkeys`     | u32 each, ≤ [`MAX_RKEYS`], per NIC and chunk, with `mr_step`, absent = [] | `REGION_CHUNK_RKEYS`      |
+//! | `RailEntry` record   | `0x0001` | `name`            | string ≤ [`MAX_RAIL_FIELD`], required                                     | `RAIL_NAME`               |
+//! |                      | `0x0002` | `addr`            | string ≤ [`MAX_RAIL_FIELD`], required                                     | `RAIL_ADDR`               |
+//! | `NicEntry` record    | `0x0001` | `name`            | string ≤ [`MAX_RAIL_FIELD`], required                                     | `NIC_NAME`                |
+//! |                      | `0x0002` | `gid`             | 16 bytes, required                                                        | `NIC_GID`                 |
+//! |                      | `0x0003` | `lid`             | u16, required                                                             | `NIC_LID`                 |
+//! |                      | `0x0004` | `mtu`             | u32, an `ibv_mtu`, required                                               | `NIC_MTU`                 |
+//! |                      | `0x0005` | `gid_type`        | u8, an `ibv_gid_type`, optional                                           | `NIC_GID_TYPE`            |
+//! |                      | `0x0006` | `prefix`          | u8, at most 128, optional                                                 | `NIC_PREFIX`              |
+//! | `QpInitiator` record | `0x0001` | `engine`          | u64, non-zero, required                                                   | `QPI_ENGINE`              |
+//! |                      | `0x0002` | `worker`          | u16, below [`MAX_QP_WORKERS`], required                                   | `QPI_WORKER`              |
+//! |                      | `0x0003` | `rail`            | u16, below [`MAX_QP_RAILS`], required                                     | `QPI_RAIL`                |
+//! |                      | `0x0004` | `queue`           | u16, below [`MAX_QP_PER_TRANSFER`], absent = 0                            | `QPI_QUEUE`               |
 //!
 //! # Hostile input
 //!
@@ -138,7 +144,7 @@ use message::known_type;
 use message::*;
 pub use message::{
     Message, NicEntry, NotifyFrame, QpBootstrap, QpInitiator, QpRequest, RailEntry, RegionEntry,
-    SegmentDescriptor,
+    RegionsPage, SegmentDescriptor,
 };
 
 /// The first four bytes of every frame.

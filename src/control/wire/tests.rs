@@ -137,6 +137,8 @@ fn small_descriptor() -> SegmentDescriptor {
                 prefix: None,
             },
         ],
+        regions_version: 9,
+        regions_from: Some(0x7000_0000),
     }
     .with_rkeys()
 }
@@ -167,6 +169,8 @@ fn full_descriptor() -> SegmentDescriptor {
             })
             .collect(),
         nics: Vec::new(),
+        regions_version: u64::MAX,
+        regions_from: Some(u64::MAX),
     }
 }
 
@@ -213,6 +217,13 @@ fn all_messages() -> Vec<Message> {
             ..notify_frame()
         }),
         Message::NotifyAck { seq: 3 },
+        Message::GetRegions { from: 0 },
+        Message::Regions(RegionsPage::default()),
+        Message::Regions(RegionsPage {
+            version: 7,
+            regions: vec![region(1), region(2)],
+            from: Some(1 << 40),
+        }),
         Message::Error {
             code: 7,
             text: "access denied".into(),
@@ -353,7 +364,7 @@ fn type_codes_and_names_are_distinct() {
     }
     let mut names: Vec<_> = msgs.iter().map(|m| (m.type_code(), m.name())).collect();
     names.dedup();
-    assert_eq!(names.len(), 11);
+    assert_eq!(names.len(), 13);
 }
 
 #[test]
@@ -511,6 +522,7 @@ fn newer_peer_fields_are_skipped() {
     // NIC list and rkeys are left out here: this frame is hand-built).
     let mut expected = small_descriptor();
     expected.nics.clear();
+    (expected.regions_version, expected.regions_from) = (0, None);
     for r in &mut expected.regions {
         r.rkeys.clear();
     }
@@ -1289,6 +1301,8 @@ fn arb_descriptor() -> impl Strategy<Value = SegmentDescriptor> {
                     transports,
                     rails,
                     nics,
+                    regions_version: u64::from(pid),
+                    regions_from: (pid % 2 == 1).then_some(u64::from(pid) << 12),
                 }
             },
         )
@@ -1392,6 +1406,23 @@ fn fuzz_seeds() -> Vec<(&'static str, Message)> {
             }),
         ),
         ("notify_ack", Message::NotifyAck { seq: 1 }),
+        ("get_regions", Message::GetRegions { from: 0x7f00_0000_0000 }),
+        (
+            "regions",
+            Message::Regions(RegionsPage {
+                version: 42,
+                regions: vec![RegionEntry {
+                    id: 3,
+                    addr: 0x7f00_0000_0000,
+                    len: 16384,
+                    key: 0x5eed,
+                    rkeys: vec![0x11, 0x22],
+                    mr_step: None,
+                    chunk_rkeys: Vec::new(),
+                }],
+                from: Some(0x7f00_0000_4000),
+            }),
+        ),
     ]
 }
 
