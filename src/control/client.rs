@@ -7,7 +7,7 @@ use tent_rings::ErrorKind;
 
 use super::auth::{self, Door};
 use super::wire::{
-    self, Message, NotifyFrame, QpBootstrap, QpRequest, SegmentDescriptor, WireError,
+    self, Message, NotifyFrame, QpBootstrap, QpRequest, RegionEntry, SegmentDescriptor, WireError,
 };
 use crate::deadline::ByDeadline;
 use crate::error::{Error, Result};
@@ -52,6 +52,26 @@ pub fn fetch_descriptor(
     secret: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<SegmentDescriptor> {
+    fetch(peer, secret, timeout, true)
+}
+
+/// [`fetch_descriptor`] without the region pages past the first (its
+/// `regions_from` still says where they start): what a liveness probe
+/// needs, in one round trip however many regions the peer has.
+pub fn fetch_descriptor_head(
+    peer: &str,
+    secret: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<SegmentDescriptor> {
+    fetch(peer, secret, timeout, false)
+}
+
+fn fetch(
+    peer: &str,
+    secret: Option<&[u8]>,
+    timeout: Duration,
+    all_pages: bool,
+) -> Result<SegmentDescriptor> {
     let deadline = crate::deadline::after(timeout);
     let s = session(peer, secret, deadline, |_| {})?;
     let mut s = ByDeadline::new(&s, deadline);
@@ -64,7 +84,11 @@ pub fn fetch_descriptor(
     // under the same deadline. Pages may come from different versions of
     // the owner's table: a region missed is one registered after the open
     // (so is any later one), one listed but gone is refused by the owner.
+    if !all_pages {
+        return Ok(d);
+    }
     let mut from = d.regions_from.take();
+    let mut bytes: usize = d.regions.iter().map(RegionEntry::wire_len_bound).sum();
     while let Some(at) = from {
         wire::write_message(&mut s, &Message::GetRegions { from: at })
             .map_err(|e| wire_err(peer, e))?;
@@ -80,10 +104,19 @@ pub fn fetch_descriptor(
         if page.from.is_some() && page.regions.is_empty() {
             return Err(violation(peer, format!("an empty region page from {at:#x} says more follow")));
         }
-        if d.regions.len().saturating_add(page.regions.len()) > MAX_SEGMENT_REGIONS {
+        bytes = page
+            .regions
+            .iter()
+            .map(RegionEntry::wire_len_bound)
+            .fold(bytes, usize::saturating_add);
+        if d.regions.len().saturating_add(page.regions.len()) > MAX_SEGMENT_REGIONS
+            || bytes > MAX_SEGMENT_REGION_BYTES
+        {
             return Err(violation(
                 peer,
-                format!("more than {MAX_SEGMENT_REGIONS} regions listed"),
+                format!(
+                    "more than {MAX_SEGMENT_REGIONS} regions or {MAX_SEGMENT_REGION_BYTES} bytes of them listed"
+                ),
             ));
         }
         d.regions.extend(page.regions);
@@ -95,6 +128,11 @@ pub fn fetch_descriptor(
 /// The most regions a segment descriptor may list in all its pages: past
 /// it the owner is refused (a peer's list costs this process memory).
 pub const MAX_SEGMENT_REGIONS: usize = 1 << 20;
+
+/// The most bytes those regions may take on the wire in all: 2^20 plain
+/// regions take about 84 MiB, and a hostile owner's regions carrying the
+/// most chunk rkeys (8 KiB each) would reach 8 GiB without this bound.
+pub const MAX_SEGMENT_REGION_BYTES: usize = 128 << 20;
 
 /// A peer broke the control protocol: logged once per peer, and refused.
 fn violation(peer: &str, what: String) -> Error {

@@ -241,74 +241,82 @@ struct Usage {
     freed: bool,
 }
 
-/// A batch handle: the engine's tag (so another engine's id is caught),
-/// the slot and its generation (so a stale id is caught), from the high
-/// bits down: 24, 20 and 20 bits.
+/// A batch handle: the engine's tag in the top 24 bits (so another
+/// engine's id is caught), then the slot and its generation (so a stale id
+/// is caught). The slot takes as many bits as `max_batches` needs, the
+/// generation the rest of the 40: 30 bits with the default 1024 batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BatchId(pub u64);
 
-/// Bits of a [`BatchId`] for the slot (`max_batches` is at most 2^20) and
-/// for its generation.
-const SLOT_BITS: u32 = 20;
-const GENERATION_MASK: u32 = (1 << SLOT_BITS) - 1;
-
-impl BatchId {
-    fn new(tag: u32, index: usize, generation: u32) -> BatchId {
-        let slot = (index as u64) & u64::from(GENERATION_MASK);
-        BatchId(
-            (u64::from(tag) << (2 * SLOT_BITS))
-                | (slot << SLOT_BITS)
-                | u64::from(generation & GENERATION_MASK),
-        )
-    }
-
-    fn tag(self) -> u32 {
-        (self.0 >> (2 * SLOT_BITS)) as u32
-    }
-
-    fn index(self) -> usize {
-        ((self.0 >> SLOT_BITS) as u32 & GENERATION_MASK) as usize
-    }
-
-    fn generation(self) -> u32 {
-        self.0 as u32 & GENERATION_MASK
-    }
-}
+/// Bits of a [`BatchId`] below the tag.
+const LOW_BITS: u32 = 64 - crate::incarnation::BATCH_TAG_BITS;
 
 #[derive(Debug)]
 struct Slot {
-    generation: u32,
+    generation: u64,
     batch: Option<Arc<Batch>>,
 }
 
 /// Every allocated batch.
 #[derive(Debug)]
 pub(crate) struct BatchTable {
-    slots: Mutex<Vec<Slot>>,
+    slots: Mutex<Slots>,
     max_batches: usize,
     max_batch_size: usize,
     /// The engine's batch tag every id carries.
     tag: u32,
+    /// Bits of an id for the slot; the generation has `LOW_BITS` less these.
+    slot_bits: u32,
+}
+
+/// The slots, and where the search for a free one starts: each allocation
+/// takes the next free slot after the last one taken, so an allocate/free
+/// loop walks every slot and a slot's generation wraps only after
+/// `max_batches` times 2^generation-bits allocations.
+#[derive(Debug, Default)]
+struct Slots {
+    all: Vec<Slot>,
+    cursor: usize,
 }
 
 impl BatchTable {
     pub(crate) fn new(max_batches: usize, max_batch_size: usize, tag: u32) -> BatchTable {
+        let slot_bits = usize::BITS - max_batches.saturating_sub(1).leading_zeros();
         BatchTable {
-            slots: Mutex::new(Vec::new()),
+            slots: Mutex::new(Slots::default()),
             max_batches,
             max_batch_size,
             tag,
+            slot_bits: slot_bits.clamp(1, LOW_BITS / 2),
         }
     }
 
+    fn generation_mask(&self) -> u64 {
+        (1 << (LOW_BITS - self.slot_bits)) - 1
+    }
+
+    /// The id of slot `index` at `generation`.
+    fn id(&self, index: usize, generation: u64) -> BatchId {
+        let gen_bits = LOW_BITS - self.slot_bits;
+        BatchId(
+            (u64::from(self.tag) << LOW_BITS)
+                | ((index as u64) << gen_bits)
+                | (generation & self.generation_mask()),
+        )
+    }
+
     /// The slot `id` names, if this engine issued it and it is current.
-    fn slot_of<'a>(&self, slots: &'a mut [Slot], id: BatchId) -> Option<&'a mut Slot> {
-        if id.tag() != self.tag {
+    fn slot_of<'a>(&self, slots: &'a mut Slots, id: BatchId) -> Option<&'a mut Slot> {
+        let gen_bits = LOW_BITS - self.slot_bits;
+        if (id.0 >> LOW_BITS) as u32 != self.tag {
             return None;
         }
+        let index = ((id.0 >> gen_bits) & ((1 << self.slot_bits) - 1)) as usize;
+        let mask = self.generation_mask();
         slots
-            .get_mut(id.index())
-            .filter(|s| s.generation & GENERATION_MASK == id.generation() && s.batch.is_some())
+            .all
+            .get_mut(index)
+            .filter(|s| s.generation & mask == id.0 & mask && s.batch.is_some())
     }
 
     pub(crate) fn allocate(&self, capacity: usize) -> Result<BatchId> {
@@ -323,15 +331,20 @@ impl BatchTable {
             used: Mutex::new(Usage::default()),
             notes: Mutex::new(Vec::new()),
         });
-        let mut slots = self.slots.lock();
-        let index = match slots.iter().position(|s| s.batch.is_none()) {
+        let mut guard = self.slots.lock();
+        let slots = &mut *guard;
+        let n = slots.all.len();
+        let free = (0..n)
+            .map(|k| (slots.cursor + k) % n)
+            .find(|&i| slots.all[i].batch.is_none());
+        let index = match free {
             Some(i) => i,
-            None if slots.len() < self.max_batches => {
-                slots.push(Slot {
+            None if n < self.max_batches => {
+                slots.all.push(Slot {
                     generation: 0,
                     batch: None,
                 });
-                slots.len() - 1
+                n
             }
             None => {
                 return Err(Error::new(
@@ -343,10 +356,12 @@ impl BatchTable {
                 ));
             }
         };
-        let slot = &mut slots[index];
+        slots.cursor = index + 1;
+        let slot = &mut slots.all[index];
         slot.generation = slot.generation.wrapping_add(1);
         slot.batch = Some(batch);
-        Ok(BatchId::new(self.tag, index, slot.generation))
+        let generation = slot.generation;
+        Ok(self.id(index, generation))
     }
 
     pub(crate) fn get(&self, id: BatchId) -> Result<Arc<Batch>> {
@@ -656,5 +671,31 @@ mod tests {
         assert_ne!(id, id2, "generation makes reused slots distinct");
         t.allocate(1).unwrap();
         assert_eq!(t.allocate(1).unwrap_err().kind(), ErrorKind::OutOfMemory);
+    }
+
+    /// A freed id stays stale: an allocate/free loop walks the slots, and
+    /// a slot's generation has 38 bits here (4 batches), so the id of the
+    /// first batch does not come back within 2^20 allocations (with 20
+    /// bits of generation and the first free slot reused, it did).
+    #[test]
+    fn a_freed_batch_id_does_not_come_back() {
+        let t = BatchTable::new(4, 4, 5);
+        let first = t.allocate(1).unwrap();
+        t.free(first).unwrap();
+        for _ in 0..(1u32 << 20) {
+            let id = t.allocate(1).unwrap();
+            assert_ne!(id, first, "a stale id names a live batch again");
+            t.free(id).unwrap();
+        }
+        assert!(t.get(first).is_err());
+        // The most batches the key allows still get distinct ids.
+        let big = BatchTable::new(1 << 20, 1, 5);
+        assert_eq!(big.slot_bits, 20);
+        let ids: Vec<_> = (0..3).map(|_| big.allocate(1).unwrap()).collect();
+        assert!(ids[0] != ids[1] && ids[1] != ids[2]);
+        for id in ids {
+            assert!(big.get(id).is_ok());
+            assert_eq!(id.0 >> LOW_BITS, 5, "the tag on top");
+        }
     }
 }

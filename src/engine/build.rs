@@ -275,7 +275,10 @@ impl EngineBuilder {
         // included, go with the last `EngineShared`).
         let data = start_data_server(&shared)?;
         let rails = data.as_ref().map(|(_, r)| r.clone()).unwrap_or_default();
-        let inbox = Arc::new(crate::notify::inbox::Inbox::default());
+        // A notification's deadline is at most default_timeout_ms past its
+        // requests' latest, itself at most max_timeout_ms away.
+        let resend_max = shared.config.max_timeout_ms + shared.config.default_timeout_ms;
+        let inbox = Arc::new(crate::notify::inbox::Inbox::new(resend_max));
         let control = start_control(&shared, export.clone(), rails, inbox.clone())?;
         let outbox = crate::notify::outbox::Outbox::new(
             control.local_addr().to_string(),

@@ -67,7 +67,8 @@ impl Engine {
         };
         let cfg = &self.shared.config;
         let secret = cfg.secret();
-        let alive = match crate::control::fetch_descriptor(seg.name(), secret, timeout) {
+        let alive = match crate::control::client::fetch_descriptor_head(seg.name(), secret, timeout)
+        {
             Ok(d) => d.pid == pid && host.is_none_or(|h| h == d.host_id),
             Err(e) => {
                 tracing::debug!(segment = seg.name(), error = %e, "peer probe: no answer");

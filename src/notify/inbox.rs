@@ -15,16 +15,18 @@ use crate::error::{Error, Result};
 /// `SqFull` and tries again later (nothing is dropped): a peer cannot grow
 /// this process past `INBOX_MAX` × 4 KiB.
 pub const INBOX_MAX: usize = 4096;
-/// Sender streams remembered at once (dedup), from every address together.
+/// Sender streams remembered at once (dedup), from every source together.
 const STREAMS_MAX: usize = 4096;
-/// Sender streams remembered at once from one address: a host that opens
-/// streams faster than they expire is refused (`SqFull`, its senders try
-/// again later) and cannot crowd out another host's.
+/// Sender streams remembered at once from one source (an IPv4 address, an
+/// IPv6 /64): a host that opens streams faster than they expire is refused
+/// (`SqFull`, its senders try again later) rather than forget its own
+/// streams early.
 const SOURCE_STREAMS_MAX: usize = 1024;
-/// The longest resend window taken from a frame; a longer claim is cut to
-/// it (a sender's deadline is at most `max_timeout_ms` past its request's,
-/// itself at most a day by the key's range).
-const RESEND_MAX: Duration = Duration::from_secs(2 * 86_400);
+/// The longest resend window taken from a frame by default (a claim past
+/// the inbox's bound is cut to it): `max_timeout_ms` plus
+/// `default_timeout_ms` at their defaults, the furthest deadline a sender
+/// with this engine's configuration gives a notification.
+pub(crate) const DEFAULT_RESEND_MAX: Duration = Duration::from_secs(3600 + 30);
 /// Kept past a frame's resend window: covers a resend that left the
 /// sender just before its deadline and arrives late (a new connection's
 /// handshake, then the server's read of the frame).
@@ -34,6 +36,18 @@ const RESEND_SLACK: Duration = Duration::from_secs(30);
 /// the address too, so a peer elsewhere cannot silence a stream by
 /// forging its id.
 type StreamKey = (IpAddr, u64);
+
+/// Who counts as one source for the bounds: an IPv4 address (an IPv4-mapped
+/// IPv6 one too), an IPv6 /64 (one host may hold a whole prefix).
+fn source_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
+    }
+}
 
 /// What the inbox remembers of a stream.
 #[derive(Debug, Clone, Copy)]
@@ -50,7 +64,7 @@ struct Stream {
 struct State {
     queue: VecDeque<Received>,
     seen: HashMap<StreamKey, Stream>,
-    /// Streams in `seen` per address.
+    /// Streams in `seen` per source ([`source_of`]).
     per_source: HashMap<IpAddr, usize>,
     /// No stream in `seen` expires before this: a purge before it finds
     /// nothing (`None`: not known, look).
@@ -60,6 +74,17 @@ struct State {
 }
 
 impl State {
+    /// Count one stream less for `ip`'s source.
+    fn uncount(per_source: &mut HashMap<IpAddr, usize>, ip: IpAddr) {
+        let src = source_of(ip);
+        if let Some(n) = per_source.get_mut(&src) {
+            *n -= 1;
+            if *n == 0 {
+                per_source.remove(&src);
+            }
+        }
+    }
+
     /// Forget the streams whose resend windows ended by `now`.
     fn purge(&mut self, now: Instant) {
         if self.next_expiry.is_some_and(|t| now < t) {
@@ -72,77 +97,133 @@ impl State {
                 next = Some(next.map_or(s.until, |t| t.min(s.until)));
                 return true;
             }
-            if let Some(n) = per_source.get_mut(ip) {
-                *n -= 1;
-                if *n == 0 {
-                    per_source.remove(ip);
-                }
-            }
+            State::uncount(per_source, *ip);
             false
         });
         self.next_expiry = next;
     }
 
     /// Room to remember one more stream from `ip`, after forgetting the
-    /// expired ones if need be.
+    /// expired ones if need be. When every stream is still in its window:
+    /// a source at [`SOURCE_STREAMS_MAX`] is refused; a full table forgets
+    /// the first-expiring stream of the source holding the most, if that
+    /// is more than its fair share (all streams over the sources, the
+    /// newcomer's included). So a source within its share never loses a
+    /// stream to another's, and no set of sources locks the others out.
     fn room_for(&mut self, ip: IpAddr, now: Instant) -> Result<()> {
-        let crowded = |st: &State| {
-            st.seen.len() >= STREAMS_MAX
-                || st.per_source.get(&ip).copied().unwrap_or(0) >= SOURCE_STREAMS_MAX
-        };
-        if crowded(self) {
+        let src = source_of(ip);
+        let mine = |st: &State| st.per_source.get(&src).copied().unwrap_or(0);
+        if self.seen.len() >= STREAMS_MAX || mine(self) >= SOURCE_STREAMS_MAX {
             self.purge(now);
         }
-        if crowded(self) {
-            return Err(Error::new(
-                ErrorKind::SqFull,
-                format!(
-                    "the receiver remembers {} notification streams ({} from {ip}) whose \
-                     senders may still resend; try again",
-                    self.seen.len(),
-                    self.per_source.get(&ip).copied().unwrap_or(0)
-                ),
-            ));
+        if mine(self) >= SOURCE_STREAMS_MAX {
+            return Err(self.crowded(ip, src));
+        }
+        if self.seen.len() < STREAMS_MAX {
+            return Ok(());
+        }
+        let sources = self.per_source.len() + usize::from(!self.per_source.contains_key(&src));
+        let fair = STREAMS_MAX / sources.max(1);
+        let Some((big, held)) = self
+            .per_source
+            .iter()
+            .max_by_key(|(_, n)| **n)
+            .map(|(s, n)| (*s, *n))
+        else {
+            return Err(self.crowded(ip, src));
+        };
+        if held <= fair {
+            return Err(self.crowded(ip, src));
+        }
+        let victim = self
+            .seen
+            .iter()
+            .filter(|((at, _), _)| source_of(*at) == big)
+            .min_by_key(|(_, s)| s.until)
+            .map(|(k, _)| *k);
+        if let Some(k) = victim {
+            self.seen.remove(&k);
+            State::uncount(&mut self.per_source, k.0);
+            crate::lograte::warn_limited!(
+                (big, "notify-streams-over-share"),
+                source = %big,
+                held,
+                fair,
+                "notification streams over their share: the first to expire forgotten early"
+            );
         }
         Ok(())
     }
+
+    fn crowded(&self, ip: IpAddr, src: IpAddr) -> Error {
+        Error::new(
+            ErrorKind::SqFull,
+            format!(
+                "the receiver remembers {} notification streams ({} from {ip}'s source {src}) \
+                 whose senders may still resend; try again",
+                self.seen.len(),
+                self.per_source.get(&src).copied().unwrap_or(0)
+            ),
+        )
+    }
 }
 
-/// How long after `now` a resend of `f` may still arrive.
-fn resend_until(f: &NotifyFrame, now: Instant) -> Instant {
-    let window = Duration::from_millis(f.resend_ms).min(RESEND_MAX) + RESEND_SLACK;
+/// How long after `now` a resend of `f` may still arrive, its claim cut
+/// to `max`.
+fn resend_until(f: &NotifyFrame, now: Instant, max: Duration) -> Instant {
+    let window = Duration::from_millis(f.resend_ms).min(max) + RESEND_SLACK;
     now + window
 }
 
 /// What the engine has received and the application not yet taken.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Inbox {
     state: Mutex<State>,
     arrived: Condvar,
+    /// The longest resend window a frame may claim.
+    resend_max: Duration,
+}
+
+impl Default for Inbox {
+    fn default() -> Inbox {
+        Inbox::new(DEFAULT_RESEND_MAX)
+    }
 }
 
 impl Inbox {
+    /// An empty inbox that keeps a stream at most `resend_max` (plus the
+    /// slack) past its last frame: the furthest deadline this engine's
+    /// configuration gives a notification.
+    pub(crate) fn new(resend_max: Duration) -> Inbox {
+        Inbox {
+            state: Mutex::default(),
+            arrived: Condvar::new(),
+            resend_max,
+        }
+    }
+
     /// File a notification that came over the control plane from `from`
     /// at `now`. `Ok` (the sender is answered with an acknowledgement) also
     /// for a resend of one already filed, which is dropped: each arrives
     /// once, in its stream's order. A stream is remembered until its
-    /// sender can no longer resend (the frame's `resend_ms`, plus
-    /// [`RESEND_SLACK`]), so no number of other streams meanwhile makes a
-    /// resend look new: past the bounds on streams remembered, a new
-    /// stream is refused instead.
+    /// sender can no longer resend (the frame's `resend_ms`, at most the
+    /// inbox's bound, plus [`RESEND_SLACK`]), so no number of other
+    /// sources' streams meanwhile makes a resend look new while its source
+    /// keeps within its share (see `State::room_for`).
     ///
     /// # Errors
     /// `SqFull` when [`INBOX_MAX`] are waiting, or when a new stream finds
-    /// [`STREAMS_MAX`] streams, or [`SOURCE_STREAMS_MAX`] from its address,
-    /// still in their resend windows; `Shutdown` once the engine is going
-    /// away. Nothing is filed either way.
+    /// [`SOURCE_STREAMS_MAX`] streams of its source still in their resend
+    /// windows, or the table full with no source over its fair share (see
+    /// `State::room_for`); `Shutdown` once the engine is going away.
+    /// Nothing is filed either way.
     pub(crate) fn file(&self, from: IpAddr, f: NotifyFrame, now: Instant) -> Result<()> {
         let mut st = self.state.lock();
         if st.closed {
             return Err(closed());
         }
         let key = (from, f.sender);
-        let until = resend_until(&f, now);
+        let until = resend_until(&f, now, self.resend_max);
         if let Some(s) = st.seen.get_mut(&key) {
             s.until = s.until.max(until);
             if f.seq <= s.last {
@@ -164,7 +245,7 @@ impl Inbox {
                     return Err(e);
                 }
                 st.seen.insert(key, Stream { last: f.seq, until });
-                *st.per_source.entry(from).or_insert(0) += 1;
+                *st.per_source.entry(source_of(from)).or_insert(0) += 1;
                 st.next_expiry = Some(st.next_expiry.map_or(until, |t| t.min(until)));
             }
         }
@@ -391,7 +472,10 @@ mod tests {
         let just_before = t0 + window - Duration::from_millis(1);
         let e = inbox.file(HERE, newcomer(), just_before).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::SqFull);
-        assert!(e.to_string().contains("1024 from 127.0.0.1"), "{e}");
+        assert!(
+            e.to_string().contains("1024 from 127.0.0.1's source"),
+            "{e}"
+        );
         // Stream 1 resent late in its window: its window starts again.
         inbox.file(HERE, frame(1, 1, "a"), just_before).unwrap();
         assert!(inbox.take_all().is_empty());
@@ -411,9 +495,10 @@ mod tests {
         let t0 = Instant::now();
         let mut f = frame(1, 1, "a");
         f.resend_ms = u64::MAX;
-        assert_eq!(resend_until(&f, t0), t0 + RESEND_MAX + RESEND_SLACK);
+        let max = DEFAULT_RESEND_MAX;
+        assert_eq!(resend_until(&f, t0, max), t0 + max + RESEND_SLACK);
         f.resend_ms = 0;
-        assert_eq!(resend_until(&f, t0), t0 + RESEND_SLACK);
+        assert_eq!(resend_until(&f, t0, max), t0 + RESEND_SLACK);
     }
 
     #[test]
@@ -428,5 +513,46 @@ mod tests {
             ErrorKind::Shutdown
         );
         assert!(inbox.take_all().is_empty());
+    }
+
+    /// Sources flooding with the longest windows lock nobody else out: a
+    /// full table forgets a stream of the source over its fair share, so a
+    /// newcomer is taken at once, and a quiet source's stream (within its
+    /// share) survives the flood, its resend still a resend.
+    #[test]
+    fn floods_from_other_sources_forget_their_own_streams_not_others() {
+        let inbox = Inbox::default();
+        let t0 = Instant::now();
+        let quiet = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+        inbox.file(quiet, frame(0x5a, 1, "z"), t0).unwrap();
+        for src in 0..4u8 {
+            let ip = IpAddr::V4(Ipv4Addr::new(10, 9, 9, src));
+            for i in 0..SOURCE_STREAMS_MAX as u64 {
+                let mut f = frame(i + 1, 1, "junk");
+                f.resend_ms = u64::MAX;
+                inbox.file(ip, f, t0).unwrap();
+            }
+            inbox.take_all();
+        }
+        let later = t0 + Duration::from_secs(10);
+        let newcomer = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+        inbox.file(newcomer, frame(77, 1, "new"), later).unwrap();
+        // The quiet source's stream is still known: its resend is dropped.
+        inbox.file(quiet, frame(0x5a, 1, "z"), later).unwrap();
+        let names: Vec<_> = inbox.take_all().into_iter().map(|r| r.name).collect();
+        assert_eq!(names, ["new"]);
+        let st = inbox.state.lock();
+        assert_eq!(st.seen.len(), STREAMS_MAX);
+        assert_eq!(st.per_source.values().sum::<usize>(), STREAMS_MAX);
+    }
+
+    #[test]
+    fn an_ipv6_host_counts_as_its_64_and_a_mapped_address_as_ipv4() {
+        let a: IpAddr = "2001:db8::1".parse().unwrap();
+        let b: IpAddr = "2001:db8::ffff:1234".parse().unwrap();
+        assert_eq!(source_of(a), source_of(b));
+        assert_ne!(source_of(a), source_of("2001:db8:0:1::1".parse().unwrap()));
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert_eq!(source_of(mapped), "10.0.0.1".parse::<IpAddr>().unwrap());
     }
 }

@@ -156,10 +156,14 @@ impl SegmentTable {
         }
     }
 
-    /// The slot of `id`, unless another engine issued it.
+    /// The slot of `id`, unless another engine issued it. Slot 0 is
+    /// [`SegmentId::LOCAL`]'s alone: this engine's tag with number 0 names
+    /// nothing (else it would be a second name of the local segment, which
+    /// `close_segment` must never take out).
     #[inline]
     fn slot(&self, id: SegmentId) -> Option<usize> {
-        (id == SegmentId::LOCAL || id.tag() == self.tag).then_some(id.index() as usize)
+        let ours = id.tag() == self.tag && id.index() != 0;
+        (id == SegmentId::LOCAL || ours).then_some(id.index() as usize)
     }
 
     /// The segment with `id`.
@@ -225,5 +229,16 @@ mod tests {
         let local = Segment::new(SegmentId(0), "local".into(), SegmentKind::Local)
             .with_attachment(TransportKind::Shm, Arc::new(7u32));
         assert_eq!(local.attached::<u32>(TransportKind::Shm), None);
+    }
+
+    #[test]
+    fn this_engine_s_tag_with_number_0_is_no_second_name_of_local() {
+        let local = Arc::new(Segment::new(SegmentId::LOCAL, "local".into(), SegmentKind::Local));
+        let t = SegmentTable::tagged(0xabcd).with(local);
+        let alias = SegmentId::from_parts(0xabcd, 0);
+        assert!(t.get(alias).is_none());
+        assert!(t.without(alias).is_none(), "close_segment(alias) took out the local segment");
+        assert!(t.get(SegmentId::LOCAL).is_some());
+        assert!(t.get(SegmentId::from_parts(0x1234, 0)).is_none());
     }
 }

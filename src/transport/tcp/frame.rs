@@ -418,6 +418,65 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The data_frames fuzz target's seeds are today's frames, one of each
+    /// kind (`TENT_WRITE_SEEDS=1 cargo test -p tent --lib fuzz_seeds`
+    /// writes them), and nothing else lies there.
+    #[test]
+    fn fuzz_seeds_are_today_s_frames() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/data_frames");
+        let request = |opcode| Request {
+            opcode,
+            seq: 7,
+            addr: 0x7f00_0000_1000,
+            len: 4096,
+            key: 0x5eed,
+        };
+        let seeds: [(&str, Vec<u8>); 7] = [
+            ("request_read", request(Opcode::Read).encode().to_vec()),
+            ("request_write", request(Opcode::Write).encode().to_vec()),
+            ("fence", Fence { conn: 3 }.encode().to_vec()),
+            (
+                "response_ok",
+                Response { status: Ok(()), seq: 7, len: 4096 }.encode().to_vec(),
+            ),
+            (
+                "response_err",
+                Response { status: Err(ErrorKind::AccessDenied), seq: 7, len: 0 }.encode().to_vec(),
+            ),
+            (
+                "hello",
+                Hello {
+                    status: 0,
+                    flags: AUTH_REQUIRED,
+                    nonce: [9; NONCE_LEN],
+                    ident: Ident { session: [7; SESSION_LEN], conn: 1 },
+                }
+                .encode()
+                .to_vec(),
+            ),
+            ("proof", Proof { status: 0, mac: [4; NONCE_LEN] }.encode().to_vec()),
+        ];
+        let write = std::env::var_os("TENT_WRITE_SEEDS").is_some();
+        if write {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                std::fs::remove_file(entry.unwrap().path()).unwrap();
+            }
+        }
+        for (name, bytes) in &seeds {
+            let path = dir.join(name);
+            if write {
+                std::fs::write(&path, bytes).unwrap();
+            }
+            assert_eq!(
+                std::fs::read(&path).unwrap_or_default(),
+                *bytes,
+                "{}: TENT_WRITE_SEEDS=1 writes it",
+                path.display()
+            );
+        }
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), seeds.len(), "stale seeds");
+    }
+
     #[test]
     fn round_trips() {
         let h = Hello {

@@ -170,6 +170,11 @@ impl Drop for Refresher {
 fn run(state: &PeerState) {
     let mut watch_owner = true;
     loop {
+        // Before every poll: a stop whose ring the last `take` drained
+        // would otherwise leave this poll waiting for nothing.
+        if state.wake.stopped() {
+            return;
+        }
         let mut fds = [
             PollFd::new(&state.wake.fd, PollFlags::IN),
             state.owner.liveness_pollfd(),
