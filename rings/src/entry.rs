@@ -113,54 +113,53 @@ impl fmt::Display for TransportKind {
     }
 }
 
-/// Identifies a registered local memory region: the issuing engine's tag
-/// (high 32 bits, drawn from its incarnation at start) and the region's
-/// number there (low 32 bits). An engine refuses an id whose tag is not
-/// its own, so an id never names another engine's memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-pub struct RegionId(pub u64);
+/// An id an engine hands out: the engine's tag in the high 32 bits (drawn
+/// from its incarnation at start) and the object's number there in the low
+/// 32. An engine refuses an id whose tag is not its own, so an id never
+/// names another engine's object.
+macro_rules! tagged_id {
+    ($(#[$meta:meta])* $name:ident, $what:literal) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+        pub struct $name(pub u64);
 
-impl RegionId {
-    /// The id of region `index` of the engine tagged `tag`.
-    pub const fn from_parts(tag: u32, index: u32) -> RegionId {
-        RegionId(((tag as u64) << 32) | index as u64)
-    }
+        impl $name {
+            #[doc = concat!("The id of ", $what, " `index` of the engine tagged `tag`.")]
+            pub const fn from_parts(tag: u32, index: u32) -> $name {
+                $name(((tag as u64) << 32) | index as u64)
+            }
 
-    /// The issuing engine's tag.
-    pub const fn tag(self) -> u32 {
-        (self.0 >> 32) as u32
-    }
+            /// The issuing engine's tag.
+            pub const fn tag(self) -> u32 {
+                (self.0 >> 32) as u32
+            }
 
-    /// The region's number in its engine.
-    pub const fn index(self) -> u32 {
-        self.0 as u32
-    }
+            #[doc = concat!("The ", $what, "'s number in its engine.")]
+            pub const fn index(self) -> u32 {
+                self.0 as u32
+            }
+        }
+    };
 }
 
-/// Identifies a remote memory segment: as [`RegionId`], the opening
-/// engine's tag and the segment's number there. [`SegmentId::LOCAL`]
-/// (0) names the engine's own memory in every engine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-pub struct SegmentId(pub u64);
+tagged_id!(
+    /// Identifies a registered local memory region (see `tagged_id!`: the
+    /// issuing engine's tag, then the region's number there).
+    RegionId,
+    "region"
+);
+
+tagged_id!(
+    /// Identifies an open remote segment: the opening engine's tag, then the
+    /// segment's number there. [`SegmentId::LOCAL`] (0) names the engine's
+    /// own memory in every engine.
+    SegmentId,
+    "segment"
+);
 
 impl SegmentId {
     /// The segment that names this process's own memory.
     pub const LOCAL: SegmentId = SegmentId(0);
-
-    /// The id of segment `index` opened by the engine tagged `tag`.
-    pub const fn from_parts(tag: u32, index: u32) -> SegmentId {
-        SegmentId(((tag as u64) << 32) | index as u64)
-    }
-
-    /// The opening engine's tag (0 for [`SegmentId::LOCAL`]).
-    pub const fn tag(self) -> u32 {
-        (self.0 >> 32) as u32
-    }
-
-    /// The segment's number in its engine.
-    pub const fn index(self) -> u32 {
-        self.0 as u32
-    }
 }
 
 /// A position inside a registered local region.
