@@ -394,8 +394,7 @@ impl Context {
     pub(crate) fn async_fd(&self) -> Result<std::os::fd::RawFd> {
         // SAFETY: `self.raw` is live; `async_fd` is a plain field the library set at open.
         let fd = unsafe { (*self.raw).async_fd };
-        // SAFETY: the context owns `fd` and keeps it open while `self`
-        // lives; the borrow ends with this function.
+        // SAFETY: the context owns `fd` and keeps it open while `self` lives; the borrow ends with this function.
         let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
         let nonblocking = rustix::fs::fcntl_getfl(borrowed).and_then(|fl| {
             rustix::fs::fcntl_setfl(borrowed, fl | rustix::fs::OFlags::NONBLOCK)
