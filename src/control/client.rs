@@ -31,8 +31,9 @@ fn wire_err(peer: &str, e: WireError) -> Error {
     Error::new(kind, format!("control exchange with {peer}")).with_source(e)
 }
 
-/// A fresh initiator engine id: random and non-zero, drawn once per engine,
-/// so its peers' responders file its QPs apart from every other engine's.
+/// A fresh random non-zero id: a notification lane's stream id (an
+/// engine's own identity is its incarnation, `crate::incarnation`, which
+/// RDMA peers file its QPs under).
 pub fn new_engine_id() -> u64 {
     loop {
         let [a, b, c, d, e, f, g, h, ..] = auth::nonce();
