@@ -20,8 +20,7 @@ impl Incarnation {
     /// test's).
     pub(crate) fn draw() -> Incarnation {
         loop {
-            let [a, b, c, d, e, f, g, h, ..] = crate::control::auth::nonce();
-            if let Some(i) = Incarnation::from_bits(u64::from_le_bytes([a, b, c, d, e, f, g, h])) {
+            if let Some(i) = Incarnation::from_bits(crate::control::auth::random_u64()) {
                 return i;
             }
         }

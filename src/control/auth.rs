@@ -145,6 +145,22 @@ pub(crate) fn nonce() -> [u8; NONCE_LEN] {
     n
 }
 
+/// 64 random bits from the same source as [`nonce`] (names, salts, ids).
+pub(crate) fn random_u64() -> u64 {
+    let mut n = [0u8; 8];
+    getrandom::fill(&mut n).unwrap_or_else(|e| panic!("no entropy source: {e}"));
+    u64::from_le_bytes(n)
+}
+
+/// A random non-zero 64-bit value.
+pub(crate) fn random_nonzero_u64() -> std::num::NonZeroU64 {
+    loop {
+        if let Some(v) = std::num::NonZeroU64::new(random_u64()) {
+            return v;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,13 +35,7 @@ fn wire_err(peer: &str, e: WireError) -> Error {
 /// engine's own identity is its incarnation, `crate::incarnation`, which
 /// RDMA peers file its QPs under).
 pub fn new_engine_id() -> u64 {
-    loop {
-        let [a, b, c, d, e, f, g, h, ..] = auth::nonce();
-        let id = u64::from_le_bytes([a, b, c, d, e, f, g, h]);
-        if id != 0 {
-            return id;
-        }
-    }
+    auth::random_nonzero_u64().get()
 }
 
 /// Connect to `peer` (`ip:port`), authenticate (both ways) when `secret` is

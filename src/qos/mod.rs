@@ -7,10 +7,12 @@
 //! | `lanes` | [`PriorityLanes`]: a worker's three lanes, promotion |
 //! | `gate` | [`SendGate`]: may priority `p` post now? [`OpenGate`] |
 //! | `stats` | [`PriorityStats`]: per worker, per priority: queue depth, accepted, promotions, slot-gate holds, queue-wait histogram; [`QosSnapshot`] |
-//! | `slots` | [`SlotClock`] (a [`SendGate`]) over the shared slot file, [`SlotRotator`]: the lease-holding rotator thread |
+//! | `slots` | [`SlotClock`] (a [`SendGate`]) over the shared slot memory, [`SlotRotator`]: the lease-holding rotator thread |
+//! | `slot_file` | `SlotFile`: the slot file's locks (creator, members, seats), the sealed memory and its hand-over between participants |
 
 mod gate;
 mod lanes;
+mod slot_file;
 pub(crate) mod slots;
 pub(crate) mod stats;
 

@@ -4,9 +4,10 @@
 //! 2: all), so bulk work in one process leaves windows to latency-bound
 //! work in another.
 //!
-//! The file is a [`Region`] of type `SlotClock` in `/dev/shm`, created by
-//! whichever process comes first and never unlinked (whoever joins later
-//! must find it). Its payload is one **lease word** and the interval:
+//! The slot memory is shared by every participant (how it is found,
+//! handed over and kept alive: [`super::slot_file`]; no process can
+//! truncate it, and liveness is a lock, never a pid). It holds one
+//! **lease word** and the interval:
 //!
 //! ```text
 //!  63            32 31                 2 1  0
@@ -54,39 +55,40 @@
 //! - Slot 2 belongs to everybody: LOW is never starved by a steady HIGH
 //!   load (the seed's guarantee).
 //!
-//! The owner clears the demand of a seat whose process died; a seat of a
-//! dead process is claimed again by the next joiner.
+//! The owner clears the demand of a seat whose process died (its seat
+//! lock is free); a seat of a dead process is claimed again by the next
+//! joiner, which clears what it left.
 //!
 //! ```text
-//!  payload: lease | interval | owner pid | seats used | takeovers
-//!  seat[0..64]: who (pid << 32 | id) | demand (MEDIUM << 32 | HIGH)
+//!  memory: lease | interval | magic | format | seats used | takeovers
+//!  seat[0..64]: demand (MEDIUM << 32 | HIGH)
 //!               | HIGH's work last ended (ns) | MEDIUM's
 //! ```
 //!
-//! Trust: the file is refused unless it is a regular file owned by this
-//! user that nobody else may write, of this format (magic, version, type,
-//! layout); a slot value outside 0..=2 opens every priority. A process of
-//! the same user can still stall the rotation or truncate the file (the
-//! mapping would fault); it could equally signal this process, so the
-//! file is trusted as far as the user is.
+//! Trust: a slot value outside 0..=2 opens every priority, and the seats
+//! looked at are clamped to the table. A process of the same user can
+//! still write the memory and stall the rotation (it could equally stop or
+//! signal this process); it cannot make a participant fault.
 
 use std::num::NonZeroU64;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rustix::io::Errno;
-use rustix::process::{Pid, test_kill_process};
 use tent_rings::Priority;
-use tent_rings::region::{Region, RegionError, RegionType};
 
 use super::SendGate;
+use super::slot_file::{MEM_LEN, SlotFile};
 use crate::error::{Error, Result};
+use crate::memfd::Mapping;
 
-/// The slot file's format (its region's first layout word). 2: seats.
-pub(crate) const SLOT_FORMAT: u64 = 2;
+/// The slot memory's format. 3: memory handed over a socket, seats held
+/// by locks.
+pub(crate) const SLOT_FORMAT: u64 = 3;
+/// The memory's first word after the lease and interval.
+const SLOT_MAGIC: u64 = u64::from_le_bytes(*b"TENTSLOT");
 /// Participants one slot file holds at once.
 pub(crate) const SEATS: usize = 64;
 /// Payload bytes: the header line, then a line per seat.
@@ -97,12 +99,10 @@ const MEDIUM_UNIT: u64 = 1 << 32;
 /// The HIGH half of a demand word.
 const HIGH_MASK: u64 = MEDIUM_UNIT - 1;
 
-/// One participant's line: who holds it and what work it has.
+/// One participant's line: what work it has (who holds it: a lock on
+/// the slot file).
 #[repr(C, align(64))]
 struct Seat {
-    /// `pid << 32 | id` of the holder; 0: free. `pid << 32` alone: being
-    /// cleared by the owner (see `sweep`).
-    who: AtomicU64,
     /// Workers with HIGH work (low half) and MEDIUM work (high half).
     demand: AtomicU64,
     /// CLOCK_MONOTONIC ns (one clock for every process on the host) at
@@ -110,14 +110,15 @@ struct Seat {
     ended_ns: [AtomicU64; 2],
 }
 
-/// The slot file's payload.
+/// The slot memory.
 #[repr(C, align(64))]
 struct SlotPayload {
     lease: AtomicU64,
     /// The rotation interval in ns every participant must share.
     interval_ns: AtomicU64,
-    /// The current owner's pid (for messages only: never trusted).
-    owner_pid: AtomicU32,
+    /// [`SLOT_MAGIC`] and [`SLOT_FORMAT`], written by its maker.
+    magic: AtomicU64,
+    format: AtomicU64,
     /// Seats ever claimed (a high-water mark: the gate looks at this many;
     /// clamped to [`SEATS`] when read).
     seats_used: AtomicU32,
@@ -125,7 +126,7 @@ struct SlotPayload {
     takeovers: AtomicU64,
     seats: [Seat; SEATS],
 }
-const _: () = assert!(size_of::<SlotPayload>() <= PAYLOAD_LEN);
+const _: () = assert!(size_of::<SlotPayload>() <= PAYLOAD_LEN && PAYLOAD_LEN <= MEM_LEN);
 
 const BEAT_BITS: u32 = 30;
 const BEAT_MASK: u64 = (1 << BEAT_BITS) - 1;
@@ -183,15 +184,13 @@ pub(crate) fn allows(slot: u8, p: Priority) -> bool {
 /// Dropping it gives its seat back.
 #[derive(Debug)]
 pub struct SlotClock {
-    region: Region,
-    path: PathBuf,
     interval: Duration,
     /// This participant's lease id (random, non-zero).
     me: u32,
-    /// Its seat.
-    seat: usize,
     /// How long a class's ended work keeps its slots: one cycle.
     hold_ns: u64,
+    /// Its place in the slot file: seat, memory, socket, locks.
+    file: SlotFile,
 }
 
 impl SlotClock {
@@ -200,9 +199,10 @@ impl SlotClock {
     ///
     /// # Errors
     /// `InvalidArgument` naming the path when the file cannot be used: not
-    /// this format or version (another program's, an older tent's: remove
-    /// it or pick another `shared_quota_shm_path`), not this user's, or
-    /// rotated by a live process at another interval.
+    /// this user's, or writable by others; memory of another format (a
+    /// participant of another tent release); every seat held; or rotated
+    /// by live processes at another interval. `Timeout` when participants
+    /// hold the file but none handed its memory over (all stopped).
     pub fn open(name: &str, interval: Duration) -> Result<SlotClock> {
         let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
         // A name, never a path: the file lies directly in /dev/shm.
@@ -211,79 +211,75 @@ impl SlotClock {
                 "shared_quota_shm_path {name:?}: not a shared-memory name like /tent_slots"
             )));
         }
-        let file = &name[1..];
-        let (region, created) = Region::open_or_create_shm(
-            file,
-            RegionType::SlotClock,
-            [SLOT_FORMAT, PAYLOAD_LEN as u64, 0, 0],
-            PAYLOAD_LEN,
-        )
-        .map_err(|e| refused(name, e))?;
-        let path = region
-            .path()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from(name));
-        let me = loop {
-            let id = u32::from_le_bytes(
-                crate::control::auth::nonce()[..4]
-                    .try_into()
-                    .expect("four bytes"),
-            );
-            if id != 0 {
-                break id;
-            }
-        };
-        let mut clock = SlotClock {
-            region,
-            path,
-            interval,
-            me,
-            seat: 0,
-            hold_ns: interval_ns.saturating_mul(3),
-        };
-        clock.seat = claim(clock.payload(), clock.who()).ok_or_else(|| {
-            Error::invalid(format!(
-                "slot file {}: all {SEATS} seats are held by live processes",
-                clock.path.display()
-            ))
-        })?;
-        let p = clock.payload();
-        if created {
-            // Release: a joiner reading the lease sees the interval.
+        let init = |m: &Mapping| {
+            let p = payload_of(m);
+            p.magic.store(SLOT_MAGIC, Ordering::Relaxed);
+            p.format.store(SLOT_FORMAT, Ordering::Relaxed);
             p.interval_ns.store(interval_ns, Ordering::Relaxed);
+            // Release: whoever reads the lease sees the rest.
             p.lease.store(Lease::new(0, 0, 2).0, Ordering::Release);
-        } else {
-            let theirs = p.interval_ns.load(Ordering::Acquire);
-            if theirs != interval_ns {
-                let lease = clock.lease();
-                let pid = p.owner_pid.load(Ordering::Relaxed);
-                if lease.owner() != 0 && pid_alive(pid) {
-                    return Err(Error::invalid(format!(
-                        "slot file {}: rotated every {} us by pid {pid}, this engine's \
-                         slot_rotation_interval_ms is {} us; every process sharing a slot \
-                         file must use the same interval",
-                        clock.path.display(),
-                        theirs / 1_000,
-                        interval_ns / 1_000
-                    )));
-                }
-                // Nobody rotates it (a stale file from an earlier run): ours.
-                tracing::info!(path = %clock.path.display(), old_us = theirs / 1_000,
-                    new_us = interval_ns / 1_000, "slot file: stale interval replaced");
-                p.interval_ns.store(interval_ns, Ordering::Release);
+        };
+        let check = |m: &Mapping| {
+            let p = payload_of(m);
+            if p.magic.load(Ordering::Acquire) != SLOT_MAGIC
+                || p.format.load(Ordering::Acquire) != SLOT_FORMAT
+            {
+                return Err(Error::invalid(format!(
+                    "shared_quota_shm_path {name:?}: its participants' memory is not a tent slot \
+                     clock of format {SLOT_FORMAT}"
+                )));
             }
+            Ok(())
+        };
+        let file = SlotFile::join(&name[1..], SEATS, &init, &check)?;
+        let clock = SlotClock {
+            interval,
+            me: crate::control::auth::random_nonzero_u64().get() as u32 | 1,
+            hold_ns: interval_ns.saturating_mul(3),
+            file,
+        };
+        let p = clock.payload();
+        let theirs = p.interval_ns.load(Ordering::Acquire);
+        if theirs != interval_ns {
+            // The memory lives only while a participant holds it: this is
+            // a live process's interval.
+            let pid = clock.file.handed_by();
+            let by = if pid > 0 {
+                format!("pid {pid}")
+            } else {
+                "a process in another pid namespace".to_owned()
+            };
+            return Err(Error::invalid(format!(
+                "slot file {}: rotated every {} us by live participants (handed over by {by}), \
+                 this engine's slot_rotation_interval_ms is {} us; every process sharing a slot \
+                 file must use the same interval",
+                clock.path().display(),
+                theirs / 1_000,
+                interval_ns / 1_000
+            )));
         }
+        // What a dead holder of this seat left is cleared before this
+        // participant raises anything.
+        let seat = &p.seats[clock.file.seat()];
+        seat.demand.store(0, Ordering::Release);
+        for e in &seat.ended_ns {
+            e.store(0, Ordering::Relaxed);
+        }
+        p.seats_used
+            .fetch_max(clock.file.seat() as u32 + 1, Ordering::AcqRel);
+        tracing::info!(path = %clock.path().display(), seat = clock.seat(),
+            created = clock.file.created(), interval_us = interval_ns / 1_000,
+            "slot file: joined");
         Ok(clock)
     }
 
     fn payload(&self) -> &SlotPayload {
-        // SAFETY: the region's payload is PAYLOAD_LEN bytes (checked at open), 128-byte aligned, all atomics, mapped as long as `self` lives.
-        unsafe { &*self.region.payload_ptr().cast::<SlotPayload>() }
+        payload_of(self.file.memory())
     }
 
-    /// This participant's seat word.
-    fn who(&self) -> u64 {
-        u64::from(std::process::id()) << 32 | u64::from(self.me)
+    /// Its seat.
+    fn seat(&self) -> usize {
+        self.file.seat()
     }
 
     /// Seats to look at: the high-water mark, never past the table.
@@ -338,7 +334,13 @@ impl SlotClock {
 
     /// The file.
     pub(crate) fn path(&self) -> &Path {
-        &self.path
+        self.file.path()
+    }
+
+    /// Hand the memory to joiners waiting on this participant (its
+    /// keeper's duty, a few times a slot); never waits.
+    fn serve_joiners(&self) -> usize {
+        self.file.serve()
     }
 
     /// The rotation interval.
@@ -369,12 +371,18 @@ impl SlotClock {
 impl Drop for SlotClock {
     fn drop(&mut self) {
         // Its workers are gone (they hold the clock): no demand is left.
-        let seat = &self.payload().seats[self.seat];
-        seat.demand.store(0, Ordering::Release);
-        let _ = seat
-            .who
-            .compare_exchange(self.who(), 0, Ordering::AcqRel, Ordering::Relaxed);
+        // The seat's lock goes with the file, after this.
+        self.payload().seats[self.seat()]
+            .demand
+            .store(0, Ordering::Release);
     }
+}
+
+/// The memory as the slot payload.
+fn payload_of(m: &Mapping) -> &SlotPayload {
+    debug_assert!(m.len() >= PAYLOAD_LEN);
+    // SAFETY: every mapping of slot memory is MEM_LEN >= PAYLOAD_LEN bytes (checked before mapping), page aligned, all atomics, mapped as long as `m` lives.
+    unsafe { &*m.ptr().cast::<SlotPayload>() }
 }
 
 /// Demand bits that close a slot to `p`: work of a class above it.
@@ -387,59 +395,22 @@ fn demand_mask(p: Priority) -> u64 {
     }
 }
 
-/// Is a seat word (`pid << 32 | id`) held by a live process? (0: free.)
-fn held_by_live(who: u64) -> bool {
-    who != 0 && pid_alive((who >> 32) as u32)
-}
-
-/// Take a free seat (or one of a dead process) for `who`.
-fn claim(p: &SlotPayload, who: u64) -> Option<usize> {
-    for (i, seat) in p.seats.iter().enumerate() {
-        let cur = seat.who.load(Ordering::Acquire);
-        if held_by_live(cur) {
+/// The owner's round: a seat whose process died with demand raised would
+/// close slots 0 and 1 to lower classes for good (strict slots, no worse
+/// than the seed's); its demand is cleared. The seat's lock is held while
+/// its demand is cleared, so a joiner cannot claim it in between and lose
+/// its first raise. Returns the seats cleared.
+fn sweep(clock: &SlotClock) -> usize {
+    let mut cleared = 0;
+    for (i, seat) in clock.seats().iter().enumerate() {
+        if seat.demand.load(Ordering::Relaxed) == 0 {
             continue;
         }
-        if seat
-            .who
-            .compare_exchange(cur, who, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            // Ours now: what a dead holder left is cleared before this
-            // participant raises anything.
+        if let Some(_held) = clock.file.hold_vacant(i) {
             seat.demand.store(0, Ordering::Release);
             for e in &seat.ended_ns {
                 e.store(0, Ordering::Relaxed);
             }
-            p.seats_used.fetch_max(i as u32 + 1, Ordering::AcqRel);
-            return Some(i);
-        }
-    }
-    None
-}
-
-/// The owner's round: a seat whose process died with demand raised would
-/// close slots 0 and 1 to lower classes for good (strict slots, no worse
-/// than the seed's); its demand is cleared. The seat is marked (pid with
-/// no id) while its demand is cleared, so a joiner cannot claim it in
-/// between and lose its first raise. Returns the seats cleared.
-fn sweep(clock: &SlotClock) -> usize {
-    let mut cleared = 0;
-    let mark = u64::from(std::process::id()) << 32;
-    for seat in clock.seats() {
-        if seat.demand.load(Ordering::Relaxed) == 0 {
-            continue;
-        }
-        let who = seat.who.load(Ordering::Acquire);
-        if held_by_live(who) {
-            continue;
-        }
-        if seat
-            .who
-            .compare_exchange(who, mark, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            seat.demand.store(0, Ordering::Release);
-            seat.who.store(0, Ordering::Release);
             cleared += 1;
         }
     }
@@ -468,7 +439,7 @@ impl SendGate for SlotClock {
             Priority::Medium => (MEDIUM_UNIT, 1),
             Priority::Low => return,
         };
-        let seat = &self.payload().seats[self.seat];
+        let seat = &self.payload().seats[self.seat()];
         // Release: a LOW worker that sees the demand sees it after the
         // request that raised it was accepted.
         if busy {
@@ -485,35 +456,6 @@ impl SendGate for SlotClock {
         // A closed lane looks again within an eighth of a slot.
         (self.interval / 8).max(Duration::from_micros(50))
     }
-}
-
-fn refused(name: &str, e: RegionError) -> Error {
-    let hint = match e {
-        RegionError::BadMagic { .. }
-        | RegionError::Version { .. }
-        | RegionError::WrongType { .. }
-        | RegionError::Layout { .. }
-        | RegionError::PayloadLen { .. }
-        | RegionError::TooSmall { .. } => {
-            "not a tent slot file of this version (a stale file of another program or \
-             release): remove it, or set another transports/rdma/shared_quota_shm_path"
-        }
-        RegionError::Foreign { .. } => "remove it, or set another shared_quota_shm_path",
-        _ => "cannot open the slot file",
-    };
-    Error::invalid(format!("shared_quota_shm_path {name:?}: {hint}")).with_source(e)
-}
-
-/// Is `pid` a live process? (`kill(pid, 0)`: `EPERM` is alive too; pid 0,
-/// or a pid in another namespace that happens to be free here, reads as
-/// dead, which at worst lets a new interval replace a live one's.)
-fn pid_alive(pid: u32) -> bool {
-    // Positive only: 0 and negative pids name process groups.
-    let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
-        return false;
-    };
-    // Signal 0 only checks whether the process exists.
-    matches!(test_kill_process(pid), Ok(()) | Err(Errno::PERM))
 }
 
 /// The thread that keeps a participant's share of the clock: it rotates
@@ -564,17 +506,22 @@ impl Drop for SlotRotator {
     }
 }
 
-/// Sleep until `until` or a stop; `false` once stopped.
-fn nap_until(stop: &AtomicBool, until: Instant) -> bool {
+/// How often a keeper looks for joiners at the latest.
+const SERVE_EVERY: Duration = Duration::from_millis(5);
+
+/// Sleep until `until` or a stop, handing the memory to joiners at least
+/// every [`SERVE_EVERY`]; `false` once stopped.
+fn nap_until(clock: &SlotClock, stop: &AtomicBool, until: Instant) -> bool {
     loop {
         if stop.load(Ordering::Acquire) {
             return false;
         }
+        clock.serve_joiners();
         let now = Instant::now();
         if now >= until {
             return true;
         }
-        std::thread::park_timeout(until - now);
+        std::thread::park_timeout((until - now).min(SERVE_EVERY));
     }
 }
 
@@ -599,7 +546,7 @@ fn rotate(clock: &SlotClock, stop: &AtomicBool) {
     loop {
         match role {
             Role::Owner { next } => {
-                if !nap_until(stop, next) {
+                if !nap_until(clock, stop, next) {
                     return;
                 }
                 let cur = clock.lease();
@@ -610,7 +557,7 @@ fn rotate(clock: &SlotClock, stop: &AtomicBool) {
                     clock.swap(cur, cur.rotated_by(clock.me)).err()
                 };
                 if let Some(cur) = lost {
-                    tracing::info!(path = %clock.path.display(), owner = cur.owner(),
+                    tracing::info!(path = %clock.path().display(), owner = cur.owner(),
                         "slot clock: lease taken over by another participant; watching");
                     role = Role::Watcher {
                         seen: cur,
@@ -620,7 +567,7 @@ fn rotate(clock: &SlotClock, stop: &AtomicBool) {
                 }
                 let cleared = sweep(clock);
                 if cleared > 0 {
-                    tracing::warn!(path = %clock.path.display(), seats = cleared,
+                    tracing::warn!(path = %clock.path().display(), seats = cleared,
                         "slot file: cleared the HIGH/MEDIUM demand of seats whose process died");
                 }
                 // Fixed boundaries; a tick overslept by more than a slot
@@ -632,7 +579,7 @@ fn rotate(clock: &SlotClock, stop: &AtomicBool) {
                 role = Role::Owner { next };
             }
             Role::Watcher { seen, since } => {
-                if !nap_until(stop, Instant::now() + look) {
+                if !nap_until(clock, stop, Instant::now() + look) {
                     return;
                 }
                 let cur = clock.lease();
@@ -641,12 +588,11 @@ fn rotate(clock: &SlotClock, stop: &AtomicBool) {
                 if vacant || (cur == seen && now - since >= silent) {
                     match clock.swap(cur, cur.rotated_by(clock.me)) {
                         Ok(()) => {
-                            p.owner_pid.store(std::process::id(), Ordering::Relaxed);
                             if !vacant {
                                 p.takeovers.fetch_add(1, Ordering::Relaxed);
                                 crate::lograte::warn_limited!(
-                                    ("slot takeover", clock.path.as_path()),
-                                    path = %clock.path.display(), from = cur.owner(),
+                                    ("slot takeover", clock.path()),
+                                    path = %clock.path().display(), from = cur.owner(),
                                     silent_us = (now - since).as_micros() as u64,
                                     "slot clock: owner silent; took over rotation"
                                 );
@@ -686,11 +632,17 @@ mod tests {
         )
     }
 
+    /// Removes the lock file and any seat socket left.
     struct Cleanup(String);
     impl Drop for Cleanup {
         fn drop(&mut self) {
-            let _ =
-                std::fs::remove_file(tent_rings::region::shm_path(self.0.trim_start_matches('/')));
+            let path = tent_rings::region::shm_path(self.0.trim_start_matches('/'));
+            let _ = std::fs::remove_file(&path);
+            for i in 0..SEATS {
+                let mut p = path.as_os_str().to_owned();
+                p.push(format!(".s{i}"));
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
 
@@ -743,6 +695,25 @@ mod tests {
         }
     }
 
+    /// Open `n` while `members` (without keeper threads) hand over the
+    /// memory.
+    fn open_beside(n: &str, iv: Duration, members: &[&SlotClock]) -> Result<SlotClock> {
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !done.load(Ordering::Acquire) {
+                    for m in members {
+                        m.serve_joiners();
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            });
+            let r = SlotClock::open(n, iv);
+            done.store(true, Ordering::Release);
+            r
+        })
+    }
+
     #[test]
     #[cfg_attr(miri, ignore = "/dev/shm file")]
     fn demand_closes_slots_to_lower_classes_only_while_raised_and_dead_seats_come_back() {
@@ -751,13 +722,14 @@ mod tests {
         let _c = Cleanup(n.clone());
         let iv = Duration::from_millis(50);
         let a = SlotClock::open(&n, iv).unwrap();
-        let b = SlotClock::open(&n, iv).unwrap();
-        assert_ne!(a.seat, b.seat);
+        let b = open_beside(&n, iv, &[&a]).unwrap();
+        assert_ne!(a.seat(), b.seat());
         let set_slot = |slot| {
             a.payload()
                 .lease
                 .store(Lease::new(0, 0, slot).0, Ordering::Relaxed)
         };
+        assert_eq!(b.lease(), a.lease(), "one memory");
         let now = crate::clock::monotonic_ns;
         // Slot 0, nobody with work: work-conserving, all may send.
         set_slot(0);
@@ -788,56 +760,57 @@ mod tests {
         assert!(b.can_send(Low, later) && b.can_send(Medium, later));
         assert_eq!(b.busy_seats(Low, later), 0);
 
-        // A seat left with demand by a dead process: the owner's sweep
-        // clears it, and a joiner takes the seat again.
-        let mut gone = std::process::Command::new("true").spawn().unwrap();
-        let pid = u64::from(gone.id());
-        gone.wait().unwrap();
-        let seat_of_a = a.seat;
+        // A seat left with demand by a process that is gone (its seat lock
+        // free, whatever pid it had): the owner's sweep clears it, and a
+        // joiner takes the seat again.
+        let seat_of_a = a.seat();
         drop(a);
         let seat = &b.payload().seats[seat_of_a];
         assert_eq!(
-            seat.who.load(Ordering::Relaxed),
+            seat.demand.load(Ordering::Relaxed),
             0,
-            "dropping gives the seat back"
+            "dropping lowers the demand"
         );
-        seat.who.store(pid << 32 | 5, Ordering::Relaxed);
         seat.demand.store(HIGH_UNIT, Ordering::Relaxed);
         assert!(!b.can_send(Low, later));
         assert_eq!(sweep(&b), 1);
         assert!(b.can_send(Low, later));
         assert_eq!(sweep(&b), 0, "nothing left to clear");
-        seat.who.store(pid << 32 | 5, Ordering::Relaxed);
+        // A live seat's demand is never cleared.
+        b.demand(High, true);
+        assert_eq!(sweep(&b), 0);
+        b.demand(High, false);
         seat.demand.store(HIGH_UNIT, Ordering::Relaxed);
         seat.ended_ns[0].store(later, Ordering::Relaxed);
-        let c = SlotClock::open(&n, iv).unwrap();
-        assert_eq!(
-            c.seat, seat_of_a,
-            "the dead process's seat is claimed again"
+        let c = open_beside(&n, iv, &[&b]).unwrap();
+        assert_eq!(c.seat(), seat_of_a, "the vacant seat is claimed again");
+        assert!(
+            b.can_send(Low, later + 151_000_000),
+            "and what it left cleared"
         );
-        assert!(b.can_send(Low, later), "and what it left cleared");
     }
 
     #[test]
     #[cfg_attr(miri, ignore = "/dev/shm file")]
-    fn a_live_rotator_at_another_interval_is_refused_and_a_stale_one_replaced() {
+    fn live_participants_at_another_interval_refuse_and_a_file_nobody_holds_is_fresh() {
         let n = name("interval");
         let _c = Cleanup(n.clone());
         let a = SlotRotator::start(Arc::new(
             SlotClock::open(&n, Duration::from_millis(2)).unwrap(),
         ))
         .unwrap();
-        let t0 = Instant::now();
-        while !a.clock().is_owner() {
-            assert!(t0.elapsed() < Duration::from_secs(2));
-            std::thread::sleep(Duration::from_millis(1));
-        }
         let e = SlotClock::open(&n, Duration::from_millis(10)).unwrap_err();
         assert!(e.to_string().contains(&n[1..]), "{e}");
         assert!(e.to_string().contains("same interval"), "{e}");
+        assert!(
+            e.to_string()
+                .contains(&format!("pid {}", std::process::id())),
+            "names the live process that handed the memory over: {e}"
+        );
         drop(a);
-        // Nobody rotates it now: a new interval takes the file.
+        // Nobody holds it now: its memory is gone, a new interval is fresh.
         let c = SlotClock::open(&n, Duration::from_millis(10)).unwrap();
         assert_eq!(c.interval(), Duration::from_millis(10));
+        assert!(c.file.created());
     }
 }

@@ -31,34 +31,34 @@
 //! moment the owner dies or withdraws (one non-blocking `poll`), and a
 //! probing `connect` is refused once nobody listens. No pid is involved.
 
-use std::io::{self, IoSlice, IoSliceMut, Read, Write};
-use std::mem::MaybeUninit;
+use parking_lot::Mutex;
+use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use memmap2::{MmapOptions, MmapRaw};
 use rustix::event::{self, PollFd, PollFlags, Timespec};
-use rustix::fs::{self as rfs, FileType, MemfdFlags, Mode, OFlags, RenameFlags, SealFlags};
+use rustix::fs::{self as rfs, FileType, Mode, OFlags, RenameFlags, SealFlags};
 use rustix::io::Errno;
-use rustix::net::{
-    self, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
-    SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
-};
+use rustix::net::{self, SocketAddrUnix, SocketFlags};
 
 use tent_rings::ErrorKind;
 
 use super::desc::{self, DescError};
-use crate::control::auth::{self, Door};
+use crate::control::auth::{self, Door, random_u64};
 use crate::control::wire::{MAC_LEN, NONCE_LEN};
-use crate::deadline::{ByDeadline, timed_out, wait_for};
+use crate::deadline::ByDeadline;
 use crate::error::{Error, Result};
+pub(crate) use crate::memfd::sealed_memfd;
+use crate::memfd::{
+    Mapping, connect_file, euid, memfd, open_socket_file, peer_uid, recv_frame, send_with_fd,
+    size_and_seals, unix_socket,
+};
 
 const MAGIC: [u8; 8] = *b"TENTSHM2";
 const HELLO_LEN: usize = 8 + NONCE_LEN;
@@ -87,18 +87,6 @@ pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(2);
 const TMP_GRACE: Duration = Duration::from_secs(60);
 /// Prefix of a socket not yet renamed to its segment name.
 const TMP_PREFIX: &str = ".tent-tmp-";
-/// `statfs.f_type` of shmem (tmpfs) files: what memfds are.
-const TMPFS_MAGIC: i64 = 0x0102_1994;
-
-fn euid() -> u32 {
-    rustix::process::geteuid().as_raw()
-}
-
-/// A random 64-bit value from the kernel (names, handles' salt).
-pub(crate) fn random_u64() -> u64 {
-    let n = auth::nonce();
-    u64::from_le_bytes(n[..8].try_into().expect("8 bytes"))
-}
 
 /// What the proofs bind: the socket file's device and inode.
 fn binding(dev: u64, ino: u64) -> [u8; 16] {
@@ -106,26 +94,6 @@ fn binding(dev: u64, ino: u64) -> [u8; 16] {
     b[..8].copy_from_slice(&dev.to_le_bytes());
     b[8..].copy_from_slice(&ino.to_le_bytes());
     b
-}
-
-// ---- memfds and mappings ------------------------------------------------
-
-/// A `memfd_create` file of `size` bytes, zeroed, that may still be sealed.
-fn memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
-    if i64::try_from(size).is_err() {
-        return Err(io::ErrorKind::InvalidInput.into());
-    }
-    let fd = rfs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
-    rfs::ftruncate(&fd, size)?;
-    Ok(fd)
-}
-
-/// A `memfd_create` file of `size` bytes, zeroed, sealed against shrinking,
-/// growing and further sealing (a region: peers map it writable).
-pub(crate) fn sealed_memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
-    let fd = memfd(name, size)?;
-    rfs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
-    Ok(fd)
 }
 
 /// The descriptor memfd of `size` bytes: mapped writable here first, then
@@ -147,58 +115,6 @@ pub(crate) fn descriptor_memfd(name: &str, size: usize) -> io::Result<(Mapping, 
     }
 }
 
-/// Size and seals of a handed-out file (seals 0 when it cannot carry any);
-/// an error for anything but a shmem (tmpfs) file: a hugetlbfs memfd, say,
-/// could SIGBUS on a hole.
-fn size_and_seals(fd: BorrowedFd<'_>) -> io::Result<(u64, i32)> {
-    let st = rfs::fstat(fd)?;
-    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-        return Ok((0, 0));
-    }
-    let sf = rfs::fstatfs(fd)?;
-    #[allow(clippy::unnecessary_cast)]
-    let fs = sf.f_type as i64;
-    if fs != TMPFS_MAGIC {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("not a shmem memfd (file system type {fs:#x})"),
-        ));
-    }
-    // EINVAL for files without seals: none.
-    let seals = rfs::fcntl_get_seals(fd).map_or(0, |s| s.bits() as i32);
-    Ok((u64::try_from(st.st_size).unwrap_or(0), seals))
-}
-
-/// A shared mapping of a memfd; unmapped on drop. Every access goes through
-/// raw pointers whose users synchronise (atomics or checked copies).
-#[derive(Debug)]
-pub(crate) struct Mapping(MmapRaw);
-
-impl Mapping {
-    /// Map `len` bytes of `fd` shared (read-only unless `writable`); the
-    /// caller checked that the (sealed) file holds `len` (> 0) bytes.
-    pub(crate) fn map(fd: BorrowedFd<'_>, len: usize, writable: bool) -> io::Result<Mapping> {
-        let mut opts = MmapOptions::new();
-        opts.len(len);
-        let map = if writable {
-            opts.map_raw(&fd)?
-        } else {
-            opts.map_raw_read_only(&fd)?
-        };
-        Ok(Mapping(map))
-    }
-
-    /// Start of the mapping (page aligned).
-    pub(crate) fn ptr(&self) -> *mut u8 {
-        self.0.as_mut_ptr()
-    }
-
-    /// Its length.
-    pub(crate) fn len(&self) -> usize {
-        self.0.len()
-    }
-}
-
 /// Map a handed-out memfd for `want` bytes after the shared parser admits it.
 fn map_admitted(
     fd: &OwnedFd,
@@ -211,21 +127,6 @@ fn map_admitted(
     let len = admit(size, seals).map_err(|e| Error::invalid(e.to_string()))?;
     Mapping::map(fd.as_fd(), len, writable)
         .map_err(|e| Error::new(ErrorKind::OutOfMemory, "mapping a peer's memfd").with_source(e))
-}
-
-// ---- SCM_RIGHTS ---------------------------------------------------------
-
-/// Send `bytes` with one descriptor. Errors are the kernel's: see
-/// [`recoverable_send`].
-fn send_with_fd(s: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    let fds = [fd];
-    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(io::Error::other("no room for one descriptor"));
-    }
-    let n = net::sendmsg(s, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)?;
-    (&*s).write_all(&bytes[n..])
 }
 
 /// Did a send of a descriptor fail for a reason that leaves the connection
@@ -260,114 +161,6 @@ fn send_reply(s: &UnixStream, tag: [u8; 8], id: u64, fd: Option<BorrowedFd<'_>>)
         }
         r => r,
     }
-}
-
-/// One received frame.
-#[derive(Debug)]
-struct Received {
-    /// The first descriptor that came with it (any others are closed).
-    fd: Option<OwnedFd>,
-    /// The kernel dropped descriptors (`MSG_CTRUNC`: our descriptor limit,
-    /// or more than fit): whatever did arrive is closed, the frame is
-    /// whole, and the caller treats it as a transient failure.
-    truncated: bool,
-}
-
-/// Why [`recv_frame`] failed: `partial` when some of the frame's bytes were
-/// consumed (the stream is out of step from here).
-#[derive(Debug)]
-struct RecvError {
-    err: io::Error,
-    partial: bool,
-}
-
-/// Room for the control messages of one received frame: 128 bytes, aligned
-/// for `cmsghdr`, so up to 28 descriptors (a frame carries one; the others
-/// are closed) before the kernel truncates (`MSG_CTRUNC`).
-#[repr(C, align(8))]
-struct CmsgSpace([MaybeUninit<u8>; CMSG_BYTES]);
-const CMSG_BYTES: usize = 128;
-
-/// Read exactly `buf.len()` bytes by `deadline`; the first read may carry
-/// descriptors.
-fn recv_frame(
-    s: &UnixStream,
-    buf: &mut [u8],
-    deadline: Instant,
-) -> std::result::Result<Received, RecvError> {
-    let whole = |err| RecvError {
-        err,
-        partial: false,
-    };
-    let mut space = CmsgSpace([MaybeUninit::uninit(); CMSG_BYTES]);
-    let mut control = RecvAncillaryBuffer::new(&mut space.0);
-    let (n, flags) = loop {
-        wait_for(s.as_fd(), PollFlags::IN, deadline).map_err(whole)?;
-        match net::recvmsg(
-            s,
-            &mut [IoSliceMut::new(&mut *buf)],
-            &mut control,
-            RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
-        ) {
-            Ok(got) => break (got.bytes, got.flags),
-            Err(Errno::INTR | Errno::AGAIN) => {}
-            Err(e) => return Err(whole(e.into())),
-        }
-    };
-    // Each SCM_RIGHTS payload is descriptors now installed in this process:
-    // the first is kept, every other one is closed as it is dropped.
-    let mut first = None;
-    for message in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(fds) = message {
-            for fd in fds {
-                if first.is_none() {
-                    first = Some(fd);
-                }
-            }
-        }
-    }
-    let truncated = flags.contains(ReturnFlags::CTRUNC);
-    if truncated {
-        first = None;
-    }
-    if n == 0 && !buf.is_empty() {
-        return Err(whole(io::ErrorKind::UnexpectedEof.into()));
-    }
-    ByDeadline::new(s, deadline)
-        .read_exact(&mut buf[n..])
-        .map_err(|err| RecvError { err, partial: true })?;
-    Ok(Received {
-        fd: first,
-        truncated,
-    })
-}
-
-/// The peer's uid and pid (`SO_PEERCRED`). By hand, not with rustix's
-/// `socket_peercred`: its `UCred::pid` is a non-zero `Pid`, but the kernel
-/// reports pid 0 for a peer in a pid namespace this process cannot see
-/// into (a peer in another container sharing the socket directory), and
-/// reading that 0 into a `NonZeroI32` is undefined behaviour.
-fn peer_uid(s: &UnixStream) -> io::Result<(u32, i32)> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED writes at most `len` bytes into a ucred we own.
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((cred.uid, cred.pid))
 }
 
 // ---- the owner's side -----------------------------------------------------
@@ -405,16 +198,12 @@ impl HandoutTable {
 
     /// Make region `handle` available to peers.
     pub(crate) fn insert(&self, handle: u64, fd: Arc<OwnedFd>) {
-        self.regions
-            .lock()
-            .push((handle, fd));
+        self.regions.lock().push((handle, fd));
     }
 
     /// Stop handing out region `handle`.
     pub(crate) fn remove(&self, handle: u64) {
-        self.regions
-            .lock()
-            .retain(|(h, _)| *h != handle);
+        self.regions.lock().retain(|(h, _)| *h != handle);
     }
 
     fn get(&self, handle: u64) -> Option<Arc<OwnedFd>> {
@@ -502,9 +291,7 @@ struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.conns
-            .lock()
-            .remove(&self.stream);
+        self.conns.lock().remove(&self.stream);
     }
 }
 
@@ -518,53 +305,6 @@ pub(crate) struct HandoutServer {
     wake: OwnedFd,
     conns: Arc<Mutex<Conns>>,
     thread: Option<JoinHandle<()>>,
-}
-
-/// Open the socket file at `path` without following a symlink and say what
-/// it is: the `O_PATH` descriptor and its `stat`.
-fn open_socket_file(path: &Path) -> io::Result<(OwnedFd, rfs::Stat)> {
-    let fd = rfs::open(
-        path,
-        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let st = rfs::fstat(&fd)?;
-    Ok((fd, st))
-}
-
-/// A fresh unix stream socket (close-on-exec, plus `flags`).
-fn unix_socket(flags: SocketFlags) -> io::Result<OwnedFd> {
-    Ok(net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::STREAM,
-        SocketFlags::CLOEXEC | flags,
-        None,
-    )?)
-}
-
-/// Connect to the socket file `file` refers to (through `/proc/self/fd`,
-/// so exactly the file that was checked), giving up at `deadline`: the
-/// kernel's wait for room in a full backlog is bounded by `SO_SNDTIMEO`.
-fn connect_file(file: BorrowedFd<'_>, deadline: Instant) -> io::Result<UnixStream> {
-    let stream = UnixStream::from(unix_socket(SocketFlags::empty())?);
-    let addr = SocketAddrUnix::new(format!("/proc/self/fd/{}", file.as_raw_fd()))?;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(timed_out());
-        }
-        stream.set_write_timeout(Some(left))?;
-        match net::connect(&stream, &addr) {
-            Ok(()) => {
-                stream.set_write_timeout(None)?;
-                return Ok(stream);
-            }
-            Err(Errno::INTR) => continue,
-            // The backlog stayed full until SO_SNDTIMEO ran out.
-            Err(Errno::AGAIN | Errno::INPROGRESS) => return Err(timed_out()),
-            Err(e) => return Err(e.into()),
-        }
-    }
 }
 
 impl HandoutServer {
@@ -642,9 +382,7 @@ impl HandoutServer {
                 }
                 Err(Errno::EXIST) => {}
                 Err(e) => {
-                    return Err(cleanup(io_err("publish the shm segment socket")(
-                        e.into(),
-                    )));
+                    return Err(cleanup(io_err("publish the shm segment socket")(e.into())));
                 }
             }
         }
@@ -819,11 +557,7 @@ fn handshake(s: &UnixStream, table: &HandoutTable, bind: &[u8; 16]) -> io::Resul
 fn serve(slot: &Slot, table: &HandoutTable, bind: &[u8; 16]) -> io::Result<()> {
     let s = &*slot.stream;
     handshake(s, table, bind)?;
-    if !slot
-        .conns
-        .lock()
-        .authenticate(&slot.stream)
-    {
+    if !slot.conns.lock().authenticate(&slot.stream) {
         crate::lograte::warn_limited!(
             "shm-handout-full",
             "shm handout: every serving slot is taken; closing an authenticated peer"
@@ -918,17 +652,18 @@ impl HandoutClient {
             ));
         }
         let bind = binding(st.st_dev, st.st_ino);
-        let stream = connect_file(file.as_fd(), deadline).map_err(|e| match Errno::from_io_error(&e) {
-            Some(Errno::CONNREFUSED) => {
-                refused(ErrorKind::ProcessFailed, name, "its owner is gone").with_source(e)
-            }
-            _ if e.kind() == io::ErrorKind::TimedOut => refused(
-                ErrorKind::Timeout,
-                name,
-                "its socket accepted no connection in time",
-            ),
-            _ => refused(ErrorKind::Unreachable, name, "connect failed").with_source(e),
-        })?;
+        let stream =
+            connect_file(file.as_fd(), deadline).map_err(|e| match Errno::from_io_error(&e) {
+                Some(Errno::CONNREFUSED) => {
+                    refused(ErrorKind::ProcessFailed, name, "its owner is gone").with_source(e)
+                }
+                _ if e.kind() == io::ErrorKind::TimedOut => refused(
+                    ErrorKind::Timeout,
+                    name,
+                    "its socket accepted no connection in time",
+                ),
+                _ => refused(ErrorKind::Unreachable, name, "connect failed").with_source(e),
+            })?;
         drop(file);
         let io = |e: io::Error| {
             let kind = match e.kind() {
@@ -1191,6 +926,10 @@ pub(crate) fn collect_stale(dir: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::IoSlice;
+    use std::mem::MaybeUninit;
+
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 
     fn pair() -> (HandoutClient, UnixStream) {
         let (a, b) = UnixStream::pair().unwrap();
@@ -1254,10 +993,14 @@ mod tests {
     #[test]
     fn recoverable_send_failures_answer_again() {
         for e in [Errno::TOOMANYREFS, Errno::MFILE, Errno::NFILE] {
-            assert!(recoverable_send(&io::Error::from_raw_os_error(e.raw_os_error())));
+            assert!(recoverable_send(&io::Error::from_raw_os_error(
+                e.raw_os_error()
+            )));
         }
         for e in [Errno::PIPE, Errno::CONNRESET, Errno::AGAIN] {
-            assert!(!recoverable_send(&io::Error::from_raw_os_error(e.raw_os_error())));
+            assert!(!recoverable_send(&io::Error::from_raw_os_error(
+                e.raw_os_error()
+            )));
         }
         let (client, owner) = pair();
         let mut again = [0u8; REPLY_LEN];

@@ -42,7 +42,8 @@ use super::desc::{
     self, DESC_BYTES, DESC_CAPACITY, ENTRY_WORDS, HEADER_WORDS, KEY_WORDS_AT, MAX_REGION_LEN,
     ShmEntry,
 };
-use super::handout::{self, HandoutClient, HandoutServer, HandoutTable, IO_TIMEOUT, Mapping};
+use super::handout::{self, HandoutClient, HandoutServer, HandoutTable, IO_TIMEOUT};
+use crate::memfd::Mapping;
 use crate::clock::monotonic_ns;
 use crate::error::{Error, Result};
 use crate::segment::RemoteRegion;

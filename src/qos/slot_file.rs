@@ -1,0 +1,664 @@
+//! Where a slot clock's shared memory comes from, and who is still there.
+//!
+//! Processes that name the same `shared_quota_shm_path` (`/name`) meet at
+//! `/dev/shm/name`, a **lock file**: nothing is ever read from it or
+//! mapped of it, so what another process writes into it or how it
+//! truncates it harms nobody. Liveness is open-file-description (OFD) byte
+//! locks on it, which the kernel drops the moment a process dies, whatever
+//! pid it had or another process gets:
+//!
+//! ```text
+//!  byte 0        the creator: held (exclusive) while a first participant
+//!                decides that nobody is there and makes the memory
+//!  byte 1        members: held shared by each participant from before it
+//!                asks for the memory until it leaves
+//!  byte 2 + i    seat i: held (exclusive) by the participant in it
+//! ```
+//!
+//! The memory itself is a memfd sealed against shrinking, growing and
+//! further seals, so no process can truncate it under a mapping (which
+//! would kill every participant with `SIGBUS`). It travels only over unix
+//! sockets: each participant listens at `/dev/shm/name.s<seat>` and hands
+//! the memfd (`SCM_RIGHTS`) to any process of its own uid that connects.
+//! Nobody reads anything from a joiner, so a connection can never stall
+//! the participant's keeper thread. A joiner takes the member lock, then
+//! asks the participants of the held seats, one after another (a stopped
+//! one only costs it [`ATTEMPT`]); it checks the sender's uid
+//! (`SO_PEERCRED`), that the memfd is a shmem file of exactly
+//! [`MEM_LEN`] bytes sealed against resizing, and the memory's format
+//! before it maps and trusts it.
+//!
+//! When nobody is a member (no other process holds byte 1), the one that
+//! holds the creator lock makes a fresh memfd. The memory lives exactly
+//! as long as some participant holds it, so a file left by an earlier run
+//! holds no stale state, and an interval found in the memory is always a
+//! live participant's.
+//!
+//! Trust: every process of the same uid may join and write the memory (it
+//! holds only QoS state; such a process could equally stop or signal this
+//! one), and it can stall the rotation; it cannot make a participant fault.
+//! Nobody of another uid can connect (the socket is mode 0600 and the uid
+//! is checked on both ends) or lock the file (0600).
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustix::fs::{self as rfs, FileType, Mode, OFlags, SealFlags};
+use tent_rings::ErrorKind;
+
+use crate::error::{Error, Result};
+use crate::memfd::{
+    Mapping, connect_file, euid, open_socket_file, peer_uid, recv_frame, send_with_fd,
+    size_and_seals,
+};
+
+/// Bytes of the slot memory (the payload rounded up to a page).
+pub(crate) const MEM_LEN: usize = 8192;
+/// What a participant sends with the memfd: a tag and the format.
+const FRAME_TAG: [u8; 8] = *b"TENTSLOT";
+const FRAME_LEN: usize = 16;
+/// How long a joiner waits for one participant to hand the memory over.
+pub(crate) const ATTEMPT: Duration = Duration::from_millis(250);
+/// How long a joiner tries in all before it gives up.
+pub(crate) const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections one call of [`SlotFile::serve`] answers (the rest wait for
+/// the next call, a few ms later).
+const SERVE_BURST: usize = 16;
+/// Name bytes a socket suffix (`.s63`) may add under `NAME_MAX`.
+pub(crate) const MAX_NAME: usize = 250;
+
+const CREATOR_BYTE: u64 = 0;
+const MEMBER_BYTE: u64 = 1;
+const SEAT_BASE: u64 = 2;
+
+/// Lock kinds.
+#[derive(Clone, Copy)]
+enum Lock {
+    Shared,
+    Exclusive,
+}
+
+/// `F_OFD_SETLK`/`F_OFD_GETLK` on `len` bytes at `start` of `fd`.
+fn ofd(
+    fd: BorrowedFd<'_>,
+    cmd: libc::c_int,
+    ty: libc::c_int,
+    start: u64,
+    len: u64,
+) -> io::Result<libc::flock> {
+    // SAFETY: `flock` is a plain C struct; all zeroes is a valid value (l_pid must be 0 for OFD locks).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = ty as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = i64::try_from(start).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    fl.l_len = i64::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: F_OFD_SETLK and F_OFD_GETLK read and write only the `flock` passed, which lives across the call.
+    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), cmd, &mut fl as *mut libc::flock) };
+    if rc == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fl)
+}
+
+/// Take a lock on one byte without waiting: `false` when another open
+/// file description holds a conflicting one.
+fn try_lock(fd: BorrowedFd<'_>, byte: u64, kind: Lock) -> io::Result<bool> {
+    let ty = match kind {
+        Lock::Shared => libc::F_RDLCK,
+        Lock::Exclusive => libc::F_WRLCK,
+    };
+    match ofd(fd, libc::F_OFD_SETLK, ty, byte, 1) {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn unlock(fd: BorrowedFd<'_>, byte: u64) {
+    let _ = ofd(fd, libc::F_OFD_SETLK, libc::F_UNLCK, byte, 1);
+}
+
+/// Does another open file description hold any lock on `byte`?
+fn held_elsewhere(fd: BorrowedFd<'_>, byte: u64) -> io::Result<bool> {
+    let fl = ofd(fd, libc::F_OFD_GETLK, libc::F_WRLCK, byte, 1)?;
+    Ok(i32::from(fl.l_type) != libc::F_UNLCK)
+}
+
+/// Open (or create) the lock file: a regular file of this uid that no
+/// other user may write.
+fn open_lock_file(path: &Path, name: &str) -> Result<OwnedFd> {
+    let fd = rfs::open(
+        path,
+        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )
+    .map_err(|e| {
+        Error::invalid(format!(
+            "shared_quota_shm_path {name:?}: cannot open {} (a symlink, or not ours): remove it, \
+             or set another shared_quota_shm_path",
+            path.display()
+        ))
+        .with_source(io::Error::from(e))
+    })?;
+    let st = rfs::fstat(&fd)
+        .map_err(|e| Error::invalid("stat the slot file").with_source(io::Error::from(e)))?;
+    let why = if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        Some("not a regular file".to_owned())
+    } else if st.st_uid != euid() {
+        Some(format!("owned by uid {}, not ours", st.st_uid))
+    } else if st.st_mode & 0o022 != 0 {
+        Some("other users may write it".to_owned())
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(Error::invalid(format!(
+            "shared_quota_shm_path {name:?}: {} is {why}: remove it, or set another \
+             shared_quota_shm_path",
+            path.display()
+        ))),
+        None => Ok(fd),
+    }
+}
+
+/// One participant's place in a slot file: its locks, its seat, the
+/// mapped memory and the socket it hands the memory out on. Dropping it
+/// unlinks the socket, then gives every lock back.
+#[derive(Debug)]
+pub(crate) struct SlotFile {
+    path: PathBuf,
+    /// The seat's socket: `(path, inode)`; unlinked on drop if still ours.
+    sock: (PathBuf, u64),
+    listener: UnixListener,
+    memfd: OwnedFd,
+    map: Mapping,
+    seat: usize,
+    /// Did this participant make the memory?
+    created: bool,
+    /// The pid that handed the memory over (`SO_PEERCRED`; 0: in a pid
+    /// namespace this process cannot see into); ours when created.
+    handed_by: i32,
+    /// Last: closing it drops every lock this participant holds.
+    lock: OwnedFd,
+}
+
+/// Why one attempt to get the memory failed.
+enum Fetch {
+    /// Nobody answered this time (gone, stopped, not listening yet): why.
+    Again(&'static str),
+    /// Someone answered with something this participant refuses.
+    Refused(Error),
+}
+
+impl SlotFile {
+    /// Join the slot file `/dev/shm/<name>` (`name` without its `/`) with
+    /// `seats` seats, getting the memory from a participant, or making it
+    /// (`init` writes it before anyone can see it) when there is none;
+    /// `check` accepts or refuses memory another participant made.
+    pub(crate) fn join(
+        name: &str,
+        seats: usize,
+        init: &dyn Fn(&Mapping),
+        check: &dyn Fn(&Mapping) -> Result<()>,
+    ) -> Result<SlotFile> {
+        let shown = format!("/{name}");
+        if name.len() > MAX_NAME {
+            return Err(Error::invalid(format!(
+                "shared_quota_shm_path {shown:?}: longer than {MAX_NAME} bytes"
+            )));
+        }
+        let path = tent_rings::region::shm_path(name);
+        let lock = open_lock_file(&path, &shown)?;
+        let lock_err = |e: io::Error| {
+            Error::invalid(format!("slot file {}: locking", path.display())).with_source(e)
+        };
+        let deadline = Instant::now() + JOIN_TIMEOUT;
+        let mut nap = Duration::from_millis(1);
+        let mut last;
+        let (memfd, map, created, handed_by) = loop {
+            if try_lock(lock.as_fd(), CREATOR_BYTE, Lock::Exclusive).map_err(lock_err)? {
+                if !held_elsewhere(lock.as_fd(), MEMBER_BYTE).map_err(lock_err)? {
+                    try_lock(lock.as_fd(), MEMBER_BYTE, Lock::Shared).map_err(lock_err)?;
+                    // Still holding the creator lock: nobody else creates
+                    // until this participant is seated and listening.
+                    match make_memory(init) {
+                        Ok((memfd, map)) => break (memfd, map, true, std::process::id() as i32),
+                        Err(e) => {
+                            unlock(lock.as_fd(), MEMBER_BYTE);
+                            unlock(lock.as_fd(), CREATOR_BYTE);
+                            return Err(e);
+                        }
+                    }
+                }
+                unlock(lock.as_fd(), CREATOR_BYTE);
+            }
+            // Members are there (or another is creating): ask them. Shared
+            // locks never conflict with each other, only with a creator's
+            // check, which then leaves the memory to this one's group.
+            try_lock(lock.as_fd(), MEMBER_BYTE, Lock::Shared).map_err(lock_err)?;
+            match fetch_from_members(&lock, &path, seats, check, deadline) {
+                Ok((memfd, map, pid)) => break (memfd, map, false, pid),
+                Err(Fetch::Refused(e)) => {
+                    unlock(lock.as_fd(), MEMBER_BYTE);
+                    return Err(e);
+                }
+                Err(Fetch::Again(why)) => {
+                    last = why;
+                    unlock(lock.as_fd(), MEMBER_BYTE)
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "slot file {}: its participants did not hand the slot memory over within \
+                         {JOIN_TIMEOUT:?} (stopped processes?; last: {last})",
+                        path.display()
+                    ),
+                ));
+            }
+            // Two joiners that each see the other's lock back off by
+            // different amounts.
+            let jitter = Duration::from_micros(crate::control::auth::random_u64() % 1000);
+            std::thread::sleep(nap + jitter);
+            nap = (nap * 2).min(Duration::from_millis(50));
+        };
+        let seated = (|| {
+            let seat = claim_seat(lock.as_fd(), seats)
+                .map_err(lock_err)?
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "slot file {}: all {seats} seats are held by live processes",
+                        path.display()
+                    ))
+                })?;
+            let sock = sock_path(&path, seat);
+            let (listener, ino) = listen(&sock).map_err(|e| {
+                Error::invalid(format!("slot file {}: cannot listen", sock.display()))
+                    .with_source(e)
+            })?;
+            Ok::<_, Error>((seat, sock, listener, ino))
+        })();
+        if created {
+            unlock(lock.as_fd(), CREATOR_BYTE);
+        }
+        let (seat, sock, listener, ino) = seated?;
+        Ok(SlotFile {
+            path,
+            sock: (sock, ino),
+            listener,
+            memfd,
+            map,
+            seat,
+            created,
+            handed_by,
+            lock,
+        })
+    }
+
+    /// The mapped memory ([`MEM_LEN`] bytes, page aligned).
+    pub(crate) fn memory(&self) -> &Mapping {
+        &self.map
+    }
+
+    /// This participant's seat.
+    pub(crate) fn seat(&self) -> usize {
+        self.seat
+    }
+
+    /// Did this participant make the memory (nobody was there)?
+    pub(crate) fn created(&self) -> bool {
+        self.created
+    }
+
+    /// Who handed the memory over (for messages).
+    pub(crate) fn handed_by(&self) -> i32 {
+        self.handed_by
+    }
+
+    /// The lock file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Is seat `i`, another's, vacant now? Then it is held for the caller
+    /// until the guard drops, so no joiner takes it meanwhile.
+    pub(crate) fn hold_vacant(&self, i: usize) -> Option<SeatHold<'_>> {
+        if i == self.seat {
+            return None;
+        }
+        let byte = SEAT_BASE + i as u64;
+        match try_lock(self.lock.as_fd(), byte, Lock::Exclusive) {
+            Ok(true) => Some(SeatHold {
+                fd: self.lock.as_fd(),
+                byte,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Hand the memory to whoever is waiting on this participant's socket
+    /// (at most [`SERVE_BURST`]); never waits. Returns how many got it.
+    pub(crate) fn serve(&self) -> usize {
+        let mut served = 0;
+        for _ in 0..SERVE_BURST {
+            let stream = match self.listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    crate::lograte::warn_limited!(("slot accept", self.path.as_path()), error = %e,
+                        path = %self.path.display(), "slot file: accept failed");
+                    break;
+                }
+            };
+            match peer_uid(&stream) {
+                Ok((uid, _)) if uid == euid() => {}
+                Ok((uid, pid)) => {
+                    crate::lograte::warn_limited!(("slot uid", self.path.as_path()), uid, pid,
+                        path = %self.path.display(), "slot file: refused a process of another uid");
+                    continue;
+                }
+                Err(_) => continue,
+            }
+            // 16 bytes into a fresh socket's empty buffer: never blocks,
+            // and a peer that went away costs nothing.
+            let _ = stream.set_nonblocking(true);
+            let mut frame = [0u8; FRAME_LEN];
+            frame[..8].copy_from_slice(&FRAME_TAG);
+            frame[8..].copy_from_slice(&super::slots::SLOT_FORMAT.to_le_bytes());
+            if send_with_fd(&stream, &frame, self.memfd.as_fd()).is_ok() {
+                served += 1;
+            }
+        }
+        served
+    }
+}
+
+impl Drop for SlotFile {
+    fn drop(&mut self) {
+        // Unlink only our own socket (a successor in this seat renames its
+        // own over the name), then `lock` closes last: every lock goes.
+        let (sock, ino) = &self.sock;
+        if std::fs::symlink_metadata(sock).is_ok_and(|m| m.ino() == *ino) {
+            let _ = std::fs::remove_file(sock);
+        }
+    }
+}
+
+/// A vacant seat held by the sweeping participant.
+#[derive(Debug)]
+pub(crate) struct SeatHold<'a> {
+    fd: BorrowedFd<'a>,
+    byte: u64,
+}
+
+impl Drop for SeatHold<'_> {
+    fn drop(&mut self) {
+        unlock(self.fd, self.byte);
+    }
+}
+
+/// The socket of seat `i`: `<lock file>.s<i>`.
+fn sock_path(path: &Path, i: usize) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(format!(".s{i}"));
+    PathBuf::from(p)
+}
+
+/// Take the first seat no live process holds.
+fn claim_seat(fd: BorrowedFd<'_>, seats: usize) -> io::Result<Option<usize>> {
+    for i in 0..seats {
+        if try_lock(fd, SEAT_BASE + i as u64, Lock::Exclusive)? {
+            return Ok(Some(i));
+        }
+    }
+    Ok(None)
+}
+
+/// A fresh sealed memfd of [`MEM_LEN`] bytes, mapped and written by `init`.
+fn make_memory(init: &dyn Fn(&Mapping)) -> Result<(OwnedFd, Mapping)> {
+    let fd = crate::memfd::sealed_memfd("tent-slots", MEM_LEN as u64)
+        .map_err(|e| Error::new(ErrorKind::OutOfMemory, "slot memory").with_source(e))?;
+    let map = Mapping::map(fd.as_fd(), MEM_LEN, true).map_err(|e| {
+        Error::new(ErrorKind::OutOfMemory, "mapping the slot memory").with_source(e)
+    })?;
+    init(&map);
+    Ok((fd, map))
+}
+
+/// Listen at `sock` (bound under a temporary name, made 0600, then
+/// renamed over whatever a dead holder of the seat left there): the
+/// listener, non-blocking, and the socket file's inode.
+fn listen(sock: &Path) -> io::Result<(UnixListener, u64)> {
+    let dir = sock.parent().unwrap_or(Path::new("/dev/shm"));
+    let tmp = dir.join(format!(
+        ".tent-tmp-{:016x}",
+        crate::control::auth::random_u64()
+    ));
+    let listener = UnixListener::bind(&tmp)?;
+    let placed = (|| {
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+        let ino = std::fs::symlink_metadata(&tmp)?.ino();
+        std::fs::rename(&tmp, sock)?;
+        listener.set_nonblocking(true)?;
+        Ok(ino)
+    })();
+    match placed {
+        Ok(ino) => Ok((listener, ino)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Ask the participants of the held seats for the memory, one after
+/// another, until one hands it over.
+fn fetch_from_members(
+    lock: &OwnedFd,
+    path: &Path,
+    seats: usize,
+    check: &dyn Fn(&Mapping) -> Result<()>,
+    deadline: Instant,
+) -> std::result::Result<(OwnedFd, Mapping, i32), Fetch> {
+    let mut last = "no participant held a seat";
+    for i in 0..seats {
+        if Instant::now() >= deadline {
+            break;
+        }
+        if !held_elsewhere(lock.as_fd(), SEAT_BASE + i as u64).unwrap_or(false) {
+            continue;
+        }
+        match fetch(
+            &sock_path(path, i),
+            check,
+            deadline.min(Instant::now() + ATTEMPT),
+        ) {
+            Ok(got) => return Ok(got),
+            Err(Fetch::Again(why)) => last = why,
+            Err(refused) => return Err(refused),
+        }
+    }
+    Err(Fetch::Again(last))
+}
+
+/// Get the memory from the participant listening at `sock`.
+fn fetch(
+    sock: &Path,
+    check: &dyn Fn(&Mapping) -> Result<()>,
+    deadline: Instant,
+) -> std::result::Result<(OwnedFd, Mapping, i32), Fetch> {
+    let refused = |why: String| {
+        Fetch::Refused(Error::invalid(format!(
+            "slot file socket {}: {why}",
+            sock.display()
+        )))
+    };
+    let Ok((file, st)) = open_socket_file(sock) else {
+        return Err(Fetch::Again("no socket at a held seat"));
+    };
+    if FileType::from_raw_mode(st.st_mode) != FileType::Socket || st.st_uid != euid() {
+        // Not a participant's (yet): a seat just taken, or junk a dead
+        // holder's successor will rename over.
+        return Err(Fetch::Again("a held seat's socket is not a participant's"));
+    }
+    let Ok(stream) = connect_file(file.as_fd(), deadline) else {
+        return Err(Fetch::Again("connect refused or timed out"));
+    };
+    let (uid, pid) = peer_uid(&stream).map_err(|_| Fetch::Again("SO_PEERCRED"))?;
+    if uid != euid() {
+        return Err(refused(format!("served by uid {uid}, not ours")));
+    }
+    let mut frame = [0u8; FRAME_LEN];
+    let got =
+        recv_frame(&stream, &mut frame, deadline).map_err(|_| Fetch::Again("no answer in time"))?;
+    let Some(fd) = got.fd else {
+        return Err(Fetch::Again("an answer without the memfd"));
+    };
+    if frame[..8] != FRAME_TAG {
+        return Err(refused("not a tent slot file participant".into()));
+    }
+    let format = u64::from_le_bytes(frame[8..].try_into().expect("8 bytes"));
+    if format != super::slots::SLOT_FORMAT {
+        return Err(refused(format!(
+            "its participants use slot format {format}, this tent {}: every process sharing a \
+             slot file must run the same release",
+            super::slots::SLOT_FORMAT
+        )));
+    }
+    let (size, seals) = size_and_seals(fd.as_fd()).map_err(|e| refused(e.to_string()))?;
+    let need = (SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL).bits() as i32;
+    if seals & need != need {
+        return Err(refused("handed a memfd not sealed against resizing".into()));
+    }
+    if size != MEM_LEN as u64 {
+        return Err(refused(format!(
+            "handed a memfd of {size} bytes, not {MEM_LEN}"
+        )));
+    }
+    let map = Mapping::map(fd.as_fd(), MEM_LEN, true).map_err(|e| {
+        Fetch::Refused(Error::new(ErrorKind::OutOfMemory, "mapping the slot memory").with_source(e))
+    })?;
+    check(&map).map_err(Fetch::Refused)?;
+    Ok((fd, map, pid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock_file(tag: &str) -> (PathBuf, OwnedFd, OwnedFd) {
+        let path = std::env::temp_dir().join(format!("tent-ofd-{tag}-{}", std::process::id()));
+        let open = || {
+            rfs::open(
+                &path,
+                OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )
+            .unwrap()
+        };
+        let (a, b) = (open(), open());
+        (path, a, b)
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "fcntl")]
+    fn locks_are_per_open_file_description_and_shared_ones_coexist() {
+        let (path, a, b) = lock_file("kinds");
+        assert!(try_lock(a.as_fd(), 5, Lock::Exclusive).unwrap());
+        assert!(
+            !try_lock(b.as_fd(), 5, Lock::Exclusive).unwrap(),
+            "a second description is refused"
+        );
+        assert!(held_elsewhere(b.as_fd(), 5).unwrap());
+        assert!(
+            !held_elsewhere(a.as_fd(), 5).unwrap(),
+            "its own lock is not another's"
+        );
+        assert!(
+            try_lock(a.as_fd(), 5, Lock::Exclusive).unwrap(),
+            "taking it again is fine"
+        );
+        unlock(a.as_fd(), 5);
+        assert!(!held_elsewhere(b.as_fd(), 5).unwrap());
+        assert!(try_lock(a.as_fd(), 1, Lock::Shared).unwrap());
+        assert!(
+            try_lock(b.as_fd(), 1, Lock::Shared).unwrap(),
+            "shared locks coexist"
+        );
+        assert!(
+            held_elsewhere(a.as_fd(), 1).unwrap(),
+            "and a creator's check sees the other"
+        );
+        drop(b);
+        assert!(
+            !held_elsewhere(a.as_fd(), 1).unwrap(),
+            "closing drops the locks"
+        );
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// A same-uid process posing as a participant (member and seat 0
+    /// locks held, listening at seat 0's socket) hands over `fd` with
+    /// `format`; what a joiner makes of it.
+    fn join_against(tag: &str, fd: OwnedFd, format: u64) -> Result<SlotFile> {
+        let name = format!("tent-slot-file-unit-{tag}-{}", std::process::id());
+        let path = tent_rings::region::shm_path(&name);
+        let lock = open_lock_file(&path, &name).unwrap();
+        assert!(try_lock(lock.as_fd(), MEMBER_BYTE, Lock::Shared).unwrap());
+        assert!(try_lock(lock.as_fd(), SEAT_BASE, Lock::Exclusive).unwrap());
+        let sock = sock_path(&path, 0);
+        let (listener, _) = listen(&sock).unwrap();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let r = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                // Answer every attempt the joiner makes until it is done.
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    let Ok((s, _)) = listener.accept() else {
+                        std::thread::sleep(Duration::from_millis(1));
+                        continue;
+                    };
+                    let mut frame = [0u8; FRAME_LEN];
+                    frame[..8].copy_from_slice(&FRAME_TAG);
+                    frame[8..].copy_from_slice(&format.to_le_bytes());
+                    let _ = send_with_fd(&s, &frame, fd.as_fd());
+                }
+            });
+            let r = SlotFile::join(&name, 4, &|_| {}, &|_| Ok(()));
+            done.store(true, std::sync::atomic::Ordering::Release);
+            r
+        });
+        let _ = std::fs::remove_file(&sock);
+        let _ = std::fs::remove_file(&path);
+        drop(lock);
+        r
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "memfd, sockets")]
+    fn memory_a_participant_could_resize_or_of_another_format_is_refused_typed() {
+        let unsealed = crate::memfd::memfd("t", MEM_LEN as u64).unwrap();
+        let e = join_against("unsealed", unsealed, super::super::slots::SLOT_FORMAT).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("not sealed against resizing"), "{e}");
+        let short = crate::memfd::sealed_memfd("t", 4096).unwrap();
+        let e = join_against("short", short, super::super::slots::SLOT_FORMAT).unwrap_err();
+        assert!(e.to_string().contains("of 4096 bytes"), "{e}");
+        let sealed = crate::memfd::sealed_memfd("t", MEM_LEN as u64).unwrap();
+        let e = join_against("format", sealed, 2).unwrap_err();
+        assert!(e.to_string().contains("slot format 2"), "{e}");
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "fcntl")]
+    fn a_socket_name_is_the_lock_file_and_the_seat() {
+        assert_eq!(
+            sock_path(Path::new("/dev/shm/x"), 7),
+            PathBuf::from("/dev/shm/x.s7")
+        );
+    }
+}
