@@ -124,7 +124,8 @@ fn a_forged_live_pid_in_the_slot_file_neither_refuses_an_interval_nor_holds_a_se
     }
     std::fs::write(&path, &bytes).unwrap();
     // Nobody is there: a joiner at another interval gets a fresh clock
-    // (before: refused, "rotated every 4294967 us by pid 1").
+    // (with seats judged by pid, the forged pid 1 held every seat: "all
+    // 64 seats are held by live processes").
     let e = engine_on_slots(&name, 10).unwrap();
     let clock = e.slot_clock().unwrap();
     assert_eq!(clock.interval(), Duration::from_millis(10));
