@@ -36,7 +36,10 @@
 //!
 //! Trust: every process of the same uid may join and write the memory (it
 //! holds only QoS state; such a process could equally stop or signal this
-//! one), and it can stall the rotation; it cannot make a participant fault.
+//! one): it can stall the rotation, hold the creator lock so that nobody
+//! new can start a clock (they fail with `Timeout`), or unlink the file so
+//! that later joiners form a group of their own; it cannot make a
+//! participant fault.
 //! Nobody of another uid can connect (the socket is mode 0600 and the uid
 //! is checked on both ends) or lock the file (0600).
 
