@@ -18,8 +18,8 @@ use crate::transport::shm::desc::{
     admit_descriptor, admit_region, check_segment_name, parse,
 };
 use crate::transport::tcp::frame::{
-    Fence, FrameError, HELLO_HEADER_LEN, HELLO_LEN, Hello, Ident, Inbound, MAX_OP_LEN, PROOF_LEN,
-    Proof, REQUEST_LEN, RESPONSE_LEN, Request, Response, SESSION_LEN,
+    Fence, Fenced, FrameError, HELLO_HEADER_LEN, HELLO_LEN, Hello, Ident, Inbound, MAX_OP_LEN,
+    PROOF_LEN, Proof, REQUEST_LEN, RESPONSE_LEN, Reply, Request, Response, SESSION_LEN,
 };
 use crate::transport::tcp::handshake::{Opening, Serve, Serving, Step};
 
@@ -97,7 +97,8 @@ fn prefix<const N: usize>(data: &[u8]) -> [u8; N] {
 /// exceed `MAX_OP_LEN`. Each decoder reads the input's first bytes (padded
 /// with zeros when short), so one input exercises all of them: request,
 /// fence and what the target reads after the handshake (`Inbound`: one or
-/// the other, by magic), response, the v3 hello (header alone and whole,
+/// the other, by magic), response, the fenced notice and what the
+/// initiator reads after the handshake (`Reply`, by magic), the v3 hello (header alone and whole,
 /// with the initiator's ident) and the proof frame of the authenticated
 /// handshake.
 pub fn data_frames(data: &[u8]) {
@@ -145,6 +146,22 @@ pub fn data_frames(data: &[u8]) {
             Ok(resp),
             "response round trip"
         );
+    }
+    let head = prefix::<RESPONSE_LEN>(data);
+    if let Ok(notice) = Fenced::decode(&head) {
+        assert_eq!(notice.encode(), head, "a fenced notice has one encoding");
+    }
+    match Reply::decode(&head) {
+        Ok(Reply::Response(resp)) => {
+            assert_eq!(Response::decode(&head), Ok(resp), "reply response = response");
+        }
+        Ok(Reply::Fenced(notice)) => {
+            assert_eq!(Fenced::decode(&head), Ok(notice), "reply fenced = fenced");
+        }
+        Err(_) => assert!(
+            Response::decode(&head).is_err() && Fenced::decode(&head).is_err(),
+            "a reply is refused only when both refuse"
+        ),
     }
     if let Ok(hello) = Hello::decode(&prefix::<HELLO_LEN>(data)) {
         assert_eq!(

@@ -751,6 +751,62 @@ mod tests {
         }
     }
 
+    /// A connection fenced by another that claims its session (a copy of
+    /// this engine's session) while a WRITE's payload is half sent: the
+    /// target tells it so, and the WRITE comes back `Unreachable`, not
+    /// `ProcessFailed` (the target process is alive). The fence is served
+    /// (the copy's next request is answered), on either backend.
+    #[test]
+    fn a_connection_fenced_by_a_copy_of_its_session_fails_unreachable_not_process_failed() {
+        use crate::memory::{MemRegion, RegionTable};
+        use crate::transport::tcp::frame::{Fence, REQUEST_LEN, RESPONSE_LEN, Request, Response};
+        use crate::transport::tcp::server::{DataServer, ServeSettings};
+        use std::io::{Read, Write};
+        use tent_rings::RegionId;
+        const LEN: usize = 64 << 20;
+        for choice in BACKENDS {
+            let mut mem = vec![0u8; LEN];
+            let base = mem.as_mut_ptr();
+            // The Vec's heap buffer stays where it is when the Vec moves in.
+            let region = Arc::new(MemRegion::new(RegionId(1), base, LEN as u64, Some(Box::new(mem))));
+            let table = RegionTable::default().with(region.clone()).unwrap();
+            let server = DataServer::start(
+                &[IpAddr::from([127, 0, 0, 1])],
+                Arc::new(arc_swap::ArcSwap::from_pointee(table)),
+                ServeSettings { user_timeout_ms: 0, secret: None, threads: 1, max_connections: 0, backend: choice },
+            )
+            .unwrap();
+            let (mut d, id, _owner) = rig(choice, server.local_addr(), CONNECT_TIMEOUT);
+            let payload = vec![0xabu8; LEN];
+            let mut op = Op::new(1, Opcode::Write, payload.as_ptr().cast_mut(), region.addr(), LEN as u64, region.key());
+            op.posted_ns = crate::clock::monotonic_ns();
+            d.post(id, op, BULK).unwrap();
+            // Turned until the payload starts landing, then left: the
+            // WRITE stays half sent, the target inside its payload.
+            let t = Instant::now();
+            // SAFETY: the region's first byte is alive while `region` is; a racing write of it by the server is a plain byte store of 0xab.
+            while unsafe { std::ptr::read_volatile(region.addr() as *const u8) } != 0xab {
+                assert!(t.elapsed() < PROMPT * 5, "{choice:?}: the WRITE never reached the target");
+                d.turn(crate::clock::monotonic_ns());
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let victim = d.link(id).ident();
+            // The copy: the same session, another connection id.
+            let mut copy = TcpStream::connect(server.local_addr()).unwrap();
+            copy.set_read_timeout(Some(PROMPT * 5)).unwrap();
+            let mine = crate::transport::tcp::frame::Ident { conn: victim.conn ^ 0x4000_0000, ..victim };
+            crate::transport::tcp::handshake::open(&copy, None, Instant::now() + CONNECT_TIMEOUT, mine).unwrap();
+            copy.write_all(&Fence { conn: victim.conn }.encode()).unwrap();
+            let read = Request { opcode: Opcode::Read, seq: 1, addr: region.addr(), len: 8, key: region.key() };
+            copy.write_all(&read.encode()[..REQUEST_LEN]).unwrap();
+            let mut h = [0u8; RESPONSE_LEN];
+            copy.read_exact(&mut h).unwrap_or_else(|e| panic!("{choice:?}: the fence was not served: {e}"));
+            assert_eq!(Response::decode(&h).map(|r| r.status), Ok(Ok(())), "{choice:?}");
+            let (back, _) = slice_back(&mut d, id, PROMPT * 5).unwrap_or_else(|| panic!("{choice:?}: the WRITE never came back"));
+            assert_eq!(back.result(), Err(ErrorKind::Unreachable), "{choice:?}: a live target's fence is no dead process");
+        }
+    }
+
     #[test]
     fn connections_of_a_peer_that_is_gone_are_swept() {
         let mute = TcpListener::bind("127.0.0.1:0").unwrap();

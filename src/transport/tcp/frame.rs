@@ -11,7 +11,8 @@
 //! and responses (target → initiator) in order: the target serves one
 //! connection's requests one after another, so a response always answers
 //! the oldest outstanding request (`seq` confirms it). A fence gets no
-//! response.
+//! response; the connection it fences gets a [`Fenced`] notice at a frame
+//! boundary of its responses, then the target closes it.
 //!
 //! ```text
 //! hello    : "TENTDATA" | version u16 | status u16 | flags u32 | nonce [32]
@@ -22,6 +23,7 @@
 //! fence    : "TF" | 0 u16 | conn u32 | 0 [24]                                 (32 B)
 //! response : "TR" | status u16 | seq u32 | len u64                             (16 B)
 //!            READ that succeeded: `len` payload bytes follow
+//! fenced   : "TX" | 0 u16 | conn u32 | 0 u64                                   (16 B)
 //! ```
 //! `status` is 0 for success or an [`ErrorKind`] code; a hello with status
 //! [`BUSY`] says "no room now, come back later" (back-pressure, not a
@@ -34,6 +36,16 @@
 //! write no more byte into memory before it serves the slice, so bytes of
 //! the superseded connection still on their way cannot land over it, or
 //! over anything written after it.
+//!
+//! The connection a fence supersedes is told so ([`Fenced`], naming
+//! itself) after the responses already queued on it, and then closed. An
+//! initiator reads it in place of a response: the target process is
+//! alive, and something that holds this session (a copy of the process,
+//! or a peer that read the session off the wire) fenced the connection,
+//! which is not the "peer process gone" an EOF means. An initiator that
+//! fenced its own connection closed that socket first and never reads it.
+//! A peer that predates the notice reads it as a malformed response: the
+//! connection ends either way.
 
 use tent_rings::{ErrorKind, Opcode};
 
@@ -68,6 +80,7 @@ const PROOF_MAGIC: [u8; 8] = *b"TENTAUTH";
 const REQUEST_MAGIC: [u8; 2] = *b"TQ";
 const FENCE_MAGIC: [u8; 2] = *b"TF";
 const RESPONSE_MAGIC: [u8; 2] = *b"TR";
+const FENCED_MAGIC: [u8; 2] = *b"TX";
 const OP_WRITE: u8 = 1;
 const OP_READ: u8 = 2;
 
@@ -353,6 +366,56 @@ impl Inbound {
     }
 }
 
+/// Target → initiator: this connection (`conn`) was fenced by another
+/// connection of its session; nothing more comes on it. Sent in place of
+/// a response, once the responses queued before it are out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fenced {
+    /// The fenced connection's id (the receiver's own).
+    pub conn: u32,
+}
+
+impl Fenced {
+    /// Encode.
+    pub fn encode(&self) -> [u8; RESPONSE_LEN] {
+        let mut b = [0u8; RESPONSE_LEN];
+        b[..2].copy_from_slice(&FENCED_MAGIC);
+        b[4..8].copy_from_slice(&self.conn.to_le_bytes());
+        b
+    }
+
+    /// Decode and check magic and reserved bytes.
+    pub fn decode(b: &[u8; RESPONSE_LEN]) -> Result<Fenced, FrameError> {
+        if b[..2] != FENCED_MAGIC {
+            return Err(FrameError::BadMagic);
+        }
+        if b[2..4] != [0; 2] || b[8..].iter().any(|&x| x != 0) {
+            return Err(FrameError::Reserved);
+        }
+        Ok(Fenced { conn: u32_at(b, 4) })
+    }
+}
+
+/// What a target may send once a connection is open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// The answer to the oldest outstanding request.
+    Response(Response),
+    /// The connection was fenced; nothing follows.
+    Fenced(Fenced),
+}
+
+impl Reply {
+    /// Decode a response or a fenced notice, by its magic.
+    pub fn decode(b: &[u8; RESPONSE_LEN]) -> Result<Reply, FrameError> {
+        if b[..2] == FENCED_MAGIC {
+            Fenced::decode(b).map(Reply::Fenced)
+        } else {
+            Response::decode(b).map(Reply::Response)
+        }
+    }
+}
+
 /// One slice's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Response {
@@ -431,10 +494,11 @@ mod tests {
             len: 4096,
             key: 0x5eed,
         };
-        let seeds: [(&str, Vec<u8>); 7] = [
+        let seeds: [(&str, Vec<u8>); 8] = [
             ("request_read", request(Opcode::Read).encode().to_vec()),
             ("request_write", request(Opcode::Write).encode().to_vec()),
             ("fence", Fence { conn: 3 }.encode().to_vec()),
+            ("fenced", Fenced { conn: 3 }.encode().to_vec()),
             (
                 "response_ok",
                 Response { status: Ok(()), seq: 7, len: 4096 }.encode().to_vec(),
@@ -515,6 +579,9 @@ mod tests {
             len: 0,
         };
         assert_eq!(Response::decode(&p.encode()), Ok(p));
+        assert_eq!(Reply::decode(&p.encode()), Ok(Reply::Response(p)));
+        let n = Fenced { conn: 0x0a0b_0c0d };
+        assert_eq!(Reply::decode(&n.encode()), Ok(Reply::Fenced(n)));
     }
 
     #[test]
@@ -532,6 +599,12 @@ mod tests {
             let mut f = good;
             f[at] = 1;
             assert_eq!(Inbound::decode(&f), Err(FrameError::Reserved), "byte {at}");
+        }
+        let good = Fenced { conn: 9 }.encode();
+        for at in (2..4).chain(8..RESPONSE_LEN) {
+            let mut f = good;
+            f[at] = 1;
+            assert_eq!(Reply::decode(&f), Err(FrameError::Reserved), "byte {at}");
         }
         let mut r = Request {
             opcode: Opcode::Write,
@@ -577,6 +650,13 @@ mod tests {
             let mut r = [0u8; RESPONSE_LEN];
             r.copy_from_slice(&b[..RESPONSE_LEN]);
             let _ = Response::decode(&r);
+            if let Ok(reply) = Reply::decode(&r) {
+                let again = match reply {
+                    Reply::Response(p) => p.encode(),
+                    Reply::Fenced(f) => f.encode(),
+                };
+                prop_assert_eq!(Reply::decode(&again), Ok(reply));
+            }
             let mut h = [0u8; HELLO_HEADER_LEN];
             h.copy_from_slice(&b[..HELLO_HEADER_LEN]);
             let _ = Hello::decode_header(&h);

@@ -33,6 +33,10 @@
 //! target's socket cannot land after its failure reached the application,
 //! nor over a re-posted copy (which goes to the same peer). A new socket
 //! sends again the fences its predecessor sent, unless it saw them served.
+//! A target that tells a connection it was fenced (by a connection that
+//! claims this session, never this engine's own: it closes a connection
+//! before fencing it) gets it torn down, its slices `Unreachable`, with a
+//! line that says so: the target process is alive.
 //!
 //! **Opening.** The socket connects asynchronously, then runs the data
 //! handshake ([`Opening`]) over the same queue, all by one deadline
@@ -54,7 +58,7 @@ use tent_rings::{ErrorKind, Opcode};
 
 use super::backend::{Backend, SockOp};
 use super::fence::{PEER_FENCES_MAX, PeerFences};
-use super::frame::{BUSY, Fence, Ident, REQUEST_LEN, RESPONSE_LEN, Request, Response};
+use super::frame::{BUSY, Fence, Ident, REQUEST_LEN, RESPONSE_LEN, Reply, Request};
 use super::handshake::{Opening, Refused, Step};
 use super::io;
 use super::op::{BULK, BYSTANDER, EXPRESS, Endpoint, Op, Options, RECONNECT_IDLE, next_conn_id};
@@ -116,6 +120,18 @@ enum State {
     /// Torn down; waiting for its operations' last completions.
     Closing,
 }
+
+/// Why the responses stopped being read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// The target broke the framing.
+    Violation(&'static str),
+    /// The target says another connection of this session fenced this one.
+    Fenced,
+}
+
+/// What the log says when a target tells a connection it was fenced.
+const FENCED_BY_A_COPY: &str = "tcp: the target closed a data connection because another connection claiming this engine's session fenced it (a copy of this session: a forked process, or a peer that read it off the wire without a shared secret?); the target process is alive";
 
 /// What a teardown completes the slices on the wire with.
 #[derive(Debug, Clone, Copy)]
@@ -940,12 +956,23 @@ impl Link {
             }
         } else {
             self.stage_hi += n as usize;
-            if let Err(why) = self.parse() {
-                crate::lograte::warn_limited!((self.endpoint.remote, why), remote = %self.endpoint.remote, why, "tcp: protocol violation by the peer (a bad response); closing the connection");
-                // What was answered well before the violation stands.
-                self.complete_front();
-                self.teardown(cx, ErrorKind::Unreachable, false);
-                return;
+            match self.parse() {
+                Ok(()) => {}
+                Err(Stop::Violation(why)) => {
+                    crate::lograte::warn_limited!((self.endpoint.remote, why), remote = %self.endpoint.remote, why, "tcp: protocol violation by the peer (a bad response); closing the connection");
+                    // What was answered well before the violation stands.
+                    self.complete_front();
+                    self.teardown(cx, ErrorKind::Unreachable, false);
+                    return;
+                }
+                Err(Stop::Fenced) => {
+                    // Not this engine's own fence: it closes a connection
+                    // before it fences it, and never reads this.
+                    crate::lograte::warn_limited!((self.endpoint.remote, "fenced"), remote = %self.endpoint.remote, conn = self.conn_id, slices = self.wire.len() - self.answered, "{FENCED_BY_A_COPY}; its slices fail Unreachable");
+                    self.complete_front();
+                    self.teardown(cx, ErrorKind::Unreachable, false);
+                    return;
+                }
             }
             // A WRITE answered while its payload is still being sent: an
             // honest target reads the payload whole first.
@@ -959,22 +986,29 @@ impl Link {
         self.arm_recv(cx);
     }
 
-    /// Match the responses in the staging buffer to the slices on the wire.
-    fn parse(&mut self) -> Result<(), &'static str> {
+    /// Match the responses in the staging buffer to the slices on the wire,
+    /// up to a [`Fenced`](super::frame::Fenced) notice (what follows it is
+    /// not read).
+    fn parse(&mut self) -> Result<(), Stop> {
         while self.landing.is_none() && self.stage_hi - self.stage_lo >= RESPONSE_LEN {
             let mut h = [0u8; RESPONSE_LEN];
             h.copy_from_slice(&self.stage[self.stage_lo..self.stage_lo + RESPONSE_LEN]);
-            let resp = Response::decode(&h).map_err(|_| "malformed response")?;
+            let resp = match Reply::decode(&h) {
+                Ok(Reply::Response(r)) => r,
+                Ok(Reply::Fenced(f)) if f.conn == self.conn_id => return Err(Stop::Fenced),
+                Ok(Reply::Fenced(_)) => return Err(Stop::Violation("a fenced notice for another connection")),
+                Err(_) => return Err(Stop::Violation("malformed response")),
+            };
             let Some(op) = self.wire.get_mut(self.answered) else {
-                return Err("response with nothing outstanding");
+                return Err(Stop::Violation("response with nothing outstanding"));
             };
             if resp.seq != op.seq {
-                return Err("response out of order");
+                return Err(Stop::Violation("response out of order"));
             }
             self.stage_lo += RESPONSE_LEN;
             match resp.status {
                 Err(kind) => op.status = kind.code(),
-                Ok(()) if resp.len != op.len => return Err("wrong length"),
+                Ok(()) if resp.len != op.len => return Err(Stop::Violation("wrong length")),
                 Ok(()) => op.status = 0,
             }
             if resp.status.is_ok() && op.opcode() == Opcode::Read && op.len > 0 {
@@ -991,7 +1025,7 @@ impl Link {
                 if here < op.len {
                     self.landing = Some(here);
                     if self.stage_lo != self.stage_hi {
-                        return Err("payload bytes past the staging buffer");
+                        return Err(Stop::Violation("payload bytes past the staging buffer"));
                     }
                     break;
                 }
@@ -1177,5 +1211,13 @@ impl Link {
     /// Its rail (tests flip the link state).
     pub(super) fn endpoint(&self) -> &Arc<Endpoint> {
         &self.endpoint
+    }
+
+    /// Who its hello names it (connection id 0 before one).
+    pub(super) fn ident(&self) -> Ident {
+        Ident {
+            session: self.opts.session,
+            conn: self.conn_id,
+        }
     }
 }

@@ -60,6 +60,10 @@ pub(super) struct Slot {
     /// reaped its last operation, so a fence still finds (and waits for)
     /// it.
     pub(super) fenced: AtomicBool,
+    /// Fenced by a fence (not evicted): its peer is told so
+    /// ([`Fenced`](super::frame::Fenced)) before it closes. Set before
+    /// `fenced`.
+    pub(super) notice: AtomicBool,
 }
 
 impl Slot {
@@ -123,6 +127,7 @@ impl Live {
             ident: OnceLock::new(),
             writing: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
+            notice: AtomicBool::new(false),
         });
         conns.push(slot.clone());
         Ok(slot)
@@ -184,7 +189,7 @@ impl Live {
 
     /// Start serving `fence` from connection `me`: every other connection
     /// registered under `me`'s session and the fence's connection id is
-    /// marked fenced and shut down, and returned. The fence is served once
+    /// marked fenced, its receiving side shut down, and returned. The fence is served once
     /// none of them is [`Slot::writing`] (see [`all_still`]); any later
     /// byte of theirs is refused. A peer can fence only its own session's
     /// connections; a connection already gone needs nothing.
@@ -204,13 +209,15 @@ impl Live {
             .cloned()
             .collect();
         for v in &victims {
+            v.notice.store(true, Ordering::Relaxed);
             // SeqCst, paired with the serving thread's SeqCst store of
             // `writing` then load of `fenced`: either it sees the mark and
             // writes nothing, or we see it writing and wait.
             v.fenced.store(true, Ordering::SeqCst);
             // Ends a payload `recv` at once (what was already received
-            // still lands, before `writing` clears).
-            let _ = v.stream.shutdown(std::net::Shutdown::Both);
+            // still lands, before `writing` clears). The sending side
+            // stays open: its serving thread tells the peer it was fenced.
+            let _ = v.stream.shutdown(std::net::Shutdown::Read);
         }
         // A peer may send fences at will: a line per cause, then counts.
         crate::lograte::log_limited!(

@@ -31,11 +31,14 @@
 //! Fences: each connection is registered under the ident its initiator's
 //! hello gave (session, connection id). A [`Fence`](super::frame::Fence)
 //! naming a connection of the sender's own session marks it fenced, shuts
-//! its socket down, and is served once that connection is out of any
-//! payload write into region memory (bounded by the stall limit); a
+//! its receiving side down, and is served once that connection is out of
+//! any payload write into region memory (bounded by the stall limit); a
 //! fenced connection writes no more (its serving thread checks the mark
-//! after announcing a write, Dekker-style) and is closed. So no byte of a
-//! superseded connection lands after the slice moved off it is served.
+//! after announcing a write, Dekker-style), sends its peer a
+//! [`Fenced`](super::frame::Fenced) notice after the responses queued on
+//! it, and is closed. So no byte of a superseded connection lands after
+//! the slice moved off it is served, and an initiator whose connection a
+//! copy of its session fenced is told so rather than seeing an EOF.
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -387,7 +390,9 @@ mod tests {
 
     use tent_rings::{Opcode, RegionId};
 
-    use super::super::frame::{Fence, Ident, REQUEST_LEN, RESPONSE_LEN, Request, Response, SESSION_LEN};
+    use super::super::frame::{
+        Fence, Fenced, Ident, REQUEST_LEN, RESPONSE_LEN, Reply, Request, Response, SESSION_LEN,
+    };
     use super::super::handshake;
     use super::super::live::{STAGE_READY, STAGE_SERVING};
     use super::*;
@@ -488,6 +493,10 @@ mod tests {
             stale, 0,
             "bytes of the fenced connection landed after the fence"
         );
+        // It is told it was fenced, naming itself, then closed.
+        let mut h = [0u8; RESPONSE_LEN];
+        old.read_exact(&mut h).unwrap();
+        assert_eq!(Reply::decode(&h), Ok(Reply::Fenced(Fenced { conn: 1 })));
         assert!(closed(&mut old), "a fenced connection is closed");
         // The fencing connection goes on.
         new.write_all(&write_req(&region, 0, 8)).unwrap();

@@ -47,7 +47,7 @@ use parking_lot::Mutex;
 use tent_rings::{ErrorKind, Opcode};
 
 use super::backend::{Backend, Choice, SockOp};
-use super::frame::{HELLO_LEN, Inbound, REQUEST_LEN, Request, Response};
+use super::frame::{Fenced, HELLO_LEN, Inbound, REQUEST_LEN, Request, Response};
 use super::handshake::{self, Serve};
 use super::io::FLOOR_BYTES_PER_S;
 use super::live::{self, Live, STAGE_READY, STAGE_SERVING, Slot};
@@ -326,9 +326,14 @@ enum Rx {
     },
     /// A refused WRITE's payload, dropped.
     Discard { left: u64, resp: Response },
-    /// Refused: its answer drains, then its write side is shut and what it
-    /// sends is dropped until it closes or [`LINGER`] passes.
-    Linger { until: Instant, shut: bool },
+    /// Refused, or fenced: its answer (a refusal, a [`Fenced`] notice)
+    /// drains, then its write side is shut and what it sends is dropped
+    /// until it closes or [`LINGER`] passes; closed then for `why`.
+    Linger {
+        until: Instant,
+        shut: bool,
+        why: &'static str,
+    },
 }
 
 /// Where an outstanding receive lands.
@@ -483,9 +488,62 @@ impl Conn {
         }
     }
 
+    /// Hold no room while the answer queued drains, then linger (see
+    /// [`Rx::Linger`]) and close for `why`; false (nothing changed but the
+    /// mark) past [`LINGERING_MAX`] of those: the caller closes at once.
+    fn linger(&mut self, cx: &mut Cx<'_>, why: &'static str) -> bool {
+        self.slot.fenced.store(true, Ordering::SeqCst);
+        if cx.shared.lingering.fetch_add(1, Ordering::Relaxed) >= LINGERING_MAX {
+            cx.shared.lingering.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        self.lingers = true;
+        self.rx = Rx::Linger {
+            until: cx.now + LINGER,
+            shut: false,
+            why,
+        };
+        true
+    }
+
+    /// Fenced or evicted from another thread: it writes nothing more into
+    /// region memory. Fenced by a fence past its handshake, it tells its
+    /// peer so ([`Fenced`], after the responses queued before) and
+    /// lingers; else it closes.
+    fn superseded(&mut self, cx: &mut Cx<'_>) {
+        if self.closing.is_some() || matches!(self.rx, Rx::Linger { .. }) {
+            return;
+        }
+        // Acquire: a fence's mark brings its `notice` with it.
+        let fence = self.slot.fenced.load(Ordering::Acquire) && self.slot.notice.load(Ordering::Relaxed);
+        let conn = self.slot.ident.get().map(|i| i.conn);
+        // A queued frame is named by an outstanding send: the queue must
+        // not grow past its capacity.
+        let room = self.tx.len() < self.tx.capacity();
+        let (true, false, true, Some(conn)) = (fence, matches!(self.rx, Rx::Hello(_)), room, conn) else {
+            return self.close(cx.be, FENCED, false);
+        };
+        if self.recv == Some(Land::Region) {
+            // Its receiving side is shut: that receive ends at once, and
+            // its completion brings the connection back here.
+            return;
+        }
+        // No receive into region memory is outstanding and none is posted
+        // from here: the fence may be served.
+        self.slot.writing.store(false, Ordering::Release);
+        self.frame_at = None;
+        self.push_out(Out::bytes(&Fenced { conn }.encode(), cx.now), cx.now);
+        if !self.linger(cx, FENCED) {
+            self.close(cx.be, FENCED, false);
+        }
+    }
+
     /// Parse and serve what is staged, as far as it goes.
     fn parse(&mut self, cx: &mut Cx<'_>) {
         while self.closing.is_none() {
+            if !matches!(self.rx, Rx::Hello(_) | Rx::Linger { .. }) && self.slot.fenced.load(Ordering::SeqCst) {
+                return self.superseded(cx);
+            }
             match &mut self.rx {
                 Rx::Hello(m) => {
                     let want = m.want();
@@ -517,19 +575,10 @@ impl Conn {
                             // hello does not hide a failed proof after it.
                             let kind = r.reply.map(|reply| reply.status());
                             crate::lograte::warn_limited!((self.peer.ip(), kind), peer = %self.peer, reason = %r.why, "tcp data connection refused");
-                            // It holds no room while its answer drains; past
-                            // the cap of those, it closes at once.
-                            self.slot.fenced.store(true, Ordering::SeqCst);
-                            if cx.shared.lingering.fetch_add(1, Ordering::Relaxed) >= LINGERING_MAX {
-                                cx.shared.lingering.fetch_sub(1, Ordering::Relaxed);
+                            if !self.linger(cx, "refused") {
                                 self.close(cx.be, r.why, false);
                                 return;
                             }
-                            self.lingers = true;
-                            self.rx = Rx::Linger {
-                                until: cx.now + LINGER,
-                                shut: false,
-                            };
                         }
                     }
                 }
@@ -580,10 +629,6 @@ impl Conn {
                     self.rx = Rx::Requests;
                 }
                 Rx::Payload { ptr, left, .. } => {
-                    if self.slot.fenced.load(Ordering::SeqCst) {
-                        self.close(cx.be, FENCED, false);
-                        return;
-                    }
                     let n = (*left).min((self.tail - self.head) as u64) as usize;
                     if n > 0 {
                         // SAFETY: `ptr..ptr+left` lies inside a registered region held (`hold`) for the whole payload; the stage range is `n` initialised bytes of our own.
@@ -660,8 +705,7 @@ impl Conn {
                 self.slot.writing.store(true, Ordering::SeqCst);
                 if self.slot.fenced.load(Ordering::SeqCst) {
                     self.slot.writing.store(false, Ordering::Release);
-                    self.close(cx.be, FENCED, false);
-                    return;
+                    return self.superseded(cx);
                 }
                 resp.len = req.len;
                 self.frame_at = Some(cx.now);
@@ -828,20 +872,22 @@ impl Conn {
             // non-blocking socket); `arm` posts it again.
             return;
         }
+        if res <= 0 && self.slot.fenced.load(Ordering::Relaxed) {
+            if let Rx::Linger { shut, why, .. } = self.rx {
+                // Before its answer is out, an end of input is its own
+                // receiving side shut by a fence: the answer still goes.
+                if res < 0 || shut {
+                    self.close(cx.be, why, false);
+                }
+                return;
+            }
+            return self.superseded(cx);
+        }
         if res < 0 {
             let e = std::io::Error::from_raw_os_error(-res);
-            if self.slot.fenced.load(Ordering::Relaxed) {
-                return self.close(cx.be, FENCED, false);
-            }
             return self.close(cx.be, format!("reading: {e}"), !matches!(-res, libc::ECONNRESET));
         }
         if res == 0 {
-            if self.slot.fenced.load(Ordering::Relaxed) {
-                return self.close(cx.be, FENCED, false);
-            }
-            if matches!(self.rx, Rx::Linger { .. }) {
-                return self.close(cx.be, "refused", false);
-            }
             if matches!(self.rx, Rx::Requests) && self.avail() < REQUEST_LEN {
                 if self.avail() > 0 {
                     return self.close(cx.be, "the peer closed mid-frame", true);
@@ -915,7 +961,7 @@ impl Conn {
         let now = cx.now;
         let stall = cx.shared.stall;
         if self.slot.fenced.load(Ordering::Relaxed) && !matches!(self.rx, Rx::Linger { .. }) {
-            return self.close(cx.be, FENCED, false);
+            return self.superseded(cx);
         }
         // Bytes moved at the floor rate earn this much time.
         let earned = |bytes: u64| Duration::from_nanos(bytes.saturating_mul(1_000_000_000) / FLOOR_BYTES_PER_S);
@@ -923,7 +969,7 @@ impl Conn {
             Rx::Hello(_) if now.duration_since(self.slot.born) >= HANDSHAKE_TIMEOUT => {
                 return self.close(cx.be, format!("handshake: not done within {HANDSHAKE_TIMEOUT:?}"), true);
             }
-            Rx::Linger { until, .. } if now >= *until => return self.close(cx.be, "refused", false),
+            Rx::Linger { until, why, .. } if now >= *until => return self.close(cx.be, *why, false),
             Rx::Payload { hold, .. }
                 if hold.is_revoked() && self.frame_at.is_some_and(|t| now.duration_since(t) >= REVOKED_GRACE) =>
             {
