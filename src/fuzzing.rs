@@ -153,7 +153,11 @@ pub fn data_frames(data: &[u8]) {
     }
     match Reply::decode(&head) {
         Ok(Reply::Response(resp)) => {
-            assert_eq!(Response::decode(&head), Ok(resp), "reply response = response");
+            assert_eq!(
+                Response::decode(&head),
+                Ok(resp),
+                "reply response = response"
+            );
         }
         Ok(Reply::Fenced(notice)) => {
             assert_eq!(Fenced::decode(&head), Ok(notice), "reply fenced = fenced");

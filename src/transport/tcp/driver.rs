@@ -74,11 +74,18 @@ impl Driver {
 
     /// Add a connection built by `make(id)`, owned by whoever holds
     /// `owner`'s strong end.
-    pub(super) fn add(&mut self, owner: Weak<()>, make: impl FnOnce(u32) -> Box<Link>) -> Result<u32> {
+    pub(super) fn add(
+        &mut self,
+        owner: Weak<()>,
+        make: impl FnOnce(u32) -> Box<Link>,
+    ) -> Result<u32> {
         if self.be.is_none() {
             let be = Backend::new(self.choice, self.entries).map_err(|e| {
-                Error::new(ErrorKind::OutOfMemory, "tcp: cannot build the worker's socket queue")
-                    .with_source(e)
+                Error::new(
+                    ErrorKind::OutOfMemory,
+                    "tcp: cannot build the worker's socket queue",
+                )
+                .with_source(e)
             })?;
             tracing::debug!(backend = be.name(), "tcp worker socket queue up");
             self.be = Some(be);
@@ -120,7 +127,9 @@ impl Driver {
     /// Queue `op` on connection `id`; `Err` gives it back (queue full).
     #[inline]
     pub(super) fn post(&mut self, id: u32, op: Op, class: usize) -> std::result::Result<(), Op> {
-        let e = self.slab[id as usize].as_mut().expect("a live connection id");
+        let e = self.slab[id as usize]
+            .as_mut()
+            .expect("a live connection id");
         e.link.post(op, class)?;
         if !e.busy {
             e.busy = true;
@@ -187,7 +196,12 @@ impl Driver {
     /// `seen`, or `timeout` (see [`Transport::park`]).
     ///
     /// [`Transport::park`]: crate::transport::Transport::park
-    pub(super) fn park(&mut self, word: &std::sync::atomic::AtomicU32, seen: u32, timeout: Duration) {
+    pub(super) fn park(
+        &mut self,
+        word: &std::sync::atomic::AtomicU32,
+        seen: u32,
+        timeout: Duration,
+    ) {
         match self.be.as_mut() {
             Some(Backend::Uring(u)) => u.park(word, seen, timeout),
             _ => crate::doorbell::wait_on(word, seen, timeout),
@@ -291,7 +305,9 @@ impl Driver {
                 break;
             }
             if start.elapsed() > DRAIN {
-                tracing::error!("tcp: socket operations still outstanding after {DRAIN:?}; leaving the queue open");
+                tracing::error!(
+                    "tcp: socket operations still outstanding after {DRAIN:?}; leaving the queue open"
+                );
                 // The kernel may still write into their buffers (a stage,
                 // a handshake buffer): never close the ring under them, nor
                 // free the connections its operations point into.
@@ -302,7 +318,12 @@ impl Driver {
                 return;
             }
             be.flush(Some(Duration::from_millis(10)));
-            be_reap(&mut be, &mut self.slab, &mut self.busy, crate::clock::monotonic_ns());
+            be_reap(
+                &mut be,
+                &mut self.slab,
+                &mut self.busy,
+                crate::clock::monotonic_ns(),
+            );
         }
         for e in self.slab.iter_mut().flatten() {
             e.busy = false;
@@ -404,7 +425,14 @@ mod tests {
 
     /// Queue one READ of `buf` (token `token`).
     fn post_read(d: &mut Driver, id: u32, token: u64, buf: &mut [u8]) {
-        let mut op = Op::new(token, Opcode::Read, buf.as_mut_ptr(), 0, buf.len() as u64, 1);
+        let mut op = Op::new(
+            token,
+            Opcode::Read,
+            buf.as_mut_ptr(),
+            0,
+            buf.len() as u64,
+            1,
+        );
         op.posted_ns = crate::clock::monotonic_ns();
         d.post(id, op, BULK).unwrap();
     }
@@ -453,7 +481,11 @@ mod tests {
             let (op, took) = slice_back(&mut d, id, PROMPT).unwrap_or_else(|| {
                 panic!("{choice:?}: the slice stayed with a hung connect for {PROMPT:?} after its link went down")
             });
-            assert_eq!(op.result(), Err(ErrorKind::RouteLost), "{choice:?} after {took:?}");
+            assert_eq!(
+                op.result(),
+                Err(ErrorKind::RouteLost),
+                "{choice:?} after {took:?}"
+            );
         }
     }
 
@@ -472,7 +504,11 @@ mod tests {
             let (op, took) = slice_back(&mut d, id, PROMPT).unwrap_or_else(|| {
                 panic!("{choice:?}: the slice stayed with a hung handshake for {PROMPT:?} after its link went down")
             });
-            assert_eq!(op.result(), Err(ErrorKind::RouteLost), "{choice:?} after {took:?}");
+            assert_eq!(
+                op.result(),
+                Err(ErrorKind::RouteLost),
+                "{choice:?} after {took:?}"
+            );
         }
     }
 
@@ -493,7 +529,10 @@ mod tests {
                 back.push(op.result());
             }
             assert!(t.elapsed() < PROMPT, "{choice:?}: {:?}", t.elapsed());
-            assert!(back.iter().all(|r| *r == Err(ErrorKind::Timeout)), "{choice:?}: {back:?}");
+            assert!(
+                back.iter().all(|r| *r == Err(ErrorKind::Timeout)),
+                "{choice:?}: {back:?}"
+            );
         }
     }
 
@@ -501,7 +540,10 @@ mod tests {
     fn a_refused_connect_fails_every_queued_slice_at_once() {
         for choice in BACKENDS {
             // Bound and closed: nothing listens there.
-            let at = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+            let at = TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap();
             let (mut d, id, _owner) = rig(choice, at, CONNECT_TIMEOUT);
             let mut bufs = vec![vec![0u8; 64]; 2];
             for (i, b) in bufs.iter_mut().enumerate() {
@@ -525,7 +567,11 @@ mod tests {
             until_syn_sent(&mut d, at, PROMPT);
             let t = Instant::now();
             drop(d);
-            assert!(t.elapsed() < PROMPT, "{choice:?}: dropping took {:?}", t.elapsed());
+            assert!(
+                t.elapsed() < PROMPT,
+                "{choice:?}: dropping took {:?}",
+                t.elapsed()
+            );
         }
     }
 
@@ -553,7 +599,11 @@ mod tests {
         use crate::transport::tcp::frame::{HELLO_LEN, Hello};
         use std::io::{Read, Write};
         for choice in BACKENDS {
-            for kind in [ErrorKind::Canceled, ErrorKind::AccessDenied, ErrorKind::Timeout] {
+            for kind in [
+                ErrorKind::Canceled,
+                ErrorKind::AccessDenied,
+                ErrorKind::Timeout,
+            ] {
                 let l = TcpListener::bind("127.0.0.1:0").unwrap();
                 let at = l.local_addr().unwrap();
                 let target = std::thread::spawn(move || {
@@ -586,7 +636,10 @@ mod tests {
                     std::thread::sleep(Duration::from_millis(2));
                 }
                 let accepted = target.join().unwrap();
-                assert_eq!(accepted, 1, "{choice:?} {kind:?}: connects with nothing queued");
+                assert_eq!(
+                    accepted, 1,
+                    "{choice:?} {kind:?}: connects with nothing queued"
+                );
             }
         }
     }
@@ -607,8 +660,13 @@ mod tests {
             let at = l.local_addr().unwrap();
             let target = std::thread::spawn(move || {
                 let (mut s, _) = l.accept().unwrap();
-                crate::transport::tcp::handshake::serve(&s, None, Instant::now() + CONNECT_TIMEOUT, |_| {})
-                    .unwrap();
+                crate::transport::tcp::handshake::serve(
+                    &s,
+                    None,
+                    Instant::now() + CONNECT_TIMEOUT,
+                    |_| {},
+                )
+                .unwrap();
                 let answer = |s: &mut TcpStream| {
                     let mut h = [0u8; REQUEST_LEN];
                     s.read_exact(&mut h).unwrap();
@@ -618,7 +676,15 @@ mod tests {
                 let (seq, len) = answer(&mut s);
                 let mut small = vec![0u8; len as usize];
                 s.read_exact(&mut small).unwrap();
-                s.write_all(&Response { status: Ok(()), seq, len }.encode()).unwrap();
+                s.write_all(
+                    &Response {
+                        status: Ok(()),
+                        seq,
+                        len,
+                    }
+                    .encode(),
+                )
+                .unwrap();
                 // The large payload, slowly: 1 MiB every 40 ms (about 2 s).
                 let (seq, len) = answer(&mut s);
                 let mut chunk = vec![0u8; 1 << 20];
@@ -629,23 +695,48 @@ mod tests {
                     left -= n;
                     std::thread::sleep(Duration::from_millis(40));
                 }
-                s.write_all(&Response { status: Ok(()), seq, len }.encode()).unwrap();
+                s.write_all(
+                    &Response {
+                        status: Ok(()),
+                        seq,
+                        len,
+                    }
+                    .encode(),
+                )
+                .unwrap();
                 s
             });
             let (mut d, id, _owner) = rig(choice, at, CONNECT_TIMEOUT);
             let small = vec![1u8; SMALL];
             let large = vec![2u8; LARGE];
             for (token, buf) in [(1u64, &small), (2u64, &large)] {
-                let mut op = Op::new(token, Opcode::Write, buf.as_ptr().cast_mut(), 0, buf.len() as u64, 1);
+                let mut op = Op::new(
+                    token,
+                    Opcode::Write,
+                    buf.as_ptr().cast_mut(),
+                    0,
+                    buf.len() as u64,
+                    1,
+                );
                 op.posted_ns = crate::clock::monotonic_ns();
                 d.post(id, op, BULK).unwrap();
             }
-            let (first, took) = slice_back(&mut d, id, Duration::from_secs(1)).unwrap_or_else(|| {
-                panic!("{choice:?}: the small WRITE's answer was held behind the large payload")
-            });
-            assert_eq!((first.token, first.result()), (1, Ok(SMALL as u64)), "{choice:?} after {took:?}");
-            let (second, _) = slice_back(&mut d, id, Duration::from_secs(10)).expect("the large WRITE");
-            assert_eq!((second.token, second.result()), (2, Ok(LARGE as u64)), "{choice:?}");
+            let (first, took) =
+                slice_back(&mut d, id, Duration::from_secs(1)).unwrap_or_else(|| {
+                    panic!("{choice:?}: the small WRITE's answer was held behind the large payload")
+                });
+            assert_eq!(
+                (first.token, first.result()),
+                (1, Ok(SMALL as u64)),
+                "{choice:?} after {took:?}"
+            );
+            let (second, _) =
+                slice_back(&mut d, id, Duration::from_secs(10)).expect("the large WRITE");
+            assert_eq!(
+                (second.token, second.result()),
+                (2, Ok(LARGE as u64)),
+                "{choice:?}"
+            );
             drop(target.join().unwrap());
         }
     }
@@ -665,20 +756,40 @@ mod tests {
             let at = l.local_addr().unwrap();
             let target = std::thread::spawn(move || {
                 let (mut s, _) = l.accept().unwrap();
-                crate::transport::tcp::handshake::serve(&s, None, Instant::now() + CONNECT_TIMEOUT, |_| {})
-                    .unwrap();
+                crate::transport::tcp::handshake::serve(
+                    &s,
+                    None,
+                    Instant::now() + CONNECT_TIMEOUT,
+                    |_| {},
+                )
+                .unwrap();
                 std::thread::sleep(Duration::from_millis(500));
                 let mut h = [0u8; REQUEST_LEN];
                 s.read_exact(&mut h).unwrap();
                 let req = Request::decode(&h).unwrap();
                 let mut payload = vec![0u8; req.len as usize];
                 s.read_exact(&mut payload).unwrap();
-                s.write_all(&Response { status: Ok(()), seq: req.seq, len: req.len }.encode()).unwrap();
+                s.write_all(
+                    &Response {
+                        status: Ok(()),
+                        seq: req.seq,
+                        len: req.len,
+                    }
+                    .encode(),
+                )
+                .unwrap();
                 s
             });
             let (mut d, id, _owner) = rig(choice, at, CONNECT_TIMEOUT);
             let large = vec![2u8; LARGE];
-            let mut op = Op::new(1, Opcode::Write, large.as_ptr().cast_mut(), 0, LARGE as u64, 1);
+            let mut op = Op::new(
+                1,
+                Opcode::Write,
+                large.as_ptr().cast_mut(),
+                0,
+                LARGE as u64,
+                1,
+            );
             op.posted_ns = crate::clock::monotonic_ns();
             d.post(id, op, BULK).unwrap();
             let (back, _) = slice_back(&mut d, id, Duration::from_secs(10)).expect("the WRITE");
@@ -701,19 +812,67 @@ mod tests {
         const CANARY: usize = 64;
         type Script = fn(u32, u64) -> Vec<u8>;
         let cases: [(&str, Script, std::result::Result<u64, ErrorKind>); 5] = [
-            ("bad header", |_, _| vec![0x5a; RESPONSE_LEN], Err(ErrorKind::Unreachable)),
-            ("wrong seq", |seq, len| Response { status: Ok(()), seq: seq + 1, len }.encode().to_vec(), Err(ErrorKind::Unreachable)),
-            ("wrong len", |seq, len| {
-                let mut b = Response { status: Ok(()), seq, len: len + 1 }.encode().to_vec();
-                b.extend(vec![0x77u8; len as usize + 1]);
-                b
-            }, Err(ErrorKind::Unreachable)),
-            ("bytes past the payload", |seq, len| {
-                let mut b = Response { status: Ok(()), seq, len }.encode().to_vec();
-                b.extend(vec![0x77u8; len as usize + 2 * RESPONSE_LEN]);
-                b
-            }, Ok(LEN as u64)),
-            ("an error status", |seq, _| Response { status: Err(ErrorKind::AccessDenied), seq, len: 0 }.encode().to_vec(), Err(ErrorKind::AccessDenied)),
+            (
+                "bad header",
+                |_, _| vec![0x5a; RESPONSE_LEN],
+                Err(ErrorKind::Unreachable),
+            ),
+            (
+                "wrong seq",
+                |seq, len| {
+                    Response {
+                        status: Ok(()),
+                        seq: seq + 1,
+                        len,
+                    }
+                    .encode()
+                    .to_vec()
+                },
+                Err(ErrorKind::Unreachable),
+            ),
+            (
+                "wrong len",
+                |seq, len| {
+                    let mut b = Response {
+                        status: Ok(()),
+                        seq,
+                        len: len + 1,
+                    }
+                    .encode()
+                    .to_vec();
+                    b.extend(vec![0x77u8; len as usize + 1]);
+                    b
+                },
+                Err(ErrorKind::Unreachable),
+            ),
+            (
+                "bytes past the payload",
+                |seq, len| {
+                    let mut b = Response {
+                        status: Ok(()),
+                        seq,
+                        len,
+                    }
+                    .encode()
+                    .to_vec();
+                    b.extend(vec![0x77u8; len as usize + 2 * RESPONSE_LEN]);
+                    b
+                },
+                Ok(LEN as u64),
+            ),
+            (
+                "an error status",
+                |seq, _| {
+                    Response {
+                        status: Err(ErrorKind::AccessDenied),
+                        seq,
+                        len: 0,
+                    }
+                    .encode()
+                    .to_vec()
+                },
+                Err(ErrorKind::AccessDenied),
+            ),
         ];
         for choice in BACKENDS {
             for (what, script, want) in cases {
@@ -721,8 +880,13 @@ mod tests {
                 let at = l.local_addr().unwrap();
                 let target = std::thread::spawn(move || {
                     let (mut s, _) = l.accept().unwrap();
-                    crate::transport::tcp::handshake::serve(&s, None, Instant::now() + CONNECT_TIMEOUT, |_| {})
-                        .unwrap();
+                    crate::transport::tcp::handshake::serve(
+                        &s,
+                        None,
+                        Instant::now() + CONNECT_TIMEOUT,
+                        |_| {},
+                    )
+                    .unwrap();
                     let mut h = [0u8; REQUEST_LEN];
                     s.read_exact(&mut h).unwrap();
                     let req = Request::decode(&h).unwrap();
@@ -744,7 +908,10 @@ mod tests {
                     d.turn(crate::clock::monotonic_ns());
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                assert!(buf[LEN..].iter().all(|&b| b == 0xee), "{choice:?} {what}: bytes past the READ's buffer");
+                assert!(
+                    buf[LEN..].iter().all(|&b| b == 0xee),
+                    "{choice:?} {what}: bytes past the READ's buffer"
+                );
                 drop(d);
                 target.join().unwrap();
             }
@@ -768,17 +935,35 @@ mod tests {
             let mut mem = vec![0u8; LEN];
             let base = mem.as_mut_ptr();
             // The Vec's heap buffer stays where it is when the Vec moves in.
-            let region = Arc::new(MemRegion::new(RegionId(1), base, LEN as u64, Some(Box::new(mem))));
+            let region = Arc::new(MemRegion::new(
+                RegionId(1),
+                base,
+                LEN as u64,
+                Some(Box::new(mem)),
+            ));
             let table = RegionTable::default().with(region.clone()).unwrap();
             let server = DataServer::start(
                 &[IpAddr::from([127, 0, 0, 1])],
                 Arc::new(arc_swap::ArcSwap::from_pointee(table)),
-                ServeSettings { user_timeout_ms: 0, secret: None, threads: 1, max_connections: 0, backend: choice },
+                ServeSettings {
+                    user_timeout_ms: 0,
+                    secret: None,
+                    threads: 1,
+                    max_connections: 0,
+                    backend: choice,
+                },
             )
             .unwrap();
             let (mut d, id, _owner) = rig(choice, server.local_addr(), CONNECT_TIMEOUT);
             let payload = vec![0xabu8; LEN];
-            let mut op = Op::new(1, Opcode::Write, payload.as_ptr().cast_mut(), region.addr(), LEN as u64, region.key());
+            let mut op = Op::new(
+                1,
+                Opcode::Write,
+                payload.as_ptr().cast_mut(),
+                region.addr(),
+                LEN as u64,
+                region.key(),
+            );
             op.posted_ns = crate::clock::monotonic_ns();
             d.post(id, op, BULK).unwrap();
             // Turned until the payload starts landing, then left: the
@@ -786,7 +971,10 @@ mod tests {
             let t = Instant::now();
             // SAFETY: the region's first byte is alive while `region` is; a racing write of it by the server is a plain byte store of 0xab.
             while unsafe { std::ptr::read_volatile(region.addr() as *const u8) } != 0xab {
-                assert!(t.elapsed() < PROMPT * 5, "{choice:?}: the WRITE never reached the target");
+                assert!(
+                    t.elapsed() < PROMPT * 5,
+                    "{choice:?}: the WRITE never reached the target"
+                );
                 d.turn(crate::clock::monotonic_ns());
                 std::thread::sleep(Duration::from_micros(200));
             }
@@ -794,16 +982,42 @@ mod tests {
             // The copy: the same session, another connection id.
             let mut copy = TcpStream::connect(server.local_addr()).unwrap();
             copy.set_read_timeout(Some(PROMPT * 5)).unwrap();
-            let mine = crate::transport::tcp::frame::Ident { conn: victim.conn ^ 0x4000_0000, ..victim };
-            crate::transport::tcp::handshake::open(&copy, None, Instant::now() + CONNECT_TIMEOUT, mine).unwrap();
-            copy.write_all(&Fence { conn: victim.conn }.encode()).unwrap();
-            let read = Request { opcode: Opcode::Read, seq: 1, addr: region.addr(), len: 8, key: region.key() };
+            let mine = crate::transport::tcp::frame::Ident {
+                conn: victim.conn ^ 0x4000_0000,
+                ..victim
+            };
+            crate::transport::tcp::handshake::open(
+                &copy,
+                None,
+                Instant::now() + CONNECT_TIMEOUT,
+                mine,
+            )
+            .unwrap();
+            copy.write_all(&Fence { conn: victim.conn }.encode())
+                .unwrap();
+            let read = Request {
+                opcode: Opcode::Read,
+                seq: 1,
+                addr: region.addr(),
+                len: 8,
+                key: region.key(),
+            };
             copy.write_all(&read.encode()[..REQUEST_LEN]).unwrap();
             let mut h = [0u8; RESPONSE_LEN];
-            copy.read_exact(&mut h).unwrap_or_else(|e| panic!("{choice:?}: the fence was not served: {e}"));
-            assert_eq!(Response::decode(&h).map(|r| r.status), Ok(Ok(())), "{choice:?}");
-            let (back, _) = slice_back(&mut d, id, PROMPT * 5).unwrap_or_else(|| panic!("{choice:?}: the WRITE never came back"));
-            assert_eq!(back.result(), Err(ErrorKind::Unreachable), "{choice:?}: a live target's fence is no dead process");
+            copy.read_exact(&mut h)
+                .unwrap_or_else(|e| panic!("{choice:?}: the fence was not served: {e}"));
+            assert_eq!(
+                Response::decode(&h).map(|r| r.status),
+                Ok(Ok(())),
+                "{choice:?}"
+            );
+            let (back, _) = slice_back(&mut d, id, PROMPT * 5)
+                .unwrap_or_else(|| panic!("{choice:?}: the WRITE never came back"));
+            assert_eq!(
+                back.result(),
+                Err(ErrorKind::Unreachable),
+                "{choice:?}: a live target's fence is no dead process"
+            );
         }
     }
 

@@ -501,11 +501,23 @@ mod tests {
             ("fenced", Fenced { conn: 3 }.encode().to_vec()),
             (
                 "response_ok",
-                Response { status: Ok(()), seq: 7, len: 4096 }.encode().to_vec(),
+                Response {
+                    status: Ok(()),
+                    seq: 7,
+                    len: 4096,
+                }
+                .encode()
+                .to_vec(),
             ),
             (
                 "response_err",
-                Response { status: Err(ErrorKind::AccessDenied), seq: 7, len: 0 }.encode().to_vec(),
+                Response {
+                    status: Err(ErrorKind::AccessDenied),
+                    seq: 7,
+                    len: 0,
+                }
+                .encode()
+                .to_vec(),
             ),
             (
                 "hello",
@@ -513,12 +525,23 @@ mod tests {
                     status: 0,
                     flags: AUTH_REQUIRED,
                     nonce: [9; NONCE_LEN],
-                    ident: Ident { session: [7; SESSION_LEN], conn: 1 },
+                    ident: Ident {
+                        session: [7; SESSION_LEN],
+                        conn: 1,
+                    },
                 }
                 .encode()
                 .to_vec(),
             ),
-            ("proof", Proof { status: 0, mac: [4; NONCE_LEN] }.encode().to_vec()),
+            (
+                "proof",
+                Proof {
+                    status: 0,
+                    mac: [4; NONCE_LEN],
+                }
+                .encode()
+                .to_vec(),
+            ),
         ];
         let write = std::env::var_os("TENT_WRITE_SEEDS").is_some();
         if write {
@@ -538,7 +561,11 @@ mod tests {
                 path.display()
             );
         }
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), seeds.len(), "stale seeds");
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            seeds.len(),
+            "stale seeds"
+        );
     }
 
     #[test]

@@ -497,7 +497,9 @@ impl Link {
 
     /// Log an open failure once per cause (until an open succeeds).
     fn note(&mut self, kind: ErrorKind, why: &dyn std::fmt::Display) {
-        if kind != ErrorKind::Shutdown && std::mem::replace(&mut self.logged, kind.code()) != kind.code() {
+        if kind != ErrorKind::Shutdown
+            && std::mem::replace(&mut self.logged, kind.code()) != kind.code()
+        {
             tracing::warn!(remote = %self.endpoint.remote, %kind, error = %why, "tcp data connection cannot open");
         }
     }
@@ -743,7 +745,11 @@ impl Link {
         }
         let mut batch = 0;
         while self.wire.len() < WIRE_MAX && batch < BATCH_MAX {
-            let class = if self.queue[EXPRESS].is_empty() { BULK } else { EXPRESS };
+            let class = if self.queue[EXPRESS].is_empty() {
+                BULK
+            } else {
+                EXPRESS
+            };
             let Some(next) = self.queue[class].front() else {
                 break;
             };
@@ -908,13 +914,17 @@ impl Link {
                 }
                 let next = self.wire.get(self.answered).copied();
                 let have = self.stage_hi - self.stage_lo;
-                let len = if next.is_some_and(|n| n.opcode() == Opcode::Read && n.len >= DIRECT_MIN) {
+                let len = if next.is_some_and(|n| n.opcode() == Opcode::Read && n.len >= DIRECT_MIN)
+                {
                     RESPONSE_LEN.saturating_sub(have).max(1)
                 } else {
                     STAGE - self.stage_hi
                 };
                 // SAFETY: `stage_hi + len <= STAGE`.
-                (unsafe { self.stage.as_mut_ptr().add(self.stage_hi) }, len as u32)
+                (
+                    unsafe { self.stage.as_mut_ptr().add(self.stage_hi) },
+                    len as u32,
+                )
             }
         };
         let op = SockOp::Recv {
@@ -996,7 +1006,9 @@ impl Link {
             let resp = match Reply::decode(&h) {
                 Ok(Reply::Response(r)) => r,
                 Ok(Reply::Fenced(f)) if f.conn == self.conn_id => return Err(Stop::Fenced),
-                Ok(Reply::Fenced(_)) => return Err(Stop::Violation("a fenced notice for another connection")),
+                Ok(Reply::Fenced(_)) => {
+                    return Err(Stop::Violation("a fenced notice for another connection"));
+                }
                 Err(_) => return Err(Stop::Violation("malformed response")),
             };
             let Some(op) = self.wire.get_mut(self.answered) else {

@@ -193,7 +193,11 @@ impl Live {
     /// none of them is [`Slot::writing`] (see [`all_still`]); any later
     /// byte of theirs is refused. A peer can fence only its own session's
     /// connections; a connection already gone needs nothing.
-    pub(super) fn fence(&self, me: &Slot, fence: Fence) -> std::result::Result<Vec<Arc<Slot>>, String> {
+    pub(super) fn fence(
+        &self,
+        me: &Slot,
+        fence: Fence,
+    ) -> std::result::Result<Vec<Arc<Slot>>, String> {
         let Some(&mine) = me.ident.get() else {
             return Err("fence before a hello".into());
         };
@@ -264,7 +268,12 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let dial = || TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let old = live.admit(dial()).unwrap();
-        old.ident.set(Ident { session: S1, conn: 1 }).unwrap();
+        old.ident
+            .set(Ident {
+                session: S1,
+                conn: 1,
+            })
+            .unwrap();
         old.stage.store(STAGE_READY, Ordering::Relaxed);
         old.served_ns
             .store(monotonic_ns() - 2_000_000_000, Ordering::Relaxed);
@@ -280,14 +289,27 @@ mod tests {
         // until the evicted one is out of its write.
         let roomy = Live::new(8);
         let old2 = roomy.admit(dial()).unwrap();
-        old2.ident.set(Ident { session: S1, conn: 1 }).unwrap();
+        old2.ident
+            .set(Ident {
+                session: S1,
+                conn: 1,
+            })
+            .unwrap();
         old2.writing.store(true, Ordering::SeqCst);
         let me = roomy.admit(dial()).unwrap();
-        me.ident.set(Ident { session: S1, conn: 2 }).unwrap();
+        me.ident
+            .set(Ident {
+                session: S1,
+                conn: 2,
+            })
+            .unwrap();
         let victims = roomy.fence(&me, Fence { conn: 1 }).unwrap();
         assert_eq!(victims.len(), 1);
         assert!(old2.fenced.load(Ordering::SeqCst));
-        assert!(!all_still(&victims), "a fence passed a connection still writing");
+        assert!(
+            !all_still(&victims),
+            "a fence passed a connection still writing"
+        );
         old2.writing.store(false, Ordering::Release);
         assert!(all_still(&victims));
         roomy.remove(old2.id);

@@ -71,7 +71,11 @@ const FD_HEADROOM: u64 = 64;
 /// to the engine's other sockets and files) and what a sixteenth of
 /// `avail_bytes` of memory holds at [`CONNECTION_BYTES`] each, whichever
 /// is smaller; at least 16.
-pub(crate) fn connection_limit(configured: u32, nofile: Option<u64>, avail_bytes: Option<u64>) -> usize {
+pub(crate) fn connection_limit(
+    configured: u32,
+    nofile: Option<u64>,
+    avail_bytes: Option<u64>,
+) -> usize {
     if configured > 0 {
         return configured as usize;
     }
@@ -231,8 +235,9 @@ impl DataServer {
             accepting: Vec::new(),
             serving: Vec::new(),
         };
-        let spawn_failed =
-            |e: std::io::Error| Error::new(ErrorKind::OutOfMemory, "spawn tcp data server").with_source(e);
+        let spawn_failed = |e: std::io::Error| {
+            Error::new(ErrorKind::OutOfMemory, "spawn tcp data server").with_source(e)
+        };
         for i in 0..threads {
             let (inbox, t) = station::spawn(i, choice, shared.clone()).map_err(spawn_failed)?;
             server.inboxes.push(inbox);
@@ -295,7 +300,12 @@ impl Drop for DataServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, shared: &Shared, inboxes: &[Arc<Inbox>], user_timeout_ms: u32) {
+fn accept_loop(
+    listener: TcpListener,
+    shared: &Shared,
+    inboxes: &[Arc<Inbox>],
+    user_timeout_ms: u32,
+) {
     let mut refused = Refusals::new(REFUSED_KEPT);
     let mut reserve = Reserve::new();
     loop {
@@ -570,8 +580,7 @@ mod tests {
         // Both last did something two seconds ago; the squatter is refused
         // once more since.
         for c in [&s, &u] {
-            c.served_ns
-                .fetch_sub(2_000_000_000, Ordering::Relaxed);
+            c.served_ns.fetch_sub(2_000_000_000, Ordering::Relaxed);
         }
         squatter.write_all(&bogus).unwrap();
         assert_eq!(response(&mut squatter).status, Err(ErrorKind::AccessDenied));
@@ -579,7 +588,11 @@ mod tests {
         assert_eq!(u.stage.load(Ordering::Relaxed), STAGE_SERVING);
         let conns = server.shared.live.conns.lock().clone();
         let victim = Live::victim(&conns).map(|i| conns[i].id);
-        assert_eq!(victim, Some(s.id), "the squatter goes first; the user is kept");
+        assert_eq!(
+            victim,
+            Some(s.id),
+            "the squatter goes first; the user is kept"
+        );
     }
 
     #[test]
@@ -587,7 +600,10 @@ mod tests {
         // Set: taken as it is.
         assert_eq!(connection_limit(512, Some(1024), Some(1 << 30)), 512);
         // Descriptors bind: half of what is left past the headroom.
-        assert_eq!(connection_limit(0, Some(1024), Some(64 << 30)), (1024 - 64) / 2);
+        assert_eq!(
+            connection_limit(0, Some(1024), Some(64 << 30)),
+            (1024 - 64) / 2
+        );
         // Memory binds: a sixteenth of it at 256 KiB a connection.
         assert_eq!(connection_limit(0, Some(1 << 20), Some(16 << 30)), 4096);
         // Neither known: bounded; a tiny budget still serves a few.
@@ -648,7 +664,8 @@ mod tests {
         }
         for (i, s) in conns.iter_mut().enumerate() {
             let mut h = [0u8; RESPONSE_LEN];
-            s.read_exact(&mut h).unwrap_or_else(|e| panic!("connection {i}: {e}"));
+            s.read_exact(&mut h)
+                .unwrap_or_else(|e| panic!("connection {i}: {e}"));
             assert_eq!(Response::decode(&h).unwrap().status, Ok(()));
             s.read_exact(&mut [0u8; 8]).unwrap();
         }

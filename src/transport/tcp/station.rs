@@ -103,7 +103,8 @@ const FENCED: &str = "fenced: a later connection of its initiator superseded it,
 /// unregister waits for the op; it does not wait for a peer's pace).
 const REVOKED_MID_WRITE: &str = "the region was unregistered while its WRITE payload trickled in";
 /// Why a slow READ response was cut (as for a WRITE).
-const REVOKED_MID_READ: &str = "the region was unregistered while the peer was slow to take its READ";
+const REVOKED_MID_READ: &str =
+    "the region was unregistered while the peer was slow to take its READ";
 
 /// Tags: the connection's slab index, shifted, and which operation.
 const TAG_RECV: u64 = 0;
@@ -221,7 +222,11 @@ fn refused(op: Opcode, why: ErrorKind) {
 /// `addr` (then bounds are no news to it). The success path is one lookup
 /// and the region's use count (a region being unregistered takes no new
 /// op: `AccessDenied`, as once it is out of the table).
-fn check(table: &RegionTable, req: &Request, proven: bool) -> Result<(*mut u8, RegionHold), ErrorKind> {
+fn check(
+    table: &RegionTable,
+    req: &Request,
+    proven: bool,
+) -> Result<(*mut u8, RegionHold), ErrorKind> {
     if req.len == 0 {
         return Err(ErrorKind::InvalidArgument);
     }
@@ -236,9 +241,9 @@ fn check(table: &RegionTable, req: &Request, proven: bool) -> Result<(*mut u8, R
         return Err(detail(ErrorKind::OutOfBounds));
     }
     match table.find_addr(req.addr, req.len) {
-        Ok((region, ptr)) if req.key != 0 && region.key() == req.key => {
-            MemRegion::hold(region).map(|h| (ptr, h)).ok_or(ErrorKind::AccessDenied)
-        }
+        Ok((region, ptr)) if req.key != 0 && region.key() == req.key => MemRegion::hold(region)
+            .map(|h| (ptr, h))
+            .ok_or(ErrorKind::AccessDenied),
         Ok(_) => Err(ErrorKind::AccessDenied),
         Err(e) => Err(detail(e)),
     }
@@ -251,7 +256,9 @@ struct Stage(std::ptr::NonNull<[u8; STAGE_LEN]>);
 
 impl Stage {
     fn new() -> Stage {
-        Stage(std::ptr::NonNull::from(Box::leak(Box::new([0u8; STAGE_LEN]))))
+        Stage(std::ptr::NonNull::from(Box::leak(Box::new(
+            [0u8; STAGE_LEN],
+        ))))
     }
 
     fn ptr(&self) -> *mut u8 {
@@ -316,7 +323,10 @@ enum Rx {
     Requests,
     /// A fence waits for the connections it supersedes to be out of their
     /// writes; nothing more is parsed until then.
-    Fencing { victims: Vec<Arc<Slot>>, since: Instant },
+    Fencing {
+        victims: Vec<Arc<Slot>>,
+        since: Instant,
+    },
     /// A WRITE's payload: `left` bytes still to land at `ptr`.
     Payload {
         ptr: *mut u8,
@@ -515,12 +525,14 @@ impl Conn {
             return;
         }
         // Acquire: a fence's mark brings its `notice` with it.
-        let fence = self.slot.fenced.load(Ordering::Acquire) && self.slot.notice.load(Ordering::Relaxed);
+        let fence =
+            self.slot.fenced.load(Ordering::Acquire) && self.slot.notice.load(Ordering::Relaxed);
         let conn = self.slot.ident.get().map(|i| i.conn);
         // A queued frame is named by an outstanding send: the queue must
         // not grow past its capacity.
         let room = self.tx.len() < self.tx.capacity();
-        let (true, false, true, Some(conn)) = (fence, matches!(self.rx, Rx::Hello(_)), room, conn) else {
+        let (true, false, true, Some(conn)) = (fence, matches!(self.rx, Rx::Hello(_)), room, conn)
+        else {
             return self.close(cx.be, FENCED, false);
         };
         if self.recv == Some(Land::Region) {
@@ -541,7 +553,9 @@ impl Conn {
     /// Parse and serve what is staged, as far as it goes.
     fn parse(&mut self, cx: &mut Cx<'_>) {
         while self.closing.is_none() {
-            if !matches!(self.rx, Rx::Hello(_) | Rx::Linger { .. }) && self.slot.fenced.load(Ordering::SeqCst) {
+            if !matches!(self.rx, Rx::Hello(_) | Rx::Linger { .. })
+                && self.slot.fenced.load(Ordering::SeqCst)
+            {
                 return self.superseded(cx);
             }
             match &mut self.rx {
@@ -621,7 +635,10 @@ impl Conn {
                 Rx::Fencing { victims, since } => {
                     if !live::all_still(victims) {
                         if cx.now.duration_since(*since) >= cx.shared.stall {
-                            let why = format!("fence: a superseded connection still writing after {:?}", cx.shared.stall);
+                            let why = format!(
+                                "fence: a superseded connection still writing after {:?}",
+                                cx.shared.stall
+                            );
                             self.close(cx.be, why, true);
                         }
                         return;
@@ -632,7 +649,9 @@ impl Conn {
                     let n = (*left).min((self.tail - self.head) as u64) as usize;
                     if n > 0 {
                         // SAFETY: `ptr..ptr+left` lies inside a registered region held (`hold`) for the whole payload; the stage range is `n` initialised bytes of our own.
-                        unsafe { std::ptr::copy_nonoverlapping(self.stage.ptr().add(self.head), *ptr, n) };
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(self.stage.ptr().add(self.head), *ptr, n)
+                        };
                         *ptr = ptr.wrapping_add(n);
                         *left -= n as u64;
                         self.head += n;
@@ -650,7 +669,10 @@ impl Conn {
                         return;
                     }
                     let resp = *resp;
-                    refused(Opcode::Write, resp.status.err().unwrap_or(ErrorKind::InvalidArgument));
+                    refused(
+                        Opcode::Write,
+                        resp.status.err().unwrap_or(ErrorKind::InvalidArgument),
+                    );
                     self.frame_at = None;
                     self.rx = Rx::Requests;
                     self.respond(&resp, cx.now);
@@ -720,7 +742,10 @@ impl Conn {
             (Opcode::Write, Err(_)) => {
                 self.frame_at = Some(cx.now);
                 self.frame_len = req.len;
-                self.rx = Rx::Discard { left: req.len, resp };
+                self.rx = Rx::Discard {
+                    left: req.len,
+                    resp,
+                };
             }
             (Opcode::Read, Ok((ptr, hold))) => {
                 resp.len = req.len;
@@ -769,12 +794,21 @@ impl Conn {
                 Land::Stage => {
                     if self.head > 0 {
                         // SAFETY: no receive is outstanding (we are arming one); both ranges lie in the stage.
-                        unsafe { std::ptr::copy(self.stage.ptr().add(self.head), self.stage.ptr(), self.tail - self.head) };
+                        unsafe {
+                            std::ptr::copy(
+                                self.stage.ptr().add(self.head),
+                                self.stage.ptr(),
+                                self.tail - self.head,
+                            )
+                        };
                         self.tail -= self.head;
                         self.head = 0;
                     }
                     // SAFETY: in bounds of the stage (`tail <= STAGE_LEN`).
-                    (unsafe { self.stage.ptr().add(self.tail) }, (STAGE_LEN - self.tail) as u64)
+                    (
+                        unsafe { self.stage.ptr().add(self.tail) },
+                        (STAGE_LEN - self.tail) as u64,
+                    )
                 }
                 Land::Region => match &self.rx {
                     Rx::Payload { ptr, left, .. } => (*ptr, *left),
@@ -791,7 +825,16 @@ impl Conn {
             let len = len.min(OP_MAX) as u32;
             if len > 0 {
                 // SAFETY: `buf..buf+len` stays valid until the receive is reaped: the stage is the connection's own boxed buffer (dropped only once nothing is outstanding), a region is held by the payload state (left only once the receive is reaped), the scratch lives as long as the thread.
-                let pushed = unsafe { cx.be.push(tag << 2 | TAG_RECV, SockOp::Recv { fd: self.fd, buf, len }) };
+                let pushed = unsafe {
+                    cx.be.push(
+                        tag << 2 | TAG_RECV,
+                        SockOp::Recv {
+                            fd: self.fd,
+                            buf,
+                            len,
+                        },
+                    )
+                };
                 match pushed {
                     Ok(()) => self.recv = Some(into),
                     // The queue is full until its next flush: again then.
@@ -804,10 +847,7 @@ impl Conn {
             let mut total = 0u64;
             let mut skip = self.tx_off;
             for o in self.tx.iter() {
-                let parts = [
-                    (o.head.as_ptr(), u64::from(o.head_len)),
-                    (o.payload, o.len),
-                ];
+                let parts = [(o.head.as_ptr(), u64::from(o.head_len)), (o.payload, o.len)];
                 for (p, l) in parts {
                     if skip >= l {
                         skip -= l;
@@ -855,8 +895,12 @@ impl Conn {
         }
         match &self.rx {
             Rx::Linger { shut, .. } => shut.then_some(Land::Scratch),
-            Rx::Payload { left, .. } if self.avail() == 0 && *left >= DIRECT_MIN => Some(Land::Region),
-            Rx::Discard { left, .. } if self.avail() == 0 && *left >= DIRECT_MIN => Some(Land::Scratch),
+            Rx::Payload { left, .. } if self.avail() == 0 && *left >= DIRECT_MIN => {
+                Some(Land::Region)
+            }
+            Rx::Discard { left, .. } if self.avail() == 0 && *left >= DIRECT_MIN => {
+                Some(Land::Scratch)
+            }
             // Back-pressure: a full response queue stops the reading too.
             Rx::Requests if self.tx.len() >= TX_MAX => None,
             _ if self.head == 0 && self.tail == STAGE_LEN => None,
@@ -885,7 +929,11 @@ impl Conn {
         }
         if res < 0 {
             let e = std::io::Error::from_raw_os_error(-res);
-            return self.close(cx.be, format!("reading: {e}"), !matches!(-res, libc::ECONNRESET));
+            return self.close(
+                cx.be,
+                format!("reading: {e}"),
+                !matches!(-res, libc::ECONNRESET),
+            );
         }
         if res == 0 {
             if matches!(self.rx, Rx::Requests) && self.avail() < REQUEST_LEN {
@@ -896,7 +944,10 @@ impl Conn {
                 self.eof = true;
                 return;
             }
-            if matches!(self.rx, Rx::Hello(_) | Rx::Payload { .. } | Rx::Discard { .. }) {
+            if matches!(
+                self.rx,
+                Rx::Hello(_) | Rx::Payload { .. } | Rx::Discard { .. }
+            ) {
                 return self.close(cx.be, "the peer closed mid-frame", true);
             }
             // Requests staged or a fence waiting: served, then closed.
@@ -932,7 +983,11 @@ impl Conn {
         }
         if res < 0 {
             let e = std::io::Error::from_raw_os_error(-res);
-            return self.close(cx.be, format!("sending a response: {e}"), !matches!(-res, libc::EPIPE | libc::ECONNRESET));
+            return self.close(
+                cx.be,
+                format!("sending a response: {e}"),
+                !matches!(-res, libc::EPIPE | libc::ECONNRESET),
+            );
         }
         let mut n = res as u64;
         if n > 0 {
@@ -964,14 +1019,25 @@ impl Conn {
             return self.superseded(cx);
         }
         // Bytes moved at the floor rate earn this much time.
-        let earned = |bytes: u64| Duration::from_nanos(bytes.saturating_mul(1_000_000_000) / FLOOR_BYTES_PER_S);
+        let earned = |bytes: u64| {
+            Duration::from_nanos(bytes.saturating_mul(1_000_000_000) / FLOOR_BYTES_PER_S)
+        };
         match &self.rx {
             Rx::Hello(_) if now.duration_since(self.slot.born) >= HANDSHAKE_TIMEOUT => {
-                return self.close(cx.be, format!("handshake: not done within {HANDSHAKE_TIMEOUT:?}"), true);
+                return self.close(
+                    cx.be,
+                    format!("handshake: not done within {HANDSHAKE_TIMEOUT:?}"),
+                    true,
+                );
             }
-            Rx::Linger { until, why, .. } if now >= *until => return self.close(cx.be, *why, false),
+            Rx::Linger { until, why, .. } if now >= *until => {
+                return self.close(cx.be, *why, false);
+            }
             Rx::Payload { hold, .. }
-                if hold.is_revoked() && self.frame_at.is_some_and(|t| now.duration_since(t) >= REVOKED_GRACE) =>
+                if hold.is_revoked()
+                    && self
+                        .frame_at
+                        .is_some_and(|t| now.duration_since(t) >= REVOKED_GRACE) =>
             {
                 return self.close(cx.be, REVOKED_MID_WRITE, true);
             }
@@ -983,7 +1049,11 @@ impl Conn {
                 _ => (REQUEST_LEN - self.avail().min(REQUEST_LEN)) as u64,
             };
             if now.duration_since(self.rx_at.max(t0)) >= stall {
-                return self.close(cx.be, format!("the peer stalled mid-frame for over {stall:?}"), true);
+                return self.close(
+                    cx.be,
+                    format!("the peer stalled mid-frame for over {stall:?}"),
+                    true,
+                );
             }
             // A frame must move at the floor rate on average (past a grace
             // of the stall limit), however regularly it trickles.
@@ -999,7 +1069,11 @@ impl Conn {
         }
         if !self.tx.is_empty() {
             if now.duration_since(self.tx_at) >= stall {
-                return self.close(cx.be, format!("the peer took no response byte for over {stall:?}"), true);
+                return self.close(
+                    cx.be,
+                    format!("the peer took no response byte for over {stall:?}"),
+                    true,
+                );
             }
             // What it has taken of the front response buys it time at the
             // floor rate, past a grace of the stall limit.
@@ -1015,12 +1089,16 @@ impl Conn {
             // Any queued READ on a region being unregistered, not gone
             // within the grace: the unregister does not wait on the peer.
             let revoked = self.tx.iter().any(|o| {
-                now.duration_since(o.at) >= REVOKED_GRACE && o.hold.as_ref().is_some_and(RegionHold::is_revoked)
+                now.duration_since(o.at) >= REVOKED_GRACE
+                    && o.hold.as_ref().is_some_and(RegionHold::is_revoked)
             });
             if revoked {
                 self.close(cx.be, REVOKED_MID_READ, true);
             }
-        } else if matches!(self.rx, Rx::Requests) && self.frame_at.is_none() && now.duration_since(self.rx_at) >= IDLE_CLOSE {
+        } else if matches!(self.rx, Rx::Requests)
+            && self.frame_at.is_none()
+            && now.duration_since(self.rx_at) >= IDLE_CLOSE
+        {
             self.close(cx.be, format!("idle for {} s", IDLE_CLOSE.as_secs()), true);
         }
     }
@@ -1260,4 +1338,3 @@ impl Station {
         }
     }
 }
-
