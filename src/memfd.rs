@@ -56,12 +56,22 @@ pub(crate) fn sealed_memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
 }
 
 /// Size and seals of a handed-out file (seals 0 when it cannot carry any);
-/// an error for anything but a shmem (tmpfs) file: a hugetlbfs memfd, say,
-/// could SIGBUS on a hole.
+/// an error for anything but a regular shmem (tmpfs) file: a hugetlbfs
+/// memfd, say, could SIGBUS on a hole.
+///
+/// The seals are read first: the sender keeps its own descriptor, and a
+/// size read before a seal could be one it cut the file from just after.
+/// Once `F_SEAL_SHRINK` and `F_SEAL_GROW` are seen, the size read next is
+/// the file's for good.
 pub(crate) fn size_and_seals(fd: BorrowedFd<'_>) -> io::Result<(u64, i32)> {
+    // EINVAL for files without seals: none.
+    let seals = rfs::fcntl_get_seals(fd).map_or(0, |s| s.bits() as i32);
     let st = rfs::fstat(fd)?;
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-        return Ok((0, 0));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file (a pipe, a socket?)",
+        ));
     }
     let sf = rfs::fstatfs(fd)?;
     #[allow(clippy::unnecessary_cast)]
@@ -72,8 +82,6 @@ pub(crate) fn size_and_seals(fd: BorrowedFd<'_>) -> io::Result<(u64, i32)> {
             format!("not a shmem memfd (file system type {fs:#x})"),
         ));
     }
-    // EINVAL for files without seals: none.
-    let seals = rfs::fcntl_get_seals(fd).map_or(0, |s| s.bits() as i32);
     Ok((u64::try_from(st.st_size).unwrap_or(0), seals))
 }
 
@@ -274,5 +282,66 @@ pub(crate) fn connect_file(file: BorrowedFd<'_>, deadline: Instant) -> io::Resul
             Err(Errno::AGAIN | Errno::INPROGRESS) => return Err(timed_out()),
             Err(e) => return Err(e.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A sender keeps its own descriptor of the memfd it hands over: if it
+    /// cuts the file to 0 bytes and seals it while the receiver looks, the
+    /// receiver must never see "8192 bytes, sealed" (mapping them would
+    /// SIGBUS). With the size read before the seals, this failed within a
+    /// few hundred rounds.
+    #[test]
+    #[cfg_attr(miri, ignore = "memfd")]
+    fn a_sealed_file_is_never_reported_larger_than_it_is() {
+        let need = (SealFlags::SHRINK | SealFlags::GROW).bits() as i32;
+        for i in 0..3_000u32 {
+            let fd = Arc::new(memfd("race", 8192).unwrap());
+            let state = Arc::new(AtomicU32::new(0));
+            let spin = (i % 97) * 3;
+            let t = std::thread::spawn({
+                let (fd, state) = (fd.clone(), state.clone());
+                move || {
+                    state.store(1, Ordering::Release);
+                    while state.load(Ordering::Acquire) != 2 {
+                        std::hint::spin_loop();
+                    }
+                    for _ in 0..spin {
+                        std::hint::spin_loop();
+                    }
+                    rfs::ftruncate(&*fd, 0).unwrap();
+                    rfs::fcntl_add_seals(
+                        &*fd,
+                        SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+                    )
+                    .unwrap();
+                }
+            });
+            while state.load(Ordering::Acquire) != 1 {
+                std::hint::spin_loop();
+            }
+            state.store(2, Ordering::Release);
+            let (size, seals) = size_and_seals(fd.as_fd()).unwrap();
+            t.join().unwrap();
+            if seals & need == need {
+                assert_eq!(
+                    size, 0,
+                    "round {i}: {size} bytes reported of a file sealed at 0"
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "pipe")]
+    fn a_pipe_is_no_memfd() {
+        let (r, _w) = rustix::pipe::pipe().unwrap();
+        let e = size_and_seals(r.as_fd()).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 }

@@ -313,7 +313,7 @@ fn foreign_and_stale_slot_files() {
     std::fs::remove_file(&path).unwrap();
     // A file left by a run at another interval: its memory went with its
     // last participant, so this engine rotates a fresh clock at its own.
-    drop(SlotClock::open(&name, Duration::from_millis(50)).unwrap());
+    drop(engine_on_slots(&name, 50).unwrap());
     let e = engine_on_slots(&name, 2).unwrap();
     let clock = e.slot_clock().unwrap();
     let t0 = Instant::now();
@@ -426,8 +426,9 @@ fn high_overtakes_queued_low_and_promotion_keeps_low_moving() {
 fn the_open_gate_and_the_slot_gate_agree_on_slot_two() {
     let name = slot_name("gate");
     let _unlink = Unlink(name.clone());
-    let c = SlotClock::open(&name, Duration::from_millis(2)).unwrap();
-    // A fresh file: nobody rotates, every priority may send.
+    let e = engine_on_slots(&name, 2).unwrap();
+    let c = e.slot_clock().unwrap();
+    // A fresh file, nobody with work: every priority may send in any slot.
     for p in Priority::ALL {
         assert!(c.can_send(p, tent::clock::monotonic_ns()));
     }

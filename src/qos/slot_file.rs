@@ -4,8 +4,10 @@
 //! `/dev/shm/name`, a **lock file**: nothing is ever read from it or
 //! mapped of it, so what another process writes into it or how it
 //! truncates it harms nobody. Liveness is open-file-description (OFD) byte
-//! locks on it, which the kernel drops the moment a process dies, whatever
-//! pid it had or another process gets:
+//! locks on it, which the kernel drops the moment a participant's open
+//! file description closes (its process dies; a child forked without exec
+//! closes its copy, see `LockFd`), whatever pid it had or another process
+//! gets:
 //!
 //! ```text
 //!  byte 0        the creator: held (exclusive) while a first participant
@@ -48,8 +50,11 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
+use std::sync::Once;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use rustix::fs::{self as rfs, FileType, Mode, OFlags, SealFlags};
 use tent_rings::ErrorKind;
 
@@ -68,6 +73,8 @@ const FRAME_LEN: usize = 16;
 pub(crate) const ATTEMPT: Duration = Duration::from_millis(250);
 /// How long a joiner tries in all before it gives up.
 pub(crate) const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the keeper checks that its socket is still at its name.
+const SOCKET_CHECK: Duration = Duration::from_secs(1);
 /// Connections one call of [`SlotFile::serve`] answers (the rest wait for
 /// the next call, a few ms later).
 const SERVE_BURST: usize = 16;
@@ -131,6 +138,68 @@ fn held_elsewhere(fd: BorrowedFd<'_>, byte: u64) -> io::Result<bool> {
     Ok(i32::from(fl.l_type) != libc::F_UNLCK)
 }
 
+/// Lock-file descriptors of this process's participants, closed in a child
+/// forked without exec: a fork shares the open file description, and OFD
+/// locks last until its last descriptor closes, so a child that lives on
+/// would hold a departed participant's member and seat locks.
+static CLOSE_IN_CHILD: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
+static AT_FORK: Once = Once::new();
+
+extern "C" fn close_lock_files_in_child() {
+    for slot in &CLOSE_IN_CHILD {
+        let fd = slot.load(Ordering::Relaxed);
+        if fd >= 0 {
+            // SAFETY: close is async-signal-safe; `fd` is the child's copy of a lock file a live participant of the parent registered (it unregisters before it closes).
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// The lock file's descriptor, registered to be closed in forked children.
+#[derive(Debug)]
+struct LockFd {
+    fd: OwnedFd,
+    slot: Option<usize>,
+}
+
+impl LockFd {
+    fn new(fd: OwnedFd) -> LockFd {
+        AT_FORK.call_once(|| {
+            // SAFETY: registers a child handler that only calls close(2); no prepare or parent handler.
+            let rc = unsafe { libc::pthread_atfork(None, None, Some(close_lock_files_in_child)) };
+            if rc != 0 {
+                tracing::warn!(rc, "slot file: pthread_atfork failed; a forked child would keep this process's slot locks");
+            }
+        });
+        let raw = fd.as_raw_fd();
+        let slot = CLOSE_IN_CHILD.iter().position(|s| {
+            s.compare_exchange(-1, raw, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        });
+        if slot.is_none() {
+            crate::lograte::warn_limited!(
+                "slot fork table",
+                "slot file: more than 64 slot clocks in one process; a child forked without exec would keep the newest one's locks"
+            );
+        }
+        LockFd { fd, slot }
+    }
+
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Drop for LockFd {
+    fn drop(&mut self) {
+        // Unregistered before the descriptor closes, so a child never
+        // closes a number this process has reused.
+        if let Some(i) = self.slot {
+            CLOSE_IN_CHILD[i].store(-1, Ordering::Release);
+        }
+    }
+}
+
 /// Open (or create) the lock file: a regular file of this uid that no
 /// other user may write.
 fn open_lock_file(path: &Path, name: &str) -> Result<OwnedFd> {
@@ -174,9 +243,8 @@ fn open_lock_file(path: &Path, name: &str) -> Result<OwnedFd> {
 #[derive(Debug)]
 pub(crate) struct SlotFile {
     path: PathBuf,
-    /// The seat's socket: `(path, inode)`; unlinked on drop if still ours.
-    sock: (PathBuf, u64),
-    listener: UnixListener,
+    /// The seat's socket; only the keeper thread takes it.
+    listening: Mutex<Listening>,
     memfd: OwnedFd,
     map: Mapping,
     seat: usize,
@@ -186,13 +254,14 @@ pub(crate) struct SlotFile {
     /// namespace this process cannot see into); ours when created.
     handed_by: i32,
     /// Last: closing it drops every lock this participant holds.
-    lock: OwnedFd,
+    lock: LockFd,
 }
 
 /// Why one attempt to get the memory failed.
 enum Fetch {
-    /// Nobody answered this time (gone, stopped, not listening yet): why.
-    Again(&'static str),
+    /// Nobody answered this time (gone, stopped, not listening yet): why,
+    /// when anyone was asked.
+    Again(Option<&'static str>),
     /// Someone answered with something this participant refuses.
     Refused(Error),
 }
@@ -215,17 +284,26 @@ impl SlotFile {
             )));
         }
         let path = tent_rings::region::shm_path(name);
-        let lock = open_lock_file(&path, &shown)?;
+        let lock = LockFd::new(open_lock_file(&path, &shown)?);
+        if let Some(pid) = older_release_alive(lock.as_fd()) {
+            return Err(Error::invalid(format!(
+                "slot file {}: in use by an older tent release (slot format 2; its pid {pid} is \
+                 alive): every process sharing a slot file must run the same release (stop them, \
+                 or set another shared_quota_shm_path)",
+                path.display()
+            )));
+        }
         let lock_err = |e: io::Error| {
             Error::invalid(format!("slot file {}: locking", path.display())).with_source(e)
         };
         let deadline = Instant::now() + JOIN_TIMEOUT;
         let mut nap = Duration::from_millis(1);
-        let mut last;
+        let mut last = "no participant held a seat";
         let (memfd, map, created, handed_by) = loop {
             if try_lock(lock.as_fd(), CREATOR_BYTE, Lock::Exclusive).map_err(lock_err)? {
-                if !held_elsewhere(lock.as_fd(), MEMBER_BYTE).map_err(lock_err)? {
-                    try_lock(lock.as_fd(), MEMBER_BYTE, Lock::Shared).map_err(lock_err)?;
+                if !held_elsewhere(lock.as_fd(), MEMBER_BYTE).map_err(lock_err)?
+                    && try_lock(lock.as_fd(), MEMBER_BYTE, Lock::Shared).map_err(lock_err)?
+                {
                     // Still holding the creator lock: nobody else creates
                     // until this participant is seated and listening.
                     match make_memory(init) {
@@ -242,24 +320,27 @@ impl SlotFile {
             // Members are there (or another is creating): ask them. Shared
             // locks never conflict with each other, only with a creator's
             // check, which then leaves the memory to this one's group.
-            try_lock(lock.as_fd(), MEMBER_BYTE, Lock::Shared).map_err(lock_err)?;
-            match fetch_from_members(&lock, &path, seats, check, deadline) {
-                Ok((memfd, map, pid)) => break (memfd, map, false, pid),
-                Err(Fetch::Refused(e)) => {
-                    unlock(lock.as_fd(), MEMBER_BYTE);
-                    return Err(e);
+            if try_lock(lock.as_fd(), MEMBER_BYTE, Lock::Shared).map_err(lock_err)? {
+                match fetch_from_members(&lock, &path, seats, check, deadline) {
+                    Ok((memfd, map, pid)) => break (memfd, map, false, pid),
+                    Err(Fetch::Refused(e)) => {
+                        unlock(lock.as_fd(), MEMBER_BYTE);
+                        return Err(e);
+                    }
+                    Err(Fetch::Again(why)) => {
+                        last = why.unwrap_or(last);
+                        unlock(lock.as_fd(), MEMBER_BYTE)
+                    }
                 }
-                Err(Fetch::Again(why)) => {
-                    last = why;
-                    unlock(lock.as_fd(), MEMBER_BYTE)
-                }
+            } else {
+                last = "the member lock is held exclusively (not by a tent participant)";
             }
             if Instant::now() >= deadline {
                 return Err(Error::new(
                     ErrorKind::Timeout,
                     format!(
                         "slot file {}: its participants did not hand the slot memory over within \
-                         {JOIN_TIMEOUT:?} (stopped processes?; last: {last})",
+                         {JOIN_TIMEOUT:?} (last: {last})",
                         path.display()
                     ),
                 ));
@@ -270,30 +351,29 @@ impl SlotFile {
             std::thread::sleep(nap + jitter);
             nap = (nap * 2).min(Duration::from_millis(50));
         };
-        let seated = (|| {
-            let seat = claim_seat(lock.as_fd(), seats)
-                .map_err(lock_err)?
-                .ok_or_else(|| {
-                    Error::invalid(format!(
-                        "slot file {}: all {seats} seats are held by live processes",
-                        path.display()
-                    ))
-                })?;
-            let sock = sock_path(&path, seat);
-            let (listener, ino) = listen(&sock).map_err(|e| {
+        let seated = seat_and_listen(lock.as_fd(), &path, seats).map_err(|e| match e {
+            Seating::Full => Error::invalid(format!(
+                "slot file {}: all {seats} seats are held by live processes",
+                path.display()
+            )),
+            Seating::Io(e) => lock_err(e),
+            Seating::Listen(sock, e) => {
                 Error::invalid(format!("slot file {}: cannot listen", sock.display()))
                     .with_source(e)
-            })?;
-            Ok::<_, Error>((seat, sock, listener, ino))
-        })();
+            }
+        });
         if created {
             unlock(lock.as_fd(), CREATOR_BYTE);
         }
         let (seat, sock, listener, ino) = seated?;
         Ok(SlotFile {
             path,
-            sock: (sock, ino),
-            listener,
+            listening: Mutex::new(Listening {
+                sock,
+                ino,
+                listener,
+                next_check: Instant::now() + SOCKET_CHECK,
+            }),
             memfd,
             map,
             seat,
@@ -347,9 +427,17 @@ impl SlotFile {
     /// Hand the memory to whoever is waiting on this participant's socket
     /// (at most [`SERVE_BURST`]); never waits. Returns how many got it.
     pub(crate) fn serve(&self) -> usize {
+        let Some(mut l) = self.listening.try_lock() else {
+            return 0;
+        };
+        let now = Instant::now();
+        if now >= l.next_check {
+            l.next_check = now + SOCKET_CHECK;
+            self.listen_again_if_gone(&mut l);
+        }
         let mut served = 0;
         for _ in 0..SERVE_BURST {
-            let stream = match self.listener.accept() {
+            let stream = match l.listener.accept() {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => {
@@ -379,15 +467,46 @@ impl SlotFile {
         }
         served
     }
+
+    /// A socket removed by someone else (a cleanup script) would leave
+    /// this participant a member nobody can ask: listen again under the
+    /// seat's name. The seat's lock is ours, so the name is too.
+    fn listen_again_if_gone(&self, l: &mut Listening) {
+        if std::fs::symlink_metadata(&l.sock).is_ok_and(|m| m.ino() == l.ino) {
+            return;
+        }
+        match listen(&l.sock) {
+            Ok((listener, ino)) => {
+                tracing::info!(path = %l.sock.display(), "slot file: the seat's socket was removed; listening again");
+                l.listener = listener;
+                l.ino = ino;
+            }
+            Err(e) => {
+                crate::lograte::warn_limited!(("slot relisten", self.path.as_path()), error = %e,
+                    path = %l.sock.display(), "slot file: the seat's socket was removed and cannot be made again");
+            }
+        }
+    }
+}
+
+/// A participant's listening socket at its seat's name.
+#[derive(Debug)]
+struct Listening {
+    sock: PathBuf,
+    /// The socket file's inode: only ours is ever unlinked.
+    ino: u64,
+    listener: UnixListener,
+    /// When the keeper next checks that the name is still this socket.
+    next_check: Instant,
 }
 
 impl Drop for SlotFile {
     fn drop(&mut self) {
         // Unlink only our own socket (a successor in this seat renames its
         // own over the name), then `lock` closes last: every lock goes.
-        let (sock, ino) = &self.sock;
-        if std::fs::symlink_metadata(sock).is_ok_and(|m| m.ino() == *ino) {
-            let _ = std::fs::remove_file(sock);
+        let l = self.listening.get_mut();
+        if std::fs::symlink_metadata(&l.sock).is_ok_and(|m| m.ino() == l.ino) {
+            let _ = std::fs::remove_file(&l.sock);
         }
     }
 }
@@ -412,14 +531,80 @@ fn sock_path(path: &Path, i: usize) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// Take the first seat no live process holds.
-fn claim_seat(fd: BorrowedFd<'_>, seats: usize) -> io::Result<Option<usize>> {
+/// Why no seat could be taken.
+enum Seating {
+    Full,
+    Io(io::Error),
+    /// The last seat tried could not listen at its name.
+    Listen(PathBuf, io::Error),
+}
+
+/// Take the first seat no live process holds whose name this participant
+/// can listen at (a name squatted by a file of another user, or a
+/// directory, leaves its seat to nobody and moves on): the seat, its
+/// socket path, the listener and the socket's inode.
+fn seat_and_listen(
+    fd: BorrowedFd<'_>,
+    path: &Path,
+    seats: usize,
+) -> std::result::Result<(usize, PathBuf, UnixListener, u64), Seating> {
+    let mut failed = None;
     for i in 0..seats {
-        if try_lock(fd, SEAT_BASE + i as u64, Lock::Exclusive)? {
-            return Ok(Some(i));
+        let byte = SEAT_BASE + i as u64;
+        if !try_lock(fd, byte, Lock::Exclusive).map_err(Seating::Io)? {
+            continue;
+        }
+        let sock = sock_path(path, i);
+        match listen(&sock) {
+            Ok((listener, ino)) => return Ok((i, sock, listener, ino)),
+            Err(e) => {
+                unlock(fd, byte);
+                failed = Some((sock, e));
+            }
         }
     }
-    Ok(None)
+    Err(failed.map_or(Seating::Full, |(s, e)| Seating::Listen(s, e)))
+}
+
+/// Does a slot file of an older release (format 2: a mapped region whose
+/// seats name pids) have a live participant? Read with `pread`, never
+/// mapped. A pid is only a hint here (it may have been reused): it is what
+/// that release judged liveness by, and a false positive only asks the
+/// user to remove a stale file.
+fn older_release_alive(fd: BorrowedFd<'_>) -> Option<u32> {
+    const PAYLOAD: usize = tent_rings::region::HEADER_LEN;
+    let mut buf = vec![0u8; PAYLOAD + 64 * 65];
+    let n = rustix::io::pread(fd, &mut buf, 0).ok()?;
+    let word = |at: usize| -> Option<u64> {
+        Some(u64::from_le_bytes(buf.get(at..at + 8)?.try_into().ok()?))
+    };
+    if n < PAYLOAD + 64 || word(0)? != tent_rings::region::REGION_MAGIC || word(32)? != 2 {
+        return None;
+    }
+    let pid_at = |at: usize| -> Option<u32> {
+        Some(u32::from_le_bytes(buf.get(at..at + 4)?.try_into().ok()?))
+    };
+    let used = (pid_at(PAYLOAD + 20)? as usize).min(64);
+    let seat_pids = (0..used).filter_map(|i| word(PAYLOAD + 64 + 64 * i).map(|w| (w >> 32) as u32));
+    // The creator's pid in the header, the owner's, then the seats'.
+    [pid_at(64)?, pid_at(PAYLOAD + 16)?]
+        .into_iter()
+        .chain(seat_pids)
+        .find(|&pid| pid_alive(pid))
+}
+
+/// Is `pid` a live process (`kill(pid, 0)`; `EPERM` is alive too)?
+fn pid_alive(pid: u32) -> bool {
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    matches!(
+        rustix::process::test_kill_process(pid),
+        Ok(()) | Err(rustix::io::Errno::PERM)
+    )
 }
 
 /// A fresh sealed memfd of [`MEM_LEN`] bytes, mapped and written by `init`.
@@ -462,13 +647,13 @@ fn listen(sock: &Path) -> io::Result<(UnixListener, u64)> {
 /// Ask the participants of the held seats for the memory, one after
 /// another, until one hands it over.
 fn fetch_from_members(
-    lock: &OwnedFd,
+    lock: &LockFd,
     path: &Path,
     seats: usize,
     check: &dyn Fn(&Mapping) -> Result<()>,
     deadline: Instant,
 ) -> std::result::Result<(OwnedFd, Mapping, i32), Fetch> {
-    let mut last = "no participant held a seat";
+    let mut last = None;
     for i in 0..seats {
         if Instant::now() >= deadline {
             break;
@@ -482,7 +667,7 @@ fn fetch_from_members(
             deadline.min(Instant::now() + ATTEMPT),
         ) {
             Ok(got) => return Ok(got),
-            Err(Fetch::Again(why)) => last = why,
+            Err(Fetch::Again(why)) => last = why.or(last),
             Err(refused) => return Err(refused),
         }
     }
@@ -502,25 +687,27 @@ fn fetch(
         )))
     };
     let Ok((file, st)) = open_socket_file(sock) else {
-        return Err(Fetch::Again("no socket at a held seat"));
+        return Err(Fetch::Again(Some("no socket at a held seat")));
     };
     if FileType::from_raw_mode(st.st_mode) != FileType::Socket || st.st_uid != euid() {
         // Not a participant's (yet): a seat just taken, or junk a dead
         // holder's successor will rename over.
-        return Err(Fetch::Again("a held seat's socket is not a participant's"));
+        return Err(Fetch::Again(Some(
+            "a held seat's socket is not a participant's",
+        )));
     }
     let Ok(stream) = connect_file(file.as_fd(), deadline) else {
-        return Err(Fetch::Again("connect refused or timed out"));
+        return Err(Fetch::Again(Some("connect refused or timed out")));
     };
-    let (uid, pid) = peer_uid(&stream).map_err(|_| Fetch::Again("SO_PEERCRED"))?;
+    let (uid, pid) = peer_uid(&stream).map_err(|_| Fetch::Again(Some("SO_PEERCRED")))?;
     if uid != euid() {
         return Err(refused(format!("served by uid {uid}, not ours")));
     }
     let mut frame = [0u8; FRAME_LEN];
-    let got =
-        recv_frame(&stream, &mut frame, deadline).map_err(|_| Fetch::Again("no answer in time"))?;
+    let got = recv_frame(&stream, &mut frame, deadline)
+        .map_err(|_| Fetch::Again(Some("no answer in time")))?;
     let Some(fd) = got.fd else {
-        return Err(Fetch::Again("an answer without the memfd"));
+        return Err(Fetch::Again(Some("an answer without the memfd")));
     };
     if frame[..8] != FRAME_TAG {
         return Err(refused("not a tent slot file participant".into()));
@@ -544,7 +731,17 @@ fn fetch(
         )));
     }
     let map = Mapping::map(fd.as_fd(), MEM_LEN, true).map_err(|e| {
-        Fetch::Refused(Error::new(ErrorKind::OutOfMemory, "mapping the slot memory").with_source(e))
+        Fetch::Refused(
+            match e.raw_os_error() {
+                Some(libc::EPERM | libc::EACCES) => Error::invalid(format!(
+                    "slot file socket {}: handed a memfd that cannot be mapped writable \
+                 (write-sealed or read-only)",
+                    sock.display()
+                )),
+                _ => Error::new(ErrorKind::OutOfMemory, "mapping the slot memory"),
+            }
+            .with_source(e),
+        )
     })?;
     check(&map).map_err(Fetch::Refused)?;
     Ok((fd, map, pid))

@@ -195,7 +195,9 @@ pub struct SlotClock {
 
 impl SlotClock {
     /// Join (or create) the slot file `name` (`/name` → `/dev/shm/name`)
-    /// rotating every `interval`.
+    /// rotating every `interval`. A clock must be kept by a
+    /// [`SlotRotator`]: its thread is what hands the memory to later
+    /// joiners (a clock without one would make them time out).
     ///
     /// # Errors
     /// `InvalidArgument` naming the path when the file cannot be used: not
@@ -203,7 +205,7 @@ impl SlotClock {
     /// participant of another tent release); every seat held; or rotated
     /// by live processes at another interval. `Timeout` when participants
     /// hold the file but none handed its memory over (all stopped).
-    pub fn open(name: &str, interval: Duration) -> Result<SlotClock> {
+    pub(crate) fn open(name: &str, interval: Duration) -> Result<SlotClock> {
         let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
         // A name, never a path: the file lies directly in /dev/shm.
         if !crate::config::is_shm_name(name) {
@@ -380,7 +382,7 @@ impl Drop for SlotClock {
 
 /// The memory as the slot payload.
 fn payload_of(m: &Mapping) -> &SlotPayload {
-    debug_assert!(m.len() >= PAYLOAD_LEN);
+    assert!(m.len() >= PAYLOAD_LEN, "slot memory of {} bytes", m.len());
     // SAFETY: every mapping of slot memory is MEM_LEN >= PAYLOAD_LEN bytes (checked before mapping), page aligned, all atomics, mapped as long as `m` lives.
     unsafe { &*m.ptr().cast::<SlotPayload>() }
 }
@@ -812,5 +814,118 @@ mod tests {
         let c = SlotClock::open(&n, Duration::from_millis(10)).unwrap();
         assert_eq!(c.interval(), Duration::from_millis(10));
         assert!(c.file.created());
+    }
+
+    /// OFD locks belong to the open file description a fork shares: a
+    /// child forked without exec must not keep a departed participant's
+    /// member and seat locks (joiners would wait for it and time out).
+    #[test]
+    #[cfg_attr(miri, ignore = "fork")]
+    fn a_forked_child_does_not_keep_a_gone_participants_locks() {
+        let n = name("fork");
+        let _c = Cleanup(n.clone());
+        let iv = Duration::from_millis(2);
+        let a = SlotClock::open(&n, iv).unwrap();
+        // SAFETY: the child calls only the async-signal-safe sleep and _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: async-signal-safe calls in the forked child.
+            unsafe {
+                libc::sleep(30);
+                libc::_exit(0)
+            }
+        }
+        drop(a);
+        let b = SlotClock::open(&n, iv);
+        // SAFETY: our own child, killed and reaped.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        let b = b.expect("nobody is there any more: a fresh clock");
+        assert!(b.file.created());
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "/dev/shm file")]
+    fn a_removed_seat_socket_is_made_again() {
+        let n = name("unlinked");
+        let _c = Cleanup(n.clone());
+        let iv = Duration::from_millis(2);
+        let a = SlotRotator::start(Arc::new(SlotClock::open(&n, iv).unwrap())).unwrap();
+        let sock = format!("/dev/shm{n}.s{}", a.clock().seat());
+        std::fs::remove_file(&sock).unwrap();
+        let b = SlotClock::open(&n, iv).unwrap();
+        assert!(!b.file.created(), "joined the live clock");
+        assert_eq!(b.lease().owner(), a.clock().lease().owner());
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "/dev/shm file")]
+    fn a_squatted_seat_name_moves_the_joiner_to_the_next_seat() {
+        let n = name("squat");
+        let _c = Cleanup(n.clone());
+        let squat = format!("/dev/shm{n}.s0");
+        std::fs::create_dir(&squat).unwrap();
+        let iv = Duration::from_millis(2);
+        let a = SlotClock::open(&n, iv);
+        std::fs::remove_dir(&squat).unwrap();
+        assert_eq!(a.unwrap().seat(), 1);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "/dev/shm file")]
+    fn a_live_participant_of_an_older_release_is_named_not_ignored() {
+        let n = name("old");
+        let _c = Cleanup(n.clone());
+        // What the release before this one made: the file mapped as a
+        // region of slot format 2, its creator's pid (ours) in the header.
+        let (old, created) = tent_rings::region::Region::open_or_create_shm(
+            &n[1..],
+            tent_rings::region::RegionType::SlotClock,
+            [2, PAYLOAD_LEN as u64, 0, 0],
+            PAYLOAD_LEN,
+        )
+        .unwrap();
+        assert!(created);
+        let e = SlotClock::open(&n, Duration::from_millis(2)).unwrap_err();
+        assert!(e.to_string().contains("older tent release"), "{e}");
+        assert!(
+            e.to_string().contains(&std::process::id().to_string()),
+            "{e}"
+        );
+        drop(old);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "/dev/shm file")]
+    fn many_participants_starting_together_form_one_group() {
+        let n = name("storm");
+        let _c = Cleanup(n.clone());
+        let iv = Duration::from_millis(2);
+        let k = 16;
+        let barrier = std::sync::Barrier::new(k);
+        let got: Vec<Result<SlotRotator>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..k)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        SlotRotator::start(Arc::new(SlotClock::open(&n, iv)?))
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let errs: Vec<String> = got
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+            .collect();
+        assert!(errs.is_empty(), "{errs:?}");
+        let created = got
+            .iter()
+            .filter(|r| r.as_ref().unwrap().clock().file.created())
+            .count();
+        assert_eq!(created, 1, "one memory, made once");
     }
 }
