@@ -180,4 +180,61 @@ mod tests {
         // SAFETY: as above.
         assert!(unsafe { poll_cq(&mut cq, 8, wc.as_mut_ptr()) } < 0);
     }
+
+    /// What a provider saw of one posted WR: id, opcode, flags, SGEs,
+    /// whether its SGE list is null, remote address and rkey.
+    type Seen = (u64, ibv_wr_opcode, u32, i32, bool, u64, u32);
+
+    thread_local! {
+        static SEEN: RefCell<Vec<Seen>> = const { RefCell::new(Vec::new()) };
+    }
+
+    unsafe extern "C" fn recording_post_send(
+        _qp: *mut ibv_qp,
+        wr: *mut ibv_send_wr,
+        _bad: *mut *mut ibv_send_wr,
+    ) -> i32 {
+        // SAFETY: the caller posts one valid WR.
+        let w = unsafe { &*wr };
+        // SAFETY: an RDMA WRITE's WR carries the `rdma` variant.
+        let (remote, rkey) = unsafe { (w.wr.rdma.remote_addr, w.wr.rdma.rkey) };
+        let seen = (w.wr_id, w.opcode, w.send_flags, w.num_sge, w.sg_list.is_null(), remote, rkey);
+        SEEN.with(|s| s.borrow_mut().push(seen));
+        if w.next.is_null() { 0 } else { libc::EINVAL }
+    }
+
+    #[test]
+    fn a_zero_length_write_reaches_the_provider_with_no_sge_address_or_key() {
+        use crate::transport::rdma::sys::ffi::ibv_send_flags;
+        let mut ctx = ibv_context::default();
+        ctx.ops.post_send = Some(recording_post_send);
+        let ctxp: *mut ibv_context = &mut ctx;
+        let mut qp = ibv_qp {
+            context: ctxp,
+            ..Default::default()
+        };
+        // SAFETY: qp's context has the recording ops.
+        let rc = unsafe { crate::transport::rdma::verbs::post_zero_write(&mut qp, 77) };
+        assert_eq!(rc, 0);
+        let seen = SEEN.with(|s| s.borrow_mut().drain(..).collect::<Vec<_>>());
+        assert_eq!(
+            seen,
+            [(
+                77,
+                ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                ibv_send_flags::IBV_SEND_SIGNALED.0,
+                0,
+                true,
+                0,
+                0
+            )],
+            "one signalled WRITE of no bytes, naming no memory"
+        );
+        // The provider's refusal comes back as its code.
+        // SAFETY: `ctxp` points at `ctx`, alive for the whole test.
+        unsafe { (*ctxp).ops.post_send = None };
+        // SAFETY: as above.
+        let rc = unsafe { crate::transport::rdma::verbs::post_zero_write(&mut qp, 78) };
+        assert_eq!(rc, libc::EOPNOTSUPP);
+    }
 }

@@ -17,7 +17,12 @@ pub(crate) use device::device_names;
 pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
 pub(crate) use qp::default_traffic_class;
-pub use qp::{AddressVector, Addressing, QpEndpoint, QueuePair, RD_ATOMIC_WANTED, RdmaOp, modify_to_error, rd_atomic_depths};
+#[cfg(test)]
+pub(crate) use qp::post_zero_write;
+pub use qp::{
+    ACK_TIMEOUT, AddressVector, Addressing, FINITE_RETRY_CNT, QpEndpoint, QueuePair,
+    RD_ATOMIC_WANTED, RETRY_CNT, RdmaOp, modify_to_error, rd_atomic_depths,
+};
 
 use tent_rings::ErrorKind;
 

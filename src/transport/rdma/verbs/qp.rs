@@ -111,6 +111,22 @@ pub struct RdmaOp {
     pub rkey: u32,
 }
 
+/// The local ACK timeout exponent of an RC QP: a request unanswered for
+/// 4.096 µs × 2^14 ≈ 67 ms is sent again (a NIC may wait up to four times
+/// that, as the IB spec allows).
+pub const ACK_TIMEOUT: u8 = 14;
+
+/// How often an RC QP sends an unanswered request again before failing it
+/// with `IBV_WC_RETRY_EXC_ERR`. 7 is the most the IB spec allows; rxe
+/// reads 7 as "retry without end", so there a request to a vanished peer
+/// never completes.
+pub const RETRY_CNT: u8 = 7;
+
+/// The most retries that end on every device (rxe included): a request to
+/// a vanished peer fails after 1 + 6 unanswered attempts, ≈ 470 ms at
+/// [`ACK_TIMEOUT`] (up to ≈ 1.9 s on a NIC waiting four times as long).
+pub const FINITE_RETRY_CNT: u8 = 6;
+
 /// Outstanding RDMA READs a QP asks for, as initiator and as target,
 /// before the device's caps clamp it.
 pub const RD_ATOMIC_WANTED: u32 = 16;
@@ -214,8 +230,15 @@ impl QueuePair {
         })
     }
 
-    /// Connect to `remote`: RTR then RTS.
+    /// Connect to `remote`: RTR then RTS, retrying an unanswered request
+    /// [`RETRY_CNT`] times.
     pub fn connect(&self, remote: &QpEndpoint) -> Result<()> {
+        self.connect_with_retries(remote, RETRY_CNT)
+    }
+
+    /// Connect to `remote`: RTR then RTS, retrying an unanswered request
+    /// `retry_cnt` times (0 to 7; see [`RETRY_CNT`] for what 7 means).
+    pub fn connect_with_retries(&self, remote: &QpEndpoint, retry_cnt: u8) -> Result<()> {
         use ffi::ibv_qp_attr_mask as M;
         let ctx = self.pd.context();
         let local_mtu = ctx.port(self.addr.port)?.active_mtu;
@@ -254,8 +277,8 @@ impl QueuePair {
         )?;
         let mut a = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
-            timeout: 14,
-            retry_cnt: 7,
+            timeout: ACK_TIMEOUT,
+            retry_cnt: retry_cnt.min(7),
             rnr_retry: 7,
             sq_psn: self.psn,
             max_rd_atomic: rd_atomic,
@@ -349,19 +372,33 @@ impl QueuePair {
         let mut bad = std::ptr::null_mut();
         // SAFETY: `raw` is live and posted on from one thread at a time (`QueuePair` is not `Sync`); `wr` and `sge` outlive the call (the provider copies them); the caller vouches for the memory.
         let rc = unsafe { ops::post_send(self.raw, &mut wr, &mut bad) };
-        if rc != 0 {
-            let kind = if rc == libc::ENOMEM {
-                ErrorKind::SqFull
-            } else {
-                ErrorKind::LocalNicFailed
-            };
-            return Err(Error::new(
-                kind,
-                format!("ibv_post_send on {}", self.pd.context().name()),
-            )
-            .with_source(std::io::Error::from_raw_os_error(rc)));
+        self.posted(rc)
+    }
+
+    /// Post one signalled zero-length RDMA WRITE (see [`post_zero_write`]):
+    /// a probe that the peer QP's NIC acknowledges without touching memory
+    /// or completing anything on its side.
+    pub fn post_zero_write(&self, wr_id: u64) -> Result<()> {
+        // SAFETY: `raw` is live and posted on from one thread at a time (`QueuePair` is not `Sync`).
+        let rc = unsafe { post_zero_write(self.raw, wr_id) };
+        self.posted(rc)
+    }
+
+    /// `ibv_post_send`'s return code as a result.
+    fn posted(&self, rc: i32) -> Result<()> {
+        if rc == 0 {
+            return Ok(());
         }
-        Ok(())
+        let kind = if rc == libc::ENOMEM {
+            ErrorKind::SqFull
+        } else {
+            ErrorKind::LocalNicFailed
+        };
+        Err(Error::new(
+            kind,
+            format!("ibv_post_send on {}", self.pd.context().name()),
+        )
+        .with_source(std::io::Error::from_raw_os_error(rc)))
     }
 
     fn modify(
@@ -409,6 +446,29 @@ pub unsafe fn modify_to_error(raw: *mut ffi::ibv_qp) -> i32 {
     let mask = ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
     // SAFETY: the caller guarantees `raw` is live; `a` is a valid attribute block for `mask`.
     unsafe { lib.ibv_modify_qp(raw, &mut a, mask) }
+}
+
+/// Post on `raw` one signalled RDMA WRITE of no bytes: no scatter/gather
+/// entry, remote address and rkey 0 (a zero-length RDMA operation carries
+/// no valid address or key and the responder checks none: IB spec C9-88,
+/// and rxe's `check_rkey`). Returns `ibv_post_send`'s code.
+///
+/// # Safety
+/// `raw` must be a live QP, posted on by no other thread during the call.
+pub(crate) unsafe fn post_zero_write(raw: *mut ffi::ibv_qp, wr_id: u64) -> i32 {
+    let mut wr = ffi::ibv_send_wr {
+        wr_id,
+        sg_list: std::ptr::null_mut(),
+        num_sge: 0,
+        opcode: ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+        ..Default::default()
+    };
+    wr.wr.rdma.remote_addr = 0;
+    wr.wr.rdma.rkey = 0;
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: the caller guarantees `raw` is live and ours alone; `wr` outlives the call and names no memory.
+    unsafe { ops::post_send(raw, &mut wr, &mut bad) }
 }
 
 /// A random 24-bit starting PSN from `fill` (the system's CSPRNG), so a
