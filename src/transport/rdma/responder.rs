@@ -10,11 +10,30 @@
 //! - **Reconnect replaces.** A request under a key already filed destroys
 //!   the QP filed there: that endpoint has dropped its old QP (it
 //!   reconnects after an error, or its engine reopened the segment).
-//! - **A full table never evicts a live QP.** It drops the dead ones (a
-//!   QP the device moved to ERROR, or RESET, read with `ibv_query_qp`;
-//!   swept at most once per [`SWEEP_EVERY`], since a query may be a
-//!   firmware command), and with none dead the newcomer is refused with
-//!   `SqFull`, the control plane's "busy" (logged once per interval).
+//! - **A full table never evicts a live QP.** It drops the dead ones and
+//!   probes the others (see the [`table`] module): a sweep, at most once
+//!   per [`SWEEP_EVERY`] (a query may be a firmware command), drops the
+//!   QPs the device moved to ERROR or RESET (read with `ibv_query_qp`) and
+//!   those whose liveness probe failed; when that frees no slot it posts a
+//!   probe, a signalled zero-length RDMA WRITE, on each QP due for one (at
+//!   most one per QP per [`PROBE_EVERY`], none within [`PROBE_EVERY`] of
+//!   its filing). With none dead the newcomer is refused with `SqFull`,
+//!   the control plane's "busy" (logged once per interval), which the
+//!   initiator's control client retries until its deadline.
+//! - **A vanished initiator's QP is reclaimed.** Its passive QP stays RTS
+//!   (nothing else is ever sent on it) and its engine, restarted, has a new
+//!   id, so only a probe finds it: no QP answers, the device sends it
+//!   again [`FINITE_RETRY_CNT`] times
+//!   [`ACK_TIMEOUT`](crate::transport::rdma::verbs::ACK_TIMEOUT) apart (≈ 470 ms; up
+//!   to ≈ 1.9 s on a NIC waiting the most the IB spec allows), fails it and
+//!   moves the QP to ERROR. Passive QPs connect with that finite count
+//!   because rxe reads 7 as "retry without end". A newcomer knocking on a
+//!   full table is let in at the first sweep after the failure: within
+//!   [`PROBE_EVERY`] + the retry time + [`SWEEP_EVERY`] of its first
+//!   refusal, ≈ 6.5 s (≈ 8 s on such a NIC), once the dead QP is older
+//!   than [`PROBE_EVERY`]. A live initiator's NIC acknowledges a probe and
+//!   completes nothing on its side; a probe sent while its path is down
+//!   longer than the retry time costs that initiator a reconnect.
 //!
 //! What a peer can do with this: with `rpc_shared_secret` set, only
 //! engines holding the secret reach this code, and the key is what such an
@@ -28,19 +47,18 @@
 //! peer can do anyway: without a secret, any peer may READ and WRITE every
 //! registered region.
 //!
-//! Known limits: a passive QP whose initiator vanished (engine restarted,
-//! host gone) stays in RTS, since nothing is ever sent on it, so it is
-//! neither dead nor replaced (the new engine has a new id): it holds its
-//! slot until this engine stops. Two attachments of one engine to this
-//! target at once (a segment closed and reopened while the old one still
-//! has transfers in flight, or opened under two addresses) share keys, and
-//! the later connection replaces the earlier one's QPs.
+//! Known limits: a probe proves only that some QP answers at the
+//! initiator's address and QP number, so a QP number reused meanwhile on
+//! that NIC may keep a dead initiator's slot. Two attachments of one engine
+//! to this target at once (a segment closed and reopened while the old one
+//! still has transfers in flight, or opened under two addresses) share
+//! keys, and the later connection replaces the earlier one's QPs.
 
-use std::collections::HashMap;
+mod table;
+
 use std::sync::Arc;
-use parking_lot::Mutex;
-use std::time::Duration;
 
+use parking_lot::Mutex;
 use tent_rings::ErrorKind;
 
 use super::NicSet;
@@ -48,8 +66,10 @@ use super::gid::{self, GidType};
 use crate::clock::monotonic_ns;
 use crate::control::wire::{QpBootstrap, QpInitiator, QpRequest};
 use crate::error::{Error, Result};
-use crate::transport::rdma::sys::ffi::ibv_qp_state;
-use crate::transport::rdma::verbs::{CompletionQueue, QpEndpoint, QueuePair};
+use crate::transport::rdma::sys::ffi::{ibv_qp_state, ibv_wc, ibv_wc_status};
+use crate::transport::rdma::verbs::{CompletionQueue, FINITE_RETRY_CNT, QpEndpoint, QueuePair};
+use table::{Passive, PassiveTable, TableFull};
+pub use table::{PROBE_EVERY, ProbeCounts, SWEEP_EVERY};
 
 /// Passive QPs kept at once. Each holds a QP and a small CQ on the NIC:
 /// 8192 serve 64 initiator engines of 8 workers × 8 rails at two QPs each
@@ -58,139 +78,16 @@ use crate::transport::rdma::verbs::{CompletionQueue, QpEndpoint, QueuePair};
 /// can make this engine allocate.
 pub(crate) const MAX_PASSIVE_QPS: usize = 8192;
 
-/// Least time between two sweeps of a full table for dead QPs.
-pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
-
-/// A passive QP as the table sees it.
-pub(crate) trait Passive {
-    /// Can it still carry its initiator's operations? `false` for a QP the
-    /// device moved to an error state (it never recovers from there).
-    fn is_live(&self) -> bool;
-}
-
-/// The table is full of live QPs (the newcomer is refused).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct TableFull;
-
-/// Passive QPs filed under their initiator's key (see the module doc).
-#[derive(Debug)]
-pub(crate) struct PassiveTable<Q> {
-    cap: usize,
-    qps: HashMap<QpInitiator, Q>,
-    /// No sweep before this instant (monotonic ns).
-    next_sweep_ns: u64,
-    /// The latest request being connected for each key, by ticket: QPs
-    /// are made outside the lock, and only the latest request for a key
-    /// files its QP (an older one finishing last must not replace it).
-    pending: HashMap<QpInitiator, u64>,
-    next_ticket: u64,
-}
-
-impl<Q: Passive> PassiveTable<Q> {
-    /// An empty table holding at most `cap` QPs.
-    pub(crate) fn new(cap: usize) -> PassiveTable<Q> {
-        PassiveTable {
-            cap,
-            qps: HashMap::new(),
-            next_sweep_ns: 0,
-            pending: HashMap::new(),
-            next_ticket: 0,
-        }
-    }
-
-    /// A request for `key` starts: its ticket, now `key`'s latest.
-    pub(crate) fn begin(&mut self, key: QpInitiator) -> u64 {
-        self.next_ticket += 1;
-        self.pending.insert(key, self.next_ticket);
-        self.next_ticket
-    }
-
-    /// The request with `ticket` ended without a QP to file.
-    pub(crate) fn abandon(&mut self, key: &QpInitiator, ticket: u64) {
-        if self.pending.get(key) == Some(&ticket) {
-            self.pending.remove(key);
-        }
-    }
-
-    /// File `q` under `key` for the request with `ticket`, if it is still
-    /// `key`'s latest; the QP it replaces comes back (to be destroyed).
-    /// `Err(q)` when a newer request for `key` began meanwhile (it files
-    /// its own) or the table is full.
-    pub(crate) fn finish(
-        &mut self,
-        key: QpInitiator,
-        ticket: u64,
-        q: Q,
-    ) -> std::result::Result<Option<Q>, Q> {
-        if self.pending.get(&key) != Some(&ticket) {
-            return Err(q);
-        }
-        self.pending.remove(&key);
-        self.insert(key, q)
-    }
-
-    /// QPs filed.
-    pub(crate) fn len(&self) -> usize {
-        self.qps.len()
-    }
-
-    /// Is nothing filed?
-    #[cfg(test)]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.qps.is_empty()
-    }
-
-    /// The QP filed under `key`.
-    #[cfg(test)]
-    pub(crate) fn get(&self, key: &QpInitiator) -> Option<&Q> {
-        self.qps.get(key)
-    }
-
-    /// Make sure [`PassiveTable::insert`] will take a QP for `key`: it has
-    /// a QP to replace, or a free slot, or a full table gives up its dead
-    /// QPs (a sweep, at most once per [`SWEEP_EVERY`] of `now_ns`). Returns
-    /// how many dead QPs were dropped.
-    ///
-    /// # Errors
-    /// [`TableFull`]: every slot holds another key's live QP (or a sweep
-    /// ran less than [`SWEEP_EVERY`] ago).
-    pub(crate) fn room(
-        &mut self,
-        key: &QpInitiator,
-        now_ns: u64,
-    ) -> std::result::Result<usize, TableFull> {
-        if self.qps.contains_key(key) || self.qps.len() < self.cap {
-            return Ok(0);
-        }
-        if now_ns < self.next_sweep_ns {
-            return Err(TableFull);
-        }
-        self.next_sweep_ns = now_ns.saturating_add(SWEEP_EVERY.as_nanos() as u64);
-        let before = self.qps.len();
-        self.qps.retain(|_, q| q.is_live());
-        let dropped = before - self.qps.len();
-        if self.qps.len() < self.cap {
-            Ok(dropped)
-        } else {
-            Err(TableFull)
-        }
-    }
-
-    /// File `q` under `key`; the QP it replaces comes back (to be
-    /// destroyed). A full table without one for `key` hands `q` back.
-    pub(crate) fn insert(&mut self, key: QpInitiator, q: Q) -> std::result::Result<Option<Q>, Q> {
-        if !self.qps.contains_key(&key) && self.qps.len() >= self.cap {
-            return Err(q);
-        }
-        Ok(self.qps.insert(key, q))
-    }
-}
-
-/// A connected passive QP and its CQ (the QP is dropped first).
+/// A connected passive QP and its CQ (the QP is dropped first). Its send
+/// queue carries only liveness probes, one at a time, so its CQ (16
+/// entries) never overflows.
 struct PassiveQp {
     qp: QueuePair,
-    _cq: Arc<CompletionQueue>,
+    cq: Arc<CompletionQueue>,
 }
+
+/// The work request id of a liveness probe.
+const PROBE_WR_ID: u64 = 0x7072_6f62_65;
 
 impl Passive for PassiveQp {
     fn is_live(&self) -> bool {
@@ -204,6 +101,35 @@ impl Passive for PassiveQp {
             ]
             .contains(&s)
         })
+    }
+
+    fn probe(&self) -> bool {
+        match self.qp.post_zero_write(PROBE_WR_ID) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(error = %e, "rdma: a liveness probe of a passive QP could not be posted");
+                false
+            }
+        }
+    }
+
+    fn probe_done(&self) -> Option<bool> {
+        let mut wc = [ibv_wc::default(); 4];
+        let n = match self.cq.poll(&mut wc) {
+            Ok(n) => n,
+            Err(e) => {
+                // `is_live` judges a QP whose CQ cannot be read.
+                tracing::debug!(error = %e, "rdma: a passive QP's probe CQ could not be polled");
+                return None;
+            }
+        };
+        let failed = wc[..n]
+            .iter()
+            .find(|w| w.status != ibv_wc_status::IBV_WC_SUCCESS);
+        if let Some(w) = failed {
+            tracing::debug!(status = ?w.status, "rdma: a passive QP's liveness probe failed: its initiator is gone");
+        }
+        (n > 0).then_some(failed.is_none())
     }
 }
 
@@ -236,6 +162,11 @@ impl Responder {
     /// Passive QPs held now.
     pub fn passive_qps(&self) -> usize {
         self.qps.lock().len()
+    }
+
+    /// Liveness probes of passive QPs so far.
+    pub fn probe_counts(&self) -> ProbeCounts {
+        self.qps.lock().probe_counts()
     }
 
     /// Connect a QP on the request's target NIC to the initiator's end,
@@ -278,9 +209,9 @@ impl Responder {
         let (ours, replaced) = make_and_file(&self.qps, key, initiator_nic, || {
             let cq = CompletionQueue::new(&nic.ctx, 16)?;
             let qp = QueuePair::new(&nic.pd, &cq, addr, 16)?;
-            qp.connect(&endpoint(theirs))?;
+            qp.connect_with_retries(&endpoint(theirs), FINITE_RETRY_CNT)?;
             let ours = bootstrap(&qp.endpoint()?);
-            Ok((PassiveQp { qp, _cq: cq }, ours))
+            Ok((PassiveQp { qp, cq }, ours))
         })?;
         tracing::debug!(%initiator_nic, %target_nic, qpn = ours.qpn, engine = key.engine(), worker = key.worker(), rail = key.rail(), queue = key.queue(), replaced, "rdma: passive QP connected for a peer");
         Ok(ours)
@@ -301,13 +232,13 @@ fn make_room<'t, Q: Passive>(
             tracing::debug!(dead, "rdma: dropped dead passive QPs to make room");
             Ok(table)
         }
-        Err(TableFull) => {
+        Err(TableFull { probing }) => {
             let cap = table.cap;
-            crate::lograte::warn_limited!("responder-full", cap, %initiator_nic, "rdma: every passive QP slot holds a live QP; new QP bootstraps are refused (SqFull)");
+            crate::lograte::warn_limited!("responder-full", cap, probing, %initiator_nic, "rdma: every passive QP slot holds a live QP; new QP bootstraps are refused (SqFull)");
             Err(Error::new(
                 ErrorKind::SqFull,
                 format!(
-                    "busy: all {cap} passive QP slots hold live QPs of other initiators; retry later"
+                    "busy: all {cap} passive QP slots hold live QPs of other initiators ({probing} being probed for liveness); retry later"
                 ),
             ))
         }
@@ -344,7 +275,7 @@ fn make_and_file<Q: Passive, B>(
             return Err(e);
         }
     };
-    let filed = filing.finish(*key, ticket, passive);
+    let filed = filing.finish(*key, ticket, passive, monotonic_ns());
     // Destroying a QP is a firmware command: not under the lock.
     drop(filing);
     let replaced = filed.map_err(|_| {
@@ -380,108 +311,8 @@ pub fn bootstrap(e: &QpEndpoint) -> QpBootstrap {
 
 #[cfg(test)]
 mod tests {
+    use super::table::fake::{Fake, Fakes, id_at, key};
     use super::*;
-    use std::cell::{Cell, RefCell};
-    use std::rc::Rc;
-
-    /// A passive QP whose liveness the test sets; records its drop.
-    #[derive(Debug)]
-    struct Fake {
-        id: u32,
-        live: Rc<Cell<bool>>,
-        dropped: Rc<RefCell<Vec<u32>>>,
-    }
-
-    impl Passive for Fake {
-        fn is_live(&self) -> bool {
-            self.live.get()
-        }
-    }
-
-    impl Drop for Fake {
-        fn drop(&mut self) {
-            self.dropped.borrow_mut().push(self.id);
-        }
-    }
-
-    /// Makes fakes sharing one drop log.
-    #[derive(Default)]
-    struct Fakes {
-        dropped: Rc<RefCell<Vec<u32>>>,
-    }
-
-    impl Fakes {
-        /// A live QP and the switch that kills it.
-        fn qp(&self, id: u32) -> (Fake, Rc<Cell<bool>>) {
-            let live = Rc::new(Cell::new(true));
-            let q = Fake {
-                id,
-                live: live.clone(),
-                dropped: self.dropped.clone(),
-            };
-            (q, live)
-        }
-
-        fn dropped(&self) -> Vec<u32> {
-            let mut d = self.dropped.borrow().clone();
-            d.sort_unstable();
-            d
-        }
-    }
-
-    fn key(engine: u64, worker: usize, rail: usize) -> QpInitiator {
-        QpInitiator::new(engine, worker, rail).unwrap()
-    }
-
-    const T0: u64 = 1_000_000_000;
-    const SWEEP: u64 = SWEEP_EVERY.as_nanos() as u64;
-
-    fn id_at(t: &PassiveTable<Fake>, k: &QpInitiator) -> Option<u32> {
-        t.get(k).map(|q| q.id)
-    }
-
-    /// `room` then `insert`, as the responder does.
-    fn admit(t: &mut PassiveTable<Fake>, k: QpInitiator, q: Fake, now: u64) -> bool {
-        if t.room(&k, now).is_err() {
-            return false;
-        }
-        match t.insert(k, q) {
-            Ok(old) => {
-                drop(old);
-                true
-            }
-            Err(_) => panic!("room was made, yet insert refused"),
-        }
-    }
-
-    #[test]
-    fn of_two_requests_for_one_key_the_latest_files_its_qp_whichever_ends_first() {
-        let f = Fakes::default();
-        let mut t = PassiveTable::new(8);
-        let k = key(7, 0, 0);
-        let older = t.begin(k);
-        let newer = t.begin(k);
-        // The newer (a retry) connects first and is filed.
-        assert!(t.finish(k, newer, f.qp(2).0).unwrap().is_none());
-        // The older one ends last: it files nothing and its QP comes back
-        // to be destroyed; the newer one's QP stays.
-        let back = t.finish(k, older, f.qp(1).0).map(|_| ()).unwrap_err();
-        assert_eq!(back.id, 1);
-        drop(back);
-        assert_eq!(id_at(&t, &k), Some(2));
-        assert_eq!(f.dropped(), [1]);
-        // In the other order the older is superseded as well.
-        let older = t.begin(k);
-        let newer = t.begin(k);
-        let back = t.finish(k, older, f.qp(3).0).map(|_| ()).unwrap_err();
-        drop(back);
-        assert_eq!(t.finish(k, newer, f.qp(4).0).unwrap().map(|q| q.id), Some(2));
-        assert_eq!(id_at(&t, &k), Some(4));
-        // A request that made no QP leaves nothing pending.
-        let gone = t.begin(k);
-        t.abandon(&k, gone);
-        assert!(t.pending.is_empty());
-    }
 
     #[test]
     fn a_passive_qp_is_made_outside_the_table_lock_and_a_retry_meanwhile_files_its_own() {
@@ -516,114 +347,12 @@ mod tests {
         let full = make_and_file(&table, &key(9, 0, 0), "nic0", || -> Result<(Fake, ())> {
             panic!("made a QP for a full table")
         });
-        assert_eq!(full.unwrap_err().kind(), ErrorKind::SqFull);
+        let e = full.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::SqFull);
+        assert!(e.to_string().contains("0 being probed"), "{e}");
         // Replacing a key's QP says so.
         let again = make_and_file(&table, &k, "nic0", || Ok((f.qp(4).0, ())));
         assert!(again.unwrap().1, "the retry's QP was replaced");
         assert_eq!(f.dropped(), [1, 2]);
-    }
-
-    #[test]
-    fn reconnect_under_the_same_key_replaces_the_old_qp() {
-        let f = Fakes::default();
-        let mut t = PassiveTable::new(8);
-        assert!(admit(&mut t, key(7, 0, 0), f.qp(1).0, T0));
-        assert!(admit(&mut t, key(7, 0, 1), f.qp(2).0, T0));
-        // Worker 0 rail 0 of engine 7 reconnects: its old QP goes.
-        assert!(admit(&mut t, key(7, 0, 0), f.qp(3).0, T0));
-        assert_eq!(t.len(), 2);
-        assert_eq!(id_at(&t, &key(7, 0, 0)), Some(3));
-        assert_eq!(id_at(&t, &key(7, 0, 1)), Some(2));
-        assert_eq!(f.dropped(), [1]);
-        // Another worker, rail or engine is another key.
-        assert!(admit(&mut t, key(7, 1, 0), f.qp(4).0, T0));
-        assert!(admit(&mut t, key(8, 0, 0), f.qp(5).0, T0));
-        assert_eq!(t.len(), 4);
-        assert_eq!(f.dropped(), [1]);
-        // insert hands the replaced QP back to the caller.
-        let (q, _) = f.qp(6);
-        let old = t.insert(key(8, 0, 0), q).unwrap().expect("replaced");
-        assert_eq!(old.id, 5);
-    }
-
-    #[test]
-    fn a_full_table_of_live_qps_refuses_a_newcomer_and_keeps_them_all() {
-        let f = Fakes::default();
-        let mut t = PassiveTable::new(3);
-        for r in 0..3 {
-            assert!(admit(&mut t, key(7, 0, r), f.qp(r as u32).0, T0));
-        }
-        assert_eq!(t.room(&key(9, 0, 0), T0), Err(TableFull));
-        // Even past the sweep interval: a sweep finds nothing dead.
-        assert_eq!(t.room(&key(9, 0, 0), T0 + 10 * SWEEP), Err(TableFull));
-        let (q, _) = f.qp(9);
-        let back = t.insert(key(9, 0, 0), q).map(|_| ()).unwrap_err();
-        assert_eq!(back.id, 9, "the refused QP comes back to its caller");
-        drop(back);
-        assert_eq!(t.len(), 3);
-        for r in 0..3 {
-            assert_eq!(id_at(&t, &key(7, 0, r)), Some(r as u32));
-        }
-        assert_eq!(f.dropped(), [9], "no filed QP was dropped");
-        // A reconnect of a filed key needs no free slot.
-        assert!(admit(&mut t, key(7, 0, 1), f.qp(11).0, T0 + 10 * SWEEP));
-        assert_eq!(id_at(&t, &key(7, 0, 1)), Some(11));
-        assert_eq!(t.len(), 3);
-    }
-
-    #[test]
-    fn a_full_table_evicts_dead_qps_and_only_them() {
-        let f = Fakes::default();
-        let mut t = PassiveTable::new(4);
-        let mut kill = Vec::new();
-        for r in 0..4 {
-            let (q, live) = f.qp(r as u32);
-            assert!(admit(&mut t, key(7, 0, r), q, T0));
-            kill.push(live);
-        }
-        // Rails 1 and 3 went to ERROR.
-        kill[1].set(false);
-        kill[3].set(false);
-        assert_eq!(t.room(&key(9, 0, 0), T0), Ok(2));
-        assert_eq!(f.dropped(), [1, 3]);
-        assert_eq!(id_at(&t, &key(7, 0, 0)), Some(0));
-        assert_eq!(id_at(&t, &key(7, 0, 2)), Some(2));
-        assert!(t.insert(key(9, 0, 0), f.qp(10).0).is_ok());
-        assert!(admit(&mut t, key(9, 0, 1), f.qp(11).0, T0));
-        // Full again, all live: the next newcomer is refused.
-        assert!(!admit(&mut t, key(9, 0, 2), f.qp(12).0, T0 + SWEEP));
-        assert_eq!(t.len(), 4);
-        assert_eq!(f.dropped(), [1, 3, 12]);
-    }
-
-    #[test]
-    fn a_full_table_is_swept_at_most_once_per_interval() {
-        let f = Fakes::default();
-        let mut t = PassiveTable::new(2);
-        let (q0, live0) = f.qp(0);
-        assert!(admit(&mut t, key(7, 0, 0), q0, T0));
-        assert!(admit(&mut t, key(7, 0, 1), f.qp(1).0, T0));
-        // A sweep that finds nothing dead...
-        assert_eq!(t.room(&key(9, 0, 0), T0), Err(TableFull));
-        // ...is not repeated before SWEEP_EVERY, even once a QP dies.
-        live0.set(false);
-        assert_eq!(t.room(&key(9, 0, 0), T0 + SWEEP - 1), Err(TableFull));
-        assert!(f.dropped().is_empty());
-        assert_eq!(t.room(&key(9, 0, 0), T0 + SWEEP), Ok(1));
-        assert_eq!(f.dropped(), [0]);
-        // A table with room never sweeps (nor waits for the interval).
-        assert_eq!(t.room(&key(9, 0, 0), T0 + SWEEP), Ok(0));
-    }
-
-    #[test]
-    fn keys_are_bounded() {
-        // A table key is a QpInitiator, which only QpInitiator::new makes.
-        assert!(QpInitiator::new(0, 0, 0).is_err(), "engine 0 is reserved");
-        assert!(QpInitiator::new(1, crate::control::wire::MAX_QP_WORKERS, 0).is_err());
-        assert!(QpInitiator::new(1, 0, crate::control::wire::MAX_QP_RAILS).is_err());
-        let mut t = PassiveTable::<Fake>::new(0);
-        // A zero-capacity table takes nothing (and sweeps nothing).
-        assert_eq!(t.room(&key(1, 0, 0), T0), Err(TableFull));
-        assert!(t.is_empty());
     }
 }
