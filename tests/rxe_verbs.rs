@@ -845,6 +845,192 @@ fn rxe_responder_files_passive_qps_by_initiator_replaces_on_reconnect_and_never_
     );
 }
 
+#[test]
+fn rxe_responder_probes_a_full_table_and_reclaims_the_slots_of_vanished_initiators_never_a_live_ones()
+ {
+    if !in_guest() {
+        return;
+    }
+    use std::time::{Duration, Instant};
+    use tent::control::server::DescriptorFn;
+    use tent::control::wire::{QpInitiator, QpRequest, SegmentDescriptor};
+    use tent::control::{ControlServer, connect_qp, new_engine_id};
+    use tent::transport::rdma::responder::{PROBE_EVERY, SWEEP_EVERY, bootstrap, endpoint};
+    use tent::transport::rdma::sys::ffi::ibv_wc_status;
+    use tent::transport::rdma::{NicSet, Responder};
+
+    // The target: a control server whose responder keeps 3 passive QPs.
+    let nics = Arc::new(
+        NicSet::open(
+            &["rxe0".to_owned()],
+            tent::transport::rdma::NicOptions::default(),
+        )
+        .unwrap(),
+    );
+    let responder = Arc::new(Responder::with_capacity(nics.clone(), 3));
+    let r = responder.clone();
+    let server = ControlServer::start_with(
+        "127.0.0.1",
+        0,
+        None,
+        |addr| {
+            Arc::new(move || SegmentDescriptor {
+                name: addr.to_string(),
+                ..Default::default()
+            }) as Arc<DescriptorFn>
+        },
+        tent::control::server::Services {
+            qp: Some(Arc::new(move |req: &QpRequest| r.accept(req))),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let name = server.local_addr().to_string();
+    let mut dst = vec![0u8; 4096];
+    let dst_addr = dst.as_mut_ptr();
+    // SAFETY: `dst` outlives the region (dropped at the end, after it).
+    let d = unsafe { MemoryRegion::new(&nics.nics()[0].pd, dst_addr, 4096) }.unwrap();
+
+    // The initiators: QPs on rxe0 of this process, under three engine ids.
+    let mine = NicSet::open(
+        &["rxe0".to_owned()],
+        tent::transport::rdma::NicOptions::default(),
+    )
+    .unwrap();
+    let n0 = &mine.nics()[0];
+    let cq = CompletionQueue::new(&n0.ctx, 64).unwrap();
+    let mut src = pattern(11, 4096);
+    let src_addr = src.as_mut_ptr();
+    // SAFETY: `src` outlives the region (dropped at the end, after it).
+    let s = unsafe { MemoryRegion::new(&n0.pd, src_addr, 4096) }.unwrap();
+    let connect = |engine: u64, rail: usize| -> tent::Result<QueuePair> {
+        let qp = QueuePair::new(&n0.pd, &cq, n0.addressing(), 16)?;
+        let theirs = connect_qp(
+            &name,
+            None,
+            Duration::from_secs(5),
+            QpRequest {
+                initiator: QpInitiator::new(engine, 0, rail).unwrap(),
+                initiator_nic: "rxe0".into(),
+                target_nic: "rxe0".into(),
+                qp: bootstrap(&qp.endpoint()?),
+                gid_type: None,
+            },
+        )?;
+        qp.connect(&endpoint(&theirs))?;
+        Ok(qp)
+    };
+    // Ask for a slot every 100 ms until `deadline` from now: the QP, and
+    // how many refusals came first.
+    let knock = |engine: u64, rail: usize, deadline: Duration| -> (QueuePair, u32) {
+        let t = Instant::now();
+        let mut refused = 0;
+        loop {
+            match connect(engine, rail) {
+                Ok(qp) => return (qp, refused),
+                Err(e) if e.kind() == ErrorKind::SqFull => {
+                    refused += 1;
+                    assert!(
+                        t.elapsed() < deadline,
+                        "still refused after {:?} ({refused} tries), probes {:?}: {e}",
+                        t.elapsed(),
+                        responder.probe_counts()
+                    );
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("engine {engine:#x} rail {rail}: {e}"),
+            }
+        }
+    };
+    let mut next_wr = 0;
+    let mut write = |qp: &QueuePair| {
+        next_wr += 1;
+        let w = RdmaOp {
+            wr_id: next_wr,
+            opcode: Opcode::Write,
+            local: src_addr,
+            len: 4096,
+            lkey: s.lkey(),
+            remote: dst_addr as u64,
+            rkey: d.rkey(),
+        };
+        // SAFETY: `src` is registered and lives until the completion is reaped.
+        unsafe { qp.post(&w) }.unwrap();
+        wait(&cq, next_wr)
+    };
+    let ok = ibv_wc_status::IBV_WC_SUCCESS;
+
+    // A live initiator, and one that fills the table and vanishes (its
+    // engine restarted: its QPs are destroyed, nothing more is sent).
+    let (live_engine, gone_engine, new_engine) =
+        (new_engine_id(), new_engine_id(), new_engine_id());
+    let live = connect(live_engine, 0).unwrap();
+    assert_eq!(write(&live), ok);
+    let gone = [
+        connect(gone_engine, 0).unwrap(),
+        connect(gone_engine, 1).unwrap(),
+    ];
+    assert_eq!(responder.passive_qps(), 3);
+    drop(gone);
+
+    // Its passive QPs stay RTS: the newcomer is refused at first...
+    let t0 = Instant::now();
+    let e = connect(new_engine, 0).map(drop).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::SqFull, "{e}");
+    // ...and let in once a probe has found a dead one (the passive QPs are
+    // probed a PROBE_EVERY after filing; a failed probe is reaped at the
+    // next sweep).
+    let bound = PROBE_EVERY + 4 * SWEEP_EVERY + Duration::from_secs(10);
+    let (first, refused) = knock(new_engine, 0, bound);
+    let reclaimed = t0.elapsed();
+    let after_reclaim = responder.probe_counts();
+    assert!(after_reclaim.failed >= 1, "{after_reclaim:?}");
+    assert!(
+        after_reclaim.acked >= 1,
+        "the live initiator's QP was probed alongside: {after_reclaim:?}"
+    );
+    let (second, _) = knock(new_engine, 1, 2 * PROBE_EVERY + 4 * SWEEP_EVERY);
+    assert_eq!(responder.passive_qps(), 3);
+    assert_eq!(
+        responder.probe_counts().failed,
+        2,
+        "both vanished QPs failed their probe"
+    );
+    assert_eq!(write(&first), ok);
+    assert_eq!(write(&second), ok);
+    assert_eq!(write(&live), ok, "the probed live initiator's QP works on");
+
+    // Full of live QPs now: a knocking newcomer is refused while every
+    // filed QP is probed (and acknowledges) again, and none is evicted.
+    let acked = responder.probe_counts().acked;
+    let t = Instant::now();
+    let mut knocks = 0;
+    while responder.probe_counts().acked < acked + 3 {
+        let e = connect(new_engine_id(), 0).map(drop).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::SqFull, "{e}");
+        knocks += 1;
+        assert!(
+            t.elapsed() < 2 * PROBE_EVERY + 4 * SWEEP_EVERY,
+            "the live QPs were not all probed again: {:?}",
+            responder.probe_counts()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let c = responder.probe_counts();
+    assert_eq!(c.failed, 2, "a live QP's probe failed: {c:?}");
+    assert_eq!(responder.passive_qps(), 3);
+    for qp in [&live, &first, &second] {
+        assert_eq!(write(qp), ok, "a probed live QP was evicted");
+    }
+    drop((live, first, second, s, d));
+    assert!(dst == src, "the WRITEs landed");
+    println!(
+        "RXE-OK responder probes: a vanished initiator's 2 passive QPs reclaimed {reclaimed:?} \
+         after the first refusal ({refused} more refusals), live QPs acked every probe \
+         ({c:?}, {knocks} refused knocks on a table of live QPs)"
+    );
+}
+
 fn rdma_engine(tcp: bool, edit: impl FnOnce(&mut tent::Config)) -> tent::Engine {
     let mut c = tent::Config::default();
     c.workers.count = 1;

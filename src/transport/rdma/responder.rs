@@ -18,8 +18,8 @@
 //!   probe, a signalled zero-length RDMA WRITE, on each QP due for one (at
 //!   most one per QP per [`PROBE_EVERY`], none within [`PROBE_EVERY`] of
 //!   its filing). With none dead the newcomer is refused with `SqFull`,
-//!   the control plane's "busy" (logged once per interval), which the
-//!   initiator's control client retries until its deadline.
+//!   the control plane's "busy" (logged once per interval): that QP
+//!   bootstrap fails, and the initiator may ask again.
 //! - **A vanished initiator's QP is reclaimed.** Its passive QP stays RTS
 //!   (nothing else is ever sent on it) and its engine, restarted, has a new
 //!   id, so only a probe finds it: no QP answers, the device sends it
