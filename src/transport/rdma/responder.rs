@@ -87,7 +87,7 @@ struct PassiveQp {
 }
 
 /// The work request id of a liveness probe.
-const PROBE_WR_ID: u64 = 0x7072_6f62_65;
+const PROBE_WR_ID: u64 = 0x0070_726f_6265;
 
 impl Passive for PassiveQp {
     fn is_live(&self) -> bool {
