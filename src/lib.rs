@@ -55,8 +55,8 @@ pub mod secret;
 #[cfg(feature = "stderr-log")]
 pub mod stderr_log;
 internal!(
-    clock, control, deadline, doorbell, flow, lograte, memory, metrics, netlink, qos, refusals,
-    segment, topology, transport, worker_ctx,
+    clock, control, deadline, doorbell, flow, http, lograte, memory, metrics, netlink, qos,
+    refusals, segment, topology, transport, worker_ctx,
 );
 
 /// What an engine reports about itself: [`Engine::rails`] and

@@ -1,0 +1,440 @@
+//! [`HttpServer`]: one thread, `tent-http`, serving [`Routes`] over
+//! non-blocking sockets.
+//!
+//! The thread sleeps in one `poll` over the listener, a wake eventfd (the
+//! server's drop writes it: the thread stops at once, no timeout loop)
+//! and its open connections, with the nearest connection deadline as the
+//! timeout. A connection goes through three states: reading its head
+//! into its buffer (8 KiB, allocated at accept), writing its response
+//! (resumed on `POLLOUT` after a partial write), and draining: the
+//! response is out and the write side shut, what the client still sends
+//! is read and dropped until it closes (closing with unread bytes would
+//! reset the connection and could cost the client the response's tail).
+//! The deadline, [`EXCHANGE_TIMEOUT`] from accept, closes a connection in
+//! any state.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::event::{self, EventfdFlags, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+use rustix::net::{self, RecvFlags, SendFlags, Shutdown};
+
+use super::request::{self, Outcome, Verdict};
+use super::{Bearer, EXCHANGE_TIMEOUT, MAX_CONNECTIONS, MAX_HEAD, Routes};
+use crate::error::{Error, ErrorKind, Result};
+use crate::lograte::warn_limited;
+
+/// Most connections accepted per wakeup, so a flood of connects cannot
+/// keep the thread from the connections it has.
+const ACCEPTS_PER_WAKE: usize = 2 * MAX_CONNECTIONS;
+/// How long the listener is left alone after `accept` fails for want of
+/// descriptors or memory (it stays readable; polling it would spin).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Most reads of a draining connection per wakeup.
+const DRAIN_READS: usize = 4;
+
+/// The server's counters, since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct HttpStats {
+    /// Connections accepted and served (refused ones not included).
+    pub(crate) accepted: u64,
+    /// Connections closed at accept: the cap of open connections was reached.
+    pub(crate) refused: u64,
+    /// Connections closed at their deadline before their response was out.
+    pub(crate) timed_out: u64,
+    /// Requests answered 400 or 405 (malformed, another method).
+    pub(crate) bad_request: u64,
+    /// Requests answered 413, 414 or 431 (a body, a long target, a large head).
+    pub(crate) too_large: u64,
+    /// Requests answered 401 (bearer missing or wrong).
+    pub(crate) unauthorized: u64,
+    /// Responses written out in full (any status).
+    pub(crate) served: u64,
+}
+
+/// [`HttpStats`] as the server thread counts it.
+#[derive(Debug, Default)]
+struct Counters {
+    accepted: AtomicU64,
+    refused: AtomicU64,
+    timed_out: AtomicU64,
+    bad_request: AtomicU64,
+    too_large: AtomicU64,
+    unauthorized: AtomicU64,
+    served: AtomicU64,
+}
+
+impl Counters {
+    fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> HttpStats {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        HttpStats {
+            accepted: l(&self.accepted),
+            refused: l(&self.refused),
+            timed_out: l(&self.timed_out),
+            bad_request: l(&self.bad_request),
+            too_large: l(&self.too_large),
+            unauthorized: l(&self.unauthorized),
+            served: l(&self.served),
+        }
+    }
+}
+
+/// The HTTP endpoint's thread; dropping it stops and joins the thread and
+/// closes every connection.
+pub(crate) struct HttpServer {
+    addr: SocketAddr,
+    /// Written once by drop: the thread's signal to stop.
+    wake: Arc<OwnedFd>,
+    counters: Arc<Counters>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for HttpServer {
+    // The bearer lives on the thread; nothing here prints it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpServer")
+            .field("addr", &self.addr)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpServer {
+    /// Bind `ip:port`. A taken port (`EADDRINUSE`) falls back to an
+    /// ephemeral one (`ip:0`) and says so (`true`): the caller reports it.
+    /// Port 0 is ephemeral from the start (`false`).
+    pub(crate) fn bind(ip: IpAddr, port: u16) -> io::Result<(TcpListener, bool)> {
+        match TcpListener::bind((ip, port)) {
+            Ok(l) => Ok((l, false)),
+            Err(e) if port != 0 && e.kind() == io::ErrorKind::AddrInUse => {
+                Ok((TcpListener::bind((ip, 0))?, true))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Serve `routes` on `listener` from one thread named `tent-http`;
+    /// with a `bearer`, every path but its open ones needs its token.
+    pub(crate) fn start(
+        listener: TcpListener,
+        routes: Arc<dyn Routes>,
+        bearer: Option<Bearer>,
+    ) -> Result<HttpServer> {
+        let io_err = |what: &'static str| {
+            move |e: io::Error| Error::new(ErrorKind::InvalidArgument, what).with_source(e)
+        };
+        let addr = listener
+            .local_addr()
+            .map_err(io_err("http listener address"))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(io_err("http listener non-blocking"))?;
+        let wake = Arc::new(
+            event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(|e| {
+                Error::new(ErrorKind::OutOfMemory, "http wake eventfd")
+                    .with_source(io::Error::from(e))
+            })?,
+        );
+        let counters = Arc::new(Counters::default());
+        let (wake2, counters2) = (Arc::clone(&wake), Arc::clone(&counters));
+        let thread = std::thread::Builder::new()
+            .name("tent-http".into())
+            .spawn(move || serve(&listener, &wake2, &*routes, bearer.as_ref(), &counters2))
+            .map_err(|e| Error::new(ErrorKind::OutOfMemory, "spawn http server").with_source(e))?;
+        Ok(HttpServer {
+            addr,
+            wake,
+            counters,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on.
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The counters since start.
+    pub(crate) fn stats(&self) -> HttpStats {
+        self.counters.snapshot()
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        // A non-blocking eventfd write fails only at a counter near
+        // u64::MAX, which one write per server never reaches.
+        let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Where a connection is in its one exchange.
+enum State {
+    /// Reading the request head into the buffer.
+    Reading,
+    /// Writing `outcome`'s head then body; `sent` bytes of the two are out.
+    Writing {
+        head: Vec<u8>,
+        outcome: Outcome,
+        sent: usize,
+    },
+    /// Response out, write side shut: reading and dropping until EOF.
+    Draining,
+}
+
+/// One accepted connection.
+struct Conn {
+    stream: TcpStream,
+    /// Closed then, whatever its state.
+    deadline: Instant,
+    /// The request head (and, draining, whatever follows it).
+    buf: Box<[u8]>,
+    filled: usize,
+    state: State,
+}
+
+/// What a step did to a connection.
+enum Step {
+    /// Keep it.
+    Open,
+    /// Close it.
+    Close,
+}
+
+impl Conn {
+    fn interest(&self) -> PollFlags {
+        match self.state {
+            State::Writing { .. } => PollFlags::OUT,
+            State::Reading | State::Draining => PollFlags::IN,
+        }
+    }
+
+    /// Move what is ready, without blocking.
+    fn step(&mut self, routes: &dyn Routes, bearer: Option<&Bearer>, counters: &Counters) -> Step {
+        if let State::Reading = self.state {
+            let before = self.filled;
+            match net::recv(&self.stream, &mut self.buf[before..], RecvFlags::DONTWAIT) {
+                Ok((0, _)) => return Step::Close,
+                Ok((n, _)) => self.filled += n,
+                Err(Errno::AGAIN | Errno::INTR) => return Step::Open,
+                Err(_) => return Step::Close,
+            }
+            let outcome = match request::head_end(&self.buf[..self.filled], before) {
+                Some(end) => request::answer(&self.buf[..end], routes, bearer),
+                None if self.filled == MAX_HEAD => Outcome::head_too_large(),
+                None => return Step::Open,
+            };
+            count(&outcome, counters);
+            self.state = State::Writing {
+                head: outcome.head(),
+                outcome,
+                sent: 0,
+            };
+        }
+        if let State::Writing {
+            head,
+            outcome,
+            sent,
+        } = &mut self.state
+        {
+            loop {
+                let body = outcome.body();
+                let rest = if *sent < head.len() {
+                    &head[*sent..]
+                } else if *sent - head.len() < body.len() {
+                    &body[*sent - head.len()..]
+                } else {
+                    break;
+                };
+                match net::send(
+                    &self.stream,
+                    rest,
+                    SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+                ) {
+                    Ok(n) => *sent += n,
+                    Err(Errno::INTR) => {}
+                    Err(Errno::AGAIN) => return Step::Open,
+                    Err(_) => return Step::Close,
+                }
+            }
+            Counters::bump(&counters.served);
+            if net::shutdown(&self.stream, Shutdown::Write).is_err() {
+                return Step::Close;
+            }
+            self.state = State::Draining;
+        }
+        // Draining: drop what arrives until the client closes (a few
+        // buffers a step, so a client that streams cannot hold the thread).
+        for _ in 0..DRAIN_READS {
+            match net::recv(&self.stream, &mut self.buf[..], RecvFlags::DONTWAIT) {
+                Ok((0, _)) => return Step::Close,
+                Ok(_) | Err(Errno::INTR) => {}
+                Err(Errno::AGAIN) => return Step::Open,
+                Err(_) => return Step::Close,
+            }
+        }
+        Step::Open
+    }
+}
+
+/// Count and log (once per cause, with counts) what `outcome` says of its request.
+fn count(outcome: &Outcome, counters: &Counters) {
+    let status = outcome.response.status;
+    match outcome.verdict {
+        Verdict::Routed => return,
+        Verdict::BadRequest => Counters::bump(&counters.bad_request),
+        Verdict::TooLarge => Counters::bump(&counters.too_large),
+        Verdict::Unauthorized => Counters::bump(&counters.unauthorized),
+    }
+    warn_limited!(("http refused", status), status, "http: request refused");
+}
+
+/// The server thread: until the wake fd fires.
+fn serve(
+    listener: &TcpListener,
+    wake: &OwnedFd,
+    routes: &dyn Routes,
+    bearer: Option<&Bearer>,
+    counters: &Counters,
+) {
+    let mut conns: Vec<Conn> = Vec::with_capacity(MAX_CONNECTIONS);
+    let mut ready: Vec<PollFlags> = Vec::with_capacity(MAX_CONNECTIONS);
+    let mut accept_paused_until: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        if accept_paused_until.is_some_and(|t| t <= now) {
+            accept_paused_until = None;
+        }
+        let wake_at = conns
+            .iter()
+            .map(|c| c.deadline)
+            .chain(accept_paused_until)
+            .min();
+        // Rounded up a millisecond: poll's granularity, so a wakeup is
+        // never a hair before the deadline it is for.
+        let timeout = wake_at.map(|t| {
+            let d = t.saturating_duration_since(now) + Duration::from_millis(1);
+            Timespec::try_from(d).unwrap_or(Timespec {
+                tv_sec: i64::MAX,
+                tv_nsec: 0,
+            })
+        });
+        let listen = if accept_paused_until.is_some() {
+            PollFlags::empty()
+        } else {
+            PollFlags::IN
+        };
+        let (woken, accept_ready) = {
+            let mut fds = Vec::with_capacity(2 + conns.len());
+            fds.push(PollFd::new(wake, PollFlags::IN));
+            fds.push(PollFd::new(listener, listen));
+            fds.extend(conns.iter().map(|c| PollFd::new(&c.stream, c.interest())));
+            match event::poll(&mut fds, timeout.as_ref()) {
+                Ok(_) | Err(Errno::INTR) => {}
+                Err(e) => {
+                    tracing::error!(error = %io::Error::from(e), "http: poll failed; the endpoint stops");
+                    return;
+                }
+            }
+            ready.clear();
+            ready.extend(fds[2..].iter().map(PollFd::revents));
+            (!fds[0].revents().is_empty(), !fds[1].revents().is_empty())
+        };
+        if woken {
+            return;
+        }
+        // The connections first (their indices match `ready`), then the
+        // deadlines, then newcomers.
+        let mut r = ready.iter();
+        conns.retain_mut(|c| {
+            let flags = r.next().copied().unwrap_or(PollFlags::empty());
+            if flags.is_empty() {
+                return true;
+            }
+            matches!(c.step(routes, bearer, counters), Step::Open)
+        });
+        let now = Instant::now();
+        conns.retain(|c| {
+            if c.deadline > now {
+                return true;
+            }
+            if !matches!(c.state, State::Draining) {
+                Counters::bump(&counters.timed_out);
+                warn_limited!(
+                    "http deadline",
+                    timeout_ms = EXCHANGE_TIMEOUT.as_millis() as u64,
+                    "http: a connection's exchange passed its deadline; closed"
+                );
+            }
+            false
+        });
+        if accept_ready {
+            accept_paused_until = accept(listener, &mut conns, counters, now);
+        }
+    }
+}
+
+/// Accept what is waiting (at most [`ACCEPTS_PER_WAKE`]); over the cap a
+/// newcomer is closed at once. Returns when to poll the listener again
+/// after it failed for want of resources.
+fn accept(
+    listener: &TcpListener,
+    conns: &mut Vec<Conn>,
+    counters: &Counters,
+    now: Instant,
+) -> Option<Instant> {
+    for _ in 0..ACCEPTS_PER_WAKE {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                ) =>
+            {
+                continue;
+            }
+            Err(e) => {
+                warn_limited!(("http accept", e.kind()), error = %e, "http: accept failed; pausing accepts");
+                return Some(now + ACCEPT_BACKOFF);
+            }
+        };
+        if conns.len() >= MAX_CONNECTIONS {
+            Counters::bump(&counters.refused);
+            warn_limited!(
+                "http cap",
+                cap = MAX_CONNECTIONS,
+                "http: connection cap reached; newcomers closed"
+            );
+            continue;
+        }
+        if stream.set_nonblocking(true).is_err() {
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        Counters::bump(&counters.accepted);
+        conns.push(Conn {
+            stream,
+            deadline: now + EXCHANGE_TIMEOUT,
+            buf: vec![0; MAX_HEAD].into_boxed_slice(),
+            filled: 0,
+            state: State::Reading,
+        });
+    }
+    None
+}
