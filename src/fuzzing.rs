@@ -33,6 +33,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("shm_descriptor", shm_descriptor),
     ("config_text", config_text),
     ("tcp_handshake", tcp_handshake),
+    ("http_request", http_request),
 ];
 
 /// Control-plane codec under arbitrary bytes: `decode` and `read_message`
@@ -348,5 +349,98 @@ pub fn tcp_handshake(data: &[u8]) {
                 }
             }
         }
+    }
+}
+
+/// The HTTP endpoint's request decision (`http::request::answer`, what the
+/// server runs on each request head) under arbitrary bytes: the first byte
+/// says whether a bearer is set (bit 0), the rest is the head. It never
+/// panics; the status is one the server or the fixed routes give; the
+/// response head is well formed, closes the connection and carries the
+/// body's length; HEAD sends no body; and a 200 is given only to a
+/// well-formed GET or HEAD of a known path, within the bounds, with the
+/// bearer's token when one is set and the path is not open.
+pub fn http_request(data: &[u8]) {
+    use crate::http::request::{Verdict, answer};
+    use crate::http::{Bearer, FixedRoutes, MAX_HEAD, MAX_HEADERS, MAX_TARGET};
+
+    let Some((&mode, head)) = data.split_first() else {
+        return;
+    };
+    let bearer = (mode & 1 != 0).then(|| Bearer::from_secret(FixedRoutes::SECRET));
+    let out = answer(head, &FixedRoutes, bearer.as_ref());
+    let status = out.response.status;
+    assert!(
+        [200, 400, 401, 404, 405, 413, 414, 431].contains(&status),
+        "status {status}"
+    );
+    assert_eq!(
+        out.verdict == Verdict::Routed,
+        matches!(status, 200 | 404),
+        "{status} with {:?}",
+        out.verdict
+    );
+
+    // The response head parses, and says what is sent.
+    let wire = out.head();
+    let mut hs = [httparse::EMPTY_HEADER; 16];
+    let mut resp = httparse::Response::new(&mut hs);
+    assert_eq!(
+        resp.parse(&wire),
+        Ok(httparse::Status::Complete(wire.len())),
+        "response head malformed"
+    );
+    assert_eq!(resp.code, Some(status));
+    let value = |name: &str| {
+        resp.headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    };
+    let len = out.response.body.len().to_string();
+    assert_eq!(value("content-length"), Some(len.as_bytes()));
+    assert_eq!(value("connection"), Some(&b"close"[..]));
+    assert!(!out.head_only || out.body().is_empty(), "HEAD sent a body");
+
+    if status != 200 {
+        return;
+    }
+    // A 200: check the request independently of `answer`.
+    let mut hs = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut hs);
+    assert!(head.len() <= MAX_HEAD, "200 for a head over the bound");
+    assert_eq!(
+        req.parse(head),
+        Ok(httparse::Status::Complete(head.len())),
+        "200 for a malformed head or one with a body"
+    );
+    assert!(
+        matches!(req.method, Some("GET" | "HEAD")),
+        "200 for {:?}",
+        req.method
+    );
+    assert_eq!(out.head_only, req.method == Some("HEAD"));
+    let target = req.path.expect("a complete request has a target");
+    assert!(target.len() <= MAX_TARGET, "200 for a long target");
+    let path = target.split_once('?').map_or(target, |(p, _)| p);
+    assert!(FixedRoutes::KNOWN.contains(&path), "200 for {path:?}");
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            assert!(h.value.iter().all(|&b| b == b'0'), "200 with a body");
+        }
+        assert!(
+            !h.name.eq_ignore_ascii_case("transfer-encoding"),
+            "200 with a body"
+        );
+    }
+    if let Some(b) = bearer.filter(|b| !b.is_open(path)) {
+        let want = b.token().as_bytes();
+        let authorized = req.headers.iter().any(|h| {
+            h.name.eq_ignore_ascii_case("authorization")
+                && h.value.len() > 7
+                && h.value[..7].eq_ignore_ascii_case(b"bearer ")
+                && h.value[7..].trim_ascii() == want
+        });
+        assert!(authorized, "200 for {path:?} without the token");
     }
 }
