@@ -43,7 +43,7 @@ const DRAIN_READS: usize = 4;
 /// The server's counters, since it started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct HttpStats {
-    /// Connections accepted and served (refused ones not included).
+    /// Connections accepted and kept (those closed over the cap are `refused`).
     pub(crate) accepted: u64,
     /// Connections closed at accept: the cap of open connections was reached.
     pub(crate) refused: u64,
