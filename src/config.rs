@@ -156,6 +156,18 @@ pub struct Config {
     pub workers: WorkersConfig,
     /// The `transports` object.
     pub transports: TransportsConfig,
+    /// The `metrics` object.
+    pub metrics: MetricsConfig,
+}
+
+/// The `metrics` object: the HTTP endpoint serving `/metrics`,
+/// `/metrics/json`, `/health` and `/topology`.
+pub struct MetricsConfig {
+    /// `metrics/http_enable`: serve the endpoint.
+    pub http_enable: bool,
+    /// `metrics/http_port`: its port (0: ephemeral); a port taken falls
+    /// back to an ephemeral one, with a warning.
+    pub http_port: u16,
 }
 
 /// The `workers` object: how many worker threads, where they run, and how
@@ -1068,6 +1080,11 @@ schema! {
         "Shared secret for the control plane's HMAC challenge-response (never sent); empty = no authentication. A peer without it is refused.";
     "non_dumpable" => non_dumpable: Kind::Bool, "false", LIVE,
         "Make the engine's process non-dumpable (PR_SET_DUMPABLE 0) at start, so a same-uid process cannot open the registered memory's memfds through /proc/<pid>/fd (which bypasses rpc_shared_secret on this host). Also: same-uid perf and gdb can no longer attach, core dumps are off, and nothing else of the process can be read through /proc by its user.";
+    // the HTTP endpoint
+    "metrics/http_enable" => metrics.http_enable: Kind::Bool, "true", LIVE,
+        "Serve /metrics (Prometheus text), /metrics/json, /health (/health/live, /health/ready) and /topology over HTTP on the control plane's address (rpc_server_hostname), from one thread off the workers. With rpc_shared_secret set, every path but /health/live needs the bearer token derived from it (Engine::http_bearer_token).";
+    "metrics/http_port" => metrics.http_port: uint(0, 65535), "9464", LIVE,
+        "Port of the HTTP endpoint; 0 picks an ephemeral one. When the port is taken, an ephemeral one is used and a warning names it; the URL is in the log, in /health and in this engine's descriptor.";
     // workers
     "workers/count" => workers.count: uint(1, 256), "1", LIVE,
         "Number of worker threads.";
@@ -2349,9 +2366,18 @@ mod tests {
     fn every_field_is_filled_by_a_key() {
         // The leaves of the structs (neither `source` nor a nested section),
         // as the last parts of key paths.
-        let sections = ["workers", "transports", "local", "shm", "tcp", "rdma"];
+        let sections = [
+            "workers",
+            "transports",
+            "local",
+            "shm",
+            "tcp",
+            "rdma",
+            "metrics",
+        ];
         let mut fields: Vec<&str> = [
             Config::FIELDS,
+            MetricsConfig::FIELDS,
             WorkersConfig::FIELDS,
             TransportsConfig::FIELDS,
             LocalConfig::FIELDS,

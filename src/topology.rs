@@ -202,7 +202,6 @@ impl Topology {
     }
 
     /// The NUMA nodes, in OS-index order when detected.
-    #[cfg(test)]
     pub(crate) fn nodes(&self) -> &[NumaNode] {
         &self.nodes
     }

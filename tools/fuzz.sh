@@ -9,6 +9,7 @@
 #   shm_descriptor  shm segment descriptor parser and memfd admission
 #   config_text     configuration text (Config::from_json_str, to_json)
 #   tcp_handshake   the TCP data handshake's state machines, both sides
+#   http_request    the HTTP endpoint's request decision (http::request::answer)
 # `cargo test` runs every body over fuzz/seeds/TARGET and over the inputs a
 # campaign kept (fuzz/regressions/TARGET: copy a crash there once fixed),
 # in tests/fuzz_inputs.rs. This script is for campaigns, e.g.

@@ -279,7 +279,16 @@ impl EngineBuilder {
         // requests' latest, itself at most max_timeout_ms away.
         let resend_max = shared.config.max_timeout_ms + shared.config.default_timeout_ms;
         let inbox = Arc::new(crate::notify::inbox::Inbox::new(resend_max));
-        let control = start_control(&shared, export.clone(), rails, inbox.clone())?;
+        // Where the HTTP endpoint listens, once it does: the descriptor and
+        // /health say it.
+        let metrics_url = Arc::new(std::sync::OnceLock::new());
+        let control = start_control(
+            &shared,
+            export.clone(),
+            rails,
+            inbox.clone(),
+            metrics_url.clone(),
+        )?;
         let outbox = crate::notify::outbox::Outbox::new(
             control.local_addr().to_string(),
             shared.config.secret().map(<[u8]>::to_vec),
@@ -293,6 +302,26 @@ impl EngineBuilder {
             shared.incarnation.batch_tag(),
         );
         let workers = WorkerPool::start(&shared, id, cores, &wakers)?;
+        let observer = Arc::new(super::observe::Observer::new(
+            shared.clone(),
+            workers.to_vec(),
+            slots.as_ref().map(|r| r.clock().clone()),
+            topology,
+            control.as_ref().map(|c| c.local_addr().to_string()),
+            metrics_url,
+        ));
+        let http_ip = control
+            .as_ref()
+            .map_or(std::net::IpAddr::from([127, 0, 0, 1]), |c| {
+                c.local_addr().ip()
+            });
+        let http = match super::http::start(&shared.config, http_ip, &observer) {
+            Ok(h) => h,
+            Err(e) => {
+                workers.stop();
+                return Err(e);
+            }
+        };
         Ok(Engine {
             shared,
             workers,
@@ -306,6 +335,8 @@ impl EngineBuilder {
             closing: Default::default(),
             slots,
             mail: Mailbox::new(inbox, outbox),
+            observer,
+            http,
         })
     }
 }
@@ -374,6 +405,7 @@ fn start_control(
     export: Option<Arc<ShmExport>>,
     rails: Vec<crate::control::wire::RailEntry>,
     inbox: Arc<crate::notify::inbox::Inbox>,
+    metrics_url: Arc<std::sync::OnceLock<String>>,
 ) -> Result<crate::control::ControlServer> {
     let cfg = &shared.config;
     let secret = cfg.secret().map(<[u8]>::to_vec);
@@ -388,6 +420,7 @@ fn start_control(
     let describe = move |addr: std::net::SocketAddr| -> Arc<crate::control::server::DescriptorFn> {
         let name = addr.to_string();
         let regions = regions.clone();
+        let metrics_url = metrics_url.clone();
         Arc::new(move || {
             let first = super::describe::region_page(&regions.load(), 0);
             crate::control::SegmentDescriptor {
@@ -406,6 +439,7 @@ fn start_control(
                 regions: first.regions,
                 regions_version: first.version,
                 regions_from: first.from,
+                metrics_url: metrics_url.get().cloned(),
             }
         })
     };
@@ -441,6 +475,9 @@ impl Drop for Engine {
     /// and link watch are joined here; the data and control servers join
     /// theirs as they drop with the engine's fields.
     fn drop(&mut self) {
+        self.observer.stopping();
+        // Nothing is served once teardown starts: its thread is joined here.
+        drop(self.http.take());
         // No notification is taken or leaves once teardown starts: peers
         // are told `Shutdown` (their message fails rather than land where
         // nobody reads), and what is queued here fails `Shutdown` (its

@@ -23,8 +23,10 @@ mod blocks;
 mod build;
 mod describe;
 pub mod footprint;
+mod http;
 mod memory;
 mod notify;
+mod observe;
 mod ring;
 mod segments;
 mod stats;
@@ -110,9 +112,16 @@ pub struct Engine {
     closing: Withdrawn<Segment>,
     /// This engine's share of the global slot clock (rotating or
     /// watching); dropped after the workers, handing the lease back.
+    /// Held for its drop (read by the tests' `slot_clock`).
+    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
     slots: Option<SlotRotator>,
     /// Notifications received and not yet taken, and those to send.
     mail: notify::Mailbox,
+    /// What the engine says about itself (metrics, health, topology), to
+    /// the application and to the HTTP endpoint alike.
+    observer: Arc<observe::Observer>,
+    /// The HTTP endpoint (`metrics/http_enable`): stopped first on drop.
+    http: Option<crate::http::HttpServer>,
 }
 
 impl std::fmt::Debug for Engine {

@@ -28,11 +28,7 @@ impl Engine {
 
     /// The rails every network transport has to `segment`, best first.
     pub(super) fn rails_of(&self, segment: &Segment) -> Vec<crate::transport::RailStat> {
-        NETWORK
-            .iter()
-            .filter_map(|&k| self.shared.transports.slot(k).load_full())
-            .flat_map(|t| t.transport.rail_stats(segment))
-            .collect()
+        self.observer.rails_of(segment)
     }
 
     /// Is the process behind `segment` still the one this engine opened

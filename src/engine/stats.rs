@@ -68,58 +68,27 @@ impl Engine {
     /// Every rail of every open segment (RDMA and TCP), with the segment's
     /// name.
     pub fn all_rails(&self) -> Vec<(String, crate::transport::RailStat)> {
-        let segments = self.shared.segments.load();
-        segments
-            .iter()
-            .flat_map(|s| {
-                self.rails_of(s)
-                    .into_iter()
-                    .map(|r| (s.name().to_owned(), r))
-            })
-            .collect()
+        self.observer.all_rails()
     }
 
     /// Every RDMA rail's send- and completion-queue counters (seed 004's
     /// SQ/CQE diagnostics), a row per QP slot of the rail
     /// (`qp_per_transfer`), every worker's endpoint there together.
     pub fn sq_rows(&self) -> Vec<crate::flow::SqRow> {
-        self.shared
-            .segments
-            .load()
-            .iter()
-            .filter_map(|s| crate::transport::rdma::transport::peer_of(s))
-            .flat_map(|p| p.sq_reports())
-            .collect()
+        self.observer.sq_rows()
     }
 
     /// Failover counters and per-rail state and bytes, in Prometheus text
     /// exposition format.
     pub fn metrics_text(&self) -> String {
-        let mut out = self
-            .shared
-            .metrics
-            .render(&self.all_rails(), &self.sq_rows());
-        crate::metrics::render_qos(&mut out, &self.qos_stats());
-        out
+        self.observer.metrics_text()
     }
 
     /// Per-priority statistics summed over the workers (seed 001): lane
     /// depths, tasks accepted, promotions, slot-gate holds, queue-wait
     /// histograms, and the shared slot clock when one is configured.
     pub fn qos_stats(&self) -> crate::qos::QosSnapshot {
-        let mut q = crate::qos::QosSnapshot::default();
-        for w in self.workers.iter() {
-            w.qos.sum_into(&mut q);
-        }
-        q.slots = self.slots.as_ref().map(|r| {
-            let c = r.clock();
-            crate::qos::SlotSnapshot {
-                slot: c.slot(),
-                owner: c.is_owner(),
-                takeovers: c.takeovers(),
-            }
-        });
-        q
+        self.observer.qos_stats()
     }
 
     /// The shared slot clock this engine follows (`None`: single-process
@@ -129,9 +98,28 @@ impl Engine {
         self.slots.as_ref().map(crate::qos::SlotRotator::clock)
     }
 
+    /// Where the HTTP endpoint listens (`http://ip:port`; `None` with
+    /// `metrics/http_enable` off): `/metrics`, `/metrics/json`, `/health`,
+    /// `/health/live`, `/health/ready` and `/topology`.
+    pub fn http_url(&self) -> Option<&str> {
+        self.observer.http_url()
+    }
+
+    /// The bearer token the HTTP endpoint requires on every path but
+    /// `/health/live` when `rpc_shared_secret` is set (`None` without a
+    /// secret): what a Prometheus scrape config's `authorization:
+    /// credentials:` takes. It is derived from the secret, so every engine
+    /// sharing the secret takes the same token.
+    pub fn http_bearer_token(&self) -> Option<String> {
+        self.shared
+            .config
+            .secret()
+            .map(|s| crate::http::Bearer::from_secret(s).token().to_owned())
+    }
+
     /// Installed transports.
     pub fn transports(&self) -> Vec<TransportKind> {
-        self.shared.transports.installed()
+        self.observer.transports()
     }
 
     /// Flow-control credits taken and not given back (0 when idle): every

@@ -33,11 +33,6 @@
 //! Bearer`. The token is derived from the secret, so the secret itself
 //! never travels over HTTP.
 
-// The engine serves it once wired (issue #42); until then the default
-// build's `internal!` allows what nothing uses, and the testing build uses
-// these from the fuzz target and the unit tests only.
-#![allow(dead_code, unused_imports)]
-
 pub(crate) mod request;
 pub(crate) mod server;
 
@@ -46,7 +41,9 @@ use std::time::Duration;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-pub(crate) use server::{HttpServer, HttpStats};
+pub(crate) use server::HttpServer;
+#[cfg(test)]
+use server::HttpStats;
 
 /// Most connections open at once; a newcomer over the cap is closed at once.
 pub(crate) const MAX_CONNECTIONS: usize = 64;

@@ -14,6 +14,8 @@ pub(crate) fn test_config() -> Config {
     c.workers.yield_us = Duration::from_micros(50);
     c.workers.park_timeout_ms = Duration::from_millis(20);
     c.default_timeout_ms = Duration::from_millis(10_000);
+    // The HTTP endpoint on an ephemeral port: many engines run at once.
+    c.metrics.http_port = 0;
     // CI runs the TCP tests once more on the epoll fallback.
     if let Ok(b) = std::env::var("TENT_TRANSPORTS_TCP_BACKEND") {
         c.transports.tcp.backend = tent::config::TcpBackend::from_name(&b)

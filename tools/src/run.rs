@@ -59,6 +59,11 @@ pub(crate) fn target(args: &Args) -> Result<(), String> {
     // this host fetches the descriptor there and maps the shm segment.
     let name = engine.segment_name();
     emit(&name);
+    // The second line: where to scrape it.
+    match engine.http_url() {
+        Some(url) => emit(&format!("metrics: {url}/metrics")),
+        None => emit("metrics: off"),
+    }
     // One write, so the lines of targets started together (--peers) do
     // not interleave.
     let line = format!(

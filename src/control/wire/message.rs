@@ -139,6 +139,10 @@ pub struct SegmentDescriptor {
     /// Set when `regions` is cut: the rest start at or after this address
     /// ([`Message::GetRegions`]).
     pub regions_from: Option<u64>,
+    /// The owner's HTTP endpoint (`http://ip:port`, serving `/metrics`,
+    /// `/health` and `/topology`), when it serves one; at most
+    /// [`MAX_NAME`] bytes.
+    pub metrics_url: Option<String>,
 }
 
 /// A page of an owner's regions, in address order, the answer to
@@ -174,6 +178,7 @@ schema! {
         0x0008 DESC_NIC       nics:       record(NicEntry),    repeated(MAX_NICS, "NIC list");
         0x0009 DESC_REGIONS_VERSION regions_version: u64,      or_default;
         0x000a DESC_REGIONS_FROM    regions_from:    u64,      optional;
+        0x000b DESC_METRICS_URL     metrics_url:     str(MAX_NAME, "metrics URL"), optional;
     }
 }
 

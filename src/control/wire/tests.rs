@@ -139,6 +139,7 @@ fn small_descriptor() -> SegmentDescriptor {
         ],
         regions_version: 9,
         regions_from: Some(0x7000_0000),
+        metrics_url: Some("http://10.0.0.1:9464".into()),
     }
     .with_rkeys()
 }
@@ -171,6 +172,7 @@ fn full_descriptor() -> SegmentDescriptor {
         nics: Vec::new(),
         regions_version: u64::MAX,
         regions_from: Some(u64::MAX),
+        metrics_url: Some("u".repeat(MAX_NAME)),
     }
 }
 
@@ -523,6 +525,7 @@ fn newer_peer_fields_are_skipped() {
     let mut expected = small_descriptor();
     expected.nics.clear();
     (expected.regions_version, expected.regions_from) = (0, None);
+    expected.metrics_url = None;
     for r in &mut expected.regions {
         r.rkeys.clear();
     }
@@ -1303,6 +1306,7 @@ fn arb_descriptor() -> impl Strategy<Value = SegmentDescriptor> {
                     nics,
                     regions_version: u64::from(pid),
                     regions_from: (pid % 2 == 1).then_some(u64::from(pid) << 12),
+                    metrics_url: (pid % 3 == 0).then(|| format!("http://127.0.0.1:{}", pid % 65536)),
                 }
             },
         )

@@ -1,0 +1,274 @@
+//! What an engine says about itself, readable from any thread without the
+//! [`Engine`](super::Engine): the application's calls and the HTTP
+//! endpoint's thread both ask the [`Observer`]. Everything it reports is
+//! read from the shared state's atomics and snapshots; nothing here waits on
+//! a worker or takes a lock a worker takes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use serde_json::{Value, json};
+use tent_rings::TransportKind;
+
+use super::EngineShared;
+use super::segments::NETWORK;
+use super::worker::WorkerShared;
+use crate::qos::{QosSnapshot, SlotClock, SlotSnapshot};
+use crate::segment::Segment;
+use crate::topology::Topology;
+use crate::transport::RailStat;
+
+/// This engine's view of itself (see the module doc).
+pub(crate) struct Observer {
+    shared: Arc<EngineShared>,
+    workers: Vec<Arc<WorkerShared>>,
+    slots: Option<Arc<SlotClock>>,
+    topology: Topology,
+    /// `ip:port` of the control server (what peers open), when there is one.
+    segment: Option<String>,
+    /// Set when the engine starts tearing down: no longer ready.
+    stopping: AtomicBool,
+    /// The HTTP endpoint's URL, once it listens (the descriptor reads the
+    /// same cell).
+    http_url: Arc<OnceLock<String>>,
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observer")
+            .field("workers", &self.workers.len())
+            .field("segment", &self.segment)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether the engine serves, and why not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Readiness {
+    /// Every worker runs, a transport is installed, and the engine is not
+    /// stopping.
+    pub(crate) ready: bool,
+    /// What keeps it from being ready (empty when ready).
+    pub(crate) reasons: Vec<String>,
+}
+
+impl Observer {
+    pub(crate) fn new(
+        shared: Arc<EngineShared>,
+        workers: Vec<Arc<WorkerShared>>,
+        slots: Option<Arc<SlotClock>>,
+        topology: Topology,
+        segment: Option<String>,
+        http_url: Arc<OnceLock<String>>,
+    ) -> Observer {
+        Observer {
+            shared,
+            workers,
+            slots,
+            topology,
+            segment,
+            stopping: AtomicBool::new(false),
+            http_url,
+        }
+    }
+
+    /// The engine starts tearing down.
+    pub(crate) fn stopping(&self) {
+        self.stopping.store(true, Ordering::Release);
+    }
+
+    /// Record where the HTTP endpoint listens.
+    pub(crate) fn set_http_url(&self, url: String) {
+        let _ = self.http_url.set(url);
+    }
+
+    /// The HTTP endpoint's URL (`None`: off, or not started).
+    pub(crate) fn http_url(&self) -> Option<&str> {
+        self.http_url.get().map(String::as_str)
+    }
+
+    /// The rails every network transport has to `segment`, best first.
+    pub(crate) fn rails_of(&self, segment: &Segment) -> Vec<RailStat> {
+        NETWORK
+            .iter()
+            .filter_map(|&k| self.shared.transports.slot(k).load_full())
+            .flat_map(|t| t.transport.rail_stats(segment))
+            .collect()
+    }
+
+    /// Every rail of every open segment, with the segment's name.
+    pub(crate) fn all_rails(&self) -> Vec<(String, RailStat)> {
+        let segments = self.shared.segments.load();
+        segments
+            .iter()
+            .flat_map(|s| {
+                self.rails_of(s)
+                    .into_iter()
+                    .map(|r| (s.name().to_owned(), r))
+            })
+            .collect()
+    }
+
+    /// Every RDMA rail's SQ/CQE rows (seed 004).
+    pub(crate) fn sq_rows(&self) -> Vec<crate::flow::SqRow> {
+        self.shared
+            .segments
+            .load()
+            .iter()
+            .filter_map(|s| crate::transport::rdma::transport::peer_of(s))
+            .flat_map(|p| p.sq_reports())
+            .collect()
+    }
+
+    /// Per-priority statistics summed over the workers, and the slot clock.
+    pub(crate) fn qos_stats(&self) -> QosSnapshot {
+        let mut q = QosSnapshot::default();
+        for w in &self.workers {
+            w.qos.sum_into(&mut q);
+        }
+        q.slots = self.slots.as_ref().map(|c| SlotSnapshot {
+            slot: c.slot(),
+            owner: c.is_owner(),
+            takeovers: c.takeovers(),
+        });
+        q
+    }
+
+    /// The metrics in Prometheus text exposition format.
+    pub(crate) fn metrics_text(&self) -> String {
+        let mut out = self
+            .shared
+            .metrics
+            .render(&self.all_rails(), &self.sq_rows());
+        crate::metrics::render_qos(&mut out, &self.qos_stats());
+        out
+    }
+
+    /// Installed transports.
+    pub(crate) fn transports(&self) -> Vec<TransportKind> {
+        self.shared.transports.installed()
+    }
+
+    /// Is the engine ready to serve, and if not, why?
+    pub(crate) fn readiness(&self) -> Readiness {
+        let mut reasons = Vec::new();
+        if self.stopping.load(Ordering::Acquire) {
+            reasons.push("the engine is stopping".to_owned());
+        }
+        let exited = self
+            .workers
+            .iter()
+            .filter(|w| w.exited.load(Ordering::Acquire))
+            .count();
+        if exited > 0 {
+            reasons.push(format!(
+                "{exited} of {} workers have exited",
+                self.workers.len()
+            ));
+        }
+        if self.transports().is_empty() {
+            reasons.push("no transport is installed".to_owned());
+        }
+        Readiness {
+            ready: reasons.is_empty(),
+            reasons,
+        }
+    }
+
+    /// `/health`'s document: readiness, the engine, its peers and rails.
+    pub(crate) fn health_json(&self) -> Value {
+        let r = self.readiness();
+        let workers_alive = self
+            .workers
+            .iter()
+            .filter(|w| !w.exited.load(Ordering::Acquire))
+            .count();
+        let segments = self.shared.segments.load();
+        let peers: Vec<Value> = segments
+            .iter()
+            .filter(|s| s.id() != tent_rings::SegmentId::LOCAL)
+            .map(|s| {
+                let rails: Vec<Value> = self.rails_of(s).iter().map(rail_json).collect();
+                json!({
+                    "segment": s.name(),
+                    "kind": format!("{:?}", s.kind()).to_lowercase(),
+                    "rails": rails,
+                })
+            })
+            .collect();
+        json!({
+            "status": if r.ready { "ready" } else { "not_ready" },
+            "live": true,
+            "ready": r.ready,
+            "reasons": r.reasons,
+            "engine": {
+                "segment": self.segment,
+                "incarnation": format!("{:016x}", self.shared.incarnation.get()),
+                "workers": { "count": self.workers.len(), "alive": workers_alive },
+                "transports": self.transports().iter().map(|k| format!("{k:?}").to_lowercase()).collect::<Vec<_>>(),
+                "config_generation": 1,
+                "config_source": self.shared.config.source,
+                "metrics_url": self.http_url(),
+            },
+            "peers": peers,
+        })
+    }
+
+    /// `/topology`'s document: NUMA nodes and their CPUs, where the workers
+    /// run, the RDMA NICs in use.
+    pub(crate) fn topology_json(&self) -> Value {
+        let nodes: Vec<Value> = self
+            .topology
+            .nodes()
+            .iter()
+            .map(|n| json!({ "node": n.os_index, "cpus": n.cpus }))
+            .collect();
+        let workers: Vec<Value> = self
+            .workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let core = usize::try_from(w.core.load(Ordering::Relaxed)).ok();
+                json!({
+                    "worker": i,
+                    "core": core,
+                    "numa_node": self.topology.worker_node(core),
+                })
+            })
+            .collect();
+        let nics: Vec<Value> = self.shared.rdma.as_ref().map_or_else(Vec::new, |set| {
+            set.entries()
+                .iter()
+                .map(|n| {
+                    json!({
+                        "name": n.name,
+                        "gid": std::net::Ipv6Addr::from(n.gid).to_string(),
+                        "gid_type": n.gid_type,
+                        "lid": n.lid,
+                        "mtu": n.mtu,
+                    })
+                })
+                .collect()
+        });
+        json!({
+            "numa_nodes": nodes,
+            "workers": workers,
+            "rdma_nics": nics,
+            "transports": self.transports().iter().map(|k| format!("{k:?}").to_lowercase()).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// One rail as `/health` shows it.
+fn rail_json(r: &RailStat) -> Value {
+    json!({
+        "transport": format!("{:?}", r.transport).to_lowercase(),
+        "local": r.local,
+        "remote": r.remote,
+        "state": format!("{:?}", r.state).to_lowercase(),
+        "up": r.up,
+        "bytes": r.bytes,
+        "failures": r.failures,
+        "inflight_slices": r.inflight,
+    })
+}

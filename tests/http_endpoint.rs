@@ -1,0 +1,182 @@
+//! The HTTP endpoint every engine serves by default, read by a real HTTP
+//! client: `/metrics`, `/metrics/json`, `/health` (and its live and ready
+//! halves), `/topology`; the bearer token a shared secret requires; the URL
+//! in the descriptor; a taken port falling back to an ephemeral one.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use common::test_config;
+use tent::Engine;
+
+/// GET `path` from `url` (`http://ip:port`), with `token` as a bearer:
+/// the status and the body.
+fn get(url: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    let addr: SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}\r\n").unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a response head");
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .expect("Content-Length")
+        .parse()
+        .unwrap();
+    assert_eq!(body.len(), len, "{head}");
+    (status, body.to_owned())
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+#[test]
+fn every_path_answers_a_real_client_and_the_descriptor_names_the_url() {
+    let e = Engine::new(test_config()).unwrap();
+    let url = e.http_url().expect("on by default").to_owned();
+    assert!(
+        url.starts_with("http://127.0.0.1:"),
+        "on the control address: {url}"
+    );
+
+    let (status, text) = get(&url, "/metrics", None);
+    assert_eq!(status, 200);
+    assert!(text.contains("tent_transport_failover_total"), "{text}");
+    assert!(text.contains("tent_qos_"), "{text}");
+
+    let (status, body) = get(&url, "/metrics/json", None);
+    assert_eq!(status, 200);
+    let samples = json(&body);
+    let names: Vec<&str> = samples
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().expect("every sample parsed"))
+        .collect();
+    assert!(
+        names.contains(&"tent_task_failover_exhausted_total"),
+        "{names:?}"
+    );
+
+    let (status, body) = get(&url, "/health", None);
+    assert_eq!(status, 200, "{body}");
+    let h = json(&body);
+    assert_eq!(h["ready"], true);
+    assert_eq!(h["engine"]["metrics_url"], url.as_str());
+    assert_eq!(h["engine"]["segment"], e.segment_name().as_str());
+    assert_eq!(h["engine"]["workers"]["alive"], 1);
+    assert!(
+        h["engine"]["transports"].as_array().unwrap().len() >= 2,
+        "{h}"
+    );
+
+    assert_eq!(get(&url, "/health/live", None), (200, "live\n".into()));
+    assert_eq!(get(&url, "/health/ready", None), (200, "ready\n".into()));
+
+    let (status, body) = get(&url, "/topology", None);
+    assert_eq!(status, 200);
+    let t = json(&body);
+    assert_eq!(t["workers"].as_array().unwrap().len(), 1, "{t}");
+    assert!(!t["numa_nodes"].as_array().unwrap().is_empty(), "{t}");
+
+    assert_eq!(get(&url, "/nope", None).0, 404);
+
+    // A peer reads the URL from the descriptor.
+    let d =
+        tent::control::client::fetch_descriptor(&e.segment_name(), None, Duration::from_secs(5))
+            .unwrap();
+    assert_eq!(d.metrics_url.as_deref(), Some(url.as_str()));
+}
+
+#[test]
+fn with_a_secret_every_path_but_liveness_needs_the_bearer_token() {
+    let mut c = test_config();
+    c.rpc_shared_secret = "0123456789abcdef0123456789abcdef".into();
+    let e = Engine::new(c).unwrap();
+    let url = e.http_url().unwrap().to_owned();
+    let token = e.http_bearer_token().expect("a secret gives a token");
+    assert!(
+        !token.contains("0123456789abcdef"),
+        "the token is not the secret"
+    );
+    for path in [
+        "/metrics",
+        "/metrics/json",
+        "/health",
+        "/health/ready",
+        "/topology",
+    ] {
+        assert_eq!(get(&url, path, None).0, 401, "{path} without a token");
+        assert_eq!(
+            get(&url, path, Some("wrong")).0,
+            401,
+            "{path} with a wrong one"
+        );
+        assert_eq!(
+            get(&url, path, Some(&token)).0,
+            200,
+            "{path} with the token"
+        );
+    }
+    assert_eq!(
+        get(&url, "/health/live", None).0,
+        200,
+        "liveness stays open"
+    );
+    // Without a secret there is no token.
+    assert!(
+        Engine::new(test_config())
+            .unwrap()
+            .http_bearer_token()
+            .is_none()
+    );
+}
+
+#[test]
+fn a_taken_port_falls_back_to_an_ephemeral_one_and_the_endpoint_can_be_off() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let mut c = test_config();
+    c.metrics.http_port = port;
+    let e = Engine::new(c).unwrap();
+    let url = e.http_url().unwrap().to_owned();
+    assert!(!url.ends_with(&format!(":{port}")), "{url}");
+    assert_eq!(get(&url, "/health/live", None).0, 200);
+    drop(taken);
+
+    let mut c = test_config();
+    c.metrics.http_enable = false;
+    let off = Engine::new(c).unwrap();
+    assert_eq!(off.http_url(), None);
+    let d =
+        tent::control::client::fetch_descriptor(&off.segment_name(), None, Duration::from_secs(5))
+            .unwrap();
+    assert_eq!(d.metrics_url, None);
+}
+
+#[test]
+fn with_no_transport_the_engine_is_live_but_not_ready() {
+    let mut c = test_config();
+    c.transports.local.enable = false;
+    c.transports.shm.enable = false;
+    c.transports.tcp.enable = false;
+    c.transports.rdma.enable = false;
+    let e = Engine::new(c).unwrap();
+    let url = e.http_url().unwrap().to_owned();
+    assert_eq!(get(&url, "/health/live", None).0, 200);
+    let (status, body) = get(&url, "/health/ready", None);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no transport is installed"), "{body}");
+    let (status, body) = get(&url, "/health", None);
+    assert_eq!(status, 503);
+    assert_eq!(json(&body)["ready"], false);
+}

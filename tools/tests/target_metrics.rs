@@ -1,0 +1,48 @@
+//! `tent-bench --mode target` prints where to scrape it as the second line
+//! of its stdout, after the segment name, and that URL serves Prometheus
+//! text.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_tent-bench");
+
+#[test]
+fn a_target_prints_its_metrics_url_second_and_it_serves_metrics() {
+    let mut child = Command::new(BENCH)
+        .args(["--mode", "target", "--transport", "tcp"])
+        .args(["--buffer-size", "1M", "--exit-on-stdin-eof"])
+        // Another target on this host may hold the default port: then
+        // this exercises the fallback to an ephemeral one.
+        .env("TENT_LOG", "off")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut name, mut metrics) = (String::new(), String::new());
+    out.read_line(&mut name).unwrap();
+    out.read_line(&mut metrics).unwrap();
+    assert!(
+        name.trim().contains(':'),
+        "first line: the segment name: {name:?}"
+    );
+    let url = metrics
+        .trim()
+        .strip_prefix("metrics: http://")
+        .and_then(|u| u.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("second line: {metrics:?}"));
+    let addr: SocketAddr = url.parse().unwrap();
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.contains("tent_transport_failover_total"), "{body}");
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+}
