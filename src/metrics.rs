@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tent_rings::TransportKind;
 
+use crate::engine::op_stats::{OPCODES, OpSnapshot, TRANSPORTS};
 use crate::flow::diag::{SqReport, SqRow};
 use crate::transport::rails::RailStat;
 
@@ -157,10 +158,13 @@ impl Metrics {
             "# HELP tent_transport_failover_total Tasks moved from one transport to the next after a transient failure.\n\
              # TYPE tent_transport_failover_total counter\n",
         );
+        // Every pair of real transports, at 0 from the start (a series
+        // that appears only at its first count hides the first increase).
         for (f, row) in self.failover.iter().enumerate() {
             for (t, c) in row.iter().enumerate() {
                 let n = c.load(Ordering::Relaxed);
-                if n == 0 {
+                let any = TransportKind::Any as usize;
+                if n == 0 && (f == t || f == any || t == any) {
                     continue;
                 }
                 let name =
@@ -288,6 +292,76 @@ impl Metrics {
 }
 
 /// A label value as the text format wants it.
+/// The request counters as Prometheus text (TENT's names):
+/// `tent_{read,write}_{requests,bytes,failures}_total{transport}` for
+/// every real transport (requests: completed, failed included; bytes: of
+/// those that succeeded), and `tent_request_duration_seconds`, each
+/// request's time from intake to completion by transport and priority
+/// (only the pairs that served a request).
+pub(crate) fn render_ops(out: &mut String, s: &OpSnapshot) {
+    use crate::qos::stats::{WAIT_BUCKETS, bucket_upper_us, name as priority_name};
+    use tent_rings::Priority;
+    let real = || (1..TRANSPORTS).filter_map(|t| TransportKind::from_u8(t as u8).map(|k| (t, k)));
+    for (o, op) in ["read", "write"].iter().enumerate().take(OPCODES) {
+        type Count = fn(&OpSnapshot, usize, usize) -> u64;
+        let families: [(&str, &str, Count); 3] = [
+            (
+                "requests",
+                "Requests completed, failed ones included",
+                |s, o, t| s.ok[o][t] + s.failed[o][t],
+            ),
+            (
+                "bytes",
+                "Bytes moved by requests that succeeded",
+                |s, o, t| s.bytes[o][t],
+            ),
+            ("failures", "Requests that failed", |s, o, t| s.failed[o][t]),
+        ];
+        for (what, help, get) in families {
+            let fam = format!("tent_{op}_{what}_total");
+            let _ = writeln!(
+                out,
+                "# HELP {fam} {help}, {}s, by transport.\n# TYPE {fam} counter",
+                op.to_uppercase()
+            );
+            for (t, k) in real() {
+                let _ = writeln!(out, "{fam}{{transport=\"{}\"}} {}", k.name(), get(s, o, t));
+            }
+        }
+    }
+    let fam = "tent_request_duration_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {fam} A request's time from intake to its completion, by transport and priority (done at intake: 0).\n# TYPE {fam} histogram"
+    );
+    for (t, k) in real() {
+        for p in Priority::ALL {
+            let hist = &s.latency[t][p.index()];
+            let total: u64 = hist.iter().sum();
+            if total == 0 {
+                continue;
+            }
+            let labels = format!(
+                "transport=\"{}\",priority=\"{}\"",
+                k.name(),
+                priority_name(p)
+            );
+            let mut cum = 0;
+            for (b, c) in hist.iter().enumerate() {
+                cum += c;
+                if b + 1 < WAIT_BUCKETS {
+                    let le = bucket_upper_us(b) as f64 / 1e6;
+                    let _ = writeln!(out, "{fam}_bucket{{{labels},le=\"{le}\"}} {cum}");
+                }
+            }
+            let _ = writeln!(out, "{fam}_bucket{{{labels},le=\"+Inf\"}} {cum}");
+            let sum = s.latency_sum_ns[t][p.index()] as f64 / 1e9;
+            let _ = writeln!(out, "{fam}_sum{{{labels}}} {sum}");
+            let _ = writeln!(out, "{fam}_count{{{labels}}} {cum}");
+        }
+    }
+}
+
 /// Seed 001's per-priority figures as Prometheus text: lane depth,
 /// accepted, promotions, slot-gate holds, the queue-wait histogram, and
 /// the shared slot clock when one is configured.

@@ -7,10 +7,14 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::test_config;
-use tent::Engine;
+use tent::transport::{
+    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
+};
+use tent::{Engine, ErrorKind, LocalAddr, RemoteAddr, SegmentId, TransportKind, op};
 
 /// GET `path` from `url` (`http://ip:port`), with `token` as a bearer:
 /// the status and the body.
@@ -179,4 +183,113 @@ fn with_no_transport_the_engine_is_live_but_not_ready() {
     let (status, body) = get(&url, "/health", None);
     assert_eq!(status, 503);
     assert_eq!(json(&body)["ready"], false);
+}
+
+/// A local transport that panics in the worker on its first slice.
+struct Panics;
+
+impl Transport for Panics {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Local
+    }
+    fn install(&self, _: &InstallContext) -> tent::Result<()> {
+        Ok(())
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            synchronous: true,
+            ..Capabilities::default()
+        }
+    }
+    fn reaches(&self, _: &tent::segment::Segment) -> bool {
+        true
+    }
+    fn submit(&self, _: &WorkerCtx, _: &[Slice<'_>], _: &mut [SubmitOutcome]) {
+        panic!("injected worker panic");
+    }
+    fn poll(&self, _: &WorkerCtx, _: &mut [SliceCompletion]) -> usize {
+        0
+    }
+    fn abort(&self, _: &WorkerCtx, _: u64, _: ErrorKind) {}
+}
+
+/// A worker that died (its thread panicked) makes the engine not ready,
+/// and with its only worker dead, not live (before: `/health` said ready
+/// with `"alive": 1`).
+#[test]
+fn a_dead_worker_makes_the_engine_neither_ready_nor_live() {
+    let e = Engine::builder()
+        .config(test_config())
+        .transport(Arc::new(Panics))
+        .build()
+        .unwrap();
+    let url = e.http_url().unwrap().to_owned();
+    assert_eq!(get(&url, "/health/ready", None).0, 200);
+    let m = e.allocate_memory(64).unwrap();
+    let mut ring = e.ring().unwrap();
+    ring.submission()
+        .push(op::Write::new(
+            LocalAddr::new(m.id(), 0),
+            RemoteAddr::new(SegmentId::LOCAL, m.addr() + 8),
+            8,
+        ))
+        .unwrap();
+    let _ = ring.submit();
+    let t0 = Instant::now();
+    while get(&url, "/health/ready", None).0 == 200 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "still ready with its worker dead"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, body) = get(&url, "/health", None);
+    assert_eq!(status, 503, "{body}");
+    let h = json(&body);
+    assert_eq!(h["engine"]["workers"]["alive"], 0, "{h}");
+    assert!(h["reasons"][0].as_str().unwrap().contains("exited"), "{h}");
+    assert_eq!(get(&url, "/health/live", None).0, 503);
+    // Its task will never complete: the engine is left, not dropped.
+    std::mem::forget((e, m, ring));
+}
+
+/// With the control plane on the wildcard, the endpoint listens on (and
+/// advertises) an address of this host, never 0.0.0.0.
+#[test]
+fn a_wildcard_control_address_does_not_put_the_endpoint_on_the_wildcard() {
+    let mut c = test_config();
+    c.rpc_server_hostname = "0.0.0.0".into();
+    c.transports.tcp.enable = false;
+    let e = Engine::new(c).unwrap();
+    let url = e.http_url().unwrap().to_owned();
+    assert!(!url.starts_with("http://0.0.0.0"), "{url}");
+    assert_eq!(get(&url, "/health/live", None).0, 200);
+}
+
+/// A link-local IPv6 control address (with its scope) builds with the
+/// endpoint on, which listens there too (before: the scope was dropped
+/// and the bind failed, `EINVAL`).
+#[test]
+fn a_scoped_ipv6_control_address_builds_with_the_endpoint() {
+    let text = std::fs::read_to_string("/proc/net/if_inet6").unwrap_or_default();
+    let Some(host) = text.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() == 6 && f[0].starts_with("fe80") && f[5] != "lo").then(|| {
+            let ip: Vec<&str> = (0..8).map(|i| &f[0][4 * i..4 * i + 4]).collect();
+            let ip: std::net::Ipv6Addr = ip.join(":").parse().unwrap();
+            format!("{ip}%{}", f[5])
+        })
+    }) else {
+        eprintln!("no link-local IPv6 address on this host: nothing to check");
+        return;
+    };
+    let mut c = test_config();
+    c.rpc_server_hostname = host.clone();
+    c.transports.tcp.enable = false;
+    let e = Engine::new(c).unwrap_or_else(|e| panic!("{host}: {e:?}"));
+    let url = e.http_url().unwrap();
+    assert!(
+        url.starts_with("http://[fe80::") && url.contains("%25"),
+        "{url}"
+    );
 }

@@ -279,9 +279,26 @@ impl EngineBuilder {
         // requests' latest, itself at most max_timeout_ms away.
         let resend_max = shared.config.max_timeout_ms + shared.config.default_timeout_ms;
         let inbox = Arc::new(crate::notify::inbox::Inbox::new(resend_max));
-        // Where the HTTP endpoint listens, once it does: the descriptor and
-        // /health say it.
+        // The HTTP endpoint's listener, bound before anything serves or
+        // runs (a failure leaves nothing behind), and its URL, which the
+        // descriptor and /health say.
         let metrics_url = Arc::new(std::sync::OnceLock::new());
+        let http_listener = {
+            let control = control_addr(&shared.config.rpc_server_hostname)?;
+            let scope = match control {
+                std::net::SocketAddr::V6(a) => a.scope_id(),
+                std::net::SocketAddr::V4(_) => 0,
+            };
+            let at = super::http::address(&shared.config, control.ip(), scope);
+            let l = super::http::bind(&shared.config, at)?;
+            if let Some(l) = &l {
+                let addr = l
+                    .local_addr()
+                    .map_err(|e| Error::invalid("http listener").with_source(e))?;
+                let _ = metrics_url.set(super::http::url_of(addr));
+            }
+            l
+        };
         let control = start_control(
             &shared,
             export.clone(),
@@ -310,19 +327,7 @@ impl EngineBuilder {
             control.as_ref().map(|c| c.local_addr().to_string()),
             metrics_url,
         ));
-        let http_ip = control
-            .as_ref()
-            .map_or(std::net::IpAddr::from([127, 0, 0, 1]), |c| {
-                c.local_addr().ip()
-            });
-        let http = match super::http::start(&shared.config, http_ip, &observer) {
-            Ok(h) => h,
-            Err(e) => {
-                workers.stop();
-                return Err(e);
-            }
-        };
-        Ok(Engine {
+        let mut engine = Engine {
             shared,
             workers,
             batches,
@@ -336,8 +341,18 @@ impl EngineBuilder {
             slots,
             mail: Mailbox::new(inbox, outbox),
             observer,
-            http,
-        })
+            http: None,
+        };
+        // Its thread last: should it fail, dropping the engine tears down
+        // everything started so far.
+        if let Some(l) = http_listener {
+            engine.http = Some(super::http::start(
+                &engine.shared.config,
+                l,
+                &engine.observer,
+            )?);
+        }
+        Ok(engine)
     }
 }
 
@@ -355,6 +370,20 @@ impl Engine {
 
 /// Start this engine's control server, describing its segment from the
 /// live region table on every request.
+/// The address the control plane listens on, with the scope of a
+/// link-local IPv6 one (`fe80::1%eth0`).
+fn control_addr(host: &str) -> Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Ok((ip, 0).into());
+    }
+    (host, 0)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| Error::invalid(format!("rpc_server_hostname {host:?} does not resolve")))
+}
+
 /// The address the control plane listens on, as an IP.
 fn control_ip(host: &str) -> Result<std::net::IpAddr> {
     use std::net::ToSocketAddrs;

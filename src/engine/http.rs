@@ -17,7 +17,7 @@
 //! ([`super::Engine::http_bearer_token`]): `/health` and `/topology` name
 //! peers, GIDs and addresses.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr, SocketAddrV6, TcpListener};
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -50,7 +50,13 @@ impl Routes for EngineRoutes {
                 let ready = o.readiness().ready;
                 Response::json(if ready { 200 } else { 503 }, o.health_json().to_string())
             }
-            "/health/live" => Response::text(200, "live\n"),
+            "/health/live" => {
+                if o.live() {
+                    Response::text(200, "live\n")
+                } else {
+                    Response::text(503, "not live: every worker has exited\n")
+                }
+            }
             "/health/ready" => {
                 let r = o.readiness();
                 if r.ready {
@@ -69,20 +75,64 @@ impl Routes for EngineRoutes {
     }
 }
 
-/// Start the endpoint on `ip` when the configuration asks for it, and
-/// record its URL with the observer (the descriptor and `/health` say it).
-pub(super) fn start(
-    config: &Config,
-    ip: IpAddr,
-    observer: &Arc<Observer>,
-) -> Result<Option<HttpServer>> {
+/// Where the endpoint listens: the control plane's address (its scope kept
+/// for a link-local IPv6 one), never the wildcard: for a wildcard control
+/// address, the first address the TCP rails would advertise.
+pub(super) fn address(config: &Config, control: IpAddr, scope: u32) -> SocketAddr {
+    let port = config.metrics.http_port;
+    let ip = if control.is_unspecified() {
+        crate::transport::tcp::advertised_addrs(control)
+            .first()
+            .map_or(IpAddr::from([127, 0, 0, 1]), |(_, ip)| *ip)
+    } else {
+        control
+    };
+    match ip {
+        IpAddr::V6(v6) => {
+            SocketAddrV6::new(v6, port, 0, if ip == control { scope } else { 0 }).into()
+        }
+        IpAddr::V4(_) => SocketAddr::new(ip, port),
+    }
+}
+
+/// Bind the endpoint's listener (before the workers start: a failure
+/// leaves nothing running), when the configuration asks for one.
+pub(super) fn bind(config: &Config, addr: SocketAddr) -> Result<Option<TcpListener>> {
     if !config.metrics.http_enable {
         return Ok(None);
     }
-    let port = config.metrics.http_port;
-    let (listener, fell_back) = HttpServer::bind(ip, port).map_err(|e| {
-        Error::invalid(format!("metrics/http_port: cannot listen on {ip}:{port}")).with_source(e)
+    let (listener, fell_back) = HttpServer::bind(addr).map_err(|e| {
+        Error::invalid(format!("metrics/http_port: cannot listen on {addr}")).with_source(e)
     })?;
+    if fell_back {
+        let now = listener.local_addr().map_or(0, |a| a.port());
+        crate::lograte::warn_limited!(
+            ("http port taken", addr.port()),
+            port = addr.port(),
+            ephemeral = now,
+            "HTTP endpoint: metrics/http_port is taken; listening on an ephemeral port instead"
+        );
+    }
+    Ok(Some(listener))
+}
+
+/// The URL of a listener at `addr`: `http://ip:port`, `http://[v6]:port`,
+/// a scope written `%25` as URLs spell `%`.
+pub(super) fn url_of(addr: SocketAddr) -> String {
+    match addr {
+        SocketAddr::V6(a) if a.scope_id() != 0 => {
+            format!("http://[{}%25{}]:{}", a.ip(), a.scope_id(), a.port())
+        }
+        a => format!("http://{a}"),
+    }
+}
+
+/// Serve the paths on `listener` (see the module doc).
+pub(super) fn start(
+    config: &Config,
+    listener: TcpListener,
+    observer: &Arc<Observer>,
+) -> Result<HttpServer> {
     let bearer = config.secret().map(Bearer::from_secret);
     let server = HttpServer::start(
         listener,
@@ -91,14 +141,10 @@ pub(super) fn start(
         }),
         bearer,
     )?;
-    let url = format!("http://{}", server.local_addr());
-    if fell_back {
-        tracing::warn!(%url, port, "HTTP endpoint: metrics/http_port is taken; listening on an ephemeral port instead");
-    }
+    let url = url_of(server.local_addr());
     tracing::info!(metrics = %format!("{url}/metrics"), health = %format!("{url}/health"),
         authenticated = config.secret().is_some(), "HTTP endpoint listening");
-    observer.set_http_url(url);
-    Ok(Some(server))
+    Ok(server)
 }
 
 /// The samples of a Prometheus text exposition as JSON: one object per

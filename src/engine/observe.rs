@@ -13,6 +13,7 @@ use tent_rings::TransportKind;
 use super::EngineShared;
 use super::segments::NETWORK;
 use super::worker::WorkerShared;
+use super::worker::op_stats::OpSnapshot;
 use crate::qos::{QosSnapshot, SlotClock, SlotSnapshot};
 use crate::segment::Segment;
 use crate::topology::Topology;
@@ -77,11 +78,6 @@ impl Observer {
         self.stopping.store(true, Ordering::Release);
     }
 
-    /// Record where the HTTP endpoint listens.
-    pub(crate) fn set_http_url(&self, url: String) {
-        let _ = self.http_url.set(url);
-    }
-
     /// The HTTP endpoint's URL (`None`: off, or not started).
     pub(crate) fn http_url(&self) -> Option<&str> {
         self.http_url.get().map(String::as_str)
@@ -134,12 +130,22 @@ impl Observer {
         q
     }
 
+    /// Every worker's request counters summed.
+    pub(crate) fn op_stats(&self) -> OpSnapshot {
+        let mut s = OpSnapshot::default();
+        for w in &self.workers {
+            w.ops.sum_into(&mut s);
+        }
+        s
+    }
+
     /// The metrics in Prometheus text exposition format.
     pub(crate) fn metrics_text(&self) -> String {
         let mut out = self
             .shared
             .metrics
             .render(&self.all_rails(), &self.sq_rows());
+        crate::metrics::render_ops(&mut out, &self.op_stats());
         crate::metrics::render_qos(&mut out, &self.qos_stats());
         out
     }
@@ -147,6 +153,14 @@ impl Observer {
     /// Installed transports.
     pub(crate) fn transports(&self) -> Vec<TransportKind> {
         self.shared.transports.installed()
+    }
+
+    /// Is the engine alive: has any worker not exited (a worker that
+    /// panicked counts as exited)?
+    pub(crate) fn live(&self) -> bool {
+        self.workers
+            .iter()
+            .any(|w| !w.exited.load(Ordering::Acquire))
     }
 
     /// Is the engine ready to serve, and if not, why?
@@ -198,7 +212,7 @@ impl Observer {
             .collect();
         json!({
             "status": if r.ready { "ready" } else { "not_ready" },
-            "live": true,
+            "live": self.live(),
             "ready": r.ready,
             "reasons": r.reasons,
             "engine": {

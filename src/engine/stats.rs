@@ -146,22 +146,14 @@ impl Engine {
 
     /// Operations and bytes completed successfully so far.
     pub fn completed(&self) -> (u64, u64) {
-        self.workers.iter().fold((0, 0), |(o, b), w| {
-            (
-                o + w.completed_ops.load(Ordering::Relaxed),
-                b + w.completed_bytes.load(Ordering::Relaxed),
-            )
-        })
+        self.observer.op_stats().completed()
     }
 
     /// Of [`completed`](Self::completed)'s ops, how many completed at
     /// intake, with no task (a small op on a synchronous transport with
     /// nothing ready queued ahead of it: see `docs/ARCHITECTURE.md`).
     pub fn completed_inline(&self) -> u64 {
-        self.workers
-            .iter()
-            .map(|w| w.completed_inline.load(Ordering::Relaxed))
-            .sum()
+        self.observer.op_stats().inline
     }
 
     /// Seed 003's traffic statistics: every rail of every open segment

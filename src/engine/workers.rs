@@ -3,7 +3,7 @@
 
 use parking_lot::Mutex;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -61,9 +61,7 @@ impl WorkerPool {
                 credits: std::array::from_fn(|_| {
                     SqController::new(inflight, 0, Duration::from_millis(1))
                 }),
-                completed_ops: CachePadded::new(AtomicU64::new(0)),
-                completed_inline: CachePadded::new(AtomicU64::new(0)),
-                completed_bytes: CachePadded::new(AtomicU64::new(0)),
+                ops: CachePadded::new(Default::default()),
                 region_ack: CachePadded::new(RegionAck::default()),
                 qos: CachePadded::new(crate::qos::PriorityStats::default()),
             });
@@ -71,6 +69,10 @@ impl WorkerPool {
             let handle = std::thread::Builder::new()
                 .name(format!("tent-worker-{index}"))
                 .spawn(move || {
+                    // However the thread ends, a panic included, the
+                    // worker says it has exited: submitters stop waiting on
+                    // it, and /health says so.
+                    let _exit = ExitMark(ws2.clone());
                     if let Some(core) = core
                         && pin_current_thread(core)
                     {
@@ -113,6 +115,23 @@ impl std::ops::Deref for WorkerPool {
     /// What each worker shares, by index.
     fn deref(&self) -> &[Arc<WorkerShared>] {
         &self.shared
+    }
+}
+
+/// Marks its worker exited when dropped (see `WorkerPool::start`).
+struct ExitMark(Arc<WorkerShared>);
+
+impl Drop for ExitMark {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            tracing::error!(
+                worker = self.0.index,
+                "worker thread panicked; it serves nothing more (the engine is not ready, /health says so)"
+            );
+        }
+        // SeqCst: as the orderly exit stores it (`drain_on_shutdown`).
+        self.0.exited.store(true, Ordering::SeqCst);
+        self.0.doorbell().ring();
     }
 }
 

@@ -14,7 +14,7 @@
 //! any state.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,9 +43,10 @@ const DRAIN_READS: usize = 4;
 /// The server's counters, since it started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct HttpStats {
-    /// Connections accepted and kept (those closed over the cap are `refused`).
+    /// Connections accepted and kept.
     pub(crate) accepted: u64,
-    /// Connections closed at accept: the cap of open connections was reached.
+    /// Connections closed for a newcomer at the cap: the oldest one not
+    /// being answered, or the newcomer when every slot is being answered.
     pub(crate) refused: u64,
     /// Connections closed at their deadline before their response was out.
     pub(crate) timed_out: u64,
@@ -111,14 +112,17 @@ impl std::fmt::Debug for HttpServer {
 }
 
 impl HttpServer {
-    /// Bind `ip:port`. A taken port (`EADDRINUSE`) falls back to an
-    /// ephemeral one (`ip:0`) and says so (`true`): the caller reports it.
+    /// Bind `addr` (an IPv6 one keeps its scope). A taken port
+    /// (`EADDRINUSE`) falls back to an ephemeral one and says so (`true`):
+    /// the caller reports it.
     /// Port 0 is ephemeral from the start (`false`).
-    pub(crate) fn bind(ip: IpAddr, port: u16) -> io::Result<(TcpListener, bool)> {
-        match TcpListener::bind((ip, port)) {
+    pub(crate) fn bind(addr: SocketAddr) -> io::Result<(TcpListener, bool)> {
+        match TcpListener::bind(addr) {
             Ok(l) => Ok((l, false)),
-            Err(e) if port != 0 && e.kind() == io::ErrorKind::AddrInUse => {
-                Ok((TcpListener::bind((ip, 0))?, true))
+            Err(e) if addr.port() != 0 && e.kind() == io::ErrorKind::AddrInUse => {
+                let mut any = addr;
+                any.set_port(0);
+                Ok((TcpListener::bind(any)?, true))
             }
             Err(e) => Err(e),
         }
@@ -415,13 +419,26 @@ fn accept(
             }
         };
         if conns.len() >= MAX_CONNECTIONS {
+            // Room for the newcomer: the oldest connection still sending its
+            // request goes (a client that holds slots open by trickling
+            // bytes cannot lock a liveness probe out); with every slot
+            // answering, the newcomer is closed.
+            let oldest = conns
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| matches!(c.state, State::Reading | State::Draining))
+                .min_by_key(|(_, c)| (matches!(c.state, State::Reading), c.deadline))
+                .map(|(i, _)| i);
             Counters::bump(&counters.refused);
             warn_limited!(
                 "http cap",
                 cap = MAX_CONNECTIONS,
-                "http: connection cap reached; newcomers closed"
+                "http: connection cap reached; the oldest unanswered connection is closed for a newcomer"
             );
-            continue;
+            match oldest {
+                Some(i) => drop(conns.swap_remove(i)),
+                None => continue,
+            }
         }
         if stream.set_nonblocking(true).is_err() {
             continue;

@@ -177,7 +177,7 @@ fn bearer_is_required_but_for_liveness_and_never_printed() {
 }
 
 fn server(bearer: Option<Bearer>) -> HttpServer {
-    let (listener, fell_back) = HttpServer::bind(Ipv4Addr::LOCALHOST.into(), 0).unwrap();
+    let (listener, fell_back) = HttpServer::bind((Ipv4Addr::LOCALHOST, 0).into()).unwrap();
     assert!(!fell_back);
     HttpServer::start(listener, Arc::new(TestRoutes), bearer).unwrap()
 }
@@ -302,8 +302,8 @@ fn bearer_over_tcp() {
 fn stalled_clients_over_the_cap_do_not_keep_a_client_out() {
     let s = server(None);
     let a = s.local_addr();
-    let t0 = Instant::now();
-    // 200 slowloris clients: one byte each, then nothing.
+    // 200 slowloris clients: one byte each, then nothing. Past the cap each
+    // newcomer takes the oldest one's slot.
     let stalled: Vec<TcpStream> = (0..200)
         .map(|_| {
             let mut c = TcpStream::connect(a).unwrap();
@@ -311,31 +311,69 @@ fn stalled_clients_over_the_cap_do_not_keep_a_client_out() {
             c
         })
         .collect();
-    let st = wait_stats(&s, Duration::from_secs(5), |st| {
-        st.accepted + st.refused >= 200
-    });
-    assert_eq!(st.accepted, MAX_CONNECTIONS as u64, "{st:?}");
+    let st = wait_stats(&s, Duration::from_secs(5), |st| st.accepted >= 200);
     assert!(st.refused >= 200 - MAX_CONNECTIONS as u64, "{st:?}");
-    // A normal client is served once the stalled ones' deadline frees room.
-    let served_after = loop {
-        if let Ok((200, _, _)) = exchange(a, b"GET /health/live HTTP/1.1\r\n\r\n") {
-            break t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < EXCHANGE_TIMEOUT + Duration::from_secs(4),
-            "never served"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    // A normal client is served at once, long before their deadline.
+    let t0 = Instant::now();
+    let (status, _, _) = exchange(a, b"GET /health/live HTTP/1.1\r\n\r\n").unwrap();
+    assert_eq!(status, 200);
     assert!(
-        served_after < EXCHANGE_TIMEOUT + Duration::from_secs(2),
-        "served after {served_after:?}"
+        t0.elapsed() < EXCHANGE_TIMEOUT,
+        "served after {:?}",
+        t0.elapsed()
     );
-    let st = wait_stats(&s, Duration::from_secs(5), |st| {
-        st.timed_out >= MAX_CONNECTIONS as u64
-    });
-    assert!(st.served >= 1, "{st:?}");
     drop(stalled);
+}
+
+/// A client that keeps more than the cap open, each having sent a byte, and
+/// opens a new one whenever the server closes one, cannot fail a liveness
+/// probe (with the newcomer refused over the cap, it answered 0 of 30).
+#[test]
+fn a_client_reconnecting_its_stalled_connections_cannot_lock_a_probe_out() {
+    use std::io::Read;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let s = server(None);
+    let a = s.local_addr();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let open = |_| {
+                let mut c = TcpStream::connect(a).unwrap();
+                let _ = c.write_all(b"G");
+                c.set_nonblocking(true).unwrap();
+                c
+            };
+            let mut hog: Vec<TcpStream> = (0..MAX_CONNECTIONS + 32).map(open).collect();
+            while !stop.load(Ordering::Relaxed) {
+                for c in &mut hog {
+                    let mut b = [0u8; 64];
+                    let closed = match c.read(&mut b) {
+                        Ok(n) => n == 0,
+                        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                    };
+                    if closed {
+                        *c = open(0);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let (mut ok, mut tries) = (0, 0);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(3) {
+            tries += 1;
+            if matches!(
+                exchange(a, b"GET /health/live HTTP/1.1\r\n\r\n"),
+                Ok((200, _, _))
+            ) {
+                ok += 1;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(ok * 2 >= tries, "liveness answered {ok} of {tries} probes");
+    });
 }
 
 #[test]
@@ -404,11 +442,11 @@ fn drop_stops_the_thread_at_once_and_closes_connections() {
 fn bind_falls_back_to_an_ephemeral_port_when_taken() {
     let taken = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
     let port = taken.local_addr().unwrap().port();
-    let (l, fell_back) = HttpServer::bind(Ipv4Addr::LOCALHOST.into(), port).unwrap();
+    let (l, fell_back) = HttpServer::bind((Ipv4Addr::LOCALHOST, port).into()).unwrap();
     assert!(fell_back);
     assert_ne!(l.local_addr().unwrap().port(), port);
     drop(taken);
-    let (l, fell_back) = HttpServer::bind(Ipv4Addr::LOCALHOST.into(), 0).unwrap();
+    let (l, fell_back) = HttpServer::bind((Ipv4Addr::LOCALHOST, 0).into()).unwrap();
     assert!(!fell_back);
     assert_ne!(l.local_addr().unwrap().port(), 0);
 }

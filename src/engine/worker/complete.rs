@@ -32,7 +32,7 @@ impl Worker {
             any |= self.account(kind, n, clock.now());
         }
         if any {
-            self.settle();
+            self.settle(clock.now());
         }
         any
     }
@@ -75,7 +75,7 @@ impl Worker {
     /// state) says no transport touches its memory any more, even for a
     /// task that failed, timed out or was canceled while slices were out
     /// (those were aborted first: `stop_task`).
-    pub(super) fn settle(&mut self) {
+    pub(super) fn settle(&mut self, now: u64) {
         while let Some(i) = self.tasks.next_due() {
             let t = self.tasks.get_mut(i);
             if !t.live || !t.settled() {
@@ -99,9 +99,12 @@ impl Worker {
                 exhausted: t.exhausted,
             };
             let (origin, user_data, done, priority) = (t.origin, t.user_data, t.done, t.priority);
+            let (opcode, took) = (t.opcode, now.saturating_sub(t.accepted_ns));
             self.rings
                 .deliver(origin, user_data, res, false, done, served);
-            self.shared.count_completed(res, done);
+            self.shared
+                .ops
+                .completed(opcode, served.transport, priority, res, done, took);
             self.tasks.release(i);
             self.count_live(priority, false);
         }

@@ -1,8 +1,6 @@
 //! Intake: SQEs from the worker's rings become tasks in priority lanes,
 //! or typed error completions at once (validation).
 
-use std::sync::atomic::Ordering;
-
 use tent_rings::{ErrorKind, Priority, Sqe, TransportKind};
 
 use super::turn_clock::{TurnClock, asked_deadline, queued_deadline};
@@ -181,11 +179,8 @@ impl Worker {
         };
         self.rings
             .deliver(origin, user_data, res, false, done, served);
-        self.shared.count_completed(res, done);
+        self.shared.ops.inline(v.opcode, v.transport, p, res, done);
         self.count_live(p, false);
-        // Single writer (this worker): a plain store, no locked RMW.
-        let s = &self.shared.completed_inline;
-        s.store(s.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         true
     }
 

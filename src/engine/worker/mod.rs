@@ -74,6 +74,7 @@ mod failover;
 mod housekeeping;
 mod idle;
 mod intake;
+pub(crate) mod op_stats;
 mod rings;
 mod scheduler;
 mod turn_clock;
@@ -112,10 +113,9 @@ pub(crate) struct WorkerShared {
     /// wire window are. Only this worker reserves and releases; others
     /// read it (`Engine::credits_in_flight`).
     pub credits: [SqController; 5],
-    pub completed_ops: CachePadded<AtomicU64>,
-    /// Of those, completed at intake with no task (`complete_inline`).
-    pub completed_inline: CachePadded<AtomicU64>,
-    pub completed_bytes: CachePadded<AtomicU64>,
+    /// Requests, bytes, failures and intake-to-completion times, written
+    /// only by this worker.
+    pub ops: CachePadded<op_stats::OpStats>,
     /// Its side of the unregister handshake (`Worker::ack_unregister`).
     pub region_ack: CachePadded<RegionAck>,
     /// Per-priority statistics (seed 001), written only by this worker.
@@ -142,18 +142,6 @@ impl WorkerShared {
     #[inline]
     pub(crate) fn doorbell(&self) -> &Doorbell {
         &self.wakers.get(self.index).bell
-    }
-
-    /// Count a delivered request (ops and bytes) if it succeeded. Single
-    /// writer (this worker): plain stores, no locked RMW.
-    #[inline]
-    pub(crate) fn count_completed(&self, res: Result<u64, tent_rings::ErrorKind>, done: u64) {
-        if res.is_ok() {
-            let ops = self.completed_ops.load(Ordering::Relaxed);
-            self.completed_ops.store(ops + 1, Ordering::Relaxed);
-            let bytes = self.completed_bytes.load(Ordering::Relaxed);
-            self.completed_bytes.store(bytes + done, Ordering::Relaxed);
-        }
     }
 
     /// Hand a new ring to the worker and wake it.
@@ -309,7 +297,7 @@ impl Worker {
             let now = monotonic_ns();
             if self.sweep.due(now) {
                 self.housekeeping(now);
-                self.settle();
+                self.settle(now);
                 // A task it stopped (deadline, cancel) has its completion
                 // written: publish it now, not after the park ahead.
                 self.rings.flush();
@@ -449,14 +437,14 @@ impl Worker {
                 self.shared.qos.promoted(moved);
             }
             work |= self.dispatch(now);
-            self.settle();
+            self.settle(now);
         } else if work && let Some(now) = self.sweep.due_after_busy_turn(&mut clock) {
             // Ops done at intake read no clock: every CLOCKLESS_TURNS busy
             // turns one is read here, so deadlines of slices in flight and
             // cancels still come round under a stream of them. (An idle
             // turn is the idle loop's: it reads the clock on its own.)
             self.housekeeping(now);
-            self.settle();
+            self.settle(now);
         }
         if self.book.any() {
             work |= self.reap_at(&mut clock);

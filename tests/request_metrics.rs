@@ -1,0 +1,167 @@
+//! The request counters `/metrics` exposes (TENT's names):
+//! `tent_{read,write}_{requests,bytes,failures}_total{transport}`, the
+//! intake-to-completion histogram `tent_request_duration_seconds` by
+//! transport and priority, and the failover counters present at 0 from the
+//! start.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{reap, test_config};
+use tent::transport::Transport;
+use tent::transport::fault::{FaultPolicy, FaultProxyTransport};
+use tent::{Engine, LocalAddr, Priority, RemoteAddr, SegmentId, TransportKind, op};
+
+/// The sample `line` (name and labels) in `text`, as a number.
+fn sample(text: &str, line: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(line)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no sample {line} in:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn reads_writes_bytes_failures_and_durations_are_counted_by_transport_and_priority() {
+    let e = Engine::new(test_config()).unwrap();
+    let text = e.metrics_text();
+    // Present at 0 before anything happened.
+    assert_eq!(
+        sample(
+            &text,
+            "tent_transport_failover_total{from=\"rdma\",to=\"tcp\"}"
+        ),
+        0.0
+    );
+    assert_eq!(
+        sample(&text, "tent_write_requests_total{transport=\"local\"}"),
+        0.0
+    );
+    assert!(
+        !text.contains("tent_request_duration_seconds_count"),
+        "no request yet"
+    );
+
+    let src = e.allocate_memory(1 << 20).unwrap();
+    let dst = e.allocate_memory(1 << 20).unwrap();
+    let mut ring = e.ring_with_depth(64).unwrap();
+    {
+        let mut sq = ring.submission();
+        for i in 0..16u64 {
+            sq.push(
+                op::Write::new(
+                    LocalAddr::new(src.id(), i * 4096),
+                    RemoteAddr::new(SegmentId::LOCAL, dst.addr() + i * 4096),
+                    4096,
+                )
+                .priority(Priority::High)
+                .user_data(i),
+            )
+            .unwrap();
+        }
+        for i in 0..4u64 {
+            sq.push(
+                op::Read::new(
+                    LocalAddr::new(src.id(), i << 16),
+                    RemoteAddr::new(SegmentId::LOCAL, dst.addr() + (i << 16)),
+                    1 << 16,
+                )
+                .priority(Priority::Low)
+                .user_data(100 + i),
+            )
+            .unwrap();
+        }
+    }
+    for c in reap(&mut ring, 20) {
+        assert!(c.result().is_ok(), "{c:?}");
+    }
+    let text = e.metrics_text();
+    assert_eq!(
+        sample(&text, "tent_write_requests_total{transport=\"local\"}"),
+        16.0
+    );
+    assert_eq!(
+        sample(&text, "tent_write_bytes_total{transport=\"local\"}"),
+        65536.0
+    );
+    assert_eq!(
+        sample(&text, "tent_read_requests_total{transport=\"local\"}"),
+        4.0
+    );
+    assert_eq!(
+        sample(&text, "tent_read_bytes_total{transport=\"local\"}"),
+        262144.0
+    );
+    assert_eq!(
+        sample(&text, "tent_write_failures_total{transport=\"local\"}"),
+        0.0
+    );
+    let high = "transport=\"local\",priority=\"high\"";
+    let low = "transport=\"local\",priority=\"low\"";
+    assert_eq!(
+        sample(
+            &text,
+            &format!("tent_request_duration_seconds_count{{{high}}}")
+        ),
+        16.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            &format!("tent_request_duration_seconds_count{{{low}}}")
+        ),
+        4.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            &format!("tent_request_duration_seconds_bucket{{{low},le=\"+Inf\"}}")
+        ),
+        4.0
+    );
+    assert_eq!(e.completed(), (20, 16 * 4096 + 4 * 65536));
+
+    // A request that fails on its transport (no failover: the engine
+    // allows none) is counted as a failure of its opcode, not its bytes.
+    let mut c = test_config();
+    c.max_failover_attempts = 0;
+    let e = Engine::new(c).unwrap();
+    let local = e.swap_transport(TransportKind::Local, None).unwrap();
+    let proxy = FaultProxyTransport::new(
+        local,
+        FaultPolicy {
+            status_corrupt_rate: 1.0,
+            ..FaultPolicy::default()
+        },
+    )
+    .as_kind(TransportKind::Local);
+    e.swap_transport(
+        TransportKind::Local,
+        Some(Arc::new(proxy) as Arc<dyn Transport>),
+    );
+    let src = e.allocate_memory(1 << 16).unwrap();
+    let dst = e.allocate_memory(1 << 16).unwrap();
+    let mut ring = e.ring_with_depth(4).unwrap();
+    ring.submission()
+        .push(op::Write::new(
+            LocalAddr::new(src.id(), 0),
+            RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+            1 << 16,
+        ))
+        .unwrap();
+    assert!(reap(&mut ring, 1)[0].result().is_err());
+    let text = e.metrics_text();
+    assert_eq!(
+        sample(&text, "tent_write_failures_total{transport=\"local\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "tent_write_requests_total{transport=\"local\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "tent_write_bytes_total{transport=\"local\"}"),
+        0.0
+    );
+}
