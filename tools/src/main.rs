@@ -123,6 +123,12 @@ pub struct Args {
     /// flight (--batch), or the series is lumpy.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub interval_ms: Option<u64>,
+    /// Initiator: GET this engine's `/metrics` this many times a second
+    /// while it runs, from a thread of its own (what a scrape loop costs
+    /// the transfers: compare runs with and without); the count is printed
+    /// on stderr at the end.
+    #[arg(long, default_value_t = 0.0)]
+    pub scrape_hz: f64,
     /// One JSON object per result line.
     #[arg(long)]
     pub json: bool,

@@ -149,6 +149,7 @@ pub(crate) fn initiator(
     let max_block = *sizes.iter().max().expect("non-empty");
     let engine =
         Engine::new(engine_config(args, args.threads, true)?).map_err(|e| e.to_string())?;
+    let _scraper = Scraper::start(&engine, args.scrape_hz)?;
     let per_thread = max_block * args.batch as u64;
     // Each peer's segment and the base of its region: a peer receives
     // ceil(batch / peers) slots of every thread (point::run_thread).
@@ -528,5 +529,74 @@ fn baselines(
                 show(ratio(t99, p99))
             ),
         );
+    }
+}
+
+/// `--scrape-hz`: a thread that GETs the engine's `/metrics` at a fixed
+/// rate, as a Prometheus scrape loop would (at a far higher rate); stopped
+/// and its count printed when dropped.
+struct Scraper {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<u64, String>>>,
+}
+
+impl Scraper {
+    fn start(engine: &Engine, hz: f64) -> Result<Option<Scraper>, String> {
+        if hz <= 0.0 {
+            return Ok(None);
+        }
+        let url = engine
+            .http_url()
+            .ok_or("--scrape-hz: the engine serves no HTTP endpoint (metrics/http_enable)")?;
+        let addr: std::net::SocketAddr = url
+            .trim_start_matches("http://")
+            .parse()
+            .map_err(|e| format!("--scrape-hz: {url}: {e}"))?;
+        let token = engine.http_bearer_token();
+        let period = Duration::from_secs_f64(1.0 / hz);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+            let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n{auth}\r\n");
+            let mut next = std::time::Instant::now();
+            let mut n = 0u64;
+            let mut body = Vec::new();
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut c = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+                c.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+                body.clear();
+                c.read_to_end(&mut body).map_err(|e| e.to_string())?;
+                if !body.starts_with(b"HTTP/1.1 200") {
+                    return Err(format!(
+                        "--scrape-hz: {}",
+                        String::from_utf8_lossy(&body[..body.len().min(80)])
+                    ));
+                }
+                n += 1;
+                next += period;
+                if let Some(d) = next.checked_duration_since(std::time::Instant::now()) {
+                    std::thread::sleep(d);
+                }
+            }
+            Ok(n)
+        });
+        Ok(Some(Scraper {
+            stop,
+            thread: Some(thread),
+        }))
+    }
+}
+
+impl Drop for Scraper {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            match t.join() {
+                Ok(Ok(n)) => eprintln!("tent-bench: {n} scrapes of /metrics"),
+                Ok(Err(e)) => eprintln!("tent-bench: the scrape loop failed: {e}"),
+                Err(_) => eprintln!("tent-bench: the scrape loop panicked"),
+            }
+        }
     }
 }

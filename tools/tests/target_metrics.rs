@@ -46,3 +46,25 @@ fn a_target_prints_its_metrics_url_second_and_it_serves_metrics() {
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
 }
+
+/// `--scrape-hz`: an initiator scrapes its own engine's `/metrics` while it
+/// runs, and says how many scrapes it made.
+#[test]
+fn an_initiator_scrapes_its_own_metrics_while_it_runs() {
+    let out = Command::new(BENCH)
+        .args(["--transport", "local"])
+        .args(["--block-size", "4096", "--batch", "8", "--duration", "1"])
+        .args(["--no-baseline", "--json", "--scrape-hz", "50"])
+        .env("TENT_LOG", "off")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let n: u64 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("tent-bench: ")?.strip_suffix(" scrapes of /metrics"))
+        .unwrap_or_else(|| panic!("no scrape count: {stderr}"))
+        .parse()
+        .unwrap();
+    assert!(n >= 10, "{n} scrapes in about a second at 50 Hz");
+}
