@@ -1021,6 +1021,22 @@ const LATER: bool = false;
 
 /// Expands one line per key into the public `SPECS` table and the private
 /// `RULES` table, in the same order, so they cannot drift apart.
+/// The keys `Engine::reload` applies while the engine runs; every other
+/// key needs a restart (a reload that changes one is refused, naming it).
+pub const RELOADABLE: &[&str] = &[
+    "max_failover_attempts",
+    "transports/rdma/priority_promotion_timeout_us",
+    "transports/rdma/rail_error_threshold",
+    "transports/rdma/rail_error_window_secs",
+    "transports/rdma/rail_cooldown_secs",
+    "transports/rdma/rail_backoff_decay_secs",
+];
+
+/// Does `Engine::reload` apply `path` while the engine runs?
+pub fn reloadable(path: &str) -> bool {
+    RELOADABLE.contains(&path)
+}
+
 macro_rules! schema {
     ($( $path:literal => $($field:ident).+ : $kind:expr, $default:literal, $effect:expr, $doc:literal; )*) => {
         static SPECS: &[KeySpec] = &[$(
@@ -1446,23 +1462,47 @@ impl Config {
     /// `docs/CONFIG.md` holds.
     pub fn key_table() -> String {
         let mut out = String::from(
-            "| Key | Variable | Type | Allowed | Default | In effect | What it does |\n\
-             |---|---|---|---|---|---|---|\n",
+            "| Key | Variable | Type | Allowed | Default | In effect | Reload | What it does |\n\
+             |---|---|---|---|---|---|---|---|\n",
         );
         for spec in SPECS {
             let cell = |s: &str| s.replace('|', "\\|");
             out.push_str(&format!(
-                "| `{}` | `{}` | {} | {} | `{}` | {} | {} |\n",
+                "| `{}` | `{}` | {} | {} | `{}` | {} | {} | {} |\n",
                 spec.path,
                 spec.env_var(),
                 cell(spec.ty),
                 cell(&spec.allowed()),
                 spec.default,
                 if spec.in_effect { "yes" } else { "not yet" },
+                if reloadable(spec.path) {
+                    "yes"
+                } else {
+                    "restart"
+                },
                 cell(spec.doc),
             ));
         }
         out
+    }
+
+    /// Set key `path` to its value in `from` (a key of the schema).
+    pub(crate) fn copy_key(&mut self, from: &Config, path: &str) {
+        if let Some((_, rule)) = SPECS.iter().zip(RULES).find(|(s, _)| s.path == path) {
+            let set = (rule.set)(self, (rule.get)(from));
+            debug_assert!(set, "{path}: a value read from a config fits it");
+        }
+    }
+
+    /// The keys whose values differ between `self` and `other`, in
+    /// schema order.
+    pub fn changed_keys(&self, other: &Config) -> Vec<&'static str> {
+        SPECS
+            .iter()
+            .zip(RULES)
+            .filter(|(_, rule)| (rule.get)(self) != (rule.get)(other))
+            .map(|(spec, _)| spec.path)
+            .collect()
     }
 
     /// This configuration as JSON, every known key present; feeding it back
@@ -2360,6 +2400,25 @@ mod tests {
                 "docs/CONFIG.md's key table is not the schema's: TENT_BLESS=1 cargo test -p tent --lib key_table"
             );
         }
+    }
+
+    #[test]
+    fn reloadable_keys_are_keys_and_changes_are_found_and_copied_by_key() {
+        for k in RELOADABLE {
+            assert!(SPECS.iter().any(|s| s.path == *k), "{k} is no key");
+        }
+        let a = Config::default();
+        let mut b = a.clone();
+        b.max_failover_attempts = 7;
+        b.workers.count = 3;
+        assert_eq!(
+            a.changed_keys(&b),
+            vec!["max_failover_attempts", "workers/count"]
+        );
+        let mut c = a.clone();
+        c.copy_key(&b, "workers/count");
+        assert_eq!(a.changed_keys(&c), vec!["workers/count"]);
+        assert_eq!(c.workers.count, 3);
     }
 
     #[test]

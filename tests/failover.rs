@@ -297,6 +297,44 @@ fn max_failover_attempts_zero_disables_failover() {
     assert_eq!(e.metrics().failovers_total(), 0);
 }
 
+/// `max_failover_attempts` is reloadable: raised from 0 while the engine
+/// runs, the next task that fails over does (issue #42, hot reload).
+#[test]
+fn a_reloaded_failover_budget_applies_to_the_next_task() {
+    let r = rig(0, corrupt_all(), None);
+    let e = &r.engine;
+    assert_eq!(one_write(e).0.state, TaskState::Failed, "no failover at 0");
+    let mut c = e.config().clone();
+    c.max_failover_attempts = 1;
+    assert_eq!(e.reload(c).unwrap(), 2, "the generation moves");
+    assert_eq!(e.live_config().max_failover_attempts, 1);
+    assert_eq!(
+        e.config().max_failover_attempts,
+        0,
+        "config() is the start's"
+    );
+    let (s, dst, data) = one_write(e);
+    assert_eq!(s.state, TaskState::Completed);
+    assert_eq!(s.failover_count, 1);
+    assert_eq!(contents(&dst, 4096), data);
+
+    // A key that needs a restart is refused by name, with nothing applied.
+    let mut c = (*e.live_config()).clone();
+    c.max_failover_attempts = 0;
+    c.workers.count = 2;
+    c.block_size = 4096;
+    let err = e.reload(c).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    let text = err.to_string();
+    assert!(text.contains("block_size, workers/count"), "{text}");
+    assert!(
+        text.contains("max_failover_attempts"),
+        "names what reload applies: {text}"
+    );
+    assert_eq!(e.config_generation(), 2);
+    assert_eq!(e.live_config().max_failover_attempts, 1, "nothing applied");
+}
+
 /// Seed 000: `MaxFailoverAttemptsOneAllowsSingleFailover`.
 #[test]
 fn max_failover_attempts_one_allows_single_failover() {

@@ -94,6 +94,14 @@ fn every_path_answers_a_real_client_and_the_descriptor_names_the_url() {
 
     assert_eq!(get(&url, "/nope", None).0, 404);
 
+    // A reload moves the configuration generation /health reports.
+    assert_eq!(h["engine"]["config_generation"], 1);
+    let mut c = (*e.live_config()).clone();
+    c.transports.rdma.rail_error_threshold += 1;
+    e.reload(c).unwrap();
+    let h = json(&get(&url, "/health", None).1);
+    assert_eq!(h["engine"]["config_generation"], 2);
+
     // A peer reads the URL from the descriptor.
     let d =
         tent::control::client::fetch_descriptor(&e.segment_name(), None, Duration::from_secs(5))

@@ -266,6 +266,7 @@ impl EngineBuilder {
             gate,
             metrics: Arc::new(crate::metrics::Metrics::default()),
             links,
+            live: super::reload::LiveSettings::new(&config),
             config,
         });
 

@@ -27,6 +27,7 @@ mod http;
 mod memory;
 mod notify;
 mod observe;
+mod reload;
 mod ring;
 mod segments;
 mod stats;
@@ -86,6 +87,8 @@ pub(crate) struct EngineShared {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The link watch every transport's rails listen to.
     pub links: Arc<crate::transport::rails::RailLinks>,
+    /// The reloadable settings as applied now (`Engine::reload`).
+    pub live: reload::LiveSettings,
 }
 
 #[inline]

@@ -220,7 +220,7 @@ impl Observer {
                 "incarnation": format!("{:016x}", self.shared.incarnation.get()),
                 "workers": { "count": self.workers.len(), "alive": workers_alive },
                 "transports": self.transports().iter().map(|k| format!("{k:?}").to_lowercase()).collect::<Vec<_>>(),
-                "config_generation": 1,
+                "config_generation": self.shared.live.generation(),
                 "config_source": self.shared.config.source,
                 "metrics_url": self.http_url(),
             },

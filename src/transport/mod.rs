@@ -228,6 +228,12 @@ pub trait Transport: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// The rail policy its rails apply as they fail (`None`: it has no
+    /// rails): `Engine::reload` changes it in place.
+    fn live_rail_policy(&self) -> Option<Arc<rails::LiveRailPolicy>> {
+        None
+    }
+
     /// Sleep worker `ctx` until one of this transport's completions is
     /// ready, the worker's bell `word` moves off `seen` (a futex word: a
     /// submitter bumps it and wakes it), or `timeout` passes. Called only

@@ -45,12 +45,45 @@ fn engine_config(args: &Args, workers: usize, pin: bool) -> Result<Config, Strin
     Ok(cfg)
 }
 
-pub(crate) fn target(args: &Args) -> Result<(), String> {
+/// The target's configuration: what `TENT_CONF` and the variables say,
+/// with the target's own choices on top.
+fn target_config(args: &Args) -> Result<Config, String> {
     let mut cfg = engine_config(args, 1, false)?;
     // A tcp or rdma target serves from anonymous memory (huge pages where
     // THP allows); any other exports its buffer over shm.
     cfg.transports.shm.enable = !matches!(args.transport, TransportArg::Tcp | TransportArg::Rdma);
     cfg.transports.tcp.enable = true;
+    Ok(cfg)
+}
+
+/// Set by SIGHUP: the target reloads its configuration.
+static HANGUP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_hangup(_: libc::c_int) {
+    HANGUP.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// On SIGHUP, read the configuration again (`TENT_CONF`, the variables)
+/// and apply it with `Engine::reload`; say on stderr what happened.
+fn reload_on_hangup(engine: &Engine, args: &Args, done: &std::sync::atomic::AtomicBool) {
+    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+        if !HANGUP.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            continue;
+        }
+        let line =
+            match target_config(args).and_then(|c| engine.reload(c).map_err(|e| e.to_string())) {
+                Ok(generation) => {
+                    format!("tent-bench target: configuration reloaded (generation {generation})\n")
+                }
+                Err(e) => format!("tent-bench target: reload refused: {e}\n"),
+            };
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }
+}
+
+pub(crate) fn target(args: &Args) -> Result<(), String> {
+    let cfg = target_config(args)?;
     let engine = Engine::new(cfg).map_err(|e| e.to_string())?;
     let buf = engine
         .allocate_memory(args.buffer_size)
@@ -74,6 +107,19 @@ pub(crate) fn target(args: &Args) -> Result<(), String> {
         buf.addr()
     );
     let _ = std::io::stderr().write_all(line.as_bytes());
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe { libc::signal(libc::SIGHUP, on_hangup as *const () as libc::sighandler_t) };
+    let (engine, done) = (&engine, std::sync::atomic::AtomicBool::new(false));
+    std::thread::scope(|s| {
+        s.spawn(|| reload_on_hangup(engine, args, &done));
+        wait_for_the_end(args);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    Ok(())
+}
+
+/// Until stdin closes (`--exit-on-stdin-eof`), or for ever.
+fn wait_for_the_end(args: &Args) {
     if args.exit_on_stdin_eof {
         let mut sink = Vec::new();
         let _ = std::io::stdin().read_to_end(&mut sink);
@@ -82,7 +128,6 @@ pub(crate) fn target(args: &Args) -> Result<(), String> {
             std::thread::park();
         }
     }
-    Ok(())
 }
 
 fn cpu_time() -> Duration {

@@ -62,9 +62,64 @@ fn an_initiator_scrapes_its_own_metrics_while_it_runs() {
     assert!(out.status.success(), "{stderr}");
     let n: u64 = stderr
         .lines()
-        .find_map(|l| l.strip_prefix("tent-bench: ")?.strip_suffix(" scrapes of /metrics"))
+        .find_map(|l| {
+            l.strip_prefix("tent-bench: ")?
+                .strip_suffix(" scrapes of /metrics")
+        })
         .unwrap_or_else(|| panic!("no scrape count: {stderr}"))
         .parse()
         .unwrap();
     assert!(n >= 10, "{n} scrapes in about a second at 50 Hz");
+}
+
+/// SIGHUP makes a target read its configuration again and apply it with
+/// `Engine::reload`: a reloadable key is applied (the generation moves),
+/// one that needs a restart is refused by name.
+#[test]
+fn sighup_reloads_a_targets_configuration() {
+    let dir = std::env::temp_dir().join(format!("tent-sighup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("tent.json");
+    std::fs::write(&conf, r#"{"max_failover_attempts": 3}"#).unwrap();
+    let mut child = Command::new(BENCH)
+        .args(["--mode", "target", "--transport", "tcp"])
+        .args(["--buffer-size", "1M", "--exit-on-stdin-eof"])
+        .env("TENT_CONF", &conf)
+        .env("TENT_LOG", "off")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = BufReader::new(child.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for l in err.lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let pid = child.id() as i32;
+    let hup_and_wait = |text: &str| {
+        // SAFETY: kill(2) on our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let l = rx.recv_timeout(left).expect("the target said nothing");
+            if l.contains("reload") {
+                assert!(l.contains(text), "{l}");
+                return;
+            }
+        }
+    };
+    std::fs::write(&conf, r#"{"max_failover_attempts": 5}"#).unwrap();
+    hup_and_wait("configuration reloaded (generation 2)");
+    std::fs::write(&conf, r#"{"max_failover_attempts": 5, "block_size": 4096}"#).unwrap();
+    hup_and_wait("reload refused: InvalidArgument: reload: block_size cannot change");
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -53,7 +53,7 @@ impl Worker {
                 Ok(b) => t.done += b,
                 Err(e) => {
                     if t.error.is_none() && t.failing.is_none() {
-                        if may_fail_over(e, t.no_failover, self.max_failover) {
+                        if may_fail_over(e, t.no_failover, self.engine.live.max_failover()) {
                             // Stop posting here; fail over once the rest
                             // of its slices on this transport drain.
                             t.failing = Some(e);

@@ -41,7 +41,8 @@ impl Worker {
     /// May task `i` fail over from a transient `kind` at all?
     #[inline]
     pub(super) fn may_fail_over(&mut self, i: u32, kind: ErrorKind) -> bool {
-        may_fail_over(kind, self.tasks.get_mut(i).no_failover, self.max_failover)
+        let max = self.engine.live.max_failover();
+        may_fail_over(kind, self.tasks.get_mut(i).no_failover, max)
     }
 
     /// Move task `i`, whose current transport failed with `cause`, to the
@@ -51,7 +52,7 @@ impl Worker {
     /// the old transport. Returns false, with the task's error set, when
     /// the budget is spent or no transport is left.
     pub(super) fn fail_over(&mut self, i: u32, cause: ErrorKind) -> bool {
-        let max = self.max_failover;
+        let max = self.engine.live.max_failover();
         let t = self.tasks.get_mut(i);
         let from = t.transport;
         t.failing = None;

@@ -182,8 +182,6 @@ pub(crate) struct Worker {
     default_timeout_ns: u64,
     /// `max_timeout_ms`: the furthest deadline an SQE may ask for.
     max_timeout_ns: u64,
-    /// `max_failover_attempts` (0: failover off for every request).
-    max_failover: u8,
 }
 
 /// Slice completions one `poll` may hand back (`Worker::reaped`).
@@ -259,7 +257,6 @@ impl Worker {
             block_size: cfg.block_size,
             default_timeout_ns: nanos(cfg.default_timeout_ms),
             max_timeout_ns: nanos(cfg.max_timeout_ms.max(cfg.default_timeout_ms)),
-            max_failover: cfg.max_failover_attempts.min(u32::from(u8::MAX)) as u8,
             views: Views::new(&engine),
             gate_always_open: engine.gate.always_open(),
             shared,
@@ -432,7 +429,9 @@ impl Worker {
             if self.sweep.due(now) {
                 self.housekeeping(now);
             }
-            let moved = self.sched.promote(now);
+            // The promotion timeout as reloaded (one load per turn that
+            // has queued work).
+            let moved = self.sched.promote(now, self.engine.live.promotion_ns());
             if moved != [0; 3] {
                 self.shared.qos.promoted(moved);
             }

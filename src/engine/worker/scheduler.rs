@@ -212,10 +212,11 @@ impl Scheduler {
         self.lanes.retain(|_| false);
     }
 
-    /// Move tasks that waited past the promotion timeout up one lane; how
-    /// many left each lane.
+    /// Move tasks that waited past the promotion timeout (`promotion_ns`,
+    /// as it is now) up one lane; how many left each lane.
     #[inline]
-    pub(super) fn promote(&mut self, now: u64) -> [u32; 3] {
+    pub(super) fn promote(&mut self, now: u64, promotion_ns: u64) -> [u32; 3] {
+        self.lanes.set_promotion_ns(promotion_ns);
         self.lanes.promote(now)
     }
 
@@ -447,15 +448,26 @@ mod tests {
         let mut s = sched();
         s.queue(L, 1, 0);
         s.queue(M, 2, 500_000);
-        assert_eq!(s.promote(PROMOTION_NS - 1), [0, 0, 0], "not yet");
-        assert_eq!(s.promote(PROMOTION_NS), [0, 0, 1], "LOW -> MEDIUM");
+        let p = PROMOTION_NS;
+        assert_eq!(s.promote(p - 1, p), [0, 0, 0], "not yet");
+        assert_eq!(s.promote(p, p), [0, 0, 1], "LOW -> MEDIUM");
         assert_eq!(s.queued(), [0, 2, 0]);
         // Restamped on entry: MEDIUM's older task goes up first, the
         // promoted one only a timeout after its promotion.
-        assert_eq!(s.promote(PROMOTION_NS + 500_000), [0, 1, 0]);
+        assert_eq!(s.promote(p + 500_000, p), [0, 1, 0]);
         assert_eq!(s.queued(), [1, 1, 0]);
-        assert_eq!(s.promote(2 * PROMOTION_NS), [0, 1, 0]);
+        assert_eq!(s.promote(2 * p, p), [0, 1, 0]);
         assert_eq!(s.queued(), [2, 0, 0]);
+    }
+
+    #[test]
+    fn a_reloaded_promotion_timeout_applies_at_the_next_promotion() {
+        let mut s = sched();
+        s.queue(L, 1, 0);
+        let p = PROMOTION_NS;
+        assert_eq!(s.promote(p / 2, p), [0, 0, 0], "half the timeout: not yet");
+        // Reloaded to a quarter: the same wait is now past it.
+        assert_eq!(s.promote(p / 2, p / 4), [0, 0, 1]);
     }
 
     #[test]

@@ -22,7 +22,8 @@ pub use links::RailLinks;
 pub(crate) use links::LinkListener;
 pub use monitor::{RailStat, RailState};
 pub use monitor::{
-    MAX_COOLDOWN_NS, PROBE_EVERY_NS, RailMonitor, RailPolicy, ReviewClock, SLOW_FOR_NS, SLOW_RATIO,
+    LiveRailPolicy, MAX_COOLDOWN_NS, PROBE_EVERY_NS, RailMonitor, RailPolicy, ReviewClock,
+    SLOW_FOR_NS, SLOW_RATIO,
     review_bandwidth,
 };
 pub use selector::{

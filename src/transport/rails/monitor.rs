@@ -33,6 +33,7 @@
 //! or a recovery. Bytes, in-flight counts and bandwidth are not here:
 //! they are per worker (`rails::Rail`), so a slice costs no shared RMW.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
@@ -73,6 +74,48 @@ impl RailPolicy {
             cooldown_ns: nanos(r.rail_cooldown_secs).min(MAX_COOLDOWN_NS),
             decay_ns: nanos(r.rail_backoff_decay_secs).max(1),
         }
+    }
+}
+
+/// A [`RailPolicy`] every rail of a transport reads, which
+/// `Engine::reload` may change while they run: each failure decision reads
+/// it whole (four relaxed loads, on the failure path only).
+#[derive(Debug)]
+pub struct LiveRailPolicy {
+    threshold: AtomicU32,
+    window_ns: AtomicU64,
+    cooldown_ns: AtomicU64,
+    decay_ns: AtomicU64,
+}
+
+impl LiveRailPolicy {
+    /// A cell holding `p`.
+    pub fn new(p: RailPolicy) -> LiveRailPolicy {
+        LiveRailPolicy {
+            threshold: AtomicU32::new(p.threshold),
+            window_ns: AtomicU64::new(p.window_ns),
+            cooldown_ns: AtomicU64::new(p.cooldown_ns),
+            decay_ns: AtomicU64::new(p.decay_ns),
+        }
+    }
+
+    /// The policy now. A reload racing this read may mix old and new
+    /// fields for one decision; each is a valid value.
+    pub fn get(&self) -> RailPolicy {
+        RailPolicy {
+            threshold: self.threshold.load(Ordering::Relaxed),
+            window_ns: self.window_ns.load(Ordering::Relaxed),
+            cooldown_ns: self.cooldown_ns.load(Ordering::Relaxed),
+            decay_ns: self.decay_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Replace the policy.
+    pub fn set(&self, p: RailPolicy) {
+        self.threshold.store(p.threshold, Ordering::Relaxed);
+        self.window_ns.store(p.window_ns, Ordering::Relaxed);
+        self.cooldown_ns.store(p.cooldown_ns, Ordering::Relaxed);
+        self.decay_ns.store(p.decay_ns, Ordering::Relaxed);
     }
 }
 
@@ -152,7 +195,7 @@ pub struct RailStat {
 /// Health of one rail.
 #[derive(Debug)]
 pub struct RailMonitor {
-    policy: RailPolicy,
+    policy: Arc<LiveRailPolicy>,
     /// Names for the log lines.
     local: String,
     remote: String,
@@ -182,6 +225,15 @@ pub struct RailMonitor {
 impl RailMonitor {
     /// A healthy rail between `local` and `remote` (names for the logs).
     pub fn new(policy: RailPolicy, local: impl Into<String>, remote: impl Into<String>) -> Self {
+        RailMonitor::with_live(Arc::new(LiveRailPolicy::new(policy)), local, remote)
+    }
+
+    /// A healthy rail that applies `policy` as it is at each failure.
+    pub fn with_live(
+        policy: Arc<LiveRailPolicy>,
+        local: impl Into<String>,
+        remote: impl Into<String>,
+    ) -> Self {
         RailMonitor {
             policy,
             local: local.into(),
@@ -273,8 +325,9 @@ impl RailMonitor {
     /// [`mark_failed`](Self::mark_failed) at time `now`.
     pub(crate) fn mark_failed_at(&self, now: u64) {
         self.failures.fetch_add(1, Ordering::Relaxed);
+        let policy = self.policy.get();
         let start = self.window_start.load(Ordering::Relaxed);
-        let count = if start == 0 || now.saturating_sub(start) > self.policy.window_ns {
+        let count = if start == 0 || now.saturating_sub(start) > policy.window_ns {
             // A failure older than the window restarts the count at 1.
             self.window_start.store(now, Ordering::Relaxed);
             self.errors.store(1, Ordering::Relaxed);
@@ -282,10 +335,10 @@ impl RailMonitor {
         } else {
             self.errors.fetch_add(1, Ordering::Relaxed) + 1
         };
-        if count < self.policy.threshold || self.paused_until.load(Ordering::Relaxed) != 0 {
+        if count < policy.threshold || self.paused_until.load(Ordering::Relaxed) != 0 {
             return;
         }
-        let cooldown = self.next_cooldown(now);
+        let cooldown = self.next_cooldown(now, &policy);
         let until = now.saturating_add(cooldown).max(1);
         // Stamped before the pause is published (Release in the CAS below,
         // Acquire in `unpause_posted`): a reporter that sees the pause sees
@@ -307,7 +360,7 @@ impl RailMonitor {
                 self.local,
                 self.remote,
                 count,
-                self.policy.window_ns / 1_000_000_000,
+                policy.window_ns / 1_000_000_000,
                 cooldown / 1_000_000
             );
         }
@@ -316,14 +369,14 @@ impl RailMonitor {
     /// The cooldown of a trip at `now`: the remembered one, halved per
     /// `decay` of healthy time since the rail came back, then doubled; the
     /// base cooldown if the memory has decayed below it.
-    fn next_cooldown(&self, now: u64) -> u64 {
-        let base = self.policy.cooldown_ns;
+    fn next_cooldown(&self, now: u64, policy: &RailPolicy) -> u64 {
+        let base = policy.cooldown_ns;
         let last = self.cooldown_ns.load(Ordering::Relaxed);
         if last == 0 {
             return base;
         }
         let healthy = now.saturating_sub(self.resumed_ns.load(Ordering::Relaxed));
-        let halvings = (healthy / self.policy.decay_ns).min(63) as u32;
+        let halvings = (healthy / policy.decay_ns.max(1)).min(63) as u32;
         let remembered = last >> halvings;
         if remembered < base {
             base
@@ -428,7 +481,7 @@ impl RailMonitor {
             RailState::Demoted
         } else if self.errors.load(Ordering::Relaxed) > 0
             && now.saturating_sub(self.window_start.load(Ordering::Relaxed))
-                <= self.policy.window_ns
+                <= self.policy.get().window_ns
         {
             RailState::Degraded
         } else {
@@ -549,6 +602,27 @@ mod tests {
     use super::*;
 
     const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_reloaded_policy_applies_at_the_rails_next_failure() {
+        let live = Arc::new(LiveRailPolicy::new(policy()));
+        let m = RailMonitor::with_live(live.clone(), "a", "b");
+        assert_eq!(policy().threshold, 3);
+        m.mark_failed_at(1);
+        // Reloaded from 3 to 2: the second failure now pauses the rail.
+        live.set(RailPolicy {
+            threshold: 2,
+            ..policy()
+        });
+        assert_eq!(live.get().threshold, 2);
+        m.mark_failed_at(2);
+        assert_eq!(m.state_at(3), RailState::Paused);
+        // With the policy it started with, two failures do not.
+        let old = RailMonitor::new(policy(), "a", "b");
+        old.mark_failed_at(1);
+        old.mark_failed_at(2);
+        assert_ne!(old.state_at(3), RailState::Paused);
+    }
 
     fn policy() -> RailPolicy {
         RailPolicy {

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
 use tent_rings::{ErrorKind, TransportKind};
 
-use super::monitor::{RailMonitor, RailPolicy, RailStat, ReviewClock, review_bandwidth};
+use super::monitor::{LiveRailPolicy, RailMonitor, RailStat, ReviewClock, review_bandwidth};
 use super::selector::{DeviceSelector, MAX_MEM_NODES, NoRail, RailSpec, Spray, Tiers};
 use crate::clock::monotonic_ns;
 
@@ -268,7 +268,7 @@ impl RailSet {
     pub(crate) fn new(
         kind: TransportKind,
         selector: Arc<DeviceSelector>,
-        policy: RailPolicy,
+        policy: Arc<LiveRailPolicy>,
         placement: Arc<Placement>,
         descs: Vec<RailDesc>,
         workers: usize,
@@ -277,7 +277,7 @@ impl RailSet {
         let rails = descs
             .into_iter()
             .map(|d| Rail {
-                monitor: RailMonitor::new(policy, d.local.clone(), d.remote.clone()),
+                monitor: RailMonitor::with_live(policy.clone(), d.local.clone(), d.remote.clone()),
                 spec: RailSpec {
                     theoretical_bps: cfg.theoretical_bps(d.speed_gbps),
                     depth: d.depth,
@@ -608,7 +608,7 @@ mod tests {
         RailSet::new(
             TransportKind::Tcp,
             Arc::new(DeviceSelector::new(cfg)),
-            RailPolicy::default(),
+            Arc::new(LiveRailPolicy::new(crate::transport::rails::RailPolicy::default())),
             Arc::new(Placement::default()),
             (0..n)
                 .map(|i| RailDesc {
@@ -785,7 +785,7 @@ mod tests {
         let s = RailSet::new(
             TransportKind::Rdma,
             Arc::new(DeviceSelector::new(cfg)),
-            RailPolicy::default(),
+            Arc::new(LiveRailPolicy::new(crate::transport::rails::RailPolicy::default())),
             placement,
             [("remote", 1), ("local", 0)]
                 .into_iter()
@@ -858,7 +858,7 @@ mod tests {
         RailSet::new(
             TransportKind::Rdma,
             Arc::new(DeviceSelector::new(cfg)),
-            RailPolicy::default(),
+            Arc::new(LiveRailPolicy::new(crate::transport::rails::RailPolicy::default())),
             placement,
             nics.iter()
                 .map(|&node| RailDesc {

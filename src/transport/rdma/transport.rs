@@ -72,7 +72,7 @@ use crate::memory::MemRegion;
 use crate::netlink;
 use crate::segment::Segment;
 use crate::transport::rails::{
-    Ask, DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, RailPolicy, RailSet,
+    Ask, DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, LiveRailPolicy, RailPolicy, RailSet,
     SelectorConfig, WorkerRails, is_rail_fault,
 };
 use crate::transport::rdma::verbs::{CompletionQueue, QueuePair};
@@ -91,7 +91,7 @@ struct Settings {
     backlog: usize,
     secret: Option<Secret>,
     connect_timeout: Duration,
-    rail_policy: RailPolicy,
+    rail_policy: Arc<LiveRailPolicy>,
     /// This engine's initiator id (`QpInitiator`), drawn once.
     engine: u64,
     /// `qp_per_transfer`: QPs per rail per worker; `None`: auto
@@ -476,7 +476,7 @@ impl RdmaTransport {
                 connect_timeout: config
                     .default_timeout_ms
                     .clamp(Duration::from_millis(100), Duration::from_secs(5)),
-                rail_policy: RailPolicy::from_config(config),
+                rail_policy: Arc::new(LiveRailPolicy::new(RailPolicy::from_config(config))),
                 engine,
                 qp_per_transfer: r.qp_per_transfer.count().map(|n| usize::from(n.max(1))),
                 split: r.sq_split_policy,
@@ -568,7 +568,7 @@ impl RdmaTransport {
         let set = RailSet::new(
             TransportKind::Rdma,
             self.selector.clone(),
-            self.settings.rail_policy,
+            self.settings.rail_policy.clone(),
             self.placement.get().cloned().unwrap_or_default(),
             rails
                 .iter()
@@ -1101,6 +1101,10 @@ impl Transport for RdmaTransport {
                 self.attach(name, desc)
                     .map(|p| p as crate::segment::Attachment)
             })
+    }
+
+    fn live_rail_policy(&self) -> Option<Arc<LiveRailPolicy>> {
+        Some(self.settings.rail_policy.clone())
     }
 
     fn rail_stats(&self, segment: &Segment) -> Vec<RailStat> {

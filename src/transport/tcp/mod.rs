@@ -67,12 +67,12 @@ use crate::error::{Error, Result};
 use crate::netlink;
 use crate::segment::Segment;
 use crate::transport::rails::{
-    Ask, DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, RailLinks, RailPolicy,
+    Ask, DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, RailLinks, LiveRailPolicy, RailPolicy,
     RailSet, SelectorConfig, WorkerRails, is_rail_fault,
 };
 
 /// Settings read once from the config.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Settings {
     conns_per_rail: usize,
     inflight_per_conn: u32,
@@ -83,7 +83,7 @@ struct Settings {
     /// How long a slice may wait for a busy target to take a connection.
     patience: Duration,
     slice_bytes: u64,
-    rail_policy: RailPolicy,
+    rail_policy: Arc<LiveRailPolicy>,
     /// Which socket queue the workers drive (resolved at install).
     backend: Choice,
 }
@@ -292,7 +292,7 @@ impl TcpTransport {
                     .clamp(Duration::from_millis(100), Duration::from_secs(5)),
                 patience: config.default_timeout_ms.max(Duration::from_millis(100)),
                 slice_bytes: t.slice_size.min(frame::MAX_OP_LEN),
-                rail_policy: RailPolicy::from_config(config),
+                rail_policy: Arc::new(LiveRailPolicy::new(RailPolicy::from_config(config))),
                 backend,
             },
             workers,
@@ -328,11 +328,11 @@ impl TcpTransport {
                 ),
             ));
         }
-        let s = self.settings;
+        let s = &self.settings;
         let set = RailSet::new(
             TransportKind::Tcp,
             self.selector.clone(),
-            s.rail_policy,
+            s.rail_policy.clone(),
             self.placement.get().cloned().unwrap_or_default(),
             rails
                 .iter()
@@ -664,6 +664,10 @@ impl Transport for TcpTransport {
         desc.transports
             .contains(&(TransportKind::Tcp as u8))
             .then(|| self.attach(desc).map(|p| p as crate::segment::Attachment))
+    }
+
+    fn live_rail_policy(&self) -> Option<Arc<LiveRailPolicy>> {
+        Some(self.settings.rail_policy.clone())
     }
 
     fn rail_stats(&self, segment: &Segment) -> Vec<RailStat> {

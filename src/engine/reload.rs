@@ -1,0 +1,142 @@
+//! `Engine::reload`: the configuration keys an engine applies while it runs
+//! ([`crate::config::RELOADABLE`]), held in [`LiveSettings`] that the
+//! workers and the rails read where they decide (the failover budget when a
+//! task fails, the promotion timeout every turn that promotes, a rail's
+//! policy at each of its failures), so a reload takes effect on the next
+//! such decision. Every other key needs a restart: a reload that changes
+//! one is refused, naming it, and applies nothing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+use tent_rings::ErrorKind;
+
+use super::Engine;
+use super::segments::NETWORK;
+use crate::clock::nanos;
+use crate::config::{Config, RELOADABLE, reloadable};
+use crate::error::{Error, Result};
+use crate::transport::rails::RailPolicy;
+
+/// The reloadable settings as the engine applies them now.
+#[derive(Debug)]
+pub(crate) struct LiveSettings {
+    /// 1 at start, one more per reload applied.
+    generation: AtomicU64,
+    max_failover: AtomicU32,
+    promotion_ns: AtomicU64,
+    /// The configuration with the reloads applied.
+    current: ArcSwap<Config>,
+}
+
+impl LiveSettings {
+    pub(crate) fn new(config: &Config) -> LiveSettings {
+        let live = LiveSettings {
+            generation: AtomicU64::new(1),
+            max_failover: AtomicU32::new(0),
+            promotion_ns: AtomicU64::new(0),
+            current: ArcSwap::from_pointee(config.clone()),
+        };
+        live.store(config);
+        live
+    }
+
+    fn store(&self, c: &Config) {
+        self.max_failover.store(
+            c.max_failover_attempts.min(u32::from(u8::MAX)),
+            Ordering::Relaxed,
+        );
+        self.promotion_ns.store(
+            nanos(c.transports.rdma.priority_promotion_timeout_us),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// `max_failover_attempts` now.
+    #[inline]
+    pub(crate) fn max_failover(&self) -> u8 {
+        self.max_failover.load(Ordering::Relaxed) as u8
+    }
+
+    /// `priority_promotion_timeout_us` now, in ns.
+    #[inline]
+    pub(crate) fn promotion_ns(&self) -> u64 {
+        self.promotion_ns.load(Ordering::Relaxed)
+    }
+
+    /// Reloads applied, plus one.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The configuration with every reload applied.
+    pub(crate) fn current(&self) -> Arc<Config> {
+        self.current.load_full()
+    }
+}
+
+impl Engine {
+    /// Apply `config`'s reloadable keys ([`crate::config::RELOADABLE`]:
+    /// the failover budget, the promotion timeout, the rails' thresholds
+    /// and cooldowns) while the engine runs; each takes effect at the next
+    /// decision that reads it. Returns the configuration generation now
+    /// (`/health` says it).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `config` does not validate, or when it
+    /// changes a key that needs a restart (each is named; nothing is
+    /// applied).
+    pub fn reload(&self, config: Config) -> Result<u64> {
+        config.validate().map_err(|e| {
+            Error::invalid("reload: the configuration does not validate").with_source(e)
+        })?;
+        let _one_at_a_time = self.registry.lock();
+        let live = &self.shared.live;
+        let now = live.current();
+        let changed = now.changed_keys(&config);
+        let restart: Vec<&str> = changed.iter().copied().filter(|k| !reloadable(k)).collect();
+        if !restart.is_empty() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "reload: {} cannot change while the engine runs (restart it with the new \
+                     value); reload applies only {}; nothing was applied",
+                    restart.join(", "),
+                    RELOADABLE.join(", ")
+                ),
+            ));
+        }
+        if changed.is_empty() {
+            return Ok(live.generation());
+        }
+        live.store(&config);
+        let policy = RailPolicy::from_config(&config);
+        for &k in NETWORK {
+            if let Some(t) = self.shared.transports.slot(k).load_full()
+                && let Some(p) = t.transport.live_rail_policy()
+            {
+                p.set(policy);
+            }
+        }
+        let mut next = (*now).clone();
+        for key in &changed {
+            next.copy_key(&config, key);
+        }
+        live.current.store(Arc::new(next));
+        let generation = live.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        tracing::info!(generation, keys = ?changed, "configuration reloaded");
+        Ok(generation)
+    }
+
+    /// The configuration with every [`reload`](Self::reload) applied
+    /// ([`config`](Self::config) is the one the engine started with).
+    pub fn live_config(&self) -> Arc<Config> {
+        self.shared.live.current()
+    }
+
+    /// 1 at start, one more per reload that changed something.
+    pub fn config_generation(&self) -> u64 {
+        self.shared.live.generation()
+    }
+}
