@@ -80,6 +80,16 @@ impl Sysfs {
         parse_numa_node(&read_sysfs_text(&dir.join("device/numa_node")).ok()?)
     }
 
+    /// An RDMA device's PCI address (`0000:3b:00.0`), from where its
+    /// `class/infiniband/<name>/device` link points; `None` without the
+    /// link (Soft-RoCE has none) or when it names no PCI function.
+    pub(crate) fn ibdev_pci(&self, name: &str) -> Option<String> {
+        let dir = self.device_dir("class/infiniband", name)?;
+        let target = std::fs::read_link(dir.join("device")).ok()?;
+        let last = target.file_name()?.to_str()?;
+        is_pci_address(last).then(|| last.to_owned())
+    }
+
     /// The text of `class/infiniband/<name>/<rel>` (trimmed), for an RDMA
     /// device's port attributes; `None` when it cannot be read.
     pub(crate) fn ibdev_text(&self, name: &str, rel: &str) -> Option<String> {
@@ -116,6 +126,22 @@ pub fn valid_name(name: &str) -> bool {
         && name != "."
         && !name.contains("..")
         && !name.contains(['/', '\0'])
+}
+
+/// Is `s` a PCI address as sysfs names devices: `dddd:bb:dd.f` in hex
+/// (domain, bus, device, function)?
+fn is_pci_address(s: &str) -> bool {
+    let hex = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit());
+    let mut parts = s.split(':');
+    let (Some(domain), Some(bus), Some(rest), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let Some((dev, func)) = rest.split_once('.') else {
+        return false;
+    };
+    hex(domain, 4) && hex(bus, 2) && hex(dev, 2) && hex(func, 1)
 }
 
 /// A sysfs `numa_node`: a non-negative node id; "-1" (no affinity) and
@@ -226,6 +252,44 @@ mod tests {
         assert_eq!(s.ibdev_numa("mlx5_1"), Some(3));
         assert_eq!(s.ibdev_numa("rxe0"), None);
         assert_eq!(s.ibdev_numa("mlx5_9"), None);
+    }
+
+    #[test]
+    fn ibdev_pci_is_where_the_device_link_points() {
+        let sys = FakeSysfs::new();
+        sys.write(
+            "devices/pci0000:3a/0000:3a:00.0/0000:3b:00.1/vendor",
+            "0x15b3",
+        );
+        sys.write("class/infiniband/mlx5_1/node_type", "1");
+        sys.write("class/infiniband/rxe0/node_type", "1");
+        sys.write("class/infiniband/virt0/node_type", "1");
+        let ib = sys.root().join("class/infiniband");
+        std::os::unix::fs::symlink(
+            "../../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.1",
+            ib.join("mlx5_1/device"),
+        )
+        .unwrap();
+        // A device that is no PCI function (a virtual bus).
+        std::os::unix::fs::symlink("../../../devices/virtual/net/eth0", ib.join("virt0/device"))
+            .unwrap();
+        let s = Sysfs::new(sys.root());
+        assert_eq!(s.ibdev_pci("mlx5_1").as_deref(), Some("0000:3b:00.1"));
+        // Soft-RoCE: no device link.
+        assert_eq!(s.ibdev_pci("rxe0"), None);
+        assert_eq!(s.ibdev_pci("virt0"), None);
+        assert_eq!(s.ibdev_pci("../mlx5_1"), None);
+        assert!(is_pci_address("0000:00:1f.6"));
+        for bad in [
+            "",
+            "0000:3b:00",
+            "00:3b:00.1",
+            "0000:3b:00.1x",
+            "0000:3b:0g.1",
+            "a:b:c:d.e",
+        ] {
+            assert!(!is_pci_address(bad), "{bad:?}");
+        }
     }
 
     #[test]

@@ -207,7 +207,12 @@ pub(crate) fn choose(
             .iter()
             .find(|e| e.index == i)
             .map(|e| pick(e, "transports/rdma/gid_index"))
-            .ok_or_else(|| format!("GID index {i} is empty (no address behind it)"));
+            .ok_or_else(|| {
+                format!(
+                    "GID index {i} is empty (no address behind it); the table has {}",
+                    found(table)
+                )
+            });
     }
     let best = match link {
         LinkLayer::InfiniBand => table
@@ -222,9 +227,68 @@ pub(crate) fn choose(
             .map(|(_, e, why)| pick(e, why)),
     };
     best.ok_or_else(|| match link {
-        LinkLayer::InfiniBand => "no InfiniBand GID".to_owned(),
-        LinkLayer::Ethernet => "no RoCE GID on a network device that is up".to_owned(),
+        LinkLayer::InfiniBand => format!("no InfiniBand GID; the table has {}", found(table)),
+        LinkLayer::Ethernet => format!(
+            "no RoCE GID on a network device that is up; the table has {}",
+            found(table)
+        ),
     })
+}
+
+/// What one entry is, for a reason or an error: `[2] RoCE v1 IPv4`, with
+/// ` (network device down)` when its device is down or not ours.
+fn describe(e: &GidEntry) -> String {
+    let ty =
+        e.ty.map_or_else(|| "type unknown".to_owned(), |t| t.to_string());
+    let family = ["IPv4", "global IPv6", "link-local"][usize::from(address_kind(&e.gid))];
+    let down = if e.netdev_up == Some(false) {
+        " (network device down)"
+    } else {
+        ""
+    };
+    format!("[{}] {ty} {family}{down}", e.index)
+}
+
+/// The whole table described, lowest index first (`no entry` when empty):
+/// what an error names as found instead.
+fn found(table: &[GidEntry]) -> String {
+    let mut t: Vec<&GidEntry> = table.iter().collect();
+    t.sort_by_key(|e| e.index);
+    if t.is_empty() {
+        return "no entry".to_owned();
+    }
+    t.iter().map(|e| describe(e)).collect::<Vec<_>>().join(", ")
+}
+
+/// Why `chosen` (what [`choose`] gave for `table`, `link` and `wanted`)
+/// is the GID in use, in words for the topology report: the configured
+/// index (and what the automatic choice would have been), or the class
+/// that won and every other entry it was preferred over.
+pub(crate) fn reason(
+    table: &[GidEntry],
+    link: LinkLayer,
+    wanted: Option<u8>,
+    chosen: &GidChoice,
+) -> String {
+    if let Some(i) = wanted {
+        let auto = match choose(table, link, None) {
+            Ok(c) if c.index == i => "which is also the automatic choice".to_owned(),
+            Ok(c) => format!("the automatic choice would be [{}] ({})", c.index, c.why),
+            Err(why) => format!("there is no automatic choice: {why}"),
+        };
+        return format!("gid_index {i} from the configuration (transports/rdma/gid_index); {auto}");
+    }
+    let mut others: Vec<&GidEntry> = table.iter().filter(|e| e.index != chosen.index).collect();
+    others.sort_by_key(|e| e.index);
+    let why = match link {
+        LinkLayer::InfiniBand => "InfiniBand port GID (the lowest-index IB entry)",
+        LinkLayer::Ethernet => chosen.why,
+    };
+    if others.is_empty() {
+        return format!("{why}: the only entry in the table");
+    }
+    let list: Vec<String> = others.iter().map(|e| describe(e)).collect();
+    format!("{why}: preferred over {}", list.join(", "))
 }
 
 /// What sysfs says about GID `index` of `dev`'s `port`: its kind
@@ -454,7 +518,10 @@ mod tests {
         let mut t = mlx5_table();
         t[3].netdev_up = Some(false);
         let c = choose(&t, LinkLayer::Ethernet, None).unwrap();
-        assert_eq!(c.index, 1, "v2 link-local on an up device beats v2 IPv4 on a down one");
+        assert_eq!(
+            c.index, 1,
+            "v2 link-local on an up device beats v2 IPv4 on a down one"
+        );
         for e in &mut t {
             e.netdev_up = Some(false);
         }
@@ -490,6 +557,78 @@ mod tests {
         assert_eq!(c.why, "transports/rdma/gid_index");
         let e = choose(&mlx5_table(), LinkLayer::Ethernet, Some(9)).unwrap_err();
         assert!(e.contains("GID index 9 is empty"), "{e}");
+        assert!(
+            e.ends_with("the table has [0] RoCE v1 link-local, [1] RoCE v2 link-local, [2] RoCE v1 IPv4, [3] RoCE v2 IPv4"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_reason_names_the_winning_class_and_every_entry_passed_over() {
+        let t = mlx5_table();
+        let c = choose(&t, LinkLayer::Ethernet, None).unwrap();
+        assert_eq!(
+            reason(&t, LinkLayer::Ethernet, None, &c),
+            "RoCE v2, IPv4: preferred over [0] RoCE v1 link-local, \
+             [1] RoCE v2 link-local, [2] RoCE v1 IPv4"
+        );
+        // An entry on a device that is down says so.
+        let mut t = mlx5_table();
+        t[3].netdev_up = Some(false);
+        let c = choose(&t, LinkLayer::Ethernet, None).unwrap();
+        let r = reason(&t, LinkLayer::Ethernet, None, &c);
+        assert!(r.starts_with("RoCE v2, link-local: preferred over"), "{r}");
+        assert!(r.ends_with("[3] RoCE v2 IPv4 (network device down)"), "{r}");
+        // Soft-RoCE with one address: nothing else to prefer it over.
+        let t = vec![entry(1, v4(2), GidType::RoceV2)];
+        let c = choose(&t, LinkLayer::Ethernet, None).unwrap();
+        assert_eq!(
+            reason(&t, LinkLayer::Ethernet, None, &c),
+            "RoCE v2, IPv4: the only entry in the table"
+        );
+    }
+
+    #[test]
+    fn a_configured_index_is_the_reason_and_the_automatic_choice_is_named() {
+        let t = mlx5_table();
+        let c = choose(&t, LinkLayer::Ethernet, Some(0)).unwrap();
+        assert_eq!(
+            reason(&t, LinkLayer::Ethernet, Some(0), &c),
+            "gid_index 0 from the configuration (transports/rdma/gid_index); \
+             the automatic choice would be [3] (RoCE v2, IPv4)"
+        );
+        let c = choose(&t, LinkLayer::Ethernet, Some(3)).unwrap();
+        let r = reason(&t, LinkLayer::Ethernet, Some(3), &c);
+        assert!(r.ends_with("which is also the automatic choice"), "{r}");
+    }
+
+    #[test]
+    fn infiniband_reason_names_the_port_gid() {
+        let t = vec![
+            entry(0, link_local(), GidType::Ib),
+            entry(1, global6(), GidType::Ib),
+        ];
+        let c = choose(&t, LinkLayer::InfiniBand, None).unwrap();
+        assert_eq!(
+            reason(&t, LinkLayer::InfiniBand, None, &c),
+            "InfiniBand port GID (the lowest-index IB entry): preferred over [1] IB global IPv6"
+        );
+    }
+
+    #[test]
+    fn no_usable_gid_names_what_the_table_holds() {
+        let mut t = mlx5_table();
+        for e in &mut t {
+            e.netdev_up = Some(false);
+        }
+        let e = choose(&t, LinkLayer::Ethernet, None).unwrap_err();
+        assert!(
+            e.contains("the table has [0] RoCE v1 link-local (network device down), ")
+                && e.ends_with("[3] RoCE v2 IPv4 (network device down)"),
+            "{e}"
+        );
+        let e = choose(&[], LinkLayer::InfiniBand, None).unwrap_err();
+        assert_eq!(e, "no InfiniBand GID; the table has no entry");
     }
 
     #[test]

@@ -116,6 +116,11 @@ impl Nic {
         Ok(true)
     }
 
+    /// The configured GID index (`transports/rdma/gid_index`), if any.
+    pub(crate) fn wanted_gid(&self) -> Option<u8> {
+        self.wanted_gid
+    }
+
     /// The network device under the GID in use, `(name, ifindex)`, if any
     /// (RoCE).
     pub fn netdev(&self) -> Option<(String, u32)> {
@@ -177,11 +182,13 @@ impl NicSet {
             wanted.to_vec()
         };
         let mut nics = Vec::with_capacity(names.len());
+        let mut skipped = Vec::new();
         for name in &names {
             match Self::open_one(name, opts) {
                 Ok(n) => nics.push(n),
                 Err(e) if wanted.is_empty() => {
-                    tracing::warn!(device = %name, error = %e, "RDMA device skipped")
+                    tracing::warn!(device = %name, error = %e, "RDMA device skipped");
+                    skipped.push(e.to_string());
                 }
                 Err(e) => return Err(e),
             }
@@ -189,7 +196,7 @@ impl NicSet {
         if nics.is_empty() {
             return Err(Error::new(
                 ErrorKind::LocalNicFailed,
-                format!("no usable RDMA device (found: {})", found.join(", ")),
+                no_usable(&found, &skipped),
             ));
         }
         Ok(NicSet {
@@ -211,7 +218,11 @@ impl NicSet {
         if port.state != 4 {
             return Err(Error::new(
                 ErrorKind::LocalNicFailed,
-                format!("{name} port {PORT} is not active (state {})", port.state),
+                format!(
+                    "{name} port {PORT} is {} (state {}), not ACTIVE",
+                    port.state_name(),
+                    port.state
+                ),
             ));
         }
         let gid = ctx.choose_gid(PORT, opts.gid_index)?;
@@ -389,6 +400,19 @@ impl NicSet {
     }
 }
 
+/// The error when no device `found` could be opened: each one's name and
+/// why it was `skipped` (in the same order).
+fn no_usable(found: &[String], skipped: &[String]) -> String {
+    if skipped.is_empty() {
+        return format!("no usable RDMA device (found: {})", found.join(", "));
+    }
+    format!(
+        "no usable RDMA device (found: {}; skipped: {})",
+        found.join(", "),
+        skipped.join("; ")
+    )
+}
+
 /// `layout`'s chunks of the memory at `addr`, registered on `nic`: all of
 /// them, or the first failure.
 ///
@@ -431,7 +455,9 @@ fn keep_registered<T>(
         return Err(results
             .into_iter()
             .find_map(Result::err)
-            .unwrap_or_else(|| Error::new(ErrorKind::LocalNicFailed, "no RDMA NIC to register on")));
+            .unwrap_or_else(|| {
+                Error::new(ErrorKind::LocalNicFailed, "no RDMA NIC to register on")
+            }));
     }
     Ok(results
         .into_iter()
@@ -582,6 +608,26 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::OutOfMemory);
         assert!(e.to_string().contains("first"), "{e}");
         assert!(keep_registered::<u32>(Vec::new(), |_, _| {}).is_err());
+    }
+
+    #[test]
+    fn no_usable_device_names_each_one_found_and_why_it_was_skipped() {
+        let found = ["rxe0".to_owned(), "mlx5_0".to_owned()];
+        let why = [
+            "rxe0 port 1 is DOWN (state 1), not ACTIVE".to_owned(),
+            "mlx5_0 port 1: no RoCE GID on a network device that is up; the table has no entry"
+                .to_owned(),
+        ];
+        let m = no_usable(&found, &why);
+        assert_eq!(
+            m,
+            "no usable RDMA device (found: rxe0, mlx5_0; skipped: rxe0 port 1 is DOWN \
+             (state 1), not ACTIVE; mlx5_0 port 1: no RoCE GID on a network device that is up; the table has no entry)"
+        );
+        assert_eq!(
+            no_usable(&found, &[]),
+            "no usable RDMA device (found: rxe0, mlx5_0)"
+        );
     }
 
     #[test]

@@ -67,7 +67,10 @@ pub fn devices() -> Result<Vec<String>, Unavailable> {
     if list.is_null() {
         // Without kernel support the list is NULL with ENOSYS, not empty.
         let e = std::io::Error::last_os_error();
-        return Err(Unavailable(format!("no RDMA device ({e})")));
+        return Err(Unavailable(no_device(
+            &format!("libibverbs lists none ({e})"),
+            &kernel_devices(std::path::Path::new("/sys")),
+        )));
     }
     let mut names = Vec::with_capacity(n.max(0) as usize);
     for i in 0..n.max(0) as usize {
@@ -83,14 +86,67 @@ pub fn devices() -> Result<Vec<String>, Unavailable> {
     // SAFETY: `list` came from ibv_get_device_list and is freed once.
     unsafe { lib.ibv_free_device_list(list) };
     if names.is_empty() {
-        return Err(Unavailable("no RDMA device".into()));
+        return Err(Unavailable(no_device(
+            "libibverbs lists none",
+            &kernel_devices(std::path::Path::new("/sys")),
+        )));
     }
     Ok(names)
+}
+
+/// The RDMA devices the kernel has (`<sys>/class/infiniband`), sorted:
+/// what "no RDMA device" names as found when libibverbs lists none (a
+/// device the kernel has and the library does not is a missing provider,
+/// or one this container cannot open).
+pub(crate) fn kernel_devices(sys: &std::path::Path) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(sys.join("class/infiniband")) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = dir
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The "no RDMA device" message: what libibverbs said, and what the
+/// kernel has instead.
+fn no_device(library: &str, kernel: &[String]) -> String {
+    if kernel.is_empty() {
+        format!(
+            "no RDMA device: {library}, and the kernel has none (/sys/class/infiniband is empty or absent)"
+        )
+    } else {
+        format!(
+            "no RDMA device: {library}, though the kernel has {} (no user-space provider for it, or /dev/infiniband is not reachable here)",
+            kernel.join(", ")
+        )
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_device_names_what_the_kernel_has_instead() {
+        use crate::topology::fake_sysfs::FakeSysfs;
+        let sys = FakeSysfs::new();
+        assert!(kernel_devices(sys.root()).is_empty());
+        let m = no_device("libibverbs lists none", &kernel_devices(sys.root()));
+        assert!(m.contains("the kernel has none"), "{m}");
+        sys.write("class/infiniband/mlx5_1/node_type", "1");
+        sys.write("class/infiniband/mlx5_0/node_type", "1");
+        let found = kernel_devices(sys.root());
+        assert_eq!(found, ["mlx5_0", "mlx5_1"]);
+        let m = no_device("libibverbs lists none", &found);
+        assert!(
+            m.starts_with(
+                "no RDMA device: libibverbs lists none, though the kernel has mlx5_0, mlx5_1"
+            ),
+            "{m}"
+        );
+    }
 
     #[test]
     fn answers_with_devices_or_a_reason() {

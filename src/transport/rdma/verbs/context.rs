@@ -60,6 +60,20 @@ pub struct PortInfo {
 }
 
 impl PortInfo {
+    /// Its state as `ibv_port_state_str` names it (`ACTIVE`, `DOWN`, ...;
+    /// `UNKNOWN` for a code past those).
+    pub(crate) fn state_name(&self) -> &'static str {
+        match self.state {
+            0 => "NOP",
+            1 => "DOWN",
+            2 => "INIT",
+            3 => "ARMED",
+            4 => "ACTIVE",
+            5 => "ACTIVE_DEFER",
+            _ => "UNKNOWN",
+        }
+    }
+
     /// The port's theoretical rate in Gbit/s ([`PortInfo::link_gbps`] of
     /// its active speed and width); `None` for a code the table does not
     /// know.
@@ -396,9 +410,8 @@ impl Context {
         let fd = unsafe { (*self.raw).async_fd };
         // SAFETY: the context owns `fd` and keeps it open while `self` lives; the borrow ends with this function.
         let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        let nonblocking = rustix::fs::fcntl_getfl(borrowed).and_then(|fl| {
-            rustix::fs::fcntl_setfl(borrowed, fl | rustix::fs::OFlags::NONBLOCK)
-        });
+        let nonblocking = rustix::fs::fcntl_getfl(borrowed)
+            .and_then(|fl| rustix::fs::fcntl_setfl(borrowed, fl | rustix::fs::OFlags::NONBLOCK));
         if let Err(e) = nonblocking {
             return Err(Error::new(
                 ErrorKind::LocalNicFailed,
@@ -492,7 +505,11 @@ mod tests {
         ] {
             assert!(rc_capable(t).is_err(), "{t:?}");
         }
-        assert!(rc_capable(T::IBV_TRANSPORT_UNSPECIFIED).unwrap_err().contains("EFA"));
+        assert!(
+            rc_capable(T::IBV_TRANSPORT_UNSPECIFIED)
+                .unwrap_err()
+                .contains("EFA")
+        );
     }
 
     fn port(active_speed: u8, active_width: u8) -> PortInfo {
