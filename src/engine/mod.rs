@@ -33,6 +33,7 @@ mod segments;
 mod stats;
 mod submit;
 mod task;
+pub mod topology_report;
 mod withdrawn;
 mod worker;
 mod workers;
@@ -54,6 +55,7 @@ pub use build::EngineBuilder;
 pub use footprint::{Available, Footprint};
 pub use memory::Buffer;
 pub use ring::{CompletionQueue, Ring, SubmissionQueue};
+pub use topology_report::TopologyReport;
 
 use crate::config::Config;
 use crate::memory::{MemRegion, RegionTable};

@@ -12,6 +12,7 @@ use tent_rings::TransportKind;
 
 use super::EngineShared;
 use super::segments::NETWORK;
+use super::topology_report::{self, NodeReport, TopologyReport};
 use super::worker::WorkerShared;
 use super::worker::op_stats::OpSnapshot;
 use crate::qos::{QosSnapshot, SlotClock, SlotSnapshot};
@@ -228,48 +229,60 @@ impl Observer {
         })
     }
 
-    /// `/topology`'s document: NUMA nodes and their CPUs, where the workers
-    /// run, the RDMA NICs in use.
+    /// `/topology`'s document: the [`TopologyReport`] as JSON.
     pub(crate) fn topology_json(&self) -> Value {
-        let nodes: Vec<Value> = self
+        serde_json::to_value(self.topology_report())
+            .unwrap_or_else(|e| json!({ "error": e.to_string() }))
+    }
+
+    /// This host as the engine sees and uses it: NUMA nodes and their
+    /// CPUs, the RDMA NICs (where they sit, their port, the GID in use and
+    /// why), where the workers run and why. Reads each NIC's port and GID
+    /// table now.
+    pub(crate) fn topology_report(&self) -> TopologyReport {
+        let numa_nodes = self
             .topology
             .nodes()
             .iter()
-            .map(|n| json!({ "node": n.os_index, "cpus": n.cpus }))
-            .collect();
-        let workers: Vec<Value> = self
-            .workers
-            .iter()
-            .enumerate()
-            .map(|(i, w)| {
-                let core = usize::try_from(w.core.load(Ordering::Relaxed)).ok();
-                json!({
-                    "worker": i,
-                    "core": core,
-                    "numa_node": self.topology.worker_node(core),
-                })
+            .map(|n| NodeReport {
+                node: n.os_index,
+                cpus: n.cpus.clone(),
             })
             .collect();
-        let nics: Vec<Value> = self.shared.rdma.as_ref().map_or_else(Vec::new, |set| {
-            set.entries()
+        let sysfs = crate::transport::rails::Sysfs::default();
+        let facts: Vec<_> = self.shared.rdma.as_ref().map_or_else(Vec::new, |set| {
+            set.nics()
                 .iter()
-                .map(|n| {
-                    json!({
-                        "name": n.name,
-                        "gid": std::net::Ipv6Addr::from(n.gid).to_string(),
-                        "gid_type": n.gid_type,
-                        "lid": n.lid,
-                        "mtu": n.mtu,
-                    })
-                })
+                .map(|n| topology_report::nic_facts(n, &sysfs))
                 .collect()
         });
-        json!({
-            "numa_nodes": nodes,
-            "workers": workers,
-            "rdma_nics": nics,
-            "transports": self.transports().iter().map(|k| format!("{k:?}").to_lowercase()).collect::<Vec<_>>(),
-        })
+        let cores: Vec<Option<usize>> = self
+            .workers
+            .iter()
+            .map(|w| usize::try_from(w.core.load(Ordering::Relaxed)).ok())
+            .collect();
+        let near: Vec<(String, Option<u32>)> = facts
+            .iter()
+            .map(|f| (f.name.clone(), f.numa_node))
+            .collect();
+        let w = &self.shared.config.workers;
+        TopologyReport {
+            numa_nodes,
+            rdma_nics: facts.iter().map(topology_report::nic_report).collect(),
+            workers: topology_report::worker_reports(
+                w.pin,
+                &w.cores,
+                &near,
+                &self.topology,
+                &cores,
+            ),
+            transports: self
+                .transports()
+                .iter()
+                .map(|k| format!("{k:?}").to_lowercase())
+                .collect(),
+            rails_to: None,
+        }
     }
 }
 

@@ -98,6 +98,31 @@ impl Engine {
         self.slots.as_ref().map(crate::qos::SlotRotator::clock)
     }
 
+    /// This host as the engine sees and uses it (what `/topology`
+    /// serves): NUMA nodes and their CPUs; each RDMA NIC's NUMA node, PCI
+    /// address, port state, speed and the GID in use with why; where each
+    /// worker runs and why. Reads each NIC's port and GID table now.
+    pub fn topology_report(&self) -> crate::engine::TopologyReport {
+        self.observer.topology_report()
+    }
+
+    /// The RDMA rails this engine would form to the peer `segment`, whose
+    /// descriptor is `desc` (`control::client::fetch_descriptor`), with
+    /// why there are none when there are none. Opens nothing.
+    pub fn planned_rails(
+        &self,
+        segment: &str,
+        desc: &crate::control::wire::SegmentDescriptor,
+    ) -> crate::engine::topology_report::RailsTo {
+        let ours: Vec<_> = self.shared.rdma.as_ref().map_or_else(Vec::new, |set| {
+            set.nics()
+                .iter()
+                .map(|n| (n.ctx.name().to_owned(), n.gid()))
+                .collect()
+        });
+        super::topology_report::planned_rails(segment, &ours, &desc.nics)
+    }
+
     /// Where the HTTP endpoint listens (`http://ip:port`; `None` with
     /// `metrics/http_enable` off): `/metrics`, `/metrics/json`, `/health`,
     /// `/health/live`, `/health/ready` and `/topology`.

@@ -43,10 +43,10 @@
 //! grown to the worker's credit bound.
 
 use crate::secret::Secret;
-use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tent_rings::{ErrorKind, TransportKind};
@@ -55,12 +55,13 @@ use super::connector::{Connector, ConnectorHandle};
 use super::connector::{Queue, QueueSource};
 use super::endpoint::{Endpoint, RdmaCompletion, RdmaSlice, SqSettings};
 use super::events::NicEvents;
-use super::gid::{self, GidType, LinkLayer};
+use super::gid::{self, GidChoice, GidType, LinkLayer};
 use super::layout::MrLayout;
 use super::nic::NicSet;
 use super::responder::{bootstrap, endpoint};
 use crate::clock::monotonic_ns;
 use crate::config::{Config, SplitPolicy};
+use crate::control::wire::NicEntry;
 use crate::control::wire::{MAX_QP_RAILS, QpInitiator, QpRequest};
 use crate::control::{RegionEntry, SegmentDescriptor};
 use crate::error::{Error, Result};
@@ -163,7 +164,6 @@ impl std::fmt::Debug for RdmaPeer {
 }
 
 impl RdmaPeer {
-
     /// Is rail `r`'s local link up?
     #[inline]
     fn link_up(&self, r: usize) -> bool {
@@ -229,7 +229,11 @@ impl RdmaPeer {
 
     /// The descriptor region holding `[addr, addr+len)`.
     #[inline]
-    pub(crate) fn region_of(&self, addr: u64, len: u64) -> std::result::Result<&RegionEntry, ErrorKind> {
+    pub(crate) fn region_of(
+        &self,
+        addr: u64,
+        len: u64,
+    ) -> std::result::Result<&RegionEntry, ErrorKind> {
         RegionEntry::find(&self.regions, addr, len)
     }
 
@@ -298,6 +302,45 @@ fn qps_per_rail(mut links: impl Iterator<Item = LinkLayer>) -> usize {
 /// each doubling cost about a tenth at 64 KiB (guest medians of three:
 /// 0.029, 0.026, 0.023 GB/s for 1, 2, 4), so the default stays at 2.
 const ROCE_QPS_PER_RAIL: usize = 2;
+
+/// The rails to a peer: (local NIC, remote NIC) index pairs, and how many
+/// reachable pairs the subnet rule left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RailPlan {
+    /// The pairs, at most `MAX_QP_RAILS`.
+    pub(crate) pairs: Vec<(usize, usize)>,
+    /// Reachable pairs left out because either NIC has a partner on its
+    /// own subnet.
+    pub(crate) across: usize,
+}
+
+/// The rails between NICs addressed by `ours` and the peer's NICs
+/// `theirs` (its descriptor's): pairs that can reach each other
+/// ([`gid::reachable`]), on the same subnet where either has a partner
+/// there ([`gid::subnet_rule`]), the load spread ([`gid::pair_rails`]).
+/// What [`RdmaTransport::attach`] connects and the topology report shows.
+pub(crate) fn plan_rails(ours: &[GidChoice], theirs: &[NicEntry]) -> RailPlan {
+    let (local, remote) = (ours.len(), theirs.len());
+    let types: Vec<Option<GidType>> = theirs
+        .iter()
+        .map(|n| n.gid_type.and_then(GidType::from_code))
+        .collect();
+    let reach =
+        |a: usize, b: usize| gid::reachable(ours[a].ty, &ours[a].gid, types[b], &theirs[b].gid);
+    let ok = gid::subnet_rule(local, remote, reach, |a, b| {
+        let (here, there) = (&ours[a], &theirs[b]);
+        gid::same_subnet(&here.gid, here.prefix, &there.gid, there.prefix)
+    });
+    let mut pairs = gid::pair_rails(local, remote, |a, b| ok[a * remote + b]);
+    let across = (0..local)
+        .flat_map(|a| (0..remote).map(move |b| (a, b)))
+        .filter(|&(a, b)| reach(a, b) && !ok[a * remote + b])
+        .count();
+    // Mixed types can pair more NICs than either side has; a QP key
+    // names at most MAX_QP_RAILS rails.
+    pairs.truncate(MAX_QP_RAILS);
+    RailPlan { pairs, across }
+}
 
 fn type_list(types: &[Option<GidType>]) -> String {
     types
@@ -519,23 +562,17 @@ impl RdmaTransport {
             .iter()
             .map(|n| n.gid_type.and_then(GidType::from_code))
             .collect();
-        let reach =
-            |a: usize, b: usize| gid::reachable(ours[a], &our_gids[a].gid, theirs[b], &desc.nics[b].gid);
-        let ok = gid::subnet_rule(local, remote, reach, |a, b| {
-            let (here, there) = (&our_gids[a], &desc.nics[b]);
-            gid::same_subnet(&here.gid, here.prefix, &there.gid, there.prefix)
-        });
-        let mut pairs = gid::pair_rails(local, remote, |a, b| ok[a * remote + b]);
-        let across = (0..local)
-            .flat_map(|a| (0..remote).map(move |b| (a, b)))
-            .filter(|&(a, b)| reach(a, b) && !ok[a * remote + b])
-            .count();
+        let reach = |a: usize, b: usize| {
+            gid::reachable(ours[a], &our_gids[a].gid, theirs[b], &desc.nics[b].gid)
+        };
+        let RailPlan { pairs, across } = plan_rails(&our_gids, &desc.nics);
         if across > 0 {
-            tracing::info!(peer = name, pairs_left_out = across, "rdma: rails only between NICs on the same subnet (NICs with a partner on theirs pair only there)");
+            tracing::info!(
+                peer = name,
+                pairs_left_out = across,
+                "rdma: rails only between NICs on the same subnet (NICs with a partner on theirs pair only there)"
+            );
         }
-        // Mixed types can pair more NICs than either side has; a QP key
-        // names at most MAX_QP_RAILS rails.
-        pairs.truncate(MAX_QP_RAILS);
         if pairs.is_empty() {
             return Err(Error::new(
                 ErrorKind::Unreachable,
@@ -687,18 +724,22 @@ impl RdmaTransport {
     ) -> std::result::Result<(), ErrorKind> {
         let len = u64::from(s.len);
         let (endpoints, q) = (&eps.eps, peer.q);
-        let rail = peer.rails.pick(&mut eps.rails, local.numa_node(), s.token, ask, len, |r| {
-            // A rail with a QP that takes work.
-            peer.usable(r, local, remote)
-                && endpoints[r * q..(r + 1) * q]
-                    .iter()
-                    .any(|e| lane_open(e, now))
-        })?;
+        let rail = peer
+            .rails
+            .pick(&mut eps.rails, local.numa_node(), s.token, ask, len, |r| {
+                // A rail with a QP that takes work.
+                peer.usable(r, local, remote)
+                    && endpoints[r * q..(r + 1) * q]
+                        .iter()
+                        .any(|e| lane_open(e, now))
+            })?;
         let lane = peer
             .lane(eps, rail, now, None)
             .ok_or(ErrorKind::RouteLost)?;
         let r = &peer.paths[rail];
-        s.lkey = local.lkey_at(r.local, s.local).ok_or(ErrorKind::RouteLost)?;
+        s.lkey = local
+            .lkey_at(r.local, s.local)
+            .ok_or(ErrorKind::RouteLost)?;
         s.rkey = rkey_on(remote, r.remote, s.remote).ok_or(ErrorKind::RouteLost)?;
         s.ahead = peer.rails.posted(&mut eps.rails, rail, len);
         if eps.eps[lane].submit(s) {
@@ -1129,7 +1170,11 @@ mod tests {
             addr: 1 << 40,
             len: 10 * GIB,
             key: 7,
-            rkeys: if mr_step.is_some() { vec![0; 2] } else { keys.clone() },
+            rkeys: if mr_step.is_some() {
+                vec![0; 2]
+            } else {
+                keys.clone()
+            },
             mr_step,
             chunk_rkeys: if mr_step.is_some() { keys } else { Vec::new() },
         };
@@ -1149,7 +1194,10 @@ mod tests {
         assert_eq!(rkey_on(&whole, 1, whole.addr), None, "zero is no key");
         // Hostile layouts: a step below the shortest, or keys missing.
         assert_eq!(rkey_on(&region(Some(4096), vec![1; 8]), 0, at(0)), None);
-        assert_eq!(rkey_on(&region(Some(2 * GIB), vec![1; 5]), 1, at(3 * GIB)), None);
+        assert_eq!(
+            rkey_on(&region(Some(2 * GIB), vec![1; 5]), 1, at(3 * GIB)),
+            None
+        );
     }
 
     #[test]
