@@ -106,21 +106,25 @@ impl Engine {
         self.observer.topology_report()
     }
 
-    /// The RDMA rails this engine would form to the peer `segment`, whose
-    /// descriptor is `desc` (`control::client::fetch_descriptor`), with
-    /// why there are none when there are none. Opens nothing.
+    /// The RDMA rails this engine would form to the peer `segment`, from
+    /// its descriptor (fetched with this engine's secret within
+    /// `timeout`), with why there are none when there are none. Connects
+    /// no QP. An error when the descriptor cannot be fetched.
     pub fn planned_rails(
         &self,
         segment: &str,
-        desc: &crate::control::wire::SegmentDescriptor,
-    ) -> crate::engine::topology_report::RailsTo {
+        timeout: std::time::Duration,
+    ) -> crate::Result<crate::engine::topology_report::RailsTo> {
+        let desc = crate::control::fetch_descriptor(segment, self.shared.config.secret(), timeout)?;
         let ours: Vec<_> = self.shared.rdma.as_ref().map_or_else(Vec::new, |set| {
             set.nics()
                 .iter()
                 .map(|n| (n.ctx.name().to_owned(), n.gid()))
                 .collect()
         });
-        super::topology_report::planned_rails(segment, &ours, &desc.nics)
+        Ok(super::topology_report::planned_rails(
+            segment, &ours, &desc.nics,
+        ))
     }
 
     /// Where the HTTP endpoint listens (`http://ip:port`; `None` with
