@@ -265,7 +265,9 @@ pub(crate) fn worker_reports(
             let reason = match core {
                 _ if !pin => "unpinned: workers/pin is false".to_owned(),
                 None => match planned.as_ref().and_then(|p| p.get(i)) {
-                    Some(c) => format!("unpinned: pinning to core {c} failed"),
+                    Some(c) => format!(
+                        "unpinned: pinning to core {c} failed, or the worker has not started yet"
+                    ),
                     None => "unpinned: no core could be chosen".to_owned(),
                 },
                 Some(c) if !explicit.is_empty() => format!(

@@ -195,7 +195,7 @@ fn every_other_placement_says_why() {
     // Pinned in the configuration, not on a core: pinning failed.
     assert_eq!(
         reason(true, &[], &[], &[None]),
-        "unpinned: pinning to core 3 failed"
+        "unpinned: pinning to core 3 failed, or the worker has not started yet"
     );
 }
 
