@@ -47,6 +47,12 @@ pub enum Mode {
     /// (default 16 KiB) in one `submit_blocks` call over shm, scattered and
     /// contiguous, against one request of the same bytes.
     Blocks,
+    /// This host as the engine sees it: NUMA nodes and CPUs, each RDMA
+    /// NIC (NUMA node, PCI address, port state, speed, the GID in use and
+    /// why), where each of `--threads` workers is pinned and why; with
+    /// `--target SEGMENT`, the RDMA rails the engine would form to that
+    /// peer. Text, or one JSON object with `--json`.
+    Topology,
     /// The LOW process of `--mode qos` (started by it).
     #[value(hide = true)]
     QosLow,
@@ -284,6 +290,7 @@ fn real_main(args: Args) -> Result<run::Tally, String> {
     match args.mode {
         Some(Mode::Target) => none(run::target(&args)),
         Some(Mode::Idle) => none(run::idle(&args)),
+        Some(Mode::Topology) => none(run::topology(&args)),
         Some(Mode::Soak) => none(soak::soak(&args)),
         Some(Mode::Sq) => none(sq::sq(&args)),
         Some(Mode::Qos) => none(qos::qos(&args)),

@@ -163,6 +163,38 @@ pub(crate) fn idle(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
+/// `--mode topology`: build an engine as the configuration says (workers
+/// pinned or not as `workers/pin` has it) and print its topology report;
+/// with `--target`, the rails it would form to that peer.
+pub(crate) fn topology(args: &Args) -> Result<(), String> {
+    let pin = Config::load().map_err(|e| e.to_string())?.workers.pin;
+    let engine = Engine::new(engine_config(args, args.threads, pin)?).map_err(|e| e.to_string())?;
+    // Workers pin themselves as they start: give them a moment, so the
+    // report shows where they run rather than "not started yet".
+    let started = std::time::Instant::now();
+    while pin
+        && engine.worker_cores().iter().any(Option::is_none)
+        && started.elapsed() < Duration::from_secs(1)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut report = engine.topology_report();
+    if let Some(target) = &args.target {
+        let rails = engine
+            .planned_rails(target, Duration::from_secs(10))
+            .map_err(|e| format!("--target {target}: {e}"))?;
+        report.rails_to = Some(rails);
+    }
+    if args.json {
+        emit(&serde_json::to_string(&report).map_err(|e| e.to_string())?);
+    } else {
+        let mut o = std::io::stdout().lock();
+        write!(o, "{report}").map_err(|e| e.to_string())?;
+        o.flush().map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// Every op a run completed, how many of them failed, and how many
 /// points measured nothing (no op of their window succeeded).
 #[derive(Debug, Default, Clone, Copy)]
