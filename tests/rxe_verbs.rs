@@ -2806,3 +2806,55 @@ fn rxe_engine_spreads_a_rail_over_qp_per_transfer_qps_under_every_policy() {
         );
     }
 }
+
+#[test]
+fn rxe_engine_topology_report_names_each_rail_its_roce_v2_gid_and_why() {
+    if !in_guest() {
+        return;
+    }
+    let e = rdma_engine(false, |c| c.workers.pin = true);
+    let r = e.topology_report();
+    let names: Vec<_> = r.rdma_nics.iter().map(|n| n.name.clone()).collect();
+    assert_eq!(names, rails(), "{r:#?}");
+    for n in &r.rdma_nics {
+        assert_eq!(n.port_state, "ACTIVE", "{n:#?}");
+        assert_eq!(n.link_layer, "Ethernet", "{n:#?}");
+        assert_eq!(n.gid.ty.as_deref(), Some("RoCE v2"), "{n:#?}");
+        assert!(n.gid.address.starts_with("::ffff:"), "{n:#?}");
+        assert!(n.gid.reason.starts_with("RoCE v2, IPv4: "), "{n:#?}");
+        // Soft-RoCE hangs off no PCI function.
+        assert_eq!(n.pci_address, None, "{n:#?}");
+        assert!(n.link_up && n.netdev.is_some(), "{n:#?}");
+    }
+    assert_eq!(r.workers.len(), 1);
+    assert!(r.workers[0].core.is_some(), "{r:#?}");
+    assert!(!r.workers[0].reason.is_empty(), "{r:#?}");
+    // The same document at /topology.
+    assert!(e.http_url().is_some());
+    // Rails to itself: each NIC to its twin (same subnet, same type).
+    let plan = e
+        .planned_rails(&e.segment_name(), std::time::Duration::from_secs(5))
+        .unwrap();
+    let pairs: Vec<_> = plan
+        .rdma
+        .iter()
+        .map(|p| (p.local.clone(), p.remote.clone()))
+        .collect();
+    let want: Vec<_> = rails().into_iter().map(|n| (n.clone(), n)).collect();
+    assert_eq!(pairs, want, "{plan:#?}");
+    // An empty GID index names what the table holds instead.
+    let ctx = Context::open("rxe0").unwrap();
+    let err = ctx.choose_gid(1, Some(255)).unwrap_err().to_string();
+    assert!(
+        err.contains("the table has [") && err.contains("RoCE v2 IPv4"),
+        "{err}"
+    );
+    println!(
+        "RXE-OK topology report: {}",
+        r.rdma_nics
+            .iter()
+            .map(|n| format!("{} gid [{}] {}", n.name, n.gid.index, n.gid.reason))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+}
