@@ -17,34 +17,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::slots::{Unlink, engine_on_slots, slot_name};
 use common::{reap, test_config};
 use tent::qos::{SendGate, SlotClock};
 use tent::transport::fault::{FaultPolicy, FaultProxyTransport};
 use tent::transport::{Slice, Transport};
 use tent::{Engine, LocalAddr, Priority, RemoteAddr, SegmentId, TransportKind, op};
-
-fn slot_name(tag: &str) -> String {
-    format!("/tent-qos-{tag}-{}", std::process::id())
-}
-
-/// Removes the slot file and the seat sockets left.
-struct Unlink(String);
-impl Drop for Unlink {
-    fn drop(&mut self) {
-        let path = format!("/dev/shm{}", self.0);
-        let _ = std::fs::remove_file(&path);
-        for i in 0..64 {
-            let _ = std::fs::remove_file(format!("{path}.s{i}"));
-        }
-    }
-}
-
-fn engine_on_slots(name: &str, interval_ms: u64) -> tent::Result<Engine> {
-    let mut c = test_config();
-    c.transports.rdma.shared_quota_shm_path = name.to_owned();
-    c.transports.rdma.slot_rotation_interval_ms = Duration::from_millis(interval_ms);
-    Engine::new(c)
-}
 
 /// A WRITE of `len` bytes from the start of `src` to the start of `dst`
 /// (this engine's own memory: the local transport) at priority `p`.

@@ -8,33 +8,11 @@ mod common;
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, Instant};
 
-use common::{reap, test_config};
+use common::slots::{Unlink, engine_on_slots, slot_name};
+use common::reap;
 use tent::clock::monotonic_ns;
 use tent::qos::SendGate;
 use tent::{Engine, LocalAddr, Priority, RemoteAddr, SegmentId, op};
-
-fn slot_name(tag: &str) -> String {
-    format!("/tent-slot-file-{tag}-{}", std::process::id())
-}
-
-/// Removes the slot file and the seat sockets left.
-struct Unlink(String);
-impl Drop for Unlink {
-    fn drop(&mut self) {
-        let path = format!("/dev/shm{}", self.0);
-        let _ = std::fs::remove_file(&path);
-        for i in 0..64 {
-            let _ = std::fs::remove_file(format!("{path}.s{i}"));
-        }
-    }
-}
-
-fn engine_on_slots(name: &str, interval_ms: u64) -> tent::Result<Engine> {
-    let mut c = test_config();
-    c.transports.rdma.shared_quota_shm_path = name.to_owned();
-    c.transports.rdma.slot_rotation_interval_ms = Duration::from_millis(interval_ms);
-    Engine::new(c)
-}
 
 /// Every slot comes round within `within` on `e`'s clock.
 fn rotates(e: &Engine, within: Duration) {

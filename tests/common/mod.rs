@@ -1,6 +1,8 @@
 //! Shared helpers for the end-to-end tests.
 #![allow(dead_code)]
 
+pub(crate) mod slots;
+
 use std::time::Duration;
 
 use tent::{Config, Cqe, Engine, Ring};
