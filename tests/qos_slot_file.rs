@@ -8,8 +8,8 @@ mod common;
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, Instant};
 
-use common::slots::{Unlink, engine_on_slots, slot_name};
 use common::reap;
+use common::slots::{Unlink, engine_on_slots, slot_name};
 use tent::clock::monotonic_ns;
 use tent::qos::SendGate;
 use tent::{Engine, LocalAddr, Priority, RemoteAddr, SegmentId, op};

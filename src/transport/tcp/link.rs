@@ -920,8 +920,8 @@ impl Link {
                 } else {
                     STAGE - self.stage_hi
                 };
-                // SAFETY: `stage_hi + len <= STAGE`.
                 (
+                    // SAFETY: `stage_hi + len <= STAGE`.
                     unsafe { self.stage.as_mut_ptr().add(self.stage_hi) },
                     len as u32,
                 )

@@ -804,8 +804,8 @@ impl Conn {
                         self.tail -= self.head;
                         self.head = 0;
                     }
-                    // SAFETY: in bounds of the stage (`tail <= STAGE_LEN`).
                     (
+                        // SAFETY: in bounds of the stage (`tail <= STAGE_LEN`).
                         unsafe { self.stage.ptr().add(self.tail) },
                         (STAGE_LEN - self.tail) as u64,
                     )
