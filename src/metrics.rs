@@ -294,7 +294,8 @@ impl Metrics {
 /// A label value as the text format wants it.
 /// The request counters as Prometheus text (TENT's names):
 /// `tent_{read,write}_{requests,bytes,failures}_total{transport}` for
-/// every real transport (requests: completed, failed included; bytes: of
+/// every real transport, and requests and failures also under `none` for
+/// those refused at intake (requests: completed, failed included; bytes: of
 /// those that succeeded), and `tent_request_duration_seconds`, each
 /// request's time from intake to completion by transport and priority
 /// (only the pairs that served a request).
@@ -302,6 +303,8 @@ pub(crate) fn render_ops(out: &mut String, s: &OpSnapshot) {
     use crate::qos::stats::{WAIT_BUCKETS, bucket_upper_us, name as priority_name};
     use tent_rings::Priority;
     let real = || (1..TRANSPORTS).filter_map(|t| TransportKind::from_u8(t as u8).map(|k| (t, k)));
+    // Requests and failures also under `none`: refused at intake.
+    let label = |t: usize| TransportKind::from_u8(t as u8).filter(|_| t > 0).map_or("none", |k| k.name());
     for (o, op) in ["read", "write"].iter().enumerate().take(OPCODES) {
         type Count = fn(&OpSnapshot, usize, usize) -> u64;
         let families: [(&str, &str, Count); 3] = [
@@ -324,8 +327,9 @@ pub(crate) fn render_ops(out: &mut String, s: &OpSnapshot) {
                 "# HELP {fam} {help}, {}s, by transport.\n# TYPE {fam} counter",
                 op.to_uppercase()
             );
-            for (t, k) in real() {
-                let _ = writeln!(out, "{fam}{{transport=\"{}\"}} {}", k.name(), get(s, o, t));
+            let with_none = what != "bytes";
+            for t in (if with_none { 0 } else { 1 })..TRANSPORTS {
+                let _ = writeln!(out, "{fam}{{transport=\"{}\"}} {}", label(t), get(s, o, t));
             }
         }
     }

@@ -257,6 +257,17 @@ fn a_dead_worker_makes_the_engine_neither_ready_nor_live() {
     assert_eq!(h["engine"]["workers"]["alive"], 0, "{h}");
     assert!(h["reasons"][0].as_str().unwrap().contains("exited"), "{h}");
     assert_eq!(get(&url, "/health/live", None).0, 503);
+    // The batch API says so too, at once, rather than queue into a ring
+    // nobody drains.
+    let b = e.allocate_batch(4).unwrap();
+    let sqe = op::Write::new(
+        LocalAddr::new(m.id(), 0),
+        RemoteAddr::new(SegmentId::LOCAL, m.addr() + 8),
+        8,
+    )
+    .build();
+    let err = e.submit(b, &[sqe]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Shutdown, "{err}");
     // Its task will never complete: the engine is left, not dropped.
     std::mem::forget((e, m, ring));
 }

@@ -165,3 +165,65 @@ fn reads_writes_bytes_failures_and_durations_are_counted_by_transport_and_priori
         0.0
     );
 }
+
+/// A queued request done by a synchronous copy in the same turn is timed
+/// with its copy (the turn's clock, read before the copy, said 0).
+#[test]
+fn a_queued_copy_is_timed_with_its_copy() {
+    let e = Engine::new(test_config()).unwrap();
+    let (src, dst) = (
+        e.allocate_memory(128 << 10).unwrap(),
+        e.allocate_memory(128 << 10).unwrap(),
+    );
+    let mut ring = e.ring_with_depth(4).unwrap();
+    ring.submission()
+        .push(
+            op::Write::new(
+                LocalAddr::new(src.id(), 0),
+                RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+                128 << 10,
+            )
+            .priority(Priority::Low),
+        )
+        .unwrap();
+    assert!(reap(&mut ring, 1)[0].result().is_ok());
+    let sum = sample(
+        &e.metrics_text(),
+        "tent_request_duration_seconds_sum{transport=\"local\",priority=\"low\"}",
+    );
+    assert!(sum > 0.0, "a 128 KiB copy took no time: {sum} s");
+}
+
+/// A request refused at intake, before any transport, is a failure under
+/// `transport="none"`.
+#[test]
+fn a_request_refused_at_intake_counts_as_a_failure_of_no_transport() {
+    let e = Engine::new(test_config()).unwrap();
+    let b = e.allocate_memory(64).unwrap();
+    let mut ring = e.ring_with_depth(4).unwrap();
+    ring.submission()
+        .push(
+            op::Write::new(
+                LocalAddr::new(b.id(), 0),
+                RemoteAddr::new(SegmentId::LOCAL, b.addr()),
+                8,
+            )
+            // Passed long ago: refused at intake.
+            .deadline_ns(1),
+        )
+        .unwrap();
+    assert_eq!(
+        reap(&mut ring, 1)[0].result(),
+        Err(tent::ErrorKind::Timeout)
+    );
+    let text = e.metrics_text();
+    assert_eq!(
+        sample(&text, "tent_write_failures_total{transport=\"none\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "tent_write_requests_total{transport=\"none\"}"),
+        1.0
+    );
+    assert!(!text.contains("tent_write_bytes_total{transport=\"none\"}"));
+}

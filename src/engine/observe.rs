@@ -33,7 +33,12 @@ pub(crate) struct Observer {
     /// The HTTP endpoint's URL, once it listens (the descriptor reads the
     /// same cell).
     http_url: Arc<OnceLock<String>>,
+    /// The NICs' facts as last read, and when (never taken by a worker).
+    nic_facts: parking_lot::Mutex<Option<(std::time::Instant, Vec<topology_report::NicFacts>)>>,
 }
+
+/// How long the NICs' facts in a topology report are reused.
+const NIC_FACTS_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl std::fmt::Debug for Observer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -71,6 +76,7 @@ impl Observer {
             segment,
             stopping: AtomicBool::new(false),
             http_url,
+            nic_facts: parking_lot::Mutex::new(None),
         }
     }
 
@@ -239,6 +245,31 @@ impl Observer {
     /// CPUs, the RDMA NICs (where they sit, their port, the GID in use and
     /// why), where the workers run and why. Reads each NIC's port and GID
     /// table now.
+    /// What each RDMA NIC says of itself (port, GID table, PCI address),
+    /// read at most once per [`NIC_FACTS_FOR`]: each read is a port query
+    /// and a GID table walk per NIC (a firmware command on some NICs), and
+    /// `/topology` may be asked in a loop by anyone reaching the endpoint.
+    fn nic_facts(&self) -> Vec<topology_report::NicFacts> {
+        let Some(set) = self.shared.rdma.as_ref() else {
+            return Vec::new();
+        };
+        let mut cached = self.nic_facts.lock();
+        let now = std::time::Instant::now();
+        if let Some((at, facts)) = cached.as_ref()
+            && now.duration_since(*at) < NIC_FACTS_FOR
+        {
+            return facts.clone();
+        }
+        let sysfs = crate::transport::rails::Sysfs::default();
+        let facts: Vec<_> = set
+            .nics()
+            .iter()
+            .map(|n| topology_report::nic_facts(n, &sysfs))
+            .collect();
+        *cached = Some((now, facts.clone()));
+        facts
+    }
+
     pub(crate) fn topology_report(&self) -> TopologyReport {
         let numa_nodes = self
             .topology
@@ -249,13 +280,7 @@ impl Observer {
                 cpus: n.cpus.clone(),
             })
             .collect();
-        let sysfs = crate::transport::rails::Sysfs::default();
-        let facts: Vec<_> = self.shared.rdma.as_ref().map_or_else(Vec::new, |set| {
-            set.nics()
-                .iter()
-                .map(|n| topology_report::nic_facts(n, &sysfs))
-                .collect()
-        });
+        let facts = self.nic_facts();
         let cores: Vec<Option<usize>> = self
             .workers
             .iter()

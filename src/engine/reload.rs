@@ -28,6 +28,8 @@ pub(crate) struct LiveSettings {
     promotion_ns: AtomicU64,
     /// The configuration with the reloads applied.
     current: ArcSwap<Config>,
+    /// One reload at a time (never held by a worker).
+    reloading: parking_lot::Mutex<()>,
 }
 
 impl LiveSettings {
@@ -37,6 +39,7 @@ impl LiveSettings {
             max_failover: AtomicU32::new(0),
             promotion_ns: AtomicU64::new(0),
             current: ArcSwap::from_pointee(config.clone()),
+            reloading: parking_lot::Mutex::new(()),
         };
         live.store(config);
         live
@@ -91,7 +94,7 @@ impl Engine {
         config.validate().map_err(|e| {
             Error::invalid("reload: the configuration does not validate").with_source(e)
         })?;
-        let _one_at_a_time = self.registry.lock();
+        let _one_at_a_time = self.shared.live.reloading.lock();
         let live = &self.shared.live;
         let now = live.current();
         let changed = now.changed_keys(&config);

@@ -71,6 +71,15 @@ impl Engine {
         // Refuse what can never go before waiting for room.
         b.check_claim(n)?;
         let (wi, w) = self.pick_worker_at();
+        let gone = || {
+            Error::new(
+                ErrorKind::Shutdown,
+                "the worker serving this batch has exited; nothing queued",
+            )
+        };
+        if w.exited.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(gone());
+        }
         // Admitted before the ring is touched (waiting here holds no
         // lock); what is not handed to a task below goes back on return.
         let mut admitted = self.admit(wi, requests)?;
@@ -85,6 +94,9 @@ impl Engine {
         // Room for every request first; nothing is published until there is.
         // We hold the ring's only producer, so room found here stays.
         while !sq.has_slots(n) {
+            if w.exited.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(gone());
+            }
             if Instant::now() > deadline {
                 return Err(Error::new(
                     ErrorKind::SqFull,

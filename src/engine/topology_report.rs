@@ -4,8 +4,8 @@
 //! a peer, the rails the engine would form to it.
 //!
 //! The reading (port queries, GID tables, sysfs) happens in
-//! [`nic_facts`]; every decision the report states is a pure function of
-//! what was read ([`nic_report`], [`worker_reports`], [`planned_rails`]),
+//! `nic_facts`; every decision the report states is a pure function of
+//! what was read (`nic_report`, `worker_reports`, `planned_rails`),
 //! the same functions the engine decides with (`gid::choose`,
 //! `Topology::place_workers_near`, `plan_rails`).
 

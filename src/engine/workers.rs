@@ -92,7 +92,15 @@ impl WorkerPool {
     /// The worker that takes the next ring or batch (round robin), with
     /// its index.
     pub(super) fn next(&self) -> (usize, &Arc<WorkerShared>) {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.shared.len();
+        let n = self.shared.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        // A worker that exited (its thread panicked) takes nothing new;
+        // with every worker gone, the one in turn (its user sees
+        // `Shutdown`).
+        let i = (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&i| !self.shared[i].exited.load(Ordering::Acquire))
+            .unwrap_or(start);
         (i, &self.shared[i])
     }
 

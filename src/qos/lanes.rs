@@ -48,14 +48,14 @@ impl PriorityLanes {
         true
     }
 
-    /// Move tasks that waited too long up one lane; returns how many moved
-    /// out of each lane.
     /// Promote after `ns` from now on.
     #[inline]
     pub(crate) fn set_promotion_ns(&mut self, ns: u64) {
         self.promotion_ns = ns;
     }
 
+    /// Move tasks that waited too long up one lane; returns how many moved
+    /// out of each lane.
     pub(crate) fn promote(&mut self, now_ns: u64) -> [u32; 3] {
         let mut moved = [0; 3];
         for from in [Priority::Medium, Priority::Low] {

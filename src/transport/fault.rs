@@ -234,6 +234,10 @@ impl Transport for FaultProxyTransport {
         }
     }
 
+    fn live_rail_policy(&self) -> Option<Arc<super::rails::LiveRailPolicy>> {
+        self.inner.live_rail_policy()
+    }
+
     fn reaches(&self, segment: &Segment) -> bool {
         self.inner.reaches(segment)
     }

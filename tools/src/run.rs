@@ -83,6 +83,10 @@ fn reload_on_hangup(engine: &Engine, args: &Args, done: &std::sync::atomic::Atom
 }
 
 pub(crate) fn target(args: &Args) -> Result<(), String> {
+    // Before anything else: a SIGHUP from the start on is a reload, never
+    // the default death.
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe { libc::signal(libc::SIGHUP, on_hangup as *const () as libc::sighandler_t) };
     let cfg = target_config(args)?;
     let engine = Engine::new(cfg).map_err(|e| e.to_string())?;
     let buf = engine
@@ -107,8 +111,6 @@ pub(crate) fn target(args: &Args) -> Result<(), String> {
         buf.addr()
     );
     let _ = std::io::stderr().write_all(line.as_bytes());
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe { libc::signal(libc::SIGHUP, on_hangup as *const () as libc::sighandler_t) };
     let (engine, done) = (&engine, std::sync::atomic::AtomicBool::new(false));
     std::thread::scope(|s| {
         s.spawn(|| reload_on_hangup(engine, args, &done));

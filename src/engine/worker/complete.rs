@@ -32,7 +32,7 @@ impl Worker {
             any |= self.account(kind, n, clock.now());
         }
         if any {
-            self.settle(clock.now());
+            self.settle();
         }
         any
     }
@@ -75,7 +75,10 @@ impl Worker {
     /// state) says no transport touches its memory any more, even for a
     /// task that failed, timed out or was canceled while slices were out
     /// (those were aborted first: `stop_task`).
-    pub(super) fn settle(&mut self, now: u64) {
+    pub(super) fn settle(&mut self) {
+        // Read once, at the first delivery, after whatever this turn did
+        // (a synchronous copy in dispatch): a request's time runs to here.
+        let mut stamp = None;
         while let Some(i) = self.tasks.next_due() {
             let t = self.tasks.get_mut(i);
             if !t.live || !t.settled() {
@@ -99,6 +102,7 @@ impl Worker {
                 exhausted: t.exhausted,
             };
             let (origin, user_data, done, priority) = (t.origin, t.user_data, t.done, t.priority);
+            let now = *stamp.get_or_insert_with(crate::clock::monotonic_ns);
             let (opcode, took) = (t.opcode, now.saturating_sub(t.accepted_ns));
             self.rings
                 .deliver(origin, user_data, res, false, done, served);

@@ -197,7 +197,7 @@ impl Worker {
                 self.stop_task(i, ErrorKind::Shutdown);
             }
         }
-        self.settle(crate::clock::monotonic_ns());
+        self.settle();
         self.rings.flush();
         // Task memory (the application's, registered until the engine is
         // dropped) is let go only once no transport will touch it: no

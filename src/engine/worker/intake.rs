@@ -45,6 +45,12 @@ impl Worker {
         let user_data = sqe.user_data();
         match self.validate(sqe, clock) {
             Err(kind) => {
+                // Refused before any transport: counted as a failure with
+                // no transport (an opcode this version does not know is
+                // no READ or WRITE, and is not counted).
+                if let Some(op) = sqe.opcode() {
+                    self.shared.ops.refused(op);
+                }
                 self.rings
                     .deliver(origin, user_data, Err(kind), true, 0, Served::default())
             }

@@ -294,7 +294,7 @@ impl Worker {
             let now = monotonic_ns();
             if self.sweep.due(now) {
                 self.housekeeping(now);
-                self.settle(now);
+                self.settle();
                 // A task it stopped (deadline, cancel) has its completion
                 // written: publish it now, not after the park ahead.
                 self.rings.flush();
@@ -436,14 +436,14 @@ impl Worker {
                 self.shared.qos.promoted(moved);
             }
             work |= self.dispatch(now);
-            self.settle(now);
+            self.settle();
         } else if work && let Some(now) = self.sweep.due_after_busy_turn(&mut clock) {
             // Ops done at intake read no clock: every CLOCKLESS_TURNS busy
             // turns one is read here, so deadlines of slices in flight and
             // cancels still come round under a stream of them. (An idle
             // turn is the idle loop's: it reads the clock on its own.)
             self.housekeeping(now);
-            self.settle(now);
+            self.settle();
         }
         if self.book.any() {
             work |= self.reap_at(&mut clock);

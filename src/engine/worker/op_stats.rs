@@ -1,6 +1,7 @@
 //! A worker's request counters: requests, bytes and failures by opcode and
-//! transport, and each request's time from intake to completion by
-//! transport and priority, as a histogram.
+//! transport (slot 0, `none`: refused at intake, before any transport),
+//! and each request's time from intake to completion by transport and
+//! priority, as a histogram.
 //!
 //! One writer (the worker) per [`OpStats`]: every count is a relaxed load
 //! and a relaxed store, no locked read-modify-write, as for the worker's
@@ -54,6 +55,14 @@ impl OpStats {
         } else {
             bump(&self.failed[o][t], 1);
         }
+    }
+
+    /// A request refused at intake, before any transport (a deadline
+    /// already past, an address not registered, a segment not open...):
+    /// a failure under transport slot 0, shown as `none`.
+    #[inline]
+    pub(crate) fn refused(&self, op: Opcode) {
+        bump(&self.failed[op as usize][0], 1);
     }
 
     /// A request done at intake (no time passed between intake and its
