@@ -38,9 +38,6 @@ mod withdrawn;
 mod worker;
 mod workers;
 
-/// A worker's request counters, read by the metrics renderer.
-pub(crate) use worker::op_stats;
-
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;

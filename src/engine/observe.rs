@@ -14,7 +14,7 @@ use super::EngineShared;
 use super::segments::NETWORK;
 use super::topology_report::{self, NodeReport, TopologyReport};
 use super::worker::WorkerShared;
-use super::worker::op_stats::OpSnapshot;
+use crate::metrics::ops::OpSnapshot;
 use crate::qos::{QosSnapshot, SlotClock, SlotSnapshot};
 use crate::segment::Segment;
 use crate::topology::Topology;

@@ -250,6 +250,8 @@ pub(crate) struct SlotFile {
     seat: usize,
     /// Did this participant make the memory?
     created: bool,
+    /// The memory's format, sent with it.
+    format: u64,
     /// The pid that handed the memory over (`SO_PEERCRED`; 0: in a pid
     /// namespace this process cannot see into); ours when created.
     handed_by: i32,
@@ -274,6 +276,7 @@ impl SlotFile {
     pub(crate) fn join(
         name: &str,
         seats: usize,
+        format: u64,
         init: &dyn Fn(&Mapping),
         check: &dyn Fn(&Mapping) -> Result<()>,
     ) -> Result<SlotFile> {
@@ -321,7 +324,7 @@ impl SlotFile {
             // locks never conflict with each other, only with a creator's
             // check, which then leaves the memory to this one's group.
             if try_lock(lock.as_fd(), MEMBER_BYTE, Lock::Shared).map_err(lock_err)? {
-                match fetch_from_members(&lock, &path, seats, check, deadline) {
+                match fetch_from_members(&lock, &path, seats, format, check, deadline) {
                     Ok((memfd, map, pid)) => break (memfd, map, false, pid),
                     Err(Fetch::Refused(e)) => {
                         unlock(lock.as_fd(), MEMBER_BYTE);
@@ -378,6 +381,7 @@ impl SlotFile {
             map,
             seat,
             created,
+            format,
             handed_by,
             lock,
         })
@@ -460,7 +464,7 @@ impl SlotFile {
             let _ = stream.set_nonblocking(true);
             let mut frame = [0u8; FRAME_LEN];
             frame[..8].copy_from_slice(&FRAME_TAG);
-            frame[8..].copy_from_slice(&super::slots::SLOT_FORMAT.to_le_bytes());
+            frame[8..].copy_from_slice(&self.format.to_le_bytes());
             if send_with_fd(&stream, &frame, self.memfd.as_fd()).is_ok() {
                 served += 1;
             }
@@ -650,6 +654,7 @@ fn fetch_from_members(
     lock: &LockFd,
     path: &Path,
     seats: usize,
+    format: u64,
     check: &dyn Fn(&Mapping) -> Result<()>,
     deadline: Instant,
 ) -> std::result::Result<(OwnedFd, Mapping, i32), Fetch> {
@@ -663,6 +668,7 @@ fn fetch_from_members(
         }
         match fetch(
             &sock_path(path, i),
+            format,
             check,
             deadline.min(Instant::now() + ATTEMPT),
         ) {
@@ -677,6 +683,7 @@ fn fetch_from_members(
 /// Get the memory from the participant listening at `sock`.
 fn fetch(
     sock: &Path,
+    want: u64,
     check: &dyn Fn(&Mapping) -> Result<()>,
     deadline: Instant,
 ) -> std::result::Result<(OwnedFd, Mapping, i32), Fetch> {
@@ -713,11 +720,11 @@ fn fetch(
         return Err(refused("not a tent slot file participant".into()));
     }
     let format = u64::from_le_bytes(frame[8..].try_into().expect("8 bytes"));
-    if format != super::slots::SLOT_FORMAT {
+    if format != want {
         return Err(refused(format!(
             "its participants use slot format {format}, this tent {}: every process sharing a \
              slot file must run the same release",
-            super::slots::SLOT_FORMAT
+            want
         )));
     }
     let (size, seals) = size_and_seals(fd.as_fd()).map_err(|e| refused(e.to_string()))?;
@@ -805,6 +812,9 @@ mod tests {
     /// A same-uid process posing as a participant (member and seat 0
     /// locks held, listening at seat 0's socket) hands over `fd` with
     /// `format`; what a joiner makes of it.
+    /// The format these tests' joiner wants.
+    const FORMAT: u64 = 3;
+
     fn join_against(tag: &str, fd: OwnedFd, format: u64) -> Result<SlotFile> {
         let name = format!("tent-slot-file-unit-{tag}-{}", std::process::id());
         let path = tent_rings::region::shm_path(&name);
@@ -828,7 +838,7 @@ mod tests {
                     let _ = send_with_fd(&s, &frame, fd.as_fd());
                 }
             });
-            let r = SlotFile::join(&name, 4, &|_| {}, &|_| Ok(()));
+            let r = SlotFile::join(&name, 4, FORMAT, &|_| {}, &|_| Ok(()));
             done.store(true, std::sync::atomic::Ordering::Release);
             r
         });
@@ -842,11 +852,11 @@ mod tests {
     #[cfg_attr(miri, ignore = "memfd, sockets")]
     fn memory_a_participant_could_resize_or_of_another_format_is_refused_typed() {
         let unsealed = crate::memfd::memfd("t", MEM_LEN as u64).unwrap();
-        let e = join_against("unsealed", unsealed, super::super::slots::SLOT_FORMAT).unwrap_err();
+        let e = join_against("unsealed", unsealed, FORMAT).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);
         assert!(e.to_string().contains("not sealed against resizing"), "{e}");
         let short = crate::memfd::sealed_memfd("t", 4096).unwrap();
-        let e = join_against("short", short, super::super::slots::SLOT_FORMAT).unwrap_err();
+        let e = join_against("short", short, FORMAT).unwrap_err();
         assert!(e.to_string().contains("of 4096 bytes"), "{e}");
         let sealed = crate::memfd::sealed_memfd("t", MEM_LEN as u64).unwrap();
         let e = join_against("format", sealed, 2).unwrap_err();

@@ -233,7 +233,7 @@ impl SlotClock {
             }
             Ok(())
         };
-        let file = SlotFile::join(&name[1..], SEATS, &init, &check)?;
+        let file = SlotFile::join(&name[1..], SEATS, SLOT_FORMAT, &init, &check)?;
         let clock = SlotClock {
             interval,
             me: crate::control::auth::random_nonzero_u64().get() as u32 | 1,

@@ -74,7 +74,6 @@ mod failover;
 mod housekeeping;
 mod idle;
 mod intake;
-pub(crate) mod op_stats;
 mod rings;
 mod scheduler;
 mod turn_clock;
@@ -115,7 +114,7 @@ pub(crate) struct WorkerShared {
     pub credits: [SqController; 5],
     /// Requests, bytes, failures and intake-to-completion times, written
     /// only by this worker.
-    pub ops: CachePadded<op_stats::OpStats>,
+    pub ops: CachePadded<crate::metrics::ops::OpStats>,
     /// Its side of the unregister handshake (`Worker::ack_unregister`).
     pub region_ack: CachePadded<RegionAck>,
     /// Per-priority statistics (seed 001), written only by this worker.

@@ -30,9 +30,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tent_rings::TransportKind;
 
-use crate::engine::op_stats::{OPCODES, OpSnapshot, TRANSPORTS};
+pub(crate) mod ops;
+
 use crate::flow::diag::{SqReport, SqRow};
 use crate::transport::rails::RailStat;
+use ops::{OPCODES, OpSnapshot, TRANSPORTS};
 
 /// `tent_sq_*` families: name, type, help, field.
 type SqFamily = (
@@ -304,7 +306,11 @@ pub(crate) fn render_ops(out: &mut String, s: &OpSnapshot) {
     use tent_rings::Priority;
     let real = || (1..TRANSPORTS).filter_map(|t| TransportKind::from_u8(t as u8).map(|k| (t, k)));
     // Requests and failures also under `none`: refused at intake.
-    let label = |t: usize| TransportKind::from_u8(t as u8).filter(|_| t > 0).map_or("none", |k| k.name());
+    let label = |t: usize| {
+        TransportKind::from_u8(t as u8)
+            .filter(|_| t > 0)
+            .map_or("none", |k| k.name())
+    };
     for (o, op) in ["read", "write"].iter().enumerate().take(OPCODES) {
         type Count = fn(&OpSnapshot, usize, usize) -> u64;
         let families: [(&str, &str, Count); 3] = [
