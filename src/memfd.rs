@@ -29,6 +29,10 @@ use rustix::net::{
 use crate::deadline::{ByDeadline, timed_out, wait_for};
 
 /// `statfs.f_type` of shmem (tmpfs) files: what memfds are.
+/// Prefix of a socket bound under a temporary name before it is renamed
+/// to the name it serves at (a leftover of a crash is collected by it).
+pub(crate) const TMP_PREFIX: &str = ".tent-tmp-";
+
 pub(crate) const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 pub(crate) fn euid() -> u32 {

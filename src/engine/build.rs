@@ -387,16 +387,7 @@ fn control_addr(host: &str) -> Result<std::net::SocketAddr> {
 
 /// The address the control plane listens on, as an IP.
 fn control_ip(host: &str) -> Result<std::net::IpAddr> {
-    use std::net::ToSocketAddrs;
-    if let Ok(ip) = host.parse() {
-        return Ok(ip);
-    }
-    (host, 0)
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .map(|a| a.ip())
-        .ok_or_else(|| Error::invalid(format!("rpc_server_hostname {host:?} does not resolve")))
+    control_addr(host).map(|a| a.ip())
 }
 
 /// Start the TCP data server (when TCP is in use) and say which rails it

@@ -226,7 +226,7 @@ impl Observer {
                 "segment": self.segment,
                 "incarnation": format!("{:016x}", self.shared.incarnation.get()),
                 "workers": { "count": self.workers.len(), "alive": workers_alive },
-                "transports": self.transports().iter().map(|k| format!("{k:?}").to_lowercase()).collect::<Vec<_>>(),
+                "transports": self.transports().iter().map(|k| k.name()).collect::<Vec<_>>(),
                 "config_generation": self.shared.live.generation(),
                 "config_source": self.shared.config.source,
                 "metrics_url": self.http_url(),
@@ -304,7 +304,7 @@ impl Observer {
             transports: self
                 .transports()
                 .iter()
-                .map(|k| format!("{k:?}").to_lowercase())
+                .map(|k| k.name().to_owned())
                 .collect(),
             rails_to: None,
         }
@@ -314,10 +314,10 @@ impl Observer {
 /// One rail as `/health` shows it.
 fn rail_json(r: &RailStat) -> Value {
     json!({
-        "transport": format!("{:?}", r.transport).to_lowercase(),
+        "transport": r.transport.name(),
         "local": r.local,
         "remote": r.remote,
-        "state": format!("{:?}", r.state).to_lowercase(),
+        "state": r.state.name(),
         "up": r.up,
         "bytes": r.bytes,
         "failures": r.failures,

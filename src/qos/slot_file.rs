@@ -628,7 +628,8 @@ fn make_memory(init: &dyn Fn(&Mapping)) -> Result<(OwnedFd, Mapping)> {
 fn listen(sock: &Path) -> io::Result<(UnixListener, u64)> {
     let dir = sock.parent().unwrap_or(Path::new("/dev/shm"));
     let tmp = dir.join(format!(
-        ".tent-tmp-{:016x}",
+        "{}{:016x}",
+        crate::memfd::TMP_PREFIX,
         crate::control::auth::random_u64()
     ));
     let listener = UnixListener::bind(&tmp)?;

@@ -56,8 +56,8 @@ use crate::deadline::ByDeadline;
 use crate::error::{Error, Result};
 pub(crate) use crate::memfd::sealed_memfd;
 use crate::memfd::{
-    Mapping, connect_file, euid, memfd, open_socket_file, peer_uid, recv_frame, send_with_fd,
-    size_and_seals, unix_socket,
+    Mapping, TMP_PREFIX, connect_file, euid, memfd, open_socket_file, peer_uid, recv_frame,
+    send_with_fd, size_and_seals, unix_socket,
 };
 
 const MAGIC: [u8; 8] = *b"TENTSHM2";
@@ -85,8 +85,6 @@ pub(crate) const MAX_PENDING: usize = 32;
 pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(2);
 /// A temporary socket older than this, refusing connections, is a leftover.
 const TMP_GRACE: Duration = Duration::from_secs(60);
-/// Prefix of a socket not yet renamed to its segment name.
-const TMP_PREFIX: &str = ".tent-tmp-";
 
 /// What the proofs bind: the socket file's device and inode.
 fn binding(dev: u64, ino: u64) -> [u8; 16] {
