@@ -33,8 +33,9 @@ use tent_rings::TransportKind;
 pub(crate) mod ops;
 
 use crate::flow::diag::{SqReport, SqRow};
+use crate::qos::stats::WAIT_BUCKETS;
 use crate::transport::rails::RailStat;
-use ops::{OPCODES, OpSnapshot, TRANSPORTS};
+use ops::{OPCODES, OpSnapshot, Stage, TRANSPORTS};
 
 /// `tent_sq_*` families: name, type, help, field.
 type SqFamily = (
@@ -293,16 +294,16 @@ impl Metrics {
     }
 }
 
-/// A label value as the text format wants it.
 /// The request counters as Prometheus text (TENT's names):
 /// `tent_{read,write}_{requests,bytes,failures}_total{transport}` for
 /// every real transport, and requests and failures also under `none` for
 /// those refused at intake (requests: completed, failed included; bytes: of
 /// those that succeeded), and `tent_request_duration_seconds`, each
 /// request's time from intake to completion by transport and priority
-/// (only the pairs that served a request).
+/// (only the pairs that served a request), and `tent_request_stage_seconds`,
+/// that time split in its [`Stage`]s.
 pub(crate) fn render_ops(out: &mut String, s: &OpSnapshot) {
-    use crate::qos::stats::{WAIT_BUCKETS, bucket_upper_us, name as priority_name};
+    use crate::qos::stats::name as priority_name;
     use tent_rings::Priority;
     let real = || (1..TRANSPORTS).filter_map(|t| TransportKind::from_u8(t as u8).map(|k| (t, k)));
     // Requests and failures also under `none`: refused at intake.
@@ -346,30 +347,56 @@ pub(crate) fn render_ops(out: &mut String, s: &OpSnapshot) {
     );
     for (t, k) in real() {
         for p in Priority::ALL {
-            let hist = &s.latency[t][p.index()];
-            let total: u64 = hist.iter().sum();
-            if total == 0 {
-                continue;
-            }
             let labels = format!(
                 "transport=\"{}\",priority=\"{}\"",
                 k.name(),
                 priority_name(p)
             );
-            let mut cum = 0;
-            for (b, c) in hist.iter().enumerate() {
-                cum += c;
-                if b + 1 < WAIT_BUCKETS {
-                    let le = bucket_upper_us(b) as f64 / 1e6;
-                    let _ = writeln!(out, "{fam}_bucket{{{labels},le=\"{le}\"}} {cum}");
-                }
-            }
-            let _ = writeln!(out, "{fam}_bucket{{{labels},le=\"+Inf\"}} {cum}");
-            let sum = s.latency_sum_ns[t][p.index()] as f64 / 1e9;
-            let _ = writeln!(out, "{fam}_sum{{{labels}}} {sum}");
-            let _ = writeln!(out, "{fam}_count{{{labels}}} {cum}");
+            let (hist, sum) = (&s.latency[t][p.index()], s.latency_sum_ns[t][p.index()]);
+            histogram(out, fam, &labels, hist, sum);
         }
     }
+    let fam = "tent_request_stage_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {fam} A request's time in each stage, by transport and priority: queue (intake to its first slice handed to a transport), dispatch (first slice to last), transport (last slice to completion); the three add up to tent_request_duration_seconds. Requests that failed before handing over a slice are not counted.\n# TYPE {fam} histogram"
+    );
+    for stage in Stage::ALL {
+        let g = stage as usize;
+        for (t, k) in real() {
+            for p in Priority::ALL {
+                let labels = format!(
+                    "stage=\"{}\",transport=\"{}\",priority=\"{}\"",
+                    stage.name(),
+                    k.name(),
+                    priority_name(p)
+                );
+                let (hist, sum) = (&s.stage[g][t][p.index()], s.stage_sum_ns[g][t][p.index()]);
+                histogram(out, fam, &labels, hist, sum);
+            }
+        }
+    }
+}
+
+/// One series of a histogram family with `labels`, from its per-bucket
+/// counts (buckets as the QoS wait's) and their sum in ns; nothing for a
+/// series with no count (only the pairs that served a request show).
+fn histogram(out: &mut String, fam: &str, labels: &str, hist: &[u64; WAIT_BUCKETS], sum_ns: u64) {
+    use crate::qos::stats::bucket_upper_us;
+    if hist.iter().all(|&c| c == 0) {
+        return;
+    }
+    let mut cum = 0;
+    for (b, c) in hist.iter().enumerate() {
+        cum += c;
+        if b + 1 < WAIT_BUCKETS {
+            let le = bucket_upper_us(b) as f64 / 1e6;
+            let _ = writeln!(out, "{fam}_bucket{{{labels},le=\"{le}\"}} {cum}");
+        }
+    }
+    let _ = writeln!(out, "{fam}_bucket{{{labels},le=\"+Inf\"}} {cum}");
+    let _ = writeln!(out, "{fam}_sum{{{labels}}} {}", sum_ns as f64 / 1e9);
+    let _ = writeln!(out, "{fam}_count{{{labels}}} {cum}");
 }
 
 /// Seed 001's per-priority figures as Prometheus text: lane depth,
@@ -459,6 +486,7 @@ pub(crate) fn render_qos(out: &mut String, q: &crate::qos::QosSnapshot) {
     }
 }
 
+/// A label value as the text format wants it.
 fn escape(v: &str) -> String {
     let mut s = String::with_capacity(v.len());
     for c in v.chars() {
