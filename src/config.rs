@@ -1024,12 +1024,24 @@ const LATER: bool = false;
 /// The keys `Engine::reload` applies while the engine runs; every other
 /// key needs a restart (a reload that changes one is refused, naming it).
 pub const RELOADABLE: &[&str] = &[
+    "log_level",
     "max_failover_attempts",
     "transports/rdma/priority_promotion_timeout_us",
     "transports/rdma/rail_error_threshold",
     "transports/rdma/rail_error_window_secs",
     "transports/rdma/rail_cooldown_secs",
     "transports/rdma/rail_backoff_decay_secs",
+    "transports/rdma/slot_rotation_interval_ms",
+    "transports/rdma/enable_priority_filtering",
+    "transports/rdma/local_rotation_interval_us",
+    "transports/rdma/enable_smart_scheduling",
+    "transports/rdma/numa_penalties",
+    "transports/rdma/bandwidth_learning_rate",
+    "transports/rdma/ewma_min_bandwidth_multiplier",
+    "transports/rdma/ewma_max_bandwidth_multiplier",
+    "transports/rdma/score_jitter_range",
+    "transports/rdma/score_epsilon",
+    "transports/rdma/max_slice_count",
 ];
 
 /// Does `Engine::reload` apply `path` while the engine runs?
@@ -1084,7 +1096,7 @@ schema! {
     "hugepages" => hugepages: Kind::Choice(HugePages::NAMES), "\"transparent\"", LIVE,
         "The pages behind allocate_memory: transparent (base pages advised to become transparent huge pages from 2 MiB up), off (base pages), 2m or 1g (hugetlbfs pages from the reserved pool, /proc/sys/vm/nr_hugepages or the 1 GiB pool, the length rounded up to whole pages, not copied into a forked child; 1g for buffers of 1 GiB and more, falling back to 2m and either to transparent, logged once per cause and then counted). Regions exported over shm stay on shmem pages, advised as transparent (effective where /sys/kernel/mm/transparent_hugepage/shmem_enabled is advise or always): peers map only shmem files, since a hole in a hugetlbfs file would end a peer with SIGBUS.";
     "log_level" => log_level: Kind::Choice(LogLevel::NAMES), "\"info\"", LIVE,
-        "One of trace, debug, info, warn, error: the tracing filter tent's own binaries (tent-bench) install, and the C library and the Python module install at a process's first engine, writing to stderr (once per process: a later engine asking for another level gets a warning; not at all when the process installed a tracing subscriber first; a TENT_LOG filter wins). An embedding Rust application installs its own subscriber.";
+        "One of trace, debug, info, warn, error: the tracing filter tent's own binaries (tent-bench) install, and the C library and the Python module install at a process's first engine, writing to stderr (once per process: a later engine asking for another level gets a warning; not at all when the process installed a tracing subscriber first; a TENT_LOG filter wins). An embedding Rust application installs its own subscriber. A reload sets the whole process's level where tent installed the subscriber (or the application registered a setter with tent::logging::control_level), and is refused, naming this key, where nothing can apply it or TENT_LOG decides.";
     // control plane
     "metadata_type" => metadata_type: Kind::Choice(MetadataType::NAMES), "\"p2p\"", LIVE,
         "Control-plane backend; only \"p2p\" (embedded peer-to-peer handshake).";
@@ -1172,7 +1184,7 @@ schema! {
     "transports/rdma/priority_promotion_timeout_us" => transports.rdma.priority_promotion_timeout_us: micros(1, 60_000_000), "10000", LIVE,
         "Wait in us after which a queued MEDIUM/LOW request is promoted one priority level.";
     "transports/rdma/slot_rotation_interval_ms" => transports.rdma.slot_rotation_interval_ms: millis(1, 60_000), "2", LIVE,
-        "Global QoS time-slot length in ms (a full cycle is three slots: HIGH only, HIGH + MEDIUM, all); every process sharing a slot file must use the same.";
+        "Global QoS time-slot length in ms (a full cycle is three slots: HIGH only, HIGH + MEDIUM, all); every process sharing a slot file must use the same. A reload writes the new interval into the slot file: every participant follows it from its next tick, and a process that joins later must name it.";
     "transports/rdma/shared_quota_shm_path" => transports.rdma.shared_quota_shm_path: Kind::Str(StrRule::EmptyOrShmName), "\"\"", LIVE,
         "Shared-memory name (leading /, the file is /dev/shm/<name>) of the global slot clock every process naming it shares; empty = single-process mode (per-worker lanes only).";
     // transports/rdma: slice spraying (seed 003); every network transport's rails

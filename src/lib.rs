@@ -48,6 +48,7 @@ pub mod error;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
 mod incarnation;
+pub mod logging;
 mod memfd;
 pub mod notify;
 mod procfs;

@@ -5,9 +5,18 @@
 //!
 //! A Rust application installs its own subscriber and does not use this;
 //! the engine itself never installs one.
+//!
+//! The subscriber's filter sits behind a `tracing_subscriber::reload`
+//! layer, registered with [`crate::logging::control_level`]: a reload of
+//! any engine with another `log_level` sets the process's level. Under a
+//! [`FILTER_VAR`] filter the level is refused (the filter decides); where
+//! the process had a subscriber of its own, nothing is registered and the
+//! reload is refused too.
 
 use std::io::IsTerminal;
 use std::sync::OnceLock;
+
+use parking_lot::Mutex;
 
 use tracing_subscriber::EnvFilter;
 
@@ -32,6 +41,10 @@ pub enum Installed {
 
 static INSTALLED: OnceLock<Installed> = OnceLock::new();
 
+/// The level this module's subscriber logs at now: the first engine's,
+/// or the last reload's.
+static LEVEL: Mutex<Option<LogLevel>> = Mutex::new(None);
+
 /// Log at `level` to stderr from now on, if this is the process's first
 /// engine and the process has no subscriber of its own ([`FILTER_VAR`]
 /// overrides `level`). Later engines cannot change what the process logs:
@@ -46,23 +59,40 @@ pub fn install(level: LogLevel) -> Installed {
             Some(f) => (f, Installed::Filter),
             None => (EnvFilter::new(level.as_str()), Installed::Level(level)),
         };
-        let subscriber = tracing_subscriber::fmt()
+        let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
             .with_ansi(std::io::stderr().is_terminal())
-            .finish();
-        match tracing::subscriber::set_global_default(subscriber) {
-            Ok(()) => installed,
+            .with_filter_reloading();
+        let handle = builder.reload_handle();
+        match tracing::subscriber::set_global_default(builder.finish()) {
+            Ok(()) => {
+                *LEVEL.lock() = Some(level);
+                crate::logging::control_level(move |l: LogLevel| {
+                    if installed == Installed::Filter {
+                        return Err(format!(
+                            "the {FILTER_VAR} filter decides what this process logs"
+                        ));
+                    }
+                    handle
+                        .reload(EnvFilter::new(l.as_str()))
+                        .map_err(|e| e.to_string())?;
+                    *LEVEL.lock() = Some(l);
+                    Ok(())
+                });
+                installed
+            }
             Err(_) => Installed::Theirs,
         }
     });
-    if let Installed::Level(first) = installed
-        && first != level
+    let now = *LEVEL.lock();
+    if let (Installed::Level(_), Some(now)) = (installed, now)
+        && now != level
     {
         tracing::warn!(
             log_level = level.as_str(),
-            logging_at = first.as_str(),
-            "log_level applies per process, set by its first engine: this engine logs at that level"
+            logging_at = now.as_str(),
+            "log_level applies per process, set by its first engine (or a reload): this engine logs at that level"
         );
     }
     installed

@@ -333,6 +333,33 @@ fn a_reloaded_failover_budget_applies_to_the_next_task() {
     );
     assert_eq!(e.config_generation(), 2);
     assert_eq!(e.live_config().max_failover_attempts, 1, "nothing applied");
+
+    // The bandwidth keys fix a rail at attach: restart-only, by name.
+    let mut c = (*e.live_config()).clone();
+    c.transports.rdma.default_bandwidth_gbps = 100.0;
+    let text = e.reload(c).unwrap_err().to_string();
+    assert!(
+        text.contains("default_bandwidth_gbps cannot change"),
+        "{text}"
+    );
+    // This test process installed no subscriber through tent and
+    // registered no setter: a new log_level is refused by name, and the
+    // reloadable keys beside it are not applied either.
+    let mut c = (*e.live_config()).clone();
+    c.log_level = tent::config::LogLevel::Debug;
+    c.max_failover_attempts = 2;
+    let err = e.reload(c).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    let text = err.to_string();
+    assert!(text.contains("log_level cannot change here"), "{text}");
+    assert!(text.contains("did not install"), "{text}");
+    assert_eq!(e.live_config().max_failover_attempts, 1, "nothing applied");
+    // The selector's and the QoS intervals' keys are reloadable.
+    let mut c = (*e.live_config()).clone();
+    c.transports.rdma.bandwidth_learning_rate = 0.5;
+    c.transports.rdma.slot_rotation_interval_ms = std::time::Duration::from_millis(4);
+    c.transports.rdma.local_rotation_interval_us = std::time::Duration::from_micros(50);
+    assert_eq!(e.reload(c).unwrap(), 3);
 }
 
 /// Seed 000: `MaxFailoverAttemptsOneAllowsSingleFailover`.

@@ -99,6 +99,42 @@ pub unsafe extern "C" fn tent_engine_create_from_file(
     })
 }
 
+/// Apply a new configuration to a running engine (JSON text as for
+/// `tent_engine_create`): the keys `tent::config::RELOADABLE` lists (the
+/// failover budget, the rail policy and selector, the QoS intervals,
+/// `log_level`) take effect at the next decision that reads them.
+/// `log_level` sets what this process's library logs (all its engines),
+/// unless `TENT_LOG` decides or the process installed its own Rust
+/// subscriber: the reload is then refused. `*out_generation` (may be
+/// NULL) gets the configuration generation now.
+///
+/// Fails `TENT_ERR_INVALID_ARGUMENT`, applying nothing, when the text does
+/// not validate or changes a key that needs a restart (the message, from
+/// `tent_last_error_message`, names each).
+///
+/// # Safety
+/// `engine` is a live engine; `config_json` a NUL-terminated string;
+/// `out_generation` NULL or valid for one `uint64_t` write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_engine_reload(
+    engine: *const tent_engine_t,
+    config_json: *const c_char,
+    out_generation: *mut u64,
+) -> c_int {
+    call("tent_engine_reload", || {
+        // SAFETY: a live engine (caller).
+        let engine = unsafe { self::engine(engine) }?;
+        // SAFETY: NUL-terminated (caller); NULL is refused.
+        let text = unsafe { c_str(config_json, "config_json") }?;
+        let generation = engine.reload(Config::from_json_str(text, "tent_engine_reload")?)?;
+        if !out_generation.is_null() {
+            // SAFETY: non-NULL and valid for a u64 write (caller).
+            unsafe { put(out_generation, generation) };
+        }
+        Ok(())
+    })
+}
+
 /// Stop an engine and release it: when this returns, the engine touches
 /// no memory it was given. NULL is a no-op. Rings created from it stay
 /// valid to destroy; their calls then fail `TENT_ERR_SHUTDOWN`. Using the

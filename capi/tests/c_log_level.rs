@@ -84,3 +84,35 @@ fn c_log_level_is_the_first_engine_s_and_tent_log_overrides_it() {
     let env = stderr_of(&[config("error")], Some("debug"));
     assert!(!lines_at(&env, "DEBUG").is_empty(), "{env}");
 }
+
+#[test]
+fn c_reload_sets_the_process_log_level_unless_tent_log_decides() {
+    let reload = format!("reload:{}", config("info"));
+    let out = stderr_of(&[config("warn"), reload.clone()], None);
+    assert!(out.contains("reloaded: generation 2"), "{out}");
+    assert!(
+        lines_at(&out, "INFO")
+            .iter()
+            .any(|l| l.contains("configuration reloaded")),
+        "the reload's own INFO line is not on stderr: the level did not move:\n{out}"
+    );
+    // Under TENT_LOG the filter decides: the reload is refused, naming
+    // the key and why, and nothing is applied.
+    let env = stderr_of(&[config("warn"), reload], Some("warn"));
+    assert!(
+        env.contains("reload refused: ")
+            && env.contains("log_level cannot change here")
+            && env.contains("TENT_LOG"),
+        "{env}"
+    );
+    // A key that needs a restart is refused by name.
+    let restart = format!(
+        "reload:{}",
+        r#"{"log_level": "warn", "block_size": 4096, "workers": {"count": 1, "pin": false, "park_timeout_ms": 20}}"#
+    );
+    let refused = stderr_of(&[config("warn"), restart], None);
+    assert!(
+        refused.contains("reload refused: ") && refused.contains("block_size cannot change"),
+        "{refused}"
+    );
+}

@@ -123,6 +123,22 @@ impl TransferEngine {
         Ok(self.live(py)?.engine.segment_name())
     }
 
+    /// Apply a new configuration (a path, inline JSON or a dict, as the
+    /// constructor takes; beyond TENT): the reloadable keys
+    /// (`tent::config::RELOADABLE`: failover budget, rail policy and
+    /// selector, QoS intervals, `log_level`) take effect at the next
+    /// decision that reads them; `log_level` sets what the whole process's
+    /// module logs, unless `TENT_LOG` decides or the process installed its
+    /// own subscriber. Returns the configuration generation. Raises
+    /// `InvalidArgumentError`, applying nothing, naming each key that
+    /// needs a restart, or why `log_level` cannot change.
+    #[pyo3(signature = (config_path))]
+    fn reload(&self, py: Python<'_>, config_path: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let live = self.live(py)?;
+        let cfg = config(py, Some(config_path))?;
+        py.detach(|| live.engine.reload(cfg)).py(py)
+    }
+
     /// Open a peer's segment by name; returns its handle (`target_id`).
     fn open_segment(&self, py: Python<'_>, segment_name: &str) -> PyResult<u64> {
         let live = self.live(py)?;

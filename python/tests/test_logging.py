@@ -46,3 +46,40 @@ def test_log_level_is_the_first_engine_s_and_tent_log_overrides_it():
     assert not lines_at(two, "DEBUG"), two
     assert any("log_level applies per process" in l for l in lines_at(two, "WARN")), two
     assert lines_at(stderr_of("error", tent_log="debug"), "DEBUG")
+
+
+def reload_stderr(first, then, tent_log=None):
+    """Start one engine at `first`'s log_level, reload it with `then`'s
+    configuration (a dict merged over CONFIG), in a fresh process; the
+    reload's outcome (printed) and stderr."""
+    base = json.loads(CONFIG)
+    script = (
+        "import sys, tent\n"
+        "e = tent.TransferEngine(sys.argv[1])\n"
+        "try:\n"
+        "    print('generation', e.reload(sys.argv[2]))\n"
+        "except tent.InvalidArgumentError as x:\n"
+        "    print('refused', x)\n"
+        "e.close()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("TENT_LOG", "TENT_CONF")}
+    if tent_log is not None:
+        env["TENT_LOG"] = tent_log
+    out = subprocess.run(
+        [sys.executable, "-c", script, json.dumps({**base, "log_level": first}),
+         json.dumps({**base, **then})],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout, out.stderr
+
+
+def test_reload_sets_the_process_log_level_unless_tent_log_decides():
+    said, err = reload_stderr("warn", {"log_level": "info"})
+    assert said.strip() == "generation 2", said + err
+    assert any("configuration reloaded" in l for l in lines_at(err, "INFO")), err
+    said, err = reload_stderr("warn", {"log_level": "info"}, tent_log="warn")
+    assert said.startswith("refused") and "log_level cannot change here" in said, said
+    assert "TENT_LOG" in said, said
+    said, _ = reload_stderr("warn", {"log_level": "warn", "block_size": 4096})
+    assert said.startswith("refused") and "block_size cannot change" in said, said

@@ -1,10 +1,21 @@
 //! `Engine::reload`: the configuration keys an engine applies while it runs
-//! ([`crate::config::RELOADABLE`]), held in [`LiveSettings`] that the
-//! workers and the rails read where they decide (the failover budget when a
-//! task fails, the promotion timeout every turn that promotes, a rail's
-//! policy at each of its failures), so a reload takes effect on the next
-//! such decision. Every other key needs a restart: a reload that changes
-//! one is refused, naming it, and applies nothing.
+//! ([`crate::config::RELOADABLE`]), each read where it is decided, so a
+//! reload takes effect on the next such decision:
+//! - in [`LiveSettings`], atomics the workers read: the failover budget
+//!   when a task fails, the promotion timeout every turn that promotes;
+//! - in each network transport's rails: the rail policy at each of a
+//!   rail's failures (`LiveRailPolicy`), the selector at each pick, plan
+//!   and estimate (`LiveSelector`: a worker sees a new one with one relaxed
+//!   load, `arc_swap::Cache`), priority filtering and its hold with it;
+//! - in the slot file: the rotation interval, for every participant (the
+//!   group keeps one interval; `qos::slots` says why);
+//! - through `crate::logging`: the process's log level, where tent (or
+//!   the application) registered a way to change it; refused elsewhere.
+//!
+//! Every other key needs a restart: a reload that changes one is refused,
+//! naming it, and applies nothing. All checks come first; the log level,
+//! the one change that can fail, is applied before the others, so a
+//! refused reload changes nothing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -17,7 +28,7 @@ use super::segments::NETWORK;
 use crate::clock::nanos;
 use crate::config::{Config, RELOADABLE, reloadable};
 use crate::error::{Error, Result};
-use crate::transport::rails::RailPolicy;
+use crate::transport::rails::{DeviceSelector, RailPolicy, SelectorConfig};
 
 /// The reloadable settings as the engine applies them now.
 #[derive(Debug)]
@@ -82,14 +93,22 @@ impl LiveSettings {
 impl Engine {
     /// Apply `config`'s reloadable keys ([`crate::config::RELOADABLE`]:
     /// the failover budget, the promotion timeout, the rails' thresholds
-    /// and cooldowns) while the engine runs; each takes effect at the next
-    /// decision that reads it. Returns the configuration generation now
-    /// (`/health` says it).
+    /// and cooldowns, the rail selector's parameters, priority filtering,
+    /// the QoS slot interval, the log level) while the engine runs; each
+    /// takes effect at the next decision that reads it. Returns the
+    /// configuration generation now (`/health` says it).
+    ///
+    /// `log_level` is the process's: it is applied where tent installed
+    /// the `tracing` subscriber (`tent-bench`, the C and Python libraries)
+    /// or the application registered a setter
+    /// ([`crate::logging::control_level`]). `slot_rotation_interval_ms`
+    /// with a slot file is the group's: every participant follows it.
     ///
     /// # Errors
-    /// `InvalidArgument` when `config` does not validate, or when it
-    /// changes a key that needs a restart (each is named; nothing is
-    /// applied).
+    /// `InvalidArgument` when `config` does not validate, when it changes
+    /// a key that needs a restart (each is named), or when it changes
+    /// `log_level` and nothing in this process can apply it (named, with
+    /// why). Nothing is applied then.
     pub fn reload(&self, config: Config) -> Result<u64> {
         config.validate().map_err(|e| {
             Error::invalid("reload: the configuration does not validate").with_source(e)
@@ -113,14 +132,34 @@ impl Engine {
         if changed.is_empty() {
             return Ok(live.generation());
         }
+        if changed.contains(&"log_level") {
+            crate::logging::set_level(config.log_level).map_err(|e| {
+                Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("reload: log_level cannot change here: {e}; nothing was applied"),
+                )
+            })?;
+        }
         live.store(&config);
         let policy = RailPolicy::from_config(&config);
+        let selector =
+            std::sync::Arc::new(DeviceSelector::new(SelectorConfig::from_config(&config)));
         for &k in NETWORK {
-            if let Some(t) = self.shared.transports.slot(k).load_full()
-                && let Some(p) = t.transport.live_rail_policy()
-            {
-                p.set(policy);
+            if let Some(t) = self.shared.transports.slot(k).load_full() {
+                if let Some(p) = t.transport.live_rail_policy() {
+                    p.set(policy);
+                }
+                if let Some(s) = t.transport.live_selector() {
+                    s.store(selector.clone());
+                }
             }
+        }
+        if changed.contains(&"transports/rdma/slot_rotation_interval_ms")
+            && let Some(slots) = &self.slots
+        {
+            slots
+                .clock()
+                .set_interval(config.transports.rdma.slot_rotation_interval_ms);
         }
         let mut next = (*now).clone();
         for key in &changed {

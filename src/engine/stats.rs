@@ -106,10 +106,12 @@ impl Engine {
         self.observer.topology_report()
     }
 
-    /// The RDMA rails this engine would form to the peer `segment`, from
-    /// its descriptor (fetched with this engine's secret within
-    /// `timeout`), with why there are none when there are none. Connects
-    /// no QP. An error when the descriptor cannot be fetched.
+    /// The RDMA and TCP rails this engine would form to the peer
+    /// `segment`, from its descriptor (fetched with this engine's secret
+    /// within `timeout`), with why there are none when there are none.
+    /// Connects no QP and no TCP connection (the TCP rails' local ends are
+    /// the routing table's, as the TCP transport asks it). An error when
+    /// the descriptor cannot be fetched.
     pub fn planned_rails(
         &self,
         segment: &str,
@@ -122,9 +124,15 @@ impl Engine {
                 .map(|n| (n.ctx.name().to_owned(), n.gid()))
                 .collect()
         });
-        Ok(super::topology_report::planned_rails(
-            segment, &ours, &desc.nics,
-        ))
+        let mut rails = super::topology_report::planned_rails(segment, &ours, &desc.nics);
+        let tcp = tent_rings::TransportKind::Tcp;
+        (rails.tcp, rails.tcp_note) = super::topology_report::planned_tcp_rails(
+            self.shared.transports.slot(tcp).load().is_some(),
+            desc.transports.contains(&(tcp as u8)),
+            &desc.rails,
+            crate::transport::tcp::route_to,
+        );
+        Ok(rails)
     }
 
     /// Where the HTTP endpoint listens (`http://ip:port`; `None` with

@@ -3,20 +3,23 @@
 //! and the GID in use with why, where every worker runs and why, and, for
 //! a peer, the rails the engine would form to it.
 //!
-//! The reading (port queries, GID tables, sysfs) happens in
-//! `nic_facts`; every decision the report states is a pure function of
-//! what was read (`nic_report`, `worker_reports`, `planned_rails`),
-//! the same functions the engine decides with (`gid::choose`,
-//! `Topology::place_workers_near`, `plan_rails`).
+//! The reading (port queries, GID tables, sysfs, routes) happens in
+//! `nic_facts` and the TCP transport's `route_to`; every decision the
+//! report states is a pure function of what was read (`nic_report`,
+//! `worker_reports`, `planned_rails`, `planned_tcp_rails`), the same
+//! functions the engine decides with (`gid::choose`,
+//! `Topology::place_workers_near`, `plan_rails`, the TCP transport's
+//! `plan_routes`).
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::wire::NicEntry;
+use crate::control::wire::{NicEntry, RailEntry};
 use crate::topology::Topology;
 use crate::transport::rails::Sysfs;
 use crate::transport::rdma::Nic;
 use crate::transport::rdma::gid::{self, GidChoice, GidEntry, GidType, LinkLayer};
 use crate::transport::rdma::transport::plan_rails;
+use crate::transport::tcp::{Route, plan_routes};
 
 /// What the engine knows about this host and how it uses it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -110,8 +113,31 @@ pub struct RailsTo {
     pub segment: String,
     /// The RDMA rails, best spread first.
     pub rdma: Vec<PlannedRail>,
-    /// Why there are none, or what was left out.
+    /// Why there are no RDMA rails, or what was left out.
     pub note: Option<String>,
+    /// The TCP rails, in the peer's order.
+    #[serde(default)]
+    pub tcp: Vec<PlannedTcpRail>,
+    /// Why there are no TCP rails, or which advertised ones no route
+    /// reaches.
+    #[serde(default)]
+    pub tcp_note: Option<String>,
+}
+
+/// One TCP rail: the local interface the routing table picks for one of
+/// the peer's advertised addresses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedTcpRail {
+    /// Local interface name (the address when no interface holds it).
+    pub local: String,
+    /// Local address.
+    pub local_addr: String,
+    /// The peer's rail name (its interface).
+    pub remote: String,
+    /// The peer's address on it.
+    pub remote_addr: String,
+    /// Whether the local interface's link is up.
+    pub link_up: bool,
 }
 
 /// One rail between a local and a remote NIC.
@@ -367,7 +393,54 @@ pub(crate) fn planned_rails(
         segment: segment.to_owned(),
         rdma,
         note,
+        tcp: Vec::new(),
+        tcp_note: None,
     }
+}
+
+/// The TCP rails to a peer that advertises `theirs` (and serves TCP:
+/// `they_serve`), from an engine with TCP installed (`here`), each
+/// advertised rail routed by `route` (the transport's `route_to`), kept or
+/// left out as the transport's `plan_routes` does when it attaches.
+pub(crate) fn planned_tcp_rails(
+    here: bool,
+    they_serve: bool,
+    theirs: &[RailEntry],
+    route: impl Fn(&RailEntry) -> std::io::Result<Route>,
+) -> (Vec<PlannedTcpRail>, Option<String>) {
+    if !here {
+        return (Vec::new(), Some("TCP is not installed here".to_owned()));
+    }
+    if !they_serve || theirs.is_empty() {
+        return (
+            Vec::new(),
+            Some("the peer advertises no TCP rail".to_owned()),
+        );
+    }
+    let (routes, skipped) = plan_routes(theirs, route);
+    let rails: Vec<PlannedTcpRail> = routes
+        .into_iter()
+        .map(|(e, r)| PlannedTcpRail {
+            local: r.local_name,
+            local_addr: r.local_ip.to_string(),
+            remote: e.name.clone(),
+            remote_addr: e.addr.clone(),
+            link_up: r.up,
+        })
+        .collect();
+    let left_out: Vec<String> = skipped
+        .iter()
+        .map(|(e, why)| format!("{}@{}: {why}", e.name, e.addr))
+        .collect();
+    let note = match (rails.is_empty(), left_out.is_empty()) {
+        (_, true) => None,
+        (true, false) => Some(format!(
+            "no advertised TCP rail is reachable from here ({})",
+            left_out.join("; ")
+        )),
+        (false, false) => Some(format!("left out: {}", left_out.join("; "))),
+    };
+    (rails, note)
 }
 
 impl std::fmt::Display for TopologyReport {
@@ -429,6 +502,21 @@ impl std::fmt::Display for TopologyReport {
                 )?;
             }
             if let Some(note) = &r.note {
+                writeln!(f, "  ({note})")?;
+            }
+            writeln!(f, "TCP rails to {}:", r.segment)?;
+            for rail in &r.tcp {
+                writeln!(
+                    f,
+                    "  {} {} -> {} {}, link {}",
+                    rail.local,
+                    rail.local_addr,
+                    rail.remote,
+                    rail.remote_addr,
+                    if rail.link_up { "up" } else { "down" }
+                )?;
+            }
+            if let Some(note) = &r.tcp_note {
                 writeln!(f, "  ({note})")?;
             }
         }

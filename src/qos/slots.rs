@@ -65,8 +65,24 @@
 //!               | HIGH's work last ended (ns) | MEDIUM's
 //! ```
 //!
-//! Trust: a slot value outside 0..=2 opens every priority, and the seats
-//! looked at are clamped to the table. A process of the same user can
+//! **One interval per group, and a reload moves the group.** The memory
+//! holds the interval every participant rotates, watches and holds slots
+//! by; a joiner naming another is refused while live participants hold
+//! the file. `Engine::reload` of `slot_rotation_interval_ms` writes the
+//! new interval there ([`SlotClock::set_interval`]): every participant
+//! reads it at its next decision (the owner's next tick, a watcher's next
+//! look and its silence limit, the gate's hold and recheck), so the group
+//! changes together and never runs two intervals at once. A slot boundary
+//! that means one thing in one process and another in the next would
+//! leave no common window, and a watcher judging an owner's silence by a
+//! shorter interval would take a live owner's lease. The other
+//! participants log the change; their own configurations still name the
+//! old value, so a process that starts later must name the new one (or
+//! wait until every participant has left the file).
+//!
+//! Trust: a slot value outside 0..=2 opens every priority, an interval
+//! outside the configuration's range (1 ms to 60 s) is read as its nearest
+//! bound, and the seats looked at are clamped to the table. A process of the same user can
 //! still write the memory and stall the rotation (it could equally stop or
 //! signal this process); it cannot make a participant fault.
 
@@ -93,6 +109,10 @@ const SLOT_MAGIC: u64 = u64::from_le_bytes(*b"TENTSLOT");
 pub(crate) const SEATS: usize = 64;
 /// Payload bytes: the header line, then a line per seat.
 const PAYLOAD_LEN: usize = 64 * (1 + SEATS);
+/// The intervals a participant reads from the memory: the range of
+/// `slot_rotation_interval_ms`, whatever another process wrote.
+const MIN_INTERVAL_NS: u64 = 1_000_000;
+const MAX_INTERVAL_NS: u64 = 60_000_000_000;
 /// A seat's demand word: one HIGH worker, one MEDIUM worker.
 const HIGH_UNIT: u64 = 1;
 const MEDIUM_UNIT: u64 = 1 << 32;
@@ -184,11 +204,8 @@ pub(crate) fn allows(slot: u8, p: Priority) -> bool {
 /// Dropping it gives its seat back.
 #[derive(Debug)]
 pub struct SlotClock {
-    interval: Duration,
     /// This participant's lease id (random, non-zero).
     me: u32,
-    /// How long a class's ended work keeps its slots: one cycle.
-    hold_ns: u64,
     /// Its place in the slot file: seat, memory, socket, locks.
     file: SlotFile,
 }
@@ -235,9 +252,7 @@ impl SlotClock {
         };
         let file = SlotFile::join(&name[1..], SEATS, SLOT_FORMAT, &init, &check)?;
         let clock = SlotClock {
-            interval,
             me: crate::control::auth::random_nonzero_u64().get() as u32 | 1,
-            hold_ns: interval_ns.saturating_mul(3),
             file,
         };
         let p = clock.payload();
@@ -294,26 +309,64 @@ impl SlotClock {
     /// Seats (this participant's included) whose work closes slots to `p`
     /// at `now`: work above `p` live, or ended within the last cycle.
     pub fn busy_seats(&self, p: Priority, now: u64) -> usize {
+        let hold = self.hold_ns();
         self.seats()
             .iter()
-            .filter(|s| self.holds(s, p, now))
+            .filter(|s| holds(s, p, now, hold))
             .count()
     }
 
-    /// Does `seat` keep the slots that close to `p` closed at `now`?
+    /// How long a class's ended work keeps its slots: one cycle (three
+    /// intervals) of the group's interval now.
     #[inline]
-    fn holds(&self, seat: &Seat, p: Priority, now: u64) -> bool {
-        let above = match p {
-            Priority::High => return false,
-            Priority::Medium => 1,
-            Priority::Low => 2,
-        };
-        seat.demand.load(Ordering::Relaxed) & demand_mask(p) != 0
-            || seat.ended_ns[..above]
-                .iter()
-                .any(|e| now < e.load(Ordering::Relaxed).saturating_add(self.hold_ns))
+    fn hold_ns(&self) -> u64 {
+        self.interval_ns().saturating_mul(3)
     }
 
+    /// The group's interval in ns now (see the module notes), within
+    /// the configuration's range.
+    #[inline]
+    fn interval_ns(&self) -> u64 {
+        // Relaxed: a value, not a publication; a participant that reads
+        // the old one a moment longer decides one more time by it.
+        self.payload()
+            .interval_ns
+            .load(Ordering::Relaxed)
+            .clamp(MIN_INTERVAL_NS, MAX_INTERVAL_NS)
+    }
+
+    /// Make `interval` the group's rotation interval (`Engine::reload`):
+    /// every participant, this one included, decides by it from its next
+    /// decision on (see the module notes). Returns the interval it
+    /// replaces.
+    pub(crate) fn set_interval(&self, interval: Duration) -> Duration {
+        let ns = u64::try_from(interval.as_nanos())
+            .unwrap_or(u64::MAX)
+            .clamp(MIN_INTERVAL_NS, MAX_INTERVAL_NS);
+        let before = self.interval();
+        self.payload().interval_ns.store(ns, Ordering::Relaxed);
+        tracing::info!(path = %self.path().display(), from_us = before.as_micros() as u64,
+            to_us = ns / 1_000, "slot file: rotation interval changed for every participant");
+        before
+    }
+}
+
+/// Does `seat` keep the slots that close to `p` closed at `now`, ended
+/// work holding them for `hold_ns`?
+#[inline]
+fn holds(seat: &Seat, p: Priority, now: u64, hold_ns: u64) -> bool {
+    let above = match p {
+        Priority::High => return false,
+        Priority::Medium => 1,
+        Priority::Low => 2,
+    };
+    seat.demand.load(Ordering::Relaxed) & demand_mask(p) != 0
+        || seat.ended_ns[..above]
+            .iter()
+            .any(|e| now < e.load(Ordering::Relaxed).saturating_add(hold_ns))
+}
+
+impl SlotClock {
     /// The lease word now.
     pub fn lease(&self) -> Lease {
         Lease(self.payload().lease.load(Ordering::Acquire))
@@ -345,9 +398,10 @@ impl SlotClock {
         self.file.serve()
     }
 
-    /// The rotation interval.
+    /// The group's rotation interval now: the one it was opened with,
+    /// unless a participant's reload changed it since.
     pub fn interval(&self) -> Duration {
-        self.interval
+        Duration::from_nanos(self.interval_ns())
     }
 
     /// Swap the lease from `from` to `to`; the word found otherwise.
@@ -432,7 +486,8 @@ impl SendGate for SlotClock {
         // above it, or had within the cycle (a line per seat in use, which
         // changes only when a worker's first or last such task comes or
         // goes).
-        !self.seats().iter().any(|s| self.holds(s, p, now))
+        let hold = self.hold_ns();
+        !self.seats().iter().any(|s| holds(s, p, now, hold))
     }
 
     fn demand(&self, p: Priority, busy: bool) {
@@ -456,7 +511,7 @@ impl SendGate for SlotClock {
 
     fn recheck_after(&self) -> Duration {
         // A closed lane looks again within an eighth of a slot.
-        (self.interval / 8).max(Duration::from_micros(50))
+        (self.interval() / 8).max(Duration::from_micros(50))
     }
 }
 
@@ -537,15 +592,23 @@ fn rotate(clock: &SlotClock, stop: &AtomicBool) {
     // default 50 us timer slack.
     // PR_SET_TIMERSLACK only changes this thread's timer slack.
     let _ = rustix::thread::set_current_timer_slack(NonZeroU64::new(1));
-    let interval = clock.interval;
-    let look = (interval / 4).max(Duration::from_micros(50));
-    let silent = interval + interval * 3 / 4;
+    let mut interval = clock.interval();
     let p = clock.payload();
     let mut role = Role::Watcher {
         seen: clock.lease(),
         since: Instant::now(),
     };
     loop {
+        // The group's interval as of this step: a reload anywhere in the
+        // group applies from the next tick or look.
+        let now_iv = clock.interval();
+        if now_iv != interval {
+            tracing::info!(path = %clock.path().display(), from_us = interval.as_micros() as u64,
+                to_us = now_iv.as_micros() as u64, "slot clock: the group's rotation interval changed");
+            interval = now_iv;
+        }
+        let look = (interval / 4).max(Duration::from_micros(50));
+        let silent = interval + interval * 3 / 4;
         match role {
             Role::Owner { next } => {
                 if !nap_until(clock, stop, next) {
@@ -790,6 +853,45 @@ mod tests {
             b.can_send(Low, later + 151_000_000),
             "and what it left cleared"
         );
+    }
+
+    /// A reload in one participant moves the group: another participant's
+    /// next decisions (the hold of ended work, the recheck, what a joiner
+    /// must name) follow the new interval; the simulated `now` shows the
+    /// hold decision on both sides of the new cycle.
+    #[test]
+    #[cfg_attr(miri, ignore = "/dev/shm file")]
+    fn a_reloaded_interval_applies_to_every_participant_at_its_next_decision() {
+        use Priority::*;
+        let n = name("reload");
+        let _c = Cleanup(n.clone());
+        let iv = Duration::from_millis(50);
+        let a = SlotClock::open(&n, iv).unwrap();
+        let b = open_beside(&n, iv, &[&a]).unwrap();
+        a.payload()
+            .lease
+            .store(Lease::new(0, 0, 0).0, Ordering::Relaxed);
+        a.demand(High, true);
+        a.demand(High, false);
+        let ended = crate::clock::monotonic_ns();
+        // A cycle of 3 x 50 ms holds slot 0 for HIGH.
+        assert!(!b.can_send(Low, ended + 40_000_000));
+        assert_eq!(b.recheck_after(), Duration::from_micros(6_250));
+        assert_eq!(a.set_interval(Duration::from_millis(10)), iv);
+        // The next decision in the other participant: a 30 ms cycle.
+        assert_eq!(b.interval(), Duration::from_millis(10));
+        assert!(!b.can_send(Low, ended + 29_000_000));
+        assert!(b.can_send(Low, ended + 31_000_000));
+        assert_eq!(b.busy_seats(Low, ended + 31_000_000), 0);
+        assert_eq!(b.recheck_after(), Duration::from_micros(1_250));
+        // A joiner must name the group's interval now.
+        let e = open_beside(&n, iv, &[&a, &b]).unwrap_err();
+        assert!(e.to_string().contains("rotated every 10000 us"), "{e}");
+        let c = open_beside(&n, Duration::from_millis(10), &[&a, &b]).unwrap();
+        assert_eq!(c.interval(), Duration::from_millis(10));
+        // Out of the configuration's range in the memory: its bound.
+        a.payload().interval_ns.store(0, Ordering::Relaxed);
+        assert_eq!(c.interval(), Duration::from_millis(1));
     }
 
     #[test]

@@ -238,6 +238,10 @@ impl Transport for FaultProxyTransport {
         self.inner.live_rail_policy()
     }
 
+    fn live_selector(&self) -> Option<Arc<super::rails::LiveSelector>> {
+        self.inner.live_selector()
+    }
+
     fn reaches(&self, segment: &Segment) -> bool {
         self.inner.reaches(segment)
     }

@@ -234,6 +234,12 @@ pub trait Transport: Send + Sync + 'static {
         None
     }
 
+    /// The selector its rails pick with (`None`: it has no rails):
+    /// `Engine::reload` replaces it, each worker sees it at its next pick.
+    fn live_selector(&self) -> Option<Arc<rails::LiveSelector>> {
+        None
+    }
+
     /// Sleep worker `ctx` until one of this transport's completions is
     /// ready, the worker's bell `word` moves off `seen` (a futex word: a
     /// submitter bumps it and wakes it), or `timeout` passes. Called only

@@ -214,6 +214,20 @@ fn main() {
         .with_filter_reloading();
     let reload = builder.reload_handle();
     builder.init();
+    // `Engine::reload` (SIGHUP in target mode) sets the level through this
+    // handle; under TENT_LOG the filter decides and a new level is refused.
+    let filtered = std::env::var_os("TENT_LOG").is_some();
+    tent::logging::control_level({
+        let reload = reload.clone();
+        move |level| {
+            if filtered {
+                return Err("the TENT_LOG filter decides what tent-bench logs".to_owned());
+            }
+            reload
+                .reload(tracing_subscriber::EnvFilter::new(level.as_str()))
+                .map_err(|e| e.to_string())
+        }
+    });
     let chosen = std::env::var_os(tent::config::ENV_VAR).is_some()
         || std::env::var_os("TENT_LOG_LEVEL").is_some();
     if std::env::var_os("TENT_LOG").is_none()

@@ -119,6 +119,63 @@ fn sighup_reloads_a_targets_configuration() {
     hup_and_wait("configuration reloaded (generation 2)");
     std::fs::write(&conf, r#"{"max_failover_attempts": 5, "block_size": 4096}"#).unwrap();
     hup_and_wait("reload refused: InvalidArgument: reload: block_size cannot change");
+    // TENT_LOG decides what this target logs: a new log_level is refused.
+    std::fs::write(
+        &conf,
+        r#"{"max_failover_attempts": 5, "log_level": "debug"}"#,
+    )
+    .unwrap();
+    hup_and_wait("reload refused: InvalidArgument: reload: log_level cannot change here");
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Without TENT_LOG the target logs at its configuration's `log_level`,
+/// and SIGHUP with another applies it: the reload's own INFO line shows.
+#[test]
+fn sighup_applies_a_new_log_level() {
+    let dir = std::env::temp_dir().join(format!("tent-sighup-level-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("tent.json");
+    std::fs::write(&conf, r#"{"log_level": "warn"}"#).unwrap();
+    let mut child = Command::new(BENCH)
+        .args(["--mode", "target", "--transport", "tcp"])
+        .args(["--buffer-size", "1M", "--exit-on-stdin-eof"])
+        .env("TENT_CONF", &conf)
+        .env_remove("TENT_LOG")
+        .env_remove("TENT_LOG_LEVEL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = BufReader::new(child.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for l in err.lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    std::fs::write(&conf, r#"{"log_level": "info"}"#).unwrap();
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGHUP) }, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut lines = Vec::new();
+    let mut traced = false;
+    while !traced {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let l = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no INFO line: {lines:#?}"));
+        assert!(!l.contains("reload refused"), "{l}");
+        // The tracing line (colours or not), not the target's own line.
+        traced = l.contains("INFO") && l.contains("configuration reloaded") && l.contains("keys");
+        lines.push(l);
+    }
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(&dir);

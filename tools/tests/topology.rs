@@ -86,6 +86,7 @@ fn with_a_target_it_shows_the_rails_to_it() {
         .unwrap();
     let name = name.trim().to_owned();
     let text = topology(&["--json", "--target", &name]);
+    let plain = topology(&["--target", &name]);
     drop(target.stdin.take());
     assert!(target.wait().unwrap().success());
     let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
@@ -97,6 +98,24 @@ fn with_a_target_it_shows_the_rails_to_it() {
     } else {
         assert!(!rails["rdma"].as_array().unwrap().is_empty(), "{v}");
     }
+    // The target serves TCP on the address its name holds: a rail to it,
+    // leaving through the interface that holds the route's local address.
+    let host = name.rsplit_once(':').unwrap().0;
+    let tcp = rails["tcp"].as_array().unwrap();
+    assert!(!tcp.is_empty(), "no TCP rail to a TCP target: {v}");
+    assert!(
+        tcp.iter()
+            .any(|r| r["remote_addr"].as_str().unwrap().starts_with(host)
+                && !r["local"].as_str().unwrap().is_empty()
+                && !r["local_addr"].as_str().unwrap().is_empty()),
+        "{v}"
+    );
+    assert!(rails["tcp_note"].is_null(), "{v}");
+    // And the text form lists it.
+    assert!(
+        plain.contains(&format!("TCP rails to {name}:\n  ")),
+        "{plain}"
+    );
 }
 
 #[test]

@@ -259,6 +259,88 @@ fn rails_to_a_peer_are_the_transports_pairs() {
     );
 }
 
+fn rail(name: &str, addr: &str) -> RailEntry {
+    RailEntry {
+        name: name.to_owned(),
+        addr: addr.to_owned(),
+    }
+}
+
+/// A routing table: 10.0.1.x leaves through eth1 (down), 10.0.0.x through
+/// eth0; nothing else is reached.
+fn fake_route(e: &RailEntry) -> std::io::Result<Route> {
+    let remote: std::net::SocketAddr = e.addr.parse().map_err(std::io::Error::other)?;
+    let (local, ip, up) = match remote.ip().to_string() {
+        a if a.starts_with("10.0.0.") => ("eth0", "10.0.0.1", true),
+        a if a.starts_with("10.0.1.") => ("eth1", "10.0.1.1", false),
+        _ => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NetworkUnreachable,
+                "no route",
+            ));
+        }
+    };
+    Ok(Route {
+        remote,
+        local_ip: ip.parse().unwrap(),
+        local_name: local.to_owned(),
+        ifindex: 2,
+        up,
+        remote_name: format!("{}@{}", e.name, e.addr),
+    })
+}
+
+#[test]
+fn tcp_rails_to_a_peer_are_the_routes_the_transport_would_take() {
+    let theirs = vec![
+        rail("eth0", "10.0.0.11:7001"),
+        rail("ib0", "192.168.9.11:7001"),
+        rail("eth1", "10.0.1.11:7001"),
+    ];
+    let (rails, note) = planned_tcp_rails(true, true, &theirs, fake_route);
+    assert_eq!(
+        rails,
+        [
+            PlannedTcpRail {
+                local: "eth0".to_owned(),
+                local_addr: "10.0.0.1".to_owned(),
+                remote: "eth0".to_owned(),
+                remote_addr: "10.0.0.11:7001".to_owned(),
+                link_up: true,
+            },
+            PlannedTcpRail {
+                local: "eth1".to_owned(),
+                local_addr: "10.0.1.1".to_owned(),
+                remote: "eth1".to_owned(),
+                remote_addr: "10.0.1.11:7001".to_owned(),
+                link_up: false,
+            },
+        ]
+    );
+    assert_eq!(
+        note.as_deref(),
+        Some("left out: ib0@192.168.9.11:7001: no route")
+    );
+    let (none, why) = planned_tcp_rails(true, true, &theirs[1..2], fake_route);
+    assert!(none.is_empty());
+    assert_eq!(
+        why.as_deref(),
+        Some("no advertised TCP rail is reachable from here (ib0@192.168.9.11:7001: no route)")
+    );
+    assert_eq!(
+        planned_tcp_rails(false, true, &theirs, fake_route)
+            .1
+            .as_deref(),
+        Some("TCP is not installed here")
+    );
+    assert_eq!(
+        planned_tcp_rails(true, false, &theirs, fake_route)
+            .1
+            .as_deref(),
+        Some("the peer advertises no TCP rail")
+    );
+}
+
 #[test]
 fn the_text_form_has_a_line_per_node_nic_and_worker() {
     let t = two_nodes();
@@ -300,6 +382,30 @@ fn the_text_form_has_a_line_per_node_nic_and_worker() {
         serde_json::from_str::<TopologyReport>(&json).unwrap(),
         report
     );
+    // With a peer: a line per RDMA and TCP rail, and the notes.
+    let mut with = report.clone();
+    let (tcp, tcp_note) = planned_tcp_rails(
+        true,
+        true,
+        &[rail("eth0", "10.0.0.11:7001"), rail("x", "1.2.3.4:5")],
+        fake_route,
+    );
+    with.rails_to = Some(RailsTo {
+        tcp,
+        tcp_note,
+        ..planned_rails("10.0.0.11:7000", &[], &[])
+    });
+    let text = with.to_string();
+    assert!(
+        text.ends_with(
+            "RDMA rails to 10.0.0.11:7000:\n  (no RDMA NIC here)\n\
+             TCP rails to 10.0.0.11:7000:\n  eth0 10.0.0.1 -> eth0 10.0.0.11:7001, link up\n  \
+             (left out: x@1.2.3.4:5: no route)\n"
+        ),
+        "{text}"
+    );
+    let json = serde_json::to_string(&with).unwrap();
+    assert_eq!(serde_json::from_str::<TopologyReport>(&json).unwrap(), with);
     assert_eq!(cpu_ranges(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
     assert_eq!(cpu_ranges(&[]), "");
 }

@@ -18,20 +18,17 @@ mod set;
 mod stats;
 
 pub use device::{DeviceInfo, Sysfs, valid_name};
-pub use links::RailLinks;
 pub(crate) use links::LinkListener;
-pub use monitor::{RailStat, RailState};
+pub use links::RailLinks;
 pub use monitor::{
     LiveRailPolicy, MAX_COOLDOWN_NS, PROBE_EVERY_NS, RailMonitor, RailPolicy, ReviewClock,
-    SLOW_FOR_NS, SLOW_RATIO,
-    review_bandwidth,
+    SLOW_FOR_NS, SLOW_RATIO, review_bandwidth,
 };
+pub use monitor::{RailStat, RailState};
 pub use selector::{
-    DeviceSelector, MAX_MEM_NODES, MAX_RAILS, NoRail, PROBE_EVERY, RailLoad, RailSpec,
-    SelectPolicy, SelectorConfig, Spray, Tiers, allocate, score,
-};
-pub(crate) use set::{
-    Ask, MAX_RAIL_MOVES, RailDesc, RailSet, WorkerRails, is_rail_fault,
+    DeviceSelector, LiveSelector, MAX_MEM_NODES, MAX_RAILS, NoRail, PROBE_EVERY, RailLoad,
+    RailSpec, SelectPolicy, SelectorConfig, Spray, Tiers, allocate, score,
 };
 pub use set::Placement;
+pub(crate) use set::{Ask, MAX_RAIL_MOVES, RailDesc, RailSet, WorkerRails, is_rail_fault};
 pub use stats::TrafficStats;

@@ -89,8 +89,22 @@
 //! At most [`MAX_RAILS`] rails: those past it are ignored, so the scratch
 //! of a plan lives in fixed arrays on the stack; a `Spray`'s own arrays
 //! are sized once, in [`Spray::new`].
+//!
+//! **Reload.** A transport holds its selector in a [`LiveSelector`] that
+//! `Engine::reload` replaces whole; every `Spray` method takes the selector
+//! as it is at that call, so each knob applies from the next decision that
+//! reads it (a pick, a plan, an estimate's update). What a `Spray` fixes at
+//! [`Spray::new`] is only what the rail is: its theoretical bandwidth and
+//! its depth (the bandwidth keys decide the former when a peer attaches,
+//! so they need a restart).
 
 use crate::config::Config;
+
+/// The selector every rail of a transport reads, replaced whole by
+/// `Engine::reload`: a worker keeps an `arc_swap::Cache` of it and finds a
+/// new one with one relaxed load per pick (no lock, no count, no
+/// allocation).
+pub type LiveSelector = arc_swap::ArcSwap<DeviceSelector>;
 
 /// Rails a [`Spray`] uses; rails past this are ignored.
 pub const MAX_RAILS: usize = 64;
@@ -432,19 +446,20 @@ fn jitter(rng: &mut u64, range: f64) -> f64 {
 struct Fixed {
     /// Bytes per second.
     theoretical: f64,
-    /// The estimate's clamps, `[ewma_min, ewma_max] × theoretical`.
-    lo: f64,
-    hi: f64,
     /// [`RailSpec::depth`].
     depth: u32,
 }
 
 impl Fixed {
-    /// `estimate` within the clamps (max/min rather than `f64::clamp`,
-    /// which panics on NaN or on the inverted bounds a hand-built config
-    /// could hold).
-    fn clamp(&self, estimate: f64) -> f64 {
-        estimate.max(self.lo).min(self.hi)
+    /// `estimate` within the clamps `[ewma_min, ewma_max] × theoretical`
+    /// as `sel` has them now (max/min rather than `f64::clamp`, which
+    /// panics on NaN or on the inverted bounds a hand-built config could
+    /// hold).
+    fn clamp(&self, sel: &DeviceSelector, estimate: f64) -> f64 {
+        let c = &sel.cfg;
+        estimate
+            .max(self.theoretical * c.ewma_min_multiplier)
+            .min(self.theoretical * c.ewma_max_multiplier)
     }
 }
 
@@ -630,8 +645,6 @@ impl Spray {
                 };
                 Fixed {
                     theoretical,
-                    lo: theoretical * sel.cfg.ewma_min_multiplier,
-                    hi: theoretical * sel.cfg.ewma_max_multiplier,
                     depth: s.depth,
                 }
             })
@@ -639,7 +652,7 @@ impl Spray {
         let loads = fixed
             .iter()
             .map(|f| RailLoad {
-                ewma_bps: f.clamp(f.theoretical),
+                ewma_bps: f.clamp(sel, f.theoretical),
                 ..RailLoad::default()
             })
             .collect();
@@ -792,7 +805,7 @@ impl Spray {
     /// A good completion: `bytes` in `elapsed_ns` with `ahead` slices ahead
     /// of it when posted. `observed = bytes·(ahead+1)/elapsed`; `ewma =
     /// α·ewma + (1−α)·observed`, clamped to `[ewma_min, ewma_max] ×
-    /// theoretical` (the clamps as of [`Spray::new`]). `bytes` or
+    /// theoretical` (α and the clamps as `sel` has them now). `bytes` or
     /// `elapsed_ns` 0: ignored.
     pub fn observed(
         &mut self,
@@ -812,14 +825,14 @@ impl Spray {
         // old value exactly (0 × observed stays 0).
         let observed = bytes as f64 * (f64::from(ahead) + 1.0) * NS_PER_S / elapsed_ns as f64;
         let a = sel.cfg.learning_rate;
-        l.ewma_bps = self.fixed[rail].clamp(a * l.ewma_bps + (1.0 - a) * observed);
+        l.ewma_bps = self.fixed[rail].clamp(sel, a * l.ewma_bps + (1.0 - a) * observed);
         l.samples = l.samples.saturating_add(1);
     }
 
     /// Forget `rail`'s estimate (its link came back): back to theoretical.
-    pub(crate) fn reset_estimate(&mut self, rail: usize) {
+    pub(crate) fn reset_estimate(&mut self, sel: &DeviceSelector, rail: usize) {
         if let (Some(l), Some(f)) = (self.loads.get_mut(rail), self.fixed.get(rail)) {
-            l.ewma_bps = f.clamp(f.theoretical);
+            l.ewma_bps = f.clamp(sel, f.theoretical);
             l.samples = 0;
         }
     }
@@ -931,7 +944,9 @@ impl Spray {
     ) -> Result<usize, NoRail> {
         self.plan.left = 0;
         if !sel.multi_path(w) {
-            let best = self.best(sel, row, ok, slice_bytes).ok_or(NoRail::Unusable)?;
+            let best = self
+                .best(sel, row, ok, slice_bytes)
+                .ok_or(NoRail::Unusable)?;
             self.plan.weight.fill(0);
             self.plan.weight[best] = w;
         } else {
@@ -1334,7 +1349,7 @@ mod tests {
         }
         assert_eq!(sp.load(0).ewma_bps, 100.0);
         assert_eq!(sp.load(0).samples, 200);
-        sp.reset_estimate(0);
+        sp.reset_estimate(&sel, 0);
         assert_eq!((sp.load(0).ewma_bps, sp.load(0).samples), (1000.0, 0));
         // The first estimate is clamped too.
         let sel = sel_with(|c| c.ewma_min_multiplier = 2.0);
@@ -1398,7 +1413,11 @@ mod tests {
             depth: 0,
         }; 4];
         let mem1 = [1, 0, 0, 1];
-        let tiers = Tiers::new(&[0, 0, 1, 1], 2, |node, r| if node == 1 { mem1[r] } else { 0 });
+        let tiers = Tiers::new(
+            &[0, 0, 1, 1],
+            2,
+            |node, r| if node == 1 { mem1[r] } else { 0 },
+        );
         Spray::new(sel, &specs, &tiers, 7)
     }
 
@@ -1425,7 +1444,10 @@ mod tests {
             depth: 0,
         }];
         let sp = Spray::new(&sel, &specs, &t, 1);
-        assert_eq!((sp.rails(), sp.tier(Some(1), 0), sp.tier(None, 0)), (1, 1, 0));
+        assert_eq!(
+            (sp.rails(), sp.tier(Some(1), 0), sp.tier(None, 0)),
+            (1, 1, 0)
+        );
     }
 
     /// Round robin goes over the memory's best tier, and within it over
@@ -1468,7 +1490,10 @@ mod tests {
         // alike, rails 0 and 3 (penalty 5) a fifth as much each.
         let mut sp = by_memory(&smart);
         let picks: Vec<usize> = (0..60)
-            .map(|i| sp.pick(&smart, Some(1), 4, 60 - i, S, None, |_| true).unwrap())
+            .map(|i| {
+                sp.pick(&smart, Some(1), 4, 60 - i, S, None, |_| true)
+                    .unwrap()
+            })
             .collect();
         let t = tally(&picks, 4);
         assert!(t[1] > 2 * t[0] && t[2] > 2 * t[3], "{t:?}");
@@ -1689,7 +1714,10 @@ mod tests {
             let sel = sel_with(|c| c.smart = smart);
             let mut sp = spray(&sel, &[1000.0; 70], &[0; 70]);
             assert_eq!(sp.rails(), MAX_RAILS);
-            assert_eq!(sp.pick(&sel, None, 1, 64, S, None, |r| r >= MAX_RAILS), None);
+            assert_eq!(
+                sp.pick(&sel, None, 1, 64, S, None, |r| r >= MAX_RAILS),
+                None
+            );
             assert_eq!(sp.pick(&sel, None, 2, 1, S, None, |r| r >= MAX_RAILS), None);
             let r = sp.pick(&sel, None, 3, 64, S, None, |r| r == MAX_RAILS - 1);
             assert_eq!(r, Some(MAX_RAILS - 1));
@@ -1733,7 +1761,10 @@ mod tests {
         // Waiting re-plans the window but is no new window: no probe due.
         assert_eq!(sp.plans(), 1);
         // No usable rail is not "full".
-        assert_eq!(sp.next(&sel, None, 1, 59, S, |_| false), Err(NoRail::Unusable));
+        assert_eq!(
+            sp.next(&sel, None, 1, 59, S, |_| false),
+            Err(NoRail::Unusable)
+        );
     }
 
     #[test]
@@ -1848,5 +1879,122 @@ mod tests {
         let ideal = (n * S) as f64 / 3e9 * 1e9;
         let (done, _) = simulate(&rates, 4, n, true);
         assert!((done as f64) < 1.02 * ideal, "{done} vs {ideal:.0}");
+    }
+
+    // Reload: a `Spray` reads the selector it is handed at each decision,
+    // so a new one (what `Engine::reload` stores in the `LiveSelector`,
+    // and the worker's cache hands over at its next pick) applies from the
+    // next pick, plan or estimate on, the same `Spray` and its state kept.
+
+    /// The rail each of `n` one-request picks (fresh tokens from `first`)
+    /// lands on, nothing posted.
+    fn picks(sp: &mut Spray, sel: &DeviceSelector, first: u64, n: u64, slices: u64) -> Vec<usize> {
+        (0..n)
+            .map(|t| {
+                sp.pick(sel, None, first + t, slices, S, None, |_| true)
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_reloaded_smart_scheduling_switch_applies_at_the_next_pick() {
+        let smart = sel_with(|_| {});
+        let mut sp = spray(&smart, &[1e9, 1e9], &[0, 0]);
+        sp.posted(1, 1 << 30);
+        assert_eq!(
+            picks(&mut sp, &smart, 1, 4, 1),
+            [0, 0, 0, 0],
+            "scores: rail 1 is loaded"
+        );
+        let rr = sel_with(|c| c.smart = false);
+        assert_eq!(
+            tally(&picks(&mut sp, &rr, 10, 4, 1), 2),
+            [2, 2],
+            "round robin"
+        );
+        assert_eq!(picks(&mut sp, &smart, 20, 2, 1), [0, 0], "and back");
+    }
+
+    #[test]
+    fn reloaded_numa_penalties_apply_at_the_next_pick() {
+        let sel = sel_with(|c| c.numa_penalties = vec![1.0, 5.0]);
+        let mut sp = spray(&sel, &[1e9, 1e9], &[0, 1]);
+        assert_eq!(picks(&mut sp, &sel, 1, 2, 1), [0, 0]);
+        let cheap_remote = sel_with(|c| c.numa_penalties = vec![1.0, 0.5]);
+        assert_eq!(picks(&mut sp, &cheap_remote, 10, 2, 1), [1, 1]);
+    }
+
+    #[test]
+    fn a_reloaded_learning_rate_applies_at_the_next_estimate() {
+        let frozen = sel_with(|c| c.learning_rate = 1.0);
+        let mut sp = spray(&frozen, &[1000.0], &[0]);
+        sp.observed(&frozen, 0, 2000, 1_000_000_000, 0);
+        assert_eq!(sp.load(0).ewma_bps, 1000.0, "alpha 1: never learns");
+        let eager = sel_with(|c| c.learning_rate = 0.0);
+        sp.observed(&eager, 0, 2000, 1_000_000_000, 0);
+        assert_eq!(sp.load(0).ewma_bps, 2000.0, "alpha 0: the new sample");
+    }
+
+    #[test]
+    fn reloaded_ewma_clamps_apply_at_the_next_estimate_and_reset() {
+        let sel = sel_with(|c| c.learning_rate = 0.0);
+        let mut sp = spray(&sel, &[1000.0], &[0]);
+        sp.observed(&sel, 0, 1_000_000, 1_000_000_000, 0);
+        assert_eq!(sp.load(0).ewma_bps, 10_000.0, "the default max: 10 x");
+        let tight = sel_with(|c| {
+            c.learning_rate = 0.0;
+            c.ewma_max_multiplier = 2.0;
+            c.ewma_min_multiplier = 1.5;
+        });
+        sp.observed(&tight, 0, 1_000_000, 1_000_000_000, 0);
+        assert_eq!(sp.load(0).ewma_bps, 2000.0, "the reloaded max");
+        sp.observed(&tight, 0, 1, 1_000_000_000, 0);
+        assert_eq!(sp.load(0).ewma_bps, 1500.0, "the reloaded min");
+        sp.reset_estimate(&tight, 0);
+        assert_eq!(sp.load(0).ewma_bps, 1500.0, "a reset starts within them");
+    }
+
+    #[test]
+    fn a_reloaded_jitter_range_applies_at_the_next_pick() {
+        let none = sel_with(|_| {});
+        let mut sp = spray(&none, &[1e9, 1e9], &[0, 0]);
+        assert_eq!(
+            tally(&picks(&mut sp, &none, 1, 50, 1), 2),
+            [50, 0],
+            "equals: the first"
+        );
+        let wide = sel_with(|c| c.jitter = 1.0);
+        let t = tally(&picks(&mut sp, &wide, 100, 50, 1), 2);
+        assert!(
+            t[0] > 0 && t[1] > 0,
+            "a jitter far above the scores draws both: {t:?}"
+        );
+    }
+
+    #[test]
+    fn a_reloaded_score_epsilon_applies_at_the_next_pick() {
+        // Rails of a quarter and a half byte per second: the faster one
+        // wins, until an epsilon of 1 B/s floors both divisors alike.
+        let tiny = sel_with(|c| c.ewma_min_multiplier = 1.0);
+        let mut sp = spray(&tiny, &[0.25, 0.5], &[0, 0]);
+        assert_eq!(picks(&mut sp, &tiny, 1, 2, 1), [1, 1]);
+        let floor = sel_with(|c| {
+            c.ewma_min_multiplier = 1.0;
+            c.epsilon = 1.0;
+        });
+        assert_eq!(picks(&mut sp, &floor, 10, 2, 1), [0, 0]);
+    }
+
+    #[test]
+    fn a_reloaded_max_slice_count_applies_at_the_next_plan() {
+        // 8 slices: a multi-path window at 16 (from 8), one rail's at 64.
+        let sel = sel_with(|c| c.max_slice_count = 16);
+        let mut sp = spray(&sel, &[1e9, 1e9], &[0, 0]);
+        let split = request(&mut sp, &sel, 1, 8, false, |_| true);
+        assert_eq!(tally(&split, 2), [4, 4]);
+        let big = sel_with(|c| c.max_slice_count = 64);
+        let one = request(&mut sp, &big, 2, 8, false, |_| true);
+        assert!(tally(&one, 2).contains(&8), "{one:?}");
     }
 }

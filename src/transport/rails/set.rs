@@ -28,7 +28,9 @@ use crossbeam_utils::CachePadded;
 use tent_rings::{ErrorKind, TransportKind};
 
 use super::monitor::{LiveRailPolicy, RailMonitor, RailStat, ReviewClock, review_bandwidth};
-use super::selector::{DeviceSelector, MAX_MEM_NODES, NoRail, RailSpec, Spray, Tiers};
+use super::selector::{
+    DeviceSelector, LiveSelector, MAX_MEM_NODES, NoRail, RailSpec, Spray, Tiers,
+};
 use crate::clock::monotonic_ns;
 
 /// Times a slice may move to a sibling rail before its failure reaches
@@ -242,7 +244,7 @@ impl Rail {
 #[derive(Debug)]
 pub(crate) struct RailSet {
     kind: TransportKind,
-    selector: Arc<DeviceSelector>,
+    selector: Arc<LiveSelector>,
     rails: Box<[Rail]>,
     review: ReviewClock,
     placement: Arc<Placement>,
@@ -254,6 +256,9 @@ pub(crate) struct RailSet {
 #[derive(Debug)]
 pub(crate) struct WorkerRails {
     worker: usize,
+    /// The transport's selector as this worker last found it: one relaxed
+    /// load per pick sees a reload, which applies from that pick on.
+    selector: arc_swap::Cache<Arc<LiveSelector>, Arc<DeviceSelector>>,
     spray: Spray,
     /// The rail HIGH slices last went out on and until when (monotonic
     /// ns) bulk slices keep off it (priority filtering).
@@ -267,13 +272,15 @@ impl RailSet {
     /// placed as `placement` says.
     pub(crate) fn new(
         kind: TransportKind,
-        selector: Arc<DeviceSelector>,
+        selector: Arc<LiveSelector>,
         policy: Arc<LiveRailPolicy>,
         placement: Arc<Placement>,
         descs: Vec<RailDesc>,
         workers: usize,
     ) -> RailSet {
-        let cfg = selector.config();
+        // A rail's theoretical bandwidth is fixed when its peer attaches.
+        let sel = selector.load();
+        let cfg = sel.config();
         let rails = descs
             .into_iter()
             .map(|d| Rail {
@@ -317,9 +324,11 @@ impl RailSet {
         // Seeded per worker and peer so two workers' jitter differs.
         let seed = (worker as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
             ^ (self as *const RailSet as u64);
+        let selector = arc_swap::Cache::new(self.selector.clone());
         WorkerRails {
             worker: worker.min(self.workers() - 1),
-            spray: Spray::new(&self.selector, &specs, &tiers, seed),
+            spray: Spray::new(&self.selector.load(), &specs, &tiers, seed),
+            selector,
             express: None,
             epochs: self.rails.iter().map(|r| r.monitor.link_epoch()).collect(),
         }
@@ -334,7 +343,10 @@ impl RailSet {
     fn memory_nodes(&self) -> usize {
         let p = &*self.placement;
         let topology = p.topology.iter().flat_map(|t| t.node_ids());
-        let named = p.nodes.iter().chain(self.rails.iter().map(|r| &r.numa_node));
+        let named = p
+            .nodes
+            .iter()
+            .chain(self.rails.iter().map(|r| &r.numa_node));
         topology
             .chain(named.copied().flatten())
             .map(|n| n as usize + 1)
@@ -367,7 +379,7 @@ impl RailSet {
         usable: impl Fn(usize) -> bool,
     ) -> Result<usize, ErrorKind> {
         let rails = &self.rails;
-        let sel = &*self.selector;
+        let sel: &DeviceSelector = w.selector.load();
         let cfg = sel.config();
         let ask = match ask {
             Ask::Urgent if cfg.priority_filtering => {
@@ -395,7 +407,7 @@ impl RailSet {
                 let others = (0..w.spray.rails())
                     .any(|r| r != x && usable(r) && rails[r].monitor.available());
                 if others {
-                    match self.pick_plain(w, mem, token, ask, slice_bytes, |r| {
+                    match self.pick_plain(sel, &mut w.spray, mem, token, ask, slice_bytes, |r| {
                         r != x && usable(r)
                     }) {
                         // `usable` reads links that go down at any
@@ -407,13 +419,15 @@ impl RailSet {
                 }
             }
         }
-        self.pick_plain(w, mem, token, ask, slice_bytes, usable)
+        self.pick_plain(sel, &mut w.spray, mem, token, ask, slice_bytes, usable)
     }
 
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     fn pick_plain(
         &self,
-        w: &mut WorkerRails,
+        sel: &DeviceSelector,
+        spray: &mut Spray,
         mem: Option<u32>,
         token: u64,
         ask: Ask,
@@ -421,7 +435,6 @@ impl RailSet {
         usable: impl Fn(usize) -> bool,
     ) -> Result<usize, ErrorKind> {
         let rails = &self.rails;
-        let sel = &*self.selector;
         let (slices_left, avoid) = match ask {
             Ask::Next(left) => (left, None),
             Ask::Again(avoid) => (1, avoid),
@@ -431,30 +444,27 @@ impl RailSet {
             // Paused rails are out; a demoted one keeps its EWMA share.
             let ok = |r: usize| usable(r) && rails[r].monitor.available();
             return match ask {
-                Ask::Next(_) | Ask::Urgent => w
-                    .spray
+                Ask::Next(_) | Ask::Urgent => spray
                     .next(sel, mem, token, slices_left, slice_bytes, ok)
                     .map_err(|e| match e {
                         NoRail::Full => ErrorKind::SqFull,
                         NoRail::Unusable => ErrorKind::RouteLost,
                     }),
-                Ask::Again(_) => w
-                    .spray
+                Ask::Again(_) => spray
                     .pick(sel, mem, token, slices_left, slice_bytes, avoid, ok)
                     .ok_or(ErrorKind::RouteLost),
             };
         }
         // Round robin: rails the monitor prefers (not demoted, or a
         // demoted one's probe is due), else any available one.
-        w.spray
+        spray
             .pick(sel, mem, token, slices_left, slice_bytes, avoid, |r| {
                 usable(r) && rails[r].monitor.preferred()
             })
             .or_else(|| {
-                w.spray
-                    .pick(sel, mem, token, slices_left, slice_bytes, avoid, |r| {
-                        usable(r) && rails[r].monitor.available()
-                    })
+                spray.pick(sel, mem, token, slices_left, slice_bytes, avoid, |r| {
+                    usable(r) && rails[r].monitor.available()
+                })
             })
             .ok_or(ErrorKind::RouteLost)
     }
@@ -492,15 +502,16 @@ impl RailSet {
         ahead: u16,
     ) {
         let r = &self.rails[rail];
+        let sel: &DeviceSelector = w.selector.load();
         let epoch = r.monitor.link_epoch();
         if w.epochs[rail] != epoch {
             // Its link came back since: what this worker knew is stale.
             w.epochs[rail] = epoch;
-            w.spray.reset_estimate(rail);
+            w.spray.reset_estimate(sel, rail);
         }
         w.spray.left(rail, bytes);
         w.spray.observed(
-            &self.selector,
+            sel,
             rail,
             bytes,
             now.saturating_sub(posted_ns),
@@ -607,8 +618,10 @@ mod tests {
     fn set_with(n: usize, workers: usize, cfg: crate::transport::rails::SelectorConfig) -> RailSet {
         RailSet::new(
             TransportKind::Tcp,
-            Arc::new(DeviceSelector::new(cfg)),
-            Arc::new(LiveRailPolicy::new(crate::transport::rails::RailPolicy::default())),
+            Arc::new(LiveSelector::from_pointee(DeviceSelector::new(cfg))),
+            Arc::new(LiveRailPolicy::new(
+                crate::transport::rails::RailPolicy::default(),
+            )),
             Arc::new(Placement::default()),
             (0..n)
                 .map(|i| RailDesc {
@@ -636,20 +649,27 @@ mod tests {
         // Load rails 0 and 2: HIGH takes the idle rail 1.
         s.posted(&mut w, 0, 1 << 20);
         s.posted(&mut w, 2, 1 << 20);
-        let x = s.pick(&mut w, None, 1, Ask::Urgent, 4096, |_| true).unwrap();
+        let x = s
+            .pick(&mut w, None, 1, Ask::Urgent, 4096, |_| true)
+            .unwrap();
         assert_eq!(x, 1);
         for t in 0..200 {
-            let r = s.pick(&mut w, None, 100 + t, Ask::Next(1), 65536, |_| true)
+            let r = s
+                .pick(&mut w, None, 100 + t, Ask::Next(1), 65536, |_| true)
                 .unwrap();
             assert_ne!(r, x, "bulk slice {t} took HIGH's rail");
             s.posted(&mut w, r, 65536);
         }
         // Only HIGH's rail usable: bulk still goes (never refused for it).
-        assert_eq!(s.pick(&mut w, None, 999, Ask::Next(1), 65536, |r| r == x), Ok(x));
+        assert_eq!(
+            s.pick(&mut w, None, 999, Ask::Next(1), 65536, |r| r == x),
+            Ok(x)
+        );
         std::thread::sleep(std::time::Duration::from_millis(40));
         let mut back = false;
         for t in 0..200 {
-            let r = s.pick(&mut w, None, 2000 + t, Ask::Next(1), 65536, |_| true)
+            let r = s
+                .pick(&mut w, None, 2000 + t, Ask::Next(1), 65536, |_| true)
                 .unwrap();
             back |= r == x;
         }
@@ -658,8 +678,109 @@ mod tests {
         cfg.priority_filtering = false;
         let s = set_with(3, 1, cfg);
         let mut w = s.worker(0);
-        s.pick(&mut w, None, 1, Ask::Urgent, 4096, |_| true).unwrap();
+        s.pick(&mut w, None, 1, Ask::Urgent, 4096, |_| true)
+            .unwrap();
         assert!(w.express.is_none());
+    }
+
+    /// `Engine::reload` stores a new selector in the transport's
+    /// `LiveSelector`: a worker's `WorkerRails`, made before, picks with it
+    /// from its next pick on (its cache sees the new pointer), and its
+    /// estimates follow it at the next completion.
+    #[test]
+    fn a_reloaded_selector_applies_at_a_workers_next_pick_and_completion() {
+        let cfg = crate::transport::rails::SelectorConfig {
+            jitter: 0.0,
+            ..Default::default()
+        };
+        let live = Arc::new(LiveSelector::from_pointee(DeviceSelector::new(cfg.clone())));
+        let s = RailSet::new(
+            TransportKind::Tcp,
+            live.clone(),
+            Arc::new(LiveRailPolicy::new(
+                crate::transport::rails::RailPolicy::default(),
+            )),
+            Arc::new(Placement::default()),
+            (0..2)
+                .map(|i| RailDesc {
+                    local: format!("l{i}"),
+                    remote: format!("r{i}"),
+                    numa_node: None,
+                    speed_gbps: Some(100.0),
+                    depth: 0,
+                })
+                .collect(),
+            1,
+        );
+        let mut w = s.worker(0);
+        s.posted(&mut w, 1, 1 << 30);
+        let pick = |w: &mut WorkerRails, t: u64| {
+            s.pick(w, None, t, Ask::Next(1), 65536, |_| true).unwrap()
+        };
+        assert_eq!(
+            [pick(&mut w, 1), pick(&mut w, 2)],
+            [0, 0],
+            "smart: rail 1 is loaded"
+        );
+        live.store(Arc::new(DeviceSelector::new(
+            crate::transport::rails::SelectorConfig {
+                smart: false,
+                learning_rate: 1.0,
+                ..cfg.clone()
+            },
+        )));
+        let mut seen = [0; 2];
+        for t in 10..14 {
+            seen[pick(&mut w, t)] += 1;
+        }
+        assert_eq!(seen, [2, 2], "round robin from the next pick");
+        // Learning rate 1 from the next completion: the estimate stays.
+        let before = w.spray.load(0).ewma_bps;
+        s.posted(&mut w, 0, 65536);
+        s.completed(&mut w, 0, 65536, 0, 1, 0);
+        assert_eq!(w.spray.load(0).ewma_bps, before);
+    }
+
+    /// Priority filtering and its hold (`enable_priority_filtering`,
+    /// `local_rotation_interval_us`) reloaded: the next HIGH pick holds
+    /// its rail for the new time, or holds nothing.
+    #[test]
+    fn reloaded_priority_filtering_and_hold_apply_at_the_next_high_pick() {
+        let cfg = crate::transport::rails::SelectorConfig {
+            express_hold_ns: 30_000_000,
+            ..Default::default()
+        };
+        let s = set_with(2, 1, cfg.clone());
+        let mut w = s.worker(0);
+        let held = |w: &WorkerRails| {
+            w.express
+                .map(|(_, until)| until.saturating_sub(monotonic_ns()))
+        };
+        s.pick(&mut w, None, 1, Ask::Urgent, 4096, |_| true)
+            .unwrap();
+        assert!(held(&w).unwrap() > 20_000_000, "held 30 ms");
+        s.selector.store(Arc::new(DeviceSelector::new(
+            crate::transport::rails::SelectorConfig {
+                express_hold_ns: 10_000,
+                ..cfg.clone()
+            },
+        )));
+        s.pick(&mut w, None, 2, Ask::Urgent, 4096, |_| true)
+            .unwrap();
+        assert!(
+            held(&w).unwrap() <= 10_000,
+            "held 10 us from the next HIGH pick"
+        );
+        w.express = None;
+        s.selector.store(Arc::new(DeviceSelector::new(
+            crate::transport::rails::SelectorConfig {
+                priority_filtering: false,
+                ..cfg
+            },
+        )));
+        s.pick(&mut w, None, 3, Ask::Urgent, 4096, |_| true)
+            .unwrap();
+        assert!(w.express.is_none(), "filtering off: HIGH holds nothing");
     }
 
     /// The other rails' links go down between the look that finds them
@@ -677,7 +798,9 @@ mod tests {
             let s = set_with(2, 1, cfg);
             let mut w = s.worker(0);
             s.posted(&mut w, 1, 1 << 20);
-            let x = s.pick(&mut w, None, 1, Ask::Urgent, 4096, |_| true).unwrap();
+            let x = s
+                .pick(&mut w, None, 1, Ask::Urgent, 4096, |_| true)
+                .unwrap();
             assert_eq!(x, 0, "HIGH takes the idle rail");
             // Rail 1 reads up to the first look, down from then on.
             let looks = std::cell::Cell::new(0u32);
@@ -784,8 +907,10 @@ mod tests {
         };
         let s = RailSet::new(
             TransportKind::Rdma,
-            Arc::new(DeviceSelector::new(cfg)),
-            Arc::new(LiveRailPolicy::new(crate::transport::rails::RailPolicy::default())),
+            Arc::new(LiveSelector::from_pointee(DeviceSelector::new(cfg))),
+            Arc::new(LiveRailPolicy::new(
+                crate::transport::rails::RailPolicy::default(),
+            )),
             placement,
             [("remote", 1), ("local", 0)]
                 .into_iter()
@@ -807,7 +932,8 @@ mod tests {
         let slice = 65_536;
         let mut picks = Vec::new();
         for token in 0..8 {
-            let r = s.pick(&mut w, None, token, Ask::Next(1), slice, |_| true)
+            let r = s
+                .pick(&mut w, None, token, Ask::Next(1), slice, |_| true)
                 .unwrap();
             s.posted(&mut w, r, slice);
             picks.push(r);
@@ -825,7 +951,10 @@ mod tests {
             s.completed(&mut w, r, slice, 0, 1 + i as u64, 0);
         }
         let mut w = s.worker(0);
-        assert_eq!(s.pick(&mut w, None, 99, Ask::Next(1), slice, |_| true), Ok(1));
+        assert_eq!(
+            s.pick(&mut w, None, 99, Ask::Next(1), slice, |_| true),
+            Ok(1)
+        );
     }
 
     /// A set over rails on NUMA nodes `nics` (in rail order), for workers
@@ -857,8 +986,10 @@ mod tests {
         });
         RailSet::new(
             TransportKind::Rdma,
-            Arc::new(DeviceSelector::new(cfg)),
-            Arc::new(LiveRailPolicy::new(crate::transport::rails::RailPolicy::default())),
+            Arc::new(LiveSelector::from_pointee(DeviceSelector::new(cfg))),
+            Arc::new(LiveRailPolicy::new(
+                crate::transport::rails::RailPolicy::default(),
+            )),
             placement,
             nics.iter()
                 .map(|&node| RailDesc {

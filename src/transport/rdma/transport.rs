@@ -73,8 +73,8 @@ use crate::memory::MemRegion;
 use crate::netlink;
 use crate::segment::Segment;
 use crate::transport::rails::{
-    Ask, DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, LiveRailPolicy, RailPolicy, RailSet,
-    SelectorConfig, WorkerRails, is_rail_fault,
+    Ask, DeviceSelector, LinkListener, LiveRailPolicy, LiveSelector, MAX_RAIL_MOVES, Placement,
+    RailDesc, RailPolicy, RailSet, SelectorConfig, WorkerRails, is_rail_fault,
 };
 use crate::transport::rdma::verbs::{CompletionQueue, QueuePair};
 use crate::transport::{
@@ -461,7 +461,7 @@ pub(crate) struct RdmaTransport {
     nics: Arc<NicSet>,
     settings: Settings,
     workers: PerWorker<WorkerState>,
-    selector: Arc<DeviceSelector>,
+    selector: Arc<LiveSelector>,
     /// Where the workers run (set at install).
     placement: std::sync::OnceLock<Arc<Placement>>,
     /// The NICs' listener on the engine's link watch (kept alive here).
@@ -528,7 +528,9 @@ impl RdmaTransport {
             },
             nics,
             workers,
-            selector: Arc::new(DeviceSelector::new(SelectorConfig::from_config(config))),
+            selector: Arc::new(LiveSelector::from_pointee(DeviceSelector::new(
+                SelectorConfig::from_config(config),
+            ))),
             placement: std::sync::OnceLock::new(),
             nic_links: std::sync::OnceLock::new(),
             events: std::sync::OnceLock::new(),
@@ -1146,6 +1148,10 @@ impl Transport for RdmaTransport {
 
     fn live_rail_policy(&self) -> Option<Arc<LiveRailPolicy>> {
         Some(self.settings.rail_policy.clone())
+    }
+
+    fn live_selector(&self) -> Option<Arc<LiveSelector>> {
+        Some(self.selector.clone())
     }
 
     fn rail_stats(&self, segment: &Segment) -> Vec<RailStat> {

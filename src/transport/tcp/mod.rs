@@ -67,8 +67,8 @@ use crate::error::{Error, Result};
 use crate::netlink;
 use crate::segment::Segment;
 use crate::transport::rails::{
-    Ask, DeviceSelector, LinkListener, MAX_RAIL_MOVES, Placement, RailDesc, RailLinks, LiveRailPolicy, RailPolicy,
-    RailSet, SelectorConfig, WorkerRails, is_rail_fault,
+    Ask, DeviceSelector, LinkListener, LiveRailPolicy, LiveSelector, MAX_RAIL_MOVES, Placement,
+    RailDesc, RailLinks, RailPolicy, RailSet, SelectorConfig, WorkerRails, is_rail_fault,
 };
 
 /// Settings read once from the config.
@@ -180,7 +180,6 @@ impl std::fmt::Debug for TcpPeer {
 }
 
 impl TcpPeer {
-
     /// Each rail's names, link state, health and counters.
     pub(crate) fn rail_stats(&self) -> Vec<RailStat> {
         self.rails.stats(|i| self.links[i].is_up())
@@ -226,7 +225,7 @@ pub(crate) struct TcpTransport {
     workers: PerWorker<WorkerState>,
     /// Per worker: slices on its connections' wires (after its last turn).
     wire: Box<[CachePadded<AtomicU32>]>,
-    selector: Arc<DeviceSelector>,
+    selector: Arc<LiveSelector>,
     /// Where the workers run (set at install).
     placement: OnceLock<Arc<Placement>>,
     /// The engine's link watch (set at install); attached peers listen.
@@ -296,8 +295,12 @@ impl TcpTransport {
                 backend,
             },
             workers,
-            wire: (0..count).map(|_| CachePadded::new(AtomicU32::new(0))).collect(),
-            selector: Arc::new(DeviceSelector::new(SelectorConfig::from_config(config))),
+            wire: (0..count)
+                .map(|_| CachePadded::new(AtomicU32::new(0)))
+                .collect(),
+            selector: Arc::new(LiveSelector::from_pointee(DeviceSelector::new(
+                SelectorConfig::from_config(config),
+            ))),
             placement: OnceLock::new(),
             links: OnceLock::new(),
             wakers: OnceLock::new(),
@@ -310,15 +313,11 @@ impl TcpTransport {
     /// advertised interface that a local route reaches, and per worker
     /// `connections_per_peer` connections on each (they connect lazily).
     pub(crate) fn attach(&self, desc: &SegmentDescriptor) -> Result<Arc<TcpPeer>> {
-        let mut rails = Vec::new();
-        for entry in &desc.rails {
-            match self.rail_to(entry) {
-                Ok(r) => rails.push(r),
-                Err(e) => {
-                    tracing::info!(peer = %desc.name, rail = %entry.name, error = %e, "tcp rail skipped")
-                }
-            }
+        let (routes, skipped) = plan_routes(&desc.rails, route_to);
+        for (entry, e) in skipped {
+            tracing::info!(peer = %desc.name, rail = %entry.name, error = %e, "tcp rail skipped")
         }
+        let rails: Vec<TcpRail> = routes.into_iter().map(|(_, r)| TcpRail::from(r)).collect();
         if rails.is_empty() {
             return Err(Error::new(
                 ErrorKind::Unreachable,
@@ -362,7 +361,7 @@ impl TcpTransport {
             .collect();
         let mut regions = desc.regions.clone();
         regions.sort_by_key(|r| r.addr);
-        tracing::info!(peer = %desc.name, rails = rails.len(), conns_per_rail = s.conns_per_rail, smart = self.selector.is_smart(), "tcp peer attached");
+        tracing::info!(peer = %desc.name, rails = rails.len(), conns_per_rail = s.conns_per_rail, smart = self.selector.load().is_smart(), "tcp peer attached");
         let peer = Arc::new(TcpPeer {
             name: desc.name.clone(),
             regions,
@@ -387,36 +386,6 @@ impl TcpTransport {
         Ok(peer)
     }
 
-    /// Pair an advertised remote interface with the local interface the
-    /// kernel routes to it through.
-    fn rail_to(&self, entry: &RailEntry) -> std::io::Result<TcpRail> {
-        let remote: SocketAddr = entry
-            .addr
-            .parse()
-            .map_err(|_| std::io::Error::other(format!("bad rail address {:?}", entry.addr)))?;
-        // A connected UDP socket sends nothing; it only asks the routing
-        // table which local address reaches `remote`.
-        let probe = UdpSocket::bind(SocketAddr::new(unspecified(remote.ip()), 0))?;
-        probe.connect(remote)?;
-        let local_ip = probe.local_addr()?.ip();
-        let iface = netlink::interface_of(local_ip).ok().flatten();
-        let (local_name, ifindex, up) = match &iface {
-            Some(i) => (i.name.clone(), i.index, i.up),
-            None => (local_ip.to_string(), 0, true),
-        };
-        let remote_name = format!("{}@{}", entry.name, entry.addr);
-        Ok(TcpRail {
-            local_name,
-            ifindex,
-            remote_name,
-            endpoint: Arc::new(Endpoint {
-                local_ip,
-                remote,
-                up: AtomicBool::new(up),
-            }),
-        })
-    }
-
     /// Queue `op` on a connection of the rail the selector picks for it
     /// (`ask`: its request's next slice, or one going again) among those
     /// whose link is up; the worker's next turn sends it.
@@ -430,11 +399,14 @@ impl TcpTransport {
         ask: Ask,
     ) -> std::result::Result<(), ErrorKind> {
         let urgent = op.is_urgent();
-        let rail = peer
-            .rails
-            .pick(&mut links.rails, op.mem_node(), op.token, ask, op.len, |r| {
-                peer.links[r].is_up()
-            })?;
+        let rail = peer.rails.pick(
+            &mut links.rails,
+            op.mem_node(),
+            op.token,
+            ask,
+            op.len,
+            |r| peer.links[r].is_up(),
+        )?;
         let first = rail * peer.stride();
         let (c, class) = if urgent {
             // HIGH: the rail's connection with the fewest slices on the
@@ -487,6 +459,91 @@ pub(crate) fn peer_of(segment: &Segment) -> Option<&TcpPeer> {
     segment.attached::<TcpPeer>(TransportKind::Tcp)
 }
 
+/// Where one of a peer's advertised rails leaves this host: what
+/// [`TcpTransport::attach`] makes a rail of, and what the topology report
+/// plans.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Route {
+    /// The peer's address on the rail.
+    pub(crate) remote: SocketAddr,
+    /// The local address the routing table picks for it.
+    pub(crate) local_ip: IpAddr,
+    /// The local interface holding it (the address when none is found).
+    pub(crate) local_name: String,
+    /// Its index (0: unknown, link state not watched).
+    pub(crate) ifindex: u32,
+    /// Its link is up (unknown: up).
+    pub(crate) up: bool,
+    /// The peer's name for its end: `name@addr`.
+    pub(crate) remote_name: String,
+}
+
+impl From<Route> for TcpRail {
+    fn from(r: Route) -> TcpRail {
+        TcpRail {
+            local_name: r.local_name,
+            ifindex: r.ifindex,
+            remote_name: r.remote_name,
+            endpoint: Arc::new(Endpoint {
+                local_ip: r.local_ip,
+                remote: r.remote,
+                up: AtomicBool::new(r.up),
+            }),
+        }
+    }
+}
+
+/// The route from this host to the advertised rail `entry`: the local
+/// address the routing table picks for its address, and that address's
+/// interface. An error when the address is not one, or no route reaches
+/// it.
+pub(crate) fn route_to(entry: &RailEntry) -> std::io::Result<Route> {
+    let remote: SocketAddr = entry
+        .addr
+        .parse()
+        .map_err(|_| std::io::Error::other(format!("bad rail address {:?}", entry.addr)))?;
+    // A connected UDP socket sends nothing; it only asks the routing
+    // table which local address reaches `remote`.
+    let probe = UdpSocket::bind(SocketAddr::new(unspecified(remote.ip()), 0))?;
+    probe.connect(remote)?;
+    let local_ip = probe.local_addr()?.ip();
+    let iface = netlink::interface_of(local_ip).ok().flatten();
+    let (local_name, ifindex, up) = match &iface {
+        Some(i) => (i.name.clone(), i.index, i.up),
+        None => (local_ip.to_string(), 0, true),
+    };
+    Ok(Route {
+        remote,
+        local_ip,
+        local_name,
+        ifindex,
+        up,
+        remote_name: format!("{}@{}", entry.name, entry.addr),
+    })
+}
+
+/// A peer's advertised rails as routed from here, or why not.
+type Routed<'a> = (
+    Vec<(&'a RailEntry, Route)>,
+    Vec<(&'a RailEntry, std::io::Error)>,
+);
+
+/// The rails to a peer that advertises `entries`: one per entry `route`
+/// reaches, in the peer's order, and the entries it does not with why.
+pub(crate) fn plan_routes(
+    entries: &[RailEntry],
+    route: impl Fn(&RailEntry) -> std::io::Result<Route>,
+) -> Routed<'_> {
+    let (mut routes, mut skipped) = (Vec::new(), Vec::new());
+    for entry in entries {
+        match route(entry) {
+            Ok(r) => routes.push((entry, r)),
+            Err(e) => skipped.push((entry, e)),
+        }
+    }
+    (routes, skipped)
+}
+
 fn unspecified(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
@@ -510,7 +567,12 @@ impl Transport for TcpTransport {
         self.workers.bind(ctx.engine)?;
         match backend::resolve(self.settings.backend) {
             Ok((b, parks)) => {
-                tracing::info!(backend = b.as_str(), parks, "tcp: workers drive their connections on {}", b.as_str());
+                tracing::info!(
+                    backend = b.as_str(),
+                    parks,
+                    "tcp: workers drive their connections on {}",
+                    b.as_str()
+                );
                 self.parks.store(parks, Ordering::Relaxed);
             }
             Err(e) => {
@@ -668,6 +730,10 @@ impl Transport for TcpTransport {
 
     fn live_rail_policy(&self) -> Option<Arc<LiveRailPolicy>> {
         Some(self.settings.rail_policy.clone())
+    }
+
+    fn live_selector(&self) -> Option<Arc<LiveSelector>> {
+        Some(self.selector.clone())
     }
 
     fn rail_stats(&self, segment: &Segment) -> Vec<RailStat> {
@@ -895,7 +961,10 @@ mod tests {
         let t = TcpTransport::new(&c);
         let a = t.attach(&desc("a", 1)).unwrap();
         let b = t.attach(&desc("b", 2)).unwrap();
-        assert_ne!(a.opts.session, b.opts.session, "two peers saw the same session");
+        assert_ne!(
+            a.opts.session, b.opts.session,
+            "two peers saw the same session"
+        );
         drop((a, b));
         t.stop();
     }
