@@ -279,7 +279,10 @@ fn a_requests_stages_add_up_to_its_duration_and_a_copy_is_its_transport_stage() 
         (parts.iter().sum::<f64>() - total).abs() < 1e-6,
         "{parts:?} do not add up to {total}"
     );
-    assert!(parts[2] > 0.0, "8 MiB copied in no transport time: {parts:?}");
+    assert!(
+        parts[2] > 0.0,
+        "8 MiB copied in no transport time: {parts:?}"
+    );
     assert!(
         parts[0] > 0.0,
         "requests queued behind 1 MiB copies waited no time: {parts:?}"
