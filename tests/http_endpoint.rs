@@ -393,3 +393,127 @@ fn a_scoped_ipv6_control_address_builds_with_the_endpoint() {
         "{url}"
     );
 }
+
+/// A thousand connections that never finish their request, a client that
+/// never reads its answers and a scrape loop, all at once, while a ring
+/// moves data: every transfer completes, none waits on the endpoint
+/// (the server's 2 s deadline would show as a stall that long), and a
+/// liveness probe and the scrapes still get their answers.
+#[test]
+fn slow_clients_a_client_that_never_reads_and_a_scrape_loop_do_not_disturb_transfers() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let e = Engine::new(test_config()).unwrap();
+    let url = e.http_url().expect("endpoint on by default").to_owned();
+    let addr: SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut hostile = Vec::new();
+    // A thousand slow clients: each sends half a request, then a byte now
+    // and then, and reconnects when the server closes it.
+    hostile.push(std::thread::spawn({
+        let stop = stop.clone();
+        move || {
+            let mut conns: Vec<TcpStream> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                conns.retain_mut(|c| c.write_all(b"X").is_ok());
+                while conns.len() < 1000 {
+                    let Ok(mut c) = TcpStream::connect_timeout(&addr, Duration::from_secs(1))
+                    else {
+                        break;
+                    };
+                    let _ = c.write_all(b"GET /metrics HTTP/1.1\r\nX-Slow: ");
+                    conns.push(c);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }));
+    // A client that asks for /metrics again and again and never reads.
+    hostile.push(std::thread::spawn({
+        let stop = stop.clone();
+        move || {
+            let mut held = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(mut c) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    let _ = c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n");
+                    held.push(c);
+                    if held.len() > 32 {
+                        held.remove(0);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }));
+    // A scrape loop, 100 a second, each on its own connection.
+    let scraper = std::thread::spawn({
+        let stop = stop.clone();
+        move || {
+            let mut answered = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(3)));
+                    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n");
+                    let mut raw = Vec::new();
+                    if s.read_to_end(&mut raw).is_ok() && raw.starts_with(b"HTTP/1.1 200") {
+                        answered += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            answered
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+
+    let (src, dst) = (
+        e.allocate_memory(1 << 20).unwrap(),
+        e.allocate_memory(1 << 20).unwrap(),
+    );
+    let mut ring = e.ring_with_depth(64).unwrap();
+    let start = Instant::now();
+    let (mut done, mut worst) = (0u64, Duration::ZERO);
+    let mut last = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        {
+            let mut sq = ring.submission();
+            for i in 0..32u64 {
+                sq.push(
+                    op::Write::new(
+                        LocalAddr::new(src.id(), i * 4096),
+                        RemoteAddr::new(SegmentId::LOCAL, dst.addr() + i * 4096),
+                        4096,
+                    )
+                    .user_data(i),
+                )
+                .unwrap();
+            }
+        }
+        ring.submit().unwrap();
+        let mut got = 0;
+        while got < 32 {
+            for c in ring.completion() {
+                assert!(c.result().is_ok(), "{c:?}");
+                got += 1;
+                worst = worst.max(last.elapsed());
+                last = Instant::now();
+            }
+            assert!(last.elapsed() < Duration::from_secs(20), "no completion");
+            std::thread::yield_now();
+        }
+        done += 32;
+    }
+    // A probe gets through while the hostile clients are still there.
+    let (status, _) = get(&url, "/health/live", None);
+    stop.store(true, Ordering::Relaxed);
+    for h in hostile {
+        h.join().unwrap();
+    }
+    let scrapes = scraper.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(done > 0);
+    assert!(
+        worst < Duration::from_secs(2),
+        "a completion came {worst:?} after the one before: the worker waited on the endpoint"
+    );
+    assert!(scrapes > 0, "no scrape was answered");
+}

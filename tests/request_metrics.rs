@@ -227,3 +227,64 @@ fn a_request_refused_at_intake_counts_as_a_failure_of_no_transport() {
     );
     assert!(!text.contains("tent_write_bytes_total{transport=\"none\"}"));
 }
+
+/// A request's time splits into queue, dispatch and transport stages that
+/// add up to its duration; a synchronous copy's time lands in its own
+/// transport stage, and the requests queued behind it wait in theirs.
+#[test]
+fn a_requests_stages_add_up_to_its_duration_and_a_copy_is_its_transport_stage() {
+    let e = Engine::new(test_config()).unwrap();
+    const N: u64 = 8;
+    const LEN: u64 = 1 << 20;
+    let (src, dst) = (
+        e.allocate_memory(N * LEN).unwrap(),
+        e.allocate_memory(N * LEN).unwrap(),
+    );
+    let mut ring = e.ring_with_depth(16).unwrap();
+    {
+        let mut sq = ring.submission();
+        for i in 0..N {
+            sq.push(
+                op::Write::new(
+                    LocalAddr::new(src.id(), i * LEN),
+                    RemoteAddr::new(SegmentId::LOCAL, dst.addr() + i * LEN),
+                    LEN,
+                )
+                .priority(Priority::Low)
+                .user_data(i),
+            )
+            .unwrap();
+        }
+    }
+    for c in reap(&mut ring, N as usize) {
+        assert!(c.result().is_ok(), "{c:?}");
+    }
+    let text = e.metrics_text();
+    let labels = "transport=\"local\",priority=\"low\"";
+    let stage = |s: &str, what: &str| {
+        sample(
+            &text,
+            &format!("tent_request_stage_seconds_{what}{{stage=\"{s}\",{labels}}}"),
+        )
+    };
+    let total = sample(
+        &text,
+        &format!("tent_request_duration_seconds_sum{{{labels}}}"),
+    );
+    for s in ["queue", "dispatch", "transport"] {
+        assert_eq!(stage(s, "count"), N as f64, "{s}:\n{text}");
+    }
+    let parts = ["queue", "dispatch", "transport"].map(|s| stage(s, "sum"));
+    assert!(
+        (parts.iter().sum::<f64>() - total).abs() < 1e-6,
+        "{parts:?} do not add up to {total}"
+    );
+    assert!(
+        parts[2] > 0.0,
+        "8 MiB copied in no transport time: {parts:?}"
+    );
+    assert!(
+        parts[0] > 0.0,
+        "requests queued behind 1 MiB copies waited no time: {parts:?}"
+    );
+}

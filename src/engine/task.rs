@@ -16,17 +16,6 @@ pub(crate) enum Origin {
     Batch,
 }
 
-/// The last slice posted: the bandwidth estimator's input.
-// Written on every post; read once the DeviceSelector's EWMA lands (the
-// spraying issue): carried now so that issue adds behaviour, not plumbing.
-#[allow(dead_code)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct SliceRecord {
-    pub rail: u16,
-    pub bytes: u64,
-    pub post_ns: u64,
-}
-
 /// A live task's hold on its local region or its segment, without a
 /// reference count.
 ///
@@ -105,11 +94,21 @@ pub(crate) struct Task {
     pub failing_on: TransportKind,
     /// Failed with its failover budget spent or no transport left.
     pub exhausted: bool,
-    pub last_slice: SliceRecord,
     /// When intake accepted it (monotonic ns).
     pub accepted_ns: u64,
     /// Its first slice went out (its queue wait is recorded).
     pub waited: bool,
+    /// When its first slice was handed to a transport (the turn's clock;
+    /// meaningful once `waited`): the end of its queue wait.
+    pub first_post_ns: u64,
+    /// When its latest slice was handed to a transport: the end of its
+    /// dispatch, the start of its time on the transport.
+    pub last_post_ns: u64,
+    /// When the latest of its slices to finish finished inside `submit`
+    /// (a synchronous copy: the dispatch pass's clock after it); 0 when the
+    /// latest finished through a completion, which the completion stage
+    /// times.
+    pub done_ns: u64,
     /// On the table's due list (`TaskTable::note_if_settled`), not yet taken off
     /// it by the completion stage.
     due: bool,
@@ -142,9 +141,11 @@ impl Task {
             failing: None,
             failing_on: TransportKind::Any,
             exhausted: false,
-            last_slice: SliceRecord::default(),
             accepted_ns: 0,
             waited: false,
+            first_post_ns: 0,
+            last_post_ns: 0,
+            done_ns: 0,
             due: false,
         }
     }

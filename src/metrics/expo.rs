@@ -26,7 +26,7 @@ use tent_rings::{Priority, TransportKind};
 
 use super::KINDS;
 use super::cap::{ABSENT, Merge, Row, collapse, kept_peers};
-use super::ops::{OPCODES, OpSnapshot, TRANSPORTS};
+use super::ops::{OPCODES, OpSnapshot, Stage, TRANSPORTS};
 use crate::flow::diag::{SqReport, SqRow};
 use crate::http::HttpStats;
 use crate::qos::stats::{bucket_upper_us, name as priority_name};
@@ -511,7 +511,8 @@ fn encode_failover(enc: &mut DescriptorEncoder, s: &Scrape) -> fmt::Result {
 /// those refused at intake (requests: completed, failed included; bytes: of
 /// those that succeeded), and `tent_request_duration_seconds`, each
 /// request's time from intake to completion by transport and priority
-/// (only the pairs that served a request).
+/// (only the pairs that served a request), and
+/// `tent_request_stage_seconds`, that time split in its `Stage`s.
 fn encode_ops(enc: &mut DescriptorEncoder, s: &OpSnapshot) -> fmt::Result {
     // Slot 0 is `none`: refused at intake, before any transport.
     let label = |t: usize| if t == 0 { "none" } else { transport_name(t) };
@@ -553,22 +554,49 @@ fn encode_ops(enc: &mut DescriptorEncoder, s: &OpSnapshot) -> fmt::Result {
     )?;
     for t in 1..TRANSPORTS {
         for p in Priority::ALL {
-            let counts = &s.latency[t][p.index()];
-            if counts.iter().all(|&c| c == 0) {
-                continue;
-            }
             let labels: Labels<'_, 2> = [
                 ("transport", Esc(transport_name(t))),
                 ("priority", Esc(priority_name(p))),
             ];
-            histogram(
-                &mut m.encode_family(&labels)?,
-                counts,
-                s.latency_sum_ns[t][p.index()],
-            )?;
+            let (counts, sum) = (&s.latency[t][p.index()], s.latency_sum_ns[t][p.index()]);
+            served_histogram(&mut m, &labels, counts, sum)?;
+        }
+    }
+    let mut m = enc.encode_descriptor(
+        "tent_request_stage_seconds",
+        "A request's time in each stage, by transport and priority: queue (intake to its first slice handed to a transport), dispatch (first slice to last), transport (last slice to completion); the three add up to tent_request_duration_seconds. Requests that failed before handing over a slice are not counted.",
+        None,
+        MetricType::Histogram,
+    )?;
+    for stage in Stage::ALL {
+        let g = stage as usize;
+        for t in 1..TRANSPORTS {
+            for p in Priority::ALL {
+                let labels: Labels<'_, 3> = [
+                    ("stage", Esc(stage.name())),
+                    ("transport", Esc(transport_name(t))),
+                    ("priority", Esc(priority_name(p))),
+                ];
+                let (counts, sum) = (&s.stage[g][t][p.index()], s.stage_sum_ns[g][t][p.index()]);
+                served_histogram(&mut m, &labels, counts, sum)?;
+            }
         }
     }
     Ok(())
+}
+
+/// One series of a histogram family with `labels`; nothing for a series
+/// with no count (only the pairs that served a request show).
+fn served_histogram<const N: usize>(
+    m: &mut MetricEncoder,
+    labels: &Labels<'_, N>,
+    counts: &[u64],
+    sum_ns: u64,
+) -> fmt::Result {
+    if counts.iter().all(|&c| c == 0) {
+        return Ok(());
+    }
+    histogram(&mut m.encode_family(labels)?, counts, sum_ns)
 }
 
 /// Seed 001's per-priority figures: lane depth, accepted, promotions,

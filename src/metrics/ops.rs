@@ -1,7 +1,7 @@
 //! A worker's request counters: requests, bytes and failures by opcode and
 //! transport (slot 0, `none`: refused at intake, before any transport),
 //! and each request's time from intake to completion by transport and
-//! priority, as a histogram.
+//! priority, as a histogram, with that time split in its three [`Stage`]s.
 //!
 //! One writer (the worker) per [`OpStats`]: every count is a relaxed load
 //! and a relaxed store, no locked read-modify-write, as for the worker's
@@ -22,6 +22,44 @@ pub(crate) const TRANSPORTS: usize = 5;
 /// Opcodes: READ, WRITE.
 pub(crate) const OPCODES: usize = 2;
 
+/// Where a request's time goes; the three add up to its time from intake
+/// to completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// From intake to its first slice handed to a transport: the time in
+    /// the priority lanes (the QoS wait) and waiting for credits.
+    Queue = 0,
+    /// From its first slice handed to a transport to its last: slicing and
+    /// posting, waits for credits or SQ room between slices, a failover's
+    /// second queueing.
+    Dispatch = 1,
+    /// From its last slice handed to a transport to its completion: the
+    /// time on the wire (or in the copy).
+    Transport = 2,
+}
+
+impl Stage {
+    /// Every stage, in a request's order.
+    pub(crate) const ALL: [Stage; STAGES] = [Stage::Queue, Stage::Dispatch, Stage::Transport];
+
+    /// The stage's label value.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Stage::Queue => "queue",
+            Stage::Dispatch => "dispatch",
+            Stage::Transport => "transport",
+        }
+    }
+}
+
+/// Stages of a request ([`Stage`]).
+pub(crate) const STAGES: usize = 3;
+
+/// A histogram by transport and priority (buckets as the QoS wait's).
+type Hist = [[[AtomicU64; WAIT_BUCKETS]; 3]; TRANSPORTS];
+/// Its sums in ns.
+type HistSum = [[AtomicU64; 3]; TRANSPORTS];
+
 /// One worker's counters (see the module doc).
 #[derive(Debug, Default)]
 pub(crate) struct OpStats {
@@ -31,8 +69,12 @@ pub(crate) struct OpStats {
     /// Requests done at intake, by transport and priority.
     inline: [[AtomicU64; 3]; TRANSPORTS],
     /// Queued requests' intake-to-completion times.
-    latency: [[[AtomicU64; WAIT_BUCKETS]; 3]; TRANSPORTS],
-    latency_sum_ns: [[AtomicU64; 3]; TRANSPORTS],
+    latency: Hist,
+    latency_sum_ns: HistSum,
+    /// The same requests' times by [`Stage`] (those that handed a
+    /// transport at least one slice).
+    stage: [Hist; STAGES],
+    stage_sum_ns: [HistSum; STAGES],
 }
 
 /// Add one (single writer: a plain load and store).
@@ -80,8 +122,10 @@ impl OpStats {
         bump(&self.inline[(t as usize).min(TRANSPORTS - 1)][p.index()], 1);
     }
 
-    /// A queued request completed `ns` after intake.
+    /// A queued request completed `ns` after intake; `stages`, its time
+    /// by [`Stage`] when it handed a transport a slice.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn completed(
         &self,
         op: Opcode,
@@ -90,11 +134,18 @@ impl OpStats {
         res: Result<u64, ErrorKind>,
         done: u64,
         ns: u64,
+        stages: Option<[u64; STAGES]>,
     ) {
         self.count(op, t, res, done);
-        let t = (t as usize).min(TRANSPORTS - 1);
-        bump(&self.latency[t][p.index()][bucket_of(ns)], 1);
-        bump(&self.latency_sum_ns[t][p.index()], ns);
+        let (t, p) = ((t as usize).min(TRANSPORTS - 1), p.index());
+        bump(&self.latency[t][p][bucket_of(ns)], 1);
+        bump(&self.latency_sum_ns[t][p], ns);
+        if let Some(stages) = stages {
+            for (s, ns) in stages.into_iter().enumerate() {
+                bump(&self.stage[s][t][p][bucket_of(ns)], 1);
+                bump(&self.stage_sum_ns[s][t][p], ns);
+            }
+        }
     }
 
     /// Add this worker's counts to `s`.
@@ -115,6 +166,14 @@ impl OpStats {
                     s.latency[t][p][k] += get(&self.latency[t][p][k]);
                 }
                 s.latency_sum_ns[t][p] += get(&self.latency_sum_ns[t][p]);
+                for g in 0..STAGES {
+                    // Done at intake: every stage took no time.
+                    s.stage[g][t][p][0] += get(&self.inline[t][p]);
+                    for k in 0..WAIT_BUCKETS {
+                        s.stage[g][t][p][k] += get(&self.stage[g][t][p][k]);
+                    }
+                    s.stage_sum_ns[g][t][p] += get(&self.stage_sum_ns[g][t][p]);
+                }
             }
         }
     }
@@ -133,6 +192,10 @@ pub(crate) struct OpSnapshot {
     /// done at intake in bucket 0).
     pub(crate) latency: [[[u64; WAIT_BUCKETS]; 3]; TRANSPORTS],
     pub(crate) latency_sum_ns: [[u64; 3]; TRANSPORTS],
+    /// The same by [`Stage`] (requests that handed a transport a slice,
+    /// and those done at intake in bucket 0).
+    pub(crate) stage: [[[[u64; WAIT_BUCKETS]; 3]; TRANSPORTS]; STAGES],
+    pub(crate) stage_sum_ns: [[[u64; 3]; TRANSPORTS]; STAGES],
     /// Requests done at intake.
     pub(crate) inline: u64,
 }
@@ -161,6 +224,7 @@ mod tests {
             Ok(4096),
             4096,
             3_500,
+            Some([1_500, 0, 2_000]),
         );
         b.completed(
             Opcode::Read,
@@ -169,6 +233,7 @@ mod tests {
             Err(ErrorKind::Timeout),
             0,
             2_000_000,
+            None,
         );
         let mut s = OpSnapshot::default();
         a.sum_into(&mut s);
@@ -191,5 +256,31 @@ mod tests {
         assert_eq!(low[bucket_of(3_500)], 1);
         assert_eq!(low[bucket_of(2_000_000)], 1);
         assert_eq!(s.latency_sum_ns[tcp][Priority::Low.index()], 2_003_500);
+        // Stages: only the request that handed a slice over, and the one
+        // done at intake (bucket 0 of each).
+        let (q, d, x) = (
+            Stage::Queue as usize,
+            Stage::Dispatch as usize,
+            Stage::Transport as usize,
+        );
+        let low = Priority::Low.index();
+        assert_eq!(s.stage[q][tcp][low][bucket_of(1_500)], 1);
+        assert_eq!(s.stage[d][tcp][low][0], 1);
+        assert_eq!(s.stage[x][tcp][low][bucket_of(2_000)], 1);
+        assert_eq!(
+            s.stage[q][tcp][low].iter().sum::<u64>(),
+            1,
+            "the failure before any slice is not staged"
+        );
+        assert_eq!(
+            (0..STAGES)
+                .map(|g| s.stage_sum_ns[g][tcp][low])
+                .sum::<u64>(),
+            3_500,
+            "the stages add up to the request's time"
+        );
+        for g in 0..STAGES {
+            assert_eq!(s.stage[g][shm][Priority::High.index()][0], 1, "at intake");
+        }
     }
 }

@@ -49,6 +49,7 @@ impl Worker {
                 continue;
             };
             t.inflight = t.inflight.saturating_sub(1);
+            t.done_ns = 0;
             match result {
                 Ok(b) => t.done += b,
                 Err(e) => {
@@ -76,8 +77,8 @@ impl Worker {
     /// task that failed, timed out or was canceled while slices were out
     /// (those were aborted first: `stop_task`).
     pub(super) fn settle(&mut self) {
-        // Read once, at the first delivery, after whatever this turn did
-        // (a synchronous copy in dispatch): a request's time runs to here.
+        // Read once, at the first delivery that needs it, after whatever
+        // this turn did: a request's time runs to here.
         let mut stamp = None;
         while let Some(i) = self.tasks.next_due() {
             let t = self.tasks.get_mut(i);
@@ -102,13 +103,29 @@ impl Worker {
                 exhausted: t.exhausted,
             };
             let (origin, user_data, done, priority) = (t.origin, t.user_data, t.done, t.priority);
-            let now = *stamp.get_or_insert_with(crate::clock::monotonic_ns);
+            // A task whose last slice was a synchronous copy finished when
+            // dispatch stamped it; any other, now.
+            let now = match t.done_ns {
+                0 => *stamp.get_or_insert_with(crate::clock::monotonic_ns),
+                done => done,
+            };
             let (opcode, took) = (t.opcode, now.saturating_sub(t.accepted_ns));
+            // Queue, dispatch and transport; each from the stamp before it,
+            // so the three add up to `took` (all from monotonic clocks).
+            let stages = t.waited.then(|| {
+                let first = t.first_post_ns.max(t.accepted_ns);
+                let last = t.last_post_ns.max(first);
+                [
+                    first - t.accepted_ns,
+                    last - first,
+                    now.saturating_sub(last),
+                ]
+            });
             self.rings
                 .deliver(origin, user_data, res, false, done, served);
             self.shared
                 .ops
-                .completed(opcode, served.transport, priority, res, done, took);
+                .completed(opcode, served.transport, priority, res, done, took, stages);
             self.tasks.release(i);
             self.count_live(priority, false);
         }

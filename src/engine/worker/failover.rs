@@ -132,6 +132,7 @@ impl Worker {
         let t = self.tasks.get_mut(i);
         t.posted = 0;
         t.done = 0;
+        t.done_ns = 0;
         let priority = t.priority;
         // The task may still sit in a lane (a multi-slice task failing
         // while not at the head): one entry only.

@@ -155,6 +155,8 @@ impl Worker {
         let t = self.tasks.get_mut(i);
         t.error.get_or_insert(kind);
         t.stopped = true;
+        // It ends now (the completion stage's clock), not at a copy before.
+        t.done_ns = 0;
         // A multi-slice task may sit in a lane with slices in flight: take
         // it out in every case.
         t.posted = t.posted.max(t.len);

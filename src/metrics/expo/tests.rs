@@ -195,6 +195,9 @@ fn request_and_qos_histograms_and_counters() {
     ops.latency[local][high][0] = 2;
     ops.latency[local][high][3] = 1;
     ops.latency_sum_ns[local][high] = 5_000;
+    let queue = super::super::ops::Stage::Queue as usize;
+    ops.stage[queue][local][high][2] = 3;
+    ops.stage_sum_ns[queue][local][high] = 9_000;
     let mut qos = QosSnapshot::default();
     qos.levels[high].accepted = 4;
     qos.levels[high].wait[1] = 4;
@@ -235,6 +238,18 @@ fn request_and_qos_histograms_and_counters() {
     }
     // Only the pairs that served a request.
     assert_eq!(samples(&text, &format!("{fam}_count")).len(), 1);
+    let stage = "tent_request_stage_seconds";
+    let q = format!("stage=\"queue\",{lh}");
+    assert!(text.contains(&format!("# TYPE {stage} histogram\n")));
+    for want in [
+        format!("{stage}_bucket{{le=\"0.000002\",{q}}} 0\n"),
+        format!("{stage}_bucket{{le=\"0.000004\",{q}}} 3\n"),
+        format!("{stage}_count{{{q}}} 3\n"),
+        format!("{stage}_sum{{{q}}} 0.000009\n"),
+    ] {
+        assert!(text.contains(&want), "{want} in {text}");
+    }
+    assert_eq!(samples(&text, &format!("{stage}_count")).len(), 1);
     assert!(text.contains("tent_qos_accepted_total{priority=\"high\"} 4\n"));
     assert!(text.contains("tent_qos_wait_seconds_bucket{le=\"0.000002\",priority=\"high\"} 4\n"));
     // Every priority's wait histogram, served or not.
