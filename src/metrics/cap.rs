@@ -89,7 +89,7 @@ pub(crate) fn collapse<const F: usize>(
     merge: [Merge; F],
     kept: &BTreeSet<&str>,
 ) -> Vec<Row<F>> {
-    let mut out = Vec::with_capacity(rows.len().min(kept.len() * 8 + 8));
+    let mut out = Vec::new();
     let mut other: BTreeMap<[String; 4], [u64; F]> = BTreeMap::new();
     for row in rows {
         if kept.contains(row.labels[segment].as_str()) {

@@ -4,11 +4,12 @@
 //! Our counters stay what they are (per-worker single-writer atomics and
 //! the engine's shared ones, summed when read), so no metric object of
 //! the crate is kept: at each scrape the figures are read into a
-//! [`Scrape`], which is the crate's custom [`Collector`]; its `encode`
-//! describes each family (`encode_descriptor`) and encodes its samples
-//! (`encode_family` for the labels, then `encode_counter`, `encode_gauge`
-//! or `encode_histogram`), and `prometheus_client::encoding::text::encode`
-//! writes the text with its `# EOF`. A counter family is described
+//! [`Scrape`], its per-peer tables are capped (`cap.rs`), and the result
+//! is the crate's custom [`Collector`], whose `encode` describes each
+//! family (`encode_descriptor`) and encodes its samples (`encode_family`
+//! for the labels, then `encode_counter`, `encode_gauge` or
+//! `encode_histogram`); `prometheus_client::encoding::text::encode` writes
+//! the text with its `# EOF`. A counter family is described
 //! without its `_total` (OpenMetrics names the family so); its samples
 //! carry it, the names they have always had.
 
