@@ -168,6 +168,10 @@ pub struct MetricsConfig {
     /// `metrics/http_port`: its port (0: ephemeral); a port taken falls
     /// back to an ephemeral one, with a warning.
     pub http_port: u16,
+    /// `metrics/max_labelled_peers`: how many peers (segments) get their
+    /// own per-rail and per-SQ series; the rest are summed under
+    /// `segment="_other"`.
+    pub max_labelled_peers: u32,
 }
 
 /// The `workers` object: how many worker threads, where they run, and how
@@ -1110,9 +1114,11 @@ schema! {
         "Make the engine's process non-dumpable (PR_SET_DUMPABLE 0) at start, so a same-uid process cannot open the registered memory's memfds through /proc/<pid>/fd (which bypasses rpc_shared_secret on this host). Also: same-uid perf and gdb can no longer attach, core dumps are off, and nothing else of the process can be read through /proc by its user.";
     // the HTTP endpoint
     "metrics/http_enable" => metrics.http_enable: Kind::Bool, "true", LIVE,
-        "Serve /metrics (Prometheus text), /metrics/json, /health (/health/live, /health/ready) and /topology over HTTP on the control plane's address (rpc_server_hostname), from one thread off the workers. With rpc_shared_secret set, every path but /health/live needs the bearer token derived from it (Engine::http_bearer_token).";
+        "Serve /metrics (OpenMetrics text, which Prometheus scrapes), /metrics/json, /health (/health/live, /health/ready) and /topology over HTTP on the control plane's address (rpc_server_hostname), from one thread off the workers. With rpc_shared_secret set, every path but /health/live needs the bearer token derived from it (Engine::http_bearer_token).";
     "metrics/http_port" => metrics.http_port: uint(0, 65535), "9464", LIVE,
         "Port of the HTTP endpoint; 0 picks an ephemeral one. When the port is taken, an ephemeral one is used and a warning names it; the URL is in the log, in /health and in this engine's descriptor.";
+    "metrics/max_labelled_peers" => metrics.max_labelled_peers: uint(0, 100_000), "64", LIVE,
+        "Most peers (segments) with their own per-rail (tent_rail_*) and per-SQ (tent_sq_*) series in /metrics and metrics_text: those that carried the most bytes (ties: by name). The rest are summed into one series per family and transport (per QP slot for tent_sq_*) labelled segment, local and remote \"_other\": counters, occupancies and bandwidths add up, tent_rail_state and tent_rail_numa_tier take the worst, high watermarks the highest, ages the newest. Bounds the series a scraper stores however many peers connect; 0 sums every peer.";
     // workers
     "workers/count" => workers.count: uint(1, 256), "1", LIVE,
         "Number of worker threads.";

@@ -19,11 +19,21 @@ use tent::{Engine, ErrorKind, LocalAddr, RemoteAddr, SegmentId, TransportKind, o
 /// GET `path` from `url` (`http://ip:port`), with `token` as a bearer:
 /// the status and the body.
 fn get(url: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let (status, _, body) = exchange(
+        url,
+        &format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n"),
+    );
+    (status, body)
+}
+
+/// Send `request` to `url` and read the answer to its end: the status,
+/// the head and the body.
+fn exchange(url: &str, request: &str) -> (u16, String, String) {
     let addr: SocketAddr = url.trim_start_matches("http://").parse().unwrap();
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}\r\n").unwrap();
+    s.write_all(request.as_bytes()).unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
     let text = String::from_utf8(raw).unwrap();
@@ -36,7 +46,78 @@ fn get(url: &str, path: &str, token: Option<&str>) -> (u16, String) {
         .parse()
         .unwrap();
     assert_eq!(body.len(), len, "{head}");
-    (status, body.to_owned())
+    (status, head.to_owned(), body.to_owned())
+}
+
+/// The value of the sample line that starts with `series` and a space.
+fn sample(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no sample {series} in:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// `/metrics` is OpenMetrics text (its content type, `# EOF`), and shows
+/// the HTTP server's own counters: what it answered by status class, the
+/// connections it accepted, the requests it refused.
+#[test]
+fn metrics_are_openmetrics_and_count_the_endpoint_itself() {
+    let e = Engine::new(test_config()).unwrap();
+    let url = e.http_url().unwrap().to_owned();
+    let (status, head, text) = exchange(&url, "GET /metrics HTTP/1.1\r\n\r\n");
+    assert_eq!(status, 200);
+    assert!(
+        head.contains(
+            "Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\n"
+        ),
+        "{head}"
+    );
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    assert!(
+        text.contains("# TYPE tent_http_responses counter\n"),
+        "{text}"
+    );
+    // Before this scrape: nothing answered, one connection (this one).
+    assert_eq!(sample(&text, "tent_http_connections_accepted_total"), 1);
+    assert_eq!(sample(&text, "tent_http_responses_total{class=\"2xx\"}"), 0);
+    // A 404, a malformed request, another method: answered and counted.
+    assert_eq!(get(&url, "/nowhere", None).0, 404);
+    assert_eq!(exchange(&url, "GET /metrics HTTX/1.1\r\n\r\n").0, 400);
+    assert_eq!(exchange(&url, "POST /metrics HTTP/1.1\r\n\r\n").0, 405);
+    let (_, text) = get(&url, "/metrics", None);
+    assert_eq!(sample(&text, "tent_http_connections_accepted_total"), 5);
+    // The first scrape's 200; the 404, 400 and 405 (this scrape's own
+    // response is counted once written).
+    assert_eq!(sample(&text, "tent_http_responses_total{class=\"2xx\"}"), 1);
+    assert_eq!(sample(&text, "tent_http_responses_total{class=\"4xx\"}"), 3);
+    assert_eq!(
+        sample(
+            &text,
+            "tent_http_requests_refused_total{reason=\"bad_request\"}"
+        ),
+        2
+    );
+    assert_eq!(sample(&text, "tent_http_connections_evicted_total"), 0);
+    assert_eq!(sample(&text, "tent_http_connections_timed_out_total"), 0);
+    // The same through /metrics/json, which reads past `# EOF`.
+    let (_, body) = get(&url, "/metrics/json", None);
+    let samples = json(&body);
+    let accepted = samples
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "tent_http_connections_accepted_total")
+        .expect("tent_http_connections_accepted_total in /metrics/json");
+    assert_eq!(accepted["value"], 6.0);
+    assert!(
+        samples
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s.get("unparsed").is_none()),
+        "{body}"
+    );
 }
 
 fn json(body: &str) -> serde_json::Value {

@@ -116,7 +116,7 @@ fn reads_writes_bytes_failures_and_durations_are_counted_by_transport_and_priori
     assert_eq!(
         sample(
             &text,
-            &format!("tent_request_duration_seconds_bucket{{{low},le=\"+Inf\"}}")
+            &format!("tent_request_duration_seconds_bucket{{le=\"+Inf\",{low}}}")
         ),
         4.0
     );

@@ -320,6 +320,11 @@ impl EngineBuilder {
             shared.incarnation.batch_tag(),
         );
         let workers = WorkerPool::start(&shared, id, cores, &wakers)?;
+        // The HTTP server's counters: its thread writes them, the observer
+        // shows them in /metrics.
+        let http_counters = http_listener
+            .as_ref()
+            .map(|_| Arc::new(crate::http::HttpCounters::default()));
         let observer = Arc::new(super::observe::Observer::new(
             shared.clone(),
             workers.to_vec(),
@@ -327,6 +332,7 @@ impl EngineBuilder {
             topology,
             control.as_ref().map(|c| c.local_addr().to_string()),
             metrics_url,
+            http_counters.clone(),
         ));
         let mut engine = Engine {
             shared,
@@ -346,11 +352,12 @@ impl EngineBuilder {
         };
         // Its thread last: should it fail, dropping the engine tears down
         // everything started so far.
-        if let Some(l) = http_listener {
+        if let (Some(l), Some(counters)) = (http_listener, http_counters) {
             engine.http = Some(super::http::start(
                 &engine.shared.config,
                 l,
                 &engine.observer,
+                counters,
             )?);
         }
         Ok(engine)

@@ -3,7 +3,7 @@
 //!
 //! | path | status | body |
 //! |---|---|---|
-//! | `/metrics` | 200 | Prometheus text exposition (`Engine::metrics_text`) |
+//! | `/metrics` | 200 | OpenMetrics text exposition (`Engine::metrics_text`) |
 //! | `/metrics/json` | 200 | the same samples as JSON: `[{"name", "labels", "value"}]` |
 //! | `/health` | 200 ready, 503 not | the engine, its workers, transports, peers and their rails |
 //! | `/health/live` | 200 | `live` while the engine exists (open even with a secret) |
@@ -25,10 +25,11 @@ use serde_json::{Value, json};
 use super::observe::Observer;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::http::{Bearer, HttpServer, Response, Routes};
+use crate::http::{Bearer, HttpCounters, HttpServer, Response, Routes};
 
-/// The Prometheus text format's content type.
-const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// The OpenMetrics text format's content type (what `prometheus-client`
+/// writes: `_total` counters, `# EOF`).
+const OPENMETRICS_TEXT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The paths, answered from the observer.
 #[derive(Debug)]
@@ -42,7 +43,7 @@ impl Routes for EngineRoutes {
         match path {
             "/metrics" => Response {
                 status: 200,
-                content_type: PROMETHEUS_TEXT,
+                content_type: OPENMETRICS_TEXT,
                 body: o.metrics_text().into_bytes(),
             },
             "/metrics/json" => Response::json(200, samples_json(&o.metrics_text()).to_string()),
@@ -127,11 +128,13 @@ pub(super) fn url_of(addr: SocketAddr) -> String {
     }
 }
 
-/// Serve the paths on `listener` (see the module doc).
+/// Serve the paths on `listener` (see the module doc), counting into
+/// `counters` (which the observer shows as `tent_http_*`).
 pub(super) fn start(
     config: &Config,
     listener: TcpListener,
     observer: &Arc<Observer>,
+    counters: Arc<HttpCounters>,
 ) -> Result<HttpServer> {
     let bearer = config.secret().map(Bearer::from_secret);
     let server = HttpServer::start(
@@ -140,6 +143,7 @@ pub(super) fn start(
             observer: observer.clone(),
         }),
         bearer,
+        counters,
     )?;
     let url = url_of(server.local_addr());
     tracing::info!(metrics = %format!("{url}/metrics"), health = %format!("{url}/health"),
@@ -147,8 +151,9 @@ pub(super) fn start(
     Ok(server)
 }
 
-/// The samples of a Prometheus text exposition as JSON: one object per
-/// sample line, its labels as an object (comments skipped). The text is
+/// The samples of an OpenMetrics (or Prometheus) text exposition as JSON:
+/// one object per sample line, its labels as an object (`# HELP`, `# TYPE`,
+/// `# UNIT` and `# EOF` skipped). The text is
 /// this engine's own rendering, so a line that does not parse is a defect
 /// here; it is kept whole under `"unparsed"` rather than dropped.
 fn samples_json(text: &str) -> Value {
@@ -227,7 +232,7 @@ mod tests {
 
     #[test]
     fn samples_read_back_with_their_labels_and_escapes() {
-        let text = "# HELP a x\n# TYPE a counter\na_total 3\nb{seg=\"10.0.0.1:7\",dev=\"q\\\"x\\\\y\\nz\"} 2.5\nc{le=\"+Inf\"} +Inf\n";
+        let text = "# HELP a x\n# TYPE a counter\n# UNIT a bytes\na_total 3\nb{seg=\"10.0.0.1:7\",dev=\"q\\\"x\\\\y\\nz\"} 2.5\nc{le=\"+Inf\"} +Inf\n# EOF\n";
         let v = samples_json(text);
         assert_eq!(
             v,

@@ -14,6 +14,8 @@ use super::EngineShared;
 use super::segments::NETWORK;
 use super::topology_report::{self, NodeReport, TopologyReport};
 use super::worker::WorkerShared;
+use crate::http::HttpCounters;
+use crate::metrics::Scrape;
 use crate::metrics::ops::OpSnapshot;
 use crate::qos::{QosSnapshot, SlotClock, SlotSnapshot};
 use crate::segment::Segment;
@@ -35,6 +37,8 @@ pub(crate) struct Observer {
     http_url: Arc<OnceLock<String>>,
     /// The NICs' facts as last read, and when (never taken by a worker).
     nic_facts: parking_lot::Mutex<Option<(std::time::Instant, Vec<topology_report::NicFacts>)>>,
+    /// The HTTP server's counters, when it runs (its thread writes them).
+    http: Option<Arc<HttpCounters>>,
 }
 
 /// How long the NICs' facts in a topology report are reused.
@@ -67,6 +71,7 @@ impl Observer {
         topology: Topology,
         segment: Option<String>,
         http_url: Arc<OnceLock<String>>,
+        http: Option<Arc<HttpCounters>>,
     ) -> Observer {
         Observer {
             shared,
@@ -77,6 +82,7 @@ impl Observer {
             stopping: AtomicBool::new(false),
             http_url,
             nic_facts: parking_lot::Mutex::new(None),
+            http,
         }
     }
 
@@ -146,15 +152,21 @@ impl Observer {
         s
     }
 
-    /// The metrics in Prometheus text exposition format.
+    /// The metrics as OpenMetrics text: every figure read now, the
+    /// per-peer series bounded by `metrics/max_labelled_peers`.
     pub(crate) fn metrics_text(&self) -> String {
-        let mut out = self
-            .shared
-            .metrics
-            .render(&self.all_rails(), &self.sq_rows());
-        crate::metrics::render_ops(&mut out, &self.op_stats());
-        crate::metrics::render_qos(&mut out, &self.qos_stats());
-        out
+        let m = &self.shared.metrics;
+        let scrape = Scrape {
+            failover: m.failover_counts(),
+            exhausted: m.exhausted_total(),
+            rails: self.all_rails(),
+            sq: self.sq_rows(),
+            ops: self.op_stats(),
+            qos: self.qos_stats(),
+            http: self.http.as_ref().map(|c| c.snapshot()),
+        };
+        let cap = self.shared.config.metrics.max_labelled_peers;
+        scrape.encode(usize::try_from(cap).unwrap_or(usize::MAX))
     }
 
     /// Installed transports.

@@ -78,8 +78,11 @@ impl Engine {
         self.observer.sq_rows()
     }
 
-    /// Failover counters and per-rail state and bytes, in Prometheus text
-    /// exposition format.
+    /// Every metric `/metrics` serves, as OpenMetrics text (ending in
+    /// `# EOF`): failover counters, per-rail and per-SQ series (at most
+    /// `metrics/max_labelled_peers` peers with their own, the rest summed
+    /// under `segment="_other"`), request counters and latencies, QoS
+    /// figures, and the HTTP server's counters when it runs.
     pub fn metrics_text(&self) -> String {
         self.observer.metrics_text()
     }

@@ -14,7 +14,8 @@
 //! Bounds, so that a slow, malformed or never-reading client cannot
 //! disturb the engine (nor the endpoint for long):
 //! - at most [`MAX_CONNECTIONS`] (64) open connections; a newcomer over the
-//!   cap is accepted and closed at once (counted as refused);
+//!   cap closes the oldest connection not being answered (the newcomer
+//!   itself when every slot is being answered), counted as evicted;
 //! - a request head of at most [`MAX_HEAD`] (8 KiB, read into one buffer
 //!   allocated at accept) else 431; a request target of at most
 //!   [`MAX_TARGET`] (1 KiB) else 414; at most [`MAX_HEADERS`] headers
@@ -26,6 +27,11 @@
 //!   or a client that never reads its response is closed then (counted);
 //! - one request per connection: every response says `Connection: close`
 //!   and carries `Content-Length`.
+//!
+//! The server counts ([`HttpCounters`], written by its thread alone):
+//! connections accepted, evicted at the cap and timed out, requests
+//! refused by cause, responses written out by status class. The engine
+//! shows them in `/metrics` (`tent_http_*`).
 //!
 //! With a shared secret, every path but the open ones
 //! ([`Bearer::from_secret`]: liveness) needs `Authorization: Bearer
@@ -41,9 +47,7 @@ use std::time::Duration;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-pub(crate) use server::HttpServer;
-#[cfg(test)]
-use server::HttpStats;
+pub(crate) use server::{HttpCounters, HttpServer, HttpStats};
 
 /// Most connections open at once; a newcomer over the cap is closed at once.
 pub(crate) const MAX_CONNECTIONS: usize = 64;

@@ -47,7 +47,7 @@ pub(crate) struct HttpStats {
     pub(crate) accepted: u64,
     /// Connections closed for a newcomer at the cap: the oldest one not
     /// being answered, or the newcomer when every slot is being answered.
-    pub(crate) refused: u64,
+    pub(crate) evicted: u64,
     /// Connections closed at their deadline before their response was out.
     pub(crate) timed_out: u64,
     /// Requests answered 400 or 405 (malformed, another method).
@@ -58,35 +58,53 @@ pub(crate) struct HttpStats {
     pub(crate) unauthorized: u64,
     /// Responses written out in full (any status).
     pub(crate) served: u64,
+    /// Those by status class: `[0]` 1xx ... `[4]` 5xx.
+    pub(crate) by_class: [u64; 5],
 }
 
-/// [`HttpStats`] as the server thread counts it.
+/// [`HttpStats`] as the server thread counts it. That thread is the only
+/// writer, so a count is a relaxed load and a relaxed store (no locked
+/// read-modify-write); any thread may read them (the engine's `/metrics`,
+/// [`HttpServer::stats`]). Made before the server, so that what reports
+/// it (the engine's observer) can hold it from the start.
 #[derive(Debug, Default)]
-struct Counters {
+pub(crate) struct HttpCounters {
     accepted: AtomicU64,
-    refused: AtomicU64,
+    evicted: AtomicU64,
     timed_out: AtomicU64,
     bad_request: AtomicU64,
     too_large: AtomicU64,
     unauthorized: AtomicU64,
     served: AtomicU64,
+    by_class: [AtomicU64; 5],
 }
 
-impl Counters {
+impl HttpCounters {
+    /// Add one; the server thread only (see the type's doc).
     fn bump(c: &AtomicU64) {
-        c.fetch_add(1, Ordering::Relaxed);
+        c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
     }
 
-    fn snapshot(&self) -> HttpStats {
+    /// A response of `status` was written out in full.
+    fn served(&self, status: u16) {
+        Self::bump(&self.served);
+        // Statuses are 100..=599 (the routes' and the server's own).
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        Self::bump(&self.by_class[class]);
+    }
+
+    /// The counts now.
+    pub(crate) fn snapshot(&self) -> HttpStats {
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
         HttpStats {
             accepted: l(&self.accepted),
-            refused: l(&self.refused),
+            evicted: l(&self.evicted),
             timed_out: l(&self.timed_out),
             bad_request: l(&self.bad_request),
             too_large: l(&self.too_large),
             unauthorized: l(&self.unauthorized),
             served: l(&self.served),
+            by_class: self.by_class.each_ref().map(l),
         }
     }
 }
@@ -97,7 +115,7 @@ pub(crate) struct HttpServer {
     addr: SocketAddr,
     /// Written once by drop: the thread's signal to stop.
     wake: Arc<OwnedFd>,
-    counters: Arc<Counters>,
+    counters: Arc<HttpCounters>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -128,12 +146,14 @@ impl HttpServer {
         }
     }
 
-    /// Serve `routes` on `listener` from one thread named `tent-http`;
-    /// with a `bearer`, every path but its open ones needs its token.
+    /// Serve `routes` on `listener` from one thread named `tent-http`,
+    /// counting into `counters`; with a `bearer`, every path but its open
+    /// ones needs its token.
     pub(crate) fn start(
         listener: TcpListener,
         routes: Arc<dyn Routes>,
         bearer: Option<Bearer>,
+        counters: Arc<HttpCounters>,
     ) -> Result<HttpServer> {
         let io_err = |what: &'static str| {
             move |e: io::Error| Error::new(ErrorKind::InvalidArgument, what).with_source(e)
@@ -150,7 +170,6 @@ impl HttpServer {
                     .with_source(io::Error::from(e))
             })?,
         );
-        let counters = Arc::new(Counters::default());
         let (wake2, counters2) = (Arc::clone(&wake), Arc::clone(&counters));
         let thread = std::thread::Builder::new()
             .name("tent-http".into())
@@ -228,7 +247,7 @@ impl Conn {
     }
 
     /// Move what is ready, without blocking.
-    fn step(&mut self, routes: &dyn Routes, bearer: Option<&Bearer>, counters: &Counters) -> Step {
+    fn step(&mut self, routes: &dyn Routes, bearer: Option<&Bearer>, counters: &HttpCounters) -> Step {
         if let State::Reading = self.state {
             let before = self.filled;
             match net::recv(&self.stream, &mut self.buf[before..], RecvFlags::DONTWAIT) {
@@ -275,7 +294,7 @@ impl Conn {
                     Err(_) => return Step::Close,
                 }
             }
-            Counters::bump(&counters.served);
+            counters.served(outcome.response.status);
             if net::shutdown(&self.stream, Shutdown::Write).is_err() {
                 return Step::Close;
             }
@@ -296,13 +315,13 @@ impl Conn {
 }
 
 /// Count and log (once per cause, with counts) what `outcome` says of its request.
-fn count(outcome: &Outcome, counters: &Counters) {
+fn count(outcome: &Outcome, counters: &HttpCounters) {
     let status = outcome.response.status;
     match outcome.verdict {
         Verdict::Routed => return,
-        Verdict::BadRequest => Counters::bump(&counters.bad_request),
-        Verdict::TooLarge => Counters::bump(&counters.too_large),
-        Verdict::Unauthorized => Counters::bump(&counters.unauthorized),
+        Verdict::BadRequest => HttpCounters::bump(&counters.bad_request),
+        Verdict::TooLarge => HttpCounters::bump(&counters.too_large),
+        Verdict::Unauthorized => HttpCounters::bump(&counters.unauthorized),
     }
     warn_limited!(("http refused", status), status, "http: request refused");
 }
@@ -313,7 +332,7 @@ fn serve(
     wake: &OwnedFd,
     routes: &dyn Routes,
     bearer: Option<&Bearer>,
-    counters: &Counters,
+    counters: &HttpCounters,
 ) {
     let mut conns: Vec<Conn> = Vec::with_capacity(MAX_CONNECTIONS);
     let mut ready: Vec<PollFlags> = Vec::with_capacity(MAX_CONNECTIONS);
@@ -377,7 +396,7 @@ fn serve(
                 return true;
             }
             if !matches!(c.state, State::Draining) {
-                Counters::bump(&counters.timed_out);
+                HttpCounters::bump(&counters.timed_out);
                 warn_limited!(
                     "http deadline",
                     timeout_ms = EXCHANGE_TIMEOUT.as_millis() as u64,
@@ -398,7 +417,7 @@ fn serve(
 fn accept(
     listener: &TcpListener,
     conns: &mut Vec<Conn>,
-    counters: &Counters,
+    counters: &HttpCounters,
     now: Instant,
 ) -> Option<Instant> {
     for _ in 0..ACCEPTS_PER_WAKE {
@@ -429,7 +448,7 @@ fn accept(
                 .filter(|(_, c)| matches!(c.state, State::Reading | State::Draining))
                 .min_by_key(|(_, c)| (matches!(c.state, State::Reading), c.deadline))
                 .map(|(i, _)| i);
-            Counters::bump(&counters.refused);
+            HttpCounters::bump(&counters.evicted);
             warn_limited!(
                 "http cap",
                 cap = MAX_CONNECTIONS,
@@ -444,7 +463,7 @@ fn accept(
             continue;
         }
         let _ = stream.set_nodelay(true);
-        Counters::bump(&counters.accepted);
+        HttpCounters::bump(&counters.accepted);
         conns.push(Conn {
             stream,
             deadline: now + EXCHANGE_TIMEOUT,

@@ -179,7 +179,7 @@ fn bearer_is_required_but_for_liveness_and_never_printed() {
 fn server(bearer: Option<Bearer>) -> HttpServer {
     let (listener, fell_back) = HttpServer::bind((Ipv4Addr::LOCALHOST, 0).into()).unwrap();
     assert!(!fell_back);
-    HttpServer::start(listener, Arc::new(TestRoutes), bearer).unwrap()
+    HttpServer::start(listener, Arc::new(TestRoutes), bearer, Arc::default()).unwrap()
 }
 
 /// Send `req`, read to the end: (status, head, body).
@@ -264,11 +264,13 @@ fn a_real_client_gets_routes_and_refusals() {
             st.accepted,
             st.bad_request,
             st.too_large,
-            st.refused,
+            st.evicted,
             st.timed_out
         ),
         (7, 2, 2, 0, 0)
     );
+    // By status class: two 200s; 405, 400, 414, 431; the panic's 500.
+    assert_eq!(st.by_class, [0, 2, 0, 4, 1]);
 }
 
 #[test]
@@ -312,7 +314,7 @@ fn stalled_clients_over_the_cap_do_not_keep_a_client_out() {
         })
         .collect();
     let st = wait_stats(&s, Duration::from_secs(5), |st| st.accepted >= 200);
-    assert!(st.refused >= 200 - MAX_CONNECTIONS as u64, "{st:?}");
+    assert!(st.evicted >= 200 - MAX_CONNECTIONS as u64, "{st:?}");
     // A normal client is served at once, long before their deadline.
     let t0 = Instant::now();
     let (status, _, _) = exchange(a, b"GET /health/live HTTP/1.1\r\n\r\n").unwrap();
