@@ -517,3 +517,53 @@ fn slow_clients_a_client_that_never_reads_and_a_scrape_loop_do_not_disturb_trans
     );
     assert!(scrapes > 0, "no scrape was answered");
 }
+
+/// With `metrics/max_labelled_peers` 1 and three peers, the peer that
+/// carried the most bytes keeps its own rail series and the other two are
+/// summed into `segment="_other"`: no byte is lost from the totals.
+#[test]
+fn peers_past_the_label_cap_are_summed_into_other() {
+    let targets: Vec<Engine> = (0..3).map(|_| common::engine()).collect();
+    let mut c = test_config();
+    c.transports.shm.enable = false;
+    c.metrics.max_labelled_peers = 1;
+    let init = Engine::new(c).unwrap();
+    let local = init.allocate_memory(1 << 20).unwrap();
+    let mut ring = init.ring().unwrap();
+    let mut carried = 0u64;
+    for (k, t) in targets.iter().enumerate() {
+        let remote = t.allocate_memory(1 << 20).unwrap();
+        let seg = init.open_segment(&t.segment_name()).unwrap();
+        // The first target carries the most.
+        let len = if k == 0 { 1 << 20 } else { 4096 };
+        ring.submission()
+            .push(op::Write::new(
+                LocalAddr::new(local.id(), 0),
+                RemoteAddr::new(seg, remote.addr()),
+                len,
+            ))
+            .unwrap();
+        assert_eq!(common::reap(&mut ring, 1)[0].result(), Ok(len));
+        carried += len;
+    }
+    let text = init.metrics_text();
+    let rails: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("tent_rail_bytes_total{"))
+        .collect();
+    let first = format!("segment=\"{}\"", targets[0].segment_name());
+    assert!(rails.iter().any(|l| l.contains(&first)), "{rails:#?}");
+    assert!(
+        rails.iter().any(|l| l.contains("segment=\"_other\"")),
+        "{rails:#?}"
+    );
+    for t in &targets[1..] {
+        let own = format!("segment=\"{}\"", t.segment_name());
+        assert!(!rails.iter().any(|l| l.contains(&own)), "{rails:#?}");
+    }
+    let total: u64 = rails
+        .iter()
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(total, carried, "{rails:#?}");
+}
