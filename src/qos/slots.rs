@@ -566,25 +566,54 @@ impl Drop for SlotRotator {
 /// How often a keeper looks for joiners at the latest.
 const SERVE_EVERY: Duration = Duration::from_millis(5);
 
-/// Sleep until `until` or a stop, handing the memory to joiners at least
-/// every [`SERVE_EVERY`]; `false` once stopped.
-fn nap_until(clock: &SlotClock, stop: &AtomicBool, until: Instant) -> bool {
+/// Sleep until `until`, a stop, or a change of the group's interval from
+/// `interval`, handing the memory to joiners at least every
+/// [`SERVE_EVERY`] (which is also how soon a change is seen).
+fn nap_until(clock: &SlotClock, stop: &AtomicBool, until: Instant, interval: Duration) -> Nap {
     loop {
         if stop.load(Ordering::Acquire) {
-            return false;
+            return Nap::Stop;
         }
         clock.serve_joiners();
+        if clock.interval() != interval {
+            return Nap::Changed;
+        }
         let now = Instant::now();
         if now >= until {
-            return true;
+            return Nap::Due;
         }
         std::thread::park_timeout((until - now).min(SERVE_EVERY));
     }
 }
 
+/// How a [`nap_until`] ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Nap {
+    /// The rotator is stopping.
+    Stop,
+    /// The time came.
+    Due,
+    /// The group's interval changed (a reload somewhere): decide anew.
+    Changed,
+}
+
 enum Role {
-    Owner { next: Instant },
-    Watcher { seen: Lease, since: Instant },
+    Owner {
+        next: Instant,
+    },
+    /// `limit`: how long `seen` may stay before its owner counts as
+    /// silent.
+    Watcher {
+        seen: Lease,
+        since: Instant,
+        limit: Duration,
+    },
+}
+
+/// How long a lease may stay unchanged before a watcher takes it: seven
+/// quarters of the interval.
+fn silence_limit(interval: Duration) -> Duration {
+    interval + interval * 3 / 4
 }
 
 fn rotate(clock: &SlotClock, stop: &AtomicBool) {
@@ -597,22 +626,43 @@ fn rotate(clock: &SlotClock, stop: &AtomicBool) {
     let mut role = Role::Watcher {
         seen: clock.lease(),
         since: Instant::now(),
+        limit: silence_limit(interval),
     };
     loop {
         // The group's interval as of this step: a reload anywhere in the
         // group applies from the next tick or look.
         let now_iv = clock.interval();
         if now_iv != interval {
-            tracing::info!(path = %clock.path().display(), from_us = interval.as_micros() as u64,
+            crate::lograte::info_limited!(("slot interval", clock.path()),
+                path = %clock.path().display(), from_us = interval.as_micros() as u64,
                 to_us = now_iv.as_micros() as u64, "slot clock: the group's rotation interval changed");
+            role = match role {
+                // The owner's next tick comes no later than the new
+                // interval after its last one.
+                Role::Owner { next } => Role::Owner {
+                    next: next
+                        .checked_sub(interval)
+                        .map_or(next, |last| next.min(last + now_iv)),
+                },
+                // The owner may still sleep toward a tick set by the old
+                // interval until its nap notices the change (within
+                // SERVE_EVERY): judge its silence from now, by the longer
+                // of the two limits, until its next tick.
+                Role::Watcher { seen, .. } => Role::Watcher {
+                    seen,
+                    since: Instant::now(),
+                    limit: silence_limit(interval).max(silence_limit(now_iv)) + SERVE_EVERY,
+                },
+            };
             interval = now_iv;
         }
         let look = (interval / 4).max(Duration::from_micros(50));
-        let silent = interval + interval * 3 / 4;
         match role {
             Role::Owner { next } => {
-                if !nap_until(clock, stop, next) {
-                    return;
+                match nap_until(clock, stop, next, interval) {
+                    Nap::Stop => return,
+                    Nap::Changed => continue,
+                    Nap::Due => {}
                 }
                 let cur = clock.lease();
                 let now = Instant::now();
@@ -627,6 +677,7 @@ fn rotate(clock: &SlotClock, stop: &AtomicBool) {
                     role = Role::Watcher {
                         seen: cur,
                         since: now,
+                        limit: silence_limit(interval),
                     };
                     continue;
                 }
@@ -643,14 +694,16 @@ fn rotate(clock: &SlotClock, stop: &AtomicBool) {
                 }
                 role = Role::Owner { next };
             }
-            Role::Watcher { seen, since } => {
-                if !nap_until(clock, stop, Instant::now() + look) {
-                    return;
+            Role::Watcher { seen, since, limit } => {
+                match nap_until(clock, stop, Instant::now() + look, interval) {
+                    Nap::Stop => return,
+                    Nap::Changed => continue,
+                    Nap::Due => {}
                 }
                 let cur = clock.lease();
                 let now = Instant::now();
                 let vacant = cur.owner() == 0;
-                if vacant || (cur == seen && now - since >= silent) {
+                if vacant || (cur == seen && now - since >= limit) {
                     match clock.swap(cur, cur.rotated_by(clock.me)) {
                         Ok(()) => {
                             if !vacant {
@@ -670,6 +723,7 @@ fn rotate(clock: &SlotClock, stop: &AtomicBool) {
                             role = Role::Watcher {
                                 seen: found,
                                 since: now,
+                                limit: silence_limit(interval),
                             }
                         }
                     }
@@ -677,6 +731,7 @@ fn rotate(clock: &SlotClock, stop: &AtomicBool) {
                     role = Role::Watcher {
                         seen: cur,
                         since: now,
+                        limit: silence_limit(interval),
                     };
                 }
             }
@@ -892,6 +947,44 @@ mod tests {
         // Out of the configuration's range in the memory: its bound.
         a.payload().interval_ns.store(0, Ordering::Relaxed);
         assert_eq!(c.interval(), Duration::from_millis(1));
+    }
+
+    /// A reload that shortens the interval while the owner sleeps toward a
+    /// tick set by the old one: the owner wakes and rotates at the new
+    /// pace, and no watcher takes the live owner's lease for "silence"
+    /// judged by the new, shorter limit (before: a takeover within the
+    /// first look).
+    #[test]
+    #[cfg_attr(miri, ignore = "/dev/shm file")]
+    fn a_shorter_reloaded_interval_moves_the_owner_and_no_watcher_takes_its_lease() {
+        let n = name("shrink");
+        let _c = Cleanup(n.clone());
+        let iv = Duration::from_secs(2);
+        let a = SlotRotator::start(Arc::new(SlotClock::open(&n, iv).unwrap())).unwrap();
+        let b = SlotRotator::start(Arc::new(open_beside(&n, iv, &[a.clock()]).unwrap())).unwrap();
+        // One of them takes the vacant lease at its first look.
+        let start = Instant::now();
+        while a.clock().lease().owner() == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "nobody took the lease"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let takeovers = || a.clock().payload().takeovers.load(Ordering::Relaxed);
+        assert_eq!(takeovers(), 0);
+        let before = a.clock().lease();
+        b.clock().set_interval(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(500));
+        let after = a.clock().lease();
+        assert_eq!(after.owner(), before.owner(), "the lease changed hands");
+        assert_eq!(takeovers(), 0, "a watcher took a live owner's lease");
+        assert!(
+            after.beat() >= before.beat() + 3,
+            "the owner still sleeps toward the old 2 s tick: beat {} -> {}",
+            before.beat(),
+            after.beat()
+        );
     }
 
     #[test]
