@@ -9,8 +9,10 @@ mod common;
 use std::sync::Arc;
 
 use common::{reap, test_config};
-use tent::transport::Transport;
 use tent::transport::fault::{FaultPolicy, FaultProxyTransport};
+use tent::transport::{
+    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
+};
 use tent::{Engine, LocalAddr, Priority, RemoteAddr, SegmentId, TransportKind, op};
 
 /// The sample `line` (name and labels) in `text`, as a number.
@@ -287,4 +289,102 @@ fn a_requests_stages_add_up_to_its_duration_and_a_copy_is_its_transport_stage() 
         parts[0] > 0.0,
         "requests queued behind 1 MiB copies waited no time: {parts:?}"
     );
+}
+
+/// A synchronous transport that copies (says done to) the first two
+/// slices, answers `Later` for 50 ms, then refuses the rest for good.
+#[derive(Default)]
+struct CopiesThenRefuses {
+    calls: std::sync::atomic::AtomicU32,
+    stalled_at: std::sync::OnceLock<std::time::Instant>,
+}
+
+impl Transport for CopiesThenRefuses {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Local
+    }
+    fn install(&self, _: &InstallContext) -> tent::Result<()> {
+        Ok(())
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            synchronous: true,
+            slice_bytes: 4096,
+            ..Capabilities::default()
+        }
+    }
+    fn reaches(&self, _: &tent::segment::Segment) -> bool {
+        true
+    }
+    fn submit(&self, _: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
+        for (s, o) in slices.iter().zip(out) {
+            let n = self
+                .calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            *o = if n < 2 {
+                SubmitOutcome::Completed(Ok(s.len))
+            } else if self
+                .stalled_at
+                .get_or_init(std::time::Instant::now)
+                .elapsed()
+                < std::time::Duration::from_millis(50)
+            {
+                SubmitOutcome::Later
+            } else {
+                SubmitOutcome::Rejected(tent::ErrorKind::InvalidArgument)
+            };
+        }
+    }
+    fn poll(&self, _: &WorkerCtx, _: &mut [SliceCompletion]) -> usize {
+        0
+    }
+    fn abort(&self, _: &WorkerCtx, _: u64, _: tent::ErrorKind) {}
+}
+
+/// A request that copied two slices, waited 50 ms and was then refused
+/// ends when it was refused, not at its last copy, and its stages still
+/// add up to its duration (before: 0 s of a request that took 50 ms).
+#[test]
+fn a_request_refused_after_copies_is_timed_to_its_refusal() {
+    let e = Engine::new(test_config()).unwrap();
+    e.swap_transport(
+        TransportKind::Local,
+        Some(Arc::new(CopiesThenRefuses::default()) as Arc<dyn Transport>),
+    );
+    let (src, dst) = (
+        e.allocate_memory(16 << 10).unwrap(),
+        e.allocate_memory(16 << 10).unwrap(),
+    );
+    let mut ring = e.ring_with_depth(4).unwrap();
+    ring.submission()
+        .push(
+            op::Write::new(
+                LocalAddr::new(src.id(), 0),
+                RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+                16 << 10,
+            )
+            .priority(Priority::Low),
+        )
+        .unwrap();
+    assert_eq!(
+        reap(&mut ring, 1)[0].result(),
+        Err(tent::ErrorKind::InvalidArgument)
+    );
+    let text = e.metrics_text();
+    let labels = "transport=\"local\",priority=\"low\"";
+    let took = sample(
+        &text,
+        &format!("tent_request_duration_seconds_sum{{{labels}}}"),
+    );
+    assert!(took >= 0.045, "a 50 ms wait took {took} s");
+    let parts: f64 = ["queue", "dispatch", "transport"]
+        .map(|s| {
+            sample(
+                &text,
+                &format!("tent_request_stage_seconds_sum{{stage=\"{s}\",{labels}}}"),
+            )
+        })
+        .iter()
+        .sum();
+    assert!((parts - took).abs() < 1e-6, "{parts} vs {took}");
 }

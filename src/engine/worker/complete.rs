@@ -109,6 +109,7 @@ impl Worker {
                 0 => *stamp.get_or_insert_with(crate::clock::monotonic_ns),
                 done => done,
             };
+            debug_assert!(now >= t.last_post_ns, "a task ends before its last slice");
             let (opcode, took) = (t.opcode, now.saturating_sub(t.accepted_ns));
             // Queue, dispatch and transport; each from the stamp before it,
             // so the three add up to `took` (all from monotonic clocks).

@@ -9,9 +9,9 @@ use super::{Worker, housekeeping};
 use crate::engine::slot_index;
 use crate::transport::{Capabilities, Slice, SubmitOutcome};
 
-/// A synchronous copy this long or longer is followed by a clock read
-/// (23 ns): a shorter one takes under a microsecond, the finest bucket of
-/// the request histograms, and goes untimed.
+/// Synchronous copies are followed by a clock read (23 ns) once this many
+/// bytes were copied since the last one: fewer take under a microsecond,
+/// the finest bucket of the request histograms.
 const TIMED_COPY_BYTES: u64 = 16 << 10;
 
 /// What the worker does with a slice after `Transport::submit` answered.
@@ -69,12 +69,15 @@ pub(super) fn slice_len(rest: u64, caps: Capabilities, block_size: u64) -> u64 {
 impl Worker {
     /// Post slices of lane heads, in the order the scheduler gives them.
     ///
-    /// `now` is the turn's clock; it moves on after a synchronous copy of
-    /// [`TIMED_COPY_BYTES`] or more, so that the tasks after it in the pass
-    /// are stamped after it and the copy's own task is timed with it.
+    /// `now` is the turn's clock; it moves on once synchronous copies of
+    /// [`TIMED_COPY_BYTES`] or more were made since it was read, so that
+    /// the tasks after them in the pass are stamped after them and a
+    /// copy's own task is timed with it.
     pub(super) fn dispatch(&mut self, mut now: u64) -> bool {
         let mut work = false;
         let mut pass = self.sched.begin_pass();
+        // Bytes copied synchronously since `now` was read.
+        let mut untimed = 0u64;
         while let Some((p, i)) = self.sched.next(&mut pass, &*self.engine.gate, now) {
             let t = self.tasks.get_mut(i);
             if !t.live || t.stopped {
@@ -143,9 +146,14 @@ impl Worker {
             installed
                 .transport
                 .submit(&self.ctx, std::slice::from_ref(&slice), &mut outcome);
-            if installed.caps.synchronous && len >= TIMED_COPY_BYTES {
-                // The copy is done: time moved on by its length.
-                now = crate::clock::monotonic_ns();
+            if installed.caps.synchronous {
+                untimed += len;
+                if untimed >= TIMED_COPY_BYTES {
+                    // The copies since the last reading are done: time
+                    // moved on by their length.
+                    now = crate::clock::monotonic_ns();
+                    untimed = 0;
+                }
             }
             t.posted += len;
             let verdict = judge(outcome[0], self.book.any());
@@ -170,6 +178,8 @@ impl Worker {
                 }
                 let t = self.tasks.get_mut(i);
                 t.error.get_or_insert(e);
+                // It ends now, not at an earlier slice's copy.
+                t.done_ns = 0;
                 self.sched.finished(p);
                 self.tasks.note_if_settled(i);
                 work = true;
@@ -208,6 +218,8 @@ impl Worker {
                     }
                     t.posted -= len;
                     t.error.get_or_insert(e);
+                    // It ends now, not at an earlier slice's copy.
+                    t.done_ns = 0;
                 }
                 Verdict::Defer | Verdict::Refused(_) => unreachable!("handled above"),
             }
