@@ -222,6 +222,8 @@ enum State {
 /// One accepted connection.
 struct Conn {
     stream: TcpStream,
+    /// Its place in accept order (the oldest is the first to make room).
+    seq: u64,
     /// Closed then, whatever its state.
     deadline: Instant,
     /// The request head (and, draining, whatever follows it).
@@ -247,7 +249,12 @@ impl Conn {
     }
 
     /// Move what is ready, without blocking.
-    fn step(&mut self, routes: &dyn Routes, bearer: Option<&Bearer>, counters: &HttpCounters) -> Step {
+    fn step(
+        &mut self,
+        routes: &dyn Routes,
+        bearer: Option<&Bearer>,
+        counters: &HttpCounters,
+    ) -> Step {
         if let State::Reading = self.state {
             let before = self.filled;
             match net::recv(&self.stream, &mut self.buf[before..], RecvFlags::DONTWAIT) {
@@ -337,6 +344,7 @@ fn serve(
     let mut conns: Vec<Conn> = Vec::with_capacity(MAX_CONNECTIONS);
     let mut ready: Vec<PollFlags> = Vec::with_capacity(MAX_CONNECTIONS);
     let mut accept_paused_until: Option<Instant> = None;
+    let mut accepted: u64 = 0;
     loop {
         let now = Instant::now();
         if accept_paused_until.is_some_and(|t| t <= now) {
@@ -406,21 +414,43 @@ fn serve(
             false
         });
         if accept_ready {
-            accept_paused_until = accept(listener, &mut conns, counters, now);
+            accept_paused_until = accept(listener, &mut conns, &mut accepted, counters, now);
         }
     }
 }
 
-/// Accept what is waiting (at most [`ACCEPTS_PER_WAKE`]); over the cap a
-/// newcomer is closed at once. Returns when to poll the listener again
-/// after it failed for want of resources.
+/// Accept what is waiting (at most [`ACCEPTS_PER_WAKE`]); `accepted`
+/// counts every connection ever accepted (the next one's `seq`). Over the
+/// cap the oldest connection still sending its request (or draining) makes
+/// room for a newcomer, but only one accepted before this call: one of
+/// this batch has not been read yet, so the rest wait in the listen queue
+/// until the next round has read it (a flood accepted in one batch would
+/// otherwise close its own members, a probe among them, unread). With
+/// every slot answering, a newcomer is closed. Returns when to poll the
+/// listener again after it failed for want of resources.
 fn accept(
     listener: &TcpListener,
     conns: &mut Vec<Conn>,
+    accepted: &mut u64,
     counters: &HttpCounters,
     now: Instant,
 ) -> Option<Instant> {
+    let batch = *accepted;
     for _ in 0..ACCEPTS_PER_WAKE {
+        let mut room = None;
+        if conns.len() >= MAX_CONNECTIONS {
+            let unanswered = |c: &Conn| matches!(c.state, State::Reading | State::Draining);
+            room = conns
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| unanswered(c) && c.seq < batch)
+                .min_by_key(|(_, c)| (matches!(c.state, State::Reading), c.seq))
+                .map(|(i, _)| i);
+            if room.is_none() && conns.iter().any(unanswered) {
+                // Only this batch's are left to close: read them first.
+                return None;
+            }
+        }
         let stream = match listener.accept() {
             Ok((s, _)) => s,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
@@ -438,24 +468,15 @@ fn accept(
             }
         };
         if conns.len() >= MAX_CONNECTIONS {
-            // Room for the newcomer: the oldest connection still sending its
-            // request goes (a client that holds slots open by trickling
-            // bytes cannot lock a liveness probe out); with every slot
-            // answering, the newcomer is closed.
-            let oldest = conns
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| matches!(c.state, State::Reading | State::Draining))
-                .min_by_key(|(_, c)| (matches!(c.state, State::Reading), c.deadline))
-                .map(|(i, _)| i);
             HttpCounters::bump(&counters.evicted);
             warn_limited!(
                 "http cap",
                 cap = MAX_CONNECTIONS,
                 "http: connection cap reached; the oldest unanswered connection is closed for a newcomer"
             );
-            match oldest {
+            match room {
                 Some(i) => drop(conns.swap_remove(i)),
+                // Every slot is answering: the newcomer goes.
                 None => continue,
             }
         }
@@ -464,8 +485,11 @@ fn accept(
         }
         let _ = stream.set_nodelay(true);
         HttpCounters::bump(&counters.accepted);
+        let seq = *accepted;
+        *accepted += 1;
         conns.push(Conn {
             stream,
+            seq,
             deadline: now + EXCHANGE_TIMEOUT,
             buf: vec![0; MAX_HEAD].into_boxed_slice(),
             filled: 0,
@@ -473,4 +497,64 @@ fn accept(
         });
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{ErrorKind, Read};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    use super::{Conn, HttpCounters, MAX_CONNECTIONS, accept};
+
+    /// Open and accepted: a read finds nothing yet (closed: EOF or reset).
+    fn open(c: &mut TcpStream) -> bool {
+        matches!(c.read(&mut [0; 1]), Err(e) if e.kind() == ErrorKind::WouldBlock)
+    }
+
+    /// A flood accepted in one batch over a full table does not close its
+    /// own unread members: a probe in the middle of it stays open (before,
+    /// each newcomer past the old ones closed the one accepted just before
+    /// it, and a probe at position 63..126 of a batch of 128 was closed
+    /// unread).
+    #[test]
+    fn a_flood_in_one_accept_batch_does_not_close_its_own_members() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let a = l.local_addr().unwrap();
+        let (counters, now) = (HttpCounters::default(), Instant::now());
+        let (mut conns, mut seq): (Vec<Conn>, u64) = (Vec::new(), 0);
+        let mut clients: Vec<TcpStream> = (0..MAX_CONNECTIONS)
+            .map(|_| TcpStream::connect(a).unwrap())
+            .collect();
+        while conns.len() < MAX_CONNECTIONS {
+            assert!(now.elapsed() < Duration::from_secs(5), "first batch not accepted");
+            accept(&l, &mut conns, &mut seq, &counters, now);
+        }
+        // A second batch, queued before the server looks: 80 stalled
+        // connections, a probe, 40 more.
+        for _ in 0..80 {
+            clients.push(TcpStream::connect(a).unwrap());
+        }
+        let mut probe = TcpStream::connect(a).unwrap();
+        for _ in 0..40 {
+            clients.push(TcpStream::connect(a).unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        accept(&l, &mut conns, &mut seq, &counters, now);
+        assert_eq!(conns.len(), MAX_CONNECTIONS);
+        assert!(
+            conns.iter().all(|c| c.seq >= MAX_CONNECTIONS as u64),
+            "the first batch made room"
+        );
+        probe.set_nonblocking(true).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(open(&mut probe), "the probe was closed unread");
+        // The next round (its batch read by then) makes room from it, the
+        // oldest first: the probe is accepted in time.
+        accept(&l, &mut conns, &mut seq, &counters, now);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(open(&mut probe), "the probe was closed unread");
+        drop(clients);
+    }
 }
