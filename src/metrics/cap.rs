@@ -80,8 +80,11 @@ pub(crate) fn kept_peers<'a>(
 /// `rows` with those whose peer (label `segment`) is not in `kept`
 /// summed: one row per distinct value of the labels `peer_named` leaves
 /// alone, the others set to [`OTHER`], each family merged by its rule in
-/// `merge`. The kept rows keep their order; the `_other` rows follow,
-/// ordered by their labels.
+/// `merge`. Rows with the same labels are merged the same way wherever
+/// they are (a peer that advertises one rail twice would otherwise make
+/// two series with one name, a scrape Prometheus refuses part of). The
+/// kept rows keep their order; the `_other` rows follow, ordered by their
+/// labels.
 pub(crate) fn collapse<const F: usize>(
     rows: Vec<Row<F>>,
     segment: usize,
@@ -89,11 +92,23 @@ pub(crate) fn collapse<const F: usize>(
     merge: [Merge; F],
     kept: &BTreeSet<&str>,
 ) -> Vec<Row<F>> {
-    let mut out = Vec::new();
+    let fold = |values: &mut [u64; F], new: [u64; F]| {
+        for ((v, new), m) in values.iter_mut().zip(new).zip(merge) {
+            *v = m.apply(*v, new);
+        }
+    };
+    let mut out: Vec<Row<F>> = Vec::new();
+    let mut at: HashMap<[String; 4], usize> = HashMap::new();
     let mut other: BTreeMap<[String; 4], [u64; F]> = BTreeMap::new();
     for row in rows {
         if kept.contains(row.labels[segment].as_str()) {
-            out.push(row);
+            match at.get(&row.labels) {
+                Some(&i) => fold(&mut out[i].values, row.values),
+                None => {
+                    at.insert(row.labels.clone(), out.len());
+                    out.push(row);
+                }
+            }
             continue;
         }
         let mut labels = row.labels;
@@ -103,27 +118,48 @@ pub(crate) fn collapse<const F: usize>(
             }
         }
         match other.get_mut(&labels) {
-            Some(values) => {
-                for ((v, new), m) in values.iter_mut().zip(row.values).zip(merge) {
-                    *v = m.apply(*v, new);
-                }
-            }
+            Some(values) => fold(values, row.values),
             None => {
                 other.insert(labels, row.values);
             }
         }
     }
-    out.extend(
-        other
-            .into_iter()
-            .map(|(labels, values)| Row { labels, values }),
-    );
+    for (labels, values) in other {
+        // A kept row that already reads `_other` everywhere (names a
+        // hostile peer chose) takes the sum rather than a second series.
+        match at.get(&labels) {
+            Some(&i) => fold(&mut out[i].values, values),
+            None => out.push(Row { labels, values }),
+        }
+    }
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two rows with one set of labels (a peer advertising a rail twice)
+    /// are one series, kept or past the cap.
+    #[test]
+    fn rows_with_the_same_labels_are_one_series() {
+        let row = |seg: &str, v| Row {
+            labels: ["tcp".into(), seg.into(), "eth0".into(), "eth0@p".into()],
+            values: [v, 1],
+        };
+        let rows = vec![row("a", 5), row("a", 7), row("b", 1), row("b", 2)];
+        let kept: BTreeSet<&str> = ["a"].into();
+        let out = collapse(
+            rows,
+            1,
+            [false, true, true, true],
+            [Merge::Sum, Merge::Max],
+            &kept,
+        );
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!((out[0].labels[1].as_str(), out[0].values), ("a", [12, 1]));
+        assert_eq!((out[1].labels[1].as_str(), out[1].values), (OTHER, [3, 1]));
+    }
 
     #[test]
     fn kept_peers_are_the_busiest_then_by_name() {
