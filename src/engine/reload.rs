@@ -129,9 +129,6 @@ impl Engine {
                 ),
             ));
         }
-        if changed.is_empty() {
-            return Ok(live.generation());
-        }
         if changed.contains(&"log_level") {
             crate::logging::set_level(config.log_level).map_err(|e| {
                 Error::new(
@@ -139,6 +136,15 @@ impl Engine {
                     format!("reload: log_level cannot change here: {e}; nothing was applied"),
                 )
             })?;
+        } else {
+            // The level is the process's: another engine's reload may have
+            // moved it since this one's config said otherwise. A reload
+            // names the level it wants, so it is applied where it can be;
+            // where nothing can apply it, nothing asked for a change.
+            let _ = crate::logging::set_level(config.log_level);
+        }
+        if changed.is_empty() {
+            return Ok(live.generation());
         }
         live.store(&config);
         let policy = RailPolicy::from_config(&config);
