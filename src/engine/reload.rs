@@ -148,15 +148,18 @@ impl Engine {
         }
         live.store(&config);
         let policy = RailPolicy::from_config(&config);
-        let selector =
-            std::sync::Arc::new(DeviceSelector::new(SelectorConfig::from_config(&config)));
+        // A new selector only when one of its keys changed: the worker
+        // that last held the old one frees it.
+        let knobs = SelectorConfig::from_config(&config);
+        let selector = (knobs != SelectorConfig::from_config(&now))
+            .then(|| std::sync::Arc::new(DeviceSelector::new(knobs)));
         for &k in NETWORK {
             if let Some(t) = self.shared.transports.slot(k).load_full() {
                 if let Some(p) = t.transport.live_rail_policy() {
                     p.set(policy);
                 }
-                if let Some(s) = t.transport.live_selector() {
-                    s.store(selector.clone());
+                if let (Some(s), Some(new)) = (t.transport.live_selector(), &selector) {
+                    s.store(new.clone());
                 }
             }
         }
