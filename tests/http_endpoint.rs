@@ -11,9 +11,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::test_config;
-use tent::transport::{
-    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
-};
 use tent::{Engine, ErrorKind, LocalAddr, RemoteAddr, SegmentId, TransportKind, op};
 
 /// GET `path` from `url` (`http://ip:port`), with `token` as a bearer:
@@ -275,31 +272,8 @@ fn with_no_transport_the_engine_is_live_but_not_ready() {
 }
 
 /// A local transport that panics in the worker on its first slice.
-struct Panics;
-
-impl Transport for Panics {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Local
-    }
-    fn install(&self, _: &InstallContext) -> tent::Result<()> {
-        Ok(())
-    }
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            synchronous: true,
-            ..Capabilities::default()
-        }
-    }
-    fn reaches(&self, _: &tent::segment::Segment) -> bool {
-        true
-    }
-    fn submit(&self, _: &WorkerCtx, _: &[Slice<'_>], _: &mut [SubmitOutcome]) {
-        panic!("injected worker panic");
-    }
-    fn poll(&self, _: &WorkerCtx, _: &mut [SliceCompletion]) -> usize {
-        0
-    }
-    fn abort(&self, _: &WorkerCtx, _: u64, _: ErrorKind) {}
+fn panics() -> common::stub::Synchronous {
+    common::stub::Synchronous::new(TransportKind::Local, |_| panic!("injected worker panic"))
 }
 
 /// A worker that died (its thread panicked) makes the engine not ready,
@@ -309,7 +283,7 @@ impl Transport for Panics {
 fn a_dead_worker_makes_the_engine_neither_ready_nor_live() {
     let e = Engine::builder()
         .config(test_config())
-        .transport(Arc::new(Panics))
+        .transport(Arc::new(panics()))
         .build()
         .unwrap();
     let url = e.http_url().unwrap().to_owned();

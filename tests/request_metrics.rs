@@ -10,9 +10,7 @@ use std::sync::Arc;
 
 use common::{reap, test_config};
 use tent::transport::fault::{FaultPolicy, FaultProxyTransport};
-use tent::transport::{
-    Capabilities, InstallContext, Slice, SliceCompletion, SubmitOutcome, Transport, WorkerCtx,
-};
+use tent::transport::{SubmitOutcome, Transport};
 use tent::{Engine, LocalAddr, Priority, RemoteAddr, SegmentId, TransportKind, op};
 
 /// The sample `line` (name and labels) in `text`, as a number.
@@ -22,6 +20,27 @@ fn sample(text: &str, line: &str) -> f64 {
         .unwrap_or_else(|| panic!("no sample {line} in:\n{text}"))
         .parse()
         .unwrap()
+}
+
+/// One LOW (queued) WRITE of `len` bytes between two fresh buffers of `e`,
+/// on the local segment: its result.
+fn low_write(e: &Engine, len: u64) -> Result<u64, tent::ErrorKind> {
+    let (src, dst) = (
+        e.allocate_memory(len).unwrap(),
+        e.allocate_memory(len).unwrap(),
+    );
+    let mut ring = e.ring_with_depth(4).unwrap();
+    ring.submission()
+        .push(
+            op::Write::new(
+                LocalAddr::new(src.id(), 0),
+                RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
+                len,
+            )
+            .priority(Priority::Low),
+        )
+        .unwrap();
+    reap(&mut ring, 1)[0].result()
 }
 
 #[test]
@@ -173,22 +192,7 @@ fn reads_writes_bytes_failures_and_durations_are_counted_by_transport_and_priori
 #[test]
 fn a_queued_copy_is_timed_with_its_copy() {
     let e = Engine::new(test_config()).unwrap();
-    let (src, dst) = (
-        e.allocate_memory(128 << 10).unwrap(),
-        e.allocate_memory(128 << 10).unwrap(),
-    );
-    let mut ring = e.ring_with_depth(4).unwrap();
-    ring.submission()
-        .push(
-            op::Write::new(
-                LocalAddr::new(src.id(), 0),
-                RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
-                128 << 10,
-            )
-            .priority(Priority::Low),
-        )
-        .unwrap();
-    assert!(reap(&mut ring, 1)[0].result().is_ok());
+    assert!(low_write(&e, 128 << 10).is_ok());
     let sum = sample(
         &e.metrics_text(),
         "tent_request_duration_seconds_sum{transport=\"local\",priority=\"low\"}",
@@ -292,53 +296,23 @@ fn a_requests_stages_add_up_to_its_duration_and_a_copy_is_its_transport_stage() 
 }
 
 /// A synchronous transport that copies (says done to) the first two
-/// slices, answers `Later` for 50 ms, then refuses the rest for good.
-#[derive(Default)]
-struct CopiesThenRefuses {
-    calls: std::sync::atomic::AtomicU32,
-    stalled_at: std::sync::OnceLock<std::time::Instant>,
-}
-
-impl Transport for CopiesThenRefuses {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Local
-    }
-    fn install(&self, _: &InstallContext) -> tent::Result<()> {
-        Ok(())
-    }
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            synchronous: true,
-            slice_bytes: 4096,
-            ..Capabilities::default()
+/// slices of 4 KiB, answers `Later` for 50 ms, then refuses the rest for
+/// good.
+fn copies_then_refuses() -> common::stub::Synchronous {
+    let calls = std::sync::atomic::AtomicU32::new(0);
+    let stalled_at = std::sync::OnceLock::new();
+    common::stub::Synchronous::new(TransportKind::Local, move |s| {
+        if calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 2 {
+            SubmitOutcome::Completed(Ok(s.len))
+        } else if stalled_at.get_or_init(std::time::Instant::now).elapsed()
+            < std::time::Duration::from_millis(50)
+        {
+            SubmitOutcome::Later
+        } else {
+            SubmitOutcome::Rejected(tent::ErrorKind::InvalidArgument)
         }
-    }
-    fn reaches(&self, _: &tent::segment::Segment) -> bool {
-        true
-    }
-    fn submit(&self, _: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
-        for (s, o) in slices.iter().zip(out) {
-            let n = self
-                .calls
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            *o = if n < 2 {
-                SubmitOutcome::Completed(Ok(s.len))
-            } else if self
-                .stalled_at
-                .get_or_init(std::time::Instant::now)
-                .elapsed()
-                < std::time::Duration::from_millis(50)
-            {
-                SubmitOutcome::Later
-            } else {
-                SubmitOutcome::Rejected(tent::ErrorKind::InvalidArgument)
-            };
-        }
-    }
-    fn poll(&self, _: &WorkerCtx, _: &mut [SliceCompletion]) -> usize {
-        0
-    }
-    fn abort(&self, _: &WorkerCtx, _: u64, _: tent::ErrorKind) {}
+    })
+    .slice_bytes(4096)
 }
 
 /// A request that copied two slices, waited 50 ms and was then refused
@@ -349,25 +323,10 @@ fn a_request_refused_after_copies_is_timed_to_its_refusal() {
     let e = Engine::new(test_config()).unwrap();
     e.swap_transport(
         TransportKind::Local,
-        Some(Arc::new(CopiesThenRefuses::default()) as Arc<dyn Transport>),
+        Some(Arc::new(copies_then_refuses()) as Arc<dyn Transport>),
     );
-    let (src, dst) = (
-        e.allocate_memory(16 << 10).unwrap(),
-        e.allocate_memory(16 << 10).unwrap(),
-    );
-    let mut ring = e.ring_with_depth(4).unwrap();
-    ring.submission()
-        .push(
-            op::Write::new(
-                LocalAddr::new(src.id(), 0),
-                RemoteAddr::new(SegmentId::LOCAL, dst.addr()),
-                16 << 10,
-            )
-            .priority(Priority::Low),
-        )
-        .unwrap();
     assert_eq!(
-        reap(&mut ring, 1)[0].result(),
+        low_write(&e, 16 << 10),
         Err(tent::ErrorKind::InvalidArgument)
     );
     let text = e.metrics_text();

@@ -83,41 +83,16 @@ impl Transport for Broken {
 
 /// A synchronous memcpy in the local slot that trusts its caller: the tests
 /// name memory inside buffers of the engine that posts.
-struct Memcpy;
-
-impl Transport for Memcpy {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Local
-    }
-    fn install(&self, _: &InstallContext) -> tent::Result<()> {
-        Ok(())
-    }
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            synchronous: true,
-            ..Capabilities::default()
-        }
-    }
-    fn reaches(&self, _: &tent::segment::Segment) -> bool {
-        true
-    }
-    fn submit(&self, _: &WorkerCtx, slices: &[Slice<'_>], out: &mut [SubmitOutcome]) {
-        for (s, o) in slices.iter().zip(out.iter_mut()) {
-            let (src, dst) = match s.opcode {
-                tent::Opcode::Write => (s.local as *const u8, s.remote as *mut u8),
-                tent::Opcode::Read => (s.remote as *const u8, s.local),
-            };
-            // SAFETY: the engine checked `local`; every test names remote memory inside a buffer of the posting engine.
-            unsafe { std::ptr::copy(src, dst, s.len as usize) };
-            *o = SubmitOutcome::Completed(Ok(s.len));
-        }
-    }
-    fn poll(&self, _: &WorkerCtx, _: &mut [SliceCompletion]) -> usize {
-        0
-    }
-    fn abort(&self, _: &WorkerCtx, _: u64, _: ErrorKind) {
-        // Synchronous: nothing is ever in flight.
-    }
+fn memcpy() -> common::stub::Synchronous {
+    common::stub::Synchronous::new(TransportKind::Local, |s| {
+        let (src, dst) = match s.opcode {
+            tent::Opcode::Write => (s.local as *const u8, s.remote as *mut u8),
+            tent::Opcode::Read => (s.remote as *const u8, s.local),
+        };
+        // SAFETY: the engine checked `local`; every test names remote memory inside a buffer of the posting engine.
+        unsafe { std::ptr::copy(src, dst, s.len as usize) };
+        SubmitOutcome::Completed(Ok(s.len))
+    })
 }
 
 /// An 8-byte local WRITE through `e`, and its result.
@@ -143,7 +118,7 @@ fn write_8(e: &Engine) -> Result<u64, ErrorKind> {
 #[test]
 fn a_transport_serves_one_engine_only() {
     let proxy = Arc::new(FaultProxyTransport::new(
-        Arc::new(Memcpy),
+        Arc::new(memcpy()),
         FaultPolicy::default(),
     ));
     let first = Engine::builder()
@@ -194,7 +169,7 @@ fn the_tcp_transport_serves_one_engine_only() {
 #[test]
 fn a_transport_swapped_into_two_engines_serves_the_first_user_only() {
     let proxy = Arc::new(FaultProxyTransport::new(
-        Arc::new(Memcpy),
+        Arc::new(memcpy()),
         FaultPolicy::default(),
     ));
     let first = Engine::new(test_config()).unwrap();

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod slots;
+pub(crate) mod stub;
 
 use std::time::Duration;
 

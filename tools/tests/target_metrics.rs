@@ -72,25 +72,30 @@ fn an_initiator_scrapes_its_own_metrics_while_it_runs() {
     assert!(n >= 10, "{n} scrapes in about a second at 50 Hz");
 }
 
-/// SIGHUP makes a target read its configuration again and apply it with
-/// `Engine::reload`: a reloadable key is applied (the generation moves),
-/// one that needs a restart is refused by name.
-#[test]
-fn sighup_reloads_a_targets_configuration() {
-    let dir = std::env::temp_dir().join(format!("tent-sighup-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let conf = dir.join("tent.json");
-    std::fs::write(&conf, r#"{"max_failover_attempts": 3}"#).unwrap();
-    let mut child = Command::new(BENCH)
-        .args(["--mode", "target", "--transport", "tcp"])
+/// A TCP target reading `conf` (`TENT_LOG=off` when `quiet`, else neither
+/// `TENT_LOG` nor `TENT_LOG_LEVEL`), past its first stdout line (the
+/// segment name): the child, its stderr lines as they come, its stdout.
+fn sighup_target(
+    conf: &std::path::Path,
+    quiet: bool,
+) -> (
+    std::process::Child,
+    std::sync::mpsc::Receiver<String>,
+    BufReader<std::process::ChildStdout>,
+) {
+    let mut cmd = Command::new(BENCH);
+    cmd.args(["--mode", "target", "--transport", "tcp"])
         .args(["--buffer-size", "1M", "--exit-on-stdin-eof"])
-        .env("TENT_CONF", &conf)
-        .env("TENT_LOG", "off")
+        .env("TENT_CONF", conf)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::piped());
+    if quiet {
+        cmd.env("TENT_LOG", "off");
+    } else {
+        cmd.env_remove("TENT_LOG").env_remove("TENT_LOG_LEVEL");
+    }
+    let mut child = cmd.spawn().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let err = BufReader::new(child.stderr.take().unwrap());
     std::thread::spawn(move || {
@@ -101,6 +106,19 @@ fn sighup_reloads_a_targets_configuration() {
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut first = String::new();
     out.read_line(&mut first).unwrap();
+    (child, rx, out)
+}
+
+/// SIGHUP makes a target read its configuration again and apply it with
+/// `Engine::reload`: a reloadable key is applied (the generation moves),
+/// one that needs a restart is refused by name.
+#[test]
+fn sighup_reloads_a_targets_configuration() {
+    let dir = std::env::temp_dir().join(format!("tent-sighup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("tent.json");
+    std::fs::write(&conf, r#"{"max_failover_attempts": 3}"#).unwrap();
+    let (mut child, rx, _out) = sighup_target(&conf, true);
     let pid = child.id() as i32;
     let hup_and_wait = |text: &str| {
         // SAFETY: kill(2) on our own child.
@@ -139,27 +157,7 @@ fn sighup_applies_a_new_log_level() {
     std::fs::create_dir_all(&dir).unwrap();
     let conf = dir.join("tent.json");
     std::fs::write(&conf, r#"{"log_level": "warn"}"#).unwrap();
-    let mut child = Command::new(BENCH)
-        .args(["--mode", "target", "--transport", "tcp"])
-        .args(["--buffer-size", "1M", "--exit-on-stdin-eof"])
-        .env("TENT_CONF", &conf)
-        .env_remove("TENT_LOG")
-        .env_remove("TENT_LOG_LEVEL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let err = BufReader::new(child.stderr.take().unwrap());
-    std::thread::spawn(move || {
-        for l in err.lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut first = String::new();
-    out.read_line(&mut first).unwrap();
+    let (mut child, rx, _out) = sighup_target(&conf, false);
     std::fs::write(&conf, r#"{"log_level": "info"}"#).unwrap();
     // SAFETY: kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGHUP) }, 0);

@@ -616,9 +616,18 @@ mod tests {
     }
 
     fn set_with(n: usize, workers: usize, cfg: crate::transport::rails::SelectorConfig) -> RailSet {
+        set_live(
+            n,
+            workers,
+            Arc::new(LiveSelector::from_pointee(DeviceSelector::new(cfg))),
+        )
+    }
+
+    /// `n` rails of 100 Gb/s for `workers`, reading the selector in `live`.
+    fn set_live(n: usize, workers: usize, live: Arc<LiveSelector>) -> RailSet {
         RailSet::new(
             TransportKind::Tcp,
-            Arc::new(LiveSelector::from_pointee(DeviceSelector::new(cfg))),
+            live,
             Arc::new(LiveRailPolicy::new(
                 crate::transport::rails::RailPolicy::default(),
             )),
@@ -694,24 +703,7 @@ mod tests {
             ..Default::default()
         };
         let live = Arc::new(LiveSelector::from_pointee(DeviceSelector::new(cfg.clone())));
-        let s = RailSet::new(
-            TransportKind::Tcp,
-            live.clone(),
-            Arc::new(LiveRailPolicy::new(
-                crate::transport::rails::RailPolicy::default(),
-            )),
-            Arc::new(Placement::default()),
-            (0..2)
-                .map(|i| RailDesc {
-                    local: format!("l{i}"),
-                    remote: format!("r{i}"),
-                    numa_node: None,
-                    speed_gbps: Some(100.0),
-                    depth: 0,
-                })
-                .collect(),
-            1,
-        );
+        let s = set_live(2, 1, live.clone());
         let mut w = s.worker(0);
         s.posted(&mut w, 1, 1 << 30);
         let pick = |w: &mut WorkerRails, t: u64| {
