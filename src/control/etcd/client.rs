@@ -6,23 +6,48 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
+use parking_lot::Mutex;
 use serde_json::json;
 
 use super::wire::{self, LineReader, MAX_RESPONSE_BYTES, WatchState};
 use super::{EtcdError, LeaseId, Range, WatchEvent, prefix_end};
+use crate::Secret;
 
 /// How often a watch read wakes up with nothing to read: the granularity
 /// of [`Watch::next`]'s timeout. A read that times out leaves the stream
 /// usable (ureq 3.5), so the tick costs one wake-up, not a reconnect.
 const WATCH_TICK: Duration = Duration::from_millis(100);
 
+/// An etcd user and password, for a cluster with auth enabled.
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    /// The etcd user.
+    pub user: String,
+    /// Its password (`Secret` keeps it out of `Debug` and logs).
+    pub password: Secret,
+}
+
 /// A connection to one member of an etcd cluster.
-#[derive(Debug)]
 pub struct EtcdClient {
     agent: ureq::Agent,
     /// `http://host:port`, no trailing slash.
     base: String,
     timeout: Duration,
+    credentials: Option<Credentials>,
+    /// The token of the last authentication, sent raw as `Authorization`
+    /// (etcd refuses `Bearer`); replaced when etcd says it expired.
+    token: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for EtcdClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // No token: it grants the user's rights until it expires.
+        f.debug_struct("EtcdClient")
+            .field("endpoint", &self.base)
+            .field("timeout", &self.timeout)
+            .field("credentials", &self.credentials)
+            .finish_non_exhaustive()
+    }
 }
 
 /// `host:port` or `http://host:port[/]` as a base URL.
@@ -96,6 +121,18 @@ impl EtcdClient {
     /// `http://host:port`) whose `/health` says healthy, each tried with
     /// `timeout`; when none does, the error names every endpoint and why.
     pub fn connect(endpoints: &[String], timeout: Duration) -> Result<EtcdClient, EtcdError> {
+        EtcdClient::connect_with(endpoints, timeout, None)
+    }
+
+    /// [`EtcdClient::connect`], then authenticates with `credentials` when
+    /// given (wrong ones are [`EtcdError::AuthFailed`], not tried on the
+    /// other endpoints). Calls re-authenticate once when etcd says the
+    /// token expired.
+    pub fn connect_with(
+        endpoints: &[String],
+        timeout: Duration,
+        credentials: Option<Credentials>,
+    ) -> Result<EtcdClient, EtcdError> {
         if endpoints.is_empty() {
             return Err(EtcdError::Invalid("no etcd endpoint given".into()));
         }
@@ -105,9 +142,15 @@ impl EtcdClient {
                 agent: agent(timeout),
                 base: base_url(endpoint)?,
                 timeout,
+                credentials: credentials.clone(),
+                token: Mutex::new(None),
             };
             match client.health() {
-                Ok(true) => return Ok(client),
+                Ok(true) => match client.authenticate() {
+                    Ok(()) => return Ok(client),
+                    Err(e @ EtcdError::AuthFailed(_)) => return Err(e),
+                    Err(e) => failures.push(format!("{endpoint}: {e}")),
+                },
                 Ok(false) => failures.push(format!("{endpoint}: not healthy")),
                 Err(e) => failures.push(format!("{endpoint}: {e}")),
             }
@@ -152,13 +195,46 @@ impl EtcdClient {
         Ok((status, body))
     }
 
-    /// POSTs `body` to `path`; the answer's body when it is a 200.
+    /// Gets a token for the credentials, if any.
+    fn authenticate(&self) -> Result<(), EtcdError> {
+        let Some(c) = &self.credentials else {
+            return Ok(());
+        };
+        let body = json!({ "name": c.user, "password": c.password.expose() });
+        let token = match self.post_once("/v3/auth/authenticate", &body.to_string(), false) {
+            Ok(body) => wire::decode_auth(&body)?,
+            Err(EtcdError::Server { message, .. }) => {
+                return Err(EtcdError::AuthFailed(format!("user {:?}: {message}", c.user)));
+            }
+            Err(e) => return Err(e),
+        };
+        *self.token.lock() = Some(token);
+        Ok(())
+    }
+
+    /// POSTs `body` to `path`; the answer's body when it is a 200. A token
+    /// etcd calls invalid (gRPC 16: expired) is renewed once.
     pub(super) fn post(&self, path: &str, body: serde_json::Value) -> Result<Vec<u8>, EtcdError> {
-        let resp = self
+        let body = body.to_string();
+        match self.post_once(path, &body, true) {
+            Err(EtcdError::Server { code: 16, .. }) if self.credentials.is_some() => {
+                self.authenticate()?;
+                self.post_once(path, &body, true)
+            }
+            r => r,
+        }
+    }
+
+    fn post_once(&self, path: &str, body: &str, with_token: bool) -> Result<Vec<u8>, EtcdError> {
+        let mut req = self
             .agent
             .post(format!("{}{path}", self.base))
-            .header("Content-Type", "application/json")
-            .send(body.to_string())
+            .header("Content-Type", "application/json");
+        if let Some(token) = self.token.lock().as_deref().filter(|_| with_token) {
+            req = req.header("Authorization", token);
+        }
+        let resp = req
+            .send(body)
             .map_err(|e| transport_error(&self.base, e))?;
         let (status, body) = self.read_body(resp)?;
         if status != 200 {
@@ -248,6 +324,9 @@ impl EtcdClient {
     /// deleted. Returns once etcd confirmed the watch (within the client's
     /// timeout), so a change made after this returns is seen.
     pub fn watch_prefix(&self, prefix: &[u8], start_revision: i64) -> Result<Watch, EtcdError> {
+        // A token that expires while the watch runs cancels it in band;
+        // a fresh one here keeps a re-watch from failing the same way.
+        self.authenticate()?;
         // A connection of its own: the stream never ends, and a read wakes
         // every WATCH_TICK so that `next` can honour its timeout.
         let agent = ureq::Agent::new_with_config(
@@ -267,9 +346,13 @@ impl EtcdClient {
             "start_revision": start_revision.max(0).to_string(),
             "prev_kv": true,
         }});
-        let resp = agent
+        let mut request = agent
             .post(format!("{}/v3/watch", self.base))
-            .header("Content-Type", "application/json")
+            .header("Content-Type", "application/json");
+        if let Some(token) = self.token.lock().as_deref() {
+            request = request.header("Authorization", token);
+        }
+        let resp = request
             .send(req.to_string())
             .map_err(|e| transport_error(&self.base, e))?;
         if resp.status() != 200 {

@@ -24,7 +24,7 @@ pub mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use client::{EtcdClient, Watch};
+pub use client::{Credentials, EtcdClient, Watch};
 pub use wire::{Kv, Range, WatchEvent};
 
 use crate::error::{Error, ErrorKind};
@@ -56,6 +56,9 @@ pub enum EtcdError {
         /// etcd's message, printable and at most 512 bytes.
         message: String,
     },
+    /// Authentication with the user and password given failed.
+    #[error("etcd authentication failed: {0}")]
+    AuthFailed(String),
     /// The lease expired or was revoked: grant a new one and put its keys
     /// again.
     #[error("etcd lease {0:?} is gone (expired or revoked)")]
@@ -89,7 +92,7 @@ impl EtcdError {
             EtcdError::Malformed(_) | EtcdError::Invalid(_) => ErrorKind::InvalidArgument,
             // gRPC 7 PermissionDenied, 16 Unauthenticated; 14 Unavailable
             // (no leader), 4 DeadlineExceeded.
-            EtcdError::Server { code: 7 | 16, .. }
+            EtcdError::AuthFailed(_) | EtcdError::Server { code: 7 | 16, .. }
             | EtcdError::Server {
                 status: 401 | 403, ..
             } => ErrorKind::AccessDenied,

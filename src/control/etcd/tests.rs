@@ -46,6 +46,11 @@ fn etcd_binary() -> PathBuf {
 
 impl EtcdServer {
     fn start() -> EtcdServer {
+        EtcdServer::start_with(&[])
+    }
+
+    /// A member started with `extra` flags.
+    fn start_with(extra: &[&str]) -> EtcdServer {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("tent-etcd-{}-{n}", std::process::id()));
@@ -64,6 +69,7 @@ impl EtcdServer {
             .args(["--initial-advertise-peer-urls", &peer_url])
             .args(["--initial-cluster", &format!("t={peer_url}")])
             .args(["--initial-cluster-state", "new"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("etcd log"))
             .stderr(log)
@@ -310,4 +316,56 @@ fn prefix_end_is_the_first_key_past_the_prefix() {
     assert_eq!(prefix_end(b"a\xff\xff"), b"b");
     assert_eq!(prefix_end(b"\xff"), b"\0");
     assert_eq!(prefix_end(b""), b"\0");
+}
+
+#[test]
+fn user_and_password_auth_with_token_renewal() {
+    // Tokens live 1 s, so that the test sees one expire.
+    let etcd = EtcdServer::start_with(&["--auth-token-ttl", "1"]);
+    let admin = etcd.client();
+    let b64 = |b: &[u8]| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, b);
+    for (path, body) in [
+        ("/v3/auth/role/add", json!({ "name": "root" })),
+        ("/v3/auth/user/add", json!({ "name": "root", "password": "rootpw" })),
+        ("/v3/auth/user/grant", json!({ "user": "root", "role": "root" })),
+        ("/v3/auth/role/add", json!({ "name": "tent" })),
+        (
+            "/v3/auth/role/grant",
+            json!({ "name": "tent", "perm": {
+                "permType": "READWRITE", "key": b64(b"/tent/"), "range_end": b64(b"/tent0") } }),
+        ),
+        ("/v3/auth/user/add", json!({ "name": "tent", "password": "tentpw" })),
+        ("/v3/auth/user/grant", json!({ "user": "tent", "role": "tent" })),
+        ("/v3/auth/enable", json!({})),
+    ] {
+        admin.post(path, body).unwrap_or_else(|e| panic!("{path}: {e}"));
+    }
+    let endpoints = [etcd.endpoint.clone()];
+    let creds = |password: &str| {
+        Some(Credentials {
+            user: "tent".into(),
+            password: crate::Secret::new(password),
+        })
+    };
+
+    // No token: refused.
+    assert!(admin.put(b"/tent/a", b"v", None).is_err());
+    // A wrong password: AuthFailed, AccessDenied.
+    let err = EtcdClient::connect_with(&endpoints, TIMEOUT, creds("wrong")).unwrap_err();
+    assert!(matches!(err, EtcdError::AuthFailed(_)), "{err:?}");
+    assert_eq!(err.kind(), crate::ErrorKind::AccessDenied);
+
+    let c = EtcdClient::connect_with(&endpoints, TIMEOUT, creds("tentpw")).unwrap();
+    assert!(!format!("{c:?}").contains("tentpw"), "{c:?}");
+    let rev = c.put(b"/tent/a", b"v", None).unwrap();
+    assert_eq!(c.get(b"/tent/a").unwrap(), Some((b"v".to_vec(), rev)));
+    // Outside the role's prefix: permission denied.
+    let err = c.put(b"/other", b"v", None).unwrap_err();
+    assert_eq!(err.kind(), crate::ErrorKind::AccessDenied, "{err:?}");
+    let mut w = c.watch_prefix(b"/tent/", rev + 1).unwrap();
+
+    // Once the token expired, a call renews it and goes through.
+    std::thread::sleep(Duration::from_millis(2500));
+    let rev2 = c.put(b"/tent/b", b"w", None).unwrap();
+    assert_eq!(next_event(&mut w, TIMEOUT).mod_revision(), rev2);
 }
