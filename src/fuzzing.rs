@@ -545,7 +545,7 @@ pub fn etcd_gateway(data: &[u8]) {
     let mut last = start - 1;
     let mut expected = parts.iter();
     let end = loop {
-        match reader.next_line() {
+        match reader.next_line(None) {
             Ok(Some(line)) => {
                 let want = expected.next().expect("a line the split has not");
                 assert!(want.len() <= cap, "a line over the cap accepted");

@@ -374,7 +374,7 @@ impl EtcdClient {
             if left.is_zero() {
                 return Err(EtcdError::Timeout(self.base.clone()));
             }
-            watch.read_line()?;
+            watch.read_line(deadline)?;
         }
         Ok(watch)
     }
@@ -412,15 +412,16 @@ impl Watch {
                 return Ok(Some(e));
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || !self.read_line()? {
+            if left.is_zero() || !self.read_line(deadline)? {
                 return Ok(None);
             }
         }
     }
 
-    /// Reads and decodes one line; false when a read timed out first.
-    fn read_line(&mut self) -> Result<bool, EtcdError> {
-        match self.lines.next_line() {
+    /// Reads and decodes one line; false when a read timed out, or the
+    /// deadline passed, first.
+    fn read_line(&mut self, deadline: Instant) -> Result<bool, EtcdError> {
+        match self.lines.next_line(Some(deadline)) {
             Ok(Some(line)) => {
                 let prefix = &self.prefix;
                 self.state.push_line(&line, |k| k.starts_with(prefix))?;

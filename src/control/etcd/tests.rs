@@ -21,13 +21,14 @@ struct EtcdServer {
     endpoint: String,
 }
 
-/// A port free now (the kernel's pick for port 0; etcd binds it a moment
-/// later, and the kernel does not hand it out again that soon).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind 127.0.0.1:0")
-        .port()
+/// `N` distinct ports free now (the kernel's picks for port 0, held
+/// together so that it picks `N` different ones). etcd binds them a moment
+/// later; a test that lost one to another test in between starts again.
+fn free_ports<const N: usize>() -> [u16; N] {
+    let held: [TcpListener; N] = std::array::from_fn(|_| {
+        TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0")
+    });
+    held.map(|l| l.local_addr().expect("local addr").port())
 }
 
 fn etcd_binary() -> PathBuf {
@@ -56,7 +57,7 @@ impl EtcdServer {
         let dir = std::env::temp_dir().join(format!("tent-etcd-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("etcd data dir");
-        let (client, peer) = (free_port(), free_port());
+        let [client, peer] = free_ports();
         let client_url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log");
@@ -90,8 +91,13 @@ impl EtcdServer {
                 return server;
             }
             let exited = server.child.try_wait().ok().flatten();
+            let log = || std::fs::read_to_string(server.dir.join("etcd.log")).unwrap_or_default();
+            if exited.is_some() && log().contains("address already in use") {
+                drop(server);
+                return EtcdServer::start_with(extra);
+            }
             if exited.is_some() || Instant::now() > deadline {
-                let log = std::fs::read_to_string(server.dir.join("etcd.log")).unwrap_or_default();
+                let log = log();
                 panic!("etcd did not become healthy ({exited:?}, {up:?}); its log:\n{log}");
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -286,9 +292,10 @@ fn a_stopped_etcd_ends_the_watch_and_fails_calls_unreachable() {
 #[test]
 fn connect_names_every_endpoint_when_none_answers() {
     // Ports nothing listens on (bound then released).
+    let [a, b] = free_ports();
     let endpoints = vec![
-        format!("127.0.0.1:{}", free_port()),
-        format!("http://127.0.0.1:{}/", free_port()),
+        format!("127.0.0.1:{a}"),
+        format!("http://127.0.0.1:{b}/"),
     ];
     let err = EtcdClient::connect(&endpoints, Duration::from_millis(500)).unwrap_err();
     let text = err.to_string();

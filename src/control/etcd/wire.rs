@@ -13,6 +13,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, BufRead};
+use std::time::Instant;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -563,8 +564,10 @@ impl<R: BufRead> LineReader<R> {
 
     /// The next line without its `\n`; `Ok(None)` at the end of the
     /// stream after a complete line. An error from the stream comes back
-    /// as is, the partial line kept for the next call.
-    pub fn next_line(&mut self) -> io::Result<Option<Vec<u8>>> {
+    /// as is, the partial line kept for the next call; so does a
+    /// `TimedOut` once `deadline` has passed between two reads (a server
+    /// trickling a long line cannot hold the caller past it).
+    pub fn next_line(&mut self, deadline: Option<Instant>) -> io::Result<Option<Vec<u8>>> {
         loop {
             let avail = match self.inner.fill_buf() {
                 Ok(b) => b,
@@ -594,6 +597,9 @@ impl<R: BufRead> LineReader<R> {
             self.inner.consume(take + usize::from(done));
             if done {
                 return Ok(Some(std::mem::take(&mut self.line)));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(io::ErrorKind::TimedOut.into());
             }
         }
     }
@@ -894,7 +900,7 @@ mod tests {
         let mut lines = Vec::new();
         let mut timeouts = 0;
         let end = loop {
-            match r.next_line() {
+            match r.next_line(None) {
                 Ok(Some(l)) => lines.push(l),
                 Ok(None) => break None,
                 Err(e) if e.kind() == io::ErrorKind::TimedOut => timeouts += 1,
@@ -909,9 +915,15 @@ mod tests {
         // "third" has no newline: the stream ended inside a line.
         assert_eq!(end, Some(io::ErrorKind::UnexpectedEof));
 
+        // A deadline passed: the partial line is kept, the next call goes on.
+        let mut r = LineReader::new(io::BufReader::with_capacity(2, &b"abcdef\n"[..]), 64);
+        let past = Some(Instant::now());
+        assert_eq!(r.next_line(past).unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert_eq!(r.next_line(None).unwrap(), Some(b"abcdef".to_vec()));
+
         let mut r = LineReader::new(&b"0123456789\n"[..], 5);
         assert_eq!(
-            r.next_line().unwrap_err().kind(),
+            r.next_line(None).unwrap_err().kind(),
             io::ErrorKind::InvalidData
         );
     }
