@@ -203,7 +203,15 @@ impl EtcdClient {
         let body = json!({ "name": c.user, "password": c.password.expose() });
         let token = match self.post_once("/v3/auth/authenticate", &body.to_string(), false) {
             Ok(body) => wire::decode_auth(&body)?,
-            Err(EtcdError::Server { message, .. }) => {
+            // etcd 3.4 answers wrong credentials with gRPC 3
+            // InvalidArgument (HTTP 400), credentials for a cluster
+            // without auth with 9 FailedPrecondition (412): both the
+            // configuration's fault. Unavailable, overload are not.
+            Err(EtcdError::Server {
+                code: 3 | 7 | 9 | 16,
+                message,
+                ..
+            }) => {
                 return Err(EtcdError::AuthFailed(format!("user {:?}: {message}", c.user)));
             }
             Err(e) => return Err(e),

@@ -343,7 +343,6 @@ fn user_and_password_auth_with_token_renewal() {
         ),
         ("/v3/auth/user/add", json!({ "name": "tent", "password": "tentpw" })),
         ("/v3/auth/user/grant", json!({ "user": "tent", "role": "tent" })),
-        ("/v3/auth/enable", json!({})),
     ] {
         admin.post(path, body).unwrap_or_else(|e| panic!("{path}: {e}"));
     }
@@ -354,6 +353,10 @@ fn user_and_password_auth_with_token_renewal() {
             password: crate::Secret::new(password),
         })
     };
+    // Credentials for a cluster without auth: a configuration error.
+    let err = EtcdClient::connect_with(&endpoints, TIMEOUT, creds("tentpw")).unwrap_err();
+    assert!(matches!(err, EtcdError::AuthFailed(_)), "{err:?}");
+    admin.post("/v3/auth/enable", json!({})).unwrap();
 
     // No token: refused.
     assert!(admin.put(b"/tent/a", b"v", None).is_err());
