@@ -52,6 +52,8 @@ impl EtcdServer {
 
     /// A member started with `extra` flags.
     fn start_with(extra: &[&str]) -> EtcdServer {
+        // Before anything that would need cleaning up.
+        let etcd = etcd_binary();
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("tent-etcd-{}-{n}", std::process::id()));
@@ -61,7 +63,7 @@ impl EtcdServer {
         let client_url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log");
-        let child = Command::new(etcd_binary())
+        let child = Command::new(etcd)
             .args(["--name", "t", "--data-dir"])
             .arg(dir.join("data"))
             .args(["--listen-client-urls", &client_url])
