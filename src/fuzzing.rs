@@ -12,6 +12,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::Config;
+use crate::control::etcd::wire::{
+    self as etcd_wire, LineReader, MAX_KVS, MAX_TOKEN_BYTES, WatchEvent, WatchState,
+};
+use crate::control::etcd::{EtcdError, LeaseId};
 use crate::control::wire::{Message, QpInitiator, decode, encode, read_message};
 use crate::transport::shm::desc::{
     self, DATA_OFFSET, DESC_BYTES, DESC_CAPACITY, DESC_WRITE_SEALS, MAX_REGION_LEN, REQUIRED_SEALS,
@@ -34,6 +38,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("config_text", config_text),
     ("tcp_handshake", tcp_handshake),
     ("http_request", http_request),
+    ("etcd_gateway", etcd_gateway),
 ];
 
 /// Control-plane codec under arbitrary bytes: `decode` and `read_message`
@@ -442,5 +447,140 @@ pub fn http_request(data: &[u8]) {
                 && h.value[7..].trim_ascii() == want
         });
         assert!(authorized, "200 for {path:?} without the token");
+    }
+}
+
+/// Hands out its bytes `step` at a time, failing with a timeout before
+/// every piece (how a watch stream's per-read timeout interleaves).
+struct Dribble<'a> {
+    data: &'a [u8],
+    step: usize,
+    stall: bool,
+}
+
+impl std::io::Read for Dribble<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stall = !self.stall;
+        if self.stall {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        let n = self.step.min(buf.len()).min(self.data.len());
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Ok(n)
+    }
+}
+
+/// etcd's JSON gateway answers under arbitrary bytes (whoever answers on
+/// the endpoint chooses them): every decoder in `control::etcd::wire`
+/// takes the input whole and must not panic, and what it accepts keeps its
+/// bounds: a range's keys within the prefix asked for, at most `MAX_KVS`,
+/// modified at or before the range's revision; a lease granted is non-zero
+/// with a positive TTL; a token is a plain header value; an error's
+/// message is short and printable. Then the input is a watch stream, read
+/// through `LineReader` a few bytes at a time (the first byte sets how
+/// many, and the line cap) with a timeout before every piece: the lines are exactly those a
+/// split on `\n` gives, whatever the timeouts, a line over the cap is
+/// refused, and the events the watch hands out stay under the prefix, in
+/// revision order, after the start revision.
+pub fn etcd_gateway(data: &[u8]) {
+    const PREFIX: &[u8] = b"/t/";
+    let in_prefix = |k: &[u8]| k.starts_with(PREFIX);
+
+    let _ = etcd_wire::decode_health(data);
+    if let Ok(r) = etcd_wire::decode_range(data, in_prefix) {
+        assert!(r.kvs.len() <= MAX_KVS, "{} keys", r.kvs.len());
+        for kv in &r.kvs {
+            assert!(in_prefix(&kv.key), "a key outside the prefix");
+            assert!((0..=r.revision).contains(&kv.mod_revision), "revision");
+        }
+    }
+    if let Ok((LeaseId(id), ttl)) = etcd_wire::decode_grant(data) {
+        assert!(id != 0 && ttl > 0, "lease {id} ttl {ttl}");
+    }
+    match etcd_wire::decode_keep_alive(LeaseId(1), data) {
+        Ok(ttl) => assert!(ttl > 0, "ttl {ttl}"),
+        Err(EtcdError::LeaseGone(l)) => assert_eq!(l, LeaseId(1)),
+        Err(_) => {}
+    }
+    if let Ok(rev) = etcd_wire::decode_put(data) {
+        assert!(rev >= 0);
+    }
+    let _ = etcd_wire::decode_delete(data);
+    if let Ok(token) = etcd_wire::decode_auth(data) {
+        assert!(!token.is_empty() && token.len() <= MAX_TOKEN_BYTES);
+        assert!(
+            token.bytes().all(|b| b.is_ascii_graphic()),
+            "token {token:?}"
+        );
+    }
+    if let EtcdError::Server { message, .. } = etcd_wire::decode_error(400, data) {
+        assert!(message.len() <= 512, "message of {} bytes", message.len());
+        assert!(!message.chars().any(char::is_control), "control in message");
+    }
+
+    // The watch stream.
+    let Some((&mode, stream)) = data.split_first() else {
+        return;
+    };
+    // Low 4 bits: bytes per read, 1 to 16; high 3: the cap, 64 B to 8 KiB.
+    let step = usize::from(mode % 16) + 1;
+    let cap = 64 << (mode >> 5);
+    let mut reader = LineReader::new(
+        std::io::BufReader::with_capacity(
+            step + 1,
+            Dribble {
+                data: stream,
+                step,
+                stall: false,
+            },
+        ),
+        cap,
+    );
+    // What a plain split says: complete lines, then how the stream ends.
+    let mut parts: Vec<&[u8]> = stream.split(|&b| b == b'\n').collect();
+    let tail = parts.pop().unwrap_or_default();
+    let start = 5;
+    let mut state = WatchState::new(start);
+    let mut last = start - 1;
+    let mut expected = parts.iter();
+    let end = loop {
+        match reader.next_line(None) {
+            Ok(Some(line)) => {
+                let want = expected.next().expect("a line the split has not");
+                assert!(want.len() <= cap, "a line over the cap accepted");
+                assert_eq!(&line, want, "a line differs from the split");
+                if state.push_line(&line, in_prefix).is_ok() {
+                    while let Some(e) = state.pop() {
+                        assert!(in_prefix(e.key()), "an event outside the prefix");
+                        assert!(e.mod_revision() >= last, "an event back in revision");
+                        assert!(e.mod_revision() >= start, "an event before the start");
+                        if let WatchEvent::Put { lease, .. } = &e {
+                            assert_ne!(*lease, Some(LeaseId(0)), "lease 0 is no lease");
+                        }
+                        last = e.mod_revision();
+                    }
+                }
+            }
+            Ok(None) => break None,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(e) => break Some(e.kind()),
+        }
+    };
+    match (expected.next(), end) {
+        (None, None) => assert!(tail.is_empty(), "a partial line dropped"),
+        (None, Some(std::io::ErrorKind::UnexpectedEof)) => {
+            assert!(
+                !tail.is_empty() && tail.len() <= cap,
+                "EOF error without a partial line"
+            );
+        }
+        (Some(line), Some(std::io::ErrorKind::InvalidData)) => {
+            assert!(line.len() > cap, "a line within the cap refused");
+        }
+        (None, Some(std::io::ErrorKind::InvalidData)) => {
+            assert!(tail.len() > cap, "a partial line within the cap refused");
+        }
+        (line, end) => panic!("stream ended with {end:?}, split still has {line:?}"),
     }
 }

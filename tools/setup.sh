@@ -11,9 +11,11 @@ set -euo pipefail
 # busybox, cpio, the rxe provider and verbs utilities; it fetches Debian's
 # kernel package itself on first use.
 # python3 + python3-venv for the Python module's venv (python/setup.sh).
+# etcd-server for the etcd client's tests (control::etcd), which start
+# their own etcd on free loopback ports; only the binary is used.
 pkgs=(pkg-config libhwloc-dev libudev-dev linux-perf libibverbs-dev libclang-dev iproute2
   qemu-system-x86 busybox-static cpio rdma-core ibverbs-providers ibverbs-utils binutils
-  python3 python3-venv)
+  python3 python3-venv etcd-server)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -25,6 +27,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # The package enables and starts a system etcd on 2379 where systemd
+  # runs (a container's policy-rc.d usually blocks it); the tests start
+  # their own, so stop it and keep it from starting at boot.
+  if [[ " ${missing[*]} " == *" etcd-server "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now etcd.service >/dev/null 2>&1 || true
+  fi
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then
