@@ -361,8 +361,8 @@ pub fn tcp_handshake(data: &[u8]) {
 /// server runs on each request head) under arbitrary bytes: the first byte
 /// says whether a bearer is set (bit 0), the rest is the head. It never
 /// panics; the status is one the server or the fixed routes give; the
-/// response head is well formed, closes the connection and carries the
-/// body's length; HEAD sends no body; and a 200 is given only to a
+/// response head is well formed, says whether the connection stays open
+/// (only after a routed request) and carries the body's length; HEAD sends no body; and a 200 is given only to a
 /// well-formed GET or HEAD of a known path, within the bounds, with the
 /// bearer's token when one is set and the path is not open.
 pub fn http_request(data: &[u8]) {
@@ -404,7 +404,13 @@ pub fn http_request(data: &[u8]) {
     };
     let len = out.response.body.len().to_string();
     assert_eq!(value("content-length"), Some(len.as_bytes()));
-    assert_eq!(value("connection"), Some(&b"close"[..]));
+    // Kept alive only for a routed request, and the head says which.
+    let connection: &[u8] = if out.keep_alive { b"keep-alive" } else { b"close" };
+    assert_eq!(value("connection"), Some(connection));
+    assert!(
+        !out.keep_alive || out.verdict == Verdict::Routed,
+        "a refusal kept the connection"
+    );
     assert!(!out.head_only || out.body().is_empty(), "HEAD sent a body");
 
     if status != 200 {
@@ -438,6 +444,14 @@ pub fn http_request(data: &[u8]) {
             "200 with a body"
         );
     }
+    // Kept alive exactly for HTTP/1.1 without a `close` token.
+    let close_asked = req.headers.iter().any(|h| {
+        h.name.eq_ignore_ascii_case("connection")
+            && h.value
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
+    });
+    assert_eq!(out.keep_alive, req.version == Some(1) && !close_asked);
     if let Some(b) = bearer.filter(|b| !b.is_open(path)) {
         let want = b.token().as_bytes();
         let authorized = req.headers.iter().any(|h| {

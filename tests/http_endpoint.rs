@@ -24,17 +24,20 @@ fn get(url: &str, path: &str, token: Option<&str>) -> (u16, String) {
     (status, body)
 }
 
-/// Send `request` to `url` and read the answer to its end: the status,
-/// the head and the body.
+/// Send `request` to `url` and read its answer (the head, then the body's
+/// `Content-Length` bytes): the status, the head and the body.
 fn exchange(url: &str, request: &str) -> (u16, String, String) {
     let addr: SocketAddr = url.trim_start_matches("http://").parse().unwrap();
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(request.as_bytes()).unwrap();
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("a response head");
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "the head ended early");
+        raw.push(byte[0]);
+    }
+    let head = String::from_utf8(raw).unwrap();
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     let len: usize = head
         .lines()
@@ -42,8 +45,13 @@ fn exchange(url: &str, request: &str) -> (u16, String, String) {
         .expect("Content-Length")
         .parse()
         .unwrap();
-    assert_eq!(body.len(), len, "{head}");
-    (status, head.to_owned(), body.to_owned())
+    let mut body = vec![0; len];
+    s.read_exact(&mut body).unwrap();
+    (
+        status,
+        head.trim_end().to_owned(),
+        String::from_utf8(body).unwrap(),
+    )
 }
 
 /// The value of the sample line that starts with `series` and a space.
@@ -425,7 +433,7 @@ fn slow_clients_a_client_that_never_reads_and_a_scrape_loop_do_not_disturb_trans
             while !stop.load(Ordering::Relaxed) {
                 if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
                     let _ = s.set_read_timeout(Some(Duration::from_secs(3)));
-                    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n");
+                    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n");
                     let mut raw = Vec::new();
                     if s.read_to_end(&mut raw).is_ok() && raw.starts_with(b"HTTP/1.1 200") {
                         answered += 1;

@@ -22,11 +22,18 @@
 //!   else 431;
 //! - GET and HEAD only (else 405); a request body is refused (413, or 400
 //!   for a `Content-Length` that is no number);
-//! - one deadline, [`EXCHANGE_TIMEOUT`] (2 s) from accept, for the whole
-//!   exchange, reading the request and writing the response: a slowloris
-//!   or a client that never reads its response is closed then (counted);
-//! - one request per connection: every response says `Connection: close`
-//!   and carries `Content-Length`.
+//! - one deadline, [`EXCHANGE_TIMEOUT`] (2 s) from accept or from the
+//!   previous answer, for the whole exchange, reading the request and
+//!   writing the response: a slowloris or a client that never reads its
+//!   response is closed then (counted; a kept-alive connection idle that
+//!   long is closed uncounted);
+//! - keep-alive for HTTP/1.1 clients that do not ask `Connection: close`
+//!   (a scrape loop reuses its connection: no connect and close per
+//!   scrape), one request at a time: bytes sent past a request's head
+//!   (pipelining, a body) close the connection after its answer, as do a
+//!   refusal and the 10 000th request; every response carries
+//!   `Content-Length`. An idle kept-alive connection is one not being
+//!   answered: the first to make room at the cap.
 //!
 //! The server counts ([`HttpCounters`], written by its thread alone):
 //! connections accepted, evicted at the cap and timed out, requests

@@ -33,6 +33,10 @@ pub(crate) struct Outcome {
     pub(crate) extra_header: &'static str,
     /// What became of the request.
     pub(crate) verdict: Verdict,
+    /// The connection may carry another request after this response
+    /// (HTTP/1.1, routed, no `Connection: close`): a scraper's next scrape
+    /// costs no new connection.
+    pub(crate) keep_alive: bool,
 }
 
 impl Outcome {
@@ -43,6 +47,7 @@ impl Outcome {
             head_only: false,
             extra_header,
             verdict,
+            keep_alive: false,
         }
     }
 
@@ -58,11 +63,12 @@ impl Outcome {
         // Writing into a String cannot fail.
         let _ = write!(
             h,
-            "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\nCache-Control: no-store\r\n{}\r\n",
+            "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: {}\r\nCache-Control: no-store\r\n{}\r\n",
             r.status,
             reason(r.status),
             r.content_type,
             r.body.len(),
+            if self.keep_alive { "keep-alive" } else { "close" },
             self.extra_header,
         );
         h.into_bytes()
@@ -162,6 +168,8 @@ pub(crate) fn answer(head: &[u8], routes: &dyn Routes, bearer: Option<&Bearer>) 
         return refuse(413, Verdict::TooLarge, "");
     }
     let mut authorization = None;
+    // HTTP/1.1 keeps the connection unless the client says otherwise.
+    let mut keep_alive = req.version == Some(1);
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
             if h.value.is_empty() || !h.value.iter().all(u8::is_ascii_digit) {
@@ -177,6 +185,12 @@ pub(crate) fn answer(head: &[u8], routes: &dyn Routes, bearer: Option<&Bearer>) 
                 return refuse(400, Verdict::BadRequest, "");
             }
             authorization = Some(h.value);
+        } else if h.name.eq_ignore_ascii_case("connection")
+            && h.value
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
+        {
+            keep_alive = false;
         }
     }
     let (path, query) = match target.split_once('?') {
@@ -208,6 +222,7 @@ pub(crate) fn answer(head: &[u8], routes: &dyn Routes, bearer: Option<&Bearer>) 
         head_only,
         extra_header: "",
         verdict: Verdict::Routed,
+        keep_alive,
     }
 }
 

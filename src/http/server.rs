@@ -6,12 +6,13 @@
 //! and its open connections, with the nearest connection deadline as the
 //! timeout. A connection goes through three states: reading its head
 //! into its buffer (8 KiB, allocated at accept), writing its response
-//! (resumed on `POLLOUT` after a partial write), and draining: the
-//! response is out and the write side shut, what the client still sends
-//! is read and dropped until it closes (closing with unread bytes would
-//! reset the connection and could cost the client the response's tail).
-//! The deadline, [`EXCHANGE_TIMEOUT`] from accept, closes a connection in
-//! any state.
+//! (resumed on `POLLOUT` after a partial write), then reading the next
+//! request (kept alive) or draining: the response is out and the write
+//! side shut, what the client still sends is read and dropped until it
+//! closes (closing with unread bytes would reset the connection and could
+//! cost the client the response's tail). The deadline, [`EXCHANGE_TIMEOUT`]
+//! from accept or from the previous answer, closes a connection in any
+//! state.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -39,6 +40,9 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Most reads of a draining connection per wakeup.
 const DRAIN_READS: usize = 4;
+/// Requests one kept-alive connection carries before it is closed (so a
+/// client cannot hold a connection, and its buffer, for ever).
+const MAX_REQUESTS_PER_CONNECTION: u32 = 10_000;
 
 /// The server's counters, since it started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -210,10 +214,13 @@ enum State {
     /// Reading the request head into the buffer.
     Reading,
     /// Writing `outcome`'s head then body; `sent` bytes of the two are out.
+    /// `again`: the connection reads the next request after it (keep-alive,
+    /// and nothing was sent past this request's head).
     Writing {
         head: Vec<u8>,
         outcome: Outcome,
         sent: usize,
+        again: bool,
     },
     /// Response out, write side shut: reading and dropping until EOF.
     Draining,
@@ -230,6 +237,8 @@ struct Conn {
     buf: Box<[u8]>,
     filled: usize,
     state: State,
+    /// Responses written in full on it.
+    served: u32,
 }
 
 /// What a step did to a connection.
@@ -263,14 +272,23 @@ impl Conn {
                 Err(Errno::AGAIN | Errno::INTR) => return Step::Open,
                 Err(_) => return Step::Close,
             }
-            let outcome = match request::head_end(&self.buf[..self.filled], before) {
-                Some(end) => request::answer(&self.buf[..end], routes, bearer),
-                None if self.filled == MAX_HEAD => Outcome::head_too_large(),
+            let (mut outcome, pipelined) = match request::head_end(&self.buf[..self.filled], before)
+            {
+                Some(end) => (
+                    request::answer(&self.buf[..end], routes, bearer),
+                    end < self.filled,
+                ),
+                None if self.filled == MAX_HEAD => (Outcome::head_too_large(), false),
                 None => return Step::Open,
             };
             count(&outcome, counters);
+            // Bytes past the head (a pipelined request, a body) are not
+            // read: the connection closes after this answer. So does the
+            // last one a connection may carry.
+            outcome.keep_alive &= !pipelined && self.served + 1 < MAX_REQUESTS_PER_CONNECTION;
             self.state = State::Writing {
                 head: outcome.head(),
+                again: outcome.keep_alive,
                 outcome,
                 sent: 0,
             };
@@ -279,6 +297,7 @@ impl Conn {
             head,
             outcome,
             sent,
+            again,
         } = &mut self.state
         {
             loop {
@@ -302,6 +321,14 @@ impl Conn {
                 }
             }
             counters.served(outcome.response.status);
+            self.served += 1;
+            if *again {
+                // The next exchange on it, with its own deadline.
+                self.state = State::Reading;
+                self.filled = 0;
+                self.deadline = Instant::now() + EXCHANGE_TIMEOUT;
+                return Step::Open;
+            }
             if net::shutdown(&self.stream, Shutdown::Write).is_err() {
                 return Step::Close;
             }
@@ -403,7 +430,10 @@ fn serve(
             if c.deadline > now {
                 return true;
             }
-            if !matches!(c.state, State::Draining) {
+            // Draining, or kept alive and idle since its last answer: a
+            // close, not a client that failed its exchange.
+            let idle = matches!(c.state, State::Reading) && c.served > 0 && c.filled == 0;
+            if !matches!(c.state, State::Draining) && !idle {
                 HttpCounters::bump(&counters.timed_out);
                 warn_limited!(
                     "http deadline",
@@ -494,6 +524,7 @@ fn accept(
             buf: vec![0; MAX_HEAD].into_boxed_slice(),
             filled: 0,
             state: State::Reading,
+            served: 0,
         });
     }
     None

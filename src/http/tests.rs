@@ -58,7 +58,7 @@ fn answers_get_head_and_refuses_the_rest() {
     let head = String::from_utf8(ok.head()).unwrap();
     assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
     assert!(head.contains(&format!("Content-Length: {}\r\n", ok.response.body.len())));
-    assert!(head.contains("Connection: close\r\n") && head.ends_with("\r\n\r\n"));
+    assert!(head.contains("Connection: keep-alive\r\n") && head.ends_with("\r\n\r\n"));
 
     let h = answer(b"HEAD /metrics HTTP/1.0\r\n\r\n", &TestRoutes, None);
     assert_eq!(h.response.status, 200);
@@ -188,16 +188,35 @@ fn exchange(addr: SocketAddr, req: &[u8]) -> std::io::Result<(u16, String, Vec<u
     // A bound on a broken test, not a timing assumption.
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     s.write_all(req)?;
+    read_response(&mut s, req.starts_with(b"HEAD"))
+}
+
+/// One response from `s`: its head, then as many body bytes as its
+/// `Content-Length` says (none for `head_only`), or to the end when it has
+/// none. The connection may stay open (keep-alive).
+fn read_response(s: &mut TcpStream, head_only: bool) -> std::io::Result<(u16, String, Vec<u8>)> {
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other("no response head"))?
-        + 4;
-    let head = String::from_utf8(raw[..end].to_vec()).unwrap();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte)? == 0 {
+            return Err(std::io::Error::other("no response head"));
+        }
+        raw.push(byte[0]);
+    }
+    let head = String::from_utf8(raw).unwrap();
     let status = head[9..12].parse().unwrap();
-    Ok((status, head, raw[end..].to_vec()))
+    let mut body = Vec::new();
+    match header(&head, "content-length").map(|l| l.parse::<usize>().unwrap()) {
+        _ if head_only => {}
+        Some(len) => {
+            body.resize(len, 0);
+            s.read_exact(&mut body)?;
+        }
+        None => {
+            s.read_to_end(&mut body)?;
+        }
+    }
+    Ok((status, head, body))
 }
 
 fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
@@ -231,7 +250,7 @@ fn a_real_client_gets_routes_and_refusals() {
         header(&head, "content-length"),
         Some(body.len().to_string().as_str())
     );
-    assert_eq!(header(&head, "connection"), Some("close"));
+    assert_eq!(header(&head, "connection"), Some("keep-alive"));
     assert_eq!(
         header(&head, "content-type"),
         Some("text/plain; charset=utf-8")
@@ -547,4 +566,57 @@ fn fuzz_seeds_are_real_requests() {
             "{name}"
         );
     }
+}
+
+/// HTTP/1.1 keeps the connection for the next request (a scrape loop pays
+/// no connect and close per scrape); `Connection: close`, HTTP/1.0, a
+/// refusal and bytes past a request's head close it after the answer.
+#[test]
+fn a_kept_alive_connection_carries_the_next_request() {
+    let s = server(None);
+    let a = s.local_addr();
+    let mut c = TcpStream::connect(a).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for _ in 0..3 {
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let (st, head, body) = read_response(&mut c, false).unwrap();
+        assert_eq!((st, header(&head, "connection")), (200, Some("keep-alive")));
+        assert!(String::from_utf8(body).unwrap().starts_with("tent_up 1\n"));
+    }
+    assert_eq!(s.stats().accepted, 1, "one connection for three scrapes");
+    // The client asks to close: the answer says so and the server closes.
+    c.write_all(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let (st, head, _) = read_response(&mut c, false).unwrap();
+    assert_eq!((st, header(&head, "connection")), (200, Some("close")));
+    assert_eq!(c.read(&mut [0; 1]).unwrap(), 0, "closed after it");
+    for closing in [
+        &b"GET /metrics HTTP/1.0\r\n\r\n"[..],
+        b"GET /nope/../x HTTP/1.1\r\nContent-Length: 3\r\n\r\n",
+        // Pipelined: the first is answered, then the connection closes.
+        b"GET /metrics HTTP/1.1\r\n\r\nGET /metrics HTTP/1.1\r\n\r\n",
+    ] {
+        let mut c = TcpStream::connect(a).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(closing).unwrap();
+        let (_, head, _) = read_response(&mut c, false).unwrap();
+        assert_eq!(header(&head, "connection"), Some("close"), "{head}");
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "one answer only");
+    }
+}
+
+/// A kept-alive connection idle past the deadline is closed, and not
+/// counted as a client that failed its exchange.
+#[test]
+fn an_idle_kept_alive_connection_closes_uncounted() {
+    let s = server(None);
+    let mut c = TcpStream::connect(s.local_addr()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+    assert_eq!(read_response(&mut c, false).unwrap().0, 200);
+    // Closed at its deadline (2 s after the answer).
+    assert_eq!(c.read(&mut [0; 1]).unwrap(), 0);
+    assert_eq!(s.stats().timed_out, 0, "{:?}", s.stats());
 }

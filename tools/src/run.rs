@@ -640,17 +640,59 @@ impl Scraper {
             let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n{auth}\r\n");
             let mut next = std::time::Instant::now();
             let mut n = 0u64;
+            // One kept-alive connection, as Prometheus keeps one; a new one
+            // when the server closed it.
+            let mut conn: Option<std::io::BufReader<std::net::TcpStream>> = None;
+            let (mut line, mut status) = (String::new(), String::new());
             let mut body = Vec::new();
             while !s.load(std::sync::atomic::Ordering::Relaxed) {
-                let mut c = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
-                c.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-                body.clear();
-                c.read_to_end(&mut body).map_err(|e| e.to_string())?;
-                if !body.starts_with(b"HTTP/1.1 200") {
-                    return Err(format!(
-                        "--scrape-hz: {}",
-                        String::from_utf8_lossy(&body[..body.len().min(80)])
-                    ));
+                let c = match conn.as_mut() {
+                    Some(c) => c,
+                    None => conn.insert(std::io::BufReader::new(
+                        std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?,
+                    )),
+                };
+                let scrape = (|| -> std::io::Result<(bool, bool)> {
+                    use std::io::BufRead;
+                    c.get_mut().write_all(req.as_bytes())?;
+                    let (mut len, mut ok, mut close, mut first) = (0usize, false, false, true);
+                    loop {
+                        line.clear();
+                        if c.read_line(&mut line)? == 0 {
+                            return Err(std::io::ErrorKind::UnexpectedEof.into());
+                        }
+                        let l = line.trim_end();
+                        if first {
+                            ok = l.starts_with("HTTP/1.1 200");
+                            l.clone_into(&mut status);
+                            first = false;
+                        } else if l.is_empty() {
+                            break;
+                        } else if let Some(v) = l.strip_prefix("Content-Length: ") {
+                            len = v.parse().map_err(std::io::Error::other)?;
+                        } else if l == "Connection: close" {
+                            close = true;
+                        }
+                    }
+                    body.resize(len, 0);
+                    c.read_exact(&mut body)?;
+                    Ok((ok, close))
+                })();
+                match scrape {
+                    Ok((true, close)) => {
+                        if close {
+                            conn = None;
+                        }
+                    }
+                    Ok((false, _)) => {
+                        return Err(format!("--scrape-hz: {status}"));
+                    }
+                    // Closed by the server (its idle deadline, its cap):
+                    // the next scrape reconnects.
+                    Err(_) => {
+                        conn = None;
+                        continue;
+                    }
                 }
                 n += 1;
                 next += period;
