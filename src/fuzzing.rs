@@ -405,7 +405,11 @@ pub fn http_request(data: &[u8]) {
     let len = out.response.body.len().to_string();
     assert_eq!(value("content-length"), Some(len.as_bytes()));
     // Kept alive only for a routed request, and the head says which.
-    let connection: &[u8] = if out.keep_alive { b"keep-alive" } else { b"close" };
+    let connection: &[u8] = if out.keep_alive {
+        b"keep-alive"
+    } else {
+        b"close"
+    };
     assert_eq!(value("connection"), Some(connection));
     assert!(
         !out.keep_alive || out.verdict == Verdict::Routed,

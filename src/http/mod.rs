@@ -32,8 +32,9 @@
 //!   scrape), one request at a time: bytes sent past a request's head
 //!   (pipelining, a body) close the connection after its answer, as do a
 //!   refusal and the 10 000th request; every response carries
-//!   `Content-Length`. An idle kept-alive connection is one not being
-//!   answered: the first to make room at the cap.
+//!   `Content-Length`. At the cap a kept-alive connection makes room
+//!   early: idle, right after draining ones; answering a later request,
+//!   last (so slow readers that keep asking cannot hold every slot).
 //!
 //! The server counts ([`HttpCounters`], written by its thread alone):
 //! connections accepted, evicted at the cap and timed out, requests
@@ -56,7 +57,8 @@ use sha2::Sha256;
 
 pub(crate) use server::{HttpCounters, HttpServer, HttpStats};
 
-/// Most connections open at once; a newcomer over the cap is closed at once.
+/// Most connections open at once; past it a newcomer takes the slot of one
+/// not answering its first request (see the module doc).
 pub(crate) const MAX_CONNECTIONS: usize = 64;
 /// Longest request head (request line and headers), in bytes.
 pub(crate) const MAX_HEAD: usize = 8 * 1024;
@@ -64,7 +66,9 @@ pub(crate) const MAX_HEAD: usize = 8 * 1024;
 pub(crate) const MAX_TARGET: usize = 1024;
 /// Most request headers.
 pub(crate) const MAX_HEADERS: usize = 32;
-/// The deadline of one connection's whole exchange, from accept.
+/// The deadline of one exchange, reading the request and writing its
+/// answer: from accept, or from the previous answer on a kept-alive
+/// connection.
 pub(crate) const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What a route answers: a status, a content type and a body.

@@ -250,6 +250,23 @@ enum Step {
 }
 
 impl Conn {
+    /// How early this connection makes room for a newcomer at the cap
+    /// (lower first; the oldest first within a rank), or `None` while it
+    /// is answering its first request (bounded by its deadline):
+    /// draining, then kept alive and idle, then sending a request, then
+    /// answering a later request on a kept-alive connection (a client that
+    /// reads each answer slowly and asks again would otherwise hold the
+    /// slot for as long as it keeps asking).
+    fn make_room_rank(&self) -> Option<u8> {
+        match self.state {
+            State::Draining => Some(0),
+            State::Reading if self.served > 0 && self.filled == 0 => Some(1),
+            State::Reading => Some(2),
+            State::Writing { .. } if self.served > 0 => Some(3),
+            State::Writing { .. } => None,
+        }
+    }
+
     fn interest(&self) -> PollFlags {
         match self.state {
             State::Writing { .. } => PollFlags::OUT,
@@ -451,8 +468,8 @@ fn serve(
 
 /// Accept what is waiting (at most [`ACCEPTS_PER_WAKE`]); `accepted`
 /// counts every connection ever accepted (the next one's `seq`). Over the
-/// cap the oldest connection still sending its request (or draining) makes
-/// room for a newcomer, but only one accepted before this call: one of
+/// cap a connection makes room for a newcomer in the order
+/// [`Conn::make_room_rank`] gives, but only one accepted before this call: one of
 /// this batch has not been read yet, so the rest wait in the listen queue
 /// until the next round has read it (a flood accepted in one batch would
 /// otherwise close its own members, a probe among them, unread). With
@@ -469,14 +486,14 @@ fn accept(
     for _ in 0..ACCEPTS_PER_WAKE {
         let mut room = None;
         if conns.len() >= MAX_CONNECTIONS {
-            let unanswered = |c: &Conn| matches!(c.state, State::Reading | State::Draining);
             room = conns
                 .iter()
                 .enumerate()
-                .filter(|(_, c)| unanswered(c) && c.seq < batch)
-                .min_by_key(|(_, c)| (matches!(c.state, State::Reading), c.seq))
-                .map(|(i, _)| i);
-            if room.is_none() && conns.iter().any(unanswered) {
+                .filter(|(_, c)| c.seq < batch)
+                .filter_map(|(i, c)| Some(((c.make_room_rank()?, c.seq), i)))
+                .min()
+                .map(|(_, i)| i);
+            if room.is_none() && conns.iter().any(|c| c.make_room_rank().is_some()) {
                 // Only this batch's are left to close: read them first.
                 return None;
             }
@@ -587,5 +604,58 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         assert!(open(&mut probe), "the probe was closed unread");
         drop(clients);
+    }
+
+    /// A kept-alive connection answering a later request makes room at the
+    /// cap (a client that reads each answer slowly and asks again cannot
+    /// hold a slot for ever); one answering its first does not (its
+    /// deadline bounds it).
+    #[test]
+    fn at_the_cap_a_kept_alive_connection_answering_again_makes_room() {
+        use super::State;
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let a = l.local_addr().unwrap();
+        let (counters, now) = (HttpCounters::default(), Instant::now());
+        let (mut conns, mut seq): (Vec<Conn>, u64) = (Vec::new(), 0);
+        let _clients: Vec<TcpStream> = (0..MAX_CONNECTIONS)
+            .map(|_| TcpStream::connect(a).unwrap())
+            .collect();
+        while conns.len() < MAX_CONNECTIONS {
+            assert!(now.elapsed() < Duration::from_secs(5), "not accepted");
+            accept(&l, &mut conns, &mut seq, &counters, now);
+        }
+        let writing = || {
+            let outcome = super::Outcome::head_too_large();
+            State::Writing {
+                head: outcome.head(),
+                outcome,
+                sent: 0,
+                again: true,
+            }
+        };
+        // Every slot answering its first request: a newcomer is closed.
+        for c in &mut conns {
+            c.state = writing();
+        }
+        let mut late = TcpStream::connect(a).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        accept(&l, &mut conns, &mut seq, &counters, now);
+        assert!(conns.iter().all(|c| c.seq < MAX_CONNECTIONS as u64));
+        late.set_nonblocking(true).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!open(&mut late), "a first answer lost its slot");
+        // The same slots answering later requests on kept-alive
+        // connections: the oldest makes room.
+        for c in &mut conns {
+            c.served = 3;
+        }
+        let mut probe = TcpStream::connect(a).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        accept(&l, &mut conns, &mut seq, &counters, now);
+        assert!(conns.iter().all(|c| c.seq != 0), "the oldest made room");
+        assert!(conns.iter().any(|c| c.seq == MAX_CONNECTIONS as u64), "the newcomer has it");
+        probe.set_nonblocking(true).unwrap();
+        assert!(open(&mut probe), "the newcomer was closed");
     }
 }

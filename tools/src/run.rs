@@ -646,6 +646,7 @@ impl Scraper {
             let (mut line, mut status) = (String::new(), String::new());
             let mut body = Vec::new();
             while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                let reused = conn.is_some();
                 let c = match conn.as_mut() {
                     Some(c) => c,
                     None => conn.insert(std::io::BufReader::new(
@@ -687,12 +688,14 @@ impl Scraper {
                     Ok((false, _)) => {
                         return Err(format!("--scrape-hz: {status}"));
                     }
-                    // Closed by the server (its idle deadline, its cap):
-                    // the next scrape reconnects.
-                    Err(_) => {
+                    // A kept connection the server closed (its idle
+                    // deadline, its cap): once more on a new one. A new
+                    // one that fails ends the loop, as before keep-alive.
+                    Err(_) if reused => {
                         conn = None;
                         continue;
                     }
+                    Err(e) => return Err(format!("--scrape-hz: {e}")),
                 }
                 n += 1;
                 next += period;

@@ -409,7 +409,9 @@ impl std::fmt::Debug for Watch {
 
 impl Watch {
     /// The next change, or `None` when none came within `timeout` (a tick
-    /// for the caller to check for shutdown; it may run up to 100 ms over).
+    /// for the caller to check for shutdown; it may run up to 100 ms over:
+    /// reads time out every 100 ms and are tried again until the
+    /// deadline).
     /// A canceled watch is [`EtcdError::WatchCanceled`], a stream that
     /// ended [`EtcdError::WatchClosed`]: the watch is then done; range
     /// again and watch anew.
@@ -419,10 +421,12 @@ impl Watch {
             if let Some(e) = self.state.pop() {
                 return Ok(Some(e));
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || !self.read_line(deadline)? {
+            if Instant::now() >= deadline {
                 return Ok(None);
             }
+            // A read tick that timed out (false) is not the deadline: read
+            // again until it passes.
+            self.read_line(deadline)?;
         }
     }
 

@@ -89,10 +89,12 @@ impl EtcdServer {
                 std::slice::from_ref(&server.endpoint),
                 Duration::from_millis(500),
             );
-            if up.is_ok() {
+            let exited = server.child.try_wait().ok().flatten();
+            // Healthy and still running: an etcd that lost its port to
+            // another test's exits, and that test's etcd answers.
+            if up.is_ok() && exited.is_none() {
                 return server;
             }
-            let exited = server.child.try_wait().ok().flatten();
             let log = || std::fs::read_to_string(server.dir.join("etcd.log")).unwrap_or_default();
             if exited.is_some() && log().contains("address already in use") {
                 drop(server);
@@ -167,6 +169,9 @@ fn lease_kept_alive_then_expiry_is_a_delete_on_the_watch() {
     let start = c.range_prefix(b"/seg/").unwrap().revision + 1;
     let mut w = c.watch_prefix(b"/seg/", start).unwrap();
     let rev = c.put(b"/seg/a", b"desc", Some(lease)).unwrap();
+    // Kept alive at once: the set-up above may take a while on a loaded
+    // machine, and the TTL is etcd's shortest.
+    assert_eq!(c.keep_alive(lease).unwrap(), 2);
     assert_eq!(
         next_event(&mut w, TIMEOUT),
         WatchEvent::Put {
@@ -243,7 +248,11 @@ fn watch_from_a_range_revision_has_no_gap_and_no_duplicate() {
     assert_eq!(seen[1].key(), b"/p/4");
     assert_eq!(seen[1].mod_revision(), after);
     assert!(matches!(&seen[2], WatchEvent::Delete { key, prev_lease: None, .. } if key == b"/p/0"));
-    assert_eq!(w.next(Duration::from_millis(300)).unwrap(), None);
+    // Nothing more: `next` waits its whole timeout, not one 100 ms read
+    // tick (before, it gave up after the first tick).
+    let t = Instant::now();
+    assert_eq!(w.next(Duration::from_millis(600)).unwrap(), None);
+    assert!(t.elapsed() >= Duration::from_millis(600), "{:?}", t.elapsed());
 }
 
 #[test]

@@ -342,7 +342,7 @@ pub fn decode_grant(body: &[u8]) -> Result<(LeaseId, i64), EtcdError> {
         return Err(EtcdError::Server {
             status: 200,
             code: 0,
-            message: g.error,
+            message: printable(g.error),
         });
     }
     match lease(g.id) {
