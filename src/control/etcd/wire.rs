@@ -147,8 +147,46 @@ struct KeyValue {
 #[serde(default)]
 struct RangeBody {
     header: Header,
-    kvs: Vec<KeyValue>,
+    kvs: Bounded<KeyValue>,
     more: bool,
+}
+
+/// A JSON array of at most [`MAX_KVS`] elements, refused while it is read
+/// past that: `[{},{},...]` in 4 MiB is about 1.4 M empty entries, each a
+/// full `KeyValue` (or event) once decoded, ~100 MB built before a count
+/// checked after decoding would refuse it.
+#[derive(Debug)]
+struct Bounded<T>(Vec<T>);
+
+impl<T> Default for Bounded<T> {
+    fn default() -> Self {
+        Bounded(Vec::new())
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Bounded<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
+            type Value = Bounded<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "an array of at most {MAX_KVS} elements")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut v = Vec::new();
+                while let Some(e) = seq.next_element()? {
+                    if v.len() == MAX_KVS {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "more than {MAX_KVS} elements"
+                        )));
+                    }
+                    v.push(e);
+                }
+                Ok(Bounded(v))
+            }
+        }
+        d.deserialize_seq(Visit(std::marker::PhantomData))
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -198,7 +236,7 @@ struct WatchBody {
     canceled: bool,
     compact_revision: I64,
     cancel_reason: String,
-    events: Vec<EventBody>,
+    events: Bounded<EventBody>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -393,14 +431,14 @@ pub fn decode_delete(body: &[u8]) -> Result<u64, EtcdError> {
 /// asked for: a server answering with other keys is refused).
 pub fn decode_range(body: &[u8], in_range: impl Fn(&[u8]) -> bool) -> Result<Range, EtcdError> {
     let b: RangeBody = parse("range", body)?;
-    if b.more || b.kvs.len() > MAX_KVS {
+    if b.more || b.kvs.0.len() > MAX_KVS {
         return Err(EtcdError::Malformed(format!(
             "range: more than {MAX_KVS} keys"
         )));
     }
     let rev = revision("range", b.header.revision)?;
-    let mut kvs = Vec::with_capacity(b.kvs.len());
-    for kv in b.kvs {
+    let mut kvs = Vec::with_capacity(b.kvs.0.len());
+    for kv in b.kvs.0 {
         if !in_range(&kv.key.0) {
             return Err(EtcdError::Malformed(
                 "range: a key outside the range asked for".into(),
@@ -501,14 +539,14 @@ pub fn decode_watch_line(
         });
     }
     if w.created {
-        if !w.events.is_empty() {
+        if !w.events.0.is_empty() {
             return Err(EtcdError::Malformed("watch: events on creation".into()));
         }
         return Ok(WatchLine::Created);
     }
-    let mut events = Vec::with_capacity(w.events.len());
+    let mut events = Vec::with_capacity(w.events.0.len());
     let mut last = 0;
-    for e in w.events {
+    for e in w.events.0 {
         if !in_range(&e.kv.key.0) {
             return Err(EtcdError::Malformed(
                 "watch: a key outside the prefix watched".into(),
@@ -677,6 +715,19 @@ mod tests {
 
     fn any(_: &[u8]) -> bool {
         true
+    }
+
+    /// An array past [`MAX_KVS`] is refused while it is read (before, all
+    /// of it was decoded first: ~100 MB from a 4 MiB body of `{}`s).
+    #[test]
+    fn arrays_past_the_bound_are_refused_as_they_are_read() {
+        let many = |n: usize| vec!["{}"; n].join(",");
+        let ok = format!(r#"{{"header":{{"revision":"3"}},"kvs":[{}]}}"#, many(MAX_KVS));
+        assert_eq!(decode_range(ok.as_bytes(), any).unwrap().kvs.len(), MAX_KVS);
+        let over = format!(r#"{{"header":{{"revision":"3"}},"kvs":[{}]}}"#, many(MAX_KVS + 1));
+        let e = decode_range(over.as_bytes(), any).unwrap_err();
+        assert!(matches!(e, EtcdError::Malformed(_)), "{e}");
+        assert!(e.to_string().contains("more than"), "{e}");
     }
 
     #[test]
