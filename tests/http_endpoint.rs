@@ -554,3 +554,25 @@ fn peers_past_the_label_cap_are_summed_into_other() {
         .sum();
     assert_eq!(total, carried, "{rails:#?}");
 }
+
+/// `/health` names each peer's incarnation (from its descriptor, new tag
+/// `0x000c`), the one the peer's own `/health` gives for itself, and how
+/// it is reached in a word (before: `kind` was the whole descriptor's
+/// debug text, regions and GIDs included).
+#[test]
+fn health_names_each_peers_incarnation_and_kind() {
+    let target = common::engine();
+    let mut c = test_config();
+    c.transports.shm.enable = false;
+    let init = Engine::new(c).unwrap();
+    init.open_segment(&target.segment_name()).unwrap();
+    let (_, own) = get(target.http_url().unwrap(), "/health", None);
+    let own = json(&own)["engine"]["incarnation"].clone();
+    assert!(own.as_str().is_some_and(|i| i.len() == 16), "{own}");
+    let (_, body) = get(init.http_url().unwrap(), "/health", None);
+    let health = json(&body);
+    let peer = &health["peers"][0];
+    assert_eq!(peer["segment"], target.segment_name().as_str(), "{health}");
+    assert_eq!(peer["incarnation"], own, "{health}");
+    assert_eq!(peer["kind"], "remote", "{health}");
+}

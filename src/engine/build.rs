@@ -438,6 +438,7 @@ fn start_control(
     let cfg = &shared.config;
     let secret = cfg.secret().map(<[u8]>::to_vec);
     let host_id = crate::control::host_id();
+    let incarnation = shared.incarnation.get();
     let (regions, transports) = (shared.regions.clone(), shared.clone());
     let page_regions = shared.regions.clone();
     let nics = shared
@@ -468,6 +469,7 @@ fn start_control(
                 regions_version: first.version,
                 regions_from: first.from,
                 metrics_url: metrics_url.get().cloned(),
+                incarnation,
             }
         })
     };

@@ -224,7 +224,8 @@ impl Observer {
                 let rails: Vec<Value> = self.rails_of(s).iter().map(rail_json).collect();
                 json!({
                     "segment": s.name(),
-                    "kind": format!("{:?}", s.kind()).to_lowercase(),
+                    "kind": s.kind().name(),
+                    "incarnation": s.incarnation().map(|i| format!("{i:016x}")),
                     "rails": rails,
                 })
             })

@@ -14,6 +14,8 @@ use crate::transport::shm::{self, ShmPeer};
 /// The transports that reach peers by descriptor, best first.
 pub(super) const NETWORK: &[TransportKind] = &[TransportKind::Rdma, TransportKind::Tcp];
 
+/// How an opened segment is reached: its kind and the transports attached.
+type Opened = (SegmentKind, Vec<(TransportKind, Attachment)>);
 impl Engine {
     /// The rails to an open segment (RDMA's, then TCP's), with their
     /// health and counters (empty when neither reaches it).
@@ -106,13 +108,13 @@ impl Engine {
         if let Some(s) = table.find_name(name) {
             return Ok(s.id());
         }
-        let (kind, attached) = if crate::control::is_p2p_name(name) {
+        let ((kind, attached), incarnation) = if crate::control::is_p2p_name(name) {
             self.open_p2p(name, edit)?
         } else {
-            self.open_shm(name)?
+            (self.open_shm(name)?, None)
         };
         let id = table.next_id();
-        let mut seg = Segment::new(id, name.to_owned(), kind);
+        let mut seg = Segment::new(id, name.to_owned(), kind).with_incarnation(incarnation);
         for (k, peer) in attached {
             seg = seg.with_attachment(k, peer);
         }
@@ -122,7 +124,7 @@ impl Engine {
         Ok(id)
     }
 
-    fn open_shm(&self, name: &str) -> Result<(SegmentKind, Vec<(TransportKind, Attachment)>)> {
+    fn open_shm(&self, name: &str) -> Result<Opened> {
         if !self.shared.config.transports.shm.enable {
             return Err(Error::new(
                 ErrorKind::SegmentNotFound,
@@ -146,18 +148,20 @@ impl Engine {
         &self,
         name: &str,
         edit: impl FnOnce(&mut crate::control::SegmentDescriptor),
-    ) -> Result<(SegmentKind, Vec<(TransportKind, Attachment)>)> {
+    ) -> Result<(Opened, Option<u64>)> {
         let cfg = &self.shared.config;
         let secret = cfg.secret();
         let timeout = cfg.default_timeout_ms.min(Duration::from_secs(10));
         let mut desc = crate::control::fetch_descriptor(name, secret, timeout)?;
         edit(&mut desc);
+        // 0: an owner that does not say.
+        let incarnation = (desc.incarnation != 0).then_some(desc.incarnation);
         if cfg.transports.shm.enable
             && desc.host_id == crate::control::host_id()
             && let Some(shm) = &desc.shm_name
         {
             match self.open_shm(shm) {
-                Ok(opened) => return Ok(opened),
+                Ok(opened) => return Ok((opened, incarnation)),
                 // Same kernel, different /dev/shm (another mount namespace).
                 Err(e) => {
                     tracing::info!(segment = name, error = %e, "peer on this host but its shm segment is not visible here")
@@ -185,7 +189,7 @@ impl Engine {
                 "no transport reaches this peer; its requests will fail Unreachable"
             );
         }
-        Ok((SegmentKind::Remote(Arc::new(desc)), attached))
+        Ok(((SegmentKind::Remote(Arc::new(desc)), attached), incarnation))
     }
 
     /// Close a segment, and return once the engine is done with it.

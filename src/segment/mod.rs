@@ -39,6 +39,17 @@ pub(crate) enum SegmentKind {
     Remote(Arc<crate::control::SegmentDescriptor>),
 }
 
+impl SegmentKind {
+    /// How it is reached, in a word (`/health`).
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            SegmentKind::Local => "local",
+            SegmentKind::Shm => "shm",
+            SegmentKind::Remote(_) => "remote",
+        }
+    }
+}
+
 /// An opened segment.
 #[derive(Debug)]
 pub struct Segment {
@@ -56,6 +67,8 @@ pub struct Segment {
     /// whose cached table still has it refuses new requests on it, and
     /// does not acknowledge the epoch while a live task names it.
     closed: std::sync::atomic::AtomicU64,
+    /// The owner's incarnation, from its descriptor (`None`: not known).
+    incarnation: Option<u64>,
 }
 
 impl Segment {
@@ -67,7 +80,19 @@ impl Segment {
             kind,
             attached: Vec::new(),
             closed: std::sync::atomic::AtomicU64::new(0),
+            incarnation: None,
         }
+    }
+
+    /// The same segment, its owner's incarnation known (or not).
+    pub(crate) fn with_incarnation(mut self, incarnation: Option<u64>) -> Segment {
+        self.incarnation = incarnation;
+        self
+    }
+
+    /// The owner's incarnation, when its descriptor said.
+    pub(crate) fn incarnation(&self) -> Option<u64> {
+        self.incarnation
     }
 
     /// Closed at unregister epoch `epoch` (see `Engine::close_segment`).

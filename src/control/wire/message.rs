@@ -143,6 +143,10 @@ pub struct SegmentDescriptor {
     /// `/health` and `/topology`), when it serves one; at most
     /// [`MAX_NAME`] bytes.
     pub metrics_url: Option<String>,
+    /// The owner's incarnation: 64 random bits drawn when its engine
+    /// started, so a peer that meets another under a known name knows the
+    /// owner restarted (0 from an owner that does not say).
+    pub incarnation: u64,
 }
 
 /// A page of an owner's regions, in address order, the answer to
@@ -179,6 +183,7 @@ schema! {
         0x0009 DESC_REGIONS_VERSION regions_version: u64,      or_default;
         0x000a DESC_REGIONS_FROM    regions_from:    u64,      optional;
         0x000b DESC_METRICS_URL     metrics_url:     str(MAX_NAME, "metrics URL"), optional;
+        0x000c DESC_INCARNATION     incarnation:     u64,      or_default;
     }
 }
 

@@ -140,6 +140,7 @@ fn small_descriptor() -> SegmentDescriptor {
         regions_version: 9,
         regions_from: Some(0x7000_0000),
         metrics_url: Some("http://10.0.0.1:9464".into()),
+        incarnation: 0x1234_5678_9abc_def0,
     }
     .with_rkeys()
 }
@@ -173,6 +174,7 @@ fn full_descriptor() -> SegmentDescriptor {
         regions_version: u64::MAX,
         regions_from: Some(u64::MAX),
         metrics_url: Some("u".repeat(MAX_NAME)),
+        incarnation: u64::MAX,
     }
 }
 
@@ -526,6 +528,7 @@ fn newer_peer_fields_are_skipped() {
     expected.nics.clear();
     (expected.regions_version, expected.regions_from) = (0, None);
     expected.metrics_url = None;
+    expected.incarnation = 0;
     for r in &mut expected.regions {
         r.rkeys.clear();
     }
@@ -1307,6 +1310,7 @@ fn arb_descriptor() -> impl Strategy<Value = SegmentDescriptor> {
                     regions_version: u64::from(pid),
                     regions_from: (pid % 2 == 1).then_some(u64::from(pid) << 12),
                     metrics_url: (pid % 3 == 0).then(|| format!("http://127.0.0.1:{}", pid % 65536)),
+                    incarnation: u64::from(pid).rotate_left(17),
                 }
             },
         )
