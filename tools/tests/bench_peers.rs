@@ -5,11 +5,8 @@
 
 mod common;
 
-use common::{bench_output as run, json_lines as lines, text};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
-
-const BENCH: &str = env!("CARGO_BIN_EXE_tent-bench");
+use common::{bench_output as run, json_lines as lines, target, text};
+use std::process::Output;
 
 /// A run that succeeded with no op failed: its point line and its rail
 /// lines.
@@ -107,26 +104,6 @@ fn one_peer_prints_no_peer_count() {
     ]);
     let (point, _) = point_and_rails(&out);
     assert!(point.get("peers").is_none(), "{}", text(&out));
-}
-
-/// A target started by hand, and its segment name.
-fn target() -> (Child, String) {
-    let mut child = Command::new(BENCH)
-        .args(["--mode", "target", "--transport", "tcp"])
-        .args(["--buffer-size", "1M", "--exit-on-stdin-eof"])
-        .env("TENT_LOG", "off")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let name = line.trim().to_owned();
-    assert!(!name.is_empty(), "the target printed no segment name");
-    (child, name)
 }
 
 #[test]

@@ -2,8 +2,9 @@
 //! JSON with `--json` (nodes, NICs, workers with why), as text without;
 //! with `--target`, the rails it would form to that peer.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+mod common;
+
+use std::process::Command;
 
 const BENCH: &str = env!("CARGO_BIN_EXE_tent-bench");
 
@@ -71,20 +72,7 @@ fn the_text_report_has_a_line_per_node_and_worker() {
 
 #[test]
 fn with_a_target_it_shows_the_rails_to_it() {
-    let mut target = Command::new(BENCH)
-        .args(["--mode", "target", "--transport", "tcp"])
-        .args(["--buffer-size", "1M", "--exit-on-stdin-eof"])
-        .env("TENT_LOG", "off")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut name = String::new();
-    BufReader::new(target.stdout.take().unwrap())
-        .read_line(&mut name)
-        .unwrap();
-    let name = name.trim().to_owned();
+    let (mut target, name) = common::target();
     let text = topology(&["--json", "--target", &name]);
     let plain = topology(&["--target", &name]);
     drop(target.stdin.take());

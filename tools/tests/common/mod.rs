@@ -1,6 +1,7 @@
 //! What the tools' end-to-end tests share.
 
-use std::process::Output;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
 
 /// `tent-bench args`, which must succeed: its standard output.
 #[allow(dead_code)] // Not every test crate runs the bench this way.
@@ -41,4 +42,26 @@ pub(crate) fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
+}
+
+/// A TCP target started by hand (`--exit-on-stdin-eof`: dropping its
+/// stdin stops it), and its segment name.
+#[allow(dead_code)] // Not every test crate starts a target.
+pub(crate) fn target() -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tent-bench"))
+        .args(["--mode", "target", "--transport", "tcp"])
+        .args(["--buffer-size", "1M", "--exit-on-stdin-eof"])
+        .env("TENT_LOG", "off")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let name = line.trim().to_owned();
+    assert!(!name.is_empty(), "the target printed no segment name");
+    (child, name)
 }
