@@ -1,30 +1,6 @@
 use super::*;
 use crate::topology::NumaNode;
-
-fn v4(last: u8) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[10] = 0xff;
-    g[11] = 0xff;
-    g[12..].copy_from_slice(&[10, 0, 0, last]);
-    g
-}
-
-fn link_local() -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[0] = 0xfe;
-    g[1] = 0x80;
-    g[15] = 7;
-    g
-}
-
-fn entry(index: u8, gid: [u8; 16], ty: GidType) -> GidEntry {
-    GidEntry {
-        index,
-        gid,
-        ty: Some(ty),
-        netdev_up: Some(true),
-    }
-}
+use crate::transport::rdma::gid::samples::{entry, link_local, v4};
 
 /// An mlx5 port with one IPv4 address, as the NIC set opened it.
 fn mlx5_facts(wanted: Option<u8>) -> NicFacts {

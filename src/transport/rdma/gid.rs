@@ -435,11 +435,14 @@ pub(crate) fn pair_rails(
     pairs
 }
 
+/// GIDs and table entries as tests write them (this module's and the
+/// topology report's).
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod samples {
+    use super::{GidEntry, GidType};
 
-    fn v4(last: u8) -> [u8; 16] {
+    /// The IPv4-mapped GID of 10.0.0.`last`.
+    pub(crate) fn v4(last: u8) -> [u8; 16] {
         let mut g = [0u8; 16];
         g[10] = 0xff;
         g[11] = 0xff;
@@ -447,7 +450,8 @@ mod tests {
         g
     }
 
-    fn link_local() -> [u8; 16] {
+    /// A link-local (fe80::) GID.
+    pub(crate) fn link_local() -> [u8; 16] {
         let mut g = [0u8; 16];
         g[0] = 0xfe;
         g[1] = 0x80;
@@ -455,21 +459,28 @@ mod tests {
         g
     }
 
-    fn global6() -> [u8; 16] {
-        let mut g = [0u8; 16];
-        g[0] = 0x20;
-        g[1] = 0x01;
-        g[15] = 9;
-        g
-    }
-
-    fn entry(index: u8, gid: [u8; 16], ty: GidType) -> GidEntry {
+    /// Entry `index`, of type `ty`, its netdev up.
+    pub(crate) fn entry(index: u8, gid: [u8; 16], ty: GidType) -> GidEntry {
         GidEntry {
             index,
             gid,
             ty: Some(ty),
             netdev_up: Some(true),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::samples::{entry, link_local, v4};
+    use super::*;
+
+    fn global6() -> [u8; 16] {
+        let mut g = [0u8; 16];
+        g[0] = 0x20;
+        g[1] = 0x01;
+        g[15] = 9;
+        g
     }
 
     /// What mlx5 and bnxt_re list for a netdev with one IPv4 address.
