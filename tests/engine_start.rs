@@ -38,3 +38,18 @@ fn failed_start_leaks_no_threads() {
     let e = Engine::new(c).expect("engine on a free port");
     drop(e);
 }
+
+/// Each worker's pinning is known when `Engine::new` returns: a report
+/// taken at once names its core (before, it read "not pinned" until the
+/// worker's thread first ran, and the Soft-RoCE topology test failed now
+/// and then on it).
+#[test]
+fn workers_pinning_is_known_when_new_returns() {
+    for _ in 0..20 {
+        let mut c = test_config();
+        c.workers.pin = true;
+        let e = Engine::new(c).unwrap();
+        let cores = e.worker_cores();
+        assert!(cores.iter().all(Option::is_some), "{cores:?}");
+    }
+}

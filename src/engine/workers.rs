@@ -28,6 +28,8 @@ pub(super) struct WorkerPool {
     next: AtomicUsize,
 }
 
+/// `WorkerShared::core` until the worker's thread has tried to pin itself.
+const PIN_PENDING: i64 = -2;
 impl WorkerPool {
     /// Start one worker per entry of `cores` (pinned where it names a
     /// core) for engine `id`. On an error the workers started so far are
@@ -56,7 +58,7 @@ impl WorkerPool {
                 shutdown: CachePadded::new(AtomicBool::new(false)),
                 exited: CachePadded::new(AtomicBool::new(false)),
                 batch_sq: Mutex::new(bp),
-                core: AtomicI64::new(-1),
+                core: AtomicI64::new(PIN_PENDING),
                 // Nobody waits on a worker's window: the slice length is moot.
                 credits: std::array::from_fn(|_| {
                     SqController::new(inflight, 0, Duration::from_millis(1))
@@ -73,11 +75,11 @@ impl WorkerPool {
                     // worker says it has exited: submitters stop waiting on
                     // it, and /health says so.
                     let _exit = ExitMark(ws2.clone());
-                    if let Some(core) = core
-                        && pin_current_thread(core)
-                    {
-                        ws2.core.store(core as i64, Ordering::Relaxed);
-                    }
+                    let pinned = match core {
+                        Some(core) if pin_current_thread(core) => core as i64,
+                        _ => -1,
+                    };
+                    ws2.core.store(pinned, Ordering::Release);
                     // SAFETY: `id` is this engine's alone (EngineId::next) and it starts one thread per worker index: this is worker `index`'s, and the context (`!Send`) never leaves it.
                     let ctx = unsafe { WorkerCtx::new(id, index) };
                     Worker::new(ws2, engine, bc, ctx).run();
@@ -85,6 +87,18 @@ impl WorkerPool {
                 .map_err(|e| Error::new(ErrorKind::OutOfMemory, "spawn worker").with_source(e))?;
             pool.shared.push(ws);
             pool.threads.get_mut().push(handle);
+        }
+        // Each worker's pinning is known once `Engine::new` returns (what
+        // `worker_cores` and the topology report say), not whenever its
+        // thread first runs: a start-up wait of a thread's first steps.
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while pool
+            .shared
+            .iter()
+            .any(|w| w.core.load(Ordering::Acquire) == PIN_PENDING)
+            && std::time::Instant::now() < until
+        {
+            std::thread::yield_now();
         }
         Ok(pool)
     }

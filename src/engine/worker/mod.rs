@@ -104,7 +104,8 @@ pub(crate) struct WorkerShared {
     pub exited: CachePadded<AtomicBool>,
     /// The batch API's submission ring into this worker.
     pub batch_sq: Mutex<Producer<Sqe>>,
-    /// Core this worker is pinned to, or -1.
+    /// Core this worker is pinned to, -1 when it is not, -2 until its
+    /// thread has tried (`WorkerPool::start` waits that out).
     pub core: AtomicI64,
     /// Its window on each transport slot (`max_inflight_slices` slices
     /// handed to the transport and not completed): the engine's one
