@@ -143,6 +143,20 @@ pub struct Config {
     pub log_level: LogLevel,
     /// `metadata_type`: control-plane backend.
     pub metadata_type: MetadataType,
+    /// `metadata_servers`: the etcd endpoints (`host:port`), with
+    /// `metadata_type` `"etcd"`.
+    pub metadata_servers: Vec<String>,
+    /// `metadata_key_prefix`: where in etcd this engine's cluster lives.
+    pub metadata_key_prefix: String,
+    /// `metadata_lease_ttl_secs`: the lease a published descriptor lives by.
+    pub metadata_lease_ttl_secs: Duration,
+    /// `metadata_segment_name`: the name this engine publishes its segment
+    /// under in etcd (empty: its control server's `ip:port`).
+    pub metadata_segment_name: String,
+    /// `metadata_user`: the etcd user, when etcd has auth enabled.
+    pub metadata_user: String,
+    /// `metadata_password`: that user's password.
+    pub metadata_password: Secret,
     /// `rpc_server_hostname`: address the p2p handshake listens on.
     pub rpc_server_hostname: String,
     /// `rpc_server_port`: port of the p2p handshake; 0 = ephemeral.
@@ -590,6 +604,9 @@ named! {
     pub enum MetadataType {
         /// `"p2p"`: a peer is named by its `ip:port` and asked directly.
         P2p = "p2p",
+        /// `"etcd"`: engines publish their descriptors in etcd under their
+        /// segment names, with a lease they keep alive.
+        Etcd = "etcd",
     }
 }
 
@@ -731,6 +748,9 @@ enum Kind {
     /// RDMA device names: an array of strings, or one string of names
     /// separated by commas (TENT's spelling).
     Devices,
+    /// etcd endpoints: an array of `host:port` strings, or one string of
+    /// them separated by commas.
+    Endpoints,
     /// `"auto"` or a byte (a number, or a string of digits) in
     /// `min..=max`: what it is.
     AutoOrByte {
@@ -796,7 +816,16 @@ enum StrRule {
     AbsolutePath,
     /// Empty, or a POSIX shared-memory name (`shm_open` wants a leading `/`).
     EmptyOrShmName,
+    /// Any string, never echoed (a password someone else chose).
+    Password,
+    /// 1 to 128 bytes of printable ASCII with no space (an etcd key prefix).
+    KeyPrefix,
+    /// Empty, or what [`StrRule::KeyPrefix`] allows.
+    EmptyOrKeyName,
 }
+
+/// Most etcd endpoints `metadata_servers` may name.
+const MAX_ENDPOINTS: usize = 32;
 
 /// Most RDMA devices `transports/rdma/devices` may name.
 const MAX_DEVICES: usize = 64;
@@ -833,7 +862,7 @@ impl Kind {
             Kind::FloatArray { .. } => "array of numbers",
             Kind::UintArray { .. } => "array of unsigned integers",
             Kind::Str(_) | Kind::Choice(_) => "string",
-            Kind::Devices => "array of strings, or a string",
+            Kind::Devices | Kind::Endpoints => "array of strings, or a string",
             Kind::AutoOrByte { .. } => "\"auto\" or unsigned integer",
         }
     }
@@ -860,6 +889,14 @@ impl Kind {
             Kind::Str(StrRule::EmptyOrShmName) => {
                 "empty, or a shared-memory name (/name)".to_owned()
             }
+            Kind::Str(StrRule::Password) => "any string".to_owned(),
+            Kind::Str(StrRule::EmptyOrKeyName) => {
+                "empty, or 1 to 128 bytes of printable ASCII, no space".to_owned()
+            }
+            Kind::Str(StrRule::KeyPrefix) => {
+                "1 to 128 bytes of printable ASCII, no space".to_owned()
+            }
+            Kind::Endpoints => format!("at most {MAX_ENDPOINTS} host:port endpoints"),
             Kind::Choice(names) => names.join(", "),
             Kind::Devices => format!(
                 "at most {MAX_DEVICES} device names of [A-Za-z0-9_.-], 1 to {MAX_DEVICE_NAME} bytes each"
@@ -1103,7 +1140,19 @@ schema! {
         "One of trace, debug, info, warn, error: the tracing filter tent's own binaries (tent-bench) install, and the C library and the Python module install at a process's first engine, writing to stderr (once per process: a later engine asking for another level gets a warning; not at all when the process installed a tracing subscriber first; a TENT_LOG filter wins). An embedding Rust application installs its own subscriber. A reload sets the whole process's level where tent installed the subscriber (or the application registered a setter with tent::logging::control_level), and is refused, naming this key, where nothing can apply it or TENT_LOG decides.";
     // control plane
     "metadata_type" => metadata_type: Kind::Choice(MetadataType::NAMES), "\"p2p\"", LIVE,
-        "Control-plane backend; only \"p2p\" (embedded peer-to-peer handshake).";
+        "Where an engine finds its peers: p2p (a segment is named by its control server's ip:port and asked directly) or etcd (each engine publishes its descriptor under its segment name in etcd, metadata_servers, with a lease it keeps alive; open_segment resolves a name there, and a watch tells the engine when a peer's lease expires or it restarted). Either way a peer's control server is then asked for its descriptor (authenticated with rpc_shared_secret when set).";
+    "metadata_servers" => metadata_servers: Kind::Endpoints, "[]", LIVE,
+        "etcd endpoints (host:port, or http://host:port), as an array or one string separated by commas: the first that answers healthy is used, the others when it fails. Required with metadata_type etcd.";
+    "metadata_key_prefix" => metadata_key_prefix: Kind::Str(StrRule::KeyPrefix), "\"/tent\"", LIVE,
+        "The etcd key prefix of this cluster: a segment is published at <prefix>/segments/<name>. Engines that should find each other use the same.";
+    "metadata_lease_ttl_secs" => metadata_lease_ttl_secs: secs(2, 3600), "5", LIVE,
+        "TTL in s of the etcd lease this engine's descriptor is published with, kept alive every third of it; once it lapses (the process died or hung, or lost etcd for that long) peers fail their work to this engine ProcessFailed.";
+    "metadata_segment_name" => metadata_segment_name: Kind::Str(StrRule::EmptyOrKeyName), "\"\"", LIVE,
+        "The name this engine publishes its segment under in etcd (peers pass it to open_segment); empty = its control server's ip:port. A restarted engine that takes the same name is the same peer to those that had it open: they reconnect to the new process. Only with metadata_type etcd.";
+    "metadata_user" => metadata_user: Kind::Str(StrRule::KeyPrefix), "\"root\"", LIVE,
+        "etcd user, used when metadata_password is set.";
+    "metadata_password" => metadata_password: Kind::Str(StrRule::Password), "\"\"", LIVE,
+        "etcd password of metadata_user; empty = etcd without authentication.";
     "rpc_server_hostname" => rpc_server_hostname: Kind::Str(StrRule::NonEmpty), "\"127.0.0.1\"", LIVE,
         "Address the p2p handshake server listens on.";
     "rpc_server_port" => rpc_server_port: uint(0, 65535), "0", LIVE,
@@ -1668,6 +1717,18 @@ fn cross_check(cfg: &Config, file: &str) -> Result<(), ConfigError> {
         key: key.to_owned(),
         reason,
     };
+    if cfg.metadata_type == MetadataType::Etcd && cfg.metadata_servers.is_empty() {
+        return Err(invalid(
+            "metadata_servers",
+            "metadata_type \"etcd\" needs at least one etcd endpoint (host:port)".to_owned(),
+        ));
+    }
+    if cfg.metadata_type == MetadataType::P2p && !cfg.metadata_segment_name.is_empty() {
+        return Err(invalid(
+            "metadata_segment_name",
+            "a p2p segment is named by its control server's ip:port; a name of one's own needs metadata_type \"etcd\"".to_owned(),
+        ));
+    }
     let r = &cfg.transports.rdma;
     if r.min_bandwidth_gbps > r.max_bandwidth_gbps {
         return Err(invalid(
@@ -1761,19 +1822,21 @@ fn read_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, Confi
             Some(s) => Ok(Val::Str(s.to_owned())),
             // A secret's value is never echoed in an error, whatever its
             // type or length.
-            None if matches!(rule, StrRule::EmptyOrSecret) => Err(ConfigError::Type {
-                file: file.to_owned(),
-                key: key.to_owned(),
-                expected: kind.type_name(),
-                found: "(a secret that is not a string)".to_owned(),
-            }),
+            None if matches!(rule, StrRule::EmptyOrSecret | StrRule::Password) => {
+                Err(ConfigError::Type {
+                    file: file.to_owned(),
+                    key: key.to_owned(),
+                    expected: kind.type_name(),
+                    found: "(a secret that is not a string)".to_owned(),
+                })
+            }
             None => Err(type_err(kind.type_name(), key, v)),
         },
         Kind::Choice(_) => v
             .as_str()
             .map(|s| Val::Str(s.to_owned()))
             .ok_or_else(|| type_err(kind.type_name(), key, v)),
-        Kind::Devices => match v {
+        Kind::Devices | Kind::Endpoints => match v {
             // TENT's spelling: one string, names separated by commas, each
             // trimmed; "" is no device named.
             Value::String(s) if s.trim().is_empty() => Ok(Val::Strs(Vec::new())),
@@ -1961,6 +2024,13 @@ fn check_val(
                 StrRule::AbsolutePath if !s.starts_with('/') => {
                     Some("must be an absolute path (starting with /)")
                 }
+                StrRule::KeyPrefix | StrRule::EmptyOrKeyName
+                    if (s.is_empty() && matches!(rule, StrRule::KeyPrefix))
+                        || s.len() > 128
+                        || !s.bytes().all(|b| b.is_ascii_graphic()) =>
+                {
+                    Some("must be 1 to 128 bytes of printable ASCII with no space")
+                }
                 StrRule::EmptyOrShmName if !s.is_empty() && !is_shm_name(s) => Some(
                     "must be empty (single-process mode) or a shared-memory name like /mooncake_rdma_slots (one leading /, no other /, not /. or /.., at most 255 bytes)",
                 ),
@@ -1987,6 +2057,21 @@ fn check_val(
             )))
         }
         (Kind::Choice(_), Val::Str(_)) => Ok(()),
+        (Kind::Endpoints, Val::Strs(endpoints)) => {
+            if endpoints.len() > MAX_ENDPOINTS {
+                return Err(invalid(format!("at most {MAX_ENDPOINTS} endpoints")));
+            }
+            for (i, e) in endpoints.iter().enumerate() {
+                if let Err(why) = crate::control::etcd::endpoint_url(e) {
+                    return Err(ConfigError::Invalid {
+                        file: file.to_owned(),
+                        key: format!("{key}[{i}]"),
+                        reason: why.to_string(),
+                    });
+                }
+            }
+            Ok(())
+        }
         (Kind::Devices, Val::Strs(names)) => {
             if names.len() > MAX_DEVICES || !names.iter().all(|d| is_device_name(d)) {
                 return Err(invalid(format!(
@@ -2500,6 +2585,7 @@ mod tests {
                 }))
             }
             (Kind::Devices, _) => Val::Strs(vec!["mlx5_7".to_owned()]),
+            (Kind::Endpoints, _) => Val::Strs(vec!["10.0.0.7:2379".to_owned()]),
             (Kind::AutoOrByte { min, max, .. }, _) => Val::AutoOrByte(Some(7.clamp(min, max))),
             (kind, v) => panic!("{kind:?} does not produce {v:?}"),
         }
@@ -2964,7 +3050,41 @@ mod tests {
             other => panic!("{text}: {other:?}"),
         };
         assert_eq!(invalid_key(r#"{"log_level": "verbose"}"#), "log_level");
-        assert_eq!(invalid_key(r#"{"metadata_type": "etcd"}"#), "metadata_type");
+        assert_eq!(
+            invalid_key(r#"{"metadata_type": "zookeeper"}"#),
+            "metadata_type"
+        );
+        assert_eq!(
+            invalid_key(r#"{"metadata_type": "etcd"}"#),
+            "metadata_servers"
+        );
+        assert_eq!(
+            invalid_key(
+                r#"{"metadata_type": "etcd", "metadata_servers": "127.0.0.1:2379, bad host"}"#
+            ),
+            "metadata_servers[1]"
+        );
+        assert_eq!(
+            invalid_key(r#"{"metadata_servers": "https://10.0.0.1:2379"}"#),
+            "metadata_servers[0]"
+        );
+        assert_eq!(
+            invalid_key(r#"{"metadata_key_prefix": "a b"}"#),
+            "metadata_key_prefix"
+        );
+        let c = parse(
+            r#"{"metadata_type": "etcd", "metadata_servers": "127.0.0.1:2379,http://10.0.0.2:2379",
+                "metadata_password": "pw"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.metadata_servers,
+            ["127.0.0.1:2379", "http://10.0.0.2:2379"]
+        );
+        assert!(
+            !format!("{c:?}").contains("\"pw\""),
+            "a password is never printed"
+        );
         assert_eq!(
             invalid_key(r#"{"rpc_server_hostname": ""}"#),
             "rpc_server_hostname"
@@ -3330,6 +3450,17 @@ mod tests {
             Kind::Str(StrRule::EmptyOrSecret) => "([a-z0-9]{16,24})?".prop_map(Value::from).boxed(),
             Kind::Str(StrRule::AbsolutePath) => "/[a-z_/]{0,12}".prop_map(Value::from).boxed(),
             Kind::Str(StrRule::EmptyOrShmName) => "(/[a-z_]{1,12})?".prop_map(Value::from).boxed(),
+            Kind::Str(StrRule::Password) => "[a-z0-9 ]{0,12}".prop_map(Value::from).boxed(),
+            Kind::Str(StrRule::KeyPrefix) => "/?[a-z0-9_/]{1,12}".prop_map(Value::from).boxed(),
+            Kind::Str(StrRule::EmptyOrKeyName) => {
+                "([a-z0-9_-]{1,12})?".prop_map(Value::from).boxed()
+            }
+            Kind::Endpoints => prop_oneof![
+                "([a-z0-9]{1,8}:[1-9][0-9]{0,3})?".prop_map(Value::from),
+                proptest::collection::vec("[a-z0-9.]{1,8}:[1-9][0-9]{0,3}", 0..=3)
+                    .prop_map(Value::from),
+            ]
+            .boxed(),
             Kind::Devices => prop_oneof![
                 "([a-z0-9_]{1,8}(,[a-z0-9_]{1,8}){0,2})?".prop_map(Value::from),
                 proptest::collection::vec("[a-z0-9_.-]{1,8}", 0..=3).prop_map(Value::from),

@@ -8,6 +8,7 @@
 #[doc(hidden)]
 pub mod auth;
 pub mod client;
+pub(crate) mod directory;
 pub mod etcd;
 pub mod server;
 pub mod wire;

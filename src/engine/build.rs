@@ -89,6 +89,9 @@ impl EngineBuilder {
         // Values each in range can together need more memory than there
         // is: refuse before allocating rather than abort halfway.
         footprint::check(&config)?;
+        // The metadata store first: etcd down is an error naming its
+        // endpoints, before anything is started.
+        let directory = crate::control::directory::Directory::start(&config)?;
         raise_open_file_limit();
         guard_proc_fds(&config)?;
         // Derived caps are shares of the address space left now.
@@ -267,6 +270,7 @@ impl EngineBuilder {
             metrics: Arc::new(crate::metrics::Metrics::default()),
             links,
             live: super::reload::LiveSettings::new(&config),
+            registry: Mutex::new(()),
             config,
         });
 
@@ -320,6 +324,19 @@ impl EngineBuilder {
             shared.incarnation.batch_tag(),
         );
         let workers = WorkerPool::start(&shared, id, cores, &wakers)?;
+        let published = control
+            .as_ref()
+            .and_then(|c| published_record(&shared, &directory, c));
+        let peers = Arc::new(super::peers::Peers::new(
+            shared.clone(),
+            shm_maps,
+            workers.to_vec(),
+            directory,
+        ));
+        let metadata = Some(super::peers::metadata::MetadataThread::start(
+            peers.clone(),
+            published,
+        )?);
         // The HTTP server's counters: its thread writes them, the observer
         // shows them in /metrics.
         let http_counters = http_listener
@@ -339,11 +356,11 @@ impl EngineBuilder {
             workers,
             batches,
             export,
-            shm_maps,
             control,
             data: data.map(|(d, _)| d),
-            registry: Mutex::new(()),
             retiring: Default::default(),
+            peers,
+            metadata,
             closing: Default::default(),
             slots,
             mail: Mailbox::new(inbox, outbox),
@@ -428,6 +445,31 @@ fn start_data_server(
     Ok(Some((server, rails)))
 }
 
+/// With etcd, the key this engine publishes under and its record (see
+/// `control::directory::etcd`).
+fn published_record(
+    shared: &EngineShared,
+    directory: &crate::control::directory::Directory,
+    control: &crate::control::ControlServer,
+) -> Option<(Vec<u8>, Vec<u8>)> {
+    let dir = directory.etcd()?;
+    let addr = control.local_addr().to_string();
+    let name =
+        crate::control::directory::published_name(&shared.config)?.unwrap_or_else(|| addr.clone());
+    let head = crate::control::SegmentDescriptor {
+        name: addr,
+        host_id: crate::control::host_id(),
+        pid: std::process::id(),
+        incarnation: shared.incarnation.get(),
+        published_as: Some(name.clone()),
+        ..Default::default()
+    };
+    Some((
+        dir.key(&name),
+        crate::control::directory::etcd::encode_record(&head),
+    ))
+}
+
 fn start_control(
     shared: &Arc<EngineShared>,
     export: Option<Arc<ShmExport>>,
@@ -446,8 +488,12 @@ fn start_control(
         .as_ref()
         .map(|n| n.entries())
         .unwrap_or_default();
+    let published = crate::control::directory::published_name(cfg);
     let describe = move |addr: std::net::SocketAddr| -> Arc<crate::control::server::DescriptorFn> {
         let name = addr.to_string();
+        let published_as = published
+            .as_ref()
+            .map(|p| p.clone().unwrap_or_else(|| name.clone()));
         let regions = regions.clone();
         let metrics_url = metrics_url.clone();
         Arc::new(move || {
@@ -470,6 +516,7 @@ fn start_control(
                 regions_from: first.from,
                 metrics_url: metrics_url.get().cloned(),
                 incarnation,
+                published_as: published_as.clone(),
             }
         })
     };
@@ -505,6 +552,9 @@ impl Drop for Engine {
     /// and link watch are joined here; the data and control servers join
     /// theirs as they drop with the engine's fields.
     fn drop(&mut self) {
+        // No segment is replaced during teardown, and with etcd the lease
+        // is revoked first: peers see this engine leave at once.
+        drop(self.metadata.take());
         self.observer.stopping();
         // Nothing is served once teardown starts: its thread is joined here.
         drop(self.http.take());

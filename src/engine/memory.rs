@@ -34,7 +34,7 @@ impl Engine {
         if len == 0 {
             return Err(Error::invalid("allocate_memory: zero length"));
         }
-        let _g = self.registry.lock();
+        let _g = self.shared.registry.lock();
         let table = self.shared.regions.load_full();
         let id = table.next_id();
         let region = match &self.export {
@@ -98,7 +98,7 @@ impl Engine {
                 )));
             }
         }
-        let _g = self.registry.lock();
+        let _g = self.shared.registry.lock();
         let mut table = RegionTable::clone(&self.shared.regions.load());
         let mut out = Vec::with_capacity(ranges.len());
         for &(ptr, len) in ranges {
@@ -237,7 +237,7 @@ impl Engine {
     /// earlier call that has not finished. An id that names neither
     /// refuses the call and changes nothing.
     fn withdraw(&self, ids: &[RegionId]) -> Result<Vec<Arc<MemRegion>>> {
-        let _g = self.registry.lock();
+        let _g = self.shared.registry.lock();
         let mut next = RegionTable::clone(&self.shared.regions.load());
         let (mut removed, mut all) = (Vec::new(), Vec::with_capacity(ids.len()));
         for &id in ids {
@@ -278,9 +278,7 @@ impl Engine {
     /// without it; the epoch is published after (Release), so a worker that
     /// reads it sees both.
     pub(super) fn next_epoch(&self, retire: impl FnOnce(u64)) {
-        let epoch = self.shared.region_epoch.load(Ordering::Relaxed) + 1;
-        retire(epoch);
-        self.shared.region_epoch.store(epoch, Ordering::Release);
+        self.shared.next_epoch(retire);
     }
 
     /// Wait until no worker and no TCP data server thread uses `region`

@@ -27,6 +27,7 @@ mod http;
 mod memory;
 mod notify;
 mod observe;
+mod peers;
 mod reload;
 mod ring;
 mod segments;
@@ -59,7 +60,7 @@ use crate::memory::{MemRegion, RegionTable};
 use crate::qos::{SendGate, SlotRotator};
 use crate::segment::{Segment, SegmentTable};
 use crate::transport::TransportSlots;
-use crate::transport::shm::{MapBudget, ShmExport};
+use crate::transport::shm::ShmExport;
 use crate::transport::tcp::{DataServer, TcpTransport};
 use batch::BatchTable;
 use withdrawn::Withdrawn;
@@ -88,6 +89,24 @@ pub(crate) struct EngineShared {
     pub links: Arc<crate::transport::rails::RailLinks>,
     /// The reloadable settings as applied now (`Engine::reload`).
     pub live: reload::LiveSettings,
+    /// Held while the region or segment table changes (and around the
+    /// network fetch of a segment being opened), so changes and their
+    /// unregister epochs come one at a time.
+    pub registry: Mutex<()>,
+}
+
+impl EngineShared {
+    /// Take the next unregister epoch (under the registry lock: taken by
+    /// `unregister_memory`, `close_segment` and a peer's segment replaced):
+    /// `retire(epoch)` marks what leaves a table at it and stores the table
+    /// without it; the epoch is published after (Release), so a worker that
+    /// reads it sees both.
+    pub(crate) fn next_epoch(&self, retire: impl FnOnce(u64)) {
+        use std::sync::atomic::Ordering;
+        let epoch = self.region_epoch.load(Ordering::Relaxed) + 1;
+        retire(epoch);
+        self.region_epoch.store(epoch, Ordering::Release);
+    }
 }
 
 #[inline]
@@ -103,15 +122,16 @@ pub struct Engine {
     workers: WorkerPool,
     batches: BatchTable,
     export: Option<Arc<ShmExport>>,
-    /// What the shm segments this engine opens may map of their owners'
-    /// memory (`transports/shm/max_mapped_bytes*`).
-    shm_maps: Arc<MapBudget>,
     control: Option<crate::control::ControlServer>,
     data: Option<DataServer>,
-    registry: Mutex<()>,
     /// Regions out of the table whose `unregister_memory` has not finished
     /// (waiting, or timed out): held, and still registered, until it does.
     retiring: Withdrawn<MemRegion>,
+    /// Opening segments, and replacing those whose peer restarted.
+    peers: Arc<peers::Peers>,
+    /// Keeps this engine's record in the metadata store and watches its
+    /// peers; stopped first on drop.
+    metadata: Option<peers::metadata::MetadataThread>,
     /// Segments out of the table whose `close_segment` has not finished:
     /// held until it does (tasks on them hold them by pointer, `Held`).
     closing: Withdrawn<Segment>,

@@ -7,7 +7,6 @@ use std::time::Duration;
 use tent_rings::{SegmentId, Sqe};
 
 use super::{BatchId, Engine};
-use crate::control::is_p2p_name;
 use crate::deadline::after as deadline_after;
 use crate::error::{Error, Result};
 use crate::notify::delivery::Delivery;
@@ -168,13 +167,13 @@ impl Engine {
             return Ok(Dest::Local);
         }
         let seg = self.open_segment_by_id(segment)?;
-        if !is_p2p_name(seg.name()) {
-            return Err(Error::invalid(format!(
+        match seg.control() {
+            Some(addr) => Ok(Dest::Peer(addr.to_owned())),
+            None => Err(Error::invalid(format!(
                 "segment {:?} was opened by its shm name; notifications travel on the control \
-                 plane: open it by its owner's ip:port name (Engine::segment_name) instead",
+                 plane: open it by its owner's segment name (Engine::segment_name) instead",
                 seg.name()
-            )));
+            ))),
         }
-        Ok(Dest::Peer(seg.name().to_owned()))
     }
 }

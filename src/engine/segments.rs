@@ -8,14 +8,12 @@ use tent_rings::{ErrorKind, RegionId, SegmentId, TransportKind};
 
 use super::Engine;
 use crate::error::{Error, Result};
-use crate::segment::{Attachment, RemoteRegion, Segment, SegmentKind};
+use crate::segment::{RemoteRegion, Segment, SegmentKind};
 use crate::transport::shm::{self, ShmPeer};
 
 /// The transports that reach peers by descriptor, best first.
 pub(super) const NETWORK: &[TransportKind] = &[TransportKind::Rdma, TransportKind::Tcp];
 
-/// How an opened segment is reached: its kind and the transports attached.
-type Opened = (SegmentKind, Vec<(TransportKind, Attachment)>);
 impl Engine {
     /// The rails to an open segment (RDMA's, then TCP's), with their
     /// health and counters (empty when neither reaches it).
@@ -51,7 +49,7 @@ impl Engine {
         let seg = self.open_segment_by_id(segment)?;
         let (host, pid) = match (seg.kind(), shm::peer_of(&seg)) {
             (SegmentKind::Local, _) => return Ok(true),
-            (SegmentKind::Shm, Some(peer)) if !crate::control::is_p2p_name(seg.name()) => {
+            (SegmentKind::Shm, Some(peer)) if seg.control().is_none() => {
                 return Ok(peer.owner_alive());
             }
             (SegmentKind::Shm, Some(peer)) => {
@@ -65,9 +63,13 @@ impl Engine {
         };
         let cfg = &self.shared.config;
         let secret = cfg.secret();
-        let alive = match crate::control::client::fetch_descriptor_head(seg.name(), secret, timeout)
-        {
-            Ok(d) => d.pid == pid && host.is_none_or(|h| h == d.host_id),
+        let addr = seg.control().unwrap_or(seg.name());
+        let alive = match crate::control::client::fetch_descriptor_head(addr, secret, timeout) {
+            Ok(d) => {
+                d.pid == pid
+                    && host.is_none_or(|h| h == d.host_id)
+                    && seg.incarnation().is_none_or(|i| i == d.incarnation)
+            }
             Err(e) => {
                 tracing::debug!(segment = seg.name(), error = %e, "peer probe: no answer");
                 false
@@ -103,93 +105,7 @@ impl Engine {
         {
             return Ok(SegmentId::LOCAL);
         }
-        let _g = self.registry.lock();
-        let table = self.shared.segments.load_full();
-        if let Some(s) = table.find_name(name) {
-            return Ok(s.id());
-        }
-        let ((kind, attached), incarnation) = if crate::control::is_p2p_name(name) {
-            self.open_p2p(name, edit)?
-        } else {
-            (self.open_shm(name)?, None)
-        };
-        let id = table.next_id();
-        let mut seg = Segment::new(id, name.to_owned(), kind).with_incarnation(incarnation);
-        for (k, peer) in attached {
-            seg = seg.with_attachment(k, peer);
-        }
-        let seg = Arc::new(seg);
-        self.shared.segments.store(Arc::new(table.with(seg)));
-        tracing::info!(segment = name, id = id.0, "segment opened");
-        Ok(id)
-    }
-
-    fn open_shm(&self, name: &str) -> Result<Opened> {
-        if !self.shared.config.transports.shm.enable {
-            return Err(Error::new(
-                ErrorKind::SegmentNotFound,
-                format!("segment {name:?}: no transport can open it (shm disabled)"),
-            ));
-        }
-        let cfg = &self.shared.config;
-        let secret = cfg.secret();
-        // Connecting proves the owner lives: it serves the segment's socket.
-        // Each worker reads the peer's table through its own view.
-        let peer = ShmPeer::attach_within(&cfg.transports.shm.dir, name, secret, &self.shm_maps)?
-            .for_workers(self.workers.len());
-        let peer: Attachment = Arc::new(peer);
-        Ok((SegmentKind::Shm, vec![(TransportKind::Shm, peer)]))
-    }
-
-    /// Fetch the descriptor from the peer's control server; on the same
-    /// host with shm exported, reach it through shared memory; else attach
-    /// every network transport both ends have, best first (RDMA, TCP).
-    fn open_p2p(
-        &self,
-        name: &str,
-        edit: impl FnOnce(&mut crate::control::SegmentDescriptor),
-    ) -> Result<(Opened, Option<u64>)> {
-        let cfg = &self.shared.config;
-        let secret = cfg.secret();
-        let timeout = cfg.default_timeout_ms.min(Duration::from_secs(10));
-        let mut desc = crate::control::fetch_descriptor(name, secret, timeout)?;
-        edit(&mut desc);
-        // 0: an owner that does not say.
-        let incarnation = (desc.incarnation != 0).then_some(desc.incarnation);
-        if cfg.transports.shm.enable
-            && desc.host_id == crate::control::host_id()
-            && let Some(shm) = &desc.shm_name
-        {
-            match self.open_shm(shm) {
-                Ok(opened) => return Ok((opened, incarnation)),
-                // Same kernel, different /dev/shm (another mount namespace).
-                Err(e) => {
-                    tracing::info!(segment = name, error = %e, "peer on this host but its shm segment is not visible here")
-                }
-            }
-        }
-        let mut attached: Vec<(TransportKind, Attachment)> = Vec::new();
-        for &k in NETWORK {
-            let Some(t) = self.shared.transports.slot(k).load_full() else {
-                continue;
-            };
-            match t.transport.attach_peer(name, &desc) {
-                None => {}
-                Some(Ok(peer)) => attached.push((k, peer)),
-                // Not the network's fault (rings, threads): say so now.
-                Some(Err(e)) if e.kind() != ErrorKind::Unreachable => return Err(e),
-                Some(Err(e)) => {
-                    tracing::warn!(segment = name, transport = %k, error = %e, "peer offers this transport but no rail reaches it")
-                }
-            }
-        }
-        if attached.is_empty() {
-            tracing::warn!(
-                segment = name,
-                "no transport reaches this peer; its requests will fail Unreachable"
-            );
-        }
-        Ok(((SegmentKind::Remote(Arc::new(desc)), attached), incarnation))
+        self.peers.open(name, edit)
     }
 
     /// Close a segment, and return once the engine is done with it.
@@ -212,7 +128,7 @@ impl Engine {
             return Err(Error::invalid("the local segment cannot be closed"));
         }
         let segment = {
-            let _g = self.registry.lock();
+            let _g = self.shared.registry.lock();
             let table = self.shared.segments.load_full();
             match table.without(id) {
                 Some((next, removed)) => {

@@ -39,6 +39,9 @@ impl Engine {
     /// This engine's p2p segment name, `ip:port` of its control server
     /// (TENT's segment naming): what peers pass to `open_segment`.
     pub fn segment_name(&self) -> String {
+        if let Some(Some(name)) = crate::control::directory::published_name(&self.shared.config) {
+            return name;
+        }
         match &self.control {
             Some(c) => c.local_addr().to_string(),
             None => self.local_segment_name().unwrap_or("local").to_owned(),

@@ -15,6 +15,18 @@ use tent_rings::{RegionId, SegmentId, TransportKind};
 /// need not know transports.
 pub(crate) type Attachment = Arc<dyn Any + Send + Sync>;
 
+/// What an engine knows of the process behind a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum PeerState {
+    /// Nothing says otherwise: it serves.
+    Serving = 0,
+    /// A request to it failed as if it died; the metadata thread checks.
+    Suspect = 1,
+    /// It is gone (lease expired, or restarted as another incarnation).
+    Gone = 2,
+}
+
 /// A region as a peer sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteRegion {
@@ -67,8 +79,17 @@ pub struct Segment {
     /// whose cached table still has it refuses new requests on it, and
     /// does not acknowledge the epoch while a live task names it.
     closed: std::sync::atomic::AtomicU64,
+    /// What is known of the peer's process ([`PeerState`]): workers mark
+    /// it suspect when a request to it fails as if it died, the metadata
+    /// thread marks it gone when its lease expired or it restarted.
+    peer: std::sync::atomic::AtomicU8,
     /// The owner's incarnation, from its descriptor (`None`: not known).
     incarnation: Option<u64>,
+    /// Its owner's control server (`ip:port`), when it has one (a segment
+    /// opened by its shm name has none).
+    control: Option<String>,
+    /// Found through a metadata store (etcd), whose watch speaks for it.
+    via_store: bool,
 }
 
 impl Segment {
@@ -80,7 +101,10 @@ impl Segment {
             kind,
             attached: Vec::new(),
             closed: std::sync::atomic::AtomicU64::new(0),
+            peer: std::sync::atomic::AtomicU8::new(PeerState::Serving as u8),
             incarnation: None,
+            control: None,
+            via_store: false,
         }
     }
 
@@ -95,7 +119,69 @@ impl Segment {
         self.incarnation
     }
 
+    /// Reached through the control server at `addr`; `via_store` when a
+    /// metadata store named it.
+    pub(crate) fn with_control(mut self, addr: String, via_store: bool) -> Segment {
+        self.control = Some(addr);
+        self.via_store = via_store;
+        self
+    }
+
+    /// Its owner's control server (`ip:port`), if it has one.
+    pub(crate) fn control(&self) -> Option<&str> {
+        self.control.as_deref()
+    }
+
+    /// Was it found through a metadata store?
+    pub(crate) fn via_store(&self) -> bool {
+        self.via_store
+    }
+
     /// Closed at unregister epoch `epoch` (see `Engine::close_segment`).
+    /// A request to the peer failed as if its process were gone
+    /// (`ProcessFailed`, `Unreachable`): the metadata thread asks who
+    /// answers under its name now. A worker's store, lock-free; a gone
+    /// peer stays gone.
+    #[inline]
+    pub(crate) fn suspect(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let _ = self.peer.compare_exchange(
+            PeerState::Serving as u8,
+            PeerState::Suspect as u8,
+            Relaxed,
+            Relaxed,
+        );
+    }
+
+    /// The process this segment was opened with is gone (its lease expired,
+    /// or another incarnation answers under its name): requests to it fail
+    /// `ProcessFailed`, and tasks in flight on it are stopped with it.
+    pub(crate) fn mark_gone(&self) {
+        self.peer
+            .store(PeerState::Gone as u8, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The suspicion was unfounded (the same process still answers).
+    pub(crate) fn clear_suspect(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let _ = self.peer.compare_exchange(
+            PeerState::Suspect as u8,
+            PeerState::Serving as u8,
+            Relaxed,
+            Relaxed,
+        );
+    }
+
+    /// What is known of the peer's process now.
+    #[inline]
+    pub(crate) fn peer_state(&self) -> PeerState {
+        match self.peer.load(std::sync::atomic::Ordering::Acquire) {
+            0 => PeerState::Serving,
+            1 => PeerState::Suspect,
+            _ => PeerState::Gone,
+        }
+    }
+
     pub(crate) fn close(&self, epoch: u64) {
         self.closed
             .store(epoch, std::sync::atomic::Ordering::Release);

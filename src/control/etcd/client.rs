@@ -51,7 +51,7 @@ impl std::fmt::Debug for EtcdClient {
 }
 
 /// `host:port` or `http://host:port[/]` as a base URL.
-fn base_url(endpoint: &str) -> Result<String, EtcdError> {
+pub(super) fn base_url(endpoint: &str) -> Result<String, EtcdError> {
     let e = endpoint.trim().trim_end_matches('/');
     let rest = match e.split_once("://") {
         Some(("http", rest)) => rest,

@@ -21,6 +21,8 @@
 pub mod client;
 pub mod wire;
 
+#[cfg(any(test, feature = "testing"))]
+pub mod test_server;
 #[cfg(test)]
 mod tests;
 
@@ -109,6 +111,12 @@ impl EtcdError {
     pub fn into_error(self) -> Error {
         Error::new(self.kind(), "etcd metadata store").with_source(self)
     }
+}
+
+/// `endpoint` (`host:port` or `http://host:port`) as the base URL the
+/// client talks to, or why it is not one (the configuration's check).
+pub(crate) fn endpoint_url(endpoint: &str) -> Result<String, EtcdError> {
+    client::base_url(endpoint)
 }
 
 /// The end of the range holding every key that starts with `prefix`

@@ -3,124 +3,14 @@
 //! The `etcd` binary comes from Debian's `etcd-server` (tools/setup.sh);
 //! without it these tests fail, saying so, rather than skip.
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::test_server::{EtcdServer, free_ports};
 use super::*;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A throwaway single-member etcd, killed and its data removed at drop.
-struct EtcdServer {
-    child: Child,
-    dir: PathBuf,
-    endpoint: String,
-}
-
-/// `N` distinct ports free now (the kernel's picks for port 0, held
-/// together so that it picks `N` different ones). etcd binds them a moment
-/// later; a test that lost one to another test in between starts again.
-fn free_ports<const N: usize>() -> [u16; N] {
-    let held: [TcpListener; N] = std::array::from_fn(|_| {
-        TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0")
-    });
-    held.map(|l| l.local_addr().expect("local addr").port())
-}
-
-fn etcd_binary() -> PathBuf {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join("etcd"))
-        .find(|p| p.is_file());
-    match found {
-        Some(p) => p,
-        None => panic!(
-            "the etcd binary is not on PATH: run tools/setup.sh (it installs Debian's etcd-server)"
-        ),
-    }
-}
-
-impl EtcdServer {
-    fn start() -> EtcdServer {
-        EtcdServer::start_with(&[])
-    }
-
-    /// A member started with `extra` flags.
-    fn start_with(extra: &[&str]) -> EtcdServer {
-        // Before anything that would need cleaning up.
-        let etcd = etcd_binary();
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("tent-etcd-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("etcd data dir");
-        let [client, peer] = free_ports();
-        let client_url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log");
-        let child = Command::new(etcd)
-            .args(["--name", "t", "--data-dir"])
-            .arg(dir.join("data"))
-            .args(["--listen-client-urls", &client_url])
-            .args(["--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("t={peer_url}")])
-            .args(["--initial-cluster-state", "new"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("etcd log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn etcd");
-        let mut server = EtcdServer {
-            child,
-            dir,
-            endpoint: format!("127.0.0.1:{client}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let up = EtcdClient::connect(
-                std::slice::from_ref(&server.endpoint),
-                Duration::from_millis(500),
-            );
-            let exited = server.child.try_wait().ok().flatten();
-            // Healthy and still running: an etcd that lost its port to
-            // another test's exits, and that test's etcd answers.
-            if up.is_ok() && exited.is_none() {
-                return server;
-            }
-            let log = || std::fs::read_to_string(server.dir.join("etcd.log")).unwrap_or_default();
-            if exited.is_some() && log().contains("address already in use") {
-                drop(server);
-                return EtcdServer::start_with(extra);
-            }
-            if exited.is_some() || Instant::now() > deadline {
-                let log = log();
-                panic!("etcd did not become healthy ({exited:?}, {up:?}); its log:\n{log}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn client(&self) -> EtcdClient {
-        EtcdClient::connect(std::slice::from_ref(&self.endpoint), TIMEOUT).expect("connect")
-    }
-}
-
-impl Drop for EtcdServer {
-    fn drop(&mut self) {
-        // SIGKILL: the data is thrown away, nothing to shut down cleanly.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// The next event within `within`, skipping timeout ticks.
 fn next_event(w: &mut Watch, within: Duration) -> WatchEvent {
@@ -286,8 +176,7 @@ fn a_stopped_etcd_ends_the_watch_and_fails_calls_unreachable() {
     let mut etcd = EtcdServer::start();
     let c = etcd.client();
     let mut w = c.watch_prefix(b"/x/", 1).unwrap();
-    let _ = etcd.child.kill();
-    let _ = etcd.child.wait();
+    etcd.kill();
     let deadline = Instant::now() + TIMEOUT;
     let err = loop {
         match w.next(Duration::from_millis(200)) {
@@ -303,7 +192,7 @@ fn a_stopped_etcd_ends_the_watch_and_fails_calls_unreachable() {
 #[test]
 fn connect_names_every_endpoint_when_none_answers() {
     // Ports nothing listens on (bound then released).
-    let [a, b] = free_ports();
+    let [a, b] = free_ports::<2>();
     let endpoints = vec![
         format!("127.0.0.1:{a}"),
         format!("http://127.0.0.1:{b}/"),
@@ -357,7 +246,7 @@ fn user_and_password_auth_with_token_renewal() {
     ] {
         admin.post(path, body).unwrap_or_else(|e| panic!("{path}: {e}"));
     }
-    let endpoints = [etcd.endpoint.clone()];
+    let endpoints = [etcd.endpoint().to_owned()];
     let creds = |password: &str| {
         Some(Credentials {
             user: "tent".into(),

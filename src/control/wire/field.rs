@@ -115,7 +115,7 @@ pub(super) fn read_fields(
 /// Decodes a body or record laid out by `T`'s declaration; `msg` names it in
 /// [`WireError::MissingField`].
 pub(super) fn decode_fields<T: Schema>(body: &[u8], msg: &'static str) -> Result<T> {
-    let mut slots = T::Slots::default();
+    let mut slots = T::slots();
     read_fields(body, |tag, v| T::take(&mut slots, tag, v))?;
     T::finish(slots, msg)
 }
@@ -673,19 +673,28 @@ impl<C: Codec, P: Presence<C>> Field<C, P> {
 pub(super) struct Flatten<G>(PhantomData<G>);
 
 impl<G: Schema> Line for Flatten<G> {
-    type Slot = G::Slots;
+    type Slot = FlatSlots<G>;
+}
+
+/// A flattened record's slots, empty by default.
+pub(super) struct FlatSlots<G: Schema>(G::Slots);
+
+impl<G: Schema> Default for FlatSlots<G> {
+    fn default() -> Self {
+        FlatSlots(G::slots())
+    }
 }
 
 impl<G: Schema> Flatten<G> {
     pub(super) const NEW: Self = Flatten(PhantomData);
 
     /// Takes field `tag` if it is one of `G`'s (`Ok(true)`).
-    pub(super) fn take(&self, slot: &mut G::Slots, tag: u16, v: &[u8]) -> Result<bool> {
-        G::take(slot, tag, v)
+    pub(super) fn take(&self, slot: &mut FlatSlots<G>, tag: u16, v: &[u8]) -> Result<bool> {
+        G::take(&mut slot.0, tag, v)
     }
 
-    pub(super) fn finish(&self, slot: G::Slots, msg: &'static str) -> Result<G> {
-        G::finish(slot, msg)
+    pub(super) fn finish(&self, slot: FlatSlots<G>, msg: &'static str) -> Result<G> {
+        G::finish(slot.0, msg)
     }
 
     pub(super) fn put(&self, b: &mut Body, v: &G) {
@@ -702,8 +711,11 @@ impl<G: Schema> Flatten<G> {
 pub(super) trait Schema: Sized {
     /// The struct's name, which names it as a record in errors.
     const NAME: &'static str;
-    /// One slot per declaration line, in order.
-    type Slots: Default;
+    /// One slot per declaration line, in order (a tuple: `Default` only up
+    /// to twelve, so [`Schema::slots`] makes it).
+    type Slots;
+    /// Every slot empty.
+    fn slots() -> Self::Slots;
     /// Takes field `tag` if one of the lines knows it (`Ok(true)`).
     fn take(slots: &mut Self::Slots, tag: u16, v: &[u8]) -> Result<bool>;
     /// The struct, once the whole body is read: lines finished in order.

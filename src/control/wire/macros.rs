@@ -190,6 +190,12 @@ macro_rules! schema_lines {
                 <schema_line!(@ty $line) as $crate::control::wire::field::Line>::Slot,
             )*);
 
+            fn slots() -> Self::Slots {
+                ($(
+                    <schema_line!(@ty $line) as $crate::control::wire::field::Line>::Slot::default(),
+                )*)
+            }
+
             fn take(
                 slots: &mut Self::Slots,
                 tag: u16,

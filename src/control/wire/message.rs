@@ -147,6 +147,11 @@ pub struct SegmentDescriptor {
     /// started, so a peer that meets another under a known name knows the
     /// owner restarted (0 from an owner that does not say).
     pub incarnation: u64,
+    /// The name the owner publishes its segment under in a metadata store
+    /// (etcd), at most [`MAX_NAME`] bytes: an opener that found the owner
+    /// under a name checks the owner says that name itself, so a record
+    /// copied to another key does not redirect it.
+    pub published_as: Option<String>,
 }
 
 /// A page of an owner's regions, in address order, the answer to
@@ -184,6 +189,7 @@ schema! {
         0x000a DESC_REGIONS_FROM    regions_from:    u64,      optional;
         0x000b DESC_METRICS_URL     metrics_url:     str(MAX_NAME, "metrics URL"), optional;
         0x000c DESC_INCARNATION     incarnation:     u64,      or_default;
+        0x000d DESC_PUBLISHED_AS    published_as:    str(MAX_NAME, "published name"), optional;
     }
 }
 

@@ -75,6 +75,7 @@
 //! |                      | `0x000a` | `regions_from`    | u64, optional                                                             | `DESC_REGIONS_FROM`       |
 //! |                      | `0x000b` | `metrics_url`     | string ≤ [`MAX_NAME`], optional                                           | `DESC_METRICS_URL`        |
 //! |                      | `0x000c` | `incarnation`     | u64, absent = 0                                                           | `DESC_INCARNATION`        |
+//! |                      | `0x000d` | `published_as`    | string ≤ [`MAX_NAME`], optional                                           | `DESC_PUBLISHED_AS`       |
 //! | `Error` (7)          | `0x0001` | `code`            | u16, required                                                             | `ERROR_CODE`              |
 //! |                      | `0x0002` | `text`            | string ≤ [`MAX_MESSAGE_TEXT`], required                                   | `ERROR_TEXT`              |
 //! | `QpConnect` (8)      | `0x0001` | `initiator_nic`   | string ≤ [`MAX_RAIL_FIELD`], required                                     | `QP_INITIATOR_NIC`        |

@@ -141,6 +141,7 @@ fn small_descriptor() -> SegmentDescriptor {
         regions_from: Some(0x7000_0000),
         metrics_url: Some("http://10.0.0.1:9464".into()),
         incarnation: 0x1234_5678_9abc_def0,
+        published_as: Some("prefill-0".into()),
     }
     .with_rkeys()
 }
@@ -175,6 +176,7 @@ fn full_descriptor() -> SegmentDescriptor {
         regions_from: Some(u64::MAX),
         metrics_url: Some("u".repeat(MAX_NAME)),
         incarnation: u64::MAX,
+        published_as: Some("p".repeat(MAX_NAME)),
     }
 }
 
@@ -529,6 +531,7 @@ fn newer_peer_fields_are_skipped() {
     (expected.regions_version, expected.regions_from) = (0, None);
     expected.metrics_url = None;
     expected.incarnation = 0;
+    expected.published_as = None;
     for r in &mut expected.regions {
         r.rkeys.clear();
     }
@@ -1311,6 +1314,7 @@ fn arb_descriptor() -> impl Strategy<Value = SegmentDescriptor> {
                     regions_from: (pid % 2 == 1).then_some(u64::from(pid) << 12),
                     metrics_url: (pid % 3 == 0).then(|| format!("http://127.0.0.1:{}", pid % 65536)),
                     incarnation: u64::from(pid).rotate_left(17),
+                    published_as: (pid % 5 == 0).then(|| format!("seg-{pid}")),
                 }
             },
         )

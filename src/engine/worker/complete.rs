@@ -2,7 +2,7 @@
 //! that the stages left settled: each one fails over to its next transport
 //! or is delivered (a CQE or batch state, which `rings.rs` posts) and freed.
 
-use tent_rings::TransportKind;
+use tent_rings::{ErrorKind, TransportKind};
 
 use super::Worker;
 use super::book::ReapCursor;
@@ -102,6 +102,18 @@ impl Worker {
                 failover_count: t.failover_count,
                 exhausted: t.exhausted,
             };
+            // An address the segment does not list may be a region its
+            // owner registered since the open: asked about too.
+            if matches!(
+                res,
+                Err(ErrorKind::ProcessFailed
+                    | ErrorKind::Unreachable
+                    | ErrorKind::AddressNotRegistered)
+            ) && let Some(s) = t.segment
+            {
+                // SAFETY: the task is live until `release` below.
+                unsafe { s.get() }.suspect();
+            }
             let (origin, user_data, done, priority) = (t.origin, t.user_data, t.done, t.priority);
             // A task whose last slice was a synchronous copy finished when
             // dispatch stamped it; any other, now.

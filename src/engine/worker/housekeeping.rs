@@ -10,6 +10,7 @@ use super::Worker;
 use super::turn_clock::TurnClock;
 use crate::clock::monotonic_ns;
 use crate::engine::batch::Served;
+use crate::segment::PeerState;
 
 /// Deadline and cancel sweep period.
 const HOUSEKEEPING_NS: u64 = 1_000_000;
@@ -92,7 +93,15 @@ impl Worker {
                     continue;
                 }
                 let canceled = t.batch_task().is_some_and(|b| b.cancel_requested());
-                if let Some(kind) = stop_reason(canceled, now, t.deadline_ns) {
+                // SAFETY: the task is live, so its segment is held.
+                let gone = t
+                    .segment
+                    .is_some_and(|s| unsafe { s.get() }.peer_state() == PeerState::Gone);
+                let stop = match gone {
+                    true => Some(ErrorKind::ProcessFailed),
+                    false => stop_reason(canceled, now, t.deadline_ns),
+                };
+                if let Some(kind) = stop {
                     self.stop_task(i, kind);
                 }
             }

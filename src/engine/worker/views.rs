@@ -15,7 +15,7 @@ use tent_rings::{ErrorKind, RegionId, SegmentId, TransportKind};
 use super::super::task::Held;
 use super::super::{EngineShared, slot_index};
 use crate::memory::{MemRegion, RegionTable};
-use crate::segment::{Segment, SegmentTable};
+use crate::segment::{PeerState, Segment, SegmentTable};
 use crate::transport::{Installed, TransportSlots};
 
 /// Transports best first. A request's ranked fallback list is this order
@@ -144,6 +144,10 @@ impl Views {
                 .filter(|s| s.closed_epoch() == 0)
                 .ok_or(ErrorKind::SegmentNotFound)?,
         );
+        // SAFETY: the segment is in the cached table, which holds it until this view's next load, after this call.
+        if unsafe { segment.get() }.peer_state() == PeerState::Gone {
+            return Err(ErrorKind::ProcessFailed);
+        }
         let key = ResolveKey {
             table: table_at,
             segment: id,

@@ -1,0 +1,284 @@
+//! The peers behind open segments: opening a segment by name (through the
+//! [`Directory`]), and what happens when a peer's process goes away or
+//! comes back as another incarnation. Shared by the API (`open_segment`)
+//! and the metadata thread ([`metadata`]), which acts on what the store's
+//! watch and the workers' failures say.
+//!
+//! A peer that restarted is replaced in place: a segment with the same id
+//! and name, built from the new process's descriptor (new connections, new
+//! QPs, new shm mapping), goes into the table; the old one is marked gone
+//! (its tasks still in flight are stopped `ProcessFailed`, they addressed
+//! a process that is no more), closed at the next unregister epoch and
+//! held until every worker is past it, then dropped with everything it
+//! held. The application's segment id keeps working: its next request
+//! goes to the new process.
+
+pub(super) mod metadata;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tent_rings::{ErrorKind, SegmentId, TransportKind};
+
+use super::EngineShared;
+use super::segments::NETWORK;
+use super::withdrawn::Withdrawn;
+use super::worker::WorkerShared;
+use crate::control::SegmentDescriptor;
+use crate::control::directory::{Directory, Located};
+use crate::error::{Error, Result};
+use crate::segment::{Attachment, PeerState, Segment, SegmentKind};
+use crate::transport::shm::{self, MapBudget, ShmPeer};
+
+/// How an opened segment is reached: its kind and the transports attached.
+type Opened = (SegmentKind, Vec<(TransportKind, Attachment)>);
+
+/// Opening and replacing the segments of peers.
+pub(super) struct Peers {
+    shared: Arc<EngineShared>,
+    shm_maps: Arc<MapBudget>,
+    workers: Vec<Arc<WorkerShared>>,
+    directory: Directory,
+    /// Segments replaced by a restarted peer's, held until no worker uses
+    /// them ([`Peers::release_replaced`]).
+    replaced: Withdrawn<Segment>,
+}
+
+impl Peers {
+    pub(super) fn new(
+        shared: Arc<EngineShared>,
+        shm_maps: Arc<MapBudget>,
+        workers: Vec<Arc<WorkerShared>>,
+        directory: Directory,
+    ) -> Peers {
+        Peers {
+            shared,
+            shm_maps,
+            workers,
+            directory,
+            replaced: Withdrawn::default(),
+        }
+    }
+
+    pub(super) fn directory(&self) -> &Directory {
+        &self.directory
+    }
+
+    /// Open `name` (not this engine's own), with the peer's descriptor
+    /// passed through `edit` first; the same name twice is the same id.
+    pub(super) fn open(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut SegmentDescriptor),
+    ) -> Result<SegmentId> {
+        let _g = self.shared.registry.lock();
+        let table = self.shared.segments.load_full();
+        if let Some(s) = table.find_name(name) {
+            return Ok(s.id());
+        }
+        let id = table.next_id();
+        let seg = Arc::new(self.build(id, name, edit)?);
+        self.shared.segments.store(Arc::new(table.with(seg)));
+        tracing::info!(segment = name, id = id.0, "segment opened");
+        Ok(id)
+    }
+
+    /// The segment `id` named `name` as its owner describes it now.
+    fn build(
+        &self,
+        id: SegmentId,
+        name: &str,
+        edit: impl FnOnce(&mut SegmentDescriptor),
+    ) -> Result<Segment> {
+        let cfg = &self.shared.config;
+        let timeout = cfg.default_timeout_ms.min(Duration::from_secs(10));
+        let (addr, expected) = match self.directory.locate(name, timeout)? {
+            Located::Shm => {
+                let (kind, attached) = self.open_shm(name)?;
+                return Ok(attach(Segment::new(id, name.to_owned(), kind), attached));
+            }
+            Located::Control { addr, expected } => (addr, expected),
+        };
+        let mut desc = crate::control::fetch_descriptor(&addr, cfg.secret(), timeout)?;
+        if let Some(e) = &expected {
+            e.check(&desc)?;
+        }
+        edit(&mut desc);
+        // 0: an owner that does not say.
+        let incarnation = (desc.incarnation != 0).then_some(desc.incarnation);
+        let (kind, attached) = self.reach(&addr, desc)?;
+        let seg = Segment::new(id, name.to_owned(), kind)
+            .with_incarnation(incarnation)
+            .with_control(addr, expected.is_some());
+        Ok(attach(seg, attached))
+    }
+
+    /// An shm segment by its name.
+    fn open_shm(&self, name: &str) -> Result<Opened> {
+        let cfg = &self.shared.config;
+        if !cfg.transports.shm.enable {
+            return Err(Error::new(
+                ErrorKind::SegmentNotFound,
+                format!("segment {name:?}: no transport can open it (shm disabled)"),
+            ));
+        }
+        // Connecting proves the owner lives: it serves the segment's socket.
+        // Each worker reads the peer's table through its own view.
+        let peer =
+            ShmPeer::attach_within(&cfg.transports.shm.dir, name, cfg.secret(), &self.shm_maps)?
+                .for_workers(self.workers.len());
+        let peer: Attachment = Arc::new(peer);
+        Ok((SegmentKind::Shm, vec![(TransportKind::Shm, peer)]))
+    }
+
+    /// The owner of `desc` (its control server at `addr`): on the same host
+    /// with shm exported, through shared memory; else through every network
+    /// transport both ends have, best first (RDMA, TCP).
+    fn reach(&self, addr: &str, desc: SegmentDescriptor) -> Result<Opened> {
+        let cfg = &self.shared.config;
+        if cfg.transports.shm.enable
+            && desc.host_id == crate::control::host_id()
+            && let Some(shm) = &desc.shm_name
+        {
+            match self.open_shm(shm) {
+                Ok(opened) => return Ok(opened),
+                // Same kernel, different /dev/shm (another mount namespace).
+                Err(e) => {
+                    tracing::info!(segment = addr, error = %e, "peer on this host but its shm segment is not visible here")
+                }
+            }
+        }
+        let mut attached: Vec<(TransportKind, Attachment)> = Vec::new();
+        for &k in NETWORK {
+            let Some(t) = self.shared.transports.slot(k).load_full() else {
+                continue;
+            };
+            match t.transport.attach_peer(addr, &desc) {
+                None => {}
+                Some(Ok(peer)) => attached.push((k, peer)),
+                // Not the network's fault (rings, threads): say so now.
+                Some(Err(e)) if e.kind() != ErrorKind::Unreachable => return Err(e),
+                Some(Err(e)) => {
+                    tracing::warn!(segment = addr, transport = %k, error = %e, "peer offers this transport but no rail reaches it")
+                }
+            }
+        }
+        if attached.is_empty() {
+            tracing::warn!(
+                segment = addr,
+                "no transport reaches this peer; its requests will fail Unreachable"
+            );
+        }
+        Ok((SegmentKind::Remote(Arc::new(desc)), attached))
+    }
+
+    /// Replace `old` (still the table's segment under its id) with one
+    /// built from what its owner's name leads to now. `Ok(false)`: `old`
+    /// is no longer in the table (closed or replaced already). On an error
+    /// `old` stays as it was.
+    pub(super) fn replace(&self, old: &Arc<Segment>, why: Replace) -> Result<bool> {
+        let _g = self.shared.registry.lock();
+        let table = self.shared.segments.load_full();
+        if !table.get(old.id()).is_some_and(|s| Arc::ptr_eq(s, old)) {
+            return Ok(false);
+        }
+        let new = Arc::new(self.build(old.id(), old.name(), |_| {})?);
+        let (old_inc, new_inc) = (
+            old.incarnation().unwrap_or(0),
+            new.incarnation().unwrap_or(0),
+        );
+        match why {
+            Replace::Restarted | Replace::Returned if old_inc != new_inc => {
+                tracing::warn!(
+                    segment = old.name(),
+                    id = old.id().0,
+                    old_incarnation = format_args!("{old_inc:#x}"),
+                    new_incarnation = format_args!("{new_inc:#x}"),
+                    "peer restarted: its segment now reaches the new process (work in flight to the old one failed ProcessFailed)"
+                );
+                old.mark_gone();
+            }
+            Replace::Restarted | Replace::Returned => tracing::info!(
+                segment = old.name(),
+                id = old.id().0,
+                incarnation = format_args!("{new_inc:#x}"),
+                "peer back: its segment reaches it again"
+            ),
+            // Work in flight on the old one goes on: it is the same process.
+            Replace::Refreshed => tracing::debug!(
+                segment = old.name(),
+                id = old.id().0,
+                "peer registered or withdrew regions: its segment now lists them"
+            ),
+        }
+        self.shared.next_epoch(|epoch| {
+            old.close(epoch);
+            self.shared.segments.store(Arc::new(table.with(new)));
+            self.replaced.hold(old.clone());
+        });
+        // A parked worker acknowledges the epoch once it wakes.
+        for w in &self.workers {
+            w.doorbell().ring();
+        }
+        Ok(true)
+    }
+
+    /// The process behind `seg` is gone (its lease expired, or it died
+    /// and no other answers yet): requests to it fail `ProcessFailed`, and
+    /// its tasks in flight are stopped with it at the workers' next sweep.
+    /// Says so once per segment.
+    pub(super) fn mark_gone(&self, seg: &Segment, why: &str) {
+        if seg.peer_state() == PeerState::Gone {
+            return;
+        }
+        seg.mark_gone();
+        tracing::warn!(
+            segment = seg.name(),
+            id = seg.id().0,
+            incarnation = format_args!("{:#x}", seg.incarnation().unwrap_or(0)),
+            why,
+            "peer gone: its requests fail ProcessFailed until it is back"
+        );
+        for w in &self.workers {
+            w.doorbell().ring();
+        }
+    }
+
+    /// Drop the replaced segments no worker uses any more (every worker
+    /// acknowledged the epoch they were closed at), ending an shm peer's
+    /// threads here rather than on whichever thread drops it last.
+    pub(super) fn release_replaced(&self) {
+        use std::sync::atomic::Ordering;
+        let done = |s: &Segment| {
+            self.workers
+                .iter()
+                .all(|w| w.region_ack.epoch.load(Ordering::Acquire) >= s.closed_epoch())
+        };
+        for s in self.replaced.snapshot() {
+            if done(&s) {
+                if let Some(peer) = shm::peer_of(&s) {
+                    let _ = peer.stop();
+                }
+                self.replaced.release(|r| std::ptr::eq(r, &*s));
+            }
+        }
+    }
+}
+
+/// Why a segment is replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Replace {
+    /// Another incarnation answers under its name.
+    Restarted,
+    /// Its owner was gone (lease expired) and publishes again.
+    Returned,
+    /// The same process lists other regions than it was opened with.
+    Refreshed,
+}
+
+fn attach(mut seg: Segment, attached: Vec<(TransportKind, Attachment)>) -> Segment {
+    for (k, peer) in attached {
+        seg = seg.with_attachment(k, peer);
+    }
+    seg
+}
