@@ -122,7 +122,9 @@ fn to_json(kind: Kind, text: &str) -> Result<Value, String> {
         Kind::Str(_) | Kind::Choice(_) | Kind::AutoOrByte { .. } => {
             Ok(Value::String(text.to_owned()))
         }
-        Kind::Devices if !text.trim().starts_with('[') => Ok(Value::String(text.to_owned())),
+        Kind::Devices | Kind::Endpoints if !text.trim().starts_with('[') => {
+            Ok(Value::String(text.to_owned()))
+        }
         Kind::FloatArray { .. } | Kind::UintArray { .. } if !text.trim().starts_with('[') => {
             serde_json::from_str(&format!("[{text}]"))
                 .map_err(|_| describe(&Value::String(text.to_owned())))
@@ -212,6 +214,7 @@ mod tests {
                 ("TENT_TRANSPORTS_RDMA_RAIL_COOLDOWN_SECS", "5"),
                 ("TENT_TRANSPORTS_TCP_ENABLE", "false"),
                 ("TENT_TRANSPORTS_RDMA_DEVICES", "mlx5_0,mlx5_1"),
+                ("TENT_METADATA_SERVERS", "127.0.0.1:2379,10.0.0.2:2379"),
                 ("TENT_LOG", "debug"),
                 ("TENT_CONF", "{}"),
                 ("PATH", "/bin"),
@@ -224,9 +227,11 @@ mod tests {
         );
         assert!(!cfg.transports.tcp.enable);
         assert_eq!(cfg.transports.rdma.devices, ["mlx5_0", "mlx5_1"]);
+        assert_eq!(cfg.metadata_servers, ["127.0.0.1:2379", "10.0.0.2:2379"]);
         assert_eq!(
             got.applied,
             [
+                "TENT_METADATA_SERVERS",
                 "TENT_TRANSPORTS_RDMA_DEVICES",
                 "TENT_TRANSPORTS_RDMA_RAIL_COOLDOWN_SECS",
                 "TENT_TRANSPORTS_TCP_ENABLE"

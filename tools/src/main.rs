@@ -141,6 +141,12 @@ pub struct Args {
     /// Bytes the target exports.
     #[arg(long, value_parser = parse_size, default_value = "256M")]
     pub buffer_size: u64,
+    /// Target: the name to publish its segment under in etcd
+    /// (`metadata_segment_name`; needs `TENT_METADATA_TYPE=etcd`), so that a
+    /// restarted target takes the same name and its initiators reach it
+    /// again.
+    #[arg(long)]
+    pub segment_name: Option<String>,
     /// Skip the memcpy / ping-pong baselines.
     #[arg(long)]
     pub no_baseline: bool,

@@ -53,6 +53,9 @@ fn target_config(args: &Args) -> Result<Config, String> {
     // THP allows); any other exports its buffer over shm.
     cfg.transports.shm.enable = !matches!(args.transport, TransportArg::Tcp | TransportArg::Rdma);
     cfg.transports.tcp.enable = true;
+    if let Some(name) = &args.segment_name {
+        cfg.metadata_segment_name = name.clone();
+    }
     Ok(cfg)
 }
 
