@@ -153,6 +153,13 @@ pub struct Config {
     /// `metadata_segment_name`: the name this engine publishes its segment
     /// under in etcd (empty: its control server's `ip:port`).
     pub metadata_segment_name: String,
+    /// `metadata_tls_ca_file`: the CA `https://` etcd endpoints are
+    /// checked against (empty: the public web roots).
+    pub metadata_tls_ca_file: String,
+    /// `metadata_tls_cert_file`: this engine's client certificate for etcd.
+    pub metadata_tls_cert_file: String,
+    /// `metadata_tls_key_file`: its private key.
+    pub metadata_tls_key_file: String,
     /// `metadata_user`: the etcd user, when etcd has auth enabled.
     pub metadata_user: String,
     /// `metadata_password`: that user's password.
@@ -822,6 +829,8 @@ enum StrRule {
     KeyPrefix,
     /// Empty, or what [`StrRule::KeyPrefix`] allows.
     EmptyOrKeyName,
+    /// Empty, or an absolute path.
+    EmptyOrAbsolutePath,
 }
 
 /// Most etcd endpoints `metadata_servers` may name.
@@ -890,6 +899,7 @@ impl Kind {
                 "empty, or a shared-memory name (/name)".to_owned()
             }
             Kind::Str(StrRule::Password) => "any string".to_owned(),
+            Kind::Str(StrRule::EmptyOrAbsolutePath) => "empty, or an absolute path".to_owned(),
             Kind::Str(StrRule::EmptyOrKeyName) => {
                 "empty, or 1 to 128 bytes of printable ASCII, no space".to_owned()
             }
@@ -1149,6 +1159,12 @@ schema! {
         "TTL in s of the etcd lease this engine's descriptor is published with, kept alive every third of it; once it lapses (the process died or hung, or lost etcd for that long) peers fail their work to this engine ProcessFailed.";
     "metadata_segment_name" => metadata_segment_name: Kind::Str(StrRule::EmptyOrKeyName), "\"\"", LIVE,
         "The name this engine publishes its segment under in etcd (peers pass it to open_segment); empty = its control server's ip:port. A restarted engine that takes the same name is the same peer to those that had it open: they reconnect to the new process. Only with metadata_type etcd.";
+    "metadata_tls_ca_file" => metadata_tls_ca_file: Kind::Str(StrRule::EmptyOrAbsolutePath), "\"\"", LIVE,
+        "PEM file of the CA(s) that signed the etcd members' certificates, for https:// endpoints in metadata_servers; empty = the public web roots.";
+    "metadata_tls_cert_file" => metadata_tls_cert_file: Kind::Str(StrRule::EmptyOrAbsolutePath), "\"\"", LIVE,
+        "PEM client certificate (chain) this engine shows an etcd that asks for one (etcd's --client-cert-auth); with metadata_tls_key_file.";
+    "metadata_tls_key_file" => metadata_tls_key_file: Kind::Str(StrRule::EmptyOrAbsolutePath), "\"\"", LIVE,
+        "PEM private key of metadata_tls_cert_file.";
     "metadata_user" => metadata_user: Kind::Str(StrRule::KeyPrefix), "\"root\"", LIVE,
         "etcd user, used when metadata_password is set.";
     "metadata_password" => metadata_password: Kind::Str(StrRule::Password), "\"\"", LIVE,
@@ -1723,6 +1739,13 @@ fn cross_check(cfg: &Config, file: &str) -> Result<(), ConfigError> {
             "metadata_type \"etcd\" needs at least one etcd endpoint (host:port)".to_owned(),
         ));
     }
+    if cfg.metadata_tls_cert_file.is_empty() != cfg.metadata_tls_key_file.is_empty() {
+        return Err(invalid(
+            "metadata_tls_cert_file",
+            "a client certificate needs its key (metadata_tls_key_file), and a key its certificate"
+                .to_owned(),
+        ));
+    }
     if cfg.metadata_type == MetadataType::P2p && !cfg.metadata_segment_name.is_empty() {
         return Err(invalid(
             "metadata_segment_name",
@@ -2020,6 +2043,9 @@ fn check_val(
                 StrRule::NonEmpty if s.is_empty() => Some("must not be empty"),
                 StrRule::EmptyOrSecret if !s.is_empty() && s.len() < 16 => {
                     Some("must be empty (no authentication) or at least 16 bytes")
+                }
+                StrRule::EmptyOrAbsolutePath if !s.is_empty() && !s.starts_with('/') => {
+                    Some("must be empty or an absolute path (starting with /)")
                 }
                 StrRule::AbsolutePath if !s.starts_with('/') => {
                     Some("must be an absolute path (starting with /)")
@@ -3065,7 +3091,7 @@ mod tests {
             "metadata_servers[1]"
         );
         assert_eq!(
-            invalid_key(r#"{"metadata_servers": "https://10.0.0.1:2379"}"#),
+            invalid_key(r#"{"metadata_servers": "grpc://10.0.0.1:2379"}"#),
             "metadata_servers[0]"
         );
         assert_eq!(
@@ -3451,6 +3477,9 @@ mod tests {
             Kind::Str(StrRule::AbsolutePath) => "/[a-z_/]{0,12}".prop_map(Value::from).boxed(),
             Kind::Str(StrRule::EmptyOrShmName) => "(/[a-z_]{1,12})?".prop_map(Value::from).boxed(),
             Kind::Str(StrRule::Password) => "[a-z0-9 ]{0,12}".prop_map(Value::from).boxed(),
+            Kind::Str(StrRule::EmptyOrAbsolutePath) => {
+                "(/[a-z_/]{0,12})?".prop_map(Value::from).boxed()
+            }
             Kind::Str(StrRule::KeyPrefix) => "/?[a-z0-9_/]{1,12}".prop_map(Value::from).boxed(),
             Kind::Str(StrRule::EmptyOrKeyName) => {
                 "([a-z0-9_-]{1,12})?".prop_map(Value::from).boxed()

@@ -33,11 +33,15 @@ fn write_read(e: &Engine, seg: SegmentId, at: u64, data: &[u8]) -> Result<Vec<u8
     src.write(0, data).unwrap();
     let mut ring = e.ring().unwrap();
     ring.submission()
-        .push(op::Write::new(LocalAddr::new(src.id(), 0), RemoteAddr::new(seg, at), len).user_data(1))
+        .push(
+            op::Write::new(LocalAddr::new(src.id(), 0), RemoteAddr::new(seg, at), len).user_data(1),
+        )
         .unwrap();
     reap(&mut ring, 1)[0].result()?;
     ring.submission()
-        .push(op::Read::new(LocalAddr::new(dst.id(), 0), RemoteAddr::new(seg, at), len).user_data(2))
+        .push(
+            op::Read::new(LocalAddr::new(dst.id(), 0), RemoteAddr::new(seg, at), len).user_data(2),
+        )
         .unwrap();
     reap(&mut ring, 1)[0].result()?;
     let mut out = vec![0u8; data.len()];
@@ -53,7 +57,11 @@ fn two_engines_through_a_local_etcd_move_verified_data() {
     let buf = target.allocate_memory(LEN).unwrap();
     let init = Engine::new(config(&etcd, "decode-0")).unwrap();
     let seg = init.open_segment("prefill-0").unwrap();
-    assert_eq!(init.open_segment("prefill-0").unwrap(), seg, "one name, one id");
+    assert_eq!(
+        init.open_segment("prefill-0").unwrap(),
+        seg,
+        "one name, one id"
+    );
     let data = pattern(7, LEN as usize);
     assert_eq!(write_read(&init, seg, buf.addr(), &data).unwrap(), data);
     let mut landed = vec![0u8; LEN as usize];
@@ -186,7 +194,9 @@ fn records_forged_in_the_store_are_refused_typed() {
     let client = etcd.client();
 
     // Not a record at all.
-    client.put(b"/tent/segments/junk", b"{\"name\":\"10.0.0.1:1\"}", None).unwrap();
+    client
+        .put(b"/tent/segments/junk", b"{\"name\":\"10.0.0.1:1\"}", None)
+        .unwrap();
     let e = init.open_segment("junk").unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
 
@@ -201,7 +211,11 @@ fn records_forged_in_the_store_are_refused_typed() {
     let mut forged = record_of(&etcd, "honest");
     forged.published_as = Some("forged".into());
     client
-        .put(b"/tent/segments/forged", &wire::encode(&Message::Descriptor(forged)), None)
+        .put(
+            b"/tent/segments/forged",
+            &wire::encode(&Message::Descriptor(forged)),
+            None,
+        )
         .unwrap();
     let e = init.open_segment("forged").unwrap_err();
     assert_eq!(e.kind(), ErrorKind::AccessDenied, "{e}");
@@ -209,4 +223,43 @@ fn records_forged_in_the_store_are_refused_typed() {
     // None of it opened anything, and the honest name still works.
     let seg = init.open_segment("honest").unwrap();
     assert!(init.segment_regions(seg).unwrap().len() == 1);
+}
+
+#[test]
+fn engines_reach_an_etcd_that_wants_tls_and_a_client_certificate() {
+    let dir = std::env::temp_dir().join(format!("tent-etcd-tls-{}", std::process::id()));
+    let tls = tent::control::etcd::test_server::TlsFiles::make(&dir);
+    let etcd = EtcdServer::start_tls(&tls);
+    assert!(etcd.endpoint().starts_with("https://"));
+    let secure = |name: &str| {
+        let mut c = config(&etcd, name);
+        c.metadata_tls_ca_file = tls.ca.display().to_string();
+        c.metadata_tls_cert_file = tls.client_cert.display().to_string();
+        c.metadata_tls_key_file = tls.client_key.display().to_string();
+        c
+    };
+    let target = Engine::new(secure("tls-target")).unwrap();
+    let buf = target.allocate_memory(LEN).unwrap();
+    let init = Engine::new(secure("tls-init")).unwrap();
+    let seg = init.open_segment("tls-target").unwrap();
+    let data = pattern(11, 8192);
+    assert_eq!(write_read(&init, seg, buf.addr(), &data).unwrap(), data);
+
+    // No client certificate: etcd refuses the handshake.
+    let mut anonymous = secure("anonymous");
+    anonymous.metadata_tls_cert_file.clear();
+    anonymous.metadata_tls_key_file.clear();
+    let e = Engine::new(anonymous).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unreachable, "{e}");
+    // Not the CA that signed etcd's certificate: etcd is not trusted.
+    let mut untrusting = secure("untrusting");
+    untrusting.metadata_tls_ca_file.clear();
+    let e = Engine::new(untrusting).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unreachable, "{e}");
+    // A key without its certificate is a configuration error.
+    let mut half = secure("half");
+    half.metadata_tls_cert_file.clear();
+    let e = Engine::new(half).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -46,10 +46,16 @@ fn a_region_registered_after_the_open_is_reached_after_one_refusal() {
             Err(ErrorKind::AddressNotRegistered) => refusals += 1,
             Err(other) => panic!("{other:?}"),
         }
-        assert!(Instant::now() < deadline, "the new region was never reached");
+        assert!(
+            Instant::now() < deadline,
+            "the new region was never reached"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(refusals >= 1, "the segment listed a region registered after the open");
+    assert!(
+        refusals >= 1,
+        "the segment listed a region registered after the open"
+    );
     let mut landed = vec![0u8; 64 << 10];
     later.read(0, &mut landed).unwrap();
     assert_eq!(landed, data);
@@ -57,8 +63,12 @@ fn a_region_registered_after_the_open_is_reached_after_one_refusal() {
     // The first region, listed from the start, still works on the same id.
     ring.submission()
         .push(
-            op::Read::new(LocalAddr::new(src.id(), 0), RemoteAddr::new(seg, first.addr()), 4096)
-                .user_data(2),
+            op::Read::new(
+                LocalAddr::new(src.id(), 0),
+                RemoteAddr::new(seg, first.addr()),
+                4096,
+            )
+            .user_data(2),
         )
         .unwrap();
     assert_eq!(reap(&mut ring, 1)[0].result(), Ok(4096));

@@ -22,7 +22,7 @@ use arc_swap::ArcSwapOption;
 use tent_rings::ErrorKind;
 
 use crate::config::Config;
-use crate::control::etcd::{Credentials, EtcdClient, EtcdError, LeaseId, Watch, WatchEvent};
+use crate::control::etcd::{Credentials, EtcdClient, EtcdError, LeaseId, Tls, Watch, WatchEvent};
 use crate::control::wire::{self, Message, SegmentDescriptor};
 use crate::error::{Error, Result};
 
@@ -100,6 +100,7 @@ pub(crate) fn decode_record(name: &str, value: &[u8]) -> Result<Record> {
 pub(crate) struct EtcdDirectory {
     endpoints: Vec<String>,
     credentials: Option<Credentials>,
+    tls: Option<Tls>,
     /// `<metadata_key_prefix>/segments/`.
     segments: Vec<u8>,
     ttl: Duration,
@@ -129,9 +130,27 @@ impl EtcdDirectory {
             password: cfg.metadata_password.clone(),
         });
         let prefix = cfg.metadata_key_prefix.trim_end_matches('/');
+        let path = |p: &str| (!p.is_empty()).then(|| std::path::PathBuf::from(p));
+        let (ca, cert, key) = (
+            path(&cfg.metadata_tls_ca_file),
+            path(&cfg.metadata_tls_cert_file),
+            path(&cfg.metadata_tls_key_file),
+        );
+        let wants_tls = ca.is_some()
+            || cert.is_some()
+            || cfg.metadata_servers.iter().any(|e| e.trim().starts_with("https://"));
+        let tls = match wants_tls {
+            false => None,
+            true => Some(
+                Tls::from_files(ca.as_deref(), cert.as_deref().zip(key.as_deref())).map_err(|e| {
+                    Error::new(ErrorKind::InvalidArgument, "etcd TLS files").with_source(e)
+                })?,
+            ),
+        };
         let d = EtcdDirectory {
             endpoints: cfg.metadata_servers.clone(),
             credentials,
+            tls,
             segments: format!("{prefix}/segments/").into_bytes(),
             ttl: cfg.metadata_lease_ttl_secs,
             client: ArcSwapOption::empty(),
@@ -142,10 +161,11 @@ impl EtcdDirectory {
 
     /// Connect again (the first healthy endpoint), replacing the client.
     pub(crate) fn reconnect(&self) -> std::result::Result<Arc<EtcdClient>, EtcdError> {
-        let c = Arc::new(EtcdClient::connect_with(
+        let c = Arc::new(EtcdClient::connect_secure(
             &self.endpoints,
             CALL_TIMEOUT,
             self.credentials.clone(),
+            self.tls.clone(),
         )?);
         self.client.store(Some(c.clone()));
         Ok(c)

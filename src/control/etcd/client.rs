@@ -27,9 +27,72 @@ pub struct Credentials {
     pub password: Secret,
 }
 
+/// What an `https://` endpoint is checked against and shows: the CA that
+/// signed the members' certificates (else the public web roots), and this
+/// engine's certificate when etcd wants clients to show one
+/// (`--client-cert-auth`).
+#[derive(Clone)]
+pub struct Tls(ureq::tls::TlsConfig);
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("client_cert", &self.0.client_cert().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tls {
+    /// From PEM files: `ca` (one or more certificates; `None`: the web
+    /// roots), and a client certificate chain with its key (both or
+    /// neither).
+    ///
+    /// # Errors
+    /// [`EtcdError::Invalid`] naming the file that cannot be read or holds
+    /// no certificate (or key).
+    pub fn from_files(
+        ca: Option<&std::path::Path>,
+        client: Option<(&std::path::Path, &std::path::Path)>,
+    ) -> Result<Tls, EtcdError> {
+        use ureq::tls::{ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig};
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| EtcdError::Invalid(format!("{}: {e}", p.display())))
+        };
+        let certs = |p: &std::path::Path| -> Result<Vec<_>, EtcdError> {
+            let pem = read(p)?;
+            let certs: Vec<_> = ureq::tls::parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(PemItem::Certificate(c)) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            if certs.is_empty() {
+                return Err(EtcdError::Invalid(format!(
+                    "{}: no PEM certificate in it",
+                    p.display()
+                )));
+            }
+            Ok(certs)
+        };
+        let mut b = TlsConfig::builder();
+        if let Some(ca) = ca {
+            b = b.root_certs(RootCerts::new_with_certs(&certs(ca)?));
+        }
+        if let Some((cert, key)) = client {
+            let chain = certs(cert)?;
+            let key = PrivateKey::from_pem(&read(key)?).map_err(|e| {
+                EtcdError::Invalid(format!("{}: no PEM private key in it ({e})", key.display()))
+            })?;
+            b = b.client_cert(Some(ClientCert::new_with_certs(&chain, key)));
+        }
+        Ok(Tls(b.build()))
+    }
+}
+
 /// A connection to one member of an etcd cluster.
 pub struct EtcdClient {
     agent: ureq::Agent,
+    tls: Option<Tls>,
     /// `http://host:port`, no trailing slash.
     base: String,
     timeout: Duration,
@@ -50,17 +113,18 @@ impl std::fmt::Debug for EtcdClient {
     }
 }
 
-/// `host:port` or `http://host:port[/]` as a base URL.
+/// `host:port`, `http://host:port[/]` or `https://host:port[/]` as a
+/// base URL.
 pub(super) fn base_url(endpoint: &str) -> Result<String, EtcdError> {
     let e = endpoint.trim().trim_end_matches('/');
-    let rest = match e.split_once("://") {
-        Some(("http", rest)) => rest,
+    let (scheme, rest) = match e.split_once("://") {
+        Some((s @ ("http" | "https"), rest)) => (s, rest),
         Some((scheme, _)) => {
             return Err(EtcdError::Invalid(format!(
-                "endpoint {endpoint:?}: scheme {scheme:?} is not supported (plain http only; TLS comes later)"
+                "endpoint {endpoint:?}: scheme {scheme:?} is not supported (http or https)"
             )));
         }
-        None => e,
+        None => ("http", e),
     };
     let ok = !rest.is_empty()
         && rest.len() <= 255
@@ -72,12 +136,13 @@ pub(super) fn base_url(endpoint: &str) -> Result<String, EtcdError> {
             "endpoint {endpoint:?} is not host:port"
         )));
     }
-    Ok(format!("http://{rest}"))
+    Ok(format!("{scheme}://{rest}"))
 }
 
-fn agent(timeout: Duration) -> ureq::Agent {
+fn agent(timeout: Duration, tls: Option<&Tls>) -> ureq::Agent {
     ureq::Agent::new_with_config(
         ureq::Agent::config_builder()
+            .tls_config(tls.map(|t| t.0.clone()).unwrap_or_default())
             .timeout_global(Some(timeout))
             // etcd's error bodies carry the reason: read them ourselves.
             .http_status_as_error(false)
@@ -124,6 +189,16 @@ impl EtcdClient {
         EtcdClient::connect_with(endpoints, timeout, None)
     }
 
+    /// [`EtcdClient::connect_with`], with `tls` for `https://` endpoints.
+    pub fn connect_secure(
+        endpoints: &[String],
+        timeout: Duration,
+        credentials: Option<Credentials>,
+        tls: Option<Tls>,
+    ) -> Result<EtcdClient, EtcdError> {
+        EtcdClient::connect_all(endpoints, timeout, credentials, tls)
+    }
+
     /// [`EtcdClient::connect`], then authenticates with `credentials` when
     /// given (wrong ones are [`EtcdError::AuthFailed`], not tried on the
     /// other endpoints). Calls re-authenticate once when etcd says the
@@ -133,13 +208,23 @@ impl EtcdClient {
         timeout: Duration,
         credentials: Option<Credentials>,
     ) -> Result<EtcdClient, EtcdError> {
+        EtcdClient::connect_all(endpoints, timeout, credentials, None)
+    }
+
+    fn connect_all(
+        endpoints: &[String],
+        timeout: Duration,
+        credentials: Option<Credentials>,
+        tls: Option<Tls>,
+    ) -> Result<EtcdClient, EtcdError> {
         if endpoints.is_empty() {
             return Err(EtcdError::Invalid("no etcd endpoint given".into()));
         }
         let mut failures = Vec::with_capacity(endpoints.len());
         for endpoint in endpoints {
             let client = EtcdClient {
-                agent: agent(timeout),
+                agent: agent(timeout, tls.as_ref()),
+                tls: tls.clone(),
                 base: base_url(endpoint)?,
                 timeout,
                 credentials: credentials.clone(),
@@ -339,6 +424,7 @@ impl EtcdClient {
         // every WATCH_TICK so that `next` can honour its timeout.
         let agent = ureq::Agent::new_with_config(
             ureq::Agent::config_builder()
+                .tls_config(self.tls.as_ref().map(|t| t.0.clone()).unwrap_or_default())
                 .timeout_connect(Some(self.timeout))
                 .timeout_send_request(Some(self.timeout))
                 .timeout_recv_response(Some(self.timeout))

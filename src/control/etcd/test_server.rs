@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::EtcdClient;
+use super::{EtcdClient, Tls};
 
 /// The client timeout of [`EtcdServer::client`].
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -22,6 +22,89 @@ pub struct EtcdServer {
     client_port: u16,
     peer_port: u16,
     extra: Vec<String>,
+    /// Serving https with these, asking clients for a certificate.
+    tls: Option<TlsFiles>,
+}
+
+/// A test CA, a server certificate for 127.0.0.1 and a client
+/// certificate it signed (PEM files made with `openssl`).
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The CA certificate.
+    pub ca: PathBuf,
+    /// The server's certificate and key.
+    pub server_cert: PathBuf,
+    /// The server's key.
+    pub server_key: PathBuf,
+    /// A client certificate the CA signed.
+    pub client_cert: PathBuf,
+    /// Its key.
+    pub client_key: PathBuf,
+}
+
+impl TlsFiles {
+    /// Made in `dir` by the `openssl` command.
+    ///
+    /// # Panics
+    /// When `openssl` is missing or fails.
+    pub fn make(dir: &std::path::Path) -> TlsFiles {
+        std::fs::create_dir_all(dir).expect("tls dir");
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .stdin(Stdio::null())
+                .output()
+                .expect("openssl (Debian's openssl package)");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+        let mut ca = vec!["req", "-x509"];
+        ca.extend(ec);
+        ca.extend(["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=tent-test-ca"]);
+        run(&ca);
+        // etcd's JSON gateway dials its own gRPC port with the server
+        // certificate: under --client-cert-auth that one must allow
+        // clientAuth too.
+        for (who, usage) in [("server", "serverAuth,clientAuth"), ("client", "clientAuth")] {
+            let (key, csr, pem, ext) = (
+                format!("{who}.key"),
+                format!("{who}.csr"),
+                format!("{who}.pem"),
+                format!("{who}.ext"),
+            );
+            std::fs::write(
+                dir.join(&ext),
+                format!("subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"),
+            )
+            .expect("ext file");
+            let mut req = vec!["req"];
+            req.extend(ec);
+            req.extend(["-keyout", &key, "-out", &csr, "-subj", "/CN=127.0.0.1"]);
+            run(&req);
+            run(&[
+                "x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", &pem, "-days", "2", "-extfile", &ext,
+            ]);
+        }
+        TlsFiles {
+            ca: dir.join("ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server.key"),
+            client_cert: dir.join("client.pem"),
+            client_key: dir.join("client.key"),
+        }
+    }
+
+    /// What a client shows and trusts.
+    pub fn client(&self) -> Tls {
+        Tls::from_files(Some(&self.ca), Some((&self.client_cert, &self.client_key)))
+            .expect("test TLS files")
+    }
 }
 
 /// `N` distinct ports free now (the kernel's picks for port 0, held
@@ -56,6 +139,16 @@ impl EtcdServer {
 
     /// A member started with `extra` flags.
     pub fn start_with(extra: &[&str]) -> EtcdServer {
+        EtcdServer::start_full(extra, None)
+    }
+
+    /// A member serving https with `tls`, which wants a client certificate
+    /// signed by its CA.
+    pub fn start_tls(tls: &TlsFiles) -> EtcdServer {
+        EtcdServer::start_full(&[], Some(tls.clone()))
+    }
+
+    fn start_full(extra: &[&str], tls: Option<TlsFiles>) -> EtcdServer {
         // Before anything that would need cleaning up.
         etcd_binary();
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -70,13 +163,14 @@ impl EtcdServer {
             client_port,
             peer_port,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            tls: tls.clone(),
         };
         match server.spawn() {
             Ok(()) => server,
             // Its port went to another test's process meanwhile: again.
             Err(()) => {
                 drop(server);
-                EtcdServer::start_with(extra)
+                EtcdServer::start_full(extra, tls)
             }
         }
     }
@@ -84,7 +178,20 @@ impl EtcdServer {
     /// Start the process (again: same ports, same data) and wait until it
     /// is healthy; `Err` when its port was taken.
     fn spawn(&mut self) -> Result<(), ()> {
-        let client_url = format!("http://127.0.0.1:{}", self.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client_url = format!("{scheme}://127.0.0.1:{}", self.client_port);
+        let mut extra = self.extra.clone();
+        if let Some(t) = &self.tls {
+            for (flag, path) in [
+                ("--cert-file", &t.server_cert),
+                ("--key-file", &t.server_key),
+                ("--trusted-ca-file", &t.ca),
+            ] {
+                extra.push(flag.to_owned());
+                extra.push(path.display().to_string());
+            }
+            extra.push("--client-cert-auth".to_owned());
+        }
         let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -101,7 +208,7 @@ impl EtcdServer {
             .args(["--initial-advertise-peer-urls", &peer_url])
             .args(["--initial-cluster", &format!("t={peer_url}")])
             .args(["--initial-cluster-state", state])
-            .args(&self.extra)
+            .args(&extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("etcd log"))
             .stderr(log)
@@ -110,7 +217,7 @@ impl EtcdServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let up = EtcdClient::connect(&[self.endpoint()], Duration::from_millis(500));
+            let up = self.connect(Duration::from_millis(500));
             let exited = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
             // Healthy and still running: an etcd that lost its port to
             // another test's exits, and that test's etcd answers.
@@ -130,14 +237,22 @@ impl EtcdServer {
         }
     }
 
-    /// Its client endpoint, `127.0.0.1:port`.
+    /// Its client endpoint: `127.0.0.1:port`, or `https://127.0.0.1:port`.
     pub fn endpoint(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
+        match self.tls {
+            Some(_) => format!("https://127.0.0.1:{}", self.client_port),
+            None => format!("127.0.0.1:{}", self.client_port),
+        }
+    }
+
+    fn connect(&self, timeout: Duration) -> Result<EtcdClient, super::EtcdError> {
+        let tls = self.tls.as_ref().map(TlsFiles::client);
+        EtcdClient::connect_secure(&[self.endpoint()], timeout, None, tls)
     }
 
     /// A client of it.
     pub fn client(&self) -> EtcdClient {
-        EtcdClient::connect(&[self.endpoint()], TIMEOUT).expect("connect")
+        self.connect(TIMEOUT).expect("connect")
     }
 
     /// SIGKILL it, keeping its data ([`EtcdServer::restart`] brings it

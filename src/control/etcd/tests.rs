@@ -207,7 +207,7 @@ fn connect_names_every_endpoint_when_none_answers() {
         crate::ErrorKind::Unreachable
     );
 
-    let err = EtcdClient::connect(&["https://127.0.0.1:1".into()], TIMEOUT).unwrap_err();
+    let err = EtcdClient::connect(&["grpc://127.0.0.1:1".into()], TIMEOUT).unwrap_err();
     assert!(matches!(err, EtcdError::Invalid(_)), "{err:?}");
     let err = EtcdClient::connect(&["127.0.0.1:1/v3?x".into()], TIMEOUT).unwrap_err();
     assert!(matches!(err, EtcdError::Invalid(_)), "{err:?}");
