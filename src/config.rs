@@ -1746,6 +1746,12 @@ fn cross_check(cfg: &Config, file: &str) -> Result<(), ConfigError> {
                 .to_owned(),
         ));
     }
+    if cfg.metadata_segment_name == "local" {
+        return Err(invalid(
+            "metadata_segment_name",
+            "\"local\" names every engine's own segment; choose another name".to_owned(),
+        ));
+    }
     if cfg.metadata_type == MetadataType::P2p && !cfg.metadata_segment_name.is_empty() {
         return Err(invalid(
             "metadata_segment_name",
@@ -3098,6 +3104,18 @@ mod tests {
             invalid_key(r#"{"metadata_key_prefix": "a b"}"#),
             "metadata_key_prefix"
         );
+        assert_eq!(
+            invalid_key(
+                r#"{"metadata_type": "etcd", "metadata_servers": "h:1", "metadata_segment_name": "local"}"#
+            ),
+            "metadata_segment_name"
+        );
+        assert_eq!(
+            invalid_key(r#"{"metadata_segment_name": "mine"}"#),
+            "metadata_segment_name"
+        );
+        let e = parse(r#"{"metadata_servers": "http://root:hunter2@10.0.0.1:2379"}"#).unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
         let c = parse(
             r#"{"metadata_type": "etcd", "metadata_servers": "127.0.0.1:2379,http://10.0.0.2:2379",
                 "metadata_password": "pw"}"#,

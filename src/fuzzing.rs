@@ -500,10 +500,21 @@ impl std::io::Read for Dribble<'_> {
 /// many, and the line cap) with a timeout before every piece: the lines are exactly those a
 /// split on `\n` gives, whatever the timeouts, a line over the cap is
 /// refused, and the events the watch hands out stay under the prefix, in
-/// revision order, after the start revision.
+/// revision order, after the start revision. Every value (the input
+/// whole, each value a range returns) is also a segment record
+/// (`control::directory::etcd::decode_record`): one it accepts names a
+/// reachable `ip:port`, a non-zero incarnation, and the name it is under.
 pub fn etcd_gateway(data: &[u8]) {
     const PREFIX: &[u8] = b"/t/";
     let in_prefix = |k: &[u8]| k.starts_with(PREFIX);
+    let record = |value: &[u8]| {
+        if let Ok(r) = crate::control::directory::etcd::decode_record("seg", value) {
+            assert_ne!(r.incarnation, 0, "a record without an incarnation");
+            let at: std::net::SocketAddr = r.control.parse().expect("an ip:port control address");
+            assert!(!at.ip().is_unspecified() && at.port() != 0, "{at}");
+        }
+    };
+    record(data);
 
     let _ = etcd_wire::decode_health(data);
     if let Ok(r) = etcd_wire::decode_range(data, in_prefix) {
@@ -511,6 +522,7 @@ pub fn etcd_gateway(data: &[u8]) {
         for kv in &r.kvs {
             assert!(in_prefix(&kv.key), "a key outside the prefix");
             assert!((0..=r.revision).contains(&kv.mod_revision), "revision");
+            record(&kv.value);
         }
     }
     if let Ok((LeaseId(id), ttl)) = etcd_wire::decode_grant(data) {

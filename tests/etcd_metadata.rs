@@ -263,3 +263,69 @@ fn engines_reach_an_etcd_that_wants_tls_and_a_client_certificate() {
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_name_held_by_a_live_engine_is_refused_to_a_second() {
+    let etcd = EtcdServer::start();
+    let _first = Engine::new(config(&etcd, "unique")).unwrap();
+    let e = Engine::new(config(&etcd, "unique")).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("held by a live engine"), "{e}");
+}
+
+#[test]
+fn a_record_deleted_or_overwritten_by_someone_else_is_put_back_and_its_peers_keep_serving() {
+    let etcd = EtcdServer::start();
+    let owner = Engine::new(config(&etcd, "owner")).unwrap();
+    let buf = owner.allocate_memory(LEN).unwrap();
+    let init = Engine::new(config(&etcd, "user")).unwrap();
+    let seg = init.open_segment("owner").unwrap();
+    let honest = wire::encode(&Message::Descriptor(record_of(&etcd, "owner")));
+    let client = etcd.client();
+
+    // Overwritten with another incarnation at an address where nothing
+    // answers: nothing proves to be that process, so the open segment is
+    // left as it is, and the owner puts its record back.
+    let mut rogue = record_of(&etcd, "owner");
+    rogue.incarnation ^= 1;
+    rogue.name = "127.0.0.1:1".into();
+    client
+        .put(
+            b"/tent/segments/owner",
+            &wire::encode(&Message::Descriptor(rogue)),
+            None,
+        )
+        .unwrap();
+    let data = pattern(4, 4096);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        assert_eq!(write_read(&init, seg, buf.addr(), &data).unwrap(), data);
+        let (now, _) = client.get(b"/tent/segments/owner").unwrap().unwrap();
+        if now == honest {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the owner never put its record back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Deleted: it comes back too.
+    assert!(client.delete(b"/tent/segments/owner").unwrap());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while client.get(b"/tent/segments/owner").unwrap().map(|(v, _)| v) != Some(honest.clone()) {
+        assert!(
+            Instant::now() < deadline,
+            "the owner never put its deleted record back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The peer saw it gone meanwhile (the store speaks for liveness) and
+    // reaches it again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while write_read(&init, seg, buf.addr(), &data) != Ok(data.clone()) {
+        assert!(Instant::now() < deadline, "the owner was not reached again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

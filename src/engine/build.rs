@@ -336,6 +336,7 @@ impl EngineBuilder {
         let metadata = Some(super::peers::metadata::MetadataThread::start(
             peers.clone(),
             published,
+            shared.incarnation.get(),
         )?);
         // The HTTP server's counters: its thread writes them, the observer
         // shows them in /metrics.
@@ -445,15 +446,19 @@ fn start_data_server(
     Ok(Some((server, rails)))
 }
 
-/// With etcd, the key this engine publishes under and its record (see
-/// `control::directory::etcd`).
+/// With etcd, the name this engine publishes under, its key and its
+/// record (see `control::directory::etcd`).
 fn published_record(
     shared: &EngineShared,
     directory: &crate::control::directory::Directory,
     control: &crate::control::ControlServer,
-) -> Option<(Vec<u8>, Vec<u8>)> {
+) -> Option<(String, Vec<u8>, Vec<u8>)> {
     let dir = directory.etcd()?;
-    let addr = control.local_addr().to_string();
+    let at = control.local_addr();
+    if at.ip().is_loopback() {
+        tracing::warn!(address = %at, "this engine publishes a loopback control address in etcd: only peers on this host can reach it (set rpc_server_hostname to an address other hosts reach)");
+    }
+    let addr = at.to_string();
     let name =
         crate::control::directory::published_name(&shared.config)?.unwrap_or_else(|| addr.clone());
     let head = crate::control::SegmentDescriptor {
@@ -464,10 +469,8 @@ fn published_record(
         published_as: Some(name.clone()),
         ..Default::default()
     };
-    Some((
-        dir.key(&name),
-        crate::control::directory::etcd::encode_record(&head),
-    ))
+    let record = crate::control::directory::etcd::encode_record(&head);
+    Some((name.clone(), dir.key(&name), record))
 }
 
 fn start_control(

@@ -66,36 +66,42 @@ impl Peers {
 
     /// Open `name` (not this engine's own), with the peer's descriptor
     /// passed through `edit` first; the same name twice is the same id.
+    /// The owner is asked without the registry lock (the exchange may take
+    /// its whole timeout, and registering memory must not wait on it); two
+    /// callers opening one name at once both ask, and the first to finish
+    /// makes the segment.
     pub(super) fn open(
         &self,
         name: &str,
         edit: impl FnOnce(&mut SegmentDescriptor),
     ) -> Result<SegmentId> {
+        if let Some(s) = self.shared.segments.load().find_name(name) {
+            return Ok(s.id());
+        }
+        let built = self.build(name, edit)?;
         let _g = self.shared.registry.lock();
         let table = self.shared.segments.load_full();
         if let Some(s) = table.find_name(name) {
             return Ok(s.id());
         }
         let id = table.next_id();
-        let seg = Arc::new(self.build(id, name, edit)?);
+        let seg = Arc::new(built.into_segment(id, name));
         self.shared.segments.store(Arc::new(table.with(seg)));
         tracing::info!(segment = name, id = id.0, "segment opened");
         Ok(id)
     }
 
-    /// The segment `id` named `name` as its owner describes it now.
-    fn build(
-        &self,
-        id: SegmentId,
-        name: &str,
-        edit: impl FnOnce(&mut SegmentDescriptor),
-    ) -> Result<Segment> {
+    /// The segment named `name` as its owner describes it now.
+    fn build(&self, name: &str, edit: impl FnOnce(&mut SegmentDescriptor)) -> Result<Built> {
         let cfg = &self.shared.config;
         let timeout = cfg.default_timeout_ms.min(Duration::from_secs(10));
-        let (addr, expected) = match self.directory.locate(name, timeout)? {
+        let (addr, expected) = match self.directory.locate(name)? {
             Located::Shm => {
-                let (kind, attached) = self.open_shm(name)?;
-                return Ok(attach(Segment::new(id, name.to_owned(), kind), attached));
+                return Ok(Built {
+                    opened: self.open_shm(name)?,
+                    incarnation: None,
+                    control: None,
+                });
             }
             Located::Control { addr, expected } => (addr, expected),
         };
@@ -106,11 +112,12 @@ impl Peers {
         edit(&mut desc);
         // 0: an owner that does not say.
         let incarnation = (desc.incarnation != 0).then_some(desc.incarnation);
-        let (kind, attached) = self.reach(&addr, desc)?;
-        let seg = Segment::new(id, name.to_owned(), kind)
-            .with_incarnation(incarnation)
-            .with_control(addr, expected.is_some());
-        Ok(attach(seg, attached))
+        let via_store = expected.is_some();
+        Ok(Built {
+            opened: self.reach(&addr, desc)?,
+            incarnation,
+            control: Some((addr, via_store)),
+        })
     }
 
     /// An shm segment by its name.
@@ -177,12 +184,19 @@ impl Peers {
     /// is no longer in the table (closed or replaced already). On an error
     /// `old` stays as it was.
     pub(super) fn replace(&self, old: &Arc<Segment>, why: Replace) -> Result<bool> {
-        let _g = self.shared.registry.lock();
-        let table = self.shared.segments.load_full();
-        if !table.get(old.id()).is_some_and(|s| Arc::ptr_eq(s, old)) {
+        let current =
+            |t: &crate::segment::SegmentTable| t.get(old.id()).is_some_and(|s| Arc::ptr_eq(s, old));
+        if !current(&self.shared.segments.load()) {
             return Ok(false);
         }
-        let new = Arc::new(self.build(old.id(), old.name(), |_| {})?);
+        // Asked without the lock, as `open` does.
+        let built = self.build(old.name(), |_| {})?;
+        let _g = self.shared.registry.lock();
+        let table = self.shared.segments.load_full();
+        if !current(&table) {
+            return Ok(false);
+        }
+        let new = Arc::new(built.into_segment(old.id(), old.name()));
         let (old_inc, new_inc) = (
             old.incarnation().unwrap_or(0),
             new.incarnation().unwrap_or(0),
@@ -276,9 +290,24 @@ pub(super) enum Replace {
     Refreshed,
 }
 
-fn attach(mut seg: Segment, attached: Vec<(TransportKind, Attachment)>) -> Segment {
-    for (k, peer) in attached {
-        seg = seg.with_attachment(k, peer);
+/// A segment made from what its owner said, before it has an id.
+struct Built {
+    opened: Opened,
+    incarnation: Option<u64>,
+    /// Its owner's control server, and whether a store named it.
+    control: Option<(String, bool)>,
+}
+
+impl Built {
+    fn into_segment(self, id: SegmentId, name: &str) -> Segment {
+        let (kind, attached) = self.opened;
+        let mut seg = Segment::new(id, name.to_owned(), kind).with_incarnation(self.incarnation);
+        if let Some((addr, via_store)) = self.control {
+            seg = seg.with_control(addr, via_store);
+        }
+        for (k, peer) in attached {
+            seg = seg.with_attachment(k, peer);
+        }
+        seg
     }
-    seg
 }

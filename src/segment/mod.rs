@@ -137,14 +137,18 @@ impl Segment {
         self.via_store
     }
 
-    /// Closed at unregister epoch `epoch` (see `Engine::close_segment`).
     /// A request to the peer failed as if its process were gone
-    /// (`ProcessFailed`, `Unreachable`): the metadata thread asks who
-    /// answers under its name now. A worker's store, lock-free; a gone
-    /// peer stays gone.
+    /// (`ProcessFailed`, `Unreachable`) or named an address the segment
+    /// does not list (`AddressNotRegistered`): the metadata thread asks
+    /// who answers under its name now. A worker's store, lock-free, and
+    /// only while it serves (a load first: the line is read by every
+    /// request); a gone peer stays gone.
     #[inline]
     pub(crate) fn suspect(&self) {
         use std::sync::atomic::Ordering::Relaxed;
+        if self.peer.load(Relaxed) != PeerState::Serving as u8 {
+            return;
+        }
         let _ = self.peer.compare_exchange(
             PeerState::Serving as u8,
             PeerState::Suspect as u8,
@@ -182,6 +186,7 @@ impl Segment {
         }
     }
 
+    /// Closed at unregister epoch `epoch` (see `Engine::close_segment`).
     pub(crate) fn close(&self, epoch: u64) {
         self.closed
             .store(epoch, std::sync::atomic::Ordering::Release);

@@ -16,6 +16,7 @@
 //! sits under ([`decode_record`]).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
@@ -26,9 +27,15 @@ use crate::control::etcd::{Credentials, EtcdClient, EtcdError, LeaseId, Tls, Wat
 use crate::control::wire::{self, Message, SegmentDescriptor};
 use crate::error::{Error, Result};
 
-/// The longest a single etcd call may take (a lookup inside
-/// `open_segment` is bounded by the caller's timeout as well).
-const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest a single etcd call may take: a sixth of the lease TTL, so
+/// that a renewal every third of it may fail once and time out twice
+/// before the lease lapses, and at most this.
+const MAX_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The timeout of one etcd call under lease TTL `ttl`.
+pub(crate) fn call_timeout(ttl: Duration) -> Duration {
+    (ttl / 6).min(MAX_CALL_TIMEOUT)
+}
 
 /// What a record says about the owner of a name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,8 +89,14 @@ pub(crate) fn decode_record(name: &str, value: &[u8]) -> Result<Record> {
             desc.published_as
         )));
     }
-    if !crate::control::is_p2p_name(&desc.name) {
-        return Err(refused("its control address is not ip:port".into()));
+    match desc.name.parse::<std::net::SocketAddr>() {
+        Err(_) => return Err(refused("its control address is not ip:port".into())),
+        // Nobody can be reached there: a record pointing at it is forged
+        // or from an engine listening on a wildcard, useless to peers.
+        Ok(a) if a.ip().is_unspecified() || a.ip().is_multicast() || a.port() == 0 => {
+            return Err(refused(format!("its control address {a} reaches no engine")));
+        }
+        Ok(_) => {}
     }
     if desc.incarnation == 0 {
         return Err(refused("it names no incarnation".into()));
@@ -93,6 +106,9 @@ pub(crate) fn decode_record(name: &str, value: &[u8]) -> Result<Record> {
         incarnation: desc.incarnation,
     })
 }
+
+/// A name published in etcd and its record (`None`: it does not decode).
+pub(crate) type Published = (String, Option<Record>);
 
 /// etcd as this engine's directory: where its records live and the client
 /// that reaches them (`None` while etcd is lost; the metadata thread
@@ -105,6 +121,8 @@ pub(crate) struct EtcdDirectory {
     segments: Vec<u8>,
     ttl: Duration,
     client: ArcSwapOption<EtcdClient>,
+    /// etcd was lost and has not been reached since (said once).
+    lost: AtomicBool,
 }
 
 impl std::fmt::Debug for EtcdDirectory {
@@ -154,6 +172,7 @@ impl EtcdDirectory {
             segments: format!("{prefix}/segments/").into_bytes(),
             ttl: cfg.metadata_lease_ttl_secs,
             client: ArcSwapOption::empty(),
+            lost: AtomicBool::new(false),
         };
         d.reconnect().map_err(|e| d.lost(e))?;
         Ok(d)
@@ -163,18 +182,39 @@ impl EtcdDirectory {
     pub(crate) fn reconnect(&self) -> std::result::Result<Arc<EtcdClient>, EtcdError> {
         let c = Arc::new(EtcdClient::connect_secure(
             &self.endpoints,
-            CALL_TIMEOUT,
+            call_timeout(self.ttl),
             self.credentials.clone(),
             self.tls.clone(),
         )?);
         self.client.store(Some(c.clone()));
+        if self.lost.swap(false, Ordering::Relaxed) {
+            tracing::info!(
+                endpoint = c.endpoint(),
+                "etcd metadata store reached again: records republished, peers resynced"
+            );
+        }
         Ok(c)
     }
 
-    /// Forget the client (etcd was lost): lookups fail until the metadata
-    /// thread connects again.
-    pub(crate) fn disconnect(&self) {
-        self.client.store(None);
+    /// A call failed with `e`. A lost store (unreachable, timed out) is
+    /// forgotten, said once, and reached again by the lease thread;
+    /// anything else is logged (once per kind a second). True when lost.
+    pub(crate) fn failed(&self, e: &EtcdError) -> bool {
+        let kind = e.kind();
+        if matches!(kind, ErrorKind::Unreachable | ErrorKind::Timeout) {
+            self.client.store(None);
+            if !self.lost.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    endpoints = %self.endpoints.join(", "),
+                    error = %e,
+                    "etcd metadata store lost: open segments keep serving, new opens fail until it returns; this engine's record lapses if it stays away past the lease TTL"
+                );
+            }
+            true
+        } else {
+            crate::lograte::warn_limited!((kind.code(), "etcd"), error = %e, "etcd refused a metadata request");
+            false
+        }
     }
 
     /// The client, while etcd is reachable.
@@ -211,14 +251,16 @@ impl EtcdDirectory {
         self.ttl
     }
 
-    /// The record published under `name`, if any.
+    /// The record published under `name`, if any. A name that is an
+    /// `ip:port` is that address: a record under it naming another is
+    /// refused.
     ///
     /// # Errors
     /// etcd lost (`Unreachable` naming the endpoints: segments already
-    /// open keep serving, new opens wait for it to return), or the record
-    /// malformed (`InvalidArgument`).
-    pub(crate) fn lookup(&self, name: &str, timeout: Duration) -> Result<Option<Record>> {
-        let _ = timeout;
+    /// open keep serving, new opens wait for it to return), the record
+    /// malformed (`InvalidArgument`) or pointing an address name elsewhere
+    /// (`AccessDenied`).
+    pub(crate) fn lookup(&self, name: &str) -> Result<Option<Record>> {
         let Some(client) = self.client() else {
             return Err(Error::new(
                 ErrorKind::Unreachable,
@@ -228,26 +270,73 @@ impl EtcdDirectory {
                 ),
             ));
         };
-        match client.get(&self.key(name)) {
-            Ok(Some((value, _))) => decode_record(name, &value).map(Some),
-            Ok(None) => Ok(None),
-            Err(e) => Err(self.lost(e)),
+        let record = match client.get(&self.key(name)) {
+            Ok(Some((value, _))) => decode_record(name, &value)?,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                self.failed(&e);
+                return Err(self.lost(e));
+            }
+        };
+        if crate::control::is_p2p_name(name) && record.control != name {
+            return Err(Error::new(
+                ErrorKind::AccessDenied,
+                format!(
+                    "segment {name:?}: its record in etcd points at {}, not the address the name is: refused",
+                    record.control
+                ),
+            ));
+        }
+        Ok(Some(record))
+    }
+
+    /// May this engine (`incarnation`) publish under `name`? Not while
+    /// another engine that answers holds it: a name is one engine's. One
+    /// whose record outlives it (killed, its lease not yet expired) does
+    /// not answer, and the name is taken over.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the live holder; etcd's own errors.
+    pub(crate) fn claim(&self, name: &str, incarnation: u64, secret: Option<&[u8]>) -> Result<()> {
+        let record = match self.lookup(name) {
+            Ok(Some(r)) if r.incarnation != incarnation => r,
+            Ok(_) => return Ok(()),
+            // Whatever is there is not a record an engine could use.
+            Err(e) if e.kind() != ErrorKind::Unreachable => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let probe = Duration::from_secs(1);
+        match crate::control::client::fetch_descriptor_head(&record.control, secret, probe) {
+            Ok(d) if d.incarnation == record.incarnation
+                && d.published_as.as_deref() == Some(name) =>
+            {
+                Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "segment name {name:?} is held by a live engine at {} (incarnation {:#x}): choose another metadata_segment_name",
+                        record.control, record.incarnation
+                    ),
+                ))
+            }
+            _ => {
+                tracing::info!(segment = name, previous = %record.control, "taking over a segment name whose engine no longer answers");
+                Ok(())
+            }
         }
     }
 
-    /// Every record published now (those that do not decode are logged
-    /// once and left out) and the revision they were read at.
+    /// Every name published now with its record (`None`: one that does
+    /// not decode, logged) and the revision they were read at.
     pub(crate) fn snapshot(
         &self,
         client: &EtcdClient,
-    ) -> std::result::Result<(Vec<(String, Record)>, i64), EtcdError> {
+    ) -> std::result::Result<(Vec<Published>, i64), EtcdError> {
         let range = client.range_prefix(&self.segments)?;
         let mut out = Vec::with_capacity(range.kvs.len());
         for kv in range.kvs {
-            if let Some(change) = self.change_of(&kv.key, Some(&kv.value))
-                && let Some(record) = change.record
-            {
-                out.push((change.name, record));
+            if let Some(name) = self.name_of(&kv.key) {
+                let record = self.change_of(&kv.key, Some(&kv.value)).and_then(|c| c.record);
+                out.push((name.to_owned(), record));
             }
         }
         Ok((out, range.revision))
@@ -432,6 +521,19 @@ mod tests {
         // No control address, no incarnation.
         refused("prefill-0", &encode_record(&head("prefill-0", Some("prefill-0"), 9)));
         refused("prefill-0", &encode_record(&head("10.0.0.1:7000", Some("prefill-0"), 0)));
+    }
+
+    /// The fuzz target `etcd_gateway` starts from a record tent writes
+    /// (`TENT_WRITE_SEEDS=1` writes it again).
+    #[test]
+    fn the_record_seed_is_one_tent_writes() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/seeds/etcd_gateway/record");
+        let v = encode_record(&head("10.0.0.1:7000", Some("seg"), 9));
+        if std::env::var_os("TENT_WRITE_SEEDS").is_some() {
+            std::fs::write(path, &v).unwrap();
+        }
+        assert_eq!(std::fs::read(path).unwrap(), v, "TENT_WRITE_SEEDS=1 writes it");
+        assert!(decode_record("seg", &v).is_ok());
     }
 
     #[test]

@@ -18,8 +18,6 @@
 
 pub(crate) mod etcd;
 
-use std::time::Duration;
-
 use tent_rings::ErrorKind;
 
 use super::wire::SegmentDescriptor;
@@ -122,15 +120,16 @@ impl Directory {
         })
     }
 
-    /// Where `name` leads now, asking the store within `timeout`.
+    /// Where `name` leads now, asking the store (within its call timeout,
+    /// a sixth of the lease TTL).
     ///
     /// # Errors
     /// The store unreachable (`Unreachable`, naming its endpoints) or its
     /// record malformed (`InvalidArgument`).
-    pub(crate) fn locate(&self, name: &str, timeout: Duration) -> Result<Located> {
+    pub(crate) fn locate(&self, name: &str) -> Result<Located> {
         match self {
             Directory::P2p => Ok(by_name(name)),
-            Directory::Etcd(d) => Ok(match d.lookup(name, timeout)? {
+            Directory::Etcd(d) => Ok(match d.lookup(name)? {
                 Some(record) => Located::Control {
                     addr: record.control,
                     expected: Some(Expected {
@@ -183,15 +182,14 @@ mod tests {
     #[test]
     fn without_a_store_a_name_is_an_address_or_an_shm_segment() {
         let d = Directory::P2p;
-        let t = Duration::from_secs(1);
         assert_eq!(
-            d.locate("127.0.0.1:9", t).unwrap(),
+            d.locate("127.0.0.1:9").unwrap(),
             Located::Control {
                 addr: "127.0.0.1:9".into(),
                 expected: None
             }
         );
-        assert_eq!(d.locate("tent-1234-abcd", t).unwrap(), Located::Shm);
+        assert_eq!(d.locate("tent-1234-abcd").unwrap(), Located::Shm);
     }
 
     #[test]

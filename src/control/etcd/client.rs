@@ -132,8 +132,13 @@ pub(super) fn base_url(endpoint: &str) -> Result<String, EtcdError> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b".-:[]_".contains(&b));
     if !ok {
+        // User info (user:password@) is not echoed.
+        let shown = match endpoint.contains('@') {
+            true => "(an endpoint with user info, not shown)".to_owned(),
+            false => format!("{endpoint:?}"),
+        };
         return Err(EtcdError::Invalid(format!(
-            "endpoint {endpoint:?} is not host:port"
+            "endpoint {shown} is not host:port (etcd's user and password go in metadata_user and metadata_password)"
         )));
     }
     Ok(format!("{scheme}://{rest}"))

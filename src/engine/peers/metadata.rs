@@ -1,22 +1,28 @@
-//! The metadata thread: one per engine, off the workers. It
+//! The metadata threads, off the workers:
 //!
-//! - with etcd, keeps this engine's record published (a lease renewed
-//!   every third of its TTL, granted anew and the record put again when it
-//!   lapsed), watches every record, and acts on what the watch says about
-//!   peers this engine has open: a record deleted (lease expired or
-//!   revoked) marks the peer gone, a record with another incarnation
-//!   replaces the segment with the new process's;
-//! - in either mode, checks the peers the workers suspect (a request
-//!   failed `ProcessFailed` or `Unreachable`): it asks who answers under
-//!   the name now and replaces the segment when another incarnation does,
-//!   or clears the suspicion when the same one does;
-//! - lets go of replaced segments once no worker holds them.
+//! - **the lease keeper** (etcd only) keeps this engine's record
+//!   published: the lease renewed every third of its TTL (each call bounded
+//!   by a sixth of it), granted anew and the record put again when it
+//!   lapsed, the record put back when someone deleted or overwrote it, and
+//!   etcd reached again when it was lost. It does nothing slow, so no peer
+//!   and no open can make this engine's own lease lapse. On drop it revokes
+//!   the lease: peers see this engine leave at once, not a TTL later.
+//! - **the peer watcher** (both modes) watches every record (etcd) and
+//!   acts on what the watch says about peers this engine has open: a record
+//!   deleted (lease expired or revoked) marks the peer gone; a record with
+//!   another incarnation replaces the segment with the new process's, once
+//!   that process proved it is the one the record names. It also checks the
+//!   peers the workers suspect (a request failed `ProcessFailed`,
+//!   `Unreachable` or `AddressNotRegistered`): who answers under the name
+//!   now? The same process: the suspicion is cleared, or the segment
+//!   refreshed when the process lists other regions; another: the segment
+//!   is replaced. And it lets go of replaced segments once no worker holds
+//!   them.
 //!
-//! etcd lost is said once; open segments keep serving (nothing on the
-//! data path needs etcd), new opens fail until it returns; then the lease
-//! is granted again, the record put again and the watch resynced from a
-//! fresh read of every record, so nothing that changed meanwhile is
-//! missed.
+//! etcd lost is said once; open segments keep serving (nothing on the data
+//! path needs etcd), new opens fail until it returns; then the lease is
+//! granted again, the record put again and the watch resynced from a fresh
+//! read of every record, so nothing that changed meanwhile is missed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,14 +33,16 @@ use std::time::{Duration, Instant};
 use tent_rings::SegmentId;
 
 use super::{Peers, Replace};
+use crate::control::SegmentDescriptor;
 use crate::control::directory::etcd::{Change, Publication, Record, Step};
 use crate::control::directory::{EtcdDirectory, Located};
 use crate::control::etcd::{EtcdError, Watch};
 use crate::error::{Error, Result};
 use crate::segment::{PeerState, Segment, SegmentKind};
+use crate::transport::shm;
 
-/// How long the thread sleeps (or waits on the watch) per turn: the
-/// bound on how late a stop, a suspect check or a renewal is.
+/// How long a thread sleeps (or waits on the watch) per turn: the bound
+/// on how late a stop, a suspect check or a renewal is.
 const TICK: Duration = Duration::from_millis(50);
 /// How soon a suspect peer is asked first, and the most between two asks
 /// of one that does not answer (doubling in between).
@@ -44,6 +52,11 @@ const MAX_CHECK_GAP: Duration = Duration::from_secs(2);
 /// over and over (an application naming an address nobody registered)
 /// cost its control server at most ten lookups a second.
 const SETTLED_GAP: Duration = Duration::from_millis(100);
+/// Between two attempts to reach a lost etcd.
+const RECONNECT_GAP: Duration = Duration::from_secs(1);
+/// The longest wait before reading every record again after a failed read
+/// or watch (doubling from a tick).
+const MAX_RESYNC_GAP: Duration = Duration::from_secs(5);
 
 /// When to ask about a suspect peer next, after an ask at `now` that
 /// settled it or not, the previous gap being `gap`: the next ask and gap.
@@ -55,64 +68,73 @@ fn next_check(settled: bool, gap: Duration, now: Instant) -> (Instant, Duration)
         (now + gap, gap)
     }
 }
-/// Between two attempts to reach a lost etcd.
-const RECONNECT_GAP: Duration = Duration::from_secs(1);
 
-/// The running thread; dropping it stops it, and with etcd revokes the
-/// lease (peers see this engine gone at once, not a TTL later).
+/// The running threads; dropping them stops them (the keeper revokes the
+/// lease on its way out).
 pub(in crate::engine) struct MetadataThread {
     stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<()>>,
+    handles: Vec<JoinHandle<()>>,
 }
 
 impl MetadataThread {
-    /// Start it for `peers`; `record` is what to publish under `key` (etcd).
+    /// Start them for `peers`; with etcd, `publish` is the key and record
+    /// this engine publishes, under `name`, as `incarnation`.
     pub(in crate::engine) fn start(
         peers: Arc<Peers>,
-        publish: Option<(Vec<u8>, Vec<u8>)>,
+        publish: Option<(String, Vec<u8>, Vec<u8>)>,
+        incarnation: u64,
     ) -> Result<MetadataThread> {
         let stop = Arc::new(AtomicBool::new(false));
         let now = Instant::now();
-        let publication = match (peers.directory().etcd(), publish) {
-            (Some(dir), Some((key, value))) => {
-                let mut p = Publication::new(key, value, dir.ttl(), now);
-                // Published before the engine is handed out: a peer that
-                // looks this engine up right after finds it.
-                publish_now(dir, &mut p, now).map_err(|e| dir.lost(e))?;
-                Some(p)
-            }
-            _ => None,
+        let mut threads = MetadataThread {
+            stop: stop.clone(),
+            handles: Vec::new(),
         };
-        let mut tending = Tending {
+        if let (Some(dir), Some((name, key, value))) = (peers.directory().etcd(), publish) {
+            dir.claim(&name, incarnation, peers.shared.config.secret())?;
+            let mut p = Publication::new(key, value, dir.ttl(), now);
+            // Published before the engine is handed out: a peer that looks
+            // this engine up right after finds it.
+            publish_now(dir, &mut p, now).map_err(|e| dir.lost(e))?;
+            let keeper = Keeper {
+                peers: peers.clone(),
+                publication: p,
+                reconnect_at: now,
+            };
+            let flag = stop.clone();
+            threads.spawn("tent-lease", move || keeper.run(&flag))?;
+        }
+        let mut watcher = Watcher {
             peers,
-            publication,
             watch: None,
-            lost: false,
-            reconnect_at: now,
+            resync_at: now,
+            resync_gap: TICK,
             checks: HashMap::new(),
         };
-        let peers = tending.peers.clone();
-        if let Some(dir) = peers.directory().etcd() {
+        if let Some(dir) = watcher.peers.clone().directory().etcd() {
             // Watching before the engine is handed out: a peer it opens
             // right after is covered.
-            tending.resync(dir, now);
+            watcher.resync(dir, now);
         }
         let flag = stop.clone();
-        let handle = std::thread::Builder::new()
-            .name("tent-metadata".into())
-            .spawn(move || tending.run(&flag))
+        threads.spawn("tent-peers", move || watcher.run(&flag))?;
+        Ok(threads)
+    }
+
+    fn spawn(&mut self, name: &str, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        let h = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(f)
             .map_err(|e| Error::invalid("metadata thread").with_source(e))?;
-        Ok(MetadataThread {
-            stop,
-            handle: Some(handle),
-        })
+        self.handles.push(h);
+        Ok(())
     }
 }
 
 impl Drop for MetadataThread {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        if let Some(h) = self.handle.take() {
+        for h in self.handles.drain(..) {
             let _ = h.join();
         }
     }
@@ -134,46 +156,29 @@ fn publish_now(
     Ok(())
 }
 
-/// The thread's state.
-struct Tending {
+/// The lease keeper's state.
+struct Keeper {
     peers: Arc<Peers>,
-    publication: Option<Publication>,
-    watch: Option<Watch>,
-    /// etcd is lost (said once, until it returns).
-    lost: bool,
+    publication: Publication,
     reconnect_at: Instant,
-    /// Per suspect or gone segment: when to ask next, and the gap after.
-    checks: HashMap<SegmentId, (Instant, Duration)>,
 }
 
-impl Tending {
-    fn run(&mut self, stop: &AtomicBool) {
+impl Keeper {
+    fn run(mut self, stop: &AtomicBool) {
+        let peers = self.peers.clone();
+        let Some(dir) = peers.directory().etcd() else {
+            return;
+        };
         while !stop.load(Ordering::Acquire) {
-            let now = Instant::now();
-            let mut waited = false;
-            let peers = self.peers.clone();
-            if let Some(dir) = peers.directory().etcd() {
-                self.tend_etcd(dir, now);
-                waited = self.read_watch(dir);
-            }
-            if !waited {
-                std::thread::sleep(TICK);
-            }
-            self.check_suspects(Instant::now());
-            self.peers.release_replaced();
+            self.tend(dir, Instant::now());
+            std::thread::sleep(TICK);
         }
-        // Peers see this engine leave now rather than at its lease's expiry.
-        if let (Some(dir), Some(lease)) = (
-            self.peers.directory().etcd(),
-            self.publication.as_ref().and_then(Publication::lease),
-        ) && let Some(client) = dir.client()
-        {
+        if let (Some(lease), Some(client)) = (self.publication.lease(), dir.client()) {
             let _ = client.revoke(lease);
         }
     }
 
-    /// Reach etcd when lost, keep the record published, and watch.
-    fn tend_etcd(&mut self, dir: &EtcdDirectory, now: Instant) {
+    fn tend(&mut self, dir: &EtcdDirectory, now: Instant) {
         if dir.client().is_none() {
             if now < self.reconnect_at {
                 return;
@@ -182,46 +187,80 @@ impl Tending {
             if dir.reconnect().is_err() {
                 return;
             }
-            tracing::info!(
-                endpoint = dir
-                    .client()
-                    .map(|c| c.endpoint().to_owned())
-                    .unwrap_or_default(),
-                "etcd metadata store reached again: republishing and resyncing"
-            );
-            self.lost = false;
         }
-        if let Some(p) = &mut self.publication {
-            let result = match p.due(now) {
-                Step::Wait(_) => Ok(()),
-                Step::Publish => {
-                    let r = publish_now(dir, p, now);
-                    if r.is_ok() {
-                        tracing::info!(key = %String::from_utf8_lossy(p.key()), "segment record published in etcd");
+        let p = &mut self.publication;
+        let result = match p.due(now) {
+            Step::Wait(_) => Ok(()),
+            Step::Publish => publish_now(dir, p, now).map(|()| {
+                tracing::info!(key = %String::from_utf8_lossy(p.key()), "segment record published in etcd");
+            }),
+            Step::Renew(lease) => match dir.client().map(|c| (c.keep_alive(lease), c)) {
+                Some((Ok(_), client)) => {
+                    p.renewed(lease, now);
+                    // Still ours? Someone with access to the store may have
+                    // deleted or overwritten it: put it back.
+                    match client.get(p.key()) {
+                        Ok(Some((v, _))) if v == p.value() => Ok(()),
+                        Ok(_) => {
+                            crate::lograte::warn_limited!(
+                                (p.key().to_vec(), "record"),
+                                key = %String::from_utf8_lossy(p.key()),
+                                "this engine's record in etcd was deleted or overwritten: put back"
+                            );
+                            client.put(p.key(), p.value(), Some(lease)).map(drop)
+                        }
+                        Err(e) => Err(e),
                     }
-                    r
                 }
-                Step::Renew(lease) => match dir.client().map(|c| c.keep_alive(lease)) {
-                    Some(Ok(_)) => {
-                        p.renewed(lease, now);
-                        Ok(())
-                    }
-                    Some(Err(EtcdError::LeaseGone(_))) => {
-                        tracing::warn!(key = %String::from_utf8_lossy(p.key()), "this engine's etcd lease lapsed: publishing its record again (peers saw it gone meanwhile)");
-                        p.lapsed();
-                        Ok(())
-                    }
-                    Some(Err(e)) => Err(e),
-                    None => Ok(()),
-                },
-            };
-            if let Err(e) = result {
-                self.lose(dir, e, now);
-                return;
-            }
+                Some((Err(EtcdError::LeaseGone(_)), _)) => {
+                    tracing::warn!(key = %String::from_utf8_lossy(p.key()), "this engine's etcd lease lapsed: publishing its record again (peers saw it gone meanwhile)");
+                    p.lapsed();
+                    Ok(())
+                }
+                Some((Err(e), _)) => Err(e),
+                None => Ok(()),
+            },
+        };
+        if let Err(e) = result
+            && dir.failed(&e)
+        {
+            self.reconnect_at = now + RECONNECT_GAP;
         }
-        if self.watch.is_none() {
-            self.resync(dir, now);
+    }
+}
+
+/// The peer watcher's state.
+struct Watcher {
+    peers: Arc<Peers>,
+    watch: Option<Watch>,
+    /// When to read every record again (no watch), and the wait after a
+    /// failed read.
+    resync_at: Instant,
+    resync_gap: Duration,
+    /// Per suspect (or recently settled) segment: when to ask next, and
+    /// the gap after.
+    checks: HashMap<SegmentId, (Instant, Duration)>,
+}
+
+impl Watcher {
+    fn run(&mut self, stop: &AtomicBool) {
+        while !stop.load(Ordering::Acquire) {
+            let peers = self.peers.clone();
+            let waited = match peers.directory().etcd() {
+                Some(dir) => {
+                    let now = Instant::now();
+                    if self.watch.is_none() && now >= self.resync_at {
+                        self.resync(dir, now);
+                    }
+                    self.read_watch(dir)
+                }
+                None => false,
+            };
+            if !waited {
+                std::thread::sleep(TICK);
+            }
+            self.check_suspects(Instant::now(), stop);
+            self.peers.release_replaced();
         }
     }
 
@@ -238,16 +277,21 @@ impl Tending {
         match watched {
             Ok((records, watch)) => {
                 self.watch = Some(watch);
-                let open: Vec<Arc<Segment>> = self.store_segments();
-                for seg in open {
-                    let record = records
-                        .iter()
-                        .find(|(n, _)| n == seg.name())
-                        .map(|(_, r)| r.clone());
-                    self.on_record(&seg, record);
+                self.resync_gap = TICK;
+                for seg in self.store_segments() {
+                    match records.iter().find(|(n, _)| n == seg.name()) {
+                        None => self.on_record(&seg, None),
+                        Some((_, Some(r))) => self.on_record(&seg, Some(r.clone())),
+                        // Unreadable (logged): neither gone nor changed.
+                        Some((_, None)) => {}
+                    }
                 }
             }
-            Err(e) => self.lose(dir, e, now),
+            Err(e) => {
+                dir.failed(&e);
+                self.resync_gap = (self.resync_gap * 2).min(MAX_RESYNC_GAP);
+                self.resync_at = now + self.resync_gap;
+            }
         }
     }
 
@@ -269,32 +313,19 @@ impl Tending {
                 }
             }
             Err(e) => {
-                // Resync (range, then watch again) on the next turn.
+                // Read everything again (and watch anew) a tick later.
                 self.watch = None;
+                self.resync_at = Instant::now() + self.resync_gap;
+                if !matches!(
+                    e,
+                    EtcdError::WatchClosed(_) | EtcdError::WatchCanceled { .. }
+                ) {
+                    dir.failed(&e);
+                }
                 tracing::debug!(error = %e, "etcd watch ended");
             }
         }
         true
-    }
-
-    /// etcd failed: a refusal is logged; a lost store is said once, and
-    /// reached again later.
-    fn lose(&mut self, dir: &EtcdDirectory, e: EtcdError, now: Instant) {
-        self.watch = None;
-        let kind = e.kind();
-        if matches!(
-            kind,
-            tent_rings::ErrorKind::Unreachable | tent_rings::ErrorKind::Timeout
-        ) {
-            dir.disconnect();
-            self.reconnect_at = now + RECONNECT_GAP;
-            if !self.lost {
-                self.lost = true;
-                tracing::warn!(error = %dir.lost(e), "etcd metadata store lost: open segments keep serving, new opens fail until it returns; this engine's record lapses if it stays away past the lease TTL");
-            }
-        } else {
-            crate::lograte::warn_limited!((kind.code(), "etcd"), error = %e, "etcd refused a metadata request");
-        }
     }
 
     /// The open segments a store named, whose records speak for them.
@@ -310,37 +341,34 @@ impl Tending {
     }
 
     /// `seg`'s record now says `record` (`None`: deleted, its owner's
-    /// lease expired or was revoked).
+    /// lease expired or was revoked: the store speaks for its liveness).
+    /// Another incarnation replaces the segment only once the process the
+    /// record names proved to be it; until then nothing changes.
     fn on_record(&mut self, seg: &Arc<Segment>, record: Option<Record>) {
-        match record {
-            None => self
-                .peers
-                .mark_gone(seg, "its record left etcd (lease expired or revoked)"),
-            Some(r) => {
-                let same = seg.incarnation() == Some(r.incarnation);
-                if same && seg.peer_state() != PeerState::Gone {
-                    return;
-                }
-                let why = match same {
-                    true => Replace::Returned,
-                    false => Replace::Restarted,
-                };
-                if !same {
-                    // Whatever was in flight went to the old process.
-                    self.peers
-                        .mark_gone(seg, "another incarnation published its name");
-                }
-                if let Err(e) = self.peers.replace(seg, why) {
-                    tracing::info!(segment = seg.name(), error = %e, "the peer's new process does not answer yet: trying again");
-                    self.checks.insert(seg.id(), (Instant::now(), FIRST_CHECK));
-                }
-            }
+        let Some(r) = record else {
+            self.peers
+                .mark_gone(seg, "its record left etcd (lease expired or revoked)");
+            return;
+        };
+        let same = seg.incarnation() == Some(r.incarnation);
+        if same && seg.peer_state() != PeerState::Gone {
+            return;
+        }
+        let why = match same {
+            true => Replace::Returned,
+            false => Replace::Restarted,
+        };
+        if let Err(e) = self.peers.replace(seg, why) {
+            tracing::info!(segment = seg.name(), error = %e, "the process the peer's record names does not answer as it yet: asking again");
+            seg.suspect();
+            self.checks
+                .insert(seg.id(), (Instant::now() + FIRST_CHECK, FIRST_CHECK));
         }
     }
 
     /// Ask who answers under the name of each suspect segment (and each
     /// gone one that may have come back) that is due.
-    fn check_suspects(&mut self, now: Instant) {
+    fn check_suspects(&mut self, now: Instant, stop: &AtomicBool) {
         let table = self.peers.shared.segments.load_full();
         // A peer that answered is remembered a while, so a new suspicion
         // waits out SETTLED_GAP.
@@ -350,6 +378,9 @@ impl Tending {
                 .is_some_and(|s| s.peer_state() != PeerState::Serving || now < *at + MAX_CHECK_GAP)
         });
         for seg in table.iter() {
+            if stop.load(Ordering::Acquire) {
+                return;
+            }
             let state = seg.peer_state();
             if state == PeerState::Serving || seg.control().is_none() {
                 continue;
@@ -367,26 +398,26 @@ impl Tending {
         }
     }
 
-    /// Who answers under `seg`'s name now? The same process: it serves
-    /// (a suspicion cleared), or, when it lists other regions than the
-    /// segment has, the segment is refreshed. Another: the segment is
-    /// replaced. None: ask again later. True when settled.
+    /// Who answers under `seg`'s name now? The same process: it serves (a
+    /// suspicion cleared), or, when it lists other regions than the
+    /// segment has, the segment is refreshed. Another, proven to be the
+    /// one its name leads to: the segment is replaced. None: ask again
+    /// later. True when settled.
     fn check(&mut self, seg: &Arc<Segment>, state: PeerState) -> bool {
         let peers = &self.peers;
         let cfg = &peers.shared.config;
         let timeout = match peers.directory().etcd() {
-            Some(dir) => (dir.ttl() / 6).min(Duration::from_secs(1)),
+            Some(dir) => crate::control::directory::etcd::call_timeout(dir.ttl()),
             None => Duration::from_secs(1),
         };
-        let (addr, expected) = match peers.directory().locate(seg.name(), timeout) {
+        let (addr, expected) = match peers.directory().locate(seg.name()) {
             Ok(Located::Control { addr, expected }) => (addr, expected),
             // An shm segment by name reports its owner's end itself; a
-            // store that is lost or holds no record: later.
+            // store that is lost, or a record refused: later.
             Ok(Located::Shm) | Err(_) => return false,
         };
         if seg.via_store() && expected.is_none() {
-            // Its record is gone: the watch marks it; nothing answers.
-            peers.mark_gone(seg, "its record is no longer in etcd");
+            // Its record is gone: the watch marks it gone.
             return false;
         }
         let head = match crate::control::client::fetch_descriptor_head(&addr, cfg.secret(), timeout)
@@ -397,7 +428,7 @@ impl Tending {
         if expected.as_ref().is_some_and(|e| e.check(&head).is_err()) {
             return false;
         }
-        let same = head.incarnation != 0 && seg.incarnation() == Some(head.incarnation);
+        let same = same_process(seg, &head);
         // An shm segment follows its owner's regions itself.
         let regions_moved = matches!(seg.kind(), SegmentKind::Remote(d) if d.regions_version != head.regions_version);
         let why = match (same, state) {
@@ -409,16 +440,27 @@ impl Tending {
                 return true;
             }
         };
-        if !same {
-            peers.mark_gone(seg, "another incarnation answers under its name");
-        }
         match peers.replace(seg, why) {
             Ok(_) => true,
             Err(e) => {
-                tracing::debug!(segment = seg.name(), error = %e, "replacing a restarted peer's segment failed: trying again");
+                tracing::debug!(segment = seg.name(), error = %e, "replacing a peer's segment failed: asking again");
                 false
             }
         }
+    }
+}
+
+/// Is the owner that answered (`head`) the process `seg` was opened with?
+/// By incarnation; for an owner that does not say one (0, an older
+/// version), by host and pid.
+fn same_process(seg: &Segment, head: &SegmentDescriptor) -> bool {
+    match (seg.incarnation(), head.incarnation) {
+        (Some(ours), theirs) => ours == theirs,
+        (None, 0) => match seg.kind() {
+            SegmentKind::Remote(d) => d.host_id == head.host_id && d.pid == head.pid,
+            _ => shm::peer_of(seg).is_none_or(|p| p.owner_pid() == head.pid),
+        },
+        (None, _) => false,
     }
 }
 
@@ -441,5 +483,34 @@ mod tests {
         assert_eq!(at, t0 + gaps.iter().sum::<Duration>());
         let (next, gap) = next_check(true, MAX_CHECK_GAP, t0);
         assert_eq!((next, gap), (t0 + SETTLED_GAP, FIRST_CHECK));
+    }
+
+    #[test]
+    fn an_owner_that_names_no_incarnation_is_the_same_process_by_host_and_pid() {
+        use tent_rings::SegmentId;
+        let desc = |host: &str, pid: u32, incarnation: u64| SegmentDescriptor {
+            name: "10.0.0.1:7000".into(),
+            host_id: host.into(),
+            pid,
+            incarnation,
+            ..Default::default()
+        };
+        let old = Segment::new(
+            SegmentId(1),
+            "10.0.0.1:7000".into(),
+            SegmentKind::Remote(Arc::new(desc("h", 10, 0))),
+        );
+        assert!(same_process(&old, &desc("h", 10, 0)));
+        assert!(!same_process(&old, &desc("h", 11, 0)), "another pid");
+        assert!(!same_process(&old, &desc("h", 10, 5)), "it now names one");
+        let named = Segment::new(
+            SegmentId(2),
+            "10.0.0.1:7000".into(),
+            SegmentKind::Remote(Arc::new(desc("h", 10, 7))),
+        )
+        .with_incarnation(Some(7));
+        assert!(same_process(&named, &desc("h", 10, 7)));
+        assert!(!same_process(&named, &desc("h", 10, 8)));
+        assert!(!same_process(&named, &desc("h", 10, 0)));
     }
 }
