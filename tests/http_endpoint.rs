@@ -556,9 +556,10 @@ fn peers_past_the_label_cap_are_summed_into_other() {
 }
 
 /// `/health` names each peer's incarnation (from its descriptor, new tag
-/// `0x000c`), the one the peer's own `/health` gives for itself, and how
-/// it is reached in a word (before: `kind` was the whole descriptor's
-/// debug text, regions and GIDs included).
+/// `0x000c`), the one the peer's own `/health` gives for itself, how it is
+/// reached in a word (before: `kind` was the whole descriptor's debug
+/// text, regions and GIDs included), its state (serving, suspect, gone)
+/// and its control address.
 #[test]
 fn health_names_each_peers_incarnation_and_kind() {
     let target = common::engine();
@@ -575,4 +576,6 @@ fn health_names_each_peers_incarnation_and_kind() {
     assert_eq!(peer["segment"], target.segment_name().as_str(), "{health}");
     assert_eq!(peer["incarnation"], own, "{health}");
     assert_eq!(peer["kind"], "remote", "{health}");
+    assert_eq!(peer["state"], "serving", "{health}");
+    assert_eq!(peer["control"], target.segment_name().as_str(), "{health}");
 }

@@ -180,7 +180,8 @@ fn restart_under_load(init: Config, env: &[(&str, String)]) {
         second.name, target.name,
         "the restarted target takes the same name"
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let back = Instant::now();
+    let deadline = back + Duration::from_secs(20);
     let mut errors = Vec::new();
     loop {
         match read_once(&mut ring, seg, second.addr, &local) {
@@ -208,6 +209,11 @@ fn restart_under_load(init: Config, env: &[(&str, String)]) {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+    eprintln!(
+        "reached the restarted peer {:?} after it served ({} reads refused meanwhile)",
+        back.elapsed(),
+        errors.len()
+    );
     // The same id, now the new process's: reads keep working.
     for _ in 0..10 {
         assert_eq!(read_once(&mut ring, seg, second.addr, &local), Ok(Some(2)));
@@ -291,6 +297,7 @@ fn work_to_a_peer_whose_lease_expired_fails_process_failed_within_the_ttl() {
     let cqe = reap(&mut ring, 1)[0];
     let took = t0.elapsed();
     assert_eq!(cqe.result(), Err(ErrorKind::ProcessFailed));
+    eprintln!("a READ to the stopped peer failed ProcessFailed after {took:?} (lease TTL 2 s)");
     // The TTL, etcd's expiry check (up to 0.5 s), the watch and the sweep.
     assert!(
         took < Duration::from_secs(4),

@@ -11,11 +11,13 @@ set -euo pipefail
 # busybox, cpio, the rxe provider and verbs utilities; it fetches Debian's
 # kernel package itself on first use.
 # python3 + python3-venv for the Python module's venv (python/setup.sh).
-# etcd-server for the etcd client's tests (control::etcd), which start
-# their own etcd on free loopback ports; only the binary is used.
+# etcd-server for the etcd tests (the client's, tests/etcd_metadata.rs,
+# tests/peer_restart.rs), which start their own etcd on free loopback
+# ports; only the binary is used. openssl makes the TLS test's CA and
+# certificates.
 pkgs=(pkg-config libhwloc-dev libudev-dev linux-perf libibverbs-dev libclang-dev iproute2
   qemu-system-x86 busybox-static cpio rdma-core ibverbs-providers ibverbs-utils binutils
-  python3 python3-venv etcd-server)
+  python3 python3-venv etcd-server openssl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

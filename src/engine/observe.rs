@@ -226,6 +226,8 @@ impl Observer {
                     "segment": s.name(),
                     "kind": s.kind().name(),
                     "incarnation": s.incarnation().map(|i| format!("{i:016x}")),
+                    "state": s.peer_state().name(),
+                    "control": s.control(),
                     "rails": rails,
                 })
             })

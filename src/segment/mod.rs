@@ -27,6 +27,17 @@ pub(crate) enum PeerState {
     Gone = 2,
 }
 
+impl PeerState {
+    /// How `/health` says it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            PeerState::Serving => "serving",
+            PeerState::Suspect => "suspect",
+            PeerState::Gone => "gone",
+        }
+    }
+}
+
 /// A region as a peer sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteRegion {
