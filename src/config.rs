@@ -833,6 +833,38 @@ enum StrRule {
     EmptyOrAbsolutePath,
 }
 
+/// An etcd endpoint (`host:port`, `http://host:port[/]` or
+/// `https://host:port[/]`) as the base URL the client talks to, or why it
+/// is not one (what `metadata_servers` is checked with).
+pub(crate) fn etcd_endpoint_url(endpoint: &str) -> Result<String, String> {
+    let e = endpoint.trim().trim_end_matches('/');
+    let (scheme, rest) = match e.split_once("://") {
+        Some((s @ ("http" | "https"), rest)) => (s, rest),
+        Some((scheme, _)) => {
+            return Err(format!(
+                "endpoint {endpoint:?}: scheme {scheme:?} is not supported (http or https)"
+            ));
+        }
+        None => ("http", e),
+    };
+    let ok = !rest.is_empty()
+        && rest.len() <= 255
+        && rest
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-:[]_".contains(&b));
+    if !ok {
+        // User info (user:password@) is not echoed.
+        let shown = match endpoint.contains('@') {
+            true => "(an endpoint with user info, not shown)".to_owned(),
+            false => format!("{endpoint:?}"),
+        };
+        return Err(format!(
+            "endpoint {shown} is not host:port (etcd's user and password go in metadata_user and metadata_password)"
+        ));
+    }
+    Ok(format!("{scheme}://{rest}"))
+}
+
 /// Most etcd endpoints `metadata_servers` may name.
 const MAX_ENDPOINTS: usize = 32;
 
@@ -2094,11 +2126,11 @@ fn check_val(
                 return Err(invalid(format!("at most {MAX_ENDPOINTS} endpoints")));
             }
             for (i, e) in endpoints.iter().enumerate() {
-                if let Err(why) = crate::control::etcd::endpoint_url(e) {
+                if let Err(why) = etcd_endpoint_url(e) {
                     return Err(ConfigError::Invalid {
                         file: file.to_owned(),
                         key: format!("{key}[{i}]"),
-                        reason: why.to_string(),
+                        reason: why,
                     });
                 }
             }

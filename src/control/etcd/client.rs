@@ -113,35 +113,9 @@ impl std::fmt::Debug for EtcdClient {
     }
 }
 
-/// `host:port`, `http://host:port[/]` or `https://host:port[/]` as a
-/// base URL.
+/// `endpoint` as a base URL ([`crate::config::etcd_endpoint_url`]).
 pub(super) fn base_url(endpoint: &str) -> Result<String, EtcdError> {
-    let e = endpoint.trim().trim_end_matches('/');
-    let (scheme, rest) = match e.split_once("://") {
-        Some((s @ ("http" | "https"), rest)) => (s, rest),
-        Some((scheme, _)) => {
-            return Err(EtcdError::Invalid(format!(
-                "endpoint {endpoint:?}: scheme {scheme:?} is not supported (http or https)"
-            )));
-        }
-        None => ("http", e),
-    };
-    let ok = !rest.is_empty()
-        && rest.len() <= 255
-        && rest
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b".-:[]_".contains(&b));
-    if !ok {
-        // User info (user:password@) is not echoed.
-        let shown = match endpoint.contains('@') {
-            true => "(an endpoint with user info, not shown)".to_owned(),
-            false => format!("{endpoint:?}"),
-        };
-        return Err(EtcdError::Invalid(format!(
-            "endpoint {shown} is not host:port (etcd's user and password go in metadata_user and metadata_password)"
-        )));
-    }
-    Ok(format!("{scheme}://{rest}"))
+    crate::config::etcd_endpoint_url(endpoint).map_err(EtcdError::Invalid)
 }
 
 fn agent(timeout: Duration, tls: Option<&Tls>) -> ureq::Agent {

@@ -115,12 +115,6 @@ impl EtcdError {
     }
 }
 
-/// `endpoint` (`host:port` or `http://host:port`) as the base URL the
-/// client talks to, or why it is not one (the configuration's check).
-pub(crate) fn endpoint_url(endpoint: &str) -> Result<String, EtcdError> {
-    client::base_url(endpoint)
-}
-
 /// The end of the range holding every key that starts with `prefix`
 /// (etcd's `range_end`): the prefix with its last byte below 0xff
 /// incremented and what follows dropped; `\0` (every key from `prefix`
