@@ -840,10 +840,16 @@ pub(crate) fn etcd_endpoint_url(endpoint: &str) -> Result<String, String> {
     let e = endpoint.trim().trim_end_matches('/');
     let (scheme, rest) = match e.split_once("://") {
         Some((s @ ("http" | "https"), rest)) => (s, rest),
-        Some((scheme, _)) => {
+        Some((scheme, _)) if !endpoint.contains('@') => {
             return Err(format!(
                 "endpoint {endpoint:?}: scheme {scheme:?} is not supported (http or https)"
             ));
+        }
+        Some(_) => {
+            return Err(
+                "an endpoint with user info (not shown) and a scheme other than http or https"
+                    .to_owned(),
+            );
         }
         None => ("http", e),
     };
@@ -1842,7 +1848,11 @@ fn read_value(kind: Kind, key: &str, v: &Value, file: &str) -> Result<Val, Confi
         file: file.to_owned(),
         key: key.to_owned(),
         expected,
-        found: describe(v),
+        // An etcd endpoint may carry user info: its value is never shown.
+        found: match kind {
+            Kind::Endpoints => "(an etcd endpoint value, not shown)".to_owned(),
+            _ => describe(v),
+        },
     };
     let array = || {
         v.as_array()
@@ -3146,8 +3156,15 @@ mod tests {
             invalid_key(r#"{"metadata_segment_name": "mine"}"#),
             "metadata_segment_name"
         );
-        let e = parse(r#"{"metadata_servers": "http://root:hunter2@10.0.0.1:2379"}"#).unwrap_err();
-        assert!(!e.to_string().contains("hunter2"), "{e}");
+        for text in [
+            r#"{"metadata_servers": "http://root:hunter2@10.0.0.1:2379"}"#,
+            r#"{"metadata_servers": "etcd://root:hunter2@10.0.0.1:2379"}"#,
+            r#"{"metadata_servers": [{"url": "http://root:hunter2@h:1"}]}"#,
+            r#"{"metadata_servers": 7}"#,
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(!e.to_string().contains("hunter2"), "{e}");
+        }
         let c = parse(
             r#"{"metadata_type": "etcd", "metadata_servers": "127.0.0.1:2379,http://10.0.0.2:2379",
                 "metadata_password": "pw"}"#,

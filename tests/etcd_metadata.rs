@@ -329,3 +329,22 @@ fn a_record_deleted_or_overwritten_by_someone_else_is_put_back_and_its_peers_kee
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn two_live_engines_given_one_name_do_not_fight_over_it() {
+    let etcd = EtcdServer::start();
+    let mut ca = config(&etcd, "dup");
+    ca.metadata_lease_ttl_secs = Duration::from_secs(6);
+    let _a = Engine::new(ca.clone()).unwrap();
+    let client = etcd.client();
+    // The name comes free for a moment (say A's lease lapsed while etcd
+    // was away) and B takes it; A is alive and renews every 2 s.
+    assert!(client.delete(b"/tent/segments/dup").unwrap());
+    let _b = Engine::new(ca).unwrap();
+    let b = record_of(&etcd, "dup");
+    let until = Instant::now() + Duration::from_millis(4500);
+    while Instant::now() < until {
+        assert_eq!(record_of(&etcd, "dup"), b, "A took the name back from a live B");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

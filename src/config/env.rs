@@ -129,6 +129,10 @@ fn to_json(kind: Kind, text: &str) -> Result<Value, String> {
             serde_json::from_str(&format!("[{text}]"))
                 .map_err(|_| describe(&Value::String(text.to_owned())))
         }
+        // An etcd endpoint may carry user info: its text is never shown.
+        Kind::Endpoints => {
+            serde_json::from_str(text).map_err(|_| "(an etcd endpoint value, not shown)".to_owned())
+        }
         _ => serde_json::from_str(text).map_err(|_| describe(&Value::String(text.to_owned()))),
     }
 }
@@ -276,6 +280,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cfg.secret(), Some(&b"a-secret-of-24-bytes-xx"[..]));
+        // Nor an etcd endpoint, which may carry a password.
+        for value in [r#"["http://root:hunter2@h:1"#, "http://root:hunter2@h:1"] {
+            let e = apply(
+                &mut Config::default(),
+                vars(&[("TENT_METADATA_SERVERS", value)]),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(!e.contains("hunter2"), "{e}");
+        }
     }
 
     #[test]

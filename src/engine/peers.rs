@@ -93,8 +93,22 @@ impl Peers {
 
     /// The segment named `name` as its owner describes it now.
     fn build(&self, name: &str, edit: impl FnOnce(&mut SegmentDescriptor)) -> Result<Built> {
+        let timeout = self
+            .shared
+            .config
+            .default_timeout_ms
+            .min(Duration::from_secs(10));
+        self.build_within(name, timeout, edit)
+    }
+
+    /// [`Peers::build`], the owner's answer awaited at most `timeout`.
+    fn build_within(
+        &self,
+        name: &str,
+        timeout: Duration,
+        edit: impl FnOnce(&mut SegmentDescriptor),
+    ) -> Result<Built> {
         let cfg = &self.shared.config;
-        let timeout = cfg.default_timeout_ms.min(Duration::from_secs(10));
         let (addr, expected) = match self.directory.locate(name)? {
             Located::Shm => {
                 return Ok(Built {
@@ -180,54 +194,67 @@ impl Peers {
     }
 
     /// Replace `old` (still the table's segment under its id) with one
-    /// built from what its owner's name leads to now. `Ok(false)`: `old`
-    /// is no longer in the table (closed or replaced already). On an error
-    /// `old` stays as it was.
+    /// built from what its owner's name leads to now, asked within
+    /// [`REPLACE_TIMEOUT`]. Another process there (by [`Owner::same`]): the
+    /// old segment is marked gone first (its work in flight went to a
+    /// process that is no more), said once. The same process: replaced
+    /// only when the old one is gone (it came back) or `why` is
+    /// [`Replace::Refreshed`] (its regions changed); else nothing changes.
+    /// `Ok(false)`: nothing replaced (`old` closed or replaced already, or
+    /// the same process). On an error `old` stays as it was.
     pub(super) fn replace(&self, old: &Arc<Segment>, why: Replace) -> Result<bool> {
         let current =
             |t: &crate::segment::SegmentTable| t.get(old.id()).is_some_and(|s| Arc::ptr_eq(s, old));
         if !current(&self.shared.segments.load()) {
             return Ok(false);
         }
-        // Asked without the lock, as `open` does.
-        let built = self.build(old.name(), |_| {})?;
+        // Asked without the lock, as `open` does, and within a bound: the
+        // metadata thread that calls this has other peers to watch.
+        let built = self.build_within(old.name(), REPLACE_TIMEOUT, |_| {})?;
+        let new = Arc::new(built.into_segment(old.id(), old.name()));
+        let restarted = !Owner::of(old).same(&Owner::of(&new));
+        let came_back = old.peer_state() == PeerState::Gone;
+        if !restarted && !came_back && why != Replace::Refreshed {
+            return Ok(false);
+        }
         let _g = self.shared.registry.lock();
         let table = self.shared.segments.load_full();
         if !current(&table) {
             return Ok(false);
         }
-        let new = Arc::new(built.into_segment(old.id(), old.name()));
         let (old_inc, new_inc) = (
             old.incarnation().unwrap_or(0),
             new.incarnation().unwrap_or(0),
         );
-        match why {
-            Replace::Restarted | Replace::Returned if old_inc != new_inc => {
-                tracing::warn!(
-                    segment = old.name(),
-                    id = old.id().0,
-                    old_incarnation = format_args!("{old_inc:#x}"),
-                    new_incarnation = format_args!("{new_inc:#x}"),
-                    "peer restarted: its segment now reaches the new process (work in flight to the old one failed ProcessFailed)"
-                );
-                old.mark_gone();
-            }
-            Replace::Restarted | Replace::Returned => tracing::info!(
+        if restarted {
+            tracing::warn!(
+                segment = old.name(),
+                id = old.id().0,
+                old_incarnation = format_args!("{old_inc:#x}"),
+                new_incarnation = format_args!("{new_inc:#x}"),
+                "peer restarted: its segment now reaches the new process (work in flight to the old one fails ProcessFailed)"
+            );
+            old.mark_gone();
+        } else if came_back {
+            tracing::info!(
                 segment = old.name(),
                 id = old.id().0,
                 incarnation = format_args!("{new_inc:#x}"),
                 "peer back: its segment reaches it again"
-            ),
-            // Work in flight on the old one goes on: it is the same process.
-            Replace::Refreshed => tracing::debug!(
+            );
+        } else {
+            // Work in flight on the old one goes on: the same process.
+            tracing::debug!(
                 segment = old.name(),
                 id = old.id().0,
                 "peer registered or withdrew regions: its segment now lists them"
-            ),
+            );
         }
         self.shared.next_epoch(|epoch| {
-            old.close(epoch);
+            // The new table first: a worker that loads it in between finds
+            // the segment open, never closed with nothing in its place.
             self.shared.segments.store(Arc::new(table.with(new)));
+            old.close(epoch);
             self.replaced.hold(old.clone());
         });
         // A parked worker acknowledges the epoch once it wakes.
@@ -279,6 +306,60 @@ impl Peers {
     }
 }
 
+/// The longest the metadata thread waits for a peer's descriptor when it
+/// replaces a segment (an application's open waits up to
+/// `default_timeout_ms`, at most 10 s).
+const REPLACE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Who owns a segment's memory, as far as it is known: its incarnation
+/// (0: it did not say), host and pid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Owner<'a> {
+    pub incarnation: u64,
+    pub host: Option<&'a str>,
+    pub pid: Option<u32>,
+}
+
+impl<'a> Owner<'a> {
+    /// The owner of `seg` (a remote one's from its descriptor; an shm
+    /// one's pid from its mapping).
+    pub(super) fn of(seg: &'a Segment) -> Owner<'a> {
+        let (host, pid) = match seg.kind() {
+            SegmentKind::Remote(d) => (Some(d.host_id.as_str()), Some(d.pid)),
+            _ => (None, shm::peer_of(seg).map(ShmPeer::owner_pid)),
+        };
+        Owner {
+            incarnation: seg.incarnation().unwrap_or(0),
+            host,
+            pid,
+        }
+    }
+
+    /// The owner a descriptor names.
+    pub(super) fn of_descriptor(d: &'a SegmentDescriptor) -> Owner<'a> {
+        Owner {
+            incarnation: d.incarnation,
+            host: Some(&d.host_id),
+            pid: Some(d.pid),
+        }
+    }
+
+    /// The same process? By incarnation when either says one; for owners
+    /// that name none (an older version), by pid and, where both know it,
+    /// host (the kernel's boot id: containers on one host share it, so two
+    /// such processes with the same pid in two containers look the same).
+    pub(super) fn same(&self, other: &Owner<'_>) -> bool {
+        if self.incarnation != 0 || other.incarnation != 0 {
+            return self.incarnation == other.incarnation;
+        }
+        let hosts = match (self.host, other.host) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        };
+        self.pid.is_some() && self.pid == other.pid && hosts
+    }
+}
+
 /// Why a segment is replaced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Replace {
@@ -309,5 +390,48 @@ impl Built {
             seg = seg.with_attachment(k, peer);
         }
         seg
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(host: &str, pid: u32, incarnation: u64) -> SegmentDescriptor {
+        SegmentDescriptor {
+            name: "10.0.0.1:7000".into(),
+            host_id: host.into(),
+            pid,
+            incarnation,
+            ..Default::default()
+        }
+    }
+
+    fn remote(d: SegmentDescriptor) -> Segment {
+        let inc = (d.incarnation != 0).then_some(d.incarnation);
+        Segment::new(SegmentId(1), "p".into(), SegmentKind::Remote(Arc::new(d)))
+            .with_incarnation(inc)
+    }
+
+    #[test]
+    fn an_owner_is_the_same_by_incarnation_or_without_one_by_host_and_pid() {
+        let old = remote(desc("h", 10, 0));
+        let same = |d: SegmentDescriptor| Owner::of(&old).same(&Owner::of_descriptor(&d));
+        assert!(same(desc("h", 10, 0)));
+        assert!(!same(desc("h", 11, 0)), "another pid");
+        assert!(!same(desc("g", 10, 0)), "another host");
+        assert!(!same(desc("h", 10, 5)), "it now names one");
+        let named = remote(desc("h", 10, 7));
+        let seg = |d: SegmentDescriptor| Owner::of(&named).same(&Owner::of(&remote(d)));
+        assert!(seg(desc("h", 10, 7)));
+        assert!(!seg(desc("h", 10, 8)), "a restart");
+        assert!(!seg(desc("h", 10, 0)));
+        // An owner nothing is known of is nobody's same.
+        let unknown = Owner {
+            incarnation: 0,
+            host: None,
+            pid: None,
+        };
+        assert!(!unknown.same(&unknown));
     }
 }

@@ -291,38 +291,43 @@ impl EtcdDirectory {
     }
 
     /// May this engine (`incarnation`) publish under `name`? Not while
-    /// another engine that answers holds it: a name is one engine's. One
-    /// whose record outlives it (killed, its lease not yet expired) does
-    /// not answer, and the name is taken over.
+    /// another engine holds it that answers at its record's address: a
+    /// name is one engine's. One whose record outlives it (killed, its
+    /// lease not yet expired) does not answer (the connection refused or
+    /// timed out), and the name is taken over; one that answers in any
+    /// way (refusing our secret included) holds it.
     ///
     /// # Errors
-    /// `InvalidArgument` naming the live holder; etcd's own errors.
+    /// `InvalidArgument` naming the live holder; etcd unreachable.
     pub(crate) fn claim(&self, name: &str, incarnation: u64, secret: Option<&[u8]>) -> Result<()> {
         let record = match self.lookup(name) {
             Ok(Some(r)) if r.incarnation != incarnation => r,
             Ok(_) => return Ok(()),
+            Err(e) if matches!(e.kind(), ErrorKind::Unreachable | ErrorKind::Timeout) => {
+                return Err(e);
+            }
             // Whatever is there is not a record an engine could use.
-            Err(e) if e.kind() != ErrorKind::Unreachable => return Ok(()),
-            Err(e) => return Err(e),
+            Err(_) => return Ok(()),
         };
-        let probe = Duration::from_secs(1);
-        match crate::control::client::fetch_descriptor_head(&record.control, secret, probe) {
-            Ok(d) if d.incarnation == record.incarnation
-                && d.published_as.as_deref() == Some(name) =>
-            {
-                Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!(
-                        "segment name {name:?} is held by a live engine at {} (incarnation {:#x}): choose another metadata_segment_name",
-                        record.control, record.incarnation
-                    ),
-                ))
-            }
-            _ => {
-                tracing::info!(segment = name, previous = %record.control, "taking over a segment name whose engine no longer answers");
-                Ok(())
-            }
+        let probe = call_timeout(self.ttl);
+        let gone = match crate::control::client::fetch_descriptor_head(&record.control, secret, probe) {
+            Ok(d) => d.incarnation != record.incarnation,
+            Err(e) => matches!(
+                e.kind(),
+                ErrorKind::Unreachable | ErrorKind::Timeout | ErrorKind::ProcessFailed
+            ),
+        };
+        if !gone {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "segment name {name:?} is held by a live engine at {} (incarnation {:#x}): choose another metadata_segment_name",
+                    record.control, record.incarnation
+                ),
+            ));
         }
+        tracing::info!(segment = name, previous = %record.control, "taking over a segment name whose engine no longer answers");
+        Ok(())
     }
 
     /// Every name published now with its record (`None`: one that does

@@ -32,14 +32,12 @@ use std::time::{Duration, Instant};
 
 use tent_rings::SegmentId;
 
-use super::{Peers, Replace};
-use crate::control::SegmentDescriptor;
+use super::{Owner, Peers, Replace};
 use crate::control::directory::etcd::{Change, Publication, Record, Step};
 use crate::control::directory::{EtcdDirectory, Located};
 use crate::control::etcd::{EtcdError, Watch};
 use crate::error::{Error, Result};
 use crate::segment::{PeerState, Segment, SegmentKind};
-use crate::transport::shm;
 
 /// How long a thread sleeps (or waits on the watch) per turn: the bound
 /// on how late a stop, a suspect check or a renewal is.
@@ -100,9 +98,12 @@ impl MetadataThread {
                 peers: peers.clone(),
                 publication: p,
                 reconnect_at: now,
+                name,
+                incarnation,
+                publish_at: now,
             };
             let flag = stop.clone();
-            threads.spawn("tent-lease", move || keeper.run(&flag))?;
+            threads.spawn("tent-lease", move |ready| keeper.run(&flag, ready))?;
         }
         let mut watcher = Watcher {
             peers,
@@ -117,16 +118,27 @@ impl MetadataThread {
             watcher.resync(dir, now);
         }
         let flag = stop.clone();
-        threads.spawn("tent-peers", move || watcher.run(&flag))?;
+        threads.spawn("tent-peers", move |ready| watcher.run(&flag, ready))?;
         Ok(threads)
     }
 
-    fn spawn(&mut self, name: &str, f: impl FnOnce() + Send + 'static) -> Result<()> {
+    /// Start thread `name` running `f`, and wait until it says it made
+    /// its first turn (bounded): what a thread sets up on its first use of
+    /// the tables (arc-swap's per-thread slot, an allocation) is done
+    /// inside `Engine::new`, never in the middle of the application's
+    /// transfers.
+    fn spawn(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(std::sync::mpsc::SyncSender<()>) + Send + 'static,
+    ) -> Result<()> {
+        let (ready, started) = std::sync::mpsc::sync_channel(1);
         let h = std::thread::Builder::new()
             .name(name.into())
-            .spawn(f)
+            .spawn(move || f(ready))
             .map_err(|e| Error::invalid("metadata thread").with_source(e))?;
         self.handles.push(h);
+        let _ = started.recv_timeout(Duration::from_secs(5));
         Ok(())
     }
 }
@@ -161,16 +173,26 @@ struct Keeper {
     peers: Arc<Peers>,
     publication: Publication,
     reconnect_at: Instant,
+    /// The name it publishes, as this incarnation.
+    name: String,
+    incarnation: u64,
+    /// Not before this may the record be put again after another live
+    /// engine was found holding the name.
+    publish_at: Instant,
 }
 
 impl Keeper {
-    fn run(mut self, stop: &AtomicBool) {
+    fn run(mut self, stop: &AtomicBool, ready: std::sync::mpsc::SyncSender<()>) {
         let peers = self.peers.clone();
         let Some(dir) = peers.directory().etcd() else {
             return;
         };
+        let mut ready = Some(ready);
         while !stop.load(Ordering::Acquire) {
             self.tend(dir, Instant::now());
+            if let Some(r) = ready.take() {
+                let _ = r.send(());
+            }
             std::thread::sleep(TICK);
         }
         if let (Some(lease), Some(client)) = (self.publication.lease(), dir.client()) {
@@ -188,9 +210,31 @@ impl Keeper {
                 return;
             }
         }
+        // Another live engine holds the name (both started while etcd was
+        // lost, or the name was given twice): this one yields rather than
+        // overwrite it, and asks again a third of a TTL later.
+        let secret = self.peers.shared.config.secret();
+        let may_put = |publish_at: &mut Instant| {
+            if now < *publish_at {
+                return false;
+            }
+            match dir.claim(&self.name, self.incarnation, secret) {
+                Ok(()) => true,
+                Err(e) => {
+                    *publish_at = now + dir.ttl() / 3;
+                    crate::lograte::warn_limited!(
+                        (self.name.clone(), "name-held"),
+                        error = %e,
+                        "this engine's segment name is held by another live engine: not publishing it"
+                    );
+                    false
+                }
+            }
+        };
         let p = &mut self.publication;
         let result = match p.due(now) {
             Step::Wait(_) => Ok(()),
+            Step::Publish if !may_put(&mut self.publish_at) => Ok(()),
             Step::Publish => publish_now(dir, p, now).map(|()| {
                 tracing::info!(key = %String::from_utf8_lossy(p.key()), "segment record published in etcd");
             }),
@@ -198,9 +242,11 @@ impl Keeper {
                 Some((Ok(_), client)) => {
                     p.renewed(lease, now);
                     // Still ours? Someone with access to the store may have
-                    // deleted or overwritten it: put it back.
+                    // deleted or overwritten it: put it back (unless a live
+                    // engine holds the name now).
                     match client.get(p.key()) {
                         Ok(Some((v, _))) if v == p.value() => Ok(()),
+                        Ok(_) if !may_put(&mut self.publish_at) => Ok(()),
                         Ok(_) => {
                             crate::lograte::warn_limited!(
                                 (p.key().to_vec(), "record"),
@@ -243,8 +289,14 @@ struct Watcher {
 }
 
 impl Watcher {
-    fn run(&mut self, stop: &AtomicBool) {
+    fn run(&mut self, stop: &AtomicBool, ready: std::sync::mpsc::SyncSender<()>) {
+        let mut ready = Some(ready);
         while !stop.load(Ordering::Acquire) {
+            self.check_suspects(Instant::now(), stop);
+            self.peers.release_replaced();
+            if let Some(r) = ready.take() {
+                let _ = r.send(());
+            }
             let peers = self.peers.clone();
             let waited = match peers.directory().etcd() {
                 Some(dir) => {
@@ -259,8 +311,6 @@ impl Watcher {
             if !waited {
                 std::thread::sleep(TICK);
             }
-            self.check_suspects(Instant::now(), stop);
-            self.peers.release_replaced();
         }
     }
 
@@ -367,7 +417,8 @@ impl Watcher {
     }
 
     /// Ask who answers under the name of each suspect segment (and each
-    /// gone one that may have come back) that is due.
+    /// gone one that may have come back, unless the watch will say when
+    /// its record returns) that is due.
     fn check_suspects(&mut self, now: Instant, stop: &AtomicBool) {
         let table = self.peers.shared.segments.load_full();
         // A peer that answered is remembered a while, so a new suspicion
@@ -383,6 +434,9 @@ impl Watcher {
             }
             let state = seg.peer_state();
             if state == PeerState::Serving || seg.control().is_none() {
+                continue;
+            }
+            if state == PeerState::Gone && seg.via_store() && self.watch.is_some() {
                 continue;
             }
             let (at, gap) = *self
@@ -410,6 +464,27 @@ impl Watcher {
             Some(dir) => crate::control::directory::etcd::call_timeout(dir.ttl()),
             None => Duration::from_secs(1),
         };
+        // First the process it was opened with, where it was: if it still
+        // answers as itself, the store need not be asked.
+        if state == PeerState::Suspect
+            && let Some(at) = seg.control()
+            && let Ok(head) =
+                crate::control::client::fetch_descriptor_head(at, cfg.secret(), timeout)
+            && Owner::of(seg).same(&Owner::of_descriptor(&head))
+        {
+            let moved = matches!(seg.kind(), SegmentKind::Remote(d) if d.regions_version != head.regions_version);
+            if !moved {
+                seg.clear_suspect();
+                return true;
+            }
+            return match peers.replace(seg, Replace::Refreshed) {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::debug!(segment = seg.name(), error = %e, "refreshing a peer's segment failed: asking again");
+                    false
+                }
+            };
+        }
         let (addr, expected) = match peers.directory().locate(seg.name()) {
             Ok(Located::Control { addr, expected }) => (addr, expected),
             // An shm segment by name reports its owner's end itself; a
@@ -417,7 +492,9 @@ impl Watcher {
             Ok(Located::Shm) | Err(_) => return false,
         };
         if seg.via_store() && expected.is_none() {
-            // Its record is gone: the watch marks it gone.
+            // Its record is gone (the store speaks for its liveness), an
+            // open that raced the deletion included.
+            peers.mark_gone(seg, "its record is no longer in etcd");
             return false;
         }
         let head = match crate::control::client::fetch_descriptor_head(&addr, cfg.secret(), timeout)
@@ -428,7 +505,7 @@ impl Watcher {
         if expected.as_ref().is_some_and(|e| e.check(&head).is_err()) {
             return false;
         }
-        let same = same_process(seg, &head);
+        let same = Owner::of(seg).same(&Owner::of_descriptor(&head));
         // An shm segment follows its owner's regions itself.
         let regions_moved = matches!(seg.kind(), SegmentKind::Remote(d) if d.regions_version != head.regions_version);
         let why = match (same, state) {
@@ -447,20 +524,6 @@ impl Watcher {
                 false
             }
         }
-    }
-}
-
-/// Is the owner that answered (`head`) the process `seg` was opened with?
-/// By incarnation; for an owner that does not say one (0, an older
-/// version), by host and pid.
-fn same_process(seg: &Segment, head: &SegmentDescriptor) -> bool {
-    match (seg.incarnation(), head.incarnation) {
-        (Some(ours), theirs) => ours == theirs,
-        (None, 0) => match seg.kind() {
-            SegmentKind::Remote(d) => d.host_id == head.host_id && d.pid == head.pid,
-            _ => shm::peer_of(seg).is_none_or(|p| p.owner_pid() == head.pid),
-        },
-        (None, _) => false,
     }
 }
 
@@ -483,34 +546,5 @@ mod tests {
         assert_eq!(at, t0 + gaps.iter().sum::<Duration>());
         let (next, gap) = next_check(true, MAX_CHECK_GAP, t0);
         assert_eq!((next, gap), (t0 + SETTLED_GAP, FIRST_CHECK));
-    }
-
-    #[test]
-    fn an_owner_that_names_no_incarnation_is_the_same_process_by_host_and_pid() {
-        use tent_rings::SegmentId;
-        let desc = |host: &str, pid: u32, incarnation: u64| SegmentDescriptor {
-            name: "10.0.0.1:7000".into(),
-            host_id: host.into(),
-            pid,
-            incarnation,
-            ..Default::default()
-        };
-        let old = Segment::new(
-            SegmentId(1),
-            "10.0.0.1:7000".into(),
-            SegmentKind::Remote(Arc::new(desc("h", 10, 0))),
-        );
-        assert!(same_process(&old, &desc("h", 10, 0)));
-        assert!(!same_process(&old, &desc("h", 11, 0)), "another pid");
-        assert!(!same_process(&old, &desc("h", 10, 5)), "it now names one");
-        let named = Segment::new(
-            SegmentId(2),
-            "10.0.0.1:7000".into(),
-            SegmentKind::Remote(Arc::new(desc("h", 10, 7))),
-        )
-        .with_incarnation(Some(7));
-        assert!(same_process(&named, &desc("h", 10, 7)));
-        assert!(!same_process(&named, &desc("h", 10, 8)));
-        assert!(!same_process(&named, &desc("h", 10, 0)));
     }
 }
