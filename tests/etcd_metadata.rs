@@ -344,7 +344,11 @@ fn two_live_engines_given_one_name_do_not_fight_over_it() {
     let b = record_of(&etcd, "dup");
     let until = Instant::now() + Duration::from_millis(4500);
     while Instant::now() < until {
-        assert_eq!(record_of(&etcd, "dup"), b, "A took the name back from a live B");
+        assert_eq!(
+            record_of(&etcd, "dup"),
+            b,
+            "A took the name back from a live B"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
