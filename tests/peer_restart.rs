@@ -137,6 +137,16 @@ impl Target {
     }
 }
 
+/// Push a READ of `READ` bytes at `at` of the segment into `local`.
+fn push_read(ring: &mut tent::Ring, seg: SegmentId, at: u64, local: &tent::Buffer) {
+    let read = op::Read::new(
+        LocalAddr::new(local.id(), 0),
+        RemoteAddr::new(seg, at),
+        READ,
+    );
+    ring.submission().push(read.user_data(1)).unwrap();
+}
+
 /// One READ at `at` of the segment into `local`: its result, and which
 /// seed's pattern the bytes are.
 fn read_once(
@@ -145,16 +155,7 @@ fn read_once(
     at: u64,
     local: &tent::Buffer,
 ) -> Result<Option<u8>, ErrorKind> {
-    ring.submission()
-        .push(
-            op::Read::new(
-                LocalAddr::new(local.id(), 0),
-                RemoteAddr::new(seg, at),
-                READ,
-            )
-            .user_data(1),
-        )
-        .unwrap();
+    push_read(ring, seg, at, local);
     reap(ring, 1)[0].result()?;
     let mut got = vec![0u8; READ as usize];
     local.read(0, &mut got).unwrap();
@@ -284,16 +285,7 @@ fn work_to_a_peer_whose_lease_expired_fails_process_failed_within_the_ttl() {
     // lease is no longer kept alive.
     target.signal("-STOP");
     let t0 = Instant::now();
-    ring.submission()
-        .push(
-            op::Read::new(
-                LocalAddr::new(local.id(), 0),
-                RemoteAddr::new(seg, at),
-                READ,
-            )
-            .user_data(9),
-        )
-        .unwrap();
+    push_read(&mut ring, seg, at, &local);
     let cqe = reap(&mut ring, 1)[0];
     let took = t0.elapsed();
     assert_eq!(cqe.result(), Err(ErrorKind::ProcessFailed));
