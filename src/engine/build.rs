@@ -271,6 +271,7 @@ impl EngineBuilder {
             links,
             live: super::reload::LiveSettings::new(&config),
             registry: Mutex::new(()),
+            peer_bell: Default::default(),
             config,
         });
 

@@ -93,6 +93,10 @@ pub(crate) struct EngineShared {
     /// network fetch of a segment being opened), so changes and their
     /// unregister epochs come one at a time.
     pub registry: Mutex<()>,
+    /// Wakes the metadata threads: a worker rings it when a segment turns
+    /// suspect, the engine's drop when they are to stop; they sleep on it
+    /// while nothing is due.
+    pub peer_bell: crate::doorbell::Doorbell,
 }
 
 impl EngineShared {

@@ -285,6 +285,11 @@ impl Peers {
         }
     }
 
+    /// Are replaced segments waiting for the workers to let go of them?
+    pub(super) fn holds_replaced(&self) -> bool {
+        !self.replaced.snapshot().is_empty()
+    }
+
     /// Drop the replaced segments no worker uses any more (every worker
     /// acknowledged the epoch they were closed at), ending an shm peer's
     /// threads here rather than on whichever thread drops it last.

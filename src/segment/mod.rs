@@ -153,19 +153,22 @@ impl Segment {
     /// does not list (`AddressNotRegistered`): the metadata thread asks
     /// who answers under its name now. A worker's store, lock-free, and
     /// only while it serves (a load first: the line is read by every
-    /// request); a gone peer stays gone.
+    /// request); a gone peer stays gone. True when this call made it
+    /// suspect (the caller wakes the metadata thread, once).
     #[inline]
-    pub(crate) fn suspect(&self) {
+    pub(crate) fn suspect(&self) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         if self.peer.load(Relaxed) != PeerState::Serving as u8 {
-            return;
+            return false;
         }
-        let _ = self.peer.compare_exchange(
-            PeerState::Serving as u8,
-            PeerState::Suspect as u8,
-            Relaxed,
-            Relaxed,
-        );
+        self.peer
+            .compare_exchange(
+                PeerState::Serving as u8,
+                PeerState::Suspect as u8,
+                Relaxed,
+                Relaxed,
+            )
+            .is_ok()
     }
 
     /// The process this segment was opened with is gone (its lease expired,

@@ -50,6 +50,9 @@ const MAX_CHECK_GAP: Duration = Duration::from_secs(2);
 /// over and over (an application naming an address nobody registered)
 /// cost its control server at most ten lookups a second.
 const SETTLED_GAP: Duration = Duration::from_millis(100);
+/// The longest a metadata thread sleeps while nothing is due: a suspect
+/// segment or the engine's drop rings it awake sooner (`peer_bell`).
+const IDLE_WAIT: Duration = Duration::from_secs(1);
 /// Between two attempts to reach a lost etcd.
 const RECONNECT_GAP: Duration = Duration::from_secs(1);
 /// The longest wait before reading every record again after a failed read
@@ -72,6 +75,7 @@ fn next_check(settled: bool, gap: Duration, now: Instant) -> (Instant, Duration)
 pub(in crate::engine) struct MetadataThread {
     stop: Arc<AtomicBool>,
     handles: Vec<JoinHandle<()>>,
+    peers: Arc<Peers>,
 }
 
 impl MetadataThread {
@@ -87,6 +91,7 @@ impl MetadataThread {
         let mut threads = MetadataThread {
             stop: stop.clone(),
             handles: Vec::new(),
+            peers: peers.clone(),
         };
         if let (Some(dir), Some((name, key, value))) = (peers.directory().etcd(), publish) {
             dir.claim(&name, incarnation, peers.shared.config.secret())?;
@@ -146,6 +151,7 @@ impl MetadataThread {
 impl Drop for MetadataThread {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        self.peers.shared.peer_bell.ring_all();
         for h in self.handles.drain(..) {
             let _ = h.join();
         }
@@ -188,12 +194,24 @@ impl Keeper {
             return;
         };
         let mut ready = Some(ready);
+        let bell = &peers.shared.peer_bell;
         while !stop.load(Ordering::Acquire) {
-            self.tend(dir, Instant::now());
+            let seen = bell.value();
+            let now = Instant::now();
+            self.tend(dir, now);
             if let Some(r) = ready.take() {
                 let _ = r.send(());
             }
-            std::thread::sleep(TICK);
+            // Until the next renewal (a tick while publishing or lost).
+            let wait = match self.publication.due(now) {
+                Step::Wait(at) if dir.client().is_some() => {
+                    at.saturating_duration_since(Instant::now()).min(IDLE_WAIT)
+                }
+                _ => TICK,
+            };
+            if !stop.load(Ordering::Acquire) {
+                bell.wait(seen, wait);
+            }
         }
         if let (Some(lease), Some(client)) = (self.publication.lease(), dir.client()) {
             let _ = client.revoke(lease);
@@ -291,7 +309,12 @@ struct Watcher {
 impl Watcher {
     fn run(&mut self, stop: &AtomicBool, ready: std::sync::mpsc::SyncSender<()>) {
         let mut ready = Some(ready);
+        let peers = self.peers.clone();
+        let bell = &peers.shared.peer_bell;
         while !stop.load(Ordering::Acquire) {
+            // Read before the checks: a suspect rung in meanwhile wakes
+            // the wait below at once.
+            let seen = bell.value();
             self.check_suspects(Instant::now(), stop);
             self.peers.release_replaced();
             if let Some(r) = ready.take() {
@@ -308,8 +331,9 @@ impl Watcher {
                 }
                 None => false,
             };
-            if !waited {
-                std::thread::sleep(TICK);
+            if !waited && !stop.load(Ordering::Acquire) {
+                let busy = !self.checks.is_empty() || self.peers.holds_replaced();
+                bell.wait(seen, if busy { TICK } else { IDLE_WAIT });
             }
         }
     }

@@ -112,7 +112,11 @@ impl Worker {
             ) && let Some(s) = t.segment
             {
                 // SAFETY: the task is live until `release` below.
-                unsafe { s.get() }.suspect();
+                if unsafe { s.get() }.suspect() {
+                    // Once per segment that turns suspect: a futex wake,
+                    // on a failed request's path only.
+                    self.engine.peer_bell.ring();
+                }
             }
             let (origin, user_data, done, priority) = (t.origin, t.user_data, t.done, t.priority);
             // A task whose last slice was a synchronous copy finished when
