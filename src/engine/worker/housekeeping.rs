@@ -93,10 +93,10 @@ impl Worker {
                     continue;
                 }
                 let canceled = t.batch_task().is_some_and(|b| b.cancel_requested());
-                // SAFETY: the task is live, so its segment is held.
-                let gone = t
-                    .segment
-                    .is_some_and(|s| unsafe { s.get() }.peer_state() == PeerState::Gone);
+                let gone = t.segment.is_some_and(|s| {
+                    // SAFETY: the task is live, so its segment is held.
+                    unsafe { s.get() }.peer_state() == PeerState::Gone
+                });
                 let stop = match gone {
                     true => Some(ErrorKind::ProcessFailed),
                     false => stop_reason(canceled, now, t.deadline_ns),
