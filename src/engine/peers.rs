@@ -199,7 +199,7 @@ impl Peers {
     /// old segment is marked gone first (its work in flight went to a
     /// process that is no more), said once. The same process: replaced
     /// only when the old one is gone (it came back) or `why` is
-    /// [`Replace::Refreshed`] (its regions changed); else nothing changes.
+    /// [`Replace::Refresh`] (its regions changed); else nothing changes.
     /// `Ok(false)`: nothing replaced (`old` closed or replaced already, or
     /// the same process). On an error `old` stays as it was.
     pub(super) fn replace(&self, old: &Arc<Segment>, why: Replace) -> Result<bool> {
@@ -214,7 +214,7 @@ impl Peers {
         let new = Arc::new(built.into_segment(old.id(), old.name()));
         let restarted = !Owner::of(old).same(&Owner::of(&new));
         let came_back = old.peer_state() == PeerState::Gone;
-        if !restarted && !came_back && why != Replace::Refreshed {
+        if !restarted && !came_back && why != Replace::Refresh {
             return Ok(false);
         }
         let _g = self.shared.registry.lock();
@@ -365,15 +365,15 @@ impl<'a> Owner<'a> {
     }
 }
 
-/// Why a segment is replaced.
+/// When [`Peers::replace`] replaces a segment whose owner still answers
+/// as the same process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Replace {
-    /// Another incarnation answers under its name.
-    Restarted,
-    /// Its owner was gone (lease expired) and publishes again.
-    Returned,
-    /// The same process lists other regions than it was opened with.
-    Refreshed,
+    /// Only if it had been marked gone (it came back); another process is
+    /// always replaced.
+    IfChanged,
+    /// Always: the same process lists other regions than it was opened with.
+    Refresh,
 }
 
 /// A segment made from what its owner said, before it has an id.

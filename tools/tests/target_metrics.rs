@@ -2,6 +2,8 @@
 //! of its stdout, after the segment name, and that URL serves Prometheus
 //! text.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
@@ -11,25 +13,12 @@ const BENCH: &str = env!("CARGO_BIN_EXE_tent-bench");
 
 #[test]
 fn a_target_prints_its_metrics_url_second_and_it_serves_metrics() {
-    let mut child = Command::new(BENCH)
-        .args(["--mode", "target", "--transport", "tcp"])
-        .args(["--buffer-size", "1M", "--exit-on-stdin-eof"])
-        // Another target on this host may hold the default port: then
-        // this exercises the fallback to an ephemeral one.
-        .env("TENT_LOG", "off")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let (mut name, mut metrics) = (String::new(), String::new());
-    out.read_line(&mut name).unwrap();
+    // Another target on this host may hold the default port: then this
+    // exercises the fallback to an ephemeral one.
+    let (mut child, mut out, name) = common::target_with_output();
+    let mut metrics = String::new();
     out.read_line(&mut metrics).unwrap();
-    assert!(
-        name.trim().contains(':'),
-        "first line: the segment name: {name:?}"
-    );
+    assert!(name.contains(':'), "first line: the segment name: {name:?}");
     let url = metrics
         .trim()
         .strip_prefix("metrics: http://")

@@ -428,11 +428,7 @@ impl Watcher {
         if same && seg.peer_state() != PeerState::Gone {
             return;
         }
-        let why = match same {
-            true => Replace::Returned,
-            false => Replace::Restarted,
-        };
-        if let Err(e) = self.peers.replace(seg, why) {
+        if let Err(e) = self.peers.replace(seg, Replace::IfChanged) {
             tracing::info!(segment = seg.name(), error = %e, "the process the peer's record names does not answer as it yet: asking again");
             seg.suspect();
             self.checks
@@ -496,18 +492,7 @@ impl Watcher {
                 crate::control::client::fetch_descriptor_head(at, cfg.secret(), timeout)
             && Owner::of(seg).same(&Owner::of_descriptor(&head))
         {
-            let moved = matches!(seg.kind(), SegmentKind::Remote(d) if d.regions_version != head.regions_version);
-            if !moved {
-                seg.clear_suspect();
-                return true;
-            }
-            return match peers.replace(seg, Replace::Refreshed) {
-                Ok(_) => true,
-                Err(e) => {
-                    tracing::debug!(segment = seg.name(), error = %e, "refreshing a peer's segment failed: asking again");
-                    false
-                }
-            };
+            return self.still_serving(seg, &head);
         }
         let (addr, expected) = match peers.directory().locate(seg.name()) {
             Ok(Located::Control { addr, expected }) => (addr, expected),
@@ -529,19 +514,28 @@ impl Watcher {
         if expected.as_ref().is_some_and(|e| e.check(&head).is_err()) {
             return false;
         }
-        let same = Owner::of(seg).same(&Owner::of_descriptor(&head));
-        // An shm segment follows its owner's regions itself.
-        let regions_moved = matches!(seg.kind(), SegmentKind::Remote(d) if d.regions_version != head.regions_version);
-        let why = match (same, state) {
-            (false, _) => Replace::Restarted,
-            (true, PeerState::Gone) => Replace::Returned,
-            (true, _) if regions_moved => Replace::Refreshed,
-            (true, _) => {
-                seg.clear_suspect();
-                return true;
-            }
-        };
-        match peers.replace(seg, why) {
+        if state != PeerState::Gone && Owner::of(seg).same(&Owner::of_descriptor(&head)) {
+            return self.still_serving(seg, &head);
+        }
+        self.replace(seg, Replace::IfChanged)
+    }
+
+    /// The process `seg` was opened with answers as itself (`head`): the
+    /// suspicion is cleared, or the segment refreshed when the process
+    /// lists other regions (an shm segment follows its owner's regions
+    /// itself). True when settled.
+    fn still_serving(&self, seg: &Arc<Segment>, head: &crate::control::SegmentDescriptor) -> bool {
+        let moved = matches!(seg.kind(), SegmentKind::Remote(d) if d.regions_version != head.regions_version);
+        if !moved {
+            seg.clear_suspect();
+            return true;
+        }
+        self.replace(seg, Replace::Refresh)
+    }
+
+    /// [`Peers::replace`]; true when settled (a failure is asked again).
+    fn replace(&self, seg: &Arc<Segment>, why: Replace) -> bool {
+        match self.peers.replace(seg, why) {
             Ok(_) => true,
             Err(e) => {
                 tracing::debug!(segment = seg.name(), error = %e, "replacing a peer's segment failed: asking again");

@@ -1,7 +1,7 @@
 //! What the tools' end-to-end tests share.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
 
 /// `tent-bench args`, which must succeed: its standard output.
 #[allow(dead_code)] // Not every test crate runs the bench this way.
@@ -48,6 +48,14 @@ pub(crate) fn text(out: &Output) -> String {
 /// stdin stops it), and its segment name.
 #[allow(dead_code)] // Not every test crate starts a target.
 pub(crate) fn target() -> (Child, String) {
+    let (child, _, name) = target_with_output();
+    (child, name)
+}
+
+/// [`target`], with the rest of its standard output to read (its second
+/// line says where to scrape it).
+#[allow(dead_code)] // As above.
+pub(crate) fn target_with_output() -> (Child, BufReader<ChildStdout>, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tent-bench"))
         .args(["--mode", "target", "--transport", "tcp"])
         .args(["--buffer-size", "1M", "--exit-on-stdin-eof"])
@@ -57,11 +65,10 @@ pub(crate) fn target() -> (Child, String) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    out.read_line(&mut line).unwrap();
     let name = line.trim().to_owned();
     assert!(!name.is_empty(), "the target printed no segment name");
-    (child, name)
+    (child, out, name)
 }
