@@ -129,6 +129,9 @@ pub struct Config {
     pub max_tasks_per_worker: u32,
     /// `max_inflight_slices`: credit-pool size per worker per transport.
     pub max_inflight_slices: u32,
+    /// `inline_max_bytes`: the largest op a submitting thread performs
+    /// itself (inline issue, on local and shm); 0 turns it off.
+    pub inline_max_bytes: u64,
     /// `max_failover_attempts`: transport switches per task; 0 disables
     /// cross-transport failover for every request (an SQE's `no_failover`
     /// flag disables it for one).
@@ -1178,6 +1181,8 @@ schema! {
         "Task-table capacity of one worker.";
     "max_inflight_slices" => max_inflight_slices: uint(1, 1 << 20), "256", LIVE,
         "Credit-pool size per worker per transport: slices posted and not yet completed.";
+    "inline_max_bytes" => inline_max_bytes: uint(0, 1 << 20), "4096", LIVE,
+        "Largest ring op in bytes that the submitting thread performs itself (inline issue, as io_uring issues a request in the submitter's context): a READ or WRITE on the local or shm transport, pushed while nothing of its ring waits at the worker and the slot gate is open to its priority, is copied inside SubmissionQueue::push and its CQE is there at once, with no crossing to the worker's core; anything else goes to the worker. 0 turns inline issue off for the engine; Ring::set_inline(false) turns it off for one ring (a thread that must never spend time copying). Rings made before a change keep the value they were made with.";
     "max_failover_attempts" => max_failover_attempts: uint(0, 64), "3", LIVE,
         "Transport switches allowed per task; 0 disables cross-transport failover.";
     "merge_requests" => merge_requests: Kind::Bool, "true", LATER,

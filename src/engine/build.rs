@@ -163,7 +163,7 @@ impl EngineBuilder {
         } else {
             None
         };
-        let transports = TransportSlots::default();
+        let transports = Arc::new(TransportSlots::default());
         let wakers = Arc::new(crate::doorbell::Wakers::new(config.workers.count as usize));
         let id = EngineId::next();
         // Where the workers go, before the transports install: they rank
@@ -272,6 +272,7 @@ impl EngineBuilder {
             live: super::reload::LiveSettings::new(&config),
             registry: Mutex::new(()),
             peer_bell: Default::default(),
+            inline: Default::default(),
             config,
         });
 

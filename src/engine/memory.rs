@@ -216,6 +216,7 @@ impl Engine {
     /// until nothing uses it (a `Buffer` copy, a TCP op, which a revoke
     /// cuts within a poll).
     pub(super) fn revoke_application_memory(&self) {
+        self.shared.inline.close();
         let table = self.shared.regions.load_full();
         let retiring = self.retiring.snapshot();
         for r in table.iter().chain(retiring.iter()) {
@@ -230,6 +231,9 @@ impl Engine {
                 std::thread::sleep(Duration::from_micros(100));
             }
         }
+        // Revoked and closed: an inline copy still running ends first, and
+        // no ring keeps the tables.
+        self.shared.inline.release_views();
     }
 
     /// Take regions `ids` out of the table and revoke them at the next
@@ -316,6 +320,9 @@ impl Engine {
         let start = crate::clock::monotonic_ns();
         let mut look = 0u32;
         let mut nap = Duration::from_micros(10);
+        // A ring's inline copy in progress ends first (a bounded copy),
+        // and no ring keeps what was withdrawn.
+        self.shared.inline.release_views();
         loop {
             // Ring on the first look and on every slow one, not per yield.
             let ring = look == 0 || look >= DRAIN_YIELDS;

@@ -77,7 +77,7 @@ pub(crate) struct EngineShared {
     /// read it in housekeeping and acknowledge it (`RegionAck`).
     pub region_epoch: CachePadded<AtomicU64>,
     pub segments: Arc<ArcSwap<SegmentTable>>,
-    pub transports: TransportSlots,
+    pub transports: Arc<TransportSlots>,
     pub gate: Arc<dyn SendGate>,
     /// The TCP transport, when it is the one installed (segments attach to it).
     pub tcp: Option<Arc<TcpTransport>>,
@@ -97,6 +97,9 @@ pub(crate) struct EngineShared {
     /// suspect, the engine's drop when they are to stop; they sleep on it
     /// while nothing is due.
     pub peer_bell: crate::doorbell::Doorbell,
+    /// The rings that issue ops inline: what an unregister or a close
+    /// waits on, and their counts.
+    pub inline: Arc<ring::InlineRings>,
 }
 
 impl EngineShared {

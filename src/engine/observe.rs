@@ -131,7 +131,8 @@ impl Observer {
 
     /// Per-priority statistics summed over the workers, and the slot clock.
     pub(crate) fn qos_stats(&self) -> QosSnapshot {
-        let mut q = QosSnapshot::default();
+        // Ops issued inline count as served at intake, on their ring.
+        let mut q = self.shared.inline.qos_stats();
         for w in &self.workers {
             w.qos.sum_into(&mut q);
         }
@@ -143,9 +144,10 @@ impl Observer {
         q
     }
 
-    /// Every worker's request counters summed.
+    /// Every worker's request counters summed, with the ops rings issued
+    /// inline.
     pub(crate) fn op_stats(&self) -> OpSnapshot {
-        let mut s = OpSnapshot::default();
+        let mut s = self.shared.inline.op_stats();
         for w in &self.workers {
             w.ops.sum_into(&mut s);
         }

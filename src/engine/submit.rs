@@ -28,7 +28,7 @@ impl Engine {
         let w = self.pick_worker();
         let bell = Arc::new(crate::doorbell::CqBell::default());
         w.adopt(WorkerRing::new(sc, Some(cp), Some(bell.clone())));
-        Ok(Ring::new(sp, cc, w.clone(), bell))
+        Ok(Ring::new(sp, cc, w.clone(), bell, &self.shared))
     }
 
     fn pick_worker(&self) -> &Arc<WorkerShared> {

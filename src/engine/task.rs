@@ -40,7 +40,7 @@ impl<T> Clone for Held<T> {
 impl<T> Copy for Held<T> {}
 
 impl<T> Held<T> {
-    pub(super) fn new(r: &T) -> Held<T> {
+    pub(in crate::engine) fn new(r: &T) -> Held<T> {
         Held(std::ptr::NonNull::from(r))
     }
 
@@ -50,7 +50,7 @@ impl<T> Held<T> {
     /// # Safety
     /// Only while the task holding it is live (see the type).
     #[inline]
-    pub(super) unsafe fn get(&self) -> &T {
+    pub(in crate::engine) unsafe fn get(&self) -> &T {
         // SAFETY: the caller's task is live, so the referent is held (see the type).
         unsafe { self.0.as_ref() }
     }

@@ -6,7 +6,7 @@ use arc_swap::ArcSwap;
 use tent_rings::{ErrorKind, TransportKind};
 
 use super::{
-    Capabilities, InstallContext, PackedOutcome, Slice, SliceCompletion, SubmitOutcome, Transport,
+    Capabilities, InlineMemo, InstallContext, PackedOutcome, Slice, SliceCompletion, SubmitOutcome, Transport,
     WorkerCtx, copy_slice, submit_each,
 };
 use crate::error::Result;
@@ -23,6 +23,26 @@ impl LocalTransport {
     /// A local transport checking remote addresses against `regions`.
     pub(crate) fn new(regions: Arc<ArcSwap<RegionTable>>) -> LocalTransport {
         LocalTransport { regions }
+    }
+}
+
+impl LocalTransport {
+    /// Copy one slice between two regions of this process, on whichever
+    /// thread calls (the transport keeps no per-worker state).
+    #[inline]
+    fn copy(&self, s: &Slice<'_>) -> PackedOutcome {
+        if !self.reaches(s.segment) {
+            return SubmitOutcome::Rejected(ErrorKind::Unreachable).into();
+        }
+        match self.regions.load().find_addr(s.remote, s.len) {
+            Ok((_, remote)) => {
+                // SAFETY: `local` was bounds-checked by the engine and `remote` by find_addr, both inside live registrations.
+                unsafe { copy_slice(s.opcode, s.local, remote, s.len as usize) };
+                SubmitOutcome::Completed(Ok(s.len))
+            }
+            Err(e) => SubmitOutcome::Completed(Err(e)),
+        }
+        .into()
     }
 }
 
@@ -56,18 +76,12 @@ impl Transport for LocalTransport {
 
     #[inline]
     fn submit_one(&self, _ctx: &WorkerCtx, s: &Slice<'_>) -> PackedOutcome {
-        if !self.reaches(s.segment) {
-            return SubmitOutcome::Rejected(ErrorKind::Unreachable).into();
-        }
-        match self.regions.load().find_addr(s.remote, s.len) {
-            Ok((_, remote)) => {
-                // SAFETY: `local` was bounds-checked by the engine and `remote` by find_addr, both inside live registrations.
-                unsafe { copy_slice(s.opcode, s.local, remote, s.len as usize) };
-                SubmitOutcome::Completed(Ok(s.len))
-            }
-            Err(e) => SubmitOutcome::Completed(Err(e)),
-        }
-        .into()
+        self.copy(s)
+    }
+
+    #[inline]
+    fn submit_inline(&self, s: &Slice<'_>, _memo: &mut InlineMemo) -> Option<PackedOutcome> {
+        Some(self.copy(s))
     }
 
     fn poll(&self, _ctx: &WorkerCtx, _out: &mut [SliceCompletion]) -> usize {

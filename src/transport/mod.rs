@@ -190,6 +190,15 @@ pub trait Transport: Send + Sync + 'static {
         out[0].into()
     }
 
+    /// Perform `slice` on the calling thread, which is not a worker (a
+    /// ring's inline issue, on the application's thread): `None` when this
+    /// transport cannot (it is not synchronous). Never blocks; the caller
+    /// has checked the slice as a worker's intake does, and keeps what it
+    /// names alive until this returns.
+    fn submit_inline(&self, _slice: &Slice<'_>, _memo: &mut InlineMemo) -> Option<PackedOutcome> {
+        None
+    }
+
     /// Reap completions of posted slices into `out`; returns how many.
     fn poll(&self, ctx: &WorkerCtx, out: &mut [SliceCompletion]) -> usize;
 
@@ -273,6 +282,22 @@ pub(crate) struct TransportSlots {
     /// and reloads them only when this moved (one load per turn, instead
     /// of an arc-swap cache check per slot per op).
     epoch: crossbeam_utils::CachePadded<std::sync::atomic::AtomicU64>,
+}
+
+/// What a thread issuing ops inline keeps between them for the transports
+/// ([`Transport::submit_inline`]): its view of the shm peer it reached
+/// last (a worker keeps one per peer; a submitting thread, one). Opaque.
+#[derive(Default)]
+pub struct InlineMemo {
+    pub(crate) shm: Option<shm::ThreadView>,
+}
+
+impl std::fmt::Debug for InlineMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InlineMemo")
+            .field("shm", &self.shm.is_some())
+            .finish()
+    }
 }
 
 /// An installed transport with its capabilities read once at install time

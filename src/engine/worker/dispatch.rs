@@ -16,7 +16,7 @@ const TIMED_COPY_BYTES: u64 = 16 << 10;
 
 /// What the worker does with a slice after `Transport::submit` answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Verdict {
+pub(in crate::engine) enum Verdict {
     /// Not started, and no fault: the transport is getting ready for it
     /// (`Later`), or answers back-pressure (`SqFull`) while this worker has
     /// slices in flight, whose completions will free room. The task keeps
@@ -40,7 +40,7 @@ pub(super) enum Verdict {
 /// posted whose completions free room. A transport that finishes a slice
 /// `SqFull` (RDMA: its queues went `sq_backoff_timeout_us` without a
 /// completion) means no wait will help: that is a failure, failed over.
-pub(super) fn judge(outcome: SubmitOutcome, others_in_flight: bool) -> Verdict {
+pub(in crate::engine) fn judge(outcome: SubmitOutcome, others_in_flight: bool) -> Verdict {
     match outcome {
         SubmitOutcome::Later => Verdict::Defer,
         SubmitOutcome::Rejected(ErrorKind::SqFull) if others_in_flight => Verdict::Defer,

@@ -1,14 +1,13 @@
 //! Intake: SQEs from the worker's rings become tasks in priority lanes,
 //! or typed error completions at once (validation).
 
-use tent_rings::{ErrorKind, Priority, Sqe, TransportKind};
+use tent_rings::{ErrorKind, Sqe, TransportKind};
 
-use super::turn_clock::{TurnClock, asked_deadline, queued_deadline};
+use super::turn_clock::{TurnClock, queued_deadline};
+use super::views::Accepted;
 use super::{Worker, dispatch};
 use crate::engine::batch::Served;
-use crate::engine::task::{Held, Origin};
-use crate::memory::MemRegion;
-use crate::segment::Segment;
+use crate::engine::task::Origin;
 use crate::transport::Slice;
 
 /// SQEs taken from one ring per turn.
@@ -192,42 +191,6 @@ impl Worker {
 
     fn validate(&mut self, sqe: &Sqe, clock: &mut TurnClock) -> Result<Accepted, ErrorKind> {
         self.views.refresh_slots(&self.engine.transports);
-        // A flag bit or reserved byte this version does not know: a newer
-        // client's request, refused rather than run with part of it ignored.
-        if sqe.has_unknown_fields() {
-            return Err(ErrorKind::InvalidArgument);
-        }
-        let opcode = sqe.opcode().ok_or(ErrorKind::InvalidArgument)?;
-        let priority = sqe.priority().ok_or(ErrorKind::InvalidArgument)?;
-        let hint = sqe.transport_hint().ok_or(ErrorKind::InvalidArgument)?;
-        if sqe.is_empty() {
-            return Err(ErrorKind::InvalidArgument);
-        }
-        let local = sqe.local();
-        let (ptr, region) = self.views.local(local.region, local.offset, sqe.len())?;
-        let reached = self.views.segment(sqe.remote().segment, hint)?;
-        let deadline_ns = asked_deadline(sqe.deadline_ns(), clock, self.max_timeout_ns)?;
-        Ok(Accepted {
-            opcode,
-            priority,
-            local: ptr,
-            region,
-            segment: reached.segment,
-            transport: reached.transport,
-            xport_priority: reached.rank,
-            deadline_ns,
-        })
+        self.views.accept(sqe, clock, self.max_timeout_ns)
     }
-}
-
-struct Accepted {
-    opcode: tent_rings::Opcode,
-    priority: Priority,
-    local: *mut u8,
-    region: Held<MemRegion>,
-    segment: Held<Segment>,
-    transport: TransportKind,
-    xport_priority: u8,
-    /// `None`: the default, set if the request is queued.
-    deadline_ns: Option<u64>,
 }

@@ -64,8 +64,6 @@ use housekeeping::SweepTimer;
 pub(crate) use rings::WorkerRing;
 use rings::{ParkCheck, Rings};
 use scheduler::Scheduler;
-use turn_clock::TurnClock;
-use views::Views;
 
 mod book;
 mod complete;
@@ -79,7 +77,10 @@ mod scheduler;
 mod turn_clock;
 mod views;
 
-pub(super) use views::RANKED;
+pub(super) use dispatch::{Verdict, judge};
+pub(super) use rings::cqe_for;
+pub(super) use turn_clock::TurnClock;
+pub(super) use views::{RANKED, Views};
 
 /// How soon a parked worker looks again at a ring blocked on CQ room.
 const CQ_BLOCKED_RECHECK: Duration = Duration::from_millis(1);

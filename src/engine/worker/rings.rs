@@ -25,7 +25,11 @@ const CQ_PUBLISH_EVERY: usize = 8;
 /// A ring request's completion: its result, the transport that served
 /// it, how many times it switched, `fallback` when it succeeded only after
 /// a switch, and `failover_exhausted` when it failed with none left.
-pub(super) fn cqe_for(user_data: u64, res: Result<u64, ErrorKind>, served: Served) -> Cqe {
+pub(in crate::engine) fn cqe_for(
+    user_data: u64,
+    res: Result<u64, ErrorKind>,
+    served: Served,
+) -> Cqe {
     Cqe::new(user_data, res)
         .with_transport(served.transport)
         .with_failover_count(served.failover_count)

@@ -22,12 +22,12 @@ pub(super) const CLOCKLESS_TURNS: u32 = 64;
 /// A turn's timestamp, read lazily: the first [`now`](TurnClock::now)
 /// reads the clock, later ones in the same turn reuse it.
 #[derive(Debug, Default)]
-pub(super) struct TurnClock(Option<u64>);
+pub(in crate::engine) struct TurnClock(Option<u64>);
 
 impl TurnClock {
     /// The turn's time, read now if nothing has read it yet.
     #[inline]
-    pub(super) fn now(&mut self) -> u64 {
+    pub(in crate::engine) fn now(&mut self) -> u64 {
         *self.0.get_or_insert_with(monotonic_ns)
     }
 

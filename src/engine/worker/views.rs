@@ -10,10 +10,11 @@
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Cache};
-use tent_rings::{ErrorKind, RegionId, SegmentId, TransportKind};
+use tent_rings::{ErrorKind, Opcode, Priority, RegionId, SegmentId, Sqe, TransportKind};
 
 use super::super::task::Held;
 use super::super::{EngineShared, slot_index};
+use super::turn_clock::{TurnClock, asked_deadline};
 use crate::memory::{MemRegion, RegionTable};
 use crate::segment::{PeerState, Segment, SegmentTable};
 use crate::transport::{Installed, TransportSlots};
@@ -41,7 +42,8 @@ type SegmentCache = Cache<Arc<ArcSwap<SegmentTable>>, Arc<SegmentTable>>;
 /// the transports once (`reaches` is a virtual call per transport).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct ResolveKey {
-    table: *const SegmentTable,
+    /// The table's address (compared, never followed).
+    table: usize,
     segment: SegmentId,
     hint: TransportKind,
     slots_epoch: u64,
@@ -55,8 +57,23 @@ pub(super) struct Reached {
     pub(super) transport: TransportKind,
 }
 
+/// A request that passed [`Views::accept`]: what it names, resolved.
+pub(in crate::engine) struct Accepted {
+    pub(in crate::engine) opcode: Opcode,
+    pub(in crate::engine) priority: Priority,
+    /// Its local bytes (in `region`).
+    pub(in crate::engine) local: *mut u8,
+    pub(in crate::engine) region: Held<MemRegion>,
+    pub(in crate::engine) segment: Held<Segment>,
+    pub(in crate::engine) transport: TransportKind,
+    /// The rank in [`RANKED`] of `transport`.
+    pub(in crate::engine) xport_priority: u8,
+    /// `None`: the default, set if the request is queued.
+    pub(in crate::engine) deadline_ns: Option<u64>,
+}
+
 /// See the module doc.
-pub(super) struct Views {
+pub(in crate::engine) struct Views {
     regions: RegionCache,
     segments: SegmentCache,
     /// The engine's transport slots as of `slots_epoch`: a slot read is a
@@ -69,7 +86,7 @@ pub(super) struct Views {
 }
 
 impl Views {
-    pub(super) fn new(engine: &EngineShared) -> Views {
+    pub(in crate::engine) fn new(engine: &EngineShared) -> Views {
         Views {
             regions: Cache::new(engine.regions.clone()),
             segments: Cache::new(engine.segments.clone()),
@@ -84,7 +101,7 @@ impl Views {
     /// submitted after `swap_transport` returned is served by what it
     /// installed.
     #[inline]
-    pub(super) fn refresh_slots(&mut self, transports: &TransportSlots) {
+    pub(in crate::engine) fn refresh_slots(&mut self, transports: &TransportSlots) {
         let epoch = transports.epoch();
         if epoch != self.slots_epoch {
             self.slots = transports.load_all();
@@ -94,7 +111,7 @@ impl Views {
 
     /// The transport installed for `kind`, as of the last refresh.
     #[inline]
-    pub(super) fn slot(&self, kind: TransportKind) -> Option<&Arc<Installed>> {
+    pub(in crate::engine) fn slot(&self, kind: TransportKind) -> Option<&Arc<Installed>> {
         self.slots[slot_index(kind)].as_ref()
     }
 
@@ -105,6 +122,45 @@ impl Views {
         let _ = self.segments.load();
         // `resolved` names a table by address: once it may have moved, forget.
         self.resolved = None;
+    }
+
+    /// Check a request against the tables: every field known, its local
+    /// range inside a live registration, its segment open and reached by
+    /// an installed transport, its deadline neither past nor beyond
+    /// `max_timeout_ns` (the error is the completion's). The worker's intake
+    /// and a ring's inline issue both accept through here, so a request is
+    /// judged the same wherever it runs. Call `refresh_slots` first.
+    pub(in crate::engine) fn accept(
+        &mut self,
+        sqe: &Sqe,
+        clock: &mut TurnClock,
+        max_timeout_ns: u64,
+    ) -> Result<Accepted, ErrorKind> {
+        // A flag bit or reserved byte this version does not know: a newer
+        // client's request, refused rather than run with part of it ignored.
+        if sqe.has_unknown_fields() {
+            return Err(ErrorKind::InvalidArgument);
+        }
+        let opcode = sqe.opcode().ok_or(ErrorKind::InvalidArgument)?;
+        let priority = sqe.priority().ok_or(ErrorKind::InvalidArgument)?;
+        let hint = sqe.transport_hint().ok_or(ErrorKind::InvalidArgument)?;
+        if sqe.is_empty() {
+            return Err(ErrorKind::InvalidArgument);
+        }
+        let local = sqe.local();
+        let (ptr, region) = self.local(local.region, local.offset, sqe.len())?;
+        let reached = self.segment(sqe.remote().segment, hint)?;
+        let deadline_ns = asked_deadline(sqe.deadline_ns(), clock, max_timeout_ns)?;
+        Ok(Accepted {
+            opcode,
+            priority,
+            local: ptr,
+            region,
+            segment: reached.segment,
+            transport: reached.transport,
+            xport_priority: reached.rank,
+            deadline_ns,
+        })
     }
 
     /// `len` bytes at `offset` of registered region `region`, unless it is
@@ -136,7 +192,7 @@ impl Views {
         hint: TransportKind,
     ) -> Result<Reached, ErrorKind> {
         let table = self.segments.load();
-        let table_at = Arc::as_ptr(table);
+        let table_at = Arc::as_ptr(table) as usize;
         let segment = Held::new(
             &**table
                 .get(id)

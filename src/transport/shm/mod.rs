@@ -19,8 +19,10 @@ use tent_rings::{ErrorKind, TransportKind};
 
 pub use desc::ShmEntry;
 pub use peer::{Access, ExportedMemory, MapBudget, ShmExport, ShmPeer};
+pub(crate) use peer::ThreadView;
 
 use super::{
+    InlineMemo,
     Capabilities, InstallContext, PackedOutcome, Slice, SliceCompletion, SubmitOutcome, Transport,
     WorkerCtx, copy_slice, submit_each,
 };
@@ -36,6 +38,19 @@ pub(crate) fn peer_of(segment: &Segment) -> Option<&ShmPeer> {
 /// Cross-process copies through shared mappings.
 #[derive(Debug, Default)]
 pub(crate) struct ShmTransport;
+
+/// What an access to a peer's memory means for the slice of `len` bytes.
+#[inline]
+fn judge(res: Result<Access<()>, ErrorKind>, len: u64) -> PackedOutcome {
+    match res {
+        Ok(Access::Done(())) => SubmitOutcome::Completed(Ok(len)),
+        // The peer's refresher is mapping what the owner just
+        // published: the slice waits its next turn.
+        Ok(Access::Later) => SubmitOutcome::Later,
+        Err(e) => SubmitOutcome::Completed(Err(e)),
+    }
+    .into()
+}
 
 impl Transport for ShmTransport {
     fn kind(&self) -> TransportKind {
@@ -70,18 +85,29 @@ impl Transport for ShmTransport {
         let Some(peer) = peer_of(s.segment) else {
             return SubmitOutcome::Rejected(ErrorKind::Unreachable).into();
         };
-        let res = peer.with_remote_on(ctx, s.remote, s.len, |remote| {
+        judge(peer.with_remote_on(ctx, s.remote, s.len, |remote| {
             // SAFETY: `remote` was bounds- and key-checked inside a mapping `with_remote` keeps alive; `local` was checked by the engine.
             unsafe { copy_slice(s.opcode, s.local, remote, s.len as usize) }
-        });
-        match res {
-            Ok(Access::Done(())) => SubmitOutcome::Completed(Ok(s.len)),
-            // The peer's refresher is mapping what the owner just
-            // published: the slice waits its next turn.
-            Ok(Access::Later) => SubmitOutcome::Later,
-            Err(e) => SubmitOutcome::Completed(Err(e)),
-        }
-        .into()
+        }), s.len)
+    }
+
+    /// From a submitting thread: through the thread's own view of the
+    /// peer's table, with the same checks.
+    #[inline]
+    fn submit_inline(&self, s: &Slice<'_>, memo: &mut InlineMemo) -> Option<PackedOutcome> {
+        let Some(peer) = peer_of(s.segment) else {
+            return Some(SubmitOutcome::Rejected(ErrorKind::Unreachable).into());
+        };
+        // The thread's view of the peer it reached last (a new peer: a
+        // new view, one table load).
+        let view = match &mut memo.shm {
+            Some(v) if peer.owns_view(v) => v,
+            slot => slot.insert(peer.thread_view()),
+        };
+        Some(judge(peer.with_remote_in(view, s.remote, s.len, |remote| {
+            // SAFETY: as in `submit_one`.
+            unsafe { copy_slice(s.opcode, s.local, remote, s.len as usize) }
+        }), s.len))
     }
 
     fn poll(&self, _ctx: &WorkerCtx, _out: &mut [SliceCompletion]) -> usize {

@@ -575,6 +575,10 @@ impl WorkerView {
     }
 }
 
+/// A peer's table as one thread that is not a worker sees it
+/// ([`ShmPeer::thread_view`]).
+pub(crate) struct ThreadView(WorkerView);
+
 /// What a [`TableView`] reads: the peer's shared table.
 struct TableSource(Arc<PeerState>);
 
@@ -746,6 +750,40 @@ impl ShmPeer {
             && !self.state.owner_gone()
             && let Ok(mut view) = views.get(ctx)
             && let Ok(ptr) = view.lookup(addr, len)
+        {
+            // The view holds the table, and so the mapping, while `f` runs.
+            return Ok(Access::Done(f(ptr)));
+        }
+        self.with_remote(addr, len, f)
+    }
+
+    /// A view of this peer's table for one thread that is not a worker (a
+    /// ring issuing ops inline): what a worker's own view is, kept by the
+    /// caller between accesses.
+    pub(crate) fn thread_view(&self) -> ThreadView {
+        ThreadView(WorkerView::new(&self.state))
+    }
+
+    /// Is `view` one of this peer's table?
+    pub(crate) fn owns_view(&self, view: &ThreadView) -> bool {
+        std::ptr::eq(view.0.table.arc_swap(), &self.state.table)
+    }
+
+    /// [`with_remote`](Self::with_remote) through `view`: the hit reads
+    /// the view, as [`with_remote_on`](Self::with_remote_on) does a
+    /// worker's; a miss, or a view of another peer, takes `with_remote`'s
+    /// path.
+    #[inline]
+    pub(crate) fn with_remote_in<R>(
+        &self,
+        view: &mut ThreadView,
+        addr: u64,
+        len: u64,
+        f: impl FnOnce(*mut u8) -> R,
+    ) -> Result<Access<R>, ErrorKind> {
+        if std::ptr::eq(view.0.table.arc_swap(), &self.state.table)
+            && !self.state.owner_gone()
+            && let Ok(ptr) = view.0.lookup(addr, len)
         {
             // The view holds the table, and so the mapping, while `f` runs.
             return Ok(Access::Done(f(ptr)));

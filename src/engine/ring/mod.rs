@@ -26,6 +26,10 @@ use tent_rings::{Cqe, ErrorKind, Sqe};
 
 use super::worker::WorkerShared;
 use crate::doorbell::CqBell;
+use inline::InlineIssuer;
+pub(crate) use inline::InlineRings;
+
+mod inline;
 
 /// How long `wait_ready` spins before it yields the core.
 const WAIT_SPIN: Duration = Duration::from_micros(20);
@@ -37,11 +41,23 @@ use crate::error::{Error, Result};
 
 /// One application thread's rings. `Send`, not `Sync`: one thread submits,
 /// as with io_uring.
+///
+/// A small READ or WRITE on the local or shm transport is issued inline:
+/// [`SubmissionQueue::push`] performs it on the calling thread and its CQE
+/// is ready at once, as `io_uring_enter` issues what will not block in the
+/// submitter's context (see `inline_max_bytes` in docs/CONFIG.md for when;
+/// [`Ring::set_inline`] turns it off for this ring). Everything else goes
+/// to the ring's worker.
 pub struct Ring {
     sq: Producer<Sqe>,
     cq: Consumer<Cqe>,
     worker: Arc<WorkerShared>,
     bell: Arc<CqBell>,
+    /// `None`: inline issue is off for the engine (`inline_max_bytes` 0),
+    /// or the engine stopped.
+    inline: Option<Box<InlineIssuer>>,
+    /// Inline issue on for this ring ([`Ring::set_inline`]).
+    inline_on: bool,
 }
 
 impl std::fmt::Debug for Ring {
@@ -59,13 +75,79 @@ impl Ring {
         cq: Consumer<Cqe>,
         worker: Arc<WorkerShared>,
         bell: Arc<CqBell>,
+        engine: &Arc<super::EngineShared>,
     ) -> Ring {
+        let inline = InlineIssuer::new(engine, sq.capacity() as u32).map(Box::new);
         Ring {
             sq,
             cq,
             worker,
             bell,
+            inline,
+            inline_on: true,
         }
+    }
+
+    /// Turn inline issue on or off for this ring (on by default where the
+    /// engine's `inline_max_bytes` is not 0): off, every op goes to the
+    /// worker, for a thread that must never spend its time copying.
+    pub fn set_inline(&mut self, on: bool) {
+        self.inline_on = on;
+    }
+
+    /// Push `sqe`: staged for inline issue at the next submit when it may
+    /// be (see [`Ring`]), else into the ring for the worker.
+    #[inline]
+    fn push(&mut self, sqe: Sqe) -> Result<(), PushError<Sqe>> {
+        let Some(issuer) = self.inline.as_deref_mut() else {
+            return self.sq.push(sqe);
+        };
+        // Staged only while nothing of this ring is at the worker (pushed,
+        // its CQE not read) or queued for it: order within the ring holds
+        // for every priority.
+        let sqe =
+            if self.inline_on && self.sq.pending() == 0 && self.sq.pushed() == self.cq.popped() {
+                match issuer.stage(sqe) {
+                    Ok(()) => return Ok(()),
+                    Err(sqe) => sqe,
+                }
+            } else {
+                sqe
+            };
+        // Staged ops are older than this one: they reach the worker first.
+        // The ring is empty while any is staged, and they are fewer than
+        // its depth.
+        let sq = &mut self.sq;
+        issuer.unstage(|s| {
+            let pushed = sq.push(s);
+            debug_assert!(pushed.is_ok(), "staged ops fit the empty ring");
+        });
+        self.sq.push(sqe)
+    }
+
+    /// Issue the staged ops (the first part of `submit`); those that may
+    /// not be issued inline go into the ring. Returns how many were staged.
+    #[inline]
+    fn issue_staged(&mut self) -> usize {
+        let Some(issuer) = self.inline.as_deref_mut() else {
+            return 0;
+        };
+        if issuer.is_closed() && issuer.staged() == 0 && !issuer.ready() {
+            // The engine stopped: let go of the tables.
+            self.inline = None;
+            return 0;
+        }
+        let sq = &mut self.sq;
+        issuer.issue_staged(|s| {
+            let pushed = sq.push(s);
+            debug_assert!(pushed.is_ok(), "staged ops fit the empty ring");
+        })
+    }
+
+    /// An inline completion is waiting.
+    #[inline]
+    fn inline_ready(&self) -> bool {
+        self.inline.as_deref().is_some_and(InlineIssuer::ready)
     }
 
     /// The submission side: push SQEs (written in place into the ring).
@@ -77,16 +159,21 @@ impl Ring {
     /// The completion side: iterate CQEs.
     #[inline]
     pub fn completion(&mut self) -> CompletionQueue<'_> {
-        CompletionQueue { cq: &mut self.cq }
+        CompletionQueue {
+            inline: self.inline.as_deref_mut(),
+            cq: &mut self.cq,
+        }
     }
 
-    /// Publish pushed SQEs (one Release store) and wake the worker only if
-    /// it parked (NEED_WAKEUP); returns how many were published.
+    /// Issue the staged small ops here (inline issue, see [`Ring`]), then
+    /// publish pushed SQEs (one Release store) and wake the worker only if
+    /// it parked (NEED_WAKEUP); returns how many were submitted, both ways.
     ///
     /// `Err(Shutdown)` once the engine has stopped: entries published then
     /// may or may not get a (`Shutdown`) completion.
     #[inline]
     pub fn submit(&mut self) -> Result<usize> {
+        let inline = self.issue_staged();
         let n = self.sq.pending();
         if n > 0 {
             self.sq.sync();
@@ -99,13 +186,16 @@ impl Ring {
         if self.worker.exited.load(Ordering::SeqCst) {
             return Err(Error::new(ErrorKind::Shutdown, "the engine has stopped"));
         }
-        Ok(n)
+        Ok(n + inline)
     }
 
     /// Submit, then wait for one CQE (see [`Ring::wait_ready`]).
     pub fn wait_one(&mut self, timeout: Duration) -> Result<Cqe> {
         self.submit()?;
         self.wait_ready(timeout)?;
+        if let Some(c) = self.inline.as_deref_mut().and_then(InlineIssuer::pop) {
+            return Ok(c);
+        }
         let c = self.cq.pop().expect("wait_ready saw a CQE");
         self.cq.sync();
         Ok(c)
@@ -120,6 +210,9 @@ impl Ring {
     /// yet count too: a hint only).
     #[inline]
     fn cq_ready(&mut self) -> bool {
+        if self.inline_ready() {
+            return true;
+        }
         if self.sq.pushed().wrapping_sub(self.cq.popped()) <= 1 {
             !self.cq.is_empty()
         } else {
@@ -210,13 +303,16 @@ impl SubmissionQueue<'_> {
     /// Copy `sqe` into the next free slot. A full ring hands it back.
     /// No syscall, no allocation, no atomic read-modify-write.
     #[inline]
+    /// A small local or shm op may be staged for inline issue (see
+    /// [`Ring`]): `submit` performs it.
     pub fn push(&mut self, sqe: impl Into<Sqe>) -> Result<(), PushError<Sqe>> {
-        self.ring.sq.push(sqe.into())
+        self.ring.push(sqe.into())
     }
 
     /// Free slots.
     pub fn slots(&mut self) -> usize {
-        self.ring.sq.slots()
+        let staged = self.ring.inline.as_deref().map_or(0, InlineIssuer::staged);
+        self.ring.sq.slots().saturating_sub(staged)
     }
 
     /// Ring capacity.
@@ -233,8 +329,10 @@ impl Drop for SubmissionQueue<'_> {
     }
 }
 
-/// Borrowed completion side of a [`Ring`]; dropping it releases the slots.
+/// Borrowed completion side of a [`Ring`]: inline completions first, then
+/// the worker's; dropping it releases the slots.
 pub struct CompletionQueue<'a> {
+    inline: Option<&'a mut InlineIssuer>,
     cq: &'a mut Consumer<Cqe>,
 }
 
@@ -249,6 +347,9 @@ impl Iterator for CompletionQueue<'_> {
 
     #[inline]
     fn next(&mut self) -> Option<Cqe> {
+        if let Some(c) = self.inline.as_deref_mut().and_then(InlineIssuer::pop) {
+            return Some(c);
+        }
         self.cq.pop()
     }
 }
