@@ -74,15 +74,34 @@ pub(crate) fn wait_on(word: &AtomicU32, seen: u32, timeout: Duration) {
 }
 
 /// A ring's completion bell: the application sleeps on it in
-/// `Ring::wait_ready`; the worker rings it after publishing CQEs, but only
-/// once the application has armed it (a relaxed load per flush until then,
-/// so rings nobody waits on pay no fence).
+/// `Ring::wait_ready`, or on its eventfd (`Ring::completion_fd`); the
+/// worker rings both after publishing CQEs, but only once the application
+/// has armed it (a relaxed load per flush until then, so rings nobody
+/// waits on pay no fence), and only while the ring's NEED_WAKEUP says the
+/// application is about to sleep.
 #[derive(Debug, Default)]
 pub(crate) struct CqBell {
     /// The application sleeps on it.
     pub bell: Doorbell,
-    /// Set once by the first blocking wait; never cleared.
+    /// Set once by the first blocking wait or `completion_fd`; never
+    /// cleared.
     pub armed: AtomicBool,
+    /// The eventfd an application waits on with epoll (made by the first
+    /// `Ring::completion_fd`).
+    pub efd: std::sync::OnceLock<std::os::fd::OwnedFd>,
+}
+
+impl CqBell {
+    /// CQEs were published and the application said it is about to
+    /// sleep: wake it, on the futex and on the eventfd if it has one.
+    pub(crate) fn ring(&self) {
+        self.bell.ring();
+        if let Some(fd) = self.efd.get() {
+            // A full counter (EAGAIN) is readable already; nothing else
+            // can fail on an eventfd we made.
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
+    }
 }
 
 /// A worker's doorbell, and whether it sleeps waiting for completions of

@@ -81,9 +81,11 @@ fn run(ring: &mut Ring, src: tent::RegionId, seg: SegmentId, dst: u64, ops: u64)
     }
 }
 
-fn measure(e: &Engine, seg: SegmentId, dst: u64) -> u64 {
+/// Allocations during 100k ops, issued inline (`inline`) or by the worker.
+fn measure(e: &Engine, seg: SegmentId, dst: u64, inline: bool) -> u64 {
     let src = e.allocate_memory(4096).unwrap();
     let mut ring = e.ring_with_depth(64).unwrap();
+    ring.set_inline(inline);
     run(&mut ring, src.id(), seg, dst, 20_000); // warm-up
     let before = ALLOCS.load(Ordering::Relaxed);
     run(&mut ring, src.id(), seg, dst, 100_000);
@@ -114,14 +116,16 @@ fn engine() -> Engine {
 fn zero_allocations_on_the_hot_path() {
     let e = engine();
     let local_dst = e.allocate_memory(4096).unwrap();
-    let local = measure(&e, SegmentId::LOCAL, local_dst.addr());
+    let local = measure(&e, SegmentId::LOCAL, local_dst.addr(), false);
+    let local_inline = measure(&e, SegmentId::LOCAL, local_dst.addr(), true);
 
     let target = engine();
     let remote = target.allocate_memory(4096).unwrap();
     let seg = e
         .open_segment(target.local_segment_name().unwrap())
         .unwrap();
-    let shm = measure(&e, seg, remote.addr());
+    let shm = measure(&e, seg, remote.addr(), false);
+    let shm_inline = measure(&e, seg, remote.addr(), true);
 
     // TCP: worker post and reap, the connection threads, and the target's
     // data server (all in this process, all counted).
@@ -129,11 +133,11 @@ fn zero_allocations_on_the_hot_path() {
     c.transports.shm.enable = false;
     let over_tcp = Engine::new(c).unwrap();
     let seg = over_tcp.open_segment(&target.segment_name()).unwrap();
-    let tcp = measure(&over_tcp, seg, remote.addr());
+    let tcp = measure(&over_tcp, seg, remote.addr(), true);
     assert_eq!(
-        (local, shm, tcp),
-        (0, 0, 0),
-        "allocations during 100k ops (local, shm, tcp)"
+        (local, local_inline, shm, shm_inline, tcp),
+        (0, 0, 0, 0, 0),
+        "allocations during 100k ops (local by the worker, local inline, shm by the worker, shm inline, tcp)"
     );
     let _ = std::fs::remove_dir_all(&config().transports.shm.dir);
 }

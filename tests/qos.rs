@@ -381,7 +381,9 @@ fn high_overtakes_queued_low_and_promotion_keeps_low_moving() {
             }
         });
         std::thread::sleep(Duration::from_millis(20));
+        // To the worker, where the HIGH stream is: not issued inline.
         let mut r = e.ring_with_depth(4).unwrap();
+        r.set_inline(false);
         r.submission()
             .push(local_write(src, dst, 4096, Priority::Low).user_data(7))
             .unwrap();

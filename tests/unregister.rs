@@ -152,8 +152,10 @@ fn a_parked_workers_cached_table_does_not_keep_an_unregistered_region() {
     let dst = e.allocate_memory(4096).unwrap();
     let (start, end) = (region.addr(), region.addr() + len);
     assert!(mapped(start, end));
-    // One op from the region: the worker's cached region table now holds it.
+    // One op from the region by the worker (not inline): its cached region
+    // table now holds it.
     let mut ring = e.ring().unwrap();
+    ring.set_inline(false);
     assert_eq!(
         one(
             &mut ring,

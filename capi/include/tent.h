@@ -858,6 +858,52 @@ int tent_ring_wait(struct tent_ring_t *ring,
                    uint64_t timeout_ms);
 
 /**
+ * Turn inline issue on (`on` non-zero, the default where the engine's
+ * `inline_max_bytes` is not 0) or off for this ring: off, every request
+ * goes to the worker, for a thread that must never spend its time
+ * copying. On, a small local or shm request is performed by
+ * `tent_ring_push`'s own publish, on the calling thread, and its
+ * completion is ready when the call returns.
+ *
+ * # Safety
+ * `ring` is a live ring.
+ */
+int tent_ring_set_inline(struct tent_ring_t *ring,
+                         int on);
+
+/**
+ * `*fd` gets an eventfd that turns readable when the worker posts
+ * completions while this ring is about to sleep (`tent_ring_prepare_wait`):
+ * wait on it with `epoll`/`poll`. The ring owns it: do not close it.
+ *
+ * # Safety
+ * `ring` is a live ring; `fd` valid for one write.
+ */
+int tent_ring_completion_fd(struct tent_ring_t *ring,
+                            int *fd);
+
+/**
+ * Say this thread is about to sleep on the completion fd: `*sleep` gets
+ * 1 when it may (the worker will write the fd for the next completions),
+ * 0 when a completion is already there (reap it instead). After waking,
+ * call `tent_ring_finish_wait`.
+ *
+ * # Safety
+ * `ring` is a live ring; `sleep` valid for one write.
+ */
+int tent_ring_prepare_wait(struct tent_ring_t *ring,
+                           int *sleep);
+
+/**
+ * The sleep on the completion fd is over: the worker stops writing it,
+ * and its counter is drained.
+ *
+ * # Safety
+ * `ring` is a live ring.
+ */
+int tent_ring_finish_wait(struct tent_ring_t *ring);
+
+/**
  * Deliver a notification (`name`, and `msg_len` bytes of `msg`) to the
  * engine that owns `segment` (0: this one); returns once it is in that
  * engine's inbox. The segment must have been opened by its owner's

@@ -224,3 +224,80 @@ pub unsafe extern "C" fn tent_ring_wait(ring: *mut tent_ring_t, timeout_ms: u64)
         ring.wait_ready(Duration::from_millis(timeout_ms))
     })
 }
+
+/// Turn inline issue on (`on` non-zero, the default where the engine's
+/// `inline_max_bytes` is not 0) or off for this ring: off, every request
+/// goes to the worker, for a thread that must never spend its time
+/// copying. On, a small local or shm request is performed by
+/// `tent_ring_push`'s own publish, on the calling thread, and its
+/// completion is ready when the call returns.
+///
+/// # Safety
+/// `ring` is a live ring.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_ring_set_inline(ring: *mut tent_ring_t, on: c_int) -> c_int {
+    call("tent_ring_set_inline", || {
+        // SAFETY: a live ring or NULL, used by this thread only (caller).
+        let ring = &mut unsafe { arg_mut(ring, "ring") }?.ring;
+        ring.set_inline(on != 0);
+        Ok(())
+    })
+}
+
+/// `*fd` gets an eventfd that turns readable when the worker posts
+/// completions while this ring is about to sleep (`tent_ring_prepare_wait`):
+/// wait on it with `epoll`/`poll`. The ring owns it: do not close it.
+///
+/// # Safety
+/// `ring` is a live ring; `fd` valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_ring_completion_fd(ring: *mut tent_ring_t, fd: *mut c_int) -> c_int {
+    call("tent_ring_completion_fd", || {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a live ring or NULL, used by this thread only (caller).
+        let ring = &mut unsafe { arg_mut(ring, "ring") }?.ring;
+        out(fd, "fd")?;
+        let raw = ring.completion_fd()?.as_raw_fd();
+        // SAFETY: checked non-NULL above.
+        unsafe { put(fd, raw) };
+        Ok(())
+    })
+}
+
+/// Say this thread is about to sleep on the completion fd: `*sleep` gets
+/// 1 when it may (the worker will write the fd for the next completions),
+/// 0 when a completion is already there (reap it instead). After waking,
+/// call `tent_ring_finish_wait`.
+///
+/// # Safety
+/// `ring` is a live ring; `sleep` valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_ring_prepare_wait(
+    ring: *mut tent_ring_t,
+    sleep: *mut c_int,
+) -> c_int {
+    call("tent_ring_prepare_wait", || {
+        // SAFETY: a live ring or NULL, used by this thread only (caller).
+        let ring = &mut unsafe { arg_mut(ring, "ring") }?.ring;
+        out(sleep, "sleep")?;
+        let may = ring.prepare_wait();
+        // SAFETY: checked non-NULL above.
+        unsafe { put(sleep, c_int::from(may)) };
+        Ok(())
+    })
+}
+
+/// The sleep on the completion fd is over: the worker stops writing it,
+/// and its counter is drained.
+///
+/// # Safety
+/// `ring` is a live ring.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_ring_finish_wait(ring: *mut tent_ring_t) -> c_int {
+    call("tent_ring_finish_wait", || {
+        // SAFETY: a live ring or NULL, used by this thread only (caller).
+        let ring = &mut unsafe { arg_mut(ring, "ring") }?.ring;
+        ring.finish_wait();
+        Ok(())
+    })
+}

@@ -127,6 +127,39 @@ impl Ring {
         Ok(self.completions(py))
     }
 
+    /// Turn inline issue on (the default where the engine's
+    /// `inline_max_bytes` is not 0) or off for this ring: on, a small local
+    /// or shm request is performed by `submit` itself, its completion
+    /// ready when the call returns; off, every request goes to the worker.
+    fn set_inline(&self, on: bool) {
+        self.ring().set_inline(on);
+    }
+
+    /// An eventfd (an int the ring owns: do not close it) that turns
+    /// readable when the worker posts completions while the ring is about
+    /// to sleep (`prepare_wait`): wait on it with `selectors`, `select` or
+    /// asyncio's `loop.add_reader`.
+    fn completion_fd(&self, py: Python<'_>) -> PyResult<i32> {
+        use std::os::fd::AsRawFd;
+        let mut ring = self.ring();
+        let fd = ring.completion_fd().py(py)?;
+        Ok(fd.as_raw_fd())
+    }
+
+    /// Say the caller is about to sleep on `completion_fd`: True when it
+    /// may (the worker writes the fd for the next completions), False when
+    /// a completion is already there (call `completions` instead). After
+    /// waking, call `finish_wait`.
+    fn prepare_wait(&self) -> bool {
+        self.ring().prepare_wait()
+    }
+
+    /// The sleep is over: the worker stops writing the fd, and its counter
+    /// is drained.
+    fn finish_wait(&self) {
+        self.ring().finish_wait();
+    }
+
     /// The number of entries the ring holds.
     #[getter]
     fn capacity(&self) -> usize {

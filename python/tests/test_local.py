@@ -194,6 +194,35 @@ def test_ring_round_trip(engine):
     assert ring.completions() == []
 
 
+def test_ring_inline_issue_and_completion_fd(engine):
+    import selectors
+
+    n = 1 << 20
+    src = engine.allocate_local_memory(n)
+    dst = engine.allocate_local_memory(n)
+    ring = engine.ring(8)
+    # A small local op is issued inline: its completion is there when push
+    # returns.
+    ring.push(tent.Request(tent.OpCode.WRITE, src, 0, dst, 8), user_data=1)
+    assert [c.user_data for c in ring.completions()] == [1]
+    # The worker's completion wakes a selector on the completion fd.
+    ring.set_inline(False)
+    fd = ring.completion_fd()
+    assert ring.prepare_wait()
+    sel = selectors.DefaultSelector()
+    sel.register(fd, selectors.EVENT_READ)
+    ring.push(tent.Request(tent.OpCode.WRITE, src, 0, dst, n), user_data=2)
+    assert sel.select(10), "the completion fd did not turn readable"
+    ring.finish_wait()
+    got = []
+    deadline = time.time() + 10
+    while not got:
+        got += ring.completions()
+        assert time.time() < deadline
+    assert [(c.user_data, c.bytes) for c in got] == [(2, n)]
+    sel.close()
+
+
 def test_block_list_local(engine):
     blk, nblk = 4096, 64
     src = np.frombuffer(pattern(13, blk * nblk), dtype=np.uint8).copy()

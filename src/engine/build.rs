@@ -568,6 +568,9 @@ impl Drop for Engine {
         // nobody reads), and what is queued here fails `Shutdown` (its
         // submission's tasks end with the workers).
         self.mail.close();
+        // No op is issued inline once the workers stop: a submit from here
+        // on goes to the ring (and is answered `Shutdown`).
+        self.shared.inline.close();
         self.workers.stop();
         for &k in NETWORK {
             if let Some(t) = self.shared.transports.slot(k).load_full() {

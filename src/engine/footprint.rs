@@ -12,7 +12,7 @@
 //! the real structs, and what the TCP transport keeps per worker from the
 //! start (its token table and abort board). Not counted, because they are allocated later and
 //! on demand: application rings (`Engine::ring`, 2 × `ring_depth` entries
-//! each), batches (`allocate_batch`, at most `max_batch_size` slots each),
+//! each, and as many staged SQEs and inline CQEs for inline issue), batches (`allocate_batch`, at most `max_batch_size` slots each),
 //! registered memory, TCP connection rings (per opened peer) and RDMA queue
 //! pairs (per worker and rail on first use); nor thread stacks (address
 //! space, faulted in as used).

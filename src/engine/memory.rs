@@ -216,7 +216,6 @@ impl Engine {
     /// until nothing uses it (a `Buffer` copy, a TCP op, which a revoke
     /// cuts within a poll).
     pub(super) fn revoke_application_memory(&self) {
-        self.shared.inline.close();
         let table = self.shared.regions.load_full();
         let retiring = self.retiring.snapshot();
         for r in table.iter().chain(retiring.iter()) {

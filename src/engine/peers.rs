@@ -300,7 +300,12 @@ impl Peers {
                 .iter()
                 .all(|w| w.region_ack.epoch.load(Ordering::Acquire) >= s.closed_epoch())
         };
-        for s in self.replaced.snapshot() {
+        let replaced = self.replaced.snapshot();
+        if replaced.iter().any(|s| done(s)) {
+            // No ring keeps a replaced segment in its views either.
+            self.shared.inline.release_views();
+        }
+        for s in replaced {
             if done(&s) {
                 if let Some(peer) = shm::peer_of(&s) {
                     let _ = peer.stop();

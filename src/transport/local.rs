@@ -80,6 +80,10 @@ impl Transport for LocalTransport {
     }
 
     #[inline]
+    fn submits_inline(&self) -> bool {
+        true
+    }
+
     fn submit_inline(&self, s: &Slice<'_>, _memo: &mut InlineMemo) -> Option<PackedOutcome> {
         Some(self.copy(s))
     }

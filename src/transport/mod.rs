@@ -199,6 +199,13 @@ pub trait Transport: Send + Sync + 'static {
         None
     }
 
+    /// Does [`submit_inline`](Self::submit_inline) perform slices (not
+    /// answer `None`)? Asked before an op is tried inline, so one this
+    /// transport cannot take is not announced to the slot gate.
+    fn submits_inline(&self) -> bool {
+        false
+    }
+
     /// Reap completions of posted slices into `out`; returns how many.
     fn poll(&self, ctx: &WorkerCtx, out: &mut [SliceCompletion]) -> usize;
 

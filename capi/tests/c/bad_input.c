@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include "tent.h"
@@ -335,6 +336,30 @@ static void rings(tent_engine_t *e, const tent_buffer_t *a, const tent_buffer_t 
     CHECK(got == 1 && cqes[0].result == 64);
     seen |= 1u << (cqes[0].user_data - 100);
     CHECK(seen == 7);
+
+    /* Inline issue off and on, and the completion fd. */
+    EXPECT(tent_ring_set_inline(NULL, 1), TENT_ERR_INVALID_ARGUMENT, "ring is NULL");
+    EXPECT(tent_ring_completion_fd(ring, NULL), TENT_ERR_INVALID_ARGUMENT, "fd");
+    EXPECT(tent_ring_prepare_wait(ring, NULL), TENT_ERR_INVALID_ARGUMENT, "sleep");
+    EXPECT(tent_ring_finish_wait(NULL), TENT_ERR_INVALID_ARGUMENT, "ring is NULL");
+    int efd = -1, sleep_ok = -1;
+    EXPECT(tent_ring_completion_fd(ring, &efd), TENT_OK, "");
+    CHECK(efd >= 0);
+    EXPECT(tent_ring_set_inline(ring, 0), TENT_OK, "");
+    EXPECT(tent_ring_prepare_wait(ring, &sleep_ok), TENT_OK, "");
+    CHECK(sleep_ok == 1);
+    EXPECT(tent_ring_push(ring, e, &reqs[0], 1, NULL), TENT_OK, "");
+    struct pollfd pfd = {efd, POLLIN, 0};
+    CHECK(poll(&pfd, 1, 10000) == 1);
+    EXPECT(tent_ring_finish_wait(ring), TENT_OK, "");
+    EXPECT(tent_ring_wait(ring, 10000), TENT_OK, "");
+    EXPECT(tent_ring_reap(ring, cqes, 4, &got), TENT_OK, "");
+    CHECK(got == 1 && cqes[0].result == 64);
+    /* Issued inline: the completion is there when push returns. */
+    EXPECT(tent_ring_set_inline(ring, 1), TENT_OK, "");
+    EXPECT(tent_ring_push(ring, e, &reqs[0], 1, NULL), TENT_OK, "");
+    EXPECT(tent_ring_reap(ring, cqes, 4, &got), TENT_OK, "");
+    CHECK(got == 1 && cqes[0].result == 64);
 
     /* A request the engine refuses completes with its code. */
     bad = reqs[0];

@@ -45,7 +45,7 @@ use tent_rings::{Cqe, Priority, Sqe};
 
 use super::super::EngineShared;
 use super::super::batch::Served;
-use super::super::worker::{TurnClock, Verdict, Views, cqe_for, judge};
+use super::super::worker::{TurnClock, Verdict, Views, cqe_for, judge, slice_len};
 use crate::clock::nanos;
 use crate::metrics::ops::{OpSnapshot, OpStats};
 use crate::qos::{PriorityStats, QosSnapshot, SendGate};
@@ -173,6 +173,15 @@ pub(super) struct InlineIssuer {
     engine: Weak<EngineShared>,
     max_bytes: u64,
     max_timeout_ns: u64,
+    /// `block_size`: an op is issued inline only if it is one slice, as
+    /// the worker would post it (a range two regions meet in passes there
+    /// slice by slice).
+    block_size: u64,
+    /// The segment the last op found served by a transport that cannot
+    /// issue inline (RDMA, TCP): its ops are not staged (they would be
+    /// checked here, then again by the worker). Forgotten when the views
+    /// are rebuilt.
+    not_inline: Option<tent_rings::SegmentId>,
     side: Arc<InlineSide>,
     rings: Arc<InlineRings>,
     /// Ops pushed for inline issue, not submitted yet, in push order.
@@ -198,6 +207,8 @@ impl InlineIssuer {
             engine: Arc::downgrade(engine),
             max_bytes: cfg.inline_max_bytes,
             max_timeout_ns: nanos(cfg.max_timeout_ms.max(cfg.default_timeout_ms)),
+            block_size: cfg.block_size,
+            not_inline: None,
             side: engine.inline.join(),
             rings: engine.inline.clone(),
             staged: Vec::with_capacity(depth),
@@ -213,7 +224,10 @@ impl InlineIssuer {
     /// back, and it goes to the worker.
     #[inline]
     pub(super) fn stage(&mut self, sqe: Sqe) -> Result<(), Sqe> {
-        if sqe.len() > self.max_bytes || self.staged.len() + self.done.len() >= self.depth {
+        if sqe.len() > self.max_bytes
+            || self.staged.len() + self.done.len() >= self.depth
+            || self.not_inline == Some(sqe.remote().segment)
+        {
             return Err(sqe);
         }
         self.staged_levels |= 1 << level(&sqe).index();
@@ -229,22 +243,40 @@ impl InlineIssuer {
 
     /// Hand every staged op to `to_worker`, in push order (an op that may
     /// not be issued inline came after them: they must reach the worker
-    /// first).
-    pub(super) fn unstage(&mut self, mut to_worker: impl FnMut(Sqe)) {
+    /// first). `to_worker` answers false when the ring had no room (the
+    /// ring keeps room for every staged op, so never): that op completes
+    /// `SqFull` here rather than vanish.
+    pub(super) fn unstage(&mut self, mut to_worker: impl FnMut(Sqe) -> bool) {
         self.staged_levels = 0;
-        for sqe in self.staged.drain(..) {
-            to_worker(sqe);
+        for i in 0..self.staged.len() {
+            let sqe = self.staged[i];
+            if !to_worker(sqe) {
+                self.refuse_full(&sqe);
+            }
         }
+        self.staged.clear();
+    }
+
+    /// `sqe` found no room in the ring: its completion says so.
+    #[cold]
+    fn refuse_full(&mut self, sqe: &Sqe) {
+        debug_assert!(false, "a staged op found the ring full");
+        self.done.push_back(cqe_for(
+            sqe.user_data(),
+            Err(tent_rings::ErrorKind::SqFull),
+            Served::default(),
+        ));
     }
 
     /// Issue the staged ops (the ring's submit): HIGH first, then MEDIUM,
     /// then LOW, each in push order, as the worker would serve them had
     /// they been published together. Once one may not be issued here, it
     /// and every op after it in that order go to `to_worker` (still in that
-    /// order), so none overtakes an op queued at the worker. The side's
-    /// lock is held for the pass; when it is taken (an unregister dropping
-    /// the views), they all go to the worker. Returns how many were staged.
-    pub(super) fn issue_staged(&mut self, mut to_worker: impl FnMut(Sqe)) -> usize {
+    /// order), so none overtakes an op queued at the worker (`to_worker`
+    /// as in [`unstage`](Self::unstage)). The side's lock is held for the
+    /// pass; when it is taken (an unregister dropping the views), they all
+    /// go to the worker. Returns how many were issued here.
+    pub(super) fn issue_staged(&mut self, mut to_worker: impl FnMut(Sqe) -> bool) -> usize {
         let n = self.staged.len();
         if n == 0 {
             return 0;
@@ -261,12 +293,14 @@ impl InlineIssuer {
                 && let Some(engine) = self.engine.upgrade()
             {
                 *slot = Some(InlineViews::new(&engine));
+                self.not_inline = None;
             }
             if let Some(v) = slot.as_mut() {
                 v.views.refresh_slots(&v.transports);
                 views = Some(v);
             }
         }
+        let mut here = 0;
         // One pass per priority staged (most submits stage one).
         let mixed = self.staged_levels.count_ones() > 1;
         for p in [Priority::High, Priority::Medium, Priority::Low] {
@@ -282,16 +316,20 @@ impl InlineIssuer {
                     Some(v) => self.issue(v, &sqe),
                     None => false,
                 };
-                if !issued {
+                if issued {
+                    here += 1;
+                } else {
                     views = None;
-                    to_worker(sqe);
+                    if !to_worker(sqe) {
+                        self.refuse_full(&sqe);
+                    }
                 }
             }
         }
         drop(held);
         self.staged.clear();
         self.staged_levels = 0;
-        n
+        here
     }
 
     /// Has the engine stopped issuing inline?
@@ -338,7 +376,12 @@ impl InlineIssuer {
             return false;
         };
         let p = v.priority;
-        if !installed.caps.synchronous || !(iv.gate_always_open || iv.gate.can_send(p, clock.now()))
+        if !installed.caps.synchronous || !installed.transport.submits_inline() {
+            self.not_inline = Some(sqe.remote().segment);
+            return false;
+        }
+        if slice_len(len, installed.caps, self.block_size) < len
+            || !(iv.gate_always_open || iv.gate.can_send(p, clock.now()))
         {
             return false;
         }

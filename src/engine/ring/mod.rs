@@ -43,11 +43,13 @@ use crate::error::{Error, Result};
 /// as with io_uring.
 ///
 /// A small READ or WRITE on the local or shm transport is issued inline:
-/// [`SubmissionQueue::push`] performs it on the calling thread and its CQE
-/// is ready at once, as `io_uring_enter` issues what will not block in the
-/// submitter's context (see `inline_max_bytes` in docs/CONFIG.md for when;
-/// [`Ring::set_inline`] turns it off for this ring). Everything else goes
-/// to the ring's worker.
+/// [`SubmissionQueue::push`] stages it, and [`Ring::submit`] (or the
+/// submission side's drop) performs it on the calling thread, its CQE ready
+/// when the call returns, as `io_uring_enter` issues what will not block in
+/// the submitter's context (see `inline_max_bytes` in docs/CONFIG.md for
+/// when; [`Ring::set_inline`] turns it off for this ring). Everything else
+/// goes to the ring's worker. A ring holds up to `ring_depth` CQEs of each
+/// kind: the worker's, and those of ops issued inline.
 pub struct Ring {
     sq: Producer<Sqe>,
     cq: Consumer<Cqe>,
@@ -103,30 +105,33 @@ impl Ring {
             return self.sq.push(sqe);
         };
         // Staged only while nothing of this ring is at the worker (pushed,
-        // its CQE not read) or queued for it: order within the ring holds
-        // for every priority.
-        let sqe =
-            if self.inline_on && self.sq.pending() == 0 && self.sq.pushed() == self.cq.popped() {
-                match issuer.stage(sqe) {
-                    Ok(()) => return Ok(()),
-                    Err(sqe) => sqe,
-                }
-            } else {
-                sqe
-            };
-        // Staged ops are older than this one: they reach the worker first.
-        // The ring is empty while any is staged, and they are fewer than
-        // its depth.
+        // its CQE not read) or queued for it, so order within the ring holds
+        // for every priority; and only while the ring has a free slot for
+        // each staged op, so whichever falls back to the worker fits (the
+        // worker may not have handed back the slots of SQEs whose CQEs were
+        // read; room seen now stays: only this thread pushes).
+        let sqe = if self.inline_on
+            && self.sq.pending() == 0
+            && self.sq.pushed() == self.cq.popped()
+            && self.sq.has_slots(issuer.staged() + 1)
+        {
+            match issuer.stage(sqe) {
+                Ok(()) => return Ok(()),
+                Err(sqe) => sqe,
+            }
+        } else {
+            sqe
+        };
+        // Staged ops are older than this one: they reach the worker first
+        // (they fit, see above).
         let sq = &mut self.sq;
-        issuer.unstage(|s| {
-            let pushed = sq.push(s);
-            debug_assert!(pushed.is_ok(), "staged ops fit the empty ring");
-        });
+        issuer.unstage(|s| sq.push(s).is_ok());
         self.sq.push(sqe)
     }
 
     /// Issue the staged ops (the first part of `submit`); those that may
-    /// not be issued inline go into the ring. Returns how many were staged.
+    /// not be issued inline go into the ring. Returns how many were issued
+    /// inline.
     #[inline]
     fn issue_staged(&mut self) -> usize {
         let Some(issuer) = self.inline.as_deref_mut() else {
@@ -138,10 +143,7 @@ impl Ring {
             return 0;
         }
         let sq = &mut self.sq;
-        issuer.issue_staged(|s| {
-            let pushed = sq.push(s);
-            debug_assert!(pushed.is_ok(), "staged ops fit the empty ring");
-        })
+        issuer.issue_staged(|s| sq.push(s).is_ok())
     }
 
     /// An inline completion is waiting.
@@ -277,6 +279,59 @@ impl Ring {
             }
             self.cq.clear_need_wakeup();
             nap = WAIT_NAP;
+        }
+    }
+
+    /// An eventfd that turns readable when the worker posts CQEs while
+    /// this ring is about to sleep ([`Ring::prepare_wait`]), as
+    /// `IORING_REGISTER_EVENTFD` and UCX's `ucp_worker_get_efd` give: wait
+    /// on it with epoll, or tokio's `AsyncFd` (see README.md). Made on the
+    /// first call; the ring owns it (do not close it). The busy path pays
+    /// nothing for it: the worker writes it only while the flag is set.
+    ///
+    /// # Errors
+    /// `OutOfMemory` when the kernel refuses an eventfd (the process's
+    /// descriptor limit).
+    pub fn completion_fd(&mut self) -> Result<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        if self.bell.efd.get().is_none() {
+            let fd = rustix::event::eventfd(
+                0,
+                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+            )
+            .map_err(|e| {
+                Error::new(ErrorKind::OutOfMemory, "ring completion eventfd")
+                    .with_source(std::io::Error::from(e))
+            })?;
+            // Only this thread sets it (the ring is not `Sync`).
+            let _ = self.bell.efd.set(fd);
+            self.bell.armed.store(true, Ordering::Relaxed);
+        }
+        Ok(self.bell.efd.get().expect("set above").as_fd())
+    }
+
+    /// Say this thread is about to sleep on [`Ring::completion_fd`]: sets
+    /// the ring's NEED_WAKEUP flag, so the worker writes the eventfd when
+    /// it next posts CQEs. False when a completion is already there (do not
+    /// sleep: reap it; the flag is not left set). After waking, call
+    /// [`Ring::finish_wait`] before reaping.
+    pub fn prepare_wait(&mut self) -> bool {
+        if self.inline_ready() || !self.cq.prepare_park() {
+            self.cq.clear_need_wakeup();
+            return false;
+        }
+        true
+    }
+
+    /// The sleep is over: clear NEED_WAKEUP (the worker stops writing the
+    /// eventfd) and drain the eventfd's counter, so it is readable again
+    /// only for CQEs posted during the next [`Ring::prepare_wait`].
+    pub fn finish_wait(&mut self) {
+        self.cq.clear_need_wakeup();
+        if let Some(fd) = self.bell.efd.get() {
+            let mut buf = [0u8; 8];
+            // EAGAIN: nothing was written.
+            let _ = rustix::io::read(fd, &mut buf);
         }
     }
 

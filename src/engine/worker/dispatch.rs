@@ -58,7 +58,7 @@ pub(in crate::engine) fn judge(outcome: SubmitOutcome, others_in_flight: bool) -
 /// `block_size`). The one cut for every path: the dispatch and intake's
 /// one-slice ops alike.
 #[inline]
-pub(super) fn slice_len(rest: u64, caps: Capabilities, block_size: u64) -> u64 {
+pub(in crate::engine) fn slice_len(rest: u64, caps: Capabilities, block_size: u64) -> u64 {
     let most = match caps.slice_bytes {
         0 => block_size,
         n => n,

@@ -77,7 +77,7 @@ mod scheduler;
 mod turn_clock;
 mod views;
 
-pub(super) use dispatch::{Verdict, judge};
+pub(super) use dispatch::{Verdict, judge, slice_len};
 pub(super) use rings::cqe_for;
 pub(super) use turn_clock::TurnClock;
 pub(super) use views::{RANKED, Views};

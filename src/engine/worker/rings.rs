@@ -206,7 +206,7 @@ impl Rings {
                         && b.armed.load(Ordering::Relaxed)
                         && cq.needs_wakeup()
                     {
-                        b.bell.ring();
+                        b.ring();
                     }
                 }
             }

@@ -94,6 +94,10 @@ impl Transport for ShmTransport {
     /// From a submitting thread: through the thread's own view of the
     /// peer's table, with the same checks.
     #[inline]
+    fn submits_inline(&self) -> bool {
+        true
+    }
+
     fn submit_inline(&self, s: &Slice<'_>, memo: &mut InlineMemo) -> Option<PackedOutcome> {
         let Some(peer) = peer_of(s.segment) else {
             return Some(SubmitOutcome::Rejected(ErrorKind::Unreachable).into());
