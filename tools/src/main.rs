@@ -22,7 +22,8 @@ use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
@@ -94,6 +95,11 @@ pub struct Args {
     /// arrive), unless --lockstep.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
+    /// Set when neither --block-size nor --batch is given: the sweep runs
+    /// each size twice, one op in flight (latency) and `run::in_flight_for`
+    /// ops (throughput).
+    #[arg(skip)]
+    pub both_ways: bool,
     /// Submit --batch requests together and the next batch only once all
     /// of them have completed (the old default).
     #[arg(long)]
@@ -174,6 +180,11 @@ pub struct Args {
     /// Qos: HIGH WRITEs submitted per second (open loop).
     #[arg(long, default_value_t = 1000.0)]
     pub high_rate: f64,
+    /// Qos: only HIGH alone, at each rate of --high-rates (comma separated),
+    /// over shm and TCP, with the CPU the worker used: how fast an idle
+    /// engine answers, and what keeping it ready costs.
+    #[arg(long, value_delimiter = ',')]
+    pub high_rates: Vec<f64>,
     /// Qos-low: the slot file's rotation interval (ms).
     #[arg(long, hide = true)]
     pub qos_slot_ms: Option<u64>,
@@ -243,7 +254,10 @@ fn main() {
         // A refused configuration is reported where the engine is built.
         let _ = reload.reload(tracing_subscriber::EnvFilter::new(cfg.log_level.as_str()));
     }
-    let args = Args::parse();
+    let matches = Args::command().get_matches();
+    let mut args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    args.both_ways = args.block_size.is_none()
+        && matches.value_source("batch") != Some(ValueSource::CommandLine);
     if args.print_config {
         print!("{}", tent::Config::key_table());
         return;
@@ -391,7 +405,7 @@ fn too_few_slots(peers: usize, batch: usize) -> String {
 fn spawn_and_run(args: &Args) -> Result<run::Tally, String> {
     // One peer receives ceil(batch / peers) slots of every thread.
     let slots = args.batch.div_ceil(args.peers) * args.threads;
-    let need = args.block_size.unwrap_or(64 << 20) * slots as u64;
+    let need = (args.block_size.unwrap_or(64 << 20) * slots as u64).max(run::sweep_need(args));
     let buffer = args.buffer_size.max(need);
     // All started before any is waited for, so they come up together; the
     // guard stops those started, whatever returns early.

@@ -595,6 +595,9 @@ pub(crate) fn low_child(args: &Args) -> Result<(), String> {
 
 /// `--mode qos`: every case, over shm and TCP.
 pub(crate) fn qos(args: &Args) -> Result<(), String> {
+    if !args.high_rates.is_empty() {
+        return high_alone(args);
+    }
     if !(args.high_rate > 0.0 && args.high_rate <= 1e6) {
         return Err(format!(
             "--high-rate {} must be in (0, 1e6] WRITEs a second",
@@ -635,6 +638,89 @@ pub(crate) fn qos(args: &Args) -> Result<(), String> {
         return Err(format!("{failed} WRITEs failed"));
     }
     Ok(())
+}
+
+/// `--high-rates`: HIGH alone at each rate, over shm and TCP, one process,
+/// with the CPU time the engine's workers used in the measured phase
+/// (`/proc/self/task/*/schedstat` of the `tent-worker-*` threads).
+fn high_alone(args: &Args) -> Result<(), String> {
+    if let Some(r) = args.high_rates.iter().find(|r| !(**r > 0.0 && **r <= 1e6)) {
+        return Err(format!(
+            "--high-rates {r} must be in (0, 1e6] WRITEs a second"
+        ));
+    }
+    let (warm, dur) = phase(args);
+    if !args.json {
+        emit(&format!(
+            "# tent-bench qos, HIGH alone: {HIGH_BLOCK} B WRITEs, open loop; {:.2} s per rate after {:.2} s warm-up",
+            dur.as_secs_f64(),
+            warm.as_secs_f64()
+        ));
+        emit("transport |  ops/s |  p50 us |  p99 us | worker CPU ms/s");
+    }
+    for transport in [TransportArg::Shm, TransportArg::Tcp] {
+        let (mut target, name) = crate::spawn_target(transport, span(args))?;
+        let (engine, segment, src, base) = open(
+            config(transport, cores(args).0, None)?,
+            &name,
+            HIGH_BLOCK * HIGH_MAX as u64,
+            span(args),
+        )?;
+        let hi = Stream {
+            engine: &engine,
+            src: &src,
+            segment,
+            remote: base,
+        };
+        for &rate in &args.high_rates {
+            high(&hi, rate, warm)?;
+            let (cpu0, t0) = (worker_cpu_ns(), Instant::now());
+            let h = high(&hi, rate, dur)?;
+            let cpu_ms_s =
+                (worker_cpu_ns().saturating_sub(cpu0)) as f64 / 1e6 / t0.elapsed().as_secs_f64();
+            if args.json {
+                emit(
+                    &json!({"high_alone": true, "transport": transport_name(transport), "rate": rate,
+                        "high_p50_idle_us": h.us(0.5), "high_p99_idle_us": h.us(0.99),
+                        "ops": h.ops, "errors": h.errors, "worker_cpu_ms_per_s": cpu_ms_s})
+                    .to_string(),
+                );
+            } else {
+                let us = |q| h.us(q).map_or("-".to_owned(), |v| format!("{v:.2}"));
+                emit(&format!(
+                    "{:>9} | {:>6} | {:>7} | {:>7} | {:>8.1}",
+                    transport_name(transport),
+                    rate,
+                    us(0.5),
+                    us(0.99),
+                    cpu_ms_s
+                ));
+            }
+            if h.errors > 0 {
+                return Err(format!("{} HIGH WRITEs failed", h.errors));
+            }
+        }
+        drop(engine);
+        drop(target.stdin.take());
+        let _ = target.wait();
+    }
+    Ok(())
+}
+
+/// CPU time (ns) of this process's `tent-worker-*` threads so far.
+fn worker_cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.starts_with("tent-worker"))
+        })
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
 }
 
 fn report(args: &Args, c: &Case) {

@@ -227,12 +227,16 @@ pub(crate) fn initiator(
     targets: &[String],
     target_pids: &[u32],
 ) -> Result<Tally, String> {
-    let sizes: Vec<u64> = args.block_size.map_or(SWEEP.to_vec(), |b| vec![b]);
-    let max_block = *sizes.iter().max().expect("non-empty");
+    let points = sweep_points(args);
     let engine =
         Engine::new(engine_config(args, args.threads, true)?).map_err(|e| e.to_string())?;
     let _scraper = Scraper::start(&engine, args.scrape_hz)?;
-    let per_thread = max_block * args.batch as u64;
+    // One thread's footprint: the largest block times its ops in flight.
+    let per_thread = points
+        .iter()
+        .map(|&(size, batch)| size * batch as u64)
+        .max()
+        .expect("non-empty");
     // Each peer's segment and the base of its region: a peer receives
     // ceil(batch / peers) slots of every thread (point::run_thread).
     let peers: Vec<(SegmentId, u64)> = if targets.is_empty() {
@@ -242,7 +246,12 @@ pub(crate) fn initiator(
         // The engine's region table keeps the memory registered.
         vec![(SegmentId::LOCAL, dst.addr())]
     } else {
-        let need = max_block * args.batch.div_ceil(targets.len()) as u64 * args.threads as u64;
+        let need = points
+            .iter()
+            .map(|&(size, batch)| size * batch.div_ceil(targets.len()) as u64)
+            .max()
+            .expect("non-empty")
+            * args.threads as u64;
         targets
             .iter()
             .map(|name| {
@@ -350,15 +359,20 @@ pub(crate) fn initiator(
         peers: &peers,
         app_cores: &app_cores,
     };
-    for (n, &size) in sizes.iter().enumerate() {
-        if sizes.len() > 1 {
+    for (n, &(size, batch)) in points.iter().enumerate() {
+        if points.len() > 1 {
             eprintln!(
-                "tent-bench: [{}/{}] block size {}",
+                "tent-bench: [{}/{}] block size {}, {batch} in flight",
                 n + 1,
-                sizes.len(),
+                points.len(),
                 human(size)
             );
         }
+        let point_args = Args {
+            batch,
+            ..args.clone()
+        };
+        let args = &point_args;
         let p = point::run_point(args, &rig, size)?;
         tally.attempted += p.attempted;
         tally.failed += p.errors;
@@ -415,7 +429,7 @@ pub(crate) fn initiator(
                 empty.as_deref().unwrap_or("no figure")
             ));
         }
-        results.push((size, p.gbps(), q(0.5), q(0.99), p.mops()));
+        results.push((size, args.batch, p.gbps(), q(0.5), q(0.99), p.mops()));
     }
     rail_report(args, &engine, &segments);
     if !args.no_baseline {
@@ -503,7 +517,58 @@ fn show(r: Option<f64>) -> String {
 }
 
 /// (block size, GB/s, p50 µs, p99 µs, M ops/s) of a point.
-type Measured = (u64, Option<f64>, Option<f64>, Option<f64>, Option<f64>);
+/// A point's figures: block size, ops in flight, GB/s, p50 and p99 µs,
+/// M ops/s.
+type Measured = (
+    u64,
+    usize,
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+);
+
+/// Bytes in flight per thread the both-ways sweep aims at for its
+/// throughput rows.
+const SWEEP_IN_FLIGHT_BYTES: u64 = 256 << 20;
+
+/// Ops in flight for a throughput row of `size`: 32, fewer for large
+/// blocks (at most `SWEEP_IN_FLIGHT_BYTES` in flight), at least 1.
+pub(crate) fn in_flight_for(size: u64) -> usize {
+    (SWEEP_IN_FLIGHT_BYTES / size.max(1)).clamp(1, 32) as usize
+}
+
+/// The points to run, `(block size, ops in flight)`: `--block-size` at
+/// `--batch`; the sweep at `--batch`; or, with neither given
+/// (`Args::both_ways`), each size of the sweep at one op in flight
+/// (latency) and at `in_flight_for` (throughput) where that is more.
+pub(crate) fn sweep_points(args: &Args) -> Vec<(u64, usize)> {
+    let sizes: Vec<u64> = args.block_size.map_or(SWEEP.to_vec(), |b| vec![b]);
+    let mut points = Vec::new();
+    for size in sizes {
+        if args.both_ways {
+            points.push((size, 1));
+            let n = in_flight_for(size);
+            if n > 1 {
+                points.push((size, n));
+            }
+        } else {
+            points.push((size, args.batch));
+        }
+    }
+    points
+}
+
+/// A spawned target's bytes for the sweep's points (per submitting
+/// thread, one peer).
+pub(crate) fn sweep_need(args: &Args) -> u64 {
+    sweep_points(args)
+        .iter()
+        .map(|&(size, batch)| size * batch as u64)
+        .max()
+        .unwrap_or(0)
+        * args.threads as u64
+}
 
 fn baselines(
     args: &Args,
@@ -525,12 +590,12 @@ fn baselines(
             .map(|c| c.transports.tcp.connections_per_peer as usize)
             .unwrap_or(4)
             * args.threads;
-        for &(size, gbps, _, _, _) in results.iter().filter(|r| r.0 >= 4096) {
+        for &(size, batch, gbps, _, _, _) in results.iter().filter(|r| r.0 >= 4096) {
             let m = baseline::tcp_stream_gbps(size, conns, dur);
             line(
-                serde_json::json!({"baseline": "tcp_stream_loopback", "connections": conns, "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": ratio(gbps, m)}),
+                serde_json::json!({"baseline": "tcp_stream_loopback", "connections": conns, "block_size": size, "batch": batch, "gbps": m, "tent_gbps": gbps, "ratio": ratio(gbps, m)}),
                 format!(
-                    "# raw TCP stream, {conns} connections, {:>7} writes: {:>8.3} GB/s   tent/stream = {}",
+                    "# raw TCP stream, {conns} connections, {:>7} writes: {:>8.3} GB/s   tent ({batch} in flight)/stream = {}",
                     human(size),
                     m,
                     show(ratio(gbps, m))
@@ -539,12 +604,22 @@ fn baselines(
         }
         return;
     }
-    for &(size, gbps, _, _, _) in results.iter().filter(|r| r.0 >= 4096) {
-        let m = baseline::memcpy_gbps(size, 1, dur);
+    // memcpy of one block, measured once per size; each row compared with
+    // it, and a row with ops in flight also with memcpy over its footprint.
+    let mut one_block: Vec<(u64, f64)> = Vec::new();
+    for &(size, batch, gbps, _, _, _) in results.iter().filter(|r| r.0 >= 4096) {
+        let m = match one_block.iter().find(|b| b.0 == size) {
+            Some(&(_, m)) => m,
+            None => {
+                let m = baseline::memcpy_gbps(size, 1, dur);
+                one_block.push((size, m));
+                m
+            }
+        };
         line(
-            serde_json::json!({"baseline": "memcpy_1thread", "block_size": size, "gbps": m, "tent_gbps": gbps, "ratio": ratio(gbps, m)}),
+            serde_json::json!({"baseline": "memcpy_1thread", "block_size": size, "batch": batch, "gbps": m, "tent_gbps": gbps, "ratio": ratio(gbps, m)}),
             format!(
-                "# memcpy 1 thread {:>7}: {:>8.3} GB/s   tent/memcpy = {}",
+                "# memcpy 1 thread {:>7}: {:>8.3} GB/s   tent ({batch} in flight)/memcpy = {}",
                 human(size),
                 m,
                 show(ratio(gbps, m))
@@ -553,13 +628,13 @@ fn baselines(
         // The same copies over the point's footprint: one block per op in
         // flight on each side, where the engine's copies find their data
         // (skipped once that is beyond any cache anyway).
-        let slots = args.batch;
+        let slots = batch;
         if slots > 1 && (size as usize).saturating_mul(slots) <= FOOTPRINT_BASELINE_MAX {
             let f = baseline::memcpy_gbps(size, slots, dur);
             line(
-                serde_json::json!({"baseline": "memcpy_1thread_footprint", "block_size": size, "slots": slots, "gbps": f, "tent_gbps": gbps, "ratio": ratio(gbps, f)}),
+                serde_json::json!({"baseline": "memcpy_1thread_footprint", "block_size": size, "slots": slots, "batch": batch, "gbps": f, "tent_gbps": gbps, "ratio": ratio(gbps, f)}),
                 format!(
-                    "# memcpy 1 thread {:>7} over {slots} blocks each side (the point's footprint): {:>8.3} GB/s   tent/memcpy = {}",
+                    "# memcpy 1 thread {:>7} over {slots} blocks each side (the point's footprint): {:>8.3} GB/s   tent ({batch} in flight)/memcpy = {}",
                     human(size),
                     f,
                     show(ratio(gbps, f))
@@ -586,26 +661,29 @@ fn baselines(
             q(&after, 0.5)
         ),
     );
-    if let Some(&(size, _, _, _, mops)) = results.iter().find(|r| r.0 <= 64) {
-        // The floor for a small op with a CQE each: SQE -> CQE through the
-        // engine's own rings between the same two cores, no engine.
-        let floor = baseline::ring_round_trip_mops(args.batch, app, worker, dur);
+    // The floor for a small op with a CQE each: SQE -> CQE through the
+    // engine's own rings between the same two cores, no engine; for each
+    // small row's ops in flight.
+    for &(size, batch, _, _, _, mops) in results.iter().filter(|r| r.0 <= 64) {
+        let floor = baseline::ring_round_trip_mops(batch, app, worker, dur);
         line(
-            serde_json::json!({"baseline": "ring_alone", "batch": args.batch, "cores": [app, worker],
+            serde_json::json!({"baseline": "ring_alone", "batch": batch, "cores": [app, worker],
                 "mops": floor, "tent_mops": mops, "block_size": size, "ratio": ratio(mops, floor)}),
             format!(
-                "# ring alone (SQE -> CQE through tent-rings between cores {app:?} <-> {worker:?}, {} in flight, no engine): {floor:.2} M ops/s   tent {} B / ring = {}",
-                args.batch,
+                "# ring alone (SQE -> CQE through tent-rings between cores {app:?} <-> {worker:?}, {batch} in flight, no engine): {floor:.2} M ops/s   tent {} B / ring = {}",
                 size,
                 show(ratio(mops, floor))
             ),
         );
     }
-    if let Some(&(size, _, t50, t99, _)) = results.iter().find(|r| r.0 <= 64) {
+    // A round trip's latency: the smallest row with the fewest in flight.
+    if let Some(&(size, batch, _, t50, t99, _)) =
+        results.iter().filter(|r| r.0 <= 64).min_by_key(|r| r.1)
+    {
         line(
-            serde_json::json!({"baseline": "latency_ratio", "block_size": size, "p50_ratio": ratio(t50, p50), "p99_ratio": ratio(t99, p99)}),
+            serde_json::json!({"baseline": "latency_ratio", "block_size": size, "batch": batch, "p50_ratio": ratio(t50, p50), "p99_ratio": ratio(t99, p99)}),
             format!(
-                "# {} submit->CQE vs ping-pong: p50 {}, p99 {}",
+                "# {} submit->CQE ({batch} in flight) vs ping-pong: p50 {}, p99 {}",
                 human(size),
                 show(ratio(t50, p50)),
                 show(ratio(t99, p99))
@@ -725,5 +803,32 @@ impl Drop for Scraper {
                 Err(_) => eprintln!("tent-bench: the scrape loop panicked"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SWEEP, in_flight_for, sweep_points};
+    use crate::Args;
+    use clap::Parser;
+
+    #[test]
+    fn the_default_sweep_runs_each_size_at_one_and_at_many_in_flight() {
+        let mut args = Args::try_parse_from(["tent-bench"]).unwrap();
+        args.both_ways = true;
+        let points = sweep_points(&args);
+        for size in SWEEP {
+            assert!(points.contains(&(size, 1)), "{size}: {points:?}");
+            let n = in_flight_for(size);
+            assert!(n > 1, "{size}");
+            assert!(points.contains(&(size, n)), "{size}: {points:?}");
+            assert!(size * n as u64 <= 256 << 20);
+        }
+        assert_eq!(in_flight_for(8), 32);
+        assert_eq!(in_flight_for(64 << 20), 4);
+        // Either flag: one row per size, at --batch.
+        let args = Args::try_parse_from(["tent-bench", "--batch", "8"]).unwrap();
+        assert!(sweep_points(&args).iter().all(|&(_, b)| b == 8));
+        assert_eq!(sweep_points(&args).len(), SWEEP.len());
     }
 }

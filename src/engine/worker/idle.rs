@@ -3,6 +3,10 @@
 
 use std::time::Duration;
 
+pub(super) use predict::{ArrivalPredictor, Plan};
+
+mod predict;
+
 /// Longest sleep while slices are in flight on transports that wake us,
 /// or while every task waits on a transport that answered `Later`.
 const COMPLETION_PARK: Duration = Duration::from_millis(1);

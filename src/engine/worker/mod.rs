@@ -272,8 +272,17 @@ impl Worker {
         let spin_ns = nanos(cfg.spin_us);
         let yield_ns = spin_ns.saturating_add(nanos(cfg.yield_us));
         let park = cfg.park_timeout_ms;
+        let mut predictor = idle::ArrivalPredictor::new(cfg.idle_poll_budget_pct);
+        // While polling in a predicted window: the last clock reading (its
+        // time is charged to the budget); 0 otherwise.
+        let mut polling_at = 0u64;
+        // The idle path ran (or the worker parked) since the last work.
+        let mut was_idle = false;
         let mut idle_since = 0u64;
         let mut idle_turns = 0u32;
+        // A timed sleep ends when asked, not up to 50 µs later (the
+        // default timer slack): the predicted wake-up depends on it.
+        let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1_000));
         tracing::debug!(worker = self.shared.index, "worker started");
         loop {
             // Relaxed: a hint; the drain below re-reads everything it needs.
@@ -282,6 +291,16 @@ impl Worker {
                 break;
             }
             if self.turn() {
+                if was_idle {
+                    // Work after an idle stretch: an arrival to learn from.
+                    let now = monotonic_ns();
+                    predictor.arrived(now);
+                    if polling_at != 0 {
+                        predictor.polled(now, now.saturating_sub(polling_at));
+                    }
+                }
+                polling_at = 0;
+                was_idle = false;
                 idle_since = 0;
                 idle_turns = 0;
                 continue;
@@ -308,6 +327,7 @@ impl Worker {
             if idle_since == 0 {
                 idle_since = now;
             }
+            was_idle = true;
             let queued = !self.sched.is_empty();
             let gated = queued && self.sched.gated();
             let state = idle::Idle {
@@ -328,7 +348,35 @@ impl Worker {
                     Duration::MAX
                 },
             };
-            match idle::step(&state) {
+            let mut step = idle::step(&state);
+            // Nothing at all to wait for: regular arrivals may say when the
+            // next op comes (the worker's own state decides otherwise).
+            if let idle::Step::Park {
+                timeout,
+                completions: false,
+            } = step
+                && !queued
+                && !state.in_flight
+            {
+                match predictor.plan(now) {
+                    idle::Plan::Poll => {
+                        if polling_at != 0 {
+                            predictor.polled(now, now.saturating_sub(polling_at));
+                        }
+                        polling_at = now;
+                        step = idle::Step::Spin;
+                    }
+                    idle::Plan::SleepUntil(at) => {
+                        polling_at = 0;
+                        step = idle::Step::Park {
+                            timeout: timeout.min(Duration::from_nanos(at.saturating_sub(now))),
+                            completions: false,
+                        };
+                    }
+                    idle::Plan::None => polling_at = 0,
+                }
+            }
+            match step {
                 idle::Step::Spin => std::hint::spin_loop(),
                 idle::Step::Yield => std::thread::yield_now(),
                 idle::Step::Park {
