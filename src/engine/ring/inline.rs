@@ -192,6 +192,8 @@ pub(super) struct InlineIssuer {
     /// Inline completions not read yet, oldest first. Staged ops and these
     /// together are at most the ring's depth (both allocated once).
     done: VecDeque<Cqe>,
+    /// The most staged and unread inline ops at once: the ring's depth, or
+    /// `inline_max_in_flight` if less.
     depth: usize,
 }
 
@@ -203,6 +205,7 @@ impl InlineIssuer {
             return None;
         }
         let depth = depth as usize;
+        let most = (cfg.inline_max_in_flight as usize).clamp(1, depth);
         Some(InlineIssuer {
             engine: Arc::downgrade(engine),
             max_bytes: cfg.inline_max_bytes,
@@ -211,17 +214,17 @@ impl InlineIssuer {
             not_inline: None,
             side: engine.inline.join(),
             rings: engine.inline.clone(),
-            staged: Vec::with_capacity(depth),
+            staged: Vec::with_capacity(most),
             staged_levels: 0,
-            done: VecDeque::with_capacity(depth),
-            depth,
+            done: VecDeque::with_capacity(most),
+            depth: most,
         })
     }
 
     /// Take `sqe` to issue at the next submit, if it may be issued inline
     /// (the caller checked that nothing of the ring waits at the worker):
-    /// small enough, and room for its completion. Otherwise it is handed
-    /// back, and it goes to the worker.
+    /// small enough, and fewer than `inline_max_in_flight` staged and
+    /// unread. Otherwise it is handed back, and it goes to the worker.
     #[inline]
     pub(super) fn stage(&mut self, sqe: Sqe) -> Result<(), Sqe> {
         if sqe.len() > self.max_bytes

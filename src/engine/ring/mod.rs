@@ -95,12 +95,27 @@ impl Ring {
     /// worker, for a thread that must never spend its time copying.
     pub fn set_inline(&mut self, on: bool) {
         self.inline_on = on;
+        // Nothing stays staged while it is off (`push` then writes into the
+        // ring directly): what is staged goes to the worker first.
+        if !on && let Some(issuer) = self.inline.as_deref_mut() {
+            let sq = &mut self.sq;
+            issuer.unstage(|s| sq.push(s).is_ok());
+        }
     }
 
     /// Push `sqe`: staged for inline issue at the next submit when it may
     /// be (see [`Ring`]), else into the ring for the worker.
-    #[inline]
+    #[inline(always)]
     fn push(&mut self, sqe: Sqe) -> Result<(), PushError<Sqe>> {
+        if self.inline.is_none() || !self.inline_on {
+            return self.sq.push(sqe);
+        }
+        self.push_staging(sqe)
+    }
+
+    /// [`push`](Self::push) on a ring that issues inline.
+    #[inline(never)]
+    fn push_staging(&mut self, sqe: Sqe) -> Result<(), PushError<Sqe>> {
         let Some(issuer) = self.inline.as_deref_mut() else {
             return self.sq.push(sqe);
         };
@@ -110,8 +125,7 @@ impl Ring {
         // each staged op, so whichever falls back to the worker fits (the
         // worker may not have handed back the slots of SQEs whose CQEs were
         // read; room seen now stays: only this thread pushes).
-        let sqe = if self.inline_on
-            && self.sq.pending() == 0
+        let sqe = if self.sq.pending() == 0
             && self.sq.pushed() == self.cq.popped()
             && self.sq.has_slots(issuer.staged() + 1)
         {

@@ -130,6 +130,7 @@ impl Views {
     /// `max_timeout_ns` (the error is the completion's). The worker's intake
     /// and a ring's inline issue both accept through here, so a request is
     /// judged the same wherever it runs. Call `refresh_slots` first.
+    #[inline(always)]
     pub(in crate::engine) fn accept(
         &mut self,
         sqe: &Sqe,
