@@ -134,3 +134,21 @@ fn the_eventfd_is_not_written_while_the_application_is_not_waiting() {
     }
     assert_eq!(counter(fd), 0);
 }
+
+#[test]
+fn no_sleep_is_promised_without_a_fd_or_once_the_engine_stopped() {
+    let e = Engine::new(test_config()).unwrap();
+    let mut ring = e.ring().unwrap();
+    assert!(
+        !ring.prepare_wait(),
+        "no completion fd: nothing would wake it"
+    );
+    ring.completion_fd().unwrap();
+    assert!(ring.prepare_wait());
+    ring.finish_wait();
+    drop(e);
+    assert!(
+        !ring.prepare_wait(),
+        "the engine stopped: nothing will write the fd"
+    );
+}

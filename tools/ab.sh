@@ -83,7 +83,7 @@ done
 python3 - "$OUT" "$PAIRS" "$FIELD" <<'PY'
 import json, statistics, sys
 out, pairs, field = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-NAMES = ("op", "transport", "case", "processes", "slot_interval_ms", "threads", "batch", "block_size")
+NAMES = ("op", "transport", "case", "processes", "slot_interval_ms", "rate", "threads", "batch", "block_size")
 def points(side):
     got = {}
     for i in range(1, pairs + 1):

@@ -874,7 +874,10 @@ int tent_ring_set_inline(struct tent_ring_t *ring,
 /**
  * `*fd` gets an eventfd that turns readable when the worker posts
  * completions while this ring is about to sleep (`tent_ring_prepare_wait`):
- * wait on it with `epoll`/`poll`. The ring owns it: do not close it.
+ * wait on it with `epoll`/`poll`. The ring owns it: do not close it, and
+ * take it out of any epoll set before `tent_ring_destroy`. Make it before
+ * submitting what you will wait for; `tent_ring_prepare_wait` says 0 (do
+ * not sleep) without one, or once the engine has stopped.
  *
  * # Safety
  * `ring` is a live ring; `fd` valid for one write.

@@ -138,7 +138,8 @@ impl Ring {
     /// An eventfd (an int the ring owns: do not close it) that turns
     /// readable when the worker posts completions while the ring is about
     /// to sleep (`prepare_wait`): wait on it with `selectors`, `select` or
-    /// asyncio's `loop.add_reader`.
+    /// asyncio's `loop.add_reader` (remove it before the ring goes). One
+    /// waiter per ring: `wait()` clears the same flag.
     fn completion_fd(&self, py: Python<'_>) -> PyResult<i32> {
         use std::os::fd::AsRawFd;
         let mut ring = self.ring();

@@ -652,7 +652,7 @@ fn high_alone(args: &Args) -> Result<(), String> {
     let (warm, dur) = phase(args);
     if !args.json {
         emit(&format!(
-            "# tent-bench qos, HIGH alone: {HIGH_BLOCK} B WRITEs, open loop; {:.2} s per rate after {:.2} s warm-up",
+            "# tent-bench qos, HIGH alone: {HIGH_BLOCK} B WRITEs through the worker (inline issue off), open loop; {:.2} s per rate after {:.2} s warm-up",
             dur.as_secs_f64(),
             warm.as_secs_f64()
         ));
@@ -660,12 +660,11 @@ fn high_alone(args: &Args) -> Result<(), String> {
     }
     for transport in [TransportArg::Shm, TransportArg::Tcp] {
         let (mut target, name) = crate::spawn_target(transport, span(args))?;
-        let (engine, segment, src, base) = open(
-            config(transport, cores(args).0, None)?,
-            &name,
-            HIGH_BLOCK * HIGH_MAX as u64,
-            span(args),
-        )?;
+        // The worker's answer is what is measured: nothing issued inline.
+        let mut cfg = config(transport, cores(args).0, None)?;
+        cfg.inline_max_bytes = 0;
+        let (engine, segment, src, base) =
+            open(cfg, &name, HIGH_BLOCK * HIGH_MAX as u64, span(args))?;
         let hi = Stream {
             engine: &engine,
             src: &src,

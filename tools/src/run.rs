@@ -270,10 +270,15 @@ pub(crate) fn initiator(
         .map(|_| engine.allocate_memory(per_thread))
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
+    let chunk = vec![0xa5; per_thread.min(1 << 20) as usize];
     for s in &sources {
         // Touch the source so page faults are not part of the first point.
-        s.write(0, &vec![0xa5; per_thread as usize])
-            .map_err(|e| e.to_string())?;
+        let mut at = 0;
+        while at < per_thread {
+            let n = (per_thread - at).min(chunk.len() as u64) as usize;
+            s.write(at, &chunk[..n]).map_err(|e| e.to_string())?;
+            at += n as u64;
+        }
     }
 
     // Worker cores come from the engine; app threads go on the other cores.
@@ -329,7 +334,11 @@ pub(crate) fn initiator(
         emit(&format!(
             "# tent-bench: transport={transport} op={op_name} threads={} batch={}{peer_count} target={} target_pid={}",
             args.threads,
-            args.batch,
+            if args.both_ways {
+                "1 and up to 32 (each size both ways)".to_owned()
+            } else {
+                args.batch.to_string()
+            },
             if targets.is_empty() {
                 "(in-process)".to_owned()
             } else {
@@ -533,9 +542,10 @@ type Measured = (
 const SWEEP_IN_FLIGHT_BYTES: u64 = 256 << 20;
 
 /// Ops in flight for a throughput row of `size`: 32, fewer for large
-/// blocks (at most `SWEEP_IN_FLIGHT_BYTES` in flight), at least 1.
-pub(crate) fn in_flight_for(size: u64) -> usize {
-    (SWEEP_IN_FLIGHT_BYTES / size.max(1)).clamp(1, 32) as usize
+/// blocks (at most `SWEEP_IN_FLIGHT_BYTES` in flight over all
+/// `threads`), at least 1.
+pub(crate) fn in_flight_for(size: u64, threads: usize) -> usize {
+    (SWEEP_IN_FLIGHT_BYTES / threads.max(1) as u64 / size.max(1)).clamp(1, 32) as usize
 }
 
 /// The points to run, `(block size, ops in flight)`: `--block-size` at
@@ -548,7 +558,7 @@ pub(crate) fn sweep_points(args: &Args) -> Vec<(u64, usize)> {
     for size in sizes {
         if args.both_ways {
             points.push((size, 1));
-            let n = in_flight_for(size);
+            let n = in_flight_for(size, args.threads);
             if n > 1 {
                 points.push((size, n));
             }
@@ -559,12 +569,12 @@ pub(crate) fn sweep_points(args: &Args) -> Vec<(u64, usize)> {
     points
 }
 
-/// A spawned target's bytes for the sweep's points (per submitting
-/// thread, one peer).
+/// A spawned target's bytes for the sweep's points (one peer receives
+/// `ceil(batch / peers)` slots of every thread).
 pub(crate) fn sweep_need(args: &Args) -> u64 {
     sweep_points(args)
         .iter()
-        .map(|&(size, batch)| size * batch as u64)
+        .map(|&(size, batch)| size * batch.div_ceil(args.peers.max(1)) as u64)
         .max()
         .unwrap_or(0)
         * args.threads as u64
@@ -590,8 +600,16 @@ fn baselines(
             .map(|c| c.transports.tcp.connections_per_peer as usize)
             .unwrap_or(4)
             * args.threads;
+        let mut streams: Vec<(u64, f64)> = Vec::new();
         for &(size, batch, gbps, _, _, _) in results.iter().filter(|r| r.0 >= 4096) {
-            let m = baseline::tcp_stream_gbps(size, conns, dur);
+            let m = match streams.iter().find(|b| b.0 == size) {
+                Some(&(_, m)) => m,
+                None => {
+                    let m = baseline::tcp_stream_gbps(size, conns, dur);
+                    streams.push((size, m));
+                    m
+                }
+            };
             line(
                 serde_json::json!({"baseline": "tcp_stream_loopback", "connections": conns, "block_size": size, "batch": batch, "gbps": m, "tent_gbps": gbps, "ratio": ratio(gbps, m)}),
                 format!(
@@ -819,13 +837,14 @@ mod tests {
         let points = sweep_points(&args);
         for size in SWEEP {
             assert!(points.contains(&(size, 1)), "{size}: {points:?}");
-            let n = in_flight_for(size);
+            let n = in_flight_for(size, 1);
             assert!(n > 1, "{size}");
             assert!(points.contains(&(size, n)), "{size}: {points:?}");
             assert!(size * n as u64 <= 256 << 20);
         }
-        assert_eq!(in_flight_for(8), 32);
-        assert_eq!(in_flight_for(64 << 20), 4);
+        assert_eq!(in_flight_for(8, 1), 32);
+        assert_eq!(in_flight_for(64 << 20, 1), 4);
+        assert_eq!(in_flight_for(64 << 20, 2), 2);
         // Either flag: one row per size, at --batch.
         let args = Args::try_parse_from(["tent-bench", "--batch", "8"]).unwrap();
         assert!(sweep_points(&args).iter().all(|&(_, b)| b == 8));

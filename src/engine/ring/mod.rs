@@ -300,8 +300,11 @@ impl Ring {
     /// this ring is about to sleep ([`Ring::prepare_wait`]), as
     /// `IORING_REGISTER_EVENTFD` and UCX's `ucp_worker_get_efd` give: wait
     /// on it with epoll, or tokio's `AsyncFd` (see README.md). Made on the
-    /// first call; the ring owns it (do not close it). The busy path pays
-    /// nothing for it: the worker writes it only while the flag is set.
+    /// first call; the ring owns it (do not close it; take it out of any
+    /// epoll set before dropping the ring). Make it before submitting what
+    /// you will wait for. The busy path pays nothing for it: the worker
+    /// writes it only while the flag is set (also while `wait_ready`
+    /// sleeps, which sets the same flag).
     ///
     /// # Errors
     /// `OutOfMemory` when the kernel refuses an eventfd (the process's
@@ -327,9 +330,15 @@ impl Ring {
     /// Say this thread is about to sleep on [`Ring::completion_fd`]: sets
     /// the ring's NEED_WAKEUP flag, so the worker writes the eventfd when
     /// it next posts CQEs. False when a completion is already there (do not
-    /// sleep: reap it; the flag is not left set). After waking, call
-    /// [`Ring::finish_wait`] before reaping.
+    /// sleep: reap it; the flag is not left set), when no completion fd was
+    /// made, or when the engine has stopped. After waking, call
+    /// [`Ring::finish_wait`] before reaping. One waiter per ring: the flag
+    /// is the ring's, and `wait_ready` clears it too.
     pub fn prepare_wait(&mut self) -> bool {
+        // No eventfd to signal, or no worker left to signal it: do not sleep.
+        if self.bell.efd.get().is_none() || self.worker.exited.load(Ordering::SeqCst) {
+            return false;
+        }
         if self.inline_ready() || !self.cq.prepare_park() {
             self.cq.clear_need_wakeup();
             return false;
@@ -338,8 +347,9 @@ impl Ring {
     }
 
     /// The sleep is over: clear NEED_WAKEUP (the worker stops writing the
-    /// eventfd) and drain the eventfd's counter, so it is readable again
-    /// only for CQEs posted during the next [`Ring::prepare_wait`].
+    /// eventfd) and drain the eventfd's counter. A worker that saw the flag
+    /// just before it was cleared may still write once more: a later wait
+    /// can wake with nothing new to reap (look, then wait again).
     pub fn finish_wait(&mut self) {
         self.cq.clear_need_wakeup();
         if let Some(fd) = self.bell.efd.get() {

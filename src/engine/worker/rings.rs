@@ -235,6 +235,18 @@ impl Rings {
             blocked: false,
         };
         for ring in self.slots.iter_mut().flatten() {
+            // A backstop for an application that armed its bell while this
+            // worker was flushing (its Relaxed look at `armed` may have
+            // missed the arming, and the application the CQEs): before
+            // sleeping, CQEs still unread on a ring whose application says
+            // it sleeps ring its bell once more.
+            if let (Some(b), Some(cq)) = (&ring.cq_bell, ring.cq.as_mut())
+                && b.armed.load(Ordering::Relaxed)
+                && cq.slots() < cq.capacity()
+                && cq.needs_wakeup()
+            {
+                b.ring();
+            }
             if !ring.cq_has_room() {
                 // The application is behind on reaping: its SQEs wait for CQ
                 // room, which no doorbell announces. Look again soon.

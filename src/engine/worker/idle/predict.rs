@@ -23,7 +23,7 @@ const MIN_GAP_NS: u64 = 20_000;
 /// How early the worker wakes before the predicted arrival (a timed
 /// futex wait overshoots by the thread's timer slack, set to 1 µs on
 /// workers, plus the scheduler's latency).
-const LEAD_NS: u64 = 30_000;
+const LEAD_NS: u64 = 50_000;
 /// The window reaches this many deviations either side of the arrival.
 const JITTER_WIDTH: u64 = 3;
 /// The window's least half-width.
@@ -81,16 +81,20 @@ impl ArrivalPredictor {
         }
         if self.last_arrival != 0 && now > self.last_arrival {
             let gap = now - self.last_arrival;
-            if self.samples == 0 {
+            if gap > MAX_GAP_NS {
+                // A pause, not a pace: learn the pace afresh.
+                self.samples = 0;
+            } else if self.samples == 0 {
                 self.gap_ns = gap;
                 self.dev_ns = gap / 2;
+                self.samples = 1;
             } else {
                 // gap += (sample - gap) / 8; dev += (|sample - gap| - dev) / 4
                 let err = gap.abs_diff(self.gap_ns);
-                self.gap_ns = (self.gap_ns * 7 + gap) / 8;
-                self.dev_ns = (self.dev_ns * 3 + err) / 4;
+                self.gap_ns = self.gap_ns - self.gap_ns / 8 + gap / 8;
+                self.dev_ns = self.dev_ns - self.dev_ns / 4 + err / 4;
+                self.samples = self.samples.saturating_add(1);
             }
-            self.samples = self.samples.saturating_add(1);
         }
         self.last_arrival = now;
     }
@@ -106,7 +110,15 @@ impl ArrivalPredictor {
             return None;
         }
         let at = self.last_arrival.saturating_add(self.gap_ns);
-        let half = (self.dev_ns * JITTER_WIDTH).max(MIN_HALF_WINDOW_NS);
+        let half = self
+            .dev_ns
+            .saturating_mul(JITTER_WIDTH)
+            .max(MIN_HALF_WINDOW_NS);
+        // A window that would cover most of the gap saves nothing a spin
+        // would not: poll at most half the gap.
+        if half.saturating_mul(2).saturating_add(LEAD_NS) > self.gap_ns / 2 {
+            return None;
+        }
         Some((at.saturating_sub(half + LEAD_NS), at.saturating_add(half)))
     }
 
@@ -220,6 +232,22 @@ mod tests {
         assert_eq!(p.plan(next), Plan::None);
         // The next period starts afresh.
         assert!(p.within_budget(next + BUDGET_PERIOD_NS));
+    }
+
+    #[test]
+    fn a_clock_that_jumps_or_goes_back_is_survived_and_a_pause_restarts_the_estimate() {
+        let mut p = ArrivalPredictor::new(25);
+        for t in [1, u64::MAX, 5, u64::MAX - 1, 0, 7] {
+            p.arrived(t);
+            let _ = p.plan(t);
+            p.polled(t, u64::MAX);
+        }
+        // A steady pace, one long pause, and the pace again: the pause is
+        // forgotten rather than averaged in.
+        let mut p = ArrivalPredictor::new(25);
+        let last = feed(&mut p, MS, MS, 20);
+        let last = feed(&mut p, last + 50 * MS, MS, 12);
+        assert_eq!(p.plan(last + MS), Plan::Poll);
     }
 
     #[test]
