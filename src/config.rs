@@ -1249,7 +1249,7 @@ schema! {
     "workers/park_timeout_ms" => workers.park_timeout_ms: millis(1, 60_000), "100", LIVE,
         "Longest sleep in ms while parked, so deadlines are enforced on idle workers.";
     "workers/idle_poll_budget_pct" => workers.idle_poll_budget_pct: uint(0, 100), "25", LIVE,
-        "Share of one core (percent, over each 100 ms) an idle worker may spend polling for work that regular arrivals predict: when ops come at a steady pace (gaps of 20 us to 20 ms, their deviation under a quarter of the gap and the window at most half the gap), a worker with nothing to do, past its spin_us and yield_us, sleeps until just before the next is due and polls through the window the gaps predict, so the op finds it awake instead of paying a futex wake (tens of microseconds). Past the budget, or with irregular or no arrivals, it spins spin_us, yields yield_us and parks as before. 0 turns it off.";
+        "Share of one core (percent, over each 100 ms) an idle worker may spend polling for work that regular arrivals predict: when ops come at a steady pace (gaps of 20 us to 20 ms, their deviation under a quarter of the gap), a worker with nothing to do, past its spin_us and yield_us, sleeps until just before the next is due and polls through the window the gaps predict, so the op finds it awake instead of paying a futex wake (tens of microseconds). Past the budget, or with irregular or no arrivals, it spins spin_us, yields yield_us and parks as before. 0 turns it off.";
     // transports/local, shm, tcp
     "transports/local/enable" => transports.local.enable: Kind::Bool, "true", LIVE,
         "Enable the in-process memcpy transport.";

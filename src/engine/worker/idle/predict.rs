@@ -20,10 +20,12 @@ const WARMUP: u32 = 4;
 const MAX_GAP_NS: u64 = 20_000_000;
 /// Gaps shorter than this are the spin phase's (`workers/spin_us`).
 const MIN_GAP_NS: u64 = 20_000;
-/// How early the worker wakes before the predicted arrival (a timed
-/// futex wait overshoots by the thread's timer slack, set to 1 µs on
-/// workers, plus the scheduler's latency).
-const LEAD_NS: u64 = 50_000;
+/// How early the worker wakes before the predicted arrival: more than a
+/// futex wake-up takes here (26–78 µs). An arrival the worker missed is
+/// stamped that much late, so the next window must open that much early to
+/// catch the op by polling, whose stamp then puts the window back on the
+/// pace (with 30 µs a pace lost once stayed lost).
+const LEAD_NS: u64 = 100_000;
 /// The window reaches this many deviations either side of the arrival.
 const JITTER_WIDTH: u64 = 3;
 /// The window's least half-width.
@@ -53,6 +55,9 @@ pub(in crate::engine::worker) struct ArrivalPredictor {
     /// `workers/idle_poll_budget_pct`, in parts per hundred of one core.
     budget_pct: u64,
     last_arrival: u64,
+    /// The last arrival woke the worker from a park (its stamp lags the
+    /// op by a futex wake-up) rather than being found by polling.
+    last_woke: bool,
     samples: u32,
     gap_ns: u64,
     dev_ns: u64,
@@ -66,6 +71,7 @@ impl ArrivalPredictor {
         ArrivalPredictor {
             budget_pct: u64::from(budget_pct.min(100)),
             last_arrival: 0,
+            last_woke: false,
             samples: 0,
             gap_ns: 0,
             dev_ns: 0,
@@ -74,9 +80,20 @@ impl ArrivalPredictor {
         }
     }
 
-    /// Work arrived at `now` after the worker was idle.
-    pub(in crate::engine::worker) fn arrived(&mut self, now: u64) {
+    /// Work arrived, seen at `now` after the worker was idle: found by
+    /// polling, or (`woke`) after it woke the worker from a park, when the
+    /// stamp lags the op by the wake-up. A gap between one of each is off
+    /// by that lag: it moves the phase but teaches nothing about the pace
+    /// (mixing them made the deviation, and so the window, too wide to
+    /// stay within the budget).
+    pub(in crate::engine::worker) fn arrived(&mut self, now: u64, woke: bool) {
         if self.budget_pct == 0 {
+            return;
+        }
+        let same_kind = woke == self.last_woke;
+        self.last_woke = woke;
+        if !same_kind {
+            self.last_arrival = now;
             return;
         }
         if self.last_arrival != 0 && now > self.last_arrival {
@@ -114,11 +131,10 @@ impl ArrivalPredictor {
             .dev_ns
             .saturating_mul(JITTER_WIDTH)
             .max(MIN_HALF_WINDOW_NS);
-        // A window that would cover most of the gap saves nothing a spin
-        // would not: poll at most half the gap.
-        if half.saturating_mul(2).saturating_add(LEAD_NS) > self.gap_ns / 2 {
-            return None;
-        }
+        // A wide window (jittery arrivals) may cover much of the gap: the
+        // budget bounds what it costs. Narrower windows were tried: once a
+        // miss's futex wake-up stamps arrivals late and jittery, they never
+        // lock onto the pace again (1000/s: p50 74 us instead of 0.5).
         Some((at.saturating_sub(half + LEAD_NS), at.saturating_add(half)))
     }
 
@@ -168,7 +184,7 @@ mod tests {
     fn feed(p: &mut ArrivalPredictor, start: u64, gap: u64, n: u64) -> u64 {
         let mut t = start;
         for _ in 0..n {
-            p.arrived(t);
+            p.arrived(t, false);
             t += gap;
         }
         t - gap
@@ -205,7 +221,7 @@ mod tests {
         let mut p = ArrivalPredictor::new(25);
         let mut t = MS;
         for i in 0..40 {
-            p.arrived(t);
+            p.arrived(t, false);
             t += if i % 2 == 0 { 200 * US } else { 1_800 * US };
         }
         assert_eq!(p.plan(t - 900 * US), Plan::None, "irregular");
@@ -238,7 +254,7 @@ mod tests {
     fn a_clock_that_jumps_or_goes_back_is_survived_and_a_pause_restarts_the_estimate() {
         let mut p = ArrivalPredictor::new(25);
         for t in [1, u64::MAX, 5, u64::MAX - 1, 0, 7] {
-            p.arrived(t);
+            p.arrived(t, t % 2 == 0);
             let _ = p.plan(t);
             p.polled(t, u64::MAX);
         }
@@ -248,6 +264,19 @@ mod tests {
         let last = feed(&mut p, MS, MS, 20);
         let last = feed(&mut p, last + 50 * MS, MS, 12);
         assert_eq!(p.plan(last + MS), Plan::Poll);
+    }
+
+    #[test]
+    fn a_late_stamp_moves_the_phase_but_not_the_pace() {
+        let mut p = ArrivalPredictor::new(25);
+        let last = feed(&mut p, MS, MS, 20);
+        // The next op woke the worker: stamped 75 us late. Then polling
+        // finds the following ones on the pace again.
+        p.arrived(last + MS + 75 * US, true);
+        p.arrived(last + 2 * MS, false);
+        let last = feed(&mut p, last + 3 * MS, MS, 3);
+        assert_eq!(p.plan(last + MS - 2 * US), Plan::Poll);
+        assert!(matches!(p.plan(last + 100 * US), Plan::SleepUntil(_)));
     }
 
     #[test]
