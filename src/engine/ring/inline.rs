@@ -49,7 +49,7 @@ use super::super::worker::{TurnClock, Verdict, Views, cqe_for, judge, slice_len}
 use crate::clock::nanos;
 use crate::metrics::ops::{OpSnapshot, OpStats};
 use crate::qos::{PriorityStats, QosSnapshot, SendGate};
-use crate::transport::{InlineMemo, Slice, SubmitOutcome, TransportSlots};
+use crate::transport::{InlineMemo, SubmitOutcome, TransportSlots};
 
 /// Every ring's [`InlineSide`] in one engine, and the counts of rings
 /// dropped.
@@ -395,19 +395,7 @@ impl InlineIssuer {
             iv.gate.demand(p, true);
         }
         // SAFETY: the segment and region are in this issuer's cached tables, which hold them until its next load, after this call; the caller holds the side's lock, which an unregister or close takes (`release_views`) before it returns.
-        let (segment, region) = unsafe { (v.segment.get(), v.region.get()) };
-        let slice = Slice {
-            // Synchronous: no completion echoes it; it names no task.
-            token: u64::MAX,
-            opcode: v.opcode,
-            local: v.local,
-            region,
-            segment,
-            remote: sqe.remote().offset,
-            len,
-            rest: len,
-            priority: p,
-        };
+        let slice = unsafe { v.whole(sqe) };
         let outcome = installed
             .transport
             .submit_inline(&slice, &mut iv.memo)

@@ -8,7 +8,6 @@ use super::views::Accepted;
 use super::{Worker, dispatch};
 use crate::engine::batch::Served;
 use crate::engine::task::Origin;
-use crate::transport::Slice;
 
 /// SQEs taken from one ring per turn.
 const INTAKE_PER_RING: usize = 64;
@@ -143,22 +142,8 @@ impl Worker {
             return false;
         }
         // No table load happens between `validate` and `submit` returning.
-        // SAFETY: the segment is in this worker's cached table, which holds it until the next load (as in `validate`).
-        let segment = unsafe { v.segment.get() };
-        // SAFETY: the region is in this worker's cached table, as above.
-        let region = unsafe { v.region.get() };
-        let slice = Slice {
-            // Synchronous: no completion echoes it; it names no task.
-            token: u64::MAX,
-            opcode: v.opcode,
-            local: v.local,
-            region,
-            segment,
-            remote: sqe.remote().offset,
-            len,
-            rest: len,
-            priority: v.priority,
-        };
+        // SAFETY: the segment and region are in this worker's cached tables, which hold them until the next load (as in `validate`).
+        let slice = unsafe { v.whole(sqe) };
         let outcome = installed.transport.submit_one(&self.ctx, &slice).unpack();
         let res = match dispatch::judge(outcome, self.book.any()) {
             dispatch::Verdict::Done(res) => res,

@@ -72,6 +72,33 @@ pub(in crate::engine) struct Accepted {
     pub(in crate::engine) deadline_ns: Option<u64>,
 }
 
+impl Accepted {
+    /// The whole request as one slice, for a synchronous transport that
+    /// does it in one copy (completion at intake, inline issue): no
+    /// completion echoes its token.
+    ///
+    /// # Safety
+    /// The tables `accept` found its region and segment in are still held
+    /// (no load of the views since), and their memory stays valid while the
+    /// slice is used.
+    #[inline(always)]
+    pub(in crate::engine) unsafe fn whole(&self, sqe: &Sqe) -> crate::transport::Slice<'_> {
+        crate::transport::Slice {
+            token: u64::MAX,
+            opcode: self.opcode,
+            local: self.local,
+            // SAFETY: held, as the caller promises.
+            region: unsafe { self.region.get() },
+            // SAFETY: as above.
+            segment: unsafe { self.segment.get() },
+            remote: sqe.remote().offset,
+            len: sqe.len(),
+            rest: sqe.len(),
+            priority: self.priority,
+        }
+    }
+}
+
 /// See the module doc.
 pub(in crate::engine) struct Views {
     regions: RegionCache,
