@@ -6,11 +6,15 @@
 //! completions, which the completion side reads before the worker's CQ.
 //!
 //! An op is issued inline only when doing so changes nothing another path
-//! would see (`Ring::try_inline`, [`InlineIssuer::issue`]):
-//! - it is at most `inline_max_bytes`, and the ring has inline issue on;
+//! would see (`Ring::push`, [`InlineIssuer::stage`], [`InlineIssuer::issue`]):
+//! - it is at most `inline_max_bytes` and one slice, and the ring has
+//!   inline issue on;
+//! - fewer than `inline_max_in_flight` of the ring's ops are staged or
+//!   unread (deeper queues go faster with the worker's core beside the
+//!   submitting thread);
 //! - nothing of its ring waits at the worker (every SQE pushed before it
 //!   has had its CQE read), so it cannot overtake an older op of any
-//!   priority, and the ring has room for its completion;
+//!   priority, and the ring has a free slot for each staged op;
 //! - it passes the worker's own checks ([`Views::accept`]: fields, bounds,
 //!   region key and revocation, segment open, deadline) against the
 //!   submitting thread's views of the tables;
@@ -190,7 +194,7 @@ pub(super) struct InlineIssuer {
     /// one this version does not know).
     staged_levels: u8,
     /// Inline completions not read yet, oldest first. Staged ops and these
-    /// together are at most the ring's depth (both allocated once).
+    /// together are at most `depth` (both allocated once).
     done: VecDeque<Cqe>,
     /// The most staged and unread inline ops at once: the ring's depth, or
     /// `inline_max_in_flight` if less.
@@ -253,11 +257,18 @@ impl InlineIssuer {
         self.staged_levels = 0;
         for i in 0..self.staged.len() {
             let sqe = self.staged[i];
-            if !to_worker(sqe) {
-                self.refuse_full(&sqe);
-            }
+            self.hand_over(sqe, &mut to_worker);
         }
         self.staged.clear();
+    }
+
+    /// `sqe` to the worker through `to_worker`; if the ring had no room
+    /// (never: see [`unstage`](Self::unstage)), its completion says so.
+    #[inline]
+    fn hand_over(&mut self, sqe: Sqe, to_worker: &mut impl FnMut(Sqe) -> bool) {
+        if !to_worker(sqe) {
+            self.refuse_full(&sqe);
+        }
     }
 
     /// `sqe` found no room in the ring: its completion says so.
@@ -323,9 +334,7 @@ impl InlineIssuer {
                     here += 1;
                 } else {
                     views = None;
-                    if !to_worker(sqe) {
-                        self.refuse_full(&sqe);
-                    }
+                    self.hand_over(sqe, &mut to_worker);
                 }
             }
         }

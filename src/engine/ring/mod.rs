@@ -48,8 +48,8 @@ use crate::error::{Error, Result};
 /// when the call returns, as `io_uring_enter` issues what will not block in
 /// the submitter's context (see `inline_max_bytes` in docs/CONFIG.md for
 /// when; [`Ring::set_inline`] turns it off for this ring). Everything else
-/// goes to the ring's worker. A ring holds up to `ring_depth` CQEs of each
-/// kind: the worker's, and those of ops issued inline.
+/// goes to the ring's worker. A ring holds up to `ring_depth` of the
+/// worker's CQEs, and up to `inline_max_in_flight` of ops issued inline.
 pub struct Ring {
     sq: Producer<Sqe>,
     cq: Consumer<Cqe>,
