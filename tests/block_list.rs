@@ -1,6 +1,6 @@
 //! Block lists (`Engine::submit_blocks`): scattered pages land where each
-//! pair says, contiguous pairs merge into one task, bad lists are refused
-//! whole.
+//! pair says, a list is one task per local registration, bad lists are
+//! refused whole.
 
 mod common;
 
@@ -22,7 +22,7 @@ fn scattered_blocks_land_in_place_and_contiguous_ones_merge() {
     let data = pattern(9, (n * BLOCK) as usize);
     src.write(0, &data).unwrap();
     // Local block i goes to remote page perm[i]: runs of 4 in order, the
-    // runs themselves reversed (16 runs -> 16 tasks, not 64).
+    // runs themselves reversed (16 runs, one task).
     let perm: Vec<u64> = (0..n).map(|i| (n / 4 - 1 - i / 4) * 4 + i % 4).collect();
     let local: Vec<u64> = (0..n).map(|i| src.addr() + i * BLOCK).collect();
     let remote: Vec<u64> = perm.iter().map(|p| dst.addr() + p * BLOCK).collect();
@@ -35,7 +35,7 @@ fn scattered_blocks_land_in_place_and_contiguous_ones_merge() {
         remote_addrs: &remote,
         priority: Priority::Low,
     };
-    assert_eq!(a.submit_blocks(batch, &list).unwrap(), 16);
+    assert_eq!(a.submit_blocks(batch, &list).unwrap(), 1);
     let s = a.wait_batch(batch, Duration::from_secs(10)).unwrap();
     assert_eq!(
         (s.state, s.transferred_bytes),
@@ -58,7 +58,7 @@ fn scattered_blocks_land_in_place_and_contiguous_ones_merge() {
         ..list
     };
     let batch2 = a.allocate_batch(n as usize).unwrap();
-    assert_eq!(a.submit_blocks(batch2, &read).unwrap(), 16);
+    assert_eq!(a.submit_blocks(batch2, &read).unwrap(), 1);
     assert_eq!(
         a.wait_batch(batch2, Duration::from_secs(10)).unwrap().state,
         TaskState::Completed
@@ -102,20 +102,67 @@ fn a_bad_block_list_is_refused_whole() {
         Err(ErrorKind::InvalidArgument)
     );
     assert_eq!(list(&local, &remote, 0), Err(ErrorKind::InvalidArgument));
-    let many: Vec<u64> = (0..5).map(|i| src.addr() + i * 2 * 100).collect();
-    let many_r: Vec<u64> = (0..5).map(|i| dst.addr() + i * 2 * 100).collect();
-    assert_eq!(
-        list(&many, &many_r, 100),
-        Err(ErrorKind::InvalidArgument),
-        "5 tasks into a batch of 4"
-    );
     // Nothing of the refused calls was queued.
     assert!(a.status_list(batch).unwrap().is_empty());
-    assert_eq!(list(&local, &remote, BLOCK), Ok(4));
+    for _ in 0..4 {
+        assert_eq!(list(&local, &remote, BLOCK), Ok(1));
+    }
     assert_eq!(
-        a.wait_batch(batch, Duration::from_secs(10)).unwrap().state,
-        TaskState::Completed
+        list(&local, &remote, BLOCK),
+        Err(ErrorKind::InvalidArgument),
+        "a fifth task into a batch of 4"
     );
+    let s = a.wait_batch(batch, Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (s.state, s.transferred_bytes),
+        (TaskState::Completed, 4 * 4 * BLOCK)
+    );
+    assert_eq!(a.status_list(batch).unwrap().len(), 4);
+}
+
+/// A block whose remote side is in no memory of the segment: the call
+/// cannot know (the segment's memory is the peer's), so the list's task
+/// fails with the transport's typed error; the blocks in the other
+/// registration's task still move.
+#[test]
+fn a_block_outside_the_segment_fails_its_task_with_a_typed_error() {
+    let a = engine();
+    let src = a.allocate_memory(4 * BLOCK).unwrap();
+    let other = a.allocate_memory(BLOCK).unwrap();
+    let dst = a.allocate_memory(4 * BLOCK).unwrap();
+    let data = pattern(7, BLOCK as usize);
+    other.write(0, &data).unwrap();
+    let local = [src.addr(), src.addr() + BLOCK, other.addr()];
+    let remote = [dst.addr() + 2 * BLOCK, 0x1000, dst.addr()];
+    let batch = a.allocate_batch(2).unwrap();
+    let list = BlockList {
+        opcode: Opcode::Write,
+        segment: tent::SegmentId::LOCAL,
+        block_len: BLOCK,
+        local_addrs: &local,
+        remote_addrs: &remote,
+        priority: Priority::High,
+    };
+    assert_eq!(a.submit_blocks(batch, &list).unwrap(), 2);
+    let s = a.wait_batch(batch, Duration::from_secs(10)).unwrap();
+    assert_eq!(s.state, TaskState::Failed);
+    let tasks = a.status_list(batch).unwrap();
+    assert_eq!(tasks[0].state, TaskState::Failed);
+    assert!(
+        matches!(
+            tasks[0].error,
+            Some(ErrorKind::AddressNotRegistered | ErrorKind::OutOfBounds)
+        ),
+        "{:?}",
+        tasks[0].error
+    );
+    assert_eq!(
+        (tasks[1].state, tasks[1].transferred_bytes),
+        (TaskState::Completed, BLOCK)
+    );
+    let mut out = vec![0u8; BLOCK as usize];
+    dst.read(0, &mut out).unwrap();
+    assert!(out == data, "the other registration's block moved");
 }
 
 /// Two registered regions that happen to be adjacent in memory: a block at

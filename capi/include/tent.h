@@ -963,10 +963,11 @@ int tent_recv_notification(const struct tent_engine_t *engine,
                            struct tent_notification_t *out_notification);
 
 /**
- * Submit a block list into `batch`: contiguous neighbours become one
- * task. `*out_tasks` (may be NULL) gets how many tasks were appended
- * (their indexes follow the batch's earlier tasks). All or nothing, as
- * `tent_submit`.
+ * Submit a block list into `batch`: one task per local registration the
+ * blocks use (one, usually), contiguous neighbours merged. `*out_tasks`
+ * (may be NULL) gets how many tasks were appended (their indexes follow
+ * the batch's earlier tasks). All or nothing, as `tent_submit`. The
+ * arrays are copied in the call.
  *
  * # Safety
  * `engine` is a live engine; `blocks` points to a block list whose

@@ -1,5 +1,5 @@
 //! Block lists (paged KV caches): N (local block, remote block) pairs of
-//! one size in one call; the engine merges pairs contiguous on both sides.
+//! one size in one call, one task per local registration.
 
 use std::ffi::c_int;
 
@@ -35,10 +35,11 @@ pub struct tent_block_list_t {
     pub priority: c_int,
 }
 
-/// Submit a block list into `batch`: contiguous neighbours become one
-/// task. `*out_tasks` (may be NULL) gets how many tasks were appended
-/// (their indexes follow the batch's earlier tasks). All or nothing, as
-/// `tent_submit`.
+/// Submit a block list into `batch`: one task per local registration the
+/// blocks use (one, usually), contiguous neighbours merged. `*out_tasks`
+/// (may be NULL) gets how many tasks were appended (their indexes follow
+/// the batch's earlier tasks). All or nothing, as `tent_submit`. The
+/// arrays are copied in the call.
 ///
 /// # Safety
 /// `engine` is a live engine; `blocks` points to a block list whose

@@ -351,8 +351,8 @@ impl TransferEngine {
     /// bytes) moves between local address `local_addrs[i]` and
     /// `remote_addrs[i]` in segment `target_id`; the address lists are
     /// uint64 arrays (numpy, `array('Q')`; read in place) or sequences of
-    /// ints. The engine merges blocks contiguous on both sides into one
-    /// task; returns how many tasks it appended to the batch.
+    /// ints. A list is one task per local registration its blocks use (one,
+    /// usually); returns how many tasks it appended to the batch.
     #[pyo3(signature = (batch_id, opcode, target_id, block_len, local_addrs, remote_addrs, priority=0))]
     #[allow(clippy::too_many_arguments)]
     fn submit_blocks(

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU32, AtomicU64, O
 
 use tent_rings::{ErrorKind, FAILOVER_EXHAUSTED, TransportKind};
 
+use super::blocks::Runs;
 use crate::error::{Error, Result};
 use crate::flow::AdmissionSlot;
 use crate::notify::delivery::Delivery;
@@ -151,6 +152,10 @@ pub(crate) struct BatchTask {
     /// Its share of an admission (`sq_executor_admission`), until its last
     /// slice is posted, it ends, or the batch is dropped.
     admission: AdmissionSlot,
+    /// A block-list request's runs: set before its SQE is published (a
+    /// slot is claimed once in a batch's life), dropped with the batch,
+    /// so never by a worker.
+    blocks: std::sync::OnceLock<Runs>,
 }
 
 impl BatchTask {
@@ -162,7 +167,21 @@ impl BatchTask {
             served: AtomicU32::new(0),
             cancel: AtomicBool::new(false),
             admission: AdmissionSlot::default(),
+            blocks: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Its block list's runs, if it is a block-list request.
+    #[inline]
+    pub(crate) fn blocks(&self) -> Option<&Runs> {
+        self.blocks.get()
+    }
+
+    /// Give it a block list's runs (before its request is published).
+    pub(crate) fn set_blocks(&self, runs: Runs) {
+        // Claimed once per batch, so never set twice.
+        let set = self.blocks.set(runs);
+        debug_assert!(set.is_ok(), "a batch task's block list set twice");
     }
 
     /// Worker side: record the final result. The state store is last and

@@ -369,6 +369,7 @@ impl EngineBuilder {
             mail: Mailbox::new(inbox, outbox),
             observer,
             http: None,
+            run_pool: Default::default(),
         };
         // Its thread last: should it fail, dropping the engine tears down
         // everything started so far.

@@ -154,6 +154,8 @@ pub struct Engine {
     observer: Arc<observe::Observer>,
     /// The HTTP endpoint (`metrics/http_enable`): stopped first on drop.
     http: Option<crate::http::HttpServer>,
+    /// Block lists' run buffers, kept between lists.
+    run_pool: Arc<blocks::RunPool>,
 }
 
 impl std::fmt::Debug for Engine {

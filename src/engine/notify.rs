@@ -118,7 +118,7 @@ impl Engine {
         // between its data and its notification.
         let delivery = Arc::new(Delivery::default());
         b.attach_note(delivery.clone());
-        let tasks = match self.submit_to(&b, requests) {
+        let tasks = match self.submit_to(&b, requests, Vec::new()) {
             Ok(t) => t,
             Err(e) => {
                 b.detach_note(&delivery);

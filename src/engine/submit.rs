@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use tent_rings::spsc;
 use tent_rings::{Cqe, ErrorKind, Sqe, TransportKind};
 
+use super::blocks::Runs;
 use super::worker::{self, WorkerRing, WorkerShared};
 use super::{BatchId, Engine, Ring, TaskStatus};
 use crate::error::{Error, Result};
@@ -58,14 +59,17 @@ impl Engine {
     /// `SqFull` with nothing queued.
     pub fn submit(&self, batch: BatchId, requests: &[Sqe]) -> Result<()> {
         let b = self.batches.get(batch)?;
-        self.submit_to(&b, requests).map(drop)
+        self.submit_to(&b, requests, Vec::new()).map(drop)
     }
 
     /// [`Engine::submit`] into `b`; returns the tasks it claimed.
+    /// `lists[i]`, where there is one, is request `i`'s block list, handed
+    /// to its batch task before the request is published.
     pub(super) fn submit_to(
         &self,
         b: &super::batch::Batch,
         requests: &[Sqe],
+        lists: Vec<Option<Runs>>,
     ) -> Result<std::ops::Range<usize>> {
         let n = requests.len();
         // Refuse what can never go before waiting for room.
@@ -82,7 +86,7 @@ impl Engine {
         }
         // Admitted before the ring is touched (waiting here holds no
         // lock); what is not handed to a task below goes back on return.
-        let mut admitted = self.admit(wi, requests)?;
+        let mut admitted = self.admit(wi, requests, &lists)?;
         let mut sq = w.batch_sq.lock();
         if n > sq.capacity() {
             return Err(Error::invalid(format!(
@@ -109,6 +113,11 @@ impl Engine {
             std::thread::yield_now();
         }
         let range = b.claim(n)?;
+        for (i, runs) in lists.into_iter().enumerate() {
+            if let Some(runs) = runs {
+                b.task(range.start + i).set_blocks(runs);
+            }
+        }
         for (i, r) in requests.iter().enumerate() {
             if let Some(t) = admitted.get_mut(i).and_then(Option::take) {
                 b.task(range.start + i).admission().put(t);
@@ -135,7 +144,12 @@ impl Engine {
     /// # Errors
     /// `SqFull` naming the endpoint and its counters when the wait ran
     /// out; nothing of the call is queued (shares taken so far go back).
-    fn admit(&self, w: usize, requests: &[Sqe]) -> Result<Vec<Option<AdmissionToken>>> {
+    fn admit(
+        &self,
+        w: usize,
+        requests: &[Sqe],
+        lists: &[Option<Runs>],
+    ) -> Result<Vec<Option<AdmissionToken>>> {
         let r = &self.shared.config.transports.rdma;
         if !r.sq_executor_admission || requests.is_empty() {
             return Ok(Vec::new());
@@ -188,7 +202,11 @@ impl Engine {
                         .is_some_and(|h| matches!(h, TransportKind::Any | TransportKind::Rdma))
                 })
                 .map(|k| {
-                    let wrs = requests[k].len().div_ceil(slice).max(1);
+                    let wrs = match lists.get(k) {
+                        Some(Some(runs)) => runs.slices(slice),
+                        _ => requests[k].len().div_ceil(slice),
+                    }
+                    .max(1);
                     (k, u32::try_from(wrs).unwrap_or(u32::MAX))
                 })
                 .collect();

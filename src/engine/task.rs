@@ -4,6 +4,7 @@
 use tent_rings::{ErrorKind, Opcode, Priority, TransportKind};
 
 use super::batch::BatchTask;
+use super::blocks::Runs;
 use crate::memory::MemRegion;
 use crate::segment::Segment;
 
@@ -72,6 +73,12 @@ pub(crate) struct Task {
     pub local_region: Option<Held<MemRegion>>,
     pub segment: Option<Held<Segment>>,
     pub remote: u64,
+    /// A block-list request's runs (in its batch task, which outlives
+    /// it): its slices are cut from them, and `local` is its region's
+    /// start; `None`: one range from `local` and `remote`.
+    pub blocks: Option<Held<Runs>>,
+    /// The run of `blocks` its last slice came from.
+    pub run_cursor: u32,
     pub len: u64,
     pub posted: u64,
     pub done: u64,
@@ -127,6 +134,8 @@ impl Task {
             local_region: None,
             segment: None,
             remote: 0,
+            blocks: None,
+            run_cursor: 0,
             len: 0,
             posted: 0,
             done: 0,

@@ -37,6 +37,11 @@ pub(crate) fn lib_dir() -> PathBuf {
 /// Compile `capi/tests/c/<name>.c` into `<name>-<suffix>`; the
 /// executable's path. Warnings are errors: the header must compile clean.
 pub(crate) fn compile(name: &str, link: Link) -> PathBuf {
+    compile_source(&format!("tests/c/{name}.c"), name, link)
+}
+
+/// Compile `capi/<source>` into `<name>-<suffix>`, as [`compile`].
+pub(crate) fn compile_source(source: &str, name: &str, link: Link) -> PathBuf {
     let capi = Path::new(env!("CARGO_MANIFEST_DIR"));
     let libs = lib_dir();
     let suffix = match link {
@@ -55,15 +60,20 @@ pub(crate) fn compile(name: &str, link: Link) -> PathBuf {
     ])
     .arg("-I")
     .arg(capi.join("include"))
-    .arg(capi.join("tests/c").join(format!("{name}.c")))
+    .arg(capi.join(source))
     .arg("-o")
     .arg(&exe);
     match link {
         Link::Shared => {
+            // DT_RPATH, not the default DT_RUNPATH: `cargo test` puts
+            // `target/<profile>` on LD_LIBRARY_PATH, which RUNPATH yields
+            // to, and the `libtent_c.so` there is the last `cargo build`'s,
+            // not this run's.
             cc.arg("-L")
                 .arg(&libs)
                 .arg(format!("-l{LIB}"))
-                .arg(format!("-Wl,-rpath,{}", libs.display()));
+                .arg(format!("-Wl,-rpath,{}", libs.display()))
+                .arg("-Wl,--disable-new-dtags");
         }
         Link::Static => {
             // What `cargo rustc --crate-type staticlib -- --print

@@ -372,7 +372,7 @@ impl InlineIssuer {
         let len = sqe.len();
         let mut clock = TurnClock::default();
         let user_data = sqe.user_data();
-        let v = match iv.views.accept(sqe, &mut clock, self.max_timeout_ns) {
+        let v = match iv.views.accept(sqe, &mut clock, self.max_timeout_ns, None) {
             Ok(v) => v,
             Err(kind) => {
                 // Refused as the worker's intake refuses it.

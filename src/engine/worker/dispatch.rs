@@ -120,7 +120,26 @@ impl Worker {
                 break;
             }
             let offset = t.posted;
-            let len = slice_len(t.len - offset, installed.caps, self.block_size);
+            let mut len = slice_len(t.len - offset, installed.caps, self.block_size);
+            let (local, remote) = match t.blocks {
+                None => (t.local.wrapping_add(offset as usize), t.remote + offset),
+                Some(runs) => {
+                    // SAFETY: `t` is live (checked at the top of the loop), so its batch task holds the runs.
+                    let runs = unsafe { runs.get() };
+                    let Some(piece) = runs.piece(offset, &mut t.run_cursor) else {
+                        // Unreachable: `posted` stays below the runs' total.
+                        t.error.get_or_insert(ErrorKind::InvalidArgument);
+                        t.done_ns = 0;
+                        self.sched.finished(p);
+                        self.tasks.note_if_settled(i);
+                        work = true;
+                        continue;
+                    };
+                    len = len.min(piece.len);
+                    // Below the runs' `local_end`, inside the region (`Views::accept`).
+                    (t.local.wrapping_add(piece.local as usize), piece.remote)
+                }
+            };
             // SAFETY: `t` is live (checked at the top of the loop).
             let segment = unsafe { t.segment.as_ref().expect("live task has a segment").get() };
             // SAFETY: `t` is live (checked at the top of the loop).
@@ -133,10 +152,10 @@ impl Worker {
             let slice = Slice {
                 token: t.token(i),
                 opcode: t.opcode,
-                local: t.local.wrapping_add(offset as usize),
+                local,
                 region,
                 segment,
-                remote: t.remote + offset,
+                remote,
                 len,
                 rest: t.len - offset,
                 priority: p,

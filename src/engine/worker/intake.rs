@@ -6,8 +6,9 @@ use tent_rings::{ErrorKind, Sqe, TransportKind};
 use super::turn_clock::{TurnClock, queued_deadline};
 use super::views::Accepted;
 use super::{Worker, dispatch};
-use crate::engine::batch::Served;
-use crate::engine::task::Origin;
+use crate::engine::batch::{BatchTask, Served};
+use crate::engine::blocks::Runs;
+use crate::engine::task::{Held, Origin};
 
 /// SQEs taken from one ring per turn.
 const INTAKE_PER_RING: usize = 64;
@@ -41,7 +42,13 @@ impl Worker {
     /// Validate an SQE and queue it, or complete it at once with the reason.
     fn accept(&mut self, origin: Origin, sqe: &Sqe, clock: &mut TurnClock) {
         let user_data = sqe.user_data();
-        match self.validate(sqe, clock) {
+        let blocks = match origin {
+            // SAFETY: a batch SQE's user_data is its batch task, written by
+            // the engine and live until the task's final state is stored.
+            Origin::Batch => unsafe { BatchTask::from_user_data(user_data) }.blocks(),
+            Origin::Ring(_) => None,
+        };
+        match self.validate(sqe, clock, blocks) {
             Err(kind) => {
                 // Refused before any transport: counted as a failure with
                 // no transport (an opcode this version does not know is
@@ -78,6 +85,8 @@ impl Worker {
                 t.local_region = Some(v.region);
                 t.segment = Some(v.segment);
                 t.remote = sqe.remote().offset;
+                t.blocks = blocks.map(Held::new);
+                t.run_cursor = 0;
                 t.len = sqe.len();
                 t.posted = 0;
                 t.done = 0;
@@ -174,8 +183,13 @@ impl Worker {
         true
     }
 
-    fn validate(&mut self, sqe: &Sqe, clock: &mut TurnClock) -> Result<Accepted, ErrorKind> {
+    fn validate(
+        &mut self,
+        sqe: &Sqe,
+        clock: &mut TurnClock,
+        blocks: Option<&Runs>,
+    ) -> Result<Accepted, ErrorKind> {
         self.views.refresh_slots(&self.engine.transports);
-        self.views.accept(sqe, clock, self.max_timeout_ns)
+        self.views.accept(sqe, clock, self.max_timeout_ns, blocks)
     }
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, Cache};
 use tent_rings::{ErrorKind, Opcode, Priority, RegionId, SegmentId, Sqe, TransportKind};
 
+use super::super::blocks::Runs;
 use super::super::task::Held;
 use super::super::{EngineShared, slot_index};
 use super::turn_clock::{TurnClock, asked_deadline};
@@ -157,12 +158,17 @@ impl Views {
     /// `max_timeout_ns` (the error is the completion's). The worker's intake
     /// and a ring's inline issue both accept through here, so a request is
     /// judged the same wherever it runs. Call `refresh_slots` first.
+    ///
+    /// `blocks`: the request is a block list's (its batch task's runs):
+    /// its local range is its registration from the start to where its
+    /// blocks reach, and its length theirs.
     #[inline(always)]
     pub(in crate::engine) fn accept(
         &mut self,
         sqe: &Sqe,
         clock: &mut TurnClock,
         max_timeout_ns: u64,
+        blocks: Option<&Runs>,
     ) -> Result<Accepted, ErrorKind> {
         // A flag bit or reserved byte this version does not know: a newer
         // client's request, refused rather than run with part of it ignored.
@@ -176,7 +182,15 @@ impl Views {
             return Err(ErrorKind::InvalidArgument);
         }
         let local = sqe.local();
-        let (ptr, region) = self.local(local.region, local.offset, sqe.len())?;
+        let (ptr, region) = match blocks {
+            None => self.local(local.region, local.offset, sqe.len())?,
+            Some(runs) => {
+                if local.offset != 0 || runs.total() != sqe.len() {
+                    return Err(ErrorKind::InvalidArgument);
+                }
+                self.local(local.region, 0, runs.local_end())?
+            }
+        };
         let reached = self.segment(sqe.remote().segment, hint)?;
         let deadline_ns = asked_deadline(sqe.deadline_ns(), clock, max_timeout_ns)?;
         Ok(Accepted {
