@@ -208,3 +208,128 @@ fn blocks_contiguous_across_two_adjacent_regions_are_not_merged() {
     a.unregister_memory(second.id()).unwrap();
     drop(mem);
 }
+
+/// Blocks longer than a slice (`block_size`): each run is cut into slices
+/// that never cross its end, and every byte lands where its pair says.
+#[test]
+fn blocks_longer_than_a_slice_are_cut_within_their_runs() {
+    let mut cfg = common::test_config();
+    cfg.block_size = 64 << 10;
+    let a = tent::Engine::new(cfg).unwrap();
+    let block: u64 = 100 << 10;
+    let n = 8u64;
+    let src = a.allocate_memory(n * block).unwrap();
+    let dst = a.allocate_memory(n * block).unwrap();
+    let data = pattern(3, (n * block) as usize);
+    src.write(0, &data).unwrap();
+    let perm = [5u64, 2, 7, 0, 3, 6, 1, 4];
+    let local: Vec<u64> = (0..n).map(|i| src.addr() + i * block).collect();
+    let remote: Vec<u64> = perm.iter().map(|p| dst.addr() + p * block).collect();
+    let batch = a.allocate_batch(1).unwrap();
+    let list = BlockList {
+        opcode: Opcode::Write,
+        segment: tent::SegmentId::LOCAL,
+        block_len: block,
+        local_addrs: &local,
+        remote_addrs: &remote,
+        priority: Priority::Medium,
+    };
+    assert_eq!(a.submit_blocks(batch, &list).unwrap(), 1);
+    let s = a.wait_batch(batch, Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (s.state, s.transferred_bytes),
+        (TaskState::Completed, n * block)
+    );
+    let mut out = vec![0u8; (n * block) as usize];
+    dst.read(0, &mut out).unwrap();
+    let b = block as usize;
+    for (i, &p) in perm.iter().enumerate() {
+        let p = p as usize;
+        assert!(
+            out[p * b..(p + 1) * b] == data[i * b..(i + 1) * b],
+            "block {i} not at {p}"
+        );
+    }
+}
+
+/// A list over three registrations is three tasks, in the order their
+/// registrations first appear in the list; into a batch with room for two
+/// it is refused whole, nothing queued.
+#[test]
+fn a_list_over_several_registrations_is_a_task_each_or_refused_whole() {
+    let a = engine();
+    let regs: Vec<_> = (0..3)
+        .map(|_| a.allocate_memory(4 * BLOCK).unwrap())
+        .collect();
+    let dst = a.allocate_memory(16 * BLOCK).unwrap();
+    // Blocks of registration 2, 0, 2, 1: tasks for 2 (2 blocks), 0, 1.
+    let local = [
+        regs[2].addr(),
+        regs[0].addr(),
+        regs[2].addr() + BLOCK,
+        regs[1].addr() + 2 * BLOCK,
+    ];
+    let remote: Vec<u64> = (0..4).map(|i| dst.addr() + 3 * i * BLOCK).collect();
+    let list = BlockList {
+        opcode: Opcode::Write,
+        segment: tent::SegmentId::LOCAL,
+        block_len: BLOCK,
+        local_addrs: &local,
+        remote_addrs: &remote,
+        priority: Priority::High,
+    };
+    let small = a.allocate_batch(2).unwrap();
+    assert_eq!(
+        a.submit_blocks(small, &list).map_err(|e| e.kind()),
+        Err(ErrorKind::InvalidArgument)
+    );
+    assert!(a.status_list(small).unwrap().is_empty(), "nothing queued");
+    let batch = a.allocate_batch(3).unwrap();
+    assert_eq!(a.submit_blocks(batch, &list).unwrap(), 3);
+    assert_eq!(
+        a.wait_batch(batch, Duration::from_secs(10)).unwrap().state,
+        TaskState::Completed
+    );
+    let bytes: Vec<u64> = a
+        .status_list(batch)
+        .unwrap()
+        .iter()
+        .map(|s| s.transferred_bytes)
+        .collect();
+    assert_eq!(bytes, [2 * BLOCK, BLOCK, BLOCK]);
+}
+
+/// A cancel stops a block list between its slices: its task ends
+/// `Canceled` with the bytes moved so far, and the batch can be freed.
+#[test]
+fn a_cancel_stops_a_block_list_between_slices() {
+    let mut cfg = common::test_config();
+    cfg.block_size = 4096;
+    let a = tent::Engine::new(cfg).unwrap();
+    let n = 16384u64;
+    let src = a.allocate_memory(n * BLOCK).unwrap();
+    let dst = a.allocate_memory(n * BLOCK).unwrap();
+    // Reversed: no two blocks merge, 16384 runs of one slice each.
+    let local: Vec<u64> = (0..n).map(|i| src.addr() + i * BLOCK).collect();
+    let remote: Vec<u64> = (0..n).map(|i| dst.addr() + (n - 1 - i) * BLOCK).collect();
+    let batch = a.allocate_batch(1).unwrap();
+    let list = BlockList {
+        opcode: Opcode::Write,
+        segment: tent::SegmentId::LOCAL,
+        block_len: BLOCK,
+        local_addrs: &local,
+        remote_addrs: &remote,
+        priority: Priority::Low,
+    };
+    assert_eq!(a.submit_blocks(batch, &list).unwrap(), 1);
+    a.cancel(batch).unwrap();
+    let s = a.wait_batch(batch, Duration::from_secs(30)).unwrap();
+    assert_eq!(
+        (s.state, s.error),
+        (TaskState::Canceled, Some(ErrorKind::Canceled)),
+        "64 MiB in 4 KiB slices cannot finish before the cancel lands"
+    );
+    assert!(s.transferred_bytes < n * BLOCK);
+    assert_eq!(s.transferred_bytes % BLOCK, 0, "whole slices only");
+    a.free_batch(batch).unwrap();
+}

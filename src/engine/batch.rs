@@ -417,7 +417,11 @@ impl BatchTable {
         }
         usage.freed = true;
         drop(usage);
-        slot.batch = None;
+        let freed = slot.batch.take();
+        // Dropped outside the table's lock: the last hold frees the batch's
+        // block lists (their buffers go back to the run pool).
+        drop(slots);
+        drop(freed);
         Ok(())
     }
 }

@@ -78,9 +78,10 @@ pub(crate) struct RunPool {
     free: Mutex<Vec<Vec<Run>>>,
 }
 
-/// Buffers the pool keeps, and the largest it keeps (runs).
+/// Buffers the pool keeps, and the largest it keeps (runs): at most
+/// 4 x 6 MiB held between lists.
 const POOL_BUFFERS: usize = 4;
-const POOL_MAX_RUNS: usize = 1 << 20;
+const POOL_MAX_RUNS: usize = 1 << 18;
 
 impl RunPool {
     /// A buffer for `n` runs: the smallest kept one that holds them, else
@@ -218,9 +219,20 @@ struct Group<R> {
 }
 
 impl<R> Group<R> {
+    /// Its runs, for its request's life. A buffer far larger than they
+    /// need (a pooled one, or the list's size for runs that merged) goes
+    /// back to the pool, and they take an exact one.
     fn runs(self, pool: Option<Arc<RunPool>>) -> Runs {
+        let runs = match &pool {
+            Some(p) if self.runs.capacity() > 2 * self.runs.len() + 64 => {
+                let exact = self.runs.to_vec();
+                p.give(self.runs);
+                exact
+            }
+            _ => self.runs,
+        };
         Runs {
-            runs: self.runs,
+            runs,
             total: self.total,
             local_end: self.local_end,
             pool,
@@ -274,6 +286,27 @@ fn plan<R: Copy>(
         return Err(Error::invalid("block list: no blocks"));
     }
     let mut groups: Vec<Group<R>> = Vec::new();
+    match group(b, &mut find, remote, pool, &mut groups) {
+        Ok(()) => Ok(groups),
+        Err(e) => {
+            // A refused list's buffers serve the next one.
+            for g in groups {
+                pool.give(g.runs);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// `plan`'s walk over the blocks, into `groups`.
+fn group<R: Copy>(
+    b: &BlockList<'_>,
+    find: &mut impl FnMut(u64, u64) -> Result<Registration<R>>,
+    remote: &[(u64, u64)],
+    pool: &RunPool,
+    groups: &mut Vec<Group<R>>,
+) -> Result<()> {
+    let len = b.block_len;
     // Each group by its registration's base (registrations do not
     // overlap), for a list that moves between them.
     let mut by_base: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
@@ -310,6 +343,11 @@ fn plan<R: Copy>(
                 groups.len() - 1
             });
         }
+        let Some(rend) = r.checked_add(len) else {
+            return Err(Error::invalid(format!(
+                "block list: block {i}, remote [{r:#x}, +{len}) wraps past the end of the address space"
+            )));
+        };
         let group = &mut groups[g];
         let off = l - group.local.base;
         let rregion = region_of(remote, r, rhint);
@@ -333,22 +371,25 @@ fn plan<R: Copy>(
             .ok_or_else(|| Error::invalid("block list: more bytes than 2^64"))?;
         // `inside` held: `off + len` is within the registration.
         group.local_end = group.local_end.max(off + len);
-        group.tail = match (rregion, r.checked_add(len)) {
-            (Some(k), Some(rend)) => Some((l + len, rend, k)),
-            _ => None,
-        };
+        group.tail = rregion.map(|k| (l + len, rend, k));
     }
-    Ok(groups)
+    Ok(())
 }
 
 impl Engine {
     /// Submit a block list into `batch` as one call: one request per local
     /// registration the blocks use (one, for blocks in one registration),
     /// blocks contiguous on both sides merged. Returns how many tasks it
-    /// appended to the batch (their indices follow the batch's earlier
-    /// tasks). All or nothing, as [`Engine::submit`]. Each task completes
-    /// with all of its blocks; a block the transport refuses (its remote
-    /// side outside the segment's memory) fails its task.
+    /// appended to the batch: their indices follow the batch's earlier
+    /// tasks, in the order their registrations first appear in the list.
+    /// All or nothing, as [`Engine::submit`]. The addresses are copied.
+    ///
+    /// A task is one request: it completes with all of its blocks; a block
+    /// the transport refuses (its remote side outside the segment's memory)
+    /// fails it; a transient fault fails it over whole (its blocks move
+    /// again on the next transport); a cancel or deadline stops it between
+    /// slices; and toward RDMA peers (`sq_executor_admission`) its
+    /// admission is held until its last slice is posted.
     ///
     /// # Errors
     /// `SegmentNotFound` for a segment not open; `InvalidArgument` for a
@@ -514,10 +555,14 @@ mod tests {
     #[test]
     fn wrapping_addresses_never_merge_and_bad_lists_are_refused() {
         let top = u64::MAX - 15;
-        let g = plan_in(&list(&[0, 16], &[top, 0], 16), ALL, &[(0, u64::MAX)]).unwrap();
-        assert_eq!(g[0].runs.len(), 2);
+        let g = plan_in(&list(&[0, 16], &[top - 32, top - 16], 16), ALL, ALL).unwrap();
+        assert_eq!(g[0].runs.len(), 1, "up to the last byte merges");
         let kind = |b: BlockList<'_>| plan_in(&b, ALL, ALL).unwrap_err().kind();
         use tent_rings::ErrorKind::InvalidArgument;
+        // A remote block past the end of the address space names itself.
+        let e = plan_in(&list(&[0, 16], &[0, top + 1], 16), ALL, ALL).unwrap_err();
+        assert_eq!(e.kind(), InvalidArgument);
+        assert!(e.to_string().contains("block 1"), "{e}");
         assert_eq!(kind(list(&[0], &[0], 0)), InvalidArgument);
         assert_eq!(kind(list(&[0, 16], &[0], 16)), InvalidArgument);
         assert_eq!(kind(list(&[], &[], 16)), InvalidArgument);
@@ -549,6 +594,36 @@ mod tests {
         // A stale cursor past the runs still finds it.
         let mut stale = 7;
         assert_eq!(piece(50, &mut stale), p(50, 502, 30));
+    }
+
+    #[test]
+    fn a_refused_list_gives_its_buffer_back_and_a_sparse_one_keeps_an_exact_copy() {
+        let pool = Arc::new(RunPool::default());
+        pool.give(Vec::with_capacity(1000));
+        // The second block is in no registration: refused, and the
+        // buffer the first group took is back.
+        let find = |addr: u64, len: u64| {
+            (addr + len <= 64)
+                .then_some(Registration {
+                    handle: 0usize,
+                    base: 0,
+                    len: 64,
+                })
+                .ok_or_else(|| Error::invalid("nowhere"))
+        };
+        let bad = list(&[0, 4096], &[0, 16], 16);
+        assert!(plan(&bad, find, ALL, &pool).is_err());
+        assert_eq!(pool.free.lock().len(), 1);
+        assert!(pool.free.lock()[0].capacity() >= 1000);
+        // 4 contiguous blocks: one run in a buffer sized for 1000; the
+        // runs keep an exact copy and the big buffer goes back.
+        let ok = list(&[0, 16, 32, 48], &[0, 16, 32, 48], 16);
+        let mut g = plan(&ok, find, ALL, &pool).unwrap();
+        assert!(pool.free.lock().is_empty(), "taken");
+        let runs = g.remove(0).runs(Some(pool.clone()));
+        assert_eq!(runs.runs.len(), 1);
+        assert!(runs.runs.capacity() < 64);
+        assert!(pool.free.lock()[0].capacity() >= 1000, "given back");
     }
 
     #[test]

@@ -249,6 +249,7 @@ impl TaskTable {
         t.live = false;
         t.local_region = None;
         t.segment = None;
+        t.blocks = None;
         // Capacity was reserved up front: this push never reallocates.
         self.free.push(i);
     }

@@ -69,7 +69,9 @@ pub struct Slice<'a> {
     pub len: u64,
     /// Bytes of the request from this slice's start to the request's end
     /// (this slice included): how a multi-rail transport plans the rest
-    /// of the request.
+    /// of the request. For a block list's request, whose slices are cut at
+    /// each run's end too, the rest in slices of this one's length is an
+    /// estimate.
     pub rest: u64,
     /// The lane it was posted from (its request's priority, or higher once
     /// promoted): transports keep HIGH ahead of bulk in their own queues.
@@ -78,7 +80,8 @@ pub struct Slice<'a> {
 
 impl Slice<'_> {
     /// Slices of the request still to post, this one included (the engine
-    /// cuts a request into slices of this one's length, the last shorter).
+    /// cuts a request into slices of this one's length, the last shorter;
+    /// a block list's, at its runs' ends too, so there it is an estimate).
     #[inline]
     pub(crate) fn slices_left(&self) -> u64 {
         self.rest.max(self.len).div_ceil(self.len.max(1))

@@ -1,6 +1,6 @@
 //! `--mode blocks`: a paged KV cache's transfer as one block-list call.
 //!
-//! `--blocks` blocks of `--block-size` (default 15 000 of 16 KiB) WRITTEN
+//! `--blocks` blocks of `--block-size` (default 10 000 of 16 KiB) WRITTEN
 //! into a target process over shm with `Engine::submit_blocks`, the remote
 //! pages in a scattered order (a KV cache's pages are not contiguous, so
 //! nothing merges) and then in order (everything merges into one request).

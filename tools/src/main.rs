@@ -157,7 +157,7 @@ pub struct Args {
     #[arg(long)]
     pub no_baseline: bool,
     /// Blocks: how many blocks one call submits.
-    #[arg(long, default_value_t = 15_000)]
+    #[arg(long, default_value_t = 10_000)]
     pub blocks: usize,
     /// Blocks: repetitions of each case (the median is reported).
     #[arg(long, default_value_t = 5)]

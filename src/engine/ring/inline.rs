@@ -267,19 +267,8 @@ impl InlineIssuer {
     #[inline]
     fn hand_over(&mut self, sqe: Sqe, to_worker: &mut impl FnMut(Sqe) -> bool) {
         if !to_worker(sqe) {
-            self.refuse_full(&sqe);
+            refuse_full(&mut self.done, &sqe);
         }
-    }
-
-    /// `sqe` found no room in the ring: its completion says so.
-    #[cold]
-    fn refuse_full(&mut self, sqe: &Sqe) {
-        debug_assert!(false, "a staged op found the ring full");
-        self.done.push_back(cqe_for(
-            sqe.user_data(),
-            Err(tent_rings::ErrorKind::SqFull),
-            Served::default(),
-        ));
     }
 
     /// Issue the staged ops (the ring's submit): HIGH first, then MEDIUM,
@@ -295,52 +284,73 @@ impl InlineIssuer {
         if n == 0 {
             return 0;
         }
-        let side = self.side.clone();
+        // The fields apart, so the side's lock and the issue borrow
+        // different ones (no `Arc` clone: two locked RMWs a pass).
+        let InlineIssuer {
+            engine,
+            max_timeout_ns,
+            block_size,
+            not_inline,
+            side,
+            rings,
+            staged,
+            staged_levels,
+            done,
+            ..
+        } = self;
         let mut held = side.views.try_lock();
         // Under the lock: an engine seen open here is not past its drop's
         // `release_views`, which waits for this pass.
         let mut views = None;
         if let Some(slot) = held.as_deref_mut()
-            && !self.rings.is_closed()
+            && !rings.is_closed()
         {
             if slot.is_none()
-                && let Some(engine) = self.engine.upgrade()
+                && let Some(engine) = engine.upgrade()
             {
                 *slot = Some(InlineViews::new(&engine));
-                self.not_inline = None;
+                *not_inline = None;
             }
             if let Some(v) = slot.as_mut() {
                 v.views.refresh_slots(&v.transports);
                 views = Some(v);
             }
         }
+        let mut pass = Pass {
+            side,
+            done,
+            not_inline,
+            max_timeout_ns: *max_timeout_ns,
+            block_size: *block_size,
+        };
         let mut here = 0;
         // One pass per priority staged (most submits stage one).
-        let mixed = self.staged_levels.count_ones() > 1;
+        let mixed = staged_levels.count_ones() > 1;
         for p in [Priority::High, Priority::Medium, Priority::Low] {
-            if self.staged_levels & (1 << p.index()) == 0 {
+            if *staged_levels & (1 << p.index()) == 0 {
                 continue;
             }
-            for i in 0..n {
-                let sqe = self.staged[i];
+            for &sqe in staged.iter() {
                 if mixed && level(&sqe) != p {
                     continue;
                 }
                 let issued = match views.as_deref_mut() {
-                    Some(v) => self.issue(v, &sqe),
+                    Some(v) => pass.issue(v, &sqe),
                     None => false,
                 };
                 if issued {
                     here += 1;
                 } else {
                     views = None;
-                    self.hand_over(sqe, &mut to_worker);
+                    if !to_worker(sqe) {
+                        refuse_full(pass.done, &sqe);
+                    }
                 }
             }
         }
         drop(held);
-        self.staged.clear();
-        self.staged_levels = 0;
+        staged.clear();
+        *staged_levels = 0;
         here
     }
 
@@ -361,7 +371,30 @@ impl InlineIssuer {
     pub(super) fn ready(&self) -> bool {
         !self.done.is_empty()
     }
+}
 
+/// What one `issue_staged` pass writes besides the views: the issuer's
+/// fields apart from its staged ops.
+struct Pass<'a> {
+    side: &'a InlineSide,
+    done: &'a mut VecDeque<Cqe>,
+    not_inline: &'a mut Option<tent_rings::SegmentId>,
+    max_timeout_ns: u64,
+    block_size: u64,
+}
+
+/// `sqe` found no room in the ring: its completion says so.
+#[cold]
+fn refuse_full(done: &mut VecDeque<Cqe>, sqe: &Sqe) {
+    debug_assert!(false, "a staged op found the ring full");
+    done.push_back(cqe_for(
+        sqe.user_data(),
+        Err(tent_rings::ErrorKind::SqFull),
+        Served::default(),
+    ));
+}
+
+impl Pass<'_> {
     /// Perform `sqe` here if it may be (see the module doc; the caller
     /// holds the side's lock, and checked the rest: nothing at the worker,
     /// room):
@@ -389,7 +422,7 @@ impl InlineIssuer {
         };
         let p = v.priority;
         if !installed.caps.synchronous || !installed.transport.submits_inline() {
-            self.not_inline = Some(sqe.remote().segment);
+            *self.not_inline = Some(sqe.remote().segment);
             return false;
         }
         if slice_len(len, installed.caps, self.block_size) < len

@@ -104,21 +104,6 @@ impl Worker {
                 t.error.get_or_insert(ErrorKind::Unreachable);
                 continue;
             };
-            // Credits bound slices in flight; a synchronous transport has
-            // none in flight once submit returns, so it needs none.
-            let credited = !installed.caps.synchronous;
-            if !self
-                .sched
-                .may_take_credit(&mut pass, p, credited, pool.available())
-            {
-                // The rest of the window is HIGH's: this lane (and those
-                // below it, which meet the same) waits for completions.
-                continue;
-            }
-            if credited && pool.try_reserve(1).is_err() {
-                // Every credit is in flight: wait for completions.
-                break;
-            }
             let offset = t.posted;
             let mut len = slice_len(t.len - offset, installed.caps, self.block_size);
             let (local, remote) = match t.blocks {
@@ -140,6 +125,21 @@ impl Worker {
                     (t.local.wrapping_add(piece.local as usize), piece.remote)
                 }
             };
+            // Credits bound slices in flight; a synchronous transport has
+            // none in flight once submit returns, so it needs none.
+            let credited = !installed.caps.synchronous;
+            if !self
+                .sched
+                .may_take_credit(&mut pass, p, credited, pool.available())
+            {
+                // The rest of the window is HIGH's: this lane (and those
+                // below it, which meet the same) waits for completions.
+                continue;
+            }
+            if credited && pool.try_reserve(1).is_err() {
+                // Every credit is in flight: wait for completions.
+                break;
+            }
             // SAFETY: `t` is live (checked at the top of the loop).
             let segment = unsafe { t.segment.as_ref().expect("live task has a segment").get() };
             // SAFETY: `t` is live (checked at the top of the loop).
