@@ -73,6 +73,69 @@ pub(crate) fn wait_on(word: &AtomicU32, seen: u32, timeout: Duration) {
     let _ = futex::wait(word, futex::Flags::PRIVATE, seen, Some(&ts));
 }
 
+/// A futex word in memory another process maps too (an attached client's
+/// ring bells): bumped and woken without `FUTEX_PRIVATE_FLAG`, so a waiter
+/// in either process wakes. The other process may write anything into it;
+/// a wrong value only makes a wait return at once or a bump look like
+/// another.
+pub(crate) struct SharedWord {
+    region: std::sync::Arc<tent_rings::region::Region>,
+    offset: usize,
+}
+
+impl std::fmt::Debug for SharedWord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedWord")
+            .field("offset", &self.offset)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedWord {
+    /// The word at `offset` of `region`'s payload; `None` when it does not
+    /// fit or is not 4-byte aligned.
+    pub(crate) fn new(
+        region: std::sync::Arc<tent_rings::region::Region>,
+        offset: usize,
+    ) -> Option<SharedWord> {
+        let fits = offset
+            .checked_add(4)
+            .is_some_and(|end| end <= region.payload_len());
+        (fits && offset % 4 == 0).then_some(SharedWord { region, offset })
+    }
+
+    /// The memory it is in, and where.
+    pub(crate) fn region(&self) -> &std::sync::Arc<tent_rings::region::Region> {
+        &self.region
+    }
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The word.
+    pub(crate) fn word(&self) -> &AtomicU32 {
+        // SAFETY: `new` checked the word lies in the payload, 4-byte aligned (the payload is 128-byte aligned); the region keeps the mapping alive while `self` lives; every access is atomic.
+        unsafe { &*(self.region.payload_ptr().add(self.offset) as *const AtomicU32) }
+    }
+
+    /// Bump it and wake every waiter, in any process.
+    pub(crate) fn ring(&self) {
+        // Release: what was published before the bump is seen by a waiter
+        // that reads the new value.
+        self.word().fetch_add(1, Ordering::Release);
+        let _ = futex::wake(self.word(), futex::Flags::empty(), i32::MAX as u32);
+    }
+
+    /// Sleep until it differs from `seen` or `timeout` passes.
+    pub(crate) fn wait(&self, seen: u32, timeout: Duration) {
+        let ts = futex::Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        let _ = futex::wait(self.word(), futex::Flags::empty(), seen, Some(&ts));
+    }
+}
+
 /// A ring's completion bell: the application sleeps on it in
 /// `Ring::wait_ready`, or on its eventfd (`Ring::completion_fd`); the
 /// worker rings both after publishing CQEs, but only once the application
@@ -89,13 +152,19 @@ pub(crate) struct CqBell {
     /// The eventfd an application waits on with epoll (made by the first
     /// `Ring::completion_fd`).
     pub efd: std::sync::OnceLock<std::os::fd::OwnedFd>,
+    /// An attached client's ring: its bell is this word in memory the
+    /// client maps (rung instead of `bell`).
+    pub shared: Option<SharedWord>,
 }
 
 impl CqBell {
     /// CQEs were published and the application said it is about to
     /// sleep: wake it, on the futex and on the eventfd if it has one.
     pub(crate) fn ring(&self) {
-        self.bell.ring();
+        match &self.shared {
+            Some(word) => word.ring(),
+            None => self.bell.ring(),
+        }
         if let Some(fd) = self.efd.get() {
             // A full counter (EAGAIN) is readable already; nothing else
             // can fail on an eventfd we made.

@@ -43,6 +43,7 @@ macro_rules! internal {
 }
 
 pub mod config;
+pub mod daemon;
 pub mod engine;
 pub mod error;
 #[cfg(feature = "testing")]

@@ -33,6 +33,9 @@ pub struct MemRegion {
     /// not faulted in yet, or spread over nodes): the rails' tiers for its
     /// slices are ranked from it.
     numa_node: Option<u32>,
+    /// The daemon client whose memory it is (`ClientScope::id`); 0: this
+    /// process's own. A client's ring names only its own regions.
+    client: u32,
     /// The unregister epoch that revoked it (0: live). Written once; read
     /// (Relaxed) by workers at validation, beside `base` and `len`.
     revoked: AtomicU64,
@@ -123,6 +126,7 @@ impl MemRegion {
             base,
             len,
             numa_node: None,
+            client: 0,
             revoked: AtomicU64::new(0),
             users: CachePadded::new(AtomicU64::new(0)),
             layout: MrLayout::whole(len),
@@ -154,6 +158,18 @@ impl MemRegion {
     pub(crate) fn with_numa_node(mut self, node: Option<u32>) -> MemRegion {
         self.numa_node = node;
         self
+    }
+
+    /// The same region, a daemon client's memory.
+    pub(crate) fn with_client(mut self, client: u32) -> MemRegion {
+        self.client = client;
+        self
+    }
+
+    /// The daemon client whose memory it is (0: this process's).
+    #[inline]
+    pub(crate) fn client(&self) -> u32 {
+        self.client
     }
 
     /// The NUMA node its memory was on at registration (`None`: unknown).

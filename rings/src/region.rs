@@ -379,6 +379,62 @@ impl Region {
         Ok(region)
     }
 
+    /// Map `file`, an unlinked file another process may map too (a memfd
+    /// handed over a unix socket, say), and publish a header for a payload
+    /// of `payload_len` bytes. The file must already hold `HEADER_LEN +
+    /// payload_len` zeroed bytes: its size is not changed here (a sealed
+    /// memfd's cannot be). Nothing is unlinked on drop.
+    pub fn create_in_file(
+        file: &File,
+        ty: RegionType,
+        layout: [u64; 4],
+        payload_len: usize,
+    ) -> Result<Region, RegionError> {
+        let path = PathBuf::from("(file)");
+        let io_err = |source| RegionError::Io {
+            path: path.clone(),
+            source,
+        };
+        let need = (HEADER_LEN as u64).saturating_add(payload_len as u64);
+        let len = file.metadata().map_err(io_err)?.len();
+        if len < need {
+            return Err(RegionError::TooSmall { path, len, need });
+        }
+        let map = MmapRaw::map_raw(file).map_err(io_err)?;
+        let base = NonNull::new(map.as_mut_ptr()).expect("mmap returned null");
+        let region = Region {
+            base,
+            backing: Backing::Shm {
+                _map: map,
+                path,
+                owner: false,
+                persist: false,
+            },
+            ty,
+            layout,
+            payload_len,
+            owner_pid: std::process::id(),
+        };
+        region.header().publish(ty, layout, payload_len);
+        Ok(region)
+    }
+
+    /// Map a region another process made with
+    /// [`create_in_file`](Region::create_in_file) in `file`, checked as
+    /// [`attach_shm`](Region::attach_shm) checks one.
+    pub fn attach_file(
+        file: &File,
+        ty: RegionType,
+        expect_layout: Option<[u64; 4]>,
+    ) -> Result<Region, RegionError> {
+        let path = PathBuf::from("(file)");
+        let map = MmapRaw::map_raw(file).map_err(|source| RegionError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Self::validate(path, map, ty, expect_layout)
+    }
+
     fn size_and_map(file: &File, len: u64) -> io::Result<MmapRaw> {
         // set_len on a fresh file leaves it zero-filled.
         file.set_len(len)?;

@@ -274,7 +274,15 @@ pub fn channel<T: Entry>(capacity: u32) -> Result<(Producer<T>, Consumer<T>), Ri
 pub fn init_in_region<T: Entry>(
     region: Arc<Region>,
 ) -> Result<(Producer<T>, Consumer<T>), RingError> {
-    let raw = RawRing::<T>::new(&region)?;
+    init_ring::<T>(&region)?;
+    Ok((Producer::attach(region.clone())?, Consumer::attach(region)?))
+}
+
+/// Initialise a ring in `region` for another process to attach one end of
+/// ([`producer_in_region`] / [`consumer_in_region`]): this process keeps
+/// no end yet (an end dropped here would mark the ring closed).
+pub fn init_ring<T: Entry>(region: &Arc<Region>) -> Result<(), RingError> {
+    let raw = RawRing::<T>::new(region)?;
     let control = raw.control();
     // Acquire: pairs with the Release of a previous initialisation, so a
     // second init is reliably refused.
@@ -297,8 +305,7 @@ pub fn init_in_region<T: Entry>(
     // Release: an attacher that Acquire-loads the format word sees the
     // geometry and zeroed indices above.
     header.format.store(RING_MAGIC, Ordering::Release);
-    drop(raw);
-    Ok((Producer::attach(region.clone())?, Consumer::attach(region)?))
+    Ok(())
 }
 
 /// Attach the producer end to a ring that another process initialised
@@ -316,6 +323,18 @@ pub fn producer_in_region<T: Entry>(region: Arc<Region>) -> Result<Producer<T>, 
 /// At most one consumer may be attached at a time.
 pub fn consumer_in_region<T: Entry>(region: Arc<Region>) -> Result<Consumer<T>, RingError> {
     Consumer::attach(region)
+}
+
+/// Mark the ring in `region` closed by its producer, as dropping the
+/// producer does, from any process that maps it: how the owner of a ring
+/// whose producer died without closing it (a client killed) lets the
+/// consumer drain and retire it.
+pub fn close_producer<T: Entry>(region: Arc<Region>) -> Result<(), RingError> {
+    let raw = RawRing::<T>::new(&region)?;
+    // Release: as in `Producer::drop`; the consumer drains to the tail it
+    // sees with the flag.
+    raw.control().producer.0.closed.store(1, Ordering::Release);
+    Ok(())
 }
 
 /// What both ends share: pointers into the region, and the region itself.
@@ -1216,5 +1235,59 @@ mod tests {
         let (p, c) = channel::<[u8; 64]>(2).unwrap();
         assert!(format!("{p:?}").contains("capacity: 2"));
         assert!(format!("{c:?}").contains("head: 0"));
+    }
+}
+
+#[cfg(test)]
+mod file_tests {
+    use super::*;
+    use crate::region::HEADER_LEN;
+    use std::fs::File;
+    use std::os::fd::FromRawFd;
+
+    /// An unlinked file of `len` zeroed bytes, as a memfd handed over a
+    /// socket is.
+    fn memfd(len: u64) -> File {
+        // SAFETY: a NUL-terminated name; the flags are valid.
+        let fd = unsafe { libc::memfd_create(c"tent-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create");
+        // SAFETY: a fresh descriptor we own.
+        let f = unsafe { File::from_raw_fd(fd) };
+        f.set_len(len).unwrap();
+        f
+    }
+
+    #[test]
+    fn a_ring_made_in_a_file_is_attached_through_another_mapping_and_closed_by_its_owner() {
+        let cap = 8;
+        let f = memfd((HEADER_LEN + ring_bytes::<u64>(cap)) as u64);
+        let made = Arc::new(
+            Region::create_in_file(
+                &f,
+                RegionType::Ring,
+                ring_layout::<u64>(cap),
+                ring_bytes::<u64>(cap),
+            )
+            .unwrap(),
+        );
+        init_ring::<u64>(&made).unwrap();
+        let mut consumer = consumer_in_region::<u64>(made.clone()).unwrap();
+        assert!(!consumer.is_producer_closed());
+        // The other process: a second mapping of the same file.
+        let theirs = Arc::new(Region::attach_file(&f, RegionType::Ring, None).unwrap());
+        let mut producer = producer_in_region::<u64>(theirs).unwrap();
+        producer.push(7).unwrap();
+        producer.sync();
+        assert_eq!(consumer.pop(), Some(7));
+        // A producer that died without closing: its owner closes it.
+        std::mem::forget(producer);
+        close_producer::<u64>(made).unwrap();
+        assert!(consumer.is_producer_closed());
+        // Too short a file is refused, and so is one of another type.
+        let short = memfd(HEADER_LEN as u64);
+        assert!(Region::create_in_file(&short, RegionType::Ring, [0; 4], 4096).is_err());
+        let data = memfd(HEADER_LEN as u64 + 64);
+        drop(Region::create_in_file(&data, RegionType::Data, [0; 4], 64).unwrap());
+        assert!(Region::attach_file(&data, RegionType::Ring, None).is_err());
     }
 }

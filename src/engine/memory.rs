@@ -31,6 +31,17 @@ impl Engine {
     /// faulted in by its first use, so its node is unknown at allocation
     /// (the rails rank from each worker's node).
     pub fn allocate_memory(&self, len: u64) -> Result<Buffer> {
+        self.allocate_memory_for(len, 0).map(|(b, _)| b)
+    }
+
+    /// [`Engine::allocate_memory`] for daemon client `client` (0: this
+    /// process): the region is tagged with it, and its memfd (with the
+    /// shm transport on) comes back for the client to map.
+    pub(crate) fn allocate_memory_for(
+        &self,
+        len: u64,
+        client: u32,
+    ) -> Result<(Buffer, Option<crate::transport::shm::ExportedMemory>)> {
         if len == 0 {
             return Err(Error::invalid("allocate_memory: zero length"));
         }
@@ -42,25 +53,31 @@ impl Engine {
                 let mem = export.allocate(len, self.shared.config.hugepages != HugePages::Off)?;
                 let ptr = mem.data_ptr();
                 let region = MemRegion::new(id, ptr, len, Some(Box::new(mem.clone())))
-                    .with_numa_node(numa_node_of(ptr, len));
+                    .with_numa_node(numa_node_of(ptr, len))
+                    .with_client(client);
                 // SAFETY: the region owns the mapping, which outlives its RDMA registration (dropped first).
                 let region = Arc::new(unsafe { self.register_rdma(region, ptr, len)? });
                 export.publish(&mem, id, len, region.key())?;
-                region
+                (region, Some(mem))
             }
             None => {
                 let heap = HeapMemory::new(len, self.shared.config.hugepages)?;
                 let ptr = heap.ptr;
                 let region = MemRegion::new(id, ptr, len, Some(Box::new(heap)))
-                    .with_numa_node(numa_node_of(ptr, len));
+                    .with_numa_node(numa_node_of(ptr, len))
+                    .with_client(client);
                 // SAFETY: as above, for the anonymous mapping.
-                Arc::new(unsafe { self.register_rdma(region, ptr, len)? })
+                (
+                    Arc::new(unsafe { self.register_rdma(region, ptr, len)? }),
+                    None,
+                )
             }
         };
+        let (region, mem) = region;
         self.shared
             .regions
             .store(Arc::new(table.with(region.clone())?));
-        Ok(Buffer { region })
+        Ok((Buffer { region }, mem))
     }
 
     /// Register memory the application owns.

@@ -18,9 +18,11 @@
 //!   queues; `task`: a worker's task table; `worker`: the worker loop and
 //!   what it shares; `footprint`: what an engine preallocates.
 
+pub(crate) mod attached;
 pub(crate) mod batch;
 mod blocks;
 mod build;
+pub(crate) mod client_scope;
 mod describe;
 pub mod footprint;
 mod http;

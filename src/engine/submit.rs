@@ -32,7 +32,7 @@ impl Engine {
         Ok(Ring::new(sp, cc, w.clone(), bell, &self.shared))
     }
 
-    fn pick_worker(&self) -> &Arc<WorkerShared> {
+    pub(super) fn pick_worker(&self) -> &Arc<WorkerShared> {
         self.pick_worker_at().1
     }
 

@@ -405,7 +405,10 @@ impl Pass<'_> {
         let len = sqe.len();
         let mut clock = TurnClock::default();
         let user_data = sqe.user_data();
-        let v = match iv.views.accept(sqe, &mut clock, self.max_timeout_ns, None) {
+        let v = match iv
+            .views
+            .accept(sqe, &mut clock, self.max_timeout_ns, None, None)
+        {
             Ok(v) => v,
             Err(kind) => {
                 // Refused as the worker's intake refuses it.

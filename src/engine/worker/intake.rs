@@ -7,7 +7,6 @@ use super::turn_clock::{TurnClock, queued_deadline};
 use super::views::Accepted;
 use super::{Worker, dispatch};
 use crate::engine::batch::{BatchTask, Served};
-use crate::engine::blocks::Runs;
 use crate::engine::task::{Held, Origin};
 
 /// SQEs taken from one ring per turn.
@@ -48,7 +47,15 @@ impl Worker {
             Origin::Batch => unsafe { BatchTask::from_user_data(user_data) }.blocks(),
             Origin::Ring(_) => None,
         };
-        match self.validate(sqe, clock, blocks) {
+        let scope = match origin {
+            Origin::Ring(ri) => self.rings.scope(ri as usize),
+            Origin::Batch => None,
+        };
+        self.views.refresh_slots(&self.engine.transports);
+        let checked = self
+            .views
+            .accept(sqe, clock, self.max_timeout_ns, blocks, scope);
+        match checked {
             Err(kind) => {
                 // Refused before any transport: counted as a failure with
                 // no transport (an opcode this version does not know is
@@ -181,15 +188,5 @@ impl Worker {
         self.shared.ops.inline(v.opcode, v.transport, p, res, done);
         self.count_live(p, false);
         true
-    }
-
-    fn validate(
-        &mut self,
-        sqe: &Sqe,
-        clock: &mut TurnClock,
-        blocks: Option<&Runs>,
-    ) -> Result<Accepted, ErrorKind> {
-        self.views.refresh_slots(&self.engine.transports);
-        self.views.accept(sqe, clock, self.max_timeout_ns, blocks)
     }
 }

@@ -13,6 +13,7 @@ use tent_rings::{Cqe, ErrorKind, Sqe};
 
 use crate::doorbell::CqBell;
 use crate::engine::batch::{BatchTask, Served, TaskState};
+use crate::engine::client_scope::ClientScope;
 use crate::engine::task::Origin;
 
 /// CQEs a worker writes into a ring before it publishes them mid-turn
@@ -46,6 +47,8 @@ pub(crate) struct WorkerRing {
     cq_dirty: bool,
     /// The application's completion bell (ring API only).
     cq_bell: Option<Arc<CqBell>>,
+    /// A daemon client's ring: what its SQEs may name.
+    scope: Option<Arc<ClientScope>>,
 }
 
 impl WorkerRing {
@@ -61,7 +64,15 @@ impl WorkerRing {
             outstanding: 0,
             cq_dirty: false,
             cq_bell,
+            scope: None,
         }
+    }
+
+    /// The same ring, a daemon client's: its SQEs name only what `scope`
+    /// allows.
+    pub(crate) fn for_client(mut self, scope: Arc<ClientScope>) -> Self {
+        self.scope = Some(scope);
+        self
     }
 
     /// Can the CQ take one more CQE than the worker already owes? Every
@@ -112,6 +123,12 @@ impl Rings {
     #[inline]
     pub(super) fn len(&self) -> usize {
         self.slots.len()
+    }
+
+    /// Ring `ri`'s client scope, if a daemon client's.
+    #[inline]
+    pub(super) fn scope(&self, ri: usize) -> Option<&ClientScope> {
+        self.slots.get(ri)?.as_ref()?.scope.as_deref()
     }
 
     /// The next SQE of ring `ri` and whom its completion goes to, if it

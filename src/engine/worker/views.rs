@@ -13,6 +13,7 @@ use arc_swap::{ArcSwap, Cache};
 use tent_rings::{ErrorKind, Opcode, Priority, RegionId, SegmentId, Sqe, TransportKind};
 
 use super::super::blocks::Runs;
+use super::super::client_scope::ClientScope;
 use super::super::task::Held;
 use super::super::{EngineShared, slot_index};
 use super::turn_clock::{TurnClock, asked_deadline};
@@ -161,7 +162,10 @@ impl Views {
     ///
     /// `blocks`: the request is a block list's (its batch task's runs):
     /// its local range is its registration from the start to where its
-    /// blocks reach, and its length theirs.
+    /// blocks reach, and its length theirs. `scope`: it came from a daemon
+    /// client's ring, and may name only that client's regions
+    /// (`AddressNotRegistered` otherwise, as for a region that does not
+    /// exist) and the segments it opened (`SegmentNotFound`).
     #[inline(always)]
     pub(in crate::engine) fn accept(
         &mut self,
@@ -169,6 +173,7 @@ impl Views {
         clock: &mut TurnClock,
         max_timeout_ns: u64,
         blocks: Option<&Runs>,
+        scope: Option<&ClientScope>,
     ) -> Result<Accepted, ErrorKind> {
         // A flag bit or reserved byte this version does not know: a newer
         // client's request, refused rather than run with part of it ignored.
@@ -182,16 +187,21 @@ impl Views {
             return Err(ErrorKind::InvalidArgument);
         }
         let local = sqe.local();
+        let client = scope.map(ClientScope::id);
         let (ptr, region) = match blocks {
-            None => self.local(local.region, local.offset, sqe.len())?,
+            None => self.local(local.region, local.offset, sqe.len(), client)?,
             Some(runs) => {
                 if local.offset != 0 || runs.total() != sqe.len() {
                     return Err(ErrorKind::InvalidArgument);
                 }
-                self.local(local.region, 0, runs.local_end())?
+                self.local(local.region, 0, runs.local_end(), client)?
             }
         };
-        let reached = self.segment(sqe.remote().segment, hint)?;
+        let segment = sqe.remote().segment;
+        if scope.is_some_and(|s| !s.allows(segment)) {
+            return Err(ErrorKind::SegmentNotFound);
+        }
+        let reached = self.segment(segment, hint)?;
         let deadline_ns = asked_deadline(sqe.deadline_ns(), clock, max_timeout_ns)?;
         Ok(Accepted {
             opcode,
@@ -206,19 +216,21 @@ impl Views {
     }
 
     /// `len` bytes at `offset` of registered region `region`, unless it is
-    /// unknown or revoked (`AddressNotRegistered`) or the range leaves it.
+    /// unknown, revoked or (with `client`) not that daemon client's
+    /// (`AddressNotRegistered`), or the range leaves it.
     #[inline]
     pub(super) fn local(
         &mut self,
         region: RegionId,
         offset: u64,
         len: u64,
+        client: Option<u32>,
     ) -> Result<(*mut u8, Held<MemRegion>), ErrorKind> {
         let r = self
             .regions
             .load()
             .get(region)
-            .filter(|r| !r.is_revoked())
+            .filter(|r| !r.is_revoked() && client.is_none_or(|c| r.client() == c))
             .ok_or(ErrorKind::AddressNotRegistered)?;
         let at = r.slice_ptr(offset, len)?;
         Ok((at, Held::new(&**r)))

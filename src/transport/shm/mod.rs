@@ -18,6 +18,7 @@ mod peer;
 use tent_rings::{ErrorKind, TransportKind};
 
 pub use desc::ShmEntry;
+pub(crate) use desc::DATA_OFFSET;
 pub use peer::{Access, ExportedMemory, MapBudget, ShmExport, ShmPeer};
 pub(crate) use peer::ThreadView;
 

@@ -185,6 +185,12 @@ impl ExportedMemory {
     pub fn data_ptr(&self) -> *mut u8 {
         self.map.ptr().wrapping_add(DATA_OFFSET)
     }
+
+    /// The sealed memfd behind it (its bytes start at `DATA_OFFSET`).
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
+    }
 }
 
 fn mem_err(what: &'static str) -> impl FnOnce(std::io::Error) -> Error {

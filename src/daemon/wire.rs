@@ -1,0 +1,330 @@
+//! The daemon's set-up messages, over its unix socket: a frame is a
+//! little-endian `u32` body length, then the body, a tag byte and the
+//! message's fields. A descriptor rides with a reply's first byte
+//! (`SCM_RIGHTS`). Every frame from the other side is hostile input: the
+//! length is bounded before anything is read, a body is exactly its
+//! message's size (a name at most [`MAX_NAME`] bytes), and an unknown tag
+//! is refused.
+
+use tent_rings::ErrorKind;
+
+/// The layout both sides must agree on: these messages, the rings' and
+/// bells' memory. Checked at attach; a mismatch is refused naming both.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// The largest body either side sends or accepts.
+pub(crate) const MAX_BODY: u32 = 2048;
+/// The longest segment name a client may ask for.
+pub(crate) const MAX_NAME: usize = 512;
+/// The longest message a refusal carries.
+pub(crate) const MAX_MESSAGE: usize = 1024;
+
+/// Which memory of a ring a `RingPart` reply hands over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// The submission ring (the client produces).
+    Sq = 0,
+    /// The completion ring (the client consumes).
+    Cq = 1,
+    /// The bells: the SQ bell word at 0, the CQ bell word at 128.
+    Bells = 2,
+}
+
+/// A client's request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Request {
+    Hello { version: u32 },
+    Allocate { len: u64 },
+    OpenSegment { name: String },
+    CreateRing { depth: u32 },
+}
+
+/// The daemon's reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Reply {
+    Welcome {
+        version: u32,
+        client: u32,
+    },
+    /// With the region's memfd (its bytes from `data_offset`).
+    Allocated {
+        region: u64,
+        len: u64,
+        data_offset: u64,
+    },
+    Opened {
+        segment: u64,
+    },
+    /// One of three, in `Part` order, each with its memfd.
+    RingPart {
+        part: Part,
+        depth: u32,
+    },
+    Refused {
+        kind: ErrorKind,
+        message: String,
+    },
+}
+
+/// Why a frame could not be read as a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Malformed(pub(crate) &'static str);
+
+mod tag {
+    pub(super) const HELLO: u8 = 1;
+    pub(super) const ALLOCATE: u8 = 2;
+    pub(super) const OPEN_SEGMENT: u8 = 3;
+    pub(super) const CREATE_RING: u8 = 4;
+    pub(super) const WELCOME: u8 = 0x81;
+    pub(super) const ALLOCATED: u8 = 0x82;
+    pub(super) const OPENED: u8 = 0x83;
+    pub(super) const RING_PART: u8 = 0x84;
+    pub(super) const REFUSED: u8 = 0xff;
+}
+
+/// A body's fields, read front to back; every read checked.
+struct Fields<'a>(&'a [u8]);
+
+impl Fields<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], Malformed> {
+        let (head, rest) = self
+            .0
+            .split_first_chunk::<N>()
+            .ok_or(Malformed("short body"))?;
+        self.0 = rest;
+        Ok(*head)
+    }
+    fn u32(&mut self) -> Result<u32, Malformed> {
+        self.take().map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Result<u64, Malformed> {
+        self.take().map(u64::from_le_bytes)
+    }
+    /// The rest as UTF-8 of at most `max` bytes.
+    fn text(&mut self, max: usize) -> Result<String, Malformed> {
+        if self.0.len() > max {
+            return Err(Malformed("text too long"));
+        }
+        let s = std::str::from_utf8(self.0).map_err(|_| Malformed("text not UTF-8"))?;
+        self.0 = &[];
+        Ok(s.to_owned())
+    }
+    fn end(&self) -> Result<(), Malformed> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(Malformed("trailing bytes"))
+        }
+    }
+}
+
+/// A frame: length, then `body`.
+fn frame(body: Vec<u8>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// A frame's body length from its 4-byte header, bounded.
+pub(crate) fn body_len(header: [u8; 4]) -> Result<usize, Malformed> {
+    let n = u32::from_le_bytes(header);
+    if n == 0 || n > MAX_BODY {
+        return Err(Malformed("frame length out of range"));
+    }
+    Ok(n as usize)
+}
+
+impl Request {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        match self {
+            Request::Hello { version } => {
+                b.push(tag::HELLO);
+                b.extend_from_slice(&version.to_le_bytes());
+            }
+            Request::Allocate { len } => {
+                b.push(tag::ALLOCATE);
+                b.extend_from_slice(&len.to_le_bytes());
+            }
+            Request::OpenSegment { name } => {
+                b.push(tag::OPEN_SEGMENT);
+                b.extend_from_slice(name.as_bytes());
+            }
+            Request::CreateRing { depth } => {
+                b.push(tag::CREATE_RING);
+                b.extend_from_slice(&depth.to_le_bytes());
+            }
+        }
+        frame(b)
+    }
+
+    /// A body from a client (hostile input).
+    pub(crate) fn decode(body: &[u8]) -> Result<Request, Malformed> {
+        let (&t, rest) = body.split_first().ok_or(Malformed("empty body"))?;
+        let mut f = Fields(rest);
+        let r = match t {
+            tag::HELLO => Request::Hello { version: f.u32()? },
+            tag::ALLOCATE => Request::Allocate { len: f.u64()? },
+            tag::OPEN_SEGMENT => Request::OpenSegment {
+                name: f.text(MAX_NAME)?,
+            },
+            tag::CREATE_RING => Request::CreateRing { depth: f.u32()? },
+            _ => return Err(Malformed("unknown request")),
+        };
+        f.end()?;
+        Ok(r)
+    }
+}
+
+impl Reply {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        match self {
+            Reply::Welcome { version, client } => {
+                b.push(tag::WELCOME);
+                b.extend_from_slice(&version.to_le_bytes());
+                b.extend_from_slice(&client.to_le_bytes());
+            }
+            Reply::Allocated {
+                region,
+                len,
+                data_offset,
+            } => {
+                b.push(tag::ALLOCATED);
+                b.extend_from_slice(&region.to_le_bytes());
+                b.extend_from_slice(&len.to_le_bytes());
+                b.extend_from_slice(&data_offset.to_le_bytes());
+            }
+            Reply::Opened { segment } => {
+                b.push(tag::OPENED);
+                b.extend_from_slice(&segment.to_le_bytes());
+            }
+            Reply::RingPart { part, depth } => {
+                b.push(tag::RING_PART);
+                b.extend_from_slice(&(*part as u32).to_le_bytes());
+                b.extend_from_slice(&depth.to_le_bytes());
+            }
+            Reply::Refused { kind, message } => {
+                b.push(tag::REFUSED);
+                b.extend_from_slice(&kind.code().to_le_bytes());
+                let mut end = message.len().min(MAX_MESSAGE);
+                while !message.is_char_boundary(end) {
+                    end -= 1;
+                }
+                b.extend_from_slice(&message.as_bytes()[..end]);
+            }
+        }
+        frame(b)
+    }
+
+    /// A body from the daemon (checked as strictly: a client trusts the
+    /// daemon's memory, not its bytes).
+    pub(crate) fn decode(body: &[u8]) -> Result<Reply, Malformed> {
+        let (&t, rest) = body.split_first().ok_or(Malformed("empty body"))?;
+        let mut f = Fields(rest);
+        let r = match t {
+            tag::WELCOME => Reply::Welcome {
+                version: f.u32()?,
+                client: f.u32()?,
+            },
+            tag::ALLOCATED => Reply::Allocated {
+                region: f.u64()?,
+                len: f.u64()?,
+                data_offset: f.u64()?,
+            },
+            tag::OPENED => Reply::Opened { segment: f.u64()? },
+            tag::RING_PART => Reply::RingPart {
+                part: match f.u32()? {
+                    0 => Part::Sq,
+                    1 => Part::Cq,
+                    2 => Part::Bells,
+                    _ => return Err(Malformed("unknown ring part")),
+                },
+                depth: f.u32()?,
+            },
+            tag::REFUSED => Reply::Refused {
+                kind: ErrorKind::from_code(u16::from_le_bytes(f.take()?))
+                    .ok_or(Malformed("unknown error kind"))?,
+                message: f.text(MAX_MESSAGE)?,
+            },
+            _ => return Err(Malformed("unknown reply")),
+        };
+        f.end()?;
+        Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(frame: &[u8]) -> &[u8] {
+        let n = body_len(frame[..4].try_into().unwrap()).unwrap();
+        assert_eq!(frame.len(), 4 + n);
+        &frame[4..]
+    }
+
+    #[test]
+    fn every_message_comes_back_as_it_went() {
+        for r in [
+            Request::Hello { version: 7 },
+            Request::Allocate { len: 1 << 40 },
+            Request::OpenSegment {
+                name: "127.0.0.1:1234".into(),
+            },
+            Request::CreateRing { depth: 256 },
+        ] {
+            assert_eq!(Request::decode(body(&r.encode())), Ok(r));
+        }
+        for r in [
+            Reply::Welcome {
+                version: 1,
+                client: 9,
+            },
+            Reply::Allocated {
+                region: u64::MAX,
+                len: 4096,
+                data_offset: 4096,
+            },
+            Reply::Opened { segment: 3 },
+            Reply::RingPart {
+                part: Part::Bells,
+                depth: 64,
+            },
+            Reply::Refused {
+                kind: ErrorKind::OutOfMemory,
+                message: "quota".into(),
+            },
+        ] {
+            assert_eq!(Reply::decode(body(&r.encode())), Ok(r));
+        }
+    }
+
+    #[test]
+    fn bad_frames_are_refused_before_use() {
+        assert!(body_len(0u32.to_le_bytes()).is_err());
+        assert!(body_len((MAX_BODY + 1).to_le_bytes()).is_err());
+        assert!(Request::decode(&[]).is_err());
+        assert!(Request::decode(&[0x7f]).is_err(), "unknown tag");
+        assert!(Request::decode(&[1, 0, 0]).is_err(), "short");
+        assert!(Request::decode(&[1, 0, 0, 0, 0, 9]).is_err(), "trailing");
+        let long = [vec![3u8], vec![b'a'; MAX_NAME + 1]].concat();
+        assert!(Request::decode(&long).is_err(), "name too long");
+        assert!(Request::decode(&[3, 0xff, 0xfe]).is_err(), "not UTF-8");
+        assert!(
+            Reply::decode(&[0x84, 9, 0, 0, 0, 1, 0, 0, 0]).is_err(),
+            "part 9"
+        );
+        assert!(Reply::decode(&[0xff, 0xff, 0xff]).is_err(), "kind 0xffff");
+        // A refusal's message is cut at a character boundary.
+        let r = Reply::Refused {
+            kind: ErrorKind::InvalidArgument,
+            message: "é".repeat(MAX_MESSAGE),
+        };
+        let Ok(Reply::Refused { message, .. }) = Reply::decode(body(&r.encode())) else {
+            panic!("a long refusal decodes");
+        };
+        assert!(message.len() <= MAX_MESSAGE);
+    }
+}

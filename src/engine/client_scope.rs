@@ -1,0 +1,102 @@
+//! What a daemon client's ring may name: its own regions (tagged with its
+//! id, `MemRegion::client`) and the segments it opened through the daemon.
+//! The worker checks both for every SQE of an attached ring
+//! (`Views::accept`), so a client naming another's region or segment gets
+//! a typed error and touches nothing of theirs.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tent_rings::SegmentId;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// Segments one client may have open at once.
+pub(crate) const MAX_CLIENT_SEGMENTS: usize = 64;
+
+/// One client's scope, shared by the daemon (which adds and removes its
+/// segments) and the workers serving its rings (which read it).
+#[derive(Debug)]
+pub(crate) struct ClientScope {
+    id: u32,
+    /// Open segments' ids; 0: a free slot.
+    segments: [AtomicU64; MAX_CLIENT_SEGMENTS],
+}
+
+impl ClientScope {
+    /// The scope of client `id` (non-zero), with no segment.
+    pub(crate) fn new(id: u32) -> ClientScope {
+        assert_ne!(id, 0, "client 0 is the daemon's own process");
+        ClientScope {
+            id,
+            segments: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// Its id: the tag of its regions.
+    #[inline]
+    pub(crate) fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// May its ring name `segment`? Never the engine's own (the local
+    /// segment holds every client's memory).
+    #[inline]
+    pub(crate) fn allows(&self, segment: SegmentId) -> bool {
+        segment != SegmentId::LOCAL
+            // Acquire: pairs with `add`, so a segment seen here is one the
+            // daemon opened before it answered the client.
+            && self
+                .segments
+                .iter()
+                .any(|s| s.load(Ordering::Acquire) == segment.0)
+    }
+
+    /// Let it name `segment` (the daemon opened it for this client);
+    /// `OutOfMemory` past [`MAX_CLIENT_SEGMENTS`].
+    pub(crate) fn add(&self, segment: SegmentId) -> Result<()> {
+        if self.allows(segment) {
+            return Ok(());
+        }
+        for s in &self.segments {
+            if s.compare_exchange(0, segment.0, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+            {
+                return Ok(());
+            }
+        }
+        Err(Error::new(
+            ErrorKind::OutOfMemory,
+            format!("a client may have {MAX_CLIENT_SEGMENTS} segments open"),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_names_only_the_segments_added_for_it_and_never_the_local_one() {
+        let s = ClientScope::new(3);
+        let seg = SegmentId(0x1234);
+        assert!(!s.allows(seg));
+        s.add(seg).unwrap();
+        assert!(s.allows(seg));
+        s.add(seg).unwrap();
+        let slots = |id: u64| {
+            s.segments
+                .iter()
+                .filter(|x| x.load(Ordering::Relaxed) == id)
+                .count()
+        };
+        assert_eq!(slots(seg.0), 1, "added once");
+        assert!(!s.allows(SegmentId::LOCAL));
+        for i in 1..MAX_CLIENT_SEGMENTS as u64 {
+            s.add(SegmentId(0x1000_0000 + i)).unwrap();
+        }
+        assert_eq!(
+            s.add(SegmentId(0x2000_0000)).unwrap_err().kind(),
+            ErrorKind::OutOfMemory
+        );
+    }
+}

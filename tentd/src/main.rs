@@ -1,0 +1,81 @@
+//! `tentd`: one engine for the node. It runs an engine from the usual
+//! configuration (`TENT_CONF`, the `TENT_<PATH>` variables, or
+//! `--config`) and serves it at a unix socket, where processes attach with
+//! `tent::daemon::Client`. It stops on SIGINT or SIGTERM.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "One tent engine per node, shared by every process on it"
+)]
+struct Args {
+    /// The socket clients attach at (default: $XDG_RUNTIME_DIR/tentd.sock,
+    /// else /run/tent/tentd.sock).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// The engine's configuration: a JSON file (default: as an embedded
+    /// engine loads it, from TENT_CONF and TENT_<PATH> variables).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: std::ffi::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("tentd: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let config = match &args.config {
+        Some(p) => tent::Config::from_file(p),
+        None => tent::Config::load(),
+    }
+    .map_err(|e| e.to_string())?;
+    let socket = args
+        .socket
+        .clone()
+        .unwrap_or_else(tent::daemon::default_socket_path);
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let engine = tent::Engine::new(config).map_err(|e| e.to_string())?;
+    let daemon = tent::daemon::Daemon::start(engine, &socket).map_err(|e| e.to_string())?;
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+    println!(
+        "tentd: serving segment {} at {}",
+        daemon.engine().segment_name(),
+        socket.display()
+    );
+    while !STOP.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    tracing::info!("tentd: stopping");
+    drop(daemon);
+    Ok(())
+}

@@ -1,0 +1,291 @@
+//! One engine per node: a `Daemon` serves an engine at a unix socket, and
+//! clients attach, get memory and rings in shared memory, and move data
+//! through the daemon's engine; a client names only its own regions and
+//! the segments it opened, and what a departed client held is released.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::{pattern, test_config};
+use tent::daemon::{Client, Daemon, LAYOUT_VERSION};
+use tent::{Engine, ErrorKind, LocalAddr, RemoteAddr, SegmentId, op};
+
+fn socket(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("tentd-test-{tag}-{}.sock", std::process::id()))
+}
+
+fn daemon(tag: &str) -> Daemon {
+    Daemon::start(Engine::new(test_config()).unwrap(), &socket(tag)).unwrap()
+}
+
+/// Reap one CQE from `ring`, waiting up to 10 s.
+fn one(ring: &mut tent::daemon::AttachedRing) -> tent::Cqe {
+    let start = Instant::now();
+    loop {
+        if let Some(c) = ring.completion() {
+            return c;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no CQE");
+        ring.wait(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_client_moves_verified_data_through_the_daemon_s_engine() {
+    let d = daemon("data");
+    let target = Engine::new(test_config()).unwrap();
+    let len = 256 << 10;
+    let dst = target.allocate_memory(len).unwrap();
+    let c = Client::attach(d.socket_path()).unwrap();
+    let mem = c.allocate_memory(len).unwrap();
+    let data = pattern(5, len as usize);
+    mem.write(0, &data).unwrap();
+    let seg = c.open_segment(&target.segment_name()).unwrap();
+    let mut ring = c.ring(64).unwrap();
+    ring.push(
+        op::Write::new(
+            LocalAddr::new(mem.id(), 0),
+            RemoteAddr::new(seg, dst.addr()),
+            len,
+        )
+        .user_data(7)
+        .build(),
+    )
+    .unwrap();
+    ring.submit();
+    let cqe = one(&mut ring);
+    assert_eq!((cqe.user_data(), cqe.result()), (7, Ok(len)));
+    let mut got = vec![0u8; len as usize];
+    dst.read(0, &mut got).unwrap();
+    assert!(got == data, "WRITE landed");
+    // And back, into the second half of a new region, after the worker
+    // went to sleep (its SQ bell wakes it).
+    let back = c.allocate_memory(2 * len).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    ring.push(
+        op::Read::new(
+            LocalAddr::new(back.id(), len),
+            RemoteAddr::new(seg, dst.addr()),
+            len,
+        )
+        .user_data(8)
+        .build(),
+    )
+    .unwrap();
+    ring.submit();
+    let cqe = one(&mut ring);
+    assert_eq!((cqe.user_data(), cqe.result()), (8, Ok(len)));
+    let mut out = vec![0u8; len as usize];
+    back.read(len, &mut out).unwrap();
+    assert!(out == data, "READ landed");
+}
+
+#[test]
+fn a_client_names_only_its_own_regions_and_segments() {
+    let d = daemon("scope");
+    let target = Engine::new(test_config()).unwrap();
+    let dst = target.allocate_memory(4096).unwrap();
+    let a = Client::attach(d.socket_path()).unwrap();
+    let b = Client::attach(d.socket_path()).unwrap();
+    assert_ne!(a.id(), b.id());
+    let a_mem = a.allocate_memory(4096).unwrap();
+    let b_mem = b.allocate_memory(4096).unwrap();
+    let seg = a.open_segment(&target.segment_name()).unwrap();
+    let mut rb = b.ring(8).unwrap();
+    let write = |local, seg| {
+        op::Write::new(
+            LocalAddr::new(local, 0),
+            RemoteAddr::new(seg, dst.addr()),
+            64,
+        )
+        .build()
+    };
+    // B names A's region, then a segment only A opened, then the local
+    // segment (every client's memory).
+    rb.push(write(a_mem.id(), seg)).unwrap();
+    rb.submit();
+    assert_eq!(one(&mut rb).result(), Err(ErrorKind::AddressNotRegistered));
+    rb.push(write(b_mem.id(), seg)).unwrap();
+    rb.submit();
+    assert_eq!(one(&mut rb).result(), Err(ErrorKind::SegmentNotFound));
+    rb.push(write(b_mem.id(), SegmentId::LOCAL)).unwrap();
+    rb.submit();
+    assert_eq!(one(&mut rb).result(), Err(ErrorKind::SegmentNotFound));
+    // The daemon's own segment cannot be opened by name either.
+    let own = d.engine().segment_name();
+    assert_eq!(
+        b.open_segment(&own).unwrap_err().kind(),
+        ErrorKind::AccessDenied
+    );
+    let shm = d.engine().local_segment_name().unwrap().to_owned();
+    assert_eq!(
+        b.open_segment(&shm).unwrap_err().kind(),
+        ErrorKind::AccessDenied
+    );
+    // Once B opens the segment itself, its own region goes.
+    let seg_b = b.open_segment(&target.segment_name()).unwrap();
+    rb.push(write(b_mem.id(), seg_b)).unwrap();
+    rb.submit();
+    assert_eq!(one(&mut rb).result(), Ok(64));
+    // Bad requests at set-up are typed refusals.
+    assert_eq!(
+        a.allocate_memory(0).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(a.ring(3).unwrap_err().kind(), ErrorKind::InvalidArgument);
+}
+
+#[test]
+fn a_client_of_another_layout_version_is_refused_naming_both() {
+    use std::io::{Read, Write};
+    let d = daemon("version");
+    let mut s = std::os::unix::net::UnixStream::connect(d.socket_path()).unwrap();
+    // Hello { version: LAYOUT_VERSION + 1 }: tag 1, then the version.
+    let mut frame = 5u32.to_le_bytes().to_vec();
+    frame.push(1);
+    frame.extend_from_slice(&(LAYOUT_VERSION + 1).to_le_bytes());
+    s.write_all(&frame).unwrap();
+    let mut reply = Vec::new();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.read_to_end(&mut reply);
+    let text = String::from_utf8_lossy(&reply);
+    assert!(
+        text.contains(&format!("client {}", LAYOUT_VERSION + 1))
+            && text.contains(&format!("tentd {LAYOUT_VERSION}")),
+        "{text}"
+    );
+}
+
+#[test]
+fn what_a_departed_client_held_is_released() {
+    let d = daemon("release");
+    let before = d.engine().segment_regions(SegmentId::LOCAL).unwrap().len();
+    let c = Client::attach(d.socket_path()).unwrap();
+    let _m1 = c.allocate_memory(4096).unwrap();
+    let _m2 = c.allocate_memory(8192).unwrap();
+    let _ring = c.ring(8).unwrap();
+    assert_eq!(
+        d.engine().segment_regions(SegmentId::LOCAL).unwrap().len(),
+        before + 2
+    );
+    drop(c);
+    let start = Instant::now();
+    while d.engine().segment_regions(SegmentId::LOCAL).unwrap().len() != before {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the departed client's regions are still registered"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Run as a child process (`TENT_DAEMON_CHILD` = socket, target segment):
+/// attach, and WRITE in a loop until killed.
+#[test]
+fn daemon_child_client() {
+    let Ok(spec) = std::env::var("TENT_DAEMON_CHILD") else {
+        return;
+    };
+    let (sock, target) = spec.split_once('|').expect("socket|segment");
+    let c = Client::attach(sock).unwrap();
+    let mem = c.allocate_memory(1 << 20).unwrap();
+    let seg = c.open_segment(target).unwrap();
+    let remote: u64 = std::env::var("TENT_DAEMON_CHILD_DST")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut ring = c.ring(64).unwrap();
+    let mut said = false;
+    loop {
+        for _ in 0..16 {
+            let _ = ring.push(
+                op::Write::new(
+                    LocalAddr::new(mem.id(), 0),
+                    RemoteAddr::new(seg, remote),
+                    1 << 20,
+                )
+                .build(),
+            );
+        }
+        ring.submit();
+        let mut n = 0;
+        while n < 16 {
+            if ring.completion().is_some() {
+                n += 1;
+            } else {
+                ring.wait(Duration::from_millis(100));
+            }
+        }
+        if !said {
+            println!("CHILD-READY");
+            said = true;
+        }
+    }
+}
+
+/// A client killed with SIGKILL while its WRITEs are in flight: its
+/// regions are unregistered within a bound, and another client keeps
+/// moving data meanwhile, with no error.
+#[test]
+fn a_client_killed_under_load_is_cleaned_up_and_others_see_no_error() {
+    use std::io::BufRead;
+    let d = daemon("kill");
+    let target = Engine::new(test_config()).unwrap();
+    let dst = target.allocate_memory(2 << 20).unwrap();
+    let before = d.engine().segment_regions(SegmentId::LOCAL).unwrap().len();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "daemon_child_client",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            "TENT_DAEMON_CHILD",
+            format!("{}|{}", d.socket_path().display(), target.segment_name()),
+        )
+        .env("TENT_DAEMON_CHILD_DST", dst.addr().to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(
+        lines.any(|l| l.is_ok_and(|l| l.contains("CHILD-READY"))),
+        "the child never moved data"
+    );
+    // Another client, working while the first dies.
+    let c = Client::attach(d.socket_path()).unwrap();
+    let mem = c.allocate_memory(4096).unwrap();
+    let seg = c.open_segment(&target.segment_name()).unwrap();
+    let mut ring = c.ring(8).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let start = Instant::now();
+    let mut moved = 0;
+    loop {
+        ring.push(
+            op::Write::new(
+                LocalAddr::new(mem.id(), 0),
+                RemoteAddr::new(seg, dst.addr() + (1 << 20)),
+                4096,
+            )
+            .build(),
+        )
+        .unwrap();
+        ring.submit();
+        assert_eq!(one(&mut ring).result(), Ok(4096), "the survivor's op");
+        moved += 1;
+        // The survivor's region is the only one left.
+        if d.engine().segment_regions(SegmentId::LOCAL).unwrap().len() == before + 1 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the killed client's regions are still registered"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(moved > 0);
+}
