@@ -118,12 +118,14 @@ impl SharedWord {
         unsafe { &*(self.region.payload_ptr().add(self.offset) as *const AtomicU32) }
     }
 
-    /// Bump it and wake every waiter, in any process.
+    /// Bump it and wake one waiter, in any process (a ring's bell has one
+    /// waiter; waking all would let the other side make each wake walk as
+    /// many threads as it parks there).
     pub(crate) fn ring(&self) {
         // Release: what was published before the bump is seen by a waiter
         // that reads the new value.
         self.word().fetch_add(1, Ordering::Release);
-        let _ = futex::wake(self.word(), futex::Flags::empty(), i32::MAX as u32);
+        let _ = futex::wake(self.word(), futex::Flags::empty(), 1);
     }
 
     /// Sleep until it differs from `seen` or `timeout` passes.
@@ -181,6 +183,10 @@ pub(crate) struct WorkerBell {
     pub bell: Doorbell,
     /// Set (SeqCst) while the worker sleeps with slices in flight.
     pub awaiting: AtomicBool,
+    /// Set (SeqCst) from before the worker flags NEED_WAKEUP on its rings
+    /// until it is back from the park: a daemon's relay rings the bell
+    /// for a client's SQ bell only then (an awake worker polls the ring).
+    pub parked: AtomicBool,
 }
 
 /// Every worker's [`WorkerBell`], so a transport's completion thread can

@@ -289,3 +289,95 @@ fn a_client_killed_under_load_is_cleaned_up_and_others_see_no_error() {
     }
     assert!(moved > 0);
 }
+
+/// What a client may hold is bounded, each refusal typed and naming the
+/// limit; a client past the count is refused at attach.
+#[test]
+fn quotas_refuse_typed_and_a_client_past_the_count_is_turned_away() {
+    let limits = tent::daemon::DaemonLimits {
+        clients: 1,
+        regions_per_client: 2,
+        bytes_per_client: 1 << 20,
+        rings_per_client: 1,
+    };
+    let d = Daemon::start_with(
+        Engine::new(test_config()).unwrap(),
+        &socket("quota"),
+        limits,
+    )
+    .unwrap();
+    let c = Client::attach(d.socket_path()).unwrap();
+    let _a = c.allocate_memory(512 << 10).unwrap();
+    let e = c.allocate_memory(768 << 10).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfMemory);
+    assert!(e.to_string().contains("1048576 bytes"), "{e}");
+    let _b = c.allocate_memory(4096).unwrap();
+    assert_eq!(
+        c.allocate_memory(4096).unwrap_err().kind(),
+        ErrorKind::OutOfMemory,
+        "a third region"
+    );
+    let _r = c.ring(8).unwrap();
+    assert_eq!(c.ring(8).unwrap_err().kind(), ErrorKind::OutOfMemory);
+    let second = Client::attach(d.socket_path()).unwrap_err();
+    assert_eq!(second.kind(), ErrorKind::OutOfMemory, "{second}");
+    // Once the first goes, there is room again.
+    drop(c);
+    let start = Instant::now();
+    loop {
+        match Client::attach(d.socket_path()) {
+            Ok(_) => break,
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::OutOfMemory);
+                assert!(start.elapsed() < Duration::from_secs(10), "still full");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// One daemon per socket path; a path that holds something other than a
+/// socket is left alone.
+#[test]
+fn a_second_daemon_on_the_same_path_and_a_path_that_is_not_a_socket_are_refused() {
+    let d = daemon("twice");
+    let again = Daemon::start(Engine::new(test_config()).unwrap(), d.socket_path()).unwrap_err();
+    assert_eq!(again.kind(), ErrorKind::InvalidArgument);
+    assert!(again.to_string().contains("another daemon"), "{again}");
+    let file = socket("file");
+    std::fs::write(&file, b"not a socket").unwrap();
+    let e = Daemon::start(Engine::new(test_config()).unwrap(), &file).unwrap_err();
+    assert!(e.to_string().contains("not a socket"), "{e}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"not a socket");
+    std::fs::remove_file(&file).unwrap();
+}
+
+/// A client that sends requests and never reads the answers holds the
+/// daemon no longer than its write timeout: the daemon still stops.
+#[test]
+fn a_client_that_never_reads_does_not_hold_the_daemon() {
+    use std::io::Write;
+    let d = daemon("stuck");
+    let mut s = std::os::unix::net::UnixStream::connect(d.socket_path()).unwrap();
+    let mut hello = 5u32.to_le_bytes().to_vec();
+    hello.push(1);
+    hello.extend_from_slice(&LAYOUT_VERSION.to_le_bytes());
+    s.write_all(&hello).unwrap();
+    // OpenSegment requests whose refusals (~100 B each) fill the socket.
+    s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    let name = "x".repeat(400);
+    let mut frame = (1 + name.len() as u32).to_le_bytes().to_vec();
+    frame.push(3);
+    frame.extend_from_slice(name.as_bytes());
+    for _ in 0..20_000 {
+        if s.write_all(&frame).is_err() {
+            break;
+        }
+    }
+    let start = Instant::now();
+    drop(d);
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "the daemon's stop waited on a client that never reads"
+    );
+}

@@ -79,6 +79,21 @@ impl Client {
             )
             .with_source(e)
         })?;
+        // The daemon is this user's or root's: a socket someone else put
+        // at the path gets nothing of ours.
+        match crate::memfd::peer_uid(&stream) {
+            Ok((uid, _)) if uid == crate::memfd::euid() || uid == 0 => {}
+            Ok((uid, pid)) => {
+                return Err(Error::new(
+                    ErrorKind::AccessDenied,
+                    format!(
+                        "{} is served by uid {uid} (pid {pid}), not by this user or root",
+                        socket.display()
+                    ),
+                ));
+            }
+            Err(e) => return Err(io("SO_PEERCRED")(e)),
+        }
         let c = Client {
             stream: Mutex::new(stream),
             id: 0,

@@ -26,7 +26,7 @@ mod server;
 mod wire;
 
 pub use client::{AttachedRing, Client, ClientMemory};
-pub use server::Daemon;
+pub use server::{Daemon, DaemonLimits};
 pub use wire::LAYOUT_VERSION;
 
 /// Where `tentd` listens unless told otherwise: `$XDG_RUNTIME_DIR/tentd.sock`,

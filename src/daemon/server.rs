@@ -1,10 +1,12 @@
 //! The daemon's side: a unix socket (0600, this user's processes only)
 //! where clients attach; a thread per client serving its set-up requests;
 //! a relay per client ring waking the ring's worker when the client rings
-//! its SQ bell; and the clean-up when a client goes, however it goes.
+//! its SQ bell while the worker sleeps; and the clean-up when a client
+//! goes, however it goes. What clients may hold is bounded
+//! ([`DaemonLimits`]).
 
-use std::io::Write;
-use std::os::fd::AsFd;
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -14,36 +16,70 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tent_rings::{RegionId, Sqe};
+use tent_rings::{RegionId, SegmentId};
 
 use super::wire::{self, LAYOUT_VERSION, Part, Reply, Request};
 use crate::doorbell::SharedWord;
 use crate::engine::Engine;
 use crate::engine::attached::ClientRing;
-use crate::engine::client_scope::ClientScope;
+use crate::engine::client_scope::{ClientScope, MAX_CLIENT_SEGMENTS};
 use crate::error::{Error, ErrorKind, Result};
 use crate::memfd::{euid, peer_uid, recv_frame};
 
-/// A client has this long to say hello, and the daemon to answer a frame.
+/// A client has this long to say hello, and each frame to arrive or leave.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often idle threads look at the stop flag.
 const STOP_POLL: Duration = Duration::from_millis(100);
-/// Per-client quotas.
-const MAX_CLIENT_REGIONS: usize = 1024;
-const MAX_CLIENT_RINGS: usize = 64;
+/// The shortest gap between two bell changes a relay acts on: a client
+/// bumping its bell in a loop costs the daemon at most that rate.
+const RELAY_MIN_GAP: Duration = Duration::from_micros(20);
+
+/// What clients may hold: past it a request is refused `OutOfMemory`, and
+/// a client past `clients` at attach. Every client costs a thread, and
+/// each of its rings a relay thread.
+#[derive(Debug, Clone, Copy)]
+pub struct DaemonLimits {
+    /// Clients attached at once.
+    pub clients: usize,
+    /// Regions one client holds.
+    pub regions_per_client: usize,
+    /// Bytes of memory one client holds.
+    pub bytes_per_client: u64,
+    /// Rings one client holds.
+    pub rings_per_client: usize,
+}
+
+impl Default for DaemonLimits {
+    fn default() -> Self {
+        DaemonLimits {
+            clients: 64,
+            regions_per_client: 1024,
+            bytes_per_client: 16 << 30,
+            rings_per_client: 16,
+        }
+    }
+}
 
 /// One engine serving the node's processes: see the module doc.
 pub struct Daemon {
     inner: Arc<Inner>,
     path: PathBuf,
     accept: Option<JoinHandle<()>>,
+    /// `<socket>.lock`, `flock`ed: one daemon per socket path.
+    _lock: OwnedFd,
 }
 
 struct Inner {
     engine: Engine,
+    limits: DaemonLimits,
     stop: AtomicBool,
     next_client: AtomicU32,
+    /// Clients attached now.
+    attached: AtomicU32,
     clients: Mutex<Vec<JoinHandle<()>>>,
+    /// Segments opened for clients, and how many clients hold each: the
+    /// last to go closes it.
+    segments: Mutex<HashMap<SegmentId, usize>>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -55,10 +91,17 @@ impl std::fmt::Debug for Daemon {
 }
 
 impl Daemon {
-    /// Serve `engine` to clients attaching at `socket` (a path a live
-    /// daemon does not hold; a stale socket file is replaced). Needs the
-    /// shm transport on: clients' memory is memfds it exports.
+    /// Serve `engine` to clients attaching at `socket`, with the default
+    /// [`DaemonLimits`].
     pub fn start(engine: Engine, socket: &Path) -> Result<Daemon> {
+        Self::start_with(engine, socket, DaemonLimits::default())
+    }
+
+    /// Serve `engine` to clients attaching at `socket`: a path no live
+    /// daemon holds (`<socket>.lock` is `flock`ed), where a stale socket
+    /// is replaced and anything else refused. Needs the shm transport on:
+    /// clients' memory is memfds it exports.
+    pub fn start_with(engine: Engine, socket: &Path, limits: DaemonLimits) -> Result<Daemon> {
         if engine.local_segment_name().is_none() {
             return Err(Error::invalid(
                 "tentd needs the shm transport (transports/shm/enable): client memory is shared memory",
@@ -73,22 +116,29 @@ impl Daemon {
                 .with_source(e)
             }
         };
-        if UnixStream::connect(socket).is_ok() {
-            return Err(Error::invalid(format!(
-                "a daemon already listens at {}",
-                socket.display()
-            )));
+        let lock = lock_socket_path(socket)?;
+        match std::fs::symlink_metadata(socket) {
+            Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+                // Stale: we hold the lock, so no daemon serves it.
+                let _ = std::fs::remove_file(socket);
+            }
+            Ok(_) => {
+                return Err(Error::invalid(format!(
+                    "{} exists and is not a socket: left as it is",
+                    socket.display()
+                )));
+            }
+            Err(_) => {}
         }
-        let _ = std::fs::remove_file(socket);
         // Bound under a temporary name, made 0600, then renamed: the path
         // never accepts a connection before only this user may connect.
         let dir = socket.parent().unwrap_or(Path::new("."));
         let tmp = dir.join(format!(
-            "{}tentd-{}",
+            "{}tentd-{}-{:x}",
             crate::memfd::TMP_PREFIX,
-            std::process::id()
+            std::process::id(),
+            crate::control::auth::random_u64()
         ));
-        let _ = std::fs::remove_file(&tmp);
         let listener = UnixListener::bind(&tmp).map_err(bad("bind"))?;
         let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
             .and_then(|()| std::fs::rename(&tmp, socket));
@@ -99,9 +149,12 @@ impl Daemon {
         listener.set_nonblocking(true).map_err(bad("listen at"))?;
         let inner = Arc::new(Inner {
             engine,
+            limits,
             stop: AtomicBool::new(false),
             next_client: AtomicU32::new(1),
+            attached: AtomicU32::new(0),
             clients: Mutex::new(Vec::new()),
+            segments: Mutex::new(HashMap::new()),
         });
         let accept = {
             let inner = inner.clone();
@@ -115,6 +168,7 @@ impl Daemon {
             inner,
             path: socket.to_owned(),
             accept: Some(accept),
+            _lock: lock,
         })
     }
 
@@ -138,29 +192,74 @@ impl Drop for Daemon {
         for t in std::mem::take(&mut *self.inner.clients.lock()) {
             let _ = t.join();
         }
+        // We hold the lock: the socket there is ours.
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// `flock` `<socket>.lock` (created 0600), or say another daemon holds it.
+fn lock_socket_path(socket: &Path) -> Result<OwnedFd> {
+    use rustix::fs::{FlockOperation, Mode, OFlags};
+    let mut name = socket.as_os_str().to_owned();
+    name.push(".lock");
+    let path = PathBuf::from(name);
+    let fd = rustix::fs::open(
+        &path,
+        OFlags::CREATE | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )
+    .map_err(|e| {
+        Error::invalid(format!("lock file {}", path.display())).with_source(std::io::Error::from(e))
+    })?;
+    rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).map_err(|_| {
+        Error::invalid(format!(
+            "another daemon serves {} (it holds {})",
+            socket.display(),
+            path.display()
+        ))
+    })?;
+    Ok(fd)
 }
 
 fn accept_loop(inner: &Arc<Inner>, listener: &UnixListener) {
     while !inner.stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, _)) => {
+                // A client that stops reading holds its thread (and the
+                // daemon's stop) no longer than this.
+                let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
+                if inner.attached.load(Ordering::SeqCst) as usize >= inner.limits.clients {
+                    let _ = refuse(
+                        &stream,
+                        &Error::new(
+                            ErrorKind::OutOfMemory,
+                            format!("tentd serves {} clients at once", inner.limits.clients),
+                        ),
+                    );
+                    continue;
+                }
+                inner.attached.fetch_add(1, Ordering::SeqCst);
                 let inner2 = inner.clone();
                 let spawned = std::thread::Builder::new()
                     .name("tentd-client".into())
-                    .spawn(move || serve_client(&inner2, stream));
+                    .spawn(move || {
+                        serve_client(&inner2, stream);
+                        inner2.attached.fetch_sub(1, Ordering::SeqCst);
+                    });
                 match spawned {
                     Ok(t) => {
                         let mut clients = inner.clients.lock();
                         clients.retain(|t| !t.is_finished());
                         clients.push(t);
                     }
-                    Err(e) => tracing::warn!(error = %e, "tentd: no thread for a client"),
+                    Err(e) => {
+                        inner.attached.fetch_sub(1, Ordering::SeqCst);
+                        tracing::warn!(error = %e, "tentd: no thread for a client");
+                    }
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(STOP_POLL.min(Duration::from_millis(20)));
+                std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "tentd: accept failed");
@@ -174,27 +273,38 @@ fn accept_loop(inner: &Arc<Inner>, listener: &UnixListener) {
 struct ClientState {
     scope: Arc<ClientScope>,
     regions: Vec<RegionId>,
+    bytes: u64,
     rings: Vec<Relay>,
+    segments: Vec<SegmentId>,
 }
 
-/// A client ring's relay thread and what closes the ring.
+/// A client ring's relay thread and what retires the ring.
 struct Relay {
     ring: ClientRing,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
-/// Send `reply` (with `fd`, if any).
+/// Send `reply` (with `fd`, if any): no `SIGPIPE` should the client be
+/// gone, and no longer than the socket's write timeout.
 fn send(
     s: &UnixStream,
     reply: &Reply,
     fd: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> std::io::Result<()> {
     let bytes = reply.encode();
-    match fd {
-        Some(fd) => crate::memfd::send_with_fd(s, &bytes, fd),
-        None => (&*s).write_all(&bytes),
+    if let Some(fd) = fd {
+        return crate::memfd::send_with_fd(s, &bytes, fd);
     }
+    let mut at = 0;
+    while at < bytes.len() {
+        match rustix::net::send(s, &bytes[at..], rustix::net::SendFlags::NOSIGNAL) {
+            Ok(n) => at += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 fn refuse(s: &UnixStream, e: &Error) -> std::io::Result<()> {
@@ -206,6 +316,10 @@ fn refuse(s: &UnixStream, e: &Error) -> std::io::Result<()> {
         },
         None,
     )
+}
+
+fn too_many(what: String) -> Error {
+    Error::new(ErrorKind::OutOfMemory, what)
 }
 
 /// Read one request by `deadline`: `Ok(None)` at end of stream.
@@ -226,8 +340,8 @@ fn read_request(s: &UnixStream, deadline: Instant) -> std::io::Result<Option<Req
         .map_err(|m| std::io::Error::other(m.0))
 }
 
-/// Wait until `s` is readable, the daemon stops (false), or the client
-/// hung up (true: the read finds the end).
+/// Wait until `s` is readable (or hung up: the read finds the end), or
+/// the daemon stops (false).
 fn readable(inner: &Inner, s: &UnixStream) -> bool {
     loop {
         if inner.stop.load(Ordering::SeqCst) {
@@ -239,10 +353,8 @@ fn readable(inner: &Inner, s: &UnixStream) -> bool {
             tv_nsec: STOP_POLL.as_nanos() as i64,
         };
         match rustix::event::poll(&mut fds, Some(&ts)) {
-            Ok(0) => {}
-            Ok(_) => return true,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(_) => return true,
+            Ok(0) | Err(rustix::io::Errno::INTR) => {}
+            Ok(_) | Err(_) => return true,
         }
     }
 }
@@ -266,8 +378,7 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
             return;
         }
     }
-    let hello = read_request(&s, Instant::now() + IO_TIMEOUT);
-    let version = match hello {
+    let version = match read_request(&s, Instant::now() + IO_TIMEOUT) {
         Ok(Some(Request::Hello { version })) => version,
         Ok(Some(_)) => {
             let _ = refuse(&s, &Error::invalid("the first message must be Hello"));
@@ -284,22 +395,29 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
         );
         return;
     }
-    let id = inner.next_client.fetch_add(1, Ordering::Relaxed);
+    // Ids are never reused: a region's tag names its client.
+    let Ok(id) = inner
+        .next_client
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1))
+    else {
+        let _ = refuse(
+            &s,
+            &too_many("tentd has no client id left: restart it".into()),
+        );
+        return;
+    };
     let mut st = ClientState {
         scope: Arc::new(ClientScope::new(id)),
         regions: Vec::new(),
+        bytes: 0,
         rings: Vec::new(),
+        segments: Vec::new(),
     };
-    if send(
-        &s,
-        &Reply::Welcome {
-            version: LAYOUT_VERSION,
-            client: id,
-        },
-        None,
-    )
-    .is_ok()
-    {
+    let welcome = Reply::Welcome {
+        version: LAYOUT_VERSION,
+        client: id,
+    };
+    if send(&s, &welcome, None).is_ok() {
         tracing::info!(client = id, "tentd: client attached");
         while readable(inner, &s) {
             let req = match read_request(&s, Instant::now() + IO_TIMEOUT) {
@@ -327,30 +445,37 @@ fn handle(
     req: Request,
 ) -> std::io::Result<()> {
     let e = &inner.engine;
+    let limits = &inner.limits;
     match req {
         Request::Hello { .. } => refuse(s, &Error::invalid("already attached")),
         Request::Allocate { len } => {
-            if st.regions.len() >= MAX_CLIENT_REGIONS {
+            if st.regions.len() >= limits.regions_per_client {
+                let n = limits.regions_per_client;
+                return refuse(s, &too_many(format!("a client may hold {n} regions")));
+            }
+            if st
+                .bytes
+                .checked_add(len)
+                .is_none_or(|b| b > limits.bytes_per_client)
+            {
                 return refuse(
                     s,
-                    &Error::new(
-                        ErrorKind::OutOfMemory,
-                        format!("a client may hold {MAX_CLIENT_REGIONS} regions"),
-                    ),
+                    &too_many(format!(
+                        "a client may hold {} bytes; it holds {} and asked for {len} more",
+                        limits.bytes_per_client, st.bytes
+                    )),
                 );
             }
             match e.allocate_memory_for(len, st.scope.id()) {
                 Ok((buf, Some(mem))) => {
                     st.regions.push(buf.id());
-                    send(
-                        s,
-                        &Reply::Allocated {
-                            region: buf.id().0,
-                            len,
-                            data_offset: crate::transport::shm::DATA_OFFSET as u64,
-                        },
-                        Some(mem.fd()),
-                    )
+                    st.bytes += len;
+                    let reply = Reply::Allocated {
+                        region: buf.id().0,
+                        len,
+                        data_offset: crate::transport::shm::DATA_OFFSET as u64,
+                    };
+                    send(s, &reply, Some(mem.fd()))
                 }
                 Ok((buf, None)) => {
                     let _ = e.unregister_memory(buf.id());
@@ -370,42 +495,56 @@ fn handle(
                     ),
                 );
             }
-            match e
-                .open_segment(&name)
-                .and_then(|seg| st.scope.add(seg).map(|()| seg))
-            {
-                Ok(seg) => send(s, &Reply::Opened { segment: seg.0 }, None),
-                Err(err) => refuse(s, &err),
-            }
-        }
-        Request::CreateRing { depth } => {
-            if st.rings.len() >= MAX_CLIENT_RINGS {
+            if st.segments.len() >= MAX_CLIENT_SEGMENTS {
                 return refuse(
                     s,
-                    &Error::new(
-                        ErrorKind::OutOfMemory,
-                        format!("a client may hold {MAX_CLIENT_RINGS} rings"),
-                    ),
+                    &too_many(format!(
+                        "a client may have {MAX_CLIENT_SEGMENTS} segments open"
+                    )),
                 );
+            }
+            let seg = match e.open_segment(&name) {
+                Ok(seg) => seg,
+                Err(err) => return refuse(s, &err),
+            };
+            if !st.segments.contains(&seg) {
+                *inner.segments.lock().entry(seg).or_insert(0) += 1;
+                st.segments.push(seg);
+                if let Err(err) = st.scope.add(seg) {
+                    return refuse(s, &err);
+                }
+            }
+            send(s, &Reply::Opened { segment: seg.0 }, None)
+        }
+        Request::CreateRing { depth } => {
+            if st.rings.len() >= limits.rings_per_client {
+                let n = limits.rings_per_client;
+                return refuse(s, &too_many(format!("a client may hold {n} rings")));
             }
             let ring = match e.client_ring(depth, st.scope.clone()) {
                 Ok(r) => r,
                 Err(err) => return refuse(s, &err),
             };
-            for (part, fd) in [Part::Sq, Part::Cq, Part::Bells]
-                .into_iter()
-                .zip(&ring.files)
-            {
+            // Held before anything is sent: a client gone mid-answer still
+            // has it retired.
+            let relay = Relay::start(ring);
+            let started = relay.thread.is_some();
+            st.rings.push(relay);
+            if !started {
+                return refuse(s, &too_many("tentd: no thread for the ring's relay".into()));
+            }
+            let files = &st.rings.last().expect("just pushed").ring.files;
+            for (part, fd) in [Part::Sq, Part::Cq, Part::Bells].into_iter().zip(files) {
                 send(s, &Reply::RingPart { part, depth }, Some(fd.as_fd()))?;
             }
-            st.rings.push(Relay::start(ring));
             Ok(())
         }
     }
 }
 
 impl Relay {
-    /// Wake the ring's worker each time the client bumps the SQ bell.
+    /// Wake the ring's worker when the client bumps the SQ bell while the
+    /// worker sleeps.
     fn start(ring: ClientRing) -> Relay {
         let stop = Arc::new(AtomicBool::new(false));
         let bell = SharedWord::new(ring.sq_bell.region().clone(), ring.sq_bell.offset())
@@ -416,15 +555,27 @@ impl Relay {
             .name("tentd-relay".into())
             .spawn(move || {
                 // Every bump changes the word from the last value seen, so
-                // none is missed whatever the client writes there.
+                // none is missed whatever the client writes there; one made
+                // before this thread looked is covered by a first ring.
                 let mut last = bell.word().load(Ordering::Acquire);
+                worker.doorbell().ring();
+                let mut acted = Instant::now();
                 while !flag.load(Ordering::Acquire) {
                     bell.wait(last, STOP_POLL);
                     let now = bell.word().load(Ordering::Acquire);
-                    if now != last {
-                        last = now;
+                    if now == last {
+                        continue;
+                    }
+                    last = now;
+                    // An awake worker polls the ring: ring only a sleeper.
+                    if worker.parked() {
                         worker.doorbell().ring();
                     }
+                    let gap = acted.elapsed();
+                    if gap < RELAY_MIN_GAP {
+                        std::thread::sleep(RELAY_MIN_GAP - gap);
+                    }
+                    acted = Instant::now();
                 }
             })
             .ok();
@@ -432,32 +583,46 @@ impl Relay {
     }
 }
 
-/// Everything a client held, released: its rings closed (their workers
-/// drain and retire them), then its regions unregistered (each waits for
-/// the ops on it), its segments out of its scope with it.
+/// Everything a client held, released: its rings retired (their workers
+/// drain them first), its regions unregistered (each waits for the ops on
+/// it), and the segments it opened closed where no other client holds
+/// them. An unregister that times out leaves its region revoked and held
+/// (logged): nothing reaches it again.
 fn release(inner: &Inner, st: ClientState) {
     for mut r in st.rings {
         r.stop.store(true, Ordering::Release);
+        r.ring.retire.store(true, Ordering::Release);
         r.ring.sq_bell.ring();
         if let Some(t) = r.thread.take() {
             let _ = t.join();
         }
-        if let Err(e) = tent_rings::spsc::close_producer::<Sqe>(r.ring.sq.clone()) {
-            tracing::warn!(error = %e, "tentd: closing a client ring");
-        }
         r.ring.worker.doorbell().ring();
     }
-    let mut failed = 0usize;
-    for id in st.regions {
-        if inner.engine.unregister_memory(id).is_err() {
-            failed += 1;
-        }
-    }
+    let failed = st
+        .regions
+        .iter()
+        .filter(|&&id| inner.engine.unregister_memory(id).is_err())
+        .count();
     if failed > 0 {
         tracing::warn!(
             client = st.scope.id(),
             failed,
             "tentd: regions of a departed client not unregistered"
         );
+    }
+    for seg in st.segments {
+        let last = {
+            let mut held = inner.segments.lock();
+            let n = held.entry(seg).or_insert(1);
+            *n -= 1;
+            let last = *n == 0;
+            if last {
+                held.remove(&seg);
+            }
+            last
+        };
+        if last && let Err(e) = inner.engine.close_segment(seg) {
+            tracing::warn!(error = %e, "tentd: closing a departed client's segment");
+        }
     }
 }

@@ -30,9 +30,10 @@ pub(crate) const BELLS_LEN: usize = 256;
 pub(crate) struct ClientRing {
     /// The three memfds, in `wire::Part` order, for the client.
     pub(crate) files: [OwnedFd; 3],
-    /// The SQ as the daemon maps it: closed here for a client that died
-    /// without closing it, so the worker drains and retires the ring.
-    pub(crate) sq: Arc<Region>,
+    /// Set by the daemon when the client is gone: the worker then retires
+    /// the ring once nothing is owed to it (the ring's own closed flag is
+    /// the client's to write, so it decides nothing).
+    pub(crate) retire: Arc<AtomicBool>,
     /// The SQ bell, which the daemon's relay waits on.
     pub(crate) sq_bell: SharedWord,
     /// The worker serving it (the relay rings its doorbell).
@@ -94,10 +95,14 @@ impl Engine {
             ..CqBell::default()
         });
         let worker = self.pick_worker().clone();
-        worker.adopt(WorkerRing::new(sq_end, Some(cq_end), Some(bell)).for_client(scope));
+        let retire = Arc::new(AtomicBool::new(false));
+        worker.adopt(
+            WorkerRing::new(sq_end, Some(cq_end), Some(bell)).for_client(scope, retire.clone()),
+        );
+        drop(sq);
         Ok(ClientRing {
             files: [sq_fd, cq_fd, bells_fd],
-            sq,
+            retire,
             sq_bell: word(SQ_BELL),
             worker,
         })

@@ -23,6 +23,12 @@ struct Args {
     /// engine loads it, from TENT_CONF and TENT_<PATH> variables).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Clients attached at once.
+    #[arg(long, default_value_t = 64)]
+    max_clients: usize,
+    /// Bytes of memory one client may hold.
+    #[arg(long, default_value_t = 16 << 30)]
+    client_bytes: u64,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -54,6 +60,10 @@ fn run(args: &Args) -> Result<(), String> {
         None => tent::Config::load(),
     }
     .map_err(|e| e.to_string())?;
+    // The daemon holds every client's memory: its own user's other
+    // processes do not read it through /proc, nor attach a debugger.
+    let mut config = config;
+    config.non_dumpable = true;
     let socket = args
         .socket
         .clone()
@@ -62,7 +72,13 @@ fn run(args: &Args) -> Result<(), String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     let engine = tent::Engine::new(config).map_err(|e| e.to_string())?;
-    let daemon = tent::daemon::Daemon::start(engine, &socket).map_err(|e| e.to_string())?;
+    let limits = tent::daemon::DaemonLimits {
+        clients: args.max_clients,
+        bytes_per_client: args.client_bytes,
+        ..Default::default()
+    };
+    let daemon =
+        tent::daemon::Daemon::start_with(engine, &socket, limits).map_err(|e| e.to_string())?;
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };

@@ -9,6 +9,7 @@
 // clap's help.
 #![allow(missing_docs)]
 
+mod attach;
 mod baseline;
 mod blocks;
 mod hist;
@@ -48,6 +49,10 @@ pub enum Mode {
     /// (default 16 KiB) in one `submit_blocks` call over shm, scattered and
     /// contiguous, against one request of the same bytes.
     Blocks,
+    /// The same small WRITEs (`--block-size`, default 8 B) from an embedded
+    /// engine (inline issue off) and from a client attached to a daemon
+    /// (`tent::daemon`), one and `--batch` in flight, over shm, same run.
+    Attach,
     /// This host as the engine sees it: NUMA nodes and CPUs, each RDMA
     /// NIC (NUMA node, PCI address, port state, speed, the GID in use and
     /// why), where each of `--threads` workers is pinned and why; with
@@ -329,6 +334,7 @@ fn real_main(args: Args) -> Result<run::Tally, String> {
         Some(Mode::Sq) => none(sq::sq(&args)),
         Some(Mode::Qos) => none(qos::qos(&args)),
         Some(Mode::Blocks) => none(blocks::blocks(&args)),
+        Some(Mode::Attach) => none(attach::attach(&args)),
         Some(Mode::QosLow) => none(qos::low_child(&args)),
         Some(Mode::Initiator) => {
             let list = args

@@ -145,6 +145,11 @@ impl WorkerShared {
         &self.wakers.get(self.index).bell
     }
 
+    /// Is the worker parked, or about to be (see `WorkerBell::parked`)?
+    pub(crate) fn parked(&self) -> bool {
+        self.wakers.get(self.index).parked.load(Ordering::SeqCst)
+    }
+
     /// Hand a new ring to the worker and wake it.
     pub(crate) fn adopt(&self, ring: WorkerRing) {
         self.new_rings.lock().push(ring);
@@ -425,6 +430,8 @@ impl Worker {
         let seen = self.shared.doorbell().value();
         let bell = self.shared.wakers.clone();
         let bell = bell.get(self.shared.index);
+        // Before any NEED_WAKEUP is flagged (see `WorkerBell::parked`).
+        bell.parked.store(true, Ordering::SeqCst);
         if completions {
             // SeqCst store and fence, paired with Wakers::completion_ready:
             // a completion published after the poll below rings the bell.
@@ -459,6 +466,7 @@ impl Worker {
         }
         self.rings.clear_need_wakeup();
         bell.awaiting.store(false, Ordering::Relaxed);
+        bell.parked.store(false, Ordering::SeqCst);
         woken
     }
 

@@ -6,7 +6,7 @@
 //! SQE until the application reaps.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tent_rings::spsc::{Consumer, Producer};
 use tent_rings::{Cqe, ErrorKind, Sqe};
@@ -49,6 +49,13 @@ pub(crate) struct WorkerRing {
     cq_bell: Option<Arc<CqBell>>,
     /// A daemon client's ring: what its SQEs may name.
     scope: Option<Arc<ClientScope>>,
+    /// A daemon client's ring: retired once the daemon sets this (the
+    /// client may write anything into the ring's own closed flag).
+    retire: Option<Arc<AtomicBool>>,
+    /// A client ring's CQ consumer head when its bell was last rung: it is
+    /// rung again only once the client has read past it, so a client that
+    /// leaves NEED_WAKEUP set costs the worker no wake per flush.
+    bell_head: Option<u32>,
 }
 
 impl WorkerRing {
@@ -65,14 +72,47 @@ impl WorkerRing {
             cq_dirty: false,
             cq_bell,
             scope: None,
+            retire: None,
+            bell_head: None,
         }
     }
 
     /// The same ring, a daemon client's: its SQEs name only what `scope`
-    /// allows.
-    pub(crate) fn for_client(mut self, scope: Arc<ClientScope>) -> Self {
+    /// allows, and it is retired when `retire` is set.
+    pub(crate) fn for_client(mut self, scope: Arc<ClientScope>, retire: Arc<AtomicBool>) -> Self {
         self.scope = Some(scope);
+        self.retire = Some(retire);
         self
+    }
+
+    /// Its application is gone: for a client ring, the daemon said so;
+    /// otherwise the producer closed the ring.
+    fn closed(&self) -> bool {
+        match &self.retire {
+            Some(flag) => flag.load(Ordering::Acquire),
+            None => self.sq.is_producer_closed(),
+        }
+    }
+
+    /// Ring the application's bell now? Always for an in-process ring; for
+    /// a client's, only once it has read past where it was at the last
+    /// ring.
+    fn bell_due(&mut self) -> bool {
+        let Some(b) = &self.cq_bell else {
+            return false;
+        };
+        if b.shared.is_none() {
+            return true;
+        }
+        let Some(cq) = self.cq.as_mut() else {
+            return false;
+        };
+        let head = cq.consumer_head();
+        if self.bell_head == Some(head) {
+            return false;
+        }
+        self.bell_head = Some(head);
+        true
     }
 
     /// Can the CQ take one more CQE than the worker already owes? Every
@@ -194,9 +234,13 @@ impl Rings {
             return;
         };
         if let Some(cq) = ring.cq.as_mut() {
-            // Intake reserved this slot: the push cannot fail.
+            // Intake reserved this slot: the push fails only if a daemon
+            // client moved its CQ head back (its ring, its loss).
             let pushed = cq.push(cqe).is_ok();
-            debug_assert!(pushed, "CQ slot was reserved at intake");
+            debug_assert!(
+                pushed || ring.scope.is_some(),
+                "CQ slot was reserved at intake"
+            );
             // Published every CQ_PUBLISH_EVERY within a turn, not only at
             // its end: the application reaps and refills while the worker
             // works on the rest of the turn.
@@ -219,11 +263,13 @@ impl Rings {
                     // Relaxed: see CqBell. needs_wakeup() fences (SeqCst)
                     // before it reads NEED_WAKEUP, pairing with the
                     // application's prepare_park().
-                    if let Some(b) = &ring.cq_bell
-                        && b.armed.load(Ordering::Relaxed)
-                        && cq.needs_wakeup()
-                    {
-                        b.ring();
+                    let wanted = ring
+                        .cq_bell
+                        .as_ref()
+                        .is_some_and(|b| b.armed.load(Ordering::Relaxed))
+                        && cq.needs_wakeup();
+                    if wanted && ring.bell_due() {
+                        ring.cq_bell.as_ref().expect("checked").ring();
                     }
                 }
             }
@@ -237,7 +283,7 @@ impl Rings {
         for slot in self.slots.iter_mut().skip(1) {
             let retire = slot
                 .as_mut()
-                .is_some_and(|r| r.outstanding == 0 && r.sq.is_producer_closed());
+                .is_some_and(|r| r.outstanding == 0 && r.closed());
             if retire {
                 *slot = None;
             }
@@ -257,12 +303,16 @@ impl Rings {
             // missed the arming, and the application the CQEs): before
             // sleeping, CQEs still unread on a ring whose application says
             // it sleeps ring its bell once more.
-            if let (Some(b), Some(cq)) = (&ring.cq_bell, ring.cq.as_mut())
-                && b.armed.load(Ordering::Relaxed)
-                && cq.slots() < cq.capacity()
-                && cq.needs_wakeup()
-            {
-                b.ring();
+            let unread = match (&ring.cq_bell, ring.cq.as_mut()) {
+                (Some(b), Some(cq)) => {
+                    b.armed.load(Ordering::Relaxed)
+                        && cq.slots() < cq.capacity()
+                        && cq.needs_wakeup()
+                }
+                _ => false,
+            };
+            if unread && ring.bell_due() {
+                ring.cq_bell.as_ref().expect("checked").ring();
             }
             if !ring.cq_has_room() {
                 // The application is behind on reaping: its SQEs wait for CQ
