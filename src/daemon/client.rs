@@ -296,6 +296,31 @@ impl ClientMemory {
     }
 }
 
+/// Completions being read from an [`AttachedRing`]; see
+/// [`AttachedRing::completions`].
+pub struct Completions<'a> {
+    cq: &'a mut Consumer<Cqe>,
+}
+
+impl Iterator for Completions<'_> {
+    type Item = Cqe;
+    fn next(&mut self) -> Option<Cqe> {
+        self.cq.pop()
+    }
+}
+
+impl Drop for Completions<'_> {
+    fn drop(&mut self) {
+        self.cq.sync();
+    }
+}
+
+impl std::fmt::Debug for Completions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completions").finish_non_exhaustive()
+    }
+}
+
 impl AttachedRing {
     /// Queue an SQE; `SqFull` when the ring has no free slot (reap
     /// completions first).
@@ -314,13 +339,20 @@ impl AttachedRing {
         }
     }
 
-    /// The next completion, if one is ready.
+    /// The next completion, if one is ready (its slot goes back at once;
+    /// [`completions`](Self::completions) hands slots back once per batch).
     pub fn completion(&mut self) -> Option<Cqe> {
         let c = self.cq.pop();
         if c.is_some() {
             self.cq.sync();
         }
         c
+    }
+
+    /// The completions ready now, as an iterator; their slots go back to
+    /// the daemon's worker in one store when it is dropped.
+    pub fn completions(&mut self) -> Completions<'_> {
+        Completions { cq: &mut self.cq }
     }
 
     /// Wait up to `timeout` for a completion: spin a little, then sleep on

@@ -25,7 +25,7 @@ mod client;
 mod server;
 mod wire;
 
-pub use client::{AttachedRing, Client, ClientMemory};
+pub use client::{AttachedRing, Client, ClientMemory, Completions};
 pub use server::{Daemon, DaemonLimits};
 pub use wire::LAYOUT_VERSION;
 
