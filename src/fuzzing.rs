@@ -39,6 +39,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("tcp_handshake", tcp_handshake),
     ("http_request", http_request),
     ("etcd_gateway", etcd_gateway),
+    ("daemon_setup", daemon_setup),
 ];
 
 /// Control-plane codec under arbitrary bytes: `decode` and `read_message`
@@ -612,5 +613,31 @@ pub fn etcd_gateway(data: &[u8]) {
             assert!(tail.len() > cap, "a partial line within the cap refused");
         }
         (line, end) => panic!("stream ended with {end:?}, split still has {line:?}"),
+    }
+}
+
+/// The daemon's set-up frames under arbitrary bytes, read as a client's
+/// request and as a daemon's reply: neither decode panics, a frame header
+/// is bounded, and whatever decodes survives an encode/decode round trip
+/// unchanged (encoding is canonical), its frame within the bound.
+pub fn daemon_setup(data: &[u8]) {
+    use crate::daemon::wire::{MAX_BODY, Reply, Request, body_len};
+    if let Some(h) = data.first_chunk::<4>()
+        && let Ok(n) = body_len(*h)
+    {
+        assert!(n >= 1 && n <= MAX_BODY as usize);
+    }
+    let frame_body = |frame: &[u8]| -> Vec<u8> {
+        let n = body_len(frame[..4].try_into().expect("a header")).expect("a bounded frame");
+        assert_eq!(frame.len(), 4 + n, "frame length");
+        frame[4..].to_vec()
+    };
+    if let Ok(r) = Request::decode(data) {
+        let again = frame_body(&r.encode());
+        assert_eq!(Request::decode(&again), Ok(r), "request round trip");
+    }
+    if let Ok(r) = Reply::decode(data) {
+        let again = frame_body(&r.encode());
+        assert_eq!(Reply::decode(&again), Ok(r), "reply round trip");
     }
 }

@@ -11,6 +11,7 @@
 #   tcp_handshake   the TCP data handshake's state machines, both sides
 #   http_request    the HTTP endpoint's request decision (http::request::answer)
 #   etcd_gateway    etcd's JSON gateway answers and watch stream (control::etcd::wire)
+#   daemon_setup    the daemon's set-up frames, request and reply (daemon::wire)
 # `cargo test` runs every body over fuzz/seeds/TARGET and over the inputs a
 # campaign kept (fuzz/regressions/TARGET: copy a crash there once fixed),
 # in tests/fuzz_inputs.rs. This script is for campaigns, e.g.

@@ -23,7 +23,7 @@
 
 mod client;
 mod server;
-mod wire;
+pub(crate) mod wire;
 
 pub use client::{AttachedRing, Client, ClientMemory, Completions};
 pub use server::{Daemon, DaemonLimits};

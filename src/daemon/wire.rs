@@ -301,6 +301,96 @@ mod tests {
         }
     }
 
+    /// The `daemon_setup` fuzz target's seeds: one body of each message
+    /// (`TENT_WRITE_SEEDS=1 cargo test -p tent --lib fuzz_seeds` writes
+    /// them).
+    #[test]
+    fn fuzz_seeds_are_every_message() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/daemon_setup");
+        let seeds: Vec<(&str, Vec<u8>)> = vec![
+            (
+                "hello",
+                Request::Hello {
+                    version: LAYOUT_VERSION,
+                }
+                .encode(),
+            ),
+            ("allocate", Request::Allocate { len: 4096 }.encode()),
+            (
+                "open_segment",
+                Request::OpenSegment {
+                    name: "127.0.0.1:12345".into(),
+                }
+                .encode(),
+            ),
+            ("create_ring", Request::CreateRing { depth: 64 }.encode()),
+            (
+                "welcome",
+                Reply::Welcome {
+                    version: LAYOUT_VERSION,
+                    client: 1,
+                }
+                .encode(),
+            ),
+            (
+                "allocated",
+                Reply::Allocated {
+                    region: 1 << 32 | 1,
+                    len: 4096,
+                    data_offset: 4096,
+                }
+                .encode(),
+            ),
+            ("opened", Reply::Opened { segment: 7 }.encode()),
+            (
+                "ring_part",
+                Reply::RingPart {
+                    part: Part::Cq,
+                    depth: 64,
+                }
+                .encode(),
+            ),
+            (
+                "refused",
+                Reply::Refused {
+                    kind: ErrorKind::OutOfMemory,
+                    message: "a client may hold 16 rings".into(),
+                }
+                .encode(),
+            ),
+        ];
+        // A seed is a body, as the decoders take it.
+        let seeds: Vec<(&str, Vec<u8>)> = seeds
+            .into_iter()
+            .map(|(n, f)| (n, f[4..].to_vec()))
+            .collect();
+        if std::env::var_os("TENT_WRITE_SEEDS").is_some() {
+            std::fs::create_dir_all(&dir).unwrap();
+            for (name, body) in &seeds {
+                std::fs::write(dir.join(name), body).unwrap();
+            }
+        }
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        let mut want: Vec<String> = seeds.iter().map(|s| s.0.to_owned()).collect();
+        want.sort();
+        assert_eq!(names, want, "fuzz/seeds/daemon_setup holds other seeds");
+        for (name, body) in &seeds {
+            assert_eq!(
+                &std::fs::read(dir.join(name)).unwrap(),
+                body,
+                "{name} is stale"
+            );
+            assert!(
+                Request::decode(body).is_ok() || Reply::decode(body).is_ok(),
+                "{name} decodes"
+            );
+        }
+    }
+
     #[test]
     fn bad_frames_are_refused_before_use() {
         assert!(body_len(0u32.to_le_bytes()).is_err());
