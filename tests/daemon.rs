@@ -299,6 +299,7 @@ fn quotas_refuse_typed_and_a_client_past_the_count_is_turned_away() {
         regions_per_client: 2,
         bytes_per_client: 1 << 20,
         rings_per_client: 1,
+        in_flight_per_client: 2,
     };
     let d = Daemon::start_with(
         Engine::new(test_config()).unwrap(),
@@ -317,8 +318,34 @@ fn quotas_refuse_typed_and_a_client_past_the_count_is_turned_away() {
         ErrorKind::OutOfMemory,
         "a third region"
     );
-    let _r = c.ring(8).unwrap();
+    let mut r = c.ring(16).unwrap();
     assert_eq!(c.ring(8).unwrap_err().kind(), ErrorKind::OutOfMemory);
+    // Past its share of ops in flight (2) a client's ring waits, and
+    // every op still completes.
+    let target = Engine::new(test_config()).unwrap();
+    let dst = target.allocate_memory(4096).unwrap();
+    let seg = c.open_segment(&target.segment_name()).unwrap();
+    for i in 0..16 {
+        r.push(
+            op::Write::new(
+                LocalAddr::new(_b.id(), 0),
+                RemoteAddr::new(seg, dst.addr()),
+                64,
+            )
+            .user_data(i)
+            .build(),
+        )
+        .unwrap();
+    }
+    r.submit();
+    let mut seen = Vec::new();
+    while seen.len() < 16 {
+        let c = one(&mut r);
+        assert_eq!(c.result(), Ok(64));
+        seen.push(c.user_data());
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..16).collect::<Vec<u64>>());
     let second = Client::attach(d.socket_path()).unwrap_err();
     assert_eq!(second.kind(), ErrorKind::OutOfMemory, "{second}");
     // Once the first goes, there is room again.

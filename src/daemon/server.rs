@@ -47,6 +47,10 @@ pub struct DaemonLimits {
     pub bytes_per_client: u64,
     /// Rings one client holds.
     pub rings_per_client: usize,
+    /// Ops of one client the workers hold at once (taken from its rings,
+    /// not yet completed): past it its rings wait, so one client cannot
+    /// fill a worker's task table (`max_tasks_per_worker`) for the others.
+    pub in_flight_per_client: usize,
 }
 
 impl Default for DaemonLimits {
@@ -56,6 +60,7 @@ impl Default for DaemonLimits {
             regions_per_client: 1024,
             bytes_per_client: 16 << 30,
             rings_per_client: 16,
+            in_flight_per_client: 1024,
         }
     }
 }
@@ -407,7 +412,10 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
         return;
     };
     let mut st = ClientState {
-        scope: Arc::new(ClientScope::new(id)),
+        scope: Arc::new(ClientScope::new(
+            id,
+            u32::try_from(inner.limits.in_flight_per_client).unwrap_or(u32::MAX),
+        )),
         regions: Vec::new(),
         bytes: 0,
         rings: Vec::new(),

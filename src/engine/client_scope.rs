@@ -4,7 +4,7 @@
 //! (`Views::accept`), so a client naming another's region or segment gets
 //! a typed error and touches nothing of theirs.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use tent_rings::SegmentId;
 
@@ -20,16 +20,43 @@ pub(crate) struct ClientScope {
     id: u32,
     /// Open segments' ids; 0: a free slot.
     segments: [AtomicU64; MAX_CLIENT_SEGMENTS],
+    /// Its SQEs taken by workers and not yet completed, over all its rings
+    /// and workers, and the most it may have: past it its rings wait, so
+    /// one client cannot fill a worker's task table for every other.
+    in_flight: AtomicU32,
+    max_in_flight: u32,
 }
 
 impl ClientScope {
-    /// The scope of client `id` (non-zero), with no segment.
-    pub(crate) fn new(id: u32) -> ClientScope {
+    /// The scope of client `id` (non-zero), with no segment, at most
+    /// `max_in_flight` (at least 1) of its ops in flight.
+    pub(crate) fn new(id: u32, max_in_flight: u32) -> ClientScope {
         assert_ne!(id, 0, "client 0 is the daemon's own process");
         ClientScope {
             id,
             segments: std::array::from_fn(|_| AtomicU64::new(0)),
+            in_flight: AtomicU32::new(0),
+            max_in_flight: max_in_flight.max(1),
         }
+    }
+
+    /// Take one more of its SQEs, if it is under its share (a worker's
+    /// intake; the CQE gives it back, `completed`).
+    #[inline]
+    pub(crate) fn try_take(&self) -> bool {
+        // Relaxed: a count, not a publication; two workers racing past
+        // the bound by one each is harmless.
+        if self.in_flight.load(Ordering::Relaxed) >= self.max_in_flight {
+            return false;
+        }
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// One of its ops completed.
+    #[inline]
+    pub(crate) fn completed(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Its id: the tag of its regions.
@@ -77,7 +104,7 @@ mod tests {
 
     #[test]
     fn a_client_names_only_the_segments_added_for_it_and_never_the_local_one() {
-        let s = ClientScope::new(3);
+        let s = ClientScope::new(3, 8);
         let seg = SegmentId(0x1234);
         assert!(!s.allows(seg));
         s.add(seg).unwrap();
@@ -98,5 +125,15 @@ mod tests {
             s.add(SegmentId(0x2000_0000)).unwrap_err().kind(),
             ErrorKind::OutOfMemory
         );
+    }
+
+    #[test]
+    fn a_client_s_ops_in_flight_stop_at_its_share_and_come_back_with_completions() {
+        let s = ClientScope::new(1, 2);
+        assert!(s.try_take() && s.try_take());
+        assert!(!s.try_take(), "at its share");
+        s.completed();
+        assert!(s.try_take());
+        assert!(!s.try_take());
     }
 }

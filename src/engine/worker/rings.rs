@@ -179,7 +179,19 @@ impl Rings {
         if !ring.cq_has_room() {
             return None;
         }
-        let sqe = ring.sq.pop()?;
+        // A client past its share of ops in flight waits (its CQE gives
+        // the share back, `post_cqe`).
+        if let Some(scope) = &ring.scope
+            && (ring.sq.is_empty_quiet() || !scope.try_take())
+        {
+            return None;
+        }
+        let Some(sqe) = ring.sq.pop() else {
+            if let Some(scope) = &ring.scope {
+                scope.completed();
+            }
+            return None;
+        };
         let origin = if ring.cq.is_some() {
             ring.outstanding += 1;
             Origin::Ring(ri as u32)
@@ -250,6 +262,9 @@ impl Rings {
         }
         ring.outstanding = ring.outstanding.saturating_sub(1);
         ring.cq_dirty = true;
+        if let Some(scope) = &ring.scope {
+            scope.completed();
+        }
     }
 
     /// Publish the CQEs posted this turn (one Release store per ring), and
