@@ -78,6 +78,7 @@ pub(crate) fn wait_on(word: &AtomicU32, seen: u32, timeout: Duration) {
 /// in either process wakes. The other process may write anything into it;
 /// a wrong value only makes a wait return at once or a bump look like
 /// another.
+#[derive(Clone)]
 pub(crate) struct SharedWord {
     region: std::sync::Arc<tent_rings::region::Region>,
     offset: usize,
@@ -102,14 +103,6 @@ impl SharedWord {
             .checked_add(4)
             .is_some_and(|end| end <= region.payload_len());
         (fits && offset % 4 == 0).then_some(SharedWord { region, offset })
-    }
-
-    /// The memory it is in, and where.
-    pub(crate) fn region(&self) -> &std::sync::Arc<tent_rings::region::Region> {
-        &self.region
-    }
-    pub(crate) fn offset(&self) -> usize {
-        self.offset
     }
 
     /// The word.

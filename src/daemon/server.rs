@@ -19,7 +19,6 @@ use parking_lot::Mutex;
 use tent_rings::{RegionId, SegmentId};
 
 use super::wire::{self, LAYOUT_VERSION, Part, Reply, Request};
-use crate::doorbell::SharedWord;
 use crate::engine::Engine;
 use crate::engine::attached::ClientRing;
 use crate::engine::client_scope::{ClientScope, MAX_CLIENT_SEGMENTS};
@@ -555,8 +554,7 @@ impl Relay {
     /// worker sleeps.
     fn start(ring: ClientRing) -> Relay {
         let stop = Arc::new(AtomicBool::new(false));
-        let bell = SharedWord::new(ring.sq_bell.region().clone(), ring.sq_bell.offset())
-            .expect("the ring's own bell");
+        let bell = ring.sq_bell.clone();
         let worker = ring.worker.clone();
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
