@@ -408,3 +408,55 @@ fn a_client_that_never_reads_does_not_hold_the_daemon() {
         "the daemon's stop waited on a client that never reads"
     );
 }
+
+/// A client gives memory and rings back without leaving: each no longer
+/// counts against its quota, a freed region is no longer named, and it
+/// cannot free what is not its own.
+#[test]
+fn freed_memory_and_closed_rings_come_off_the_quota() {
+    let limits = tent::daemon::DaemonLimits {
+        bytes_per_client: 64 << 10,
+        rings_per_client: 1,
+        ..Default::default()
+    };
+    let d =
+        Daemon::start_with(Engine::new(test_config()).unwrap(), &socket("free"), limits).unwrap();
+    let target = Engine::new(test_config()).unwrap();
+    let dst = target.allocate_memory(4096).unwrap();
+    let c = Client::attach(d.socket_path()).unwrap();
+    let other = Client::attach(d.socket_path()).unwrap();
+    let seg = c.open_segment(&target.segment_name()).unwrap();
+    let m = c.allocate_memory(64 << 10).unwrap();
+    let freed = m.id();
+    assert_eq!(
+        c.allocate_memory(4096).unwrap_err().kind(),
+        ErrorKind::OutOfMemory
+    );
+    // Another client cannot free it.
+    let theirs = other.allocate_memory(4096).unwrap();
+    assert_eq!(
+        c.free_memory(theirs).unwrap_err().kind(),
+        ErrorKind::AddressNotRegistered
+    );
+    c.free_memory(m).unwrap();
+    let m2 = c.allocate_memory(64 << 10).unwrap();
+    let r = c.ring(8).unwrap();
+    assert_eq!(c.ring(8).unwrap_err().kind(), ErrorKind::OutOfMemory);
+    c.close_ring(r).unwrap();
+    let mut r = c.ring(8).unwrap();
+    // The freed region is named no more; the new one is.
+    let write = |region| {
+        op::Write::new(
+            LocalAddr::new(region, 0),
+            RemoteAddr::new(seg, dst.addr()),
+            64,
+        )
+        .build()
+    };
+    r.push(write(freed)).unwrap();
+    r.submit();
+    assert_eq!(one(&mut r).result(), Err(ErrorKind::AddressNotRegistered));
+    r.push(write(m2.id())).unwrap();
+    r.submit();
+    assert_eq!(one(&mut r).result(), Ok(64));
+}

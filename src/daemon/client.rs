@@ -47,6 +47,8 @@ pub struct ClientMemory {
 /// A ring in shared memory: the daemon's workers take its SQEs and post
 /// its CQEs with no system call on either side.
 pub struct AttachedRing {
+    /// Its id at the daemon (`Client::close_ring`).
+    id: u32,
     sq: Producer<Sqe>,
     cq: Consumer<Cqe>,
     sq_bell: SharedWord,
@@ -174,6 +176,27 @@ impl Client {
         }
     }
 
+    /// Give `mem` back: the daemon unregisters it once the ops on it have
+    /// ended (as `Engine::unregister_memory` does), and it no longer
+    /// counts against this client's quota.
+    pub fn free_memory(&self, mem: ClientMemory) -> Result<()> {
+        match self.ask(&Request::FreeMemory { region: mem.id.0 })? {
+            (Reply::Done, _) => Ok(()),
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    /// Retire `ring`: the daemon's worker drains what it took from it and
+    /// drops it, and it no longer counts against this client's quota.
+    pub fn close_ring(&self, ring: AttachedRing) -> Result<()> {
+        let id = ring.id;
+        drop(ring);
+        match self.ask(&Request::CloseRing { ring: id })? {
+            (Reply::Done, _) => Ok(()),
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
     /// A ring of `depth` entries (a power of two) in shared memory.
     pub fn ring(&self, depth: u32) -> Result<AttachedRing> {
         let s = self.stream.lock();
@@ -181,10 +204,15 @@ impl Client {
             .write_all(&Request::CreateRing { depth }.encode())
             .map_err(io("send a request"))?;
         let mut parts: Vec<Arc<Region>> = Vec::with_capacity(3);
+        let mut id = None;
         for want in [Part::Sq, Part::Cq, Part::Bells] {
             let (reply, fd) = read_reply(&s)?;
             match reply {
-                Reply::RingPart { part, depth: d } if part == want && d == depth => {}
+                Reply::RingPart {
+                    part,
+                    depth: d,
+                    ring,
+                } if part == want && d == depth && *id.get_or_insert(ring) == ring => {}
                 other => return Err(unexpected(&other)),
             }
             let fd = fd.ok_or_else(|| Error::new(ErrorKind::Unreachable, "tentd sent no memfd"))?;
@@ -217,6 +245,7 @@ impl Client {
         let sq = spsc::producer_in_region::<Sqe>(parts.pop().expect("three parts")).map_err(bad)?;
         let word = |at| SharedWord::new(bells.clone(), at).expect("inside the bells' page");
         Ok(AttachedRing {
+            id: id.expect("three parts"),
             sq,
             cq,
             sq_bell: word(SQ_BELL),

@@ -276,14 +276,18 @@ fn accept_loop(inner: &Arc<Inner>, listener: &UnixListener) {
 /// What a client holds, released when it goes.
 struct ClientState {
     scope: Arc<ClientScope>,
-    regions: Vec<RegionId>,
+    /// Its regions and their lengths.
+    regions: Vec<(RegionId, u64)>,
     bytes: u64,
     rings: Vec<Relay>,
+    /// The id its next ring gets.
+    next_ring: u32,
     segments: Vec<SegmentId>,
 }
 
 /// A client ring's relay thread and what retires the ring.
 struct Relay {
+    id: u32,
     ring: ClientRing,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -418,6 +422,7 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
         regions: Vec::new(),
         bytes: 0,
         rings: Vec::new(),
+        next_ring: 1,
         segments: Vec::new(),
     };
     let welcome = Reply::Welcome {
@@ -475,7 +480,7 @@ fn handle(
             }
             match e.allocate_memory_for(len, st.scope.id()) {
                 Ok((buf, Some(mem))) => {
-                    st.regions.push(buf.id());
+                    st.regions.push((buf.id(), len));
                     st.bytes += len;
                     let reply = Reply::Allocated {
                         region: buf.id().0,
@@ -534,7 +539,9 @@ fn handle(
             };
             // Held before anything is sent: a client gone mid-answer still
             // has it retired.
-            let relay = Relay::start(ring);
+            let id = st.next_ring;
+            st.next_ring = st.next_ring.wrapping_add(1).max(1);
+            let relay = Relay::start(id, ring);
             let started = relay.thread.is_some();
             st.rings.push(relay);
             if !started {
@@ -542,9 +549,45 @@ fn handle(
             }
             let files = &st.rings.last().expect("just pushed").ring.files;
             for (part, fd) in [Part::Sq, Part::Cq, Part::Bells].into_iter().zip(files) {
-                send(s, &Reply::RingPart { part, depth }, Some(fd.as_fd()))?;
+                let reply = Reply::RingPart {
+                    part,
+                    depth,
+                    ring: id,
+                };
+                send(s, &reply, Some(fd.as_fd()))?;
             }
             Ok(())
+        }
+        Request::FreeMemory { region } => {
+            let Some(at) = st.regions.iter().position(|&(r, _)| r.0 == region) else {
+                return refuse(
+                    s,
+                    &Error::new(
+                        ErrorKind::AddressNotRegistered,
+                        format!("region {region:#x} is not this client's"),
+                    ),
+                );
+            };
+            let (id, len) = st.regions[at];
+            // Waits for the ops on it, as `unregister_memory` does.
+            match e.unregister_memory(id) {
+                Ok(()) => {
+                    st.regions.swap_remove(at);
+                    st.bytes -= len;
+                    send(s, &Reply::Done, None)
+                }
+                Err(err) => refuse(s, &err),
+            }
+        }
+        Request::CloseRing { ring } => {
+            let Some(at) = st.rings.iter().position(|r| r.id == ring) else {
+                return refuse(
+                    s,
+                    &Error::invalid(format!("ring {ring} is not this client's")),
+                );
+            };
+            retire(st.rings.swap_remove(at));
+            send(s, &Reply::Done, None)
         }
     }
 }
@@ -552,7 +595,7 @@ fn handle(
 impl Relay {
     /// Wake the ring's worker when the client bumps the SQ bell while the
     /// worker sleeps.
-    fn start(ring: ClientRing) -> Relay {
+    fn start(id: u32, ring: ClientRing) -> Relay {
         let stop = Arc::new(AtomicBool::new(false));
         let bell = ring.sq_bell.clone();
         let worker = ring.worker.clone();
@@ -585,8 +628,25 @@ impl Relay {
                 }
             })
             .ok();
-        Relay { ring, stop, thread }
+        Relay {
+            id,
+            ring,
+            stop,
+            thread,
+        }
     }
+}
+
+/// A client ring retired: its relay stopped, its worker told (it drains
+/// what it took from the ring, then drops it).
+fn retire(mut r: Relay) {
+    r.stop.store(true, Ordering::Release);
+    r.ring.retire.store(true, Ordering::Release);
+    r.ring.sq_bell.ring();
+    if let Some(t) = r.thread.take() {
+        let _ = t.join();
+    }
+    r.ring.worker.doorbell().ring();
 }
 
 /// Everything a client held, released: its rings retired (their workers
@@ -595,19 +655,13 @@ impl Relay {
 /// them. An unregister that times out leaves its region revoked and held
 /// (logged): nothing reaches it again.
 fn release(inner: &Inner, st: ClientState) {
-    for mut r in st.rings {
-        r.stop.store(true, Ordering::Release);
-        r.ring.retire.store(true, Ordering::Release);
-        r.ring.sq_bell.ring();
-        if let Some(t) = r.thread.take() {
-            let _ = t.join();
-        }
-        r.ring.worker.doorbell().ring();
+    for r in st.rings {
+        retire(r);
     }
     let failed = st
         .regions
         .iter()
-        .filter(|&&id| inner.engine.unregister_memory(id).is_err())
+        .filter(|&&(id, _)| inner.engine.unregister_memory(id).is_err())
         .count();
     if failed > 0 {
         tracing::warn!(

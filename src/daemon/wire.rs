@@ -10,7 +10,7 @@ use tent_rings::ErrorKind;
 
 /// The layout both sides must agree on: these messages, the rings' and
 /// bells' memory. Checked at attach; a mismatch is refused naming both.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// The largest body either side sends or accepts.
 pub(crate) const MAX_BODY: u32 = 2048;
@@ -33,10 +33,26 @@ pub(crate) enum Part {
 /// A client's request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Request {
-    Hello { version: u32 },
-    Allocate { len: u64 },
-    OpenSegment { name: String },
-    CreateRing { depth: u32 },
+    Hello {
+        version: u32,
+    },
+    Allocate {
+        len: u64,
+    },
+    OpenSegment {
+        name: String,
+    },
+    CreateRing {
+        depth: u32,
+    },
+    /// Unregister one of the client's regions (once the ops on it end).
+    FreeMemory {
+        region: u64,
+    },
+    /// Retire one of the client's rings (`RingPart::ring`).
+    CloseRing {
+        ring: u32,
+    },
 }
 
 /// The daemon's reply.
@@ -55,11 +71,15 @@ pub(crate) enum Reply {
     Opened {
         segment: u64,
     },
-    /// One of three, in `Part` order, each with its memfd.
+    /// One of three, in `Part` order, each with its memfd; `ring` names
+    /// the ring to `CloseRing`.
     RingPart {
         part: Part,
         depth: u32,
+        ring: u32,
     },
+    /// A `FreeMemory` or `CloseRing` is done.
+    Done,
     Refused {
         kind: ErrorKind,
         message: String,
@@ -75,10 +95,13 @@ mod tag {
     pub(super) const ALLOCATE: u8 = 2;
     pub(super) const OPEN_SEGMENT: u8 = 3;
     pub(super) const CREATE_RING: u8 = 4;
+    pub(super) const FREE_MEMORY: u8 = 5;
+    pub(super) const CLOSE_RING: u8 = 6;
     pub(super) const WELCOME: u8 = 0x81;
     pub(super) const ALLOCATED: u8 = 0x82;
     pub(super) const OPENED: u8 = 0x83;
     pub(super) const RING_PART: u8 = 0x84;
+    pub(super) const DONE: u8 = 0x85;
     pub(super) const REFUSED: u8 = 0xff;
 }
 
@@ -155,6 +178,14 @@ impl Request {
                 b.push(tag::CREATE_RING);
                 b.extend_from_slice(&depth.to_le_bytes());
             }
+            Request::FreeMemory { region } => {
+                b.push(tag::FREE_MEMORY);
+                b.extend_from_slice(&region.to_le_bytes());
+            }
+            Request::CloseRing { ring } => {
+                b.push(tag::CLOSE_RING);
+                b.extend_from_slice(&ring.to_le_bytes());
+            }
         }
         frame(b)
     }
@@ -170,6 +201,8 @@ impl Request {
                 name: f.text(MAX_NAME)?,
             },
             tag::CREATE_RING => Request::CreateRing { depth: f.u32()? },
+            tag::FREE_MEMORY => Request::FreeMemory { region: f.u64()? },
+            tag::CLOSE_RING => Request::CloseRing { ring: f.u32()? },
             _ => return Err(Malformed("unknown request")),
         };
         f.end()?;
@@ -200,11 +233,13 @@ impl Reply {
                 b.push(tag::OPENED);
                 b.extend_from_slice(&segment.to_le_bytes());
             }
-            Reply::RingPart { part, depth } => {
+            Reply::RingPart { part, depth, ring } => {
                 b.push(tag::RING_PART);
                 b.extend_from_slice(&(*part as u32).to_le_bytes());
                 b.extend_from_slice(&depth.to_le_bytes());
+                b.extend_from_slice(&ring.to_le_bytes());
             }
+            Reply::Done => b.push(tag::DONE),
             Reply::Refused { kind, message } => {
                 b.push(tag::REFUSED);
                 b.extend_from_slice(&kind.code().to_le_bytes());
@@ -242,7 +277,9 @@ impl Reply {
                     _ => return Err(Malformed("unknown ring part")),
                 },
                 depth: f.u32()?,
+                ring: f.u32()?,
             },
+            tag::DONE => Reply::Done,
             tag::REFUSED => Reply::Refused {
                 kind: ErrorKind::from_code(u16::from_le_bytes(f.take()?))
                     .ok_or(Malformed("unknown error kind"))?,
@@ -274,6 +311,8 @@ mod tests {
                 name: "127.0.0.1:1234".into(),
             },
             Request::CreateRing { depth: 256 },
+            Request::FreeMemory { region: 1 << 40 },
+            Request::CloseRing { ring: 3 },
         ] {
             assert_eq!(Request::decode(body(&r.encode())), Ok(r));
         }
@@ -291,7 +330,9 @@ mod tests {
             Reply::RingPart {
                 part: Part::Bells,
                 depth: 64,
+                ring: 2,
             },
+            Reply::Done,
             Reply::Refused {
                 kind: ErrorKind::OutOfMemory,
                 message: "quota".into(),
@@ -347,9 +388,19 @@ mod tests {
                 Reply::RingPart {
                     part: Part::Cq,
                     depth: 64,
+                    ring: 1,
                 }
                 .encode(),
             ),
+            (
+                "free_memory",
+                Request::FreeMemory {
+                    region: 1 << 32 | 1,
+                }
+                .encode(),
+            ),
+            ("close_ring", Request::CloseRing { ring: 1 }.encode()),
+            ("done", Reply::Done.encode()),
             (
                 "refused",
                 Reply::Refused {
@@ -403,7 +454,7 @@ mod tests {
         assert!(Request::decode(&long).is_err(), "name too long");
         assert!(Request::decode(&[3, 0xff, 0xfe]).is_err(), "not UTF-8");
         assert!(
-            Reply::decode(&[0x84, 9, 0, 0, 0, 1, 0, 0, 0]).is_err(),
+            Reply::decode(&[0x84, 9, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0]).is_err(),
             "part 9"
         );
         assert!(Reply::decode(&[0xff, 0xff, 0xff]).is_err(), "kind 0xffff");
