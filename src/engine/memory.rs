@@ -67,10 +67,8 @@ impl Engine {
                     .with_numa_node(numa_node_of(ptr, len))
                     .with_client(client);
                 // SAFETY: as above, for the anonymous mapping.
-                (
-                    Arc::new(unsafe { self.register_rdma(region, ptr, len)? }),
-                    None,
-                )
+                let region = unsafe { self.register_rdma(region, ptr, len)? };
+                (Arc::new(region), None)
             }
         };
         let (region, mem) = region;

@@ -42,8 +42,7 @@ impl Worker {
     fn accept(&mut self, origin: Origin, sqe: &Sqe, clock: &mut TurnClock) {
         let user_data = sqe.user_data();
         let blocks = match origin {
-            // SAFETY: a batch SQE's user_data is its batch task, written by
-            // the engine and live until the task's final state is stored.
+            // SAFETY: a batch SQE's user_data is its batch task, written by the engine and live until the task's final state is stored.
             Origin::Batch => unsafe { BatchTask::from_user_data(user_data) }.blocks(),
             Origin::Ring(_) => None,
         };
