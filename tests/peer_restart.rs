@@ -119,6 +119,35 @@ impl Target {
             .success();
         assert!(ok, "kill {sig}");
     }
+
+    /// Stop it with SIGSTOP and return once every one of its threads is
+    /// stopped: `kill` returns when the signal is queued, and a thread
+    /// already running (a TCP serving thread mid-request) keeps going
+    /// until it is next scheduled, so a request sent right after could
+    /// still be answered.
+    fn stop(&self) {
+        self.signal("-STOP");
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let stopped = || {
+            std::fs::read_dir(&tasks).unwrap().all(|t| {
+                let stat =
+                    std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+                // The state follows the command name, which is in
+                // parentheses and may hold spaces.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next())
+                    .is_some_and(|s| s == "T" || s == "t")
+            })
+        };
+        let start = Instant::now();
+        while !stopped() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the target never stopped"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
 impl Drop for Target {
@@ -283,7 +312,7 @@ fn work_to_a_peer_whose_lease_expired_fails_process_failed_within_the_ttl() {
 
     // Stopped, not dead: its sockets stay open and answer nothing, and its
     // lease is no longer kept alive.
-    target.signal("-STOP");
+    target.stop();
     let t0 = Instant::now();
     push_read(&mut ring, seg, at, &local);
     let cqe = reap(&mut ring, 1)[0];
