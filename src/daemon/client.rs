@@ -295,7 +295,7 @@ impl ClientMemory {
     }
 
     fn range(&self, offset: u64, n: usize) -> Result<*mut u8> {
-        let end = offset
+        offset
             .checked_add(n as u64)
             .filter(|&e| e <= self.len)
             .ok_or_else(|| {
@@ -304,7 +304,6 @@ impl ClientMemory {
                     format!("[{offset}, +{n}) leaves a region of {} bytes", self.len),
                 )
             })?;
-        let _ = end;
         Ok(self.map.ptr().wrapping_add(self.offset + offset as usize))
     }
 
