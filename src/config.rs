@@ -135,6 +135,12 @@ pub struct Config {
     /// `inline_max_in_flight`: the most ops a ring issues inline at once
     /// (staged and not reaped).
     pub inline_max_in_flight: u32,
+    /// `daemon_socket`: attach to the node's `tentd` at this path instead
+    /// of starting an engine in this process; empty: embed one.
+    pub daemon_socket: String,
+    /// `daemon_embed_fallback`: with `daemon_socket` set, embed an engine
+    /// when no daemon answers there (attach, else embed).
+    pub daemon_embed_fallback: bool,
     /// `max_failover_attempts`: transport switches per task; 0 disables
     /// cross-transport failover for every request (an SQE's `no_failover`
     /// flag disables it for one).
@@ -1191,6 +1197,10 @@ schema! {
         "Largest ring op in bytes that the submitting thread performs itself (inline issue, as io_uring issues a request in the submitter's context): a READ or WRITE of at most one slice on the local or shm transport, pushed while nothing of its ring waits at the worker and the slot gate is open to its priority, is staged by SubmissionQueue::push and copied by Ring::submit (HIGH first, then MEDIUM, then LOW) on the calling thread, its CQE there when submit returns, with no crossing to the worker's core; anything else goes to the worker. 0 turns inline issue off for the engine; Ring::set_inline(false) (tent_ring_set_inline, Ring.set_inline) turns it off for one ring, for a thread that must never spend its time copying.";
     "inline_max_in_flight" => inline_max_in_flight: uint(1, 1 << 20), "8", LIVE,
         "The most ops of a ring issued inline at once (staged for a submit, or completed and not yet reaped): an op pushed past it, and those staged before it, go to the worker, whose core then works beside the submitting thread. One thread doing every copy wins while few ops are in flight (8 B shm: 1.7x the worker path at 1 to 4 in flight, 1.5x at 8 on a 2-core VM) and loses to two cores working side by side with a deep queue (0.9x at 16, 0.8x at 32).";
+    "daemon_socket" => daemon_socket: Kind::Str(StrRule::EmptyOrAbsolutePath), "\"\"", LIVE,
+        "Attach to the node's daemon (tentd) listening at this unix socket instead of starting an engine in this process: memory, rings and segments come from the daemon, and its workers serve this process's rings in shared memory. The daemon runs the node's one engine from its own configuration, so a client's configuration may set only daemon_socket, daemon_embed_fallback, ring_depth and log_level (any other key set is refused, naming it). Empty: embed an engine.";
+    "daemon_embed_fallback" => daemon_embed_fallback: Kind::Bool, "false", LIVE,
+        "With daemon_socket set: embed an engine (from this configuration) when no daemon answers at the socket, instead of failing Unreachable.";
     "max_failover_attempts" => max_failover_attempts: uint(0, 64), "3", LIVE,
         "Transport switches allowed per task; 0 disables cross-transport failover.";
     "merge_requests" => merge_requests: Kind::Bool, "true", LATER,

@@ -153,6 +153,24 @@ pub(crate) struct CqBell {
 }
 
 impl CqBell {
+    /// The value to pass to [`CqBell::wait`]; read it before the last look
+    /// at the ring.
+    #[inline]
+    pub(crate) fn value(&self) -> u32 {
+        match &self.shared {
+            Some(word) => word.word().load(Ordering::Acquire),
+            None => self.bell.value(),
+        }
+    }
+
+    /// Sleep until the bell rings past `seen`, or `timeout` passes.
+    pub(crate) fn wait(&self, seen: u32, timeout: Duration) {
+        match &self.shared {
+            Some(word) => word.wait(seen, timeout),
+            None => self.bell.wait(seen, timeout),
+        }
+    }
+
     /// CQEs were published and the application said it is about to
     /// sleep: wake it, on the futex and on the eventfd if it has one.
     pub(crate) fn ring(&self) {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::{pattern, test_config};
-use tent::daemon::{Client, Daemon, LAYOUT_VERSION};
+use tent::daemon::{Daemon, LAYOUT_VERSION};
 use tent::{Engine, ErrorKind, LocalAddr, RemoteAddr, SegmentId, op};
 
 fn socket(tag: &str) -> PathBuf {
@@ -20,16 +20,9 @@ fn daemon(tag: &str) -> Daemon {
     Daemon::start(Engine::new(test_config()).unwrap(), &socket(tag)).unwrap()
 }
 
-/// Reap one CQE from `ring`, waiting up to 10 s.
-fn one(ring: &mut tent::daemon::AttachedRing) -> tent::Cqe {
-    let start = Instant::now();
-    loop {
-        if let Some(c) = ring.completion() {
-            return c;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "no CQE");
-        ring.wait(Duration::from_millis(100));
-    }
+/// Submit what was pushed, and reap one CQE from `ring`, waiting up to 10 s.
+fn one(ring: &mut tent::Ring) -> tent::Cqe {
+    ring.wait_one(Duration::from_secs(10)).expect("a CQE")
 }
 
 #[test]
@@ -38,23 +31,24 @@ fn a_client_moves_verified_data_through_the_daemon_s_engine() {
     let target = Engine::new(test_config()).unwrap();
     let len = 256 << 10;
     let dst = target.allocate_memory(len).unwrap();
-    let c = Client::attach(d.socket_path()).unwrap();
+    let c = Engine::attach(d.socket_path()).unwrap();
     let mem = c.allocate_memory(len).unwrap();
     let data = pattern(5, len as usize);
     mem.write(0, &data).unwrap();
     let seg = c.open_segment(&target.segment_name()).unwrap();
-    let mut ring = c.ring(64).unwrap();
-    ring.push(
-        op::Write::new(
-            LocalAddr::new(mem.id(), 0),
-            RemoteAddr::new(seg, dst.addr()),
-            len,
+    let mut ring = c.ring_with_depth(64).unwrap();
+    ring.submission()
+        .push(
+            op::Write::new(
+                LocalAddr::new(mem.id(), 0),
+                RemoteAddr::new(seg, dst.addr()),
+                len,
+            )
+            .user_data(7)
+            .build(),
         )
-        .user_data(7)
-        .build(),
-    )
-    .unwrap();
-    ring.submit();
+        .unwrap();
+    ring.submit().unwrap();
     let cqe = one(&mut ring);
     assert_eq!((cqe.user_data(), cqe.result()), (7, Ok(len)));
     let mut got = vec![0u8; len as usize];
@@ -64,17 +58,18 @@ fn a_client_moves_verified_data_through_the_daemon_s_engine() {
     // went to sleep (its SQ bell wakes it).
     let back = c.allocate_memory(2 * len).unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    ring.push(
-        op::Read::new(
-            LocalAddr::new(back.id(), len),
-            RemoteAddr::new(seg, dst.addr()),
-            len,
+    ring.submission()
+        .push(
+            op::Read::new(
+                LocalAddr::new(back.id(), len),
+                RemoteAddr::new(seg, dst.addr()),
+                len,
+            )
+            .user_data(8)
+            .build(),
         )
-        .user_data(8)
-        .build(),
-    )
-    .unwrap();
-    ring.submit();
+        .unwrap();
+    ring.submit().unwrap();
     let cqe = one(&mut ring);
     assert_eq!((cqe.user_data(), cqe.result()), (8, Ok(len)));
     let mut out = vec![0u8; len as usize];
@@ -87,13 +82,12 @@ fn a_client_names_only_its_own_regions_and_segments() {
     let d = daemon("scope");
     let target = Engine::new(test_config()).unwrap();
     let dst = target.allocate_memory(4096).unwrap();
-    let a = Client::attach(d.socket_path()).unwrap();
-    let b = Client::attach(d.socket_path()).unwrap();
-    assert_ne!(a.id(), b.id());
+    let a = Engine::attach(d.socket_path()).unwrap();
+    let b = Engine::attach(d.socket_path()).unwrap();
     let a_mem = a.allocate_memory(4096).unwrap();
     let b_mem = b.allocate_memory(4096).unwrap();
     let seg = a.open_segment(&target.segment_name()).unwrap();
-    let mut rb = b.ring(8).unwrap();
+    let mut rb = b.ring_with_depth(8).unwrap();
     let write = |local, seg| {
         op::Write::new(
             LocalAddr::new(local, 0),
@@ -104,14 +98,16 @@ fn a_client_names_only_its_own_regions_and_segments() {
     };
     // B names A's region, then a segment only A opened, then the local
     // segment (every client's memory).
-    rb.push(write(a_mem.id(), seg)).unwrap();
-    rb.submit();
+    rb.submission().push(write(a_mem.id(), seg)).unwrap();
+    rb.submit().unwrap();
     assert_eq!(one(&mut rb).result(), Err(ErrorKind::AddressNotRegistered));
-    rb.push(write(b_mem.id(), seg)).unwrap();
-    rb.submit();
+    rb.submission().push(write(b_mem.id(), seg)).unwrap();
+    rb.submit().unwrap();
     assert_eq!(one(&mut rb).result(), Err(ErrorKind::SegmentNotFound));
-    rb.push(write(b_mem.id(), SegmentId::LOCAL)).unwrap();
-    rb.submit();
+    rb.submission()
+        .push(write(b_mem.id(), SegmentId::LOCAL))
+        .unwrap();
+    rb.submit().unwrap();
     assert_eq!(one(&mut rb).result(), Err(ErrorKind::SegmentNotFound));
     // The daemon's own segment cannot be opened by name either.
     let own = d.engine().segment_name();
@@ -126,15 +122,18 @@ fn a_client_names_only_its_own_regions_and_segments() {
     );
     // Once B opens the segment itself, its own region goes.
     let seg_b = b.open_segment(&target.segment_name()).unwrap();
-    rb.push(write(b_mem.id(), seg_b)).unwrap();
-    rb.submit();
+    rb.submission().push(write(b_mem.id(), seg_b)).unwrap();
+    rb.submit().unwrap();
     assert_eq!(one(&mut rb).result(), Ok(64));
     // Bad requests at set-up are typed refusals.
     assert_eq!(
         a.allocate_memory(0).unwrap_err().kind(),
         ErrorKind::InvalidArgument
     );
-    assert_eq!(a.ring(3).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        a.ring_with_depth(3).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
 }
 
 #[test]
@@ -162,10 +161,10 @@ fn a_client_of_another_layout_version_is_refused_naming_both() {
 fn what_a_departed_client_held_is_released() {
     let d = daemon("release");
     let before = d.engine().segment_regions(SegmentId::LOCAL).unwrap().len();
-    let c = Client::attach(d.socket_path()).unwrap();
+    let c = Engine::attach(d.socket_path()).unwrap();
     let _m1 = c.allocate_memory(4096).unwrap();
     let _m2 = c.allocate_memory(8192).unwrap();
-    let _ring = c.ring(8).unwrap();
+    let _ring = c.ring_with_depth(8).unwrap();
     assert_eq!(
         d.engine().segment_regions(SegmentId::LOCAL).unwrap().len(),
         before + 2
@@ -189,18 +188,18 @@ fn daemon_child_client() {
         return;
     };
     let (sock, target) = spec.split_once('|').expect("socket|segment");
-    let c = Client::attach(sock).unwrap();
+    let c = Engine::attach(sock).unwrap();
     let mem = c.allocate_memory(1 << 20).unwrap();
     let seg = c.open_segment(target).unwrap();
     let remote: u64 = std::env::var("TENT_DAEMON_CHILD_DST")
         .unwrap()
         .parse()
         .unwrap();
-    let mut ring = c.ring(64).unwrap();
+    let mut ring = c.ring_with_depth(64).unwrap();
     let mut said = false;
     loop {
         for _ in 0..16 {
-            let _ = ring.push(
+            let _ = ring.submission().push(
                 op::Write::new(
                     LocalAddr::new(mem.id(), 0),
                     RemoteAddr::new(seg, remote),
@@ -209,13 +208,13 @@ fn daemon_child_client() {
                 .build(),
             );
         }
-        ring.submit();
+        ring.submit().unwrap();
         let mut n = 0;
         while n < 16 {
-            if ring.completion().is_some() {
+            if ring.completion().next().is_some() {
                 n += 1;
             } else {
-                ring.wait(Duration::from_millis(100));
+                let _ = ring.wait_ready(Duration::from_millis(100));
             }
         }
         if !said {
@@ -256,25 +255,26 @@ fn a_client_killed_under_load_is_cleaned_up_and_others_see_no_error() {
         "the child never moved data"
     );
     // Another client, working while the first dies.
-    let c = Client::attach(d.socket_path()).unwrap();
+    let c = Engine::attach(d.socket_path()).unwrap();
     let mem = c.allocate_memory(4096).unwrap();
     let seg = c.open_segment(&target.segment_name()).unwrap();
-    let mut ring = c.ring(8).unwrap();
+    let mut ring = c.ring_with_depth(8).unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
     let start = Instant::now();
     let mut moved = 0;
     loop {
-        ring.push(
-            op::Write::new(
-                LocalAddr::new(mem.id(), 0),
-                RemoteAddr::new(seg, dst.addr() + (1 << 20)),
-                4096,
+        ring.submission()
+            .push(
+                op::Write::new(
+                    LocalAddr::new(mem.id(), 0),
+                    RemoteAddr::new(seg, dst.addr() + (1 << 20)),
+                    4096,
+                )
+                .build(),
             )
-            .build(),
-        )
-        .unwrap();
-        ring.submit();
+            .unwrap();
+        ring.submit().unwrap();
         assert_eq!(one(&mut ring).result(), Ok(4096), "the survivor's op");
         moved += 1;
         // The survivor's region is the only one left.
@@ -307,7 +307,7 @@ fn quotas_refuse_typed_and_a_client_past_the_count_is_turned_away() {
         limits,
     )
     .unwrap();
-    let c = Client::attach(d.socket_path()).unwrap();
+    let c = Engine::attach(d.socket_path()).unwrap();
     let _a = c.allocate_memory(512 << 10).unwrap();
     let e = c.allocate_memory(768 << 10).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::OutOfMemory);
@@ -318,26 +318,30 @@ fn quotas_refuse_typed_and_a_client_past_the_count_is_turned_away() {
         ErrorKind::OutOfMemory,
         "a third region"
     );
-    let mut r = c.ring(16).unwrap();
-    assert_eq!(c.ring(8).unwrap_err().kind(), ErrorKind::OutOfMemory);
+    let mut r = c.ring_with_depth(16).unwrap();
+    assert_eq!(
+        c.ring_with_depth(8).unwrap_err().kind(),
+        ErrorKind::OutOfMemory
+    );
     // Past its share of ops in flight (2) a client's ring waits, and
     // every op still completes.
     let target = Engine::new(test_config()).unwrap();
     let dst = target.allocate_memory(4096).unwrap();
     let seg = c.open_segment(&target.segment_name()).unwrap();
     for i in 0..16 {
-        r.push(
-            op::Write::new(
-                LocalAddr::new(_b.id(), 0),
-                RemoteAddr::new(seg, dst.addr()),
-                64,
+        r.submission()
+            .push(
+                op::Write::new(
+                    LocalAddr::new(_b.id(), 0),
+                    RemoteAddr::new(seg, dst.addr()),
+                    64,
+                )
+                .user_data(i)
+                .build(),
             )
-            .user_data(i)
-            .build(),
-        )
-        .unwrap();
+            .unwrap();
     }
-    r.submit();
+    r.submit().unwrap();
     let mut seen = Vec::new();
     while seen.len() < 16 {
         let c = one(&mut r);
@@ -346,13 +350,13 @@ fn quotas_refuse_typed_and_a_client_past_the_count_is_turned_away() {
     }
     seen.sort_unstable();
     assert_eq!(seen, (0..16).collect::<Vec<u64>>());
-    let second = Client::attach(d.socket_path()).unwrap_err();
+    let second = Engine::attach(d.socket_path()).unwrap_err();
     assert_eq!(second.kind(), ErrorKind::OutOfMemory, "{second}");
     // Once the first goes, there is room again.
     drop(c);
     let start = Instant::now();
     loop {
-        match Client::attach(d.socket_path()) {
+        match Engine::attach(d.socket_path()) {
             Ok(_) => break,
             Err(e) => {
                 assert_eq!(e.kind(), ErrorKind::OutOfMemory);
@@ -423,8 +427,8 @@ fn freed_memory_and_closed_rings_come_off_the_quota() {
         Daemon::start_with(Engine::new(test_config()).unwrap(), &socket("free"), limits).unwrap();
     let target = Engine::new(test_config()).unwrap();
     let dst = target.allocate_memory(4096).unwrap();
-    let c = Client::attach(d.socket_path()).unwrap();
-    let other = Client::attach(d.socket_path()).unwrap();
+    let c = Engine::attach(d.socket_path()).unwrap();
+    let other = Engine::attach(d.socket_path()).unwrap();
     let seg = c.open_segment(&target.segment_name()).unwrap();
     let m = c.allocate_memory(64 << 10).unwrap();
     let freed = m.id();
@@ -435,15 +439,18 @@ fn freed_memory_and_closed_rings_come_off_the_quota() {
     // Another client cannot free it.
     let theirs = other.allocate_memory(4096).unwrap();
     assert_eq!(
-        c.free_memory(theirs).unwrap_err().kind(),
+        c.unregister_memory(theirs.id()).unwrap_err().kind(),
         ErrorKind::AddressNotRegistered
     );
-    c.free_memory(m).unwrap();
+    c.unregister_memory(m.id()).unwrap();
     let m2 = c.allocate_memory(64 << 10).unwrap();
-    let r = c.ring(8).unwrap();
-    assert_eq!(c.ring(8).unwrap_err().kind(), ErrorKind::OutOfMemory);
-    c.close_ring(r).unwrap();
-    let mut r = c.ring(8).unwrap();
+    let r = c.ring_with_depth(8).unwrap();
+    assert_eq!(
+        c.ring_with_depth(8).unwrap_err().kind(),
+        ErrorKind::OutOfMemory
+    );
+    drop(r);
+    let mut r = c.ring_with_depth(8).unwrap();
     // The freed region is named no more; the new one is.
     let write = |region| {
         op::Write::new(
@@ -453,10 +460,10 @@ fn freed_memory_and_closed_rings_come_off_the_quota() {
         )
         .build()
     };
-    r.push(write(freed)).unwrap();
-    r.submit();
+    r.submission().push(write(freed)).unwrap();
+    r.submit().unwrap();
     assert_eq!(one(&mut r).result(), Err(ErrorKind::AddressNotRegistered));
-    r.push(write(m2.id())).unwrap();
-    r.submit();
+    r.submission().push(write(m2.id())).unwrap();
+    r.submit().unwrap();
     assert_eq!(one(&mut r).result(), Ok(64));
 }

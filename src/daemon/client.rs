@@ -2,64 +2,272 @@
 //! rings from it, and post into those rings in place. After set-up the
 //! socket is idle: a push is a store into shared memory, a submit one
 //! Release store (and a futex wake only while the worker sleeps).
+//!
+//! [`Attached`] is what an [`Engine`](crate::Engine) is when it attached
+//! to a daemon: the handle forwards to it what an embedded engine would
+//! do itself.
 
 use std::fs::File;
-use std::io::Write;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tent_rings::region::{Region, RegionType};
-use tent_rings::spsc::{self, Consumer, Producer};
+use tent_rings::spsc;
 use tent_rings::{Cqe, RegionId, SegmentId, Sqe};
 
 use super::wire::{self, LAYOUT_VERSION, Part, Reply, Request};
-use crate::doorbell::SharedWord;
+use crate::config::Config;
+use crate::doorbell::{CqBell, SharedWord};
 use crate::engine::attached::{BELLS_LEN, CQ_BELL, SQ_BELL};
+use crate::engine::{Buffer, Ring};
 use crate::error::{Error, ErrorKind, Result};
 use crate::memfd::{Mapping, recv_frame, size_and_seals};
 
 /// How long a set-up exchange with the daemon may take.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A process attached to a daemon (`tentd`).
-#[derive(Debug)]
-pub struct Client {
-    stream: Mutex<UnixStream>,
+/// The configuration keys that apply to an attached engine: every other
+/// one is the daemon's to set.
+const CLIENT_KEYS: &[&str] = &[
+    "daemon_socket",
+    "daemon_embed_fallback",
+    "ring_depth",
+    "log_level",
+];
+
+/// This process attached to a daemon (`tentd`): an [`Engine`](crate::Engine)
+/// whose engine runs in the daemon.
+pub(crate) struct Attached {
+    link: Arc<Link>,
     id: u32,
+    config: Arc<Config>,
+    /// The regions this client holds: (address here, length, id), for
+    /// `local_addr`.
+    memory: Mutex<Vec<(u64, u64, RegionId)>>,
+    /// Watches the socket: the daemon gone, it says so to every ring.
+    watch: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Attached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("attached", &self.id)
+            .field("gone", &self.link.gone())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The socket to the daemon, and what its going reaches.
+struct Link {
+    stream: Mutex<UnixStream>,
+    /// Set once the daemon closed the socket (it exited or was killed):
+    /// nothing more will be served.
+    gone: AtomicBool,
+    /// The completion bells of the rings made here, rung when the daemon
+    /// goes so a thread asleep on one wakes and sees it.
+    bells: Mutex<Vec<std::sync::Weak<CqBell>>>,
+    /// Written to stop the watcher.
+    stop: OwnedFd,
+}
+
+impl Link {
+    fn gone(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
+    }
+
+    /// One exchange: the request, then the reply and the descriptor it
+    /// carried.
+    fn ask(&self, req: &Request) -> Result<(Reply, Option<OwnedFd>)> {
+        let s = self.stream.lock();
+        self.send(&s, req)?;
+        read_reply(&s)
+    }
+
+    /// Send `req` whole, never raising SIGPIPE in the host process (a C or
+    /// Python application keeps its default handler, which would end it).
+    fn send(&self, s: &UnixStream, req: &Request) -> Result<()> {
+        if self.gone() {
+            return Err(gone_error());
+        }
+        let bytes = req.encode();
+        let mut at = 0;
+        while at < bytes.len() {
+            match rustix::net::send(s, &bytes[at..], rustix::net::SendFlags::NOSIGNAL) {
+                Ok(n) => at += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(io("send a request")(e.into())),
+            }
+        }
+        Ok(())
+    }
+
+    /// The daemon closed the socket: mark it and wake every ring's sleeper.
+    fn lost(&self) {
+        self.gone.store(true, Ordering::Release);
+        for bell in self
+            .bells
+            .lock()
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+        {
+            bell.ring();
+        }
+        tracing::warn!("tentd: the daemon this engine is attached to has gone");
+    }
+}
+
+fn gone_error() -> Error {
+    Error::new(
+        ErrorKind::Shutdown,
+        "the daemon (tentd) this engine is attached to has gone",
+    )
+}
+
+/// Sleep until the daemon closes `link`'s socket or `stop` is written.
+fn watch(link: &Link) {
+    let stream = link.stream.lock().try_clone();
+    let Ok(stream) = stream else { return };
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: stream.as_raw_fd(),
+                events: libc::POLLRDHUP,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: link.stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a live array of two pollfds, as its length says.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
+        if fds[0].revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+            link.lost();
+            return;
+        }
+    }
+}
+
+/// What an attached ring needs of its daemon: the SQ bell to ring while the
+/// worker sleeps, and whether the daemon is still there.
+pub(crate) struct DaemonRing {
+    link: Arc<Link>,
+    id: u32,
+    worker: usize,
+    sq_bell: SharedWord,
+}
+
+impl DaemonRing {
+    /// Wake the daemon's worker (it asked, with NEED_WAKEUP): its relay
+    /// sees the bell move.
+    #[inline]
+    pub(crate) fn wake(&self) {
+        self.sq_bell.ring();
+    }
+
+    /// The daemon went.
+    #[inline]
+    pub(crate) fn gone(&self) -> bool {
+        self.link.gone()
+    }
+
+    /// The daemon's worker serving the ring.
+    pub(crate) fn worker(&self) -> usize {
+        self.worker
+    }
+}
+
+impl Drop for DaemonRing {
+    /// The ring is dropped: the daemon retires it (its worker drains what
+    /// it took) and it no longer counts against this client's quota.
+    fn drop(&mut self) {
+        if let Err(e) = self.link.ask(&Request::CloseRing { ring: self.id })
+            && !self.link.gone()
+        {
+            tracing::warn!(error = %e, ring = self.id, "tentd: closing a ring");
+        }
+    }
 }
 
 /// Memory the daemon allocated for this client: one memfd both map, so
 /// what this process writes there is what the daemon's transports read
-/// (zero copy). Named in SQEs by [`ClientMemory::id`].
+/// (zero copy).
 #[derive(Debug)]
-pub struct ClientMemory {
+pub(crate) struct ClientMemory {
     id: RegionId,
     len: u64,
     offset: usize,
     map: Mapping,
 }
 
-/// A ring in shared memory: the daemon's workers take its SQEs and post
-/// its CQEs with no system call on either side.
-pub struct AttachedRing {
-    /// Its id at the daemon (`Client::close_ring`).
-    id: u32,
-    sq: Producer<Sqe>,
-    cq: Consumer<Cqe>,
-    sq_bell: SharedWord,
-    cq_bell: SharedWord,
-}
+impl ClientMemory {
+    pub(crate) fn id(&self) -> RegionId {
+        self.id
+    }
 
-impl std::fmt::Debug for AttachedRing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AttachedRing")
-            .field("depth", &self.sq.capacity())
-            .finish_non_exhaustive()
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Its first byte, here.
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        // `offset` is inside the mapping: `allocate_memory` mapped
+        // `offset + len` bytes.
+        self.map.ptr().wrapping_add(self.offset)
+    }
+
+    /// `[offset, offset + n)` inside it: its first byte here.
+    fn range(&self, offset: u64, n: usize) -> Result<*mut u8> {
+        let fits = offset
+            .checked_add(n as u64)
+            .is_some_and(|end| end <= self.len);
+        if !fits {
+            return Err(Error::new(
+                ErrorKind::OutOfBounds,
+                format!(
+                    "{n} bytes at {offset} outside region {} of {} bytes",
+                    self.id.0, self.len
+                ),
+            ));
+        }
+        Ok(self.ptr().wrapping_add(offset as usize))
+    }
+
+    /// Copy `data` in at `offset` (byte-wise relaxed atomic stores: the
+    /// daemon's transports and peers may touch the same memory).
+    pub(crate) fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let p = self.range(offset, data.len())?;
+        for (i, b) in data.iter().enumerate() {
+            // SAFETY: in bounds (checked by `range`); the mapping lives as long as `self`; AtomicU8 has the layout of u8.
+            unsafe { (*(p.add(i) as *const AtomicU8)).store(*b, Ordering::Relaxed) };
+        }
+        Ok(())
+    }
+
+    /// Copy `out.len()` bytes out from `offset`.
+    pub(crate) fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let p = self.range(offset, out.len())?;
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: as in `write`.
+            *b = unsafe { (*(p.add(i) as *const AtomicU8)).load(Ordering::Relaxed) };
+        }
+        Ok(())
     }
 }
 
@@ -67,13 +275,33 @@ fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |e| Error::new(ErrorKind::Unreachable, format!("tentd: {what}")).with_source(e)
 }
 
-impl Client {
-    /// Attach to the daemon listening at `socket`. The daemon checks the
-    /// layout version both sides speak and refuses a mismatch naming both
-    /// (`InvalidArgument`), and serves only processes of its own user
-    /// (`AccessDenied`).
-    pub fn attach(socket: impl AsRef<Path>) -> Result<Client> {
-        let socket = socket.as_ref();
+/// What an attached engine refuses: a call its daemon does not serve to
+/// clients (yet), named.
+fn not_served(call: &str) -> Error {
+    Error::invalid(format!(
+        "{call} is not served to an engine attached to tentd (daemon_socket); embed an engine for it"
+    ))
+}
+
+impl Attached {
+    /// Attach to the daemon listening at `socket`, for an engine
+    /// configured by `config` (only the keys that apply to a client may be
+    /// set). The daemon checks the layout version both sides speak and
+    /// refuses a mismatch naming both (`InvalidArgument`), and serves only
+    /// processes of its own user (`AccessDenied`).
+    pub(crate) fn attach(socket: &Path, config: Config) -> Result<Attached> {
+        let set: Vec<&str> = Config::default()
+            .changed_keys(&config)
+            .into_iter()
+            .filter(|k| !CLIENT_KEYS.contains(k))
+            .collect();
+        if let Some(first) = set.first() {
+            return Err(Error::invalid(format!(
+                "{first} is the daemon's to set, not an attached engine's (set: {}; a client may set {})",
+                set.join(", "),
+                CLIENT_KEYS.join(", ")
+            )));
+        }
         let stream = UnixStream::connect(socket).map_err(|e| {
             Error::new(
                 ErrorKind::Unreachable,
@@ -96,41 +324,49 @@ impl Client {
             }
             Err(e) => return Err(io("SO_PEERCRED")(e)),
         }
-        let c = Client {
+        let stop = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .map_err(|e| {
+            Error::new(ErrorKind::OutOfMemory, "an eventfd").with_source(std::io::Error::from(e))
+        })?;
+        let link = Arc::new(Link {
             stream: Mutex::new(stream),
-            id: 0,
-        };
-        match c.ask(&Request::Hello {
+            gone: AtomicBool::new(false),
+            bells: Mutex::new(Vec::new()),
+            stop,
+        });
+        let id = match link.ask(&Request::Hello {
             version: LAYOUT_VERSION,
         })? {
-            (Reply::Welcome { version, client }, _) if version == LAYOUT_VERSION => {
-                Ok(Client { id: client, ..c })
+            (Reply::Welcome { version, client }, _) if version == LAYOUT_VERSION => client,
+            (Reply::Welcome { version, .. }, _) => {
+                return Err(Error::invalid(format!(
+                    "layout version mismatch: client {LAYOUT_VERSION}, tentd {version}"
+                )));
             }
-            (Reply::Welcome { version, .. }, _) => Err(Error::invalid(format!(
-                "layout version mismatch: client {LAYOUT_VERSION}, tentd {version}"
-            ))),
-            (other, _) => Err(unexpected(&other)),
-        }
-    }
-
-    /// Its id at the daemon.
-    pub fn id(&self) -> u32 {
-        self.id
-    }
-
-    /// One exchange: the request, then the reply and the descriptor it
-    /// carried.
-    fn ask(&self, req: &Request) -> Result<(Reply, Option<OwnedFd>)> {
-        let s = self.stream.lock();
-        (&*s)
-            .write_all(&req.encode())
-            .map_err(io("send a request"))?;
-        read_reply(&s)
+            (other, _) => return Err(unexpected(&other)),
+        };
+        let watched = link.clone();
+        let watch = std::thread::Builder::new()
+            .name("tent-attached".into())
+            .spawn(move || watch(&watched))
+            .map_err(|e| {
+                Error::new(ErrorKind::OutOfMemory, "the daemon watch thread").with_source(e)
+            })?;
+        Ok(Attached {
+            link,
+            id,
+            config: Arc::new(config),
+            memory: Mutex::new(Vec::new()),
+            watch: Some(watch),
+        })
     }
 
     /// `len` bytes of memory registered at the daemon for this client.
-    pub fn allocate_memory(&self, len: u64) -> Result<ClientMemory> {
-        let (reply, fd) = self.ask(&Request::Allocate { len })?;
+    pub(crate) fn allocate_memory(&self, len: u64) -> Result<Buffer> {
+        let (reply, fd) = self.link.ask(&Request::Allocate { len })?;
         let Reply::Allocated {
             region,
             len: got,
@@ -159,50 +395,76 @@ impl Client {
             true,
         )
         .map_err(io("map the memfd"))?;
-        Ok(ClientMemory {
+        let mem = ClientMemory {
             id: RegionId(region),
             len,
             offset: data_offset as usize,
             map,
-        })
+        };
+        self.memory.lock().push((mem.ptr() as u64, len, mem.id));
+        Ok(Buffer::client(mem))
+    }
+
+    /// Memory of this process's heap: refused, the daemon cannot reach it.
+    pub(crate) fn register_memory(&self, _ptr: *mut u8, _len: u64) -> Result<Buffer> {
+        Err(heap_refused())
+    }
+
+    pub(crate) fn register_memory_batch(&self, _ranges: &[(*mut u8, u64)]) -> Result<Vec<Buffer>> {
+        Err(heap_refused())
+    }
+
+    /// The region of this client's holding `[addr, addr + len)`.
+    pub(crate) fn local_addr(&self, addr: u64, len: u64) -> Result<tent_rings::LocalAddr> {
+        let end = addr
+            .checked_add(len)
+            .ok_or_else(|| Error::invalid("local_addr: the range wraps"))?;
+        self.memory
+            .lock()
+            .iter()
+            .find(|&&(start, n, _)| addr >= start && end <= start + n)
+            .map(|&(start, _, id)| tent_rings::LocalAddr::new(id, addr - start))
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::AddressNotRegistered,
+                    format!("{len} bytes at {addr:#x} are in no region of this client"),
+                )
+            })
+    }
+
+    /// Give region `id` back: the daemon unregisters it once the ops on it
+    /// have ended, and it no longer counts against this client's quota.
+    pub(crate) fn unregister_memory(&self, id: RegionId) -> Result<()> {
+        match self.link.ask(&Request::FreeMemory { region: id.0 })? {
+            (Reply::Done, _) => {
+                self.memory.lock().retain(|&(_, _, r)| r != id);
+                Ok(())
+            }
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    pub(crate) fn unregister_memory_batch(&self, ids: &[RegionId]) -> Result<()> {
+        ids.iter().try_for_each(|&id| self.unregister_memory(id))
     }
 
     /// Open segment `name` (a peer's `ip:port` or shm name) at the daemon
     /// for this client: its rings may then name it.
-    pub fn open_segment(&self, name: &str) -> Result<SegmentId> {
-        match self.ask(&Request::OpenSegment { name: name.into() })? {
+    pub(crate) fn open_segment(&self, name: &str) -> Result<SegmentId> {
+        match self.link.ask(&Request::OpenSegment { name: name.into() })? {
             (Reply::Opened { segment }, _) => Ok(SegmentId(segment)),
             (other, _) => Err(unexpected(&other)),
         }
     }
 
-    /// Give `mem` back: the daemon unregisters it once the ops on it have
-    /// ended (as `Engine::unregister_memory` does), and it no longer
-    /// counts against this client's quota.
-    pub fn free_memory(&self, mem: ClientMemory) -> Result<()> {
-        match self.ask(&Request::FreeMemory { region: mem.id.0 })? {
-            (Reply::Done, _) => Ok(()),
-            (other, _) => Err(unexpected(&other)),
-        }
-    }
-
-    /// Retire `ring`: the daemon's worker drains what it took from it and
-    /// drops it, and it no longer counts against this client's quota.
-    pub fn close_ring(&self, ring: AttachedRing) -> Result<()> {
-        let id = ring.id;
-        drop(ring);
-        match self.ask(&Request::CloseRing { ring: id })? {
-            (Reply::Done, _) => Ok(()),
-            (other, _) => Err(unexpected(&other)),
-        }
+    pub(crate) fn ring(&self) -> Result<Ring> {
+        self.ring_with_depth(self.config.ring_depth)
     }
 
     /// A ring of `depth` entries (a power of two) in shared memory.
-    pub fn ring(&self, depth: u32) -> Result<AttachedRing> {
-        let s = self.stream.lock();
-        (&*s)
-            .write_all(&Request::CreateRing { depth }.encode())
-            .map_err(io("send a request"))?;
+    pub(crate) fn ring_with_depth(&self, depth: u32) -> Result<Ring> {
+        let s = self.link.stream.lock();
+        self.link.send(&s, &Request::CreateRing { depth })?;
         let mut parts: Vec<Arc<Region>> = Vec::with_capacity(3);
         let mut id = None;
         for want in [Part::Sq, Part::Cq, Part::Bells] {
@@ -232,6 +494,8 @@ impl Client {
                 .map_err(|e| Error::new(ErrorKind::Unreachable, format!("tentd's ring: {e}")))?;
             parts.push(Arc::new(region));
         }
+        drop(s);
+        let id = id.expect("three parts");
         let bad =
             |e: spsc::RingError| Error::new(ErrorKind::Unreachable, "tentd's ring").with_source(e);
         let bells = parts.pop().expect("three parts");
@@ -244,13 +508,297 @@ impl Client {
         let cq = spsc::consumer_in_region::<Cqe>(parts.pop().expect("three parts")).map_err(bad)?;
         let sq = spsc::producer_in_region::<Sqe>(parts.pop().expect("three parts")).map_err(bad)?;
         let word = |at| SharedWord::new(bells.clone(), at).expect("inside the bells' page");
-        Ok(AttachedRing {
-            id: id.expect("three parts"),
-            sq,
-            cq,
+        let bell = Arc::new(CqBell {
+            armed: AtomicBool::new(true),
+            shared: Some(word(CQ_BELL)),
+            ..CqBell::default()
+        });
+        {
+            let mut bells = self.link.bells.lock();
+            bells.retain(|b| b.strong_count() > 0);
+            bells.push(Arc::downgrade(&bell));
+        }
+        let daemon = DaemonRing {
+            link: self.link.clone(),
+            id,
+            worker: 0,
             sq_bell: word(SQ_BELL),
-            cq_bell: word(CQ_BELL),
-        })
+        };
+        Ok(Ring::attached(sq, cq, daemon, bell))
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub(crate) fn live_config(&self) -> Arc<Config> {
+        self.config.clone()
+    }
+}
+
+/// The calls a daemon does not serve to clients yet: each refused,
+/// named; and the reports, which are the daemon's (its HTTP endpoint):
+/// an attached engine reports only what it holds itself.
+impl Attached {
+    pub(crate) fn submit_blocks(
+        &self,
+        _batch: crate::BatchId,
+        _blocks: &crate::BlockList<'_>,
+    ) -> Result<usize> {
+        Err(not_served("submit_blocks"))
+    }
+
+    pub(crate) fn send_notification(
+        &self,
+        _segment: SegmentId,
+        _n: &crate::Notification,
+    ) -> Result<()> {
+        Err(not_served("send_notification"))
+    }
+
+    pub(crate) fn submit_with_notification(
+        &self,
+        _batch: crate::BatchId,
+        _requests: &[Sqe],
+        _n: &crate::Notification,
+    ) -> Result<()> {
+        Err(not_served("submit_with_notification"))
+    }
+
+    /// None arrive: the daemon does not relay notifications to clients.
+    pub(crate) fn recv_notifications(&self) -> Vec<crate::Received> {
+        Vec::new()
+    }
+
+    pub(crate) fn try_notification(&self) -> Option<crate::Received> {
+        None
+    }
+
+    pub(crate) fn wait_notification(&self, _timeout: Duration) -> Result<crate::Received> {
+        Err(not_served("wait_notification"))
+    }
+
+    pub(crate) fn reload(&self, _config: Config) -> Result<u64> {
+        Err(not_served(
+            "reload (reload the daemon's configuration instead)",
+        ))
+    }
+
+    pub(crate) fn config_generation(&self) -> u64 {
+        0
+    }
+
+    pub(crate) fn rails(&self, _id: SegmentId) -> Vec<crate::stats::RailStat> {
+        Vec::new()
+    }
+
+    pub(crate) fn probe_peer_alive(&self, _segment: SegmentId, _timeout: Duration) -> Result<bool> {
+        Err(not_served("probe_peer_alive"))
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn open_segment_edited(
+        &self,
+        _name: &str,
+        _edit: impl FnOnce(&mut crate::control::SegmentDescriptor),
+    ) -> Result<SegmentId> {
+        Err(not_served("open_segment_edited"))
+    }
+
+    pub(crate) fn close_segment(&self, _id: SegmentId) -> Result<()> {
+        Err(not_served(
+            "close_segment (the daemon closes a client's segments when it detaches)",
+        ))
+    }
+
+    pub(crate) fn segment_regions(&self, _id: SegmentId) -> Result<Vec<crate::RemoteRegion>> {
+        Err(not_served("segment_regions"))
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn segment_peer(
+        &self,
+        _id: SegmentId,
+    ) -> Option<Arc<crate::transport::shm::ShmPeer>> {
+        None
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn shm_export(&self) -> Option<&crate::transport::shm::ShmExport> {
+        None
+    }
+
+    /// No segment of its own: its memory is in the daemon's.
+    pub(crate) fn local_segment_name(&self) -> Option<&str> {
+        None
+    }
+
+    pub(crate) fn tcp_data_addr(&self) -> Option<std::net::SocketAddr> {
+        None
+    }
+
+    /// No segment of its own (peers reach a client's memory through the
+    /// daemon's): empty.
+    pub(crate) fn segment_name(&self) -> String {
+        String::new()
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn swap_transport(
+        &self,
+        _kind: tent_rings::TransportKind,
+        _t: Option<Arc<dyn crate::transport::Transport>>,
+    ) -> Option<Arc<dyn crate::transport::Transport>> {
+        None
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn metrics(&self) -> &crate::metrics::Metrics {
+        static NONE: std::sync::OnceLock<crate::metrics::Metrics> = std::sync::OnceLock::new();
+        NONE.get_or_init(crate::metrics::Metrics::default)
+    }
+
+    pub(crate) fn all_rails(&self) -> Vec<(String, crate::stats::RailStat)> {
+        Vec::new()
+    }
+
+    pub(crate) fn sq_rows(&self) -> Vec<crate::stats::SqRow> {
+        Vec::new()
+    }
+
+    /// Nothing of its own to report: the figures are the daemon's.
+    pub(crate) fn metrics_text(&self) -> String {
+        String::new()
+    }
+
+    pub(crate) fn qos_stats(&self) -> crate::stats::QosSnapshot {
+        crate::stats::QosSnapshot::default()
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn slot_clock(&self) -> Option<&Arc<crate::qos::SlotClock>> {
+        None
+    }
+
+    /// This host's NUMA nodes; no NIC, worker or transport: those are the
+    /// daemon's.
+    pub(crate) fn topology_report(&self) -> crate::engine::TopologyReport {
+        crate::engine::topology_report::TopologyReport::host_only(
+            &crate::topology::Topology::detect(),
+        )
+    }
+
+    pub(crate) fn planned_rails(
+        &self,
+        _segment: &str,
+        _timeout: Duration,
+    ) -> Result<crate::engine::topology_report::RailsTo> {
+        Err(not_served("planned_rails"))
+    }
+
+    pub(crate) fn http_url(&self) -> Option<&str> {
+        None
+    }
+
+    pub(crate) fn http_bearer_token(&self) -> Option<String> {
+        None
+    }
+
+    /// None in this process.
+    pub(crate) fn transports(&self) -> Vec<tent_rings::TransportKind> {
+        Vec::new()
+    }
+
+    pub(crate) fn credits_in_flight(&self) -> u32 {
+        0
+    }
+
+    pub(crate) fn worker_cores(&self) -> Vec<Option<usize>> {
+        Vec::new()
+    }
+
+    /// Counted by the daemon's workers, not here.
+    pub(crate) fn completed(&self) -> (u64, u64) {
+        (0, 0)
+    }
+
+    /// Never: an attached engine issues nothing inline.
+    pub(crate) fn completed_inline(&self) -> u64 {
+        0
+    }
+
+    pub(crate) fn traffic_stats(&self) -> crate::stats::TrafficStats {
+        crate::stats::TrafficStats::default()
+    }
+
+    pub(crate) fn allocate_batch(&self, _capacity: usize) -> Result<crate::BatchId> {
+        Err(not_served("the batch API (allocate_batch); use a ring"))
+    }
+
+    pub(crate) fn submit(&self, _batch: crate::BatchId, _requests: &[Sqe]) -> Result<()> {
+        Err(not_served("the batch API (submit); use a ring"))
+    }
+
+    pub(crate) fn status(&self, _batch: crate::BatchId, _task: usize) -> Result<crate::TaskStatus> {
+        Err(not_served("the batch API (status)"))
+    }
+
+    pub(crate) fn status_list(&self, _batch: crate::BatchId) -> Result<Vec<crate::TaskStatus>> {
+        Err(not_served("the batch API (status_list)"))
+    }
+
+    pub(crate) fn batch_status(&self, _batch: crate::BatchId) -> Result<crate::TaskStatus> {
+        Err(not_served("the batch API (batch_status)"))
+    }
+
+    pub(crate) fn cancel(&self, _batch: crate::BatchId) -> Result<()> {
+        Err(not_served("the batch API (cancel)"))
+    }
+
+    pub(crate) fn cancel_task(&self, _batch: crate::BatchId, _task: usize) -> Result<()> {
+        Err(not_served("the batch API (cancel_task)"))
+    }
+
+    pub(crate) fn free_batch(&self, _batch: crate::BatchId) -> Result<()> {
+        Err(not_served("the batch API (free_batch)"))
+    }
+
+    pub(crate) fn wait_batch(
+        &self,
+        _batch: crate::BatchId,
+        _timeout: Duration,
+    ) -> Result<crate::TaskStatus> {
+        Err(not_served("the batch API (wait_batch)"))
+    }
+}
+
+fn heap_refused() -> Error {
+    Error::invalid(
+        "register_memory: an engine attached to tentd cannot register this process's heap (the daemon cannot reach it); allocate through the engine (allocate_memory), which is zero copy",
+    )
+}
+
+impl Drop for Attached {
+    /// Detach: the daemon releases what this client held (its rings
+    /// retired once drained, its regions unregistered once the ops on them
+    /// end); a ring or buffer that outlives the engine stays mapped, its
+    /// rings answering `Shutdown`, as an embedded engine's do.
+    fn drop(&mut self) {
+        let _ = rustix::io::write(&self.link.stop, &1u64.to_ne_bytes());
+        if let Some(t) = self.watch.take() {
+            let _ = t.join();
+        }
+        self.link.gone.store(true, Ordering::Release);
+        let _ = self.link.stream.lock().shutdown(std::net::Shutdown::Both);
+        for bell in self
+            .link
+            .bells
+            .lock()
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+        {
+            bell.ring();
+        }
     }
 }
 
@@ -276,141 +824,4 @@ fn unexpected(r: &Reply) -> Error {
         ErrorKind::Unreachable,
         format!("tentd answered out of turn: {r:?}"),
     )
-}
-
-impl ClientMemory {
-    /// Its region id (the local side of an SQE).
-    pub fn id(&self) -> RegionId {
-        self.id
-    }
-
-    /// Its length in bytes.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// Never empty (a zero-length allocation is refused).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn range(&self, offset: u64, n: usize) -> Result<*mut u8> {
-        offset
-            .checked_add(n as u64)
-            .filter(|&e| e <= self.len)
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::OutOfBounds,
-                    format!("[{offset}, +{n}) leaves a region of {} bytes", self.len),
-                )
-            })?;
-        Ok(self.map.ptr().wrapping_add(self.offset + offset as usize))
-    }
-
-    /// Copy `data` in at `offset`.
-    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        let at = self.range(offset, data.len())?;
-        // SAFETY: `range` checked the bytes lie in the mapping, which `self` keeps; the daemon's transports may touch them concurrently only for ops this process posted, as with any registered memory.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), at, data.len()) };
-        Ok(())
-    }
-
-    /// Copy out at `offset`.
-    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
-        let at = self.range(offset, out.len())?;
-        // SAFETY: as in `write`.
-        unsafe { std::ptr::copy_nonoverlapping(at, out.as_mut_ptr(), out.len()) };
-        Ok(())
-    }
-}
-
-/// Completions being read from an [`AttachedRing`]; see
-/// [`AttachedRing::completions`].
-pub struct Completions<'a> {
-    cq: &'a mut Consumer<Cqe>,
-}
-
-impl Iterator for Completions<'_> {
-    type Item = Cqe;
-    fn next(&mut self) -> Option<Cqe> {
-        self.cq.pop()
-    }
-}
-
-impl Drop for Completions<'_> {
-    fn drop(&mut self) {
-        self.cq.sync();
-    }
-}
-
-impl std::fmt::Debug for Completions<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Completions").finish_non_exhaustive()
-    }
-}
-
-impl AttachedRing {
-    /// Queue an SQE; `SqFull` when the ring has no free slot (reap
-    /// completions first).
-    pub fn push(&mut self, sqe: Sqe) -> Result<()> {
-        self.sq
-            .push(sqe)
-            .map_err(|_| Error::new(ErrorKind::SqFull, "the ring is full: reap completions"))
-    }
-
-    /// Publish what was pushed (one Release store), waking the daemon's
-    /// worker only if it sleeps.
-    pub fn submit(&mut self) {
-        self.sq.sync();
-        if self.sq.needs_wakeup() {
-            self.sq_bell.ring();
-        }
-    }
-
-    /// The next completion, if one is ready (its slot goes back at once;
-    /// [`completions`](Self::completions) hands slots back once per batch).
-    pub fn completion(&mut self) -> Option<Cqe> {
-        let c = self.cq.pop();
-        if c.is_some() {
-            self.cq.sync();
-        }
-        c
-    }
-
-    /// The completions ready now, as an iterator; their slots go back to
-    /// the daemon's worker in one store when it is dropped.
-    pub fn completions(&mut self) -> Completions<'_> {
-        Completions { cq: &mut self.cq }
-    }
-
-    /// Wait up to `timeout` for a completion: spin a little, then sleep on
-    /// the ring's CQ bell, which the worker rings only while this side
-    /// says it sleeps. True when one is ready.
-    pub fn wait(&mut self, timeout: Duration) -> bool {
-        let start = Instant::now();
-        let spin_until = start + Duration::from_micros(50).min(timeout);
-        while Instant::now() < spin_until {
-            if !self.cq.is_empty() {
-                return true;
-            }
-            std::hint::spin_loop();
-        }
-        loop {
-            let seen = self.cq_bell.word().load(Ordering::Acquire);
-            if !self.cq.prepare_park() {
-                self.cq.clear_need_wakeup();
-                return true;
-            }
-            let left = timeout.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                self.cq.clear_need_wakeup();
-                return false;
-            }
-            self.cq_bell.wait(seen, left);
-            self.cq.clear_need_wakeup();
-            if !self.cq.is_empty() {
-                return true;
-            }
-        }
-    }
 }

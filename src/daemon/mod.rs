@@ -25,7 +25,7 @@ mod client;
 mod server;
 pub(crate) mod wire;
 
-pub use client::{AttachedRing, Client, ClientMemory, Completions};
+pub(crate) use client::{Attached, ClientMemory, DaemonRing};
 pub use server::{Daemon, DaemonLimits};
 pub use wire::LAYOUT_VERSION;
 

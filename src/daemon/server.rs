@@ -19,9 +19,9 @@ use parking_lot::Mutex;
 use tent_rings::{RegionId, SegmentId};
 
 use super::wire::{self, LAYOUT_VERSION, Part, Reply, Request};
-use crate::engine::Engine;
 use crate::engine::attached::ClientRing;
 use crate::engine::client_scope::{ClientScope, MAX_CLIENT_SEGMENTS};
+use crate::engine::{Embedded, Engine};
 use crate::error::{Error, ErrorKind, Result};
 use crate::memfd::{euid, peer_uid, recv_frame};
 
@@ -74,6 +74,7 @@ pub struct Daemon {
 }
 
 struct Inner {
+    /// Embedded (`start_with` refuses an attached one).
     engine: Engine,
     limits: DaemonLimits,
     stop: AtomicBool,
@@ -94,6 +95,15 @@ impl std::fmt::Debug for Daemon {
     }
 }
 
+impl Inner {
+    /// The engine in this process that clients are served from.
+    fn core(&self) -> &Embedded {
+        self.engine
+            .embedded()
+            .expect("Daemon::start_with refuses an attached engine")
+    }
+}
+
 impl Daemon {
     /// Serve `engine` to clients attaching at `socket`, with the default
     /// [`DaemonLimits`].
@@ -106,6 +116,11 @@ impl Daemon {
     /// is replaced and anything else refused. Needs the shm transport on:
     /// clients' memory is memfds it exports.
     pub fn start_with(engine: Engine, socket: &Path, limits: DaemonLimits) -> Result<Daemon> {
+        if engine.is_attached() {
+            return Err(Error::invalid(
+                "tentd serves an engine of its own process, not one attached to another daemon",
+            ));
+        }
         if engine.local_segment_name().is_none() {
             return Err(Error::invalid(
                 "tentd needs the shm transport (transports/shm/enable): client memory is shared memory",
@@ -456,7 +471,7 @@ fn handle(
     st: &mut ClientState,
     req: Request,
 ) -> std::io::Result<()> {
-    let e = &inner.engine;
+    let e = inner.core();
     let limits = &inner.limits;
     match req {
         Request::Hello { .. } => refuse(s, &Error::invalid("already attached")),
@@ -661,7 +676,7 @@ fn release(inner: &Inner, st: ClientState) {
     let failed = st
         .regions
         .iter()
-        .filter(|&&(id, _)| inner.engine.unregister_memory(id).is_err())
+        .filter(|&&(id, _)| inner.core().unregister_memory(id).is_err())
         .count();
     if failed > 0 {
         tracing::warn!(
@@ -681,7 +696,7 @@ fn release(inner: &Inner, st: ClientState) {
             }
             last
         };
-        if last && let Err(e) = inner.engine.close_segment(seg) {
+        if last && let Err(e) = inner.core().close_segment(seg) {
             tracing::warn!(error = %e, "tentd: closing a departed client's segment");
         }
     }

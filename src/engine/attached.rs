@@ -11,7 +11,7 @@ use tent_rings::region::{HEADER_LEN, Region, RegionType};
 use tent_rings::spsc;
 use tent_rings::{Cqe, Sqe};
 
-use super::Engine;
+use super::Embedded;
 use super::client_scope::ClientScope;
 use super::worker::{WorkerRing, WorkerShared};
 use crate::doorbell::{CqBell, SharedWord};
@@ -59,7 +59,7 @@ fn region_file(
     Ok((fd, Arc::new(region)))
 }
 
-impl Engine {
+impl Embedded {
     /// A ring of `depth` entries for the daemon client `scope`, adopted
     /// by a worker.
     pub(crate) fn client_ring(&self, depth: u32, scope: Arc<ClientScope>) -> Result<ClientRing> {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tent_rings::{LocalAddr, Opcode, Priority, RemoteAddr, SegmentId, op};
 
-use super::{BatchId, Engine};
+use super::{BatchId, Embedded};
 use crate::error::{Error, Result};
 
 /// N blocks of `block_len` bytes: block `i` moves between local address
@@ -376,28 +376,8 @@ fn group<R: Copy>(
     Ok(())
 }
 
-impl Engine {
-    /// Submit a block list into `batch` as one call: one request per local
-    /// registration the blocks use (one, for blocks in one registration),
-    /// blocks contiguous on both sides merged. Returns how many tasks it
-    /// appended to the batch: their indices follow the batch's earlier
-    /// tasks, in the order their registrations first appear in the list.
-    /// All or nothing, as [`Engine::submit`]. The addresses are copied.
-    ///
-    /// A task is one request: it completes with all of its blocks; a block
-    /// the transport refuses (its remote side outside the segment's memory)
-    /// fails it; a transient fault fails it over whole (its blocks move
-    /// again on the next transport); a cancel or deadline stops it between
-    /// slices; and toward RDMA peers (`sq_executor_admission`) its
-    /// admission is held until its last slice is posted.
-    ///
-    /// # Errors
-    /// `SegmentNotFound` for a segment not open; `InvalidArgument` for a
-    /// zero block length, no blocks, address lists of different lengths,
-    /// or more requests than the batch has room for; `AddressNotRegistered` /
-    /// `OutOfBounds` for a block outside registered local memory (the
-    /// message names the block); the errors of [`Engine::submit`].
-    pub fn submit_blocks(&self, batch: BatchId, blocks: &BlockList<'_>) -> Result<usize> {
+impl Embedded {
+    pub(crate) fn submit_blocks(&self, batch: BatchId, blocks: &BlockList<'_>) -> Result<usize> {
         let b = self.batches.get(batch)?;
         let mut remote: Vec<(u64, u64)> = self
             .segment_regions(blocks.segment)?

@@ -16,7 +16,7 @@ use super::footprint;
 use super::notify::Mailbox;
 use super::segments::NETWORK;
 use super::workers::WorkerPool;
-use super::{Engine, EngineShared};
+use super::{Embedded, Engine, EngineShared};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::memory::RegionTable;
@@ -75,8 +75,45 @@ impl EngineBuilder {
     }
 
     /// Start the engine: export the local segment, install transports, start
-    /// and place workers.
-    pub fn build(self) -> Result<Engine> {
+    /// and place workers; or, with `daemon_socket` set, attach to the
+    /// daemon there (see [`Engine::attach`]), embedding an engine when
+    /// none answers only with `daemon_embed_fallback`.
+    pub fn build(mut self) -> Result<Engine> {
+        let config = match self.config.take() {
+            Some(c) => c,
+            None => Config::load()?,
+        };
+        if config.daemon_socket.is_empty() {
+            self.config = Some(config);
+            return self.build_embedded().map(Engine::embedded_handle);
+        }
+        config.validate()?;
+        if self.topology.is_some() || self.gate.is_some() || !self.extra.is_empty() {
+            return Err(Error::invalid(
+                "an engine attached to tentd (daemon_socket) takes no topology, gate or transport: they are the daemon's",
+            ));
+        }
+        let socket = std::path::PathBuf::from(&config.daemon_socket);
+        match crate::daemon::Attached::attach(&socket, config.clone()) {
+            Ok(a) => Ok(Engine::attached_handle(a)),
+            Err(e)
+                if config.daemon_embed_fallback
+                    && e.kind() == tent_rings::ErrorKind::Unreachable =>
+            {
+                tracing::info!(
+                    socket = %socket.display(),
+                    error = %e,
+                    "no tentd answers: embedding an engine (daemon_embed_fallback)"
+                );
+                self.config = Some(config);
+                self.build_embedded().map(Engine::embedded_handle)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The engine, in this process.
+    pub(crate) fn build_embedded(self) -> Result<Embedded> {
         let config = match self.config {
             // A configuration built in code is checked as a file's is
             // (`Config::load` has checked its own).
@@ -354,7 +391,7 @@ impl EngineBuilder {
             metrics_url,
             http_counters.clone(),
         ));
-        let mut engine = Engine {
+        let mut engine = Embedded {
             shared,
             workers,
             batches,
@@ -382,18 +419,6 @@ impl EngineBuilder {
             )?);
         }
         Ok(engine)
-    }
-}
-
-impl Engine {
-    /// An engine from `config`.
-    pub fn new(config: Config) -> Result<Engine> {
-        EngineBuilder::default().config(config).build()
-    }
-
-    /// A builder.
-    pub fn builder() -> EngineBuilder {
-        EngineBuilder::default()
     }
 }
 
@@ -550,7 +575,7 @@ fn start_control(
     Ok(server)
 }
 
-impl Drop for Engine {
+impl Drop for Embedded {
     /// When this returns, nothing of the engine touches memory it was
     /// given: each worker has stopped every task and waited for all its
     /// slices to come back (a transport hands one back only once nothing

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tent_rings::{ErrorKind, RegionId};
 
-use super::Engine;
+use super::Embedded;
 use crate::config::HugePages;
 use crate::error::{Error, Result};
 use crate::memory::{MemRegion, RegionTable, RegionUse, numa_node_of};
@@ -21,16 +21,8 @@ use crate::transport::tcp;
 const DRAIN_POLL: Duration = Duration::from_millis(1);
 const DRAIN_YIELDS: u32 = 64;
 
-impl Engine {
-    /// Allocate `len` bytes of registered memory, zeroed. With the shm
-    /// transport on, it is exported so peers on this host can reach it.
-    ///
-    /// The engine does not place it: an exported region's pages are
-    /// committed here (on the calling thread's node, under the default
-    /// policy), and that node is recorded for ranking rails; heap memory is
-    /// faulted in by its first use, so its node is unknown at allocation
-    /// (the rails rank from each worker's node).
-    pub fn allocate_memory(&self, len: u64) -> Result<Buffer> {
+impl Embedded {
+    pub(crate) fn allocate_memory(&self, len: u64) -> Result<Buffer> {
         self.allocate_memory_for(len, 0).map(|(b, _)| b)
     }
 
@@ -75,30 +67,24 @@ impl Engine {
         self.shared
             .regions
             .store(Arc::new(table.with(region.clone())?));
-        Ok((Buffer { region }, mem))
+        Ok((
+            Buffer {
+                mem: Memory::Region(region),
+            },
+            mem,
+        ))
     }
 
-    /// Register memory the application owns.
-    ///
-    /// # Safety
-    /// `[ptr, ptr+len)` must stay valid (allocated, not freed or unmapped)
-    /// until [`Engine::unregister_memory`] returns `Ok` for it (the engine
-    /// is then done with it) or the engine is dropped.
-    pub unsafe fn register_memory(&self, ptr: *mut u8, len: u64) -> Result<Buffer> {
+    pub(crate) unsafe fn register_memory(&self, ptr: *mut u8, len: u64) -> Result<Buffer> {
         // SAFETY: forwarded from the caller.
         let mut one = unsafe { self.register_memory_batch(&[(ptr, len)])? };
         Ok(one.pop().expect("one range, one buffer"))
     }
 
-    /// Register every range of `ranges` (pointer, length), changing the
-    /// region table once: a paged cache registered block by block pays one
-    /// table change per call rather than per block. All or nothing: a range
-    /// refused (null, zero length, wrapping, overlapping a registered
-    /// region or another range) refuses the call and registers none.
-    ///
-    /// # Safety
-    /// As [`Engine::register_memory`], for every range.
-    pub unsafe fn register_memory_batch(&self, ranges: &[(*mut u8, u64)]) -> Result<Vec<Buffer>> {
+    pub(crate) unsafe fn register_memory_batch(
+        &self,
+        ranges: &[(*mut u8, u64)],
+    ) -> Result<Vec<Buffer>> {
         for &(ptr, len) in ranges {
             if len == 0 || ptr.is_null() {
                 return Err(Error::invalid(
@@ -126,22 +112,15 @@ impl Engine {
             // SAFETY: the caller keeps the memory mapped while it is registered.
             let region = Arc::new(unsafe { self.register_rdma(region, ptr, len)? });
             table.insert(region.clone())?;
-            out.push(Buffer { region });
+            out.push(Buffer {
+                mem: Memory::Region(region),
+            });
         }
         self.shared.regions.store(Arc::new(table));
         Ok(out)
     }
 
-    /// Where `[addr, addr + len)` lies in registered memory: its region
-    /// and the offset into it, for callers that hold raw addresses (TENT's
-    /// requests name their source by address; the C and Python bindings
-    /// use this).
-    ///
-    /// # Errors
-    /// `InvalidArgument` for a zero length; `AddressNotRegistered` when no
-    /// registered region holds `addr`; `OutOfBounds` when one does but the
-    /// range runs past its end (an end past `u64::MAX` included).
-    pub fn local_addr(&self, addr: u64, len: u64) -> Result<tent_rings::LocalAddr> {
+    pub(crate) fn local_addr(&self, addr: u64, len: u64) -> Result<tent_rings::LocalAddr> {
         if len == 0 {
             return Err(Error::invalid("local_addr: zero length"));
         }
@@ -173,45 +152,11 @@ impl Engine {
         Ok(region.with_rdma(reg.layout(), reg.rkeys(), reg.lkeys(), Box::new(reg)))
     }
 
-    /// Withdraw a registration, and return once the engine is done with it.
-    ///
-    /// At once: new requests naming the region fail `AddressNotRegistered`
-    /// (a worker whose cached table still has it sees it revoked), the TCP
-    /// data server refuses ops on it (`AccessDenied`; `AddressNotRegistered`
-    /// to a peer that proved the shared secret), and shm peers find its live
-    /// key zeroed (`AccessDenied`; `AddressNotRegistered` once they re-read
-    /// the descriptor). Then the call waits until every worker has
-    /// refreshed its cached region table and holds no task on the region
-    /// (tasks accepted before it finish normally) and no TCP op into or out
-    /// of it is being served. Only then is its RDMA registration dropped on
-    /// every NIC (a peer's WRITE with the old rkey fails with a remote
-    /// access error) and `Ok` returned: the engine never touches the memory
-    /// again.
-    ///
-    /// Not drained: an shm peer's copy that passed its live-key check just
-    /// before the revoke (one slice per peer worker, a memcpy long) may
-    /// still land; it lands in the region's memfd, never in other memory.
-    ///
-    /// # Errors
-    /// `AddressNotRegistered` if `id` names no region (or one already
-    /// unregistered). `Timeout` if what is in flight on it has not drained
-    /// by the bound: the latest deadline of a task holding it (or the call)
-    /// plus twice the TCP stall limit (a stalled TCP frame is cut after one
-    /// stall limit and one idle poll; slices still posted when their task's
-    /// deadline passed get as long). The region then stays withdrawn (new
-    /// requests refused, shm and TCP keys revoked) but held and registered
-    /// for RDMA, since the engine may still write it: do not free it; call
-    /// again to finish (each call waits anew).
-    pub fn unregister_memory(&self, id: RegionId) -> Result<()> {
+    pub(crate) fn unregister_memory(&self, id: RegionId) -> Result<()> {
         self.unregister_memory_batch(&[id])
     }
 
-    /// Unregister every region of `ids` as [`Engine::unregister_memory`]
-    /// does one, with one table change and one unregister epoch for all:
-    /// the workers acknowledge once. An id that names no region refuses
-    /// the call before anything is withdrawn. On `Timeout` the regions not
-    /// yet drained stay withdrawn and registered (call again for them).
-    pub fn unregister_memory_batch(&self, ids: &[RegionId]) -> Result<()> {
+    pub(crate) fn unregister_memory_batch(&self, ids: &[RegionId]) -> Result<()> {
         let regions = self.withdraw(ids)?;
         for region in &regions {
             self.drain(region)?;
@@ -376,38 +321,71 @@ impl Engine {
 /// Registered memory handed out by the engine.
 #[derive(Debug, Clone)]
 pub struct Buffer {
-    region: Arc<MemRegion>,
+    mem: Memory,
+}
+
+/// Whose memory a [`Buffer`] is.
+#[derive(Debug, Clone)]
+enum Memory {
+    /// A region of this process's engine.
+    Region(Arc<MemRegion>),
+    /// Memory the daemon allocated for this client, mapped here too.
+    Client(Arc<crate::daemon::ClientMemory>),
 }
 
 impl Buffer {
+    pub(crate) fn client(mem: crate::daemon::ClientMemory) -> Buffer {
+        Buffer {
+            mem: Memory::Client(Arc::new(mem)),
+        }
+    }
+
     /// Region id (for SQEs' local side).
     pub fn id(&self) -> RegionId {
-        self.region.id()
+        match &self.mem {
+            Memory::Region(r) => r.id(),
+            Memory::Client(c) => c.id(),
+        }
     }
 
-    /// Access key.
+    /// Access key; 0 for memory of an attached engine (the daemon holds
+    /// its keys).
     pub fn key(&self) -> u64 {
-        self.region.key()
+        match &self.mem {
+            Memory::Region(r) => r.key(),
+            Memory::Client(_) => 0,
+        }
     }
 
-    /// Address in this process (what a peer's remote offset names).
+    /// Address in this process (what a peer's remote offset names, for an
+    /// engine in this process; the daemon maps an attached engine's memory
+    /// at its own address).
     pub fn addr(&self) -> u64 {
-        self.region.addr()
+        self.as_ptr() as u64
     }
 
     /// Length.
     pub fn len(&self) -> u64 {
-        self.region.len()
+        match &self.mem {
+            Memory::Region(r) => r.len(),
+            Memory::Client(c) => c.len(),
+        }
     }
 
     /// Never true (zero-length registrations are refused).
     pub fn is_empty(&self) -> bool {
-        self.region.is_empty()
+        match &self.mem {
+            Memory::Region(r) => r.is_empty(),
+            Memory::Client(c) => c.len() == 0,
+        }
     }
 
     /// Raw pointer to the start.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.region.addr() as *mut u8
+        match &self.mem {
+            Memory::Region(r) => r.addr() as *mut u8,
+            Memory::Client(c) => c.ptr(),
+        }
     }
 
     /// Copy `data` in at `offset`, with byte-wise relaxed atomic stores.
@@ -422,9 +400,12 @@ impl Buffer {
     /// engine allocated stays readable and writable while a `Buffer` of it
     /// exists.)
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        let _use = self.using("write")?;
-        let p = self
-            .region
+        let region = match &self.mem {
+            Memory::Region(r) => r,
+            Memory::Client(c) => return c.write(offset, data),
+        };
+        let _use = using(region, "write")?;
+        let p = region
             .slice_ptr(offset, data.len() as u64)
             .map_err(|k| Error::new(k, "buffer write out of bounds"))?;
         for (i, b) in data.iter().enumerate() {
@@ -439,9 +420,12 @@ impl Buffer {
     /// there, `AddressNotRegistered` on application memory once it is
     /// unregistered).
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
-        let _use = self.using("read")?;
-        let p = self
-            .region
+        let region = match &self.mem {
+            Memory::Region(r) => r,
+            Memory::Client(c) => return c.read(offset, out),
+        };
+        let _use = using(region, "read")?;
+        let p = region
             .slice_ptr(offset, out.len() as u64)
             .map_err(|k| Error::new(k, "buffer read out of bounds"))?;
         for (i, b) in out.iter_mut().enumerate() {
@@ -450,25 +434,25 @@ impl Buffer {
         }
         Ok(())
     }
+}
 
-    /// What keeps the memory valid during a copy: nothing for memory the
-    /// engine owns (this handle keeps it); for the application's, a use
-    /// counted on the region (`unregister_memory` and the engine's drop
-    /// wait for it), refused once the region is revoked.
-    fn using(&self, what: &str) -> Result<Option<RegionUse<'_>>> {
-        if self.region.owns_memory() {
-            return Ok(None);
-        }
-        self.region.enter().map(Some).ok_or_else(|| {
-            Error::new(
-                ErrorKind::AddressNotRegistered,
-                format!(
-                    "buffer {what}: region {} was unregistered (or its engine dropped); the application may have freed it",
-                    self.region.id().0
-                ),
-            )
-        })
+/// What keeps the memory valid during a copy: nothing for memory the
+/// engine owns (this handle keeps it); for the application's, a use
+/// counted on the region (`unregister_memory` and the engine's drop
+/// wait for it), refused once the region is revoked.
+fn using<'a>(region: &'a MemRegion, what: &str) -> Result<Option<RegionUse<'a>>> {
+    if region.owns_memory() {
+        return Ok(None);
     }
+    region.enter().map(Some).ok_or_else(|| {
+        Error::new(
+            ErrorKind::AddressNotRegistered,
+            format!(
+                "buffer {what}: region {} was unregistered (or its engine dropped); the application may have freed it",
+                region.id().0
+            ),
+        )
+    })
 }
 
 /// Page-aligned, zeroed anonymous memory for `allocate_memory` without
@@ -573,8 +557,8 @@ fn map_hugetlb(n: usize, bits: u8) -> std::io::Result<memmap2::MmapMut> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Config;
     use crate::memory::numa_node_of;
+    use crate::{Config, Engine};
 
     fn engine(shm: bool) -> Engine {
         engine_with(shm, HugePages::Transparent)
@@ -620,9 +604,12 @@ mod tests {
             assert!(matches!(here, Some(0) | None), "{here:?}");
         }
         let reported = |e: &Engine, b: &Buffer| {
-            let table = e.shared.regions.load();
+            let table = e.embedded().expect("embedded").shared.regions.load();
             let r = table.get(b.id()).expect("registered");
-            assert_eq!(r.numa_node(), b.region.numa_node());
+            let Memory::Region(region) = &b.mem else {
+                panic!("a region of this engine")
+            };
+            assert_eq!(r.numa_node(), region.numa_node());
             r.numa_node()
         };
 

@@ -25,6 +25,7 @@ mod build;
 pub(crate) mod client_scope;
 mod describe;
 pub mod footprint;
+mod handle;
 mod http;
 mod memory;
 mod notify;
@@ -53,6 +54,7 @@ pub use batch::{BatchId, TaskState, TaskStatus};
 pub use blocks::BlockList;
 pub use build::EngineBuilder;
 pub use footprint::{Available, Footprint};
+pub use handle::Engine;
 pub use memory::Buffer;
 pub use ring::{CompletionQueue, Ring, SubmissionQueue};
 pub use topology_report::TopologyReport;
@@ -123,10 +125,9 @@ pub(crate) fn slot_index(kind: TransportKind) -> usize {
     kind as usize
 }
 
-/// A transfer engine. `Send + Sync`: share it (e.g. in an `Arc`) across
-/// threads; each submitting thread takes its own [`Ring`] or uses the
-/// batch API.
-pub struct Engine {
+/// The engine running in this process (what an [`Engine`] is unless it
+/// attached to a daemon).
+pub(crate) struct Embedded {
     shared: Arc<EngineShared>,
     workers: WorkerPool,
     batches: BatchTable,
@@ -160,9 +161,9 @@ pub struct Engine {
     run_pool: Arc<blocks::RunPool>,
 }
 
-impl std::fmt::Debug for Engine {
+impl std::fmt::Debug for Embedded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine")
+        f.debug_struct("Embedded")
             .field("workers", &self.workers.len())
             .field("segment", &self.local_segment_name())
             .field("transports", &self.shared.transports)

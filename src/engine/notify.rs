@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tent_rings::{SegmentId, Sqe};
 
-use super::{BatchId, Engine};
+use super::{BatchId, Embedded};
 use crate::deadline::after as deadline_after;
 use crate::error::{Error, Result};
 use crate::notify::delivery::Delivery;
@@ -35,21 +35,8 @@ impl Mailbox {
     }
 }
 
-impl Engine {
-    /// Deliver `n` to the engine that owns `segment` (`SegmentId::LOCAL`:
-    /// this one); returns once it is in that engine's inbox. Messages to
-    /// one peer arrive once each, in the order of the calls (and of
-    /// [`Engine::submit_with_notification`]'s), behind any attached one
-    /// still waiting for its data.
-    ///
-    /// # Errors
-    /// `InvalidArgument` for a name or message over its limit, or a segment
-    /// opened by its shm name (open it by its `ip:port` name: the control
-    /// plane carries notifications); `SegmentNotFound` for a segment not
-    /// open; `Unreachable` when the peer's engine is gone (its port refuses
-    /// connections); `Timeout` when it did not take the message within
-    /// `default_timeout_ms`; `AccessDenied` when the shared secrets differ.
-    pub fn send_notification(&self, segment: SegmentId, n: &Notification) -> Result<()> {
+impl Embedded {
+    pub(crate) fn send_notification(&self, segment: SegmentId, n: &Notification) -> Result<()> {
         n.check()?;
         let dest = self.notify_dest(segment)?;
         let delivery = Arc::new(Delivery::default());
@@ -60,24 +47,7 @@ impl Engine {
         delivery.wait()
     }
 
-    /// [`Engine::submit`], and deliver `n` to the owner of the requests'
-    /// target segment once every one of these requests has completed: the
-    /// receiver sees it only after all of their data has landed (TENT's
-    /// `submitTransfer` with a notification). The batch's overall status
-    /// ([`Engine::batch_status`], [`Engine::wait_batch`]) stays `Pending`
-    /// until it is delivered, and turns `Failed` (with the reason's kind)
-    /// if it cannot be: if a request fails the message is not sent, and if
-    /// the peer dies the submission fails rather than the message
-    /// vanishing. The batch cannot be freed while it is pending.
-    ///
-    /// # Errors
-    /// As [`Engine::submit`] (nothing queued); `InvalidArgument` also when
-    /// `requests` is empty or names more than one segment, and the errors
-    /// of [`Engine::send_notification`] that can be told before sending.
-    /// `Shutdown` (the engine is stopping) or `OutOfMemory` (no thread to
-    /// send notifications) after the requests were queued: the batch then
-    /// reports that failure too.
-    pub fn submit_with_notification(
+    pub(crate) fn submit_with_notification(
         &self,
         batch: BatchId,
         requests: &[Sqe],
@@ -140,24 +110,15 @@ impl Engine {
         Ok(())
     }
 
-    /// Every notification received and not yet taken, oldest first; never
-    /// blocks.
-    pub fn recv_notifications(&self) -> Vec<Received> {
+    pub(crate) fn recv_notifications(&self) -> Vec<Received> {
         self.mail.inbox.take_all()
     }
 
-    /// The oldest notification not yet taken, if one is waiting; never
-    /// blocks (a poll that finds none allocates nothing).
-    pub fn try_notification(&self) -> Option<Received> {
+    pub(crate) fn try_notification(&self) -> Option<Received> {
         self.mail.inbox.try_take()
     }
 
-    /// The oldest notification not yet taken, waiting up to `timeout` for
-    /// one.
-    ///
-    /// # Errors
-    /// `Timeout` when none arrived in time.
-    pub fn wait_notification(&self, timeout: Duration) -> Result<Received> {
+    pub(crate) fn wait_notification(&self, timeout: Duration) -> Result<Received> {
         self.mail.inbox.wait(timeout)
     }
 

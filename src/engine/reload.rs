@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use tent_rings::ErrorKind;
 
-use super::Engine;
+use super::Embedded;
 use super::segments::NETWORK;
 use crate::clock::nanos;
 use crate::config::{Config, RELOADABLE, reloadable};
@@ -90,26 +90,8 @@ impl LiveSettings {
     }
 }
 
-impl Engine {
-    /// Apply `config`'s reloadable keys ([`crate::config::RELOADABLE`]:
-    /// the failover budget, the promotion timeout, the rails' thresholds
-    /// and cooldowns, the rail selector's parameters, priority filtering,
-    /// the QoS slot interval, the log level) while the engine runs; each
-    /// takes effect at the next decision that reads it. Returns the
-    /// configuration generation now (`/health` says it).
-    ///
-    /// `log_level` is the process's: it is applied where tent installed
-    /// the `tracing` subscriber (`tent-bench`, the C and Python libraries)
-    /// or the application registered a setter
-    /// ([`crate::logging::control_level`]). `slot_rotation_interval_ms`
-    /// with a slot file is the group's: every participant follows it.
-    ///
-    /// # Errors
-    /// `InvalidArgument` when `config` does not validate, when it changes
-    /// a key that needs a restart (each is named), or when it changes
-    /// `log_level` and nothing in this process can apply it (named, with
-    /// why). Nothing is applied then.
-    pub fn reload(&self, config: Config) -> Result<u64> {
+impl Embedded {
+    pub(crate) fn reload(&self, config: Config) -> Result<u64> {
         config.validate().map_err(|e| {
             Error::invalid("reload: the configuration does not validate").with_source(e)
         })?;
@@ -180,14 +162,11 @@ impl Engine {
         Ok(generation)
     }
 
-    /// The configuration with every [`reload`](Self::reload) applied
-    /// ([`config`](Self::config) is the one the engine started with).
-    pub fn live_config(&self) -> Arc<Config> {
+    pub(crate) fn live_config(&self) -> Arc<Config> {
         self.shared.live.current()
     }
 
-    /// 1 at start, one more per reload that changed something.
-    pub fn config_generation(&self) -> u64 {
+    pub(crate) fn config_generation(&self) -> u64 {
         self.shared.live.generation()
     }
 }

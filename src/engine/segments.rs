@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tent_rings::{ErrorKind, RegionId, SegmentId, TransportKind};
 
-use super::Engine;
+use super::Embedded;
 use crate::error::{Error, Result};
 use crate::segment::{RemoteRegion, Segment, SegmentKind};
 use crate::transport::shm::{self, ShmPeer};
@@ -14,10 +14,8 @@ use crate::transport::shm::{self, ShmPeer};
 /// The transports that reach peers by descriptor, best first.
 pub(super) const NETWORK: &[TransportKind] = &[TransportKind::Rdma, TransportKind::Tcp];
 
-impl Engine {
-    /// The rails to an open segment (RDMA's, then TCP's), with their
-    /// health and counters (empty when neither reaches it).
-    pub fn rails(&self, id: SegmentId) -> Vec<crate::transport::RailStat> {
+impl Embedded {
+    pub(crate) fn rails(&self, id: SegmentId) -> Vec<crate::transport::RailStat> {
         self.shared
             .segments
             .load()
@@ -31,18 +29,7 @@ impl Engine {
         self.observer.rails_of(segment)
     }
 
-    /// Is the process behind `segment` still the one this engine opened
-    /// (TENT's `probePeerAliveByID`)? A segment opened by `ip:port` asks
-    /// the peer's control server (handshake and descriptor, all within
-    /// `timeout`): alive when it answers as the same process (host
-    /// and pid of the descriptor the segment was opened with); not when it
-    /// does not answer, refuses, or another process now answers there (a
-    /// restarted peer: its memory and keys are not the ones opened). An
-    /// shm segment is alive while its owner serves it; the local segment
-    /// always is. For a caller deciding whether to close a segment whose
-    /// transfers keep failing; it runs on the calling thread, never on a
-    /// worker. `Err`: the segment is not open.
-    pub fn probe_peer_alive(&self, segment: SegmentId, timeout: Duration) -> Result<bool> {
+    pub(crate) fn probe_peer_alive(&self, segment: SegmentId, timeout: Duration) -> Result<bool> {
         if segment == SegmentId::LOCAL {
             return Ok(true);
         }
@@ -78,17 +65,12 @@ impl Engine {
         Ok(alive)
     }
 
-    /// Open a segment by name (`"local"` or this engine's own name is
-    /// segment 0). Opening the same name twice returns the same id.
-    pub fn open_segment(&self, name: &str) -> Result<SegmentId> {
+    pub(crate) fn open_segment(&self, name: &str) -> Result<SegmentId> {
         self.open_segment_with(name, |_| {})
     }
 
-    /// [`Engine::open_segment`] with the peer's descriptor passed through
-    /// `edit` first: how tests present a forged or partial descriptor (a
-    /// zeroed rkey, a NIC without keys) to the transports.
     #[cfg(any(test, feature = "testing"))]
-    pub fn open_segment_edited(
+    pub(crate) fn open_segment_edited(
         &self,
         name: &str,
         edit: impl FnOnce(&mut crate::control::SegmentDescriptor),
@@ -108,22 +90,7 @@ impl Engine {
         self.peers.open(name, edit)
     }
 
-    /// Close a segment, and return once the engine is done with it.
-    ///
-    /// At once: requests naming it fail `SegmentNotFound` (a worker whose
-    /// cached table still has it sees it closed). Then the call waits until
-    /// every worker has refreshed its cached segment table and holds no
-    /// task on it (tasks accepted before it finish normally, failing over
-    /// or timing out as they would have). Only then is it dropped: an shm
-    /// peer's mapping is gone, and nothing of the engine reaches the peer
-    /// through it again.
-    ///
-    /// # Errors
-    /// `SegmentNotFound` if `id` names no open segment. `Timeout` if tasks
-    /// on it have not finished by the latest of their deadlines plus twice
-    /// the TCP stall limit: it stays closed (requests refused) and held;
-    /// call again to finish.
-    pub fn close_segment(&self, id: SegmentId) -> Result<()> {
+    pub(crate) fn close_segment(&self, id: SegmentId) -> Result<()> {
         if id == SegmentId::LOCAL {
             return Err(Error::invalid("the local segment cannot be closed"));
         }
@@ -168,8 +135,7 @@ impl Engine {
         Ok(())
     }
 
-    /// The regions a segment offers (addresses are what remote offsets name).
-    pub fn segment_regions(&self, id: SegmentId) -> Result<Vec<RemoteRegion>> {
+    pub(crate) fn segment_regions(&self, id: SegmentId) -> Result<Vec<RemoteRegion>> {
         let seg = self.open_segment_by_id(id)?;
         Ok(match seg.kind() {
             SegmentKind::Local => self
@@ -206,9 +172,8 @@ impl Engine {
             .ok_or_else(|| not_open(id))
     }
 
-    /// The shm attachment of an open segment (tests present wrong keys through it).
     #[cfg(any(test, feature = "testing"))]
-    pub fn segment_peer(&self, id: SegmentId) -> Option<Arc<ShmPeer>> {
+    pub(crate) fn segment_peer(&self, id: SegmentId) -> Option<Arc<ShmPeer>> {
         let seg = self.shared.segments.load().get(id)?.clone();
         Arc::downcast(seg.attachment(TransportKind::Shm)?.clone()).ok()
     }

@@ -9,19 +9,17 @@ use tent_rings::{Cqe, ErrorKind, Sqe, TransportKind};
 
 use super::blocks::Runs;
 use super::worker::{self, WorkerRing, WorkerShared};
-use super::{BatchId, Engine, Ring, TaskStatus};
+use super::{BatchId, Embedded, Ring, TaskStatus};
 use crate::error::{Error, Result};
 use crate::flow::AdmissionToken;
 use crate::segment::Segment;
 
-impl Engine {
-    /// A new ring of `ring_depth` entries, attached to the next worker.
-    pub fn ring(&self) -> Result<Ring> {
+impl Embedded {
+    pub(crate) fn ring(&self) -> Result<Ring> {
         self.ring_with_depth(self.shared.config.ring_depth)
     }
 
-    /// A new ring of `depth` entries (a power of two).
-    pub fn ring_with_depth(&self, depth: u32) -> Result<Ring> {
+    pub(crate) fn ring_with_depth(&self, depth: u32) -> Result<Ring> {
         let (sp, sc) =
             spsc::channel::<Sqe>(depth).map_err(|e| Error::invalid("ring depth").with_source(e))?;
         let (cp, cc) =
@@ -41,23 +39,11 @@ impl Engine {
         self.workers.next()
     }
 
-    /// A batch able to hold `capacity` tasks.
-    pub fn allocate_batch(&self, capacity: usize) -> Result<BatchId> {
+    pub(crate) fn allocate_batch(&self, capacity: usize) -> Result<BatchId> {
         self.batches.allocate(capacity)
     }
 
-    /// Submit `requests` into `batch` (appending to earlier submits). All or
-    /// nothing: on an error no request of this call was queued and the
-    /// batch's tasks are as they were (an `Initial` task stays `Initial`).
-    /// Each SQE's `user_data` is replaced by the engine.
-    ///
-    /// The requests go to one worker's batch ring together; that ring holds
-    /// a whole batch (`Config::batch_ring_depth`: `max_batch_size`, at
-    /// least `ring_depth`), so any batch the table accepts fits in one
-    /// call. When the ring has less room than the call needs, it waits up
-    /// to `default_timeout_ms` for the worker to make room, then fails
-    /// `SqFull` with nothing queued.
-    pub fn submit(&self, batch: BatchId, requests: &[Sqe]) -> Result<()> {
+    pub(crate) fn submit(&self, batch: BatchId, requests: &[Sqe]) -> Result<()> {
         let b = self.batches.get(batch)?;
         self.submit_to(&b, requests, Vec::new()).map(drop)
     }
@@ -299,47 +285,31 @@ impl Engine {
         )
     }
 
-    /// Status of task `task` of `batch`.
-    pub fn status(&self, batch: BatchId, task: usize) -> Result<TaskStatus> {
+    pub(crate) fn status(&self, batch: BatchId, task: usize) -> Result<TaskStatus> {
         self.batches.get(batch)?.status(task)
     }
 
-    /// Status of every submitted task of `batch`.
-    pub fn status_list(&self, batch: BatchId) -> Result<Vec<TaskStatus>> {
+    pub(crate) fn status_list(&self, batch: BatchId) -> Result<Vec<TaskStatus>> {
         Ok(self.batches.get(batch)?.status_list())
     }
 
-    /// One status for the whole batch.
-    pub fn batch_status(&self, batch: BatchId) -> Result<TaskStatus> {
+    pub(crate) fn batch_status(&self, batch: BatchId) -> Result<TaskStatus> {
         Ok(self.batches.get(batch)?.overall())
     }
 
-    /// Ask every task of `batch` to stop; each ends `Canceled` (or its
-    /// natural state if it finished first).
-    pub fn cancel(&self, batch: BatchId) -> Result<()> {
+    pub(crate) fn cancel(&self, batch: BatchId) -> Result<()> {
         self.batches.get(batch)?.cancel(None)
     }
 
-    /// Cancel one task.
-    pub fn cancel_task(&self, batch: BatchId, task: usize) -> Result<()> {
+    pub(crate) fn cancel_task(&self, batch: BatchId, task: usize) -> Result<()> {
         self.batches.get(batch)?.cancel(Some(task))
     }
 
-    /// Free a batch; refused while any task is pending, and for an id that
-    /// is not allocated (a double free).
-    pub fn free_batch(&self, batch: BatchId) -> Result<()> {
+    pub(crate) fn free_batch(&self, batch: BatchId) -> Result<()> {
         self.batches.free(batch)
     }
 
-    /// Wait until nothing of `batch` is in flight (or `timeout`), and return
-    /// its state: at once for a batch with nothing submitted (`Initial`:
-    /// there is nothing to wait for), else once every task has ended and,
-    /// if they all completed, every attached notification is delivered.
-    /// Looks and yields the core for the first 200 µs (short transfers end
-    /// within it; as `Ring::wait_ready`), then sleeps between looks, 10 µs
-    /// doubling to 1 ms, so a caller waiting on a long transfer does not
-    /// hold a core the workers need.
-    pub fn wait_batch(&self, batch: BatchId, timeout: Duration) -> Result<TaskStatus> {
+    pub(crate) fn wait_batch(&self, batch: BatchId, timeout: Duration) -> Result<TaskStatus> {
         let b = self.batches.get(batch)?;
         let start = Instant::now();
         let mut nap = Duration::from_micros(10);

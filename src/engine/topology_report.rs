@@ -37,6 +37,27 @@ pub struct TopologyReport {
     pub rails_to: Option<RailsTo>,
 }
 
+impl TopologyReport {
+    /// The host's NUMA nodes alone: what a process without an engine of
+    /// its own (attached to a daemon) knows.
+    pub(crate) fn host_only(topology: &Topology) -> TopologyReport {
+        TopologyReport {
+            numa_nodes: topology
+                .nodes()
+                .iter()
+                .map(|n| NodeReport {
+                    node: n.os_index,
+                    cpus: n.cpus.clone(),
+                })
+                .collect(),
+            rdma_nics: Vec::new(),
+            workers: Vec::new(),
+            transports: Vec::new(),
+            rails_to: None,
+        }
+    }
+}
+
 /// One NUMA node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeReport {

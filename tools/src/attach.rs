@@ -7,16 +7,16 @@
 
 use std::time::{Duration, Instant};
 
-use tent::daemon::{Client, Daemon};
+use tent::daemon::Daemon;
 use tent::{Cqe, Engine, LocalAddr, RemoteAddr, Ring, SegmentId, Sqe, op};
 
 use crate::{Args, TransportArg};
 
-/// What one side does: push, submit, reap what is ready (its best way:
-/// slots handed back once per batch).
+/// Push, submit, reap what is ready (slots handed back once per batch):
+/// the same calls on both sides, the ring being the same type.
 trait Side {
     fn push(&mut self, sqe: Sqe) -> bool;
-    fn submit(&mut self);
+    fn submit_now(&mut self);
     fn reap(&mut self, f: &mut dyn FnMut(Cqe)) -> usize;
 }
 
@@ -24,29 +24,12 @@ impl Side for Ring {
     fn push(&mut self, sqe: Sqe) -> bool {
         self.submission().push(sqe).is_ok()
     }
-    fn submit(&mut self) {
+    fn submit_now(&mut self) {
         let _ = Ring::submit(self);
     }
     fn reap(&mut self, f: &mut dyn FnMut(Cqe)) -> usize {
         let mut n = 0;
         for c in self.completion() {
-            f(c);
-            n += 1;
-        }
-        n
-    }
-}
-
-impl Side for tent::daemon::AttachedRing {
-    fn push(&mut self, sqe: Sqe) -> bool {
-        tent::daemon::AttachedRing::push(self, sqe).is_ok()
-    }
-    fn submit(&mut self) {
-        tent::daemon::AttachedRing::submit(self);
-    }
-    fn reap(&mut self, f: &mut dyn FnMut(Cqe)) -> usize {
-        let mut n = 0;
-        for c in self.completions() {
             f(c);
             n += 1;
         }
@@ -61,7 +44,7 @@ struct Figures {
     mops: f64,
 }
 
-fn measure(side: &mut dyn Side, sqe: Sqe, depth: usize, secs: f64) -> Result<Figures, String> {
+fn measure(side: &mut Ring, sqe: Sqe, depth: usize, secs: f64) -> Result<Figures, String> {
     // Latency: one in flight, each op timed.
     let mut lat = Vec::with_capacity(1 << 20);
     let end = Instant::now() + Duration::from_secs_f64(secs / 2.0);
@@ -70,7 +53,7 @@ fn measure(side: &mut dyn Side, sqe: Sqe, depth: usize, secs: f64) -> Result<Fig
         if !side.push(sqe) {
             return Err("ring full at one in flight".into());
         }
-        side.submit();
+        side.submit_now();
         let mut res = Ok(0);
         while side.reap(&mut |c| res = c.result()) == 0 {}
         lat.push(t0.elapsed());
@@ -84,7 +67,7 @@ fn measure(side: &mut dyn Side, sqe: Sqe, depth: usize, secs: f64) -> Result<Fig
             return Err("ring shallower than --batch".into());
         }
     }
-    side.submit();
+    side.submit_now();
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(secs / 2.0);
     let mut done = 0u64;
@@ -102,7 +85,7 @@ fn measure(side: &mut dyn Side, sqe: Sqe, depth: usize, secs: f64) -> Result<Fig
             side.push(sqe);
         }
         if got > 0 {
-            side.submit();
+            side.submit_now();
         }
         done += got as u64;
     }
@@ -151,7 +134,7 @@ pub(crate) fn attach(args: &Args) -> Result<(), String> {
             let daemon = Daemon::start(Engine::new(cfg).map_err(|e| e.to_string())?, &sock)
                 .map_err(|e| e.to_string())?;
             pin_apart(daemon.engine());
-            let client = Client::attach(&sock).map_err(|e| e.to_string())?;
+            let client = Engine::attach(&sock).map_err(|e| e.to_string())?;
             let seg = client.open_segment(&name).map_err(|e| e.to_string())?;
             let remote = {
                 let s = daemon
@@ -161,7 +144,9 @@ pub(crate) fn attach(args: &Args) -> Result<(), String> {
                 remote_addr(daemon.engine(), s)?
             };
             let src = client.allocate_memory(size).map_err(|e| e.to_string())?;
-            let mut ring = client.ring(depth_ring).map_err(|e| e.to_string())?;
+            let mut ring = client
+                .ring_with_depth(depth_ring)
+                .map_err(|e| e.to_string())?;
             let sqe = op::Write::new(
                 LocalAddr::new(src.id(), 0),
                 RemoteAddr::new(seg, remote),

@@ -493,6 +493,7 @@ mod tests {
     #[test]
     fn release_views_waits_for_a_pass_in_progress_and_drops_the_views() {
         let e = Engine::new(crate::Config::default()).unwrap();
+        let e = e.embedded().expect("embedded");
         let rings: &InlineRings = &e.shared.inline;
         let side = rings.join();
         let mut pass = side.views.lock();

@@ -25,6 +25,7 @@ use tent_rings::spsc::{Consumer, Producer, PushError};
 use tent_rings::{Cqe, ErrorKind, Sqe};
 
 use super::worker::WorkerShared;
+use crate::daemon::DaemonRing;
 use crate::doorbell::CqBell;
 use inline::InlineIssuer;
 pub(crate) use inline::InlineRings;
@@ -53,7 +54,7 @@ use crate::error::{Error, Result};
 pub struct Ring {
     sq: Producer<Sqe>,
     cq: Consumer<Cqe>,
-    worker: Arc<WorkerShared>,
+    server: Server,
     bell: Arc<CqBell>,
     /// `None`: inline issue is off for the engine (`inline_max_bytes` 0),
     /// or the engine stopped.
@@ -65,7 +66,7 @@ pub struct Ring {
 impl std::fmt::Debug for Ring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ring")
-            .field("worker", &self.worker.index)
+            .field("worker", &self.server.index())
             .field("capacity", &self.sq.capacity())
             .finish()
     }
@@ -83,10 +84,29 @@ impl Ring {
         Ring {
             sq,
             cq,
-            worker,
+            server: Server::Worker(worker),
             bell,
             inline,
             inline_on: true,
+        }
+    }
+
+    /// A ring in memory shared with the daemon whose worker serves it (an
+    /// attached engine's): nothing is issued inline, the daemon's engine
+    /// being in another process.
+    pub(crate) fn attached(
+        sq: Producer<Sqe>,
+        cq: Consumer<Cqe>,
+        daemon: DaemonRing,
+        bell: Arc<CqBell>,
+    ) -> Ring {
+        Ring {
+            sq,
+            cq,
+            server: Server::Daemon(daemon),
+            bell,
+            inline: None,
+            inline_on: false,
         }
     }
 
@@ -196,11 +216,11 @@ impl Ring {
             // needs_wakeup() fences (SeqCst) before reading the flag; that
             // fence also orders the `exited` check below after the publish.
             if self.sq.needs_wakeup() {
-                self.worker.doorbell().ring();
+                self.server.wake();
             }
         }
-        if self.worker.exited.load(Ordering::SeqCst) {
-            return Err(Error::new(ErrorKind::Shutdown, "the engine has stopped"));
+        if self.server.stopped() {
+            return Err(self.server.stopped_error());
         }
         Ok(n + inline)
     }
@@ -277,8 +297,8 @@ impl Ring {
             }
             // A stopped engine says so even when the wait also ran out (a
             // short wait whose spin alone outlasted it, on a loaded machine).
-            if self.worker.exited.load(Ordering::SeqCst) && self.cq.is_empty() {
-                return Err(Error::new(ErrorKind::Shutdown, "the engine has stopped"));
+            if self.server.stopped() && self.cq.is_empty() {
+                return Err(self.server.stopped_error());
             }
             let elapsed = start.elapsed();
             if elapsed >= timeout {
@@ -287,9 +307,9 @@ impl Ring {
                     "no completion within the wait timeout",
                 ));
             }
-            let seen = self.bell.bell.value();
+            let seen = self.bell.value();
             if self.cq.prepare_park() {
-                self.bell.bell.wait(seen, nap.min(timeout - elapsed));
+                self.bell.wait(seen, nap.min(timeout - elapsed));
             }
             self.cq.clear_need_wakeup();
             nap = WAIT_NAP;
@@ -336,7 +356,7 @@ impl Ring {
     /// is the ring's, and `wait_ready` clears it too.
     pub fn prepare_wait(&mut self) -> bool {
         // No eventfd to signal, or no worker left to signal it: do not sleep.
-        if self.bell.efd.get().is_none() || self.worker.exited.load(Ordering::SeqCst) {
+        if self.bell.efd.get().is_none() || self.server.stopped() {
             return false;
         }
         if self.inline_ready() || !self.cq.prepare_park() {
@@ -359,9 +379,55 @@ impl Ring {
         }
     }
 
-    /// The worker this ring is attached to.
+    /// The worker this ring is attached to (in the daemon's engine, for
+    /// an attached engine's ring).
     pub fn worker(&self) -> usize {
-        self.worker.index
+        self.server.index()
+    }
+}
+
+/// Who serves a ring's SQEs.
+enum Server {
+    /// A worker of this process's engine.
+    Worker(Arc<WorkerShared>),
+    /// A worker of the daemon's engine, over shared memory.
+    Daemon(DaemonRing),
+}
+
+impl Server {
+    /// Wake the worker that sleeps (it asked, with NEED_WAKEUP).
+    #[inline]
+    fn wake(&self) {
+        match self {
+            Server::Worker(w) => w.doorbell().ring(),
+            Server::Daemon(d) => d.wake(),
+        }
+    }
+
+    /// The engine stopped, or the daemon went: nothing more will be served.
+    #[inline]
+    fn stopped(&self) -> bool {
+        match self {
+            Server::Worker(w) => w.exited.load(Ordering::SeqCst),
+            Server::Daemon(d) => d.gone(),
+        }
+    }
+
+    fn stopped_error(&self) -> Error {
+        match self {
+            Server::Worker(_) => Error::new(ErrorKind::Shutdown, "the engine has stopped"),
+            Server::Daemon(_) => Error::new(
+                ErrorKind::Shutdown,
+                "the engine was dropped, or the daemon (tentd) it is attached to has gone",
+            ),
+        }
+    }
+
+    fn index(&self) -> usize {
+        match self {
+            Server::Worker(w) => w.index,
+            Server::Daemon(d) => d.worker(),
+        }
     }
 }
 
