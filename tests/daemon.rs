@@ -467,3 +467,171 @@ fn freed_memory_and_closed_rings_come_off_the_quota() {
     r.submit().unwrap();
     assert_eq!(one(&mut r).result(), Ok(64));
 }
+
+/// The configuration alone chooses: `daemon_socket` attaches, a key that
+/// is the daemon's is refused naming it, no daemon is `Unreachable`, or an
+/// embedded engine with `daemon_embed_fallback`; what an attached engine
+/// does not serve is refused naming the call.
+#[test]
+fn the_configuration_alone_chooses_attach_or_embed() {
+    let d = daemon("config");
+    let target = Engine::new(test_config()).unwrap();
+    let dst = target.allocate_memory(4096).unwrap();
+    let mut cfg = tent::Config::default();
+    cfg.daemon_socket = d.socket_path().display().to_string();
+    let e = Engine::new(cfg.clone()).unwrap();
+    assert!(e.is_attached());
+    let src = e.allocate_memory(4096).unwrap();
+    src.write(0, b"attached").unwrap();
+    let seg = e.open_segment(&target.segment_name()).unwrap();
+    let mut ring = e.ring().unwrap();
+    ring.submission()
+        .push(
+            op::Write::new(
+                e.local_addr(src.addr(), 8).unwrap(),
+                RemoteAddr::new(seg, dst.addr()),
+                8,
+            )
+            .build(),
+        )
+        .unwrap();
+    assert_eq!(one(&mut ring).result(), Ok(8));
+    let mut got = [0u8; 8];
+    dst.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"attached");
+
+    // Heap memory, the batch API: refused, named.
+    let mut heap = vec![0u8; 4096];
+    // SAFETY: `heap` outlives the call, which is refused anyway.
+    let err = unsafe { e.register_memory(heap.as_mut_ptr(), 4096) }.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.to_string().contains("allocate_memory"), "{err}");
+    let err = e.allocate_batch(4).unwrap_err();
+    assert!(err.to_string().contains("allocate_batch"), "{err}");
+
+    // A key that is the daemon's.
+    let mut theirs = cfg.clone();
+    theirs.block_size = 4096;
+    let err = Engine::new(theirs).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.to_string().contains("block_size"), "{err}");
+
+    // No daemon there: Unreachable, or embedded with the fallback.
+    let mut nowhere = tent::Config::default();
+    nowhere.daemon_socket = socket("nowhere").display().to_string();
+    assert_eq!(
+        Engine::new(nowhere.clone()).unwrap_err().kind(),
+        ErrorKind::Unreachable
+    );
+    nowhere.daemon_embed_fallback = true;
+    let embedded = Engine::new(nowhere).unwrap();
+    assert!(!embedded.is_attached());
+}
+
+/// Run as a child process (`TENT_DAEMON_SERVE` = socket): serve a daemon
+/// until killed.
+#[test]
+fn daemon_child_server() {
+    let Ok(sock) = std::env::var("TENT_DAEMON_SERVE") else {
+        return;
+    };
+    let _d = Daemon::start(Engine::new(test_config()).unwrap(), sock.as_ref()).unwrap();
+    println!("DAEMON-READY");
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// A daemon in a child process, serving at `sock` once this returns.
+fn spawn_daemon(sock: &std::path::Path) -> std::process::Child {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "daemon_child_server",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("TENT_DAEMON_SERVE", sock)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(
+        lines.any(|l| l.is_ok_and(|l| l.contains("DAEMON-READY"))),
+        "the daemon never started"
+    );
+    child
+}
+
+/// A daemon killed with SIGKILL under load: its client's ops end typed
+/// (`Shutdown`) within a bound instead of hanging, so do its set-up calls,
+/// and the client attaches again to a restarted daemon and moves data.
+#[test]
+fn a_daemon_killed_ends_its_clients_ops_typed_and_a_restarted_one_serves_again() {
+    let sock = socket("restart");
+    let target = Engine::new(test_config()).unwrap();
+    let dst = target.allocate_memory(1 << 20).unwrap();
+    let mut d = spawn_daemon(&sock);
+    let c = Engine::attach(&sock).unwrap();
+    let mem = c.allocate_memory(1 << 20).unwrap();
+    let seg = c.open_segment(&target.segment_name()).unwrap();
+    let mut ring = c.ring_with_depth(64).unwrap();
+    let write = |mem: &tent::Buffer, seg| {
+        op::Write::new(
+            LocalAddr::new(mem.id(), 0),
+            RemoteAddr::new(seg, dst.addr()),
+            1 << 20,
+        )
+        .build()
+    };
+    ring.submission().push(write(&mem, seg)).unwrap();
+    assert_eq!(one(&mut ring).result(), Ok(1 << 20));
+    for _ in 0..32 {
+        ring.submission().push(write(&mem, seg)).unwrap();
+    }
+    ring.submit().unwrap();
+    d.kill().unwrap();
+    d.wait().unwrap();
+    let start = Instant::now();
+    let mut completed = 0;
+    let err = loop {
+        match ring.wait_one(Duration::from_secs(10)) {
+            Ok(cqe) => {
+                assert_eq!(cqe.result(), Ok(1 << 20));
+                completed += 1;
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::Shutdown, "{err}");
+    assert!(completed <= 32);
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "the client waited {:?} on a dead daemon",
+        start.elapsed()
+    );
+    ring.submission().push(write(&mem, seg)).unwrap();
+    assert_eq!(ring.submit().unwrap_err().kind(), ErrorKind::Shutdown);
+    assert_eq!(
+        c.allocate_memory(4096).unwrap_err().kind(),
+        ErrorKind::Shutdown
+    );
+    drop(ring);
+    drop(c);
+
+    let mut d = spawn_daemon(&sock);
+    let c = Engine::attach(&sock).unwrap();
+    let mem = c.allocate_memory(1 << 20).unwrap();
+    let data = pattern(11, 1 << 20);
+    mem.write(0, &data).unwrap();
+    let seg = c.open_segment(&target.segment_name()).unwrap();
+    let mut ring = c.ring_with_depth(8).unwrap();
+    ring.submission().push(write(&mem, seg)).unwrap();
+    assert_eq!(one(&mut ring).result(), Ok(1 << 20));
+    let mut got = vec![0u8; 1 << 20];
+    dst.read(0, &mut got).unwrap();
+    assert!(got == data, "the restarted daemon moved the data");
+    d.kill().unwrap();
+    d.wait().unwrap();
+}
