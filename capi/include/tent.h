@@ -524,6 +524,33 @@ int tent_engine_create_from_file(const char *path,
                                  struct tent_engine_t **out_engine);
 
 /**
+ * Attach to the node's daemon (`tentd`) listening at the unix socket
+ * `socket_path` instead of starting an engine in this process: memory
+ * (`tent_allocate_memory`), rings and segments come from the daemon, and
+ * its workers serve this process's rings in shared memory, with no system
+ * call on the busy path. `tent_engine_create` with the `daemon_socket` key
+ * does the same from a configuration (with `daemon_embed_fallback`, an
+ * engine is embedded where no daemon answers). `*out_engine` gets the
+ * engine, destroyed by `tent_engine_destroy` (which detaches).
+ *
+ * Fails `TENT_ERR_UNREACHABLE` when no daemon answers there,
+ * `TENT_ERR_ACCESS_DENIED` when it runs as another user, and
+ * `TENT_ERR_INVALID_ARGUMENT` on a layout version mismatch (the message
+ * names both). An attached engine refuses `tent_register_memory`
+ * (allocate through the engine instead: the daemon cannot reach this
+ * process's heap) and, for now, the batch API, block lists and
+ * notifications, each `TENT_ERR_INVALID_ARGUMENT` naming the call; once
+ * the daemon has gone, calls fail `TENT_ERR_SHUTDOWN` and
+ * `tent_ring_wait` returns it instead of waiting.
+ *
+ * # Safety
+ * `socket_path` is a NUL-terminated string; `out_engine` is valid for
+ * one pointer write.
+ */
+int tent_engine_attach(const char *socket_path,
+                       struct tent_engine_t **out_engine);
+
+/**
  * Apply a new configuration to a running engine (JSON text as for
  * `tent_engine_create`): the keys `tent::config::RELOADABLE` lists (the
  * failover budget, the rail policy and selector, the QoS intervals,

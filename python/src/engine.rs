@@ -75,15 +75,37 @@ impl TransferEngine {
     /// `TENT_CONF` variable, then the `TENT_<KEY>` variables). The
     /// process's first engine sets what the module logs to stderr: its
     /// `log_level`, or the `TENT_LOG` filter; later ones do not change it.
+    ///
+    /// `attach`: the unix socket of the node's daemon (`tentd`) to attach
+    /// to instead of starting an engine in this process (with
+    /// `config_path` too, that configuration's `daemon_socket`; it may set
+    /// only the keys that apply to a client). Memory from
+    /// `allocate_local_memory` and rings then live in memory shared with
+    /// the daemon, whose workers serve them; `register_local_memory` is
+    /// refused (allocate through the engine), and so, for now, are the
+    /// batch API, block lists and notifications (`InvalidArgumentError`
+    /// naming the call). `UnreachableError` when no daemon answers.
     #[new]
-    #[pyo3(signature = (config_path=None))]
-    fn new(py: Python<'_>, config_path: Option<&Bound<'_, PyAny>>) -> PyResult<TransferEngine> {
-        let cfg = config(py, config_path)?;
-        // The process's first engine sets what the module logs to stderr
-        // (its `log_level`, or the `TENT_LOG` filter), unless the process
-        // installed a `tracing` subscriber already.
-        tent::stderr_log::install(cfg.log_level);
-        let engine = py.detach(|| Engine::new(cfg)).py(py)?;
+    #[pyo3(signature = (config_path=None, attach=None))]
+    fn new(
+        py: Python<'_>,
+        config_path: Option<&Bound<'_, PyAny>>,
+        attach: Option<std::path::PathBuf>,
+    ) -> PyResult<TransferEngine> {
+        let engine = match (attach, config_path.filter(|a| !a.is_none())) {
+            (Some(socket), None) => py.detach(|| Engine::attach(socket)).py(py)?,
+            (socket, config_path) => {
+                let mut cfg = config(py, config_path)?;
+                if let Some(socket) = socket {
+                    cfg.daemon_socket = socket.display().to_string();
+                }
+                // The process's first engine sets what the module logs to
+                // stderr (its `log_level`, or the `TENT_LOG` filter), unless
+                // the process installed a `tracing` subscriber already.
+                tent::stderr_log::install(cfg.log_level);
+                py.detach(|| Engine::new(cfg)).py(py)?
+            }
+        };
         Ok(TransferEngine {
             live: RwLock::new(Some(Arc::new(Live {
                 engine,

@@ -47,9 +47,10 @@ pub(crate) struct Attached {
     link: Arc<Link>,
     id: u32,
     config: Arc<Config>,
-    /// The regions this client holds: (address here, length, id), for
-    /// `local_addr`.
-    memory: Mutex<Vec<(u64, u64, RegionId)>>,
+    /// The regions this client holds, mapped here until unregistered or
+    /// the engine is dropped (as an embedded engine holds its regions,
+    /// whether or not a `Buffer` of one is kept); `local_addr` looks here.
+    memory: Mutex<Vec<Arc<ClientMemory>>>,
     /// Watches the socket: the daemon gone, it says so to every ring.
     watch: Option<JoinHandle<()>>,
 }
@@ -401,7 +402,8 @@ impl Attached {
             offset: data_offset as usize,
             map,
         };
-        self.memory.lock().push((mem.ptr() as u64, len, mem.id));
+        let mem = Arc::new(mem);
+        self.memory.lock().push(mem.clone());
         Ok(Buffer::client(mem))
     }
 
@@ -422,8 +424,9 @@ impl Attached {
         self.memory
             .lock()
             .iter()
-            .find(|&&(start, n, _)| addr >= start && end <= start + n)
-            .map(|&(start, _, id)| tent_rings::LocalAddr::new(id, addr - start))
+            .map(|m| (m.ptr() as u64, m.len, m.id))
+            .find(|&(start, n, _)| addr >= start && end <= start + n)
+            .map(|(start, _, id)| tent_rings::LocalAddr::new(id, addr - start))
             .ok_or_else(|| {
                 Error::new(
                     ErrorKind::AddressNotRegistered,
@@ -437,7 +440,7 @@ impl Attached {
     pub(crate) fn unregister_memory(&self, id: RegionId) -> Result<()> {
         match self.link.ask(&Request::FreeMemory { region: id.0 })? {
             (Reply::Done, _) => {
-                self.memory.lock().retain(|&(_, _, r)| r != id);
+                self.memory.lock().retain(|m| m.id != id);
                 Ok(())
             }
             (other, _) => Err(unexpected(&other)),

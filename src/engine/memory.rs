@@ -334,9 +334,9 @@ enum Memory {
 }
 
 impl Buffer {
-    pub(crate) fn client(mem: crate::daemon::ClientMemory) -> Buffer {
+    pub(crate) fn client(mem: Arc<crate::daemon::ClientMemory>) -> Buffer {
         Buffer {
-            mem: Memory::Client(Arc::new(mem)),
+            mem: Memory::Client(mem),
         }
     }
 
