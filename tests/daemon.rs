@@ -500,14 +500,15 @@ fn the_configuration_alone_chooses_attach_or_embed() {
     dst.read(0, &mut got).unwrap();
     assert_eq!(&got, b"attached");
 
-    // Heap memory, the batch API: refused, named.
+    // Heap memory, cancel: refused, named.
     let mut heap = vec![0u8; 4096];
     // SAFETY: `heap` outlives the call, which is refused anyway.
     let err = unsafe { e.register_memory(heap.as_mut_ptr(), 4096) }.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert!(err.to_string().contains("allocate_memory"), "{err}");
-    let err = e.allocate_batch(4).unwrap_err();
-    assert!(err.to_string().contains("allocate_batch"), "{err}");
+    let batch = e.allocate_batch(4).unwrap();
+    let err = e.cancel(batch).unwrap_err();
+    assert!(err.to_string().contains("cancel"), "{err}");
 
     // A key that is the daemon's.
     let mut theirs = cfg.clone();
@@ -634,4 +635,65 @@ fn a_daemon_killed_ends_its_clients_ops_typed_and_a_restarted_one_serves_again()
     assert!(got == data, "the restarted daemon moved the data");
     d.kill().unwrap();
     d.wait().unwrap();
+}
+
+/// An attached engine's batch API: tasks settle from the CQEs of its own
+/// ring, a bad request ends its task typed, a batch larger than the ring
+/// goes through it in turns, a freed or foreign id is refused, and a
+/// batch with a task pending cannot be freed.
+#[test]
+fn an_attached_engine_s_batches_settle_each_task() {
+    let d = daemon("batch");
+    let target = Engine::new(test_config()).unwrap();
+    let dst = target.allocate_memory(1 << 20).unwrap();
+    let mut cfg = tent::Config::default();
+    cfg.daemon_socket = d.socket_path().display().to_string();
+    cfg.ring_depth = 8;
+    let e = Engine::new(cfg).unwrap();
+    let src = e.allocate_memory(1 << 20).unwrap();
+    let data = pattern(3, 1 << 20);
+    src.write(0, &data).unwrap();
+    let seg = e.open_segment(&target.segment_name()).unwrap();
+    let write = |off: u64, len: u64| {
+        op::Write::new(
+            LocalAddr::new(src.id(), off),
+            RemoteAddr::new(seg, dst.addr() + off),
+            len,
+        )
+        .build()
+    };
+    // 100 tasks of 10 KiB through a ring of 8.
+    let batch = e.allocate_batch(128).unwrap();
+    let reqs: Vec<_> = (0..100).map(|i| write(i * 10240, 10240)).collect();
+    e.submit(batch, &reqs).unwrap();
+    let all = e.wait_batch(batch, Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (all.state, all.transferred_bytes),
+        (tent::TaskState::Completed, 100 * 10240)
+    );
+    let mut got = vec![0u8; 100 * 10240];
+    dst.read(0, &mut got).unwrap();
+    assert!(got == data[..100 * 10240], "the batch's data landed");
+    assert_eq!(e.status_list(batch).unwrap().len(), 100);
+    // Past the room the batch has: refused whole.
+    assert_eq!(
+        e.submit(batch, &reqs[..29]).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    e.free_batch(batch).unwrap();
+    assert_eq!(
+        e.status(batch, 0).unwrap_err().kind(),
+        ErrorKind::InvalidArgument,
+        "a freed batch"
+    );
+    // One good task, one past the local region.
+    let batch = e.allocate_batch(2).unwrap();
+    e.submit(batch, &[write(0, 4096), write((1 << 20) - 8, 64)])
+        .unwrap();
+    let all = e.wait_batch(batch, Duration::from_secs(10)).unwrap();
+    let list = e.status_list(batch).unwrap();
+    assert_eq!(list[0].state, tent::TaskState::Completed);
+    assert_eq!(list[1].error, Some(ErrorKind::OutOfBounds), "{list:?}");
+    assert_eq!(all.state, list[1].state);
+    e.free_batch(batch).unwrap();
 }

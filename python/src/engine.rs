@@ -82,8 +82,8 @@ impl TransferEngine {
     /// only the keys that apply to a client). Memory from
     /// `allocate_local_memory` and rings then live in memory shared with
     /// the daemon, whose workers serve them; `register_local_memory` is
-    /// refused (allocate through the engine), and so, for now, are the
-    /// batch API, block lists and notifications (`InvalidArgumentError`
+    /// refused (allocate through the engine), and so, for now, are
+    /// cancel, block lists and notifications (`InvalidArgumentError`
     /// naming the call). `UnreachableError` when no daemon answers.
     #[new]
     #[pyo3(signature = (config_path=None, attach=None))]

@@ -41,8 +41,17 @@ def test_an_attached_engine_writes_verified_data_to_a_peer(peer):
         heap = ctypes.create_string_buffer(4096)
         with pytest.raises(tent.InvalidArgumentError, match="allocate_memory"):
             e.register_local_memory(ctypes.addressof(heap), 4096)
-        with pytest.raises(tent.InvalidArgumentError, match="allocate_batch"):
-            e.allocate_transfer_batch(4)
+        # The batch API: other bytes over them.
+        src2 = e.allocate_local_memory(n)
+        ctypes.memmove(src2, pattern(5, n), n)
+        batch = e.allocate_transfer_batch(4)
+        e.submit_transfer(batch, [tent.Request(tent.OpCode.WRITE, src2, seg, peer.base, n)])
+        st = e.wait_transfer(batch, 10)
+        assert st.state == tent.TransferStatusEnum.COMPLETED and st.bytes == n
+        assert peer.ask(f"CHECK 0 {n} 5") == ["CHECK", "OK"]
+        with pytest.raises(tent.InvalidArgumentError, match="cancel"):
+            e.cancel_transfer(batch, 0)
+        e.free_transfer_batch(batch)
     finally:
         e.close()
 

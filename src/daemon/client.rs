@@ -21,6 +21,7 @@ use tent_rings::region::{Region, RegionType};
 use tent_rings::spsc;
 use tent_rings::{Cqe, RegionId, SegmentId, Sqe};
 
+use super::batches::ClientBatches;
 use super::wire::{self, LAYOUT_VERSION, Part, Reply, Request};
 use crate::config::Config;
 use crate::doorbell::{CqBell, SharedWord};
@@ -38,6 +39,8 @@ const CLIENT_KEYS: &[&str] = &[
     "daemon_socket",
     "daemon_embed_fallback",
     "ring_depth",
+    "max_batch_size",
+    "max_batches",
     "log_level",
 ];
 
@@ -51,6 +54,8 @@ pub(crate) struct Attached {
     /// the engine is dropped (as an embedded engine holds its regions,
     /// whether or not a `Buffer` of one is kept); `local_addr` looks here.
     memory: Mutex<Vec<Arc<ClientMemory>>>,
+    /// The batch API, over a ring of its own.
+    batches: ClientBatches,
     /// Watches the socket: the daemon gone, it says so to every ring.
     watch: Option<JoinHandle<()>>,
 }
@@ -359,6 +364,7 @@ impl Attached {
         Ok(Attached {
             link,
             id,
+            batches: ClientBatches::new(config.max_batches, config.max_batch_size),
             config: Arc::new(config),
             memory: Mutex::new(Vec::new()),
             watch: Some(watch),
@@ -734,44 +740,44 @@ impl Attached {
         crate::stats::TrafficStats::default()
     }
 
-    pub(crate) fn allocate_batch(&self, _capacity: usize) -> Result<crate::BatchId> {
-        Err(not_served("the batch API (allocate_batch); use a ring"))
+    pub(crate) fn allocate_batch(&self, capacity: usize) -> Result<crate::BatchId> {
+        self.batches.allocate(capacity)
     }
 
-    pub(crate) fn submit(&self, _batch: crate::BatchId, _requests: &[Sqe]) -> Result<()> {
-        Err(not_served("the batch API (submit); use a ring"))
+    pub(crate) fn submit(&self, batch: crate::BatchId, requests: &[Sqe]) -> Result<()> {
+        self.batches.submit(|| self.ring(), batch, requests)
     }
 
-    pub(crate) fn status(&self, _batch: crate::BatchId, _task: usize) -> Result<crate::TaskStatus> {
-        Err(not_served("the batch API (status)"))
+    pub(crate) fn status(&self, batch: crate::BatchId, task: usize) -> Result<crate::TaskStatus> {
+        self.batches.status(batch, task)
     }
 
-    pub(crate) fn status_list(&self, _batch: crate::BatchId) -> Result<Vec<crate::TaskStatus>> {
-        Err(not_served("the batch API (status_list)"))
+    pub(crate) fn status_list(&self, batch: crate::BatchId) -> Result<Vec<crate::TaskStatus>> {
+        self.batches.status_list(batch)
     }
 
-    pub(crate) fn batch_status(&self, _batch: crate::BatchId) -> Result<crate::TaskStatus> {
-        Err(not_served("the batch API (batch_status)"))
+    pub(crate) fn batch_status(&self, batch: crate::BatchId) -> Result<crate::TaskStatus> {
+        self.batches.overall(batch)
     }
 
     pub(crate) fn cancel(&self, _batch: crate::BatchId) -> Result<()> {
-        Err(not_served("the batch API (cancel)"))
+        Err(not_served("cancel"))
     }
 
     pub(crate) fn cancel_task(&self, _batch: crate::BatchId, _task: usize) -> Result<()> {
-        Err(not_served("the batch API (cancel_task)"))
+        Err(not_served("cancel_task"))
     }
 
-    pub(crate) fn free_batch(&self, _batch: crate::BatchId) -> Result<()> {
-        Err(not_served("the batch API (free_batch)"))
+    pub(crate) fn free_batch(&self, batch: crate::BatchId) -> Result<()> {
+        self.batches.free(batch)
     }
 
     pub(crate) fn wait_batch(
         &self,
-        _batch: crate::BatchId,
-        _timeout: Duration,
+        batch: crate::BatchId,
+        timeout: Duration,
     ) -> Result<crate::TaskStatus> {
-        Err(not_served("the batch API (wait_batch)"))
+        self.batches.wait(batch, timeout)
     }
 }
 

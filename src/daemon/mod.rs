@@ -21,6 +21,7 @@
 //! The set-up protocol is in `wire.rs`; both sides check
 //! [`LAYOUT_VERSION`] at attach.
 
+mod batches;
 mod client;
 mod server;
 pub(crate) mod wire;

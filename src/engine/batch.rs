@@ -117,6 +117,28 @@ impl TaskStatus {
     }
 }
 
+/// One status for tasks `list`: Pending while any is (or Initial when
+/// there are none); otherwise Completed if all completed, else the most
+/// severe failure; the bytes of all of them.
+pub(crate) fn overall_of(list: &[TaskStatus]) -> TaskStatus {
+    let bytes = list.iter().map(|s| s.transferred_bytes).sum();
+    let rank = |s: TaskState| match s {
+        TaskState::Pending | TaskState::Initial => 6,
+        TaskState::Failed => 5,
+        TaskState::Timeout => 4,
+        TaskState::Invalid => 3,
+        TaskState::Canceled => 2,
+        TaskState::Completed => 1,
+    };
+    match list.iter().max_by_key(|s| rank(s.state)) {
+        None => TaskStatus::plain(TaskState::Initial, 0, None),
+        Some(w) => TaskStatus {
+            transferred_bytes: bytes,
+            ..*w
+        },
+    }
+}
+
 /// How a task was served, packed in one word: transport, failover count,
 /// exhausted bit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -553,24 +575,7 @@ impl Batch {
     /// One status for the whole batch: Pending while any task is; otherwise
     /// Completed if all completed, else the most severe failure.
     pub(crate) fn overall(&self) -> TaskStatus {
-        let list = self.status_list();
-        let bytes = list.iter().map(|s| s.transferred_bytes).sum();
-        let rank = |s: TaskState| match s {
-            TaskState::Pending | TaskState::Initial => 6,
-            TaskState::Failed => 5,
-            TaskState::Timeout => 4,
-            TaskState::Invalid => 3,
-            TaskState::Canceled => 2,
-            TaskState::Completed => 1,
-        };
-        let worst = list.iter().max_by_key(|s| rank(s.state));
-        let overall = match worst {
-            None => TaskStatus::plain(TaskState::Initial, 0, None),
-            Some(w) => TaskStatus {
-                transferred_bytes: bytes,
-                ..*w
-            },
-        };
+        let overall = overall_of(&self.status_list());
         if overall.state != TaskState::Completed {
             return overall;
         }

@@ -3,11 +3,14 @@
 //! serves its rings in shared memory. The same calls work on both, so an
 //! application switches by configuration alone (`daemon_socket`).
 //!
-//! What an attached engine does not serve yet is refused with a typed
-//! error naming the call (`InvalidArgument`), never faked: the batch API,
-//! block lists and notifications go through the daemon in a later step;
-//! reports (rails, SQ rows, metrics, QoS) are the daemon's, read from its
-//! HTTP endpoint, and an attached engine reports only what it holds.
+//! An attached engine serves memory, segments, rings and the batch API
+//! (kept on its side over a ring of its own, `daemon::batches`). What it
+//! does not serve yet is refused with a typed error naming the call
+//! (`InvalidArgument`), never faked: heap registration (allocate through
+//! the engine: the daemon cannot reach this process's heap), cancel,
+//! block lists, notifications, reload. Reports (rails, SQ rows, metrics,
+//! QoS) are the daemon's, read from its HTTP endpoint: an attached engine
+//! reports only what it holds.
 
 use std::path::Path;
 use std::sync::Arc;

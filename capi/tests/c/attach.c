@@ -1,8 +1,8 @@
 /* An engine attached to a daemon through the C API (tests/c_attach.rs
  * runs it): attach at argv[1], allocate memory there and fill it with
- * bytes (i * 7 + 3) & 0xff, WRITE it through a ring to segment argv[2] at
- * address argv[3], and check what an attached engine refuses. Prints "ok"
- * when every step did what it should. */
+ * bytes (i * 7 + 3) & 0xff, WRITE it to segment argv[2] at address
+ * argv[3] through a ring and then a batch, and check what an attached
+ * engine refuses. Prints "ok" when every step did what it should. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,15 +70,33 @@ int main(int argc, char **argv) {
                 cqe.result);
         return 1;
     }
-    /* Heap memory and the batch API are refused, typed. */
+    /* The batch API: the same WRITE again, as a batch. */
+    tent_batch_id_t batch;
+    if ((rc = tent_allocate_batch(e, 4, &batch)) != TENT_OK) {
+        return fail("tent_allocate_batch", rc);
+    }
+    if ((rc = tent_submit(e, batch, &req, 1)) != TENT_OK) {
+        return fail("tent_submit", rc);
+    }
+    tent_status_t st;
+    if ((rc = tent_wait_batch(e, batch, 10000, &st)) != TENT_OK) {
+        return fail("tent_wait_batch", rc);
+    }
+    if (st.state != TENT_STATUS_COMPLETED || st.transferred_bytes != LEN) {
+        fprintf(stderr, "batch: state %d bytes %" PRIu64 "\n", st.state, st.transferred_bytes);
+        return 1;
+    }
+    /* Heap memory and cancel are refused, typed. */
     static unsigned char heap[4096];
     tent_buffer_t h;
     if ((rc = tent_register_memory(e, heap, sizeof heap, &h)) != TENT_ERR_INVALID_ARGUMENT) {
         return fail("tent_register_memory on an attached engine", rc);
     }
-    tent_batch_id_t batch;
-    if ((rc = tent_allocate_batch(e, 4, &batch)) != TENT_ERR_INVALID_ARGUMENT) {
-        return fail("tent_allocate_batch on an attached engine", rc);
+    if ((rc = tent_cancel(e, batch)) != TENT_ERR_INVALID_ARGUMENT) {
+        return fail("tent_cancel on an attached engine", rc);
+    }
+    if ((rc = tent_free_batch(e, batch)) != TENT_OK) {
+        return fail("tent_free_batch", rc);
     }
     tent_ring_destroy(ring);
     tent_engine_destroy(e);

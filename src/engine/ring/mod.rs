@@ -379,6 +379,11 @@ impl Ring {
         }
     }
 
+    /// Nothing more will be served: the engine stopped, or the daemon went.
+    pub(crate) fn stopped(&self) -> bool {
+        self.server.stopped()
+    }
+
     /// The worker this ring is attached to (in the daemon's engine, for
     /// an attached engine's ring).
     pub fn worker(&self) -> usize {

@@ -1,0 +1,300 @@
+//! The batch API of an attached engine, kept on the client's side over a
+//! ring of its own: a batch's requests go into that ring (each SQE's
+//! `user_data` naming its batch slot and task), and their CQEs, reaped by
+//! whichever call looks, settle the tasks here. The daemon sees ring ops
+//! only; nothing of a batch crosses the socket.
+//!
+//! What differs from an embedded engine's batches: a task cannot be
+//! canceled (the op runs in the daemon, which a client cannot reach but
+//! through its ring), a permanent error counts as `Invalid` (the CQE does
+//! not say whether it was found before a byte moved), and a batch's tasks
+//! end `Canceled` with `Shutdown` once the daemon has gone.
+
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tent_rings::spsc::PushError;
+use tent_rings::{Cqe, ErrorKind, Sqe};
+
+use crate::engine::batch::overall_of;
+use crate::engine::{BatchId, Ring, TaskState, TaskStatus};
+use crate::error::{Error, Result};
+
+/// Bits of a CQE's `user_data` that hold the task's index in its batch
+/// (`max_batch_size` is at most 1 << 20); the slot sits above them.
+const TASK_BITS: u32 = 24;
+/// Bits of a [`BatchId`] that hold its slot (`max_batches` is at most
+/// 1 << 20); the generation sits above them.
+const SLOT_BITS: u32 = 20;
+/// The longest a wait sleeps on the ring while holding the table.
+const WAIT_STEP: Duration = Duration::from_millis(5);
+
+/// Every batch of one attached engine.
+pub(crate) struct ClientBatches {
+    max_batches: usize,
+    max_batch_size: usize,
+    state: Mutex<State>,
+}
+
+struct State {
+    /// Made at the first submit.
+    ring: Option<Ring>,
+    slots: Vec<Option<Batch>>,
+    next_generation: u64,
+}
+
+struct Batch {
+    generation: u64,
+    capacity: usize,
+    tasks: Vec<TaskStatus>,
+    pending: usize,
+}
+
+impl ClientBatches {
+    pub(crate) fn new(max_batches: u32, max_batch_size: u32) -> ClientBatches {
+        ClientBatches {
+            max_batches: max_batches.min(1 << SLOT_BITS) as usize,
+            max_batch_size: max_batch_size.min(1 << 20) as usize,
+            state: Mutex::new(State {
+                ring: None,
+                slots: Vec::new(),
+                next_generation: 1,
+            }),
+        }
+    }
+
+    /// A batch of up to `capacity` tasks.
+    pub(crate) fn allocate(&self, capacity: usize) -> Result<BatchId> {
+        if capacity == 0 || capacity > self.max_batch_size {
+            return Err(Error::invalid(format!(
+                "batch capacity {capacity}: 1..={} (max_batch_size)",
+                self.max_batch_size
+            )));
+        }
+        let mut st = self.state.lock();
+        let slot = match st.slots.iter().position(Option::is_none) {
+            Some(s) => s,
+            None if st.slots.len() < self.max_batches => {
+                st.slots.push(None);
+                st.slots.len() - 1
+            }
+            None => {
+                return Err(Error::new(
+                    ErrorKind::OutOfMemory,
+                    format!("{} batches allocated (max_batches)", self.max_batches),
+                ));
+            }
+        };
+        let generation = st.next_generation;
+        st.next_generation = (generation + 1) & ((1 << (64 - SLOT_BITS)) - 1);
+        st.next_generation = st.next_generation.max(1);
+        st.slots[slot] = Some(Batch {
+            generation,
+            capacity,
+            tasks: Vec::new(),
+            pending: 0,
+        });
+        Ok(BatchId(generation << SLOT_BITS | slot as u64))
+    }
+
+    /// Append `requests` to batch `id` as its next tasks and post them
+    /// (waiting for room in the ring while it is full). `make_ring` gives
+    /// the ring at the first submit.
+    pub(crate) fn submit(
+        &self,
+        make_ring: impl FnOnce() -> Result<Ring>,
+        id: BatchId,
+        requests: &[Sqe],
+    ) -> Result<()> {
+        let mut st = self.state.lock();
+        let slot = find(&st.slots, id)?;
+        let b = st.slots[slot].as_ref().expect("found");
+        if b.tasks.len() + requests.len() > b.capacity {
+            return Err(Error::invalid(format!(
+                "batch {:#x} has room for {} more requests, not {}",
+                id.0,
+                b.capacity - b.tasks.len(),
+                requests.len()
+            )));
+        }
+        if requests.is_empty() {
+            return Ok(());
+        }
+        if st.ring.is_none() {
+            st.ring = Some(make_ring()?);
+        }
+        let State { ring, slots, .. } = &mut *st;
+        let ring = ring.as_mut().expect("made above");
+        let b = slots[slot].as_mut().expect("found");
+        let first = b.tasks.len();
+        b.tasks.extend(std::iter::repeat_n(
+            TaskStatus::plain(TaskState::Pending, 0, None),
+            requests.len(),
+        ));
+        b.pending += requests.len();
+        for (i, sqe) in requests.iter().enumerate() {
+            let mut sqe = *sqe;
+            sqe.set_user_data((slot as u64) << TASK_BITS | (first + i) as u64);
+            loop {
+                match ring.submission().push(sqe) {
+                    Ok(()) => break,
+                    Err(PushError(back)) => sqe = back,
+                }
+                // Full: what is pushed goes, and completions make room.
+                if let Err(e) = ring.submit() {
+                    end_pending(slots, e.kind());
+                    return Err(e);
+                }
+                reap(ring, slots);
+                if ring.submission().slots() == 0
+                    && let Err(e) = ring.wait_ready(WAIT_STEP)
+                    && e.kind() != ErrorKind::Timeout
+                {
+                    end_pending(slots, e.kind());
+                    return Err(e);
+                }
+            }
+        }
+        if let Err(e) = ring.submit() {
+            end_pending(slots, e.kind());
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Task `task` of batch `id`, after reaping what has completed.
+    pub(crate) fn status(&self, id: BatchId, task: usize) -> Result<TaskStatus> {
+        let mut st = self.state.lock();
+        let slot = find(&st.slots, id)?;
+        poll(&mut st);
+        let b = st.slots[slot].as_ref().expect("found");
+        b.tasks.get(task).copied().ok_or_else(|| {
+            Error::invalid(format!(
+                "batch {:#x} has {} tasks, not task {task}",
+                id.0,
+                b.tasks.len()
+            ))
+        })
+    }
+
+    /// Every task of batch `id`.
+    pub(crate) fn status_list(&self, id: BatchId) -> Result<Vec<TaskStatus>> {
+        let mut st = self.state.lock();
+        let slot = find(&st.slots, id)?;
+        poll(&mut st);
+        Ok(st.slots[slot].as_ref().expect("found").tasks.clone())
+    }
+
+    /// One status for batch `id` (see `Engine::batch_status`).
+    pub(crate) fn overall(&self, id: BatchId) -> Result<TaskStatus> {
+        self.status_list(id).map(|l| overall_of(&l))
+    }
+
+    /// Wait until every task of batch `id` has ended, up to `timeout`.
+    pub(crate) fn wait(&self, id: BatchId, timeout: Duration) -> Result<TaskStatus> {
+        let start = Instant::now();
+        loop {
+            let mut st = self.state.lock();
+            let slot = find(&st.slots, id)?;
+            poll(&mut st);
+            let b = st.slots[slot].as_ref().expect("found");
+            if b.pending == 0 {
+                return Ok(overall_of(&b.tasks));
+            }
+            let waited = start.elapsed();
+            if waited > timeout {
+                return Err(Error::new(ErrorKind::Timeout, "batch still pending"));
+            }
+            let State { ring, slots, .. } = &mut *st;
+            if let Some(ring) = ring.as_mut()
+                && let Err(e) = ring.wait_ready(WAIT_STEP.min(timeout - waited))
+                && e.kind() != ErrorKind::Timeout
+            {
+                end_pending(slots, e.kind());
+            }
+        }
+    }
+
+    /// Free batch `id`: refused while a task of it is pending.
+    pub(crate) fn free(&self, id: BatchId) -> Result<()> {
+        let mut st = self.state.lock();
+        let slot = find(&st.slots, id)?;
+        poll(&mut st);
+        let pending = st.slots[slot].as_ref().expect("found").pending;
+        if pending > 0 {
+            return Err(Error::invalid(format!(
+                "batch {:#x} still has {pending} pending tasks: wait for them first",
+                id.0
+            )));
+        }
+        st.slots[slot] = None;
+        Ok(())
+    }
+}
+
+/// The slot of batch `id`, if it is allocated.
+fn find(slots: &[Option<Batch>], id: BatchId) -> Result<usize> {
+    let slot = (id.0 & ((1 << SLOT_BITS) - 1)) as usize;
+    let generation = id.0 >> SLOT_BITS;
+    match slots.get(slot) {
+        Some(Some(b)) if b.generation == generation => Ok(slot),
+        _ => Err(Error::invalid(format!(
+            "batch {:#x} is not allocated (freed, or another engine's)",
+            id.0
+        ))),
+    }
+}
+
+/// Reap what has completed; end every pending task once the daemon is gone.
+fn poll(st: &mut State) {
+    let State { ring, slots, .. } = st;
+    if let Some(ring) = ring.as_mut() {
+        reap(ring, slots);
+        if ring.stopped() {
+            end_pending(slots, ErrorKind::Shutdown);
+        }
+    }
+}
+
+/// Settle the tasks whose CQEs are in the ring. A CQE naming no pending
+/// task (the daemon's bytes are checked like any other process's) is
+/// dropped.
+fn reap(ring: &mut Ring, slots: &mut [Option<Batch>]) {
+    for c in ring.completion() {
+        let slot = (c.user_data() >> TASK_BITS) as usize;
+        let task = (c.user_data() & ((1 << TASK_BITS) - 1)) as usize;
+        let Some(Some(b)) = slots.get_mut(slot) else {
+            continue;
+        };
+        if let Some(t) = b.tasks.get_mut(task)
+            && t.state == TaskState::Pending
+        {
+            *t = status_of(&c);
+            b.pending -= 1;
+        }
+    }
+}
+
+/// What a CQE says of its task.
+fn status_of(c: &Cqe) -> TaskStatus {
+    let res = c.result();
+    TaskStatus {
+        state: TaskState::for_result(res, true),
+        transferred_bytes: res.unwrap_or(0),
+        error: res.err(),
+        transport: c.transport(),
+        failover_count: c.failover_count(),
+        failover_exhausted: c.failover_exhausted(),
+    }
+}
+
+/// The ring will answer no more (`kind`: `Shutdown`): every pending task
+/// ends, as an embedded engine's do when it stops.
+fn end_pending(slots: &mut [Option<Batch>], kind: ErrorKind) {
+    for b in slots.iter_mut().flatten() {
+        for t in b.tasks.iter_mut().filter(|t| t.state == TaskState::Pending) {
+            *t = TaskStatus::plain(TaskState::for_result(Err(kind), false), 0, Some(kind));
+        }
+        b.pending = 0;
+    }
+}
