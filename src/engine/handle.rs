@@ -43,7 +43,7 @@ pub struct Engine {
 /// Which engine a handle is.
 pub(crate) enum Inner {
     Embedded(Box<Embedded>),
-    Attached(Attached),
+    Attached(Box<Attached>),
 }
 
 impl std::fmt::Debug for Engine {
@@ -88,7 +88,7 @@ impl Engine {
 
     pub(crate) fn attached_handle(a: Attached) -> Engine {
         Engine {
-            inner: Inner::Attached(a),
+            inner: Inner::Attached(Box::new(a)),
         }
     }
 
