@@ -697,3 +697,42 @@ fn an_attached_engine_s_batches_settle_each_task() {
     assert_eq!(all.state, list[1].state);
     e.free_batch(batch).unwrap();
 }
+
+/// An attached engine lists the regions of a segment it opened and closes
+/// it: its ring may name it no more; a segment it did not open is
+/// `SegmentNotFound` either way.
+#[test]
+fn an_attached_engine_lists_and_closes_the_segments_it_opened() {
+    let d = daemon("segments");
+    let target = Engine::new(test_config()).unwrap();
+    let dst = target.allocate_memory(64 << 10).unwrap();
+    let e = Engine::attach(d.socket_path()).unwrap();
+    let src = e.allocate_memory(4096).unwrap();
+    let seg = e.open_segment(&target.segment_name()).unwrap();
+    let regions = e.segment_regions(seg).unwrap();
+    assert!(
+        regions
+            .iter()
+            .any(|r| r.addr == dst.addr() && r.len == dst.len()),
+        "{regions:?}"
+    );
+    let mut ring = e.ring_with_depth(8).unwrap();
+    assert!(ring.worker() < d.engine().worker_cores().len());
+    let write = op::Write::new(
+        LocalAddr::new(src.id(), 0),
+        RemoteAddr::new(seg, dst.addr()),
+        64,
+    )
+    .build();
+    ring.submission().push(write).unwrap();
+    assert_eq!(one(&mut ring).result(), Ok(64));
+    e.close_segment(seg).unwrap();
+    ring.submission().push(write).unwrap();
+    assert_eq!(one(&mut ring).result(), Err(ErrorKind::SegmentNotFound));
+    for err in [
+        e.close_segment(seg).unwrap_err(),
+        e.segment_regions(seg).unwrap_err(),
+    ] {
+        assert_eq!(err.kind(), ErrorKind::SegmentNotFound, "{err}");
+    }
+}

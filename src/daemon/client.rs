@@ -483,7 +483,10 @@ impl Attached {
                     part,
                     depth: d,
                     ring,
-                } if part == want && d == depth && *id.get_or_insert(ring) == ring => {}
+                    worker,
+                } if part == want
+                    && d == depth
+                    && *id.get_or_insert((ring, worker)) == (ring, worker) => {}
                 other => return Err(unexpected(&other)),
             }
             let fd = fd.ok_or_else(|| Error::new(ErrorKind::Unreachable, "tentd sent no memfd"))?;
@@ -504,7 +507,7 @@ impl Attached {
             parts.push(Arc::new(region));
         }
         drop(s);
-        let id = id.expect("three parts");
+        let (id, worker) = id.expect("three parts");
         let bad =
             |e: spsc::RingError| Error::new(ErrorKind::Unreachable, "tentd's ring").with_source(e);
         let bells = parts.pop().expect("three parts");
@@ -530,7 +533,7 @@ impl Attached {
         let daemon = DaemonRing {
             link: self.link.clone(),
             id,
-            worker: 0,
+            worker: worker as usize,
             sq_bell: word(SQ_BELL),
         };
         Ok(Ring::attached(sq, cq, daemon, bell))
@@ -614,14 +617,39 @@ impl Attached {
         Err(not_served("open_segment_edited"))
     }
 
-    pub(crate) fn close_segment(&self, _id: SegmentId) -> Result<()> {
-        Err(not_served(
-            "close_segment (the daemon closes a client's segments when it detaches)",
-        ))
+    /// Close segment `id` for this client (the daemon closes its own once
+    /// no other client holds it).
+    pub(crate) fn close_segment(&self, id: SegmentId) -> Result<()> {
+        match self.link.ask(&Request::CloseSegment { segment: id.0 })? {
+            (Reply::Done, _) => Ok(()),
+            (other, _) => Err(unexpected(&other)),
+        }
     }
 
-    pub(crate) fn segment_regions(&self, _id: SegmentId) -> Result<Vec<crate::RemoteRegion>> {
-        Err(not_served("segment_regions"))
+    /// The regions of segment `id` (one this client opened), asked page
+    /// by page.
+    pub(crate) fn segment_regions(&self, id: SegmentId) -> Result<Vec<crate::RemoteRegion>> {
+        let mut out = Vec::new();
+        loop {
+            let skip = u32::try_from(out.len()).unwrap_or(u32::MAX);
+            let (total, page) = match self.link.ask(&Request::SegmentRegions {
+                segment: id.0,
+                skip,
+            })? {
+                (Reply::Regions { total, regions }, _) => (total, regions),
+                (other, _) => return Err(unexpected(&other)),
+            };
+            let empty = page.is_empty();
+            out.extend(page.into_iter().map(|r| crate::RemoteRegion {
+                id: RegionId(r.id),
+                addr: r.addr,
+                len: r.len,
+            }));
+            // A table that changed between pages ends the walk where it is.
+            if out.len() >= total as usize || empty {
+                return Ok(out);
+            }
+        }
     }
 
     #[cfg(any(test, feature = "testing"))]

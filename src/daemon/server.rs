@@ -562,12 +562,17 @@ fn handle(
             if !started {
                 return refuse(s, &too_many("tentd: no thread for the ring's relay".into()));
             }
-            let files = &st.rings.last().expect("just pushed").ring.files;
-            for (part, fd) in [Part::Sq, Part::Cq, Part::Bells].into_iter().zip(files) {
+            let ring = &st.rings.last().expect("just pushed").ring;
+            let worker = u32::try_from(ring.worker.index).unwrap_or(u32::MAX);
+            for (part, fd) in [Part::Sq, Part::Cq, Part::Bells]
+                .into_iter()
+                .zip(&ring.files)
+            {
                 let reply = Reply::RingPart {
                     part,
                     depth,
                     ring: id,
+                    worker,
                 };
                 send(s, &reply, Some(fd.as_fd()))?;
             }
@@ -604,6 +609,63 @@ fn handle(
             retire(st.rings.swap_remove(at));
             send(s, &Reply::Done, None)
         }
+        Request::CloseSegment { segment } => {
+            let seg = SegmentId(segment);
+            let Some(at) = st.segments.iter().position(|&x| x == seg) else {
+                return refuse(s, &not_opened(segment));
+            };
+            st.segments.swap_remove(at);
+            st.scope.remove(seg);
+            close_held(inner, seg);
+            send(s, &Reply::Done, None)
+        }
+        Request::SegmentRegions { segment, skip } => {
+            let seg = SegmentId(segment);
+            if !st.segments.contains(&seg) {
+                return refuse(s, &not_opened(segment));
+            }
+            match e.segment_regions(seg) {
+                Ok(all) => {
+                    let regions = all
+                        .iter()
+                        .skip(skip as usize)
+                        .take(wire::MAX_REGIONS)
+                        .map(|r| wire::RegionEntry {
+                            id: r.id.0,
+                            addr: r.addr,
+                            len: r.len,
+                        })
+                        .collect();
+                    let total = u32::try_from(all.len()).unwrap_or(u32::MAX);
+                    send(s, &Reply::Regions { total, regions }, None)
+                }
+                Err(err) => refuse(s, &err),
+            }
+        }
+    }
+}
+
+fn not_opened(segment: u64) -> Error {
+    Error::new(
+        ErrorKind::SegmentNotFound,
+        format!("segment {segment:#x} is not open for this client"),
+    )
+}
+
+/// A client let go of `seg`: close it when no other client holds it.
+fn close_held(inner: &Inner, seg: SegmentId) {
+    let last = {
+        let mut held = inner.segments.lock();
+        let n = held.entry(seg).or_insert(1);
+        *n -= 1;
+        let last = *n == 0;
+        if last {
+            held.remove(&seg);
+        }
+        last
+    };
+    if last && let Err(e) = inner.core().close_segment(seg) {
+        tracing::warn!(error = %e, "tentd: closing a client's segment");
     }
 }
 
@@ -686,18 +748,6 @@ fn release(inner: &Inner, st: ClientState) {
         );
     }
     for seg in st.segments {
-        let last = {
-            let mut held = inner.segments.lock();
-            let n = held.entry(seg).or_insert(1);
-            *n -= 1;
-            let last = *n == 0;
-            if last {
-                held.remove(&seg);
-            }
-            last
-        };
-        if last && let Err(e) = inner.core().close_segment(seg) {
-            tracing::warn!(error = %e, "tentd: closing a departed client's segment");
-        }
+        close_held(inner, seg);
     }
 }

@@ -10,7 +10,7 @@ use tent_rings::ErrorKind;
 
 /// The layout both sides must agree on: these messages, the rings' and
 /// bells' memory. Checked at attach; a mismatch is refused naming both.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// The largest body either side sends or accepts.
 pub(crate) const MAX_BODY: u32 = 2048;
@@ -18,6 +18,9 @@ pub(crate) const MAX_BODY: u32 = 2048;
 pub(crate) const MAX_NAME: usize = 512;
 /// The longest message a refusal carries.
 pub(crate) const MAX_MESSAGE: usize = 1024;
+/// The most regions one `Regions` reply lists (24 bytes each: its body
+/// stays under [`MAX_BODY`]); a client asks again from where it stopped.
+pub(crate) const MAX_REGIONS: usize = 80;
 
 /// Which memory of a ring a `RingPart` reply hands over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +56,24 @@ pub(crate) enum Request {
     CloseRing {
         ring: u32,
     },
+    /// Close a segment the client opened (the daemon's own once no
+    /// other client holds it).
+    CloseSegment {
+        segment: u64,
+    },
+    /// The regions of a segment the client opened, from the `skip`th on.
+    SegmentRegions {
+        segment: u64,
+        skip: u32,
+    },
+}
+
+/// One region of a segment, as a `Regions` reply lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RegionEntry {
+    pub(crate) id: u64,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
 }
 
 /// The daemon's reply.
@@ -77,9 +98,17 @@ pub(crate) enum Reply {
         part: Part,
         depth: u32,
         ring: u32,
+        /// The daemon's worker serving it.
+        worker: u32,
     },
-    /// A `FreeMemory` or `CloseRing` is done.
+    /// A `FreeMemory`, `CloseRing` or `CloseSegment` is done.
     Done,
+    /// Up to [`MAX_REGIONS`] regions from the asked-for one on, of
+    /// `total`.
+    Regions {
+        total: u32,
+        regions: Vec<RegionEntry>,
+    },
     Refused {
         kind: ErrorKind,
         message: String,
@@ -97,11 +126,14 @@ mod tag {
     pub(super) const CREATE_RING: u8 = 4;
     pub(super) const FREE_MEMORY: u8 = 5;
     pub(super) const CLOSE_RING: u8 = 6;
+    pub(super) const CLOSE_SEGMENT: u8 = 7;
+    pub(super) const SEGMENT_REGIONS: u8 = 8;
     pub(super) const WELCOME: u8 = 0x81;
     pub(super) const ALLOCATED: u8 = 0x82;
     pub(super) const OPENED: u8 = 0x83;
     pub(super) const RING_PART: u8 = 0x84;
     pub(super) const DONE: u8 = 0x85;
+    pub(super) const REGIONS: u8 = 0x86;
     pub(super) const REFUSED: u8 = 0xff;
 }
 
@@ -186,6 +218,15 @@ impl Request {
                 b.push(tag::CLOSE_RING);
                 b.extend_from_slice(&ring.to_le_bytes());
             }
+            Request::CloseSegment { segment } => {
+                b.push(tag::CLOSE_SEGMENT);
+                b.extend_from_slice(&segment.to_le_bytes());
+            }
+            Request::SegmentRegions { segment, skip } => {
+                b.push(tag::SEGMENT_REGIONS);
+                b.extend_from_slice(&segment.to_le_bytes());
+                b.extend_from_slice(&skip.to_le_bytes());
+            }
         }
         frame(b)
     }
@@ -203,6 +244,11 @@ impl Request {
             tag::CREATE_RING => Request::CreateRing { depth: f.u32()? },
             tag::FREE_MEMORY => Request::FreeMemory { region: f.u64()? },
             tag::CLOSE_RING => Request::CloseRing { ring: f.u32()? },
+            tag::CLOSE_SEGMENT => Request::CloseSegment { segment: f.u64()? },
+            tag::SEGMENT_REGIONS => Request::SegmentRegions {
+                segment: f.u64()?,
+                skip: f.u32()?,
+            },
             _ => return Err(Malformed("unknown request")),
         };
         f.end()?;
@@ -233,13 +279,28 @@ impl Reply {
                 b.push(tag::OPENED);
                 b.extend_from_slice(&segment.to_le_bytes());
             }
-            Reply::RingPart { part, depth, ring } => {
+            Reply::RingPart {
+                part,
+                depth,
+                ring,
+                worker,
+            } => {
                 b.push(tag::RING_PART);
                 b.extend_from_slice(&(*part as u32).to_le_bytes());
                 b.extend_from_slice(&depth.to_le_bytes());
                 b.extend_from_slice(&ring.to_le_bytes());
+                b.extend_from_slice(&worker.to_le_bytes());
             }
             Reply::Done => b.push(tag::DONE),
+            Reply::Regions { total, regions } => {
+                b.push(tag::REGIONS);
+                b.extend_from_slice(&total.to_le_bytes());
+                for r in regions.iter().take(MAX_REGIONS) {
+                    b.extend_from_slice(&r.id.to_le_bytes());
+                    b.extend_from_slice(&r.addr.to_le_bytes());
+                    b.extend_from_slice(&r.len.to_le_bytes());
+                }
+            }
             Reply::Refused { kind, message } => {
                 b.push(tag::REFUSED);
                 b.extend_from_slice(&kind.code().to_le_bytes());
@@ -278,8 +339,24 @@ impl Reply {
                 },
                 depth: f.u32()?,
                 ring: f.u32()?,
+                worker: f.u32()?,
             },
             tag::DONE => Reply::Done,
+            tag::REGIONS => {
+                let total = f.u32()?;
+                let mut regions = Vec::new();
+                while !f.0.is_empty() {
+                    if regions.len() == MAX_REGIONS {
+                        return Err(Malformed("too many regions"));
+                    }
+                    regions.push(RegionEntry {
+                        id: f.u64()?,
+                        addr: f.u64()?,
+                        len: f.u64()?,
+                    });
+                }
+                Reply::Regions { total, regions }
+            }
             tag::REFUSED => Reply::Refused {
                 kind: ErrorKind::from_code(u16::from_le_bytes(f.take()?))
                     .ok_or(Malformed("unknown error kind"))?,
@@ -313,6 +390,11 @@ mod tests {
             Request::CreateRing { depth: 256 },
             Request::FreeMemory { region: 1 << 40 },
             Request::CloseRing { ring: 3 },
+            Request::CloseSegment { segment: 9 },
+            Request::SegmentRegions {
+                segment: 9,
+                skip: 80,
+            },
         ] {
             assert_eq!(Request::decode(body(&r.encode())), Ok(r));
         }
@@ -331,8 +413,20 @@ mod tests {
                 part: Part::Bells,
                 depth: 64,
                 ring: 2,
+                worker: 1,
             },
             Reply::Done,
+            Reply::Regions {
+                total: 81,
+                regions: vec![
+                    RegionEntry {
+                        id: 1,
+                        addr: 1 << 40,
+                        len: 4096
+                    };
+                    MAX_REGIONS
+                ],
+            },
             Reply::Refused {
                 kind: ErrorKind::OutOfMemory,
                 message: "quota".into(),
@@ -389,6 +483,7 @@ mod tests {
                     part: Part::Cq,
                     depth: 64,
                     ring: 1,
+                    worker: 0,
                 }
                 .encode(),
             ),
@@ -400,6 +495,30 @@ mod tests {
                 .encode(),
             ),
             ("close_ring", Request::CloseRing { ring: 1 }.encode()),
+            (
+                "close_segment",
+                Request::CloseSegment { segment: 7 }.encode(),
+            ),
+            (
+                "segment_regions",
+                Request::SegmentRegions {
+                    segment: 7,
+                    skip: 0,
+                }
+                .encode(),
+            ),
+            (
+                "regions",
+                Reply::Regions {
+                    total: 1,
+                    regions: vec![RegionEntry {
+                        id: 1,
+                        addr: 0x7f00_0000_0000,
+                        len: 1 << 20,
+                    }],
+                }
+                .encode(),
+            ),
             ("done", Reply::Done.encode()),
             (
                 "refused",

@@ -96,6 +96,18 @@ impl ClientScope {
             format!("a client may have {MAX_CLIENT_SEGMENTS} segments open"),
         ))
     }
+
+    /// It may name `segment` no more (it closed it). An SQE a worker took
+    /// before keeps running: the segment's close waits for it.
+    pub(crate) fn remove(&self, segment: SegmentId) {
+        for s in &self.segments {
+            if s.compare_exchange(segment.0, 0, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -118,6 +130,9 @@ mod tests {
         };
         assert_eq!(slots(seg.0), 1, "added once");
         assert!(!s.allows(SegmentId::LOCAL));
+        s.remove(seg);
+        assert!(!s.allows(seg), "removed");
+        assert_eq!(slots(seg.0), 0);
         for i in 1..MAX_CLIENT_SEGMENTS as u64 {
             s.add(SegmentId(0x1000_0000 + i)).unwrap();
         }
