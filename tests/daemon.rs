@@ -696,6 +696,34 @@ fn an_attached_engine_s_batches_settle_each_task() {
     assert_eq!(list[1].error, Some(ErrorKind::OutOfBounds), "{list:?}");
     assert_eq!(all.state, list[1].state);
     e.free_batch(batch).unwrap();
+    // A block list: blocks 0, 1, 5 and 3 of 4 KiB to places 2, 3, 0 and
+    // 7: three requests (0 and 1 are one run on both sides).
+    let blk = 4096;
+    let order = [0u64, 1, 5, 3];
+    let place = [2u64, 3, 0, 7];
+    let local: Vec<u64> = order.iter().map(|b| src.addr() + b * blk).collect();
+    let remote: Vec<u64> = place
+        .iter()
+        .map(|p| dst.addr() + (1 << 19) + p * blk)
+        .collect();
+    let batch = e.allocate_batch(8).unwrap();
+    let list = tent::BlockList {
+        opcode: tent::Opcode::Write,
+        segment: seg,
+        block_len: blk,
+        local_addrs: &local,
+        remote_addrs: &remote,
+        priority: tent::Priority::High,
+    };
+    assert_eq!(e.submit_blocks(batch, &list).unwrap(), 3);
+    let all = e.wait_batch(batch, Duration::from_secs(10)).unwrap();
+    assert_eq!(all.state, tent::TaskState::Completed);
+    for (b, p) in order.into_iter().zip(place) {
+        let mut got = vec![0u8; blk as usize];
+        dst.read((1 << 19) + p * blk, &mut got).unwrap();
+        let at = (b * blk) as usize;
+        assert!(got == data[at..at + blk as usize], "block {b}");
+    }
 }
 
 /// An attached engine lists the regions of a segment it opened and closes
@@ -718,6 +746,11 @@ fn an_attached_engine_lists_and_closes_the_segments_it_opened() {
     );
     let mut ring = e.ring_with_depth(8).unwrap();
     assert!(ring.worker() < d.engine().worker_cores().len());
+    assert_eq!(
+        ring.completion_fd().unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert!(!ring.prepare_wait(), "no fd to sleep on");
     let write = op::Write::new(
         LocalAddr::new(src.id(), 0),
         RemoteAddr::new(seg, dst.addr()),

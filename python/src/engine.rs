@@ -83,8 +83,7 @@ impl TransferEngine {
     /// `allocate_local_memory` and rings then live in memory shared with
     /// the daemon, whose workers serve them; `register_local_memory` is
     /// refused (allocate through the engine), and so, for now, are
-    /// cancel, block lists and notifications (`InvalidArgumentError`
-    /// naming the call). `UnreachableError` when no daemon answers.
+    /// cancel and notifications (`InvalidArgumentError` naming the call). `UnreachableError` when no daemon answers.
     #[new]
     #[pyo3(signature = (config_path=None, attach=None))]
     fn new(

@@ -552,12 +552,67 @@ impl Attached {
 /// named; and the reports, which are the daemon's (its HTTP endpoint):
 /// an attached engine reports only what it holds itself.
 impl Attached {
+    /// A block list, as requests of the batch API: one per run of blocks
+    /// contiguous on both sides in one region (the daemon sees ring ops, so
+    /// a scattered list is as many requests as runs; an embedded engine
+    /// makes it one per registration). Returns how many tasks it appended.
     pub(crate) fn submit_blocks(
         &self,
-        _batch: crate::BatchId,
-        _blocks: &crate::BlockList<'_>,
+        batch: crate::BatchId,
+        blocks: &crate::BlockList<'_>,
     ) -> Result<usize> {
-        Err(not_served("submit_blocks"))
+        let n = blocks.local_addrs.len();
+        if blocks.block_len == 0 || n == 0 || blocks.remote_addrs.len() != n {
+            return Err(Error::invalid(format!(
+                "submit_blocks: {n} local and {} remote addresses of {} bytes each: both lists the same length, not empty, and blocks not empty",
+                blocks.remote_addrs.len(),
+                blocks.block_len
+            )));
+        }
+        let len = blocks.block_len;
+        // (local, remote, len) of each run.
+        let mut runs: Vec<(tent_rings::LocalAddr, u64, u64)> = Vec::new();
+        for (i, (&local, &remote)) in blocks
+            .local_addrs
+            .iter()
+            .zip(blocks.remote_addrs)
+            .enumerate()
+        {
+            if remote.checked_add(len).is_none() {
+                return Err(Error::invalid(format!(
+                    "submit_blocks: block {i}'s remote end wraps"
+                )));
+            }
+            let at = self
+                .local_addr(local, len)
+                .map_err(|e| Error::new(e.kind(), format!("submit_blocks: block {i}: {e}")))?;
+            if let Some((l, r, n)) = runs.last_mut()
+                && l.region == at.region
+                && l.offset.checked_add(*n) == Some(at.offset)
+                && r.checked_add(*n) == Some(remote)
+            {
+                *n += len;
+                continue;
+            }
+            runs.push((at, remote, len));
+        }
+        let seg = blocks.segment;
+        let sqes: Vec<Sqe> = runs
+            .iter()
+            .map(|&(local, remote, len)| {
+                let remote = tent_rings::RemoteAddr::new(seg, remote);
+                match blocks.opcode {
+                    tent_rings::Opcode::Read => tent_rings::op::Read::new(local, remote, len)
+                        .priority(blocks.priority)
+                        .build(),
+                    tent_rings::Opcode::Write => tent_rings::op::Write::new(local, remote, len)
+                        .priority(blocks.priority)
+                        .build(),
+                }
+            })
+            .collect();
+        self.submit(batch, &sqes)?;
+        Ok(sqes.len())
     }
 
     pub(crate) fn send_notification(

@@ -3,12 +3,13 @@
 //! serves its rings in shared memory. The same calls work on both, so an
 //! application switches by configuration alone (`daemon_socket`).
 //!
-//! An attached engine serves memory, segments, rings and the batch API
-//! (kept on its side over a ring of its own, `daemon::batches`). What it
-//! does not serve yet is refused with a typed error naming the call
+//! An attached engine serves memory, segments, rings, the batch API and
+//! block lists (kept on its side over a ring of its own,
+//! `daemon::batches`; a block list is one request per run). What it does
+//! not serve yet is refused with a typed error naming the call
 //! (`InvalidArgument`), never faked: heap registration (allocate through
 //! the engine: the daemon cannot reach this process's heap), cancel,
-//! block lists, notifications, reload. Reports (rails, SQ rows, metrics,
+//! notifications, reload, the completion fd. Reports (rails, SQ rows, metrics,
 //! QoS) are the daemon's, read from its HTTP endpoint: an attached engine
 //! reports only what it holds.
 

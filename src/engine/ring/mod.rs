@@ -328,9 +328,19 @@ impl Ring {
     ///
     /// # Errors
     /// `OutOfMemory` when the kernel refuses an eventfd (the process's
-    /// descriptor limit).
+    /// descriptor limit); `InvalidArgument` on a ring of an engine attached
+    /// to a daemon (not served: its worker would write a descriptor this
+    /// process controls).
     pub fn completion_fd(&mut self) -> Result<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
+        if matches!(self.server, Server::Daemon(_)) {
+            // The daemon's worker would write it: a descriptor another
+            // process shares can be made to block that write (a full
+            // counter, the file made blocking), and the worker never waits.
+            return Err(Error::invalid(
+                "completion_fd is not served for a ring of an engine attached to tentd (its worker would write a descriptor this process controls); wait with wait_ready",
+            ));
+        }
         if self.bell.efd.get().is_none() {
             let fd = rustix::event::eventfd(
                 0,
