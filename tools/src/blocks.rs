@@ -54,7 +54,7 @@ pub(crate) fn blocks(args: &Args) -> Result<(), String> {
         let mut cfg = tent::Config::load().map_err(|e| e.to_string())?;
         cfg.workers.count = 1;
         cfg.max_batch_size = cfg.max_batch_size.max(n as u32);
-        let engine = Engine::new(cfg).map_err(|e| e.to_string())?;
+        let engine = crate::engine(args, cfg)?;
         let seg = engine.open_segment(&name).map_err(|e| e.to_string())?;
         let remote = engine
             .segment_regions(seg)

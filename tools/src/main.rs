@@ -196,6 +196,13 @@ pub struct Args {
     /// Qos-low: the slot file's shared-memory name.
     #[arg(long, hide = true)]
     pub qos_slot_file: Option<String>,
+    /// Run the measuring engine as a client of the node's daemon (`tentd`)
+    /// listening at this unix socket instead of embedding one (modes
+    /// initiator and the default sweep, idle, topology and blocks): its
+    /// memory and rings are the daemon's shared memory, its workers the
+    /// daemon's. A target this run spawns is still a process of its own.
+    #[arg(long)]
+    pub attach: Option<std::path::PathBuf>,
     /// Target: exit when stdin closes (used when tent-bench spawns its own target).
     #[arg(long, hide = true)]
     pub exit_on_stdin_eof: bool,
@@ -203,6 +210,22 @@ pub struct Args {
     /// default, what it does) as a Markdown table, and exit.
     #[arg(long)]
     pub print_config: bool,
+}
+
+/// The measuring engine: `cfg` embedded, or, with `--attach`, a client of
+/// the daemon there, taking from `cfg` only what a client sets (its rings'
+/// depth and its batches: the rest is the daemon's configuration).
+pub(crate) fn engine(args: &Args, cfg: tent::Config) -> Result<tent::Engine, String> {
+    let Some(socket) = &args.attach else {
+        return tent::Engine::new(cfg).map_err(|e| e.to_string());
+    };
+    let mut client = tent::Config::default();
+    client.daemon_socket = socket.display().to_string();
+    client.ring_depth = cfg.ring_depth;
+    client.max_batch_size = cfg.max_batch_size;
+    client.max_batches = cfg.max_batches;
+    client.log_level = cfg.log_level;
+    tent::Engine::new(client).map_err(|e| format!("--attach {}: {e}", socket.display()))
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -327,6 +350,14 @@ fn real_main(args: Args) -> Result<run::Tally, String> {
     }
     let none = |r: Result<(), String>| r.map(|()| run::Tally::default());
     match args.mode {
+        Some(Mode::Soak | Mode::Sq | Mode::Qos | Mode::QosLow | Mode::Attach | Mode::Target)
+            if args.attach.is_some() =>
+        {
+            none(Err(
+                "--attach: this mode does not run through a daemon (soak and sq inject faults into an engine of their own, qos and attach compare engines they start, a target serves its own memory); attached modes: initiator (and the default sweep), idle, topology, blocks"
+                    .to_owned(),
+            ))
+        }
         Some(Mode::Target) => none(run::target(&args)),
         Some(Mode::Idle) => none(run::idle(&args)),
         Some(Mode::Topology) => none(run::topology(&args)),

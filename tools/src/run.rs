@@ -147,8 +147,7 @@ fn cpu_time() -> Duration {
 }
 
 pub(crate) fn idle(args: &Args) -> Result<(), String> {
-    let engine =
-        Engine::new(engine_config(args, args.threads, true)?).map_err(|e| e.to_string())?;
+    let engine = crate::engine(args, engine_config(args, args.threads, true)?)?;
     std::thread::sleep(Duration::from_millis(300));
     let before = cpu_time();
     let dur = Duration::from_secs_f64(args.duration);
@@ -173,7 +172,7 @@ pub(crate) fn idle(args: &Args) -> Result<(), String> {
 /// with `--target`, the rails it would form to that peer.
 pub(crate) fn topology(args: &Args) -> Result<(), String> {
     let pin = Config::load().map_err(|e| e.to_string())?.workers.pin;
-    let engine = Engine::new(engine_config(args, args.threads, pin)?).map_err(|e| e.to_string())?;
+    let engine = crate::engine(args, engine_config(args, args.threads, pin)?)?;
     // Workers pin themselves as they start: give them a moment, so the
     // report shows where they run rather than "not started yet".
     let started = std::time::Instant::now();
@@ -228,8 +227,13 @@ pub(crate) fn initiator(
     target_pids: &[u32],
 ) -> Result<Tally, String> {
     let points = sweep_points(args);
-    let engine =
-        Engine::new(engine_config(args, args.threads, true)?).map_err(|e| e.to_string())?;
+    if args.attach.is_some() && targets.is_empty() {
+        return Err(
+            "--attach needs a target of its own (--transport shm or tcp): a client of a daemon may not name the daemon's own segment"
+                .into(),
+        );
+    }
+    let engine = crate::engine(args, engine_config(args, args.threads, true)?)?;
     let _scraper = Scraper::start(&engine, args.scrape_hz)?;
     // One thread's footprint: the largest block times its ops in flight.
     let per_thread = points
