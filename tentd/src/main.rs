@@ -1,7 +1,8 @@
 //! `tentd`: one engine for the node. It runs an engine from the usual
 //! configuration (`TENT_CONF`, the `TENT_<PATH>` variables, or
-//! `--config`) and serves it at a unix socket, where processes attach with
-//! `tent::daemon::Client`. It stops on SIGINT or SIGTERM.
+//! `--config`) and serves it at a unix socket, where processes attach
+//! (`Engine::attach`, or the `daemon_socket` key). It stops on SIGINT or
+//! SIGTERM.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,8 +16,9 @@ use clap::Parser;
     about = "One tent engine per node, shared by every process on it"
 )]
 struct Args {
-    /// The socket clients attach at (default: $XDG_RUNTIME_DIR/tentd.sock,
-    /// else /run/tent/tentd.sock).
+    /// The socket clients attach at (default: the configuration's
+    /// `daemon_socket`, else $XDG_RUNTIME_DIR/tentd.sock, else
+    /// /run/tent/tentd.sock).
     #[arg(long)]
     socket: Option<PathBuf>,
     /// The engine's configuration: a JSON file (default: as an embedded
@@ -64,10 +66,14 @@ fn run(args: &Args) -> Result<(), String> {
     // processes do not read it through /proc, nor attach a debugger.
     let mut config = config;
     config.non_dumpable = true;
+    // `daemon_socket` is what clients attach to: the daemon serves there
+    // (unless --socket says otherwise) and runs its engine itself.
     let socket = args
         .socket
         .clone()
+        .or_else(|| (!config.daemon_socket.is_empty()).then(|| config.daemon_socket.clone().into()))
         .unwrap_or_else(tent::daemon::default_socket_path);
+    config.daemon_socket.clear();
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }

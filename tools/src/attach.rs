@@ -106,6 +106,8 @@ pub(crate) fn attach(args: &Args) -> Result<(), String> {
     let (mut child, name) = crate::spawn_target(TransportArg::Shm, size.max(4096))?;
     let result = (|| {
         let mut cfg = tent::Config::load().map_err(|e| e.to_string())?;
+        // Both engines this mode compares are its own.
+        cfg.daemon_socket.clear();
         cfg.workers.count = 1;
         cfg.inline_max_bytes = 0;
         let depth_ring = (depth as u32).next_power_of_two().max(64);

@@ -216,8 +216,11 @@ pub struct Args {
 /// the daemon there, taking from `cfg` only what a client sets (its rings'
 /// depth and its batches: the rest is the daemon's configuration).
 pub(crate) fn engine(args: &Args, cfg: tent::Config) -> Result<tent::Engine, String> {
-    let Some(socket) = &args.attach else {
-        return tent::Engine::new(cfg).map_err(|e| e.to_string());
+    // `--attach`, else the configuration's `daemon_socket`.
+    let socket = match &args.attach {
+        Some(s) => s.clone(),
+        None if !cfg.daemon_socket.is_empty() => cfg.daemon_socket.clone().into(),
+        None => return tent::Engine::new(cfg).map_err(|e| e.to_string()),
     };
     let mut client = tent::Config::default();
     client.daemon_socket = socket.display().to_string();
@@ -225,7 +228,8 @@ pub(crate) fn engine(args: &Args, cfg: tent::Config) -> Result<tent::Engine, Str
     client.max_batch_size = cfg.max_batch_size;
     client.max_batches = cfg.max_batches;
     client.log_level = cfg.log_level;
-    tent::Engine::new(client).map_err(|e| format!("--attach {}: {e}", socket.display()))
+    client.daemon_embed_fallback = cfg.daemon_embed_fallback;
+    tent::Engine::new(client).map_err(|e| format!("attach to {}: {e}", socket.display()))
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {

@@ -49,6 +49,8 @@ fn engine_config(args: &Args, workers: usize, pin: bool) -> Result<Config, Strin
 /// with the target's own choices on top.
 fn target_config(args: &Args) -> Result<Config, String> {
     let mut cfg = engine_config(args, 1, false)?;
+    // A target serves memory of its own: never a daemon's client.
+    cfg.daemon_socket.clear();
     // A tcp or rdma target serves from anonymous memory (huge pages where
     // THP allows); any other exports its buffer over shm.
     cfg.transports.shm.enable = !matches!(args.transport, TransportArg::Tcp | TransportArg::Rdma);
