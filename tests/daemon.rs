@@ -120,6 +120,11 @@ fn a_client_names_only_its_own_regions_and_segments() {
         b.open_segment(&shm).unwrap_err().kind(),
         ErrorKind::AccessDenied
     );
+    // Nor by another name of the same engine: its identity decides.
+    let alias = own.replace("127.0.0.1", "[::ffff:127.0.0.1]");
+    assert_ne!(alias, own);
+    let err = b.open_segment(&alias).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AccessDenied, "{err}");
     // Once B opens the segment itself, its own region goes.
     let seg_b = b.open_segment(&target.segment_name()).unwrap();
     rb.submission().push(write(b_mem.id(), seg_b)).unwrap();

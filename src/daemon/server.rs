@@ -534,6 +534,23 @@ fn handle(
                 Ok(seg) => seg,
                 Err(err) => return refuse(s, &err),
             };
+            // The name is no proof: another address of the daemon's
+            // control server, or another name of its shm file, reaches
+            // the same memory.
+            if e.is_own_segment(seg) {
+                if !inner.segments.lock().contains_key(&seg)
+                    && let Err(err) = e.close_segment(seg)
+                {
+                    tracing::warn!(error = %err, "tentd: closing its own segment a client opened");
+                }
+                return refuse(
+                    s,
+                    &Error::new(
+                        ErrorKind::AccessDenied,
+                        format!("{name} is tentd's own segment (every client's memory is there)"),
+                    ),
+                );
+            }
             if !st.segments.contains(&seg) {
                 *inner.segments.lock().entry(seg).or_insert(0) += 1;
                 st.segments.push(seg);

@@ -69,6 +69,25 @@ impl Embedded {
         self.open_segment_with(name, |_| {})
     }
 
+    /// Is open segment `id` this engine itself, by whatever name it was
+    /// opened: the local segment, or one whose owner has this engine's
+    /// incarnation (its control server reached under another address)? A
+    /// daemon refuses such a segment to a client: every client's memory
+    /// is there. (A bare shm name carries no incarnation: only a process
+    /// that can already open the engine's files, its own user, could make
+    /// a second name for one.)
+    pub(crate) fn is_own_segment(&self, id: SegmentId) -> bool {
+        let Ok(seg) = self.open_segment_by_id(id) else {
+            return false;
+        };
+        let ours = self.shared.incarnation.get();
+        match seg.kind() {
+            SegmentKind::Local => true,
+            SegmentKind::Remote(d) if d.incarnation == ours => true,
+            _ => seg.incarnation() == Some(ours),
+        }
+    }
+
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn open_segment_edited(
         &self,
