@@ -10,7 +10,7 @@
 //! was checked is what is reached; [`peer_uid`] reads who is at the other
 //! end.
 
-use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -130,8 +130,17 @@ pub(crate) fn send_with_fd(s: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> 
     if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
         return Err(io::Error::other("no room for one descriptor"));
     }
-    let n = net::sendmsg(s, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)?;
-    (&*s).write_all(&bytes[n..])
+    let mut at = net::sendmsg(s, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)?;
+    // The rest without SIGPIPE either: a C or Python host keeps the
+    // default handler, which would end it when the peer is gone.
+    while at < bytes.len() {
+        match net::send(s, &bytes[at..], SendFlags::NOSIGNAL) {
+            Ok(n) => at += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// One received frame.

@@ -643,9 +643,10 @@ fn a_daemon_killed_ends_its_clients_ops_typed_and_a_restarted_one_serves_again()
 }
 
 /// An attached engine's batch API: tasks settle from the CQEs of its own
-/// ring, a bad request ends its task typed, a batch larger than the ring
-/// goes through it in turns, a freed or foreign id is refused, and a
-/// batch with a task pending cannot be freed.
+/// ring, a bad request ends its task typed, a submit that finds the ring
+/// full waits for room (the ring holds `max_batch_size`), a freed or
+/// foreign id is refused, and block lists go through it as one request
+/// per run.
 #[test]
 fn an_attached_engine_s_batches_settle_each_task() {
     let d = daemon("batch");
@@ -653,7 +654,7 @@ fn an_attached_engine_s_batches_settle_each_task() {
     let dst = target.allocate_memory(1 << 20).unwrap();
     let mut cfg = tent::Config::default();
     cfg.daemon_socket = d.socket_path().display().to_string();
-    cfg.ring_depth = 8;
+    cfg.max_batch_size = 64;
     let e = Engine::new(cfg).unwrap();
     let src = e.allocate_memory(1 << 20).unwrap();
     let data = pattern(3, 1 << 20);
@@ -667,24 +668,32 @@ fn an_attached_engine_s_batches_settle_each_task() {
         )
         .build()
     };
-    // 100 tasks of 10 KiB through a ring of 8.
-    let batch = e.allocate_batch(128).unwrap();
+    // 100 tasks of 10 KiB in two batches, back to back, through a ring of
+    // 64: the second submit waits for room.
+    let first = e.allocate_batch(64).unwrap();
+    let second = e.allocate_batch(64).unwrap();
     let reqs: Vec<_> = (0..100).map(|i| write(i * 10240, 10240)).collect();
-    e.submit(batch, &reqs).unwrap();
-    let all = e.wait_batch(batch, Duration::from_secs(10)).unwrap();
-    assert_eq!(
-        (all.state, all.transferred_bytes),
-        (tent::TaskState::Completed, 100 * 10240)
-    );
+    e.submit(first, &reqs[..64]).unwrap();
+    e.submit(second, &reqs[64..]).unwrap();
+    for (batch, n) in [(first, 64), (second, 36)] {
+        let all = e.wait_batch(batch, Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            (all.state, all.transferred_bytes),
+            (tent::TaskState::Completed, n * 10240)
+        );
+    }
     let mut got = vec![0u8; 100 * 10240];
     dst.read(0, &mut got).unwrap();
-    assert!(got == data[..100 * 10240], "the batch's data landed");
-    assert_eq!(e.status_list(batch).unwrap().len(), 100);
+    assert!(got == data[..100 * 10240], "the batches' data landed");
+    assert_eq!(e.status_list(second).unwrap().len(), 36);
+    e.free_batch(first).unwrap();
+    let batch = second;
     // Past the room the batch has: refused whole.
     assert_eq!(
         e.submit(batch, &reqs[..29]).unwrap_err().kind(),
         ErrorKind::InvalidArgument
     );
+    assert_eq!(e.status_list(batch).unwrap().len(), 36, "nothing queued");
     e.free_batch(batch).unwrap();
     assert_eq!(
         e.status(batch, 0).unwrap_err().kind(),

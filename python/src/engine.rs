@@ -92,7 +92,10 @@ impl TransferEngine {
         attach: Option<std::path::PathBuf>,
     ) -> PyResult<TransferEngine> {
         let engine = match (attach, config_path.filter(|a| !a.is_none())) {
-            (Some(socket), None) => py.detach(|| Engine::attach(socket)).py(py)?,
+            (Some(socket), None) => {
+                tent::stderr_log::install(tent::Config::default().log_level);
+                py.detach(|| Engine::attach(socket)).py(py)?
+            }
             (socket, config_path) => {
                 let mut cfg = config(py, config_path)?;
                 if let Some(socket) = socket {

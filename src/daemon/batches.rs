@@ -4,16 +4,20 @@
 //! whichever call looks, settle the tasks here. The daemon sees ring ops
 //! only; nothing of a batch crosses the socket.
 //!
-//! What differs from an embedded engine's batches: a task cannot be
-//! canceled (the op runs in the daemon, which a client cannot reach but
-//! through its ring), a permanent error counts as `Invalid` (the CQE does
-//! not say whether it was found before a byte moved), and a batch's tasks
-//! end `Canceled` with `Shutdown` once the daemon has gone.
+//! As an embedded engine's, a submit is all or nothing: it waits, the
+//! table's lock released, up to `default_timeout_ms` for room in the ring
+//! for every request, then publishes them together, or fails `SqFull`
+//! with nothing queued. What differs: a task cannot be canceled (the op
+//! runs in the daemon, which a client cannot reach but through its ring),
+//! a permanent error counts as `Invalid` (the CQE does not say whether it
+//! was found before a byte moved), and every pending task ends `Canceled`
+//! with `Shutdown` once the daemon has gone. The ring holds
+//! `max_batch_size` entries and counts as one of the client's rings at the
+//! daemon (`DaemonLimits::rings_per_client`).
 
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tent_rings::spsc::PushError;
 use tent_rings::{Cqe, ErrorKind, Sqe};
 
 use crate::engine::batch::overall_of;
@@ -26,13 +30,16 @@ const TASK_BITS: u32 = 24;
 /// Bits of a [`BatchId`] that hold its slot (`max_batches` is at most
 /// 1 << 20); the generation sits above them.
 const SLOT_BITS: u32 = 20;
-/// The longest a wait sleeps on the ring while holding the table.
-const WAIT_STEP: Duration = Duration::from_millis(5);
+/// The longest nap of a wait, between looks at the ring (the table's lock
+/// is never held across one).
+const NAP_MAX: Duration = Duration::from_millis(1);
 
 /// Every batch of one attached engine.
 pub(crate) struct ClientBatches {
     max_batches: usize,
     max_batch_size: usize,
+    /// How long a submit waits for room in the ring.
+    room_timeout: Duration,
     state: Mutex<State>,
 }
 
@@ -51,10 +58,15 @@ struct Batch {
 }
 
 impl ClientBatches {
-    pub(crate) fn new(max_batches: u32, max_batch_size: u32) -> ClientBatches {
+    pub(crate) fn new(
+        max_batches: u32,
+        max_batch_size: u32,
+        room_timeout: Duration,
+    ) -> ClientBatches {
         ClientBatches {
             max_batches: max_batches.min(1 << SLOT_BITS) as usize,
             max_batch_size: max_batch_size.min(1 << 20) as usize,
+            room_timeout,
             state: Mutex::new(State {
                 ring: None,
                 slots: Vec::new(),
@@ -97,69 +109,95 @@ impl ClientBatches {
         Ok(BatchId(generation << SLOT_BITS | slot as u64))
     }
 
-    /// Append `requests` to batch `id` as its next tasks and post them
-    /// (waiting for room in the ring while it is full). `make_ring` gives
-    /// the ring at the first submit.
+    /// The depth of the ring batches go through: a batch of
+    /// `max_batch_size` fits whole.
+    pub(crate) fn ring_depth(&self) -> u32 {
+        (self.max_batch_size as u32)
+            .next_power_of_two()
+            .clamp(64, 1 << 16)
+    }
+
+    /// Append `requests` to batch `id` as its next tasks and post them, all
+    /// or none (see the module doc). `make_ring` gives the ring at the
+    /// first submit (called without the table's lock: it asks the daemon).
     pub(crate) fn submit(
         &self,
         make_ring: impl FnOnce() -> Result<Ring>,
         id: BatchId,
         requests: &[Sqe],
     ) -> Result<()> {
-        let mut st = self.state.lock();
-        let slot = find(&st.slots, id)?;
-        let b = st.slots[slot].as_ref().expect("found");
-        if b.tasks.len() + requests.len() > b.capacity {
-            return Err(Error::invalid(format!(
-                "batch {:#x} has room for {} more requests, not {}",
-                id.0,
-                b.capacity - b.tasks.len(),
-                requests.len()
-            )));
-        }
-        if requests.is_empty() {
-            return Ok(());
-        }
-        if st.ring.is_none() {
-            st.ring = Some(make_ring()?);
-        }
-        let State { ring, slots, .. } = &mut *st;
-        let ring = ring.as_mut().expect("made above");
-        let b = slots[slot].as_mut().expect("found");
-        let first = b.tasks.len();
-        b.tasks.extend(std::iter::repeat_n(
-            TaskStatus::plain(TaskState::Pending, 0, None),
-            requests.len(),
-        ));
-        b.pending += requests.len();
-        for (i, sqe) in requests.iter().enumerate() {
-            let mut sqe = *sqe;
-            sqe.set_user_data((slot as u64) << TASK_BITS | (first + i) as u64);
-            loop {
-                match ring.submission().push(sqe) {
-                    Ok(()) => break,
-                    Err(PushError(back)) => sqe = back,
-                }
-                // Full: what is pushed goes, and completions make room.
-                if let Err(e) = ring.submit() {
-                    end_pending(slots, e.kind());
-                    return Err(e);
-                }
-                reap(ring, slots);
-                if ring.submission().slots() == 0
-                    && let Err(e) = ring.wait_ready(WAIT_STEP)
-                    && e.kind() != ErrorKind::Timeout
-                {
-                    end_pending(slots, e.kind());
-                    return Err(e);
-                }
+        {
+            let st = self.state.lock();
+            room_in_batch(&st.slots, id, requests.len())?;
+            if requests.is_empty() {
+                return Ok(());
             }
         }
-        if let Err(e) = ring.submit() {
-            end_pending(slots, e.kind());
-            return Err(e);
+        if self.state.lock().ring.is_none() {
+            let ring = make_ring()?;
+            // Another submit may have made one meanwhile: that one stays.
+            self.state.lock().ring.get_or_insert(ring);
         }
-        Ok(())
+        let start = Instant::now();
+        let mut nap = Duration::from_micros(10);
+        loop {
+            {
+                let mut st = self.state.lock();
+                poll(&mut st);
+                let slot = room_in_batch(&st.slots, id, requests.len())?;
+                let State { ring, slots, .. } = &mut *st;
+                let ring = ring.as_mut().expect("made above");
+                let capacity = ring.submission().capacity();
+                if requests.len() > capacity {
+                    return Err(Error::invalid(format!(
+                        "{} requests in one submit; an attached engine's batch ring holds {} (max_batch_size)",
+                        requests.len(),
+                        capacity
+                    )));
+                }
+                if ring.stopped() {
+                    return Err(Error::new(
+                        ErrorKind::Shutdown,
+                        "the daemon (tentd) this engine is attached to has gone",
+                    ));
+                }
+                if ring.submission().slots() >= requests.len() {
+                    let b = slots[slot].as_mut().expect("found");
+                    let first = b.tasks.len();
+                    {
+                        let mut sq = ring.submission();
+                        for (i, sqe) in requests.iter().enumerate() {
+                            let mut sqe = *sqe;
+                            sqe.set_user_data((slot as u64) << TASK_BITS | (first + i) as u64);
+                            // Room for all was seen, and only this thread
+                            // pushes (under the lock).
+                            let _ = sq.push(sqe);
+                        }
+                    }
+                    b.tasks.extend(std::iter::repeat_n(
+                        TaskStatus::plain(TaskState::Pending, 0, None),
+                        requests.len(),
+                    ));
+                    b.pending += requests.len();
+                    if let Err(e) = ring.submit() {
+                        end_pending(slots, e.kind());
+                        return Err(e);
+                    }
+                    return Ok(());
+                }
+            }
+            if start.elapsed() > self.room_timeout {
+                return Err(Error::new(
+                    ErrorKind::SqFull,
+                    format!(
+                        "no room for {} requests in the batch ring within {:?}; nothing queued",
+                        requests.len(),
+                        self.room_timeout
+                    ),
+                ));
+            }
+            nap_for(&mut nap);
+        }
     }
 
     /// Task `task` of batch `id`, after reaping what has completed.
@@ -190,28 +228,25 @@ impl ClientBatches {
         self.status_list(id).map(|l| overall_of(&l))
     }
 
-    /// Wait until every task of batch `id` has ended, up to `timeout`.
+    /// Wait until every task of batch `id` has ended, up to `timeout`
+    /// (the table's lock taken only to look).
     pub(crate) fn wait(&self, id: BatchId, timeout: Duration) -> Result<TaskStatus> {
         let start = Instant::now();
+        let mut nap = Duration::from_micros(10);
         loop {
-            let mut st = self.state.lock();
-            let slot = find(&st.slots, id)?;
-            poll(&mut st);
-            let b = st.slots[slot].as_ref().expect("found");
-            if b.pending == 0 {
-                return Ok(overall_of(&b.tasks));
+            {
+                let mut st = self.state.lock();
+                let slot = find(&st.slots, id)?;
+                poll(&mut st);
+                let b = st.slots[slot].as_ref().expect("found");
+                if b.pending == 0 {
+                    return Ok(overall_of(&b.tasks));
+                }
             }
-            let waited = start.elapsed();
-            if waited > timeout {
+            if start.elapsed() > timeout {
                 return Err(Error::new(ErrorKind::Timeout, "batch still pending"));
             }
-            let State { ring, slots, .. } = &mut *st;
-            if let Some(ring) = ring.as_mut()
-                && let Err(e) = ring.wait_ready(WAIT_STEP.min(timeout - waited))
-                && e.kind() != ErrorKind::Timeout
-            {
-                end_pending(slots, e.kind());
-            }
+            nap_for(&mut nap);
         }
     }
 
@@ -230,6 +265,30 @@ impl ClientBatches {
         st.slots[slot] = None;
         Ok(())
     }
+}
+
+/// Yield, then nap for `nap`, doubling up to [`NAP_MAX`].
+fn nap_for(nap: &mut Duration) {
+    if *nap < Duration::from_micros(40) {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(*nap);
+    }
+    *nap = (*nap * 2).min(NAP_MAX);
+}
+
+/// The slot of batch `id`, with room for `n` more tasks.
+fn room_in_batch(slots: &[Option<Batch>], id: BatchId, n: usize) -> Result<usize> {
+    let slot = find(slots, id)?;
+    let b = slots[slot].as_ref().expect("found");
+    if b.tasks.len() + n > b.capacity {
+        return Err(Error::invalid(format!(
+            "batch {:#x} has room for {} more requests, not {n}",
+            id.0,
+            b.capacity - b.tasks.len()
+        )));
+    }
+    Ok(slot)
 }
 
 /// The slot of batch `id`, if it is allocated.

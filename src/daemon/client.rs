@@ -32,6 +32,11 @@ use crate::memfd::{Mapping, recv_frame, size_and_seals};
 
 /// How long a set-up exchange with the daemon may take.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an exchange that waits for ops to end may take (giving memory,
+/// a segment or a ring back, detaching): the daemon bounds that wait by
+/// its `max_timeout_ms` (at most a day); a daemon that dies meanwhile
+/// ends it at once (the socket hangs up).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(86_400 + 60);
 
 /// The configuration keys that apply to an attached engine: every other
 /// one is the daemon's to set.
@@ -54,6 +59,9 @@ pub(crate) struct Attached {
     /// the engine is dropped (as an embedded engine holds its regions,
     /// whether or not a `Buffer` of one is kept); `local_addr` looks here.
     memory: Mutex<Vec<Arc<ClientMemory>>>,
+    /// The daemon's segment name: what a peer opens to reach this
+    /// client's memory (the daemon exports it with its own).
+    segment: String,
     /// The batch API, over a ring of its own.
     batches: ClientBatches,
     /// Watches the socket: the daemon gone, it says so to every ring.
@@ -88,11 +96,13 @@ impl Link {
     }
 
     /// One exchange: the request, then the reply and the descriptor it
-    /// carried.
+    /// carried; a refusal is the error it names. Any other failure (the
+    /// socket, a frame that is not a reply, a reply out of turn) leaves
+    /// the two sides out of step, so the link ends (`broken`).
     fn ask(&self, req: &Request) -> Result<(Reply, Option<OwnedFd>)> {
         let s = self.stream.lock();
         self.send(&s, req)?;
-        read_reply(&s)
+        self.reply(&s, timeout_for(req))
     }
 
     /// Send `req` whole, never raising SIGPIPE in the host process (a C or
@@ -107,10 +117,50 @@ impl Link {
             match rustix::net::send(s, &bytes[at..], rustix::net::SendFlags::NOSIGNAL) {
                 Ok(n) => at += n,
                 Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(io("send a request")(e.into())),
+                Err(e) => return Err(self.broken(s, io("send a request")(e.into()))),
             }
         }
         Ok(())
+    }
+
+    /// Read one reply (see [`Link::ask`]).
+    fn reply(&self, s: &UnixStream, timeout: Duration) -> Result<(Reply, Option<OwnedFd>)> {
+        match read_reply(s, timeout) {
+            Ok((Reply::Refused { kind, message }, _)) => {
+                Err(Error::new(kind, format!("tentd: {message}")))
+            }
+            Ok(got) => Ok(got),
+            Err(e) => Err(self.broken(s, e)),
+        }
+    }
+
+    /// The exchange failed half-way: end the link (nothing more is sent
+    /// or read on it, rings answer `Shutdown`), and hand back why.
+    fn broken(&self, s: &UnixStream, why: Error) -> Error {
+        if !self.gone.swap(true, Ordering::AcqRel) {
+            tracing::warn!(error = %why, "tentd: the link to the daemon broke; this engine is detached");
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            self.wake_rings();
+        }
+        why
+    }
+
+    /// A reply out of turn: the sides are out of step, the link ends.
+    fn desync(&self, r: &Reply) -> Error {
+        let s = self.stream.lock();
+        self.broken(&s, unexpected(r))
+    }
+
+    /// Ring every ring's completion bell, so a sleeper wakes and looks.
+    fn wake_rings(&self) {
+        for bell in self
+            .bells
+            .lock()
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+        {
+            bell.ring();
+        }
     }
 
     /// The daemon closed the socket: mark it and wake every ring's sleeper.
@@ -135,10 +185,9 @@ fn gone_error() -> Error {
     )
 }
 
-/// Sleep until the daemon closes `link`'s socket or `stop` is written.
-fn watch(link: &Link) {
-    let stream = link.stream.lock().try_clone();
-    let Ok(stream) = stream else { return };
+/// Sleep until the daemon closes `stream` (`link`'s socket) or `stop`
+/// is written.
+fn watch(link: &Link, stream: &UnixStream) {
     loop {
         let mut fds = [
             libc::pollfd {
@@ -155,9 +204,13 @@ fn watch(link: &Link) {
         // SAFETY: `fds` is a live array of two pollfds, as its length says.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
         if n < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
+            // Unwatched, the daemon's death would go unseen: the link ends.
+            tracing::warn!(error = %e, "tentd: cannot watch the link to the daemon");
+            link.lost();
             return;
         }
         if fds[1].revents != 0 {
@@ -309,11 +362,17 @@ impl Attached {
             )));
         }
         let stream = UnixStream::connect(socket).map_err(|e| {
-            Error::new(
-                ErrorKind::Unreachable,
-                format!("no tentd at {}", socket.display()),
-            )
-            .with_source(e)
+            // A socket this user may not open is a daemon that refuses
+            // it, not an absent one (`daemon_embed_fallback` must not
+            // embed in its place).
+            let (kind, what) = match e.kind() {
+                std::io::ErrorKind::PermissionDenied => (
+                    ErrorKind::AccessDenied,
+                    "this user may not attach to the tentd at",
+                ),
+                _ => (ErrorKind::Unreachable, "no tentd at"),
+            };
+            Error::new(kind, format!("{what} {}", socket.display())).with_source(e)
         })?;
         // The daemon is this user's or root's: a socket someone else put
         // at the path gets nothing of ours.
@@ -337,36 +396,50 @@ impl Attached {
         .map_err(|e| {
             Error::new(ErrorKind::OutOfMemory, "an eventfd").with_source(std::io::Error::from(e))
         })?;
+        // The watch polls its own descriptor of the socket.
+        let watched_stream = stream.try_clone().map_err(io("duplicate the socket"))?;
         let link = Arc::new(Link {
             stream: Mutex::new(stream),
             gone: AtomicBool::new(false),
             bells: Mutex::new(Vec::new()),
             stop,
         });
-        let id = match link.ask(&Request::Hello {
+        let (id, segment) = match link.ask(&Request::Hello {
             version: LAYOUT_VERSION,
         })? {
-            (Reply::Welcome { version, client }, _) if version == LAYOUT_VERSION => client,
+            (
+                Reply::Welcome {
+                    version,
+                    client,
+                    segment,
+                },
+                _,
+            ) if version == LAYOUT_VERSION => (client, segment),
             (Reply::Welcome { version, .. }, _) => {
                 return Err(Error::invalid(format!(
                     "layout version mismatch: client {LAYOUT_VERSION}, tentd {version}"
                 )));
             }
-            (other, _) => return Err(unexpected(&other)),
+            (other, _) => return Err(link.desync(&other)),
         };
         let watched = link.clone();
         let watch = std::thread::Builder::new()
             .name("tent-attached".into())
-            .spawn(move || watch(&watched))
+            .spawn(move || watch(&watched, &watched_stream))
             .map_err(|e| {
                 Error::new(ErrorKind::OutOfMemory, "the daemon watch thread").with_source(e)
             })?;
         Ok(Attached {
             link,
             id,
-            batches: ClientBatches::new(config.max_batches, config.max_batch_size),
+            batches: ClientBatches::new(
+                config.max_batches,
+                config.max_batch_size,
+                config.default_timeout_ms,
+            ),
             config: Arc::new(config),
             memory: Mutex::new(Vec::new()),
+            segment,
             watch: Some(watch),
         })
     }
@@ -380,28 +453,13 @@ impl Attached {
             data_offset,
         } = reply
         else {
-            return Err(unexpected(&reply));
+            return Err(self.link.desync(&reply));
         };
-        let fd = fd.ok_or_else(|| Error::new(ErrorKind::Unreachable, "tentd sent no memfd"))?;
-        let end = data_offset
-            .checked_add(got)
-            .filter(|_| got == len)
-            .ok_or_else(|| Error::new(ErrorKind::Unreachable, "tentd sent a bad region"))?;
-        // Sealed against shrinking: the daemon cannot cut it under us.
-        let (size, seals) = size_and_seals(fd.as_fd()).map_err(io("check the memfd"))?;
-        let sealed = seals & libc::F_SEAL_SHRINK != 0;
-        if !sealed || size < end {
-            return Err(Error::new(
-                ErrorKind::Unreachable,
-                "tentd's memfd is not sealed or too short",
-            ));
-        }
-        let map = Mapping::map(
-            fd.as_fd(),
-            usize::try_from(end).map_err(|_| Error::invalid("region too large to map"))?,
-            true,
-        )
-        .map_err(io("map the memfd"))?;
+        let map = map_region(fd, len, got, data_offset).inspect_err(|_| {
+            // Registered at the daemon and counted against this client:
+            // given back (the link ends if even that fails).
+            let _ = self.link.ask(&Request::FreeMemory { region });
+        })?;
         let mem = ClientMemory {
             id: RegionId(region),
             len,
@@ -422,23 +480,38 @@ impl Attached {
         Err(heap_refused())
     }
 
-    /// The region of this client's holding `[addr, addr + len)`.
+    /// The region of this client's holding `[addr, addr + len)`, as an
+    /// embedded engine answers: `InvalidArgument` for no bytes or a range
+    /// that wraps, `AddressNotRegistered` where `addr` is in no region,
+    /// `OutOfBounds` where the range runs past the region it starts in.
     pub(crate) fn local_addr(&self, addr: u64, len: u64) -> Result<tent_rings::LocalAddr> {
+        if len == 0 {
+            return Err(Error::invalid("local_addr: zero length"));
+        }
         let end = addr
             .checked_add(len)
             .ok_or_else(|| Error::invalid("local_addr: the range wraps"))?;
-        self.memory
-            .lock()
+        let memory = self.memory.lock();
+        let Some((start, n, id)) = memory
             .iter()
             .map(|m| (m.ptr() as u64, m.len, m.id))
-            .find(|&(start, n, _)| addr >= start && end <= start + n)
-            .map(|(start, _, id)| tent_rings::LocalAddr::new(id, addr - start))
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::AddressNotRegistered,
-                    format!("{len} bytes at {addr:#x} are in no region of this client"),
-                )
-            })
+            .find(|&(start, n, _)| addr >= start && addr - start < n)
+        else {
+            return Err(Error::new(
+                ErrorKind::AddressNotRegistered,
+                format!("{addr:#x} is in no region of this client"),
+            ));
+        };
+        if end - start > n {
+            return Err(Error::new(
+                ErrorKind::OutOfBounds,
+                format!(
+                    "{len} bytes at {addr:#x} run past region {} ({n} bytes)",
+                    id.0
+                ),
+            ));
+        }
+        Ok(tent_rings::LocalAddr::new(id, addr - start))
     }
 
     /// Give region `id` back: the daemon unregisters it once the ops on it
@@ -449,7 +522,7 @@ impl Attached {
                 self.memory.lock().retain(|m| m.id != id);
                 Ok(())
             }
-            (other, _) => Err(unexpected(&other)),
+            (other, _) => Err(self.link.desync(&other)),
         }
     }
 
@@ -462,7 +535,7 @@ impl Attached {
     pub(crate) fn open_segment(&self, name: &str) -> Result<SegmentId> {
         match self.link.ask(&Request::OpenSegment { name: name.into() })? {
             (Reply::Opened { segment }, _) => Ok(SegmentId(segment)),
-            (other, _) => Err(unexpected(&other)),
+            (other, _) => Err(self.link.desync(&other)),
         }
     }
 
@@ -472,23 +545,50 @@ impl Attached {
 
     /// A ring of `depth` entries (a power of two) in shared memory.
     pub(crate) fn ring_with_depth(&self, depth: u32) -> Result<Ring> {
-        let s = self.link.stream.lock();
-        self.link.send(&s, &Request::CreateRing { depth })?;
-        let mut parts: Vec<Arc<Region>> = Vec::with_capacity(3);
-        let mut id = None;
-        for want in [Part::Sq, Part::Cq, Part::Bells] {
-            let (reply, fd) = read_reply(&s)?;
-            match reply {
-                Reply::RingPart {
-                    part,
-                    depth: d,
-                    ring,
-                    worker,
-                } if part == want
-                    && d == depth
-                    && *id.get_or_insert((ring, worker)) == (ring, worker) => {}
-                other => return Err(unexpected(&other)),
+        // The three parts are read whole first: a reply left unread would
+        // put the two sides out of step.
+        let mut frames = Vec::with_capacity(3);
+        {
+            let s = self.link.stream.lock();
+            self.link.send(&s, &Request::CreateRing { depth })?;
+            for want in [Part::Sq, Part::Cq, Part::Bells] {
+                let (reply, fd) = self.link.reply(&s, IO_TIMEOUT)?;
+                match reply {
+                    Reply::RingPart {
+                        part,
+                        depth: d,
+                        ring,
+                        worker,
+                    } if part == want
+                        && d == depth
+                        && frames
+                            .first()
+                            .is_none_or(|&(r, w, _)| (r, w) == (ring, worker)) =>
+                    {
+                        frames.push((ring, worker, fd));
+                    }
+                    other => return Err(self.link.broken(&s, unexpected(&other))),
+                }
             }
+        }
+        let (id, worker) = (frames[0].0, frames[0].1);
+        let fds = frames.into_iter().map(|(_, _, fd)| fd);
+        self.map_ring(depth, id, worker, fds).inspect_err(|_| {
+            // Held at the daemon and counted against this client: closed.
+            let _ = self.link.ask(&Request::CloseRing { ring: id });
+        })
+    }
+
+    /// Ring `id` of `depth` entries from its three memfds, checked.
+    fn map_ring(
+        &self,
+        depth: u32,
+        id: u32,
+        worker: u32,
+        fds: impl Iterator<Item = Option<OwnedFd>>,
+    ) -> Result<Ring> {
+        let mut parts: Vec<Arc<Region>> = Vec::with_capacity(3);
+        for (want, fd) in [Part::Sq, Part::Cq, Part::Bells].into_iter().zip(fds) {
             let fd = fd.ok_or_else(|| Error::new(ErrorKind::Unreachable, "tentd sent no memfd"))?;
             let (_, seals) = size_and_seals(fd.as_fd()).map_err(io("check the memfd"))?;
             if seals & libc::F_SEAL_SHRINK == 0 {
@@ -506,8 +606,6 @@ impl Attached {
                 .map_err(|e| Error::new(ErrorKind::Unreachable, format!("tentd's ring: {e}")))?;
             parts.push(Arc::new(region));
         }
-        drop(s);
-        let (id, worker) = id.expect("three parts");
         let bad =
             |e: spsc::RingError| Error::new(ErrorKind::Unreachable, "tentd's ring").with_source(e);
         let bells = parts.pop().expect("three parts");
@@ -651,8 +749,9 @@ impl Attached {
         ))
     }
 
+    /// Its configuration is the one it attached with, never reloaded.
     pub(crate) fn config_generation(&self) -> u64 {
-        0
+        1
     }
 
     pub(crate) fn rails(&self, _id: SegmentId) -> Vec<crate::stats::RailStat> {
@@ -677,34 +776,57 @@ impl Attached {
     pub(crate) fn close_segment(&self, id: SegmentId) -> Result<()> {
         match self.link.ask(&Request::CloseSegment { segment: id.0 })? {
             (Reply::Done, _) => Ok(()),
-            (other, _) => Err(unexpected(&other)),
+            (other, _) => Err(self.link.desync(&other)),
         }
     }
 
     /// The regions of segment `id` (one this client opened), asked page
-    /// by page.
+    /// by page. Each page must be as long as the first page's total says
+    /// (a daemon's bytes are checked as any process's): a list that
+    /// changed between pages is asked for again, twice at most.
     pub(crate) fn segment_regions(&self, id: SegmentId) -> Result<Vec<crate::RemoteRegion>> {
-        let mut out = Vec::new();
-        loop {
-            let skip = u32::try_from(out.len()).unwrap_or(u32::MAX);
-            let (total, page) = match self.link.ask(&Request::SegmentRegions {
-                segment: id.0,
-                skip,
-            })? {
-                (Reply::Regions { total, regions }, _) => (total, regions),
-                (other, _) => return Err(unexpected(&other)),
-            };
-            let empty = page.is_empty();
-            out.extend(page.into_iter().map(|r| crate::RemoteRegion {
-                id: RegionId(r.id),
-                addr: r.addr,
-                len: r.len,
-            }));
-            // A table that changed between pages ends the walk where it is.
-            if out.len() >= total as usize || empty {
-                return Ok(out);
+        /// More than any segment lists (an shm descriptor holds 1024).
+        const MOST: usize = 1 << 16;
+        'again: for _ in 0..3 {
+            let mut out = Vec::new();
+            let mut total = None;
+            loop {
+                let skip = out.len() as u32;
+                let (t, page) = match self.link.ask(&Request::SegmentRegions {
+                    segment: id.0,
+                    skip,
+                })? {
+                    (Reply::Regions { total, regions }, _) => (total as usize, regions),
+                    (other, _) => return Err(self.link.desync(&other)),
+                };
+                if t > MOST {
+                    return Err(Error::new(
+                        ErrorKind::Unreachable,
+                        format!("tentd lists {t} regions for segment {:#x}", id.0),
+                    ));
+                }
+                if *total.get_or_insert(t) != t
+                    || page.len() != (t - out.len().min(t)).min(wire::MAX_REGIONS)
+                {
+                    continue 'again;
+                }
+                out.extend(page.into_iter().map(|r| crate::RemoteRegion {
+                    id: RegionId(r.id),
+                    addr: r.addr,
+                    len: r.len,
+                }));
+                if out.len() == t {
+                    return Ok(out);
+                }
             }
         }
+        Err(Error::new(
+            ErrorKind::Unreachable,
+            format!(
+                "tentd's region list of segment {:#x} kept changing while it was read",
+                id.0
+            ),
+        ))
     }
 
     #[cfg(any(test, feature = "testing"))]
@@ -729,10 +851,9 @@ impl Attached {
         None
     }
 
-    /// No segment of its own (peers reach a client's memory through the
-    /// daemon's): empty.
+    /// The daemon's: peers reach a client's memory through its segment.
     pub(crate) fn segment_name(&self) -> String {
-        String::new()
+        self.segment.clone()
     }
 
     #[cfg(any(test, feature = "testing"))]
@@ -758,9 +879,10 @@ impl Attached {
         Vec::new()
     }
 
-    /// Nothing of its own to report: the figures are the daemon's.
+    /// No family of its own (the figures are the daemon's `/metrics`):
+    /// an OpenMetrics text with nothing but its end.
     pub(crate) fn metrics_text(&self) -> String {
-        String::new()
+        "# EOF\n".to_owned()
     }
 
     pub(crate) fn qos_stats(&self) -> crate::stats::QosSnapshot {
@@ -828,7 +950,11 @@ impl Attached {
     }
 
     pub(crate) fn submit(&self, batch: crate::BatchId, requests: &[Sqe]) -> Result<()> {
-        self.batches.submit(|| self.ring(), batch, requests)
+        self.batches.submit(
+            || self.ring_with_depth(self.batches.ring_depth()),
+            batch,
+            requests,
+        )
     }
 
     pub(crate) fn status(&self, batch: crate::BatchId, task: usize) -> Result<crate::TaskStatus> {
@@ -864,6 +990,26 @@ impl Attached {
     }
 }
 
+/// Map region memfd `fd` the daemon sent for `len` bytes (it said `got`
+/// bytes from `data_offset`): sealed against shrinking, so the daemon
+/// cannot cut it under this process, and as long as it says.
+fn map_region(fd: Option<OwnedFd>, len: u64, got: u64, data_offset: u64) -> Result<Mapping> {
+    let fd = fd.ok_or_else(|| Error::new(ErrorKind::Unreachable, "tentd sent no memfd"))?;
+    let end = data_offset
+        .checked_add(got)
+        .filter(|_| got == len)
+        .ok_or_else(|| Error::new(ErrorKind::Unreachable, "tentd sent a bad region"))?;
+    let (size, seals) = size_and_seals(fd.as_fd()).map_err(io("check the memfd"))?;
+    if seals & libc::F_SEAL_SHRINK == 0 || size < end {
+        return Err(Error::new(
+            ErrorKind::Unreachable,
+            "tentd's memfd is not sealed or too short",
+        ));
+    }
+    let len = usize::try_from(end).map_err(|_| Error::invalid("region too large to map"))?;
+    Mapping::map(fd.as_fd(), len, true).map_err(io("map the memfd"))
+}
+
 fn heap_refused() -> Error {
     Error::invalid(
         "register_memory: an engine attached to tentd cannot register this process's heap (the daemon cannot reach it); allocate through the engine (allocate_memory), which is zero copy",
@@ -871,32 +1017,32 @@ fn heap_refused() -> Error {
 }
 
 impl Drop for Attached {
-    /// Detach: the daemon releases what this client held (its rings
-    /// retired once drained, its regions unregistered once the ops on them
-    /// end); a ring or buffer that outlives the engine stays mapped, its
-    /// rings answering `Shutdown`, as an embedded engine's do.
+    /// Detach, waiting until the daemon has released what this client held
+    /// (its rings retired once drained, its regions unregistered once the
+    /// ops on them end): when this returns, nothing of the engine touches
+    /// its memory. A ring or buffer that outlives the engine stays mapped,
+    /// its rings answering `Shutdown`, as an embedded engine's do.
     fn drop(&mut self) {
+        if !self.link.gone()
+            && let Err(e) = self.link.ask(&Request::Detach)
+            && !self.link.gone()
+        {
+            tracing::warn!(error = %e, "tentd: detaching");
+        }
         let _ = rustix::io::write(&self.link.stop, &1u64.to_ne_bytes());
         if let Some(t) = self.watch.take() {
             let _ = t.join();
         }
         self.link.gone.store(true, Ordering::Release);
         let _ = self.link.stream.lock().shutdown(std::net::Shutdown::Both);
-        for bell in self
-            .link
-            .bells
-            .lock()
-            .iter()
-            .filter_map(std::sync::Weak::upgrade)
-        {
-            bell.ring();
-        }
+        self.link.wake_rings();
     }
 }
 
-/// Read one reply frame: a refusal is the error it names.
-fn read_reply(s: &UnixStream) -> Result<(Reply, Option<OwnedFd>)> {
-    let deadline = Instant::now() + IO_TIMEOUT;
+/// Read one reply frame within `timeout` (a refusal too: the caller
+/// turns it into its error).
+fn read_reply(s: &UnixStream, timeout: Duration) -> Result<(Reply, Option<OwnedFd>)> {
+    let deadline = Instant::now() + timeout;
     let mut header = [0u8; 4];
     let got = recv_frame(s, &mut header, deadline).map_err(|e| io("read a reply")(e.err))?;
     let n = wire::body_len(header)
@@ -905,10 +1051,18 @@ fn read_reply(s: &UnixStream) -> Result<(Reply, Option<OwnedFd>)> {
     recv_frame(s, &mut body, deadline).map_err(|e| io("read a reply")(e.err))?;
     let reply = Reply::decode(&body)
         .map_err(|m| Error::new(ErrorKind::Unreachable, format!("tentd: {}", m.0)))?;
-    if let Reply::Refused { kind, message } = reply {
-        return Err(Error::new(kind, format!("tentd: {message}")));
-    }
     Ok((reply, got.fd))
+}
+
+/// How long the reply to `req` may take.
+fn timeout_for(req: &Request) -> Duration {
+    match req {
+        Request::FreeMemory { .. }
+        | Request::CloseRing { .. }
+        | Request::CloseSegment { .. }
+        | Request::Detach => DRAIN_TIMEOUT,
+        _ => IO_TIMEOUT,
+    }
 }
 
 fn unexpected(r: &Reply) -> Error {

@@ -443,11 +443,17 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
     let welcome = Reply::Welcome {
         version: LAYOUT_VERSION,
         client: id,
+        segment: inner.core().segment_name(),
     };
+    let mut detached = false;
     if send(&s, &welcome, None).is_ok() {
         tracing::info!(client = id, "tentd: client attached");
         while readable(inner, &s) {
             let req = match read_request(&s, Instant::now() + IO_TIMEOUT) {
+                Ok(Some(Request::Detach)) => {
+                    detached = true;
+                    break;
+                }
                 Ok(Some(r)) => r,
                 Ok(None) => break,
                 Err(e) => {
@@ -461,6 +467,11 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
         }
     }
     release(inner, st);
+    // A client that said it goes hears when nothing of it is used: its
+    // memory is then its own again.
+    if detached {
+        let _ = send(&s, &Reply::Done, None);
+    }
     tracing::info!(client = id, "tentd: client detached");
 }
 
@@ -475,6 +486,8 @@ fn handle(
     let limits = &inner.limits;
     match req {
         Request::Hello { .. } => refuse(s, &Error::invalid("already attached")),
+        // Taken by the serving loop.
+        Request::Detach => Ok(()),
         Request::Allocate { len } => {
             if st.regions.len() >= limits.regions_per_client {
                 let n = limits.regions_per_client;
@@ -530,6 +543,9 @@ fn handle(
                     )),
                 );
             }
+            // Held from the open to the count: a close by another client
+            // cannot come between (see `close_held`).
+            let mut held = inner.segments.lock();
             let seg = match e.open_segment(&name) {
                 Ok(seg) => seg,
                 Err(err) => return refuse(s, &err),
@@ -538,7 +554,7 @@ fn handle(
             // control server, or another name of its shm file, reaches
             // the same memory.
             if e.is_own_segment(seg) {
-                if !inner.segments.lock().contains_key(&seg)
+                if !held.contains_key(&seg)
                     && let Err(err) = e.close_segment(seg)
                 {
                     tracing::warn!(error = %err, "tentd: closing its own segment a client opened");
@@ -552,7 +568,7 @@ fn handle(
                 );
             }
             if !st.segments.contains(&seg) {
-                *inner.segments.lock().entry(seg).or_insert(0) += 1;
+                *held.entry(seg).or_insert(0) += 1;
                 st.segments.push(seg);
                 if let Err(err) = st.scope.add(seg) {
                     return refuse(s, &err);
@@ -631,10 +647,18 @@ fn handle(
             let Some(at) = st.segments.iter().position(|&x| x == seg) else {
                 return refuse(s, &not_opened(segment));
             };
-            st.segments.swap_remove(at);
+            // Its ring names it no more; ops taken before run on (their
+            // CQEs come), and the segment closes once no client holds it.
             st.scope.remove(seg);
-            close_held(inner, seg);
-            send(s, &Reply::Done, None)
+            match close_held(inner, seg) {
+                Ok(()) => {
+                    st.segments.swap_remove(at);
+                    send(s, &Reply::Done, None)
+                }
+                // Still held (by count) and out of the scope: asking again
+                // finishes the close.
+                Err(err) => refuse(s, &err),
+            }
         }
         Request::SegmentRegions { segment, skip } => {
             let seg = SegmentId(segment);
@@ -669,21 +693,22 @@ fn not_opened(segment: u64) -> Error {
     )
 }
 
-/// A client let go of `seg`: close it when no other client holds it.
-fn close_held(inner: &Inner, seg: SegmentId) {
-    let last = {
-        let mut held = inner.segments.lock();
-        let n = held.entry(seg).or_insert(1);
-        *n -= 1;
-        let last = *n == 0;
-        if last {
-            held.remove(&seg);
-        }
-        last
+/// A client let go of `seg`: close it when no other client holds it,
+/// under the count's lock (an open by another client waits, rather than
+/// take the id being closed). A close that failed (its ops still
+/// draining past the bound) leaves the count as it was.
+fn close_held(inner: &Inner, seg: SegmentId) -> Result<()> {
+    let mut held = inner.segments.lock();
+    let Some(n) = held.get_mut(&seg) else {
+        return Ok(());
     };
-    if last && let Err(e) = inner.core().close_segment(seg) {
-        tracing::warn!(error = %e, "tentd: closing a client's segment");
+    if *n > 1 {
+        *n -= 1;
+        return Ok(());
     }
+    inner.core().close_segment(seg)?;
+    held.remove(&seg);
+    Ok(())
 }
 
 impl Relay {
@@ -765,6 +790,11 @@ fn release(inner: &Inner, st: ClientState) {
         );
     }
     for seg in st.segments {
-        close_held(inner, seg);
+        if let Err(e) = close_held(inner, seg) {
+            // Out of the table already (its ops drain on): nobody is left
+            // to ask again, so the count goes.
+            inner.segments.lock().remove(&seg);
+            tracing::warn!(error = %e, "tentd: closing a departed client's segment");
+        }
     }
 }

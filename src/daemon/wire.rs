@@ -66,6 +66,9 @@ pub(crate) enum Request {
         segment: u64,
         skip: u32,
     },
+    /// The client is going: `Done` once everything it held is released
+    /// (its rings drained, its regions unregistered).
+    Detach,
 }
 
 /// One region of a segment, as a `Regions` reply lists it.
@@ -82,6 +85,9 @@ pub(crate) enum Reply {
     Welcome {
         version: u32,
         client: u32,
+        /// The daemon's segment name (what peers open to reach a client's
+        /// memory).
+        segment: String,
     },
     /// With the region's memfd (its bytes from `data_offset`).
     Allocated {
@@ -128,6 +134,7 @@ mod tag {
     pub(super) const CLOSE_RING: u8 = 6;
     pub(super) const CLOSE_SEGMENT: u8 = 7;
     pub(super) const SEGMENT_REGIONS: u8 = 8;
+    pub(super) const DETACH: u8 = 9;
     pub(super) const WELCOME: u8 = 0x81;
     pub(super) const ALLOCATED: u8 = 0x82;
     pub(super) const OPENED: u8 = 0x83;
@@ -227,6 +234,7 @@ impl Request {
                 b.extend_from_slice(&segment.to_le_bytes());
                 b.extend_from_slice(&skip.to_le_bytes());
             }
+            Request::Detach => b.push(tag::DETACH),
         }
         frame(b)
     }
@@ -249,6 +257,7 @@ impl Request {
                 segment: f.u64()?,
                 skip: f.u32()?,
             },
+            tag::DETACH => Request::Detach,
             _ => return Err(Malformed("unknown request")),
         };
         f.end()?;
@@ -260,10 +269,17 @@ impl Reply {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         match self {
-            Reply::Welcome { version, client } => {
+            Reply::Welcome {
+                version,
+                client,
+                segment,
+            } => {
                 b.push(tag::WELCOME);
                 b.extend_from_slice(&version.to_le_bytes());
                 b.extend_from_slice(&client.to_le_bytes());
+                if segment.len() <= MAX_NAME {
+                    b.extend_from_slice(segment.as_bytes());
+                }
             }
             Reply::Allocated {
                 region,
@@ -323,6 +339,7 @@ impl Reply {
             tag::WELCOME => Reply::Welcome {
                 version: f.u32()?,
                 client: f.u32()?,
+                segment: f.text(MAX_NAME)?,
             },
             tag::ALLOCATED => Reply::Allocated {
                 region: f.u64()?,
@@ -395,6 +412,7 @@ mod tests {
                 segment: 9,
                 skip: 80,
             },
+            Request::Detach,
         ] {
             assert_eq!(Request::decode(body(&r.encode())), Ok(r));
         }
@@ -402,6 +420,7 @@ mod tests {
             Reply::Welcome {
                 version: 1,
                 client: 9,
+                segment: "127.0.0.1:1234".into(),
             },
             Reply::Allocated {
                 region: u64::MAX,
@@ -464,6 +483,7 @@ mod tests {
                 Reply::Welcome {
                     version: LAYOUT_VERSION,
                     client: 1,
+                    segment: "127.0.0.1:7000".into(),
                 }
                 .encode(),
             ),
@@ -495,6 +515,7 @@ mod tests {
                 .encode(),
             ),
             ("close_ring", Request::CloseRing { ring: 1 }.encode()),
+            ("detach", Request::Detach.encode()),
             (
                 "close_segment",
                 Request::CloseSegment { segment: 7 }.encode(),

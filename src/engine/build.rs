@@ -84,6 +84,11 @@ impl EngineBuilder {
             None => Config::load()?,
         };
         if config.daemon_socket.is_empty() {
+            if config.daemon_embed_fallback {
+                return Err(Error::invalid(
+                    "daemon_embed_fallback is set but daemon_socket is not: there is no daemon to fall back from",
+                ));
+            }
             self.config = Some(config);
             return self.build_embedded().map(Engine::embedded_handle);
         }

@@ -9,9 +9,9 @@
 //! not serve yet is refused with a typed error naming the call
 //! (`InvalidArgument`), never faked: heap registration (allocate through
 //! the engine: the daemon cannot reach this process's heap), cancel,
-//! notifications, reload, the completion fd. Reports (rails, SQ rows, metrics,
-//! QoS) are the daemon's, read from its HTTP endpoint: an attached engine
-//! reports only what it holds.
+//! notifications, reload, the completion fd. Reports (rails, SQ rows,
+//! metrics, QoS) are the daemon's, on its own HTTP endpoint: an attached
+//! engine reports only what it holds (see [`Engine`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -37,6 +37,24 @@ use crate::transport::shm::{ShmExport, ShmPeer};
 /// `daemon_socket`, or [`Engine::attach`]): then memory and rings are
 /// shared memory the daemon's workers serve, and the hot path makes no
 /// system call either way.
+///
+/// # An attached engine
+/// Serves memory ([`allocate_memory`](Self::allocate_memory), mapped in
+/// both processes), segments (opened for it by the daemon; never the
+/// daemon's own, nor `"local"`: `AccessDenied`), rings, the batch API and
+/// block lists (one request per run of contiguous blocks, not per
+/// registration). Refuses, `InvalidArgument` naming the call:
+/// `register_memory` (allocate through the engine), `cancel`,
+/// notifications (`send_notification`, `wait_notification`; none arrive,
+/// so `recv_notifications` is empty and `try_notification` `None`),
+/// `reload`, `probe_peer_alive`, `planned_rails`, a ring's
+/// `completion_fd`. Reports what this process holds, the rest being the
+/// daemon's (its `/metrics`): [`segment_name`](Self::segment_name) is the
+/// daemon's segment, where peers reach this process's memory; `config` is
+/// the configuration it attached with (the daemon's applies to every
+/// other key), at generation 1; no transport, worker, rail, SQ row, HTTP
+/// endpoint, QoS or traffic figure, completion count or metric family of
+/// its own (empty lists, zeros, `None`, an empty OpenMetrics text).
 pub struct Engine {
     inner: Inner,
 }

@@ -364,8 +364,13 @@ pub(crate) fn initiator(
     }
     // The cross-core floor drifts on a shared VM: measure it before and
     // after the points and compare against the faster of the two.
-    let pp_before = (!args.no_baseline)
-        .then(|| baseline::ping_pong(app_cores[0], worker_cores[0], Duration::from_millis(500)));
+    let pp_before = (!args.no_baseline).then(|| {
+        baseline::ping_pong(
+            app_cores[0],
+            worker_cores.first().copied().flatten(),
+            Duration::from_millis(500),
+        )
+    });
     let mut results = Vec::new();
     let mut tally = Tally::default();
     let rig = Rig {
@@ -448,7 +453,13 @@ pub(crate) fn initiator(
     }
     rail_report(args, &engine, &segments);
     if !args.no_baseline {
-        baselines(args, &results, app_cores[0], worker_cores[0], pp_before);
+        baselines(
+            args,
+            &results,
+            app_cores[0],
+            worker_cores.first().copied().flatten(),
+            pp_before,
+        );
     }
     Ok(tally)
 }
