@@ -251,6 +251,54 @@ pub(crate) fn peer_uid(s: &UnixStream) -> io::Result<(u32, i32)> {
     Ok((cred.uid, cred.pid))
 }
 
+/// The peer's groups: its primary gid (`SO_PEERCRED`) and its
+/// supplementary groups (`SO_PEERGROUPS`, as they were when it connected),
+/// up to 256 of them (a peer in more is judged by those).
+pub(crate) fn peer_groups(s: &UnixStream) -> io::Result<Vec<u32>> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes at most `len` bytes into a ucred we own.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut groups = [0 as libc::gid_t; 256];
+    let mut len = size_of_val(&groups) as libc::socklen_t;
+    // SAFETY: SO_PEERGROUPS writes at most `len` bytes into the array we own, and says in `len` how many it wrote.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERGROUPS,
+            groups.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    // ERANGE: more than fit; the array is not written then, so the primary
+    // group alone counts.
+    let n = if rc == 0 {
+        (len as usize / size_of::<libc::gid_t>()).min(groups.len())
+    } else {
+        0
+    };
+    let mut out = Vec::with_capacity(n + 1);
+    out.push(cred.gid);
+    out.extend_from_slice(&groups[..n]);
+    Ok(out)
+}
+
 /// Open the socket file at `path` without following a symlink and say what
 /// it is: the `O_PATH` descriptor and its `stat`.
 pub(crate) fn open_socket_file(path: &Path) -> io::Result<(OwnedFd, rfs::Stat)> {

@@ -305,6 +305,7 @@ fn quotas_refuse_typed_and_a_client_past_the_count_is_turned_away() {
         bytes_per_client: 1 << 20,
         rings_per_client: 1,
         in_flight_per_client: 2,
+        ..Default::default()
     };
     let d = Daemon::start_with(
         Engine::new(test_config()).unwrap(),
@@ -782,4 +783,122 @@ fn an_attached_engine_lists_and_closes_the_segments_it_opened() {
     ] {
         assert_eq!(err.kind(), ErrorKind::SegmentNotFound, "{err}");
     }
+}
+
+/// Run as a child process (`TENT_DAEMON_AS` = `uid|gid|socket|segment|addr`):
+/// become that user in that group alone, attach, and WRITE 64 KiB of
+/// pattern 13 to `addr` in `segment`; print `ATTACH-OK`, or `ATTACH-ERR`
+/// and the error's kind.
+#[test]
+fn daemon_child_as_another_user() {
+    let Ok(spec) = std::env::var("TENT_DAEMON_AS") else {
+        return;
+    };
+    let f: Vec<&str> = spec.split('|').collect();
+    let (uid, gid): (u32, u32) = (f[0].parse().unwrap(), f[1].parse().unwrap());
+    let groups = [gid];
+    // SAFETY: plain system calls on values we own; glibc applies them to every thread.
+    let dropped = unsafe {
+        libc::setgroups(1, groups.as_ptr()) == 0 && libc::setgid(gid) == 0 && libc::setuid(uid) == 0
+    };
+    assert!(dropped, "became uid {uid} gid {gid}");
+    let moved = (|| -> tent::Result<()> {
+        let e = Engine::attach(f[2])?;
+        let mem = e.allocate_memory(64 << 10)?;
+        mem.write(0, &pattern(13, 64 << 10))?;
+        let seg = e.open_segment(f[3])?;
+        let mut ring = e.ring_with_depth(8)?;
+        let addr: u64 = f[4].parse().unwrap();
+        let w = op::Write::new(
+            LocalAddr::new(mem.id(), 0),
+            RemoteAddr::new(seg, addr),
+            64 << 10,
+        );
+        ring.submission().push(w).expect("room");
+        ring.wait_one(Duration::from_secs(10))?
+            .result()
+            .map_err(|k| tent::Error::new(k, "the WRITE"))?;
+        Ok(())
+    })();
+    match moved {
+        Ok(()) => println!("ATTACH-OK"),
+        Err(e) => println!("ATTACH-ERR {:?} {e}", e.kind()),
+    }
+}
+
+/// What a child of `uid` in group `gid` says of attaching at `d`'s
+/// socket and writing to `dst` of `target`.
+fn as_user(uid: u32, gid: u32, d: &Daemon, target: &Engine, dst: &tent::Buffer) -> String {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "daemon_child_as_another_user",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            "TENT_DAEMON_AS",
+            format!(
+                "{uid}|{gid}|{}|{}|{}",
+                d.socket_path().display(),
+                target.segment_name(),
+                dst.addr()
+            ),
+        )
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // The harness prints the test's name on the same line first.
+    text.lines()
+        .find_map(|l| l.find("ATTACH-").map(|at| l[at..].to_owned()))
+        .unwrap_or_else(|| panic!("the child said nothing: {text}"))
+}
+
+/// Another user's process is refused (by the socket's mode, and by the
+/// daemon itself where the mode would let it in); one in the daemon's
+/// client group is served, the socket 0660 and of that group. Needs root
+/// to run a child as another user (CI runs as root).
+#[test]
+fn another_user_is_refused_and_a_member_of_the_client_group_is_served() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("needs root to run a client as another user: not run");
+        return;
+    }
+    let (nobody, group) = (65534, 4242);
+    let target = Engine::new(test_config()).unwrap();
+    let dst = target.allocate_memory(64 << 10).unwrap();
+    let d = daemon("uid");
+    let said = as_user(nobody, nobody, &d, &target, &dst);
+    assert!(said.starts_with("ATTACH-ERR AccessDenied"), "0600: {said}");
+    std::fs::set_permissions(d.socket_path(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let said = as_user(nobody, nobody, &d, &target, &dst);
+    assert!(said.starts_with("ATTACH-ERR AccessDenied"), "0666: {said}");
+    assert!(
+        said.contains("tentd serves uid 0"),
+        "refused by the daemon: {said}"
+    );
+
+    let limits = tent::daemon::DaemonLimits {
+        client_group: Some(group),
+        ..Default::default()
+    };
+    let g = Daemon::start_with(
+        Engine::new(test_config()).unwrap(),
+        &socket("group"),
+        limits,
+    )
+    .unwrap();
+    let meta = std::fs::metadata(g.socket_path()).unwrap();
+    assert_eq!((meta.mode() & 0o777, meta.gid()), (0o660, group));
+    let said = as_user(nobody, nobody, &g, &target, &dst);
+    assert!(
+        said.starts_with("ATTACH-ERR AccessDenied"),
+        "not in the group: {said}"
+    );
+    let said = as_user(nobody, group, &g, &target, &dst);
+    assert_eq!(said, "ATTACH-OK");
+    let mut got = vec![0u8; 64 << 10];
+    dst.read(0, &mut got).unwrap();
+    assert!(got == pattern(13, 64 << 10), "the member's WRITE landed");
 }

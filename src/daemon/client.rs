@@ -374,15 +374,17 @@ impl Attached {
             };
             Error::new(kind, format!("{what} {}", socket.display())).with_source(e)
         })?;
-        // The daemon is this user's or root's: a socket someone else put
-        // at the path gets nothing of ours.
+        // The daemon is this user's, root's, or the user who owns the
+        // socket in a directory only it (or root) may change: a socket
+        // someone else put at the path gets nothing of ours.
         match crate::memfd::peer_uid(&stream) {
             Ok((uid, _)) if uid == crate::memfd::euid() || uid == 0 => {}
+            Ok((uid, _)) if placed_by(socket, uid) => {}
             Ok((uid, pid)) => {
                 return Err(Error::new(
                     ErrorKind::AccessDenied,
                     format!(
-                        "{} is served by uid {uid} (pid {pid}), not by this user or root",
+                        "{} is served by uid {uid} (pid {pid}): not this user or root, nor the owner of the socket in a directory only it may change",
                         socket.display()
                     ),
                 ));
@@ -988,6 +990,21 @@ impl Attached {
     ) -> Result<crate::TaskStatus> {
         self.batches.wait(batch, timeout)
     }
+}
+
+/// Did user `uid` put the socket at `path`, where nobody but it and root
+/// could have put another? The socket is `uid`'s, and its directory
+/// belongs to `uid` or root and is writable by its owner alone (`/tmp`,
+/// writable by all, is no such place).
+fn placed_by(path: &Path, uid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(sock) = std::fs::symlink_metadata(path) else {
+        return false;
+    };
+    let Some(Ok(dir)) = path.parent().map(std::fs::metadata) else {
+        return false;
+    };
+    sock.uid() == uid && (dir.uid() == uid || dir.uid() == 0) && dir.mode() & 0o022 == 0
 }
 
 /// Map region memfd `fd` the daemon sent for `len` bytes (it said `got`

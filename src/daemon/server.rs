@@ -1,4 +1,5 @@
-//! The daemon's side: a unix socket (0600, this user's processes only)
+//! The daemon's side: a unix socket (0600, this user's processes only;
+//! 0660 with a client group, its members too)
 //! where clients attach; a thread per client serving its set-up requests;
 //! a relay per client ring waking the ring's worker when the client rings
 //! its SQ bell while the worker sleeps; and the clean-up when a client
@@ -50,6 +51,12 @@ pub struct DaemonLimits {
     /// not yet completed): past it its rings wait, so one client cannot
     /// fill a worker's task table (`max_tasks_per_worker`) for the others.
     pub in_flight_per_client: usize,
+    /// Who may attach besides the daemon's own user: the processes in this
+    /// group (primary or supplementary), the socket file then 0660 and of
+    /// this group; `None`: the daemon's user alone, the socket 0600. A
+    /// member reaches what the daemon reaches for it: every segment the
+    /// daemon may open (never its own, nor another client's memory).
+    pub client_group: Option<u32>,
 }
 
 impl Default for DaemonLimits {
@@ -60,6 +67,7 @@ impl Default for DaemonLimits {
             bytes_per_client: 16 << 30,
             rings_per_client: 16,
             in_flight_per_client: 1024,
+            client_group: None,
         }
     }
 }
@@ -159,7 +167,13 @@ impl Daemon {
             crate::control::auth::random_u64()
         ));
         let listener = UnixListener::bind(&tmp).map_err(bad("bind"))?;
-        let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        let mode = if limits.client_group.is_some() {
+            0o660
+        } else {
+            0o600
+        };
+        let placed = std::os::unix::fs::chown(&tmp, None, limits.client_group)
+            .and_then(|()| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)))
             .and_then(|()| std::fs::rename(&tmp, socket));
         if let Err(e) = placed {
             let _ = std::fs::remove_file(&tmp);
@@ -383,15 +397,29 @@ fn readable(inner: &Inner, s: &UnixStream) -> bool {
 }
 
 fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
-    // Only this user's processes (the socket is 0600 too).
+    // This user's processes, and those of the client group (the socket
+    // file says as much: 0600, or 0660 of the group).
+    let in_group = |s: &UnixStream| {
+        inner
+            .limits
+            .client_group
+            .is_some_and(|g| crate::memfd::peer_groups(s).is_ok_and(|gs| gs.contains(&g)))
+    };
     match peer_uid(&s) {
-        Ok((uid, _)) if uid == euid() => {}
+        Ok((uid, _)) if uid == euid() || in_group(&s) => {}
         Ok((uid, pid)) => {
+            let group = match inner.limits.client_group {
+                Some(g) => format!(" and group {g}"),
+                None => String::new(),
+            };
             let _ = refuse(
                 &s,
                 &Error::new(
                     ErrorKind::AccessDenied,
-                    format!("tentd serves uid {}, not uid {uid} (pid {pid})", euid()),
+                    format!(
+                        "tentd serves uid {}{group}, not uid {uid} (pid {pid})",
+                        euid()
+                    ),
                 ),
             );
             return;

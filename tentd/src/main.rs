@@ -31,6 +31,39 @@ struct Args {
     /// Bytes of memory one client may hold.
     #[arg(long, default_value_t = 16 << 30)]
     client_bytes: u64,
+    /// Also serve the processes of this group (a name or a gid): the
+    /// socket is then 0660 and of this group. A member reaches what the
+    /// daemon reaches for it (the segments it may open), never another
+    /// client's memory or the daemon's own segment.
+    #[arg(long)]
+    group: Option<String>,
+}
+
+/// `name` as a gid: a number, or a group's name (`getgrnam_r`).
+fn gid_of(name: &str) -> Result<u32, String> {
+    if let Ok(gid) = name.parse::<u32>() {
+        return Ok(gid);
+    }
+    let cname =
+        std::ffi::CString::new(name).map_err(|_| format!("--group {name:?}: a NUL in it"))?;
+    // SAFETY: `libc::group` is integers and pointers, for which all zeroes is a value.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as std::ffi::c_char; 16 << 10];
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is to memory we own, `buf` as long as we say; the result points into `grp` or is null.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            cname.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 || found.is_null() {
+        return Err(format!("--group {name:?}: no such group"));
+    }
+    Ok(grp.gr_gid)
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -81,6 +114,7 @@ fn run(args: &Args) -> Result<(), String> {
     let limits = tent::daemon::DaemonLimits {
         clients: args.max_clients,
         bytes_per_client: args.client_bytes,
+        client_group: args.group.as_deref().map(gid_of).transpose()?,
         ..Default::default()
     };
     let daemon =
