@@ -14,7 +14,10 @@
 #     target's pid, sampled through the run, the most seen): with a daemon
 #     they are the daemon's, whatever N is;
 # then the CPU (utime+stime) over --duration of N idle processes: attached
-# (the clients plus the daemon) against embedded (each with its workers).
+# (the clients plus the daemon) against embedded (each with its workers);
+# then two attached clients streaming, one killed with SIGKILL 3 s in:
+# the survivor's GB/s over the second after against the second before
+# (its 100 ms series, aligned on when its measurement started).
 # Prints one line per measurement and the ratios attached / embedded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -135,3 +138,30 @@ for n in $counts; do
   printf '# N=%s attached/embedded: throughput %.2fx, connections %s vs %s, idle CPU %.2fx\n' \
     "$n" "$(echo "$ag / $eg" | bc -l)" "$ac" "$ec" "$(echo "($ai + 0.001) / ($ei + 0.001)" | bc -l)"
 done
+
+# A client killed under load.
+"$bin/tent-bench" --mode initiator --target "$target" --transport tcp --block-size 1M \
+  --batch "$batch" --duration 6 --interval-ms 100 --json --no-baseline --attach "$sock" \
+  > "$work/survivor.out" 2> "$work/survivor.err" &
+survivor=$!
+"$bin/tent-bench" --mode initiator --target "$target" --transport tcp --block-size 1M \
+  --batch "$batch" --duration 60 --json --no-baseline --attach "$sock" \
+  > /dev/null 2> "$work/victim.err" &
+victim=$!
+pids+=("$victim")
+for _ in $(seq 1000); do
+  grep -q '\[1/1\]' "$work/survivor.err" 2>/dev/null && break
+  sleep 0.01
+done
+start=$(date +%s.%N)
+sleep 3
+kill -9 "$victim"
+killed=$(date +%s.%N)
+wait "$survivor" || { echo "bench-attach-tcp: the survivor failed" >&2; cat "$work/survivor.err" >&2; exit 1; }
+k=$(echo "($killed - $start) * 1000" | bc -l)
+read -r before after < <(grep -o '"t_ms":[0-9]*,"gbps":[0-9.e+-]*' "$work/survivor.out" \
+  | sed 's/"t_ms":\([0-9]*\),"gbps":\(.*\)/\1 \2/' \
+  | awk -v k="$k" '$1 > k - 1000 && $1 <= k { b += $2; nb++ } $1 > k && $1 <= k + 1000 { a += $2; na++ }
+      END { printf "%.3f %.3f\n", (nb ? b / nb : 0), (na ? a / na : 0) }')
+printf '# killed under load: the survivor %.2f GB/s the second before, %.2f the second after: %.2fx\n' \
+  "$before" "$after" "$(echo "$after / ($before + 0.000001)" | bc -l)"

@@ -301,6 +301,27 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
+    /// A region of this process at `base`, its header published (what
+    /// every constructor but an attach ends with).
+    fn published(
+        base: NonNull<u8>,
+        backing: Backing,
+        ty: RegionType,
+        layout: [u64; 4],
+        payload_len: usize,
+    ) -> Region {
+        let region = Region {
+            base,
+            backing,
+            ty,
+            layout,
+            payload_len,
+            owner_pid: std::process::id(),
+        };
+        region.header().publish(ty, layout, payload_len);
+        region
+    }
+
     /// A zeroed heap region with a 128-byte aligned payload.
     ///
     /// ```
@@ -320,18 +341,15 @@ impl Region {
         let Some(base) = NonNull::new(raw) else {
             alloc::handle_alloc_error(alloc_layout)
         };
-        let region = Region {
+        Region::published(
             base,
-            backing: Backing::Heap {
+            Backing::Heap {
                 layout: alloc_layout,
             },
             ty,
             layout,
             payload_len,
-            owner_pid: std::process::id(),
-        };
-        region.header().publish(ty, layout, payload_len);
-        region
+        )
     }
 
     /// Create `/dev/shm/<name>` (or `name` itself if it contains `'/'`)
@@ -362,9 +380,9 @@ impl Region {
                 io_err(e)
             })?;
         let base = NonNull::new(map.as_mut_ptr()).expect("mmap returned null");
-        let region = Region {
+        let region = Region::published(
             base,
-            backing: Backing::Shm {
+            Backing::Shm {
                 _map: map,
                 path: path.clone(),
                 owner: true,
@@ -373,9 +391,7 @@ impl Region {
             ty,
             layout,
             payload_len,
-            owner_pid: std::process::id(),
-        };
-        region.header().publish(ty, layout, payload_len);
+        );
         Ok(region)
     }
 
@@ -402,9 +418,9 @@ impl Region {
         }
         let map = MmapRaw::map_raw(file).map_err(io_err)?;
         let base = NonNull::new(map.as_mut_ptr()).expect("mmap returned null");
-        let region = Region {
+        let region = Region::published(
             base,
-            backing: Backing::Shm {
+            Backing::Shm {
                 _map: map,
                 path,
                 owner: false,
@@ -413,9 +429,7 @@ impl Region {
             ty,
             layout,
             payload_len,
-            owner_pid: std::process::id(),
-        };
-        region.header().publish(ty, layout, payload_len);
+        );
         Ok(region)
     }
 
@@ -686,9 +700,9 @@ impl Region {
         file.set_len(0).map_err(io_err)?;
         let map = Self::size_and_map(&file, size).map_err(io_err)?;
         let base = NonNull::new(map.as_mut_ptr()).expect("mmap returned null");
-        let region = Region {
+        let region = Region::published(
             base,
-            backing: Backing::Shm {
+            Backing::Shm {
                 _map: map,
                 path,
                 owner: false,
@@ -697,9 +711,7 @@ impl Region {
             ty,
             layout,
             payload_len,
-            owner_pid: std::process::id(),
-        };
-        region.header().publish(ty, layout, payload_len);
+        );
         Ok((region, true))
     }
 
