@@ -902,3 +902,61 @@ fn another_user_is_refused_and_a_member_of_the_client_group_is_served() {
     dst.read(0, &mut got).unwrap();
     assert!(got == pattern(13, 64 << 10), "the member's WRITE landed");
 }
+
+/// The relays are a thread per worker, not per ring: 150 rings of three
+/// clients on a one-worker daemon cost one relay thread, and a parked
+/// worker (its park long) wakes for an op on a ring its relay waits on
+/// (`futex_waitv` takes 127 bells) and on one past those (looked at every
+/// millisecond), each well before the park would end.
+#[test]
+fn one_relay_per_worker_wakes_it_for_any_of_many_rings() {
+    let mut cfg = test_config();
+    cfg.workers.park_timeout_ms = Duration::from_secs(10);
+    let limits = tent::daemon::DaemonLimits {
+        rings_per_client: 64,
+        ..Default::default()
+    };
+    let d = Daemon::start_with(Engine::new(cfg).unwrap(), &socket("relays"), limits).unwrap();
+    let target = Engine::new(test_config()).unwrap();
+    let dst = target.allocate_memory(4096).unwrap();
+    let clients: Vec<Engine> = (0..3)
+        .map(|_| Engine::attach(d.socket_path()).unwrap())
+        .collect();
+    let mut rings = Vec::new();
+    let mut ops = Vec::new();
+    for c in &clients {
+        let mem = c.allocate_memory(4096).unwrap();
+        let seg = c.open_segment(&target.segment_name()).unwrap();
+        for _ in 0..50 {
+            rings.push(c.ring_with_depth(2).unwrap());
+            ops.push(
+                op::Write::new(
+                    LocalAddr::new(mem.id(), 0),
+                    RemoteAddr::new(seg, dst.addr()),
+                    64,
+                )
+                .build(),
+            );
+        }
+    }
+    let relays = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter(|t| {
+            let comm = t.as_ref().unwrap().path().join("comm");
+            std::fs::read_to_string(comm).is_ok_and(|c| c.starts_with("tentd-relay"))
+        })
+        .count();
+    assert_eq!(relays, 1, "one relay thread for one worker");
+    for i in [0, rings.len() - 1] {
+        // Long enough for the worker to park.
+        std::thread::sleep(Duration::from_millis(300));
+        let start = Instant::now();
+        rings[i].submission().push(ops[i]).unwrap();
+        assert_eq!(one(&mut rings[i]).result(), Ok(64), "ring {i}");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "ring {i} waited {:?}: its bell woke nobody",
+            start.elapsed()
+        );
+    }
+}

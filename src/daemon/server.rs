@@ -1,7 +1,7 @@
 //! The daemon's side: a unix socket (0600, this user's processes only;
 //! 0660 with a client group, its members too)
 //! where clients attach; a thread per client serving its set-up requests;
-//! a relay per client ring waking the ring's worker when the client rings
+//! a relay thread per worker waking it when a client rings
 //! its SQ bell while the worker sleeps; and the clean-up when a client
 //! goes, however it goes. What clients may hold is bounded
 //! ([`DaemonLimits`]).
@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tent_rings::{RegionId, SegmentId};
 
+use super::relay::Relays;
 use super::wire::{self, LAYOUT_VERSION, Part, Reply, Request};
 use crate::engine::attached::ClientRing;
 use crate::engine::client_scope::{ClientScope, MAX_CLIENT_SEGMENTS};
@@ -30,13 +31,10 @@ use crate::memfd::{euid, peer_uid, recv_frame};
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often idle threads look at the stop flag.
 const STOP_POLL: Duration = Duration::from_millis(100);
-/// The shortest gap between two bell changes a relay acts on: a client
-/// bumping its bell in a loop costs the daemon at most that rate.
-const RELAY_MIN_GAP: Duration = Duration::from_micros(20);
 
 /// What clients may hold: past it a request is refused `OutOfMemory`, and
-/// a client past `clients` at attach. Every client costs a thread, and
-/// each of its rings a relay thread.
+/// a client past `clients` at attach. Every client costs a thread (the
+/// relays are one thread per worker, whatever the rings).
 #[derive(Debug, Clone, Copy)]
 pub struct DaemonLimits {
     /// Clients attached at once.
@@ -93,6 +91,9 @@ struct Inner {
     /// Segments opened for clients, and how many clients hold each: the
     /// last to go closes it.
     segments: Mutex<HashMap<SegmentId, usize>>,
+    /// What wakes a worker when a client rings a ring's SQ bell: a thread
+    /// per worker.
+    relays: Relays,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -188,6 +189,7 @@ impl Daemon {
             attached: AtomicU32::new(0),
             clients: Mutex::new(Vec::new()),
             segments: Mutex::new(HashMap::new()),
+            relays: Relays::default(),
         });
         let accept = {
             let inner = inner.clone();
@@ -225,6 +227,8 @@ impl Drop for Daemon {
         for t in std::mem::take(&mut *self.inner.clients.lock()) {
             let _ = t.join();
         }
+        // Every client's rings are retired: nothing is left to relay.
+        self.inner.relays.stop();
         // We hold the lock: the socket there is ours.
         let _ = std::fs::remove_file(&self.path);
     }
@@ -314,12 +318,12 @@ struct ClientState {
     segments: Vec<SegmentId>,
 }
 
-/// A client ring's relay thread and what retires the ring.
+/// A client's ring as the daemon holds it: its id at the client, its
+/// memory and what retires it, and its key at the relays.
 struct Relay {
     id: u32,
     ring: ClientRing,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    key: u64,
 }
 
 /// Send `reply` (with `fd`, if any): no `SIGPIPE` should the client be
@@ -617,11 +621,11 @@ fn handle(
             // has it retired.
             let id = st.next_ring;
             st.next_ring = st.next_ring.wrapping_add(1).max(1);
-            let relay = Relay::start(id, ring);
-            let started = relay.thread.is_some();
-            st.rings.push(relay);
-            if !started {
-                return refuse(s, &too_many("tentd: no thread for the ring's relay".into()));
+            let key = u64::from(st.scope.id()) << 32 | u64::from(id);
+            let watched = inner.relays.add(key, ring.sq_bell.clone(), &ring.worker);
+            st.rings.push(Relay { id, ring, key });
+            if let Err(err) = watched {
+                return refuse(s, &err);
             }
             let ring = &st.rings.last().expect("just pushed").ring;
             let worker = u32::try_from(ring.worker.index).unwrap_or(u32::MAX);
@@ -667,7 +671,7 @@ fn handle(
                     &Error::invalid(format!("ring {ring} is not this client's")),
                 );
             };
-            retire(st.rings.swap_remove(at));
+            retire(inner, st.rings.swap_remove(at));
             send(s, &Reply::Done, None)
         }
         Request::CloseSegment { segment } => {
@@ -739,60 +743,11 @@ fn close_held(inner: &Inner, seg: SegmentId) -> Result<()> {
     Ok(())
 }
 
-impl Relay {
-    /// Wake the ring's worker when the client bumps the SQ bell while the
-    /// worker sleeps.
-    fn start(id: u32, ring: ClientRing) -> Relay {
-        let stop = Arc::new(AtomicBool::new(false));
-        let bell = ring.sq_bell.clone();
-        let worker = ring.worker.clone();
-        let flag = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("tentd-relay".into())
-            .spawn(move || {
-                // Every bump changes the word from the last value seen, so
-                // none is missed whatever the client writes there; one made
-                // before this thread looked is covered by a first ring.
-                let mut last = bell.word().load(Ordering::Acquire);
-                worker.doorbell().ring();
-                let mut acted = Instant::now();
-                while !flag.load(Ordering::Acquire) {
-                    bell.wait(last, STOP_POLL);
-                    let now = bell.word().load(Ordering::Acquire);
-                    if now == last {
-                        continue;
-                    }
-                    last = now;
-                    // An awake worker polls the ring: ring only a sleeper.
-                    if worker.parked() {
-                        worker.doorbell().ring();
-                    }
-                    let gap = acted.elapsed();
-                    if gap < RELAY_MIN_GAP {
-                        std::thread::sleep(RELAY_MIN_GAP - gap);
-                    }
-                    acted = Instant::now();
-                }
-            })
-            .ok();
-        Relay {
-            id,
-            ring,
-            stop,
-            thread,
-        }
-    }
-}
-
-/// A client ring retired: its relay stopped, its worker told (it drains
+/// A client ring retired: its bell unwatched, its worker told (it drains
 /// what it took from the ring, then drops it).
-fn retire(mut r: Relay) {
-    r.stop.store(true, Ordering::Release);
+fn retire(inner: &Inner, r: Relay) {
+    inner.relays.remove(r.key, r.ring.worker.index);
     r.ring.retire.store(true, Ordering::Release);
-    r.ring.sq_bell.ring();
-    if let Some(t) = r.thread.take() {
-        let _ = t.join();
-    }
     r.ring.worker.doorbell().ring();
 }
 
@@ -803,7 +758,7 @@ fn retire(mut r: Relay) {
 /// (logged): nothing reaches it again.
 fn release(inner: &Inner, st: ClientState) {
     for r in st.rings {
-        retire(r);
+        retire(inner, r);
     }
     let failed = st
         .regions

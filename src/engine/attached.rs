@@ -13,7 +13,8 @@ use tent_rings::{Cqe, Sqe};
 
 use super::Embedded;
 use super::client_scope::ClientScope;
-use super::worker::{WorkerRing, WorkerShared};
+use super::worker::WorkerRing;
+pub(crate) use super::worker::WorkerShared;
 use crate::doorbell::{CqBell, SharedWord};
 use crate::error::{Error, ErrorKind, Result};
 

@@ -1,0 +1,218 @@
+//! Relays: what wakes a daemon worker when a client bumps a ring's SQ bell
+//! while that worker sleeps. One thread per worker, not per ring: it waits
+//! on every client ring's bell of its worker at once (`futex_waitv`, up to
+//! 127 bells and its own control word in one call; past that, or on a
+//! kernel without it, it looks at the bells every millisecond), so the
+//! daemon's threads grow with its workers, not with its clients' rings.
+//!
+//! A bell is a futex word in memory the client writes: any value may be
+//! there. A change from the last value seen is a bump, so none is missed
+//! whatever the client writes; a client bumping in a loop costs the hub at
+//! most one pass per [`MIN_GAP`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rustix::thread::futex;
+
+use crate::doorbell::SharedWord;
+use crate::engine::attached::WorkerShared;
+use crate::error::{Error, ErrorKind, Result};
+
+/// The shortest gap between two passes that acted on a bell change.
+const MIN_GAP: Duration = Duration::from_micros(20);
+/// The longest a hub sleeps before it looks again (its stop flag, bells
+/// it could not wait on).
+const LOOK: Duration = Duration::from_millis(100);
+/// How often a hub looks at bells it cannot wait on.
+const POLL: Duration = Duration::from_millis(1);
+/// Bells one `futex_waitv` waits on, besides the hub's control word (the
+/// kernel takes 128 words).
+const WAITV_BELLS: usize = 127;
+
+/// Every worker's hub, made when its first client ring comes.
+#[derive(Default)]
+pub(super) struct Relays {
+    hubs: Mutex<HashMap<usize, Arc<Hub>>>,
+}
+
+/// One worker's relay thread and the bells it watches.
+struct Hub {
+    worker: Arc<WorkerShared>,
+    /// Bumped on every change to `bells` or `stop`: the thread waits on it
+    /// too.
+    control: AtomicU32,
+    bells: Mutex<Vec<(u64, SharedWord)>>,
+    stop: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Relays {
+    /// Watch `bell` (ring `key`'s) for `worker`.
+    pub(super) fn add(&self, key: u64, bell: SharedWord, worker: &Arc<WorkerShared>) -> Result<()> {
+        let hub = {
+            let mut hubs = self.hubs.lock();
+            match hubs.get(&worker.index) {
+                Some(h) => h.clone(),
+                None => {
+                    let hub = Arc::new(Hub {
+                        worker: worker.clone(),
+                        control: AtomicU32::new(0),
+                        bells: Mutex::new(Vec::new()),
+                        stop: AtomicBool::new(false),
+                        thread: Mutex::new(None),
+                    });
+                    let run = hub.clone();
+                    let t = std::thread::Builder::new()
+                        .name(format!("tentd-relay-{}", worker.index))
+                        .spawn(move || run.run())
+                        .map_err(|e| {
+                            Error::new(ErrorKind::OutOfMemory, "tentd: no thread for a relay")
+                                .with_source(e)
+                        })?;
+                    *hub.thread.lock() = Some(t);
+                    hubs.insert(worker.index, hub.clone());
+                    hub
+                }
+            }
+        };
+        hub.bells.lock().push((key, bell));
+        hub.changed();
+        Ok(())
+    }
+
+    /// Stop watching ring `key`'s bell (on `worker`).
+    pub(super) fn remove(&self, key: u64, worker: usize) {
+        if let Some(hub) = self.hubs.lock().get(&worker) {
+            hub.bells.lock().retain(|(k, _)| *k != key);
+            hub.changed();
+        }
+    }
+
+    /// Stop every hub's thread.
+    pub(super) fn stop(&self) {
+        let hubs: Vec<Arc<Hub>> = self.hubs.lock().drain().map(|(_, h)| h).collect();
+        for hub in &hubs {
+            hub.stop.store(true, Ordering::Release);
+            hub.changed();
+        }
+        for hub in hubs {
+            if let Some(t) = hub.thread.lock().take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Hub {
+    /// Its bells or its stop flag changed: wake the thread to look.
+    fn changed(&self) {
+        self.control.fetch_add(1, Ordering::Release);
+        let _ = futex::wake(&self.control, futex::Flags::PRIVATE, 1);
+    }
+
+    fn run(&self) {
+        // Each watched bell and the last value seen there.
+        let mut seen: Vec<(u64, SharedWord, u32)> = Vec::new();
+        let mut acted = Instant::now();
+        let mut waitv = true;
+        loop {
+            let control = self.control.load(Ordering::Acquire);
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let mut fresh = false;
+            {
+                let bells = self.bells.lock();
+                seen.retain(|(k, _, _)| bells.iter().any(|(b, _)| b == k));
+                for (key, bell) in bells.iter() {
+                    if !seen.iter().any(|(k, _, _)| k == key) {
+                        let now = bell.word().load(Ordering::Acquire);
+                        seen.push((*key, bell.clone(), now));
+                        fresh = true;
+                    }
+                }
+            }
+            // A bump made before the bell was watched is covered by one
+            // ring of the doorbell.
+            if fresh {
+                self.worker.doorbell().ring();
+            }
+            let all_waited = waitv && seen.len() <= WAITV_BELLS;
+            if waitv {
+                waitv = self.sleep(control, &seen, all_waited);
+            } else {
+                std::thread::sleep(POLL);
+            }
+            let mut bumped = false;
+            for (_, bell, last) in seen.iter_mut() {
+                let now = bell.word().load(Ordering::Acquire);
+                if now != *last {
+                    *last = now;
+                    bumped = true;
+                }
+            }
+            if bumped {
+                // An awake worker polls the ring: ring only a sleeper.
+                if self.worker.parked() {
+                    self.worker.doorbell().ring();
+                }
+                let gap = acted.elapsed();
+                if gap < MIN_GAP {
+                    std::thread::sleep(MIN_GAP - gap);
+                }
+                acted = Instant::now();
+            }
+        }
+    }
+
+    /// Sleep until the control word leaves `control`, a bell leaves its
+    /// last value, or [`LOOK`] passes ([`POLL`] when not every bell is
+    /// waited on). False when the kernel has no `futex_waitv` (the caller
+    /// polls from then on).
+    fn sleep(&self, control: u32, seen: &[(u64, SharedWord, u32)], all_waited: bool) -> bool {
+        let mut waits = Vec::with_capacity(seen.len().min(WAITV_BELLS) + 1);
+        let mut w = futex::Wait::new();
+        w.val = u64::from(control);
+        w.uaddr = futex::WaitPtr::new(self.control.as_ptr().cast());
+        w.flags = futex::WaitFlags::SIZE_U32 | futex::WaitFlags::PRIVATE;
+        waits.push(w);
+        for (_, bell, last) in seen.iter().take(WAITV_BELLS) {
+            let mut w = futex::Wait::new();
+            w.val = u64::from(*last);
+            w.uaddr = futex::WaitPtr::new(bell.word().as_ptr().cast());
+            // Shared: the client's process wakes it too.
+            w.flags = futex::WaitFlags::SIZE_U32;
+            waits.push(w);
+        }
+        let nap = if all_waited { LOOK } else { POLL };
+        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        let end = Duration::new(now.tv_sec as u64, now.tv_nsec as u32) + nap;
+        let deadline = futex::Timespec {
+            tv_sec: end.as_secs() as i64,
+            tv_nsec: i64::from(end.subsec_nanos()),
+        };
+        // The words stay mapped for the call: `seen` holds each bell's
+        // region.
+        match futex::waitv(
+            &waits,
+            futex::WaitvFlags::empty(),
+            Some(&deadline),
+            rustix::time::ClockId::Monotonic,
+        ) {
+            Err(rustix::io::Errno::NOSYS) => {
+                tracing::warn!(
+                    "tentd: no futex_waitv in this kernel; relays look at client bells every millisecond"
+                );
+                false
+            }
+            // Woken, a word moved before the call (EAGAIN), the time ran
+            // out, a signal: the caller looks either way.
+            _ => true,
+        }
+    }
+}
