@@ -252,8 +252,7 @@ pub(crate) fn peer_uid(s: &UnixStream) -> io::Result<(u32, i32)> {
 }
 
 /// The peer's groups: its primary gid (`SO_PEERCRED`) and its
-/// supplementary groups (`SO_PEERGROUPS`, as they were when it connected),
-/// up to 256 of them (a peer in more is judged by those).
+/// supplementary groups (`SO_PEERGROUPS`, as they were when it connected).
 pub(crate) fn peer_groups(s: &UnixStream) -> io::Result<Vec<u32>> {
     let mut cred = libc::ucred {
         pid: 0,
@@ -274,24 +273,31 @@ pub(crate) fn peer_groups(s: &UnixStream) -> io::Result<Vec<u32>> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut groups = [0 as libc::gid_t; 256];
-    let mut len = size_of_val(&groups) as libc::socklen_t;
-    // SAFETY: SO_PEERGROUPS writes at most `len` bytes into the array we own, and says in `len` how many it wrote.
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERGROUPS,
-            groups.as_mut_ptr().cast(),
-            &mut len,
-        )
-    };
-    // ERANGE: more than fit; the array is not written then, so the primary
-    // group alone counts.
-    let n = if rc == 0 {
-        (len as usize / size_of::<libc::gid_t>()).min(groups.len())
-    } else {
-        0
+    // As many as the kernel says it has (ERANGE tells the length needed).
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    let n = loop {
+        let mut len = (groups.len() * size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: SO_PEERGROUPS writes at most `len` bytes into the vector we own, and says in `len` how many it wrote or would need.
+        let rc = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let want = len as usize / size_of::<libc::gid_t>();
+        if rc == 0 {
+            break want.min(groups.len());
+        }
+        let e = io::Error::last_os_error();
+        // NGROUPS_MAX is 65536: a larger answer is not the kernel's.
+        if e.raw_os_error() == Some(libc::ERANGE) && want > groups.len() && want <= 1 << 16 {
+            groups.resize(want, 0);
+            continue;
+        }
+        return Err(e);
     };
     let mut out = Vec::with_capacity(n + 1);
     out.push(cred.gid);

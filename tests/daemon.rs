@@ -542,7 +542,15 @@ fn daemon_child_server() {
     let Ok(sock) = std::env::var("TENT_DAEMON_SERVE") else {
         return;
     };
-    let _d = Daemon::start(Engine::new(test_config()).unwrap(), sock.as_ref()).unwrap();
+    let mut cfg = test_config();
+    if let Ok(ms) = std::env::var("TENT_DAEMON_PARK_MS") {
+        cfg.workers.park_timeout_ms = Duration::from_millis(ms.parse().unwrap());
+    }
+    let limits = tent::daemon::DaemonLimits {
+        rings_per_client: 64,
+        ..Default::default()
+    };
+    let _d = Daemon::start_with(Engine::new(cfg).unwrap(), sock.as_ref(), limits).unwrap();
     println!("DAEMON-READY");
     loop {
         std::thread::sleep(Duration::from_secs(1));
@@ -551,8 +559,18 @@ fn daemon_child_server() {
 
 /// A daemon in a child process, serving at `sock` once this returns.
 fn spawn_daemon(sock: &std::path::Path) -> std::process::Child {
+    spawn_daemon_parked(sock, None)
+}
+
+/// [`spawn_daemon`], its workers parking up to `park` (default: the test
+/// configuration's).
+fn spawn_daemon_parked(sock: &std::path::Path, park: Option<Duration>) -> std::process::Child {
     use std::io::BufRead;
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    if let Some(p) = park {
+        cmd.env("TENT_DAEMON_PARK_MS", p.as_millis().to_string());
+    }
+    let mut child = cmd
         .args([
             "--exact",
             "daemon_child_server",
@@ -785,8 +803,9 @@ fn an_attached_engine_lists_and_closes_the_segments_it_opened() {
     }
 }
 
-/// Run as a child process (`TENT_DAEMON_AS` = `uid|gid|socket|segment|addr`):
-/// become that user in that group alone, attach, and WRITE 64 KiB of
+/// Run as a child process (`TENT_DAEMON_AS` =
+/// `uid|gid|supplementary|socket|segment|addr`, `-` for no supplementary
+/// group): become that user, that group, attach, and WRITE 64 KiB of
 /// pattern 13 to `addr` in `segment`; print `ATTACH-OK`, or `ATTACH-ERR`
 /// and the error's kind.
 #[test]
@@ -796,7 +815,8 @@ fn daemon_child_as_another_user() {
     };
     let f: Vec<&str> = spec.split('|').collect();
     let (uid, gid): (u32, u32) = (f[0].parse().unwrap(), f[1].parse().unwrap());
-    let groups = [gid];
+    let groups = [f[2].parse::<u32>().unwrap_or(gid)];
+    let f = [f[0], f[1], f[3], f[4], f[5]];
     // SAFETY: plain system calls on values we own; glibc applies them to every thread.
     let dropped = unsafe {
         libc::setgroups(1, groups.as_ptr()) == 0 && libc::setgid(gid) == 0 && libc::setuid(uid) == 0
@@ -829,6 +849,19 @@ fn daemon_child_as_another_user() {
 /// What a child of `uid` in group `gid` says of attaching at `d`'s
 /// socket and writing to `dst` of `target`.
 fn as_user(uid: u32, gid: u32, d: &Daemon, target: &Engine, dst: &tent::Buffer) -> String {
+    as_user_in(uid, gid, None, d, target, dst)
+}
+
+/// [`as_user`] with `sup` as its one supplementary group.
+fn as_user_in(
+    uid: u32,
+    gid: u32,
+    sup: Option<u32>,
+    d: &Daemon,
+    target: &Engine,
+    dst: &tent::Buffer,
+) -> String {
+    let sup = sup.map_or("-".to_owned(), |g| g.to_string());
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -839,7 +872,7 @@ fn as_user(uid: u32, gid: u32, d: &Daemon, target: &Engine, dst: &tent::Buffer) 
         .env(
             "TENT_DAEMON_AS",
             format!(
-                "{uid}|{gid}|{}|{}|{}",
+                "{uid}|{gid}|{sup}|{}|{}|{}",
                 d.socket_path().display(),
                 target.segment_name(),
                 dst.addr()
@@ -897,31 +930,36 @@ fn another_user_is_refused_and_a_member_of_the_client_group_is_served() {
         "not in the group: {said}"
     );
     let said = as_user(nobody, group, &g, &target, &dst);
-    assert_eq!(said, "ATTACH-OK");
+    assert_eq!(said, "ATTACH-OK", "primary group");
     let mut got = vec![0u8; 64 << 10];
     dst.read(0, &mut got).unwrap();
     assert!(got == pattern(13, 64 << 10), "the member's WRITE landed");
+    // A member by a supplementary group (SO_PEERGROUPS) is served too.
+    let said = as_user_in(nobody, nobody, Some(group), &g, &target, &dst);
+    assert_eq!(said, "ATTACH-OK", "supplementary group");
+    // Past a socket mode that lets anyone in, the daemon still refuses a
+    // process in neither its user nor its group.
+    std::fs::set_permissions(g.socket_path(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let said = as_user(nobody, nobody, &g, &target, &dst);
+    assert!(
+        said.contains("tentd serves uid 0 and group 4242"),
+        "refused by the daemon: {said}"
+    );
 }
 
 /// The relays are a thread per worker, not per ring: 150 rings of three
-/// clients on a one-worker daemon cost one relay thread, and a parked
-/// worker (its park long) wakes for an op on a ring its relay waits on
+/// clients on a one-worker daemon (in a process of its own, its threads
+/// counted there) cost one relay thread, and a parked worker (its park
+/// ten seconds) wakes at once for an op on a ring its relay waits on
 /// (`futex_waitv` takes 127 bells) and on one past those (looked at every
-/// millisecond), each well before the park would end.
+/// millisecond). Without the relay each would wait out the park.
 #[test]
 fn one_relay_per_worker_wakes_it_for_any_of_many_rings() {
-    let mut cfg = test_config();
-    cfg.workers.park_timeout_ms = Duration::from_secs(10);
-    let limits = tent::daemon::DaemonLimits {
-        rings_per_client: 64,
-        ..Default::default()
-    };
-    let d = Daemon::start_with(Engine::new(cfg).unwrap(), &socket("relays"), limits).unwrap();
+    let sock = socket("relays");
+    let mut d = spawn_daemon_parked(&sock, Some(Duration::from_secs(10)));
     let target = Engine::new(test_config()).unwrap();
     let dst = target.allocate_memory(4096).unwrap();
-    let clients: Vec<Engine> = (0..3)
-        .map(|_| Engine::attach(d.socket_path()).unwrap())
-        .collect();
+    let clients: Vec<Engine> = (0..3).map(|_| Engine::attach(&sock).unwrap()).collect();
     let mut rings = Vec::new();
     let mut ops = Vec::new();
     for c in &clients {
@@ -939,7 +977,7 @@ fn one_relay_per_worker_wakes_it_for_any_of_many_rings() {
             );
         }
     }
-    let relays = std::fs::read_dir("/proc/self/task")
+    let relays = std::fs::read_dir(format!("/proc/{}/task", d.id()))
         .unwrap()
         .filter(|t| {
             let comm = t.as_ref().unwrap().path().join("comm");
@@ -948,15 +986,19 @@ fn one_relay_per_worker_wakes_it_for_any_of_many_rings() {
         .count();
     assert_eq!(relays, 1, "one relay thread for one worker");
     for i in [0, rings.len() - 1] {
-        // Long enough for the worker to park.
+        // The worker parks within microseconds of going idle.
         std::thread::sleep(Duration::from_millis(300));
         let start = Instant::now();
         rings[i].submission().push(ops[i]).unwrap();
         assert_eq!(one(&mut rings[i]).result(), Ok(64), "ring {i}");
         assert!(
-            start.elapsed() < Duration::from_secs(2),
+            start.elapsed() < Duration::from_secs(5),
             "ring {i} waited {:?}: its bell woke nobody",
             start.elapsed()
         );
     }
+    drop(rings);
+    drop(clients);
+    d.kill().unwrap();
+    d.wait().unwrap();
 }

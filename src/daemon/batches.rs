@@ -135,8 +135,20 @@ impl ClientBatches {
         }
         if self.state.lock().ring.is_none() {
             let ring = make_ring()?;
-            // Another submit may have made one meanwhile: that one stays.
-            self.state.lock().ring.get_or_insert(ring);
+            // Another submit may have made one meanwhile: that one stays,
+            // and this one is closed (a request to the daemon) after the
+            // lock is let go.
+            let spare = {
+                let mut st = self.state.lock();
+                match st.ring {
+                    Some(_) => Some(ring),
+                    None => {
+                        st.ring = Some(ring);
+                        None
+                    }
+                }
+            };
+            drop(spare);
         }
         let start = Instant::now();
         let mut nap = Duration::from_micros(10);

@@ -30,12 +30,14 @@ use crate::engine::{Buffer, Ring};
 use crate::error::{Error, ErrorKind, Result};
 use crate::memfd::{Mapping, recv_frame, size_and_seals};
 
-/// How long a set-up exchange with the daemon may take.
+/// How long the daemon may take to say hello.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long an exchange that waits for ops to end may take (giving memory,
-/// a segment or a ring back, detaching): the daemon bounds that wait by
-/// its `max_timeout_ms` (at most a day); a daemon that dies meanwhile
-/// ends it at once (the socket hangs up).
+/// How long any other exchange may take: the daemon bounds its own waits
+/// (a segment's descriptor fetch by `default_timeout_ms`, a drain of the
+/// ops on memory given back by `max_timeout_ms`, at most a day each), and
+/// a daemon that dies meanwhile ends the wait at once (the socket hangs
+/// up). Giving up sooner would leave the two sides out of step while the
+/// daemon still works for this client.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(86_400 + 60);
 
 /// The configuration keys that apply to an attached engine: every other
@@ -88,6 +90,9 @@ struct Link {
     bells: Mutex<Vec<std::sync::Weak<CqBell>>>,
     /// Written to stop the watcher.
     stop: OwnedFd,
+    /// Set before this side says it goes: the hang-up that follows is no
+    /// news.
+    detaching: AtomicBool,
 }
 
 impl Link {
@@ -165,16 +170,10 @@ impl Link {
 
     /// The daemon closed the socket: mark it and wake every ring's sleeper.
     fn lost(&self) {
-        self.gone.store(true, Ordering::Release);
-        for bell in self
-            .bells
-            .lock()
-            .iter()
-            .filter_map(std::sync::Weak::upgrade)
-        {
-            bell.ring();
+        if !self.gone.swap(true, Ordering::AcqRel) && !self.detaching.load(Ordering::Acquire) {
+            tracing::warn!("tentd: the daemon this engine is attached to has gone");
         }
-        tracing::warn!("tentd: the daemon this engine is attached to has gone");
+        self.wake_rings();
     }
 }
 
@@ -361,7 +360,9 @@ impl Attached {
                 CLIENT_KEYS.join(", ")
             )));
         }
-        let stream = UnixStream::connect(socket).map_err(|e| {
+        // Connected through the file that was looked at (`O_PATH`, no
+        // symlink followed): what `placed_by` judges is what answers.
+        let unreachable = |e: std::io::Error| {
             // A socket this user may not open is a daemon that refuses
             // it, not an absent one (`daemon_embed_fallback` must not
             // embed in its place).
@@ -373,13 +374,16 @@ impl Attached {
                 _ => (ErrorKind::Unreachable, "no tentd at"),
             };
             Error::new(kind, format!("{what} {}", socket.display())).with_source(e)
-        })?;
+        };
+        let (file, stat) = crate::memfd::open_socket_file(socket).map_err(unreachable)?;
+        let stream = crate::memfd::connect_file(file.as_fd(), Instant::now() + IO_TIMEOUT)
+            .map_err(unreachable)?;
         // The daemon is this user's, root's, or the user who owns the
         // socket in a directory only it (or root) may change: a socket
         // someone else put at the path gets nothing of ours.
         match crate::memfd::peer_uid(&stream) {
             Ok((uid, _)) if uid == crate::memfd::euid() || uid == 0 => {}
-            Ok((uid, _)) if placed_by(socket, uid) => {}
+            Ok((uid, _)) if stat.st_uid == uid && placed_by(socket, uid) => {}
             Ok((uid, pid)) => {
                 return Err(Error::new(
                     ErrorKind::AccessDenied,
@@ -405,6 +409,7 @@ impl Attached {
             gone: AtomicBool::new(false),
             bells: Mutex::new(Vec::new()),
             stop,
+            detaching: AtomicBool::new(false),
         });
         let (id, segment) = match link.ask(&Request::Hello {
             version: LAYOUT_VERSION,
@@ -554,7 +559,13 @@ impl Attached {
             let s = self.link.stream.lock();
             self.link.send(&s, &Request::CreateRing { depth })?;
             for want in [Part::Sq, Part::Cq, Part::Bells] {
-                let (reply, fd) = self.link.reply(&s, IO_TIMEOUT)?;
+                let (reply, fd) = match self.link.reply(&s, DRAIN_TIMEOUT) {
+                    Ok(got) => got,
+                    // A refusal comes first or not at all: after a part,
+                    // the two sides are out of step.
+                    Err(e) if !frames.is_empty() => return Err(self.link.broken(&s, e)),
+                    Err(e) => return Err(e),
+                };
                 match reply {
                     Reply::RingPart {
                         part,
@@ -992,19 +1003,19 @@ impl Attached {
     }
 }
 
-/// Did user `uid` put the socket at `path`, where nobody but it and root
-/// could have put another? The socket is `uid`'s, and its directory
-/// belongs to `uid` or root and is writable by its owner alone (`/tmp`,
-/// writable by all, is no such place).
+/// Could only user `uid` (or root) have put the socket at `path` there?
+/// Every directory on the way (not followed through a symlink) belongs to
+/// `uid` or root and is writable by its owner alone: `/run/tent/` of a
+/// daemon's user, not `/tmp`, which anyone may write.
 fn placed_by(path: &Path, uid: u32) -> bool {
     use std::os::unix::fs::MetadataExt;
-    let Ok(sock) = std::fs::symlink_metadata(path) else {
+    let Ok(path) = std::path::absolute(path) else {
         return false;
     };
-    let Some(Ok(dir)) = path.parent().map(std::fs::metadata) else {
-        return false;
-    };
-    sock.uid() == uid && (dir.uid() == uid || dir.uid() == 0) && dir.mode() & 0o022 == 0
+    path.ancestors().skip(1).all(|dir| {
+        std::fs::symlink_metadata(dir)
+            .is_ok_and(|m| m.is_dir() && (m.uid() == uid || m.uid() == 0) && m.mode() & 0o022 == 0)
+    })
 }
 
 /// Map region memfd `fd` the daemon sent for `len` bytes (it said `got`
@@ -1040,6 +1051,7 @@ impl Drop for Attached {
     /// its memory. A ring or buffer that outlives the engine stays mapped,
     /// its rings answering `Shutdown`, as an embedded engine's do.
     fn drop(&mut self) {
+        self.link.detaching.store(true, Ordering::Release);
         if !self.link.gone()
             && let Err(e) = self.link.ask(&Request::Detach)
             && !self.link.gone()
@@ -1074,11 +1086,8 @@ fn read_reply(s: &UnixStream, timeout: Duration) -> Result<(Reply, Option<OwnedF
 /// How long the reply to `req` may take.
 fn timeout_for(req: &Request) -> Duration {
     match req {
-        Request::FreeMemory { .. }
-        | Request::CloseRing { .. }
-        | Request::CloseSegment { .. }
-        | Request::Detach => DRAIN_TIMEOUT,
-        _ => IO_TIMEOUT,
+        Request::Hello { .. } => IO_TIMEOUT,
+        _ => DRAIN_TIMEOUT,
     }
 }
 

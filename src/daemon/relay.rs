@@ -142,11 +142,18 @@ impl Hub {
             if fresh {
                 self.worker.doorbell().ring();
             }
-            let all_waited = waitv && seen.len() <= WAITV_BELLS;
             if waitv {
-                waitv = self.sleep(control, &seen, all_waited);
+                let nap = if seen.len() <= WAITV_BELLS {
+                    LOOK
+                } else {
+                    POLL
+                };
+                waitv = sleep(&self.control, control, &seen, nap);
             } else {
-                std::thread::sleep(POLL);
+                // Without futex_waitv: the control word alone is waited
+                // on, and the bells looked at every POLL (none: LOOK).
+                let nap = if seen.is_empty() { LOOK } else { POLL };
+                crate::doorbell::wait_on(&self.control, control, nap);
             }
             let mut bumped = false;
             for (_, bell, last) in seen.iter_mut() {
@@ -169,50 +176,100 @@ impl Hub {
             }
         }
     }
+}
 
-    /// Sleep until the control word leaves `control`, a bell leaves its
-    /// last value, or [`LOOK`] passes ([`POLL`] when not every bell is
-    /// waited on). False when the kernel has no `futex_waitv` (the caller
-    /// polls from then on).
-    fn sleep(&self, control: u32, seen: &[(u64, SharedWord, u32)], all_waited: bool) -> bool {
-        let mut waits = Vec::with_capacity(seen.len().min(WAITV_BELLS) + 1);
+/// Sleep until the control `word` leaves `control`, a bell leaves its
+/// last value (the first [`WAITV_BELLS`] of `seen`), or `nap` passes.
+/// False when `futex_waitv` cannot be used (no such call in this
+/// kernel, or refused): the caller polls from then on.
+fn sleep(word: &AtomicU32, control: u32, seen: &[(u64, SharedWord, u32)], nap: Duration) -> bool {
+    let mut waits = Vec::with_capacity(seen.len().min(WAITV_BELLS) + 1);
+    let mut w = futex::Wait::new();
+    w.val = u64::from(control);
+    w.uaddr = futex::WaitPtr::new(word.as_ptr().cast());
+    w.flags = futex::WaitFlags::SIZE_U32 | futex::WaitFlags::PRIVATE;
+    waits.push(w);
+    for (_, bell, last) in seen.iter().take(WAITV_BELLS) {
         let mut w = futex::Wait::new();
-        w.val = u64::from(control);
-        w.uaddr = futex::WaitPtr::new(self.control.as_ptr().cast());
-        w.flags = futex::WaitFlags::SIZE_U32 | futex::WaitFlags::PRIVATE;
+        w.val = u64::from(*last);
+        w.uaddr = futex::WaitPtr::new(bell.word().as_ptr().cast());
+        // Shared: the client's process wakes it too.
+        w.flags = futex::WaitFlags::SIZE_U32;
         waits.push(w);
-        for (_, bell, last) in seen.iter().take(WAITV_BELLS) {
-            let mut w = futex::Wait::new();
-            w.val = u64::from(*last);
-            w.uaddr = futex::WaitPtr::new(bell.word().as_ptr().cast());
-            // Shared: the client's process wakes it too.
-            w.flags = futex::WaitFlags::SIZE_U32;
-            waits.push(w);
+    }
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let end = Duration::new(now.tv_sec as u64, now.tv_nsec as u32) + nap;
+    let deadline = futex::Timespec {
+        tv_sec: end.as_secs() as i64,
+        tv_nsec: i64::from(end.subsec_nanos()),
+    };
+    // The words stay mapped for the call: `seen` holds each bell's
+    // region.
+    match futex::waitv(
+        &waits,
+        futex::WaitvFlags::empty(),
+        Some(&deadline),
+        rustix::time::ClockId::Monotonic,
+    ) {
+        // Woken, a word moved before the call, the time ran out, a
+        // signal: the caller looks either way.
+        Ok(_)
+        | Err(rustix::io::Errno::AGAIN | rustix::io::Errno::TIMEDOUT | rustix::io::Errno::INTR) => {
+            true
         }
-        let nap = if all_waited { LOOK } else { POLL };
-        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        let end = Duration::new(now.tv_sec as u64, now.tv_nsec as u32) + nap;
-        let deadline = futex::Timespec {
-            tv_sec: end.as_secs() as i64,
-            tv_nsec: i64::from(end.subsec_nanos()),
-        };
-        // The words stay mapped for the call: `seen` holds each bell's
-        // region.
-        match futex::waitv(
-            &waits,
-            futex::WaitvFlags::empty(),
-            Some(&deadline),
-            rustix::time::ClockId::Monotonic,
-        ) {
-            Err(rustix::io::Errno::NOSYS) => {
-                tracing::warn!(
-                    "tentd: no futex_waitv in this kernel; relays look at client bells every millisecond"
-                );
-                false
-            }
-            // Woken, a word moved before the call (EAGAIN), the time ran
-            // out, a signal: the caller looks either way.
-            _ => true,
+        // Anything else would come back at once, every time: a spin.
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "tentd: futex_waitv unusable; relays look at client bells every millisecond"
+            );
+            false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tent_rings::region::{Region, RegionType};
+
+    /// A bump of a watched bell from another thread ends the sleep long
+    /// before its nap (a lost wake-up would run it out); so does a change
+    /// of the control word; with neither it sleeps the nap.
+    #[test]
+    fn a_bell_bump_or_a_control_change_ends_the_sleep() {
+        let region = Arc::new(Region::heap(RegionType::Data, [0; 4], 256));
+        let bell = SharedWord::new(region, 128).unwrap();
+        let control = AtomicU32::new(0);
+        let long = Duration::from_secs(20);
+        let seen = |b: &SharedWord| vec![(1u64, b.clone(), b.word().load(Ordering::Acquire))];
+        let watched = seen(&bell);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                bell.ring();
+            });
+            let start = Instant::now();
+            assert!(sleep(&control, 0, &watched, long));
+            assert!(start.elapsed() < long / 2, "woken by the bell");
+        });
+        let watched = seen(&bell);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                control.fetch_add(1, Ordering::Release);
+                let _ = futex::wake(&control, futex::Flags::PRIVATE, 1);
+            });
+            let start = Instant::now();
+            assert!(sleep(&control, 0, &watched, long));
+            assert!(start.elapsed() < long / 2, "woken by the control word");
+        });
+        let start = Instant::now();
+        let now = control.load(Ordering::Acquire);
+        assert!(sleep(&control, now, &watched, Duration::from_millis(30)));
+        assert!(
+            start.elapsed() >= Duration::from_millis(25),
+            "slept the nap"
+        );
     }
 }

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -158,28 +158,36 @@ impl Daemon {
             }
             Err(_) => {}
         }
-        // Bound under a temporary name, made 0600, then renamed: the path
-        // never accepts a connection before only this user may connect.
+        // Bound in a fresh directory only this user may enter, given its
+        // mode and group there (nothing can be swapped in under its name),
+        // then renamed into place: the path never accepts a connection
+        // before only those it serves may connect.
         let dir = socket.parent().unwrap_or(Path::new("."));
-        let tmp = dir.join(format!(
+        let private = dir.join(format!(
             "{}tentd-{}-{:x}",
             crate::memfd::TMP_PREFIX,
             std::process::id(),
             crate::control::auth::random_u64()
         ));
-        let listener = UnixListener::bind(&tmp).map_err(bad("bind"))?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&private)
+            .map_err(bad("make a directory beside"))?;
+        let tmp = private.join("s");
         let mode = if limits.client_group.is_some() {
             0o660
         } else {
             0o600
         };
-        let placed = std::os::unix::fs::chown(&tmp, None, limits.client_group)
-            .and_then(|()| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)))
-            .and_then(|()| std::fs::rename(&tmp, socket));
-        if let Err(e) = placed {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(bad("place the socket at")(e));
-        }
+        let placed = UnixListener::bind(&tmp).and_then(|listener| {
+            std::os::unix::fs::chown(&tmp, None, limits.client_group)?;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
+            std::fs::rename(&tmp, socket)?;
+            Ok(listener)
+        });
+        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::remove_dir(&private);
+        let listener = placed.map_err(bad("place the socket at"))?;
         listener.set_nonblocking(true).map_err(bad("listen at"))?;
         let inner = Arc::new(Inner {
             engine,
@@ -620,7 +628,14 @@ fn handle(
             // Held before anything is sent: a client gone mid-answer still
             // has it retired.
             let id = st.next_ring;
-            st.next_ring = st.next_ring.wrapping_add(1).max(1);
+            // Ids are never reused within a client: a relay's key is one.
+            let Some(next) = id.checked_add(1) else {
+                return refuse(
+                    s,
+                    &too_many("a client's ring ids are spent: attach again".into()),
+                );
+            };
+            st.next_ring = next;
             let key = u64::from(st.scope.id()) << 32 | u64::from(id);
             let watched = inner.relays.add(key, ring.sq_bell.clone(), &ring.worker);
             st.rings.push(Relay { id, ring, key });
