@@ -13,8 +13,9 @@
 #   - the TCP connections the target holds meanwhile (`ss`, sockets of the
 #     target's pid, sampled through the run, the most seen): with a daemon
 #     they are the daemon's, whatever N is;
-# then the CPU (utime+stime) over --duration of N idle processes: attached
-# (the clients plus the daemon) against embedded (each with its workers);
+# then the CPU N idle processes burn, in ms per second: attached (the
+# clients plus the daemon, while all are attached) against embedded (each
+# with its workers);
 # then two attached clients streaming, one killed with SIGKILL 3 s in:
 # the survivor's GB/s over the second after against the second before
 # (its 100 ms series, aligned on when its measurement started).
@@ -100,41 +101,52 @@ fanin() {
   echo "$gbps $most"
 }
 
-# N idle processes over --duration; prints the CPU ms they (and, attached,
-# the daemon) used.
+# CPU time (ns) of every thread of process $1 so far.
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%.0f\n", s }'; }
+
+# N idle processes over --duration; prints the CPU they (and, attached,
+# the daemon over a window where all of them are attached) use, in ms per
+# second.
 idle() {
   local n=$1 attach=$2 i
   local run=() before after
-  before=$(cpu_ticks "$dpid")
   for i in $(seq "$n"); do
     # shellcheck disable=SC2086
     "$bin/tent-bench" --mode idle --duration "$duration" --json $attach \
       > "$work/idle.$i.out" 2> "$work/idle.$i.err" &
     run+=($!)
   done
+  # Each measures itself from 0.3 s after its engine is up; the daemon is
+  # measured from then to shortly before they end.
+  sleep 0.6
+  before=$(cpu_ns "$dpid")
+  local t0 t1
+  t0=$(date +%s.%N)
+  sleep "$(echo "$duration - 0.5" | bc -l)"
+  after=$(cpu_ns "$dpid")
+  t1=$(date +%s.%N)
   local ms=0 m
   for i in $(seq "$n"); do
     wait "${run[$((i - 1))]}" || { echo "bench-attach-tcp: idle $i failed" >&2; cat "$work/idle.$i.err" >&2; exit 1; }
     m=$(grep -o '"cpu_ms":[0-9.e+-]*' "$work/idle.$i.out" | cut -d: -f2)
     ms=$(echo "$ms + ${m:-0}" | bc -l)
   done
-  after=$(cpu_ticks "$dpid")
+  ms=$(echo "$ms / $duration" | bc -l)
   if [ -n "$attach" ]; then
-    # The daemon's share over the same window (clock ticks to ms).
-    ms=$(echo "$ms + ($after - $before) * 1000 / $(getconf CLK_TCK)" | bc -l)
+    ms=$(echo "$ms + ($after - $before) / 1000000 / ($t1 - $t0)" | bc -l)
   fi
   echo "$ms"
 }
 
 echo "# bench-attach-tcp: 1 MiB TCP WRITE, batch $batch, ${duration} s, target $target; attached = clients of one tentd"
-printf '%-9s %8s %12s %14s %14s\n' processes case GB/s connections idle_cpu_ms
+printf '%-9s %8s %12s %14s %16s\n' processes case GB/s connections idle_cpu_ms/s
 for n in $counts; do
   read -r ag ac < <(fanin "$n" "--attach $sock")
   read -r eg ec < <(fanin "$n" "")
   ai=$(idle "$n" "--attach $sock")
   ei=$(idle "$n" "")
-  printf '%-9s %8s %12.2f %14s %14.1f\n' "$n" attached "$ag" "$ac" "$ai"
-  printf '%-9s %8s %12.2f %14s %14.1f\n' "$n" embedded "$eg" "$ec" "$ei"
+  printf '%-9s %8s %12.2f %14s %16.3f\n' "$n" attached "$ag" "$ac" "$ai"
+  printf '%-9s %8s %12.2f %14s %16.3f\n' "$n" embedded "$eg" "$ec" "$ei"
   printf '# N=%s attached/embedded: throughput %.2fx, connections %s vs %s, idle CPU %.2fx\n' \
     "$n" "$(echo "$ag / $eg" | bc -l)" "$ac" "$ec" "$(echo "($ai + 0.001) / ($ei + 0.001)" | bc -l)"
 done
@@ -157,11 +169,14 @@ start=$(date +%s.%N)
 sleep 3
 kill -9 "$victim"
 killed=$(date +%s.%N)
+wait "$victim" 2>/dev/null || true
 wait "$survivor" || { echo "bench-attach-tcp: the survivor failed" >&2; cat "$work/survivor.err" >&2; exit 1; }
 k=$(echo "($killed - $start) * 1000" | bc -l)
-read -r before after < <(grep -o '"t_ms":[0-9]*,"gbps":[0-9.e+-]*' "$work/survivor.out" \
-  | sed 's/"t_ms":\([0-9]*\),"gbps":\(.*\)/\1 \2/' \
-  | awk -v k="$k" '$1 > k - 1000 && $1 <= k { b += $2; nb++ } $1 > k && $1 <= k + 1000 { a += $2; na++ }
-      END { printf "%.3f %.3f\n", (nb ? b / nb : 0), (na ? a / na : 0) }')
+read -r before after < <(awk -v k="$k" '/"t_ms"/ {
+    match($0, /"t_ms":[0-9]+/); t = substr($0, RSTART + 7, RLENGTH - 7) + 0
+    match($0, /"gbps":[0-9.e+-]+/); g = substr($0, RSTART + 7, RLENGTH - 7) + 0
+    if (t > k - 1000 && t <= k) { b += g; nb++ }
+    if (t > k && t <= k + 1000) { a += g; na++ }
+  } END { printf "%.3f %.3f\n", (nb ? b / nb : 0), (na ? a / na : 0) }' "$work/survivor.out")
 printf '# killed under load: the survivor %.2f GB/s the second before, %.2f the second after: %.2fx\n' \
   "$before" "$after" "$(echo "$after / ($before + 0.000001)" | bc -l)"

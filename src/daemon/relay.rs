@@ -25,9 +25,9 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// The shortest gap between two passes that acted on a bell change.
 const MIN_GAP: Duration = Duration::from_micros(20);
-/// The longest a hub sleeps before it looks again (its stop flag, bells
-/// it could not wait on).
-const LOOK: Duration = Duration::from_millis(100);
+/// The longest a hub sleeps before it looks again (a backstop: its stop
+/// and every change to its bells ring its control word).
+const LOOK: Duration = Duration::from_secs(1);
 /// How often a hub looks at bells it cannot wait on.
 const POLL: Duration = Duration::from_millis(1);
 /// Bells one `futex_waitv` waits on, besides the hub's control word (the

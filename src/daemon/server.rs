@@ -84,6 +84,8 @@ struct Inner {
     engine: Engine,
     limits: DaemonLimits,
     stop: AtomicBool,
+    /// Readable once the daemon stops: what its threads sleep beside.
+    stop_fd: OwnedFd,
     next_client: AtomicU32,
     /// Clients attached now.
     attached: AtomicU32,
@@ -189,10 +191,19 @@ impl Daemon {
         let _ = std::fs::remove_dir(&private);
         let listener = placed.map_err(bad("place the socket at"))?;
         listener.set_nonblocking(true).map_err(bad("listen at"))?;
+        let stop_fd = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .map_err(|e| {
+            Error::new(ErrorKind::OutOfMemory, "tentd: an eventfd")
+                .with_source(std::io::Error::from(e))
+        })?;
         let inner = Arc::new(Inner {
             engine,
             limits,
             stop: AtomicBool::new(false),
+            stop_fd,
             next_client: AtomicU32::new(1),
             attached: AtomicU32::new(0),
             clients: Mutex::new(Vec::new()),
@@ -229,6 +240,8 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::SeqCst);
+        // Stays readable: every thread asleep beside it wakes, now or later.
+        let _ = rustix::io::write(&self.inner.stop_fd, &1u64.to_ne_bytes());
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
@@ -267,7 +280,7 @@ fn lock_socket_path(socket: &Path) -> Result<OwnedFd> {
 }
 
 fn accept_loop(inner: &Arc<Inner>, listener: &UnixListener) {
-    while !inner.stop.load(Ordering::SeqCst) {
+    while readable(inner, listener) {
         match listener.accept() {
             Ok((stream, _)) => {
                 // A client that stops reading holds its thread (and the
@@ -303,9 +316,9 @@ fn accept_loop(inner: &Arc<Inner>, listener: &UnixListener) {
                     }
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            // Taken by the client's own retry, or gone before it was
+            // accepted.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => {
                 tracing::warn!(error = %e, "tentd: accept failed");
                 std::thread::sleep(STOP_POLL);
@@ -390,19 +403,21 @@ fn read_request(s: &UnixStream, deadline: Instant) -> std::io::Result<Option<Req
 }
 
 /// Wait until `s` is readable (or hung up: the read finds the end), or
-/// the daemon stops (false).
-fn readable(inner: &Inner, s: &UnixStream) -> bool {
+/// the daemon stops (false). Asleep in between: the stop is an eventfd
+/// polled beside it, so an idle daemon wakes for nothing.
+fn readable(inner: &Inner, s: impl std::os::fd::AsFd) -> bool {
+    use rustix::event::{PollFd, PollFlags};
     loop {
         if inner.stop.load(Ordering::SeqCst) {
             return false;
         }
-        let mut fds = [rustix::event::PollFd::new(s, rustix::event::PollFlags::IN)];
-        let ts = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: STOP_POLL.as_nanos() as i64,
-        };
-        match rustix::event::poll(&mut fds, Some(&ts)) {
-            Ok(0) | Err(rustix::io::Errno::INTR) => {}
+        let mut fds = [
+            PollFd::new(&s, PollFlags::IN),
+            PollFd::new(&inner.stop_fd, PollFlags::IN),
+        ];
+        match rustix::event::poll(&mut fds, None) {
+            Err(rustix::io::Errno::INTR) => {}
+            Ok(_) if !fds[1].revents().is_empty() => return false,
             Ok(_) | Err(_) => return true,
         }
     }

@@ -4,9 +4,9 @@
 //! (`Engine::attach`, or the `daemon_socket` key). It stops on SIGINT or
 //! SIGTERM.
 
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use clap::Parser;
 
@@ -66,10 +66,17 @@ fn gid_of(name: &str) -> Result<u32, String> {
     Ok(grp.gr_gid)
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
+/// The eventfd the signal handler writes (-1 until it is made): the main
+/// thread sleeps in a read of it, waking for nothing else.
+static STOP_FD: AtomicI32 = AtomicI32::new(-1);
 
 extern "C" fn on_signal(_: std::ffi::c_int) {
-    STOP.store(true, Ordering::SeqCst);
+    let fd = STOP_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let one = 1u64;
+        // SAFETY: write(2) is async-signal-safe; `one` is 8 readable bytes; a failed write (the counter full) still leaves the eventfd readable.
+        unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -119,8 +126,16 @@ fn run(args: &Args) -> Result<(), String> {
     };
     let daemon =
         tent::daemon::Daemon::start_with(engine, &socket, limits).map_err(|e| e.to_string())?;
+    // SAFETY: eventfd(2) takes no pointers; a descriptor it returns is ours to own.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(format!("an eventfd: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: `raw` is a descriptor just made and owned by nothing else.
+    let stop = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    STOP_FD.store(stop.as_raw_fd(), Ordering::SeqCst);
     for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        // SAFETY: the handler only loads an atomic and writes an eventfd, both async-signal-safe.
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
     }
     println!(
@@ -128,8 +143,14 @@ fn run(args: &Args) -> Result<(), String> {
         daemon.engine().segment_name(),
         socket.display()
     );
-    while !STOP.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(100));
+    // Asleep until a signal writes it (EINTR: the signal came first).
+    let mut buf = [0u8; 8];
+    loop {
+        // SAFETY: `buf` is 8 writable bytes; `stop` is open for the call.
+        let n = unsafe { libc::read(stop.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+        if n >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            break;
+        }
     }
     tracing::info!("tentd: stopping");
     drop(daemon);
