@@ -229,6 +229,11 @@ pub(crate) fn recv_frame(
 /// into (a peer in another container sharing the socket directory), and
 /// reading that 0 into a `NonZeroI32` is undefined behaviour.
 pub(crate) fn peer_uid(s: &UnixStream) -> io::Result<(u32, i32)> {
+    peer_cred(s).map(|c| (c.uid, c.pid))
+}
+
+/// The peer's `SO_PEERCRED` (see [`peer_uid`] on why by hand).
+fn peer_cred(s: &UnixStream) -> io::Result<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -248,31 +253,13 @@ pub(crate) fn peer_uid(s: &UnixStream) -> io::Result<(u32, i32)> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok((cred.uid, cred.pid))
+    Ok(cred)
 }
 
 /// The peer's groups: its primary gid (`SO_PEERCRED`) and its
 /// supplementary groups (`SO_PEERGROUPS`, as they were when it connected).
 pub(crate) fn peer_groups(s: &UnixStream) -> io::Result<Vec<u32>> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED writes at most `len` bytes into a ucred we own.
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let cred = peer_cred(s)?;
     // As many as the kernel says it has (ERANGE tells the length needed).
     let mut groups: Vec<libc::gid_t> = vec![0; 64];
     let n = loop {

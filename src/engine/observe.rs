@@ -12,7 +12,7 @@ use tent_rings::TransportKind;
 
 use super::EngineShared;
 use super::segments::NETWORK;
-use super::topology_report::{self, NodeReport, TopologyReport};
+use super::topology_report::{self, TopologyReport};
 use super::worker::WorkerShared;
 use crate::http::HttpCounters;
 use crate::metrics::Scrape;
@@ -288,15 +288,7 @@ impl Observer {
     }
 
     pub(crate) fn topology_report(&self) -> TopologyReport {
-        let numa_nodes = self
-            .topology
-            .nodes()
-            .iter()
-            .map(|n| NodeReport {
-                node: n.os_index,
-                cpus: n.cpus.clone(),
-            })
-            .collect();
+        let numa_nodes = topology_report::node_reports(&self.topology);
         let facts = self.nic_facts();
         let cores: Vec<Option<usize>> = self
             .workers

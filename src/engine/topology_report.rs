@@ -42,20 +42,25 @@ impl TopologyReport {
     /// its own (attached to a daemon) knows.
     pub(crate) fn host_only(topology: &Topology) -> TopologyReport {
         TopologyReport {
-            numa_nodes: topology
-                .nodes()
-                .iter()
-                .map(|n| NodeReport {
-                    node: n.os_index,
-                    cpus: n.cpus.clone(),
-                })
-                .collect(),
+            numa_nodes: node_reports(topology),
             rdma_nics: Vec::new(),
             workers: Vec::new(),
             transports: Vec::new(),
             rails_to: None,
         }
     }
+}
+
+/// The NUMA nodes of `topology`, with the CPUs this process may run on.
+pub(crate) fn node_reports(topology: &Topology) -> Vec<NodeReport> {
+    topology
+        .nodes()
+        .iter()
+        .map(|n| NodeReport {
+            node: n.os_index,
+            cpus: n.cpus.clone(),
+        })
+        .collect()
 }
 
 /// One NUMA node.
