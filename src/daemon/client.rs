@@ -112,6 +112,8 @@ impl Link {
 
     /// Send `req` whole, never raising SIGPIPE in the host process (a C or
     /// Python application keeps its default handler, which would end it).
+    /// A daemon that refuses this process answers before it reads, then
+    /// hangs up: a send that fails finds its refusal waiting, if any.
     fn send(&self, s: &UnixStream, req: &Request) -> Result<()> {
         if self.gone() {
             return Err(gone_error());
@@ -122,7 +124,15 @@ impl Link {
             match rustix::net::send(s, &bytes[at..], rustix::net::SendFlags::NOSIGNAL) {
                 Ok(n) => at += n,
                 Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(self.broken(s, io("send a request")(e.into()))),
+                Err(e) => {
+                    let why = match read_reply(s, Duration::from_millis(200)) {
+                        Ok((Reply::Refused { kind, message }, _)) => {
+                            Error::new(kind, format!("tentd: {message}"))
+                        }
+                        _ => io("send a request")(e.into()),
+                    };
+                    return Err(self.broken(s, why));
+                }
             }
         }
         Ok(())
