@@ -1002,3 +1002,146 @@ fn one_relay_per_worker_wakes_it_for_any_of_many_rings() {
     d.kill().unwrap();
     d.wait().unwrap();
 }
+
+/// Notifications between clients of two daemons (each in a process of
+/// its own): a client's segment name is its daemon's with its mailbox, so
+/// what is sent to it reaches it alone, after the data of a submission it
+/// is attached to; a reply goes back to the sender's name; an embedded
+/// engine and a client notify each other the same way; a departed client's
+/// name, and a daemon's bare name, are refused typed.
+#[test]
+fn notifications_reach_the_client_they_name_across_two_daemons() {
+    let (s1, s2) = (socket("mail-1"), socket("mail-2"));
+    let _d1 = Killed(spawn_daemon(&s1));
+    let _d2 = Killed(spawn_daemon(&s2));
+    let a = Engine::attach(&s1).unwrap();
+    let b = Engine::attach(&s2).unwrap();
+    let other = Engine::attach(&s2).unwrap();
+    let (owner, mailbox) = b
+        .segment_name()
+        .rsplit_once('#')
+        .map(|(o, m)| (o.to_owned(), m.to_owned()))
+        .unwrap();
+    assert_eq!(mailbox.len(), 16, "{}", b.segment_name());
+    assert_ne!(b.segment_name(), other.segment_name(), "one mailbox each");
+    let t = Duration::from_secs(10);
+
+    // A to B, and B's reply to the name it came from.
+    let to_b = a.open_segment(&b.segment_name()).unwrap();
+    let hello = tent::Notification::new("hello", b"from a".to_vec()).unwrap();
+    a.send_notification(to_b, &hello).unwrap();
+    let got = b.wait_notification(t).unwrap();
+    assert_eq!(
+        (got.name.as_str(), got.msg.as_slice()),
+        ("hello", &b"from a"[..])
+    );
+    assert_eq!(got.from, a.segment_name(), "the sender's mailbox name");
+    assert!(
+        other.try_notification().is_none(),
+        "another client of B's daemon gets nothing"
+    );
+    assert!(b.try_notification().is_none(), "once");
+    let to_a = b.open_segment(&got.from).unwrap();
+    b.send_notification(
+        to_a,
+        &tent::Notification::new("re", b"ok".to_vec()).unwrap(),
+    )
+    .unwrap();
+    let re = a.wait_notification(t).unwrap();
+    assert_eq!(
+        (re.name.as_str(), re.from.as_str()),
+        ("re", b.segment_name().as_str())
+    );
+
+    // Attached to a submission: B sees it only once A's data is in B's
+    // memory (the daemon's segment, B's region there).
+    let len = 1 << 20;
+    let dst = b.allocate_memory(len).unwrap();
+    let src = a.allocate_memory(len).unwrap();
+    let data = pattern(11, len as usize);
+    src.write(0, &data).unwrap();
+    let batch = a.allocate_batch(4).unwrap();
+    let w = op::Write::new(
+        LocalAddr::new(src.id(), 0),
+        RemoteAddr::new(to_b, dst.peer_addr()),
+        len,
+    )
+    .build();
+    a.submit_with_notification(
+        batch,
+        &[w],
+        &tent::Notification::new("kv-ready", b"1 MiB".to_vec()).unwrap(),
+    )
+    .unwrap();
+    let note = b
+        .wait_notification(t)
+        .unwrap_or_else(|e| panic!("{e}: batch {:?}", a.status_list(batch)));
+    assert_eq!(note.name, "kv-ready");
+    let mut got = vec![0u8; len as usize];
+    dst.read(0, &mut got).unwrap();
+    assert!(got == data, "the data landed before its notification");
+    let s = a.wait_batch(batch, t).unwrap();
+    assert_eq!(s.state, tent::TaskState::Completed, "{s:?}");
+    a.free_batch(batch).unwrap();
+
+    // An embedded engine and a client, both ways.
+    let e = Engine::new(test_config()).unwrap();
+    let e_to_b = e.open_segment(&b.segment_name()).unwrap();
+    e.send_notification(
+        e_to_b,
+        &tent::Notification::new("from-e", Vec::new()).unwrap(),
+    )
+    .unwrap();
+    let got = b.wait_notification(t).unwrap();
+    assert_eq!(
+        (got.name.as_str(), got.from.as_str()),
+        ("from-e", e.segment_name().as_str())
+    );
+    let b_to_e = b.open_segment(&e.segment_name()).unwrap();
+    b.send_notification(
+        b_to_e,
+        &tent::Notification::new("to-e", Vec::new()).unwrap(),
+    )
+    .unwrap();
+    let got = e.wait_notification(t).unwrap();
+    assert_eq!(
+        (got.name.as_str(), got.from.as_str()),
+        ("to-e", b.segment_name().as_str())
+    );
+
+    // Nobody there: a client that detached, the daemon's own name.
+    let to_other = a.open_segment(&other.segment_name()).unwrap();
+    drop(other);
+    let gone = a.send_notification(to_other, &hello).unwrap_err();
+    assert_eq!(gone.kind(), ErrorKind::SegmentNotFound, "{gone}");
+    let bare = a.open_segment(&owner).unwrap();
+    let refused = a.send_notification(bare, &hello).unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::SegmentNotFound, "{refused}");
+    assert!(refused.to_string().contains("owner#mailbox"), "{refused}");
+    // A batch whose notification cannot be delivered fails with its kind.
+    let batch = a.allocate_batch(4).unwrap();
+    let w = op::Write::new(
+        LocalAddr::new(src.id(), 0),
+        RemoteAddr::new(to_other, dst.peer_addr()),
+        64,
+    )
+    .build();
+    a.submit_with_notification(batch, &[w], &hello).unwrap();
+    let s = a.wait_batch(batch, t).unwrap();
+    assert_eq!(
+        (s.state, s.error),
+        (tent::TaskState::Failed, Some(ErrorKind::SegmentNotFound)),
+        "{s:?}"
+    );
+}
+
+/// A child process killed and reaped when dropped (a failed assertion
+/// leaves no daemon holding the test's output pipe).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -449,6 +449,7 @@ fn a_resent_frame_is_acknowledged_and_filed_once() {
         name: name.into(),
         msg: vec![1, 2, 3],
         resend_ms: 0,
+        to: 0,
     };
     client::notify(&s, &peer, &frame(1, "one"), soon()).unwrap();
     client::notify(&s, &peer, &frame(1, "one"), soon()).unwrap();
@@ -478,6 +479,7 @@ fn a_resend_behind_thousands_of_other_streams_is_still_a_resend() {
         name: name.into(),
         msg: Vec::new(),
         resend_ms: 0,
+        to: 0,
     };
     client::notify(&s, &peer, &frame(0x5a5a, "z"), soon()).unwrap();
     let mut delivered = b.recv_notifications();
@@ -516,6 +518,7 @@ fn with_a_secret_a_connection_carries_one_sender() {
         name: "n".into(),
         msg: Vec::new(),
         resend_ms: 0,
+        to: 0,
     };
     client::notify(&s, &peer, &frame(77, "a", 1), soon()).unwrap();
     for other in [frame(78, "a", 1), frame(77, "b", 2)] {
@@ -554,6 +557,7 @@ fn a_batch_is_pending_until_its_notification_is_delivered() {
             name: String::new(),
             msg: Vec::new(),
             resend_ms: 0,
+            to: 0,
         };
         client::notify(&s, &peer, &f, soon()).unwrap();
     }

@@ -275,7 +275,8 @@ typedef struct tent_region_info_t {
  */
 typedef struct tent_buffer_t {
   /**
-   * Its start in this process (what a peer's `target_offset` names).
+   * Its start in this process (what this process reads and writes,
+   * and names as a request's `source`).
    */
   void *addr;
   /**
@@ -286,6 +287,11 @@ typedef struct tent_buffer_t {
    * Its region id (for `tent_unregister_memory`).
    */
   uint64_t region_id;
+  /**
+   * What a peer's `target_offset` names: `addr` for an engine in this
+   * process; for one attached to a daemon, where the daemon maps it.
+   */
+  uint64_t peer_addr;
 } tent_buffer_t;
 
 /**

@@ -12,12 +12,16 @@ use crate::error::call;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct tent_buffer_t {
-    /// Its start in this process (what a peer's `target_offset` names).
+    /// Its start in this process (what this process reads and writes,
+    /// and names as a request's `source`).
     pub addr: *mut c_void,
     /// Its length in bytes.
     pub length: u64,
     /// Its region id (for `tent_unregister_memory`).
     pub region_id: u64,
+    /// What a peer's `target_offset` names: `addr` for an engine in this
+    /// process; for one attached to a daemon, where the daemon maps it.
+    pub peer_addr: u64,
 }
 
 impl From<&Buffer> for tent_buffer_t {
@@ -26,6 +30,7 @@ impl From<&Buffer> for tent_buffer_t {
             addr: b.as_ptr().cast(),
             length: b.len(),
             region_id: b.id().0,
+            peer_addr: b.peer_addr(),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! A C program attaches to a daemon (`tent_engine_attach`), allocates
 //! memory there, WRITEs it through a ring to an engine in this process,
-//! and sees what an attached engine refuses refused typed; the bytes are
-//! checked here, where they landed.
+//! notifies it after a batch, and sees what an attached engine refuses
+//! refused typed; the bytes and the notification are checked here.
 
 mod support;
 
@@ -50,4 +50,13 @@ fn a_c_program_attached_to_a_daemon_moves_verified_data() {
         .map(|i| ((i * 7 + 3) & 0xff) as u8)
         .collect();
     assert!(got == want, "the C program's WRITE landed");
+    let note = target
+        .wait_notification(std::time::Duration::from_secs(10))
+        .unwrap();
+    assert_eq!((note.name.as_str(), note.msg.as_slice()), ("from-c", &b"done"[..]));
+    assert!(
+        note.from.starts_with(&daemon.engine().segment_name()) && note.from.contains('#'),
+        "from the C engine's mailbox name: {}",
+        note.from
+    );
 }

@@ -213,6 +213,21 @@ impl TransferEngine {
         Ok(addr)
     }
 
+    /// The address a peer names memory `allocate_local_memory` returned
+    /// by (`addr` itself for an engine in this process; where the daemon
+    /// maps it for an attached one): tell peers this.
+    fn peer_address(&self, py: Python<'_>, addr: u64) -> PyResult<u64> {
+        let live = self.live(py)?;
+        let mem = live.mem.lock().expect("memory table poisoned");
+        match mem.allocated.get(&addr) {
+            Some(b) => Ok(b.peer_addr()),
+            None => {
+                drop(mem);
+                Err(not_from(py, &live, addr, "allocate_local_memory"))
+            }
+        }
+    }
+
     /// Free memory `allocate_local_memory` returned (waits until no task
     /// uses it).
     fn free_local_memory(&self, py: Python<'_>, addr: u64) -> PyResult<()> {

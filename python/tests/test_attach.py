@@ -24,6 +24,12 @@ def test_an_attached_engine_writes_verified_data_to_a_peer(peer):
         src = e.allocate_local_memory(n)
         # The daemon's memory, mapped here: written in place.
         ctypes.memmove(src, pattern(9, n), n)
+        # Peers name it where the daemon maps it, in the daemon's segment
+        # under this engine's mailbox.
+        assert e.peer_address(src) > 0
+        assert "#" in e.get_segment_name()
+        with pytest.raises(tent.InvalidArgumentError):
+            e.peer_address(src + 1)
         seg = e.open_segment(peer.name)
         ring = e.ring(64)
         reqs = [tent.Request(tent.OpCode.WRITE, src + i * (n // 4), seg, peer.base + i * (n // 4), n // 4)

@@ -18,11 +18,12 @@
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tent_rings::{Cqe, ErrorKind, Sqe};
+use tent_rings::{Cqe, ErrorKind, SegmentId, Sqe};
 
 use crate::engine::batch::overall_of;
 use crate::engine::{BatchId, Ring, TaskState, TaskStatus};
 use crate::error::{Error, Result};
+use crate::notify::Notification;
 
 /// Bits of a CQE's `user_data` that hold the task's index in its batch
 /// (`max_batch_size` is at most 1 << 20); the slot sits above them.
@@ -55,6 +56,41 @@ struct Batch {
     capacity: usize,
     tasks: Vec<TaskStatus>,
     pending: usize,
+    /// Notifications to send once their submission's tasks completed.
+    notes: Vec<Note>,
+}
+
+/// A notification attached to a submission (`submit_with_notification`).
+struct Note {
+    segment: SegmentId,
+    note: Notification,
+    /// Its submission's tasks.
+    tasks: std::ops::Range<usize>,
+    state: NoteState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoteState {
+    /// Its tasks still run.
+    Waiting,
+    /// Given to the daemon: its fate is asked with this ticket.
+    Sent(u64),
+    /// Delivered, or failed with this kind.
+    Settled(std::result::Result<(), ErrorKind>),
+}
+
+/// A note's place: its batch's slot and generation, its index there.
+pub(crate) type NoteKey = (usize, u64, usize);
+
+/// What the courier has to do for the notes (see [`ClientBatches::notes_due`]).
+#[derive(Default)]
+pub(crate) struct NotesDue {
+    /// Notes whose data landed: send each (as its client) to its segment.
+    pub(crate) send: Vec<(NoteKey, SegmentId, Notification)>,
+    /// Notes on their way: ask each ticket's fate.
+    pub(crate) ask: Vec<(NoteKey, u64)>,
+    /// A note still waits for its tasks.
+    pub(crate) waiting: bool,
 }
 
 impl ClientBatches {
@@ -105,6 +141,7 @@ impl ClientBatches {
             capacity,
             tasks: Vec::new(),
             pending: 0,
+            notes: Vec::new(),
         });
         Ok(BatchId(generation << SLOT_BITS | slot as u64))
     }
@@ -125,6 +162,19 @@ impl ClientBatches {
         make_ring: impl FnOnce() -> Result<Ring>,
         id: BatchId,
         requests: &[Sqe],
+    ) -> Result<()> {
+        self.submit_noted(make_ring, id, requests, None)
+    }
+
+    /// [`ClientBatches::submit`], with `note` for `segment`'s owner
+    /// attached to these requests: the batch stays pending until the
+    /// courier delivered it (or it failed), as an embedded engine's.
+    pub(crate) fn submit_noted(
+        &self,
+        make_ring: impl FnOnce() -> Result<Ring>,
+        id: BatchId,
+        requests: &[Sqe],
+        note: Option<(SegmentId, Notification)>,
     ) -> Result<()> {
         {
             let st = self.state.lock();
@@ -191,6 +241,14 @@ impl ClientBatches {
                         requests.len(),
                     ));
                     b.pending += requests.len();
+                    if let Some((segment, note)) = note {
+                        b.notes.push(Note {
+                            segment,
+                            note,
+                            tasks: first..first + requests.len(),
+                            state: NoteState::Waiting,
+                        });
+                    }
                     if let Err(e) = ring.submit() {
                         end_pending(slots, e.kind());
                         return Err(e);
@@ -235,9 +293,84 @@ impl ClientBatches {
         Ok(st.slots[slot].as_ref().expect("found").tasks.clone())
     }
 
-    /// One status for batch `id` (see `Engine::batch_status`).
+    /// One status for batch `id` (see `Engine::batch_status`): pending
+    /// too while a notification of it is on its way, failed when one
+    /// could not be delivered.
     pub(crate) fn overall(&self, id: BatchId) -> Result<TaskStatus> {
-        self.status_list(id).map(|l| overall_of(&l))
+        let mut st = self.state.lock();
+        let slot = find(&st.slots, id)?;
+        poll(&mut st);
+        Ok(st.slots[slot].as_ref().expect("found").overall())
+    }
+
+    /// What the courier has to do: notes whose data all completed are to
+    /// send (a note whose data failed fails, unsent), notes sent are to
+    /// ask about.
+    pub(crate) fn notes_due(&self) -> NotesDue {
+        let mut st = self.state.lock();
+        poll(&mut st);
+        let mut due = NotesDue::default();
+        for (slot, b) in st.slots.iter_mut().enumerate() {
+            let Some(b) = b else { continue };
+            let generation = b.generation;
+            for (i, n) in b.notes.iter_mut().enumerate() {
+                let key = (slot, generation, i);
+                match n.state {
+                    NoteState::Waiting => {
+                        let tasks = &b.tasks[n.tasks.clone()];
+                        if tasks.iter().any(|t| t.state == TaskState::Pending) {
+                            due.waiting = true;
+                        } else if let Some(t) =
+                            tasks.iter().find(|t| t.state != TaskState::Completed)
+                        {
+                            // Not sent: its data did not all land.
+                            n.state =
+                                NoteState::Settled(Err(t.error.unwrap_or(ErrorKind::Canceled)));
+                        } else {
+                            due.send.push((key, n.segment, n.note.clone()));
+                        }
+                    }
+                    NoteState::Sent(ticket) => due.ask.push((key, ticket)),
+                    NoteState::Settled(_) => {}
+                }
+            }
+        }
+        due
+    }
+
+    /// Note `key` was given to the daemon (`Ok(ticket)`), or settled
+    /// (`Err`: its fate, delivered or the failure's kind).
+    pub(crate) fn note_moved(
+        &self,
+        key: NoteKey,
+        to: std::result::Result<u64, std::result::Result<(), ErrorKind>>,
+    ) {
+        let mut st = self.state.lock();
+        let (slot, generation, i) = key;
+        let Some(Some(b)) = st.slots.get_mut(slot) else {
+            return;
+        };
+        if b.generation != generation {
+            return;
+        }
+        if let Some(n) = b.notes.get_mut(i) {
+            n.state = match to {
+                Ok(ticket) => NoteState::Sent(ticket),
+                Err(fate) => NoteState::Settled(fate),
+            };
+        }
+    }
+
+    /// The daemon is gone: every note not yet settled fails `Shutdown`.
+    pub(crate) fn end_notes(&self) {
+        let mut st = self.state.lock();
+        for b in st.slots.iter_mut().flatten() {
+            for n in &mut b.notes {
+                if !matches!(n.state, NoteState::Settled(_)) {
+                    n.state = NoteState::Settled(Err(ErrorKind::Shutdown));
+                }
+            }
+        }
     }
 
     /// Wait until every task of batch `id` has ended, up to `timeout`
@@ -251,8 +384,8 @@ impl ClientBatches {
                 let slot = find(&st.slots, id)?;
                 poll(&mut st);
                 let b = st.slots[slot].as_ref().expect("found");
-                if b.pending == 0 {
-                    return Ok(overall_of(&b.tasks));
+                if b.pending == 0 && !b.notes_pending() {
+                    return Ok(b.overall());
                 }
             }
             if start.elapsed() > timeout {
@@ -267,7 +400,8 @@ impl ClientBatches {
         let mut st = self.state.lock();
         let slot = find(&st.slots, id)?;
         poll(&mut st);
-        let pending = st.slots[slot].as_ref().expect("found").pending;
+        let b = st.slots[slot].as_ref().expect("found");
+        let pending = b.pending + usize::from(b.notes_pending());
         if pending > 0 {
             return Err(Error::invalid(format!(
                 "batch {:#x} still has {pending} pending tasks: wait for them first",
@@ -276,6 +410,40 @@ impl ClientBatches {
         }
         st.slots[slot] = None;
         Ok(())
+    }
+}
+
+impl Batch {
+    /// A notification of it is not settled yet.
+    fn notes_pending(&self) -> bool {
+        self.notes
+            .iter()
+            .any(|n| !matches!(n.state, NoteState::Settled(_)))
+    }
+
+    /// Pending while any task is or, its data all landed, while a
+    /// notification is on its way; else completed, or the most severe
+    /// failure (a notification's included).
+    fn overall(&self) -> TaskStatus {
+        let overall = overall_of(&self.tasks);
+        if overall.state != TaskState::Completed {
+            return overall;
+        }
+        let mut state = overall;
+        for n in &self.notes {
+            match n.state {
+                NoteState::Settled(Ok(())) => {}
+                NoteState::Settled(Err(kind)) => {
+                    return TaskStatus {
+                        state: TaskState::Failed,
+                        error: Some(kind),
+                        ..overall
+                    };
+                }
+                NoteState::Waiting | NoteState::Sent(_) => state.state = TaskState::Pending,
+            }
+        }
+        state
     }
 }
 

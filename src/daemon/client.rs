@@ -22,10 +22,11 @@ use tent_rings::spsc;
 use tent_rings::{Cqe, RegionId, SegmentId, Sqe};
 
 use super::batches::ClientBatches;
+use super::mail::Post;
 use super::wire::{self, LAYOUT_VERSION, Part, Reply, Request};
 use crate::config::Config;
 use crate::doorbell::{CqBell, SharedWord};
-use crate::engine::attached::{BELLS_LEN, CQ_BELL, SQ_BELL};
+use crate::engine::attached::{BELLS_LEN, CQ_BELL, MAIL_ARRIVED, MAIL_LEN, MAIL_SETTLED, SQ_BELL};
 use crate::engine::{Buffer, Ring};
 use crate::error::{Error, ErrorKind, Result};
 use crate::memfd::{Mapping, recv_frame, size_and_seals};
@@ -64,8 +65,13 @@ pub(crate) struct Attached {
     /// The daemon's segment name: what a peer opens to reach this
     /// client's memory (the daemon exports it with its own).
     segment: String,
+    /// Where notifications to this client go: its segment name is the
+    /// daemon's with this mailbox (`crate::notify::mailbox_name`).
+    mailbox: u64,
+    /// Its notifications.
+    post: Arc<Post>,
     /// The batch API, over a ring of its own.
-    batches: ClientBatches,
+    batches: Arc<ClientBatches>,
     /// Watches the socket: the daemon gone, it says so to every ring.
     watch: Option<JoinHandle<()>>,
 }
@@ -80,7 +86,7 @@ impl std::fmt::Debug for Attached {
 }
 
 /// The socket to the daemon, and what its going reaches.
-struct Link {
+pub(super) struct Link {
     stream: Mutex<UnixStream>,
     /// Set once the daemon closed the socket (it exited or was killed):
     /// nothing more will be served.
@@ -88,6 +94,8 @@ struct Link {
     /// The completion bells of the rings made here, rung when the daemon
     /// goes so a thread asleep on one wakes and sees it.
     bells: Mutex<Vec<std::sync::Weak<CqBell>>>,
+    /// The mail page's words (arrivals, settlements), rung with the bells.
+    mail: std::sync::OnceLock<[SharedWord; 2]>,
     /// Written to stop the watcher.
     stop: OwnedFd,
     /// Set before this side says it goes: the hang-up that follows is no
@@ -96,7 +104,7 @@ struct Link {
 }
 
 impl Link {
-    fn gone(&self) -> bool {
+    pub(super) fn gone(&self) -> bool {
         self.gone.load(Ordering::Acquire)
     }
 
@@ -104,7 +112,7 @@ impl Link {
     /// carried; a refusal is the error it names. Any other failure (the
     /// socket, a frame that is not a reply, a reply out of turn) leaves
     /// the two sides out of step, so the link ends (`broken`).
-    fn ask(&self, req: &Request) -> Result<(Reply, Option<OwnedFd>)> {
+    pub(super) fn ask(&self, req: &Request) -> Result<(Reply, Option<OwnedFd>)> {
         let s = self.stream.lock();
         self.send(&s, req)?;
         self.reply(&s, timeout_for(req))
@@ -161,13 +169,17 @@ impl Link {
     }
 
     /// A reply out of turn: the sides are out of step, the link ends.
-    fn desync(&self, r: &Reply) -> Error {
+    pub(super) fn desync(&self, r: &Reply) -> Error {
         let s = self.stream.lock();
         self.broken(&s, unexpected(r))
     }
 
-    /// Ring every ring's completion bell, so a sleeper wakes and looks.
+    /// Ring every ring's completion bell and the mail words, so a sleeper
+    /// wakes and looks.
     fn wake_rings(&self) {
+        for w in self.mail.get().into_iter().flatten() {
+            w.ring();
+        }
         for bell in self
             .bells
             .lock()
@@ -187,7 +199,7 @@ impl Link {
     }
 }
 
-fn gone_error() -> Error {
+pub(super) fn gone_error() -> Error {
     Error::new(
         ErrorKind::Shutdown,
         "the daemon (tentd) this engine is attached to has gone",
@@ -281,6 +293,8 @@ pub(crate) struct ClientMemory {
     id: RegionId,
     len: u64,
     offset: usize,
+    /// Where the daemon maps it: what peers name.
+    addr: u64,
     map: Mapping,
 }
 
@@ -291,6 +305,12 @@ impl ClientMemory {
 
     pub(crate) fn len(&self) -> u64 {
         self.len
+    }
+
+    /// Its first byte where the daemon maps it: the address peers name it
+    /// by (`addr + len` does not wrap: checked at allocation).
+    pub(crate) fn addr(&self) -> u64 {
+        self.addr
     }
 
     /// Its first byte, here.
@@ -418,20 +438,22 @@ impl Attached {
             stream: Mutex::new(stream),
             gone: AtomicBool::new(false),
             bells: Mutex::new(Vec::new()),
+            mail: std::sync::OnceLock::new(),
             stop,
             detaching: AtomicBool::new(false),
         });
-        let (id, segment) = match link.ask(&Request::Hello {
+        let (id, mailbox, segment, page) = match link.ask(&Request::Hello {
             version: LAYOUT_VERSION,
         })? {
             (
                 Reply::Welcome {
                     version,
                     client,
+                    mailbox,
                     segment,
                 },
-                _,
-            ) if version == LAYOUT_VERSION => (client, segment),
+                page,
+            ) if version == LAYOUT_VERSION => (client, mailbox, segment, page),
             (Reply::Welcome { version, .. }, _) => {
                 return Err(Error::invalid(format!(
                     "layout version mismatch: client {LAYOUT_VERSION}, tentd {version}"
@@ -439,6 +461,12 @@ impl Attached {
             }
             (other, _) => return Err(link.desync(&other)),
         };
+        let page = map_mail_page(page)?;
+        let word = |at| SharedWord::new(page.clone(), at).expect("inside the mail page");
+        let words = [word(MAIL_ARRIVED), word(MAIL_SETTLED)];
+        let _ = link.mail.set(words.clone());
+        let [arrived, settled] = words;
+        let post = Arc::new(Post::new(link.clone(), arrived, settled));
         let watched = link.clone();
         let watch = std::thread::Builder::new()
             .name("tent-attached".into())
@@ -449,14 +477,16 @@ impl Attached {
         Ok(Attached {
             link,
             id,
-            batches: ClientBatches::new(
+            batches: Arc::new(ClientBatches::new(
                 config.max_batches,
                 config.max_batch_size,
                 config.default_timeout_ms,
-            ),
+            )),
             config: Arc::new(config),
             memory: Mutex::new(Vec::new()),
             segment,
+            mailbox,
+            post,
             watch: Some(watch),
         })
     }
@@ -468,10 +498,18 @@ impl Attached {
             region,
             len: got,
             data_offset,
+            addr,
         } = reply
         else {
             return Err(self.link.desync(&reply));
         };
+        if addr.checked_add(len).is_none() {
+            let _ = self.link.ask(&Request::FreeMemory { region });
+            return Err(Error::new(
+                ErrorKind::Unreachable,
+                "tentd placed a region where it wraps",
+            ));
+        }
         let map = map_region(fd, len, got, data_offset).inspect_err(|_| {
             // Registered at the daemon and counted against this client:
             // given back (the link ends if even that fails).
@@ -481,6 +519,7 @@ impl Attached {
             id: RegionId(region),
             len,
             offset: data_offset as usize,
+            addr,
             map,
         };
         let mem = Arc::new(mem);
@@ -736,34 +775,59 @@ impl Attached {
         Ok(sqes.len())
     }
 
+    /// Sent by the daemon as this client (its mailbox name), to the
+    /// segment's owner or the client its name ended with.
     pub(crate) fn send_notification(
         &self,
-        _segment: SegmentId,
-        _n: &crate::Notification,
+        segment: SegmentId,
+        n: &crate::Notification,
     ) -> Result<()> {
-        Err(not_served("send_notification"))
+        self.post.send(segment, n)
     }
 
+    /// The requests into the batch, and `n` to their segment's owner once
+    /// they all completed: the courier thread (started with the first)
+    /// sends it, and the batch stays pending until it is delivered.
     pub(crate) fn submit_with_notification(
         &self,
-        _batch: crate::BatchId,
-        _requests: &[Sqe],
-        _n: &crate::Notification,
+        batch: crate::BatchId,
+        requests: &[Sqe],
+        n: &crate::Notification,
     ) -> Result<()> {
-        Err(not_served("submit_with_notification"))
+        n.check()?;
+        let first = requests
+            .first()
+            .ok_or_else(|| Error::invalid("a notification needs at least one request"))?
+            .remote()
+            .segment;
+        if requests.iter().any(|r| r.remote().segment != first) {
+            return Err(Error::invalid(
+                "the requests of a submission with a notification must all name one segment: \
+                 the notification goes to its owner",
+            ));
+        }
+        // Running before the submission, so a failure to start it queues
+        // nothing.
+        self.post.courier_for(&self.batches)?;
+        self.batches.submit_noted(
+            || self.ring_with_depth(self.batches.ring_depth()),
+            batch,
+            requests,
+            Some((first, n.clone())),
+        )?;
+        self.post.courier_for(&self.batches)
     }
 
-    /// None arrive: the daemon does not relay notifications to clients.
     pub(crate) fn recv_notifications(&self) -> Vec<crate::Received> {
-        Vec::new()
+        self.post.take_all()
     }
 
     pub(crate) fn try_notification(&self) -> Option<crate::Received> {
-        None
+        self.post.try_take()
     }
 
-    pub(crate) fn wait_notification(&self, _timeout: Duration) -> Result<crate::Received> {
-        Err(not_served("wait_notification"))
+    pub(crate) fn wait_notification(&self, timeout: Duration) -> Result<crate::Received> {
+        self.post.wait(timeout)
     }
 
     pub(crate) fn reload(&self, _config: Config) -> Result<u64> {
@@ -875,8 +939,11 @@ impl Attached {
     }
 
     /// The daemon's: peers reach a client's memory through its segment.
+    /// The daemon's segment with this client's mailbox: a peer that opens
+    /// it reaches the daemon's memory (this client's regions among it),
+    /// and its notifications reach this client.
     pub(crate) fn segment_name(&self) -> String {
-        self.segment.clone()
+        crate::notify::mailbox_name(&self.segment, self.mailbox)
     }
 
     #[cfg(any(test, feature = "testing"))]
@@ -1061,6 +1128,7 @@ impl Drop for Attached {
     /// its memory. A ring or buffer that outlives the engine stays mapped,
     /// its rings answering `Shutdown`, as an embedded engine's do.
     fn drop(&mut self) {
+        self.post.stop();
         self.link.detaching.store(true, Ordering::Release);
         if !self.link.gone()
             && let Err(e) = self.link.ask(&Request::Detach)
@@ -1076,6 +1144,28 @@ impl Drop for Attached {
         let _ = self.link.stream.lock().shutdown(std::net::Shutdown::Both);
         self.link.wake_rings();
     }
+}
+
+/// The client's mail page from the daemon's memfd, checked: sealed, and
+/// long enough for its words.
+fn map_mail_page(fd: Option<OwnedFd>) -> Result<Arc<Region>> {
+    let fd = fd.ok_or_else(|| Error::new(ErrorKind::Unreachable, "tentd sent no mail page"))?;
+    let (_, seals) = size_and_seals(fd.as_fd()).map_err(io("check the mail page"))?;
+    if seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(Error::new(
+            ErrorKind::Unreachable,
+            "tentd's mail page is not sealed",
+        ));
+    }
+    let region = Region::attach_file(&File::from(fd), RegionType::Data, None)
+        .map_err(|e| Error::new(ErrorKind::Unreachable, format!("tentd's mail page: {e}")))?;
+    if region.payload_len() < MAIL_LEN {
+        return Err(Error::new(
+            ErrorKind::Unreachable,
+            "tentd's mail page is short",
+        ));
+    }
+    Ok(Arc::new(region))
 }
 
 /// Read one reply frame within `timeout` (a refusal too: the caller

@@ -27,6 +27,7 @@
 
 mod batches;
 mod client;
+mod mail;
 mod relay;
 mod server;
 pub(crate) mod wire;

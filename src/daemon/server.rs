@@ -21,11 +21,17 @@ use tent_rings::{RegionId, SegmentId};
 
 use super::relay::Relays;
 use super::wire::{self, LAYOUT_VERSION, Part, Reply, Request};
+use crate::doorbell::SharedWord;
 use crate::engine::attached::ClientRing;
+use crate::engine::attached::{MAIL_ARRIVED, MAIL_SETTLED};
 use crate::engine::client_scope::{ClientScope, MAX_CLIENT_SEGMENTS};
 use crate::engine::{Embedded, Engine};
 use crate::error::{Error, ErrorKind, Result};
 use crate::memfd::{euid, peer_uid, recv_frame};
+use crate::notify::Notification;
+use crate::notify::delivery::Delivery;
+use crate::notify::inbox::Inbox;
+use crate::notify::mailboxes::{CLIENT_INBOX_MAX, ClientMail};
 
 /// A client has this long to say hello, and each frame to arrive or leave.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -125,7 +131,9 @@ impl Daemon {
     /// Serve `engine` to clients attaching at `socket`: a path no live
     /// daemon holds (`<socket>.lock` is `flock`ed), where a stale socket
     /// is replaced and anything else refused. Needs the shm transport on:
-    /// clients' memory is memfds it exports.
+    /// clients' memory is memfds it exports. From then on the engine's
+    /// notifications are its clients' (each has a mailbox, in the segment
+    /// name it gives): one sent to the engine's own name is refused.
     pub fn start_with(engine: Engine, socket: &Path, limits: DaemonLimits) -> Result<Daemon> {
         if engine.is_attached() {
             return Err(Error::invalid(
@@ -147,6 +155,12 @@ impl Daemon {
             }
         };
         let lock = lock_socket_path(socket)?;
+        // Its engine's notifications are its clients': one to the engine
+        // itself (its bare segment name) is refused, naming the form that
+        // reaches a client, rather than kept where nobody reads.
+        if let Some(core) = engine.embedded() {
+            core.mailboxes().refuse_own();
+        }
         match std::fs::symlink_metadata(socket) {
             Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
                 // Stale: we hold the lock, so no daemon serves it.
@@ -333,15 +347,56 @@ struct ClientState {
     /// Its regions and their lengths.
     regions: Vec<(RegionId, u64)>,
     bytes: u64,
-    rings: Vec<Relay>,
+    rings: Vec<HeldRing>,
     /// The id its next ring gets.
     next_ring: u32,
     segments: Vec<SegmentId>,
+    mail: ClientPost,
+}
+
+/// A client's notifications: its inbox (filed by the engine's control
+/// server through `Mailboxes`), the page whose words tell it of arrivals
+/// and settlements, and what it sent and has not asked the fate of.
+struct ClientPost {
+    mailbox: u64,
+    page: OwnedFd,
+    settled: SharedWord,
+    inbox: Arc<ClientMail>,
+    tickets: HashMap<u64, Arc<Delivery>>,
+    next_ticket: u64,
+}
+
+/// Notifications one client may have on their way at once (sent, their
+/// fate not yet asked).
+const TICKETS_PER_CLIENT: usize = 1024;
+
+impl ClientPost {
+    /// A mailbox no client of this daemon has (random: a name kept past a
+    /// restart names nobody, rather than another client).
+    fn new(engine: &Embedded) -> Result<ClientPost> {
+        let (page, region) = crate::engine::attached::mail_page()?;
+        let word = |at| SharedWord::new(region.clone(), at).expect("inside the mail page");
+        let inbox = Arc::new(ClientMail {
+            inbox: Inbox::holding(
+                engine.config().max_timeout_ms + engine.config().default_timeout_ms,
+                CLIENT_INBOX_MAX,
+            ),
+            arrived: word(MAIL_ARRIVED),
+        });
+        Ok(ClientPost {
+            mailbox: crate::control::new_engine_id(),
+            page,
+            settled: word(MAIL_SETTLED),
+            inbox,
+            tickets: HashMap::new(),
+            next_ticket: 1,
+        })
+    }
 }
 
 /// A client's ring as the daemon holds it: its id at the client, its
 /// memory and what retires it, and its key at the relays.
-struct Relay {
+struct HeldRing {
     id: u32,
     ring: ClientRing,
     key: u64,
@@ -484,6 +539,17 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
         );
         return;
     };
+    let mail = match ClientPost::new(inner.core()) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = refuse(&s, &e);
+            return;
+        }
+    };
+    inner
+        .core()
+        .mailboxes()
+        .add(mail.mailbox, mail.inbox.clone());
     let mut st = ClientState {
         scope: Arc::new(ClientScope::new(
             id,
@@ -494,14 +560,16 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
         rings: Vec::new(),
         next_ring: 1,
         segments: Vec::new(),
+        mail,
     };
     let welcome = Reply::Welcome {
         version: LAYOUT_VERSION,
         client: id,
+        mailbox: st.mail.mailbox,
         segment: inner.core().segment_name(),
     };
     let mut detached = false;
-    if send(&s, &welcome, None).is_ok() {
+    if send(&s, &welcome, Some(st.mail.page.as_fd())).is_ok() {
         tracing::info!(client = id, "tentd: client attached");
         while readable(inner, &s) {
             let req = match read_request(&s, Instant::now() + IO_TIMEOUT) {
@@ -569,6 +637,7 @@ fn handle(
                         region: buf.id().0,
                         len,
                         data_offset: crate::transport::shm::DATA_OFFSET as u64,
+                        addr: buf.addr(),
                     };
                     send(s, &reply, Some(mem.fd()))
                 }
@@ -653,7 +722,7 @@ fn handle(
             st.next_ring = next;
             let key = u64::from(st.scope.id()) << 32 | u64::from(id);
             let watched = inner.relays.add(key, ring.sq_bell.clone(), &ring.worker);
-            st.rings.push(Relay { id, ring, key });
+            st.rings.push(HeldRing { id, ring, key });
             if let Err(err) = watched {
                 return refuse(s, &err);
             }
@@ -722,6 +791,67 @@ fn handle(
                 Err(err) => refuse(s, &err),
             }
         }
+        Request::Notify { segment, name, msg } => {
+            let seg = SegmentId(segment);
+            if !st.segments.contains(&seg) {
+                return refuse(s, &not_opened(segment));
+            }
+            let post = &mut st.mail;
+            if post.tickets.len() >= TICKETS_PER_CLIENT {
+                return refuse(
+                    s,
+                    &Error::new(
+                        ErrorKind::SqFull,
+                        format!(
+                            "a client may have {TICKETS_PER_CLIENT} notifications on their way; \
+                             ask how the earlier ones fared first"
+                        ),
+                    ),
+                );
+            }
+            let n = Notification { name, msg };
+            let delivery = Arc::new(Delivery::ringing(post.settled.clone()));
+            if let Err(err) = e.queue_notification(post.mailbox, seg, &n, delivery.clone()) {
+                return refuse(s, &err);
+            }
+            let ticket = post.next_ticket;
+            post.next_ticket += 1;
+            post.tickets.insert(ticket, delivery);
+            send(s, &Reply::Ticket { ticket }, None)
+        }
+        Request::NotifyOutcome { ticket } => {
+            let post = &mut st.mail;
+            let Some(d) = post.tickets.get(&ticket) else {
+                return refuse(
+                    s,
+                    &Error::invalid(format!(
+                        "notification ticket {ticket} is not this client's (or its fate was told)"
+                    )),
+                );
+            };
+            match d.outcome() {
+                None => send(s, &Reply::Pending, None),
+                Some(r) => {
+                    post.tickets.remove(&ticket);
+                    match r {
+                        Ok(()) => send(s, &Reply::Done, None),
+                        Err(err) => refuse(s, &err),
+                    }
+                }
+            }
+        }
+        Request::TakeNotification => match st.mail.inbox.inbox.try_take() {
+            Some(r) => send(
+                s,
+                &Reply::Note {
+                    from: r.from,
+                    name: r.name,
+                    msg: r.msg,
+                },
+                None,
+            ),
+            None => send(s, &Reply::Pending, None),
+        },
         Request::SegmentRegions { segment, skip } => {
             let seg = SegmentId(segment);
             if !st.segments.contains(&seg) {
@@ -775,7 +905,7 @@ fn close_held(inner: &Inner, seg: SegmentId) -> Result<()> {
 
 /// A client ring retired: its bell unwatched, its worker told (it drains
 /// what it took from the ring, then drops it).
-fn retire(inner: &Inner, r: Relay) {
+fn retire(inner: &Inner, r: HeldRing) {
     inner.relays.remove(r.key, r.ring.worker.index);
     r.ring.retire.store(true, Ordering::Release);
     r.ring.worker.doorbell().ring();
@@ -787,6 +917,9 @@ fn retire(inner: &Inner, r: Relay) {
 /// them. An unregister that times out leaves its region revoked and held
 /// (logged): nothing reaches it again.
 fn release(inner: &Inner, st: ClientState) {
+    // Notifications for it are refused from now on; what it sent goes on
+    // (a message is not taken back), its fate untold.
+    inner.core().mailboxes().remove(st.mail.mailbox);
     for r in st.rings {
         retire(inner, r);
     }

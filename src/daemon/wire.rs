@@ -8,14 +8,20 @@
 
 use tent_rings::ErrorKind;
 
+use crate::notify::{MAX_NOTIFY_MSG, MAX_NOTIFY_NAME};
+
 /// The layout both sides must agree on: these messages, the rings' and
 /// bells' memory. Checked at attach; a mismatch is refused naming both.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
-/// The largest body either side sends or accepts.
-pub(crate) const MAX_BODY: u32 = 2048;
+/// The largest body either side sends or accepts (a notification's
+/// message, name and sender fit).
+pub(crate) const MAX_BODY: u32 = 8192;
 /// The longest segment name a client may ask for.
 pub(crate) const MAX_NAME: usize = 512;
+/// The longest sender name a `Note` carries (a control-plane segment name
+/// with a mailbox).
+pub(crate) const MAX_NOTE_FROM: usize = 1024;
 /// The longest message a refusal carries.
 pub(crate) const MAX_MESSAGE: usize = 1024;
 /// The most regions one `Regions` reply lists (24 bytes each: its body
@@ -69,6 +75,22 @@ pub(crate) enum Request {
     /// The client is going: `Done` once everything it held is released
     /// (its rings drained, its regions unregistered).
     Detach,
+    /// Send a notification to the owner of a segment the client opened
+    /// (the client its name ended with, if it named one), as this
+    /// client: a `Ticket` at once, its fate by `NotifyOutcome`.
+    Notify {
+        segment: u64,
+        name: String,
+        msg: Vec<u8>,
+    },
+    /// How the notification with this ticket fared: `Done` (delivered; the
+    /// ticket is spent), `Pending`, or `Refused` with why it failed.
+    NotifyOutcome {
+        ticket: u64,
+    },
+    /// The oldest notification for this client: `Note`, or `Pending` when
+    /// none waits.
+    TakeNotification,
 }
 
 /// One region of a segment, as a `Regions` reply lists it.
@@ -82,18 +104,25 @@ pub(crate) struct RegionEntry {
 /// The daemon's reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Reply {
+    /// With the client's mail page: the word bumped when a notification
+    /// for it arrives at 0, when one it sent settles at 64.
     Welcome {
         version: u32,
         client: u32,
+        /// Where notifications to this client go: its segment name is the
+        /// daemon's, `#`, this in hex.
+        mailbox: u64,
         /// The daemon's segment name (what peers open to reach a client's
         /// memory).
         segment: String,
     },
-    /// With the region's memfd (its bytes from `data_offset`).
+    /// With the region's memfd (its bytes from `data_offset`); `addr`
+    /// is where the daemon maps them (what a peer's remote address names).
     Allocated {
         region: u64,
         len: u64,
         data_offset: u64,
+        addr: u64,
     },
     Opened {
         segment: u64,
@@ -119,6 +148,18 @@ pub(crate) enum Reply {
         kind: ErrorKind,
         message: String,
     },
+    /// A notification was queued: ask its fate with this.
+    Ticket {
+        ticket: u64,
+    },
+    /// Not yet: the notification is on its way, or none waits.
+    Pending,
+    /// A notification for this client.
+    Note {
+        from: String,
+        name: String,
+        msg: Vec<u8>,
+    },
 }
 
 /// Why a frame could not be read as a message.
@@ -135,12 +176,18 @@ mod tag {
     pub(super) const CLOSE_SEGMENT: u8 = 7;
     pub(super) const SEGMENT_REGIONS: u8 = 8;
     pub(super) const DETACH: u8 = 9;
+    pub(super) const NOTIFY: u8 = 10;
+    pub(super) const NOTIFY_OUTCOME: u8 = 11;
+    pub(super) const TAKE_NOTIFICATION: u8 = 12;
     pub(super) const WELCOME: u8 = 0x81;
     pub(super) const ALLOCATED: u8 = 0x82;
     pub(super) const OPENED: u8 = 0x83;
     pub(super) const RING_PART: u8 = 0x84;
     pub(super) const DONE: u8 = 0x85;
     pub(super) const REGIONS: u8 = 0x86;
+    pub(super) const TICKET: u8 = 0x87;
+    pub(super) const PENDING: u8 = 0x88;
+    pub(super) const NOTE: u8 = 0x89;
     pub(super) const REFUSED: u8 = 0xff;
 }
 
@@ -162,6 +209,35 @@ impl Fields<'_> {
     fn u64(&mut self) -> Result<u64, Malformed> {
         self.take().map(u64::from_le_bytes)
     }
+    /// A `u32` length, then that many bytes, at most `max`.
+    fn sized(&mut self, max: usize) -> Result<&[u8], Malformed> {
+        let n = self.u32()? as usize;
+        if n > max {
+            return Err(Malformed("field too long"));
+        }
+        if self.0.len() < n {
+            return Err(Malformed("short body"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    /// [`Fields::sized`], as UTF-8.
+    fn sized_text(&mut self, max: usize) -> Result<String, Malformed> {
+        let b = self.sized(max)?;
+        std::str::from_utf8(b)
+            .map(str::to_owned)
+            .map_err(|_| Malformed("text not UTF-8"))
+    }
+    /// The rest, at most `max` bytes.
+    fn rest(&mut self, max: usize) -> Result<Vec<u8>, Malformed> {
+        if self.0.len() > max {
+            return Err(Malformed("field too long"));
+        }
+        let b = self.0.to_vec();
+        self.0 = &[];
+        Ok(b)
+    }
     /// The rest as UTF-8 of at most `max` bytes.
     fn text(&mut self, max: usize) -> Result<String, Malformed> {
         if self.0.len() > max {
@@ -178,6 +254,12 @@ impl Fields<'_> {
             Err(Malformed("trailing bytes"))
         }
     }
+}
+
+/// `bytes` after their `u32` length (the caller bounds them).
+fn put_sized(b: &mut Vec<u8>, bytes: &[u8]) {
+    b.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    b.extend_from_slice(bytes);
 }
 
 /// A frame: length, then `body`.
@@ -235,6 +317,17 @@ impl Request {
                 b.extend_from_slice(&skip.to_le_bytes());
             }
             Request::Detach => b.push(tag::DETACH),
+            Request::Notify { segment, name, msg } => {
+                b.push(tag::NOTIFY);
+                b.extend_from_slice(&segment.to_le_bytes());
+                put_sized(&mut b, name.as_bytes());
+                b.extend_from_slice(msg);
+            }
+            Request::NotifyOutcome { ticket } => {
+                b.push(tag::NOTIFY_OUTCOME);
+                b.extend_from_slice(&ticket.to_le_bytes());
+            }
+            Request::TakeNotification => b.push(tag::TAKE_NOTIFICATION),
         }
         frame(b)
     }
@@ -258,6 +351,13 @@ impl Request {
                 skip: f.u32()?,
             },
             tag::DETACH => Request::Detach,
+            tag::NOTIFY => Request::Notify {
+                segment: f.u64()?,
+                name: f.sized_text(MAX_NOTIFY_NAME)?,
+                msg: f.rest(MAX_NOTIFY_MSG)?,
+            },
+            tag::NOTIFY_OUTCOME => Request::NotifyOutcome { ticket: f.u64()? },
+            tag::TAKE_NOTIFICATION => Request::TakeNotification,
             _ => return Err(Malformed("unknown request")),
         };
         f.end()?;
@@ -272,11 +372,13 @@ impl Reply {
             Reply::Welcome {
                 version,
                 client,
+                mailbox,
                 segment,
             } => {
                 b.push(tag::WELCOME);
                 b.extend_from_slice(&version.to_le_bytes());
                 b.extend_from_slice(&client.to_le_bytes());
+                b.extend_from_slice(&mailbox.to_le_bytes());
                 if segment.len() <= MAX_NAME {
                     b.extend_from_slice(segment.as_bytes());
                 }
@@ -285,11 +387,13 @@ impl Reply {
                 region,
                 len,
                 data_offset,
+                addr,
             } => {
                 b.push(tag::ALLOCATED);
                 b.extend_from_slice(&region.to_le_bytes());
                 b.extend_from_slice(&len.to_le_bytes());
                 b.extend_from_slice(&data_offset.to_le_bytes());
+                b.extend_from_slice(&addr.to_le_bytes());
             }
             Reply::Opened { segment } => {
                 b.push(tag::OPENED);
@@ -326,6 +430,17 @@ impl Reply {
                 }
                 b.extend_from_slice(&message.as_bytes()[..end]);
             }
+            Reply::Ticket { ticket } => {
+                b.push(tag::TICKET);
+                b.extend_from_slice(&ticket.to_le_bytes());
+            }
+            Reply::Pending => b.push(tag::PENDING),
+            Reply::Note { from, name, msg } => {
+                b.push(tag::NOTE);
+                put_sized(&mut b, from.as_bytes());
+                put_sized(&mut b, name.as_bytes());
+                b.extend_from_slice(msg);
+            }
         }
         frame(b)
     }
@@ -339,12 +454,14 @@ impl Reply {
             tag::WELCOME => Reply::Welcome {
                 version: f.u32()?,
                 client: f.u32()?,
+                mailbox: f.u64()?,
                 segment: f.text(MAX_NAME)?,
             },
             tag::ALLOCATED => Reply::Allocated {
                 region: f.u64()?,
                 len: f.u64()?,
                 data_offset: f.u64()?,
+                addr: f.u64()?,
             },
             tag::OPENED => Reply::Opened { segment: f.u64()? },
             tag::RING_PART => Reply::RingPart {
@@ -378,6 +495,13 @@ impl Reply {
                 kind: ErrorKind::from_code(u16::from_le_bytes(f.take()?))
                     .ok_or(Malformed("unknown error kind"))?,
                 message: f.text(MAX_MESSAGE)?,
+            },
+            tag::TICKET => Reply::Ticket { ticket: f.u64()? },
+            tag::PENDING => Reply::Pending,
+            tag::NOTE => Reply::Note {
+                from: f.sized_text(MAX_NOTE_FROM)?,
+                name: f.sized_text(MAX_NOTIFY_NAME)?,
+                msg: f.rest(MAX_NOTIFY_MSG)?,
             },
             _ => return Err(Malformed("unknown reply")),
         };
@@ -413,6 +537,18 @@ mod tests {
                 skip: 80,
             },
             Request::Detach,
+            Request::Notify {
+                segment: 9,
+                name: "kv-ready".into(),
+                msg: vec![7; MAX_NOTIFY_MSG],
+            },
+            Request::Notify {
+                segment: 9,
+                name: String::new(),
+                msg: Vec::new(),
+            },
+            Request::NotifyOutcome { ticket: 3 },
+            Request::TakeNotification,
         ] {
             assert_eq!(Request::decode(body(&r.encode())), Ok(r));
         }
@@ -420,12 +556,21 @@ mod tests {
             Reply::Welcome {
                 version: 1,
                 client: 9,
+                mailbox: u64::MAX,
                 segment: "127.0.0.1:1234".into(),
+            },
+            Reply::Ticket { ticket: 1 },
+            Reply::Pending,
+            Reply::Note {
+                from: "x".repeat(MAX_NOTE_FROM),
+                name: "n".repeat(MAX_NOTIFY_NAME),
+                msg: vec![1; MAX_NOTIFY_MSG],
             },
             Reply::Allocated {
                 region: u64::MAX,
                 len: 4096,
                 data_offset: 4096,
+                addr: 0x7f00_0000_1000,
             },
             Reply::Opened { segment: 3 },
             Reply::RingPart {
@@ -483,6 +628,7 @@ mod tests {
                 Reply::Welcome {
                     version: LAYOUT_VERSION,
                     client: 1,
+                    mailbox: 0x5eed,
                     segment: "127.0.0.1:7000".into(),
                 }
                 .encode(),
@@ -493,6 +639,7 @@ mod tests {
                     region: 1 << 32 | 1,
                     len: 4096,
                     data_offset: 4096,
+                    addr: 0x7f00_0000_1000,
                 }
                 .encode(),
             ),
@@ -541,6 +688,31 @@ mod tests {
                 .encode(),
             ),
             ("done", Reply::Done.encode()),
+            (
+                "notify",
+                Request::Notify {
+                    segment: 7,
+                    name: "kv-ready".into(),
+                    msg: b"layer 3".to_vec(),
+                }
+                .encode(),
+            ),
+            (
+                "notify_outcome",
+                Request::NotifyOutcome { ticket: 1 }.encode(),
+            ),
+            ("take_notification", Request::TakeNotification.encode()),
+            ("ticket", Reply::Ticket { ticket: 1 }.encode()),
+            ("pending", Reply::Pending.encode()),
+            (
+                "note",
+                Reply::Note {
+                    from: "127.0.0.1:7000#0000000000005eed".into(),
+                    name: "kv-ready".into(),
+                    msg: b"layer 3".to_vec(),
+                }
+                .encode(),
+            ),
             (
                 "refused",
                 Reply::Refused {
@@ -607,5 +779,21 @@ mod tests {
             panic!("a long refusal decodes");
         };
         assert!(message.len() <= MAX_MESSAGE);
+        // A sized field past its bound, or past the body.
+        let mut n = vec![10u8];
+        n.extend_from_slice(&9u64.to_le_bytes());
+        n.extend_from_slice(&(MAX_NOTIFY_NAME as u32 + 1).to_le_bytes());
+        n.extend(vec![b'a'; MAX_NOTIFY_NAME + 1]);
+        assert!(Request::decode(&n).is_err(), "name too long");
+        let mut n = vec![10u8];
+        n.extend_from_slice(&9u64.to_le_bytes());
+        n.extend_from_slice(&8u32.to_le_bytes());
+        n.extend_from_slice(b"abc");
+        assert!(Request::decode(&n).is_err(), "name past the body");
+        let mut n = vec![10u8];
+        n.extend_from_slice(&9u64.to_le_bytes());
+        n.extend_from_slice(&0u32.to_le_bytes());
+        n.extend(vec![0u8; MAX_NOTIFY_MSG + 1]);
+        assert!(Request::decode(&n).is_err(), "message too long");
     }
 }

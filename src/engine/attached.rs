@@ -27,6 +27,19 @@ pub(crate) const CQ_BELL: usize = 128;
 /// The bells' payload.
 pub(crate) const BELLS_LEN: usize = 256;
 
+/// Offsets in a client's mail page: the word the daemon bumps when a
+/// notification for the client arrives, and when one the client sent
+/// settles. A cache line each.
+pub(crate) const MAIL_ARRIVED: usize = 0;
+pub(crate) const MAIL_SETTLED: usize = 64;
+/// The mail page's payload.
+pub(crate) const MAIL_LEN: usize = 128;
+
+/// A client's mail page (see [`MAIL_ARRIVED`]), in a sealed memfd.
+pub(crate) fn mail_page() -> Result<(OwnedFd, Arc<Region>)> {
+    region_file("tent-client-mail", RegionType::Data, [0; 4], MAIL_LEN)
+}
+
 /// A client ring's memory as the daemon keeps it.
 pub(crate) struct ClientRing {
     /// The three memfds, in `wire::Part` order, for the client.

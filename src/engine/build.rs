@@ -328,6 +328,7 @@ impl EngineBuilder {
         // requests' latest, itself at most max_timeout_ms away.
         let resend_max = shared.config.max_timeout_ms + shared.config.default_timeout_ms;
         let inbox = Arc::new(crate::notify::inbox::Inbox::new(resend_max));
+        let mailboxes = Arc::new(crate::notify::mailboxes::Mailboxes::new(inbox.clone()));
         // The HTTP endpoint's listener, bound before anything serves or
         // runs (a failure leaves nothing behind), and its URL, which the
         // descriptor and /health say.
@@ -352,7 +353,7 @@ impl EngineBuilder {
             &shared,
             export.clone(),
             rails,
-            inbox.clone(),
+            mailboxes.clone(),
             metrics_url.clone(),
         )?;
         let outbox = crate::notify::outbox::Outbox::new(
@@ -408,7 +409,7 @@ impl EngineBuilder {
             metadata,
             closing: Default::default(),
             slots,
-            mail: Mailbox::new(inbox, outbox),
+            mail: Mailbox::new(inbox, mailboxes, outbox),
             observer,
             http: None,
             run_pool: Default::default(),
@@ -510,7 +511,7 @@ fn start_control(
     shared: &Arc<EngineShared>,
     export: Option<Arc<ShmExport>>,
     rails: Vec<crate::control::wire::RailEntry>,
-    inbox: Arc<crate::notify::inbox::Inbox>,
+    mailboxes: Arc<crate::notify::mailboxes::Mailboxes>,
     metrics_url: Arc<std::sync::OnceLock<String>>,
 ) -> Result<crate::control::ControlServer> {
     let cfg = &shared.config;
@@ -564,7 +565,7 @@ fn start_control(
             as Arc<crate::control::server::QpConnectFn>
     });
     let notify = Arc::new(move |ip, f: crate::control::wire::NotifyFrame| {
-        inbox.file(ip, f, std::time::Instant::now())
+        mailboxes.file(ip, f, std::time::Instant::now())
     }) as Arc<crate::control::server::NotifyFn>;
     let server = crate::control::ControlServer::start_with(
         &cfg.rpc_server_hostname,

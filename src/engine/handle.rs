@@ -5,11 +5,13 @@
 //!
 //! An attached engine serves memory, segments, rings, the batch API and
 //! block lists (kept on its side over a ring of its own,
-//! `daemon::batches`; a block list is one request per run). What it does
-//! not serve yet is refused with a typed error naming the call
-//! (`InvalidArgument`), never faked: heap registration (allocate through
-//! the engine: the daemon cannot reach this process's heap), cancel,
-//! notifications, reload, the completion fd. Reports (rails, SQ rows,
+//! `daemon::batches`; a block list is one request per run), and
+//! notifications (the daemon sends and receives them for it, under a
+//! mailbox of its own: `daemon::mail`). What it does not serve yet is
+//! refused with a typed error naming the call (`InvalidArgument`), never
+//! faked: heap registration (allocate through the engine: the daemon
+//! cannot reach this process's heap), cancel, reload, the completion fd.
+//! Reports (rails, SQ rows,
 //! metrics, QoS) are the daemon's, on its own HTTP endpoint: an attached
 //! engine reports only what it holds (see [`Engine`]).
 
@@ -41,16 +43,17 @@ use crate::transport::shm::{ShmExport, ShmPeer};
 /// # An attached engine
 /// Serves memory ([`allocate_memory`](Self::allocate_memory), mapped in
 /// both processes), segments (opened for it by the daemon; never the
-/// daemon's own, nor `"local"`: `AccessDenied`), rings, the batch API and
+/// daemon's own, nor `"local"`: `AccessDenied`), rings, the batch API,
 /// block lists (one request per run of contiguous blocks, not per
-/// registration). Refuses, `InvalidArgument` naming the call:
-/// `register_memory` (allocate through the engine), `cancel`,
-/// notifications (`send_notification`, `wait_notification`; none arrive,
-/// so `recv_notifications` is empty and `try_notification` `None`),
+/// registration) and notifications. Refuses, `InvalidArgument` naming the
+/// call: `register_memory` (allocate through the engine), `cancel`,
 /// `reload`, `probe_peer_alive`, `planned_rails`, a ring's
 /// `completion_fd`. Reports what this process holds, the rest being the
 /// daemon's (its `/metrics`): [`segment_name`](Self::segment_name) is the
-/// daemon's segment, where peers reach this process's memory; `config` is
+/// daemon's segment with this engine's mailbox (`owner#mailbox`): a peer
+/// that opens it reaches this process's memory at each buffer's
+/// [`peer_addr`](Buffer::peer_addr) (where the daemon maps it), and its
+/// notifications reach this engine alone; `config` is
 /// the configuration it attached with (the daemon's applies to every
 /// other key), at generation 1; no transport, worker, rail, SQ row, HTTP
 /// endpoint, QoS or traffic figure, completion count or metric family of
@@ -507,7 +510,11 @@ impl Engine {
     }
 
     /// This engine's p2p segment name, `ip:port` of its control server
-    /// (TENT's segment naming): what peers pass to `open_segment`.
+    /// (TENT's segment naming): what peers pass to `open_segment`. An
+    /// attached engine's is its daemon's, `#`, and its mailbox in 16 hex
+    /// digits: the daemon's memory, where this engine's is, and this
+    /// engine as the receiver of notifications. Any engine opens such a
+    /// name; several names of one owner share its connections.
     pub fn segment_name(&self) -> String {
         match &self.inner {
             Inner::Embedded(e) => e.segment_name(),

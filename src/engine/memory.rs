@@ -357,11 +357,23 @@ impl Buffer {
         }
     }
 
-    /// Address in this process (what a peer's remote offset names, for an
-    /// engine in this process; the daemon maps an attached engine's memory
-    /// at its own address).
+    /// Address in this process (what
+    /// [`Engine::local_addr`](crate::Engine::local_addr) takes).
     pub fn addr(&self) -> u64 {
         self.as_ptr() as u64
+    }
+
+    /// The address a peer names it by in a
+    /// [`RemoteAddr`](crate::RemoteAddr) (with the segment this engine's
+    /// [`segment_name`](crate::Engine::segment_name) opens): its address
+    /// here for an engine in this process; for one attached to a daemon,
+    /// where the daemon maps it (a peer reaches it through the daemon's
+    /// engine). Tell peers this, not [`Buffer::addr`].
+    pub fn peer_addr(&self) -> u64 {
+        match &self.mem {
+            Memory::Region(_) => self.as_ptr() as u64,
+            Memory::Client(c) => c.addr(),
+        }
     }
 
     /// Length.

@@ -11,6 +11,7 @@ use crate::deadline::after as deadline_after;
 use crate::error::{Error, Result};
 use crate::notify::delivery::Delivery;
 use crate::notify::inbox::Inbox;
+use crate::notify::mailboxes::Mailboxes;
 use crate::notify::outbox::{After, Dest, Outbox};
 use crate::notify::{Notification, Received};
 
@@ -18,13 +19,20 @@ use crate::notify::{Notification, Received};
 /// by the control server), and those on their way out, a lane per peer.
 pub(super) struct Mailbox {
     inbox: Arc<Inbox>,
+    /// Where the control server files: `inbox`, or a daemon client's.
+    mailboxes: Arc<Mailboxes>,
     outbox: Outbox,
 }
 
 impl Mailbox {
-    /// Over `inbox` (which the control server files into) and `outbox`.
-    pub(super) fn new(inbox: Arc<Inbox>, outbox: Outbox) -> Mailbox {
-        Mailbox { inbox, outbox }
+    /// Over `inbox` (which the control server files into, through
+    /// `mailboxes`) and `outbox`.
+    pub(super) fn new(inbox: Arc<Inbox>, mailboxes: Arc<Mailboxes>, outbox: Outbox) -> Mailbox {
+        Mailbox {
+            inbox,
+            mailboxes,
+            outbox,
+        }
     }
 
     /// Teardown: nothing more is taken or leaves; peers sending now are
@@ -37,14 +45,27 @@ impl Mailbox {
 
 impl Embedded {
     pub(crate) fn send_notification(&self, segment: SegmentId, n: &Notification) -> Result<()> {
-        n.check()?;
-        let dest = self.notify_dest(segment)?;
         let delivery = Arc::new(Delivery::default());
+        self.queue_notification(0, segment, n, delivery.clone())?;
+        delivery.wait()
+    }
+
+    /// Queue `n` for `segment`'s owner, sent as this engine (`from` 0) or
+    /// as its daemon client with mailbox `from`; its fate goes to
+    /// `delivery` (untouched when this fails).
+    pub(crate) fn queue_notification(
+        &self,
+        from: u64,
+        segment: SegmentId,
+        n: &Notification,
+        delivery: Arc<Delivery>,
+    ) -> Result<()> {
+        n.check()?;
+        let dest = self.notify_dest(from, segment)?;
         let deadline = deadline_after(self.mail.outbox.bound());
         self.mail
             .outbox
-            .enqueue(dest, n.clone(), None, deadline, delivery.clone())?;
-        delivery.wait()
+            .enqueue(dest, n.clone(), None, deadline, delivery)
     }
 
     pub(crate) fn submit_with_notification(
@@ -65,7 +86,7 @@ impl Embedded {
                  the notification goes to its owner",
             ));
         }
-        let dest = self.notify_dest(first)?;
+        let dest = self.notify_dest(0, first)?;
         // By the latest of the requests' deadlines their data has landed
         // or failed; the message has the usual bound after that.
         let now_ns = crate::clock::monotonic_ns();
@@ -110,6 +131,11 @@ impl Embedded {
         Ok(())
     }
 
+    /// Where notifications for this engine's daemon clients are filed.
+    pub(crate) fn mailboxes(&self) -> &Arc<Mailboxes> {
+        &self.mail.mailboxes
+    }
+
     pub(crate) fn recv_notifications(&self) -> Vec<Received> {
         self.mail.inbox.take_all()
     }
@@ -122,14 +148,19 @@ impl Embedded {
         self.mail.inbox.wait(timeout)
     }
 
-    /// Where notifications to `segment`'s owner go.
-    fn notify_dest(&self, segment: SegmentId) -> Result<Dest> {
-        if segment == SegmentId::LOCAL {
+    /// Where notifications to `segment`'s owner go (the client its name
+    /// ended with, if it named one), sent as mailbox `from`.
+    fn notify_dest(&self, from: u64, segment: SegmentId) -> Result<Dest> {
+        if segment == SegmentId::LOCAL && from == 0 {
             return Ok(Dest::Local);
         }
         let seg = self.open_segment_by_id(segment)?;
         match seg.control() {
-            Some(addr) => Ok(Dest::Peer(addr.to_owned())),
+            Some(addr) => Ok(Dest::Peer {
+                addr: addr.to_owned(),
+                from,
+                to: seg.mailbox().unwrap_or(0),
+            }),
             None => Err(Error::invalid(format!(
                 "segment {:?} was opened by its shm name; notifications travel on the control \
                  plane: open it by its owner's segment name (Engine::segment_name) instead",

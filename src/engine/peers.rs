@@ -78,17 +78,45 @@ impl Peers {
         if let Some(s) = self.shared.segments.load().find_name(name) {
             return Ok(s.id());
         }
-        let built = self.build(name, edit)?;
+        // A client's mailbox name (`owner#mailbox`): the owner's segment,
+        // its notifications for that client.
+        let (owner, mailbox) = crate::notify::split_mailbox(name);
+        if let Some(id) = self.alias(owner, name, mailbox) {
+            return Ok(id);
+        }
+        let built = self.build(owner, edit)?;
         let _g = self.shared.registry.lock();
         let table = self.shared.segments.load_full();
         if let Some(s) = table.find_name(name) {
             return Ok(s.id());
         }
         let id = table.next_id();
-        let seg = Arc::new(built.into_segment(id, name));
+        let seg = Arc::new(built.into_segment(id, name).with_mailbox(mailbox));
         self.shared.segments.store(Arc::new(table.with(seg)));
         tracing::info!(segment = name, id = id.0, "segment opened");
         Ok(id)
+    }
+
+    /// `name` opened as another name of `owner`, already open under one:
+    /// a segment of its own sharing that one's transports (under the
+    /// registry's lock, so a close of the other sees it: `close_segment`
+    /// stops the shared state only when no open segment holds it).
+    fn alias(&self, owner: &str, name: &str, mailbox: Option<u64>) -> Option<SegmentId> {
+        let _g = self.shared.registry.lock();
+        let table = self.shared.segments.load_full();
+        if let Some(s) = table.find_name(name) {
+            return Some(s.id());
+        }
+        let of = table.find_owner(owner)?;
+        let id = table.next_id();
+        let seg = Arc::new(of.alias(id, name.to_owned(), mailbox));
+        self.shared.segments.store(Arc::new(table.with(seg)));
+        tracing::info!(
+            segment = name,
+            id = id.0,
+            "segment opened (another name of an open one)"
+        );
+        Some(id)
     }
 
     /// The segment named `name` as its owner describes it now.

@@ -145,7 +145,10 @@ impl Embedded {
         )?;
         // No worker uses it any more: end its threads here, so whoever
         // drops it last (a worker whose cached table held it) joins nothing.
-        if let Some(peer) = shm::peer_of(&segment)
+        // Another name of the same owner still open uses its state.
+        let shared = self.shared.segments.load().shares_state(&segment);
+        if !shared
+            && let Some(peer) = shm::peer_of(&segment)
             && !peer.stop()
         {
             tracing::warn!(segment = %segment.name(), "close_segment: the shm refresher did not end in time; the segment's last drop joins it");

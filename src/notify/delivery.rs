@@ -13,9 +13,28 @@ use crate::error::{Error, Result};
 pub(crate) struct Delivery {
     result: Mutex<Option<std::result::Result<(), (ErrorKind, String)>>>,
     settled: Condvar,
+    /// Bumped when it settles: a daemon client's word, which the client
+    /// waits on before it asks the daemon how its message fared.
+    bell: Option<crate::doorbell::SharedWord>,
 }
 
 impl Delivery {
+    /// One whose settling also rings `bell`.
+    pub(crate) fn ringing(bell: crate::doorbell::SharedWord) -> Delivery {
+        Delivery {
+            bell: Some(bell),
+            ..Delivery::default()
+        }
+    }
+
+    /// Settled and how, with the failure's words: `None` while pending.
+    pub(crate) fn outcome(&self) -> Option<Result<()>> {
+        self.result.lock().as_ref().map(|r| match r {
+            Ok(()) => Ok(()),
+            Err((kind, text)) => Err(Error::new(*kind, text.clone())),
+        })
+    }
+
     pub(crate) fn settle(&self, r: &Result<()>) {
         let r = match r {
             Ok(()) => Ok(()),
@@ -32,6 +51,9 @@ impl Delivery {
         };
         *self.result.lock() = Some(r);
         self.settled.notify_all();
+        if let Some(b) = &self.bell {
+            b.ring();
+        }
     }
 
     /// `None` while pending; then `Ok`, or the failure's kind.

@@ -182,6 +182,8 @@ pub(crate) struct Inbox {
     arrived: Condvar,
     /// The longest resend window a frame may claim.
     resend_max: Duration,
+    /// Notifications held at once.
+    max: usize,
 }
 
 impl Default for Inbox {
@@ -195,10 +197,17 @@ impl Inbox {
     /// slack) past its last frame: the furthest deadline this engine's
     /// configuration gives a notification.
     pub(crate) fn new(resend_max: Duration) -> Inbox {
+        Inbox::holding(resend_max, INBOX_MAX)
+    }
+
+    /// [`Inbox::new`], holding at most `max` notifications (a daemon
+    /// client's, which the daemon keeps for every client).
+    pub(crate) fn holding(resend_max: Duration, max: usize) -> Inbox {
         Inbox {
             state: Mutex::default(),
             arrived: Condvar::new(),
             resend_max,
+            max,
         }
     }
 
@@ -212,7 +221,7 @@ impl Inbox {
     /// keeps within its share (see `State::room_for`).
     ///
     /// # Errors
-    /// `SqFull` when [`INBOX_MAX`] are waiting, or when a new stream finds
+    /// `SqFull` when [`INBOX_MAX`] (its `max`) are waiting, or when a new stream finds
     /// [`SOURCE_STREAMS_MAX`] streams of its source still in their resend
     /// windows, or the table full with no source over its fair share (see
     /// `State::room_for`); `Shutdown` once the engine is going away.
@@ -230,8 +239,8 @@ impl Inbox {
                 return Ok(());
             }
         }
-        if st.queue.len() >= INBOX_MAX {
-            return Err(full());
+        if st.queue.len() >= self.max {
+            return Err(full(self.max));
         }
         match st.seen.get_mut(&key) {
             Some(s) => s.last = f.seq,
@@ -265,8 +274,8 @@ impl Inbox {
         if st.closed {
             return Err(closed());
         }
-        if st.queue.len() >= INBOX_MAX {
-            return Err(full());
+        if st.queue.len() >= self.max {
+            return Err(full(self.max));
         }
         st.queue.push_back(r);
         drop(st);
@@ -324,10 +333,10 @@ fn closed() -> Error {
     )
 }
 
-fn full() -> Error {
+fn full(max: usize) -> Error {
     Error::new(
         ErrorKind::SqFull,
-        format!("the receiver holds {INBOX_MAX} notifications not yet taken; try again"),
+        format!("the receiver holds {max} notifications not yet taken; try again"),
     )
 }
 
@@ -347,6 +356,7 @@ mod tests {
             name: name.into(),
             msg: vec![seq as u8],
             resend_ms: 1_000,
+            to: 0,
         }
     }
 

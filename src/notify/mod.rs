@@ -25,12 +25,37 @@
 
 pub(crate) mod delivery;
 pub(crate) mod inbox;
+pub(crate) mod mailboxes;
 pub(crate) mod outbox;
 
 pub use crate::control::wire::{MAX_NOTIFY_MSG, MAX_NOTIFY_NAME};
 pub use inbox::INBOX_MAX;
 
 use crate::error::{Error, Result};
+
+/// The name of a daemon client's mailbox: the daemon's segment name, `#`,
+/// the mailbox in 16 hex digits. It is what an attached engine's
+/// `segment_name` says: a peer that opens it reaches the daemon's memory,
+/// and its notifications reach that client.
+pub(crate) fn mailbox_name(segment: &str, mailbox: u64) -> String {
+    format!("{segment}#{mailbox:016x}")
+}
+
+/// A segment name split into the owner's name and the mailbox it ends
+/// with, if it ends with one ([`mailbox_name`]'s form: 16 hex digits, not
+/// all zero).
+pub(crate) fn split_mailbox(name: &str) -> (&str, Option<u64>) {
+    if let Some((base, hex)) = name.rsplit_once('#')
+        && hex.len() == 16
+        && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        && !base.is_empty()
+        && let Ok(m) = u64::from_str_radix(hex, 16)
+        && m != 0
+    {
+        return (base, Some(m));
+    }
+    (name, None)
+}
 
 /// A notification to send: a name (what happened) and a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,4 +114,27 @@ pub struct Received {
     pub name: String,
     /// Its message.
     pub msg: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mailbox_name_splits_back_and_nothing_else_does() {
+        let n = mailbox_name("10.0.0.1:7000", 0xfeed);
+        assert_eq!(n, "10.0.0.1:7000#000000000000feed");
+        assert_eq!(split_mailbox(&n), ("10.0.0.1:7000", Some(0xfeed)));
+        for plain in [
+            "10.0.0.1:7000",
+            "prefill-0",
+            "#000000000000feed",
+            "a#feed",
+            "a#000000000000000g",
+            "a#0000000000000000",
+            "a#+00000000000feed",
+        ] {
+            assert_eq!(split_mailbox(plain), (plain, None), "{plain}");
+        }
+    }
 }

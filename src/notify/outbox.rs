@@ -89,8 +89,12 @@ const THREAD_NAME: &str = "tent-notify";
 /// Where a lane delivers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum Dest {
-    /// A peer's control server (`ip:port`).
-    Peer(String),
+    /// A peer's control server (`ip:port`): the engine there (`to` 0) or
+    /// the client of that daemon with mailbox `to`; sent as this engine
+    /// (`from` 0) or as its client with mailbox `from` (a daemon sending
+    /// for a client). Each pair of mailboxes has a lane of its own, so one
+    /// client's messages never wait behind another's.
+    Peer { addr: String, from: u64, to: u64 },
     /// This engine's own inbox (a submission to `SegmentId::LOCAL`).
     Local,
 }
@@ -606,8 +610,14 @@ impl Step {
                 Some(o) => o,
                 None => match &self.dest {
                     Dest::Local => file_local(ctx, job),
-                    Dest::Peer(peer) => {
-                        send(ctx, peer, self.stream, &mut self.conn, &self.open, job)
+                    Dest::Peer { addr, from, to } => {
+                        let via = Via {
+                            peer: addr,
+                            from: *from,
+                            to: *to,
+                            stream: self.stream,
+                        };
+                        send(ctx, &via, &mut self.conn, &self.open, job)
                     }
                 },
             }
@@ -690,16 +700,27 @@ fn file_local(ctx: &Ctx, job: &mut Job) -> Outcome {
     }
 }
 
-/// One try at delivering `job` to `peer`: connect if `conn` is missing or
-/// old, then one exchange, all before its deadline.
+/// Where one lane's message goes, and as whom.
+struct Via<'a> {
+    peer: &'a str,
+    /// The sending client's mailbox (0: the engine).
+    from: u64,
+    /// The receiving client's mailbox (0: the engine).
+    to: u64,
+    /// The lane's stream id.
+    stream: u64,
+}
+
+/// One try at delivering `job` to `via.peer`: connect if `conn` is missing
+/// or old, then one exchange, all before its deadline.
 fn send(
     ctx: &Ctx,
-    peer: &str,
-    stream: u64,
+    via: &Via<'_>,
     conn: &mut Option<Conn>,
     open: &Mutex<Option<TcpStream>>,
     job: &mut Job,
 ) -> Outcome {
+    let peer = via.peer;
     let seq = job.seq;
     let what = || format!("notification {seq} to {peer}");
     let left = job.deadline.saturating_duration_since(Instant::now());
@@ -723,14 +744,18 @@ fn send(
         },
     };
     let frame = NotifyFrame {
-        sender: stream,
-        from: ctx.from.clone(),
+        sender: via.stream,
+        from: match via.from {
+            0 => ctx.from.clone(),
+            m => super::mailbox_name(&ctx.from, m),
+        },
         seq,
         name: job.note.name.clone(),
         msg: job.note.msg.clone(),
         // Until its deadline this frame may go out again: the receiver
         // remembers the stream that long, so a resend stays a resend.
         resend_ms: ceil_ms(job.deadline.saturating_duration_since(Instant::now())),
+        to: via.to,
     };
     match client::notify(&c.stream, peer, &frame, job.deadline) {
         Ok(()) => Outcome::Settled(Ok(())),
@@ -865,7 +890,11 @@ mod tests {
     }
 
     fn peer(server: &ControlServer, x: u8) -> Dest {
-        Dest::Peer(format!("127.0.0.{x}:{}", server.local_addr().port()))
+        Dest::Peer {
+            addr: format!("127.0.0.{x}:{}", server.local_addr().port()),
+            from: 0,
+            to: 0,
+        }
     }
 
     fn send(
@@ -1026,7 +1055,11 @@ mod tests {
         let stuck: Vec<_> = silent
             .iter()
             .flat_map(|l| {
-                let dest = Dest::Peer(l.local_addr().unwrap().to_string());
+                let dest = Dest::Peer {
+                    addr: l.local_addr().unwrap().to_string(),
+                    from: 0,
+                    to: 0,
+                };
                 (0..3u8)
                     .map(|i| send(&out, dest.clone(), &[i], None, late))
                     .collect::<Vec<_>>()

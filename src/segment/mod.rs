@@ -101,6 +101,9 @@ pub struct Segment {
     control: Option<String>,
     /// Found through a metadata store (etcd), whose watch speaks for it.
     via_store: bool,
+    /// Opened by a daemon client's mailbox name (`owner#mailbox`): its
+    /// notifications go to that client (see `crate::notify`).
+    mailbox: Option<u64>,
 }
 
 impl Segment {
@@ -116,7 +119,51 @@ impl Segment {
             incarnation: None,
             control: None,
             via_store: false,
+            mailbox: None,
         }
+    }
+
+    /// The same owner opened under another `name` as segment `id`, its
+    /// notifications going to `mailbox`: the transports' per-peer state is
+    /// shared, not made again (a peer addressing eight clients of one
+    /// daemon holds one set of connections to it).
+    pub(crate) fn alias(&self, id: SegmentId, name: String, mailbox: Option<u64>) -> Segment {
+        let kind = match &self.kind {
+            SegmentKind::Local => SegmentKind::Local,
+            SegmentKind::Shm => SegmentKind::Shm,
+            SegmentKind::Remote(d) => SegmentKind::Remote(d.clone()),
+        };
+        Segment {
+            id,
+            name,
+            kind,
+            attached: self.attached.clone(),
+            closed: std::sync::atomic::AtomicU64::new(0),
+            peer: std::sync::atomic::AtomicU8::new(self.peer_state() as u8),
+            incarnation: self.incarnation,
+            control: self.control.clone(),
+            via_store: self.via_store,
+            mailbox,
+        }
+    }
+
+    /// Opened by `name` ending in `mailbox`.
+    pub(crate) fn with_mailbox(mut self, mailbox: Option<u64>) -> Segment {
+        self.mailbox = mailbox;
+        self
+    }
+
+    /// The client mailbox its notifications go to (`None`: the engine).
+    pub(crate) fn mailbox(&self) -> Option<u64> {
+        self.mailbox
+    }
+
+    /// Does it share a transport's per-peer state with `other` (one of
+    /// them an alias of the other)?
+    pub(crate) fn shares_state_with(&self, other: &Segment) -> bool {
+        self.attached
+            .iter()
+            .any(|(_, _, a)| other.attached.iter().any(|(_, _, b)| Arc::ptr_eq(a, b)))
     }
 
     /// The same segment, its owner's incarnation known (or not).
@@ -305,6 +352,24 @@ impl SegmentTable {
     /// The open segment called `name`.
     pub(crate) fn find_name(&self, name: &str) -> Option<&Arc<Segment>> {
         self.by_id.iter().flatten().find(|s| s.name() == name)
+    }
+
+    /// An open segment of the owner called `owner`, under any of its
+    /// names (with a mailbox or without: `crate::notify::split_mailbox`).
+    pub(crate) fn find_owner(&self, owner: &str) -> Option<&Arc<Segment>> {
+        self.by_id
+            .iter()
+            .flatten()
+            .find(|s| crate::notify::split_mailbox(s.name()).0 == owner)
+    }
+
+    /// Does an open segment share a transport's per-peer state with
+    /// `segment`?
+    pub(crate) fn shares_state(&self, segment: &Segment) -> bool {
+        self.by_id
+            .iter()
+            .flatten()
+            .any(|s| s.id() != segment.id() && s.shares_state_with(segment))
     }
 
     /// The id for the next open segment (never reused: a stale id names

@@ -1,8 +1,9 @@
 /* An engine attached to a daemon through the C API (tests/c_attach.rs
  * runs it): attach at argv[1], allocate memory there and fill it with
  * bytes (i * 7 + 3) & 0xff, WRITE it to segment argv[2] at address
- * argv[3] through a ring and then a batch, and check what an attached
- * engine refuses. Prints "ok" when every step did what it should. */
+ * argv[3] through a ring and then a batch (the last with a notification),
+ * and check what an attached engine refuses. Prints "ok" when every step
+ * did what it should. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +98,26 @@ int main(int argc, char **argv) {
     }
     if ((rc = tent_free_batch(e, batch)) != TENT_OK) {
         return fail("tent_free_batch", rc);
+    }
+    /* A notification to the target, after a batch's data: the test sees
+     * it arrive from this engine's mailbox name. */
+    if ((rc = tent_allocate_batch(e, 4, &batch)) != TENT_OK) {
+        return fail("tent_allocate_batch", rc);
+    }
+    if ((rc = tent_submit_with_notification(e, batch, &req, 1, "from-c", "done", 4)) != TENT_OK) {
+        return fail("tent_submit_with_notification", rc);
+    }
+    if ((rc = tent_wait_batch(e, batch, 10000, &st)) != TENT_OK ||
+        st.state != TENT_STATUS_COMPLETED) {
+        return fail("tent_wait_batch after a notification", rc);
+    }
+    if ((rc = tent_free_batch(e, batch)) != TENT_OK) {
+        return fail("tent_free_batch", rc);
+    }
+    /* Peers name this engine's memory where the daemon maps it. */
+    if (buf.peer_addr == 0) {
+        fprintf(stderr, "peer_addr is 0\n");
+        return 1;
     }
     tent_ring_destroy(ring);
     tent_engine_destroy(e);

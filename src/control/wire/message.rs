@@ -528,6 +528,10 @@ pub struct NotifyFrame {
     /// stream at least that long. 0 (absent) is a sender that says
     /// nothing; the receiver's own slack still holds.
     pub resend_ms: u64,
+    /// The receiver's mailbox: 0 (absent) is the engine itself; another
+    /// value one of the clients of a daemon (`tentd`), as the segment name
+    /// the sender opened said (`ip:port#mailbox`).
+    pub to: u64,
 }
 
 schema! {
@@ -538,5 +542,6 @@ schema! {
         0x0004 NOTIFY_NAME   name:   str(MAX_NOTIFY_NAME, "notification name"),    required;
         0x0005 NOTIFY_MSG    msg:    bytes(MAX_NOTIFY_MSG, "notification message"), required;
         0x0006 NOTIFY_RESEND_MS resend_ms: u64,                                    or_default;
+        0x0007 NOTIFY_TO     to:     u64,                                          or_default;
     }
 }

@@ -98,6 +98,7 @@
 //! |                      | `0x0004` | `name`            | string ≤ [`MAX_NOTIFY_NAME`], required                                    | `NOTIFY_NAME`             |
 //! |                      | `0x0005` | `msg`             | bytes ≤ [`MAX_NOTIFY_MSG`], required                                      | `NOTIFY_MSG`              |
 //! |                      | `0x0006` | `resend_ms`       | u64, absent = 0                                                           | `NOTIFY_RESEND_MS`        |
+//! |                      | `0x0007` | `to`              | u64, absent = 0                                                           | `NOTIFY_TO`               |
 //! | `NotifyAck` (11)     | `0x0001` | `seq`             | u64, required                                                             | `ACK_SEQ`                 |
 //! | `GetRegions` (12)    | `0x0001` | `from`            | u64, required                                                             | `GET_REGIONS_FROM`        |
 //! | `Regions` (13)       | `0x0001` | `version`         | u64, required                                                             | `PAGE_VERSION`            |

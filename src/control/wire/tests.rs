@@ -222,6 +222,10 @@ fn all_messages() -> Vec<Message> {
             msg: Vec::new(),
             ..notify_frame()
         }),
+        Message::Notify(NotifyFrame {
+            to: 0x5eed_0000_0000_0001,
+            ..notify_frame()
+        }),
         Message::NotifyAck { seq: 3 },
         Message::GetRegions { from: 0 },
         Message::Regions(RegionsPage::default()),
@@ -250,6 +254,7 @@ fn notify_frame() -> NotifyFrame {
         name: "kv-ready".into(),
         msg: vec![0xab; MAX_NOTIFY_MSG],
         resend_ms: 30_000,
+        to: 0,
     }
 }
 
