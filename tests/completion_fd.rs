@@ -1,6 +1,7 @@
 //! Waiting without spinning: a ring's completion eventfd turns readable for
 //! CQEs the worker posts while the application said it is about to sleep
-//! (`prepare_wait`), and is never written otherwise.
+//! (`prepare_wait`), and is never written otherwise; an attached engine's
+//! rings have one too.
 
 mod common;
 
@@ -151,4 +152,61 @@ fn no_sleep_is_promised_without_a_fd_or_once_the_engine_stopped() {
         !ring.prepare_wait(),
         "the engine stopped: nothing will write the fd"
     );
+}
+
+/// An attached ring's completion fd: the daemon's worker bumps the ring's
+/// CQ bell in shared memory and a thread of this process writes the fd,
+/// so epoll wakes for each completion; when the daemon goes, a waiter
+/// wakes too (and the ring answers `Shutdown`).
+#[test]
+fn an_attached_ring_s_eventfd_wakes_epoll_and_the_daemon_s_going_wakes_it_too() {
+    let sock = std::env::temp_dir().join(format!("tentd-efd-{}.sock", std::process::id()));
+    let d = tent::daemon::Daemon::start(Engine::new(test_config()).unwrap(), &sock).unwrap();
+    let target = Engine::new(test_config()).unwrap();
+    let dst = target.allocate_memory(1 << 16).unwrap();
+    let e = Engine::attach(&sock).unwrap();
+    let src = e.allocate_memory(1 << 16).unwrap();
+    let seg = e.open_segment(&target.segment_name()).unwrap();
+    let mut ring = e.ring_with_depth(8).unwrap();
+    let fd = {
+        use std::os::fd::AsRawFd;
+        ring.completion_fd().unwrap().as_raw_fd()
+    };
+    for round in 0..20u64 {
+        assert!(ring.prepare_wait(), "nothing to reap yet");
+        std::thread::scope(|s| {
+            let waiter = s.spawn(move || epoll_readable(fd, Duration::from_secs(10)));
+            std::thread::sleep(Duration::from_millis(5));
+            let w = op::Write::new(
+                LocalAddr::new(src.id(), 0),
+                RemoteAddr::new(seg, dst.addr()),
+                1 << 16,
+            )
+            .user_data(round)
+            .build();
+            ring.submission().push(w).unwrap();
+            ring.submit().unwrap();
+            assert!(waiter.join().unwrap(), "round {round}: epoll_wait ran out");
+        });
+        ring.finish_wait();
+        counter(fd);
+        let c = reap(&mut ring, 1);
+        assert_eq!((c[0].user_data(), c[0].result()), (round, Ok(1 << 16)));
+    }
+    assert!(ring.prepare_wait());
+    std::thread::scope(|s| {
+        let waiter = s.spawn(move || epoll_readable(fd, Duration::from_secs(10)));
+        std::thread::sleep(Duration::from_millis(5));
+        drop(d);
+        assert!(
+            waiter.join().unwrap(),
+            "the daemon's going wakes the waiter"
+        );
+    });
+    ring.finish_wait();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !matches!(ring.submit(), Err(ref err) if err.kind() == tent::ErrorKind::Shutdown) {
+        assert!(Instant::now() < deadline, "the ring answers Shutdown");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

@@ -53,7 +53,10 @@ fn a_c_program_attached_to_a_daemon_moves_verified_data() {
     let note = target
         .wait_notification(std::time::Duration::from_secs(10))
         .unwrap();
-    assert_eq!((note.name.as_str(), note.msg.as_slice()), ("from-c", &b"done"[..]));
+    assert_eq!(
+        (note.name.as_str(), note.msg.as_slice()),
+        ("from-c", &b"done"[..])
+    );
     assert!(
         note.from.starts_with(&daemon.engine().segment_name()) && note.from.contains('#'),
         "from the C engine's mailbox name: {}",

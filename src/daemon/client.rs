@@ -23,6 +23,7 @@ use tent_rings::{Cqe, RegionId, SegmentId, Sqe};
 
 use super::batches::ClientBatches;
 use super::mail::Post;
+use super::relay::{Act, Hub};
 use super::wire::{self, LAYOUT_VERSION, Part, Reply, Request};
 use crate::config::Config;
 use crate::doorbell::{CqBell, SharedWord};
@@ -96,6 +97,9 @@ pub(super) struct Link {
     bells: Mutex<Vec<std::sync::Weak<CqBell>>>,
     /// The mail page's words (arrivals, settlements), rung with the bells.
     mail: std::sync::OnceLock<[SharedWord; 2]>,
+    /// Writes the completion fds of rings that have one, when the daemon's
+    /// worker bumps their CQ bells: started by the first.
+    cq_watch: Mutex<Option<Arc<Hub<WriteEventfds>>>>,
     /// Written to stop the watcher.
     stop: OwnedFd,
     /// Set before this side says it goes: the hang-up that follows is no
@@ -271,12 +275,73 @@ impl DaemonRing {
     pub(crate) fn worker(&self) -> usize {
         self.worker
     }
+
+    /// Write `bell`'s eventfd whenever the daemon's worker bumps its CQ
+    /// bell (the worker never writes a descriptor of this process: a
+    /// thread here, one for every ring of the engine, does).
+    pub(crate) fn watch_completions(&self, bell: &Arc<CqBell>) -> Result<()> {
+        let word = bell
+            .shared
+            .clone()
+            .ok_or_else(|| Error::invalid("an attached ring's bell is shared memory"))?;
+        let hub = {
+            let mut w = self.link.cq_watch.lock();
+            match &*w {
+                Some(h) => h.clone(),
+                None => {
+                    let h = Hub::start(WriteEventfds::default(), "tent-completion-fds".into())?;
+                    *w = Some(h.clone());
+                    h
+                }
+            }
+        };
+        hub.act()
+            .rings
+            .lock()
+            .insert(u64::from(self.id), Arc::downgrade(bell));
+        hub.add(u64::from(self.id), word);
+        Ok(())
+    }
+}
+
+/// The completion-fd watch's act: write each moved ring's eventfd.
+#[derive(Default)]
+pub(super) struct WriteEventfds {
+    rings: Mutex<std::collections::HashMap<u64, std::sync::Weak<CqBell>>>,
+}
+
+impl WriteEventfds {
+    fn write(&self, keys: &[u64]) {
+        let rings = self.rings.lock();
+        for k in keys {
+            if let Some(bell) = rings.get(k).and_then(std::sync::Weak::upgrade)
+                && let Some(fd) = bell.efd.get()
+            {
+                // Ours, non-blocking: a full counter is readable already.
+                let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+            }
+        }
+    }
+}
+
+impl Act for WriteEventfds {
+    fn fresh(&self, keys: &[u64]) {
+        self.write(keys);
+    }
+
+    fn bumped(&self, keys: &[u64]) {
+        self.write(keys);
+    }
 }
 
 impl Drop for DaemonRing {
     /// The ring is dropped: the daemon retires it (its worker drains what
     /// it took) and it no longer counts against this client's quota.
     fn drop(&mut self) {
+        if let Some(h) = &*self.link.cq_watch.lock() {
+            h.act().rings.lock().remove(&u64::from(self.id));
+            h.remove(u64::from(self.id));
+        }
         if let Err(e) = self.link.ask(&Request::CloseRing { ring: self.id })
             && !self.link.gone()
         {
@@ -439,6 +504,7 @@ impl Attached {
             gone: AtomicBool::new(false),
             bells: Mutex::new(Vec::new()),
             mail: std::sync::OnceLock::new(),
+            cq_watch: Mutex::new(None),
             stop,
             detaching: AtomicBool::new(false),
         });
@@ -1129,6 +1195,10 @@ impl Drop for Attached {
     /// its rings answering `Shutdown`, as an embedded engine's do.
     fn drop(&mut self) {
         self.post.stop();
+        let watch = self.link.cq_watch.lock().take();
+        if let Some(h) = watch {
+            h.stop();
+        }
         self.link.detaching.store(true, Ordering::Release);
         if !self.link.gone()
             && let Err(e) = self.link.ask(&Request::Detach)

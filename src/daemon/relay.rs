@@ -1,9 +1,17 @@
-//! Relays: what wakes a daemon worker when a client bumps a ring's SQ bell
-//! while that worker sleeps. One thread per worker, not per ring: it waits
-//! on every client ring's bell of its worker at once (`futex_waitv`, up to
-//! 127 bells and its own control word in one call; past that, or on a
-//! kernel without it, it looks at the bells every millisecond), so the
-//! daemon's threads grow with its workers, not with its clients' rings.
+//! Bell watches: a thread that waits on many futex words in shared memory
+//! at once and acts when one moves. Two uses, one piece of code:
+//!
+//! - Relays, in the daemon: what wakes a worker when a client bumps a
+//!   ring's SQ bell while that worker sleeps. One thread per worker, not
+//!   per ring, so the daemon's threads grow with its workers, not with
+//!   its clients' rings.
+//! - In a client, the completion fds of attached rings: the daemon's
+//!   worker bumps a ring's CQ bell (never a descriptor this process
+//!   controls), and the watch writes the ring's eventfd.
+//!
+//! A watch waits on every bell at once (`futex_waitv`, up to 127 bells and
+//! its own control word in one call; past that, or on a kernel without
+//! it, it looks at the bells every millisecond).
 //!
 //! A bell is a futex word in memory the client writes: any value may be
 //! there. A change from the last value seen is a bump, so none is missed
@@ -34,21 +42,93 @@ const POLL: Duration = Duration::from_millis(1);
 /// kernel takes 128 words).
 const WAITV_BELLS: usize = 127;
 
+/// What a watch does when its bells move.
+pub(super) trait Act: Send + Sync + 'static {
+    /// Bells were added: a bump made before they were watched is owed.
+    fn fresh(&self, keys: &[u64]);
+    /// These bells moved since the last look.
+    fn bumped(&self, keys: &[u64]);
+}
+
 /// Every worker's hub, made when its first client ring comes.
 #[derive(Default)]
 pub(super) struct Relays {
-    hubs: Mutex<HashMap<usize, Arc<Hub>>>,
+    hubs: Mutex<HashMap<usize, Arc<Hub<WakeWorker>>>>,
 }
 
-/// One worker's relay thread and the bells it watches.
-struct Hub {
-    worker: Arc<WorkerShared>,
+/// A relay's act: wake its worker (a sleeping one, for a bump: an awake
+/// worker polls the ring).
+pub(super) struct WakeWorker(Arc<WorkerShared>);
+
+impl Act for WakeWorker {
+    fn fresh(&self, _keys: &[u64]) {
+        self.0.doorbell().ring();
+    }
+
+    fn bumped(&self, _keys: &[u64]) {
+        if self.0.parked() {
+            self.0.doorbell().ring();
+        }
+    }
+}
+
+/// One watch thread and the bells it watches.
+pub(super) struct Hub<A: Act> {
+    act: A,
     /// Bumped on every change to `bells` or `stop`: the thread waits on it
     /// too.
     control: AtomicU32,
     bells: Mutex<Vec<(u64, SharedWord)>>,
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<A: Act> Hub<A> {
+    /// A watch doing `act`, its thread called `name`.
+    pub(super) fn start(act: A, name: String) -> Result<Arc<Hub<A>>> {
+        let hub = Arc::new(Hub {
+            act,
+            control: AtomicU32::new(0),
+            bells: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            thread: Mutex::new(None),
+        });
+        let run = hub.clone();
+        let t = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || run.run())
+            .map_err(|e| {
+                Error::new(ErrorKind::OutOfMemory, "no thread to watch bells").with_source(e)
+            })?;
+        *hub.thread.lock() = Some(t);
+        Ok(hub)
+    }
+
+    /// What it does.
+    pub(super) fn act(&self) -> &A {
+        &self.act
+    }
+
+    /// Watch `bell` under `key`.
+    pub(super) fn add(&self, key: u64, bell: SharedWord) {
+        self.bells.lock().push((key, bell));
+        self.changed();
+    }
+
+    /// Stop watching `key`'s bell.
+    pub(super) fn remove(&self, key: u64) {
+        self.bells.lock().retain(|(k, _)| *k != key);
+        self.changed();
+    }
+
+    /// Stop the thread and wait for it (not from the thread itself).
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.changed();
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Relays {
@@ -59,43 +139,29 @@ impl Relays {
             match hubs.get(&worker.index) {
                 Some(h) => h.clone(),
                 None => {
-                    let hub = Arc::new(Hub {
-                        worker: worker.clone(),
-                        control: AtomicU32::new(0),
-                        bells: Mutex::new(Vec::new()),
-                        stop: AtomicBool::new(false),
-                        thread: Mutex::new(None),
-                    });
-                    let run = hub.clone();
-                    let t = std::thread::Builder::new()
-                        .name(format!("tentd-relay-{}", worker.index))
-                        .spawn(move || run.run())
-                        .map_err(|e| {
-                            Error::new(ErrorKind::OutOfMemory, "tentd: no thread for a relay")
-                                .with_source(e)
-                        })?;
-                    *hub.thread.lock() = Some(t);
+                    let hub = Hub::start(
+                        WakeWorker(worker.clone()),
+                        format!("tentd-relay-{}", worker.index),
+                    )?;
                     hubs.insert(worker.index, hub.clone());
                     hub
                 }
             }
         };
-        hub.bells.lock().push((key, bell));
-        hub.changed();
+        hub.add(key, bell);
         Ok(())
     }
 
     /// Stop watching ring `key`'s bell (on `worker`).
     pub(super) fn remove(&self, key: u64, worker: usize) {
         if let Some(hub) = self.hubs.lock().get(&worker) {
-            hub.bells.lock().retain(|(k, _)| *k != key);
-            hub.changed();
+            hub.remove(key);
         }
     }
 
     /// Stop every hub's thread.
     pub(super) fn stop(&self) {
-        let hubs: Vec<Arc<Hub>> = self.hubs.lock().drain().map(|(_, h)| h).collect();
+        let hubs: Vec<Arc<Hub<WakeWorker>>> = self.hubs.lock().drain().map(|(_, h)| h).collect();
         for hub in &hubs {
             hub.stop.store(true, Ordering::Release);
             hub.changed();
@@ -108,7 +174,7 @@ impl Relays {
     }
 }
 
-impl Hub {
+impl<A: Act> Hub<A> {
     /// Its bells or its stop flag changed: wake the thread to look.
     fn changed(&self) {
         self.control.fetch_add(1, Ordering::Release);
@@ -125,7 +191,7 @@ impl Hub {
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
-            let mut fresh = false;
+            let mut fresh: Vec<u64> = Vec::new();
             {
                 let bells = self.bells.lock();
                 seen.retain(|(k, _, _)| bells.iter().any(|(b, _)| b == k));
@@ -133,14 +199,14 @@ impl Hub {
                     if !seen.iter().any(|(k, _, _)| k == key) {
                         let now = bell.word().load(Ordering::Acquire);
                         seen.push((*key, bell.clone(), now));
-                        fresh = true;
+                        fresh.push(*key);
                     }
                 }
             }
             // A bump made before the bell was watched is covered by one
-            // ring of the doorbell.
-            if fresh {
-                self.worker.doorbell().ring();
+            // act for it.
+            if !fresh.is_empty() {
+                self.act.fresh(&fresh);
             }
             if waitv {
                 let nap = if seen.len() <= WAITV_BELLS {
@@ -155,19 +221,16 @@ impl Hub {
                 let nap = if seen.is_empty() { LOOK } else { POLL };
                 crate::doorbell::wait_on(&self.control, control, nap);
             }
-            let mut bumped = false;
-            for (_, bell, last) in seen.iter_mut() {
+            let mut bumped: Vec<u64> = Vec::new();
+            for (key, bell, last) in seen.iter_mut() {
                 let now = bell.word().load(Ordering::Acquire);
                 if now != *last {
                     *last = now;
-                    bumped = true;
+                    bumped.push(*key);
                 }
             }
-            if bumped {
-                // An awake worker polls the ring: ring only a sleeper.
-                if self.worker.parked() {
-                    self.worker.doorbell().ring();
-                }
+            if !bumped.is_empty() {
+                self.act.bumped(&bumped);
                 let gap = acted.elapsed();
                 if gap < MIN_GAP {
                     std::thread::sleep(MIN_GAP - gap);

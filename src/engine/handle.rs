@@ -10,7 +10,7 @@
 //! mailbox of its own: `daemon::mail`). What it does not serve yet is
 //! refused with a typed error naming the call (`InvalidArgument`), never
 //! faked: heap registration (allocate through the engine: the daemon
-//! cannot reach this process's heap), cancel, reload, the completion fd.
+//! cannot reach this process's heap), cancel, reload.
 //! Reports (rails, SQ rows,
 //! metrics, QoS) are the daemon's, on its own HTTP endpoint: an attached
 //! engine reports only what it holds (see [`Engine`]).
@@ -47,8 +47,9 @@ use crate::transport::shm::{ShmExport, ShmPeer};
 /// block lists (one request per run of contiguous blocks, not per
 /// registration) and notifications. Refuses, `InvalidArgument` naming the
 /// call: `register_memory` (allocate through the engine), `cancel`,
-/// `reload`, `probe_peer_alive`, `planned_rails`, a ring's
-/// `completion_fd`. Reports what this process holds, the rest being the
+/// `reload`, `probe_peer_alive`, `planned_rails`. A ring's
+/// `completion_fd` is written by a thread of this process when the
+/// daemon's worker bumps the ring's CQ bell. Reports what this process holds, the rest being the
 /// daemon's (its `/metrics`): [`segment_name`](Self::segment_name) is the
 /// daemon's segment with this engine's mailbox (`owner#mailbox`): a peer
 /// that opens it reaches this process's memory at each buffer's

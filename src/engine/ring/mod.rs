@@ -326,21 +326,16 @@ impl Ring {
     /// writes it only while the flag is set (also while `wait_ready`
     /// sleeps, which sets the same flag).
     ///
+    /// A ring of an engine attached to a daemon has one too: the daemon's
+    /// worker bumps the ring's CQ bell (shared memory), and a thread of
+    /// this process, one for every ring of the engine, writes the eventfd
+    /// (the worker never writes a descriptor another process controls).
+    ///
     /// # Errors
     /// `OutOfMemory` when the kernel refuses an eventfd (the process's
-    /// descriptor limit); `InvalidArgument` on a ring of an engine attached
-    /// to a daemon (not served: its worker would write a descriptor this
-    /// process controls).
+    /// descriptor limit), or, attached, a thread to write it.
     pub fn completion_fd(&mut self) -> Result<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
-        if matches!(self.server, Server::Daemon(_)) {
-            // The daemon's worker would write it: a descriptor another
-            // process shares can be made to block that write (a full
-            // counter, the file made blocking), and the worker never waits.
-            return Err(Error::invalid(
-                "completion_fd is not served for a ring of an engine attached to tentd (its worker would write a descriptor this process controls); wait with wait_ready",
-            ));
-        }
         if self.bell.efd.get().is_none() {
             let fd = rustix::event::eventfd(
                 0,
@@ -350,6 +345,11 @@ impl Ring {
                 Error::new(ErrorKind::OutOfMemory, "ring completion eventfd")
                     .with_source(std::io::Error::from(e))
             })?;
+            if let Server::Daemon(d) = &self.server {
+                // Watched before the fd is the ring's: until then no
+                // waiter relies on it.
+                d.watch_completions(&self.bell)?;
+            }
             // Only this thread sets it (the ring is not `Sync`).
             let _ = self.bell.efd.set(fd);
             self.bell.armed.store(true, Ordering::Relaxed);
