@@ -1815,6 +1815,12 @@ fn cross_check(cfg: &Config, file: &str) -> Result<(), ConfigError> {
             "\"local\" names every engine's own segment; choose another name".to_owned(),
         ));
     }
+    if cfg.metadata_segment_name.contains('#') {
+        return Err(invalid(
+            "metadata_segment_name",
+            "'#' ends a segment name before a daemon client's mailbox (owner#mailbox); choose a name without it".to_owned(),
+        ));
+    }
     if cfg.metadata_type == MetadataType::P2p && !cfg.metadata_segment_name.is_empty() {
         return Err(invalid(
             "metadata_segment_name",
@@ -3179,6 +3185,12 @@ mod tests {
         );
         assert_eq!(
             invalid_key(r#"{"metadata_segment_name": "mine"}"#),
+            "metadata_segment_name"
+        );
+        assert_eq!(
+            invalid_key(
+                r#"{"metadata_type": "etcd", "metadata_servers": "h:1", "metadata_segment_name": "job#00000000000000a1"}"#
+            ),
             "metadata_segment_name"
         );
         for text in [

@@ -1132,6 +1132,25 @@ fn notifications_reach_the_client_they_name_across_two_daemons() {
         (tent::TaskState::Failed, Some(ErrorKind::SegmentNotFound)),
         "{s:?}"
     );
+    a.free_batch(batch).unwrap();
+    // Closing one name of an owner leaves the state its other names share:
+    // data still moves through B's name.
+    a.close_segment(to_other).unwrap();
+    a.close_segment(bare).unwrap();
+    let batch = a.allocate_batch(4).unwrap();
+    src.write(0, &pattern(12, 4096)).unwrap();
+    let w = op::Write::new(
+        LocalAddr::new(src.id(), 0),
+        RemoteAddr::new(to_b, dst.peer_addr()),
+        4096,
+    )
+    .build();
+    a.submit(batch, &[w]).unwrap();
+    let s = a.wait_batch(batch, t).unwrap();
+    assert_eq!(s.state, tent::TaskState::Completed, "{s:?}");
+    let mut got = vec![0u8; 4096];
+    dst.read(0, &mut got).unwrap();
+    assert!(got == pattern(12, 4096));
 }
 
 /// A child process killed and reaped when dropped (a failed assertion

@@ -14,10 +14,10 @@
 
 /**
  * The version of this C interface. A change that breaks an existing
- * function's signature or meaning bumps it; a new function or error code
- * does not.
+ * function's signature or meaning, or a struct's layout, bumps it; a new
+ * function or error code does not. (3: `tent_buffer_t.peer_addr`.)
  */
-#define TENT_ABI_VERSION 2
+#define TENT_ABI_VERSION 3
 
 /**
  * Success.
@@ -544,8 +544,11 @@ int tent_engine_create_from_file(const char *path,
  * `TENT_ERR_INVALID_ARGUMENT` on a layout version mismatch (the message
  * names both). An attached engine refuses `tent_register_memory`
  * (allocate through the engine instead: the daemon cannot reach this
- * process's heap) and, for now, cancel and notifications, each
- * `TENT_ERR_INVALID_ARGUMENT` naming the call; once
+ * process's heap) and, for now, cancel, each
+ * `TENT_ERR_INVALID_ARGUMENT` naming the call. Tell peers a buffer's
+ * `peer_addr` (where the daemon maps it) and `tent_segment_name` (the
+ * daemon's segment with this engine's mailbox: its notifications come
+ * here); once
  * the daemon has gone, calls fail `TENT_ERR_SHUTDOWN` and
  * `tent_ring_wait` returns it instead of waiting.
  *

@@ -113,8 +113,11 @@ pub unsafe extern "C" fn tent_engine_create_from_file(
 /// `TENT_ERR_INVALID_ARGUMENT` on a layout version mismatch (the message
 /// names both). An attached engine refuses `tent_register_memory`
 /// (allocate through the engine instead: the daemon cannot reach this
-/// process's heap) and, for now, cancel and notifications, each
-/// `TENT_ERR_INVALID_ARGUMENT` naming the call; once
+/// process's heap) and, for now, cancel, each
+/// `TENT_ERR_INVALID_ARGUMENT` naming the call. Tell peers a buffer's
+/// `peer_addr` (where the daemon maps it) and `tent_segment_name` (the
+/// daemon's segment with this engine's mailbox: its notifications come
+/// here); once
 /// the daemon has gone, calls fail `TENT_ERR_SHUTDOWN` and
 /// `tent_ring_wait` returns it instead of waiting.
 ///

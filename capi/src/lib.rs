@@ -53,9 +53,9 @@ mod blocks;
 mod boundary;
 
 /// The version of this C interface. A change that breaks an existing
-/// function's signature or meaning bumps it; a new function or error code
-/// does not.
-pub const TENT_ABI_VERSION: u32 = 2;
+/// function's signature or meaning, or a struct's layout, bumps it; a new
+/// function or error code does not. (3: `tent_buffer_t.peer_addr`.)
+pub const TENT_ABI_VERSION: u32 = 3;
 
 /// The version of the C interface this library implements: a program
 /// compiled against `tent.h` checks at start that it equals the header's

@@ -82,8 +82,11 @@ impl TransferEngine {
     /// only the keys that apply to a client). Memory from
     /// `allocate_local_memory` and rings then live in memory shared with
     /// the daemon, whose workers serve them; `register_local_memory` is
-    /// refused (allocate through the engine), and so, for now, are
-    /// cancel and notifications (`InvalidArgumentError` naming the call). `UnreachableError` when no daemon answers.
+    /// refused (allocate through the engine), and so, for now, is cancel
+    /// (`InvalidArgumentError` naming the call); tell peers
+    /// `peer_address(addr)` and `get_segment_name()` (the daemon's
+    /// segment with this engine's mailbox). `UnreachableError` when no
+    /// daemon answers.
     #[new]
     #[pyo3(signature = (config_path=None, attach=None))]
     fn new(

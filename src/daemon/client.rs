@@ -872,6 +872,7 @@ impl Attached {
                  the notification goes to its owner",
             ));
         }
+        Post::check(first, n)?;
         // Running before the submission, so a failure to start it queues
         // nothing.
         self.post.courier_for(&self.batches)?;

@@ -77,8 +77,9 @@ impl Post {
         }
     }
 
-    /// Queue `n` for `segment`'s owner: its ticket.
-    fn queue(&self, segment: SegmentId, n: &Notification) -> Result<u64> {
+    /// Can `segment`'s owner take `n` from this engine, as far as this
+    /// side can tell?
+    pub(crate) fn check(segment: SegmentId, n: &Notification) -> Result<()> {
         n.check()?;
         if segment == SegmentId::LOCAL {
             return Err(Error::invalid(
@@ -86,6 +87,12 @@ impl Post {
                  notifications: open the receiver by its segment name",
             ));
         }
+        Ok(())
+    }
+
+    /// Queue `n` for `segment`'s owner: its ticket.
+    fn queue(&self, segment: SegmentId, n: &Notification) -> Result<u64> {
+        Self::check(segment, n)?;
         let req = Request::Notify {
             segment: segment.0,
             name: n.name.clone(),
@@ -199,6 +206,8 @@ impl Post {
         if let Some(c) = c {
             c.control.stop.store(true, Ordering::Release);
             c.control.kick();
+            // It may sleep on the settle word.
+            self.settled.ring();
             let _ = c.thread.join();
         }
     }
@@ -207,25 +216,42 @@ impl Post {
     /// one's fate, settle its batch; sleep while nothing moves.
     fn run_courier(&self, batches: &ClientBatches, control: &Control) {
         let mut nap = Duration::from_micros(10);
+        // The settle word when the tickets were last asked about: they are
+        // asked again only once it moved (or a ticket is new).
+        let mut asked_at: Option<u32> = None;
         while !control.stop.load(Ordering::Acquire) {
             if self.link.gone() {
                 batches.end_notes();
             }
             let seen = self.settled.word().load(Ordering::Acquire);
             let due = batches.notes_due();
+            let mut full = false;
             for (key, segment, note) in &due.send {
-                let to = match self.queue(*segment, note) {
-                    Ok(ticket) => Ok(ticket),
-                    Err(e) => Err(Err(e.kind())),
-                };
-                batches.note_moved(*key, to);
-            }
-            for &(key, ticket) in &due.ask {
-                match self.outcome(ticket) {
-                    Ok(None) => {}
-                    Ok(Some(r)) => batches.note_moved(key, Err(r.map_err(|e| e.kind()))),
-                    Err(e) => batches.note_moved(key, Err(Err(e.kind()))),
+                match self.queue(*segment, note) {
+                    Ok(ticket) => {
+                        batches.note_moved(*key, Ok(ticket));
+                        asked_at = None;
+                    }
+                    // The daemon holds this client's most: the note waits
+                    // (queued, as an embedded engine's would be) until
+                    // one settles.
+                    Err(e) if e.kind() == ErrorKind::SqFull && !self.link.gone() => full = true,
+                    Err(e) => batches.note_moved(*key, Err(Err(e.kind()))),
                 }
+            }
+            if asked_at != Some(seen) {
+                for &(key, ticket) in &due.ask {
+                    match self.outcome(ticket) {
+                        Ok(None) => {}
+                        Ok(Some(r)) => batches.note_moved(key, Err(r.map_err(|e| e.kind()))),
+                        Err(e) => batches.note_moved(key, Err(Err(e.kind()))),
+                    }
+                }
+                asked_at = Some(seen);
+            }
+            if full {
+                self.settled.wait(seen, LOOK);
+                continue;
             }
             if due.waiting {
                 // Data in flight: look again soon (the batch ring is

@@ -917,9 +917,10 @@ fn retire(inner: &Inner, r: HeldRing) {
 /// them. An unregister that times out leaves its region revoked and held
 /// (logged): nothing reaches it again.
 fn release(inner: &Inner, st: ClientState) {
-    // Notifications for it are refused from now on; what it sent goes on
-    // (a message is not taken back), its fate untold.
+    // Notifications for it are refused from now on; what it sent and is
+    // not on the wire now is dropped (nobody is left to hear its fate).
     inner.core().mailboxes().remove(st.mail.mailbox);
+    inner.core().drop_notifications_from(st.mail.mailbox);
     for r in st.rings {
         retire(inner, r);
     }

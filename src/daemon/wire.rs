@@ -19,9 +19,9 @@ pub const LAYOUT_VERSION: u32 = 4;
 pub(crate) const MAX_BODY: u32 = 8192;
 /// The longest segment name a client may ask for.
 pub(crate) const MAX_NAME: usize = 512;
-/// The longest sender name a `Note` carries (a control-plane segment name
-/// with a mailbox).
-pub(crate) const MAX_NOTE_FROM: usize = 1024;
+/// The longest sender name a `Note` carries: what the control plane
+/// takes (`NotifyFrame::from`).
+pub(crate) const MAX_NOTE_FROM: usize = crate::control::wire::MAX_NAME;
 /// The longest message a refusal carries.
 pub(crate) const MAX_MESSAGE: usize = 1024;
 /// The most regions one `Regions` reply lists (24 bytes each: its body

@@ -515,7 +515,9 @@ impl Engine {
     /// attached engine's is its daemon's, `#`, and its mailbox in 16 hex
     /// digits: the daemon's memory, where this engine's is, and this
     /// engine as the receiver of notifications. Any engine opens such a
-    /// name; several names of one owner share its connections.
+    /// name (but another client of the same daemon, which is refused the
+    /// daemon's own segment); several names of one owner share its
+    /// connections.
     pub fn segment_name(&self) -> String {
         match &self.inner {
             Inner::Embedded(e) => e.segment_name(),

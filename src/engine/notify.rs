@@ -131,6 +131,12 @@ impl Embedded {
         Ok(())
     }
 
+    /// Daemon client `mailbox` is gone: what it queued and is not on the
+    /// wire now is dropped (`Canceled`).
+    pub(crate) fn drop_notifications_from(&self, mailbox: u64) {
+        self.mail.outbox.drop_sender(mailbox);
+    }
+
     /// Where notifications for this engine's daemon clients are filed.
     pub(crate) fn mailboxes(&self) -> &Arc<Mailboxes> {
         &self.mail.mailboxes

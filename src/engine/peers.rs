@@ -107,7 +107,12 @@ impl Peers {
         if let Some(s) = table.find_name(name) {
             return Some(s.id());
         }
-        let of = table.find_owner(owner)?;
+        // Only a serving one: a gone or suspect segment's state is on its
+        // way out (the metadata thread replaces it), so a name opened now
+        // gets state of its own.
+        let of = table
+            .find_owner(owner)
+            .filter(|s| s.peer_state() == PeerState::Serving)?;
         let id = table.next_id();
         let seg = Arc::new(of.alias(id, name.to_owned(), mailbox));
         self.shared.segments.store(Arc::new(table.with(seg)));
@@ -238,8 +243,12 @@ impl Peers {
         }
         // Asked without the lock, as `open` does, and within a bound: the
         // metadata thread that calls this has other peers to watch.
-        let built = self.build_within(old.name(), REPLACE_TIMEOUT, |_| {})?;
-        let new = Arc::new(built.into_segment(old.id(), old.name()));
+        let built = self.build_within(old.owner(), REPLACE_TIMEOUT, |_| {})?;
+        let new = Arc::new(
+            built
+                .into_segment(old.id(), old.name())
+                .with_mailbox(old.mailbox()),
+        );
         let restarted = !Owner::of(old).same(&Owner::of(&new));
         let came_back = old.peer_state() == PeerState::Gone;
         if !restarted && !came_back && why != Replace::Refresh {
@@ -335,7 +344,10 @@ impl Peers {
         }
         for s in replaced {
             if done(&s) {
-                if let Some(peer) = shm::peer_of(&s) {
+                // Another name of the same owner may still use its state.
+                if !self.shared.segments.load().shares_state(&s)
+                    && let Some(peer) = shm::peer_of(&s)
+                {
                     let _ = peer.stop();
                 }
                 self.replaced.release(|r| std::ptr::eq(r, &*s));

@@ -92,8 +92,9 @@ pub(crate) enum Dest {
     /// A peer's control server (`ip:port`): the engine there (`to` 0) or
     /// the client of that daemon with mailbox `to`; sent as this engine
     /// (`from` 0) or as its client with mailbox `from` (a daemon sending
-    /// for a client). Each pair of mailboxes has a lane of its own, so one
-    /// client's messages never wait behind another's.
+    /// for a client). A lane is a sender's to one peer (`to` is the
+    /// message's): one client's messages never wait behind another's, and
+    /// a silent peer holds one pool thread per sender at most.
     Peer { addr: String, from: u64, to: u64 },
     /// This engine's own inbox (a submission to `SegmentId::LOCAL`).
     Local,
@@ -107,6 +108,8 @@ pub(crate) type After = Box<dyn Fn() -> Option<std::result::Result<(), (usize, E
 
 struct Job {
     seq: u64,
+    /// The receiving client's mailbox at the lane's peer (0: the engine).
+    to: u64,
     note: Notification,
     /// Its submission, until every task of it has ended.
     after: Option<After>,
@@ -274,6 +277,11 @@ impl Outbox {
             return Err(Error::new(ErrorKind::Shutdown, "the engine is stopping"));
         }
         self.start_senders(&mut s)?;
+        // The lane is the sender's to that peer, whatever the receiver.
+        let (dest, to) = match dest {
+            Dest::Peer { addr, from, to } => (Dest::Peer { addr, from, to: 0 }, to),
+            Dest::Local => (Dest::Local, 0),
+        };
         let id = match s.by_dest.get(&dest) {
             Some(&id) => id,
             None => {
@@ -304,6 +312,7 @@ impl Outbox {
         lane.last_seq += 1;
         lane.jobs.push_back(Job {
             seq: lane.last_seq,
+            to,
             note,
             after,
             deadline,
@@ -347,6 +356,27 @@ impl Outbox {
             }
         }
         Ok(())
+    }
+
+    /// The sender with mailbox `from` (a daemon's client) is gone: what it
+    /// queued fails `Canceled`, but for a message being sent now, which
+    /// ends as it would have (so a gone client leaves the daemon holding
+    /// one message per peer at most, not its whole queue).
+    pub(crate) fn drop_sender(&self, from: u64) {
+        let dropped: Vec<Job> = {
+            let mut s = self.ctx.sched.lock();
+            s.lanes
+                .values_mut()
+                .filter(|l| matches!(&l.dest, Dest::Peer { from: f, .. } if *f == from))
+                .flat_map(|l| l.jobs.drain(..).collect::<Vec<_>>())
+                .collect()
+        };
+        for job in dropped {
+            job.delivery.settle(&Err(Error::new(
+                ErrorKind::Canceled,
+                "its sender, a daemon's client, detached before it was delivered",
+            )));
+        }
     }
 
     /// Stop every lane: an exchange in progress is cut (its socket shut
@@ -610,11 +640,11 @@ impl Step {
                 Some(o) => o,
                 None => match &self.dest {
                     Dest::Local => file_local(ctx, job),
-                    Dest::Peer { addr, from, to } => {
+                    Dest::Peer { addr, from, .. } => {
                         let via = Via {
                             peer: addr,
                             from: *from,
-                            to: *to,
+                            to: job.to,
                             stream: self.stream,
                         };
                         send(ctx, &via, &mut self.conn, &self.open, job)
@@ -1039,6 +1069,59 @@ mod tests {
         out.stop();
         assert_eq!(never.state(), Some(Err(ErrorKind::Shutdown)));
         assert!(rx.take_all().is_empty());
+    }
+
+    /// A daemon client's messages share one lane to a peer whatever the
+    /// mailbox they go to there (a silent peer holds one thread for it),
+    /// and when the client goes, what it queued fails `Canceled` while the
+    /// one on the wire ends as it would have.
+    #[test]
+    fn a_gone_sender_s_queue_is_dropped_and_its_mailboxes_share_a_lane() {
+        let out = outbox("tnfy-gone", Arc::new(Inbox::default()), LANE_IDLE);
+        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap().to_string();
+        let late = crate::deadline::after(Duration::from_secs(60));
+        let queued: Vec<_> = (1..=4u64)
+            .map(|to| {
+                let dest = Dest::Peer {
+                    addr: addr.clone(),
+                    from: 7,
+                    to,
+                };
+                send(&out, dest, &[to as u8], None, late)
+            })
+            .collect();
+        assert_eq!(
+            out.lanes(),
+            1,
+            "one lane for the sender, whatever the mailbox"
+        );
+        let other = send(
+            &out,
+            Dest::Peer {
+                addr: addr.clone(),
+                from: 8,
+                to: 1,
+            },
+            b"x",
+            None,
+            late,
+        );
+        assert_eq!(out.lanes(), 2, "another sender, another lane");
+        // Let the head go on the wire (it hangs in the handshake).
+        std::thread::sleep(Duration::from_millis(100));
+        out.drop_sender(7);
+        let states: Vec<_> = queued.iter().map(|d| d.state()).collect();
+        assert_eq!(states[0], None, "the one on the wire goes on");
+        assert!(
+            states[1..]
+                .iter()
+                .all(|s| *s == Some(Err(ErrorKind::Canceled))),
+            "{states:?}"
+        );
+        assert_eq!(other.state(), None, "another sender's are untouched");
+        out.stop();
+        assert_eq!(queued[0].state(), Some(Err(ErrorKind::Shutdown)));
     }
 
     #[test]

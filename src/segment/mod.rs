@@ -153,6 +153,13 @@ impl Segment {
         self
     }
 
+    /// Its owner's name: the name it was opened by, less a mailbox
+    /// (`owner#mailbox`): what the directory locates and the store
+    /// watches.
+    pub(crate) fn owner(&self) -> &str {
+        crate::notify::split_mailbox(&self.name).0
+    }
+
     /// The client mailbox its notifications go to (`None`: the engine).
     pub(crate) fn mailbox(&self) -> Option<u64> {
         self.mailbox

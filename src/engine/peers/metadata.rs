@@ -353,7 +353,7 @@ impl Watcher {
                 self.watch = Some(watch);
                 self.resync_gap = TICK;
                 for seg in self.store_segments() {
-                    match records.iter().find(|(n, _)| n == seg.name()) {
+                    match records.iter().find(|(n, _)| n == seg.owner()) {
                         None => self.on_record(&seg, None),
                         Some((_, Some(r))) => self.on_record(&seg, Some(r.clone())),
                         // Unreadable (logged): neither gone nor changed.
@@ -380,7 +380,7 @@ impl Watcher {
             Ok(Some(event)) => {
                 if let Some(Change { name, record }) = dir.change(&event) {
                     for seg in self.store_segments() {
-                        if seg.name() == name {
+                        if seg.owner() == name {
                             self.on_record(&seg, record.clone());
                         }
                     }
@@ -494,7 +494,7 @@ impl Watcher {
         {
             return self.still_serving(seg, &head);
         }
-        let (addr, expected) = match peers.directory().locate(seg.name()) {
+        let (addr, expected) = match peers.directory().locate(seg.owner()) {
             Ok(Located::Control { addr, expected }) => (addr, expected),
             // An shm segment by name reports its owner's end itself; a
             // store that is lost, or a record refused: later.
