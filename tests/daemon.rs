@@ -1163,3 +1163,76 @@ impl Drop for Killed {
         let _ = self.0.wait();
     }
 }
+
+/// The daemon's `/metrics` by client: each client's ops (completed,
+/// failed), bytes, queue waits by priority and what it holds, labelled by
+/// its client id, uid and pid; a client that detached has no series left.
+#[test]
+fn the_daemon_s_metrics_break_down_by_client() {
+    let d = daemon("metrics");
+    let target = Engine::new(test_config()).unwrap();
+    let dst = target.allocate_memory(1 << 16).unwrap();
+    let a = Engine::attach(d.socket_path()).unwrap();
+    let b = Engine::attach(d.socket_path()).unwrap();
+    let src = a.allocate_memory(1 << 16).unwrap();
+    let _b_mem = b.allocate_memory(4096).unwrap();
+    let seg = a.open_segment(&target.segment_name()).unwrap();
+    let mut ring = a.ring_with_depth(16).unwrap();
+    for i in 0..5u64 {
+        let w = op::Write::new(
+            LocalAddr::new(src.id(), 0),
+            RemoteAddr::new(seg, dst.addr()),
+            4096,
+        )
+        .user_data(i)
+        .priority(tent::Priority::High)
+        .build();
+        ring.submission().push(w).unwrap();
+        ring.submit().unwrap();
+        assert_eq!(one(&mut ring).result(), Ok(4096));
+    }
+    // Past the region's end: refused, counted failed.
+    let bad = op::Write::new(
+        LocalAddr::new(src.id(), 1 << 16),
+        RemoteAddr::new(seg, dst.addr()),
+        4096,
+    )
+    .build();
+    ring.submission().push(bad).unwrap();
+    ring.submit().unwrap();
+    assert!(one(&mut ring).result().is_err());
+    let text = d.engine().metrics_text();
+    let series = |family: &str, extra: &str| -> Vec<u64> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")) && l.contains(extra))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect()
+    };
+    let me = format!("pid=\"{}\"", std::process::id());
+    assert_eq!(
+        series("tent_client_ops_total", "result=\"completed\""),
+        vec![5, 0],
+        "{text}"
+    );
+    assert_eq!(
+        series("tent_client_ops_total", "result=\"failed\""),
+        vec![1, 0]
+    );
+    assert_eq!(series("tent_client_bytes_total", &me), vec![5 * 4096, 0]);
+    assert_eq!(
+        series("tent_client_queue_waits_total", "priority=\"high\""),
+        vec![5, 0]
+    );
+    assert_eq!(series("tent_client_held", "what=\"regions\""), vec![1, 1]);
+    assert_eq!(series("tent_client_held", "what=\"rings\""), vec![1, 0]);
+    assert_eq!(series("tent_client_held", "what=\"segments\""), vec![1, 0]);
+    assert_eq!(series("tent_client_in_flight", &me), vec![0, 0]);
+    drop(ring);
+    drop(a);
+    let text = d.engine().metrics_text();
+    let left = text
+        .lines()
+        .filter(|l| l.starts_with("tent_client_held{") && l.contains("what=\"regions\""))
+        .count();
+    assert_eq!(left, 1, "the detached client's series are gone: {text}");
+}

@@ -24,7 +24,7 @@ use super::wire::{self, LAYOUT_VERSION, Part, Reply, Request};
 use crate::doorbell::SharedWord;
 use crate::engine::attached::ClientRing;
 use crate::engine::attached::{MAIL_ARRIVED, MAIL_SETTLED};
-use crate::engine::client_scope::{ClientScope, MAX_CLIENT_SEGMENTS};
+use crate::engine::client_scope::{ClientId, ClientScope, MAX_CLIENT_SEGMENTS};
 use crate::engine::{Embedded, Engine};
 use crate::error::{Error, ErrorKind, Result};
 use crate::memfd::{euid, peer_uid, recv_frame};
@@ -354,6 +354,17 @@ struct ClientState {
     mail: ClientPost,
 }
 
+impl ClientState {
+    /// Say what it holds now, for the reports by client.
+    fn report_held(&self) {
+        let h = self.scope.held();
+        h.regions
+            .store(self.regions.len() as u64, Ordering::Relaxed);
+        h.bytes.store(self.bytes, Ordering::Relaxed);
+        h.rings.store(self.rings.len() as u64, Ordering::Relaxed);
+    }
+}
+
 /// A client's notifications: its inbox (filed by the engine's control
 /// server through `Mailboxes`), the page whose words tell it of arrivals
 /// and settlements, and what it sent and has not asked the fate of.
@@ -487,8 +498,11 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
             .client_group
             .is_some_and(|g| crate::memfd::peer_groups(s).is_ok_and(|gs| gs.contains(&g)))
     };
-    match peer_uid(&s) {
-        Ok((uid, _)) if uid == euid() || in_group(&s) => {}
+    let who = match peer_uid(&s) {
+        Ok((uid, pid)) if uid == euid() || in_group(&s) => ClientId {
+            uid,
+            pid: u32::try_from(pid).unwrap_or(0),
+        },
         Ok((uid, pid)) => {
             let group = match inner.limits.client_group {
                 Some(g) => format!(" and group {g}"),
@@ -510,7 +524,7 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
             tracing::warn!(error = %e, "tentd: SO_PEERCRED failed");
             return;
         }
-    }
+    };
     let version = match read_request(&s, Instant::now() + IO_TIMEOUT) {
         Ok(Some(Request::Hello { version })) => version,
         Ok(Some(_)) => {
@@ -551,9 +565,10 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
         .mailboxes()
         .add(mail.mailbox, mail.inbox.clone());
     let mut st = ClientState {
-        scope: Arc::new(ClientScope::new(
+        scope: Arc::new(ClientScope::of(
             id,
             u32::try_from(inner.limits.in_flight_per_client).unwrap_or(u32::MAX),
+            who,
         )),
         regions: Vec::new(),
         bytes: 0,
@@ -562,6 +577,7 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
         segments: Vec::new(),
         mail,
     };
+    inner.core().clients().add(&st.scope);
     let welcome = Reply::Welcome {
         version: LAYOUT_VERSION,
         client: id,
@@ -584,7 +600,9 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
                     break;
                 }
             };
-            if handle(inner, &s, &mut st, req).is_err() {
+            let served = handle(inner, &s, &mut st, req);
+            st.report_held();
+            if served.is_err() {
                 break;
             }
         }

@@ -2,11 +2,15 @@
 //! id, `MemRegion::client`) and the segments it opened through the daemon.
 //! The worker checks both for every SQE of an attached ring
 //! (`Views::accept`), so a client naming another's region or segment gets
-//! a typed error and touches nothing of theirs.
+//! a typed error and touches nothing of theirs. The scope also carries what
+//! the workers count for the client and what it holds at the daemon: the
+//! daemon's `/metrics` and `/health` by client.
 
+use std::sync::Weak;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use tent_rings::SegmentId;
+use parking_lot::Mutex;
+use tent_rings::{Priority, SegmentId};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -25,18 +29,167 @@ pub(crate) struct ClientScope {
     /// one client cannot fill a worker's task table for every other.
     in_flight: AtomicU32,
     max_in_flight: u32,
+    /// Who it is, for the reports.
+    who: ClientId,
+    /// What the workers counted for it (each a relaxed add).
+    counts: ClientCounts,
+    /// What it holds at the daemon (the daemon's thread for it stores).
+    held: ClientHeld,
+}
+
+/// Who a client is, as the reports label it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ClientId {
+    pub(crate) uid: u32,
+    pub(crate) pid: u32,
+}
+
+/// What the workers counted for one client.
+#[derive(Debug, Default)]
+struct ClientCounts {
+    completed: AtomicU64,
+    failed: AtomicU64,
+    bytes: AtomicU64,
+    /// Per priority: ops whose first slice went out, and the ns they
+    /// waited from intake to then.
+    waits: [AtomicU64; 3],
+    wait_ns: [AtomicU64; 3],
+}
+
+/// What one client holds at the daemon.
+#[derive(Debug, Default)]
+pub(crate) struct ClientHeld {
+    pub(crate) regions: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+    pub(crate) rings: AtomicU64,
+}
+
+/// One client's figures, read at one scrape.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ClientSnapshot {
+    pub(crate) id: u32,
+    pub(crate) uid: u32,
+    pub(crate) pid: u32,
+    pub(crate) completed: u64,
+    pub(crate) failed: u64,
+    pub(crate) bytes: u64,
+    pub(crate) waits: [u64; 3],
+    pub(crate) wait_ns: [u64; 3],
+    pub(crate) in_flight: u64,
+    pub(crate) max_in_flight: u64,
+    pub(crate) regions: u64,
+    pub(crate) held_bytes: u64,
+    pub(crate) rings: u64,
+    pub(crate) segments: u64,
+}
+
+/// The clients a daemon's engine serves now, for its reports: at most
+/// `DaemonLimits::clients` of them (a departed one's entry goes with it),
+/// so their label sets are bounded.
+#[derive(Debug, Default)]
+pub(crate) struct ClientRegistry {
+    clients: Mutex<Vec<Weak<ClientScope>>>,
+}
+
+impl ClientRegistry {
+    /// Report `scope` from now on, while it lives.
+    pub(crate) fn add(&self, scope: &std::sync::Arc<ClientScope>) {
+        let mut c = self.clients.lock();
+        c.retain(|w| w.strong_count() > 0);
+        c.push(std::sync::Arc::downgrade(scope));
+    }
+
+    /// Every live client's figures, by id.
+    pub(crate) fn snapshot(&self) -> Vec<ClientSnapshot> {
+        let mut out: Vec<ClientSnapshot> = self
+            .clients
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|s| s.snapshot())
+            .collect();
+        out.sort_by_key(|s| s.id);
+        out
+    }
 }
 
 impl ClientScope {
     /// The scope of client `id` (non-zero), with no segment, at most
     /// `max_in_flight` (at least 1) of its ops in flight.
+    #[cfg(test)]
     pub(crate) fn new(id: u32, max_in_flight: u32) -> ClientScope {
+        ClientScope::of(id, max_in_flight, ClientId::default())
+    }
+
+    /// The scope of client `id` (non-zero) of process `who`, with no
+    /// segment, at most `max_in_flight` (at least 1) of its ops in flight.
+    pub(crate) fn of(id: u32, max_in_flight: u32, who: ClientId) -> ClientScope {
         assert_ne!(id, 0, "client 0 is the daemon's own process");
         ClientScope {
             id,
             segments: std::array::from_fn(|_| AtomicU64::new(0)),
             in_flight: AtomicU32::new(0),
             max_in_flight: max_in_flight.max(1),
+            who,
+            counts: ClientCounts::default(),
+            held: ClientHeld::default(),
+        }
+    }
+
+    /// One of its ops ended with `res` (a worker posting its CQE); its
+    /// share of ops in flight is given back.
+    #[inline]
+    pub(crate) fn completed_with(&self, res: std::result::Result<u64, ErrorKind>) {
+        self.completed();
+        let c = &self.counts;
+        match res {
+            Ok(n) => {
+                c.completed.fetch_add(1, Ordering::Relaxed);
+                c.bytes.fetch_add(n, Ordering::Relaxed);
+            }
+            Err(_) => {
+                c.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// One of its ops of priority `p` had its first slice posted after
+    /// waiting `ns` since intake.
+    #[inline]
+    pub(crate) fn waited(&self, p: Priority, ns: u64) {
+        let i = p.index();
+        self.counts.waits[i].fetch_add(1, Ordering::Relaxed);
+        self.counts.wait_ns[i].fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// What it holds at the daemon, for the daemon to store.
+    pub(crate) fn held(&self) -> &ClientHeld {
+        &self.held
+    }
+
+    /// Its figures now.
+    pub(crate) fn snapshot(&self) -> ClientSnapshot {
+        let c = &self.counts;
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ClientSnapshot {
+            id: self.id,
+            uid: self.who.uid,
+            pid: self.who.pid,
+            completed: r(&c.completed),
+            failed: r(&c.failed),
+            bytes: r(&c.bytes),
+            waits: std::array::from_fn(|i| r(&c.waits[i])),
+            wait_ns: std::array::from_fn(|i| r(&c.wait_ns[i])),
+            in_flight: u64::from(self.in_flight.load(Ordering::Relaxed)),
+            max_in_flight: u64::from(self.max_in_flight),
+            regions: r(&self.held.regions),
+            held_bytes: r(&self.held.bytes),
+            rings: r(&self.held.rings),
+            segments: self
+                .segments
+                .iter()
+                .filter(|s| s.load(Ordering::Relaxed) != 0)
+                .count() as u64,
         }
     }
 

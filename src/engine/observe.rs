@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use tent_rings::TransportKind;
 
 use super::EngineShared;
+use super::client_scope::{ClientRegistry, ClientSnapshot};
 use super::segments::NETWORK;
 use super::topology_report::{self, TopologyReport};
 use super::worker::WorkerShared;
@@ -39,6 +40,8 @@ pub(crate) struct Observer {
     nic_facts: parking_lot::Mutex<Option<(std::time::Instant, Vec<topology_report::NicFacts>)>>,
     /// The HTTP server's counters, when it runs (its thread writes them).
     http: Option<Arc<HttpCounters>>,
+    /// A daemon's clients, reported by client.
+    clients: ClientRegistry,
 }
 
 /// How long the NICs' facts in a topology report are reused.
@@ -83,6 +86,7 @@ impl Observer {
             http_url,
             nic_facts: parking_lot::Mutex::new(None),
             http,
+            clients: ClientRegistry::default(),
         }
     }
 
@@ -166,6 +170,7 @@ impl Observer {
             ops: self.op_stats(),
             qos: self.qos_stats(),
             http: self.http.as_ref().map(|c| c.snapshot()),
+            clients: self.clients.snapshot(),
         };
         let cap = self.shared.config.metrics.max_labelled_peers;
         scrape.encode(usize::try_from(cap).unwrap_or(usize::MAX))
@@ -249,7 +254,13 @@ impl Observer {
                 "metrics_url": self.http_url(),
             },
             "peers": peers,
+            "clients": self.clients.snapshot().iter().map(client_json).collect::<Vec<_>>(),
         })
+    }
+
+    /// The daemon clients reported by client (`/metrics`, `/health`).
+    pub(crate) fn clients(&self) -> &ClientRegistry {
+        &self.clients
     }
 
     /// `/topology`'s document: the [`TopologyReport`] as JSON.
@@ -331,5 +342,25 @@ fn rail_json(r: &RailStat) -> Value {
         "bytes": r.bytes,
         "failures": r.failures,
         "inflight_slices": r.inflight,
+    })
+}
+
+/// One daemon client in `/health`: who, what its ops did, what it holds.
+fn client_json(c: &ClientSnapshot) -> Value {
+    let wait_us = |i: usize| c.wait_ns[i].checked_div(c.waits[i]).unwrap_or(0) / 1_000;
+    json!({
+        "client": c.id,
+        "uid": c.uid,
+        "pid": c.pid,
+        "ops": { "completed": c.completed, "failed": c.failed, "bytes": c.bytes },
+        "mean_queue_wait_us": { "high": wait_us(0), "medium": wait_us(1), "low": wait_us(2) },
+        "held": {
+            "regions": c.regions,
+            "bytes": c.held_bytes,
+            "rings": c.rings,
+            "segments": c.segments,
+            "in_flight": c.in_flight,
+            "in_flight_limit": c.max_in_flight,
+        },
     })
 }

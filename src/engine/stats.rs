@@ -14,6 +14,12 @@ use crate::transport::shm::ShmExport;
 use crate::transport::tcp::DataServer;
 
 impl Embedded {
+    /// The daemon clients its reports break down by (`/metrics`,
+    /// `/health`).
+    pub(crate) fn clients(&self) -> &super::client_scope::ClientRegistry {
+        self.observer.clients()
+    }
+
     pub(crate) fn config(&self) -> &Config {
         &self.shared.config
     }

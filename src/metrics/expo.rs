@@ -31,6 +31,7 @@ use super::ops::{OPCODES, OpSnapshot, Stage, TRANSPORTS};
 use crate::flow::diag::{SqReport, SqRow};
 use crate::http::HttpStats;
 use crate::qos::stats::{bucket_upper_us, name as priority_name};
+use crate::engine::client_scope::ClientSnapshot;
 use crate::qos::{LevelSnapshot, QosSnapshot};
 use crate::transport::rails::RailStat;
 
@@ -51,6 +52,9 @@ pub(crate) struct Scrape {
     pub(crate) qos: QosSnapshot,
     /// The HTTP server's counters, when it runs.
     pub(crate) http: Option<HttpStats>,
+    /// A daemon's clients (none for an engine that serves none): at most
+    /// `DaemonLimits::clients`, so their series are bounded.
+    pub(crate) clients: Vec<ClientSnapshot>,
 }
 
 impl Scrape {
@@ -130,6 +134,9 @@ impl Collector for Exposition {
         encode_qos(&mut enc, &s.qos)?;
         if let Some(h) = &s.http {
             encode_http(&mut enc, h)?;
+        }
+        if !s.clients.is_empty() {
+            encode_clients(&mut enc, &s.clients)?;
         }
         Ok(())
     }
@@ -720,6 +727,89 @@ fn encode_http(enc: &mut DescriptorEncoder, h: &HttpStats) -> fmt::Result {
             .into_iter()
             .zip(h.by_class)
             .map(|(class, n)| ([("class", Esc(class))], n)),
+    )
+}
+
+/// A daemon's figures by client: what its ops did, how long they waited
+/// per priority, what it holds against its quotas. Labelled by the
+/// daemon's client id and the process's uid and pid.
+fn encode_clients(enc: &mut DescriptorEncoder, clients: &[ClientSnapshot]) -> fmt::Result {
+    let ids: Vec<[String; 3]> = clients
+        .iter()
+        .map(|c| [c.id.to_string(), c.uid.to_string(), c.pid.to_string()])
+        .collect();
+    let who = |i: usize| {
+        let [c, u, p] = &ids[i];
+        [("client", Esc(c)), ("uid", Esc(u)), ("pid", Esc(p))]
+    };
+    let with = |i: usize, k: &'static str, v: &'static str| {
+        let [a, b, c] = who(i);
+        [a, b, c, (k, Esc(v))]
+    };
+    family(
+        enc,
+        "tent_client_ops_total",
+        "A daemon client's ops that ended, by result (completed, failed).",
+        Kind::Counter,
+        clients.iter().enumerate().flat_map(|(i, c)| {
+            [
+                (with(i, "result", "completed"), c.completed),
+                (with(i, "result", "failed"), c.failed),
+            ]
+        }),
+    )?;
+    family(
+        enc,
+        "tent_client_bytes_total",
+        "Bytes a daemon client's completed ops moved.",
+        Kind::Counter,
+        clients.iter().enumerate().map(|(i, c)| (who(i), c.bytes)),
+    )?;
+    let prio = [Priority::High, Priority::Medium, Priority::Low];
+    family(
+        enc,
+        "tent_client_queue_waits_total",
+        "A daemon client's ops whose first slice went out, by priority.",
+        Kind::Counter,
+        clients.iter().enumerate().flat_map(|(i, c)| {
+            prio.map(|p| (with(i, "priority", priority_name(p)), c.waits[p.index()]))
+        }),
+    )?;
+    family(
+        enc,
+        "tent_client_queue_wait_microseconds_total",
+        "Microseconds a daemon client's ops waited from intake to their first slice, by priority (over tent_client_queue_waits_total: the mean).",
+        Kind::Counter,
+        clients.iter().enumerate().flat_map(|(i, c)| {
+            prio.map(|p| {
+                (
+                    with(i, "priority", priority_name(p)),
+                    c.wait_ns[p.index()] / 1_000,
+                )
+            })
+        }),
+    )?;
+    family(
+        enc,
+        "tent_client_in_flight",
+        "A daemon client's ops the workers hold now (taken from its rings, not completed).",
+        Kind::Gauge,
+        clients.iter().enumerate().map(|(i, c)| (who(i), c.in_flight)),
+    )?;
+    family(
+        enc,
+        "tent_client_held",
+        "What a daemon client holds against its quota, by what (regions, bytes, rings, segments, in_flight_limit: its quota of ops in flight).",
+        Kind::Gauge,
+        clients.iter().enumerate().flat_map(|(i, c)| {
+            [
+                (with(i, "what", "regions"), c.regions),
+                (with(i, "what", "bytes"), c.held_bytes),
+                (with(i, "what", "rings"), c.rings),
+                (with(i, "what", "segments"), c.segments),
+                (with(i, "what", "in_flight_limit"), c.max_in_flight),
+            ]
+        }),
     )
 }
 

@@ -7,6 +7,7 @@ use tent_rings::{ErrorKind, Priority};
 use super::scheduler::Flow;
 use super::{Worker, housekeeping};
 use crate::engine::slot_index;
+use crate::engine::task::Origin;
 use crate::transport::{Capabilities, Slice, SubmitOutcome};
 
 /// Synchronous copies are followed by a clock read (23 ns) once this many
@@ -210,9 +211,13 @@ impl Worker {
                 // Its first slice is out: the queue wait QoS is judged by.
                 t.waited = true;
                 t.first_post_ns = handed;
-                self.shared
-                    .qos
-                    .waited(t.priority, handed.saturating_sub(t.accepted_ns));
+                let waited = handed.saturating_sub(t.accepted_ns);
+                self.shared.qos.waited(t.priority, waited);
+                if let Origin::Ring(ri) = t.origin
+                    && let Some(scope) = self.rings.scope(ri as usize)
+                {
+                    scope.waited(t.priority, waited);
+                }
             }
             match verdict {
                 Verdict::Done(res) => {

@@ -174,6 +174,11 @@ impl Worker {
         self.sched.charge(len, false);
         let p = v.priority;
         self.shared.qos.served_at_intake(p);
+        if let Origin::Ring(ri) = origin
+            && let Some(scope) = self.rings.scope(ri as usize)
+        {
+            scope.waited(p, 0);
+        }
         // The gate hears this work as it would a task's: its start and end.
         self.count_live(p, true);
         let done = res.unwrap_or(0);

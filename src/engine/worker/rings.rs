@@ -245,6 +245,9 @@ impl Rings {
         let Some(ring) = self.slots[ri as usize].as_mut() else {
             return;
         };
+        if let Some(scope) = &ring.scope {
+            scope.completed_with(cqe.result());
+        }
         if let Some(cq) = ring.cq.as_mut() {
             // Intake reserved this slot: the push fails only if a daemon
             // client moved its CQ head back (its ring, its loss).
@@ -262,9 +265,6 @@ impl Rings {
         }
         ring.outstanding = ring.outstanding.saturating_sub(1);
         ring.cq_dirty = true;
-        if let Some(scope) = &ring.scope {
-            scope.completed();
-        }
     }
 
     /// Publish the CQEs posted this turn (one Release store per ring), and
