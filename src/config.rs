@@ -141,6 +141,9 @@ pub struct Config {
     /// `daemon_embed_fallback`: with `daemon_socket` set, embed an engine
     /// when no daemon answers there (attach, else embed).
     pub daemon_embed_fallback: bool,
+    /// `daemon_client_name`: the name this process gives the daemon at
+    /// attach (its weights and reports name it); empty: none.
+    pub daemon_client_name: String,
     /// `max_failover_attempts`: transport switches per task; 0 disables
     /// cross-transport failover for every request (an SQE's `no_failover`
     /// flag disables it for one).
@@ -1198,9 +1201,11 @@ schema! {
     "inline_max_in_flight" => inline_max_in_flight: uint(1, 1 << 20), "8", LIVE,
         "The most ops of a ring issued inline at once (staged for a submit, or completed and not yet reaped): an op pushed past it, and those staged before it, go to the worker, whose core then works beside the submitting thread. One thread doing every copy wins while few ops are in flight (8 B shm: 1.7x the worker path at 1 to 4 in flight, 1.5x at 8 on a 2-core VM) and loses to two cores working side by side with a deep queue (0.9x at 16, 0.8x at 32).";
     "daemon_socket" => daemon_socket: Kind::Str(StrRule::EmptyOrAbsolutePath), "\"\"", LIVE,
-        "Attach to the node's daemon (tentd) listening at this unix socket instead of starting an engine in this process: memory, rings and segments come from the daemon, and its workers serve this process's rings in shared memory. The daemon runs the node's one engine from its own configuration, so a client's configuration may set only daemon_socket, daemon_embed_fallback, ring_depth, max_batch_size, max_batches and log_level (any other key set is refused, naming it). Empty: embed an engine.";
+        "Attach to the node's daemon (tentd) listening at this unix socket instead of starting an engine in this process: memory, rings and segments come from the daemon, and its workers serve this process's rings in shared memory. The daemon runs the node's one engine from its own configuration, so a client's configuration may set only daemon_socket, daemon_embed_fallback, daemon_client_name, ring_depth, max_batch_size, max_batches and log_level (any other key set is refused, naming it). Empty: embed an engine.";
     "daemon_embed_fallback" => daemon_embed_fallback: Kind::Bool, "false", LIVE,
         "With daemon_socket set: embed an engine (from this configuration) when no daemon answers at the socket, instead of failing Unreachable.";
+    "daemon_client_name" => daemon_client_name: Kind::Str(StrRule::EmptyOrKeyName), "\"\"", LIVE,
+        "With daemon_socket set: the name this process gives the daemon when it attaches. The daemon's weights may name it (tentd --weight name:NAME=W: its share of work within a priority against the other clients), and its /metrics and /health label this client with it. Empty: no name.";
     "max_failover_attempts" => max_failover_attempts: uint(0, 64), "3", LIVE,
         "Transport switches allowed per task; 0 disables cross-transport failover.";
     "merge_requests" => merge_requests: Kind::Bool, "true", LATER,

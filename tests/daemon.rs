@@ -1165,14 +1165,27 @@ impl Drop for Killed {
 }
 
 /// The daemon's `/metrics` by client: each client's ops (completed,
-/// failed), bytes, queue waits by priority and what it holds, labelled by
-/// its client id, uid and pid; a client that detached has no series left.
+/// failed), bytes, queue waits by priority, what it holds and its weight
+/// (from the rule its name matches), labelled by its client id, uid, pid
+/// and name; a client that detached has no series left.
 #[test]
 fn the_daemon_s_metrics_break_down_by_client() {
-    let d = daemon("metrics");
+    let limits = tent::daemon::DaemonLimits {
+        weights: vec!["name:prefill=3".parse().unwrap()],
+        ..Default::default()
+    };
+    let d = Daemon::start_with(
+        Engine::new(test_config()).unwrap(),
+        &socket("metrics"),
+        limits,
+    )
+    .unwrap();
     let target = Engine::new(test_config()).unwrap();
     let dst = target.allocate_memory(1 << 16).unwrap();
-    let a = Engine::attach(d.socket_path()).unwrap();
+    let mut named = tent::Config::default();
+    named.daemon_socket = d.socket_path().display().to_string();
+    named.daemon_client_name = "prefill".into();
+    let a = Engine::new(named).unwrap();
     let b = Engine::attach(d.socket_path()).unwrap();
     let src = a.allocate_memory(1 << 16).unwrap();
     let _b_mem = b.allocate_memory(4096).unwrap();
@@ -1227,6 +1240,12 @@ fn the_daemon_s_metrics_break_down_by_client() {
     assert_eq!(series("tent_client_held", "what=\"rings\""), vec![1, 0]);
     assert_eq!(series("tent_client_held", "what=\"segments\""), vec![1, 0]);
     assert_eq!(series("tent_client_in_flight", &me), vec![0, 0]);
+    assert_eq!(
+        series("tent_client_weight", "name=\"prefill\""),
+        vec![3],
+        "the weight its name was given"
+    );
+    assert_eq!(series("tent_client_weight", "name=\"\""), vec![1]);
     drop(ring);
     drop(a);
     let text = d.engine().metrics_text();

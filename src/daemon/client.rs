@@ -47,6 +47,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(86_400 + 60);
 const CLIENT_KEYS: &[&str] = &[
     "daemon_socket",
     "daemon_embed_fallback",
+    "daemon_client_name",
     "ring_depth",
     "max_batch_size",
     "max_batches",
@@ -510,6 +511,7 @@ impl Attached {
         });
         let (id, mailbox, segment, page) = match link.ask(&Request::Hello {
             version: LAYOUT_VERSION,
+            name: config.daemon_client_name.clone(),
         })? {
             (
                 Reply::Welcome {

@@ -33,7 +33,7 @@ mod server;
 pub(crate) mod wire;
 
 pub(crate) use client::{Attached, ClientMemory, DaemonRing};
-pub use server::{Daemon, DaemonLimits};
+pub use server::{ClientMatch, ClientWeight, Daemon, DaemonLimits};
 pub use wire::LAYOUT_VERSION;
 
 /// Where `tentd` listens unless told otherwise: `$XDG_RUNTIME_DIR/tentd.sock`,

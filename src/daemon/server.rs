@@ -40,8 +40,9 @@ const STOP_POLL: Duration = Duration::from_millis(100);
 
 /// What clients may hold: past it a request is refused `OutOfMemory`, and
 /// a client past `clients` at attach. Every client costs a thread (the
-/// relays are one thread per worker, whatever the rings).
-#[derive(Debug, Clone, Copy)]
+/// relays are one thread per worker, whatever the rings). And how they
+/// share the workers within a priority (`weights`).
+#[derive(Debug, Clone)]
 pub struct DaemonLimits {
     /// Clients attached at once.
     pub clients: usize,
@@ -61,6 +62,77 @@ pub struct DaemonLimits {
     /// member reaches what the daemon reaches for it: every segment the
     /// daemon may open (never its own, nor another client's memory).
     pub client_group: Option<u32>,
+    /// Each client's weight in its share of work within a priority (a
+    /// client that floods its rings gets no more than its share while
+    /// another has work at that priority): the first rule that names it,
+    /// else 1.
+    pub weights: Vec<ClientWeight>,
+}
+
+/// A weight for the clients a rule names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientWeight {
+    /// Whom it names.
+    pub who: ClientMatch,
+    /// Its weight (at least 1; shares are in proportion to weights).
+    pub weight: u32,
+}
+
+/// Whom a [`ClientWeight`] names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientMatch {
+    /// Processes of this user.
+    Uid(u32),
+    /// Processes in this group, primary or supplementary.
+    Gid(u32),
+    /// The client that gave this name at attach (`daemon_client_name`).
+    Name(String),
+}
+
+impl std::str::FromStr for ClientWeight {
+    type Err = Error;
+
+    /// `uid:N=W`, `gid:N=W` or `name:NAME=W` (as `tentd --weight` takes
+    /// it).
+    fn from_str(s: &str) -> Result<ClientWeight> {
+        let bad = || {
+            Error::invalid(format!(
+                "weight {s:?}: uid:N=W, gid:N=W or name:NAME=W, W from 1 to 1000"
+            ))
+        };
+        let (who, w) = s.rsplit_once('=').ok_or_else(bad)?;
+        let weight: u32 = w.parse().map_err(|_| bad())?;
+        if !(1..=1000).contains(&weight) {
+            return Err(bad());
+        }
+        let who = match who.split_once(':').ok_or_else(bad)? {
+            ("uid", n) => ClientMatch::Uid(n.parse().map_err(|_| bad())?),
+            ("gid", n) => ClientMatch::Gid(n.parse().map_err(|_| bad())?),
+            ("name", n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_graphic()) => {
+                ClientMatch::Name(n.to_owned())
+            }
+            _ => return Err(bad()),
+        };
+        Ok(ClientWeight { who, weight })
+    }
+}
+
+impl DaemonLimits {
+    /// The weight of a client of `uid`, in `groups`, named `name`.
+    fn weight_of(&self, uid: u32, groups: impl Fn() -> Vec<u32>, name: &str) -> u32 {
+        let mut gs: Option<Vec<u32>> = None;
+        for w in &self.weights {
+            let hit = match &w.who {
+                ClientMatch::Uid(u) => *u == uid,
+                ClientMatch::Gid(g) => gs.get_or_insert_with(&groups).contains(g),
+                ClientMatch::Name(n) => !name.is_empty() && n == name,
+            };
+            if hit {
+                return w.weight.max(1);
+            }
+        }
+        1
+    }
 }
 
 impl Default for DaemonLimits {
@@ -72,6 +144,7 @@ impl Default for DaemonLimits {
             rings_per_client: 16,
             in_flight_per_client: 1024,
             client_group: None,
+            weights: Vec::new(),
         }
     }
 }
@@ -498,10 +571,11 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
             .client_group
             .is_some_and(|g| crate::memfd::peer_groups(s).is_ok_and(|gs| gs.contains(&g)))
     };
-    let who = match peer_uid(&s) {
+    let mut who = match peer_uid(&s) {
         Ok((uid, pid)) if uid == euid() || in_group(&s) => ClientId {
             uid,
             pid: u32::try_from(pid).unwrap_or(0),
+            name: String::new(),
         },
         Ok((uid, pid)) => {
             let group = match inner.limits.client_group {
@@ -526,7 +600,10 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
         }
     };
     let version = match read_request(&s, Instant::now() + IO_TIMEOUT) {
-        Ok(Some(Request::Hello { version })) => version,
+        Ok(Some(Request::Hello { version, name })) => {
+            who.name = name;
+            version
+        }
         Ok(Some(_)) => {
             let _ = refuse(&s, &Error::invalid("the first message must be Hello"));
             return;
@@ -553,6 +630,11 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
         );
         return;
     };
+    let weight = inner.limits.weight_of(
+        who.uid,
+        || crate::memfd::peer_groups(&s).unwrap_or_default(),
+        &who.name,
+    );
     let mail = match ClientPost::new(inner.core()) {
         Ok(m) => m,
         Err(e) => {
@@ -569,6 +651,7 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
             id,
             u32::try_from(inner.limits.in_flight_per_client).unwrap_or(u32::MAX),
             who,
+            weight,
         )),
         regions: Vec::new(),
         bytes: 0,
@@ -586,7 +669,7 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
     };
     let mut detached = false;
     if send(&s, &welcome, Some(st.mail.page.as_fd())).is_ok() {
-        tracing::info!(client = id, "tentd: client attached");
+        tracing::info!(client = id, name = %st.scope.name(), weight, "tentd: client attached");
         while readable(inner, &s) {
             let req = match read_request(&s, Instant::now() + IO_TIMEOUT) {
                 Ok(Some(Request::Detach)) => {
@@ -961,5 +1044,49 @@ fn release(inner: &Inner, st: ClientState) {
             inner.segments.lock().remove(&seg);
             tracing::warn!(error = %e, "tentd: closing a departed client's segment");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weights_parse_and_the_first_rule_naming_a_client_counts() {
+        let rules: Vec<ClientWeight> = ["name:prefill=3", "gid:50=2", "uid:1000=5"]
+            .iter()
+            .map(|r| r.parse().unwrap())
+            .collect();
+        assert_eq!(
+            rules[0],
+            ClientWeight {
+                who: ClientMatch::Name("prefill".into()),
+                weight: 3
+            }
+        );
+        for bad in [
+            "uid:x=1",
+            "uid:1=0",
+            "uid:1=1001",
+            "who:1=2",
+            "name:=2",
+            "name:a b=2",
+            "uid:1",
+        ] {
+            assert!(bad.parse::<ClientWeight>().is_err(), "{bad}");
+        }
+        let limits = DaemonLimits {
+            weights: rules,
+            ..Default::default()
+        };
+        let groups = |gs: Vec<u32>| move || gs.clone();
+        assert_eq!(limits.weight_of(1000, groups(vec![50]), "prefill"), 3);
+        assert_eq!(limits.weight_of(1000, groups(vec![50]), ""), 2);
+        assert_eq!(limits.weight_of(1000, groups(vec![]), "decode"), 5);
+        assert_eq!(
+            limits.weight_of(7, groups(vec![]), "decode"),
+            1,
+            "no rule: 1"
+        );
     }
 }

@@ -12,7 +12,7 @@ use crate::notify::{MAX_NOTIFY_MSG, MAX_NOTIFY_NAME};
 
 /// The layout both sides must agree on: these messages, the rings' and
 /// bells' memory. Checked at attach; a mismatch is refused naming both.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// The largest body either side sends or accepts (a notification's
 /// message, name and sender fit).
@@ -22,6 +22,8 @@ pub(crate) const MAX_NAME: usize = 512;
 /// The longest sender name a `Note` carries: what the control plane
 /// takes (`NotifyFrame::from`).
 pub(crate) const MAX_NOTE_FROM: usize = crate::control::wire::MAX_NAME;
+/// The longest name a client gives (`daemon_client_name`).
+pub(crate) const MAX_CLIENT_NAME: usize = 128;
 /// The longest message a refusal carries.
 pub(crate) const MAX_MESSAGE: usize = 1024;
 /// The most regions one `Regions` reply lists (24 bytes each: its body
@@ -42,8 +44,11 @@ pub(crate) enum Part {
 /// A client's request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Request {
+    /// The first message: the layout the client speaks, and the name it
+    /// gives (`daemon_client_name`; empty: none).
     Hello {
         version: u32,
+        name: String,
     },
     Allocate {
         len: u64,
@@ -283,9 +288,12 @@ impl Request {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         match self {
-            Request::Hello { version } => {
+            Request::Hello { version, name } => {
                 b.push(tag::HELLO);
                 b.extend_from_slice(&version.to_le_bytes());
+                if name.len() <= MAX_CLIENT_NAME {
+                    b.extend_from_slice(name.as_bytes());
+                }
             }
             Request::Allocate { len } => {
                 b.push(tag::ALLOCATE);
@@ -337,7 +345,15 @@ impl Request {
         let (&t, rest) = body.split_first().ok_or(Malformed("empty body"))?;
         let mut f = Fields(rest);
         let r = match t {
-            tag::HELLO => Request::Hello { version: f.u32()? },
+            tag::HELLO => {
+                let version = f.u32()?;
+                let name = f.text(MAX_CLIENT_NAME)?;
+                // As the configuration takes it: a label, not text.
+                if !name.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(Malformed("client name not printable ASCII"));
+                }
+                Request::Hello { version, name }
+            }
             tag::ALLOCATE => Request::Allocate { len: f.u64()? },
             tag::OPEN_SEGMENT => Request::OpenSegment {
                 name: f.text(MAX_NAME)?,
@@ -523,7 +539,14 @@ mod tests {
     #[test]
     fn every_message_comes_back_as_it_went() {
         for r in [
-            Request::Hello { version: 7 },
+            Request::Hello {
+                version: 7,
+                name: String::new(),
+            },
+            Request::Hello {
+                version: 7,
+                name: "prefill-0".into(),
+            },
             Request::Allocate { len: 1 << 40 },
             Request::OpenSegment {
                 name: "127.0.0.1:1234".into(),
@@ -611,6 +634,7 @@ mod tests {
                 "hello",
                 Request::Hello {
                     version: LAYOUT_VERSION,
+                    name: "prefill-0".into(),
                 }
                 .encode(),
             ),

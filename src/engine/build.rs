@@ -315,6 +315,7 @@ impl EngineBuilder {
             registry: Mutex::new(()),
             peer_bell: Default::default(),
             inline: Default::default(),
+            fair: Default::default(),
             config,
         });
 

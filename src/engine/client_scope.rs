@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use parking_lot::Mutex;
 use tent_rings::{Priority, SegmentId};
 
+use crate::qos::ClientShare;
+
 use crate::error::{Error, ErrorKind, Result};
 
 /// Segments one client may have open at once.
@@ -35,6 +37,8 @@ pub(crate) struct ClientScope {
     counts: ClientCounts,
     /// What it holds at the daemon (the daemon's thread for it stores).
     held: ClientHeld,
+    /// Its weight and work taken, for its fair share within a priority.
+    share: ClientShare,
 }
 
 /// Who a client is, as the reports label it.
@@ -42,6 +46,8 @@ pub(crate) struct ClientScope {
 pub(crate) struct ClientId {
     pub(crate) uid: u32,
     pub(crate) pid: u32,
+    /// The name it gave at attach (`daemon_client_name`; empty: none).
+    pub(crate) name: String,
 }
 
 /// What the workers counted for one client.
@@ -70,6 +76,8 @@ pub(crate) struct ClientSnapshot {
     pub(crate) id: u32,
     pub(crate) uid: u32,
     pub(crate) pid: u32,
+    pub(crate) name: String,
+    pub(crate) weight: u64,
     pub(crate) completed: u64,
     pub(crate) failed: u64,
     pub(crate) bytes: u64,
@@ -118,12 +126,13 @@ impl ClientScope {
     /// `max_in_flight` (at least 1) of its ops in flight.
     #[cfg(test)]
     pub(crate) fn new(id: u32, max_in_flight: u32) -> ClientScope {
-        ClientScope::of(id, max_in_flight, ClientId::default())
+        ClientScope::of(id, max_in_flight, ClientId::default(), 1)
     }
 
     /// The scope of client `id` (non-zero) of process `who`, with no
-    /// segment, at most `max_in_flight` (at least 1) of its ops in flight.
-    pub(crate) fn of(id: u32, max_in_flight: u32, who: ClientId) -> ClientScope {
+    /// segment, at most `max_in_flight` (at least 1) of its ops in flight,
+    /// sharing work by `weight` (at least 1) with the other clients.
+    pub(crate) fn of(id: u32, max_in_flight: u32, who: ClientId, weight: u32) -> ClientScope {
         assert_ne!(id, 0, "client 0 is the daemon's own process");
         ClientScope {
             id,
@@ -133,7 +142,19 @@ impl ClientScope {
             who,
             counts: ClientCounts::default(),
             held: ClientHeld::default(),
+            share: ClientShare::new(weight),
         }
+    }
+
+    /// The name it gave at attach (empty: none).
+    pub(crate) fn name(&self) -> &str {
+        &self.who.name
+    }
+
+    /// Its weight and work taken (`qos::fair`).
+    #[inline]
+    pub(crate) fn share(&self) -> &ClientShare {
+        &self.share
     }
 
     /// One of its ops ended with `res` (a worker posting its CQE); its
@@ -175,6 +196,8 @@ impl ClientScope {
             id: self.id,
             uid: self.who.uid,
             pid: self.who.pid,
+            name: self.who.name.clone(),
+            weight: self.share.weight(),
             completed: r(&c.completed),
             failed: r(&c.failed),
             bytes: r(&c.bytes),

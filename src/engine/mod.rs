@@ -104,6 +104,9 @@ pub(crate) struct EngineShared {
     /// The rings that issue ops inline: what an unregister or a close
     /// waits on, and their counts.
     pub inline: Arc<ring::InlineRings>,
+    /// A daemon's clients' shares of work within each priority (unused
+    /// by an engine that serves no client).
+    pub fair: crate::qos::FairShares,
 }
 
 impl EngineShared {

@@ -352,6 +352,8 @@ fn client_json(c: &ClientSnapshot) -> Value {
         "client": c.id,
         "uid": c.uid,
         "pid": c.pid,
+        "name": c.name,
+        "weight": c.weight,
         "ops": { "completed": c.completed, "failed": c.failed, "bytes": c.bytes },
         "mean_queue_wait_us": { "high": wait_us(0), "medium": wait_us(1), "low": wait_us(2) },
         "held": {

@@ -732,7 +732,7 @@ fn encode_http(enc: &mut DescriptorEncoder, h: &HttpStats) -> fmt::Result {
 
 /// A daemon's figures by client: what its ops did, how long they waited
 /// per priority, what it holds against its quotas. Labelled by the
-/// daemon's client id and the process's uid and pid.
+/// daemon's client id, the process's uid and pid, and the name it gave.
 fn encode_clients(enc: &mut DescriptorEncoder, clients: &[ClientSnapshot]) -> fmt::Result {
     let ids: Vec<[String; 3]> = clients
         .iter()
@@ -740,11 +740,16 @@ fn encode_clients(enc: &mut DescriptorEncoder, clients: &[ClientSnapshot]) -> fm
         .collect();
     let who = |i: usize| {
         let [c, u, p] = &ids[i];
-        [("client", Esc(c)), ("uid", Esc(u)), ("pid", Esc(p))]
+        [
+            ("client", Esc(c)),
+            ("uid", Esc(u)),
+            ("pid", Esc(p)),
+            ("name", Esc(&clients[i].name)),
+        ]
     };
     let with = |i: usize, k: &'static str, v: &'static str| {
-        let [a, b, c] = who(i);
-        [a, b, c, (k, Esc(v))]
+        let [a, b, c, d] = who(i);
+        [a, b, c, d, (k, Esc(v))]
     };
     family(
         enc,
@@ -788,6 +793,13 @@ fn encode_clients(enc: &mut DescriptorEncoder, clients: &[ClientSnapshot]) -> fm
                 )
             })
         }),
+    )?;
+    family(
+        enc,
+        "tent_client_weight",
+        "A daemon client's weight in its share of work within a priority (tentd --weight).",
+        Kind::Gauge,
+        clients.iter().enumerate().map(|(i, c)| (who(i), c.weight)),
     )?;
     family(
         enc,

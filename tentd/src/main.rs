@@ -37,6 +37,17 @@ struct Args {
     /// client's memory or the daemon's own segment.
     #[arg(long)]
     group: Option<String>,
+    /// A weight for some clients: `uid:N=W`, `gid:N=W` or `name:NAME=W`
+    /// (the name a client gives, `daemon_client_name`), W from 1 to 1000;
+    /// repeat for more (the first that names a client counts; default 1).
+    /// Within a priority, clients with work share the workers in
+    /// proportion to their weights.
+    #[arg(long = "weight", value_parser = parse_weight)]
+    weights: Vec<tent::daemon::ClientWeight>,
+}
+
+fn parse_weight(s: &str) -> Result<tent::daemon::ClientWeight, String> {
+    s.parse().map_err(|e: tent::Error| e.to_string())
 }
 
 /// `name` as a gid: a number, or a group's name (`getgrnam_r`).
@@ -122,6 +133,7 @@ fn run(args: &Args) -> Result<(), String> {
         clients: args.max_clients,
         bytes_per_client: args.client_bytes,
         client_group: args.group.as_deref().map(gid_of).transpose()?,
+        weights: args.weights.clone(),
         ..Default::default()
     };
     let daemon =

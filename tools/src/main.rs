@@ -196,6 +196,13 @@ pub struct Args {
     /// Qos-low: the slot file's shared-memory name.
     #[arg(long, hide = true)]
     pub qos_slot_file: Option<String>,
+    /// Qos-low: LOW WRITEs kept in flight (default 4).
+    #[arg(long, hide = true)]
+    pub qos_in_flight: Option<usize>,
+    /// Qos-low, attached: the name it gives the daemon
+    /// (`daemon_client_name`: the daemon's weights name it).
+    #[arg(long, hide = true)]
+    pub client_name: Option<String>,
     /// Run the measuring engine as a client of the node's daemon (`tentd`)
     /// listening at this unix socket instead of embedding one (modes
     /// initiator and the default sweep, idle, topology and blocks): its
@@ -229,6 +236,7 @@ pub(crate) fn engine(args: &Args, cfg: tent::Config) -> Result<tent::Engine, Str
     client.max_batches = cfg.max_batches;
     client.log_level = cfg.log_level;
     client.daemon_embed_fallback = cfg.daemon_embed_fallback;
+    client.daemon_client_name = cfg.daemon_client_name;
     tent::Engine::new(client).map_err(|e| format!("attach to {}: {e}", socket.display()))
 }
 
@@ -354,7 +362,7 @@ fn real_main(args: Args) -> Result<run::Tally, String> {
     }
     let none = |r: Result<(), String>| r.map(|()| run::Tally::default());
     match args.mode {
-        Some(Mode::Soak | Mode::Sq | Mode::Qos | Mode::QosLow | Mode::Attach | Mode::Target)
+        Some(Mode::Soak | Mode::Sq | Mode::Qos | Mode::Attach | Mode::Target)
             if args.attach.is_some() =>
         {
             none(Err(

@@ -19,6 +19,12 @@
 //!   qos-low`), without a slot file and sharing one at 1, 2 and 10 ms (the
 //!   seed's trade-off table: HIGH p99 against LOW throughput). Each
 //!   process's worker is pinned to its own core when there are two.
+//! - two clients of one daemon (`tentd` in this process, one worker): the
+//!   same two processes attached, their streams meeting in the daemon
+//!   worker's lanes, with no slot file (slots column `tentd`).
+//! - fairness: two LOW clients of one daemon at once, equal weights with
+//!   one keeping 4x the other's WRITEs in flight, then weights 3:1: what
+//!   each moved against its weighted share.
 //!
 //! Targets: HIGH p99 loaded ≤ 2x HIGH p99 idle; LOW loaded ≥ 80%
 //! of LOW solo. The figures are printed, not judged: a run on a shared VM
@@ -36,6 +42,8 @@ use crate::{Args, TransportArg, emit, point};
 
 /// LOW WRITEs kept in flight.
 const LOW_IN_FLIGHT: usize = 4;
+/// LOW WRITEs a flooding client keeps in flight (the fairness cases).
+const FLOOD_IN_FLIGHT: usize = 4 * LOW_IN_FLIGHT;
 /// HIGH WRITE size.
 const HIGH_BLOCK: u64 = 4 << 10;
 /// Most HIGH WRITEs in flight (open loop: a stall queues, up to this).
@@ -105,12 +113,11 @@ fn config(
 /// An engine for `config`, the target's segment open, a source buffer of
 /// `src_len`, and the base of a target region of at least `need` bytes.
 fn open(
-    cfg: Config,
+    engine: Engine,
     target: &str,
     src_len: u64,
     need: u64,
 ) -> Result<(Engine, SegmentId, tent::Buffer, u64), String> {
-    let engine = Engine::new(cfg).map_err(|e| e.to_string())?;
     let seg = engine.open_segment(target).map_err(|e| e.to_string())?;
     let regions = engine.segment_regions(seg).map_err(|e| e.to_string())?;
     let base = regions
@@ -124,11 +131,12 @@ fn open(
     Ok((engine, seg, src, base))
 }
 
-/// Keep [`LOW_IN_FLIGHT`] LOW WRITEs of `block` in flight for `warm` plus
+/// Keep `in_flight` LOW WRITEs of `block` in flight for `warm` plus
 /// `dur`; bytes count when their CQE lands inside the measured `dur`.
 /// `measuring` is called once, when the measured window opens.
 fn low(
     s: &Stream<'_>,
+    in_flight: usize,
     block: u64,
     warm: Duration,
     dur: Duration,
@@ -140,7 +148,7 @@ fn low(
     let start = Instant::now();
     let (open_at, close_at) = (start + warm, start + warm + dur);
     let mut measuring = Some(measuring);
-    let mut free: Vec<u64> = (0..LOW_IN_FLIGHT as u64).collect();
+    let mut free: Vec<u64> = (0..in_flight as u64).collect();
     let (mut bytes, mut errors) = (0u64, 0u64);
     loop {
         let now = Instant::now();
@@ -150,7 +158,7 @@ fn low(
             }
         }
         let running = now < close_at;
-        if !running && free.len() == LOW_IN_FLIGHT {
+        if !running && free.len() == in_flight {
             break;
         }
         if running && !free.is_empty() {
@@ -282,7 +290,7 @@ fn low_block(args: &Args) -> u64 {
 
 /// Target bytes both streams cover: LOW's range, then HIGH's.
 fn span(args: &Args) -> u64 {
-    low_block(args) * LOW_IN_FLIGHT as u64 + HIGH_BLOCK * HIGH_MAX as u64
+    low_block(args) * FLOOD_IN_FLIGHT as u64 + HIGH_BLOCK * HIGH_MAX as u64
 }
 
 /// Worker cores: the HIGH process's and the LOW child's (the first and the
@@ -304,6 +312,8 @@ fn cores(args: &Args) -> (Option<usize>, Option<usize>) {
 struct Case {
     transport: TransportArg,
     processes: u32,
+    /// The processes are clients of one daemon (no slot file).
+    daemon: bool,
     slot_ms: Option<u64>,
     idle: HighResult,
     loaded: HighResult,
@@ -354,7 +364,7 @@ fn one_process(args: &Args, transport: TransportArg, target: &str) -> Result<Cas
     let block = low_block(args);
     let src_len = block * LOW_IN_FLIGHT as u64;
     let (engine, segment, src, base) = open(
-        config(transport, cores(args).0, None)?,
+        Engine::new(config(transport, cores(args).0, None)?).map_err(|e| e.to_string())?,
         target,
         src_len,
         span(args),
@@ -379,11 +389,11 @@ fn one_process(args: &Args, transport: TransportArg, target: &str) -> Result<Cas
     // Warm the HIGH path (connections, page tables) before its idle figure.
     high(&hi, rate, warm)?;
     let idle = high(&hi, rate, dur)?;
-    let solo = low(&lo, block, warm, dur, || {})?;
+    let solo = low(&lo, LOW_IN_FLIGHT, block, warm, dur, || {})?;
     let (tx, rx) = std::sync::mpsc::channel();
     let (busy, loaded) = std::thread::scope(|sc| {
         let l = sc.spawn(|| {
-            low(&lo, block, warm, dur, move || {
+            low(&lo, LOW_IN_FLIGHT, block, warm, dur, move || {
                 let _ = tx.send(());
             })
         });
@@ -396,6 +406,7 @@ fn one_process(args: &Args, transport: TransportArg, target: &str) -> Result<Cas
     Ok(Case {
         transport,
         processes: 1,
+        daemon: false,
         slot_ms: None,
         idle,
         loaded: loaded?,
@@ -420,6 +431,7 @@ impl LowChild {
         target: &str,
         slot: Option<(u64, &str)>,
         core: Option<usize>,
+        client: Option<&Client<'_>>,
     ) -> Result<LowChild, String> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(exe);
@@ -432,6 +444,12 @@ impl LowChild {
         }
         if let Some((ms, name)) = slot {
             cmd.args(["--qos-slot-ms", &ms.to_string(), "--qos-slot-file", name]);
+        }
+        if let Some(c) = client {
+            cmd.arg("--attach")
+                .arg(c.socket)
+                .args(["--client-name", c.name])
+                .args(["--qos-in-flight", &c.in_flight.to_string()]);
         }
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -491,29 +509,78 @@ fn slot_name(ms: u64) -> String {
     format!("/tent-bench-qos-{}-{ms}", std::process::id())
 }
 
-/// HIGH here, LOW in a child process, sharing a slot file at `slot_ms`.
+/// A LOW child attached to a daemon: where, the name it gives, its
+/// WRITEs in flight.
+struct Client<'a> {
+    socket: &'a std::path::Path,
+    name: &'a str,
+    in_flight: usize,
+}
+
+/// A daemon in this process for the clients of a case: one worker (on
+/// `core`), serving the transport under test (and shm, which client
+/// memory needs), with `weights`.
+fn daemon(
+    transport: TransportArg,
+    core: Option<usize>,
+    weights: Vec<tent::daemon::ClientWeight>,
+) -> Result<(tent::daemon::Daemon, std::path::PathBuf), String> {
+    let mut cfg = config(transport, core, None)?;
+    cfg.transports.shm.enable = true;
+    cfg.daemon_socket.clear();
+    let socket = std::env::temp_dir().join(format!(
+        "tent-bench-qos-{}-{}.sock",
+        std::process::id(),
+        transport_name(transport)
+    ));
+    let limits = tent::daemon::DaemonLimits {
+        weights,
+        ..Default::default()
+    };
+    let engine = Engine::new(cfg).map_err(|e| e.to_string())?;
+    let d = tent::daemon::Daemon::start_with(engine, &socket, limits).map_err(|e| e.to_string())?;
+    Ok((d, socket))
+}
+
+/// HIGH here, LOW in a child process, sharing a slot file at `slot_ms`;
+/// or, with `daemon`, both clients of one daemon (in this process, its
+/// worker where the HIGH process's would be), with no slot file.
 fn two_processes(
     args: &Args,
     transport: TransportArg,
     target: &str,
     slot_ms: Option<u64>,
+    daemon_case: bool,
 ) -> Result<Case, String> {
     let (hcore, lcore) = cores(args);
     let name = slot_ms.map(slot_name);
     let slot = slot_ms.zip(name.as_deref());
     let block = low_block(args);
-    let mut child = LowChild::spawn(args, transport, target, slot, lcore)?;
-    let (engine, segment, src, base) = open(
-        config(transport, hcore, slot)?,
-        target,
-        HIGH_BLOCK * HIGH_MAX as u64,
-        span(args),
-    )?;
+    let served = daemon_case
+        .then(|| daemon(transport, hcore, Vec::new()))
+        .transpose()?;
+    let client = served.as_ref().map(|(_, socket)| Client {
+        socket,
+        name: "low",
+        in_flight: LOW_IN_FLIGHT,
+    });
+    let mut child = LowChild::spawn(args, transport, target, slot, lcore, client.as_ref())?;
+    let mut cfg = config(transport, hcore, slot)?;
+    let engine = match &served {
+        Some((_, socket)) => {
+            cfg.daemon_socket = socket.display().to_string();
+            cfg.daemon_client_name = "high".into();
+            crate::engine(args, cfg)?
+        }
+        None => Engine::new(cfg).map_err(|e| e.to_string())?,
+    };
+    let (engine, segment, src, base) =
+        open(engine, target, HIGH_BLOCK * HIGH_MAX as u64, span(args))?;
     let hi = Stream {
         engine: &engine,
         src: &src,
         segment,
-        remote: base + block * LOW_IN_FLIGHT as u64,
+        remote: base + block * FLOOD_IN_FLIGHT as u64,
     };
     let (warm, dur) = phase(args);
     let rate = args.high_rate;
@@ -530,14 +597,19 @@ fn two_processes(
     let loaded = high(&hi, rate, dur.mul_f64(0.9))?;
     let busy = child.result()?;
     drop(child);
-    let stats = stats_json(&engine);
+    let stats = match &served {
+        Some((d, _)) => stats_json(d.engine()),
+        None => stats_json(&engine),
+    };
     drop(engine);
+    drop(served);
     if let Some(n) = name {
         let _ = std::fs::remove_file(format!("/dev/shm{n}"));
     }
     Ok(Case {
         transport,
         processes: 2,
+        daemon: daemon_case,
         slot_ms,
         idle,
         loaded,
@@ -562,10 +634,18 @@ pub(crate) fn low_child(args: &Args) -> Result<(), String> {
         _ => return Err("--qos-slot-ms and --qos-slot-file go together".into()),
     };
     let block = low_block(args);
+    let in_flight = args
+        .qos_in_flight
+        .unwrap_or(LOW_IN_FLIGHT)
+        .clamp(1, FLOOD_IN_FLIGHT);
+    let mut cfg = config(args.transport, args.cores.first().copied(), slot)?;
+    if let Some(n) = &args.client_name {
+        cfg.daemon_client_name = n.clone();
+    }
     let (engine, segment, src, base) = open(
-        config(args.transport, args.cores.first().copied(), slot)?,
+        crate::engine(args, cfg)?,
         target,
-        block * LOW_IN_FLIGHT as u64,
+        block * in_flight as u64,
         span(args),
     )?;
     let lo = Stream {
@@ -579,7 +659,7 @@ pub(crate) fn low_child(args: &Args) -> Result<(), String> {
     for line in std::io::stdin().lock().lines() {
         match line.map_err(|e| e.to_string())?.trim() {
             "run" => {
-                let r = low(&lo, block, warm, dur, || {
+                let r = low(&lo, in_flight, block, warm, dur, || {
                     emit(&json!({"event": "measuring"}).to_string());
                 })?;
                 emit(
@@ -624,14 +704,20 @@ pub(crate) fn qos(args: &Args) -> Result<(), String> {
         let (mut target, name) = crate::spawn_target(transport, buffer)?;
         let mut cases = vec![one_process(args, transport, &name)];
         for s in SLOTS {
-            cases.push(two_processes(args, transport, &name, s));
+            cases.push(two_processes(args, transport, &name, s, false));
         }
+        cases.push(two_processes(args, transport, &name, None, true));
+        let shares = fairness(args, transport, &name);
         drop(target.stdin.take());
         let _ = target.wait();
         for c in cases {
             let c = c?;
             failed += c.idle.errors + c.loaded.errors + c.solo.errors + c.busy.errors;
             report(args, &c);
+        }
+        for f in shares? {
+            failed += f.a.errors + f.b.errors;
+            report_share(args, transport, &f);
         }
     }
     if failed > 0 {
@@ -663,8 +749,12 @@ fn high_alone(args: &Args) -> Result<(), String> {
         // The worker's answer is what is measured: nothing issued inline.
         let mut cfg = config(transport, cores(args).0, None)?;
         cfg.inline_max_bytes = 0;
-        let (engine, segment, src, base) =
-            open(cfg, &name, HIGH_BLOCK * HIGH_MAX as u64, span(args))?;
+        let (engine, segment, src, base) = open(
+            Engine::new(cfg).map_err(|e| e.to_string())?,
+            &name,
+            HIGH_BLOCK * HIGH_MAX as u64,
+            span(args),
+        )?;
         let hi = Stream {
             engine: &engine,
             src: &src,
@@ -732,6 +822,7 @@ fn report(args: &Args, c: &Case) {
         emit(
             &json!({
                 "transport": transport_name(c.transport), "processes": c.processes,
+                "clients_of_one_daemon": c.daemon,
                 "slot_interval_ms": c.slot_ms,
                 "high_p50_idle_us": c.idle.us(0.5), "high_p99_idle_us": c.idle.us(0.99),
                 "high_p50_loaded_us": c.loaded.us(0.5), "high_p99_loaded_us": c.loaded.us(0.99),
@@ -757,7 +848,10 @@ fn report(args: &Args, c: &Case) {
         "{:>9} | {:>5} | {:>5} | {:>20} | {:>22} | {:>9} | {:>13.3} | {:>15.3} | {:>8} | {}/{}",
         transport_name(c.transport),
         c.processes,
-        c.slot_ms.map_or("-".to_owned(), |m| format!("{m}ms")),
+        match (c.daemon, c.slot_ms) {
+            (true, _) => "tentd".to_owned(),
+            (false, m) => m.map_or("-".to_owned(), |m| format!("{m}ms")),
+        },
         us(&c.idle),
         us(&c.loaded),
         ratio.map_or("n/a".into(), |r| format!("{r:.2}x")),
@@ -774,4 +868,88 @@ fn report(args: &Args, c: &Case) {
             us(h)
         ));
     }
+}
+
+/// A fairness case: two LOW clients of one daemon, what each moved.
+struct Share {
+    weights: (u32, u32),
+    in_flight: (usize, usize),
+    a: LowResult,
+    b: LowResult,
+}
+
+/// Two LOW clients of one daemon at once (each a child process): equal
+/// weights with B flooding four times A's WRITEs in flight, then weights
+/// 3:1 with both flooding. What each moved is what it got of the path.
+fn fairness(args: &Args, transport: TransportArg, target: &str) -> Result<Vec<Share>, String> {
+    let (dcore, lcore) = cores(args);
+    let mut out = Vec::new();
+    for (weights, in_flight) in [
+        ((1, 1), (LOW_IN_FLIGHT, FLOOD_IN_FLIGHT)),
+        ((3, 1), (FLOOD_IN_FLIGHT, FLOOD_IN_FLIGHT)),
+    ] {
+        let rules = vec![
+            format!("name:a={}", weights.0)
+                .parse()
+                .map_err(|e: tent::Error| e.to_string())?,
+            format!("name:b={}", weights.1)
+                .parse()
+                .map_err(|e: tent::Error| e.to_string())?,
+        ];
+        let (d, socket) = daemon(transport, dcore, rules)?;
+        let spawn = |name, n| {
+            let c = Client {
+                socket: &socket,
+                name,
+                in_flight: n,
+            };
+            LowChild::spawn(args, transport, target, None, lcore, Some(&c))
+        };
+        let mut a = spawn("a", in_flight.0)?;
+        let mut b = spawn("b", in_flight.1)?;
+        a.start()?;
+        b.start()?;
+        let (ra, rb) = (a.result()?, b.result()?);
+        drop((a, b));
+        drop(d);
+        out.push(Share {
+            weights,
+            in_flight,
+            a: ra,
+            b: rb,
+        });
+    }
+    Ok(out)
+}
+
+fn report_share(args: &Args, transport: TransportArg, f: &Share) {
+    let total = f.a.gbps + f.b.gbps;
+    let (wa, wb) = (f64::from(f.weights.0), f64::from(f.weights.1));
+    // What A got against what its weight entitles it to.
+    let a_of_share = (total > 0.0).then(|| f.a.gbps / (total * wa / (wa + wb)));
+    let ratio = (f.b.gbps > 0.0).then(|| f.a.gbps / f.b.gbps);
+    if args.json {
+        emit(
+            &json!({
+                "case": "fairness", "transport": transport_name(transport),
+                "weights": [f.weights.0, f.weights.1], "in_flight": [f.in_flight.0, f.in_flight.1],
+                "a_gbps": f.a.gbps, "b_gbps": f.b.gbps, "a_of_its_share": a_of_share,
+                "a_over_b": ratio, "errors": f.a.errors + f.b.errors,
+            })
+            .to_string(),
+        );
+        return;
+    }
+    emit(&format!(
+        "fairness {:>5} | weights {}:{} | in flight {}:{} | A {:.3} GB/s, B {:.3} GB/s | A/B {} | A got {} of its weighted share",
+        transport_name(transport),
+        f.weights.0,
+        f.weights.1,
+        f.in_flight.0,
+        f.in_flight.1,
+        f.a.gbps,
+        f.b.gbps,
+        ratio.map_or("n/a".into(), |r| format!("{r:.2}")),
+        a_of_share.map_or("n/a".into(), |k| format!("{:.0}%", k * 100.0)),
+    ));
 }

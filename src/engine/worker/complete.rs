@@ -10,6 +10,7 @@ use super::failover::may_fail_over;
 use super::turn_clock::TurnClock;
 use crate::engine::batch::Served;
 use crate::engine::slot_index;
+use crate::engine::task::Origin;
 use crate::transport::SliceCompletion;
 
 impl Worker {
@@ -119,6 +120,12 @@ impl Worker {
                 }
             }
             let (origin, user_data, done, priority) = (t.origin, t.user_data, t.done, t.priority);
+            if let Origin::Ring(ri) = origin
+                && let Some(scope) = self.rings.scope(ri as usize)
+            {
+                // Its work is done: the client's share has room again.
+                self.engine.fair.done(scope.share(), priority, t.len);
+            }
             // A task whose last slice was a synchronous copy finished when
             // dispatch stamped it; any other, now.
             let now = match t.done_ns {

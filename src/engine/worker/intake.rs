@@ -24,7 +24,7 @@ impl Worker {
         for ri in 0..self.rings.len() {
             let mut taken = 0;
             while taken < INTAKE_PER_RING && !self.tasks.is_full() {
-                let Some((origin, sqe)) = self.rings.take(ri) else {
+                let Some((origin, sqe)) = self.rings.take(ri, Some(&self.engine.fair)) else {
                     break;
                 };
                 taken += 1;
@@ -111,6 +111,12 @@ impl Worker {
                 t.waited = false;
                 t.done_ns = 0;
                 self.shared.qos.accepted(v.priority);
+                if let Origin::Ring(ri) = origin
+                    && let Some(scope) = self.rings.scope(ri as usize)
+                {
+                    // Given back at its completion (`complete`).
+                    self.engine.fair.took(scope.share(), v.priority, sqe.len());
+                }
                 self.count_live(v.priority, true);
                 self.sched.queue(v.priority, i, now);
             }

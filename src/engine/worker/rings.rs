@@ -9,12 +9,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tent_rings::spsc::{Consumer, Producer};
-use tent_rings::{Cqe, ErrorKind, Sqe};
+use tent_rings::{Cqe, ErrorKind, Priority, Sqe};
 
 use crate::doorbell::CqBell;
 use crate::engine::batch::{BatchTask, Served, TaskState};
 use crate::engine::client_scope::ClientScope;
 use crate::engine::task::Origin;
+use crate::qos::FairShares;
 
 /// CQEs a worker writes into a ring before it publishes them mid-turn
 /// (the rest at the turn's end, with the wake-up check). Publishing only
@@ -174,17 +175,22 @@ impl Rings {
     /// The next SQE of ring `ri` and whom its completion goes to, if it
     /// has one and its CQ has room for it (that slot is then owed).
     #[inline]
-    pub(super) fn take(&mut self, ri: usize) -> Option<(Origin, Sqe)> {
+    pub(super) fn take(&mut self, ri: usize, fair: Option<&FairShares>) -> Option<(Origin, Sqe)> {
         let ring = self.slots[ri].as_mut()?;
         if !ring.cq_has_room() {
             return None;
         }
-        // A client past its share of ops in flight waits (its CQE gives
-        // the share back, `post_cqe`).
-        if let Some(scope) = &ring.scope
-            && (ring.sq.is_empty_quiet() || !scope.try_take())
-        {
-            return None;
+        // A client past its fair share of work at its next SQE's priority,
+        // or past its quota of ops in flight, waits (a completion gives
+        // them back: `Worker::complete`, `post_cqe`). The SQE is looked at
+        // in place: what it says decides only this; the copy taken is
+        // what is checked and counted.
+        if let Some(scope) = &ring.scope {
+            let head = ring.sq.peek()?;
+            let (p, len) = (head.priority().unwrap_or(Priority::Low), head.len());
+            if fair.is_some_and(|f| !f.may_take(scope.share(), p, len)) || !scope.try_take() {
+                return None;
+            }
         }
         let Some(sqe) = ring.sq.pop() else {
             if let Some(scope) = &ring.scope {
