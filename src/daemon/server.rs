@@ -85,7 +85,9 @@ pub enum ClientMatch {
     Uid(u32),
     /// Processes in this group, primary or supplementary.
     Gid(u32),
-    /// The client that gave this name at attach (`daemon_client_name`).
+    /// The client that gave this name at attach (`daemon_client_name`):
+    /// a claim, so only a process of the daemon's own user (which could
+    /// read the daemon's memory anyway) is taken at its word.
     Name(String),
 }
 
@@ -118,14 +120,15 @@ impl std::str::FromStr for ClientWeight {
 }
 
 impl DaemonLimits {
-    /// The weight of a client of `uid`, in `groups`, named `name`.
-    fn weight_of(&self, uid: u32, groups: impl Fn() -> Vec<u32>, name: &str) -> u32 {
+    /// The weight of a client of `uid`, in `groups`, named `name` (a name
+    /// counts only from the daemon's own user, `own`).
+    fn weight_of(&self, uid: u32, own: bool, groups: impl Fn() -> Vec<u32>, name: &str) -> u32 {
         let mut gs: Option<Vec<u32>> = None;
         for w in &self.weights {
             let hit = match &w.who {
                 ClientMatch::Uid(u) => *u == uid,
                 ClientMatch::Gid(g) => gs.get_or_insert_with(&groups).contains(g),
-                ClientMatch::Name(n) => !name.is_empty() && n == name,
+                ClientMatch::Name(n) => own && !name.is_empty() && n == name,
             };
             if hit {
                 return w.weight.max(1);
@@ -632,6 +635,7 @@ fn serve_client(inner: &Arc<Inner>, s: UnixStream) {
     };
     let weight = inner.limits.weight_of(
         who.uid,
+        who.uid == euid(),
         || crate::memfd::peer_groups(&s).unwrap_or_default(),
         &who.name,
     );
@@ -1080,13 +1084,14 @@ mod tests {
             ..Default::default()
         };
         let groups = |gs: Vec<u32>| move || gs.clone();
-        assert_eq!(limits.weight_of(1000, groups(vec![50]), "prefill"), 3);
-        assert_eq!(limits.weight_of(1000, groups(vec![50]), ""), 2);
-        assert_eq!(limits.weight_of(1000, groups(vec![]), "decode"), 5);
+        assert_eq!(limits.weight_of(1000, true, groups(vec![50]), "prefill"), 3);
+        assert_eq!(limits.weight_of(1000, true, groups(vec![50]), ""), 2);
+        assert_eq!(limits.weight_of(1000, true, groups(vec![]), "decode"), 5);
+        assert_eq!(limits.weight_of(7, true, groups(vec![]), "decode"), 1);
         assert_eq!(
-            limits.weight_of(7, groups(vec![]), "decode"),
-            1,
-            "no rule: 1"
+            limits.weight_of(1000, false, groups(vec![]), "prefill"),
+            5,
+            "another user's name is a claim: its uid's rule counts"
         );
     }
 }

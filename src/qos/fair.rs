@@ -22,6 +22,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crossbeam_utils::CachePadded;
+
 use tent_rings::Priority;
 
 /// The work, in bytes, that the clients with work at one priority share
@@ -35,7 +37,9 @@ pub(crate) const MIN_COST: u64 = 4 << 10;
 #[derive(Debug)]
 pub(crate) struct FairShares {
     window: u64,
-    active: [AtomicU64; 3],
+    /// Written by every worker as clients start and stop having work: a
+    /// line of its own.
+    active: CachePadded<[AtomicU64; 3]>,
 }
 
 impl Default for FairShares {

@@ -477,7 +477,17 @@ impl LowChild {
 
     /// Start a LOW run; returns once its measured window opens.
     fn start(&mut self) -> Result<(), String> {
-        writeln!(self.stdin, "run").map_err(|e| e.to_string())?;
+        self.ask_run()?;
+        self.measuring()
+    }
+
+    /// Ask for a LOW run (its warm-up starts now).
+    fn ask_run(&mut self) -> Result<(), String> {
+        writeln!(self.stdin, "run").map_err(|e| e.to_string())
+    }
+
+    /// Wait until the run's measured window opens.
+    fn measuring(&mut self) -> Result<(), String> {
         match self.line()? {
             v if v["event"] == "measuring" => Ok(()),
             v => Err(format!("the LOW process said {v} instead of measuring")),
@@ -907,8 +917,11 @@ fn fairness(args: &Args, transport: TransportArg, target: &str) -> Result<Vec<Sh
         };
         let mut a = spawn("a", in_flight.0)?;
         let mut b = spawn("b", in_flight.1)?;
-        a.start()?;
-        b.start()?;
+        // Both asked at once: their windows open and close together.
+        a.ask_run()?;
+        b.ask_run()?;
+        a.measuring()?;
+        b.measuring()?;
         let (ra, rb) = (a.result()?, b.result()?);
         drop((a, b));
         drop(d);

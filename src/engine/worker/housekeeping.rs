@@ -188,7 +188,7 @@ impl Worker {
         self.adopt_rings();
         for ri in 0..self.rings.len() {
             // A CQ the application stopped reading: its rest stays queued.
-            while let Some((origin, sqe)) = self.rings.take(ri, None) {
+            while let Some((origin, sqe, _)) = self.rings.take(ri, None) {
                 self.rings.deliver(
                     origin,
                     sqe.user_data(),

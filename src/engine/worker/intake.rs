@@ -24,10 +24,22 @@ impl Worker {
         for ri in 0..self.rings.len() {
             let mut taken = 0;
             while taken < INTAKE_PER_RING && !self.tasks.is_full() {
-                let Some((origin, sqe)) = self.rings.take(ri, Some(&self.engine.fair)) else {
+                let Some((origin, sqe, rewritten)) = self.rings.take(ri, Some(&self.engine.fair))
+                else {
                     break;
                 };
                 taken += 1;
+                if rewritten {
+                    self.rings.deliver(
+                        origin,
+                        sqe.user_data(),
+                        Err(ErrorKind::InvalidArgument),
+                        true,
+                        0,
+                        Served::default(),
+                    );
+                    continue;
+                }
                 self.accept(origin, &sqe, clock);
             }
             if taken > 0 {

@@ -39,6 +39,10 @@ pub(in crate::engine) fn cqe_for(
         .with_failover_exhausted(served.exhausted)
 }
 
+/// A client rewrote the SQE taken, after it was looked at, into one past
+/// its share: it is refused rather than counted.
+pub(super) type Rewritten = bool;
+
 /// Worker-side ends of an application ring.
 pub(crate) struct WorkerRing {
     sq: Consumer<Sqe>,
@@ -57,6 +61,10 @@ pub(crate) struct WorkerRing {
     /// rung again only once the client has read past it, so a client that
     /// leaves NEED_WAKEUP set costs the worker no wake per flush.
     bell_head: Option<u32>,
+    /// A client ring whose next SQE waits for the client's share or quota
+    /// (set by `take`): the worker's park treats it as blocked, not as
+    /// work to do now.
+    held_back: bool,
 }
 
 impl WorkerRing {
@@ -75,6 +83,7 @@ impl WorkerRing {
             scope: None,
             retire: None,
             bell_head: None,
+            held_back: false,
         }
     }
 
@@ -175,36 +184,51 @@ impl Rings {
     /// The next SQE of ring `ri` and whom its completion goes to, if it
     /// has one and its CQ has room for it (that slot is then owed).
     #[inline]
-    pub(super) fn take(&mut self, ri: usize, fair: Option<&FairShares>) -> Option<(Origin, Sqe)> {
+    pub(super) fn take(
+        &mut self,
+        ri: usize,
+        fair: Option<&FairShares>,
+    ) -> Option<(Origin, Sqe, Rewritten)> {
         let ring = self.slots[ri].as_mut()?;
         if !ring.cq_has_room() {
             return None;
         }
         // A client past its fair share of work at its next SQE's priority,
         // or past its quota of ops in flight, waits (a completion gives
-        // them back: `Worker::complete`, `post_cqe`). The SQE is looked at
-        // in place: what it says decides only this; the copy taken is
-        // what is checked and counted.
+        // them back: `Worker::complete`, `post_cqe`); its ring counts as
+        // blocked, not as work, for the worker's park. The SQE is copied
+        // to decide; the client may rewrite it before it is taken, so the
+        // copy taken is what is counted, and one that now says otherwise
+        // and is past the share is refused (`InvalidArgument`).
+        let mut looked: Option<(Priority, u64)> = None;
         if let Some(scope) = &ring.scope {
-            let head = ring.sq.peek()?;
+            let head: Sqe = *ring.sq.peek()?;
             let (p, len) = (head.priority().unwrap_or(Priority::Low), head.len());
             if fair.is_some_and(|f| !f.may_take(scope.share(), p, len)) || !scope.try_take() {
+                ring.held_back = true;
                 return None;
             }
+            looked = Some((p, len));
         }
+        ring.held_back = false;
         let Some(sqe) = ring.sq.pop() else {
             if let Some(scope) = &ring.scope {
                 scope.completed();
             }
             return None;
         };
+        let mut rewritten = false;
+        if let (Some(scope), Some(f), Some(seen)) = (&ring.scope, fair, looked) {
+            let now = (sqe.priority().unwrap_or(Priority::Low), sqe.len());
+            rewritten = now != seen && !f.may_take(scope.share(), now.0, now.1);
+        }
         let origin = if ring.cq.is_some() {
             ring.outstanding += 1;
             Origin::Ring(ri as u32)
         } else {
             Origin::Batch
         };
-        Some((origin, sqe))
+        Some((origin, sqe, rewritten))
     }
 
     /// Hand the SQ slots taken from ring `ri` back to its application.
@@ -335,9 +359,11 @@ impl Rings {
             if unread && ring.bell_due() {
                 ring.cq_bell.as_ref().expect("checked").ring();
             }
-            if !ring.cq_has_room() {
-                // The application is behind on reaping: its SQEs wait for CQ
-                // room, which no doorbell announces. Look again soon.
+            if !ring.cq_has_room() || ring.held_back {
+                // The application is behind on reaping, or the client is
+                // past its share: its SQEs wait for CQ room or for its
+                // work to complete, which no doorbell announces. Look
+                // again soon.
                 check.blocked = true;
                 continue;
             }
