@@ -529,7 +529,7 @@ impl Attached {
             }
             (other, _) => return Err(link.desync(&other)),
         };
-        let page = map_mail_page(page)?;
+        let page = attach_sealed(page, RegionType::Data, None, MAIL_LEN, "mail page")?;
         let word = |at| SharedWord::new(page.clone(), at).expect("inside the mail page");
         let words = [word(MAIL_ARRIVED), word(MAIL_SETTLED)];
         let _ = link.mail.set(words.clone());
@@ -719,32 +719,26 @@ impl Attached {
     ) -> Result<Ring> {
         let mut parts: Vec<Arc<Region>> = Vec::with_capacity(3);
         for (want, fd) in [Part::Sq, Part::Cq, Part::Bells].into_iter().zip(fds) {
-            let fd = fd.ok_or_else(|| Error::new(ErrorKind::Unreachable, "tentd sent no memfd"))?;
-            let (_, seals) = size_and_seals(fd.as_fd()).map_err(io("check the memfd"))?;
-            if seals & libc::F_SEAL_SHRINK == 0 {
-                return Err(Error::new(
-                    ErrorKind::Unreachable,
-                    "tentd's memfd is not sealed",
-                ));
-            }
-            let (ty, layout) = match want {
-                Part::Sq => (RegionType::Ring, Some(spsc::ring_layout::<Sqe>(depth))),
-                Part::Cq => (RegionType::Ring, Some(spsc::ring_layout::<Cqe>(depth))),
-                Part::Bells => (RegionType::Data, None),
+            let (ty, layout, least, what) = match want {
+                Part::Sq => (
+                    RegionType::Ring,
+                    Some(spsc::ring_layout::<Sqe>(depth)),
+                    0,
+                    "ring",
+                ),
+                Part::Cq => (
+                    RegionType::Ring,
+                    Some(spsc::ring_layout::<Cqe>(depth)),
+                    0,
+                    "ring",
+                ),
+                Part::Bells => (RegionType::Data, None, BELLS_LEN, "bells"),
             };
-            let region = Region::attach_file(&File::from(fd), ty, layout)
-                .map_err(|e| Error::new(ErrorKind::Unreachable, format!("tentd's ring: {e}")))?;
-            parts.push(Arc::new(region));
+            parts.push(attach_sealed(fd, ty, layout, least, what)?);
         }
         let bad =
             |e: spsc::RingError| Error::new(ErrorKind::Unreachable, "tentd's ring").with_source(e);
         let bells = parts.pop().expect("three parts");
-        if bells.payload_len() < BELLS_LEN {
-            return Err(Error::new(
-                ErrorKind::Unreachable,
-                "tentd's bells are short",
-            ));
-        }
         let cq = spsc::consumer_in_region::<Cqe>(parts.pop().expect("three parts")).map_err(bad)?;
         let sq = spsc::producer_in_region::<Sqe>(parts.pop().expect("three parts")).map_err(bad)?;
         let word = |at| SharedWord::new(bells.clone(), at).expect("inside the bells' page");
@@ -862,18 +856,7 @@ impl Attached {
         requests: &[Sqe],
         n: &crate::Notification,
     ) -> Result<()> {
-        n.check()?;
-        let first = requests
-            .first()
-            .ok_or_else(|| Error::invalid("a notification needs at least one request"))?
-            .remote()
-            .segment;
-        if requests.iter().any(|r| r.remote().segment != first) {
-            return Err(Error::invalid(
-                "the requests of a submission with a notification must all name one segment: \
-                 the notification goes to its owner",
-            ));
-        }
+        let first = crate::notify::submission_target(requests, n)?;
         Post::check(first, n)?;
         // Running before the submission, so a failure to start it queues
         // nothing.
@@ -1219,24 +1202,26 @@ impl Drop for Attached {
     }
 }
 
-/// The client's mail page from the daemon's memfd, checked: sealed, and
-/// long enough for its words.
-fn map_mail_page(fd: Option<OwnedFd>) -> Result<Arc<Region>> {
-    let fd = fd.ok_or_else(|| Error::new(ErrorKind::Unreachable, "tentd sent no mail page"))?;
-    let (_, seals) = size_and_seals(fd.as_fd()).map_err(io("check the mail page"))?;
+/// A region the daemon handed over (`what`, for the errors) from its
+/// memfd, checked: sent, sealed against shrinking, of its layout, and with
+/// at least `least` bytes of payload.
+fn attach_sealed(
+    fd: Option<OwnedFd>,
+    ty: RegionType,
+    layout: Option<[u64; 4]>,
+    least: usize,
+    what: &str,
+) -> Result<Arc<Region>> {
+    let unreachable = |m: String| Error::new(ErrorKind::Unreachable, m);
+    let fd = fd.ok_or_else(|| unreachable(format!("tentd sent no memfd for its {what}")))?;
+    let (_, seals) = size_and_seals(fd.as_fd()).map_err(io("check a memfd"))?;
     if seals & libc::F_SEAL_SHRINK == 0 {
-        return Err(Error::new(
-            ErrorKind::Unreachable,
-            "tentd's mail page is not sealed",
-        ));
+        return Err(unreachable(format!("tentd's {what} memfd is not sealed")));
     }
-    let region = Region::attach_file(&File::from(fd), RegionType::Data, None)
-        .map_err(|e| Error::new(ErrorKind::Unreachable, format!("tentd's mail page: {e}")))?;
-    if region.payload_len() < MAIL_LEN {
-        return Err(Error::new(
-            ErrorKind::Unreachable,
-            "tentd's mail page is short",
-        ));
+    let region = Region::attach_file(&File::from(fd), ty, layout)
+        .map_err(|e| unreachable(format!("tentd's {what}: {e}")))?;
+    if region.payload_len() < least {
+        return Err(unreachable(format!("tentd's {what} is short")));
     }
     Ok(Arc::new(region))
 }

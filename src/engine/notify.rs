@@ -74,18 +74,7 @@ impl Embedded {
         requests: &[Sqe],
         n: &Notification,
     ) -> Result<()> {
-        n.check()?;
-        let first = requests
-            .first()
-            .ok_or_else(|| Error::invalid("a notification needs at least one request"))?
-            .remote()
-            .segment;
-        if requests.iter().any(|r| r.remote().segment != first) {
-            return Err(Error::invalid(
-                "the requests of a submission with a notification must all name one segment: \
-                 the notification goes to its owner",
-            ));
-        }
+        let first = crate::notify::submission_target(requests, n)?;
         let dest = self.notify_dest(0, first)?;
         // By the latest of the requests' deadlines their data has landed
         // or failed; the message has the usual bound after that.

@@ -57,6 +57,32 @@ pub(crate) fn split_mailbox(name: &str) -> (&str, Option<u64>) {
     (name, None)
 }
 
+/// The segment whose owner a notification attached to `requests` goes to:
+/// the one they all name (`submit_with_notification`, embedded or
+/// attached).
+///
+/// # Errors
+/// `InvalidArgument` for `n` over its limits, no request, or requests
+/// naming more than one segment.
+pub(crate) fn submission_target(
+    requests: &[tent_rings::Sqe],
+    n: &Notification,
+) -> Result<tent_rings::SegmentId> {
+    n.check()?;
+    let first = requests
+        .first()
+        .ok_or_else(|| Error::invalid("a notification needs at least one request"))?
+        .remote()
+        .segment;
+    if requests.iter().any(|r| r.remote().segment != first) {
+        return Err(Error::invalid(
+            "the requests of a submission with a notification must all name one segment: \
+             the notification goes to its owner",
+        ));
+    }
+    Ok(first)
+}
+
 /// A notification to send: a name (what happened) and a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Notification {
