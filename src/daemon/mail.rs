@@ -21,7 +21,7 @@ use parking_lot::{Condvar, Mutex};
 use tent_rings::{ErrorKind, SegmentId};
 
 use super::batches::ClientBatches;
-use super::client::Link;
+use super::link::{Link, gone_error};
 use super::wire::{Reply, Request};
 use crate::doorbell::SharedWord;
 use crate::error::{Error, Result};
@@ -164,7 +164,7 @@ impl Post {
                 return Ok(r);
             }
             if self.link.gone() {
-                return Err(super::client::gone_error());
+                return Err(gone_error());
             }
             let left = match end {
                 Some(end) => end.saturating_duration_since(Instant::now()),

@@ -27,6 +27,7 @@
 
 mod batches;
 mod client;
+mod link;
 mod mail;
 mod relay;
 mod server;

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use parking_lot::Mutex;
 use tent_rings::{Priority, SegmentId};
 
+use crate::metrics::ClientSnapshot;
 use crate::qos::ClientShare;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -68,27 +69,6 @@ pub(crate) struct ClientHeld {
     pub(crate) regions: AtomicU64,
     pub(crate) bytes: AtomicU64,
     pub(crate) rings: AtomicU64,
-}
-
-/// One client's figures, read at one scrape.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct ClientSnapshot {
-    pub(crate) id: u32,
-    pub(crate) uid: u32,
-    pub(crate) pid: u32,
-    pub(crate) name: String,
-    pub(crate) weight: u64,
-    pub(crate) completed: u64,
-    pub(crate) failed: u64,
-    pub(crate) bytes: u64,
-    pub(crate) waits: [u64; 3],
-    pub(crate) wait_ns: [u64; 3],
-    pub(crate) in_flight: u64,
-    pub(crate) max_in_flight: u64,
-    pub(crate) regions: u64,
-    pub(crate) held_bytes: u64,
-    pub(crate) rings: u64,
-    pub(crate) segments: u64,
 }
 
 /// The clients a daemon's engine serves now, for its reports: at most

@@ -11,13 +11,13 @@ use serde_json::{Value, json};
 use tent_rings::TransportKind;
 
 use super::EngineShared;
-use super::client_scope::{ClientRegistry, ClientSnapshot};
+use super::client_scope::ClientRegistry;
 use super::segments::NETWORK;
 use super::topology_report::{self, TopologyReport};
 use super::worker::WorkerShared;
 use crate::http::HttpCounters;
-use crate::metrics::Scrape;
 use crate::metrics::ops::OpSnapshot;
+use crate::metrics::{ClientSnapshot, Scrape};
 use crate::qos::{QosSnapshot, SlotClock, SlotSnapshot};
 use crate::segment::Segment;
 use crate::topology::Topology;

@@ -31,7 +31,6 @@ use super::ops::{OPCODES, OpSnapshot, Stage, TRANSPORTS};
 use crate::flow::diag::{SqReport, SqRow};
 use crate::http::HttpStats;
 use crate::qos::stats::{bucket_upper_us, name as priority_name};
-use crate::engine::client_scope::ClientSnapshot;
 use crate::qos::{LevelSnapshot, QosSnapshot};
 use crate::transport::rails::RailStat;
 
@@ -111,6 +110,28 @@ impl Scrape {
         }
         out
     }
+}
+
+/// One daemon client's figures, read at one scrape (the engine's
+/// `ClientScope::snapshot`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ClientSnapshot {
+    pub(crate) id: u32,
+    pub(crate) uid: u32,
+    pub(crate) pid: u32,
+    pub(crate) name: String,
+    pub(crate) weight: u64,
+    pub(crate) completed: u64,
+    pub(crate) failed: u64,
+    pub(crate) bytes: u64,
+    pub(crate) waits: [u64; 3],
+    pub(crate) wait_ns: [u64; 3],
+    pub(crate) in_flight: u64,
+    pub(crate) max_in_flight: u64,
+    pub(crate) regions: u64,
+    pub(crate) held_bytes: u64,
+    pub(crate) rings: u64,
+    pub(crate) segments: u64,
 }
 
 /// A [`Scrape`] with its per-peer tables capped, as the crate's collector.

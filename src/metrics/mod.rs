@@ -42,7 +42,7 @@ pub(crate) mod cap;
 pub(crate) mod expo;
 pub(crate) mod ops;
 
-pub(crate) use expo::Scrape;
+pub(crate) use expo::{ClientSnapshot, Scrape};
 
 /// `TransportKind` codes.
 pub(crate) const KINDS: usize = 5;
