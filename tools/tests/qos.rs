@@ -2,7 +2,9 @@
 //! README has the release command): every case prints its JSON line with
 //! the figures issue 15 names, no WRITE fails, and the slot file works
 //! across the two processes: LOW alone is never held (the slots are
-//! work-conserving), LOW beside another process's HIGH stream is.
+//! work-conserving), LOW beside another process's HIGH stream is. The
+//! two streams as clients of one daemon, and two LOW clients sharing one
+//! by weight, report too.
 //! Figures are not judged here: speed targets live in the benchmark.
 
 mod common;
@@ -26,9 +28,12 @@ fn qos_mode_reports_every_case_and_slots_hold_low_only_beside_high() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
-    assert_eq!(lines.len(), 10, "{text}");
+    assert_eq!(lines.len(), 16, "{text}");
     for t in ["shm", "tcp"] {
-        let cases: Vec<&Value> = lines.iter().filter(|l| l["transport"] == t).collect();
+        let cases: Vec<&Value> = lines
+            .iter()
+            .filter(|l| l["transport"] == t && l["case"] != "fairness")
+            .collect();
         let slots: Vec<Value> = cases
             .iter()
             .map(|l| l["slot_interval_ms"].clone())
@@ -37,12 +42,42 @@ fn qos_mode_reports_every_case_and_slots_hold_low_only_beside_high() {
             .iter()
             .map(|l| l["processes"].as_u64().unwrap())
             .collect();
-        assert_eq!(procs, [1, 2, 2, 2, 2], "{text}");
+        let daemon: Vec<bool> = cases
+            .iter()
+            .map(|l| l["clients_of_one_daemon"].as_bool().unwrap())
+            .collect();
+        assert_eq!(procs, [1, 2, 2, 2, 2, 2], "{text}");
         assert_eq!(
             slots,
-            [Value::Null, Value::Null, 1.into(), 2.into(), 10.into()],
+            [
+                Value::Null,
+                Value::Null,
+                1.into(),
+                2.into(),
+                10.into(),
+                Value::Null
+            ],
             "{text}"
         );
+        assert_eq!(daemon, [false, false, false, false, false, true], "{text}");
+        // Two LOW clients of one daemon at once: equal weights with one
+        // flooding, then 3:1; both move data, no WRITE fails.
+        let shares: Vec<&Value> = lines
+            .iter()
+            .filter(|l| l["transport"] == t && l["case"] == "fairness")
+            .collect();
+        let weights: Vec<Value> = shares.iter().map(|l| l["weights"].clone()).collect();
+        assert_eq!(
+            weights,
+            [serde_json::json!([1, 1]), serde_json::json!([3, 1])],
+            "{text}"
+        );
+        for l in &shares {
+            for k in ["a_gbps", "b_gbps"] {
+                assert!(l[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {l}");
+            }
+            assert_eq!(l["errors"], 0, "{l}");
+        }
         for l in &cases {
             for k in [
                 "high_p99_idle_us",
