@@ -241,6 +241,22 @@ impl Wakers {
     }
 }
 
+/// A non-blocking, close-on-exec eventfd (`what` names it in the error):
+/// a ring's completion fd, a stop that a thread polls beside its socket.
+///
+/// # Errors
+/// `OutOfMemory` when the kernel refuses one (the descriptor limit).
+pub(crate) fn eventfd(what: &str) -> crate::error::Result<std::os::fd::OwnedFd> {
+    rustix::event::eventfd(
+        0,
+        rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+    )
+    .map_err(|e| {
+        crate::error::Error::new(tent_rings::ErrorKind::OutOfMemory, format!("{what} eventfd"))
+            .with_source(std::io::Error::from(e))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

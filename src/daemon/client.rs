@@ -285,13 +285,7 @@ impl Attached {
             }
             Err(e) => return Err(io("SO_PEERCRED")(e)),
         }
-        let stop = rustix::event::eventfd(
-            0,
-            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-        )
-        .map_err(|e| {
-            Error::new(ErrorKind::OutOfMemory, "an eventfd").with_source(std::io::Error::from(e))
-        })?;
+        let stop = crate::doorbell::eventfd("the daemon watch's stop")?;
         // The watch polls its own descriptor of the socket.
         let watched_stream = stream.try_clone().map_err(io("duplicate the socket"))?;
         let link = Arc::new(Link {

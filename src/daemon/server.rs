@@ -281,14 +281,7 @@ impl Daemon {
         let _ = std::fs::remove_dir(&private);
         let listener = placed.map_err(bad("place the socket at"))?;
         listener.set_nonblocking(true).map_err(bad("listen at"))?;
-        let stop_fd = rustix::event::eventfd(
-            0,
-            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-        )
-        .map_err(|e| {
-            Error::new(ErrorKind::OutOfMemory, "tentd: an eventfd")
-                .with_source(std::io::Error::from(e))
-        })?;
+        let stop_fd = crate::doorbell::eventfd("tentd: the stop")?;
         let inner = Arc::new(Inner {
             engine,
             limits,

@@ -337,14 +337,7 @@ impl Ring {
     pub fn completion_fd(&mut self) -> Result<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
         if self.bell.efd.get().is_none() {
-            let fd = rustix::event::eventfd(
-                0,
-                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-            )
-            .map_err(|e| {
-                Error::new(ErrorKind::OutOfMemory, "ring completion eventfd")
-                    .with_source(std::io::Error::from(e))
-            })?;
+            let fd = crate::doorbell::eventfd("ring completion")?;
             if let Server::Daemon(d) = &self.server {
                 // Watched before the fd is the ring's: until then no
                 // waiter relies on it.
