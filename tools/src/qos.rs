@@ -688,6 +688,8 @@ pub(crate) fn qos(args: &Args) -> Result<(), String> {
     if !args.high_rates.is_empty() {
         return high_alone(args);
     }
+    let (placed, kept_off) = keep_off_first_core(args)?;
+    let args = &placed;
     if !(args.high_rate > 0.0 && args.high_rate <= 1e6) {
         return Err(format!(
             "--high-rate {} must be in (0, 1e6] WRITEs a second",
@@ -704,6 +706,11 @@ pub(crate) fn qos(args: &Args) -> Result<(), String> {
             dur.as_secs_f64(),
             warm.as_secs_f64()
         ));
+        if let Some(core) = kept_off {
+            emit(&format!(
+                "# core {core} is the HIGH side's worker's (the daemon's in the tentd cases) alone: every other thread of the bench, the target and the LOW processes runs off it, as a node gives tentd's workers cores of their own"
+            ));
+        }
         emit(
             "transport | procs | slots | HIGH p50/p99 idle us | HIGH p50/p99 loaded us | p99 ratio | LOW solo GB/s | LOW loaded GB/s | LOW kept | LOW gate holds solo/loaded",
         );
@@ -734,6 +741,44 @@ pub(crate) fn qos(args: &Args) -> Result<(), String> {
         return Err(format!("{failed} WRITEs failed"));
     }
     Ok(())
+}
+
+/// With two cores or more and no `--cores`: `args` naming every core this
+/// process may use, and this thread (so every thread and process started
+/// from it) kept off the first, which the HIGH side's worker (the
+/// daemon's, in the tentd cases) is pinned to; that core is returned. A
+/// worker that busy-polls keeps a thread queued behind it on its core for
+/// up to a scheduler slice (milliseconds), which is what a node avoids by
+/// giving its daemon's workers cores of their own.
+fn keep_off_first_core(args: &Args) -> Result<(Args, Option<usize>), String> {
+    let mut placed = args.clone();
+    if !args.cores.is_empty() {
+        return Ok((placed, None));
+    }
+    let all: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    let Some((&first, rest)) = all.split_first().filter(|(_, rest)| !rest.is_empty()) else {
+        return Ok((placed, None));
+    };
+    // SAFETY: an all-zero cpu_set_t is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in rest.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: `c` is below CPU_SETSIZE, inside `set`.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; 0 names this thread.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r != 0 {
+        return Err(format!(
+            "keeping the bench off core {first}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    placed.cores = all;
+    Ok((placed, Some(first)))
 }
 
 /// `--high-rates`: HIGH alone at each rate, over shm and TCP, one process,

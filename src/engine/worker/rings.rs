@@ -200,6 +200,7 @@ impl Rings {
         // to decide; the client may rewrite it before it is taken, so the
         // copy taken is what is counted, and one that now says otherwise
         // and is past the share is refused (`InvalidArgument`).
+        ring.held_back = false;
         let mut looked: Option<(Priority, u64)> = None;
         if let Some(scope) = &ring.scope {
             let head: Sqe = *ring.sq.peek()?;
@@ -210,7 +211,6 @@ impl Rings {
             }
             looked = Some((p, len));
         }
-        ring.held_back = false;
         let Some(sqe) = ring.sq.pop() else {
             if let Some(scope) = &ring.scope {
                 scope.completed();

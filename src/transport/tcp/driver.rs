@@ -413,10 +413,113 @@ mod tests {
         });
         let id = d
             .add(Arc::downgrade(&owner), |id| {
-                Link::new(id, endpoint, opts, Arc::default(), 4, 2 << 20)
+                Link::new(id, endpoint, opts, Arc::default(), Arc::default(), 4, 2 << 20)
             })
             .unwrap();
         (d, id, owner)
+    }
+
+    /// Bulk WRITEs to a target that handshakes `conns` connections and
+    /// then reads nothing: with the connections sharing a cap and HIGH
+    /// flowing, one slice is on the wire across them all; once the hold
+    /// runs out, each connection fills its own window.
+    #[test]
+    fn while_high_flows_a_rail_s_connections_keep_one_cap_of_bulk_on_the_wire() {
+        use crate::transport::tcp::cap::BulkCap;
+        const CONNS: usize = 3;
+        const SLICE: usize = 16 << 10;
+        const HOLD: Duration = Duration::from_millis(300);
+        for choice in BACKENDS {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let at = l.local_addr().unwrap();
+            let target = std::thread::spawn(move || {
+                (0..CONNS)
+                    .map(|_| {
+                        let (s, _) = l.accept().unwrap();
+                        crate::transport::tcp::handshake::serve(
+                            &s,
+                            None,
+                            Instant::now() + CONNECT_TIMEOUT,
+                            |_| {},
+                        )
+                        .unwrap();
+                        s
+                    })
+                    .collect::<Vec<_>>()
+            });
+            let mut d = Driver::new(choice, 64);
+            let owner = Arc::new(());
+            let endpoint = Arc::new(Endpoint {
+                local_ip: IpAddr::from([127, 0, 0, 1]),
+                remote: at,
+                up: AtomicBool::new(true),
+            });
+            let opts = Arc::new(Options {
+                user_timeout_ms: 0,
+                connect_timeout: CONNECT_TIMEOUT,
+                patience: CONNECT_TIMEOUT,
+                secret: None,
+                session: new_session(),
+            });
+            let cap = Arc::new(BulkCap::new(SLICE as u64, HOLD.as_nanos() as u64));
+            let ids: Vec<u32> = (0..CONNS)
+                .map(|_| {
+                    d.add(Arc::downgrade(&owner), |id| {
+                        Link::new(
+                            id,
+                            endpoint.clone(),
+                            opts.clone(),
+                            Arc::default(),
+                            cap.clone(),
+                            4,
+                            2 * SLICE as u64,
+                        )
+                    })
+                    .unwrap()
+                })
+                .collect();
+            let held_from = crate::clock::monotonic_ns();
+            cap.saw_high(held_from);
+            let buf = vec![7u8; SLICE];
+            for (n, &id) in ids.iter().enumerate() {
+                for k in 0..2 {
+                    let mut op = Op::new(
+                        (n * 2 + k) as u64,
+                        Opcode::Write,
+                        buf.as_ptr().cast_mut(),
+                        0,
+                        SLICE as u64,
+                        1,
+                    );
+                    op.posted_ns = crate::clock::monotonic_ns();
+                    d.post(id, op, BULK).unwrap();
+                }
+            }
+            let on_wire = |d: &Driver| ids.iter().map(|&id| d.on_wire(id)).sum::<usize>();
+            let held_until = held_from + HOLD.as_nanos() as u64;
+            let mut seen_held = 0;
+            let t = Instant::now();
+            loop {
+                let now = crate::clock::monotonic_ns();
+                d.turn(now);
+                let n = on_wire(&d);
+                if now < held_until {
+                    assert!(n <= 1, "{choice:?}: {n} bulk slices on the wire beside HIGH");
+                    seen_held = seen_held.max(n);
+                } else if n == 2 * CONNS {
+                    break;
+                }
+                assert!(
+                    t.elapsed() < HOLD + PROMPT,
+                    "{choice:?}: {n} slices on the wire a second after the hold ran out"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(seen_held, 1, "{choice:?}: the first slice went");
+            assert_eq!(cap.on_wire(), (2 * CONNS * SLICE) as u64, "{choice:?}");
+            drop(d);
+            drop(target.join().unwrap());
+        }
     }
 
     fn endpoint_of(d: &mut Driver, id: u32) -> Arc<Endpoint> {

@@ -9,8 +9,9 @@
 //! ```
 //! The worker queues a slice ([`Link::post`]); a HIGH one goes to the
 //! express queue, sent before anything still in the bulk queue. When the
-//! connection is up and its wire window has room, the queued slices leave
-//! as one batch: the peer's pending fences, then each slice's request
+//! connection is up and its wire window has room (and, for bulk, the
+//! rail's [`BulkCap`] while HIGH flows), the queued slices leave as one
+//! batch: the peer's pending fences, then each slice's request
 //! header and, for a WRITE, its payload straight from the caller's memory,
 //! all in one `sendmsg`. Responses land in a small staging buffer; a READ's
 //! payload is copied out of it as far as it arrived there, and the rest is
@@ -57,6 +58,7 @@ use std::time::Duration;
 use tent_rings::{ErrorKind, Opcode};
 
 use super::backend::{Backend, SockOp};
+use super::cap::BulkCap;
 use super::fence::{PEER_FENCES_MAX, PeerFences};
 use super::frame::{BUSY, Fence, Ident, REQUEST_LEN, RESPONSE_LEN, Reply, Request};
 use super::handshake::{Opening, Refused, Step};
@@ -187,6 +189,11 @@ pub(super) struct Link {
     window: u64,
     /// Bytes of the slices on the wire.
     wire_bytes: u64,
+    /// Of them, bulk (MEDIUM and LOW) bytes, also counted in `cap`.
+    bulk_bytes: u64,
+    /// The bulk every connection of this worker to the rail keeps on the
+    /// wire while HIGH flows there.
+    cap: Arc<BulkCap>,
     /// Completed slices, for the worker.
     pub(super) done: VecDeque<Op>,
     seq: u32,
@@ -219,7 +226,8 @@ pub(super) struct Link {
     // this socket opened.
     fences_seen: u64,
     fences_from: u64,
-    /// When the last slice sent was posted (idle check).
+    /// When the last slice sent was posted, or the socket opened if later
+    /// (idle check).
     last_post_ns: u64,
     pause: Duration,
     /// The open failure last logged (an `ErrorKind` code; 0: none since
@@ -254,12 +262,14 @@ fn empty_iov() -> libc::iovec {
 impl Link {
     /// A connection (not connected yet) to `endpoint`: `queue` slices may
     /// wait on it (the worker's credits), `window` bytes of them be on the
-    /// wire (at least one slice, at most [`WIRE_MAX`]).
+    /// wire (at least one slice, at most [`WIRE_MAX`]), its bulk within
+    /// `cap` too.
     pub(super) fn new(
         id: u32,
         endpoint: Arc<Endpoint>,
         opts: Arc<Options>,
         fences: Arc<PeerFences>,
+        cap: Arc<BulkCap>,
         queue: usize,
         window: u64,
     ) -> Box<Link> {
@@ -290,6 +300,8 @@ impl Link {
             landing: None,
             window,
             wire_bytes: 0,
+            bulk_bytes: 0,
+            cap,
             done: VecDeque::with_capacity(queue.max(WIRE_MAX)),
             seq: 0,
             conn_id: 0,
@@ -716,6 +728,9 @@ impl Link {
         }
         self.stage_lo = 0;
         self.stage_hi = 0;
+        // A fresh socket is not idle, even while its slices wait (a bulk
+        // cap beside HIGH): it is not retired before it carried one.
+        self.last_post_ns = self.last_post_ns.max(cx.now);
         tracing::debug!(remote = %self.endpoint.remote, local = %self.endpoint.local_ip, conn = self.conn_id, "tcp data connection up");
         self.send_batch(cx);
         self.arm_recv(cx);
@@ -757,10 +772,18 @@ impl Link {
             if !self.wire.is_empty() && self.wire_bytes.saturating_add(next.len) > self.window {
                 break;
             }
+            let bulk = !next.is_urgent();
+            if bulk && !self.cap.admits(next.len, cx.now) {
+                break;
+            }
             let Some(mut op) = self.queue[class].pop_front() else {
                 break;
             };
             self.wire_bytes = self.wire_bytes.saturating_add(op.len);
+            if bulk {
+                self.bulk_bytes = self.bulk_bytes.saturating_add(op.len);
+                self.cap.sent(op.len);
+            }
             self.seq = self.seq.wrapping_add(1);
             op.seq = self.seq;
             self.last_post_ns = self.last_post_ns.max(op.posted_ns);
@@ -878,6 +901,10 @@ impl Link {
                 break;
             };
             self.wire_bytes = self.wire_bytes.saturating_sub(op.len);
+            if !op.is_urgent() {
+                self.bulk_bytes = self.bulk_bytes.saturating_sub(op.len);
+                self.cap.left(op.len);
+            }
             self.sent -= 1;
             self.answered -= 1;
             self.done.push_back(op);
@@ -1106,6 +1133,7 @@ impl Link {
         let cause = self.cause;
         let mut wrote = false;
         self.wire_bytes = 0;
+        self.cap.left(std::mem::take(&mut self.bulk_bytes));
         while let Some(op) = self.wire.pop_front() {
             wrote |= op.opcode() == Opcode::Write;
             let status = self.failure_status(cause, cx.stopping);

@@ -26,6 +26,7 @@
 
 mod abort;
 pub(crate) mod backend;
+pub(super) mod cap;
 mod driver;
 mod fence;
 pub mod frame;
@@ -48,6 +49,7 @@ use tent_rings::{ErrorKind, Priority, TransportKind};
 
 use abort::Tokens;
 use backend::Choice;
+use cap::BulkCap;
 use driver::Driver;
 use fence::PeerFences;
 use link::Link;
@@ -83,6 +85,9 @@ struct Settings {
     /// How long a slice may wait for a busy target to take a connection.
     patience: Duration,
     slice_bytes: u64,
+    /// `bulk_window_beside_high` (0: no cap) and `high_hold_us`.
+    bulk_beside_high: u64,
+    high_hold_ns: u64,
     rail_policy: Arc<LiveRailPolicy>,
     /// Which socket queue the workers drive (resolved at install).
     backend: Choice,
@@ -132,6 +137,8 @@ struct PeerLinks {
     links: Vec<Option<u32>>,
     /// This worker's loads, estimates and plan on the peer's rails.
     rails: WorkerRails,
+    /// Per rail: the bulk its connections keep on the wire beside HIGH.
+    caps: Vec<Arc<BulkCap>>,
     conn_cursor: Vec<usize>,
     /// Its slices out, and whether the peer is on the active list.
     activity: PeerActivity,
@@ -291,6 +298,8 @@ impl TcpTransport {
                     .clamp(Duration::from_millis(100), Duration::from_secs(5)),
                 patience: config.default_timeout_ms.max(Duration::from_millis(100)),
                 slice_bytes: t.slice_size.min(frame::MAX_OP_LEN),
+                bulk_beside_high: t.bulk_window_beside_high,
+                high_hold_ns: crate::clock::nanos(t.high_hold_us),
                 rail_policy: Arc::new(LiveRailPolicy::new(RailPolicy::from_config(config))),
                 backend,
             },
@@ -355,6 +364,9 @@ impl TcpTransport {
             .map(|w| PeerLinks {
                 links: vec![None; rails.len() * (s.conns_per_rail + 1)],
                 rails: set.worker(w),
+                caps: (0..rails.len())
+                    .map(|_| Arc::new(BulkCap::new(s.bulk_beside_high, s.high_hold_ns)))
+                    .collect(),
                 conn_cursor: vec![0; rails.len()],
                 activity: PeerActivity::default(),
             })
@@ -417,10 +429,15 @@ impl TcpTransport {
                 .rev()
                 .min_by_key(|&c| links.links[first + c].map_or(0, |id| driver.on_wire(id)))
                 .unwrap_or(0);
+            links.caps[rail].saw_high(op.posted_ns);
             (c, op::EXPRESS)
         } else {
+            // Round robin; while HIGH flows and the rail's bulk is capped,
+            // one connection takes it all, so it leaves in posting order.
             let c = links.conn_cursor[rail];
-            links.conn_cursor[rail] = (c + 1) % peer.conns_per_rail;
+            if !links.caps[rail].holds(op.posted_ns) {
+                links.conn_cursor[rail] = (c + 1) % peer.conns_per_rail;
+            }
             (c, op::BULK)
         };
         let id = match links.links[first + c] {
@@ -435,6 +452,7 @@ impl TcpTransport {
                             peer.links[rail].endpoint.clone(),
                             peer.opts.clone(),
                             peer.fences.clone(),
+                            links.caps[rail].clone(),
                             s.queue as usize,
                             u64::from(s.inflight_per_conn).saturating_mul(s.slice_bytes),
                         )
