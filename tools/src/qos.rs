@@ -688,7 +688,7 @@ pub(crate) fn qos(args: &Args) -> Result<(), String> {
     if !args.high_rates.is_empty() {
         return high_alone(args);
     }
-    let (placed, kept_off) = keep_off_first_core(args)?;
+    let (placed, cores) = Cores::of(args);
     let args = &placed;
     if !(args.high_rate > 0.0 && args.high_rate <= 1e6) {
         return Err(format!(
@@ -706,9 +706,9 @@ pub(crate) fn qos(args: &Args) -> Result<(), String> {
             dur.as_secs_f64(),
             warm.as_secs_f64()
         ));
-        if let Some(core) = kept_off {
+        if let Some(core) = cores.first() {
             emit(&format!(
-                "# core {core} is the HIGH side's worker's (the daemon's in the tentd cases) alone: every other thread of the bench, the target and the LOW processes runs off it, as a node gives tentd's workers cores of their own"
+                "# one busy worker (one process, tentd, fairness): core {core} is that worker's alone, every other thread of the bench, the target and the LOW processes runs off it, as a node gives tentd's workers cores of their own"
             ));
         }
         emit(
@@ -718,15 +718,33 @@ pub(crate) fn qos(args: &Args) -> Result<(), String> {
     let buffer = span(args);
     let mut failed = 0;
     for transport in [TransportArg::Shm, TransportArg::Tcp] {
-        let (mut target, name) = crate::spawn_target(transport, buffer)?;
-        let mut cases = vec![one_process(args, transport, &name)];
+        // Each case has a target of its own, started on the cores its
+        // threads may use.
+        let with_target = |alone: bool, case: &dyn Fn(&str) -> Result<Case, String>| {
+            cores.placed(alone, || {
+                let (mut target, name) = crate::spawn_target(transport, buffer)?;
+                let c = case(&name);
+                drop(target.stdin.take());
+                let _ = target.wait();
+                c
+            })
+        };
+        let mut cases = vec![with_target(true, &|t| one_process(args, transport, t))];
         for s in SLOTS {
-            cases.push(two_processes(args, transport, &name, s, false));
+            cases.push(with_target(false, &|t| {
+                two_processes(args, transport, t, s, false)
+            }));
         }
-        cases.push(two_processes(args, transport, &name, None, true));
-        let shares = fairness(args, transport, &name);
-        drop(target.stdin.take());
-        let _ = target.wait();
+        cases.push(with_target(true, &|t| {
+            two_processes(args, transport, t, None, true)
+        }));
+        let shares = cores.placed(true, || {
+            let (mut target, name) = crate::spawn_target(transport, buffer)?;
+            let f = fairness(args, transport, &name);
+            drop(target.stdin.take());
+            let _ = target.wait();
+            f
+        });
         for c in cases {
             let c = c?;
             failed += c.idle.errors + c.loaded.errors + c.solo.errors + c.busy.errors;
@@ -743,29 +761,66 @@ pub(crate) fn qos(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// With two cores or more and no `--cores`: `args` naming every core this
-/// process may use, and this thread (so every thread and process started
-/// from it) kept off the first, which the HIGH side's worker (the
-/// daemon's, in the tentd cases) is pinned to; that core is returned. A
-/// worker that busy-polls keeps a thread queued behind it on its core for
-/// up to a scheduler slice (milliseconds), which is what a node avoids by
-/// giving its daemon's workers cores of their own.
-fn keep_off_first_core(args: &Args) -> Result<(Args, Option<usize>), String> {
-    let mut placed = args.clone();
-    if !args.cores.is_empty() {
-        return Ok((placed, None));
+/// Where a case's threads run. With two cores or more and no `--cores`,
+/// a case with one busy worker (one process; the daemon's in the tentd
+/// and fairness cases) keeps every other thread, and every process it
+/// starts, off the first core, which that worker is pinned to: a worker
+/// that busy-polls keeps a thread queued behind it on its core for up to
+/// a scheduler slice (milliseconds), which a node avoids by giving its
+/// daemon's workers cores of their own. The two-process cases have a
+/// worker on the first and on the last core, and run anywhere.
+struct Cores {
+    /// Every core this process may use (empty: no placing).
+    all: Vec<usize>,
+}
+
+impl Cores {
+    /// `args` naming every core this process may use, and where cases run.
+    fn of(args: &Args) -> (Args, Cores) {
+        let mut placed = args.clone();
+        if !args.cores.is_empty() {
+            return (placed, Cores { all: Vec::new() });
+        }
+        let all: Vec<usize> = core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        if all.len() < 2 {
+            return (placed, Cores { all: Vec::new() });
+        }
+        placed.cores = all.clone();
+        (placed, Cores { all })
     }
-    let all: Vec<usize> = core_affinity::get_core_ids()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|c| c.id)
-        .collect();
-    let Some((&first, rest)) = all.split_first().filter(|(_, rest)| !rest.is_empty()) else {
-        return Ok((placed, None));
-    };
+
+    /// The core kept for the one busy worker, if any.
+    fn first(&self) -> Option<usize> {
+        self.all.first().copied()
+    }
+
+    /// Run `case` from this thread kept off the first core (`alone`) or on
+    /// every core; this thread is on every core again afterwards.
+    fn placed<R>(
+        &self,
+        alone: bool,
+        case: impl FnOnce() -> Result<R, String>,
+    ) -> Result<R, String> {
+        if self.all.is_empty() {
+            return case();
+        }
+        let skip = usize::from(alone);
+        set_affinity(&self.all[skip..])?;
+        let r = case();
+        set_affinity(&self.all)?;
+        r
+    }
+}
+
+/// Let this thread (and what it starts from now on) run on `cores` only.
+fn set_affinity(cores: &[usize]) -> Result<(), String> {
     // SAFETY: an all-zero cpu_set_t is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &c in rest.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+    for &c in cores.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
         // SAFETY: `c` is below CPU_SETSIZE, inside `set`.
         unsafe { libc::CPU_SET(c, &mut set) };
     }
@@ -773,12 +828,11 @@ fn keep_off_first_core(args: &Args) -> Result<(Args, Option<usize>), String> {
     let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
     if r != 0 {
         return Err(format!(
-            "keeping the bench off core {first}: {}",
+            "placing the bench on cores {cores:?}: {}",
             std::io::Error::last_os_error()
         ));
     }
-    placed.cores = all;
-    Ok((placed, Some(first)))
+    Ok(())
 }
 
 /// `--high-rates`: HIGH alone at each rate, over shm and TCP, one process,
