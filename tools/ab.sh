@@ -11,7 +11,8 @@
 # Each pair runs both with the same arguments plus `--json`, N pairs
 # (default 5), before first in odd pairs and after first in even ones.
 # Every JSON line that carries F (default `gbps`) gives one figure, keyed
-# by what names its point (op, transport, case, processes, slot interval,
+# by what names its point (op, transport, case, processes, a daemon's
+# clients, slot interval, fairness weights,
 # threads, batch, block size); a line with a `baseline` of `ring_alone`
 # gives `tent_mops` (the `--batch` small-op figure). A run that fails is
 # left out (its output kept as *.failed). Printed: per key, the before and
@@ -83,7 +84,7 @@ done
 python3 - "$OUT" "$PAIRS" "$FIELD" <<'PY'
 import json, statistics, sys
 out, pairs, field = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-NAMES = ("op", "transport", "case", "processes", "slot_interval_ms", "rate", "threads", "batch", "block_size")
+NAMES = ("op", "transport", "case", "processes", "clients_of_one_daemon", "slot_interval_ms", "weights", "rate", "threads", "batch", "block_size")
 def points(side):
     got = {}
     for i in range(1, pairs + 1):
@@ -98,7 +99,8 @@ def points(side):
                 continue
             if not isinstance(o, dict):
                 continue
-            key = tuple(f"{n}={o[n]}" for n in NAMES if o.get(n) is not None)
+            # A flag names a point only when set (the qos mode's daemon rows).
+            key = tuple(f"{n}={o[n]}" for n in NAMES if o.get(n) is not None and o.get(n) is not False)
             if o.get("baseline") == "ring_alone" and "tent_mops" in o:
                 got.setdefault(key + ("tent_mops",), []).append(o["tent_mops"])
             elif "baseline" not in o and isinstance(o.get(field), (int, float)):

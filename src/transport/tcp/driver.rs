@@ -420,9 +420,10 @@ mod tests {
     }
 
     /// Bulk WRITEs to a target that handshakes `conns` connections and
-    /// then reads nothing: with the connections sharing a cap and HIGH
-    /// flowing, one slice is on the wire across them all; once the hold
-    /// runs out, each connection fills its own window.
+    /// then reads nothing, from two workers' drivers: with the
+    /// connections sharing a cap and HIGH flowing, one slice is on the
+    /// wire across them all; once the hold runs out, each connection fills
+    /// its own window.
     #[test]
     fn while_high_flows_a_rail_s_connections_keep_one_cap_of_bulk_on_the_wire() {
         use crate::transport::tcp::cap::BulkCap;
@@ -447,7 +448,8 @@ mod tests {
                     })
                     .collect::<Vec<_>>()
             });
-            let mut d = Driver::new(choice, 64);
+            // Two workers' drivers: connection n is driver n % 2's.
+            let mut ds = [Driver::new(choice, 64), Driver::new(choice, 64)];
             let owner = Arc::new(());
             let endpoint = Arc::new(Endpoint {
                 local_ip: IpAddr::from([127, 0, 0, 1]),
@@ -463,8 +465,8 @@ mod tests {
             });
             let cap = Arc::new(BulkCap::new(SLICE as u64, HOLD.as_nanos() as u64));
             let ids: Vec<u32> = (0..CONNS)
-                .map(|_| {
-                    d.add(Arc::downgrade(&owner), |id| {
+                .map(|n| {
+                    ds[n % 2].add(Arc::downgrade(&owner), |id| {
                         Link::new(
                             id,
                             endpoint.clone(),
@@ -492,17 +494,24 @@ mod tests {
                         1,
                     );
                     op.posted_ns = crate::clock::monotonic_ns();
-                    d.post(id, op, BULK).unwrap();
+                    ds[n % 2].post(id, op, BULK).unwrap();
                 }
             }
-            let on_wire = |d: &Driver| ids.iter().map(|&id| d.on_wire(id)).sum::<usize>();
+            let on_wire = |ds: &[Driver; 2]| {
+                ids.iter()
+                    .enumerate()
+                    .map(|(n, &id)| ds[n % 2].on_wire(id))
+                    .sum::<usize>()
+            };
             let held_until = held_from + HOLD.as_nanos() as u64;
             let mut seen_held = 0;
             let t = Instant::now();
             loop {
                 let now = crate::clock::monotonic_ns();
-                d.turn(now);
-                let n = on_wire(&d);
+                for d in &mut ds {
+                    d.turn(now);
+                }
+                let n = on_wire(&ds);
                 if now < held_until {
                     assert!(n <= 1, "{choice:?}: {n} bulk slices on the wire beside HIGH");
                     seen_held = seen_held.max(n);
@@ -517,7 +526,7 @@ mod tests {
             }
             assert_eq!(seen_held, 1, "{choice:?}: the first slice went");
             assert_eq!(cap.on_wire(), (2 * CONNS * SLICE) as u64, "{choice:?}");
-            drop(d);
+            drop(ds);
             drop(target.join().unwrap());
         }
     }

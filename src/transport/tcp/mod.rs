@@ -137,8 +137,6 @@ struct PeerLinks {
     links: Vec<Option<u32>>,
     /// This worker's loads, estimates and plan on the peer's rails.
     rails: WorkerRails,
-    /// Per rail: the bulk its connections keep on the wire beside HIGH.
-    caps: Vec<Arc<BulkCap>>,
     conn_cursor: Vec<usize>,
     /// Its slices out, and whether the peer is on the active list.
     activity: PeerActivity,
@@ -160,6 +158,9 @@ pub(crate) struct TcpPeer {
     opts: Arc<op::Options>,
     /// Connections every connection to the peer fences.
     fences: Arc<PeerFences>,
+    /// Per rail: the bulk every worker's connections on it keep on the
+    /// wire while HIGH flows there (from any worker).
+    caps: Vec<Arc<BulkCap>>,
     /// Held while the peer is: the workers' drivers close its connections
     /// once it is gone.
     alive: Arc<()>,
@@ -364,13 +365,11 @@ impl TcpTransport {
             .map(|w| PeerLinks {
                 links: vec![None; rails.len() * (s.conns_per_rail + 1)],
                 rails: set.worker(w),
-                caps: (0..rails.len())
-                    .map(|_| Arc::new(BulkCap::new(s.bulk_beside_high, s.high_hold_ns)))
-                    .collect(),
                 conn_cursor: vec![0; rails.len()],
                 activity: PeerActivity::default(),
             })
             .collect();
+        let rails_n = rails.len();
         let mut regions = desc.regions.clone();
         regions.sort_by_key(|r| r.addr);
         tracing::info!(peer = %desc.name, rails = rails.len(), conns_per_rail = s.conns_per_rail, smart = self.selector.load().is_smart(), "tcp peer attached");
@@ -390,6 +389,9 @@ impl TcpTransport {
                 session: op::new_session(),
             }),
             fences: Arc::new(PeerFences::default()),
+            caps: (0..rails_n)
+                .map(|_| Arc::new(BulkCap::new(s.bulk_beside_high, s.high_hold_ns)))
+                .collect(),
             alive: Arc::new(()),
         });
         if let Some(links) = self.links.get() {
@@ -429,13 +431,13 @@ impl TcpTransport {
                 .rev()
                 .min_by_key(|&c| links.links[first + c].map_or(0, |id| driver.on_wire(id)))
                 .unwrap_or(0);
-            links.caps[rail].saw_high(op.posted_ns);
+            peer.caps[rail].saw_high(op.posted_ns);
             (c, op::EXPRESS)
         } else {
             // Round robin; while HIGH flows and the rail's bulk is capped,
             // one connection takes it all, so it leaves in posting order.
             let c = links.conn_cursor[rail];
-            if !links.caps[rail].holds(op.posted_ns) {
+            if !peer.caps[rail].holds(op.posted_ns) {
                 links.conn_cursor[rail] = (c + 1) % peer.conns_per_rail;
             }
             (c, op::BULK)
@@ -452,7 +454,7 @@ impl TcpTransport {
                             peer.links[rail].endpoint.clone(),
                             peer.opts.clone(),
                             peer.fences.clone(),
-                            links.caps[rail].clone(),
+                            peer.caps[rail].clone(),
                             s.queue as usize,
                             u64::from(s.inflight_per_conn).saturating_mul(s.slice_bytes),
                         )
