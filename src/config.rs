@@ -276,9 +276,9 @@ pub struct TcpConfig {
     /// `transports/tcp/max_inflight_per_connection`: bytes on a
     /// connection's wire, in full slices.
     pub max_inflight_per_connection: u32,
-    /// `transports/tcp/bulk_window_beside_high`: bulk bytes a worker keeps
-    /// on the wire to a peer over one rail while HIGH flows there; 0 = no
-    /// cap.
+    /// `transports/tcp/bulk_window_beside_high`: bulk bytes each worker
+    /// keeps on the wire to a peer over one rail while HIGH (from any
+    /// worker) flows there; 0 = no cap.
     pub bulk_window_beside_high: u64,
     /// `transports/tcp/high_hold_us`: how long after a HIGH slice HIGH
     /// counts as flowing.
@@ -1290,7 +1290,7 @@ schema! {
     "transports/tcp/max_inflight_per_connection" => transports.tcp.max_inflight_per_connection: uint(1, 1024), "2", LIVE,
         "Bytes on the wire per TCP connection, counted in full slices of slice_size (more only fills socket buffers: 2 x 256 KiB measured 1.6x faster than 8 on loopback); smaller slices go up to 64 at once within the same bytes.";
     "transports/tcp/bulk_window_beside_high" => transports.tcp.bulk_window_beside_high: uint(0, 1 << 40), "524288", LIVE,
-        "While HIGH slices flow to a peer over a rail (one posted in the last high_hold_us, by any worker), the bulk (MEDIUM and LOW) bytes the workers keep on the wire to it over that rail, all their connections together; a slice onto a wire with no bulk goes whatever its size. A HIGH slice waits behind what the path and the target still hold of that bulk. On loopback (tent-bench --mode qos, 4 MiB LOW WRITEs through tentd), HIGH's median under load was 0.55 ms with no cap, 0.21 ms at 512 KiB and 0.10 ms at 256 KiB, LOW keeping 96%, 89% and 76% of its throughput. 0 = no cap: each connection keeps max_inflight_per_connection.";
+        "While HIGH slices flow to a peer over a rail (one posted by any worker within the last high_hold_us, give or take a sixteenth of it), the bulk (MEDIUM and LOW) bytes each worker keeps on the wire to it over that rail, all its connections together; a slice onto a wire with no bulk goes whatever its size, and new bulk takes one connection. A HIGH slice waits behind what the path and the target still hold of that bulk. On loopback (tent-bench --mode qos, 4 MiB LOW WRITEs through tentd), HIGH's median under load was 0.55 ms with no cap, 0.21 ms at 512 KiB and 0.10 ms at 256 KiB, LOW keeping 96%, 89% and 76% of its throughput. 0 = no cap: each connection keeps max_inflight_per_connection.";
     "transports/tcp/high_hold_us" => transports.tcp.high_hold_us: micros(1, 10_000_000), "10000", LIVE,
         "How long in us after a HIGH slice to a peer its rail's bulk stays within bulk_window_beside_high.";
     "transports/tcp/user_timeout_ms" => transports.tcp.user_timeout_ms: millis(0, 3_600_000), "10000", LIVE,

@@ -326,14 +326,30 @@ struct Case {
     cpu_busy: Option<HighResult>,
 }
 
-/// HIGH alone for `dur` while a thread per core spins: the latency a
-/// fully busy CPU alone costs (no transfer competes).
-fn high_beside_spinners(s: &Stream<'_>, rate: f64, dur: Duration) -> Result<HighResult, String> {
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+/// HIGH alone for `dur` while a thread per core spins, each pinned to one
+/// of `cores` (every core the bench may use; none named: as many unpinned
+/// threads as this thread may run on): the latency a fully busy CPU alone
+/// costs (no transfer competes).
+fn high_beside_spinners(
+    s: &Stream<'_>,
+    rate: f64,
+    dur: Duration,
+    cores: &[usize],
+) -> Result<HighResult, String> {
+    let pins: Vec<Option<usize>> = if cores.is_empty() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        vec![None; n]
+    } else {
+        cores.iter().copied().map(Some).collect()
+    };
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|sc| {
-        for _ in 0..n {
-            sc.spawn(|| {
+        for pin in pins {
+            let stop = &stop;
+            sc.spawn(move || {
+                if let Some(id) = pin {
+                    core_affinity::set_for_current(core_affinity::CoreId { id });
+                }
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     std::hint::spin_loop();
                 }
@@ -413,7 +429,7 @@ fn one_process(args: &Args, transport: TransportArg, target: &str) -> Result<Cas
         solo,
         busy: busy?,
         stats: stats_json(&engine),
-        cpu_busy: Some(high_beside_spinners(&hi, rate, dur)?),
+        cpu_busy: Some(high_beside_spinners(&hi, rate, dur, &args.cores)?),
     })
 }
 

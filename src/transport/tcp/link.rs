@@ -226,8 +226,7 @@ pub(super) struct Link {
     // this socket opened.
     fences_seen: u64,
     fences_from: u64,
-    /// When the last slice sent was posted, or the socket opened if later
-    /// (idle check).
+    /// When the socket last sent a slice or opened (idle check).
     last_post_ns: u64,
     pause: Duration,
     /// The open failure last logged (an `ErrorKind` code; 0: none since
@@ -475,11 +474,9 @@ impl Link {
             return;
         }
         if self.state == State::Ready && self.wire.is_empty() && !self.out_send {
-            let next = self.queue[EXPRESS]
-                .front()
-                .or(self.queue[BULK].front())
-                .map_or(0, |op| op.posted_ns);
-            if next.saturating_sub(self.last_post_ns) > RECONNECT_IDLE.as_nanos() as u64 {
+            // Idle since its last send, at the moment it would send again
+            // (a slice may have waited in the queue for the bulk cap).
+            if cx.now.saturating_sub(self.last_post_ns) > RECONNECT_IDLE.as_nanos() as u64 {
                 // Idle long enough that the target may close it any time.
                 self.retire(cx);
             }
@@ -786,7 +783,7 @@ impl Link {
             }
             self.seq = self.seq.wrapping_add(1);
             op.seq = self.seq;
-            self.last_post_ns = self.last_post_ns.max(op.posted_ns);
+            self.last_post_ns = self.last_post_ns.max(cx.now);
             self.headers[n_hdr] = Request {
                 opcode: op.opcode(),
                 seq: op.seq,
@@ -1248,6 +1245,11 @@ fn open_socket(local: std::net::IpAddr, remote: SocketAddr) -> std::io::Result<s
 
 #[cfg(test)]
 impl Link {
+    /// Is its socket up and carrying slices?
+    pub(super) fn is_ready(&self) -> bool {
+        self.state == State::Ready
+    }
+
     /// Its rail (tests flip the link state).
     pub(super) fn endpoint(&self) -> &Arc<Endpoint> {
         &self.endpoint

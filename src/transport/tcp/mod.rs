@@ -49,7 +49,7 @@ use tent_rings::{ErrorKind, Priority, TransportKind};
 
 use abort::Tokens;
 use backend::Choice;
-use cap::BulkCap;
+use cap::{BulkCap, HighHold};
 use driver::Driver;
 use fence::PeerFences;
 use link::Link;
@@ -137,6 +137,9 @@ struct PeerLinks {
     links: Vec<Option<u32>>,
     /// This worker's loads, estimates and plan on the peer's rails.
     rails: WorkerRails,
+    /// Per rail: the bulk this worker's connections on it keep on the
+    /// wire while HIGH flows there.
+    caps: Vec<Arc<BulkCap>>,
     conn_cursor: Vec<usize>,
     /// Its slices out, and whether the peer is on the active list.
     activity: PeerActivity,
@@ -158,9 +161,8 @@ pub(crate) struct TcpPeer {
     opts: Arc<op::Options>,
     /// Connections every connection to the peer fences.
     fences: Arc<PeerFences>,
-    /// Per rail: the bulk every worker's connections on it keep on the
-    /// wire while HIGH flows there (from any worker).
-    caps: Vec<Arc<BulkCap>>,
+    /// Per rail: whether HIGH flows there, from any worker.
+    holds: Vec<Arc<HighHold>>,
     /// Held while the peer is: the workers' drivers close its connections
     /// once it is gone.
     alive: Arc<()>,
@@ -361,15 +363,26 @@ impl TcpTransport {
                 .collect(),
             self.workers.workers(),
         );
+        let hold_ns = if s.bulk_beside_high == 0 {
+            0
+        } else {
+            s.high_hold_ns
+        };
+        let holds: Vec<Arc<HighHold>> = (0..rails.len())
+            .map(|_| Arc::new(HighHold::new(hold_ns)))
+            .collect();
         let per_worker = (0..self.workers.workers())
             .map(|w| PeerLinks {
                 links: vec![None; rails.len() * (s.conns_per_rail + 1)],
                 rails: set.worker(w),
+                caps: holds
+                    .iter()
+                    .map(|h| Arc::new(BulkCap::new(s.bulk_beside_high, h.clone())))
+                    .collect(),
                 conn_cursor: vec![0; rails.len()],
                 activity: PeerActivity::default(),
             })
             .collect();
-        let rails_n = rails.len();
         let mut regions = desc.regions.clone();
         regions.sort_by_key(|r| r.addr);
         tracing::info!(peer = %desc.name, rails = rails.len(), conns_per_rail = s.conns_per_rail, smart = self.selector.load().is_smart(), "tcp peer attached");
@@ -389,9 +402,7 @@ impl TcpTransport {
                 session: op::new_session(),
             }),
             fences: Arc::new(PeerFences::default()),
-            caps: (0..rails_n)
-                .map(|_| Arc::new(BulkCap::new(s.bulk_beside_high, s.high_hold_ns)))
-                .collect(),
+            holds,
             alive: Arc::new(()),
         });
         if let Some(links) = self.links.get() {
@@ -431,13 +442,13 @@ impl TcpTransport {
                 .rev()
                 .min_by_key(|&c| links.links[first + c].map_or(0, |id| driver.on_wire(id)))
                 .unwrap_or(0);
-            peer.caps[rail].saw_high(op.posted_ns);
+            peer.holds[rail].saw_high(op.posted_ns);
             (c, op::EXPRESS)
         } else {
             // Round robin; while HIGH flows and the rail's bulk is capped,
             // one connection takes it all, so it leaves in posting order.
             let c = links.conn_cursor[rail];
-            if !peer.caps[rail].holds(op.posted_ns) {
+            if !links.caps[rail].holds(op.posted_ns) {
                 links.conn_cursor[rail] = (c + 1) % peer.conns_per_rail;
             }
             (c, op::BULK)
@@ -454,7 +465,7 @@ impl TcpTransport {
                             peer.links[rail].endpoint.clone(),
                             peer.opts.clone(),
                             peer.fences.clone(),
-                            peer.caps[rail].clone(),
+                            links.caps[rail].clone(),
                             s.queue as usize,
                             u64::from(s.inflight_per_conn).saturating_mul(s.slice_bytes),
                         )
