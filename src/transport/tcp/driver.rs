@@ -394,11 +394,22 @@ mod tests {
             .collect()
     }
 
-    /// A driver with one connection to `remote`, owned by the returned
-    /// token (connect timeout `timeout`).
-    fn rig(choice: Choice, remote: SocketAddr, timeout: Duration) -> (Driver, u32, Arc<()>) {
-        let mut d = Driver::new(choice, 64);
-        let owner = Arc::new(());
+    /// The next connection to `l`, its handshake served (no secret).
+    fn accept_served(l: &TcpListener) -> TcpStream {
+        let (s, _) = l.accept().unwrap();
+        crate::transport::tcp::handshake::serve(
+            &s,
+            None,
+            Instant::now() + CONNECT_TIMEOUT,
+            |_| {},
+        )
+        .unwrap();
+        s
+    }
+
+    /// A loopback rail to `remote` (up), and connection options with
+    /// connect timeout and patience `timeout`, no secret.
+    fn loopback(remote: SocketAddr, timeout: Duration) -> (Arc<Endpoint>, Arc<Options>) {
         let endpoint = Arc::new(Endpoint {
             local_ip: IpAddr::from([127, 0, 0, 1]),
             remote,
@@ -411,6 +422,15 @@ mod tests {
             secret: None,
             session: new_session(),
         });
+        (endpoint, opts)
+    }
+
+    /// A driver with one connection to `remote`, owned by the returned
+    /// token (connect timeout `timeout`).
+    fn rig(choice: Choice, remote: SocketAddr, timeout: Duration) -> (Driver, u32, Arc<()>) {
+        let mut d = Driver::new(choice, 64);
+        let owner = Arc::new(());
+        let (endpoint, opts) = loopback(remote, timeout);
         let id = d
             .add(Arc::downgrade(&owner), |id| {
                 Link::new(id, endpoint, opts, Arc::default(), Arc::default(), 4, 2 << 20)
@@ -436,36 +456,12 @@ mod tests {
         for choice in BACKENDS {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             let at = l.local_addr().unwrap();
-            let target = std::thread::spawn(move || {
-                (0..CONNS)
-                    .map(|_| {
-                        let (s, _) = l.accept().unwrap();
-                        crate::transport::tcp::handshake::serve(
-                            &s,
-                            None,
-                            Instant::now() + CONNECT_TIMEOUT,
-                            |_| {},
-                        )
-                        .unwrap();
-                        s
-                    })
-                    .collect::<Vec<_>>()
-            });
+            let target =
+                std::thread::spawn(move || (0..CONNS).map(|_| accept_served(&l)).collect::<Vec<_>>());
             // Connection n is driver n % 2's.
             let mut ds = [Driver::new(choice, 64), Driver::new(choice, 64)];
             let owner = Arc::new(());
-            let endpoint = Arc::new(Endpoint {
-                local_ip: IpAddr::from([127, 0, 0, 1]),
-                remote: at,
-                up: AtomicBool::new(true),
-            });
-            let opts = Arc::new(Options {
-                user_timeout_ms: 0,
-                connect_timeout: CONNECT_TIMEOUT,
-                patience: CONNECT_TIMEOUT,
-                secret: None,
-                session: new_session(),
-            });
+            let (endpoint, opts) = loopback(at, CONNECT_TIMEOUT);
             let hold = Arc::new(HighHold::new(HOLD.as_nanos() as u64));
             let caps = [0, 1].map(|_| Arc::new(BulkCap::new(SLICE as u64, hold.clone())));
             let ids: Vec<u32> = (0..CONNS)
@@ -796,14 +792,7 @@ mod tests {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             let at = l.local_addr().unwrap();
             let target = std::thread::spawn(move || {
-                let (mut s, _) = l.accept().unwrap();
-                crate::transport::tcp::handshake::serve(
-                    &s,
-                    None,
-                    Instant::now() + CONNECT_TIMEOUT,
-                    |_| {},
-                )
-                .unwrap();
+                let mut s = accept_served(&l);
                 let answer = |s: &mut TcpStream| {
                     let mut h = [0u8; REQUEST_LEN];
                     s.read_exact(&mut h).unwrap();
@@ -892,14 +881,7 @@ mod tests {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             let at = l.local_addr().unwrap();
             let target = std::thread::spawn(move || {
-                let (mut s, _) = l.accept().unwrap();
-                crate::transport::tcp::handshake::serve(
-                    &s,
-                    None,
-                    Instant::now() + CONNECT_TIMEOUT,
-                    |_| {},
-                )
-                .unwrap();
+                let mut s = accept_served(&l);
                 std::thread::sleep(Duration::from_millis(500));
                 let mut h = [0u8; REQUEST_LEN];
                 s.read_exact(&mut h).unwrap();
@@ -1016,14 +998,7 @@ mod tests {
                 let l = TcpListener::bind("127.0.0.1:0").unwrap();
                 let at = l.local_addr().unwrap();
                 let target = std::thread::spawn(move || {
-                    let (mut s, _) = l.accept().unwrap();
-                    crate::transport::tcp::handshake::serve(
-                        &s,
-                        None,
-                        Instant::now() + CONNECT_TIMEOUT,
-                        |_| {},
-                    )
-                    .unwrap();
+                    let mut s = accept_served(&l);
                     let mut h = [0u8; REQUEST_LEN];
                     s.read_exact(&mut h).unwrap();
                     let req = Request::decode(&h).unwrap();
