@@ -438,10 +438,18 @@ impl TcpTransport {
             // wire, the express one included (first on a tie, so the first
             // HIGH slice to a peer connects it before bulk crowds the
             // others), into its express queue (sent before its queued bulk).
+            // A bulk connection not made yet is no candidate: HIGH would
+            // wait for its connect (and bulk kept on one connection while
+            // capped leaves the others unmade).
+            let express = peer.conns_per_rail;
             let c = (0..peer.stride())
                 .rev()
-                .min_by_key(|&c| links.links[first + c].map_or(0, |id| driver.on_wire(id)))
-                .unwrap_or(0);
+                .min_by_key(|&c| match links.links[first + c] {
+                    Some(id) => driver.on_wire(id),
+                    None if c == express => 0,
+                    None => usize::MAX,
+                })
+                .unwrap_or(express);
             peer.holds[rail].saw_high(op.posted_ns);
             (c, op::EXPRESS)
         } else {
