@@ -227,7 +227,7 @@ pub(super) struct Link {
     fences_seen: u64,
     fences_from: u64,
     /// When the socket last sent a slice or opened (idle check).
-    last_post_ns: u64,
+    last_sent_ns: u64,
     pause: Duration,
     /// The open failure last logged (an `ErrorKind` code; 0: none since
     /// the last success).
@@ -329,7 +329,7 @@ impl Link {
             deadline: 0,
             fences_seen,
             fences_from: fences_seen,
-            last_post_ns: 0,
+            last_sent_ns: 0,
             pause: Duration::ZERO,
             logged: 0,
             early_ns: 0,
@@ -476,7 +476,7 @@ impl Link {
         if self.state == State::Ready && self.wire.is_empty() && !self.out_send {
             // Idle since its last send, at the moment it would send again
             // (a slice may have waited in the queue for the bulk cap).
-            if cx.now.saturating_sub(self.last_post_ns) > RECONNECT_IDLE.as_nanos() as u64 {
+            if cx.now.saturating_sub(self.last_sent_ns) > RECONNECT_IDLE.as_nanos() as u64 {
                 // Idle long enough that the target may close it any time.
                 self.retire(cx);
             }
@@ -727,7 +727,7 @@ impl Link {
         self.stage_hi = 0;
         // A fresh socket is not idle, even while its slices wait (a bulk
         // cap beside HIGH): it is not retired before it carried one.
-        self.last_post_ns = self.last_post_ns.max(cx.now);
+        self.last_sent_ns = self.last_sent_ns.max(cx.now);
         tracing::debug!(remote = %self.endpoint.remote, local = %self.endpoint.local_ip, conn = self.conn_id, "tcp data connection up");
         self.send_batch(cx);
         self.arm_recv(cx);
@@ -783,7 +783,7 @@ impl Link {
             }
             self.seq = self.seq.wrapping_add(1);
             op.seq = self.seq;
-            self.last_post_ns = self.last_post_ns.max(cx.now);
+            self.last_sent_ns = self.last_sent_ns.max(cx.now);
             self.headers[n_hdr] = Request {
                 opcode: op.opcode(),
                 seq: op.seq,
