@@ -734,33 +734,17 @@ pub(crate) fn qos(args: &Args) -> Result<(), String> {
     let buffer = span(args);
     let mut failed = 0;
     for transport in [TransportArg::Shm, TransportArg::Tcp] {
-        // Each case has a target of its own, started on the cores its
-        // threads may use.
-        let with_target = |alone: bool, case: &dyn Fn(&str) -> Result<Case, String>| {
-            cores.placed(alone, || {
-                let (mut target, name) = crate::spawn_target(transport, buffer)?;
-                let c = case(&name);
-                drop(target.stdin.take());
-                let _ = target.wait();
-                c
-            })
-        };
-        let mut cases = vec![with_target(true, &|t| one_process(args, transport, t))];
+        let mut cases =
+            vec![cores.with_target(true, transport, buffer, |t| one_process(args, transport, t))];
         for s in SLOTS {
-            cases.push(with_target(false, &|t| {
+            cases.push(cores.with_target(false, transport, buffer, |t| {
                 two_processes(args, transport, t, s, false)
             }));
         }
-        cases.push(with_target(true, &|t| {
+        cases.push(cores.with_target(true, transport, buffer, |t| {
             two_processes(args, transport, t, None, true)
         }));
-        let shares = cores.placed(true, || {
-            let (mut target, name) = crate::spawn_target(transport, buffer)?;
-            let f = fairness(args, transport, &name);
-            drop(target.stdin.take());
-            let _ = target.wait();
-            f
-        });
+        let shares = cores.with_target(true, transport, buffer, |t| fairness(args, transport, t));
         for c in cases {
             let c = c?;
             failed += c.idle.errors + c.loaded.errors + c.solo.errors + c.busy.errors;
@@ -829,6 +813,23 @@ impl Cores {
         let r = case();
         set_affinity(&self.all)?;
         r
+    }
+
+    /// Run `case` against a target of its own exporting `buffer` bytes
+    /// over `transport`, the target started and stopped where
+    /// [`placed`](Self::placed) puts this thread.
+    fn with_target<R>(
+        &self,
+        alone: bool,
+        transport: TransportArg,
+        buffer: u64,
+        case: impl FnOnce(&str) -> Result<R, String>,
+    ) -> Result<R, String> {
+        self.placed(alone, || {
+            let (target, name) = crate::spawn_target(transport, buffer)?;
+            let _stop = crate::Targets(vec![target]);
+            case(&name)
+        })
     }
 }
 
