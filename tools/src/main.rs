@@ -186,10 +186,20 @@ pub struct Args {
     #[arg(long, default_value_t = 1000.0)]
     pub high_rate: f64,
     /// Qos: only HIGH alone, at each rate of --high-rates (comma separated),
-    /// over shm and TCP, with the CPU the worker used: how fast an idle
-    /// engine answers, and what keeping it ready costs.
+    /// over shm and TCP (or --qos-transports), with the CPU the worker
+    /// used: how fast an idle engine answers, and what keeping it ready
+    /// costs.
     #[arg(long, value_delimiter = ',')]
     pub high_rates: Vec<f64>,
+    /// Qos: only these cases (comma separated; default all): `one-process`,
+    /// `two-processes` (without and with each slot file), `tentd`,
+    /// `fairness`.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub qos_cases: Vec<qos::QosCase>,
+    /// Qos: only over these transports (comma separated: shm, tcp;
+    /// default both).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub qos_transports: Vec<TransportArg>,
     /// Qos-low: the slot file's rotation interval (ms).
     #[arg(long, hide = true)]
     pub qos_slot_ms: Option<u64>,

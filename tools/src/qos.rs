@@ -699,11 +699,51 @@ pub(crate) fn low_child(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// `--mode qos`: every case, over shm and TCP.
+/// A case of `--mode qos` (`--qos-cases`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum QosCase {
+    /// HIGH and LOW streams in one engine.
+    OneProcess,
+    /// HIGH here, LOW in another process: without a slot file, then with
+    /// each of [`SLOTS`]'s.
+    TwoProcesses,
+    /// HIGH and LOW as two clients of one daemon.
+    Tentd,
+    /// Two LOW clients of one daemon, one flooding, then weighted 3:1.
+    Fairness,
+}
+
+/// The transports a qos run covers: `--qos-transports`, else shm and TCP.
+fn transports(args: &Args) -> Result<Vec<TransportArg>, String> {
+    Ok(match args.qos_transports.as_slice() {
+        [] => vec![TransportArg::Shm, TransportArg::Tcp],
+        some => {
+            if let Some(t) = some
+                .iter()
+                .find(|t| !matches!(t, TransportArg::Shm | TransportArg::Tcp))
+            {
+                let name = clap::ValueEnum::to_possible_value(t)
+                    .map_or_else(String::new, |v| v.get_name().to_owned());
+                return Err(format!(
+                    "--qos-transports {name}: the qos cases run over shm and tcp only"
+                ));
+            }
+            [TransportArg::Shm, TransportArg::Tcp]
+                .into_iter()
+                .filter(|t| some.contains(t))
+                .collect()
+        }
+    })
+}
+
+/// `--mode qos`: every case (or `--qos-cases`), over shm and TCP (or
+/// `--qos-transports`).
 pub(crate) fn qos(args: &Args) -> Result<(), String> {
     if !args.high_rates.is_empty() {
         return high_alone(args);
     }
+    let transports = transports(args)?;
+    let runs = |c: QosCase| args.qos_cases.is_empty() || args.qos_cases.contains(&c);
     let (placed, cores) = Cores::of(args);
     let args = &placed;
     if !(args.high_rate > 0.0 && args.high_rate <= 1e6) {
@@ -733,18 +773,30 @@ pub(crate) fn qos(args: &Args) -> Result<(), String> {
     }
     let buffer = span(args);
     let mut failed = 0;
-    for transport in [TransportArg::Shm, TransportArg::Tcp] {
-        let mut cases =
-            vec![cores.with_target(true, transport, buffer, |t| one_process(args, transport, t))];
-        for s in SLOTS {
-            cases.push(cores.with_target(false, transport, buffer, |t| {
-                two_processes(args, transport, t, s, false)
+    for transport in transports {
+        let mut cases = Vec::new();
+        if runs(QosCase::OneProcess) {
+            cases.push(
+                cores.with_target(true, transport, buffer, |t| one_process(args, transport, t)),
+            );
+        }
+        if runs(QosCase::TwoProcesses) {
+            for s in SLOTS {
+                cases.push(cores.with_target(false, transport, buffer, |t| {
+                    two_processes(args, transport, t, s, false)
+                }));
+            }
+        }
+        if runs(QosCase::Tentd) {
+            cases.push(cores.with_target(true, transport, buffer, |t| {
+                two_processes(args, transport, t, None, true)
             }));
         }
-        cases.push(cores.with_target(true, transport, buffer, |t| {
-            two_processes(args, transport, t, None, true)
-        }));
-        let shares = cores.with_target(true, transport, buffer, |t| fairness(args, transport, t));
+        let shares = if runs(QosCase::Fairness) {
+            cores.with_target(true, transport, buffer, |t| fairness(args, transport, t))
+        } else {
+            Ok(Vec::new())
+        };
         for c in cases {
             let c = c?;
             failed += c.idle.errors + c.loaded.errors + c.solo.errors + c.busy.errors;
@@ -870,7 +922,7 @@ fn high_alone(args: &Args) -> Result<(), String> {
         ));
         emit("transport |  ops/s |  p50 us |  p99 us | worker CPU ms/s");
     }
-    for transport in [TransportArg::Shm, TransportArg::Tcp] {
+    for transport in transports(args)? {
         let (mut target, name) = crate::spawn_target(transport, span(args))?;
         // The worker's answer is what is measured: nothing issued inline.
         let mut cfg = config(transport, cores(args).0, None)?;

@@ -107,3 +107,50 @@ fn qos_mode_reports_every_case_and_slots_hold_low_only_beside_high() {
         }
     }
 }
+
+/// `--qos-cases` and `--qos-transports` run only the cases named, over
+/// only the transports named; a transport the cases cannot use is refused.
+#[test]
+fn qos_mode_runs_only_the_cases_and_transports_named() {
+    let text = common::bench_stdout(&[
+        "--mode",
+        "qos",
+        "--duration",
+        "0.3",
+        "--block-size",
+        "1M",
+        "--high-rate",
+        "2000",
+        "--qos-cases",
+        "tentd,one-process",
+        "--qos-transports",
+        "tcp",
+        "--json",
+    ]);
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let rows: Vec<(&str, u64, bool)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["transport"].as_str().unwrap_or("?"),
+                l["processes"].as_u64().unwrap_or(0),
+                l["clients_of_one_daemon"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect();
+    assert_eq!(rows, [("tcp", 1, false), ("tcp", 2, true)], "{text}");
+    for l in &lines {
+        assert_eq!(l["errors"], 0, "{l}");
+    }
+
+    let out = common::bench_output(&["--mode", "qos", "--qos-transports", "rdma"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--qos-transports rdma: the qos cases run over shm and tcp only"),
+        "{err}"
+    );
+}
