@@ -11,9 +11,10 @@ mod common;
 
 use serde_json::Value;
 
-#[test]
-fn qos_mode_reports_every_case_and_slots_hold_low_only_beside_high() {
-    let text = common::bench_stdout(&[
+/// A short `--mode qos --json` run with `extra` flags: its output, and
+/// each line parsed.
+fn short_qos_run(extra: &[&str]) -> (String, Vec<Value>) {
+    let mut args = vec![
         "--mode",
         "qos",
         "--duration",
@@ -23,11 +24,19 @@ fn qos_mode_reports_every_case_and_slots_hold_low_only_beside_high() {
         "--high-rate",
         "2000",
         "--json",
-    ]);
-    let lines: Vec<Value> = text
+    ];
+    args.extend_from_slice(extra);
+    let text = common::bench_stdout(&args);
+    let lines = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
+    (text, lines)
+}
+
+#[test]
+fn qos_mode_reports_every_case_and_slots_hold_low_only_beside_high() {
+    let (text, lines) = short_qos_run(&[]);
     assert_eq!(lines.len(), 16, "{text}");
     for t in ["shm", "tcp"] {
         let cases: Vec<&Value> = lines
@@ -112,25 +121,12 @@ fn qos_mode_reports_every_case_and_slots_hold_low_only_beside_high() {
 /// only the transports named; a transport the cases cannot use is refused.
 #[test]
 fn qos_mode_runs_only_the_cases_and_transports_named() {
-    let text = common::bench_stdout(&[
-        "--mode",
-        "qos",
-        "--duration",
-        "0.3",
-        "--block-size",
-        "1M",
-        "--high-rate",
-        "2000",
+    let (text, lines) = short_qos_run(&[
         "--qos-cases",
         "tentd,one-process",
         "--qos-transports",
         "tcp",
-        "--json",
     ]);
-    let lines: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect();
     let rows: Vec<(&str, u64, bool)> = lines
         .iter()
         .map(|l| {
