@@ -13,7 +13,13 @@
 //! with no HIGH for `hold`, each connection has its own window again.
 //!
 //! While the cap holds, the worker posts the rail's new bulk to one of its
-//! connections, so that bulk leaves in the order it was posted.
+//! connections, and the bulk already queued on its others goes first: a
+//! bulk slice the cap turns away becomes the worker's waiter on the rail
+//! when it is the oldest turned away, and no newer bulk slice goes before
+//! it, on any connection, while it keeps asking (each turn; one that stops
+//! asking for [`WAITER_TTL_NS`], its connection torn down, say, is
+//! forgotten). Bulk queued on a connection that ticks late in the worker's
+//! turn is not passed over for ever by a connection kept fed.
 //!
 //! Whether HIGH flows ([`HighHold`]) is one per peer and rail, shared by
 //! the workers: HIGH from any worker holds the bulk of all, which is where
@@ -27,7 +33,9 @@
 //!
 //! A connection that stalls with the cap's bytes on it holds its worker's
 //! bulk on the rail while HIGH flows, until the stall ends or tears it
-//! down (`TCP_USER_TIMEOUT`); HIGH itself is not held.
+//! down: `TCP_USER_TIMEOUT` for bytes the target's kernel does not
+//! acknowledge, else the stalled slices' deadlines. HIGH itself is not
+//! held.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -72,6 +80,15 @@ impl HighHold {
     }
 }
 
+/// How long a waiter that stopped asking keeps newer bulk back (ns): a
+/// refused slice asks every worker turn, and a worker with bulk in flight
+/// parks 1 ms at most, so only a waiter gone (its slices failed over or
+/// stopped) stays silent this long.
+const WAITER_TTL_NS: u64 = 5_000_000;
+
+/// No waiter.
+const NO_WAITER: u64 = u64::MAX;
+
 /// One worker's cap on its bulk bytes on the wire to one peer over one
 /// rail while HIGH flows there.
 #[derive(Debug)]
@@ -80,9 +97,14 @@ pub(super) struct BulkCap {
     limit: u64,
     hold: Arc<HighHold>,
     /// Bulk bytes on the wire over the worker's connections on the rail.
-    /// Only the owning worker touches it (an atomic so a connection may
-    /// move between threads whole, as `Link` does).
+    /// Only the owning worker touches it and the two below (atomics so a
+    /// connection may move between threads whole, as `Link` does).
     wire: AtomicU64,
+    /// When the oldest bulk slice the cap turned away was posted
+    /// ([`NO_WAITER`]: none): no newer one goes before it.
+    waiter: AtomicU64,
+    /// When the waiter last asked (the turn's clock).
+    asked: AtomicU64,
 }
 
 impl BulkCap {
@@ -93,6 +115,8 @@ impl BulkCap {
             limit,
             hold,
             wire: AtomicU64::new(0),
+            waiter: AtomicU64::new(NO_WAITER),
+            asked: AtomicU64::new(0),
         }
     }
 
@@ -102,23 +126,42 @@ impl BulkCap {
         self.limit != 0 && self.hold.flows(now)
     }
 
-    /// May a bulk slice of `len` bytes go on the wire at `now`?
+    /// May a bulk slice of `len` bytes, posted at `posted`, go on the wire
+    /// at `now`? One turned away by the bytes becomes the waiter when it
+    /// is the oldest turned away (or the waiter stopped asking), and asks
+    /// again by asking here.
     #[inline]
-    pub(super) fn admits(&self, len: u64, now: u64) -> bool {
-        admits(
+    pub(super) fn admits(&self, len: u64, posted: u64, now: u64) -> bool {
+        if !self.holds(now) {
+            return true;
+        }
+        // Relaxed, here and below: the owning worker's state.
+        let waiter = self.waiter.load(Ordering::Relaxed);
+        let asking = now.saturating_sub(self.asked.load(Ordering::Relaxed)) <= WAITER_TTL_NS;
+        let older_waits = asking && waiter < posted;
+        let ok = admits(
             self.limit,
             self.wire.load(Ordering::Relaxed),
             len,
-            self.holds(now),
-        )
+            older_waits,
+        );
+        if !ok && (posted <= waiter || !asking) {
+            self.waiter.store(posted, Ordering::Relaxed);
+            self.asked.store(now, Ordering::Relaxed);
+        }
+        ok
     }
 
-    /// A bulk slice of `len` bytes went on the wire.
+    /// A bulk slice of `len` bytes, posted at `posted`, went on the wire.
     #[inline]
-    pub(super) fn sent(&self, len: u64) {
+    pub(super) fn sent(&self, len: u64, posted: u64) {
         // Relaxed: the owning worker's count.
         let w = self.wire.load(Ordering::Relaxed);
         self.wire.store(w.saturating_add(len), Ordering::Relaxed);
+        if self.waiter.load(Ordering::Relaxed) == posted {
+            // The waiter went; the next oldest turned away asks next.
+            self.waiter.store(NO_WAITER, Ordering::Relaxed);
+        }
     }
 
     /// Bulk slices of `len` bytes in all left the wire (answered, or their
@@ -145,11 +188,12 @@ impl Default for BulkCap {
     }
 }
 
-/// The rule: with HIGH flowing and a cap set, a bulk slice goes while the
-/// bulk on the wire stays within `limit`, and always onto a wire with no
-/// bulk (so a slice larger than the cap still moves); otherwise it goes.
-fn admits(limit: u64, wire: u64, len: u64, high_flows: bool) -> bool {
-    limit == 0 || !high_flows || wire == 0 || wire.saturating_add(len) <= limit
+/// The rule while the cap holds: a bulk slice goes while the bulk on the
+/// wire stays within `limit`, and always onto a wire with no bulk (so a
+/// slice larger than the cap still moves), unless an older one the cap
+/// turned away waits.
+fn admits(limit: u64, wire: u64, len: u64, older_waits: bool) -> bool {
+    !older_waits && (wire == 0 || wire.saturating_add(len) <= limit)
 }
 
 #[cfg(test)]
@@ -164,26 +208,26 @@ mod tests {
         let hold = Arc::new(HighHold::new(10 * MS));
         let cap = BulkCap::new(512 * KIB, hold.clone());
         // No HIGH yet: each connection's own window is the only limit.
-        cap.sent(2048 * KIB);
-        assert!(cap.admits(256 * KIB, 0));
+        cap.sent(2048 * KIB, 0);
+        assert!(cap.admits(256 * KIB, 0, 0));
         hold.saw_high(MS);
-        assert!(!cap.admits(256 * KIB, MS), "2 MiB out: no more bulk");
+        assert!(!cap.admits(256 * KIB, 0, MS), "2 MiB out: no more bulk");
         cap.left(1792 * KIB);
-        assert!(cap.admits(256 * KIB, 2 * MS), "256 KiB + 256 KiB fits");
-        cap.sent(256 * KIB);
-        assert!(!cap.admits(4 * KIB, 2 * MS), "full to the byte");
+        assert!(cap.admits(256 * KIB, 0, 2 * MS), "256 KiB + 256 KiB fits");
+        cap.sent(256 * KIB, 0);
+        assert!(!cap.admits(4 * KIB, 0, 2 * MS), "full to the byte");
         // The hold runs out 10 ms after the last HIGH slice that moved it:
         // one within a sixteenth of the hold does not.
         hold.saw_high(MS + MS / 2);
-        assert!(!cap.admits(256 * KIB, 11 * MS - 1));
-        assert!(cap.admits(256 * KIB, 11 * MS));
+        assert!(!cap.admits(256 * KIB, 0, 11 * MS - 1));
+        assert!(cap.admits(256 * KIB, 0, 11 * MS));
         assert!(cap.holds(11 * MS - 1) && !cap.holds(11 * MS));
         // Another HIGH slice holds it again.
         hold.saw_high(12 * MS);
         assert!(cap.holds(22 * MS - 1));
         hold.saw_high(13 * MS);
         assert!(cap.holds(23 * MS - 1) && !cap.holds(23 * MS));
-        assert!(!cap.admits(256 * KIB, 12 * MS));
+        assert!(!cap.admits(256 * KIB, 0, 12 * MS));
         assert_eq!(cap.on_wire(), 512 * KIB);
     }
 
@@ -194,16 +238,16 @@ mod tests {
             BulkCap::new(256 * KIB, hold.clone()),
             BulkCap::new(256 * KIB, hold.clone()),
         );
-        a.sent(256 * KIB);
-        b.sent(256 * KIB);
-        assert!(a.admits(256 * KIB, 0) && b.admits(256 * KIB, 0));
+        a.sent(256 * KIB, 0);
+        b.sent(256 * KIB, 0);
+        assert!(a.admits(256 * KIB, 0, 0) && b.admits(256 * KIB, 0, 0));
         // HIGH seen by either worker holds both.
         hold.saw_high(0);
-        assert!(!a.admits(4 * KIB, 1) && !b.admits(4 * KIB, 1));
+        assert!(!a.admits(4 * KIB, 0, 1) && !b.admits(4 * KIB, 0, 1));
         // One worker's bytes leaving frees that worker alone: neither
         // waits for the other's completions.
         a.left(256 * KIB);
-        assert!(a.admits(256 * KIB, 1) && !b.admits(4 * KIB, 1));
+        assert!(a.admits(256 * KIB, 0, 1) && !b.admits(4 * KIB, 0, 1));
     }
 
     #[test]
@@ -211,11 +255,11 @@ mod tests {
         let hold = Arc::new(HighHold::new(10 * MS));
         let cap = BulkCap::new(64 * KIB, hold.clone());
         hold.saw_high(0);
-        assert!(cap.admits(256 * KIB, 1));
-        cap.sent(256 * KIB);
-        assert!(!cap.admits(4 * KIB, 1));
+        assert!(cap.admits(256 * KIB, 0, 1));
+        cap.sent(256 * KIB, 0);
+        assert!(!cap.admits(4 * KIB, 0, 1));
         cap.left(256 * KIB);
-        assert!(cap.admits(4 * KIB, 1));
+        assert!(cap.admits(4 * KIB, 0, 1));
     }
 
     #[test]
@@ -224,13 +268,74 @@ mod tests {
         let cap = BulkCap::new(0, hold.clone());
         hold.saw_high(0);
         assert!(!cap.holds(0));
-        cap.sent(1 << 40);
-        assert!(cap.admits(1 << 30, 0));
+        cap.sent(1 << 40, 0);
+        assert!(cap.admits(1 << 30, 0, 0));
         cap.left(u64::MAX);
         assert_eq!(cap.on_wire(), 0, "leaving saturates at zero");
         // No hold time: HIGH never counts as flowing.
         let never = Arc::new(HighHold::default());
         never.saw_high(5);
         assert!(!BulkCap::new(64 * KIB, never).holds(5));
+    }
+
+    #[test]
+    fn an_older_slice_turned_away_goes_before_newer_bulk_even_onto_an_empty_wire() {
+        let hold = Arc::new(HighHold::new(10 * MS));
+        let cap = BulkCap::new(256 * KIB, hold.clone());
+        hold.saw_high(0);
+        let now = MS;
+        cap.sent(256 * KIB, 1);
+        // Posted at 10 and at 20 (on two connections): both turned away;
+        // the older one waits.
+        assert!(!cap.admits(256 * KIB, 10, now));
+        assert!(!cap.admits(256 * KIB, 20, now));
+        cap.left(256 * KIB);
+        // The wire is empty, but the one posted at 20 is newer than the
+        // waiter: it waits its turn, whichever connection asks first.
+        assert!(!cap.admits(256 * KIB, 20, now + 1));
+        assert!(cap.admits(256 * KIB, 10, now + 1));
+        cap.sent(256 * KIB, 10);
+        // The waiter went: the one posted at 20 is turned away by the
+        // bytes now, and waits in turn.
+        assert!(!cap.admits(256 * KIB, 30, now + 2));
+        assert!(!cap.admits(256 * KIB, 20, now + 2));
+        cap.left(256 * KIB);
+        assert!(!cap.admits(256 * KIB, 30, now + 3));
+        assert!(cap.admits(256 * KIB, 20, now + 3));
+        // Slices posted in one turn share their time: none holds back
+        // another.
+        cap.sent(256 * KIB, 20);
+        assert!(!cap.admits(256 * KIB, 40, now + 4));
+        cap.left(256 * KIB);
+        assert!(cap.admits(128 * KIB, 40, now + 5));
+        cap.sent(128 * KIB, 40);
+        assert!(cap.admits(128 * KIB, 40, now + 5));
+    }
+
+    #[test]
+    fn a_waiter_that_stops_asking_is_forgotten() {
+        let hold = Arc::new(HighHold::new(100 * MS));
+        let cap = BulkCap::new(256 * KIB, hold.clone());
+        hold.saw_high(0);
+        cap.sent(256 * KIB, 1);
+        assert!(!cap.admits(256 * KIB, 10, MS));
+        cap.left(256 * KIB);
+        // Its connection went down and it never asks again: newer bulk
+        // waits for it only as long as a waiter that still asks could be
+        // silent.
+        assert!(!cap.admits(256 * KIB, 20, MS + WAITER_TTL_NS));
+        assert!(cap.admits(256 * KIB, 20, MS + WAITER_TTL_NS + 1));
+        // Asking keeps it: turned away at 5 ms and again at 9 ms, it still
+        // holds newer bulk back at 13 ms.
+        cap.sent(256 * KIB, 20);
+        assert!(!cap.admits(256 * KIB, 30, 5 * MS + WAITER_TTL_NS));
+        assert!(!cap.admits(256 * KIB, 30, 9 * MS + WAITER_TTL_NS));
+        cap.left(256 * KIB);
+        assert!(!cap.admits(256 * KIB, 40, 13 * MS + WAITER_TTL_NS));
+        assert!(cap.admits(256 * KIB, 30, 13 * MS + WAITER_TTL_NS));
+        // Without HIGH there is no cap, and no waiting.
+        let idle = BulkCap::new(256 * KIB, Arc::new(HighHold::new(MS)));
+        idle.sent(256 * KIB, 1);
+        assert!(idle.admits(256 * KIB, 2, 0));
     }
 }

@@ -117,11 +117,19 @@ impl Driver {
     }
 
     /// Slices on connection `id`'s wire.
-    #[inline]
+    #[cfg(test)]
     pub(super) fn on_wire(&self, id: u32) -> usize {
         self.slab[id as usize]
             .as_ref()
             .map_or(0, |e| e.link.on_wire())
+    }
+
+    /// How a HIGH slice ranks connection `id` at `now` ([`Link::high_rank`]).
+    #[inline]
+    pub(super) fn high_rank(&self, id: u32, now: u64) -> usize {
+        self.slab[id as usize]
+            .as_ref()
+            .map_or(usize::MAX, |e| e.link.high_rank(now))
     }
 
     /// Queue `op` on connection `id`; `Err` gives it back (queue full).
@@ -549,6 +557,161 @@ mod tests {
             assert_eq!(caps[1].on_wire(), (2 * SLICE) as u64, "{choice:?}");
             drop(ds);
             drop(target.join().unwrap());
+        }
+    }
+
+    /// Answers every request on `s` (a WRITE once its payload is read)
+    /// until the initiator closes it.
+    fn answer_writes(mut s: TcpStream) {
+        use crate::transport::tcp::frame::{REQUEST_LEN, Request, Response};
+        use std::io::{Read, Write};
+        let mut payload = vec![0u8; 1 << 20];
+        loop {
+            let mut h = [0u8; REQUEST_LEN];
+            if s.read_exact(&mut h).is_err() {
+                return;
+            }
+            let Ok(r) = Request::decode(&h) else { return };
+            if r.opcode == Opcode::Write && s.read_exact(&mut payload[..r.len as usize]).is_err() {
+                return;
+            }
+            let answer = Response {
+                status: Ok(()),
+                seq: r.seq,
+                len: r.len,
+            };
+            if s.write_all(&answer.encode()).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// A HIGH slice ranks a connection by its slices on the wire only while
+    /// it would send at once: not before it is up, nor once it has idled
+    /// long enough to be replaced before its next send.
+    #[test]
+    fn high_ranks_a_connection_only_while_it_would_send_at_once() {
+        use crate::transport::tcp::op::{EXPRESS, RECONNECT_IDLE};
+        for choice in BACKENDS {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let at = l.local_addr().unwrap();
+            let target = std::thread::spawn(move || answer_writes(accept_served(&l)));
+            let (mut d, id, _owner) = rig(choice, at, CONNECT_TIMEOUT);
+            let now = crate::clock::monotonic_ns();
+            assert_eq!(d.high_rank(id, now), usize::MAX, "{choice:?}: not made");
+            let buf = vec![7u8; 4096];
+            let mut op = Op::new(1, Opcode::Write, buf.as_ptr().cast_mut(), 0, 4096, 1);
+            op.posted_ns = now;
+            op.set_urgent();
+            d.post(id, op, EXPRESS).unwrap();
+            d.turn(now);
+            assert_eq!(d.high_rank(id, now), usize::MAX, "{choice:?}: opening");
+            let (op, _) = slice_back(&mut d, id, PROMPT).unwrap();
+            assert_eq!(op.result(), Ok(4096));
+            let sent = crate::clock::monotonic_ns();
+            assert_eq!(d.high_rank(id, sent), 0, "{choice:?}: up and idle");
+            let idle = RECONNECT_IDLE.as_nanos() as u64;
+            assert_eq!(d.high_rank(id, sent + idle / 2), 0, "{choice:?}");
+            assert_eq!(
+                d.high_rank(id, sent + 2 * idle),
+                usize::MAX,
+                "{choice:?}: idle past RECONNECT_IDLE: replaced before it sends"
+            );
+            drop(d);
+            target.join().unwrap();
+        }
+    }
+
+    /// While HIGH flows, a bulk slice a worker queued on one connection is
+    /// not passed over for ever by the newer bulk it keeps posting to
+    /// another that ticks first in every turn: the cap lets the oldest
+    /// slice it turned away go next.
+    #[test]
+    fn older_bulk_on_a_connection_late_in_the_turn_goes_while_another_is_kept_fed() {
+        use crate::transport::tcp::cap::{BulkCap, HighHold};
+        const SLICE: usize = 16 << 10;
+        for choice in BACKENDS {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let at = l.local_addr().unwrap();
+            let target = std::thread::spawn(move || {
+                (0..2)
+                    .map(|_| {
+                        let s = accept_served(&l);
+                        std::thread::spawn(move || answer_writes(s))
+                    })
+                    .collect::<Vec<_>>()
+            });
+            let mut d = Driver::new(choice, 64);
+            let owner = Arc::new(());
+            let (endpoint, opts) = loopback(at, CONNECT_TIMEOUT);
+            let hold = Arc::new(HighHold::new(Duration::from_secs(10).as_nanos() as u64));
+            let cap = Arc::new(BulkCap::new(SLICE as u64, hold.clone()));
+            let link = |d: &mut Driver| {
+                d.add(Arc::downgrade(&owner), |id| {
+                    let (e, o) = (endpoint.clone(), opts.clone());
+                    Link::new(id, e, o, Arc::default(), cap.clone(), 4, 2 * SLICE as u64)
+                })
+                .unwrap()
+            };
+            let (a, b) = (link(&mut d), link(&mut d));
+            let buf = vec![7u8; SLICE];
+            let mut token = 0u64;
+            let mut slice = || {
+                token += 1;
+                let mut op = Op::new(token, Opcode::Write, buf.as_ptr().cast_mut(), 0, SLICE as u64, 1);
+                op.posted_ns = crate::clock::monotonic_ns();
+                op
+            };
+            // Both connect and carry a slice before HIGH flows.
+            d.post(a, slice(), BULK).unwrap();
+            d.post(b, slice(), BULK).unwrap();
+            let mut back = [0usize; 2];
+            let t = Instant::now();
+            while back != [1, 1] {
+                d.turn(crate::clock::monotonic_ns());
+                for (k, id) in [a, b].into_iter().enumerate() {
+                    while d.link(id).done.pop_front().is_some() {
+                        back[k] += 1;
+                    }
+                }
+                assert!(t.elapsed() < PROMPT * 4, "{choice:?}: {back:?}");
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            d.turn(crate::clock::monotonic_ns());
+            assert!(d.busy.is_empty(), "{choice:?}: {:?}", d.busy);
+            // HIGH flows. B gets bulk first (so it ticks first in every
+            // turn), A one slice after it; B is fed a new slice for each
+            // that comes back.
+            hold.saw_high(crate::clock::monotonic_ns());
+            for _ in 0..4 {
+                d.post(b, slice(), BULK).unwrap();
+            }
+            d.turn(crate::clock::monotonic_ns());
+            d.post(a, slice(), BULK).unwrap();
+            assert_eq!(d.busy.first(), Some(&b), "{choice:?}");
+            let (mut from_a, mut from_b) = (0usize, 0usize);
+            let t = Instant::now();
+            while from_a == 0 {
+                d.turn(crate::clock::monotonic_ns());
+                assert!(d.on_wire(a) + d.on_wire(b) <= 1, "{choice:?}: past the cap");
+                while d.link(b).done.pop_front().is_some() {
+                    from_b += 1;
+                    d.post(b, slice(), BULK).unwrap();
+                }
+                while d.link(a).done.pop_front().is_some() {
+                    from_a += 1;
+                }
+                assert!(
+                    t.elapsed() < PROMPT,
+                    "{choice:?}: A's slice passed over while B moved {from_b}"
+                );
+            }
+            // B's four older slices went first, A's before B's newer ones.
+            assert!(from_b <= 5, "{choice:?}: B moved {from_b} before A's older slice");
+            drop(d);
+            for h in target.join().unwrap() {
+                let _ = h.join();
+            }
         }
     }
 

@@ -342,6 +342,28 @@ impl Link {
         self.wire.len()
     }
 
+    /// How a HIGH slice ranks it at `now`: its slices on the wire when its
+    /// socket is up and would send at once, else [`usize::MAX`] (opening,
+    /// closing, down, or idle long enough to be replaced before sending:
+    /// the slice would wait for a connect and a handshake).
+    #[inline]
+    pub(super) fn high_rank(&self, now: u64) -> usize {
+        if self.state == State::Ready && !self.stale(now) {
+            self.wire.len()
+        } else {
+            usize::MAX
+        }
+    }
+
+    /// Idle, with nothing on the wire, past [`RECONNECT_IDLE`] since its
+    /// last send (or its open) at `now`: the target may close it any time,
+    /// so it is replaced before it sends again.
+    #[inline]
+    fn stale(&self, now: u64) -> bool {
+        self.wire.is_empty()
+            && now.saturating_sub(self.last_sent_ns) > RECONNECT_IDLE.as_nanos() as u64
+    }
+
     /// Does it need the worker's turns: slices queued, on the wire or
     /// done, or a socket opening, closing or pausing? (A connection up
     /// and idle keeps a receive armed to notice the target closing it;
@@ -473,13 +495,10 @@ impl Link {
         if !queued {
             return;
         }
-        if self.state == State::Ready && self.wire.is_empty() && !self.out_send {
-            // Idle since its last send, at the moment it would send again
-            // (a slice may have waited in the queue for the bulk cap).
-            if cx.now.saturating_sub(self.last_sent_ns) > RECONNECT_IDLE.as_nanos() as u64 {
-                // Idle long enough that the target may close it any time.
-                self.retire(cx);
-            }
+        // Idle since its last send, at the moment it would send again (a
+        // slice may have waited in the queue for the bulk cap).
+        if self.state == State::Ready && !self.out_send && self.stale(cx.now) {
+            self.retire(cx);
         }
         match self.state {
             State::Idle => self.connect(cx),
@@ -770,7 +789,7 @@ impl Link {
                 break;
             }
             let bulk = !next.is_urgent();
-            if bulk && !self.cap.admits(next.len, cx.now) {
+            if bulk && !self.cap.admits(next.len, next.posted_ns, cx.now) {
                 break;
             }
             let Some(mut op) = self.queue[class].pop_front() else {
@@ -779,7 +798,7 @@ impl Link {
             self.wire_bytes = self.wire_bytes.saturating_add(op.len);
             if bulk {
                 self.bulk_bytes = self.bulk_bytes.saturating_add(op.len);
-                self.cap.sent(op.len);
+                self.cap.sent(op.len, op.posted_ns);
             }
             self.seq = self.seq.wrapping_add(1);
             op.seq = self.seq;

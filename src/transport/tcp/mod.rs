@@ -438,14 +438,16 @@ impl TcpTransport {
             // wire, the express one included (first on a tie, so the first
             // HIGH slice to a peer connects it before bulk crowds the
             // others), into its express queue (sent before its queued bulk).
-            // A bulk connection not made yet is no candidate: HIGH would
-            // wait for its connect (and bulk kept on one connection while
-            // capped leaves the others unmade).
+            // A connection that would not send at once (not made yet,
+            // opening, down, or idle long enough to be replaced first) is a
+            // candidate only when none would: HIGH would wait for its
+            // connect (and bulk kept on one connection while capped leaves
+            // the others idle).
             let express = peer.conns_per_rail;
             let c = (0..peer.stride())
                 .rev()
                 .min_by_key(|&c| match links.links[first + c] {
-                    Some(id) => driver.on_wire(id),
+                    Some(id) => driver.high_rank(id, op.posted_ns),
                     None if c == express => 0,
                     None => usize::MAX,
                 })
