@@ -158,8 +158,18 @@ impl BulkCap {
         // Relaxed: the owning worker's count.
         let w = self.wire.load(Ordering::Relaxed);
         self.wire.store(w.saturating_add(len), Ordering::Relaxed);
+        // The waiter went: the next oldest turned away asks next.
+        self.gone(posted);
+    }
+
+    /// A bulk slice posted at `posted` left its queue without being sent
+    /// (failed, stopped, out of patience), or its connection went down with
+    /// it at the front: if it was the waiter, no newer bulk waits for it
+    /// (one of the same time still queued asks again).
+    #[inline]
+    pub(super) fn gone(&self, posted: u64) {
+        // Relaxed: the owning worker's state.
         if self.waiter.load(Ordering::Relaxed) == posted {
-            // The waiter went; the next oldest turned away asks next.
             self.waiter.store(NO_WAITER, Ordering::Relaxed);
         }
     }
@@ -302,14 +312,38 @@ mod tests {
         cap.left(256 * KIB);
         assert!(!cap.admits(256 * KIB, 30, now + 3));
         assert!(cap.admits(256 * KIB, 20, now + 3));
-        // Slices posted in one turn share their time: none holds back
-        // another.
+        // Slices posted in one turn share their time: the waiter holds
+        // back newer ones, not another of its own time.
         cap.sent(256 * KIB, 20);
-        assert!(!cap.admits(256 * KIB, 40, now + 4));
+        assert!(!cap.admits(128 * KIB, 40, now + 4));
         cap.left(256 * KIB);
+        assert!(!cap.admits(128 * KIB, 41, now + 5));
         assert!(cap.admits(128 * KIB, 40, now + 5));
+        assert!(!cap.admits(128 * KIB, 41, now + 5), "the waiter is not sent yet");
         cap.sent(128 * KIB, 40);
-        assert!(cap.admits(128 * KIB, 40, now + 5));
+        assert!(cap.admits(128 * KIB, 41, now + 5));
+    }
+
+    #[test]
+    fn a_waiter_that_left_its_queue_unsent_holds_nothing_back() {
+        let hold = Arc::new(HighHold::new(100 * MS));
+        let cap = BulkCap::new(256 * KIB, hold.clone());
+        hold.saw_high(0);
+        cap.sent(256 * KIB, 1);
+        assert!(!cap.admits(256 * KIB, 10, MS));
+        cap.left(256 * KIB);
+        assert!(!cap.admits(256 * KIB, 20, MS + 1), "the waiter at 10 first");
+        // Stopped (or failed, or its connection went down): gone at once,
+        // not after its silence.
+        cap.gone(10);
+        assert!(cap.admits(256 * KIB, 20, MS + 1));
+        // Another slice's leaving does not forget the waiter.
+        cap.sent(256 * KIB, 20);
+        assert!(!cap.admits(256 * KIB, 30, MS + 2));
+        cap.left(256 * KIB);
+        cap.gone(29);
+        assert!(!cap.admits(256 * KIB, 31, MS + 3));
+        assert!(cap.admits(256 * KIB, 30, MS + 3));
     }
 
     #[test]

@@ -409,6 +409,10 @@ impl Link {
     /// Complete `op` with `status` (it never went on the wire, or its
     /// socket is closed).
     fn finish(&mut self, mut op: Op, status: u16) {
+        if !op.is_urgent() {
+            // Queued bulk leaving unsent no longer waits for the cap.
+            self.cap.gone(op.posted_ns);
+        }
         op.status = status;
         self.done.push_back(op);
     }
@@ -1150,6 +1154,10 @@ impl Link {
         let mut wrote = false;
         self.wire_bytes = 0;
         self.cap.left(std::mem::take(&mut self.bulk_bytes));
+        if let Some(front) = self.queue[BULK].front() {
+            // Silent until the connection is back: newer bulk need not wait.
+            self.cap.gone(front.posted_ns);
+        }
         while let Some(op) = self.wire.pop_front() {
             wrote |= op.opcode() == Opcode::Write;
             let status = self.failure_status(cause, cx.stopping);

@@ -438,15 +438,18 @@ impl TcpTransport {
             // wire, the express one included (first on a tie, so the first
             // HIGH slice to a peer connects it before bulk crowds the
             // others), into its express queue (sent before its queued bulk).
-            // A connection that would not send at once (not made yet,
+            // A bulk connection that would not send at once (not made yet,
             // opening, down, or idle long enough to be replaced first) is a
             // candidate only when none would: HIGH would wait for its
             // connect (and bulk kept on one connection while capped leaves
-            // the others idle).
+            // the others idle). The express one ranks by its wire whatever
+            // its state, so a HIGH slice brings it back up when it is down
+            // or stale rather than leaving HIGH behind bulk for good.
             let express = peer.conns_per_rail;
             let c = (0..peer.stride())
                 .rev()
                 .min_by_key(|&c| match links.links[first + c] {
+                    Some(id) if c == express => driver.on_wire(id),
                     Some(id) => driver.high_rank(id, op.posted_ns),
                     None if c == express => 0,
                     None => usize::MAX,
@@ -849,6 +852,7 @@ impl TcpTransport {
                 peer.rails.left(&mut links.rails, r, op.len);
                 let mut again = op;
                 again.status = 0;
+                again.posted_ns = now;
                 match self.post(peer, links, &mut ws.driver, again, Ask::Again(None)) {
                     Ok(()) => return None,
                     Err(e) => return Some(finish(links, &mut ws.tokens, op.token, Err(e))),
@@ -878,6 +882,7 @@ impl TcpTransport {
             let mut again = op;
             again.attempts += 1;
             again.status = 0;
+            again.posted_ns = now;
             if self
                 .post(peer, links, &mut ws.driver, again, Ask::Again(Some(r)))
                 .is_ok()
