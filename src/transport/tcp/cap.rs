@@ -324,14 +324,21 @@ mod tests {
         assert!(cap.admits(128 * KIB, 41, now + 5));
     }
 
-    #[test]
-    fn a_waiter_that_left_its_queue_unsent_holds_nothing_back() {
+    /// A cap of 256 KiB with HIGH flowing for 100 ms, an empty wire, and
+    /// a slice posted at 10 turned away at 1 ms: its waiter.
+    fn waiting_since_1_ms() -> BulkCap {
         let hold = Arc::new(HighHold::new(100 * MS));
         let cap = BulkCap::new(256 * KIB, hold.clone());
         hold.saw_high(0);
         cap.sent(256 * KIB, 1);
         assert!(!cap.admits(256 * KIB, 10, MS));
         cap.left(256 * KIB);
+        cap
+    }
+
+    #[test]
+    fn a_waiter_that_left_its_queue_unsent_holds_nothing_back() {
+        let cap = waiting_since_1_ms();
         assert!(!cap.admits(256 * KIB, 20, MS + 1), "the waiter at 10 first");
         // Stopped (or failed, or its connection went down): gone at once,
         // not after its silence.
@@ -348,12 +355,7 @@ mod tests {
 
     #[test]
     fn a_waiter_that_stops_asking_is_forgotten() {
-        let hold = Arc::new(HighHold::new(100 * MS));
-        let cap = BulkCap::new(256 * KIB, hold.clone());
-        hold.saw_high(0);
-        cap.sent(256 * KIB, 1);
-        assert!(!cap.admits(256 * KIB, 10, MS));
-        cap.left(256 * KIB);
+        let cap = waiting_since_1_ms();
         // Its connection went down and it never asks again: newer bulk
         // waits for it only as long as a waiter that still asks could be
         // silent.
