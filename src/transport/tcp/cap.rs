@@ -16,10 +16,11 @@
 //! connections, and the bulk already queued on its others goes first: a
 //! bulk slice the cap turns away becomes the worker's waiter on the rail
 //! when it is the oldest turned away, and no newer bulk slice goes before
-//! it, on any connection, while it keeps asking (each turn; one that stops
-//! asking for [`WAITER_TTL_NS`], its connection torn down, say, is
-//! forgotten). Bulk queued on a connection that ticks late in the worker's
-//! turn is not passed over for ever by a connection kept fed.
+//! it, on any connection, until it is sent, leaves its queue unsent or its
+//! connection goes down ([`BulkCap::gone`]), or stops asking (it asks each
+//! turn) for [`WAITER_TTL_NS`]. Bulk queued on a connection that ticks
+//! late in the worker's turn is not passed over for ever by a connection
+//! kept fed.
 //!
 //! Whether HIGH flows ([`HighHold`]) is one per peer and rail, shared by
 //! the workers: HIGH from any worker holds the bulk of all, which is where
@@ -82,8 +83,9 @@ impl HighHold {
 
 /// How long a waiter that stopped asking keeps newer bulk back (ns): a
 /// refused slice asks every worker turn, and a worker with bulk in flight
-/// parks 1 ms at most, so only a waiter gone (its slices failed over or
-/// stopped) stays silent this long.
+/// parks 1 ms at most, so only a waiter whose connection stopped short of
+/// asking (its own window full, a send still in progress) stays silent
+/// this long; one that left is forgotten at once ([`BulkCap::gone`]).
 const WAITER_TTL_NS: u64 = 5_000_000;
 
 /// No waiter.

@@ -474,19 +474,8 @@ mod tests {
             let caps = [0, 1].map(|_| Arc::new(BulkCap::new(SLICE as u64, hold.clone())));
             let ids: Vec<u32> = (0..CONNS)
                 .map(|n| {
-                    ds[n % 2]
-                        .add(Arc::downgrade(&owner), |id| {
-                            Link::new(
-                                id,
-                                endpoint.clone(),
-                                opts.clone(),
-                                Arc::default(),
-                                caps[n % 2].clone(),
-                                4,
-                                2 * SLICE as u64,
-                            )
-                        })
-                        .unwrap()
+                    let to = (&endpoint, &opts);
+                    capped_link(&mut ds[n % 2], &owner, to, &caps[n % 2], 2 * SLICE as u64)
                 })
                 .collect();
             let held_from = crate::clock::monotonic_ns();
@@ -494,15 +483,7 @@ mod tests {
             let buf = vec![7u8; SLICE];
             for (n, &id) in ids.iter().enumerate() {
                 for k in 0..2 {
-                    let mut op = Op::new(
-                        (n * 2 + k) as u64,
-                        Opcode::Write,
-                        buf.as_ptr().cast_mut(),
-                        0,
-                        SLICE as u64,
-                        1,
-                    );
-                    op.posted_ns = crate::clock::monotonic_ns();
+                    let op = write_op((n * 2 + k) as u64, &buf);
                     ds[n % 2].post(id, op, BULK).unwrap();
                 }
             }
@@ -600,8 +581,7 @@ mod tests {
             let now = crate::clock::monotonic_ns();
             assert_eq!(d.high_rank(id, now), usize::MAX, "{choice:?}: not made");
             let buf = vec![7u8; 4096];
-            let mut op = Op::new(1, Opcode::Write, buf.as_ptr().cast_mut(), 0, 4096, 1);
-            op.posted_ns = now;
+            let mut op = write_op(1, &buf);
             op.set_urgent();
             d.post(id, op, EXPRESS).unwrap();
             d.turn(now);
@@ -646,21 +626,14 @@ mod tests {
             let (endpoint, opts) = loopback(at, CONNECT_TIMEOUT);
             let hold = Arc::new(HighHold::new(Duration::from_secs(10).as_nanos() as u64));
             let cap = Arc::new(BulkCap::new(SLICE as u64, hold.clone()));
-            let link = |d: &mut Driver| {
-                d.add(Arc::downgrade(&owner), |id| {
-                    let (e, o) = (endpoint.clone(), opts.clone());
-                    Link::new(id, e, o, Arc::default(), cap.clone(), 4, 2 * SLICE as u64)
-                })
-                .unwrap()
-            };
-            let (a, b) = (link(&mut d), link(&mut d));
+            let to = (&endpoint, &opts);
+            let a = capped_link(&mut d, &owner, to, &cap, 2 * SLICE as u64);
+            let b = capped_link(&mut d, &owner, to, &cap, 2 * SLICE as u64);
             let buf = vec![7u8; SLICE];
             let mut token = 0u64;
             let mut slice = || {
                 token += 1;
-                let mut op = Op::new(token, Opcode::Write, buf.as_ptr().cast_mut(), 0, SLICE as u64, 1);
-                op.posted_ns = crate::clock::monotonic_ns();
-                op
+                write_op(token, &buf)
             };
             // Both connect and carry a slice before HIGH flows.
             d.post(a, slice(), BULK).unwrap();
@@ -719,6 +692,43 @@ mod tests {
 
     fn endpoint_of(d: &mut Driver, id: u32) -> Arc<Endpoint> {
         d.link(id).endpoint().clone()
+    }
+
+    /// A WRITE of `buf` to address 0 of key 1 (token `token`), posted now.
+    fn write_op(token: u64, buf: &[u8]) -> Op {
+        let mut op = Op::new(
+            token,
+            Opcode::Write,
+            buf.as_ptr().cast_mut(),
+            0,
+            buf.len() as u64,
+            1,
+        );
+        op.posted_ns = crate::clock::monotonic_ns();
+        op
+    }
+
+    /// A connection on `d` to `endpoint` under `cap`, with a window of
+    /// `window` bytes.
+    fn capped_link(
+        d: &mut Driver,
+        owner: &Arc<()>,
+        (endpoint, opts): (&Arc<Endpoint>, &Arc<Options>),
+        cap: &Arc<crate::transport::tcp::cap::BulkCap>,
+        window: u64,
+    ) -> u32 {
+        d.add(Arc::downgrade(owner), |id| {
+            Link::new(
+                id,
+                endpoint.clone(),
+                opts.clone(),
+                Arc::default(),
+                cap.clone(),
+                4,
+                window,
+            )
+        })
+        .unwrap()
     }
 
     /// Queue one READ of `buf` (token `token`).
@@ -1001,16 +1011,7 @@ mod tests {
             let small = vec![1u8; SMALL];
             let large = vec![2u8; LARGE];
             for (token, buf) in [(1u64, &small), (2u64, &large)] {
-                let mut op = Op::new(
-                    token,
-                    Opcode::Write,
-                    buf.as_ptr().cast_mut(),
-                    0,
-                    buf.len() as u64,
-                    1,
-                );
-                op.posted_ns = crate::clock::monotonic_ns();
-                d.post(id, op, BULK).unwrap();
+                d.post(id, write_op(token, buf), BULK).unwrap();
             }
             let (first, took) =
                 slice_back(&mut d, id, Duration::from_secs(1)).unwrap_or_else(|| {
@@ -1066,16 +1067,7 @@ mod tests {
             });
             let (mut d, id, _owner) = rig(choice, at, CONNECT_TIMEOUT);
             let large = vec![2u8; LARGE];
-            let mut op = Op::new(
-                1,
-                Opcode::Write,
-                large.as_ptr().cast_mut(),
-                0,
-                LARGE as u64,
-                1,
-            );
-            op.posted_ns = crate::clock::monotonic_ns();
-            d.post(id, op, BULK).unwrap();
+            d.post(id, write_op(1, &large), BULK).unwrap();
             let (back, _) = slice_back(&mut d, id, Duration::from_secs(10)).expect("the WRITE");
             assert_eq!(back.result(), Ok(LARGE as u64), "{choice:?}");
             drop(target.join().unwrap());
